@@ -1,0 +1,200 @@
+"""The resolved specification: what the user wrote, checked and typed (the output of compiler/check.py).
+
+Sizes stay sympy expressions of the user's named sizes (`Spec.values` gives each symbol its number), so that the
+cost model can print formulas; everything else is a plain Python value. All classes are frozen.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from compiler.diagnostics import Span
+from compiler.symbols import evaluate
+
+Size = sympy.Expr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model layers. Each takes the residual stream of width `hidden` and returns one of the same width, except the
+# embedding (tokens in), the LM head (logits out) and the loss (a scalar out).
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embedding:
+    """Token embedding: `vocab` rows of width `hidden`."""
+    vocab: Size
+    hidden: Size
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Positional:
+    """Learned absolute position embedding, added to the token embedding."""
+    positions: Size
+    hidden: Size
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Norm:
+    """LayerNorm (with bias) or RMSNorm (scale only) over the last dim."""
+    kind: str  # "layernorm" | "rmsnorm"
+    hidden: Size
+    eps: float
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """Causal multi-head self-attention; `kv_heads` < `heads` gives grouped-query attention."""
+    hidden: Size
+    heads: Size
+    kv_heads: Size
+    bias: bool
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLP:
+    """Two-layer MLP: GELU (`up`, `down`) or SwiGLU (`gate`, `up`, `down`)."""
+    hidden: Size
+    ffn: Size
+    act: str  # "gelu" | "swiglu"
+    bias: bool
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Residual:
+    """x + body(x)."""
+    body: tuple
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Repeat:
+    """`count` copies of `body` in sequence, each with its own weights (the transformer layers)."""
+    count: Size
+    body: tuple
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class LMHead:
+    """Projection to the vocabulary; `tied` reuses the token embedding's weight."""
+    vocab: Size
+    hidden: Size
+    tied: bool
+    bias: bool
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossEntropy:
+    """Mean next-token cross-entropy over all tokens of the batch."""
+    span: Span
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    name: str
+    sizes: dict  # name -> sympy expression, in the order written
+    layers: tuple
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """The hardware behind each mesh position, for the cost model."""
+    kind: str
+    """`cpu`, `a100`, `h100`, `h200` or any name with explicit figures."""
+    peak_tflops: float
+    """Dense bf16 peak, TFLOP/s."""
+    memory_gb: float
+    """Device memory, GB (1e9 bytes)."""
+    intra_node_gbps: float
+    """Per-device bandwidth inside a node, GB/s."""
+    inter_node_gbps: float
+    """Per-device bandwidth between nodes, GB/s."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mesh:
+    axes: tuple  # ((name, size), ...) outermost first
+    nodes: int
+    devices_per_node: int
+    device: Device
+    span: Span
+    axis_spans: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def size(self, axis: str) -> int:
+        return dict(self.axes).get(axis, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    data_parallel: str
+    """How the `dp` axis holds model state: `ddp` (replicated, gradients all-reduced) or `fsdp` (ZeRO-3 sharded)."""
+    micro_batches: int
+    """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optimizer:
+    kind: str
+    lr: float
+    betas: tuple
+    weight_decay: float
+    eps: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedule:
+    kind: str  # "cosine" | "constant"
+    warmup: int
+    min_lr: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    kind: str  # "synthetic" | "tokens"
+    path: str = ""
+    dtype: str = "uint16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train:
+    global_batch: Size
+    seq_len: Size
+    steps: int
+    seed: int
+    precision: str
+    optimizer: Optimizer
+    schedule: LRSchedule
+    grad_clip: float
+    data: Data
+    log_every: int
+    checkpoint_dir: str
+    checkpoint_every: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    path: str
+    source: str
+    model: Model
+    mesh: Mesh
+    plan: Plan
+    train: Train
+    values: dict  # sympy Symbol -> int, for every named size
+
+    def value(self, expr) -> int | float:
+        return evaluate(expr, self.values)

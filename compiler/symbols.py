@@ -1,0 +1,29 @@
+"""Every sympy symbol the compiler uses is made here, so that two modules never disagree about assumptions.
+
+Sizes a user names in the .scale file become symbols of the same name (`hidden`, `layers`, ...); sizes the compiler
+introduces have fixed names below.
+"""
+from __future__ import annotations
+
+import functools
+
+import sympy
+
+
+@functools.cache
+def size(name: str) -> sympy.Symbol:
+    """The symbol of a named size: a positive integer."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+# Sizes the compiler introduces.
+MICRO_BATCH = size("b")          # sequences in one micro-batch on one rank
+SEQ = size("s")                  # tokens per sequence, when the .scale file does not name it
+
+
+def evaluate(expr, values: dict) -> int | float:
+    """The number an expression takes once every symbol has its value."""
+    v = sympy.sympify(expr).xreplace(values)
+    if v.free_symbols:
+        raise ValueError(f"unbound symbols in {expr}: {sorted(map(str, v.free_symbols))}")
+    return int(v) if v.is_integer else float(v)
