@@ -628,6 +628,10 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         c.error("E0113", "`train` needs an optimizer with a learning rate", sec.kind.span,
                 help="add `optimizer = adamw(lr = 3e-4)`")
         return None, {}
+    for key in ("global_batch", "seq_len"):  # a literal becomes a named size, so formulas read in these words
+        if not s[key].free_symbols:
+            c.values[size_symbol(key)] = int(s[key])
+            s[key] = size_symbol(key)
     sched_kind, sched = s["lr_schedule"]
     data_kind, data = s["data"]
     return S.Train(

@@ -23,7 +23,7 @@ SEQ = size("s")                  # tokens per sequence, when the .scale file doe
 
 def evaluate(expr, values: dict) -> int | float:
     """The number an expression takes once every symbol has its value."""
-    v = sympy.sympify(expr).xreplace(values)
+    v = sympy.sympify(expr).xreplace({k: sympy.Integer(n) for k, n in values.items()})
     if v.free_symbols:
         raise ValueError(f"unbound symbols in {expr}: {sorted(map(str, v.free_symbols))}")
     return int(v) if v.is_integer else float(v)

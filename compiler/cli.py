@@ -1,0 +1,177 @@
+"""scalec: check, plan, compile and run .scale training plans.
+
+  scalec check FILE              report every problem in FILE, or say it is fine
+  scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
+  scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
+  scalec run FILE [-- ARGS]      compile, then launch under torchrun with as many processes as the mesh needs;
+                                 ARGS go to torchrun (e.g. --redirects 3 --log-dir logs)
+
+Exit status: 0 on success, 1 when the input has errors (printed as diagnostics), 2 on a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import traceback
+
+from compiler import __version__
+from compiler import cost as C
+from compiler.diagnostics import ScaleError
+
+
+def _load(path: str):
+    from compiler.pipeline import compile_path
+    return compile_path(path)
+
+
+def cmd_check(args) -> int:
+    from compiler.check import check_path
+    spec = check_path(args.file)
+    print(f"{args.file}: ok (model `{spec.model.name}`, {spec.mesh.world_size} device"
+          f"{'s' if spec.mesh.world_size != 1 else ''})")
+    return 0
+
+
+def plan_text(compiled) -> str:
+    spec, costs = compiled.spec, compiled.costs
+    m, t = spec.mesh, spec.train
+    dp = m.size("dp")
+    gb, seq = spec.value(t.global_batch), spec.value(t.seq_len)
+    lines = [f"plan for `{spec.model.name}` ({spec.path})", ""]
+    axes = "  ".join(f"{a}={n}" for a, n in m.axes) or "(none)"
+    lines += [f"mesh        {axes}   world {m.world_size} = {m.nodes} node{'s' if m.nodes != 1 else ''} × "
+              f"{m.devices_per_node} {m.device.kind} ({m.device.peak_tflops:g} TFLOP/s peak, "
+              f"{m.device.memory_gb:g} GB each)"]
+    lines += [f"parameters  {costs.params_n:,} ({C.human(costs.params_n)})",
+              f"            = {C.formula(costs.params)}"]
+    lines += [f"batch       {gb} sequences × {seq} tokens = {costs.tokens_step:,} tokens per step; "
+              f"dp {dp} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
+              f"{gb // (dp * spec.plan.micro_batches)} sequences per rank"]
+    lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
+              f"matmuls, forward + backward, no recomputation)",
+              f"            = {C.formula(costs.flops_step)}"]
+    ideal = costs.flops_step_n / (m.world_size * m.device.peak_tflops * 1e12)
+    lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
+              f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
+    st = costs.model_state
+    how = ("replicated on every dp rank (DDP)" if spec.plan.data_parallel == "ddp" or dp == 1
+           else f"sharded over dp={dp} (FSDP2, ZeRO-3)")
+    lines += [f"memory      model state per rank: weights {C.human(st.params, 'B')} + gradients {C.human(st.grads, 'B')}"
+              f" + AdamW moments {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {how}"]
+    if st.total > m.device.memory_gb * 1e9:
+        lines += [f"            warning: exceeds the {m.device.memory_gb:g} GB of one {m.device.kind} before any "
+                  "activation; shard it (data_parallel = fsdp) or add devices"]
+    lines += ["", "collectives per step:"]
+    if not costs.ledger.entries:
+        lines += ["  none (one replica, no sharding)"]
+    for c in costs.ledger.entries:
+        b = spec.value(c.bytes_per_step())
+        src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
+        lines += [f"  {c.op:<15} over {c.axis:<3} {C.human(b, 'B'):>10}  ({C.formula(c.bytes_per_step())} bytes)  "
+                  f"[{src}] {c.reason}"]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_plan(args) -> int:
+    sys.stdout.write(plan_text(_load(args.file)))
+    return 0
+
+
+def _build_dir(compiled, out: str | None) -> str:
+    return out or os.path.join("build", compiled.spec.model.name)
+
+
+def cmd_compile(args) -> int:
+    from compiler import codegen
+    compiled = _load(args.file)
+    out = _build_dir(compiled, args.output)
+    for path in codegen.emit(compiled.spec, compiled.traced, compiled.costs, out):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from compiler import codegen
+    compiled = _load(args.file)
+    out = _build_dir(compiled, args.output)
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, out)
+    env = dict(os.environ)
+    # The program imports the same runtime this compiler came with.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["LOCAL_NODES"] = "1"
+    env["TORCHRUN_ARGS"] = shlex.join(args.torchrun_args)
+    program_args = []
+    if args.steps is not None:
+        program_args += ["--steps", str(args.steps)]
+    if args.metrics:
+        program_args += ["--metrics", args.metrics]
+    cmd = ["bash", os.path.join(out, "launch.sh"), *program_args]
+    print(f"scalec: {shlex.join(cmd)}   ({compiled.spec.mesh.world_size} processes)", flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    torchrun_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, torchrun_args = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(prog="scalec", description="Compile .scale training plans into torch.distributed "
+                                "programs.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"scalec {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = sub.add_parser("check", help="report every problem in a .scale file",
+                       description="Parse and check FILE; print every problem found, each located in the source.")
+    c.add_argument("file", metavar="FILE")
+    c.set_defaults(func=cmd_check)
+    c = sub.add_parser("plan", help="parameters, FLOPs, memory per rank, mesh and collectives",
+                       description="Build the model on the meta device (no weights are allocated) and print what "
+                                   "the plan costs: parameters, FLOPs per step, model-state memory per rank, the "
+                                   "mesh and the collectives of one step.")
+    c.add_argument("file", metavar="FILE")
+    c.set_defaults(func=cmd_plan)
+    c = sub.add_parser("compile", help="write the program, plan.json and launch script",
+                       description="Compile FILE into DIR: program.py (the same file on every rank), plan.json and "
+                                   "launch.sh (the torchrun command).")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
+    c.set_defaults(func=cmd_compile)
+    c = sub.add_parser("run", help="compile, then train under torchrun",
+                       description="Compile FILE, then launch it under torchrun with as many processes as the mesh "
+                                   "needs (all on this machine). Arguments after `--` go to torchrun.")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("-o", "--output", metavar="DIR", help="build directory (default build/<model name>)")
+    c.add_argument("--steps", type=int, help="train for this many steps instead of the file's")
+    c.add_argument("--metrics", metavar="FILE", help="write one JSON line per step to FILE")
+    c.set_defaults(func=cmd_run)
+    args = p.parse_args(argv)
+    args.torchrun_args = torchrun_args
+    if torchrun_args and args.command != "run":
+        p.error("arguments after `--` are for `scalec run` only")
+    try:
+        return args.func(args)
+    except ScaleError as err:
+        sys.stderr.write(err.render())
+        return 1
+    except FileNotFoundError as err:
+        sys.stderr.write(f"error: cannot read {err.filename}: no such file\n")
+        return 1
+    except IsADirectoryError as err:
+        sys.stderr.write(f"error: {err.filename} is a directory, not a .scale file\n")
+        return 1
+    except UnicodeDecodeError:
+        sys.stderr.write(f"error: {args.file} is not UTF-8 text\n")
+        return 1
+    except Exception:  # noqa: BLE001 - a bug of ours, not of the input: say so, with the trace for the report
+        sys.stderr.write("error: internal compiler error (this is a bug in scalec, not in your file); "
+                         "please report it with the trace below\n")
+        traceback.print_exc()
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""Emit build/<name>/: program.py (rank-generic), plan.json and launch.sh.
+
+The skeleton comes from jinja2 templates beside this file; each segment's forward body is the torch.fx code of its
+traced graph, with a comment naming the .scale line before each layer's statements. Nothing a user writes reaches
+the output except through `repr` (strings) or as a validated identifier, and comments are single source lines.
+Output is deterministic: no timestamps, no absolute paths, stable ordering.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import sympy
+from torch import fx, nn
+
+from compiler import __version__
+from compiler import cost as C
+from compiler import spec as S
+from compiler import trace as T
+from compiler.model import RESIDUAL_OUT
+from runtime.layers import Bias, Repeat
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class Leaf:
+    name: str
+    ctor: str
+    comment: str
+
+
+@dataclass(frozen=True)
+class SegmentCode:
+    cls: str
+    doc: str
+    leaves: tuple
+    forward: str
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+
+
+def _one_line(text: str) -> str:
+    """Text safe to place in a `#` comment: one line, no control characters."""
+    return re.sub(r"[\x00-\x1f\x7f]", " ", text).strip()
+
+
+def source_text(spec: S.Spec, span) -> str:
+    """The .scale text of a span, cut to its first line."""
+    lines = spec.source.splitlines()
+    line = lines[span.line - 1]
+    end = span.end_col - 1 if span.end_line == span.line else len(line)
+    return _one_line(line[span.col - 1:end])
+
+
+def where(spec: S.Spec, span) -> str:
+    return f"{os.path.basename(spec.path)}:{span.line}"
+
+
+def _ctor(mod: nn.Module, blocks_cls: dict) -> str:
+    if isinstance(mod, nn.Linear):
+        return f"nn.Linear({mod.in_features}, {mod.out_features}{'' if mod.bias is not None else ', bias=False'})"
+    if isinstance(mod, nn.Embedding):
+        return f"nn.Embedding({mod.num_embeddings}, {mod.embedding_dim})"
+    if isinstance(mod, nn.LayerNorm):
+        return f"nn.LayerNorm({mod.normalized_shape[0]}, eps={mod.eps!r})"
+    if isinstance(mod, nn.RMSNorm):
+        return f"nn.RMSNorm({mod.normalized_shape[0]}, eps={mod.eps!r})"
+    if isinstance(mod, Bias):
+        return f"Bias({mod.bias.shape[0]})"
+    raise NotImplementedError(f"no constructor for {type(mod).__name__}")
+
+
+_DELETE = re.compile(r";  (?:\w+ = )+None$")
+
+
+def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
+    """The graph's Python code as a method, with a provenance comment before each .scale layer's statements."""
+    code = gm.graph.python_code(root_module="self").src
+    lines = [ln for ln in code.strip("\n").splitlines()]
+    header, body = lines[0], [ln for ln in lines[1:] if ln.strip()]
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder",)]
+    # One statement per node: FX codegen's contract for our graphs; checked, so a change in torch shows up here.
+    if len(body) != len(nodes):
+        raise AssertionError(f"FX emitted {len(body)} lines for {len(nodes)} nodes in {gm.__class__.__name__}")
+    out = ["    " + header.replace(" : ", ": ")]
+    last = None
+    for node, line in zip(nodes, body):
+        span = node.meta.get(T.SPAN)
+        if span is not None and span != last:
+            out.append(f"        # {where(spec, span)}  {source_text(spec, span)}")
+        last = span if span is not None else last
+        out.append("    " + _DELETE.sub("", line.rstrip()))
+    return "\n".join(out)
+
+
+def _segment(cls: str, gm: fx.GraphModule, owner: nn.Module, spec: S.Spec, blocks_cls: dict) -> SegmentCode:
+    leaves = []
+    for name, mod in owner.named_children():
+        if isinstance(mod, Repeat):
+            ctor = f"Repeat({blocks_cls[name]}() for _ in range({len(mod)}))"
+        else:
+            ctor = _ctor(mod, blocks_cls)
+        span = owner.spans.get(name)
+        comment = f"{where(spec, span)}  {source_text(spec, span)}" if span else ""
+        leaves.append(Leaf(name, ctor, comment))
+    if cls == "Model":
+        doc = f"The whole model `{spec.model.name}`: token ids and targets in, the mean cross-entropy out."
+    else:
+        rep = owner.repeat
+        doc = (f"One of the `{source_text(spec, rep.span).rstrip('{ ').strip()}` blocks ({where(spec, rep.span)}): "
+               "the residual stream in and out.")
+    return SegmentCode(cls, doc, tuple(leaves), forward_code(gm, spec))
+
+
+def config_values(spec: S.Spec) -> dict:
+    t = spec.train
+    v = spec.value
+    items = {
+        "name": spec.model.name, "source": spec.path, "axes": tuple(spec.mesh.axes),
+        "data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches,
+        "global_batch": v(t.global_batch), "seq_len": v(t.seq_len), "vocab": v(spec.model.layers[0].vocab),
+        "steps": t.steps, "seed": t.seed, "precision": t.precision,
+        "lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
+        "eps": t.optimizer.eps, "schedule": t.schedule.kind, "warmup": t.schedule.warmup, "min_lr": t.schedule.min_lr,
+        "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": t.data.path, "data_dtype": t.data.dtype,
+        "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
+        "init_std": INIT_STD, "residual_out": RESIDUAL_OUT,
+        "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
+    }
+    return items
+
+
+def mesh_text(spec: S.Spec) -> str:
+    axes = " × ".join(f"{a}={n}" for a, n in spec.mesh.axes) or "one device"
+    m = spec.mesh
+    return f"{axes} ({m.nodes} node{'s' if m.nodes != 1 else ''} × {m.devices_per_node} {m.device.kind})"
+
+
+def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
+    blocks_cls = {name: T._class_name(name) for name in traced.blocks}
+    segs = [_segment(cls, gm, owner, spec, blocks_cls) for cls, gm, owner in traced.segments()]
+    segs = segs[1:] + segs[:1]  # blocks first: Model refers to them
+    imports = sorted({"Repeat"} if traced.blocks else set()
+                     | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
+    return _env().get_template("program.py.j2").render(
+        version=__version__, source=spec.path, name=spec.model.name, params_human=C.human(costs.params_n),
+        mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
+        runtime_imports=imports or ["Repeat"], segments=segs,
+        config=[(k, repr(v)) for k, v in config_values(spec).items()])
+
+
+def launch_script(spec: S.Spec) -> str:
+    m = spec.mesh
+    return _env().get_template("launch.sh.j2").render(
+        version=__version__, source=spec.path, name=spec.model.name, world=m.world_size, nodes=m.nodes,
+        devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec))
+
+
+def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
+    placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
+    params = []
+    for cls, gm, owner in traced.segments():
+        prefix = "" if cls == "Model" else next(n for n, c in ((n, T._class_name(n)) for n in traced.blocks)
+                                                if c == cls) + ".*."
+        for pname, shape in owner.param_shapes.items():
+            params.append({"name": prefix + pname, "shape": [str(d) for d in shape],
+                           "numel": spec.value(sympy.Mul(*shape)), "placement": {"dp": placement}})
+    doc = {
+        "generator": f"scalec {__version__}",
+        "source": spec.path,
+        "name": spec.model.name,
+        "mesh": {"axes": [{"name": a, "size": n} for a, n in spec.mesh.axes], "nodes": spec.mesh.nodes,
+                 "devices_per_node": spec.mesh.devices_per_node, "world_size": spec.mesh.world_size,
+                 "device": spec.mesh.device.kind},
+        "plan": {"data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches},
+        "sizes": {k: str(v) for k, v in spec.model.sizes.items()},
+        "values": {str(k): int(v) for k, v in spec.values.items()},
+        "cost": {"parameters": costs.params_n, "parameters_formula": str(costs.params),
+                 "flops_per_step": costs.flops_step_n, "flops_per_step_formula": str(costs.flops_step),
+                 "tokens_per_step": costs.tokens_step,
+                 "model_state_bytes_per_rank": {"params": costs.model_state.params, "grads": costs.model_state.grads,
+                                                "optimizer": costs.model_state.optimizer}},
+        "ledger": [{"op": c.op, "axis": c.axis, "elements": str(c.elements), "dtype_bytes": c.dtype_bytes,
+                    "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step()),
+                    "source": str(c.span) if c.span else None, "reason": c.reason} for c in costs.ledger.entries],
+        "parameters": params,
+        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec).items()
+                  if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def emit(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str) -> list[str]:
+    """Write the build directory; return the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    files = {"program.py": program(spec, traced, costs), "plan.json": plan_json(spec, traced, costs),
+             "launch.sh": launch_script(spec)}
+    written = []
+    for name, text in files.items():
+        path = os.path.join(out_dir, name)
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        written.append(path)
+    os.chmod(os.path.join(out_dir, "launch.sh"), 0o755)
+    return written

@@ -1,0 +1,246 @@
+"""Build the single-device model of a Spec as torch modules, on the meta device unless asked otherwise.
+
+The model is cut into *segments*: the top level (embedding, anything outside `repeat`, final norm, head, loss) and
+one block per `repeat`. A segment's children are leaf torch modules with flat, stable names (`attn_q`, `mlp_down`,
+`norm_1`), so that its traced graph reads as straight-line code and every parameter has a short name. A `repeat` is
+a `runtime.layers.Repeat` of identical blocks; the block is traced once, whatever the layer count.
+
+While building, each leaf records the symbolic shape of its parameters (sympy expressions of the user's sizes), and
+the forward code marks which .scale layer each traced operation comes from (see compiler/trace.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compiler import spec as S
+from compiler.diagnostics import Span
+from runtime.layers import Bias, Repeat
+
+# The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
+CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
+
+# Names of the linears that write into the residual stream (GPT-2 scales their initialisation).
+RESIDUAL_OUT = ("attn_o", "mlp_down")
+
+
+@contextlib.contextmanager
+def _at(layer) -> None:
+    token = CURRENT_LAYER.set(layer)
+    try:
+        yield
+    finally:
+        CURRENT_LAYER.reset(token)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One layer of a segment: what it is in the spec, and how it transforms the residual stream."""
+
+    layer: object
+    run: Callable  # (segment, x) -> x
+    body: tuple = ()
+
+
+class Segment(nn.Module):
+    """A run of layers whose leaf modules are direct, flatly named children.
+
+    `param_shapes` maps each parameter name to its shape as sympy expressions of the spec's sizes.
+    """
+
+    def __init__(self, spec: S.Spec, device):
+        super().__init__()
+        self._spec = spec
+        self._device = device
+        self._counts: dict[str, int] = {}
+        self._names: dict[int, dict] = {}
+        self.param_shapes: dict[str, tuple] = {}
+        self.spans: dict[str, Span] = {}
+
+    # -- construction helpers -----------------------------------------------------------------------------------
+
+    def _n(self, expr) -> int:
+        return int(self._spec.value(expr))
+
+    def _leaf(self, name: str, module: nn.Module, shapes: dict[str, tuple], span: Span) -> str:
+        self.add_module(name, module.to(self._device))
+        for pname, shape in shapes.items():
+            if getattr(module, pname, None) is not None:
+                self.param_shapes[f"{name}.{pname}"] = tuple(sympy.sympify(d) for d in shape)
+        self.spans[name] = span
+        return name
+
+    def _name(self, base: str, total: int) -> str:
+        self._counts[base] = self._counts.get(base, 0) + 1
+        return base if total == 1 else f"{base}_{self._counts[base]}"
+
+    def _steps(self, layers, totals) -> tuple:
+        return tuple(self._step(x, totals) for x in layers)
+
+    def _step(self, x, totals) -> _Step:
+        match x:
+            case S.Residual(body=body):
+                inner = self._steps(body, totals)
+                return _Step(x, lambda seg, h, inner=inner: h + seg._run(inner, h), inner)
+            case S.Norm(kind=kind, hidden=h, eps=eps):
+                n = self._n(h)
+                mod = nn.LayerNorm(n, eps=eps) if kind == "layernorm" else nn.RMSNorm(n, eps=eps)
+                name = self._leaf(self._name("norm", totals["norm"]), mod, {"weight": (h,), "bias": (h,)}, x.span)
+                return _Step(x, lambda seg, t, name=name: getattr(seg, name)(t))
+            case S.Attention():
+                return self._attention(x, self._name("attn", totals["attn"]))
+            case S.MLP():
+                return self._mlp(x, self._name("mlp", totals["mlp"]))
+        raise AssertionError(f"no step for {type(x).__name__}")
+
+    def _linear(self, name: str, d_in, d_out, bias: bool, span: Span) -> str:
+        mod = nn.Linear(self._n(d_in), self._n(d_out), bias=bias)
+        return self._leaf(name, mod, {"weight": (d_out, d_in), "bias": (d_out,)}, span)
+
+    def _attention(self, a: S.Attention, p: str) -> _Step:
+        hd = a.hidden / a.heads
+        head_dim = self._n(hd)
+        q = self._linear(f"{p}_q", a.hidden, a.heads * hd, a.bias, a.span)
+        k = self._linear(f"{p}_k", a.hidden, a.kv_heads * hd, a.bias, a.span)
+        v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, a.bias, a.span)
+        o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
+        gqa = self._n(a.kv_heads) != self._n(a.heads)
+
+        def run(seg, x_BSH):
+            # Heads are split off the last dim: (B, S, H*D) -> (B, H, S, D).
+            q_BHSD = getattr(seg, q)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            k_BKSD = getattr(seg, k)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            v_BKSD = getattr(seg, v)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
+            return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
+        return _Step(a, run)
+
+    def _mlp(self, m: S.MLP, p: str) -> _Step:
+        up = self._linear(f"{p}_up", m.hidden, m.ffn, m.bias, m.span)
+        if m.act == "swiglu":
+            gate = self._linear(f"{p}_gate", m.hidden, m.ffn, m.bias, m.span)
+        down = self._linear(f"{p}_down", m.ffn, m.hidden, m.bias, m.span)
+
+        if m.act == "gelu":
+            def run(seg, x_BSH):
+                return getattr(seg, down)(F.gelu(getattr(seg, up)(x_BSH)))
+        else:
+            def run(seg, x_BSH):
+                return getattr(seg, down)(F.silu(getattr(seg, gate)(x_BSH)) * getattr(seg, up)(x_BSH))
+        return _Step(m, run)
+
+    def _run(self, steps, x):
+        for st in steps:
+            with _at(st.layer):
+                x = st.run(self, x)
+        return x
+
+
+def _totals(layers) -> dict[str, int]:
+    """How many leaves of each base name a segment will hold (to number them only when there are several)."""
+    counts = {"norm": 0, "attn": 0, "mlp": 0}
+
+    def walk(items):
+        for x in items:
+            if isinstance(x, S.Residual):
+                walk(x.body)
+            elif isinstance(x, S.Norm):
+                counts["norm"] += 1
+            elif isinstance(x, S.Attention):
+                counts["attn"] += 1
+            elif isinstance(x, S.MLP):
+                counts["mlp"] += 1
+    walk(layers)
+    return counts
+
+
+class Block(Segment):
+    """The body of one `repeat`: the residual stream in, the residual stream out."""
+
+    def __init__(self, spec: S.Spec, repeat: S.Repeat, device):
+        super().__init__(spec, device)
+        self.repeat = repeat
+        self._program = self._steps(repeat.body, _totals(repeat.body))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(self._program, x)
+
+
+class ScaleModel(Segment):
+    """The whole single-device model: tokens and targets in, the mean cross-entropy out."""
+
+    def __init__(self, spec: S.Spec, device="meta"):
+        super().__init__(spec, device)
+        layers = spec.model.layers
+        emb = layers[0]
+        self._emb = emb
+        self._leaf("embed", nn.Embedding(self._n(emb.vocab), self._n(emb.hidden)),
+                   {"weight": (emb.vocab, emb.hidden)}, emb.span)
+        self._pos = next((x for x in layers if isinstance(x, S.Positional)), None)
+        if self._pos is not None:
+            self._leaf("pos", nn.Embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
+                       {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
+        middle = [x for x in layers[1:-2] if not isinstance(x, S.Positional)]
+        totals = _totals([x for x in middle if not isinstance(x, S.Repeat)])
+        self.repeats: list[tuple[str, S.Repeat]] = []
+        program = []
+        for x in middle:
+            if isinstance(x, S.Repeat):
+                name = "blocks" if not self.repeats else f"blocks_{len(self.repeats) + 1}"
+                blocks = Repeat(Block(spec, x, device) for _ in range(self._n(x.count)))
+                self.add_module(name, blocks)
+                self.spans[name] = x.span
+                self.repeats.append((name, x))
+                program.append(_Step(x, lambda seg, h, name=name: getattr(seg, name)(h)))
+            else:
+                program.append(self._step(x, totals))
+        self._program = tuple(program)
+        self._head = layers[-2]
+        self._loss = layers[-1]
+        if not self._head.tied:
+            self._linear("lm_head", self._head.hidden, self._head.vocab, self._head.bias, self._head.span)
+        elif self._head.bias:
+            self._leaf("lm_head_bias", Bias(self._n(self._head.vocab)), {"bias": (self._head.vocab,)},
+                       self._head.span)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # tokens, targets: (batch, seq) token ids; returns the mean loss over every token.
+        with _at(self._emb):
+            x_BSH = self.embed(tokens)
+        if self._pos is not None:
+            with _at(self._pos):
+                x_BSH = x_BSH + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        x_BSH = self._run(self._program, x_BSH)
+        with _at(self._head):
+            if self._head.tied:
+                logits_BSV = F.linear(x_BSH, self.embed.weight)
+                if self._head.bias:
+                    logits_BSV = self.lm_head_bias(logits_BSV)
+            else:
+                logits_BSV = self.lm_head(x_BSH)
+        with _at(self._loss):
+            # The loss is computed in fp32 whatever the compute precision.
+            return F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets.flatten())
+
+
+def build(spec: S.Spec, device="meta") -> ScaleModel:
+    """The single-device model. On the meta device it allocates nothing; elsewhere its weights are uninitialised:
+    call runtime.layers.init_parameters for the reproducible initialisation."""
+    with torch.device(device):
+        return ScaleModel(spec, device)
+
+
+def symbolic_param_count(model: ScaleModel) -> sympy.Expr:
+    """Parameters of the model as a formula of the spec's sizes (blocks counted once, times the repeat count)."""
+    top = sum((sympy.Mul(*s) for s in model.param_shapes.values()), sympy.Integer(0))
+    for name, rep in model.repeats:
+        block = getattr(model, name)[0]
+        top += rep.count * sum((sympy.Mul(*s) for s in block.param_shapes.values()), sympy.Integer(0))
+    return sympy.expand(top)

@@ -1,0 +1,199 @@
+"""Trace the model's segments to torch.fx graphs and annotate every node.
+
+node.meta keys (defined here, used everywhere):
+  SPAN   the Span of the .scale layer the node computes
+  LAYER  the spec layer object itself
+  SHAPE  the output shape, a tuple of sympy expressions of the spec's sizes (None for non-tensors)
+  FLOPS  forward floating-point operations of the node, sympy (matmuls only, 2·m·n·k: the Megatron convention)
+
+Shapes are propagated by rules, one per operation our layer vocabulary emits; an operation without a rule is an
+error, so a new layer cannot silently drop out of the cost model.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from compiler import model as M
+from compiler.symbols import MICRO_BATCH
+from runtime.layers import Bias, Repeat
+
+SPAN, LAYER, SHAPE, FLOPS = "span", "layer", "shape", "flops"
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, Repeat) or super().is_leaf_module(m, qualname)
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        layer = M.CURRENT_LAYER.get()
+        if layer is not None:
+            node.meta[LAYER] = layer
+            node.meta[SPAN] = layer.span
+        return node
+
+
+def trace(module: nn.Module, name: str) -> fx.GraphModule:
+    graph = _Tracer().trace(module)
+    for node in graph.nodes:  # annotations would make the emitted code name FX-internal globals
+        if node.op in ("placeholder", "output"):
+            node.type = None
+    return fx.GraphModule(module, graph, name)
+
+
+@dataclass
+class Traced:
+    """The traced segments of a model: the top level and one block per `repeat` (by its module name)."""
+
+    model: M.ScaleModel
+    top: fx.GraphModule
+    blocks: dict  # repeat name -> (block GraphModule, Block module)
+
+    def segments(self):
+        yield "Model", self.top, self.model
+        for name, (gm, block) in self.blocks.items():
+            yield _class_name(name), gm, block
+
+
+def _class_name(repeat_name: str) -> str:
+    return "Block" if repeat_name == "blocks" else "Block" + repeat_name.split("_")[-1]
+
+
+def trace_model(model: M.ScaleModel) -> Traced:
+    blocks = {}
+    for name, rep in model.repeats:
+        block = getattr(model, name)[0]
+        gm = trace(block, _class_name(name))
+        propagate(gm, block, {"x": (MICRO_BATCH, model._spec.train.seq_len, rep.body[0].hidden
+                                        if hasattr(rep.body[0], "hidden") else model._emb.hidden)})
+        blocks[name] = (gm, block)
+    top = trace(model, "Model")
+    seq = model._spec.train.seq_len
+    propagate(top, model, {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)},
+              repeats={n: (rep.count, blocks[n][0]) for n, rep in model.repeats})
+    return Traced(model, top, blocks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Symbolic shape propagation
+
+
+def _numel(shape) -> sympy.Expr:
+    return sympy.Mul(*shape)
+
+
+def _dim(shape, d: int) -> int:
+    return d % len(shape)
+
+
+def _broadcast(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+def propagate(gm: fx.GraphModule, owner: nn.Module, inputs: dict, repeats: dict | None = None) -> None:
+    """Set SHAPE and FLOPS on every node of `gm`; `owner.param_shapes` gives the parameters' symbolic shapes."""
+    params = owner.param_shapes
+    env: dict[fx.Node, object] = {}
+
+    def val(a):
+        return fx.node.map_arg(a, lambda n: env[n])
+
+    for node in gm.graph.nodes:
+        flops = sympy.Integer(0)
+        args, kwargs = val(node.args), val(node.kwargs)
+        if node.op == "placeholder":
+            out = tuple(inputs[node.target])
+        elif node.op == "get_attr":
+            out = params[node.target]
+        elif node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            x = args[0]
+            if isinstance(mod, nn.Linear):
+                w = params[f"{node.target}.weight"]
+                out = tuple(x[:-1]) + (w[0],)
+                flops = 2 * _numel(x[:-1]) * w[0] * w[1]
+            elif isinstance(mod, nn.Embedding):
+                out = tuple(x) + (params[f"{node.target}.weight"][1],)
+            elif isinstance(mod, (nn.LayerNorm, nn.RMSNorm, Bias)):
+                out = x
+            elif isinstance(mod, Repeat):
+                count, block_gm = repeats[node.target]
+                out = x
+                flops = count * graph_flops(block_gm)
+            else:
+                raise NotImplementedError(f"no shape rule for module {type(mod).__name__} ({node.target})")
+        elif node.op in ("call_function", "call_method"):
+            out, flops = _function_rule(node, args, kwargs)
+        elif node.op == "output":
+            out = args[0]
+        else:
+            raise NotImplementedError(node.op)
+        env[node] = out
+        node.meta[SHAPE] = out if isinstance(out, tuple) else None
+        node.meta[FLOPS] = sympy.expand(flops)
+
+
+def _function_rule(node: fx.Node, args, kwargs):
+    t = node.target
+    zero = sympy.Integer(0)
+    if t in ("unflatten",) or t is torch.unflatten:
+        x, d, sizes = args
+        d = _dim(x, d)
+        sizes = list(sizes)
+        if -1 in sizes:
+            known = sympy.Mul(*[s for s in sizes if s != -1])
+            sizes[sizes.index(-1)] = sympy.simplify(x[d] / known)
+        return tuple(x[:d]) + tuple(sizes) + tuple(x[d + 1:]), zero
+    if t == "transpose" or t is torch.transpose:
+        x, a, b = args
+        s = list(x)
+        a, b = _dim(x, a), _dim(x, b)
+        s[a], s[b] = s[b], s[a]
+        return tuple(s), zero
+    if t == "flatten" or t is torch.flatten:
+        x = args[0]
+        start = _dim(x, args[1] if len(args) > 1 else kwargs.get("start_dim", 0))
+        end = _dim(x, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
+        return tuple(x[:start]) + (_numel(x[start:end + 1]),) + tuple(x[end + 1:]), zero
+    if t in ("float", "contiguous", "to") or t in (F.gelu, F.silu, F.relu, torch.tanh):
+        return args[0], zero
+    if t in (operator.add, operator.mul, operator.sub, torch.add, torch.mul):
+        return _broadcast(args[0] if isinstance(args[0], tuple) else None,
+                          args[1] if isinstance(args[1], tuple) else None), zero
+    if t is getattr:
+        if args[1] == "shape":
+            return args[0], zero
+        return None, zero  # .device, .dtype
+    if t is operator.getitem:
+        return args[0][args[1]], zero
+    if t is torch.arange:
+        return (args[0],), zero
+    if t is F.linear:
+        x, w = args[0], args[1]
+        return tuple(x[:-1]) + (w[0],), 2 * _numel(x[:-1]) * w[0] * w[1]
+    if t is F.scaled_dot_product_attention:
+        q, k, v = args[:3]
+        # Q·Kᵀ and (softmax)·V, each 2·B·H·Sq·Sk·D; the causal mask is not discounted (Megatron's convention).
+        b, h, sq, d = q
+        sk, dv = k[2], v[3]
+        return (b, h, sq, dv), 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
+    if t is F.cross_entropy:
+        return (), zero
+    raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")
+
+
+def graph_flops(gm: fx.GraphModule) -> sympy.Expr:
+    return sympy.expand(sum((n.meta.get(FLOPS, 0) for n in gm.graph.nodes), sympy.Integer(0)))

@@ -1,0 +1,75 @@
+"""The device mesh of a plan, and this process's place in it.
+
+The backend is chosen at start-up: NCCL when CUDA is available, gloo otherwise. A program started without torchrun
+runs as a world of one.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh
+    coords: dict  # axis -> this rank's index along it
+
+    def axis_size(self, axis: str) -> int:
+        return self.mesh.size(self.mesh.mesh_dim_names.index(axis)) if axis in self.mesh.mesh_dim_names else 1
+
+    @property
+    def is_logger(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def setup(axes: tuple[tuple[str, int], ...]) -> Context:
+    """Start the process group and build the mesh `axes` ((name, size), outermost first)."""
+    if "RANK" not in os.environ:  # plain `python program.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    expected = 1
+    for _, n in axes:
+        expected *= n
+    if world != expected:
+        raise SystemExit(f"scalec: this program needs {expected} processes "
+                         f"({' × '.join(f'{a}={n}' for a, n in axes)}), but torchrun started {world}")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend, device_type = "nccl", "cuda"
+    else:
+        device = torch.device("cpu")
+        backend, device_type = "gloo", "cpu"
+    dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    names = tuple(a for a, _ in axes)
+    mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
+    coords = {a: mesh.get_local_rank(a) for a in names}
+    return Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords)
+
+
+def shutdown(code: int = 0) -> None:
+    """Leave cleanly: tear the process group down, then exit without running interpreter finalisers, which can
+    abort (SIGABRT) after gloo and the distributed modules are loaded."""
+    import sys
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os._exit(code)

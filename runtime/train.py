@@ -1,0 +1,233 @@
+"""The training loop every generated program runs: mesh, data parallelism, optimizer, schedule, logging, checkpoints.
+
+Generated programs call `main(Model, CONFIG)`. Flags on the command line override a few settings for experiments
+and tests: `--steps`, `--metrics FILE` (one JSON line per step on rank 0), `--dump-grads FILE` (the full
+gradients after the first backward, on rank 0), `--seed`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime import checkpoint, data, mesh
+from runtime.layers import init_parameters
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
+
+    name: str
+    """Model name, from `model NAME` in the .scale file."""
+    source: str
+    """The .scale file this program was generated from."""
+    axes: tuple
+    """Mesh axes ((name, size), ...), outermost first."""
+    data_parallel: str
+    """`ddp` or `fsdp` over the dp axis."""
+    micro_batches: int
+    """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
+    global_batch: int
+    """Sequences per optimizer step over all dp ranks."""
+    seq_len: int
+    """Tokens per sequence."""
+    vocab: int
+    """Vocabulary size (for the synthetic task)."""
+    steps: int
+    """Optimizer steps."""
+    seed: int
+    """Seed of initialisation and data."""
+    precision: str
+    """`fp32` or `bf16` (autocast; weights, gradients and optimizer state stay fp32)."""
+    lr: float
+    betas: tuple
+    weight_decay: float
+    eps: float
+    schedule: str
+    """`cosine` or `constant`, after `warmup` linear steps."""
+    warmup: int
+    min_lr: float
+    grad_clip: float
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+    data: str
+    """`synthetic` or `tokens`."""
+    data_path: str
+    data_dtype: str
+    log_every: int
+    checkpoint_dir: str
+    checkpoint_every: int
+    init_std: float
+    """Standard deviation of weight initialisation."""
+    residual_out: tuple
+    """Linears writing into the residual stream; their initialisation is scaled by 1/sqrt(2·layers)."""
+    layers: int
+    """Number of blocks (for that scaling)."""
+
+
+def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
+    p = argparse.ArgumentParser(description=f"Train {cfg.name} (generated from {cfg.source}). Run under torchrun.")
+    p.add_argument("--steps", type=int, help=f"optimizer steps (default {cfg.steps})")
+    p.add_argument("--seed", type=int, help=f"seed (default {cfg.seed})")
+    p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0)")
+    p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
+    p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
+    args = p.parse_args()
+    overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed),
+                                   ("checkpoint_dir", args.checkpoint_dir)) if v is not None}
+    return replace(cfg, **overrides), args
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of the peak learning rate at each step: linear warm-up, then constant or cosine to min_lr."""
+    def f(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / (cfg.warmup + 1)
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        floor = cfg.min_lr / cfg.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config) -> nn.Module:
+    dp = ctx.axis_size("dp")
+    if dp == 1:
+        return model
+    group_mesh = ctx.mesh["dp"]
+    if cfg.data_parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        # ZeRO-3: each block is one unit (gathered for its forward and backward, then freed), the rest is the root.
+        for child in model.children():
+            if isinstance(child, nn.ModuleList):
+                for block in child:
+                    fully_shard(block, mesh=group_mesh)
+        fully_shard(model, mesh=group_mesh)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(model, process_group=group_mesh.get_group(),
+               device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def _optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _dump_grads(model: nn.Module, path: str, ctx: mesh.Context) -> None:
+    grads = {}
+    for name, p in model.named_parameters():
+        name = name.removeprefix("module.")
+        grads[name] = _full(p.grad).detach().cpu().clone() if p.grad is not None else None
+    if ctx.is_logger:
+        torch.save(grads, path)
+
+
+def main(model_cls, cfg: Config) -> None:
+    cfg, args = _parse_args(cfg)
+    ctx = mesh.setup(cfg.axes)
+    code = 0
+    try:
+        run(model_cls, cfg, ctx, args)
+    except BaseException:
+        code = 1
+        raise
+    finally:
+        mesh.shutdown(code)
+
+
+def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
+    torch.manual_seed(cfg.seed)
+    with torch.device("meta"):
+        model = model_cls()
+    model.to_empty(device=ctx.device)
+    # Initialise the full single-device model by name, so every layout starts from the same weights.
+    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
+    model = _wrap_data_parallel(model, ctx, cfg)
+    opt = _optimizer(model, cfg)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    start = checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx) if cfg.checkpoint_dir else 0
+
+    dp, dp_rank = ctx.axis_size("dp"), ctx.coords.get("dp", 0)
+    source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
+              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed))
+    autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
+                else contextlib.nullcontext())
+    tokens_per_step = cfg.global_batch * cfg.seq_len
+    metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
+    if ctx.is_logger:
+        n = _count(model)
+        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters, mesh "
+              f"{' × '.join(f'{a}={k}' for a, k in cfg.axes)} on {ctx.world_size} {ctx.device.type} process(es), "
+              f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
+    losses = []
+    t_start = time.perf_counter()
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=ctx.device)
+        for j in range(cfg.micro_batches):
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, j, cfg.micro_batches)
+            tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
+            sync = j == cfg.micro_batches - 1
+            no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
+            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter only on the last micro-batch
+                model.set_requires_gradient_sync(sync)
+            with no_sync:
+                with autocast:
+                    loss = model(tokens, targets) / cfg.micro_batches
+                loss.backward()
+            total += loss.detach()
+        if args.dump_grads and step == start:
+            _dump_grads(model, args.dump_grads, ctx)
+        norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
+                                                      else float("inf")))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if dp > 1:  # the logged loss is the mean over the global batch
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.mesh["dp"].get_group())
+            total /= dp
+        loss_value = total.item()
+        losses.append(loss_value)
+        dt = time.perf_counter() - t0
+        if metrics:
+            metrics.write(json.dumps({"step": step + 1, "loss": loss_value, "grad_norm": float(norm),
+                                      "lr": sched.get_last_lr()[0], "step_time": dt,
+                                      "tokens_per_s": tokens_per_step / dt}) + "\n")
+            metrics.flush()
+        if ctx.is_logger and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start):
+            print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
+                  f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step",
+                  flush=True)
+        if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
+                                   or step + 1 == cfg.steps):
+            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx)
+    if ctx.is_logger:
+        print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
+    if metrics:
+        metrics.close()
+    return losses
+
+
+def _count(model: nn.Module) -> int:
+    """Parameters of the whole model (sharded parameters counted at their full size)."""
+    return sum(_full_numel(p) for p in model.parameters())
+
+
+def _full_numel(p) -> int:
+    return math.prod(p.shape)
