@@ -6,6 +6,7 @@ before any process starts. Each problem becomes a Diagnostic pointing at the off
 """
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -41,6 +42,7 @@ class _Checker:
         self.env: dict[str, sympy.Expr] = {}      # named size -> expression
         self.values: dict[sympy.Symbol, int] = {}  # symbol -> number
         self.name_spans: dict[str, Span] = {}
+        self.poisoned: set[sympy.Symbol] = set()  # sizes already reported as invalid: later uses stay silent
 
     # -- reporting ------------------------------------------------------------------------------------------------
 
@@ -82,7 +84,7 @@ class _Checker:
     def as_size(self, e: ast.Expr, what: str) -> sympy.Expr | None:
         """A positive integer, kept symbolic."""
         x = self.expr(e)
-        if x is None:
+        if x is None or x.free_symbols & self.poisoned:
             return None
         n = self.number(x)
         if not (n.is_integer and n > 0):
@@ -117,7 +119,7 @@ class _Checker:
         if isinstance(e, ast.Name) and e.id in choices:
             return e.id
         if isinstance(e, ast.Name):
-            self.error("E0111", f"unknown {what} `{e.id}`", e.span, label=f"not a {what}",
+            self.error("E0111", f"unknown {what} `{e.id}`", e.span, label="not one of the choices",
                        help=did_you_mean(e.id, choices))
         else:
             self.error("E0112", f"expected a {what}, found {_describe(e)}", _span(e),
@@ -359,6 +361,7 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
               allowed_other=()) -> dict | None:
     """Read `key = value` statements of a section against its table."""
     raw: dict[str, ast.Assign] = {}
+    misspelt: set[str] = set()  # known keys that an unknown key was close to: not reported again as missing
     ok = True
     for st in (sec.body if sec else ()):
         if type(st) in allowed_other:
@@ -372,6 +375,7 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
         if key not in table:
             c.error("E0111", f"unknown setting `{key}` in `{what}`", st.key.span, label="not a setting here",
                     help=did_you_mean(key, table))
+            misspelt.update(difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
             ok = False
         elif key in raw:
             c.error("E0102", f"`{key}` is set twice", st.key.span, label="second time here",
@@ -386,6 +390,9 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
             ok = ok and v is not None
             out[key] = v
         elif p.default is _MISSING:
+            ok = False
+            if key in misspelt:
+                continue
             c.error("E0113", f"`{what}` needs the setting `{key}`", sec.kind.span if sec else None,
                     label=f"`{key}` missing", help=f"{p.doc}; add `{key} = ...`")
             ok = False
@@ -402,6 +409,7 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
     if sec.name is None:
         c.error("E0113", "a model needs a name", sec.kind.span, help="write `model NAME { ... }`")
     layers: list = []
+    before = len(c.diags)
     for st in sec.body:
         if isinstance(st, ast.Assign):
             _define_size(c, st)
@@ -411,10 +419,10 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
             layer = _layer(c, st)
             if layer is not None:
                 layers.append(layer)
-    n_before = len(c.diags)
-    if n_before == 0 or layers:
-        _model_structure(c, sec, layers)
-    if any(d.severity == "error" for d in c.diags):
+    if len(c.diags) > before:
+        return None  # the structure check would only repeat what is already reported
+    _model_structure(c, sec, layers)
+    if len(c.diags) > before:
         return None
     return S.Model(name=sec.name.id if sec.name else "model", sizes=dict(c.env), layers=tuple(layers),
                    span=sec.span)
@@ -431,8 +439,9 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
         return
     x = c.as_size(st.value, f"size `{name}`")
     if x is None:
-        c.env[name] = size_symbol(name)  # keep going: later uses should not report it again as unknown
+        c.env[name] = size_symbol(name)  # keep going: later uses are neither unknown nor reported again
         c.values[size_symbol(name)] = 1
+        c.poisoned.add(size_symbol(name))
         c.name_spans[name] = st.key.span
         return
     if x.free_symbols:

@@ -148,6 +148,13 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
         span = Span(path, line, col, line, col + 1)
         return Diagnostic("E0001", "unexpected end of file", span, label="the file ends here",
                           help="is a `}` missing?")
+    if isinstance(exc, lark.UnexpectedToken) and exc.token.type == "EQUAL" and exc.token_history:
+        dangling = _dangling_equal(text, exc.token_history[-1])
+        if dangling is not None:
+            ln, cl = dangling
+            return Diagnostic("E0001", "missing value after `=`", Span(path, ln, cl, ln, cl + 1),
+                              label="nothing follows on this line",
+                              help="write a value after `=`; the next line was read as this setting's value")
     if isinstance(exc, lark.UnexpectedToken):
         tok = exc.token
         span = Span(path, line, col, tok.end_line or line, tok.end_column or col + 1)
@@ -163,6 +170,16 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
                           help=hint)
     span = Span(path, line or 1, col or 1, line or 1, (col or 1) + 1)
     return Diagnostic("E0001", "syntax error", span)
+
+
+def _dangling_equal(text: str, name: Token) -> tuple[int, int] | None:
+    """If the text before `name` ends, on an earlier line, with `=`, the line and column of that `=`."""
+    lines = text.splitlines()
+    for ln in range(name.line - 1, 0, -1):
+        code = lines[ln - 1].split("#", 1)[0].rstrip()
+        if code:
+            return (ln, len(code)) if code.endswith("=") else None
+    return None
 
 
 def _syntax_hint(tok: Token, expected: set[str]) -> str:
