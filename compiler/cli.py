@@ -46,13 +46,13 @@ def plan_text(compiled) -> str:
               f"{m.devices_per_node} {m.device.kind} ({m.device.peak_tflops:g} TFLOP/s peak, "
               f"{m.device.memory_gb:g} GB each)"]
     lines += [f"parameters  {costs.params_n:,} ({C.human(costs.params_n)})",
-              f"            = {C.formula(costs.params)}"]
+              f"            = {C.formula(costs.params, spec.values)}"]
     lines += [f"batch       {gb} sequences × {seq} tokens = {costs.tokens_step:,} tokens per step; "
               f"dp {dp} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
               f"{gb // (dp * spec.plan.micro_batches)} sequences per rank"]
     lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
               f"matmuls, forward + backward, no recomputation)",
-              f"            = {C.formula(costs.flops_step)}"]
+              f"            = {C.formula(costs.flops_step, spec.values)}"]
     ideal = costs.flops_step_n / (m.world_size * m.device.peak_tflops * 1e12)
     lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
               f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
@@ -70,7 +70,7 @@ def plan_text(compiled) -> str:
     for c in costs.ledger.entries:
         b = spec.value(c.bytes_per_step())
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
-        lines += [f"  {c.op:<15} over {c.axis:<3} {C.human(b, 'B'):>10}  ({C.formula(c.bytes_per_step())} bytes)  "
+        lines += [f"  {c.op:<15} over {c.axis:<3} {C.human(b, 'B'):>10}  ({C.formula(c.bytes_per_step(), spec.values)} bytes)  "
                   f"[{src}] {c.reason}"]
     return "\n".join(lines) + "\n"
 

@@ -121,10 +121,15 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.4g} {unit}".rstrip()
 
 
-def formula(expr: sympy.Expr) -> str:
-    """A formula as a user reads it: `12·hidden²·layers + ...`, terms by decreasing degree."""
+def formula(expr: sympy.Expr, values: dict | None = None) -> str:
+    """A formula as a user reads it: `12·hidden²·layers + ...`; with `values`, the largest term first, else by
+    decreasing degree."""
     poly_terms = sympy.Add.make_args(sympy.expand(expr))
-    terms = sorted(poly_terms, key=lambda t: (-sympy.Poly(t).total_degree() if t.free_symbols else 0, str(t)))
+    if values:
+        subs = {k: sympy.Integer(v) for k, v in values.items()}
+        terms = sorted(poly_terms, key=lambda t: (-abs(float(t.xreplace(subs))), str(t)))
+    else:
+        terms = sorted(poly_terms, key=lambda t: (-sympy.Poly(t).total_degree() if t.free_symbols else 0, str(t)))
     out = []
     for t in terms:
         coeff, rest = t.as_coeff_Mul()
