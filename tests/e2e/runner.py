@@ -1,0 +1,76 @@
+"""Compile a .scale text, launch it under torchrun through its launch.sh, and read back what it wrote."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import codegen
+from compiler.check import check_text
+from compiler.pipeline import compile_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SINGLE_MESH = "mesh { axis dp = 1  devices_per_node = 1 }"
+
+
+@dataclass
+class Run:
+    losses: list
+    grads: dict
+    output: str
+
+
+def single_device(text: str) -> str:
+    """The same model, data and global batch on one device, no accumulation: the reference of every plan."""
+    text = re.sub(r"mesh\s*\{[^}]*\}", SINGLE_MESH, text)
+    return re.sub(r"plan\s*\{[^}]*\}", "plan { data_parallel = ddp  micro_batches = 1 }", text)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
+           extra: tuple = (), dump_grads: bool = True) -> Run:
+    out = workdir / name
+    compiled = compile_spec(check_text(text, f"{name}.scale"))
+    if nproc is not None:
+        assert compiled.spec.mesh.world_size == nproc, "the case's nproc disagrees with its mesh"
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    metrics, grads = out / "metrics.jsonl", out / "grads.pt"
+    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics), *extra]
+    if dump_grads:
+        cmd += ["--dump-grads", str(grads)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
+               OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        tail = "\n".join(((exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
+                         .splitlines()[-50:])
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        tail = "\n".join(output.splitlines()[-50:])
+        pytest.fail(f"exit {proc.returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
+    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return Run(losses=losses, grads=torch.load(grads) if dump_grads else {}, output=output)
+
+
+def assert_same_training(run: Run, ref: Run, rtol: float = 1e-5) -> None:
+    assert len(run.losses) == len(ref.losses)
+    torch.testing.assert_close(torch.tensor(run.losses, dtype=torch.float64),
+                               torch.tensor(ref.losses, dtype=torch.float64), rtol=rtol, atol=0.0)
+    assert run.grads.keys() == ref.grads.keys()
+    for name in ref.grads:
+        torch.testing.assert_close(run.grads[name], ref.grads[name], rtol=rtol, atol=1e-8,
+                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
