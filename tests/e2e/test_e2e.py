@@ -54,3 +54,22 @@ def test_checkpoint_resume_continues_exactly(references, tmp_path):
     import torch
     torch.testing.assert_close(torch.tensor(first.losses + second.losses, dtype=torch.float64),
                                torch.tensor(ref.losses, dtype=torch.float64), rtol=1e-5, atol=0.0)
+
+
+def test_scalec_run_trains_a_sample_in_bf16(tmp_path):
+    """The user's path: `scalec run FILE --steps N` compiles and launches; bf16 autocast trains and logs."""
+    import subprocess
+    import sys
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace("steps        = 30",
+                                                                     "steps = 30  precision = bf16")
+    src = tmp_path / "tiny_bf16.scale"
+    src.write_text(text)
+    metrics = tmp_path / "m.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(src), "-o", str(tmp_path / "build"),
+                           "--steps", "12", "--metrics", str(metrics)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "step    12/12" in proc.stdout
+    import json
+    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.2

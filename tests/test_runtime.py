@@ -1,0 +1,76 @@
+"""Runtime pieces on one process: data layout independence, the token-file reader, the schedule, initialisation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from runtime import data
+from runtime.layers import init_parameters, parameter_generator
+from runtime.train import Config, lr_lambda
+
+
+def test_any_dp_and_micro_batch_split_sees_the_same_global_batch():
+    src = data.Synthetic(vocab=50, seq_len=12, seed=7)
+    full, full_t = data.micro_batch(src, 3, 8, 0, 1, 0, 1)
+    for dp, m in ((2, 1), (2, 2), (4, 2), (8, 1)):
+        parts = [data.micro_batch(src, 3, 8, r, dp, j, m) for r in range(dp) for j in range(m)]
+        assert torch.equal(torch.cat([p[0] for p in parts]), full)
+        assert torch.equal(torch.cat([p[1] for p in parts]), full_t)
+    # Targets are the next tokens, and steps differ from each other.
+    assert torch.equal(full[:, 1:], full_t[:, :-1])
+    assert not torch.equal(data.micro_batch(src, 4, 8, 0, 1, 0, 1)[0], full)
+
+
+def test_synthetic_sequences_step_by_a_stride():
+    tokens, _ = data.Synthetic(vocab=100, seq_len=10, seed=1).samples(0, 16, 0, 16)
+    strides = (tokens[:, 1:] - tokens[:, :-1]) % 100
+    assert all(len(set(row.tolist())) == 1 and 1 <= row[0] <= 4 for row in strides)
+
+
+def test_token_file_windows(tmp_path):
+    ids = np.arange(1000, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    ids.tofile(path)
+    src = data.TokenFile(str(path), "uint16", seq_len=16, seed=3)
+    tokens, targets = src.samples(0, 4, 0, 4)
+    assert tokens.shape == (4, 16) and tokens.dtype == torch.int64
+    assert torch.equal(targets, tokens + 1)  # consecutive ids: the window is contiguous
+    assert torch.equal(src.samples(0, 4, 2, 4)[0], tokens[2:])
+
+
+def _cfg(**kw) -> Config:
+    base = dict(name="m", source="m.scale", axes=(("dp", 1),), data_parallel="ddp", micro_batches=1, global_batch=1,
+                seq_len=1, vocab=8, steps=100, seed=0, precision="fp32", lr=1e-3, betas=(0.9, 0.95),
+                weight_decay=0.0, eps=1e-8, schedule="cosine", warmup=10, min_lr=1e-4, grad_clip=1.0,
+                data="synthetic", data_path="", data_dtype="uint16", log_every=1, checkpoint_dir="",
+                checkpoint_every=0, init_std=0.02, residual_out=(), layers=1)
+    base.update(kw)
+    return Config(**base)
+
+
+def test_lr_schedule_warms_up_then_decays_to_min_lr():
+    f = lr_lambda(_cfg())
+    assert f(0) == 1 / 11 and f(9) == 10 / 11 and f(10) == 1.0
+    assert math.isclose(f(55), 0.1 + 0.9 * 0.5, rel_tol=1e-12)  # half-way through the cosine
+    assert math.isclose(f(100), 0.1, rel_tol=1e-12)
+    assert lr_lambda(_cfg(schedule="constant"))(50) == 1.0
+
+
+def test_initialisation_depends_on_names_not_order():
+    def make(order):
+        m = nn.Module()
+        for name in order:
+            m.add_module(name, nn.Linear(4, 4))
+        init_parameters(m, seed=5, std=0.02, residual_out=("attn_o",), layers=2)
+        return dict(m.named_parameters())
+    a, b = make(["attn_q", "attn_o"]), make(["attn_o", "attn_q"])
+    for name in a:
+        assert torch.equal(a[name], b[name])
+    assert torch.all(a["attn_q.bias"] == 0)
+    # The residual output projection is scaled by 1/sqrt(2 * layers).
+    assert a["attn_o.weight"].std() < a["attn_q.weight"].std()
+    g1, g2 = parameter_generator(5, "x.weight"), parameter_generator(5, "y.weight")
+    assert not torch.equal(torch.randn(3, generator=g1), torch.randn(3, generator=g2))
