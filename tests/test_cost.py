@@ -20,7 +20,7 @@ from compiler.trace import graph_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
-CALIBRATION = json.loads((ROOT.parent / "shared" / "reference" / "calibration.json").read_text())
+CALIBRATION = json.loads((ROOT / "tests" / "reference" / "calibration.json").read_text())
 
 # The spec's own symbols: a named size `hidden` in the .scale file is the symbol size("hidden").
 h, l, V, s = size("hidden"), size("layers"), size("vocab"), size("seq")
