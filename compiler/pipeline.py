@@ -27,7 +27,7 @@ class Compiled:
 
 def verify(traced: T.Traced, after: str) -> None:
     """Structural checks between passes: each graph lints and every node carries a shape and FLOP count."""
-    for cls, gm, _ in traced.segments():
+    for cls, gm in traced.segments():
         try:
             gm.graph.lint()
         except Exception as exc:  # noqa: BLE001 - re-raised with the pass named

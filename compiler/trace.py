@@ -25,6 +25,12 @@ from runtime.layers import Bias, Repeat
 
 SPAN, LAYER, SHAPE, FLOPS = "span", "layer", "shape", "flops"
 
+# GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own.
+PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on one rank, once passes have run)
+SPANS = "spans"                # leaf module name -> Span of the .scale layer that made it
+INPUTS = "inputs"              # placeholder name -> symbolic shape
+REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
+
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
@@ -39,45 +45,58 @@ class _Tracer(fx.Tracer):
         return node
 
 
-def trace(module: nn.Module, name: str) -> fx.GraphModule:
+def trace(module: M.Segment, name: str, inputs: dict) -> fx.GraphModule:
     graph = _Tracer().trace(module)
     for node in graph.nodes:  # annotations would make the emitted code name FX-internal globals
         if node.op in ("placeholder", "output"):
             node.type = None
-    return fx.GraphModule(module, graph, name)
+    gm = fx.GraphModule(module, graph, name)
+    gm.meta[PARAM_SHAPES] = dict(module.param_shapes)
+    gm.meta[SPANS] = dict(module.spans)
+    gm.meta[INPUTS] = dict(inputs)
+    return gm
 
 
 @dataclass
 class Traced:
     """The traced segments of a model: the top level and one block per `repeat` (by its module name)."""
 
-    model: M.ScaleModel
+    model: M.ScaleModel   # the single-device model the graphs were traced from
     top: fx.GraphModule
-    blocks: dict  # repeat name -> (block GraphModule, Block module)
+    blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
 
     def segments(self):
-        yield "Model", self.top, self.model
-        for name, (gm, block) in self.blocks.items():
-            yield _class_name(name), gm, block
+        """(class name in the emitted program, GraphModule), blocks first: the top level refers to them."""
+        for name, gm in self.blocks.items():
+            yield class_name(name), gm
+        yield "Model", self.top
+
+    def repeats(self) -> dict:
+        """repeat name -> (count, block GraphModule), for propagation over the top level."""
+        return {name: (gm.meta[REPEAT].count, gm) for name, gm in self.blocks.items()}
+
+    def annotate(self) -> None:
+        """(Re)compute SHAPE and FLOPS on every node, after tracing and after each pass."""
+        for gm in self.blocks.values():
+            propagate(gm)
+        propagate(self.top, self.repeats())
 
 
-def _class_name(repeat_name: str) -> str:
+def class_name(repeat_name: str) -> str:
     return "Block" if repeat_name == "blocks" else "Block" + repeat_name.split("_")[-1]
 
 
 def trace_model(model: M.ScaleModel) -> Traced:
+    seq = model._spec.train.seq_len
     blocks = {}
     for name, rep in model.repeats:
-        block = getattr(model, name)[0]
-        gm = trace(block, _class_name(name))
-        propagate(gm, block, {"x": (MICRO_BATCH, model._spec.train.seq_len, rep.body[0].hidden
-                                        if hasattr(rep.body[0], "hidden") else model._emb.hidden)})
-        blocks[name] = (gm, block)
-    top = trace(model, "Model")
-    seq = model._spec.train.seq_len
-    propagate(top, model, {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)},
-              repeats={n: (rep.count, blocks[n][0]) for n, rep in model.repeats})
-    return Traced(model, top, blocks)
+        gm = trace(getattr(model, name)[0], class_name(name), {"x": (MICRO_BATCH, seq, model._emb.hidden)})
+        gm.meta[REPEAT] = rep
+        blocks[name] = gm
+    top = trace(model, "Model", {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)})
+    traced = Traced(model, top, blocks)
+    traced.annotate()
+    return traced
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,9 +122,9 @@ def _broadcast(a, b):
     return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
-def propagate(gm: fx.GraphModule, owner: nn.Module, inputs: dict, repeats: dict | None = None) -> None:
-    """Set SHAPE and FLOPS on every node of `gm`; `owner.param_shapes` gives the parameters' symbolic shapes."""
-    params = owner.param_shapes
+def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
+    """Set SHAPE and FLOPS on every node of `gm`, from its inputs' and parameters' symbolic shapes (gm.meta)."""
+    params, inputs = gm.meta[PARAM_SHAPES], gm.meta[INPUTS]
     env: dict[fx.Node, object] = {}
 
     def val(a):

@@ -43,7 +43,7 @@ def layers_forward_global(compiled) -> sympy.Expr:
     """Forward FLOPs of the transformer layers over the global batch, from the traced block graph:
     one block's forward (per micro-batch of b sequences) × the repeat count, with b → global batch."""
     (name, rep), = compiled.traced.model.repeats
-    block_gm, _ = compiled.traced.blocks[name]
+    block_gm = compiled.traced.blocks[name]
     per_block = graph_flops(block_gm)
     assert MICRO_BATCH in per_block.free_symbols
     return sympy.expand((rep.count * per_block).xreplace({MICRO_BATCH: compiled.spec.train.global_batch}))
@@ -106,7 +106,7 @@ def test_block_forward_flops_from_definitions(gpt):
     per_layer = 4 * 2 * b * s * h * h + 2 * 2 * b * s * s * h + 2 * 2 * b * s * h * (4 * h)
     (name, rep), = gpt.traced.model.repeats
     assert rep.count == l
-    assert sympy.expand(graph_flops(gpt.traced.blocks[name][0]) - per_layer) == 0
+    assert sympy.expand(graph_flops(gpt.traced.blocks[name]) - per_layer) == 0
     # The whole forward: the layers plus the tied LM head, 2·bs·h·V.
     assert sympy.expand(gpt.costs.flops_fwd - (l * per_layer + 2 * b * s * h * V)) == 0
 

@@ -65,7 +65,7 @@ def where(spec: S.Spec, span) -> str:
     return f"{os.path.basename(spec.path)}:{span.line}"
 
 
-def _ctor(mod: nn.Module, blocks_cls: dict) -> str:
+def _ctor(mod: nn.Module) -> str:
     if isinstance(mod, nn.Linear):
         return f"nn.Linear({mod.in_features}, {mod.out_features}{'' if mod.bias is not None else ', bias=False'})"
     if isinstance(mod, nn.Embedding):
@@ -102,20 +102,20 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
     return "\n".join(out)
 
 
-def _segment(cls: str, gm: fx.GraphModule, owner: nn.Module, spec: S.Spec, blocks_cls: dict) -> SegmentCode:
+def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
     leaves = []
-    for name, mod in owner.named_children():
+    for name, mod in gm.named_children():
         if isinstance(mod, Repeat):
-            ctor = f"Repeat({blocks_cls[name]}() for _ in range({len(mod)}))"
+            ctor = f"Repeat({T.class_name(name)}() for _ in range({len(mod)}))"
         else:
-            ctor = _ctor(mod, blocks_cls)
-        span = owner.spans.get(name)
+            ctor = _ctor(mod)
+        span = gm.meta[T.SPANS].get(name)
         comment = f"{where(spec, span)}  {source_text(spec, span)}" if span else ""
         leaves.append(Leaf(name, ctor, comment))
     if cls == "Model":
         doc = f"The whole model `{spec.model.name}`: token ids and targets in, the mean cross-entropy out."
     else:
-        rep = owner.repeat
+        rep = gm.meta[T.REPEAT]
         doc = (f"One of the `{source_text(spec, rep.span).rstrip('{ ').strip()}` blocks ({where(spec, rep.span)}): "
                "the residual stream in and out.")
     return SegmentCode(cls, doc, tuple(leaves), forward_code(gm, spec))
@@ -146,9 +146,7 @@ def mesh_text(spec: S.Spec) -> str:
 
 
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
-    blocks_cls = {name: T._class_name(name) for name in traced.blocks}
-    segs = [_segment(cls, gm, owner, spec, blocks_cls) for cls, gm, owner in traced.segments()]
-    segs = segs[1:] + segs[:1]  # blocks first: Model refers to them
+    segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
     imports = sorted({"Repeat"} if traced.blocks else set()
                      | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
     return _env().get_template("program.py.j2").render(
@@ -168,10 +166,8 @@ def launch_script(spec: S.Spec) -> str:
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
     placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
     params = []
-    for cls, gm, owner in traced.segments():
-        prefix = "" if cls == "Model" else next(n for n, c in ((n, T._class_name(n)) for n in traced.blocks)
-                                                if c == cls) + ".*."
-        for pname, shape in owner.param_shapes.items():
+    for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
+        for pname, shape in gm.meta[T.PARAM_SHAPES].items():
             params.append({"name": prefix + pname, "shape": [str(d) for d in shape],
                            "numel": spec.value(sympy.Mul(*shape)), "placement": {"dp": placement}})
     doc = {
