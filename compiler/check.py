@@ -29,9 +29,12 @@ DEVICES = {
     "h200": (989.0, 141.0, 450.0, 50.0),
 }
 
+# What the tp axis can shard (plan setting `tp_layers`).
+TP_LAYERS = ("attention", "mlp", "vocab")
+
 # Axes a plan can use, and the ones this compiler can already shard over (larger than 1).
 KNOWN_AXES = ("dp", "pp", "tp", "ep")
-SUPPORTED_AXES = ("dp",)
+SUPPORTED_AXES = ("dp", "tp")
 
 
 class _Checker:
@@ -136,6 +139,14 @@ class _Checker:
         self.error("E0112", f"{what} must be a string, found {_describe(e)}", _span(e),
                    help='strings are written in double quotes: "..."')
         return None
+
+    def as_names(self, e: ast.Expr, what: str, choices: tuple[str, ...]) -> tuple | None:
+        """A name or a tuple of names, each one of `choices`; `()` is not writable, so `none` means empty."""
+        if isinstance(e, ast.Name) and e.id == "none":
+            return ()
+        items = e.items if isinstance(e, ast.Tuple) else (e,)
+        out = [self.as_choice(i, what.strip("`"), choices) for i in items]
+        return None if None in out else tuple(dict.fromkeys(out))
 
     def as_floats(self, e: ast.Expr, what: str, n: int) -> tuple | None:
         if not (isinstance(e, ast.Tuple) and len(e.items) == n):
@@ -263,6 +274,9 @@ MESH_SETTINGS: dict[str, Param] = {
 PLAN_SETTINGS: dict[str, Param] = {
     "data_parallel": Param(_choice("ddp", "fsdp"), "ddp", "how dp holds model state"),
     "micro_batches": Param(_pos_int, 1, "gradient-accumulation micro-batches per step"),
+    "tp_layers": Param(lambda c, e, w: c.as_names(e, w, TP_LAYERS), TP_LAYERS, "what tp shards"),
+    "sequence_parallel": Param(_bool, False, "shard norms and residuals along the sequence over tp"),
+    "pad_vocab": Param(_bool, False, "pad the vocabulary to a multiple of tp (padded logits masked)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -434,6 +448,10 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
         c.error("E0102", f"size `{name}` is defined twice", st.key.span, label="redefined here",
                 help=f"the first definition is at {c.name_spans[name]}; give this one another name")
         return
+    if name in KNOWN_AXES:
+        c.error("E0102", f"`{name}` names a mesh axis and cannot name a size", st.key.span,
+                help="formulas use the axis sizes under these names; call this size something else")
+        return
     if name in LAYERS or name in ("repeat", "axis"):
         c.error("E0102", f"`{name}` is a layer kind and cannot name a size", st.key.span)
         return
@@ -599,6 +617,7 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
                     help=f"this version shards over {', '.join(SUPPORTED_AXES)} only; set `{name}` to 1")
         axes.append((name, n))
         spans[name] = st.span
+        c.values[size_symbol(name)] = n  # per-rank formulas read `hidden/tp`
     s = _settings(c, sec, MESH_SETTINGS, "mesh", allowed_other=(ast.Axis,))
     if s is None:
         return None
@@ -624,7 +643,8 @@ def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
     s = _settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
         return None
-    return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"])
+    return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"], tp_layers=s["tp_layers"],
+                  sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"])
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -655,6 +675,7 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
 
 
 def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train, spans: dict) -> None:
+    _tp_checks(c, model, mesh, plan, train)
     dp = mesh.size("dp")
     gb = int(c.number(train.global_batch))
     if gb % (dp * plan.micro_batches):
@@ -670,6 +691,54 @@ def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train
                 _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
+
+
+def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
+    """Everything the tensor-parallel degree must divide, reported at the `axis tp` line with the layer named."""
+    tp = mesh.size("tp")
+    if tp == 1:
+        return
+    at = mesh.axis_spans["tp"]
+
+    def need(code: str, what: str, value, layer_span: Span, remedy: str) -> None:
+        n = int(c.number(value))
+        if n % tp:
+            ok = [d for d in range(1, n + 1) if n % d == 0 and d <= max(tp * 4, 8)]
+            c.error(code, f"tensor-parallel degree {tp} does not divide {what} ({n})", at,
+                    label=f"{n} % {tp} == {n % tp}",
+                    help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
+                         + ", ".join(map(str, ok[-6:])))
+
+    def walk(items):
+        for x in items:
+            if isinstance(x, (S.Residual, S.Repeat)):
+                yield from walk(x.body)
+            else:
+                yield x
+
+    for x in walk(model.layers):
+        if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
+            need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
+            if c.number(x.heads) % tp == 0:
+                need("E0402", "the key/value heads", x.kv_heads, x.span,
+                     "each rank needs whole key/value heads for its query heads")
+        if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
+            need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
+    emb = model.layers[0]
+    if "vocab" in plan.tp_layers and not plan.pad_vocab:
+        need("E0403", "the vocabulary", emb.vocab, emb.span,
+             "add `pad_vocab = true` to the plan (padded logits are masked out, the loss is unchanged), or exclude "
+             "the vocabulary: `tp_layers = (attention, mlp)`")
+    if plan.sequence_parallel:
+        seq = int(c.number(train.seq_len))
+        if seq % tp:
+            c.error("E0405", f"sequence parallelism over tp = {tp} needs the sequence length ({seq}) to divide",
+                    at, label=f"{seq} % {tp} == {seq % tp}", help="choose a seq_len that tp divides, or turn "
+                    "`sequence_parallel` off")
+        missing = [k for k in ("attention", "mlp") if k not in plan.tp_layers]
+        if missing:
+            c.error("E0406", "sequence parallelism needs every attention and MLP sharded over tp", at,
+                    help=f"add {', '.join(missing)} to `tp_layers`, or turn `sequence_parallel` off")
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ def plan_text(compiled) -> str:
     lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
               f"matmuls, forward + backward, no recomputation)",
               f"            = {C.formula(costs.flops_step, spec.values)}"]
-    ideal = costs.flops_step_n / (m.world_size * m.device.peak_tflops * 1e12)
+    if costs.flops_rank_step_n * m.world_size != costs.flops_step_n:
+        lines += [f"            {costs.flops_rank_step_n:.4e} FLOP per step on each rank"]
+    ideal = costs.flops_rank_step_n / (m.device.peak_tflops * 1e12)
     lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
               f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
     st = costs.model_state
@@ -70,9 +72,15 @@ def plan_text(compiled) -> str:
     for c in costs.ledger.entries:
         b = spec.value(c.bytes_per_step())
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
-        lines += [f"  {c.op:<15} over {c.axis:<3} {C.human(b, 'B'):>10}  ({C.formula(c.bytes_per_step(), spec.values)} bytes)  "
-                  f"[{src}] {c.reason}"]
+        times = spec.value(c.per_step)
+        lines += [f"  {c.op:<15} {c.axis:<3} {_DIRECTION[c.direction]:<4} ×{times:<4} {C.human(b, 'B'):>10} = "
+                  f"{C.formula(c.bytes_per_step(), spec.values)} bytes  [{src}] {c.reason}"]
+    lines += ["  (bytes: the full tensor each call moves, per rank and step; DDP/FSDP traffic is theirs to schedule)"
+              if costs.ledger.entries else ""]
     return "\n".join(lines) + "\n"
+
+
+_DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
 def cmd_plan(args) -> int:

@@ -13,7 +13,7 @@ from compiler import model as M
 from compiler import spec as S
 from compiler import trace as T
 from compiler.diagnostics import Span
-from compiler.symbols import MICRO_BATCH
+from compiler.symbols import MICRO_BATCH, size
 
 BYTES = {"fp32": 4, "bf16": 2}
 
@@ -24,11 +24,13 @@ class Collective:
 
     op: str              # all_reduce | all_gather | reduce_scatter | all_to_all | send_recv
     axis: str
-    elements: sympy.Expr  # elements of the full tensor each rank contributes, per occurrence
+    elements: sympy.Expr  # elements of the full (unsharded along `axis`) tensor, per occurrence
     dtype_bytes: int
-    per_step: sympy.Expr  # occurrences per optimizer step
+    per_step: sympy.Expr  # occurrences per optimizer step on one rank
     span: Span | None
     reason: str
+    direction: str = "step"  # "forward", "backward", or "step" (once per optimizer step)
+    measured: bool = True    # issued through runtime.collectives, so the runtime can count its bytes
 
     def bytes_per_step(self) -> sympy.Expr:
         return sympy.expand(self.elements * self.dtype_bytes * self.per_step)
@@ -72,43 +74,96 @@ class Costs:
     flops_fwd: sympy.Expr          # one forward pass of one micro-batch of b sequences
     flops_step: sympy.Expr         # fwd + bwd over the global batch (model FLOPs, no recomputation)
     flops_step_n: int
+    flops_rank_step_n: int         # what one rank computes per step
     model_state: ModelState        # per rank
     ledger: Ledger
     tokens_step: int
+    params_local: sympy.Expr      # parameters held by one rank (after tp sharding, before dp sharding)
+
+
+def params_per_rank(traced: T.Traced) -> sympy.Expr:
+    """Parameters one rank holds once the passes have run (tp shards counted at their local size)."""
+    total = sympy.Integer(0)
+    for name, gm in [("", traced.top)] + list(traced.blocks.items()):
+        n = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
+        total += n * (gm.meta[T.REPEAT].count if name else 1)
+    return sympy.expand(total)
 
 
 def costs(spec: S.Spec, traced: T.Traced) -> Costs:
     params = M.symbolic_param_count(traced.model)
-    fwd = T.graph_flops(traced.top)
+    fwd = traced.model_flops_fwd
     # Backward of a matmul is two matmuls of the same size (input and weight gradients): 2× forward.
     step = sympy.expand(3 * fwd.xreplace({MICRO_BATCH: spec.train.global_batch}))
+    # One rank: its graphs' FLOPs (tp shards them) over its share of the batch.
+    dp, m = spec.mesh.size("dp"), spec.plan.micro_batches
+    rank_step = sympy.expand(3 * m * T.graph_flops(traced.top).xreplace(
+        {MICRO_BATCH: spec.train.global_batch / (dp * m)}))
     psi = spec.value(params)
+    local = params_per_rank(traced)
     dp = spec.mesh.size("dp")
     # What our runtime holds: fp32 master weights and gradients (bf16 runs autocast them), AdamW's two moments.
     stage = 3 if spec.plan.data_parallel == "fsdp" else 0
-    state = zero_model_state(psi, dp, stage, param_bytes=4, grad_bytes=4, k=8)
+    state = zero_model_state(spec.value(local), dp, stage, param_bytes=4, grad_bytes=4, k=8)
     return Costs(params=params, params_n=psi, flops_fwd=fwd, flops_step=step, flops_step_n=spec.value(step),
-                 model_state=state, ledger=ledger(spec, params),
-                 tokens_step=spec.value(spec.train.global_batch * spec.train.seq_len))
+                 flops_rank_step_n=spec.value(rank_step),
+                 model_state=state, ledger=ledger(spec, traced, local),
+                 tokens_step=spec.value(spec.train.global_batch * spec.train.seq_len), params_local=local)
 
 
-def ledger(spec: S.Spec, params: sympy.Expr) -> Ledger:
-    """The collectives of one optimizer step."""
+def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
+    """The collectives of one optimizer step on one rank: those the passes inserted, then data parallelism's."""
     led = Ledger()
+    _pass_collectives(spec, traced, led)
     dp = spec.mesh.size("dp")
     span = spec.mesh.axis_spans.get("dp")
     if dp > 1:
         if spec.plan.data_parallel == "ddp":
             led.add(Collective(op="all_reduce", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(1),
-                               span=span, reason="average the gradients of the dp replicas (DDP, bucketed)"))
+                               span=span, reason="average the gradients of the dp replicas (DDP, bucketed)",
+                               measured=False))
         else:
             led.add(Collective(op="all_gather", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(2),
                                span=span, reason="FSDP: gather each block's weights for forward and again for "
-                                                 "backward"))
+                                                 "backward", measured=False))
             led.add(Collective(op="reduce_scatter", axis="dp", elements=params, dtype_bytes=4,
                                per_step=sympy.Integer(1), span=span,
-                               reason="FSDP: reduce and shard the gradients"))
+                               reason="FSDP: reduce and shard the gradients", measured=False))
     return led
+
+
+def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger) -> None:
+    """One ledger entry per direction of each collective call the passes inserted into the graphs."""
+    m = spec.plan.micro_batches
+    # Sequences in one micro-batch on one rank.
+    b_local = spec.train.global_batch / (size("dp") * m) if "dp" in dict(spec.mesh.axes) else \
+        spec.train.global_batch / m
+    act_bytes = BYTES[spec.train.precision]
+    for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
+        times = m * (gm.meta[T.REPEAT].count if name else 1)
+        for node in gm.graph.nodes:
+            note = node.meta.get(T.COLLECTIVE)
+            if note is None:
+                continue
+            tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
+            elements = note.count * sympy.Mul(*tensor.meta[T.SHAPE]).xreplace({MICRO_BATCH: b_local})
+            for direction, op in (("forward", note.forward), ("backward", note.backward)):
+                if op:
+                    led.add(Collective(op=op, axis=note.axis, elements=sympy.expand(elements),
+                                       dtype_bytes=4 if note.dtype == "fp32" else act_bytes, per_step=times,
+                                       span=node.meta.get(T.SPAN), reason=note.reason, direction=direction))
+    partial = sympy.Integer(0)
+    for name, gm in [("", traced.top)] + list(traced.blocks.items()):
+        shapes = gm.meta[T.PARAM_SHAPES]
+        n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())), sympy.Integer(0))
+        partial += n * (gm.meta[T.REPEAT].count if name else 1)
+    if partial != 0:
+        if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1:
+            partial = partial / size("dp")  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
+        led.add(Collective(op="all_reduce", axis="tp", elements=sympy.expand(partial), dtype_bytes=4,
+                           per_step=sympy.Integer(1), span=spec.mesh.axis_spans.get("tp"),
+                           reason="sequence parallelism: each rank's norm and row-bias gradients cover only its "
+                                  "sequence chunk", direction="step"))
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------
@@ -130,15 +185,23 @@ def formula(expr: sympy.Expr, values: dict | None = None) -> str:
         terms = sorted(poly_terms, key=lambda t: (-abs(float(t.xreplace(subs))), str(t)))
     else:
         terms = sorted(poly_terms, key=lambda t: (-sympy.Poly(t).total_degree() if t.free_symbols else 0, str(t)))
+    def power(base, e) -> str:
+        return str(base) + ("" if e == 1 else "²" if e == 2 else "³" if e == 3 else f"^{e}")
+
     out = []
     for t in terms:
         coeff, rest = t.as_coeff_Mul()
-        factors = []
+        num, den = [], []
         for base, e in sorted(rest.as_powers_dict().items(), key=lambda be: str(be[0])):
-            if base == 1:
-                continue
-            factors.append(str(base) + ("" if e == 1 else "²" if e == 2 else "³" if e == 3 else f"^{e}"))
-        body = "·".join(factors)
+            if base != 1:
+                (num if e > 0 else den).append(power(base, abs(e)))
+        if coeff.is_Rational and coeff.q != 1:
+            den.insert(0, str(coeff.q))
+            coeff = sympy.Integer(coeff.p)
+        body = "·".join(num)
         c = "" if coeff == 1 and body else str(coeff)
-        out.append(c + ("·" if c and body else "") + body)
+        text = c + ("·" if c and body else "") + body
+        if den:
+            text += "/" + (den[0] if len(den) == 1 else "(" + "·".join(den) + ")")
+        out.append(text)
     return " + ".join(out).replace("+ -", "- ")

@@ -13,9 +13,11 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.check import check_path
 
+from compiler.passes.tensor_parallel import tensor_parallel_pass
+
 # The passes, in order. Data parallelism needs no graph surgery (DDP/FSDP2 carry it out at run time; the ledger
-# records its traffic); tensor, pipeline and expert parallelism will be listed here.
-PASSES: tuple = ()
+# records its traffic); pipeline and expert parallelism will be listed here.
+PASSES: tuple = (tensor_parallel_pass,)
 
 
 @dataclass

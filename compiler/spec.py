@@ -145,6 +145,12 @@ class Plan:
     """How the `dp` axis holds model state: `ddp` (replicated, gradients all-reduced) or `fsdp` (ZeRO-3 sharded)."""
     micro_batches: int
     """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
+    tp_layers: tuple = ("attention", "mlp", "vocab")
+    """What the `tp` axis shards: attention heads, MLP inner width, the vocabulary (embedding, head, loss)."""
+    sequence_parallel: bool = False
+    """Shard norms, residuals and dropout-free elementwise work along the sequence over `tp` (Korthikanti et al.)."""
+    pad_vocab: bool = False
+    """Pad the vocabulary to a multiple of `tp`; the padded logits are masked out of the loss."""
 
 
 @dataclass(frozen=True, kw_only=True)

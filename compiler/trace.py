@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from compiler import model as M
-from compiler.symbols import MICRO_BATCH
+from compiler.symbols import MICRO_BATCH, size
+from runtime import collectives as C
 from runtime.layers import Bias, Repeat
 
 SPAN, LAYER, SHAPE, FLOPS = "span", "layer", "shape", "flops"
@@ -30,6 +31,11 @@ PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on on
 SPANS = "spans"                # leaf module name -> Span of the .scale layer that made it
 INPUTS = "inputs"              # placeholder name -> symbolic shape
 REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
+TP_SHARDS = "tp_shards"        # parameter name -> (dim sharded over tp, full size of that dim before padding)
+TP_PARTIAL_GRADS = "tp_partial_grads"  # parameters whose gradients are partial over tp (sequence parallelism)
+
+# node.meta key of a call inserted by a pass that moves data: a passes.tensor_parallel.Collective.
+COLLECTIVE = "collective"
 
 
 class _Tracer(fx.Tracer):
@@ -64,6 +70,7 @@ class Traced:
     model: M.ScaleModel   # the single-device model the graphs were traced from
     top: fx.GraphModule
     blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
+    model_flops_fwd: sympy.Expr = sympy.Integer(0)  # forward FLOPs of one micro-batch, before any pass
 
     def segments(self):
         """(class name in the emitted program, GraphModule), blocks first: the top level refers to them."""
@@ -96,6 +103,7 @@ def trace_model(model: M.ScaleModel) -> Traced:
     top = trace(model, "Model", {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)})
     traced = Traced(model, top, blocks)
     traced.annotate()
+    traced.model_flops_fwd = graph_flops(top)
     return traced
 
 
@@ -209,8 +217,18 @@ def _function_rule(node: fx.Node, args, kwargs):
         b, h, sq, d = q
         sk, dv = k[2], v[3]
         return (b, h, sq, dv), 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
-    if t is F.cross_entropy:
+    if t is F.cross_entropy or t is C.vocab_parallel_cross_entropy:
         return (), zero
+    if t in (C.identity_fwd_all_reduce_bwd, C.all_reduce_fwd_identity_bwd):
+        return args[0], zero
+    if t is C.all_gather_fwd_reduce_scatter_bwd:
+        x, axis, d = args
+        return tuple(s * size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), zero
+    if t in (C.reduce_scatter_fwd_all_gather_bwd, C.split_fwd_all_gather_bwd):
+        x, axis, d = args
+        return tuple(s / size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), zero
+    if t is C.vocab_parallel_lookup:
+        return tuple(args[0]) + (args[1][1],), zero
     raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")
 
 

@@ -41,23 +41,32 @@ def parameter_generator(seed: int, name: str) -> torch.Generator:
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tuple[str, ...], layers: int) -> None:
+def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tuple[str, ...], layers: int,
+                    shard_of=None, local_slice=None) -> None:
     """GPT-2 initialisation, reproducible by name.
 
     Linear and embedding weights: normal(0, std); the output projections that write into the residual stream
     (`residual_out`, module names without the block prefix) use std / sqrt(2 * layers); biases zero; norm scales one.
-    Each full tensor is drawn on the CPU from its own generator, then copied to the parameter's device.
+    Each full tensor is drawn on the CPU from its own generator, then copied to the parameter's device. A parameter
+    sharded over tp (`shard_of(name)` gives (dim, full size)) is drawn whole and sliced (`local_slice`), so every
+    tp degree starts from the same weights.
     """
     scaled = std / math.sqrt(2 * layers)
     for module_name, module in model.named_modules():
         leaf = module_name.rsplit(".", 1)[-1]
         for pname, p in module.named_parameters(recurse=False):
-            full = f"{module_name}.{pname}" if module_name else pname
+            name = f"{module_name}.{pname}" if module_name else pname
+            shard = shard_of(name) if shard_of else None
+            shape = list(p.shape)
+            if shard is not None:
+                shape[shard[0]] = shard[1]
             if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-                value = torch.ones(p.shape) if pname == "weight" else torch.zeros(p.shape)
+                value = torch.ones(shape) if pname == "weight" else torch.zeros(shape)
             elif pname == "bias":
-                value = torch.zeros(p.shape)
+                value = torch.zeros(shape)
             else:
                 sigma = scaled if leaf in residual_out else std
-                value = torch.empty(p.shape).normal_(0.0, sigma, generator=parameter_generator(seed, full))
+                value = torch.empty(shape).normal_(0.0, sigma, generator=parameter_generator(seed, name))
+            if shard is not None:
+                value = local_slice(value, shard[0], p.shape[shard[0]])
             p.copy_(value.to(dtype=p.dtype))

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from runtime import collectives
+
 
 @dataclass(frozen=True)
 class Context:
@@ -61,6 +63,8 @@ def setup(axes: tuple[tuple[str, int], ...]) -> Context:
     names = tuple(a for a, _ in axes)
     mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
     coords = {a: mesh.get_local_rank(a) for a in names}
+    for a in names:
+        collectives.register(a, mesh[a].get_group())
     return Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords)
 
 

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, data, mesh
+from runtime import checkpoint, collectives, data, mesh
+from runtime import tensor_parallel as tp
 from runtime.layers import init_parameters
 
 
@@ -70,6 +71,10 @@ class Config:
     """Linears writing into the residual stream; their initialisation is scaled by 1/sqrt(2·layers)."""
     layers: int
     """Number of blocks (for that scaling)."""
+    tp_shards: tuple = ()
+    """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
+    tp_partial_grads: tuple = ()
+    """Parameters whose gradients are partial over tp (sequence parallelism): summed after backward."""
 
 
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
@@ -79,6 +84,8 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0)")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
+    p.add_argument("--count-bytes", metavar="FILE",
+                   help="count the bytes of every runtime collective during the first step; write JSON (rank 0)")
     args = p.parse_args()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed),
                                    ("checkpoint_dir", args.checkpoint_dir)) if v is not None}
@@ -125,17 +132,18 @@ def _optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _dump_grads(model: nn.Module, path: str, ctx: mesh.Context) -> None:
-    grads = {}
-    for name, p in model.named_parameters():
-        name = name.removeprefix("module.")
-        grads[name] = _full(p.grad).detach().cpu().clone() if p.grad is not None else None
+def _dump_grads(model: nn.Module, path: str, ctx: mesh.Context, shards: tp.Shards) -> None:
+    grads = tp.full_grads(model.named_parameters(), shards)
     if ctx.is_logger:
         torch.save(grads, path)
+
+
+def _write_counts(path: str, ctx: mesh.Context) -> None:
+    counts = {f"{op}/{axis}": n for (op, axis), n in sorted(collectives.BYTES.items())}
+    collectives.count_bytes(False)
+    if ctx.is_logger:
+        with open(path, "w") as f:
+            json.dump(counts, f, indent=2, sort_keys=True)
 
 
 def main(model_cls, cfg: Config) -> None:
@@ -157,7 +165,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
         model = model_cls()
     model.to_empty(device=ctx.device)
     # Initialise the full single-device model by name, so every layout starts from the same weights.
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
+    shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads)
+    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
+                    shard_of=shards.of, local_slice=tp.local_slice)
     model = _wrap_data_parallel(model, ctx, cfg)
     opt = _optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
@@ -171,14 +181,17 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     tokens_per_step = cfg.global_batch * cfg.seq_len
     metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
-        n = _count(model)
+        n = sum(tp.numel_full(p, name, shards) for name, p in model.named_parameters())
         print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters, mesh "
               f"{' × '.join(f'{a}={k}' for a, k in cfg.axes)} on {ctx.world_size} {ctx.device.type} process(es), "
               f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
     losses = []
     t_start = time.perf_counter()
+    dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
+        if args.count_bytes and step == start:
+            collectives.count_bytes(True)
         total = torch.zeros((), device=ctx.device)
         for j in range(cfg.micro_batches):
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, j, cfg.micro_batches)
@@ -192,10 +205,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
                     loss = model(tokens, targets) / cfg.micro_batches
                 loss.backward()
             total += loss.detach()
+        tp.sync_partial_grads(model.named_parameters(), shards)
+        if args.count_bytes and step == start:
+            _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
-            _dump_grads(model, args.dump_grads, ctx)
-        norm = _full(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0
-                                                      else float("inf")))
+            _dump_grads(model, args.dump_grads, ctx, shards)
+        norm = tp.clip_grad_norm(model.named_parameters(), cfg.grad_clip, shards, dp_group)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -224,10 +239,3 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     return losses
 
 
-def _count(model: nn.Module) -> int:
-    """Parameters of the whole model (sharded parameters counted at their full size)."""
-    return sum(_full_numel(p) for p in model.parameters())
-
-
-def _full_numel(p) -> int:
-    return math.prod(p.shape)

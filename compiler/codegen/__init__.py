@@ -84,7 +84,11 @@ _DELETE = re.compile(r";  (?:\w+ = )+None$")
 
 def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
     """The graph's Python code as a method, with a provenance comment before each .scale layer's statements."""
-    code = gm.graph.python_code(root_module="self").src
+    py = gm.graph.python_code(root_module="self")
+    code = py.src
+    for name, obj in py.globals.items():  # runtime functions read as `collectives.fn(...)`
+        if getattr(obj, "__module__", "") == "runtime.collectives":
+            code = re.sub(rf"\b{re.escape(name)}\b", f"collectives.{obj.__name__}", code)
     lines = [ln for ln in code.strip("\n").splitlines()]
     header, body = lines[0], [ln for ln in lines[1:] if ln.strip()]
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder",)]
@@ -98,8 +102,20 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
         if span is not None and span != last:
             out.append(f"        # {where(spec, span)}  {source_text(spec, span)}")
         last = span if span is not None else last
-        out.append("    " + _DELETE.sub("", line.rstrip()))
+        out.append("    " + _DELETE.sub("", line.rstrip()) + _collective_comment(node, spec))
     return "\n".join(out)
+
+
+def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
+    """`  # tp: forward all-reduce, backward identity; <reason> (<file>:<line>)` on a call that moves data."""
+    note = node.meta.get(T.COLLECTIVE)
+    if note is None:
+        return ""
+    fwd = (note.forward or "identity").replace("_", "-")
+    bwd = (note.backward or "identity").replace("_", "-")
+    span = node.meta.get(T.SPAN)
+    src = f" ({where(spec, span)})" if span else ""
+    return "  # " + _one_line(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}{src}")
 
 
 def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
@@ -121,9 +137,14 @@ def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
     return SegmentCode(cls, doc, tuple(leaves), forward_code(gm, spec))
 
 
-def config_values(spec: S.Spec) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced) -> dict:
     t = spec.train
     v = spec.value
+    shards, partial = [], []
+    for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
+        for pname, (dim, full) in gm.meta.get(T.TP_SHARDS, {}).items():
+            shards.append((prefix + pname, dim, full))
+        partial += [prefix + p for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())]
     items = {
         "name": spec.model.name, "source": spec.path, "axes": tuple(spec.mesh.axes),
         "data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches,
@@ -135,6 +156,7 @@ def config_values(spec: S.Spec) -> dict:
         "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
         "init_std": INIT_STD, "residual_out": RESIDUAL_OUT,
         "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
+        "tp_shards": tuple(shards), "tp_partial_grads": tuple(partial),
     }
     return items
 
@@ -153,7 +175,8 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
         version=__version__, source=spec.path, name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=imports or ["Repeat"], segments=segs,
-        config=[(k, repr(v)) for k, v in config_values(spec).items()])
+        runtime_modules=(["collectives"] if any("collectives." in sg.forward for sg in segs) else []) + ["train"],
+        config=[(k, repr(v)) for k, v in config_values(spec, traced).items()])
 
 
 def launch_script(spec: S.Spec) -> str:
@@ -164,12 +187,18 @@ def launch_script(spec: S.Spec) -> str:
 
 
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
-    placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
+    dp_placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
     params = []
     for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
+        shards = gm.meta.get(T.TP_SHARDS, {})
         for pname, shape in gm.meta[T.PARAM_SHAPES].items():
-            params.append({"name": prefix + pname, "shape": [str(d) for d in shape],
-                           "numel": spec.value(sympy.Mul(*shape)), "placement": {"dp": placement}})
+            placement = {"dp": dp_placement}
+            if spec.mesh.size("tp") > 1:
+                placement["tp"] = f"Shard({shards[pname][0]})" if pname in shards else (
+                    "Replicate(), gradient Partial(sum)" if pname in gm.meta.get(T.TP_PARTIAL_GRADS, ())
+                    else "Replicate()")
+            params.append({"name": prefix + pname, "local_shape": [str(d) for d in shape],
+                           "local_numel": spec.value(sympy.Mul(*shape)), "placement": placement})
     doc = {
         "generator": f"scalec {__version__}",
         "source": spec.path,
@@ -187,9 +216,10 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
                                                 "optimizer": costs.model_state.optimizer}},
         "ledger": [{"op": c.op, "axis": c.axis, "elements": str(c.elements), "dtype_bytes": c.dtype_bytes,
                     "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step()),
+                    "direction": c.direction, "measured": c.measured,
                     "source": str(c.span) if c.span else None, "reason": c.reason} for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec).items()
+        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced).items()
                   if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"

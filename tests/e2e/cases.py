@@ -19,6 +19,12 @@ class Case:
     timeout: int = 240
 
 
+SP = (("sequence_parallel = false", "sequence_parallel = true"),)
+GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false)"),
+       ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
+TP4 = (("axis tp = 2", "axis tp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
+
+
 CASES = (
     Case(id="dp2_ddp", sample="samples/gpt_dp.scale", nproc=2,
          description="data parallel over 2 ranks with DDP: the README's main job"),
@@ -31,4 +37,25 @@ CASES = (
     Case(id="two_nodes_ddp", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1")),
          description="two torchrun agents on loopback with c10d rendezvous: the multi-node launch form"),
+    Case(id="tp2", sample="samples/gpt_tp.scale", nproc=2, steps=3,
+         description="Megatron tensor parallelism: column/row linears, vocabulary-parallel embedding, head and loss"),
+    Case(id="tp2_sp", sample="samples/gpt_tp.scale", nproc=2, steps=3, edits=SP,
+         description="tensor + sequence parallelism: norms and residuals sharded along the sequence"),
+    Case(id="tp4", sample="samples/gpt_tp.scale", nproc=4, steps=3, edits=TP4,
+         description="tensor parallelism over 4 ranks: one head per rank"),
+    Case(id="tp4_sp", sample="samples/gpt_tp.scale", nproc=4, steps=3, edits=TP4 + SP,
+         description="tensor + sequence parallelism over 4 ranks"),
+    Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, steps=3, edits=GQA,
+         description="grouped-query attention (4 heads, 2 kv heads), RMSNorm, SwiGLU, untied head, no biases"),
+    Case(id="tp2_padded_vocab", sample="samples/gpt_tp.scale", nproc=2, steps=3,
+         edits=(("vocab  = 128", "vocab  = 127"), ("micro_batches = 1", "micro_batches = 1  pad_vocab = true")),
+         description="a vocabulary tp does not divide, padded with masked logits: the loss is unchanged"),
+    Case(id="dp2_tp2", sample="samples/gpt_2d.scale", nproc=4, steps=3, edits=(("sequence_parallel = true",
+                                                                                "sequence_parallel = false"),),
+         description="2-D mesh: DDP over dp × tensor parallelism over tp"),
+    Case(id="dp2_tp2_sp", sample="samples/gpt_2d.scale", nproc=4, steps=3,
+         description="2-D mesh: DDP over dp × tensor + sequence parallelism over tp"),
+    Case(id="dp2_tp2_fsdp", sample="samples/gpt_2d.scale", nproc=4, steps=3,
+         edits=(("data_parallel = ddp", "data_parallel = fsdp"),),
+         description="2-D mesh: FSDP2 (ZeRO-3) over dp × tensor + sequence parallelism over tp"),
 )

@@ -25,6 +25,8 @@ class Run:
     losses: list
     grads: dict
     output: str
+    measured: dict   # "op/axis" -> bytes counted by runtime.collectives during the first step
+    predicted: dict  # "op/axis" -> bytes per step the ledger (plan.json) predicts for those collectives
 
 
 def single_device(text: str) -> str:
@@ -46,8 +48,9 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     if nproc is not None:
         assert compiled.spec.mesh.world_size == nproc, "the case's nproc disagrees with its mesh"
     codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
-    metrics, grads = out / "metrics.jsonl", out / "grads.pt"
-    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics), *extra]
+    metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
+    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
+           "--count-bytes", str(counts), *extra]
     if dump_grads:
         cmd += ["--dump-grads", str(grads)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
@@ -63,14 +66,32 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
         tail = "\n".join(output.splitlines()[-50:])
         pytest.fail(f"exit {proc.returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
-    return Run(losses=losses, grads=torch.load(grads) if dump_grads else {}, output=output)
+    predicted: dict = {}
+    for c in json.loads((out / "plan.json").read_text())["ledger"]:
+        if c["measured"]:
+            key = f"{c['op']}/{c['axis']}"
+            predicted[key] = predicted.get(key, 0) + c["bytes_per_step"]
+    measured = json.loads(counts.read_text()) if counts.exists() else {}
+    return Run(losses=losses, grads=torch.load(grads) if dump_grads else {}, output=output, measured=measured,
+               predicted=predicted)
 
 
 def assert_same_training(run: Run, ref: Run, rtol: float = 1e-5) -> None:
+    """Losses equal elementwise to `rtol`; each gradient tensor equal to `rtol` in norm: ‖g − g_ref‖ ≤ rtol·‖g_ref‖.
+
+    The norm is the right yardstick for a tensor: a parallel plan sums the same terms in another order, and an
+    entry that is a near-cancelling sum (a bias gradient over 512 tokens, ~1e-4) can differ by more than 1e-5 of
+    itself while the tensor agrees to 1e-7. A tensor whose gradient is zero in exact arithmetic holds rounding noise
+    in both runs (the attention key bias: softmax ignores the per-query constant q·b), so norms are floored at 1e-3
+    of the model's whole gradient norm.
+    """
     assert len(run.losses) == len(ref.losses)
     torch.testing.assert_close(torch.tensor(run.losses, dtype=torch.float64),
                                torch.tensor(ref.losses, dtype=torch.float64), rtol=rtol, atol=0.0)
     assert run.grads.keys() == ref.grads.keys()
+    total = torch.sqrt(sum(g.double().pow(2).sum() for g in ref.grads.values()))
     for name in ref.grads:
-        torch.testing.assert_close(run.grads[name], ref.grads[name], rtol=rtol, atol=1e-8,
-                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
+        got, want = run.grads[name].double(), ref.grads[name].double()
+        assert got.shape == want.shape, f"gradient of {name}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+        err = (got - want).norm() / torch.maximum(want.norm(), 1e-3 * total)
+        assert err <= rtol, f"gradient of {name}: relative error {err:.3e} > {rtol}"

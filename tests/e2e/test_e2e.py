@@ -39,6 +39,7 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     ref = references(text, case.steps)
     assert_same_training(run, ref)
     assert run.losses[-1] < run.losses[0], "the loss should fall over the steps"
+    assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
 
 
 def test_checkpoint_resume_continues_exactly(references, tmp_path):

@@ -119,6 +119,8 @@ CONFIG = train.Config(
     init_std=0.02,
     residual_out=('attn_o', 'mlp_down'),
     layers=96,
+    tp_shards=(),
+    tp_partial_grads=(),
 )
 
 if __name__ == "__main__":

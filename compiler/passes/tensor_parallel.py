@@ -1,0 +1,333 @@
+"""Tensor and sequence parallelism over the `tp` mesh axis (Shoeybi et al. 2019; Korthikanti et al. 2022).
+
+Policy, `tp_policy`: reads one traced segment and finds, from its dataflow alone,
+  - regions: a set of *column* linears whose outputs reach exactly one *row* linear through operations that keep
+    a head or inner-width shard intact (head split/merge, attention, activations, the SwiGLU product). In our
+    vocabulary these are attention (q, k, v → o) and the MLP (up, gate → down), but nothing here is matched by
+    name;
+  - the vocabulary: the token embedding, the LM head and the loss.
+Mechanism, `tensor_parallel_pass`: given those decisions, swaps each leaf for its local shape, and inserts the
+collectives as explicit calls to runtime/collectives.py:
+  - before a region, on its input: identity forward / all-reduce backward (sequence parallel: all-gather along
+    the sequence forward / reduce-scatter backward);
+  - after the row linear: all-reduce forward / identity backward (sequence parallel: reduce-scatter / all-gather),
+    then the row's bias, added once;
+  - embedding: masked local lookup, then all-reduce (sequence parallel: reduce-scatter); the positional
+    embedding is split along the sequence under sequence parallelism;
+  - LM head: as a column linear over the vocabulary, and a cross-entropy that never gathers the logits.
+Each inserted node carries `node.meta[COLLECTIVE]` (what moves, why, from which .scale line) for the ledger and for
+the comment on the generated call.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch.nn.functional as F
+from torch import fx, nn
+
+from compiler import spec as S
+from compiler import trace as T
+from compiler.symbols import size
+from runtime import collectives as C
+from runtime.layers import Bias
+
+AXIS = "tp"
+
+# Operations through which a head / inner-width shard flows unchanged.
+_SHARD_PRESERVING = {"unflatten", "transpose", "flatten", "contiguous", F.gelu, F.silu, F.relu, operator.mul,
+                     F.scaled_dot_product_attention}
+
+
+@dataclass(frozen=True)
+class Region:
+    kind: str            # "attention" | "mlp": the .scale layer the row linear belongs to
+    columns: tuple       # node names
+    row: str             # node name
+
+
+@dataclass(frozen=True)
+class Decision:
+    regions: tuple
+    embedding: str | None = None   # call_module node of the token embedding
+    positional: str | None = None  # call_module node of the positional embedding
+    head: str | None = None        # LM head node (call_module Linear, or F.linear on the tied weight)
+    head_bias: str | None = None   # Bias node on tied logits
+    loss: str | None = None        # the cross_entropy node
+
+
+# -- policy -------------------------------------------------------------------------------------------------------
+
+
+def _is_linear(gm: fx.GraphModule, n: fx.Node) -> bool:
+    return n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Linear)
+
+
+def _preserving(n: fx.Node) -> bool:
+    return n.op in ("call_function", "call_method") and n.target in _SHARD_PRESERVING
+
+
+def _column_sources(gm: fx.GraphModule, v) -> set | None:
+    """The linears that feed value `v` through shard-preserving operations only, or None if anything else does."""
+    if not isinstance(v, fx.Node):
+        return set()
+    if _is_linear(gm, v):
+        return {v}
+    if not _preserving(v):
+        return None
+    found: set = set()
+    for a in v.all_input_nodes:
+        s = _column_sources(gm, a)
+        if s is None:
+            return None
+        found |= s
+    return found
+
+
+def _reaches_only(gm: fx.GraphModule, start: fx.Node, row: fx.Node) -> bool:
+    """Every use of `start`, followed through shard-preserving operations, ends at `row`."""
+    for user in start.users:
+        if user is row:
+            continue
+        if not _preserving(user) or not _reaches_only(gm, user, row):
+            return False
+    return True
+
+
+def _kind(n: fx.Node) -> str | None:
+    layer = n.meta.get(T.LAYER)
+    return {S.Attention: "attention", S.MLP: "mlp"}.get(type(layer))
+
+
+def tp_policy(gm: fx.GraphModule, plan: S.Plan) -> Decision:
+    regions = []
+    for node in gm.graph.nodes:
+        if not _is_linear(gm, node):
+            continue
+        cols = _column_sources(gm, node.args[0])
+        if not cols or not all(_reaches_only(gm, c, node) for c in cols):
+            continue
+        kind = _kind(node)
+        if kind in plan.tp_layers:
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            regions.append(Region(kind, tuple(c.name for c in sorted(cols, key=order.get)), node.name))
+    found: dict = {}
+    if "vocab" in plan.tp_layers:
+        for node in gm.graph.nodes:
+            layer = node.meta.get(T.LAYER)
+            if isinstance(layer, S.Embedding) and node.op == "call_module":
+                found["embedding"] = node.name
+            elif isinstance(layer, S.Positional) and node.op == "call_module":
+                found["positional"] = node.name
+            elif isinstance(layer, S.LMHead) and (_is_linear(gm, node) or node.target is F.linear):
+                found["head"] = node.name
+            elif isinstance(layer, S.LMHead) and node.op == "call_module" and isinstance(
+                    gm.get_submodule(node.target), Bias):
+                found["head_bias"] = node.name
+            elif isinstance(layer, S.CrossEntropy) and node.target is F.cross_entropy:
+                found["loss"] = node.name
+    return Decision(tuple(regions), **found)
+
+
+# -- mechanism ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Collective:
+    """node.meta[T.COLLECTIVE]: what an inserted call moves. `payload` names the tensor whose full size is the
+    bytes counted: the call's input or its output; `count` is how many such tensors move per call."""
+
+    forward: str | None   # collective op run forward, or None
+    backward: str | None  # collective op run backward, or None
+    axis: str
+    reason: str
+    payload: str = "input"
+    dtype: str = "act"    # "act": the compute precision; "fp32": always fp32
+    count: int = 1
+
+
+def _names(gm: fx.GraphModule) -> dict:
+    return {n.name: n for n in gm.graph.nodes}
+
+
+def _insert(gm: fx.GraphModule, after: fx.Node, fn, args: tuple, origin: fx.Node, note: Collective | None,
+            name: str) -> fx.Node:
+    with gm.graph.inserting_after(after):
+        n = gm.graph.create_node("call_function", fn, args, {}, name=name)
+    for key in (T.SPAN, T.LAYER):
+        if key in origin.meta:
+            n.meta[key] = origin.meta[key]
+    if note is not None:
+        n.meta[T.COLLECTIVE] = note
+    return n
+
+
+def _get_attr(gm: fx.GraphModule, before: fx.Node, target: str, origin: fx.Node) -> fx.Node:
+    with gm.graph.inserting_before(before):
+        n = gm.graph.get_attr(target)
+    for key in (T.SPAN, T.LAYER):
+        if key in origin.meta:
+            n.meta[key] = origin.meta[key]
+    return n
+
+
+def _entry(gm: fx.GraphModule, value: fx.Node, sp: bool, origin: fx.Node, reason: str) -> fx.Node:
+    """The collective in front of column-parallel work on `value` (replicated, or sequence-sharded under SP)."""
+    if sp:
+        note = Collective("all_gather", "reduce_scatter", AXIS, f"sequence-parallel input of {reason}",
+                          payload="output")
+        return _insert(gm, value, C.all_gather_fwd_reduce_scatter_bwd, (value, AXIS, 1), origin, note,
+                       f"{value.name}_gathered")
+    note = Collective(None, "all_reduce", AXIS, f"column-parallel input of {reason}: its gradient is partial")
+    return _insert(gm, value, C.identity_fwd_all_reduce_bwd, (value, AXIS), origin, note, f"{value.name}_tp")
+
+
+def _exit(gm: fx.GraphModule, value: fx.Node, sp: bool, origin: fx.Node, reason: str) -> fx.Node:
+    """The collective completing a partial sum (replicated result, or sequence-sharded under SP)."""
+    if sp:
+        note = Collective("reduce_scatter", "all_gather", AXIS, f"sequence-parallel output of {reason}")
+        return _insert(gm, value, C.reduce_scatter_fwd_all_gather_bwd, (value, AXIS, 1), origin, note,
+                       f"{value.name}_scattered")
+    note = Collective("all_reduce", None, AXIS, f"row-parallel output of {reason}: each rank holds a partial sum")
+    return _insert(gm, value, C.all_reduce_fwd_identity_bwd, (value, AXIS), origin, note, f"{value.name}_sum")
+
+
+def _local(expr, tp_sym, padded: bool):
+    return sympy.ceiling(expr / tp_sym) if padded else expr / tp_sym
+
+
+def _shard_region(gm: fx.GraphModule, region: Region, sp: bool, tp: int, meta: dict) -> None:
+    nodes = _names(gm)
+    tp_sym = size(AXIS)
+    shapes = gm.meta[T.PARAM_SHAPES]
+    cols = [nodes[c] for c in region.columns]
+    row = nodes[region.row]
+    what = f"{region.kind} ({', '.join(c.target for c in cols)} → {row.target})"
+    # One collective per distinct input of the column linears (q, k and v share theirs).
+    for value in dict.fromkeys(c.args[0] for c in cols):
+        entry = _entry(gm, value, sp, cols[0], what)
+        for c in cols:
+            if c.args[0] is value:
+                c.args = (entry,) + tuple(c.args[1:])
+    for c in cols:
+        old = gm.get_submodule(c.target)
+        setattr(gm, c.target, nn.Linear(old.in_features, old.out_features // tp, bias=old.bias is not None,
+                                        device="meta"))
+        out_dim, in_dim = shapes[f"{c.target}.weight"]
+        shapes[f"{c.target}.weight"] = (out_dim / tp_sym, in_dim)
+        meta["shards"][f"{c.target}.weight"] = (0, old.out_features)
+        if old.bias is not None:
+            shapes[f"{c.target}.bias"] = (out_dim / tp_sym,)
+            meta["shards"][f"{c.target}.bias"] = (0, old.out_features)
+    # The row linear: its matmul on the local input slice, the reduction, then its bias once.
+    old = gm.get_submodule(row.target)
+    setattr(gm, row.target, nn.Linear(old.in_features // tp, old.out_features, bias=old.bias is not None,
+                                      device="meta"))
+    out_dim, in_dim = shapes[f"{row.target}.weight"]
+    shapes[f"{row.target}.weight"] = (out_dim, in_dim / tp_sym)
+    meta["shards"][f"{row.target}.weight"] = (1, old.in_features)
+    w = _get_attr(gm, row, f"{row.target}.weight", row)
+    partial = _insert(gm, row, F.linear, (row.args[0], w), row, None, f"{row.target}_partial")
+    out = _exit(gm, partial, sp, row, what)
+    if old.bias is not None:
+        b = _get_attr(gm, row, f"{row.target}.bias", row)
+        out = _insert(gm, out, operator.add, (out, b), row, None, f"{row.target}_out")
+        if sp:  # added to this rank's sequence chunk only: its gradient is partial over tp
+            meta["partial_grads"].append(f"{row.target}.bias")
+    row.replace_all_uses_with(out)
+    gm.graph.erase_node(row)
+
+
+def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: int, meta: dict) -> None:
+    nodes = _names(gm)
+    tp_sym = size(AXIS)
+    shapes = gm.meta[T.PARAM_SHAPES]
+    vocab = spec.value(spec.model.layers[0].vocab)
+    padded = vocab % tp != 0
+    local_vocab = -(-vocab // tp)
+    v_expr = spec.model.layers[0].vocab
+    if d.embedding:
+        emb = nodes[d.embedding]
+        old = gm.get_submodule(emb.target)
+        setattr(gm, emb.target, nn.Embedding(local_vocab, old.embedding_dim, device="meta"))
+        shapes[f"{emb.target}.weight"] = (_local(v_expr, tp_sym, padded), shapes[f"{emb.target}.weight"][1])
+        meta["shards"][f"{emb.target}.weight"] = (0, vocab)
+        w = _get_attr(gm, emb, f"{emb.target}.weight", emb)
+        part = _insert(gm, emb, C.vocab_parallel_lookup, (emb.args[0], w, AXIS), emb, None, f"{emb.target}_partial")
+        what = "the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice"
+        if sp:
+            note = Collective("reduce_scatter", "all_gather", AXIS, what)
+            out = _insert(gm, part, C.reduce_scatter_fwd_all_gather_bwd, (part, AXIS, 1), emb, note,
+                          f"{emb.target}_scattered")
+        else:
+            note = Collective("all_reduce", None, AXIS, what)
+            out = _insert(gm, part, C.all_reduce_fwd_identity_bwd, (part, AXIS), emb, note, f"{emb.target}_sum")
+        emb.replace_all_uses_with(out)
+        gm.graph.erase_node(emb)
+    if d.positional and sp:
+        pos = nodes[d.positional]
+        note = Collective(None, "all_gather", AXIS, "sequence parallelism: this rank's positions; the gradient is "
+                          "gathered back whole", payload="input")
+        users = list(pos.users)
+        split = _insert(gm, pos, C.split_fwd_all_gather_bwd, (pos, AXIS, 0), pos, note, f"{pos.name}_split")
+        for u in users:
+            u.replace_input_with(pos, split)
+    if d.head:
+        head = nodes[d.head]
+        entry = _entry(gm, head.args[0], sp, head, "the vocabulary-parallel LM head")
+        head.args = (entry,) + tuple(head.args[1:])
+        if head.op == "call_module":
+            old = gm.get_submodule(head.target)
+            setattr(gm, head.target, nn.Linear(old.in_features, local_vocab, bias=old.bias is not None,
+                                               device="meta"))
+            shapes[f"{head.target}.weight"] = (_local(v_expr, tp_sym, padded), shapes[f"{head.target}.weight"][1])
+            meta["shards"][f"{head.target}.weight"] = (0, vocab)
+            if old.bias is not None:
+                shapes[f"{head.target}.bias"] = (_local(v_expr, tp_sym, padded),)
+                meta["shards"][f"{head.target}.bias"] = (0, vocab)
+    if d.head_bias:
+        hb = nodes[d.head_bias]
+        setattr(gm, hb.target, Bias(local_vocab).to("meta"))
+        shapes[f"{hb.target}.bias"] = (_local(v_expr, tp_sym, padded),)
+        meta["shards"][f"{hb.target}.bias"] = (0, vocab)
+    if d.loss:
+        loss = nodes[d.loss]
+        note = Collective("all_reduce", None, AXIS, "vocabulary-parallel cross-entropy: max, sum of exponentials "
+                          "and target logit of each token (the logits are never gathered)", payload="targets",
+                          dtype="fp32", count=3)
+        new = _insert(gm, loss, C.vocab_parallel_cross_entropy, (loss.args[0], loss.args[1], AXIS, vocab), loss,
+                      note, "loss")
+        loss.replace_all_uses_with(new)
+        gm.graph.erase_node(loss)
+
+
+def _sequence_parallel_norms(gm: fx.GraphModule, meta: dict) -> None:
+    """Under SP, norms see one sequence chunk per rank: their scale and bias gradients are partial over tp."""
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), (nn.LayerNorm, nn.RMSNorm)):
+            for pname, p in gm.get_submodule(node.target).named_parameters():
+                meta["partial_grads"].append(f"{node.target}.{pname}")
+
+
+def tensor_parallel_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
+    tp = spec.mesh.size(AXIS)
+    if tp == 1:
+        return traced
+    sp = spec.plan.sequence_parallel
+    for cls, gm in traced.segments():
+        meta = {"shards": {}, "partial_grads": []}
+        decision = tp_policy(gm, spec.plan)
+        for region in decision.regions:
+            _shard_region(gm, region, sp, tp, meta)
+        _shard_vocab(gm, decision, spec, sp, tp, meta)
+        if sp:
+            _sequence_parallel_norms(gm, meta)
+            if cls != "Model":
+                gm.meta[T.INPUTS] = {k: (v[0], v[1] / size(AXIS), *v[2:]) for k, v in gm.meta[T.INPUTS].items()}
+        gm.meta[T.TP_SHARDS] = meta["shards"]
+        gm.meta[T.TP_PARTIAL_GRADS] = tuple(meta["partial_grads"])
+        gm.graph.lint()
+        gm.recompile()
+    traced.annotate()
+    return traced

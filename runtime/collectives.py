@@ -1,0 +1,230 @@
+"""Autograd-aware collectives over a named mesh axis, each named by its contract: what it does forward, backward.
+
+  identity_fwd_all_reduce_bwd     before a column-parallel linear: every rank needs the whole input; the gradient
+                                  each rank computes for it is partial and must be summed
+  all_reduce_fwd_identity_bwd     after a row-parallel linear: each rank holds a partial sum of the output
+  all_gather_fwd_reduce_scatter_bwd   sequence parallelism, before a column-parallel linear (dim = sequence)
+  reduce_scatter_fwd_all_gather_bwd   sequence parallelism, after a row-parallel linear
+  split_fwd_all_gather_bwd        take this rank's chunk of a replicated tensor (dim = sequence)
+  vocab_parallel_cross_entropy    the mean cross-entropy of logits sharded over the vocabulary, never gathering them
+
+Each is the identity when the axis has size 1. Groups are registered by runtime.mesh at start-up. Byte counting is
+opt-in (`count_bytes(True)`): each collective then adds the bytes of the full tensor it moves, the measure the
+compiler's ledger predicts; when off it costs one boolean test per call.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+import torch.distributed as dist
+
+_GROUPS: dict[str, dist.ProcessGroup] = {}
+_COUNTING = False
+BYTES: collections.Counter = collections.Counter()  # (op, axis) -> bytes moved since the last reset
+
+
+def register(axis: str, group) -> None:
+    _GROUPS[axis] = group
+
+
+def _group(axis: str):
+    return _GROUPS.get(axis)
+
+
+def axis_size(axis: str) -> int:
+    g = _GROUPS.get(axis)
+    return 1 if g is None else dist.get_world_size(g)
+
+
+def axis_rank(axis: str) -> int:
+    g = _GROUPS.get(axis)
+    return 0 if g is None else dist.get_rank(g)
+
+
+def count_bytes(on: bool) -> None:
+    """Turn byte counting on or off, and clear the counts."""
+    global _COUNTING
+    _COUNTING = on
+    BYTES.clear()
+
+
+def _count(op: str, axis: str, t: torch.Tensor) -> None:
+    if _COUNTING:
+        BYTES[(op, axis)] += t.numel() * t.element_size()
+
+
+# -- primitives (no autograd) -------------------------------------------------------------------------------------
+
+
+def _all_reduce(x: torch.Tensor, axis: str) -> torch.Tensor:
+    _count("all_reduce", axis, x)
+    x = x.contiguous()
+    dist.all_reduce(x, group=_group(axis))
+    return x
+
+
+def _all_gather(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    n = axis_size(axis)
+    x = x.movedim(dim, 0).contiguous()
+    out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    _count("all_gather", axis, out)
+    dist.all_gather_into_tensor(out, x, group=_group(axis))
+    return out.movedim(0, dim)
+
+
+def _reduce_scatter(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    n = axis_size(axis)
+    if x.shape[dim] % n:
+        raise ValueError(f"reduce-scatter over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
+    _count("reduce_scatter", axis, x)
+    x = x.movedim(dim, 0).contiguous()
+    out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, x, group=_group(axis))
+    return out.movedim(0, dim)
+
+
+def _split(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    n = axis_size(axis)
+    if x.shape[dim] % n:
+        raise ValueError(f"split over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
+    return x.chunk(n, dim)[axis_rank(axis)].contiguous()
+
+
+# -- autograd pairs -----------------------------------------------------------------------------------------------
+
+
+class _IdentityFwdAllReduceBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_reduce(g, ctx.axis), None
+
+
+class _AllReduceFwdIdentityBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        return _all_reduce(x.clone(), axis)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _AllGatherFwdReduceScatterBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, dim):
+        ctx.axis, ctx.dim = axis, dim
+        return _all_gather(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _reduce_scatter(g, ctx.axis, ctx.dim), None, None
+
+
+class _ReduceScatterFwdAllGatherBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, dim):
+        ctx.axis, ctx.dim = axis, dim
+        return _reduce_scatter(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather(g, ctx.axis, ctx.dim), None, None
+
+
+class _SplitFwdAllGatherBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, dim):
+        ctx.axis, ctx.dim = axis, dim
+        return _split(x, axis, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather(g, ctx.axis, ctx.dim), None, None
+
+
+def identity_fwd_all_reduce_bwd(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """Forward: identity. Backward: all-reduce (sum) over `axis`."""
+    return x if axis_size(axis) == 1 else _IdentityFwdAllReduceBwd.apply(x, axis)
+
+
+def all_reduce_fwd_identity_bwd(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """Forward: all-reduce (sum) over `axis`. Backward: identity."""
+    return x if axis_size(axis) == 1 else _AllReduceFwdIdentityBwd.apply(x, axis)
+
+
+def all_gather_fwd_reduce_scatter_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    """Forward: all-gather the chunks along `dim` over `axis`. Backward: reduce-scatter (sum) along `dim`."""
+    return x if axis_size(axis) == 1 else _AllGatherFwdReduceScatterBwd.apply(x, axis, dim)
+
+
+def reduce_scatter_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    """Forward: reduce-scatter (sum) along `dim` over `axis`. Backward: all-gather along `dim`."""
+    return x if axis_size(axis) == 1 else _ReduceScatterFwdAllGatherBwd.apply(x, axis, dim)
+
+
+def split_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    """Forward: keep this rank's chunk along `dim`. Backward: all-gather along `dim`."""
+    return x if axis_size(axis) == 1 else _SplitFwdAllGatherBwd.apply(x, axis, dim)
+
+
+# -- vocabulary parallelism ---------------------------------------------------------------------------------------
+
+
+def vocab_parallel_lookup(tokens: torch.Tensor, weight: torch.Tensor, axis: str) -> torch.Tensor:
+    """This rank's part of the embedding of `tokens`: the rows it holds, zeros for the others. Its `weight` holds
+    rows [rank·V_local, (rank+1)·V_local); summing the parts over `axis` gives the full embedding. No collective."""
+    if axis_size(axis) == 1:
+        return torch.nn.functional.embedding(tokens, weight)
+    n_local = weight.shape[0]
+    lo = axis_rank(axis) * n_local
+    outside = (tokens < lo) | (tokens >= lo + n_local)
+    rows = torch.nn.functional.embedding((tokens - lo).masked_fill(outside, 0), weight)
+    return rows.masked_fill(outside.unsqueeze(-1), 0.0)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of logits sharded over the vocabulary (Megatron-LM's algorithm): three all-reduces of one
+    number per token (max, sum of exponentials, target logit); the backward is local."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, axis, vocab):
+        n_local = logits.shape[-1]
+        lo = axis_rank(axis) * n_local
+        if lo + n_local > vocab:  # padded columns past the real vocabulary never take probability
+            logits = logits.clone()
+            logits[:, max(0, vocab - lo):] = float("-inf")
+        peak = logits.max(dim=-1).values
+        _count("all_reduce", axis, peak)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=_group(axis))
+        shifted = logits - peak.unsqueeze(-1)
+        mine = (targets >= lo) & (targets < lo + n_local)
+        local = (targets - lo).masked_fill(~mine, 0)
+        target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
+        target_logit = _all_reduce(target_logit, axis)
+        exp = shifted.exp()
+        sum_exp = _all_reduce(exp.sum(dim=-1), axis)
+        loss = sum_exp.log() - target_logit
+        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local)
+        return loss.mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, mine, local = ctx.saved_tensors
+        grad = softmax.clone()
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad[rows, local] -= mine.to(grad.dtype)
+        return grad * (g / grad.shape[0]), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, axis: str, vocab: int) -> torch.Tensor:
+    """Mean cross-entropy of (tokens, V_local) logits sharded over `axis` against (tokens,) targets; columns at or
+    past `vocab` are padding and masked out."""
+    if axis_size(axis) == 1:
+        return torch.nn.functional.cross_entropy(logits[:, :vocab], targets)
+    return _VocabParallelCrossEntropy.apply(logits, targets, axis, vocab)
