@@ -35,6 +35,12 @@ class Collective:
     def bytes_per_step(self) -> sympy.Expr:
         return sympy.expand(self.elements * self.dtype_bytes * self.per_step)
 
+    def wire_elements(self, n) -> sympy.Expr:
+        """Elements each rank sends per occurrence with ring algorithms over `n` ranks: an all-reduce is a
+        reduce-scatter then an all-gather, 2(n-1)/n of the tensor; either half alone (n-1)/n (Patarasuk & Yuan)."""
+        factor = {"all_reduce": 2 * (n - 1) / sympy.Integer(n)}.get(self.op, (n - 1) / sympy.Integer(n))
+        return self.elements * factor
+
 
 @dataclass
 class Ledger:
