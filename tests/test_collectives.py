@@ -19,15 +19,25 @@ def _port() -> int:
 
 
 def _worker(rank: int, port: int, body) -> None:
+    """Run `body` on one rank; leave with os._exit (a normal interpreter exit after gloo can SIGABRT), carrying
+    failure in the exit code and the traceback on stderr."""
+    import sys
+    import traceback
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    code = 0
     try:
         from runtime import collectives
         collectives.register("tp", dist.group.WORLD)
         body(rank, collectives)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _spawn(body) -> None:
