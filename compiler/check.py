@@ -749,7 +749,7 @@ def _span(node) -> Span | None:
 
 
 def _end_span(file: ast.File, source: str) -> Span:
-    lines = source.splitlines() or [""]
+    lines = source.rstrip("\n").split("\n")
     return Span(file.path, len(lines), 1, len(lines), len(lines[-1]) + 1)
 
 

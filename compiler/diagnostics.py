@@ -59,7 +59,7 @@ def render(diag: Diagnostic, source: str | None) -> str:
         if diag.help:
             out.append(f"  = help: {diag.help}")
         return "\n".join(out)
-    lines = source.splitlines() if source is not None else []
+    lines = source.split("\n") if source is not None else []
     gutter = " " * len(str(span.line))
     out.append(f"{gutter}--> {span}")
     if 1 <= span.line <= len(lines):

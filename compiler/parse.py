@@ -143,12 +143,13 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
     line, col = exc.line, exc.column
     if isinstance(exc, lark.UnexpectedToken) and exc.token.type == "$END":
         # Point just past the last character of the file.
-        lines = text.splitlines() or [""]
+        lines = text.rstrip("\n").split("\n")
         line, col = len(lines), len(lines[-1]) + 1
         span = Span(path, line, col, line, col + 1)
         return Diagnostic("E0001", "unexpected end of file", span, label="the file ends here",
                           help="is a `}` missing?")
-    if isinstance(exc, lark.UnexpectedToken) and exc.token.type == "EQUAL" and exc.token_history:
+    if isinstance(exc, lark.UnexpectedToken) and exc.token.type == "EQUAL" and exc.token_history \
+            and exc.token_history[-1] is not None:
         dangling = _dangling_equal(text, exc.token_history[-1])
         if dangling is not None:
             ln, cl = dangling
@@ -163,7 +164,8 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
         return Diagnostic("E0001", f"unexpected `{shown}`", span, label=f"expected {_words(expected)}",
                           help=_syntax_hint(tok, expected))
     if isinstance(exc, lark.UnexpectedCharacters):
-        ch = text.splitlines()[line - 1][col - 1] if line - 1 < len(text.splitlines()) else "?"
+        lines = text.split("\n")
+        ch = lines[line - 1][col - 1] if line - 1 < len(lines) and col - 1 < len(lines[line - 1]) else "?"
         span = Span(path, line, col, line, col + 1)
         hint = "strings use double quotes" if ch == "'" else "names are letters, digits and `_`; numbers are decimal"
         return Diagnostic("E0001", f"unexpected character `{ch}`", span, label="not part of the language",
@@ -174,7 +176,7 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
 
 def _dangling_equal(text: str, name: Token) -> tuple[int, int] | None:
     """If the text before `name` ends, on an earlier line, with `=`, the line and column of that `=`."""
-    lines = text.splitlines()
+    lines = text.split("\n")
     for ln in range(name.line - 1, 0, -1):
         code = lines[ln - 1].split("#", 1)[0].rstrip()
         if code:

@@ -40,7 +40,7 @@ COLLECTIVE = "collective"
 
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, Repeat) or super().is_leaf_module(m, qualname)
+        return isinstance(m, (Repeat, Bias)) or super().is_leaf_module(m, qualname)
 
     def create_node(self, *args, **kwargs):
         node = super().create_node(*args, **kwargs)
@@ -56,6 +56,9 @@ def trace(module: M.Segment, name: str, inputs: dict) -> fx.GraphModule:
     for node in graph.nodes:  # annotations would make the emitted code name FX-internal globals
         if node.op in ("placeholder", "output"):
             node.type = None
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is F.cross_entropy:
+            node.kwargs = {}  # every keyword the tracer recorded is the default (reduction="mean", ...)
     gm = fx.GraphModule(module, graph, name)
     gm.meta[PARAM_SHAPES] = dict(module.param_shapes)
     gm.meta[SPANS] = dict(module.spans)

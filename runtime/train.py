@@ -7,6 +7,8 @@ gradients after the first backward, on rank 0), `--seed`.
 from __future__ import annotations
 
 import argparse
+import sys
+import traceback
 import contextlib
 import json
 import math
@@ -152,9 +154,14 @@ def main(model_cls, cfg: Config) -> None:
     code = 0
     try:
         run(model_cls, cfg, ctx, args)
-    except BaseException:
+    except SystemExit as exc:  # a message of ours: print it, not a traceback
+        code = exc.code if isinstance(exc.code, int) else 1
+        if not isinstance(exc.code, int):
+            print(f"[rank {ctx.rank}] {exc.code}", file=sys.stderr)
+    except BaseException:  # shutdown() leaves with os._exit, so print the traceback now or it is lost
         code = 1
-        raise
+        print(f"[rank {ctx.rank}] training failed:", file=sys.stderr)
+        traceback.print_exc()
     finally:
         mesh.shutdown(code)
 

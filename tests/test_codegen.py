@@ -86,3 +86,31 @@ def test_user_strings_cannot_inject_code(tmp_path):
     assert 'x"); import os; os.system("echo pwned") #' in strings
     assert 'x"); import os; os.system("echo pwned") #\n import os' in strings
     assert not any(line.startswith(" import os") for line in program.splitlines())
+
+
+def test_comments_and_paths_cannot_inject_code(tmp_path):
+    """A .scale comment and the file's own path reach generated files only as one-line `#` comments."""
+    text = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
+        "repeat layers {", "repeat layers {  # \"\"\"; import os; os.system('touch PWNED'); \"\"\"")
+    evil_dir = tmp_path / "a\ntouch PWNED\n#"
+    evil_dir.mkdir()
+    src = evil_dir / "x\n__import__('os').system('touch PWNED')\n.scale"
+    src.write_text(text)
+    compiled = compile_spec(check_text(text, str(src)))
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / "out"))
+    program = (tmp_path / "out" / "program.py").read_text()
+    tree = pyast.parse(program)
+    assert not [n for n in pyast.walk(tree) if isinstance(n, pyast.Call) and getattr(n.func, "attr", "") == "system"]
+    launch = (tmp_path / "out" / "launch.sh").read_text()
+    assert not any(line.lstrip().startswith("touch") for line in launch.splitlines())
+    assert not any(line.lstrip().startswith(("touch", "__import__")) for line in program.splitlines())
+
+
+def test_output_does_not_depend_on_how_the_path_is_spelt(tmp_path):
+    text = (ROOT / "samples" / "gpt_dp.scale").read_text()
+    outs = []
+    for i, path in enumerate(("gpt_dp.scale", "./gpt_dp.scale", "/somewhere/else/gpt_dp.scale")):
+        compiled = compile_spec(check_text(text, path))
+        codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / str(i)))
+        outs.append([(tmp_path / str(i) / f).read_bytes() for f in ("program.py", "plan.json", "launch.sh")])
+    assert outs[0] == outs[1] == outs[2]

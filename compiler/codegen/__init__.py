@@ -54,15 +54,24 @@ def _one_line(text: str) -> str:
 
 
 def source_text(spec: S.Spec, span) -> str:
-    """The .scale text of a span, cut to its first line."""
-    lines = spec.source.splitlines()
+    """The .scale text of a span, cut to its first line and without a trailing comment; for `#` comments only."""
+    lines = spec.source.split("\n")
     line = lines[span.line - 1]
     end = span.end_col - 1 if span.end_line == span.line else len(line)
-    return _one_line(line[span.col - 1:end])
+    text = line[span.col - 1:end]
+    if span.end_line != span.line and '"' not in text:
+        text = text.split("#", 1)[0]
+    return _one_line(text)
+
+
+def source_name(spec: S.Spec) -> str:
+    """The .scale file's name as generated files show it: its base name, one line. Never the directory: output
+    must not depend on where the compiler was run from."""
+    return _one_line(os.path.basename(spec.path)) or "input.scale"
 
 
 def where(spec: S.Spec, span) -> str:
-    return f"{os.path.basename(spec.path)}:{span.line}"
+    return f"{source_name(spec)}:{span.line}"
 
 
 def _ctor(mod: nn.Module) -> str:
@@ -79,6 +88,10 @@ def _ctor(mod: nn.Module) -> str:
     raise NotImplementedError(f"no constructor for {type(mod).__name__}")
 
 
+# FX prints some functions by their private torch names; the program uses the public ones.
+_PUBLIC_NAMES = {"torch._C._nn.linear(": "F.linear(", "torch._C._nn.scaled_dot_product_attention(":
+                 "F.scaled_dot_product_attention(", "torch._C._nn.gelu(": "F.gelu(", "torch.nn.functional.": "F."}
+
 _DELETE = re.compile(r";  (?:\w+ = )+None$")
 
 
@@ -89,6 +102,8 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
     for name, obj in py.globals.items():  # runtime functions read as `collectives.fn(...)`
         if getattr(obj, "__module__", "") == "runtime.collectives":
             code = re.sub(rf"\b{re.escape(name)}\b", f"collectives.{obj.__name__}", code)
+    for private, public in _PUBLIC_NAMES.items():
+        code = code.replace(private, public)
     lines = [ln for ln in code.strip("\n").splitlines()]
     header, body = lines[0], [ln for ln in lines[1:] if ln.strip()]
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder",)]
@@ -132,8 +147,7 @@ def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
         doc = f"The whole model `{spec.model.name}`: token ids and targets in, the mean cross-entropy out."
     else:
         rep = gm.meta[T.REPEAT]
-        doc = (f"One of the `{source_text(spec, rep.span).rstrip('{ ').strip()}` blocks ({where(spec, rep.span)}): "
-               "the residual stream in and out.")
+        doc = f"One block of the `repeat` at {where(spec, rep.span)}: the residual stream in and out."
     return SegmentCode(cls, doc, tuple(leaves), forward_code(gm, spec))
 
 
@@ -146,7 +160,7 @@ def config_values(spec: S.Spec, traced: T.Traced) -> dict:
             shards.append((prefix + pname, dim, full))
         partial += [prefix + p for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())]
     items = {
-        "name": spec.model.name, "source": spec.path, "axes": tuple(spec.mesh.axes),
+        "name": spec.model.name, "source": source_name(spec), "axes": tuple(spec.mesh.axes),
         "data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches,
         "global_batch": v(t.global_batch), "seq_len": v(t.seq_len), "vocab": v(spec.model.layers[0].vocab),
         "steps": t.steps, "seed": t.seed, "precision": t.precision,
@@ -169,10 +183,10 @@ def mesh_text(spec: S.Spec) -> str:
 
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
-    imports = sorted({"Repeat"} if traced.blocks else set()
+    imports = sorted(({"Repeat"} if traced.blocks else set())
                      | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
     return _env().get_template("program.py.j2").render(
-        version=__version__, source=spec.path, name=spec.model.name, params_human=C.human(costs.params_n),
+        version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=imports or ["Repeat"], segments=segs,
         runtime_modules=(["collectives"] if any("collectives." in sg.forward for sg in segs) else []) + ["train"],
@@ -182,7 +196,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
 def launch_script(spec: S.Spec) -> str:
     m = spec.mesh
     return _env().get_template("launch.sh.j2").render(
-        version=__version__, source=spec.path, name=spec.model.name, world=m.world_size, nodes=m.nodes,
+        version=__version__, source=source_name(spec), name=spec.model.name, world=m.world_size, nodes=m.nodes,
         devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec))
 
 
@@ -201,7 +215,7 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
                            "local_numel": spec.value(sympy.Mul(*shape)), "placement": placement})
     doc = {
         "generator": f"scalec {__version__}",
-        "source": spec.path,
+        "source": source_name(spec),
         "name": spec.model.name,
         "mesh": {"axes": [{"name": a, "size": n} for a, n in spec.mesh.axes], "nodes": spec.mesh.nodes,
                  "devices_per_node": spec.mesh.devices_per_node, "world_size": spec.mesh.world_size,
@@ -217,7 +231,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
         "ledger": [{"op": c.op, "axis": c.axis, "elements": str(c.elements), "dtype_bytes": c.dtype_bytes,
                     "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step()),
                     "direction": c.direction, "measured": c.measured,
-                    "source": str(c.span) if c.span else None, "reason": c.reason} for c in costs.ledger.entries],
+                    "source": where(spec, c.span) if c.span else None, "reason": c.reason}
+                   for c in costs.ledger.entries],
         "parameters": params,
         "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced).items()
                   if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
