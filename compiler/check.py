@@ -21,6 +21,14 @@ from compiler.symbols import size as size_symbol
 
 _MISSING = object()
 
+# Bounds that keep planning in seconds and every size a valid tensor dimension.
+MAX_SIZE = 2**31 - 1
+MAX_REPEAT = 4096
+MAX_SEED = 2**31 - 1
+
+# Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
+TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
+
 # Devices the cost model knows: dense bf16 peak TFLOP/s, memory GB, per-device GB/s inside and between nodes.
 DEVICES = {
     "cpu": (0.1, 16.0, 10.0, 1.0),
@@ -95,6 +103,10 @@ class _Checker:
             self.error("E0120", f"{what} must be a positive integer, not {shown}", _span(e),
                        label=f"this is {shown}", help=_integer_help(e, n))
             return None
+        if n > MAX_SIZE:
+            self.error("E0120", f"{what} is {n}, larger than any tensor dimension this compiler plans for",
+                       _span(e), label="too large", help=f"sizes are at most {MAX_SIZE}")
+            return None
         return x
 
     def as_int(self, e: ast.Expr, what: str, minimum: int = 0) -> int | None:
@@ -113,6 +125,9 @@ class _Checker:
         if x is None:
             return None
         v = float(self.number(x))
+        if not math.isfinite(v):
+            self.error("E0120", f"{what} must be a finite number, not {v}", _span(e))
+            return None
         if minimum is not None and v < minimum:
             self.error("E0120", f"{what} must be ≥ {minimum}, not {v}", _span(e))
             return None
@@ -332,11 +347,16 @@ SECTIONS = ("model", "mesh", "plan", "train")
 
 def check_text(text: str, path: str) -> S.Spec:
     """Parse and check; raise ScaleError with every diagnostic found."""
-    return check_file(parse(text, path), text)
+    try:
+        return check_file(parse(text, path), text)
+    except RecursionError:
+        raise ScaleError([Diagnostic("E0001", "an expression is nested too deeply", Span(path, 1, 1, 1, 2),
+                                     help="write it with fewer nested parentheses, signs or terms")],
+                         {path: text}) from None
 
 
 def check_path(path: str) -> S.Spec:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of the text
         text = f.read()
     return check_text(text, path)
 
@@ -354,6 +374,9 @@ def check_file(file: ast.File, source: str) -> S.Spec:
                     help=f"the first is at {sections[k].kind.span}; merge them")
         else:
             sections[k] = sec
+            if sec.name is not None and k != "model":
+                c.error("E0111", f"`{k}` takes no name", sec.name.span, label="not expected here",
+                        help=f"write `{k} {{ ... }}`")
     end = _end_span(file, source)
     for k in ("model", "mesh", "train"):
         if k not in sections:
@@ -405,11 +428,9 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
             out[key] = v
         elif p.default is _MISSING:
             ok = False
-            if key in misspelt:
-                continue
-            c.error("E0113", f"`{what}` needs the setting `{key}`", sec.kind.span if sec else None,
-                    label=f"`{key}` missing", help=f"{p.doc}; add `{key} = ...`")
-            ok = False
+            if key not in misspelt:
+                c.error("E0113", f"`{what}` needs the setting `{key}`", sec.kind.span if sec else None,
+                        label=f"`{key}` missing", help=f"{p.doc}; add `{key} = ...`")
         else:
             out[key] = p.default
     out["_spans"] = {k: st.value for k, st in raw.items()}
@@ -448,9 +469,10 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
         c.error("E0102", f"size `{name}` is defined twice", st.key.span, label="redefined here",
                 help=f"the first definition is at {c.name_spans[name]}; give this one another name")
         return
-    if name in KNOWN_AXES:
-        c.error("E0102", f"`{name}` names a mesh axis and cannot name a size", st.key.span,
-                help="formulas use the axis sizes under these names; call this size something else")
+    if name in KNOWN_AXES or name in TRAIN_SIZE_NAMES:
+        what = "a mesh axis" if name in KNOWN_AXES else "a training setting"
+        c.error("E0102", f"`{name}` names {what} and cannot name a model size", st.key.span,
+                help="formulas use that name already; call this size something else")
         return
     if name in LAYERS or name in ("repeat", "axis"):
         c.error("E0102", f"`{name}` is a layer kind and cannot name a size", st.key.span)
@@ -471,10 +493,18 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
     c.name_spans[name] = st.key.span
 
 
-def _layer(c: _Checker, st) -> Any:
+def _layer(c: _Checker, st, top: bool = True) -> Any:
     if isinstance(st, ast.Repeat):
+        if not top:
+            c.error("E0204", "`repeat` can only stand at the top level of the model", st.span,
+                    help="blocks repeat whole: put residuals inside `repeat`, not `repeat` inside a block")
+            return None
         count = c.as_size(st.count, "the repeat count")
-        body = [b for b in (_layer(c, x) for x in st.body if not _stray(c, x)) if b is not None]
+        if count is not None and c.number(count) > MAX_REPEAT:
+            c.error("E0120", f"{c.number(count)} repeats are more than this compiler plans for", _span(st.count),
+                    help=f"at most {MAX_REPEAT} blocks")
+            return None
+        body = [b for b in (_layer(c, x, False) for x in st.body if not _stray(c, x)) if b is not None]
         if not body:
             c.error("E0204", "`repeat` needs at least one layer in its body", st.span)
             return None
@@ -491,7 +521,11 @@ def _layer(c: _Checker, st) -> Any:
         if st.body is None:
             c.error("E0204", f"`{kind}` needs a body: `{kind} {{ ... }}`", st.span)
             return None
-        body = [b for b in (_layer(c, x) for x in st.body if not _stray(c, x)) if b is not None]
+        body = [b for b in (_layer(c, x, False) for x in st.body if not _stray(c, x)) if b is not None]
+        if not st.body:
+            c.error("E0204", f"`{kind}` needs at least one layer in its body", st.span,
+                    help="an empty residual would compute x + x")
+            return None
         return S.Residual(body=tuple(body), span=st.span)
     if st.body is not None:
         c.error("E0204", f"`{kind}` takes no body", st.span, help="only `residual` and `repeat` hold layers")
@@ -578,7 +612,7 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
             if isinstance(x, S.Positional) and top_level and i != 1:
                 c.error("E0204", "`positional` comes right after `embedding`", x.span)
             w = getattr(x, "hidden", None)
-            if w is not None and sympy.simplify(w - width) != 0:
+            if w is not None and c.number(w) != c.number(width):
                 c.error("E0203", f"width mismatch: `{_kind(x)}` works on width {c.number(w)}, the model's is "
                         f"{c.number(width)}", x.span, help="every layer of the residual stream has the embedding's "
                         "width; use the same size name")
@@ -586,7 +620,7 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
                 walk(x.body, False)
 
     walk(layers, True)
-    if sympy.simplify(head.vocab - emb.vocab) != 0:
+    if c.number(head.vocab) != c.number(emb.vocab):
         c.error("E0203", f"the LM head predicts {c.number(head.vocab)} tokens but the embedding has "
                 f"{c.number(emb.vocab)}", head.span, help="use the same vocabulary size for both")
 
@@ -623,10 +657,20 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
         return None
     kind = s["device"]
     peak, mem, intra, inter = DEVICES[kind]
-    device = S.Device(kind=kind, peak_tflops=s["peak_tflops"] or peak, memory_gb=s["memory_gb"] or mem,
-                      intra_node_gbps=s["intra_node_gbps"] or intra, inter_node_gbps=s["inter_node_gbps"] or inter)
+    def given(key, default):
+        return default if s[key] is None else s[key]
+    for key in ("peak_tflops", "memory_gb", "intra_node_gbps", "inter_node_gbps"):
+        if s[key] is not None and s[key] <= 0:
+            c.error("E0120", f"`{key}` must be positive", _span(s["_spans"][key]), help="or leave it out to use "
+                    f"the figures of `{kind}`")
+            return None
+    device = S.Device(kind=kind, peak_tflops=given("peak_tflops", peak), memory_gb=given("memory_gb", mem),
+                      intra_node_gbps=given("intra_node_gbps", intra), inter_node_gbps=given("inter_node_gbps", inter))
     mesh = S.Mesh(axes=tuple(axes), nodes=s["nodes"], devices_per_node=s["devices_per_node"], device=device,
                   span=sec.span, axis_spans=spans)
+    if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
+        c.error("E0113", "the mesh declares no axis", sec.kind.span, help="declare at least one, e.g. `axis dp = 1`")
+        return None
     product = math.prod(n for _, n in axes)
     if product != mesh.world_size:
         shown = " × ".join(f"{a}={n}" for a, n in axes) or "no axes"
@@ -656,6 +700,16 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
     if opt is None:
         c.error("E0113", "`train` needs an optimizer with a learning rate", sec.kind.span,
                 help="add `optimizer = adamw(lr = 3e-4)`")
+        return None, {}
+    at = _span(s["_spans"]["optimizer"])
+    if opt["lr"] <= 0:
+        c.error("E0120", "the learning rate must be positive", at, help="e.g. `lr = 3e-4`")
+    if not all(0 <= b < 1 for b in opt["betas"]):
+        c.error("E0120", f"Adam's betas must lie in [0, 1), not {tuple(opt['betas'])}", at,
+                help="the usual values are `betas = (0.9, 0.95)`")
+    if s["seed"] > MAX_SEED:
+        c.error("E0120", f"the seed must be at most {MAX_SEED}", _span(s["_spans"]["seed"]))
+    if any(d.code == "E0120" and d.span in (at, _span(s["_spans"].get("seed"))) for d in c.diags):
         return None, {}
     for key in ("global_batch", "seq_len"):  # a literal becomes a named size, so formulas read in these words
         if not s[key].free_symbols:
@@ -703,7 +757,7 @@ def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
     def need(code: str, what: str, value, layer_span: Span, remedy: str) -> None:
         n = int(c.number(value))
         if n % tp:
-            ok = [d for d in range(1, n + 1) if n % d == 0 and d <= max(tp * 4, 8)]
+            ok = [d for d in _divisors(n) if d <= max(tp * 4, 8)]
             c.error(code, f"tensor-parallel degree {tp} does not divide {what} ({n})", at,
                     label=f"{n} % {tp} == {n % tp}",
                     help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
@@ -778,7 +832,12 @@ def _integer_help(e, n) -> str:
     return "sizes count things: use a number ≥ 1"
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
 def _divisors_near(n: int, near: int) -> str:
-    divs = [d for d in range(1, n + 1) if n % d == 0]
+    divs = _divisors(n)
     divs.sort(key=lambda d: (abs(d - near), d))
     return ", ".join(str(d) for d in sorted(divs[:4]))

@@ -16,9 +16,8 @@ def size(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
-# Sizes the compiler introduces.
-MICRO_BATCH = size("b")          # sequences in one micro-batch on one rank
-SEQ = size("s")                  # tokens per sequence, when the .scale file does not name it
+# Sizes the compiler introduces, named so that no .scale name can collide with them (names there are ASCII).
+MICRO_BATCH = size("µb")         # sequences in one micro-batch on one rank
 
 
 def evaluate(expr, values: dict) -> int | float:

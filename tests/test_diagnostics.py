@@ -22,13 +22,13 @@ CASES = sorted((Path(__file__).parent / "golden" / "diagnostics").glob("*.scale"
 MARK = re.compile(r"#\s*error:\s*([E0-9, ]+)")
 
 
-def _markers(text: str) -> set[tuple[int, str]]:
-    out = set()
+def _markers(text: str) -> list[tuple[int, str]]:
+    out = []
     for i, line in enumerate(text.splitlines(), 1):
         m = MARK.search(line)
         if m:
-            out |= {(i, code.strip()) for code in m.group(1).split(",") if code.strip()}
-    return out
+            out += [(i, code.strip()) for code in m.group(1).split(",") if code.strip()]
+    return sorted(out)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
@@ -37,7 +37,7 @@ def test_diagnostic(case: Path, golden):
     rel = f"diagnostics/{case.name}"
     with pytest.raises(ScaleError) as info:
         check_text(text, rel)
-    found = {(d.span.line, d.code) for d in info.value.diagnostics}
+    found = sorted((d.span.line, d.code) for d in info.value.diagnostics)
     assert found == _markers(text), "diagnostics do not sit on the lines marked `# error: CODE`"
     rendered = info.value.render()
     assert "Traceback" not in rendered
@@ -46,7 +46,7 @@ def test_diagnostic(case: Path, golden):
 
 def test_every_code_has_a_case():
     """Each diagnostic code the checker can emit has at least one golden case."""
-    source = "".join(p.read_text() for p in (Path(__file__).parents[1] / "compiler").glob("*.py"))
+    source = "".join(p.read_text() for p in (Path(__file__).parents[1] / "compiler").rglob("*.py"))
     emitted = set(re.findall(r'"(E\d{4})"', source))
     covered = {code for case in CASES for _, code in _markers(case.read_text())}
     assert emitted - covered == set(), f"codes without a golden case: {sorted(emitted - covered)}"
