@@ -22,9 +22,10 @@ from compiler import cost as C
 from compiler.diagnostics import ScaleError
 
 
-def _load(path: str):
-    from compiler.pipeline import compile_path
-    return compile_path(path)
+def _load(path: str, budget: bool = True):
+    """Compile `path`; with `budget`, refuse a plan whose model state cannot fit (compile, run)."""
+    from compiler.pipeline import compile_checked, compile_path
+    return compile_checked(path) if budget else compile_path(path)
 
 
 def cmd_check(args) -> int:
@@ -84,7 +85,7 @@ _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
 def cmd_plan(args) -> int:
-    sys.stdout.write(plan_text(_load(args.file)))
+    sys.stdout.write(plan_text(_load(args.file, budget=False)))
     return 0
 
 
@@ -170,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except IsADirectoryError as err:
         sys.stderr.write(f"error: {err.filename} is a directory, not a .scale file\n")
+        return 1
+    except OSError as err:
+        sys.stderr.write(f"error: {err.strerror or err}: {err.filename or ''}\n")
         return 1
     except UnicodeDecodeError:
         sys.stderr.write(f"error: {args.file} is not UTF-8 text\n")

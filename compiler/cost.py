@@ -129,9 +129,10 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
                                span=span, reason="average the gradients of the dp replicas (DDP, bucketed)",
                                measured=False))
         else:
-            led.add(Collective(op="all_gather", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(2),
-                               span=span, reason="FSDP: gather each block's weights for forward and again for "
-                                                 "backward", measured=False))
+            led.add(Collective(op="all_gather", axis="dp", elements=params, dtype_bytes=4,
+                               per_step=sympy.Integer(2 * spec.plan.micro_batches), span=span,
+                               reason="FSDP: gather each block's weights for forward and again for backward, every "
+                                      "micro-batch", measured=False))
             led.add(Collective(op="reduce_scatter", axis="dp", elements=params, dtype_bytes=4,
                                per_step=sympy.Integer(1), span=span,
                                reason="FSDP: reduce and shard the gradients", measured=False))

@@ -27,8 +27,6 @@ from runtime.layers import Bias, Repeat
 # The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
 CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
 
-# Names of the linears that write into the residual stream (GPT-2 scales their initialisation).
-RESIDUAL_OUT = ("attn_o", "mlp_down")
 
 
 @contextlib.contextmanager
@@ -63,6 +61,7 @@ class Segment(nn.Module):
         self._names: dict[int, dict] = {}
         self.param_shapes: dict[str, tuple] = {}
         self.spans: dict[str, Span] = {}
+        self.residual_out: list[str] = []  # linears writing into the residual stream (GPT-2 scales their init)
 
     # -- construction helpers -----------------------------------------------------------------------------------
 
@@ -111,6 +110,7 @@ class Segment(nn.Module):
         k = self._linear(f"{p}_k", a.hidden, a.kv_heads * hd, a.bias, a.span)
         v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, a.bias, a.span)
         o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
+        self.residual_out.append(o)
         gqa = self._n(a.kv_heads) != self._n(a.heads)
 
         def run(seg, x_BSH):
@@ -127,6 +127,7 @@ class Segment(nn.Module):
         if m.act == "swiglu":
             gate = self._linear(f"{p}_gate", m.hidden, m.ffn, m.bias, m.span)
         down = self._linear(f"{p}_down", m.ffn, m.hidden, m.bias, m.span)
+        self.residual_out.append(down)
 
         if m.act == "gelu":
             def run(seg, x_BSH):
@@ -235,6 +236,14 @@ def build(spec: S.Spec, device="meta") -> ScaleModel:
     call runtime.layers.init_parameters for the reproducible initialisation."""
     with torch.device(device):
         return ScaleModel(spec, device)
+
+
+def residual_out(model: ScaleModel) -> tuple[str, ...]:
+    """Leaf names (without block prefix) of every linear that writes into the residual stream."""
+    names = set(model.residual_out)
+    for name, _ in model.repeats:
+        names.update(getattr(model, name)[0].residual_out)
+    return tuple(sorted(names))
 
 
 def symbolic_param_count(model: ScaleModel) -> sympy.Expr:

@@ -12,6 +12,7 @@ from compiler import model as M
 from compiler import spec as S
 from compiler import trace as T
 from compiler.check import check_path
+from compiler.diagnostics import Diagnostic, ScaleError
 
 from compiler.passes.tensor_parallel import tensor_parallel_pass
 
@@ -49,6 +50,32 @@ def compile_spec(spec: S.Spec, check_between: bool = False) -> Compiled:
         if check_between:
             verify(traced, p.__name__)
     return Compiled(spec, traced, C.costs(spec, traced))
+
+
+def budget(compiled: Compiled) -> list[Diagnostic]:
+    """What cannot fit: model state per rank (weights, gradients, optimizer) beyond one device's memory. Activations
+    come on top of this, so passing is necessary, not sufficient."""
+    spec, state = compiled.spec, compiled.costs.model_state
+    limit = spec.mesh.device.memory_gb * 1e9
+    if state.total <= limit:
+        return []
+    dp = spec.mesh.size("dp")
+    fix = ("shard it over dp with `data_parallel = fsdp`" if spec.plan.data_parallel == "ddp" and dp > 1
+           else "add devices along dp or tp")
+    return [Diagnostic("E0501", f"the model state of each rank, {state.total / 1e9:.4g} GB, does not fit in the "
+                       f"{spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
+                       label="this mesh", help=f"weights {state.params / 1e9:.4g} GB + gradients {state.grads / 1e9:.4g}"
+                       f" GB + AdamW {state.optimizer / 1e9:.4g} GB per rank; {fix}, or set `memory_gb` if the device "
+                       "has more")]
+
+
+def compile_checked(path: str) -> Compiled:
+    """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use."""
+    compiled = compile_path(path)
+    problems = budget(compiled)
+    if problems:
+        raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
+    return compiled
 
 
 def compile_path(path: str, check_between: bool = False) -> Compiled:

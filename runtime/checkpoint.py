@@ -1,8 +1,11 @@
 """Checkpoints with torch.distributed.checkpoint: sharded, layout-independent, atomic, resumable.
 
 A checkpoint is `DIR/step_NNNNNNNN/`, written under a temporary name and renamed by rank 0 once every rank has
-finished, so a crash never leaves a half-written checkpoint that looks complete. State dicts use fully qualified
-parameter names of the single-device model, so a checkpoint loads into any other plan of the same model.
+finished, so a crash never leaves a half-written checkpoint that looks complete. DIR must be one filesystem that
+every rank sees (the usual shared storage of a cluster). Rank 0 decides which checkpoint to resume from and tells
+the others. State dicts use fully qualified parameter names of the single-device model, so a checkpoint loads into
+any other plan of the same model. The run's length is stored with it: resuming with another number of steps would
+silently bend the learning-rate schedule, so it is refused.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def _complete(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save(directory: str, step: int, model, optimizer, scheduler, ctx) -> str:
+def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_steps: int) -> str:
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
@@ -38,7 +41,8 @@ def save(directory: str, step: int, model, optimizer, scheduler, ctx) -> str:
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd,
-             "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch)}}
+             "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
+                          "total_steps": torch.tensor(total_steps)}}
     dcp.save(state, checkpoint_id=tmp)
     dist.barrier()
     if ctx.is_logger:
@@ -49,16 +53,25 @@ def save(directory: str, step: int, model, optimizer, scheduler, ctx) -> str:
     return final
 
 
-def load_latest(directory: str, model, optimizer, scheduler, ctx) -> int:
+def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: int) -> int:
     """Load the newest complete checkpoint in `directory`, if any; return the step to resume from."""
-    found = _complete(directory)
-    if not found:
+    found = _complete(directory) if ctx.is_logger else []
+    choice = torch.tensor(found[-1][0] if found else -1, device=ctx.device)
+    dist.broadcast(choice, src=0)  # rank 0's listing decides for everyone
+    step = int(choice)
+    if step < 0:
         return 0
-    step, path = found[-1]
+    path = os.path.join(directory, f"step_{step:08d}")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd,
-             "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0)}}
+             "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
+                          "total_steps": torch.tensor(0)}}
     dcp.load(state, checkpoint_id=path)
+    written_for = int(state["progress"]["total_steps"])
+    if written_for != total_steps:
+        raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for {total_steps} "
+                         "would change the learning-rate schedule. Resume with the same number of steps, or start "
+                         "in an empty checkpoint directory.")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
     for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):

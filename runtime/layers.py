@@ -21,6 +21,10 @@ class Repeat(nn.ModuleList):
         return x_BSH
 
 
+def _is_dtensor(p) -> bool:
+    return hasattr(p, "device_mesh") and hasattr(p, "to_local")
+
+
 class Bias(nn.Module):
     """A bias added to logits computed with a tied (embedding) weight."""
 
@@ -68,5 +72,12 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
                 sigma = scaled if leaf in residual_out else std
                 value = torch.empty(shape).normal_(0.0, sigma, generator=parameter_generator(seed, name))
             if shard is not None:
+                # p.shape is this tp rank's shape (for an FSDP DTensor, its global shape over dp).
                 value = local_slice(value, shard[0], p.shape[shard[0]])
-            p.copy_(value.to(dtype=p.dtype))
+            if _is_dtensor(p):  # sharded over dp by FSDP: keep this rank's piece (each rank drew the same tensor)
+                from torch.distributed.tensor import distribute_tensor
+                piece = distribute_tensor(value.to(p.device, p.dtype), p.device_mesh, p.placements,
+                                          src_data_rank=None)
+                p.to_local().copy_(piece.to_local())
+            else:
+                p.copy_(value.to(dtype=p.dtype))

@@ -86,6 +86,8 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0)")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
+    p.add_argument("--stop-after", type=int, metavar="N",
+                   help="stop after N steps of the run (checkpointing then), as an interruption would")
     p.add_argument("--count-bytes", metavar="FILE",
                    help="count the bytes of every runtime collective during the first step; write JSON (rank 0)")
     args = p.parse_args()
@@ -170,15 +172,21 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     torch.manual_seed(cfg.seed)
     with torch.device("meta"):
         model = model_cls()
-    model.to_empty(device=ctx.device)
-    # Initialise the full single-device model by name, so every layout starts from the same weights.
     shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads)
+    fsdp = cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1
+    if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
+        model = _wrap_data_parallel(model, ctx, cfg)
+    model.to_empty(device=ctx.device)
+    # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
     init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
                     shard_of=shards.of, local_slice=tp.local_slice)
-    model = _wrap_data_parallel(model, ctx, cfg)
+    if not fsdp:
+        model = _wrap_data_parallel(model, ctx, cfg)
     opt = _optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    start = checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx) if cfg.checkpoint_dir else 0
+    start = (checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx, cfg.steps)
+             if cfg.checkpoint_dir else 0)
+    stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
     dp, dp_rank = ctx.axis_size("dp"), ctx.coords.get("dp", 0)
     source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
@@ -195,7 +203,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     losses = []
     t_start = time.perf_counter()
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
-    for step in range(start, cfg.steps):
+    for step in range(start, stop):
         t0 = time.perf_counter()
         if args.count_bytes and step == start:
             collectives.count_bytes(True)
@@ -237,8 +245,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
                   f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step",
                   flush=True)
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
-                                   or step + 1 == cfg.steps):
-            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx)
+                                   or step + 1 == stop):
+            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx, cfg.steps)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:

@@ -17,6 +17,7 @@ import pytest
 from compiler.check import check_text
 from compiler.cli import main
 from compiler.diagnostics import ScaleError
+from compiler.pipeline import budget, compile_spec
 
 CASES = sorted((Path(__file__).parent / "golden" / "diagnostics").glob("*.scale"))
 MARK = re.compile(r"#\s*error:\s*([E0-9, ]+)")
@@ -36,7 +37,11 @@ def test_diagnostic(case: Path, golden):
     text = case.read_text(encoding="utf-8")
     rel = f"diagnostics/{case.name}"
     with pytest.raises(ScaleError) as info:
-        check_text(text, rel)
+        spec = check_text(text, rel)
+        if case.stem.startswith("budget_"):  # found when compiling, still before any process starts
+            problems = budget(compile_spec(spec))
+            if problems:
+                raise ScaleError(problems, {rel: text})
     found = sorted((d.span.line, d.code) for d in info.value.diagnostics)
     assert found == _markers(text), "diagnostics do not sit on the lines marked `# error: CODE`"
     rendered = info.value.render()

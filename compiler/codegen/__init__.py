@@ -22,7 +22,7 @@ from compiler import __version__
 from compiler import cost as C
 from compiler import spec as S
 from compiler import trace as T
-from compiler.model import RESIDUAL_OUT
+from compiler.model import residual_out
 from runtime.layers import Bias, Repeat
 
 INIT_STD = 0.02
@@ -168,7 +168,7 @@ def config_values(spec: S.Spec, traced: T.Traced) -> dict:
         "eps": t.optimizer.eps, "schedule": t.schedule.kind, "warmup": t.schedule.warmup, "min_lr": t.schedule.min_lr,
         "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": t.data.path, "data_dtype": t.data.dtype,
         "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
-        "init_std": INIT_STD, "residual_out": RESIDUAL_OUT,
+        "init_std": INIT_STD, "residual_out": residual_out(traced.model),
         "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
         "tp_shards": tuple(shards), "tp_partial_grads": tuple(partial),
     }

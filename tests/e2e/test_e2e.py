@@ -43,14 +43,18 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
 
 
 def test_checkpoint_resume_continues_exactly(references, tmp_path):
-    """Stop after 3 steps (checkpoint), resume to 5: the resumed steps equal the uninterrupted run's."""
-    text = _text(CASES[1])  # FSDP2: sharded state through torch.distributed.checkpoint
+    """Interrupted after 3 of 5 steps (checkpoint), resumed: the resumed steps equal the uninterrupted run's, past
+    the warm-up, on the cosine part of the schedule; resuming with another length is refused."""
+    text = _text(CASES[1]).replace("warmup = 5", "warmup = 1")  # FSDP2: sharded state through DCP
     ckpt = tmp_path / "ckpt"
-    first = launch(text, "part1", tmp_path, steps=3, timeout=240, extra=("--checkpoint-dir", str(ckpt)),
-                   dump_grads=False)
+    first = launch(text, "part1", tmp_path, steps=5, timeout=240,
+                   extra=("--checkpoint-dir", str(ckpt), "--stop-after", "3"), dump_grads=False)
     second = launch(text, "part2", tmp_path, steps=5, timeout=240, extra=("--checkpoint-dir", str(ckpt)),
                     dump_grads=False)
-    assert "resumed from" in second.output
+    assert "resumed from" in second.output and len(first.losses) == 3 and len(second.losses) == 2
+    with pytest.raises(pytest.fail.Exception, match="would change the learning-rate schedule"):
+        launch(text, "part3", tmp_path, steps=9, timeout=240, extra=("--checkpoint-dir", str(ckpt)),
+               dump_grads=False)
     ref = references(text, 5)
     import torch
     torch.testing.assert_close(torch.tensor(first.losses + second.losses, dtype=torch.float64),

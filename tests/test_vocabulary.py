@@ -1,0 +1,50 @@
+"""The words users write are pinned: a new keyword, setting or flag must be added here on purpose (and to the
+README), never slip in."""
+from __future__ import annotations
+
+import argparse
+
+from compiler import check
+from compiler.cli import main
+
+
+def test_language_vocabulary_is_pinned():
+    assert check.SECTIONS == ("model", "mesh", "plan", "train")
+    assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
+        "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
+        "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias"),
+        "mlp": ("hidden", "ffn", "act", "bias"), "residual": (),
+        "lm_head": ("vocab", "hidden", "tied", "bias"), "cross_entropy": ()}
+    assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
+                                          "intra_node_gbps", "inter_node_gbps")
+    assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
+                                          "pad_vocab")
+    assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
+                                           "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
+                                           "checkpoint_every")
+    assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
+    assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
+                                                                 "constant": ("warmup",)}
+    assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
+    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep") and check.SUPPORTED_AXES == ("dp", "tp")
+
+
+def test_cli_flags_are_pinned(monkeypatch):
+    seen = {}
+    real = argparse.ArgumentParser.parse_args
+
+    def capture(self, *a, **kw):
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    seen[name] = sorted(o for act in sub._actions for o in act.option_strings)
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    try:
+        main(["check", "x"])
+    except SystemExit:
+        pass
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
+    assert {k: set(v) for k, v in seen.items()} == {
+        "check": {"-h", "--help"}, "plan": {"-h", "--help"}, "compile": {"-h", "--help", "-o", "--output"},
+        "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps"}}
