@@ -1,0 +1,317 @@
+"""Pipeline schedules as data: each rank's ordered actions, a step × rank grid, and a static proof that they run.
+
+Actions print as torch.distributed.pipelining does (`2F0`: stage 2, forward, micro-batch 0): F forward, B full
+backward, I backward for the input only and W backward for the weights (zero-bubble schedules split B into I + W),
+and SEND_F / RECV_F / SEND_B / RECV_B for the activations and gradients crossing ranks.
+
+Schedules (p ranks, v stages per rank, m micro-batches):
+  gpipe             all forwards, then all backwards (Huang et al. 2019)
+  1f1b              p - r - 1 warm-up forwards on rank r, then one forward one backward (Narayanan et al. 2019)
+  interleaved-1f1b  v stages per rank, stage s on rank s mod p; micro-batches in groups of p (Narayanan 2021)
+  zero-bubble       ZB-H1 (Qi et al. 2024): 1F1B with B split into I and W, rank r deferring its W by r backward
+                    slots so they fill the end of the pipeline: bubble (p-1)(F+I-W) instead of (p-1)(F+I+W)
+
+`verify` simulates the lists with blocking receives and buffered sends and reports the first rank that would wait
+forever, a receive without its send, a send nobody receives, and any (stage, micro-batch) computed twice or never.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Action:
+    stage: int
+    kind: str      # F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.mb}"
+
+
+class ScheduleError(Exception):
+    """A schedule that cannot run: names the rank, the action and why."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    p: int   # ranks along pp
+    v: int   # stages per rank
+    m: int   # micro-batches
+
+    @property
+    def stages(self) -> int:
+        return self.p * self.v
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.p
+
+
+# -- compute orders -----------------------------------------------------------------------------------------------
+
+
+def _gpipe(lay: Layout, r: int) -> list[Action]:
+    return [Action(r, "F", k) for k in range(lay.m)] + [Action(r, "B", k) for k in range(lay.m)]
+
+
+def _one_f_one_b(lay: Layout, r: int, split: bool = False) -> list[Action]:
+    p, m = lay.p, lay.m
+    warm = min(m, p - 1 - r)
+    out = [Action(r, "F", k) for k in range(warm)]
+    backward = 0
+    delay = r if split else 0  # ZB-H1: the W of backward j runs after backward j + r
+    pending_w: list[int] = []
+
+    def do_backward():
+        nonlocal backward
+        if split:
+            out.append(Action(r, "I", backward))
+            pending_w.append(backward)
+            if len(pending_w) > delay:
+                out.append(Action(r, "W", pending_w.pop(0)))
+        else:
+            out.append(Action(r, "B", backward))
+        backward += 1
+
+    for k in range(warm, m):
+        out.append(Action(r, "F", k))
+        do_backward()
+    while backward < m:
+        do_backward()
+    out += [Action(r, "W", j) for j in pending_w]
+    return out
+
+
+def _interleaved(lay: Layout, r: int) -> list[Action]:
+    """Megatron-LM's interleaved 1F1B for rank r: model chunk c of rank r is stage c·p + r."""
+    p, v, m = lay.p, lay.v, lay.m
+    total = m * v
+
+    def fwd(k: int) -> Action:
+        chunk = (k // p) % v
+        return Action(chunk * p + r, "F", (k // (p * v)) * p + k % p)
+
+    def bwd(k: int) -> Action:
+        chunk = v - 1 - (k // p) % v
+        return Action(chunk * p + r, "B", (k // (p * v)) * p + k % p)
+
+    warm = min(total, (p - r - 1) * 2 + (v - 1) * p)
+    out = [fwd(k) for k in range(warm)]
+    for i in range(total - warm):
+        out += [fwd(warm + i), bwd(i)]
+    out += [bwd(k) for k in range(total - warm, total)]
+    return out
+
+
+def compute_order(schedule: str, lay: Layout) -> dict[int, list[Action]]:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    if schedule != "interleaved-1f1b" and lay.v != 1:
+        raise ValueError(f"{schedule} runs one stage per rank")
+    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved-1f1b": _interleaved,
+             "zero-bubble": lambda lay, r: _one_f_one_b(lay, r, split=True)}[schedule]
+    return {r: build(lay, r) for r in range(lay.p)}
+
+
+def with_communication(order: dict[int, list[Action]], lay: Layout) -> dict[int, list[Action]]:
+    """Insert the receives before and the sends after each compute action whose neighbour stage is elsewhere."""
+    last = lay.stages - 1
+    out: dict[int, list[Action]] = {}
+    for r, actions in order.items():
+        seq: list[Action] = []
+        for a in actions:
+            if a.kind == "F" and a.stage > 0 and lay.rank_of(a.stage - 1) != r:
+                seq.append(Action(a.stage, "RECV_F", a.mb))
+            if a.kind in ("B", "I") and a.stage < last and lay.rank_of(a.stage + 1) != r:
+                seq.append(Action(a.stage, "RECV_B", a.mb))
+            seq.append(a)
+            if a.kind == "F" and a.stage < last and lay.rank_of(a.stage + 1) != r:
+                seq.append(Action(a.stage, "SEND_F", a.mb))
+            if a.kind in ("B", "I") and a.stage > 0 and lay.rank_of(a.stage - 1) != r:
+                seq.append(Action(a.stage, "SEND_B", a.mb))
+        out[r] = seq
+    return out
+
+
+def actions(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[Action]]:
+    lay = Layout(p, v, m)
+    return with_communication(compute_order(schedule, lay), lay)
+
+
+# -- the static check ---------------------------------------------------------------------------------------------
+
+COST = {"F": 1, "B": 2, "I": 1, "W": 1}  # relative durations for the timeline (backward ≈ 2 × forward)
+
+
+@dataclass
+class Timeline:
+    """When each compute action ran: rank -> [(start, end, action)], in the given unit costs."""
+
+    spans: dict
+    makespan: float
+
+    def idle_fraction(self, rank: int) -> float:
+        busy = sum(e - s for s, e, _ in self.spans[rank])
+        return 1 - busy / self.makespan
+
+
+def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None) -> Timeline:
+    """Run the lists as the runtime would: each rank in order, a receive waits for its send, sends never wait.
+
+    Raises ScheduleError naming the rank and action on a deadlock, an unmatched send or receive, a missing,
+    repeated or misplaced computation, or an action that runs before what it depends on."""
+    cost = cost or COST
+    n_stages, m, last = lay.stages, lay.m, lay.stages - 1
+    # Per (stage, micro-batch): how often each computation appears, then when each event happened (None: not yet).
+    count_f = [[0] * m for _ in range(n_stages)]
+    count_b = [[0] * m for _ in range(n_stages)]
+    for r, acts in order.items():
+        for a in acts:
+            if a.kind in COST and lay.rank_of(a.stage) != r:
+                raise ScheduleError(f"rank {r}: {a} computes stage {a.stage}, which lives on rank "
+                                    f"{lay.rank_of(a.stage)}")
+            if a.kind in ("F", "B", "I"):
+                table = count_f if a.kind == "F" else count_b
+                table[a.stage][a.mb] += 1
+                if table[a.stage][a.mb] > 1:
+                    raise ScheduleError(f"rank {r}: {a} is computed twice")
+    for table, what in ((count_f, "forward"), (count_b, "backward")):
+        for st in range(n_stages):
+            for k in range(m):
+                if not table[st][k]:
+                    raise ScheduleError(f"rank {lay.rank_of(st)}: {what} of micro-batch {k} on stage {st} never runs")
+
+    # Event tables: 0 forward done, 1 backward (input) done, 2 activation sent, 3 gradient sent.
+    events = [[[None] * m for _ in range(n_stages)] for _ in range(4)]
+    received = [[[False] * m for _ in range(n_stages)] for _ in range(2)]  # 0 activation, 1 gradient
+    FWD, BWD, SENT_F, SENT_B = 0, 1, 2, 3
+    pos = dict.fromkeys(order, 0)
+    clock = dict.fromkeys(order, 0.0)
+    spans: dict = {r: [] for r in order}
+    ready = [(0.0, r) for r in order]
+    heapq.heapify(ready)
+    blocked: dict = {}  # rank -> (action, event it waits for)
+    waiting: dict = {}  # event -> rank
+
+    def record(table: int, st: int, k: int, when: float) -> None:
+        events[table][st][k] = when
+        r_wait = waiting.pop((table, st, k), None)
+        if r_wait is not None:
+            blocked.pop(r_wait, None)
+            heapq.heappush(ready, (clock[r_wait], r_wait))
+
+    while ready:
+        _, r = heapq.heappop(ready)
+        if r in blocked:
+            continue
+        acts = order[r]
+        i = pos[r]
+        t = clock[r]
+        while i < len(acts):
+            a = acts[i]
+            kind, st, k = a.kind, a.stage, a.mb
+            need = None  # (table, stage, mb) this action waits for
+            if kind == "RECV_F":
+                need = (SENT_F, st - 1, k)
+            elif kind == "RECV_B":
+                need = (SENT_B, st + 1, k)
+            elif kind == "F":
+                if st > 0:
+                    if lay.rank_of(st - 1) == r:
+                        need = (FWD, st - 1, k)
+                    elif not received[0][st - 1][k]:
+                        raise ScheduleError(f"rank {r}: {a} runs before its input is received "
+                                            f"(no {st}RECV_F{k} before it)")
+            elif kind in ("B", "I"):
+                if events[FWD][st][k] is None:
+                    raise ScheduleError(f"rank {r}: {a} runs before {st}F{k}")
+                if st < last:
+                    if lay.rank_of(st + 1) == r:
+                        need = (BWD, st + 1, k)
+                    elif not received[1][st + 1][k]:
+                        raise ScheduleError(f"rank {r}: {a} runs before its output gradient is received "
+                                            f"(no {st}RECV_B{k} before it)")
+            elif kind == "W":
+                if events[BWD][st][k] is None:
+                    raise ScheduleError(f"rank {r}: {a} runs before {st}I{k}")
+            elif kind == "SEND_F" and events[FWD][st][k] is None:
+                raise ScheduleError(f"rank {r}: {a} sends before {st}F{k} computed it")
+            elif kind == "SEND_B" and events[BWD][st][k] is None:
+                raise ScheduleError(f"rank {r}: {a} sends before the backward of micro-batch {k} computed it")
+            if need is not None:
+                when = events[need[0]][need[1]][need[2]]
+                if when is None:
+                    blocked[r] = (a, need)
+                    waiting[need] = r
+                    break
+                if when > t:
+                    t = when
+            end = t + cost.get(kind, 0)
+            if kind == "F":
+                spans[r].append((t, end, a))
+                record(FWD, st, k, end)
+            elif kind in ("B", "I"):
+                spans[r].append((t, end, a))
+                record(BWD, st, k, end)
+            elif kind == "W":
+                spans[r].append((t, end, a))
+            elif kind == "SEND_F":
+                record(SENT_F, st, k, t)
+            elif kind == "SEND_B":
+                record(SENT_B, st, k, t)
+            elif kind == "RECV_F":
+                received[0][st - 1][k] = True
+            elif kind == "RECV_B":
+                received[1][st + 1][k] = True
+            t = end
+            i += 1
+        pos[r], clock[r] = i, t
+    if blocked:
+        # The root cause first: a rank waiting for something no list contains; else the waits form a cycle.
+        present = {str(x) for acts in order.values() for x in acts}
+
+        def provider(table: int, st: int, k: int) -> str:
+            return {FWD: f"{st}F{k}", BWD: f"{st}I{k}", SENT_F: f"{st}SEND_F{k}", SENT_B: f"{st}SEND_B{k}"}[table]
+
+        def absent(item) -> bool:
+            table, st, k = item[1][1]
+            name = provider(table, st, k)
+            return name not in present and (table != BWD or f"{st}B{k}" not in present)
+
+        r, (a, need) = min(blocked.items(), key=lambda it: (not absent(it), it[0]))
+        cause = "no rank ever runs it" if absent((r, (a, need))) else "it waits behind this rank (a cycle)"
+        raise ScheduleError(f"rank {r} waits forever at {a} (action {pos[r]} of {len(order[r])}): it needs "
+                            f"{provider(*need)}, and {cause}")
+    for table, got, kind in ((SENT_F, 0, "F"), (SENT_B, 1, "B")):
+        for st in range(n_stages):
+            for k in range(m):
+                if events[table][st][k] is not None and not received[got][st][k]:
+                    raise ScheduleError(f"rank {lay.rank_of(st)}: {st}SEND_{kind}{k} is never received")
+    makespan = max((e for sp in spans.values() for _, e, _ in sp), default=0.0)
+    return Timeline(spans, makespan)
+
+
+# -- printing -----------------------------------------------------------------------------------------------------
+
+
+def grid(order: dict[int, list[Action]], lay: Layout) -> str:
+    """A step × rank grid of the compute actions at unit cost each: `.` where a rank idles."""
+    tl = verify({r: a for r, a in order.items()}, lay, cost={"F": 1, "B": 1, "I": 1, "W": 1})
+    steps = int(tl.makespan)
+    cells = {r: ["."] * steps for r in tl.spans}
+    for r, sp in tl.spans.items():
+        for s, _, a in sp:
+            cells[r][int(s)] = str(a)
+    width = max(4, max((len(c) for row in cells.values() for c in row), default=1))
+    head = "step " + " ".join(f"{'rank ' + str(r):>{width}}" for r in sorted(cells))
+    rows = [f"{t:>4} " + " ".join(f"{cells[r][t]:>{width}}" for r in sorted(cells)) for t in range(steps)]
+    return "\n".join([head] + rows) + "\n"
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """The published bubble as a fraction of total time: (p-1)/(m+p-1) for 1F1B and GPipe, with v chunks per rank
+    (p-1)/(v·m+p-1) (Narayanan et al. 2021)."""
+    return (p - 1) / (v * m + p - 1)
