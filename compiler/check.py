@@ -789,9 +789,9 @@ def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
             c.error("E0405", f"sequence parallelism over tp = {tp} needs the sequence length ({seq}) to divide",
                     at, label=f"{seq} % {tp} == {seq % tp}", help="choose a seq_len that tp divides, or turn "
                     "`sequence_parallel` off")
-        missing = [k for k in ("attention", "mlp") if k not in plan.tp_layers]
+        missing = [k for k in TP_LAYERS if k not in plan.tp_layers]
         if missing:
-            c.error("E0406", "sequence parallelism needs every attention and MLP sharded over tp", at,
+            c.error("E0406", "sequence parallelism needs attention, MLP and vocabulary all sharded over tp", at,
                     help=f"add {', '.join(missing)} to `tp_layers`, or turn `sequence_parallel` off")
 
 
