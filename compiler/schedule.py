@@ -323,3 +323,40 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """The published bubble as a fraction of total time: (p-1)/(m+p-1) for 1F1B and GPipe, with v chunks per rank
     (p-1)/(v·m+p-1) (Narayanan et al. 2021)."""
     return (p - 1) / (v * m + p - 1)
+
+
+_COLOURS = {"F": "#4c78a8", "B": "#59a14f", "I": "#59a14f", "W": "#f28e2b"}
+
+
+def svg(timeline: Timeline, title: str = "") -> str:
+    """The timeline as an SVG: one row per rank, one box per computation (forward blue, backward green, weight
+    gradient orange), idle time left blank so the bubbles show. Deterministic text."""
+    unit, row, pad, label = 18, 22, 4, 56
+    ranks = sorted(timeline.spans)
+    width = label + int(timeline.makespan * unit) + 2 * pad
+    height = (len(ranks) + 1) * row + 2 * pad + (row if title else 0)
+    top = pad + (row if title else 0)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="monospace" font-size="10">']
+    if title:
+        out.append(f'<text x="{pad}" y="{pad + 12}" font-size="12">{_escape(title)}</text>')
+    for i, r in enumerate(ranks):
+        y = top + i * row
+        busy = sum(e - s for s, e, _ in timeline.spans[r])
+        idle = 1 - busy / timeline.makespan if timeline.makespan else 0.0
+        out.append(f'<text x="{pad}" y="{y + 14}">rank {r}</text>')
+        out.append(f'<rect x="{label}" y="{y}" width="{timeline.makespan * unit:g}" height="{row - 4}" '
+                   f'fill="#eeeeee"><title>rank {r}: idle {idle:.1%}</title></rect>')
+        for s, e, a in timeline.spans[r]:
+            x = label + s * unit
+            out.append(f'<rect x="{x:g}" y="{y}" width="{(e - s) * unit - 1:g}" height="{row - 4}" '
+                       f'fill="{_COLOURS[a.kind]}"><title>{a}</title></rect>')
+            out.append(f'<text x="{x + 2:g}" y="{y + 12}" fill="white">{a.kind}{a.mb}</text>')
+    y = top + len(ranks) * row + 12
+    out.append(f'<text x="{label}" y="{y}">time (forward = 1); grey: idle (the bubble)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -102,3 +102,14 @@ def test_rejects_a_missing_or_repeated_computation():
         order[0].append(S.Action(0, "F", 3))
     with pytest.raises(S.ScheduleError, match=r"rank 0: 0F3 is computed twice"):
         S.verify(_broken(twice), S.Layout(4, 1, 8))
+
+
+def test_svg_timeline_is_pinned_and_well_formed(golden):
+    import xml.etree.ElementTree as ET
+    lay = S.Layout(4, 1, 8)
+    text = S.svg(S.verify(S.actions("zero-bubble", 4, 8), lay), "zero-bubble (ZB-H1), p = 4, m = 8")
+    root = ET.fromstring(text)
+    boxes = [e for e in root.iter("{http://www.w3.org/2000/svg}rect") if e.find("{http://www.w3.org/2000/svg}title")
+             is not None and not e.find("{http://www.w3.org/2000/svg}title").text.startswith("rank")]
+    assert len(boxes) == 4 * 8 * 3  # F, I, W for each micro-batch on each rank
+    golden.check("schedules/zero-bubble_p4_m8.svg", text)
