@@ -8,15 +8,22 @@ import torch
 from torch import nn
 
 
-class Repeat(nn.ModuleList):
+class Repeat(nn.ModuleDict):
     """`repeat N { ... }`: blocks applied in sequence, each with its own weights.
 
-    Blocks keep their global index as their name (`blocks.7`), also when a stage holds only some of them, so that
-    parameter names, and therefore checkpoints, do not depend on the parallel layout.
+    Blocks keep their global index as their name (`blocks.7`), also when a pipeline stage holds only some of them
+    (`Repeat(blocks, first=6)`), so that parameter names, and therefore checkpoints, do not depend on the layout.
     """
 
+    def __init__(self, blocks, first: int = 0):
+        super().__init__({str(first + i): b for i, b in enumerate(blocks)})
+
+    def __getitem__(self, key):
+        """By global index (int or str), as the parameter names have it."""
+        return super().__getitem__(str(key))
+
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
-        for block in self:
+        for block in self.values():
             x_BSH = block(x_BSH)
         return x_BSH
 

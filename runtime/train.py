@@ -21,7 +21,7 @@ from torch import nn
 
 from runtime import checkpoint, collectives, data, mesh
 from runtime import tensor_parallel as tp
-from runtime.layers import init_parameters
+from runtime.layers import Repeat, init_parameters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +118,8 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config) -> nn.
         from torch.distributed.fsdp import fully_shard
         # ZeRO-3: each block is one unit (gathered for its forward and backward, then freed), the rest is the root.
         for child in model.children():
-            if isinstance(child, nn.ModuleList):
-                for block in child:
+            if isinstance(child, Repeat):
+                for block in child.values():
                     fully_shard(block, mesh=group_mesh)
         fully_shard(model, mesh=group_mesh)
         return model

@@ -17,7 +17,7 @@ from torch import nn
 import compiler.model
 from compiler.check import check_text
 from compiler.model import build
-from runtime.layers import init_parameters
+from runtime.layers import Repeat, init_parameters
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -311,7 +311,7 @@ def batch(cfg, B=3, seed=0):
 def test_matches_reference_gpt(variant, perturb):
     torch.manual_seed(0)
     _, cfg, model, ref, mapping = build_pair(variant, perturb=perturb)
-    assert isinstance(model.blocks, nn.ModuleList) and len(model.blocks) == cfg["layers"]
+    assert isinstance(model.blocks, Repeat) and len(model.blocks) == cfg["layers"]
     assert hasattr(model, "pos") == cfg["positional"]
     tokens, targets = batch(cfg)
 
