@@ -42,7 +42,7 @@ TP_LAYERS = ("attention", "mlp", "vocab")
 
 # Axes a plan can use, and the ones this compiler can already shard over (larger than 1).
 KNOWN_AXES = ("dp", "pp", "tp", "ep")
-SUPPORTED_AXES = ("dp", "tp")
+SUPPORTED_AXES = ("dp", "tp", "pp")
 
 
 class _Checker:
@@ -136,6 +136,12 @@ class _Checker:
     def as_choice(self, e: ast.Expr, what: str, choices: tuple[str, ...]) -> str | None:
         if isinstance(e, ast.Name) and e.id in choices:
             return e.id
+        if isinstance(e, ast.String):  # for choices that are not names: "1f1b", "interleaved-1f1b"
+            if e.value in choices:
+                return e.value
+            self.error("E0111", f"unknown {what} \"{e.value}\"", e.span, label="not one of the choices",
+                       help=did_you_mean(e.value, choices))
+            return None
         if isinstance(e, ast.Name):
             self.error("E0111", f"unknown {what} `{e.id}`", e.span, label="not one of the choices",
                        help=did_you_mean(e.id, choices))
@@ -292,6 +298,8 @@ PLAN_SETTINGS: dict[str, Param] = {
     "tp_layers": Param(lambda c, e, w: c.as_names(e, w, TP_LAYERS), TP_LAYERS, "what tp shards"),
     "sequence_parallel": Param(_bool, False, "shard norms and residuals along the sequence over tp"),
     "pad_vocab": Param(_bool, False, "pad the vocabulary to a multiple of tp (padded logits masked)"),
+    "schedule": Param(_choice("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"), "1f1b", "pipeline schedule"),
+    "virtual_stages": Param(_pos_int, 1, "pipeline stages per pp rank (interleaved-1f1b)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -687,8 +695,13 @@ def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
     s = _settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
         return None
+    if s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
+        c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
+                _span(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
+        return None
     return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"], tp_layers=s["tp_layers"],
-                  sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"])
+                  sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"], schedule=s["schedule"],
+                  virtual_stages=s["virtual_stages"])
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -730,6 +743,7 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
 
 def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train, spans: dict) -> None:
     _tp_checks(c, model, mesh, plan, train)
+    _pp_checks(c, model, mesh, plan, train)
     dp = mesh.size("dp")
     gb = int(c.number(train.global_batch))
     if gb % (dp * plan.micro_batches):
@@ -745,6 +759,38 @@ def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train
                 _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
+
+
+def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
+    """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving."""
+    pp, v, m = mesh.size("pp"), plan.virtual_stages, plan.micro_batches
+    if pp == 1:
+        return
+    at = mesh.axis_spans["pp"]
+    repeats = [x for x in model.layers if isinstance(x, S.Repeat)]
+    if len(repeats) != 1:
+        c.error("E0605", f"a pipeline cuts one `repeat` into stages; this model has {len(repeats)}", at,
+                help="write the model's blocks as a single `repeat`")
+        return
+    blocks = int(c.number(repeats[0].count))
+    stages = pp * v
+    if stages > blocks:
+        c.error("E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would be empty", at,
+                label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
+                help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} blocks)")
+    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
+        c.error("E0605", f"interleaving needs the {blocks} blocks to divide into {stages} equal stages", at,
+                help=f"choose pp × virtual_stages dividing {blocks}")
+    if plan.schedule != "gpipe" and m < pp:
+        c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
+                "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
+                f"(pp-1)/(micro_batches+pp-1))")
+    if train.checkpoint_dir:
+        c.error("E0606", "checkpoints of a pipeline-parallel plan are not supported yet", at,
+                help="remove `checkpoint_dir`, or train this model without pp")
+    if plan.schedule == "interleaved-1f1b" and m % pp:
+        c.error("E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} is not a multiple", at,
+                help=f"use a multiple of {pp} micro-batches")
 
 
 def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:

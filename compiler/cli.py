@@ -67,7 +67,8 @@ def plan_text(compiled) -> str:
     if st.total > m.device.memory_gb * 1e9:
         lines += [f"            warning: exceeds the {m.device.memory_gb:g} GB of one {m.device.kind} before any "
                   "activation; shard it (data_parallel = fsdp) or add devices"]
-    lines += ["", "collectives per step:"]
+    lines += _pipeline_text(compiled)
+    lines += ["", "collectives per step" + (" (a rank of the first pipeline stage):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
         lines += ["  none (one replica, no sharding)"]
     for c in costs.ledger.entries:
@@ -84,8 +85,82 @@ def plan_text(compiled) -> str:
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
+def _in_flight(schedule: str, p: int, m: int, v: int, stage_rank: int) -> float:
+    """Micro-batches whose activations a pp rank holds at its peak: GPipe all m; 1F1B and ZB-H1 p - rank (the
+    first rank p); interleaved 1F1B about p·(1 + (p-1)/(p·m)) of a whole model's layers (Narayanan et al. 2021)."""
+    if schedule == "gpipe":
+        return m
+    if schedule == "interleaved-1f1b":
+        return min(m, p - stage_rank) * (1 + (p - 1) / (p * m))
+    return min(m, p - stage_rank)
+
+
+def _pipeline_text(compiled) -> list[str]:
+    from compiler import schedule as SCH
+    from compiler.passes import pipeline_split as P
+    from compiler import trace as T
+    import sympy
+    spec, traced = compiled.spec, compiled.traced
+    top = traced.top
+    if P.STAGES not in top.meta:
+        return []
+    p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+    t = spec.mesh.size("tp")
+    (gm,) = traced.blocks.values()
+    block_params = spec.value(sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0)))
+    pro = spec.value(sum((sympy.Mul(*s) for s in top.meta[P.PROLOGUE].meta[T.PARAM_SHAPES].values()),
+                         sympy.Integer(0)))
+    epi = spec.value(sum((sympy.Mul(*s) for s in top.meta[P.EPILOGUE].meta[T.PARAM_SHAPES].values()),
+                         sympy.Integer(0)))
+    # Activations of one layer and micro-batch, 16-bit (Korthikanti et al. 2022): sbh(34 + 5as/h), with tp
+    # sbh(10 + 24/t + 5as/(ht)), with tp and sequence parallelism sbh/t(34 + 5as/h).
+    s_, h = spec.value(spec.train.seq_len), spec.value(spec.model.layers[0].hidden)
+    att = next(x for x in gm.meta[T.REPEAT].body[0].body if x.__class__.__name__ == "Attention") \
+        if hasattr(gm.meta[T.REPEAT].body[0], "body") else None
+    a = spec.value(att.heads) if att is not None else 1
+    b = spec.value(spec.train.global_batch) / (spec.mesh.size("dp") * m)
+    if t == 1:
+        act = s_ * b * h * (34 + 5 * a * s_ / h)
+    elif spec.plan.sequence_parallel:
+        act = s_ * b * h / t * (34 + 5 * a * s_ / h)
+    else:
+        act = s_ * b * h * (10 + 24 / t + 5 * a * s_ / (h * t))
+    dp = spec.mesh.size("dp")
+    shard = dp if spec.plan.data_parallel == "fsdp" else 1
+    lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
+             f"{m} micro-batches of {b:g} sequences; bubble (p-1)/(v·m+p-1) = {SCH.bubble_fraction(p, m, v):.1%}"
+             + (" before ZB-H1's deferred weight gradients" if spec.plan.schedule == "zero-bubble" else "")]
+    lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight (16-bit estimate)"]
+    stages = top.meta[P.STAGES]
+    for k, (lo, hi) in enumerate(stages):
+        n = (hi - lo) * block_params + (pro if k == 0 else 0) + (epi if k == len(stages) - 1 else 0)
+        state = n * 16 / shard
+        r = k % p
+        acts = act * (hi - lo) * _in_flight(spec.plan.schedule, p, m, v, r)
+        lines += [f"  {k:>5}  {r:>4}  {lo:>3}..{hi - 1:<4} {n:>21,}   {C.human(state, 'B'):>10}   "
+                  f"{C.human(acts, 'B'):>10}"]
+    order = SCH.actions(spec.plan.schedule, p, m, v)
+    lay = SCH.Layout(p, v, m)
+    SCH.verify(order, lay)
+    lines += [f"schedule    every send has its receive and no rank waits forever "
+              f"({sum(len(x) for x in order.values()):,} actions checked)"]
+    if p <= 8 and m * v <= 16:
+        lines += ["", *SCH.grid(order, lay).rstrip("\n").split("\n")]
+    return lines
+
+
 def cmd_plan(args) -> int:
-    sys.stdout.write(plan_text(_load(args.file, budget=False)))
+    compiled = _load(args.file, budget=False)
+    sys.stdout.write(plan_text(compiled))
+    if args.svg:
+        from compiler import schedule as SCH
+        spec = compiled.spec
+        p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+        lay = SCH.Layout(p, v, m)
+        title = f"{spec.model.name}: {spec.plan.schedule}, pp = {p}, v = {v}, m = {m}"
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(SCH.svg(SCH.verify(SCH.actions(spec.plan.schedule, p, m, v), lay), title))
+        print(f"wrote {args.svg}")
     return 0
 
 
@@ -142,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "the plan costs: parameters, FLOPs per step, model-state memory per rank, the "
                                    "mesh and the collectives of one step.")
     c.add_argument("file", metavar="FILE")
+    c.add_argument("--svg", metavar="OUT", help="write the pipeline schedule's timeline as an SVG")
     c.set_defaults(func=cmd_plan)
     c = sub.add_parser("compile", help="write the program, plan.json and launch script",
                        description="Compile FILE into DIR: program.py (the same file on every rank), plan.json and "

@@ -88,7 +88,16 @@ class Costs:
 
 
 def params_per_rank(traced: T.Traced) -> sympy.Expr:
-    """Parameters one rank holds once the passes have run (tp shards counted at their local size)."""
+    """Parameters one rank holds once the passes have run (tp shards counted at their local size; under pp, a
+    rank of the first stage)."""
+    from compiler.passes import pipeline_split as P
+    top = traced.top
+    if P.STAGES in top.meta:
+        (gm,) = traced.blocks.values()
+        lo, hi = top.meta[P.STAGES][0]
+        block = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
+        first = sum((sympy.Mul(*s) for s in top.meta[P.PROLOGUE].meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
+        return sympy.expand(first + (hi - lo) * block)
     total = sympy.Integer(0)
     for name, gm in [("", traced.top)] + list(traced.blocks.items()):
         n = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
@@ -121,6 +130,7 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     """The collectives of one optimizer step on one rank: those the passes inserted, then data parallelism's."""
     led = Ledger()
     _pass_collectives(spec, traced, led)
+    _pipeline_transfers(spec, traced, led)
     dp = spec.mesh.size("dp")
     span = spec.mesh.axis_spans.get("dp")
     if dp > 1:
@@ -139,18 +149,36 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     return led
 
 
-def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger) -> None:
-    """One ledger entry per direction of each collective call the passes inserted into the graphs."""
+def _stage_view(spec: S.Spec, traced: T.Traced, stage: int):
+    """Under pp, what one stage runs: its block count, and which top-level nodes (by name) are its own."""
+    from compiler.passes import pipeline_split as P
+    top = traced.top
+    if P.STAGES not in top.meta:
+        return None, None
+    first, end = top.meta[P.STAGES][stage]
+    last = stage == len(top.meta[P.STAGES]) - 1
+    own = set()
+    if stage == 0:
+        own |= {n.name for n in top.meta[P.PROLOGUE].graph.nodes}
+    if last:
+        own |= {n.name for n in top.meta[P.EPILOGUE].graph.nodes} | {n.name for n in top.meta[P.LOSS].graph.nodes}
+    return end - first, own
+
+
+def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 0) -> None:
+    """One ledger entry per direction of each collective call the passes inserted into the graphs, for one rank
+    (under pp: a rank of `stage`)."""
     m = spec.plan.micro_batches
     # Sequences in one micro-batch on one rank.
     b_local = spec.train.global_batch / (size("dp") * m) if "dp" in dict(spec.mesh.axes) else \
         spec.train.global_batch / m
     act_bytes = BYTES[spec.train.precision]
+    stage_blocks, own = _stage_view(spec, traced, stage)
     for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
-        times = m * (gm.meta[T.REPEAT].count if name else 1)
+        times = m * ((gm.meta[T.REPEAT].count if stage_blocks is None else stage_blocks) if name else 1)
         for node in gm.graph.nodes:
             note = node.meta.get(T.COLLECTIVE)
-            if note is None:
+            if note is None or (not name and own is not None and node.name not in own):
                 continue
             tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
             elements = note.count * sympy.Mul(*tensor.meta[T.SHAPE]).xreplace({MICRO_BATCH: b_local})
@@ -162,8 +190,10 @@ def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger) -> None:
     partial = sympy.Integer(0)
     for name, gm in [("", traced.top)] + list(traced.blocks.items()):
         shapes = gm.meta[T.PARAM_SHAPES]
-        n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())), sympy.Integer(0))
-        partial += n * (gm.meta[T.REPEAT].count if name else 1)
+        mine = [p for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())
+                if name or own is None or any(n.startswith(p.split(".")[0]) for n in own)]
+        n = sum((sympy.Mul(*shapes[p]) for p in mine), sympy.Integer(0))
+        partial += n * ((gm.meta[T.REPEAT].count if stage_blocks is None else stage_blocks) if name else 1)
     if partial != 0:
         if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1:
             partial = partial / size("dp")  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
@@ -171,6 +201,30 @@ def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger) -> None:
                            per_step=sympy.Integer(1), span=spec.mesh.axis_spans.get("tp"),
                            reason="sequence parallelism: each rank's norm and row-bias gradients cover only its "
                                   "sequence chunk", direction="step"))
+
+
+def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 0) -> None:
+    """Stage boundaries: the residual stream of each micro-batch goes forward, its gradient backward
+    (b·s·h elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv."""
+    from compiler.passes import pipeline_split as P
+    if P.STAGES not in traced.top.meta:
+        return
+    (gm,) = traced.blocks.values()
+    x = gm.meta[T.INPUTS]["x"]
+    dp = size("dp") if "dp" in dict(spec.mesh.axes) else 1
+    elements = sympy.expand(sympy.Mul(*x).xreplace({MICRO_BATCH: spec.train.global_batch /
+                                                    (dp * spec.plan.micro_batches)}))
+    span = spec.mesh.axis_spans.get("pp")
+    n = len(traced.top.meta[P.STAGES])
+    m = sympy.Integer(spec.plan.micro_batches)
+    for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
+                                  ("forward", "activations from the previous stage", stage > 0),
+                                  ("backward", "gradients to the previous stage", stage > 0),
+                                  ("backward", "gradients from the next stage", stage < n - 1)):
+        if cond:
+            led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=BYTES[spec.train.precision],
+                               per_step=m, span=span, reason=f"pipeline stage {stage}: {what}, per micro-batch",
+                               direction=direction, measured=False))
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------

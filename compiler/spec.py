@@ -151,6 +151,10 @@ class Plan:
     """Shard norms, residuals and dropout-free elementwise work along the sequence over `tp` (Korthikanti et al.)."""
     pad_vocab: bool = False
     """Pad the vocabulary to a multiple of `tp`; the padded logits are masked out of the loss."""
+    schedule: str = "1f1b"
+    """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1)."""
+    virtual_stages: int = 1
+    """Stages per pp rank (interleaved-1f1b only)."""
 
 
 @dataclass(frozen=True, kw_only=True)

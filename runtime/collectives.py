@@ -19,6 +19,10 @@ import collections
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed reduce_scatter_tensor (now deprecated) to reduce_scatter_single; older releases have only the
+# former.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _GROUPS: dict[str, dist.ProcessGroup] = {}
 _COUNTING = False
 BYTES: collections.Counter = collections.Counter()  # (op, axis) -> bytes moved since the last reset
@@ -70,7 +74,7 @@ def _all_gather(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     _count("all_gather", axis, out)
     dist.all_gather_into_tensor(out, x, group=_group(axis))
-    return out.movedim(0, dim)
+    return out.movedim(0, dim).contiguous()  # downstream: matmuls, and pipeline sends that need contiguity
 
 
 def _reduce_scatter(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
@@ -80,8 +84,8 @@ def _reduce_scatter(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     _count("reduce_scatter", axis, x)
     x = x.movedim(dim, 0).contiguous()
     out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, x, group=_group(axis))
-    return out.movedim(0, dim)
+    _REDUCE_SCATTER(out, x, group=_group(axis))
+    return out.movedim(0, dim).contiguous()
 
 
 def _split(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:

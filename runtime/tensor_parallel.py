@@ -56,10 +56,13 @@ def sync_partial_grads(named_params, shards: Shards) -> None:
             g.copy_(collectives._all_reduce(g.clone(), "tp"))
 
 
-def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group) -> torch.Tensor:
+def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_group=None,
+                   scale=None) -> torch.Tensor:
     """The global gradient norm of the single-device model, from sharded pieces; scales gradients down to
     `max_norm` when above it (as torch.nn.utils.clip_grad_norm_). tp-sharded gradients are summed over tp,
-    replicated ones counted once; FSDP's dp shards (DTensor gradients) are summed over dp."""
+    replicated ones counted once; FSDP's dp shards (DTensor gradients) are summed over dp; pipeline stages' norms
+    over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
+    but scaled on both stages."""
     named = [(n, p) for n, p in named_params if p.grad is not None]
     device = named[0][1].grad.device if named else torch.device("cpu")
     sharded = torch.zeros((), device=device, dtype=torch.float64)
@@ -77,11 +80,14 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group) -> t
     total = sharded + replicated
     if dp_sharded and dp_group is not None:
         dist.all_reduce(total, group=dp_group)
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()
     if max_norm > 0:
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for _, p in named:
-            _local(p.grad).mul_(coef.to(p.grad.dtype))
+        for p in (scale if scale is not None else [p for _, p in named]):
+            if p.grad is not None:
+                _local(p.grad).mul_(coef.to(p.grad.dtype))
     return norm.float()
 
 

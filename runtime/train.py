@@ -77,6 +77,12 @@ class Config:
     """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
     tp_partial_grads: tuple = ()
     """Parameters whose gradients are partial over tp (sequence parallelism): summed after backward."""
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule over pp: gpipe, 1f1b, interleaved-1f1b, zero-bubble."""
+    virtual_stages: int = 1
+    """Pipeline stages per pp rank."""
+    tied_embedding: bool = False
+    """The LM head reuses the embedding: under pp its two copies' gradients are summed."""
 
 
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
@@ -89,7 +95,8 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--stop-after", type=int, metavar="N",
                    help="stop after N steps of the run (checkpointing then), as an interruption would")
     p.add_argument("--count-bytes", metavar="FILE",
-                   help="count the bytes of every runtime collective during the first step; write JSON (rank 0)")
+                   help="count the bytes of every runtime collective during the last step (the steady state, after "
+                        "one-time work such as pipeline shape inference); write JSON (rank 0)")
     args = p.parse_args()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed),
                                    ("checkpoint_dir", args.checkpoint_dir)) if v is not None}
@@ -128,17 +135,21 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config) -> nn.
                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
-def _optimizer(model: nn.Module, cfg: Config) -> torch.optim.Optimizer:
+def _optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
     # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
 
 
-def _dump_grads(model: nn.Module, path: str, ctx: mesh.Context, shards: tp.Shards) -> None:
-    grads = tp.full_grads(model.named_parameters(), shards)
-    if ctx.is_logger:
+def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -> None:
+    """Whole gradients (gathered over dp and tp); under pp each stage's rank writes `path.ppN`."""
+    grads = tp.full_grads(named_params, shards)
+    if ctx.axis_size("pp") > 1:
+        if ctx.coords.get("dp", 0) == 0 and ctx.coords.get("tp", 0) == 0:
+            torch.save(grads, f"{path}.pp{ctx.coords['pp']}")
+    elif ctx.is_logger:
         torch.save(grads, path)
 
 
@@ -150,12 +161,13 @@ def _write_counts(path: str, ctx: mesh.Context) -> None:
             json.dump(counts, f, indent=2, sort_keys=True)
 
 
-def main(model_cls, cfg: Config) -> None:
+def main(model_cls, cfg: Config, loss_fn=None) -> None:
+    """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss."""
     cfg, args = _parse_args(cfg)
     ctx = mesh.setup(cfg.axes)
     code = 0
     try:
-        run(model_cls, cfg, ctx, args)
+        run(model_cls, cfg, ctx, args, loss_fn)
     except SystemExit as exc:  # a message of ours: print it, not a traceback
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int):
@@ -168,24 +180,36 @@ def main(model_cls, cfg: Config) -> None:
         mesh.shutdown(code)
 
 
-def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
+def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[float]:
     torch.manual_seed(cfg.seed)
-    with torch.device("meta"):
-        model = model_cls()
     shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads)
     fsdp = cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1
-    if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
-        model = _wrap_data_parallel(model, ctx, cfg)
-    model.to_empty(device=ctx.device)
-    # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
-                    shard_of=shards.of, local_slice=tp.local_slice)
-    if not fsdp:
-        model = _wrap_data_parallel(model, ctx, cfg)
-    opt = _optimizer(model, cfg)
+
+    def prepare(module: nn.Module) -> nn.Module:
+        if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
+            module = _wrap_data_parallel(module, ctx, cfg)
+        module.to_empty(device=ctx.device)
+        # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
+        init_parameters(module, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
+                        shard_of=shards.of, local_slice=tp.local_slice)
+        return module if fsdp else _wrap_data_parallel(module, ctx, cfg)
+
+    pipe = None
+    if ctx.axis_size("pp") > 1:
+        from runtime.pipeline import Pipeline
+        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, prepare)
+        model = None
+        all_named, norm_named = pipe.all_named_parameters, pipe.named_parameters
+    else:
+        with torch.device("meta"):
+            model = model_cls()
+        model = prepare(model)
+        all_named = norm_named = model.named_parameters
+    pp_group = ctx.mesh["pp"].get_group() if pipe else None
+    opt = _optimizer([p for _, p in all_named()], cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     start = (checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx, cfg.steps)
-             if cfg.checkpoint_dir else 0)
+             if cfg.checkpoint_dir and model is not None else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
     dp, dp_rank = ctx.axis_size("dp"), ctx.coords.get("dp", 0)
@@ -196,8 +220,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     tokens_per_step = cfg.global_batch * cfg.seq_len
     metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
-        n = sum(tp.numel_full(p, name, shards) for name, p in model.named_parameters())
-        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters, mesh "
+        n = sum(tp.numel_full(p, name, shards) for name, p in norm_named())
+        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{' on rank 0' if pipe else ''}, mesh "
               f"{' × '.join(f'{a}={k}' for a, k in cfg.axes)} on {ctx.world_size} {ctx.device.type} process(es), "
               f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
     losses = []
@@ -205,10 +229,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     for step in range(start, stop):
         t0 = time.perf_counter()
-        if args.count_bytes and step == start:
+        if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
         total = torch.zeros((), device=ctx.device)
-        for j in range(cfg.micro_batches):
+        if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, 0, 1)
+            total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
+        for j in range(cfg.micro_batches if pipe is None else 0):
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, j, cfg.micro_batches)
             tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == cfg.micro_batches - 1
@@ -220,12 +247,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args) -> list[float]:
                     loss = model(tokens, targets) / cfg.micro_batches
                 loss.backward()
             total += loss.detach()
-        tp.sync_partial_grads(model.named_parameters(), shards)
-        if args.count_bytes and step == start:
+        tp.sync_partial_grads(all_named(), shards)
+        if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
-            _dump_grads(model, args.dump_grads, ctx, shards)
-        norm = tp.clip_grad_norm(model.named_parameters(), cfg.grad_clip, shards, dp_group)
+            _dump_grads(all_named(), args.dump_grads, ctx, shards)
+        norm = tp.clip_grad_norm(norm_named(), cfg.grad_clip, shards, dp_group, pp_group=pp_group,
+                                 scale=[p for _, p in all_named()])
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)

@@ -18,7 +18,7 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
-                                          "pad_vocab")
+                                          "pad_vocab", "schedule", "virtual_stages")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
                                            "checkpoint_every")
@@ -26,7 +26,7 @@ def test_language_vocabulary_is_pinned():
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
-    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep") and check.SUPPORTED_AXES == ("dp", "tp")
+    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep") and check.SUPPORTED_AXES == ("dp", "tp", "pp")
 
 
 def test_cli_flags_are_pinned(monkeypatch):
@@ -46,5 +46,5 @@ def test_cli_flags_are_pinned(monkeypatch):
         pass
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
-        "check": {"-h", "--help"}, "plan": {"-h", "--help"}, "compile": {"-h", "--help", "-o", "--output"},
+        "check": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"}, "compile": {"-h", "--help", "-o", "--output"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps"}}

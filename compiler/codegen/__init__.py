@@ -171,6 +171,8 @@ def config_values(spec: S.Spec, traced: T.Traced) -> dict:
         "init_std": INIT_STD, "residual_out": residual_out(traced.model),
         "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
         "tp_shards": tuple(shards), "tp_partial_grads": tuple(partial),
+        "pp_schedule": spec.plan.schedule, "virtual_stages": spec.plan.virtual_stages,
+        "tied_embedding": bool(spec.model.layers[-2].tied),
     }
     return items
 
@@ -181,15 +183,48 @@ def mesh_text(spec: S.Spec) -> str:
     return f"{axes} ({m.nodes} node{'s' if m.nodes != 1 else ''} × {m.devices_per_node} {m.device.kind})"
 
 
+def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
+    """What the template needs for a Stage class, when the plan has pipeline stages."""
+    from compiler.passes import pipeline_split as P
+    top = traced.top
+    if P.STAGES not in top.meta:
+        return None
+    pro, epi, loss = top.meta[P.PROLOGUE], top.meta[P.EPILOGUE], top.meta[P.LOSS]
+
+    def leaves(gm):
+        return {n: Leaf(n, _ctor(m), f"{where(spec, gm.meta[T.SPANS][n])}  "
+                        f"{source_text(spec, gm.meta[T.SPANS][n])}" if n in gm.meta[T.SPANS] else "")
+                for n, m in gm.named_children()}
+    first, last = leaves(pro), leaves(epi)
+    groups = [("self.is_first", [v for k, v in first.items() if k not in last]),
+              ("self.is_first or self.is_last", [v for k, v in first.items() if k in last]),
+              ("self.is_last", [v for k, v in last.items() if k not in first])]
+    loss_lines = forward_code(loss, spec).split("\n")
+    loss_code = "\n".join(["def loss_fn(logits, targets):",
+                            '    """The loss of one micro-batch on the last stage, from its logits."""']
+                           + [ln[4:] for ln in loss_lines[1:]])
+    (name,) = traced.blocks
+    return {"stages": repr(top.meta[P.STAGES]), "leaf_groups": [(c, ls) for c, ls in groups if ls],
+            "blocks": name, "block_cls": T.class_name(name),
+            "prologue": forward_code(pro, spec).replace("def forward(", "def prologue(", 1),
+            "epilogue": forward_code(epi, spec).replace("def forward(", "def epilogue(", 1),
+            "loss": loss_code}
+
+
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
+    pipeline = _pipeline(spec, traced)
+    if pipeline:  # the Stage class replaces Model
+        segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())
                      | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=imports or ["Repeat"], segments=segs,
-        runtime_modules=(["collectives"] if any("collectives." in sg.forward for sg in segs) else []) + ["train"],
+        runtime_modules=(["collectives"] if any("collectives." in sg.forward for sg in segs) or (
+            pipeline and "collectives." in pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]) else [])
+        + ["train"], pipeline=pipeline,
         config=[(k, repr(v)) for k, v in config_values(spec, traced).items()])
 
 

@@ -63,3 +63,74 @@ def stage_costs(layout, block_costs: list[int], first_extra: int = 0, last_extra
     out[0] += first_extra
     out[-1] += last_extra
     return out
+
+
+# -- mechanism ----------------------------------------------------------------------------------------------------
+
+import sympy  # noqa: E402
+from torch import fx  # noqa: E402
+
+from compiler import spec as S  # noqa: E402
+from compiler import trace as T  # noqa: E402
+from compiler.symbols import MICRO_BATCH  # noqa: E402
+
+# GraphModule.meta keys of the top level once cut: the three pieces and the stage layout.
+PROLOGUE, EPILOGUE, LOSS, STAGES = "pp_prologue", "pp_epilogue", "pp_loss", "pp_stages"
+
+
+def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> fx.GraphModule:
+    """The nodes of `gm` that `output` depends on, with `inputs` (node -> placeholder name) cut off as inputs."""
+    g = fx.Graph()
+    env: dict = {}
+    for node, pname in inputs.items():
+        env[node] = g.placeholder(pname)
+    needed, stack = set(), [output]
+    while stack:
+        n = stack.pop()
+        if n in env or n in needed:
+            continue
+        needed.add(n)
+        stack.extend(n.all_input_nodes)
+    for n in gm.graph.nodes:
+        if n in needed:
+            env[n] = g.placeholder(n.name) if n.op == "placeholder" else g.node_copy(n, lambda x: env[x])
+            if n.op != "placeholder":
+                env[n].meta = dict(n.meta)
+    g.output(env[output])
+    sub = fx.GraphModule(gm, g, name)
+    for child, _ in list(sub.named_children()):  # get_attr leaves a bare holder: keep the real leaf module
+        setattr(sub, child, gm.get_submodule(child))
+    sub.meta[T.SPANS] = {k: v for k, v in gm.meta[T.SPANS].items() if hasattr(sub, k)}
+    sub.meta[T.PARAM_SHAPES] = {k: v for k, v in gm.meta[T.PARAM_SHAPES].items() if hasattr(sub, k.split(".")[0])}
+    return sub
+
+
+def pipeline_split_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
+    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss, and
+    assign blocks to stages by cost."""
+    pp, v = spec.mesh.size("pp"), spec.plan.virtual_stages
+    if pp == 1:
+        return traced
+    top = traced.top
+    (name, block_gm), = traced.blocks.items()
+    blocks_node = next(n for n in top.graph.nodes if n.op == "call_module" and n.target == name)
+    loss_node = next(n for n in top.graph.nodes if n.meta.get(T.LAYER) is not None
+                     and isinstance(n.meta[T.LAYER], S.CrossEntropy) and n.op == "call_function"
+                     and n.target not in ("flatten", "float"))
+    logits = loss_node.args[0]
+    tokens = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "tokens")
+    targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
+    top.meta[PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, blocks_node.args[0])
+    top.meta[EPILOGUE] = _subgraph(top, "epilogue", {blocks_node: "x"}, logits)
+    top.meta[LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
+    # Cost of each piece for one sequence (b = 1): FLOPs from the annotated graphs.
+    ones = {MICRO_BATCH: sympy.Integer(1)}
+    def flops(nodes) -> int:
+        return int(spec.value(sum((n.meta.get(T.FLOPS, 0) for n in nodes), sympy.Integer(0)).xreplace(ones)))
+    count = int(spec.value(block_gm.meta[T.REPEAT].count))
+    per_block = flops(block_gm.graph.nodes)
+    first = flops(top.meta[PROLOGUE].graph.nodes)
+    last = flops(top.meta[EPILOGUE].graph.nodes) + flops(top.meta[LOSS].graph.nodes)
+    # A stage with no FLOPs to speak of still costs a block's memory and time: count the head at least as one.
+    top.meta[STAGES] = balance_stages([per_block] * count, pp * v, first, last)
+    return traced

@@ -72,8 +72,22 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
             key = f"{c['op']}/{c['axis']}"
             predicted[key] = predicted.get(key, 0) + c["bytes_per_step"]
     measured = json.loads(counts.read_text()) if counts.exists() else {}
-    return Run(losses=losses, grads=torch.load(grads) if dump_grads else {}, output=output, measured=measured,
+    return Run(losses=losses, grads=_grads(grads) if dump_grads else {}, output=output, measured=measured,
                predicted=predicted)
+
+
+def _grads(path: Path) -> dict:
+    """The whole model's gradients: one file, or one per pipeline stage (`.ppN`), merged (a tied embedding is on
+    the first and last stage; after their sum both copies hold the same gradient)."""
+    if path.exists():
+        return torch.load(path)
+    merged: dict = {}
+    for part in sorted(path.parent.glob(path.name + ".pp*")):
+        for name, g in torch.load(part).items():
+            if name in merged:
+                assert torch.equal(merged[name], g), f"the two copies of {name} disagree"
+            merged[name] = g
+    return merged
 
 
 def assert_same_training(run: Run, ref: Run, rtol: float = 1e-5) -> None:

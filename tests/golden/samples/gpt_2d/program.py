@@ -136,6 +136,9 @@ CONFIG = train.Config(
     layers=2,
     tp_shards=(('embed.weight', 0, 128), ('blocks.*.attn_q.weight', 0, 64), ('blocks.*.attn_q.bias', 0, 64), ('blocks.*.attn_k.weight', 0, 64), ('blocks.*.attn_k.bias', 0, 64), ('blocks.*.attn_v.weight', 0, 64), ('blocks.*.attn_v.bias', 0, 64), ('blocks.*.attn_o.weight', 1, 64), ('blocks.*.mlp_up.weight', 0, 256), ('blocks.*.mlp_up.bias', 0, 256), ('blocks.*.mlp_down.weight', 1, 256)),
     tp_partial_grads=('norm.weight', 'norm.bias', 'blocks.*.attn_o.bias', 'blocks.*.mlp_down.bias', 'blocks.*.norm_1.weight', 'blocks.*.norm_1.bias', 'blocks.*.norm_2.weight', 'blocks.*.norm_2.bias'),
+    pp_schedule='1f1b',
+    virtual_stages=1,
+    tied_embedding=True,
 )
 
 if __name__ == "__main__":

@@ -122,6 +122,9 @@ CONFIG = train.Config(
     layers=2,
     tp_shards=(),
     tp_partial_grads=(),
+    pp_schedule='1f1b',
+    virtual_stages=1,
+    tied_embedding=True,
 )
 
 if __name__ == "__main__":

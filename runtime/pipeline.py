@@ -1,0 +1,87 @@
+"""Pipeline parallelism over `pp` with torch.distributed.pipelining: this rank's stages and the schedule.
+
+Stage s runs on pp rank s % pp (v stages per rank for interleaved schedules). Each stage module is built on the
+meta device, sharded or initialised by name like the single-device model, and handed to a PipelineStage; the
+schedule runs the micro-batches and scales gradients by 1/micro-batches (the loss is a per-micro-batch mean).
+A tied embedding lives on the first and the last stage; their gradients are summed after each step.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
+             "zero-bubble": ScheduleInterleavedZeroBubble}
+_MULTI = ("interleaved-1f1b", "zero-bubble")  # schedules that take a list of stages
+TIED = "embed.weight"
+
+
+def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
+    return [c * pp + pp_rank for c in range(virtual)]
+
+
+def tie_group(ctx):
+    """The group of the two ranks holding the first and the last stage with this rank's other coordinates (every
+    rank creates every such group, in the same order, as new_group requires); None off those two ranks."""
+    mesh = ctx.mesh.mesh
+    dim = ctx.mesh.mesh_dim_names.index("pp")
+    pp = mesh.shape[dim]
+    moved = mesh.movedim(dim, -1).reshape(-1, pp)
+    mine = None
+    for row in moved.tolist():
+        group = dist.new_group([row[0], row[-1]])
+        if ctx.rank in (row[0], row[-1]):
+            mine = group
+    return mine
+
+
+class Pipeline:
+    def __init__(self, stage_cls, cfg, ctx, loss_fn, prepare):
+        """`prepare(module) -> module` materialises, initialises and wraps one stage module (data parallelism)."""
+        self.ctx, self.cfg = ctx, cfg
+        pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
+        n_stages = pp * cfg.virtual_stages
+        self.ids = stage_ids(pp, r, cfg.virtual_stages)
+        self.modules = []
+        for s in self.ids:
+            with torch.device("meta"):
+                module = stage_cls(s)
+            self.modules.append(prepare(module))
+        group = ctx.mesh["pp"].get_group()
+        self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
+        cls = SCHEDULES[cfg.pp_schedule]
+        target = self.stages if cfg.pp_schedule in _MULTI else self.stages[0]
+        self.schedule = cls(target, n_microbatches=cfg.micro_batches, loss_fn=loss_fn, scale_grads=True)
+        self.holds_last = (n_stages - 1) in self.ids
+        self.holds_first = 0 in self.ids
+        self.tie = tie_group(ctx) if cfg.tied_embedding and pp > 1 else None
+
+    def named_parameters(self):
+        """Every parameter of this rank's stages; the last stage's copy of a tied embedding is left out when the
+        first stage is elsewhere (it is the same parameter, counted once)."""
+        for module, s in zip(self.modules, self.ids):
+            for name, p in module.named_parameters():
+                if self.tie is not None and not self.holds_first and name.removeprefix("module.") == TIED:
+                    continue
+                yield name, p
+
+    def all_named_parameters(self):
+        for module in self.modules:
+            yield from module.named_parameters()
+
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of all micro-batches; returns the mean loss, on every pp rank."""
+        losses: list = []
+        self.schedule.step(tokens, target=targets, losses=losses)
+        if self.tie is not None:
+            for module in self.modules:
+                for name, p in module.named_parameters():
+                    if name.removeprefix("module.") == TIED and p.grad is not None:
+                        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                        dist.all_reduce(g, group=self.tie)
+        total = (torch.stack([l.detach().float() for l in losses]).mean() if self.holds_last and losses
+                 else torch.zeros((), device=self.ctx.device))
+        dist.all_reduce(total, group=self.ctx.mesh["pp"].get_group())
+        return total
