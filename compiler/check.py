@@ -169,6 +169,21 @@ class _Checker:
         out = [self.as_choice(i, what.strip("`"), choices) for i in items]
         return None if None in out else tuple(dict.fromkeys(out))
 
+    def as_ranges(self, e: ast.Expr, what: str) -> tuple | None:
+        """((first, end), ...): a tuple of pairs of non-negative integers, with the span of each pair."""
+        items = e.items if isinstance(e, ast.Tuple) else ()
+        if not items or not all(isinstance(i, ast.Tuple) and len(i.items) == 2 for i in items):
+            self.error("E0112", f"{what} must be a tuple of (first block, end block) pairs", _span(e),
+                       help="e.g. `layout = ((0, 3), (3, 4))`: blocks 0-2 on stage 0, block 3 on stage 1")
+            return None
+        out = []
+        for i in items:
+            a, b = (self.as_int(x, what, 0) for x in i.items)
+            if a is None or b is None:
+                return None
+            out.append((a, b, i.span))
+        return tuple(out)
+
     def as_floats(self, e: ast.Expr, what: str, n: int) -> tuple | None:
         if not (isinstance(e, ast.Tuple) and len(e.items) == n):
             self.error("E0112", f"{what} must be a tuple of {n} numbers, found {_describe(e)}", _span(e),
@@ -300,6 +315,7 @@ PLAN_SETTINGS: dict[str, Param] = {
     "pad_vocab": Param(_bool, False, "pad the vocabulary to a multiple of tp (padded logits masked)"),
     "schedule": Param(_choice("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"), "1f1b", "pipeline schedule"),
     "virtual_stages": Param(_pos_int, 1, "pipeline stages per pp rank (interleaved-1f1b)"),
+    "layout": Param(lambda c, e, w: c.as_ranges(e, w), (), "manual stage layout: ((first, end), ...) blocks"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -701,7 +717,7 @@ def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
         return None
     return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"], tp_layers=s["tp_layers"],
                   sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"], schedule=s["schedule"],
-                  virtual_stages=s["virtual_stages"])
+                  virtual_stages=s["virtual_stages"], layout=s["layout"])
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -785,12 +801,44 @@ def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
         c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
                 "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
                 f"(pp-1)/(micro_batches+pp-1))")
+    if plan.layout:
+        _layout_checks(c, plan.layout, blocks, stages)
     if train.checkpoint_dir:
         c.error("E0606", "checkpoints of a pipeline-parallel plan are not supported yet", at,
                 help="remove `checkpoint_dir`, or train this model without pp")
     if plan.schedule == "interleaved-1f1b" and m % pp:
         c.error("E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} is not a multiple", at,
                 help=f"use a multiple of {pp} micro-batches")
+
+
+def _layout_checks(c: _Checker, layout: tuple, blocks: int, stages: int) -> None:
+    """A manual layout names every block exactly once, in order, and leaves no stage empty."""
+    if len(layout) != stages:
+        c.error("E0607", f"the layout has {len(layout)} stages but the mesh and plan make {stages}", layout[0][2],
+                help="give one (first, end) pair per pipeline stage")
+        return
+    covered: dict[int, Span] = {}
+    for a, b, sp in layout:
+        if b <= a:
+            c.error("E0607", f"stage ({a}, {b}) holds no block", sp, label="empty stage",
+                    help="every stage needs at least one block: end > first")
+        for i in range(a, b):
+            if i >= blocks:
+                c.error("E0607", f"block {i} does not exist: the model has {blocks} blocks (0..{blocks - 1})", sp)
+                break
+            if i in covered:
+                c.error("E0607", f"block {i} is placed twice", sp, label=f"also at {covered[i]}",
+                        help="stages hold disjoint ranges of blocks")
+                break
+            covered[i] = sp
+    missing = [i for i in range(blocks) if i not in covered]
+    if missing and not any(d.code == "E0607" for d in c.diags):
+        c.error("E0607", f"block{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:5]))} "
+                f"{'are' if len(missing) > 1 else 'is'} in no stage", layout[-1][2],
+                help=f"the stages must cover blocks 0..{blocks - 1}")
+    if [a for a, _, _ in layout] != sorted(a for a, _, _ in layout):
+        c.error("E0607", "stages must hold the blocks in order", layout[0][2],
+                help="a pipeline runs stage 0's blocks first: list the ranges in increasing order")
 
 
 def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:

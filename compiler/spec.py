@@ -155,6 +155,8 @@ class Plan:
     """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1)."""
     virtual_stages: int = 1
     """Stages per pp rank (interleaved-1f1b only)."""
+    layout: tuple = ()
+    """Manual stage layout: ((first block, end block), ...) per stage; empty for the cost-balanced cut."""
 
 
 @dataclass(frozen=True, kw_only=True)

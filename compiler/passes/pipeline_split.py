@@ -131,6 +131,8 @@ def pipeline_split_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
     per_block = flops(block_gm.graph.nodes)
     first = flops(top.meta[PROLOGUE].graph.nodes)
     last = flops(top.meta[EPILOGUE].graph.nodes) + flops(top.meta[LOSS].graph.nodes)
-    # A stage with no FLOPs to speak of still costs a block's memory and time: count the head at least as one.
-    top.meta[STAGES] = balance_stages([per_block] * count, pp * v, first, last)
+    if spec.plan.layout:  # the user's, checked complete and disjoint by compiler/check.py
+        top.meta[STAGES] = tuple((a, b) for a, b, _ in spec.plan.layout)
+    else:
+        top.meta[STAGES] = balance_stages([per_block] * count, pp * v, first, last)
     return traced

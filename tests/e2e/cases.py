@@ -23,6 +23,7 @@ SP = (("sequence_parallel = false", "sequence_parallel = true"),)
 GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
 TP4 = (("axis tp = 2", "axis tp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
+PP4 = (("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
 
 
 CASES = (
@@ -65,9 +66,19 @@ CASES = (
     Case(id="pp2_zero_bubble", sample="samples/gpt_pp.scale", nproc=2, steps=3,
          edits=(('schedule = "1f1b"', 'schedule = "zero-bubble"'),),
          description="zero-bubble: backward split into input and weight gradients"),
-    Case(id="pp4_1f1b", sample="samples/gpt_pp.scale", nproc=4, steps=3,
-         edits=(("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_node = 4")),
+    Case(id="pp4_1f1b", sample="samples/gpt_pp.scale", nproc=4, steps=3, edits=PP4,
          description="four pipeline stages, one block each"),
+    Case(id="pp2_manual_layout", sample="samples/gpt_pp.scale", nproc=2, steps=3,
+         edits=(('schedule = "1f1b"', 'layout = ((0, 3), (3, 4))'),),
+         description="a manual, uneven layout: three blocks on the first stage, one on the last"),
+    Case(id="pp4_gpipe", sample="samples/gpt_pp.scale", nproc=4, steps=3,
+         edits=PP4 + (('schedule = "1f1b"', "schedule = gpipe"),), description="four stages, GPipe"),
+    Case(id="pp4_interleaved", sample="samples/gpt_pp.scale", nproc=4, steps=3,
+         edits=PP4 + (("layers = 4", "layers = 8"),
+                      ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')),
+         description="interleaved 1F1B, 8 stages on 4 ranks"),
+    Case(id="pp4_zero_bubble", sample="samples/gpt_pp.scale", nproc=4, steps=3,
+         edits=PP4 + (('schedule = "1f1b"', 'schedule = "zero-bubble"'),), description="four stages, zero-bubble"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, steps=3, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
     Case(id="dp2_tp2_fsdp", sample="samples/gpt_2d.scale", nproc=4, steps=3,
