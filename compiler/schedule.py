@@ -1,4 +1,5 @@
-"""Pipeline schedules as data: each rank's ordered actions, a step × rank grid, and a static proof that they run.
+"""Pipeline schedules as data: each rank's ordered actions (made by runtime/schedule.py, which the program also
+executes), a step × rank grid, an SVG timeline, and a static proof that they run.
 
 Actions print as torch.distributed.pipelining does (`2F0`: stage 2, forward, micro-batch 0): F forward, B full
 backward, I backward for the input only and W backward for the weights (zero-bubble schedules split B into I + W),
@@ -19,129 +20,14 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+from runtime.schedule import SCHEDULES, Action, Layout, actions, compute_order, with_communication  # noqa: F401
 
-
-@dataclass(frozen=True, slots=True, order=True)
-class Action:
-    stage: int
-    kind: str      # F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B
-    mb: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
+# -- the static check ---------------------------------------------------------------------------------------------
 
 
 class ScheduleError(Exception):
     """A schedule that cannot run: names the rank, the action and why."""
 
-
-@dataclass(frozen=True)
-class Layout:
-    p: int   # ranks along pp
-    v: int   # stages per rank
-    m: int   # micro-batches
-
-    @property
-    def stages(self) -> int:
-        return self.p * self.v
-
-    def rank_of(self, stage: int) -> int:
-        return stage % self.p
-
-
-# -- compute orders -----------------------------------------------------------------------------------------------
-
-
-def _gpipe(lay: Layout, r: int) -> list[Action]:
-    return [Action(r, "F", k) for k in range(lay.m)] + [Action(r, "B", k) for k in range(lay.m)]
-
-
-def _one_f_one_b(lay: Layout, r: int, split: bool = False) -> list[Action]:
-    p, m = lay.p, lay.m
-    warm = min(m, p - 1 - r)
-    out = [Action(r, "F", k) for k in range(warm)]
-    backward = 0
-    delay = r if split else 0  # ZB-H1: the W of backward j runs after backward j + r
-    pending_w: list[int] = []
-
-    def do_backward():
-        nonlocal backward
-        if split:
-            out.append(Action(r, "I", backward))
-            pending_w.append(backward)
-            if len(pending_w) > delay:
-                out.append(Action(r, "W", pending_w.pop(0)))
-        else:
-            out.append(Action(r, "B", backward))
-        backward += 1
-
-    for k in range(warm, m):
-        out.append(Action(r, "F", k))
-        do_backward()
-    while backward < m:
-        do_backward()
-    out += [Action(r, "W", j) for j in pending_w]
-    return out
-
-
-def _interleaved(lay: Layout, r: int) -> list[Action]:
-    """Megatron-LM's interleaved 1F1B for rank r: model chunk c of rank r is stage c·p + r."""
-    p, v, m = lay.p, lay.v, lay.m
-    total = m * v
-
-    def fwd(k: int) -> Action:
-        chunk = (k // p) % v
-        return Action(chunk * p + r, "F", (k // (p * v)) * p + k % p)
-
-    def bwd(k: int) -> Action:
-        chunk = v - 1 - (k // p) % v
-        return Action(chunk * p + r, "B", (k // (p * v)) * p + k % p)
-
-    warm = min(total, (p - r - 1) * 2 + (v - 1) * p)
-    out = [fwd(k) for k in range(warm)]
-    for i in range(total - warm):
-        out += [fwd(warm + i), bwd(i)]
-    out += [bwd(k) for k in range(total - warm, total)]
-    return out
-
-
-def compute_order(schedule: str, lay: Layout) -> dict[int, list[Action]]:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}")
-    if schedule != "interleaved-1f1b" and lay.v != 1:
-        raise ValueError(f"{schedule} runs one stage per rank")
-    build = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved-1f1b": _interleaved,
-             "zero-bubble": lambda lay, r: _one_f_one_b(lay, r, split=True)}[schedule]
-    return {r: build(lay, r) for r in range(lay.p)}
-
-
-def with_communication(order: dict[int, list[Action]], lay: Layout) -> dict[int, list[Action]]:
-    """Insert the receives before and the sends after each compute action whose neighbour stage is elsewhere."""
-    last = lay.stages - 1
-    out: dict[int, list[Action]] = {}
-    for r, actions in order.items():
-        seq: list[Action] = []
-        for a in actions:
-            if a.kind == "F" and a.stage > 0 and lay.rank_of(a.stage - 1) != r:
-                seq.append(Action(a.stage, "RECV_F", a.mb))
-            if a.kind in ("B", "I") and a.stage < last and lay.rank_of(a.stage + 1) != r:
-                seq.append(Action(a.stage, "RECV_B", a.mb))
-            seq.append(a)
-            if a.kind == "F" and a.stage < last and lay.rank_of(a.stage + 1) != r:
-                seq.append(Action(a.stage, "SEND_F", a.mb))
-            if a.kind in ("B", "I") and a.stage > 0 and lay.rank_of(a.stage - 1) != r:
-                seq.append(Action(a.stage, "SEND_B", a.mb))
-        out[r] = seq
-    return out
-
-
-def actions(schedule: str, p: int, m: int, v: int = 1) -> dict[int, list[Action]]:
-    lay = Layout(p, v, m)
-    return with_communication(compute_order(schedule, lay), lay)
-
-
-# -- the static check ---------------------------------------------------------------------------------------------
 
 COST = {"F": 1, "B": 2, "I": 1, "W": 1}  # relative durations for the timeline (backward ≈ 2 × forward)
 

@@ -1,21 +1,29 @@
-"""Pipeline parallelism over `pp` with torch.distributed.pipelining: this rank's stages and the schedule.
+"""Pipeline parallelism over `pp` with torch.distributed.pipelining: this rank's stages and their schedule.
 
 Stage s runs on pp rank s % pp (v stages per rank for interleaved schedules). Each stage module is built on the
 meta device, sharded or initialised by name like the single-device model, and handed to a PipelineStage; the
-schedule runs the micro-batches and scales gradients by 1/micro-batches (the loss is a per-micro-batch mean).
+schedule runs the micro-batches in the order of runtime/schedule.py (the order the compiler checked) and scales
+gradients by 1/micro-batches (the loss is a per-micro-batch mean).
 A tied embedding lives on the first and the last stage; their gradients are summed after each step.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                          ScheduleInterleavedZeroBubble)
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
-             "zero-bubble": ScheduleInterleavedZeroBubble}
-_MULTI = ("interleaved-1f1b", "zero-bubble")  # schedules that take a list of stages
+from runtime import schedule
+
 TIED = "embed.weight"
+
+
+def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
+    """Our compute order for every rank (runtime/schedule.py, the lists the compiler checked) in torch's action
+    type; torch's runtime adds the sends and receives by the same rule the check assumes."""
+    lay = schedule.Layout(pp, virtual, micro_batches)
+    return {r: [_Action.from_str(str(a)) for a in acts]
+            for r, acts in schedule.compute_order(name, lay).items()}
 
 
 def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
@@ -51,9 +59,11 @@ class Pipeline:
             self.modules.append(prepare(module))
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
-        cls = SCHEDULES[cfg.pp_schedule]
-        target = self.stages if cfg.pp_schedule in _MULTI else self.stages[0]
-        self.schedule = cls(target, n_microbatches=cfg.micro_batches, loss_fn=loss_fn, scale_grads=True)
+        # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
+        self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=cfg.micro_batches, loss_fn=loss_fn,
+                                                 scale_grads=True)
+        self.schedule._prepare_schedule_with_comms(torch_order(cfg.pp_schedule, pp, cfg.micro_batches,
+                                                               cfg.virtual_stages))
         self.holds_last = (n_stages - 1) in self.ids
         self.holds_first = 0 in self.ids
         self.tie = tie_group(ctx) if cfg.tied_embedding and pp > 1 else None

@@ -113,3 +113,14 @@ def test_svg_timeline_is_pinned_and_well_formed(golden):
              is not None and not e.find("{http://www.w3.org/2000/svg}title").text.startswith("rank")]
     assert len(boxes) == 4 * 8 * 3  # F, I, W for each micro-batch on each rank
     golden.check("schedules/zero-bubble_p4_m8.svg", text)
+
+
+@pytest.mark.parametrize("name,v", CASES)
+def test_the_runtime_executes_the_checked_lists(name, v):
+    """runtime/pipeline.py hands torch exactly the compute order that verify() proved and grid() prints."""
+    from runtime.pipeline import torch_order
+    lay = S.Layout(4, v, 8)
+    ours = S.compute_order(name, lay)
+    theirs = torch_order(name, 4, 8, v)
+    assert {r: [str(a) for a in acts] for r, acts in theirs.items()} == \
+           {r: [str(a) for a in acts] for r, acts in ours.items()}
