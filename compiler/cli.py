@@ -19,6 +19,7 @@ import traceback
 
 from compiler import __version__
 from compiler import cost as C
+from compiler import spec as S
 from compiler.diagnostics import ScaleError
 
 
@@ -85,6 +86,12 @@ def plan_text(compiled) -> str:
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
+def _walk(layers):
+    """Every layer of a body, residuals opened."""
+    for x in layers:
+        yield from _walk(x.body) if isinstance(x, (S.Residual, S.Repeat)) else (x,)
+
+
 def _in_flight(schedule: str, p: int, m: int, v: int, stage_rank: int) -> float:
     """Micro-batches whose activations a pp rank holds at its peak: GPipe all m; 1F1B and ZB-H1 p - rank (the
     first rank p); interleaved 1F1B about p·(1 + (p-1)/(p·m)) of a whole model's layers (Narayanan et al. 2021)."""
@@ -115,8 +122,7 @@ def _pipeline_text(compiled) -> list[str]:
     # Activations of one layer and micro-batch, 16-bit (Korthikanti et al. 2022): sbh(34 + 5as/h), with tp
     # sbh(10 + 24/t + 5as/(ht)), with tp and sequence parallelism sbh/t(34 + 5as/h).
     s_, h = spec.value(spec.train.seq_len), spec.value(spec.model.layers[0].hidden)
-    att = next(x for x in gm.meta[T.REPEAT].body[0].body if x.__class__.__name__ == "Attention") \
-        if hasattr(gm.meta[T.REPEAT].body[0], "body") else None
+    att = next((x for x in _walk(gm.meta[T.REPEAT].body) if isinstance(x, S.Attention)), None)
     a = spec.value(att.heads) if att is not None else 1
     b = spec.value(spec.train.global_batch) / (spec.mesh.size("dp") * m)
     if t == 1:

@@ -71,7 +71,7 @@ class Pipeline:
     def named_parameters(self):
         """Every parameter of this rank's stages; the last stage's copy of a tied embedding is left out when the
         first stage is elsewhere (it is the same parameter, counted once)."""
-        for module, s in zip(self.modules, self.ids):
+        for module in self.modules:
             for name, p in module.named_parameters():
                 if self.tie is not None and not self.holds_first and name.removeprefix("module.") == TIED:
                     continue

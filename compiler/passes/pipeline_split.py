@@ -7,6 +7,13 @@ is exact: a binary search over the bottleneck with a greedy feasibility test, on
 """
 from __future__ import annotations
 
+import sympy
+from torch import fx
+
+from compiler import spec as S
+from compiler import trace as T
+from compiler.symbols import MICRO_BATCH
+
 
 def _stages_needed(costs: list[int], bound: int) -> int | None:
     """Fewest contiguous groups with every group's sum ≤ bound (None if one item alone exceeds it)."""
@@ -66,13 +73,6 @@ def stage_costs(layout, block_costs: list[int], first_extra: int = 0, last_extra
 
 
 # -- mechanism ----------------------------------------------------------------------------------------------------
-
-import sympy  # noqa: E402
-from torch import fx  # noqa: E402
-
-from compiler import spec as S  # noqa: E402
-from compiler import trace as T  # noqa: E402
-from compiler.symbols import MICRO_BATCH  # noqa: E402
 
 # GraphModule.meta keys of the top level once cut: the three pieces and the stage layout.
 PROLOGUE, EPILOGUE, LOSS, STAGES = "pp_prologue", "pp_epilogue", "pp_loss", "pp_stages"
