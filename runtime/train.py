@@ -221,7 +221,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
         n = sum(tp.numel_full(p, name, shards) for name, p in norm_named())
-        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{' on rank 0' if pipe else ''}, mesh "
+        where = " in rank 0's pipeline stages" if pipe else ""
+        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{where}, mesh "
               f"{' × '.join(f'{a}={k}' for a, k in cfg.axes)} on {ctx.world_size} {ctx.device.type} process(es), "
               f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
     losses = []
