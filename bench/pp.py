@@ -63,6 +63,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import compile_into, env, load_program, read_metrics, run_worker, set_size  # noqa: E402
+
+WHO = "bench/pp.py"
+
 DEFAULT_SCALE = "samples/gpt_pp.scale"
 SIZES = {"hidden": 256, "heads": 8, "layers": 4, "seq": 128, "vocab": 64}  # 3.2 M parameters, two equal stages
 DEFAULT_BATCH = 16
@@ -70,13 +74,6 @@ IDLE_CONFIGS = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2))  # (schedule
 
 
 # -- the .scale text ------------------------------------------------------------------------------------------------
-
-
-def _set_size(text: str, name: str, value: int) -> str:
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(\s*=\s*)\d+\b")
-    if not pattern.search(text):
-        raise SystemExit(f"bench/pp.py: no `{name} = <number>` in the .scale file to set to {value}")
-    return pattern.sub(lambda m: f"{name}{m.group(1)}{value}", text, count=1)
 
 
 def _set_plan(text: str, key: str, value: str) -> str:
@@ -94,37 +91,14 @@ def edited_text(args, schedule: str, m: int, v: int) -> str:
     text = path.read_text()
     if not args.keep_sizes:
         for name in SIZES:
-            text = _set_size(text, name, getattr(args, name))
-        text = _set_size(text, "global_batch", args.batch)
+            text = set_size(text, name, getattr(args, name), WHO)
+        text = set_size(text, "global_batch", args.batch, WHO)
     if not args.keep_head:
         text = re.sub(r"tied\s*=\s*true", "tied = false", text)
     text = _set_plan(text, "schedule", f'"{schedule}"')
     text = _set_plan(text, "virtual_stages", str(v))
     text = _set_plan(text, "micro_batches", str(m))
     return text
-
-
-def compile_into(text: str, rel: str, out: Path):
-    from compiler import codegen
-    from compiler.check import check_text
-    from compiler.pipeline import compile_spec
-    spec = check_text(text, rel)
-    compiled = compile_spec(spec)
-    axes = dict(compiled.spec.mesh.axes)
-    if axes.get("pp") != 2 or len(axes) != 1:
-        raise SystemExit(f"bench/pp.py: wants a mesh of exactly `axis pp = 2`, got {compiled.spec.mesh.axes}")
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
-    (out / "model.scale").write_text(text)
-    return compiled
-
-
-def load_program(build: Path, name: str = "scalec_bench_program"):
-    """The generated program as a module: Stage, STAGES, loss_fn, CONFIG."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, Path(build) / "program.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # -- part 1: idle fraction from timestamps (runs under torchrun) ---------------------------------------------------
@@ -394,20 +368,7 @@ def _hand_modules(full, heads: int, stage: int, stages: tuple, tied: bool):
 
 
 def worker_hand(args) -> None:
-    import torch.distributed as dist
-    dist.init_process_group("gloo")
-    code = 0
-    try:
-        _hand_run(args)
-    except BaseException:
-        code = 1
-        import traceback
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        dist.destroy_process_group()
-        os._exit(code)
+    run_worker(_hand_run, args)
 
 
 def _hand_run(args) -> None:
@@ -494,10 +455,6 @@ def _hand_run(args) -> None:
 # -- the driver -----------------------------------------------------------------------------------------------------
 
 
-def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def _cpu_snapshot() -> tuple[float, float, float]:
     """(wall, CPU seconds the whole machine was busy, CPU seconds of this process and its waited-for children):
     the difference of two snapshots tells how much CPU other processes took meanwhile (Linux /proc/stat)."""
@@ -519,7 +476,7 @@ OTHER: dict = {}  # part -> [wall seconds, CPU seconds taken by other processes]
 def _run(cmd: list[str], what: str, verbose: bool, part: str = "") -> float:
     snap = _cpu_snapshot()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if verbose or proc.returncode:
         print(proc.stdout)
     if proc.returncode:
@@ -534,10 +491,6 @@ def _run(cmd: list[str], what: str, verbose: bool, part: str = "") -> float:
 def _torchrun(*worker_args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
             str(Path(__file__).resolve()), *worker_args]
-
-
-def _read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _reference_loss(build: Path) -> float:
@@ -621,7 +574,7 @@ def main() -> None:
             key = (schedule, m, v)
             if key not in builds:
                 out = work / f"build_{schedule}_m{m}_v{v}"
-                compile_into(edited_text(args, schedule, m, v), rel, out)
+                compile_into(edited_text(args, schedule, m, v), rel, out, "pp", WHO)
                 builds[key] = out
             return builds[key]
 
@@ -663,12 +616,12 @@ def main() -> None:
                 a_metrics = work / f"ours_{r}.jsonl"
                 wall = _run(["bash", str(ab_build / "launch.sh"), "--steps", str(args.steps), "--metrics",
                              str(a_metrics)], "our program", args.verbose, "part 2 A")
-                runs["ours"].append(_read_metrics(a_metrics))
+                runs["ours"].append(read_metrics(a_metrics))
                 b_metrics = work / f"hand_{r}.jsonl"
                 wall_b = _run(_torchrun("--worker", "hand", "--build", str(ab_build), "--steps", str(args.steps),
                                         "--metrics", str(b_metrics)), "the hand-written program", args.verbose,
                               "part 2 B")
-                runs["hand"].append(_read_metrics(b_metrics))
+                runs["hand"].append(read_metrics(b_metrics))
                 for k in times:
                     times[k] += [x["step_time"] for x in runs[k][-1][args.skip:]]
                 med = {k: statistics.median(x["step_time"] for x in runs[k][-1][args.skip:]) for k in runs}

@@ -50,19 +50,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import compile_into, env, load_program, read_metrics, run_worker, set_size  # noqa: E402
+
+WHO = "bench/tp.py"
+
 DEFAULT_SCALE = "samples/gpt_tp.scale"
 SIZES = {"hidden": 256, "heads": 8, "layers": 4, "seq": 128, "vocab": 512}  # 3.3 M parameters: ~250 ms a step here
 DEFAULT_BATCH = 8
 
 
 # -- the .scale text ------------------------------------------------------------------------------------------------
-
-
-def _set_size(text: str, name: str, value: int) -> str:
-    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(\s*=\s*)\d+\b")
-    if not pattern.search(text):
-        raise SystemExit(f"bench/tp.py: no `{name} = <number>` in the .scale file to set to {value}")
-    return pattern.sub(lambda m: f"{name}{m.group(1)}{value}", text, count=1)
 
 
 def _sequence_parallel(text: str) -> str:
@@ -77,33 +74,11 @@ def edited_text(args) -> str:
     text = (ROOT / args.scale).read_text() if not Path(args.scale).is_absolute() else Path(args.scale).read_text()
     if not args.keep_sizes:
         for name in SIZES:
-            text = _set_size(text, name, getattr(args, name))
-        text = _set_size(text, "global_batch", args.batch)
+            text = set_size(text, name, getattr(args, name), WHO)
+        text = set_size(text, "global_batch", args.batch, WHO)
     if args.sequence_parallel:
         text = _sequence_parallel(text)
     return text
-
-
-def compile_into(text: str, rel: str, out: Path):
-    from compiler import codegen
-    from compiler.check import check_text
-    from compiler.pipeline import compile_spec
-    spec = check_text(text, rel)
-    compiled = compile_spec(spec)
-    tp = dict(compiled.spec.mesh.axes)
-    if tp.get("tp") != 2 or len(tp) != 1:
-        raise SystemExit(f"bench/tp.py: wants a mesh of exactly `axis tp = 2`, got {compiled.spec.mesh.axes}")
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
-    return compiled
-
-
-def load_program(build: Path):
-    """The generated program as a module (for its CONFIG: the training settings both runs share)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("scalec_bench_program", build / "program.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # -- B: the DTensor baseline (runs under torchrun) ------------------------------------------------------------------
@@ -232,22 +207,9 @@ def _clip(params, max_norm: float, group):
 
 
 def worker_dtensor(args) -> None:
-    import torch.distributed as dist
     import warnings
     warnings.filterwarnings("ignore", message="Full backward hook is firing")  # CommDebugMode's module tracker
-    dist.init_process_group("gloo")
-    code = 0
-    try:
-        _dtensor_run(args)
-    except BaseException:
-        code = 1
-        import traceback
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        dist.destroy_process_group()
-        os._exit(code)
+    run_worker(_dtensor_run, args)
 
 
 def _dtensor_run(args) -> None:
@@ -277,7 +239,7 @@ def _dtensor_run(args) -> None:
     first, second = _dtensor_plan(model, spec.plan.sequence_parallel)
     parallelize_module(model, mesh, first)
     parallelize_module(model, mesh, second)
-    opt = train._optimizer(model, cfg)
+    opt = train._optimizer(list(model.parameters()), cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
     source = data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed)
     group = mesh.get_group()
@@ -330,22 +292,14 @@ def _dtensor_run(args) -> None:
 # -- the driver -----------------------------------------------------------------------------------------------------
 
 
-def _env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def _run(cmd: list[str], what: str, verbose: bool) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if verbose or proc.returncode:
         print(proc.stdout)
     if proc.returncode:
         raise SystemExit(f"bench/tp.py: {what} failed (exit {proc.returncode}): {' '.join(cmd)}")
     return time.perf_counter() - t0
-
-
-def _read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _reference_loss(compiled, cfg) -> float:
@@ -405,7 +359,7 @@ def main() -> None:
         build = work / "build"
         text = edited_text(args)
         rel = Path(args.scale).as_posix()
-        compiled = compile_into(text, rel, build)
+        compiled = compile_into(text, rel, build, "tp", WHO)
         (build / "model.scale").write_text(text)
         cfg = load_program(build).CONFIG
         plan = json.loads((build / "plan.json").read_text())
@@ -425,13 +379,13 @@ def main() -> None:
             a_metrics, a_bytes = work / f"ours_{r}.jsonl", work / "ours_bytes.json"
             wall = _run(["bash", str(build / "launch.sh"), "--steps", str(args.steps), "--metrics", str(a_metrics),
                          "--count-bytes", str(a_bytes)], "our program", args.verbose)
-            runs["ours"].append(_read_metrics(a_metrics))
+            runs["ours"].append(read_metrics(a_metrics))
             b_metrics, b_bytes = work / f"dtensor_{r}.jsonl", work / "dtensor_bytes.json"
             wall_b = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                            "--nproc-per-node", "2", str(Path(__file__).resolve()), "--worker", "dtensor",
                            "--build", str(build), "--steps", str(args.steps), "--metrics", str(b_metrics),
                            "--count-bytes", str(b_bytes)], "the DTensor baseline", args.verbose)
-            runs["dtensor"].append(_read_metrics(b_metrics))
+            runs["dtensor"].append(read_metrics(b_metrics))
             for k in times:
                 times[k] += [m["step_time"] for m in runs[k][-1][args.skip:]]
             med = {k: statistics.median(m["step_time"] for m in runs[k][-1][args.skip:]) for k in runs}

@@ -1,16 +1,7 @@
 """Pipeline schedules as data: each rank's ordered actions (made by runtime/schedule.py, which the program also
 executes), a step × rank grid, an SVG timeline, and a static proof that they run.
 
-Actions print as torch.distributed.pipelining does (`2F0`: stage 2, forward, micro-batch 0): F forward, B full
-backward, I backward for the input only and W backward for the weights (zero-bubble schedules split B into I + W),
-and SEND_F / RECV_F / SEND_B / RECV_B for the activations and gradients crossing ranks.
-
-Schedules (p ranks, v stages per rank, m micro-batches):
-  gpipe             all forwards, then all backwards (Huang et al. 2019)
-  1f1b              p - r - 1 warm-up forwards on rank r, then one forward one backward (Narayanan et al. 2019)
-  interleaved-1f1b  v stages per rank, stage s on rank s mod p; micro-batches in groups of p (Narayanan 2021)
-  zero-bubble       ZB-H1 (Qi et al. 2024): 1F1B with B split into I and W, rank r deferring its W by r backward
-                    slots so they fill the end of the pipeline: bubble (p-1)(F+I-W) instead of (p-1)(F+I+W)
+The notation (`2F0`: stage 2, forward, micro-batch 0) and the schedules are described in runtime/schedule.py.
 
 `verify` simulates the lists with blocking receives and buffered sends and reports the first rank that would wait
 forever, a receive without its send, a send nobody receives, and any (stage, micro-batch) computed twice or never.

@@ -1,0 +1,69 @@
+"""Helpers the benchmarks share: edit a sample, compile it, load the generated program, run workers."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def set_size(text: str, name: str, value: int, who: str) -> str:
+    """Replace `name = <number>` in a .scale text."""
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}(\s*=\s*)\d+\b")
+    if not pattern.search(text):
+        raise SystemExit(f"{who}: no `{name} = <number>` in the .scale file to set to {value}")
+    return pattern.sub(lambda m: f"{name}{m.group(1)}{value}", text, count=1)
+
+
+def compile_into(text: str, rel: str, out: Path, axis: str, who: str):
+    """Compile `text` into `out` (with the source beside it as model.scale); the mesh must be exactly `axis` = 2."""
+    from compiler import codegen
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    compiled = compile_spec(check_text(text, rel))
+    axes = dict(compiled.spec.mesh.axes)
+    if axes.get(axis) != 2 or len(axes) != 1:
+        raise SystemExit(f"{who}: wants a mesh of exactly `axis {axis} = 2`, got {compiled.spec.mesh.axes}")
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    (Path(out) / "model.scale").write_text(text)
+    return compiled
+
+
+def load_program(build: Path, name: str = "scalec_bench_program"):
+    """The generated program.py as a module (its CONFIG, and Model or Stage/STAGES/loss_fn)."""
+    spec = importlib.util.spec_from_file_location(name, Path(build) / "program.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def env() -> dict:
+    """One thread per rank (2 ranks on 2 cores), the repository importable."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def run_worker(body, args) -> None:
+    """Run `body(args)` in a torchrun worker on gloo; leave through os._exit (see ../shared TORCH-ON-CPU: a
+    normal exit after gloo can abort), the exit code carrying failure."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    code = 0
+    try:
+        body(args)
+    except BaseException:
+        code = 1
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        dist.destroy_process_group()
+        os._exit(code)
