@@ -40,9 +40,12 @@ DEVICES = {
 # What the tp axis can shard (plan setting `tp_layers`).
 TP_LAYERS = ("attention", "mlp", "vocab")
 
-# Axes a plan can use, and the ones this compiler can already shard over (larger than 1).
+# Axes a plan can use. `ep` is folded out of data parallelism: the batch is split over dp × ep ranks, dense
+# weights are replicated over both, experts are sharded over ep and replicated over dp.
 KNOWN_AXES = ("dp", "pp", "tp", "ep")
-SUPPORTED_AXES = ("dp", "tp", "pp")
+
+# Names of the size symbols the checker binds for each `moe` layer (its capacity per sequence).
+CAPACITY = "capacity"
 
 
 class _Checker:
@@ -54,6 +57,7 @@ class _Checker:
         self.values: dict[sympy.Symbol, int] = {}  # symbol -> number
         self.name_spans: dict[str, Span] = {}
         self.poisoned: set[sympy.Symbol] = set()  # sizes already reported as invalid: later uses stay silent
+        self.moe_layers = 0
 
     # -- reporting ------------------------------------------------------------------------------------------------
 
@@ -287,6 +291,15 @@ LAYERS: dict[str, dict[str, Param]] = {
     "mlp": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width"),
             "act": Param(_choice("gelu", "swiglu"), "gelu", "activation"),
             "bias": Param(_bool, True, "biases on the projections")},
+    "moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width of each expert"),
+            "experts": Param(_size, doc="number of experts"),
+            "top_k": Param(_pos_int, 2, "experts per token"),
+            "capacity_factor": Param(lambda c, e, w: c.as_float(e, w), 1.25,
+                                     "slots per expert as a multiple of a balanced share of the tokens"),
+            "act": Param(_choice("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
+            "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
+            "dropped": Param(_choice("residual", "identity"), "residual",
+                             "what a choice over capacity contributes: nothing (residual) or the token (identity)")},
     "residual": {},
     "lm_head": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width"),
                 "tied": Param(_bool, False, "reuse the token embedding's weight"),
@@ -493,8 +506,9 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
         c.error("E0102", f"size `{name}` is defined twice", st.key.span, label="redefined here",
                 help=f"the first definition is at {c.name_spans[name]}; give this one another name")
         return
-    if name in KNOWN_AXES or name in TRAIN_SIZE_NAMES:
-        what = "a mesh axis" if name in KNOWN_AXES else "a training setting"
+    if name in KNOWN_AXES or name in TRAIN_SIZE_NAMES or name.startswith(CAPACITY):
+        what = ("a mesh axis" if name in KNOWN_AXES else "a training setting" if name in TRAIN_SIZE_NAMES
+                else "the capacity of a `moe` layer")
         c.error("E0102", f"`{name}` names {what} and cannot name a model size", st.key.span,
                 help="formulas use that name already; call this size something else")
         return
@@ -568,6 +582,8 @@ def _layer(c: _Checker, st, top: bool = True) -> Any:
             return _attention(c, st, a)
         case "mlp":
             return S.MLP(hidden=a["hidden"], ffn=a["ffn"], act=a["act"], bias=a["bias"], span=sp)
+        case "moe":
+            return _moe(c, st, a)
         case "lm_head":
             return S.LMHead(vocab=a["vocab"], hidden=a["hidden"], tied=a["tied"], bias=a["bias"], span=sp)
         case "cross_entropy":
@@ -612,6 +628,28 @@ def _attention(c: _Checker, st: ast.Layer, a: dict) -> S.Attention | None:
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span)
 
 
+def _moe(c: _Checker, st: ast.Layer, a: dict) -> S.MoE | None:
+    experts = int(c.number(a["experts"]))
+    ok = True
+    if a["top_k"] > experts:
+        c.error("E0702", f"top_k = {a['top_k']} is more than the {experts} experts", _arg_span(st, 3, "top_k"),
+                label=f"{a['top_k']} > {experts}", help="each token picks distinct experts: use top_k ≤ experts "
+                "(Switch routes to 1, GShard to 2)")
+        ok = False
+    if a["capacity_factor"] is not None and a["capacity_factor"] <= 0:
+        c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
+                _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
+                help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
+        ok = False
+    if not ok:
+        return None
+    c.moe_layers += 1
+    name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
+    return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
+                 capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
+                 capacity=size_symbol(name), span=st.span)
+
+
 def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
     """The layer sequence: embedding first, lm_head then cross_entropy last, one width throughout."""
     top = [type(x) for x in layers]
@@ -626,8 +664,13 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
     emb, head = layers[0], layers[-2]
     width = emb.hidden
 
-    def walk(items, top_level):
+    def walk(items, top_level, in_residual=False):
         for i, x in enumerate(items):
+            if isinstance(x, S.MoE) and x.dropped == "residual" and not in_residual:
+                c.error("E0705", "this `moe` drops tokens to the residual, but it is not inside a `residual`", x.span,
+                        label="dropped tokens would vanish here",
+                        help="wrap it: `residual { rmsnorm(hidden)  moe(...) }`, or write `dropped = identity` to pass "
+                             "a dropped token on through the layer itself")
             if top_level and isinstance(x, (S.Embedding, S.LMHead, S.CrossEntropy)) and i not in (0, len(items) - 2,
                                                                                             len(items) - 1):
                 c.error("E0204", f"`{_kind(x)}` may appear only once, at its place", x.span)
@@ -641,7 +684,7 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
                         f"{c.number(width)}", x.span, help="every layer of the residual stream has the embedding's "
                         "width; use the same size name")
             if isinstance(x, (S.Residual, S.Repeat)):
-                walk(x.body, False)
+                walk(x.body, False, in_residual or isinstance(x, S.Residual))
 
     walk(layers, True)
     if c.number(head.vocab) != c.number(emb.vocab):
@@ -670,9 +713,6 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
         n = c.as_int(st.size, f"axis `{name}`", 1)
         if n is None:
             continue
-        if name not in SUPPORTED_AXES and n > 1:
-            c.error("E0303", f"axis `{name}` of size {n} is not supported by this compiler yet", st.span,
-                    help=f"this version shards over {', '.join(SUPPORTED_AXES)} only; set `{name}` to 1")
         axes.append((name, n))
         spans[name] = st.span
         c.values[size_symbol(name)] = n  # per-rank formulas read `hidden/tp`
@@ -699,10 +739,12 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
     if product != mesh.world_size:
         shown = " × ".join(f"{a}={n}" for a, n in axes) or "no axes"
         target = spans[axes[-1][0]] if axes else sec.kind.span
+        folded = (" (`ep` counts like `dp`: the batch is split over dp × ep ranks, each holding 1/ep of the "
+                  "experts; to fold ep out of existing dp ranks, divide dp by ep)") if "ep" in spans else ""
         c.error("E0301", f"the mesh axes hold {product} devices but the machines have {mesh.world_size}", target,
                 label=f"{shown} = {product}",
                 help=f"nodes × devices_per_node = {mesh.nodes} × {mesh.devices_per_node} = {mesh.world_size}; "
-                     "make the product of the axes equal it")
+                     f"make the product of the axes equal it{folded}")
         return None
     return mesh
 
@@ -760,14 +802,15 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
 def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train, spans: dict) -> None:
     _tp_checks(c, model, mesh, plan, train)
     _pp_checks(c, model, mesh, plan, train)
-    dp = mesh.size("dp")
+    _ep_checks(c, model, mesh, plan, train)
+    dp, ep = mesh.size("dp"), mesh.size("ep")
     gb = int(c.number(train.global_batch))
-    if gb % (dp * plan.micro_batches):
-        c.error("E0302", f"global batch {gb} does not divide into dp = {dp} × micro_batches = {plan.micro_batches}",
-                _span(spans["global_batch"]), label=f"{gb} % {dp * plan.micro_batches} == "
-                f"{gb % (dp * plan.micro_batches)}",
-                help=f"use a multiple of {dp * plan.micro_batches}, e.g. "
-                     f"{(gb // (dp * plan.micro_batches) + 1) * dp * plan.micro_batches}")
+    shards = dp * ep * plan.micro_batches
+    if gb % shards:
+        ranks = f"dp = {dp} × ep = {ep}" if ep > 1 else f"dp = {dp}"
+        c.error("E0302", f"global batch {gb} does not divide into {ranks} × micro_batches = {plan.micro_batches}",
+                _span(spans["global_batch"]), label=f"{gb} % {shards} == {gb % shards}",
+                help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}")
     pos = next((x for x in model.layers if isinstance(x, S.Positional)), None)
     seq = int(c.number(train.seq_len))
     if pos is not None and seq > int(c.number(pos.positions)):
@@ -775,6 +818,51 @@ def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train
                 _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
+
+
+def _layers(items):
+    """Every layer, inside residuals and repeats too (a repeat's body once)."""
+    for x in items:
+        if isinstance(x, (S.Residual, S.Repeat)):
+            yield from _layers(x.body)
+        else:
+            yield x
+
+
+def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
+    """Each `moe` layer's capacity from the sequence length; experts that divide over ep; what ep cannot yet
+    combine with."""
+    from runtime.moe import capacity
+    moes = [x for x in _layers(model.layers) if isinstance(x, S.MoE)]
+    seq = int(c.number(train.seq_len))
+    for m in moes:
+        c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
+    if moes and plan.sequence_parallel and mesh.size("tp") > 1:
+        c.error("E0708", "`moe` layers under sequence parallelism are not supported yet", mesh.axis_spans["tp"],
+                help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; turn "
+                     "`sequence_parallel` off (tp still shards attention, the dense MLPs and the vocabulary)")
+    ep = mesh.size("ep")
+    if ep == 1:
+        return
+    at = mesh.axis_spans["ep"]
+    if not moes:
+        c.error("E0704", f"ep = {ep} but the model has no `moe` layer to shard over it", at,
+                label="nothing to shard", help="add `moe(...)` layers (e.g. in place of an `mlp`), or remove the "
+                "axis and give its ranks to dp")
+    for m in moes:
+        n = int(c.number(m.experts))
+        if n % ep:
+            ok = [d for d in _divisors(n) if d <= max(4 * ep, 8)]
+            c.error("E0701", f"expert-parallel degree {ep} does not divide the {n} experts", at,
+                    label=f"{n} % {ep} == {n % ep}",
+                    help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep sizes that "
+                         "divide " + f"{n}: " + ", ".join(map(str, ok[-6:])))
+    if plan.data_parallel == "fsdp" and mesh.size("dp") > 1:
+        c.error("E0706", "FSDP over dp together with ep is not supported yet", at,
+                help="use `data_parallel = ddp`: experts are already sharded over ep")
+    if train.checkpoint_dir:
+        c.error("E0707", "checkpoints of an expert-parallel plan are not supported yet", at,
+                help="remove `checkpoint_dir`, or train this model without ep")
 
 
 def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
@@ -857,14 +945,7 @@ def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
                     help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
                          + ", ".join(map(str, ok[-6:])))
 
-    def walk(items):
-        for x in items:
-            if isinstance(x, (S.Residual, S.Repeat)):
-                yield from walk(x.body)
-            else:
-                yield x
-
-    for x in walk(model.layers):
+    for x in _layers(model.layers):
         if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
             need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
             if c.number(x.heads) % tp == 0:
@@ -903,7 +984,7 @@ def _end_span(file: ast.File, source: str) -> Span:
 
 def _kind(layer) -> str:
     return {S.Embedding: "embedding", S.Positional: "positional", S.Attention: "attention", S.MLP: "mlp",
-            S.Residual: "residual", S.Repeat: "repeat", S.LMHead: "lm_head",
+            S.Residual: "residual", S.Repeat: "repeat", S.MoE: "moe", S.LMHead: "lm_head",
             S.CrossEntropy: "cross_entropy"}.get(type(layer), getattr(layer, "kind", "layer"))
 
 

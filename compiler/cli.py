@@ -49,9 +49,10 @@ def plan_text(compiled) -> str:
               f"{m.device.memory_gb:g} GB each)"]
     lines += [f"parameters  {costs.params_n:,} ({C.human(costs.params_n)})",
               f"            = {C.formula(costs.params, spec.values)}"]
+    ranks = f"dp {dp} × ep {m.size('ep')}" if m.size("ep") > 1 else f"dp {dp}"
     lines += [f"batch       {gb} sequences × {seq} tokens = {costs.tokens_step:,} tokens per step; "
-              f"dp {dp} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
-              f"{gb // (dp * spec.plan.micro_batches)} sequences per rank"]
+              f"{ranks} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
+              f"{gb // (m.batch_ranks * spec.plan.micro_batches)} sequences per rank"]
     lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
               f"matmuls, forward + backward, no recomputation)",
               f"            = {C.formula(costs.flops_step, spec.values)}"]
@@ -68,6 +69,7 @@ def plan_text(compiled) -> str:
     if st.total > m.device.memory_gb * 1e9:
         lines += [f"            warning: exceeds the {m.device.memory_gb:g} GB of one {m.device.kind} before any "
                   "activation; shard it (data_parallel = fsdp) or add devices"]
+    lines += _moe_text(compiled)
     lines += _pipeline_text(compiled)
     lines += ["", "collectives per step" + (" (a rank of the first pipeline stage):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
@@ -90,6 +92,38 @@ def _walk(layers):
     """Every layer of a body, residuals opened."""
     for x in layers:
         yield from _walk(x.body) if isinstance(x, (S.Residual, S.Repeat)) else (x,)
+
+
+def _moe_text(compiled) -> list[str]:
+    """Each `moe` layer: capacity, experts per rank, and the dispatch buffers of one micro-batch."""
+    spec, costs = compiled.spec, compiled.costs
+    seen, lines = [], []
+    for x in _walk(spec.model.layers):
+        if isinstance(x, S.MoE) and x not in seen:
+            seen.append(x)
+    if not seen:
+        return []
+    mesh, v = spec.mesh, spec.value
+    ep, dp = mesh.size("ep"), mesh.size("dp")
+    b = v(spec.train.global_batch) // (mesh.batch_ranks * spec.plan.micro_batches)
+    act = C.BYTES[spec.train.precision]
+    for x in seen:
+        e, c, h, f = v(x.experts), v(x.capacity), v(x.hidden), v(x.ffn)
+        where = f"{os.path.basename(x.span.file)}:{x.span.line}"
+        lines += [f"experts     moe at {where}: {e} experts, top-{x.top_k}, capacity factor {x.capacity_factor:g} "
+                  f"→ {x.capacity} = {c} slots per expert per sequence (min(seq, ⌈factor·top_k·seq/experts⌉)); "
+                  f"over capacity: {'through the residual' if x.dropped == 'residual' else 'the token itself'}",
+                  f"            {e // ep} expert{'s' if e // ep != 1 else ''} per rank"
+                  + (f" (ep = {ep}; each expert on the {dp} dp rank{'s' if dp != 1 else ''} of its ep index)"
+                     if ep > 1 else "")
+                  + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(e * b * c * h * act, 'B')} each, "
+                  f"expert activations {C.human(e * b * c * f * act * (2 if x.act == 'swiglu' else 1), 'B')} per "
+                  "layer and micro-batch"]
+    expert = v(C.expert_params_per_rank(compiled.traced)) if ep > 1 else None
+    if expert is not None:
+        lines += [f"            expert weights per rank {expert:,} of {v(costs.params_local):,}"
+                  + (" (a rank of the first pipeline stage)" if mesh.size("pp") > 1 else "")]
+    return lines
 
 
 def _in_flight(schedule: str, p: int, m: int, v: int, stage_rank: int) -> float:
@@ -124,7 +158,7 @@ def _pipeline_text(compiled) -> list[str]:
     s_, h = spec.value(spec.train.seq_len), spec.value(spec.model.layers[0].hidden)
     att = next((x for x in _walk(gm.meta[T.REPEAT].body) if isinstance(x, S.Attention)), None)
     a = spec.value(att.heads) if att is not None else 1
-    b = spec.value(spec.train.global_batch) / (spec.mesh.size("dp") * m)
+    b = spec.value(spec.train.global_batch) / (spec.mesh.batch_ranks * m)
     if t == 1:
         act = s_ * b * h * (34 + 5 * a * s_ / h)
     elif spec.plan.sequence_parallel:

@@ -87,6 +87,27 @@ class Costs:
     params_local: sympy.Expr      # parameters held by one rank (after tp sharding, before dp sharding)
 
 
+def batch_ranks(spec: S.Spec) -> sympy.Expr:
+    """dp × ep as symbols (those the mesh declares): the ranks the global batch is split over."""
+    axes = dict(spec.mesh.axes)
+    return sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
+
+
+def expert_params_per_rank(traced: T.Traced) -> sympy.Expr:
+    """Expert weights one rank holds (sharded over ep; under pp, a rank of the first stage)."""
+    from compiler.passes import pipeline_split as P
+    total = sympy.Integer(0)
+    for name, gm in traced.blocks.items():
+        shapes = gm.meta[T.PARAM_SHAPES]
+        n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.EP_SHARDS, {})), sympy.Integer(0))
+        if P.STAGES in traced.top.meta:
+            lo, hi = traced.top.meta[P.STAGES][0]
+            total += (hi - lo) * n
+        else:
+            total += gm.meta[T.REPEAT].count * n
+    return sympy.expand(total)
+
+
 def params_per_rank(traced: T.Traced) -> sympy.Expr:
     """Parameters one rank holds once the passes have run (tp shards counted at their local size; under pp, a
     rank of the first stage)."""
@@ -111,9 +132,9 @@ def costs(spec: S.Spec, traced: T.Traced) -> Costs:
     # Backward of a matmul is two matmuls of the same size (input and weight gradients): 2× forward.
     step = sympy.expand(3 * fwd.xreplace({MICRO_BATCH: spec.train.global_batch}))
     # One rank: its graphs' FLOPs (tp shards them) over its share of the batch.
-    dp, m = spec.mesh.size("dp"), spec.plan.micro_batches
+    m = spec.plan.micro_batches
     rank_step = sympy.expand(3 * m * T.graph_flops(traced.top).xreplace(
-        {MICRO_BATCH: spec.train.global_batch / (dp * m)}))
+        {MICRO_BATCH: spec.train.global_batch / (spec.mesh.batch_ranks * m)}))
     psi = spec.value(params)
     local = params_per_rank(traced)
     dp = spec.mesh.size("dp")
@@ -131,9 +152,20 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     led = Ledger()
     _pass_collectives(spec, traced, led)
     _pipeline_transfers(spec, traced, led)
-    dp = spec.mesh.size("dp")
+    dp, ep = spec.mesh.size("dp"), spec.mesh.size("ep")
     span = spec.mesh.axis_spans.get("dp")
-    if dp > 1:
+    experts = expert_params_per_rank(traced)
+    if ep > 1:
+        led.add(Collective(op="all_reduce", axis="dp×ep", elements=sympy.expand(params - experts), dtype_bytes=4,
+                           per_step=sympy.Integer(1), span=spec.mesh.axis_spans["ep"],
+                           reason="average the dense gradients over every batch shard, dp × ep (DDP, bucketed)",
+                           measured=False))
+        if dp > 1:
+            led.add(Collective(op="all_reduce", axis="dp", elements=experts, dtype_bytes=4,
+                               per_step=sympy.Integer(1), span=spec.mesh.axis_spans["ep"],
+                               reason="sum the expert gradients over the dp ranks holding the same experts",
+                               measured=False))
+    elif dp > 1:
         if spec.plan.data_parallel == "ddp":
             led.add(Collective(op="all_reduce", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(1),
                                span=span, reason="average the gradients of the dp replicas (DDP, bucketed)",
@@ -170,8 +202,7 @@ def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 
     (under pp: a rank of `stage`)."""
     m = spec.plan.micro_batches
     # Sequences in one micro-batch on one rank.
-    b_local = spec.train.global_batch / (size("dp") * m) if "dp" in dict(spec.mesh.axes) else \
-        spec.train.global_batch / m
+    b_local = spec.train.global_batch / (batch_ranks(spec) * m)
     act_bytes = BYTES[spec.train.precision]
     stage_blocks, own = _stage_view(spec, traced, stage)
     for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
@@ -211,9 +242,8 @@ def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int 
         return
     (gm,) = traced.blocks.values()
     x = gm.meta[T.INPUTS]["x"]
-    dp = size("dp") if "dp" in dict(spec.mesh.axes) else 1
     elements = sympy.expand(sympy.Mul(*x).xreplace({MICRO_BATCH: spec.train.global_batch /
-                                                    (dp * spec.plan.micro_batches)}))
+                                                    (batch_ranks(spec) * spec.plan.micro_batches)}))
     span = spec.mesh.axis_spans.get("pp")
     n = len(traced.top.meta[P.STAGES])
     m = sympy.Integer(spec.plan.micro_batches)

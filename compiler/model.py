@@ -23,6 +23,9 @@ from torch import nn
 from compiler import spec as S
 from compiler.diagnostics import Span
 from runtime.layers import Bias, Repeat
+# Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
+# flow, and the emitted program calls the same functions.
+from runtime.moe import Experts, combine, dispatch, route
 
 # The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
 CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
@@ -97,6 +100,8 @@ class Segment(nn.Module):
                 return self._attention(x, self._name("attn", totals["attn"]))
             case S.MLP():
                 return self._mlp(x, self._name("mlp", totals["mlp"]))
+            case S.MoE():
+                return self._moe(x, self._name("moe", totals["moe"]))
         raise AssertionError(f"no step for {type(x).__name__}")
 
     def _linear(self, name: str, d_in, d_out, bias: bool, span: Span) -> str:
@@ -137,6 +142,27 @@ class Segment(nn.Module):
                 return getattr(seg, down)(F.silu(getattr(seg, gate)(x_BSH)) * getattr(seg, up)(x_BSH))
         return _Step(m, run)
 
+    def _moe(self, m: S.MoE, p: str) -> _Step:
+        router = self._linear(f"{p}_router", m.hidden, m.experts, False, m.span)
+        shapes = {"w_up": (m.experts, m.hidden, m.ffn), "w_gate": (m.experts, m.hidden, m.ffn),
+                  "w_down": (m.experts, m.ffn, m.hidden)}
+        n_experts, capacity = self._n(m.experts), self._n(m.capacity)
+        experts = self._leaf(f"{p}_experts", Experts(n_experts, self._n(m.hidden), self._n(m.ffn), m.act), shapes,
+                             m.span)
+        top_k, aux = m.top_k, m.aux_loss
+
+        if m.dropped == "identity":
+            def run(seg, x_BSH):
+                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
+                y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
+                return combine(y_ENH, slot_BSK, gate_BSK, x_BSH)
+        else:
+            def run(seg, x_BSH):
+                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
+                y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
+                return combine(y_ENH, slot_BSK, gate_BSK)
+        return _Step(m, run)
+
     def _run(self, steps, x):
         for st in steps:
             with _at(st.layer):
@@ -146,7 +172,7 @@ class Segment(nn.Module):
 
 def _totals(layers) -> dict[str, int]:
     """How many leaves of each base name a segment will hold (to number them only when there are several)."""
-    counts = {"norm": 0, "attn": 0, "mlp": 0}
+    counts = {"norm": 0, "attn": 0, "mlp": 0, "moe": 0}
 
     def walk(items):
         for x in items:
@@ -158,6 +184,8 @@ def _totals(layers) -> dict[str, int]:
                 counts["attn"] += 1
             elif isinstance(x, S.MLP):
                 counts["mlp"] += 1
+            elif isinstance(x, S.MoE):
+                counts["moe"] += 1
     walk(layers)
     return counts
 
@@ -211,6 +239,9 @@ class ScaleModel(Segment):
             self._leaf("lm_head_bias", Bias(self._n(self._head.vocab)), {"bias": (self._head.vocab,)},
                        self._head.span)
 
+    def has_moe(self) -> bool:
+        return _has_moe(self._spec.model.layers)
+
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # tokens, targets: (batch, seq) token ids; returns the mean loss over every token.
         with _at(self._emb):
@@ -236,6 +267,10 @@ def build(spec: S.Spec, device="meta") -> ScaleModel:
     call runtime.layers.init_parameters for the reproducible initialisation."""
     with torch.device(device):
         return ScaleModel(spec, device)
+
+
+def _has_moe(layers) -> bool:
+    return any(isinstance(x, S.MoE) or (isinstance(x, (S.Residual, S.Repeat)) and _has_moe(x.body)) for x in layers)
 
 
 def residual_out(model: ScaleModel) -> tuple[str, ...]:

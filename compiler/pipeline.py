@@ -14,12 +14,13 @@ from compiler import trace as T
 from compiler.check import check_path
 from compiler.diagnostics import Diagnostic, ScaleError
 
+from compiler.passes.expert_parallel import expert_parallel_pass
 from compiler.passes.pipeline_split import pipeline_split_pass
 from compiler.passes.tensor_parallel import tensor_parallel_pass
 
 # The passes, in order. Data parallelism needs no graph surgery (DDP/FSDP2 carry it out at run time; the ledger
-# records its traffic); expert parallelism will be listed here.
-PASSES: tuple = (tensor_parallel_pass, pipeline_split_pass)
+# records its traffic).
+PASSES: tuple = (tensor_parallel_pass, expert_parallel_pass, pipeline_split_pass)
 
 
 @dataclass

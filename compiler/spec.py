@@ -66,6 +66,27 @@ class MLP:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoE:
+    """Mixture of experts in place of an MLP: a router picks `top_k` of `experts` MLPs for each token; each expert
+    takes at most `capacity` tokens of each sequence, the others' choices are dropped."""
+    hidden: Size
+    ffn: Size
+    experts: Size
+    top_k: int
+    capacity_factor: float
+    act: str  # "gelu" | "swiglu"
+    aux_loss: float
+    """Weight of the auxiliary load-balancing loss (Switch/GShard); 0 turns it off."""
+    dropped: str
+    """`residual`: a dropped choice adds nothing, the token goes on through the enclosing residual (Switch);
+    `identity`: it adds the gate-weighted token itself."""
+    capacity: Size
+    """Slots per expert per sequence, a size symbol (`capacity`, `capacity_2`, ...) whose value the checker sets
+    from the sequence length: min(seq_len, ceil(capacity_factor · top_k · seq_len / experts))."""
+    span: Span
+
+
+@dataclass(frozen=True, kw_only=True)
 class Residual:
     """x + body(x)."""
     body: tuple
@@ -137,6 +158,11 @@ class Mesh:
 
     def size(self, axis: str) -> int:
         return dict(self.axes).get(axis, 1)
+
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks the batch is split over: dp × ep (ep is folded out of data parallelism)."""
+        return self.size("dp") * self.size("ep")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from torch import fx, nn
 from compiler import model as M
 from compiler.symbols import MICRO_BATCH, size
 from runtime import collectives as C
+from runtime import moe
 from runtime.layers import Bias, Repeat
 
 SPAN, LAYER, SHAPE, FLOPS = "span", "layer", "shape", "flops"
@@ -33,14 +34,19 @@ INPUTS = "inputs"              # placeholder name -> symbolic shape
 REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
 TP_SHARDS = "tp_shards"        # parameter name -> (dim sharded over tp, full size of that dim before padding)
 TP_PARTIAL_GRADS = "tp_partial_grads"  # parameters whose gradients are partial over tp (sequence parallelism)
+EP_SHARDS = "ep_shards"        # parameter name -> (dim sharded over ep, full size of that dim): the experts
 
 # node.meta key of a call inserted by a pass that moves data: a passes.tensor_parallel.Collective.
 COLLECTIVE = "collective"
 
 
 class _Tracer(fx.Tracer):
+    def __init__(self):
+        # MoE routing, dispatch and combine stay calls: their insides depend on the data, not on shapes.
+        super().__init__(autowrap_functions=(moe.route, moe.dispatch, moe.combine))
+
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, (Repeat, Bias)) or super().is_leaf_module(m, qualname)
+        return isinstance(m, (Repeat, Bias, moe.Experts)) or super().is_leaf_module(m, qualname)
 
     def create_node(self, *args, **kwargs):
         node = super().create_node(*args, **kwargs)
@@ -59,6 +65,10 @@ def trace(module: M.Segment, name: str, inputs: dict) -> fx.GraphModule:
     for node in graph.nodes:
         if node.op == "call_function" and node.target is F.cross_entropy:
             node.kwargs = {}  # every keyword the tracer recorded is the default (reduction="mean", ...)
+        if node.op == "call_function" and node.target is moe.route:  # name the pair route() returns
+            for user in list(node.users):
+                if user.target is operator.getitem:
+                    user._rename(("slot", "gate")[user.args[1]])
     gm = fx.GraphModule(module, graph, name)
     gm.meta[PARAM_SHAPES] = dict(module.param_shapes)
     gm.meta[SPANS] = dict(module.spans)
@@ -159,6 +169,11 @@ def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
                 out = tuple(x) + (params[f"{node.target}.weight"][1],)
             elif isinstance(mod, (nn.LayerNorm, nn.RMSNorm, Bias)):
                 out = x
+            elif isinstance(mod, moe.Experts):
+                e, h, f = params[f"{node.target}.w_up"]
+                out = x
+                # Every slot is computed, empty or not (the buffers are padded to capacity): 2 or 3 matmuls.
+                flops = (3 if mod.act == "swiglu" else 2) * 2 * x[0] * x[1] * h * f
             elif isinstance(mod, Repeat):
                 count, block_gm = repeats[node.target]
                 out = x
@@ -230,6 +245,22 @@ def _function_rule(node: fx.Node, args, kwargs):
     if t in (C.reduce_scatter_fwd_all_gather_bwd, C.split_fwd_all_gather_bwd):
         x, axis, d = args
         return tuple(s / size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), zero
+    if t is moe.route:
+        b, s, _ = args[0]
+        return ((b, s, args[1]), (b, s, args[1])), zero
+    if t is moe.dispatch:
+        layer = node.meta[LAYER]  # the symbolic sizes; the call's arguments are their numbers
+        b, s, h = args[0]
+        return (layer.experts, b * layer.capacity, h), zero
+    if t is moe.combine:
+        b, s, _ = args[1]
+        return (b, s, args[0][2]), zero
+    if t is moe.all_to_all_dispatch:
+        e, n, h = args[0]
+        return (e / size(args[1]), n * size(args[1]), h), zero
+    if t is moe.all_to_all_combine:
+        e, n, h = args[0]
+        return (e * size(args[1]), n / size(args[1]), h), zero
     if t is C.vocab_parallel_lookup:
         return tuple(args[0]) + (args[1][1],), zero
     raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")

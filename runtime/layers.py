@@ -59,8 +59,8 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
     Linear and embedding weights: normal(0, std); the output projections that write into the residual stream
     (`residual_out`, module names without the block prefix) use std / sqrt(2 * layers); biases zero; norm scales one.
     Each full tensor is drawn on the CPU from its own generator, then copied to the parameter's device. A parameter
-    sharded over tp (`shard_of(name)` gives (dim, full size)) is drawn whole and sliced (`local_slice`), so every
-    tp degree starts from the same weights.
+    sharded over an axis (`shard_of(name)` gives (dim, full size, axis)) is drawn whole and sliced
+    (`local_slice(value, dim, local size, axis)`), so every tp and ep degree starts from the same weights.
     """
     scaled = std / math.sqrt(2 * layers)
     for module_name, module in model.named_modules():
@@ -80,7 +80,7 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
                 value = torch.empty(shape).normal_(0.0, sigma, generator=parameter_generator(seed, name))
             if shard is not None:
                 # p.shape is this tp rank's shape (for an FSDP DTensor, its global shape over dp).
-                value = local_slice(value, shard[0], p.shape[shard[0]])
+                value = local_slice(value, shard[0], p.shape[shard[0]], shard[2])
             if _is_dtensor(p):  # sharded over dp by FSDP: keep this rank's piece (each rank drew the same tensor)
                 from torch.distributed.tensor import distribute_tensor
                 piece = distribute_tensor(value.to(p.device, p.dtype), p.device_mesh, p.placements,

@@ -5,6 +5,7 @@ runs as a world of one.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ class Context:
     device: torch.device
     mesh: DeviceMesh
     coords: dict  # axis -> this rank's index along it
+    batch_group: object = None  # the ranks the batch is split over, dp × ep (None when only this rank)
+    batch_size: int = 1         # dp × ep
+    batch_rank: int = 0         # this rank's batch shard: dp index × ep + ep index
 
     def axis_size(self, axis: str) -> int:
         return self.mesh.size(self.mesh.mesh_dim_names.index(axis)) if axis in self.mesh.mesh_dim_names else 1
@@ -65,7 +69,28 @@ def setup(axes: tuple[tuple[str, int], ...]) -> Context:
     coords = {a: mesh.get_local_rank(a) for a in names}
     for a in names:
         collectives.register(a, mesh[a].get_group())
-    return Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords)
+    sizes = dict(axes)
+    dp, ep = sizes.get("dp", 1), sizes.get("ep", 1)
+    if dp > 1 and ep > 1:
+        batch_group = _group_over(mesh, ("dp", "ep"), rank)
+    else:
+        batch_group = mesh["dp" if dp > 1 else "ep"].get_group() if dp * ep > 1 else None
+    return Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
+                   batch_group=batch_group, batch_size=dp * ep,
+                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
+
+
+def _group_over(mesh: DeviceMesh, axes: tuple[str, ...], rank: int):
+    """The process group of the ranks that differ from this one only along `axes` (every rank creates every such
+    group in the same order, as new_group requires)."""
+    dims = [mesh.mesh_dim_names.index(a) for a in axes]
+    ranks = mesh.mesh.movedim(dims, list(range(-len(dims), 0))).reshape(-1, math.prod(mesh.mesh.shape[d] for d in dims))
+    mine = None
+    for row in ranks.tolist():
+        group = dist.new_group(row)
+        if rank in row:
+            mine = group
+    return mine
 
 
 def shutdown(code: int = 0) -> None:

@@ -1,8 +1,10 @@
-"""What the runtime needs to know about parameters sharded over `tp`: which, along which dim, from what full size.
+"""What the runtime needs to know about sharded parameters: which, over which axis, along which dim, from what
+full size.
 
-The compiler writes the table into the generated program (`Config.tp_shards`: (name pattern, dim, full size)), with
-`*` standing for a block's index. Parameters are initialised whole and sliced (`shard_of`), so every tp degree
-starts from the single-device model's weights; gradients are gathered back whole for comparisons.
+The compiler writes the tables into the generated program (`Config.tp_shards` and, for experts sharded over `ep`,
+`Config.ep_shards`: (name pattern, dim, full size)), with `*` standing for a block's index. Parameters are
+initialised whole and sliced (`shard_of`), so every tp and ep degree starts from the single-device model's weights;
+gradients are gathered back whole for comparisons.
 """
 from __future__ import annotations
 
@@ -16,17 +18,22 @@ from runtime import collectives
 
 
 class Shards:
-    def __init__(self, shards: tuple, partial_grads: tuple):
-        self._shards = tuple(shards)
+    def __init__(self, shards: tuple, partial_grads: tuple, ep_shards: tuple = ()):
+        self._shards = tuple((p, d, f, "tp") for p, d, f in shards) + tuple((p, d, f, "ep") for p, d, f in ep_shards)
         self._partial = tuple(partial_grads)
 
-    def of(self, name: str) -> tuple[int, int] | None:
-        """(dim, full size of that dim) if parameter `name` is sharded over tp, else None."""
+    def of(self, name: str) -> tuple[int, int, str] | None:
+        """(dim, full size of that dim, axis) if parameter `name` is sharded over tp or ep, else None."""
         name = name.removeprefix("module.")
-        for pattern, dim, full in self._shards:
+        for pattern, dim, full, axis in self._shards:
             if fnmatch.fnmatchcase(name, pattern):
-                return dim, full
+                return dim, full, axis
         return None
+
+    def expert(self, name: str) -> bool:
+        """Whether `name` is an expert weight sharded over ep (its gradient is synchronised over dp only)."""
+        s = self.of(name)
+        return s is not None and s[2] == "ep"
 
     def partial(self, name: str) -> bool:
         """Whether the gradient of `name` is partial over tp (sequence parallelism) and must be summed."""
@@ -34,9 +41,9 @@ class Shards:
         return any(fnmatch.fnmatchcase(name, p) for p in self._partial)
 
 
-def local_slice(full: torch.Tensor, dim: int, local: int) -> torch.Tensor:
-    """This tp rank's slice of `full` along `dim`, zero-padded at the end to `local` × tp."""
-    n, rank = collectives.axis_size("tp"), collectives.axis_rank("tp")
+def local_slice(full: torch.Tensor, dim: int, local: int, axis: str = "tp") -> torch.Tensor:
+    """This rank's slice of `full` along `dim` over `axis`, zero-padded at the end to `local` × its size."""
+    n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
     pad = local * n - full.shape[dim]
     if pad:
         widths = [0, 0] * (full.ndim - dim - 1) + [0, pad]
@@ -60,24 +67,21 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
                    scale=None) -> torch.Tensor:
     """The global gradient norm of the single-device model, from sharded pieces; scales gradients down to
     `max_norm` when above it (as torch.nn.utils.clip_grad_norm_). tp-sharded gradients are summed over tp,
-    replicated ones counted once; FSDP's dp shards (DTensor gradients) are summed over dp; pipeline stages' norms
-    over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
+    replicated ones counted once; experts sharded over ep summed over ep; FSDP's dp shards (DTensor gradients) are
+    summed over dp; pipeline stages' norms over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
     but scaled on both stages."""
     named = [(n, p) for n, p in named_params if p.grad is not None]
     device = named[0][1].grad.device if named else torch.device("cpu")
-    sharded = torch.zeros((), device=device, dtype=torch.float64)
-    replicated = torch.zeros((), device=device, dtype=torch.float64)
+    sums = {axis: torch.zeros((), device=device, dtype=torch.float64) for axis in ("tp", "ep", None)}
     dp_sharded = False
     for name, p in named:
         dp_sharded |= hasattr(p.grad, "to_local")
-        sq = _local(p.grad).double().pow(2).sum()
-        if shards.of(name) is not None:
-            sharded += sq
-        else:
-            replicated += sq
-    if collectives.axis_size("tp") > 1:
-        dist.all_reduce(sharded, group=collectives._group("tp"))
-    total = sharded + replicated
+        s = shards.of(name)
+        sums[s[2] if s is not None else None] += _local(p.grad).double().pow(2).sum()
+    for axis in ("tp", "ep"):
+        if collectives.axis_size(axis) > 1:
+            dist.all_reduce(sums[axis], group=collectives._group(axis))
+    total = sums["tp"] + sums["ep"] + sums[None]
     if dp_sharded and dp_group is not None:
         dist.all_reduce(total, group=dp_group)
     if pp_group is not None:
@@ -92,7 +96,7 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
 
 
 def full_grads(named_params, shards: Shards) -> dict:
-    """Every gradient as the single-device model's whole tensor (gathered over dp and tp), on the CPU."""
+    """Every gradient as the single-device model's whole tensor (gathered over dp, tp and ep), on the CPU."""
     out = {}
     for name, p in named_params:
         name = name.removeprefix("module.")
@@ -101,10 +105,10 @@ def full_grads(named_params, shards: Shards) -> dict:
             continue
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         s = shards.of(name)
-        if s is not None and collectives.axis_size("tp") > 1:
-            dim, full = s
-            parts = [torch.empty_like(g) for _ in range(collectives.axis_size("tp"))]
-            dist.all_gather(parts, g.contiguous(), group=collectives._group("tp"))
+        if s is not None and collectives.axis_size(s[2]) > 1:
+            dim, full, axis = s
+            parts = [torch.empty_like(g) for _ in range(collectives.axis_size(axis))]
+            dist.all_gather(parts, g.contiguous(), group=collectives._group(axis))
             g = torch.cat(parts, dim).narrow(dim, 0, full)
         out[name] = g.detach().cpu().clone()
     return out

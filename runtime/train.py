@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, data, mesh
+from runtime import checkpoint, collectives, data, mesh, moe
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
@@ -83,6 +83,10 @@ class Config:
     """Pipeline stages per pp rank."""
     tied_embedding: bool = False
     """The LM head reuses the embedding: under pp its two copies' gradients are summed."""
+    ep_shards: tuple = ()
+    """Expert weights sharded over ep: (name pattern, dim, full size); their gradients are summed over dp only."""
+    moe: bool = False
+    """The model has Mixture-of-Experts layers: log dropped tokens, expert load and the auxiliary loss."""
 
 
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
@@ -116,12 +120,11 @@ def lr_lambda(cfg: Config):
     return f
 
 
-def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config) -> nn.Module:
-    dp = ctx.axis_size("dp")
-    if dp == 1:
+def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Shards) -> nn.Module:
+    if ctx.batch_size == 1:
         return model
-    group_mesh = ctx.mesh["dp"]
-    if cfg.data_parallel == "fsdp":
+    if cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1:  # the compiler refuses fsdp with ep
+        group_mesh = ctx.mesh["dp"]
         from torch.distributed.fsdp import fully_shard
         # ZeRO-3: each block is one unit (gathered for its forward and backward, then freed), the rest is the root.
         for child in model.children():
@@ -131,7 +134,12 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config) -> nn.
         fully_shard(model, mesh=group_mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
-    return DDP(model, process_group=group_mesh.get_group(),
+    # Dense weights: averaged over every batch shard (dp × ep). Experts sharded over ep are left to
+    # moe.sync_expert_grads, over dp only.
+    experts = [name for name, _ in model.named_parameters() if shards.expert(name)]
+    if experts:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
+    return DDP(model, process_group=ctx.batch_group,
                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
@@ -147,7 +155,7 @@ def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -
     """Whole gradients (gathered over dp and tp); under pp each stage's rank writes `path.ppN`."""
     grads = tp.full_grads(named_params, shards)
     if ctx.axis_size("pp") > 1:
-        if ctx.coords.get("dp", 0) == 0 and ctx.coords.get("tp", 0) == 0:
+        if all(ctx.coords.get(a, 0) == 0 for a in ("dp", "tp", "ep")):
             torch.save(grads, f"{path}.pp{ctx.coords['pp']}")
     elif ctx.is_logger:
         torch.save(grads, path)
@@ -182,17 +190,17 @@ def main(model_cls, cfg: Config, loss_fn=None) -> None:
 
 def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[float]:
     torch.manual_seed(cfg.seed)
-    shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads)
+    shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads, cfg.ep_shards)
     fsdp = cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1
 
     def prepare(module: nn.Module) -> nn.Module:
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
-            module = _wrap_data_parallel(module, ctx, cfg)
+            module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
         init_parameters(module, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
                         shard_of=shards.of, local_slice=tp.local_slice)
-        return module if fsdp else _wrap_data_parallel(module, ctx, cfg)
+        return module if fsdp else _wrap_data_parallel(module, ctx, cfg, shards)
 
     pipe = None
     if ctx.axis_size("pp") > 1:
@@ -212,7 +220,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
              if cfg.checkpoint_dir and model is not None else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
-    dp, dp_rank = ctx.axis_size("dp"), ctx.coords.get("dp", 0)
+    # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
+    shards_n, shard = ctx.batch_size, ctx.batch_rank
+    dp = ctx.axis_size("dp")
+    dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
+    # The auxiliary MoE loss is scaled like each micro-batch's loss: 1/m here, by the pipeline schedule under pp.
+    moe.set_aux_loss_scale(1.0 if pipe is not None else 1.0 / cfg.micro_batches)
     source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
               else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed))
     autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
@@ -227,17 +240,18 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
               f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
     losses = []
     t_start = time.perf_counter()
-    dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     for step in range(start, stop):
         t0 = time.perf_counter()
+        moe.stats_reset()
         if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
         total = torch.zeros((), device=ctx.device)
         if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, 0, 1)
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, 0, 1)
             total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
         for j in range(cfg.micro_batches if pipe is None else 0):
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, dp_rank, dp, j, cfg.micro_batches)
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, j,
+                                               cfg.micro_batches)
             tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == cfg.micro_batches - 1
             no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
@@ -248,6 +262,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                     loss = model(tokens, targets) / cfg.micro_batches
                 loss.backward()
             total += loss.detach()
+        if cfg.ep_shards:
+            moe.sync_expert_grads(all_named(), shards.expert, dp_group, shards_n)
         tp.sync_partial_grads(all_named(), shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
@@ -258,21 +274,29 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if dp > 1:  # the logged loss is the mean over the global batch
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.mesh["dp"].get_group())
-            total /= dp
+        if shards_n > 1:  # the logged loss is the mean over the global batch
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
+            total /= shards_n
         loss_value = total.item()
         losses.append(loss_value)
         dt = time.perf_counter() - t0
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
+        # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
+        experts = (moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp"))
+                   if cfg.moe and (log_now or args.metrics) else None)
         if metrics:
-            metrics.write(json.dumps({"step": step + 1, "loss": loss_value, "grad_norm": float(norm),
-                                      "lr": sched.get_last_lr()[0], "step_time": dt,
-                                      "tokens_per_s": tokens_per_step / dt}) + "\n")
+            record = {"step": step + 1, "loss": loss_value, "grad_norm": float(norm), "lr": sched.get_last_lr()[0],
+                      "step_time": dt, "tokens_per_s": tokens_per_step / dt}
+            if experts:
+                record.update({f"moe_{k}": v for k, v in experts.items()})
+            metrics.write(json.dumps(record) + "\n")
             metrics.flush()
-        if ctx.is_logger and ((step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start):
+        if ctx.is_logger and log_now:
+            moe_text = (f" | dropped {experts['dropped']:,}/{experts['routed']:,} choices | max expert load "
+                        f"{experts['max_load']:.2f}× | aux {experts['aux_loss']:.4f}" if experts else "")
             print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
-                  f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step",
-                  flush=True)
+                  f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
+                  + moe_text, flush=True)
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
                                    or step + 1 == stop):
             checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx, cfg.steps)

@@ -115,7 +115,8 @@ def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, t
         if s is None:
             assert all(torch.equal(p, reference[name]) for p in parts), name
         else:
-            dim, full = s
+            dim, full, axis = s
+            assert axis == "tp"
             whole = torch.cat(parts, dim)
             assert torch.equal(whole.narrow(dim, 0, full), reference[name]), name
             assert torch.all(whole.narrow(dim, full, whole.shape[dim] - full) == 0), f"{name}: padding not zero"

@@ -13,7 +13,9 @@ def test_language_vocabulary_is_pinned():
     assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
         "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
         "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias"),
-        "mlp": ("hidden", "ffn", "act", "bias"), "residual": (),
+        "mlp": ("hidden", "ffn", "act", "bias"),
+        "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped"),
+        "residual": (),
         "lm_head": ("vocab", "hidden", "tied", "bias"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps")
@@ -26,7 +28,7 @@ def test_language_vocabulary_is_pinned():
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
-    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep") and check.SUPPORTED_AXES == ("dp", "tp", "pp")
+    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep")
 
 
 def test_cli_flags_are_pinned(monkeypatch):

@@ -23,8 +23,12 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.model import residual_out
 from runtime.layers import Bias, Repeat
+from runtime.moe import Experts
 
 INIT_STD = 0.02
+
+# Runtime modules whose functions the passes and the model call by name in emitted code.
+RUNTIME_MODULES = ("runtime.collectives", "runtime.moe")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ def _ctor(mod: nn.Module) -> str:
         return f"nn.RMSNorm({mod.normalized_shape[0]}, eps={mod.eps!r})"
     if isinstance(mod, Bias):
         return f"Bias({mod.bias.shape[0]})"
+    if isinstance(mod, Experts):
+        e, h, f = mod.w_up.shape
+        return f"moe.Experts({e}, {h}, {f}, act={mod.act!r})"
     raise NotImplementedError(f"no constructor for {type(mod).__name__}")
 
 
@@ -98,12 +105,15 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
     """The graph's Python code as a method, with a provenance comment before each .scale layer's statements."""
     py = gm.graph.python_code(root_module="self")
     code = py.src
-    for name, obj in py.globals.items():  # runtime functions read as `collectives.fn(...)`
-        if getattr(obj, "__module__", "") == "runtime.collectives":
-            code = re.sub(rf"\b{re.escape(name)}\b", f"collectives.{obj.__name__}", code)
+    for name, obj in py.globals.items():  # runtime functions read as `collectives.fn(...)`, `moe.fn(...)`
+        module = getattr(obj, "__module__", "") or ""
+        if module in RUNTIME_MODULES:
+            code = re.sub(rf"(?<![.\w]){re.escape(name)}\b", f"{module.split('.')[1]}.{obj.__name__}", code)
     for private, public in _PUBLIC_NAMES.items():
         code = code.replace(private, public)
-    lines = [ln for ln in code.strip("\n").splitlines()]
+    # FX's `wrap(...)` registrations of the runtime's MoE functions are not code the program needs.
+    lines = [ln for ln in code.strip("\n").splitlines()
+             if ln.strip() and not ln.startswith("torch.fx._symbolic_trace.wrap(")]
     header, body = lines[0], [ln for ln in lines[1:] if ln.strip()]
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder",)]
     # One statement per node: FX codegen's contract for our graphs; checked, so a change in torch shows up here.
@@ -173,6 +183,12 @@ def config_values(spec: S.Spec, traced: T.Traced) -> dict:
         "pp_schedule": spec.plan.schedule, "virtual_stages": spec.plan.virtual_stages,
         "tied_embedding": bool(spec.model.layers[-2].tied),
     }
+    if traced.model.has_moe():  # only MoE programs carry these settings
+        items["ep_shards"] = tuple(
+            (prefix + pname, dim, full)
+            for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]
+            for pname, (dim, full) in gm.meta.get(T.EP_SHARDS, {}).items())
+        items["moe"] = True
     return items
 
 
@@ -217,13 +233,14 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
         segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())
                      | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
+    code = "".join(sg.forward + "".join(leaf.ctor for leaf in sg.leaves) for sg in segs) + (
+        pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]
+        + "".join(leaf.ctor for _, leaves in pipeline["leaf_groups"] for leaf in leaves) if pipeline else "")
+    modules = [m.split(".")[1] for m in RUNTIME_MODULES if f"{m.split('.')[1]}." in code] + ["train"]
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
-        runtime_imports=imports or ["Repeat"], segments=segs,
-        runtime_modules=(["collectives"] if any("collectives." in sg.forward for sg in segs) or (
-            pipeline and "collectives." in pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]) else [])
-        + ["train"], pipeline=pipeline,
+        runtime_imports=imports or ["Repeat"], segments=segs, runtime_modules=modules, pipeline=pipeline,
         config=[(k, repr(v)) for k, v in config_values(spec, traced).items()])
 
 
@@ -241,6 +258,10 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
         shards = gm.meta.get(T.TP_SHARDS, {})
         for pname, shape in gm.meta[T.PARAM_SHAPES].items():
             placement = {"dp": dp_placement}
+            if pname in gm.meta.get(T.EP_SHARDS, {}):
+                placement = {"dp": "Replicate()", "ep": f"Shard({gm.meta[T.EP_SHARDS][pname][0]})"}
+            elif spec.mesh.size("ep") > 1:
+                placement["ep"] = "Replicate()"
             if spec.mesh.size("tp") > 1:
                 placement["tp"] = f"Shard({shards[pname][0]})" if pname in shards else (
                     "Replicate(), gradient Partial(sum)" if pname in gm.meta.get(T.TP_PARTIAL_GRADS, ())

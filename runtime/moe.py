@@ -1,0 +1,266 @@
+"""Mixture-of-Experts: the router, capacity and token dropping, the experts, and the all-to-all dispatch and
+combine over the `ep` axis (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021).
+
+Shapes: B sequences, S tokens per sequence, H model width, E experts, K choices per token (top-k), C capacity.
+
+Capacity groups are sequences. Each sequence offers every expert C slots, C = min(S, ceil(factor · K · S / E)),
+filled first by the tokens' first choices in position order, then by their second choices, and so on (GShard's
+priority). A choice that finds its expert full is dropped: its slot index is the trash slot E·C. Because a group is
+one sequence, which tokens are dropped does not depend on how the batch is split over ranks: every layout computes
+exactly what the single-device model computes.
+
+The buffers have static shapes (E × B·C × H, padded to capacity), so the FX trace needs no data-dependent branch and
+every all-to-all moves a size the compiler knows: E·B·C·H elements each way.
+
+  route(logits, top_k, capacity, aux_weight)  -> slot_BSK, gate_BSK   (and the auxiliary load-balancing loss)
+  dispatch(x_BSH, slot_BSK, experts, capacity) -> x_ENH, N = B·C        (tokens into expert-major slots)
+  all_to_all_dispatch(x_ENH, axis)             -> (E/ep) × (ep·N) × H    (each rank receives its experts' slots)
+  Experts(x)                                    batched expert MLPs on this rank's experts
+  all_to_all_combine(y, axis)                  -> E × N × H              (the outputs go back to their tokens)
+  combine(y_ENH, slot_BSK, gate_BSK[, x_BSH])  -> y_BSH                  (gate-weighted sum over the choices)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from runtime import collectives
+
+# -- the auxiliary loss ------------------------------------------------------------------------------------------
+
+_AUX_GRAD_SCALE = 1.0
+
+
+def set_aux_loss_scale(scale: float) -> None:
+    """The factor the training loop applies to each micro-batch's loss before backward (1/micro-batches without a
+    pipeline; 1 under pipelining, which scales the gradients afterwards): the auxiliary loss gets the same."""
+    global _AUX_GRAD_SCALE
+    _AUX_GRAD_SCALE = scale
+
+
+class _AddAuxLoss(torch.autograd.Function):
+    """Forward: the identity on `x`. Backward: also d(weight · aux)/d(aux) = weight · scale into `aux`, as if
+    `weight · aux` had been added to the loss. The auxiliary loss thus trains the router wherever its layer runs,
+    also on a pipeline stage that never sees the final loss (Megatron-LM's MoEAuxLossAutoScaler does the same)."""
+
+    @staticmethod
+    def forward(ctx, x, aux, weight: float):
+        ctx.weight = weight
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.full((), ctx.weight * _AUX_GRAD_SCALE, dtype=torch.float32, device=grad.device), None
+
+
+# -- statistics for the training log ------------------------------------------------------------------------------
+
+# [dropped choices, routed choices, sum of auxiliary losses, router calls] since the last reset, and the largest
+# expert load relative to a perfectly balanced one (K·S/E per sequence).
+_SUMS: torch.Tensor | None = None
+_MAX_LOAD: torch.Tensor | None = None
+
+
+def stats_reset() -> None:
+    global _SUMS, _MAX_LOAD
+    _SUMS = _MAX_LOAD = None
+
+
+def _record(keep_BSK, counts_BE, aux, top_k: int) -> None:
+    global _SUMS, _MAX_LOAD
+    if keep_BSK.device.type == "meta":  # pipelining's shape inference
+        return
+    with torch.no_grad():
+        b, s, e = keep_BSK.shape[0], keep_BSK.shape[1], counts_BE.shape[1]
+        sums = torch.stack([(~keep_BSK).sum().double(), torch.tensor(keep_BSK.numel(), dtype=torch.float64,
+                                                                     device=keep_BSK.device),
+                            aux.detach().double(), torch.ones((), dtype=torch.float64, device=keep_BSK.device)])
+        load = counts_BE.max().double() / (top_k * s / e)
+        _SUMS = sums if _SUMS is None else _SUMS + sums
+        _MAX_LOAD = load if _MAX_LOAD is None else torch.maximum(_MAX_LOAD, load)
+
+
+def stats_read(device, group=None, duplicates: int = 1) -> dict:
+    """Totals over every rank of `group` (all ranks: one collective each, so every rank must call it), each
+    layer counted once (`duplicates`: how many ranks compute the same tokens, e.g. tp)."""
+    sums = _SUMS.clone() if _SUMS is not None else torch.zeros(4, dtype=torch.float64, device=device)
+    load = _MAX_LOAD.clone().reshape(()) if _MAX_LOAD is not None else torch.zeros((), dtype=torch.float64,
+                                                                                     device=device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(load, op=dist.ReduceOp.MAX, group=group)
+    sums /= duplicates
+    dropped, routed, aux, calls = sums.tolist()
+    return {"dropped": int(round(dropped)), "routed": int(round(routed)),
+            "aux_loss": aux / calls if calls else 0.0, "max_load": float(load)}
+
+
+# -- routing, dispatch, combine -----------------------------------------------------------------------------------
+
+
+def capacity(seq: int, experts: int, top_k: int, factor: float) -> int:
+    """Slots per expert per sequence: the factor times a balanced share of the K·S choices, at most S (an expert
+    receives each token at most once)."""
+    return min(seq, math.ceil(factor * top_k * seq / experts - 1e-9))
+
+
+def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float):
+    """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
+    expert·C + position (E·C for a dropped choice), and the gate weight (the softmax probability; with K > 1
+    renormalised over the K choices, as GShard and Mixtral do). The auxiliary load-balancing loss
+    E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean probability of e; 1 when
+    balanced), averaged over the sequences, trains the router with weight `aux_weight`."""
+    b, s, e = logits_BSE.shape
+    probs_BSE = torch.softmax(logits_BSE.float(), dim=-1)
+    gate_BSK, expert_BSK = torch.topk(probs_BSE, top_k, dim=-1)
+    if top_k > 1:
+        gate_BSK = gate_BSK / gate_BSK.sum(-1, keepdim=True)
+    choice_BSKE = F.one_hot(expert_BSK, e)
+    # Position of each choice in its expert's queue: all first choices (in token order) before second choices.
+    queue_BQE = choice_BSKE.transpose(1, 2).reshape(b, top_k * s, e)
+    pos_BQ = ((queue_BQE.cumsum(1) - 1) * queue_BQE).sum(-1)
+    pos_BSK = pos_BQ.reshape(b, top_k, s).transpose(1, 2)
+    keep_BSK = pos_BSK < capacity
+    slot_BSK = torch.where(keep_BSK, expert_BSK * capacity + pos_BSK, torch.full_like(pos_BSK, e * capacity))
+    counts_BE = choice_BSKE.sum((1, 2))
+    aux = e * ((counts_BE.float() / (top_k * s)) * probs_BSE.mean(1)).sum(-1).mean()
+    if aux_weight > 0 and torch.is_grad_enabled():
+        gate_BSK = _AddAuxLoss.apply(gate_BSK, aux, aux_weight)
+    _record(keep_BSK, counts_BE, aux, top_k)
+    return slot_BSK, gate_BSK
+
+
+def dispatch(x_BSH: torch.Tensor, slot_BSK: torch.Tensor, experts: int, capacity: int) -> torch.Tensor:
+    """Copy each kept (token, choice) into its expert's slot: an expert-major buffer E × (B·C) × H, zero where a
+    slot is empty. Dropped choices land in a trash slot that is cut off."""
+    b, s, h = x_BSH.shape
+    k = slot_BSK.shape[2]
+    src = x_BSH.unsqueeze(2).expand(b, s, k, h).reshape(b, s * k, h)
+    index = slot_BSK.reshape(b, s * k, 1).expand(b, s * k, h)
+    buf = x_BSH.new_zeros(b, experts * capacity + 1, h).scatter_add(1, index, src)
+    return buf[:, :experts * capacity].reshape(b, experts, capacity, h).transpose(0, 1).reshape(
+        experts, b * capacity, h)
+
+
+def combine(y_ENH: torch.Tensor, slot_BSK: torch.Tensor, gate_BSK: torch.Tensor,
+            x_BSH: torch.Tensor | None = None) -> torch.Tensor:
+    """Each token's output: Σ over its choices of gate × the expert's output in its slot. A dropped choice adds
+    nothing (the token goes on through the enclosing residual), or with `x_BSH` (dropped = identity) adds
+    gate × the token itself."""
+    e, n, h = y_ENH.shape
+    b, s, k = slot_BSK.shape
+    c = n // b
+    y = y_ENH.reshape(e, b, c, h).transpose(0, 1).reshape(b, e * c, h)
+    y = torch.cat([y, y.new_zeros(b, 1, h)], dim=1)  # the trash slot reads as zero
+    picked_BSKH = y.gather(1, slot_BSK.reshape(b, s * k, 1).expand(b, s * k, h)).reshape(b, s, k, h)
+    w_BSK = gate_BSK.to(y.dtype)
+    out_BSH = (picked_BSKH * w_BSK.unsqueeze(-1)).sum(2)
+    if x_BSH is not None:
+        dropped_BSK = (slot_BSK == e * c).to(y.dtype)
+        out_BSH = out_BSH + (w_BSK * dropped_BSK).sum(-1, keepdim=True) * x_BSH
+    return out_BSH
+
+
+class Experts(nn.Module):
+    """`experts` MLPs (GELU, or SwiGLU with a gate) without biases, applied batched: E × N × H -> E × N × H.
+    Under expert parallelism each rank holds E/ep of them (the first dim of every weight)."""
+
+    def __init__(self, experts: int, hidden: int, ffn: int, act: str = "gelu"):
+        super().__init__()
+        self.act = act
+        self.w_up = nn.Parameter(torch.empty(experts, hidden, ffn))
+        if act == "swiglu":
+            self.w_gate = nn.Parameter(torch.empty(experts, hidden, ffn))
+        self.w_down = nn.Parameter(torch.empty(experts, ffn, hidden))
+
+    def forward(self, x_ENH: torch.Tensor) -> torch.Tensor:
+        h_ENF = torch.bmm(x_ENH, self.w_up)
+        h_ENF = F.silu(torch.bmm(x_ENH, self.w_gate)) * h_ENF if self.act == "swiglu" else F.gelu(h_ENF)
+        return torch.bmm(h_ENF, self.w_down)
+
+    def extra_repr(self) -> str:
+        e, h, f = self.w_up.shape
+        return f"{e}, {h}, {f}, act={self.act!r}"
+
+
+# -- expert parallelism over `ep` ---------------------------------------------------------------------------------
+
+
+def _exchange(x: torch.Tensor, axis: str) -> torch.Tensor:
+    """all_to_all_single with equal splits along dim 0: chunk j goes to rank j of `axis`; chunk j of the result
+    came from rank j."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    collectives._count("all_to_all", axis, x)
+    dist.all_to_all_single(out, x, group=collectives._group(axis))
+    return out
+
+
+def _to_experts(x_ENH: torch.Tensor, axis: str) -> torch.Tensor:
+    n = collectives.axis_size(axis)
+    e, t, h = x_ENH.shape
+    if e % n:
+        raise ValueError(f"{e} experts do not divide over {axis} = {n}")
+    got = _exchange(x_ENH, axis)  # (source rank, my experts, its slots)
+    return got.reshape(n, e // n, t, h).transpose(0, 1).reshape(e // n, n * t, h)
+
+
+def _from_experts(y_LMH: torch.Tensor, axis: str) -> torch.Tensor:
+    n = collectives.axis_size(axis)
+    el, m, h = y_LMH.shape
+    out = y_LMH.reshape(el, n, m // n, h).transpose(0, 1).reshape(n * el, m // n, h)  # (owner rank, ...)
+    return _exchange(out, axis)
+
+
+class _Dispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis):
+        ctx.axis = axis
+        return _to_experts(x, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _from_experts(grad, ctx.axis), None
+
+
+class _Combine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, axis):
+        ctx.axis = axis
+        return _from_experts(y, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _to_experts(grad, ctx.axis), None
+
+
+def all_to_all_dispatch(x_ENH: torch.Tensor, axis: str) -> torch.Tensor:
+    """Forward: all-to-all over `axis`, E × N × H -> (E/ep) × (ep·N) × H: every rank sends each expert's slots to
+    the rank holding that expert. Backward: the reverse all-to-all of the gradients."""
+    if collectives.axis_size(axis) == 1:
+        return x_ENH
+    return _Dispatch.apply(x_ENH, axis)
+
+
+def all_to_all_combine(y: torch.Tensor, axis: str) -> torch.Tensor:
+    """Forward: all-to-all over `axis`, (E/ep) × (ep·N) × H -> E × N × H: expert outputs return to the ranks
+    whose tokens they are. Backward: the reverse all-to-all of the gradients."""
+    if collectives.axis_size(axis) == 1:
+        return y
+    return _Combine.apply(y, axis)
+
+
+def sync_expert_grads(named_params, is_expert, group, divide: int) -> None:
+    """Gradients of experts sharded over ep: each rank's already sums the contributions of all its ep peers'
+    tokens (through the all-to-all backward). Sum over the ranks that hold the same experts (`group`: dp), then
+    divide by the number of data shards (dp · ep), as data parallelism averages the dense gradients."""
+    for name, p in named_params:
+        if p.grad is None or not is_expert(name):
+            continue
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(p.grad, group=group)
+        p.grad.div_(divide)
