@@ -21,6 +21,7 @@ every all-to-all moves a size the compiler knows: E·B·C·H elements each way.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -63,6 +64,19 @@ class _AddAuxLoss(torch.autograd.Function):
 # expert load relative to a perfectly balanced one (K·S/E per sequence).
 _SUMS: torch.Tensor | None = None
 _MAX_LOAD: torch.Tensor | None = None
+_RECORDING = True
+
+
+@contextlib.contextmanager
+def not_recording():
+    """Forwards that are not training (pipelining's shape inference, on uninitialised tensors) leave the
+    statistics alone."""
+    global _RECORDING
+    before, _RECORDING = _RECORDING, False
+    try:
+        yield
+    finally:
+        _RECORDING = before
 
 
 def stats_reset() -> None:
@@ -72,7 +86,7 @@ def stats_reset() -> None:
 
 def _record(keep_BSK, counts_BE, aux, top_k: int) -> None:
     global _SUMS, _MAX_LOAD
-    if keep_BSK.device.type == "meta":  # pipelining's shape inference
+    if not _RECORDING or keep_BSK.device.type == "meta":
         return
     with torch.no_grad():
         b, s, e = keep_BSK.shape[0], keep_BSK.shape[1], counts_BE.shape[1]

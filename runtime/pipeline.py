@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import schedule
+from runtime import moe, schedule
 
 TIED = "embed.weight"
 
@@ -24,6 +24,13 @@ def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
     lay = schedule.Layout(pp, virtual, micro_batches)
     return {r: [_Action.from_str(str(a)) for a in acts]
             for r, acts in schedule.compute_order(name, lay).items()}
+
+
+def _quietly(fn):
+    def run(*args, **kwargs):
+        with moe.not_recording():
+            return fn(*args, **kwargs)
+    return run
 
 
 def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
@@ -59,6 +66,10 @@ class Pipeline:
             self.modules.append(prepare(module))
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
+        for stage in self.stages:  # its first forward infers shapes on uninitialised tensors: not a training step
+            infer = getattr(stage, "_forward_metadata_inference", None)
+            if infer is not None:
+                stage._forward_metadata_inference = _quietly(infer)
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
         self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=cfg.micro_batches, loss_fn=loss_fn,
                                                  scale_grads=True)

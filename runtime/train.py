@@ -143,6 +143,19 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
+def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> None:
+    """Data parallelism of pipeline stages: the mean over the dp × ep batch shards of every gradient but the
+    experts' (moe.sync_expert_grads), as one coalesced all-reduce after the pipeline step."""
+    if ctx.batch_size == 1:
+        return
+    grads = [p.grad for name, p in named_params if p.grad is not None and not shards.expert(name)]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=ctx.batch_group)
+    flat /= ctx.batch_size
+    for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        g.copy_(avg)
+
+
 def _optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
     # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
     decay = [p for p in params if p.ndim >= 2]
@@ -193,19 +206,21 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads, cfg.ep_shards)
     fsdp = cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1
 
-    def prepare(module: nn.Module) -> nn.Module:
+    def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
         init_parameters(module, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
                         shard_of=shards.of, local_slice=tp.local_slice)
-        return module if fsdp else _wrap_data_parallel(module, ctx, cfg, shards)
+        return module if (fsdp or not ddp) else _wrap_data_parallel(module, ctx, cfg, shards)
 
     pipe = None
     if ctx.axis_size("pp") > 1:
         from runtime.pipeline import Pipeline
-        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, prepare)
+        # Without DDP: its pipelining hook fails a reducer assert when micro-batches = pp (torch 2.13); the
+        # stages' dense gradients are averaged after the step instead (_average_dense_grads).
+        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False))
         model = None
         all_named, norm_named = pipe.all_named_parameters, pipe.named_parameters
     else:
@@ -249,6 +264,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, 0, 1)
             total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
+            if not fsdp:
+                _average_dense_grads(all_named(), ctx, shards)
         for j in range(cfg.micro_batches if pipe is None else 0):
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, j,
                                                cfg.micro_batches)

@@ -27,6 +27,7 @@ class Run:
     output: str
     measured: dict   # "op/axis" -> bytes counted by runtime.collectives during the first step
     predicted: dict  # "op/axis" -> bytes per step the ledger (plan.json) predicts for those collectives
+    records: list = None  # the metrics line of each step
 
 
 def single_device(text: str) -> str:
@@ -65,7 +66,8 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-50:])
         pytest.fail(f"exit {proc.returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
-    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    losses = [r["loss"] for r in records]
     predicted: dict = {}
     for c in json.loads((out / "plan.json").read_text())["ledger"]:
         if c["measured"]:
@@ -73,7 +75,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
             predicted[key] = predicted.get(key, 0) + c["bytes_per_step"]
     measured = json.loads(counts.read_text()) if counts.exists() else {}
     return Run(losses=losses, grads=_grads(grads) if dump_grads else {}, output=output, measured=measured,
-               predicted=predicted)
+               predicted=predicted, records=records)
 
 
 def _grads(path: Path) -> dict:
