@@ -155,10 +155,12 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     dp, ep = spec.mesh.size("dp"), spec.mesh.size("ep")
     span = spec.mesh.axis_spans.get("dp")
     experts = expert_params_per_rank(traced)
+    # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
+    how = "one coalesced all-reduce after the pipeline step" if spec.mesh.size("pp") > 1 else "DDP, bucketed"
     if ep > 1:
         led.add(Collective(op="all_reduce", axis="dp×ep", elements=sympy.expand(params - experts), dtype_bytes=4,
                            per_step=sympy.Integer(1), span=spec.mesh.axis_spans["ep"],
-                           reason="average the dense gradients over every batch shard, dp × ep (DDP, bucketed)",
+                           reason=f"average the dense gradients over every batch shard, dp × ep ({how})",
                            measured=False))
         if dp > 1:
             led.add(Collective(op="all_reduce", axis="dp", elements=experts, dtype_bytes=4,
@@ -168,7 +170,7 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     elif dp > 1:
         if spec.plan.data_parallel == "ddp":
             led.add(Collective(op="all_reduce", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(1),
-                               span=span, reason="average the gradients of the dp replicas (DDP, bucketed)",
+                               span=span, reason=f"average the gradients of the dp replicas ({how})",
                                measured=False))
         else:
             led.add(Collective(op="all_gather", axis="dp", elements=params, dtype_bytes=4,
