@@ -117,9 +117,10 @@ def stats_read(device, group=None, duplicates: int = 1) -> dict:
 
 
 def capacity(seq: int, experts: int, top_k: int, factor: float) -> int:
-    """Slots per expert per sequence: the factor times a balanced share of the K·S choices, at most S (an expert
-    receives each token at most once)."""
-    return min(seq, math.ceil(factor * top_k * seq / experts - 1e-9))
+    """Slots per expert per sequence: the factor times a balanced share of the K·S choices, rounded up (a product
+    that is a whole number up to float rounding is not rounded up), at least 1, at most S (an expert receives each
+    token at most once)."""
+    return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))
 
 
 def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float):

@@ -1,0 +1,617 @@
+"""runtime/moe.py against a naive reference, expert parallelism on two gloo processes, and the MoE trace, its
+expert-parallel pass and its ledger.
+
+The reference is written here from the definitions (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021), with
+plain Python loops over sequences, choices and tokens, and shares no code with runtime/moe.py.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+from dataclasses import dataclass
+
+import pytest
+import sympy
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from runtime import moe
+
+B, S, H, E, FFN = 2, 6, 5, 4, 6   # sequences, tokens per sequence, width, experts, expert inner width
+F64 = torch.float64
+# route() computes the softmax in float32, so the gates carry float32 rounding: compare at about 1e-6.
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(autouse=True)
+def _aux_scale_and_stats():
+    """Every test sees the auxiliary-gradient scale at 1.0 and leaves it (and the router statistics) as found."""
+    saved = moe._AUX_GRAD_SCALE
+    moe.set_aux_loss_scale(1.0)
+    moe.stats_reset()
+    yield
+    moe.set_aux_loss_scale(saved)
+    moe.stats_reset()
+
+
+# -- the naive reference ------------------------------------------------------------------------------------------
+
+
+def _softmax(v: torch.Tensor) -> list:
+    m = max(float(t.detach()) for t in v)
+    ex = [torch.exp(t - m) for t in v]
+    total = sum(ex)
+    return [t / total for t in ex]
+
+
+def _gelu(t):
+    return 0.5 * t * (1.0 + torch.erf(t / math.sqrt(2.0)))
+
+
+def _silu(t):
+    return t / (1.0 + torch.exp(-t))
+
+
+def _expert(token, e: int, w: dict, act: str):
+    up = token @ w["w_up"][e]
+    hid = _silu(token @ w["w_gate"][e]) * up if act == "swiglu" else _gelu(up)
+    return hid @ w["w_down"][e]
+
+
+@dataclass
+class Ref:
+    out: torch.Tensor     # B × S × H
+    aux: torch.Tensor     # the load-balancing loss, averaged over sequences
+    dropped: int          # choices over capacity
+    kept: list            # per sequence, the set of kept (token, choice) pairs
+    counts: list          # per sequence, choices (all k, before dropping) per expert
+
+
+def reference(x, logits, w: dict, act: str, top_k: int, cap: int, dropped: str = "residual",
+              priority: str = "choice", renormalise: bool = True) -> Ref:
+    """`priority`: "choice" (GShard: every first choice in token order, then every second choice, ...) or "token"
+    (a deliberately wrong order, token by token, to show the comparison notices); `renormalise`: gates over the k
+    choices (False only to show the comparison notices)."""
+    nb, ns, nh = x.shape
+    ne = logits.shape[-1]
+    rows, auxes, kept_all, counts_all = [], [], [], []
+    n_dropped = 0
+    for b in range(nb):
+        probs = [_softmax(logits[b, s]) for s in range(ns)]
+        choices = []
+        for s in range(ns):
+            order = sorted(range(ne), key=lambda e: -float(probs[s][e].detach()))
+            choices.append(order[:top_k])
+        if priority == "choice":
+            queue = [(s, j) for j in range(top_k) for s in range(ns)]
+        else:
+            queue = [(s, j) for s in range(ns) for j in range(top_k)]
+        used = [0] * ne
+        kept = set()
+        for s, j in queue:
+            e = choices[s][j]
+            if used[e] < cap:
+                kept.add((s, j))
+                used[e] += 1
+        row = []
+        for s in range(ns):
+            total = sum(probs[s][e] for e in choices[s])
+            acc = torch.zeros(nh, dtype=x.dtype)
+            for j, e in enumerate(choices[s]):
+                gate = probs[s][e] / total if (top_k > 1 and renormalise) else probs[s][e]
+                if (s, j) in kept:
+                    acc = acc + gate * _expert(x[b, s], e, w, act)
+                else:
+                    n_dropped += 1
+                    if dropped == "identity":
+                        acc = acc + gate * x[b, s]
+            row.append(acc)
+        rows.append(torch.stack(row))
+        counts = [sum(1 for s in range(ns) for c in choices[s] if c == e) for e in range(ne)]
+        f = [counts[e] / (top_k * ns) for e in range(ne)]
+        p_mean = [sum(probs[s][e] for s in range(ns)) / ns for e in range(ne)]
+        auxes.append(ne * sum(f[e] * p_mean[e] for e in range(ne)))
+        kept_all.append(kept)
+        counts_all.append(counts)
+    return Ref(torch.stack(rows), sum(auxes) / nb, n_dropped, kept_all, counts_all)
+
+
+# -- the runtime, and the inputs both see ----------------------------------------------------------------------
+
+
+def _weights(act: str, n_experts: int = E, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    w = {"router": torch.randn(H, n_experts, generator=g, dtype=F64) * 1.5,
+         "w_up": torch.randn(n_experts, H, FFN, generator=g, dtype=F64) * 0.5,
+         "w_down": torch.randn(n_experts, FFN, H, generator=g, dtype=F64) * 0.5}
+    if act == "swiglu":
+        w["w_gate"] = torch.randn(n_experts, H, FFN, generator=g, dtype=F64) * 0.5
+    return w
+
+
+def _experts_module(w: dict, act: str, lo: int = 0, hi: int | None = None) -> moe.Experts:
+    """An Experts leaf holding experts [lo, hi) of the full weights `w`."""
+    hi = w["w_up"].shape[0] if hi is None else hi
+    mod = moe.Experts(hi - lo, H, FFN, act).to(F64)
+    with torch.no_grad():
+        for name, p in mod.named_parameters():
+            p.copy_(w[name][lo:hi])
+    return mod
+
+
+def _run(x, router, experts: moe.Experts, n_experts: int, top_k: int, cap: int, aux_weight: float, dropped: str,
+         axis: str | None = None):
+    """The layer as compiler/model.py writes it (router → route → dispatch → experts → combine), with the two
+    all-to-alls the expert-parallel pass inserts when `axis` is given."""
+    slot, gate = moe.route(x @ router, top_k, cap, aux_weight)
+    buf = moe.dispatch(x, slot, n_experts, cap)
+    if axis is not None:
+        buf = moe.all_to_all_dispatch(buf, axis)
+    y = experts(buf)
+    if axis is not None:
+        y = moe.all_to_all_combine(y, axis)
+    return moe.combine(y, slot, gate, x if dropped == "identity" else None), slot
+
+
+def _inputs(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, S, H, generator=g, dtype=F64), torch.randn(B, S, H, generator=g, dtype=F64)
+
+
+def _small_cap(top_k: int) -> int:
+    return 1 if top_k == 1 else 2   # S·k choices into E·cap < S·k slots: some must drop
+
+
+# -- 1. route + dispatch + Experts + combine against the reference -------------------------------------------
+
+
+@pytest.mark.parametrize("dropped", ["residual", "identity"])
+@pytest.mark.parametrize("cap_kind", ["small", "large"])
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_forward_matches_reference(top_k, act, cap_kind, dropped):
+    w = _weights(act)
+    x, _ = _inputs()
+    cap = _small_cap(top_k) if cap_kind == "small" else S
+    out, slot = _run(x, w["router"], _experts_module(w, act), E, top_k, cap, 0.0, dropped)
+    ref = reference(x, x @ w["router"], w, act, top_k, cap, dropped)
+    if cap_kind == "small":
+        assert ref.dropped > 0
+    else:
+        assert ref.dropped == 0
+    assert int((slot == E * cap).sum()) == ref.dropped
+    # In each sequence, every kept choice sits in a distinct slot.
+    for b in range(B):
+        kept = slot[b][slot[b] != E * cap]
+        assert kept.unique().numel() == kept.numel()
+    assert out.dtype == F64 and out.shape == (B, S, H)
+    torch.testing.assert_close(out, ref.out, **TOL)
+
+
+@pytest.mark.parametrize("aux_weight", [0.0, 0.3])
+@pytest.mark.parametrize("act,top_k,cap_kind,dropped", [
+    ("gelu", 1, "small", "residual"), ("swiglu", 1, "large", "identity"),
+    ("gelu", 2, "large", "residual"), ("swiglu", 2, "small", "identity"), ("swiglu", 2, "small", "residual")])
+def test_gradients_match_reference(act, top_k, cap_kind, dropped, aux_weight):
+    w = _weights(act)
+    x0, probe = _inputs()
+    cap = _small_cap(top_k) if cap_kind == "small" else S
+    # The runtime: sum(output · probe); the auxiliary loss enters only through _AddAuxLoss in backward.
+    x = x0.clone().requires_grad_()
+    router = w["router"].clone().requires_grad_()
+    experts = _experts_module(w, act)
+    out, _ = _run(x, router, experts, E, top_k, cap, aux_weight, dropped)
+    (out * probe).sum().backward()
+    # The reference: sum(output · probe) + aux_weight · aux, differentiated by autograd.
+    rx = x0.clone().requires_grad_()
+    rw = {k: v.clone().requires_grad_() for k, v in w.items()}
+    ref = reference(rx, rx @ rw["router"], rw, act, top_k, cap, dropped)
+    assert (ref.dropped > 0) == (cap_kind == "small")
+    ((ref.out * probe).sum() + aux_weight * ref.aux).backward()
+    torch.testing.assert_close(x.grad, rx.grad, **TOL)
+    torch.testing.assert_close(router.grad, rw["router"].grad, **TOL)
+    for name, p in experts.named_parameters():
+        torch.testing.assert_close(p.grad, rw[name].grad, **TOL, msg=lambda m: f"{name}: {m}")
+    if aux_weight > 0:  # the auxiliary term is large enough that a missing or doubled one would show
+        rr = w["router"].clone().requires_grad_()
+        again = reference(x0, x0 @ rr, w, act, top_k, cap, dropped)
+        (again.out * probe).sum().backward()
+        assert not torch.allclose(router.grad, rr.grad, **TOL)
+
+
+def test_aux_gradient_follows_the_loss_scale():
+    """set_aux_loss_scale(s): the auxiliary gradient is scaled by s, as the training loop scales the loss."""
+    act, top_k, cap, aux_weight, scale = "gelu", 2, 2, 0.4, 0.25
+    w = _weights(act)
+    x0, probe = _inputs()
+    router = w["router"].clone().requires_grad_()
+    moe.set_aux_loss_scale(scale)
+    out, _ = _run(x0, router, _experts_module(w, act), E, top_k, cap, aux_weight, "residual")
+    (out * probe).sum().backward()
+    rr = w["router"].clone().requires_grad_()
+    ref = reference(x0, x0 @ rr, w, act, top_k, cap)
+    ((ref.out * probe).sum() + scale * aux_weight * ref.aux).backward()
+    torch.testing.assert_close(router.grad, rr.grad, **TOL)
+
+
+def test_forward_without_grad_mode_and_an_aux_weight():
+    """Under no_grad (evaluation) route skips _AddAuxLoss: the output is unchanged and nothing fails."""
+    w = _weights("gelu")
+    x, _ = _inputs()
+    with torch.no_grad():
+        out, _ = _run(x, w["router"], _experts_module(w, "gelu"), E, 2, 2, 0.5, "residual")
+    torch.testing.assert_close(out, reference(x, x @ w["router"], w, "gelu", 2, 2).out, **TOL)
+
+
+def test_reference_notices_wrong_priority_gates_and_dropping():
+    """The comparisons above are not vacuous: on the same inputs, a token-major queue, unnormalised gates or the
+    other treatment of dropped choices each give a clearly different output."""
+    act, top_k = "swiglu", 2
+    w = _weights(act)
+    x, _ = _inputs()
+    cap = _small_cap(top_k)
+    logits = x @ w["router"]
+    out, _ = _run(x, w["router"], _experts_module(w, act), E, top_k, cap, 0.0, "residual")
+    good = reference(x, logits, w, act, top_k, cap)
+    torch.testing.assert_close(out, good.out, **TOL)
+    token_major = reference(x, logits, w, act, top_k, cap, priority="token")
+    assert token_major.kept != good.kept
+    assert not torch.allclose(out, token_major.out, **TOL)
+    assert not torch.allclose(out, reference(x, logits, w, act, top_k, cap, renormalise=False).out, **TOL)
+    assert not torch.allclose(out, reference(x, logits, w, act, top_k, cap, dropped="identity").out, **TOL)
+
+
+def test_route_priority_by_hand():
+    """Capacity 1, top-2, three experts. Token 0 prefers e0 then e1; token 1 prefers e1 then e2. GShard fills all
+    first choices first: t0→e0, t1→e1; then t0's second choice finds e1 full (dropped) and t1's goes to e2.
+    Token-major order would have kept t0→e1 and dropped t1→e1."""
+    logits = torch.tensor([[[3.0, 2.0, 0.0], [0.0, 3.0, 2.0]]])
+    slot, gate = moe.route(logits, 2, 1, 0.0)
+    trash = 3 * 1
+    assert slot.tolist() == [[[0, trash], [1, 2]]]
+    p = torch.softmax(torch.tensor([3.0, 2.0]), 0)
+    torch.testing.assert_close(gate[0, 0], p)
+    # Capacity 2: everything fits; slot = expert · C + position in the expert's queue (first choices first).
+    slot, _ = moe.route(logits, 2, 2, 0.0)
+    assert slot.tolist() == [[[0 * 2 + 0, 1 * 2 + 1], [1 * 2 + 0, 2 * 2 + 0]]]
+    # Top-1: the gate is the probability itself, not renormalised to 1.
+    _, gate1 = moe.route(logits, 1, 1, 0.0)
+    torch.testing.assert_close(gate1[0, :, 0], torch.softmax(logits[0], -1).max(-1).values)
+
+
+def test_dispatch_and_combine_by_hand():
+    """One sequence of two tokens, two experts, capacity 1: token 0 kept in expert 1's slot, token 1 dropped."""
+    x = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]], dtype=F64)
+    slot = torch.tensor([[[1], [2]]])               # slot 2 = E·C: the trash slot
+    buf = moe.dispatch(x, slot, 2, 1)
+    assert buf.tolist() == [[[0.0, 0.0]], [[1.0, 2.0]]]
+    y = torch.tensor([[[10.0, 20.0]], [[30.0, 40.0]]], dtype=F64)
+    gate = torch.tensor([[[0.5], [0.25]]])
+    assert moe.combine(y, slot, gate).tolist() == [[[15.0, 20.0], [0.0, 0.0]]]
+    assert moe.combine(y, slot, gate, x).tolist() == [[[15.0, 20.0], [0.75, 1.0]]]
+
+
+# -- 2. capacity -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seq,experts,top_k,factor,expected", [
+    (32, 8, 2, 1.25, 10),   # 1.25 · 2 · 32 / 8 = 10 exactly
+    (12, 4, 2, 1.25, 8),    # 7.5 → 8
+    (10, 3, 1, 1.0, 4),     # 3.33 → 4
+    (50, 5, 1, 1.1, 11),    # 1.1 · 50 / 5 is 11.000000000000002 in floating point: still 11
+    (25, 5, 2, 1.1, 11),    # likewise
+    (4, 2, 2, 2.0, 4),      # 8 would exceed the sequence: an expert takes each token at most once
+    (6, 1, 2, 1.0, 6),      # one expert, top-2 (12 choices): still at most S
+])
+def test_capacity(seq, experts, top_k, factor, expected):
+    assert moe.capacity(seq, experts, top_k, factor) == expected
+
+
+def test_capacity_never_above_seq():
+    for seq in (1, 3, 8, 17):
+        for experts in (1, 2, 8):
+            for top_k in (1, 2):
+                for factor in (0.5, 1.0, 1.25, 4.0):
+                    c = moe.capacity(seq, experts, top_k, factor)
+                    assert 1 <= c <= seq
+                    assert c == min(seq, math.ceil(round(factor * top_k * seq / experts, 9)))
+
+
+def test_capacity_of_a_tiny_positive_factor_is_one():
+    """A positive factor, however small, leaves every expert at least one slot (the size is declared positive)."""
+    assert moe.capacity(8, 8, 1, 1e-10) == 1
+
+
+# -- 5. router statistics ---------------------------------------------------------------------------------------
+
+
+def test_stats_match_reference():
+    nb, ns, k, cap = 3, 8, 2, 3
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(nb, ns, E, generator=g, dtype=F64) * 2
+    ref = reference(torch.zeros(nb, ns, H, dtype=F64), logits, _weights("gelu"), "gelu", k, cap)
+    assert ref.dropped > 0
+    moe.stats_reset()
+    moe.route(logits, k, cap, 0.0)
+    st = moe.stats_read(device="cpu")
+    assert st["dropped"] == ref.dropped
+    assert st["routed"] == nb * ns * k
+    assert st["aux_loss"] == pytest.approx(float(ref.aux), rel=1e-6)
+    assert st["max_load"] == pytest.approx(max(max(c) for c in ref.counts) / (k * ns / E))
+    # A second call adds to the sums; the auxiliary loss is averaged over the calls.
+    moe.route(logits[:1], k, cap, 0.0)
+    ref1 = reference(torch.zeros(1, ns, H, dtype=F64), logits[:1], _weights("gelu"), "gelu", k, cap)
+    st = moe.stats_read(device="cpu")
+    assert st["dropped"] == ref.dropped + ref1.dropped
+    assert st["routed"] == (nb + 1) * ns * k
+    assert st["aux_loss"] == pytest.approx((float(ref.aux) + float(ref1.aux)) / 2, rel=1e-6)
+    moe.stats_reset()
+    assert moe.stats_read(device="cpu") == {"dropped": 0, "routed": 0, "aux_loss": 0.0, "max_load": 0.0}
+
+
+# -- 3. expert parallelism over ep on two gloo processes -------------------------------------------------------
+
+WORLD = 2
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, body) -> None:
+    """Run `body` on one rank; leave with os._exit (a normal interpreter exit after gloo can SIGABRT), carrying
+    failure in the exit code and the traceback on stderr."""
+    import sys
+    import traceback
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    code = 0
+    try:
+        from runtime import collectives
+        collectives.register("ep", dist.group.WORLD)
+        body(rank, collectives)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _spawn(body) -> None:
+    mp.spawn(_worker, args=(_port(), body), nprocs=WORLD, join=True)
+
+
+# (act, top_k, capacity, dropped, aux_weight)
+EP_CASES = [("gelu", 1, 1, "residual", 0.0), ("swiglu", 2, 2, "identity", 0.2), ("swiglu", 2, S, "residual", 0.0)]
+
+
+def _ep_body(rank, C):
+    from runtime import moe as M
+    local = E // WORLD
+    lo, hi = rank * local, (rank + 1) * local
+    for act, top_k, cap, dropped, aux in EP_CASES:
+        w = _weights(act)                              # the same full weights on every rank
+        x0, probe = _inputs(seed=100 + rank)           # each rank its own tokens
+        # One process with every expert, on this rank's tokens.
+        x1 = x0.clone().requires_grad_()
+        r1 = w["router"].clone().requires_grad_()
+        full = _experts_module(w, act)
+        out1, slot1 = _run(x1, r1, full, E, top_k, cap, aux, dropped)
+        (out1 * probe).sum().backward()
+        # Expert parallel: this rank holds experts [lo, hi), slices of the same weights.
+        x2 = x0.clone().requires_grad_()
+        r2 = w["router"].clone().requires_grad_()
+        mine = _experts_module(w, act, lo, hi)
+        C.count_bytes(True)
+        out2, slot2 = _run(x2, r2, mine, E, top_k, cap, aux, dropped, axis="ep")
+        n = B * cap
+        assert C.BYTES[("all_to_all", "ep")] == 2 * E * n * H * 8, C.BYTES   # dispatch + combine, float64
+        (out2 * probe).sum().backward()
+        assert C.BYTES[("all_to_all", "ep")] == 4 * E * n * H * 8, C.BYTES   # and their reverses
+        C.count_bytes(False)
+        assert torch.equal(slot1, slot2)
+        if cap < S:
+            assert bool((slot1 == E * cap).any()), "no choice was dropped: the case tests less than it should"
+        # The same routing and the same arithmetic per token; only the batched matmuls see 2N rows instead of N
+        # (and the expert-weight gradients sum both ranks' slots in another order), which a BLAS may round
+        # differently: equal to float64 rounding (the forward is bit-identical on our machines, x.grad is not).
+        exact = dict(rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out2, out1, **exact)
+        torch.testing.assert_close(x2.grad, x1.grad, **exact)
+        torch.testing.assert_close(r2.grad, r1.grad, **exact)   # the router stays local (replicated weights)
+        for name, p in mine.named_parameters():
+            assert p.shape[0] == local
+            # The all-to-all backward brings every rank's contribution to the experts' owner: the sum over ranks
+            # of the single-process gradients, sliced.
+            total = dict(full.named_parameters())[name].grad.clone()
+            dist.all_reduce(total)
+            torch.testing.assert_close(p.grad, total[lo:hi], **exact, msg=lambda m: f"{name}: {m}")
+        # The ranks' tokens differ, so a rank answering with only its own slots would have been caught.
+        gathered = [torch.empty_like(out1) for _ in range(WORLD)]
+        dist.all_gather(gathered, out1.detach().contiguous())
+        assert not torch.allclose(gathered[0], gathered[1])
+    # The shapes the all-to-alls produce: E × N × H -> (E/ep) × (ep·N) × H and back.
+    buf = torch.randn(E, 3, H, generator=torch.Generator().manual_seed(rank), dtype=F64)   # differs per rank
+    sent = M.all_to_all_dispatch(buf, "ep")
+    assert sent.shape == (local, WORLD * 3, H)
+    back = M.all_to_all_combine(sent, "ep")
+    assert torch.equal(back, buf)
+    everyone = [torch.empty_like(buf) for _ in range(WORLD)]
+    dist.all_gather(everyone, buf)
+    # The slots rank i holds for this rank's experts arrive as block i of their rows.
+    for i in range(WORLD):
+        assert torch.equal(sent[:, i * 3:(i + 1) * 3], everyone[i][lo:hi])
+
+
+def test_expert_parallel_matches_single_process():
+    _spawn(_ep_body)
+
+
+# -- 4. tracing, the expert-parallel pass and the ledger -----------------------------------------------------------
+
+# samples/moe_gpt.scale at small sizes; {second} is the second layer of each block's dense pair, {ep} the ep degree.
+MOE_TEXT = """
+model moe_gpt {{
+  vocab   = 32
+  hidden  = 16
+  heads   = 2
+  layers  = 4                # layers/2 blocks of (dense layer, MoE layer): two MoE layers
+  seq     = 12
+  ffn     = 4 * hidden
+  experts = 4
+
+  embedding(vocab, hidden)
+  positional(seq, hidden)
+  repeat layers / 2 {{
+    residual {{ layernorm(hidden)  attention(hidden, heads) }}
+    residual {{ layernorm(hidden)  {second} }}
+    residual {{ layernorm(hidden)  attention(hidden, heads) }}
+    residual {{ layernorm(hidden)  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu,
+                                      aux_loss = 0.01, dropped = residual) }}
+  }}
+  layernorm(hidden)
+  lm_head(vocab, hidden, tied = true)
+  cross_entropy
+}}
+
+mesh {{
+  axis dp = 1
+  axis ep = {ep}
+  nodes = 1
+  devices_per_node = {ep}
+  device = cpu
+}}
+
+plan {{
+  data_parallel = ddp
+  micro_batches = 2
+}}
+
+train {{
+  global_batch = 8
+  seq_len      = seq
+  steps        = 2
+  seed         = 1234
+  precision    = fp32
+  optimizer    = adamw(lr = 3e-3)
+  data         = synthetic
+}}
+"""
+DENSE = "mlp(hidden, ffn, act = gelu)"
+SECOND_MOE = "moe(hidden, ffn, 2, top_k = 1, capacity_factor = 1.0, act = gelu, aux_loss = 0.0)"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    out = {}
+    for key, ep, second in (("ep1", 1, DENSE), ("ep2", 2, DENSE), ("ep2_two", 2, SECOND_MOE)):
+        spec = check_text(MOE_TEXT.format(ep=ep, second=second), f"moe_{key}.scale")
+        out[key] = compile_spec(spec, check_between=True)
+    return out
+
+
+def _block(c):
+    (gm,) = c.traced.blocks.values()
+    return gm
+
+
+def _calls(gm, target):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+def _experts_nodes(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_module" and isinstance(gm.get_submodule(n.target), moe.Experts)]
+
+
+def test_trace_keeps_moe_calls_and_experts_leaf(compiled):
+    from compiler import trace as T
+    from compiler.symbols import MICRO_BATCH, size
+    c = compiled["ep1"]
+    gm = _block(c)
+    (route,) = _calls(gm, moe.route)
+    (disp,) = _calls(gm, moe.dispatch)
+    (comb,) = _calls(gm, moe.combine)
+    (experts,) = _experts_nodes(gm)
+    assert not _calls(gm, moe.all_to_all_dispatch) and not _calls(gm, moe.all_to_all_combine)
+    # capacity = min(seq, ceil(1.25 · 2 · 12 / 4)) = ceil(7.5) = 8
+    assert c.spec.values[size("capacity")] == 8
+    assert route.args[1:] == (2, 8, 0.01)
+    assert disp.args[2:] == (4, 8)
+    assert experts.args == (disp,) and comb.args[0] is experts
+    assert gm.get_submodule(experts.target).w_up.shape == (4, 16, 32)
+    assert tuple(disp.meta[T.SHAPE]) == (size("experts"), MICRO_BATCH * size("capacity"), size("hidden"))
+    assert tuple(experts.meta[T.SHAPE]) == tuple(disp.meta[T.SHAPE])
+    assert tuple(comb.meta[T.SHAPE]) == (MICRO_BATCH, size("seq"), size("hidden"))
+    # The experts' FLOPs count every slot: 3 matmuls (SwiGLU) of 2 · E · µb·C · hidden · ffn/2.
+    assert sympy.simplify(experts.meta[T.FLOPS] - 3 * 2 * size("experts") * MICRO_BATCH * size("capacity")
+                          * size("hidden") * 2 * size("hidden")) == 0
+    assert not [e for e in c.costs.ledger.entries if e.op == "all_to_all"]
+
+
+def test_expert_parallel_pass_wraps_experts_in_all_to_alls(compiled):
+    from compiler import trace as T
+    from compiler.symbols import MICRO_BATCH, size
+    gm = _block(compiled["ep2"])
+    (disp,) = _calls(gm, moe.dispatch)
+    (comb,) = _calls(gm, moe.combine)
+    (experts,) = _experts_nodes(gm)
+    (to,) = _calls(gm, moe.all_to_all_dispatch)
+    (back,) = _calls(gm, moe.all_to_all_combine)
+    assert to.args == (disp, "ep")
+    assert experts.args == (to,)
+    assert back.args == (experts, "ep")
+    assert comb.args[0] is back
+    assert list(experts.users) == [back]
+    leaf = gm.get_submodule(experts.target)
+    for name in ("w_up", "w_gate", "w_down"):
+        assert getattr(leaf, name).shape[0] == 2   # 4 experts / ep 2
+        shape = gm.meta[T.PARAM_SHAPES][f"{experts.target}.{name}"]
+        assert sympy.simplify(shape[0] - size("experts") / size("ep")) == 0
+    assert set(gm.meta[T.EP_SHARDS]) == {f"{experts.target}.{n}" for n in ("w_up", "w_gate", "w_down")}
+    ep, e, c, h = size("ep"), size("experts"), size("capacity"), size("hidden")
+    assert sympy.simplify(to.meta[T.SHAPE][0] - e / ep) == 0
+    assert sympy.simplify(to.meta[T.SHAPE][1] - ep * MICRO_BATCH * c) == 0
+    assert sympy.simplify(to.meta[T.SHAPE][2] - h) == 0
+    assert tuple(back.meta[T.SHAPE]) == tuple(disp.meta[T.SHAPE]) == (e, MICRO_BATCH * c, h)
+    assert "runtime_moe_all_to_all_dispatch" in gm.code and "runtime_moe_all_to_all_combine" in gm.code
+
+
+def _all_to_alls(c):
+    return [e for e in c.costs.ledger.entries if e.op == "all_to_all"]
+
+
+def test_ledger_all_to_all_bytes_by_hand(compiled):
+    c = compiled["ep2"]
+    entries = _all_to_alls(c)
+    # One MoE layer in the block: dispatch and combine, each forward and backward.
+    assert len(entries) == 4
+    assert sorted(e.direction for e in entries) == ["backward", "backward", "forward", "forward"]
+    assert {e.axis for e in entries} == {"ep"}
+    # By hand: fp32 (4 bytes) × 4 experts × capacity 8 × hidden 16 × 4 sequences per rank per step
+    # (global batch 8 over dp 1 × ep 2) × 2 MoE layers (layers / 2 blocks, one each) = 16384 bytes.
+    assert 4 * 4 * 8 * 16 * 4 * 2 == 16384
+    for e in entries:
+        assert c.spec.value(e.bytes_per_step()) == 16384
+
+
+def test_ledger_two_moe_layer_types(compiled):
+    c = compiled["ep2_two"]
+    gm = _block(c)
+    assert len(_experts_nodes(gm)) == 2
+    assert len(_calls(gm, moe.all_to_all_dispatch)) == len(_calls(gm, moe.all_to_all_combine)) == 2
+    got = sorted(c.spec.value(e.bytes_per_step()) for e in _all_to_alls(c))
+    # The second moe: 2 experts, top-1, factor 1 → capacity min(12, ceil(12 / 2)) = 6, hidden 16:
+    # 4 × 2 × 6 × 16 × 4 sequences × 2 layers = 6144; the first as before, 16384.
+    assert got == [6144] * 4 + [16384] * 4
+    leaves = {gm.get_submodule(n.target).w_up.shape[0] for n in _experts_nodes(gm)}
+    assert leaves == {1, 2}
