@@ -126,6 +126,26 @@ def params_per_rank(traced: T.Traced) -> sympy.Expr:
     return sympy.expand(total)
 
 
+def _rank_flops_fwd(spec: S.Spec, traced: T.Traced) -> sympy.Expr:
+    """Forward FLOPs of one micro-batch on one rank: the graphs after the passes (tp shards them, ep gives each
+    rank its experts' share); under pp, the busiest pp rank: the blocks of its stages, plus the embedding on the
+    first stage and the head and loss on the last."""
+    from compiler.passes import pipeline_split as P
+    top = traced.top
+    if P.STAGES not in top.meta:
+        return T.graph_flops(top)
+    (gm,) = traced.blocks.values()
+    stages = top.meta[P.STAGES]
+    block = T.graph_flops(gm)
+    per_stage = [(hi - lo) * block for lo, hi in stages]
+    per_stage[0] += T.graph_flops(top.meta[P.PROLOGUE])
+    per_stage[-1] += T.graph_flops(top.meta[P.EPILOGUE]) + T.graph_flops(top.meta[P.LOSS])
+    pp = spec.mesh.size("pp")
+    per_rank = [sum(per_stage[r::pp], sympy.Integer(0)) for r in range(pp)]
+    one = {MICRO_BATCH: sympy.Integer(1)}
+    return max(per_rank, key=lambda f: spec.value(f.xreplace(one)))
+
+
 def costs(spec: S.Spec, traced: T.Traced) -> Costs:
     params = M.symbolic_param_count(traced.model)
     fwd = traced.model_flops_fwd
@@ -133,7 +153,7 @@ def costs(spec: S.Spec, traced: T.Traced) -> Costs:
     step = sympy.expand(3 * fwd.xreplace({MICRO_BATCH: spec.train.global_batch}))
     # One rank: its graphs' FLOPs (tp shards them) over its share of the batch.
     m = spec.plan.micro_batches
-    rank_step = sympy.expand(3 * m * T.graph_flops(traced.top).xreplace(
+    rank_step = sympy.expand(3 * m * _rank_flops_fwd(spec, traced).xreplace(
         {MICRO_BATCH: spec.train.global_batch / (spec.mesh.batch_ranks * m)}))
     psi = spec.value(params)
     local = params_per_rank(traced)

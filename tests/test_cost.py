@@ -260,3 +260,10 @@ def test_gpt3_175b_compiles_on_meta(gpt3):
 def test_formula_rendering(tiny):
     assert formula(12 * size("h") ** 2 * size("l")) == "12·h²·l"
     assert formula(tiny.costs.params).startswith("12·hidden²·layers + ")
+
+
+def test_rank_flops_under_pp_count_only_the_ranks_own_stages():
+    """Each pp rank computes its stages' blocks (plus the embedding or the head), not the whole model's: with two
+    stages and no other axis, the busiest rank does half the work plus its end of the model."""
+    costs = compile_path(str(Path(__file__).resolve().parents[1] / "samples" / "gpt_pp.scale")).costs
+    assert costs.flops_step_n / 2 <= costs.flops_rank_step_n < 0.6 * costs.flops_step_n
