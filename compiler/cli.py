@@ -114,8 +114,9 @@ def _moe_text(compiled) -> list[str]:
                   f"→ {x.capacity} = {c} slots per expert per sequence (min(seq, ⌈factor·top_k·seq/experts⌉)); "
                   f"over capacity: {'through the residual' if x.dropped == 'residual' else 'the token itself'}",
                   f"            {e // ep} expert{'s' if e // ep != 1 else ''} per rank"
-                  + (f" (ep = {ep}; each expert on the {dp} dp rank{'s' if dp != 1 else ''} of its ep index)"
-                     if ep > 1 else "")
+                  + (f" (ep = {ep} is folded out of data parallelism: the batch splits over dp × ep = {dp * ep} "
+                     f"ranks holding the dense weights; each expert lives on the {dp} dp rank{'s' if dp != 1 else ''} "
+                     "of its ep index)" if ep > 1 else "")
                   + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(e * b * c * h * act, 'B')} each, "
                   f"expert activations {C.human(e * b * c * f * act * (2 if x.act == 'swiglu' else 1), 'B')} per "
                   "layer and micro-batch"]
