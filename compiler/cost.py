@@ -96,7 +96,10 @@ def batch_ranks(spec: S.Spec) -> sympy.Expr:
 def expert_params_per_rank(traced: T.Traced) -> sympy.Expr:
     """Expert weights one rank holds (sharded over ep; under pp, a rank of the first stage)."""
     from compiler.passes import pipeline_split as P
-    total = sympy.Integer(0)
+    top = traced.top
+    mine = top.meta[P.PROLOGUE] if P.STAGES in top.meta else top  # top-level layers the (first) stage runs
+    total = sum((sympy.Mul(*top.meta[T.PARAM_SHAPES][p]) for p in top.meta.get(T.EP_SHARDS, {})
+                 if hasattr(mine, p.split(".")[0])), sympy.Integer(0))
     for name, gm in traced.blocks.items():
         shapes = gm.meta[T.PARAM_SHAPES]
         n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.EP_SHARDS, {})), sympy.Integer(0))

@@ -149,18 +149,13 @@ class Segment(nn.Module):
         n_experts, capacity = self._n(m.experts), self._n(m.capacity)
         experts = self._leaf(f"{p}_experts", Experts(n_experts, self._n(m.hidden), self._n(m.ffn), m.act), shapes,
                              m.span)
-        top_k, aux = m.top_k, m.aux_loss
+        top_k, aux, identity = m.top_k, m.aux_loss, m.dropped == "identity"
 
-        if m.dropped == "identity":
-            def run(seg, x_BSH):
-                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
-                y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
-                return combine(y_ENH, slot_BSK, gate_BSK, x_BSH)
-        else:
-            def run(seg, x_BSH):
-                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
-                y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
-                return combine(y_ENH, slot_BSK, gate_BSK)
+        def run(seg, x_BSH):
+            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
+            y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
+            # dropped = identity: combine also passes a dropped choice's token itself on.
+            return combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))
         return _Step(m, run)
 
     def _run(self, steps, x):
