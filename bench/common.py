@@ -67,3 +67,13 @@ def run_worker(body, args) -> None:
         sys.stderr.flush()
         dist.destroy_process_group()
         os._exit(code)
+
+
+def set_plan(text: str, key: str, value: str, who: str) -> str:
+    """`key = value` in the plan section: replaced where present, else added as the plan's first line."""
+    pattern = re.compile(rf"^(\s*){key}\s*=\s*(\"[^\"]*\"|\S+)", re.M)
+    if pattern.search(text):
+        return pattern.sub(lambda m: f"{m.group(1)}{key} = {value}", text, count=1)
+    if not re.search(r"^plan\s*\{", text, re.M):
+        raise SystemExit(f"{who}: the .scale file has no plan section to set `{key}` in")
+    return re.sub(r"^(plan\s*\{)", rf"\1\n  {key} = {value}", text, count=1, flags=re.M)

@@ -63,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import compile_into, env, load_program, read_metrics, run_worker, set_size  # noqa: E402
+from bench.common import compile_into, env, load_program, read_metrics, run_worker, set_plan, set_size  # noqa: E402
 
 WHO = "bench/pp.py"
 
@@ -76,16 +76,6 @@ IDLE_CONFIGS = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2))  # (schedule
 # -- the .scale text ------------------------------------------------------------------------------------------------
 
 
-def _set_plan(text: str, key: str, value: str) -> str:
-    """`key = value` in the plan section: replaced where present, else added as the plan's first line."""
-    pattern = re.compile(rf"^(\s*){key}\s*=\s*(\"[^\"]*\"|\S+)", re.M)
-    if pattern.search(text):
-        return pattern.sub(lambda m: f"{m.group(1)}{key} = {value}", text, count=1)
-    if not re.search(r"^plan\s*\{", text, re.M):
-        raise SystemExit(f"bench/pp.py: the .scale file has no plan section to set `{key}` in")
-    return re.sub(r"^(plan\s*\{)", rf"\1\n  {key} = {value}", text, count=1, flags=re.M)
-
-
 def edited_text(args, schedule: str, m: int, v: int) -> str:
     path = Path(args.scale) if Path(args.scale).is_absolute() else ROOT / args.scale
     text = path.read_text()
@@ -95,9 +85,9 @@ def edited_text(args, schedule: str, m: int, v: int) -> str:
         text = set_size(text, "global_batch", args.batch, WHO)
     if not args.keep_head:
         text = re.sub(r"tied\s*=\s*true", "tied = false", text)
-    text = _set_plan(text, "schedule", f'"{schedule}"')
-    text = _set_plan(text, "virtual_stages", str(v))
-    text = _set_plan(text, "micro_batches", str(m))
+    text = set_plan(text, "schedule", f'"{schedule}"', WHO)
+    text = set_plan(text, "virtual_stages", str(v), WHO)
+    text = set_plan(text, "micro_batches", str(m), WHO)
     return text
 
 
