@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -506,7 +507,7 @@ def _define_size(c: _Checker, st: ast.Assign) -> None:
         c.error("E0102", f"size `{name}` is defined twice", st.key.span, label="redefined here",
                 help=f"the first definition is at {c.name_spans[name]}; give this one another name")
         return
-    if name in KNOWN_AXES or name in TRAIN_SIZE_NAMES or name.startswith(CAPACITY):
+    if name in KNOWN_AXES or name in TRAIN_SIZE_NAMES or re.fullmatch(rf"{CAPACITY}(_\d+)?", name):
         what = ("a mesh axis" if name in KNOWN_AXES else "a training setting" if name in TRAIN_SIZE_NAMES
                 else "the capacity of a `moe` layer")
         c.error("E0102", f"`{name}` names {what} and cannot name a model size", st.key.span,

@@ -97,14 +97,12 @@ def _walk(layers):
 def _moe_text(compiled) -> list[str]:
     """Each `moe` layer: capacity, experts per rank, and the dispatch buffers of one micro-batch."""
     spec, costs = compiled.spec, compiled.costs
-    seen, lines = [], []
-    for x in _walk(spec.model.layers):
-        if isinstance(x, S.MoE) and x not in seen:
-            seen.append(x)
+    seen = [x for x in _walk(spec.model.layers) if isinstance(x, S.MoE)]  # a repeat's body is walked once
+    lines = []
     if not seen:
         return []
     mesh, v = spec.mesh, spec.value
-    ep, dp = mesh.size("ep"), mesh.size("dp")
+    ep, dp, tp = mesh.size("ep"), mesh.size("dp"), mesh.size("tp")
     b = v(spec.train.global_batch) // (mesh.batch_ranks * spec.plan.micro_batches)
     act = C.BYTES[spec.train.precision]
     for x in seen:
@@ -115,8 +113,9 @@ def _moe_text(compiled) -> list[str]:
                   f"over capacity: {'through the residual' if x.dropped == 'residual' else 'the token itself'}",
                   f"            {e // ep} expert{'s' if e // ep != 1 else ''} per rank"
                   + (f" (ep = {ep} is folded out of data parallelism: the batch splits over dp × ep = {dp * ep} "
-                     f"ranks holding the dense weights; each expert lives on the {dp} dp rank{'s' if dp != 1 else ''} "
-                     "of its ep index)" if ep > 1 else "")
+                     f"ranks holding the dense weights; each expert lives on the {dp * tp} rank"
+                     f"{'s' if dp * tp != 1 else ''} of its ep index" + (f" (dp {dp} × tp {tp}: experts are not "
+                     "sharded over tp)" if tp > 1 else "") + ")" if ep > 1 else "")
                   + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(e * b * c * h * act, 'B')} each, "
                   f"expert activations {C.human(e * b * c * f * act * (2 if x.act == 'swiglu' else 1), 'B')} per "
                   "layer and micro-batch"]

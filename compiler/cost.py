@@ -187,7 +187,7 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
                            measured=False))
         if dp > 1:
             led.add(Collective(op="all_reduce", axis="dp", elements=experts, dtype_bytes=4,
-                               per_step=sympy.Integer(1), span=spec.mesh.axis_spans["ep"],
+                               per_step=sympy.Integer(1), span=span,
                                reason="sum the expert gradients over the dp ranks holding the same experts",
                                measured=False))
     elif dp > 1:

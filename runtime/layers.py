@@ -61,6 +61,9 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
     Each full tensor is drawn on the CPU from its own generator, then copied to the parameter's device. A parameter
     sharded over an axis (`shard_of(name)` gives (dim, full size, axis)) is drawn whole and sliced
     (`local_slice(value, dim, local size, axis)`), so every tp and ep degree starts from the same weights.
+    A module with `init_per_expert` (runtime.moe.Experts) draws each expert's slice of dim 0 from its own generator
+    (`name.index`), and only this rank's experts; its `residual_out` names the weights scaled like an output
+    projection.
     """
     scaled = std / math.sqrt(2 * layers)
     for module_name, module in model.named_modules():
@@ -75,6 +78,13 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
                 value = torch.ones(shape) if pname == "weight" else torch.zeros(shape)
             elif pname == "bias":
                 value = torch.zeros(shape)
+            elif getattr(module, "init_per_expert", False):
+                experts = torch.arange(shape[0])
+                if shard is not None:  # this rank's experts only: a 1T model's tensors are never drawn whole
+                    experts, shard = local_slice(experts, shard[0], p.shape[shard[0]], shard[2]), None
+                sigma = scaled if pname in module.residual_out else std
+                value = torch.stack([torch.empty(shape[1:]).normal_(
+                    0.0, sigma, generator=parameter_generator(seed, f"{name}.{int(e)}")) for e in experts])
             else:
                 sigma = scaled if leaf in residual_out else std
                 value = torch.empty(shape).normal_(0.0, sigma, generator=parameter_generator(seed, name))

@@ -80,13 +80,19 @@ def setup(axes: tuple[tuple[str, int], ...]) -> Context:
                    batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
 
 
+def rows(mesh: DeviceMesh, axes: tuple[str, ...]) -> list[list[int]]:
+    """The ranks grouped by their coordinates on every other axis: one row per group, ordered along `axes` (the
+    first of them outermost)."""
+    dims = [mesh.mesh_dim_names.index(a) for a in axes]
+    size = math.prod(mesh.mesh.shape[d] for d in dims)
+    return mesh.mesh.movedim(dims, list(range(-len(dims), 0))).reshape(-1, size).tolist()
+
+
 def _group_over(mesh: DeviceMesh, axes: tuple[str, ...], rank: int):
     """The process group of the ranks that differ from this one only along `axes` (every rank creates every such
     group in the same order, as new_group requires)."""
-    dims = [mesh.mesh_dim_names.index(a) for a in axes]
-    ranks = mesh.mesh.movedim(dims, list(range(-len(dims), 0))).reshape(-1, math.prod(mesh.mesh.shape[d] for d in dims))
     mine = None
-    for row in ranks.tolist():
+    for row in rows(mesh, axes):
         group = dist.new_group(row)
         if rank in row:
             mine = group

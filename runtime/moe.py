@@ -151,7 +151,10 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
 
 def dispatch(x_BSH: torch.Tensor, slot_BSK: torch.Tensor, experts: int, capacity: int) -> torch.Tensor:
     """Copy each kept (token, choice) into its expert's slot: an expert-major buffer E × (B·C) × H, zero where a
-    slot is empty. Dropped choices land in a trash slot that is cut off."""
+    slot is empty, in the compute precision (under autocast the residual stream is fp32). Dropped choices land in a
+    trash slot that is cut off."""
+    if torch.is_autocast_enabled(x_BSH.device.type):  # the experts compute in it: send the tokens in it too
+        x_BSH = x_BSH.to(torch.get_autocast_dtype(x_BSH.device.type))
     b, s, h = x_BSH.shape
     k = slot_BSK.shape[2]
     src = x_BSH.unsqueeze(2).expand(b, s, k, h).reshape(b, s * k, h)
@@ -183,6 +186,9 @@ def combine(y_ENH: torch.Tensor, slot_BSK: torch.Tensor, gate_BSK: torch.Tensor,
 class Experts(nn.Module):
     """`experts` MLPs (GELU, or SwiGLU with a gate) without biases, applied batched: E × N × H -> E × N × H.
     Under expert parallelism each rank holds E/ep of them (the first dim of every weight)."""
+
+    init_per_expert = True         # runtime.layers.init_parameters draws each expert from its own generator
+    residual_out = ("w_down",)     # writes into the residual stream: initialised with the scaled std
 
     def __init__(self, experts: int, hidden: int, ffn: int, act: str = "gelu"):
         super().__init__()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import moe, schedule
+from runtime import mesh, moe, schedule
 
 TIED = "embed.weight"
 
@@ -40,12 +40,8 @@ def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
 def tie_group(ctx):
     """The group of the two ranks holding the first and the last stage with this rank's other coordinates (every
     rank creates every such group, in the same order, as new_group requires); None off those two ranks."""
-    mesh = ctx.mesh.mesh
-    dim = ctx.mesh.mesh_dim_names.index("pp")
-    pp = mesh.shape[dim]
-    moved = mesh.movedim(dim, -1).reshape(-1, pp)
     mine = None
-    for row in moved.tolist():
+    for row in mesh.rows(ctx.mesh, ("pp",)):
         group = dist.new_group([row[0], row[-1]])
         if ctx.rank in (row[0], row[-1]):
             mine = group

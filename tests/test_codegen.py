@@ -114,3 +114,13 @@ def test_output_does_not_depend_on_how_the_path_is_spelt(tmp_path):
         codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / str(i)))
         outs.append([(tmp_path / str(i) / f).read_bytes() for f in ("program.py", "plan.json", "launch.sh")])
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_imports_follow_the_code_not_the_file_name(tmp_path):
+    """A dense model compiled from a file whose name mentions `moe` imports no MoE runtime: the provenance comments
+    (`my_moe.scale:14`) are not code."""
+    text = (ROOT / "samples" / "gpt_dp.scale").read_text()
+    compiled = compile_spec(check_text(text, "my_moe.scale"))
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    program = (tmp_path / "program.py").read_text()
+    assert "my_moe.scale:" in program and "from runtime import train\n" in program

@@ -74,3 +74,14 @@ def test_initialisation_depends_on_names_not_order():
     assert a["attn_o.weight"].std() < a["attn_q.weight"].std()
     g1, g2 = parameter_generator(5, "x.weight"), parameter_generator(5, "y.weight")
     assert not torch.equal(torch.randn(3, generator=g1), torch.randn(3, generator=g2))
+
+
+def test_mesh_rows_group_the_ranks_that_differ_only_along_the_axes():
+    """The dp × ep batch groups and pp rows, for an (ep, pp, dp) axis order: rows ordered along the axes given."""
+    from types import SimpleNamespace
+
+    from runtime.mesh import rows
+    grid = torch.arange(8).reshape(2, 2, 2)  # ranks by (ep, pp, dp)
+    fake = SimpleNamespace(mesh=grid, mesh_dim_names=("ep", "pp", "dp"))
+    assert rows(fake, ("dp", "ep")) == [[0, 4, 1, 5], [2, 6, 3, 7]]  # fixed pp; dp outer, ep inner
+    assert rows(fake, ("pp",)) == [[0, 2], [1, 3], [4, 6], [5, 7]]

@@ -236,6 +236,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
     code = "".join(sg.forward + "".join(leaf.ctor for leaf in sg.leaves) for sg in segs) + (
         pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]
         + "".join(leaf.ctor for _, leaves in pipeline["leaf_groups"] for leaf in leaves) if pipeline else "")
+    code = "\n".join(line.split("#", 1)[0] for line in code.split("\n"))  # not the provenance comments
     modules = [m.split(".")[1] for m in RUNTIME_MODULES if f"{m.split('.')[1]}." in code] + ["train"]
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),

@@ -27,6 +27,7 @@ PP4 = (("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_nod
 
 MOE = "samples/moe_gpt.scale"
 MOE_4 = (("devices_per_node = 2", "devices_per_node = 4"),)
+CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
 
 
 CASES = (
@@ -91,20 +92,24 @@ CASES = (
          edits=(("axis pp = 2", "axis dp = 2\n  axis pp = 2"), ("devices_per_node = 2", "devices_per_node = 4"),
                 ("micro_batches = 4", "micro_batches = 2")),
          description="dp × pp with as many micro-batches as stages (DDP's pipelining hook failed here)"),
-    Case(id="moe_ep2", sample=MOE, nproc=2, steps=3,
+    Case(id="moe_ep2", sample=MOE, nproc=2, steps=3, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
-                     "dropped, 2 accumulation micro-batches"),
+                     "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
     Case(id="moe_ep4", sample=MOE, nproc=4, steps=3, edits=(("axis ep = 2", "axis ep = 4"),) + MOE_4,
          description="experts over ep = 4: two experts per rank"),
     Case(id="moe_ep2_top1_identity", sample=MOE, nproc=2, steps=3,
          edits=(("top_k = 2, capacity_factor = 1.25, act = swiglu", "top_k = 1, capacity_factor = 0.5, act = gelu"),
                 ("dropped = residual", "dropped = identity")),
          description="Switch-style top-1 at half capacity: many dropped tokens, passed on through the layer"),
-    Case(id="moe_dp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis dp = 2"),) + MOE_4,
+    Case(id="moe_dp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis dp = 2"),) + MOE_4 + CLIP,
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
     Case(id="moe_pp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis pp = 2"),) + MOE_4,
          description="MoE blocks inside two 1F1B pipeline stages; the auxiliary loss trains routers off the last "
                      "stage"),
+    Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4, steps=3,
+         edits=(("axis dp = 1", "axis pp = 2"), ("micro_batches = 2", 'micro_batches = 2  schedule = "zero-bubble"'))
+         + MOE_4 + CLIP,
+         description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="moe_tp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis tp = 2"),) + MOE_4,
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
 )
