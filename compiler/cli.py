@@ -165,6 +165,12 @@ def _pipeline_text(compiled) -> list[str]:
         act = s_ * b * h / t * (34 + 5 * a * s_ / h)
     else:
         act = s_ * b * h * (10 + 24 / t + 5 * a * s_ / (h * t))
+    body = list(_walk(gm.meta[T.REPEAT].body))
+    act *= max(1, sum(isinstance(x, S.Attention) for x in body))  # transformer layers per block
+    for x in body:  # an MoE layer also holds its padded buffers: experts' input and output, and their hidden
+        if isinstance(x, S.MoE):
+            slots = spec.value(x.experts) * b * spec.value(x.capacity)
+            act += 2 * slots * (2 * h + spec.value(x.ffn) * (3 if x.act == "swiglu" else 2))
     dp = spec.mesh.size("dp")
     shard = dp if spec.plan.data_parallel == "fsdp" else 1
     lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
@@ -172,6 +178,7 @@ def _pipeline_text(compiled) -> list[str]:
              + (" before ZB-H1's deferred weight gradients" if spec.plan.schedule == "zero-bubble" else "")]
     lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight (16-bit estimate)"]
     stages = top.meta[P.STAGES]
+    worst = (0.0, 0)
     for k, (lo, hi) in enumerate(stages):
         n = (hi - lo) * block_params + (pro if k == 0 else 0) + (epi if k == len(stages) - 1 else 0)
         state = n * 16 / shard
@@ -179,6 +186,12 @@ def _pipeline_text(compiled) -> list[str]:
         acts = act * (hi - lo) * _in_flight(spec.plan.schedule, p, m, v, r)
         lines += [f"  {k:>5}  {r:>4}  {lo:>3}..{hi - 1:<4} {n:>21,}   {C.human(state, 'B'):>10}   "
                   f"{C.human(acts, 'B'):>10}"]
+        worst = max(worst, (state + acts, k))
+    mem = spec.mesh.device.memory_gb * 1e9
+    if worst[0] > mem:
+        lines += [f"            warning: stage {worst[1]} needs {C.human(worst[0], 'B')} (model state + activations) of "
+                  f"the {spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}; more micro-batches in "
+                  "fewer sequences, more stages or tp, or shorter sequences"]
     order = SCH.actions(spec.plan.schedule, p, m, v)
     lay = SCH.Layout(p, v, m)
     SCH.verify(order, lay)

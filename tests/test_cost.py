@@ -267,3 +267,14 @@ def test_rank_flops_under_pp_count_only_the_ranks_own_stages():
     stages and no other axis, the busiest rank does half the work plus its end of the model."""
     costs = compile_path(str(Path(__file__).resolve().parents[1] / "samples" / "gpt_pp.scale")).costs
     assert costs.flops_step_n / 2 <= costs.flops_rank_step_n < 0.6 * costs.flops_step_n
+
+
+def test_plan_warns_when_a_stage_cannot_hold_its_activations():
+    """The 1T MoE sample fits its H200s at 2048 tokens per sequence (model state + activations in flight, MoE
+    buffers included); at 4096 the first stage's 1F1B activations alone exceed the device."""
+    from compiler.cli import plan_text
+    text = (Path(__file__).resolve().parents[1] / "samples" / "moe_1t.scale").read_text()
+    fits = plan_text(compile_spec(check_text(text, "moe_1t.scale")))
+    assert "warning" not in fits
+    longer = plan_text(compile_spec(check_text(text.replace("seq     = 2048", "seq     = 4096"), "moe_1t.scale")))
+    assert "warning: stage 0 needs" in longer
