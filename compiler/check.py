@@ -821,20 +821,11 @@ def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
 
 
-def _layers(items):
-    """Every layer, inside residuals and repeats too (a repeat's body once)."""
-    for x in items:
-        if isinstance(x, (S.Residual, S.Repeat)):
-            yield from _layers(x.body)
-        else:
-            yield x
-
-
 def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
     """Each `moe` layer's capacity from the sequence length; experts that divide over ep; what ep cannot yet
     combine with."""
     from runtime.moe import capacity
-    moes = [x for x in _layers(model.layers) if isinstance(x, S.MoE)]
+    moes = [x for x in S.walk(model.layers) if isinstance(x, S.MoE)]
     seq = int(c.number(train.seq_len))
     for m in moes:
         c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
@@ -946,7 +937,7 @@ def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
                     help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
                          + ", ".join(map(str, ok[-6:])))
 
-    for x in _layers(model.layers):
+    for x in S.walk(model.layers):
         if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
             need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
             if c.number(x.heads) % tp == 0:

@@ -88,16 +88,10 @@ def plan_text(compiled) -> str:
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 
-def _walk(layers):
-    """Every layer of a body, residuals opened."""
-    for x in layers:
-        yield from _walk(x.body) if isinstance(x, (S.Residual, S.Repeat)) else (x,)
-
-
 def _moe_text(compiled) -> list[str]:
     """Each `moe` layer: capacity, experts per rank, and the dispatch buffers of one micro-batch."""
     spec, costs = compiled.spec, compiled.costs
-    seen = [x for x in _walk(spec.model.layers) if isinstance(x, S.MoE)]  # a repeat's body is walked once
+    seen = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]  # a repeat's body is walked once
     lines = []
     if not seen:
         return []
@@ -156,7 +150,7 @@ def _pipeline_text(compiled) -> list[str]:
     # Activations of one layer and micro-batch, 16-bit (Korthikanti et al. 2022): sbh(34 + 5as/h), with tp
     # sbh(10 + 24/t + 5as/(ht)), with tp and sequence parallelism sbh/t(34 + 5as/h).
     s_, h = spec.value(spec.train.seq_len), spec.value(spec.model.layers[0].hidden)
-    att = next((x for x in _walk(gm.meta[T.REPEAT].body) if isinstance(x, S.Attention)), None)
+    att = next((x for x in S.walk(gm.meta[T.REPEAT].body) if isinstance(x, S.Attention)), None)
     a = spec.value(att.heads) if att is not None else 1
     b = spec.value(spec.train.global_batch) / (spec.mesh.batch_ranks * m)
     if t == 1:
@@ -165,7 +159,7 @@ def _pipeline_text(compiled) -> list[str]:
         act = s_ * b * h / t * (34 + 5 * a * s_ / h)
     else:
         act = s_ * b * h * (10 + 24 / t + 5 * a * s_ / (h * t))
-    body = list(_walk(gm.meta[T.REPEAT].body))
+    body = list(S.walk(gm.meta[T.REPEAT].body))
     act *= max(1, sum(isinstance(x, S.Attention) for x in body))  # transformer layers per block
     for x in body:  # an MoE layer also holds its padded buffers: experts' input and output, and their hidden
         if isinstance(x, S.MoE):

@@ -235,7 +235,7 @@ class ScaleModel(Segment):
                        self._head.span)
 
     def has_moe(self) -> bool:
-        return _has_moe(self._spec.model.layers)
+        return any(isinstance(x, S.MoE) for x in S.walk(self._spec.model.layers))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # tokens, targets: (batch, seq) token ids; returns the mean loss over every token.
@@ -262,10 +262,6 @@ def build(spec: S.Spec, device="meta") -> ScaleModel:
     call runtime.layers.init_parameters for the reproducible initialisation."""
     with torch.device(device):
         return ScaleModel(spec, device)
-
-
-def _has_moe(layers) -> bool:
-    return any(isinstance(x, S.MoE) or (isinstance(x, (S.Residual, S.Repeat)) and _has_moe(x.body)) for x in layers)
 
 
 def residual_out(model: ScaleModel) -> tuple[str, ...]:

@@ -117,6 +117,15 @@ class CrossEntropy:
     span: Span
 
 
+def walk(layers):
+    """Every layer of a body, in order, inside residuals and repeats too (a repeat's body once)."""
+    for x in layers:
+        if isinstance(x, (Residual, Repeat)):
+            yield from walk(x.body)
+        else:
+            yield x
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -614,3 +614,14 @@ def test_ledger_two_moe_layer_types(compiled):
     assert got == [6144] * 4 + [16384] * 4
     leaves = {gm.get_submodule(n.target).w_up.shape[0] for n in _experts_nodes(gm)}
     assert leaves == {1, 2}
+
+
+def test_ep_policy_places_experts_evenly_and_refuses_a_remainder(compiled):
+    """The policy alone, on the traced (pre-pass) block: each Experts leaf split evenly over ep, in order."""
+    from compiler.passes.expert_parallel import Placement, ep_policy
+    gm = _block(compiled["ep1"])  # ep = 1: the pass left the graph as traced
+    (node,) = _experts_nodes(gm)
+    assert ep_policy(gm, 2) == (Placement(node.name, 4, 2),)
+    assert ep_policy(gm, 4) == (Placement(node.name, 4, 1),)
+    with pytest.raises(AssertionError, match="do not divide over ep = 3"):
+        ep_policy(gm, 3)
