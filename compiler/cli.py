@@ -113,7 +113,7 @@ def _moe_text(compiled) -> list[str]:
                   + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(e * b * c * h * act, 'B')} each, "
                   f"expert activations {C.human(e * b * c * f * act * (2 if x.act == 'swiglu' else 1), 'B')} per "
                   "layer and micro-batch"]
-    expert = v(C.expert_params_per_rank(compiled.traced)) if ep > 1 else None
+    expert = v(C.expert_params_per_rank(compiled.traced, mesh.size("pp"))) if ep > 1 else None
     if expert is not None:
         lines += [f"            expert weights per rank {expert:,} of {v(costs.params_local):,}"
                   + (" (a rank of the first pipeline stage)" if mesh.size("pp") > 1 else "")]

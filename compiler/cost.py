@@ -93,8 +93,14 @@ def batch_ranks(spec: S.Spec) -> sympy.Expr:
     return sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
 
 
-def expert_params_per_rank(traced: T.Traced) -> sympy.Expr:
-    """Expert weights one rank holds (sharded over ep; under pp, a rank of the first stage)."""
+def _rank0_blocks(top, pp: int) -> int:
+    """Blocks pp rank 0 holds: those of every stage s with s % pp == 0 (with interleaving, several)."""
+    from compiler.passes import pipeline_split as P
+    return sum(hi - lo for s, (lo, hi) in enumerate(top.meta[P.STAGES]) if s % pp == 0)
+
+
+def expert_params_per_rank(traced: T.Traced, pp: int = 1) -> sympy.Expr:
+    """Expert weights one rank holds (sharded over ep; under pp, a rank holding the first stage)."""
     from compiler.passes import pipeline_split as P
     top = traced.top
     mine = top.meta[P.PROLOGUE] if P.STAGES in top.meta else top  # top-level layers the (first) stage runs
@@ -104,24 +110,22 @@ def expert_params_per_rank(traced: T.Traced) -> sympy.Expr:
         shapes = gm.meta[T.PARAM_SHAPES]
         n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.EP_SHARDS, {})), sympy.Integer(0))
         if P.STAGES in traced.top.meta:
-            lo, hi = traced.top.meta[P.STAGES][0]
-            total += (hi - lo) * n
+            total += _rank0_blocks(traced.top, pp) * n
         else:
             total += gm.meta[T.REPEAT].count * n
     return sympy.expand(total)
 
 
-def params_per_rank(traced: T.Traced) -> sympy.Expr:
+def params_per_rank(traced: T.Traced, pp: int = 1) -> sympy.Expr:
     """Parameters one rank holds once the passes have run (tp shards counted at their local size; under pp, a
-    rank of the first stage)."""
+    rank holding the first stage, and with interleaving its other stages too)."""
     from compiler.passes import pipeline_split as P
     top = traced.top
     if P.STAGES in top.meta:
         (gm,) = traced.blocks.values()
-        lo, hi = top.meta[P.STAGES][0]
         block = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
         first = sum((sympy.Mul(*s) for s in top.meta[P.PROLOGUE].meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
-        return sympy.expand(first + (hi - lo) * block)
+        return sympy.expand(first + _rank0_blocks(top, pp) * block)
     total = sympy.Integer(0)
     for name, gm in [("", traced.top)] + list(traced.blocks.items()):
         n = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
@@ -159,7 +163,7 @@ def costs(spec: S.Spec, traced: T.Traced) -> Costs:
     rank_step = sympy.expand(3 * m * _rank_flops_fwd(spec, traced).xreplace(
         {MICRO_BATCH: spec.train.global_batch / (spec.mesh.batch_ranks * m)}))
     psi = spec.value(params)
-    local = params_per_rank(traced)
+    local = params_per_rank(traced, spec.mesh.size("pp"))
     dp = spec.mesh.size("dp")
     # What our runtime holds: fp32 master weights and gradients (bf16 runs autocast them), AdamW's two moments.
     stage = 3 if spec.plan.data_parallel == "fsdp" else 0
@@ -177,7 +181,7 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     _pipeline_transfers(spec, traced, led)
     dp, ep = spec.mesh.size("dp"), spec.mesh.size("ep")
     span = spec.mesh.axis_spans.get("dp")
-    experts = expert_params_per_rank(traced)
+    experts = expert_params_per_rank(traced, spec.mesh.size("pp"))
     # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
     how = "one coalesced all-reduce after the pipeline step" if spec.mesh.size("pp") > 1 else "DDP, bucketed"
     if ep > 1:

@@ -278,3 +278,13 @@ def test_plan_warns_when_a_stage_cannot_hold_its_activations():
     assert "warning" not in fits
     longer = plan_text(compile_spec(check_text(text.replace("seq     = 2048", "seq     = 4096"), "moe_1t.scale")))
     assert "warning: stage 0 needs" in longer
+
+
+def test_interleaved_rank_holds_all_its_stages_parameters():
+    """With two stages per rank (interleaved, 4 blocks on pp = 2), rank 0 holds stages 0 and 2: two blocks, as
+    many as 1F1B's first stage."""
+    text = (Path(__file__).resolve().parents[1] / "samples" / "gpt_pp.scale").read_text()
+    plain = compile_spec(check_text(text, "gpt_pp.scale")).costs
+    inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
+                                                 'virtual_stages = 2'), "gpt_pp.scale")).costs
+    assert inter.params_local == plain.params_local
