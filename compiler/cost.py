@@ -242,10 +242,13 @@ def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 
                 continue
             tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
             elements = note.count * sympy.Mul(*tensor.meta[T.SHAPE]).xreplace({MICRO_BATCH: b_local})
+            # A gradient has its tensor's dtype: an fp32 tensor (the residual stream, a norm's output) moves 4 bytes
+            # per element also under bf16 autocast.
+            fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
             for direction, op in (("forward", note.forward), ("backward", note.backward)):
                 if op:
                     led.add(Collective(op=op, axis=note.axis, elements=sympy.expand(elements),
-                                       dtype_bytes=4 if note.dtype == "fp32" else act_bytes, per_step=times,
+                                       dtype_bytes=4 if fp32 else act_bytes, per_step=times,
                                        span=node.meta.get(T.SPAN), reason=note.reason, direction=direction))
     partial = sympy.Integer(0)
     for name, gm in [("", traced.top)] + list(traced.blocks.items()):
@@ -281,7 +284,8 @@ def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int 
                                   ("backward", "gradients to the previous stage", stage > 0),
                                   ("backward", "gradients from the next stage", stage < n - 1)):
         if cond:
-            led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=BYTES[spec.train.precision],
+            # The residual stream stays fp32 under autocast (its adds promote), so the boundary sends fp32.
+            led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=4,
                                per_step=m, span=span, reason=f"pipeline stage {stage}: {what}, per micro-batch",
                                direction=direction, measured=False))
 

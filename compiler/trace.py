@@ -5,6 +5,9 @@ node.meta keys (defined here, used everywhere):
   LAYER  the spec layer object itself
   SHAPE  the output shape, a tuple of sympy expressions of the spec's sizes (None for non-tensors)
   FLOPS  forward floating-point operations of the node, sympy (matmuls only, 2·m·n·k: the Megatron convention)
+  DTYPE  "act" (the compute precision: bf16 under autocast) or "fp32" for a float tensor, "int" for ids, a tuple
+         for a tuple, None otherwise: under autocast, matmuls give bf16, norms, embeddings and the loss fp32, and
+         fp32 + bf16 is fp32 (so the residual stream stays fp32); the ledger counts each collective's bytes by it
 
 Shapes are propagated by rules, one per operation our layer vocabulary emits; an operation without a rule is an
 error, so a new layer cannot silently drop out of the cost model.
@@ -25,7 +28,7 @@ from runtime import collectives as C
 from runtime import moe
 from runtime.layers import Bias, Repeat
 
-SPAN, LAYER, SHAPE, FLOPS = "span", "layer", "shape", "flops"
+SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
 
 # GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own.
 PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on one rank, once passes have run)
@@ -151,6 +154,9 @@ def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
     def val(a):
         return fx.node.map_arg(a, lambda n: env[n])
 
+    def dtypes(a):
+        return fx.node.map_arg(a, lambda n: n.meta.get(DTYPE))
+
     for node in gm.graph.nodes:
         flops = sympy.Integer(0)
         args, kwargs = val(node.args), val(node.kwargs)
@@ -189,6 +195,7 @@ def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
         env[node] = out
         node.meta[SHAPE] = out if isinstance(out, tuple) else None
         node.meta[FLOPS] = sympy.expand(flops)
+        node.meta[DTYPE] = _dtype_rule(node, gm, dtypes(node.args))
 
 
 def _function_rule(node: fx.Node, args, kwargs):
@@ -264,6 +271,53 @@ def _function_rule(node: fx.Node, args, kwargs):
     if t is C.vocab_parallel_lookup:
         return tuple(args[0]) + (args[1][1],), zero
     raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")
+
+
+# Ops whose output is in the compute precision under autocast, and ops whose output is fp32 whatever their input.
+_ACT_OPS = (F.linear, F.scaled_dot_product_attention, moe.dispatch)
+_FP32_OPS = ("float", F.cross_entropy, C.vocab_parallel_cross_entropy, C.vocab_parallel_lookup)
+
+
+def _promote(*kinds) -> str | None:
+    floats = [k for k in kinds if k in ("act", "fp32")]
+    if not floats:
+        return next((k for k in kinds if k is not None), None)
+    return "fp32" if "fp32" in floats else "act"
+
+
+def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
+    """The DTYPE of a node's output from its inputs' (see the module docstring)."""
+    if node.op == "placeholder":
+        return "int" if node.target in ("tokens", "targets") else "fp32"  # a block's input: the residual stream
+    if node.op == "get_attr":
+        return "fp32"
+    if node.op == "output":
+        return args[0] if args else None
+    t = node.target
+    if node.op == "call_module":
+        mod = gm.get_submodule(t)
+        if isinstance(mod, (nn.Linear, moe.Experts)):
+            return "act"
+        if isinstance(mod, (nn.Embedding, nn.LayerNorm, nn.RMSNorm)):
+            return "fp32"
+        return _promote(args[0], "fp32")  # Bias adds an fp32 parameter; a Repeat ends on a residual add
+    if t in _ACT_OPS:
+        return "act"
+    if t in _FP32_OPS:
+        return "fp32"
+    if t is torch.arange:
+        return "int"
+    if t is getattr:
+        return None
+    if t is moe.route:
+        return ("int", "fp32")  # slots, gates
+    if t is operator.getitem:
+        return args[0][args[1]] if isinstance(args[0], tuple) else args[0]
+    if t is moe.combine:  # the experts' outputs, plus the token itself for dropped = identity
+        return _promote(args[0], *(args[3:4]))
+    if t in (operator.add, operator.mul, operator.sub, torch.add, torch.mul):
+        return _promote(*[a for a in args if isinstance(a, str)])
+    return args[0] if args and isinstance(args[0], (str, tuple)) else None  # shape ops, activations, collectives
 
 
 def graph_flops(gm: fx.GraphModule) -> sympy.Expr:

@@ -46,12 +46,17 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
         assert all(r["moe_dropped"] > 0 for r in run.records)
 
 
-def test_moe_bf16_moves_what_the_ledger_predicts(tmp_path):
-    """Under bf16 autocast the tokens cross the all-to-alls in bf16 (the residual stream itself is fp32): the bytes
-    counted equal the ledger's, and the model trains."""
-    text = (ROOT / "samples" / "moe_gpt.scale").read_text().replace("precision    = fp32", "precision    = bf16")
-    run = launch(text, "moe_bf16", tmp_path, steps=4, timeout=240, nproc=2, dump_grads=False)
-    assert run.measured == run.predicted and run.measured["all_to_all/ep"] > 0
+@pytest.mark.parametrize("sample,edits", [
+    ("moe_gpt", ()), ("gpt_tp", (("sequence_parallel = false", "sequence_parallel = true"),))], ids=["moe_ep2", "tp2_sp"])
+def test_bf16_moves_what_the_ledger_predicts(sample, edits, tmp_path):
+    """Under bf16 autocast matmul outputs are bf16 but the residual stream, norms and embeddings stay fp32, and a
+    gradient has its tensor's dtype: the ledger counts each collective in its tensor's dtype (the MoE tokens cross
+    the all-to-alls in bf16), and the bytes counted equal it. The model trains."""
+    text = (ROOT / "samples" / f"{sample}.scale").read_text().replace("precision    = fp32", "precision    = bf16")
+    for old, new in edits:
+        text = text.replace(old, new)
+    run = launch(text, f"{sample}_bf16", tmp_path, steps=4, timeout=240, nproc=2, dump_grads=False)
+    assert run.measured == run.predicted and run.measured
     assert run.losses[-1] < run.losses[0]
 
 
