@@ -830,7 +830,7 @@ def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
     for m in moes:
         c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
     if moes and plan.sequence_parallel and mesh.size("tp") > 1:
-        c.error("E0708", "`moe` layers under sequence parallelism are not supported yet", mesh.axis_spans["tp"],
+        c.error("E0707", "`moe` layers under sequence parallelism are not supported yet", mesh.axis_spans["tp"],
                 help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; turn "
                      "`sequence_parallel` off (tp still shards attention, the dense MLPs and the vocabulary)")
     ep = mesh.size("ep")
@@ -852,9 +852,6 @@ def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
     if plan.data_parallel == "fsdp" and mesh.size("dp") > 1:
         c.error("E0706", "FSDP over dp together with ep is not supported yet", at,
                 help="use `data_parallel = ddp`: experts are already sharded over ep")
-    if train.checkpoint_dir:
-        c.error("E0707", "checkpoints of an expert-parallel plan are not supported yet", at,
-                help="remove `checkpoint_dir`, or train this model without ep")
 
 
 def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:

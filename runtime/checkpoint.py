@@ -4,8 +4,10 @@ A checkpoint is `DIR/step_NNNNNNNN/`, written under a temporary name and renamed
 finished, so a crash never leaves a half-written checkpoint that looks complete. DIR must be one filesystem that
 every rank sees (the usual shared storage of a cluster). Rank 0 decides which checkpoint to resume from and tells
 the others. State dicts use fully qualified parameter names of the single-device model, so a checkpoint loads into
-any other plan of the same model. The run's length is stored with it: resuming with another number of steps would
-silently bend the learning-rate schedule, so it is refused.
+any other plan of the same model. Experts sharded over `ep` are saved as DTensors sharded along their first dim
+(with their optimizer state), so they too are stored whole and load into any other ep degree. The run's length is
+stored with it: resuming with another number of steps would silently bend the learning-rate schedule, so it is
+refused.
 """
 from __future__ import annotations
 
@@ -32,14 +34,39 @@ def _complete(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_steps: int) -> str:
+def _state(model, optimizer, ctx, is_expert) -> tuple[dict, dict]:
+    """Model and optimizer state dicts by single-device names; ep-sharded tensors (`is_expert(name)`) as DTensors
+    Shard(0) over ep, so that DCP sees the whole expert tensors."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    if ctx.axis_size("ep") == 1:
+        return model_sd, optim_sd
+    from torch.distributed.tensor import DTensor, Shard
+    ep_mesh = ctx.mesh["ep"]
+
+    def whole(t):
+        return DTensor.from_local(t, ep_mesh, [Shard(0)], run_check=False) if t.ndim > 0 else t
+    for name in [n for n in model_sd if is_expert(n)]:
+        model_sd[name] = whole(model_sd[name])
+        for key, t in optim_sd["state"].get(name, {}).items():
+            optim_sd["state"][name][key] = whole(t)
+    return model_sd, optim_sd
+
+
+def _local(tree):
+    if isinstance(tree, dict):
+        return {k: _local(v) for k, v in tree.items()}
+    return tree.to_local() if hasattr(tree, "to_local") and hasattr(tree, "device_mesh") else tree
+
+
+def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_steps: int,
+         is_expert=lambda name: False) -> str:
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _state(model, optimizer, ctx, is_expert)
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
                           "total_steps": torch.tensor(total_steps)}}
@@ -53,7 +80,8 @@ def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_step
     return final
 
 
-def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: int) -> int:
+def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: int,
+                is_expert=lambda name: False) -> int:
     """Load the newest complete checkpoint in `directory`, if any; return the step to resume from."""
     found = _complete(directory) if ctx.is_logger else []
     choice = torch.tensor(found[-1][0] if found else -1, device=ctx.device)
@@ -62,7 +90,7 @@ def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: i
     if step < 0:
         return 0
     path = os.path.join(directory, f"step_{step:08d}")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = _state(model, optimizer, ctx, is_expert)
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
                           "total_steps": torch.tensor(0)}}
@@ -72,7 +100,7 @@ def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: i
         raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for {total_steps} "
                          "would change the learning-rate schedule. Resume with the same number of steps, or start "
                          "in an empty checkpoint directory.")
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=_local(state["model"]), optim_state_dict=_local(state["optim"]))
     scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
     for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
         group["lr"] = lr

@@ -229,13 +229,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             model = model_cls()
         model = prepare(model)
         all_named = norm_named = model.named_parameters
-    if cfg.checkpoint_dir and (pipe is not None or cfg.ep_shards):  # the compiler refuses these too (E0606, E0707)
-        raise SystemExit("scalec: checkpoints of pipeline- or expert-parallel plans are not supported yet: their "
-                         "stage and expert shards have no layout-independent form (run without --checkpoint-dir)")
+    if cfg.checkpoint_dir and pipe is not None:  # the compiler refuses this too (E0606)
+        raise SystemExit("scalec: checkpoints of pipeline-parallel plans are not supported yet: their stages have no "
+                         "layout-independent form yet (run without --checkpoint-dir)")
     pp_group = ctx.mesh["pp"].get_group() if pipe else None
     opt = _optimizer([p for _, p in all_named()], cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    start = (checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx, cfg.steps)
+    start = (checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx, cfg.steps, shards.expert)
              if cfg.checkpoint_dir and model is not None else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
@@ -320,7 +320,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                   + moe_text, flush=True)
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
                                    or step + 1 == stop):
-            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx, cfg.steps)
+            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx, cfg.steps, shards.expert)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:
