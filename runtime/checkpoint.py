@@ -52,10 +52,13 @@ def _state(model, optimizer, ctx, is_expert) -> tuple[dict, dict]:
     return model_sd, optim_sd
 
 
-def _local(tree):
-    if isinstance(tree, dict):
-        return {k: _local(v) for k, v in tree.items()}
-    return tree.to_local() if hasattr(tree, "to_local") and hasattr(tree, "device_mesh") else tree
+def _unwrap_experts(model_sd: dict, optim_sd: dict, is_expert) -> None:
+    """Back to this rank's local expert tensors after loading (other DTensors, FSDP's, stay as they are)."""
+    for name in [n for n in model_sd if is_expert(n)]:
+        model_sd[name] = model_sd[name].to_local()
+        state = optim_sd["state"].get(name, {})
+        for key, t in state.items():
+            state[key] = t.to_local() if hasattr(t, "to_local") else t
 
 
 def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_steps: int,
@@ -100,7 +103,9 @@ def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: i
         raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for {total_steps} "
                          "would change the learning-rate schedule. Resume with the same number of steps, or start "
                          "in an empty checkpoint directory.")
-    set_state_dict(model, optimizer, model_state_dict=_local(state["model"]), optim_state_dict=_local(state["optim"]))
+    if ctx.axis_size("ep") > 1:
+        _unwrap_experts(state["model"], state["optim"], is_expert)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
     for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
         group["lr"] = lr

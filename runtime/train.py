@@ -240,7 +240,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
-    shards_n, shard = ctx.batch_size, ctx.batch_rank
+    n_batch, batch_rank = ctx.batch_size, ctx.batch_rank
     dp = ctx.axis_size("dp")
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     # The auxiliary MoE loss is scaled like each micro-batch's loss: 1/m here, by the pipeline schedule under pp.
@@ -266,12 +266,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             collectives.count_bytes(True)
         total = torch.zeros((), device=ctx.device)
         if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, 0, 1)
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, 0, 1)
             total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
             if not fsdp:
                 _average_dense_grads(all_named(), ctx, shards)
         for j in range(cfg.micro_batches if pipe is None else 0):
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, shard, shards_n, j,
+            tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, j,
                                                cfg.micro_batches)
             tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == cfg.micro_batches - 1
@@ -284,7 +284,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                 loss.backward()
             total += loss.detach()
         if cfg.ep_shards:
-            moe.sync_expert_grads(all_named(), shards.expert, dp_group, shards_n)
+            moe.sync_expert_grads(all_named(), shards.expert, dp_group, n_batch)
         tp.sync_partial_grads(all_named(), shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
@@ -295,9 +295,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        if shards_n > 1:  # the logged loss is the mean over the global batch
+        if n_batch > 1:  # the logged loss is the mean over the global batch
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
-            total /= shards_n
+            total /= n_batch
         loss_value = total.item()
         losses.append(loss_value)
         dt = time.perf_counter() - t0
