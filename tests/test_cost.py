@@ -288,3 +288,13 @@ def test_interleaved_rank_holds_all_its_stages_parameters():
     inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
                                                  'virtual_stages = 2'), "gpt_pp.scale")).costs
     assert inter.params_local == plain.params_local
+
+
+def test_megatron_175b_layout_needs_recomputation():
+    """Megatron's 175B layout (tp 8 × pp 8 × dp 24, 64 micro-batches) keeps too many activations in flight without
+    recomputation, which scalec does not plan yet: `plan` warns (as samples/gpt3_175b.scale says)."""
+    from compiler.cli import plan_text
+    text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
+    text = text.replace("axis dp = 1536", "axis dp = 24  axis pp = 8  axis tp = 8").replace(
+        "data_parallel = fsdp", "data_parallel = ddp  micro_batches = 64")
+    assert "warning: stage 0 needs" in plan_text(compile_spec(check_text(text, "gpt3_175b.scale")))
