@@ -100,7 +100,8 @@ def _moe_text(compiled) -> list[str]:
     b = v(spec.train.global_batch) // (mesh.batch_ranks * spec.plan.micro_batches)
     act = C.BYTES[spec.train.precision]
     for x in seen:
-        e, c, h, f = v(x.experts), v(x.capacity), v(x.hidden), v(x.ffn)
+        e, c, h = v(x.experts), v(x.capacity), v(x.hidden)
+        buffer, hidden = C.moe_held_elements(spec, x, b)
         where = f"{os.path.basename(x.span.file)}:{x.span.line}"
         lines += [f"experts     moe at {where}: {e} experts, top-{x.top_k}, capacity factor {x.capacity_factor:g} "
                   f"→ {x.capacity} = {c} slots per expert per sequence (min(seq, ⌈factor·top_k·seq/experts⌉)); "
@@ -110,8 +111,8 @@ def _moe_text(compiled) -> list[str]:
                      f"ranks holding the dense weights; each expert lives on the {dp * tp} rank"
                      f"{'s' if dp * tp != 1 else ''} of its ep index" + (f" (dp {dp} × tp {tp}: experts are not "
                      "sharded over tp)" if tp > 1 else "") + ")" if ep > 1 else "")
-                  + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(e * b * c * h * act, 'B')} each, "
-                  f"expert activations {C.human(e * b * c * f * act * (2 if x.act == 'swiglu' else 1), 'B')} per "
+                  + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(buffer * act, 'B')} each, "
+                  f"expert activations {C.human(hidden * act, 'B')} per "
                   "layer and micro-batch"]
     expert = v(C.expert_params_per_rank(compiled.traced, mesh.size("pp"))) if ep > 1 else None
     if expert is not None:
@@ -163,8 +164,8 @@ def _pipeline_text(compiled) -> list[str]:
     act *= max(1, sum(isinstance(x, S.Attention) for x in body))  # transformer layers per block
     for x in body:  # an MoE layer also holds its padded buffers: experts' input and output, and their hidden
         if isinstance(x, S.MoE):
-            slots = spec.value(x.experts) * b * spec.value(x.capacity)
-            act += 2 * slots * (2 * h + spec.value(x.ffn) * (3 if x.act == "swiglu" else 2))
+            buffer, hidden = C.moe_held_elements(spec, x, b)
+            act += 2 * (2 * buffer + hidden)  # 16-bit, like the estimate above
     dp = spec.mesh.size("dp")
     shard = dp if spec.plan.data_parallel == "fsdp" else 1
     lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "

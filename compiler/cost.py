@@ -93,6 +93,15 @@ def batch_ranks(spec: S.Spec) -> sympy.Expr:
     return sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
 
 
+def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
+    """What one `moe` layer holds for one micro-batch of `b` sequences on one rank, in elements: each padded buffer
+    (the experts' input, or their output: E·b·C·hidden), and the experts' hidden activations kept for backward
+    (E·b·C·ffn, twice for GELU: before and after it; three times for SwiGLU: up, gate and their product)."""
+    slots = spec.value(layer.experts) * b * spec.value(layer.capacity)
+    hidden = slots * spec.value(layer.ffn) * (3 if layer.act == "swiglu" else 2)
+    return slots * spec.value(layer.hidden), hidden
+
+
 def _rank0_blocks(top, pp: int) -> int:
     """Blocks pp rank 0 holds: those of every stage s with s % pp == 0 (with interleaving, several)."""
     from compiler.passes import pipeline_split as P
