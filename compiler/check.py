@@ -880,9 +880,6 @@ def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
                 f"(pp-1)/(micro_batches+pp-1))")
     if plan.layout:
         _layout_checks(c, plan.layout, blocks, stages)
-    if train.checkpoint_dir:
-        c.error("E0606", "checkpoints of a pipeline-parallel plan are not supported yet", at,
-                help="remove `checkpoint_dir`, or train this model without pp")
     if plan.schedule == "interleaved-1f1b" and m % pp:
         c.error("E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} is not a multiple", at,
                 help=f"use a multiple of {pp} micro-batches")

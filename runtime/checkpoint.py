@@ -1,13 +1,29 @@
-"""Checkpoints with torch.distributed.checkpoint: sharded, layout-independent, atomic, resumable.
+"""Checkpoints with torch.distributed.checkpoint (DCP): one layout-independent form for every plan.
 
-A checkpoint is `DIR/step_NNNNNNNN/`, written under a temporary name and renamed by rank 0 once every rank has
-finished, so a crash never leaves a half-written checkpoint that looks complete. DIR must be one filesystem that
-every rank sees (the usual shared storage of a cluster). Rank 0 decides which checkpoint to resume from and tells
-the others. State dicts use fully qualified parameter names of the single-device model, so a checkpoint loads into
-any other plan of the same model. Experts sharded over `ep` are saved as DTensors sharded along their first dim
-(with their optimizer state), so they too are stored whole and load into any other ep degree. The run's length is
-stored with it: resuming with another number of steps would silently bend the learning-rate schedule, so it is
-refused.
+What a checkpoint `DIR/step_NNNNNNNN/` holds, whatever plan wrote it:
+- `model.NAME`: every parameter as the whole logical tensor of the single-device model, under its single-device
+  name. A tensor sharded over tp or ep is a DTensor Shard(dim) over that mesh axis (DCP stores the pieces with
+  their offsets in the whole tensor); a vocabulary padded to a multiple of tp (`pad_vocab`) is stored unpadded (the
+  padding rows are left out: the shards are DTensor's uneven ceil-sized chunks); FSDP's pieces are DTensors over
+  dp (with tp as well: the piece is gathered over dp and stored as a tp shard); pipeline stages are merged, each
+  pp rank writing its stages' parameters (the tied embedding, on the first and the last stage, is written once, by
+  the first). Replicas (dp, and tp for unsharded tensors) hold equal values; DCP writes one of them.
+- `optim.state.NAME.{exp_avg,exp_avg_sq,step}`: AdamW's state, sharded like its parameter. The learning rates are
+  the schedule's (the param groups are the plan's and are not stored).
+- `progress`: the step, the scheduler's epoch and the run's length. The data of step k is a function of (seed, k)
+  (runtime/data.py), so the step is the data position.
+
+Guarantee: a checkpoint written under any plan of a model loads into any plan of the same model (same parameter
+names and whole shapes; fp32), and training then continues as it would have on the original plan (the e2e tests
+compare the losses to 1e-5; a resumed run of the same plan is bitwise the uninterrupted one). Resuming with
+another number of steps would silently bend the learning-rate schedule, so it is refused.
+
+Atomicity and failures: a checkpoint is written as `step_N.tmp` and renamed by rank 0 once every rank has finished;
+a `.tmp` left by a crash is ignored and removed at the next start. Before loading, rank 0 checks the newest
+checkpoints (metadata readable, every file it names present and long enough) and takes the newest intact one,
+warning in one line about each one skipped; a load that still fails falls back the same way. All ranks follow rank
+0's choice. If none is intact, or the checkpoint holds another model, the run stops with a one-line error. DIR is
+checked at start-up (a writable directory), not at the first save. DIR must be one filesystem every rank sees.
 """
 from __future__ import annotations
 
@@ -18,9 +34,11 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 _STEP = re.compile(r"^step_(\d{8})$")
+_TMP = re.compile(r"^step_(\d{8})\.tmp$")
+_TEST_KILL = "SCALEC_TEST_KILL_IN_SAVE"  # "RANK:STEP": that rank SIGKILLs itself after writing its files (drills)
 
 
 def _complete(directory: str) -> list[tuple[int, str]]:
@@ -34,46 +52,134 @@ def _complete(directory: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def _state(model, optimizer, ctx, is_expert) -> tuple[dict, dict]:
-    """Model and optimizer state dicts by single-device names; ep-sharded tensors (`is_expert(name)`) as DTensors
-    Shard(0) over ep, so that DCP sees the whole expert tensors."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    if ctx.axis_size("ep") == 1:
-        return model_sd, optim_sd
-    from torch.distributed.tensor import DTensor, Shard
-    ep_mesh = ctx.mesh["ep"]
-
-    def whole(t):
-        return DTensor.from_local(t, ep_mesh, [Shard(0)], run_check=False) if t.ndim > 0 else t
-    for name in [n for n in model_sd if is_expert(n)]:
-        model_sd[name] = whole(model_sd[name])
-        for key, t in optim_sd["state"].get(name, {}).items():
-            optim_sd["state"][name][key] = whole(t)
-    return model_sd, optim_sd
-
-
-def _unwrap_experts(model_sd: dict, optim_sd: dict, is_expert) -> None:
-    """Back to this rank's local expert tensors after loading (other DTensors, FSDP's, stay as they are)."""
-    for name in [n for n in model_sd if is_expert(n)]:
-        model_sd[name] = model_sd[name].to_local()
-        state = optim_sd["state"].get(name, {})
-        for key, t in state.items():
-            state[key] = t.to_local() if hasattr(t, "to_local") else t
+def _problem(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be loaded (naming the file), or None when it looks intact: its metadata
+    reads and every file it names is there and long enough for what is stored in it."""
+    meta_file = os.path.join(path, ".metadata")
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as exc:  # noqa: BLE001 (any failure to read it makes the checkpoint unusable)
+        return f"{meta_file} is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    need: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    for rel, size in sorted(need.items()):
+        file = os.path.join(path, rel)
+        if not os.path.exists(file):
+            return f"{file} is missing"
+        if os.path.getsize(file) < size:
+            return f"{file} is truncated ({os.path.getsize(file):,} of {size:,} bytes)"
+    return None
 
 
-def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_steps: int,
-         is_expert=lambda name: False) -> str:
+def _broadcast(obj, ctx):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def check_directory(directory: str, ctx) -> None:
+    """At start-up: `directory` must be (or become) a writable directory; stale `step_N.tmp` left by a save that
+    was killed are removed. Rank 0 looks; every rank stops with it."""
+    error = None
+    if ctx.is_logger:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            probe = os.path.join(directory, f".scalec-write-test-{os.getpid()}")
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+            for entry in os.listdir(directory):
+                if _TMP.match(entry):
+                    print(f"scalec: removing {os.path.join(directory, entry)}, left by a save that did not finish",
+                          flush=True)
+                    shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+        except OSError as exc:
+            error = (f"scalec: checkpoint directory {directory} is not a writable directory "
+                     f"({exc.strerror or type(exc).__name__})")
+    error = _broadcast(error, ctx)
+    if error:
+        raise SystemExit(error if ctx.is_logger else 1)
+
+
+class _Entries:
+    """This rank's parameters by single-device name, and how each is stored (`whole`) and restored."""
+
+    def __init__(self, modules, shards, ctx, skip_on_save=()):
+        self.shards, self.ctx, self.skip = shards, ctx, set(skip_on_save)
+        self.params: dict[str, list] = {}  # name -> this rank's copies (a tied embedding can have two)
+        for module in modules:
+            for name, p in module.named_parameters():
+                self.params.setdefault(name.removeprefix("module."), []).append(p)
+        self.after_load: list = []
+
+    def whole(self, name: str, t: torch.Tensor):
+        """`t` (the parameter or a state tensor shaped like it) as the whole logical tensor, or a DTensor of it."""
+        if t.ndim == 0:
+            return t
+        s = self.shards.of(name)
+        sharded = s is not None and self.ctx.axis_size(s[2]) > 1
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+        if isinstance(t, DTensor):  # FSDP's piece over dp
+            if not sharded:
+                return t
+            # With tp as well: gather the tp piece over dp and store that as a tp shard; scattered back after load.
+            piece, gathered = t, t.full_tensor()
+            self.after_load.append(lambda: piece.to_local().copy_(
+                distribute_tensor(gathered, piece.device_mesh, piece.placements, src_data_rank=None).to_local()))
+            t = gathered
+        if not sharded:
+            return t
+        dim, full, axis = s
+        local, r = t.shape[dim], self.ctx.coords[axis]
+        real = max(0, min(full - r * local, local))  # padding rows (pad_vocab) are not part of the model
+        shape = list(t.shape)
+        shape[dim] = full
+        stride = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            stride[i] = stride[i + 1] * shape[i + 1]
+        return DTensor.from_local(t.narrow(dim, 0, real), self.ctx.mesh[axis], [Shard(dim)], run_check=False,
+                                  shape=torch.Size(shape), stride=tuple(stride))
+
+    def state(self, optimizer, saving: bool) -> tuple[dict, dict]:
+        model_sd, optim_sd = {}, {}
+        for name, copies in self.params.items():
+            if saving and name in self.skip:
+                continue
+            p = copies[0]
+            model_sd[name] = self.whole(name, p.detach())
+            st = optimizer.state.get(p, {})
+            optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
+        return model_sd, {"state": optim_sd}
+
+    def copy_ties(self, optimizer) -> None:
+        """A second copy of a parameter on this rank (tied embedding: first and last stage) gets the first's."""
+        with torch.no_grad():
+            for copies in self.params.values():
+                for other in copies[1:]:
+                    other.copy_(copies[0])
+                    for k, v in optimizer.state[copies[0]].items():
+                        optimizer.state[other][k].copy_(v)
+
+
+def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
+         skip_on_save=()) -> str:
+    """Write `DIR/step_N` (see the module docstring). `modules`: the model, or this rank's pipeline stages;
+    `skip_on_save`: names another rank writes (the last stage's copy of a tied embedding)."""
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
-    model_sd, optim_sd = _state(model, optimizer, ctx, is_expert)
+    model_sd, optim_sd = _Entries(modules, shards, ctx, skip_on_save).state(optimizer, saving=True)
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
                           "total_steps": torch.tensor(total_steps)}}
     dcp.save(state, checkpoint_id=tmp)
+    if os.environ.get(_TEST_KILL) == f"{ctx.rank}:{step}":
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
     if ctx.is_logger:
         shutil.rmtree(final, ignore_errors=True)
@@ -83,35 +189,66 @@ def save(directory: str, step: int, model, optimizer, scheduler, ctx, total_step
     return final
 
 
-def load_latest(directory: str, model, optimizer, scheduler, ctx, total_steps: int,
-                is_expert=lambda name: False) -> int:
-    """Load the newest complete checkpoint in `directory`, if any; return the step to resume from."""
-    found = _complete(directory) if ctx.is_logger else []
-    choice = torch.tensor(found[-1][0] if found else -1, device=ctx.device)
-    dist.broadcast(choice, src=0)  # rank 0's listing decides for everyone
-    step = int(choice)
-    if step < 0:
+def _mismatch(path: str, model_sd: dict) -> str | None:
+    """A parameter this model has that the checkpoint lacks or holds with another shape, in one line."""
+    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    for name, t in model_sd.items():
+        stored = metadata.get(f"model.{name}")
+        if stored is None:
+            return f"{path} holds another model: it has no parameter {name}"
+        if hasattr(stored, "size") and tuple(stored.size) != tuple(t.shape):
+            return (f"{path} holds another model: {name} is {list(stored.size)} there and {list(t.shape)} in "
+                    "this one")
+    return None
+
+
+def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps: int, shards) -> int:
+    """Load the newest intact checkpoint in `directory`, if any; return the step to resume from (0 without one)."""
+    check_directory(directory, ctx)
+    candidates = [path for _, path in reversed(_complete(directory))] if ctx.is_logger else []
+    n = _broadcast(len(candidates), ctx)
+    if n == 0:
         return 0
-    path = os.path.join(directory, f"step_{step:08d}")
-    model_sd, optim_sd = _state(model, optimizer, ctx, is_expert)
-    state = {"model": model_sd, "optim": optim_sd,
-             "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
-                          "total_steps": torch.tensor(0)}}
-    dcp.load(state, checkpoint_id=path)
-    written_for = int(state["progress"]["total_steps"])
-    if written_for != total_steps:
-        raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for {total_steps} "
-                         "would change the learning-rate schedule. Resume with the same number of steps, or start "
-                         "in an empty checkpoint directory.")
-    if ctx.axis_size("ep") > 1:
-        _unwrap_experts(state["model"], state["optim"], is_expert)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
-    for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
-        group["lr"] = lr
-    if ctx.is_logger:
-        print(f"scalec: resumed from {path} (step {step})", flush=True)
-    return int(state["progress"]["step"])
+    _init_optim_state(optimizer)  # AdamW's state exists only after a step: make it, to load into
+    entries = _Entries(modules, shards, ctx)
+    last_problem = None
+    for i in range(n):
+        problem = _problem(candidates[i]) if ctx.is_logger else None
+        path = _broadcast(candidates[i] if ctx.is_logger else None, ctx)
+        problem = _broadcast(problem, ctx)
+        if problem is None:
+            model_sd, optim_sd = entries.state(optimizer, saving=False)
+            mismatch = _broadcast(_mismatch(path, model_sd) if ctx.is_logger else None, ctx)
+            if mismatch:
+                raise SystemExit(f"scalec: {mismatch}" if ctx.is_logger else 1)
+            state = {"model": model_sd, "optim": optim_sd,
+                     "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
+                                  "total_steps": torch.tensor(0)}}
+            try:
+                dcp.load(state, checkpoint_id=path)  # DCP raises on every rank if any rank failed
+            except Exception as exc:  # noqa: BLE001
+                lines = str(exc).strip().splitlines()
+                problem = f"{path} failed to load ({type(exc).__name__}: {lines[-1] if lines else ''})"
+        if problem is not None:
+            last_problem = problem
+            if ctx.is_logger and i + 1 < n:  # the last one's problem is the error below
+                print(f"scalec: warning: skipping checkpoint {path}: {problem}", flush=True)
+            continue
+        written_for = int(state["progress"]["total_steps"])
+        if written_for != total_steps:
+            raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
+                             f"{total_steps} would change the learning-rate schedule. Resume with the same number "
+                             "of steps, or start in an empty checkpoint directory.")
+        for restore in entries.after_load:
+            restore()
+        entries.copy_ties(optimizer)
+        scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
+        for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
+            group["lr"] = lr
+        if ctx.is_logger:
+            print(f"scalec: resumed from {path} (step {int(state['progress']['step'])})", flush=True)
+        return int(state["progress"]["step"])
+    raise SystemExit(f"scalec: no intact checkpoint in {directory}: {last_problem}" if ctx.is_logger else 1)
 
 
 def _lrs(scheduler) -> list[float]:

@@ -12,6 +12,7 @@ import traceback
 import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 
@@ -183,6 +184,25 @@ def _write_counts(path: str, ctx: mesh.Context) -> None:
             json.dump(counts, f, indent=2, sort_keys=True)
 
 
+def _open_metrics(path: str, start: int):
+    """The metrics file, appended to: the records of steps up to `start` (those a resumed run continues from) are
+    kept, later ones (written after that checkpoint by the run that was interrupted) dropped, so that every step has
+    one record; a run from step 0 starts the file afresh."""
+    kept = []
+    if start and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    if json.loads(line)["step"] <= start:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except (ValueError, KeyError, TypeError):  # a line cut short by a kill
+                    pass
+    f = open(path, "w")
+    f.writelines(kept)
+    f.flush()
+    return f
+
+
 def main(model_cls, cfg: Config, loss_fn=None) -> None:
     """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss."""
     cfg, args = _parse_args(cfg)
@@ -218,7 +238,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
 
     pipe = None
     if ctx.axis_size("pp") > 1:
-        from runtime.pipeline import Pipeline
+        from runtime.pipeline import TIED as pipeline_tied, Pipeline
         # Without DDP: its pipelining hook fails a reducer assert when micro-batches = pp (torch 2.13); the
         # stages' dense gradients are averaged after the step instead (_average_dense_grads).
         pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False))
@@ -229,14 +249,14 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             model = model_cls()
         model = prepare(model)
         all_named = norm_named = model.named_parameters
-    if cfg.checkpoint_dir and pipe is not None:  # the compiler refuses this too (E0606)
-        raise SystemExit("scalec: checkpoints of pipeline-parallel plans are not supported yet: their stages have no "
-                         "layout-independent form yet (run without --checkpoint-dir)")
     pp_group = ctx.mesh["pp"].get_group() if pipe else None
     opt = _optimizer([p for _, p in all_named()], cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    start = (checkpoint.load_latest(cfg.checkpoint_dir, model, opt, sched, ctx, cfg.steps, shards.expert)
-             if cfg.checkpoint_dir and model is not None else 0)
+    # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
+    modules = pipe.modules if pipe is not None else [model]
+    tied_elsewhere = (pipeline_tied,) if pipe is not None and pipe.tie is not None and not pipe.holds_first else ()
+    start = (checkpoint.load_latest(cfg.checkpoint_dir, modules, opt, sched, ctx, cfg.steps, shards)
+             if cfg.checkpoint_dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
@@ -250,7 +270,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
                 else contextlib.nullcontext())
     tokens_per_step = cfg.global_batch * cfg.seq_len
-    metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
+    metrics = _open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
         n = sum(tp.numel_full(p, name, shards) for name, p in norm_named())
         where = " in rank 0's pipeline stages" if pipe else ""
@@ -320,7 +340,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                   + moe_text, flush=True)
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
                                    or step + 1 == stop):
-            checkpoint.save(cfg.checkpoint_dir, step + 1, model, opt, sched, ctx, cfg.steps, shards.expert)
+            checkpoint.save(cfg.checkpoint_dir, step + 1, modules, opt, sched, ctx, cfg.steps, shards,
+                            skip_on_save=tied_elsewhere)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:

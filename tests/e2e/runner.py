@@ -28,6 +28,7 @@ class Run:
     measured: dict   # "op/axis" -> bytes counted by runtime.collectives during the first step
     predicted: dict  # "op/axis" -> bytes per step the ledger (plan.json) predicts for those collectives
     records: list = None  # the metrics line of each step
+    returncode: int = 0
 
 
 def single_device(text: str) -> str:
@@ -43,7 +44,8 @@ def _free_port() -> int:
 
 
 def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
-           extra: tuple = (), dump_grads: bool = True) -> Run:
+           extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True) -> Run:
+    """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too."""
     out = workdir / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
@@ -55,7 +57,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     if dump_grads:
         cmd += ["--dump-grads", str(grads)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", **(env or {}))
     try:
         proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
@@ -63,6 +65,10 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
                          .splitlines()[-50:])
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
     output = proc.stdout + proc.stderr
+    if proc.returncode != 0 and not check:
+        records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        return Run(losses=[r["loss"] for r in records], grads={}, output=output, measured={}, predicted={},
+                   records=records, returncode=proc.returncode)
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-50:])
         pytest.fail(f"exit {proc.returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)

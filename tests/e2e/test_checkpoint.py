@@ -1,0 +1,191 @@
+"""Checkpoints are one layout-independent form: a run interrupted on one plan and resumed on another continues as
+it would have (the losses of the resumed steps are the uninterrupted run's, fp32, relative 1e-5; on the same plan,
+bitwise), and broken checkpoints, kills during a save and bad directories are handled (module docstring of
+runtime/checkpoint.py).
+
+Each run is STEPS = 4 steps, interrupted after 2 (warm-up 1 step, so the resumed steps are on the cosine part of
+the schedule). The reference is the single-device run of the same model, which every plan of the e2e table
+matches to 1e-5: the uninterrupted run on the original plan."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+from tests.e2e.runner import ROOT, launch, single_device
+
+pytestmark = pytest.mark.e2e
+
+STEPS, STOP = 4, 2
+TIMEOUT = 300
+
+
+def _sample(name: str, *edits) -> str:
+    text = (ROOT / "samples" / f"{name}.scale").read_text().replace("warmup = 5", "warmup = 1")
+    for old, new in edits:
+        assert old in text, f"`{old}` is not in {name}"
+        text = text.replace(old, new)
+    return text
+
+
+def _on(text: str, mesh: str, plan: str) -> str:
+    """The same model and training on another mesh and plan."""
+    text = re.sub(r"mesh\s*\{[^}]*\}", f"mesh {{ {mesh} }}", text)
+    return re.sub(r"plan\s*\{[^}]*\}", f"plan {{ {plan} }}", text)
+
+
+ONE = ("axis dp = 1  devices_per_node = 1", "data_parallel = ddp  micro_batches = 1")
+TP2 = ("axis tp = 2  devices_per_node = 2", "micro_batches = 1")
+DP2 = ("axis dp = 2  devices_per_node = 2", "data_parallel = ddp  micro_batches = 1")
+PP4 = ("axis pp = 4  devices_per_node = 4", 'micro_batches = 4  schedule = "1f1b"')
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The single-device run of a model (shared by the cases of the same model)."""
+    cache = {}
+    workdir = tmp_path_factory.mktemp("ckpt_reference")
+
+    def get(text: str) -> list[float]:
+        key = single_device(text)
+        if key not in cache:
+            cache[key] = launch(key, f"ref{len(cache)}", workdir, steps=STEPS, timeout=TIMEOUT, nproc=1,
+                                dump_grads=False).losses
+        return cache[key]
+    return get
+
+
+def _interrupt(text: str, name: str, tmp_path, **kw):
+    ckpt = tmp_path / f"{name}_ckpt"
+    run = launch(text, name, tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False,
+                 extra=("--checkpoint-dir", str(ckpt), "--stop-after", str(STOP)), **kw)
+    assert len(run.losses) == STOP
+    return run, ckpt
+
+
+def _resume(text: str, name: str, tmp_path, ckpt, **kw):
+    mine = tmp_path / f"{name}_ckpt"
+    shutil.copytree(ckpt, mine)  # each resume from the same checkpoint
+    run = launch(text, name, tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False,
+                 extra=("--checkpoint-dir", str(mine)), **kw)
+    assert f"resumed from {mine}/step_{STOP:08d}" in run.output
+    assert [r["step"] for r in run.records] == list(range(STOP + 1, STEPS + 1))
+    return run
+
+
+def _same(losses, want, rtol=1e-5):
+    torch.testing.assert_close(torch.tensor(losses, dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
+                               rtol=rtol, atol=0.0)
+
+
+def test_tp2_resumes_on_tp2_bitwise_and_on_one_device(reference, tmp_path):
+    """The defect: each tp rank saved its shard under the whole tensor's name. Now the same plan resumes bitwise
+    and one device loads the tp checkpoint."""
+    text = _sample("gpt_tp")
+    first, ckpt = _interrupt(text, "tp2", tmp_path)
+    again = _resume(text, "tp2_again", tmp_path, ckpt)
+    whole = launch(text, "tp2_whole", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False)
+    assert first.losses + again.losses == whole.losses  # bitwise
+    one = _resume(_on(text, *ONE), "tp2_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + one.losses, reference(text))
+
+
+def test_tp2_sp_resumes_on_dp2(reference, tmp_path):
+    text = _sample("gpt_tp", ("sequence_parallel = false", "sequence_parallel = true"))
+    first, ckpt = _interrupt(text, "tp2_sp", tmp_path)
+    second = _resume(_on(text, *DP2), "tp2_sp_to_dp2", tmp_path, ckpt, nproc=2)
+    _same(first.losses + second.losses, reference(text))
+
+
+def test_3d_resumes_on_pp4(reference, tmp_path):
+    """dp × pp × tp (+ sp), 8 ranks: replicas over dp written once, stages merged, the tied embedding written by
+    the first stage only; read back as four stages of one block."""
+    text = _sample("gpt_3d")
+    first, ckpt = _interrupt(text, "dp2_pp2_tp2", tmp_path)
+    second = _resume(_on(text, *PP4), "3d_to_pp4", tmp_path, ckpt, nproc=4)
+    _same(first.losses + second.losses, reference(text))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", '"1f1b"', '"interleaved-1f1b"  virtual_stages = 2', '"zero-bubble"'],
+                         ids=["gpipe", "1f1b", "interleaved", "zero_bubble"])
+def test_pp2_resumes_on_tp2(schedule, reference, tmp_path):
+    text = _sample("gpt_pp", ('schedule = "1f1b"', f"schedule = {schedule}"))
+    first, ckpt = _interrupt(text, "pp2", tmp_path)
+    second = _resume(_on(text, *TP2), "pp2_to_tp2", tmp_path, ckpt, nproc=2)
+    _same(first.losses + second.losses, reference(text))
+
+
+def test_moe_ep2_resumes_on_ep4_with_tp(reference, tmp_path):
+    """Experts as DTensors over ep (with their AdamW state), dense weights over tp: ep = 2 to tp = 2 × ep = 4."""
+    text = _sample("moe_gpt")
+    first, ckpt = _interrupt(text, "ep2", tmp_path)
+    target = _on(text, "axis tp = 2  axis ep = 4  devices_per_node = 8", "data_parallel = ddp  micro_batches = 2")
+    second = _resume(target, "ep2_to_tp2_ep4", tmp_path, ckpt, nproc=8)
+    _same(first.losses + second.losses, reference(text))
+
+
+def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
+    """Vocabulary 127 on tp = 2, padded to 128: the last rank's padding row is not stored; one device reads a
+    [127, 64] embedding."""
+    text = _sample("gpt_tp", ("vocab  = 128", "vocab  = 127"),
+                   ("micro_batches = 1", "micro_batches = 1  pad_vocab = true"))
+    first, ckpt = _interrupt(text, "tp2_pad", tmp_path)
+    second = _resume(_on(text, *ONE), "tp2_pad_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + second.losses, reference(text))
+
+
+def _step_dirs(ckpt) -> list[str]:
+    return sorted(os.listdir(ckpt))
+
+
+def test_killed_save_and_truncated_checkpoint_fall_back(reference, tmp_path):
+    """Drill: rank 1 is SIGKILLed inside the save of step 3 (after DCP wrote its files, before the rename), and the
+    checkpoint of step 2 is truncated on disk. The next run removes `step_3.tmp`, skips step 2 with a warning
+    naming the file, resumes from step 1, and the metrics file ends with one record per step (those after step 1
+    of the killed run dropped)."""
+    text = _sample("gpt_tp", ("log_every    = 5", "log_every    = 5  checkpoint_every = 1"))
+    ckpt = tmp_path / "ckpt"
+    killed = launch(text, "drill", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, check=False,
+                    extra=("--checkpoint-dir", str(ckpt)), env={"SCALEC_TEST_KILL_IN_SAVE": "1:3"})
+    assert killed.returncode != 0 and len(killed.losses) == 3
+    assert _step_dirs(ckpt) == ["step_00000001", "step_00000002", "step_00000003.tmp"]
+    victim = sorted((ckpt / "step_00000002").glob("*.distcp"))[0]
+    os.truncate(victim, os.path.getsize(victim) // 2)
+    resumed = launch(text, "drill", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False,
+                     extra=("--checkpoint-dir", str(ckpt)))
+    warnings = [line for line in resumed.output.splitlines() if "warning: skipping checkpoint" in line]
+    assert len(warnings) == 1 and str(victim) in warnings[0] and "truncated" in warnings[0]
+    assert f"removing {ckpt}/step_00000003.tmp" in resumed.output
+    assert f"resumed from {ckpt}/step_00000001" in resumed.output
+    assert [r["step"] for r in resumed.records] == [1, 2, 3, 4]  # the file holds the killed run's step 1 too
+    _same(resumed.losses, reference(text))
+    assert "step_00000003.tmp" not in _step_dirs(ckpt)
+
+
+def _our_traceback(output: str) -> bool:
+    """A traceback through the program or the runtime (torchrun's own report of a failed worker is not ours)."""
+    return re.search(r'File ".*(runtime/|program\.py)', output) is not None
+
+
+def test_broken_checkpoints_and_directories_are_one_line_errors(tmp_path):
+    """No intact checkpoint: one line naming the broken file, exit non-zero, no traceback. A checkpoint directory
+    that is a file: one line before step 1."""
+    text = _sample("tiny_gpt")
+    ckpt = tmp_path / "ckpt"
+    launch(text, "one", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, nproc=1,
+           extra=("--checkpoint-dir", str(ckpt), "--stop-after", "1"))
+    (ckpt / "step_00000001" / ".metadata").write_bytes(b"not a pickle")
+    broken = launch(text, "one", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, check=False,
+                    extra=("--checkpoint-dir", str(ckpt)))
+    assert broken.returncode != 0 and not _our_traceback(broken.output)
+    errors = [line for line in broken.output.splitlines() if "no intact checkpoint" in line]
+    assert len(errors) == 1 and f"{ckpt}/step_00000001/.metadata is unreadable" in errors[0]
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    bad = launch(text, "one", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, check=False,
+                 extra=("--checkpoint-dir", str(not_a_dir)))
+    assert bad.returncode != 0 and not _our_traceback(bad.output) and "step " not in bad.output
+    assert f"checkpoint directory {not_a_dir} is not a writable directory" in bad.output
