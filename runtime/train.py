@@ -183,6 +183,12 @@ def _write_counts(path: str, ctx: mesh.Context) -> None:
             json.dump(counts, f, indent=2, sort_keys=True)
 
 
+def _autocast(cfg: Config, ctx: mesh.Context):
+    """The context every forward runs in: bf16 autocast (weights, gradients, optimizer state stay fp32)."""
+    return (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
+            else contextlib.nullcontext())
+
+
 def main(model_cls, cfg: Config, loss_fn=None) -> None:
     """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss."""
     cfg, args = _parse_args(cfg)
@@ -221,7 +227,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         from runtime.pipeline import Pipeline
         # Without DDP: its pipelining hook fails a reducer assert when micro-batches = pp (torch 2.13); the
         # stages' dense gradients are averaged after the step instead (_average_dense_grads).
-        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False))
+        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
+                        autocast=lambda: _autocast(cfg, ctx))
         model = None
         all_named, norm_named = pipe.all_named_parameters, pipe.named_parameters
     else:
@@ -247,8 +254,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     moe.set_aux_loss_scale(1.0 if pipe is not None else 1.0 / cfg.micro_batches)
     source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
               else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed))
-    autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
-                else contextlib.nullcontext())
+    autocast = _autocast(cfg, ctx)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
