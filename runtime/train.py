@@ -63,6 +63,7 @@ class Config:
     data: str
     """`synthetic` or `tokens`."""
     data_path: str
+    """The token file: relative to the program's directory (main's `program`), or absolute."""
     data_dtype: str
     log_every: int
     checkpoint_dir: str
@@ -189,9 +190,11 @@ def _autocast(cfg: Config, ctx: mesh.Context):
             else contextlib.nullcontext())
 
 
-def main(model_cls, cfg: Config, loss_fn=None) -> None:
-    """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss."""
+def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> None:
+    """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss.
+    `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
+    cfg = replace(cfg, data_path=data.resolve(cfg.data_path, program))
     ctx = mesh.setup(cfg.axes)
     code = 0
     try:
@@ -253,7 +256,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     # The auxiliary MoE loss is scaled like each micro-batch's loss: 1/m here, by the pipeline schedule under pp.
     moe.set_aux_loss_scale(1.0 if pipe is not None else 1.0 / cfg.micro_batches)
     source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
-              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed))
+              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed, cfg.vocab))
     autocast = _autocast(cfg, ctx)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     metrics = open(args.metrics, "w") if (args.metrics and ctx.is_logger) else None
