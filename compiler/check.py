@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -817,8 +818,35 @@ def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train
     if pos is not None and seq > int(c.number(pos.positions)):
         c.error("E0205", f"sequences of {seq} tokens need more than the {c.number(pos.positions)} learned positions",
                 _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
+    if train.data.kind == "tokens":
+        _data_checks(c, train, spans["data"])
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
+
+
+def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
+    """The token file exists and its size fits `dtype`, found where the program will look: a relative path is
+    relative to this .scale file's directory (ids against the vocabulary are checked when the run opens it)."""
+    arg = next((a for a in call.args if (a.name.id if a.name else "path") == "path"), None)
+    at = _span(arg.value) if arg is not None else call.span
+    shown = os.path.join(os.path.dirname(c.file.path), train.data.path)
+    where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
+    item = {"uint16": 2, "uint32": 4, "int32": 4}[train.data.dtype]
+    if not os.path.exists(shown):
+        c.error("E0801", f"data file {shown} does not exist", at, label="no such file", help=where)
+    elif os.path.isdir(shown):
+        c.error("E0801", f"data file {shown} is a directory", at, label="not a file of token ids",
+                help="name the binary file of token ids itself")
+    elif (size := os.path.getsize(shown)) == 0:
+        c.error("E0801", f"data file {shown} is empty", at, label="no tokens")
+    elif size % item:
+        c.error("E0801", f"data file {shown} holds {size} bytes, not a whole number of {train.data.dtype} ids", at,
+                label=f"{size} % {item} == {size % item}",
+                help=f"`dtype = {train.data.dtype}` reads {item} bytes per id: is it the file's dtype (uint16, "
+                     "uint32 or int32), and is the file whole?")
+    elif size // item <= (seq := int(c.number(train.seq_len))) + 1:
+        c.error("E0801", f"data file {shown} holds {size // item} tokens, too few for one sequence of {seq}", at,
+                help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
 
 
 def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:

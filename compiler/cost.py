@@ -275,9 +275,10 @@ def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 
                                   "sequence chunk", direction="step"))
 
 
-def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 0) -> None:
-    """Stage boundaries: the residual stream of each micro-batch goes forward, its gradient backward
-    (b·s·h elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv."""
+def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, pp_rank: int = 0) -> None:
+    """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
+    interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h elements;
+    sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the runtime counts."""
     from compiler.passes import pipeline_split as P
     if P.STAGES not in traced.top.meta:
         return
@@ -288,15 +289,16 @@ def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int 
     span = spec.mesh.axis_spans.get("pp")
     n = len(traced.top.meta[P.STAGES])
     m = sympy.Integer(spec.plan.micro_batches)
-    for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
-                                  ("forward", "activations from the previous stage", stage > 0),
-                                  ("backward", "gradients to the previous stage", stage > 0),
-                                  ("backward", "gradients from the next stage", stage < n - 1)):
-        if cond:
-            # The residual stream stays fp32 under autocast (its adds promote), so the boundary sends fp32.
-            led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=4,
-                               per_step=m, span=span, reason=f"pipeline stage {stage}: {what}, per micro-batch",
-                               direction=direction, measured=False))
+    for stage in range(pp_rank, n, spec.mesh.size("pp")):
+        for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
+                                      ("forward", "activations from the previous stage", stage > 0),
+                                      ("backward", "gradients to the previous stage", stage > 0),
+                                      ("backward", "gradients from the next stage", stage < n - 1)):
+            if cond:
+                # The residual stream stays fp32 under autocast (its adds promote), so the boundary sends fp32.
+                led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=4,
+                                   per_step=m, span=span, reason=f"pipeline stage {stage}: {what}, per micro-batch",
+                                   direction=direction))
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------

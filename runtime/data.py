@@ -5,6 +5,8 @@ batch sees the same sequences: the single-device run is the reference for every 
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -26,13 +28,55 @@ class Synthetic:
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
+def resolve(path: str, program: str | None) -> str:
+    """A data path as the program holds it: relative to the program's directory (the compiler wrote it so, from
+    the .scale file's directory), absolute as written."""
+    if not path or os.path.isabs(path) or program is None:
+        return path
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(program)), path))
+
+
+# Ids checked per slice of the file: a bounded temporary, however large the file.
+CHUNK = 1 << 24
+
+
+def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
+    """The file as a flat array of token ids, or SystemExit with one line naming the file and what is wrong with
+    it: missing, a directory, empty, a size that is no whole number of ids, or an id outside the vocabulary
+    (checked in chunks with numpy, so a large file costs one read and little memory). The same check on every
+    rank of every plan: an id past the vocabulary is an error, not something a sharded lookup may mask."""
+    dt = np.dtype(dtype)
+    if not os.path.exists(path):
+        raise SystemExit(f"scalec: data file {path}: no such file")
+    if os.path.isdir(path):
+        raise SystemExit(f"scalec: data file {path} is a directory, not a file of token ids")
+    size = os.path.getsize(path)
+    if size == 0:
+        raise SystemExit(f"scalec: data file {path} is empty")
+    if size % dt.itemsize:
+        raise SystemExit(f"scalec: data file {path} holds {size} bytes, not a whole number of {dtype} token ids "
+                         f"({dt.itemsize} bytes each)")
+    try:
+        tokens = np.memmap(path, dtype=dt, mode="r")
+    except OSError as exc:
+        raise SystemExit(f"scalec: data file {path}: {exc.strerror or exc}") from None
+    for lo in range(0, len(tokens), CHUNK):
+        chunk = tokens[lo:lo + CHUNK]
+        if chunk.max() >= vocab or (dt.kind == "i" and chunk.min() < 0):
+            at = int(np.flatnonzero((chunk >= vocab) | (chunk < 0))[0])
+            raise SystemExit(f"scalec: data file {path}: token id {int(chunk[at])} at position {lo + at} is outside "
+                             f"the vocabulary of {vocab} (ids 0..{vocab - 1})")
+    return tokens
+
+
 class TokenFile:
     """Windows of a flat binary file of token ids, at offsets drawn from (seed, step)."""
 
-    def __init__(self, path: str, dtype: str, seq_len: int, seed: int):
-        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+    def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int):
+        self.tokens = open_tokens(path, dtype, vocab)
         if len(self.tokens) <= seq_len + 1:
-            raise SystemExit(f"scalec: {path} holds {len(self.tokens)} tokens, fewer than one sequence of {seq_len}")
+            raise SystemExit(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
+                             f"{seq_len} (and its next token)")
         self.seq_len, self.seed = seq_len, seed
 
     def samples(self, step: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:

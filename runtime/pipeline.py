@@ -8,12 +8,15 @@ A tied embedding lives on the first and the last stage; their gradients are summ
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import mesh, moe, schedule
+from runtime import collectives, mesh, moe, schedule
 
 TIED = "embed.weight"
 
@@ -33,6 +36,28 @@ def _quietly(fn):
     return run
 
 
+def _under(autocast, fn):
+    """`fn` run under the run's autocast (bf16): a stage's forward and the loss, as the whole model's forward is
+    without pp. The schedule calls them itself, outside any context the training loop could open."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with autocast():
+            return fn(*args, **kwargs)
+    return run
+
+
+def _counted(get_ops):
+    """A stage's get_{fwd,bwd}_{send,recv}_ops that counts the bytes of each point-to-point op (runtime byte
+    counting, compared with the ledger's pipeline transfers)."""
+    @functools.wraps(get_ops)
+    def ops(*args, **kwargs):
+        out = get_ops(*args, **kwargs)
+        for op in out:
+            collectives._count("send_recv", "pp", op.tensor)
+        return out
+    return ops
+
+
 def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
     return [c * pp + pp_rank for c in range(virtual)]
 
@@ -49,8 +74,9 @@ def tie_group(ctx):
 
 
 class Pipeline:
-    def __init__(self, stage_cls, cfg, ctx, loss_fn, prepare):
-        """`prepare(module) -> module` materialises, initialises and wraps one stage module (data parallelism)."""
+    def __init__(self, stage_cls, cfg, ctx, loss_fn, prepare, autocast=contextlib.nullcontext):
+        """`prepare(module) -> module` materialises, initialises and wraps one stage module (data parallelism);
+        `autocast()` is the context each stage's forward and the loss run in (the run's precision)."""
         self.ctx, self.cfg = ctx, cfg
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
         n_stages = pp * cfg.virtual_stages
@@ -59,15 +85,21 @@ class Pipeline:
         for s in self.ids:
             with torch.device("meta"):
                 module = stage_cls(s)
-            self.modules.append(prepare(module))
+            module = prepare(module)
+            # Sends carry what the stage returns: the residual stream, fp32 under bf16 autocast (its adds promote).
+            module.forward = _under(autocast, module.forward)
+            self.modules.append(module)
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
         for stage in self.stages:  # its first forward infers shapes on uninitialised tensors: not a training step
             infer = getattr(stage, "_forward_metadata_inference", None)
             if infer is not None:
                 stage._forward_metadata_inference = _quietly(infer)
+            for name in ("get_fwd_send_ops", "get_fwd_recv_ops", "get_bwd_send_ops", "get_bwd_recv_ops"):
+                setattr(stage, name, _counted(getattr(stage, name)))
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
-        self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=cfg.micro_batches, loss_fn=loss_fn,
+        self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=cfg.micro_batches,
+                                                 loss_fn=_under(autocast, loss_fn),
                                                  scale_grads=True)
         self.schedule._prepare_schedule_with_comms(torch_order(cfg.pp_schedule, pp, cfg.micro_batches,
                                                                cfg.virtual_stages))

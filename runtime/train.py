@@ -64,6 +64,7 @@ class Config:
     data: str
     """`synthetic` or `tokens`."""
     data_path: str
+    """The token file: relative to the program's directory (main's `program`), or absolute."""
     data_dtype: str
     log_every: int
     checkpoint_dir: str
@@ -203,9 +204,17 @@ def _open_metrics(path: str, start: int):
     return f
 
 
-def main(model_cls, cfg: Config, loss_fn=None) -> None:
-    """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss."""
+def _autocast(cfg: Config, ctx: mesh.Context):
+    """The context every forward runs in: bf16 autocast (weights, gradients, optimizer state stay fp32)."""
+    return (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
+            else contextlib.nullcontext())
+
+
+def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> None:
+    """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss.
+    `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
+    cfg = replace(cfg, data_path=data.resolve(cfg.data_path, program))
     ctx = mesh.setup(cfg.axes)
     code = 0
     try:
@@ -241,7 +250,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         from runtime.pipeline import TIED as pipeline_tied, Pipeline
         # Without DDP: its pipelining hook fails a reducer assert when micro-batches = pp (torch 2.13); the
         # stages' dense gradients are averaged after the step instead (_average_dense_grads).
-        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False))
+        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
+                        autocast=lambda: _autocast(cfg, ctx))
         model = None
         all_named, norm_named = pipe.all_named_parameters, pipe.named_parameters
     else:
@@ -266,9 +276,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     # The auxiliary MoE loss is scaled like each micro-batch's loss: 1/m here, by the pipeline schedule under pp.
     moe.set_aux_loss_scale(1.0 if pipe is not None else 1.0 / cfg.micro_batches)
     source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
-              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed))
-    autocast = (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
-                else contextlib.nullcontext())
+              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed, cfg.vocab))
+    autocast = _autocast(cfg, ctx)
     tokens_per_step = cfg.global_batch * cfg.seq_len
     metrics = _open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:

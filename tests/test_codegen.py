@@ -77,7 +77,11 @@ def test_user_strings_cannot_inject_code(tmp_path):
     text = (ROOT / "samples" / "gpt_dp.scale").read_text()
     text = text.replace("data         = synthetic", f'data = tokens(path = "{HOSTILE}")\n'
                         f'  checkpoint_dir = "{HOSTILE}\\n import os"')
-    program = _compile_text(text, tmp_path)
+    # The data file exists (check looks for it beside the .scale file), under the hostile name itself.
+    (tmp_path / 'x"); import os; os.system("echo pwned") #').write_bytes(bytes(1024))
+    compiled = compile_spec(check_text(text, str(tmp_path / "gpt_dp.scale")))
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    program = (tmp_path / "program.py").read_text()
     tree = pyast.parse(program)
     calls = {n.func.attr for n in pyast.walk(tree) if isinstance(n, pyast.Call)
              and isinstance(n.func, pyast.Attribute)}

@@ -34,7 +34,7 @@ def test_token_file_windows(tmp_path):
     ids = np.arange(1000, dtype=np.uint16)
     path = tmp_path / "tokens.bin"
     ids.tofile(path)
-    src = data.TokenFile(str(path), "uint16", seq_len=16, seed=3)
+    src = data.TokenFile(str(path), "uint16", seq_len=16, seed=3, vocab=1000)
     tokens, targets = src.samples(0, 4, 0, 4)
     assert tokens.shape == (4, 16) and tokens.dtype == torch.int64
     assert torch.equal(targets, tokens + 1)  # consecutive ids: the window is contiguous

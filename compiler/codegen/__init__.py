@@ -160,7 +160,17 @@ def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
     return SegmentCode(cls, doc, tuple(leaves), forward_code(gm, spec))
 
 
-def config_values(spec: S.Spec, traced: T.Traced) -> dict:
+def data_path(spec: S.Spec, out_dir: str) -> str:
+    """The token file as the program finds it: a relative path in the .scale file is relative to that file's
+    directory; the program resolves it relative to its own directory (runtime.data.resolve), so it is written
+    relative to the output directory. Absolute paths stay as written; nothing of the machine's layout is added."""
+    path = spec.train.data.path
+    if not path or os.path.isabs(path):
+        return path
+    return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
+
+
+def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".") -> dict:
     t = spec.train
     v = spec.value
     shards, partial = [], []
@@ -175,7 +185,8 @@ def config_values(spec: S.Spec, traced: T.Traced) -> dict:
         "steps": t.steps, "seed": t.seed, "precision": t.precision,
         "lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
         "eps": t.optimizer.eps, "schedule": t.schedule.kind, "warmup": t.schedule.warmup, "min_lr": t.schedule.min_lr,
-        "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": t.data.path, "data_dtype": t.data.dtype,
+        "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": data_path(spec, out_dir),
+        "data_dtype": t.data.dtype,
         "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
         "init_std": INIT_STD, "residual_out": residual_out(traced.model),
         "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
@@ -226,7 +237,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
             "loss": loss_code}
 
 
-def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
+def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
     pipeline = _pipeline(spec, traced)
     if pipeline:  # the Stage class replaces Model
@@ -242,7 +253,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=imports or ["Repeat"], segments=segs, runtime_modules=modules, pipeline=pipeline,
-        config=[(k, repr(v)) for k, v in config_values(spec, traced).items()])
+        config=[(k, repr(v)) for k, v in config_values(spec, traced, out_dir).items()])
 
 
 def launch_script(spec: S.Spec) -> str:
@@ -252,7 +263,7 @@ def launch_script(spec: S.Spec) -> str:
         devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec))
 
 
-def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
+def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:
     dp_placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
     params = []
     for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
@@ -290,7 +301,7 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
                     "source": where(spec, c.span) if c.span else None, "reason": c.reason}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced).items()
+        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced, out_dir).items()
                   if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
@@ -299,8 +310,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs) -> str:
 def emit(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str) -> list[str]:
     """Write the build directory; return the paths written."""
     os.makedirs(out_dir, exist_ok=True)
-    files = {"program.py": program(spec, traced, costs), "plan.json": plan_json(spec, traced, costs),
-             "launch.sh": launch_script(spec)}
+    files = {"program.py": program(spec, traced, costs, out_dir),
+             "plan.json": plan_json(spec, traced, costs, out_dir), "launch.sh": launch_script(spec)}
     written = []
     for name, text in files.items():
         path = os.path.join(out_dir, name)

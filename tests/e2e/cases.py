@@ -25,6 +25,8 @@ GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias
 TP4 = (("axis tp = 2", "axis tp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
 PP4 = (("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
 
+BF16 = (("precision    = fp32", "precision    = bf16"),)
+
 MOE = "samples/moe_gpt.scale"
 MOE_4 = (("devices_per_node = 2", "devices_per_node = 4"),)
 CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
@@ -85,6 +87,13 @@ CASES = (
          edits=PP4 + (('schedule = "1f1b"', 'schedule = "zero-bubble"'),), description="four stages, zero-bubble"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, steps=3, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
+    Case(id="pp2_1f1b_bf16", sample="samples/gpt_pp.scale", nproc=2, steps=3, edits=BF16,
+         description="bf16 autocast in every pipeline stage and the loss; the stage boundaries carry the fp32 "
+                     "residual stream"),
+    Case(id="pp2_tp2_sp_bf16", sample="samples/gpt_3d.scale", nproc=4, steps=3,
+         edits=BF16 + (("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4")),
+         description="bf16 through 1F1B over pp × tensor + sequence parallelism over tp: tp collectives in bf16 "
+                     "where their tensors are, pipeline sends in fp32, as the ledger counts them"),
     Case(id="dp2_tp2_fsdp", sample="samples/gpt_2d.scale", nproc=4, steps=3,
          edits=(("data_parallel = ddp", "data_parallel = fsdp"),),
          description="2-D mesh: FSDP2 (ZeRO-3) over dp × tensor + sequence parallelism over tp"),

@@ -167,4 +167,4 @@ CONFIG = train.Config(
 )
 
 if __name__ == "__main__":
-    train.main(Stage, CONFIG, loss_fn=loss_fn)
+    train.main(Stage, CONFIG, loss_fn=loss_fn, program=__file__)

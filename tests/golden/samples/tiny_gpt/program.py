@@ -128,4 +128,4 @@ CONFIG = train.Config(
 )
 
 if __name__ == "__main__":
-    train.main(Model, CONFIG)
+    train.main(Model, CONFIG, program=__file__)

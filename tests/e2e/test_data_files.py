@@ -1,0 +1,73 @@
+"""Token files through `scalec run`: a relative path is found beside the .scale file from any working directory,
+and ids outside the vocabulary are one error, the same on one device and under tensor parallelism (whose
+vocabulary-parallel lookup would otherwise mask them and train on)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.runner import ROOT, single_device
+
+pytestmark = pytest.mark.e2e
+
+TOKENS = 'data         = tokens(path = "data/tokens.bin")'
+
+
+def _scale(tmp_path: Path, name: str, *, one_device: bool) -> Path:
+    """gpt_tp (tp = 2) or its single-device form, vocabulary 256, reading data/tokens.bin beside it."""
+    text = (ROOT / "samples" / "gpt_tp.scale").read_text().replace("vocab  = 128", "vocab  = 256")
+    text = text.replace("data         = synthetic", TOKENS)
+    assert TOKENS in text
+    path = tmp_path / "project" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(single_device(text) if one_device else text)
+    return path
+
+
+def _tokens(tmp_path: Path, ids: np.ndarray) -> None:
+    (tmp_path / "project" / "data").mkdir(parents=True, exist_ok=True)
+    ids.astype(np.uint16).tofile(tmp_path / "project" / "data" / "tokens.bin")
+
+
+def _run(scale: Path, out: Path, cwd: Path) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "compiler.cli", "run", str(scale), "-o", str(out), "--steps", "2"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def _rank_messages(output: str) -> set[str]:
+    return {line.split("] ", 1)[1] for line in output.splitlines() if line.startswith("[rank ")}
+
+
+def test_ids_outside_the_vocabulary_are_one_error_on_every_plan(tmp_path):
+    _tokens(tmp_path, np.tile(np.arange(250, 310), 70))  # ids 250..309 for a vocabulary of 256
+    data = tmp_path / "project" / "data" / "tokens.bin"
+    want = (f"scalec: data file {data}: token id 256 at position 6 is outside the vocabulary of 256 "
+            "(ids 0..255)")
+    for name, one in (("tp2.scale", False), ("one.scale", True)):
+        proc = _run(_scale(tmp_path, name, one_device=one), tmp_path / "build" / name, tmp_path / "elsewhere")
+        output = proc.stdout + proc.stderr
+        assert proc.returncode != 0, f"{name} trained on ids outside the vocabulary:\n{output[-2000:]}"
+        assert _rank_messages(output) == {want}, output[-3000:]
+        # The ranks print one line each; no Python traceback of the program (torchrun's own report follows).
+        assert "training failed" not in output and "IndexError" not in output
+        assert not [ln for ln in output.splitlines() if ln.strip().startswith('File "') and "runtime" in ln]
+
+
+def test_relative_data_path_is_found_from_any_directory(tmp_path):
+    """`tokens(path = "data/tokens.bin")` is relative to the .scale file: `scalec run` from another directory,
+    into a build directory elsewhere, trains; the program holds that path relative to itself, not this machine's
+    absolute path."""
+    _tokens(tmp_path, np.random.default_rng(0).integers(0, 256, 4096))
+    out = tmp_path / "build" / "one"
+    proc = _run(_scale(tmp_path, "one.scale", one_device=True), out, tmp_path / "elsewhere")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "step     2/2" in proc.stdout
+    program = (out / "program.py").read_text()
+    assert "data_path='../../project/data/tokens.bin'" in program and str(tmp_path) not in program
