@@ -11,6 +11,7 @@ Exit status: 0 on success, 1 when the input has errors (printed as diagnostics),
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import shlex
 import subprocess
@@ -246,8 +247,23 @@ def cmd_run(args) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _undecodable_as_bytes(err: UnicodeError):
+    """Error handler of stdout and stderr: a file name's byte that is not UTF-8 (kept by Python as a lone surrogate)
+    is written back as that byte, as the user typed it; any other character the stream cannot encode, escaped."""
+    ch = err.object[err.start] if isinstance(err, UnicodeEncodeError) else ""
+    if ch and 0xdc80 <= ord(ch) <= 0xdcff:
+        return bytes([ord(ch) - 0xdc00]), err.start + 1
+    return codecs.backslashreplace_errors(err)
+
+
+codecs.register_error("scalec.undecodable", _undecodable_as_bytes)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # file names are printed; one that is not UTF-8 must not crash us
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="scalec.undecodable")
     torchrun_args: list[str] = []
     if "--" in argv:
         i = argv.index("--")

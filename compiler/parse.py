@@ -6,6 +6,7 @@ this boundary into diagnostics that name the expected tokens in words.
 from __future__ import annotations
 
 import functools
+import re
 
 import lark
 from lark import Lark, Token, Transformer, v_args
@@ -34,10 +35,16 @@ def _words(expected) -> str:
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
+# The escapes a .scale string knows; `\\` then `n` is a backslash and an `n`: one pass, left to right.
+ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+
+
 class _Build(Transformer):
     def __init__(self, path: str):
         super().__init__()
         self.path = path
+        self.errors: list[Diagnostic] = []  # found while building; raised together after the whole tree
 
     def _span(self, meta) -> Span:
         return Span(self.path, meta.line, meta.column, meta.end_line, meta.end_column)
@@ -118,8 +125,17 @@ class _Build(Transformer):
     def string(self, items):
         (tok,) = items
         raw = str(tok)[1:-1]
-        value = raw.replace('\\"', '"').replace("\\n", "\n").replace("\\t", "\t").replace("\\\\", "\\")
-        return ast.String(value, self._tok(tok))
+
+        def decode(m: re.Match) -> str:
+            if m[1] in ESCAPES:
+                return ESCAPES[m[1]]
+            col = tok.column + 1 + m.start()  # the token has no newline: its text is on one line
+            shown = f"`\\{m[1]}`" if m[1].isprintable() else f"`\\` before U+{ord(m[1]):04X}"
+            self.errors.append(Diagnostic(
+                "E0002", f"unknown escape {shown} in a string", Span(self.path, tok.line, col, tok.line, col + 2),
+                label="not an escape", help='strings know `\\\\`, `\\"`, `\\n` and `\\t`; write `\\\\` for a backslash'))
+            return m[0]
+        return ast.String(_ESCAPE.sub(decode, raw), self._tok(tok))
 
     def name(self, items):
         return self._name(items[0])
@@ -136,7 +152,11 @@ def parse(text: str, path: str = "<input>") -> ast.File:
         tree = _parser().parse(text)
     except lark.UnexpectedInput as exc:
         raise ScaleError([_syntax_diagnostic(exc, text, path)], {path: text}) from None
-    return _Build(path).transform(tree)
+    build = _Build(path)
+    file = build.transform(tree)
+    if build.errors:
+        raise ScaleError(build.errors, {path: text})
+    return file
 
 
 def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagnostic:

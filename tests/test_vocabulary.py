@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from compiler import check
+from compiler import check, parse
 from compiler.cli import main
 
 
@@ -29,6 +29,7 @@ def test_language_vocabulary_is_pinned():
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
     assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep")
+    assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)
 
 
 def test_cli_flags_are_pinned(monkeypatch):

@@ -2,12 +2,12 @@
 
 The skeleton comes from jinja2 templates beside this file; each segment's forward body is the torch.fx code of its
 traced graph, with a comment naming the .scale line before each layer's statements. Nothing a user writes reaches
-the output except through `repr` (strings) or as a validated identifier, and comments are single source lines.
-Output is deterministic: no timestamps, no absolute paths, stable ordering.
+the output except through the escaping function of its context (compiler/codegen/escape.py: Python literal,
+docstring, `#` comment, shell word, JSON); the templates refuse any other text. Output is deterministic: no
+timestamps, no absolute paths, stable ordering.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +21,7 @@ from compiler import __version__
 from compiler import cost as C
 from compiler import spec as S
 from compiler import trace as T
+from compiler.codegen import escape as E
 from compiler.model import residual_out
 from runtime.layers import Bias, Repeat
 from runtime.moe import Experts
@@ -47,30 +48,28 @@ class SegmentCode:
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
-
-
-def _one_line(text: str) -> str:
-    """Text safe to place in a `#` comment: one line, no control characters."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", text).strip()
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+                             finalize=E.finalize)
+    env.filters.update(comment=E.comment, docstring=E.docstring, sh_word=E.sh_word, ident=E.ident)
+    return env
 
 
 def source_text(spec: S.Spec, span) -> str:
-    """The .scale text of a span, cut to its first line and without a trailing comment; for `#` comments only."""
+    """The .scale text of a span, cut to its first line and without a trailing comment, as a `#` comment."""
     lines = spec.source.split("\n")
     line = lines[span.line - 1]
     end = span.end_col - 1 if span.end_line == span.line else len(line)
     text = line[span.col - 1:end]
     if span.end_line != span.line and '"' not in text:
         text = text.split("#", 1)[0]
-    return _one_line(text)
+    return E.comment(text)
 
 
 def source_name(spec: S.Spec) -> str:
-    """The .scale file's name as generated files show it: its base name, one line. Never the directory: output
-    must not depend on where the compiler was run from."""
-    return _one_line(os.path.basename(spec.path)) or "input.scale"
+    """The .scale file's name as generated files show it: its base name, undecodable bytes as `\\xNN`; each
+    context escapes it further. Never the directory: output must not depend on where the compiler was run from."""
+    return E.display(os.path.basename(spec.path)) or "input.scale"
 
 
 def where(spec: S.Spec, span) -> str:
@@ -124,10 +123,10 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
     for node, line in zip(nodes, body):
         span = node.meta.get(T.SPAN)
         if span is not None and span != last:
-            out.append(f"        # {where(spec, span)}  {source_text(spec, span)}")
+            out.append(f"        # {E.comment(where(spec, span))}  {source_text(spec, span)}")
         last = span if span is not None else last
         out.append("    " + _DELETE.sub("", line.rstrip()) + _collective_comment(node, spec))
-    return "\n".join(out)
+    return E.code("\n".join(out))
 
 
 def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
@@ -139,7 +138,7 @@ def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
     bwd = (note.backward or "identity").replace("_", "-")
     span = node.meta.get(T.SPAN)
     src = f" ({where(spec, span)})" if span else ""
-    return "  # " + _one_line(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}{src}")
+    return "  # " + E.comment(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}{src}")
 
 
 def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
@@ -151,7 +150,7 @@ def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:
             ctor = _ctor(mod)
         span = gm.meta[T.SPANS].get(name)
         comment = f"{where(spec, span)}  {source_text(spec, span)}" if span else ""
-        leaves.append(Leaf(name, ctor, comment))
+        leaves.append(Leaf(name, E.code(ctor), comment))
     if cls == "Model":
         doc = f"The whole model `{spec.model.name}`: token ids and targets in, the mean cross-entropy out."
     else:
@@ -218,7 +217,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
     pro, epi, loss = top.meta[P.PROLOGUE], top.meta[P.EPILOGUE], top.meta[P.LOSS]
 
     def leaves(gm):
-        return {n: Leaf(n, _ctor(m), f"{where(spec, gm.meta[T.SPANS][n])}  "
+        return {n: Leaf(n, E.code(_ctor(m)), f"{where(spec, gm.meta[T.SPANS][n])}  "
                         f"{source_text(spec, gm.meta[T.SPANS][n])}" if n in gm.meta[T.SPANS] else "")
                 for n, m in gm.named_children()}
     first, last = leaves(pro), leaves(epi)
@@ -230,11 +229,11 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
                             '    """The loss of one micro-batch on the last stage, from its logits."""']
                            + [ln[4:] for ln in loss_lines[1:]])
     (name,) = traced.blocks
-    return {"stages": repr(top.meta[P.STAGES]), "leaf_groups": [(c, ls) for c, ls in groups if ls],
+    return {"stages": E.py_literal(top.meta[P.STAGES]), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
             "blocks": name, "block_cls": T.class_name(name),
-            "prologue": forward_code(pro, spec).replace("def forward(", "def prologue(", 1),
-            "epilogue": forward_code(epi, spec).replace("def forward(", "def epilogue(", 1),
-            "loss": loss_code}
+            "prologue": E.code(forward_code(pro, spec).replace("def forward(", "def prologue(", 1)),
+            "epilogue": E.code(forward_code(epi, spec).replace("def forward(", "def epilogue(", 1)),
+            "loss": E.code(loss_code)}
 
 
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:
@@ -252,8 +251,9 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") 
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
-        runtime_imports=imports or ["Repeat"], segments=segs, runtime_modules=modules, pipeline=pipeline,
-        config=[(k, repr(v)) for k, v in config_values(spec, traced, out_dir).items()])
+        runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
+        runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,
+        config=[(k, E.py_literal(v)) for k, v in config_values(spec, traced, out_dir).items()])
 
 
 def launch_script(spec: S.Spec) -> str:
@@ -304,7 +304,7 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
         "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced, out_dir).items()
                   if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
     }
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    return E.json_text(doc)
 
 
 def emit(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str) -> list[str]:
