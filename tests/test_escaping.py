@@ -251,7 +251,8 @@ def test_hostile_strings(tmp_path, spelt, value):
     """data paths and checkpoint_dir arrive in CONFIG and plan.json as the values the .scale string spells."""
     text = TEXT.replace("  log_every    = 5", f"  log_every = 5\n  data = tokens(path = {spelt})\n"
                         f"  checkpoint_dir = {spelt}")
-    files = _emit(text, "strings.scale", tmp_path)
+    (tmp_path / value).write_bytes(bytes(1024))  # check looks for the data file, beside the .scale file
+    files = _emit(text, str(tmp_path / "strings.scale"), tmp_path)
     tree = pyast.parse(files["program.py"])
     config = _config(tree)
     assert config["data_path"] == value and config["checkpoint_dir"] == value
