@@ -108,8 +108,8 @@ def _coords() -> str:
     return f" ({parts}{stage})" if parts else stage
 
 
-def describe_rank(rank: int | None = None) -> str:
-    return f"rank {_CTX.rank if rank is None else rank}{_coords() if rank is None else ''}"
+def describe_rank() -> str:
+    return f"rank {_CTX.rank if _CTX else os.environ.get('RANK', '0')}{_coords()}"
 
 
 # -- configuration at start-up ------------------------------------------------------------------------------------
@@ -143,9 +143,14 @@ def nccl_flight_recorder_env() -> None:
 _TERM = False
 
 
+_TERM_AT = 0.0
+TERM_GRACE = 25.0  # seconds a rank may take to reach the end of its step after SIGTERM (torchrun kills at 30)
+
+
 def _on_sigterm(signum, frame):
-    global _TERM
-    _TERM = True
+    global _TERM, _TERM_AT
+    if not _TERM:
+        _TERM, _TERM_AT = True, time.monotonic()
 
 
 def stop_requested(device) -> bool:
@@ -187,8 +192,9 @@ def test_hooks(rank: int, step: int) -> None:
     if _HOOKS.get("TERM") == here and attempt() == 0:
         os.kill(os.getpid(), signal.SIGTERM)
     if _HOOKS.get("HANG") == here:
-        while True:
-            time.sleep(3600)
+        while not _TERM:  # hung, but in Python: torchrun's SIGTERM still ends it
+            time.sleep(0.1)
+        os._exit(128 + signal.SIGTERM)
 
 
 def save_weights_if_asked(named_params, ctx) -> None:
@@ -212,6 +218,11 @@ def _watch() -> None:
         cur = _CURRENT
         if cur is not None and time.monotonic() - cur[2] > _TIMEOUT:
             _timed_out(cur)
+        if _TERM and time.monotonic() - _TERM_AT > TERM_GRACE:  # stuck: the step will not end, leave now
+            where = f" in {cur[0]}{_site_text(cur[1])}" if cur else ""
+            print(f"scalec: {describe_rank()} got SIGTERM {TERM_GRACE:g} s ago and is still at step {_STEP}{where}: "
+                  "leaving without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signal.SIGTERM)
 
 
 def _timed_out(cur) -> None:
