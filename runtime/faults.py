@@ -280,7 +280,9 @@ def _dump_flight_recorder() -> None:
     if not (path and _nccl()):
         return
     try:
-        data = torch._C._distributed_c10d._dump_nccl_trace()  # pickled trace of the last collectives
+        c10d = torch._C._distributed_c10d
+        dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
+        data = dump()  # the pickled trace of this rank's last collectives
         with open(f"{path}{_CTX.rank}", "wb") as f:
             f.write(data)
     except Exception:  # noqa: BLE001 - best effort: torch dumps it itself at its own timeout
