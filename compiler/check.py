@@ -275,6 +275,22 @@ def _string(c, e, w):
     return c.as_string(e, w)
 
 
+_UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
+          "hour": 3600, "hours": 3600}
+
+
+def _duration(c, e, w):
+    """Seconds: a number (`timeout = 600`) or a string with a unit (`timeout = "10 min"`, "30 s", "2 h")."""
+    if not isinstance(e, ast.String):
+        return c.as_float(e, w, minimum=0.0)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", e.value)
+    if not m or (m.group(2) and m.group(2) not in _UNITS):
+        c.error("E0120", f"{w} must be a duration, not \"{e.value}\"", e.span, label="not a duration",
+                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h"')
+        return None
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
 def _choice(*choices):
     return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 
@@ -376,6 +392,10 @@ TRAIN_SETTINGS: dict[str, Param] = {
     "log_every": Param(_pos_int, 1, "steps between progress lines"),
     "checkpoint_dir": Param(_string, "", "where checkpoints go; empty for none"),
     "checkpoint_every": Param(_int, 0, "steps between checkpoints; 0 for only the last"),
+    "restarts": Param(_int, None, "times torchrun restarts a failed job (from the last checkpoint); default 3 "
+                                  "with checkpoint_dir, 0 without"),
+    "timeout": Param(_duration, 600.0, "a collective that has not completed after this long ends the job, naming "
+                                       "the ranks and the operation; 0 turns the watchdog off"),
 }
 
 SECTIONS = ("model", "mesh", "plan", "train")
@@ -798,6 +818,7 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         schedule=S.LRSchedule(kind=sched_kind, warmup=sched["warmup"], min_lr=sched.get("min_lr", 0.0)),
         grad_clip=s["grad_clip"], data=S.Data(kind=data_kind, **data), log_every=s["log_every"],
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
+        restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
     ), s["_spans"]
 
 

@@ -3,8 +3,9 @@
   scalec check FILE              report every problem in FILE, or say it is fine
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
-  scalec run FILE [-- ARGS]      compile, then launch under torchrun with as many processes as the mesh needs;
-                                 ARGS go to torchrun (e.g. --redirects 3 --log-dir logs)
+  scalec run FILE [-- FLAGS]     compile, then launch under torchrun with as many processes as this node runs;
+                                 FLAGS go to the program (e.g. -- --checkpoint-dir ckpt --seed 7), torchrun's own
+                                 flags in one quoted string: --torchrun-args "--redirects 3 --log-dir 'my logs'"
 
 Exit status: 0 on success, 1 when the input has errors (printed as diagnostics), 2 on a usage error.
 """
@@ -226,24 +227,53 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from compiler import codegen
-    compiled = _load(args.file)
-    out = _build_dir(compiled, args.output)
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, out)
-    env = dict(os.environ)
+class UsageError(Exception):
+    """A command line that cannot run: printed as one line, exit status 2."""
+
+
+def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str], dict]:
+    """The launch.sh command and environment of `scalec run`: program flags (`--steps`, `--metrics`, everything
+    after `--`) as arguments, each kept whole; `--torchrun-args` split as a shell would into TORCHRUN_ARGS; on a
+    mesh of several nodes, this node's share (NODE_RANK, MASTER_ADDR from the environment) or, with
+    `--local-nodes`, every node here."""
+    env = dict(environ)
     # The program imports the same runtime this compiler came with.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["LOCAL_NODES"] = "1"
-    env["TORCHRUN_ARGS"] = shlex.join(args.torchrun_args)
+    try:
+        torchrun = shlex.split(args.torchrun_string or "")
+    except ValueError as err:
+        raise UsageError(f"--torchrun-args: {err} in {args.torchrun_string!r}") from None
+    env["TORCHRUN_ARGS"] = shlex.join(torchrun)
+    env.pop("LOCAL_NODES", None)
+    if nodes > 1 and args.local_nodes:
+        env["LOCAL_NODES"] = "1"
+    elif nodes > 1 and not (environ.get("NODE_RANK") and environ.get("MASTER_ADDR")):
+        raise UsageError(f"this mesh spans {nodes} nodes: run `scalec run` on each with NODE_RANK=<0..{nodes - 1}> "
+                         "and MASTER_ADDR=<address of node 0> set, or pass --local-nodes to start every node on "
+                         "this machine")
     program_args = []
     if args.steps is not None:
         program_args += ["--steps", str(args.steps)]
     if args.metrics:
         program_args += ["--metrics", args.metrics]
-    cmd = ["bash", os.path.join(out, "launch.sh"), *program_args]
-    print(f"scalec: {shlex.join(cmd)}   ({compiled.spec.mesh.world_size} processes)", flush=True)
+    return ["bash", os.path.join(out, "launch.sh"), *program_args, *args.program_args], env
+
+
+def cmd_run(args) -> int:
+    from compiler import codegen
+    compiled = _load(args.file)
+    out = _build_dir(compiled, args.output)
+    m = compiled.spec.mesh
+    try:
+        cmd, env = launch_command(args, m.nodes, out, os.environ)
+    except UsageError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, out)
+    here = m.world_size if env.get("LOCAL_NODES") or m.nodes == 1 else m.devices_per_node
+    extra = f"; torchrun {env['TORCHRUN_ARGS']}" if env["TORCHRUN_ARGS"] else ""
+    print(f"scalec: {shlex.join(cmd)}   ({here} processes{extra})", flush=True)
     return subprocess.call(cmd, env=env)
 
 
@@ -264,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # file names are printed; one that is not UTF-8 must not crash us
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="scalec.undecodable")
-    torchrun_args: list[str] = []
+    program_args: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, torchrun_args = argv[:i], argv[i + 1:]
+        argv, program_args = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="scalec", description="Compile .scale training plans into torch.distributed "
                                 "programs.", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"scalec {__version__}")
@@ -290,16 +320,24 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
     c.set_defaults(func=cmd_compile)
     c = sub.add_parser("run", help="compile, then train under torchrun",
-                       description="Compile FILE, then launch it under torchrun with as many processes as the mesh "
-                                   "needs (all on this machine). Arguments after `--` go to torchrun.")
+                       description="Compile FILE, then launch it under torchrun with this node's processes. "
+                                   "Arguments after `--` go to the program (see `build/<name>/program.py --help`: "
+                                   "--checkpoint-dir, --seed, --debug, ...), each kept whole; torchrun's own flags "
+                                   "go in one string, split as a shell would: --torchrun-args \"--log-dir 'my "
+                                   "logs'\". A mesh of several nodes runs this node's share: set NODE_RANK and "
+                                   "MASTER_ADDR (and MASTER_PORT) on each machine, or pass --local-nodes.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="build directory (default build/<model name>)")
     c.add_argument("--steps", type=int, help="train for this many steps instead of the file's")
     c.add_argument("--metrics", metavar="FILE", help="write one JSON line per step to FILE")
+    c.add_argument("--torchrun-args", dest="torchrun_string", metavar="'FLAGS'",
+                   help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")
+    c.add_argument("--local-nodes", action="store_true",
+                   help="on a mesh of several nodes, start every node's processes on this machine (testing)")
     c.set_defaults(func=cmd_run)
     args = p.parse_args(argv)
-    args.torchrun_args = torchrun_args
-    if torchrun_args and args.command != "run":
+    args.program_args = program_args
+    if program_args and args.command != "run":
         p.error("arguments after `--` are for `scalec run` only")
     try:
         return args.func(args)

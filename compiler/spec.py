@@ -231,6 +231,10 @@ class Train:
     log_every: int
     checkpoint_dir: str
     checkpoint_every: int
+    restarts: int = 0
+    """torchrun's --max-restarts."""
+    timeout: float = 600.0
+    """Seconds a collective may take before the watchdog ends the job; 0: no watchdog."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,8 @@ import collections
 import torch
 import torch.distributed as dist
 
+from runtime import faults
+
 # torch 2.13 renamed reduce_scatter_tensor (now deprecated) to reduce_scatter_single; older releases have only the
 # former.
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -61,30 +63,33 @@ def _count(op: str, axis: str, t: torch.Tensor) -> None:
 # -- primitives (no autograd) -------------------------------------------------------------------------------------
 
 
-def _all_reduce(x: torch.Tensor, axis: str) -> torch.Tensor:
+def _all_reduce(x: torch.Tensor, axis: str, site=None, when: str = "forward") -> torch.Tensor:
     _count("all_reduce", axis, x)
     x = x.contiguous()
-    dist.all_reduce(x, group=_group(axis))
+    with faults.op(f"all_reduce over {axis} ({when})", site):
+        dist.all_reduce(x, group=_group(axis))
     return x
 
 
-def _all_gather(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+def _all_gather(x: torch.Tensor, axis: str, dim: int, site=None, when: str = "forward") -> torch.Tensor:
     n = axis_size(axis)
     x = x.movedim(dim, 0).contiguous()
     out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     _count("all_gather", axis, out)
-    dist.all_gather_into_tensor(out, x, group=_group(axis))
+    with faults.op(f"all_gather over {axis} ({when})", site):
+        dist.all_gather_into_tensor(out, x, group=_group(axis))
     return out.movedim(0, dim).contiguous()  # downstream: matmuls, and pipeline sends that need contiguity
 
 
-def _reduce_scatter(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+def _reduce_scatter(x: torch.Tensor, axis: str, dim: int, site=None, when: str = "forward") -> torch.Tensor:
     n = axis_size(axis)
     if x.shape[dim] % n:
         raise ValueError(f"reduce-scatter over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
     _count("reduce_scatter", axis, x)
     x = x.movedim(dim, 0).contiguous()
     out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _REDUCE_SCATTER(out, x, group=_group(axis))
+    with faults.op(f"reduce_scatter over {axis} ({when})", site):
+        _REDUCE_SCATTER(out, x, group=_group(axis))
     return out.movedim(0, dim).contiguous()
 
 
@@ -100,81 +105,81 @@ def _split(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
 
 class _IdentityFwdAllReduceBwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis):
-        ctx.axis = axis
+    def forward(ctx, x, axis, site):
+        ctx.axis, ctx.site = axis, site
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_reduce(g, ctx.axis), None
+        return _all_reduce(g, ctx.axis, ctx.site, "backward"), None, None
 
 
 class _AllReduceFwdIdentityBwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis):
-        return _all_reduce(x.clone(), axis)
+    def forward(ctx, x, axis, site):
+        return _all_reduce(x.clone(), axis, site)
 
     @staticmethod
     def backward(ctx, g):
-        return g, None
+        return g, None, None
 
 
 class _AllGatherFwdReduceScatterBwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
-        return _all_gather(x, axis, dim)
+    def forward(ctx, x, axis, dim, site):
+        ctx.axis, ctx.dim, ctx.site = axis, dim, site
+        return _all_gather(x, axis, dim, site)
 
     @staticmethod
     def backward(ctx, g):
-        return _reduce_scatter(g, ctx.axis, ctx.dim), None, None
+        return _reduce_scatter(g, ctx.axis, ctx.dim, ctx.site, "backward"), None, None, None
 
 
 class _ReduceScatterFwdAllGatherBwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
-        return _reduce_scatter(x, axis, dim)
+    def forward(ctx, x, axis, dim, site):
+        ctx.axis, ctx.dim, ctx.site = axis, dim, site
+        return _reduce_scatter(x, axis, dim, site)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_gather(g, ctx.axis, ctx.dim), None, None
+        return _all_gather(g, ctx.axis, ctx.dim, ctx.site, "backward"), None, None, None
 
 
 class _SplitFwdAllGatherBwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, axis, dim):
-        ctx.axis, ctx.dim = axis, dim
+    def forward(ctx, x, axis, dim, site):
+        ctx.axis, ctx.dim, ctx.site = axis, dim, site
         return _split(x, axis, dim)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_gather(g, ctx.axis, ctx.dim), None, None
+        return _all_gather(g, ctx.axis, ctx.dim, ctx.site, "backward"), None, None, None
 
 
 def identity_fwd_all_reduce_bwd(x: torch.Tensor, axis: str) -> torch.Tensor:
     """Forward: identity. Backward: all-reduce (sum) over `axis`."""
-    return x if axis_size(axis) == 1 else _IdentityFwdAllReduceBwd.apply(x, axis)
+    return x if axis_size(axis) == 1 else _IdentityFwdAllReduceBwd.apply(x, axis, faults.caller_site())
 
 
 def all_reduce_fwd_identity_bwd(x: torch.Tensor, axis: str) -> torch.Tensor:
     """Forward: all-reduce (sum) over `axis`. Backward: identity."""
-    return x if axis_size(axis) == 1 else _AllReduceFwdIdentityBwd.apply(x, axis)
+    return x if axis_size(axis) == 1 else _AllReduceFwdIdentityBwd.apply(x, axis, faults.caller_site())
 
 
 def all_gather_fwd_reduce_scatter_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     """Forward: all-gather the chunks along `dim` over `axis`. Backward: reduce-scatter (sum) along `dim`."""
-    return x if axis_size(axis) == 1 else _AllGatherFwdReduceScatterBwd.apply(x, axis, dim)
+    return x if axis_size(axis) == 1 else _AllGatherFwdReduceScatterBwd.apply(x, axis, dim, faults.caller_site())
 
 
 def reduce_scatter_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     """Forward: reduce-scatter (sum) along `dim` over `axis`. Backward: all-gather along `dim`."""
-    return x if axis_size(axis) == 1 else _ReduceScatterFwdAllGatherBwd.apply(x, axis, dim)
+    return x if axis_size(axis) == 1 else _ReduceScatterFwdAllGatherBwd.apply(x, axis, dim, faults.caller_site())
 
 
 def split_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     """Forward: keep this rank's chunk along `dim`. Backward: all-gather along `dim`."""
-    return x if axis_size(axis) == 1 else _SplitFwdAllGatherBwd.apply(x, axis, dim)
+    return x if axis_size(axis) == 1 else _SplitFwdAllGatherBwd.apply(x, axis, dim, faults.caller_site())
 
 
 # -- vocabulary parallelism ---------------------------------------------------------------------------------------
@@ -205,14 +210,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
             logits[:, max(0, vocab - lo):] = float("-inf")
         peak = logits.max(dim=-1).values
         _count("all_reduce", axis, peak)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=_group(axis))
+        site = faults.caller_site()
+        with faults.op(f"all_reduce (MAX) over {axis} (forward)", site):
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=_group(axis))
         shifted = logits - peak.unsqueeze(-1)
         mine = (targets >= lo) & (targets < lo + n_local)
         local = (targets - lo).masked_fill(~mine, 0)
         target_logit = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
-        target_logit = _all_reduce(target_logit, axis)
+        target_logit = _all_reduce(target_logit, axis, site)
         exp = shifted.exp()
-        sum_exp = _all_reduce(exp.sum(dim=-1), axis)
+        sum_exp = _all_reduce(exp.sum(dim=-1), axis, site)
         loss = sum_exp.log() - target_logit
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local)
         return loss.mean()

@@ -9,12 +9,13 @@ import math
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from runtime import collectives
+from runtime import collectives, faults
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(axes: tuple[tuple[str, int], ...]) -> Context:
-    """Start the process group and build the mesh `axes` ((name, size), outermost first)."""
+def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
+    """Start the process group and build the mesh `axes` ((name, size), outermost first). Each torchrun attempt
+    meets under its own store prefix (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin
+    for the watchdog to speak first, every collective."""
     if "RANK" not in os.environ:  # plain `python program.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -63,9 +66,17 @@ def setup(axes: tuple[tuple[str, int], ...]) -> Context:
     else:
         device = torch.device("cpu")
         backend, device_type = "gloo", "cpu"
-    dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    if backend == "nccl":
+        faults.nccl_flight_recorder_env()
+    # The process group's own timeout is the backstop: the watchdog (faults) reports a stuck collective first.
+    limit = timedelta(seconds=timeout + 60 if timeout > 0 else 24 * 3600)
+    faults.start_watchdog(timeout)
+    with faults.op("the process group's start-up (rendezvous of all ranks)"):
+        store = faults.attempt_store(timedelta(seconds=timeout) if timeout > 0 else limit)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
     names = tuple(a for a, _ in axes)
-    mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
+    with faults.op("building the device mesh (new process groups)"):
+        mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
     coords = {a: mesh.get_local_rank(a) for a in names}
     for a in names:
         collectives.register(a, mesh[a].get_group())
@@ -75,9 +86,11 @@ def setup(axes: tuple[tuple[str, int], ...]) -> Context:
         batch_group = _group_over(mesh, ("dp", "ep"), rank)
     else:
         batch_group = mesh["dp" if dp > 1 else "ep"].get_group() if dp * ep > 1 else None
-    return Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
-                   batch_group=batch_group, batch_size=dp * ep,
-                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
+    ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
+                  batch_group=batch_group, batch_size=dp * ep,
+                  batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
+    faults.configure(ctx, store)
+    return ctx
 
 
 def rows(mesh: DeviceMesh, axes: tuple[str, ...]) -> list[list[int]]:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime import collectives
+from runtime import collectives, faults
 
 # -- the auxiliary loss ------------------------------------------------------------------------------------------
 
@@ -217,7 +217,8 @@ def _exchange(x: torch.Tensor, axis: str) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     collectives._count("all_to_all", axis, x)
-    dist.all_to_all_single(out, x, group=collectives._group(axis))
+    with faults.op(f"all_to_all over {axis} (MoE dispatch or combine)", faults.caller_site()):
+        dist.all_to_all_single(out, x, group=collectives._group(axis))
     return out
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, data, mesh, moe
+from runtime import checkpoint, collectives, data, faults, mesh, moe
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
@@ -90,6 +90,8 @@ class Config:
     all-to-all backward already brought every ep rank's tokens' contributions), then divided by dp × ep."""
     moe: bool = False
     """The model has Mixture-of-Experts layers: log dropped tokens, expert load and the auxiliary loss."""
+    timeout: float = 600.0
+    """Seconds a collective may take before the watchdog ends the job naming it (runtime.faults); 0: no watchdog."""
 
 
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
@@ -104,6 +106,7 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--count-bytes", metavar="FILE",
                    help="count the bytes of every runtime collective during the last step (the steady state, after "
                         "one-time work such as pipeline shape inference); write JSON (rank 0)")
+    p.add_argument("--debug", action="store_true", help="on failure, print the traceback after the one-line cause")
     args = p.parse_args()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed),
                                    ("checkpoint_dir", args.checkpoint_dir)) if v is not None}
@@ -157,6 +160,13 @@ def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> 
     flat /= ctx.batch_size
     for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
         g.copy_(avg)
+
+
+def _dp_sync(model, sync: bool) -> str:
+    if not sync or not hasattr(model, "no_sync") and not hasattr(model, "set_requires_gradient_sync"):
+        return "no data-parallel collective"
+    return ("with FSDP's gradient reduce-scatter over dp" if hasattr(model, "set_requires_gradient_sync")
+            else "with DDP's gradient all-reduce over the batch ranks")
 
 
 def _optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
@@ -215,7 +225,7 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
     cfg = replace(cfg, data_path=data.resolve(cfg.data_path, program))
-    ctx = mesh.setup(cfg.axes)
+    ctx = mesh.setup(cfg.axes, cfg.timeout)
     code = 0
     try:
         run(model_cls, cfg, ctx, args, loss_fn)
@@ -223,10 +233,11 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int):
             print(f"[rank {ctx.rank}] {exc.code}", file=sys.stderr)
-    except BaseException:  # shutdown() leaves with os._exit, so print the traceback now or it is lost
+    except BaseException as exc:  # shutdown() leaves with os._exit, so print now or it is lost
         code = 1
-        print(f"[rank {ctx.rank}] training failed:", file=sys.stderr)
-        traceback.print_exc()
+        print(faults.failure_line(exc), file=sys.stderr, flush=True)  # the cause in one line; --debug: the trace
+        if args.debug:
+            traceback.print_exc()
     finally:
         mesh.shutdown(code)
 
@@ -279,6 +290,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
               else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed, cfg.vocab))
     autocast = _autocast(cfg, ctx)
     tokens_per_step = cfg.global_batch * cfg.seq_len
+    # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = _open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
         n = sum(tp.numel_full(p, name, shards) for name, p in norm_named())
@@ -290,15 +302,19 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     t_start = time.perf_counter()
     for step in range(start, stop):
         t0 = time.perf_counter()
+        faults.set_step(step + 1)
+        faults.test_hooks(ctx.rank, step + 1)
         moe.stats_reset()
         if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
         total = torch.zeros((), device=ctx.device)
         if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, 0, 1)
-            total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
+            with faults.op("the pipeline schedule (sends and receives between stages over pp)"):
+                total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
             if not fsdp:
-                _average_dense_grads(all_named(), ctx, shards)
+                with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)"):
+                    _average_dense_grads(all_named(), ctx, shards)
         for j in range(cfg.micro_batches if pipe is None else 0):
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, j,
                                                cfg.micro_batches)
@@ -310,22 +326,26 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             with no_sync:
                 with autocast:
                     loss = model(tokens, targets) / cfg.micro_batches
-                loss.backward()
+                with faults.op(f"the backward ({_dp_sync(model, sync)})"):
+                    loss.backward()
             total += loss.detach()
-        if cfg.ep_shards:
-            moe.sync_expert_grads(all_named(), shards.expert, dp_group, n_batch)
-        tp.sync_partial_grads(all_named(), shards)
+        with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
+            if cfg.ep_shards:
+                moe.sync_expert_grads(all_named(), shards.expert, dp_group, n_batch)
+            tp.sync_partial_grads(all_named(), shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
             _dump_grads(all_named(), args.dump_grads, ctx, shards)
-        norm = tp.clip_grad_norm(norm_named(), cfg.grad_clip, shards, dp_group, pp_group=pp_group,
-                                 scale=[p for _, p in all_named()])
+        with faults.op("the gradient-norm all-reduce (clipping)"):
+            norm = tp.clip_grad_norm(norm_named(), cfg.grad_clip, shards, dp_group, pp_group=pp_group,
+                                     scale=[p for _, p in all_named()])
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         if n_batch > 1:  # the logged loss is the mean over the global batch
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
+            with faults.op("the loss all-reduce over the batch ranks"):
+                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
             total /= n_batch
         loss_value = total.item()
         losses.append(loss_value)
@@ -347,10 +367,19 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
                   f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
                   + moe_text, flush=True)
+        preempted = faults.stop_requested(ctx.device)  # SIGTERM on any rank: all stop after this step
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
-                                   or step + 1 == stop):
-            checkpoint.save(cfg.checkpoint_dir, step + 1, modules, opt, sched, ctx, cfg.steps, shards,
-                            skip_on_save=tied_elsewhere)
+                                   or step + 1 == stop or preempted):
+            with faults.op("saving the checkpoint"):
+                checkpoint.save(cfg.checkpoint_dir, step + 1, modules, opt, sched, ctx, cfg.steps, shards,
+                                skip_on_save=tied_elsewhere)
+        if preempted:
+            if ctx.is_logger:
+                print(f"scalec: stopped by SIGTERM after step {step + 1}"
+                      + (f"; checkpoint saved in {cfg.checkpoint_dir}" if cfg.checkpoint_dir else
+                         " (no checkpoint_dir: nothing saved)"), flush=True)
+            break
+    faults.save_weights_if_asked(norm_named, ctx)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:

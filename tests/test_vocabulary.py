@@ -23,7 +23,7 @@ def test_language_vocabulary_is_pinned():
                                           "pad_vocab", "schedule", "virtual_stages", "layout")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
-                                           "checkpoint_every")
+                                           "checkpoint_every", "restarts", "timeout")
     assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}
@@ -50,4 +50,5 @@ def test_cli_flags_are_pinned(monkeypatch):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
         "check": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"}, "compile": {"-h", "--help", "-o", "--output"},
-        "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps"}}
+        "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
+                "--local-nodes"}}

@@ -187,6 +187,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".") -> dict:
         "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": data_path(spec, out_dir),
         "data_dtype": t.data.dtype,
         "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
+        "timeout": t.timeout,
         "init_std": INIT_STD, "residual_out": residual_out(traced.model),
         "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
         "tp_shards": tuple(shards), "tp_partial_grads": tuple(partial),
@@ -260,7 +261,7 @@ def launch_script(spec: S.Spec) -> str:
     m = spec.mesh
     return _env().get_template("launch.sh.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, world=m.world_size, nodes=m.nodes,
-        devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec))
+        devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec), restarts=int(spec.train.restarts))
 
 
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:

@@ -142,6 +142,7 @@ CONFIG = train.Config(
     log_every=5,
     checkpoint_dir='',
     checkpoint_every=0,
+    timeout=600.0,
     init_std=0.02,
     residual_out=('attn_o', 'mlp_down'),
     layers=4,

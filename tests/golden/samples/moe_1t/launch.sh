@@ -9,9 +9,15 @@
 #
 # Program flags: --steps N, --metrics FILE, --dump-grads FILE, --seed N, --checkpoint-dir DIR (see --help).
 # Extra torchrun flags: TORCHRUN_ARGS="--redirects 3 --log-dir logs" ./launch.sh
+# A failed process ends the job (`restarts = 0`, the default without checkpoint_dir).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-read -r -a extra <<< "${TORCHRUN_ARGS:-}"
+# TORCHRUN_ARGS is split as a shell would split it (quotes keep "my logs" whole), without evaluating it.
+extra=()
+if [ -n "${TORCHRUN_ARGS:-}" ]; then
+  while IFS= read -r -d '' arg; do extra+=("$arg"); done < <(python3 -c \
+    'import os, shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(os.environ["TORCHRUN_ARGS"])))')
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default, set here to keep its warning quiet
 
 if [ "${LOCAL_NODES:-0}" = 1 ]; then
@@ -19,7 +25,7 @@ if [ "${LOCAL_NODES:-0}" = 1 ]; then
   pids=()
   for ((node = 0; node < 256; node++)); do
     torchrun --nnodes 256 --node-rank "$node" --nproc-per-node 8 \
-      --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-moe_1t" \
+      --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-moe_1t" \
       "${extra[@]}" "$here/program.py" "$@" &
     pids+=($!)
   done
@@ -30,5 +36,5 @@ fi
 : "${NODE_RANK:?set NODE_RANK to the index of this machine, 0..255}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 exec torchrun --nnodes 256 --node-rank "$NODE_RANK" --nproc-per-node 8 \
-  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv-id "scalec-moe_1t" \
+  --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv-id "scalec-moe_1t" \
   "${extra[@]}" "$here/program.py" "$@"

@@ -145,6 +145,7 @@ CONFIG = train.Config(
     log_every=1,
     checkpoint_dir='',
     checkpoint_every=0,
+    timeout=600.0,
     init_std=0.02,
     residual_out=('attn_o',),
     layers=64,

@@ -157,6 +157,7 @@ CONFIG = train.Config(
     log_every=10,
     checkpoint_dir='',
     checkpoint_every=0,
+    timeout=600.0,
     init_std=0.02,
     residual_out=('attn_1_o', 'attn_2_o', 'mlp_down'),
     layers=2,

@@ -6,9 +6,16 @@
 #
 # Program flags: --steps N, --metrics FILE, --dump-grads FILE, --seed N, --checkpoint-dir DIR (see --help).
 # Extra torchrun flags: TORCHRUN_ARGS="--redirects 3 --log-dir logs" ./launch.sh
+# A failed process ends the job (`restarts = 0`, the default without checkpoint_dir).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-read -r -a extra <<< "${TORCHRUN_ARGS:-}"
+# TORCHRUN_ARGS is split as a shell would split it (quotes keep "my logs" whole), without evaluating it.
+extra=()
+if [ -n "${TORCHRUN_ARGS:-}" ]; then
+  while IFS= read -r -d '' arg; do extra+=("$arg"); done < <(python3 -c \
+    'import os, shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(os.environ["TORCHRUN_ARGS"])))')
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default, set here to keep its warning quiet
 
-exec torchrun --standalone --nnodes 1 --nproc-per-node 1 "${extra[@]}" "$here/program.py" "$@"
+exec torchrun --standalone --nnodes 1 --nproc-per-node 1 \
+  --max-restarts 0 "${extra[@]}" "$here/program.py" "$@"

@@ -1,0 +1,326 @@
+"""Failures at scale: restarts, preemption, hangs that name themselves, and the one line a failed rank prints.
+
+- Each torchrun attempt (TORCHELASTIC_RESTART_COUNT) meets its peers under its own store prefix, so a restarted
+  group never reads a dead peer's address left in the store by the attempt before (`attempt_store`).
+- SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number), so all
+  of them stop after the same step, checkpoint and leave with status 0 (`stop_requested`).
+- A watchdog thread times the operation each rank is blocked in: every collective of runtime.collectives and every
+  collective region of the training loop records what it is (`op`: a global set before and after, nothing more).
+  When one lasts longer than the plan's `timeout`, the ranks that are waiting write what they wait in to the store;
+  the lowest of them prints one message naming each waiting rank's mesh coordinates, pipeline stage, operation and
+  `.scale` line, and the ranks that never joined; then the job ends (exit 1).
+- Test-only hooks, read only when set: SCALEC_TEST_KILL_AT=RANK:STEP (SIGKILL that rank at the start of that step on
+  the first attempt), SCALEC_TEST_HANG_AT=RANK:STEP (that rank sleeps forever there), SCALEC_TEST_TERM_AT=RANK:STEP
+  (that rank sends itself SIGTERM there, as a preemption would).
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# -- the operation this rank is blocked in ------------------------------------------------------------------------
+
+_CURRENT = None   # (what, site, started) or None: site is (file, line) of the generated program's call, or None
+_STEP = 0
+_TIMEOUT = 600.0
+_CTX = None
+_STORE = None
+_PREFIX = "scalec"
+
+
+def attempt() -> int:
+    """torchrun's restart count of this attempt (0 on the first, and outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def attempt_store(timeout: timedelta):
+    """The store this attempt rendezvous through: torchrun's (or rank 0's), under a prefix of its own."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    return dist.PrefixStore(f"scalec/attempt{attempt()}", store)
+
+
+def set_step(step: int) -> None:
+    global _STEP
+    _STEP = step
+
+
+class op:
+    """`with op("what"):` marks a blocking region (the innermost one is reported); `site` is the generated
+    program's call (file, line) when known."""
+    __slots__ = ("what", "site", "outer")
+
+    def __init__(self, what: str, site=None):
+        self.what, self.site = what, site
+
+    def __enter__(self):
+        global _CURRENT
+        self.outer = _CURRENT
+        _CURRENT = (self.what, self.site, time.monotonic())
+
+    def __exit__(self, *exc):
+        global _CURRENT
+        if self.outer is not None:  # the outer region made progress: time it afresh
+            _CURRENT = (self.outer[0], self.outer[1], time.monotonic())
+        else:
+            _CURRENT = None
+        return False
+
+
+def caller_site(depth: int = 2):
+    """(file, line) of the generated program's frame that called a collective, or None: a cheap frame walk."""
+    f = sys._getframe(depth)
+    while f is not None:
+        if f.f_code.co_filename.endswith("program.py"):
+            return f.f_code.co_filename, f.f_lineno
+        f = f.f_back
+    return None
+
+
+def _site_text(site) -> str:
+    """The `.scale` location and reason the generated program's comment gives for that call."""
+    if not site:
+        return ""
+    line = linecache.getline(site[0], site[1]).strip()
+    if "#" not in line:
+        return f" at {os.path.basename(site[0])}:{site[1]}"
+    comment = line.split("#", 1)[1].strip()
+    m = re.search(r"\(([^()]*\.scale:\d+)\)\s*$", comment)
+    if m:
+        return f" at {m.group(1)} ({comment[:m.start()].strip()})"
+    return f" ({comment})"
+
+
+def _coords() -> str:
+    ctx = _CTX
+    if ctx is None:
+        return ""
+    parts = ", ".join(f"{a}={i}" for a, i in ctx.coords.items())
+    stage = f"; pipeline stage {ctx.coords['pp']}" if ctx.axis_size("pp") > 1 else ""
+    return f" ({parts}{stage})" if parts else stage
+
+
+def describe_rank() -> str:
+    return f"rank {_CTX.rank if _CTX else os.environ.get('RANK', '0')}{_coords()}"
+
+
+# -- configuration at start-up ------------------------------------------------------------------------------------
+
+
+def start_watchdog(timeout: float) -> None:
+    """Time every marked region from now on (the process group's start-up included); 0 turns it off."""
+    global _TIMEOUT
+    _TIMEOUT = float(timeout)
+    if _TIMEOUT > 0:
+        threading.Thread(target=_watch, name="scalec-watchdog", daemon=True).start()
+
+
+def configure(ctx, store) -> None:
+    """The mesh is up: name ranks by their coordinates, compare notes in `store`, stop on SIGTERM at a step."""
+    global _CTX, _STORE
+    _CTX, _STORE = ctx, store
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def nccl_flight_recorder_env() -> None:
+    """On NCCL, turn torch's flight recorder on (unless the user set it): the last collectives of each rank, dumped
+    to TORCH_FR_DUMP_TEMP_FILE<rank> when a collective times out. Call before the process group starts."""
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(os.getcwd(), "scalec_flight_recorder_rank"))
+
+
+# -- preemption ---------------------------------------------------------------------------------------------------
+
+_TERM = False
+
+
+_TERM_AT = 0.0
+TERM_GRACE = 25.0  # seconds a rank may take to reach the end of its step after SIGTERM (torchrun kills at 30)
+
+
+def _on_sigterm(signum, frame):
+    global _TERM, _TERM_AT
+    if not _TERM:
+        _TERM, _TERM_AT = True, time.monotonic()
+
+
+def stop_requested(device) -> bool:
+    """Whether any rank was asked to stop (SIGTERM): all ranks answer the same, after the same step."""
+    flag = torch.tensor(1.0 if _TERM else 0.0, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+# -- test-only hooks ----------------------------------------------------------------------------------------------
+
+
+def _hook(name: str):
+    value = os.environ.get(name)
+    if not value:
+        return None
+    rank, step = value.split(":")
+    return int(rank), int(step)
+
+
+_HOOKS = None
+
+
+def test_hooks(rank: int, step: int) -> None:
+    """Drills: act on SCALEC_TEST_{KILL,HANG,TERM}_AT=RANK:STEP (1-based step about to run)."""
+    global _HOOKS
+    if _HOOKS is None:
+        _HOOKS = {k: _hook(f"SCALEC_TEST_{k}_AT") for k in ("KILL", "HANG", "TERM")}
+        if not any(_HOOKS.values()):
+            _HOOKS = {}
+    if not _HOOKS:
+        return
+    here = (rank, step)
+    if _HOOKS.get("KILL") == here and attempt() == 0:
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if _HOOKS.get("TERM") == here and attempt() == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if _HOOKS.get("HANG") == here:
+        while not _TERM:  # hung, but in Python: torchrun's SIGTERM still ends it
+            time.sleep(0.1)
+        os._exit(128 + signal.SIGTERM)
+
+
+def save_weights_if_asked(named_params, ctx) -> None:
+    """Test-only (SCALEC_TEST_SAVE_WEIGHTS=FILE): rank 0 saves the final weights, whole, for bitwise comparison."""
+    path = os.environ.get("SCALEC_TEST_SAVE_WEIGHTS")
+    if not path:
+        return
+    state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu() for n, p in named_params()}
+    if ctx.is_logger:
+        torch.save(state, path)
+
+
+# -- hangs --------------------------------------------------------------------------------------------------------
+
+GRACE = 5.0  # seconds the waiting ranks give each other to report before the lowest one speaks
+
+
+def _watch() -> None:
+    while True:
+        time.sleep(min(1.0, max(0.05, _TIMEOUT / 10)))
+        cur = _CURRENT
+        if cur is not None and time.monotonic() - cur[2] > _TIMEOUT:
+            _timed_out(cur)
+        if _TERM and time.monotonic() - _TERM_AT > TERM_GRACE:  # stuck: the step will not end, leave now
+            where = f" in {cur[0]}{_site_text(cur[1])}" if cur else ""
+            print(f"scalec: {describe_rank()} got SIGTERM {TERM_GRACE:g} s ago and is still at step {_STEP}{where}: "
+                  "leaving without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signal.SIGTERM)
+
+
+def _timed_out(cur) -> None:
+    what, site, started = cur
+    if _CTX is None:  # still starting: no mesh, no store to compare notes in
+        print(f"scalec: rank {os.environ.get('RANK', '0')} waited more than {_TIMEOUT:g} s in {what}; the other "
+              "ranks did not all arrive (check that every node started, and MASTER_ADDR/MASTER_PORT)",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+    me = _CTX.rank
+    waited = time.monotonic() - started
+    line = f"{describe_rank()} waits in {what}{_site_text(site)} at step {_STEP}"
+    _dump_flight_recorder()
+    store, world = _STORE, _CTX.world_size
+    reports = {me: line}
+    try:
+        store.set(f"timeout/{me}", line)
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+        for r in range(world):
+            if r != me and store.check([f"timeout/{r}"]):
+                reports[r] = store.get(f"timeout/{r}").decode()
+    except Exception:  # noqa: BLE001 - the store is gone: report what this rank knows
+        pass
+    if min(reports) == me:
+        missing = [r for r in range(world) if r not in reports]
+        text = [f"scalec: a collective did not complete within the timeout ({_TIMEOUT:g} s; this rank waited "
+                f"{waited:.0f} s):"]
+        text += [f"  {reports[r]}" for r in sorted(reports)]
+        if missing:
+            text += [f"  rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:16]))}"
+                     f"{' …' if len(missing) > 16 else ''} never joined: not in any collective (hung or busy outside "
+                     "communication, or dead)"]
+        if os.environ.get("TORCH_FR_DUMP_TEMP_FILE") and _nccl():
+            text += [f"  NCCL flight recorder: {os.environ['TORCH_FR_DUMP_TEMP_FILE']}<rank> (read it with "
+                     "`python -m torch.distributed.flight_recorder.fr_trace`)"]
+        text += ["  help: raise `timeout` in the `train` section if this step is legitimately slow"]
+        print("\n".join(text), file=sys.stderr, flush=True)
+    else:
+        time.sleep(GRACE)  # let the lowest waiting rank speak first
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def _nccl() -> bool:
+    try:
+        return dist.get_backend() == "nccl"
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _dump_flight_recorder() -> None:
+    path = os.environ.get("TORCH_FR_DUMP_TEMP_FILE")
+    if not (path and _nccl()):
+        return
+    try:
+        c10d = torch._C._distributed_c10d
+        dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace
+        data = dump()  # the pickled trace of this rank's last collectives
+        with open(f"{path}{_CTX.rank}", "wb") as f:
+            f.write(data)
+    except Exception:  # noqa: BLE001 - best effort: torch dumps it itself at its own timeout
+        pass
+
+
+# -- the one line a failed rank prints ----------------------------------------------------------------------------
+
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+              "NCCL communicator was aborted", "remote process exited")
+
+
+def failure_line(exc: BaseException) -> str:
+    """One line: this rank, where it was, and the cause; a lost peer is said as such, naming the peers that did not
+    answer when the survivors compared notes in the store."""
+    cur = _CURRENT
+    where = f" in {cur[0]}{_site_text(cur[1])}" if cur else ""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    msg = msg.split(". This is typically caused")[0]
+    if any(s in str(exc) for s in _PEER_LOST):
+        lost = _lost_peers()
+        who = (f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} did not answer (likely the first to "
+               "fail: see its log)") if lost else "a peer rank is gone"
+        return f"scalec: {describe_rank()} lost a peer at step {_STEP}{where}: {who} ({type(exc).__name__}: {msg})"
+    return f"scalec: {describe_rank()} failed at step {_STEP}{where}: {type(exc).__name__}: {msg}"
+
+
+def _lost_peers() -> list[int]:
+    if _STORE is None or _CTX is None:
+        return []
+    try:
+        me, world = _CTX.rank, _CTX.world_size
+        _STORE.set(f"alive/{me}", "1")
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if _STORE.check([f"alive/{r}" for r in range(world)]):
+                return []
+            time.sleep(0.2)
+        return [r for r in range(world) if not _STORE.check([f"alive/{r}"])]
+    except Exception:  # noqa: BLE001
+        return []

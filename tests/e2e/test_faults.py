@@ -1,0 +1,98 @@
+"""Fault drills: a rank killed mid-run (torchrun restarts the job, which resumes from its checkpoint, bitwise equal to
+an uninterrupted run), a preemption (SIGTERM: checkpoint, exit 0, resume equal) and a hang (the job ends naming the
+waiting ranks' operation and `.scale` line, and the rank that never joined). Test-only hooks: SCALEC_TEST_*_AT."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import codegen
+from compiler.check import check_text
+from compiler.pipeline import compile_spec
+from tests.e2e.runner import ROOT, _free_port
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 6
+DP2 = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
+    "log_every    = 5", "log_every    = 1\n  restarts = 1  checkpoint_every = 2")
+
+
+def _run(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = (), timeout: int = 240):
+    out = work / name
+    compiled = compile_spec(check_text(text, f"{name}.scale"))
+    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    metrics, weights = out / "metrics.jsonl", out / "weights.pt"
+    cmd = ["bash", str(out / "launch.sh"), "--steps", str(STEPS), "--metrics", str(metrics), *extra]
+    full_env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
+                    OMP_NUM_THREADS="1", SCALEC_TEST_SAVE_WEIGHTS=str(weights), **dict(env))
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=timeout)
+    by_step = {}
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            r = json.loads(line)
+            by_step[r["step"]] = r["loss"]  # a resumed attempt repeats the steps after its checkpoint
+    return (proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0, by_step,
+            torch.load(weights) if weights.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    rc, out, _, losses, weights = _run(DP2, "reference", tmp_path_factory.mktemp("faults"))
+    assert rc == 0, out[-3000:]
+    return losses, weights
+
+
+def _bitwise(weights, ref) -> bool:
+    return weights is not None and weights.keys() == ref.keys() and all(torch.equal(weights[k], ref[k]) for k in ref)
+
+
+def test_killed_rank_restarts_and_resumes_bitwise(uninterrupted, tmp_path):
+    """Rank 1 is SIGKILLed at the start of step 4 (first attempt only): torchrun restarts the job (restarts = 1),
+    which resumes from step 2's checkpoint; losses and final weights equal the uninterrupted run's, bitwise. The
+    surviving rank's one line names the rank that died."""
+    rc, out, _, losses, weights = _run(DP2, "killed", tmp_path, env={"SCALEC_TEST_KILL_AT": "1:4"},
+                                       extra=("--checkpoint-dir", str(tmp_path / "ckpt")))
+    assert rc == 0, out[-3000:]
+    assert "resumed from" in out and "(step 2)" in out
+    assert "lost a peer at step 4" in out and "rank 1 did not answer" in out, out[-3000:]
+    ref_losses, ref_weights = uninterrupted
+    assert losses == ref_losses
+    assert _bitwise(weights, ref_weights)
+
+
+def test_sigterm_checkpoints_exits_cleanly_and_resumes_equal(uninterrupted, tmp_path):
+    """Rank 0 gets SIGTERM (a preemption) at step 3: every rank stops after that same step, the checkpoint is
+    saved and the job exits 0; relaunched, it resumes there and ends bitwise equal to the uninterrupted run."""
+    ckpt = ("--checkpoint-dir", str(tmp_path / "ckpt"))
+    rc, out, _, first, _ = _run(DP2, "preempted", tmp_path, env={"SCALEC_TEST_TERM_AT": "0:3"}, extra=ckpt)
+    assert rc == 0, out[-3000:]
+    assert "stopped by SIGTERM after step 3; checkpoint saved" in out and sorted(first) == [1, 2, 3]
+    rc, out, _, second, weights = _run(DP2, "resumed", tmp_path, extra=ckpt)
+    assert rc == 0 and "(step 3)" in out, out[-3000:]
+    ref_losses, ref_weights = uninterrupted
+    assert {**first, **second} == ref_losses
+    assert _bitwise(weights, ref_weights)
+
+
+def test_hang_ends_the_job_naming_the_collective(tmp_path):
+    """Rank 1 sleeps forever at step 2 under tp = 2 with `timeout = 5`: within timeout + 30 s the job exits non-zero
+    with one message naming rank 0's coordinates, the operation it waits in and its `.scale` line, and rank 1 as the
+    rank that never joined."""
+    text = (ROOT / "samples" / "gpt_tp.scale").read_text().replace("log_every", "timeout = \"5 s\"\n  log_every")
+    rc, out, dt, _, _ = _run(text, "hang", tmp_path, env={"SCALEC_TEST_HANG_AT": "1:2"}, timeout=180)
+    assert rc != 0
+    assert "a collective did not complete within the timeout (5 s" in out, out[-3000:]
+    assert re.search(r"rank 0 \(tp=0\) waits in all_reduce over tp \(forward\) at hang\.scale:\d+ \(tp: forward "
+                     r"all-reduce, backward identity; the vocabulary-parallel embedding", out), out[-3000:]
+    assert "rank 1 never joined" in out and "at step 2" in out
+    assert out.count("did not complete within the timeout") == 1
+    assert dt < 5 + 30 + 20, f"took {dt:.0f} s"  # + 20 s: start-up of two ranks on a loaded 2-core machine
