@@ -91,9 +91,10 @@ CHANGES = {
     "train.data.tokens.path": Change((('"a.bin"', '"b.bin"'),), setup=(TOKENS,)),
     "train.data.tokens.dtype": Change((('"a.bin"', '"a.bin", dtype = uint32'),), setup=(TOKENS,)),
     "train.log_every": Change((("log_every    = 10", "log_every    = 5"),)),
-    # Checkpoints of pipeline plans are refused (E0606): a plan without pp.
     "train.checkpoint_dir": Change((CKPT,), sample=DP),
     "train.checkpoint_every": Change((('"ckpt"', '"ckpt"  checkpoint_every = 3'),), sample=DP, setup=(CKPT,)),
+    "train.restarts": Change((("log_every    = 10", "log_every    = 10  restarts = 2"),)),
+    "train.timeout": Change((("log_every    = 10", 'log_every    = 10  timeout = "30 s"'),)),
 }
 
 
