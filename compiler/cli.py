@@ -3,6 +3,8 @@
   scalec check FILE              report every problem in FILE, or say it is fine
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
+  scalec reshard OLD NEW          before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
+                                 plans and the bytes each rank of NEW reads; refused when the models differ
   scalec run FILE [-- ARGS]      compile, then launch under torchrun with as many processes as the mesh needs;
                                  ARGS go to torchrun (e.g. --redirects 3 --log-dir logs)
 
@@ -225,6 +227,13 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_reshard(args) -> int:
+    from compiler import reshard
+    old, new = _load(args.old, budget=False), _load(args.new, budget=False)
+    sys.stdout.write(reshard.report(old, new, args.old, args.new))
+    return 0
+
+
 def cmd_run(args) -> int:
     from compiler import codegen
     compiled = _load(args.file)
@@ -273,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
     c.set_defaults(func=cmd_compile)
+    c = sub.add_parser("reshard", help="what moving a checkpoint from one plan to another reads",
+                       description="Compile OLD and NEW (plans of one model) and print, for each tensor of the "
+                                   "checkpoint, its pieces under both plans (axis, dim, pieces, pipeline stage) and "
+                                   "the bytes each rank of NEW reads. Runs nothing.")
+    c.add_argument("old", metavar="OLD")
+    c.add_argument("new", metavar="NEW")
+    c.set_defaults(func=cmd_reshard, file=None)
     c = sub.add_parser("run", help="compile, then train under torchrun",
                        description="Compile FILE, then launch it under torchrun with as many processes as the mesh "
                                    "needs (all on this machine). Arguments after `--` go to torchrun.")
