@@ -49,4 +49,4 @@ def test_cli_flags_are_pinned(monkeypatch):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
         "check": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"}, "compile": {"-h", "--help", "-o", "--output"},
-        "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps"}}
+        "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps"}, "reshard": {"-h", "--help"}}
