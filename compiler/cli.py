@@ -3,6 +3,8 @@
   scalec check FILE              report every problem in FILE, or say it is fine
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
+  scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
+                                 plans and the bytes each rank of NEW reads; refused when the models differ
   scalec run FILE [-- FLAGS]     compile, then launch under torchrun with as many processes as this node runs;
                                  FLAGS go to the program (e.g. -- --checkpoint-dir ckpt --seed 7), torchrun's own
                                  flags in one quoted string: --torchrun-args "--redirects 3 --log-dir 'my logs'"
@@ -227,6 +229,13 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_reshard(args) -> int:
+    from compiler import reshard
+    old, new = _load(args.old, budget=False), _load(args.new, budget=False)
+    sys.stdout.write(reshard.report(old, new, args.old, args.new))
+    return 0
+
+
 class UsageError(Exception):
     """A command line that cannot run: printed as one line, exit status 2."""
 
@@ -319,6 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
     c.set_defaults(func=cmd_compile)
+    c = sub.add_parser("reshard", help="what moving a checkpoint from one plan to another reads",
+                       description="Compile OLD and NEW (plans of one model) and print, for each tensor of the "
+                                   "checkpoint, its pieces under both plans (axis, dim, pieces, pipeline stage) and "
+                                   "the bytes each rank of NEW reads. Runs nothing.")
+    c.add_argument("old", metavar="OLD")
+    c.add_argument("new", metavar="NEW")
+    c.set_defaults(func=cmd_reshard, file=None)
     c = sub.add_parser("run", help="compile, then train under torchrun",
                        description="Compile FILE, then launch it under torchrun with this node's processes. "
                                    "Arguments after `--` go to the program (see `build/<name>/program.py --help`: "

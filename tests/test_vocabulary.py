@@ -51,4 +51,5 @@ def test_cli_flags_are_pinned(monkeypatch):
     assert {k: set(v) for k, v in seen.items()} == {
         "check": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"}, "compile": {"-h", "--help", "-o", "--output"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
-                "--local-nodes"}}
+                "--local-nodes"},
+        "reshard": {"-h", "--help"}}

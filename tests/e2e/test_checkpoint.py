@@ -127,6 +127,14 @@ def test_moe_ep2_resumes_on_ep4_with_tp(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
+    """FSDP over dp with tp: each piece is gathered over dp and stored as a tp shard, scattered back after a load."""
+    text = _sample("gpt_2d", ("data_parallel = ddp", "data_parallel = fsdp"))
+    first, ckpt = _interrupt(text, "dp2_tp2_fsdp", tmp_path)
+    second = _resume(_on(text, *ONE), "fsdp_tp_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + second.losses, reference(text))
+
+
 def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
     """Vocabulary 127 on tp = 2, padded to 128: the last rank's padding row is not stored; one device reads a
     [127, 64] embedding."""

@@ -1,0 +1,187 @@
+"""`scalec reshard OLD.scale NEW.scale`: what moving a checkpoint from one plan to another reads, before doing it.
+
+A checkpoint holds every parameter whole under its single-device name, with its AdamW moments (runtime/checkpoint.py);
+a plan reads back its own pieces. This prints, from the two compiled plans alone (the tables codegen writes into the
+program: tp_shards, ep_shards, the pipeline stages, fsdp), each tensor's pieces under both plans (axis, dim, number of
+pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names
+or shapes) are refused with a diagnostic located in NEW.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+
+from compiler import trace as T
+from compiler.diagnostics import Diagnostic, ScaleError
+
+MOMENTS = 2  # AdamW's exp_avg and exp_avg_sq, each shaped and sharded like its parameter
+BYTES = 4    # fp32: weights and optimizer state stay fp32 under every precision
+
+
+@dataclass(frozen=True)
+class Piece:
+    axis: str
+    dim: int
+    n: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    shape: tuple
+    pieces: tuple   # Piece, outermost first (tp or ep, then FSDP's dp)
+    stages: tuple   # pipeline stages holding it; () without pp
+
+
+def _shape_text(shape) -> str:
+    return "×".join(str(d) for d in shape) or "scalar"
+
+
+def _chunk(size: int, n: int, i: int) -> int:
+    """DTensor's (and torch.chunk's) piece i of n along a dim of `size`: ceil-sized, the last ones shorter."""
+    c = -(-size // n)
+    return max(0, min(size - i * c, c))
+
+
+class Layout:
+    """Where each parameter of a compiled plan lives."""
+
+    def __init__(self, compiled):
+        from compiler.codegen import config_values
+        from compiler.passes import pipeline_split as P
+        self.compiled = compiled
+        spec, traced = compiled.spec, compiled.traced
+        cfg = config_values(spec, traced)
+        self.axes = tuple(spec.mesh.axes)
+        self.size = dict(self.axes)
+        patterns = [(p, d, "tp") for p, d, _ in cfg["tp_shards"]] + [(p, d, "ep") for p, d, _ in
+                                                                      cfg.get("ep_shards", ())]
+        fsdp = spec.plan.data_parallel == "fsdp" and self.size.get("dp", 1) > 1
+        top = traced.top
+        stages = top.meta.get(P.STAGES)
+        (repeat,) = traced.blocks or ("",)
+        first = {n for n, _ in top.meta[P.PROLOGUE].named_children()} if stages else set()
+        last = {n for n, _ in top.meta[P.EPILOGUE].named_children()} if stages else set()
+        self.params: dict[str, Placement] = {}
+        for name, p in traced.model.named_parameters():
+            pieces = [Piece(axis, dim, self.size[axis]) for pat, dim, axis in patterns
+                      if fnmatch.fnmatchcase(name, pat) and self.size.get(axis, 1) > 1][:1]
+            if fsdp:
+                pieces.append(Piece("dp", 0, self.size["dp"]))
+            held: tuple = ()
+            if stages:
+                leaf = name.split(".")[0]
+                if leaf == repeat:
+                    block = int(name.split(".")[1])
+                    held = tuple(s for s, (a, b) in enumerate(stages) if a <= block < b)
+                else:
+                    held = tuple(s for s, on in ((0, leaf in first), (len(stages) - 1, leaf in last)) if on)
+            self.params[name] = Placement(tuple(p.shape), tuple(pieces), held)
+
+    def describe(self, name: str) -> str:
+        pl = self.params[name]
+        parts = []
+        for piece in pl.pieces:
+            sizes = sorted({_chunk(pl.shape[piece.dim], piece.n, i) for i in range(piece.n)}, reverse=True)
+            parts.append(f"{piece.axis} dim {piece.dim} in {piece.n} ({'/'.join(map(str, sizes))})")
+        text = ", ".join(parts) or "whole"
+        if pl.stages:
+            text += f"; stage{'s' if len(pl.stages) > 1 else ''} {','.join(map(str, pl.stages))}"
+        return text
+
+    def ranks(self):
+        """(rank, {axis: coordinate}) in torch's row-major order of the mesh."""
+        sizes = [n for _, n in self.axes]
+        for rank in range(math.prod(sizes)):
+            coords, rest = {}, rank
+            for (axis, n), stride in zip(self.axes, [math.prod(sizes[i + 1:]) for i in range(len(sizes))]):
+                coords[axis], rest = rest // stride, rest % stride
+            yield rank, coords
+
+    def reads(self, coords: dict) -> tuple[int, int]:
+        """(tensors, bytes) a rank at `coords` reads: its piece of each parameter it holds and of its moments."""
+        pp = self.size.get("pp", 1)
+        tensors = total = 0
+        for pl in self.params.values():
+            if pl.stages and not any(s % pp == coords.get("pp", 0) for s in pl.stages):
+                continue
+            shape = list(pl.shape)
+            for piece in pl.pieces:
+                shape[piece.dim] = _chunk(shape[piece.dim], piece.n, coords[piece.axis])
+            tensors += 1
+            total += math.prod(shape) * BYTES * (1 + MOMENTS)
+        return tensors, total
+
+
+def _span(compiled, name: str):
+    """The layer of `name` in the .scale file: its line in a block, else its top-level layer, else the model."""
+    traced, parts = compiled.traced, name.split(".")
+    spans = traced.model.spans
+    if parts[0] in traced.blocks and len(parts) > 2:
+        inner = traced.blocks[parts[0]].meta.get(T.SPANS, {})
+        if parts[2] in inner:
+            return inner[parts[2]]
+    return spans.get(parts[0], compiled.spec.model.span)
+
+
+def check_same_model(old, new, old_path: str) -> None:
+    """Refuse plans of different models: the first parameter NEW lacks, adds or shapes differently, located in NEW."""
+    olds = {n: tuple(p.shape) for n, p in old.traced.model.named_parameters()}
+    news = {n: tuple(p.shape) for n, p in new.traced.model.named_parameters()}
+    diag = None
+    for name, shape in news.items():
+        if name not in olds:
+            diag = Diagnostic("E0901", f"the models differ: `{name}` is not a parameter of {old_path}",
+                              _span(new, name), label=f"makes `{name}` ({_shape_text(shape)})",
+                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
+                                   "not the model")
+        elif olds[name] != shape:
+            diag = Diagnostic("E0901", f"the models differ: `{name}` is {_shape_text(shape)} here and "
+                              f"{_shape_text(olds[name])} in {old_path}", _span(new, name),
+                              label=f"makes `{name}` {_shape_text(shape)}",
+                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
+                                   "not the model")
+        if diag:
+            break
+    if diag is None:
+        missing = [n for n in olds if n not in news]
+        if missing:
+            parent = missing[0].split(".")[0]
+            at = new.traced.model.spans.get(parent)
+            diag = Diagnostic("E0901", f"the models differ: {old_path} has `{missing[0]}`"
+                              + (f" and {len(missing) - 1} more parameters" if len(missing) > 1 else "")
+                              + " that this model lacks", at or new.spec.model.span,
+                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
+                                   "not the model")
+    if diag:
+        raise ScaleError([diag], {new.spec.path: new.spec.source})
+
+
+def _mesh(layout: Layout) -> str:
+    return " × ".join(f"{a}={n}" for a, n in layout.axes) or "one device"
+
+
+def report(old, new, old_path: str, new_path: str) -> str:
+    check_same_model(old, new, old_path)
+    lo, ln = Layout(old), Layout(new)
+    names = list(lo.params)
+    rows = [(n, _shape_text(lo.params[n].shape), lo.describe(n), ln.describe(n)) for n in names]
+    head = ("tensor", "shape", f"OLD ({_mesh(lo)})", f"NEW ({_mesh(ln)})")
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(3)]
+    elements = sum(math.prod(p.shape) for p in lo.params.values())
+    out = [f"reshard {old_path} -> {new_path}: the same model, {len(names)} tensors, {elements:,} parameters; "
+           f"each stored whole with its {MOMENTS} AdamW moments (fp32)", ""]
+    for r in [head] + rows:
+        out.append("  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3])
+    out += ["", "bytes each rank of NEW reads (its pieces of the parameters it holds and of their moments):"]
+    groups: dict = {}
+    for rank, coords in ln.ranks():
+        key = ln.reads(coords)
+        what = tuple((a, c) for a, c in coords.items() if not (a == "dp" and not any(
+            p.axis == "dp" for pl in ln.params.values() for p in pl.pieces)))
+        groups.setdefault((what, key), []).append(rank)
+    for (what, (tensors, total)), ranks in groups.items():
+        where = " ".join(f"{a} {c}" for a, c in what) or "the one device"
+        span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        out.append(f"  {span} ({where}): {tensors} tensors, {total:,} B")
+    return "\n".join(out) + "\n"
