@@ -26,6 +26,7 @@ _MISSING = object()
 MAX_SIZE = 2**31 - 1
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
+MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
 
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
@@ -888,6 +889,11 @@ def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
         c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
                 "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
                 f"(pp-1)/(micro_batches+pp-1))")
+    if stages * m > MAX_PIPELINE_SLOTS:
+        c.error("E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than this compiler schedules",
+                at, label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "") + f" × micro_batches = {m}",
+                help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the schedule is "
+                     "checked); use fewer micro-batches, each of more sequences")
     if plan.layout:
         _layout_checks(c, plan.layout, blocks, stages)
     if train.checkpoint_dir:
