@@ -219,7 +219,8 @@ class ScaleModel(Segment):
             if isinstance(x, S.Repeat):
                 name = "blocks" if not self.repeats else f"blocks_{len(self.repeats) + 1}"
                 first = Block(spec, x, device)
-                again = _meta_copier(first) if torch.device(device).type == "meta" else lambda: Block(spec, x, device)
+                again = (_meta_copier(first) if torch.device(device).type == "meta"
+                         else lambda x=x: Block(spec, x, device))
                 blocks = Repeat([first, *(again() for _ in range(self._n(x.count) - 1))])
                 self.add_module(name, blocks)
                 self.spans[name] = x.span

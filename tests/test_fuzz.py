@@ -176,12 +176,14 @@ def test_the_largest_repeat_plans_within_the_bound():
     """layers = 4096, the most a repeat may hold: planned in well under the fuzz bound (it took 9.6-9.9 s when
     every block ran its initialisers on meta), its block still traced once."""
     text = _edit(TINY, "layers = 2", f"layers = {CHECK.MAX_REPEAT}")
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     compiled = compile_spec(check_text(text, "x.scale"))
     plan_text(compiled)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert len(compiled.traced.blocks) == 1 and len(compiled.traced.model.blocks) == CHECK.MAX_REPEAT
-    assert seconds < BOUND / 2, f"planning {CHECK.MAX_REPEAT} blocks took {seconds:.1f} s"
+    # CPU time: the wall clock of this shared machine varies with the load (it was about 10 s of CPU before).
+    assert cpu < BOUND / 2 and seconds < BOUND, f"planning {CHECK.MAX_REPEAT} blocks took {cpu:.1f} s of CPU, " \
+        f"{seconds:.1f} s"
 
 
 def test_cli_turns_an_internal_error_into_one_line(tmp_path, monkeypatch):
