@@ -27,6 +27,7 @@ _MISSING = object()
 MAX_SIZE = 2**31 - 1
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
+MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
 
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
@@ -72,7 +73,9 @@ class _Checker:
         """A numeric expression as sympy, names resolved against the sizes defined so far."""
         match e:
             case ast.Number(value=v, text=t):
-                return sympy.Integer(v) if isinstance(v, int) else sympy.Float(t)
+                # sympy's precision follows the digits written: capped, so a literal of thousands of digits
+                # does not make every later operation slow (parse keeps literals within a double's range).
+                return sympy.Integer(v) if isinstance(v, int) else sympy.Float(t, max(15, min(50, len(t))))
             case ast.Name(id=n, span=sp):
                 if n in self.env:
                     return self.env[n]
@@ -84,6 +87,10 @@ class _Checker:
                 if a is None or b is None:
                     return None
                 if op == "/":
+                    if self.number(b) == 0:
+                        self.error("E0120", "division by zero", _span(r), label="this is 0",
+                                   help="divide by a number that is not 0")
+                        return None
                     return a / b
                 return {"+": a + b, "-": a - b, "*": a * b}[op]
             case ast.Neg(operand=o):
@@ -110,7 +117,8 @@ class _Checker:
                        label=f"this is {shown}", help=_integer_help(e, n))
             return None
         if n > MAX_SIZE:
-            self.error("E0120", f"{what} is {n}, larger than any tensor dimension this compiler plans for",
+            self.error("E0120", f"{what} is {_show_number(n)}, larger than any tensor dimension this compiler "
+                       "plans for",
                        _span(e), label="too large", help=f"sizes are at most {MAX_SIZE}")
             return None
         return x
@@ -130,7 +138,8 @@ class _Checker:
         x = self.expr(e)
         if x is None:
             return None
-        v = float(self.number(x))
+        n = self.number(x)
+        v = float(n) if n.is_real else math.nan
         if not math.isfinite(v):
             self.error("E0120", f"{what} must be a finite number, not {v}", _span(e))
             return None
@@ -236,8 +245,10 @@ class _Checker:
                 self.error("E0113", f"{what} needs the argument `{key}`", span, label=f"`{key}` missing",
                            help=f"{p.doc}; write it as `{key} = ...`")
                 ok = False
+            elif callable(p.default):  # computed from the arguments before it: only when they all bound
+                out[key] = p.default(out) if ok else None
             else:
-                out[key] = p.default(out) if callable(p.default) else p.default
+                out[key] = p.default
         return out if ok else None
 
 
@@ -927,6 +938,11 @@ def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S
         c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
                 "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
                 f"(pp-1)/(micro_batches+pp-1))")
+    if stages * m > MAX_PIPELINE_SLOTS:
+        c.error("E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than this compiler schedules",
+                at, label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "") + f" × micro_batches = {m}",
+                help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the schedule is "
+                     "checked); use fewer micro-batches, each of more sequences")
     if plan.layout:
         _layout_checks(c, plan.layout, blocks, stages)
     if plan.schedule == "interleaved-1f1b" and m % pp:
@@ -1029,6 +1045,8 @@ def _describe(e) -> str:
 
 
 def _show_number(n) -> str:
+    if n.is_Rational and max(abs(n.p), n.q) >= 10**30:  # str() of an int refuses more than 4300 digits
+        return f"about 10^{math.floor(math.log10(abs(n.p)) - math.log10(n.q))}" if n.p else "0"
     if n.is_Rational and not n.is_integer:
         return f"{n} (= {float(n):g})"
     return str(float(n)) if n.is_Float else str(n)

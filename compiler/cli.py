@@ -9,7 +9,8 @@
                                  FLAGS go to the program (e.g. -- --checkpoint-dir ckpt --seed 7), torchrun's own
                                  flags in one quoted string: --torchrun-args "--redirects 3 --log-dir 'my logs'"
 
-Exit status: 0 on success, 1 when the input has errors (printed as diagnostics), 2 on a usage error.
+Exit status: 0 on success, 1 when the input has errors (printed as diagnostics), 2 on a usage error, 3 on an
+internal error (a bug in scalec: one line; SCALEC_BACKTRACE=1 prints the Python trace too).
 """
 from __future__ import annotations
 
@@ -372,10 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     except UnicodeDecodeError:
         sys.stderr.write(f"error: {args.file} is not UTF-8 text\n")
         return 1
-    except Exception:  # noqa: BLE001 - a bug of ours, not of the input: say so, with the trace for the report
-        sys.stderr.write("error: internal compiler error (this is a bug in scalec, not in your file); "
-                         "please report it with the trace below\n")
-        traceback.print_exc()
+    except Exception as exc:  # noqa: BLE001 - a bug of ours, not of the input: say so in one line
+        try:
+            detail = str(exc).strip().split("\n")[0][:200]
+        except Exception:  # noqa: BLE001 - the message itself may fail to print
+            detail = ""
+        what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+        sys.stderr.write(f"error: internal compiler error: {what} (a bug in scalec, not in your file; please "
+                         "report it, with the trace that SCALEC_BACKTRACE=1 prints)\n")
+        if os.environ.get("SCALEC_BACKTRACE", "") not in ("", "0"):
+            traceback.print_exc()
         return 3
 
 

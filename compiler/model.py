@@ -218,7 +218,10 @@ class ScaleModel(Segment):
         for x in middle:
             if isinstance(x, S.Repeat):
                 name = "blocks" if not self.repeats else f"blocks_{len(self.repeats) + 1}"
-                blocks = Repeat(Block(spec, x, device) for _ in range(self._n(x.count)))
+                first = Block(spec, x, device)
+                again = (_meta_copier(first) if torch.device(device).type == "meta"
+                         else lambda x=x: Block(spec, x, device))
+                blocks = Repeat([first, *(again() for _ in range(self._n(x.count) - 1))])
                 self.add_module(name, blocks)
                 self.spans[name] = x.span
                 self.repeats.append((name, x))
@@ -255,6 +258,38 @@ class ScaleModel(Segment):
         with _at(self._loss):
             # The loss is computed in fp32 whatever the compute precision.
             return F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets.flatten())
+
+
+def _meta_copier(module: nn.Module) -> Callable[[], nn.Module]:
+    """A function making modules like `module`, on the meta device: the same class, attributes and children, each with
+    its own parameters and buffers. What building it again would give without running the initialisers, which do
+    nothing on meta but cost about 2 ms per block (a 4096-block model took 8 s to build)."""
+    def recipe(t):
+        return None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype, t.requires_grad)
+
+    params = {k: recipe(p) for k, p in module._parameters.items()}
+    buffers = {k: recipe(b) for k, b in module._buffers.items()}
+    children = {k: None if m is None else _meta_copier(m) for k, m in module._modules.items()}
+    cls = module.__class__
+    own = ("_parameters", "_buffers", "_modules")
+    # Containers are copied (a block's bookkeeping is its own: hooks, names, shapes); other values are shared.
+    containers = {k: v for k, v in module.__dict__.items() if isinstance(v, (dict, list, set)) and k not in own}
+    shared = {k: v for k, v in module.__dict__.items() if k not in containers and k not in own}
+
+    def empty(r):
+        return None if r is None else torch.empty_strided(r[0], r[1], dtype=r[2], device="meta")
+
+    def make() -> nn.Module:
+        new = cls.__new__(cls)
+        d = new.__dict__  # set directly: nn.Module.__setattr__ is slow, and these are its own bookkeeping
+        d.update(shared)
+        for key, value in containers.items():
+            d[key] = value.copy()
+        d["_parameters"] = {k: None if r is None else nn.Parameter(empty(r), r[3]) for k, r in params.items()}
+        d["_buffers"] = {k: empty(r) for k, r in buffers.items()}
+        d["_modules"] = {k: None if c is None else c() for k, c in children.items()}
+        return new
+    return make
 
 
 def build(spec: S.Spec, device="meta") -> ScaleModel:

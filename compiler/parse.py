@@ -6,7 +6,9 @@ this boundary into diagnostics that name the expected tokens in words.
 from __future__ import annotations
 
 import functools
+import math
 import re
+import unicodedata
 
 import lark
 from lark import Lark, Token, Transformer, v_args
@@ -21,6 +23,17 @@ _TOKEN_WORDS = {
     "LPAR": "`(`", "RPAR": "`)`", "EQUAL": "`=`", "COMMA": "`,`", "PLUS": "`+`", "MINUS": "`-`", "STAR": "`*`",
     "SLASH": "`/`", "AXIS": "`axis`", "REPEAT": "`repeat`", "$END": "the end of the file",
 }
+
+# How deep blocks and expressions may nest. Far beyond any real model (a `repeat` holds `residual`s, which hold
+# layers), and shallow enough that every phase after parsing (they recurse over the tree) stays well inside
+# Python's recursion limit.
+MAX_BLOCK_DEPTH = 32
+MAX_EXPR_DEPTH = 100
+_EXPRS = {"add", "sub", "mul", "div", "neg", "tuple", "call"}
+
+# Number literals hold at most what a double holds: beyond it nothing is meaningful, and exact arithmetic on
+# literals of thousands of digits is where time goes (Python refuses int() of more than 4300 digits).
+MAX_NUMBER_DIGITS = 308
 
 
 @functools.cache
@@ -44,7 +57,7 @@ class _Build(Transformer):
     def __init__(self, path: str):
         super().__init__()
         self.path = path
-        self.errors: list[Diagnostic] = []  # found while building; raised together after the whole tree
+        self.diags: list[Diagnostic] = []  # numbers out of range, reported together once the tree is built
 
     def _span(self, meta) -> Span:
         return Span(self.path, meta.line, meta.column, meta.end_line, meta.end_column)
@@ -119,7 +132,14 @@ class _Build(Transformer):
     def number(self, items):
         (tok,) = items
         text = str(tok)
-        value = int(text) if text.isdigit() else float(text)
+        value = _number_value(text)
+        if value is None:
+            self.diags.append(Diagnostic(
+                "E0002", "number out of range", self._tok(tok),
+                label="too small to tell from 0" if _underflows(text) else "too large",
+                help=f"numbers lie between about 1e-308 and 1e308 (at most {MAX_NUMBER_DIGITS} digits); sizes are "
+                     "at most 2147483647"))
+            value = 0
         return ast.Number(value, text, self._tok(tok))
 
     def string(self, items):
@@ -131,8 +151,8 @@ class _Build(Transformer):
                 return ESCAPES[m[1]]
             col = tok.column + 1 + m.start()  # the token has no newline: its text is on one line
             shown = f"`\\{m[1]}`" if m[1].isprintable() else f"`\\` before U+{ord(m[1]):04X}"
-            self.errors.append(Diagnostic(
-                "E0002", f"unknown escape {shown} in a string", Span(self.path, tok.line, col, tok.line, col + 2),
+            self.diags.append(Diagnostic(
+                "E0004", f"unknown escape {shown} in a string", Span(self.path, tok.line, col, tok.line, col + 2),
                 label="not an escape", help='strings know `\\\\`, `\\"`, `\\n` and `\\t`; write `\\\\` for a backslash'))
             return m[0]
         return ast.String(_ESCAPE.sub(decode, raw), self._tok(tok))
@@ -146,17 +166,71 @@ class _Build(Transformer):
         return ast.Call(self._name(func), args, self._span(meta))
 
 
+def _number_value(text: str) -> int | float | None:
+    """The value of a NUMBER token (ASCII digits, grammar/scale.lark), or None when a double cannot hold it."""
+    if text.isdigit():
+        digits = text.lstrip("0")
+        return int(digits or "0") if len(digits) <= MAX_NUMBER_DIGITS else None
+    value = float(text)
+    if not math.isfinite(value) or _underflows(text):
+        return None
+    return value
+
+
+def _underflows(text: str) -> bool:
+    """A literal with a non-zero digit that a double rounds to 0 (`1e-400`)."""
+    mantissa = text.lower().split("e")[0]
+    return float(text) == 0 and any(ch in "123456789" for ch in mantissa)
+
+
 def parse(text: str, path: str = "<input>") -> ast.File:
     """Parse `text` (the contents of `path`) into an ast.File; raise ScaleError on a syntax error."""
     try:
         tree = _parser().parse(text)
     except lark.UnexpectedInput as exc:
         raise ScaleError([_syntax_diagnostic(exc, text, path)], {path: text}) from None
+    deep = _too_deep(tree, path)
+    if deep is not None:
+        raise ScaleError([deep], {path: text})
     build = _Build(path)
-    file = build.transform(tree)
-    if build.errors:
-        raise ScaleError(build.errors, {path: text})
+    try:
+        file = build.transform(tree)
+    except lark.exceptions.VisitError as exc:  # lark wraps what a rule raised: raise that instead
+        raise exc.orig_exc from None
+    if build.diags:
+        raise ScaleError(build.diags, {path: text})
     return file
+
+
+def _too_deep(tree: lark.Tree, path: str) -> Diagnostic | None:
+    """The first block or expression, in source order, nested beyond MAX_BLOCK_DEPTH or MAX_EXPR_DEPTH.
+
+    Walked with an explicit stack: the tree can be deeper than Python's recursion limit."""
+    stack = [(tree, 0, 0)]
+    while stack:
+        node, blocks, exprs = stack.pop()
+        for child in reversed(node.children):  # popped in source order
+            if not isinstance(child, lark.Tree):
+                continue
+            b, e = blocks + (child.data == "body"), exprs + (child.data in _EXPRS)
+            if b > MAX_BLOCK_DEPTH:
+                # Point at the statement that opens the block: `repeat`, or the layer's name.
+                word = "repeat" if node.data == "repeat" else str(node.children[0])
+                m = node.meta
+                return Diagnostic("E0003", "blocks nested too deeply",
+                                  Span(path, m.line, m.column, m.line, m.column + len(word)),
+                                  label=f"this block would be nested {b} deep",
+                                  help=f"blocks nest at most {MAX_BLOCK_DEPTH} deep; a model needs two: `repeat` "
+                                       "holds `residual` blocks, which hold layers")
+            if e > MAX_EXPR_DEPTH:
+                m = child.meta
+                return Diagnostic("E0003", "expression nested too deeply",
+                                  Span(path, m.line, m.column, m.end_line, m.end_column),
+                                  label=f"more than {MAX_EXPR_DEPTH} levels deep",
+                                  help=f"operators, signs, tuples and calls nest at most {MAX_EXPR_DEPTH} deep; "
+                                       "write it with fewer")
+            stack.append((child, b, e))
+    return None
 
 
 def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagnostic:
@@ -187,9 +261,24 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
         lines = text.split("\n")
         ch = lines[line - 1][col - 1] if line - 1 < len(lines) and col - 1 < len(lines[line - 1]) else "?"
         span = Span(path, line, col, line, col + 1)
-        hint = "strings use double quotes" if ch == "'" else "names are letters, digits and `_`; numbers are decimal"
-        return Diagnostic("E0001", f"unexpected character `{ch}`", span, label="not part of the language",
-                          help=hint)
+        label, hint = "not part of the language", "names are letters, digits and `_`; numbers are decimal"
+        if ch == "'":
+            hint = "strings use double quotes"
+        elif not ch.isascii() and ch.isdecimal():  # `６４`: lark's `\d` would have read it as a number
+            line_text = lines[line - 1]
+            lo, hi = col - 1, col
+            while lo > 0 and (line_text[lo - 1].isdecimal() or line_text[lo - 1] == "."):
+                lo -= 1
+            while hi < len(line_text) and (line_text[hi].isdecimal() or line_text[hi] == "."):
+                hi += 1
+            ascii_text = "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c for c in line_text[lo:hi])
+            label = f"{unicodedata.name(ch, 'a non-ASCII digit').lower()}, not an ASCII digit"
+            hint = f"numbers are written with the ASCII digits 0-9: `{ascii_text}`"
+        elif not ch.isascii() and ch.isalpha():
+            hint = "names are ASCII letters, digits and `_`"
+        elif not ch.isascii() and ch.isspace():
+            label, hint = f"{unicodedata.name(ch, 'a non-ASCII space').lower()}", "use an ordinary space"
+        return Diagnostic("E0001", f"unexpected character `{ch}`", span, label=label, help=hint)
     span = Span(path, line or 1, col or 1, line or 1, (col or 1) + 1)
     return Diagnostic("E0001", "syntax error", span)
 

@@ -470,6 +470,6 @@ def test_unknown_escape_is_located():
     diags = info.value.diagnostics
     line = text.split("\n").index('  checkpoint_dir = "C:\\x\\\\y\\q"') + 1
     assert [(d.code, d.span.line, d.span.col, d.span.end_col) for d in diags] == [
-        ("E0002", line, 23, 25), ("E0002", line, 28, 30)]
+        ("E0004", line, 23, 25), ("E0004", line, 28, 30)]
     rendered = info.value.render()
     assert "unknown escape `\\x`" in rendered and "Traceback" not in rendered

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import fx
 
 from compiler import spec as S
@@ -50,7 +51,8 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     node = next(n for n in gm.graph.nodes if n.name == p.experts)
     old = gm.get_submodule(node.target)
     _, hidden, ffn = old.w_up.shape
-    setattr(gm, node.target, moe.Experts(p.per_rank, hidden, ffn, old.act).to("meta"))
+    with torch.device("meta"):  # built there: on the CPU first, a large MoE would allocate every expert
+        setattr(gm, node.target, moe.Experts(p.per_rank, hidden, ffn, old.act))
     shapes = gm.meta[T.PARAM_SHAPES]
     for pname, _ in old.named_parameters():
         key = f"{node.target}.{pname}"

@@ -24,6 +24,7 @@ import operator
 from dataclasses import dataclass
 
 import sympy
+import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
@@ -108,6 +109,8 @@ def tp_policy(gm: fx.GraphModule, plan: S.Plan) -> Decision:
         cols = _column_sources(gm, node.args[0])
         if not cols or not all(_reaches_only(gm, c, node) for c in cols):
             continue
+        if any(c.meta.get(T.LAYER) is not node.meta.get(T.LAYER) for c in cols):
+            continue  # one layer's output linear straight into the next layer (`attention(...)  mlp(...)`)
         kind = _kind(node)
         if kind in plan.tp_layers:
             order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -288,7 +291,8 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
                 meta["shards"][f"{head.target}.bias"] = (0, vocab)
     if d.head_bias:
         hb = nodes[d.head_bias]
-        setattr(gm, hb.target, Bias(local_vocab).to("meta"))
+        with torch.device("meta"):  # never allocated: a vocabulary can be billions of entries
+            setattr(gm, hb.target, Bias(local_vocab))
         shapes[f"{hb.target}.bias"] = (_local(v_expr, tp_sym, padded),)
         meta["shards"][f"{hb.target}.bias"] = (0, vocab)
     if d.loss:
