@@ -180,10 +180,11 @@ def test_hostile_file_names(builds):
 def test_hostile_model_names(builds, tmp_path):
     """The model name is a NAME in the grammar; codegen escapes it anyway, in every context it reaches (header
     comment, docstrings, CONFIG, plan.json, launch.sh's --rdzv-id), for plain and pipeline programs."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "torchrun").write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGS_DIR/args.$$"\n')
-    (fake / "torchrun").chmod(0o755)
+    fake = tmp_path / "fake" / "runtime"  # launch.sh's torchrun is `python3 -m runtime.launch`: record its arguments
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch.py").write_text('import os, sys\nwith open(os.path.join(os.environ["ARGS_DIR"], f"args.{os.getpid()}"), '
+                                    '"wb") as f:\n    f.write(b"".join(a.encode() + b"\\0" for a in sys.argv[1:]))\n')
     for i, (name, kind, out, files) in enumerate(builds["model"]):
         tree = pyast.parse(files["program.py"])
         docs = _docstrings(tree)
@@ -199,8 +200,7 @@ def test_hostile_model_names(builds, tmp_path):
         # launch.sh, run with a torchrun that records its arguments: the rendezvous id arrives as one word.
         args_dir = tmp_path / f"args{i}"
         args_dir.mkdir()
-        env = dict(os.environ, PATH=f"{fake}{os.pathsep}{os.environ['PATH']}", ARGS_DIR=str(args_dir),
-                   LOCAL_NODES="1")
+        env = dict(os.environ, PYTHONPATH=str(fake.parent), ARGS_DIR=str(args_dir), LOCAL_NODES="1")
         proc = subprocess.run(["bash", str(out / "launch.sh"), "--steps", "1"], cwd=args_dir,
                               env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr

@@ -29,3 +29,40 @@ def test_a_failure_is_one_line_with_where_it_happened():
         line = faults.failure_line(ValueError("bad shape\nmore detail"))
     assert line == ("scalec: rank 0 failed at step 4 in the loss all-reduce over the batch ranks: "
                     "ValueError: bad shape")
+
+
+def test_a_failed_job_ends_in_two_lines_naming_the_first_failure():
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime import launch
+
+    def failure(local_rank, exitcode, when):
+        f = ProcessFailure(local_rank=local_rank, pid=100 + local_rank, exitcode=exitcode, error_file="<N/A>")
+        f.timestamp = when
+        return f
+    exc = ChildFailedError("program.py", {0: failure(0, 1, 20), 1: failure(1, -int(signal.SIGKILL), 10),
+                                          2: failure(2, 1, 30)})
+    lines = launch.report(exc).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("scalec: the job failed: rank 1 (local rank 1 on ")
+    assert lines[0].endswith("failed first, killed by SIGKILL")
+    assert lines[1] == "scalec: then rank 0 (exit code 1), rank 2 (exit code 1); each rank's own cause is printed above"
+    only = launch.report(ChildFailedError("program.py", {3: failure(3, 2, 5)}))
+    assert only.splitlines() == [only] and only.endswith("failed first, exit code 2")
+
+
+def test_the_launcher_keeps_torchruns_report_under_debug(monkeypatch, capsys):
+    import pytest
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime import launch
+
+    def fail(args):
+        raise ChildFailedError("program.py", {0: ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="")})
+    monkeypatch.setattr(launch, "run", fail)
+    assert launch.main(["--nproc-per-node", "1", "program.py", "--steps", "1"]) == 1
+    assert "rank 0 (local rank 0" in capsys.readouterr().err
+    with pytest.raises(ChildFailedError):
+        launch.main(["--nproc-per-node", "1", "program.py", "--debug"])

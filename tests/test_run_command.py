@@ -62,11 +62,11 @@ def test_launch_script_keeps_quoted_torchrun_flags_whole(tmp_path):
     """launch.sh splits TORCHRUN_ARGS like a shell, without evaluating it; restarts become --max-restarts."""
     compiled = compile_spec(check_text(DP.replace("log_every    = 5", "log_every = 5  restarts = 2"), "dp.scale"))
     codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "torchrun").write_text('#!/usr/bin/env bash\nfor a in "$@"; do echo "[$a]"; done\n')
-    (fake / "torchrun").chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}",
+    fake = tmp_path / "fake" / "runtime"  # launch.sh's torchrun is `python3 -m runtime.launch`: echo its arguments
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "launch.py").write_text('import sys\nfor a in sys.argv[1:]:\n    print(f"[{a}]")\n')
+    env = dict(os.environ, PYTHONPATH=str(fake.parent),
                TORCHRUN_ARGS="--log-dir 'my logs' --redirects 3 $(touch pwned)")
     out = subprocess.run(["bash", str(tmp_path / "launch.sh"), "--checkpoint-dir", "a b"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout.splitlines()

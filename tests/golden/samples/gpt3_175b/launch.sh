@@ -19,12 +19,14 @@ if [ -n "${TORCHRUN_ARGS:-}" ]; then
     'import os, shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(os.environ["TORCHRUN_ARGS"])))')
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default, set here to keep its warning quiet
+# torchrun itself (torch.distributed.run), telling a failed job's end in a line or two (runtime/launch.py).
+torchrun=(python3 -m runtime.launch)
 
 if [ "${LOCAL_NODES:-0}" = 1 ]; then
   port="${MASTER_PORT:-29500}"
   pids=()
   for ((node = 0; node < 192; node++)); do
-    torchrun --nnodes 192 --node-rank "$node" --nproc-per-node 8 \
+    "${torchrun[@]}" --nnodes 192 --node-rank "$node" --nproc-per-node 8 \
       --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-gpt3_175b" \
       "${extra[@]}" "$here/program.py" "$@" &
     pids+=($!)
@@ -35,6 +37,6 @@ if [ "${LOCAL_NODES:-0}" = 1 ]; then
 fi
 : "${NODE_RANK:?set NODE_RANK to the index of this machine, 0..191}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
-exec torchrun --nnodes 192 --node-rank "$NODE_RANK" --nproc-per-node 8 \
+exec "${torchrun[@]}" --nnodes 192 --node-rank "$NODE_RANK" --nproc-per-node 8 \
   --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv-id "scalec-gpt3_175b" \
   "${extra[@]}" "$here/program.py" "$@"

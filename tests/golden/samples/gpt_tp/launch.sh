@@ -16,6 +16,8 @@ if [ -n "${TORCHRUN_ARGS:-}" ]; then
     'import os, shlex, sys; sys.stdout.write("".join(a + "\0" for a in shlex.split(os.environ["TORCHRUN_ARGS"])))')
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default, set here to keep its warning quiet
+# torchrun itself (torch.distributed.run), telling a failed job's end in a line or two (runtime/launch.py).
+torchrun=(python3 -m runtime.launch)
 
-exec torchrun --standalone --nnodes 1 --nproc-per-node 2 \
+exec "${torchrun[@]}" --standalone --nnodes 1 --nproc-per-node 2 \
   --max-restarts 0 "${extra[@]}" "$here/program.py" "$@"
