@@ -34,6 +34,7 @@ import shutil
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 _STEP = re.compile(r"^step_(\d{8})$")
@@ -152,15 +153,6 @@ class _Entries:
             optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
         return model_sd, {"state": optim_sd}
 
-    def copy_ties(self, optimizer) -> None:
-        """A second copy of a parameter on this rank (tied embedding: first and last stage) gets the first's."""
-        with torch.no_grad():
-            for copies in self.params.values():
-                for other in copies[1:]:
-                    other.copy_(copies[0])
-                    for k, v in optimizer.state[copies[0]].items():
-                        optimizer.state[other][k].copy_(v)
-
 
 def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
          skip_on_save=()) -> str:
@@ -202,6 +194,15 @@ def _mismatch(path: str, model_sd: dict) -> str | None:
     return None
 
 
+# Exceptions that say our code is wrong, not that a file is damaged: loading re-raises them instead of falling back.
+_BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError)
+
+
+def _causes(exc: CheckpointException) -> list[BaseException]:
+    """The per-rank exceptions DCP gathered (a CheckpointException's failures: rank -> (exception, traceback))."""
+    return [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+
+
 def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps: int, shards) -> int:
     """Load the newest intact checkpoint in `directory`, if any; return the step to resume from (0 without one)."""
     check_directory(directory, ctx)
@@ -217,6 +218,7 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
         path = _broadcast(candidates[i] if ctx.is_logger else None, ctx)
         problem = _broadcast(problem, ctx)
         if problem is None:
+            entries.after_load.clear()  # restores queued by an attempt that failed
             model_sd, optim_sd = entries.state(optimizer, saving=False)
             mismatch = _broadcast(_mismatch(path, model_sd) if ctx.is_logger else None, ctx)
             if mismatch:
@@ -226,7 +228,9 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
                                   "total_steps": torch.tensor(0)}}
             try:
                 dcp.load(state, checkpoint_id=path)  # DCP raises on every rank if any rank failed
-            except Exception as exc:  # noqa: BLE001
+            except CheckpointException as exc:
+                if any(isinstance(e, _BUGS) for e in _causes(exc)):
+                    raise  # a defect of ours, not a damaged file: falling back would hide it and lose progress
                 lines = str(exc).strip().splitlines()
                 problem = f"{path} failed to load ({type(exc).__name__}: {lines[-1] if lines else ''})"
         if problem is not None:
@@ -238,10 +242,9 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
         if written_for != total_steps:
             raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
                              f"{total_steps} would change the learning-rate schedule. Resume with the same number "
-                             "of steps, or start in an empty checkpoint directory.")
+                             "of steps, or start in an empty checkpoint directory." if ctx.is_logger else 1)
         for restore in entries.after_load:
             restore()
-        entries.copy_ties(optimizer)
         scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
         for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
             group["lr"] = lr

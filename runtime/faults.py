@@ -3,7 +3,7 @@
 - Each torchrun attempt (TORCHELASTIC_RESTART_COUNT) meets its peers under its own store prefix, so a restarted
   group never reads a dead peer's address left in the store by the attempt before (`attempt_store`).
 - SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number), so all
-  of them stop after the same step, checkpoint and leave with status 0 (`stop_requested`).
+  of them stop after the same step, checkpoint and leave with status 0 (`StopVote`).
 - A watchdog thread times the operation each rank is blocked in: every collective of runtime.collectives and every
   collective region of the training loop records what it is (`op`: a global set before and after, nothing more).
   When one lasts longer than the plan's `timeout`, the ranks that are waiting write what they wait in to the store;
@@ -34,7 +34,8 @@ _STEP = 0
 _TIMEOUT = 600.0
 _CTX = None
 _STORE = None
-_PREFIX = "scalec"
+_LAST = None      # the last marked operation (what, site): on CUDA collectives only queue work, so a rank stuck in
+                  # one is found later, waiting for the device (`device_wait`)
 
 
 def attempt() -> int:
@@ -62,9 +63,10 @@ class op:
         self.what, self.site = what, site
 
     def __enter__(self):
-        global _CURRENT
+        global _CURRENT, _LAST
         self.outer = _CURRENT
         _CURRENT = (self.what, self.site, time.monotonic())
+        _LAST = (self.what, self.site)
 
     def __exit__(self, *exc):
         global _CURRENT
@@ -73,6 +75,13 @@ class op:
         else:
             _CURRENT = None
         return False
+
+
+def device_wait(what: str) -> op:
+    """`with device_wait("reading the loss"):` marks a point where the host waits for the device's queued work. On
+    NCCL a collective returns once queued, so a hang shows here; the report names the last collective queued."""
+    last = f"; the last collective queued: {_LAST[0]}{_site_text(_LAST[1])}" if _LAST else ""
+    return op(f"waiting for the device ({what}{last})")
 
 
 def caller_site(depth: int = 2):
@@ -149,17 +158,28 @@ TERM_GRACE = 25.0  # seconds a rank may take to reach the end of its step after 
 
 def _on_sigterm(signum, frame):
     global _TERM, _TERM_AT
-    if not _TERM:
-        _TERM, _TERM_AT = True, time.monotonic()
+    if not _TERM:  # the time first: the watchdog reads _TERM, then _TERM_AT
+        _TERM_AT = time.monotonic()
+        _TERM = True
 
 
-def stop_requested(device) -> bool:
-    """Whether any rank was asked to stop (SIGTERM): all ranks answer the same, after the same step."""
-    flag = torch.tensor(1.0 if _TERM else 0.0, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+class StopVote:
+    """Whether any rank was asked to stop (SIGTERM), agreed by all ranks after the same step: an all-reduce MAX of one
+    flag over all ranks, started without waiting (`StopVote(device)`) so that the host synchronisation that reads
+    the step's loss covers it; `result()` reads it."""
+
+    def __init__(self, device):
+        self.flag = torch.tensor(1.0 if _TERM else 0.0, device=device)
+        self.work = None
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
+                self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
+
+    def result(self) -> bool:
+        with device_wait("the preemption check"):
+            if self.work is not None:
+                self.work.wait()
+            return bool(self.flag.item())
 
 
 # -- test-only hooks ----------------------------------------------------------------------------------------------

@@ -318,7 +318,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         for j in range(cfg.micro_batches if pipe is None else 0):
             tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, j,
                                                cfg.micro_batches)
-            tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
+            with faults.device_wait("copying the micro-batch to the device"):
+                tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == cfg.micro_batches - 1
             no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
             if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter only on the last micro-batch
@@ -347,7 +348,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             with faults.op("the loss all-reduce over the batch ranks"):
                 dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
             total /= n_batch
-        loss_value = total.item()
+        vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after this step (read below)
+        with faults.device_wait("reading the step's loss"):
+            loss_value = total.item()
         losses.append(loss_value)
         dt = time.perf_counter() - t0
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
@@ -367,7 +370,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
                   f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
                   + moe_text, flush=True)
-        preempted = faults.stop_requested(ctx.device)  # SIGTERM on any rank: all stop after this step
+        preempted = vote.result()
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
                                    or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint"):

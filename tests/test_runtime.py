@@ -85,3 +85,19 @@ def test_mesh_rows_group_the_ranks_that_differ_only_along_the_axes():
     fake = SimpleNamespace(mesh=grid, mesh_dim_names=("ep", "pp", "dp"))
     assert rows(fake, ("dp", "ep")) == [[0, 4, 1, 5], [2, 6, 3, 7]]  # fixed pp; dp outer, ep inner
     assert rows(fake, ("pp",)) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def test_checkpoint_fallback_is_for_damaged_files_not_for_our_defects():
+    """A DCP load failure falls back to an older checkpoint only when no rank's cause is a programming error."""
+    import pickle
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from runtime import checkpoint
+
+    def defect(*errors):
+        exc = CheckpointException("load failed", {r: (e, None) for r, e in enumerate(errors)})
+        return any(isinstance(e, checkpoint._BUGS) for e in checkpoint._causes(exc))
+    assert not defect(OSError("short read"), EOFError(), pickle.UnpicklingError("bad"))
+    assert defect(OSError("short read"), KeyError("optim.state.w.exp_avg"))
+    assert defect(TypeError("bad call"))
