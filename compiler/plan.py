@@ -1,0 +1,119 @@
+"""The Plan: every decision the compiler makes, as one frozen value.
+
+A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh, the settings of
+the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the unsharded
+trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. Everything
+downstream reads it: the rules (`requires(spec, plan)` of each pass module and of the driver), the passes
+(`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and `plan.json`.
+
+A candidate plan is `dataclasses.replace(plan, axes=..., micro_batches=...)` on the same trace; it carries no spans
+(`spans` is empty), so a rule that rejects it describes the setting in words instead of pointing at a line.
+
+This module imports no torch: `scalec check` builds and checks a Plan without it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from compiler.diagnostics import Span
+
+AXES = ("dp", "pp", "tp", "ep")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    # -- the mesh ----------------------------------------------------------------------------------------------------
+    axes: tuple
+    """((axis, size), ...) outermost first, as the mesh declares them."""
+    nodes: int
+    devices_per_node: int
+    # -- the settings of the plan section ----------------------------------------------------------------------------
+    data_parallel: str
+    """`ddp` (replicated state, gradients all-reduced) or `fsdp` (ZeRO-3: state sharded over dp)."""
+    micro_batches: int
+    """Gradient-accumulation micro-batches per optimizer step on each batch rank (pipeline micro-batches under pp)."""
+    global_batch: int
+    """Sequences per optimizer step, over all ranks."""
+    seq_len: int
+    tp_layers: tuple = ("attention", "mlp", "vocab")
+    sequence_parallel: bool = False
+    pad_vocab: bool = False
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    layout: tuple = ()
+    """The manual stage layout as written, ((first block, end block), ...); empty: cost-balanced."""
+    # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
+    stages: tuple = ()
+    """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
+    tp: tuple = ()
+    """((segment name, passes.tensor_parallel.Decision), ...): regions, vocabulary nodes."""
+    ep: tuple = ()
+    """((segment name, (passes.expert_parallel.Placement, ...)), ...)."""
+    # -- where each setting came from ------------------------------------------------------------------------------
+    spans: tuple = field(default=(), compare=False)
+    """((key, Span), ...): `axis tp`, `micro_batches`, `global_batch`, ... as written; empty for a candidate."""
+
+    # -- derived, in one place ---------------------------------------------------------------------------------------
+    def size(self, axis: str) -> int:
+        return dict(self.axes).get(axis, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks the global batch is split over: dp × ep (ep is folded out of data parallelism)."""
+        return self.size("dp") * self.size("ep")
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Sequences in one micro-batch on one rank: global_batch / (dp · ep · micro_batches)."""
+        return self.global_batch // (self.batch_ranks * self.micro_batches)
+
+    @property
+    def pipeline_stages(self) -> int:
+        return self.size("pp") * self.virtual_stages
+
+    def stages_of(self, pp_rank: int) -> tuple:
+        """The stage indices pp rank `pp_rank` runs: r, r + pp, ... (several under interleaving)."""
+        return tuple(range(pp_rank, len(self.stages), self.size("pp")))
+
+    def decision(self, field_name: str, segment: str):
+        """The tp or ep decision of one traced segment, or None."""
+        return dict(getattr(self, field_name)).get(segment)
+
+    def span(self, key: str) -> Span | None:
+        """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""
+        return dict(self.spans).get(key)
+
+    def describe(self) -> str:
+        """One line naming the plan, for diagnostics about a candidate that has no source."""
+        mesh = " × ".join(f"{a}={n}" for a, n in self.axes)
+        extra = [f"{self.micro_batches} micro-batches", self.data_parallel]
+        if self.size("pp") > 1:
+            extra.append(self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""))
+        if self.sequence_parallel:
+            extra.append("sequence parallel")
+        return f"{mesh} ({', '.join(extra)})"
+
+    def check_shape(self) -> None:
+        """Invariants of the value itself (not of the user's input, which the rules check)."""
+        if math.prod(n for _, n in self.axes) != self.world_size:
+            raise ValueError(f"plan axes {self.axes} do not multiply to the world size {self.world_size}")
+
+
+def from_spec(spec) -> Plan:
+    """The plan as the user wrote it, before any policy has run."""
+    p, mesh, train = spec.plan, spec.mesh, spec.train
+    spans = [(f"axis {a}", s) for a, s in mesh.axis_spans.items()]
+    spans += [("mesh", mesh.span)]
+    spans += list(getattr(p, "spans", ()))
+    spans += list(getattr(train, "spans", ()))
+    return Plan(axes=tuple(mesh.axes), nodes=mesh.nodes, devices_per_node=mesh.devices_per_node,
+                data_parallel=p.data_parallel, micro_batches=p.micro_batches,
+                global_batch=int(spec.value(train.global_batch)), seq_len=int(spec.value(train.seq_len)),
+                tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
+                schedule=p.schedule, virtual_stages=p.virtual_stages,
+                layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans))
