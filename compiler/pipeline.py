@@ -1,37 +1,51 @@
-"""The compiler, top to bottom: check → build → trace → passes → cost → emit.
+"""The compiler, top to bottom.
 
-Passes run in the order listed in PASSES; each is `(GraphModule, Spec) -> GraphModule` over every traced segment,
-and `verify` runs between them in tests (`check_between=True`), so a broken pass is named by the error.
+    parse and check   compiler/check.py         .scale text -> Spec (what the user wrote, resolved)
+    plan as written   compiler/plan.py          Spec -> Plan (the mesh and the plan's settings)
+    rules             compiler/rules.py         Plan -> diagnostics (each pass module's `requires`, mesh rules)
+    build, trace      compiler/model.py, trace  Spec -> the unsharded traced graphs, kept unchanged
+    decide            `decide` below            (Spec, traced) -> Plan with every decision: tp regions, expert
+                                                placements, stage layout (the policies, beside their passes)
+    verify            compiler/schedule.py      the schedule the program will run, proved deadlock-free
+    passes            compiler/passes/          (graphs, Plan) -> new graphs, on a copy of the trace
+    cost              compiler/cost/            what the plan costs
+    emit              compiler/codegen/         (called by the CLI)
+
+`verify` (graph lint and annotations) runs between passes in tests (`check_between=True`), so a broken pass is
+named by the error; `show` receives every segment's graph after each pass (`scalec compile --show-graphs`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler import cost as C
-from compiler import model as M
+from compiler import plan as P
 from compiler import spec as S
-from compiler import trace as T
 from compiler.check import check_path
 from compiler.diagnostics import Diagnostic, ScaleError
-
-from compiler.passes.expert_parallel import expert_parallel_pass
-from compiler.passes.pipeline_split import pipeline_split_pass
-from compiler.passes.tensor_parallel import tensor_parallel_pass
-
-# The passes, in order. Data parallelism needs no graph surgery (DDP/FSDP2 carry it out at run time; the ledger
-# records its traffic).
-PASSES: tuple = (tensor_parallel_pass, expert_parallel_pass, pipeline_split_pass)
 
 
 @dataclass
 class Compiled:
     spec: S.Spec
-    traced: T.Traced
-    costs: C.Costs
+    traced: object       # trace.Traced after the passes: what the program runs
+    costs: object        # cost.Costs
+    plan: P.Plan | None = None
+    unsharded: object = None  # trace.Traced before any pass: what candidate plans are decided from
 
 
-def verify(traced: T.Traced, after: str) -> None:
+def _passes():
+    from compiler.passes.expert_parallel import expert_parallel_pass
+    from compiler.passes.pipeline_split import pipeline_split_pass
+    from compiler.passes.tensor_parallel import tensor_parallel_pass
+    # In order. Data parallelism needs no graph surgery (DDP/FSDP2 carry it out at run time; the ledger records its
+    # traffic).
+    return (tensor_parallel_pass, expert_parallel_pass, pipeline_split_pass)
+
+
+def verify(traced, after: str) -> None:
     """Structural checks between passes: each graph lints and every node carries a shape and FLOP count."""
+    from compiler import trace as T
     for cls, gm in traced.segments():
         try:
             gm.graph.lint()
@@ -42,16 +56,70 @@ def verify(traced: T.Traced, after: str) -> None:
                 raise AssertionError(f"node {node.name} of {cls} lost its cost annotations after {after}")
 
 
-def compile_spec(spec: S.Spec, check_between: bool = False) -> Compiled:
-    model = M.build(spec, device="meta")
-    traced = T.trace_model(model)
+def decide_parallel(traced, plan: P.Plan) -> P.Plan:
+    """The tensor- and expert-parallel policies over every segment of the unsharded trace."""
+    from compiler.passes.expert_parallel import ep_policy
+    from compiler.passes.tensor_parallel import tp_policy
+    tp = tuple((cls, tp_policy(gm, plan)) for cls, gm in traced.segments()) if plan.size("tp") > 1 else ()
+    ep = tuple((cls, ep_policy(gm, plan.size("ep"))) for cls, gm in traced.segments()) if plan.size("ep") > 1 else ()
+    return replace(plan, tp=tp, ep=ep)
+
+
+def decide_stages(spec: S.Spec, sharded, plan: P.Plan) -> P.Plan:
+    """The stage layout, balanced on the FLOPs of the graphs as tp and ep leave them."""
+    from compiler.passes import pipeline_split as PS
+    if plan.size("pp") == 1:
+        return replace(plan, stages=())
+    (gm,) = sharded.blocks.values()
+    per_block, first, last = (int(spec.value(x)) for x in PS.split_costs(sharded))
+    return replace(plan, stages=PS.stage_policy(plan, int(spec.value(gm.meta["repeat"].count)), per_block, first,
+                                                last))
+
+
+def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
+    """Build the schedule the program will run and prove it: every send has its receive, no rank waits forever."""
+    from compiler import schedule as SCH
+    p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    if p == 1:
+        return []
+    try:
+        SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m))
+    except Exception as exc:  # noqa: BLE001 - any failure of the proof refuses the plan
+        return [Diagnostic("E0609", f"the {plan.schedule} schedule of pp = {p}, virtual_stages = {v}, "
+                           f"micro_batches = {m} fails verification: {exc}", plan.span("axis pp"),
+                           help="this is a defect of scalec's schedule builder, not of your file; choose another "
+                                "schedule or micro-batch count meanwhile, and please report it")]
+    return []
+
+
+def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.Plan | None = None) -> Compiled:
+    from compiler import model as M
+    from compiler import trace as T
+    plan = plan or P.from_spec(spec)
+    unsharded = T.trace_model(M.build(spec, device="meta"))
     if check_between:
-        verify(traced, "trace")
-    for p in PASSES:
-        traced = p(traced, spec)
-        if check_between:
-            verify(traced, p.__name__)
-    return Compiled(spec, traced, C.costs(spec, traced))
+        verify(unsharded, "trace")
+    plan = decide_parallel(unsharded, plan)
+    traced = unsharded.copy()
+    tp_pass, ep_pass, pp_pass = _passes()
+    for p in (tp_pass, ep_pass):
+        traced = p(traced, plan)
+        _after(traced, p.__name__, check_between, show)
+    plan = decide_stages(spec, traced, plan)
+    problems = schedule_problems(plan)
+    if problems:
+        raise ScaleError(problems, {spec.path: spec.source})
+    traced = pp_pass(traced, plan)
+    _after(traced, pp_pass.__name__, check_between, show)
+    return Compiled(spec, traced, C.costs(spec, traced), plan, unsharded)
+
+
+def _after(traced, name: str, check_between: bool, show) -> None:
+    if check_between:
+        verify(traced, name)
+    if show is not None:
+        for cls, gm in traced.segments():
+            show(name, cls, gm)
 
 
 def budget(compiled: Compiled) -> list[Diagnostic]:
@@ -71,9 +139,9 @@ def budget(compiled: Compiled) -> list[Diagnostic]:
                        "has more")]
 
 
-def compile_checked(path: str) -> Compiled:
+def compile_checked(path: str, show=None) -> Compiled:
     """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use."""
-    compiled = compile_path(path)
+    compiled = compile_spec(check_path(path), show=show)
     problems = budget(compiled)
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})

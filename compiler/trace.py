@@ -88,6 +88,22 @@ class Traced:
     blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
     model_flops_fwd: sympy.Expr = sympy.Integer(0)  # forward FLOPs of one micro-batch, before any pass
 
+    @property
+    def spec(self):
+        """The resolved specification the model was built from."""
+        return self.model._spec
+
+    def copy(self) -> "Traced":
+        """An independent copy of the graphs and their annotations (the model, never mutated, is shared): passes
+        work on a copy, so the unsharded trace stays what every candidate plan is decided and costed from."""
+        import copy
+        # The repeats' own modules are never changed by a pass (each block's graph holds its own copy of the layers
+        # it shards): shared, not copied, so a 96-block model copies in milliseconds.
+        memo = {id(self.model): self.model}
+        memo.update({id(m): m for m in self.top.modules() if isinstance(m, Repeat)})
+        return Traced(self.model, copy.deepcopy(self.top, memo), {k: copy.deepcopy(v, memo) for k, v in
+                                                                  self.blocks.items()}, self.model_flops_fwd)
+
     def segments(self):
         """(class name in the emitted program, GraphModule), blocks first: the top level refers to them."""
         for name, gm in self.blocks.items():

@@ -75,13 +75,13 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
         u.replace_input_with(node, got)
 
 
-def expert_parallel_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
-    ep = spec.mesh.size(AXIS)
-    if ep == 1:
+def expert_parallel_pass(traced: T.Traced, plan) -> T.Traced:
+    """Carry out `plan.ep`, the policy's placement of each segment's experts (compiler/pipeline.decide)."""
+    if plan.size(AXIS) == 1:
         return traced
-    for _, gm in traced.segments():
+    for cls, gm in traced.segments():
         meta: dict = {}
-        for placement in ep_policy(gm, ep):
+        for placement in plan.decision("ep", cls):
             _shard(gm, placement, meta)
         gm.meta[T.EP_SHARDS] = meta
         gm.graph.lint()

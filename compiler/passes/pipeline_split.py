@@ -105,34 +105,70 @@ def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> f
     return sub
 
 
-def pipeline_split_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
-    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss, and
-    assign blocks to stages by cost."""
-    pp, v = spec.mesh.size("pp"), spec.plan.virtual_stages
-    if pp == 1:
-        return traced
+def _pieces(traced: T.Traced):
+    """The top level's call of the blocks, and its loss node."""
     top = traced.top
-    (name, block_gm), = traced.blocks.items()
+    (name,) = traced.blocks
     blocks_node = next(n for n in top.graph.nodes if n.op == "call_module" and n.target == name)
     loss_node = next(n for n in top.graph.nodes if n.meta.get(T.LAYER) is not None
                      and isinstance(n.meta[T.LAYER], S.CrossEntropy) and n.op == "call_function"
                      and n.target not in ("flatten", "float"))
+    return blocks_node, loss_node
+
+
+def _upstream(output: fx.Node, stop: set) -> set:
+    """The nodes `output` depends on (itself included), not looking past `stop`: what `_subgraph` would copy."""
+    seen, stack = set(), [output]
+    while stack:
+        n = stack.pop()
+        if n in stop or n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def split_costs(traced: T.Traced) -> tuple:
+    """Forward FLOPs of one sequence (b = 1) through one block, through the prologue (tokens to the residual
+    stream) and through the epilogue and loss, as sympy expressions of the sizes (tp and ep included once their
+    passes have run): what `stage_policy` balances."""
+    top = traced.top
+    (block_gm,) = traced.blocks.values()
+    blocks_node, loss_node = _pieces(traced)
+    logits = loss_node.args[0]
+    targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
+    ones = {MICRO_BATCH: sympy.Integer(1)}
+
+    def flops(nodes):
+        return sympy.expand(sympy.sympify(sum((n.meta.get(T.FLOPS, 0) for n in nodes), sympy.Integer(0)))
+                            .xreplace(ones))
+    first = flops(_upstream(blocks_node.args[0], set()))
+    last = flops(_upstream(logits, {blocks_node})) + flops(_upstream(loss_node, {logits, targets}))
+    return flops(block_gm.graph.nodes), first, last
+
+
+def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tuple:
+    """The stage layout: the user's, or the cost-balanced cut of `blocks` equal blocks into pp × virtual_stages
+    stages, the first also paying `first` and the last `last` (FLOPs of one sequence)."""
+    if plan.size("pp") == 1:
+        return ()
+    if plan.layout:  # the user's, checked complete and disjoint by the rules
+        return tuple(plan.layout)
+    return balance_stages([per_block] * blocks, plan.pipeline_stages, first, last)
+
+
+def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
+    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss;
+    record the stage layout the plan decided."""
+    if plan.size("pp") == 1:
+        return traced
+    top = traced.top
+    blocks_node, loss_node = _pieces(traced)
     logits = loss_node.args[0]
     tokens = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "tokens")
     targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
     top.meta[PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, blocks_node.args[0])
     top.meta[EPILOGUE] = _subgraph(top, "epilogue", {blocks_node: "x"}, logits)
     top.meta[LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
-    # Cost of each piece for one sequence (b = 1): FLOPs from the annotated graphs.
-    ones = {MICRO_BATCH: sympy.Integer(1)}
-    def flops(nodes) -> int:
-        return int(spec.value(sum((n.meta.get(T.FLOPS, 0) for n in nodes), sympy.Integer(0)).xreplace(ones)))
-    count = int(spec.value(block_gm.meta[T.REPEAT].count))
-    per_block = flops(block_gm.graph.nodes)
-    first = flops(top.meta[PROLOGUE].graph.nodes)
-    last = flops(top.meta[EPILOGUE].graph.nodes) + flops(top.meta[LOSS].graph.nodes)
-    if spec.plan.layout:  # the user's, checked complete and disjoint by compiler/check.py
-        top.meta[STAGES] = tuple((a, b) for a, b, _ in spec.plan.layout)
-    else:
-        top.meta[STAGES] = balance_stages([per_block] * count, pp * v, first, last)
+    top.meta[STAGES] = plan.stages
     return traced

@@ -314,14 +314,16 @@ def _sequence_parallel_norms(gm: fx.GraphModule, meta: dict) -> None:
                 meta["partial_grads"].append(f"{node.target}.{pname}")
 
 
-def tensor_parallel_pass(traced: T.Traced, spec: S.Spec) -> T.Traced:
-    tp = spec.mesh.size(AXIS)
+def tensor_parallel_pass(traced: T.Traced, plan) -> T.Traced:
+    """Carry out `plan.tp`, the policy's decision for each segment (compiler/pipeline.decide)."""
+    tp = plan.size(AXIS)
     if tp == 1:
         return traced
-    sp = spec.plan.sequence_parallel
+    spec = traced.spec
+    sp = plan.sequence_parallel
     for cls, gm in traced.segments():
         meta = {"shards": {}, "partial_grads": []}
-        decision = tp_policy(gm, spec.plan)
+        decision = plan.decision("tp", cls)
         for region in decision.regions:
             _shard_region(gm, region, sp, tp, meta)
         _shard_vocab(gm, decision, spec, sp, tp, meta)
