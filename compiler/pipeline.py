@@ -92,10 +92,10 @@ def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
     return []
 
 
-def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.Plan | None = None) -> Compiled:
+def compile_spec(spec: S.Spec, check_between: bool = False, show=None) -> Compiled:
     from compiler import model as M
     from compiler import trace as T
-    plan = plan or P.from_spec(spec)
+    plan = P.from_spec(spec)
     unsharded = T.trace_model(M.build(spec, device="meta"))
     if check_between:
         verify(unsharded, "trace")

@@ -13,6 +13,7 @@ This module imports no torch: `scalec check` builds and checks a Plan without it
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -97,6 +98,24 @@ class Plan:
         if self.sequence_parallel:
             extra.append("sequence parallel")
         return f"{mesh} ({', '.join(extra)})"
+
+    def to_json(self) -> dict:
+        """The plan as plan.json records it: every setting and decision, no spans."""
+        def plain(x):
+            if dataclasses.is_dataclass(x):
+                return {k: plain(v) for k, v in dataclasses.asdict(x).items()}
+            if isinstance(x, (tuple, list)):
+                return [plain(v) for v in x]
+            if isinstance(x, dict):
+                return {k: plain(v) for k, v in x.items()}
+            return x
+        out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name not in ("spans", "tp", "ep")}
+        out["axes"] = {a: n for a, n in self.axes}
+        out["micro_batch_size"] = self.micro_batch_size
+        out["tp"] = {seg: plain(d) for seg, d in self.tp}
+        out["ep"] = {seg: plain(list(ps)) for seg, ps in self.ep}
+        return out
 
     def check_shape(self) -> None:
         """Invariants of the value itself (not of the user's input, which the rules check)."""

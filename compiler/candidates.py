@@ -1,0 +1,88 @@
+"""Many plans of one model from one trace: decide, check and cost a candidate without re-reading text or tracing.
+
+The graphs the passes produce depend on a plan's *structure* only: whether tp shards (and which layer kinds, with
+or without sequence parallelism), whether ep shards experts, whether pp cuts the top level. Their shapes, FLOPs
+and collectives stay sympy expressions of the axis sizes (`tp`, `ep`, `dp`) and the micro-batch size, so one
+sharded trace per structure serves every candidate of that structure: the sizes are numbers given at the end.
+The same functions decide the plan that `compile` runs (compiler/pipeline.py), so a candidate ranked here is the
+program that would be emitted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import sympy
+
+from compiler import plan as P
+from compiler import spec as S
+from compiler.symbols import size
+
+
+def structure(plan: P.Plan) -> tuple:
+    """What decides the shape of the sharded graphs (not their sizes)."""
+    tp = plan.size("tp") > 1
+    return (tp, tp and plan.sequence_parallel, tuple(plan.tp_layers) if tp else (), plan.size("ep") > 1,
+            plan.size("pp") > 1)
+
+
+@dataclass
+class _Structure:
+    plan: P.Plan           # a plan of this structure, with its tp/ep decisions
+    sharded: object        # trace.Traced after the tp and ep passes (and the cut when pp > 1), symbolic in sizes
+    split: tuple           # pipeline_split.split_costs: per-block, first and last FLOPs per sequence, as functions
+    blocks: int
+
+
+class Candidates:
+    """Plans of `spec`'s model: `decide(plan)` fills the policies' decisions, `requires(plan)` lists what a rule
+    rejects, `sharded(plan)` is the graphs the program would run."""
+
+    def __init__(self, spec: S.Spec, unsharded=None):
+        from compiler import model as M
+        from compiler import trace as T
+        self.spec = spec
+        self.unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
+        self._structures: dict = {}
+        # The user's sizes, without the mesh's: a candidate brings its own axis sizes.
+        self._fixed = {k: v for k, v in spec.values.items() if str(k) not in P.AXES}
+
+    def values(self, plan: P.Plan) -> dict:
+        """Every symbol's number under `plan`: the model's sizes and this plan's axis sizes."""
+        return {**self._fixed, **{size(a): plan.size(a) for a in P.AXES}}
+
+    def _structure(self, plan: P.Plan) -> _Structure:
+        key = structure(plan)
+        got = self._structures.get(key)
+        if got is None:
+            from compiler import pipeline as D
+            decided = D.decide_parallel(self.unsharded, plan)
+            sharded = self.unsharded.copy()
+            tp_pass, ep_pass, _ = D._passes()
+            sharded = ep_pass(tp_pass(sharded, decided), decided)
+            split, blocks = (), 0
+            if plan.size("pp") > 1:
+                from compiler.passes import pipeline_split as PS
+                (gm,) = sharded.blocks.values()
+                blocks = int(self.spec.value(gm.meta["repeat"].count))
+                fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
+                split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed))
+                              for f in PS.split_costs(sharded))
+            got = self._structures[key] = _Structure(decided, sharded, split, blocks)
+        return got
+
+    def decide(self, plan: P.Plan) -> P.Plan:
+        """`plan` with its tp/ep decisions (shared by every plan of its structure) and its stage layout."""
+        from compiler.passes import pipeline_split as PS
+        st = self._structure(plan)
+        ep = plan.size("ep")  # placements are per layer and count; how many experts a rank holds is this plan's
+        plan = replace(plan, tp=st.plan.tp, ep=tuple((cls, tuple(replace(p, per_rank=p.count // ep) for p in ps))
+                                                     for cls, ps in st.plan.ep))
+        if plan.size("pp") == 1:
+            return replace(plan, stages=())
+        sizes = [plan.size(a) for a in P.AXES]
+        per_block, first, last = (int(f(*sizes)) for f in st.split)
+        return replace(plan, stages=PS.stage_policy(plan, st.blocks, per_block, first, last))
+
+    def sharded(self, plan: P.Plan):
+        """The graphs after tp and ep (symbolic in sizes) for `plan`'s structure."""
+        return self._structure(plan).sharded

@@ -1,0 +1,50 @@
+"""The Plan: one frozen value holding every decision, decided once from an unsharded trace, shared by compile and
+by candidate plans."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from compiler import trace as T
+from compiler.candidates import Candidates
+from compiler.check import check_path
+from compiler.pipeline import compile_spec
+from compiler.plan import from_spec
+
+SAMPLES = sorted((Path(__file__).parents[1] / "samples").glob("*.scale"))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.stem for p in SAMPLES])
+def test_candidates_decide_what_compile_runs(path):
+    """From the same unsharded trace, a candidate equal to the file's plan is decided exactly as compile decides
+    it: tp regions, expert placements and stage layout."""
+    spec = check_path(str(path))
+    compiled = compile_spec(spec)
+    assert Candidates(spec, compiled.unsharded).decide(from_spec(spec)).to_json() == compiled.plan.to_json()
+
+
+def test_passes_leave_the_unsharded_trace_alone():
+    spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale"))
+    compiled = compile_spec(spec)
+    for _, gm in compiled.unsharded.segments():
+        assert not any(T.COLLECTIVE in n.meta for n in gm.graph.nodes)
+    assert any(T.COLLECTIVE in n.meta for _, gm in compiled.traced.segments() for n in gm.graph.nodes)
+    again = Candidates(spec, compiled.unsharded)
+    assert again.decide(from_spec(spec)) == compiled.plan
+
+
+def test_a_candidate_is_a_replace_on_the_same_trace():
+    spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale"))
+    cands = Candidates(spec)
+    base = from_spec(spec)
+    assert base.span("axis tp") is not None and base.micro_batch_size == 2
+    flat = dataclasses.replace(base, axes=(("dp", 4), ("pp", 2)), spans=())
+    decided = cands.decide(flat)
+    assert decided.tp == () and decided.stages == ((0, 2), (2, 4)) and decided.span("axis tp") is None
+    assert decided.micro_batch_size == 1  # 16 sequences over dp 4 × 4 micro-batches
+    deep = cands.decide(dataclasses.replace(base, axes=(("pp", 4), ("tp", 2)), micro_batches=8))
+    assert [s[1] - s[0] for s in deep.stages] == [1, 1, 1, 1] and deep.stages_of(1) == (1,)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.micro_batches = 3  # type: ignore[misc]
