@@ -92,11 +92,15 @@ def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
     return []
 
 
-def compile_spec(spec: S.Spec, check_between: bool = False, show=None) -> Compiled:
+def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.Plan | None = None,
+                 unsharded=None) -> Compiled:
+    """Compile the file's plan, or a candidate `plan` of the same model (from the same unsharded trace if given)."""
     from compiler import model as M
     from compiler import trace as T
-    plan = P.from_spec(spec)
-    unsharded = T.trace_model(M.build(spec, device="meta"))
+    if plan is not None:
+        spec = P.respec(spec, plan)
+    plan = P.from_spec(spec) if plan is None else replace(plan, stages=(), tp=(), ep=())
+    unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
     if check_between:
         verify(unsharded, "trace")
     plan = decide_parallel(unsharded, plan)

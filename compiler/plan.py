@@ -136,3 +136,22 @@ def from_spec(spec) -> Plan:
                 tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
                 layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans))
+
+
+def respec(spec, plan: Plan):
+    """`spec` with its mesh and plan sections replaced by `plan`'s, and the axis sizes' values with them: what a
+    candidate compiles as (its diagnostics carry no spans: the settings were not written anywhere)."""
+    from compiler import spec as S
+    from compiler.symbols import size
+    mesh = dataclasses.replace(spec.mesh, axes=tuple(plan.axes), nodes=plan.nodes,
+                               devices_per_node=plan.devices_per_node,
+                               axis_spans={a: s for a, s in spec.mesh.axis_spans.items() if plan.span(f"axis {a}")})
+    settings = dataclasses.replace(spec.plan, data_parallel=plan.data_parallel, micro_batches=plan.micro_batches,
+                                   tp_layers=tuple(plan.tp_layers), sequence_parallel=plan.sequence_parallel,
+                                   pad_vocab=plan.pad_vocab, schedule=plan.schedule,
+                                   virtual_stages=plan.virtual_stages,
+                                   layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
+    values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
+    values.update({size(a): n for a, n in plan.axes})
+    assert isinstance(settings, S.Plan)
+    return dataclasses.replace(spec, mesh=mesh, plan=settings, values=values)

@@ -48,3 +48,26 @@ def test_a_candidate_is_a_replace_on_the_same_trace():
     assert [s[1] - s[0] for s in deep.stages] == [1, 1, 1, 1] and deep.stages_of(1) == (1,)
     with pytest.raises(dataclasses.FrozenInstanceError):
         base.micro_batches = 3  # type: ignore[misc]
+
+
+def test_a_candidate_compiles_to_the_program_its_text_would():
+    """A candidate made with `replace` compiles (on the same unsharded trace) to the graphs, plan and ledger that
+    the same plan written in the file compiles to."""
+    from compiler import codegen
+    from compiler.check import check_text
+    root = Path(__file__).parents[1]
+    text = (root / "samples" / "gpt_3d.scale").read_text()
+    spec = check_text(text, "gpt_3d.scale")
+    written = check_text(text.replace("axis dp = 2\n  axis pp = 2", "axis dp = 1\n  axis pp = 4")
+                         .replace("micro_batches = 4", "micro_batches = 8")
+                         .replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 1'),
+                         "gpt_3d.scale")
+    base = compile_spec(spec)
+    cand = dataclasses.replace(base.plan, axes=(("dp", 1), ("pp", 4), ("tp", 2)), micro_batches=8,
+                               schedule="interleaved-1f1b", spans=())
+    got, want = compile_spec(spec, plan=cand, unsharded=base.unsharded), compile_spec(written)
+    assert got.plan.to_json() == want.plan.to_json()
+    for (cls, a), (_, b) in zip(got.traced.segments(), want.traced.segments()):
+        assert codegen.forward_code(a, got.spec) == codegen.forward_code(b, want.spec), cls
+    assert [(c.op, c.axis, got.spec.value(c.bytes_per_step())) for c in got.costs.ledger.entries] == \
+           [(c.op, c.axis, want.spec.value(c.bytes_per_step())) for c in want.costs.ledger.entries]
