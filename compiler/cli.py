@@ -28,10 +28,18 @@ from compiler import spec as S
 from compiler.diagnostics import ScaleError
 
 
-def _load(path: str, budget: bool = True):
-    """Compile `path`; with `budget`, refuse a plan whose model state cannot fit (compile, run)."""
-    from compiler.pipeline import compile_checked, compile_path
-    return compile_checked(path) if budget else compile_path(path)
+def _load(path: str, budget: bool = True, show=None):
+    """Compile `path`; with `budget`, refuse a plan whose model state cannot fit (compile, run); `show` sees each
+    segment's graph after each pass."""
+    from compiler.check import check_path
+    from compiler.pipeline import compile_checked, compile_spec
+    return compile_checked(path, show=show) if budget else compile_spec(check_path(path), show=show)
+
+
+def _show_graph(after: str, cls: str, gm) -> None:
+    """`--show-graphs`: a segment's graph as the pass left it, as FX prints it, on stderr (stdout keeps the
+    command's output)."""
+    sys.stderr.write(f"# ---- {cls} after {after} ----\n{gm.code.strip()}\n\n")
 
 
 def cmd_check(args) -> int:
@@ -223,7 +231,7 @@ def _build_dir(compiled, out: str | None) -> str:
 
 def cmd_compile(args) -> int:
     from compiler import codegen
-    compiled = _load(args.file)
+    compiled = _load(args.file, show=_show_graph if args.show_graphs else None)
     out = _build_dir(compiled, args.output)
     for path in codegen.emit(compiled.spec, compiled.traced, compiled.costs, out):
         print(f"wrote {path}")
@@ -328,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "launch.sh (the torchrun command).")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
+    c.add_argument("--show-graphs", action="store_true",
+                   help="print every segment's graph after each pass (to stderr)")
     c.set_defaults(func=cmd_compile)
     c = sub.add_parser("reshard", help="what moving a checkpoint from one plan to another reads",
                        description="Compile OLD and NEW (plans of one model) and print, for each tensor of the "

@@ -71,3 +71,14 @@ def test_a_candidate_compiles_to_the_program_its_text_would():
         assert codegen.forward_code(a, got.spec) == codegen.forward_code(b, want.spec), cls
     assert [(c.op, c.axis, got.spec.value(c.bytes_per_step())) for c in got.costs.ledger.entries] == \
            [(c.op, c.axis, want.spec.value(c.bytes_per_step())) for c in want.costs.ledger.entries]
+
+
+def test_show_graphs_prints_each_segment_after_each_pass(tmp_path, capsys):
+    from compiler import cli
+    sample = str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale")
+    assert cli.main(["compile", sample, "-o", str(tmp_path), "--show-graphs"]) == 0
+    err = capsys.readouterr().err
+    for after in ("tensor_parallel_pass", "expert_parallel_pass", "pipeline_split_pass"):
+        assert f"# ---- Block after {after} ----" in err and f"# ---- Model after {after} ----" in err
+    tp_part = err.split("# ---- Block after tensor_parallel_pass ----")[1].split("# ----")[0]
+    assert "identity_fwd_all_reduce_bwd" not in tp_part and "all_gather_fwd_reduce_scatter_bwd" in tp_part
