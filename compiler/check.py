@@ -17,8 +17,12 @@ import sympy
 
 from compiler import ast
 from compiler import spec as S
-from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
+from compiler.cost.devices import DEVICES
+from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean, divisors
 from compiler.parse import parse
+from compiler.plan import from_spec
+from compiler.rules import check_plan
+from compiler.symbols import capacity
 from compiler.symbols import size as size_symbol
 
 _MISSING = object()
@@ -27,18 +31,9 @@ _MISSING = object()
 MAX_SIZE = 2**31 - 1
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
-MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
 
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
-
-# Devices the cost model knows: dense bf16 peak TFLOP/s, memory GB, per-device GB/s inside and between nodes.
-DEVICES = {
-    "cpu": (0.1, 16.0, 10.0, 1.0),
-    "a100": (312.0, 80.0, 300.0, 25.0),
-    "h100": (989.0, 80.0, 450.0, 50.0),
-    "h200": (989.0, 141.0, 450.0, 50.0),
-}
 
 # What the tp axis can shard (plan setting `tp_layers`).
 TP_LAYERS = ("attention", "mlp", "vocab")
@@ -456,12 +451,16 @@ def check_file(file: ast.File, source: str) -> S.Spec:
     mesh = _mesh(c, sections["mesh"]) if "mesh" in sections else None
     plan = _plan(c, sections.get("plan"))
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
+    spec = None
     if model and mesh and plan and train:
-        _cross_checks(c, model, mesh, plan, train, train_values)
+        _bind_capacities(c, model, train)
+        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
+                      values=dict(c.values))
+        c.diags += check_plan(spec, from_spec(spec))  # the rules beside the passes (compiler/rules.py)
+        _file_checks(c, model, train, train_values)
     if c.diags:
         raise ScaleError(c.diags, {file.path: source})
-    return S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
-                  values=dict(c.values))
+    return spec
 
 
 def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], what: str,
@@ -790,9 +789,8 @@ def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
         c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
                 _span(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None
-    return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"], tp_layers=s["tp_layers"],
-                  sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"], schedule=s["schedule"],
-                  virtual_stages=s["virtual_stages"], layout=s["layout"])
+    spans = _spans_of(s) + tuple((f"layout {i}", sp) for i, (_, _, sp) in enumerate(s["layout"]))
+    return S.Plan(**{k: s[k] for k in PLAN_SETTINGS}, spans=spans)  # a new setting: its PLAN_SETTINGS row, its field
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -830,26 +828,18 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         grad_clip=s["grad_clip"], data=S.Data(kind=data_kind, **data), log_every=s["log_every"],
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
-    ), s["_spans"]
+        spans=_spans_of(s)), s["_spans"]
 
 
-def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train, spans: dict) -> None:
-    _tp_checks(c, model, mesh, plan, train)
-    _pp_checks(c, model, mesh, plan, train)
-    _ep_checks(c, model, mesh, plan, train)
-    dp, ep = mesh.size("dp"), mesh.size("ep")
-    gb = int(c.number(train.global_batch))
-    shards = dp * ep * plan.micro_batches
-    if gb % shards:
-        ranks = f"dp = {dp} × ep = {ep}" if ep > 1 else f"dp = {dp}"
-        c.error("E0302", f"global batch {gb} does not divide into {ranks} × micro_batches = {plan.micro_batches}",
-                _span(spans["global_batch"]), label=f"{gb} % {shards} == {gb % shards}",
-                help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}")
-    pos = next((x for x in model.layers if isinstance(x, S.Positional)), None)
+def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
+    """Each `moe` layer's capacity (slots per expert per sequence), from the sequence length."""
     seq = int(c.number(train.seq_len))
-    if pos is not None and seq > int(c.number(pos.positions)):
-        c.error("E0205", f"sequences of {seq} tokens need more than the {c.number(pos.positions)} learned positions",
-                _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
+    for m in (x for x in S.walk(model.layers) if isinstance(x, S.MoE)):
+        c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
+
+
+def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
+    """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
         _data_checks(c, train, spans["data"])
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
@@ -881,151 +871,16 @@ def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
 
 
-def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """Each `moe` layer's capacity from the sequence length; experts that divide over ep; what ep cannot yet
-    combine with."""
-    from runtime.moe import capacity
-    moes = [x for x in S.walk(model.layers) if isinstance(x, S.MoE)]
-    seq = int(c.number(train.seq_len))
-    for m in moes:
-        c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
-    if moes and plan.sequence_parallel and mesh.size("tp") > 1:
-        c.error("E0707", "`moe` layers under sequence parallelism are not supported yet", mesh.axis_spans["tp"],
-                help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; turn "
-                     "`sequence_parallel` off (tp still shards attention, the dense MLPs and the vocabulary)")
-    ep = mesh.size("ep")
-    if ep == 1:
-        return
-    at = mesh.axis_spans["ep"]
-    if not moes:
-        c.error("E0704", f"ep = {ep} but the model has no `moe` layer to shard over it", at,
-                label="nothing to shard", help="add `moe(...)` layers (e.g. in place of an `mlp`), or remove the "
-                "axis and give its ranks to dp")
-    for m in moes:
-        n = int(c.number(m.experts))
-        if n % ep:
-            ok = [d for d in _divisors(n) if d <= max(4 * ep, 8)]
-            c.error("E0701", f"expert-parallel degree {ep} does not divide the {n} experts", at,
-                    label=f"{n} % {ep} == {n % ep}",
-                    help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep sizes that "
-                         "divide " + f"{n}: " + ", ".join(map(str, ok[-6:])))
-    if plan.data_parallel == "fsdp" and mesh.size("dp") > 1:
-        c.error("E0706", "FSDP over dp together with ep is not supported yet", at,
-                help="use `data_parallel = ddp`: experts are already sharded over ep")
-
-
-def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving."""
-    pp, v, m = mesh.size("pp"), plan.virtual_stages, plan.micro_batches
-    if pp == 1:
-        return
-    at = mesh.axis_spans["pp"]
-    repeats = [x for x in model.layers if isinstance(x, S.Repeat)]
-    if len(repeats) != 1:
-        c.error("E0605", f"a pipeline cuts one `repeat` into stages; this model has {len(repeats)}", at,
-                help="write the model's blocks as a single `repeat`")
-        return
-    blocks = int(c.number(repeats[0].count))
-    stages = pp * v
-    if stages > blocks:
-        c.error("E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would be empty", at,
-                label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
-                help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} blocks)")
-    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
-        c.error("E0605", f"interleaving needs the {blocks} blocks to divide into {stages} equal stages", at,
-                help=f"choose pp × virtual_stages dividing {blocks}")
-    if plan.schedule != "gpipe" and m < pp:
-        c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
-                "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
-                f"(pp-1)/(micro_batches+pp-1))")
-    if stages * m > MAX_PIPELINE_SLOTS:
-        c.error("E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than this compiler schedules",
-                at, label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "") + f" × micro_batches = {m}",
-                help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the schedule is "
-                     "checked); use fewer micro-batches, each of more sequences")
-    if plan.layout:
-        _layout_checks(c, plan.layout, blocks, stages)
-    if plan.schedule == "interleaved-1f1b" and m % pp:
-        c.error("E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} is not a multiple", at,
-                help=f"use a multiple of {pp} micro-batches")
-
-
-def _layout_checks(c: _Checker, layout: tuple, blocks: int, stages: int) -> None:
-    """A manual layout names every block exactly once, in order, and leaves no stage empty."""
-    if len(layout) != stages:
-        c.error("E0607", f"the layout has {len(layout)} stages but the mesh and plan make {stages}", layout[0][2],
-                help="give one (first, end) pair per pipeline stage")
-        return
-    covered: dict[int, Span] = {}
-    for a, b, sp in layout:
-        if b <= a:
-            c.error("E0607", f"stage ({a}, {b}) holds no block", sp, label="empty stage",
-                    help="every stage needs at least one block: end > first")
-        for i in range(a, b):
-            if i >= blocks:
-                c.error("E0607", f"block {i} does not exist: the model has {blocks} blocks (0..{blocks - 1})", sp)
-                break
-            if i in covered:
-                c.error("E0607", f"block {i} is placed twice", sp, label=f"also at {covered[i]}",
-                        help="stages hold disjoint ranges of blocks")
-                break
-            covered[i] = sp
-    missing = [i for i in range(blocks) if i not in covered]
-    if missing and not any(d.code == "E0607" for d in c.diags):
-        c.error("E0607", f"block{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:5]))} "
-                f"{'are' if len(missing) > 1 else 'is'} in no stage", layout[-1][2],
-                help=f"the stages must cover blocks 0..{blocks - 1}")
-    if [a for a, _, _ in layout] != sorted(a for a, _, _ in layout):
-        c.error("E0607", "stages must hold the blocks in order", layout[0][2],
-                help="a pipeline runs stage 0's blocks first: list the ranges in increasing order")
-
-
-def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """Everything the tensor-parallel degree must divide, reported at the `axis tp` line with the layer named."""
-    tp = mesh.size("tp")
-    if tp == 1:
-        return
-    at = mesh.axis_spans["tp"]
-
-    def need(code: str, what: str, value, layer_span: Span, remedy: str) -> None:
-        n = int(c.number(value))
-        if n % tp:
-            ok = [d for d in _divisors(n) if d <= max(tp * 4, 8)]
-            c.error(code, f"tensor-parallel degree {tp} does not divide {what} ({n})", at,
-                    label=f"{n} % {tp} == {n % tp}",
-                    help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
-                         + ", ".join(map(str, ok[-6:])))
-
-    for x in S.walk(model.layers):
-        if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
-            need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
-            if c.number(x.heads) % tp == 0:
-                need("E0402", "the key/value heads", x.kv_heads, x.span,
-                     "each rank needs whole key/value heads for its query heads")
-        if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
-            need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
-    emb = model.layers[0]
-    if "vocab" in plan.tp_layers and not plan.pad_vocab:
-        need("E0403", "the vocabulary", emb.vocab, emb.span,
-             "add `pad_vocab = true` to the plan (padded logits are masked out, the loss is unchanged), or exclude "
-             "the vocabulary: `tp_layers = (attention, mlp)`")
-    if plan.sequence_parallel:
-        seq = int(c.number(train.seq_len))
-        if seq % tp:
-            c.error("E0405", f"sequence parallelism over tp = {tp} needs the sequence length ({seq}) to divide",
-                    at, label=f"{seq} % {tp} == {seq % tp}", help="choose a seq_len that tp divides, or turn "
-                    "`sequence_parallel` off")
-        missing = [k for k in TP_LAYERS if k not in plan.tp_layers]
-        if missing:
-            c.error("E0406", "sequence parallelism needs attention, MLP and vocabulary all sharded over tp", at,
-                    help=f"add {', '.join(missing)} to `tp_layers`, or turn `sequence_parallel` off")
-
-
 # -- helpers ------------------------------------------------------------------------------------------------------
 
 
 def _span(node) -> Span | None:
     return getattr(node, "span", None)
+
+
+def _spans_of(settings: dict) -> tuple:
+    """((setting, Span of its value), ...) of the settings written in a section, for compiler.plan.from_spec."""
+    return tuple((k, _span(e)) for k, e in settings["_spans"].items() if _span(e) is not None)
 
 
 def _end_span(file: ast.File, source: str) -> Span:
@@ -1060,12 +915,7 @@ def _integer_help(e, n) -> str:
     return "sizes count things: use a number ≥ 1"
 
 
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
 def _divisors_near(n: int, near: int) -> str:
-    divs = _divisors(n)
+    divs = divisors(n)
     divs.sort(key=lambda d: (abs(d - near), d))
     return ", ".join(str(d) for d in sorted(divs[:4]))
