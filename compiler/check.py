@@ -1,309 +1,47 @@
 """Resolve and check a parsed .scale file into a Spec, collecting every problem before reporting any.
 
 The grammar only knows structure; this module knows the vocabulary: which sections, settings, layer kinds and
-arguments exist, what type each takes, and the cross-checks (divisibility, widths, world size) that can be decided
-before any process starts. Each problem becomes a Diagnostic pointing at the offending text, with a remedy.
+arguments exist and what type each takes (the binder, compiler/binder.py, turns expressions into those types), and
+resolves the model, the mesh, the plan and the training settings. Once they exist it runs the rules of the plan,
+which live beside the passes they protect (compiler/rules.py). Each problem becomes a Diagnostic pointing at the
+offending text, with a remedy.
 """
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
-
-import sympy
+from typing import Any
 
 from compiler import ast
 from compiler import spec as S
+from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _divisors_near, _duration, _float,
+                             _end_span, _int, _pos_int, _settings, _size, _span, _spans_of,
+                             _string)
+from compiler.cost.devices import DEVICES
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.parse import parse
+from compiler.plan import AXES, from_spec
+from compiler.rules import check_plan
+from compiler.symbols import capacity
 from compiler.symbols import size as size_symbol
 
-_MISSING = object()
-
 # Bounds that keep planning in seconds and every size a valid tensor dimension.
-MAX_SIZE = 2**31 - 1
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
-MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
 
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
 
-# Devices the cost model knows: dense bf16 peak TFLOP/s, memory GB, per-device GB/s inside and between nodes.
-DEVICES = {
-    "cpu": (0.1, 16.0, 10.0, 1.0),
-    "a100": (312.0, 80.0, 300.0, 25.0),
-    "h100": (989.0, 80.0, 450.0, 50.0),
-    "h200": (989.0, 141.0, 450.0, 50.0),
-}
-
 # What the tp axis can shard (plan setting `tp_layers`).
 TP_LAYERS = ("attention", "mlp", "vocab")
 
-# Axes a plan can use. `ep` is folded out of data parallelism: the batch is split over dp × ep ranks, dense
-# weights are replicated over both, experts are sharded over ep and replicated over dp.
-KNOWN_AXES = ("dp", "pp", "tp", "ep")
+# Axes a plan can use (compiler.plan.AXES). `ep` is folded out of data parallelism: the batch is split over dp × ep
+# ranks, dense weights are replicated over both, experts are sharded over ep and replicated over dp.
+KNOWN_AXES = AXES
 
 # Names of the size symbols the checker binds for each `moe` layer (its capacity per sequence).
 CAPACITY = "capacity"
-
-
-class _Checker:
-    def __init__(self, file: ast.File, source: str):
-        self.file = file
-        self.source = source
-        self.diags: list[Diagnostic] = []
-        self.env: dict[str, sympy.Expr] = {}      # named size -> expression
-        self.values: dict[sympy.Symbol, int] = {}  # symbol -> number
-        self.name_spans: dict[str, Span] = {}
-        self.poisoned: set[sympy.Symbol] = set()  # sizes already reported as invalid: later uses stay silent
-        self.moe_layers = 0
-
-    # -- reporting ------------------------------------------------------------------------------------------------
-
-    def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
-        self.diags.append(Diagnostic(code, message, span, label=label, help=help))
-
-    # -- expressions ----------------------------------------------------------------------------------------------
-
-    def expr(self, e: ast.Expr) -> sympy.Expr | None:
-        """A numeric expression as sympy, names resolved against the sizes defined so far."""
-        match e:
-            case ast.Number(value=v, text=t):
-                # sympy's precision follows the digits written: capped, so a literal of thousands of digits
-                # does not make every later operation slow (parse keeps literals within a double's range).
-                return sympy.Integer(v) if isinstance(v, int) else sympy.Float(t, max(15, min(50, len(t))))
-            case ast.Name(id=n, span=sp):
-                if n in self.env:
-                    return self.env[n]
-                self.error("E0110", f"unknown size `{n}`", sp, label="not defined before this line",
-                           help=did_you_mean(n, self.env) if self.env else "define it first: `" + n + " = 64`")
-                return None
-            case ast.BinOp(op=op, left=l, right=r):
-                a, b = self.expr(l), self.expr(r)
-                if a is None or b is None:
-                    return None
-                if op == "/":
-                    if self.number(b) == 0:
-                        self.error("E0120", "division by zero", _span(r), label="this is 0",
-                                   help="divide by a number that is not 0")
-                        return None
-                    return a / b
-                return {"+": a + b, "-": a - b, "*": a * b}[op]
-            case ast.Neg(operand=o):
-                a = self.expr(o)
-                return None if a is None else -a
-            case _:
-                self.error("E0112", f"expected a number, found {_describe(e)}", _span(e))
-                return None
-
-    def number(self, expr: sympy.Expr) -> sympy.Expr:
-        return sympy.sympify(expr).xreplace({k: sympy.Integer(v) for k, v in self.values.items()})
-
-    # -- typed values ---------------------------------------------------------------------------------------------
-
-    def as_size(self, e: ast.Expr, what: str) -> sympy.Expr | None:
-        """A positive integer, kept symbolic."""
-        x = self.expr(e)
-        if x is None or x.free_symbols & self.poisoned:
-            return None
-        n = self.number(x)
-        if not (n.is_integer and n > 0):
-            shown = _show_number(n)
-            self.error("E0120", f"{what} must be a positive integer, not {shown}", _span(e),
-                       label=f"this is {shown}", help=_integer_help(e, n))
-            return None
-        if n > MAX_SIZE:
-            self.error("E0120", f"{what} is {_show_number(n)}, larger than any tensor dimension this compiler "
-                       "plans for",
-                       _span(e), label="too large", help=f"sizes are at most {MAX_SIZE}")
-            return None
-        return x
-
-    def as_int(self, e: ast.Expr, what: str, minimum: int = 0) -> int | None:
-        x = self.expr(e)
-        if x is None:
-            return None
-        n = self.number(x)
-        if not (n.is_integer and n >= minimum):
-            self.error("E0120", f"{what} must be an integer ≥ {minimum}, not {_show_number(n)}", _span(e),
-                       label=f"this is {_show_number(n)}")
-            return None
-        return int(n)
-
-    def as_float(self, e: ast.Expr, what: str, minimum: float | None = None) -> float | None:
-        x = self.expr(e)
-        if x is None:
-            return None
-        n = self.number(x)
-        v = float(n) if n.is_real else math.nan
-        if not math.isfinite(v):
-            self.error("E0120", f"{what} must be a finite number, not {v}", _span(e))
-            return None
-        if minimum is not None and v < minimum:
-            self.error("E0120", f"{what} must be ≥ {minimum}, not {v}", _span(e))
-            return None
-        return v
-
-    def as_choice(self, e: ast.Expr, what: str, choices: tuple[str, ...]) -> str | None:
-        if isinstance(e, ast.Name) and e.id in choices:
-            return e.id
-        if isinstance(e, ast.String):  # for choices that are not names: "1f1b", "interleaved-1f1b"
-            if e.value in choices:
-                return e.value
-            self.error("E0111", f"unknown {what} \"{e.value}\"", e.span, label="not one of the choices",
-                       help=did_you_mean(e.value, choices))
-            return None
-        if isinstance(e, ast.Name):
-            self.error("E0111", f"unknown {what} `{e.id}`", e.span, label="not one of the choices",
-                       help=did_you_mean(e.id, choices))
-        else:
-            self.error("E0112", f"expected a {what}, found {_describe(e)}", _span(e),
-                       help="one of: " + ", ".join(f"`{c}`" for c in choices))
-        return None
-
-    def as_bool(self, e: ast.Expr, what: str) -> bool | None:
-        c = self.as_choice(e, "boolean", ("true", "false"))
-        return None if c is None else c == "true"
-
-    def as_string(self, e: ast.Expr, what: str) -> str | None:
-        if isinstance(e, ast.String):
-            return e.value
-        self.error("E0112", f"{what} must be a string, found {_describe(e)}", _span(e),
-                   help='strings are written in double quotes: "..."')
-        return None
-
-    def as_names(self, e: ast.Expr, what: str, choices: tuple[str, ...]) -> tuple | None:
-        """A name or a tuple of names, each one of `choices`; `()` is not writable, so `none` means empty."""
-        if isinstance(e, ast.Name) and e.id == "none":
-            return ()
-        items = e.items if isinstance(e, ast.Tuple) else (e,)
-        out = [self.as_choice(i, what.strip("`"), choices) for i in items]
-        return None if None in out else tuple(dict.fromkeys(out))
-
-    def as_ranges(self, e: ast.Expr, what: str) -> tuple | None:
-        """((first, end), ...): a tuple of pairs of non-negative integers, with the span of each pair."""
-        items = e.items if isinstance(e, ast.Tuple) else ()
-        if not items or not all(isinstance(i, ast.Tuple) and len(i.items) == 2 for i in items):
-            self.error("E0112", f"{what} must be a tuple of (first block, end block) pairs", _span(e),
-                       help="e.g. `layout = ((0, 3), (3, 4))`: blocks 0-2 on stage 0, block 3 on stage 1")
-            return None
-        out = []
-        for i in items:
-            a, b = (self.as_int(x, what, 0) for x in i.items)
-            if a is None or b is None:
-                return None
-            out.append((a, b, i.span))
-        return tuple(out)
-
-    def as_floats(self, e: ast.Expr, what: str, n: int) -> tuple | None:
-        if not (isinstance(e, ast.Tuple) and len(e.items) == n):
-            self.error("E0112", f"{what} must be a tuple of {n} numbers, found {_describe(e)}", _span(e),
-                       help="write it like `(0.9, 0.95)`")
-            return None
-        vals = [self.as_float(i, what) for i in e.items]
-        return None if None in vals else tuple(vals)
-
-    # -- argument binding -----------------------------------------------------------------------------------------
-
-    def bind(self, args: tuple[ast.Arg, ...], params: dict[str, "Param"], what: str, span: Span) -> dict | None:
-        """Bind call arguments to a signature: positional in order, then by name; convert each."""
-        raw: dict[str, ast.Expr] = {}
-        order = list(params)
-        ok = True
-        for i, arg in enumerate(args):
-            if arg.name is None:
-                if i >= len(order):
-                    self.error("E0113", f"{what} takes at most {len(order)} arguments", arg.span,
-                               label="one too many", help="arguments in order: " + ", ".join(order))
-                    ok = False
-                    continue
-                key = order[i]
-            else:
-                key = arg.name.id
-                if key not in params:
-                    self.error("E0111", f"unknown argument `{key}` of {what}", arg.name.span,
-                               label="not an argument here", help=did_you_mean(key, params))
-                    ok = False
-                    continue
-            if key in raw:
-                self.error("E0102", f"argument `{key}` of {what} given twice", arg.span)
-                ok = False
-                continue
-            raw[key] = arg.value
-        out: dict[str, Any] = {}
-        for key, p in params.items():
-            if key in raw:
-                v = p.convert(self, raw[key], f"`{key}`")
-                if v is None:
-                    ok = False
-                out[key] = v
-            elif p.default is _MISSING:
-                self.error("E0113", f"{what} needs the argument `{key}`", span, label=f"`{key}` missing",
-                           help=f"{p.doc}; write it as `{key} = ...`")
-                ok = False
-            elif callable(p.default):  # computed from the arguments before it: only when they all bound
-                out[key] = p.default(out) if ok else None
-            else:
-                out[key] = p.default
-        return out if ok else None
-
-
-@dataclass(frozen=True)
-class Param:
-    """One argument or setting: how to convert it, its default (a value, a function of the earlier ones, or
-    _MISSING when required) and what it means."""
-
-    convert: Callable
-    default: Any = _MISSING
-    doc: str = ""
-
-
-def _size(c, e, w):
-    return c.as_size(e, w)
-
-
-def _bool(c, e, w):
-    return c.as_bool(e, w)
-
-
-def _float(c, e, w):
-    return c.as_float(e, w, minimum=0.0)
-
-
-def _int(c, e, w):
-    return c.as_int(e, w, 0)
-
-
-def _pos_int(c, e, w):
-    return c.as_int(e, w, 1)
-
-
-def _string(c, e, w):
-    return c.as_string(e, w)
-
-
-_UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
-          "hour": 3600, "hours": 3600}
-
-
-def _duration(c, e, w):
-    """Seconds: a number (`timeout = 600`) or a string with a unit (`timeout = "10 min"`, "30 s", "2 h")."""
-    if not isinstance(e, ast.String):
-        return c.as_float(e, w, minimum=0.0)
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", e.value)
-    if not m or (m.group(2) and m.group(2) not in _UNITS):
-        c.error("E0120", f"{w} must be a duration, not \"{e.value}\"", e.span, label="not a duration",
-                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h"')
-        return None
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
-
-
-def _choice(*choices):
-    return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 
 
 # -- the layer vocabulary ----------------------------------------------------------------------------------------
@@ -372,24 +110,6 @@ DATASETS = {"synthetic": {},
                        "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type")}}
 
 
-def _call_of(table: dict, what: str):
-    """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments."""
-    def convert(c: _Checker, e: ast.Expr, w: str):
-        if isinstance(e, ast.Name):
-            e = ast.Call(e, (), e.span)
-        if not isinstance(e, ast.Call):
-            c.error("E0112", f"{w} must be one of {', '.join(table)}, found {_describe(e)}", _span(e),
-                    help=f"for example `{next(iter(table))}(...)`")
-            return None
-        if e.func.id not in table:
-            c.error("E0111", f"unknown {what} `{e.func.id}`", e.func.span, label=f"not a {what}",
-                    help=did_you_mean(e.func.id, table))
-            return None
-        args = c.bind(e.args, table[e.func.id], f"{what} `{e.func.id}`", e.span)
-        return None if args is None else (e.func.id, args)
-    return convert
-
-
 TRAIN_SETTINGS: dict[str, Param] = {
     "global_batch": Param(_size, doc="sequences per optimizer step, over all dp ranks"),
     "seq_len": Param(_size, doc="tokens per sequence"),
@@ -456,55 +176,16 @@ def check_file(file: ast.File, source: str) -> S.Spec:
     mesh = _mesh(c, sections["mesh"]) if "mesh" in sections else None
     plan = _plan(c, sections.get("plan"))
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
+    spec = None
     if model and mesh and plan and train:
-        _cross_checks(c, model, mesh, plan, train, train_values)
+        _bind_capacities(c, model, train)
+        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
+                      values=dict(c.values))
+        c.diags += check_plan(spec, from_spec(spec))  # the rules beside the passes (compiler/rules.py)
+        _file_checks(c, model, train, train_values)
     if c.diags:
         raise ScaleError(c.diags, {file.path: source})
-    return S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
-                  values=dict(c.values))
-
-
-def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], what: str,
-              allowed_other=()) -> dict | None:
-    """Read `key = value` statements of a section against its table."""
-    raw: dict[str, ast.Assign] = {}
-    misspelt: set[str] = set()  # known keys that an unknown key was close to: not reported again as missing
-    ok = True
-    for st in (sec.body if sec else ()):
-        if type(st) in allowed_other:
-            continue
-        if not isinstance(st, ast.Assign):
-            c.error("E0111", f"`{what}` holds only `key = value` settings", _span(st),
-                    label="not a setting", help="settings here: " + ", ".join(table))
-            ok = False
-            continue
-        key = st.key.id
-        if key not in table:
-            c.error("E0111", f"unknown setting `{key}` in `{what}`", st.key.span, label="not a setting here",
-                    help=did_you_mean(key, table))
-            misspelt.update(difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
-            ok = False
-        elif key in raw:
-            c.error("E0102", f"`{key}` is set twice", st.key.span, label="second time here",
-                    help=f"the first is at {raw[key].key.span}")
-            ok = False
-        else:
-            raw[key] = st
-    out: dict[str, Any] = {}
-    for key, p in table.items():
-        if key in raw:
-            v = p.convert(c, raw[key].value, f"`{key}`")
-            ok = ok and v is not None
-            out[key] = v
-        elif p.default is _MISSING:
-            ok = False
-            if key not in misspelt:
-                c.error("E0113", f"`{what}` needs the setting `{key}`", sec.kind.span if sec else None,
-                        label=f"`{key}` missing", help=f"{p.doc}; add `{key} = ...`")
-        else:
-            out[key] = p.default
-    out["_spans"] = {k: st.value for k, st in raw.items()}
-    return out if ok else None
+    return spec
 
 
 # -- model --------------------------------------------------------------------------------------------------------
@@ -790,9 +471,8 @@ def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
         c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
                 _span(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None
-    return S.Plan(data_parallel=s["data_parallel"], micro_batches=s["micro_batches"], tp_layers=s["tp_layers"],
-                  sequence_parallel=s["sequence_parallel"], pad_vocab=s["pad_vocab"], schedule=s["schedule"],
-                  virtual_stages=s["virtual_stages"], layout=s["layout"])
+    spans = _spans_of(s) + tuple((f"layout {i}", sp) for i, (_, _, sp) in enumerate(s["layout"]))
+    return S.Plan(**{k: s[k] for k in PLAN_SETTINGS}, spans=spans)  # a new setting: its PLAN_SETTINGS row, its field
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -830,26 +510,18 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         grad_clip=s["grad_clip"], data=S.Data(kind=data_kind, **data), log_every=s["log_every"],
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
-    ), s["_spans"]
+        spans=_spans_of(s)), s["_spans"]
 
 
-def _cross_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train, spans: dict) -> None:
-    _tp_checks(c, model, mesh, plan, train)
-    _pp_checks(c, model, mesh, plan, train)
-    _ep_checks(c, model, mesh, plan, train)
-    dp, ep = mesh.size("dp"), mesh.size("ep")
-    gb = int(c.number(train.global_batch))
-    shards = dp * ep * plan.micro_batches
-    if gb % shards:
-        ranks = f"dp = {dp} × ep = {ep}" if ep > 1 else f"dp = {dp}"
-        c.error("E0302", f"global batch {gb} does not divide into {ranks} × micro_batches = {plan.micro_batches}",
-                _span(spans["global_batch"]), label=f"{gb} % {shards} == {gb % shards}",
-                help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}")
-    pos = next((x for x in model.layers if isinstance(x, S.Positional)), None)
-    seq = int(c.number(train.seq_len))
-    if pos is not None and seq > int(c.number(pos.positions)):
-        c.error("E0205", f"sequences of {seq} tokens need more than the {c.number(pos.positions)} learned positions",
-                _span(spans["seq_len"]), help="raise `positions` of `positional`, or shorten `seq_len`")
+def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
+    """Each `moe` layer's capacity (slots per expert per sequence), from the sequence length."""
+    for m in (x for x in S.walk(model.layers) if isinstance(x, S.MoE)):
+        c.values[m.capacity] = capacity(int(c.number(train.seq_len)), int(c.number(m.experts)), m.top_k,
+                                        m.capacity_factor)
+
+
+def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
+    """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
         _data_checks(c, train, spans["data"])
     if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
@@ -881,156 +553,7 @@ def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
 
 
-def _ep_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """Each `moe` layer's capacity from the sequence length; experts that divide over ep; what ep cannot yet
-    combine with."""
-    from runtime.moe import capacity
-    moes = [x for x in S.walk(model.layers) if isinstance(x, S.MoE)]
-    seq = int(c.number(train.seq_len))
-    for m in moes:
-        c.values[m.capacity] = capacity(seq, int(c.number(m.experts)), m.top_k, m.capacity_factor)
-    if moes and plan.sequence_parallel and mesh.size("tp") > 1:
-        c.error("E0707", "`moe` layers under sequence parallelism are not supported yet", mesh.axis_spans["tp"],
-                help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; turn "
-                     "`sequence_parallel` off (tp still shards attention, the dense MLPs and the vocabulary)")
-    ep = mesh.size("ep")
-    if ep == 1:
-        return
-    at = mesh.axis_spans["ep"]
-    if not moes:
-        c.error("E0704", f"ep = {ep} but the model has no `moe` layer to shard over it", at,
-                label="nothing to shard", help="add `moe(...)` layers (e.g. in place of an `mlp`), or remove the "
-                "axis and give its ranks to dp")
-    for m in moes:
-        n = int(c.number(m.experts))
-        if n % ep:
-            ok = [d for d in _divisors(n) if d <= max(4 * ep, 8)]
-            c.error("E0701", f"expert-parallel degree {ep} does not divide the {n} experts", at,
-                    label=f"{n} % {ep} == {n % ep}",
-                    help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep sizes that "
-                         "divide " + f"{n}: " + ", ".join(map(str, ok[-6:])))
-    if plan.data_parallel == "fsdp" and mesh.size("dp") > 1:
-        c.error("E0706", "FSDP over dp together with ep is not supported yet", at,
-                help="use `data_parallel = ddp`: experts are already sharded over ep")
-
-
-def _pp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving."""
-    pp, v, m = mesh.size("pp"), plan.virtual_stages, plan.micro_batches
-    if pp == 1:
-        return
-    at = mesh.axis_spans["pp"]
-    repeats = [x for x in model.layers if isinstance(x, S.Repeat)]
-    if len(repeats) != 1:
-        c.error("E0605", f"a pipeline cuts one `repeat` into stages; this model has {len(repeats)}", at,
-                help="write the model's blocks as a single `repeat`")
-        return
-    blocks = int(c.number(repeats[0].count))
-    stages = pp * v
-    if stages > blocks:
-        c.error("E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would be empty", at,
-                label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
-                help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} blocks)")
-    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
-        c.error("E0605", f"interleaving needs the {blocks} blocks to divide into {stages} equal stages", at,
-                help=f"choose pp × virtual_stages dividing {blocks}")
-    if plan.schedule != "gpipe" and m < pp:
-        c.error("E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-stage {plan.schedule} "
-                "pipeline", at, help=f"set `micro_batches` to at least {pp} (more shrinks the bubble: "
-                f"(pp-1)/(micro_batches+pp-1))")
-    if stages * m > MAX_PIPELINE_SLOTS:
-        c.error("E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than this compiler schedules",
-                at, label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "") + f" × micro_batches = {m}",
-                help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the schedule is "
-                     "checked); use fewer micro-batches, each of more sequences")
-    if plan.layout:
-        _layout_checks(c, plan.layout, blocks, stages)
-    if plan.schedule == "interleaved-1f1b" and m % pp:
-        c.error("E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} is not a multiple", at,
-                help=f"use a multiple of {pp} micro-batches")
-
-
-def _layout_checks(c: _Checker, layout: tuple, blocks: int, stages: int) -> None:
-    """A manual layout names every block exactly once, in order, and leaves no stage empty."""
-    if len(layout) != stages:
-        c.error("E0607", f"the layout has {len(layout)} stages but the mesh and plan make {stages}", layout[0][2],
-                help="give one (first, end) pair per pipeline stage")
-        return
-    covered: dict[int, Span] = {}
-    for a, b, sp in layout:
-        if b <= a:
-            c.error("E0607", f"stage ({a}, {b}) holds no block", sp, label="empty stage",
-                    help="every stage needs at least one block: end > first")
-        for i in range(a, b):
-            if i >= blocks:
-                c.error("E0607", f"block {i} does not exist: the model has {blocks} blocks (0..{blocks - 1})", sp)
-                break
-            if i in covered:
-                c.error("E0607", f"block {i} is placed twice", sp, label=f"also at {covered[i]}",
-                        help="stages hold disjoint ranges of blocks")
-                break
-            covered[i] = sp
-    missing = [i for i in range(blocks) if i not in covered]
-    if missing and not any(d.code == "E0607" for d in c.diags):
-        c.error("E0607", f"block{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:5]))} "
-                f"{'are' if len(missing) > 1 else 'is'} in no stage", layout[-1][2],
-                help=f"the stages must cover blocks 0..{blocks - 1}")
-    if [a for a, _, _ in layout] != sorted(a for a, _, _ in layout):
-        c.error("E0607", "stages must hold the blocks in order", layout[0][2],
-                help="a pipeline runs stage 0's blocks first: list the ranges in increasing order")
-
-
-def _tp_checks(c: _Checker, model: S.Model, mesh: S.Mesh, plan: S.Plan, train: S.Train) -> None:
-    """Everything the tensor-parallel degree must divide, reported at the `axis tp` line with the layer named."""
-    tp = mesh.size("tp")
-    if tp == 1:
-        return
-    at = mesh.axis_spans["tp"]
-
-    def need(code: str, what: str, value, layer_span: Span, remedy: str) -> None:
-        n = int(c.number(value))
-        if n % tp:
-            ok = [d for d in _divisors(n) if d <= max(tp * 4, 8)]
-            c.error(code, f"tensor-parallel degree {tp} does not divide {what} ({n})", at,
-                    label=f"{n} % {tp} == {n % tp}",
-                    help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
-                         + ", ".join(map(str, ok[-6:])))
-
-    for x in S.walk(model.layers):
-        if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
-            need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
-            if c.number(x.heads) % tp == 0:
-                need("E0402", "the key/value heads", x.kv_heads, x.span,
-                     "each rank needs whole key/value heads for its query heads")
-        if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
-            need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
-    emb = model.layers[0]
-    if "vocab" in plan.tp_layers and not plan.pad_vocab:
-        need("E0403", "the vocabulary", emb.vocab, emb.span,
-             "add `pad_vocab = true` to the plan (padded logits are masked out, the loss is unchanged), or exclude "
-             "the vocabulary: `tp_layers = (attention, mlp)`")
-    if plan.sequence_parallel:
-        seq = int(c.number(train.seq_len))
-        if seq % tp:
-            c.error("E0405", f"sequence parallelism over tp = {tp} needs the sequence length ({seq}) to divide",
-                    at, label=f"{seq} % {tp} == {seq % tp}", help="choose a seq_len that tp divides, or turn "
-                    "`sequence_parallel` off")
-        missing = [k for k in TP_LAYERS if k not in plan.tp_layers]
-        if missing:
-            c.error("E0406", "sequence parallelism needs attention, MLP and vocabulary all sharded over tp", at,
-                    help=f"add {', '.join(missing)} to `tp_layers`, or turn `sequence_parallel` off")
-
-
 # -- helpers ------------------------------------------------------------------------------------------------------
-
-
-def _span(node) -> Span | None:
-    return getattr(node, "span", None)
-
-
-def _end_span(file: ast.File, source: str) -> Span:
-    lines = source.rstrip("\n").split("\n")
-    return Span(file.path, len(lines), 1, len(lines), len(lines[-1]) + 1)
 
 
 def _kind(layer) -> str:
@@ -1039,33 +562,3 @@ def _kind(layer) -> str:
             S.CrossEntropy: "cross_entropy"}.get(type(layer), getattr(layer, "kind", "layer"))
 
 
-def _describe(e) -> str:
-    return {ast.String: "a string", ast.Tuple: "a tuple", ast.Call: "a call", ast.Name: "a name"}.get(
-        type(e), "a number")
-
-
-def _show_number(n) -> str:
-    if n.is_Rational and max(abs(n.p), n.q) >= 10**30:  # str() of an int refuses more than 4300 digits
-        return f"about 10^{math.floor(math.log10(abs(n.p)) - math.log10(n.q))}" if n.p else "0"
-    if n.is_Rational and not n.is_integer:
-        return f"{n} (= {float(n):g})"
-    return str(float(n)) if n.is_Float else str(n)
-
-
-def _integer_help(e, n) -> str:
-    if n.is_Rational and not n.is_integer:
-        return "the division leaves a remainder; sizes are whole numbers"
-    if n.is_Float:
-        return "sizes are whole numbers; drop the fraction"
-    return "sizes count things: use a number ≥ 1"
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
-def _divisors_near(n: int, near: int) -> str:
-    divs = _divisors(n)
-    divs.sort(key=lambda d: (abs(d - near), d))
-    return ", ".join(str(d) for d in sorted(divs[:4]))

@@ -1,6 +1,7 @@
 """scalec: check, plan, compile and run .scale training plans.
 
   scalec check FILE              report every problem in FILE, or say it is fine
+  scalec explain CODE            what a diagnostic code (E0401, ...) means and what to do about it
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
@@ -47,6 +48,16 @@ def cmd_check(args) -> int:
     spec = check_path(args.file)
     print(f"{args.file}: ok (model `{spec.model.name}`, {spec.mesh.world_size} device"
           f"{'s' if spec.mesh.world_size != 1 else ''})")
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from compiler.codes import explain
+    text = explain(args.code)
+    if text is None:
+        sys.stderr.write(f"error: unknown diagnostic code `{args.code}` (codes look like E0401)\n")
+        return 2
+    sys.stdout.write(text)
     return 0
 
 
@@ -324,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                        description="Parse and check FILE; print every problem found, each located in the source.")
     c.add_argument("file", metavar="FILE")
     c.set_defaults(func=cmd_check)
+    c = sub.add_parser("explain", help="what a diagnostic code means",
+                       description="Print the title and explanation of a diagnostic code, e.g. `scalec explain "
+                                   "E0401`.")
+    c.add_argument("code", metavar="CODE")
+    c.set_defaults(func=cmd_explain, file=None)
     c = sub.add_parser("plan", help="parameters, FLOPs, memory per rank, mesh and collectives",
                        description="Build the model on the meta device (no weights are allocated) and print what "
                                    "the plan costs: parameters, FLOPs per step, model-state memory per rank, the "

@@ -7,6 +7,7 @@ caret and an optional help line. `render` is pure: it needs the diagnostic and t
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 
 
@@ -89,3 +90,19 @@ def did_you_mean(word: str, choices) -> str:
     if close:
         return f"did you mean `{close[0]}`?"
     return "expected one of: " + ", ".join(f"`{c}`" for c in choices)
+
+
+def plan_error(plan, key: str, code: str, message: str, label: str = "", help: str = "") -> Diagnostic:
+    """A diagnostic about a plan setting: at the text of `key` (`axis tp`, `micro_batches`, ...) when the plan came
+    from a file, or, for a generated candidate (no spans), naming the plan in words with the label folded into the
+    help, since there is no caret to hang it on."""
+    span = plan.span(key)
+    if span is not None:
+        return Diagnostic(code, message, span, label=label, help=help)
+    return Diagnostic(code, f"{message}, in the plan {plan.describe()}", None,
+                      help="; ".join(x for x in (label, help) if x))
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -192,6 +192,9 @@ class Plan:
     """Stages per pp rank (interleaved-1f1b only)."""
     layout: tuple = ()
     """Manual stage layout: ((first block, end block), ...) per stage; empty for the cost-balanced cut."""
+    spans: tuple = field(default=(), compare=False)
+    """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
+    compiler.plan.from_spec so the rules can point at them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +238,8 @@ class Train:
     """torchrun's --max-restarts."""
     timeout: float = 600.0
     """Seconds a collective may take before the watchdog ends the job; 0: no watchdog."""
+    spans: tuple = field(default=(), compare=False)
+    """((setting, Span), ...) of the settings written, for the rules' diagnostics."""
 
 
 @dataclass(frozen=True, kw_only=True)

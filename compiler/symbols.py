@@ -6,6 +6,7 @@ introduces have fixed names below.
 from __future__ import annotations
 
 import functools
+import math
 
 import sympy
 
@@ -26,3 +27,11 @@ def evaluate(expr, values: dict) -> int | float:
     if v.free_symbols:
         raise ValueError(f"unbound symbols in {expr}: {sorted(map(str, v.free_symbols))}")
     return int(v) if v.is_integer else float(v)
+
+
+def capacity(seq: int, experts: int, top_k: int, factor: float) -> int:
+    """Slots per expert per sequence of a `moe` layer: the factor times a balanced share of the K·S choices, rounded
+    up (a product that is a whole number up to float rounding is not rounded up), at least 1, at most S. The
+    compiler's own copy of runtime.moe.capacity (the compiler does not import the runtime to resolve a model);
+    tests/test_moe.py checks the two agree."""
+    return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from compiler import model as M
 from compiler import spec as S
-from compiler import trace as T
 from compiler.diagnostics import Span
+from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
+
+M = lazy("compiler.model")  # both import torch: loaded on first use, so compiler.cost.devices (read by the checker)
+T = lazy("compiler.trace")  # and the front door stay torch-free
 
 BYTES = {"fp32": 4, "bf16": 2}
 

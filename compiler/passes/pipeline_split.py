@@ -7,12 +7,17 @@ is exact: a binary search over the bottleneck with a greedy feasibility test, on
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sympy
-from torch import fx
 
 from compiler import spec as S
-from compiler import trace as T
 from compiler.symbols import MICRO_BATCH
+
+if TYPE_CHECKING:  # torch and the tracer load where a graph is cut, so `requires` (scalec check) needs neither
+    from torch import fx
+
+    from compiler import trace as T
 
 
 def _stages_needed(costs: list[int], bound: int) -> int | None:
@@ -80,6 +85,9 @@ PROLOGUE, EPILOGUE, LOSS, STAGES = "pp_prologue", "pp_epilogue", "pp_loss", "pp_
 
 def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> fx.GraphModule:
     """The nodes of `gm` that `output` depends on, with `inputs` (node -> placeholder name) cut off as inputs."""
+    from torch import fx
+
+    from compiler import trace as T
     g = fx.Graph()
     env: dict = {}
     for node, pname in inputs.items():
@@ -107,6 +115,7 @@ def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> f
 
 def _pieces(traced: T.Traced):
     """The top level's call of the blocks, and its loss node."""
+    from compiler import trace as T
     top = traced.top
     (name,) = traced.blocks
     blocks_node = next(n for n in top.graph.nodes if n.op == "call_module" and n.target == name)
@@ -132,6 +141,7 @@ def split_costs(traced: T.Traced) -> tuple:
     """Forward FLOPs of one sequence (b = 1) through one block, through the prologue (tokens to the residual
     stream) and through the epilogue and loss, as sympy expressions of the sizes (tp and ep included once their
     passes have run): what `stage_policy` balances."""
+    from compiler import trace as T
     top = traced.top
     (block_gm,) = traced.blocks.values()
     blocks_node, loss_node = _pieces(traced)
@@ -160,6 +170,7 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
     """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss;
     record the stage layout the plan decided."""
+    from compiler import trace as T
     if plan.size("pp") == 1:
         return traced
     top = traced.top
@@ -172,3 +183,91 @@ def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
     top.meta[LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
     top.meta[STAGES] = plan.stages
     return traced
+
+
+# -- what a pipeline requires ---------------------------------------------------------------------------------------
+
+MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
+
+
+def requires(spec: S.Spec, plan) -> list:
+    """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving and
+    layout. Reads the settings from `plan` (a compiler.plan.Plan: the file's, or a generated candidate)."""
+    from compiler.diagnostics import plan_error
+    out: list = []
+    pp, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    if v > 1 and plan.schedule != "interleaved-1f1b":  # a file's plan is refused earlier, where it is read
+        out.append(plan_error(plan, "virtual_stages", "E0604", f"virtual_stages = {v} needs the interleaved-1f1b "
+                              "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`'))
+    if pp == 1:
+        return out
+    at = "axis pp"
+    repeats = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
+    if len(repeats) != 1:
+        out.append(plan_error(plan, at, "E0605", f"a pipeline cuts one `repeat` into stages; this model has "
+                              f"{len(repeats)}", help="write the model's blocks as a single `repeat`"))
+        return out
+    blocks = int(spec.value(repeats[0].count))
+    stages = pp * v
+    if stages > blocks:
+        out.append(plan_error(plan, at, "E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would "
+                              "be empty", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
+                              help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} "
+                                   "blocks)"))
+    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
+        out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
+                              "equal stages", help=f"choose pp × virtual_stages dividing {blocks}"))
+    if plan.schedule != "gpipe" and m < pp:
+        out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
+                              f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
+                              f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))"))
+    if stages * m > MAX_PIPELINE_SLOTS:
+        out.append(plan_error(plan, at, "E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than "
+                              "this compiler schedules", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1
+                                                                               else "") + f" × micro_batches = {m}",
+                              help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the "
+                                   "schedule is checked); use fewer micro-batches, each of more sequences"))
+    if plan.layout:
+        out += _layout_requires(plan, blocks, stages)
+    if plan.schedule == "interleaved-1f1b" and m % pp:
+        out.append(plan_error(plan, at, "E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} "
+                              "is not a multiple", help=f"use a multiple of {pp} micro-batches"))
+    return out
+
+
+def _layout_requires(plan, blocks: int, stages: int) -> list:
+    """A manual layout names every block exactly once, in order, and leaves no stage empty."""
+    from compiler.diagnostics import plan_error
+    layout = plan.layout
+    first, last = "layout 0", f"layout {len(layout) - 1}"
+    if len(layout) != stages:
+        return [plan_error(plan, first, "E0607", f"the layout has {len(layout)} stages but the mesh and plan make "
+                           f"{stages}", help="give one (first, end) pair per pipeline stage")]
+    out: list = []
+    covered: dict[int, int] = {}
+    for k, (a, b) in enumerate(layout):
+        here = f"layout {k}"
+        if b <= a:
+            out.append(plan_error(plan, here, "E0607", f"stage ({a}, {b}) holds no block", label="empty stage",
+                                  help="every stage needs at least one block: end > first"))
+        for i in range(a, b):
+            if i >= blocks:
+                out.append(plan_error(plan, here, "E0607", f"block {i} does not exist: the model has {blocks} "
+                                      f"blocks (0..{blocks - 1})"))
+                break
+            if i in covered:
+                where = plan.span(f"layout {covered[i]}")
+                out.append(plan_error(plan, here, "E0607", f"block {i} is placed twice",
+                                      label=f"also at {where}" if where else f"also in stage {covered[i]}",
+                                      help="stages hold disjoint ranges of blocks"))
+                break
+            covered[i] = k
+    missing = [i for i in range(blocks) if i not in covered]
+    if missing and not out:
+        out.append(plan_error(plan, last, "E0607", f"block{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(str, missing[:5]))} {'are' if len(missing) > 1 else 'is'} in no stage",
+                              help=f"the stages must cover blocks 0..{blocks - 1}"))
+    if [a for a, _ in layout] != sorted(a for a, _ in layout):
+        out.append(plan_error(plan, first, "E0607", "stages must hold the blocks in order",
+                              help="a pipeline runs stage 0's blocks first: list the ranges in increasing order"))
+    return out

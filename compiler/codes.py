@@ -1,0 +1,145 @@
+"""Every diagnostic code, registered once: a title and a paragraph saying what it means and what to do.
+
+`scalec explain CODE` prints an entry. tests/test_codes.py keeps this table honest: every code the compiler emits is
+registered here, and every code registered is emitted somewhere or listed in RETIRED with the reason. A new code
+is added here in the same change that first emits it.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    title: str
+    explanation: str
+
+
+CODES: dict[str, Code] = {
+    # -- text -----------------------------------------------------------------------------------------------------
+    "E0001": Code("syntax error", "The text does not follow the grammar of a .scale file: an unexpected token, a "
+                  "missing brace, an expression nested deeper than the parser follows, or the file ending mid-way. "
+                  "The caret marks where the parser stopped; the help says what it expected there."),
+    "E0002": Code("number out of range", "A numeric literal is too large for a double, or so small that it reads as "
+                  "0. Sizes are whole numbers of at most 2^31 - 1 and rates are ordinary floats: write the number "
+                  "the setting means."),
+    "E0003": Code("nested too deeply", "Blocks or an expression are nested deeper than the parser accepts (it "
+                  "keeps the check fast and free of stack overflows). Flatten the structure: name an intermediate "
+                  "size, or repeat a block with `repeat` instead of nesting it."),
+    "E0004": Code("unknown string escape", "A string holds a backslash escape other than `\\\\`, `\\\"`, `\\n` or "
+                  "`\\t`. Write `\\\\` for a literal backslash (in a Windows path, for instance)."),
+    # -- sections, settings, values -------------------------------------------------------------------------------
+    "E0101": Code("unknown section", "A file has the sections `model`, `mesh`, `plan` (optional) and `train`; "
+                  "anything else is refused, with the closest name suggested."),
+    "E0102": Code("written twice", "A section, setting, axis, argument or size name is given twice. The second is "
+                  "marked and the help points at the first: keep one."),
+    "E0103": Code("missing section", "The file lacks `model`, `mesh` or `train`. See samples/tiny_gpt.scale for a "
+                  "complete file."),
+    "E0110": Code("unknown size", "An expression names a size that is not defined before the line that uses it. "
+                  "Sizes are defined in the model section (`hidden = 768`) in order; mesh axes, `global_batch` and "
+                  "`seq_len` are sizes too."),
+    "E0111": Code("unknown name", "A setting, layer kind, argument, axis, optimizer, schedule or dataset that does "
+                  "not exist where it is written, or a name given where none is taken. The help lists the valid "
+                  "names or suggests the closest."),
+    "E0112": Code("wrong kind of value", "A setting or argument takes a number, a string, a choice, a tuple or a "
+                  "call, and was given another kind. The message says what was expected."),
+    "E0113": Code("missing setting", "A required setting or argument is absent (for example `devices_per_node`, "
+                  "`steps`, an optimizer's `lr`, a model's name or the mesh's axes). Add it; the help shows how."),
+    "E0120": Code("value out of range", "A value has the right kind but not an allowed value: a size that is not a "
+                  "positive integer (a division with a remainder, a fraction), a negative rate, betas outside "
+                  "[0, 1), a seed or count past its bound, a vocabulary too small for the synthetic task."),
+    # -- the model ------------------------------------------------------------------------------------------------
+    "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
+                  "gets hidden / heads features. The help lists head counts near the one written that divide it."),
+    "E0202": Code("key/value heads do not divide the heads", "Grouped-query attention shares each key/value head "
+                  "among heads / kv_heads query heads, so kv_heads must divide heads."),
+    "E0203": Code("width mismatch", "Every layer of the residual stream works on the embedding's width, and the LM "
+                  "head predicts the embedding's vocabulary. A layer written with another width or vocabulary is "
+                  "marked."),
+    "E0204": Code("layer out of place", "The model's structure is embedding, optional positional, blocks (one "
+                  "`repeat` of residuals at the top level), norm, LM head, loss. A layer that may appear once "
+                  "appears twice, sits inside a block, or a container is empty or misplaced."),
+    "E0205": Code("sequence longer than the positions", "A learned positional embedding has `positions` rows; "
+                  "`seq_len` may not exceed it. Raise `positions` or shorten the sequences."),
+    # -- the mesh and the batch -----------------------------------------------------------------------------------
+    "E0301": Code("mesh does not match the machines", "The product of the mesh axes must equal nodes × "
+                  "devices_per_node: every process holds exactly one coordinate of the mesh. `ep` counts like `dp` "
+                  "(the batch is split over dp × ep ranks)."),
+    "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
+                  "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
+                  "generated candidate plan is named in words instead of pointed at."),
+    # -- tensor parallelism ---------------------------------------------------------------------------------------
+    "E0401": Code("tp does not divide the heads", "Tensor parallelism gives each tp rank whole attention heads, so "
+                  "tp must divide every attention's heads (or leave attention out of `tp_layers`)."),
+    "E0402": Code("tp does not divide the key/value heads", "Each tp rank needs whole key/value heads for the "
+                  "query heads it computes, so tp must divide kv_heads too."),
+    "E0403": Code("tp does not divide the vocabulary", "The embedding, LM head and loss are split over tp along the "
+                  "vocabulary. Either pad it (`pad_vocab = true`: padded logits are masked, the loss is unchanged) "
+                  "or leave the vocabulary out of `tp_layers`."),
+    "E0404": Code("tp does not divide the MLP width", "Each tp rank holds a slice of the MLP's inner width `ffn`, "
+                  "so tp must divide it (or leave mlp out of `tp_layers`)."),
+    "E0405": Code("sequence parallelism needs tp to divide the sequence", "Under `sequence_parallel` the norms and "
+                  "residuals are split along the sequence over tp, so tp must divide seq_len."),
+    "E0406": Code("sequence parallelism needs every layer kind sharded", "Sequence parallelism replaces the "
+                  "all-reduces of attention, MLP and vocabulary with reduce-scatter/all-gather pairs; it needs all "
+                  "three in `tp_layers`."),
+    # -- memory ---------------------------------------------------------------------------------------------------
+    "E0501": Code("model state does not fit", "The parameters, gradients and optimizer state one rank holds exceed "
+                  "the memory of its device. `compile` and `run` refuse such a plan; `plan` shows the breakdown. "
+                  "Shard more (fsdp, tp, pp, ep) or use a larger device."),
+    # -- pipeline parallelism -------------------------------------------------------------------------------------
+    "E0601": Code("more stages than blocks", "pp × virtual_stages stages each need at least one block of the "
+                  "model's `repeat`. Use fewer stages or more blocks."),
+    "E0602": Code("too few micro-batches for the pipeline", "1F1B-style schedules need at least pp micro-batches "
+                  "to fill the pipeline; more shrink the bubble, (pp-1)/(micro_batches+pp-1)."),
+    "E0603": Code("interleaving needs micro-batches in groups of pp", "interleaved-1f1b runs the micro-batches in "
+                  "rounds of pp, so micro_batches must be a multiple of pp."),
+    "E0604": Code("virtual stages without interleaving", "`virtual_stages` > 1 gives each pp rank several stages, "
+                  "which only the interleaved-1f1b schedule runs. Set `schedule = \"interleaved-1f1b\"` or "
+                  "`virtual_stages = 1`."),
+    "E0605": Code("the model cannot be cut into these stages", "A pipeline cuts exactly one `repeat` into stages, "
+                  "and interleaving needs its blocks to divide into pp × virtual_stages equal stages."),
+    "E0607": Code("invalid stage layout", "A manual `layout` gives one (first, end) range of blocks per stage: as "
+                  "many ranges as stages, each non-empty, in order, covering every block once."),
+    "E0608": Code("pipeline too large to schedule", "The schedule is built and verified action by action; stages × "
+                  "micro-batches is capped (16384). Use fewer micro-batches, each of more sequences."),
+    # -- expert parallelism and MoE -------------------------------------------------------------------------------
+    "E0701": Code("ep does not divide the experts", "Each ep rank holds a whole number of every `moe` layer's "
+                  "experts, so ep must divide the experts. The help lists ep sizes that do."),
+    "E0702": Code("top_k larger than the experts", "Each token is routed to top_k distinct experts of its `moe` "
+                  "layer, so top_k may not exceed the number of experts."),
+    "E0703": Code("capacity factor not positive", "The capacity factor scales the slots each expert has per "
+                  "sequence; at 0 or below no expert could take a token."),
+    "E0704": Code("ep without experts", "An `ep` axis shards the experts of `moe` layers; a model without them has "
+                  "nothing to shard. Remove the axis (give its ranks to dp) or add `moe` layers."),
+    "E0705": Code("moe outside a residual", "A `moe` layer drops the tokens over capacity to the residual stream; "
+                  "outside a `residual` they would vanish. Put it inside one."),
+    "E0706": Code("fsdp with ep", "FSDP over dp together with ep is not supported yet; use `data_parallel = ddp` "
+                  "(the experts are already sharded over ep)."),
+    "E0707": Code("moe under sequence parallelism", "`moe` layers would route sequence chunks, not sequences, under "
+                  "sequence parallelism; this is not supported yet. Turn `sequence_parallel` off."),
+    # -- data -----------------------------------------------------------------------------------------------------
+    "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
+                  "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "
+                  "relative to the .scale file's directory."),
+    # -- resharding -----------------------------------------------------------------------------------------------
+    "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
+                  "two files define parameters of different names or shapes."),
+}
+
+# Codes once emitted and removed: never reused for another meaning.
+RETIRED: dict[str, str] = {
+    "E0606": "checkpoints of a pipeline-parallel plan: supported since checkpoints became layout-independent",
+}
+
+
+def explain(code: str) -> str | None:
+    """The text `scalec explain CODE` prints, or None for a code that was never registered."""
+    code = code.strip().upper()
+    if code in CODES:
+        c = CODES[code]
+        return f"{code}: {c.title}\n\n" + textwrap.fill(c.explanation, 100) + "\n"
+    if code in RETIRED:
+        return f"{code}: retired ({RETIRED[code]})\n"
+    return None

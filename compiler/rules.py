@@ -1,0 +1,50 @@
+"""The rules a plan must satisfy, gathered in one fixed order.
+
+Each pass module states what it needs beside the code that needs it: `requires(spec, plan) -> list[Diagnostic]` in
+compiler/passes/tensor_parallel.py, pipeline_split.py and expert_parallel.py. This module adds the mesh-wide rules
+(the global batch over the batch ranks, the sequence over the learned positions) and runs them all.
+
+The settings are read from `plan` (a compiler.plan.Plan), never from the Spec's plan or mesh, so a candidate built
+by `dataclasses.replace(plan, axes=...)` is checked exactly like the plan written in a file; the Spec supplies the
+model. A rule points at the setting's text through `plan.span(key)`; a candidate has no spans, and its diagnostics
+describe the plan in words instead (compiler.diagnostics.plan_error). No torch is imported here or by the rules.
+"""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.diagnostics import Diagnostic, plan_error
+from compiler.passes import expert_parallel, pipeline_split, tensor_parallel
+
+
+def mesh_requires(spec: S.Spec, plan) -> list[Diagnostic]:
+    """Rules of the whole mesh: the batch splits evenly, the sequence fits the learned positions."""
+    out: list[Diagnostic] = []
+    dp, ep, m, gb = plan.size("dp"), plan.size("ep"), plan.micro_batches, plan.global_batch
+    shards = plan.batch_ranks * m
+    if gb % shards:
+        ranks = f"dp = {dp} × ep = {ep}" if ep > 1 else f"dp = {dp}"
+        out.append(plan_error(plan, "global_batch", "E0302", f"global batch {gb} does not divide into {ranks} × "
+                              f"micro_batches = {m}", label=f"{gb} % {shards} == {gb % shards}",
+                              help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}"))
+    pos = next((x for x in spec.model.layers if isinstance(x, S.Positional)), None)
+    if pos is not None and plan.seq_len > (n := int(spec.value(pos.positions))):
+        out.append(plan_error(plan, "seq_len", "E0205", f"sequences of {plan.seq_len} tokens need more than the {n} "
+                              "learned positions", help="raise `positions` of `positional`, or shorten `seq_len`"))
+    return out
+
+
+# In this order: a file's diagnostics come out in it (tests/golden/diagnostics holds them).
+RULES = (
+    ("tensor_parallel", tensor_parallel.requires),
+    ("pipeline_split", pipeline_split.requires),
+    ("expert_parallel", expert_parallel.requires),
+    ("mesh", mesh_requires),
+)
+
+
+def check_plan(spec: S.Spec, plan) -> list[Diagnostic]:
+    """Every rule's diagnostics for `plan` over `spec`'s model; empty when the plan is legal."""
+    out: list[Diagnostic] = []
+    for _, rule in RULES:
+        out += rule(spec, plan)
+    return out

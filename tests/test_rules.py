@@ -1,0 +1,78 @@
+"""The rules beside the passes: `requires(spec, plan)` of each pass module and compiler.rules.check_plan.
+
+A plan written in a file is checked with spans (golden renderings in tests/golden/diagnostics); these tests check
+generated candidates, which have no source text: their diagnostics must describe the plan in words.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from compiler.check import check_text
+from compiler.diagnostics import render
+from compiler.plan import from_spec
+from compiler.rules import RULES, check_plan
+from compiler.symbols import capacity
+
+SAMPLES = Path(__file__).parent.parent / "samples"
+
+
+def _spec(name: str):
+    path = SAMPLES / name
+    return check_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def test_a_files_plan_passes_every_rule():
+    spec = _spec("tiny_gpt.scale")
+    assert check_plan(spec, from_spec(spec)) == []
+    assert [name for name, _ in RULES] == ["tensor_parallel", "pipeline_split", "expert_parallel", "mesh"]
+
+
+def test_a_candidate_breaking_a_rule_gets_a_readable_spanless_diagnostic():
+    spec = _spec("tiny_gpt.scale")  # 4 heads, global batch 8
+    plan = dataclasses.replace(from_spec(spec), axes=(("dp", 1), ("tp", 8)), spans=())
+    diags = check_plan(spec, plan)
+    heads = next(d for d in diags if d.code == "E0401")
+    assert heads.span is None
+    assert "tensor-parallel degree 8 does not divide the attention heads (4)" in heads.message
+    assert "in the plan dp=1 × tp=8" in heads.message
+    assert heads.help.startswith("4 % 8 == 4; each rank computes whole heads")
+    text = render(heads, None)
+    assert text.splitlines()[0].startswith("error[E0401]: tensor-parallel degree 8")
+    assert "= help: 4 % 8 == 4" in text and "-->" not in text
+
+
+def test_a_candidate_is_checked_from_the_plan_not_the_spec():
+    spec = _spec("tiny_gpt.scale")
+    base = from_spec(spec)
+    odd = dataclasses.replace(base, micro_batches=3, spans=())  # 8 sequences do not split into 3 micro-batches
+    (d,) = check_plan(spec, odd)
+    assert d.code == "E0302" and d.span is None and "global batch 8" in d.message and "3 micro-batches" in d.message
+    # the same setting with the file's spans points at the text of `global_batch`
+    (d,) = check_plan(spec, dataclasses.replace(base, micro_batches=3))
+    assert d.span is not None and d.span.line == spec.source.splitlines().index(
+        next(x for x in spec.source.splitlines() if "global_batch" in x)) + 1
+
+
+def test_a_pipeline_candidate_with_a_bad_layout_names_its_stage():
+    spec = _spec("gpt_pp.scale")
+    plan = dataclasses.replace(from_spec(spec), layout=((0, 1), (0, 2)), spans=())
+    codes = [d.code for d in check_plan(spec, plan)]
+    assert "E0607" in codes
+    d = next(d for d in check_plan(spec, plan) if d.code == "E0607")
+    assert d.span is None and "in the plan" in d.message
+
+
+def test_virtual_stages_without_interleaving_is_refused_for_a_candidate():
+    spec = _spec("gpt_pp.scale")
+    plan = dataclasses.replace(from_spec(spec), virtual_stages=2, schedule="1f1b", spans=())
+    assert "E0604" in [d.code for d in check_plan(spec, plan)]
+
+
+def test_the_compilers_capacity_agrees_with_the_runtimes():
+    from runtime.moe import capacity as runtime_capacity
+    for seq in (1, 2, 3, 7, 64, 100, 1000, 2048):
+        for experts in (1, 2, 3, 8, 16, 64, 128):
+            for top_k in (1, 2, 4):
+                for factor in (0.5, 1.0, 1.25, 1.5, 2.0, 3.0):
+                    assert capacity(seq, experts, top_k, factor) == runtime_capacity(seq, experts, top_k, factor)
