@@ -71,10 +71,29 @@ def budget(compiled: Compiled) -> list[Diagnostic]:
                        "has more")]
 
 
+def verify_schedule(spec: S.Spec) -> list[Diagnostic]:
+    """The pipeline schedule the program will execute (runtime.schedule.actions, the same lists), proved to run:
+    every send received, no rank waiting forever, each (stage, micro-batch) computed once (E0609 otherwise)."""
+    from compiler import schedule as SCH
+    p = spec.mesh.size("pp")
+    if p == 1:
+        return []
+    v, m = spec.plan.virtual_stages, spec.plan.micro_batches
+    try:
+        SCH.verify(SCH.actions(spec.plan.schedule, p, m, v), SCH.Layout(p, v, m))
+    except SCH.ScheduleError as exc:
+        return [Diagnostic("E0609", "the pipeline schedule fails verification", spec.mesh.axis_spans.get("pp"),
+                           label=f"{spec.plan.schedule}, pp = {p}, {v} stage{'s' if v > 1 else ''} per rank, "
+                           f"{m} micro-batches", help=f"{exc}; this is a defect of scalec's schedule builder, not "
+                           "of the file: another schedule or micro-batch count avoids it")]
+    return []
+
+
 def compile_checked(path: str) -> Compiled:
-    """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use."""
+    """compile_path, then refuse a plan whose schedule fails verification or that cannot fit in memory: what
+    `compile` and `run` use."""
     compiled = compile_path(path)
-    problems = budget(compiled)
+    problems = verify_schedule(compiled.spec) + budget(compiled)
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled

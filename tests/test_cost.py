@@ -338,3 +338,28 @@ def test_interleaved_moe_ledger_counts_the_all_to_alls_of_both_stages():
     got = _ledger_bytes(inter.costs, inter.spec, "all_to_all", "ep")
     assert got and got == _ledger_bytes(plain.costs, plain.spec, "all_to_all", "ep")
 
+
+def test_compile_refuses_a_schedule_that_fails_verification(monkeypatch, tmp_path, capsys):
+    """`compile` proves the schedule the program will run: a builder that drops one receive is refused with E0609
+    (a diagnostic, exit 1, no traceback) and nothing is written."""
+    import runtime.schedule as RS
+    from compiler.cli import main
+    real = RS.with_communication
+
+    def drop_a_receive(order, lay):
+        out = real(order, lay)
+        r = next(r for r, acts in out.items() if any(a.kind.startswith("RECV") for a in acts))
+        i = next(i for i, a in enumerate(out[r]) if a.kind.startswith("RECV"))
+        return {**out, r: out[r][:i] + out[r][i + 1:]}
+
+    monkeypatch.setattr(RS, "with_communication", drop_a_receive)
+    out = tmp_path / "build"
+    assert main(["compile", str(SAMPLES / "gpt_pp.scale"), "-o", str(out)]) == 1
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "E0609" in text and "the pipeline schedule fails verification" in text
+    assert "Traceback" not in text
+    assert "gpt_pp.scale:" in text  # located at the `axis pp` line
+    assert not out.exists()
+    monkeypatch.setattr(RS, "with_communication", real)
+    assert main(["compile", str(SAMPLES / "gpt_pp.scale"), "-o", str(out)]) == 0
