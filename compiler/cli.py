@@ -95,7 +95,7 @@ def plan_text(compiled) -> str:
                   "activation; shard it (data_parallel = fsdp) or add devices"]
     lines += _moe_text(compiled)
     lines += _pipeline_text(compiled)
-    lines += ["", "collectives per step" + (" (a rank of the first pipeline stage):" if m.size("pp") > 1 else ":")]
+    lines += ["", "collectives per step" + (f" ({_pp_rank0(spec)}):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
         lines += ["  none (one replica, no sharding)"]
     for c in costs.ledger.entries:
@@ -110,6 +110,14 @@ def plan_text(compiled) -> str:
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
+
+
+def _pp_rank0(spec) -> str:
+    """Which rank the per-rank numbers describe under pp: pp rank 0, with every stage it holds."""
+    p, v = spec.mesh.size("pp"), spec.plan.virtual_stages
+    if v == 1:
+        return "a rank of the first pipeline stage"
+    return f"pp rank 0, stages {', '.join(str(k) for k in range(0, p * v, p))}"
 
 
 def _moe_text(compiled) -> list[str]:
@@ -141,7 +149,7 @@ def _moe_text(compiled) -> list[str]:
     expert = v(C.expert_params_per_rank(compiled.traced, mesh.size("pp"))) if ep > 1 else None
     if expert is not None:
         lines += [f"            expert weights per rank {expert:,} of {v(costs.params_local):,}"
-                  + (" (a rank of the first pipeline stage)" if mesh.size("pp") > 1 else "")]
+                  + (f" ({_pp_rank0(spec)})" if mesh.size("pp") > 1 else "")]
     return lines
 
 

@@ -77,18 +77,20 @@ def decide_stages(spec: S.Spec, sharded, plan: P.Plan) -> P.Plan:
 
 
 def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
-    """Build the schedule the program will run and prove it: every send has its receive, no rank waits forever."""
+    """The pipeline schedule the program will execute (runtime.schedule.actions, the same lists), proved to run:
+    every send received, no rank waiting forever, each (stage, micro-batch) computed once (E0609 otherwise)."""
     from compiler import schedule as SCH
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
     if p == 1:
         return []
     try:
         SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m))
-    except Exception as exc:  # noqa: BLE001 - any failure of the proof refuses the plan
-        return [Diagnostic("E0609", f"the {plan.schedule} schedule of pp = {p}, virtual_stages = {v}, "
-                           f"micro_batches = {m} fails verification: {exc}", plan.span("axis pp"),
-                           help="this is a defect of scalec's schedule builder, not of your file; choose another "
-                                "schedule or micro-batch count meanwhile, and please report it")]
+    except SCH.ScheduleError as exc:
+        return [Diagnostic("E0609", "the pipeline schedule fails verification" + ("" if plan.span("axis pp") else
+                           f" for {plan.describe()}"), plan.span("axis pp"),
+                           label=f"{plan.schedule}, pp = {p}, {v} stage{'s' if v > 1 else ''} per rank, "
+                           f"{m} micro-batches", help=f"{exc}; this is a defect of scalec's schedule builder, not "
+                           "of the file: another schedule or micro-batch count avoids it")]
     return []
 
 
@@ -144,7 +146,8 @@ def budget(compiled: Compiled) -> list[Diagnostic]:
 
 
 def compile_checked(path: str, show=None) -> Compiled:
-    """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use."""
+    """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use (the schedule was
+    proved while compiling)."""
     compiled = compile_spec(check_path(path), show=show)
     problems = budget(compiled)
     if problems:

@@ -298,3 +298,68 @@ def test_megatron_175b_layout_needs_recomputation():
     text = text.replace("axis dp = 1536", "axis dp = 24  axis pp = 8  axis tp = 8").replace(
         "data_parallel = fsdp", "data_parallel = ddp  micro_batches = 64")
     assert "warning: stage 0 needs" in plan_text(compile_spec(check_text(text, "gpt3_175b.scale")))
+
+
+def _ledger_bytes(costs, spec, op: str, axis: str) -> int:
+    return sum(spec.value(c.bytes_per_step()) for c in costs.ledger.entries if c.op == op and c.axis == axis)
+
+
+@pytest.mark.parametrize("pp_rank", [0, 1])
+def test_interleaved_ledger_counts_every_stage_of_the_rank(pp_rank):
+    """Interleaved pp = 2 × v = 2 over 4 blocks, tp 2 + SP: pp rank r runs stages r and r + 2, one block each, so its
+    per-block tp collectives are those of two blocks, as many as 1F1B's rank with its two blocks; the prologue's
+    collectives belong to the rank of stage 0 only, the epilogue's and the loss's to the rank of stage 3 only.
+    The ledger of stage 0 alone (what it counted before) had half the block collectives."""
+    from compiler.cost import ledger
+    text = (ROOT / "samples" / "gpt_3d.scale").read_text().replace("axis dp = 2", "axis dp = 1").replace(
+        "devices_per_node = 8", "devices_per_node = 4")
+    plain = compile_spec(check_text(text, "gpt_3d.scale"))
+    inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
+                                                 'virtual_stages = 2'), "gpt_3d.scale"))
+    a, b = (ledger(c.spec, c.traced, c.costs.params_local, pp_rank) for c in (plain, inter))
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
+        got = sum(inter.spec.value(c.bytes_per_step()) for c in b.entries if c.op == op and c.axis == "tp")
+        want = sum(plain.spec.value(c.bytes_per_step()) for c in a.entries if c.op == op and c.axis == "tp")
+        assert got == want, (op, got, want)
+    # pipeline sends: each of rank r's stages talks to its neighbours (stage 0 and 3 to one, 1 and 2 to two)
+    sends = sum(inter.spec.value(c.bytes_per_step()) for c in b.entries if c.op == "send_recv")
+    elements = inter.spec.value(inter.spec.train.global_batch) // 4 * 32 * 64 // 2  # b·s·h / tp (SP), m = 4
+    assert sends == 4 * 2 * 3 * elements * 4  # m × (fwd + bwd) × 3 boundaries of the rank's stages × fp32
+
+
+def test_interleaved_moe_ledger_counts_the_all_to_alls_of_both_stages():
+    """pp 2 × ep 2 MoE, interleaved over 4 blocks: rank 0's all-to-alls are twice a one-block stage's, the same as
+    1F1B's rank with its two blocks."""
+    text = (ROOT / "samples" / "moe_gpt.scale").read_text().replace("axis dp = 1", "axis pp = 2").replace(
+        "layers  = 4", "layers  = 8").replace("devices_per_node = 2", "devices_per_node = 4")
+    plain = compile_spec(check_text(text, "moe_gpt.scale"))
+    inter = compile_spec(check_text(text.replace("micro_batches = 2", 'micro_batches = 2  schedule = '
+                                                 '"interleaved-1f1b"  virtual_stages = 2'), "moe_gpt.scale"))
+    got = _ledger_bytes(inter.costs, inter.spec, "all_to_all", "ep")
+    assert got and got == _ledger_bytes(plain.costs, plain.spec, "all_to_all", "ep")
+
+
+def test_compile_refuses_a_schedule_that_fails_verification(monkeypatch, tmp_path, capsys):
+    """`compile` proves the schedule the program will run: a builder that drops one receive is refused with E0609
+    (a diagnostic, exit 1, no traceback) and nothing is written."""
+    import runtime.schedule as RS
+    from compiler.cli import main
+    real = RS.with_communication
+
+    def drop_a_receive(order, lay):
+        out = real(order, lay)
+        r = next(r for r, acts in out.items() if any(a.kind.startswith("RECV") for a in acts))
+        i = next(i for i, a in enumerate(out[r]) if a.kind.startswith("RECV"))
+        return {**out, r: out[r][:i] + out[r][i + 1:]}
+
+    monkeypatch.setattr(RS, "with_communication", drop_a_receive)
+    out = tmp_path / "build"
+    assert main(["compile", str(SAMPLES / "gpt_pp.scale"), "-o", str(out)]) == 1
+    err = capsys.readouterr()
+    text = err.out + err.err
+    assert "E0609" in text and "the pipeline schedule fails verification" in text
+    assert "Traceback" not in text
+    assert "gpt_pp.scale:" in text  # located at the `axis pp` line
+    assert not out.exists()
+    monkeypatch.setattr(RS, "with_communication", real)
+    assert main(["compile", str(SAMPLES / "gpt_pp.scale"), "-o", str(out)]) == 0

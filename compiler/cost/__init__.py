@@ -185,11 +185,13 @@ def costs(spec: S.Spec, traced: T.Traced) -> Costs:
                  tokens_step=spec.value(spec.train.global_batch * spec.train.seq_len), params_local=local)
 
 
-def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
-    """The collectives of one optimizer step on one rank: those the passes inserted, then data parallelism's."""
+def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr, pp_rank: int = 0) -> Ledger:
+    """The collectives of one optimizer step on one rank: those the passes inserted, then data parallelism's.
+    Under pp the rank is pp rank `pp_rank` (0 by default: global rank 0, whose bytes the runtime's counter
+    writes), with every stage it holds."""
     led = Ledger()
-    _pass_collectives(spec, traced, led)
-    _pipeline_transfers(spec, traced, led)
+    _pass_collectives(spec, traced, led, pp_rank)
+    _pipeline_transfers(spec, traced, led, pp_rank)
     dp, ep = spec.mesh.size("dp"), spec.mesh.size("ep")
     span = spec.mesh.axis_spans.get("dp")
     experts = expert_params_per_rank(traced, spec.mesh.size("pp"))
@@ -221,30 +223,34 @@ def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr) -> Ledger:
     return led
 
 
-def _stage_view(spec: S.Spec, traced: T.Traced, stage: int):
-    """Under pp, what one stage runs: its block count, and which top-level nodes (by name) are its own."""
+def _rank_view(spec: S.Spec, traced: T.Traced, pp_rank: int):
+    """Under pp, what pp rank `pp_rank` runs over all the stages it holds (r, r + pp, ...: several under
+    interleaving): its block count, and which top-level nodes (by name) are its own (the prologue on the rank of
+    stage 0, the epilogue and loss on the rank of the last stage). Without pp: (None, None), everything."""
     from compiler.passes import pipeline_split as P
     top = traced.top
     if P.STAGES not in top.meta:
         return None, None
-    first, end = top.meta[P.STAGES][stage]
-    last = stage == len(top.meta[P.STAGES]) - 1
+    stages = top.meta[P.STAGES]
+    pp = spec.mesh.size("pp")
+    mine = range(pp_rank, len(stages), pp)
+    blocks = sum(stages[k][1] - stages[k][0] for k in mine)
     own = set()
-    if stage == 0:
+    if 0 in mine:
         own |= {n.name for n in top.meta[P.PROLOGUE].graph.nodes}
-    if last:
+    if len(stages) - 1 in mine:
         own |= {n.name for n in top.meta[P.EPILOGUE].graph.nodes} | {n.name for n in top.meta[P.LOSS].graph.nodes}
-    return end - first, own
+    return blocks, own
 
 
-def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, stage: int = 0) -> None:
+def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, pp_rank: int = 0) -> None:
     """One ledger entry per direction of each collective call the passes inserted into the graphs, for one rank
-    (under pp: a rank of `stage`)."""
+    (under pp: pp rank `pp_rank`, every stage it holds)."""
     m = spec.plan.micro_batches
     # Sequences in one micro-batch on one rank.
     b_local = spec.train.global_batch / (batch_ranks(spec) * m)
     act_bytes = BYTES[spec.train.precision]
-    stage_blocks, own = _stage_view(spec, traced, stage)
+    stage_blocks, own = _rank_view(spec, traced, pp_rank)
     for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
         times = m * ((gm.meta[T.REPEAT].count if stage_blocks is None else stage_blocks) if name else 1)
         for node in gm.graph.nodes:

@@ -119,6 +119,17 @@ CASES = (
          edits=(("axis dp = 1", "axis pp = 2"), ("micro_batches = 2", 'micro_batches = 2  schedule = "zero-bubble"'))
          + MOE_4 + CLIP,
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
+    Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
+         edits=(("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4"),
+                ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')),
+         description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism: the ledger of pp rank "
+                     "0 counts the tp collectives of both its stages, and the bytes counted equal it"),
+    Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
+         edits=(("axis dp = 1", "axis pp = 2"), ("layers  = 4", "layers  = 8"),
+                ("micro_batches = 2", 'micro_batches = 2  schedule = "interleaved-1f1b"  virtual_stages = 2'))
+         + MOE_4,
+         description="interleaved 1F1B over MoE blocks (4 stages on 2 ranks) × ep: pp rank 0's all-to-alls in both "
+                     "its stages are in the ledger"),
     Case(id="moe_tp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis tp = 2"),) + MOE_4,
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
 )
