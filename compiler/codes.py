@@ -104,6 +104,10 @@ CODES: dict[str, Code] = {
                   "many ranges as stages, each non-empty, in order, covering every block once."),
     "E0608": Code("pipeline too large to schedule", "The schedule is built and verified action by action; stages × "
                   "micro-batches is capped (16384). Use fewer micro-batches, each of more sequences."),
+    "E0609": Code("the pipeline schedule fails verification", "Before any process starts, `compile` and `run` build "
+                  "the per-rank action lists the runtime will execute and prove them: every send has its receive, "
+                  "no rank waits forever, each stage computes each micro-batch once. A failure is a defect of "
+                  "scalec's schedule builder, not of the file; another schedule or micro-batch count avoids it."),
     # -- expert parallelism and MoE -------------------------------------------------------------------------------
     "E0701": Code("ep does not divide the experts", "Each ep rank holds a whole number of every `moe` layer's "
                   "experts, so ep must divide the experts. The help lists ep sizes that do."),
