@@ -27,7 +27,7 @@ PASSES: tuple = (tensor_parallel_pass, expert_parallel_pass, pipeline_split_pass
 class Compiled:
     spec: S.Spec
     traced: T.Traced
-    costs: C.Costs
+    costs: C.Estimate
 
 
 def verify(traced: T.Traced, after: str) -> None:
@@ -55,20 +55,13 @@ def compile_spec(spec: S.Spec, check_between: bool = False) -> Compiled:
 
 
 def budget(compiled: Compiled) -> list[Diagnostic]:
-    """What cannot fit: model state per rank (weights, gradients, optimizer) beyond one device's memory. Activations
-    come on top of this, so passing is necessary, not sufficient."""
-    spec, state = compiled.spec, compiled.costs.model_state
-    limit = spec.mesh.device.memory_gb * 1e9
-    if state.total <= limit:
-        return []
-    dp = spec.mesh.size("dp")
-    fix = ("shard it over dp with `data_parallel = fsdp`" if spec.plan.data_parallel == "ddp" and dp > 1
-           else "add devices along dp or tp")
-    return [Diagnostic("E0501", f"the model state of each rank, {state.total / 1e9:.4g} GB, does not fit in the "
-                       f"{spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
-                       label="this mesh", help=f"weights {state.params / 1e9:.4g} GB + gradients {state.grads / 1e9:.4g}"
-                       f" GB + AdamW {state.optimizer / 1e9:.4g} GB per rank; {fix}, or set `memory_gb` if the device "
-                       "has more")]
+    """What the memory estimate says of the plan: E0501 (an error) when the model state per rank (weights,
+    gradients, optimizer) cannot fit one device; W0502 (a warning) when a pipeline stage's model state plus its
+    activations in flight exceed it."""
+    from compiler.cost import memory as MEM
+    spec, est = compiled.spec, compiled.costs
+    return (MEM.does_not_fit(spec, est.model_state, spec.plan.data_parallel, spec.mesh.size("dp"))
+            + MEM.stage_over_memory(spec, est.stages))
 
 
 def verify_schedule(spec: S.Spec) -> list[Diagnostic]:
@@ -93,7 +86,7 @@ def compile_checked(path: str) -> Compiled:
     """compile_path, then refuse a plan whose schedule fails verification or that cannot fit in memory: what
     `compile` and `run` use."""
     compiled = compile_path(path)
-    problems = verify_schedule(compiled.spec) + budget(compiled)
+    problems = verify_schedule(compiled.spec) + [d for d in budget(compiled) if d.severity == "error"]
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled
