@@ -29,9 +29,10 @@ from compiler.diagnostics import ScaleError
 
 
 def _load(path: str, budget: bool = True):
-    """Compile `path`; with `budget`, refuse a plan whose model state cannot fit (compile, run)."""
-    from compiler.pipeline import compile_checked, compile_path
-    return compile_checked(path) if budget else compile_path(path)
+    """Compile `path`, refusing a schedule that fails verification; with `budget`, also a plan whose model state
+    cannot fit (compile, run)."""
+    from compiler.pipeline import compile_checked
+    return compile_checked(path, memory=budget)
 
 
 def cmd_check(args) -> int:

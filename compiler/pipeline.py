@@ -82,11 +82,13 @@ def verify_schedule(spec: S.Spec) -> list[Diagnostic]:
     return []
 
 
-def compile_checked(path: str) -> Compiled:
-    """compile_path, then refuse a plan whose schedule fails verification or that cannot fit in memory: what
-    `compile` and `run` use."""
+def compile_checked(path: str, memory: bool = True) -> Compiled:
+    """compile_path, then refuse a plan whose pipeline schedule fails verification (every command that compiles)
+    and, with `memory` (compile, run), one whose model state cannot fit."""
     compiled = compile_path(path)
-    problems = verify_schedule(compiled.spec) + [d for d in budget(compiled) if d.severity == "error"]
+    problems = verify_schedule(compiled.spec)
+    if memory:
+        problems += [d for d in budget(compiled) if d.severity == "error"]
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled

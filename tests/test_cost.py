@@ -372,6 +372,8 @@ def test_compile_refuses_a_schedule_that_fails_verification(monkeypatch, tmp_pat
     assert "Traceback" not in text
     assert "gpt_pp.scale:" in text  # located at the `axis pp` line
     assert not out.exists()
+    assert main(["plan", str(SAMPLES / "gpt_pp.scale")]) == 1  # `plan` too: a diagnostic, not an internal error
+    assert "E0609" in capsys.readouterr().err
     monkeypatch.setattr(RS, "with_communication", real)
     assert main(["compile", str(SAMPLES / "gpt_pp.scale"), "-o", str(out)]) == 0
 
