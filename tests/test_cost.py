@@ -468,3 +468,14 @@ def test_estimates_are_fast_enough_for_a_search():
             model.estimate(c)
     per = (time.perf_counter() - t0) / 200
     assert per < 2e-3, f"{per * 1e6:.0f} µs per estimate"
+
+
+@pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.scale")))
+def test_ledger_numbers_are_its_formulas_values(sample):
+    """Each ledger entry's bytes (computed numerically, what a search ranks) equal its formula's value (what plan.json
+    writes and the e2e tests compare with the bytes counted), and its count of occurrences likewise."""
+    compiled = compile_path(str(SAMPLES / f"{sample}.scale"))
+    spec = compiled.spec
+    for c in compiled.costs.ledger.entries:
+        assert c.bytes == spec.value(c.bytes_per_step()), (c.op, c.axis, c.reason)
+        assert c.times == spec.value(c.per_step), (c.op, c.axis, c.reason)
