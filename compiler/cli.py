@@ -30,11 +30,10 @@ from compiler.diagnostics import ScaleError
 
 
 def _load(path: str, budget: bool = True, show=None):
-    """Compile `path`; with `budget`, refuse a plan whose model state cannot fit (compile, run); `show` sees each
-    segment's graph after each pass."""
-    from compiler.check import check_path
-    from compiler.pipeline import compile_checked, compile_spec
-    return compile_checked(path, show=show) if budget else compile_spec(check_path(path), show=show)
+    """Compile `path` (which proves its pipeline schedule); with `budget`, also refuse a plan whose model state
+    cannot fit (compile, run); `show` sees each segment's graph after each pass."""
+    from compiler.pipeline import compile_checked
+    return compile_checked(path, memory=budget, show=show)
 
 
 def _show_graph(after: str, cls: str, gm) -> None:
@@ -76,7 +75,7 @@ def plan_text(compiled) -> str:
     ranks = f"dp {dp} × ep {m.size('ep')}" if m.size("ep") > 1 else f"dp {dp}"
     lines += [f"batch       {gb} sequences × {seq} tokens = {costs.tokens_step:,} tokens per step; "
               f"{ranks} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
-              f"{gb // (m.batch_ranks * spec.plan.micro_batches)} sequences per rank"]
+              f"{costs.micro_batch_size} sequences per rank"]
     lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
               f"matmuls, forward + backward, no recomputation)",
               f"            = {C.formula(costs.flops_step, spec.values)}"]
@@ -90,7 +89,7 @@ def plan_text(compiled) -> str:
            else f"sharded over dp={dp} (FSDP2, ZeRO-3)")
     lines += [f"memory      model state per rank: weights {C.human(st.params, 'B')} + gradients {C.human(st.grads, 'B')}"
               f" + AdamW moments {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {how}"]
-    if st.total > m.device.memory_gb * 1e9:
+    if any(d.code == "E0501" for d in _memory_diagnostics(compiled)):
         lines += [f"            warning: exceeds the {m.device.memory_gb:g} GB of one {m.device.kind} before any "
                   "activation; shard it (data_parallel = fsdp) or add devices"]
     lines += _moe_text(compiled)
@@ -129,7 +128,7 @@ def _moe_text(compiled) -> list[str]:
         return []
     mesh, v = spec.mesh, spec.value
     ep, dp, tp = mesh.size("ep"), mesh.size("dp"), mesh.size("tp")
-    b = v(spec.train.global_batch) // (mesh.batch_ranks * spec.plan.micro_batches)
+    b = costs.micro_batch_size
     act = C.BYTES[spec.train.precision]
     for x in seen:
         e, c, h = v(x.experts), v(x.capacity), v(x.hidden)
@@ -146,79 +145,35 @@ def _moe_text(compiled) -> list[str]:
                   + f"; dispatch and combine buffers {e}×{b * c}×{h} = {C.human(buffer * act, 'B')} each, "
                   f"expert activations {C.human(hidden * act, 'B')} per "
                   "layer and micro-batch"]
-    expert = v(C.expert_params_per_rank(compiled.traced, mesh.size("pp"))) if ep > 1 else None
-    if expert is not None:
-        lines += [f"            expert weights per rank {expert:,} of {v(costs.params_local):,}"
+    if ep > 1:
+        lines += [f"            expert weights per rank {costs.expert_params_rank:,} of {costs.params_rank:,}"
                   + (f" ({_pp_rank0(spec)})" if mesh.size("pp") > 1 else "")]
     return lines
 
 
-def _in_flight(schedule: str, p: int, m: int, v: int, stage_rank: int) -> float:
-    """Micro-batches whose activations a pp rank holds at its peak: GPipe all m; 1F1B and ZB-H1 p - rank (the
-    first rank p); interleaved 1F1B about p·(1 + (p-1)/(p·m)) of a whole model's layers (Narayanan et al. 2021)."""
-    if schedule == "gpipe":
-        return m
-    if schedule == "interleaved-1f1b":
-        return min(m, p - stage_rank) * (1 + (p - 1) / (p * m))
-    return min(m, p - stage_rank)
+def _memory_diagnostics(compiled) -> list:
+    from compiler.pipeline import budget
+    return budget(compiled)
 
 
 def _pipeline_text(compiled) -> list[str]:
     from compiler import schedule as SCH
-    from compiler.passes import pipeline_split as P
-    from compiler import trace as T
-    import sympy
-    spec, traced = compiled.spec, compiled.traced
-    top = traced.top
-    if P.STAGES not in top.meta:
+    spec, costs = compiled.spec, compiled.costs
+    if not costs.stages:
         return []
     p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
-    t = spec.mesh.size("tp")
-    (gm,) = traced.blocks.values()
-    block_params = spec.value(sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0)))
-    pro = spec.value(sum((sympy.Mul(*s) for s in top.meta[P.PROLOGUE].meta[T.PARAM_SHAPES].values()),
-                         sympy.Integer(0)))
-    epi = spec.value(sum((sympy.Mul(*s) for s in top.meta[P.EPILOGUE].meta[T.PARAM_SHAPES].values()),
-                         sympy.Integer(0)))
-    # Activations of one layer and micro-batch, 16-bit (Korthikanti et al. 2022): sbh(34 + 5as/h), with tp
-    # sbh(10 + 24/t + 5as/(ht)), with tp and sequence parallelism sbh/t(34 + 5as/h).
-    s_, h = spec.value(spec.train.seq_len), spec.value(spec.model.layers[0].hidden)
-    att = next((x for x in S.walk(gm.meta[T.REPEAT].body) if isinstance(x, S.Attention)), None)
-    a = spec.value(att.heads) if att is not None else 1
-    b = spec.value(spec.train.global_batch) / (spec.mesh.batch_ranks * m)
-    if t == 1:
-        act = s_ * b * h * (34 + 5 * a * s_ / h)
-    elif spec.plan.sequence_parallel:
-        act = s_ * b * h / t * (34 + 5 * a * s_ / h)
-    else:
-        act = s_ * b * h * (10 + 24 / t + 5 * a * s_ / (h * t))
-    body = list(S.walk(gm.meta[T.REPEAT].body))
-    act *= max(1, sum(isinstance(x, S.Attention) for x in body))  # transformer layers per block
-    for x in body:  # an MoE layer also holds its padded buffers: experts' input and output, and their hidden
-        if isinstance(x, S.MoE):
-            buffer, hidden = C.moe_held_elements(spec, x, b)
-            act += 2 * (2 * buffer + hidden)  # 16-bit, like the estimate above
-    dp = spec.mesh.size("dp")
-    shard = dp if spec.plan.data_parallel == "fsdp" else 1
     lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
-             f"{m} micro-batches of {b:g} sequences; bubble (p-1)/(v·m+p-1) = {SCH.bubble_fraction(p, m, v):.1%}"
+             f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble (p-1)/(v·m+p-1) = "
+             f"{SCH.bubble_fraction(p, m, v):.1%}"
              + (" before ZB-H1's deferred weight gradients" if spec.plan.schedule == "zero-bubble" else "")]
     lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight (16-bit estimate)"]
-    stages = top.meta[P.STAGES]
-    worst = (0.0, 0)
-    for k, (lo, hi) in enumerate(stages):
-        n = (hi - lo) * block_params + (pro if k == 0 else 0) + (epi if k == len(stages) - 1 else 0)
-        state = n * 16 / shard
-        r = k % p
-        acts = act * (hi - lo) * _in_flight(spec.plan.schedule, p, m, v, r)
-        lines += [f"  {k:>5}  {r:>4}  {lo:>3}..{hi - 1:<4} {n:>21,}   {C.human(state, 'B'):>10}   "
-                  f"{C.human(acts, 'B'):>10}"]
-        worst = max(worst, (state + acts, k))
-    mem = spec.mesh.device.memory_gb * 1e9
-    if worst[0] > mem:
-        lines += [f"            warning: stage {worst[1]} needs {C.human(worst[0], 'B')} (model state + activations) of "
-                  f"the {spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}; more micro-batches in "
-                  "fewer sequences, more stages or tp, or shorter sequences"]
+    for st in costs.stages:
+        lo, hi = st.blocks
+        lines += [f"  {st.stage:>5}  {st.rank:>4}  {lo:>3}..{hi - 1:<4} {st.params:>21,}   {C.human(st.state, 'B'):>10}   "
+                  f"{C.human(st.activations, 'B'):>10}"]
+    for d in _memory_diagnostics(compiled):
+        if d.code == "W0502":
+            lines += [f"            warning: {d.message}; {d.help}"]
     order = SCH.actions(spec.plan.schedule, p, m, v)
     lay = SCH.Layout(p, v, m)
     SCH.verify(order, lay)

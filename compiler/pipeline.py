@@ -29,7 +29,7 @@ from compiler.diagnostics import Diagnostic, ScaleError
 class Compiled:
     spec: S.Spec
     traced: object       # trace.Traced after the passes: what the program runs
-    costs: object        # cost.Costs
+    costs: object        # cost.Estimate
     plan: P.Plan | None = None
     unsharded: object = None  # trace.Traced before any pass: what candidate plans are decided from
 
@@ -117,7 +117,7 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
         raise ScaleError(problems, {spec.path: spec.source})
     traced = pp_pass(traced, plan)
     _after(traced, pp_pass.__name__, check_between, show)
-    return Compiled(spec, traced, C.costs(spec, traced), plan, unsharded)
+    return Compiled(spec, traced, C.estimate(spec, plan, traced), plan, unsharded)
 
 
 def _after(traced, name: str, check_between: bool, show) -> None:
@@ -129,27 +129,22 @@ def _after(traced, name: str, check_between: bool, show) -> None:
 
 
 def budget(compiled: Compiled) -> list[Diagnostic]:
-    """What cannot fit: model state per rank (weights, gradients, optimizer) beyond one device's memory. Activations
-    come on top of this, so passing is necessary, not sufficient."""
-    spec, state = compiled.spec, compiled.costs.model_state
-    limit = spec.mesh.device.memory_gb * 1e9
-    if state.total <= limit:
-        return []
-    dp = spec.mesh.size("dp")
-    fix = ("shard it over dp with `data_parallel = fsdp`" if spec.plan.data_parallel == "ddp" and dp > 1
-           else "add devices along dp or tp")
-    return [Diagnostic("E0501", f"the model state of each rank, {state.total / 1e9:.4g} GB, does not fit in the "
-                       f"{spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
-                       label="this mesh", help=f"weights {state.params / 1e9:.4g} GB + gradients {state.grads / 1e9:.4g}"
-                       f" GB + AdamW {state.optimizer / 1e9:.4g} GB per rank; {fix}, or set `memory_gb` if the device "
-                       "has more")]
+    """What the memory estimate says of the plan: E0501 (an error) when the model state per rank (weights,
+    gradients, optimizer) cannot fit one device; W0502 (a warning) when a pipeline stage's model state plus its
+    activations in flight exceed it."""
+    from compiler.cost import memory as MEM
+    spec, est = compiled.spec, compiled.costs
+    return (MEM.does_not_fit(spec, est.model_state, spec.plan.data_parallel, spec.mesh.size("dp"))
+            + MEM.stage_over_memory(spec, est.stages))
 
 
-def compile_checked(path: str, show=None) -> Compiled:
-    """compile_path, then refuse a plan that cannot fit in memory: what `compile` and `run` use (the schedule was
-    proved while compiling)."""
+def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
+    """compile the file (which proves its pipeline schedule: every command that compiles), then, with `memory`
+    (compile, run), refuse a plan whose model state cannot fit."""
     compiled = compile_spec(check_path(path), show=show)
-    problems = budget(compiled)
+    problems = []
+    if memory:
+        problems += [d for d in budget(compiled) if d.severity == "error"]
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled

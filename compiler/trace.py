@@ -87,6 +87,7 @@ class Traced:
     top: fx.GraphModule
     blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
     model_flops_fwd: sympy.Expr = sympy.Integer(0)  # forward FLOPs of one micro-batch, before any pass
+    model_flops_bwd: sympy.Expr = sympy.Integer(0)  # its backward, by compiler/cost/flops.py's per-node rules
 
     @property
     def spec(self):
@@ -136,6 +137,8 @@ def trace_model(model: M.ScaleModel) -> Traced:
     traced = Traced(model, top, blocks)
     traced.annotate()
     traced.model_flops_fwd = graph_flops(top)
+    from compiler.cost.flops import graph_backward
+    traced.model_flops_bwd = graph_backward(top, traced.repeats())
     return traced
 
 

@@ -1,312 +1,343 @@
-"""The cost model: parameters, FLOPs, memory per rank and the communication ledger, as sympy formulas.
+"""The cost model: parameters, FLOPs, memory per rank and the communication ledger of a plan, as one `Estimate`.
+
+    params.py   parameters of the model and of each traced segment after the passes
+    flops.py    forward FLOPs from the trace, backward from a rule per node
+    ledger.py   the collectives the passes inserted (read once), pipeline sends, data parallelism's
+    memory.py   model state, activations in flight per schedule, per-stage rows, the "does not fit" checks
+
+`CostModel(spec, traced)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
+micro-batch size µb) and compiles each formula to a function of those; `.estimate(plan)` evaluates them for one
+`compiler.plan.Plan` with the same pass structure (which axes are > 1, sequence parallelism, what tp shards):
+axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
+is the same path, so what `compile` prints is what a search ranks.
 
 Every formula is derived from what the plan stores and sends, node by node or tensor by tensor; the published
 formulas in ../shared/reference/ are what the tests check these against, not what is computed here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy
 
 from compiler import spec as S
-from compiler.diagnostics import Span
+from compiler.cost import flops as F
+from compiler.cost import ledger as L
+from compiler.cost import memory as MEM
+from compiler.cost import params as PA
+from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
+from compiler.cost.memory import ModelState, Stage, in_flight, moe_held_elements, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
 
-M = lazy("compiler.model")  # both import torch: loaded on first use, so compiler.cost.devices (read by the checker)
-T = lazy("compiler.trace")  # and the front door stay torch-free
+T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
 
 BYTES = {"fp32": 4, "bf16": 2}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Collective:
-    """One collective the plan issues: what, over which axis, how much, and why."""
-
-    op: str              # all_reduce | all_gather | reduce_scatter | all_to_all | send_recv
-    axis: str
-    elements: sympy.Expr  # elements of the full (unsharded along `axis`) tensor, per occurrence
-    dtype_bytes: int
-    per_step: sympy.Expr  # occurrences per optimizer step on one rank
-    span: Span | None
-    reason: str
-    direction: str = "step"  # "forward", "backward", or "step" (once per optimizer step)
-    measured: bool = True    # issued through runtime.collectives, so the runtime can count its bytes
-
-    def bytes_per_step(self) -> sympy.Expr:
-        return sympy.expand(self.elements * self.dtype_bytes * self.per_step)
-
-    def wire_elements(self, n) -> sympy.Expr:
-        """Elements each rank sends per occurrence with ring algorithms over `n` ranks: an all-reduce is a
-        reduce-scatter then an all-gather, 2(n-1)/n of the tensor; either half alone (n-1)/n (Patarasuk & Yuan)."""
-        factor = {"all_reduce": 2 * (n - 1) / sympy.Integer(n)}.get(self.op, (n - 1) / sympy.Integer(n))
-        return self.elements * factor
-
-
-@dataclass
-class Ledger:
-    entries: list = field(default_factory=list)
-
-    def add(self, c: Collective) -> None:
-        self.entries.append(c)
+AXES = ("dp", "tp", "ep", "pp")
+ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)
 
 
 @dataclass(frozen=True)
-class ModelState:
-    """Bytes per rank of parameters, gradients and optimizer states."""
+class Estimate:
+    """What one plan costs, for one rank (under pp: pp rank `pp_rank`, every stage it holds)."""
 
-    params: float
-    grads: float
-    optimizer: float
+    params: sympy.Expr             # the model's parameters, a formula of the spec's sizes
+    params_n: int
+    params_rank: int               # parameters the rank holds (tp shards at their size; before dp sharding)
+    expert_params_rank: int        # of which expert weights (sharded over ep)
+    flops_fwd: sympy.Expr          # one forward pass of one micro-batch of µb sequences, whole model
+    flops_step: sympy.Expr         # forward + backward over the global batch (model FLOPs, no recomputation)
+    flops_step_n: int
+    flops_rank_step_n: int         # what the busiest rank computes per step
+    model_state: ModelState        # bytes per rank
+    stages: tuple                  # memory.Stage per pipeline stage; empty without pp
+    ledger: Ledger                 # the collectives of one step on the rank
+    tokens_step: int
+    micro_batch_size: int          # sequences per micro-batch on one rank (plan.micro_batch_size)
+    pp_rank: int = 0
 
     @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer
+    def worst_stage(self) -> Stage | None:
+        return max(self.stages, key=lambda st: (st.total, st.stage)) if self.stages else None
 
 
-def zero_model_state(psi: float, nd: int, stage: int, *, param_bytes: int = 2, grad_bytes: int = 2,
-                     k: int = 12) -> ModelState:
-    """Rajbhandari et al. 2020 (ZeRO), from its definitions: every replica holds `param_bytes`·Ψ of weights,
-    `grad_bytes`·Ψ of gradients and K·Ψ of optimizer state; stage 1 shards the optimizer state over Nd ranks,
-    stage 2 also the gradients, stage 3 also the weights."""
-    return ModelState(params=param_bytes * psi / (nd if stage >= 3 else 1),
-                      grads=grad_bytes * psi / (nd if stage >= 2 else 1),
-                      optimizer=k * psi / (nd if stage >= 1 else 1))
+Costs = Estimate  # the name codegen's annotations use
 
 
-@dataclass(frozen=True)
-class Costs:
-    params: sympy.Expr            # formula of the spec's sizes
-    params_n: int
-    flops_fwd: sympy.Expr          # one forward pass of one micro-batch of b sequences
-    flops_step: sympy.Expr         # fwd + bwd over the global batch (model FLOPs, no recomputation)
-    flops_step_n: int
-    flops_rank_step_n: int         # what one rank computes per step
-    model_state: ModelState        # per rank
-    ledger: Ledger
-    tokens_step: int
-    params_local: sympy.Expr      # parameters held by one rank (after tp sharding, before dp sharding)
+class _Fn:
+    """A formula compiled to exact integer arithmetic over (dp, tp, ep, pp, µb): numerator and denominator
+    polynomials with integer coefficients, so a value is exact however large."""
+
+    __slots__ = ("num", "den", "const")
+
+    def __init__(self, expr: sympy.Expr):
+        num, den = sympy.fraction(sympy.together(sympy.expand(expr)))
+        self.const = None
+        if not num.free_symbols and not den.free_symbols:
+            self.const = _exact(int(num), int(den))
+        self.num = sympy.lambdify(ARGS, num, modules="math")
+        self.den = sympy.lambdify(ARGS, den, modules="math")
+
+    def __call__(self, env):
+        if self.const is not None:
+            return self.const
+        return _exact(self.num(*env), self.den(*env))
 
 
-def batch_ranks(spec: S.Spec) -> sympy.Expr:
-    """dp × ep as symbols (those the mesh declares): the ranks the global batch is split over."""
-    axes = dict(spec.mesh.axes)
-    return sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
+def _exact(n, d):
+    return n // d if n % d == 0 else n / d
 
 
-def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
-    """What one `moe` layer holds for one micro-batch of `b` sequences on one rank, in elements: each padded buffer
-    (the experts' input, or their output: E·b·C·hidden), and the experts' hidden activations kept for backward
-    (E·b·C·ffn, twice for GELU: before and after it; three times for SwiGLU: up, gate and their product)."""
-    slots = spec.value(layer.experts) * b * spec.value(layer.capacity)
-    hidden = slots * spec.value(layer.ffn) * (3 if layer.act == "swiglu" else 2)
-    return slots * spec.value(layer.hidden), hidden
+class CostModel:
+    """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
-
-def _rank0_blocks(top, pp: int) -> int:
-    """Blocks pp rank 0 holds: those of every stage s with s % pp == 0 (with interleaving, several)."""
-    from compiler.passes import pipeline_split as P
-    return sum(hi - lo for s, (lo, hi) in enumerate(top.meta[P.STAGES]) if s % pp == 0)
-
-
-def expert_params_per_rank(traced: T.Traced, pp: int = 1) -> sympy.Expr:
-    """Expert weights one rank holds (sharded over ep; under pp, a rank holding the first stage)."""
-    from compiler.passes import pipeline_split as P
-    top = traced.top
-    mine = top.meta[P.PROLOGUE] if P.STAGES in top.meta else top  # top-level layers the (first) stage runs
-    total = sum((sympy.Mul(*top.meta[T.PARAM_SHAPES][p]) for p in top.meta.get(T.EP_SHARDS, {})
-                 if hasattr(mine, p.split(".")[0])), sympy.Integer(0))
-    for name, gm in traced.blocks.items():
-        shapes = gm.meta[T.PARAM_SHAPES]
-        n = sum((sympy.Mul(*shapes[p]) for p in gm.meta.get(T.EP_SHARDS, {})), sympy.Integer(0))
-        if P.STAGES in traced.top.meta:
-            total += _rank0_blocks(traced.top, pp) * n
+    def __init__(self, spec: S.Spec, traced: T.Traced):
+        from compiler.passes import pipeline_split as P
+        self.spec, self.traced = spec, traced
+        self.sub = {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}
+        top = traced.top
+        self.structure = _structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
+        self.piped = P.STAGES in top.meta
+        self.params = PA.model_params(traced)
+        self.params_n = spec.value(self.params)
+        self.flops_fwd = traced.model_flops_fwd
+        bwd = traced.model_flops_bwd if traced.model_flops_bwd != 0 else F.graph_backward(top, traced.repeats())
+        gb = spec.train.global_batch
+        self.flops_step = sympy.expand((self.flops_fwd + bwd).xreplace({MICRO_BATCH: gb}))
+        self.flops_step_n = spec.value(self.flops_step)
+        self.tokens_step = spec.value(gb * spec.train.seq_len)
+        self.sites = [(site, self._fn(site.elements)) for site in L.sites(traced)]
+        self.partial = {k: (v, self._fn(v)) for k, v in L.partial_grads(traced).items()}
+        self.counts = {name: (gm.meta[T.REPEAT].count, int(spec.value(gm.meta[T.REPEAT].count)))
+                       for name, gm in traced.blocks.items()}
+        if self.piped:
+            (self.block_name, gm), = traced.blocks.items()
+            pro, epi, loss = top.meta[P.PROLOGUE], top.meta[P.EPILOGUE], top.meta[P.LOSS]
+            self.seg_params = {k: PA.segment_params(g) for k, g in (("block", gm), ("prologue", pro),
+                                                                       ("epilogue", epi))}
+            self.seg_experts = {"block": PA.segment_expert_params(gm),
+                                "prologue": PA.segment_expert_params(top, mine=pro)}
+            fb = {k: F.graph_forward(g) + F.graph_backward(g) for k, g in (("block", gm), ("prologue", pro),
+                                                                         ("epilogue", epi), ("loss", loss))}
+            self.seg_flops = {"block": fb["block"], "first": fb["prologue"], "last": fb["epilogue"] + fb["loss"]}
+            self.seg_fwd = {"block": F.graph_forward(gm), "first": F.graph_forward(pro),
+                            "last": F.graph_forward(epi) + F.graph_forward(loss)}
+            self.compiled_stages = (spec.mesh.size("pp"), spec.plan.virtual_stages, tuple(top.meta[P.STAGES]))
+            self.send_elements = sympy.expand(sympy.Mul(*gm.meta[T.INPUTS]["x"]))
+            self.act = MEM.block_activations(spec, gm.meta[T.REPEAT].body)
         else:
-            total += gm.meta[T.REPEAT].count * n
-    return sympy.expand(total)
+            total = PA.segment_params(top)
+            experts = PA.segment_expert_params(top)
+            for name, g in traced.blocks.items():
+                total += self.counts[name][0] * PA.segment_params(g)
+                experts += self.counts[name][0] * PA.segment_expert_params(g)
+            self.seg_params = {"all": sympy.expand(total)}
+            self.seg_experts = {"all": sympy.expand(experts)}
+            self.seg_flops = {"all": F.graph_forward(top) + F.graph_backward(top, traced.repeats())}
+        self.fn = {("params", k): self._fn(v) for k, v in self.seg_params.items()}
+        self.fn.update({("experts", k): self._fn(v) for k, v in self.seg_experts.items()})
+        self.fn.update({("flops", k): self._fn(v) for k, v in self.seg_flops.items()})
+        if self.piped:
+            self.fn.update({("fwd", k): self._fn(v) for k, v in self.seg_fwd.items()})
+            self.fn[("send", "x")] = self._fn(self.send_elements)
+        self._layouts: dict = {}
 
+    def _fn(self, expr) -> _Fn:
+        e = sympy.sympify(expr).xreplace(self.sub)
+        extra = e.free_symbols - set(ARGS)
+        if extra:
+            raise ValueError(f"cost formula {expr} has symbols the spec does not bind: {sorted(map(str, extra))}")
+        return _Fn(e)
 
-def params_per_rank(traced: T.Traced, pp: int = 1) -> sympy.Expr:
-    """Parameters one rank holds once the passes have run (tp shards counted at their local size; under pp, a
-    rank holding the first stage, and with interleaving its other stages too)."""
-    from compiler.passes import pipeline_split as P
-    top = traced.top
-    if P.STAGES in top.meta:
-        (gm,) = traced.blocks.values()
-        block = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
-        first = sum((sympy.Mul(*s) for s in top.meta[P.PROLOGUE].meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
-        return sympy.expand(first + _rank0_blocks(top, pp) * block)
-    total = sympy.Integer(0)
-    for name, gm in [("", traced.top)] + list(traced.blocks.items()):
-        n = sum((sympy.Mul(*s) for s in gm.meta[T.PARAM_SHAPES].values()), sympy.Integer(0))
-        total += n * (gm.meta[T.REPEAT].count if name else 1)
-    return sympy.expand(total)
+    # -- one plan -------------------------------------------------------------------------------------------------
 
+    def stages_for(self, plan, env) -> tuple:
+        """The stage layout: the plan's (its policies decided it, or the user wrote it), else the traced one when
+        pp and v match it, else cost-balanced as pipeline_split does."""
+        if plan.stages:
+            return tuple(plan.stages)
+        if plan.layout:
+            return tuple(plan.layout)
+        pp, v = plan.size("pp"), plan.virtual_stages
+        if (pp, v) == self.compiled_stages[:2]:
+            return self.compiled_stages[2]
+        key = (pp, v, env[:4])
+        if key not in self._layouts:
+            from compiler.passes.pipeline_split import balance_stages
+            one = env[:4] + (1,)
+            per_block, first, last = (int(self.fn[("fwd", k)](one)) for k in ("block", "first", "last"))
+            self._layouts[key] = balance_stages([per_block] * self.counts[self.block_name][1], pp * v, first, last)
+        return self._layouts[key]
 
-def _rank_flops_fwd(spec: S.Spec, traced: T.Traced) -> sympy.Expr:
-    """Forward FLOPs of one micro-batch on one rank: the graphs after the passes (tp shards them, ep gives each
-    rank its experts' share); under pp, the busiest pp rank: the blocks of its stages, plus the embedding on the
-    first stage and the head and loss on the last."""
-    from compiler.passes import pipeline_split as P
-    top = traced.top
-    if P.STAGES not in top.meta:
-        return T.graph_flops(top)
-    (gm,) = traced.blocks.values()
-    stages = top.meta[P.STAGES]
-    block = T.graph_flops(gm)
-    per_stage = [(hi - lo) * block for lo, hi in stages]
-    per_stage[0] += T.graph_flops(top.meta[P.PROLOGUE])
-    per_stage[-1] += T.graph_flops(top.meta[P.EPILOGUE]) + T.graph_flops(top.meta[P.LOSS])
-    pp = spec.mesh.size("pp")
-    per_rank = [sum(per_stage[r::pp], sympy.Integer(0)) for r in range(pp)]
-    one = {MICRO_BATCH: sympy.Integer(1)}
-    return max(per_rank, key=lambda f: spec.value(f.xreplace(one)))
-
-
-def costs(spec: S.Spec, traced: T.Traced) -> Costs:
-    params = M.symbolic_param_count(traced.model)
-    fwd = traced.model_flops_fwd
-    # Backward of a matmul is two matmuls of the same size (input and weight gradients): 2× forward.
-    step = sympy.expand(3 * fwd.xreplace({MICRO_BATCH: spec.train.global_batch}))
-    # One rank: its graphs' FLOPs (tp shards them) over its share of the batch.
-    m = spec.plan.micro_batches
-    rank_step = sympy.expand(3 * m * _rank_flops_fwd(spec, traced).xreplace(
-        {MICRO_BATCH: spec.train.global_batch / (spec.mesh.batch_ranks * m)}))
-    psi = spec.value(params)
-    local = params_per_rank(traced, spec.mesh.size("pp"))
-    dp = spec.mesh.size("dp")
-    # What our runtime holds: fp32 master weights and gradients (bf16 runs autocast them), AdamW's two moments.
-    stage = 3 if spec.plan.data_parallel == "fsdp" else 0
-    state = zero_model_state(spec.value(local), dp, stage, param_bytes=4, grad_bytes=4, k=8)
-    return Costs(params=params, params_n=psi, flops_fwd=fwd, flops_step=step, flops_step_n=spec.value(step),
-                 flops_rank_step_n=spec.value(rank_step),
-                 model_state=state, ledger=ledger(spec, traced, local),
-                 tokens_step=spec.value(spec.train.global_batch * spec.train.seq_len), params_local=local)
-
-
-def ledger(spec: S.Spec, traced: T.Traced, params: sympy.Expr, pp_rank: int = 0) -> Ledger:
-    """The collectives of one optimizer step on one rank: those the passes inserted, then data parallelism's.
-    Under pp the rank is pp rank `pp_rank` (0 by default: global rank 0, whose bytes the runtime's counter
-    writes), with every stage it holds."""
-    led = Ledger()
-    _pass_collectives(spec, traced, led, pp_rank)
-    _pipeline_transfers(spec, traced, led, pp_rank)
-    dp, ep = spec.mesh.size("dp"), spec.mesh.size("ep")
-    span = spec.mesh.axis_spans.get("dp")
-    experts = expert_params_per_rank(traced, spec.mesh.size("pp"))
-    # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
-    how = "one coalesced all-reduce after the pipeline step" if spec.mesh.size("pp") > 1 else "DDP, bucketed"
-    if ep > 1:
-        led.add(Collective(op="all_reduce", axis="dp×ep", elements=sympy.expand(params - experts), dtype_bytes=4,
-                           per_step=sympy.Integer(1), span=spec.mesh.axis_spans["ep"],
-                           reason=f"average the dense gradients over every batch shard, dp × ep ({how})",
-                           measured=False))
-        if dp > 1:
-            led.add(Collective(op="all_reduce", axis="dp", elements=experts, dtype_bytes=4,
-                               per_step=sympy.Integer(1), span=span,
-                               reason="sum the expert gradients over the dp ranks holding the same experts",
-                               measured=False))
-    elif dp > 1:
-        if spec.plan.data_parallel == "ddp":
-            led.add(Collective(op="all_reduce", axis="dp", elements=params, dtype_bytes=4, per_step=sympy.Integer(1),
-                               span=span, reason=f"average the gradients of the dp replicas ({how})",
-                               measured=False))
+    def estimate(self, plan, pp_rank: int = 0) -> Estimate:
+        if _structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
+            raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
+                             "sequence parallelism, tp layers): trace and run the passes for it")
+        spec = self.spec
+        dp, tp, ep, pp = (plan.size(a) for a in AXES)
+        m, mb = plan.micro_batches, plan.micro_batch_size
+        env = (dp, tp, ep, pp, mb)
+        fn = self.fn
+        if self.piped:
+            layout = self.stages_for(plan, env)
+            n = len(layout)
+            mine = range(pp_rank, n, pp)
+            nb = sum(layout[k][1] - layout[k][0] for k in mine)
+            on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
+            params_rank = fn[("params", "prologue")](env) + nb * fn[("params", "block")](env)
+            experts_rank = fn[("experts", "prologue")](env) + nb * fn[("experts", "block")](env)
+            fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
+            per_stage = [(hi - lo) * fb for lo, hi in layout]
+            per_stage[0] += ff
+            per_stage[-1] += fl
+            rank_flops = max(sum(per_stage[r::pp]) for r in range(pp))
         else:
-            led.add(Collective(op="all_gather", axis="dp", elements=params, dtype_bytes=4,
-                               per_step=sympy.Integer(2 * spec.plan.micro_batches), span=span,
-                               reason="FSDP: gather each block's weights for forward and again for backward, every "
-                                      "micro-batch", measured=False))
-            led.add(Collective(op="reduce_scatter", axis="dp", elements=params, dtype_bytes=4,
-                               per_step=sympy.Integer(1), span=span,
-                               reason="FSDP: reduce and shard the gradients", measured=False))
-    return led
+            layout, nb, on_rank = (), None, {"all": True}
+            params_rank = fn[("params", "all")](env)
+            experts_rank = fn[("experts", "all")](env)
+            rank_flops = fn[("flops", "all")](env)
+        stage = 3 if plan.data_parallel == "fsdp" else 0
+        state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
+        stages = self._stages(plan, env, layout) if layout else ()
+        led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
+        return Estimate(params=self.params, params_n=self.params_n, params_rank=int(params_rank),
+                        expert_params_rank=int(experts_rank), flops_fwd=self.flops_fwd, flops_step=self.flops_step,
+                        flops_step_n=self.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
+                        stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank)
 
+    def _stages(self, plan, env, layout) -> tuple:
+        p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+        shard = plan.size("dp") if plan.data_parallel == "fsdp" else 1
+        pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
+        act = self.act.bytes(plan.micro_batch_size, plan.size("tp"), plan.sequence_parallel)
+        out = []
+        for k, (lo, hi) in enumerate(layout):
+            n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == len(layout) - 1 else 0)
+            r = k % p
+            out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * MEM.STATE_BYTES / shard,
+                             activations=act * (hi - lo) * in_flight(plan.schedule, p, m, v, r)))
+        return tuple(out)
 
-def _rank_view(spec: S.Spec, traced: T.Traced, pp_rank: int):
-    """Under pp, what pp rank `pp_rank` runs over all the stages it holds (r, r + pp, ...: several under
-    interleaving): its block count, and which top-level nodes (by name) are its own (the prologue on the rank of
-    stage 0, the epilogue and loss on the rank of the last stage). Without pp: (None, None), everything."""
-    from compiler.passes import pipeline_split as P
-    top = traced.top
-    if P.STAGES not in top.meta:
-        return None, None
-    stages = top.meta[P.STAGES]
-    pp = spec.mesh.size("pp")
-    mine = range(pp_rank, len(stages), pp)
-    blocks = sum(stages[k][1] - stages[k][0] for k in mine)
-    own = set()
-    if 0 in mine:
-        own |= {n.name for n in top.meta[P.PROLOGUE].graph.nodes}
-    if len(stages) - 1 in mine:
-        own |= {n.name for n in top.meta[P.EPILOGUE].graph.nodes} | {n.name for n in top.meta[P.LOSS].graph.nodes}
-    return blocks, own
+    def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
+        """The collectives of one optimizer step on one rank: those the passes inserted, the pipeline's sends, then
+        data parallelism's."""
+        spec = self.spec
+        dp, tp, ep, pp = env[:4]
+        m = plan.micro_batches
+        act_bytes = BYTES[spec.train.precision]
+        axes = dict(plan.axes)
+        ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
+        b_sym = spec.train.global_batch / (ranks_sym * m)
+        entries = []
 
+        def times_of(where):
+            kind, name = where
+            if kind == "block":
+                if nb is not None:
+                    return m * nb, None
+                count_sym, count = self.counts[name]
+                return m * count, (lambda: m * count_sym)
+            return (m, None) if on_rank.get(name, False) else (0, None)
 
-def _pass_collectives(spec: S.Spec, traced: T.Traced, led: Ledger, pp_rank: int = 0) -> None:
-    """One ledger entry per direction of each collective call the passes inserted into the graphs, for one rank
-    (under pp: pp rank `pp_rank`, every stage it holds)."""
-    m = spec.plan.micro_batches
-    # Sequences in one micro-batch on one rank.
-    b_local = spec.train.global_batch / (batch_ranks(spec) * m)
-    act_bytes = BYTES[spec.train.precision]
-    stage_blocks, own = _rank_view(spec, traced, pp_rank)
-    for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
-        times = m * ((gm.meta[T.REPEAT].count if stage_blocks is None else stage_blocks) if name else 1)
-        for node in gm.graph.nodes:
-            note = node.meta.get(T.COLLECTIVE)
-            if note is None or (not name and own is not None and node.name not in own):
+        for site, f in self.sites:
+            times, per_step = times_of(site.where)
+            if not times:
                 continue
-            tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
-            elements = note.count * sympy.Mul(*tensor.meta[T.SHAPE]).xreplace({MICRO_BATCH: b_local})
-            # A gradient has its tensor's dtype: an fp32 tensor (the residual stream, a norm's output) moves 4 bytes
-            # per element also under bf16 autocast.
-            fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
-            for direction, op in (("forward", note.forward), ("backward", note.backward)):
-                if op:
-                    led.add(Collective(op=op, axis=note.axis, elements=sympy.expand(elements),
-                                       dtype_bytes=4 if fp32 else act_bytes, per_step=times,
-                                       span=node.meta.get(T.SPAN), reason=note.reason, direction=direction))
-    partial = sympy.Integer(0)
-    for name, gm in [("", traced.top)] + list(traced.blocks.items()):
-        shapes = gm.meta[T.PARAM_SHAPES]
-        mine = [p for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())
-                if name or own is None or any(n.startswith(p.split(".")[0]) for n in own)]
-        n = sum((sympy.Mul(*shapes[p]) for p in mine), sympy.Integer(0))
-        partial += n * ((gm.meta[T.REPEAT].count if stage_blocks is None else stage_blocks) if name else 1)
-    if partial != 0:
-        if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1:
-            partial = partial / size("dp")  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
-        led.add(Collective(op="all_reduce", axis="tp", elements=sympy.expand(partial), dtype_bytes=4,
-                           per_step=sympy.Integer(1), span=spec.mesh.axis_spans.get("tp"),
-                           reason="sequence parallelism: each rank's norm and row-bias gradients cover only its "
-                                  "sequence chunk", direction="step"))
+            dtype = 4 if site.fp32 else act_bytes
+            entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
+                                      reason=site.reason, direction=site.direction, times=times,
+                                      bytes=int(f(env) * dtype * times),
+                                      element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
+                                      per_step_formula=per_step))
+        partial_n, parts = 0, []
+        for where, (expr, f) in self.partial.items():
+            times, _ = times_of(where)
+            if times:
+                k = times // m
+                partial_n += k * f(env)
+                parts.append((expr, self.counts[where[1]][0] if where[0] == "block" and nb is None else k))
+        if partial_n:
+            fsdp = plan.data_parallel == "fsdp" and dp > 1
+            if fsdp:
+                partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
+            def partial_formula(parts=tuple(parts), fsdp=fsdp):
+                total = sum((e * k for e, k in parts), sympy.Integer(0))
+                return total / size("dp") if fsdp else total
+            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=4, span=spec.mesh.axis_spans.get("tp"),
+                                      reason="sequence parallelism: each rank's norm and row-bias gradients cover "
+                                             "only its sequence chunk", direction="step", times=1,
+                                      bytes=int(partial_n * 4), element_formula=partial_formula))
+        if nb is not None:
+            self._transfers(plan, env, pp_rank, entries, b_sym)
+        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        return Ledger(tuple(entries))
+
+    def _transfers(self, plan, env, pp_rank, entries, b_sym) -> None:
+        """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
+        interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h
+        elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the
+        runtime counts. The residual stream stays fp32 under autocast (its adds promote): the boundary sends fp32."""
+        n = plan.size("pp") * plan.virtual_stages
+        m = plan.micro_batches
+        elements = self.fn[("send", "x")](env)
+        span = self.spec.mesh.axis_spans.get("pp")
+        expr = self.send_elements
+        for stage in range(pp_rank, n, plan.size("pp")):
+            for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
+                                          ("forward", "activations from the previous stage", stage > 0),
+                                          ("backward", "gradients to the previous stage", stage > 0),
+                                          ("backward", "gradients from the next stage", stage < n - 1)):
+                if cond:
+                    entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=4, span=span,
+                                              reason=f"pipeline stage {stage}: {what}, per micro-batch",
+                                              direction=direction, times=m, bytes=int(elements * 4 * m),
+                                              element_formula=lambda: expr.xreplace({MICRO_BATCH: b_sym})))
+
+    def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
+        spec = self.spec
+        dp, ep, pp = plan.size("dp"), plan.size("ep"), plan.size("pp")
+        if nb is None:
+            params = lambda: self.seg_params["all"]  # noqa: E731
+            experts = lambda: self.seg_experts["all"]  # noqa: E731
+        else:
+            params = lambda: sympy.expand(self.seg_params["prologue"] + nb * self.seg_params["block"])  # noqa: E731
+            experts = lambda: sympy.expand(self.seg_experts["prologue"] + nb * self.seg_experts["block"])  # noqa
+        span = spec.mesh.axis_spans.get("dp")
+        # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
+        how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
+        def add(op, axis, n_elements, times, span, reason, formula):
+            entries.append(Collective(op=op, axis=axis, dtype_bytes=4, span=span, reason=reason, times=times,
+                                      bytes=int(n_elements * 4 * times), measured=False, element_formula=formula))
+        if ep > 1:
+            add("all_reduce", "dp×ep", params_rank - experts_rank, 1, spec.mesh.axis_spans.get("ep"),
+                f"average the dense gradients over every batch shard, dp × ep ({how})",
+                lambda: sympy.expand(params() - experts()))
+            if dp > 1:
+                add("all_reduce", "dp", experts_rank, 1, span,
+                    "sum the expert gradients over the dp ranks holding the same experts", experts)
+        elif dp > 1:
+            if plan.data_parallel == "ddp":
+                add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
+                    params)
+            else:
+                add("all_gather", "dp", params_rank, 2 * plan.micro_batches, span,
+                    "FSDP: gather each block's weights for forward and again for backward, every micro-batch", params)
+                add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
 
 
-def _pipeline_transfers(spec: S.Spec, traced: T.Traced, led: Ledger, pp_rank: int = 0) -> None:
-    """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
-    interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h elements;
-    sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the runtime counts."""
-    from compiler.passes import pipeline_split as P
-    if P.STAGES not in traced.top.meta:
-        return
-    (gm,) = traced.blocks.values()
-    x = gm.meta[T.INPUTS]["x"]
-    elements = sympy.expand(sympy.Mul(*x).xreplace({MICRO_BATCH: spec.train.global_batch /
-                                                    (batch_ranks(spec) * spec.plan.micro_batches)}))
-    span = spec.mesh.axis_spans.get("pp")
-    n = len(traced.top.meta[P.STAGES])
-    m = sympy.Integer(spec.plan.micro_batches)
-    for stage in range(pp_rank, n, spec.mesh.size("pp")):
-        for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
-                                      ("forward", "activations from the previous stage", stage > 0),
-                                      ("backward", "gradients to the previous stage", stage > 0),
-                                      ("backward", "gradients from the next stage", stage < n - 1)):
-            if cond:
-                # The residual stream stays fp32 under autocast (its adds promote), so the boundary sends fp32.
-                led.add(Collective(op="send_recv", axis="pp", elements=elements, dtype_bytes=4,
-                                   per_step=m, span=span, reason=f"pipeline stage {stage}: {what}, per micro-batch",
-                                   direction=direction))
+def _structure_of(axes, sp: bool, tp_layers) -> tuple:
+    return (tuple((a, n > 1) for a, n in axes), bool(sp), tuple(tp_layers))
+
+
+def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:
+    """The cost of `plan` (a compiler.plan.Plan) from the graphs `traced` after its passes."""
+    return CostModel(spec, traced).estimate(plan, pp_rank)
+
+
+def costs(spec: S.Spec, traced: T.Traced) -> Estimate:
+    """The Estimate of the plan the spec writes (the driver's call)."""
+    from compiler.plan import from_spec
+    return estimate(spec, from_spec(spec), traced)
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------

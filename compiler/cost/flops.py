@@ -1,0 +1,81 @@
+"""FLOPs: the forward comes from the trace (trace.FLOPS on every node, matmuls only, 2·m·n·k); the backward from a
+rule per node, never a blanket 3×.
+
+The rule: a node's backward computes the gradient of each of its operands that needs one, and each such gradient
+is a matmul of the forward's size (for y = x·W: dx = dy·Wᵀ and dW = xᵀ·dy). So backward FLOPs = forward FLOPs × the
+number of the node's operands that need a gradient: a weight always does; an activation does when it depends on a
+parameter or on a block's input (the token ids and targets do not). A `repeat` node's backward is its block's,
+times the count.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+
+from compiler.lazy import lazy
+
+if TYPE_CHECKING:
+    from torch import fx
+
+T = lazy("compiler.trace")  # torch loads on first use: compiler.cost.devices is read by the torch-free checker
+
+# Graph inputs that need no gradient: the token ids and targets of the top level (a block's `x` and a pipeline
+# piece's `x` or `logits` carry the residual stream, which does).
+NO_GRAD_INPUTS = frozenset({"tokens", "targets"})
+
+
+def _needs_grad(gm: fx.GraphModule) -> dict:
+    """node -> whether its value depends on a parameter or a gradient-carrying input."""
+    out: dict = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            out[node] = node.target not in NO_GRAD_INPUTS
+        elif node.op == "get_attr":
+            out[node] = True
+        else:
+            deps = [a for a in node.all_input_nodes]
+            has_params = node.op == "call_module" and any(True for _ in gm.get_submodule(node.target).parameters())
+            out[node] = has_params or any(out.get(a, False) for a in deps)
+    return out
+
+
+def node_backward(node: fx.Node, gm: fx.GraphModule, needs: dict, repeats: dict | None = None) -> sympy.Expr:
+    """Backward FLOPs of one node (see the module's rule)."""
+    import torch.nn.functional as F
+    from torch import fx
+    fwd = node.meta.get(T.FLOPS, 0)
+    if fwd == 0:
+        return sympy.Integer(0)
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        if repeats is not None and node.target in repeats:
+            count, block = repeats[node.target]
+            return count * graph_backward(block)
+        weights = 1 if any(True for _ in mod.parameters()) else 0
+        inputs = sum(1 for a in node.all_input_nodes if needs.get(a, False))
+        return fwd * (weights + inputs)
+    if node.target is F.scaled_dot_product_attention:
+        # Two matmuls fused: S = Q·Kᵀ and O = P·V (P = softmax(S)). Backward: dV = Pᵀ·dO and dP = dO·Vᵀ (P needs
+        # its gradient when Q or K does), then dQ = dS·K and dK = dSᵀ·Q: one matmul of each forward matmul's size
+        # per operand that needs a gradient.
+        q, k, v = node.args[:3]
+        b, h, sq, d = q.meta[T.SHAPE]
+        sk, dv = k.meta[T.SHAPE][2], v.meta[T.SHAPE][3]
+        qk, pv = 2 * b * h * sq * sk * d, 2 * b * h * sq * sk * dv
+        p_needs = needs.get(q, False) or needs.get(k, False)
+        return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+    # a matmul of two operands (F.linear's input and weight, or two activations): one gradient matmul per operand
+    # that needs one
+    operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
+    return fwd * sum(1 for a in operands if needs.get(a, False))
+
+
+def graph_backward(gm: fx.GraphModule, repeats: dict | None = None) -> sympy.Expr:
+    """Backward FLOPs of one micro-batch through `gm` (of its forward's FLOPs, by node)."""
+    needs = _needs_grad(gm)
+    return sympy.expand(sum((node_backward(n, gm, needs, repeats) for n in gm.graph.nodes), sympy.Integer(0)))
+
+
+def graph_forward(gm: fx.GraphModule) -> sympy.Expr:
+    return T.graph_flops(gm)

@@ -1,0 +1,140 @@
+"""The communication ledger: every collective one rank issues in one optimizer step, with its reason and where it
+comes from. The collectives the passes inserted are read off the graphs once (`sites`); which rank, how many
+blocks it holds and how many micro-batches run are the plan's, applied per estimate (compiler/cost/__init__.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
+
+import sympy
+
+from compiler.lazy import lazy
+from compiler.diagnostics import Span
+
+T = lazy("compiler.trace")  # torch loads on first use (the checker reads compiler.cost.devices)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One collective the plan issues: what, over which axis, how much, and why.
+
+    `times` and `bytes` are numbers for the plan costed; `elements` and `per_step` are the formulas of the same
+    (in the user's sizes: `layers`, `global_batch`, `dp`, ...), built only when asked for (printing, plan.json)."""
+
+    op: str              # all_reduce | all_gather | reduce_scatter | all_to_all | send_recv
+    axis: str
+    dtype_bytes: int
+    span: Span | None
+    reason: str
+    direction: str = "step"  # "forward", "backward", or "step" (once per optimizer step)
+    measured: bool = True    # issued through runtime.collectives, so the runtime can count its bytes
+    times: int = 1           # occurrences per optimizer step on one rank
+    bytes: int = 0           # bytes per step on one rank: elements · dtype_bytes · times
+    element_formula: Callable = field(default=None, compare=False, repr=False)
+    per_step_formula: Callable = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def elements(self) -> sympy.Expr:
+        """Elements of the full (unsharded along `axis`) tensor, per occurrence."""
+        return sympy.expand(self.element_formula())
+
+    @cached_property
+    def per_step(self) -> sympy.Expr:
+        return self.per_step_formula() if self.per_step_formula else sympy.Integer(self.times)
+
+    def bytes_per_step(self) -> sympy.Expr:
+        return sympy.expand(self.elements * self.dtype_bytes * self.per_step)
+
+    def wire_elements(self, n) -> sympy.Expr:
+        """Elements each rank sends per occurrence with ring algorithms over `n` ranks: an all-reduce is a
+        reduce-scatter then an all-gather, 2(n-1)/n of the tensor; either half alone (n-1)/n (Patarasuk & Yuan)."""
+        factor = {"all_reduce": 2 * (n - 1) / sympy.Integer(n)}.get(self.op, (n - 1) / sympy.Integer(n))
+        return self.elements * factor
+
+
+@dataclass(frozen=True)
+class Ledger:
+    entries: tuple = ()
+
+    def bytes(self, op: str | None = None, axis: str | None = None, measured: bool | None = None) -> int:
+        return sum(c.bytes for c in self.entries if (op is None or c.op == op) and (axis is None or c.axis == axis)
+                   and (measured is None or c.measured == measured))
+
+
+@dataclass(frozen=True)
+class Site:
+    """One direction of one collective call the passes inserted into a graph (per micro-batch, per occurrence)."""
+
+    op: str
+    axis: str
+    elements: sympy.Expr    # in µb (the symbol MICRO_BATCH: sequences per micro-batch on one rank)
+    fp32: bool              # moves 4 bytes per element whatever the precision
+    span: Span | None
+    reason: str
+    direction: str
+    where: tuple            # ("block", repeat name) or ("top", piece): piece "all" without pp, else
+                            # "prologue" | "epilogue" | "loss"
+
+
+def pieces(traced: T.Traced) -> dict | None:
+    """Under pp, top-level node name -> the pipeline piece that runs it; None without pp."""
+    from compiler.passes import pipeline_split as P
+    top = traced.top
+    if P.STAGES not in top.meta:
+        return None
+    out = {}
+    for piece, key in (("prologue", P.PROLOGUE), ("epilogue", P.EPILOGUE), ("loss", P.LOSS)):
+        for n in top.meta[key].graph.nodes:
+            out.setdefault(n.name, piece)
+    return out
+
+
+def sites(traced: T.Traced) -> list[Site]:
+    """Every collective the passes inserted, per segment and direction, in graph order (blocks, then the top)."""
+    owner = pieces(traced)
+    out = []
+    for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
+        for node in gm.graph.nodes:
+            note = node.meta.get(T.COLLECTIVE)
+            if note is None:
+                continue
+            if name:
+                where = ("block", name)
+            elif owner is None:
+                where = ("top", "all")
+            elif node.name in owner:
+                where = ("top", owner[node.name])
+            else:
+                continue
+            tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
+            elements = sympy.expand(note.count * sympy.Mul(*tensor.meta[T.SHAPE]))
+            # A gradient has its tensor's dtype: an fp32 tensor (the residual stream, a norm's output) moves 4 bytes
+            # per element also under bf16 autocast.
+            fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
+            for direction, op in (("forward", note.forward), ("backward", note.backward)):
+                if op:
+                    out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
+                                    where))
+    return out
+
+
+def partial_grads(traced: T.Traced) -> dict:
+    """Elements of the gradients sequence parallelism leaves partial per tp rank (norms, row biases), per segment
+    ("block", name) or ("top", piece), to be all-reduced over tp once per step."""
+    owner = pieces(traced)
+    out: dict = {}
+    for name, gm in [("", traced.top)] + list(traced.blocks.items()):
+        shapes = gm.meta[T.PARAM_SHAPES]
+        for p in gm.meta.get(T.TP_PARTIAL_GRADS, ()):
+            if name:
+                where = ("block", name)
+            elif owner is None:
+                where = ("top", "all")
+            else:
+                piece = next((pc for n, pc in owner.items() if n.startswith(p.split(".")[0])), None)
+                if piece is None:
+                    continue
+                where = ("top", piece)
+            out[where] = out.get(where, sympy.Integer(0)) + sympy.Mul(*shapes[p])
+    return {k: sympy.expand(v) for k, v in out.items()}
