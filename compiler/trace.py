@@ -14,6 +14,7 @@ error, so a new layer cannot silently drop out of the cost model.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 
@@ -102,8 +103,8 @@ class Traced:
         # it shards): shared, not copied, so a 96-block model copies in milliseconds.
         memo = {id(self.model): self.model}
         memo.update({id(m): m for m in self.top.modules() if isinstance(m, Repeat)})
-        return Traced(self.model, copy.deepcopy(self.top, memo), {k: copy.deepcopy(v, memo) for k, v in
-                                                                  self.blocks.items()}, self.model_flops_fwd)
+        return dataclasses.replace(self, top=copy.deepcopy(self.top, memo),
+                                   blocks={k: copy.deepcopy(v, memo) for k, v in self.blocks.items()})
 
     def segments(self):
         """(class name in the emitted program, GraphModule), blocks first: the top level refers to them."""
