@@ -71,3 +71,13 @@ def test_a_bad_file_is_reported_without_torch_too():
         p.name for p in (ROOT / "tests" / "golden" / "diagnostics").glob("*.scale"))[0])
     assert got["rc"] == 1 and "aborting due to" in got["out"]
     assert got["heavy"] == []
+
+
+def test_the_rule_bearing_pass_modules_import_without_torch():
+    code = ("import sys, compiler.passes.pipeline_split, compiler.passes.expert_parallel, compiler.cost, "
+            "compiler.cost.devices, compiler.codes, compiler.plan\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'runtime')))[:5])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
