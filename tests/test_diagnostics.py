@@ -57,7 +57,8 @@ ELSEWHERE = {"E0901": "scalec reshard OLD NEW on two different models: tests/tes
 
 def test_every_code_has_a_case():
     """Each diagnostic code the checker can emit has at least one golden case."""
-    source = "".join(p.read_text() for p in (Path(__file__).parents[1] / "compiler").rglob("*.py"))
+    source = "".join(p.read_text() for p in (Path(__file__).parents[1] / "compiler").rglob("*.py")
+                     if p.name != "codes.py")  # the register of codes emits none (it lists retired ones too)
     emitted = set(re.findall(r'"(E\d{4})"', source))
     covered = {code for case in CASES for _, code in _markers(case.read_text())} | set(ELSEWHERE)
     assert emitted - covered == set(), f"codes without a golden case: {sorted(emitted - covered)}"

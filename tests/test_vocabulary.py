@@ -49,7 +49,8 @@ def test_cli_flags_are_pinned(monkeypatch):
         pass
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
-        "check": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"}, "compile": {"-h", "--help", "-o", "--output"},
+        "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"},
+        "compile": {"-h", "--help", "-o", "--output"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
                 "--local-nodes"},
         "reshard": {"-h", "--help"}}

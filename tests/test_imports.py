@@ -1,0 +1,63 @@
+"""Which compiler modules may import the runtime, and why (README, "How it works").
+
+The compiler decides and the runtime executes. A compiler module imports runtime/ only where the program it emits
+calls that runtime code, so that what is traced, costed and proved is the very code that runs:
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+
+ALLOWED = {
+    "compiler/model.py": "builds the model from runtime.layers (Repeat, Bias) and runtime.moe (Experts, routing): "
+                         "the modules the generated program instantiates",
+    "compiler/layers/": "layer builders instantiate the same runtime leaves (the model's new home on the layers "
+                        "branch)",
+    "compiler/trace.py": "keeps runtime leaves (Repeat, Experts, collectives) whole in the traced graph",
+    "compiler/schedule.py": "re-exports runtime.schedule: the schedule the program executes is the one verified",
+    "compiler/passes/tensor_parallel.py": "inserts calls to runtime.collectives into the graph",
+    "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
+    "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
+}
+
+
+def _imports_runtime(path: Path) -> bool:
+    """Any import of runtime, at the top or inside a function."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "runtime":
+            return True
+    return False
+
+
+def _allowed(rel: str) -> bool:
+    return any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in ALLOWED)
+
+
+def test_only_the_allow_list_of_compiler_modules_imports_the_runtime():
+    importing = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "compiler").rglob("*.py") if _imports_runtime(p))
+    assert "compiler/trace.py" in importing  # the scan sees imports (a broken scan would find none and pass)
+    assert [m for m in importing if not _allowed(m)] == [], (
+        "these compiler modules import runtime/ but emit no call to it: move the code, or add them to ALLOWED "
+        "with the reason")
+    # nothing on the list is stale: each entry that exists still imports the runtime
+    for key in ALLOWED:
+        if (ROOT / key).is_file():
+            assert key in importing, f"{key} no longer imports runtime/: drop it from ALLOWED"
+
+
+def test_the_checker_and_the_rules_import_no_runtime():
+    for rel in ("compiler/check.py", "compiler/binder.py", "compiler/rules.py", "compiler/plan.py",
+                "compiler/codes.py", "compiler/cost/devices.py", "compiler/cli.py"):
+        assert not _imports_runtime(ROOT / rel), rel
+
+
+def test_the_runtime_never_imports_the_compiler():
+    for p in (ROOT / "runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert not any(n.split(".")[0] == "compiler" for n in names), p
