@@ -50,7 +50,7 @@ def test_cli_flags_are_pinned(monkeypatch):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
         "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"},
-        "compile": {"-h", "--help", "-o", "--output"},
+        "compile": {"-h", "--help", "-o", "--output", "--show-graphs"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
                 "--local-nodes"},
         "reshard": {"-h", "--help"}}
