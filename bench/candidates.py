@@ -52,8 +52,6 @@ def grid(base, spec) -> list:
 
 
 def run(path: str) -> dict:
-    from compiler import cost as C
-    from compiler import rules as R
     from compiler.candidates import Candidates
     from compiler.check import check_path
     from compiler.plan import from_spec
@@ -70,12 +68,12 @@ def run(path: str) -> dict:
         estimates.clear()
         t = time.perf_counter()
         for plan in plans:
-            problems = R.check_plan(spec, plan)
+            problems = cands.requires(plan)
             if problems:
                 rejected[problems[0].code] += 1
                 continue
             decided = cands.decide(plan)
-            estimates.append((decided, C.estimate_plan(cands, decided)))
+            estimates.append((decided, cands.estimate(decided)))
         return time.perf_counter() - t
 
     warm = one_pass()
@@ -94,14 +92,18 @@ def main(argv: list[str]) -> int:
         worst = min(worst, r["per_second"])
         print(f"{r['sample']}: traced once in {r['trace_s']:.2f} s; {r['candidates']:,} candidates, "
               f"{r['costed']:,} passed the rules and were costed; warm-up pass {r['warmup_s']:.2f} s")
-        print(f"  median of 3 passes: {r['median_s'] * 1e3:.1f} ms = {r['per_second']:,.0f} candidates/s "
-              f"(built, checked{', decided and costed' if r['costed'] else ''})")
+        costed = r["costed"] / r["median_s"]
+        worst = min(worst, costed)
+        print(f"  median of 3 passes: {r['median_s'] * 1e3:.1f} ms = {r['per_second']:,.0f} candidates/s built and "
+              f"checked; counting the whole time against the {r['costed']:,} that passed and were decided and "
+              f"costed: {costed:,.0f}/s")
         print("  rejected by: " + ", ".join(f"{code} × {n}" for code, n in sorted(r["rejected"].items())))
-        fits = sorted((e.model_state_per_rank, p.describe()) for p, e in r["estimates"]
-                      if e.model_state_per_rank <= r["memory_gb"] * 1e9)
+        fits = sorted((e.model_state.total, p.describe()) for p, e in r["estimates"]
+                      if e.model_state.total <= r["memory_gb"] * 1e9)
         for state, what in fits[:3]:
             print(f"  fits: {what}: model state {state / 1e9:.3g} GB per rank")
-    print(f"slowest: {worst:,.0f} candidates/s ({'meets' if worst >= 1000 else 'BELOW'} the 1,000/s target)")
+    print(f"slowest (costed plans per second of the whole loop): {worst:,.0f}/s "
+          f"({'meets' if worst >= 1000 else 'BELOW'} the 1,000/s target)")
     return 0 if worst >= 1000 else 1
 
 

@@ -19,10 +19,9 @@ from compiler.symbols import size
 
 
 def structure(plan: P.Plan) -> tuple:
-    """What decides the shape of the sharded graphs (not their sizes)."""
-    tp = plan.size("tp") > 1
-    return (tp, tp and plan.sequence_parallel, tuple(plan.tp_layers) if tp else (), plan.size("ep") > 1,
-            plan.size("pp") > 1)
+    """What decides the shape of the sharded graphs and the cost model's formulas (not their sizes): which axes
+    the mesh has and which are above 1, sequence parallelism, the layer kinds tp shards."""
+    return (tuple((a, n > 1) for a, n in plan.axes), bool(plan.sequence_parallel), tuple(plan.tp_layers))
 
 
 @dataclass
@@ -31,6 +30,7 @@ class _Structure:
     sharded: object        # trace.Traced after the tp and ep passes (and the cut when pp > 1), symbolic in sizes
     split: tuple           # pipeline_split.split_costs: per-block, first and last FLOPs per sequence, as functions
     blocks: int
+    cost: object           # cost.CostModel of this structure
 
 
 class Candidates:
@@ -57,7 +57,7 @@ class Candidates:
             from compiler import pipeline as D
             decided = D.decide_parallel(self.unsharded, plan)
             sharded = self.unsharded.copy()
-            tp_pass, ep_pass, _ = D._passes()
+            tp_pass, ep_pass, pp_pass = D._passes()
             sharded = ep_pass(tp_pass(sharded, decided), decided)
             split, blocks = (), 0
             if plan.size("pp") > 1:
@@ -67,7 +67,13 @@ class Candidates:
                 fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
                 split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed))
                               for f in PS.split_costs(sharded))
-            got = self._structures[key] = _Structure(decided, sharded, split, blocks)
+            got = _Structure(decided, sharded, split, blocks, None)
+            self._structures[key] = got
+            if plan.size("pp") > 1:  # the cut itself is the same for every layout: the plan says which blocks
+                decided = self.decide(plan)
+                sharded = pp_pass(sharded, decided)
+            from compiler import cost as C
+            got.cost = C.CostModel(P.respec(self.spec, decided), sharded)
         return got
 
     def decide(self, plan: P.Plan) -> P.Plan:
@@ -82,6 +88,15 @@ class Candidates:
         sizes = [plan.size(a) for a in P.AXES]
         per_block, first, last = (int(f(*sizes)) for f in st.split)
         return replace(plan, stages=PS.stage_policy(plan, st.blocks, per_block, first, last))
+
+    def requires(self, plan: P.Plan) -> list:
+        """What every rule says of `plan` (compiler/rules.py: each pass module's `requires`, the mesh's)."""
+        from compiler import rules as R
+        return R.check_plan(self.spec, plan)
+
+    def estimate(self, plan: P.Plan, pp_rank: int = 0):
+        """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model."""
+        return self._structure(plan).cost.estimate(plan, pp_rank)
 
     def sharded(self, plan: P.Plan):
         """The graphs after tp and ep (symbolic in sizes) for `plan`'s structure."""

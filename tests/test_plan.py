@@ -82,3 +82,19 @@ def test_show_graphs_prints_each_segment_after_each_pass(tmp_path, capsys):
         assert f"# ---- Block after {after} ----" in err and f"# ---- Model after {after} ----" in err
     tp_part = err.split("# ---- Block after tensor_parallel_pass ----")[1].split("# ----")[0]
     assert "identity_fwd_all_reduce_bwd" not in tp_part and "all_gather_fwd_reduce_scatter_bwd" in tp_part
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.stem for p in SAMPLES])
+def test_a_candidate_costs_what_compile_prints(path):
+    """The candidate equal to the file's plan, decided and costed from the structure cache, has compile's
+    Estimate: same parameters per rank, model state, stages, FLOPs and ledger."""
+    spec = check_path(str(path))
+    compiled = compile_spec(spec)
+    cands = Candidates(spec, compiled.unsharded)
+    plan = from_spec(spec)
+    assert cands.requires(plan) == []
+    got, want = cands.estimate(cands.decide(plan)), compiled.costs
+    assert (got.params_rank, got.model_state, got.stages, got.flops_rank_step_n) == \
+           (want.params_rank, want.model_state, want.stages, want.flops_rank_step_n)
+    assert [(c.op, c.axis, c.direction, c.bytes_per_step()) for c in got.ledger.entries] == \
+           [(c.op, c.axis, c.direction, c.bytes_per_step()) for c in want.ledger.entries]
