@@ -9,7 +9,7 @@ program that would be emitted.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import sympy
 
@@ -31,6 +31,7 @@ class _Structure:
     split: tuple           # pipeline_split.split_costs: per-block, first and last FLOPs per sequence, as functions
     blocks: int
     cost: object           # cost.CostModel of this structure
+    layouts: dict = field(default_factory=dict)  # (axis sizes, stages, manual layout) -> stage layout
 
 
 class Candidates:
@@ -85,9 +86,13 @@ class Candidates:
                                                      for cls, ps in st.plan.ep))
         if plan.size("pp") == 1:
             return replace(plan, stages=())
-        sizes = [plan.size(a) for a in P.AXES]
-        per_block, first, last = (int(f(*sizes)) for f in st.split)
-        return replace(plan, stages=PS.stage_policy(plan, st.blocks, per_block, first, last))
+        sizes = tuple(plan.size(a) for a in P.AXES)
+        key = (sizes, plan.pipeline_stages, plan.layout)
+        stages = st.layouts.get(key)
+        if stages is None:  # many candidates share their stage costs: balance each once
+            per_block, first, last = (int(f(*sizes)) for f in st.split)
+            stages = st.layouts[key] = PS.stage_policy(plan, st.blocks, per_block, first, last)
+        return replace(plan, stages=stages)
 
     def requires(self, plan: P.Plan) -> list:
         """What every rule says of `plan` (compiler/rules.py: each pass module's `requires`, the mesh's)."""

@@ -23,6 +23,12 @@ MICRO_BATCH = size("µb")         # sequences in one micro-batch on one rank
 
 def evaluate(expr, values: dict) -> int | float:
     """The number an expression takes once every symbol has its value."""
+    if isinstance(expr, int):  # the common cases, without building a substitution (rules run per candidate)
+        return expr
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol) and expr in values:
+        return values[expr]
     v = sympy.sympify(expr).xreplace({k: sympy.Integer(n) for k, n in values.items()})
     if v.free_symbols:
         raise ValueError(f"unbound symbols in {expr}: {sorted(map(str, v.free_symbols))}")
