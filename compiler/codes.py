@@ -84,6 +84,13 @@ CODES: dict[str, Code] = {
     "E0406": Code("sequence parallelism needs every layer kind sharded", "Sequence parallelism replaces the "
                   "all-reduces of attention, MLP and vocabulary with reduce-scatter/all-gather pairs; it needs all "
                   "three in `tp_layers`."),
+    "E0407": Code("tp cannot shard this layer", "The tensor-parallel pass shards a layer by pairing its column "
+                  "linears (split by output) with its row linear (split by input) through operations known to keep a "
+                  "head or inner-width shard whole (head split and merge, attention, activations, the SwiGLU "
+                  "product). An operation outside that list between them (for instance the cat, slicing and "
+                  "negation of a rotary embedding) would need its own rule; rather than run the layer replicated "
+                  "while the plan says tp, the compiler refuses the plan at the layer. Leave the layer kind out of "
+                  "`tp_layers`, or use tp = 1."),
     # -- memory ---------------------------------------------------------------------------------------------------
     "E0501": Code("model state does not fit", "The parameters, gradients and optimizer state one rank holds exceed "
                   "the memory of its device. `compile` and `run` refuse such a plan; `plan` shows the breakdown. "

@@ -57,12 +57,21 @@ def verify(traced, after: str) -> None:
 
 
 def decide_parallel(traced, plan: P.Plan) -> P.Plan:
-    """The tensor- and expert-parallel policies over every segment of the unsharded trace."""
+    """The tensor- and expert-parallel policies over every segment of the unsharded trace. A layer the plan asks tp
+    to shard that the policy cannot shard is refused (E0407): tp fails closed."""
     from compiler.passes.expert_parallel import ep_policy
-    from compiler.passes.tensor_parallel import tp_policy
-    tp = tuple((cls, tp_policy(gm, plan)) for cls, gm in traced.segments()) if plan.size("tp") > 1 else ()
+    from compiler.passes.tensor_parallel import tp_policy, unsharded
+    tp, problems = [], []
+    if plan.size("tp") > 1:
+        for cls, gm in traced.segments():
+            decision = tp_policy(gm, plan)
+            problems += unsharded(gm, plan, decision)
+            tp.append((cls, decision))
+    if problems:
+        spec = traced.spec
+        raise ScaleError(problems, {spec.path: spec.source})
     ep = tuple((cls, ep_policy(gm, plan.size("ep"))) for cls, gm in traced.segments()) if plan.size("ep") > 1 else ()
-    return replace(plan, tp=tp, ep=ep)
+    return replace(plan, tp=tuple(tp), ep=ep)
 
 
 def decide_stages(spec: S.Spec, sharded, plan: P.Plan) -> P.Plan:

@@ -24,11 +24,14 @@ ALLOWED = {
 
 
 def _imports_runtime(path: Path) -> bool:
-    """Any import of runtime, at the top or inside a function."""
+    """Any import of runtime, at the top, inside a function, or on first use (compiler.lazy)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "runtime":
+            return True
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy" and node.args  # lazy("runtime.x")
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).split(".")[0] == "runtime"):
             return True
     return False
 

@@ -120,3 +120,49 @@ def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, t
             whole = torch.cat(parts, dim)
             assert torch.equal(whole.narrow(dim, 0, full), reference[name]), name
             assert torch.all(whole.narrow(dim, full, whole.shape[dim] - full) == 0), f"{name}: padding not zero"
+
+
+def _attention_with(monkeypatch, extra):
+    """The attention builder with `extra(q)` applied to the queries after their linear: an operation the tp pass
+    does not know, traced into the attention's graph like any of its own."""
+    import torch.nn.functional as F
+    from compiler import model as M
+    real = M.Segment._attention
+
+    def patched(self, a, p):
+        step = real(self, a, p)
+        head_dim = self._n(a.hidden / a.heads)
+        gqa = self._n(a.kv_heads) != self._n(a.heads)
+
+        def run(seg, x_BSH):
+            q_BHSD = extra(getattr(seg, f"{p}_q")(x_BSH)).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            k_BKSD = getattr(seg, f"{p}_k")(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            v_BKSD = getattr(seg, f"{p}_v")(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
+            return getattr(seg, f"{p}_o")(y_BHSD.transpose(1, 2).flatten(2))
+        return M._Step(a, run)
+    monkeypatch.setattr(M.Segment, "_attention", patched)
+
+
+def test_tp_fails_closed_on_an_op_it_does_not_know(monkeypatch, capsys):
+    """An attention holding an op outside the pass's allow-list (here tanh on the queries: the tracer knows its
+    shape, the tp pass does not know it keeps a head shard) is not silently left replicated under tp = 2: compile
+    refuses it at the attention's line, naming the op; with tp = 1 the same model compiles. (A rotary embedding's
+    cat/chunk/neg stop even earlier today: the tracer has no shape rule for them.)"""
+    import torch
+    from compiler.diagnostics import ScaleError
+
+    _attention_with(monkeypatch, torch.tanh)
+    with pytest.raises(ScaleError) as err:
+        compile_spec(check_text(_text(), "gpt_tp.scale"))
+    (d,) = [d for d in err.value.diagnostics]
+    text = err.value.render()
+    assert d.code == "E0407" and d.span.line == TP_TEXT.split("\n").index(
+        next(l for l in TP_TEXT.split("\n") if "attention(" in l)) + 1, text
+    assert "cannot shard this attention" in text and "`tanh`" in text and "tp_layers = (mlp, vocab)" in text
+    one = TP_TEXT.replace("axis tp = 2", "axis dp = 2")
+    assert compile_spec(check_text(one, "gpt_dp.scale")).plan.tp == ()
+    # Left out of tp, the same attention compiles, replicated by the user's choice.
+    excluded = compile_spec(check_text(_text().replace("sequence_parallel = false",
+                                                       "tp_layers = (mlp, vocab)"), "gpt_tp.scale"))
+    assert [r.kind for _, d in excluded.plan.tp for r in d.regions] == ["mlp"]

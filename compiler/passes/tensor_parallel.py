@@ -23,22 +23,37 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+import functools
+from typing import TYPE_CHECKING
+
 import sympy
-import torch
-import torch.nn.functional as F
-from torch import fx, nn
 
 from compiler import spec as S
-from compiler import trace as T
+from compiler.diagnostics import Diagnostic
+from compiler.lazy import lazy
 from compiler.symbols import size
-from runtime import collectives as C
-from runtime.layers import Bias
+
+if TYPE_CHECKING:
+    from torch import fx
+
+# torch, the tracer and the runtime load on first use: `requires` below runs in `scalec check`, which needs none.
+torch = lazy("torch")
+fxm = lazy("torch.fx")
+F = lazy("torch.nn.functional")
+nn = lazy("torch.nn")
+T = lazy("compiler.trace")
+C = lazy("runtime.collectives")
+_layers = lazy("runtime.layers")
 
 AXIS = "tp"
 
-# Operations through which a head / inner-width shard flows unchanged.
-_SHARD_PRESERVING = {"unflatten", "transpose", "flatten", "contiguous", F.gelu, F.silu, F.relu, operator.mul,
-                     F.scaled_dot_product_attention}
+
+@functools.cache
+def _shard_preserving() -> frozenset:
+    """The allow-list: operations through which a head / inner-width shard flows unchanged. Anything else between a
+    layer's column and row linears makes the layer unshardable (E0407), never silently replicated."""
+    return frozenset({"unflatten", "transpose", "flatten", "contiguous", F.gelu, F.silu, F.relu, operator.mul,
+                      F.scaled_dot_product_attention})
 
 
 @dataclass(frozen=True)
@@ -66,12 +81,12 @@ def _is_linear(gm: fx.GraphModule, n: fx.Node) -> bool:
 
 
 def _preserving(n: fx.Node) -> bool:
-    return n.op in ("call_function", "call_method") and n.target in _SHARD_PRESERVING
+    return n.op in ("call_function", "call_method") and n.target in _shard_preserving()
 
 
 def _column_sources(gm: fx.GraphModule, v) -> set | None:
     """The linears that feed value `v` through shard-preserving operations only, or None if anything else does."""
-    if not isinstance(v, fx.Node):
+    if not isinstance(v, fxm.Node):
         return set()
     if _is_linear(gm, v):
         return {v}
@@ -126,11 +141,46 @@ def tp_policy(gm: fx.GraphModule, plan: S.Plan) -> Decision:
             elif isinstance(layer, S.LMHead) and (_is_linear(gm, node) or node.target is F.linear):
                 found["head"] = node.name
             elif isinstance(layer, S.LMHead) and node.op == "call_module" and isinstance(
-                    gm.get_submodule(node.target), Bias):
+                    gm.get_submodule(node.target), _layers.Bias):
                 found["head_bias"] = node.name
             elif isinstance(layer, S.CrossEntropy) and node.target is F.cross_entropy:
                 found["loss"] = node.name
     return Decision(tuple(regions), **found)
+
+
+def _describe_op(n: fx.Node) -> str:
+    if n.target is operator.getitem:
+        return "indexing or slicing (`x[...]`)"
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+    return f"`{name}`" + (" (a method call)" if n.op == "call_method" else "")
+
+
+def unsharded(gm: fx.GraphModule, plan, decision: Decision) -> list[Diagnostic]:
+    """Fail closed: every layer the plan asks tp to shard (`tp_layers`) whose linears the policy could not pair
+    into a column → row region is an error at that layer, naming the first operation between its linears that the
+    pass does not know to keep a head / inner-width shard. Without this, the layer would run replicated while the
+    plan says tp, with no word to the user."""
+    covered = {name for r in decision.regions for name in (*r.columns, r.row)}
+    layers: dict = {}
+    for node in gm.graph.nodes:
+        kind = _kind(node)
+        if kind in plan.tp_layers and _is_linear(gm, node) and node.name not in covered:
+            layers.setdefault(id(node.meta[T.LAYER]), (node.meta[T.LAYER], kind))
+    out = []
+    for layer, kind in layers.values():
+        nodes = [n for n in gm.graph.nodes if n.meta.get(T.LAYER) is layer]
+        odd = next((n for n in nodes if n.op in ("call_function", "call_method") and not _preserving(n)), None)
+        what = (f"{_describe_op(odd)} between its column and row linears is not an operation the tensor-parallel "
+                "pass knows to keep a head shard whole" if odd is not None else
+                "its linears do not pair into column → row regions")
+        where = "" if plan.span(f"axis {AXIS}") else f" in the plan {plan.describe()}"
+        out.append(Diagnostic("E0407", f"tp = {plan.size(AXIS)} cannot shard this {kind}{where}: {what}",
+                              layer.span, label=f"would run replicated on every tp rank",
+                              help=f"leave it out of tp: `tp_layers = ({', '.join(k for k in plan.tp_layers if k != kind)})`"
+                                   f", or use tp = 1; supported between the linears: "
+                                   + ", ".join(sorted(x if isinstance(x, str) else x.__name__
+                                                      for x in _shard_preserving()))))
+    return out
 
 
 # -- mechanism ----------------------------------------------------------------------------------------------------
@@ -292,7 +342,7 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
     if d.head_bias:
         hb = nodes[d.head_bias]
         with torch.device("meta"):  # never allocated: a vocabulary can be billions of entries
-            setattr(gm, hb.target, Bias(local_vocab))
+            setattr(gm, hb.target, _layers.Bias(local_vocab))
         shapes[f"{hb.target}.bias"] = (_local(v_expr, tp_sym, padded),)
         meta["shards"][f"{hb.target}.bias"] = (0, vocab)
     if d.loss:
