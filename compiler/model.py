@@ -197,6 +197,13 @@ class Block(Segment):
         return self._run(self._program, x)
 
 
+def _embedding(rows: int, width: int) -> nn.Module:
+    """An embedding with an uninitialised weight (runtime.layers.init_parameters initialises every weight): its own
+    normal_ init would cost nothing but, on the meta device, loads torch's Python reference kernels, a second of
+    `scalec plan`."""
+    return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+
+
 class ScaleModel(Segment):
     """The whole single-device model: tokens and targets in, the mean cross-entropy out."""
 
@@ -205,11 +212,11 @@ class ScaleModel(Segment):
         layers = spec.model.layers
         emb = layers[0]
         self._emb = emb
-        self._leaf("embed", nn.Embedding(self._n(emb.vocab), self._n(emb.hidden)),
+        self._leaf("embed", _embedding(self._n(emb.vocab), self._n(emb.hidden)),
                    {"weight": (emb.vocab, emb.hidden)}, emb.span)
         self._pos = next((x for x in layers if isinstance(x, S.Positional)), None)
         if self._pos is not None:
-            self._leaf("pos", nn.Embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
+            self._leaf("pos", _embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
                        {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
         middle = [x for x in layers[1:-2] if not isinstance(x, S.Positional)]
         totals = _totals([x for x in middle if not isinstance(x, S.Repeat)])
