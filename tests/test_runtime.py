@@ -9,7 +9,7 @@ from torch import nn
 
 from runtime import data
 from runtime.layers import init_parameters, parameter_generator
-from runtime.train import Config, lr_lambda
+from runtime.train import Config, Data, Optim, Parallel, lr_lambda
 
 
 def test_any_dp_and_micro_batch_split_sees_the_same_global_batch():
@@ -41,14 +41,12 @@ def test_token_file_windows(tmp_path):
     assert torch.equal(src.samples(0, 4, 2, 4)[0], tokens[2:])
 
 
-def _cfg(**kw) -> Config:
-    base = dict(name="m", source="m.scale", axes=(("dp", 1),), data_parallel="ddp", micro_batches=1, global_batch=1,
-                seq_len=1, vocab=8, steps=100, seed=0, precision="fp32", lr=1e-3, betas=(0.9, 0.95),
-                weight_decay=0.0, eps=1e-8, schedule="cosine", warmup=10, min_lr=1e-4, grad_clip=1.0,
-                data="synthetic", data_path="", data_dtype="uint16", log_every=1, checkpoint_dir="",
-                checkpoint_every=0, init_std=0.02, residual_out=(), layers=1)
-    base.update(kw)
-    return Config(**base)
+def _cfg(**optim) -> Config:
+    opt = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, eps=1e-8, lr_schedule="cosine", warmup=10, min_lr=1e-4,
+               grad_clip=1.0)
+    opt.update(optim)
+    return Config(name="m", source="m.scale", steps=100, seed=0, parallel=Parallel(axes=(("dp", 1),)),
+                  optim=Optim(**opt), data=Data(global_batch=1, seq_len=1, vocab=8))
 
 
 def test_lr_schedule_warms_up_then_decays_to_min_lr():
@@ -56,7 +54,7 @@ def test_lr_schedule_warms_up_then_decays_to_min_lr():
     assert f(0) == 1 / 11 and f(9) == 10 / 11 and f(10) == 1.0
     assert math.isclose(f(55), 0.1 + 0.9 * 0.5, rel_tol=1e-12)  # half-way through the cosine
     assert math.isclose(f(100), 0.1, rel_tol=1e-12)
-    assert lr_lambda(_cfg(schedule="constant"))(50) == 1.0
+    assert lr_lambda(_cfg(lr_schedule="constant"))(50) == 1.0
 
 
 def test_initialisation_depends_on_names_not_order():
