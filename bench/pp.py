@@ -189,7 +189,7 @@ def _idle_run(args, builds: list[Path], ctx) -> None:
         torch.manual_seed(cfg.seed)
         pipe = Pipeline(prog.Stage, cfg, ctx, prog.loss_fn, prepare)
         clock.instrument(pipe)
-        opt = train._optimizer([p for _, p in pipe.all_named_parameters()], cfg)
+        opt = train._optimizer([p for _, p in pipe.all_named_parameters()], cfg.optim)
         source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
         steps = []
         for step in range(cfg.steps):

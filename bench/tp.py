@@ -239,7 +239,7 @@ def _dtensor_run(args) -> None:
     first, second = _dtensor_plan(model, spec.plan.sequence_parallel)
     parallelize_module(model, mesh, first)
     parallelize_module(model, mesh, second)
-    opt = train._optimizer(list(model.parameters()), cfg)
+    opt = train._optimizer(list(model.parameters()), cfg.optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
     source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
     group = mesh.get_group()

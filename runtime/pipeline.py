@@ -107,13 +107,16 @@ class Pipeline:
         self.holds_last = (n_stages - 1) in self.ids
         self.holds_first = 0 in self.ids
         self.tie = tie_group(ctx) if par.tied_embedding and pp > 1 else None
+        # The last stage's copy of a tied embedding when the first stage is elsewhere: the same parameter, counted
+        # (norm, parameter count) and saved once, by the rank holding the first stage.
+        self.tied_elsewhere = (TIED,) if self.tie is not None and not self.holds_first else ()
 
     def named_parameters(self):
         """Every parameter of this rank's stages; the last stage's copy of a tied embedding is left out when the
         first stage is elsewhere (it is the same parameter, counted once)."""
         for module in self.modules:
             for name, p in module.named_parameters():
-                if self.tie is not None and not self.holds_first and name.removeprefix("module.") == TIED:
+                if name.removeprefix("module.") in self.tied_elsewhere:
                     continue
                 yield name, p
 

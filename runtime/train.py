@@ -185,11 +185,11 @@ class PipelineStages(ModelParts):
     where = " in rank 0's pipeline stages"
 
     def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, loss_fn, prepare, shards: tp.Shards):
-        from runtime.pipeline import TIED, Pipeline
+        from runtime.pipeline import Pipeline
         self.pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
                              autocast=lambda: _autocast(cfg, ctx))
         self.modules = self.pipe.modules
-        self.tied_elsewhere = (TIED,) if self.pipe.tie is not None and not self.pipe.holds_first else ()
+        self.tied_elsewhere = self.pipe.tied_elsewhere
         self.pp_group = ctx.mesh["pp"].get_group()
         self.cfg, self.ctx, self.shards = cfg, ctx, shards
 
