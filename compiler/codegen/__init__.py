@@ -169,11 +169,12 @@ def data_path(spec: S.Spec, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".") -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
-    "data": {...}, "checkpoint": {...}, "init": {...}}; the batch split comes from the Plan."""
+    "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
+    (micro_batch_size, batch_ranks) are the Plan's: `plan`, or the one the spec states (compiler.plan.from_spec)."""
     from compiler.plan import from_spec
-    plan = from_spec(spec)
+    plan = plan if plan is not None else from_spec(spec)
     t = spec.train
     v = spec.value
 
