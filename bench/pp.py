@@ -148,7 +148,7 @@ def worker_idle(args) -> None:
     from runtime import mesh
     builds = [Path(b) for b in args.builds.split(",")]
     first = load_program(builds[0], "scalec_bench_program_0")
-    ctx = mesh.setup(first.CONFIG.axes)
+    ctx = mesh.setup(first.CONFIG.parallel.axes)
     code = 0
     try:
         _idle_run(args, builds, ctx)
@@ -178,36 +178,36 @@ def _idle_run(args, builds: list[Path], ctx) -> None:
     for i, build in enumerate(builds):
         prog = load_program(build, f"scalec_bench_program_{i}")
         cfg = replace(prog.CONFIG, steps=args.warmup + args.steps)
-        shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads)
+        shards = tp.Shards(cfg.parallel.tp_shards, cfg.parallel.tp_partial_grads)
 
         def prepare(module):
             module.to_empty(device=ctx.device)
-            init_parameters(module, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out,
-                            layers=cfg.layers, shard_of=shards.of, local_slice=tp.local_slice)
+            init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
+                            layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
             return module
 
         torch.manual_seed(cfg.seed)
         pipe = Pipeline(prog.Stage, cfg, ctx, prog.loss_fn, prepare)
         clock.instrument(pipe)
-        opt = train._optimizer([p for _, p in pipe.all_named_parameters()], cfg)
-        source = data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed)
+        opt = train._optimizer([p for _, p in pipe.all_named_parameters()], cfg.optim)
+        source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
         steps = []
         for step in range(cfg.steps):
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, 0, 1, 0, 1)
+            tokens, targets = data.micro_batch(source, step, cfg.data.global_batch, 0, 1, 0, 1)
             dist.barrier()
             t_sync = time.perf_counter()  # right after the barrier: every rank's clock reads about the same here
             clock.events.clear()
             loss = pipe.step(tokens, targets)
             t_end = time.perf_counter()
             steps.append({"sync": t_sync, "end": t_end, "loss": float(loss), "events": list(clock.events)})
-            tp.clip_grad_norm(pipe.named_parameters(), cfg.grad_clip, shards, None, pp_group=pp_group,
+            tp.clip_grad_norm(pipe.named_parameters(), cfg.optim.grad_clip, shards, None, pp_group=pp_group,
                               scale=[p for _, p in pipe.all_named_parameters()])
             opt.step()
             opt.zero_grad(set_to_none=True)
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, {"rank": ctx.rank, "stages": pipe.ids, "steps": steps})
-        results.append({"build": str(build), "schedule": cfg.pp_schedule, "m": cfg.micro_batches,
-                        "v": cfg.virtual_stages, "p": ctx.axis_size("pp"), "ranks": gathered})
+        results.append({"build": str(build), "schedule": cfg.parallel.schedule, "m": cfg.parallel.micro_batches,
+                        "v": cfg.parallel.virtual_stages, "p": ctx.axis_size("pp"), "ranks": gathered})
         del pipe, opt
     if ctx.rank == 0:
         Path(args.out).write_text(json.dumps({"warmup": args.warmup, "results": results}))
@@ -379,34 +379,34 @@ def _hand_run(args) -> None:
     cfg = replace(prog.CONFIG, steps=args.steps)
     spec = check_text((build / "model.scale").read_text(), "model.scale")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if len(prog.STAGES) != world or cfg.pp_schedule != "1f1b":
+    if len(prog.STAGES) != world or cfg.parallel.schedule != "1f1b":
         raise SystemExit(f"bench/pp.py: the hand-written program runs 1f1b with one stage per rank; the build has "
-                         f"{len(prog.STAGES)} stages on {world} ranks, schedule {cfg.pp_schedule}")
+                         f"{len(prog.STAGES)} stages on {world} ranks, schedule {cfg.parallel.schedule}")
     heads = json.loads((build / "plan.json").read_text())["values"]["heads"]
 
     torch.manual_seed(cfg.seed)
     full = M.build(spec, device="cpu")
-    init_parameters(full, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
-    module = _hand_modules(full, heads, rank, prog.STAGES, cfg.tied_embedding)
+    init_parameters(full, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
+    module = _hand_modules(full, heads, rank, prog.STAGES, cfg.parallel.tied_embedding)
     del full
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
 
     def loss_fn(logits, targets):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    schedule = Schedule1F1B(stage, n_microbatches=cfg.micro_batches, loss_fn=loss_fn, scale_grads=True)
+    schedule = Schedule1F1B(stage, n_microbatches=cfg.parallel.micro_batches, loss_fn=loss_fn, scale_grads=True)
     params = list(module.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+                            lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
     # A tied head: the first and last stage each hold the embedding; their gradients are summed every step.
-    tie = dist.new_group([0, world - 1]) if cfg.tied_embedding else None
-    source = data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed)
+    tie = dist.new_group([0, world - 1]) if cfg.parallel.tied_embedding else None
+    source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
     metrics = open(args.metrics, "w") if rank == 0 else None
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        tokens, targets = data.micro_batch(source, step, cfg.global_batch, 0, 1, 0, 1)
+        tokens, targets = data.micro_batch(source, step, cfg.data.global_batch, 0, 1, 0, 1)
         losses: list = []
         if stage.is_first:
             schedule.step(tokens)
@@ -423,7 +423,7 @@ def _hand_run(args) -> None:
                 sq += p.grad.double().pow(2).sum()
         dist.all_reduce(sq)
         norm = sq.sqrt()
-        coef = torch.clamp(cfg.grad_clip / (norm + 1e-6), max=1.0)
+        coef = torch.clamp(cfg.optim.grad_clip / (norm + 1e-6), max=1.0)
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(coef.to(p.grad.dtype))
@@ -494,9 +494,9 @@ def _reference_loss(build: Path) -> float:
     spec = check_text((build / "model.scale").read_text(), "model.scale")
     torch.manual_seed(cfg.seed)
     model = M.build(spec, device="cpu")
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
-    tokens, targets = data.micro_batch(data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed), 0, cfg.global_batch,
-                                       0, 1, 0, 1)
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
+    tokens, targets = data.micro_batch(data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed), 0,
+                                       cfg.data.global_batch, 0, 1, 0, 1)
     with torch.no_grad():
         return float(model(tokens, targets))
 
@@ -575,7 +575,8 @@ def main() -> None:
         prog = load_program(ab_build, "scalec_bench_header")
         print(f"{plan['name']} from {rel}: {plan['cost']['parameters']:,} parameters, hidden {vals['hidden']}, "
               f"heads {vals['heads']}, layers {vals['layers']}, seq {vals['seq']}, vocab {vals['vocab']} "
-              f"({'tied' if prog.CONFIG.tied_embedding else 'untied'} head), global batch {vals['global_batch']}; "
+              f"({'tied' if prog.CONFIG.parallel.tied_embedding else 'untied'} head), "
+              f"global batch {vals['global_batch']}; "
               f"pp = 2, blocks per stage {[b - a for a, b in prog.STAGES]} (STAGES {prog.STAGES}); "
               f"{len(builds)} builds compiled in {time.perf_counter() - t_compile:.1f} s")
         print("2 ranks × 1 thread (OMP_NUM_THREADS=1), gloo", flush=True)

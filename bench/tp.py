@@ -235,15 +235,15 @@ def _dtensor_run(args) -> None:
 
     torch.manual_seed(cfg.seed)
     model = M.build(spec, device="cpu")
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
     first, second = _dtensor_plan(model, spec.plan.sequence_parallel)
     parallelize_module(model, mesh, first)
     parallelize_module(model, mesh, second)
-    opt = train._optimizer(list(model.parameters()), cfg)
+    opt = train._optimizer(list(model.parameters()), cfg.optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
-    source = data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed)
+    source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
     group = mesh.get_group()
-    tokens_per_step = cfg.global_batch * cfg.seq_len
+    tokens_per_step = cfg.data.global_batch * cfg.data.seq_len
     metrics = open(args.metrics, "w") if rank == 0 else None
     counter = _byte_counting_comm_mode()
     for step in range(cfg.steps):
@@ -251,7 +251,7 @@ def _dtensor_run(args) -> None:
         counting = counter if step == 0 else contextlib.nullcontext()
         total = torch.zeros(())
         with counting:
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, 0, 1, 0, 1)
+            tokens, targets = data.micro_batch(source, step, cfg.data.global_batch, 0, 1, 0, 1)
             with loss_parallel():
                 loss = model(tokens, targets)
                 loss.backward()
@@ -265,11 +265,11 @@ def _dtensor_run(args) -> None:
         if step == 0:
             fwd_bwd = dict(counter.bytes), dict(counter.calls)
             with counter:  # what clipping and the optimizer move (ours: one float64 scalar for the norm)
-                norm = _clip(model.parameters(), cfg.grad_clip, group)
+                norm = _clip(model.parameters(), cfg.optim.grad_clip, group)
                 opt.step()
             rest = dict(counter.bytes), dict(counter.calls)
         else:
-            norm = _clip(model.parameters(), cfg.grad_clip, group)
+            norm = _clip(model.parameters(), cfg.optim.grad_clip, group)
             opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -310,9 +310,9 @@ def _reference_loss(compiled, cfg) -> float:
     from runtime.layers import init_parameters
     torch.manual_seed(cfg.seed)
     model = M.build(compiled.spec, device="cpu")
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
-    tokens, targets = data.micro_batch(data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed), 0, cfg.global_batch,
-                                       0, 1, 0, 1)
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
+    tokens, targets = data.micro_batch(data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed), 0,
+                                       cfg.data.global_batch, 0, 1, 0, 1)
     with torch.no_grad():
         return float(model(tokens, targets))
 

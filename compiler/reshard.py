@@ -51,7 +51,7 @@ class Layout:
         from compiler.passes import pipeline_split as P
         self.compiled = compiled
         spec, traced = compiled.spec, compiled.traced
-        cfg = config_values(spec, traced)
+        cfg = config_values(spec, traced)["parallel"]
         self.axes = tuple(spec.mesh.axes)
         self.size = dict(self.axes)
         patterns = [(p, d, "tp") for p, d, _ in cfg["tp_shards"]] + [(p, d, "ep") for p, d, _ in

@@ -79,8 +79,9 @@ class Pipeline:
         `autocast()` is the context each stage's forward and the loss run in (the run's precision)."""
         self.ctx, self.cfg = ctx, cfg
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
-        n_stages = pp * cfg.virtual_stages
-        self.ids = stage_ids(pp, r, cfg.virtual_stages)
+        par = cfg.parallel
+        n_stages = pp * par.virtual_stages
+        self.ids = stage_ids(pp, r, par.virtual_stages)
         self.modules = []
         for s in self.ids:
             with torch.device("meta"):
@@ -98,21 +99,24 @@ class Pipeline:
             for name in ("get_fwd_send_ops", "get_fwd_recv_ops", "get_bwd_send_ops", "get_bwd_recv_ops"):
                 setattr(stage, name, _counted(getattr(stage, name)))
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
-        self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=cfg.micro_batches,
+        self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=par.micro_batches,
                                                  loss_fn=_under(autocast, loss_fn),
                                                  scale_grads=True)
-        self.schedule._prepare_schedule_with_comms(torch_order(cfg.pp_schedule, pp, cfg.micro_batches,
-                                                               cfg.virtual_stages))
+        self.schedule._prepare_schedule_with_comms(torch_order(par.schedule, pp, par.micro_batches,
+                                                               par.virtual_stages))
         self.holds_last = (n_stages - 1) in self.ids
         self.holds_first = 0 in self.ids
-        self.tie = tie_group(ctx) if cfg.tied_embedding and pp > 1 else None
+        self.tie = tie_group(ctx) if par.tied_embedding and pp > 1 else None
+        # The last stage's copy of a tied embedding when the first stage is elsewhere: the same parameter, counted
+        # (norm, parameter count) and saved once, by the rank holding the first stage.
+        self.tied_elsewhere = (TIED,) if self.tie is not None and not self.holds_first else ()
 
     def named_parameters(self):
         """Every parameter of this rank's stages; the last stage's copy of a tied embedding is left out when the
         first stage is elsewhere (it is the same parameter, counted once)."""
         for module in self.modules:
             for name, p in module.named_parameters():
-                if self.tie is not None and not self.holds_first and name.removeprefix("module.") == TIED:
+                if name.removeprefix("module.") in self.tied_elsewhere:
                     continue
                 yield name, p
 

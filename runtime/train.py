@@ -14,84 +14,17 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from runtime import checkpoint, collectives, data, faults, mesh, moe
+# The contract's classes: generated programs build them as train.Config, train.Parallel, ...
+from runtime.config import Checkpoint, Config, Data, Init, Optim, Parallel  # noqa: F401
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
-
-
-@dataclass(frozen=True, kw_only=True)
-class Config:
-    """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
-
-    name: str
-    """Model name, from `model NAME` in the .scale file."""
-    source: str
-    """The .scale file this program was generated from."""
-    axes: tuple
-    """Mesh axes ((name, size), ...), outermost first."""
-    data_parallel: str
-    """`ddp` or `fsdp` over the dp axis."""
-    micro_batches: int
-    """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
-    global_batch: int
-    """Sequences per optimizer step over all dp ranks."""
-    seq_len: int
-    """Tokens per sequence."""
-    vocab: int
-    """Vocabulary size (for the synthetic task)."""
-    steps: int
-    """Optimizer steps."""
-    seed: int
-    """Seed of initialisation and data."""
-    precision: str
-    """`fp32` or `bf16` (autocast; weights, gradients and optimizer state stay fp32)."""
-    lr: float
-    betas: tuple
-    weight_decay: float
-    eps: float
-    schedule: str
-    """`cosine` or `constant`, after `warmup` linear steps."""
-    warmup: int
-    min_lr: float
-    grad_clip: float
-    """Clip the global gradient norm to this; 0 turns clipping off."""
-    data: str
-    """`synthetic` or `tokens`."""
-    data_path: str
-    """The token file: relative to the program's directory (main's `program`), or absolute."""
-    data_dtype: str
-    log_every: int
-    checkpoint_dir: str
-    checkpoint_every: int
-    init_std: float
-    """Standard deviation of weight initialisation."""
-    residual_out: tuple
-    """Linears writing into the residual stream; their initialisation is scaled by 1/sqrt(2·layers)."""
-    layers: int
-    """Number of blocks (for that scaling)."""
-    tp_shards: tuple = ()
-    """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
-    tp_partial_grads: tuple = ()
-    """Parameters whose gradients are partial over tp (sequence parallelism): summed after backward."""
-    pp_schedule: str = "1f1b"
-    """Pipeline schedule over pp: gpipe, 1f1b, interleaved-1f1b, zero-bubble."""
-    virtual_stages: int = 1
-    """Pipeline stages per pp rank."""
-    tied_embedding: bool = False
-    """The LM head reuses the embedding: under pp its two copies' gradients are summed."""
-    ep_shards: tuple = ()
-    """Expert weights sharded over ep: (name pattern, dim, full size); their gradients are summed over dp only (the
-    all-to-all backward already brought every ep rank's tokens' contributions), then divided by dp × ep."""
-    moe: bool = False
-    """The model has Mixture-of-Experts layers: log dropped tokens, expert load and the auxiliary loss."""
-    timeout: float = 600.0
-    """Seconds a collective may take before the watchdog ends the job naming it (runtime.faults); 0: no watchdog."""
 
 
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
@@ -108,20 +41,23 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
                         "one-time work such as pipeline shape inference); write JSON (rank 0)")
     p.add_argument("--debug", action="store_true", help="on failure, print the traceback after the one-line cause")
     args = p.parse_args()
-    overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed),
-                                   ("checkpoint_dir", args.checkpoint_dir)) if v is not None}
+    overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
+    if args.checkpoint_dir is not None:
+        overrides["checkpoint"] = replace(cfg.checkpoint, dir=args.checkpoint_dir)
     return replace(cfg, **overrides), args
 
 
 def lr_lambda(cfg: Config):
     """Multiplier of the peak learning rate at each step: linear warm-up, then constant or cosine to min_lr."""
+    opt = cfg.optim
+
     def f(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / (cfg.warmup + 1)
-        if cfg.schedule == "constant":
+        if step < opt.warmup:
+            return (step + 1) / (opt.warmup + 1)
+        if opt.lr_schedule == "constant":
             return 1.0
-        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        floor = cfg.min_lr / cfg.lr
+        progress = (step - opt.warmup) / max(1, cfg.steps - opt.warmup)
+        floor = opt.min_lr / opt.lr
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return f
 
@@ -129,7 +65,7 @@ def lr_lambda(cfg: Config):
 def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Shards) -> nn.Module:
     if ctx.batch_size == 1:
         return model
-    if cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1:  # the compiler refuses fsdp with ep
+    if cfg.parallel.data_parallel == "fsdp" and ctx.axis_size("dp") > 1:  # the compiler refuses fsdp with ep
         group_mesh = ctx.mesh["dp"]
         from torch.distributed.fsdp import fully_shard
         # ZeRO-3: each block is one unit (gathered for its forward and backward, then freed), the rest is the root.
@@ -162,19 +98,130 @@ def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> 
         g.copy_(avg)
 
 
-def _dp_sync(model, sync: bool) -> str:
-    if not sync or not hasattr(model, "no_sync") and not hasattr(model, "set_requires_gradient_sync"):
+def _dp_kind(cfg: Config, ctx: mesh.Context) -> str | None:
+    """How a whole model's gradients are synchronised over the batch ranks: `ddp`, `fsdp`, or None (one rank)."""
+    if ctx.batch_size == 1:
+        return None
+    return "fsdp" if cfg.parallel.data_parallel == "fsdp" and ctx.axis_size("dp") > 1 else "ddp"
+
+
+def _dp_sync(kind: str | None, sync: bool) -> str:
+    if not sync or kind is None:
         return "no data-parallel collective"
-    return ("with FSDP's gradient reduce-scatter over dp" if hasattr(model, "set_requires_gradient_sync")
+    return ("with FSDP's gradient reduce-scatter over dp" if kind == "fsdp"
             else "with DDP's gradient all-reduce over the batch ranks")
 
 
-def _optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
+class ModelParts:
+    """This rank's part of the model as a list of modules (torchtitan's `model_parts`): the whole model, or the
+    pipeline stages this pp rank runs. The optimizer, clipping, the gradient syncs and checkpoints all work over
+    this one list; only `step` (the forward and backward of one optimizer step) differs between the two kinds."""
+
+    modules: list
+    """The modules, in the order their parameters are given to the optimizer and checkpoints."""
+    tied_elsewhere: tuple = ()
+    """Parameter names held here that are copies of a parameter another rank owns (the last stage's tied
+    embedding): left out of the norm, the parameter count and saving, so each is counted once."""
+    pp_group = None
+    """The group the gradient norm is summed over besides dp and tp (the pp row), or None."""
+    aux_loss_scale = 1.0
+    """The MoE auxiliary loss's scale: each micro-batch's loss is scaled by 1/m, by the schedule under pp."""
+    where = ""
+    """What the parameter count of the start-up line covers."""
+
+    def named_parameters(self, counted_once: bool = False):
+        """(name, parameter) over every module; `counted_once`: without the `tied_elsewhere` copies."""
+        for module in self.modules:
+            for name, p in module.named_parameters():
+                if counted_once and name.removeprefix("module.") in self.tied_elsewhere:
+                    continue
+                yield name, p
+
+    def step(self, source, step: int) -> torch.Tensor:
+        """Forward and backward of this rank's share of step `step`'s batch, gradients averaged over the batch
+        ranks (all but the experts'); returns this rank's mean loss."""
+        raise NotImplementedError
+
+
+class WholeModel(ModelParts):
+    """No pipeline: one module, `micro_batches` micro-batches accumulated; the data-parallel wrapper (DDP or FSDP)
+    synchronises the gradients during the last micro-batch's backward only."""
+
+    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, prepare, autocast):
+        with torch.device("meta"):
+            model = model_cls()
+        self.model = prepare(model)
+        self.modules = [self.model]
+        self.cfg, self.ctx, self.autocast = cfg, ctx, autocast
+        self.kind = _dp_kind(cfg, ctx)
+        self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
+
+    def step(self, source, step: int) -> torch.Tensor:
+        m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
+        total = torch.zeros((), device=ctx.device)
+        for j in range(m):
+            tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                               ctx.batch_size, j, m)
+            with faults.device_wait("copying the micro-batch to the device"):
+                tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
+            sync = j == m - 1
+            no_sync = model.no_sync() if (not sync and self.kind == "ddp") else contextlib.nullcontext()
+            if self.kind == "fsdp":  # FSDP2: reduce-scatter only on the last micro-batch
+                model.set_requires_gradient_sync(sync)
+            with no_sync:
+                with self.autocast:
+                    loss = model(tokens, targets) / m
+                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})"):
+                    loss.backward()
+            total += loss.detach()
+        return total
+
+
+class PipelineStages(ModelParts):
+    """Pipeline parallelism: the stages this pp rank runs, driven by the schedule the compiler proved; their dense
+    gradients are averaged over the batch ranks after the schedule (no DDP: its pipelining hook fails a reducer
+    assert when micro-batches = pp, torch 2.13), FSDP's own reduce-scatter under fsdp."""
+
+    where = " in rank 0's pipeline stages"
+
+    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, loss_fn, prepare, shards: tp.Shards):
+        from runtime.pipeline import Pipeline
+        self.pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
+                             autocast=lambda: _autocast(cfg, ctx))
+        self.modules = self.pipe.modules
+        self.tied_elsewhere = self.pipe.tied_elsewhere
+        self.pp_group = ctx.mesh["pp"].get_group()
+        self.cfg, self.ctx, self.shards = cfg, ctx, shards
+
+    def step(self, source, step: int) -> torch.Tensor:
+        ctx = self.ctx
+        # The schedule splits this rank's batch into the micro-batches itself.
+        tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                           ctx.batch_size, 0, 1)
+        with faults.op("the pipeline schedule (sends and receives between stages over pp)"):
+            total = self.pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
+        if _dp_kind(self.cfg, ctx) != "fsdp":
+            with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)"):
+                _average_dense_grads(self.named_parameters(), ctx, self.shards)
+        return total
+
+
+def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
+    """The batch split the compiler planned is the one this mesh gives (a program run on another mesh stops)."""
+    par = cfg.parallel
+    if (ctx.batch_size != par.batch_ranks
+            or par.micro_batch_size * par.micro_batches * par.batch_ranks != cfg.data.global_batch):
+        raise SystemExit(f"scalec: this program splits the global batch of {cfg.data.global_batch} over "
+                         f"{par.batch_ranks} batch rank(s) × {par.micro_batches} micro-batch(es) of "
+                         f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
+
+
+def _optimizer(params: list, opt: Optim) -> torch.optim.Optimizer:
     # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
 
 
 def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -> None:
@@ -224,8 +271,8 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss.
     `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
-    cfg = replace(cfg, data_path=data.resolve(cfg.data_path, program))
-    ctx = mesh.setup(cfg.axes, cfg.timeout)
+    cfg = replace(cfg, data=replace(cfg.data, path=data.resolve(cfg.data.path, program)))
+    ctx = mesh.setup(cfg.parallel.axes, cfg.timeout)
     code = 0
     try:
         run(model_cls, cfg, ctx, args, loss_fn)
@@ -243,61 +290,49 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
 
 
 def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[float]:
+    _check_contract(cfg, ctx)
     torch.manual_seed(cfg.seed)
-    shards = tp.Shards(cfg.tp_shards, cfg.tp_partial_grads, cfg.ep_shards)
-    fsdp = cfg.data_parallel == "fsdp" and ctx.axis_size("dp") > 1
+    par = cfg.parallel
+    shards = tp.Shards(par.tp_shards, par.tp_partial_grads, par.ep_shards)
+    fsdp = _dp_kind(cfg, ctx) == "fsdp"
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
-        init_parameters(module, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
-                        shard_of=shards.of, local_slice=tp.local_slice)
+        init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
+                        layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
         return module if (fsdp or not ddp) else _wrap_data_parallel(module, ctx, cfg, shards)
 
-    pipe = None
-    if ctx.axis_size("pp") > 1:
-        from runtime.pipeline import TIED as pipeline_tied, Pipeline
-        # Without DDP: its pipelining hook fails a reducer assert when micro-batches = pp (torch 2.13); the
-        # stages' dense gradients are averaged after the step instead (_average_dense_grads).
-        pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
-                        autocast=lambda: _autocast(cfg, ctx))
-        model = None
-        all_named, norm_named = pipe.all_named_parameters, pipe.named_parameters
-    else:
-        with torch.device("meta"):
-            model = model_cls()
-        model = prepare(model)
-        all_named = norm_named = model.named_parameters
-    pp_group = ctx.mesh["pp"].get_group() if pipe else None
-    opt = _optimizer([p for _, p in all_named()], cfg)
+    autocast = _autocast(cfg, ctx)
+    parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
+             else WholeModel(model_cls, cfg, ctx, prepare, autocast))
+    opt = _optimizer([p for _, p in parts.named_parameters()], cfg.optim)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
-    modules = pipe.modules if pipe is not None else [model]
-    tied_elsewhere = (pipeline_tied,) if pipe is not None and pipe.tie is not None and not pipe.holds_first else ()
-    start = (checkpoint.load_latest(cfg.checkpoint_dir, modules, opt, sched, ctx, cfg.steps, shards)
-             if cfg.checkpoint_dir else 0)
+    ckpt = cfg.checkpoint
+    start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
+             if ckpt.dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
-    n_batch, batch_rank = ctx.batch_size, ctx.batch_rank
+    n_batch = ctx.batch_size
     dp = ctx.axis_size("dp")
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
-    # The auxiliary MoE loss is scaled like each micro-batch's loss: 1/m here, by the pipeline schedule under pp.
-    moe.set_aux_loss_scale(1.0 if pipe is not None else 1.0 / cfg.micro_batches)
-    source = (data.Synthetic(cfg.vocab, cfg.seq_len, cfg.seed) if cfg.data == "synthetic"
-              else data.TokenFile(cfg.data_path, cfg.data_dtype, cfg.seq_len, cfg.seed, cfg.vocab))
-    autocast = _autocast(cfg, ctx)
-    tokens_per_step = cfg.global_batch * cfg.seq_len
+    moe.set_aux_loss_scale(parts.aux_loss_scale)
+    d = cfg.data
+    source = (data.Synthetic(d.vocab, d.seq_len, cfg.seed) if d.kind == "synthetic"
+              else data.TokenFile(d.path, d.dtype, d.seq_len, cfg.seed, d.vocab))
+    tokens_per_step = d.global_batch * d.seq_len
     # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = _open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
     if ctx.is_logger:
-        n = sum(tp.numel_full(p, name, shards) for name, p in norm_named())
-        where = " in rank 0's pipeline stages" if pipe else ""
-        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{where}, mesh "
-              f"{' × '.join(f'{a}={k}' for a, k in cfg.axes)} on {ctx.world_size} {ctx.device.type} process(es), "
-              f"{cfg.steps} steps of {tokens_per_step:,} tokens", flush=True)
+        n = sum(tp.numel_full(p, name, shards) for name, p in parts.named_parameters(counted_once=True))
+        print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{parts.where}, mesh "
+              f"{' × '.join(f'{a}={k}' for a, k in par.axes)}{' (sequence parallel)' if par.sequence_parallel else ''}"
+              f" on {ctx.world_size} {ctx.device.type} process(es), {cfg.steps} steps of {tokens_per_step:,} tokens",
+              flush=True)
     losses = []
     t_start = time.perf_counter()
     for step in range(start, stop):
@@ -307,40 +342,18 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         moe.stats_reset()
         if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
-        total = torch.zeros((), device=ctx.device)
-        if pipe is not None:  # the schedule splits this rank's batch into the micro-batches itself
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, 0, 1)
-            with faults.op("the pipeline schedule (sends and receives between stages over pp)"):
-                total = pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
-            if not fsdp:
-                with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)"):
-                    _average_dense_grads(all_named(), ctx, shards)
-        for j in range(cfg.micro_batches if pipe is None else 0):
-            tokens, targets = data.micro_batch(source, step, cfg.global_batch, batch_rank, n_batch, j,
-                                               cfg.micro_batches)
-            with faults.device_wait("copying the micro-batch to the device"):
-                tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
-            sync = j == cfg.micro_batches - 1
-            no_sync = model.no_sync() if (not sync and hasattr(model, "no_sync")) else contextlib.nullcontext()
-            if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter only on the last micro-batch
-                model.set_requires_gradient_sync(sync)
-            with no_sync:
-                with autocast:
-                    loss = model(tokens, targets) / cfg.micro_batches
-                with faults.op(f"the backward ({_dp_sync(model, sync)})"):
-                    loss.backward()
-            total += loss.detach()
+        total = parts.step(source, step)
         with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
-            if cfg.ep_shards:
-                moe.sync_expert_grads(all_named(), shards.expert, dp_group, n_batch)
-            tp.sync_partial_grads(all_named(), shards)
+            if par.ep_shards:
+                moe.sync_expert_grads(parts.named_parameters(), shards.expert, dp_group, n_batch)
+            tp.sync_partial_grads(parts.named_parameters(), shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
-            _dump_grads(all_named(), args.dump_grads, ctx, shards)
+            _dump_grads(parts.named_parameters(), args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)"):
-            norm = tp.clip_grad_norm(norm_named(), cfg.grad_clip, shards, dp_group, pp_group=pp_group,
-                                     scale=[p for _, p in all_named()])
+            norm = tp.clip_grad_norm(parts.named_parameters(counted_once=True), cfg.optim.grad_clip, shards,
+                                     dp_group, pp_group=parts.pp_group, scale=[p for _, p in parts.named_parameters()])
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -371,18 +384,17 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                   f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
                   + moe_text, flush=True)
         preempted = vote.result()
-        if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)
-                                   or step + 1 == stop or preempted):
+        if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint"):
-                checkpoint.save(cfg.checkpoint_dir, step + 1, modules, opt, sched, ctx, cfg.steps, shards,
-                                skip_on_save=tied_elsewhere)
+                checkpoint.save(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
+                                skip_on_save=parts.tied_elsewhere)
         if preempted:
             if ctx.is_logger:
                 print(f"scalec: stopped by SIGTERM after step {step + 1}"
-                      + (f"; checkpoint saved in {cfg.checkpoint_dir}" if cfg.checkpoint_dir else
+                      + (f"; checkpoint saved in {ckpt.dir}" if ckpt.dir else
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break
-    faults.save_weights_if_asked(norm_named, ctx)
+    faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:

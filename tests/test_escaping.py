@@ -92,7 +92,13 @@ def _docstrings(tree: pyast.Module) -> dict:
 def _config(tree: pyast.Module) -> dict:
     (call,) = [n.value for n in tree.body if isinstance(n, pyast.Assign) and isinstance(n.targets[0], pyast.Name)
                and n.targets[0].id == "CONFIG"]
-    return {k.arg: pyast.literal_eval(k.value) for k in call.keywords}
+    return _keywords(call)
+
+
+def _keywords(call: pyast.Call) -> dict:
+    """A call's keyword arguments as values; a nested group (`train.Data(...)`) as a dict of its own."""
+    return {k.arg: _keywords(k.value) if isinstance(k.value, pyast.Call) else pyast.literal_eval(k.value)
+            for k in call.keywords}
 
 
 def _code_lines(launch: str) -> list[str]:
@@ -255,9 +261,9 @@ def test_hostile_strings(tmp_path, spelt, value):
     files = _emit(text, str(tmp_path / "strings.scale"), tmp_path)
     tree = pyast.parse(files["program.py"])
     config = _config(tree)
-    assert config["data_path"] == value and config["checkpoint_dir"] == value
+    assert config["data"]["path"] == value and config["checkpoint"]["dir"] == value
     train = json.loads(files["plan.json"])["train"]
-    assert train["data_path"] == value and train["checkpoint_dir"] == value
+    assert train["data"]["path"] == value and train["checkpoint"]["dir"] == value
     _bash_n(tmp_path / "launch.sh")
     calls = {n.func.attr for n in pyast.walk(tree) if isinstance(n, pyast.Call) and isinstance(n.func, pyast.Attribute)}
     assert "system" not in calls

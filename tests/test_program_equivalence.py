@@ -56,11 +56,11 @@ def test_program_matches_model_built_from_spec(name, tmp_path):
     generated = program.Model()
     reference = build(compiled.spec, device="cpu")
     for m in (generated, reference):
-        init_parameters(m, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers)
+        init_parameters(m, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
     # Every linear writing into the residual stream gets the scaled initialisation, numbered ones too.
     from compiler.model import residual_out
     expected = {"attn_o", "mlp_down"} if not VARIANTS[name].get("extra") else {"attn_1_o", "attn_2_o", "mlp_down"}
-    assert set(cfg.residual_out) == set(residual_out(reference)) == expected
+    assert set(cfg.init.residual_out) == set(residual_out(reference)) == expected
     gen_params, ref_params = dict(generated.named_parameters()), dict(reference.named_parameters())
     assert gen_params.keys() == ref_params.keys()
     for k in ref_params:

@@ -9,7 +9,7 @@ from torch import nn
 
 from runtime import data
 from runtime.layers import init_parameters, parameter_generator
-from runtime.train import Config, lr_lambda
+from runtime.train import Config, Data, Optim, Parallel, lr_lambda
 
 
 def test_any_dp_and_micro_batch_split_sees_the_same_global_batch():
@@ -41,14 +41,12 @@ def test_token_file_windows(tmp_path):
     assert torch.equal(src.samples(0, 4, 2, 4)[0], tokens[2:])
 
 
-def _cfg(**kw) -> Config:
-    base = dict(name="m", source="m.scale", axes=(("dp", 1),), data_parallel="ddp", micro_batches=1, global_batch=1,
-                seq_len=1, vocab=8, steps=100, seed=0, precision="fp32", lr=1e-3, betas=(0.9, 0.95),
-                weight_decay=0.0, eps=1e-8, schedule="cosine", warmup=10, min_lr=1e-4, grad_clip=1.0,
-                data="synthetic", data_path="", data_dtype="uint16", log_every=1, checkpoint_dir="",
-                checkpoint_every=0, init_std=0.02, residual_out=(), layers=1)
-    base.update(kw)
-    return Config(**base)
+def _cfg(**optim) -> Config:
+    opt = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0, eps=1e-8, lr_schedule="cosine", warmup=10, min_lr=1e-4,
+               grad_clip=1.0)
+    opt.update(optim)
+    return Config(name="m", source="m.scale", steps=100, seed=0, parallel=Parallel(axes=(("dp", 1),)),
+                  optim=Optim(**opt), data=Data(global_batch=1, seq_len=1, vocab=8))
 
 
 def test_lr_schedule_warms_up_then_decays_to_min_lr():
@@ -56,7 +54,7 @@ def test_lr_schedule_warms_up_then_decays_to_min_lr():
     assert f(0) == 1 / 11 and f(9) == 10 / 11 and f(10) == 1.0
     assert math.isclose(f(55), 0.1 + 0.9 * 0.5, rel_tol=1e-12)  # half-way through the cosine
     assert math.isclose(f(100), 0.1, rel_tol=1e-12)
-    assert lr_lambda(_cfg(schedule="constant"))(50) == 1.0
+    assert lr_lambda(_cfg(lr_schedule="constant"))(50) == 1.0
 
 
 def test_initialisation_depends_on_names_not_order():
@@ -101,3 +99,56 @@ def test_checkpoint_fallback_is_for_damaged_files_not_for_our_defects():
     assert not defect(OSError("short read"), EOFError(), pickle.UnpicklingError("bad"))
     assert defect(OSError("short read"), KeyError("optim.state.w.exp_avg"))
     assert defect(TypeError("bad call"))
+
+
+def test_every_field_of_the_runtime_contract_is_documented():
+    """runtime/config.py: each field of Config and of its groups is followed by its docstring."""
+    import ast as pyast
+    from pathlib import Path
+
+    from runtime import config
+    tree = pyast.parse(Path(config.__file__).read_text())
+    undocumented = []
+    for cls in (n for n in tree.body if isinstance(n, pyast.ClassDef)):
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, pyast.AnnAssign):
+                name = node.target.id
+                documented = (i + 1 < len(body) and isinstance(body[i + 1], pyast.Expr)
+                              and isinstance(body[i + 1].value, pyast.Constant))
+                # A group field (parallel: Parallel) is documented by its class's docstring.
+                group = isinstance(node.annotation, pyast.Name) and node.annotation.id in dict(
+                    (c.__name__, f) for f, c in config.GROUPS)
+                if not documented and not group:
+                    undocumented.append(f"{cls.name}.{name}")
+    assert not undocumented, f"undocumented contract fields: {undocumented}"
+
+
+def test_the_batch_split_of_the_program_must_match_the_mesh():
+    """A program run on a mesh with another number of batch ranks than its plan's stops with one line."""
+    import types
+
+    import pytest
+
+    from runtime.train import _check_contract
+    cfg = _cfg()
+    cfg = Config(name="m", source="m.scale", steps=1, seed=0, optim=cfg.optim,
+                 parallel=Parallel(axes=(("dp", 2),), micro_batches=2, micro_batch_size=2, batch_ranks=2),
+                 data=Data(global_batch=8, seq_len=4, vocab=8))
+    _check_contract(cfg, types.SimpleNamespace(batch_size=2))
+    with pytest.raises(SystemExit, match="the mesh has 4 batch rank"):
+        _check_contract(cfg, types.SimpleNamespace(batch_size=4))
+
+
+def test_model_parts_count_a_tied_copy_once():
+    """The optimizer sees every parameter of every part; the norm, the count and saving skip a tied copy."""
+    from runtime.train import ModelParts
+
+    parts = ModelParts()
+    first, last = nn.Module(), nn.Module()
+    first.add_module("proj", nn.Linear(2, 2))
+    last.add_module("tok_embed", nn.Embedding(4, 2))
+    parts.modules = [first, last]
+    parts.tied_elsewhere = ("tok_embed.weight",)
+    assert [n for n, _ in parts.named_parameters()] == ["proj.weight", "proj.bias", "tok_embed.weight"]
+    assert [n for n, _ in parts.named_parameters(counted_once=True)] == ["proj.weight", "proj.bias"]

@@ -159,12 +159,20 @@ def test_permission_changes_what_is_accepted(name, tmp_path):
 
 
 def test_runtime_reads_every_config_field():
-    """What program.py carries is read: each field of runtime.train.Config is used as `cfg.<field>` in the runtime.
-    (Reading is not honouring on every path: bf16 under pp was read and ignored; the e2e bf16 cases pin that.)"""
+    """What program.py carries is read: each field of runtime.config.Config is used as `cfg.<field>` in the runtime,
+    each field of a group as `.<group>.<field>` or through a local bound to the group (`par = cfg.parallel`, then
+    `par.<field>`). (Reading is not honouring on every path: bf16 under pp was read and ignored; the e2e bf16 cases
+    pin that.)"""
     import dataclasses
     import re
 
-    from runtime.train import Config
-    source = "".join(p.read_text() for p in (ROOT / "runtime").glob("*.py"))
-    unread = [f.name for f in dataclasses.fields(Config) if not re.search(rf"\bcfg\.{f.name}\b", source)]
+    from runtime.config import GROUPS, Config
+    source = "".join(p.read_text() for p in (ROOT / "runtime").glob("*.py") if p.name != "config.py")
+    groups = dict(GROUPS)
+    unread = [f.name for f in dataclasses.fields(Config)
+              if f.name not in groups and not re.search(rf"\bcfg\.{f.name}\b", source)]
+    for group, cls in GROUPS:
+        aliases = {group} | set(re.findall(rf"\b(\w+) = (?:self\.)?cfg\.{group}\b", source))
+        unread += [f"{group}.{f.name}" for f in dataclasses.fields(cls)
+                   if not any(re.search(rf"\b{a}\.{f.name}\b", source) for a in aliases)]
     assert not unread, f"Config fields the runtime never reads: {unread}"

@@ -85,7 +85,7 @@ def _materialise(program, shards=None):
         model = program.Model()
     model.to_empty(device="cpu")
     cfg = program.CONFIG
-    init_parameters(model, seed=cfg.seed, std=cfg.init_std, residual_out=cfg.residual_out, layers=cfg.layers,
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out, layers=cfg.init.layers,
                     shard_of=shards.of if shards else None, local_slice=tp_rt.local_slice)
     return dict(model.named_parameters())
 
@@ -102,7 +102,7 @@ def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, t
         paths[name] = tmp_path / name / "program.py"
     reference = _materialise(_load(paths["single"], "prog_single"))
     program = _load(paths["sharded"], "prog_sharded")
-    shards = tp_rt.Shards(program.CONFIG.tp_shards, program.CONFIG.tp_partial_grads)
+    shards = tp_rt.Shards(program.CONFIG.parallel.tp_shards, program.CONFIG.parallel.tp_partial_grads)
     monkeypatch.setattr(collectives, "axis_size", lambda axis: tp if axis == "tp" else 1)
     pieces = {}
     for rank in range(tp):

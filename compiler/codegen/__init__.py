@@ -169,38 +169,66 @@ def data_path(spec: S.Spec, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".") -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None) -> dict:
+    """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
+    "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
+    (micro_batch_size, batch_ranks) are the Plan's: `plan`, or the one the spec states (compiler.plan.from_spec)."""
+    from compiler.plan import from_spec
+    plan = plan if plan is not None else from_spec(spec)
     t = spec.train
     v = spec.value
-    shards, partial = [], []
-    for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
-        for pname, (dim, full) in gm.meta.get(T.TP_SHARDS, {}).items():
-            shards.append((prefix + pname, dim, full))
-        partial += [prefix + p for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())]
-    items = {
-        "name": spec.model.name, "source": source_name(spec), "axes": tuple(spec.mesh.axes),
-        "data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches,
-        "global_batch": v(t.global_batch), "seq_len": v(t.seq_len), "vocab": v(spec.model.layers[0].vocab),
-        "steps": t.steps, "seed": t.seed, "precision": t.precision,
-        "lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
-        "eps": t.optimizer.eps, "schedule": t.schedule.kind, "warmup": t.schedule.warmup, "min_lr": t.schedule.min_lr,
-        "grad_clip": t.grad_clip, "data": t.data.kind, "data_path": data_path(spec, out_dir),
-        "data_dtype": t.data.dtype,
-        "log_every": t.log_every, "checkpoint_dir": t.checkpoint_dir, "checkpoint_every": t.checkpoint_every,
-        "timeout": t.timeout,
-        "init_std": INIT_STD, "residual_out": residual_out(traced.model),
-        "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1,
-        "tp_shards": tuple(shards), "tp_partial_grads": tuple(partial),
-        "pp_schedule": spec.plan.schedule, "virtual_stages": spec.plan.virtual_stages,
+
+    def collect(key):
+        return [(prefix + pname, dim, full)
+                for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]
+                for pname, (dim, full) in gm.meta.get(key, {}).items()]
+    partial = [prefix + p for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm)
+                                                                   for name, gm in traced.blocks.items()]
+               for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())]
+    moe = traced.model.has_moe()
+    parallel = {
+        "axes": plan.axes, "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
+        "micro_batch_size": plan.micro_batch_size, "batch_ranks": plan.batch_ranks,
+        "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
+        "sequence_parallel": bool(plan.sequence_parallel),
+        "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
+        **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.layers[-2].tied),
     }
-    if traced.model.has_moe():  # only MoE programs carry these settings
-        items["ep_shards"] = tuple(
-            (prefix + pname, dim, full)
-            for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]
-            for pname, (dim, full) in gm.meta.get(T.EP_SHARDS, {}).items())
-        items["moe"] = True
-    return items
+    return {
+        "name": spec.model.name, "source": source_name(spec),
+        "steps": t.steps, "seed": t.seed, "precision": t.precision, "log_every": t.log_every, "timeout": t.timeout,
+        **({"moe": True} if moe else {}),
+        "parallel": parallel,
+        "optim": {"lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
+                  "eps": t.optimizer.eps, "lr_schedule": t.schedule.kind, "warmup": t.schedule.warmup,
+                  "min_lr": t.schedule.min_lr, "grad_clip": t.grad_clip},
+        "data": {"kind": t.data.kind, "path": data_path(spec, out_dir), "dtype": t.data.dtype,
+                 "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.layers[0].vocab)},
+        "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every},
+        "init": {"std": INIT_STD, "residual_out": residual_out(traced.model),
+                 "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
+    }
+
+
+# The nested groups of runtime.config.Config, in the order the program writes them.
+CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint",
+                 "init": "Init"}
+
+
+def _config_code(values: dict) -> list:
+    """(key, Python expression) of CONFIG's top level: plain values, then each group as `train.Group(...)`."""
+    out = [(k, E.py_literal(val)) for k, val in values.items() if k not in CONFIG_GROUPS]
+    for key, cls in CONFIG_GROUPS.items():
+        inner = ",\n".join(f"        {k}={E.py_literal(val)}" for k, val in values[key].items())
+        out.append((key, E.code(f"train.{cls}(\n{inner},\n    )")))
+    return out
+
+
+def _json_value(v):
+    if isinstance(v, dict):
+        return {k: _json_value(x) for k, x in v.items()}
+    return [_json_value(x) for x in v] if isinstance(v, tuple) else v
 
 
 def mesh_text(spec: S.Spec) -> str:
@@ -254,7 +282,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") 
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
         runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,
-        config=[(k, E.py_literal(v)) for k, v in config_values(spec, traced, out_dir).items()])
+        config=_config_code(config_values(spec, traced, out_dir)))
 
 
 def launch_script(spec: S.Spec) -> str:
@@ -302,8 +330,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
                     "source": where(spec, c.span) if c.span else None, "reason": c.reason}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: list(v) if isinstance(v, tuple) else v for k, v in config_values(spec, traced, out_dir).items()
-                  if k not in ("name", "source", "axes", "data_parallel", "micro_batches")},
+        "train": {k: _json_value(v) for k, v in config_values(spec, traced, out_dir).items()
+                  if k not in ("name", "source")},
     }
     return E.json_text(doc)
 

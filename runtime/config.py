@@ -1,0 +1,139 @@
+"""The runtime contract: what the compiler decided that a generated program's run needs, as frozen nested configs.
+
+The groups mirror the .scale file's sections and the compiler's Plan: `Parallel` (the mesh and the plan section:
+how the model and the batch are split), `Optim` (the optimizer, its learning-rate schedule, clipping), `Data` (the
+token source and the batch), `Checkpoint`, and `Init` (how weights start); the run itself (steps, seed, precision,
+logging) stays at the top. The generated program writes one `Config(...)` literally (compiler/codegen builds it
+from the Plan: the micro-batch size and the batch ranks are the Plan's, not re-derived here). Plain values only, no
+torch: a program's CONFIG can be read without starting anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    """How the model and the batch are split over the mesh (the `mesh` and `plan` sections, as the Plan has them)."""
+
+    axes: tuple
+    """Mesh axes ((name, size), ...), outermost first; the product is the world size."""
+    data_parallel: str = "ddp"
+    """`ddp` (replicated state, gradients all-reduced) or `fsdp` (ZeRO-3: state sharded over dp)."""
+    micro_batches: int = 1
+    """Micro-batches per optimizer step on each batch rank: gradient accumulation, or the pipeline's micro-batches
+    under pp."""
+    micro_batch_size: int = 1
+    """Sequences in one micro-batch on one batch rank: global_batch / (batch_ranks × micro_batches) (Plan)."""
+    batch_ranks: int = 1
+    """Ranks the global batch is split over: dp × ep (ep is folded out of data parallelism) (Plan)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule over pp: gpipe, 1f1b, interleaved-1f1b, zero-bubble."""
+    virtual_stages: int = 1
+    """Pipeline stages per pp rank (more than one: interleaved)."""
+    sequence_parallel: bool = False
+    """Activations outside attention and MLP are split over tp along the sequence; the replicated parameters they
+    meet get partial gradients (`tp_partial_grads`)."""
+    tp_shards: tuple = ()
+    """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
+    tp_partial_grads: tuple = ()
+    """Parameters whose gradients are partial over tp (sequence parallelism): summed after backward."""
+    ep_shards: tuple = ()
+    """Expert weights sharded over ep: (name pattern, dim, full size); their gradients are summed over dp only (the
+    all-to-all backward already brought every ep rank's tokens' contributions), then divided by dp × ep."""
+    tied_embedding: bool = False
+    """The LM head reuses the embedding: under pp its two copies (first and last stage) have their gradients summed
+    and the last stage's copy is not saved twice."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optim:
+    """AdamW, its learning-rate schedule and gradient clipping (`train { optimizer, schedule, grad_clip }`)."""
+
+    lr: float
+    """Peak learning rate."""
+    betas: tuple = (0.9, 0.95)
+    """AdamW's (beta1, beta2)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay of the matrices (biases and norm scales, the 1-D parameters, get none)."""
+    eps: float = 1e-8
+    """AdamW's epsilon."""
+    lr_schedule: str = "cosine"
+    """`cosine` (to `min_lr` at the last step) or `constant`, after `warmup` linear steps."""
+    warmup: int = 0
+    """Steps of linear warm-up from lr / (warmup + 1) to lr."""
+    min_lr: float = 0.0
+    """The cosine's floor."""
+    grad_clip: float = 0.0
+    """Clip the global gradient norm to this; 0 turns clipping off."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    """The token source and the batch (`train { data, global_batch, seq_len }`, the model's vocabulary)."""
+
+    kind: str = "synthetic"
+    """`synthetic` (a deterministic stride task) or `tokens` (a file of token ids)."""
+    path: str = ""
+    """The token file: relative to the program's directory (main's `program`), or absolute; empty for synthetic."""
+    dtype: str = "uint16"
+    """Element type of the token file (`uint16` or `uint32`)."""
+    global_batch: int
+    """Sequences per optimizer step over all batch ranks."""
+    seq_len: int
+    """Tokens per sequence."""
+    vocab: int
+    """Vocabulary size: the synthetic task's range, the bound token ids of a file are checked against."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """Distributed checkpoints of the single-device model's tensors (runtime.checkpoint)."""
+
+    dir: str = ""
+    """Directory of the checkpoints; empty: none saved or resumed from."""
+    every: int = 0
+    """Save every this many steps (and always at the last step of a run and on SIGTERM); 0: only then."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Init:
+    """Weight initialisation, by parameter name so that every layout starts from the same weights."""
+
+    std: float = 0.02
+    """Standard deviation of the weights' normal initialisation."""
+    residual_out: tuple = ()
+    """Linears writing into the residual stream; their initialisation is scaled by 1/sqrt(2·layers)."""
+    layers: int = 1
+    """Number of blocks (for that scaling)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
+
+    name: str
+    """Model name, from `model NAME` in the .scale file."""
+    source: str
+    """The .scale file this program was generated from (its base name)."""
+    steps: int
+    """Optimizer steps of the whole run (`--steps` overrides)."""
+    seed: int
+    """Seed of initialisation and data (`--seed` overrides)."""
+    precision: str = "fp32"
+    """`fp32` or `bf16` (autocast; weights, gradients and optimizer state stay fp32)."""
+    log_every: int = 1
+    """Print a line every this many steps (and at the first and last)."""
+    timeout: float = 600.0
+    """Seconds a collective may take before the watchdog ends the job naming it (runtime.faults); 0: no watchdog."""
+    moe: bool = False
+    """The model has Mixture-of-Experts layers: log dropped tokens, expert load and the auxiliary loss."""
+    parallel: Parallel
+    optim: Optim
+    data: Data
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    init: Init = field(default_factory=Init)
+
+
+GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("init", Init))
+"""The nested groups of `Config`: (field name, class)."""
