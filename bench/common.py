@@ -29,7 +29,7 @@ def compile_into(text: str, rel: str, out: Path, axis: str, who: str):
     axes = dict(compiled.spec.mesh.axes)
     if axes.get(axis) != 2 or len(axes) != 1:
         raise SystemExit(f"{who}: wants a mesh of exactly `axis {axis} = 2`, got {compiled.spec.mesh.axes}")
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     (Path(out) / "model.scale").write_text(text)
     return compiled
 

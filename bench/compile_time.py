@@ -46,7 +46,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as out:
             def emit():
                 c = compile_spec(check_text(text, rel))
-                codegen.emit(c.spec, c.traced, c.costs, out)
+                codegen.emit(c, out)
             comp = _median(emit, args.repeat)
         rows.append((sample.stem, compiled.costs.params_n, check, plan, comp))
     print(f"median of {args.repeat} runs, seconds, in one process (torch import excluded)\n")

@@ -101,7 +101,7 @@ def compile_single(text: str, rel: str, out: Path):
     compiled = compile_spec(check_text(text, rel))
     if any(n != 1 for _, n in compiled.spec.mesh.axes):
         raise SystemExit(f"{WHO}: the dense build wants one device, got {compiled.spec.mesh.axes}")
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     (Path(out) / "model.scale").write_text(text)
     return compiled
 

@@ -37,7 +37,7 @@ def build(work: Path) -> Path:
     from compiler.pipeline import compile_spec
     compiled = compile_spec(check_text(PLAN, "drill.scale"))
     out = work / "build"
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     return out
 
 

@@ -207,7 +207,7 @@ def cmd_compile(args) -> int:
     from compiler import codegen
     compiled = _load(args.file, show=_show_graph if args.show_graphs else None)
     out = _build_dir(compiled, args.output)
-    for path in codegen.emit(compiled.spec, compiled.traced, compiled.costs, out):
+    for path in codegen.emit(compiled, out):
         print(f"wrote {path}")
     return 0
 
@@ -262,7 +262,7 @@ def cmd_run(args) -> int:
     except UsageError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, out)
+    codegen.emit(compiled, out)
     here = m.world_size if env.get("LOCAL_NODES") or m.nodes == 1 else m.devices_per_node
     extra = f"; torchrun {env['TORCHRUN_ARGS']}" if env["TORCHRUN_ARGS"] else ""
     print(f"scalec: {shlex.join(cmd)}   ({here} processes{extra})", flush=True)

@@ -312,7 +312,7 @@ def run(text: str, path: str = "fuzz.scale", out_dir: str | None = None, hard_li
                 if problems:
                     raise ScaleError(problems, {spec.path: spec.source})
                 with tempfile.TemporaryDirectory() if out_dir is None else _nothing(out_dir) as out:
-                    codegen.emit(compiled.spec, compiled.traced, compiled.costs, out)
+                    codegen.emit(compiled, out)
                     program = Path(out, "program.py").read_text(encoding="utf-8")
                 compile(program, "program.py", "exec")
             except ScaleError as err:

@@ -22,7 +22,7 @@ SAMPLES = sorted((ROOT / "samples").glob("*.scale"))
 def _compile(path: Path, out: Path):
     rel = path.relative_to(ROOT).as_posix()
     compiled = compile_spec(check_text(path.read_text(encoding="utf-8"), rel), check_between=True)
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     return compiled
 
 
@@ -66,7 +66,7 @@ def test_program_does_not_grow_with_world_size(tmp_path):
 
 def _compile_text(text: str, out: Path) -> str:
     compiled = compile_spec(check_text(text, "samples/gpt_dp.scale"))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     return (out / "program.py").read_text()
 
 
@@ -80,7 +80,7 @@ def test_user_strings_cannot_inject_code(tmp_path):
     # The data file exists (check looks for it beside the .scale file), under the hostile name itself.
     (tmp_path / 'x"); import os; os.system("echo pwned") #').write_bytes(bytes(1024))
     compiled = compile_spec(check_text(text, str(tmp_path / "gpt_dp.scale")))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    codegen.emit(compiled, str(tmp_path))
     program = (tmp_path / "program.py").read_text()
     tree = pyast.parse(program)
     calls = {n.func.attr for n in pyast.walk(tree) if isinstance(n, pyast.Call)
@@ -101,7 +101,7 @@ def test_comments_and_paths_cannot_inject_code(tmp_path):
     src = evil_dir / "x\n__import__('os').system('touch PWNED')\n.scale"
     src.write_text(text)
     compiled = compile_spec(check_text(text, str(src)))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / "out"))
+    codegen.emit(compiled, str(tmp_path / "out"))
     program = (tmp_path / "out" / "program.py").read_text()
     tree = pyast.parse(program)
     assert not [n for n in pyast.walk(tree) if isinstance(n, pyast.Call) and getattr(n.func, "attr", "") == "system"]
@@ -115,7 +115,7 @@ def test_output_does_not_depend_on_how_the_path_is_spelt(tmp_path):
     outs = []
     for i, path in enumerate(("gpt_dp.scale", "./gpt_dp.scale", "/somewhere/else/gpt_dp.scale")):
         compiled = compile_spec(check_text(text, path))
-        codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / str(i)))
+        codegen.emit(compiled, str(tmp_path / str(i)))
         outs.append([(tmp_path / str(i) / f).read_bytes() for f in ("program.py", "plan.json", "launch.sh")])
     assert outs[0] == outs[1] == outs[2]
 
@@ -125,6 +125,6 @@ def test_imports_follow_the_code_not_the_file_name(tmp_path):
     (`my_moe.scale:14`) are not code."""
     text = (ROOT / "samples" / "gpt_dp.scale").read_text()
     compiled = compile_spec(check_text(text, "my_moe.scale"))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    codegen.emit(compiled, str(tmp_path))
     program = (tmp_path / "program.py").read_text()
     assert "my_moe.scale:" in program and "from runtime import train\n" in program

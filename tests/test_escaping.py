@@ -72,7 +72,7 @@ def _emit(text: str, path: str, out: Path, model_name: str | None = None):
     spec = compiled.spec
     if model_name is not None:  # not writable in .scale (a NAME), but codegen must not rely on the grammar
         spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, name=model_name))
-    codegen.emit(spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(dataclasses.replace(compiled, spec=spec), str(out))
     return {f: (out / f).read_text(encoding="utf-8") for f in ("program.py", "plan.json", "launch.sh")}
 
 

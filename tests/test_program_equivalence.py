@@ -48,7 +48,7 @@ train {{ global_batch = 3  seq_len = seq  steps = 1  optimizer = adamw(lr = 1e-3
 def test_program_matches_model_built_from_spec(name, tmp_path):
     text = _text(VARIANTS[name])
     compiled = compile_spec(check_text(text, f"{name}.scale"))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    codegen.emit(compiled, str(tmp_path))
     mod_spec = importlib.util.spec_from_file_location(f"program_{name}", tmp_path / "program.py")
     program = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(program)

@@ -61,7 +61,7 @@ def test_several_nodes_run_this_nodes_share_or_say_how(monkeypatch):
 def test_launch_script_keeps_quoted_torchrun_flags_whole(tmp_path):
     """launch.sh splits TORCHRUN_ARGS like a shell, without evaluating it; restarts become --max-restarts."""
     compiled = compile_spec(check_text(DP.replace("log_every    = 5", "log_every = 5  restarts = 2"), "dp.scale"))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(tmp_path))
+    codegen.emit(compiled, str(tmp_path))
     fake = tmp_path / "fake" / "runtime"  # launch.sh's torchrun is `python3 -m runtime.launch`: echo its arguments
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")

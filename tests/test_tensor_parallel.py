@@ -98,7 +98,7 @@ def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, t
     paths = {}
     for name, t in (("single", single), ("sharded", text)):
         c = compile_spec(check_text(t, f"{name}.scale"))
-        codegen.emit(c.spec, c.traced, c.costs, str(tmp_path / name))
+        codegen.emit(c, str(tmp_path / name))
         paths[name] = tmp_path / name / "program.py"
     reference = _materialise(_load(paths["single"], "prog_single"))
     program = _load(paths["sharded"], "prog_sharded")

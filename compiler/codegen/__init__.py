@@ -265,7 +265,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
             "loss": E.code(loss_code)}
 
 
-def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:
+def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", plan=None) -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
     pipeline = _pipeline(spec, traced)
     if pipeline:  # the Stage class replaces Model
@@ -282,7 +282,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") 
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
         runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,
-        config=_config_code(config_values(spec, traced, out_dir)))
+        config=_config_code(config_values(spec, traced, out_dir, plan)))
 
 
 def launch_script(spec: S.Spec) -> str:
@@ -292,7 +292,11 @@ def launch_script(spec: S.Spec) -> str:
         devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec), restarts=int(spec.train.restarts))
 
 
-def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".") -> str:
+def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", plan=None) -> str:
+    """plan.json: the Plan itself (every setting and decision), then what it costs and places, and the run's
+    contract."""
+    from compiler.plan import from_spec
+    plan = plan if plan is not None else from_spec(spec)
     dp_placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
     params = []
     for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
@@ -316,7 +320,7 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
         "mesh": {"axes": [{"name": a, "size": n} for a, n in spec.mesh.axes], "nodes": spec.mesh.nodes,
                  "devices_per_node": spec.mesh.devices_per_node, "world_size": spec.mesh.world_size,
                  "device": spec.mesh.device.kind},
-        "plan": {"data_parallel": spec.plan.data_parallel, "micro_batches": spec.plan.micro_batches},
+        "plan": plan.to_json(),
         "sizes": {k: str(v) for k, v in spec.model.sizes.items()},
         "values": {str(k): int(v) for k, v in spec.values.items()},
         "cost": {"parameters": costs.params_n, "parameters_formula": str(costs.params),
@@ -336,11 +340,12 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
     return E.json_text(doc)
 
 
-def emit(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str) -> list[str]:
-    """Write the build directory; return the paths written."""
+def emit(compiled, out_dir: str) -> list[str]:
+    """Write the build directory of a compiled plan (compiler.pipeline.Compiled); return the paths written."""
+    spec, traced, costs, plan = compiled.spec, compiled.traced, compiled.costs, compiled.plan
     os.makedirs(out_dir, exist_ok=True)
-    files = {"program.py": program(spec, traced, costs, out_dir),
-             "plan.json": plan_json(spec, traced, costs, out_dir), "launch.sh": launch_script(spec)}
+    files = {"program.py": program(spec, traced, costs, out_dir, plan),
+             "plan.json": plan_json(spec, traced, costs, out_dir, plan), "launch.sh": launch_script(spec)}
     written = []
     for name, text in files.items():
         path = os.path.join(out_dir, name)

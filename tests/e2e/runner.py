@@ -50,7 +50,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
         assert compiled.spec.mesh.world_size == nproc, "the case's nproc disagrees with its mesh"
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
     cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
            "--count-bytes", str(counts), *extra]

@@ -28,7 +28,7 @@ DP2 = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
 def _run(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = (), timeout: int = 240):
     out = work / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
-    codegen.emit(compiled.spec, compiled.traced, compiled.costs, str(out))
+    codegen.emit(compiled, str(out))
     metrics, weights = out / "metrics.jsonl", out / "weights.pt"
     cmd = ["bash", str(out / "launch.sh"), "--steps", str(STEPS), "--metrics", str(metrics), *extra]
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
