@@ -524,8 +524,8 @@ def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> No
     """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
         _data_checks(c, train, spans["data"])
-    if train.data.kind == "synthetic" and int(c.number(model.layers[0].vocab)) < 4:
-        c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.layers[0].span)
+    if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
+        c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
 
 
 def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:

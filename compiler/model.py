@@ -209,16 +209,16 @@ class ScaleModel(Segment):
 
     def __init__(self, spec: S.Spec, device="meta"):
         super().__init__(spec, device)
-        layers = spec.model.layers
-        emb = layers[0]
+        model = spec.model  # by role: embedding, positional, body, head, loss
+        emb = model.embedding
         self._emb = emb
         self._leaf("embed", _embedding(self._n(emb.vocab), self._n(emb.hidden)),
                    {"weight": (emb.vocab, emb.hidden)}, emb.span)
-        self._pos = next((x for x in layers if isinstance(x, S.Positional)), None)
+        self._pos = model.positional
         if self._pos is not None:
             self._leaf("pos", _embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
                        {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
-        middle = [x for x in layers[1:-2] if not isinstance(x, S.Positional)]
+        middle = list(model.body)
         totals = _totals([x for x in middle if not isinstance(x, S.Repeat)])
         self.repeats: list[tuple[str, S.Repeat]] = []
         program = []
@@ -236,8 +236,8 @@ class ScaleModel(Segment):
             else:
                 program.append(self._step(x, totals))
         self._program = tuple(program)
-        self._head = layers[-2]
-        self._loss = layers[-1]
+        self._head = model.head
+        self._loss = model.loss
         if not self._head.tied:
             self._linear("lm_head", self._head.hidden, self._head.vocab, self._head.bias, self._head.span)
         elif self._head.bias:

@@ -136,6 +136,34 @@ class Model:
     layers: tuple
     span: Span
 
+    # The model's named roles (the checker guarantees each exists once, in this order: embedding, [positional],
+    # body, head, loss). Code reads these, never positions in `layers`.
+    @property
+    def embedding(self) -> Embedding:
+        return next(x for x in self.layers if isinstance(x, Embedding))
+
+    @property
+    def positional(self) -> Positional | None:
+        return next((x for x in self.layers if isinstance(x, Positional)), None)
+
+    @property
+    def head(self) -> LMHead:
+        return next(x for x in self.layers if isinstance(x, LMHead))
+
+    @property
+    def loss(self) -> CrossEntropy:
+        return next(x for x in self.layers if isinstance(x, CrossEntropy))
+
+    @property
+    def body(self) -> tuple:
+        """The layers between the embeddings and the head: the blocks (`repeat`s) and any layer around them."""
+        return tuple(x for x in self.layers if not isinstance(x, (Embedding, Positional, LMHead, CrossEntropy)))
+
+    @property
+    def blocks(self) -> tuple:
+        """The `repeat`s of the body."""
+        return tuple(x for x in self.layers if isinstance(x, Repeat))
+
 
 @dataclass(frozen=True, kw_only=True)
 class Device:

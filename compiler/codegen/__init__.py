@@ -193,7 +193,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None)
         "sequence_parallel": bool(plan.sequence_parallel),
         "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
         **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
-        "tied_embedding": bool(spec.model.layers[-2].tied),
+        "tied_embedding": bool(spec.model.head.tied),
     }
     return {
         "name": spec.model.name, "source": source_name(spec),
@@ -204,7 +204,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None)
                   "eps": t.optimizer.eps, "lr_schedule": t.schedule.kind, "warmup": t.schedule.warmup,
                   "min_lr": t.schedule.min_lr, "grad_clip": t.grad_clip},
         "data": {"kind": t.data.kind, "path": data_path(spec, out_dir), "dtype": t.data.dtype,
-                 "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.layers[0].vocab)},
+                 "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab)},
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every},
         "init": {"std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},

@@ -90,7 +90,7 @@ def block_activations(spec: S.Spec, body) -> BlockActivations:
         if isinstance(x, S.MoE):
             buffer, hidden = moe_held_elements(spec, x, 1)
             moe += 2 * buffer + hidden
-    return BlockActivations(s=spec.value(spec.train.seq_len), h=spec.value(spec.model.layers[0].hidden),
+    return BlockActivations(s=spec.value(spec.train.seq_len), h=spec.value(spec.model.embedding.hidden),
                             a=spec.value(att.heads) if att is not None else 1,
                             layers=sum(isinstance(x, S.Attention) for x in body), moe_per_sequence=moe)
 

@@ -296,10 +296,10 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
     nodes = _names(gm)
     tp_sym = size(AXIS)
     shapes = gm.meta[T.PARAM_SHAPES]
-    vocab = spec.value(spec.model.layers[0].vocab)
+    vocab = spec.value(spec.model.embedding.vocab)
     padded = vocab % tp != 0
     local_vocab = -(-vocab // tp)
-    v_expr = spec.model.layers[0].vocab
+    v_expr = spec.model.embedding.vocab
     if d.embedding:
         emb = nodes[d.embedding]
         old = gm.get_submodule(emb.target)
