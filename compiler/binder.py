@@ -341,6 +341,14 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
     return out if ok else None
 
 
+def _arg_span(st: ast.Layer, index: int, name: str) -> Span:
+    """Where argument `name` (or the `index`-th positional one) of a layer is written; the layer if absent."""
+    for i, arg in enumerate(st.args):
+        if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
+            return arg.value.span if hasattr(arg.value, "span") else arg.span
+    return st.span
+
+
 def _span(node) -> Span | None:
     return getattr(node, "span", None)
 

@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from compiler import ast
+from compiler import layers as L
 from compiler import spec as S
-from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _divisors_near, _duration, _float,
+from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _duration, _float,
                              _end_span, _int, _pos_int, _settings, _size, _span, _spans_of,
                              _string)
 from compiler.cost.devices import DEVICES
@@ -41,39 +42,12 @@ TP_LAYERS = ("attention", "mlp", "vocab")
 KNOWN_AXES = AXES
 
 # Names of the size symbols the checker binds for each `moe` layer (its capacity per sequence).
-CAPACITY = "capacity"
+CAPACITY = L.moe.CAPACITY
 
 
-# -- the layer vocabulary ----------------------------------------------------------------------------------------
+# -- the layer vocabulary: one module per kind in compiler/layers/ (schema, resolution, tensor-parallel roles) ----
 
-LAYERS: dict[str, dict[str, Param]] = {
-    "embedding": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width")},
-    "positional": {"positions": Param(_size, doc="number of learned positions"),
-                   "hidden": Param(_size, doc="model width")},
-    "layernorm": {"hidden": Param(_size, doc="model width"), "eps": Param(_float, 1e-5, "epsilon")},
-    "rmsnorm": {"hidden": Param(_size, doc="model width"), "eps": Param(_float, 1e-6, "epsilon")},
-    "attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
-                  "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
-                  "bias": Param(_bool, True, "biases on the projections")},
-    "mlp": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width"),
-            "act": Param(_choice("gelu", "swiglu"), "gelu", "activation"),
-            "bias": Param(_bool, True, "biases on the projections")},
-    "moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width of each expert"),
-            "experts": Param(_size, doc="number of experts"),
-            "top_k": Param(_pos_int, 2, "experts per token"),
-            "capacity_factor": Param(lambda c, e, w: c.as_float(e, w), 1.25,
-                                     "slots per expert as a multiple of a balanced share of the tokens"),
-            "act": Param(_choice("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
-            "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
-            "dropped": Param(_choice("residual", "identity"), "residual",
-                             "what a choice over capacity contributes: nothing (residual) or the token (identity)")},
-    "residual": {},
-    "lm_head": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width"),
-                "tied": Param(_bool, False, "reuse the token embedding's weight"),
-                "bias": Param(_bool, False, "bias on the projection")},
-    "cross_entropy": {},
-}
-_CONTAINERS = {"residual"}
+LAYERS = L.SCHEMAS
 
 # -- section settings ---------------------------------------------------------------------------------------------
 
@@ -269,7 +243,7 @@ def _layer(c: _Checker, st, top: bool = True) -> Any:
         c.error("E0111", f"unknown layer `{kind}`", st.kind.span, label="not a layer kind",
                 help=did_you_mean(kind, LAYERS))
         return None
-    if kind in _CONTAINERS:
+    if kind in L.CONTAINERS:
         if st.body is None:
             c.error("E0204", f"`{kind}` needs a body: `{kind} {{ ... }}`", st.span)
             return None
@@ -284,24 +258,7 @@ def _layer(c: _Checker, st, top: bool = True) -> Any:
     a = c.bind(st.args, LAYERS[kind], f"`{kind}`", st.span)
     if a is None:
         return None
-    sp = st.span
-    match kind:
-        case "embedding":
-            return S.Embedding(vocab=a["vocab"], hidden=a["hidden"], span=sp)
-        case "positional":
-            return S.Positional(positions=a["positions"], hidden=a["hidden"], span=sp)
-        case "layernorm" | "rmsnorm":
-            return S.Norm(kind=kind, hidden=a["hidden"], eps=a["eps"], span=sp)
-        case "attention":
-            return _attention(c, st, a)
-        case "mlp":
-            return S.MLP(hidden=a["hidden"], ffn=a["ffn"], act=a["act"], bias=a["bias"], span=sp)
-        case "moe":
-            return _moe(c, st, a)
-        case "lm_head":
-            return S.LMHead(vocab=a["vocab"], hidden=a["hidden"], tied=a["tied"], bias=a["bias"], span=sp)
-        case "cross_entropy":
-            return S.CrossEntropy(span=sp)
+    return L.BY_NAME[kind].resolve(c, st, a, kind)
 
 
 def _stray(c: _Checker, st) -> bool:
@@ -314,54 +271,6 @@ def _stray(c: _Checker, st) -> bool:
         c.error("E0111", "`axis` belongs in the `mesh` section", st.span)
         return True
     return False
-
-
-def _arg_span(st: ast.Layer, index: int, name: str) -> Span:
-    for i, arg in enumerate(st.args):
-        if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
-            return arg.value.span if hasattr(arg.value, "span") else arg.span
-    return st.span
-
-
-def _attention(c: _Checker, st: ast.Layer, a: dict) -> S.Attention | None:
-    h, n, kv = (c.number(a[k]) for k in ("hidden", "heads", "kv_heads"))
-    ok = True
-    if h % n:
-        c.error("E0201", f"{n} heads do not divide hidden size {h}", _arg_span(st, 1, "heads"),
-                label=f"{h} % {n} == {h % n}",
-                help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n)))
-        ok = False
-    if n % kv:
-        c.error("E0202", f"{kv} key/value heads do not divide {n} heads", _arg_span(st, 2, "kv_heads"),
-                label=f"{n} % {kv} == {n % kv}",
-                help="each key/value head serves a whole group of query heads; choose one of: "
-                     + _divisors_near(int(n), int(kv)))
-        ok = False
-    if not ok:
-        return None
-    return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span)
-
-
-def _moe(c: _Checker, st: ast.Layer, a: dict) -> S.MoE | None:
-    experts = int(c.number(a["experts"]))
-    ok = True
-    if a["top_k"] > experts:
-        c.error("E0702", f"top_k = {a['top_k']} is more than the {experts} experts", _arg_span(st, 3, "top_k"),
-                label=f"{a['top_k']} > {experts}", help="each token picks distinct experts: use top_k ≤ experts "
-                "(Switch routes to 1, GShard to 2)")
-        ok = False
-    if a["capacity_factor"] is not None and a["capacity_factor"] <= 0:
-        c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
-                _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
-                help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
-        ok = False
-    if not ok:
-        return None
-    c.moe_layers += 1
-    name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
-    return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
-                 capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
-                 capacity=size_symbol(name), span=st.span)
 
 
 def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:

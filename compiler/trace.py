@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from compiler import layers as L
 from compiler import model as M
 from compiler.symbols import MICRO_BATCH, size
 from runtime import collectives as C
@@ -30,6 +31,7 @@ from runtime import moe
 from runtime.layers import Bias, Repeat
 
 SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
+TP_ROLE = "tp_role"  # a leaf's tensor-parallel role as its layer kind declares it: column, row, vocab, replicated
 
 # GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own.
 PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on one rank, once passes have run)
@@ -58,6 +60,8 @@ class _Tracer(fx.Tracer):
         if layer is not None:
             node.meta[LAYER] = layer
             node.meta[SPAN] = layer.span
+            if node.op == "call_module":  # the layer kind's declared role (compiler/layers), checked by the tp pass
+                node.meta[TP_ROLE] = L.tp_role(layer, node.target)
         return node
 
 

@@ -13,8 +13,6 @@ ROOT = Path(__file__).parent.parent
 ALLOWED = {
     "compiler/model.py": "builds the model from runtime.layers (Repeat, Bias) and runtime.moe (Experts, routing): "
                          "the modules the generated program instantiates",
-    "compiler/layers/": "layer builders instantiate the same runtime leaves (the model's new home on the layers "
-                        "branch)",
     "compiler/trace.py": "keeps runtime leaves (Repeat, Experts, collectives) whole in the traced graph",
     "compiler/schedule.py": "re-exports runtime.schedule: the schedule the program executes is the one verified",
     "compiler/passes/tensor_parallel.py": "inserts calls to runtime.collectives into the graph",

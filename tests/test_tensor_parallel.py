@@ -166,3 +166,19 @@ def test_tp_fails_closed_on_an_op_it_does_not_know(monkeypatch, capsys):
     excluded = compile_spec(check_text(_text().replace("sequence_parallel = false",
                                                        "tp_layers = (mlp, vocab)"), "gpt_tp.scale"))
     assert [r.kind for _, d in excluded.plan.tp for r in d.regions] == ["mlp"]
+
+
+def test_roles_are_declared_by_the_layer_kinds_and_tagged_on_the_nodes():
+    """q, k, v column, o row, up/gate column, down row: declared by compiler/layers, tagged while tracing, and the
+    regions the policy finds from the dataflow agree with them on every sample that shards over tp."""
+    from compiler import model as M
+    from compiler.passes.tensor_parallel import unsharded
+    spec = check_text(_text(), "gpt_tp.scale")
+    traced = T.trace_model(M.build(spec))
+    roles = {n.name: n.meta.get(T.TP_ROLE) for n in traced.blocks["blocks"].graph.nodes if n.op == "call_module"}
+    assert {k: v for k, v in roles.items() if v != "replicated"} == {
+        "attn_q": "column", "attn_k": "column", "attn_v": "column", "attn_o": "row", "mlp_up": "column",
+        "mlp_down": "row"}
+    compiled = compile_spec(spec)
+    for cls, gm in compiled.unsharded.segments():
+        assert unsharded(gm, compiled.plan, compiled.plan.decision("tp", cls)) == []

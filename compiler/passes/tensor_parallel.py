@@ -156,15 +156,20 @@ def _describe_op(n: fx.Node) -> str:
 
 
 def unsharded(gm: fx.GraphModule, plan, decision: Decision) -> list[Diagnostic]:
-    """Fail closed: every layer the plan asks tp to shard (`tp_layers`) whose linears the policy could not pair
-    into a column → row region is an error at that layer, naming the first operation between its linears that the
-    pass does not know to keep a head / inner-width shard. Without this, the layer would run replicated while the
-    plan says tp, with no word to the user."""
-    covered = {name for r in decision.regions for name in (*r.columns, r.row)}
+    """Fail closed. Each layer kind declares its leaves' roles (compiler/layers: q, k, v `column`, o `row`, ...),
+    tagged on the traced nodes; the policy finds regions from the dataflow alone. For every layer the plan asks tp
+    to shard (`tp_layers`), each declared column and row linear must sit in a region in that role; otherwise the
+    layer is an error at its line, naming the first operation between its linears that the pass does not know to
+    keep a head / inner-width shard. Without this, the layer would run replicated while the plan says tp."""
+    role_in_region = {}
+    for r in decision.regions:
+        role_in_region.update({name: "column" for name in r.columns})
+        role_in_region[r.row] = "row"
     layers: dict = {}
     for node in gm.graph.nodes:
         kind = _kind(node)
-        if kind in plan.tp_layers and _is_linear(gm, node) and node.name not in covered:
+        declared = node.meta.get(T.TP_ROLE)
+        if kind in plan.tp_layers and declared in ("column", "row") and role_in_region.get(node.name) != declared:
             layers.setdefault(id(node.meta[T.LAYER]), (node.meta[T.LAYER], kind))
     out = []
     for layer, kind in layers.values():
@@ -172,10 +177,10 @@ def unsharded(gm: fx.GraphModule, plan, decision: Decision) -> list[Diagnostic]:
         odd = next((n for n in nodes if n.op in ("call_function", "call_method") and not _preserving(n)), None)
         what = (f"{_describe_op(odd)} between its column and row linears is not an operation the tensor-parallel "
                 "pass knows to keep a head shard whole" if odd is not None else
-                "its linears do not pair into column → row regions")
+                "its linears do not pair into the column → row regions its kind declares")
         where = "" if plan.span(f"axis {AXIS}") else f" in the plan {plan.describe()}"
         out.append(Diagnostic("E0407", f"tp = {plan.size(AXIS)} cannot shard this {kind}{where}: {what}",
-                              layer.span, label=f"would run replicated on every tp rank",
+                              layer.span, label="would run replicated on every tp rank",
                               help=f"leave it out of tp: `tp_layers = ({', '.join(k for k in plan.tp_layers if k != kind)})`"
                                    f", or use tp = 1; supported between the linears: "
                                    + ", ".join(sorted(x if isinstance(x, str) else x.__name__

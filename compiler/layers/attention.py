@@ -1,0 +1,31 @@
+"""`attention(hidden, heads, kv_heads, bias)`: causal multi-head self-attention (grouped-query when kv_heads <
+heads). Under tp its heads are split: q, k and v are column-parallel, o is row-parallel."""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.binder import Param, _arg_span, _bool, _divisors_near, _size
+
+SPEC = S.Attention
+SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
+                        "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
+                        "bias": Param(_bool, True, "biases on the projections")}}
+TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}
+
+
+def resolve(c, st, a: dict, kind: str):
+    h, n, kv = (c.number(a[k]) for k in ("hidden", "heads", "kv_heads"))
+    ok = True
+    if h % n:
+        c.error("E0201", f"{n} heads do not divide hidden size {h}", _arg_span(st, 1, "heads"),
+                label=f"{h} % {n} == {h % n}",
+                help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n)))
+        ok = False
+    if n % kv:
+        c.error("E0202", f"{kv} key/value heads do not divide {n} heads", _arg_span(st, 2, "kv_heads"),
+                label=f"{n} % {kv} == {n % kv}",
+                help="each key/value head serves a whole group of query heads; choose one of: "
+                     + _divisors_near(int(n), int(kv)))
+        ok = False
+    if not ok:
+        return None
+    return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span)

@@ -1,0 +1,45 @@
+"""`moe(hidden, ffn, experts, top_k, ...)`: a mixture of experts in place of an MLP. Its experts are sharded over
+ep (compiler/passes/expert_parallel.py), not over tp: every leaf is replicated over tp."""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.binder import Param, _arg_span, _choice, _float, _pos_int, _size
+from compiler.symbols import size as size_symbol
+
+SPEC = S.MoE
+SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width of each expert"),
+                  "experts": Param(_size, doc="number of experts"),
+                  "top_k": Param(_pos_int, 2, "experts per token"),
+                  "capacity_factor": Param(lambda c, e, w: c.as_float(e, w), 1.25,
+                                           "slots per expert as a multiple of a balanced share of the tokens"),
+                  "act": Param(_choice("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
+                  "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
+                  "dropped": Param(_choice("residual", "identity"), "residual",
+                                   "what a choice over capacity contributes: nothing (residual) or the token "
+                                   "(identity)")}}
+TP_ROLES: dict = {}
+
+# Names of the size symbols bound for each `moe` layer (its capacity per sequence): capacity, capacity_2, ...
+CAPACITY = "capacity"
+
+
+def resolve(c, st, a: dict, kind: str):
+    experts = int(c.number(a["experts"]))
+    ok = True
+    if a["top_k"] > experts:
+        c.error("E0702", f"top_k = {a['top_k']} is more than the {experts} experts", _arg_span(st, 3, "top_k"),
+                label=f"{a['top_k']} > {experts}", help="each token picks distinct experts: use top_k ≤ experts "
+                "(Switch routes to 1, GShard to 2)")
+        ok = False
+    if a["capacity_factor"] is not None and a["capacity_factor"] <= 0:
+        c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
+                _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
+                help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
+        ok = False
+    if not ok:
+        return None
+    c.moe_layers += 1
+    name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
+    return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
+                 capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
+                 capacity=size_symbol(name), span=st.span)

@@ -1,0 +1,14 @@
+"""`layernorm(hidden)` (with bias) and `rmsnorm(hidden)` (scale only) over the last dim."""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.binder import Param, _float, _size
+
+SPEC = S.Norm
+SCHEMA = {"layernorm": {"hidden": Param(_size, doc="model width"), "eps": Param(_float, 1e-5, "epsilon")},
+          "rmsnorm": {"hidden": Param(_size, doc="model width"), "eps": Param(_float, 1e-6, "epsilon")}}
+TP_ROLES: dict = {}  # replicated; its gradients are partial over tp under sequence parallelism
+
+
+def resolve(c, st, a: dict, kind: str):
+    return S.Norm(kind=kind, hidden=a["hidden"], eps=a["eps"], span=st.span)
