@@ -92,13 +92,7 @@ def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> f
     env: dict = {}
     for node, pname in inputs.items():
         env[node] = g.placeholder(pname)
-    needed, stack = set(), [output]
-    while stack:
-        n = stack.pop()
-        if n in env or n in needed:
-            continue
-        needed.add(n)
-        stack.extend(n.all_input_nodes)
+    needed = _upstream(output, set(inputs))
     for n in gm.graph.nodes:
         if n in needed:
             env[n] = g.placeholder(n.name) if n.op == "placeholder" else g.node_copy(n, lambda x: env[x])
