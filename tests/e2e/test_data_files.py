@@ -70,4 +70,4 @@ def test_relative_data_path_is_found_from_any_directory(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "step     2/2" in proc.stdout
     program = (out / "program.py").read_text()
-    assert "data_path='../../project/data/tokens.bin'" in program and str(tmp_path) not in program
+    assert "path='../../project/data/tokens.bin'," in program and str(tmp_path) not in program
