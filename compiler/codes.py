@@ -95,6 +95,11 @@ CODES: dict[str, Code] = {
     "E0501": Code("model state does not fit", "The parameters, gradients and optimizer state one rank holds exceed "
                   "the memory of its device. `compile` and `run` refuse such a plan; `plan` shows the breakdown. "
                   "Shard more (fsdp, tp, pp, ep) or use a larger device."),
+    "W0502": Code("a pipeline rank's activations may not fit", "A warning: the model state of a pp rank plus the "
+                  "activations its stages keep in flight at the rank's peak (read from the schedule the program "
+                  "runs; under interleaving a rank holds several stages) exceed the device. Activations are an "
+                  "estimate, so `compile` goes on. More micro-batches of fewer sequences, more stages or tp, or "
+                  "shorter sequences lower it."),
     # -- pipeline parallelism -------------------------------------------------------------------------------------
     "E0601": Code("more stages than blocks", "pp × virtual_stages stages each need at least one block of the "
                   "model's `repeat`. Use fewer stages or more blocks."),

@@ -139,8 +139,8 @@ def _after(traced, name: str, check_between: bool, show) -> None:
 
 def budget(compiled: Compiled) -> list[Diagnostic]:
     """What the memory estimate says of the plan: E0501 (an error) when the model state per rank (weights,
-    gradients, optimizer) cannot fit one device; W0502 (a warning) when a pipeline stage's model state plus its
-    activations in flight exceed it."""
+    gradients, optimizer) cannot fit one device; W0502 (a warning) when a pp rank's model state plus the
+    activations its stages keep in flight (all of them, under interleaving) exceed it."""
     from compiler.cost import memory as MEM
     spec, est = compiled.spec, compiled.costs
     return (MEM.does_not_fit(spec, est.model_state, spec.plan.data_parallel, spec.mesh.size("dp"))

@@ -9,7 +9,7 @@ from pathlib import Path
 from compiler.codes import CODES, RETIRED, explain
 
 ROOT = Path(__file__).parent.parent
-CODE = re.compile(r"[\"'](E0\d\d\d)[\"']")
+CODE = re.compile(r"[\"']([EW]0\d\d\d)[\"']")
 
 
 def _emitted() -> dict[str, list[str]]:
@@ -39,7 +39,7 @@ def test_every_registered_code_is_emitted_or_retired():
 
 def test_every_entry_has_a_title_and_a_paragraph():
     for code, entry in CODES.items():
-        assert re.fullmatch(r"E0\d\d\d", code)
+        assert re.fullmatch(r"[EW]0\d\d\d", code)
         assert entry.title and not entry.title.endswith(".")
         assert len(entry.explanation) > 60 and entry.explanation.endswith("."), code
 

@@ -26,7 +26,7 @@ from compiler.cost import ledger as L
 from compiler.cost import memory as MEM
 from compiler.cost import params as PA
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
-from compiler.cost.memory import ModelState, Stage, in_flight, moe_held_elements, zero_model_state  # noqa: F401
+from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
 
@@ -210,12 +210,13 @@ class CostModel:
         shard = plan.size("dp") if plan.data_parallel == "fsdp" else 1
         pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
         act = self.act.bytes(plan.micro_batch_size, plan.size("tp"), plan.sequence_parallel)
+        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
         out = []
         for k, (lo, hi) in enumerate(layout):
             n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == len(layout) - 1 else 0)
             r = k % p
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * MEM.STATE_BYTES / shard,
-                             activations=act * (hi - lo) * in_flight(plan.schedule, p, m, v, r)))
+                             activations=act * (hi - lo) * peaks[r].get(k, 0)))
         return tuple(out)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:

@@ -3,6 +3,7 @@ its micro-batches are in flight; the checks that turn them into diagnostics ("do
 stage over the device, W0502, a warning: activations are an estimate)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from compiler import spec as S
@@ -46,14 +47,33 @@ def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
     return slots * spec.value(layer.hidden), hidden
 
 
-def in_flight(schedule: str, p: int, m: int, v: int, stage_rank: int) -> float:
-    """Micro-batches whose activations a pp rank holds at its peak: GPipe all m; 1F1B and ZB-H1 p - rank (the
-    first rank p); interleaved 1F1B about p·(1 + (p-1)/(p·m)) of a whole model's layers (Narayanan et al. 2021)."""
-    if schedule == "gpipe":
-        return m
-    if schedule == "interleaved-1f1b":
-        return min(m, p - stage_rank) * (1 + (p - 1) / (p * m))
-    return min(m, p - stage_rank)
+@functools.lru_cache(maxsize=4096)
+def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple) -> tuple:
+    """For each pp rank, how many micro-batches of each of its stages hold their activations at the rank's peak,
+    read from the runtime's own action lists (runtime/schedule.py, the order the program executes): a forward (F)
+    keeps its stage's activations until its backward (B) or, with a split backward (zero-bubble), until the weight
+    half (W), for which torch's split backward keeps the graph. Stages weigh by their blocks, so the peak is the
+    moment the rank holds the most blocks' activations. For 1F1B this is p - rank micro-batches of the stage, for
+    GPipe all m; interleaved, it is what the interleaving really keeps (for 175B on 8 × 3 chunks of 4 layers and
+    64 micro-batches, 31 chunks on rank 0: 1.29·L)."""
+    from compiler.schedule import Layout, compute_order
+    order = compute_order(schedule, Layout(p, v, m))
+    blocks = [hi - lo for lo, hi in layout]
+    out = []
+    for r in range(p):
+        alive: dict = {}
+        load, best, at = 0, -1, {}
+        for a in order[r]:
+            if a.kind == "F":
+                alive[a.stage] = alive.get(a.stage, 0) + 1
+                load += blocks[a.stage]
+            elif a.kind in ("B", "W"):
+                alive[a.stage] -= 1
+                load -= blocks[a.stage]
+            if load > best:
+                best, at = load, dict(alive)
+        out.append(at)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -68,16 +88,19 @@ class BlockActivations:
     moe_per_sequence: int  # elements an MoE layer holds per sequence (buffers and experts' hidden), all of them
 
     def bytes(self, b: int, t: int, sp: bool) -> float:
-        """Activations of one block and micro-batch of `b` sequences, 16-bit (Korthikanti et al. 2022): sbh(34 +
-        5as/h), with tp sbh(10 + 24/t + 5as/(ht)), with tp and sequence parallelism sbh/t(34 + 5as/h); an MoE
-        layer also holds its padded buffers (the experts' input and output) and the experts' hidden."""
-        s, h, a = self.s, self.h, self.a
+        """Activations of one block and micro-batch of `b` sequences, 16-bit (Korthikanti et al. 2022) without
+        their 5as/h term: sbh·34, with tp sbh(10 + 24/t), with tp and sequence parallelism sbh·34/t. That term is
+        the s×s attention scores, their softmax and its dropout mask, which our attention never stores:
+        scaled_dot_product_attention's flash kernels (CUDA, and CPU: tests/test_cost.py counts what it saves)
+        keep q, k, v, the output and a log-sum-exp per row, O(s) per head. An MoE layer also holds its padded
+        buffers (the experts' input and output) and the experts' hidden."""
+        s, h = self.s, self.h
         if t == 1:
-            act = s * b * h * (34 + 5 * a * s / h)
+            act = s * b * h * 34
         elif sp:
-            act = s * b * h / t * (34 + 5 * a * s / h)
+            act = s * b * h / t * 34
         else:
-            act = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+            act = s * b * h * (10 + 24 / t)
         act *= max(1, self.layers)
         return act + 2 * self.moe_per_sequence * b  # 16-bit, like the estimate above
 
@@ -127,15 +150,21 @@ def does_not_fit(spec: S.Spec, state: ModelState, data_parallel: str, dp: int) -
 
 
 def stage_over_memory(spec: S.Spec, stages: tuple) -> list[Diagnostic]:
-    """A warning when the fullest stage (model state + activations in flight) exceeds one device."""
+    """A warning when the fullest pp rank (model state + activations in flight of every stage it holds: several
+    under interleaving) exceeds one device."""
     if not stages:
         return []
-    worst = max(stages, key=lambda st: (st.total, st.stage))
+    ranks: dict = {}
+    for st in stages:
+        ranks.setdefault(st.rank, []).append(st)
+    rank, held = max(ranks.items(), key=lambda kv: (sum(st.total for st in kv[1]), -kv[0]))
+    total = sum(st.total for st in held)
     mem = spec.mesh.device.memory_gb * 1e9
-    if worst.total <= mem:
+    if total <= mem:
         return []
     from compiler.cost import human
-    return [Diagnostic("W0502", f"stage {worst.stage} needs {human(worst.total, 'B')} (model state + activations) of "
+    which = f"stage {held[0].stage}" if len(held) == 1 else "stages " + ", ".join(str(st.stage) for st in held)
+    return [Diagnostic("W0502", f"pp rank {rank} ({which}) needs {human(total, 'B')} (model state + activations) of "
                        f"the {spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
                        label="this mesh", help="more micro-batches in fewer sequences, more stages or tp, or shorter "
                        "sequences", severity="warning")]
