@@ -19,9 +19,9 @@ from compiler.symbols import size
 
 
 def structure(plan: P.Plan) -> tuple:
-    """What decides the shape of the sharded graphs and the cost model's formulas (not their sizes): which axes
-    the mesh has and which are above 1, sequence parallelism, the layer kinds tp shards."""
-    return (tuple((a, n > 1) for a, n in plan.axes), bool(plan.sequence_parallel), tuple(plan.tp_layers))
+    """The plan's structure, as the cost model keys it (compiler.cost.structure_of)."""
+    from compiler.cost import structure_of
+    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
 
 
 @dataclass

@@ -96,7 +96,7 @@ class CostModel:
         self.spec, self.traced = spec, traced
         self.sub = {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}
         top = traced.top
-        self.structure = _structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
+        self.structure = structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
         self.piped = P.STAGES in top.meta
         self.params = PA.model_params(traced)
         self.params_n = spec.value(self.params)
@@ -170,7 +170,7 @@ class CostModel:
         return self._layouts[key]
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
-        if _structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
+        if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
             raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
                              "sequence parallelism, tp layers): trace and run the passes for it")
         spec = self.spec
@@ -326,19 +326,15 @@ class CostModel:
                 add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
 
 
-def _structure_of(axes, sp: bool, tp_layers) -> tuple:
+def structure_of(axes, sp: bool, tp_layers) -> tuple:
+    """What decides the shape of the sharded graphs and these formulas (not their sizes): which axes the mesh has
+    and which are above 1, sequence parallelism, the layer kinds tp shards."""
     return (tuple((a, n > 1) for a, n in axes), bool(sp), tuple(tp_layers))
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:
     """The cost of `plan` (a compiler.plan.Plan) from the graphs `traced` after its passes."""
     return CostModel(spec, traced).estimate(plan, pp_rank)
-
-
-def costs(spec: S.Spec, traced: T.Traced) -> Estimate:
-    """The Estimate of the plan the spec writes (the driver's call)."""
-    from compiler.plan import from_spec
-    return estimate(spec, from_spec(spec), traced)
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------
