@@ -174,9 +174,8 @@ def _pipeline_text(compiled) -> list[str]:
     for d in _memory_diagnostics(compiled):
         if d.code == "W0502":
             lines += [f"            warning: {d.message}; {d.help}"]
-    order = SCH.actions(spec.plan.schedule, p, m, v)
+    order = SCH.actions(spec.plan.schedule, p, m, v)  # proved by the driver while compiling (E0609 otherwise)
     lay = SCH.Layout(p, v, m)
-    SCH.verify(order, lay)
     lines += [f"schedule    every send has its receive and no rank waits forever "
               f"({sum(len(x) for x in order.values()):,} actions checked)"]
     if p <= 8 and m * v <= 16:
