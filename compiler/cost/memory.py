@@ -168,3 +168,12 @@ def stage_over_memory(spec: S.Spec, stages: tuple) -> list[Diagnostic]:
                        f"the {spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
                        label="this mesh", help="more micro-batches in fewer sequences, more stages or tp, or shorter "
                        "sequences", severity="warning")]
+
+
+def predicted_peak_bytes(costs) -> int:
+    """The largest rank's predicted peak bytes in one step (what `torch.cuda.max_memory_allocated` should read on
+    the fullest rank): the figure a generated program prints against what it measured."""
+    ranks: dict = {}
+    for st in costs.stages:
+        ranks[st.rank] = ranks.get(st.rank, 0) + st.total
+    return int(max(ranks.values()) if ranks else costs.model_state.total)
