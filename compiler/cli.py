@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import json
 import os
 import shlex
 import subprocess
@@ -30,8 +31,8 @@ from compiler.diagnostics import ScaleError
 
 
 def _load(path: str, budget: bool = True, show=None):
-    """Compile `path` (which proves its pipeline schedule); with `budget`, also refuse a plan whose model state
-    cannot fit (compile, run); `show` sees each segment's graph after each pass."""
+    """Compile `path` (which proves its pipeline schedule); with `budget`, also refuse a plan whose predicted peak
+    memory does not fit (compile, run, unless --force); `show` sees each segment's graph after each pass."""
     from compiler.pipeline import compile_checked
     return compile_checked(path, memory=budget, show=show)
 
@@ -84,14 +85,7 @@ def plan_text(compiled) -> str:
     ideal = costs.flops_rank_step_n / (m.device.peak_tflops * 1e12)
     lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
               f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
-    st = costs.model_state
-    how = ("replicated on every dp rank (DDP)" if spec.plan.data_parallel == "ddp" or dp == 1
-           else f"sharded over dp={dp} (FSDP2, ZeRO-3)")
-    lines += [f"memory      model state per rank: weights {C.human(st.params, 'B')} + gradients {C.human(st.grads, 'B')}"
-              f" + AdamW moments {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {how}"]
-    if any(d.code == "E0501" for d in _memory_diagnostics(compiled)):
-        lines += [f"            warning: exceeds the {m.device.memory_gb:g} GB of one {m.device.kind} before any "
-                  "activation; shard it (data_parallel = fsdp) or add devices"]
+    lines += _memory_text(compiled)
     lines += _moe_text(compiled)
     lines += _pipeline_text(compiled)
     lines += ["", "collectives per step" + (f" ({_pp_rank0(spec)}):" if m.size("pp") > 1 else ":")]
@@ -109,6 +103,107 @@ def plan_text(compiled) -> str:
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
+
+
+def _memory_how(spec) -> str:
+    dp, kind = spec.mesh.size("dp"), spec.plan.data_parallel
+    if dp == 1 or kind == "ddp":
+        return "replicated on every dp rank (DDP)"
+    return {"zero1": f"AdamW moments sharded over dp={dp} (ZeRO-1)",
+            "zero2": f"gradients and AdamW moments sharded over dp={dp} (ZeRO-2)",
+            "fsdp": f"sharded over dp={dp} (FSDP2, ZeRO-3)"}.get(kind, kind)
+
+
+def _memory_text(compiled) -> list[str]:
+    """Model state at rest, then the predicted peak of each kind of rank with its breakdown, whether it fits, and if
+    not what would."""
+    from compiler.cost import memory as MEM
+    spec, costs = compiled.spec, compiled.costs
+    dev = spec.mesh.device
+    limit = dev.memory_gb * 1e9
+    st = costs.model_state
+    lines = [f"memory      model state per rank: weights {C.human(st.params, 'B')} + gradients {C.human(st.grads, 'B')}"
+             f" + AdamW moments {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {_memory_how(spec)}"
+             + (f" ({_pp_rank0(spec)})" if spec.mesh.size("pp") > 1 else "")]
+    rows = list(costs.memory)
+    if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
+        worst = max(rows, key=lambda r: r.peak)
+        rows = sorted({id(r): r for r in (rows[0], rows[1], worst, rows[-2], rows[-1])}.values(),
+                      key=lambda r: r.pp_rank)
+    lines += [f"            peak per rank, predicted (what the program allocates; {spec.train.precision}, "
+              f"recompute {getattr(compiled.plan, 'recompute', 'none') if compiled.plan else 'none'}):"]
+    head = f"  {'rank':<32} {'weights':>10} {'grads':>10} {'AdamW':>10} {'activations':>12} {'working':>10} {'peak':>10}"
+    lines += [head]
+    for r in rows:
+        lines += [f"  {r.who:<32} {C.human(r.weights, 'B'):>10} {C.human(r.grads, 'B'):>10} "
+                  f"{C.human(r.optimizer, 'B'):>10} {C.human(r.activations, 'B'):>12} {C.human(r.working, 'B'):>10} "
+                  f"{C.human(r.peak, 'B'):>10}"]
+    if len(rows) < len(costs.memory):
+        lines += [f"  ({len(costs.memory) - len(rows)} more pp ranks between; `scalec plan --json` lists all)"]
+    worst = max(costs.memory, key=lambda r: r.peak)
+    lines += [f"            the peak of {worst.who}: at {worst.moment}"
+              + (f", {worst.in_flight}" if worst.in_flight else "")
+              + (f"; working set: {worst.working_what}" if worst.working_what else "")]
+    share = worst.peak / limit
+    if share <= 1 - MEM.MARGIN:
+        pct = f"{share:.0%}" if share >= 0.01 else "under 1%"
+        lines += [f"            fits: {pct} of the {dev.memory_gb:g} GB of one {dev.kind}"]
+    elif share <= 1:
+        lines += [f"            fits, but tightly: {share:.0%} of the {dev.memory_gb:g} GB of one {dev.kind} "
+                  f"(less than {MEM.MARGIN:.0%} to spare: fragmentation and the CUDA context need some)"]
+    else:
+        lines += [f"            does NOT fit: {share:.0%} of the {dev.memory_gb:g} GB of one {dev.kind}; `compile` "
+                  "and `run` refuse it (--force to try anyway)"]
+        lines += [f"            {'would fit' if f.fits else 'still too big'}: {f.change} → {C.human(f.peak, 'B')}"
+                  for f in _fixes(compiled)[:6]]
+    return lines
+
+
+def _fixes(compiled) -> list:
+    from compiler import fit
+    return fit.fixes(compiled, compiled.spec.mesh.device.memory_gb * 1e9)
+
+
+def plan_json(compiled) -> dict:
+    """Everything `plan` prints, for tools (described in the README)."""
+    from compiler import schedule as SCH
+    spec, costs = compiled.spec, compiled.costs
+    m = spec.mesh
+    limit = m.device.memory_gb * 1e9
+    peak = costs.peak_bytes
+    out = {
+        "model": spec.model.name, "file": spec.path,
+        "mesh": {"axes": dict(m.axes), "world_size": m.world_size, "nodes": m.nodes,
+                 "devices_per_node": m.devices_per_node, "device": m.device.kind,
+                 "device_memory_bytes": int(limit), "peak_tflops": m.device.peak_tflops},
+        "plan": compiled.plan.to_json() if compiled.plan else None,
+        "parameters": int(costs.params_n), "parameters_formula": str(costs.params),
+        "tokens_per_step": int(costs.tokens_step), "micro_batch_size": int(costs.micro_batch_size),
+        "flops_per_step": int(costs.flops_step_n), "flops_per_step_formula": str(costs.flops_step),
+        "flops_per_rank_step": int(costs.flops_rank_step_n),
+        "memory": {"peak_bytes": int(peak), "device_bytes": int(limit), "fits": peak <= limit,
+                   "model_state_bytes_per_rank": {"weights": costs.model_state.params,
+                                                  "gradients": costs.model_state.grads,
+                                                  "optimizer": costs.model_state.optimizer},
+                   "ranks": [r.as_json() for r in costs.memory],
+                   "fixes": ([{"change": f.change, "peak_bytes": int(f.peak), "fits": f.fits}
+                              for f in _fixes(compiled)] if peak > limit else [])},
+        "ledger": [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step)),
+                    "bytes": int(spec.value(c.bytes_per_step())), "formula": str(c.bytes_per_step()),
+                    "measured": c.measured, "reason": c.reason,
+                    "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
+                   for c in costs.ledger.entries],
+        "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message}
+                        for d in _memory_diagnostics(compiled)],
+    }
+    if costs.stages:
+        p, v, mb = m.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+        out["pipeline"] = {"schedule": spec.plan.schedule, "pp": p, "virtual_stages": v, "micro_batches": mb,
+                           "bubble_fraction": SCH.bubble_fraction(p, mb, v),
+                           "stages": [{"stage": st.stage, "rank": st.rank, "blocks": list(st.blocks),
+                                       "parameters": st.params, "model_state_bytes": st.state,
+                                       "activation_bytes_in_flight": st.activations} for st in costs.stages]}
+    return out
 
 
 def _pp_rank0(spec) -> str:
@@ -166,14 +261,11 @@ def _pipeline_text(compiled) -> list[str]:
              f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble (p-1)/(v·m+p-1) = "
              f"{SCH.bubble_fraction(p, m, v):.1%}"
              + (" before ZB-H1's deferred weight gradients" if spec.plan.schedule == "zero-bubble" else "")]
-    lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight (16-bit estimate)"]
+    lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight"]
     for st in costs.stages:
         lo, hi = st.blocks
         lines += [f"  {st.stage:>5}  {st.rank:>4}  {lo:>3}..{hi - 1:<4} {st.params:>21,}   {C.human(st.state, 'B'):>10}   "
                   f"{C.human(st.activations, 'B'):>10}"]
-    for d in _memory_diagnostics(compiled):
-        if d.code == "W0502":
-            lines += [f"            warning: {d.message}; {d.help}"]
     order = SCH.actions(spec.plan.schedule, p, m, v)  # proved by the driver while compiling (E0609 otherwise)
     lay = SCH.Layout(p, v, m)
     lines += [f"schedule    every send has its receive and no rank waits forever "
@@ -185,6 +277,10 @@ def _pipeline_text(compiled) -> list[str]:
 
 def cmd_plan(args) -> int:
     compiled = _load(args.file, budget=False)
+    if args.json:
+        json.dump(plan_json(compiled), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
     sys.stdout.write(plan_text(compiled))
     if args.svg:
         from compiler import schedule as SCH
@@ -204,7 +300,8 @@ def _build_dir(compiled, out: str | None) -> str:
 
 def cmd_compile(args) -> int:
     from compiler import codegen
-    compiled = _load(args.file, show=_show_graph if args.show_graphs else None)
+    compiled = _load(args.file, budget=not args.force, show=_show_graph if args.show_graphs else None)
+    _forced(args, compiled)
     out = _build_dir(compiled, args.output)
     for path in codegen.emit(compiled, out):
         print(f"wrote {path}")
@@ -251,9 +348,18 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
     return ["bash", os.path.join(out, "launch.sh"), *program_args, *args.program_args], env
 
 
+def _forced(args, compiled) -> None:
+    """--force: the memory error becomes a warning the user still sees."""
+    if args.force:
+        for d in _memory_diagnostics(compiled):
+            if d.severity == "error":
+                sys.stderr.write(f"warning (--force): {d.message}\n")
+
+
 def cmd_run(args) -> int:
     from compiler import codegen
-    compiled = _load(args.file)
+    compiled = _load(args.file, budget=not args.force)
+    _forced(args, compiled)
     out = _build_dir(compiled, args.output)
     m = compiled.spec.mesh
     try:
@@ -308,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "mesh and the collectives of one step.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--svg", metavar="OUT", help="write the pipeline schedule's timeline as an SVG")
+    c.add_argument("--json", action="store_true", help="print everything as JSON (keys described in the README)")
     c.set_defaults(func=cmd_plan)
     c = sub.add_parser("compile", help="write the program, plan.json and launch script",
                        description="Compile FILE into DIR: program.py (the same file on every rank), plan.json and "
@@ -316,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", metavar="DIR", help="output directory (default build/<model name>)")
     c.add_argument("--show-graphs", action="store_true",
                    help="print every segment's graph after each pass (to stderr)")
+    c.add_argument("--force", action="store_true", help="compile even if the predicted peak memory does not fit")
     c.set_defaults(func=cmd_compile)
     c = sub.add_parser("reshard", help="what moving a checkpoint from one plan to another reads",
                        description="Compile OLD and NEW (plans of one model) and print, for each tensor of the "
@@ -339,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")
     c.add_argument("--local-nodes", action="store_true",
                    help="on a mesh of several nodes, start every node's processes on this machine (testing)")
+    c.add_argument("--force", action="store_true", help="run even if the predicted peak memory does not fit")
     c.set_defaults(func=cmd_run)
     args = p.parse_args(argv)
     args.program_args = program_args

@@ -92,14 +92,15 @@ CODES: dict[str, Code] = {
                   "while the plan says tp, the compiler refuses the plan at the layer. Leave the layer kind out of "
                   "`tp_layers`, or use tp = 1."),
     # -- memory ---------------------------------------------------------------------------------------------------
-    "E0501": Code("model state does not fit", "The parameters, gradients and optimizer state one rank holds exceed "
-                  "the memory of its device. `compile` and `run` refuse such a plan; `plan` shows the breakdown. "
-                  "Shard more (fsdp, tp, pp, ep) or use a larger device."),
-    "W0502": Code("a pipeline rank's activations may not fit", "A warning: the model state of a pp rank plus the "
-                  "activations its stages keep in flight at the rank's peak (read from the schedule the program "
-                  "runs; under interleaving a rank holds several stages) exceed the device. Activations are an "
-                  "estimate, so `compile` goes on. More micro-batches of fewer sequences, more stages or tp, or "
-                  "shorter sequences lower it."),
+    "E0501": Code("the predicted peak memory does not fit", "The fullest rank's predicted peak (weights, gradients, "
+                  "optimizer state, the activations its micro-batches in flight keep for backward, and the working "
+                  "set at that moment: the logits and their gradients, communication buffers) exceeds the memory of "
+                  "its device. `compile` and `run` refuse such a plan unless --force; `plan` shows the breakdown per "
+                  "rank and what single change would make it fit (recompute, more micro-batches of fewer sequences, "
+                  "a ZeRO stage, more tp or pp)."),
+    "W0502": Code("the predicted peak memory fits with little to spare", "A warning: the fullest rank's predicted "
+                  "peak is within 10% of its device's memory. The CUDA context, NCCL's buffers and the caching "
+                  "allocator's fragmentation need some of it, so the run may still run out of memory."),
     # -- pipeline parallelism -------------------------------------------------------------------------------------
     "E0601": Code("more stages than blocks", "pp × virtual_stages stages each need at least one block of the "
                   "model's `repeat`. Use fewer stages or more blocks."),

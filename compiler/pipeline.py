@@ -138,18 +138,18 @@ def _after(traced, name: str, check_between: bool, show) -> None:
 
 
 def budget(compiled: Compiled) -> list[Diagnostic]:
-    """What the memory estimate says of the plan: E0501 (an error) when the model state per rank (weights,
-    gradients, optimizer) cannot fit one device; W0502 (a warning) when a pp rank's model state plus the
-    activations its stages keep in flight (all of them, under interleaving) exceed it."""
+    """What the memory model says of the plan: E0501 (an error) when the fullest rank's predicted peak exceeds
+    one device, with what would make it fit; W0502 (a warning) when it fits with less than 10% to spare."""
+    from compiler import fit
     from compiler.cost import memory as MEM
     spec, est = compiled.spec, compiled.costs
-    return (MEM.does_not_fit(spec, est.model_state, spec.plan.data_parallel, spec.mesh.size("dp"))
-            + MEM.stage_over_memory(spec, est.stages))
+    limit = spec.mesh.device.memory_gb * 1e9
+    return MEM.over_memory(spec, est.memory, lambda: fit.fixes(compiled, limit))
 
 
 def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
     """compile the file (which proves its pipeline schedule: every command that compiles), then, with `memory`
-    (compile, run), refuse a plan whose model state cannot fit."""
+    (compile, run without --force), refuse a plan whose predicted peak does not fit."""
     compiled = compile_spec(check_path(path), show=show)
     problems = []
     if memory:

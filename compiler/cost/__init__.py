@@ -33,6 +33,7 @@ from compiler.symbols import MICRO_BATCH, size
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
 
 BYTES = {"fp32": 4, "bf16": 2}
+RECOMPUTE = ("none", "selective", "full")
 AXES = ("dp", "tp", "ep", "pp")
 ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)
 
@@ -55,6 +56,11 @@ class Estimate:
     tokens_step: int
     micro_batch_size: int          # sequences per micro-batch on one rank (plan.micro_batch_size)
     pp_rank: int = 0
+    memory: tuple = ()             # memory.RankMemory per kind of rank: the predicted peak and what holds it
+
+    @property
+    def peak_bytes(self) -> float:
+        return MEM.peak_bytes(self.memory)
 
     @property
     def worst_stage(self) -> Stage | None:
@@ -124,7 +130,6 @@ class CostModel:
                             "last": F.graph_forward(epi) + F.graph_forward(loss)}
             self.compiled_stages = (spec.mesh.size("pp"), spec.plan.virtual_stages, tuple(top.meta[P.STAGES]))
             self.send_elements = sympy.expand(sympy.Mul(*gm.meta[T.INPUTS]["x"]))
-            self.act = MEM.block_activations(spec, gm.meta[T.REPEAT].body)
         else:
             total = PA.segment_params(top)
             experts = PA.segment_expert_params(top)
@@ -134,13 +139,47 @@ class CostModel:
             self.seg_params = {"all": sympy.expand(total)}
             self.seg_experts = {"all": sympy.expand(experts)}
             self.seg_flops = {"all": F.graph_forward(top) + F.graph_backward(top, traced.repeats())}
+        self._memory_formulas(spec, traced)
         self.fn = {("params", k): self._fn(v) for k, v in self.seg_params.items()}
         self.fn.update({("experts", k): self._fn(v) for k, v in self.seg_experts.items()})
         self.fn.update({("flops", k): self._fn(v) for k, v in self.seg_flops.items()})
+        self.fn.update({("saved", k): self._fn(v) for k, v in self.saved.items()})
+        self.fn.update({("units", k): self._fn(v) for k, v in self.units.items()})
+        self.loss_moments = [self._fn(e) for e in self.loss_working]
         if self.piped:
             self.fn.update({("fwd", k): self._fn(v) for k, v in self.seg_fwd.items()})
             self.fn[("send", "x")] = self._fn(self.send_elements)
         self._layouts: dict = {}
+
+    def _memory_formulas(self, spec, traced) -> None:
+        """What each segment keeps for backward per micro-batch (activations.py, node by node), the loss's working
+        set, and the sizes of FSDP's units (the root, one block)."""
+        from compiler.cost import activations as A
+        from compiler.passes import pipeline_split as P
+        prec = spec.train.precision
+        self.device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
+        top = traced.top
+        blocks = list(traced.blocks.values())
+        # Recomputation's working set: the block whose backward runs, rematerialised (one at a time).
+        self.saved = {("recomputed", "block"): sympy.Max(*[A.saved_bytes(g, prec, self.device) for g in blocks])
+                      if blocks else sympy.Integer(0)}
+        if self.piped:
+            (gm,) = traced.blocks.values()
+            segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
+            self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
+            for mode in RECOMPUTE:
+                self.saved[("block", mode)] = A.block_saved_bytes(gm, prec, self.device, mode)
+            loss_graph = segs["loss"]
+            self.units = {"root": self.seg_params["prologue"] + self.seg_params["epilogue"],
+                          "block": self.seg_params["block"]}
+        else:
+            for mode in RECOMPUTE:
+                self.saved[("all", mode)] = A.saved_bytes(top, prec, self.device, traced.repeats(), mode)
+            loss_graph = top
+            blocks = [PA.segment_params(g) for g in traced.blocks.values()]
+            self.units = {"root": PA.segment_params(top),
+                          "block": blocks[0] if len(blocks) == 1 else sympy.Max(*blocks) if blocks else 0}
+        self.loss_working = A.loss_working_set(loss_graph, prec)
 
     def _fn(self, expr) -> _Fn:
         e = sympy.sympify(expr).xreplace(self.sub)
@@ -199,24 +238,113 @@ class CostModel:
         stage = 3 if plan.data_parallel == "fsdp" else 0
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()
+        memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
         led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
         return Estimate(params=self.params, params_n=self.params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=self.flops_fwd, flops_step=self.flops_step,
                         flops_step_n=self.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
-                        stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank)
+                        stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
+                        memory=memory)
+
+    def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
+        """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
+        stage `stage`'s (its layout decided); what tests/test_memory.py counts with saved_tensors_hooks."""
+        env = tuple(plan.size(a) for a in AXES) + (plan.micro_batch_size,)
+        if stage is None:
+            return self.fn[("saved", ("all", _recompute(plan)))](env)
+        layout = self.stages_for(plan, env)
+        lo, hi = layout[stage]
+        return self._stage_saved(env, stage, len(layout), hi - lo, _recompute(plan))
+
+    def _stage_saved(self, env, k: int, n: int, blocks: int, recompute: str = "none"):
+        """Bytes stage k of n keeps per micro-batch."""
+        f = self.fn
+        return (blocks * f[("saved", ("block", recompute))](env) + (f[("saved", "prologue")](env) if k == 0 else 0)
+                + (f[("saved", "epilogue")](env) + f[("saved", "loss")](env) if k == n - 1 else 0))
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
-        shard = plan.size("dp") if plan.data_parallel == "fsdp" else 1
+        shard = MEM.shard_of(plan.data_parallel, plan.size("dp"))
+        per_param = 4 / shard["weights"] + 4 / shard["grads"] + 8 / shard["optimizer"]
         pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
-        act = self.act.bytes(plan.micro_batch_size, plan.size("tp"), plan.sequence_parallel)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
         out = []
         for k, (lo, hi) in enumerate(layout):
             n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == len(layout) - 1 else 0)
             r = k % p
-            out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * MEM.STATE_BYTES / shard,
-                             activations=act * (hi - lo) * peaks[r].get(k, 0)))
+            out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
+                             activations=self._stage_saved(env, k, len(layout), hi - lo, _recompute(plan))
+                             * peaks[r].get(k, 0)))
+        return tuple(out)
+
+    def _memory(self, plan, env, layout, stages, params_rank, experts_rank) -> tuple:
+        """The predicted peak of each kind of rank (MEM.RankMemory): every rank alike without pp, else each pp
+        rank with all the stages it holds. Two moments compete: the start of the backward of the last
+        micro-batch (every activation in flight kept, the loss's logits and their gradients alive) and the
+        optimizer step (every gradient and moment alive, AdamW's temporaries)."""
+        dp = plan.size("dp")
+        sh = MEM.shard_of(plan.data_parallel, dp)
+        batch_ranks = plan.size("dp") * plan.size("ep")
+        m = plan.micro_batches
+        loss = max(f(env) for f in self.loss_moments) if self.loss_moments else 0
+        root, block = self.fn[("units", "root")](env), self.fn[("units", "block")](env)
+        # AdamW on CUDA runs foreach: sqrt(exp_avg_sq) of a whole param group at once (fp32); on CPU per tensor.
+        adam_temp = (lambda n: 4 * n / sh["optimizer"]) if self.device == "cuda" else (lambda n: 0)
+        recomputed = self.fn[("saved", ("recomputed", "block"))](env) if _recompute(plan) != "none" else 0
+
+        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync):
+            gathered, what = 0, []
+            if sh["stage"] == 3 and dp > 1:   # FSDP2: the root stays gathered; a block and the next (prefetch)
+                gathered = 4 * (root + 2 * block) * (dp - 1) / dp
+                what.append("FSDP's gathered units (root + 2 blocks)")
+            weights_fb = 4 * params / sh["weights"] + gathered
+            if sh["stage"] == 2 and dp > 1:   # reshard_after_forward=False: gathered from forward to backward
+                weights_fb = 4 * params
+            buckets = 4 * dense if ddp_buckets else 0
+            if buckets:
+                what.append("DDP's gradient buckets")
+            work = buckets + (loss if last else 0)
+            if last and loss:
+                what.insert(0, "the logits and their gradients (fp32)")
+            if recomputed:
+                work += recomputed
+                what.append("the block being recomputed")
+            backward = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=weights_fb,
+                                      grads=4 * params / sh["grads"] if grads_at_peak else 0,
+                                      optimizer=8 * params / sh["optimizer"], activations=acts, working=work,
+                                      moment="the start of the last micro-batch's backward" if pp_rank is None
+                                      else "the schedule's fullest moment (most activations in flight)",
+                                      working_what=", ".join(what), in_flight=flight)
+            step_work = buckets + adam_temp(params) + (4 * dense if flat_sync else 0)
+            step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
+                                                  ("the flat gradient all-reduce buffer", flat_sync),
+                                                  ("AdamW's foreach temporaries", adam_temp(params))) if on)
+            step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=4 * params / sh["weights"],
+                                  grads=4 * params / sh["grads"], optimizer=8 * params / sh["optimizer"],
+                                  activations=0, working=step_work, moment="the optimizer step",
+                                  working_what=step_what)
+            return max((backward, step), key=lambda r: r.peak)
+
+        if not layout:
+            ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
+            return (one("every rank", None, params_rank, params_rank - experts_rank,
+                        self.fn[("saved", ("all", _recompute(plan)))](env), True, m > 1, "", ddp, False),)
+        p, v = plan.size("pp"), plan.virtual_stages
+        n = len(layout)
+        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
+        out = []
+        for r in range(p):
+            mine = [st for st in stages if st.rank == r]
+            params = sum(st.params for st in mine)
+            experts = sum((st.blocks[1] - st.blocks[0]) * self.fn[("experts", "block")](env)
+                          + (self.fn[("experts", "prologue")](env) if st.stage == 0 else 0) for st in mine)
+            acts = sum(st.activations for st in mine)
+            flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)
+            flight = f"micro-batches in flight: {flight}"
+            who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(st.stage) for st in mine)})"
+            flat = batch_ranks > 1 and sh["stage"] < 2
+            out.append(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
+                           plan.schedule != "gpipe", flight, False, flat))
         return tuple(out)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
@@ -324,6 +452,10 @@ class CostModel:
                 add("all_gather", "dp", params_rank, 2 * plan.micro_batches, span,
                     "FSDP: gather each block's weights for forward and again for backward, every micro-batch", params)
                 add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
+
+
+def _recompute(plan) -> str:
+    return getattr(plan, "recompute", "none")
 
 
 def structure_of(axes, sp: bool, tp_layers) -> tuple:

@@ -77,48 +77,6 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple) -> tuple:
 
 
 @dataclass(frozen=True)
-class BlockActivations:
-    """What one block holds per sequence, read from the spec once: the plan only picks b, t and sequence
-    parallelism."""
-
-    s: int
-    h: int
-    a: int
-    layers: int            # transformer layers (attentions) per block
-    moe_per_sequence: int  # elements an MoE layer holds per sequence (buffers and experts' hidden), all of them
-
-    def bytes(self, b: int, t: int, sp: bool) -> float:
-        """Activations of one block and micro-batch of `b` sequences, 16-bit (Korthikanti et al. 2022) without
-        their 5as/h term: sbh·34, with tp sbh(10 + 24/t), with tp and sequence parallelism sbh·34/t. That term is
-        the s×s attention scores, their softmax and its dropout mask, which our attention never stores:
-        scaled_dot_product_attention's flash kernels (CUDA, and CPU: tests/test_cost.py counts what it saves)
-        keep q, k, v, the output and a log-sum-exp per row, O(s) per head. An MoE layer also holds its padded
-        buffers (the experts' input and output) and the experts' hidden."""
-        s, h = self.s, self.h
-        if t == 1:
-            act = s * b * h * 34
-        elif sp:
-            act = s * b * h / t * 34
-        else:
-            act = s * b * h * (10 + 24 / t)
-        act *= max(1, self.layers)
-        return act + 2 * self.moe_per_sequence * b  # 16-bit, like the estimate above
-
-
-def block_activations(spec: S.Spec, body) -> BlockActivations:
-    body = list(S.walk(body))
-    att = next((x for x in body if isinstance(x, S.Attention)), None)
-    moe = 0
-    for x in body:
-        if isinstance(x, S.MoE):
-            buffer, hidden = moe_held_elements(spec, x, 1)
-            moe += 2 * buffer + hidden
-    return BlockActivations(s=spec.value(spec.train.seq_len), h=spec.value(spec.model.embedding.hidden),
-                            a=spec.value(att.heads) if att is not None else 1,
-                            layers=sum(isinstance(x, S.Attention) for x in body), moe_per_sequence=moe)
-
-
-@dataclass(frozen=True)
 class Stage:
     """One pipeline stage as costed: which blocks, on which pp rank, what it holds."""
 
@@ -127,53 +85,92 @@ class Stage:
     blocks: tuple          # (first block, end block)
     params: int            # parameters one rank of the stage holds
     state: float           # model-state bytes per rank
-    activations: float     # bytes of activations in flight at the stage's peak (16-bit estimate)
+    activations: float     # bytes its micro-batches in flight keep for backward at its rank's peak
 
     @property
     def total(self) -> float:
         return self.state + self.activations
 
 
-def does_not_fit(spec: S.Spec, state: ModelState, data_parallel: str, dp: int) -> list[Diagnostic]:
-    """What cannot fit: model state per rank (weights, gradients, optimizer) beyond one device's memory. Activations
-    come on top of this, so passing is necessary, not sufficient."""
-    limit = spec.mesh.device.memory_gb * 1e9
-    if state.total <= limit:
-        return []
-    fix = ("shard it over dp with `data_parallel = fsdp`" if data_parallel == "ddp" and dp > 1
-           else "add devices along dp or tp")
-    return [Diagnostic("E0501", f"the model state of each rank, {state.total / 1e9:.4g} GB, does not fit in the "
-                       f"{spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
-                       label="this mesh", help=f"weights {state.params / 1e9:.4g} GB + gradients {state.grads / 1e9:.4g}"
-                       f" GB + AdamW {state.optimizer / 1e9:.4g} GB per rank; {fix}, or set `memory_gb` if the device "
-                       "has more")]
+MARGIN = 0.10  # a plan within 10% of the device fits, with a warning: allocator fragmentation, CUDA context, NCCL
 
 
-def stage_over_memory(spec: S.Spec, stages: tuple) -> list[Diagnostic]:
-    """A warning when the fullest pp rank (model state + activations in flight of every stage it holds: several
-    under interleaving) exceeds one device."""
-    if not stages:
-        return []
-    ranks: dict = {}
-    for st in stages:
-        ranks.setdefault(st.rank, []).append(st)
-    rank, held = max(ranks.items(), key=lambda kv: (sum(st.total for st in kv[1]), -kv[0]))
-    total = sum(st.total for st in held)
-    mem = spec.mesh.device.memory_gb * 1e9
-    if total <= mem:
+def breakdown(r) -> str:
+    """`weights 1.2 GB + gradients ... = peak` of one RankMemory."""
+    from compiler.cost import human
+    parts = [("weights", r.weights), ("gradients", r.grads), ("AdamW moments", r.optimizer),
+             ("activations", r.activations), ("working set", r.working)]
+    return " + ".join(f"{name} {human(v, 'B')}" for name, v in parts if v) + f" = {human(r.peak, 'B')}"
+
+
+def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
+    """E0501 when the fullest rank's predicted peak exceeds one device (compile and run refuse it unless
+    --force); W0502 when it fits with less than MARGIN to spare. `fixes()` lists what would make it fit (computed
+    only when needed: it costs other plans)."""
+    if not memory:
         return []
     from compiler.cost import human
-    which = f"stage {held[0].stage}" if len(held) == 1 else "stages " + ", ".join(str(st.stage) for st in held)
-    return [Diagnostic("W0502", f"pp rank {rank} ({which}) needs {human(total, 'B')} (model state + activations) of "
-                       f"the {spec.mesh.device.memory_gb:g} GB of one {spec.mesh.device.kind}", spec.mesh.span,
-                       label="this mesh", help="more micro-batches in fewer sequences, more stages or tp, or shorter "
-                       "sequences", severity="warning")]
+    worst = max(memory, key=lambda r: (r.peak, -(r.pp_rank or 0)))
+    dev = spec.mesh.device
+    limit = dev.memory_gb * 1e9
+    if worst.peak <= limit * (1 - MARGIN):
+        return []
+    what = f"{worst.who}: {breakdown(worst)} at {worst.moment}"
+    if worst.peak <= limit:
+        return [Diagnostic("W0502", f"the predicted peak of {worst.who}, {human(worst.peak, 'B')}, leaves less than "
+                           f"{MARGIN:.0%} of the {dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span,
+                           label="this mesh", help=what, severity="warning")]
+    found = fixes() if fixes else []
+    fit = [f for f in found if f.fits]
+    hint = ("; it would fit with " + ", or ".join(f"`{f.change}` ({human(f.peak, 'B')})" for f in fit[:4])
+            if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp) makes it "
+            "fit" if fixes else "")
+    return [Diagnostic("E0501", f"the predicted peak of {worst.who}, {human(worst.peak, 'B')}, does not fit in the "
+                       f"{dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span, label="this mesh",
+                       help=what + hint + "; or set `memory_gb` if the device has more (--force runs it anyway)")]
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """The predicted peak of one kind of rank (all ranks alike, or one pp rank with the stages it holds): what is
+    allocated at the moment of the step when the most is, by what holds it."""
+
+    who: str               # "every rank", "pp rank 0 (stages 0, 8, 16)"
+    pp_rank: int | None
+    weights: float         # parameters held at that moment (sharded ones at their share, gathered ones whole)
+    grads: float
+    optimizer: float       # AdamW's two moments
+    activations: float     # what forwards keep for their backward (every micro-batch in flight)
+    working: float         # transient: the loss's logits and their gradients, communication buffers, ...
+    moment: str            # when the peak happens
+    working_what: str = ""
+    in_flight: str = ""    # which micro-batches keep activations at that moment (pipelines)
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.working
+
+    def as_json(self) -> dict:
+        return {"who": self.who, "pp_rank": self.pp_rank, "peak_bytes": int(self.peak), "moment": self.moment,
+                "weights": int(self.weights), "gradients": int(self.grads), "optimizer": int(self.optimizer),
+                "activations": int(self.activations), "working": int(self.working),
+                "working_what": self.working_what, "in_flight": self.in_flight}
+
+
+def shard_of(data_parallel: str, dp: int) -> dict:
+    """Over how many ranks each kind of model state is split, by ZeRO stage (dp ranks holding the same layers)."""
+    n = max(1, dp)
+    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}.get(data_parallel, 0)
+    return {"weights": n if stage >= 3 else 1, "grads": n if stage >= 2 else 1, "optimizer": n if stage >= 1 else 1,
+            "stage": stage}
+
+
+def peak_bytes(memory: tuple) -> float:
+    """The largest rank's predicted peak."""
+    return max(r.peak for r in memory) if memory else 0.0
 
 
 def predicted_peak_bytes(costs) -> int:
     """The largest rank's predicted peak bytes in one step (what `torch.cuda.max_memory_allocated` should read on
     the fullest rank): the figure a generated program prints against what it measured."""
-    ranks: dict = {}
-    for st in costs.stages:
-        ranks[st.rank] = ranks.get(st.rank, 0) + st.total
-    return int(max(ranks.values()) if ranks else costs.model_state.total)
+    return int(peak_bytes(costs.memory))

@@ -90,12 +90,16 @@ def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> f
     from compiler import trace as T
     g = fx.Graph()
     env: dict = {}
+    def value_of(src, dst):  # a cut-off input keeps its shape and dtype (the memory model reads them)
+        dst.meta.update({k: src.meta[k] for k in (T.SHAPE, T.DTYPE) if k in src.meta})
+        return dst
+
     for node, pname in inputs.items():
-        env[node] = g.placeholder(pname)
+        env[node] = value_of(node, g.placeholder(pname))
     needed = _upstream(output, set(inputs))
     for n in gm.graph.nodes:
         if n in needed:
-            env[n] = g.placeholder(n.name) if n.op == "placeholder" else g.node_copy(n, lambda x: env[x])
+            env[n] = value_of(n, g.placeholder(n.name)) if n.op == "placeholder" else g.node_copy(n, lambda x: env[x])
             if n.op != "placeholder":
                 env[n].meta = dict(n.meta)
     g.output(env[output])

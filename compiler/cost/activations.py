@@ -1,0 +1,308 @@
+"""What a forward keeps for its backward, node by node, as formulas of the spec's sizes and the micro-batch size.
+
+Autograd keeps, for each operation, the tensors its backward formula reads (torch's derivatives.yaml and our own
+autograd Functions in runtime/). The rules below say which, for every operation our layers emit, and in which
+dtype; a tensor several operations keep (a linear's input that its norm's output also is) counts once, by the
+storage it lives in: a view (transpose, unflatten, a flatten that needs no copy) shares its base's storage.
+
+Under bf16 autocast what is kept depends on the casts autocast makes, which are part of what the program
+allocates: a matmul (linear, bmm, scaled_dot_product_attention) given an fp32 activation casts it to bf16 for
+itself, each call its own copy (autocast caches the casts of weights only, once per forward), and keeps that copy;
+it keeps the bf16 copy of its weight as well. The residual stream stays fp32 (an fp32 + bf16 add is fp32).
+
+Device differences (`device`): scaled_dot_product_attention's flash kernels on CUDA and on CPU both keep q, k, v,
+the output and a log-sum-exp per row and head (fp32), never the s×s scores; nn.RMSNorm is fused on CUDA (keeps its
+input and the reciprocal RMS per row) but composite on CPU (also keeps the normalised input, fp32). The CPU figures
+are what tests/test_memory.py counts with torch.autograd.graph.saved_tensors_hooks.
+"""
+from __future__ import annotations
+
+import operator
+
+import sympy
+
+from compiler.lazy import lazy
+
+T = lazy("compiler.trace")
+
+INT_BYTES = 8  # token ids, targets, positions and slots are int64
+
+
+def _numel(shape) -> sympy.Expr:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+class _Graph:
+    """One traced graph's saved tensors: key (storage) -> bytes."""
+
+    def __init__(self, gm, precision: str, device: str, recompute: str = "none"):
+        self.recompute = recompute
+        import torch.nn.functional as F
+        from runtime import collectives as C
+        from runtime import moe
+        self.gm, self.device = gm, device
+        self.autocast = precision == "bf16"
+        self.act = 2 if self.autocast else 4
+        self.params = gm.meta[T.PARAM_SHAPES]
+        self.saved: dict = {}
+        self.F, self.C, self.moe = F, C, moe
+        self.views = {}  # node -> the node whose storage it shares
+
+    # -- storage and dtype --------------------------------------------------------------------------------------
+
+    def base(self, node):
+        while node in self.views:
+            node = self.views[node]
+        return node
+
+    def bytes_of(self, node) -> sympy.Expr:
+        kind = node.meta.get(T.DTYPE)
+        width = {"act": self.act, "fp32": 4, "int": INT_BYTES}.get(kind, 4)
+        return _numel(node.meta[T.SHAPE]) * width
+
+    def keep(self, node) -> None:
+        """The node's value kept as it is (its storage)."""
+        b = self.base(node)
+        self.saved.setdefault(("t", b), self.bytes_of(node))
+
+    def keep_matmul_input(self, node, consumer) -> None:
+        """An operand of an autocast matmul: fp32 under autocast is cast, for this call only, and the copy kept."""
+        if self.autocast and node.meta.get(T.DTYPE) == "fp32":
+            self.saved[("cast", consumer)] = _numel(node.meta[T.SHAPE]) * 2
+        else:
+            self.keep(node)
+
+    def keep_weight(self, name: str) -> None:
+        """A weight an autocast matmul reads keeps its bf16 copy (cached per forward, so a tied weight's counts
+        once); without autocast the weight is the parameter itself (model state, not an activation)."""
+        if self.autocast:
+            self.saved.setdefault(("w", name), _numel(self.params[name]) * 2)
+
+    def new(self, node, key, shape, width) -> None:
+        self.saved[(key, node)] = _numel(shape) * width
+
+    # -- the rules ----------------------------------------------------------------------------------------------
+
+    def run(self, repeats=None) -> sympy.Expr:
+        from torch import nn
+        from runtime.layers import Bias, Repeat
+        F, C, moe = self.F, self.C, self.moe
+        extra = sympy.Integer(0)
+        for node in self.gm.graph.nodes:
+            t = node.target
+            args = [a for a in node.args]
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            if node.op == "call_module":
+                mod = self.gm.get_submodule(t)
+                x = args[0]
+                if isinstance(mod, nn.Linear):
+                    self.keep_matmul_input(x, node)
+                    self.keep_weight(f"{t}.weight")
+                elif isinstance(mod, nn.LayerNorm):
+                    self._norm_input(x, node)
+                    rows = _numel(x.meta[T.SHAPE][:-1])
+                    self.new(node, "stats", (rows,), 2 * 4)  # mean and reciprocal std, fp32
+                elif isinstance(mod, nn.RMSNorm):
+                    self._norm_input(x, node)
+                    rows = _numel(x.meta[T.SHAPE][:-1])
+                    if self.device == "cuda":  # fused: the reciprocal RMS per row
+                        self.new(node, "stats", (rows,), 4)
+                    else:  # composite: the reciprocal RMS and x·rstd, fp32
+                        self.new(node, "stats", (rows,), 4)
+                        self.new(node, "normed", x.meta[T.SHAPE], 4)
+                elif isinstance(mod, nn.Embedding):
+                    self.keep(x)  # the ids
+                elif isinstance(mod, Bias):
+                    pass
+                elif isinstance(mod, moe.Experts):
+                    self._experts(node, mod, x)
+                elif isinstance(mod, Repeat):
+                    count, block = repeats[t]
+                    extra += count * block_saved_bytes(block, "bf16" if self.autocast else "fp32", self.device,
+                                                       self.recompute)
+                else:
+                    raise NotImplementedError(f"no saved-tensor rule for module {type(mod).__name__}")
+                continue
+            if t in ("unflatten", "transpose", "view", "view_as") or t is getattr:
+                if isinstance(args[0], type(node)):
+                    self.views[node] = args[0]
+            elif t == "flatten":
+                src = args[0]
+                # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the
+                # flash kernels lay out as (batch, seq, heads, dim): transposing it back is contiguous.
+                if src.target == "transpose" and src.args[0].target is not F.scaled_dot_product_attention:
+                    continue
+                self.views[node] = src
+            elif t in ("float", "to", "contiguous"):
+                if node.meta.get(T.DTYPE) == args[0].meta.get(T.DTYPE) and t != "contiguous":
+                    self.views[node] = args[0]
+            elif t is operator.getitem:
+                pass  # an element of a tuple result: its own storage
+            elif t is F.linear:
+                self.keep_matmul_input(args[0], node)
+                self.keep_weight(args[1].target)
+            elif t is F.scaled_dot_product_attention:
+                q, k, v = args[:3]
+                for a in (q, k, v):
+                    self.keep_matmul_input(a, node)
+                b, h, s, _ = node.meta[T.SHAPE]
+                self.saved[("t", node)] = _numel(node.meta[T.SHAPE]) * self.act  # the output
+                self.new(node, "lse", (b, h, s), 4)
+            elif t in (F.gelu, F.silu):
+                self.keep(args[0])
+            elif t in (F.relu, torch_tanh()):
+                self.keep(node)
+            elif t in (operator.mul, "mul"):
+                for a in args[:2]:
+                    if hasattr(a, "meta") and a.meta.get(T.SHAPE) is not None:
+                        self.keep(a)
+            elif t in (operator.add, operator.sub, "add", "sub"):
+                pass
+            elif t is F.cross_entropy:
+                logits, targets = args[:2]
+                self.new(node, "log_softmax", logits.meta[T.SHAPE], 4)
+                self.keep(targets)
+            elif t is C.vocab_parallel_cross_entropy:
+                logits = args[0]
+                n = logits.meta[T.SHAPE][0]
+                self.new(node, "softmax", logits.meta[T.SHAPE], 4)
+                self.new(node, "mine", (n,), 1)
+                self.new(node, "local", (n,), INT_BYTES)
+            elif t is C.vocab_parallel_lookup:
+                tokens = args[0]
+                self.new(node, "ids", tokens.meta[T.SHAPE], INT_BYTES)   # the shifted, masked ids
+                self.new(node, "outside", tokens.meta[T.SHAPE], 1)       # the mask of foreign ids
+            elif t is C.identity_fwd_all_reduce_bwd:
+                self.views[node] = args[0]
+            elif t in (C.all_reduce_fwd_identity_bwd, C.all_gather_fwd_reduce_scatter_bwd,
+                       C.reduce_scatter_fwd_all_gather_bwd, C.split_fwd_all_gather_bwd,
+                       moe.all_to_all_dispatch, moe.all_to_all_combine):
+                pass  # a new tensor; the collective's backward keeps nothing
+            elif t is torch_arange():
+                pass
+            elif t is moe.route:
+                self._route(node, args)
+            elif t is moe.dispatch:
+                b, s, k = args[1].meta[T.SHAPE]
+                self.new(node, "index", (b, s * k), INT_BYTES)  # scatter_add's index: a copy of the (strided) slots
+            elif t is moe.combine:
+                self._combine(node, args)
+            else:
+                raise NotImplementedError(f"no saved-tensor rule for {getattr(t, '__name__', t)} at {node.name}")
+        return sympy.expand(sum(self.saved.values(), sympy.Integer(0)) + extra)
+
+    def _norm_input(self, x, node) -> None:
+        # Norms run in fp32 under CUDA autocast: a bf16 input would be cast (our norms read the fp32 residual).
+        if self.autocast and self.device == "cuda" and x.meta.get(T.DTYPE) == "act":
+            self.saved[("cast", node)] = _numel(x.meta[T.SHAPE]) * 4
+        else:
+            self.keep(x)
+
+    def _experts(self, node, mod, x) -> None:
+        e, n, _ = x.meta[T.SHAPE]
+        f = self.params[f"{node.target}.w_up"][2]
+        self.keep_matmul_input(x, node)
+        hidden = e * n * f * self.act
+        names = ("w_up", "w_gate", "w_down") if mod.act == "swiglu" else ("w_up", "w_down")
+        for w in names:
+            self.keep_weight(f"{node.target}.{w}")
+        # GELU: its input, and its output (the down matmul's input); SwiGLU: the gate (silu's input), silu's output,
+        # the up projection (the product's operands) and their product (the down matmul's input).
+        self.saved[("experts", node)] = hidden * (4 if mod.act == "swiglu" else 2)
+
+    def _route(self, node, args) -> None:
+        logits = args[0]
+        b, s, e = logits.meta[T.SHAPE]
+        k = args[1]
+        self.new(node, "probs", (b, s, e), 4)             # softmax's output (fp32)
+        self.new(node, "topk", (b, s, k), INT_BYTES)      # topk's indices
+        if k > 1:
+            self.new(node, "norm", (b, s, k), 4)          # the division's operands: gates and their sum
+            self.new(node, "sum", (b, s, 1), 4)
+        self.new(node, "aux", (b, e), 4)                  # the aux loss's product: the mean probabilities
+
+    def _combine(self, node, args) -> None:
+        y, slot, gate = args[:3]
+        e, n, h = y.meta[T.SHAPE]
+        b, s, k = slot.meta[T.SHAPE]
+        self.new(node, "index", (b, s * k), INT_BYTES)     # gather's index: a copy of the (strided) slots
+        self.new(node, "outputs", (b, e * n / b + 1, h), self.act)  # gather's input: the outputs + a zero slot
+        self.new(node, "picked", (b, s, k, h), self.act)   # the product's operands: the picked outputs,
+        self.new(node, "weights", (b, s, k), self.act)     # and the gates in the compute dtype
+        if len(args) > 3 and args[3] is not None:          # dropped = identity: Σ gate × dropped, times the token
+            self.new(node, "dropped", (b, s, k), self.act)
+            self.new(node, "gate_sum", (b, s, 1), self.act)
+            self.keep(args[3])
+
+
+def torch_tanh():
+    import torch
+    return torch.tanh
+
+
+def torch_arange():
+    import torch
+    return torch.arange
+
+
+def saved_bytes(gm, precision: str, device: str = "cuda", repeats=None, recompute: str = "none") -> sympy.Expr:
+    """Bytes one forward of `gm` (one micro-batch of µb sequences) keeps for its backward on one rank; the blocks
+    of its `repeat`s under `recompute`."""
+    return _Graph(gm, precision, device, recompute).run(repeats)
+
+
+# Under selective recomputation these keep their outputs (computing them again costs matmul time or
+# communication); everything else in a block is recomputed in backward from them and the block's input.
+def _kept_by_selective(node, gm) -> bool:
+    import torch.nn.functional as F
+    from torch import nn
+    from runtime import collectives as C
+    from runtime import moe
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), (nn.Linear, moe.Experts))
+    return node.target in (F.linear, C.all_reduce_fwd_identity_bwd, C.all_gather_fwd_reduce_scatter_bwd,
+                           C.reduce_scatter_fwd_all_gather_bwd, moe.all_to_all_dispatch, moe.all_to_all_combine)
+
+
+def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str = "none") -> sympy.Expr:
+    """What one block (the body of a `repeat`) keeps per micro-batch until its backward. `full`
+    (torch.utils.checkpoint around the block): its input only, the fp32 residual stream. `selective` (torch's
+    selective checkpoint, runtime/layers.py's policy): its input and the outputs of its matmuls and
+    collectives. `none`: what each operation keeps (saved_bytes)."""
+    if recompute == "none":
+        return saved_bytes(gm, precision, device)
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    kept = _numel(x.meta[T.SHAPE]) * 4
+    if recompute == "full":
+        return sympy.expand(kept)
+    act = 2 if precision == "bf16" else 4
+    for node in gm.graph.nodes:
+        if _kept_by_selective(node, gm):
+            if node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Experts":
+                mod = gm.get_submodule(node.target)
+                e, n, h = node.meta[T.SHAPE]
+                f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+                kept += (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * act  # up (gate), down
+            else:
+                kept += _numel(node.meta[T.SHAPE]) * (4 if node.meta.get(T.DTYPE) == "fp32" else act)
+    return sympy.expand(kept)
+
+
+def loss_working_set(gm, precision: str) -> list:
+    """The largest transient of the loss, on top of everything kept: the logits' moment. Cross-entropy's backward
+    holds the fp32 gradient of the log-softmax and its input's gradient together (8 bytes per logit); its forward
+    holds the logits, their fp32 copy (bf16 only) and, vocabulary-parallel, the shifted logits and their
+    exponentials (the kept softmax is counted as kept). One formula per moment: the largest is the working set."""
+    import torch.nn.functional as F
+    from runtime import collectives as C
+    moments = []
+    copy = 2 + 4 if precision == "bf16" else 4  # the logits (and their fp32 copy under bf16)
+    for node in gm.graph.nodes:
+        if node.target is F.cross_entropy:
+            n = _numel(node.args[0].meta[T.SHAPE])
+            moments += [copy * n, 8 * n]
+        elif node.target is C.vocab_parallel_cross_entropy:
+            n = _numel(node.args[0].meta[T.SHAPE])
+            moments += [(copy + 2 * 4) * n, 8 * n]
+    return moments

@@ -1,0 +1,69 @@
+"""What would make a plan fit its devices: the same plan with one thing changed (recomputation, smaller
+micro-batches, a ZeRO stage, more tp or pp taken from dp), each checked by the rules every plan meets and costed
+by the same memory model, from the one trace the compiler already has (compiler/candidates.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from compiler import plan as P
+
+
+@dataclass(frozen=True)
+class Fix:
+    change: str      # what to write in the .scale file
+    peak: float      # the predicted peak of the fullest rank with it
+    fits: bool
+
+
+def _with_axis(plan: P.Plan, axis: str, factor: int, source: str) -> P.Plan | None:
+    """`plan` with `axis` × factor and `source` ÷ factor (the same devices), or None when it does not divide."""
+    axes = dict(plan.axes)
+    n = axes.get(source, 1)
+    if n % factor or n == 1:
+        return None
+    axes[source] = n // factor
+    axes[axis] = axes.get(axis, 1) * factor
+    order = [a for a, _ in plan.axes] + [a for a in (axis,) if a not in dict(plan.axes)]
+    return replace(plan, axes=tuple((a, axes[a]) for a in order), stages=(), tp=(), ep=())
+
+
+def variants(plan: P.Plan) -> list:
+    """(change, plan) for each single change worth trying."""
+    out = []
+    recompute = getattr(plan, "recompute", None)
+    if recompute is not None:
+        for mode in ("selective", "full"):
+            if recompute != mode and not (recompute == "full" and mode == "selective"):
+                out.append((f"recompute = {mode}", replace(plan, recompute=mode)))
+    mb, m = plan.micro_batch_size, plan.micro_batches
+    for k in (2, 4):
+        if mb % k == 0:
+            out.append((f"micro_batches = {m * k} ({mb // k} sequence{'s' if mb // k != 1 else ''} each)",
+                        replace(plan, micro_batches=m * k, stages=())))
+    if plan.size("dp") > 1:
+        for kind in ("zero1", "zero2", "fsdp"):
+            if kind != plan.data_parallel:
+                out.append((f"data_parallel = {kind}", replace(plan, data_parallel=kind)))
+    for axis in ("tp", "pp"):
+        for source in ("dp", "ep"):
+            bigger = _with_axis(plan, axis, 2, source)
+            if bigger is not None:
+                out.append((f"{axis} = {bigger.size(axis)} ({source} = {bigger.size(source)})", bigger))
+                break
+    return out
+
+
+def fixes(compiled, limit: float) -> list[Fix]:
+    """Each variant the rules accept, with the peak it would give; those that fit first, lowest peak first."""
+    from compiler.candidates import Candidates
+    base = compiled.plan
+    if base is None:
+        return []
+    cands = Candidates(compiled.spec, compiled.unsharded)
+    found = []
+    for change, plan in variants(base):
+        if cands.requires(plan):  # a rule refuses it (a tp degree the heads do not allow, zero2 with ep, ...)
+            continue
+        peak = cands.estimate(cands.decide(plan)).peak_bytes  # every pp rank's peak: the fullest
+        found.append(Fix(change, peak, peak <= limit))
+    return sorted(found, key=lambda f: (not f.fits, f.peak))
