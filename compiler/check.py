@@ -70,6 +70,9 @@ PLAN_SETTINGS: dict[str, Param] = {
     "schedule": Param(_choice("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"), "1f1b", "pipeline schedule"),
     "virtual_stages": Param(_pos_int, 1, "pipeline stages per pp rank (interleaved-1f1b)"),
     "layout": Param(lambda c, e, w: c.as_ranges(e, w), (), "manual stage layout: ((first, end), ...) blocks"),
+    "recompute": Param(_choice("none", "selective", "full"), "none",
+                       "activation recomputation of each block in backward: none, selective (attention core and "
+                       "cheap ops; matmul and collective outputs kept) or full (from the block's input)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),

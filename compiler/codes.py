@@ -117,6 +117,10 @@ CODES: dict[str, Code] = {
                   "many ranges as stages, each non-empty, in order, covering every block once."),
     "E0608": Code("pipeline too large to schedule", "The schedule is built and verified action by action; stages × "
                   "micro-batches is capped (16384). Use fewer micro-batches, each of more sequences."),
+    "E0610": Code("selective recomputation under zero-bubble", "The zero-bubble schedule splits each backward in "
+                  "two passes over a stage's graph (input gradients, then weight gradients); torch's selective "
+                  "activation checkpointing lets a recomputed region be read back once. Use `recompute = full`, "
+                  "which recomputes the block in each pass, or a schedule without the split."),
     "E0609": Code("the pipeline schedule fails verification", "Before any process starts, `compile` and `run` build "
                   "the per-rank action lists the runtime will execute and prove them: every send has its receive, "
                   "no rank waits forever, each stage computes each micro-batch once. A failure is a defect of "

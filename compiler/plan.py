@@ -44,6 +44,8 @@ class Plan:
     virtual_stages: int = 1
     layout: tuple = ()
     """The manual stage layout as written, ((first block, end block), ...); empty: cost-balanced."""
+    recompute: str = "none"
+    """Activation recomputation of each block in backward: `none`, `selective` or `full` (spec.Plan)."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -97,6 +99,8 @@ class Plan:
             extra.append(self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.sequence_parallel:
             extra.append("sequence parallel")
+        if self.recompute != "none":
+            extra.append(f"{self.recompute} recompute")
         return f"{mesh} ({', '.join(extra)})"
 
     def to_json(self) -> dict:
@@ -135,7 +139,8 @@ def from_spec(spec) -> Plan:
                 global_batch=int(spec.value(train.global_batch)), seq_len=int(spec.value(train.seq_len)),
                 tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
-                layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans))
+                layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
+                recompute=p.recompute)
 
 
 def respec(spec, plan: Plan):
@@ -150,6 +155,7 @@ def respec(spec, plan: Plan):
                                    tp_layers=tuple(plan.tp_layers), sequence_parallel=plan.sequence_parallel,
                                    pad_vocab=plan.pad_vocab, schedule=plan.schedule,
                                    virtual_stages=plan.virtual_stages,
+                                   recompute=plan.recompute,
                                    layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
     values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
     values.update({size(a): n for a, n in plan.axes})

@@ -220,6 +220,10 @@ class Plan:
     """Stages per pp rank (interleaved-1f1b only)."""
     layout: tuple = ()
     """Manual stage layout: ((first block, end block), ...) per stage; empty for the cost-balanced cut."""
+    recompute: str = "none"
+    """Activation recomputation of each `repeat` block in backward: `none`, `selective` (Megatron's: the attention
+    core and the other cheap, memory-heavy ops are recomputed; matmul and collective outputs are kept) or `full`
+    (each block recomputed from its input)."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
     compiler.plan.from_spec so the rules can point at them."""

@@ -19,11 +19,7 @@ import collections
 import torch
 import torch.distributed as dist
 
-from runtime import faults
-
-# torch 2.13 renamed reduce_scatter_tensor (now deprecated) to reduce_scatter_single; older releases have only the
-# former.
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+from runtime import faults, recompute
 
 _GROUPS: dict[str, dist.ProcessGroup] = {}
 _COUNTING = False
@@ -55,9 +51,22 @@ def count_bytes(on: bool) -> None:
     BYTES.clear()
 
 
-def _count(op: str, axis: str, t: torch.Tensor) -> None:
-    if _COUNTING:
-        BYTES[(op, axis)] += t.numel() * t.element_size()
+def _count(op: str, axis: str, t: torch.Tensor, times: int = 1) -> None:
+    """Count `times` × the bytes of `t` (an all-gather's output is its input times the group's size)."""
+    # Selective recomputation reads a collective's saved output back instead of running it: nothing moves then.
+    if _COUNTING and recompute.recomputing() != "selective":
+        BYTES[(op, axis)] += times * t.numel() * t.element_size()
+
+
+def _name(axis: str) -> str:
+    g = _group(axis)
+    return (g if g is not None else dist.group.WORLD).group_name
+
+
+# The primitives issue torch's functional collectives (out of place, `torch.ops._c10d_functional`), not the in-place
+# `dist.*` calls: selective recomputation (runtime.recompute) saves their outputs by op, so a recomputed block reads
+# them back instead of communicating again; an in-place collective's result could not be returned that way.
+_F = torch.ops._c10d_functional
 
 
 # -- primitives (no autograd) -------------------------------------------------------------------------------------
@@ -65,19 +74,16 @@ def _count(op: str, axis: str, t: torch.Tensor) -> None:
 
 def _all_reduce(x: torch.Tensor, axis: str, site=None, when: str = "forward") -> torch.Tensor:
     _count("all_reduce", axis, x)
-    x = x.contiguous()
     with faults.op(f"all_reduce over {axis} ({when})", site):
-        dist.all_reduce(x, group=_group(axis))
-    return x
+        return _F.wait_tensor(_F.all_reduce(x.contiguous(), "sum", _name(axis)))
 
 
 def _all_gather(x: torch.Tensor, axis: str, dim: int, site=None, when: str = "forward") -> torch.Tensor:
     n = axis_size(axis)
     x = x.movedim(dim, 0).contiguous()
-    out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _count("all_gather", axis, out)
+    _count("all_gather", axis, x, n)
     with faults.op(f"all_gather over {axis} ({when})", site):
-        dist.all_gather_into_tensor(out, x, group=_group(axis))
+        out = _F.wait_tensor(_F.all_gather_into_tensor(x, n, _name(axis)))
     return out.movedim(0, dim).contiguous()  # downstream: matmuls, and pipeline sends that need contiguity
 
 
@@ -87,9 +93,8 @@ def _reduce_scatter(x: torch.Tensor, axis: str, dim: int, site=None, when: str =
         raise ValueError(f"reduce-scatter over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
     _count("reduce_scatter", axis, x)
     x = x.movedim(dim, 0).contiguous()
-    out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     with faults.op(f"reduce_scatter over {axis} ({when})", site):
-        _REDUCE_SCATTER(out, x, group=_group(axis))
+        out = _F.wait_tensor(_F.reduce_scatter_tensor(x, "sum", n, _name(axis)))
     return out.movedim(0, dim).contiguous()
 
 
@@ -117,7 +122,7 @@ class _IdentityFwdAllReduceBwd(torch.autograd.Function):
 class _AllReduceFwdIdentityBwd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, axis, site):
-        return _all_reduce(x.clone(), axis, site)
+        return _all_reduce(x, axis, site)  # out of place: x is not written
 
     @staticmethod
     def backward(ctx, g):

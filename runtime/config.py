@@ -34,6 +34,10 @@ class Parallel:
     sequence_parallel: bool = False
     """Activations outside attention and MLP are split over tp along the sequence; the replicated parameters they
     meet get partial gradients (`tp_partial_grads`)."""
+    recompute: str = "none"
+    """Activation recomputation of each block of a `repeat` (runtime.recompute): `none`, `selective` (matmul and
+    collective outputs kept, the attention core and cheap ops recomputed) or `full` (recomputed from the block's
+    input)."""
     tp_shards: tuple = ()
     """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
     tp_partial_grads: tuple = ()

@@ -7,6 +7,8 @@ import zlib
 import torch
 from torch import nn
 
+from runtime import recompute
+
 
 class Repeat(nn.ModuleDict):
     """`repeat N { ... }`: blocks applied in sequence, each with its own weights.
@@ -14,6 +16,9 @@ class Repeat(nn.ModuleDict):
     Blocks keep their global index as their name (`blocks.7`), also when a pipeline stage holds only some of them
     (`Repeat(blocks, first=6)`), so that parameter names, and therefore checkpoints, do not depend on the layout.
     """
+
+    recompute = "none"
+    """Activation recomputation of each block (runtime.recompute): none, selective or full; set by the runtime."""
 
     def __init__(self, blocks, first: int = 0):
         super().__init__({str(first + i): b for i, b in enumerate(blocks)})
@@ -24,7 +29,7 @@ class Repeat(nn.ModuleDict):
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         for block in self.values():
-            x_BSH = block(x_BSH)
+            x_BSH = recompute.run_block(block, x_BSH, self.recompute)
         return x_BSH
 
 

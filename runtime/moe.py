@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime import collectives, faults
+from runtime import collectives, faults, recompute
 
 # -- the auxiliary loss ------------------------------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ def stats_reset() -> None:
 
 def _record(keep_BSK, counts_BE, aux, top_k: int) -> None:
     global _SUMS, _MAX_LOAD
-    if not _RECORDING or keep_BSK.device.type == "meta":
+    if not _RECORDING or keep_BSK.device.type == "meta" or recompute.recomputing():  # once per forward
         return
     with torch.no_grad():
         b, s, e = keep_BSK.shape[0], keep_BSK.shape[1], counts_BE.shape[1]
@@ -215,11 +215,12 @@ def _exchange(x: torch.Tensor, axis: str) -> torch.Tensor:
     """all_to_all_single with equal splits along dim 0: chunk j goes to rank j of `axis`; chunk j of the result
     came from rank j."""
     x = x.contiguous()
-    out = torch.empty_like(x)
+    splits = [x.shape[0] // collectives.axis_size(axis)] * collectives.axis_size(axis)
     collectives._count("all_to_all", axis, x)
+    # torch's functional collective (out of place): selective recomputation saves its output (runtime.recompute).
     with faults.op(f"all_to_all over {axis} (MoE dispatch or combine)", faults.caller_site()):
-        dist.all_to_all_single(out, x, group=collectives._group(axis))
-    return out
+        return collectives._F.wait_tensor(collectives._F.all_to_all_single(x, splits, splits,
+                                                                           collectives._name(axis)))
 
 
 def _to_experts(x_ENH: torch.Tensor, axis: str) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, data, faults, mesh, moe
+from runtime import checkpoint, collectives, data, faults, mesh, moe, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Optim, Parallel  # noqa: F401
 from runtime import tensor_parallel as tp
@@ -297,6 +297,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     fsdp = _dp_kind(cfg, ctx) == "fsdp"
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
+        recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)

@@ -199,6 +199,11 @@ def requires(spec: S.Spec, plan) -> list:
                               "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`'))
     if pp == 1:
         return out
+    if plan.recompute == "selective" and plan.schedule == "zero-bubble":
+        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the zero-bubble "
+                              "schedule", label="its backward passes each block twice",
+                              help='use `recompute = full` (it recomputes the block for each pass), or another '
+                                   'schedule'))
     at = "axis pp"
     repeats = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
     if len(repeats) != 1:

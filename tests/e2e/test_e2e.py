@@ -44,7 +44,8 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     else:
         assert_same_training(run, ref)
     assert run.losses[-1] < run.losses[0], "the loss should fall over the steps"
-    assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
+    if case.bytes_checked:
+        assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
         assert [r["moe_dropped"] for r in run.records] == [r["moe_dropped"] for r in ref.records]
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]

@@ -1,0 +1,94 @@
+"""Activation recomputation of each block of a `repeat` (`plan { recompute = none | selective | full }`).
+
+Megatron's two meanings, built from torch's own checkpointing (`torch.utils.checkpoint`, non-reentrant):
+
+  full       each block is run under `checkpoint(block, x, use_reentrant=False)`: after its forward only the block's
+             input is kept; its backward first re-runs the block's forward. That re-run includes the block's tensor-
+             parallel collectives (runtime.collectives) and MoE all-to-alls (runtime.moe), as Megatron's full
+             recomputation does: every rank of the group re-runs them in backward, in the same order, because every
+             rank runs the same backward graph and the recomputation is triggered at the same node of it (torch's
+             early stop ends it at the same op on every rank too). The bytes they move therefore count again.
+  selective  torch's selective activation checkpoint API (`create_selective_checkpoint_contexts`) on each block,
+             with `policy`: the outputs of matmuls and of every collective are saved (MUST_SAVE); everything else,
+             the attention core (scaled_dot_product_attention and each of its aten kernels), activation functions,
+             norms, elementwise ops and dtype casts, is recomputed. A collective is never re-run: runtime.collectives
+             and runtime.moe issue theirs as torch's functional collectives (`torch.ops._c10d_functional`), whose
+             outputs the policy saves, so the recomputation reads them back instead of communicating.
+
+Blocks keep their names (the mode is an attribute of runtime.layers.Repeat, not a wrapper module), so parameter
+names, checkpoints, tp shard patterns and FSDP units are the same in every mode. `recomputing()` says whether the
+code running is a recomputation (and of which mode): side effects of a forward that must happen once per step
+(MoE statistics, collective byte counts of a saved collective) read it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+MODES = ("none", "selective", "full")
+
+_RECOMPUTING: str | None = None
+
+
+def recomputing() -> str | None:
+    """`full` or `selective` while a block's forward is being re-run in backward, else None."""
+    return _RECOMPUTING
+
+
+def _ops(namespace, names):
+    ns = getattr(torch.ops, namespace, None)
+    return {getattr(getattr(ns, n), o) for n in names if ns is not None and hasattr(ns, n)
+            for o in getattr(ns, n).overloads()}
+
+
+# Saved by selective recomputation: matmuls (F.linear lowers to addmm or mm, batched experts to bmm), and every
+# collective (the functional ones runtime.collectives and runtime.moe issue, and their waits).
+SAVE = frozenset(_ops("aten", ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm"))
+                 | _ops("_c10d_functional", ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                                             "all_to_all_single", "wait_tensor")))
+
+
+def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Selective recomputation's choice for one op: save matmul and collective outputs, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@contextlib.contextmanager
+def _marked(mode: str | None):
+    global _RECOMPUTING
+    outer, _RECOMPUTING = _RECOMPUTING, mode
+    try:
+        yield
+    finally:
+        _RECOMPUTING = outer
+
+
+def run_block(block, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """`block(x)` under the recomputation `mode`."""
+    if mode == "none" or not torch.is_grad_enabled():
+        return block(x)
+    calls = [0]
+
+    def forward(x):  # the first call is the forward, later ones (in backward) the recomputation
+        calls[0] += 1
+        with _marked(mode if calls[0] > 1 else _RECOMPUTING):
+            return block(x)
+
+    context_fn = (functools.partial(create_selective_checkpoint_contexts, policy) if mode == "selective"
+                  else None)
+    kwargs = {"context_fn": context_fn} if context_fn is not None else {}
+    return checkpoint(forward, x, use_reentrant=False, **kwargs)
+
+
+def apply(module: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """Set the recomputation `mode` of every runtime.layers.Repeat in `module` (a whole model or a pipeline stage)."""
+    from runtime.layers import Repeat
+    if mode not in MODES:
+        raise ValueError(f"recompute must be one of {', '.join(MODES)}, not {mode!r}")
+    for m in module.modules():
+        if isinstance(m, Repeat):
+            m.recompute = mode
+    return module
