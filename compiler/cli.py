@@ -78,11 +78,16 @@ def plan_text(compiled) -> str:
               f"{ranks} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
               f"{costs.micro_batch_size} sequences per rank"]
     lines += [f"compute     {costs.flops_step_n:.4e} FLOP per step ({C.human(costs.flops_step_n, 'FLOP')}; "
-              f"matmuls, forward + backward, no recomputation)",
+              f"model FLOPs: matmuls, forward + backward)",
               f"            = {C.formula(costs.flops_step, spec.values)}"]
-    if costs.flops_rank_step_n * m.world_size != costs.flops_step_n:
-        lines += [f"            {costs.flops_rank_step_n:.4e} FLOP per step on each rank"]
-    ideal = costs.flops_rank_step_n / (m.device.peak_tflops * 1e12)
+    recompute = getattr(compiled.plan, "recompute", "none") if compiled.plan else "none"
+    if recompute != "none":
+        lines += [f"            {costs.flops_step_hw_n:.4e} hardware FLOP per step with {recompute} recomputation's "
+                  f"extra forward ({costs.flops_step_hw_n / costs.flops_step_n:.3f}× the model's)",
+                  f"            = {C.formula(costs.flops_step_hw, spec.values)}"]
+    if costs.flops_rank_step_hw_n * m.world_size != costs.flops_step_hw_n:
+        lines += [f"            {costs.flops_rank_step_hw_n:.4e} FLOP per step on the busiest rank"]
+    ideal = costs.flops_rank_step_hw_n / (m.device.peak_tflops * 1e12)
     lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
               f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
     lines += _memory_text(compiled)
@@ -181,6 +186,9 @@ def plan_json(compiled) -> dict:
         "tokens_per_step": int(costs.tokens_step), "micro_batch_size": int(costs.micro_batch_size),
         "flops_per_step": int(costs.flops_step_n), "flops_per_step_formula": str(costs.flops_step),
         "flops_per_rank_step": int(costs.flops_rank_step_n),
+        "hardware_flops_per_step": int(costs.flops_step_hw_n),
+        "hardware_flops_per_step_formula": str(costs.flops_step_hw),
+        "hardware_flops_per_rank_step": int(costs.flops_rank_step_hw_n),
         "memory": {"peak_bytes": int(peak), "device_bytes": int(limit), "fits": peak <= limit,
                    "model_state_bytes_per_rank": {"weights": costs.model_state.params,
                                                   "gradients": costs.model_state.grads,

@@ -52,11 +52,23 @@ def layers_forward_global(compiled) -> sympy.Expr:
 # -- fixtures -----------------------------------------------------------------------------------------------------
 
 
+def gpt3_dp_only() -> str:
+    """samples/gpt3_175b.scale with its 1536 A100s as one dp axis under FSDP, no recomputation: every rank traces
+    the whole, unsharded model (the FLOPs tests compare its graph with the published formulas)."""
+    text = (SAMPLES / "gpt3_175b.scale").read_text()
+    for old, new in (("axis dp = 24\n  axis pp = 8\n  axis tp = 8", "axis dp = 1536"),
+                     ('data_parallel = ddp\n  micro_batches = 64\n  schedule = "interleaved-1f1b"\n  '
+                      'virtual_stages = 3\n  recompute = full', "data_parallel = fsdp")):
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
 @pytest.fixture(scope="module")
 def gpt3():
-    """samples/gpt3_175b.scale compiled once (on the meta device), with its wall time."""
+    """gpt3_dp_only() compiled once (on the meta device), with its wall time."""
     t0 = time.perf_counter()
-    compiled = compile_path(str(SAMPLES / "gpt3_175b.scale"))
+    compiled = compile_spec(check_text(gpt3_dp_only(), "gpt3_175b.scale"))
     return compiled, time.perf_counter() - t0
 
 
@@ -270,19 +282,22 @@ def test_rank_flops_under_pp_count_only_the_ranks_own_stages():
 
 
 def test_a_plan_over_memory_is_refused_with_what_would_fit():
-    """The 1T MoE sample at 4096 tokens per sequence: under 1F1B its first pp rank keeps 16 micro-batches of its
-    stage in flight, more than an H200 holds: the budget is error E0501 naming that rank, the breakdown and the
-    single changes that would make it fit (compile and run refuse it unless --force)."""
+    """The 1T MoE sample fits its H200s with selective recomputation; without it, under 1F1B its first pp rank
+    keeps 16 micro-batches of its stage's activations in flight, more than an H200 holds: the budget is error
+    E0501 naming that rank, the breakdown and the single changes that would make it fit (compile and run refuse it
+    unless --force)."""
     from compiler.pipeline import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "moe_1t.scale").read_text()
-    longer = compile_spec(check_text(text.replace("seq     = 2048", "seq     = 4096"), "moe_1t.scale"))
-    limit = longer.spec.mesh.device.memory_gb * 1e9
-    worst = max(longer.costs.memory, key=lambda r: r.peak)
+    fits = compile_spec(check_text(text, "moe_1t.scale"))
+    limit = fits.spec.mesh.device.memory_gb * 1e9
+    assert fits.costs.peak_bytes <= limit and budget(fits) == []
+    plain = compile_spec(check_text(text.replace("recompute = selective", "recompute = none"), "moe_1t.scale"))
+    worst = max(plain.costs.memory, key=lambda r: r.peak)
     assert worst.pp_rank == 0 and worst.peak > limit
-    assert worst.activations > longer.costs.memory[-1].activations  # 1F1B: the first stage holds p micro-batches
-    (d,) = budget(longer)
+    assert worst.activations > plain.costs.memory[-1].activations  # 1F1B: the first stage holds p micro-batches
+    (d,) = budget(plain)
     assert (d.code, d.severity) == ("E0501", "error") and "pp rank 0 (stage 0)" in d.message
-    assert "activations" in d.help and "it would fit with" in d.help
+    assert "activations" in d.help and "it would fit with" in d.help and "`recompute = selective`" in d.help
 
 
 def test_interleaved_rank_holds_all_its_stages_parameters():
@@ -297,26 +312,33 @@ def test_interleaved_rank_holds_all_its_stages_parameters():
 
 
 def test_megatron_175b_layout_needs_recomputation():
-    """Megatron's 175B layout (tp 8 × pp 8 × dp 24, 64 micro-batches, interleaved: 3 chunks of 4 layers per rank)
-    keeps too many activations in flight on rank 0 without recomputation: the budget refuses pp rank 0 with all
-    three of its stages (an interleaved rank holds v stages). Its activations are 31/24 of 1F1B's: rank 0 holds 31
-    chunks of 4 layers at its peak (1.29·L)."""
+    """samples/gpt3_175b.scale is Megatron's 175B layout (tp 8 × pp 8 × dp 24, 64 micro-batches, interleaved: 3
+    chunks of 4 layers per rank) with full recomputation: it fits its A100s. Without recomputation pp rank 0 keeps
+    too many activations in flight: the budget refuses it, naming all three of its stages (an interleaved rank
+    holds v stages). Those activations are 31/24 of 1F1B's: rank 0 holds 31 chunks of 4 layers at its peak
+    (1.29·L)."""
     from compiler.cli import plan_text
     from compiler.pipeline import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
-    text = text.replace("axis dp = 1536", "axis dp = 24  axis pp = 8  axis tp = 8").replace(
-        "data_parallel = fsdp", "data_parallel = ddp  micro_batches = 64")
-    plain = compile_spec(check_text(text, "gpt3_175b.scale"))
-    inter = compile_spec(check_text(text.replace("micro_batches = 64", 'micro_batches = 64  schedule = '
-                                                 '"interleaved-1f1b"  virtual_stages = 3'), "gpt3_175b.scale"))
-    limit = inter.spec.mesh.device.memory_gb * 1e9
+    sample = compile_spec(check_text(text, "gpt3_175b.scale"))
+    limit = sample.spec.mesh.device.memory_gb * 1e9
+    assert sample.costs.peak_bytes <= limit and budget(sample) == []
+    assert "fits: 85% of the 80 GB of one a100" in plan_text(sample)
+    text = text.replace("recompute = full", "recompute = none")
+    inter = compile_spec(check_text(text, "gpt3_175b.scale"))
+    plain = compile_spec(check_text(text.replace('schedule = "interleaved-1f1b"', 'schedule = "1f1b"').replace(
+        "virtual_stages = 3", "virtual_stages = 1"), "gpt3_175b.scale"))
     rank0 = inter.costs.memory[0]
     assert rank0.who == "pp rank 0 (stages 0, 8, 16)" and rank0.peak > limit
-    blocks = [st for st in inter.costs.stages if st.rank == 0]
-    act = sum(st.activations for st in blocks)
-    assert act == pytest.approx(plain.costs.stages[0].activations * 31 / 24, rel=1e-12)
+    from compiler.cost.memory import rank_peaks
+    assert sum(rank_peaks("interleaved-1f1b", 8, 64, 3, tuple(inter.costs.stages[k].blocks for k in range(24)))[0]
+               .values()) == 31
+    act = sum(st.activations for st in inter.costs.stages if st.rank == 0)
+    one = plain.costs.stages[1]  # 1F1B's stage 1: 12 blocks, 7 micro-batches in flight, no embedding
+    per_block = one.activations / (7 * (one.blocks[1] - one.blocks[0]))
+    assert act == pytest.approx(31 * 4 * per_block, rel=0.01)  # + the embedding's, on stage 0
     (d,) = budget(inter)
-    assert d.code == "E0501" and "pp rank 0 (stages 0, 8, 16)" in d.message
+    assert d.code == "E0501" and "pp rank 0 (stages 0, 8, 16)" in d.message and "recompute = full" in d.help
     assert "does NOT fit" in plan_text(inter)  # and `plan` says so
 
 
@@ -518,3 +540,30 @@ def test_ledger_numbers_are_its_formulas_values(sample):
     for c in compiled.costs.ledger.entries:
         assert c.bytes == spec.value(c.bytes_per_step()), (c.op, c.axis, c.reason)
         assert c.times == spec.value(c.per_step), (c.op, c.axis, c.reason)
+
+
+@pytest.mark.parametrize("row", range(3))
+def test_full_recomputation_flops_are_megatrons_equation_3(row):
+    """Hardware FLOPs with full recomputation (one extra forward of every block, not of the head) are Narayanan et
+    al.'s eq. 3, F = 96·B·s·l·h²·(1 + s/6h + V/16lh), exactly, for their calibration configurations (s 2048,
+    V 51200, their t and p and batch); model FLOPs are its 72 version."""
+    cfg = CALIBRATION["megatron_2021_table1_calibration"][row]
+    setup = CALIBRATION["megatron_2021_setup"]
+    h, a, l, B = cfg["hidden"], cfg["heads"], cfg["layers"], cfg["batch"]
+    s, V, t, p = setup["seq"], setup["vocab"], cfg["t"], cfg["p"]
+    text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
+    for old, new in (("hidden = 12288", f"hidden = {h}"), ("heads  = 96", f"heads  = {a}"),
+                     ("layers = 96", f"layers = {l}"), ("global_batch = 1536", f"global_batch = {B}"),
+                     ("axis pp = 8", f"axis pp = {p}"), ("axis tp = 8", f"axis tp = {t}"),
+                     ("axis dp = 24", f"axis dp = {cfg['gpus'] // (t * p)}"),
+                     ("nodes = 192", f"nodes = {cfg['gpus'] // 8}"),
+                     ("micro_batches = 64", f"micro_batches = {B // (cfg['gpus'] // (t * p))}"),
+                     ('  schedule = "interleaved-1f1b"\n  virtual_stages = 3\n', "" if p == 1 else
+                      '  schedule = "interleaved-1f1b"\n  virtual_stages = 2\n')):
+        assert old in text, old
+        text = text.replace(old, new)
+    costs = compile_spec(check_text(text, "megatron.scale")).costs
+    assert costs.flops_step_hw_n == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)),
+                                                  rel=1e-12)
+    assert costs.flops_step_n == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)),
+                                               rel=1e-12)

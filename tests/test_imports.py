@@ -17,6 +17,8 @@ ALLOWED = {
     "compiler/schedule.py": "re-exports runtime.schedule: the schedule the program executes is the one verified",
     "compiler/passes/tensor_parallel.py": "inserts calls to runtime.collectives into the graph",
     "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
+    "compiler/cost/activations.py": "recognises the runtime's leaves and autograd Functions (collectives, MoE) in "
+                                    "the traced graph to say what each keeps for backward",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
 }
 

@@ -20,7 +20,7 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
-                                          "pad_vocab", "schedule", "virtual_stages", "layout")
+                                          "pad_vocab", "schedule", "virtual_stages", "layout", "recompute")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
                                            "checkpoint_every", "restarts", "timeout")
@@ -49,8 +49,8 @@ def test_cli_flags_are_pinned(monkeypatch):
         pass
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
-        "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg"},
-        "compile": {"-h", "--help", "-o", "--output", "--show-graphs"},
+        "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json"},
+        "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
-                "--local-nodes"},
+                "--local-nodes", "--force"},
         "reshard": {"-h", "--help"}}

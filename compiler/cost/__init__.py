@@ -56,6 +56,9 @@ class Estimate:
     tokens_step: int
     micro_batch_size: int          # sequences per micro-batch on one rank (plan.micro_batch_size)
     pp_rank: int = 0
+    flops_step_hw: sympy.Expr = sympy.Integer(0)  # hardware FLOPs: model FLOPs + recomputation's forward
+    flops_step_hw_n: int = 0
+    flops_rank_step_hw_n: int = 0
     memory: tuple = ()             # memory.RankMemory per kind of rank: the predicted peak and what holds it
 
     @property
@@ -111,6 +114,14 @@ class CostModel:
         gb = spec.train.global_batch
         self.flops_step = sympy.expand((self.flops_fwd + bwd).xreplace({MICRO_BATCH: gb}))
         self.flops_step_n = spec.value(self.flops_step)
+        # Recomputation's extra forward, per step: full re-runs each block's forward, selective its attention
+        # cores (its other recomputed ops, norms and elementwise, are not matmuls: 0 by the FLOPs convention).
+        self.recompute_fwd = {"none": sympy.Integer(0)}
+        for mode in ("selective", "full"):
+            per = sum((c * F.recomputed_forward(g, mode) for c, g in
+                       ((gm.meta[T.REPEAT].count, gm) for gm in traced.blocks.values())), sympy.Integer(0))
+            # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones
+            self.recompute_fwd[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, **{size(a): 1 for a in AXES}}))
         self.tokens_step = spec.value(gb * spec.train.seq_len)
         self.sites = [(site, self._fn(site.elements)) for site in L.sites(traced)]
         self.partial = {k: (v, self._fn(v)) for k, v in L.partial_grads(traced).items()}
@@ -144,6 +155,11 @@ class CostModel:
         self.fn.update({("experts", k): self._fn(v) for k, v in self.seg_experts.items()})
         self.fn.update({("flops", k): self._fn(v) for k, v in self.seg_flops.items()})
         self.fn.update({("saved", k): self._fn(v) for k, v in self.saved.items()})
+        for mode in RECOMPUTE:  # per micro-batch on a rank: one block under pp, all of them otherwise
+            per = (F.recomputed_forward(next(iter(traced.blocks.values())), mode) if self.piped else
+                   sum((gm.meta[T.REPEAT].count * F.recomputed_forward(gm, mode) for gm in traced.blocks.values()),
+                       sympy.Integer(0)))
+            self.fn[("recompute_fwd", mode)] = self._fn(per)
         self.fn.update({("units", k): self._fn(v) for k, v in self.units.items()})
         self.loss_moments = [self._fn(e) for e in self.loss_working]
         if self.piped:
@@ -226,15 +242,19 @@ class CostModel:
             params_rank = fn[("params", "prologue")](env) + nb * fn[("params", "block")](env)
             experts_rank = fn[("experts", "prologue")](env) + nb * fn[("experts", "block")](env)
             fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
+            rec = fn[("recompute_fwd", _recompute(plan))](env)
             per_stage = [(hi - lo) * fb for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
             rank_flops = max(sum(per_stage[r::pp]) for r in range(pp))
+            rank_hw = max(sum(per_stage[r::pp]) + rec * sum(hi - lo for lo, hi in layout[r::pp]) for r in range(pp))
         else:
             layout, nb, on_rank = (), None, {"all": True}
             params_rank = fn[("params", "all")](env)
             experts_rank = fn[("experts", "all")](env)
             rank_flops = fn[("flops", "all")](env)
+            rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
+        hw = sympy.expand(self.flops_step + self.recompute_fwd[_recompute(plan)])
         stage = 3 if plan.data_parallel == "fsdp" else 0
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()
@@ -243,6 +263,7 @@ class CostModel:
         return Estimate(params=self.params, params_n=self.params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=self.flops_fwd, flops_step=self.flops_step,
                         flops_step_n=self.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
+                        flops_step_hw=hw, flops_step_hw_n=int(spec.value(hw)), flops_rank_step_hw_n=int(m * rank_hw),
                         stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
 
@@ -378,6 +399,14 @@ class CostModel:
                                       bytes=int(f(env) * dtype * times),
                                       element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                       per_step_formula=per_step))
+            if _recompute(plan) == "full" and site.rerun and site.direction == "forward":
+                # full recomputation re-runs the block's forward, collectives included, in backward
+                entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
+                                          reason=site.reason + "; again in backward: full recomputation re-runs "
+                                          "the block's forward", direction="backward", times=times,
+                                          bytes=int(f(env) * dtype * times),
+                                          element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
+                                          per_step_formula=per_step))
         partial_n, parts = 0, []
         for where, (expr, f) in self.partial.items():
             times, _ = times_of(where)

@@ -47,6 +47,7 @@ class _Graph:
         self.saved: dict = {}
         self.F, self.C, self.moe = F, C, moe
         self.views = {}  # node -> the node whose storage it shares
+        self.count, self.last, self.previous = 0, None, None  # the last node that kept something
 
     # -- storage and dtype --------------------------------------------------------------------------------------
 
@@ -89,6 +90,9 @@ class _Graph:
         F, C, moe = self.F, self.C, self.moe
         extra = sympy.Integer(0)
         for node in self.gm.graph.nodes:
+            if len(self.saved) > self.count:
+                self.count, self.last = len(self.saved), self.previous
+            self.previous = node
             t = node.target
             args = [a for a in node.args]
             if node.op in ("placeholder", "get_attr", "output"):
@@ -190,6 +194,8 @@ class _Graph:
                 self._combine(node, args)
             else:
                 raise NotImplementedError(f"no saved-tensor rule for {getattr(t, '__name__', t)} at {node.name}")
+        if len(self.saved) > self.count:
+            self.count, self.last = len(self.saved), self.previous
         return sympy.expand(sum(self.saved.values(), sympy.Integer(0)) + extra)
 
     def _norm_input(self, x, node) -> None:
@@ -250,6 +256,13 @@ def saved_bytes(gm, precision: str, device: str = "cuda", repeats=None, recomput
     """Bytes one forward of `gm` (one micro-batch of µb sequences) keeps for its backward on one rank; the blocks
     of its `repeat`s under `recompute`."""
     return _Graph(gm, precision, device, recompute).run(repeats)
+
+
+def last_saving_node(gm):
+    """The last node of `gm` whose operation keeps a tensor for backward."""
+    g = _Graph(gm, "bf16", "cuda")
+    g.run()
+    return g.last
 
 
 # Under selective recomputation these keep their outputs (computing them again costs matmul time or

@@ -79,3 +79,16 @@ def graph_backward(gm: fx.GraphModule, repeats: dict | None = None) -> sympy.Exp
 
 def graph_forward(gm: fx.GraphModule) -> sympy.Expr:
     return T.graph_flops(gm)
+
+
+def recomputed_forward(gm: fx.GraphModule, mode: str) -> sympy.Expr:
+    """FLOPs a block's recomputation adds to one micro-batch: `full` re-runs its whole forward; `selective` its
+    scaled_dot_product_attention (the attention core: the matmuls it recomputes; norms and elementwise ops count
+    0 by the convention); `none` nothing."""
+    import torch.nn.functional as F
+    if mode == "full":
+        return graph_forward(gm)
+    if mode == "selective":
+        return sympy.expand(sum((n.meta.get(T.FLOPS, 0) for n in gm.graph.nodes
+                                 if n.target is F.scaled_dot_product_attention), sympy.Integer(0)))
+    return sympy.Integer(0)

@@ -75,6 +75,7 @@ class Site:
     direction: str
     where: tuple            # ("block", repeat name) or ("top", piece): piece "all" without pp, else
                             # "prologue" | "epilogue" | "loss"
+    rerun: bool = False     # full recomputation runs it again in backward (in a block, before its last saving op)
 
 
 def pieces(traced: T.Traced) -> dict | None:
@@ -92,9 +93,14 @@ def pieces(traced: T.Traced) -> dict | None:
 
 def sites(traced: T.Traced) -> list[Site]:
     """Every collective the passes inserted, per segment and direction, in graph order (blocks, then the top)."""
+    from compiler.cost.activations import last_saving_node
     owner = pieces(traced)
     out = []
     for name, gm in list(traced.blocks.items()) + [("", traced.top)]:
+        # torch's non-reentrant checkpoint stops a recomputation once the last tensor the backward needs exists:
+        # a block's collectives after its last saving op (those that only feed its output) are not re-run
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        last = order[last_saving_node(gm)] if name else -1
         for node in gm.graph.nodes:
             note = node.meta.get(T.COLLECTIVE)
             if note is None:
@@ -115,7 +121,7 @@ def sites(traced: T.Traced) -> list[Site]:
             for direction, op in (("forward", note.forward), ("backward", note.backward)):
                 if op:
                     out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
-                                    where))
+                                    where, rerun=order[node] < last))
     return out
 
 

@@ -135,9 +135,9 @@ CASES = (
                      "its stages are in the ledger"),
     Case(id="moe_tp2_ep2", sample=MOE, nproc=4, steps=3, edits=(("axis dp = 1", "axis tp = 2"),) + MOE_4,
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
-    # Full recomputation re-runs each block's tp collectives in backward (Megatron's too); the ledger does not count
-    # that yet: the coordinator adds its entries (notes11/recompute.md gives the measured extra bytes).
-    Case(id="tp2_recompute_full", sample="samples/gpt_tp.scale", nproc=2, steps=3, bytes_checked=False,
+    # Full recomputation re-runs each block's tp collectives in backward (Megatron's too): the ledger counts them
+    # again, as backward entries, and the measured bytes must match.
+    Case(id="tp2_recompute_full", sample="samples/gpt_tp.scale", nproc=2, steps=3,
          edits=SP + (("micro_batches = 1", "micro_batches = 1  recompute = full"),),
          description="full activation recomputation of every block under tensor + sequence parallelism: the "
                      "blocks' forwards, collectives included, re-run in backward"),

@@ -13,24 +13,24 @@ from runtime.layers import Repeat
 
 
 class Block(nn.Module):
-    """One block of the `repeat` at moe_1t.scale:16: the residual stream in and out."""
+    """One block of the `repeat` at moe_1t.scale:17: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:17  rmsnorm(hidden)
-        self.attn_q = nn.Linear(8192, 2048, bias=False)  # moe_1t.scale:17  attention(hidden, heads, kv_heads = 8, bias = false)
-        self.attn_k = nn.Linear(8192, 256, bias=False)  # moe_1t.scale:17  attention(hidden, heads, kv_heads = 8, bias = false)
-        self.attn_v = nn.Linear(8192, 256, bias=False)  # moe_1t.scale:17  attention(hidden, heads, kv_heads = 8, bias = false)
-        self.attn_o = nn.Linear(2048, 8192, bias=False)  # moe_1t.scale:17  attention(hidden, heads, kv_heads = 8, bias = false)
-        self.norm_2 = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:18  rmsnorm(hidden)
-        self.moe_router = nn.Linear(8192, 64, bias=False)  # moe_1t.scale:18  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
-        self.moe_experts = moe.Experts(2, 8192, 12288, act='swiglu')  # moe_1t.scale:18  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
+        self.norm_1 = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:18  rmsnorm(hidden)
+        self.attn_q = nn.Linear(8192, 2048, bias=False)  # moe_1t.scale:18  attention(hidden, heads, kv_heads = 8, bias = false)
+        self.attn_k = nn.Linear(8192, 256, bias=False)  # moe_1t.scale:18  attention(hidden, heads, kv_heads = 8, bias = false)
+        self.attn_v = nn.Linear(8192, 256, bias=False)  # moe_1t.scale:18  attention(hidden, heads, kv_heads = 8, bias = false)
+        self.attn_o = nn.Linear(2048, 8192, bias=False)  # moe_1t.scale:18  attention(hidden, heads, kv_heads = 8, bias = false)
+        self.norm_2 = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:19  rmsnorm(hidden)
+        self.moe_router = nn.Linear(8192, 64, bias=False)  # moe_1t.scale:19  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
+        self.moe_experts = moe.Experts(2, 8192, 12288, act='swiglu')  # moe_1t.scale:19  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
 
     def forward(self, x):
-        # moe_1t.scale:17  rmsnorm(hidden)
+        # moe_1t.scale:18  rmsnorm(hidden)
         norm_1 = self.norm_1(x)
-        # moe_1t.scale:17  attention(hidden, heads, kv_heads = 8, bias = false)
-        norm_1_tp = collectives.identity_fwd_all_reduce_bwd(norm_1, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of attention (attn_q, attn_k, attn_v → attn_o): its gradient is partial (moe_1t.scale:17)
+        # moe_1t.scale:18  attention(hidden, heads, kv_heads = 8, bias = false)
+        norm_1_tp = collectives.identity_fwd_all_reduce_bwd(norm_1, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of attention (attn_q, attn_k, attn_v → attn_o): its gradient is partial (moe_1t.scale:18)
         attn_q = self.attn_q(norm_1_tp)
         unflatten = attn_q.unflatten(-1, (-1, 128))
         transpose = unflatten.transpose(1, 2)
@@ -45,22 +45,22 @@ class Block(nn.Module):
         flatten = transpose_3.flatten(2)
         attn_o_weight = self.attn_o.weight
         attn_o_partial = F.linear(flatten, attn_o_weight)
-        attn_o_partial_sum = collectives.all_reduce_fwd_identity_bwd(attn_o_partial, 'tp')  # tp: forward all-reduce, backward identity; row-parallel output of attention (attn_q, attn_k, attn_v → attn_o): each rank holds a partial sum (moe_1t.scale:17)
-        # moe_1t.scale:17  residual { rmsnorm(hidden)  attention(hidden, heads, kv_heads = 8, bias = false) }
+        attn_o_partial_sum = collectives.all_reduce_fwd_identity_bwd(attn_o_partial, 'tp')  # tp: forward all-reduce, backward identity; row-parallel output of attention (attn_q, attn_k, attn_v → attn_o): each rank holds a partial sum (moe_1t.scale:18)
+        # moe_1t.scale:18  residual { rmsnorm(hidden)  attention(hidden, heads, kv_heads = 8, bias = false) }
         add = x + attn_o_partial_sum
-        # moe_1t.scale:18  rmsnorm(hidden)
+        # moe_1t.scale:19  rmsnorm(hidden)
         norm_2 = self.norm_2(add)
-        # moe_1t.scale:18  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
+        # moe_1t.scale:19  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu)
         moe_router = self.moe_router(norm_2)
         route = moe.route(moe_router, 2, 80, 0.01)
         slot = route[0]
         gate = route[1]
         dispatch = moe.dispatch(norm_2, slot, 64, 80)
-        moe_experts_in = moe.all_to_all_dispatch(dispatch, 'ep')  # ep: forward all-to-all, backward all-to-all; dispatch of `moe` with 64 experts, 2 per ep rank, top-2, `capacity` slots per expert per sequence: each rank sends every expert's slots to the rank holding that expert (moe_1t.scale:18)
+        moe_experts_in = moe.all_to_all_dispatch(dispatch, 'ep')  # ep: forward all-to-all, backward all-to-all; dispatch of `moe` with 64 experts, 2 per ep rank, top-2, `capacity` slots per expert per sequence: each rank sends every expert's slots to the rank holding that expert (moe_1t.scale:19)
         moe_experts = self.moe_experts(moe_experts_in)
-        moe_experts_out = moe.all_to_all_combine(moe_experts, 'ep')  # ep: forward all-to-all, backward all-to-all; combine of `moe` with 64 experts, 2 per ep rank, top-2, `capacity` slots per expert per sequence: the experts' outputs return to their tokens' ranks (moe_1t.scale:18)
+        moe_experts_out = moe.all_to_all_combine(moe_experts, 'ep')  # ep: forward all-to-all, backward all-to-all; combine of `moe` with 64 experts, 2 per ep rank, top-2, `capacity` slots per expert per sequence: the experts' outputs return to their tokens' ranks (moe_1t.scale:19)
         combine = moe.combine(moe_experts_out, slot, gate)
-        # moe_1t.scale:18  residual { rmsnorm(hidden)  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu) }
+        # moe_1t.scale:19  residual { rmsnorm(hidden)  moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu) }
         add_1 = add + combine
         return add_1
 
@@ -78,10 +78,10 @@ class Stage(nn.Module):
         first_block, end_block = STAGES[stage]
         self.is_first, self.is_last = stage == 0, stage == len(STAGES) - 1
         if self.is_first:
-            self.embed = nn.Embedding(32000, 8192)  # moe_1t.scale:15  embedding(vocab, hidden)
+            self.embed = nn.Embedding(32000, 8192)  # moe_1t.scale:16  embedding(vocab, hidden)
         if self.is_last:
-            self.norm = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:20  rmsnorm(hidden)
-            self.lm_head = nn.Linear(8192, 32000, bias=False)  # moe_1t.scale:21  lm_head(vocab, hidden)
+            self.norm = nn.RMSNorm(8192, eps=1e-06)  # moe_1t.scale:21  rmsnorm(hidden)
+            self.lm_head = nn.Linear(8192, 32000, bias=False)  # moe_1t.scale:22  lm_head(vocab, hidden)
         self.blocks = Repeat((Block() for _ in range(first_block, end_block)), first=first_block)
 
     def forward(self, x):
@@ -93,19 +93,19 @@ class Stage(nn.Module):
         return x
 
     def prologue(self, tokens):
-        # moe_1t.scale:15  embedding(vocab, hidden)
+        # moe_1t.scale:16  embedding(vocab, hidden)
         embed_weight = self.embed.weight
         embed_partial = collectives.vocab_parallel_lookup(tokens, embed_weight, 'tp')
-        embed_sum = collectives.all_reduce_fwd_identity_bwd(embed_partial, 'tp')  # tp: forward all-reduce, backward identity; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (moe_1t.scale:15)
+        embed_sum = collectives.all_reduce_fwd_identity_bwd(embed_partial, 'tp')  # tp: forward all-reduce, backward identity; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (moe_1t.scale:16)
         return embed_sum
 
     def epilogue(self, x):
-        # moe_1t.scale:20  rmsnorm(hidden)
+        # moe_1t.scale:21  rmsnorm(hidden)
         norm = self.norm(x)
-        # moe_1t.scale:21  lm_head(vocab, hidden)
-        norm_tp = collectives.identity_fwd_all_reduce_bwd(norm, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of the vocabulary-parallel LM head: its gradient is partial (moe_1t.scale:21)
+        # moe_1t.scale:22  lm_head(vocab, hidden)
+        norm_tp = collectives.identity_fwd_all_reduce_bwd(norm, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of the vocabulary-parallel LM head: its gradient is partial (moe_1t.scale:22)
         lm_head = self.lm_head(norm_tp)
-        # moe_1t.scale:22  cross_entropy
+        # moe_1t.scale:23  cross_entropy
         flatten = lm_head.flatten(0, 1)
         float_1 = flatten.float()
         return float_1
@@ -113,9 +113,9 @@ class Stage(nn.Module):
 
 def loss_fn(logits, targets):
     """The loss of one micro-batch on the last stage, from its logits."""
-    # moe_1t.scale:22  cross_entropy
+    # moe_1t.scale:23  cross_entropy
     flatten_1 = targets.flatten()
-    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 128000)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (moe_1t.scale:22)
+    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 128000)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (moe_1t.scale:23)
     return loss
 
 
@@ -137,6 +137,7 @@ CONFIG = train.Config(
         schedule='1f1b',
         virtual_stages=1,
         sequence_parallel=False,
+        recompute='selective',
         tp_shards=(('embed.weight', 0, 128000), ('lm_head.weight', 0, 128000), ('blocks.*.attn_q.weight', 0, 8192), ('blocks.*.attn_k.weight', 0, 1024), ('blocks.*.attn_v.weight', 0, 1024), ('blocks.*.attn_o.weight', 1, 8192)),
         tp_partial_grads=(),
         ep_shards=(('blocks.*.moe_experts.w_up', 0, 64), ('blocks.*.moe_experts.w_gate', 0, 64), ('blocks.*.moe_experts.w_down', 0, 64)),
