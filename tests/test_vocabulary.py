@@ -20,7 +20,7 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
-                                          "pad_vocab", "schedule", "virtual_stages", "layout")
+                                          "pad_vocab", "schedule", "virtual_stages", "layout", "recompute")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
                                            "checkpoint_every", "restarts", "timeout")
