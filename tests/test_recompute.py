@@ -227,3 +227,30 @@ def _collectives_under_recompute(rank, C):
 def test_selective_never_reruns_a_collective_and_full_does():
     from tests.test_collectives import _spawn
     _spawn(_collectives_under_recompute)
+
+
+def test_moe_statistics_and_gradients_are_those_of_none(tmp_path):
+    """An MoE model (moe_gpt on one device) under each mode: the same loss and gradients (the auxiliary loss's
+    too), and the routing statistics counted once per forward, not again by the recomputation."""
+    from runtime import moe
+    from tests.e2e.runner import single_device
+    mod = _module(_program(single_device((ROOT / "samples" / "moe_gpt.scale").read_text()), tmp_path))
+    cfg = mod.CONFIG
+    g = torch.Generator().manual_seed(5)
+    tokens, targets = (torch.randint(0, cfg.data.vocab, (4, cfg.data.seq_len), generator=g) for _ in range(2))
+    out = {}
+    for mode in ("none", "selective", "full"):
+        model = mod.Model()
+        init_parameters(model, seed=7, std=0.02, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
+        recompute.apply(model, mode)
+        moe.stats_reset()
+        loss = model(tokens, targets)
+        loss.backward()
+        out[mode] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()}, moe.stats_read("cpu"))
+    ref_loss, ref_grads, ref_stats = out["none"]
+    assert ref_stats["routed"] > 0
+    for mode in ("selective", "full"):
+        loss, grads, stats = out[mode]
+        assert torch.equal(loss, ref_loss) and stats == ref_stats, mode
+        for name in ref_grads:
+            torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-6, atol=1e-9, msg=f"{mode} {name}")

@@ -141,6 +141,10 @@ CASES = (
          edits=SP + (("micro_batches = 1", "micro_batches = 1  recompute = full"),),
          description="full activation recomputation of every block under tensor + sequence parallelism: the "
                      "blocks' forwards, collectives included, re-run in backward"),
+    Case(id="dp2_recompute_full", sample="samples/gpt_dp.scale", nproc=2, steps=3,
+         edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full"),),
+         description="full recomputation of FSDP2 units: each block's forward re-run in backward while its "
+                     "weights are gathered for the backward"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2, steps=3,
          edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
