@@ -196,7 +196,7 @@ class CostModel:
             params_rank = fn[("params", "all")](env)
             experts_rank = fn[("experts", "all")](env)
             rank_flops = fn[("flops", "all")](env)
-        stage = 3 if plan.data_parallel == "fsdp" else 0
+        stage = {"zero1": 1, "zero2": 2, "fsdp": 3}.get(plan.data_parallel, 0)
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()
         led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
@@ -258,7 +258,7 @@ class CostModel:
                 partial_n += k * f(env)
                 parts.append((expr, self.counts[where[1]][0] if where[0] == "block" and nb is None else k))
         if partial_n:
-            fsdp = plan.data_parallel == "fsdp" and dp > 1
+            fsdp = plan.data_parallel in ("fsdp", "zero2") and dp > 1
             if fsdp:
                 partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
