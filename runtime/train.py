@@ -239,6 +239,7 @@ def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimiz
     if zero_group is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, process_group=zero_group,
+                                       parameters_as_bucket_view=True,
                                        lr=opt.lr, betas=opt.betas, eps=opt.eps)
     return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
 
