@@ -177,7 +177,8 @@ class WholeModel(ModelParts):
                 tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == m - 1
             no_sync = model.no_sync() if (not sync and self.kind == "ddp") else contextlib.nullcontext()
-            if self.kind == "fsdp":  # FSDP2: reduce-scatter only on the last micro-batch
+            if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
+                # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
                 model.set_requires_gradient_sync(sync)
             with no_sync:
                 with self.autocast:
