@@ -62,7 +62,7 @@ MESH_SETTINGS: dict[str, Param] = {
 }
 
 PLAN_SETTINGS: dict[str, Param] = {
-    "data_parallel": Param(_choice("ddp", "fsdp"), "ddp", "how dp holds model state"),
+    "data_parallel": Param(_choice("ddp", "zero1", "zero2", "fsdp"), "ddp", "how dp holds model state"),
     "micro_batches": Param(_pos_int, 1, "gradient-accumulation micro-batches per step"),
     "tp_layers": Param(lambda c, e, w: c.as_names(e, w, TP_LAYERS), TP_LAYERS, "what tp shards"),
     "sequence_parallel": Param(_bool, False, "shard norms and residuals along the sequence over tp"),

@@ -140,6 +140,11 @@ CODES: dict[str, Code] = {
                   "(the experts are already sharded over ep)."),
     "E0707": Code("moe under sequence parallelism", "`moe` layers would route sequence chunks, not sequences, under "
                   "sequence parallelism; this is not supported yet. Turn `sequence_parallel` off."),
+    "E0708": Code("zero1/zero2 with ep", "ZeRO stages 1 and 2 over dp together with ep are not "
+                  "supported yet (as fsdp, E0706): with ep the dense gradients are averaged over dp × ep and the "
+                  "experts' summed over dp alone, outside FSDP's reduce-scatter (zero2), and no end-to-end case checks "
+                  "ZeroRedundancyOptimizer's partition against that split (zero1). Use `data_parallel = ddp` (the "
+                  "experts are already sharded over ep)."),
     # -- data -----------------------------------------------------------------------------------------------------
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "

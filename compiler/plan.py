@@ -31,7 +31,8 @@ class Plan:
     devices_per_node: int
     # -- the settings of the plan section ----------------------------------------------------------------------------
     data_parallel: str
-    """`ddp` (replicated state, gradients all-reduced) or `fsdp` (ZeRO-3: state sharded over dp)."""
+    """`ddp` (replicated state, gradients all-reduced), `zero1` (AdamW state sharded over dp), `zero2` (and the
+    gradients) or `fsdp` (ZeRO-3: the weights too)."""
     micro_batches: int
     """Gradient-accumulation micro-batches per optimizer step on each batch rank (pipeline micro-batches under pp)."""
     global_batch: int

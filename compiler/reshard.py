@@ -56,7 +56,9 @@ class Layout:
         self.size = dict(self.axes)
         patterns = [(p, d, "tp") for p, d, _ in cfg["tp_shards"]] + [(p, d, "ep") for p, d, _ in
                                                                       cfg.get("ep_shards", ())]
-        fsdp = spec.plan.data_parallel == "fsdp" and self.size.get("dp", 1) > 1
+        # zero2 (FSDP2, gathered from forward to backward) holds dp pieces as fsdp does. zero1 reads whole weights;
+        # its AdamW moments are partitioned by whole parameters (counted here as whole: an upper bound).
+        fsdp = spec.plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
         top = traced.top
         stages = top.meta.get(P.STAGES)
         (repeat,) = traced.blocks or ("",)

@@ -205,7 +205,8 @@ class Mesh:
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     data_parallel: str
-    """How the `dp` axis holds model state: `ddp` (replicated, gradients all-reduced) or `fsdp` (ZeRO-3 sharded)."""
+    """How the `dp` axis holds model state: `ddp` (replicated, gradients all-reduced), `zero1` (optimizer state
+    sharded), `zero2` (optimizer state and gradients sharded) or `fsdp` (ZeRO-3: weights too)."""
     micro_batches: int
     """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
     tp_layers: tuple = ("attention", "mlp", "vocab")

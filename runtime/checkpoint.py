@@ -9,7 +9,10 @@ What a checkpoint `DIR/step_NNNNNNNN/` holds, whatever plan wrote it:
   pp rank writing its stages' parameters (the tied embedding, on the first and the last stage, is written once, by
   the first). Replicas (dp, and tp for unsharded tensors) hold equal values; DCP writes one of them.
 - `optim.state.NAME.{exp_avg,exp_avg_sq,step}`: AdamW's state, sharded like its parameter. The learning rates are
-  the schedule's (the param groups are the plan's and are not stored).
+  the schedule's (the param groups are the plan's and are not stored). Under zero1 (ZeroRedundancyOptimizer) each
+  dp rank holds, writes and reads the state of its partition of the parameters only (`local_state`): together the
+  dp ranks write every parameter's state once, in the same form, so such a checkpoint loads into any plan and any
+  plan's into zero1 (no consolidate_state_dict: nothing is gathered on one rank).
 - `progress`: the step, the scheduler's epoch and the run's length. The data of step k is a function of (seed, k)
   (runtime/data.py), so the step is the data position.
 
@@ -103,6 +106,13 @@ def check_directory(directory: str, ctx) -> None:
         raise SystemExit(error if ctx.is_logger else 1)
 
 
+def local_state(optimizer) -> dict:
+    """parameter -> AdamW state of the parameters this rank updates: all of them, or under zero1 the rank's
+    partition (ZeroRedundancyOptimizer keeps it in its local optimizer, `.optim`; its own `.state` stays empty)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    return optimizer.optim.state if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer.state
+
+
 class _Entries:
     """This rank's parameters by single-device name, and how each is stored (`whole`) and restored."""
 
@@ -149,8 +159,9 @@ class _Entries:
                 continue
             p = copies[0]
             model_sd[name] = self.whole(name, p.detach())
-            st = optimizer.state.get(p, {})
-            optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
+            st = local_state(optimizer).get(p, {})
+            if st:  # under zero1, only the parameters of this rank's partition
+                optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
         return model_sd, {"state": optim_sd}
 
 

@@ -19,7 +19,14 @@ class Parallel:
     axes: tuple
     """Mesh axes ((name, size), ...), outermost first; the product is the world size."""
     data_parallel: str = "ddp"
-    """`ddp` (replicated state, gradients all-reduced) or `fsdp` (ZeRO-3: state sharded over dp)."""
+    """How dp holds model state (ZeRO's stages, each from torch's own pieces):
+    - `ddp`: replicated; DDP all-reduces the gradients (pipeline stages: one coalesced all-reduce).
+    - `zero1`: as ddp, with torch.distributed.optim.ZeroRedundancyOptimizer over dp: AdamW's state partitioned (by
+      whole parameters) over the dp ranks, each updating its partition and broadcasting it.
+    - `zero2`: FSDP2 (`fully_shard`, each block and the root) with `reshard_after_forward=False`: weights stay
+      gathered from a unit's forward to its backward, gradients are reduce-scattered, optimizer state sharded.
+    - `fsdp`: ZeRO-3, FSDP2 with the weights freed after each unit's forward and gathered again for its backward.
+    With dp = 1 all four are the same (nothing to shard)."""
     micro_batches: int = 1
     """Micro-batches per optimizer step on each batch rank: gradient accumulation, or the pipeline's micro-batches
     under pp."""

@@ -65,15 +65,24 @@ def lr_lambda(cfg: Config):
 def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Shards) -> nn.Module:
     if ctx.batch_size == 1:
         return model
-    if cfg.parallel.data_parallel == "fsdp" and ctx.axis_size("dp") > 1:  # the compiler refuses fsdp with ep
+    if _dp_kind(cfg, ctx) == "fsdp":  # fsdp or zero2; the compiler refuses both with ep
         group_mesh = ctx.mesh["dp"]
         from torch.distributed.fsdp import fully_shard
-        # ZeRO-3: each block is one unit (gathered for its forward and backward, then freed), the rest is the root.
+        # ZeRO-3 (fsdp): each block is one unit (gathered for its forward, freed, gathered again for its backward,
+        # freed), the rest is the root.
+        # ZeRO-2 (zero2): the same units with reshard_after_forward=False: a unit gathered for its forward stays
+        # gathered until its backward (no second all-gather), gradients are reduce-scattered and AdamW's state is
+        # the dp shard's. What a rank holds: at rest (between steps, and between micro-batches: FSDP2 reshards
+        # after backward) its 1/dp shard of the weights, gradients and optimizer state, as fsdp; at the backward's
+        # peak every unit's whole weights (gathered in forward, not yet freed) beside the sharded gradients and
+        # optimizer state: what ZeRO-2 holds (whole weights, 1/dp of the rest), plus the one unit's whole gradient
+        # waiting for its reduce-scatter.
+        reshard = cfg.parallel.data_parallel == "fsdp"
         for child in model.children():
             if isinstance(child, Repeat):
                 for block in child.values():
-                    fully_shard(block, mesh=group_mesh)
-        fully_shard(model, mesh=group_mesh)
+                    fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     # Dense weights: averaged over every batch shard (dp × ep). Experts sharded over ep are left to
@@ -99,10 +108,12 @@ def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> 
 
 
 def _dp_kind(cfg: Config, ctx: mesh.Context) -> str | None:
-    """How a whole model's gradients are synchronised over the batch ranks: `ddp`, `fsdp`, or None (one rank)."""
+    """How a whole model's gradients are synchronised over the batch ranks: `ddp` (DDP, or the coalesced all-reduce
+    of pipeline stages; zero1 too: only its optimizer differs), `fsdp` (FSDP2: fsdp and zero2), or None (one rank).
+    With dp = 1 the ZeRO stages have nothing to shard and are ddp."""
     if ctx.batch_size == 1:
         return None
-    return "fsdp" if cfg.parallel.data_parallel == "fsdp" and ctx.axis_size("dp") > 1 else "ddp"
+    return "fsdp" if cfg.parallel.data_parallel in ("fsdp", "zero2") and ctx.axis_size("dp") > 1 else "ddp"
 
 
 def _dp_sync(kind: str | None, sync: bool) -> str:
@@ -166,7 +177,8 @@ class WholeModel(ModelParts):
                 tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
             sync = j == m - 1
             no_sync = model.no_sync() if (not sync and self.kind == "ddp") else contextlib.nullcontext()
-            if self.kind == "fsdp":  # FSDP2: reduce-scatter only on the last micro-batch
+            if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
+                # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
                 model.set_requires_gradient_sync(sync)
             with no_sync:
                 with self.autocast:
@@ -216,12 +228,30 @@ def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
                          f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
 
 
-def _optimizer(params: list, opt: Optim) -> torch.optim.Optimizer:
+def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimizer:
+    """AdamW over `params`; with `zero_group` (zero1 over dp), torch's ZeroRedundancyOptimizer over that group: each
+    rank keeps AdamW's state of its partition of the parameters (whole parameters, balanced by size within each
+    param group), updates those, and broadcasts them to the group. The learning-rate scheduler and clipping act on
+    its param groups and gradients as on AdamW's; checkpoints read its local AdamW's state (`local_state`)."""
     # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if zero_group is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, process_group=zero_group,
+                                       parameters_as_bucket_view=True,
+                                       lr=opt.lr, betas=opt.betas, eps=opt.eps)
     return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+
+
+def _zero1_group(cfg: Config, ctx: mesh.Context):
+    """The group zero1 partitions AdamW's state over: dp (the compiler refuses zero1 with ep), or None."""
+    if cfg.parallel.data_parallel != "zero1" or ctx.axis_size("dp") == 1:
+        return None
+    if ctx.axis_size("ep") > 1:
+        raise SystemExit("scalec: zero1 with ep is not supported (the compiler refuses it: E0708); recompile")
+    return ctx.mesh["dp"].get_group()
 
 
 def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -> None:
@@ -309,7 +339,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     autocast = _autocast(cfg, ctx)
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
              else WholeModel(model_cls, cfg, ctx, prepare, autocast))
-    opt = _optimizer([p for _, p in parts.named_parameters()], cfg.optim)
+    opt = _optimizer([p for _, p in parts.named_parameters()], cfg.optim, _zero1_group(cfg, ctx))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
     ckpt = cfg.checkpoint

@@ -34,7 +34,7 @@ SAMPLES = sorted((ROOT / "samples").glob("*.scale"))
 
 # -- the vocabulary a mutation draws names from -------------------------------------------------------------------
 
-_CHOICES = ("gelu", "swiglu", "residual", "identity", "true", "false", "ddp", "fsdp", "fp32", "bf16", "none",
+_CHOICES = ("gelu", "swiglu", "residual", "identity", "true", "false", "ddp", "zero1", "zero2", "fsdp", "fp32", "bf16", "none",
             "uint16", "uint32", "int32", "gpipe", "synthetic", "tokens", "cosine", "constant", "adamw", "axis",
             "repeat", "model", "mesh", "plan", "train", "capacity", "capacity_2", "x")
 

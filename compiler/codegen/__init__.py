@@ -298,7 +298,10 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
     contract."""
     from compiler.plan import from_spec
     plan = plan if plan is not None else from_spec(spec)
-    dp_placement = "Shard(0)" if spec.plan.data_parallel == "fsdp" and spec.mesh.size("dp") > 1 else "Replicate()"
+    # zero2 is FSDP2 that keeps each unit gathered from forward to backward: at rest its weights are sharded as fsdp's.
+    # zero1's weights are whole on every dp rank (only AdamW's state is partitioned, by whole parameters).
+    dp_placement = ("Shard(0)" if spec.plan.data_parallel in ("fsdp", "zero2") and spec.mesh.size("dp") > 1
+                    else "Replicate()")
     params = []
     for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
         shards = gm.meta.get(T.TP_SHARDS, {})

@@ -255,7 +255,7 @@ class CostModel:
             rank_flops = fn[("flops", "all")](env)
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
         hw = sympy.expand(self.flops_step + self.recompute_fwd[_recompute(plan)])
-        stage = 3 if plan.data_parallel == "fsdp" else 0
+        stage = MEM.shard_of(plan.data_parallel, dp)["stage"]
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
@@ -415,7 +415,7 @@ class CostModel:
                 partial_n += k * f(env)
                 parts.append((expr, self.counts[where[1]][0] if where[0] == "block" and nb is None else k))
         if partial_n:
-            fsdp = plan.data_parallel == "fsdp" and dp > 1
+            fsdp = plan.data_parallel in ("fsdp", "zero2") and dp > 1
             if fsdp:
                 partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
@@ -474,12 +474,23 @@ class CostModel:
                 add("all_reduce", "dp", experts_rank, 1, span,
                     "sum the expert gradients over the dp ranks holding the same experts", experts)
         elif dp > 1:
-            if plan.data_parallel == "ddp":
+            # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
+            if plan.data_parallel in ("ddp", "zero1"):
                 add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
                     params)
+                if plan.data_parallel == "zero1":
+                    add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
+                        "updated (ZeroRedundancyOptimizer, one bucket per rank)", params)
             else:
-                add("all_gather", "dp", params_rank, 2 * plan.micro_batches, span,
-                    "FSDP: gather each block's weights for forward and again for backward, every micro-batch", params)
+                # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
+                # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
+                gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
+                           else 1 if pp > 1 else plan.micro_batches)
+                add("all_gather", "dp", params_rank, gathers, span,
+                    "FSDP: gather each block's weights for forward and again for backward, every micro-batch"
+                    if plan.data_parallel == "fsdp" else
+                    "ZeRO-2 (FSDP2, kept gathered to backward): gather each block's weights once per micro-batch",
+                    params)
                 add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
 
 

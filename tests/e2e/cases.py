@@ -41,6 +41,14 @@ CASES = (
     Case(id="dp2_fsdp", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("data_parallel = ddp", "data_parallel = fsdp"),),
          description="ZeRO-3 sharding of weights, gradients and optimizer state with FSDP2"),
+    Case(id="dp2_zero1", sample="samples/gpt_dp.scale", nproc=2, steps=3,
+         edits=(("data_parallel = ddp", "data_parallel = zero1"),) + CLIP,
+         description="ZeRO-1: DDP's gradient all-reduce, AdamW's state partitioned over dp by ZeroRedundancyOptimizer "
+                     "(decay and no-decay groups, the warm-up schedule, clipping engaged: the norm is ~0.9)"),
+    Case(id="dp2_zero2", sample="samples/gpt_dp.scale", nproc=2, steps=3,
+         edits=(("data_parallel = ddp", "data_parallel = zero2"),),
+         description="ZeRO-2: FSDP2 keeping each block's weights gathered from forward to backward, gradients "
+                     "reduce-scattered, optimizer state sharded"),
     Case(id="dp2_ddp_accumulate2", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("micro_batches = 1", "micro_batches = 2"),),
          description="two gradient-accumulation micro-batches per rank (DDP no_sync on the first)"),

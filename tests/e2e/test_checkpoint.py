@@ -135,6 +135,18 @@ def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+def test_zero1_resumes_on_zero1_and_on_one_device(reference, tmp_path):
+    """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
+    the two partitions make one whole checkpoint, read back by zero1 (each rank its partition again) and by one
+    device (every parameter's state)."""
+    text = _sample("gpt_dp", ("data_parallel = ddp", "data_parallel = zero1"))
+    first, ckpt = _interrupt(text, "dp2_zero1", tmp_path)
+    again = _resume(text, "dp2_zero1_again", tmp_path, ckpt)
+    _same(first.losses + again.losses, reference(text))
+    one = _resume(_on(text, *ONE), "zero1_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + one.losses, reference(text))
+
+
 def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
     """Vocabulary 127 on tp = 2, padded to 128: the last rank's padding row is not stored; one device reads a
     [127, 64] embedding."""
