@@ -166,6 +166,7 @@ class CostModel:
             self.fn.update({("fwd", k): self._fn(v) for k, v in self.seg_fwd.items()})
             self.fn[("send", "x")] = self._fn(self.send_elements)
         self._layouts: dict = {}
+        self._param_shapes: dict = {}
 
     def _memory_formulas(self, spec, traced) -> None:
         """What each segment keeps for backward per micro-batch (activations.py, node by node), the loss's working
@@ -267,6 +268,29 @@ class CostModel:
                         stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
 
+    def _shapes(self, env, segment: str) -> tuple:
+        """(elements, dims) of each parameter one rank holds of a segment ("all": the whole model), numbers."""
+        if segment not in self._param_shapes:
+            traced, out = self.traced, []
+            if segment == "all":
+                out += [(e, 1) for e in self._param_exprs(traced.top)]
+                for gm in traced.blocks.values():
+                    out += [(e, gm.meta[T.REPEAT].count) for e in self._param_exprs(gm)]
+            else:
+                from compiler.passes import pipeline_split as P
+                gm = (next(iter(traced.blocks.values())) if segment == "block" else
+                      traced.top.meta[P.PROLOGUE if segment == "prologue" else P.EPILOGUE])
+                out += [(e, 1) for e in self._param_exprs(gm)]
+            self._param_shapes[segment] = [(self._fn(n), nd, count) for (n, nd), count in out]
+        got = []
+        for f, nd, count in self._param_shapes[segment]:
+            got += [(int(f(env)), nd)] * int(self.spec.value(count))
+        return tuple(got)
+
+    @staticmethod
+    def _param_exprs(gm) -> list:
+        return [(sympy.Mul(*shape), len(shape)) for shape in gm.meta[T.PARAM_SHAPES].values()]
+
     def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
         """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
         stage `stage`'s (its layout decided); what tests/test_memory.py counts with saved_tensors_hooks."""
@@ -313,43 +337,67 @@ class CostModel:
         adam_temp = (lambda n: 4 * n / sh["optimizer"]) if self.device == "cuda" else (lambda n: 0)
         recomputed = self.fn[("saved", ("recomputed", "block"))](env) if _recompute(plan) != "none" else 0
 
-        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync):
+        fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)
+
+        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes):
             gathered, what = 0, []
-            if sh["stage"] == 3 and dp > 1:   # FSDP2: the root stays gathered; a block and the next (prefetch)
-                gathered = 4 * (root + 2 * block) * (dp - 1) / dp
-                what.append("FSDP's gathered units (root + 2 blocks)")
-            weights_fb = 4 * params / sh["weights"] + gathered
-            if sh["stage"] == 2 and dp > 1:   # reshard_after_forward=False: gathered from forward to backward
+            if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
+                # zero2 keeps every unit gathered from forward to backward; under pp torch's pipelining keeps
+                # units gathered after every backward but the last (fsdp too): the stage's whole weights
                 weights_fb = 4 * params
+            elif fsdp2:  # fsdp: the root stays gathered; a block and the next one (prefetch)
+                gathered = 4 * (root + 2 * block) * (dp - 1) / dp
+                weights_fb = 4 * params / dp + gathered
+                what.append("FSDP's gathered units (root + 2 blocks)")
+            else:
+                weights_fb = 4 * params
+            if fsdp2:
+                what.append("a unit's whole gradient before its reduce-scatter")
             buckets = 4 * dense if ddp_buckets else 0
             if buckets:
                 what.append("DDP's gradient buckets")
-            work = buckets + (loss if last else 0)
+            work = buckets + (loss if last else 0) + (4 * block if fsdp2 else 0)
             if last and loss:
                 what.insert(0, "the logits and their gradients (fp32)")
             if recomputed:
                 work += recomputed
                 what.append("the block being recomputed")
-            backward = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=weights_fb,
-                                      grads=4 * params / sh["grads"] if grads_at_peak else 0,
-                                      optimizer=8 * params / sh["optimizer"], activations=acts, working=work,
+            # Gradients at the backward peak: none yet on a first micro-batch (set to None by the last step);
+            # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter.
+            grads_fb = (4 * params if fsdp2 else 4 * params / sh["grads"]) if grads_at_peak else 0
+            optimizer = 8 * (zero1_largest(shapes) if sh["stage"] == 1 and dp > 1 else params / sh["optimizer"])
+            backward = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=weights_fb, grads=grads_fb,
+                                      optimizer=optimizer, activations=acts, working=work,
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
                                       working_what=", ".join(what), in_flight=flight)
-            step_work = buckets + adam_temp(params) + (4 * dense if flat_sync else 0)
+            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (4 * dense if flat_sync else 0)
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
                                                   ("the flat gradient all-reduce buffer", flat_sync),
                                                   ("AdamW's foreach temporaries", adam_temp(params))) if on)
             step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=4 * params / sh["weights"],
-                                  grads=4 * params / sh["grads"], optimizer=8 * params / sh["optimizer"],
+                                  grads=4 * params / sh["grads"], optimizer=optimizer,
                                   activations=0, working=step_work, moment="the optimizer step",
                                   working_what=step_what)
             return max((backward, step), key=lambda r: r.peak)
 
+        def zero1_largest(shapes) -> int:
+            """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by
+            group (decayed matrices, then vectors), largest first, each to the dp rank with the least so far; the
+            fullest rank's parameter count (at least the largest tensor, so not Ψ/dp)."""
+            totals = [0] * dp
+            for group in (sorted((n for n, nd in shapes if nd >= 2), reverse=True),
+                          sorted((n for n, nd in shapes if nd < 2), reverse=True)):
+                for n in group:
+                    k = totals.index(min(totals))
+                    totals[k] += n
+            return max(totals)
+
         if not layout:
             ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
+            shapes = self._shapes(env, "all") if sh["stage"] == 1 else ()
             return (one("every rank", None, params_rank, params_rank - experts_rank,
-                        self.fn[("saved", ("all", _recompute(plan)))](env), True, m > 1, "", ddp, False),)
+                        self.fn[("saved", ("all", _recompute(plan)))](env), True, m > 1, "", ddp, False, shapes),)
         p, v = plan.size("pp"), plan.virtual_stages
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
@@ -364,8 +412,14 @@ class CostModel:
             flight = f"micro-batches in flight: {flight}"
             who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(st.stage) for st in mine)})"
             flat = batch_ranks > 1 and sh["stage"] < 2
+            shapes = ()
+            if sh["stage"] == 1:
+                for st in mine:
+                    shapes += self._shapes(env, "block") * (st.blocks[1] - st.blocks[0])
+                    shapes += self._shapes(env, "prologue") if st.stage == 0 else ()
+                    shapes += self._shapes(env, "epilogue") if st.stage == n - 1 else ()
             out.append(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
-                           plan.schedule != "gpipe", flight, False, flat))
+                           plan.schedule != "gpipe", flight, False, flat, shapes))
         return tuple(out)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
