@@ -174,3 +174,25 @@ def predicted_peak_bytes(costs) -> int:
     """The largest rank's predicted peak bytes in one step (what `torch.cuda.max_memory_allocated` should read on
     the fullest rank): the figure a generated program prints against what it measured."""
     return int(peak_bytes(costs.memory))
+
+
+def korthikanti_layer_bytes(s, b, h, a, t: int = 1, sp: bool = False, recompute: str = "none") -> float:
+    """Korthikanti et al. 2022 (arXiv:2205.05198), Table 2: activation bytes of one transformer layer in Megatron-LM
+    (16-bit activations, 1-byte dropout masks, the s×s scores kept): sbh(34 + 5as/h); with tensor parallelism
+    sbh(10 + 24/t + 5as/(ht)); with sequence parallelism too sbh/t(34 + 5as/h); selective recomputation drops the
+    5as/h term; full recomputation keeps the layer's input, 2sbh. The published reference, not what our programs
+    keep (activations.py is): tests/test_memory.py itemises the difference."""
+    if recompute == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    scores = 0 if recompute == "selective" else 5 * a * s / h
+    if t == 1:
+        return s * b * h * (34 + scores)
+    if sp:
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)
+
+
+def korthikanti_first_stage_bytes(layer_bytes: float, layers: int, p: int, v: int) -> float:
+    """Their eq. 5 and its interleaved form: the first pipeline stage keeps about the whole model's L layers
+    (p micro-batches of L/p layers) whatever p, times (1 + (p-1)/(p·v)) with v model chunks per device."""
+    return layer_bytes * layers * (1 + (p - 1) / (p * v) if v > 1 else 1)
