@@ -1,0 +1,125 @@
+"""runtime.memory measures what a rank allocates: exact bytes on a hand-computable case, and the activations of a
+generated program's forward equal what autograd saves (both counted here, independently of the tracker)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from compiler import codegen
+from compiler.check import check_text
+from compiler.pipeline import compile_spec
+from runtime import memory
+from runtime.layers import init_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+F32 = 4
+
+
+def test_peak_of_one_linear_is_state_plus_saved_plus_transients():
+    """loss = tanh(x W^T + b).sum() with W 4×8, b 4, x 16×8 (fp32), by hand:
+    state 144 B (W 128 + b 16) and the input x 512 B exist before; the forward keeps tanh's output (saved by
+    TanhBackward, 256 B) and the loss (4 B), the pre-activation y (256 B) lives only until tanh has run, so the
+    forward's peak is 144 + 512 + 256 (y) + 256 (tanh) = 1168. In backward the loss's gradient (ones, 4 B) and
+    tanh_backward's output (256 B) join the saved output before it is released: 144 + 512 + 256 + 4 + 4 + 256 = 1176,
+    the step's peak. After it: the state, x, the loss and the two gradients (144 B)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4)
+    x = torch.randn(16, 8)
+    tracker = memory.Tracker()
+    assert tracker.start(list(lin.parameters())) == (8 * 4 + 4) * F32 == 144
+    act = tracker.region()
+    with tracker:
+        act.open = True
+        loss = torch.tanh(lin(x)).sum()
+        act.open = False
+        assert tracker.peak == 144 + 512 + 256 + 256
+        assert act.live == 256 + 4  # tanh's saved output and the loss
+        loss.backward()
+    assert tracker.peak == 144 + 512 + 256 + 4 + 4 + 256 == 1176
+    assert tracker.live == 144 + 512 + 4 + 144
+    del loss
+    assert act.live == 0  # its storages are freed, and the region knows
+
+
+def test_optimizer_state_is_counted_once_per_storage():
+    """Views of one storage count once; AdamW's state is two moments per parameter plus a 4-byte step each."""
+    lin = nn.Linear(8, 4)
+    opt = torch.optim.AdamW(lin.parameters())
+    lin(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    w = lin.weight
+    assert memory.distinct_bytes([w, w.view(-1), w[0]]) == w.nbytes == 128
+    assert memory.distinct_bytes(memory.optimizer_tensors(opt)) == 2 * 144 + 2 * F32
+
+
+def test_measure_records_a_step_on_cpu():
+    """Measure over a whole step (forward, backward, optimizer): state at its start, the peak the tracker saw
+    (at least the state and the saved activations), the activations of the forward, and the record's form."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 4)
+    opt = torch.optim.AdamW(lin.parameters())
+    x = torch.randn(16, 8)
+    for _ in range(2):  # the second step starts with optimizer state (gradients are set to None)
+        m = memory.Measure(torch.device("cpu"), track=True)
+        params = list(lin.parameters())
+        m.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
+        m.forward_begin()
+        loss = torch.tanh(lin(x)).sum()
+        m.forward_end()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        m.end()
+    rec = m.record(3, {"dp": 1, "tp": 0})
+    assert rec["state_bytes"] == {"params": 144, "grads": 0, "optimizer": 2 * 144 + 2 * F32}
+    assert rec["activation_bytes"] == 256 + 4
+    assert rec["peak_bytes"] == rec["tracked_peak_bytes"] >= 144 + 296 + 512 + 256 + 4 + 144
+    assert rec["rank"] == 3 and rec["coords"] == {"dp": 1, "tp": 0, "pp": 0, "ep": 0} and rec["device"] == "cpu"
+
+
+def _tiny_program(tmp_path):
+    text = (ROOT / "samples/tiny_gpt.scale").read_text()
+    codegen.emit(compile_spec(check_text(text, "tiny_gpt.scale")), str(tmp_path))
+    spec = importlib.util.spec_from_file_location("program_tiny_gpt_memory", tmp_path / "program.py")
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    return program
+
+
+def test_activations_of_a_generated_program_are_what_autograd_saves(tmp_path):
+    """The tiny GPT's Model: the bytes its forward creates and still holds after it (the tracker's region) are the
+    distinct storages autograd saved for backward (counted with saved_tensors_hooks, parameters and the input
+    tokens left out) plus the loss itself (4 bytes, alive but not saved)."""
+    program = _tiny_program(tmp_path)
+    cfg = program.CONFIG
+    model = program.Model()
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
+                    layers=cfg.init.layers)
+    torch.manual_seed(0)
+    tokens = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
+    targets = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
+    outside = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), tokens, targets]}
+    saved: dict = {}
+
+    def pack(t):
+        for st in memory.storages(t):
+            if StorageWeakRef(st) not in outside:
+                saved[StorageWeakRef(st)] = st.nbytes()
+        return t
+
+    tracker = memory.Tracker()
+    tracker.start(list(model.parameters()))
+    act = tracker.region()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
+        act.open = True
+        loss = model(tokens, targets)
+        act.open = False
+    assert len(saved) > 20  # every block's attention, norms, MLP and the head saved something
+    assert act.live == sum(saved.values()) + loss.untyped_storage().nbytes()
+    assert set(act.members) == set(saved) | {StorageWeakRef(loss.untyped_storage())}
+    # The program's contract carries the compiler's prediction the run prints against what it measures.
+    assert cfg.memory.predicted_peak_bytes > 0 and cfg.memory.device_bytes > 0
