@@ -86,15 +86,19 @@ class Tracker(TorchDispatchMode):
         self._refs: dict = {}      # StorageWeakRef -> weakref to its Python storage (the callback frees it)
         self.live = 0
         self.peak = 0
+        self.found = 0            # bytes of storages that existed before but were not given to `start`
+        self._starting = False
         self.regions: list = []
         self._resizable = False   # a storage was seen to change size: re-read every size at each operator
 
     def start(self, tensors=()) -> int:
         """Count `tensors`' storages (the model state) as existing; returns their bytes."""
         before = self.live
+        self._starting = True
         for t in tensors:
             for st in storages(t):
                 self._add(st, created=False)
+        self._starting = False
         self.peak = max(self.peak, self.live)
         return self.live - before
 
@@ -121,6 +125,8 @@ class Tracker(TorchDispatchMode):
                     r.live += n
         else:  # existed before we saw it, so at every earlier moment too
             self.peak += n
+            if not self._starting:
+                self.found += n
 
     def _resized(self, key, old: int, n: int) -> None:
         self._resizable = True
@@ -249,6 +255,9 @@ class Measure:
             "activation_bytes": int(self.activations.peak) if self.activations is not None else None,
             "state_bytes": dict(self.state),
             "tracked_peak_bytes": int(self.tracker.peak) if self.tracker is not None else None,
+            # Buffers that outlive steps besides the model state, first seen as an operator's input: DDP's buckets,
+            # the pipeline's receive buffers (one per micro-batch, holding a stage's inputs), cached masks.
+            "other_existing_bytes": int(self.tracker.found) if self.tracker is not None else None,
             "method": ("torch.cuda.max_memory_allocated over the step; activations by runtime.memory.Tracker"
                        if self.cuda else "runtime.memory.Tracker (TorchDispatchMode over tensor storages)"),
         }

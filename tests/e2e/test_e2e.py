@@ -115,3 +115,29 @@ def test_scalec_run_trains_a_sample_in_bf16(tmp_path):
     import json
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
     assert len(losses) == 12 and losses[-1] < losses[0] - 0.2
+
+
+@pytest.mark.parametrize("case_id", ["pp2_1f1b"])
+def test_memory_report_of_every_rank(case_id, tmp_path):
+    """`--memory-report` under torchrun: one record per rank with its coordinates, measured in the last step by
+    runtime.memory's tracker on CPU; each rank's peak holds at least its model state and the activations its
+    schedule keeps in flight, and the first stage (1F1B: two micro-batches in flight) keeps more than the last
+    (one). The log states the prediction against the measured peak; metrics carry the peak of the last step."""
+    case = next(c for c in CASES if c.id == case_id)
+    run = launch(_text(case), case.id, tmp_path, steps=2, timeout=case.timeout, nproc=case.nproc,
+                 dump_grads=False, memory_report=True)
+    report = run.memory
+    ranks = report["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(case.nproc))
+    assert [r["coords"]["pp"] for r in ranks] == [0, 1]
+    for r in ranks:
+        state = r["state_bytes"]
+        # AdamW: two moments per parameter and a 4-byte step count per parameter tensor (fewer than 64 here).
+        assert state["params"] > 0 and 2 * state["params"] < state["optimizer"] < 2 * state["params"] + 4 * 64
+        assert r["peak_bytes"] >= state["params"] + state["optimizer"] + r["activation_bytes"] > 0
+    assert ranks[0]["activation_bytes"] > ranks[1]["activation_bytes"] * 1.2
+    top = max(ranks, key=lambda r: r["peak_bytes"])
+    assert (report["peak_bytes"], report["peak_rank"]) == (top["peak_bytes"], top["rank"])
+    assert report["predicted_peak_bytes"] > 0
+    assert run.records[-1]["peak_memory_bytes"] == report["peak_bytes"] and "peak_memory_bytes" not in run.records[0]
+    assert f"measured {report['peak_bytes'] / 1e9:.3g} GB (rank {report['peak_rank']}" in run.output
