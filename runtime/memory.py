@@ -205,7 +205,7 @@ class Measure:
         elif self.tracker is not None:
             self.peak = self.tracker.peak
 
-    # The activations of a whole model: one region per micro-batch, read after its forward.
+    # The activations of a whole model: one region per micro-batch, from its forward's start to its end.
     def forward_begin(self) -> None:
         if self.tracker is not None:
             self._mb = self.tracker.region()
@@ -216,6 +216,15 @@ class Measure:
             self._mb.open = False
             self.activations.peak = max(self.activations.peak, self._mb.sample())
             self.tracker.regions.remove(self._mb)
+
+    def watch_model(self, module) -> None:
+        """Hooks on the model inside the data-parallel wrapper (removed at `end`): each forward is one micro-batch.
+        Inside the wrapper, so that what the wrapper allocates before the forward (DDP rebuilding its buckets after
+        the first step) is not taken for activations."""
+        if self.tracker is None:
+            return
+        self._hooks += [module.register_forward_pre_hook(lambda _m, _a: self.forward_begin()),
+                        module.register_forward_hook(lambda _m, _a, _o: self.forward_end())]
 
     # The activations of pipeline stages: every stage forward (and the loss) records into one region, read after
     # each: its largest value is what the schedule keeps in flight.
@@ -264,13 +273,14 @@ class Measure:
 
 
 def largest(nbytes: int, ctx) -> tuple[int, int]:
-    """(the largest of every rank's `nbytes`, the rank holding it): one all-reduce MAX of an int64 on the default
-    group (bytes × world + rank: the rank rides along)."""
+    """(the largest of every rank's `nbytes`, the lowest rank holding it): one all-reduce MAX of an int64 on the
+    default group (bytes × world + world − 1 − rank: the rank rides along)."""
     import torch.distributed as dist
-    v = torch.tensor([int(nbytes) * ctx.world_size + ctx.rank], dtype=torch.int64, device=ctx.device)
+    w = ctx.world_size
+    v = torch.tensor([int(nbytes) * w + w - 1 - ctx.rank], dtype=torch.int64, device=ctx.device)
     dist.all_reduce(v, op=dist.ReduceOp.MAX)
     both = int(v.item())
-    return both // ctx.world_size, both % ctx.world_size
+    return both // w, w - 1 - both % w
 
 
 def gb(nbytes: int) -> str:

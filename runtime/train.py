@@ -164,6 +164,8 @@ class WholeModel(ModelParts):
 
     def step(self, source, step: int) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
+        if self.measure is not None:  # what each micro-batch's forward keeps for its backward
+            self.measure.watch_model(model.module if self.kind == "ddp" else model)
         total = torch.zeros((), device=ctx.device)
         for j in range(m):
             tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
@@ -175,12 +177,8 @@ class WholeModel(ModelParts):
             if self.kind == "fsdp":  # FSDP2: reduce-scatter only on the last micro-batch
                 model.set_requires_gradient_sync(sync)
             with no_sync:
-                if self.measure is not None:
-                    self.measure.forward_begin()
                 with self.autocast:
                     loss = model(tokens, targets) / m
-                if self.measure is not None:  # what this micro-batch's forward keeps for its backward
-                    self.measure.forward_end()
                 with faults.op(f"the backward ({_dp_sync(self.kind, sync)})"):
                     loss.backward()
             total += loss.detach()
