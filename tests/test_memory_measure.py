@@ -90,6 +90,23 @@ def _tiny_program(tmp_path):
     return program
 
 
+def saved_by_autograd(fn, outside) -> tuple[dict, object]:
+    """Run `fn()` and return ({storage: bytes} of the distinct storages autograd saved for backward, counted with
+    saved_tensors_hooks, but those of the tensors `outside` (parameters, inputs); fn's result)."""
+    skip = {StorageWeakRef(st) for t in outside for st in memory.storages(t)}
+    saved: dict = {}
+
+    def pack(t):
+        for st in memory.storages(t):
+            if StorageWeakRef(st) not in skip:
+                saved[StorageWeakRef(st)] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return saved, out
+
+
 def test_activations_of_a_generated_program_are_what_autograd_saves(tmp_path):
     """The tiny GPT's Model: the bytes its forward creates and still holds after it (the tracker's region) are the
     distinct storages autograd saved for backward (counted with saved_tensors_hooks, parameters and the input
@@ -102,22 +119,18 @@ def test_activations_of_a_generated_program_are_what_autograd_saves(tmp_path):
     torch.manual_seed(0)
     tokens = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
     targets = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
-    outside = {StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), tokens, targets]}
-    saved: dict = {}
-
-    def pack(t):
-        for st in memory.storages(t):
-            if StorageWeakRef(st) not in outside:
-                saved[StorageWeakRef(st)] = st.nbytes()
-        return t
-
     tracker = memory.Tracker()
     tracker.start(list(model.parameters()))
     act = tracker.region()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
+
+    def forward():
         act.open = True
-        loss = model(tokens, targets)
+        with tracker:
+            loss = model(tokens, targets)
         act.open = False
+        return loss
+
+    saved, loss = saved_by_autograd(forward, [*model.parameters(), tokens, targets])
     assert len(saved) > 20  # every block's attention, norms, MLP and the head saved something
     assert act.live == sum(saved.values()) + loss.untyped_storage().nbytes()
     assert set(act.members) == set(saved) | {StorageWeakRef(loss.untyped_storage())}
