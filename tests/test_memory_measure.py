@@ -136,3 +136,34 @@ def test_activations_of_a_generated_program_are_what_autograd_saves(tmp_path):
     assert set(act.members) == set(saved) | {StorageWeakRef(loss.untyped_storage())}
     # The program's contract carries the compiler's prediction the run prints against what it measures.
     assert cfg.memory.predicted_peak_bytes > 0 and cfg.memory.device_bytes > 0
+
+
+def test_peak_of_a_training_step_equals_torch_mem_tracker(tmp_path):
+    """A whole training step of the tiny GPT (forward, backward, AdamW, in its steady state): the tracker's peak is
+    the peak torch's own MemTracker (torch.distributed._tools.mem_tracker) reports, byte for byte."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    program = _tiny_program(tmp_path)
+    cfg = program.CONFIG
+    model = program.Model()
+    init_parameters(model, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
+                    layers=cfg.init.layers)
+    opt = torch.optim.AdamW(model.parameters())
+    torch.manual_seed(0)
+    tokens = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
+    targets = torch.randint(0, cfg.data.vocab, (2, cfg.data.seq_len))
+
+    def step():
+        model(tokens, targets).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()  # the optimizer's state exists from here on
+    theirs = MemTracker()
+    theirs.track_external(model, opt, tokens, targets)
+    with theirs:
+        step()
+    ours = memory.Tracker()
+    state = ours.start([*model.parameters(), *memory.optimizer_tensors(opt), tokens, targets])
+    with ours:
+        step()
+    assert ours.peak == theirs.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] > state
