@@ -9,9 +9,10 @@ Two ways of measuring, one record (`--memory-report FILE`, and the peak in the l
   bytes at every operator boundary and their peak. Storages that existed before it started (parameters, gradients,
   optimizer state, and any buffer first seen as an operator's input, e.g. DDP's buckets or the pipeline's receive
   buffers) count from the start, as they do for `max_memory_allocated`. What it cannot see: the temporaries inside
-  one kernel (CPU attention's own buffers) and memory allocated outside the dispatcher; FSDP2 frees and
-  reallocates its gathered parameters by resizing their storage, which the tracker reads back at every operator
-  once it has seen a storage change size.
+  one kernel (CPU attention's own buffers) and memory allocated outside the dispatcher. FSDP2 frees and
+  reallocates its gathered parameters by resizing their storage (no operator): under FSDP the tracker re-reads
+  every storage's size at each operator (`reread`). Over a training step its peak equals torch's own MemTracker's
+  (the tiny GPT) and FSDPMemTracker's (FSDP2 over 2 ranks), byte for byte (tests/test_memory_measure.py).
 
 "Activations" are the bytes created inside a forward and still alive after it: what autograd saves for backward
 (and what checkpointing keeps). `Region` collects the storages created while it is open and counts those still
@@ -78,9 +79,12 @@ class Region:
 
 class Tracker(TorchDispatchMode):
     """Live bytes of every tensor storage, updated at each operator while active; `peak` the largest (see the
-    module's docstring). `start(state)` counts the storages that exist already."""
+    module's docstring). `start(state)` counts the storages that exist already. `reread` (FSDP2): re-read every
+    storage's size at each operator, since FSDP2 frees and regathers a unit's parameters by resizing their storages
+    (no operator), and count a storage first seen during the step from that moment only (FSDP's gathered buffers
+    are empty between uses), not since the start as otherwise."""
 
-    def __init__(self):
+    def __init__(self, reread: bool = False):
         super().__init__()
         self.sizes: dict = {}      # StorageWeakRef -> bytes counted for it
         self._refs: dict = {}      # StorageWeakRef -> weakref to its Python storage (the callback frees it)
@@ -89,7 +93,8 @@ class Tracker(TorchDispatchMode):
         self.found = 0            # bytes of storages that existed before but were not given to `start`
         self._starting = False
         self.regions: list = []
-        self._resizable = False   # a storage was seen to change size: re-read every size at each operator
+        self._resizable = reread  # re-read every size at each operator (also once a storage was seen resized)
+        self._reread_all = reread
 
     def start(self, tensors=()) -> int:
         """Count `tensors`' storages (the model state) as existing; returns their bytes."""
@@ -123,10 +128,11 @@ class Tracker(TorchDispatchMode):
                 if r.open:
                     r.members[key] = n
                     r.live += n
-        else:  # existed before we saw it, so at every earlier moment too
-            self.peak += n
+        else:  # existed before we saw it
             if not self._starting:
                 self.found += n
+            if self._starting or not self._reread_all:  # so at every earlier moment too (see `reread`)
+                self.peak += n
 
     def _resized(self, key, old: int, n: int) -> None:
         self._resizable = True
@@ -173,10 +179,11 @@ class Measure:
     """One step's measurement on this rank: `begin(state)` before the step, `forward(...)` around each forward,
     `end()` after the optimizer step; `record()` is what `--memory-report` writes for this rank."""
 
-    def __init__(self, device: torch.device, track: bool):
+    def __init__(self, device: torch.device, track: bool, reread: bool = False):
+        """`track`: run the Tracker (activations, and the peak off CUDA); `reread`: its FSDP mode."""
         self.device = device
         self.cuda = device.type == "cuda"
-        self.tracker = Tracker() if track else None
+        self.tracker = Tracker(reread) if track else None
         self.state: dict = {}
         self.peak = None
         self.activations = Region() if track else None  # the largest live bytes created in forwards

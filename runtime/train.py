@@ -362,7 +362,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             collectives.count_bytes(True)
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
         report_now = bool(args.memory_report) and step == stop - 1
-        measure = memory.Measure(ctx.device, track=report_now) if (cuda or report_now) else None
+        measure = memory.Measure(ctx.device, track=report_now, reread=fsdp) if (cuda or report_now) else None
         if measure is not None:
             params = [p for _, p in parts.named_parameters()]
             measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
