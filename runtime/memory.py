@@ -6,13 +6,14 @@ Two ways of measuring, one record (`--memory-report FILE`, and the peak in the l
 - Anywhere (CPU included, and for the activations on CUDA too): `Tracker`, a TorchDispatchMode that sees every
   operator's inputs and outputs and so every tensor storage created while it is active (deduplicated by storage
   with StorageWeakRef; a weak reference to the storage's Python object tells when it is freed). It keeps the live
-  bytes at every operator boundary and their peak. Storages that existed before it started (parameters, gradients,
-  optimizer state, and any buffer first seen as an operator's input, e.g. DDP's buckets or the pipeline's receive
-  buffers) count from the start, as they do for `max_memory_allocated`. What it cannot see: the temporaries inside
-  one kernel (CPU attention's own buffers) and memory allocated outside the dispatcher. FSDP2 frees and
-  reallocates its gathered parameters by resizing their storage (no operator): under FSDP the tracker re-reads
-  every storage's size at each operator (`reread`). Over a training step its peak equals torch's own MemTracker's
-  (the tiny GPT) and FSDPMemTracker's (FSDP2 over 2 ranks), byte for byte (tests/test_memory_measure.py).
+  bytes at every operator boundary and their peak. Storages that existed before it started count from the start,
+  as they do for `max_memory_allocated`: the model state given to `start`, and any buffer first seen as an
+  operator's input that is still alive at the end (DDP's buckets, the pipeline's receive buffers; Tracker.peak).
+  What it cannot see: the temporaries inside one kernel (CPU attention's own buffers) and memory allocated outside
+  the dispatcher. FSDP2 frees and reallocates its gathered parameters by resizing their storage (no operator):
+  under FSDP the tracker re-reads every storage's size at each operator (`reread`). Over a training step its peak
+  equals torch's own MemTracker's (the tiny GPT) and FSDPMemTracker's (FSDP2 over 2 ranks), byte for byte
+  (tests/test_memory_measure.py).
 
 "Activations" are the bytes created inside a forward and still alive after it: what autograd saves for backward
 (and what checkpointing keeps). `Region` collects the storages created while it is open and counts those still
@@ -45,7 +46,10 @@ def storages(t) -> list:
             attrs, _ = x.__tensor_flatten__()
             todo += [v for v in (getattr(x, a) for a in attrs) if isinstance(v, torch.Tensor)]
         elif x.device.type != "meta":
-            out.append(x.untyped_storage())
+            try:
+                out.append(x.untyped_storage())
+            except (RuntimeError, NotImplementedError):  # a tensor without a storage (sparse, opaque subclasses)
+                pass
     return out
 
 
@@ -81,20 +85,19 @@ class Tracker(TorchDispatchMode):
     """Live bytes of every tensor storage, updated at each operator while active; `peak` the largest (see the
     module's docstring). `start(state)` counts the storages that exist already. `reread` (FSDP2): re-read every
     storage's size at each operator, since FSDP2 frees and regathers a unit's parameters by resizing their storages
-    (no operator), and count a storage first seen during the step from that moment only (FSDP's gathered buffers
-    are empty between uses), not since the start as otherwise."""
+    (no operator)."""
 
     def __init__(self, reread: bool = False):
         super().__init__()
         self.sizes: dict = {}      # StorageWeakRef -> bytes counted for it
         self._refs: dict = {}      # StorageWeakRef -> weakref to its Python storage (the callback frees it)
         self.live = 0
-        self.peak = 0
         self.found = 0            # bytes of storages that existed before but were not given to `start`
         self._starting = False
         self.regions: list = []
         self._resizable = reread  # re-read every size at each operator (also once a storage was seen resized)
-        self._reread_all = reread
+        self._sighted: list = []  # (key, bytes) of each storage first seen as an input, not given to `start`
+        self._seg = [0]           # the largest live bytes between two such sightings (before, between, after)
 
     def start(self, tensors=()) -> int:
         """Count `tensors`' storages (the model state) as existing; returns their bytes."""
@@ -104,8 +107,22 @@ class Tracker(TorchDispatchMode):
             for st in storages(t):
                 self._add(st, created=False)
         self._starting = False
-        self.peak = max(self.peak, self.live)
+        self._seg[-1] = max(self._seg[-1], self.live)
         return self.live - before
+
+    @property
+    def peak(self) -> int:
+        """The largest live bytes so far. A storage first seen as an operator's input existed before: if it is still
+        alive (a buffer that outlives steps: DDP's buckets, the pipeline's receive buffers), it is counted at every
+        earlier moment too, with the smaller of its sizes then and now (FSDP's gathered buffers are empty between
+        uses); one that is gone (a collective's temporary made on its own thread) only from when it was seen."""
+        best, later = 0, 0
+        for j in range(len(self._seg) - 1, -1, -1):
+            best = max(best, self._seg[j] + later)
+            if j:
+                key, n = self._sighted[j - 1]
+                later += min(n, self.sizes.get(key, 0))
+        return best
 
     def region(self) -> Region:
         r = Region()
@@ -128,11 +145,10 @@ class Tracker(TorchDispatchMode):
                 if r.open:
                     r.members[key] = n
                     r.live += n
-        else:  # existed before we saw it
-            if not self._starting:
-                self.found += n
-            if self._starting or not self._reread_all:  # so at every earlier moment too (see `reread`)
-                self.peak += n
+        elif not self._starting:  # existed before we saw it (see `peak`)
+            self.found += n
+            self._sighted.append((key, n))
+            self._seg.append(self.live)
 
     def _resized(self, key, old: int, n: int) -> None:
         self._resizable = True
@@ -171,13 +187,14 @@ class Tracker(TorchDispatchMode):
                 self._add(st, created=True)
         if self._resizable:
             self._reread()
-        self.peak = max(self.peak, self.live)
+        self._seg[-1] = max(self._seg[-1], self.live)
         return out
 
 
 class Measure:
-    """One step's measurement on this rank: `begin(state)` before the step, `forward(...)` around each forward,
-    `end()` after the optimizer step; `record()` is what `--memory-report` writes for this rank."""
+    """One step's measurement on this rank: `begin(state)` before the step, `watch_model` (a whole model) or
+    `watch_stages` (pipeline stages) for its activations, `end()` after the optimizer step; `record()` is what
+    `--memory-report` writes for this rank."""
 
     def __init__(self, device: torch.device, track: bool, reread: bool = False):
         """`track`: run the Tracker (activations, and the peak off CUDA); `reread`: its FSDP mode."""

@@ -45,6 +45,23 @@ def test_peak_of_one_linear_is_state_plus_saved_plus_transients():
     assert act.live == 0  # its storages are freed, and the region knows
 
 
+def test_storages_first_seen_late_count_from_the_start_if_they_outlive_the_step():
+    """A buffer that existed before the step but is first touched late (DDP's buckets, the pipeline's receive
+    buffers) was there all along: counted at the earlier peak too. A temporary the tracker never saw created (a
+    collective's, made on gloo's own thread) and gone by the end counts only while seen."""
+    kept, temporary = torch.zeros(100), torch.zeros(50)  # 400 B and 200 B, made before the tracker starts
+    tracker = memory.Tracker()
+    tracker.start([])
+    with tracker:
+        big = torch.ones(1000)  # 4000 B, freed before either is seen
+        del big
+        temporary.add_(1)
+        kept.add_(1)
+        del temporary
+    assert tracker.found == 600 and tracker.live == 400
+    assert tracker.peak == 4000 + 400
+
+
 def test_optimizer_state_is_counted_once_per_storage():
     """Views of one storage count once; AdamW's state is two moments per parameter plus a 4-byte step each."""
     lin = nn.Linear(8, 4)
