@@ -111,6 +111,11 @@ class Tracker(TorchDispatchMode):
         return self.live - before
 
     @property
+    def outliving(self) -> int:
+        """Bytes of the storages first seen as inputs that are still alive (buffers that outlive steps)."""
+        return sum(min(n, self.sizes.get(key, 0)) for key, n in self._sighted)
+
+    @property
     def peak(self) -> int:
         """The largest live bytes so far. A storage first seen as an operator's input existed before: if it is still
         alive (a buffer that outlives steps: DDP's buckets, the pipeline's receive buffers), it is counted at every
@@ -290,7 +295,7 @@ class Measure:
             "tracked_peak_bytes": int(self.tracker.peak) if self.tracker is not None else None,
             # Buffers that outlive steps besides the model state, first seen as an operator's input: DDP's buckets,
             # the pipeline's receive buffers (one per micro-batch, holding a stage's inputs), cached masks.
-            "other_existing_bytes": int(self.tracker.found) if self.tracker is not None else None,
+            "other_existing_bytes": int(self.tracker.outliving) if self.tracker is not None else None,
             "method": ("torch.cuda.max_memory_allocated over the step; activations by runtime.memory.Tracker"
                        if self.cuda else "runtime.memory.Tracker (TorchDispatchMode over tensor storages)"),
         }
