@@ -120,6 +120,16 @@ class Init:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Memory:
+    """What the compiler predicts one step allocates (compiler.cost.memory), printed beside what the run measures."""
+
+    predicted_peak_bytes: int = 0
+    """The largest rank's predicted peak bytes in one step (compiler.cost.memory.predicted_peak_bytes); 0: none."""
+    device_bytes: int = 0
+    """Memory of one device of the mesh's kind (`memory_gb` × 1e9); 0: unknown."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
 
@@ -144,7 +154,9 @@ class Config:
     data: Data
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     init: Init = field(default_factory=Init)
+    memory: Memory = field(default_factory=Memory)
 
 
-GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("init", Init))
+GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("init", Init),
+          ("memory", Memory))
 """The nested groups of `Config`: (field name, class)."""

@@ -124,6 +124,21 @@ class Pipeline:
         for module in self.modules:
             yield from module.named_parameters()
 
+    def watch(self, measure) -> None:
+        """Count the activations of this rank's stage forwards and of the loss into `measure` (runtime.memory) for
+        the next step: hooks on the stage modules, the schedule's loss function wrapped (both undone at its end)."""
+        sched = self.schedule
+
+        class _Restore:
+            def __init__(self, recorded):
+                self.original = sched._loss_fn
+                sched._loss_fn = recorded(self.original)
+
+            def remove(self):
+                sched._loss_fn = self.original
+
+        measure.watch_stages(self.modules, _Restore)
+
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of all micro-batches; returns the mean loss, on every pp rank."""
         losses: list = []

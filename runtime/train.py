@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, data, faults, mesh, moe, recompute
+from runtime import checkpoint, collectives, data, faults, memory, mesh, moe, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
-from runtime.config import Checkpoint, Config, Data, Init, Optim, Parallel  # noqa: F401
+from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel  # noqa: F401
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
@@ -39,6 +39,9 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--count-bytes", metavar="FILE",
                    help="count the bytes of every runtime collective during the last step (the steady state, after "
                         "one-time work such as pipeline shape inference); write JSON (rank 0)")
+    p.add_argument("--memory-report", metavar="FILE",
+                   help="measure what every rank allocates during the last step (peak, activations, model state; "
+                        "runtime.memory) and write one JSON (rank 0)")
     p.add_argument("--debug", action="store_true", help="on failure, print the traceback after the one-line cause")
     args = p.parse_args()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
@@ -139,6 +142,8 @@ class ModelParts:
     """The MoE auxiliary loss's scale: each micro-batch's loss is scaled by 1/m, by the schedule under pp."""
     where = ""
     """What the parameter count of the start-up line covers."""
+    measure = None
+    """runtime.memory.Measure of the step being measured (its forwards record activations), or None."""
 
     def named_parameters(self, counted_once: bool = False):
         """(name, parameter) over every module; `counted_once`: without the `tied_elsewhere` copies."""
@@ -166,9 +171,12 @@ class WholeModel(ModelParts):
         self.cfg, self.ctx, self.autocast = cfg, ctx, autocast
         self.kind = _dp_kind(cfg, ctx)
         self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
+        self.measure = None  # runtime.memory.Measure of this step, when one is taken
 
     def step(self, source, step: int) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
+        if self.measure is not None:  # what each micro-batch's forward keeps for its backward
+            self.measure.watch_model(model.module if self.kind == "ddp" else model)
         total = torch.zeros((), device=ctx.device)
         for j in range(m):
             tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
@@ -204,9 +212,12 @@ class PipelineStages(ModelParts):
         self.tied_elsewhere = self.pipe.tied_elsewhere
         self.pp_group = ctx.mesh["pp"].get_group()
         self.cfg, self.ctx, self.shards = cfg, ctx, shards
+        self.measure = None  # runtime.memory.Measure of this step, when one is taken
 
     def step(self, source, step: int) -> torch.Tensor:
         ctx = self.ctx
+        if self.measure is not None:  # the stages' forwards and the loss, recorded over the schedule
+            self.pipe.watch(self.measure)
         # The schedule splits this rank's batch into the micro-batches itself.
         tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
                                            ctx.batch_size, 0, 1)
@@ -364,6 +375,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
               f"{' × '.join(f'{a}={k}' for a, k in par.axes)}{' (sequence parallel)' if par.sequence_parallel else ''}"
               f" on {ctx.world_size} {ctx.device.type} process(es), {cfg.steps} steps of {tokens_per_step:,} tokens",
               flush=True)
+    # Peak memory: CUDA's allocator counters every step (cheap); the tracker only for --memory-report's last step.
+    cuda = ctx.device.type == "cuda"
+    if ctx.is_logger and not cuda:
+        print("scalec: peak memory is measured on CUDA only"
+              + (" (and by runtime.memory's tracker in the last step, --memory-report)" if args.memory_report
+                 else ""), flush=True)
+    run_peak, report = None, None  # this rank's largest measured peak; the --memory-report record
     losses = []
     t_start = time.perf_counter()
     for step in range(start, stop):
@@ -373,6 +391,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         moe.stats_reset()
         if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
+        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
+        report_now = bool(args.memory_report) and step == stop - 1
+        measure = memory.Measure(ctx.device, track=report_now, reread=fsdp) if (cuda or report_now) else None
+        if measure is not None:
+            params = [p for _, p in parts.named_parameters()]
+            measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
+            parts.measure = measure
         total = parts.step(source, step)
         with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
             if par.ep_shards:
@@ -388,6 +413,16 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        peak = None
+        if measure is not None:
+            measure.end()
+            parts.measure = None
+            run_peak = max(run_peak or 0, measure.peak)
+            if report_now:
+                report = measure.record(ctx.rank, ctx.coords)
+            if log_now or args.metrics:  # every rank joins (the same condition everywhere)
+                with faults.op("the peak-memory all-reduce (MAX over ranks)"):
+                    peak = memory.largest(measure.peak, ctx)
         if n_batch > 1:  # the logged loss is the mean over the global batch
             with faults.op("the loss all-reduce over the batch ranks"):
                 dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
@@ -397,7 +432,6 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             loss_value = total.item()
         losses.append(loss_value)
         dt = time.perf_counter() - t0
-        log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
         # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
         experts = (moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp"))
                    if cfg.moe and (log_now or args.metrics) else None)
@@ -406,6 +440,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                       "step_time": dt, "tokens_per_s": tokens_per_step / dt}
             if experts:
                 record.update({f"moe_{k}": v for k, v in experts.items()})
+            if peak:
+                record.update(peak_memory_bytes=peak[0], peak_memory_rank=peak[1])
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
         if ctx.is_logger and log_now:
@@ -413,7 +449,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                         f"{experts['max_load']:.2f}× | aux {experts['aux_loss']:.4f}" if experts else "")
             print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
                   f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
-                  + moe_text, flush=True)
+                  + moe_text + (f" | peak {memory.gb(peak[0])} (rank {peak[1]})" if peak else ""), flush=True)
         preempted = vote.result()
         if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint"):
@@ -426,6 +462,16 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
+    if run_peak is not None:  # measured on every rank or on none
+        with faults.op("the peak-memory all-reduce (MAX over ranks)"):
+            peak, at = memory.largest(run_peak, ctx)
+        if ctx.is_logger:
+            print("scalec: " + memory.summary(cfg.memory.predicted_peak_bytes, cfg.memory.device_bytes, peak, at,
+                                               "" if cuda else "the last step, runtime.memory's tracker"), flush=True)
+    if report is not None:
+        with faults.op("gathering the memory report"):
+            memory.write_report(args.memory_report, report, ctx, stop, cfg.memory.predicted_peak_bytes,
+                                cfg.memory.device_bytes)
     if ctx.is_logger:
         print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
     if metrics:

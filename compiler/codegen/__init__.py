@@ -19,6 +19,7 @@ from torch import fx, nn
 
 from compiler import __version__
 from compiler import cost as C
+from compiler.cost.memory import predicted_peak_bytes
 from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
@@ -169,10 +170,12 @@ def data_path(spec: S.Spec, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None, costs=None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
-    (micro_batch_size, batch_ranks) are the Plan's: `plan`, or the one the spec states (compiler.plan.from_spec)."""
+    (micro_batch_size, batch_ranks) are the Plan's: `plan`, or the one the spec states (compiler.plan.from_spec).
+    With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
+    it measures."""
     from compiler.plan import from_spec
     plan = plan if plan is not None else from_spec(spec)
     t = spec.train
@@ -209,18 +212,27 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None)
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every},
         "init": {"std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
+        **({"memory": memory_values(spec, costs)} if costs is not None else {}),
     }
+
+
+def memory_values(spec: S.Spec, costs) -> dict:
+    """runtime.config.Memory: the largest rank's predicted peak and one device's bytes."""
+    return {"predicted_peak_bytes": int(predicted_peak_bytes(costs)),
+            "device_bytes": int(spec.mesh.device.memory_gb * 1e9)}
 
 
 # The nested groups of runtime.config.Config, in the order the program writes them.
 CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint",
-                 "init": "Init"}
+                 "init": "Init", "memory": "Memory"}
 
 
 def _config_code(values: dict) -> list:
     """(key, Python expression) of CONFIG's top level: plain values, then each group as `train.Group(...)`."""
     out = [(k, E.py_literal(val)) for k, val in values.items() if k not in CONFIG_GROUPS]
     for key, cls in CONFIG_GROUPS.items():
+        if key not in values:
+            continue
         inner = ",\n".join(f"        {k}={E.py_literal(val)}" for k, val in values[key].items())
         out.append((key, E.code(f"train.{cls}(\n{inner},\n    )")))
     return out
@@ -283,7 +295,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", 
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
         runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,
-        config=_config_code(config_values(spec, traced, out_dir, plan)))
+        config=_config_code(config_values(spec, traced, out_dir, plan, costs)))
 
 
 def launch_script(spec: S.Spec) -> str:

@@ -29,6 +29,7 @@ class Run:
     predicted: dict  # "op/axis" -> bytes per step the ledger (plan.json) predicts for those collectives
     records: list = None  # the metrics line of each step
     returncode: int = 0
+    memory: dict = None   # --memory-report's JSON (runtime.memory: every rank's peak, activations, state), if asked
 
 
 def single_device(text: str) -> str:
@@ -44,16 +45,22 @@ def _free_port() -> int:
 
 
 def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
-           extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True) -> Run:
-    """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too."""
+           extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True,
+           memory_report: bool = False) -> Run:
+    """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too;
+    `memory_report`: the program measures every rank's memory in the last step (`--memory-report`), read back into
+    `Run.memory` (compared with the compiler's prediction in plan.json)."""
     out = workdir / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
         assert compiled.spec.mesh.world_size == nproc, "the case's nproc disagrees with its mesh"
     codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
+    report = out / "memory.json"
     cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
            "--count-bytes", str(counts), *extra]
+    if memory_report:
+        cmd += ["--memory-report", str(report)]
     if dump_grads:
         cmd += ["--dump-grads", str(grads)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
@@ -81,7 +88,8 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
             predicted[key] = predicted.get(key, 0) + c["bytes_per_step"]
     measured = json.loads(counts.read_text()) if counts.exists() else {}
     return Run(losses=losses, grads=_grads(grads) if dump_grads else {}, output=output, measured=measured,
-               predicted=predicted, records=records)
+               predicted=predicted, records=records,
+               memory=json.loads(report.read_text()) if memory_report else None)
 
 
 def _grads(path: Path) -> dict:

@@ -178,6 +178,10 @@ CONFIG = train.Config(
         residual_out=('attn_o', 'mlp_down'),
         layers=96,
     ),
+    memory=train.Memory(
+        predicted_peak_bytes=1818915072,
+        device_bytes=80000000000,
+    ),
 )
 
 if __name__ == "__main__":

@@ -164,6 +164,10 @@ CONFIG = train.Config(
         residual_out=('attn_o', 'mlp_down'),
         layers=4,
     ),
+    memory=train.Memory(
+        predicted_peak_bytes=2877440,
+        device_bytes=16000000000,
+    ),
 )
 
 if __name__ == "__main__":

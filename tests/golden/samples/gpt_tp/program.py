@@ -152,6 +152,10 @@ CONFIG = train.Config(
         residual_out=('attn_o', 'mlp_down'),
         layers=2,
     ),
+    memory=train.Memory(
+        predicted_peak_bytes=906240,
+        device_bytes=16000000000,
+    ),
 )
 
 if __name__ == "__main__":

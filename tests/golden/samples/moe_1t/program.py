@@ -170,6 +170,10 @@ CONFIG = train.Config(
         residual_out=('attn_o',),
         layers=64,
     ),
+    memory=train.Memory(
+        predicted_peak_bytes=97376010240,
+        device_bytes=141000000000,
+    ),
 )
 
 if __name__ == "__main__":

@@ -181,6 +181,10 @@ CONFIG = train.Config(
         residual_out=('attn_1_o', 'attn_2_o', 'mlp_down'),
         layers=2,
     ),
+    memory=train.Memory(
+        predicted_peak_bytes=5468160,
+        device_bytes=16000000000,
+    ),
 )
 
 if __name__ == "__main__":
