@@ -280,3 +280,51 @@ def test_korthikanti_table3(model):
     weights = 2 * 12 * h * h / t                               # ours: bf16 copies of the layer's weights
     assert ours == pytest.approx(theirs - masks - scores + lse + norms + casts + stats + weights, rel=1e-3)
 
+
+
+def test_plan_json_carries_everything_plan_prints(capsys):
+    """`scalec plan FILE --json`: the keys tools read (README: Memory), the numbers the text prints."""
+    from compiler.cli import main, plan_text
+    from compiler.pipeline import compile_path
+    path = str(ROOT / "samples" / "gpt3_175b.scale")
+    assert main(["plan", path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    compiled = compile_path(path)
+    costs = compiled.costs
+    assert out["parameters"] == costs.params_n == 174_615_846_912 and isinstance(out["parameters"], int)
+    assert out["flops_per_step"] == costs.flops_step_n and out["hardware_flops_per_step"] == costs.flops_step_hw_n
+    assert len(out["ledger"]) == len(costs.ledger.entries) and all(isinstance(c["bytes"], int) for c in out["ledger"])
+    mem = out["memory"]
+    assert mem["peak_bytes"] == int(costs.peak_bytes) == max(r["peak_bytes"] for r in mem["ranks"])
+    assert mem["fits"] and mem["device_bytes"] == 80 * 10**9 and len(mem["ranks"]) == 8
+    assert {"who", "weights", "gradients", "optimizer", "activations", "working", "moment"} <= set(mem["ranks"][0])
+    assert out["pipeline"]["virtual_stages"] == 3 and out["plan"]["recompute"] == "full"
+    text = plan_text(compiled)
+    assert f"{mem['ranks'][0]['who']}" in text and "fits: 85% of the 80 GB" in text
+
+
+def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path, capsys):
+    """A plan over its devices' memory: `compile` and `run` stop before anything starts (E0501 with the fixes);
+    `compile --force` writes the program and warns."""
+    from compiler.cli import main
+    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("recompute = full", "recompute = none")
+    src = tmp_path / "big.scale"
+    src.write_text(text)
+    assert main(["compile", str(src), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "error[E0501]" in err and "pp rank 0 (stages 0, 8, 16)" in err and "`recompute = full`" in err
+    assert not (tmp_path / "out").exists()
+    assert main(["run", str(src), "-o", str(tmp_path / "out")]) == 1 and not (tmp_path / "out").exists()
+    capsys.readouterr()
+    assert main(["compile", str(src), "-o", str(tmp_path / "out"), "--force"]) == 0
+    assert "warning (--force): the predicted peak of pp rank 0" in capsys.readouterr().err
+    assert (tmp_path / "out" / "program.py").exists()
+
+
+def test_a_plan_near_the_device_warns(tmp_path):
+    """Within 10% of the device: W0502, a warning (compile goes on)."""
+    from compiler.pipeline import budget
+    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 72")
+    compiled = compile_spec(check_text(text, "tight.scale"))
+    (d,) = budget(compiled)
+    assert (d.code, d.severity) == ("W0502", "warning") and "less than 10%" in d.message

@@ -243,7 +243,9 @@ class CostModel:
             params_rank = fn[("params", "prologue")](env) + nb * fn[("params", "block")](env)
             experts_rank = fn[("experts", "prologue")](env) + nb * fn[("experts", "block")](env)
             fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
-            rec = fn[("recompute_fwd", _recompute(plan))](env)
+            # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
+            # block once for each half: two extra forwards under full recomputation
+            rec = fn[("recompute_fwd", _recompute(plan))](env) * _recompute_passes(plan)
             per_stage = [(hi - lo) * fb for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
@@ -255,7 +257,7 @@ class CostModel:
             experts_rank = fn[("experts", "all")](env)
             rank_flops = fn[("flops", "all")](env)
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
-        hw = sympy.expand(self.flops_step + self.recompute_fwd[_recompute(plan)])
+        hw = sympy.expand(self.flops_step + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
         stage = MEM.shard_of(plan.data_parallel, dp)["stage"]
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()
@@ -457,8 +459,9 @@ class CostModel:
                 # full recomputation re-runs the block's forward, collectives included, in backward
                 entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
                                           reason=site.reason + "; again in backward: full recomputation re-runs "
-                                          "the block's forward", direction="backward", times=times,
-                                          bytes=int(f(env) * dtype * times),
+                                          "the block's forward", direction="backward",
+                                          times=times * _recompute_passes(plan),
+                                          bytes=int(f(env) * dtype * times * _recompute_passes(plan)),
                                           element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                           per_step_formula=per_step))
         partial_n, parts = 0, []
@@ -550,6 +553,12 @@ class CostModel:
 
 def _recompute(plan) -> str:
     return getattr(plan, "recompute", "none")
+
+
+def _recompute_passes(plan) -> int:
+    """How many times a recomputed block's forward runs again per micro-batch: twice under zero-bubble's split
+    backward with full recomputation (measured by counting the block's forward calls), else once."""
+    return 2 if plan.schedule == "zero-bubble" and plan.size("pp") > 1 and _recompute(plan) == "full" else 1
 
 
 def structure_of(axes, sp: bool, tp_layers) -> tuple:

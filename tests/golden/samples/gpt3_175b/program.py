@@ -179,7 +179,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=1818915072,
+        predicted_peak_bytes=67745562624,
         device_bytes=80000000000,
     ),
 )

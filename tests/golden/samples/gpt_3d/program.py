@@ -179,7 +179,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=1182720,
+        predicted_peak_bytes=1499776,
         device_bytes=16000000000,
     ),
 )

@@ -140,7 +140,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=1765376,
+        predicted_peak_bytes=4409600,
         device_bytes=16000000000,
     ),
 )

@@ -165,7 +165,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=2877440,
+        predicted_peak_bytes=3879424,
         device_bytes=16000000000,
     ),
 )
