@@ -216,13 +216,12 @@ def _fsdp_rank(rank: int, port: int, world: int) -> None:
             opt.zero_grad(set_to_none=True)
 
         step()
+        # Both watch the same step (gloo's threads make the moment a collective's buffers die vary between steps).
         theirs = FSDPMemTracker(model, opt)
         theirs.track_inputs((x,))
-        with theirs:
-            step()
         ours = memory.Tracker(reread=True)
         ours.start([*model.parameters(), *memory.optimizer_tensors(opt), x])
-        with ours:
+        with theirs, ours:
             step()
         total = theirs.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
         assert ours.peak == total, (ours.peak, total)
