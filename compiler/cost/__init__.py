@@ -16,7 +16,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 
@@ -162,6 +162,7 @@ class CostModel:
             self.fn[("recompute_fwd", mode)] = self._fn(per)
         self.fn.update({("units", k): self._fn(v) for k, v in self.units.items()})
         self.loss_moments = [self._fn(e) for e in self.loss_working]
+        self.backward_moments = {k: [self._fn(e) for e in set(v)] for k, v in self.backward_ws.items()}
         if self.piped:
             self.fn.update({("fwd", k): self._fn(v) for k, v in self.seg_fwd.items()})
             self.fn[("send", "x")] = self._fn(self.send_elements)
@@ -184,6 +185,19 @@ class CostModel:
             (gm,) = traced.blocks.values()
             segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
+            # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until the step waits
+            # for its send (every stage but the last), and on the last stage each micro-batch's output (the fp32
+            # logits), which the schedule collects to return (measured with runtime/memory.py's tracker)
+            out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
+            self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * 4
+            self.saved["sent"] = self.send_elements * 4
+            # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
+            self.saved[("wgrad", "block")] = A.weight_output_grads(gm, prec)
+            for k in ("prologue", "epilogue"):
+                self.saved[("wgrad", k)] = A.weight_output_grads(segs[k], prec)
+            self.backward_ws = {"block": A.backward_working_set(gm, prec),
+                                "first": A.backward_working_set(segs["prologue"], prec),
+                                "last": A.backward_working_set(segs["epilogue"], prec)}
             for mode in RECOMPUTE:
                 self.saved[("block", mode)] = A.block_saved_bytes(gm, prec, self.device, mode)
             loss_graph = segs["loss"]
@@ -193,6 +207,8 @@ class CostModel:
             for mode in RECOMPUTE:
                 self.saved[("all", mode)] = A.saved_bytes(top, prec, self.device, traced.repeats(), mode)
             loss_graph = top
+            self.backward_ws = {"all": A.backward_working_set(top, prec)
+                                + [e for g in blocks for e in A.backward_working_set(g, prec)]}
             blocks = [PA.segment_params(g) for g in traced.blocks.values()]
             self.units = {"root": PA.segment_params(top),
                           "block": blocks[0] if len(blocks) == 1 else sympy.Max(*blocks) if blocks else 0}
@@ -314,14 +330,24 @@ class CostModel:
         shard = MEM.shard_of(plan.data_parallel, plan.size("dp"))
         per_param = 4 / shard["weights"] + 4 / shard["grads"] + 8 / shard["optimizer"]
         pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
-        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
+        n_st = len(layout)
+        # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
+        recv = self.fn[("saved", "sent")](env)
+        kept = [max(0, self._stage_saved(env, k, n_st, hi - lo, _recompute(plan)) - (recv if k else 0))
+                for k, (lo, hi) in enumerate(layout)]
+        f = self.fn
+        wgrad = [(hi - lo) * f[("saved", ("wgrad", "block"))](env)
+                 + (f[("saved", ("wgrad", "prologue"))](env) if k == 0 else 0)
+                 + (f[("saved", ("wgrad", "epilogue"))](env) if k == n_st - 1 else 0)
+                 for k, (lo, hi) in enumerate(layout)] if plan.schedule == "zero-bubble" else [0] * n_st
+        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
         out = []
         for k, (lo, hi) in enumerate(layout):
-            n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == len(layout) - 1 else 0)
+            n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
             r = k % p
+            alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
-                             activations=self._stage_saved(env, k, len(layout), hi - lo, _recompute(plan))
-                             * peaks[r].get(k, 0)))
+                             activations=kept[k] * alive.get(k, 0), pending_w=wgrad[k] * pending.get(k, 0)))
         return tuple(out)
 
     def _memory(self, plan, env, layout, stages, params_rank, experts_rank) -> tuple:
@@ -341,7 +367,17 @@ class CostModel:
 
         fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)
 
-        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes):
+        def bwd_ws(pp_rank):
+            """The largest gradients one backward step holds, over the segments the rank runs."""
+            if pp_rank is None:
+                return max((f(env) for f in self.backward_moments["all"]), default=0)
+            n_st = len(layout)
+            mine = range(pp_rank, n_st, plan.size("pp"))
+            keys = ["block"] + (["first"] if 0 in mine else []) + (["last"] if n_st - 1 in mine else [])
+            return max((f(env) for k in keys for f in self.backward_moments[k]), default=0)
+
+        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
+                kept=0, recv=0, pending_w=0):
             gathered, what = 0, []
             if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
                 # zero2 keeps every unit gathered from forward to backward; under pp torch's pipelining keeps
@@ -358,12 +394,25 @@ class CostModel:
             buckets = 4 * dense if ddp_buckets else 0
             if buckets:
                 what.append("DDP's gradient buckets")
-            work = buckets + (loss if last else 0) + (4 * block if fsdp2 else 0)
-            if last and loss:
+            grads_ws = bwd_ws(pp_rank)
+            work = buckets + max(loss if last else 0, grads_ws) + (4 * block if fsdp2 else 0)
+            if last and loss and loss >= grads_ws:
                 what.insert(0, "the logits and their gradients (fp32)")
+            elif grads_ws:
+                what.insert(0, "the backward's gradients in flight")
             if recomputed:
                 work += recomputed
                 what.append("the block being recomputed")
+            if kept:
+                work += kept
+                what.append("the schedule's kept outputs (each micro-batch's logits on the last stage, sends "
+                            "awaited at the end of the step on the others)")
+            if recv:
+                work += recv
+                what.append("the schedule's receive buffers")
+            if pending_w:
+                work += pending_w
+                what.append("the output gradients pending weight halves keep")
             # Gradients at the backward peak: none yet on a first micro-batch (set to None by the last step);
             # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter.
             grads_fb = (4 * params if fsdp2 else 4 * params / sh["grads"]) if grads_at_peak else 0
@@ -373,15 +422,16 @@ class CostModel:
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
                                       working_what=", ".join(what), in_flight=flight)
-            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (4 * dense if flat_sync else 0)
+            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (4 * dense if flat_sync else 0) + recv
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
+                                                  ("the schedule's receive buffers", recv),
                                                   ("the flat gradient all-reduce buffer", flat_sync),
                                                   ("AdamW's foreach temporaries", adam_temp(params))) if on)
             step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=4 * params / sh["weights"],
                                   grads=4 * params / sh["grads"], optimizer=optimizer,
                                   activations=0, working=step_work, moment="the optimizer step",
                                   working_what=step_what)
-            return max((backward, step), key=lambda r: r.peak)
+            return replace(max((backward, step), key=lambda r: r.peak), forward_bytes=acts + kept)
 
         def zero1_largest(shapes) -> int:
             """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by
@@ -410,7 +460,11 @@ class CostModel:
             experts = sum((st.blocks[1] - st.blocks[0]) * self.fn[("experts", "block")](env)
                           + (self.fn[("experts", "prologue")](env) if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
-            flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)
+            kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
+            kept = sum(m * self.fn[("saved", "logits" if st.stage == n - 1 else "sent")](env) for st in mine)
+            # receive buffers, allocated once and kept: one per micro-batch for each direction a stage receives
+            recv = sum(m * self.fn[("saved", "sent")](env) * ((st.stage > 0) + (st.stage < n - 1)) for st in mine)
+            flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)  # by blocks
             flight = f"micro-batches in flight: {flight}"
             who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(st.stage) for st in mine)})"
             flat = batch_ranks > 1 and sh["stage"] < 2
@@ -421,7 +475,7 @@ class CostModel:
                     shapes += self._shapes(env, "prologue") if st.stage == 0 else ()
                     shapes += self._shapes(env, "epilogue") if st.stage == n - 1 else ()
             out.append(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
-                           plan.schedule != "gpipe", flight, False, flat, shapes))
+                           plan.schedule != "gpipe", flight, False, flat, shapes, kept, recv, kept_w))
         return tuple(out)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:

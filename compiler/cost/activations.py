@@ -319,3 +319,58 @@ def loss_working_set(gm, precision: str) -> list:
             n = _numel(node.args[0].meta[T.SHAPE])
             moments += [(copy + 2 * 4) * n, 8 * n]
     return moments
+
+
+def weight_output_grads(gm, precision: str) -> sympy.Expr:
+    """Bytes a split backward (zero-bubble's I, then W) keeps between its halves besides the activations: the
+    gradient of each weight's matmul output, which the weight half needs (in the output's dtype)."""
+    from torch import nn
+    import torch.nn.functional as F
+    from runtime import moe
+    act = 2 if precision == "bf16" else 4
+    total = sympy.Integer(0)
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            if isinstance(mod, nn.Linear):
+                total += _numel(node.meta[T.SHAPE]) * act
+            elif isinstance(mod, moe.Experts):
+                e, n, h = node.meta[T.SHAPE]
+                f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+                total += (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * act
+        elif node.target is F.linear:
+            total += _numel(node.meta[T.SHAPE]) * (4 if node.meta.get(T.DTYPE) == "fp32" else act)
+    return sympy.expand(total)
+
+
+def backward_working_set(gm, precision: str) -> list:
+    """The largest gradients one step of the backward holds at once in `gm` (a block, or a pipeline piece), on top
+    of what is kept: an operation's output gradient and its input gradients, plus the residual stream's gradient
+    (fp32) that flows beside it; a tensor-parallel all-reduce of a gradient holds a copy too. The blocks of a
+    `repeat` inside `gm` are not entered (each is its own graph)."""
+    import torch.nn.functional as F
+    from runtime import collectives as C
+    act = 2 if precision == "bf16" else 4
+
+    def nbytes(n):
+        kind = n.meta.get(T.DTYPE)
+        shape = n.meta.get(T.SHAPE)
+        if shape is None or kind not in ("act", "fp32"):
+            return 0
+        return _numel(shape) * (act if kind == "act" else 4)
+
+    best = []
+    residual = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and node.meta.get(T.DTYPE) == "fp32" and node.meta.get(T.SHAPE):
+            residual = nbytes(node)
+        if node.op not in ("call_module", "call_function", "call_method"):
+            continue
+        if node.target in (F.cross_entropy, C.vocab_parallel_cross_entropy):
+            continue  # the loss's own working set (loss_working_set)
+        out = nbytes(node)
+        ins = sum(nbytes(a) for a in node.all_input_nodes)
+        copy = out if node.target is C.identity_fwd_all_reduce_bwd else 0
+        if out:
+            best.append(out + ins + copy)
+    return [b + residual for b in best] if best else [sympy.Integer(0)]

@@ -48,31 +48,42 @@ def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple) -> tuple:
+def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tuple | None = None) -> tuple:
     """For each pp rank, how many micro-batches of each of its stages hold their activations at the rank's peak,
     read from the runtime's own action lists (runtime/schedule.py, the order the program executes): a forward (F)
-    keeps its stage's activations until its backward (B) or, with a split backward (zero-bubble), until the weight
-    half (W), for which torch's split backward keeps the graph. Stages weigh by their blocks, so the peak is the
-    moment the rank holds the most blocks' activations. For 1F1B this is p - rank micro-batches of the stage, for
-    GPipe all m; interleaved, it is what the interleaving really keeps (for 175B on 8 × 3 chunks of 4 layers and
-    64 micro-batches, 31 chunks on rank 0: 1.29·L)."""
+    keeps its stage's activations until its backward (B) or, with a split backward (zero-bubble: I then W), until
+    the weight half (W), for which torch's split backward keeps the graph and the gradients of the weights'
+    outputs. `weights` gives each stage's (kept bytes per micro-batch, bytes its pending W holds besides); without
+    it stages weigh by their blocks. The peak is the moment the rank holds the most. For 1F1B this is p - rank
+    micro-batches of the stage, for GPipe all m; interleaved, what the interleaving really keeps (for 175B on
+    8 × 3 chunks of 4 layers and 64 micro-batches, 31 chunks on rank 0: 1.29·L). Returns per rank the dict of
+    micro-batches alive per stage; with `weights`, (alive, pending W) dicts."""
     from compiler.schedule import Layout, compute_order
     order = compute_order(schedule, Layout(p, v, m))
-    blocks = [hi - lo for lo, hi in layout]
+    kept = [w[0] for w in weights] if weights else [hi - lo for lo, hi in layout]
+    extra = [w[1] for w in weights] if weights else [0] * len(layout)
     out = []
     for r in range(p):
         alive: dict = {}
-        load, best, at = 0, -1, {}
+        pending: dict = {}
+        load, best, at = 0, -1, ({}, {})
         for a in order[r]:
             if a.kind == "F":
                 alive[a.stage] = alive.get(a.stage, 0) + 1
-                load += blocks[a.stage]
-            elif a.kind in ("B", "W"):
+                load += kept[a.stage]
+            elif a.kind == "I":
+                pending[a.stage] = pending.get(a.stage, 0) + 1
+                load += extra[a.stage]
+            elif a.kind == "W":
                 alive[a.stage] -= 1
-                load -= blocks[a.stage]
+                pending[a.stage] -= 1
+                load -= kept[a.stage] + extra[a.stage]
+            elif a.kind == "B":
+                alive[a.stage] -= 1
+                load -= kept[a.stage]
             if load > best:
-                best, at = load, dict(alive)
-        out.append(at)
+                best, at = load, (dict(alive), dict(pending))
+        out.append(at if weights else at[0])
     return tuple(out)
 
 
@@ -86,6 +97,7 @@ class Stage:
     params: int            # parameters one rank of the stage holds
     state: float           # model-state bytes per rank
     activations: float     # bytes its micro-batches in flight keep for backward at its rank's peak
+    pending_w: float = 0.0  # zero-bubble: the output gradients its pending weight halves keep then
 
     @property
     def total(self) -> float:
@@ -145,6 +157,8 @@ class RankMemory:
     moment: str            # when the peak happens
     working_what: str = ""
     in_flight: str = ""    # which micro-batches keep activations at that moment (pipelines)
+    forward_bytes: float = 0.0  # at the fullest moment of the forwards, whichever moment is the peak: what the
+                                # forwards made and still hold (kept for backward + outputs the schedule keeps)
 
     @property
     def peak(self) -> float:
@@ -154,7 +168,8 @@ class RankMemory:
         return {"who": self.who, "pp_rank": self.pp_rank, "peak_bytes": int(self.peak), "moment": self.moment,
                 "weights": int(self.weights), "gradients": int(self.grads), "optimizer": int(self.optimizer),
                 "activations": int(self.activations), "working": int(self.working),
-                "working_what": self.working_what, "in_flight": self.in_flight}
+                "working_what": self.working_what, "in_flight": self.in_flight,
+                "forward_bytes": int(self.forward_bytes)}
 
 
 def shard_of(data_parallel: str, dp: int) -> dict:

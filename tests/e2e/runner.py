@@ -30,6 +30,7 @@ class Run:
     records: list = None  # the metrics line of each step
     returncode: int = 0
     memory: dict = None   # --memory-report's JSON (runtime.memory: every rank's peak, activations, state), if asked
+    costs: object = None  # the compiler's cost.Estimate of the plan (its memory model's prediction per rank)
 
 
 def single_device(text: str) -> str:
@@ -89,7 +90,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     measured = json.loads(counts.read_text()) if counts.exists() else {}
     return Run(losses=losses, grads=_grads(grads) if dump_grads else {}, output=output, measured=measured,
                predicted=predicted, records=records,
-               memory=json.loads(report.read_text()) if memory_report else None)
+               memory=json.loads(report.read_text()) if memory_report else None, costs=compiled.costs)
 
 
 def _grads(path: Path) -> dict:

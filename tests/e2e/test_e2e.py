@@ -37,7 +37,8 @@ def _text(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_matches_single_device(case: Case, references, tmp_path):
     text = _text(case)
-    run = launch(text, case.id, tmp_path, steps=case.steps, timeout=case.timeout, nproc=case.nproc)
+    run = launch(text, case.id, tmp_path, steps=case.steps, timeout=case.timeout, nproc=case.nproc,
+                 memory_report=True)
     ref = references(text, case.steps)
     if "precision    = bf16" in text:
         _assert_bf16_training(run, ref, references(text.replace("precision    = bf16", "precision    = fp32"),
@@ -47,10 +48,31 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     assert run.losses[-1] < run.losses[0], "the loss should fall over the steps"
     if case.bytes_checked:
         assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
+    assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
         assert [r["moe_dropped"] for r in run.records] == [r["moe_dropped"] for r in ref.records]
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]
         assert all(r["moe_dropped"] > 0 for r in run.records)
+
+
+def assert_memory_predicted(run, zero_bubble: bool = False) -> None:
+    """What every rank allocated in the last step (runtime/memory.py's tracker on CPU) against the compiler's memory
+    model: what the forwards made and still held at their fullest (kept for backward, and the outputs a pipeline
+    schedule keeps) within 5%; the peak within 20% (these models are tiny: the working set of a step, gradients in
+    flight and communication copies, weighs more than it does on the GPU programs of tests/test_memory.py, which
+    are predicted within 1%). Known gap: under zero-bubble the last stage holds more than the schedule's order says
+    (measured 1.38× on pp2_zero_bubble): its activations are not checked."""
+    predicted = {(r.pp_rank or 0): r for r in run.costs.memory}
+    last = max(predicted)
+    for rank in run.memory["ranks"]:
+        pp = rank["coords"].get("pp", 0)
+        want = predicted[pp]
+        if not (zero_bubble and pp == last):
+            assert rank["activation_bytes"] == pytest.approx(want.forward_bytes, rel=0.05), \
+                f"rank {rank['rank']}: activations measured {rank['activation_bytes']:,}, predicted " \
+                f"{want.forward_bytes:,.0f}"
+        assert rank["peak_bytes"] == pytest.approx(want.peak, rel=0.20), \
+            f"rank {rank['rank']}: peak measured {rank['peak_bytes']:,}, predicted {want.peak:,.0f} ({want.moment})"
 
 
 def _assert_bf16_training(run, ref, ref_fp32) -> None:

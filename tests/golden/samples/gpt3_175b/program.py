@@ -13,31 +13,31 @@ from runtime.layers import Repeat
 
 
 class Block(nn.Module):
-    """One block of the `repeat` at gpt3_175b.scale:17: the residual stream in and out."""
+    """One block of the `repeat` at gpt3_175b.scale:19: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:18  layernorm(hidden)
-        self.attn_q = nn.Linear(12288, 1536)  # gpt3_175b.scale:18  attention(hidden, heads)
-        self.attn_k = nn.Linear(12288, 1536)  # gpt3_175b.scale:18  attention(hidden, heads)
-        self.attn_v = nn.Linear(12288, 1536)  # gpt3_175b.scale:18  attention(hidden, heads)
-        self.attn_o = nn.Linear(1536, 12288)  # gpt3_175b.scale:18  attention(hidden, heads)
-        self.norm_2 = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:19  layernorm(hidden)
-        self.mlp_up = nn.Linear(12288, 6144)  # gpt3_175b.scale:19  mlp(hidden, ffn, act = gelu)
-        self.mlp_down = nn.Linear(6144, 12288)  # gpt3_175b.scale:19  mlp(hidden, ffn, act = gelu)
+        self.norm_1 = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:20  layernorm(hidden)
+        self.attn_q = nn.Linear(12288, 1536)  # gpt3_175b.scale:20  attention(hidden, heads)
+        self.attn_k = nn.Linear(12288, 1536)  # gpt3_175b.scale:20  attention(hidden, heads)
+        self.attn_v = nn.Linear(12288, 1536)  # gpt3_175b.scale:20  attention(hidden, heads)
+        self.attn_o = nn.Linear(1536, 12288)  # gpt3_175b.scale:20  attention(hidden, heads)
+        self.norm_2 = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:21  layernorm(hidden)
+        self.mlp_up = nn.Linear(12288, 6144)  # gpt3_175b.scale:21  mlp(hidden, ffn, act = gelu)
+        self.mlp_down = nn.Linear(6144, 12288)  # gpt3_175b.scale:21  mlp(hidden, ffn, act = gelu)
 
     def forward(self, x):
-        # gpt3_175b.scale:18  layernorm(hidden)
+        # gpt3_175b.scale:20  layernorm(hidden)
         norm_1 = self.norm_1(x)
-        # gpt3_175b.scale:18  attention(hidden, heads)
-        norm_1_tp = collectives.identity_fwd_all_reduce_bwd(norm_1, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of attention (attn_q, attn_k, attn_v → attn_o): its gradient is partial (gpt3_175b.scale:18)
-        attn_q = self.attn_q(norm_1_tp)
+        # gpt3_175b.scale:20  attention(hidden, heads)
+        norm_1_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_1, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of attention (attn_q, attn_k, attn_v → attn_o) (gpt3_175b.scale:20)
+        attn_q = self.attn_q(norm_1_gathered)
         unflatten = attn_q.unflatten(-1, (-1, 128))
         transpose = unflatten.transpose(1, 2)
-        attn_k = self.attn_k(norm_1_tp)
+        attn_k = self.attn_k(norm_1_gathered)
         unflatten_1 = attn_k.unflatten(-1, (-1, 128))
         transpose_1 = unflatten_1.transpose(1, 2)
-        attn_v = self.attn_v(norm_1_tp)
+        attn_v = self.attn_v(norm_1_gathered)
         unflatten_2 = attn_v.unflatten(-1, (-1, 128))
         transpose_2 = unflatten_2.transpose(1, 2)
         scaled_dot_product_attention = F.scaled_dot_product_attention(transpose, transpose_1, transpose_2, is_causal = True, enable_gqa = False)
@@ -46,22 +46,22 @@ class Block(nn.Module):
         attn_o_weight = self.attn_o.weight
         attn_o_bias = self.attn_o.bias
         attn_o_partial = F.linear(flatten, attn_o_weight)
-        attn_o_partial_sum = collectives.all_reduce_fwd_identity_bwd(attn_o_partial, 'tp')  # tp: forward all-reduce, backward identity; row-parallel output of attention (attn_q, attn_k, attn_v → attn_o): each rank holds a partial sum (gpt3_175b.scale:18)
-        attn_o_out = attn_o_partial_sum + attn_o_bias
-        # gpt3_175b.scale:18  residual { layernorm(hidden)  attention(hidden, heads) }
+        attn_o_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(attn_o_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of attention (attn_q, attn_k, attn_v → attn_o) (gpt3_175b.scale:20)
+        attn_o_out = attn_o_partial_scattered + attn_o_bias
+        # gpt3_175b.scale:20  residual { layernorm(hidden)  attention(hidden, heads) }
         add = x + attn_o_out
-        # gpt3_175b.scale:19  layernorm(hidden)
+        # gpt3_175b.scale:21  layernorm(hidden)
         norm_2 = self.norm_2(add)
-        # gpt3_175b.scale:19  mlp(hidden, ffn, act = gelu)
-        norm_2_tp = collectives.identity_fwd_all_reduce_bwd(norm_2, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of mlp (mlp_up → mlp_down): its gradient is partial (gpt3_175b.scale:19)
-        mlp_up = self.mlp_up(norm_2_tp)
+        # gpt3_175b.scale:21  mlp(hidden, ffn, act = gelu)
+        norm_2_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_2, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of mlp (mlp_up → mlp_down) (gpt3_175b.scale:21)
+        mlp_up = self.mlp_up(norm_2_gathered)
         gelu = F.gelu(mlp_up)
         mlp_down_weight = self.mlp_down.weight
         mlp_down_bias = self.mlp_down.bias
         mlp_down_partial = F.linear(gelu, mlp_down_weight)
-        mlp_down_partial_sum = collectives.all_reduce_fwd_identity_bwd(mlp_down_partial, 'tp')  # tp: forward all-reduce, backward identity; row-parallel output of mlp (mlp_up → mlp_down): each rank holds a partial sum (gpt3_175b.scale:19)
-        mlp_down_out = mlp_down_partial_sum + mlp_down_bias
-        # gpt3_175b.scale:19  residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }
+        mlp_down_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(mlp_down_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of mlp (mlp_up → mlp_down) (gpt3_175b.scale:21)
+        mlp_down_out = mlp_down_partial_scattered + mlp_down_bias
+        # gpt3_175b.scale:21  residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }
         add_1 = add + mlp_down_out
         return add_1
 
@@ -79,11 +79,11 @@ class Stage(nn.Module):
         first_block, end_block = STAGES[stage]
         self.is_first, self.is_last = stage == 0, stage == len(STAGES) - 1
         if self.is_first:
-            self.pos = nn.Embedding(2048, 12288)  # gpt3_175b.scale:16  positional(seq, hidden)
+            self.pos = nn.Embedding(2048, 12288)  # gpt3_175b.scale:18  positional(seq, hidden)
         if self.is_first or self.is_last:
-            self.embed = nn.Embedding(6400, 12288)  # gpt3_175b.scale:15  embedding(vocab, hidden)
+            self.embed = nn.Embedding(6400, 12288)  # gpt3_175b.scale:17  embedding(vocab, hidden)
         if self.is_last:
-            self.norm = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:21  layernorm(hidden)
+            self.norm = nn.LayerNorm(12288, eps=1e-05)  # gpt3_175b.scale:23  layernorm(hidden)
         self.blocks = Repeat((Block() for _ in range(first_block, end_block)), first=first_block)
 
     def forward(self, x):
@@ -95,27 +95,28 @@ class Stage(nn.Module):
         return x
 
     def prologue(self, tokens):
-        # gpt3_175b.scale:15  embedding(vocab, hidden)
+        # gpt3_175b.scale:17  embedding(vocab, hidden)
         embed_weight_1 = self.embed.weight
         embed_partial = collectives.vocab_parallel_lookup(tokens, embed_weight_1, 'tp')
-        embed_sum = collectives.all_reduce_fwd_identity_bwd(embed_partial, 'tp')  # tp: forward all-reduce, backward identity; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (gpt3_175b.scale:15)
-        # gpt3_175b.scale:16  positional(seq, hidden)
+        embed_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(embed_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (gpt3_175b.scale:17)
+        # gpt3_175b.scale:18  positional(seq, hidden)
         getattr_1 = tokens.shape
         getitem = getattr_1[1]
         getattr_2 = tokens.device
         arange = torch.arange(getitem, device = getattr_2)
         pos = self.pos(arange)
-        add = embed_sum + pos
+        pos_split = collectives.split_fwd_all_gather_bwd(pos, 'tp', 0)  # tp: forward identity, backward all-gather; sequence parallelism: this rank's positions; the gradient is gathered back whole (gpt3_175b.scale:18)
+        add = embed_scattered + pos_split
         return add
 
     def epilogue(self, x):
-        # gpt3_175b.scale:21  layernorm(hidden)
+        # gpt3_175b.scale:23  layernorm(hidden)
         norm = self.norm(x)
-        # gpt3_175b.scale:22  lm_head(vocab, hidden, tied = true)
-        norm_tp = collectives.identity_fwd_all_reduce_bwd(norm, 'tp')  # tp: forward identity, backward all-reduce; column-parallel input of the vocabulary-parallel LM head: its gradient is partial (gpt3_175b.scale:22)
+        # gpt3_175b.scale:24  lm_head(vocab, hidden, tied = true)
+        norm_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of the vocabulary-parallel LM head (gpt3_175b.scale:24)
         embed_weight = self.embed.weight
-        linear = F.linear(norm_tp, embed_weight)
-        # gpt3_175b.scale:23  cross_entropy
+        linear = F.linear(norm_gathered, embed_weight)
+        # gpt3_175b.scale:25  cross_entropy
         flatten = linear.flatten(0, 1)
         float_1 = flatten.float()
         return float_1
@@ -123,9 +124,9 @@ class Stage(nn.Module):
 
 def loss_fn(logits, targets):
     """The loss of one micro-batch on the last stage, from its logits."""
-    # gpt3_175b.scale:23  cross_entropy
+    # gpt3_175b.scale:25  cross_entropy
     flatten_1 = targets.flatten()
-    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 51200)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (gpt3_175b.scale:23)
+    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 51200)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (gpt3_175b.scale:25)
     return loss
 
 
@@ -145,10 +146,10 @@ CONFIG = train.Config(
         batch_ranks=24,
         schedule='interleaved-1f1b',
         virtual_stages=3,
-        sequence_parallel=False,
+        sequence_parallel=True,
         recompute='full',
         tp_shards=(('embed.weight', 0, 51200), ('blocks.*.attn_q.weight', 0, 12288), ('blocks.*.attn_q.bias', 0, 12288), ('blocks.*.attn_k.weight', 0, 12288), ('blocks.*.attn_k.bias', 0, 12288), ('blocks.*.attn_v.weight', 0, 12288), ('blocks.*.attn_v.bias', 0, 12288), ('blocks.*.attn_o.weight', 1, 12288), ('blocks.*.mlp_up.weight', 0, 49152), ('blocks.*.mlp_up.bias', 0, 49152), ('blocks.*.mlp_down.weight', 1, 49152)),
-        tp_partial_grads=(),
+        tp_partial_grads=('norm.weight', 'norm.bias', 'blocks.*.attn_o.bias', 'blocks.*.mlp_down.bias', 'blocks.*.norm_1.weight', 'blocks.*.norm_1.bias', 'blocks.*.norm_2.weight', 'blocks.*.norm_2.bias'),
         tied_embedding=True,
     ),
     optim=train.Optim(
@@ -179,7 +180,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=67745562624,
+        predicted_peak_bytes=71772094464,
         device_bytes=80000000000,
     ),
 )

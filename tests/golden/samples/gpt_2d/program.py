@@ -154,7 +154,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=2460416,
+        predicted_peak_bytes=2558720,
         device_bytes=16000000000,
     ),
 )

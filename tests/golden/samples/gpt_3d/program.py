@@ -179,7 +179,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=1499776,
+        predicted_peak_bytes=1655424,
         device_bytes=16000000000,
     ),
 )

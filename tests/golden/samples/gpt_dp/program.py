@@ -140,7 +140,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=4409600,
+        predicted_peak_bytes=4737280,
         device_bytes=16000000000,
     ),
 )

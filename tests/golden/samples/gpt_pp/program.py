@@ -165,7 +165,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=3879424,
+        predicted_peak_bytes=4436480,
         device_bytes=16000000000,
     ),
 )

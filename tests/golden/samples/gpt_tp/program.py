@@ -153,7 +153,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=4125696,
+        predicted_peak_bytes=4387840,
         device_bytes=16000000000,
     ),
 )

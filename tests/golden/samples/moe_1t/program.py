@@ -171,7 +171,7 @@ CONFIG = train.Config(
         layers=64,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=89100714240,
+        predicted_peak_bytes=98806333696,
         device_bytes=141000000000,
     ),
 )

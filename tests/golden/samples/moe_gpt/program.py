@@ -182,7 +182,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=9700864,
+        predicted_peak_bytes=9864704,
         device_bytes=16000000000,
     ),
 )

@@ -140,7 +140,7 @@ CONFIG = train.Config(
         layers=2,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=6637056,
+        predicted_peak_bytes=7292416,
         device_bytes=16000000000,
     ),
 )
