@@ -103,6 +103,10 @@ class Candidates:
         """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model."""
         return self._structure(plan).cost.estimate(plan, pp_rank)
 
+    def cost_model(self, plan: P.Plan):
+        """The cost.CostModel of `plan`'s structure (what compiler/simulate.py costs step times from)."""
+        return self._structure(plan).cost
+
     def sharded(self, plan: P.Plan):
         """The graphs after tp and ep (symbolic in sizes) for `plan`'s structure."""
         return self._structure(plan).sharded

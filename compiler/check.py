@@ -8,6 +8,7 @@ offending text, with a remedy.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -19,7 +20,7 @@ from compiler import spec as S
 from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _duration, _float,
                              _end_span, _int, _pos_int, _settings, _size, _span, _spans_of,
                              _string)
-from compiler.cost.devices import DEVICES
+from compiler.cost.devices import DEVICES, OVERRIDABLE
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.parse import parse
 from compiler.plan import AXES, from_spec
@@ -59,6 +60,11 @@ MESH_SETTINGS: dict[str, Param] = {
     "memory_gb": Param(_float, None, "memory of one device, GB"),
     "intra_node_gbps": Param(_float, None, "per-device bandwidth inside a node, GB/s"),
     "inter_node_gbps": Param(_float, None, "per-device bandwidth between nodes, GB/s"),
+    "hbm_gbps": Param(_float, None, "memory bandwidth of one device, GB/s"),
+    "matmul_efficiency": Param(_float, None, "fraction of the peak a large matmul reaches"),
+    "intra_node_latency_us": Param(_float, None, "latency of one collective step inside a node, µs"),
+    "inter_node_latency_us": Param(_float, None, "latency of one collective step between nodes, µs"),
+    "op_overhead_us": Param(_float, None, "the least time one eager op takes, µs"),
 }
 
 PLAN_SETTINGS: dict[str, Param] = {
@@ -346,16 +352,14 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
     if s is None:
         return None
     kind = s["device"]
-    peak, mem, intra, inter = DEVICES[kind]
-    def given(key, default):
-        return default if s[key] is None else s[key]
-    for key in ("peak_tflops", "memory_gb", "intra_node_gbps", "inter_node_gbps"):
-        if s[key] is not None and s[key] <= 0:
-            c.error("E0120", f"`{key}` must be positive", _span(s["_spans"][key]), help="or leave it out to use "
-                    f"the figures of `{kind}`")
+    figures = DEVICES[kind]
+    for key in OVERRIDABLE:
+        if s[key] is not None and (s[key] <= 0 or (key == "matmul_efficiency" and s[key] > 1)):
+            c.error("E0120", f"`{key}` must be positive" + (" and at most 1" if key == "matmul_efficiency" else ""),
+                    _span(s["_spans"][key]), help=f"or leave it out to use the figures of `{kind}`")
             return None
-    device = S.Device(kind=kind, peak_tflops=given("peak_tflops", peak), memory_gb=given("memory_gb", mem),
-                      intra_node_gbps=given("intra_node_gbps", intra), inter_node_gbps=given("inter_node_gbps", inter))
+    device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
+                                    for f in dataclasses.fields(figures)})
     mesh = S.Mesh(axes=tuple(axes), nodes=s["nodes"], devices_per_node=s["devices_per_node"], device=device,
                   span=sec.span, axis_spans=spans)
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):

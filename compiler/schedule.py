@@ -35,8 +35,12 @@ class Timeline:
         return 1 - busy / self.makespan
 
 
-def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None) -> Timeline:
+def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None, transfer: float = 0.0) -> Timeline:
     """Run the lists as the runtime would: each rank in order, a receive waits for its send, sends never wait.
+
+    `cost` gives each computation's duration by kind ("F", "B", "I", "W"): a number, or a sequence indexed by stage
+    (the step-time model, compiler/simulate.py, gives each stage its own); `transfer` is the time a send takes to
+    arrive (the receive of a message sent at t completes no earlier than t + transfer).
 
     Raises ScheduleError naming the rank and action on a deadlock, an unmatched send or receive, a missing,
     repeated or misplaced computation, or an action that runs before what it depends on."""
@@ -82,7 +86,9 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
 
     # Actions as small integers (the hot loop runs once per action: p = 128, m = 512 is ~400k of them).
     code_of = {"F": 0, "B": 1, "I": 2, "W": 3, "SEND_F": 4, "SEND_B": 5, "RECV_F": 6, "RECV_B": 7}
-    dur = [cost.get(k, 0) for k in ("F", "B", "I", "W")] + [0, 0, 0, 0]
+    def per_stage(x):
+        return list(x) if isinstance(x, (list, tuple)) else [x] * n_stages
+    dur = [per_stage(cost.get(k, 0)) for k in ("F", "B", "I", "W")]
     coded = {r: [(code_of[a.kind], a.stage, a.mb) for a in acts] for r, acts in order.items()}
     p = lay.p
     ev_f, ev_b, ev_sf, ev_sb = events
@@ -134,7 +140,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
                     break
                 if when > t:
                     t = when
-            end = t + dur[c]
+            end = t + dur[c][st] if c < 4 else t
             if c == 0:
                 span_r.append((t, end, acts[i]))
                 record(FWD, st, k, end)
@@ -144,9 +150,9 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
             elif c == 3:
                 span_r.append((t, end, acts[i]))
             elif c == 4:
-                record(SENT_F, st, k, t)
+                record(SENT_F, st, k, t + transfer)
             elif c == 5:
-                record(SENT_B, st, k, t)
+                record(SENT_B, st, k, t + transfer)
             elif c == 6:
                 recv_f[st - 1][k] = True
             else:

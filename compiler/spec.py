@@ -178,6 +178,20 @@ class Device:
     """Per-device bandwidth inside a node, GB/s."""
     inter_node_gbps: float
     """Per-device bandwidth between nodes, GB/s."""
+    hbm_gbps: float = 0.0
+    """Memory bandwidth, GB/s (compiler/cost/devices.py documents these figures and their sources)."""
+    matmul_efficiency: float = 1.0
+    """Fraction of the peak a large matmul reaches."""
+    intra_node_latency_us: float = 0.0
+    """Latency of one step of a collective inside a node, µs."""
+    inter_node_latency_us: float = 0.0
+    """Latency of one step of a collective between nodes, µs."""
+    op_overhead_us: float = 0.0
+    """The least time one eager op takes, µs."""
+    units: int = 1
+    """Multiprocessors a matmul's tiles spread over."""
+    tile: int = 1
+    """Side of a matmul's output tile."""
 
 
 @dataclass(frozen=True, kw_only=True)

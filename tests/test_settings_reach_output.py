@@ -47,6 +47,11 @@ COST_MODEL_ONLY = {
     "mesh.memory_gb": "cost model: the memory budget `compile` and `plan` check against",
     "mesh.intra_node_gbps": "cost model: bandwidth inside a node",
     "mesh.inter_node_gbps": "cost model: bandwidth between nodes",
+    "mesh.hbm_gbps": "cost model: memory-bound ops' time",
+    "mesh.matmul_efficiency": "cost model: the rate of a large matmul",
+    "mesh.intra_node_latency_us": "cost model: a collective step's latency inside a node",
+    "mesh.inter_node_latency_us": "cost model: a collective step's latency between nodes",
+    "mesh.op_overhead_us": "cost model: the least time of one eager op",
 }
 
 # Settings that only permit what the compiler does whenever it is needed: their effect is that the file is

@@ -1,13 +1,73 @@
-"""Devices the cost model knows, by the name a mesh's `device` setting takes.
+"""Devices the cost model knows, by the name a mesh's `device` setting takes, with every figure's source.
 
-Each is (dense bf16 peak TFLOP/s, memory GB, per-device GB/s inside a node, per-device GB/s between nodes); a mesh
-may override any figure (`peak_tflops`, `memory_gb`, `intra_node_gbps`, `inter_node_gbps`). Torch-free: the checker
-reads it to resolve the mesh.
+A mesh may override any figure by its field name (`peak_tflops = 400`, `inter_node_gbps = 50`, ...); a device
+kind not listed here does not exist for the checker. Torch-free: the checker reads it to resolve the mesh.
+
+What the step-time model (compiler/simulate.py) does with them:
+- a matmul runs at `peak_tflops × matmul_efficiency`, less what tile and wave quantisation waste (a GEMM is cut
+  into `tile`-sized output tiles spread over `units` multiprocessors; NVIDIA, "Matrix Multiplication Background
+  User's Guide"), and never faster than its operands stream from memory;
+- every other op moves its bytes at `hbm_gbps`;
+- each op costs at least `op_overhead_us` (the eager dispatch and launch time of one op on the host);
+- a collective costs `latency_us` per algorithm step plus its bytes over the link's bandwidth, inside a node or
+  between nodes (alpha-beta model).
 """
+from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True, kw_only=True)
+class Figures:
+    peak_tflops: float
+    """Dense bf16 peak TFLOP/s (datasheet)."""
+    memory_gb: float
+    """Device memory, GB (1e9 bytes)."""
+    intra_node_gbps: float
+    """Per-device bandwidth to the devices of the same node, one direction, GB/s."""
+    inter_node_gbps: float
+    """Per-device bandwidth to other nodes, one direction, GB/s."""
+    hbm_gbps: float
+    """Memory bandwidth, GB/s."""
+    matmul_efficiency: float
+    """Fraction of `peak_tflops` a large bf16 matmul reaches."""
+    intra_node_latency_us: float
+    """Latency of one step of a collective between devices of one node, µs."""
+    inter_node_latency_us: float
+    """Latency of one step of a collective between nodes, µs."""
+    op_overhead_us: float
+    """The least time one op takes in an eager program (host dispatch and kernel launch), µs."""
+    units: int = 1
+    """Multiprocessors a matmul's tiles are spread over (waves)."""
+    tile: int = 1
+    """Side of a matmul's output tile, elements."""
+
+
+OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "tile"))
+
+# Sources:
+# - peak, memory, NVLink and HBM: NVIDIA's A100 80GB SXM (312 TFLOP/s bf16, 2,039 GB/s, NVLink 3 600 GB/s both
+#   directions = 300 one way, 108 SMs), H100 SXM (989, 3,350 GB/s, NVLink 4 900 GB/s = 450 one way, 132 SMs) and
+#   H200 SXM (989, 141 GB, 4,800 GB/s) datasheets. Between nodes: one 200 Gb/s HDR NIC per A100 (DGX A100) = 25 GB/s,
+#   one 400 Gb/s NDR NIC per H100/H200 (DGX H100) = 50 GB/s.
+# - matmul efficiency: H100/H200: an 8192³ bf16 matmul measured 798 TFLOP/s of 989 = 0.81
+#   (../shared/reference/gpu-measured.json). A100: 0.75, set so the model's TFLOP/s of Megatron-LM's three Table 1
+#   calibration rows (Narayanan et al. 2021) come within 15% (tests/test_simulate.py prints them); not measured here.
+# - latencies: NCCL's small-message figures are a few µs per ring step inside a node and ~5-10 µs across
+#   InfiniBand; these are order-of-magnitude figures, not measured here, and matter only for small messages.
+# - op overhead: an eager PyTorch op costs ~5-10 µs of host time on CUDA (dispatch and launch); not measured here.
+# - cpu: this machine, one thread per rank, gloo over loopback: measured by `python -m bench.cpu_calibration`.
 DEVICES = {
-    "cpu": (0.1, 16.0, 10.0, 1.0),
-    "a100": (312.0, 80.0, 300.0, 25.0),
-    "h100": (989.0, 80.0, 450.0, 50.0),
-    "h200": (989.0, 141.0, 450.0, 50.0),
+    "cpu": Figures(peak_tflops=0.1, memory_gb=16.0, intra_node_gbps=10.0, inter_node_gbps=1.0, hbm_gbps=10.0,
+                   matmul_efficiency=0.5, intra_node_latency_us=50.0, inter_node_latency_us=50.0,
+                   op_overhead_us=10.0),
+    "a100": Figures(peak_tflops=312.0, memory_gb=80.0, intra_node_gbps=300.0, inter_node_gbps=25.0, hbm_gbps=2039.0,
+                    matmul_efficiency=0.75, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    op_overhead_us=6.0, units=108, tile=128),
+    "h100": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
+                    matmul_efficiency=0.81, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    op_overhead_us=6.0, units=132, tile=128),
+    "h200": Figures(peak_tflops=989.0, memory_gb=141.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=4800.0,
+                    matmul_efficiency=0.81, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    op_overhead_us=6.0, units=132, tile=128),
 }

@@ -1,0 +1,569 @@
+"""The step-time model: how long one optimizer step of a plan takes, per rank, from what the compiler knows.
+
+    compute        every op of the traced graphs the program runs, per micro-batch: a matmul at the device's
+                   achievable rate for its shape (tile and wave quantisation), never faster than its operands stream
+                   from memory; any other op (norms, activations, casts, the loss) moves its bytes at the memory
+                   bandwidth; no op faster than the device's per-op overhead. Backward: one gradient matmul per
+                   operand that needs one (compiler/cost/flops.py's rule), other ops twice their forward bytes.
+                   Recomputation adds its forward again (full: the block; selective: the attention core and the
+                   memory-bound ops).
+    communication  every collective the passes inserted (the ledger's sites), costed with an alpha-beta model of its
+                   algorithm on the link its group uses: the mesh is placed on the nodes innermost axis first, so an
+                   axis's group stays inside a node when it and the axes inside it fit in one (`Link`).
+                   Tensor- and expert-parallel collectives sit on the critical path of the stage that issues them;
+                   pipeline sends delay the receiving stage; data parallelism's traffic overlaps the last
+                   micro-batch's backward under DDP, each micro-batch's compute under FSDP, and nothing under pp
+                   (one coalesced all-reduce after the pipeline step).
+    the pipeline   each stage's forward, backward (and under zero-bubble input- and weight-gradient) time goes into
+                   the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
+                   interleaving and zero-bubble are costed as they run, not by a bubble formula.
+    the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW.
+
+Every device figure lives in compiler/cost/devices.py with its source; the constants of this module are below, each
+with its reason. `Simulator` costs candidate plans of one model from one trace (compiler/candidates.py); `predict`
+costs a compiled program.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from compiler.lazy import lazy
+
+T = lazy("compiler.trace")
+
+# AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
+# parameter and moments: 28 bytes; torch's foreach implementation (what the runtime uses) runs each arithmetic step
+# as its own pass over the tensors, about twice that (counted from torch/optim/adamw.py's `_multi_tensor_adamw`:
+# lerp, mul, addcmul, sqrt, div, add, addcdiv). Gradient clipping reads every gradient once more.
+ADAMW_BYTES_PER_PARAM = 56
+CLIP_BYTES_PER_PARAM = 4
+# DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends.
+DDP_BUCKET_BYTES = 25 * 2 ** 20
+# ops that only view their input (no kernel, no bytes moved)
+VIEWS = frozenset({"unflatten", "flatten", "transpose", "view", "reshape", "permute", "getattr", "getitem", "arange",
+                   "size", "unsqueeze", "squeeze", "expand", "chunk", "split", "t", "narrow", "select", "detach"})
+DTYPE_BYTES = {"fp32": 4, "int": 8}
+
+
+# -- the device and its links -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """How the group of one mesh axis sits on the hardware."""
+
+    axis: str
+    size: int
+    crosses_nodes: bool
+    gbps: float          # per-device bandwidth, one direction
+    latency_us: float    # per algorithm step
+
+    def describe(self) -> str:
+        where = "crosses nodes" if self.crosses_nodes else "inside a node"
+        return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
+
+
+def links(plan, device) -> dict:
+    """Each axis's group placed on the nodes: the mesh's axes are listed outermost first and the innermost varies
+    fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
+    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that fits in one.
+    Also "dp×ep" (the dense gradients' group under ep)."""
+    out, inner = {}, 1
+    spans = {}
+    for axis, n in reversed(plan.axes):
+        spans[axis] = (inner, n)
+        inner *= n
+    for axis, (stride, n) in spans.items():
+        out[axis] = _link(axis, n, stride * n > plan.devices_per_node and n > 1, device)
+    if "dp" in spans and "ep" in spans:
+        n = spans["dp"][1] * spans["ep"][1]
+        lo = min(spans["dp"][0], spans["ep"][0])
+        hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
+        out["dp×ep"] = _link("dp×ep", n, hi > plan.devices_per_node and n > 1 and lo >= 1, device)
+    return out
+
+
+def _link(axis, n, crosses, device) -> Link:
+    if crosses:
+        return Link(axis, n, True, device.inter_node_gbps, device.inter_node_latency_us)
+    return Link(axis, n, False, device.intra_node_gbps, device.intra_node_latency_us)
+
+
+def collective_s(op: str, nbytes: float, link: Link) -> float:
+    """Seconds one collective of `nbytes` (the full tensor, as the ledger counts it) takes on `link`.
+
+    Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce is a reduce-scatter then an all-gather,
+    2(n-1) steps moving 2(n-1)/n of the tensor; all-gather, reduce-scatter and all-to-all (n-1) steps moving
+    (n-1)/n; across nodes NCCL switches to a tree for latency, 2·log2(n) steps moving about 2× the tensor: the
+    faster of the two is taken. A broadcast is pipelined down a chain (the tensor once plus log2(n) latencies);
+    a point-to-point send is one step."""
+    n = link.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    beta = 1.0 / (link.gbps * 1e9)
+    alpha = link.latency_us * 1e-6
+    if op == "all_reduce":
+        ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
+        tree = 2 * math.log2(n) * alpha + 2 * nbytes * beta
+        return min(ring, tree) if link.crosses_nodes else ring
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) * alpha + (n - 1) / n * nbytes * beta
+    if op == "broadcast":
+        return math.log2(n) * alpha + nbytes * beta
+    if op == "send_recv":
+        return alpha + nbytes * beta
+    raise ValueError(f"no cost rule for collective {op}")
+
+
+# -- ops of one traced graph, compiled --------------------------------------------------------------------------
+
+
+def _name(node) -> str:
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def _numel(shape) -> sympy.Expr:
+    """Elements of a shape; of a tuple of shapes (a node with several outputs), their sum."""
+    if any(isinstance(d, (tuple, list)) for d in shape):
+        return sum((_numel(d) for d in shape if isinstance(d, (tuple, list))), sympy.Integer(0))
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+class Segment:
+    """One traced graph's ops as numbers: `values(env)` evaluates every op's sizes at once (one compiled function
+    of dp, tp, ep, pp and the micro-batch size); `times` turns them into seconds on a device."""
+
+    def __init__(self, gm, sub: dict, args: tuple, precision: str, fixed_sizes: dict):
+        from compiler.cost import flops as F
+        act = 2 if precision == "bf16" else 4
+        needs = F._needs_grad(gm)
+        exprs: list = []
+        self.ops: list = []   # (kind, index into values, grads, has_weight, is_attention, name)
+
+        def dtype_bytes(n):
+            d = n.meta.get(T.DTYPE)
+            if isinstance(d, (tuple, list)):
+                d = next((x for x in d if x in ("act", "fp32")), None)
+            return act if d == "act" else DTYPE_BYTES.get(d, 0)
+
+        def tensor_bytes(n):
+            shape = n.meta.get(T.SHAPE)
+            return _numel(shape) * dtype_bytes(n) if isinstance(shape, tuple) else sympy.Integer(0)
+
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            if T.COLLECTIVE in node.meta and "vocab_parallel" not in _name(node):
+                continue  # a collective alone: costed as communication (the vocabulary-parallel ops also compute)
+            if node.op == "call_module" and node.target in getattr(gm, "_repeat_names", ()):
+                continue
+            name = _name(node)
+            if node.op == "call_module":
+                mod = gm.get_submodule(node.target)
+                if type(mod).__name__ == "Repeat":
+                    continue
+            flops = node.meta.get(T.FLOPS, 0)
+            if flops != 0:
+                batch, m, n_, k, weight = self._dims(node, gm)
+                bwd = F.node_backward(node, gm, needs)
+                grads = int(sympy.simplify(bwd / flops)) if bwd != 0 else 0
+                # bf16 autocast casts an fp32 input on every call; a weight once per forward (autocast's cache)
+                cast = sympy.Integer(0)
+                if precision == "bf16":
+                    for a in node.all_input_nodes:
+                        if a.meta.get(T.DTYPE) == "fp32" and isinstance(a.meta.get(T.SHAPE), tuple):
+                            cast += _numel(a.meta[T.SHAPE]) * 6
+                    if weight is not None:
+                        cast += weight * 6
+                self.ops.append(("matmul", len(exprs), grads, weight is not None,
+                                 name == "scaled_dot_product_attention", name))
+                exprs += [flops, batch, m, n_, k, cast]
+            elif name not in VIEWS:
+                moved = sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0)) + tensor_bytes(node)
+                if "cross_entropy" in name:
+                    moved += 2 * sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0))
+                self.ops.append(("memory", len(exprs), 0, False, False, name))
+                exprs.append(moved)
+        exprs = [sympy.sympify(e).xreplace(sub).xreplace(fixed_sizes) for e in exprs]
+        self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
+
+    @staticmethod
+    def _dims(node, gm):
+        """(batch, M, N, K, weight elements or None) of a matmul node."""
+        import torch.nn.functional as Fn
+        from torch import nn
+        shape = lambda n: n.meta[T.SHAPE]  # noqa: E731
+        if node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            ps = gm.meta[T.PARAM_SHAPES]
+            x = shape(node.args[0])
+            if isinstance(mod, nn.Linear):
+                out, inp = ps[f"{node.target}.weight"]
+                return 1, _numel(x[:-1]), out, inp, out * inp
+            e, h, f = ps[f"{node.target}.w_up"]  # experts: every expert's buffer, (experts, capacity, hidden)
+            return x[0], x[1], f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
+        if node.target is Fn.scaled_dot_product_attention:
+            b, h, sq, d = shape(node.args[0])
+            return b * h, sq, shape(node.args[1])[2], d, None
+        if node.target is Fn.linear:
+            x, w = shape(node.args[0]), shape(node.args[1])
+            return 1, _numel(x[:-1]), w[0], w[1], w[0] * w[1]
+        out = shape(node)
+        mm = _numel(out[:-1])
+        return 1, mm, out[-1], node.meta[T.FLOPS] / (2 * mm * out[-1]), None
+
+    def values(self, env) -> list:
+        return self._fn(*env)
+
+    def times(self, env, dev, act_bytes: int) -> "OpTimes":
+        """Seconds of one micro-batch through this graph on `dev`."""
+        v = self._fn(*env)
+        over = dev.op_overhead_us * 1e-6
+        hbm = dev.hbm_gbps * 1e9
+        rate = dev.peak_tflops * 1e12 * dev.matmul_efficiency
+        fwd = bwd = wgrad = attention = memory = 0.0
+        ops = 0
+        for kind, i, grads, has_weight, is_attention, _ in self.ops:
+            if kind == "memory":
+                t = max(v[i] / hbm, over)
+                fwd += t
+                memory += t
+                bwd += max(2 * v[i] / hbm, over)
+                ops += 2
+                continue
+            flops, batch, m, n, k, cast = v[i:i + 6]
+            util = 1.0
+            if dev.tile > 1:
+                tiles = batch * math.ceil(m / dev.tile) * math.ceil(n / dev.tile)
+                waves = math.ceil(tiles / dev.units)
+                util = batch * m * n / (waves * dev.units * dev.tile * dev.tile)
+            streamed = batch * (m * k + k * n + m * n) * act_bytes / hbm
+            one = max(flops / (rate * util), streamed, over)
+            t_cast = cast / hbm
+            fwd += one + t_cast
+            memory += t_cast
+            bwd += grads * one
+            if has_weight:
+                wgrad += one
+            if is_attention:
+                attention += one
+            ops += 1 + grads
+        return OpTimes(fwd, bwd, wgrad, attention + memory, ops)
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    forward: float
+    backward: float       # input and weight gradients
+    weight: float         # of which the weight gradients (zero-bubble's W)
+    selective: float      # what selective recomputation re-runs: the attention core and the memory-bound ops
+    ops: int
+
+    def __add__(self, o):
+        return OpTimes(self.forward + o.forward, self.backward + o.backward, self.weight + o.weight,
+                       self.selective + o.selective, self.ops + o.ops)
+
+    def __mul__(self, k):
+        return OpTimes(self.forward * k, self.backward * k, self.weight * k, self.selective * k, self.ops * k)
+
+
+ZERO = OpTimes(0.0, 0.0, 0.0, 0.0, 0)
+
+
+# -- a structure's compiled segments --------------------------------------------------------------------------
+
+
+class _Model:
+    """The segments and collective sites of one cost.CostModel (one pass structure)."""
+
+    def __init__(self, cm):
+        from compiler.cost import ARGS
+        from compiler.passes import pipeline_split as P
+        spec, traced = cm.spec, cm.traced
+        prec = spec.train.precision
+        self.cm = cm
+        self.act = 2 if prec == "bf16" else 4
+        sub = cm.sub
+
+        def seg(gm):
+            return Segment(gm, sub, ARGS, prec, {})
+        self.segments: dict = {}
+        if cm.piped:
+            top = traced.top
+            self.segments["block"] = seg(next(iter(traced.blocks.values())))
+            for k, key in (("prologue", P.PROLOGUE), ("epilogue", P.EPILOGUE), ("loss", P.LOSS)):
+                self.segments[k] = seg(top.meta[key])
+        else:
+            self.segments["all"] = seg(traced.top)
+            for name, gm in traced.blocks.items():
+                self.segments[("block", name)] = seg(gm)
+        # the collectives the passes inserted, per segment: (site, its elements' function)
+        self.sites = cm.sites
+
+    def where_key(self, site):
+        kind, name = site.where
+        if kind == "block":
+            return "block" if self.cm.piped else ("block", name)
+        return name
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One micro-batch through one piece of the model (a block, the first or last layers, or the whole model)."""
+
+    forward: float         # compute + the collectives on its critical path
+    backward: float        # input and weight gradients + collectives + recomputation
+    weight: float          # of which the weight gradients (zero-bubble's W)
+    comm: dict             # axis -> seconds of collectives inside forward + backward
+
+
+# -- the prediction --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One kind of rank (every rank without pp; each pp rank with pp)."""
+
+    who: str
+    compute_s: float       # busy computing (its collectives on the critical path included)
+    idle_s: float          # waiting in the pipeline schedule
+    exposed_comm_s: dict   # axis -> seconds of communication on this rank's critical path
+    end_s: float           # when its step ends
+
+    def as_json(self) -> dict:
+        return {"who": self.who, "compute_s": self.compute_s, "idle_s": self.idle_s,
+                "exposed_comm_s": dict(self.exposed_comm_s), "end_s": self.end_s}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_device: float
+    hardware_tflops_per_device: float
+    mfu: float
+    bubble_fraction: float
+    exposed_comm_s: dict          # axis -> seconds, on the rank that ends the step last
+    optimizer_s: float
+    ranks: tuple                  # RankTime per kind of rank
+    links: tuple                  # Link per axis
+    device: str = ""
+    pieces: dict = field(default_factory=dict, compare=False)
+
+    def as_json(self) -> dict:
+        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "model_tflops_per_device": self.model_tflops_per_device,
+                "hardware_tflops_per_device": self.hardware_tflops_per_device, "mfu": self.mfu,
+                "bubble_fraction": self.bubble_fraction, "exposed_comm_s": dict(self.exposed_comm_s),
+                "optimizer_s": self.optimizer_s, "ranks": [r.as_json() for r in self.ranks],
+                "links": [{"axis": k.axis, "size": k.size, "crosses_nodes": k.crosses_nodes, "gbps": k.gbps,
+                           "latency_us": k.latency_us} for k in self.links]}
+
+
+class Simulator:
+    """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
+
+    def __init__(self, device):
+        self.device = device
+        self._models: dict = {}
+
+    def model(self, cm) -> _Model:
+        got = self._models.get(id(cm))
+        if got is None:
+            got = self._models[id(cm)] = (_Model(cm), cm)
+        return got[0]
+
+    # -- pieces ------------------------------------------------------------------------------------------------
+
+    def pieces(self, cm, plan, env, lk: dict) -> dict:
+        """Piece per segment key for one micro-batch."""
+        mdl = self.model(cm)
+        dev = self.device
+        recompute = getattr(plan, "recompute", "none")
+        from compiler.cost import _recompute_passes
+        passes = _recompute_passes(plan)
+        comm = {}
+        for site, f in mdl.sites:
+            key = mdl.where_key(site)
+            dtype = 4 if site.fp32 else mdl.act
+            link = lk.get(site.axis)
+            if link is None:
+                continue
+            t = collective_s(site.op, f(env) * dtype, link)
+            c = comm.setdefault(key, {"forward": {}, "backward": {}})
+            c[site.direction][site.axis] = c[site.direction].get(site.axis, 0.0) + t
+            if recompute == "full" and site.rerun and site.direction == "forward" and key != "all":
+                c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * passes
+        out = {}
+        for key, segment in mdl.segments.items():
+            ot = segment.times(env, dev, mdl.act)
+            c = comm.get(key, {"forward": {}, "backward": {}})
+            cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
+            is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")
+            extra = 0.0
+            if is_block and recompute == "full":  # its collectives before the last saving op are in cb already
+                extra = ot.forward * passes
+            elif is_block and recompute == "selective":
+                extra = ot.selective
+            axes = {}
+            for d in ("forward", "backward"):
+                for a, t in c[d].items():
+                    axes[a] = axes.get(a, 0.0) + t
+            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes)
+        return out
+
+    # -- one plan ------------------------------------------------------------------------------------------------
+
+    def predict(self, cm, plan, est) -> Prediction:
+        """The step time of `plan` (decided, of `cm`'s structure) with `est` its cost.Estimate (pp rank 0)."""
+        dev = self.device
+        dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
+        env = (dp, tp, ep, pp, plan.micro_batch_size)
+        lk = links(plan, dev)
+        pieces = self.pieces(cm, plan, env, lk)
+        m = plan.micro_batches
+        mdl = self.model(cm)
+        if cm.piped:
+            timeline, stage_f, stage_b, stage_w, stage_comm = self._pipeline(cm, plan, env, pieces, lk)
+            ranks_end = {r: max((e for _, e, _ in sp), default=0.0) for r, sp in timeline.spans.items()}
+            busy = {r: sum(e - s for s, e, _ in sp) for r, sp in timeline.spans.items()}
+            makespan = timeline.makespan
+            bubble = 1 - max(busy.values()) / makespan if makespan else 0.0
+            stage_params = self._stage_params(cm, plan, env)
+            per, last_backward = None, 0.0
+        else:
+            tops = [k for k in mdl.segments if not isinstance(k, tuple)]
+            blocks = [k for k in mdl.segments if isinstance(k, tuple)]
+            counts = {("block", name): n for name, (_, n) in cm.counts.items()}
+            per = Piece(0.0, 0.0, 0.0, {})
+            fwd = sum(pieces[k].forward for k in tops) + sum(counts[k] * pieces[k].forward for k in blocks)
+            bwd = sum(pieces[k].backward for k in tops) + sum(counts[k] * pieces[k].backward for k in blocks)
+            comm: dict = {}
+            for k in tops + blocks:
+                for a, t in pieces[k].comm.items():
+                    comm[a] = comm.get(a, 0.0) + t * (counts.get(k, 1))
+            per = Piece(fwd, bwd, 0.0, comm)
+            ranks_end = {0: m * (fwd + bwd)}
+            busy = dict(ranks_end)
+            makespan = ranks_end[0]
+            bubble = 0.0
+            stage_comm = {0: {a: m * t for a, t in comm.items()}}
+            stage_params = {0: est.params_rank}
+            last_backward = bwd
+        # data parallelism's traffic and the optimizer, per rank kind
+        step_entries = [c for c in est.ledger.entries if c.direction == "step"]
+        params0 = max(est.params_rank, 1)
+        shard = dp if plan.data_parallel in ("zero1", "zero2", "fsdp") and dp > 1 else 1
+        ranks, worst = [], None
+        for r in sorted(ranks_end):
+            scale = stage_params[r] / params0
+            sync = 0.0
+            exposed = dict(stage_comm.get(r, {}))
+            for c in step_entries:
+                link = lk.get(c.axis)
+                if link is None:
+                    continue
+                t = collective_s(c.op, c.bytes / max(c.times, 1) * scale, link) * c.times
+                if c.axis == "tp":
+                    hidden = t  # sequence parallelism's partial gradients: after the step, exposed
+                elif cm.piped:
+                    hidden = t  # pipeline stages: one coalesced all-reduce after the pipeline step
+                elif c.op in ("all_gather",):
+                    # FSDP prefetches the next unit's gather during this one's compute: exposed what compute
+                    # cannot cover, and the first unit's gather
+                    per_mb = t / max(c.times, 1)
+                    cover = (per.forward + per.backward) / 2
+                    units = max(sum(n for _, n in cm.counts.values()), 1) + 1
+                    hidden = c.times * (max(0.0, per_mb - cover) + per_mb / units)
+                else:
+                    # DDP all-reduce / FSDP reduce-scatter overlap the last micro-batch's backward; the last bucket
+                    # (or unit) waits for backward to end
+                    last = t * min(1.0, DDP_BUCKET_BYTES / max(c.bytes, 1))
+                    hidden = max(t - last_backward, last) if c.op != "broadcast" else t
+                exposed[c.axis] = exposed.get(c.axis, 0.0) + hidden
+                sync += hidden
+            opt = stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9)
+            end = ranks_end[r] + sync + opt
+            rt = RankTime(f"pp rank {r}" if cm.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
+            ranks.append(rt)
+            if worst is None or end > worst[0]:
+                worst = (end, rt, opt)
+        step, slowest, opt = worst
+        world = plan.world_size
+        return Prediction(step_time_s=step, tokens_per_s=est.tokens_step / step,
+                          model_tflops_per_device=est.flops_step_n / world / step / 1e12,
+                          hardware_tflops_per_device=est.flops_step_hw_n / world / step / 1e12,
+                          mfu=est.flops_step_n / world / step / (dev.peak_tflops * 1e12),
+                          bubble_fraction=bubble, exposed_comm_s=dict(slowest.exposed_comm_s), optimizer_s=opt,
+                          ranks=tuple(ranks), links=tuple(lk[a] for a, _ in plan.axes), device=dev.kind,
+                          pieces=pieces)
+
+    def _stage_params(self, cm, plan, env) -> dict:
+        layout = cm.stages_for(plan, env)
+        pp, n = plan.size("pp"), len(layout)
+        out = {}
+        for r in range(pp):
+            mine = range(r, n, pp)
+            nb = sum(layout[k][1] - layout[k][0] for k in mine)
+            out[r] = (cm.fn[("params", "prologue")](env) * (0 in mine) + nb * cm.fn[("params", "block")](env)
+                      + cm.fn[("params", "epilogue")](env) * (n - 1 in mine))
+        return out
+
+    def _pipeline(self, cm, plan, env, pieces, lk):
+        from compiler import schedule as SCH
+        layout = cm.stages_for(plan, env)
+        n, pp = len(layout), plan.size("pp")
+        blk, pro, epi, loss = (pieces[k] for k in ("block", "prologue", "epilogue", "loss"))
+        f, b, w, comm = [], [], [], []
+        for s, (lo, hi) in enumerate(layout):
+            nb = hi - lo
+            fs, bs, ws = nb * blk.forward, nb * blk.backward, nb * blk.weight
+            cs = {a: nb * t for a, t in blk.comm.items()}
+            extra = ([pro] if s == 0 else []) + ([epi, loss] if s == n - 1 else [])
+            for pc in extra:
+                fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight
+                for a, t in pc.comm.items():
+                    cs[a] = cs.get(a, 0.0) + t
+            f.append(fs)
+            b.append(bs)
+            w.append(ws)
+            comm.append(cs)
+        m = plan.micro_batches
+        send = collective_s("send_recv", cm.fn[("send", "x")](env) * 4, lk["pp"])
+        order = _order(plan.schedule, pp, m, plan.virtual_stages)
+        cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+        timeline = SCH.verify(order, SCH.Layout(pp, plan.virtual_stages, m), cost=cost, transfer=send)
+        stage_comm = {}
+        for r in range(pp):
+            acc: dict = {}
+            for s in range(r, n, pp):
+                for a, t in comm[s].items():
+                    acc[a] = acc.get(a, 0.0) + m * t
+            stage_comm[r] = acc
+        return timeline, f, b, w, stage_comm
+
+
+_ORDERS: dict = {}
+
+
+def _order(schedule: str, p: int, m: int, v: int):
+    """The schedule's action lists with their sends and receives (runtime/schedule.py), made once per shape."""
+    from compiler import schedule as SCH
+    key = (schedule, p, m, v)
+    got = _ORDERS.get(key)
+    if got is None:
+        got = _ORDERS[key] = SCH.actions(schedule, p, m, v)
+    return got
+
+
+def predict(compiled) -> Prediction | None:
+    """The step time of a compiled program (compiler.pipeline.Compiled)."""
+    if compiled.plan is None:
+        return None
+    from compiler import cost as C
+    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced)
+    return Simulator(compiled.spec.mesh.device).predict(cm, compiled.plan, compiled.costs)
