@@ -418,8 +418,12 @@ class Simulator:
 
     # -- one plan ------------------------------------------------------------------------------------------------
 
-    def predict(self, cm, plan, est) -> Prediction:
-        """The step time of `plan` (decided, of `cm`'s structure) with `est` its cost.Estimate (pp rank 0)."""
+    def predict(self, cm, plan, est, exact: bool = True) -> Prediction:
+        """The step time of `plan` (decided, of `cm`'s structure) with `est` its cost.Estimate (pp rank 0).
+
+        `exact=False` skips the schedule simulation: each pp rank's pipeline time is its busy time alone, so the
+        step time is a lower bound of the exact one (a search ranks by it first and simulates only the plans whose
+        bound can still win)."""
         dev = self.device
         dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = (dp, tp, ep, pp, plan.micro_batch_size)
@@ -428,10 +432,14 @@ class Simulator:
         m = plan.micro_batches
         mdl = self.model(cm)
         if cm.piped:
-            timeline, stage_f, stage_b, stage_w, stage_comm = self._pipeline(cm, plan, env, pieces, lk)
-            ranks_end = {r: max((e for _, e, _ in sp), default=0.0) for r, sp in timeline.spans.items()}
-            busy = {r: sum(e - s for s, e, _ in sp) for r, sp in timeline.spans.items()}
-            makespan = timeline.makespan
+            timeline, busy, stage_comm = self._pipeline(cm, plan, env, pieces, lk, exact)
+            if timeline is None:
+                ranks_end = dict(busy)
+                makespan = max(busy.values())
+            else:
+                ranks_end = {r: max((e for _, e, _ in sp), default=0.0) for r, sp in timeline.spans.items()}
+                busy = {r: sum(e - s for s, e, _ in sp) for r, sp in timeline.spans.items()}
+                makespan = timeline.makespan
             bubble = 1 - max(busy.values()) / makespan if makespan else 0.0
             stage_params = self._stage_params(cm, plan, env)
             per, last_backward = None, 0.0
@@ -513,7 +521,7 @@ class Simulator:
                       + cm.fn[("params", "epilogue")](env) * (n - 1 in mine))
         return out
 
-    def _pipeline(self, cm, plan, env, pieces, lk):
+    def _pipeline(self, cm, plan, env, pieces, lk, exact=True):
         from compiler import schedule as SCH
         layout = cm.stages_for(plan, env)
         n, pp = len(layout), plan.size("pp")
@@ -533,10 +541,13 @@ class Simulator:
             w.append(ws)
             comm.append(cs)
         m = plan.micro_batches
-        send = collective_s("send_recv", cm.fn[("send", "x")](env) * 4, lk["pp"])
-        order = _order(plan.schedule, pp, m, plan.virtual_stages)
-        cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
-        timeline = SCH.verify(order, SCH.Layout(pp, plan.virtual_stages, m), cost=cost, transfer=send)
+        timeline = None
+        busy = {r: m * sum(f[s] + b[s] for s in range(r, n, pp)) for r in range(pp)}
+        if exact:
+            send = collective_s("send_recv", cm.fn[("send", "x")](env) * 4, lk["pp"])
+            order = _order(plan.schedule, pp, m, plan.virtual_stages)
+            cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+            timeline = SCH.verify(order, SCH.Layout(pp, plan.virtual_stages, m), cost=cost, transfer=send)
         stage_comm = {}
         for r in range(pp):
             acc: dict = {}
@@ -544,7 +555,7 @@ class Simulator:
                 for a, t in comm[s].items():
                     acc[a] = acc.get(a, 0.0) + m * t
             stage_comm[r] = acc
-        return timeline, f, b, w, stage_comm
+        return timeline, busy, stage_comm
 
 
 _ORDERS: dict = {}
