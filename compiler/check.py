@@ -62,6 +62,7 @@ MESH_SETTINGS: dict[str, Param] = {
     "inter_node_gbps": Param(_float, None, "per-device bandwidth between nodes, GB/s"),
     "hbm_gbps": Param(_float, None, "memory bandwidth of one device, GB/s"),
     "matmul_efficiency": Param(_float, None, "fraction of the peak a large matmul reaches"),
+    "attention_efficiency": Param(_float, None, "fraction of the peak fused attention reaches"),
     "intra_node_latency_us": Param(_float, None, "latency of one collective step inside a node, µs"),
     "inter_node_latency_us": Param(_float, None, "latency of one collective step between nodes, µs"),
     "op_overhead_us": Param(_float, None, "the least time one eager op takes, µs"),
@@ -354,8 +355,8 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
     kind = s["device"]
     figures = DEVICES[kind]
     for key in OVERRIDABLE:
-        if s[key] is not None and (s[key] <= 0 or (key == "matmul_efficiency" and s[key] > 1)):
-            c.error("E0120", f"`{key}` must be positive" + (" and at most 1" if key == "matmul_efficiency" else ""),
+        if s[key] is not None and (s[key] <= 0 or (key.endswith("_efficiency") and s[key] > 1)):
+            c.error("E0120", f"`{key}` must be positive" + (" and at most 1" if key.endswith("_efficiency") else ""),
                     _span(s["_spans"][key]), help=f"or leave it out to use the figures of `{kind}`")
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]

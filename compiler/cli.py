@@ -87,9 +87,7 @@ def plan_text(compiled) -> str:
                   f"            = {C.formula(costs.flops_step_hw, spec.values)}"]
     if costs.flops_rank_step_hw_n * m.world_size != costs.flops_step_hw_n:
         lines += [f"            {costs.flops_rank_step_hw_n:.4e} FLOP per step on the busiest rank"]
-    ideal = costs.flops_rank_step_hw_n / (m.device.peak_tflops * 1e12)
-    lines += [f"            {ideal:.4g} s per step at 100% of peak on {m.world_size} device"
-              f"{'s' if m.world_size != 1 else ''}; {ideal / 0.4:.4g} s at 40%"]
+    lines += _step_time_text(compiled)
     lines += _memory_text(compiled)
     lines += _moe_text(compiled)
     lines += _pipeline_text(compiled)
@@ -108,6 +106,40 @@ def plan_text(compiled) -> str:
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def _step_time_text(compiled) -> list[str]:
+    """The step-time model's prediction (compiler/simulate.py): time, throughput, MFU, where the time goes."""
+    from compiler import simulate as SIM
+    pred = SIM.predict(compiled)
+    if pred is None:
+        return []
+    dev = compiled.spec.mesh.device
+    hw = ("" if abs(pred.hardware_tflops_per_device - pred.model_tflops_per_device) < 1e-9 else
+          f" ({pred.hardware_tflops_per_device:.4g} counting recomputation)")
+    lines = ["", f"step time   {_seconds(pred.step_time_s)} per step predicted on {dev.kind} "
+                 f"({dev.peak_tflops:g} TFLOP/s peak; figures and sources: compiler/cost/devices.py)",
+             f"            {pred.tokens_per_s:,.0f} tokens/s; {pred.model_tflops_per_device:.4g} model TFLOP/s per "
+             f"device{hw}; MFU {pred.mfu:.1%}"]
+    exposed = ", ".join(f"{a} {_seconds(t)}" for a, t in pred.exposed_comm_s.items() if t > 0) or "none"
+    lines += [f"            pipeline bubble {pred.bubble_fraction:.1%}; exposed communication: {exposed}; "
+              f"AdamW {_seconds(pred.optimizer_s)}"]
+    lines += ["            links: " + "; ".join(k.describe() for k in pred.links)]
+    ranks = list(pred.ranks)
+    if len(ranks) > 1:
+        shown = ranks if len(ranks) <= 4 else [ranks[0], ranks[-1], max(ranks, key=lambda r: r.end_s)]
+        seen = set()
+        for r in shown:
+            if r.who in seen:
+                continue
+            seen.add(r.who)
+            lines += [f"            {r.who}: computes {_seconds(r.compute_s)}, waits {_seconds(r.idle_s)}, "
+                      f"ends at {_seconds(r.end_s)}"]
+    return lines
 
 
 def _memory_how(spec) -> str:
@@ -169,6 +201,12 @@ def _fixes(compiled) -> list:
     return fit.fixes(compiled, compiled.spec.mesh.device.memory_gb * 1e9)
 
 
+def _predicted_json(compiled) -> dict | None:
+    from compiler import simulate as SIM
+    pred = SIM.predict(compiled)
+    return pred.as_json() if pred is not None else None
+
+
 def plan_json(compiled) -> dict:
     """Everything `plan` prints, for tools (described in the README)."""
     from compiler import schedule as SCH
@@ -189,6 +227,7 @@ def plan_json(compiled) -> dict:
         "hardware_flops_per_step": int(costs.flops_step_hw_n),
         "hardware_flops_per_step_formula": str(costs.flops_step_hw),
         "hardware_flops_per_rank_step": int(costs.flops_rank_step_hw_n),
+        "predicted": _predicted_json(compiled),
         "memory": {"peak_bytes": int(peak), "device_bytes": int(limit), "fits": peak <= limit,
                    "model_state_bytes_per_rank": {"weights": costs.model_state.params,
                                                   "gradients": costs.model_state.grads,

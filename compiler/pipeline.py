@@ -32,6 +32,7 @@ class Compiled:
     costs: object        # cost.Estimate
     plan: P.Plan | None = None
     unsharded: object = None  # trace.Traced before any pass: what candidate plans are decided from
+    model: object = None      # cost.CostModel of `traced`: what `costs` and the step-time model read
 
 
 def _passes():
@@ -126,7 +127,8 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
         raise ScaleError(problems, {spec.path: spec.source})
     traced = pp_pass(traced, plan)
     _after(traced, pp_pass.__name__, check_between, show)
-    return Compiled(spec, traced, C.estimate(spec, plan, traced), plan, unsharded)
+    model = C.CostModel(spec, traced)
+    return Compiled(spec, traced, model.estimate(plan), plan, unsharded, model)
 
 
 def _after(traced, name: str, check_between: bool, show) -> None:

@@ -42,10 +42,23 @@ ADAMW_BYTES_PER_PARAM = 56
 CLIP_BYTES_PER_PARAM = 4
 # DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends.
 DDP_BUCKET_BYTES = 25 * 2 ** 20
+# Memory-bound kernels (elementwise, norms, casts, the loss's softmax) of an eager program reach about this fraction of
+# the datasheet bandwidth: a large copy reaches ~90% on H100, reductions less. Set from our H100 reference programs
+# (../shared/reference/gpu-measured.json: with 1.0 the model gave 0.67-0.76 of their measured step times);
+# not measured per kernel.
+MEMORY_EFFICIENCY = 0.8
 # ops that only view their input (no kernel, no bytes moved)
 VIEWS = frozenset({"unflatten", "flatten", "transpose", "view", "reshape", "permute", "getattr", "getitem", "arange",
                    "size", "unsqueeze", "squeeze", "expand", "chunk", "split", "t", "narrow", "select", "detach"})
 DTYPE_BYTES = {"fp32": 4, "int": 8}
+# Attention as Megatron-LM computed it in 2021 (`attention = "materialised"`, used to compare with their published
+# figures; our programs call SDPA, whose fused kernels never write the scores): per score element of b·heads·s², the
+# forward writes the 2-byte scores (baddbmm), reads and writes them in the fused scale-mask-softmax, reads them and
+# writes them and a 1-byte mask in dropout, and reads them in the second bmm: 13 bytes; the backward reads the
+# probabilities and writes their gradient (bmm), reads the gradient and mask and writes it (dropout), reads the
+# probabilities and gradient and writes the scores' gradient (softmax), and reads that twice (two bmms): 19 bytes.
+SCORE_BYTES_FORWARD = 13
+SCORE_BYTES_BACKWARD = 19
 
 
 # -- the device and its links -------------------------------------------------------------------------------------
@@ -219,12 +232,14 @@ class Segment:
     def values(self, env) -> list:
         return self._fn(*env)
 
-    def times(self, env, dev, act_bytes: int) -> "OpTimes":
-        """Seconds of one micro-batch through this graph on `dev`."""
+    def times(self, env, dev, act_bytes: int, materialised: bool = False) -> "OpTimes":
+        """Seconds of one micro-batch through this graph on `dev` (`materialised`: attention scores written out,
+        see SCORE_BYTES_FORWARD)."""
         v = self._fn(*env)
         over = dev.op_overhead_us * 1e-6
-        hbm = dev.hbm_gbps * 1e9
+        hbm = dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY
         rate = dev.peak_tflops * 1e12 * dev.matmul_efficiency
+        attention_rate = dev.peak_tflops * 1e12 * dev.attention_efficiency  # SDPA's fused kernels
         fwd = bwd = wgrad = attention = memory = 0.0
         ops = 0
         for kind, i, grads, has_weight, is_attention, _ in self.ops:
@@ -242,7 +257,8 @@ class Segment:
                 waves = math.ceil(tiles / dev.units)
                 util = batch * m * n / (waves * dev.units * dev.tile * dev.tile)
             streamed = batch * (m * k + k * n + m * n) * act_bytes / hbm
-            one = max(flops / (rate * util), streamed, over)
+            r = rate if not is_attention or materialised else attention_rate
+            one = max(flops / (r * util), streamed, over)
             t_cast = cast / hbm
             fwd += one + t_cast
             memory += t_cast
@@ -250,6 +266,11 @@ class Segment:
             if has_weight:
                 wgrad += one
             if is_attention:
+                if materialised:
+                    scores = batch * m * n
+                    fwd += scores * SCORE_BYTES_FORWARD / hbm
+                    bwd += scores * SCORE_BYTES_BACKWARD / hbm
+                    one += scores * SCORE_BYTES_FORWARD / hbm
                 attention += one
             ops += 1 + grads
         return OpTimes(fwd, bwd, wgrad, attention + memory, ops)
@@ -367,8 +388,13 @@ class Prediction:
 class Simulator:
     """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
 
-    def __init__(self, device):
+    def __init__(self, device, attention: str = "fused"):
+        """`attention`: "fused" (SDPA, what our programs run) or "materialised" (scores written to memory, as
+        Megatron-LM 2021 ran it: only to compare with published figures)."""
+        if attention not in ("fused", "materialised"):
+            raise ValueError(f"attention must be fused or materialised, not {attention!r}")
         self.device = device
+        self.materialised = attention == "materialised"
         self._models: dict = {}
 
     def model(self, cm) -> _Model:
@@ -400,7 +426,7 @@ class Simulator:
                 c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * passes
         out = {}
         for key, segment in mdl.segments.items():
-            ot = segment.times(env, dev, mdl.act)
+            ot = segment.times(env, dev, mdl.act, self.materialised)
             c = comm.get(key, {"forward": {}, "backward": {}})
             cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
             is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")
@@ -571,10 +597,10 @@ def _order(schedule: str, p: int, m: int, v: int):
     return got
 
 
-def predict(compiled) -> Prediction | None:
+def predict(compiled, attention: str = "fused") -> Prediction | None:
     """The step time of a compiled program (compiler.pipeline.Compiled)."""
     if compiled.plan is None:
         return None
     from compiler import cost as C
     cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced)
-    return Simulator(compiled.spec.mesh.device).predict(cm, compiled.plan, compiled.costs)
+    return Simulator(compiled.spec.mesh.device, attention).predict(cm, compiled.plan, compiled.costs)

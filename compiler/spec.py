@@ -182,6 +182,8 @@ class Device:
     """Memory bandwidth, GB/s (compiler/cost/devices.py documents these figures and their sources)."""
     matmul_efficiency: float = 1.0
     """Fraction of the peak a large matmul reaches."""
+    attention_efficiency: float = 1.0
+    """Fraction of the peak fused attention reaches."""
     intra_node_latency_us: float = 0.0
     """Latency of one step of a collective inside a node, µs."""
     inter_node_latency_us: float = 0.0

@@ -49,6 +49,7 @@ COST_MODEL_ONLY = {
     "mesh.inter_node_gbps": "cost model: bandwidth between nodes",
     "mesh.hbm_gbps": "cost model: memory-bound ops' time",
     "mesh.matmul_efficiency": "cost model: the rate of a large matmul",
+    "mesh.attention_efficiency": "cost model: the rate of fused attention",
     "mesh.intra_node_latency_us": "cost model: a collective step's latency inside a node",
     "mesh.inter_node_latency_us": "cost model: a collective step's latency between nodes",
     "mesh.op_overhead_us": "cost model: the least time of one eager op",

@@ -19,7 +19,7 @@ def test_language_vocabulary_is_pinned():
         "lm_head": ("vocab", "hidden", "tied", "bias"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps", "hbm_gbps",
-                                          "matmul_efficiency", "intra_node_latency_us", "inter_node_latency_us",
+                                          "matmul_efficiency", "attention_efficiency", "intra_node_latency_us", "inter_node_latency_us",
                                           "op_overhead_us")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute")

@@ -31,6 +31,8 @@ class Figures:
     """Memory bandwidth, GB/s."""
     matmul_efficiency: float
     """Fraction of `peak_tflops` a large bf16 matmul reaches."""
+    attention_efficiency: float
+    """Fraction of `peak_tflops` fused attention (SDPA's flash kernels) reaches, forward and backward."""
     intra_node_latency_us: float
     """Latency of one step of a collective between devices of one node, µs."""
     inter_node_latency_us: float
@@ -51,23 +53,26 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "
 #   H200 SXM (989, 141 GB, 4,800 GB/s) datasheets. Between nodes: one 200 Gb/s HDR NIC per A100 (DGX A100) = 25 GB/s,
 #   one 400 Gb/s NDR NIC per H100/H200 (DGX H100) = 50 GB/s.
 # - matmul efficiency: H100/H200: an 8192³ bf16 matmul measured 798 TFLOP/s of 989 = 0.81
-#   (../shared/reference/gpu-measured.json). A100: 0.75, set so the model's TFLOP/s of Megatron-LM's three Table 1
+#   (../shared/reference/gpu-measured.json). A100: 0.8, set so the model's TFLOP/s of Megatron-LM's three Table 1
 #   calibration rows (Narayanan et al. 2021) come within 15% (tests/test_simulate.py prints them); not measured here.
+# - attention efficiency: FlashAttention-2 (what SDPA runs) reaches 50-73% of the A100's peak forward and less in
+#   backward (Dao 2023): 0.55; on H100 it reaches ~300-350 TFLOP/s (Shah et al. 2024, FlashAttention-3, Fig. 5-6,
+#   their FA2 baseline): 0.33 of 989. Not measured here.
 # - latencies: NCCL's small-message figures are a few µs per ring step inside a node and ~5-10 µs across
 #   InfiniBand; these are order-of-magnitude figures, not measured here, and matter only for small messages.
 # - op overhead: an eager PyTorch op costs ~5-10 µs of host time on CUDA (dispatch and launch); not measured here.
 # - cpu: this machine, one thread per rank, gloo over loopback: measured by `python -m bench.cpu_calibration`.
 DEVICES = {
     "cpu": Figures(peak_tflops=0.1, memory_gb=16.0, intra_node_gbps=10.0, inter_node_gbps=1.0, hbm_gbps=10.0,
-                   matmul_efficiency=0.5, intra_node_latency_us=50.0, inter_node_latency_us=50.0,
+                   matmul_efficiency=0.5, attention_efficiency=0.5, intra_node_latency_us=50.0, inter_node_latency_us=50.0,
                    op_overhead_us=10.0),
     "a100": Figures(peak_tflops=312.0, memory_gb=80.0, intra_node_gbps=300.0, inter_node_gbps=25.0, hbm_gbps=2039.0,
-                    matmul_efficiency=0.75, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    matmul_efficiency=0.8, attention_efficiency=0.55, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=108, tile=128),
     "h100": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
-                    matmul_efficiency=0.81, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),
     "h200": Figures(peak_tflops=989.0, memory_gb=141.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=4800.0,
-                    matmul_efficiency=0.81, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),
 }

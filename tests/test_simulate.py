@@ -1,0 +1,136 @@
+"""The step-time model (compiler/simulate.py): against Megatron-LM's published figures, our H100 measurements, the
+collective algorithms' formulas, the mesh's placement on nodes and the schedule simulation."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler import pipeline as D
+from compiler import schedule as SCH
+from compiler import simulate as SIM
+from compiler.check import check_text
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT3 = (ROOT / "samples" / "gpt3_175b.scale").read_text()
+
+
+def predict(text: str, name: str = "t.scale", **kw):
+    compiled = D.compile_spec(check_text(text, name))
+    return compiled, SIM.predict(compiled, **kw)
+
+
+def test_megatron_table1_tflops_per_gpu_within_15_percent():
+    """The three calibration rows of Narayanan et al. 2021 (bench/step_time.py says how each is set up)."""
+    from bench.step_time import megatron_rows
+    rows = megatron_rows()
+    assert len(rows) == 3
+    for r in rows:
+        published = r["row"]["tflops_per_gpu"]
+        got = r["prediction"].hardware_tflops_per_device
+        assert abs(got / published - 1) <= 0.15, (r["row"], r["micro_batch_size"], got)
+
+
+def test_h100_reference_programs_within_30_percent():
+    """Our programs measured on one H100 (gpu-measured.json). The model predicts 0.73-0.86 of the measured step: the
+    runtime's own overhead (8-23% over the same Model in a bare loop, measured there) is not modelled; issue 13
+    removes it. The bound below is that gap, not a target."""
+    from bench.step_time import h100_rows
+    for r in h100_rows():
+        assert 0.7 <= r["ratio"] <= 1.1, (r["name"], r["ratio"])
+
+
+def test_collective_formulas():
+    intra = SIM.Link("tp", 8, False, 300.0, 3.0)
+    nbytes = 1e9
+    ring = 2 * 7 * 3e-6 + 2 * 7 / 8 * nbytes / 300e9
+    assert SIM.collective_s("all_reduce", nbytes, intra) == pytest.approx(ring)
+    assert SIM.collective_s("all_gather", nbytes, intra) == pytest.approx(7 * 3e-6 + 7 / 8 * nbytes / 300e9)
+    assert SIM.collective_s("reduce_scatter", nbytes, intra) == SIM.collective_s("all_gather", nbytes, intra)
+    assert SIM.collective_s("send_recv", nbytes, intra) == pytest.approx(3e-6 + nbytes / 300e9)
+    assert SIM.collective_s("all_reduce", nbytes, SIM.Link("tp", 1, False, 300.0, 3.0)) == 0
+    # across nodes a small all-reduce over many ranks takes the tree: 2·log2(n) latencies, not 2(n-1)
+    wide = SIM.Link("dp", 1024, True, 25.0, 8.0)
+    small = SIM.collective_s("all_reduce", 1e3, wide)
+    assert small == pytest.approx(2 * 10 * 8e-6 + 2 * 1e3 / 25e9)
+    with pytest.raises(ValueError):
+        SIM.collective_s("gossip", 1.0, intra)
+
+
+def test_links_place_the_mesh_innermost_axis_first():
+    _, inner = predict(GPT3)
+    links = {k.axis: k for k in inner.links}
+    assert not links["tp"].crosses_nodes and links["pp"].crosses_nodes and links["dp"].crosses_nodes
+    outer_text = GPT3.replace("  axis dp = 24\n  axis pp = 8\n  axis tp = 8\n", "  axis tp = 8\n  axis dp = 24\n  axis pp = 8\n")
+    assert outer_text != GPT3
+    _, outer = predict(outer_text)
+    links = {k.axis: k for k in outer.links}
+    assert links["tp"].crosses_nodes and not links["pp"].crosses_nodes
+    # every tp group spanning 8 nodes: the tensor-parallel collectives on the critical path take far longer
+    assert outer.step_time_s > 1.5 * inner.step_time_s
+    assert outer.exposed_comm_s["tp"] > 5 * inner.exposed_comm_s["tp"]
+
+
+def test_mesh_figures_override_the_device():
+    text = GPT3.replace("device = a100", "device = a100  inter_node_gbps = 100")
+    _, slow = predict(GPT3)
+    _, fast = predict(text)
+    assert fast.exposed_comm_s["dp"] < slow.exposed_comm_s["dp"] / 3
+    assert fast.step_time_s < slow.step_time_s
+
+
+PP = (ROOT / "samples" / "gpt_pp.scale").read_text()
+
+
+def _pp(schedule: str, v: int = 1, m: int = 8):
+    text = PP.replace('schedule = "1f1b"', f'schedule = "{schedule}"' + (f"  virtual_stages = {v}" if v > 1 else ""))
+    text = text.replace("micro_batches = 4", f"micro_batches = {m}")
+    assert text != PP
+    return predict(text.replace("device = cpu", "device = h100"))
+
+
+def test_pipeline_schedules_are_simulated():
+    c, one = _pp("1f1b")
+    _, gpipe = _pp("gpipe")
+    _, inter = _pp("interleaved-1f1b", v=2)
+    _, zb = _pp("zero-bubble")
+    assert 0 < one.bubble_fraction < 0.5
+    assert gpipe.step_time_s == pytest.approx(one.step_time_s, rel=0.02)  # same bubble, more memory
+    assert inter.bubble_fraction < one.bubble_fraction
+    assert zb.step_time_s < one.step_time_s
+    # the lower bound a search ranks by never exceeds the exact figure
+    bound = SIM.Simulator(c.spec.mesh.device).predict(c.model, c.plan, c.costs, exact=False)
+    assert bound.step_time_s <= one.step_time_s
+
+
+def test_verify_takes_per_stage_durations_and_transfer_time():
+    order = SCH.actions("1f1b", 2, 1)
+    tl = SCH.verify(order, SCH.Layout(2, 1, 1), cost={"F": [1.0, 2.0], "B": [3.0, 4.0]}, transfer=0.5)
+    # F0 (1) → send (0.5) → F1 (2) → B1 (4) → send (0.5) → B0 (3)
+    assert tl.makespan == pytest.approx(1 + 0.5 + 2 + 4 + 0.5 + 3)
+
+
+def test_prediction_is_consistent():
+    c, pred = predict(GPT3)
+    world = c.spec.mesh.world_size
+    assert pred.tokens_per_s == pytest.approx(c.costs.tokens_step / pred.step_time_s)
+    assert pred.model_tflops_per_device == pytest.approx(c.costs.flops_step_n / world / pred.step_time_s / 1e12)
+    assert pred.mfu == pytest.approx(pred.model_tflops_per_device / 312)
+    assert pred.hardware_tflops_per_device > pred.model_tflops_per_device  # full recomputation
+    assert max(r.end_s for r in pred.ranks) == pred.step_time_s
+    assert math.isclose(sum(pred.as_json()["exposed_comm_s"].values()), sum(pred.exposed_comm_s.values()))
+
+
+def test_plan_json_carries_the_prediction():
+    out = subprocess.run([sys.executable, "-m", "compiler.cli", "plan", "--json", "samples/gpt3_175b.scale"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    got = json.loads(out)["predicted"]
+    for key in ("step_time_s", "tokens_per_s", "model_tflops_per_device", "mfu", "bubble_fraction",
+                "exposed_comm_s"):
+        assert key in got
+    assert set(got["exposed_comm_s"]) == {"tp", "dp"}
+    assert 0 < got["mfu"] < 1
