@@ -1,6 +1,6 @@
 """The step-time model (compiler/simulate.py) against published and measured step times.
 
-    python -m bench.step_time [megatron] [h100]
+    python -m bench.step_time [megatron] [h100] [cpu]
 
 megatron   Megatron-LM's Table 1 calibration rows (Narayanan et al. 2021; ../shared/reference/calibration.json):
            GPT models with s = 2048, V = 51200 on A100s, full recomputation, the interleaved schedule where p > 1.
@@ -11,6 +11,8 @@ megatron   Megatron-LM's Table 1 calibration rows (Narayanan et al. 2021; ../sha
            predicts fastest among those whose predicted peak fits 80 GB (the paper tuned it too), else at 1.
 h100       the three single-H100 programs of ../shared/reference/gpu-measured.json (our programs, measured eager on
            2026-11-22): predicted step time against the measured median.
+cpu        our CPU benchmarks run here under torchrun (gloo, one thread per rank), predicted with the `cpu` device's
+           figures (measured on this machine by `python -m bench.cpu_calibration`) against the measured median.
 """
 from __future__ import annotations
 
@@ -87,8 +89,63 @@ def h100_rows() -> list[dict]:
     return out
 
 
+# Our CPU benchmarks: samples as they are (tiny: per-op overhead and gloo latency dominate) and with a wider model
+# (hidden 256, seq 128: the matmuls count), on 1 and 2 ranks (this machine has 2 cores: more ranks would share them,
+# which the model does not know).
+WIDER = (("hidden = 64", "hidden = 256"), ("seq    = 32", "seq    = 128"))
+CPU_CASES = (
+    ("gpt_dp dp2", "samples/gpt_dp.scale", ()),
+    ("gpt_dp dp2 wider", "samples/gpt_dp.scale", WIDER),
+    ("gpt_dp dp2 fsdp wider", "samples/gpt_dp.scale", WIDER + (("data_parallel = ddp", "data_parallel = fsdp"),)),
+    ("gpt_tp tp2", "samples/gpt_tp.scale", ()),
+    ("gpt_tp tp2 wider", "samples/gpt_tp.scale", WIDER),
+    ("gpt_pp pp2 1f1b", "samples/gpt_pp.scale", ()),
+    ("gpt_pp pp2 1f1b wider", "samples/gpt_pp.scale", WIDER),
+    ("gpt_dp 1 rank wider", "samples/gpt_dp.scale", WIDER + (("axis dp = 2", "axis dp = 1"),
+                                                            ("devices_per_node = 2", "devices_per_node = 1"))),
+)
+
+
+def cpu_rows(steps: int = 20, cases=CPU_CASES) -> list[dict]:
+    """Compile and run each case under torchrun (gloo, one thread per rank), the median step time of the steps after
+    the first five against the prediction."""
+    import os
+    import socket
+    import statistics
+    import subprocess
+    import tempfile
+
+    from compiler import codegen
+    from compiler import pipeline as D
+    from compiler import simulate as SIM
+    from compiler.check import check_text
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sample, edits in cases:
+            text = (ROOT / sample).read_text()
+            for old, new in edits:
+                assert old in text, (name, old)
+                text = text.replace(old, new)
+            compiled = D.compile_spec(check_text(text, sample))
+            pred = SIM.predict(compiled)
+            where = Path(tmp) / name.replace(" ", "_")
+            codegen.emit(compiled, str(where))
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            metrics = where / "metrics.jsonl"
+            subprocess.run(["bash", str(where / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics)],
+                           cwd=where, env=env, check=True, capture_output=True, timeout=300)
+            times = [json.loads(line)["step_time"] for line in metrics.read_text().splitlines()][5:]
+            measured = statistics.median(times)
+            out.append({"name": name, "measured_s": measured, "prediction": pred,
+                        "ratio": pred.step_time_s / measured})
+    return out
+
+
 def main(argv: list[str]) -> int:
-    what = argv or ["megatron", "h100"]
+    what = argv or ["megatron", "h100", "cpu"]
     if "megatron" in what:
         print("Megatron-LM 2021 Table 1 (A100, full recomputation): TFLOP/s per GPU, eq. 3's FLOPs")
         print(f"{'params':>8} {'t':>2} {'p':>2} {'GPUs':>5} {'b':>3} {'published':>9} {'predicted':>9} {'ratio':>6}"
@@ -106,6 +163,14 @@ def main(argv: list[str]) -> int:
             pred = r["prediction"]
             print(f"  {r['name']:<16} measured {r['measured_s'] * 1e3:7.1f} ms  predicted {pred.step_time_s * 1e3:7.1f} ms"
                   f"  ratio {r['ratio']:.3f}  (MFU predicted {pred.mfu:.1%})")
+    if "cpu" in what:
+        print("\nOur CPU benchmarks on this machine (gloo over loopback, one thread per rank): step time, median of "
+              "steps 6-20")
+        for r in cpu_rows():
+            pred = r["prediction"]
+            exposed = ", ".join(f"{a} {t * 1e3:.2f} ms" for a, t in pred.exposed_comm_s.items()) or "none"
+            print(f"  {r['name']:<24} measured {r['measured_s'] * 1e3:8.2f} ms  predicted {pred.step_time_s * 1e3:8.2f}"
+                  f" ms  ratio {r['ratio']:.3f}  (exposed: {exposed})")
     return 0
 
 

@@ -573,13 +573,18 @@ class Simulator:
             send = collective_s("send_recv", cm.fn[("send", "x")](env) * 4, lk["pp"])
             order = _order(plan.schedule, pp, m, plan.virtual_stages)
             cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
-            timeline = SCH.verify(order, SCH.Layout(pp, plan.virtual_stages, m), cost=cost, transfer=send)
+            lay = SCH.Layout(pp, plan.virtual_stages, m)
+            timeline = SCH.verify(order, lay, cost=cost, transfer=send)
+            # what the sends cost the step: the same schedule with instant sends
+            pp_exposed = timeline.makespan - SCH.verify(order, lay, cost=cost).makespan if send > 0 else 0.0
         stage_comm = {}
         for r in range(pp):
             acc: dict = {}
             for s in range(r, n, pp):
                 for a, t in comm[s].items():
                     acc[a] = acc.get(a, 0.0) + m * t
+            if timeline is not None:
+                acc["pp"] = pp_exposed
             stage_comm[r] = acc
         return timeline, busy, stage_comm
 

@@ -132,5 +132,5 @@ def test_plan_json_carries_the_prediction():
     for key in ("step_time_s", "tokens_per_s", "model_tflops_per_device", "mfu", "bubble_fraction",
                 "exposed_comm_s"):
         assert key in got
-    assert set(got["exposed_comm_s"]) == {"tp", "dp"}
+    assert set(got["exposed_comm_s"]) == {"tp", "pp", "dp"}
     assert 0 < got["mfu"] < 1
