@@ -3,6 +3,7 @@
     python -m bench.cpu_calibration                 # everything, ~1-2 minutes on 2 cores
     python -m bench.cpu_calibration --json cpu.json # the same, also written as JSON
     python -m bench.cpu_calibration --quick         # a few sizes of each, 2 ranks only: a sanity run (~10 s)
+    python -m bench.cpu_calibration --wait-idle 120 # before each part, wait for other jobs to leave the cores
 
 Generated programs on CPU run one process per rank with one thread each (OMP_NUM_THREADS=1) and talk over gloo on
 loopback. Everything here is measured that way: the compute figures in this process after
@@ -15,11 +16,12 @@ Method (every figure a median; every timed thing run first as a warm-up):
    hidden 64, ffn 256, vocab 128, 8 × 32 = 256 rows per dp rank or 16 × 32 = 512 on one device; tp halves the
    output or input dim). A sample is `inner` calls back to back, `inner` chosen so that a sample lasts ~5 ms;
    the median of 7 samples, divided by `inner`, is the time of one call, dispatch included. FLOPs = 2·m·k·n.
-   The peak is the best rate of the square sizes >= 512. Small shapes fall below it mostly by a fixed cost per
-   call, so the model fitted is
+   The peak is the best rate of the square sizes >= 512. Small shapes fall below it by a cost per call (dispatch,
+   packing), so the model fitted is
        time(m, k, n) = t0 + 2·m·k·n / peak,   i.e.  rate = peak · f(shape),  f = F / (F + peak·t0)
-   with t0 the median over all measured shapes of (time − F/peak); the table prints the rate the fit predicts
-   beside the measured one, and the JSON carries both (and the fit's worst relative error).
+   with t0 the least-squares fit on log(time) over every measured shape (square and model shapes alike); the table
+   prints the rate the fit predicts beside the measured one, and the JSON carries both and the fit's worst
+   relative error, so where one constant does not describe a shape is seen, not hidden.
 2. Memory bandwidth, 1 thread: `torch.add(a, b, out=c)` on 64 MB fp32 tensors (bytes = 2 read + 1 written),
    `c.copy_(a)` (1 read + 1 written) and `a.mul_(-1.0)` in place (1 + 1); GB/s = bytes / median time. The model
    uses the add's figure (what elementwise ops of a step look like).
@@ -31,15 +33,22 @@ Method (every figure a median; every timed thing run first as a warm-up):
    sends, send/recv = the message. A sample: a barrier, then `inner` operations back to back (inner = 20 up to
    16 kB, 5 up to 1 MB, else 1), divided by `inner`; each rank's samples are reduced by max over ranks (the
    operation ends when its slowest rank does), and the median over the repeats is the time. Fit per op and rank
-   count: time = alpha + bytes / beta, beta by least squares over sizes >= 1 MB (slope and intercept), alpha as
-   the mean over sizes <= 4 kB of (time − bytes/beta). 4 ranks on 2 cores are oversubscribed: their figures are
+   count: time = alpha + bytes / beta, beta by least squares over sizes >= 4 MB (slope and intercept: at 1 MB and
+   below the buffers sit in cache and the time is mostly alpha), alpha as the mean over sizes <= 4 kB of
+   (time − bytes/beta). The table also prints measured times at 4 B, 4 kB, 1 MB and 64 MB, and the fit's worst
+   relative error over all sizes. 4 ranks on 2 cores are oversubscribed: their figures are
    what a 4-rank e2e case sees here, not a faster network.
 4. Per-op overhead: a tiny `torch.add` of two 8-element tensors (out-of-place, as programs run), median over
    samples of 2000 calls: the dispatch cost every small op pays; and the same through autograd (`requires_grad`
    inputs) since training forwards record the graph.
 
 Each figure is measured with the rest of this machine as it is: the JSON records the load average before and
-after, so a figure taken while other jobs ran can be recognised. Nothing here is written into compiler/; the lead
+after and, for each part, how many cores other processes kept busy while it ran (all cores' busy time from
+/proc/stat minus this process's and its workers' CPU time), so a figure taken while other jobs ran can be
+recognised. `--wait-idle S` waits (within S seconds per part) for other processes to leave the cores before each
+part, and measures a part again when they took 0.2 of a core or more during it: on 2 cores one busy neighbour
+slows a single-threaded matmul and stretches gloo's small-message times several-fold (it must be scheduled to
+answer). Nothing here is written into compiler/; the lead
 copies the figures into the device table with this command as their source.
 """
 from __future__ import annotations
@@ -106,8 +115,13 @@ def _mm_time(m: int, k: int, n: int, dtype: torch.dtype, linear: bool, samples: 
 
 
 def fit_matmul(points: list[dict], peak: float) -> float:
-    """t0 (s) of time = t0 + flops/peak: the median over the points of the time left over by the peak rate."""
-    return statistics.median(p["time_s"] - p["flops"] / peak for p in points)
+    """t0 (s) of time = t0 + flops/peak, t0 >= 0, by least squares on log(time) (every shape weighs by its relative
+    error, the tiny ones as much as the large): a scan of t0 over 0..1 ms in 0.05 us steps."""
+    import math
+
+    def cost(t0: float) -> float:
+        return sum(math.log((t0 + p["flops"] / peak) / p["time_s"]) ** 2 for p in points)
+    return min((i * 5e-8 for i in range(20_001)), key=cost)
 
 
 def matmul(dtype: torch.dtype, squares, shapes: dict, samples: int) -> dict:
@@ -248,10 +262,10 @@ def _gloo_worker(rank: int, world: int, port: int, sizes: list[int], quick: bool
         dist.destroy_process_group()
 
 
-def fit_alpha_beta(points: list[dict], large_from: int = 2 ** 20, small_to: int = 4096) -> dict:
+def fit_alpha_beta(points: list[dict], large_from: int = 4 * 2 ** 20, small_to: int = 4096) -> dict:
     """time = alpha + bytes/beta: beta from a least-squares line through the sizes >= `large_from`, alpha the mean
     over sizes <= `small_to` of what that slope leaves. Falls back to the two largest sizes when fewer than two
-    are large (the --quick sweep)."""
+    are large (the --quick sweep). `fit_worst_rel_err`: the line's worst relative error over every size."""
     large = [p for p in points if p["bytes"] >= large_from]
     if len(large) < 2:
         large = sorted(points, key=lambda p: p["bytes"])[-2:]
@@ -263,8 +277,8 @@ def fit_alpha_beta(points: list[dict], large_from: int = 2 ** 20, small_to: int 
     small = [p for p in points if p["bytes"] <= small_to] or sorted(points, key=lambda p: p["bytes"])[:1]
     alpha = sum(p["time_s"] - p["bytes"] * slope for p in small) / len(small)
     beta = 1 / slope if slope > 0 else float("inf")
-    worst = max(abs((alpha + p["bytes"] * slope) / p["time_s"] - 1) for p in large)
-    return {"alpha_us": alpha * 1e6, "beta_gb_s": beta / 1e9, "fit_worst_rel_err_large": worst}
+    worst = max(abs((alpha + p["bytes"] * slope) / p["time_s"] - 1) for p in points)
+    return {"alpha_us": alpha * 1e6, "beta_gb_s": beta / 1e9, "fit_worst_rel_err": worst}
 
 
 def gloo(world: int, sizes: list[int], quick: bool) -> dict:
@@ -288,10 +302,49 @@ def gloo(world: int, sizes: list[int], quick: bool) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 
-def measure(quick: bool = False) -> dict:
+def _cpu_seconds() -> tuple[float, float]:
+    """(seconds every core spent busy since boot, from /proc/stat; this process's and its joined children's CPU
+    seconds)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    t = os.times()
+    return (sum(v) - v[3] - v[4]) / hz, t.user + t.system + t.children_user + t.children_system
+
+
+def _busy_cores(window_s: float = 0.5) -> float:
+    """Cores kept busy by other processes over `window_s` (this process sleeps meanwhile)."""
+    b0, _ = _cpu_seconds()
+    t = time.monotonic()
+    time.sleep(window_s)
+    b1, _ = _cpu_seconds()
+    return (b1 - b0) / (time.monotonic() - t)
+
+
+def _part(name: str, fn, wait_s: float, record: dict):
+    """Run one part of the calibration. With `wait_s` > 0: first wait (within `wait_s`) until other processes keep
+    less than 0.2 of a core busy, and measure the part again if they used 0.2 of a core or more while it ran.
+    `record[name]`: the cores other processes kept busy during the accepted measurement (all cores busy minus
+    this process and its workers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        while wait_s and time.monotonic() < deadline and _busy_cores() >= 0.2:
+            pass
+        b0, m0 = _cpu_seconds()
+        t = time.monotonic()
+        result = fn()
+        b1, m1 = _cpu_seconds()
+        others = max(0.0, ((b1 - b0) - (m1 - m0)) / (time.monotonic() - t))
+        if others < 0.2 or time.monotonic() >= deadline:
+            record[name] = round(others, 2)
+            return result
+
+
+def measure(quick: bool = False, wait_idle: float = 0.0) -> dict:
     torch.set_num_threads(1)
     t_start = time.perf_counter()
     load_before = os.getloadavg()
+    busy: dict = {}
     samples = 3 if quick else 7
     squares = (64, 256) if quick else SQUARE
     shapes = dict(list(MODEL_SHAPES.items())[:2]) if quick else MODEL_SHAPES
@@ -299,13 +352,18 @@ def measure(quick: bool = False) -> dict:
                        "python": platform.python_version(), "threads": torch.get_num_threads(),
                        "load_avg_before": load_before},
            "quick": quick}
-    res["matmul_fp32"] = matmul(torch.float32, squares, shapes, samples)
-    res["matmul_bf16"] = matmul(torch.bfloat16, squares if quick else (64, 256, 512, 1024),
-                                {} if quick else dict(list(MODEL_SHAPES.items())[:5]), samples)
-    res["memory_bandwidth"] = bandwidth(8 if quick else 64, 3 if quick else 7)
-    res["op_overhead"] = overhead(3 if quick else 9)
+    res["matmul_fp32"] = _part("matmul_fp32", lambda: matmul(torch.float32, squares, shapes, samples),
+                               wait_idle, busy)
+    res["matmul_bf16"] = _part("matmul_bf16", lambda: matmul(torch.bfloat16, squares if quick else (64, 256, 512, 1024),
+                                {} if quick else dict(list(MODEL_SHAPES.items())[:5]), samples), wait_idle, busy)
+    res["memory_bandwidth"] = _part("memory", lambda: bandwidth(8 if quick else 64, 3 if quick else 7), wait_idle,
+                                    busy)
+    res["op_overhead"] = _part("overhead", lambda: overhead(3 if quick else 9), wait_idle, busy)
     sizes = [4 ** i for i in range(1, 11 if quick else 14)]  # 4 B .. 4 MB (quick) or 64 MB
-    res["gloo"] = {str(w): gloo(w, sizes, quick) for w in ((2,) if quick else (2, 4))}
+    res["gloo"] = {}
+    for w in (2,) if quick else (2, 4):
+        res["gloo"][str(w)] = _part(f"gloo{w}", lambda: gloo(w, sizes, quick), wait_idle, busy)
+    res["machine"]["others_busy_cores"] = busy
     res["machine"]["load_avg_after"] = os.getloadavg()
     res["wall_s"] = time.perf_counter() - t_start
     return res
@@ -334,7 +392,9 @@ def render(res: dict) -> str:
     lines = [f"cpu calibration: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, 1 thread per process"
              f"{' (quick)' if res['quick'] else ''}",
              f"load average before {m['load_avg_before'][0]:.2f}, after {m['load_avg_after'][0]:.2f}; "
-             f"wall {res['wall_s']:.0f} s", ""]
+             f"wall {res['wall_s']:.0f} s",
+             "cores other processes kept busy during each part: "
+             + ", ".join(f"{k} {v:.2f}" for k, v in m["others_busy_cores"].items()), ""]
     for key in ("matmul_fp32", "matmul_bf16"):
         mm = res[key]
         lines.append(f"matmul {mm['dtype']}: peak {mm['peak_gflops']:.1f} GFLOP/s, t0 {mm['t0_us']:.1f} us "
@@ -360,7 +420,7 @@ def render(res: dict) -> str:
             at = {p["bytes"]: p["time_s"] for p in f["points"]}
             cells = "  ".join(f"{at[s] * 1e6:.0f}us" if s in at else "-" for s in (4, 4096, 2 ** 20, 2 ** 26))
             lines.append(f"  {op:<16}{world:>6}{f['alpha_us']:>10.1f}{f['beta_gb_s']:>11.3f}"
-                         f"{f['fit_worst_rel_err_large']:>9.0%}   {cells}")
+                         f"{f['fit_worst_rel_err']:>9.0%}   {cells}")
     return "\n".join(lines)
 
 
@@ -368,8 +428,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the figures (and every measured point) to this file")
     p.add_argument("--quick", action="store_true", help="a few sizes, 2 ranks only (a sanity run, ~10 s)")
+    p.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
+                   help="before each part, wait up to S seconds for other processes to leave the cores idle")
     args = p.parse_args(argv)
-    res = measure(quick=args.quick)
+    res = measure(quick=args.quick, wait_idle=args.wait_idle)
     print(render(res))
     if args.json:
         with open(args.json, "w") as f:
