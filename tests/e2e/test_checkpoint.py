@@ -81,16 +81,14 @@ def _same(losses, want, rtol=1e-5):
                                rtol=rtol, atol=0.0)
 
 
-def test_tp2_resumes_on_tp2_bitwise_and_on_one_device(reference, tmp_path):
+def test_tp2_resumes_on_tp2_bitwise(tmp_path):
     """The defect: each tp rank saved its shard under the whole tensor's name. Now the same plan resumes bitwise
-    and one device loads the tp checkpoint."""
+    (one device loading a tp2 checkpoint: test_padded_vocab_resumes_on_one_device)."""
     text = _sample("gpt_tp")
     first, ckpt = _interrupt(text, "tp2", tmp_path)
     again = _resume(text, "tp2_again", tmp_path, ckpt)
     whole = launch(text, "tp2_whole", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False)
     assert first.losses + again.losses == whole.losses  # bitwise
-    one = _resume(_on(text, *ONE), "tp2_to_one", tmp_path, ckpt, nproc=1)
-    _same(first.losses + one.losses, reference(text))
 
 
 def test_tp2_sp_resumes_on_dp2(reference, tmp_path):
@@ -109,9 +107,11 @@ def test_3d_resumes_on_pp4(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", '"1f1b"', '"interleaved-1f1b"  virtual_stages = 2', '"zero-bubble"'],
-                         ids=["gpipe", "1f1b", "interleaved", "zero_bubble"])
+@pytest.mark.parametrize("schedule", ['"interleaved-1f1b"  virtual_stages = 2', '"zero-bubble"'],
+                         ids=["interleaved", "zero_bubble"])
 def test_pp2_resumes_on_tp2(schedule, reference, tmp_path):
+    """Two stages per rank (interleaved) and the split backward (zero-bubble); GPipe and 1F1B hold their stages as
+    zero-bubble does (one per rank), and a 1F1B checkpoint is resumed by test_3d_resumes_on_pp4."""
     text = _sample("gpt_pp", ('schedule = "1f1b"', f"schedule = {schedule}"))
     first, ckpt = _interrupt(text, "pp2", tmp_path)
     second = _resume(_on(text, *TP2), "pp2_to_tp2", tmp_path, ckpt, nproc=2)
@@ -135,16 +135,14 @@ def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
-def test_zero1_resumes_on_zero1_and_on_one_device(reference, tmp_path):
+def test_zero1_resumes_on_zero1(reference, tmp_path):
     """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
-    the two partitions make one whole checkpoint, read back by zero1 (each rank its partition again) and by one
-    device (every parameter's state)."""
+    read back by zero1 (each rank its partition again), training continues as the single-device run does, which
+    it could not if a partition's state were missing from the checkpoint (AdamW restarted on those parameters)."""
     text = _sample("gpt_dp", ("data_parallel = ddp", "data_parallel = zero1"))
     first, ckpt = _interrupt(text, "dp2_zero1", tmp_path)
     again = _resume(text, "dp2_zero1_again", tmp_path, ckpt)
     _same(first.losses + again.losses, reference(text))
-    one = _resume(_on(text, *ONE), "zero1_to_one", tmp_path, ckpt, nproc=1)
-    _same(first.losses + one.losses, reference(text))
 
 
 def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
