@@ -487,7 +487,7 @@ class _Search:
         tp = d.size("tp")
         if tp > 1:
             where = "crosses nodes" if lk["tp"].crosses_nodes else "stays inside a node"
-            out.append(f"tp {tp} {where} ({pred.exposed_comm_s.get('tp', 0.0):.3g} s of tp collectives exposed)")
+            out.append(f"tp {tp} {where} ({seconds(pred.exposed_comm_s.get('tp', 0.0))} of tp collectives exposed)")
         pp = d.size("pp")
         if pp > 1:
             v = f", {d.virtual_stages} stages per rank" if d.virtual_stages > 1 else ""
@@ -496,14 +496,15 @@ class _Search:
         ep = d.size("ep")
         if ep > 1:
             where = "crosses nodes" if lk["ep"].crosses_nodes else "inside a node"
-            out.append(f"ep {ep} all-to-alls {where}: {pred.exposed_comm_s.get('ep', 0.0):.3g} s exposed")
+            out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed")
         dpn = d.size("dp")
         if dpn > 1:
             dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep"))
-            out.append(f"dp {dpn} ({d.data_parallel}): {dp_s:.3g} s of its traffic exposed")
+            out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
         tried = self.family_log.get(_family(d), [])
         peak = est.peak_bytes
-        gb = lambda x: f"{x / 1e9:.3g} GB"  # noqa: E731
+        from compiler.cost import human
+        gb = lambda x: human(x, "B")  # noqa: E731
         if d.recompute != "none":
             less = [p for mode, rc, p, _, _ in tried if mode == d.data_parallel and rc != d.recompute
                     and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
@@ -542,7 +543,7 @@ class _Search:
             if st["costed"] and not st["fit"]:
                 peak, who, what = st["min_peak"]
                 out.append(f"{name} does not fit: {peak / 1e9:.3g} GB of {self.limit / 1e9:.3g} on {who} "
-                           f"(its smallest: {what})")
+                           f"(its least: {what})")
                 continue
             why = ""
             if a == "tp" and n > 1:
@@ -568,3 +569,127 @@ def _why_refused(st) -> str:
 def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) -> Result:
     """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring)."""
     return _Search(spec, top, fixed or {}, cands).run()
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+
+
+def seconds(t: float) -> str:
+    """A duration as a person reads it: 14.6 s, 352 ms, 41 µs."""
+    if t >= 1:
+        return f"{t:.3g} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
+
+
+def _exposed(pred) -> str:
+    items = [(a, t) for a, t in pred.exposed_comm_s.items() if t > 0]
+    return ", ".join(f"{a} {seconds(t)}" for a, t in sorted(items, key=lambda x: -x[1])) or "none"
+
+
+def text(result: Result) -> str:
+    """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
+    from compiler.cost import human
+    spec = result.spec
+    m, dev = spec.mesh, spec.mesh.device
+    lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
+             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each)"
+             + (f"; fixed: {', '.join(f'{k}={v}' for k, v in result.fixed.items())}" if result.fixed else ""), ""]
+    if not result.winners:
+        lines += ["no plan passes the rules and fits the devices"]
+    head = (f"  {'#':>2}  {'step':>9}  {'tokens/s':>10}  {'MFU':>5}  {'peak/rank':>9}  {'bubble':>6}  "
+            f"exposed communication")
+    if result.winners:
+        lines += [head]
+    for i, w in enumerate(result.winners, 1):
+        p = w.prediction
+        lines += [f"  {i:>2}  {seconds(p.step_time_s):>9}  {p.tokens_per_s:>10,.0f}  {p.mfu:>5.1%}  "
+                  f"{human(w.peak_bytes, 'B'):>9}  {p.bubble_fraction:>6.1%}  {_exposed(p)}",
+                  f"      {w.plan.describe()}"]
+        lines += [f"        - {r}" for r in w.reasons]
+    if result.rejected:
+        lines += ["", "rejected:"] + [f"  {r}" for r in result.rejected]
+    c = result.counts
+    lines += ["", f"{c.space:,} candidates in {c.families:,} families (mesh shape, sequence parallelism, "
+              f"micro-batch size, schedule); {c.family_rules:,} families refused by the rules, "
+              f"{c.bounded_families:,} bounded, {c.expanded:,} expanded; {c.checked:,} variants checked, "
+              f"{c.costed:,} costed, {c.fitting:,} fit, {c.bounded:,} bounded, {c.exact:,} simulated exactly; "
+              f"{c.structures} pass structures; {result.seconds:.2f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(result: Result) -> dict:
+    """`scalec search --json` (keys described in the README)."""
+    spec = result.spec
+    return {
+        "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
+        "cluster": {"nodes": spec.mesh.nodes, "devices_per_node": spec.mesh.devices_per_node,
+                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9)},
+        "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
+                     "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
+                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons)}
+                    for i, w in enumerate(result.winners, 1)],
+        "rejected": list(result.rejected),
+        "counts": result.counts.as_json(),
+        "seconds": result.seconds,
+    }
+
+
+def _offset(text_: str, line: int, col: int) -> int:
+    starts = [0]
+    for ln in text_.split("\n"):
+        starts.append(starts[-1] + len(ln) + 1)
+    return starts[line - 1] + col - 1
+
+
+def _section_text(plan: P.Plan, kept: list) -> tuple:
+    axes = "\n".join(f"  axis {a} = {n}" for a, n in plan.axes)
+    mesh = (f"mesh {{\n{axes}\n  nodes = {plan.nodes}\n  devices_per_node = {plan.devices_per_node}\n"
+            + "".join(f"  {k}\n" for k in kept) + "}")
+    settings = [f"data_parallel = {plan.data_parallel}", f"micro_batches = {plan.micro_batches}"]
+    if plan.size("pp") > 1:
+        settings.append(f'schedule = "{plan.schedule}"')
+        if plan.virtual_stages > 1:
+            settings.append(f"virtual_stages = {plan.virtual_stages}")
+    if plan.size("tp") > 1:
+        settings.append(f"sequence_parallel = {'true' if plan.sequence_parallel else 'false'}")
+    if tuple(plan.tp_layers) != ("attention", "mlp", "vocab"):
+        settings.append(f"tp_layers = ({', '.join(plan.tp_layers)})")
+    if plan.pad_vocab:
+        settings.append("pad_vocab = true")
+    settings.append(f"recompute = {plan.recompute}")
+    return mesh, "plan {\n" + "".join(f"  {s}\n" for s in settings) + "}"
+
+
+def scale_text(spec: S.Spec, winner: Winner) -> str:
+    """The winner as a complete .scale file: the user's text of every other section exactly as written, the mesh
+    and plan sections replaced (the mesh's device and its figures kept as written), a comment header first."""
+    from compiler import ast
+    from compiler.parse import parse
+    source = spec.source
+    tree = parse(source, spec.path)
+    by_kind = {sec.kind.id: sec for sec in tree.sections}
+    mesh_sec = by_kind["mesh"]
+    kept = []
+    for st in mesh_sec.body:
+        if isinstance(st, ast.Assign) and st.key.id not in ("nodes", "devices_per_node"):
+            a, b = _offset(source, st.span.line, st.span.col), _offset(source, st.span.end_line, st.span.end_col)
+            kept.append(source[a:b])
+    mesh, plan = _section_text(winner.plan, kept)
+    edits = [(mesh_sec.span, mesh)]
+    if "plan" in by_kind:
+        edits.append((by_kind["plan"].span, plan))
+    out = source
+    for span, new in sorted(edits, key=lambda e: (e[0].line, e[0].col), reverse=True):
+        a, b = _offset(out, span.line, span.col), _offset(out, span.end_line, span.end_col)
+        out = out[:a] + new + out[b:]
+    if "plan" not in by_kind:  # after the mesh section
+        a = out.index(mesh) + len(mesh)
+        out = out[:a] + "\n\n" + plan + out[a:]
+    p = winner.prediction
+    header = (f"# Written by `scalec search` from {spec.path}: its mesh and plan sections replaced by the fastest "
+              f"plan found,\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
+              f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, peak {winner.peak_bytes / 1e9:.3g} GB per rank "
+              f"(of {spec.mesh.device.memory_gb:g}).\n")
+    return header + out
