@@ -163,3 +163,18 @@ def test_gpt3_175b_megatron_layout(capsys):
         print("\n" + SE.text(result))
     layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
     assert (8, 8) in layouts, layouts
+
+
+@pytest.mark.e2e
+def test_winners_train_like_the_single_device_model(tmp_path):
+    """Two winners of a 4-rank CPU search, compiled from the files `-o` writes and run under torchrun, train like
+    the single-device model (losses and gradients, fp32)."""
+    from tests.e2e.runner import assert_same_training, launch, single_device
+    text = _with_devices("samples/gpt_tp.scale", 4)
+    spec = check_text(text, str(tmp_path / "gpt4.scale"))
+    result = SE.search(spec, top=2)
+    assert len(result.winners) == 2
+    ref = launch(single_device(text), "ref", tmp_path, steps=3, timeout=120, nproc=1)
+    for i, w in enumerate(result.winners):
+        run = launch(SE.scale_text(spec, w), f"winner{i}", tmp_path, steps=3, timeout=120, nproc=4)
+        assert_same_training(run, ref)
