@@ -26,10 +26,13 @@ Pruning, in order, each with why it is safe or what it may miss:
    without it otherwise or when fixed. May miss: a model so small that that step's all-reduce costs more than the
    norms' compute it saves (tiny CPU models); `--fix sequence_parallel=false` costs that side.
 3. Data parallelism of size 1. With dp = 1 the ZeRO stages shard nothing: only ddp is tried. Safe.
-4. Branch and bound over families. A family's lower bound is the busiest pp rank's compute time (its collectives
-   on the critical path included) without recomputation: what compiler/simulate.py's `predict(exact=False)` counts
-   before any schedule idle time, data-parallel traffic and optimizer, which do not depend on the dp sharding, and
-   which recomputation only increases. Families are visited by increasing bound; the search stops when the next
+4. Branch and bound over families. A family's lower bound is, over the pp ranks, each rank's compute time (its
+   collectives on the critical path included) without recomputation, what compiler/simulate.py's
+   `predict(exact=False)` counts before any schedule idle time, data-parallel traffic and optimizer, plus the
+   pipeline's fill and drain around it: rank r cannot start before the earlier stages' forwards of the first
+   micro-batch, and after its backward of the last micro-batch the earlier stages still run
+   theirs (not counted under zero-bubble, whose weight halves may come last). None of it depends on the dp
+   sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
    bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster.
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/simulate.py adds recomputation's forward, selective a part of it), so the first that fits is the
@@ -192,35 +195,41 @@ class _Search:
                         continue
                     yield sizes
 
-    def families(self, sizes: dict):
-        """(plan with recompute none / ddp, or the fixed ones) for each sp, micro-batch size and schedule."""
+    def groups(self, sizes: dict):
+        """The families of one mesh shape, grouped by what the micro-batch size does not change: for each schedule
+        (with its virtual stages) and sequence parallelism, (a plan maker, the micro-batch counts)."""
         f = self.fixed
         pp, dp, ep, tp = sizes["pp"], sizes["dp"], sizes["ep"], sizes["tp"]
         per_rank = self.base.global_batch // (dp * ep) if self.base.global_batch % (dp * ep) == 0 else 0
         sps = [f["sequence_parallel"]] if "sequence_parallel" in f else ([True, False] if tp > 1 else [False])
-        bs = _divisors(per_rank) if per_rank else [1]
-        out = []
-        for b in bs:
+        ms = []
+        for b in (_divisors(per_rank) if per_rank else [1]):
             m = per_rank // b if per_rank else 1
-            if f.get("micro_batch_size", b) != b or f.get("micro_batches", m) != m:
+            if f.get("micro_batch_size", b) == b and f.get("micro_batches", m) == m:
+                ms.append(m)
+        if pp == 1:
+            scheds = [("1f1b", 1)]
+        else:
+            scheds = [("1f1b", 1), ("zero-bubble", 1)]
+            scheds += [("interleaved-1f1b", v) for v in range(2, self.blocks // pp + 1)]
+            scheds += [("gpipe", 1)]
+        axes = _axes(sizes)
+        for sched, v in scheds:
+            if pp > 1 and "schedule" in f and f["schedule"] != sched:
                 continue
-            if pp == 1:
-                scheds = [("1f1b", 1)]
-            else:
-                scheds = [("1f1b", 1), ("zero-bubble", 1)]
-                scheds += [("interleaved-1f1b", v) for v in range(2, self.blocks // pp + 1)]
-                scheds += [("gpipe", 1)]
-            for sched, v in scheds:
-                if pp > 1 and "schedule" in f and f["schedule"] != sched:
-                    continue
-                if f.get("virtual_stages", v) != v:
-                    continue
-                for sp in sps:
-                    plan = replace(self.base, axes=_axes(sizes), micro_batches=m, schedule=sched, virtual_stages=v,
+            if f.get("virtual_stages", v) != v:
+                continue
+            for sp in sps:
+                def make(m, sched=sched, v=v, sp=sp):
+                    return replace(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
                                    sequence_parallel=sp, recompute=f.get("recompute", "none"),
                                    data_parallel=f.get("data_parallel", "ddp"))
-                    out.append(plan)
-        return out
+                if ms:
+                    yield make, ms
+
+    def families(self, sizes: dict) -> list:
+        """Every family of one mesh shape (plans with recompute none and ddp, or the fixed ones)."""
+        return [make(m) for make, ms in self.groups(sizes) for m in ms]
 
     # -- bookkeeping of families for the report ------------------------------------------------------------------
 
@@ -232,7 +241,7 @@ class _Search:
                                           "min_peak": None, "best_exact": None, "best_bound": None})
                 for k in keys]
 
-    def _refused(self, plan, problems):
+    def _refused(self, plan, problems, times: int = 1):
         """Count each refusal against the family it belongs to: a tensor-parallel code against the tp value, a
         pipeline code against pp and the schedule, an expert code against ep, any other against all."""
         own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07"}
@@ -243,7 +252,7 @@ class _Search:
         for (a, _), st in zip(keys, stats):
             mine = [d for d in problems if d.code.startswith(own[a]) or d.code[:3] not in own.values()]
             for d in mine[:1] or problems[:1]:
-                st["refused"][(d.code, d.message.split(", in the plan ")[0], bool(mine))] += 1
+                st["refused"][(d.code, d.message.split(", in the plan ")[0], bool(mine))] += times
 
     # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
 
@@ -276,10 +285,12 @@ class _Search:
 
     # -- the lower bound of a family -------------------------------------------------------------------------
 
-    def busy(self, decided) -> float:
+    def busy(self, decided, fill: bool = False) -> float:
         """The busiest rank's compute time of `decided` (collectives on its critical path included), before any
         schedule idle time, data-parallel traffic and optimizer: what compiler/simulate.py's `predict` counts as
-        each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal)."""
+        each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
+        pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
+        which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
         from compiler.simulate import links
         cm = self.cands.cost_model(decided)
         sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
@@ -293,15 +304,23 @@ class _Search:
             layout = cm.stages_for(decided, env)
             n, pp = len(layout), decided.size("pp")
             blk, pro, epi, loss = (pieces[k] for k in ("block", "prologue", "epilogue", "loss"))
-            per = []
+            fwd, bwd = [], []
             for s, (lo, hi) in enumerate(layout):
-                t = (hi - lo) * (blk.forward + blk.backward)
+                f, b = (hi - lo) * blk.forward, (hi - lo) * blk.backward
                 if s == 0:
-                    t += pro.forward + pro.backward
+                    f, b = f + pro.forward, b + pro.backward
                 if s == n - 1:
-                    t += epi.forward + epi.backward + loss.forward + loss.backward
-                per.append(t)
-            return max(m * sum(per[r::pp]) for r in range(pp))
+                    f, b = f + epi.forward + loss.forward, b + epi.backward + loss.backward
+                fwd.append(f)
+                bwd.append(b)
+            busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
+            if not fill:
+                return max(busy)
+            # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
+            # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
+            # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
+            drain = decided.schedule != "zero-bubble"
+            return max(busy[r] + sum(fwd[:r]) + (sum(bwd[:r]) if drain else 0.0) for r in range(pp))
         counts = {("block", name): c for name, (_, c) in cm.counts.items()}
         return m * sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
 
@@ -390,7 +409,7 @@ class _Search:
                 if lb >= self.threshold(key):
                     return tried
                 if rc not in rc_bound:  # recomputation's own lower bound (the family's, with its extra forward)
-                    rc_bound[rc] = self.busy(self.cands.decide(replace(plan0, recompute=rc)))
+                    rc_bound[rc] = self.busy(self.cands.decide(replace(plan0, recompute=rc)), fill=True)
                 if rc_bound[rc] >= self.threshold(key):
                     break  # more recomputation is only slower
                 got = self._cost(plan0, mode, rc, cache)
@@ -425,13 +444,12 @@ class _Search:
     def run(self) -> Result:
         t0 = time.perf_counter()
         timing = {}
-        fams = []
-        for sizes in self.shapes():
-            fams += self.families(sizes)
-        self.counts.families = len(fams)
-        self.counts.space = sum(
-            (len(DP_MODES) if p.size("dp") > 1 and "data_parallel" not in self.fixed else 1)
-            * (1 if "recompute" in self.fixed else len(RECOMPUTE)) for p in fams)
+        groups = [g for sizes in self.shapes() for g in self.groups(sizes)]
+        self.counts.families = sum(len(ms) for _, ms in groups)
+        modes = lambda make: (len(DP_MODES) if make(1).size("dp") > 1 and "data_parallel" not in self.fixed  # noqa
+                              else 1)
+        self.counts.space = sum(modes(make) * len(ms) for make, ms in groups) * (
+            1 if "recompute" in self.fixed else len(RECOMPUTE))
         timing["enumerate"] = time.perf_counter() - t0
         # 1. rules and a lower bound per family
         t1 = time.perf_counter()
@@ -439,22 +457,29 @@ class _Search:
         seen_structures = set()
         from compiler.candidates import structure
         memo: dict = {}
-        for plan in fams:
-            plan, problems = self._family_legal(plan, memo)
-            if problems:
-                self.counts.family_rules += 1
-                self._refused(plan, problems)
+        whole = ("E04", "E07", "E0601", "E0604", "E0605")  # refusals the micro-batch count does not change
+        for make, ms in groups:
+            first, problems = self._family_legal(make(ms[0]), memo)
+            if problems and any(d.code.startswith(whole) for d in problems):
+                self.counts.family_rules += len(ms)
+                self._refused(first, problems, len(ms))
                 continue
-            if not plan.sequence_parallel and plan.size("tp") > 1 and "sequence_parallel" not in self.fixed:
-                # rule 2: without sequence parallelism only where a rule refuses it
-                twin = replace(plan, sequence_parallel=True)
-                if not self._family_legal(twin, memo)[1]:
+            for m in ms:
+                plan, problems = self._family_legal(make(m), memo) if m != ms[0] else (first, problems)
+                if problems:
+                    self.counts.family_rules += 1
+                    self._refused(plan, problems)
                     continue
-            decided = self.cands.decide(plan)
-            seen_structures.add(structure(decided))
-            lb = self.busy(decided)
-            self.counts.bounded_families += 1
-            bounded.append((lb, len(bounded), plan))
+                if not plan.sequence_parallel and plan.size("tp") > 1 and "sequence_parallel" not in self.fixed:
+                    # rule 2: without sequence parallelism only where a rule refuses it
+                    twin = replace(plan, sequence_parallel=True)
+                    if not self._family_legal(twin, memo)[1]:
+                        continue
+                decided = self.cands.decide(plan)
+                seen_structures.add(structure(decided))
+                lb = self.busy(decided, fill=True)
+                self.counts.bounded_families += 1
+                bounded.append((lb, len(bounded), plan))
         self.counts.structures = len(seen_structures)
         timing["rules_and_family_bounds"] = time.perf_counter() - t1
         # 2. best first

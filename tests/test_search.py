@@ -119,7 +119,8 @@ def test_cli_json_and_output(tmp_path, capsys):
 
 
 def test_the_family_bound_is_the_simulators(tmp_path):
-    """The bound families are ranked by equals the busiest rank's compute time `predict(exact=False)` reports."""
+    """The bound families are ranked by: the busiest rank's compute time `predict(exact=False)` reports, and with
+    the pipeline's fill and drain, still below the exact step time."""
     spec = check_path("samples/gpt_3d.scale")
     s = SE._Search(spec, 5, {})
     seen = 0
@@ -134,7 +135,7 @@ def test_the_family_bound_is_the_simulators(tmp_path):
                 bound = s.sim.predict(s.cands.cost_model(d), d, est, exact=False)
                 exact = s.sim.predict(s.cands.cost_model(d), d, est, exact=True)
                 assert s.busy(d) == pytest.approx(max(r.compute_s for r in bound.ranks), rel=1e-12)
-                assert s.busy(d) <= exact.step_time_s
+                assert s.busy(d) <= s.busy(d, fill=True) <= exact.step_time_s * (1 + 1e-12)
                 seen += 1
     assert seen > 20
 
