@@ -39,6 +39,17 @@ Pruning, in order, each with why it is safe or what it may miss:
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
 6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
    the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
+8. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
+   allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
+   its most recomputation). May miss: a variant the memory model puts below that one (ZeRO-3 and full
+   recomputation keep the least of every kind of state; their working sets, a gathered unit or the block being
+   recomputed, are small beside what they save).
+9. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
+   the smallest micro-batches is costed first; when its most frugal variant does not fit, no other does: what a
+   micro-batch keeps grows with its size, and the micro-batches a schedule keeps in flight do not grow when they
+   are fewer (GPipe keeps all of them: the same sequences), receive buffers and kept outputs stay one step's.
+   Under pp only: without it, a step of one micro-batch holds no accumulated gradient at its peak, so the largest
+   micro-batch can need the least. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
 7. Gpipe only where 1F1B cannot run (fewer micro-batches than pp): both run the same work; GPipe keeps every
    micro-batch in flight (more memory). May miss: a simulated GPipe timeline a hair shorter than 1F1B's.
 
@@ -147,6 +158,11 @@ def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _group(plan) -> tuple:
+    """What a family is without its micro-batch size."""
+    return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab)
+
+
 def _family(plan) -> tuple:
     return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel)
 
@@ -171,6 +187,8 @@ class _Search:
         self.sim = Simulator(self.device)
         self.counts = Counts()
         self._pieces: dict = {}
+        self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
+        self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.family_log: dict = {}    # family -> [(dp sharding, recompute, peak, exact step time or None)]
         # per family key (axis, value) -> what happened to its candidates
         self.stats: dict = {}
@@ -392,11 +410,27 @@ class _Search:
         tried = self.family_log.setdefault(_family(plan0), [])
         cache: dict = {}
         fits = lambda got: got is not None and got[1].peak_bytes <= self.limit  # noqa: E731
+        # rule 9: the group's smallest micro-batches first; when its most frugal variant does not fit, no
+        # micro-batch size of the group does
+        g = _group(plan0)
+        if plan0.size("pp") > 1 and g not in self.group_fits:
+            rep = self.group_rep[g]
+            if rep is plan0:
+                self.group_fits[g] = True  # decided below, by the family itself
+            else:
+                rc = {}
+                got = next((x for mode in reversed(modes) for r in reversed(rcs)
+                            if (x := self._cost(rep, mode, r, rc)) is not None), None)
+                self.group_fits[g] = fits(got)
+        if not self.group_fits.get(g, True):
+            return tried
         # rule 8: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
         # first; when it does not fit, no variant does
         frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
                        if (got := self._cost(plan0, mode, rc, cache)) is not None), None)
         if frugal is None or not fits(frugal):
+            if plan0.size("pp") > 1 and self.group_rep.get(g) is plan0:
+                self.group_fits[g] = False
             return tried
         rc_bound = {}
         for mode in modes:
@@ -478,6 +512,7 @@ class _Search:
                 decided = self.cands.decide(plan)
                 seen_structures.add(structure(decided))
                 lb = self.busy(decided, fill=True)
+                self.group_rep.setdefault(_group(plan), plan)  # ms: most micro-batches first
                 self.counts.bounded_families += 1
                 bounded.append((lb, len(bounded), plan))
         self.counts.structures = len(seen_structures)
