@@ -593,12 +593,17 @@ class _Search:
             if w.plan.size("pp") > 1:
                 won.add(("schedule", w.plan.schedule))
         out = []
+        refused: dict = {}  # (axis, code) -> [values], the message of the first: one line for many values
         for (a, n), st in sorted(self.stats.items(), key=lambda kv: (kv[0][0], str(kv[0][1]).zfill(8))):
             if (a, n) in won:
                 continue
             name = f"{a} {n}" if a != "schedule" else n
             if not st["passed"] and st["refused"] and not st["costed"] and st["best_bound"] is None:
-                out.append(f"{name}: {_why_refused(st)}")
+                code, msg = _why_refused(st)
+                got = refused.setdefault((a, code), (len(out), [], msg))
+                if not got[1]:
+                    out.append(None)
+                got[1].append(name)
                 continue
             if st["costed"] and not st["fit"]:
                 peak, who, what = st["min_peak"]
@@ -616,14 +621,18 @@ class _Search:
                 out.append(f"{name}{why} at least {st['best_bound'] / best_t:.2f}× slower than the best "
                            "(lower bound; not simulated)")
             elif st["refused"]:
-                out.append(f"{name}: {_why_refused(st)}")
+                code, msg = _why_refused(st)
+                out.append(f"{name}: {msg} ({code})")
+        for (a, code), (i, names, msg) in refused.items():
+            more = f" (and {', '.join(x.split()[-1] for x in names[1:])})" if len(names) > 1 else ""
+            out[i] = f"{names[0]}{more}: {msg} ({code})"
         return out
 
 
 def _why_refused(st) -> str:
     """The most frequent refusal of a family, preferring its own axis's rules."""
     (code, msg, _), _ = max(st["refused"].items(), key=lambda kv: (kv[0][2], kv[1]))
-    return f"{msg} ({code})"
+    return code, msg
 
 
 def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) -> Result:
