@@ -48,8 +48,8 @@ Pruning, in order, each with why it is safe or what it may miss:
    the smallest micro-batches is costed first; when its most frugal variant does not fit, no other does: what a
    micro-batch keeps grows with its size, and the micro-batches a schedule keeps in flight do not grow when they
    are fewer (GPipe keeps all of them: the same sequences), receive buffers and kept outputs stay one step's.
-   Under pp only: without it, a step of one micro-batch holds no accumulated gradient at its peak, so the largest
-   micro-batch can need the least. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
+   Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
+   its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
 7. Gpipe only where 1F1B cannot run (fewer micro-batches than pp): both run the same work; GPipe keeps every
    micro-batch in flight (more memory). May miss: a simulated GPipe timeline a hair shorter than 1F1B's.
 
@@ -160,7 +160,9 @@ def _divisors(n: int) -> list:
 
 def _group(plan) -> tuple:
     """What a family is without its micro-batch size."""
-    return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab)
+    # without pp a step of one micro-batch holds no accumulated gradient at its peak: a group of its own
+    return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab,
+            plan.size("pp") == 1 and plan.micro_batches == 1)
 
 
 def _family(plan) -> tuple:
@@ -189,6 +191,7 @@ class _Search:
         self._pieces: dict = {}
         self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
+        self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
         self.family_log: dict = {}    # family -> [(dp sharding, recompute, peak, exact step time or None)]
         # per family key (axis, value) -> what happened to its candidates
         self.stats: dict = {}
@@ -413,7 +416,9 @@ class _Search:
         # rule 9: the group's smallest micro-batches first; when its most frugal variant does not fit, no
         # micro-batch size of the group does
         g = _group(plan0)
-        if plan0.size("pp") > 1 and g not in self.group_fits:
+        if plan0.micro_batch_size >= self.group_fails.get(g, math.inf):
+            return tried  # rule 9: a smaller micro-batch of the group did not fit
+        if g not in self.group_fits:
             rep = self.group_rep[g]
             if rep is plan0:
                 self.group_fits[g] = True  # decided below, by the family itself
@@ -429,7 +434,8 @@ class _Search:
         frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
                        if (got := self._cost(plan0, mode, rc, cache)) is not None), None)
         if frugal is None or not fits(frugal):
-            if plan0.size("pp") > 1 and self.group_rep.get(g) is plan0:
+            self.group_fails[g] = min(self.group_fails.get(g, math.inf), plan0.micro_batch_size)
+            if self.group_rep.get(g) is plan0:
                 self.group_fits[g] = False
             return tried
         rc_bound = {}
