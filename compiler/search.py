@@ -561,7 +561,7 @@ class _Search:
                        f"({d.schedule}{v})")
         ep = d.size("ep")
         if ep > 1:
-            where = "crosses nodes" if lk["ep"].crosses_nodes else "inside a node"
+            where = "cross nodes" if lk["ep"].crosses_nodes else "stay inside a node"
             out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed")
         dpn = d.size("dp")
         if dpn > 1:
