@@ -39,6 +39,8 @@ Pruning, in order, each with why it is safe or what it may miss:
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
 6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
    the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
+7. Gpipe only where 1F1B cannot run (fewer micro-batches than pp): both run the same work; GPipe keeps every
+   micro-batch in flight (more memory). May miss: a simulated GPipe timeline a hair shorter than 1F1B's.
 8. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
    allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
    its most recomputation). May miss: a variant the memory model puts below that one (ZeRO-3 and full
@@ -50,8 +52,6 @@ Pruning, in order, each with why it is safe or what it may miss:
    are fewer (GPipe keeps all of them: the same sequences), receive buffers and kept outputs stay one step's.
    Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
    its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
-7. Gpipe only where 1F1B cannot run (fewer micro-batches than pp): both run the same work; GPipe keeps every
-   micro-batch in flight (more memory). May miss: a simulated GPipe timeline a hair shorter than 1F1B's.
 
 Winners are distinct layouts: the best plan of each of the K best mesh shapes (axis sizes); with every axis fixed,
 the K best plans of that shape. `Result.rejected` gives one line per axis value, and per schedule, that is not
