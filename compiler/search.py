@@ -39,19 +39,19 @@ Pruning, in order, each with why it is safe or what it may miss:
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
 6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
    the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
-7. Gpipe only where 1F1B cannot run (fewer micro-batches than pp): both run the same work; GPipe keeps every
-   micro-batch in flight (more memory). May miss: a simulated GPipe timeline a hair shorter than 1F1B's.
-8. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
+7. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
    allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
    its most recomputation). May miss: a variant the memory model puts below that one (ZeRO-3 and full
    recomputation keep the least of every kind of state; their working sets, a gathered unit or the block being
    recomputed, are small beside what they save).
-9. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
+8. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
    the smallest micro-batches is costed first; when its most frugal variant does not fit, no other does: what a
    micro-batch keeps grows with its size, and the micro-batches a schedule keeps in flight do not grow when they
    are fewer (GPipe keeps all of them: the same sequences), receive buffers and kept outputs stay one step's.
    Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
    its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
+Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
+count), and so is every micro-batch size.
 
 Winners are distinct layouts: the best plan of each of the K best mesh shapes (axis sizes); with every axis fixed,
 the K best plans of that shape. `Result.rejected` gives one line per axis value, and per schedule, that is not
@@ -413,11 +413,11 @@ class _Search:
         tried = self.family_log.setdefault(_family(plan0), [])
         cache: dict = {}
         fits = lambda got: got is not None and got[1].peak_bytes <= self.limit  # noqa: E731
-        # rule 9: the group's smallest micro-batches first; when its most frugal variant does not fit, no
+        # rule 8: the group's smallest micro-batches first; when its most frugal variant does not fit, no
         # micro-batch size of the group does
         g = _group(plan0)
         if plan0.micro_batch_size >= self.group_fails.get(g, math.inf):
-            return tried  # rule 9: a smaller micro-batch of the group did not fit
+            return tried  # rule 8: a smaller micro-batch of the group did not fit
         if g not in self.group_fits:
             rep = self.group_rep[g]
             if rep is plan0:
@@ -429,7 +429,7 @@ class _Search:
                 self.group_fits[g] = fits(got)
         if not self.group_fits.get(g, True):
             return tried
-        # rule 8: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
+        # rule 7: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
         # first; when it does not fit, no variant does
         frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
                        if (got := self._cost(plan0, mode, rc, cache)) is not None), None)
@@ -440,7 +440,7 @@ class _Search:
             return tried
         rc_bound = {}
         for mode in modes:
-            # rule 8 again, per dp sharding: with its most recomputation it must fit
+            # rule 7 again, per dp sharding: with its most recomputation it must fit
             most = next((got for rc in reversed(rcs) if (got := self._cost(plan0, mode, rc, cache)) is not None),
                         None)
             if not fits(most):
