@@ -4,6 +4,7 @@
   scalec explain CODE            what a diagnostic code (E0401, ...) means and what to do about it
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
+  scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
   scalec run FILE [-- FLAGS]     compile, then launch under torchrun with as many processes as this node runs;
@@ -362,6 +363,35 @@ def cmd_reshard(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    from compiler import search as SE
+    from compiler.check import check_path
+    try:
+        fixed = SE.parse_fixes(args.fix)
+    except SE.FixError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    if args.top < 1:
+        sys.stderr.write("error: --top takes a positive integer\n")
+        return 2
+    spec = check_path(args.file)
+    result = SE.search(spec, top=args.top, fixed=fixed)
+    if args.json:
+        json.dump(SE.to_json(result), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(SE.text(result))
+    if args.output:
+        if not result.winners:
+            sys.stderr.write("error: no plan to write: none passes the rules and fits\n")
+            return 1
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(SE.scale_text(spec, result.winners[0]))
+        if not args.json:
+            print(f"wrote {args.output}")
+    return 0
+
+
 class UsageError(Exception):
     """A command line that cannot run: printed as one line, exit status 2."""
 
@@ -479,6 +509,23 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("old", metavar="OLD")
     c.add_argument("new", metavar="NEW")
     c.set_defaults(func=cmd_reshard, file=None)
+    c = sub.add_parser("search", help="the fastest plans for the model on the cluster, with reasons",
+                       description="Search the plans of FILE's model on FILE's cluster (the mesh's nodes, "
+                                   "devices_per_node, device and its figures; the train section as written) and "
+                                   "print the fastest by predicted step time, each with its reasons, then the "
+                                   "families rejected and why. Free: dp, tp, pp, ep (MoE models), virtual stages, "
+                                   "micro-batch size and count, schedule, sequence parallelism, recompute, "
+                                   "data_parallel. The file's own axes and plan settings are not constraints: "
+                                   "--fix says what is fixed.")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--top", type=int, default=5, metavar="K", help="how many plans to print (default 5)")
+    c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
+                   help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
+                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel")
+    c.add_argument("-o", "--output", metavar="BEST.scale",
+                   help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")
+    c.set_defaults(func=cmd_search)
     c = sub.add_parser("run", help="compile, then train under torchrun",
                        description="Compile FILE, then launch it under torchrun with this node's processes. "
                                    "Arguments after `--` go to the program (see `build/<name>/program.py --help`: "

@@ -1,0 +1,181 @@
+"""`scalec search`: the winners are legal plans that fit, their files check and compile, `--fix` holds, the lower
+bound the search prunes with is the simulator's, and on the 175B model Megatron's layout ranks where the model
+puts it. The e2e test runs two winners against the single-device model."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from compiler import search as SE
+from compiler.candidates import Candidates
+from compiler.check import check_path, check_text
+from compiler.cli import main
+from compiler.parse import parse
+from compiler.pipeline import compile_checked
+
+SMALL = ("samples/tiny_gpt.scale", "samples/gpt_dp.scale", "samples/gpt_tp.scale", "samples/moe_gpt.scale",
+         "samples/gpt_3d.scale")
+
+
+def _with_devices(path: str, n: int) -> str:
+    """The sample's text on one node of `n` CPU devices as tp = n (search does not read the axes)."""
+    text = open(path).read()
+    import re
+    text = re.sub(r"mesh\s*\{[^}]*\}", f"mesh {{\n  axis tp = {n}\n  nodes = 1\n  devices_per_node = {n}\n"
+                  "  device = cpu\n}", text)
+    return text
+
+
+@pytest.fixture(scope="module")
+def small_results():
+    out = {}
+    for path in SMALL:
+        spec = check_path(path)
+        out[path] = (spec, SE.search(spec, top=4))
+    return out
+
+
+@pytest.mark.parametrize("path", SMALL)
+def test_winners_are_legal_fit_and_ranked(path, small_results, tmp_path):
+    spec, result = small_results[path]
+    assert result.winners, f"{path}: no winner"
+    cands = Candidates(spec)
+    limit = spec.mesh.device.memory_gb * 1e9
+    times = [w.prediction.step_time_s for w in result.winners]
+    assert times == sorted(times)
+    layouts = [w.plan.axes for w in result.winners]
+    assert len(set(layouts)) == len(layouts), "winners are distinct layouts"
+    for w in result.winners:
+        assert cands.requires(w.plan) == [], w.plan.describe()
+        assert w.peak_bytes <= limit
+        assert w.plan.world_size == spec.mesh.world_size
+        assert [a for a, _ in w.plan.axes] == [a for a in SE.ORDER if a in dict(w.plan.axes)]
+    # the winner's file: checks, compiles (with the memory budget), and keeps the other sections as written
+    out = tmp_path / "best.scale"
+    out.write_text(SE.scale_text(spec, result.winners[0]))
+    compiled = compile_checked(str(out))
+    best = result.winners[0].plan
+    assert compiled.plan.axes == best.axes
+    assert (compiled.plan.micro_batches, compiled.plan.schedule, compiled.plan.virtual_stages,
+            compiled.plan.data_parallel, compiled.plan.recompute, compiled.plan.sequence_parallel) == \
+        (best.micro_batches, best.schedule, best.virtual_stages, best.data_parallel, best.recompute,
+         best.sequence_parallel)
+    assert compiled.costs.peak_bytes == pytest.approx(result.winners[0].peak_bytes)
+    old, new = parse(spec.source, path), parse(out.read_text(), str(out))
+    for kind in ("model", "train"):
+        a = next(s for s in old.sections if s.kind.id == kind)
+        b = next(s for s in new.sections if s.kind.id == kind)
+        assert _section_source(spec.source, a) == _section_source(out.read_text(), b)
+
+
+def _section_source(text: str, sec) -> str:
+    lines = text.split("\n")[sec.span.line - 1:sec.span.end_line]
+    return "\n".join(lines)
+
+
+def test_device_overrides_in_the_mesh_are_kept(tmp_path):
+    text = _with_devices("samples/gpt_tp.scale", 4).replace("device = cpu", "device = cpu\n  memory_gb = 2")
+    spec = check_text(text, str(tmp_path / "in.scale"))
+    result = SE.search(spec, top=1)
+    written = SE.scale_text(spec, result.winners[0])
+    assert "memory_gb = 2" in written and "device = cpu" in written
+    assert check_text(written, "best.scale").mesh.device.memory_gb == 2
+
+
+def test_fix_is_respected(tmp_path):
+    spec = check_path("samples/gpt_3d.scale")
+    fixed = SE.parse_fixes(["tp=2", "pp=2", "schedule=1f1b", "recompute=full", "data_parallel=zero1"])
+    result = SE.search(spec, top=3, fixed=fixed)
+    assert result.winners
+    for w in result.winners:
+        p = w.plan
+        assert (p.size("tp"), p.size("pp"), p.schedule, p.recompute, p.data_parallel) == (2, 2, "1f1b", "full",
+                                                                                          "zero1")
+    free = SE.search(spec, top=3)
+    assert free.winners[0].prediction.step_time_s <= result.winners[0].prediction.step_time_s
+    got = SE.search(spec, top=2, fixed=SE.parse_fixes(["micro_batch_size=1", "sequence_parallel=false"]))
+    assert all(w.plan.micro_batch_size == 1 and not w.plan.sequence_parallel for w in got.winners)
+
+
+def test_fix_errors_are_usage_errors(capsys):
+    for bad in ("colour=red", "tp=0", "tp", "schedule=fast", "sequence_parallel=maybe"):
+        with pytest.raises(SE.FixError):
+            SE.parse_fixes([bad])
+    assert main(["search", "samples/gpt_dp.scale", "--fix", "colour=red"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_json_and_output(tmp_path, capsys):
+    out = tmp_path / "best.scale"
+    assert main(["search", "samples/gpt_tp.scale", "--top", "2", "--json", "-o", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == {"model", "file", "fixed", "cluster", "winners", "rejected", "counts", "seconds"}
+    w = got["winners"][0]
+    assert {"rank", "plan", "describe", "predicted", "peak_bytes", "memory", "reasons"} <= set(w)
+    assert w["predicted"]["step_time_s"] > 0 and w["reasons"]
+    assert main(["check", str(out)]) == 0
+
+
+def test_the_family_bound_is_the_simulators(tmp_path):
+    """The bound families are ranked by: the busiest rank's compute time `predict(exact=False)` reports, and with
+    the pipeline's fill and drain, still below the exact step time."""
+    spec = check_path("samples/gpt_3d.scale")
+    s = SE._Search(spec, 5, {})
+    seen = 0
+    for sizes in s.shapes():
+        for plan in s.families(sizes)[:3]:
+            for rc in SE.RECOMPUTE:
+                plan2 = dataclasses.replace(plan, recompute=rc)
+                if s.cands.requires(plan2):
+                    continue
+                d = s.cands.decide(plan2)
+                est = s.cands.estimate(d)
+                bound = s.sim.predict(s.cands.cost_model(d), d, est, exact=False)
+                exact = s.sim.predict(s.cands.cost_model(d), d, est, exact=True)
+                assert s.busy(d) == pytest.approx(max(r.compute_s for r in bound.ranks), rel=1e-12)
+                assert s.busy(d) <= s.busy(d, fill=True) <= exact.step_time_s * (1 + 1e-12)
+                seen += 1
+    assert seen > 20
+
+
+def test_recompute_never_speeds_a_plan_up(tmp_path):
+    """Pruning rule 5 (the least recomputation that fits is the fastest) rests on this."""
+    spec = check_path("samples/gpt_3d.scale")
+    s = SE._Search(spec, 5, {})
+    for sizes in list(s.shapes())[:6]:
+        for plan in s.families(sizes)[:2]:
+            times = []
+            for rc in ("none", "selective", "full"):
+                p = dataclasses.replace(plan, recompute=rc)
+                if s.cands.requires(p):
+                    break
+                d = s.cands.decide(p)
+                times.append(s.sim.predict(s.cands.cost_model(d), d, s.cands.estimate(d)).step_time_s)
+            assert times == sorted(times)
+
+
+def test_gpt3_175b_megatron_layout(capsys):
+    """Megatron-LM's published layout for 175B on 1536 A100s (t = 8, p = 8) among the top 5 of the search."""
+    spec = check_path("samples/gpt3_175b.scale")
+    result = SE.search(spec, top=5)
+    with capsys.disabled():
+        print("\n" + SE.text(result))
+    layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
+    assert (8, 8) in layouts, layouts
+
+
+@pytest.mark.e2e
+def test_winners_train_like_the_single_device_model(tmp_path):
+    """Two winners of a 4-rank CPU search, compiled from the files `-o` writes and run under torchrun, train like
+    the single-device model (losses and gradients, fp32)."""
+    from tests.e2e.runner import assert_same_training, launch, single_device
+    text = _with_devices("samples/gpt_tp.scale", 4)
+    spec = check_text(text, str(tmp_path / "gpt4.scale"))
+    result = SE.search(spec, top=2)
+    assert len(result.winners) == 2
+    ref = launch(single_device(text), "ref", tmp_path, steps=3, timeout=120, nproc=1)
+    for i, w in enumerate(result.winners):
+        run = launch(SE.scale_text(spec, w), f"winner{i}", tmp_path, steps=3, timeout=120, nproc=4)
+        assert_same_training(run, ref)
