@@ -185,6 +185,64 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     return Timeline(spans, makespan)
 
 
+# -- timing -------------------------------------------------------------------------------------------------------
+
+
+def finish_times(order: dict[int, list[Action]], lay: Layout, cost: dict, transfer: float = 0.0) -> dict[int, float]:
+    """When each rank finishes its compute actions, run as `verify` runs them (each rank in order, a forward waits
+    for the previous stage's forward of its micro-batch and a backward for the next stage's backward, `transfer`
+    later when that stage is on another rank), from the compute order alone (`compute_order`, no send and receive
+    actions): the step-time model's fast path, which assumes a schedule `verify` has accepted
+    (tests/test_simulate.py holds it equal to `verify`'s timeline). `cost` as in `verify`."""
+    n, m, p, last = lay.stages, lay.m, lay.p, lay.stages - 1
+
+    def per_stage(x):
+        return list(x) if isinstance(x, (list, tuple)) else [x] * n
+    dur = [per_stage(cost.get(k, 0)) for k in ("F", "B", "I", "W")]
+    code = {"F": 0, "B": 1, "I": 2, "W": 3}
+    lists = [[(code[a.kind], a.stage, a.mb) for a in order[r] if a.kind in code] for r in range(p)]
+    end_f = [[-1.0] * m for _ in range(n)]
+    end_b = [[-1.0] * m for _ in range(n)]
+    pos, clock = [0] * p, [0.0] * p
+    remaining = sum(len(x) for x in lists)
+    while remaining:
+        progressed = False
+        for r in range(p):
+            acts, i, t = lists[r], pos[r], clock[r]
+            while i < len(acts):
+                c, st, k = acts[i]
+                if c == 0:
+                    if st > 0:
+                        ready = end_f[st - 1][k]
+                        if ready < 0:
+                            break
+                        ready += transfer if (st - 1) % p != r else 0.0
+                        if ready > t:
+                            t = ready
+                    t += dur[0][st]
+                    end_f[st][k] = t
+                elif c == 3:
+                    t += dur[3][st]
+                else:
+                    if st < last:
+                        ready = end_b[st + 1][k]
+                        if ready < 0:
+                            break
+                        ready += transfer if (st + 1) % p != r else 0.0
+                        if ready > t:
+                            t = ready
+                    t += dur[c][st]
+                    end_b[st][k] = t
+                i += 1
+            if i != pos[r]:
+                remaining -= i - pos[r]
+                progressed = True
+            pos[r], clock[r] = i, t
+        if not progressed:
+            raise ScheduleError("the schedule waits forever (run `verify` for where)")
+    return {r: clock[r] for r in range(p)}
+
+
 # -- printing -----------------------------------------------------------------------------------------------------
 
 

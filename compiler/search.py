@@ -322,18 +322,8 @@ class _Search:
             pieces = self._pieces[key] = self.sim.pieces(cm, decided, env, links(decided, self.device))
         m = decided.micro_batches
         if cm.piped:
-            layout = cm.stages_for(decided, env)
-            n, pp = len(layout), decided.size("pp")
-            blk, pro, epi, loss = (pieces[k] for k in ("block", "prologue", "epilogue", "loss"))
-            fwd, bwd = [], []
-            for s, (lo, hi) in enumerate(layout):
-                f, b = (hi - lo) * blk.forward, (hi - lo) * blk.backward
-                if s == 0:
-                    f, b = f + pro.forward, b + pro.backward
-                if s == n - 1:
-                    f, b = f + epi.forward + loss.forward, b + epi.backward + loss.backward
-                fwd.append(f)
-                bwd.append(b)
+            pp = decided.size("pp")
+            fwd, bwd, _, _ = self.sim.stage_times(cm, decided, env, pieces)
             busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
             if not fill:
                 return max(busy)
@@ -470,7 +460,7 @@ class _Search:
                 if bound.step_time_s >= self.threshold(key):
                     tried.append((mode, rc, peak, None, bound.step_time_s))
                     break  # more recomputation is only slower
-                pred = self.sim.predict(cm, decided, est, exact=True)
+                pred = self.sim.predict(cm, decided, est, exact=True, detail=False)
                 self.counts.exact += 1
                 tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
                 for st in stats:
@@ -538,6 +528,8 @@ class _Search:
         timing["best_first"] = time.perf_counter() - t2
         ranked = sorted(((t, w) for t, w in self.by_key.values()), key=lambda x: x[0])
         best_t = ranked[0][0] if ranked else None
+        # the winners again with every detail (the pipeline's exposed send time): the same step times
+        ranked = [(t, (d, est, self.sim.predict(self.cands.cost_model(d), d, est))) for t, (d, est, _) in ranked]
         winners = [Winner(d, pred, est, tuple(self.reasons(d, est, pred, best_t))) for _, (d, est, pred) in ranked]
         rejected = self.rejected(winners, best_t)
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)

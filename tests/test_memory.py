@@ -329,3 +329,17 @@ def test_a_plan_near_the_device_warns(tmp_path):
     compiled = compile_spec(check_text(text, "tight.scale"))
     (d,) = budget(compiled)
     assert (d.code, d.severity) == ("W0502", "warning") and "less than 10%" in d.message
+
+
+def test_schedule_states_repeat_after_two_p_micro_batches():
+    """rank_peaks reads the states of m = 2p for any larger m (memory._steady): the states, in order, are the same."""
+    from compiler.cost.memory import _moments, _steady
+    for schedule, vs in (("1f1b", (1,)), ("zero-bubble", (1,)), ("interleaved-1f1b", (2, 3))):
+        for p in (2, 3, 4, 8):
+            for v in vs:
+                step = p if schedule == "interleaved-1f1b" else 1
+                for m in range(2 * p, 8 * p + 1, step):
+                    assert _steady(schedule, p, m) == 2 * p
+                    got = [states for states, _ in _moments(schedule, p, m, v)]
+                    assert got == [states for states, _ in _moments(schedule, p, 2 * p, v)], (schedule, p, v, m)
+    assert _steady("gpipe", 4, 64) == 64

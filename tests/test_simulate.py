@@ -134,3 +134,48 @@ def test_plan_json_carries_the_prediction():
         assert key in got
     assert set(got["exposed_comm_s"]) == {"tp", "pp", "dp"}
     assert 0 < got["mfu"] < 1
+
+
+def test_pipeline_extrapolation_matches_the_full_simulation():
+    """Past STEADY·p·v micro-batches each rank's end grows along a line (simulate.pipeline_ends). With stages within
+    ±25% of each other (what the stage balancer makes) the line is the full simulation to rounding, every schedule;
+    with stages up to 4× apart, 1F1B, GPipe and zero-bubble still are, interleaving within 1% (its steady state
+    takes longer to settle)."""
+    import random
+    rng = random.Random(3)
+    for spread, fb, tol in (((0.8, 1.25), (1.8, 2.2), 1e-9), ((0.5, 2.0), (1.5, 2.5), None)):
+        for schedule, vs in (("1f1b", (1,)), ("gpipe", (1,)), ("zero-bubble", (1,)), ("interleaved-1f1b", (2, 3, 6))):
+            for p in (2, 4, 8):
+                for v in vs:
+                    n = p * v
+                    f = [rng.uniform(*spread) for _ in range(n)]
+                    b = [x * rng.uniform(*fb) for x in f]
+                    w = [x * rng.uniform(0.3, 0.6) for x in b]
+                    cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+                    for m in (SIM.STEADY * p * v + 2 * p, SIM.STEADY * p * v + 5 * p):
+                        got = SIM.pipeline_ends(schedule, p, m, v, cost, 0.05)
+                        tl = SCH.verify(SCH.actions(schedule, p, m, v), SCH.Layout(p, v, m), cost=cost, transfer=0.05)
+                        full = {r: max(e for _, e, _ in sp) for r, sp in tl.spans.items()}
+                        rel = tol or (1e-2 if schedule == "interleaved-1f1b" else 1e-9)
+                        for r in full:
+                            assert got[r] == pytest.approx(full[r], rel=rel), (schedule, p, v, m, r, spread)
+
+
+def test_finish_times_equal_verify():
+    """schedule.finish_times (the step-time model's fast path) gives each rank's end as `verify`'s timeline does."""
+    import random
+    rng = random.Random(5)
+    for schedule, vs in (("1f1b", (1,)), ("gpipe", (1,)), ("zero-bubble", (1,)), ("interleaved-1f1b", (2, 3))):
+        for p in (1, 2, 3, 4, 8):
+            for v in vs:
+                for m in sorted({p, 2 * p, 3 * p + (0 if v > 1 else 1)}):
+                    n = p * v
+                    f = [rng.uniform(0.5, 2.0) for _ in range(n)]
+                    b = [x * rng.uniform(1.5, 2.5) for x in f]
+                    w = [x * rng.uniform(0.3, 0.6) for x in b]
+                    cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+                    lay = SCH.Layout(p, v, m)
+                    tl = SCH.verify(SCH.actions(schedule, p, m, v), lay, cost=cost, transfer=0.2)
+                    want = {r: max((e for _, e, _ in sp), default=0.0) for r, sp in tl.spans.items()}
+                    got = SCH.finish_times(SCH.compute_order(schedule, lay), lay, cost, 0.2)
+                    assert got == pytest.approx(want, rel=1e-12), (schedule, p, v, m)

@@ -58,32 +58,67 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tu
     micro-batches of the stage, for GPipe all m; interleaved, what the interleaving really keeps (for 175B on
     8 × 3 chunks of 4 layers and 64 micro-batches, 31 chunks on rank 0: 1.29·L). Returns per rank the dict of
     micro-batches alive per stage; with `weights`, (alive, pending W) dicts."""
-    from compiler.schedule import Layout, compute_order
-    order = compute_order(schedule, Layout(p, v, m))
     kept = [w[0] for w in weights] if weights else [hi - lo for lo, hi in layout]
     extra = [w[1] for w in weights] if weights else [0] * len(layout)
+    import numpy as np
+    out = []
+    for r, (states, counts) in enumerate(_moments(schedule, p, _steady(schedule, p, m), v)):
+        # each state's load: micro-batches alive (and pending W) per stage of the rank (r, r + p, ...), weighed;
+        # the first state at the most
+        weigh = np.array(kept[r::p] + extra[r::p], dtype=np.float64)
+        at = states[int(np.argmax(counts @ weigh))] if states else ((), ())
+        out.append((dict(at[0]), dict(at[1])) if weights else dict(at[0]))
+    return tuple(out)
+
+
+def _steady(schedule: str, p: int, m: int) -> int:
+    """The micro-batch count whose states stand for `m`'s: after a warm-up of fewer than 2p micro-batches, 1F1B,
+    interleaved 1F1B and zero-bubble repeat one steady state, so every m >= 2p has the states (in the same order) of
+    m = 2p (tests/test_memory.py checks this over a grid); GPipe keeps all m and is walked whole."""
+    return m if schedule == "gpipe" or m <= 2 * p else 2 * p
+
+
+@functools.lru_cache(maxsize=256)
+def _moments(schedule: str, p: int, m: int, v: int) -> tuple:
+    """Per pp rank, the distinct states ((stage, micro-batches alive), ...), ((stage, pending W), ...) at each local
+    maximum of what the rank holds (after the last F or I before a B or W, or the end), in the order they first occur
+    (with weights >= 0 a rank's peak is first reached at one of them), and the same as a matrix of counts (alive per stage of the rank, then pending W).
+    One walk of the action lists per schedule shape; a search costs many weightings of the same shape."""
+    import numpy as np
+
+    from compiler.schedule import Layout, compute_order
+    order = compute_order(schedule, Layout(p, v, m))
+    n_stages = p * v
     out = []
     for r in range(p):
-        alive: dict = {}
-        pending: dict = {}
-        load, best, at = 0, -1, ({}, {})
+        # the rank's stages are r, r + p, ...: counts by local index (stage // p), the state a tuple of them
+        alive = [0] * v
+        pending = [0] * v
+        seen: dict = {}
+        rising = False  # an F or I since the last B or W: the state before the next B or W is a local maximum
         for a in order[r]:
-            if a.kind == "F":
-                alive[a.stage] = alive.get(a.stage, 0) + 1
-                load += kept[a.stage]
-            elif a.kind == "I":
-                pending[a.stage] = pending.get(a.stage, 0) + 1
-                load += extra[a.stage]
-            elif a.kind == "W":
-                alive[a.stage] -= 1
-                pending[a.stage] -= 1
-                load -= kept[a.stage] + extra[a.stage]
-            elif a.kind == "B":
-                alive[a.stage] -= 1
-                load -= kept[a.stage]
-            if load > best:
-                best, at = load, (dict(alive), dict(pending))
-        out.append(at if weights else at[0])
+            kind = a.kind
+            if kind == "F":
+                alive[a.stage // p] += 1
+                rising = True
+            elif kind == "I":
+                pending[a.stage // p] += 1
+                rising = True
+            elif kind in ("W", "B"):
+                if rising:
+                    seen.setdefault((tuple(alive), tuple(pending)), None)
+                    rising = False
+                alive[a.stage // p] -= 1
+                if kind == "W":
+                    pending[a.stage // p] -= 1
+        if rising:
+            seen.setdefault((tuple(alive), tuple(pending)), None)
+        states, rows = [], []
+        for al, pe in seen:
+            states.append((tuple((i * p + r, n) for i, n in enumerate(al) if n),
+                           tuple((i * p + r, n) for i, n in enumerate(pe) if n)))
+            rows.append(al + pe)
+        out.append((tuple(states), np.array(rows, dtype=np.float64).reshape(len(rows), 2 * v)))
     return tuple(out)
 
 

@@ -308,7 +308,10 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
     if d.embedding:
         emb = nodes[d.embedding]
         old = gm.get_submodule(emb.target)
-        setattr(gm, emb.target, nn.Embedding(local_vocab, old.embedding_dim, device="meta"))
+        # given its (meta) weight, the module skips its random initialisation, whose first call on the meta device
+        # imports torch._dynamo (1.4-5 s measured here)
+        setattr(gm, emb.target, nn.Embedding(local_vocab, old.embedding_dim,
+                                             _weight=torch.empty(local_vocab, old.embedding_dim, device="meta")))
         shapes[f"{emb.target}.weight"] = (_local(v_expr, tp_sym, padded), shapes[f"{emb.target}.weight"][1])
         meta["shards"][f"{emb.target}.weight"] = (0, vocab)
         w = _get_attr(gm, emb, f"{emb.target}.weight", emb)
