@@ -1,6 +1,6 @@
 """The step-time model (compiler/simulate.py) against published and measured step times.
 
-    python -m bench.step_time [megatron] [h100] [cpu]
+    python -m bench.step_time [megatron] [h100] [cpu] [overheads]
 
 megatron   Megatron-LM's Table 1 calibration rows (Narayanan et al. 2021; ../shared/reference/calibration.json):
            GPT models with s = 2048, V = 51200 on A100s, full recomputation, the interleaved schedule where p > 1.
@@ -11,6 +11,8 @@ megatron   Megatron-LM's Table 1 calibration rows (Narayanan et al. 2021; ../sha
            predicts fastest among those whose predicted peak fits 80 GB (the paper tuned it too), else at 1.
 h100       the three single-H100 programs of ../shared/reference/gpu-measured.json (our programs, measured eager on
            2026-11-22): predicted step time against the measured median.
+overheads  this machine's per-op and per-step overheads of our programs (the `cpu` device's `op_overhead_us` and
+           `step_overhead_ms`), from the tiny GPT run on one rank with 2 and 8 layers.
 cpu        our CPU benchmarks run here under torchrun (gloo, one thread per rank), predicted with the `cpu` device's
            figures (measured on this machine by `python -m bench.cpu_calibration`) against the measured median.
 """
@@ -144,6 +146,34 @@ def cpu_rows(steps: int = 20, cases=CPU_CASES) -> list[dict]:
     return out
 
 
+ONE_RANK = (("axis dp = 2", "axis dp = 1"), ("devices_per_node = 2", "devices_per_node = 1"))
+
+
+def cpu_overheads(steps: int = 30) -> dict:
+    """This machine's per-op and per-step overheads of our programs: the tiny GPT on one rank with 2 and with 8
+    layers (hidden 64: the ops' own work is a few µs), measured; each measured step = the model's kernel time (op
+    overhead set to ~0) + ops × o + c. Two sizes give o (µs per op, eager dispatch and autograd included) and c (ms
+    per step: the runtime's own work). These are the `cpu` device's `op_overhead_us` and `step_overhead_ms`."""
+    from compiler import pipeline as D
+    from compiler import simulate as SIM
+    from compiler.check import check_text
+    sizes = {}
+    for layers in (2, 8):
+        edits = ONE_RANK + (("layers = 2", f"layers = {layers}"),)
+        (row,) = cpu_rows(steps, (("calibration", "samples/gpt_dp.scale", edits),))
+        text = (ROOT / "samples/gpt_dp.scale").read_text()
+        for old, new in edits + (("device = cpu", "device = cpu  op_overhead_us = 0.000001"),):
+            text = text.replace(old, new)
+        bare = SIM.predict(D.compile_spec(check_text(text, "calibration.scale")))
+        sizes[layers] = (row["measured_s"], bare.step_time_s - bare.runtime_s, bare.ops_per_step)
+    (t2, a2, n2), (t8, a8, n8) = sizes[2], sizes[8]
+    o = ((t8 - a8) - (t2 - a2)) / (n8 - n2)
+    c = t2 - a2 - n2 * o
+    return {"op_overhead_us": o * 1e6, "step_overhead_ms": c * 1e3, "measured_ms": {k: v[0] * 1e3 for k, v in
+                                                                                   sizes.items()},
+            "ops": {k: v[2] for k, v in sizes.items()}}
+
+
 def main(argv: list[str]) -> int:
     what = argv or ["megatron", "h100", "cpu"]
     if "megatron" in what:
@@ -163,6 +193,11 @@ def main(argv: list[str]) -> int:
             pred = r["prediction"]
             print(f"  {r['name']:<16} measured {r['measured_s'] * 1e3:7.1f} ms  predicted {pred.step_time_s * 1e3:7.1f} ms"
                   f"  ratio {r['ratio']:.3f}  (MFU predicted {pred.mfu:.1%})")
+    if "overheads" in what:
+        got = cpu_overheads()
+        print(f"\nthis machine's overheads of our programs (one rank, 2 and 8 layers of the tiny GPT): "
+              f"{got['op_overhead_us']:.1f} µs per op, {got['step_overhead_ms']:.2f} ms per step "
+              f"(measured {got['measured_ms']}, ops {got['ops']})")
     if "cpu" in what:
         print("\nOur CPU benchmarks on this machine (gloo over loopback, one thread per rank): step time, median of "
               "steps 6-20")

@@ -17,7 +17,8 @@
     the pipeline   each stage's forward, backward (and under zero-bubble input- and weight-gradient) time goes into
                    the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
                    interleaving and zero-bubble are costed as they run, not by a bubble formula.
-    the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW.
+    the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
+                   the runtime's own cost per step (measured where a device's figures say so).
 
 Every device figure lives in compiler/cost/devices.py with its source; the constants of this module are below, each
 with its reason. `Simulator` costs candidate plans of one model from one trace (compiler/candidates.py); `predict`
@@ -340,6 +341,7 @@ class Piece:
     backward: float        # input and weight gradients + collectives + recomputation
     weight: float          # of which the weight gradients (zero-bubble's W)
     comm: dict             # axis -> seconds of collectives inside forward + backward
+    ops: int = 0           # ops run (forward, backward, recomputation), each at least the device's op overhead
 
 
 # -- the prediction --------------------------------------------------------------------------------------------
@@ -374,6 +376,8 @@ class Prediction:
     links: tuple                  # Link per axis
     device: str = ""
     pieces: dict = field(default_factory=dict, compare=False)
+    ops_per_step: int = 0         # ops the slowest rank runs per step (what the per-op overhead multiplies)
+    runtime_s: float = 0.0        # the runtime's own cost per step (devices.py `step_overhead_ms`)
 
     def as_json(self) -> dict:
         return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
@@ -439,7 +443,8 @@ class Simulator:
             for d in ("forward", "backward"):
                 for a, t in c[d].items():
                     axes[a] = axes.get(a, 0.0) + t
-            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes)
+            ops = ot.ops + (sum(1 for op in segment.ops) if extra else 0)
+            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes, ops)
         return out
 
     # -- one plan ------------------------------------------------------------------------------------------------
@@ -465,6 +470,11 @@ class Simulator:
             bubble = 1 - max(busy.values()) / makespan if makespan else 0.0
             stage_params = self._stage_params(cm, plan, env)
             per, last_backward = None, 0.0
+            layout = cm.stages_for(plan, env)
+            stage_ops = [(hi - lo) * pieces["block"].ops + (pieces["prologue"].ops if k == 0 else 0)
+                         + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
+                         for k, (lo, hi) in enumerate(layout)]
+            ops = m * max(sum(stage_ops[r::pp]) for r in range(pp))
         else:
             tops = [k for k in mdl.segments if not isinstance(k, tuple)]
             blocks = [k for k in mdl.segments if isinstance(k, tuple)]
@@ -484,11 +494,13 @@ class Simulator:
             stage_comm = {0: {a: m * t for a, t in comm.items()}}
             stage_params = {0: est.params_rank}
             last_backward = bwd
+            ops = m * (sum(pieces[k].ops for k in tops) + sum(counts[k] * pieces[k].ops for k in blocks))
         # data parallelism's traffic and the optimizer, per rank kind
         step_entries = [c for c in est.ledger.entries if c.direction == "step"]
         params0 = max(est.params_rank, 1)
         shard = dp if plan.data_parallel in ("zero1", "zero2", "fsdp") and dp > 1 else 1
         ranks, worst = [], None
+        runtime = dev.step_overhead_ms * 1e-3
         for r in sorted(ranks_end):
             scale = stage_params[r] / params0
             sync = 0.0
@@ -496,8 +508,9 @@ class Simulator:
             for axis, hidden in self._data_parallel_exposed(cm, step_entries, lk, scale, per, last_backward, m):
                 exposed[axis] = exposed.get(axis, 0.0) + hidden
                 sync += hidden
-            opt = stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9)
-            end = ranks_end[r] + sync + opt
+            opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
+                   / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
+            end = ranks_end[r] + sync + opt + runtime
             rt = RankTime(f"pp rank {r}" if cm.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
             ranks.append(rt)
             if worst is None or end > worst[0]:
@@ -510,7 +523,7 @@ class Simulator:
                           mfu=est.flops_step_n / world / step / (dev.peak_tflops * 1e12),
                           bubble_fraction=bubble, exposed_comm_s=dict(slowest.exposed_comm_s), optimizer_s=opt,
                           ranks=tuple(ranks), links=tuple(lk[a] for a, _ in plan.axes), device=dev.kind,
-                          pieces=pieces)
+                          pieces=pieces, ops_per_step=int(ops), runtime_s=runtime)
 
     @staticmethod
     def _data_parallel_exposed(cm, entries, lk, scale, per, last_backward, m) -> list:

@@ -190,6 +190,8 @@ class Device:
     """Latency of one step of a collective between nodes, µs."""
     op_overhead_us: float = 0.0
     """The least time one eager op takes, µs."""
+    step_overhead_ms: float = 0.0
+    """The runtime's own cost per step, ms."""
     units: int = 1
     """Multiprocessors a matmul's tiles spread over."""
     tile: int = 1

@@ -39,13 +39,16 @@ class Figures:
     """Latency of one step of a collective between nodes, µs."""
     op_overhead_us: float
     """The least time one op takes in an eager program (host dispatch and kernel launch), µs."""
+    step_overhead_ms: float = 0.0
+    """What the runtime itself costs per step besides the model's ops (making the batch, the loss and gradient norm
+    read back, the optimizer's per-tensor work, logging)."""
     units: int = 1
     """Multiprocessors a matmul's tiles are spread over (waves)."""
     tile: int = 1
     """Side of a matmul's output tile, elements."""
 
 
-OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "tile"))
+OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "tile", "step_overhead_ms"))
 
 # Sources:
 # - peak, memory, NVLink and HBM: NVIDIA's A100 80GB SXM (312 TFLOP/s bf16, 2,039 GB/s, NVLink 3 600 GB/s both
@@ -61,11 +64,18 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "
 # - latencies: NCCL's small-message figures are a few µs per ring step inside a node and ~5-10 µs across
 #   InfiniBand; these are order-of-magnitude figures, not measured here, and matter only for small messages.
 # - op overhead: an eager PyTorch op costs ~5-10 µs of host time on CUDA (dispatch and launch); not measured here.
-# - cpu: this machine, one thread per rank, gloo over loopback: measured by `python -m bench.cpu_calibration`.
+# - cpu: this machine (2 cores, AMD EPYC), one thread per rank, fp32, gloo over loopback, measured on 2026-11-23:
+#   `python -m bench.cpu_calibration`: an fp32 matmul peaks at 80-100 GFLOP/s (0.1 TFLOP/s), the tiny models' shapes
+#   reach 0.7-0.9 of it (0.8); a 64 MB add or copy moves 16-25 GB/s (30 × MEMORY_EFFICIENCY = 24); gloo on 2 ranks
+#   all-reduces at 0.5-0.9 GB/s of the ledger's bytes (0.7; its all-gather and reduce-scatter are slower than the
+#   ring ratio says, which one bandwidth cannot follow) and a 4-byte all-reduce takes ~260 µs idle (2 ring steps of
+#   120 µs). `python -m bench.step_time overheads`: our programs cost 85 µs per graph op (eager dispatch, autograd,
+#   the views and the optimizer's per-tensor work that grow with the ops) and no measurable fixed cost per step
+#   (the fit gave -1.8 ms). Neither is measured on GPUs (step_overhead_ms 0 there: issue 13 measures the runtime).
 DEVICES = {
-    "cpu": Figures(peak_tflops=0.1, memory_gb=16.0, intra_node_gbps=10.0, inter_node_gbps=1.0, hbm_gbps=10.0,
-                   matmul_efficiency=0.5, attention_efficiency=0.5, intra_node_latency_us=50.0, inter_node_latency_us=50.0,
-                   op_overhead_us=10.0),
+    "cpu": Figures(peak_tflops=0.1, memory_gb=16.0, intra_node_gbps=0.7, inter_node_gbps=0.7, hbm_gbps=30.0,
+                   matmul_efficiency=0.8, attention_efficiency=0.8, intra_node_latency_us=120.0,
+                   inter_node_latency_us=120.0, op_overhead_us=85.0, step_overhead_ms=0.0),
     "a100": Figures(peak_tflops=312.0, memory_gb=80.0, intra_node_gbps=300.0, inter_node_gbps=25.0, hbm_gbps=2039.0,
                     matmul_efficiency=0.8, attention_efficiency=0.55, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=108, tile=128),
