@@ -83,7 +83,8 @@ class Link:
 def links(plan, device) -> dict:
     """Each axis's group placed on the nodes: the mesh's axes are listed outermost first and the innermost varies
     fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
-    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that fits in one.
+    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
+    node's devices.
     Also "dp×ep" (the dense gradients' group under ep)."""
     out, inner = {}, 1
     spans = {}
@@ -91,13 +92,20 @@ def links(plan, device) -> dict:
         spans[axis] = (inner, n)
         inner *= n
     for axis, (stride, n) in spans.items():
-        out[axis] = _link(axis, n, stride * n > plan.devices_per_node and n > 1, device)
+        out[axis] = _link(axis, n, _crosses(stride * n, plan.devices_per_node) and n > 1, device)
     if "dp" in spans and "ep" in spans:
         n = spans["dp"][1] * spans["ep"][1]
         lo = min(spans["dp"][0], spans["ep"][0])
         hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
-        out["dp×ep"] = _link("dp×ep", n, hi > plan.devices_per_node and n > 1 and lo >= 1, device)
+        out["dp×ep"] = _link("dp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1 and lo >= 1, device)
     return out
+
+
+def _crosses(block: int, per_node: int) -> bool:
+    """Whether some group whose ranks lie in consecutive aligned blocks of `block` ranks spans two nodes: unless a
+    block fits a node a whole number of times, some block straddles a node boundary (tp 6 on nodes of 8: ranks
+    6-11), and the slowest group sets the collective's pace."""
+    return block > per_node or per_node % block != 0
 
 
 def _link(axis, n, crosses, device) -> Link:

@@ -75,6 +75,20 @@ def test_links_place_the_mesh_innermost_axis_first():
     assert outer.exposed_comm_s["tp"] > 5 * inner.exposed_comm_s["tp"]
 
 
+def test_a_group_that_straddles_nodes_crosses_them():
+    from dataclasses import replace as rep
+
+    from compiler.plan import from_spec
+    spec = check_text(GPT3, "g.scale")
+    dev = spec.mesh.device
+    plan = from_spec(spec)
+    six = rep(plan, axes=(("dp", 256), ("tp", 6)))
+    assert SIM.links(six, dev)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
+    four = rep(plan, axes=(("dp", 384), ("tp", 4)))
+    assert not SIM.links(four, dev)["tp"].crosses_nodes
+    assert SIM.links(four, dev)["dp"].crosses_nodes
+
+
 def test_mesh_figures_override_the_device():
     text = GPT3.replace("device = a100", "device = a100  inter_node_gbps = 100")
     _, slow = predict(GPT3)
