@@ -156,10 +156,10 @@ def _numel(shape) -> sympy.Expr:
 
 
 class Segment:
-    """One traced graph's ops as numbers: `values(env)` evaluates every op's sizes at once (one compiled function
-    of dp, tp, ep, pp and the micro-batch size); `times` turns them into seconds on a device."""
+    """One traced graph's ops as numbers: `times(env, ...)` evaluates every op's sizes at once (one compiled function
+    of dp, tp, ep, pp and the micro-batch size) and turns them into seconds on a device."""
 
-    def __init__(self, gm, sub: dict, args: tuple, precision: str, fixed_sizes: dict):
+    def __init__(self, gm, sub: dict, args: tuple, precision: str):
         from compiler.cost import flops as F
         act = 2 if precision == "bf16" else 4
         needs = F._needs_grad(gm)
@@ -181,8 +181,6 @@ class Segment:
                 continue
             if T.COLLECTIVE in node.meta and "vocab_parallel" not in _name(node):
                 continue  # a collective alone: costed as communication (the vocabulary-parallel ops also compute)
-            if node.op == "call_module" and node.target in getattr(gm, "_repeat_names", ()):
-                continue
             name = _name(node)
             if node.op == "call_module":
                 mod = gm.get_submodule(node.target)
@@ -210,7 +208,7 @@ class Segment:
                     moved += 2 * sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0))
                 self.ops.append(("memory", len(exprs), 0, False, False, name))
                 exprs.append(moved)
-        exprs = [sympy.sympify(e).xreplace(sub).xreplace(fixed_sizes) for e in exprs]
+        exprs = [sympy.sympify(e).xreplace(sub) for e in exprs]
         self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
 
     @staticmethod
@@ -237,9 +235,6 @@ class Segment:
         out = shape(node)
         mm = _numel(out[:-1])
         return 1, mm, out[-1], node.meta[T.FLOPS] / (2 * mm * out[-1]), None
-
-    def values(self, env) -> list:
-        return self._fn(*env)
 
     def times(self, env, dev, act_bytes: int, materialised: bool = False) -> "OpTimes":
         """Seconds of one micro-batch through this graph on `dev` (`materialised`: attention scores written out,
@@ -320,7 +315,7 @@ class _Model:
         sub = cm.sub
 
         def seg(gm):
-            return Segment(gm, sub, ARGS, prec, {})
+            return Segment(gm, sub, ARGS, prec)
         self.segments: dict = {}
         if cm.piped:
             top = traced.top
@@ -487,7 +482,6 @@ class Simulator:
             tops = [k for k in mdl.segments if not isinstance(k, tuple)]
             blocks = [k for k in mdl.segments if isinstance(k, tuple)]
             counts = {("block", name): n for name, (_, n) in cm.counts.items()}
-            per = Piece(0.0, 0.0, 0.0, {})
             fwd = sum(pieces[k].forward for k in tops) + sum(counts[k] * pieces[k].forward for k in blocks)
             bwd = sum(pieces[k].backward for k in tops) + sum(counts[k] * pieces[k].backward for k in blocks)
             comm: dict = {}
