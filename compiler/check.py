@@ -80,6 +80,8 @@ PLAN_SETTINGS: dict[str, Param] = {
     "recompute": Param(_choice("none", "selective", "full"), "none",
                        "activation recomputation of each block in backward: none, selective (attention core and "
                        "cheap ops; matmul and collective outputs kept) or full (from the block's input)"),
+    "compile": Param(_bool, None, "torch.compile each block and the code around them (default: true on GPUs, "
+                                  "false on cpu)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),

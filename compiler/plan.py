@@ -47,6 +47,8 @@ class Plan:
     """The manual stage layout as written, ((first block, end block), ...); empty: cost-balanced."""
     recompute: str = "none"
     """Activation recomputation of each block in backward: `none`, `selective` or `full` (spec.Plan)."""
+    compile: bool = False
+    """torch.compile the program's regions (runtime.compile); spec.Plan's default resolved by the mesh's device."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -141,7 +143,12 @@ def from_spec(spec) -> Plan:
                 tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
                 layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
-                recompute=p.recompute)
+                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind))
+
+
+def compiles(setting: bool | None, device_kind: str) -> bool:
+    """`plan { compile }` as written, or its default for the device: on on GPUs, off on cpu (spec.Plan.compile)."""
+    return setting if setting is not None else device_kind != "cpu"
 
 
 def respec(spec, plan: Plan):
@@ -156,7 +163,7 @@ def respec(spec, plan: Plan):
                                    tp_layers=tuple(plan.tp_layers), sequence_parallel=plan.sequence_parallel,
                                    pad_vocab=plan.pad_vocab, schedule=plan.schedule,
                                    virtual_stages=plan.virtual_stages,
-                                   recompute=plan.recompute,
+                                   recompute=plan.recompute, compile=plan.compile,
                                    layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
     values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
     values.update({size(a): n for a, n in plan.axes})

@@ -243,6 +243,9 @@ class Plan:
     """Activation recomputation of each `repeat` block in backward: `none`, `selective` (Megatron's: the attention
     core and the other cheap, memory-heavy ops are recomputed; matmul and collective outputs are kept) or `full`
     (each block recomputed from its input)."""
+    compile: bool | None = None
+    """torch.compile each block of a `repeat` and the code around them; None (not written): true on GPUs, false on
+    cpu, where compiling a small model costs more seconds than it saves (bench/gpu.py --device cpu)."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
     compiler.plan.from_spec so the rules can point at them."""

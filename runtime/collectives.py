@@ -217,7 +217,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         _count("all_reduce", axis, peak)
         site = faults.caller_site()
         with faults.op(f"all_reduce (MAX) over {axis} (forward)", site):
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=_group(axis))
+            peak = _F.wait_tensor(_F.all_reduce(peak, "max", _name(axis)))
         shifted = logits - peak.unsqueeze(-1)
         mine = (targets >= lo) & (targets < lo + n_local)
         local = (targets - lo).masked_fill(~mine, 0)

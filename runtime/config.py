@@ -45,6 +45,8 @@ class Parallel:
     """Activation recomputation of each block of a `repeat` (runtime.recompute): `none`, `selective` (matmul and
     collective outputs kept, the attention core and cheap ops recomputed) or `full` (recomputed from the block's
     input)."""
+    compile: bool = False
+    """torch.compile each block of a `repeat` and the code around the repeats (runtime.compile)."""
     tp_shards: tuple = ()
     """Parameters sharded over tp: (name pattern, dim, full size of that dim)."""
     tp_partial_grads: tuple = ()

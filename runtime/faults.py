@@ -64,12 +64,16 @@ class op:
 
     def __enter__(self):
         global _CURRENT, _LAST
+        if torch.compiler.is_compiling():  # inside a compiled region (runtime.compile): the enclosing eager
+            return  # region names the wait; no Python runs per call here
         self.outer = _CURRENT
         _CURRENT = (self.what, self.site, time.monotonic())
         _LAST = (self.what, self.site)
 
     def __exit__(self, *exc):
         global _CURRENT
+        if torch.compiler.is_compiling():
+            return False
         if self.outer is not None:  # the outer region made progress: time it afresh
             _CURRENT = (self.outer[0], self.outer[1], time.monotonic())
         else:
@@ -85,7 +89,10 @@ def device_wait(what: str) -> op:
 
 
 def caller_site(depth: int = 2):
-    """(file, line) of the generated program's frame that called a collective, or None: a cheap frame walk."""
+    """(file, line) of the generated program's frame that called a collective, or None: a cheap frame walk (None
+    inside a compiled region, whose frames are traced once)."""
+    if torch.compiler.is_compiling():
+        return None
     f = sys._getframe(depth)
     while f is not None:
         if f.f_code.co_filename.endswith("program.py"):

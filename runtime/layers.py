@@ -19,6 +19,8 @@ class Repeat(nn.ModuleDict):
 
     recompute = "none"
     """Activation recomputation of each block (runtime.recompute): none, selective or full; set by the runtime."""
+    compiled = False
+    """Each block (with its recomputation) is one torch.compile region (runtime.compile); set by the runtime."""
 
     def __init__(self, blocks, first: int = 0):
         super().__init__({str(first + i): b for i, b in enumerate(blocks)})
@@ -29,7 +31,7 @@ class Repeat(nn.ModuleDict):
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         for block in self.values():
-            x_BSH = recompute.run_block(block, x_BSH, self.recompute)
+            x_BSH = recompute.run_block(block, x_BSH, self.recompute, self.compiled)
         return x_BSH
 
 

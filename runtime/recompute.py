@@ -66,8 +66,28 @@ def _marked(mode: str | None):
         _RECOMPUTING = outer
 
 
-def run_block(block, x: torch.Tensor, mode: str) -> torch.Tensor:
-    """`block(x)` under the recomputation `mode`."""
+def _checkpointed(block, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """A block under recomputation as one compiled region: dynamo traces the checkpoint (and the selective
+    policy) into the graph, and the partitioner recomputes in backward what it marks. The region re-runs nothing
+    in Python, so `recomputing()` stays None: a compiled region's side effects happen at trace time only."""
+    if mode == "none" or not torch.is_grad_enabled():
+        return block(x)
+    context_fn = (functools.partial(create_selective_checkpoint_contexts, policy) if mode == "selective"
+                  else None)
+    kwargs = {"context_fn": context_fn} if context_fn is not None else {}
+    return checkpoint(block, x, use_reentrant=False, **kwargs)
+
+
+_compiled_checkpointed = None
+
+
+def run_block(block, x: torch.Tensor, mode: str, compiled: bool = False) -> torch.Tensor:
+    """`block(x)` under the recomputation `mode`; `compiled`: as one torch.compile region (runtime.compile)."""
+    global _compiled_checkpointed
+    if compiled:
+        if _compiled_checkpointed is None:
+            _compiled_checkpointed = torch.compile(_checkpointed)
+        return _compiled_checkpointed(block, x, mode)
     if mode == "none" or not torch.is_grad_enabled():
         return block(x)
     calls = [0]

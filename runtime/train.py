@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, data, faults, memory, mesh, moe, recompute
+from runtime import checkpoint, collectives, compile, data, faults, memory, mesh, moe, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel  # noqa: F401
 from runtime import tensor_parallel as tp
@@ -339,6 +339,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
+        if par.compile and not args.count_bytes:  # compiled regions count no bytes per call (runtime.compile)
+            compile.apply(module)
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
@@ -347,6 +349,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                         layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
         return module if (fsdp or not ddp) else _wrap_data_parallel(module, ctx, cfg, shards)
 
+    if par.compile and args.count_bytes and ctx.is_logger:
+        print("scalec: --count-bytes runs the program uncompiled: a compiled region counts no bytes per call",
+              flush=True)
     autocast = _autocast(cfg, ctx)
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
              else WholeModel(model_cls, cfg, ctx, prepare, autocast))

@@ -77,6 +77,7 @@ CHANGES = {
     "plan.virtual_stages": Change(((INTERLEAVED[1], INTERLEAVED[1] + "  virtual_stages = 2"),),
                                   setup=(INTERLEAVED,)),
     "plan.recompute": Change((('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),)),
+    "plan.compile": Change((('schedule = "1f1b"', 'schedule = "1f1b"  compile = true'),)),
     "plan.layout": Change((('schedule = "1f1b"', 'schedule = "1f1b"  layout = ((0, 3), (3, 4))'),)),
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),

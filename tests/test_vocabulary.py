@@ -22,7 +22,8 @@ def test_language_vocabulary_is_pinned():
                                           "matmul_efficiency", "attention_efficiency", "intra_node_latency_us", "inter_node_latency_us",
                                           "op_overhead_us")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
-                                          "pad_vocab", "schedule", "virtual_stages", "layout", "recompute")
+                                          "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
+                                          "compile")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
                                            "checkpoint_every", "restarts", "timeout")

@@ -20,7 +20,7 @@ class Case:
     timeout: int = 240
     bytes_checked: bool = True
     """The bytes runtime collectives move equal the ledger's prediction (False only where the ledger does not yet
-    count a collective the case runs; the case's comment names who adds it)."""
+    count a collective the case runs, or the run is compiled; the case's comment says which)."""
 
 
 SP = (("sequence_parallel = false", "sequence_parallel = true"),)
@@ -127,6 +127,18 @@ CASES = (
                      "its stages are in the ledger"),
     Case(id="moe_tp2_ep2", sample=MOE, nproc=4, edits=(("axis dp = 1", "axis tp = 2"),) + MOE_4,
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
+    # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
+    # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
+    # these cases measure memory, not bytes: the same plans' eager cases above hold the ledger.
+    Case(id="tp2_sp_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
+         edits=(("sequence_parallel = false", "sequence_parallel = true  compile = true"),),
+         description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss"),
+    Case(id="pp2_recompute_selective_compile", sample="samples/gpt_pp.scale", nproc=2, bytes_checked=False,
+         edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective  compile = true'),),
+         description="compiled: 1F1B over two stages, selective recomputation traced into each block's region"),
+    Case(id="moe_ep2_compile", sample=MOE, nproc=2, bytes_checked=False,
+         edits=CLIP + (("micro_batches = 2", "micro_batches = 2  compile = true"),),
+         description="compiled: experts over ep = 2, the all-to-all dispatch and combine inside the blocks' regions"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "

@@ -47,7 +47,7 @@ def _free_port() -> int:
 
 def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
            extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True,
-           memory_report: bool = False) -> Run:
+           memory_report: bool = False, count_bytes: bool = True) -> Run:
     """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too;
     `memory_report`: the program measures every rank's memory in the last step (`--memory-report`), read back into
     `Run.memory` (compared with the compiler's prediction in plan.json)."""
@@ -58,8 +58,9 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
     report = out / "memory.json"
-    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
-           "--count-bytes", str(counts), *extra]
+    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics), *extra]
+    if count_bytes:
+        cmd += ["--count-bytes", str(counts)]
     if memory_report:
         cmd += ["--memory-report", str(report)]
     if dump_grads:

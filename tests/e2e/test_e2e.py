@@ -37,7 +37,7 @@ def _text(case: Case) -> str:
 def test_plan_matches_single_device(case: Case, references, tmp_path):
     text = _text(case)
     run = launch(text, case.id, tmp_path, steps=case.steps, timeout=case.timeout, nproc=case.nproc,
-                 memory_report=True)
+                 memory_report=True, count_bytes=case.bytes_checked)
     ref = references(text, case.steps)
     if "precision    = bf16" in text:
         _assert_bf16_training(run, ref, references(text.replace("precision    = bf16", "precision    = fp32"),

@@ -148,6 +148,7 @@ CONFIG = train.Config(
         virtual_stages=3,
         sequence_parallel=True,
         recompute='full',
+        compile=True,
         tp_shards=(('embed.weight', 0, 51200), ('blocks.*.attn_q.weight', 0, 12288), ('blocks.*.attn_q.bias', 0, 12288), ('blocks.*.attn_k.weight', 0, 12288), ('blocks.*.attn_k.bias', 0, 12288), ('blocks.*.attn_v.weight', 0, 12288), ('blocks.*.attn_v.bias', 0, 12288), ('blocks.*.attn_o.weight', 1, 12288), ('blocks.*.mlp_up.weight', 0, 49152), ('blocks.*.mlp_up.bias', 0, 49152), ('blocks.*.mlp_down.weight', 1, 49152)),
         tp_partial_grads=('norm.weight', 'norm.bias', 'blocks.*.attn_o.bias', 'blocks.*.mlp_down.bias', 'blocks.*.norm_1.weight', 'blocks.*.norm_1.bias', 'blocks.*.norm_2.weight', 'blocks.*.norm_2.bias'),
         tied_embedding=True,

@@ -138,6 +138,7 @@ CONFIG = train.Config(
         virtual_stages=1,
         sequence_parallel=False,
         recompute='selective',
+        compile=True,
         tp_shards=(('embed.weight', 0, 128000), ('lm_head.weight', 0, 128000), ('blocks.*.attn_q.weight', 0, 8192), ('blocks.*.attn_k.weight', 0, 1024), ('blocks.*.attn_v.weight', 0, 1024), ('blocks.*.attn_o.weight', 1, 8192)),
         tp_partial_grads=(),
         ep_shards=(('blocks.*.moe_experts.w_up', 0, 64), ('blocks.*.moe_experts.w_gate', 0, 64), ('blocks.*.moe_experts.w_down', 0, 64)),
