@@ -66,29 +66,37 @@ def _marked(mode: str | None):
         _RECOMPUTING = outer
 
 
-def _checkpointed(block, x: torch.Tensor, mode: str) -> torch.Tensor:
-    """A block under recomputation as one compiled region: dynamo traces the checkpoint (and the selective
-    policy) into the graph, and the partitioner recomputes in backward what it marks. The region re-runs nothing
-    in Python, so `recomputing()` stays None: a compiled region's side effects happen at trace time only."""
+def _region(block, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """The body of a block (its class's forward, not its hooks) under recomputation `mode`, as one compiled region
+    (runtime.compile): dynamo traces the checkpoint and the selective policy into the graph, and the partitioner
+    recomputes in backward what they mark. Nothing is re-run in Python, so `recomputing()` stays None; a compiled
+    region's Python side effects happen when it is traced, not per call."""
+    body = type(block).forward
     if mode == "none" or not torch.is_grad_enabled():
-        return block(x)
+        return body(block, x)
     context_fn = (functools.partial(create_selective_checkpoint_contexts, policy) if mode == "selective"
                   else None)
     kwargs = {"context_fn": context_fn} if context_fn is not None else {}
-    return checkpoint(block, x, use_reentrant=False, **kwargs)
+    return checkpoint(body, block, x, use_reentrant=False, **kwargs)
 
 
-_compiled_checkpointed = None
+_COMPILED_REGION = None
+
+
+def compiled_forward(block, mode: str, x: torch.Tensor) -> torch.Tensor:
+    """A block's forward as a compiled region (runtime.compile sets it as the block's `forward`, so the module's
+    hooks, FSDP's gathers among them, run eagerly around it). One compiled function serves every block: a block
+    is an input of the region, its parameters are graph inputs, so blocks of one class share one compilation."""
+    global _COMPILED_REGION
+    if _COMPILED_REGION is None:
+        _COMPILED_REGION = torch.compile(_region)
+    return _COMPILED_REGION(block, x, mode)
 
 
 def run_block(block, x: torch.Tensor, mode: str, compiled: bool = False) -> torch.Tensor:
-    """`block(x)` under the recomputation `mode`; `compiled`: as one torch.compile region (runtime.compile)."""
-    global _compiled_checkpointed
-    if compiled:
-        if _compiled_checkpointed is None:
-            _compiled_checkpointed = torch.compile(_checkpointed)
-        return _compiled_checkpointed(block, x, mode)
-    if mode == "none" or not torch.is_grad_enabled():
+    """`block(x)` under the recomputation `mode`; `compiled`: the block's forward is a compiled region that
+    recomputes by itself (compiled_forward)."""
+    if compiled or mode == "none" or not torch.is_grad_enabled():
         return block(x)
     calls = [0]
 

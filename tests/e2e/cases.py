@@ -130,6 +130,10 @@ CASES = (
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
     # these cases measure memory, not bytes: the same plans' eager cases above hold the ledger.
+    Case(id="dp2_tp2_fsdp_recompute_full_compile", sample="samples/gpt_2d.scale", nproc=4, bytes_checked=False,
+         edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full  compile = true"),),
+         description="compiled: FSDP2 over dp (its gathers eager, around each block's region) × tensor + sequence "
+                     "parallelism, full recomputation inside each block's region"),
     Case(id="tp2_sp_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
          edits=(("sequence_parallel = false", "sequence_parallel = true  compile = true"),),
          description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss"),
