@@ -21,6 +21,9 @@ alive: for a whole model one region per micro-batch, read after its forward; for
 and closed around every stage forward (and the loss) by module hooks, read after each, whose largest value is the
 schedule's in-flight peak.
 
+Under `plan { compile = true }` a dispatch mode makes compiled regions run eagerly: the step the tracker measures
+is the eager program's (the CUDA allocator's counters of the other steps are the compiled program's).
+
 Nothing here is active unless asked for: a run without `--memory-report` only reads the CUDA allocator's counters.
 """
 from __future__ import annotations

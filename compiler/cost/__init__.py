@@ -34,6 +34,8 @@ T = lazy("compiler.trace")  # torch loads on first use: the checker reads compil
 
 BYTES = {"fp32": 4, "bf16": 2}
 RECOMPUTE = ("none", "selective", "full")
+SAVED_MODES = RECOMPUTE + ("selective/compiled",)
+"""What a block keeps under each recomputation mode; compiled selective recomputation keeps less (activations)."""
 AXES = ("dp", "tp", "ep", "pp")
 ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)
 
@@ -198,13 +200,13 @@ class CostModel:
             self.backward_ws = {"block": A.backward_working_set(gm, prec),
                                 "first": A.backward_working_set(segs["prologue"], prec),
                                 "last": A.backward_working_set(segs["epilogue"], prec)}
-            for mode in RECOMPUTE:
+            for mode in SAVED_MODES:
                 self.saved[("block", mode)] = A.block_saved_bytes(gm, prec, self.device, mode)
             loss_graph = segs["loss"]
             self.units = {"root": self.seg_params["prologue"] + self.seg_params["epilogue"],
                           "block": self.seg_params["block"]}
         else:
-            for mode in RECOMPUTE:
+            for mode in SAVED_MODES:
                 self.saved[("all", mode)] = A.saved_bytes(top, prec, self.device, traced.repeats(), mode)
             loss_graph = top
             self.backward_ws = {"all": A.backward_working_set(top, prec)
@@ -314,10 +316,10 @@ class CostModel:
         stage `stage`'s (its layout decided); what tests/test_memory.py counts with saved_tensors_hooks."""
         env = tuple(plan.size(a) for a in AXES) + (plan.micro_batch_size,)
         if stage is None:
-            return self.fn[("saved", ("all", _recompute(plan)))](env)
+            return self.fn[("saved", ("all", _saved_mode(plan)))](env)
         layout = self.stages_for(plan, env)
         lo, hi = layout[stage]
-        return self._stage_saved(env, stage, len(layout), hi - lo, _recompute(plan))
+        return self._stage_saved(env, stage, len(layout), hi - lo, _saved_mode(plan))
 
     def _stage_saved(self, env, k: int, n: int, blocks: int, recompute: str = "none"):
         """Bytes stage k of n keeps per micro-batch."""
@@ -333,7 +335,7 @@ class CostModel:
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
         recv = self.fn[("saved", "sent")](env)
-        kept = [max(0, self._stage_saved(env, k, n_st, hi - lo, _recompute(plan)) - (recv if k else 0))
+        kept = [max(0, self._stage_saved(env, k, n_st, hi - lo, _saved_mode(plan)) - (recv if k else 0))
                 for k, (lo, hi) in enumerate(layout)]
         f = self.fn
         wgrad = [(hi - lo) * f[("saved", ("wgrad", "block"))](env)
@@ -449,7 +451,7 @@ class CostModel:
             ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
             shapes = self._shapes(env, "all") if sh["stage"] == 1 else ()
             return (one("every rank", None, params_rank, params_rank - experts_rank,
-                        self.fn[("saved", ("all", _recompute(plan)))](env), True, m > 1, "", ddp, False, shapes),)
+                        self.fn[("saved", ("all", _saved_mode(plan)))](env), True, m > 1, "", ddp, False, shapes),)
         p, v = plan.size("pp"), plan.virtual_stages
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
@@ -607,6 +609,12 @@ class CostModel:
 
 def _recompute(plan) -> str:
     return getattr(plan, "recompute", "none")
+
+
+def _saved_mode(plan) -> str:
+    """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
+    mode = _recompute(plan)
+    return "selective/compiled" if mode == "selective" and getattr(plan, "compile", False) else mode
 
 
 def _recompute_passes(plan) -> int:

@@ -278,20 +278,59 @@ def _kept_by_selective(node, gm) -> bool:
                            C.reduce_scatter_fwd_all_gather_bwd, moe.all_to_all_dispatch, moe.all_to_all_combine)
 
 
+# Operations whose backward needs none of their inputs' values: sums, views, casts, collectives, a bias.
+def _passes_through(node, gm) -> bool:
+    import torch
+    import torch.nn.functional as F  # noqa: F401
+    from runtime import collectives as C
+    from runtime.layers import Bias
+    if node.op == "output":
+        return True
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), Bias)
+    return (node.target in (operator.add, operator.sub, operator.neg, torch.add, torch.sub, getattr,
+                            operator.getitem, C.all_reduce_fwd_identity_bwd, C.all_gather_fwd_reduce_scatter_bwd,
+                            C.reduce_scatter_fwd_all_gather_bwd, C.identity_fwd_all_reduce_bwd,
+                            C.split_fwd_all_gather_bwd)
+            or node.target in ("add", "sub", "unflatten", "transpose", "view", "view_as", "reshape", "flatten",
+                               "contiguous", "float", "to", "type_as"))
+
+
+def _needed_in_backward(node, gm) -> bool:
+    """Whether the backward of the block needs `node`'s value, itself or to recompute an input of an operation
+    whose backward needs it: some path of users through operations that pass gradients through without reading
+    their inputs (`_passes_through`) reaches one that does read them."""
+    todo, seen = list(node.users), set()
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if not _passes_through(user, gm):
+            return True
+        todo += list(user.users)
+    return False
+
+
 def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str = "none") -> sympy.Expr:
     """What one block (the body of a `repeat`) keeps per micro-batch until its backward. `full`
     (torch.utils.checkpoint around the block): its input only, the fp32 residual stream. `selective` (torch's
     selective checkpoint, runtime/layers.py's policy): its input and the outputs of its matmuls and
-    collectives. `none`: what each operation keeps (saved_bytes)."""
+    collectives. `selective/compiled` (the same policy traced into a compiled region, runtime.compile): only those
+    outputs the backward needs, directly or to recompute from; the partitioner drops the rest (a residual branch's
+    last matmul, whose output only joins the stream: measured on CPU with saved_tensors_hooks, tests/
+    test_memory_compiled.py). `none`: what each operation keeps (saved_bytes), compiled or not (measured equal
+    to 0.01% on CPU, the same test)."""
     if recompute == "none":
         return saved_bytes(gm, precision, device)
+    compiled = recompute == "selective/compiled"
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
     kept = _numel(x.meta[T.SHAPE]) * 4
     if recompute == "full":
         return sympy.expand(kept)
     act = 2 if precision == "bf16" else 4
     for node in gm.graph.nodes:
-        if _kept_by_selective(node, gm):
+        if _kept_by_selective(node, gm) and not (compiled and not _needed_in_backward(node, gm)):
             if node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Experts":
                 mod = gm.get_submodule(node.target)
                 e, n, h = node.meta[T.SHAPE]
