@@ -121,6 +121,10 @@ CODES: dict[str, Code] = {
                   "two passes over a stage's graph (input gradients, then weight gradients); torch's selective "
                   "activation checkpointing lets a recomputed region be read back once. Use `recompute = full`, "
                   "which recomputes the block in each pass, or a schedule without the split."),
+    "E0611": Code("compile under zero-bubble", "A compiled region is one autograd node: the zero-bubble schedule's "
+                  "split backward (input gradients, then weight gradients) would run each block's whole backward in "
+                  "both halves. Under zero-bubble `compile` defaults to false; written true, it is this error. Use "
+                  "another schedule (1f1b, interleaved-1f1b) to compile."),
     "E0609": Code("the pipeline schedule fails verification", "Before any process starts, `compile` and `run` build "
                   "the per-rank action lists the runtime will execute and prove them: every send has its receive, "
                   "no rank waits forever, each stage computes each micro-batch once. A failure is a defect of "

@@ -90,6 +90,13 @@ class Plan:
         """The tp or ep decision of one traced segment, or None."""
         return dict(getattr(self, field_name)).get(segment)
 
+    @property
+    def compiles(self) -> bool:
+        """Whether the program is compiled: `compile`, except under a zero-bubble pipeline, whose split backward
+        would run each compiled region's backward (one autograd node) twice; written there, it is an error
+        (E0611)."""
+        return self.compile and not (self.schedule == "zero-bubble" and self.size("pp") > 1)
+
     def span(self, key: str) -> Span | None:
         """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""
         return dict(self.spans).get(key)

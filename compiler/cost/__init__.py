@@ -614,7 +614,7 @@ def _recompute(plan) -> str:
 def _saved_mode(plan) -> str:
     """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
     mode = _recompute(plan)
-    return "selective/compiled" if mode == "selective" and getattr(plan, "compile", False) else mode
+    return "selective/compiled" if mode == "selective" and getattr(plan, "compiles", False) else mode
 
 
 def _recompute_passes(plan) -> int:

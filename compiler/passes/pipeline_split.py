@@ -204,6 +204,10 @@ def requires(spec: S.Spec, plan) -> list:
                               "schedule", label="its backward passes each block twice",
                               help='use `recompute = full` (it recomputes the block for each pass), or another '
                                    'schedule'))
+    if plan.compile and plan.schedule == "zero-bubble" and plan.span("compile") is not None:
+        out.append(plan_error(plan, "compile", "E0611", "a compiled program cannot run the zero-bubble schedule",
+                              label="each block's backward would run twice",
+                              help='use `compile = false` (the default under zero-bubble), or another schedule'))
     at = "axis pp"
     repeats = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
     if len(repeats) != 1:
