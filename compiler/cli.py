@@ -122,7 +122,8 @@ def _step_time_text(compiled) -> list[str]:
     dev = compiled.spec.mesh.device
     hw = ("" if abs(pred.hardware_tflops_per_device - pred.model_tflops_per_device) < 1e-9 else
           f" ({pred.hardware_tflops_per_device:.4g} counting recomputation)")
-    lines = ["", f"step time   {_seconds(pred.step_time_s)} per step predicted on {dev.kind} "
+    how = "compiled" if compiled.plan.compiles else "eager"
+    lines = ["", f"step time   {_seconds(pred.step_time_s)} per step predicted on {dev.kind}, {how} "
                  f"({dev.peak_tflops:g} TFLOP/s peak; figures and sources: compiler/cost/devices.py)",
              f"            {pred.tokens_per_s:,.0f} tokens/s; {pred.model_tflops_per_device:.4g} model TFLOP/s per "
              f"device{hw}; MFU {pred.mfu:.1%}"]

@@ -176,6 +176,54 @@ class Segment:
             shape = n.meta.get(T.SHAPE)
             return _numel(shape) * dtype_bytes(n) if isinstance(shape, tuple) else sympy.Integer(0)
 
+        # Compiled (runtime.compile): inductor fuses the memory-bound ops between two matmuls (or collectives) into
+        # one kernel, which reads what the group takes from outside it and writes what leaves it, once each.
+        group_of: dict = {}   # node -> index of its fused group (memory-bound ops and views)
+        alias: dict = {}      # view -> the node whose storage it shows
+        groups: list = []     # per group: its nodes
+        fresh = True
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            name = _name(node)
+            if name in VIEWS:
+                src = next(iter(node.all_input_nodes), None)
+                alias[node] = alias.get(src, src) if src is not None else node
+                if src in group_of:
+                    group_of[node] = group_of[src]
+                continue
+            if (T.COLLECTIVE in node.meta or node.meta.get(T.FLOPS, 0) != 0
+                    or (node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Repeat")):
+                fresh = True
+                continue
+            if fresh:
+                groups.append([])
+                fresh = False
+            group_of[node] = len(groups) - 1
+            groups[-1].append(node)
+
+        def base(n):
+            return alias.get(n, n)
+
+        def consumers(n):  # users, seen through views
+            for u in n.users:
+                if u in alias:
+                    yield from consumers(u)
+                else:
+                    yield u
+
+        self.groups: list = []  # index into the values of each fused group's bytes
+        for i, members in enumerate(groups):
+            inside = set(members)
+            reads = {base(a) for m in members for a in m.all_input_nodes if base(a) not in inside}
+            leaves = {m for m in members if any(u.op == "output" or group_of.get(u) != i for u in consumers(m))}
+            moved = sum((tensor_bytes(n) for n in reads | leaves), sympy.Integer(0))
+            # the loss reads its logits twice (the maximum, then the sum of exponentials)
+            moved += sum((tensor_bytes(base(a)) for m in members if "cross_entropy" in _name(m)
+                          for a in m.all_input_nodes[:1] if base(a) not in inside), sympy.Integer(0))
+            self.groups.append(len(exprs))
+            exprs.append(moved)
+
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
@@ -206,7 +254,8 @@ class Segment:
                 moved = sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0)) + tensor_bytes(node)
                 if "cross_entropy" in name:
                     moved += 2 * sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0))
-                self.ops.append(("memory", len(exprs), 0, False, False, name))
+                # fused when compiled (costed in its group) unless it is one of the vocabulary-parallel ops
+                self.ops.append(("memory" if node not in group_of else "fused", len(exprs), 0, False, False, name))
                 exprs.append(moved)
         exprs = [sympy.sympify(e).xreplace(sub) for e in exprs]
         self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
@@ -236,9 +285,9 @@ class Segment:
         mm = _numel(out[:-1])
         return 1, mm, out[-1], node.meta[T.FLOPS] / (2 * mm * out[-1]), None
 
-    def times(self, env, dev, act_bytes: int, materialised: bool = False) -> "OpTimes":
+    def times(self, env, dev, act_bytes: int, materialised: bool = False, compiled: bool = False) -> "OpTimes":
         """Seconds of one micro-batch through this graph on `dev` (`materialised`: attention scores written out,
-        see SCORE_BYTES_FORWARD)."""
+        see SCORE_BYTES_FORWARD; `compiled`: the memory-bound ops run as fused groups)."""
         v = self._fn(*env)
         over = dev.op_overhead_us * 1e-6
         hbm = dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY
@@ -246,8 +295,17 @@ class Segment:
         attention_rate = dev.peak_tflops * 1e12 * dev.attention_efficiency  # SDPA's fused kernels
         fwd = bwd = wgrad = attention = memory = 0.0
         ops = 0
+        groups = [(v[i], False) for i in self.groups] if compiled else []
+        for moved, _ in groups:
+            t = max(moved / hbm, over)
+            fwd += t
+            memory += t
+            bwd += max(2 * moved / hbm, over)
+            ops += 2
         for kind, i, grads, has_weight, is_attention, _ in self.ops:
-            if kind == "memory":
+            if kind == "fused" and compiled:
+                continue
+            if kind in ("memory", "fused"):
                 t = max(v[i] / hbm, over)
                 fwd += t
                 memory += t
@@ -433,7 +491,7 @@ class Simulator:
                 c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * passes
         out = {}
         for key, segment in mdl.segments.items():
-            ot = segment.times(env, dev, mdl.act, self.materialised)
+            ot = segment.times(env, dev, mdl.act, self.materialised, getattr(plan, "compiles", False))
             c = comm.get(key, {"forward": {}, "backward": {}})
             cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
             is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")

@@ -44,6 +44,22 @@ def test_h100_reference_programs_within_30_percent():
         assert 0.7 <= r["ratio"] <= 1.1, (r["name"], r["ratio"])
 
 
+def test_h100_compiled_model_within_10_percent():
+    """`plan { compile = true }`: the memory-bound ops between two matmuls run as one fused kernel each (their
+    group's outside reads and writes, once). Against the generated Model under torch.compile in a bare loop on one
+    H100 (gpu-measured.json's baselines: 68.3 ms for GPT-2 124M at 32 × 1024 tokens, 92.3 ms for 350M at 16 × 1024)
+    the model gives 1.01 and 1.05 with no figure fitted to them; the compiled program's own overhead over that loop
+    is a GPU figure still to measure (bench/gpu.py)."""
+    from bench.step_time import h100_rows
+    rows = h100_rows(compiled=True)
+    assert len(rows) == 2
+    for r in rows:
+        assert 0.9 <= r["ratio"] <= 1.1, (r["name"], r["ratio"])
+    eager = {r["name"]: r["prediction"].step_time_s for r in h100_rows()}
+    for r in rows:  # fusion must show: the compiled step predicted clearly shorter
+        assert r["prediction"].step_time_s < 0.9 * eager[r["name"]]
+
+
 def test_collective_formulas():
     intra = SIM.Link("tp", 8, False, 300.0, 3.0)
     nbytes = 1e9
@@ -101,7 +117,9 @@ PP = (ROOT / "samples" / "gpt_pp.scale").read_text()
 
 
 def _pp(schedule: str, v: int = 1, m: int = 8):
-    text = PP.replace('schedule = "1f1b"', f'schedule = "{schedule}"' + (f"  virtual_stages = {v}" if v > 1 else ""))
+    """Eager programs, so that the schedules compare alone (zero-bubble is never compiled: E0611)."""
+    text = PP.replace('schedule = "1f1b"', f'schedule = "{schedule}"  compile = false'
+                      + (f"  virtual_stages = {v}" if v > 1 else ""))
     text = text.replace("micro_batches = 4", f"micro_batches = {m}")
     assert text != PP
     return predict(text.replace("device = cpu", "device = h100"))
