@@ -104,13 +104,16 @@ class Plan:
     def describe(self) -> str:
         """One line naming the plan, for diagnostics about a candidate that has no source."""
         mesh = " × ".join(f"{a}={n}" for a, n in self.axes)
-        extra = [f"{self.micro_batches} micro-batches", self.data_parallel]
+        m = self.micro_batches
+        extra = [f"{m} micro-batch{'es' if m != 1 else ''}", self.data_parallel]
         if self.size("pp") > 1:
             extra.append(self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.sequence_parallel:
             extra.append("sequence parallel")
         if self.recompute != "none":
             extra.append(f"{self.recompute} recompute")
+        if self.compiles:
+            extra.append("compiled")
         return f"{mesh} ({', '.join(extra)})"
 
     def to_json(self) -> dict:
