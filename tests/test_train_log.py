@@ -259,3 +259,14 @@ def test_tensorboard_missing_is_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
     assert train._tensorboard("somewhere") is None
     assert "tensorboard package is not installed" in capsys.readouterr().out
+
+
+def test_runner_finds_warnings_but_the_named_exemptions():
+    from tests.e2e.runner import ALLOWED_WARNINGS, warnings_in
+    out = ("step 1 | loss 2.0\n"
+           "/x/distributed_c10d.py:1: FutureWarning: `torch.distributed.all_gather_into_tensor` is deprecated.\n"
+           "/x/_script.py:1488: DeprecationWarning: `torch.jit.script` is deprecated. Please switch\n"
+           "/y/z.py:3: UserWarning: something odd\n")
+    found = warnings_in(out)
+    assert len(found) == 2 and "FutureWarning" in found[0] and "UserWarning" in found[1]
+    assert all(reason for reason in ALLOWED_WARNINGS.values())  # each exemption says why
