@@ -500,6 +500,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
              if ckpt.dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
+    # Listed once, not walked every step: the parameters keep their identity through the run (FSDP2 registers the
+    # same sharded DTensors again at each reshard; checkpoints load in place).
+    named = list(parts.named_parameters())
+    named_once = list(parts.named_parameters(counted_once=True))
+    params = [p for _, p in named]
+    partial = [(name, p) for name, p in named if shards.partial(name)]
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
     n_batch = ctx.batch_size
@@ -548,21 +554,20 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         report_now = bool(args.memory_report) and step == stop - 1
         measure = memory.Measure(ctx.device, track=report_now, reread=fsdp) if (cuda or report_now) else None
         if measure is not None:
-            params = [p for _, p in parts.named_parameters()]
             measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
             parts.measure = measure
         total = parts.step(loader.get(step))
         with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
             if par.ep_shards:
-                moe.sync_expert_grads(parts.named_parameters(), shards.expert, dp_group, n_batch)
-            tp.sync_partial_grads(parts.named_parameters(), shards)
+                moe.sync_expert_grads(named, shards.expert, dp_group, n_batch)
+            tp.sync_partial_grads(partial, shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
-            _dump_grads(parts.named_parameters(), args.dump_grads, ctx, shards)
+            _dump_grads(named, args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)"):
-            norm = tp.clip_grad_norm(parts.named_parameters(counted_once=True), cfg.optim.grad_clip, shards,
-                                     dp_group, pp_group=parts.pp_group, scale=[p for _, p in parts.named_parameters()])
+            norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
+                                     scale=params)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
