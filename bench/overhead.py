@@ -5,7 +5,8 @@ bare loop (forward, backward, torch's clip_grad_norm_, AdamW, zero_grad) on the 
 
 Both are timed step by step (on the CPU a step's end is its work's end; the program's step times are its --metrics
 records, which read the loss every step), alternating bare and program `--repeats` times; the medians of the steps
-after the first five are printed side by side. `--profile` then runs the program once more under cProfile and
+after the first five are printed side by side, with the CPU time per step of each (a run of 2N steps less one of N,
+so that set-up cancels; on a machine shared with other work the CPU time is the steadier figure). `--profile` then runs the program once more under cProfile and
 prints where the runtime's own Python time goes (functions of runtime/*.py by their own time, per step), and
 torch.profiler's op counts per step of both loops.
 """
@@ -106,9 +107,25 @@ def main(argv: list[str]) -> int:
             got["bare"] += bare(program, a.steps)[5:]
             got["program"] += program_loop(program, ctx, a.steps, work)[5:]
         b, r = statistics.median(got["bare"]), statistics.median(got["program"])
-        print(f"{a.sample}: median step over {a.repeats} × {a.steps - 5} steps (one rank, one thread)")
-        print(f"  bare loop  {b * 1e3:8.3f} ms")
-        print(f"  program    {r * 1e3:8.3f} ms   runtime's own: {(r - b) * 1e3:+.3f} ms per step ({r / b - 1:+.1%})")
+        # CPU time per step (this process's, every thread): a loop of 2N steps less one of N, so that set-up cancels;
+        # robust to other processes sharing the cores, which wall-clock medians are not.
+        cpu = {"bare": [], "program": []}
+        for _ in range(a.repeats):
+            for name, fn in (("bare", lambda k: bare(program, k)), ("program",
+                                                                     lambda k: program_loop(program, ctx, k, work))):
+                spent = []
+                for k in (a.steps, 2 * a.steps):
+                    t0 = time.process_time()
+                    fn(k)
+                    spent.append(time.process_time() - t0)
+                cpu[name].append((spent[1] - spent[0]) / a.steps)
+        cb, cr = statistics.median(cpu["bare"]), statistics.median(cpu["program"])
+        print(f"{a.sample}: one rank, one thread; wall: median step over {a.repeats} × {a.steps - 5} steps; "
+              f"CPU: median over {a.repeats} of (CPU time of {2 * a.steps} steps - of {a.steps}) / {a.steps}")
+        print(f"  bare loop  wall {b * 1e3:8.3f} ms   CPU {cb * 1e3:8.3f} ms")
+        print(f"  program    wall {r * 1e3:8.3f} ms   CPU {cr * 1e3:8.3f} ms")
+        print(f"  runtime's own per step: wall {(r - b) * 1e3:+.3f} ms ({r / b - 1:+.1%}), "
+              f"CPU {(cr - cb) * 1e3:+.3f} ms ({cr / cb - 1:+.1%})")
         if a.profile:
             n = 20
             print(f"  aten ops per step: bare {_ops_per_step(lambda: bare(program, n), n)}, "
