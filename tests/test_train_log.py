@@ -270,3 +270,26 @@ def test_runner_finds_warnings_but_the_named_exemptions():
     found = warnings_in(out)
     assert len(found) == 2 and "FutureWarning" in found[0] and "UserWarning" in found[1]
     assert all(reason for reason in ALLOWED_WARNINGS.values())  # each exemption says why
+
+
+def _ddp_bucket_rank(rank: int, port: int, out: str) -> None:
+    import types
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from runtime import tensor_parallel as tp
+    cfg = train.Config(name="m", source="m.scale", steps=1, seed=0, optim=train.Optim(lr=1e-3),
+                       data=train.Data(global_batch=2, seq_len=2, vocab=3),
+                       parallel=train.Parallel(axes=(("dp", 1),), batch_ranks=2, ddp_bucket_mb=3.0))
+    ctx = types.SimpleNamespace(batch_size=2, batch_group=dist.group.WORLD, device=torch.device("cpu"),
+                                axis_size=lambda axis: 1)
+    ddp = train._wrap_data_parallel(torch.nn.Linear(4, 4), ctx, cfg, tp.Shards((), (), ()))
+    with open(out, "w") as f:
+        json.dump(ddp.bucket_bytes_cap, f)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_ddp_gets_the_plans_bucket(tmp_path):
+    out = str(tmp_path / "cap.json")
+    mp.spawn(_ddp_bucket_rank, args=(_port(), out), nprocs=1, join=True)
+    assert json.loads(Path(out).read_text()) == 3 * 2 ** 20
