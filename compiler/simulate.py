@@ -41,8 +41,16 @@ T = lazy("compiler.trace")
 # lerp, mul, addcmul, sqrt, div, add, addcdiv). Gradient clipping reads every gradient once more.
 ADAMW_BYTES_PER_PARAM = 56
 CLIP_BYTES_PER_PARAM = 4
-# DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends.
+# DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends. The
+# compiler writes this same figure into every DDP program (train.Parallel.ddp_bucket_mb, compiler/codegen), so the
+# bucket the runtime gives DDP is the one this model overlaps with the backward; a plan-dependent bucket would have
+# to be measured on GPUs first (bench/) and changed here, for both at once.
 DDP_BUCKET_BYTES = 25 * 2 ** 20
+# FSDP2's all-gathers are issued this many units ahead of the unit that needs them, in forward and in backward
+# (train.Parallel.fsdp_prefetch: set_modules_to_forward_prefetch / set_modules_to_backward_prefetch): what
+# `_data_parallel_exposed` assumes when only the first unit's gather is exposed and the others run under the
+# previous unit's compute.
+FSDP_PREFETCH_UNITS = 1
 # Memory-bound kernels (elementwise, norms, casts, the loss's softmax) of an eager program reach about this fraction of
 # the datasheet bandwidth: a large copy reaches ~90% on H100, reductions less. Set from our H100 reference programs
 # (../shared/reference/gpu-measured.json: with 1.0 the model gave 0.67-0.76 of their measured step times);

@@ -57,6 +57,13 @@ class Parallel:
     tied_embedding: bool = False
     """The LM head reuses the embedding: under pp its two copies (first and last stage) have their gradients summed
     and the last stage's copy is not saved twice."""
+    ddp_bucket_mb: float = 25.0
+    """DDP's gradient bucket, MiB (`bucket_cap_mb`): the compiler's rule (compiler.simulate.ddp_bucket_bytes), the
+    same bucket its step-time model overlaps with the backward."""
+    fsdp_prefetch: int = 1
+    """FSDP2 (fsdp, zero2): how many blocks ahead each block's forward and backward issue their all-gathers
+    (`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`); 0 leaves FSDP2's own order (the
+    compiler's rule: compiler.simulate.fsdp_prefetch)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +139,23 @@ class Memory:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Speed:
+    """What the log measures the run's speed against (compiler.cost and compiler.simulate): model TFLOP/s per device
+    and MFU on every logged line."""
+
+    flops_per_step: float = 0.0
+    """Model FLOPs of one optimizer step over the whole job (compiler.cost: 6·N·tokens-style forward + backward of
+    the model, without recomputation's extra forward); 0: unknown, no TFLOP/s or MFU logged."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of one device of the mesh's kind (the `.scale` file's `device` / `peak_tflops` × 1e12): MFU is
+    model FLOP/s per device over this, whatever device the run happens to be on (the start-up line names it)."""
+    device: str = ""
+    """The mesh's device kind the peak belongs to (`h100`, `cpu`, ...)."""
+    predicted_step_s: float = 0.0
+    """The step time compiler.simulate predicts for this plan on that device, seconds; 0: no prediction."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
 
@@ -157,8 +181,9 @@ class Config:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     init: Init = field(default_factory=Init)
     memory: Memory = field(default_factory=Memory)
+    speed: Speed = field(default_factory=Speed)
 
 
 GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("init", Init),
-          ("memory", Memory))
+          ("memory", Memory), ("speed", Speed))
 """The nested groups of `Config`: (field name, class)."""

@@ -93,3 +93,35 @@ def micro_batch(source, step: int, global_batch: int, dp_rank: int, dp: int, ind
     per_micro = per_rank // micro_batches
     lo = dp_rank * per_rank + index * per_micro
     return source.samples(step, global_batch, lo, lo + per_micro)
+
+
+class Prefetcher:
+    """This rank's micro-batches of each step, on the device, prepared one step ahead.
+
+    `fetch(step)` gives the host tensors of a step ((tokens, targets) per micro-batch, from `micro_batch`: a
+    function of (seed, step, sample) only, so prefetching changes no value). While step t runs, a worker thread
+    builds step t + 1's (reading a token file included); on CUDA into pinned memory, copied with
+    `non_blocking=True` so the copy queues behind the step's work instead of waiting for it. `get(step)` returns
+    the step's device tensors and starts the next one's preparation."""
+
+    def __init__(self, fetch, device: torch.device, stop: int):
+        from concurrent.futures import ThreadPoolExecutor
+        self.fetch, self.device, self.stop = fetch, device, stop
+        self.pin = device.type == "cuda"
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scalec-data")
+        self.pending = None  # (step, future) of the step being prepared
+
+    def _host(self, step: int) -> list:
+        batches = self.fetch(step)
+        return [tuple(t.pin_memory() for t in pair) for pair in batches] if self.pin else batches
+
+    def get(self, step: int) -> list:
+        if self.pending is not None and self.pending[0] == step:
+            batches = self.pending[1].result()
+        else:  # the first step, or a step out of order: built now
+            batches = self._host(step)
+        self.pending = (step + 1, self.pool.submit(self._host, step + 1)) if step + 1 < self.stop else None
+        return [tuple(t.to(self.device, non_blocking=self.pin) for t in pair) for pair in batches]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -2,8 +2,9 @@
 
 - Each torchrun attempt (TORCHELASTIC_RESTART_COUNT) meets its peers under its own store prefix, so a restarted
   group never reads a dead peer's address left in the store by the attempt before (`attempt_store`).
-- SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number), so all
-  of them stop after the same step, checkpoint and leave with status 0 (`StopVote`).
+- SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number, started
+  at the step's beginning and read at its end, no host-device synchronisation of its own), so all of them stop
+  after the same step, checkpoint and leave with status 0 (`StopVote`).
 - A watchdog thread times the operation each rank is blocked in: every collective of runtime.collectives and every
   collective region of the training loop records what it is (`op`: a global set before and after, nothing more).
   When one lasts longer than the plan's `timeout`, the ranks that are waiting write what they wait in to the store;
@@ -171,21 +172,42 @@ def _on_sigterm(signum, frame):
 
 
 class StopVote:
-    """Whether any rank was asked to stop (SIGTERM), agreed by all ranks after the same step: an all-reduce MAX of one
-    flag over all ranks, started without waiting (`StopVote(device)`) so that the host synchronisation that reads
-    the step's loss covers it; `result()` reads it."""
+    """Whether any rank was asked to stop (SIGTERM), agreed by all ranks after the same step, without a host-device
+    synchronisation of its own. `start()` at the beginning of each step puts this rank's flag into an all-reduce MAX
+    over all ranks; `result()` at the end of that step reads the outcome, the same on every rank, so all of them
+    stop after the same step. The vote is started before the step's work is queued, so reading it waits for no more
+    than the start of the step: on CUDA the flag comes back by a non-blocking copy into pinned memory and an event
+    (the host then waits until the device reaches that point, with the whole step queued behind it: the device
+    never idles for it); on gloo the all-reduce runs on gloo's thread while the step runs. A SIGTERM that arrives
+    after a step's vote started is in the next step's vote. One process alone reads its flag directly."""
 
     def __init__(self, device):
-        self.flag = torch.tensor(1.0 if _TERM else 0.0, device=device)
-        self.work = None
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
-                self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
+        self.cuda = device.type == "cuda"
+        self.voting = dist.is_initialized() and dist.get_world_size() > 1
+        self.flag = torch.zeros((), device=device)
+        self.host = torch.zeros((), pin_memory=True) if (self.cuda and self.voting) else None
+        self.work = self.event = None
+
+    def start(self) -> None:
+        if not self.voting:
+            return
+        self.flag.fill_(1.0 if _TERM else 0.0)  # a fill from a host scalar: queued, no copy to wait for
+        with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
+            self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
+        if self.cuda:
+            self.work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
+            self.host.copy_(self.flag, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
 
     def result(self) -> bool:
+        if not self.voting:
+            return _TERM
         with device_wait("the preemption check"):
-            if self.work is not None:
-                self.work.wait()
+            if self.cuda:
+                self.event.synchronize()
+                return bool(self.host.item())
+            self.work.wait()
             return bool(self.flag.item())
 
 

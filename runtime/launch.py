@@ -7,15 +7,25 @@ forwarding. Only the report differs. When workers fail for good, torchrun's comm
 traceback of its own and a table of failures, after the workers' one-line causes; here it is one line naming the
 rank that failed first (torchrun's "root cause") and how, and one line for the others. With `--debug` among the
 program flags torchrun's full report is printed as well.
+
+The job's start is exported to the workers as SCALEC_LAUNCH_TIME (seconds since the epoch; runtime.train.LAUNCH_TIME),
+unless already set (a multi-node job may set one time for all nodes): the log's elapsed time and `done in` count
+from it, start-up and restarts included.
 """
 from __future__ import annotations
 
-import socket
-import sys
+import os
+import time
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-from torch.distributed.run import parse_args, run
+# Before torch's import (a second or more): runtime.train.LAUNCH_TIME, inherited by every worker.
+os.environ.setdefault("SCALEC_LAUNCH_TIME", repr(time.time()))
+
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
+from torch.distributed.run import parse_args, run  # noqa: E402
 
 
 def how(failure: ProcessFailure) -> str:

@@ -21,14 +21,15 @@ class Shards:
     def __init__(self, shards: tuple, partial_grads: tuple, ep_shards: tuple = ()):
         self._shards = tuple((p, d, f, "tp") for p, d, f in shards) + tuple((p, d, f, "ep") for p, d, f in ep_shards)
         self._partial = tuple(partial_grads)
+        self._of, self._partial_of = {}, {}  # by name: the loop asks every step, the answers never change
 
     def of(self, name: str) -> tuple[int, int, str] | None:
         """(dim, full size of that dim, axis) if parameter `name` is sharded over tp or ep, else None."""
-        name = name.removeprefix("module.")
-        for pattern, dim, full, axis in self._shards:
-            if fnmatch.fnmatchcase(name, pattern):
-                return dim, full, axis
-        return None
+        if name not in self._of:
+            bare = name.removeprefix("module.")
+            self._of[name] = next(((dim, full, axis) for pattern, dim, full, axis in self._shards
+                                   if fnmatch.fnmatchcase(bare, pattern)), None)
+        return self._of[name]
 
     def expert(self, name: str) -> bool:
         """Whether `name` is an expert weight sharded over ep (its gradient is synchronised over dp only)."""
@@ -37,8 +38,10 @@ class Shards:
 
     def partial(self, name: str) -> bool:
         """Whether the gradient of `name` is partial over tp (sequence parallelism) and must be summed."""
-        name = name.removeprefix("module.")
-        return any(fnmatch.fnmatchcase(name, p) for p in self._partial)
+        if name not in self._partial_of:
+            bare = name.removeprefix("module.")
+            self._partial_of[name] = any(fnmatch.fnmatchcase(bare, p) for p in self._partial)
+        return self._partial_of[name]
 
 
 def local_slice(full: torch.Tensor, dim: int, local: int, axis: str = "tp") -> torch.Tensor:
@@ -73,11 +76,14 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
     named = [(n, p) for n, p in named_params if p.grad is not None]
     device = named[0][1].grad.device if named else torch.device("cpu")
     sums = {axis: torch.zeros((), device=device, dtype=torch.float64) for axis in ("tp", "ep", None)}
-    dp_sharded = False
+    dp_sharded = any(hasattr(p.grad, "to_local") for _, p in named)
+    by_axis: dict = {}
     for name, p in named:
-        dp_sharded |= hasattr(p.grad, "to_local")
         s = shards.of(name)
-        sums[s[2] if s is not None else None] += _local(p.grad).double().pow(2).sum()
+        by_axis.setdefault(s[2] if s is not None else None, []).append(_local(p.grad))
+    for axis, grads in by_axis.items():  # each tensor's norm (one multi-tensor kernel, as torch's clip_grad_norm_),
+        # then the squares summed in fp64; fp64 norms would first copy every gradient to fp64
+        sums[axis] = torch.stack(torch._foreach_norm(grads, 2)).double().pow(2).sum()
     for axis in ("tp", "ep"):
         if collectives.axis_size(axis) > 1:
             dist.all_reduce(sums[axis], group=collectives._group(axis))
@@ -88,10 +94,14 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
         dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()
     if max_norm > 0:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # a tensor: no host synchronisation
+        grouped: dict = {}
         for p in (scale if scale is not None else [p for _, p in named]):
             if p.grad is not None:
-                _local(p.grad).mul_(coef.to(p.grad.dtype))
+                g = _local(p.grad)
+                grouped.setdefault((g.device, g.dtype), []).append(g)
+        for (_, dtype), grads in grouped.items():
+            torch._foreach_mul_(grads, coef.to(dtype))
     return norm.float()
 
 

@@ -2,7 +2,12 @@
 
 Generated programs call `main(Model, CONFIG)`. Flags on the command line override a few settings for experiments
 and tests: `--steps`, `--metrics FILE` (one JSON line per step on rank 0), `--dump-grads FILE` (the full
-gradients after the first backward, on rank 0), `--seed`.
+gradients after the first backward, on rank 0), `--seed`, `--tensorboard DIR`.
+
+A step waits for the device only where it must: the loss and the gradient norm stay on the device and are read on
+logged steps (every step with `--metrics`); the preemption vote is read without waiting for the step's end
+(faults.StopVote); the next step's batch is prepared while a step runs (data.Prefetcher). Between logged steps the
+host queues work ahead of the device, so the time a logged line shows is the mean over the steps since the last one.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from torch import nn
 
 from runtime import checkpoint, collectives, compile, data, faults, memory, mesh, moe, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
-from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel  # noqa: F401
+from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
@@ -31,7 +36,12 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p = argparse.ArgumentParser(description=f"Train {cfg.name} (generated from {cfg.source}). Run under torchrun.")
     p.add_argument("--steps", type=int, help=f"optimizer steps (default {cfg.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {cfg.seed})")
-    p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0)")
+    p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0); reads the loss, the "
+                                     "gradient norm (and on CUDA the peak memory) every step: one host-device "
+                                     "synchronisation per step that runs without it only on logged steps")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write the logged scalars as TensorBoard events in DIR (rank 0; needs the "
+                        "`tensorboard` package: pip install 'scalec[tensorboard]')")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
     p.add_argument("--stop-after", type=int, metavar="N",
@@ -81,11 +91,11 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
         # optimizer state: what ZeRO-2 holds (whole weights, 1/dp of the rest), plus the one unit's whole gradient
         # waiting for its reduce-scatter.
         reshard = cfg.parallel.data_parallel == "fsdp"
-        for child in model.children():
-            if isinstance(child, Repeat):
-                for block in child.values():
-                    fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard)
+        blocks = [block for child in model.children() if isinstance(child, Repeat) for block in child.values()]
+        for block in blocks:
+            fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard)
+        _fsdp_prefetch(blocks, cfg.parallel.fsdp_prefetch)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     # Dense weights: averaged over every batch shard (dp × ep). Experts sharded over ep are left to
@@ -93,8 +103,23 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     experts = [name for name, _ in model.named_parameters() if shards.expert(name)]
     if experts:
         DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
-    return DDP(model, process_group=ctx.batch_group,
+    return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def _fsdp_prefetch(blocks: list, depth: int) -> None:
+    """FSDP2's explicit prefetch (Parallel.fsdp_prefetch): each block's forward issues the all-gathers of the
+    `depth` blocks after it, its backward those of the `depth` blocks before it (the order backward reaches them),
+    so a gather runs under the previous block's compute even when the host is not ahead of the device."""
+    if depth <= 0:
+        return
+    for i, block in enumerate(blocks):
+        ahead = blocks[i + 1:i + 1 + depth]
+        behind = blocks[max(0, i - depth):i][::-1]
+        if ahead:
+            block.set_modules_to_forward_prefetch(ahead)
+        if behind:
+            block.set_modules_to_backward_prefetch(behind)
 
 
 def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> None:
@@ -153,9 +178,13 @@ class ModelParts:
                     continue
                 yield name, p
 
-    def step(self, source, step: int) -> torch.Tensor:
-        """Forward and backward of this rank's share of step `step`'s batch, gradients averaged over the batch
-        ranks (all but the experts'); returns this rank's mean loss."""
+    def batches(self, source, step: int) -> list:
+        """This rank's (tokens, targets) host tensors of step `step`, one pair per micro-batch the step feeds."""
+        raise NotImplementedError
+
+    def step(self, batches: list) -> torch.Tensor:
+        """Forward and backward of this rank's share of a step's batch (`batches`, on the device), gradients
+        averaged over the batch ranks (all but the experts'); returns this rank's mean loss, on the device."""
         raise NotImplementedError
 
 
@@ -173,16 +202,17 @@ class WholeModel(ModelParts):
         self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
 
-    def step(self, source, step: int) -> torch.Tensor:
+    def batches(self, source, step: int) -> list:
+        m, ctx = self.cfg.parallel.micro_batches, self.ctx
+        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, j, m)
+                for j in range(m)]
+
+    def step(self, batches: list) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
         if self.measure is not None:  # what each micro-batch's forward keeps for its backward
             self.measure.watch_model(model.module if self.kind == "ddp" else model)
         total = torch.zeros((), device=ctx.device)
-        for j in range(m):
-            tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
-                                               ctx.batch_size, j, m)
-            with faults.device_wait("copying the micro-batch to the device"):
-                tokens, targets = tokens.to(ctx.device), targets.to(ctx.device)
+        for j, (tokens, targets) in enumerate(batches):
             sync = j == m - 1
             no_sync = model.no_sync() if (not sync and self.kind == "ddp") else contextlib.nullcontext()
             if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
@@ -214,15 +244,18 @@ class PipelineStages(ModelParts):
         self.cfg, self.ctx, self.shards = cfg, ctx, shards
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
 
-    def step(self, source, step: int) -> torch.Tensor:
+    def batches(self, source, step: int) -> list:
+        # The schedule splits this rank's batch into the micro-batches itself.
+        ctx = self.ctx
+        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, 0, 1)]
+
+    def step(self, batches: list) -> torch.Tensor:
         ctx = self.ctx
         if self.measure is not None:  # the stages' forwards and the loss, recorded over the schedule
             self.pipe.watch(self.measure)
-        # The schedule splits this rank's batch into the micro-batches itself.
-        tokens, targets = data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
-                                           ctx.batch_size, 0, 1)
+        ((tokens, targets),) = batches
         with faults.op("the pipeline schedule (sends and receives between stages over pp)"):
-            total = self.pipe.step(tokens.to(ctx.device), targets.to(ctx.device))
+            total = self.pipe.step(tokens, targets)
         if _dp_kind(self.cfg, ctx) != "fsdp":
             with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)"):
                 _average_dense_grads(self.named_parameters(), ctx, self.shards)
@@ -248,12 +281,22 @@ def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimiz
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    kernels = _adamw_kernels(params)
     if zero_group is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, process_group=zero_group,
                                        parameters_as_bucket_view=True,
-                                       lr=opt.lr, betas=opt.betas, eps=opt.eps)
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps)
+                                       lr=opt.lr, betas=opt.betas, eps=opt.eps, **kernels)
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, **kernels)
+
+
+def _adamw_kernels(params: list) -> dict:
+    """AdamW's implementation: `fused` (one kernel per group of tensors: the update reads and writes each state
+    tensor once) when every parameter is on CUDA, else `foreach` (the multi-tensor ops: torch's fused AdamW has no
+    CPU kernel for every dtype, and foreach is its default there)."""
+    if params and all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    return {"foreach": True}
 
 
 def _zero1_group(cfg: Config, ctx: mesh.Context):
@@ -306,6 +349,101 @@ def _autocast(cfg: Config, ctx: mesh.Context):
     """The context every forward runs in: bf16 autocast (weights, gradients, optimizer state stay fp32)."""
     return (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
             else contextlib.nullcontext())
+
+
+LAUNCH_TIME = "SCALEC_LAUNCH_TIME"
+"""The environment variable runtime.launch sets to the job's start (seconds since the epoch); torchrun passes it to
+every worker of every attempt, so `done in` and `elapsed` count the start-up and any restarts."""
+_IMPORTED = time.time()
+
+
+def launch_time() -> float:
+    """When the job started, seconds since the epoch: runtime.launch's SCALEC_LAUNCH_TIME; without it (a program
+    started by torchrun or python directly) this process's own start (/proc/self/stat's start time, in clock ticks
+    after boot, plus /proc/stat's boot time); without /proc, when this module was imported."""
+    value = os.environ.get(LAUNCH_TIME)
+    if value:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+        with open("/proc/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + float(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: the 20th after the name
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+class _Clock:
+    """Seconds per step between the steps whose figures are read: with no synchronisation in between, the host runs
+    ahead of the device, and only the mean over an interval that ends in a synchronisation is the device's pace."""
+
+    def __init__(self, start: int):
+        self.t_loop = self.t_last = time.perf_counter()
+        self.last = start
+
+    def lap(self, step: int) -> float:
+        now = time.perf_counter()
+        dt = (now - self.t_last) / max(step - self.last, 1)
+        self.t_last, self.last = now, step
+        return dt
+
+
+def _speed(speed, world: int, dt: float) -> dict:
+    """Model TFLOP/s per device and MFU (against the plan's device peak, Speed) at `dt` seconds per step."""
+    if not speed.flops_per_step:
+        return {}
+    per_device = speed.flops_per_step / world / dt
+    return {"tflops": per_device / 1e12, **({"mfu": per_device / speed.peak_flops} if speed.peak_flops else {})}
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def log_line(record: dict, steps: int) -> str:
+    """The line of a logged step, from its metrics record."""
+    text = (f"step {record['step']:>5}/{steps} | loss {record['loss']:8.4f} | lr {record['lr']:.3e} | "
+            f"grad-norm {record['grad_norm']:7.3f} | {record['tokens_per_s']:10,.0f} tok/s | "
+            f"{record['step_time'] * 1000:7.1f} ms/step")
+    if "tflops" in record:
+        text += f" | {record['tflops']:.3g} TFLOP/s/device"
+    if "mfu" in record:
+        text += f" | MFU {record['mfu']:.1%}"
+    if "moe_routed" in record:
+        text += (f" | dropped {record['moe_dropped']:,}/{record['moe_routed']:,} choices | max expert load "
+                 f"{record['moe_max_load']:.2f}× | aux {record['moe_aux_loss']:.4f}")
+    if "peak_memory_bytes" in record:
+        text += f" | peak {memory.gb(record['peak_memory_bytes'])} (rank {record['peak_memory_rank']})"
+    return text + f" | elapsed {_duration(record['elapsed_s'])} | ETA {_duration(record['eta_s'])}"
+
+
+# The scalars of a metrics record TensorBoard gets (as `train/<name>`).
+BOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time", "tflops", "mfu", "peak_memory_bytes",
+                 "elapsed_s", "eta_s")
+
+
+def _tensorboard(logdir: str):
+    """A SummaryWriter on `logdir`, or None with one line when the `tensorboard` package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print(f"scalec: --tensorboard {logdir}: the tensorboard package is not installed (pip install tensorboard); "
+              "writing no events", flush=True)
+        return None
+    return SummaryWriter(log_dir=logdir)
+
+
+def _board_write(board, record: dict) -> None:
+    for key, value in record.items():
+        if key in BOARD_SCALARS or key.startswith("moe_"):
+            board.add_scalar(f"train/{key}", value, record["step"])
+    board.flush()
 
 
 def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> None:
@@ -362,6 +500,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
              if ckpt.dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
+    # Listed once, not walked every step: the parameters keep their identity through the run (FSDP2 registers the
+    # same sharded DTensors again at each reshard; checkpoints load in place).
+    named = list(parts.named_parameters())
+    named_once = list(parts.named_parameters(counted_once=True))
+    params = [p for _, p in named]
+    partial = [(name, p) for name, p in named if shards.partial(name)]
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
     n_batch = ctx.batch_size
@@ -374,12 +518,18 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     tokens_per_step = d.global_batch * d.seq_len
     # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = _open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
+    board = _tensorboard(args.tensorboard) if (args.tensorboard and ctx.is_logger) else None
+    speed = cfg.speed
     if ctx.is_logger:
         n = sum(tp.numel_full(p, name, shards) for name, p in parts.named_parameters(counted_once=True))
         print(f"scalec: {cfg.name} from {cfg.source}: {n:,} parameters{parts.where}, mesh "
               f"{' × '.join(f'{a}={k}' for a, k in par.axes)}{' (sequence parallel)' if par.sequence_parallel else ''}"
               f" on {ctx.world_size} {ctx.device.type} process(es), {cfg.steps} steps of {tokens_per_step:,} tokens",
               flush=True)
+        if speed.flops_per_step and speed.peak_flops:
+            predicted = f"; predicted {speed.predicted_step_s * 1e3:,.1f} ms/step" if speed.predicted_step_s else ""
+            print(f"scalec: {speed.flops_per_step:.3e} model FLOP per step; MFU against the plan's device "
+                  f"({speed.device}: {speed.peak_flops / 1e12:g} TFLOP/s peak per device){predicted}", flush=True)
     # Peak memory: CUDA's allocator counters every step (cheap); the tracker only for --memory-report's last step.
     cuda = ctx.device.type == "cuda"
     if ctx.is_logger and not cuda:
@@ -388,36 +538,40 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                  else ""), flush=True)
     run_peak, report = None, None  # this rank's largest measured peak; the --memory-report record
     losses = []
-    t_start = time.perf_counter()
+    job_start = launch_time()
+    clock, finished = _Clock(start), start
+    loader = data.Prefetcher(lambda t: parts.batches(source, t), ctx.device, stop)
+    vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
     for step in range(start, stop):
-        t0 = time.perf_counter()
         faults.set_step(step + 1)
         faults.test_hooks(ctx.rank, step + 1)
+        vote.start()  # this step's preemption vote, read at its end
         moe.stats_reset()
         if args.count_bytes and step == stop - 1:
             collectives.count_bytes(True)
         log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == start
+        read_now = log_now or bool(args.metrics)  # the steps whose figures are read (a host-device sync)
         report_now = bool(args.memory_report) and step == stop - 1
         measure = memory.Measure(ctx.device, track=report_now, reread=fsdp) if (cuda or report_now) else None
         if measure is not None:
-            params = [p for _, p in parts.named_parameters()]
             measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
             parts.measure = measure
-        total = parts.step(source, step)
+        total = parts.step(loader.get(step))
         with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
             if par.ep_shards:
-                moe.sync_expert_grads(parts.named_parameters(), shards.expert, dp_group, n_batch)
-            tp.sync_partial_grads(parts.named_parameters(), shards)
+                moe.sync_expert_grads(named, shards.expert, dp_group, n_batch)
+            tp.sync_partial_grads(partial, shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
-            _dump_grads(parts.named_parameters(), args.dump_grads, ctx, shards)
+            _dump_grads(named, args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)"):
-            norm = tp.clip_grad_norm(parts.named_parameters(counted_once=True), cfg.optim.grad_clip, shards,
-                                     dp_group, pp_group=parts.pp_group, scale=[p for _, p in parts.named_parameters()])
+            norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
+                                     scale=params)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
+        finished = step + 1
         peak = None
         if measure is not None:
             measure.end()
@@ -425,36 +579,35 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             run_peak = max(run_peak or 0, measure.peak)
             if report_now:
                 report = measure.record(ctx.rank, ctx.coords)
-            if log_now or args.metrics:  # every rank joins (the same condition everywhere)
+            if read_now:  # every rank joins (the same condition everywhere)
                 with faults.op("the peak-memory all-reduce (MAX over ranks)"):
                     peak = memory.largest(measure.peak, ctx)
-        if n_batch > 1:  # the logged loss is the mean over the global batch
-            with faults.op("the loss all-reduce over the batch ranks"):
-                dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
-            total /= n_batch
-        vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after this step (read below)
-        with faults.device_wait("reading the step's loss"):
-            loss_value = total.item()
-        losses.append(loss_value)
-        dt = time.perf_counter() - t0
-        # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
-        experts = (moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp"))
-                   if cfg.moe and (log_now or args.metrics) else None)
-        if metrics:
-            record = {"step": step + 1, "loss": loss_value, "grad_norm": float(norm), "lr": sched.get_last_lr()[0],
-                      "step_time": dt, "tokens_per_s": tokens_per_step / dt}
+        if read_now:
+            if n_batch > 1:  # the logged loss is the mean over the global batch
+                with faults.op("the loss all-reduce over the batch ranks"):
+                    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
+                total /= n_batch
+            with faults.device_wait("reading the step's loss"):
+                loss_value, norm_value = total.item(), float(norm)
+            losses.append(loss_value)
+            dt = clock.lap(step + 1)  # mean seconds per step since the last read
+            # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
+            experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
+            record = {"step": step + 1, "loss": loss_value, "grad_norm": norm_value, "lr": sched.get_last_lr()[0],
+                      "step_time": dt, "tokens_per_s": tokens_per_step / dt,
+                      **_speed(speed, ctx.world_size, dt),
+                      "elapsed_s": time.time() - job_start, "eta_s": dt * (stop - step - 1)}
             if experts:
                 record.update({f"moe_{k}": v for k, v in experts.items()})
             if peak:
                 record.update(peak_memory_bytes=peak[0], peak_memory_rank=peak[1])
-            metrics.write(json.dumps(record) + "\n")
-            metrics.flush()
-        if ctx.is_logger and log_now:
-            moe_text = (f" | dropped {experts['dropped']:,}/{experts['routed']:,} choices | max expert load "
-                        f"{experts['max_load']:.2f}× | aux {experts['aux_loss']:.4f}" if experts else "")
-            print(f"step {step + 1:>5}/{cfg.steps} | loss {loss_value:8.4f} | lr {sched.get_last_lr()[0]:.3e} | "
-                  f"grad-norm {float(norm):7.3f} | {tokens_per_step / dt:10,.0f} tok/s | {dt * 1000:7.1f} ms/step"
-                  + moe_text + (f" | peak {memory.gb(peak[0])} (rank {peak[1]})" if peak else ""), flush=True)
+            if metrics:
+                metrics.write(json.dumps(record) + "\n")
+                metrics.flush()
+            if board is not None:
+                _board_write(board, record)
+            if ctx.is_logger and log_now:
+                print(log_line(record, cfg.steps), flush=True)
         preempted = vote.result()
         if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint"):
@@ -466,6 +619,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                       + (f"; checkpoint saved in {ckpt.dir}" if ckpt.dir else
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break
+    loader.close()
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
     if run_peak is not None:  # measured on every rank or on none
         with faults.op("the peak-memory all-reduce (MAX over ranks)"):
@@ -478,9 +632,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             memory.write_report(args.memory_report, report, ctx, stop, cfg.memory.predicted_peak_bytes,
                                 cfg.memory.device_bytes)
     if ctx.is_logger:
-        print(f"scalec: done in {time.perf_counter() - t_start:.1f} s", flush=True)
+        print(f"scalec: done in {time.time() - job_start:.1f} s since the job started "
+              f"({finished - start} step(s) in {time.perf_counter() - clock.t_loop:.1f} s)", flush=True)
     if metrics:
         metrics.close()
+    if board is not None:
+        board.close()
     return losses
 
 

@@ -58,3 +58,26 @@ def test_cli_flags_are_pinned(monkeypatch):
                 "--local-nodes", "--force"},
         "reshard": {"-h", "--help"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"}}
+
+
+def test_program_flags_are_pinned(monkeypatch):
+    """The flags of a generated program (runtime.train), pinned as the CLI's are."""
+    import sys
+
+    from runtime import train
+    from runtime.config import Data, Optim, Parallel
+    seen = []
+
+    def capture(self, *a, **kw):
+        seen.extend(o for act in self._actions for o in act.option_strings)
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    monkeypatch.setattr(sys, "argv", ["program.py"])
+    cfg = train.Config(name="m", source="m.scale", steps=1, seed=0, parallel=Parallel(axes=(("dp", 1),)),
+                       optim=Optim(lr=1e-3), data=Data(global_batch=1, seq_len=2, vocab=3))
+    try:
+        train._parse_args(cfg)
+    except SystemExit:
+        pass
+    assert set(seen) == {"-h", "--help", "--steps", "--seed", "--metrics", "--tensorboard", "--dump-grads",
+                         "--checkpoint-dir", "--stop-after", "--count-bytes", "--memory-report", "--debug"}

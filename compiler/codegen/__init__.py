@@ -199,6 +199,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
         **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.head.tied),
+        **_dp_tuning(spec, plan),
     }
     return {
         "name": spec.model.name, "source": source_name(spec),
@@ -214,7 +215,31 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "init": {"std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
+        **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
     }
+
+
+def _dp_tuning(spec: S.Spec, plan) -> dict:
+    """The data-parallel wrapper's knobs, written where the plan uses that wrapper: DDP's bucket (whole models with
+    more than one batch rank; pipeline stages all-reduce in one coalesced call, no DDP) and FSDP2's prefetch depth
+    (fsdp, zero2 over dp > 1). Both are compiler.simulate's figures: the bucket and the prefetch its step-time model
+    assumes (DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS)."""
+    from compiler.simulate import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
+    dp = spec.mesh.size("dp")
+    if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
+        return {"fsdp_prefetch": FSDP_PREFETCH_UNITS}
+    if plan.batch_ranks > 1 and spec.mesh.size("pp") == 1:
+        return {"ddp_bucket_mb": DDP_BUCKET_BYTES / 2 ** 20}
+    return {}
+
+
+def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
+    """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
+    and, when the plan has a step-time prediction (compiler.simulate), that time."""
+    from compiler import simulate
+    step_s = simulate.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced), plan, costs).step_time_s
+    return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
+            "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 
 
 def memory_values(spec: S.Spec, costs) -> dict:
@@ -225,7 +250,7 @@ def memory_values(spec: S.Spec, costs) -> dict:
 
 # The nested groups of runtime.config.Config, in the order the program writes them.
 CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint",
-                 "init": "Init", "memory": "Memory"}
+                 "init": "Init", "memory": "Memory", "speed": "Speed"}
 
 
 def _config_code(values: dict) -> list:

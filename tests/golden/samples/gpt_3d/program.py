@@ -182,6 +182,12 @@ CONFIG = train.Config(
         predicted_peak_bytes=1655424,
         device_bytes=16000000000,
     ),
+    speed=train.Speed(
+        flops_per_step=679477248.0,
+        peak_flops=100000000000.0,
+        device='cpu',
+        predicted_step_s=0.04748,
+    ),
 )
 
 if __name__ == "__main__":

@@ -111,6 +111,7 @@ CONFIG = train.Config(
         tp_shards=(),
         tp_partial_grads=(),
         tied_embedding=True,
+        ddp_bucket_mb=25.0,
     ),
     optim=train.Optim(
         lr=0.003,
@@ -142,6 +143,12 @@ CONFIG = train.Config(
     memory=train.Memory(
         predicted_peak_bytes=4737280,
         device_bytes=16000000000,
+    ),
+    speed=train.Speed(
+        flops_per_step=352321536.0,
+        peak_flops=100000000000.0,
+        device='cpu',
+        predicted_step_s=0.00793,
     ),
 )
 

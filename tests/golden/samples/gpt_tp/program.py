@@ -156,6 +156,12 @@ CONFIG = train.Config(
         predicted_peak_bytes=4387840,
         device_bytes=16000000000,
     ),
+    speed=train.Speed(
+        flops_per_step=352321536.0,
+        peak_flops=100000000000.0,
+        device='cpu',
+        predicted_step_s=0.01213,
+    ),
 )
 
 if __name__ == "__main__":

@@ -175,6 +175,12 @@ CONFIG = train.Config(
         predicted_peak_bytes=98806333696,
         device_bytes=141000000000,
     ),
+    speed=train.Speed(
+        flops_per_step=1.5404421787932426e+18,
+        peak_flops=989000000000000.0,
+        device='h200',
+        predicted_step_s=8.159,
+    ),
 )
 
 if __name__ == "__main__":

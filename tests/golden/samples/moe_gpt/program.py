@@ -153,6 +153,7 @@ CONFIG = train.Config(
         tp_partial_grads=(),
         ep_shards=(('blocks.*.moe_experts.w_up', 0, 8), ('blocks.*.moe_experts.w_gate', 0, 8), ('blocks.*.moe_experts.w_down', 0, 8)),
         tied_embedding=True,
+        ddp_bucket_mb=25.0,
     ),
     optim=train.Optim(
         lr=0.003,
@@ -184,6 +185,12 @@ CONFIG = train.Config(
     memory=train.Memory(
         predicted_peak_bytes=9864704,
         device_bytes=16000000000,
+    ),
+    speed=train.Speed(
+        flops_per_step=858783744.0,
+        peak_flops=100000000000.0,
+        device='cpu',
+        predicted_step_s=0.03111,
     ),
 )
 

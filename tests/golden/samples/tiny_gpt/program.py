@@ -143,6 +143,12 @@ CONFIG = train.Config(
         predicted_peak_bytes=7292416,
         device_bytes=16000000000,
     ),
+    speed=train.Speed(
+        flops_per_step=377487360.0,
+        peak_flops=100000000000.0,
+        device='cpu',
+        predicted_step_s=0.008506,
+    ),
 )
 
 if __name__ == "__main__":
