@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import replace
 
 import torch
@@ -91,6 +92,11 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
         # optimizer state: what ZeRO-2 holds (whole weights, 1/dp of the rest), plus the one unit's whole gradient
         # waiting for its reduce-scatter.
         reshard = cfg.parallel.data_parallel == "fsdp"
+        # FSDP2 warns, on every rank, that a unit returning a view (the last pipeline stage's logits, flattened)
+        # would lose its pre-backward hook to an in-place op on it: the schedule only sends a stage's output or
+        # gives it to the loss, out of place (tests/e2e runs fail on any warning printed).
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
+                                category=UserWarning)
         blocks = [block for child in model.children() if isinstance(child, Repeat) for block in child.values()]
         for block in blocks:
             fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard)
@@ -292,11 +298,11 @@ def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimiz
 
 def _adamw_kernels(params: list) -> dict:
     """AdamW's implementation: `fused` (one kernel per group of tensors: the update reads and writes each state
-    tensor once) when every parameter is on CUDA, else `foreach` (the multi-tensor ops: torch's fused AdamW has no
-    CPU kernel for every dtype, and foreach is its default there)."""
+    tensor once, no temporaries) when every parameter is on CUDA, else torch's default (on CPU a loop over the
+    tensors: no whole-group temporaries, which the memory model counts as none there)."""
     if params and all(p.device.type == "cuda" for p in params):
         return {"fused": True}
-    return {"foreach": True}
+    return {}
 
 
 def _zero1_group(cfg: Config, ctx: mesh.Context):

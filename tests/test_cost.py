@@ -323,7 +323,7 @@ def test_megatron_175b_layout_needs_recomputation():
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
     limit = sample.spec.mesh.device.memory_gb * 1e9
     assert sample.costs.peak_bytes <= limit and budget(sample) == []
-    assert "fits: 90% of the 80 GB of one a100" in plan_text(sample)
+    assert "fits: 76% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries
     text = text.replace("recompute = full", "recompute = none")
     inter = compile_spec(check_text(text, "gpt3_175b.scale"))
     plain = compile_spec(check_text(text.replace('schedule = "interleaved-1f1b"', 'schedule = "1f1b"').replace(

@@ -363,8 +363,8 @@ class CostModel:
         m = plan.micro_batches
         loss = max(f(env) for f in self.loss_moments) if self.loss_moments else 0
         root, block = self.fn[("units", "root")](env), self.fn[("units", "block")](env)
-        # AdamW on CUDA runs foreach: sqrt(exp_avg_sq) of a whole param group at once (fp32); on CPU per tensor.
-        adam_temp = (lambda n: 4 * n / sh["optimizer"]) if self.device == "cuda" else (lambda n: 0)
+        # AdamW is fused on CUDA (runtime/train.py): it updates in place, no temporaries; on CPU a loop per tensor.
+        adam_temp = lambda n: 0  # noqa: E731
         recomputed = self.fn[("saved", ("recomputed", "block"))](env) if _recompute(plan) != "none" else 0
 
         fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)

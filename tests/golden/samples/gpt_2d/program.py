@@ -162,7 +162,7 @@ CONFIG = train.Config(
         flops_per_step=352321536.0,
         peak_flops=100000000000.0,
         device='cpu',
-        predicted_step_s=0.01188,
+        predicted_step_s=0.01182,
     ),
 )
 

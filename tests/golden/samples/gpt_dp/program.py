@@ -148,7 +148,7 @@ CONFIG = train.Config(
         flops_per_step=352321536.0,
         peak_flops=100000000000.0,
         device='cpu',
-        predicted_step_s=0.00793,
+        predicted_step_s=0.007801,
     ),
 )
 

@@ -172,7 +172,7 @@ CONFIG = train.Config(
         flops_per_step=679477248.0,
         peak_flops=100000000000.0,
         device='cpu',
-        predicted_step_s=0.03061,
+        predicted_step_s=0.03048,
     ),
 )
 

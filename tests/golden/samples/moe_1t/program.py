@@ -179,7 +179,7 @@ CONFIG = train.Config(
         flops_per_step=1.5404421787932426e+18,
         peak_flops=989000000000000.0,
         device='h200',
-        predicted_step_s=8.159,
+        predicted_step_s=8.089,
     ),
 )
 

@@ -190,7 +190,7 @@ CONFIG = train.Config(
         flops_per_step=858783744.0,
         peak_flops=100000000000.0,
         device='cpu',
-        predicted_step_s=0.03111,
+        predicted_step_s=0.03071,
     ),
 )
 

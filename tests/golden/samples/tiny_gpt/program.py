@@ -147,7 +147,7 @@ CONFIG = train.Config(
         flops_per_step=377487360.0,
         peak_flops=100000000000.0,
         device='cpu',
-        predicted_step_s=0.008506,
+        predicted_step_s=0.008375,
     ),
 )
 
