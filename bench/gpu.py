@@ -168,16 +168,19 @@ def build(name: str, b: Bench, where: Path, compiler_device: str, precision: str
     return where, json.loads((where / "plan.json").read_text())
 
 
-def run_column(col: str, build_dir: Path, b: Bench, optim: dict, args, metrics: Path) -> dict:
-    """Run one column in its own process; its metrics records and wall time, or the failure's last lines."""
+def column_command(col: str, build_dir: Path | None, b: Bench, optim: dict, args, metrics: Path) -> list[str]:
+    """The command of one column: the generated program (`build_dir`) or bench/handwritten.py."""
     if col in OURS:
-        cmd = [sys.executable, str(build_dir / "program.py"), "--steps", str(args.steps), "--metrics", str(metrics)]
-    else:
-        cmd = [sys.executable, "-m", "bench.handwritten", "--arch", json.dumps(asdict(b.arch)), "--optim",
-               json.dumps(optim), "--batch", str(b.batch), "--steps", str(args.steps), "--metrics", str(metrics),
-               "--device", args.device, "--precision", "fp32" if args.device == "cpu" else "bf16"]
-        if col == "hand_compiled":
-            cmd.append("--compile")
+        return [sys.executable, str(build_dir / "program.py"), "--steps", str(args.steps), "--metrics", str(metrics)]
+    return [sys.executable, "-m", "bench.handwritten", "--arch", json.dumps(asdict(b.arch)), "--optim",
+            json.dumps(optim), "--batch", str(b.batch), "--steps", str(args.steps), "--metrics", str(metrics),
+            "--device", args.device, "--precision", "fp32" if args.device == "cpu" else "bf16",
+            *(["--compile"] if col == "hand_compiled" else [])]
+
+
+def run_column(col: str, build_dir: Path | None, b: Bench, optim: dict, args, metrics: Path) -> dict:
+    """Run one column in its own process; its metrics records and wall time, or the failure's last lines."""
+    cmd = column_command(col, build_dir, b, optim, args, metrics)
     out: dict = {"column": col, "command": " ".join(cmd)}
     t0 = time.perf_counter()
     try:
@@ -187,7 +190,9 @@ def run_column(col: str, build_dir: Path, b: Bench, optim: dict, args, metrics: 
         failed = proc.returncode != 0 and f"exit {proc.returncode}"
         tail = (proc.stdout + proc.stderr).splitlines()[-8:]
     except subprocess.TimeoutExpired as exc:
-        failed, tail = f"timed out after {args.timeout:g} s", str(exc.stderr or "").splitlines()[-8:]
+        said = exc.stderr or b""  # bytes, even under text=True
+        said = said.decode(errors="replace") if isinstance(said, bytes) else said
+        failed, tail = f"timed out after {args.timeout:g} s", said.splitlines()[-8:]
     out["wall_s"] = time.perf_counter() - t0
     out["records"] = read_metrics(metrics)
     if failed or len(out["records"]) < args.steps:
@@ -212,7 +217,8 @@ def summarise(run: dict, warmup: int, tokens: int, flops: float, peak_flops: flo
              peak_memory_bytes=max(peaks) if peaks else None,
              first_step_ms=recs[0]["step_time"] * 1e3,
              warmup_excess_s=sum(warm) - len(warm) * median,
-             loss_first=recs[0]["loss"], loss_last=recs[-1]["loss"])
+             loss_first=recs[0]["loss"], loss_last=recs[-1]["loss"],
+             step_times_ms=[round(r["step_time"] * 1e3, 3) for r in recs])
     return s
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -84,38 +85,73 @@ def test_same_function_as_the_generated_model(name, tmp_path):
                           atol=1e-7)
 
 
-def test_cpu_smoke_all_four_columns(tmp_path, capsys):
-    """One tiny model, every column, a few steps: the table and JSON are complete and consistent."""
+def _check_smoke(res: dict, printed: str, columns, steps: int, warmup: int) -> None:
+    """The table and JSON of a CPU smoke run are complete and consistent."""
+    for m in res["models"]:
+        assert sorted(m["columns"]) == sorted(columns)
+        peak = res["peak_tflops"] * 1e12
+        for col, c in m["columns"].items():
+            assert c["error"] is None, (col, c["error"])
+            assert c["flops_per_step"] == m["flops_per_step"] > 0, col
+            assert math.isfinite(c["median_ms"]) and c["median_ms"] > 0, col
+            assert c["steady_steps"] == [warmup + 1, steps], col
+            assert c["tokens_per_s"] == pytest.approx(m["tokens_per_step"] / (c["median_ms"] / 1e3)), col
+            assert c["mfu"] == pytest.approx(m["flops_per_step"] / (c["median_ms"] / 1e3) / peak), col
+            assert 0 < c["mfu"] < 1, col
+            assert c["peak_memory_bytes"] is None, col  # CUDA's counter only
+            assert abs(c["loss_first"] - math.log(m["arch"]["vocab"])) < 1.0, (col, c["loss_first"])
+            assert gpu.TITLES[col] in printed, col
+        best = (min(m["columns"][c]["median_ms"] for c in gpu.OURS if c in columns)
+                / min(m["columns"][c]["median_ms"] for c in gpu.HAND if c in columns))
+        assert m["ours_over_hand"] == pytest.approx(best) and math.isfinite(best)
+        assert f"ours / best hand-written (ms/step): {best:.3f}" in printed
+        # the compiler's count for the architecture: 6 N per token (N: the matmuls' parameters, head included)
+        # plus attention's 12 L h s² per sequence (Megatron-LM's count)
+        a = m["arch"]
+        kv = a["hidden"] // a["heads"] * a["kv_heads"]
+        mlp = (3 if a["act"] == "swiglu" else 2) * a["hidden"] * a["ffn"]
+        n = a["layers"] * (a["hidden"] * (2 * a["hidden"] + 2 * kv) + mlp) + a["vocab"] * a["hidden"]
+        attention = 12 * a["layers"] * a["hidden"] * a["seq"] ** 2 * m["batch"]
+        assert m["flops_per_step"] == 6 * n * m["tokens_per_step"] + attention
+
+
+def test_cpu_smoke_eager_columns(tmp_path, capsys):
+    """The Llama-style tiny model, both eager columns, a few steps (~10 s; the compiled columns' cold compilation
+    takes ~40 s each on this CPU: test_cpu_smoke_all_four_columns)."""
     out = tmp_path / "gpu.json"
-    assert gpu.main(["--device", "cpu", "--models", "llama_tiny", "--steps", "6", "--warmup", "2",
+    columns = ["ours_eager", "hand_eager"]
+    assert gpu.main(["--device", "cpu", "--models", "llama_tiny", "--columns", ",".join(columns), "--steps", "6",
+                     "--warmup", "2", "--json", str(out)]) == 0
+    _check_smoke(json.loads(out.read_text()), capsys.readouterr().out, columns, 6, 2)
+
+
+def test_compiled_columns_are_compiled(tmp_path):
+    """What the compiled columns run, without running it: the generated program of `compile = true` and the
+    hand-written loop with --compile; the eager ones neither."""
+    from bench.common import load_program
+    b = gpu.CPU_MODELS["gpt_tiny"]
+    for compile_on in (True, False):
+        where, plan = gpu.build("gpt_tiny", b, tmp_path / str(compile_on), "cpu", "fp32", compile_on, 10)
+        assert plan["plan"]["compile"] is compile_on
+        assert load_program(where, f"scalec_test_compiled_{compile_on}").CONFIG.parallel.compile is compile_on
+    args = gpu.argparse.Namespace(steps=5, device="cpu")
+    assert "--compile" in gpu.column_command("hand_compiled", None, b, {}, args, tmp_path / "m")
+    assert "--compile" not in gpu.column_command("hand_eager", None, b, {}, args, tmp_path / "m")
+    from bench import handwritten
+    records = handwritten.train(b.arch, {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                                         "grad_clip": 1.0}, steps=2, batch=2, device="cpu", precision="fp32",
+                                compile_model=False, seed=0, metrics_path=None)
+    assert [r["step"] for r in records] == [1, 2] and all(math.isfinite(r["loss"]) for r in records)
+
+
+@pytest.mark.skipif(not os.environ.get("SCALEC_BENCH_COMPILED"),
+                    reason="~100 s on a cold torch.compile cache (set SCALEC_BENCH_COMPILED=1)")
+def test_cpu_smoke_all_four_columns(tmp_path, capsys):
+    """Every column, the compiled ones included, on the tiny GPT."""
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--device", "cpu", "--models", "gpt_tiny", "--steps", "4", "--warmup", "1",
                      "--json", str(out)]) == 0
-    printed = capsys.readouterr().out
-    res = json.loads(out.read_text())
-    (m,) = res["models"]
-    assert sorted(m["columns"]) == sorted(gpu.COLUMNS)
-    peak = res["peak_tflops"] * 1e12
-    for col, c in m["columns"].items():
-        assert c["error"] is None, (col, c["error"])
-        assert c["flops_per_step"] == m["flops_per_step"] > 0, col
-        assert math.isfinite(c["median_ms"]) and c["median_ms"] > 0, col
-        assert c["steady_steps"] == [3, 6], col
-        assert c["tokens_per_s"] == pytest.approx(m["tokens_per_step"] / (c["median_ms"] / 1e3)), col
-        assert c["mfu"] == pytest.approx(m["flops_per_step"] / (c["median_ms"] / 1e3) / peak), col
-        assert 0 < c["mfu"] < 1, col
-        assert c["peak_memory_bytes"] is None, col  # CUDA's counter only
-        assert abs(c["loss_first"] - math.log(m["arch"]["vocab"])) < 1.0, (col, c["loss_first"])
-        assert gpu.TITLES[col] in printed, col
-    best = min(m["columns"][c]["median_ms"] for c in gpu.OURS) / min(m["columns"][c]["median_ms"] for c in gpu.HAND)
-    assert m["ours_over_hand"] == pytest.approx(best) and math.isfinite(best)
-    assert f"ours / best hand-written (ms/step): {best:.3f}" in printed
-    # the compiler's count for the architecture: 6 N per token (N the matmul parameters) plus attention (12 L h s²
-    # per sequence, as Megatron-LM counts it)
-    a = m["arch"]
-    kv = a["hidden"] // a["heads"] * a["kv_heads"]
-    per_layer = a["hidden"] * (2 * a["hidden"] + 2 * kv) + (3 if a["act"] == "swiglu" else 2) * a["hidden"] * a["ffn"]
-    n = a["layers"] * per_layer + a["vocab"] * a["hidden"]
-    assert m["flops_per_step"] == 6 * n * m["tokens_per_step"] + 12 * a["layers"] * a["hidden"] * a["seq"] ** 2 * m[
-        "batch"]
+    _check_smoke(json.loads(out.read_text()), capsys.readouterr().out, gpu.COLUMNS, 4, 1)
 
 
 def test_a_failed_column_is_reported(tmp_path, capsys):
