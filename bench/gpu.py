@@ -4,6 +4,7 @@
     python -m bench.gpu --json gpu.json --steps 50 --warmup 15
     python -m bench.gpu --device cpu                      # tiny models on CPU (what CI smoke-tests)
     python -m bench.gpu --device cpu --models gpt_tiny --columns ours_eager,hand_eager --steps 8 --warmup 3
+    python -m bench.gpu --device cpu --models gpt_small --rounds 3   # alternating rounds, for a shared machine
 
 Columns, per model (each run is its own process, one after another, on the same device):
   ours_compiled  the generated program of `plan { compile = true }`:  scalec compile FILE -o DIR;
@@ -20,7 +21,7 @@ on CPU), peak memory (max over the steady steps of CUDA's max_memory_allocated, 
 sides; "n/a" off CUDA), and the warm-up: the first step's time and the warm-up steps' excess over the median (what
 compilation and first-call work cost; every run compiles with empty caches unless --warm-cache). Per model:
 ours / hand = min(ours_compiled, ours_eager) / min(hand_eager, hand_compiled) in median ms/step (< 1: ours is
-faster).
+faster). With --rounds R every column runs R times, alternating, and the median pools the steady steps of all R.
 
 The same in every column: the architecture (written once as a `handwritten.Arch`, from which the .scale text is
 made), the batch (sequences × seq), the precision (bf16 autocast on CUDA, weights and optimizer state fp32; fp32 on
@@ -201,24 +202,26 @@ def run_column(col: str, build_dir: Path | None, b: Bench, optim: dict, args, me
     return out
 
 
-def summarise(run: dict, warmup: int, tokens: int, flops: float, peak_flops: float) -> dict:
-    """The column's figures from its per-step records (steps warmup+1 .. N steady)."""
-    recs = run["records"]
-    steady = [r["step_time"] for r in recs[warmup:]]
-    s = {"column": run["column"], "command": run["command"], "wall_s": round(run["wall_s"], 2),
-         "error": run.get("error")}
-    if not steady or run.get("error"):
+def summarise(runs: list[dict], warmup: int, tokens: int, flops: float, peak_flops: float) -> dict:
+    """The column's figures from its runs' per-step records (one run per round; steps warmup+1 .. N of each are
+    the steady ones, pooled for the median; the warm-up figures are the median over the rounds)."""
+    first = runs[0]
+    s = {"column": first["column"], "command": first["command"], "rounds": len(runs),
+         "wall_s": round(sum(r["wall_s"] for r in runs), 2),
+         "error": next((r["error"] for r in runs if r.get("error")), None)}
+    steady = [x["step_time"] for r in runs for x in r["records"][warmup:]]
+    if not steady or s["error"]:
         return s
     median = statistics.median(steady)
-    peaks = [r["peak_memory_bytes"] for r in recs[warmup:] if r.get("peak_memory_bytes")]
-    warm = [r["step_time"] for r in recs[:warmup]]
-    s.update(median_ms=median * 1e3, steady_steps=[warmup + 1, len(recs)], tokens_per_s=tokens / median,
+    peaks = [x["peak_memory_bytes"] for r in runs for x in r["records"][warmup:] if x.get("peak_memory_bytes")]
+    excess = [sum(x["step_time"] for x in r["records"][:warmup]) - warmup * median for r in runs]
+    s.update(median_ms=median * 1e3, steady_steps=[warmup + 1, len(first["records"])], tokens_per_s=tokens / median,
              flops_per_step=flops, mfu=flops / median / peak_flops,
              peak_memory_bytes=max(peaks) if peaks else None,
-             first_step_ms=recs[0]["step_time"] * 1e3,
-             warmup_excess_s=sum(warm) - len(warm) * median,
-             loss_first=recs[0]["loss"], loss_last=recs[-1]["loss"],
-             step_times_ms=[round(r["step_time"] * 1e3, 3) for r in recs])
+             first_step_ms=statistics.median(r["records"][0]["step_time"] for r in runs) * 1e3,
+             warmup_excess_s=statistics.median(excess),
+             loss_first=first["records"][0]["loss"], loss_last=first["records"][-1]["loss"],
+             step_times_ms=[[round(x["step_time"] * 1e3, 3) for x in r["records"]] for r in runs])
     return s
 
 
@@ -238,12 +241,14 @@ def bench_model(name: str, b: Bench, columns, args, dev: tuple[str, str, float],
         o = load_program(builds["ours_eager"][0], f"scalec_bench_{name}").CONFIG.optim
         optim = dict(lr=o.lr, betas=list(o.betas), eps=o.eps, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                      lr_schedule=o.lr_schedule, warmup=o.warmup, min_lr=o.min_lr)
-        runs = {}
-        for col in sorted(columns, key=COLUMNS.index):
-            print(f"  {name}: {TITLES[col]} ...", end="", flush=True)
-            runs[col] = run_column(col, builds.get(col, (None,))[0], b, optim, args, where / f"{col}.jsonl")
-            print(f" {runs[col]['wall_s']:.1f} s" + (f"  FAILED: {runs[col]['error']}" if "error" in runs[col]
-                                                     else ""), flush=True)
+        runs: dict[str, list] = {col: [] for col in sorted(columns, key=COLUMNS.index)}
+        for k in range(args.rounds):  # rounds alternate the columns: A B C D A B C D ...
+            for col in runs:
+                label = f"  {name}: {TITLES[col]}" + (f" (round {k + 1}/{args.rounds})" if args.rounds > 1 else "")
+                print(label + " ...", end="", flush=True)
+                run = run_column(col, builds.get(col, (None,))[0], b, optim, args, where / f"{col}.{k}.jsonl")
+                runs[col].append(run)
+                print(f" {run['wall_s']:.1f} s" + (f"  FAILED: {run['error']}" if "error" in run else ""), flush=True)
         cols = {c: summarise(r, args.warmup, tokens, float(flops), peak_flops) for c, r in runs.items()}
     ours = [cols[c]["median_ms"] for c in OURS if "median_ms" in cols.get(c, {})]
     hand = [cols[c]["median_ms"] for c in HAND if "median_ms" in cols.get(c, {})]
@@ -257,8 +262,9 @@ def gb(n) -> str:
 
 
 def table(result: dict) -> str:
+    rounds = f" of {result['rounds']} alternating rounds" if result["rounds"] > 1 else ""
     lines = [f"bench/gpu.py on {result['device']} ({result['precision']}, peak {result['peak_tflops']:g} TFLOP/s; "
-             f"medians over steps {result['warmup'] + 1}-{result['steps']}; torch {result['torch']})"]
+             f"medians over steps {result['warmup'] + 1}-{result['steps']}{rounds}; torch {result['torch']})"]
     for m in result["models"]:
         lines.append("")
         lines.append(f"{m['model']}: {m['parameters'] or 0:,} parameters, {m['batch']} × {m['arch']['seq']} tokens "
@@ -290,6 +296,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, help="steps per run (default 50 on CUDA, 20 on CPU)")
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 15 on CUDA, 5 on CPU)")
     p.add_argument("--peak-tflops", type=float, help="the device's peak (default: compiler/cost/devices.py)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the columns this many times, alternating (A B C D A B C D ...), and pool their steady "
+                        "steps: for a machine others share (default 1)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run (default 600)")
     p.add_argument("--warm-cache", action="store_true",
                    help="keep torch.compile's usual caches (default: a fresh, empty cache for every run)")
@@ -308,13 +317,15 @@ def main(argv=None) -> int:
                          f"columns: {', '.join(COLUMNS)})")
     args.steps = args.steps or (20 if cpu else 50)
     args.warmup = 5 if cpu and args.warmup is None else (15 if args.warmup is None else args.warmup)
+    if args.rounds < 1:
+        raise SystemExit("bench/gpu.py: --rounds must be at least 1")
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"bench/gpu.py: --warmup {args.warmup} leaves no steady step of --steps {args.steps}")
     precision = "fp32" if cpu else "bf16"
     dev = device_figures(args.device, args.peak_tflops)
     import torch
     result = {"device": dev[0], "compiler_device": dev[1], "peak_tflops": dev[2] / 1e12, "precision": precision,
-              "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__, "models": []}
+              "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "torch": torch.__version__, "models": []}
     t0 = time.perf_counter()
     for name in names:
         result["models"].append(bench_model(name, catalogue[name], columns, args, dev, precision))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 
 import pytest
 import torch
@@ -101,6 +102,10 @@ def _check_smoke(res: dict, printed: str, columns, steps: int, warmup: int) -> N
             assert c["peak_memory_bytes"] is None, col  # CUDA's counter only
             assert abs(c["loss_first"] - math.log(m["arch"]["vocab"])) < 1.0, (col, c["loss_first"])
             assert gpu.TITLES[col] in printed, col
+            assert len(c["step_times_ms"]) == c["rounds"] == res["rounds"], col
+            pooled = [t for run in c["step_times_ms"] for t in run[warmup:]]
+            assert len(pooled) == res["rounds"] * (steps - warmup), col
+            assert c["median_ms"] == pytest.approx(statistics.median(pooled), rel=1e-3, abs=1e-3), col
         best = (min(m["columns"][c]["median_ms"] for c in gpu.OURS if c in columns)
                 / min(m["columns"][c]["median_ms"] for c in gpu.HAND if c in columns))
         assert m["ours_over_hand"] == pytest.approx(best) and math.isfinite(best)
@@ -116,13 +121,13 @@ def _check_smoke(res: dict, printed: str, columns, steps: int, warmup: int) -> N
 
 
 def test_cpu_smoke_eager_columns(tmp_path, capsys):
-    """The Llama-style tiny model, both eager columns, a few steps (~10 s; the compiled columns' cold compilation
-    takes ~40 s each on this CPU: test_cpu_smoke_all_four_columns)."""
+    """The Llama-style tiny model, both eager columns, two alternating rounds of a few steps (~10 s; the compiled
+    columns' cold compilation takes ~40 s each on this CPU: test_cpu_smoke_all_four_columns)."""
     out = tmp_path / "gpu.json"
     columns = ["ours_eager", "hand_eager"]
-    assert gpu.main(["--device", "cpu", "--models", "llama_tiny", "--columns", ",".join(columns), "--steps", "6",
-                     "--warmup", "2", "--json", str(out)]) == 0
-    _check_smoke(json.loads(out.read_text()), capsys.readouterr().out, columns, 6, 2)
+    assert gpu.main(["--device", "cpu", "--models", "llama_tiny", "--columns", ",".join(columns), "--steps", "5",
+                     "--warmup", "2", "--rounds", "2", "--json", str(out)]) == 0
+    _check_smoke(json.loads(out.read_text()), capsys.readouterr().out, columns, 5, 2)
 
 
 def test_compiled_columns_are_compiled(tmp_path):
