@@ -96,7 +96,13 @@ def h100_rows(compiled: bool = False) -> list[dict]:
             measured = row["median_step_s"]
         text = row["spec"].replace("train {", f"plan {{ compile = {'true' if compiled else 'false'} }}\ntrain {{", 1)
         program = D.compile_spec(check_text(text, row["name"] + ".scale"))
-        pred = SIM.predict(program)
+        fused = SIM.ADAMW_BYTES_PER_PARAM
+        if not compiled:  # these programs ran torch's foreach AdamW (the runtime of 2026-11-22); the loop, fused
+            SIM.ADAMW_BYTES_PER_PARAM = SIM.ADAMW_FOREACH_BYTES_PER_PARAM
+        try:
+            pred = SIM.predict(program)
+        finally:
+            SIM.ADAMW_BYTES_PER_PARAM = fused
         out.append({"name": row["name"], "measured_s": measured, "prediction": pred,
                     "ratio": pred.step_time_s / measured, "compiled": compiled})
     return out

@@ -40,6 +40,7 @@ T = lazy("compiler.trace")
 # implementation, used before, ran each arithmetic step as its own pass, about twice that). Gradient clipping reads
 # every gradient once more.
 ADAMW_BYTES_PER_PARAM = 28
+ADAMW_FOREACH_BYTES_PER_PARAM = 56  # what the runtime's AdamW moved before it was fused (reference measurements)
 CLIP_BYTES_PER_PARAM = 4
 # DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends. The
 # compiler writes this same figure into every DDP program (train.Parallel.ddp_bucket_mb, compiler/codegen), so the
