@@ -129,8 +129,8 @@ CASES = (
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
-    # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Their memory
-    # check reads the last step, which runtime.memory's tracker (a dispatch mode) runs eagerly; what the compiled
+    # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor
+    # --memory-report: runtime.memory's tracker (a dispatch mode) runs compiled regions eagerly; what the compiled
     # regions keep is held against the model by tests/test_memory_compiled.py.
     Case(id="dp2_tp2_fsdp_recompute_full_compile", sample="samples/gpt_2d.scale", nproc=4, bytes_checked=False,
          edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full  compile = true"),),

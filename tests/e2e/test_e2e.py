@@ -36,8 +36,11 @@ def _text(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_matches_single_device(case: Case, references, tmp_path):
     text = _text(case)
+    # runtime.memory's tracker runs compiled regions eagerly: a compiled case's report would measure the eager
+    # program; what compiled regions keep is held against the model by tests/test_memory_compiled.py
+    compiled = "compile = true" in text
     run = launch(text, case.id, tmp_path, steps=case.steps, timeout=case.timeout, nproc=case.nproc,
-                 memory_report=True, count_bytes=case.bytes_checked)
+                 memory_report=not compiled, count_bytes=case.bytes_checked)
     ref = references(text, case.steps)
     if "precision    = bf16" in text:
         _assert_bf16_training(run, ref, references(text.replace("precision    = bf16", "precision    = fp32"),
@@ -47,7 +50,8 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     assert run.losses[-1] < run.losses[0], "the loss should fall over the steps"
     if case.bytes_checked:
         assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
-    assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
+    if not compiled:
+        assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
         assert [r["moe_dropped"] for r in run.records] == [r["moe_dropped"] for r in ref.records]
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]
