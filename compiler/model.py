@@ -22,6 +22,7 @@ from torch import nn
 
 from compiler import spec as S
 from compiler.diagnostics import Span
+from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
 # flow, and the emitted program calls the same functions.
@@ -111,18 +112,22 @@ class Segment(nn.Module):
     def _attention(self, a: S.Attention, p: str) -> _Step:
         hd = a.hidden / a.heads
         head_dim = self._n(hd)
-        q = self._linear(f"{p}_q", a.hidden, a.heads * hd, a.bias, a.span)
-        k = self._linear(f"{p}_k", a.hidden, a.kv_heads * hd, a.bias, a.span)
-        v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, a.bias, a.span)
+        qkv_bias = a.bias if a.qkv_bias is None else a.qkv_bias
+        q = self._linear(f"{p}_q", a.hidden, a.heads * hd, qkv_bias, a.span)
+        k = self._linear(f"{p}_k", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
+        v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
         o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
         self.residual_out.append(o)
         gqa = self._n(a.kv_heads) != self._n(a.heads)
+        theta, scaling = a.rope_theta, a.rope_scaling
 
         def run(seg, x_BSH):
             # Heads are split off the last dim: (B, S, H*D) -> (B, H, S, D).
             q_BHSD = getattr(seg, q)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
             k_BKSD = getattr(seg, k)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
             v_BKSD = getattr(seg, v)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            if theta:
+                q_BHSD, k_BKSD = rotate(q_BHSD, k_BKSD, theta, scaling)
             y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
             return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
         return _Step(a, run)

@@ -53,6 +53,12 @@ class Attention:
     kv_heads: Size
     bias: bool
     span: Span
+    qkv_bias: bool | None = None
+    """Biases on q, k and v (Qwen 2: true with `bias = false`); None: as `bias`."""
+    rope_theta: float = 0.0
+    """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
+    rope_scaling: tuple | None = None
+    """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq), or None."""
 
 
 @dataclass(frozen=True, kw_only=True)

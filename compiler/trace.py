@@ -27,7 +27,7 @@ from compiler import layers as L
 from compiler import model as M
 from compiler.symbols import MICRO_BATCH, size
 from runtime import collectives as C
-from runtime import moe
+from runtime import moe, rotary
 from runtime.layers import Bias, Repeat
 
 SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
@@ -48,8 +48,9 @@ COLLECTIVE = "collective"
 
 class _Tracer(fx.Tracer):
     def __init__(self):
-        # MoE routing, dispatch and combine stay calls: their insides depend on the data, not on shapes.
-        super().__init__(autowrap_functions=(moe.route, moe.dispatch, moe.combine))
+        # MoE routing, dispatch and combine stay calls: their insides depend on the data, not on shapes. The rotary
+        # embedding stays one call too: the program reads `rotary.rotate(q, k, theta, scaling)`.
+        super().__init__(autowrap_functions=(moe.route, moe.dispatch, moe.combine, rotary.rotate))
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return isinstance(m, (Repeat, Bias, moe.Experts)) or super().is_leaf_module(m, qualname)
@@ -77,6 +78,10 @@ def trace(module: M.Segment, name: str, inputs: dict) -> fx.GraphModule:
             for user in list(node.users):
                 if user.target is operator.getitem:
                     user._rename(("slot", "gate")[user.args[1]])
+        if node.op == "call_function" and node.target is rotary.rotate:  # and the turned queries and keys
+            for user in list(node.users):
+                if user.target is operator.getitem:
+                    user._rename(("q_turned", "k_turned")[user.args[1]])
     gm = fx.GraphModule(module, graph, name)
     gm.meta[PARAM_SHAPES] = dict(module.param_shapes)
     gm.meta[SPANS] = dict(module.spans)
@@ -279,6 +284,8 @@ def _function_rule(node: fx.Node, args, kwargs):
     if t is moe.route:
         b, s, _ = args[0]
         return ((b, s, args[1]), (b, s, args[1])), zero
+    if t is rotary.rotate:  # elementwise: no matmul FLOPs (the model FLOPs count matmuls only)
+        return (tuple(args[0]), tuple(args[1])), zero
     if t is moe.dispatch:
         layer = node.meta[LAYER]  # the symbolic sizes; the call's arguments are their numbers
         b, s, h = args[0]
@@ -335,6 +342,8 @@ def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
         return None
     if t is moe.route:
         return ("int", "fp32")  # slots, gates
+    if t is rotary.rotate:
+        return (args[0], args[1])
     if t is operator.getitem:
         return args[0][args[1]] if isinstance(args[0], tuple) else args[0]
     if t is moe.combine:  # the experts' outputs, plus the token itself for dropped = identity

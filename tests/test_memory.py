@@ -59,6 +59,9 @@ GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias
 WHOLE = {
     "gpt": ("tiny_gpt.scale", ()),
     "gqa_rmsnorm_swiglu_untied": ("tiny_gpt.scale", GQA),
+    "rope_llama3_qkv_bias": ("tiny_gpt.scale", ((GQA[0][0], "attention(hidden, heads, kv_heads = 2, bias = false, "
+                                                "qkv_bias = true, rope_theta = 500000, rope_scaling = llama3)"),)
+                             + GQA[1:]),
     "moe_top2_swiglu_dropped_identity": ("moe_gpt.scale", (("axis ep = 2", "axis ep = 1"),
                                                            ("devices_per_node = 2", "devices_per_node = 1"),
                                                            ("dropped = residual", "dropped = identity"))),

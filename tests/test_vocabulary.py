@@ -12,7 +12,8 @@ def test_language_vocabulary_is_pinned():
     assert check.SECTIONS == ("model", "mesh", "plan", "train")
     assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
         "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
-        "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias"),
+        "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
+                                                                   "rope_theta", "rope_scaling"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped"),
         "residual": (),

@@ -30,7 +30,7 @@ from runtime.moe import Experts
 INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
-RUNTIME_MODULES = ("runtime.collectives", "runtime.moe")
+RUNTIME_MODULES = ("runtime.collectives", "runtime.moe", "runtime.rotary")
 
 
 @dataclass(frozen=True)

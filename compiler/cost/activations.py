@@ -87,6 +87,7 @@ class _Graph:
     def run(self, repeats=None) -> sympy.Expr:
         from torch import nn
         from runtime.layers import Bias, Repeat
+        from runtime import rotary
         F, C, moe = self.F, self.C, self.moe
         extra = sympy.Integer(0)
         for node in self.gm.graph.nodes:
@@ -185,6 +186,9 @@ class _Graph:
                 pass  # a new tensor; the collective's backward keeps nothing
             elif t is torch_arange():
                 pass
+            elif t is rotary.rotate:  # its cosines and sines, (S, D) each in the queries' dtype
+                b, h, s, d = args[0].meta[T.SHAPE]
+                self.new(node, "angles", (2, s, d), self.act)
             elif t is moe.route:
                 self._route(node, args)
             elif t is moe.dispatch:

@@ -3,12 +3,20 @@ heads). Under tp its heads are split: q, k and v are column-parallel, o is row-p
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _divisors_near, _size
+from compiler.binder import Param, _arg_span, _bool, _call_of, _divisors_near, _float, _size
 
 SPEC = S.Attention
+ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the context is than trained"),
+                            "low_freq_factor": Param(_float, 1.0, "wavelengths beyond original_seq / this are scaled"),
+                            "high_freq_factor": Param(_float, 4.0, "wavelengths below original_seq / this are kept"),
+                            "original_seq": Param(_size, 8192, "the context length trained before scaling")}}
 SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
                         "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
-                        "bias": Param(_bool, True, "biases on the projections")}}
+                        "bias": Param(_bool, True, "biases on the projections"),
+                        "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
+                        "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
+                        "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling"), None,
+                                              "frequency scaling of the rotary embeddings: llama3(...)")}}
 TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}
 
 
@@ -28,4 +36,9 @@ def resolve(c, st, a: dict, kind: str):
         ok = False
     if not ok:
         return None
-    return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span)
+    scaling = None
+    if a["rope_scaling"] is not None:
+        _, s = a["rope_scaling"]
+        scaling = (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"])))
+    return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
+                       qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling)

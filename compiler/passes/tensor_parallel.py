@@ -44,6 +44,7 @@ nn = lazy("torch.nn")
 T = lazy("compiler.trace")
 C = lazy("runtime.collectives")
 _layers = lazy("runtime.layers")
+_rotary = lazy("runtime.rotary")
 
 AXIS = "tp"
 
@@ -53,7 +54,7 @@ def _shard_preserving() -> frozenset:
     """The allow-list: operations through which a head / inner-width shard flows unchanged. Anything else between a
     layer's column and row linears makes the layer unshardable (E0407), never silently replicated."""
     return frozenset({"unflatten", "transpose", "flatten", "contiguous", F.gelu, F.silu, F.relu, operator.mul,
-                      F.scaled_dot_product_attention})
+                      F.scaled_dot_product_attention, _rotary.rotate, operator.getitem})
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ class Case:
 
 
 SP = (("sequence_parallel = false", "sequence_parallel = true"),)
-GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false)"),
+GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
 TP4 = (("axis tp = 2", "axis tp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
 PP4 = (("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
@@ -60,7 +60,8 @@ CASES = (
     Case(id="tp4_sp", sample="samples/gpt_tp.scale", nproc=4, edits=TP4 + SP,
          description="tensor + sequence parallelism over 4 ranks"),
     Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
-         description="grouped-query attention (4 heads, 2 kv heads), RMSNorm, SwiGLU, untied head, no biases"),
+         description="grouped-query attention (4 heads, 2 kv heads) with rotary embeddings, RMSNorm, SwiGLU, untied "
+                     "head, no biases"),
     Case(id="tp2_padded_vocab", sample="samples/gpt_tp.scale", nproc=2,
          edits=(("vocab  = 128", "vocab  = 127"), ("micro_batches = 1", "micro_batches = 1  pad_vocab = true")),
          description="a vocabulary tp does not divide, padded with masked logits: the loss is unchanged"),
@@ -116,9 +117,11 @@ CASES = (
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
          edits=(("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4"),
-                ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')),
-         description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism: the ledger of pp rank "
-                     "0 counts the tp collectives of both its stages, and the bytes counted equal it"),
+                ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2'),
+                ("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)")),
+         description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings (each "
+                     "rank turns its heads by the whole sequence's positions, gathered before attention): the ledger "
+                     "of pp rank 0 counts the tp collectives of both its stages, and the bytes counted equal it"),
     Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
          edits=(("axis dp = 1", "axis pp = 2"), ("layers  = 4", "layers  = 8"),
                 ("micro_batches = 2", 'micro_batches = 2  schedule = "interleaved-1f1b"  virtual_stages = 2'))
