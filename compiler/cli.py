@@ -278,9 +278,13 @@ def _moe_text(compiled) -> list[str]:
         e, c, h = v(x.experts), v(x.capacity), v(x.hidden)
         buffer, hidden = C.moe_held_elements(spec, x, b)
         where = f"{os.path.basename(x.span.file)}:{x.span.line}"
-        lines += [f"experts     moe at {where}: {e} experts, top-{x.top_k}, capacity factor {x.capacity_factor:g} "
-                  f"→ {x.capacity} = {c} slots per expert per sequence (min(seq, ⌈factor·top_k·seq/experts⌉)); "
-                  f"over capacity: {'through the residual' if x.dropped == 'residual' else 'the token itself'}",
+        capacity = (f"dropless (capacity_factor = none) → {x.capacity} = {c} slots per expert per sequence (the "
+                    "worst case: every token of a sequence to one expert; buffers padded to it, nothing dropped)"
+                    if x.capacity_factor == "none" else
+                    f"capacity factor {x.capacity_factor:g} → {x.capacity} = {c} slots per expert per sequence "
+                    f"(min(seq, ⌈factor·top_k·seq/experts⌉)); over capacity: "
+                    f"{'through the residual' if x.dropped == 'residual' else 'the token itself'}")
+        lines += [f"experts     moe at {where}: {e} experts, top-{x.top_k}, {capacity}",
                   f"            {e // ep} expert{'s' if e // ep != 1 else ''} per rank"
                   + (f" (ep = {ep} is folded out of data parallelism: the batch splits over dp × ep = {dp * ep} "
                      f"ranks holding the dense weights; each expert lives on the {dp * tp} rank"

@@ -79,7 +79,8 @@ class MoE:
     ffn: Size
     experts: Size
     top_k: int
-    capacity_factor: float
+    capacity_factor: float | str
+    """A multiple of a balanced share, or "none": dropless, capacity = seq (compiler/layers/moe.py DROPLESS)."""
     act: str  # "gelu" | "swiglu"
     aux_loss: float
     """Weight of the auxiliary load-balancing loss (Switch/GShard); 0 turns it off."""

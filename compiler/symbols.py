@@ -35,9 +35,11 @@ def evaluate(expr, values: dict) -> int | float:
     return int(v) if v.is_integer else float(v)
 
 
-def capacity(seq: int, experts: int, top_k: int, factor: float) -> int:
+def capacity(seq: int, experts: int, top_k: int, factor) -> int:
     """Slots per expert per sequence of a `moe` layer: the factor times a balanced share of the K·S choices, rounded
-    up (a product that is a whole number up to float rounding is not rounded up), at least 1, at most S. The
-    compiler's own copy of runtime.moe.capacity (the compiler does not import the runtime to resolve a model);
-    tests/test_moe.py checks the two agree."""
+    up (a product that is a whole number up to float rounding is not rounded up), at least 1, at most S; S for
+    `factor = "none"` (dropless). The compiler's own copy of runtime.moe.capacity (the compiler does not import the
+    runtime to resolve a model); tests/test_moe.py checks the two agree."""
+    if factor == "none":
+        return seq
     return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))

@@ -116,10 +116,12 @@ def stats_read(device, group=None, duplicates: int = 1) -> dict:
 # -- routing, dispatch, combine -----------------------------------------------------------------------------------
 
 
-def capacity(seq: int, experts: int, top_k: int, factor: float) -> int:
+def capacity(seq: int, experts: int, top_k: int, factor) -> int:
     """Slots per expert per sequence: the factor times a balanced share of the K·S choices, rounded up (a product
     that is a whole number up to float rounding is not rounded up), at least 1, at most S (an expert receives each
-    token at most once)."""
+    token at most once). `factor = "none"` (dropless): S, the worst case, so no choice is ever dropped."""
+    if factor == "none":
+        return seq
     return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))
 
 

@@ -18,7 +18,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pathlib import Path
+
+from compiler import spec as SPEC
 from runtime import moe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 B, S, H, E, FFN = 2, 6, 5, 4, 6   # sequences, tokens per sequence, width, experts, expert inner width
 F64 = torch.float64
@@ -318,6 +323,29 @@ def test_capacity_never_above_seq():
                     c = moe.capacity(seq, experts, top_k, factor)
                     assert 1 <= c <= seq
                     assert c == min(seq, math.ceil(round(factor * top_k * seq / experts, 9)))
+
+
+def test_dropless_capacity_is_the_sequence():
+    """`capacity_factor = none`: every expert has a slot for every token of a sequence (the "large" cases above
+    route with it: nothing dropped, equal to the reference)."""
+    for seq, experts, top_k in ((32, 8, 2), (7, 64, 1), (5, 1, 1)):
+        assert moe.capacity(seq, experts, top_k, "none") == seq
+
+
+def test_dropless_moe_is_checked_planned_and_ledgered():
+    from compiler.check import check_text
+    from compiler.cli import plan_text
+    from compiler.pipeline import compile_spec
+    text = (ROOT / "samples" / "moe_gpt.scale").read_text()
+    text = text.replace("capacity_factor = 1.25", "capacity_factor = none")
+    compiled = compile_spec(check_text(text, "dropless.scale"))
+    spec = compiled.spec
+    (layer,) = [x for x in SPEC.walk(spec.model.layers) if isinstance(x, SPEC.MoE)]
+    assert layer.capacity_factor == "none" and spec.value(layer.capacity) == spec.value(spec.train.seq_len)
+    out = plan_text(compiled)
+    assert "dropless (capacity_factor = none)" in out
+    reasons = [e.reason for e in compiled.costs.ledger.entries if e.op == "all_to_all"]
+    assert reasons and all("dropless: buffers sized for the worst case" in r for r in reasons)
 
 
 def test_capacity_of_a_tiny_positive_factor_is_one():

@@ -2,6 +2,7 @@
 ep (compiler/passes/expert_parallel.py), not over tp: every leaf is replicated over tp."""
 from __future__ import annotations
 
+from compiler import ast
 from compiler import spec as S
 from compiler.binder import Param, _arg_span, _choice, _float, _pos_int, _size
 from compiler.symbols import size as size_symbol
@@ -10,14 +11,21 @@ SPEC = S.MoE
 SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width of each expert"),
                   "experts": Param(_size, doc="number of experts"),
                   "top_k": Param(_pos_int, 2, "experts per token"),
-                  "capacity_factor": Param(lambda c, e, w: c.as_float(e, w), 1.25,
-                                           "slots per expert as a multiple of a balanced share of the tokens"),
+                  "capacity_factor": Param(lambda c, e, w: DROPLESS if isinstance(e, ast.Name) and e.id == "none"
+                                           else c.as_float(e, w), 1.25,
+                                           "slots per expert as a multiple of a balanced share of the tokens; "
+                                           "none: dropless (every choice reaches its expert)"),
                   "act": Param(_choice("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
                   "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
                   "dropped": Param(_choice("residual", "identity"), "residual",
                                    "what a choice over capacity contributes: nothing (residual) or the token "
                                    "(identity)")}}
 TP_ROLES: dict = {}
+
+# `capacity_factor = none`: dropless routing (Mixtral, Qwen-MoE). Every expert gets a slot for every token of each
+# sequence (an expert takes a token at most once): capacity = seq, the worst case, so no choice is ever dropped and
+# the buffers and all-to-alls keep static shapes (E × B·S × H), which the ledger counts.
+DROPLESS = "none"
 
 # Names of the size symbols bound for each `moe` layer (its capacity per sequence): capacity, capacity_2, ...
 CAPACITY = "capacity"
@@ -31,7 +39,7 @@ def resolve(c, st, a: dict, kind: str):
                 label=f"{a['top_k']} > {experts}", help="each token picks distinct experts: use top_k ≤ experts "
                 "(Switch routes to 1, GShard to 2)")
         ok = False
-    if a["capacity_factor"] is not None and a["capacity_factor"] <= 0:
+    if a["capacity_factor"] not in (None, DROPLESS) and a["capacity_factor"] <= 0:
         c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
                 _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
                 help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")

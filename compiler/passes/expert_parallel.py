@@ -69,6 +69,8 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     what = f"`moe` with {p.count} experts, {p.per_rank} per ep rank"
     if isinstance(layer, S.MoE):
         what += f", top-{layer.top_k}, `{layer.capacity}` slots per expert per sequence"
+        if layer.capacity_factor == "none":
+            what += " (dropless: buffers sized for the worst case, every token of a sequence to one expert)"
     to = Collective("all_to_all", "all_to_all", AXIS, f"dispatch of {what}: each rank sends every expert's slots to "
                     "the rank holding that expert")
     back = Collective("all_to_all", "all_to_all", AXIS, f"combine of {what}: the experts' outputs return to their "

@@ -128,8 +128,10 @@ CASES = (
          + MOE_4,
          description="interleaved 1F1B over MoE blocks (4 stages on 2 ranks) × ep: pp rank 0's all-to-alls in both "
                      "its stages are in the ledger"),
-    Case(id="moe_tp2_ep2", sample=MOE, nproc=4, edits=(("axis dp = 1", "axis tp = 2"),) + MOE_4,
-         description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep"),
+    Case(id="moe_tp2_ep2_dropless", sample=MOE, nproc=4,
+         edits=(("axis dp = 1", "axis tp = 2"), ("capacity_factor = 1.25", "capacity_factor = none")) + MOE_4,
+         description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep, dropless "
+                     "routing (every choice reaches its expert, buffers sized for the worst case)"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
     # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor
