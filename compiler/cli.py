@@ -82,9 +82,13 @@ def plan_text(compiled) -> str:
               f"model FLOPs: matmuls, forward + backward)",
               f"            = {C.formula(costs.flops_step, spec.values)}"]
     recompute = getattr(compiled.plan, "recompute", "none") if compiled.plan else "none"
-    if recompute != "none":
-        lines += [f"            {costs.flops_step_hw_n:.4e} hardware FLOP per step with {recompute} recomputation's "
-                  f"extra forward ({costs.flops_step_hw_n / costs.flops_step_n:.3f}× the model's)",
+    padded = costs.flops_step_hw_n > costs.flops_step_n and any(
+        isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+    if recompute != "none" or padded:
+        why = " and ".join(w for w, on in ((f"{recompute} recomputation's extra forward", recompute != "none"),
+                                           ("the experts' empty slots (buffers padded to capacity)", padded)) if on)
+        lines += [f"            {costs.flops_step_hw_n:.4e} hardware FLOP per step with {why} "
+                  f"({costs.flops_step_hw_n / costs.flops_step_n:.3f}× the model's)",
                   f"            = {C.formula(costs.flops_step_hw, spec.values)}"]
     if costs.flops_rank_step_hw_n * m.world_size != costs.flops_step_hw_n:
         lines += [f"            {costs.flops_rank_step_hw_n:.4e} FLOP per step on the busiest rank"]
@@ -121,7 +125,7 @@ def _step_time_text(compiled) -> list[str]:
         return []
     dev = compiled.spec.mesh.device
     hw = ("" if abs(pred.hardware_tflops_per_device - pred.model_tflops_per_device) < 1e-9 else
-          f" ({pred.hardware_tflops_per_device:.4g} counting recomputation)")
+          f" ({pred.hardware_tflops_per_device:.4g} hardware: with recomputation and padding)")
     how = "compiled" if compiled.plan.compiles else "eager"
     lines = ["", f"step time   {_seconds(pred.step_time_s)} per step predicted on {dev.kind}, {how} "
                  f"({dev.peak_tflops:g} TFLOP/s peak; figures and sources: compiler/cost/devices.py)",

@@ -98,6 +98,7 @@ class Traced:
     blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
     model_flops_fwd: sympy.Expr = sympy.Integer(0)  # forward FLOPs of one micro-batch, before any pass
     model_flops_bwd: sympy.Expr = sympy.Integer(0)  # its backward, by compiler/cost/flops.py's per-node rules
+    padding_flops: sympy.Expr = sympy.Integer(0)  # forward + backward of the experts' empty slots (see trace_model)
 
     @property
     def spec(self):
@@ -146,9 +147,26 @@ def trace_model(model: M.ScaleModel) -> Traced:
     top = trace(model, "Model", {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)})
     traced = Traced(model, top, blocks)
     traced.annotate()
-    traced.model_flops_fwd = graph_flops(top)
     from compiler.cost.flops import graph_backward
-    traced.model_flops_bwd = graph_backward(top, traced.repeats())
+    # Model FLOPs count what the model computes, as MFU is defined (PaLM, Chowdhery et al. 2022): top_k experts per
+    # token. The program computes every slot of the experts' buffers, padded to capacity (E·C per sequence, C = seq
+    # when dropless): the difference is hardware FLOPs only (padding_flops), which step times are costed with.
+    padding_fwd = padding_bwd = sympy.Integer(0)
+    for count, gm in [(1, top)] + [(rep.count, blocks[name]) for name, rep in model.repeats]:
+        needs = None
+        for node in gm.graph.nodes:
+            layer = node.meta.get(LAYER)
+            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), moe.Experts) \
+                    and layer is not None and hasattr(layer, "top_k"):
+                if needs is None:
+                    from compiler.cost.flops import _needs_grad, node_backward
+                    needs = _needs_grad(gm)
+                empty = 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
+                padding_fwd += count * node.meta[FLOPS] * empty
+                padding_bwd += count * node_backward(node, gm, needs) * empty
+    traced.model_flops_fwd = sympy.expand(graph_flops(top) - padding_fwd)
+    traced.model_flops_bwd = sympy.expand(graph_backward(top, traced.repeats()) - padding_bwd)
+    traced.padding_flops = sympy.expand(padding_fwd + padding_bwd)
     return traced
 
 

@@ -116,6 +116,8 @@ class CostModel:
         gb = spec.train.global_batch
         self.flops_step = sympy.expand((self.flops_fwd + bwd).xreplace({MICRO_BATCH: gb}))
         self.flops_step_n = spec.value(self.flops_step)
+        # the experts' empty slots (trace_model): hardware FLOPs, not model FLOPs
+        self.padding_step = sympy.expand(traced.padding_flops.xreplace({MICRO_BATCH: gb}))
         # Recomputation's extra forward, per step: full re-runs each block's forward, selective its attention
         # cores (its other recomputed ops, norms and elementwise, are not matmuls: 0 by the FLOPs convention).
         self.recompute_fwd = {"none": sympy.Integer(0)}
@@ -275,7 +277,8 @@ class CostModel:
             experts_rank = fn[("experts", "all")](env)
             rank_flops = fn[("flops", "all")](env)
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
-        hw = sympy.expand(self.flops_step + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
+        hw = sympy.expand(self.flops_step + self.padding_step
+                          + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
         stage = MEM.shard_of(plan.data_parallel, dp)["stage"]
         state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
         stages = self._stages(plan, env, layout) if layout else ()

@@ -176,7 +176,7 @@ CONFIG = train.Config(
         device_bytes=141000000000,
     ),
     speed=train.Speed(
-        flops_per_step=1.5404421787932426e+18,
+        flops_per_step=1.2972477989152358e+18,
         peak_flops=989000000000000.0,
         device='h200',
         predicted_step_s=8.089,

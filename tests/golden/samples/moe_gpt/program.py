@@ -187,7 +187,7 @@ CONFIG = train.Config(
         device_bytes=16000000000,
     ),
     speed=train.Speed(
-        flops_per_step=858783744.0,
+        flops_per_step=783286272.0,
         peak_flops=100000000000.0,
         device='cpu',
         predicted_step_s=0.03071,
