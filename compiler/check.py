@@ -91,6 +91,8 @@ OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
 SCHEDULES = {"cosine": {"warmup": Param(_int, 0, "linear warm-up steps"),
                         "min_lr": Param(_float, 0.0, "learning rate at the last step")},
              "constant": {"warmup": Param(_int, 0, "linear warm-up steps")}}
+INITS = {"normal": {}, "from": {"path": Param(_string, doc="a Hugging Face checkpoint: its directory or a "
+                                                            ".safetensors file")}}
 DATASETS = {"synthetic": {},
             "tokens": {"path": Param(_string, doc="binary file of token ids"),
                        "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type")}}
@@ -107,6 +109,8 @@ TRAIN_SETTINGS: dict[str, Param] = {
     "grad_clip": Param(_float, 1.0, "global gradient-norm clip; 0 turns it off"),
     "data": Param(_call_of(DATASETS, "dataset"), ("synthetic", {}), "training data"),
     "log_every": Param(_pos_int, 1, "steps between progress lines"),
+    "init": Param(_call_of(INITS, "initialisation"), ("normal", {}), "the starting weights: normal (GPT-2's "
+                  "initialisation, by name) or from(\"DIR or FILE.safetensors\") (a Hugging Face checkpoint)"),
     "checkpoint_dir": Param(_string, "", "where checkpoints go; empty for none"),
     "checkpoint_every": Param(_int, 0, "steps between checkpoints; 0 for only the last"),
     "restarts": Param(_int, None, "times torchrun restarts a failed job (from the last checkpoint); default 3 "
@@ -420,7 +424,9 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
             s[key] = size_symbol(key)
     sched_kind, sched = s["lr_schedule"]
     data_kind, data = s["data"]
+    init_kind, init = s["init"]
     return S.Train(
+        init_from=init["path"] if init_kind == "from" else "",
         global_batch=s["global_batch"], seq_len=s["seq_len"], steps=s["steps"], seed=s["seed"],
         precision=s["precision"],
         optimizer=S.Optimizer(kind=opt_kind, lr=opt["lr"], betas=tuple(opt["betas"]),
@@ -443,6 +449,8 @@ def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> No
     """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
         _data_checks(c, train, spans["data"])
+    if train.init_from:
+        _init_checks(c, train, spans["init"])
     if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
 
@@ -470,6 +478,24 @@ def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
     elif size // item <= (seq := int(c.number(train.seq_len))) + 1:
         c.error("E0801", f"data file {shown} holds {size // item} tokens, too few for one sequence of {seq}", at,
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
+
+
+def _init_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
+    """The checkpoint of `init = from(...)` exists and holds safetensors, found where the program will look (a
+    relative path is relative to this .scale file's directory). Its tensors' names and shapes are checked against
+    the model when the program loads them (runtime/hf.py)."""
+    arg = next((a for a in call.args if (a.name.id if a.name else "path") == "path"), None)
+    at = _span(arg.value) if arg is not None else call.span
+    shown = os.path.join(os.path.dirname(c.file.path), train.init_from)
+    where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
+    if not os.path.exists(shown):
+        c.error("E0802", f"checkpoint {shown} does not exist", at, label="no such file or directory", help=where)
+    elif os.path.isdir(shown) and not any(f.endswith(".safetensors") for f in os.listdir(shown)):
+        c.error("E0802", f"checkpoint directory {shown} holds no .safetensors file", at,
+                label="no weights here", help="name the directory `save_pretrained` wrote, or its .safetensors file")
+    elif os.path.isfile(shown) and not shown.endswith(".safetensors"):
+        c.error("E0802", f"checkpoint {shown} is not a .safetensors file", at, label="not safetensors",
+                help="Hugging Face checkpoints in safetensors (model.safetensors, or a directory of shards)")
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

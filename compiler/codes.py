@@ -153,6 +153,9 @@ CODES: dict[str, Code] = {
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "
                   "relative to the .scale file's directory."),
+    "E0802": Code("bad checkpoint to start from", "The Hugging Face checkpoint of `init = from(...)` is missing, a "
+                  "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
+                  "the .scale file's directory."),
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
                   "two files define parameters of different names or shapes."),

@@ -299,6 +299,8 @@ class Train:
     """torchrun's --max-restarts."""
     timeout: float = 600.0
     """Seconds a collective may take before the watchdog ends the job; 0: no watchdog."""
+    init_from: str = ""
+    """A Hugging Face checkpoint (directory or .safetensors file) the run starts from; empty: initialised."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written, for the rules' diagnostics."""
 

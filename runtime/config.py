@@ -120,6 +120,9 @@ class Checkpoint:
 class Init:
     """Weight initialisation, by parameter name so that every layout starts from the same weights."""
 
+    path: str = ""
+    """A Hugging Face checkpoint to start from (runtime/hf.py): relative to the program's directory, or absolute;
+    empty: GPT-2's initialisation below."""
     std: float = 0.02
     """Standard deviation of the weights' normal initialisation."""
     residual_out: tuple = ()

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, compile, data, faults, memory, mesh, moe, recompute
+from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime import tensor_parallel as tp
@@ -456,7 +456,8 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss.
     `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
-    cfg = replace(cfg, data=replace(cfg.data, path=data.resolve(cfg.data.path, program)))
+    cfg = replace(cfg, data=replace(cfg.data, path=data.resolve(cfg.data.path, program)),
+                  init=replace(cfg.init, path=data.resolve(cfg.init.path, program)))
     ctx = mesh.setup(cfg.parallel.axes, cfg.timeout)
     code = 0
     try:
@@ -488,9 +489,11 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
-        # Initialise by name, as the single-device model would be, so every layout starts from the same weights.
-        init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
-                        layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
+        if cfg.init.path:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
+            hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank)
+        else:  # by name, as the single-device model would be, so every layout starts from the same weights
+            init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
+                            layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
         return module if (fsdp or not ddp) else _wrap_data_parallel(module, ctx, cfg, shards)
 
     if par.compile and args.count_bytes and ctx.is_logger:

@@ -98,6 +98,8 @@ CHANGES = {
     "train.data": Change((TOKENS,)),
     "train.data.tokens.path": Change((('"a.bin"', '"b.bin"'),), setup=(TOKENS,)),
     "train.data.tokens.dtype": Change((('"a.bin"', '"a.bin", dtype = uint32'),), setup=(TOKENS,)),
+    "train.init": Change((("log_every    = 10", 'log_every    = 10  init = from("w1")'),)),
+    "train.init.from.path": Change((('"w1"', '"w2"'),), setup=(("log_every    = 10", 'log_every    = 10  init = from("w1")'),)),
     "train.log_every": Change((("log_every    = 10", "log_every    = 5"),)),
     "train.checkpoint_dir": Change((CKPT,), sample=DP),
     "train.checkpoint_every": Change((('"ckpt"', '"ckpt"  checkpoint_every = 3'),), sample=DP, setup=(CKPT,)),
@@ -144,6 +146,9 @@ def _text(change: Change, changed: bool) -> str:
 def _emitted(text: str, tmp_path: Path) -> dict:
     for name in ("a.bin", "b.bin"):  # token files beside the .scale file, fitting uint16 and uint32
         (tmp_path / name).write_bytes(bytes(4096))
+    for name in ("w1", "w2"):  # checkpoint directories to start from (checked for a .safetensors file)
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
     compiled = compile_spec(check_text(text, str(tmp_path / "plan.scale")))
     spec, traced, costs = compiled.spec, compiled.traced, compiled.costs
     return {"program.py": codegen.program(spec, traced, costs, str(tmp_path / "build")),

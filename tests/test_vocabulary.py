@@ -26,12 +26,13 @@ def test_language_vocabulary_is_pinned():
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
-                                           "lr_schedule", "grad_clip", "data", "log_every", "checkpoint_dir",
+                                           "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "restarts", "timeout")
     assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
+    assert {k: tuple(v) for k, v in check.INITS.items()} == {"normal": (), "from": ("path",)}
     assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep")
     assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)
 

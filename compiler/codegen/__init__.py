@@ -164,7 +164,11 @@ def data_path(spec: S.Spec, out_dir: str) -> str:
     """The token file as the program finds it: a relative path in the .scale file is relative to that file's
     directory; the program resolves it relative to its own directory (runtime.data.resolve), so it is written
     relative to the output directory. Absolute paths stay as written; nothing of the machine's layout is added."""
-    path = spec.train.data.path
+    return relative_path(spec, spec.train.data.path, out_dir)
+
+
+def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
+    """A file named in the .scale file (relative to it) as the program finds it (data_path)."""
     if not path or os.path.isabs(path):
         return path
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
@@ -212,7 +216,8 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "data": {"kind": t.data.kind, "path": data_path(spec, out_dir), "dtype": t.data.dtype,
                  "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab)},
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every},
-        "init": {"std": INIT_STD, "residual_out": residual_out(traced.model),
+        "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
+                 "std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),

@@ -1,0 +1,158 @@
+"""Weights in Hugging Face's layout (Llama, Mistral, Qwen 2, Mixtral): names, and reading each rank's slices.
+
+`train { init = from("DIR or FILE.safetensors") }` starts a run from a released checkpoint: every parameter of this
+rank's modules is read from the safetensors files (the `safetensors` library, memory-mapped) with only the part
+this rank holds: its tensor-parallel slice of a sharded weight, its experts under expert parallelism, its rows of
+an FSDP shard, its pipeline stages' parameters. No rank reads a whole tensor it does not hold.
+
+Names: ours are the single-device model's (`blocks.7.attn_q.weight`), Hugging Face's are `model.layers.7.self_attn.
+q_proj.weight`; `hf_name` maps one to the other for the block layout `.scale` files of these families write
+(`norm_1`, `attn_*`, `norm_2`, then `mlp_*` or `moe_*`). Mixtral's experts are separate (ffn × hidden) matrices per
+expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked and transposed (experts × hidden × ffn for
+`w_gate` = w1ᵀ and `w_up` = w3ᵀ, experts × ffn × hidden for `w_down` = w2ᵀ). Rotary embeddings need no permutation:
+runtime/rotary.py turns vectors in Hugging Face's own layout (its conversion from Meta's checkpoints permuted the q
+and k rows once, and its files hold the permuted rows).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+
+_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight"}
+_LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
+         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+         "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
+         "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
+_EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
+
+
+def hf_name(name: str, expert: int | None = None) -> str:
+    """Hugging Face's name of our parameter `name` (of expert `expert` for a stacked expert weight); KeyError for a
+    parameter these families do not have."""
+    if name in _TOP:
+        return _TOP[name]
+    parts = name.split(".")
+    if len(parts) != 4 or parts[0] != "blocks":
+        raise KeyError(name)
+    _, i, leaf, what = parts
+    if leaf == "moe_experts":
+        if expert is None:
+            raise KeyError(f"{name} is stacked over experts: name one")
+        return f"model.layers.{i}.block_sparse_moe.experts.{expert}.{_EXPERT[what]}.weight"
+    return f"model.layers.{i}.{_LEAF[leaf]}.{what}"
+
+
+class Files:
+    """The tensors of a checkpoint: a directory (with `model.safetensors.index.json`, or its *.safetensors files)
+    or one .safetensors file; opened lazily, memory-mapped."""
+
+    def __init__(self, path: str):
+        if os.path.isdir(path):
+            index = os.path.join(path, "model.safetensors.index.json")
+            if os.path.exists(index):
+                with open(index) as f:
+                    where = json.load(f)["weight_map"]
+                self.where = {k: os.path.join(path, v) for k, v in where.items()}
+            else:
+                self.where = {}
+                for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+                    for k in self._open(file).keys():
+                        self.where[k] = file
+        elif os.path.isfile(path):
+            self.where = {k: path for k in self._open(path).keys()}
+        else:
+            raise SystemExit(f"scalec: init from {path}: no such file or directory")
+        if not self.where:
+            raise SystemExit(f"scalec: init from {path}: no .safetensors tensors found")
+        self.path = path
+
+    _handles: dict = {}
+
+    def _open(self, file: str):
+        from safetensors import safe_open
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, framework="pt", device="cpu")
+        return self._handles[file]
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._open(self._file(name)).get_slice(name).get_shape())
+
+    def _file(self, name: str) -> str:
+        if name not in self.where:
+            raise SystemExit(f"scalec: init from {self.path}: the checkpoint has no tensor `{name}`")
+        return self.where[name]
+
+    def read(self, name: str, ranges: dict | None = None) -> torch.Tensor:
+        """Tensor `name`, only the index ranges {dim: (lo, hi)} given (the rest whole)."""
+        sl = self._open(self._file(name)).get_slice(name)
+        n = len(sl.get_shape())
+        index = tuple(slice(*ranges[d]) if ranges and d in ranges else slice(None) for d in range(n))
+        return sl[index]
+
+
+def _local_range(p, dim: int, shard, axis_rank) -> tuple[int, int] | None:
+    """Rows [lo, hi) of the full tensor's `dim` that this rank's parameter `p` holds over its tp/ep axis."""
+    if shard is None or shard[0] != dim:
+        return None
+    n = p.shape[dim] if not hasattr(p, "device_mesh") else p.shape[dim]
+    r = axis_rank(shard[2])
+    return r * n, (r + 1) * n
+
+
+def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None, dtype_check: bool = True) -> list:
+    """Copy every parameter of `module` from the checkpoint at `path`, this rank's part only (module docstring);
+    returns the names loaded. `shard_of(name)` gives (dim, full size, axis) of a parameter sharded over tp or ep
+    (runtime.tensor_parallel.Shards.of), `axis_rank(axis)` this rank's index on it."""
+    files = Files(path)
+    axis_rank = axis_rank or (lambda axis: 0)
+    loaded = []
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            name = name.removeprefix("module.")
+            shard = shard_of(name) if shard_of else None
+            dtensor = hasattr(p, "device_mesh") and hasattr(p, "to_local")
+            local = p.to_local() if dtensor else p
+            # the rows of dim 0 an FSDP shard holds (over dp), within this rank's tp/ep part
+            offset = 0
+            if dtensor:
+                from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+                _, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+                offset = global_offset[0]
+            value = _read_param(files, name, p, local, shard, axis_rank, offset)
+            local.copy_(value.to(local.dtype))
+            loaded.append(name)
+    return loaded
+
+
+def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int) -> torch.Tensor:
+    rows = local.shape[0]
+    if ".moe_experts." in name:  # stacked experts: this rank's experts (ep), each transposed
+        lo = axis_rank(shard[2]) * p.shape[0] if shard is not None else 0
+        experts = range(lo + offset, lo + offset + rows)
+        return torch.stack([files.read(hf_name(name, e)).t() for e in experts])
+    hf = hf_name(name)
+    full = files.shape(hf)
+    ranges: dict = {}
+    tp = _local_range(p, shard[0], shard, axis_rank) if shard is not None else None
+    if tp is not None:
+        ranges[shard[0]] = tp
+    # FSDP's dp shard of dim 0, inside the tp part when tp shards dim 0 too
+    base = ranges.get(0, (0, full[0]))[0]
+    lo0, hi0 = base + offset, base + offset + rows
+    ranges[0] = (lo0, hi0)
+    # rows past the checkpoint's (a vocabulary padded for tp, pad_vocab) are zero
+    real = (min(lo0, full[0]), min(hi0, full[0]))
+    got = files.read(hf, {**ranges, 0: real}) if real[1] > real[0] else None
+    if got is None or real[1] - real[0] < rows:
+        pad = torch.zeros((rows,) + tuple(local.shape[1:]), dtype=got.dtype if got is not None else local.dtype)
+        if got is not None:
+            pad[:got.shape[0]] = got
+        got = pad
+    if tuple(got.shape) != tuple(local.shape):
+        raise SystemExit(f"scalec: init from {files.path}: `{hf}` gives {tuple(got.shape)} for {name}, whose part "
+                         f"on this rank is {tuple(local.shape)}")
+    return got

