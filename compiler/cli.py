@@ -7,6 +7,7 @@
   scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
+  scalec export FILE CKPT -o DIR a checkpoint of FILE's model as Hugging Face safetensors and config.json
   scalec run FILE [-- FLAGS]     compile, then launch under torchrun with as many processes as this node runs;
                                  FLAGS go to the program (e.g. -- --checkpoint-dir ckpt --seed 7), torchrun's own
                                  flags in one quoted string: --torchrun-args "--redirects 3 --log-dir 'my logs'"
@@ -372,6 +373,18 @@ def cmd_reshard(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from compiler import export as X
+    spec = _load(args.file, budget=False).spec
+    try:
+        written = X.export(spec, args.checkpoint, args.out)
+    except X.ExportError as err:
+        print(f"scalec export: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {', '.join(os.path.join(args.out, w) for w in written)}")
+    return 0
+
+
 def cmd_search(args) -> int:
     from compiler import search as SE
     from compiler.check import check_path
@@ -518,6 +531,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("old", metavar="OLD")
     c.add_argument("new", metavar="NEW")
     c.set_defaults(func=cmd_reshard, file=None)
+    c = sub.add_parser("export", help="a checkpoint of FILE's model as a Hugging Face checkpoint",
+                       description="Read CHECKPOINT (a step_N directory the program saved, under any plan) and write "
+                                   "DIR/config.json and DIR/model*.safetensors in Hugging Face's layout of FILE's "
+                                   "model (Llama, Qwen 2 or Mixtral), loadable by transformers and by "
+                                   "`init = from(DIR)`.")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("checkpoint", metavar="CHECKPOINT")
+    c.add_argument("-o", "--output", dest="out", required=True, metavar="DIR")
+    c.set_defaults(func=cmd_export)
     c = sub.add_parser("search", help="the fastest plans for the model on the cluster, with reasons",
                        description="Search the plans of FILE's model on FILE's cluster (the mesh's nodes, "
                                    "devices_per_node, device and its figures; the train section as written) and "
