@@ -19,6 +19,7 @@ ALLOWED = {
     "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
     "compiler/cost/activations.py": "recognises the runtime's leaves and autograd Functions (collectives, MoE) in "
                                     "the traced graph to say what each keeps for backward",
+    "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
 }
 
