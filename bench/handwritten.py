@@ -45,12 +45,18 @@ class Arch:
     bias: bool  # biases in every linear (and layernorm)
     tied: bool  # the head shares the token embedding's weight
     positional: bool  # learned absolute positions added to the token embedding
+    rope: float = 0.0  # rotary embeddings' base (rotate-half layout, as Llama); 0: none
 
 
 def _norm(a: Arch) -> nn.Module:
     if a.norm == "rmsnorm":
         return nn.RMSNorm(a.hidden, eps=1e-6)
     return nn.LayerNorm(a.hidden, eps=1e-5, bias=a.bias)
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
 class Block(nn.Module):
@@ -65,13 +71,16 @@ class Block(nn.Module):
         self.fc = nn.Linear(a.hidden, (2 if a.act == "swiglu" else 1) * a.ffn, bias=a.bias)
         self.down = nn.Linear(a.ffn, a.hidden, bias=a.bias)
 
-    def forward(self, x):
+    def forward(self, x, cos_sin=None):
         a, B, T, C = self.a, *x.shape
         kv = a.kv_heads * self.head_dim
         q, k, v = self.qkv(self.ln_1(x)).split([C, kv, kv], dim=-1)
         q = q.view(B, T, a.heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, a.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, a.kv_heads, self.head_dim).transpose(1, 2)
+        if cos_sin is not None:
+            cos, sin = (t.to(q.dtype) for t in cos_sin)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a.kv_heads != a.heads)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
         h = self.fc(self.ln_2(x))
@@ -103,8 +112,15 @@ class GPT(nn.Module):
         x = self.wte(tokens)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+        cos_sin = None
+        if self.a.rope:  # one table of angles per forward, shared by the blocks
+            d = self.a.hidden // self.a.heads
+            inv = 1.0 / (self.a.rope ** (torch.arange(0, d, 2, device=tokens.device).float() / d))
+            angles = torch.outer(torch.arange(tokens.shape[1], device=tokens.device).float(), inv)
+            angles = torch.cat((angles, angles), dim=-1)
+            cos_sin = (angles.cos(), angles.sin())
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cos_sin)
         x = self.ln_f(x)
         logits = F.linear(x, self.wte.weight) if self.head is None else self.head(x)
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
