@@ -443,7 +443,8 @@ class _Importer:
         if llama3:
             f, lo, hi, orig = llama3
             pad = " " * len("              rope_scaling = llama3(")
-            attn += [(f"              rope_scaling = llama3(factor = {_fmt(f)},", f"{scaling_src}.factor; rope_type llama3"),
+            attn += [(f"              rope_scaling = llama3(factor = {_fmt(f)},",
+                      f"{scaling_src}.factor; rope_type llama3"),
                      (f"{pad}low_freq_factor = {_fmt(lo)},", f"{scaling_src}.low_freq_factor"),
                      (f"{pad}high_freq_factor = {_fmt(hi)},", f"{scaling_src}.high_freq_factor"),
                      (f"{pad}original_seq = {orig}))", f"{scaling_src}.original_max_position_embeddings")]
