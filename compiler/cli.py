@@ -7,6 +7,8 @@
   scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
+  scalec import CONFIG [-o FILE] the .scale model section of a Hugging Face config.json (Llama, Mistral, Qwen 2,
+                                 Mixtral); -o writes a whole file, with placeholder mesh and train sections
   scalec export FILE CKPT -o DIR a checkpoint of FILE's model as Hugging Face safetensors and config.json
   scalec run FILE [-- FLAGS]     compile, then launch under torchrun with as many processes as this node runs;
                                  FLAGS go to the program (e.g. -- --checkpoint-dir ckpt --seed 7), torchrun's own
@@ -385,6 +387,24 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    from compiler.check import check_text
+    from compiler.importer import complete, import_config
+    with open(args.file, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of the text
+        text = f.read()
+    model = import_config(text, args.file)
+    if args.output is None:
+        sys.stdout.write(model)
+        return 0
+    whole = complete(model)
+    spec = check_text(whole, args.output)  # what is written checks
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(whole)
+    print(f"wrote {args.output}: model `{spec.model.name}` from {args.file}, with placeholder mesh and train "
+          "sections")
+    return 0
+
+
 def cmd_search(args) -> int:
     from compiler import search as SE
     from compiler.check import check_path
@@ -557,6 +577,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")
     c.set_defaults(func=cmd_search)
+    c = sub.add_parser("import", help="the .scale model section of a Hugging Face config.json",
+                       description="Print the .scale model section equivalent to CONFIG, a Hugging Face config.json "
+                                   "of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
+                                   "MixtralForCausalLM; each line's comment names the JSON keys it came from. A key "
+                                   "that is neither mapped nor known to be irrelevant, or a value the language "
+                                   "cannot express, is an error located at the key.")
+    c.add_argument("file", metavar="CONFIG")
+    c.add_argument("-o", "--output", metavar="FILE",
+                   help="write a whole .scale file: the model section and placeholder mesh and train sections")
+    c.set_defaults(func=cmd_import)
     c = sub.add_parser("run", help="compile, then train under torchrun",
                        description="Compile FILE, then launch it under torchrun with this node's processes. "
                                    "Arguments after `--` go to the program (see `build/<name>/program.py --help`: "

@@ -159,6 +159,25 @@ CODES: dict[str, Code] = {
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
                   "two files define parameters of different names or shapes."),
+    # -- importing a Hugging Face config.json (`scalec import`) --------------------------------------------------
+    "E0951": Code("not a Hugging Face config", "`scalec import` reads a Hugging Face config.json: one JSON object. "
+                  "The file is not valid JSON (the caret marks where the reader stopped), or its top level is not an "
+                  "object."),
+    "E0952": Code("architecture not importable", "`scalec import` maps LlamaForCausalLM, MistralForCausalLM, "
+                  "Qwen2ForCausalLM and MixtralForCausalLM, named by `architectures` (or by `model_type` when that "
+                  "is absent), and refuses a model_type that contradicts them. Another architecture may differ in "
+                  "ways its keys do not show, so it is refused; write its model section by hand (README: The "
+                  "language)."),
+    "E0953": Code("unknown config key", "Every key of the config.json is either mapped into the model section (the "
+                  "line that uses it names it), or listed as irrelevant to training the architecture (token ids, "
+                  "dtype, the generation cache, ...) with the reason, in compiler/importer.py. A key in neither list "
+                  "might change the architecture, so the import stops at it rather than ignore it. If it does not "
+                  "change the model, remove it from the file."),
+    "E0954": Code("config value not expressible", "A known key of the config.json holds a value the language cannot "
+                  "express, or a value of the wrong type: a sliding attention window, attention dropout, an "
+                  "activation other than silu, a rope type other than default and llama3, router jitter noise, a "
+                  "head_dim other than hidden_size / num_attention_heads, heads that do not divide the width. The "
+                  "help says which values map."),
 }
 
 # Codes once emitted and removed: never reused for another meaning.

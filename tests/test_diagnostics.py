@@ -53,6 +53,11 @@ def test_diagnostic(case: Path, golden):
 ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with an op the tp pass does not know, "
                       "made by monkeypatching): tests/test_tensor_parallel.py::test_tp_fails_closed_on_an_op_it_does_not_know",
              "E0901": "scalec reshard OLD NEW on two different models: tests/test_reshard.py",
+             "E0951": "a config.json, not a .scale file (scalec import): tests/test_import.py::test_each_refusal_is_located",
+             "E0952": "a config.json (scalec import): tests/test_import.py::test_each_refusal_is_located",
+             "E0953": "a config.json (scalec import): tests/test_import.py::test_unknown_key_is_located_at_the_key",
+             "E0954": "a config.json (scalec import): "
+                      "tests/test_import.py::test_unsupported_value_is_located_at_the_key",
              "E0609": "no .scale file reaches it (a defect of the schedule builder): "
                       "tests/test_cost.py::test_compile_refuses_a_schedule_that_fails_verification"}
 

@@ -58,7 +58,7 @@ def test_cli_flags_are_pinned(monkeypatch):
         "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
                 "--local-nodes", "--force"},
-        "reshard": {"-h", "--help"},
+        "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"}}
 

@@ -1,0 +1,583 @@
+"""`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral, Qwen 2 or Mixtral causal LM, as the
+equivalent `.scale` model section.
+
+`import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
+at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
+uses it names it in a comment), or listed below as irrelevant to training the architecture, with the reason; any
+other key, or a known key whose value the language cannot express, is an error: nothing is silently ignored.
+
+A key the file omits is read as transformers' default for its architecture (`DEFAULTS`, checked against
+transformers' own config classes by tests/test_import.py), as transformers itself reads it; the output says so.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+import textwrap
+from dataclasses import dataclass, field
+
+from compiler.diagnostics import Diagnostic, ScaleError, Span
+
+# architectures[0] -> model_type, the model's name in the output
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                 "MixtralForCausalLM": "mixtral"}
+
+# transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
+# MixtralConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads", for head_dim
+# "= hidden_size / num_attention_heads".
+_COMMON_DEFAULTS = dict(hidden_act="silu", num_key_value_heads=None, head_dim=None, attention_dropout=0.0,
+                        tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None)
+DEFAULTS = {
+    "llama": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=2048,
+                  attention_bias=False, mlp_bias=False),
+    "mistral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                    max_position_embeddings=131072, sliding_window=4096),
+    "qwen2": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=32768,
+                  use_sliding_window=False),
+    "mixtral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
+                    num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
+                    router_jitter_noise=0.0, output_router_logits=False),
+}
+
+# Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
+_COMMON_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+                "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
+                "rope_theta", "rope_scaling", "rope_parameters")
+USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
+        "mistral": _COMMON_USED + ("sliding_window",),
+        "qwen2": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+        "mixtral": _COMMON_USED + ("sliding_window", "num_local_experts", "num_experts_per_tok",
+                                   "router_aux_loss_coef", "router_jitter_noise", "output_router_logits")}
+
+# Keys that do not change the architecture being trained, with the reason.
+IRRELEVANT = {
+    "_name_or_path": "where transformers loaded the file from",
+    "transformers_version": "the version of transformers that wrote the file",
+    "torch_dtype": "the dtype the weights were saved in; the train section's `precision` sets the training dtype",
+    "dtype": "the dtype the weights were saved in (transformers 5's name for torch_dtype); see `precision`",
+    "bos_token_id": "a token id of the tokenizer, used when generating text",
+    "eos_token_id": "a token id of the tokenizer, used when generating text",
+    "pad_token_id": "a token id of the tokenizer, used when batching text for generation",
+    "use_cache": "the key/value cache of generation (inference only)",
+    "initializer_range": "the standard deviation of transformers' random initialization; scalec initializes with "
+                         "its own scheme (or loads the checkpoint's weights)",
+    "pretraining_tp": "Llama's forward splits its matmuls in this many pieces to reproduce the pretraining's "
+                      "rounding; the same function (its parallelism is the plan's `tp`)",
+    "output_attentions": "returns the attention weights from the forward (inspection only)",
+    "output_hidden_states": "returns every layer's output from the forward (inspection only)",
+    "return_dict": "the Python type of the forward's outputs",
+    "id2label": "labels of a classification head, which a causal LM does not have",
+    "label2id": "labels of a classification head, which a causal LM does not have",
+    "problem_type": "the loss of a classification head, which a causal LM does not have",
+    "chunk_size_feed_forward": "0 for these models: transformers does not chunk their MLP",
+    "is_encoder_decoder": "false for these decoder-only models",
+    "tokenizer_class": "the tokenizer, not the model",
+}
+
+# values a key must have to be expressible (the key is then used: it appears in a comment)
+_LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+@dataclass
+class _Json:
+    """A parsed JSON document with the offsets of every key: path -> (key start, key end, value start, value end)."""
+
+    text: str
+    value: object = None
+    where: dict = field(default_factory=dict)
+    duplicates: list = field(default_factory=list)
+
+    def span(self, path: tuple, value: bool = False) -> Span | None:
+        """The key at `path` (with `value`, the key through its value when both are on one line)."""
+        if path not in self.where:
+            return None
+        ks, ke, vs, ve = self.where[path]
+        end = ve if value and "\n" not in self.text[ks:ve] else ke
+        return Span(self.path, *self._pos(ks), *self._pos(end))
+
+    def start(self) -> Span:
+        """The document's first character (its opening brace): where a diagnostic about an absent key points."""
+        line, col = self._pos(_WS.match(self.text).end())
+        return Span(self.path, line, col, line, col + 1)
+
+    def _pos(self, offset: int) -> tuple[int, int]:
+        line = self.text.count("\n", 0, offset) + 1
+        return line, offset - (self.text.rfind("\n", 0, offset) + 1) + 1
+
+    path: str = ""
+
+
+class _BadJson(Exception):
+    def __init__(self, offset: int, message: str):
+        super().__init__(message)
+        self.offset, self.message = offset, message
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _parse(text: str, path: str) -> _Json:
+    """JSON as `json.loads` reads it, and where each object key (and array element) is: json's hooks give no
+    positions, so objects and arrays are walked here and scalars left to json's own scanner."""
+    doc = _Json(text=text, path=path)
+    decoder = json.JSONDecoder()
+
+    def ws(i: int) -> int:
+        return _WS.match(text, i).end()
+
+    def value(i: int, at: tuple):
+        if i >= len(text):
+            raise _BadJson(i, "the text ends where a value was expected")
+        if text[i] == "{":
+            obj: dict = {}
+            i = ws(i + 1)
+            if text.startswith("}", i):
+                return obj, i + 1
+            while True:
+                if not text.startswith('"', i):
+                    raise _BadJson(i, "expected a key in double quotes")
+                try:
+                    key, kend = json.decoder.scanstring(text, i + 1)
+                except json.JSONDecodeError as e:
+                    raise _BadJson(e.pos, e.msg) from None
+                kstart, i = i, ws(kend)
+                if not text.startswith(":", i):
+                    raise _BadJson(i, "expected `:` after the key")
+                vstart = ws(i + 1)
+                v, vend = value(vstart, at + (key,))
+                if key in obj:
+                    doc.duplicates.append((at + (key,), (kstart, kend, vstart, vend)))
+                else:
+                    doc.where[at + (key,)] = (kstart, kend, vstart, vend)
+                obj[key] = v
+                i = ws(vend)
+                if text.startswith(",", i):
+                    i = ws(i + 1)
+                    continue
+                if text.startswith("}", i):
+                    return obj, i + 1
+                raise _BadJson(i, "expected `,` or `}`")
+        if text[i] == "[":
+            arr: list = []
+            i = ws(i + 1)
+            if text.startswith("]", i):
+                return arr, i + 1
+            while True:
+                vstart = i
+                v, i = value(i, at + (len(arr),))
+                doc.where[at + (len(arr),)] = (vstart, i, vstart, i)
+                arr.append(v)
+                i = ws(i)
+                if text.startswith(",", i):
+                    i = ws(i + 1)
+                    continue
+                if text.startswith("]", i):
+                    return arr, i + 1
+                raise _BadJson(i, "expected `,` or `]`")
+        try:
+            return decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise _BadJson(e.pos, e.msg) from None
+
+    try:
+        doc.value, end = value(ws(0), ())
+    except RecursionError:
+        raise _BadJson(0, "nested too deeply") from None
+    end = ws(end)
+    if end != len(text):
+        raise _BadJson(end, "extra text after the JSON value")
+    return doc
+
+
+def _fmt(x) -> str:
+    """A number as the .scale grammar reads it back exactly (repr of a float round-trips)."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return str(x)
+    return repr(float(x))
+
+
+class _Importer:
+    def __init__(self, doc: _Json, arch: str, model_type: str):
+        self.doc, self.cfg, self.arch, self.type = doc, doc.value, arch, model_type
+        self.defaults = DEFAULTS[model_type]
+        self.diags: list[Diagnostic] = []
+
+    # -- reading keys ---------------------------------------------------------------------------------------------
+
+    def error(self, path: tuple, message: str, label: str = "", help: str = "", code: str = "E0954") -> None:
+        span = self.doc.span(path, value=True) or self.doc.span(path[:1], value=True) or self.doc.start()
+        self.diags.append(Diagnostic(code, message, span, label=label, help=help))
+
+    def src(self, key: str) -> str:
+        """How a comment names a key: itself, or `key (absent: default)`."""
+        return key if key in self.cfg else f"{key} (absent: transformers' default)"
+
+    def get(self, key: str):
+        return self.cfg[key] if key in self.cfg else self.defaults.get(key)
+
+    def pos_int(self, key: str, path: tuple | None = None, value=None) -> int | None:
+        v = self.get(key) if path is None else value
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            self.error(path or (key,), f"`{key}` must be a positive integer, not {json.dumps(v)}",
+                       label="not a positive integer")
+            return None
+        return v
+
+    def number(self, key: str, path: tuple | None = None, value=None, positive: bool = True) -> float | None:
+        v = self.get(key) if path is None else value
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (positive and v <= 0):
+            self.error(path or (key,), f"`{key}` must be a {'positive ' if positive else ''}number, not "
+                       f"{json.dumps(v)}", label="not a number we can use")
+            return None
+        return v
+
+    def boolean(self, key: str) -> bool | None:
+        v = self.get(key)
+        if not isinstance(v, bool):
+            self.error((key,), f"`{key}` must be true or false, not {json.dumps(v)}", label="not a boolean")
+            return None
+        return v
+
+    def must_be(self, key: str, ok, message: str, help: str) -> None:
+        """A known key only some values of which the language can express (an absent key: transformers'
+        default, which is located at the file's first brace)."""
+        v = self.get(key)
+        if not ok(v):
+            absent = "" if key in self.cfg else f" (`{key}` absent: transformers' default for {self.arch})"
+            self.error((key,), message.format(json.dumps(v)) + absent, label="not expressible in .scale",
+                       help=help)
+
+    # -- the mapping ----------------------------------------------------------------------------------------------
+
+    def run(self) -> str | None:
+        known = set(USED[self.type]) | set(IRRELEVANT)
+        for key in self.cfg:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+                self.error((key,), f"unknown key `{key}` in a {self.arch} config", code="E0953",
+                           label="not known to `scalec import`",
+                           help=(f"did you mean `{close[0]}`? " if close else "") +
+                           "a key the importer does not know might change the architecture, so it is not ignored; "
+                           "remove it if it does not (known keys: compiler/importer.py USED and IRRELEVANT)")
+        for path, where in self.doc.duplicates:
+            ks, ke, vs, ve = where
+            line, col = self.doc._pos(ks)
+            self.diags.append(Diagnostic("E0102", f"key `{path[-1]}` is written twice", Span(
+                self.doc.path, line, col, *self.doc._pos(ke)), label="written again here",
+                help="JSON readers keep the last one silently; keep one"))
+        sizes = {k: self.pos_int(k) for k in ("vocab_size", "hidden_size", "intermediate_size",
+                                              "num_hidden_layers", "num_attention_heads",
+                                              "max_position_embeddings")}
+        kv = self.get("num_key_value_heads")
+        kv = sizes["num_attention_heads"] if kv is None else self.pos_int("num_key_value_heads")
+        eps = self.number("rms_norm_eps")
+        tied = self.boolean("tie_word_embeddings")
+        self.must_be("hidden_act", lambda v: v == "silu", "hidden_act {} is not expressible",
+                     "the MLPs of .scale are gelu or swiglu (silu-gated, as `silu` here); only `silu` maps")
+        self.must_be("attention_dropout", lambda v: v in (0, 0.0) and not isinstance(v, bool),
+                     "attention dropout {} is not expressible",
+                     "attention in .scale has no dropout; set it to 0.0 to train without it")
+        h, n = sizes["hidden_size"], sizes["num_attention_heads"]
+        if h and n and h % n:
+            self.error(("num_attention_heads",), f"{n} heads do not divide hidden_size {h}",
+                       label=f"{h} % {n} == {h % n}", help="each head is hidden_size / num_attention_heads wide")
+        elif h and n and self.get("head_dim") is not None and self.get("head_dim") != h // n:
+            self.error(("head_dim",), f"head_dim {json.dumps(self.get('head_dim'))} is not hidden_size / "
+                       f"num_attention_heads = {h // n}", label="not expressible in .scale",
+                       help="attention's heads are hidden / heads wide in .scale")
+        if n and kv and n % kv:
+            self.error(("num_key_value_heads",), f"{kv} key/value heads do not divide {n} heads",
+                       label=f"{n} % {kv} == {n % kv}", help="grouped-query attention shares each key/value head "
+                       "among num_attention_heads / num_key_value_heads query heads")
+        rope = self.rope()
+        attn_bias = mlp_bias = False
+        if self.type == "llama":
+            attn_bias, mlp_bias = self.boolean("attention_bias"), self.boolean("mlp_bias")
+        if self.type in ("mistral", "mixtral"):
+            self.must_be("sliding_window", lambda v: v is None, "sliding-window attention ({} tokens) is not "
+                         "expressible", "attention in .scale is causal over the whole sequence, which equals a "
+                         "window as long as the training sequences: set it to null and train with seq_len at most "
+                         "the window")
+        if self.type == "qwen2":
+            self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
+                         "attention in .scale is causal over the whole sequence: set it to false")
+            types = self.cfg.get("layer_types")
+            if types is not None:
+                if not isinstance(types, list):
+                    self.error(("layer_types",), "`layer_types` must be a list", label="not a list")
+                else:
+                    for i, t in enumerate(types):
+                        if t != "full_attention":
+                            self.error(("layer_types", i), f"layer {i} is {json.dumps(t)}, not expressible",
+                                       label="not expressible in .scale",
+                                       help="attention in .scale is causal over the whole sequence "
+                                            "(\"full_attention\")")
+                    if sizes["num_hidden_layers"] and len(types) != sizes["num_hidden_layers"]:
+                        self.error(("layer_types",), f"`layer_types` names {len(types)} layers, not "
+                                   f"num_hidden_layers = {sizes['num_hidden_layers']}", label="wrong length")
+        moe = None
+        if self.type == "mixtral":
+            experts, top_k = self.pos_int("num_local_experts"), self.pos_int("num_experts_per_tok")
+            if experts and top_k and top_k > experts:
+                self.error(("num_experts_per_tok",), f"{top_k} experts per token out of {experts}",
+                           label="more than num_local_experts", help="each token picks distinct experts")
+            aux = self.number("router_aux_loss_coef", positive=False)
+            if aux is not None and aux < 0:
+                self.error(("router_aux_loss_coef",), "router_aux_loss_coef must not be negative",
+                           label="negative")
+            self.must_be("router_jitter_noise", lambda v: v in (0, 0.0) and not isinstance(v, bool),
+                         "router jitter noise {} is not expressible",
+                         "the router of .scale's moe adds no noise; set it to 0.0 to train without it")
+            self.must_be("output_router_logits", lambda v: isinstance(v, bool),
+                         "output_router_logits must be true or false, not {}", "true or false")
+            moe = (experts, top_k, aux)
+        if self.diags or None in sizes.values() or None in (kv, eps, tied, attn_bias, mlp_bias) or rope is None \
+                or (moe is not None and None in moe):
+            return None
+        return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe)
+
+    def rope(self):
+        """(theta, llama3 tuple or None, theta's source, scaling's source) from rope_theta / rope_scaling
+        (transformers 4) or rope_parameters (transformers 5); None after an error."""
+        params = self.cfg.get("rope_parameters")
+        scaling = self.cfg.get("rope_scaling")
+        if params is not None and scaling is not None:
+            self.error(("rope_scaling",), "both rope_scaling and rope_parameters are given",
+                       label="written twice", help="transformers 5 reads rope_parameters; keep one")
+            return None
+        d, where = (params, "rope_parameters") if params is not None else (scaling, "rope_scaling")
+        theta, theta_src = self.get("rope_theta"), self.src("rope_theta")
+        if d is None:
+            ok = self.number("rope_theta")
+            return (theta, None, theta_src, None) if ok else None
+        if not isinstance(d, dict):
+            self.error((where,), f"`{where}` must be an object or null", label="not an object")
+            return None
+        known = {"rope_type", "type", "rope_theta", *_LLAMA3_FIELDS}
+        for k in d:
+            if k not in known:
+                self.error((where, k), f"unknown key `{k}` in `{where}`", code="E0953",
+                           label="not known to `scalec import`",
+                           help="rope types that map: default, and llama3 with " + ", ".join(_LLAMA3_FIELDS))
+        if "rope_theta" in d:
+            if "rope_theta" in self.cfg and self.cfg["rope_theta"] != d["rope_theta"]:
+                self.error(("rope_theta",), f"rope_theta {json.dumps(self.cfg['rope_theta'])} differs from "
+                           f"{where}.rope_theta {json.dumps(d['rope_theta'])}", label="two different values",
+                           help="keep one")
+                return None
+            theta, theta_src = d["rope_theta"], f"{where}.rope_theta"
+            if self.number("rope_theta", (where, "rope_theta"), theta) is None:
+                return None
+        elif self.number("rope_theta") is None:
+            return None
+        kind_key = "rope_type" if "rope_type" in d else "type"
+        kind = d.get(kind_key, "default")
+        if kind == "default":
+            extra = [k for k in _LLAMA3_FIELDS if k in d]
+            if extra:
+                self.error((where, extra[0]), f"`{extra[0]}` is given for rope_type default",
+                           label="not read by the default rope type", help="remove it, or set rope_type llama3")
+            return None if self.diags else (theta, None, theta_src, None)
+        if kind != "llama3":
+            self.error((where, kind_key), f"rope type {json.dumps(kind)} is not expressible",
+                       label="not expressible in .scale",
+                       help="rotary embeddings in .scale are unscaled (default) or Llama 3's llama3(...)")
+            return None
+        missing = [k for k in _LLAMA3_FIELDS if k not in d]
+        if missing:
+            self.error((where, kind_key), "rope type llama3 without " + ", ".join(f"`{k}`" for k in missing),
+                       label="incomplete", help="llama3 scaling needs " + ", ".join(_LLAMA3_FIELDS))
+            return None
+        vals = [self.number(k, (where, k), d[k]) for k in _LLAMA3_FIELDS[:3]]
+        orig = self.pos_int("original_max_position_embeddings", (where, _LLAMA3_FIELDS[3]), d[_LLAMA3_FIELDS[3]])
+        if None in vals or orig is None:
+            return None
+        return theta, (*vals, orig), theta_src, where
+
+    # -- the text -------------------------------------------------------------------------------------------------
+
+    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe) -> str:
+        s = self.src
+        rows: list[tuple[str, str]] = []  # (code, comment)
+        rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
+                 (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
+                 (f"ffn      = {sizes['intermediate_size']}",
+                  s("intermediate_size") + (" (each expert's)" if moe else "")),
+                 (f"heads    = {sizes['num_attention_heads']}",
+                  s("num_attention_heads") + (f"; head_dim = hidden / heads = "
+                                              f"{sizes['hidden_size'] // sizes['num_attention_heads']}"
+                                              + (" (head_dim)" if "head_dim" in self.cfg else ""))),
+                 (f"kv_heads = {kv}", s("num_key_value_heads") if self.cfg.get("num_key_value_heads") is not None
+                  else "num_key_value_heads absent or null: = num_attention_heads"),
+                 (f"layers   = {sizes['num_hidden_layers']}", s("num_hidden_layers")),
+                 (f"seq      = {sizes['max_position_embeddings']}",
+                  s("max_position_embeddings") + " (train's seq_len may be shorter)")]
+        if moe:
+            rows += [(f"experts  = {moe[0]}", s("num_local_experts"))]
+        rows += [("", "")]
+        rows += [("embedding(vocab, hidden)", "model.embed_tokens")]
+        rows += [("repeat layers {", "model.layers: num_hidden_layers decoder layers")]
+        rows += [("  residual {", "")]
+        rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "input_layernorm: " + s("rms_norm_eps"))]
+        theta, llama3, theta_src, scaling_src = rope
+        bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
+                    "qwen2": "Qwen 2: biases on q, k, v, none on o",
+                    "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases"}[self.type]
+        bias = ("bias = false, qkv_bias = true" if self.type == "qwen2"
+                else f"bias = {_fmt(attn_bias)}")
+        attn = [("    attention(hidden, heads, kv_heads = kv_heads,", "self_attn: causal, grouped-query"),
+                (f"              {bias},", bias_src),
+                (f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
+                 theta_src + "; rotary, Hugging Face's rotate-half layout")]
+        if llama3:
+            f, lo, hi, orig = llama3
+            pad = " " * len("              rope_scaling = llama3(")
+            attn += [(f"              rope_scaling = llama3(factor = {_fmt(f)},",
+                      f"{scaling_src}.factor; rope_type llama3"),
+                     (f"{pad}low_freq_factor = {_fmt(lo)},", f"{scaling_src}.low_freq_factor"),
+                     (f"{pad}high_freq_factor = {_fmt(hi)},", f"{scaling_src}.high_freq_factor"),
+                     (f"{pad}original_seq = {orig}))", f"{scaling_src}.original_max_position_embeddings")]
+        attn[0] = (attn[0][0], "; ".join(x for x in (attn[0][1] + " over the whole sequence", self.window_src(),
+                                                          self.dropout_src()) if x))
+        if "rope_scaling" in self.cfg and self.cfg["rope_scaling"] is None:
+            attn[2] = (attn[2][0], attn[2][1] + "; rope_scaling null")
+        rows += attn
+        rows += [("  }", "")]
+        rows += [("  residual {", "")]
+        rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
+        if moe:
+            experts, top_k, aux = moe
+            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
+                      f"block_sparse_moe: {s('num_experts_per_tok')}; dropless, as transformers routes; "
+                      f"{s('hidden_act')} gating = swiglu"),
+                     (f"        aux_loss = {_fmt(aux)})",
+                      f"{s('router_aux_loss_coef')} (see the note above the model); "
+                      f"{s('router_jitter_noise')} = 0")]
+        else:
+            mb = _fmt(mlp_bias) if self.type == "llama" else "false"
+            rows += [(f"    mlp(hidden, ffn, act = swiglu, bias = {mb})",
+                      f"mlp: {s('hidden_act')} gating = swiglu" +
+                      (f"; {s('mlp_bias')}" if self.type == "llama" else "; no biases"))]
+        rows += [("  }", ""), ("}", "")]
+        rows += [(f"rmsnorm(hidden, eps = {_fmt(eps)})", "model.norm: " + s("rms_norm_eps"))]
+        rows += [(f"lm_head(vocab, hidden, tied = {_fmt(tied)})", "lm_head: " + s("tie_word_embeddings"))]
+        rows += [("cross_entropy", "the causal LM's loss: next-token cross entropy")]
+        width = max(len(c) for c, _ in rows) + 2
+        body = [("  " + (c.ljust(width) + f"# {m}" if m else c)).rstrip() for c, m in rows]
+        head = [f"# {self.arch} from {self.doc.path}, by `scalec import`: each line names the config.json keys it "
+                "came from;",
+                "# \"(absent: transformers' default)\" marks a key the file omits, read as transformers reads it.",
+                *textwrap.wrap("Irrelevant to training the architecture, so not mapped: " +
+                               (", ".join(k for k in self.cfg if k in IRRELEVANT) or "none") +
+                               " (compiler/importer.py says why).", 114, initial_indent="# ",
+                               subsequent_indent="#   ")]
+        if self.type == "mixtral":
+            note = ("The router: softmax over the experts, top-k, gates renormalised over the k choices, as in "
+                    "transformers. The load-balancing loss differs: transformers adds router_aux_loss_coef × one "
+                    "loss only when output_router_logits is true (here "
+                    f"{json.dumps(self.get('output_router_logits'))}), pooling every layer's and sequence's tokens, "
+                    "its expert fractions summing to k; .scale adds aux_loss × each moe layer's own loss, per "
+                    "sequence, fractions summing to 1, summed over the layers.")
+            head += textwrap.wrap(note, 114, initial_indent="# ", subsequent_indent="# ")
+        named = " and ".join(k for k in ("architectures", "model_type") if k in self.cfg)
+        return "\n".join(head + [f"model {self.type} {{  # {named}"] + body + ["}"]) + "\n"
+
+    def window_src(self) -> str:
+        """The keys that say attention is over the whole sequence."""
+        if self.type in ("mistral", "mixtral"):
+            return f"{self.src('sliding_window')} null"
+        if self.type == "qwen2":
+            unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
+            return "; ".join([f"{self.src('use_sliding_window')} false"] +
+                             ([", ".join(unused) + " unused"] if unused else []) +
+                             (["layer_types all full_attention"] if "layer_types" in self.cfg else []))
+        return ""
+
+    def dropout_src(self) -> str:
+        return (f"attention_dropout = {json.dumps(self.cfg['attention_dropout'])}" if "attention_dropout" in self.cfg
+                else "attention_dropout (absent: 0.0)")
+
+
+def _architecture(doc: _Json) -> tuple[str, str] | Diagnostic:
+    cfg = doc.value
+    names = ", ".join(ARCHITECTURES)
+    archs = cfg.get("architectures")
+    mtype = cfg.get("model_type")
+    if archs is not None:
+        if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES):
+            return Diagnostic("E0952", f"architecture {json.dumps(archs)} is not importable",
+                              doc.span(("architectures",), value=True), label="not one of the four",
+                              help=f"`scalec import` knows {names}")
+        arch = archs[0]
+        if mtype is not None and mtype != ARCHITECTURES[arch]:
+            return Diagnostic("E0952", f"model_type {json.dumps(mtype)} does not match {arch}",
+                              doc.span(("model_type",), value=True), label=f"{arch} is `{ARCHITECTURES[arch]}`",
+                              help="a config of one architecture says `model_type` of that architecture")
+        return arch, ARCHITECTURES[arch]
+    by_type = {v: k for k, v in ARCHITECTURES.items()}
+    if mtype in by_type:
+        return by_type[mtype], mtype
+    return Diagnostic("E0952", "the config names no importable architecture" if mtype is None else
+                      f"model_type {json.dumps(mtype)} is not importable",
+                      doc.span(("model_type",), value=True) or Span(doc.path, 1, 1, 1, 2),
+                      label="not one of the four",
+                      help=f"`scalec import` knows {names} (by `architectures`, else `model_type`: "
+                           + ", ".join(ARCHITECTURES.values()) + ")")
+
+
+def import_config(text: str, path: str) -> str:
+    """The `.scale` model section equivalent to the config.json `text` (read from `path`, which diagnostics
+    name); raises ScaleError with every problem found, each located at its JSON key."""
+    try:
+        doc = _parse(text, path)
+    except _BadJson as e:
+        probe = _Json(text=text, path=path)
+        line, col = probe._pos(min(e.offset, len(text)))
+        raise ScaleError([Diagnostic("E0951", f"not valid JSON: {e.message}", Span(path, line, col, line, col + 1),
+                                     label="the reader stopped here",
+                                     help="a Hugging Face config.json is one JSON object")], {path: text}) from None
+    if not isinstance(doc.value, dict):
+        raise ScaleError([Diagnostic("E0951", "the top level is not a JSON object", Span(path, 1, 1, 1, 2),
+                                     help="a Hugging Face config.json is one JSON object of settings")],
+                         {path: text})
+    found = _architecture(doc)
+    if isinstance(found, Diagnostic):
+        raise ScaleError([found], {path: text})
+    imp = _Importer(doc, *found)
+    out = imp.run()
+    if out is None:
+        raise ScaleError(sorted(imp.diags, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),
+                         {path: text})
+    return out
+
+
+PLACEHOLDER = """
+# Placeholder cluster and training settings, to replace with yours (`scalec search` finds a plan for a cluster).
+mesh {
+  axis dp = 1
+  devices_per_node = 1
+}
+
+train {
+  global_batch = 8
+  seq_len      = seq
+  steps        = 100
+  optimizer    = adamw(lr = 3e-4, betas = (0.9, 0.95), weight_decay = 0.1)
+}
+"""
+
+
+def complete(model_section: str) -> str:
+    """A whole .scale file: the imported model section and placeholder mesh and train sections."""
+    return model_section + PLACEHOLDER

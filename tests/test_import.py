@@ -1,0 +1,295 @@
+"""`scalec import config.json` (compiler/importer.py): Hugging Face configs of the four importable classes, made
+in-process with transformers (no download), import to a model section that checks and has exactly the parameters
+of the transformers model; the published configs of Llama-2-7B, Llama-3-8B and Mixtral-8x7B (typed in) give their
+published parameter counts; a key or value that does not map is a located diagnostic at the JSON key."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.check import check_text
+from compiler.diagnostics import ScaleError
+from compiler.importer import DEFAULTS, IRRELEVANT, USED, complete, import_config
+from compiler.pipeline import compile_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
+
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=32)
+CASES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rms_norm_eps=1e-5)),
+    "llama3_biases": ("LlamaConfig", "LlamaForCausalLM",
+                      dict(attention_bias=True, mlp_bias=True, rope_parameters=dict(
+                          rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=16))),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "qwen2_tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
+                                                            router_aux_loss_coef=0.02)),
+}
+
+
+def _params(text: str, name: str = "imported.scale") -> int:
+    return compile_spec(check_text(complete(text), name)).costs.params_n
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
+    cfg_cls, model_cls, extra = CASES[case]
+    config = getattr(transformers, cfg_cls)(**TINY, **extra)
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    text = path.read_text()
+    out = import_config(text, str(path))
+    want = sum(p.numel() for p in getattr(transformers, model_cls)(config).parameters())
+    assert _params(out) == want
+    spec = check_text(complete(out), "imported.scale")
+    assert spec.model.name == json.loads(text)["model_type"]
+    # every key of the file is named: in the comment of a line that uses it, or among the irrelevant ones
+    for key in json.loads(text):
+        assert key in out, key
+    if case == "qwen2_tied":
+        assert "qkv_bias = true" in out and "tied = true" in out
+    if case == "llama3_biases":
+        assert "rope_scaling = llama3(factor = 8.0," in out and "original_seq = 16))" in out
+    if case == "mixtral":
+        assert "capacity_factor = none" in out and "aux_loss = 0.02" in out
+
+
+def test_defaults_are_transformers_defaults():
+    """A key the file omits is read as transformers reads it: the importer's table equals each config class's
+    own defaults."""
+    classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+               "mixtral": "MixtralConfig"}
+    for model_type, cls in classes.items():
+        hf = getattr(transformers, cls)()
+        for key, ours in DEFAULTS[model_type].items():
+            if key in ("rope_theta", "rope_scaling"):
+                rope = hf.rope_parameters
+                got = rope["rope_theta"] if key == "rope_theta" else (
+                    None if rope.get("rope_type", "default") == "default" else rope)
+            elif key == "num_key_value_heads" and ours is None:
+                assert hf.num_key_value_heads == hf.num_attention_heads, model_type
+                continue
+            elif key == "head_dim" and ours is None:
+                assert getattr(hf, "head_dim", None) in (None, hf.hidden_size // hf.num_attention_heads), model_type
+                continue
+            elif key == "use_sliding_window":
+                got = hf.use_sliding_window
+            else:
+                got = getattr(hf, key)
+            assert got == ours, (model_type, key, got, ours)
+
+
+def test_every_key_transformers_writes_is_known():
+    for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
+                            ("MixtralConfig", "mixtral")):
+        written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
+        unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
+        assert not unknown, (model_type, unknown)
+
+
+# The published config.json files, typed in as released.
+LLAMA2_7B = """{
+  "_name_or_path": "meta-llama/Llama-2-7b-hf",
+  "architectures": ["LlamaForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 11008,
+  "max_position_embeddings": 4096,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "transformers_version": "4.31.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+}
+"""
+LLAMA3_8B = """{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 8192,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}
+"""
+MIXTRAL_8X7B = """{
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 32,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+}
+"""
+
+
+@pytest.mark.parametrize("name,text,count", [("llama2_7b", LLAMA2_7B, 6_738_415_616),
+                                              ("llama3_8b", LLAMA3_8B, 8_030_261_248),
+                                              ("mixtral_8x7b", MIXTRAL_8X7B, 46_702_792_704)])
+def test_published_configs_give_published_parameter_counts(name, text, count):
+    out = import_config(text, f"{name}/config.json")
+    assert _params(out, f"{name}.scale") == count
+
+
+def _diagnose(text: str, path: str = "config.json") -> str:
+    with pytest.raises(ScaleError) as info:
+        import_config(text, path)
+    return info.value.render()
+
+
+def test_unknown_key_is_located_at_the_key():
+    text = LLAMA2_7B.replace('  "use_cache": true,\n', '  "use_cache": true,\n  "quantization_config": {"bits": 4},\n')
+    assert _diagnose(text) == (
+        "error[E0953]: unknown key `quantization_config` in a LlamaForCausalLM config\n"
+        "  --> config.json:22:3\n"
+        "   |\n"
+        '22 |   "quantization_config": {"bits": 4},\n'
+        "   |   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^ not known to `scalec import`\n"
+        "   = help: a key the importer does not know might change the architecture, so it is not ignored; remove "
+        "it if it does not (known keys: compiler/importer.py USED and IRRELEVANT)\n\n"
+        "error: aborting due to 1 previous error\n")
+
+
+def test_unsupported_value_is_located_at_the_key():
+    text = MIXTRAL_8X7B.replace('"sliding_window": null', '"sliding_window": 4096')
+    assert _diagnose(text, "mixtral/config.json") == (
+        "error[E0954]: sliding-window attention (4096 tokens) is not expressible\n"
+        "  --> mixtral/config.json:21:3\n"
+        "   |\n"
+        '21 |   "sliding_window": 4096,\n'
+        "   |   ^^^^^^^^^^^^^^^^^^^^^^ not expressible in .scale\n"
+        "   = help: attention in .scale is causal over the whole sequence, which equals a window as long as the "
+        "training sequences: set it to null and train with seq_len at most the window\n\n"
+        "error: aborting due to 1 previous error\n")
+
+
+@pytest.mark.parametrize("edit,code,where", [
+    (('"hidden_act": "silu"', '"hidden_act": "gelu"'), "E0954", "config.json:7:3"),
+    (('"rope_scaling": null', '"rope_scaling": {"rope_type": "yarn", "factor": 4.0}'), "E0954", "config.json:18:20"),
+    (('"rope_scaling": null', '"rope_scaling": {"rope_type": "llama3", "factr": 4.0}'), "E0953", "config.json:18:43"),
+    (('"attention_dropout": 0.0', '"attention_dropout": 0.1'), "E0954", "config.json:4:3"),
+    (('"num_key_value_heads": 8', '"num_key_value_heads": 5'), "E0954", "config.json:15:3"),
+    (('"vocab_size": 128256', '"vocab_size": "big"'), "E0954", "config.json:24:3"),
+    (('"LlamaForCausalLM"', '"GPT2LMHeadModel"'), "E0952", "config.json:2:3"),
+    (('"model_type": "llama"', '"model_type": "mistral"'), "E0952", "config.json:12:3"),
+    (('"use_cache": true,', '"use_cache": true, "use_cache": false,'), "E0102", "config.json:23:22"),
+    (('"hidden_size": 4096,', '"hidden_size": 4096'), "E0951", "config.json:9:3"),
+])
+def test_each_refusal_is_located(edit, code, where):
+    out = _diagnose(LLAMA3_8B.replace(*edit))
+    assert f"error[{code}]" in out and f"--> {where}\n" in out and "^" in out, out
+
+
+def test_an_absent_key_is_read_as_transformers_default():
+    """transformers' MistralConfig defaults to a 4096-token sliding window: a file that omits the key gets it, so
+    the import refuses it, at the file's first brace; Llama's defaults map, and the output says which were
+    absent."""
+    text = json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, indent=2)
+    out = _diagnose(text, "c.json")
+    assert out.startswith("error[E0954]: sliding-window attention (4096 tokens) is not expressible (`sliding_window` "
+                          "absent: transformers' default for MistralForCausalLM)\n --> c.json:1:1\n"), out
+    out = import_config(json.dumps({"architectures": ["LlamaForCausalLM"]}), "c.json")
+    assert "vocab    = 32000" in out and "# vocab_size (absent: transformers' default)" in out
+    assert _params(out) == 6_738_415_616  # LlamaConfig()'s defaults are Llama-2-7B's shapes
+
+
+def test_cli_prints_the_section_and_writes_a_checked_file(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(LLAMA3_8B)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "compiler.cli", "import", str(cfg)], capture_output=True, text=True,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == import_config(LLAMA3_8B, str(cfg)) and "model llama {" in r.stdout
+    out = tmp_path / "llama.scale"
+    r = subprocess.run([sys.executable, "-m", "compiler.cli", "import", str(cfg), "-o", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == complete(import_config(LLAMA3_8B, str(cfg)))
+    cfg.write_text(LLAMA3_8B.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-05, "foo": 1'))
+    r = subprocess.run([sys.executable, "-m", "compiler.cli", "import", str(cfg)], capture_output=True, text=True,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    assert f"--> {cfg}:17:26" in r.stderr and "error[E0953]" in r.stderr
+
+
+def test_any_damage_is_a_located_diagnostic_never_a_crash():
+    """A config cut short anywhere, or with any key's value replaced by a value of another type, is imported or
+    refused with located diagnostics: never a Python exception."""
+    for text in (LLAMA3_8B, MIXTRAL_8X7B):
+        for cut in range(0, len(text), 7):
+            with pytest.raises(ScaleError) as info:
+                import_config(text[:cut], "c.json")
+            assert all(d.span is not None for d in info.value.diagnostics)
+            info.value.render()
+        for key in json.loads(text):
+            for bad in (None, "x", [], {}, -1, 0, 1.5, True, 1e400):
+                cfg = json.loads(text)
+                cfg[key] = bad
+                try:
+                    import_config(json.dumps(cfg, indent=2), "c.json")
+                except ScaleError as e:
+                    assert all(d.span is not None for d in e.diagnostics), (key, bad)
+                    e.render()
+
+
+def test_readme_shows_what_import_prints():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("**Starting from a Hugging Face model.**", 1)[1].split("```", 2)[1]
+    out = import_config(LLAMA3_8B, "config.json")
+    lines = [ln for ln in block.strip().splitlines() if "..." not in ln]
+    assert len(lines) >= 8
+    for ln in lines:
+        assert ln in out.splitlines(), ln
