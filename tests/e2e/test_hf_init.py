@@ -1,14 +1,16 @@
-"""A run that starts from a Hugging Face checkpoint (`init = from(...)`, runtime/hf.py) under parallel plans: every
-rank reads its own part (tp slices, pp stages, ep experts), the first step's loss is the one transformers computes
-on the same batch, and the run trains like the single-device run from the same weights (fp32, 1e-5)."""
+"""A tiny Hugging Face model imported whole: its config.json through `scalec import` (compiler/importer.py), its
+weights through `init = from(...)` (runtime/hf.py), trained under parallel plans. Every rank reads its own part (tp
+slices, pp stages, ep experts), the first step's loss is the one transformers computes on the same batch, and the
+run trains like the single-device run from the same weights (fp32, 1e-5)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from compiler.importer import import_config
 from runtime import data
 from tests.e2e.runner import assert_same_training, launch, single_device
-from tests.test_hf_weights import hf_model, scale_text
+from tests.test_hf_weights import hf_model
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +25,22 @@ MESHES = {
 def test_parallel_run_starts_from_the_checkpoint(tmp_path, case):
     kind, mesh, nproc, edits = MESHES[case]
     ref_model = hf_model(kind, tmp_path / "hf")
-    text = scale_text(kind, tmp_path / "hf").replace("axis dp = 1\n  devices_per_node = 1", mesh)
+    config = tmp_path / "hf" / "config.json"
+    text = import_config(config.read_text(), str(config)) + f"""
+mesh {{
+  {mesh}
+}}
+plan {{
+  micro_batches = 1
+}}
+train {{
+  global_batch = 8
+  seq_len      = seq
+  steps        = 3
+  optimizer    = adamw(lr = 1e-3)
+  init         = from("{tmp_path / 'hf'}")
+}}
+"""
     for old, new in edits:
         assert old in text
         text = text.replace(old, new)
