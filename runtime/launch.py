@@ -8,7 +8,7 @@ traceback of its own and a table of failures, after the workers' one-line causes
 rank that failed first (torchrun's "root cause") and how, and one line for the others. With `--debug` among the
 program flags torchrun's full report is printed as well.
 
-The job's start is exported to the workers as SCALEC_LAUNCH_TIME (seconds since the epoch; runtime.train.LAUNCH_TIME),
+The job's start is exported to the workers as SCALEC_LAUNCH_TIME (seconds since the epoch; runtime.progress.LAUNCH_TIME),
 unless already set (a multi-node job may set one time for all nodes): the log's elapsed time and `done in` count
 from it, start-up and restarts included.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-# Before torch's import (a second or more): runtime.train.LAUNCH_TIME, inherited by every worker.
+# Before torch's import (a second or more): runtime.progress.LAUNCH_TIME, inherited by every worker.
 os.environ.setdefault("SCALEC_LAUNCH_TIME", repr(time.time()))
 
 import socket  # noqa: E402

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from compiler import codegen
 from compiler.check import check_text
 from compiler.pipeline import compile_spec
-from runtime import data, faults, train
+from runtime import data, faults, progress, train
 from runtime.config import Speed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,23 +36,23 @@ def _port() -> int:
 
 def test_speed_is_model_flops_per_device_over_the_plans_peak():
     speed = Speed(flops_per_step=8e12, peak_flops=1e12, device="x")
-    got = train._speed(speed, world=4, dt=0.5)  # 8e12 / 4 devices / 0.5 s = 4e12 FLOP/s per device
+    got = progress.speed_figures(speed, world=4, dt=0.5)  # 8e12 / 4 devices / 0.5 s = 4e12 FLOP/s per device
     assert got == {"tflops": pytest.approx(4.0), "mfu": pytest.approx(4.0)}
-    assert train._speed(Speed(), world=1, dt=1.0) == {}  # no FLOPs known: nothing claimed
+    assert progress.speed_figures(Speed(), world=1, dt=1.0) == {}  # no FLOPs known: nothing claimed
 
 
 def test_log_line_shows_speed_memory_elapsed_and_eta():
     record = {"step": 10, "loss": 2.5, "grad_norm": 0.75, "lr": 1e-3, "step_time": 0.2, "tokens_per_s": 5000.0,
               "tflops": 312.5, "mfu": 0.4567, "elapsed_s": 3725.0, "eta_s": 61.0,
               "peak_memory_bytes": 12_300_000_000, "peak_memory_rank": 3}
-    line = train.log_line(record, 100)
+    line = progress.log_line(record, 100)
     for part in ("step    10/100", "loss   2.5000", "grad-norm   0.750", "5,000 tok/s", "200.0 ms/step",
                  "312 TFLOP/s/device", "MFU 45.7%", "peak 12.3 GB (rank 3)", "elapsed 1:02:05", "ETA 1:01"):
         assert part in line, (part, line)
 
 
 def test_clock_averages_over_the_steps_since_the_last_read():
-    clock = train._Clock(start=0)
+    clock = progress.Clock(start=0)
     clock.t_last -= 3.0  # three seconds ago
     assert clock.lap(3) == pytest.approx(1.0, abs=0.05)  # three steps in three seconds
     clock.t_last -= 1.0
@@ -60,12 +60,12 @@ def test_clock_averages_over_the_steps_since_the_last_read():
 
 
 def test_launch_time_from_the_environment_then_the_process(monkeypatch):
-    monkeypatch.setenv(train.LAUNCH_TIME, "1234.5")
-    assert train.launch_time() == 1234.5
-    monkeypatch.delenv(train.LAUNCH_TIME)
-    started = train.launch_time()  # this process's start, from /proc
+    monkeypatch.setenv(progress.LAUNCH_TIME, "1234.5")
+    assert progress.launch_time() == 1234.5
+    monkeypatch.delenv(progress.LAUNCH_TIME)
+    started = progress.launch_time()  # this process's start, from /proc
     assert started <= time.time()
-    assert started <= train._IMPORTED + 1.0  # the process started before this module was imported
+    assert started <= progress._IMPORTED + 1.0  # the process started before this module was imported
     assert time.time() - started < 24 * 3600
 
 
@@ -76,7 +76,7 @@ def test_launcher_exports_its_start_to_the_workers():
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert 0 <= float(out.stdout) < 60
-    assert train.LAUNCH_TIME == "SCALEC_LAUNCH_TIME"
+    assert progress.LAUNCH_TIME == "SCALEC_LAUNCH_TIME"
 
 
 # -- optimizer, data-parallel knobs, data ----------------------------------------------------------------------------
@@ -258,7 +258,7 @@ def test_tensorboard_events_hold_the_scalars(tiny_program, tmp_path):
 
 def test_tensorboard_missing_is_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
-    assert train._tensorboard("somewhere") is None
+    assert progress.tensorboard("somewhere") is None
     assert "tensorboard package is not installed" in capsys.readouterr().out
 
 
