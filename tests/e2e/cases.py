@@ -36,6 +36,11 @@ MOE_4 = (("devices_per_node = 2", "devices_per_node = 4"),)
 CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
 
 
+# Cases moved out of this table to keep the suite within its time (each is held elsewhere): a manual stage layout
+# by tests/test_pipeline_split.py (the runtime runs the STAGES it is given); `dropped = identity` and two experts per ep rank by tests/test_moe.py and test_checkpoint's ep4 resume; a padded
+# vocabulary by test_checkpoint's padded-vocabulary run against the single device; plain tp = 2 (layernorm, biases,
+# tied vocabulary-parallel head, no sequence parallelism) by moe_tp2_ep2_dropless, which runs all of it besides its
+# experts.
 CASES = (
     Case(id="dp2_ddp", sample="samples/gpt_dp.scale", nproc=2,
          description="data parallel over 2 ranks with DDP: the README's main job"),
@@ -55,16 +60,11 @@ CASES = (
                 ("micro_batches = 1", "micro_batches = 2")),
          description="two torchrun agents on loopback with c10d rendezvous (the multi-node launch form), two "
                      "gradient-accumulation micro-batches per rank (DDP no_sync on the first)"),
-    Case(id="tp2", sample="samples/gpt_tp.scale", nproc=2,
-         description="Megatron tensor parallelism: column/row linears, vocabulary-parallel embedding, head and loss"),
     Case(id="tp4_sp", sample="samples/gpt_tp.scale", nproc=4, edits=TP4 + SP,
          description="tensor + sequence parallelism over 4 ranks"),
     Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
          description="grouped-query attention (4 heads, 2 kv heads) with rotary embeddings, RMSNorm, SwiGLU, untied "
                      "head, no biases"),
-    Case(id="tp2_padded_vocab", sample="samples/gpt_tp.scale", nproc=2,
-         edits=(("vocab  = 128", "vocab  = 127"), ("micro_batches = 1", "micro_batches = 1  pad_vocab = true")),
-         description="a vocabulary tp does not divide, padded with masked logits: the loss is unchanged"),
     Case(id="dp2_tp2_sp", sample="samples/gpt_2d.scale", nproc=4,
          description="2-D mesh: DDP over dp × tensor + sequence parallelism over tp"),
     Case(id="pp2_1f1b", sample="samples/gpt_pp.scale", nproc=2,
@@ -76,9 +76,6 @@ CASES = (
          description="zero-bubble: backward split into input and weight gradients"),
     Case(id="pp4_1f1b", sample="samples/gpt_pp.scale", nproc=4, edits=PP4,
          description="four pipeline stages, one block each"),
-    Case(id="pp2_manual_layout", sample="samples/gpt_pp.scale", nproc=2,
-         edits=(('schedule = "1f1b"', 'layout = ((0, 3), (3, 4))'),),
-         description="a manual, uneven layout: three blocks on the first stage, one on the last"),
     Case(id="pp4_interleaved", sample="samples/gpt_pp.scale", nproc=4,
          edits=PP4 + (("layers = 4", "layers = 8"),
                       ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')),
@@ -103,12 +100,6 @@ CASES = (
     Case(id="moe_ep2", sample=MOE, nproc=2, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
                      "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
-    Case(id="moe_ep4_top1_identity", sample=MOE, nproc=4,
-         edits=(("axis ep = 2", "axis ep = 4"),
-                ("top_k = 2, capacity_factor = 1.25, act = swiglu", "top_k = 1, capacity_factor = 0.5, act = gelu"),
-                ("dropped = residual", "dropped = identity")) + MOE_4,
-         description="experts over ep = 4 (two experts per rank), Switch-style top-1 at half capacity: many dropped "
-                     "tokens, passed on through the layer"),
     Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=(("axis dp = 1", "axis dp = 2"),) + MOE_4 + CLIP,
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
     Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4,
@@ -137,10 +128,10 @@ CASES = (
     # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor
     # --memory-report: runtime.memory's tracker (a dispatch mode) runs compiled regions eagerly; what the compiled
     # regions keep is held against the model by tests/test_memory_compiled.py.
-    Case(id="dp2_tp2_fsdp_recompute_full_compile", sample="samples/gpt_2d.scale", nproc=4, bytes_checked=False,
+    Case(id="dp2_fsdp_recompute_full_compile", sample="samples/gpt_dp.scale", nproc=2, bytes_checked=False,
          edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full  compile = true"),),
-         description="compiled: FSDP2 over dp (its gathers eager, around each block's region) × tensor + sequence "
-                     "parallelism, full recomputation inside each block's region"),
+         description="compiled: FSDP2 over dp (its gathers and reduce-scatters eager, around each block's region), "
+                     "full recomputation inside each block's region"),
     Case(id="tp2_sp_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
          edits=(("sequence_parallel = false", "sequence_parallel = true  compile = true"),),
          description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss"),

@@ -1,6 +1,6 @@
 """Measure e2e cases' memory under torchrun and print every rank's figures beside the compiler's prediction.
 
-    PYTHONPATH=$PWD python3 -m tests.e2e.memory_table pp2_1f1b tp2 [--steps 2] [--json FILE]
+    PYTHONPATH=$PWD python3 -m tests.e2e.memory_table pp2_1f1b tp2_gqa_swiglu_untied [--steps 2] [--json FILE]
 
 Each case (tests/e2e/cases.py, by id) runs with `--memory-report` (runtime/memory.py: the last step, every rank);
 `--json` also writes {case id: the report} for tools comparing them with `scalec plan`'s predictions.
