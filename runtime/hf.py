@@ -94,16 +94,16 @@ class Files:
         return sl[index]
 
 
-def _local_range(p, dim: int, shard, axis_rank) -> tuple[int, int] | None:
-    """Rows [lo, hi) of the full tensor's `dim` that this rank's parameter `p` holds over its tp/ep axis."""
-    if shard is None or shard[0] != dim:
-        return None
-    n = p.shape[dim] if not hasattr(p, "device_mesh") else p.shape[dim]
-    r = axis_rank(shard[2])
+def _local_range(p, shard, axis_rank) -> tuple[int, int]:
+    """Rows [lo, hi) of the full tensor's sharded dim that this rank's parameter `p` holds over its tp/ep axis (an
+    FSDP DTensor's shape is its tp-local shape over dp, so the same size)."""
+    dim, _, axis = shard
+    n = p.shape[dim]
+    r = axis_rank(axis)
     return r * n, (r + 1) * n
 
 
-def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None, dtype_check: bool = True) -> list:
+def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> list:
     """Copy every parameter of `module` from the checkpoint at `path`, this rank's part only (module docstring);
     returns the names loaded. `shard_of(name)` gives (dim, full size, axis) of a parameter sharded over tp or ep
     (runtime.tensor_parallel.Shards.of), `axis_rank(axis)` this rank's index on it."""
@@ -137,9 +137,8 @@ def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int
     hf = hf_name(name)
     full = files.shape(hf)
     ranges: dict = {}
-    tp = _local_range(p, shard[0], shard, axis_rank) if shard is not None else None
-    if tp is not None:
-        ranges[shard[0]] = tp
+    if shard is not None:
+        ranges[shard[0]] = _local_range(p, shard, axis_rank)
     # FSDP's dp shard of dim 0, inside the tp part when tp shards dim 0 too
     base = ranges.get(0, (0, full[0]))[0]
     lo0, hi0 = base + offset, base + offset + rows
