@@ -41,6 +41,11 @@ class _Checker:
     def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
         self.diags.append(Diagnostic(code, message, span, label=label, help=help))
 
+    def warn(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        """A setting that is legal but has no effect (or an effect the user surely did not mean): the file still
+        checks, and every command that reads it prints the warning."""
+        self.diags.append(Diagnostic(code, message, span, label=label, help=help, severity="warning"))
+
     # -- expressions ----------------------------------------------------------------------------------------------
 
     def expr(self, e: ast.Expr) -> sympy.Expr | None:

@@ -173,8 +173,10 @@ def check_file(file: ast.File, source: str) -> S.Spec:
                       values=dict(c.values))
         c.diags += check_plan(spec, from_spec(spec))  # the rules beside the passes (compiler/rules.py)
         _file_checks(c, model, train, train_values)
+    if any(d.severity == "error" for d in c.diags):
+        raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
     if c.diags:
-        raise ScaleError(c.diags, {file.path: source})
+        spec = dataclasses.replace(spec, warnings=tuple(c.diags))
     return spec
 
 

@@ -38,7 +38,16 @@ def _load(path: str, budget: bool = True, show=None):
     """Compile `path` (which proves its pipeline schedule); with `budget`, also refuse a plan whose predicted peak
     memory does not fit (compile, run, unless --force); `show` sees each segment's graph after each pass."""
     from compiler.pipeline import compile_checked
-    return compile_checked(path, memory=budget, show=show)
+    compiled = compile_checked(path, memory=budget, show=show)
+    _print_warnings(compiled.spec)
+    return compiled
+
+
+def _print_warnings(spec) -> None:
+    """The check's warnings (settings with no effect in this plan, ...), rendered like errors, on stderr."""
+    if spec.warnings:
+        from compiler.diagnostics import render_all
+        sys.stderr.write(render_all(list(spec.warnings), {spec.path: spec.source}) + "\n")
 
 
 def _show_graph(after: str, cls: str, gm) -> None:
@@ -50,7 +59,9 @@ def _show_graph(after: str, cls: str, gm) -> None:
 def cmd_check(args) -> int:
     from compiler.check import check_path
     spec = check_path(args.file)
-    print(f"{args.file}: ok (model `{spec.model.name}`, {spec.mesh.world_size} device"
+    _print_warnings(spec)
+    warned = f", {len(spec.warnings)} warning{'s' if len(spec.warnings) != 1 else ''}" if spec.warnings else ""
+    print(f"{args.file}: ok{warned} (model `{spec.model.name}`, {spec.mesh.world_size} device"
           f"{'s' if spec.mesh.world_size != 1 else ''})")
     return 0
 
@@ -417,6 +428,7 @@ def cmd_search(args) -> int:
         sys.stderr.write("error: --top takes a positive integer\n")
         return 2
     spec = check_path(args.file)
+    _print_warnings(spec)
     result = SE.search(spec, top=args.top, fixed=fixed)
     if args.json:
         json.dump(SE.to_json(result), sys.stdout, indent=1)

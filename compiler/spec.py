@@ -314,6 +314,8 @@ class Spec:
     plan: Plan
     train: Train
     values: dict  # sympy Symbol -> int, for every named size
+    warnings: tuple = field(default=(), compare=False)
+    """Diagnostics of severity "warning" the check found (settings with no effect, ...); the commands print them."""
 
     def value(self, expr) -> int | float:
         return evaluate(expr, self.values)
