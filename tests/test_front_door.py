@@ -5,7 +5,6 @@ Each runs in a fresh interpreter through a tiny driver that calls compiler.cli.m
 """
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -35,14 +34,6 @@ def _run(*args: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _tensor_parallel_imports_torch() -> bool:
-    """Whether compiler/passes/tensor_parallel.py still imports torch at its top (its requires() runs in check)."""
-    tree = ast.parse((ROOT / "compiler" / "passes" / "tensor_parallel.py").read_text(encoding="utf-8"))
-    names = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
-    names += [n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
-    return any(x == "torch" or x.startswith(("torch.", "runtime")) for x in names)
-
-
 def test_help_imports_no_torch():
     got = _run("--help")
     assert got["rc"] == 0 and "--version" in got["out"]
@@ -56,17 +47,12 @@ def test_explain_imports_no_torch():
 
 @pytest.mark.parametrize("sample", ["tiny_gpt", "gpt3_175b", "moe_1t", "gpt_3d"])
 def test_check_imports_no_torch(sample):
-    if _tensor_parallel_imports_torch():
-        pytest.skip("compiler/passes/tensor_parallel.py still imports torch at its top (made torch-free on the "
-                    "layers branch); its requires() runs in `scalec check`")
     got = _run("check", f"samples/{sample}.scale")
     assert got["rc"] == 0, got["out"]
     assert got["heavy"] == [], f"scalec check imported {got['heavy']}"
 
 
 def test_a_bad_file_is_reported_without_torch_too():
-    if _tensor_parallel_imports_torch():
-        pytest.skip("see test_check_imports_no_torch")
     got = _run("check", "tests/golden/diagnostics/" + sorted(
         p.name for p in (ROOT / "tests" / "golden" / "diagnostics").glob("*.scale"))[0])
     assert got["rc"] == 1 and "aborting due to" in got["out"]
