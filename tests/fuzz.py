@@ -14,6 +14,8 @@ other exception, or a diagnostic without a location), with its wall time. A watc
 """
 from __future__ import annotations
 
+import cProfile
+import dataclasses
 import random
 import re
 import signal
@@ -256,6 +258,21 @@ class Outcome:
     phase: str      # how far it got: "check", "plan" or "compile"
     seconds: float
     detail: str = ""  # the codes of a diagnostic, or the traceback of a crash
+    calls: int = 0  # function calls made (Python and builtin, counted by cProfile): the work, whatever the load
+
+
+@contextmanager
+def counting(into: list):
+    """Count the function calls made inside the block (cProfile's call counts, summed) and append the total to
+    `into`. A measure of work that does not depend on how loaded the machine is: the fuzz tests bound it instead
+    of seconds (wall-clock claims belong in bench/)."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        into.append(sum(entry.callcount for entry in profile.getstats()))
 
 
 class Stall(BaseException):
@@ -293,7 +310,15 @@ def _located(err: ScaleError, path: str) -> str | None:
 def run(text: str, path: str = "fuzz.scale", out_dir: str | None = None, hard_limit: float = 60.0,
         check_only: bool = False) -> Outcome:
     """`scalec check`, then (unless `check_only`) `plan` and `compile` (on the meta device; program.py must be
-    valid Python)."""
+    valid Python); `calls` counts the work done. `hard_limit` seconds only turns a hang into a "stall" outcome
+    instead of hanging the run: a failsafe, not a bound on speed."""
+    calls: list[int] = []
+    with counting(calls):
+        out = _run(text, path, out_dir, hard_limit, check_only)
+    return dataclasses.replace(out, calls=calls[0])
+
+
+def _run(text: str, path: str, out_dir: str | None, hard_limit: float, check_only: bool) -> Outcome:
     from compiler import codegen
     from compiler.pipeline import budget, compile_spec
     phase = "check"
