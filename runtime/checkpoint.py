@@ -362,7 +362,7 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
     last_problem = None
     for i in range(n):
         path = _broadcast(candidates[i] if ctx.is_logger else None, ctx)
-        manifest = None
+        manifest, problem = None, None
         if ctx.is_logger:
             problem = _problem(path)
             if problem is None:
