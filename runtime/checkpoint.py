@@ -15,6 +15,10 @@ What a checkpoint `DIR/step_NNNNNNNN/` holds, whatever plan wrote it:
   plan's into zero1 (no consolidate_state_dict: nothing is gathered on one rank).
 - `progress`: the step, the scheduler's epoch and the run's length. The data of step k is a function of (seed, k)
   (runtime/data.py), so the step is the data position.
+- `scalec.json` (beside DCP's `.metadata`): what model the checkpoint holds (every parameter's single-device name
+  and whole shape, sorted, and their sha256: the fingerprint) and every file of the checkpoint with its size and
+  CRC32. Each rank checksums its share of the files DCP wrote (re-read from the page cache just after the write),
+  rank 0 writes the manifest before the rename.
 
 Guarantee: a checkpoint written under any plan of a model loads into any plan of the same model (same parameter
 names and whole shapes; fp32), and training then continues as it would have on the original plan (the e2e tests
@@ -25,14 +29,24 @@ Atomicity and failures: a checkpoint is written as `step_N.tmp` and renamed by r
 a `.tmp` left by a crash is ignored and removed at the next start. Before loading, rank 0 checks the newest
 checkpoints (metadata readable, every file it names present and long enough) and takes the newest intact one,
 warning in one line about each one skipped; a load that still fails falls back the same way. All ranks follow rank
-0's choice. If none is intact, or the checkpoint holds another model, the run stops with a one-line error. DIR is
-checked at start-up (a writable directory), not at the first save. DIR must be one filesystem every rank sees.
+0's choice. Then, before any tensor is read, the model this run builds (its parameters' names and whole shapes,
+gathered from every rank) must be the one the manifest records: a checkpoint of another model, even one whose names
+are a superset of this model's (which DCP, reading only the keys asked for, would load "fine"), stops the run with
+the one line `scalec reshard` gives (E0901). Then every file is checked against its CRC32 (each rank its share): a
+file changed in place (same size) is named in a one-line warning and the checkpoint before it loads. Checkpoints
+written before the manifest load with the older checks (this model's names and shapes present in `.metadata`).
+If none is intact, the run stops with a one-line error. These start-up failures are `runtime.errors.FatalError`:
+torchrun does not restart the job for them. DIR is checked at start-up (a writable directory), not at the first
+save. DIR must be one filesystem every rank sees.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
+import zlib
 
 import torch
 import torch.distributed as dist
@@ -40,9 +54,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
+from runtime.errors import FatalError
+
 _STEP = re.compile(r"^step_(\d{8})$")
 _TMP = re.compile(r"^step_(\d{8})\.tmp$")
 _TEST_KILL = "SCALEC_TEST_KILL_IN_SAVE"  # "RANK:STEP": that rank SIGKILLs itself after writing its files (drills)
+MANIFEST = "scalec.json"
+_CHUNK = 1 << 22  # bytes read at a time for a checksum
 
 
 def _complete(directory: str) -> list[tuple[int, str]]:
@@ -103,7 +121,7 @@ def check_directory(directory: str, ctx) -> None:
                      f"({exc.strerror or type(exc).__name__})")
     error = _broadcast(error, ctx)
     if error:
-        raise SystemExit(error if ctx.is_logger else 1)
+        raise FatalError(error if ctx.is_logger else None)
 
 
 def local_state(optimizer) -> dict:
@@ -179,12 +197,15 @@ def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_st
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
                           "total_steps": torch.tensor(total_steps)}}
-    dcp.save(state, checkpoint_id=tmp)
+    metadata = dcp.save(state, checkpoint_id=tmp)
+    manifest = _manifest(tmp, metadata, model_sd, ctx)
     if os.environ.get(_TEST_KILL) == f"{ctx.rank}:{step}":
         import signal
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
     if ctx.is_logger:
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         print(f"scalec: checkpoint {final}", flush=True)
@@ -192,8 +213,123 @@ def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_st
     return final
 
 
+def crc32(file: str) -> int:
+    """CRC32 of a file's bytes (zlib's, read in 4 MiB chunks)."""
+    crc = 0
+    with open(file, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _share(files: list[str], ctx) -> list[str]:
+    """This rank's share of `files` (sorted) to checksum: every world_size-th, so each file is read by one rank."""
+    return sorted(files)[ctx.rank::ctx.world_size]
+
+
+def _gather_params(model_sd: dict, ctx) -> dict[str, list[int]]:
+    """Every parameter of the model this run builds, single-device name -> whole shape: this rank's entries merged
+    with every other rank's (a pipeline rank holds its stages' parameters only), in rank order."""
+    mine = [(name, list(t.shape)) for name, t in model_sd.items()]
+    every = [None] * ctx.world_size
+    dist.all_gather_object(every, mine)
+    merged: dict[str, list[int]] = {}
+    for part in every:
+        for name, shape in part:
+            merged.setdefault(name, shape)
+    return merged
+
+
+def fingerprint(params: dict[str, list[int]]) -> str:
+    """sha256 of the sorted (name, whole shape) pairs: equal exactly when two models have the same parameters."""
+    return hashlib.sha256(json.dumps(sorted(params.items())).encode()).hexdigest()
+
+
+def _manifest(path: str, metadata, model_sd: dict, ctx) -> dict:
+    """What `path` holds (module docstring), on rank 0 (None elsewhere): each rank checksums its share of the files
+    DCP wrote and of `.metadata`; the model's parameters are gathered from every rank."""
+    files = sorted({info.relative_path for info in (metadata.storage_data or {}).values()} | {".metadata"})
+    sums = {rel: {"bytes": os.path.getsize(os.path.join(path, rel)), "crc32": crc32(os.path.join(path, rel))}
+            for rel in _share(files, ctx)}
+    every = [None] * ctx.world_size
+    dist.all_gather_object(every, sums)
+    params = _gather_params(model_sd, ctx)
+    if not ctx.is_logger:
+        return None
+    merged = {rel: entry for part in every for rel, entry in part.items()}
+    return {"format": 1,
+            "model": {"sha256": fingerprint(params), "parameters": sorted([n, s] for n, s in params.items())},
+            "files": dict(sorted(merged.items()))}
+
+
+def _read_manifest(path: str) -> tuple[dict | None, str | None]:
+    """(the manifest of `path`, None), (None, None) for a checkpoint written before manifests, or (None, the problem
+    naming the file) when it is there but unreadable or not in the form `_manifest` writes."""
+    file = os.path.join(path, MANIFEST)
+    if not os.path.exists(file):
+        return None, None
+    try:
+        with open(file) as f:
+            raw = json.load(f)
+        manifest = {"sha256": str(raw["model"]["sha256"]),
+                    "parameters": {str(name): [int(d) for d in shape] for name, shape in raw["model"]["parameters"]},
+                    "files": {str(rel): {"bytes": int(e["bytes"]), "crc32": int(e["crc32"])}
+                              for rel, e in raw["files"].items()}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"{file} is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return manifest, None
+
+
+def _shape_text(shape) -> str:
+    return "×".join(str(d) for d in shape) or "scalar"
+
+
+def model_difference(path: str, stored: dict, ours: dict) -> str | None:
+    """The first difference between the model the checkpoint at `path` holds (`stored`: name -> whole shape) and
+    this one (`ours`), in the words of `scalec reshard`'s E0901, or None when they are the same model."""
+    for name, shape in ours.items():
+        if name not in stored:
+            return f"the models differ: `{name}` is not a parameter of {path}"
+        if tuple(stored[name]) != tuple(shape):
+            return (f"the models differ: `{name}` is {_shape_text(shape)} here and {_shape_text(stored[name])} in "
+                    f"{path}")
+    missing = [name for name in stored if name not in ours]
+    if missing:
+        more = f" and {len(missing) - 1} more parameters" if len(missing) > 1 else ""
+        return f"the models differ: {path} has `{missing[0]}`{more} that this model lacks"
+    return None
+
+
+_HELP = "a checkpoint moves between plans of one model: change the mesh and plan, not the model"
+
+
+def _damaged(path: str, manifest: dict, ctx) -> str | None:
+    """The first file of `path` (by name) whose size or CRC32 is not the manifest's, or None; each rank checks its
+    share and every rank gets the answer."""
+    problems = []
+    for rel in _share(list(manifest["files"]), ctx):
+        file, want = os.path.join(path, rel), manifest["files"][rel]
+        try:
+            size = os.path.getsize(file)
+            if size != want["bytes"]:
+                problems.append((rel, f"{file} is {size:,} bytes, {want['bytes']:,} when written"))
+                continue
+            got = crc32(file)
+        except OSError as exc:
+            problems.append((rel, f"{file} is unreadable ({exc.strerror or type(exc).__name__})"))
+            continue
+        if got != want["crc32"]:
+            problems.append((rel, f"{file} does not match its checksum (CRC32 {got:08x}, {want['crc32']:08x} "
+                                  "when written): it changed on disk"))
+    every = [None] * ctx.world_size
+    dist.all_gather_object(every, problems)
+    found = sorted(p for part in every for p in part)
+    return found[0][1] if found else None
+
+
 def _mismatch(path: str, model_sd: dict) -> str | None:
-    """A parameter this model has that the checkpoint lacks or holds with another shape, in one line."""
+    """A parameter this model has that the checkpoint lacks or holds with another shape, in one line (checkpoints
+    written before the manifest: the names and shapes in DCP's `.metadata`)."""
     metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     for name, t in model_sd.items():
         stored = metadata.get(f"model.{name}")
@@ -225,15 +361,29 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
     entries = _Entries(modules, shards, ctx)
     last_problem = None
     for i in range(n):
-        problem = _problem(candidates[i]) if ctx.is_logger else None
         path = _broadcast(candidates[i] if ctx.is_logger else None, ctx)
-        problem = _broadcast(problem, ctx)
+        manifest, problem = None, None
+        if ctx.is_logger:
+            problem = _problem(path)
+            if problem is None:
+                manifest, problem = _read_manifest(path)
+        manifest, problem = _broadcast((manifest, problem), ctx)
         if problem is None:
             entries.after_load.clear()  # restores queued by an attempt that failed
             model_sd, optim_sd = entries.state(optimizer, saving=False)
-            mismatch = _broadcast(_mismatch(path, model_sd) if ctx.is_logger else None, ctx)
-            if mismatch:
-                raise SystemExit(f"scalec: {mismatch}" if ctx.is_logger else 1)
+            if manifest is not None:  # before any tensor is read: the same model (module docstring)
+                ours = _gather_params(model_sd, ctx)
+                differ = None if manifest["sha256"] == fingerprint(ours) else (
+                    model_difference(path, manifest["parameters"], ours)
+                    or f"{path} holds another model (its fingerprint differs)")
+                if differ:
+                    raise FatalError(f"scalec: {differ}; {_HELP}" if ctx.is_logger else None)
+                problem = _damaged(path, manifest, ctx)
+            else:
+                mismatch = _broadcast(_mismatch(path, model_sd) if ctx.is_logger else None, ctx)
+                if mismatch:
+                    raise FatalError(f"scalec: {mismatch}" if ctx.is_logger else None)
+        if problem is None:
             state = {"model": model_sd, "optim": optim_sd,
                      "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
                                   "total_steps": torch.tensor(0)}}
@@ -251,9 +401,9 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
             continue
         written_for = int(state["progress"]["total_steps"])
         if written_for != total_steps:
-            raise SystemExit(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
+            raise FatalError(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
                              f"{total_steps} would change the learning-rate schedule. Resume with the same number "
-                             "of steps, or start in an empty checkpoint directory." if ctx.is_logger else 1)
+                             "of steps, or start in an empty checkpoint directory." if ctx.is_logger else None)
         for restore in entries.after_load:
             restore()
         scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
@@ -262,7 +412,7 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
         if ctx.is_logger:
             print(f"scalec: resumed from {path} (step {int(state['progress']['step'])})", flush=True)
         return int(state["progress"]["step"])
-    raise SystemExit(f"scalec: no intact checkpoint in {directory}: {last_problem}" if ctx.is_logger else 1)
+    raise FatalError(f"scalec: no intact checkpoint in {directory}: {last_problem}" if ctx.is_logger else None)
 
 
 def _lrs(scheduler) -> list[float]:

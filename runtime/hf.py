@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from runtime.errors import FatalError
+
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight"}
 _LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
@@ -65,9 +67,9 @@ class Files:
         elif os.path.isfile(path):
             self.where = {k: path for k in self._open(path).keys()}
         else:
-            raise SystemExit(f"scalec: init from {path}: no such file or directory")
+            raise FatalError(f"scalec: init from {path}: no such file or directory")
         if not self.where:
-            raise SystemExit(f"scalec: init from {path}: no .safetensors tensors found")
+            raise FatalError(f"scalec: init from {path}: no .safetensors tensors found")
         self.path = path
 
     _handles: dict = {}
@@ -83,7 +85,7 @@ class Files:
 
     def _file(self, name: str) -> str:
         if name not in self.where:
-            raise SystemExit(f"scalec: init from {self.path}: the checkpoint has no tensor `{name}`")
+            raise FatalError(f"scalec: init from {self.path}: the checkpoint has no tensor `{name}`")
         return self.where[name]
 
     def read(self, name: str, ranges: dict | None = None) -> torch.Tensor:
@@ -152,6 +154,6 @@ def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int
             pad[:got.shape[0]] = got
         got = pad
     if tuple(got.shape) != tuple(local.shape):
-        raise SystemExit(f"scalec: init from {files.path}: `{hf}` gives {tuple(got.shape)} for {name}, whose part "
+        raise FatalError(f"scalec: init from {files.path}: `{hf}` gives {tuple(got.shape)} for {name}, whose part "
                          f"on this rank is {tuple(local.shape)}")
     return got

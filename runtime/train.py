@@ -29,6 +29,7 @@ from torch import nn
 from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, progress, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
+from runtime.errors import FatalError, announce
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
@@ -273,7 +274,7 @@ def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
     par = cfg.parallel
     if (ctx.batch_size != par.batch_ranks
             or par.micro_batch_size * par.micro_batches * par.batch_ranks != cfg.data.global_batch):
-        raise SystemExit(f"scalec: this program splits the global batch of {cfg.data.global_batch} over "
+        raise FatalError(f"scalec: this program splits the global batch of {cfg.data.global_batch} over "
                          f"{par.batch_ranks} batch rank(s) × {par.micro_batches} micro-batch(es) of "
                          f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
 
@@ -310,7 +311,7 @@ def _zero1_group(cfg: Config, ctx: mesh.Context):
     if cfg.parallel.data_parallel != "zero1" or ctx.axis_size("dp") == 1:
         return None
     if ctx.axis_size("ep") > 1:
-        raise SystemExit("scalec: zero1 with ep is not supported (the compiler refuses it: E0708); recompile")
+        raise FatalError("scalec: zero1 with ep is not supported (the compiler refuses it: E0708); recompile")
     return ctx.mesh["dp"].get_group()
 
 
@@ -348,6 +349,9 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     code = 0
     try:
         run(model_cls, cfg, ctx, args, loss_fn)
+    except FatalError as exc:  # a restart cannot fix it: one message for the job, and the launcher does not restart
+        code = exc.code
+        announce(exc, ctx.rank)
     except SystemExit as exc:  # a message of ours: print it, not a traceback
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int):

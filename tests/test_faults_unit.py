@@ -66,3 +66,43 @@ def test_the_launcher_keeps_torchruns_report_under_debug(monkeypatch, capsys):
     assert "rank 0 (local rank 0" in capsys.readouterr().err
     with pytest.raises(ChildFailedError):
         launch.main(["--nproc-per-node", "1", "program.py", "--debug"])
+
+
+def test_the_agent_does_not_restart_after_a_fatal_exit_code(monkeypatch):
+    """runtime.launch's agent: a worker that exited with runtime.errors.EXIT_CODE leaves no restarts (torchrun's
+    loop then ends the job) and marks the store for other agents, whose failing workers are not restarted either;
+    any other failure keeps torchrun's restarts."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from runtime import launch
+    from runtime.errors import EXIT_CODE
+
+    assert launcher_api.LocalElasticAgent is launch.Agent  # the class torchrun's launch_agent builds
+    outcome = {}
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers", lambda self, group: outcome["result"])
+
+    def failed(code):
+        return RunResult(state=WorkerState.FAILED,
+                         failures={0: ProcessFailure(local_rank=0, pid=1, exitcode=code, error_file="")})
+
+    store = dist.HashStore()
+    this, other = launch.Agent.__new__(launch.Agent), launch.Agent.__new__(launch.Agent)
+    group = SimpleNamespace(store=store)
+    for agent in (this, other):
+        agent._remaining_restarts = 3
+    outcome["result"] = failed(1)
+    assert this._monitor_workers(group).is_failed() and this._remaining_restarts == 3  # ordinary: restarted
+    outcome["result"] = RunResult(state=WorkerState.HEALTHY)
+    this._monitor_workers(group)
+    assert this._remaining_restarts == 3
+    outcome["result"] = failed(EXIT_CODE)
+    assert this._monitor_workers(group).is_failed() and this._remaining_restarts == 0
+    outcome["result"] = failed(1)  # the other node's worker lost its peers: the job is ending, no restart
+    other._monitor_workers(group)
+    assert other._remaining_restarts == 0

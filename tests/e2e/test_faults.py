@@ -96,3 +96,39 @@ def test_hang_ends_the_job_naming_the_collective(tmp_path):
     assert "rank 1 never joined" in out and "at step 2" in out
     assert out.count("did not complete within the timeout") == 1
     assert dt < 5 + 30 + 20, f"took {dt:.0f} s"  # + 20 s: start-up of two ranks on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def four_layer_checkpoint(tmp_path_factory):
+    """A checkpoint (step 2) of DP2's model with 4 layers instead of 2."""
+    work = tmp_path_factory.mktemp("four_layers")
+    rc, out, _, _, _ = _run(DP2.replace("layers = 2", "layers = 4"), "four", work,
+                            extra=("--checkpoint-dir", str(work / "ckpt"), "--stop-after", "2"))
+    assert rc == 0, out[-3000:]
+    return work / "ckpt"
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["one_agent", "two_agents"])
+def test_a_checkpoint_of_another_model_ends_the_job_at_once(nodes, four_layer_checkpoint, tmp_path):
+    """The defect: the 2-layer model resumed the 4-layer model's checkpoint; and a start-up failure no restart can
+    fix was retried `restarts` times, printing the same error each time. Now, with restarts = 3, the job stops at
+    the first attempt with E0901's words once, exit code 78 (runtime.errors.EXIT_CODE); with two torchrun agents
+    (`nodes = 2`, LOCAL_NODES=1) both stop."""
+    import shutil
+
+    from runtime.errors import EXIT_CODE
+    text = DP2.replace("restarts = 1", "restarts = 3")
+    if nodes == 2:
+        text = text.replace("nodes = 1\n  devices_per_node = 2", "nodes = 2\n  devices_per_node = 1")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(four_layer_checkpoint, ckpt)
+    rc, out, _, losses, _ = _run(text, f"two_layers_{nodes}", tmp_path, extra=("--checkpoint-dir", str(ckpt)),
+                                 env={"LOGLEVEL": "INFO"})  # torchrun's agent logs each restart at INFO
+    assert rc == EXIT_CODE, out[-3000:]
+    assert out.count("the models differ") == 1, out[-3000:]
+    assert (f"scalec: the models differ: {ckpt}/step_00000002 has `blocks.2.attn_k.bias` and 31 more parameters "
+            "that this model lacks") in out
+    assert "resumed" not in out and not losses
+    # one attempt ("will restart worker group" is how torchrun's agent logs a restart); one report per agent
+    assert "will restart worker group" not in out and out.count("scalec: the job failed") == nodes, out[-3000:]
+    assert "a failure no restart can fix: not restarted" in out

@@ -1,0 +1,140 @@
+"""runtime.checkpoint in one process (a gloo world of one): a checkpoint records the model it holds and a checksum of
+every file, and a load checks both before it trusts the files (issue 21, items 1 and 12)."""
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from runtime import checkpoint
+from runtime.errors import EXIT_CODE, FatalError
+from runtime.tensor_parallel import Shards
+
+STEPS = 10
+
+
+class Blocks(nn.Module):
+    def __init__(self, layers: int, width: int = 32):
+        super().__init__()
+        self.embed = nn.Embedding(16, width)
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+
+@pytest.fixture
+def ctx(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield SimpleNamespace(rank=0, world_size=1, is_logger=True)
+    dist.destroy_process_group()
+
+
+def _training(model: nn.Module):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return opt, sched
+
+
+def _save(model: nn.Module, directory, step: int, ctx) -> str:
+    opt, sched = _training(model)
+    sum(p.sum() for p in model.parameters()).backward()  # every parameter gets AdamW state, as in training
+    opt.step()
+    return checkpoint.save(str(directory), step, [model], opt, sched, ctx, STEPS, Shards((), ()))
+
+
+def _load(model: nn.Module, directory, ctx) -> int:
+    opt, sched = _training(model)
+    return checkpoint.load_latest(str(directory), [model], opt, sched, ctx, STEPS, Shards((), ()))
+
+
+def test_the_manifest_records_the_model_and_every_file(ctx, tmp_path):
+    path = _save(Blocks(2), tmp_path / "ckpt", 1, ctx)
+    manifest = json.loads((tmp_path / "ckpt" / "step_00000001" / checkpoint.MANIFEST).read_text())
+    assert manifest["model"]["parameters"] == [["blocks.0.bias", [32]], ["blocks.0.weight", [32, 32]],
+                                               ["blocks.1.bias", [32]], ["blocks.1.weight", [32, 32]],
+                                               ["embed.weight", [16, 32]]]
+    written = sorted(f for f in os.listdir(path) if f != checkpoint.MANIFEST)
+    assert sorted(manifest["files"]) == written and ".metadata" in written
+    for rel, entry in manifest["files"].items():
+        assert entry == {"bytes": os.path.getsize(os.path.join(path, rel)),
+                         "crc32": checkpoint.crc32(os.path.join(path, rel))}
+
+
+def test_a_smaller_model_does_not_resume_a_bigger_ones_checkpoint(ctx, tmp_path, capsys):
+    """The defect: 2 layers resumed a 4-layer checkpoint (DCP reads only the keys asked for). Now the run stops,
+    before any tensor is read, with reshard's E0901 words, in one line, and a code the launcher does not restart."""
+    _save(Blocks(4), tmp_path / "ckpt", 2, ctx)
+    small = Blocks(2)
+    before = {n: p.clone() for n, p in small.state_dict().items()}
+    with pytest.raises(FatalError) as err:
+        _load(small, tmp_path / "ckpt", ctx)
+    assert err.value.code == EXIT_CODE
+    assert err.value.message == (
+        f"scalec: the models differ: {tmp_path}/ckpt/step_00000002 has `blocks.2.bias` and 3 more parameters that "
+        "this model lacks; a checkpoint moves between plans of one model: change the mesh and plan, not the model")
+    assert all(torch.equal(before[n], p) for n, p in small.state_dict().items())  # nothing was read
+    assert "resumed" not in capsys.readouterr().out
+
+
+def test_another_width_and_another_name_are_named(ctx, tmp_path):
+    _save(Blocks(2), tmp_path / "ckpt", 2, ctx)
+    with pytest.raises(FatalError, match=r"the models differ: `embed\.weight` is 16×64 here and 16×32 in "):
+        _load(Blocks(2, width=64), tmp_path / "ckpt", ctx)
+    with pytest.raises(FatalError, match=r"the models differ: `blocks\.2\.weight` is not a parameter of .*step_0+2;"):
+        _load(Blocks(3), tmp_path / "ckpt", ctx)
+    assert _load(Blocks(2), tmp_path / "ckpt", ctx) == 2
+
+
+def test_a_checkpoint_without_a_manifest_loads_with_the_older_check(ctx, tmp_path):
+    path = _save(Blocks(2), tmp_path / "ckpt", 2, ctx)
+    os.remove(os.path.join(path, checkpoint.MANIFEST))
+    assert _load(Blocks(2), tmp_path / "ckpt", ctx) == 2
+    with pytest.raises(FatalError, match="holds another model: it has no parameter blocks.2.weight"):
+        _load(Blocks(3), tmp_path / "ckpt", ctx)
+
+
+def test_a_file_zeroed_in_place_falls_back_to_the_previous_checkpoint(ctx, tmp_path, capsys):
+    """The defect: 4 KB zeroed inside a shard, at the same size, loaded silently. Now the checksum names the file
+    and the checkpoint before it loads, with that one's weights."""
+    model = Blocks(2, width=128)
+    _save(model, tmp_path / "ckpt", 1, ctx)
+    first = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    second = _save(model, tmp_path / "ckpt", 2, ctx)
+    capsys.readouterr()
+    # 4 KB in the middle of a weight's bytes (64 KB, inside the record torch.save wrote for it)
+    metadata = dcp.FileSystemReader(second).read_metadata()
+    info = next(v for k, v in metadata.storage_data.items() if k.fqn == "model.blocks.0.weight")
+    victim = os.path.join(second, info.relative_path)
+    size = os.path.getsize(victim)
+    with open(victim, "r+b") as f:
+        f.seek(info.offset + info.length // 2)
+        f.write(bytes(4096))
+    assert os.path.getsize(victim) == size
+    fresh = Blocks(2, width=128)
+    assert _load(fresh, tmp_path / "ckpt", ctx) == 1
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"scalec: warning: skipping checkpoint {second}: {victim} does not match its "
+                                  "checksum (CRC32 ")
+    assert all(torch.equal(first[n], p) for n, p in fresh.state_dict().items())
+
+
+def test_a_broken_manifest_skips_its_checkpoint(ctx, tmp_path, capsys):
+    model = Blocks(2)
+    _save(model, tmp_path / "ckpt", 1, ctx)
+    second = _save(model, tmp_path / "ckpt", 2, ctx)
+    with open(os.path.join(second, checkpoint.MANIFEST), "w") as f:
+        f.write("{")
+    assert _load(Blocks(2), tmp_path / "ckpt", ctx) == 1
+    assert f"{second}/{checkpoint.MANIFEST} is unreadable" in capsys.readouterr().out
+
+
+def test_a_fatal_error_keeps_its_message_across_processes():
+    import pickle
+    exc = pickle.loads(pickle.dumps(FatalError("scalec: x")))
+    assert isinstance(exc, FatalError) and exc.message == "scalec: x" and exc.code == EXIT_CODE
