@@ -401,6 +401,13 @@ def cmd_export(args) -> int:
 def cmd_import(args) -> int:
     from compiler.check import check_text
     from compiler.importer import complete, import_config
+    if os.path.isdir(args.file):  # a checkpoint's directory, as save_pretrained writes it
+        config = os.path.join(args.file, "config.json")
+        if not os.path.isfile(config):
+            sys.stderr.write(f"error: {args.file} is a directory without a config.json: name a Hugging Face "
+                             "checkpoint's directory or its config.json\n")
+            return 1
+        args.file = config
     with open(args.file, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of the text
         text = f.read()
     model = import_config(text, args.file)
@@ -424,10 +431,7 @@ def cmd_search(args) -> int:
     except SE.FixError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    if args.top < 1:
-        sys.stderr.write("error: --top takes a positive integer\n")
-        return 2
-    spec = check_path(args.file)
+    spec = check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
     _print_warnings(spec)
     result = SE.search(spec, top=args.top, fixed=fixed)
     if args.json:
@@ -435,15 +439,41 @@ def cmd_search(args) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(SE.text(result))
+    if not result.winners:  # the reasons are printed above, under `rejected`
+        fixed = " with the settings --fix fixes" if fixed else ""
+        sys.stderr.write(f"error: no plan{fixed} passes the rules and fits the devices"
+                         f"{'; nothing written to ' + args.output if args.output else ''}\n")
+        return 1
     if args.output:
-        if not result.winners:
-            sys.stderr.write("error: no plan to write: none passes the rules and fits\n")
-            return 1
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(SE.scale_text(spec, result.winners[0]))
         if not args.json:
             print(f"wrote {args.output}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count (`--steps`, `--top`): 0 or a negative number is a usage error (exit 2) before
+    anything is compiled or launched, not a run that trains nothing."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {n}")
+    return n
+
+
+def _program_steps(program_args: list[str]) -> None:
+    """`scalec run FILE -- --steps N`: the program's own --steps, held to what `scalec run --steps` takes."""
+    for i, a in enumerate(program_args):
+        value = a.partition("=")[2] if a.startswith("--steps=") else (
+            program_args[i + 1] if a == "--steps" and i + 1 < len(program_args) else None)
+        if value is not None:
+            try:
+                _positive_int(value)
+            except argparse.ArgumentTypeError as err:
+                raise UsageError(f"--steps (after `--`): {err}") from None
 
 
 class UsageError(Exception):
@@ -489,6 +519,11 @@ def _forced(args, compiled) -> None:
 
 def cmd_run(args) -> int:
     from compiler import codegen
+    try:
+        _program_steps(args.program_args)
+    except UsageError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     compiled = _load(args.file, budget=not args.force)
     _forced(args, compiled)
     out = _build_dir(compiled, args.output)
@@ -581,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "data_parallel. The file's own axes and plan settings are not constraints: "
                                    "--fix says what is fixed.")
     c.add_argument("file", metavar="FILE")
-    c.add_argument("--top", type=int, default=5, metavar="K", help="how many plans to print (default 5)")
+    c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
                         "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel")
@@ -591,11 +626,11 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(func=cmd_search)
     c = sub.add_parser("import", help="the .scale model section of a Hugging Face config.json",
                        description="Print the .scale model section equivalent to CONFIG, a Hugging Face config.json "
-                                   "of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
+                                   "(or the checkpoint directory holding it) of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
                                    "MixtralForCausalLM; each line's comment names the JSON keys it came from. A key "
                                    "that is neither mapped nor known to be irrelevant, or a value the language "
                                    "cannot express, is an error located at the key.")
-    c.add_argument("file", metavar="CONFIG")
+    c.add_argument("file", metavar="CONFIG", help="a config.json, or the directory holding one")
     c.add_argument("-o", "--output", metavar="FILE",
                    help="write a whole .scale file: the model section and placeholder mesh and train sections")
     c.set_defaults(func=cmd_import)
@@ -608,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "MASTER_ADDR (and MASTER_PORT) on each machine, or pass --local-nodes.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="build directory (default build/<model name>)")
-    c.add_argument("--steps", type=int, help="train for this many steps instead of the file's")
+    c.add_argument("--steps", type=_positive_int, help="train for this many steps instead of the file's")
     c.add_argument("--metrics", metavar="FILE", help="write one JSON line per step to FILE")
     c.add_argument("--torchrun-args", dest="torchrun_string", metavar="'FLAGS'",
                    help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")
