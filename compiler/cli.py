@@ -351,9 +351,9 @@ def cmd_plan(args) -> int:
     if args.json:
         json.dump(plan_json(compiled), sys.stdout, indent=1)
         sys.stdout.write("\n")
-        return 0
-    sys.stdout.write(plan_text(compiled))
-    if args.svg:
+    else:
+        sys.stdout.write(plan_text(compiled))
+    if args.svg:  # with --json too (stdout then holds only the JSON: the note goes to stderr)
         from compiler import schedule as SCH
         spec = compiled.spec
         p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
@@ -361,7 +361,10 @@ def cmd_plan(args) -> int:
         title = f"{spec.model.name}: {spec.plan.schedule}, pp = {p}, v = {v}, m = {m}"
         with open(args.svg, "w", encoding="utf-8") as f:
             f.write(SCH.svg(SCH.verify(SCH.actions(spec.plan.schedule, p, m, v), lay), title))
-        print(f"wrote {args.svg}")
+        if p == 1:
+            sys.stderr.write(f"note: the mesh has no pipeline (no `pp` axis): {args.svg} shows one rank's forward "
+                             "and backward per micro-batch, with no bubble to see\n")
+        print(f"wrote {args.svg}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
