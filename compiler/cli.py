@@ -616,8 +616,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "print the fastest by predicted step time, each with its reasons, then the "
                                    "families rejected and why. Free: dp, tp, pp, ep (MoE models), virtual stages, "
                                    "micro-batch size and count, schedule, sequence parallelism, recompute, "
-                                   "data_parallel. The file's own axes and plan settings are not constraints: "
-                                   "--fix says what is fixed.")
+                                   "data_parallel. The file's own axes and plan settings are not constraints (the mesh may give "
+                                   "only nodes, devices_per_node and device; the plan section may be absent): "
+                                   "--fix says what is fixed. Exit status 1 when no plan fits.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
