@@ -393,7 +393,7 @@ def cmd_export(args) -> int:
     from compiler import export as X
     spec = _load(args.file, budget=False).spec
     try:
-        written = X.export(spec, args.checkpoint, args.out)
+        written = X.export(spec, args.checkpoint, args.out, config_from=args.config)
     except X.ExportError as err:
         print(f"scalec export: {err}", file=sys.stderr)
         return 1
@@ -609,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("checkpoint", metavar="CHECKPOINT")
     c.add_argument("-o", "--output", dest="out", required=True, metavar="DIR")
+    c.add_argument("--config", metavar="CONFIG",
+                   help="the config.json (or checkpoint directory) the model was imported from: its keys the model "
+                        "does not set (token ids, ...) are kept, its generation config and tokenizer copied "
+                        "(default: the directory of the train section's `init = from(...)`, if it holds one)")
     c.set_defaults(func=cmd_export)
     c = sub.add_parser("search", help="the fastest plans for the model on the cluster, with reasons",
                        description="Search the plans of FILE's model on FILE's cluster (the mesh's nodes, "
