@@ -8,6 +8,13 @@ beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qw
 only) or MixtralForCausalLM (a `moe` in each block). What `init = from(DIR)` then reads back is bit for bit the
 checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
+The config round-trips `scalec import`: `max_position_embeddings` is the model's `seq` size (what the importer
+wrote from it), not the train section's seq_len. When the model came from a Hugging Face checkpoint (the train
+section's `init = from(DIR)`, or `--config`), config.json is that checkpoint's with the keys the importer reads
+rewritten from the model (equal values keep the file's spelling), the others (token ids, initializer_range, ...)
+kept, and its generation_config.json and tokenizer files are copied beside the weights. Whatever is written must
+import back to the model exported (`_reads_back`).
+
 A model these families cannot express (learned positions, LayerNorm, GELU, biases on every projection, several
 `repeat`s, blocks of another shape) is refused with the reason, before anything is read.
 """

@@ -35,9 +35,11 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
     assert config["model_type"] == ("mixtral" if kind == "mixtral" else "llama")
-    source = json.loads((tmp_path / "hf" / "config.json").read_text())  # what `init = from` started from
-    assert {k: config[k] for k in source if k not in ("dtype", "torch_dtype")} == \
-        {k: v for k, v in source.items() if k not in ("dtype", "torch_dtype")}
+    # what `init = from` started from, but the model's own: the dtype written, and Mixtral's aux_loss = 0 here
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    own = ("dtype", "torch_dtype", "router_aux_loss_coef")
+    assert {k: config[k] for k in source if k not in own} == {k: v for k, v in source.items() if k not in own}
+    assert config.get("router_aux_loss_coef", 0.0) == 0.0
     assert (tmp_path / "exported" / "generation_config.json").read_text() == \
         (tmp_path / "hf" / "generation_config.json").read_text()
     ours = X.hf_tensors(saved)
