@@ -620,9 +620,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "print the fastest by predicted step time, each with its reasons, then the "
                                    "families rejected and why. Free: dp, tp, pp, ep (MoE models), virtual stages, "
                                    "micro-batch size and count, schedule, sequence parallelism, recompute, "
-                                   "data_parallel. The file's own axes and plan settings are not constraints (the mesh may give "
-                                   "only nodes, devices_per_node and device; the plan section may be absent): "
-                                   "--fix says what is fixed. Exit status 1 when no plan fits.")
+                                   "data_parallel. The file's own axes and plan settings are not constraints (the "
+                                   "mesh may give only nodes, devices_per_node and device; the plan section may be "
+                                   "absent): --fix says what is fixed. Exit status 1 when no plan fits.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
@@ -634,8 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(func=cmd_search)
     c = sub.add_parser("import", help="the .scale model section of a Hugging Face config.json",
                        description="Print the .scale model section equivalent to CONFIG, a Hugging Face config.json "
-                                   "(or the checkpoint directory holding it) of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
-                                   "MixtralForCausalLM; each line's comment names the JSON keys it came from. A key "
+                                   "(or the checkpoint directory holding it) of LlamaForCausalLM, "
+                                   "MistralForCausalLM, Qwen2ForCausalLM or MixtralForCausalLM; each line's comment "
+                                   "names the JSON keys it came from. A key "
                                    "that is neither mapped nor known to be irrelevant, or a value the language "
                                    "cannot express, is an error located at the key.")
     c.add_argument("file", metavar="CONFIG", help="a config.json, or the directory holding one")

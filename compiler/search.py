@@ -4,11 +4,11 @@ What is fixed and what is free. The model and the `train` section (global batch,
 fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
 is free: the axis sizes dp, tp, pp and (for a model with `moe` layers) ep, the pipeline schedule and its virtual
 stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
-fsdp). The file's own axes and plan settings are NOT constraints: the file is read by `check_path(cluster_only=True)`,
-so its mesh may give only the cluster and its plan section may be absent or refused by the rules (only what no plan
-can change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here). `tp_layers` and `pad_vocab` are the file's,
-except that a tp degree the vocabulary refuses only for want of padding (E0403 alone) is tried with
-`pad_vocab = true`.
+fsdp). The file's own axes and plan settings are NOT constraints: the file is read by
+`check_path(cluster_only=True)`, so its mesh may give only the cluster and its plan section may be absent or refused
+by the rules (only what no plan can change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
+`tp_layers` and `pad_vocab` are the file's, except that a tp degree the vocabulary refuses only for want of padding
+(E0403 alone) is tried with `pad_vocab = true`.
 
 Candidates. The mesh is laid out pp, dp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices of
 a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a mesh shape with its sequence
