@@ -125,23 +125,28 @@ SECTIONS = ("model", "mesh", "plan", "train")
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def check_text(text: str, path: str) -> S.Spec:
-    """Parse and check; raise ScaleError with every diagnostic found."""
+def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
+    """Parse and check; raise ScaleError with every diagnostic found. `cluster_only`: see check_file."""
     try:
-        return check_file(parse(text, path), text)
+        return check_file(parse(text, path), text, cluster_only)
     except RecursionError:
         raise ScaleError([Diagnostic("E0001", "an expression is nested too deeply", Span(path, 1, 1, 1, 2),
                                      help="write it with fewer nested parentheses, signs or terms")],
                          {path: text}) from None
 
 
-def check_path(path: str) -> S.Spec:
+def check_path(path: str, cluster_only: bool = False) -> S.Spec:
     with open(path, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of the text
         text = f.read()
-    return check_text(text, path)
+    return check_text(text, path, cluster_only)
 
 
-def check_file(file: ast.File, source: str) -> S.Spec:
+def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spec:
+    """The Spec of `file`, or ScaleError. With `cluster_only` (what `scalec search` reads), the mesh needs only the
+    cluster (nodes, devices_per_node, device): its axes and the plan section's rules are what a search chooses, so
+    no axis (or axes of another device count) and a plan whose rules refuse it are not errors; the model, the
+    cluster, the plan's settings as written and the train section are checked as always, and so are the rules no
+    plan can satisfy (the sequence over the learned positions), checked on one device."""
     c = _Checker(file, source)
     sections: dict[str, ast.Section] = {}
     for sec in file.sections:
@@ -163,15 +168,19 @@ def check_file(file: ast.File, source: str) -> S.Spec:
             c.error("E0103", f"the file has no `{k}` section", end,
                     help=f"add `{k} {{ ... }}`; see samples/tiny_gpt.scale")
     model = _model(c, sections["model"]) if "model" in sections else None
-    mesh = _mesh(c, sections["mesh"]) if "mesh" in sections else None
-    plan = _plan(c, sections.get("plan"))
+    mesh = _mesh(c, sections["mesh"], cluster_only) if "mesh" in sections else None
+    plan = _plan(c, sections.get("plan"), cluster_only)
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
     spec = None
     if model and mesh and plan and train:
         _bind_capacities(c, model, train)
         spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
                       values=dict(c.values))
-        c.diags += check_plan(spec, from_spec(spec))  # the rules beside the passes (compiler/rules.py)
+        own = from_spec(spec)
+        if cluster_only:  # one device, the plan's defaults: what is left refuses every plan
+            own = dataclasses.replace(own, axes=(("dp", 1),), micro_batches=1, schedule="1f1b", virtual_stages=1,
+                                      sequence_parallel=False, layout=(), data_parallel="ddp")
+        c.diags += check_plan(spec, own)  # the rules beside the passes (compiler/rules.py)
         _file_checks(c, model, train, train_values)
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
@@ -336,7 +345,7 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
 # -- mesh, plan, train --------------------------------------------------------------------------------------------
 
 
-def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
+def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> S.Mesh | None:
     axes: list[tuple[str, int]] = []
     spans: dict[str, Span] = {}
     for st in sec.body:
@@ -371,6 +380,11 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
                                     for f in dataclasses.fields(figures)})
     mesh = S.Mesh(axes=tuple(axes), nodes=s["nodes"], devices_per_node=s["devices_per_node"], device=device,
                   span=sec.span, axis_spans=spans)
+    if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
+        for a, _ in axes:
+            c.values.pop(size_symbol(a), None)
+        c.values[size_symbol("dp")] = mesh.world_size
+        return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={})
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
         c.error("E0113", "the mesh declares no axis", sec.kind.span, help="declare at least one, e.g. `axis dp = 1`")
         return None
@@ -388,11 +402,11 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
     return mesh
 
 
-def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:
+def _plan(c: _Checker, sec: ast.Section | None, cluster_only: bool = False) -> S.Plan | None:
     s = _settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
         return None
-    if s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
+    if not cluster_only and s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
         c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
                 _span(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None

@@ -351,9 +351,9 @@ def cmd_plan(args) -> int:
     if args.json:
         json.dump(plan_json(compiled), sys.stdout, indent=1)
         sys.stdout.write("\n")
-        return 0
-    sys.stdout.write(plan_text(compiled))
-    if args.svg:
+    else:
+        sys.stdout.write(plan_text(compiled))
+    if args.svg:  # with --json too (stdout then holds only the JSON: the note goes to stderr)
         from compiler import schedule as SCH
         spec = compiled.spec
         p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
@@ -361,7 +361,10 @@ def cmd_plan(args) -> int:
         title = f"{spec.model.name}: {spec.plan.schedule}, pp = {p}, v = {v}, m = {m}"
         with open(args.svg, "w", encoding="utf-8") as f:
             f.write(SCH.svg(SCH.verify(SCH.actions(spec.plan.schedule, p, m, v), lay), title))
-        print(f"wrote {args.svg}")
+        if p == 1:
+            sys.stderr.write(f"note: the mesh has no pipeline (no `pp` axis): {args.svg} shows one rank's forward "
+                             "and backward per micro-batch, with no bubble to see\n")
+        print(f"wrote {args.svg}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -390,7 +393,7 @@ def cmd_export(args) -> int:
     from compiler import export as X
     spec = _load(args.file, budget=False).spec
     try:
-        written = X.export(spec, args.checkpoint, args.out)
+        written = X.export(spec, args.checkpoint, args.out, config_from=args.config)
     except X.ExportError as err:
         print(f"scalec export: {err}", file=sys.stderr)
         return 1
@@ -401,6 +404,13 @@ def cmd_export(args) -> int:
 def cmd_import(args) -> int:
     from compiler.check import check_text
     from compiler.importer import complete, import_config
+    if os.path.isdir(args.file):  # a checkpoint's directory, as save_pretrained writes it
+        config = os.path.join(args.file, "config.json")
+        if not os.path.isfile(config):
+            sys.stderr.write(f"error: {args.file} is a directory without a config.json: name a Hugging Face "
+                             "checkpoint's directory or its config.json\n")
+            return 1
+        args.file = config
     with open(args.file, encoding="utf-8-sig") as f:  # a leading byte-order mark is not part of the text
         text = f.read()
     model = import_config(text, args.file)
@@ -424,10 +434,7 @@ def cmd_search(args) -> int:
     except SE.FixError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    if args.top < 1:
-        sys.stderr.write("error: --top takes a positive integer\n")
-        return 2
-    spec = check_path(args.file)
+    spec = check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
     _print_warnings(spec)
     result = SE.search(spec, top=args.top, fixed=fixed)
     if args.json:
@@ -435,15 +442,41 @@ def cmd_search(args) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(SE.text(result))
+    if not result.winners:  # the reasons are printed above, under `rejected`
+        fixed = " with the settings --fix fixes" if fixed else ""
+        sys.stderr.write(f"error: no plan{fixed} passes the rules and fits the devices"
+                         f"{'; nothing written to ' + args.output if args.output else ''}\n")
+        return 1
     if args.output:
-        if not result.winners:
-            sys.stderr.write("error: no plan to write: none passes the rules and fits\n")
-            return 1
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(SE.scale_text(spec, result.winners[0]))
         if not args.json:
             print(f"wrote {args.output}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count (`--steps`, `--top`): 0 or a negative number is a usage error (exit 2) before
+    anything is compiled or launched, not a run that trains nothing."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {n}")
+    return n
+
+
+def _program_steps(program_args: list[str]) -> None:
+    """`scalec run FILE -- --steps N`: the program's own --steps, held to what `scalec run --steps` takes."""
+    for i, a in enumerate(program_args):
+        value = a.partition("=")[2] if a.startswith("--steps=") else (
+            program_args[i + 1] if a == "--steps" and i + 1 < len(program_args) else None)
+        if value is not None:
+            try:
+                _positive_int(value)
+            except argparse.ArgumentTypeError as err:
+                raise UsageError(f"--steps (after `--`): {err}") from None
 
 
 class UsageError(Exception):
@@ -489,6 +522,11 @@ def _forced(args, compiled) -> None:
 
 def cmd_run(args) -> int:
     from compiler import codegen
+    try:
+        _program_steps(args.program_args)
+    except UsageError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     compiled = _load(args.file, budget=not args.force)
     _forced(args, compiled)
     out = _build_dir(compiled, args.output)
@@ -571,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("checkpoint", metavar="CHECKPOINT")
     c.add_argument("-o", "--output", dest="out", required=True, metavar="DIR")
+    c.add_argument("--config", metavar="CONFIG",
+                   help="the config.json (or checkpoint directory) the model was imported from: its keys the model "
+                        "does not set (token ids, ...) are kept, its generation config and tokenizer copied "
+                        "(default: the directory of the train section's `init = from(...)`, if it holds one)")
     c.set_defaults(func=cmd_export)
     c = sub.add_parser("search", help="the fastest plans for the model on the cluster, with reasons",
                        description="Search the plans of FILE's model on FILE's cluster (the mesh's nodes, "
@@ -578,10 +620,11 @@ def main(argv: list[str] | None = None) -> int:
                                    "print the fastest by predicted step time, each with its reasons, then the "
                                    "families rejected and why. Free: dp, tp, pp, ep (MoE models), virtual stages, "
                                    "micro-batch size and count, schedule, sequence parallelism, recompute, "
-                                   "data_parallel. The file's own axes and plan settings are not constraints: "
-                                   "--fix says what is fixed.")
+                                   "data_parallel. The file's own axes and plan settings are not constraints (the "
+                                   "mesh may give only nodes, devices_per_node and device; the plan section may be "
+                                   "absent): --fix says what is fixed. Exit status 1 when no plan fits.")
     c.add_argument("file", metavar="FILE")
-    c.add_argument("--top", type=int, default=5, metavar="K", help="how many plans to print (default 5)")
+    c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
                         "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel")
@@ -591,11 +634,12 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(func=cmd_search)
     c = sub.add_parser("import", help="the .scale model section of a Hugging Face config.json",
                        description="Print the .scale model section equivalent to CONFIG, a Hugging Face config.json "
-                                   "of LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or "
-                                   "MixtralForCausalLM; each line's comment names the JSON keys it came from. A key "
+                                   "(or the checkpoint directory holding it) of LlamaForCausalLM, "
+                                   "MistralForCausalLM, Qwen2ForCausalLM or MixtralForCausalLM; each line's comment "
+                                   "names the JSON keys it came from. A key "
                                    "that is neither mapped nor known to be irrelevant, or a value the language "
                                    "cannot express, is an error located at the key.")
-    c.add_argument("file", metavar="CONFIG")
+    c.add_argument("file", metavar="CONFIG", help="a config.json, or the directory holding one")
     c.add_argument("-o", "--output", metavar="FILE",
                    help="write a whole .scale file: the model section and placeholder mesh and train sections")
     c.set_defaults(func=cmd_import)
@@ -608,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "MASTER_ADDR (and MASTER_PORT) on each machine, or pass --local-nodes.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-o", "--output", metavar="DIR", help="build directory (default build/<model name>)")
-    c.add_argument("--steps", type=int, help="train for this many steps instead of the file's")
+    c.add_argument("--steps", type=_positive_int, help="train for this many steps instead of the file's")
     c.add_argument("--metrics", metavar="FILE", help="write one JSON line per step to FILE")
     c.add_argument("--torchrun-args", dest="torchrun_string", metavar="'FLAGS'",
                    help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")

@@ -8,6 +8,13 @@ beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qw
 only) or MixtralForCausalLM (a `moe` in each block). What `init = from(DIR)` then reads back is bit for bit the
 checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
+The config round-trips `scalec import`: `max_position_embeddings` is the model's `seq` size (what the importer
+wrote from it), not the train section's seq_len. When the model came from a Hugging Face checkpoint (the train
+section's `init = from(DIR)`, or `--config`), config.json is that checkpoint's with the keys the importer reads
+rewritten from the model (equal values keep the file's spelling), the others (token ids, initializer_range, ...)
+kept, and its generation_config.json and tokenizer files are copied beside the weights. Whatever is written must
+import back to the model exported (`_reads_back`).
+
 A model these families cannot express (learned positions, LayerNorm, GELU, biases on every projection, several
 `repeat`s, blocks of another shape) is refused with the reason, before anything is read.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 
 from compiler import spec as S
@@ -26,8 +34,128 @@ class ExportError(Exception):
     """Why a model or checkpoint cannot be exported (one line)."""
 
 
-def hf_config(spec: S.Spec) -> dict:
-    """config.json of `spec`'s model, or ExportError naming what has no Hugging Face counterpart here."""
+# What a Hugging Face checkpoint directory holds beside its weights and config.json, copied from the one the model
+# came from: the generation defaults (token ids, sampling) and the tokenizer, which the weights need to be used.
+COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+
+# The family of each architecture (importer's model_type) and its class.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mixtral": "MixtralForCausalLM"}
+
+
+def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
+    """The Hugging Face checkpoint the model came from: (its directory, its config.json), or (None, None).
+
+    `explicit` (`scalec export --config`) names a config.json or the directory holding one; otherwise the train
+    section's `init = from(DIR or FILE.safetensors)` does, relative to the .scale file's directory as the program
+    reads it, when a config.json lies there (a run from `init = normal` has no source)."""
+    if explicit:
+        path = os.path.join(explicit, "config.json") if os.path.isdir(explicit) else explicit
+        if not os.path.isfile(path):
+            raise ExportError(f"--config {explicit}: no such config.json")
+    elif spec.train.init_from:
+        where = os.path.join(os.path.dirname(spec.path), spec.train.init_from)
+        path = os.path.join(where if os.path.isdir(where) else os.path.dirname(where), "config.json")
+        if not os.path.isfile(path):
+            return None, None
+    else:
+        return None, None
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ExportError(f"cannot read {path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ExportError(f"{path} is not a JSON object")
+    return os.path.dirname(path), config
+
+
+def _family(shape: str, original: dict | None) -> str:
+    """The importer's model_type for a model of `shape` (llama, qwen2 or mixtral by its layers): Mistral where the
+    model came from a Mistral config (the same function as Llama without biases: sliding_window null)."""
+    if shape == "llama" and original is not None and original.get("model_type") == "mistral":
+        return "mistral"
+    return shape
+
+
+def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
+    """config.json of `spec`'s model, or ExportError naming what has no Hugging Face counterpart here.
+
+    With `original` (the config.json the model was imported from, `source_config`), the result is that file with
+    the keys the importer reads rewritten from the model: what the model kept reads back the same (in the file's own
+    form: `rope_parameters` or `rope_theta`/`rope_scaling`, 10000 or 10000.0), what it changed is the model's, and
+    what the importer does not read (token ids, `initializer_range`, `transformers_version`, ...) is kept. Keys of
+    another family (a Qwen 2 config of a model that lost its q, k, v biases) are dropped. `torch_dtype` is set by
+    `export` from the tensors written."""
+    from compiler.importer import IRRELEVANT, USED
+    shape, config = _model_config(spec)
+    family = _family(shape, original)
+    if family == "mistral":
+        for key in ("attention_bias", "mlp_bias"):
+            del config[key]
+        config["sliding_window"] = None
+    config.update(architectures=[ARCHITECTURES[family]], model_type=family)
+    if original is None:
+        return _reads_back(spec, config)
+    config.update(_rope_keys(original, config.pop("rope_theta"), config.pop("rope_scaling")))
+    merged = {k: v for k, v in original.items() if (k in IRRELEVANT or k in USED[family])
+              and k not in ("rope_theta", "rope_scaling", "rope_parameters")}
+    for key, value in config.items():
+        if key in IRRELEVANT and key in merged:
+            continue  # the file's (initializer_range, ...): the model does not say
+        same = key in original and original[key] == value and isinstance(original[key], bool) == isinstance(value,
+                                                                                                              bool)
+        derived = key in ("head_dim", "num_key_value_heads") and key in original and original[key] is None and \
+            value == {"head_dim": config["hidden_size"] // config["num_attention_heads"],
+                      "num_key_value_heads": config["num_attention_heads"]}[key]  # null: the importer derives it
+        merged[key] = original[key] if same or derived else value  # the file's spelling of an equal value (10000)
+    if isinstance(merged.get("layer_types"), list):  # Qwen 2's per-layer attention kinds: one per layer
+        merged["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    return _reads_back(spec, merged)
+
+
+def _reads_back(spec: S.Spec, config: dict) -> dict:
+    """`config`, once `scalec import` has read it back to the model of `spec` (the same keys from both); an
+    ExportError naming what differs otherwise: what is written must import to the model exported."""
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    from compiler.importer import complete, import_config
+    text = json.dumps(config, indent=2)
+    try:
+        again = check_text(complete(import_config(text, "config.json")), "exported.scale")
+    except ScaleError as err:
+        raise ExportError(f"the config.json written would not import back ({err.diagnostics[0].code}: "
+                          f"{err.diagnostics[0].message}); a bug in scalec export, please report it") from None
+    want, got = _model_config(spec)[1], _model_config(again)[1]
+    if want != got:
+        keys = ", ".join(k for k in want if want[k] != got.get(k))
+        raise ExportError(f"the config.json written imports back to another model ({keys} differ); a bug in "
+                          "scalec export, please report it")
+    return config
+
+
+def _rope_keys(original: dict, theta: float, scaling: dict | None) -> dict:
+    """The rotary embedding's keys in `original`'s form: transformers 5's `rope_parameters` (theta inside), or
+    `rope_theta` and `rope_scaling` (its `type` or `rope_type` key as the file names it)."""
+    form = original.get("rope_parameters", original.get("rope_scaling"))
+    kind_key = "type" if isinstance(form, dict) and "type" in form and "rope_type" not in form else "rope_type"
+    params = dict(scaling or {"rope_type": "default"})
+    params = {(kind_key if k == "rope_type" else k): v for k, v in params.items()}
+    out = {}
+    if isinstance(original.get("rope_parameters"), dict):
+        out["rope_parameters"] = {**params, "rope_theta": theta}
+        if "rope_theta" in original:
+            out["rope_theta"] = theta
+        return out
+    out["rope_theta"] = theta
+    if scaling is not None or "rope_scaling" in original:
+        out["rope_scaling"] = params if scaling is not None else None
+    return out
+
+
+def _model_config(spec: S.Spec) -> tuple[str, dict]:
+    """(llama, qwen2 or mixtral: the model's shape, the config.json keys it gives)."""
     m = spec.model
     v = spec.value
     repeats = m.blocks
@@ -52,13 +180,15 @@ def hf_config(spec: S.Spec) -> dict:
         raise ExportError("attention without rotary embeddings (`rope_theta`) has no counterpart here")
     qkv_bias = bool(att.qkv_bias)
     hidden, heads = int(v(att.hidden)), int(v(att.heads))
+    # The positions the model is built for: the `seq` size `scalec import` writes from max_position_embeddings (the
+    # train section's seq_len may be shorter); a model without one was built for the sequences it trains on.
+    positions = int(v(m.sizes["seq"])) if "seq" in m.sizes else int(v(spec.train.seq_len))
     config = {
         "vocab_size": int(v(m.embedding.vocab)), "hidden_size": hidden, "num_hidden_layers": int(v(repeats[0].count)),
         "num_attention_heads": heads, "num_key_value_heads": int(v(att.kv_heads)),
         "head_dim": hidden // heads, "rms_norm_eps": float(n1.eps), "hidden_act": "silu",
-        "max_position_embeddings": int(v(spec.train.seq_len)), "rope_theta": float(att.rope_theta),
-        "tie_word_embeddings": bool(m.head.tied), "torch_dtype": "float32", "initializer_range": 0.02,
-        "attention_dropout": 0.0,
+        "max_position_embeddings": positions, "rope_theta": float(att.rope_theta), "rope_scaling": None,
+        "tie_word_embeddings": bool(m.head.tied), "initializer_range": 0.02, "attention_dropout": 0.0,
     }
     if att.rope_scaling is not None:
         factor, low, high, original = att.rope_scaling
@@ -70,19 +200,18 @@ def hf_config(spec: S.Spec) -> dict:
                               "capacity_factor = none)`")
         if qkv_bias:
             raise ExportError("Mixtral has no q, k, v biases")
-        config.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
-                      intermediate_size=int(v(ffn.ffn)), num_local_experts=int(v(ffn.experts)),
+        config.update(intermediate_size=int(v(ffn.ffn)), num_local_experts=int(v(ffn.experts)),
                       num_experts_per_tok=int(ffn.top_k), router_aux_loss_coef=float(ffn.aux_loss),
                       output_router_logits=False, router_jitter_noise=0.0)
-        return config
+        return "mixtral", config
     if ffn.act != "swiglu" or ffn.bias:
         raise ExportError("these families' MLPs are SwiGLU without biases: `mlp(..., act = swiglu, bias = false)`")
     config["intermediate_size"] = int(v(ffn.ffn))
     if qkv_bias:
-        config.update(architectures=["Qwen2ForCausalLM"], model_type="qwen2", use_sliding_window=False)
-    else:
-        config.update(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False, mlp_bias=False)
-    return config
+        config["use_sliding_window"] = False
+        return "qwen2", config
+    config.update(attention_bias=False, mlp_bias=False)
+    return "llama", config
 
 
 def read_checkpoint(path: str) -> dict:
@@ -114,11 +243,20 @@ def hf_tensors(tensors: dict) -> dict:
     return out
 
 
-def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD_BYTES) -> list[str]:
-    """Write `out_dir`/config.json and the safetensors files; returns the files written."""
+def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD_BYTES,
+           config_from: str | None = None) -> list[str]:
+    """Write `out_dir`/config.json and the safetensors files, and copy the source checkpoint's generation config and
+    tokenizer (`COMPANIONS`; the source: `source_config`, `config_from` naming it explicitly); returns the files
+    written."""
     from safetensors.torch import save_file
-    config = hf_config(spec)
+    source, original = source_config(spec, config_from)
+    config = hf_config(spec, original)
     tensors = hf_tensors(read_checkpoint(checkpoint))
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
+    dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)
+    for key in ("torch_dtype", "dtype"):
+        if key in config or (key == "torch_dtype" and "dtype" not in config):
+            config[key] = dtype
     os.makedirs(out_dir, exist_ok=True)
     shards, size = [[]], 0
     for name in sorted(tensors):
@@ -143,4 +281,9 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
     written.append("config.json")
+    for name in COMPANIONS if source else ():
+        src, dst = os.path.join(source, name), os.path.join(out_dir, name)
+        if os.path.isfile(src) and not (os.path.exists(dst) and os.path.samefile(src, dst)):
+            shutil.copyfile(src, dst)
+            written.append(name)
     return written

@@ -4,10 +4,11 @@ What is fixed and what is free. The model and the `train` section (global batch,
 fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
 is free: the axis sizes dp, tp, pp and (for a model with `moe` layers) ep, the pipeline schedule and its virtual
 stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
-fsdp). The file's own axes and plan settings are NOT constraints (a file always declares an axis, since `check`
-requires one): `--fix KEY=VALUE` says what is fixed (`fixed` here). `tp_layers` and `pad_vocab` are the file's,
-except that a tp degree the vocabulary refuses only for want of padding (E0403 alone) is tried with
-`pad_vocab = true`.
+fsdp). The file's own axes and plan settings are NOT constraints: the file is read by
+`check_path(cluster_only=True)`, so its mesh may give only the cluster and its plan section may be absent or refused
+by the rules (only what no plan can change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
+`tp_layers` and `pad_vocab` are the file's, except that a tp degree the vocabulary refuses only for want of padding
+(E0403 alone) is tried with `pad_vocab = true`.
 
 Candidates. The mesh is laid out pp, dp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices of
 a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a mesh shape with its sequence
@@ -531,10 +532,52 @@ class _Search:
         # the winners again with every detail (the pipeline's exposed send time): the same step times
         ranked = [(t, (d, est, self.sim.predict(self.cands.cost_model(d), d, est))) for t, (d, est, _) in ranked]
         winners = [Winner(d, pred, est, tuple(self.reasons(d, est, pred, best_t))) for _, (d, est, pred) in ranked]
-        rejected = self.rejected(winners, best_t)
+        rejected = self.rejected(winners, best_t) if groups else self.unsatisfiable()
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
 
     # -- reasons -------------------------------------------------------------------------------------------------
+
+    def _families_with(self, fixed: dict) -> int:
+        """How many families the enumeration gives with only `fixed` fixed."""
+        saved, self.fixed = self.fixed, fixed
+        try:
+            return sum(len(ms) for sizes in self.shapes() for _, ms in self.groups(sizes))
+        finally:
+            self.fixed = saved
+
+    def unsatisfiable(self) -> list:
+        """Why `--fix` leaves not one candidate to check (the rules never saw one, so they give no reason): the
+        fixed axes against the devices, ep on a model without `moe`, then each fixed setting that alone leaves
+        none, or else the settings together. One line each, as `rejected` lines read."""
+        f, out = self.fixed, []
+        axes = {a: f[a] for a in ORDER if a in f}
+        prod = math.prod(axes.values())
+        m = self.spec.mesh
+        if self.world % prod:
+            shown = " × ".join(f"{a}={n}" for a, n in axes.items()) + (f" = {prod}" if len(axes) > 1 else "")
+            out.append(f"{shown} does not divide the {self.world} devices ({m.nodes} node{'s' if m.nodes != 1 else ''}"
+                       f" × {m.devices_per_node}): the axes multiply to the device count; sizes that divide it: "
+                       + ", ".join(map(str, _divisors(self.world))))
+        if f.get("ep", 1) > 1 and not self.moe:
+            out.append(f"ep={f['ep']}: the model has no `moe` layer to shard over ep (E0704)")
+        if out:
+            return out
+        gb, blocks = self.base.global_batch, self.blocks
+        for key, value in f.items():
+            if self._families_with({key: value}):
+                continue
+            if key in ("micro_batches", "micro_batch_size"):
+                out.append(f"{key}={value}: no split of the global batch ({gb} sequences over dp × ep ranks, "
+                           "micro_batches × micro_batch_size on each) has it")
+            elif key == "virtual_stages":
+                out.append(f"virtual_stages={value}: interleaving needs pp > 1 and pp × virtual_stages at most the "
+                           f"{blocks} blocks")
+            else:
+                out.append(f"{key}={value}: no candidate on {self.world} devices has it")
+        if not out:
+            out.append("the fixed settings " + ", ".join(f"{k}={v}" for k, v in f.items()) + " exclude one "
+                       "another: no candidate has them all (each alone leaves some)")
+        return out
 
     def reasons(self, d, est, pred, best_t) -> list:
         from compiler.simulate import links

@@ -293,3 +293,16 @@ def test_readme_shows_what_import_prints():
     assert len(lines) >= 8
     for ln in lines:
         assert ln in out.splitlines(), ln
+
+
+def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
+    """`scalec import DIR`: the directory save_pretrained wrote, read through its config.json; a directory without
+    one says so (not "not a .scale file")."""
+    from compiler.cli import main
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(LLAMA3_8B)
+    assert main(["import", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out == import_config(LLAMA3_8B, str(tmp_path / "ckpt" / "config.json"))
+    assert main(["import", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path} is a directory without a config.json" in err and ".scale" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ from compiler import search as SE
 from compiler.candidates import Candidates
 from compiler.check import check_path, check_text
 from compiler.cli import main
+from compiler.diagnostics import ScaleError
 from compiler.parse import parse
 from compiler.pipeline import compile_checked
 
@@ -156,14 +158,89 @@ def test_recompute_never_speeds_a_plan_up(tmp_path):
             assert times == sorted(times)
 
 
-def test_gpt3_175b_megatron_layout(capsys):
-    """Megatron-LM's published layout for 175B on 1536 A100s (t = 8, p = 8) among the top 5 of the search."""
+def test_gpt3_175b_megatron_layout(capsys, tmp_path):
+    """Megatron-LM's published layout for 175B on 1536 A100s (t = 8, p = 8) among the top 5 of the search; the
+    same winners from the file with its axes and plan section removed (the search chooses those: the cluster is
+    what it reads), which `check` refuses."""
     spec = check_path("samples/gpt3_175b.scale")
     result = SE.search(spec, top=5)
     with capsys.disabled():
         print("\n" + SE.text(result))
     layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
     assert (8, 8) in layouts, layouts
+    bare = re.sub(r"plan \{[^}]*\}\n", "", re.sub(r"  axis \w+ = \d+\n", "", spec.source))
+    assert "axis" not in bare and "plan {" not in bare
+    path = tmp_path / "bare.scale"
+    path.write_text(bare)
+    with pytest.raises(ScaleError) as info:
+        check_path(str(path))
+    assert [d.code for d in info.value.diagnostics] == ["E0113"]
+    again = SE.search(check_path(str(path), cluster_only=True), top=5)
+    assert [(w.plan, w.prediction.step_time_s) for w in again.winners] == \
+        [(w.plan, w.prediction.step_time_s) for w in result.winners]
+    assert again.rejected == result.rejected
+
+
+def test_search_takes_a_file_whose_own_plan_is_refused(tmp_path, capsys):
+    """The file's axes (tp 3 of 4 heads, product 3 of 4 devices) and plan settings (virtual stages without the
+    interleaved schedule) are the search's to choose: `check` refuses the file, `search` reads its cluster; the
+    model and train sections are still checked."""
+    text = _with_devices("samples/gpt_tp.scale", 4).replace("axis tp = 4", "axis tp = 3")
+    text = text.replace("micro_batches = 1", "micro_batches = 3\n  virtual_stages = 2")
+    path = tmp_path / "own_plan_refused.scale"
+    path.write_text(text)
+    with pytest.raises(ScaleError) as info:
+        check_path(str(path))
+    assert {d.code for d in info.value.diagnostics} == {"E0301", "E0604"}
+    path.write_text(text.replace("axis tp = 3", "axis tp = 4").replace("  virtual_stages = 2\n", ""))
+    with pytest.raises(ScaleError) as info:  # the global batch over 3 micro-batches
+        check_path(str(path))
+    assert {d.code for d in info.value.diagnostics} == {"E0302"}
+    path.write_text(text)
+    spec = check_path(str(path), cluster_only=True)
+    assert spec.mesh.world_size == 4
+    assert main(["search", str(path), "--top", "1"]) == 0
+    assert "dp=" in capsys.readouterr().out
+    path.write_text(text.replace("seq_len      = seq", "seq_len      = 2 * seq"))
+    with pytest.raises(ScaleError) as info:  # no plan has more positions than the model learned
+        check_path(str(path), cluster_only=True)
+    assert [d.code for d in info.value.diagnostics] == ["E0205"]
+
+
+def test_no_plan_fits_exits_1_with_the_reasons(tmp_path, capsys):
+    text = _with_devices("samples/gpt_tp.scale", 4).replace("device = cpu", "device = cpu\n  memory_gb = 1e-6")
+    path = tmp_path / "small.scale"
+    path.write_text(text)
+    assert main(["search", str(path), "--top", "1"]) == 1
+    out = capsys.readouterr()
+    assert "no plan passes the rules and fits the devices" in out.out and "does not fit" in out.out
+    assert out.err.startswith("error: no plan passes the rules and fits the devices")
+    assert main(["search", str(path), "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["winners"] == [] and any("does not fit" in r for r in got["rejected"])
+
+
+@pytest.mark.parametrize("fix, why", [
+    (["tp=3"], "tp=3 does not divide the 4 devices (1 node × 4)"),
+    (["tp=2", "pp=4"], "pp=4 × tp=2 = 8 does not divide the 4 devices"),
+    (["ep=2"], "ep=2: the model has no `moe` layer to shard over ep (E0704)"),
+    (["micro_batch_size=3"], "micro_batch_size=3: no split of the global batch"),
+    (["virtual_stages=3"], "virtual_stages=3: interleaving needs pp > 1"),
+    (["tp=4", "pp=2"], "pp=2 × tp=4 = 8 does not divide"),
+])
+def test_a_fix_no_candidate_satisfies_says_why(fix, why):
+    spec = check_text(_with_devices("samples/gpt_tp.scale", 4), "four.scale", cluster_only=True)
+    result = SE.search(spec, top=2, fixed=SE.parse_fixes(fix))
+    assert not result.winners and result.counts.families == 0
+    assert any(why in r for r in result.rejected), result.rejected
+
+
+def test_a_fix_the_rules_refuse_names_the_rule():
+    """tp = 3 divides 6 devices but not the 4 heads: every family is refused by E0401, and the report says so."""
+    spec = check_text(_with_devices("samples/gpt_tp.scale", 6), "six.scale", cluster_only=True)
+    result = SE.search(spec, top=2, fixed=SE.parse_fixes(["tp=3"]))
+    assert not result.winners
+    assert any(r.startswith("tp 3:") and "(E0401)" in r for r in result.rejected), result.rejected
 
 
 @pytest.mark.e2e

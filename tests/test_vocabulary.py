@@ -59,7 +59,7 @@ def test_cli_flags_are_pinned(monkeypatch):
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
                 "--local-nodes", "--force"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
-        "export": {"-h", "--help", "-o", "--output"},
+        "export": {"-h", "--help", "-o", "--output", "--config"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"}}
 
 
