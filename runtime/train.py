@@ -29,14 +29,35 @@ from torch import nn
 from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, progress, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
-from runtime.errors import FatalError, announce
+from runtime.errors import EXIT_CODE, FatalError, announce
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
 
 
+class _Arguments(argparse.ArgumentParser):
+    """The program's flags. A bad flag is the same on every attempt: printed once (by rank 0) and the job ended
+    with FatalError's exit code, which runtime.launch does not restart on (argparse's own exit 2 would be)."""
+
+    def error(self, message: str):
+        if os.environ.get("RANK", "0") == "0":
+            self.print_usage(sys.stderr)
+            print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODE)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive number of steps, not {value}")
+    return value
+
+
 def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
-    p = argparse.ArgumentParser(description=f"Train {cfg.name} (generated from {cfg.source}). Run under torchrun.")
-    p.add_argument("--steps", type=int, help=f"optimizer steps (default {cfg.steps})")
+    p = _Arguments(description=f"Train {cfg.name} (generated from {cfg.source}). Run under torchrun.")
+    p.add_argument("--steps", type=_positive, help=f"optimizer steps (default {cfg.steps})")
     p.add_argument("--seed", type=int, help=f"seed (default {cfg.seed})")
     p.add_argument("--metrics", help="write one JSON line per step to this file (rank 0); reads the loss, the "
                                      "gradient norm (and on CUDA the peak memory) every step: one host-device "
@@ -46,7 +67,7 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
                         "`tensorboard` package: pip install 'scalec[tensorboard]')")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
-    p.add_argument("--stop-after", type=int, metavar="N",
+    p.add_argument("--stop-after", type=_positive, metavar="N",
                    help="stop after N steps of the run (checkpointing then), as an interruption would")
     p.add_argument("--count-bytes", metavar="FILE",
                    help="count the bytes of every runtime collective during the last step (the steady state, after "

@@ -85,3 +85,21 @@ def test_restarts_default_to_three_with_checkpoints_and_timeout_takes_units():
     with pytest.raises(ScaleError) as err:
         check_text(DP.replace("log_every    = 5", 'log_every = 5  timeout = "ten minutes"'), "dp.scale")
     assert "must be a duration" in err.value.render() and "E0120" in err.value.render()
+
+
+@pytest.mark.parametrize("flag", [["--steps", "0"], ["--steps", "-3"], ["--stop-after", "0"]])
+def test_the_program_refuses_no_steps_once_and_without_a_restart(tmp_path, flag):
+    """`program.py --steps 0` trained nothing and exited 0; now it is refused with FatalError's exit code (78), which
+    runtime.launch does not restart on, and the message is printed by rank 0 only."""
+    import sys
+    from runtime.errors import EXIT_CODE
+    compiled = compile_spec(check_text((ROOT / "samples" / "tiny_gpt.scale").read_text(), "tiny_gpt.scale"))
+    codegen.emit(compiled, str(tmp_path))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(tmp_path / "program.py"), *flag], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == EXIT_CODE, r.stderr
+    assert r.stderr.count("error:") == 1 and "positive" in r.stderr and "Traceback" not in r.stderr
+    quiet = subprocess.run([sys.executable, str(tmp_path / "program.py"), *flag], capture_output=True, text=True,
+                           env={**env, "RANK": "1"}, timeout=300)
+    assert quiet.returncode == EXIT_CODE and quiet.stderr == ""
