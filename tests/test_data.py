@@ -223,3 +223,16 @@ def test_resolve_is_relative_to_the_program(tmp_path):
     assert data.resolve("../data/t.bin", program) == str(tmp_path / "data" / "t.bin")
     assert data.resolve("/abs/t.bin", program) == "/abs/t.bin"
     assert data.resolve("", program) == ""
+
+
+def test_the_dtype_guess_for_a_vocabulary_past_uint16(tmp_path):
+    """Llama 3's 128256 ids written as uint32 and read as uint16: the high halves are 0 or 1, never more; real
+    uint16 data of the same vocabulary size is not taken for uint32."""
+    from compiler import files
+    rng = np.random.default_rng(0)
+    path = tmp_path / "t.bin"
+    path.write_bytes(rng.integers(0, 128256, 4096).astype("<u4").tobytes())
+    got = files.sample(str(path), "uint16", 128256)
+    assert (got.looks_like, got.high, got.outside) == ("uint32", 1, None)
+    path.write_bytes(rng.integers(0, 65536, 8192).astype("<u2").tobytes())
+    assert files.sample(str(path), "uint16", 128256).looks_like is None

@@ -189,3 +189,31 @@ def test_the_mistake_tables_tiny_llama_fits_its_checkpoint():
 
     from compiler.check import check_path
     assert check_path(str(Path(__file__).parent / "mistakes" / "files" / "files_llama.scale")).warnings == ()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+def test_the_model_scalec_import_writes_fits_its_checkpoint(kind, tmp_path):
+    """No false alarm on the way tests/e2e/test_hf_init.py goes: the model section from config.json, then the
+    checkpoint's own weights."""
+    from compiler.importer import import_config
+    hf_model(kind, tmp_path / "hf")
+    config = tmp_path / "hf" / "config.json"
+    text = import_config(config.read_text(), str(config)) + f"""
+mesh {{
+  axis dp = 1
+  devices_per_node = 1
+}}
+train {{
+  global_batch = 8
+  seq_len      = seq
+  steps        = 3
+  optimizer    = adamw(lr = 1e-3)
+  init         = from("{tmp_path / 'hf'}")
+}}
+"""
+    assert check_text(text, str(tmp_path / "t.scale")).warnings == ()
+    narrow = text.replace("  hidden   = 64 ", "  hidden   = 32 ")
+    assert narrow != text
+    with pytest.raises(ScaleError) as info:  # and the same section, narrower, is refused
+        check_text(narrow, str(tmp_path / "t.scale"))
+    assert [d.code for d in info.value.diagnostics] == ["E0808"]
