@@ -261,10 +261,10 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     shapes cannot show (E0809)."""
     want, orphans = expected(model, number)
     if orphans:
-        kinds = sorted({_kind(layer) for _, layer in orphans})
-        names = ", ".join(f"`{n}`" for n, _ in orphans[:SHOWN]) + (", ..." if len(orphans) > SHOWN else "")
-        return [Problem("E0810", f"the model's {' and '.join(kinds)} ha{'s' if len(orphans) == 1 else 've'} no "
-                        f"counterpart in a Hugging Face checkpoint of Llama, Mistral, Qwen 2 or Mixtral ({names})",
+        kinds = " and ".join(sorted({_kind(layer) for _, layer in orphans}))
+        return [Problem("E0810", f"the model's {_few([n for n, _ in orphans])} ({kinds}) "
+                        f"ha{'s' if len(orphans) == 1 else 've'} no counterpart in a Hugging Face checkpoint of "
+                        "Llama, Mistral, Qwen 2 or Mixtral",
                         "reads these families' layout",
                         "`init = from(...)` needs the model in their layout: one `repeat` of `residual { rmsnorm  "
                         "attention }  residual { rmsnorm  mlp | moe }`, rotary positions, then `rmsnorm` and "
@@ -280,6 +280,9 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
         elif missing == ["lm_head.weight"]:
             why = ("the checkpoint ties its head to the embedding (no `lm_head.weight`): write "
                    "`lm_head(vocab, hidden, tied = true)`")
+        elif all(n.endswith(".bias") for n in missing) and any("layernorm" in n for n in missing):
+            why = ("LayerNorm's bias has no counterpart in these families, whose norms are RMSNorm: write "
+                   "`rmsnorm(hidden, eps = ...)`")
         elif all(n.endswith(".bias") for n in missing):
             why = ("the model has biases the checkpoint lacks (Qwen 2 has q, k and v biases, Llama none): "
                    "`attention(..., bias = false, qkv_bias = ...)` as the checkpoint's family has them")

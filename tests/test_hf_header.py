@@ -122,7 +122,13 @@ def test_a_model_outside_these_families_is_named(tmp_path):
     hf_model("llama", tmp_path / "hf")
     d = _error("llama", tmp_path / "hf", ("  embedding(vocab, hidden)\n",
                                           "  embedding(vocab, hidden)  positional(seq, hidden)\n"))
-    assert d.code == "E0810" and "`positional` has no counterpart" in d.message and "`pos.weight`" in d.message
+    assert d.code == "E0810" and d.message.startswith("the model's `pos.weight` (`positional`) has no counterpart")
+
+
+def test_layernorm_biases_are_named_as_such(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    d = _error("llama", tmp_path / "hf", ("rmsnorm(hidden, eps = 1e-6)  attention", "layernorm(hidden)  attention"))
+    assert d.code == "E0807" and "lacks 4 of the" in d.message and "LayerNorm's bias" in d.help
 
 
 def _file(tmp_path, header: bytes, data: bytes = b"") -> str:
