@@ -464,8 +464,8 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) ->
     relative to this .scale file's directory. Its sidecar (compiler/files.py), when it has one, says its dtype,
     vocabulary and length; without one, the first MiB says what it can (every id is checked when the run opens
     the file)."""
-    at = _arg_span(call, "path")
-    at_dtype = _arg_span(call, "dtype", at)  # a defaulted dtype is reported at the path
+    at = _arg_span(call, "path", tuple(DATASETS["tokens"]))
+    at_dtype = _arg_span(call, "dtype", tuple(DATASETS["tokens"]), at)  # a defaulted dtype: at the path
     shown = os.path.join(os.path.dirname(c.file.path), train.data.path)
     where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
     dtype = train.data.dtype
@@ -551,11 +551,13 @@ def _sample_checks(c: _Checker, shown: str, dtype: str, vocab: int, at: Span, at
                     "the dtype and silences this guess")
 
 
-def _arg_span(call: ast.Call, name: str, default: Span | None = None) -> Span:
-    """The span of argument `name` of a call (the first positional one stands for `path`), else `default` or the
-    call's."""
-    arg = next((a for a in call.args if (a.name.id if a.name else "path") == name), None)
-    return _span(arg.value) if arg is not None else (default or call.span)
+def _arg_span(call: ast.Call, name: str, order: tuple, default: Span | None = None) -> Span:
+    """The span of argument `name` of a call whose parameters are `order` (positional arguments stand for them in
+    that order), else `default` or the call's."""
+    for i, a in enumerate(call.args):
+        if (a.name.id if a.name else order[i] if i < len(order) else None) == name:
+            return _span(a.value)
+    return default or call.span
 
 
 def _init_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
@@ -563,7 +565,7 @@ def _init_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) ->
     relative path is relative to this .scale file's directory), and its headers (names, shapes; no tensor data)
     and config.json fit the model (compiler/hf_header.py): a checkpoint of another architecture or size is
     refused here, before any process starts, rather than on every rank after launch."""
-    at = _arg_span(call, "path")
+    at = _arg_span(call, "path", tuple(INITS["from"]))
     shown = os.path.join(os.path.dirname(c.file.path), train.init_from)
     where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
     if not os.path.exists(shown):

@@ -236,3 +236,11 @@ def test_the_dtype_guess_for_a_vocabulary_past_uint16(tmp_path):
     assert (got.looks_like, got.high, got.outside) == ("uint32", 1, None)
     path.write_bytes(rng.integers(0, 65536, 8192).astype("<u2").tobytes())
     assert files.sample(str(path), "uint16", 128256).looks_like is None
+
+
+def test_a_positional_dtype_is_where_the_warning_points(tmp_path):
+    (tmp_path / "tok.bin").write_bytes((np.arange(200) % 128).astype(np.uint32).tobytes())
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", 'log_every    = 5\n  data = tokens("tok.bin", uint16)')
+    (w,) = check_text(text, str(tmp_path / "tiny.scale")).warnings
+    assert w.code == "W0803" and w.span.col == text.splitlines()[33].index("uint16") + 1
