@@ -15,6 +15,8 @@ import re
 from typing import Any
 
 from compiler import ast
+from compiler import files as F
+from compiler import hf_header as H
 from compiler import layers as L
 from compiler import spec as S
 from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _duration, _float,
@@ -464,44 +466,120 @@ def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
 def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
     """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
-        _data_checks(c, train, spans["data"])
+        _data_checks(c, model, train, spans["data"])
     if train.init_from:
-        _init_checks(c, train, spans["init"])
+        _init_checks(c, model, train, spans["init"])
     if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
 
 
-def _data_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
-    """The token file exists and its size fits `dtype`, found where the program will look: a relative path is
-    relative to this .scale file's directory (ids against the vocabulary are checked when the run opens it)."""
-    arg = next((a for a in call.args if (a.name.id if a.name else "path") == "path"), None)
-    at = _span(arg.value) if arg is not None else call.span
+def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
+    """The token file exists and fits `dtype` and the model, found where the program will look: a relative path is
+    relative to this .scale file's directory. Its sidecar (compiler/files.py), when it has one, says its dtype,
+    vocabulary and length; without one, the first MiB says what it can (every id is checked when the run opens
+    the file)."""
+    at = _arg_span(call, "path", tuple(DATASETS["tokens"]))
+    at_dtype = _arg_span(call, "dtype", tuple(DATASETS["tokens"]), at)  # a defaulted dtype: at the path
     shown = os.path.join(os.path.dirname(c.file.path), train.data.path)
     where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
-    item = {"uint16": 2, "uint32": 4, "int32": 4}[train.data.dtype]
+    dtype = train.data.dtype
+    item = F.ITEMSIZE[dtype]
+    vocab = int(c.number(model.embedding.vocab))
     if not os.path.exists(shown):
         c.error("E0801", f"data file {shown} does not exist", at, label="no such file", help=where)
-    elif os.path.isdir(shown):
+        return
+    if os.path.isdir(shown):
         c.error("E0801", f"data file {shown} is a directory", at, label="not a file of token ids",
                 help="name the binary file of token ids itself")
-    elif (size := os.path.getsize(shown)) == 0:
+        return
+    size = os.path.getsize(shown)
+    try:
+        side = F.read_sidecar(shown)
+    except F.SidecarError as exc:
+        c.error("E0805", f"the sidecar of data file {shown} cannot be read: {exc}", at, label="its sidecar",
+                help=f"rewrite it with runtime.data.write_tokens, or remove {F.sidecar_path(shown)} to use the file "
+                     "bare")
+        return
+    if side is not None and not _sidecar_checks(c, side, shown, size, dtype, model, at, at_dtype):
+        return
+    if size == 0:
         c.error("E0801", f"data file {shown} is empty", at, label="no tokens")
     elif size % item:
-        c.error("E0801", f"data file {shown} holds {size} bytes, not a whole number of {train.data.dtype} ids", at,
+        c.error("E0801", f"data file {shown} holds {size} bytes, not a whole number of {dtype} ids", at,
                 label=f"{size} % {item} == {size % item}",
-                help=f"`dtype = {train.data.dtype}` reads {item} bytes per id: is it the file's dtype (uint16, "
+                help=f"`dtype = {dtype}` reads {item} bytes per id: is it the file's dtype (uint16, "
                      "uint32 or int32), and is the file whole?")
     elif size // item <= (seq := int(c.number(train.seq_len))) + 1:
         c.error("E0801", f"data file {shown} holds {size // item} tokens, too few for one sequence of {seq}", at,
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
+    elif side is None:
+        _sample_checks(c, shown, dtype, vocab, at, at_dtype)
 
 
-def _init_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
+def _sidecar_checks(c: _Checker, side: F.Sidecar, shown: str, size: int, dtype: str, model: S.Model, at: Span,
+                    at_dtype: Span) -> bool:
+    """The sidecar against the declared dtype, the file's size and the model's vocabulary; False when it disagrees."""
+    ok = True
+    vocab = int(c.number(model.embedding.vocab))
+    if side.dtype != dtype:
+        c.error("E0803", f"data file {shown} holds {side.dtype} ids, but the file declares {dtype}", at_dtype,
+                label=f"its sidecar says {side.dtype}",
+                help=f"write `dtype = {side.dtype}` (read as {dtype}, every id would be garbage); the dtype is "
+                     f"recorded in {side.path}")
+        ok = False
+    need = side.tokens * F.ITEMSIZE[side.dtype]
+    if need != size:
+        c.error("E0805", f"data file {shown} holds {size} bytes, but its sidecar says {side.tokens} {side.dtype} ids "
+                f"({need} bytes)", at, label="file and sidecar disagree",
+                help="the file was changed or cut short after its sidecar was written: write both again "
+                     "(runtime.data.write_tokens)")
+        ok = False
+    if side.vocab_size > vocab:
+        tok = f" ({side.tokenizer})" if side.tokenizer else ""
+        c.error("E0804", f"data file {shown} has a vocabulary of {side.vocab_size} tokens{tok}, the model "
+                f"{vocab}", at, label=f"ids up to {side.vocab_size - 1}",
+                help=f"the model's vocabulary must hold every id of the data: make `vocab` at least "
+                     f"{side.vocab_size} (the embedding at {model.embedding.span})")
+        ok = False
+    return ok
+
+
+def _sample_checks(c: _Checker, shown: str, dtype: str, vocab: int, at: Span, at_dtype: Span) -> None:
+    """What the first MiB of a bare token file says: ids outside the vocabulary, or a file of another dtype."""
+    got = F.sample(shown, dtype, vocab)
+    read = F.shown_bytes(got.nbytes)
+    if got.outside is not None:
+        pos, tid = got.outside
+        also = (f"read as {got.fits_as}, every id of those bytes is inside the vocabulary: is the file {got.fits_as}? "
+                f"Write `dtype = {got.fits_as}`" if got.fits_as else
+                "the model's vocabulary must hold every id of the data; the run would stop at this id")
+        c.error("E0804", f"data file {shown}: token id {tid} at position {pos} is outside the vocabulary of {vocab} "
+                f"(ids 0..{vocab - 1})", at_dtype if got.fits_as else at,
+                label=f"read as {dtype}" if got.fits_as else f"in its first {read}", help=also)
+    elif got.looks_like is not None:
+        seen = "is 0" if got.high == 0 else f"is at most {got.high}"
+        c.warn("W0803", f"`dtype = {dtype}`, but every odd {dtype} of the first {read} of {shown} {seen}: the file "
+               f"looks like {got.looks_like}", at_dtype, label=f"{dtype} declared",
+               help=f"if it was written as {got.looks_like}, write `dtype = {got.looks_like}`; a sidecar "
+                    f"({os.path.basename(F.sidecar_path(shown))}, written by runtime.data.write_tokens) records "
+                    "the dtype and silences this guess")
+
+
+def _arg_span(call: ast.Call, name: str, order: tuple, default: Span | None = None) -> Span:
+    """The span of argument `name` of a call whose parameters are `order` (positional arguments stand for them in
+    that order), else `default` or the call's."""
+    for i, a in enumerate(call.args):
+        if (a.name.id if a.name else order[i] if i < len(order) else None) == name:
+            return _span(a.value)
+    return default or call.span
+
+
+def _init_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
     """The checkpoint of `init = from(...)` exists and holds safetensors, found where the program will look (a
-    relative path is relative to this .scale file's directory). Its tensors' names and shapes are checked against
-    the model when the program loads them (runtime/hf.py)."""
-    arg = next((a for a in call.args if (a.name.id if a.name else "path") == "path"), None)
-    at = _span(arg.value) if arg is not None else call.span
+    relative path is relative to this .scale file's directory), and its headers (names, shapes; no tensor data)
+    and config.json fit the model (compiler/hf_header.py): a checkpoint of another architecture or size is
+    refused here, before any process starts, rather than on every rank after launch."""
+    at = _arg_span(call, "path", tuple(INITS["from"]))
     shown = os.path.join(os.path.dirname(c.file.path), train.init_from)
     where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
     if not os.path.exists(shown):
@@ -512,6 +590,15 @@ def _init_checks(c: _Checker, train: S.Train, call: ast.Call) -> None:
     elif os.path.isfile(shown) and not shown.endswith(".safetensors"):
         c.error("E0802", f"checkpoint {shown} is not a .safetensors file", at, label="not safetensors",
                 help="Hugging Face checkpoints in safetensors (model.safetensors, or a directory of shards)")
+    else:
+        try:
+            tensors, config = H.checkpoint_tensors(shown), H.read_config(shown)
+        except H.HeaderError as exc:
+            c.error("E0806", f"checkpoint {shown} cannot be read: {exc}", at, label="unreadable",
+                    help="download or save it again (a safetensors file is a length, a JSON header, then the data)")
+            return
+        for p in H.compare(model, c.number, shown, tensors, config):
+            c.error(p.code, p.message, at, label=p.label, help=p.help)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

@@ -156,6 +156,49 @@ CODES: dict[str, Code] = {
     "E0802": Code("bad checkpoint to start from", "The Hugging Face checkpoint of `init = from(...)` is missing, a "
                   "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
                   "the .scale file's directory."),
+    "E0803": Code("token file of another dtype", "The token file's sidecar (FILE.json beside FILE, written by "
+                  "runtime.data.write_tokens) records the dtype its ids were written in, and it is not the one "
+                  "`data = tokens(..., dtype = ...)` declares (uint16 when not written). Read in another dtype, "
+                  "every id would be garbage that may still fall inside the vocabulary. Declare the sidecar's "
+                  "dtype."),
+    "E0804": Code("token ids outside the model's vocabulary", "The data's ids go past the model's vocabulary: its "
+                  "sidecar records a larger vocabulary than the embedding's, or an id of the first MiB of a bare "
+                  "file is outside it (the run would stop there; when the same bytes read in another dtype all fit, "
+                  "the help names that dtype). Make the model's `vocab` hold the tokenizer's ids, or use the data "
+                  "the model was made for."),
+    "E0805": Code("unusable token-file sidecar", "The sidecar beside the token file is not valid JSON, not a "
+                  "scalec-tokens/1 sidecar (format, dtype, vocab_size, tokens), or says another length than the "
+                  "file's (tokens × the dtype's size in bytes): the file was changed or cut short after the sidecar "
+                  "was written. Write both again with runtime.data.write_tokens, or remove the sidecar."),
+    "E0806": Code("unreadable checkpoint", "A safetensors file of the checkpoint of `init = from(...)` is not "
+                  "readable: shorter than its header says, a header that is not JSON or lacks a tensor's dtype, "
+                  "shape or data offsets, a tensor whose bytes lie past the end of the file (a download cut short), "
+                  "or an index (model.safetensors.index.json) or config.json that is not readable or names a shard "
+                  "that is not there. Download or save the checkpoint again."),
+    "E0807": Code("checkpoint tensors do not match the model", "The checkpoint of `init = from(...)` lacks tensors "
+                  "the model reads under Hugging Face's names (model.layers.N.self_attn.q_proj.weight, ...), or holds "
+                  "tensors the model has no place for, which the run would ignore: a checkpoint of another "
+                  "architecture (GPT-2's h.0.attn.c_attn.weight), of more layers, with biases the model lacks or "
+                  "the other way round, or an untied head for a tied model. `scalec import CONFIG.json` writes the "
+                  "model section of the checkpoint's own architecture."),
+    "E0808": Code("checkpoint tensor of another shape", "A tensor of the checkpoint of `init = from(...)` has "
+                  "another shape than the model's parameter it initialises: the checkpoint is of another width, "
+                  "vocabulary, MLP width or number of key-value heads. The label says which size the first "
+                  "difference implies; make the model's sizes the checkpoint's."),
+    "E0809": Code("checkpoint config disagrees with the model", "The tensors of the checkpoint of `init = "
+                  "from(...)` fit the model's shapes, but its config.json says the model computes otherwise: another "
+                  "number of attention or key-value heads (which shapes cannot show), rotary base, norm epsilon, "
+                  "tied head, experts per token, or an architecture outside Llama, Mistral, Qwen 2 and Mixtral. "
+                  "Write the model section from the config (`scalec import`)."),
+    "E0810": Code("model without a Hugging Face layout", "`init = from(...)` reads checkpoints of Llama, Mistral, "
+                  "Qwen 2 and Mixtral, whose layout has no learned positions, no LayerNorm biases, one stack of "
+                  "blocks of `residual { rmsnorm  attention }  residual { rmsnorm  mlp | moe }` and no head bias. "
+                  "The model has parameters with no name in that layout. Write the model in it (`scalec import` "
+                  "does), or start from `init = normal`."),
+    "W0803": Code("token file looks like another dtype", "A warning: the file has no sidecar, and its first MiB "
+                  "looks like ids of another dtype than the declared one: declared uint16, every odd uint16 is 0 "
+                  "(the high halves of little-endian uint32 ids below 65536). Declare the file's dtype, or write it "
+                  "with a sidecar (runtime.data.write_tokens), which records the dtype and ends the guessing."),
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
                   "two files define parameters of different names or shapes."),

@@ -5,6 +5,7 @@ batch sees the same sequences: the single-device run is the reference for every 
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -39,10 +40,67 @@ def resolve(path: str, program: str | None) -> str:
 # Ids checked per slice of the file: a bounded temporary, however large the file.
 CHUNK = 1 << 24
 
+# The sidecar of a token file: FILE.json beside FILE, recording what a flat file cannot say (its dtype, the
+# vocabulary its ids come from, its length). `scalec check` reads it too (compiler/files.py, the same format).
+SIDECAR_FORMAT = "scalec-tokens/1"
+DTYPES = ("uint16", "uint32", "int32")
+
+
+def sidecar_path(path: str) -> str:
+    return path + ".json"
+
+
+def write_tokens(path: str, ids, dtype: str, vocab_size: int, tokenizer: str | None = None) -> dict:
+    """Write token ids `ids` as a flat file of `dtype` at `path`, and its sidecar; returns the sidecar. Refuses ids
+    outside 0..vocab_size - 1 or past what `dtype` holds, so that the file is what its sidecar says."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1 or vocab_size > np.iinfo(dtype).max + 1:
+        raise ValueError(f"vocab_size {vocab_size!r} does not fit {dtype} ids (at most {np.iinfo(dtype).max + 1})")
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError("ids must be a flat sequence of integers")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        bad = int(np.flatnonzero((arr < 0) | (arr >= vocab_size))[0])
+        raise ValueError(f"token id {int(arr[bad])} at position {bad} is outside the vocabulary of {vocab_size}")
+    arr.astype(np.dtype(dtype).newbyteorder("<")).tofile(path)
+    side = {"format": SIDECAR_FORMAT, "dtype": dtype, "vocab_size": int(vocab_size), "tokens": int(arr.size)}
+    if tokenizer is not None:
+        side["tokenizer"] = tokenizer
+    with open(sidecar_path(path), "w", encoding="utf-8") as f:
+        json.dump(side, f, indent=2)
+        f.write("\n")
+    return side
+
+
+def _check_sidecar(path: str, dtype: str, vocab: int, size: int) -> None:
+    """SystemExit when the file's sidecar disagrees with the program: another dtype, a larger vocabulary, or
+    another length than the file's (`scalec check` says the same, located; the program is its last guard)."""
+    side_path = sidecar_path(path)
+    if not os.path.isfile(side_path):
+        return
+    try:
+        with open(side_path, encoding="utf-8") as f:
+            side = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"scalec: data file {path}: its sidecar {side_path} is not readable JSON ({exc})") from None
+    if not isinstance(side, dict) or side.get("format") != SIDECAR_FORMAT or side.get("dtype") not in DTYPES:
+        raise SystemExit(f"scalec: data file {path}: {side_path} is not a token-file sidecar ({SIDECAR_FORMAT})")
+    if side["dtype"] != dtype:
+        raise SystemExit(f"scalec: data file {path} holds {side['dtype']} ids (its sidecar says so), but the program "
+                         f"reads {dtype}")
+    if not isinstance(side.get("vocab_size"), int) or side["vocab_size"] > vocab:
+        raise SystemExit(f"scalec: data file {path} has a vocabulary of {side.get('vocab_size')!r} tokens (its "
+                         f"sidecar says so), the model {vocab}")
+    if not isinstance(side.get("tokens"), int) or side["tokens"] * np.dtype(dtype).itemsize != size:
+        raise SystemExit(f"scalec: data file {path} holds {size} bytes, but its sidecar says "
+                         f"{side.get('tokens')!r} {dtype} ids")
+
 
 def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
     """The file as a flat array of token ids, or SystemExit with one line naming the file and what is wrong with
-    it: missing, a directory, empty, a size that is no whole number of ids, or an id outside the vocabulary
+    it: missing, a directory, a sidecar that disagrees (its dtype, vocabulary or length), empty, a size that is no
+    whole number of ids, or an id outside the vocabulary
     (checked in chunks with numpy, so a large file costs one read and little memory). The same check on every
     rank of every plan: an id past the vocabulary is an error, not something a sharded lookup may mask."""
     dt = np.dtype(dtype)
@@ -51,6 +109,7 @@ def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
     if os.path.isdir(path):
         raise SystemExit(f"scalec: data file {path} is a directory, not a file of token ids")
     size = os.path.getsize(path)
+    _check_sidecar(path, dtype, vocab, size)
     if size == 0:
         raise SystemExit(f"scalec: data file {path} is empty")
     if size % dt.itemsize:

@@ -14,10 +14,18 @@ from runtime import data
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _check(tmp_path: Path, dtype: str = "uint16") -> None:
+def _check(tmp_path: Path, dtype: str | None = "uint16"):
+    """tiny_gpt (vocabulary 128, seq_len 64) reading tok.bin beside it; the Spec (its warnings) or ScaleError."""
+    args = 'path = "tok.bin"' + (f", dtype = {dtype}" if dtype else "")
     text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
-        "log_every    = 5", f'log_every    = 5\n  data = tokens(path = "tok.bin", dtype = {dtype})')
-    check_text(text, str(tmp_path / "tiny.scale"))
+        "log_every    = 5", f"log_every    = 5\n  data = tokens({args})")
+    return check_text(text, str(tmp_path / "tiny.scale"))
+
+
+def _errors(tmp_path: Path, dtype: str | None = "uint16") -> list:
+    with pytest.raises(ScaleError) as info:
+        _check(tmp_path, dtype)
+    return info.value.diagnostics
 
 
 @pytest.mark.parametrize("content,dtype,message,label", [
@@ -42,9 +50,136 @@ def test_check_reports_the_data_file_at_its_path(tmp_path, content, dtype, messa
 
 
 def test_check_accepts_a_fitting_file_beside_the_scale_file(tmp_path):
-    (tmp_path / "tok.bin").write_bytes(np.arange(200, dtype=np.uint32).tobytes())
-    _check(tmp_path, "uint32")
-    _check(tmp_path, "uint16")  # 800 bytes are 400 uint16 ids too: the size fits; ids are the run's to check
+    ids = np.random.default_rng(0).integers(0, 128, 400)
+    for dtype in ("uint16", "uint32", "int32"):
+        (tmp_path / "tok.bin").write_bytes(ids.astype(dtype).tobytes())
+        assert _check(tmp_path, dtype).warnings == ()
+
+
+# -- bare files: what the first MiB says -------------------------------------------------------------------------
+
+def test_a_uint32_file_declared_uint16_is_named_by_a_warning_at_the_dtype(tmp_path):
+    (tmp_path / "tok.bin").write_bytes((np.arange(200) % 128).astype(np.uint32).tobytes())
+    (w,) = _check(tmp_path, "uint16").warnings
+    assert w.code == "W0803" and w.severity == "warning"
+    assert w.message == (f"`dtype = uint16`, but every odd uint16 of the first 800 bytes of {tmp_path / 'tok.bin'} "
+                         "is 0: the file looks like uint32")
+    assert w.span.line == 34 and w.span.end_col - w.span.col == len("uint16")  # at the dtype written
+    (w,) = _check(tmp_path, None).warnings  # a defaulted dtype: at the path
+    assert w.code == "W0803" and w.span.end_col - w.span.col == len('"tok.bin"')
+    assert _check(tmp_path, "uint32").warnings == ()
+
+
+def test_a_uint16_file_declared_uint32_is_an_error_that_names_uint16(tmp_path):
+    (tmp_path / "tok.bin").write_bytes((np.arange(400) % 128).astype(np.uint16).tobytes())
+    (d,) = _errors(tmp_path, "uint32")
+    assert d.code == "E0804" and d.span.end_col - d.span.col == len("uint32")
+    assert f"data file {tmp_path / 'tok.bin'}: token id 65536 at position 0 is outside the vocabulary of 128" \
+        in d.message
+    assert "read as uint16, every id of those bytes is inside the vocabulary" in d.help
+    assert d.help.endswith("Write `dtype = uint16`")
+
+
+def test_an_id_outside_the_vocabulary_in_the_sample_is_an_error_at_the_path(tmp_path):
+    ids = np.arange(300) % 128
+    ids[150] = 200
+    (tmp_path / "tok.bin").write_bytes(ids.astype(np.uint16).tobytes())
+    (d,) = _errors(tmp_path, "uint16")
+    assert d.code == "E0804" and "token id 200 at position 150 is outside the vocabulary of 128" in d.message
+    assert d.span.end_col - d.span.col == len('"tok.bin"') and d.label == "in its first 600 bytes"
+
+
+def test_check_reads_a_bounded_sample_of_a_large_file(tmp_path, monkeypatch):
+    """However large the file, check reads SAMPLE_BYTES of it: an id past them is the run's to find."""
+    from compiler import files
+    reads = []
+    real_open = open
+
+    def spy(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        if str(path).endswith("tok.bin") and "b" in mode:
+            real_read = f.read
+            f.read = lambda n=-1: reads.append(n) or real_read(n)
+        return f
+    ids = (np.arange(3 << 20) % 128).astype(np.uint16)  # 6 MiB
+    ids[-1] = 500
+    (tmp_path / "tok.bin").write_bytes(ids.tobytes())
+    monkeypatch.setattr("builtins.open", spy)
+    assert _check(tmp_path, "uint16").warnings == ()
+    assert reads == [files.SAMPLE_BYTES]
+
+
+# -- sidecars: what the file says of itself ----------------------------------------------------------------------
+
+def test_write_tokens_writes_the_file_and_its_sidecar(tmp_path):
+    import json
+    side = data.write_tokens(str(tmp_path / "t.bin"), [3, 1, 2], "uint32", 50257, tokenizer="gpt2")
+    assert json.loads((tmp_path / "t.bin.json").read_text()) == side == {
+        "format": "scalec-tokens/1", "dtype": "uint32", "vocab_size": 50257, "tokens": 3, "tokenizer": "gpt2"}
+    assert np.fromfile(tmp_path / "t.bin", dtype="<u4").tolist() == [3, 1, 2]
+    from compiler import files  # the check's reader reads what the runtime writes
+    assert files.read_sidecar(str(tmp_path / "t.bin")) == files.Sidecar(
+        dtype="uint32", vocab_size=50257, tokens=3, tokenizer="gpt2", path=str(tmp_path / "t.bin.json"))
+    with pytest.raises(ValueError, match="token id 9 at position 1 is outside the vocabulary of 8"):
+        data.write_tokens(str(tmp_path / "u.bin"), [1, 9], "uint16", 8)
+    with pytest.raises(ValueError, match="does not fit uint16"):
+        data.write_tokens(str(tmp_path / "u.bin"), [1], "uint16", 70000)
+
+
+def test_a_sidecar_dtype_other_than_the_declared_one_is_an_error_at_the_dtype(tmp_path):
+    data.write_tokens(str(tmp_path / "tok.bin"), np.arange(200) % 128, "uint32", 128)
+    (d,) = _errors(tmp_path, "uint16")
+    assert d.code == "E0803" and d.message == (f"data file {tmp_path / 'tok.bin'} holds uint32 ids, but the file "
+                                               "declares uint16")
+    assert d.span.end_col - d.span.col == len("uint16") and "`dtype = uint32`" in d.help
+    (d,) = _errors(tmp_path, None)  # the default uint16: at the path
+    assert d.code == "E0803" and d.span.end_col - d.span.col == len('"tok.bin"')
+    assert _check(tmp_path, "uint32").warnings == ()
+
+
+def test_a_sidecar_vocabulary_larger_than_the_model_is_an_error(tmp_path):
+    data.write_tokens(str(tmp_path / "tok.bin"), np.arange(200) % 128, "uint32", 50257, tokenizer="gpt2")
+    (d,) = _errors(tmp_path, "uint32")
+    assert d.code == "E0804" and "has a vocabulary of 50257 tokens (gpt2), the model 128" in d.message
+    assert "make `vocab` at least 50257" in d.help
+
+
+def test_a_sidecar_that_disagrees_with_the_file_size_is_an_error(tmp_path):
+    data.write_tokens(str(tmp_path / "tok.bin"), np.arange(200) % 128, "uint16", 128)
+    with open(tmp_path / "tok.bin", "ab") as f:
+        f.write(b"\0\0")
+    (d,) = _errors(tmp_path, "uint16")
+    assert d.code == "E0805" and "holds 402 bytes, but its sidecar says 200 uint16 ids (400 bytes)" in d.message
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "is not readable JSON"),
+    ('{"format": "other"}', "is not a token-file sidecar"),
+    ('{"format": "scalec-tokens/1", "dtype": "int8", "vocab_size": 8, "tokens": 1}', '"dtype" is \'int8\''),
+    ('{"format": "scalec-tokens/1", "dtype": "uint16", "vocab_size": 0, "tokens": 1}', '"vocab_size" is 0'),
+], ids=["json", "format", "dtype", "vocab"])
+def test_an_unreadable_sidecar_is_an_error(tmp_path, text, message):
+    (tmp_path / "tok.bin").write_bytes(np.zeros(200, np.uint16).tobytes())
+    (tmp_path / "tok.bin.json").write_text(text)
+    (d,) = _errors(tmp_path, "uint16")
+    assert d.code == "E0805" and message in d.message
+
+
+@pytest.mark.parametrize("dtype,vocab,extra,message", [
+    ("uint32", 256, b"", "holds uint32 ids (its sidecar says so), but the program reads uint16"),
+    ("uint16", 50257, b"", "has a vocabulary of 50257 tokens (its sidecar says so), the model 256"),
+    ("uint16", 256, b"\0\0", "holds 42 bytes, but its sidecar says 20 uint16 ids"),
+], ids=["dtype", "vocab", "length"])
+def test_open_tokens_refuses_a_sidecar_that_disagrees(tmp_path, dtype, vocab, extra, message):
+    path = str(tmp_path / "t.bin")
+    data.write_tokens(path, np.arange(20), dtype, vocab)
+    with open(path, "ab") as f:
+        f.write(extra)
+    with pytest.raises(SystemExit) as info:
+        data.open_tokens(path, "uint16", 256)
+    assert str(info.value) == f"scalec: data file {path} {message}"
+    data.write_tokens(path, np.arange(20), "uint16", 200)
+    assert len(data.open_tokens(path, "uint16", 256)) == 20  # an agreeing sidecar (a smaller vocabulary) opens
 
 
 def _write(tmp_path: Path, ids, dtype="uint16") -> str:
@@ -88,3 +223,24 @@ def test_resolve_is_relative_to_the_program(tmp_path):
     assert data.resolve("../data/t.bin", program) == str(tmp_path / "data" / "t.bin")
     assert data.resolve("/abs/t.bin", program) == "/abs/t.bin"
     assert data.resolve("", program) == ""
+
+
+def test_the_dtype_guess_for_a_vocabulary_past_uint16(tmp_path):
+    """Llama 3's 128256 ids written as uint32 and read as uint16: the high halves are 0 or 1, never more; real
+    uint16 data of the same vocabulary size is not taken for uint32."""
+    from compiler import files
+    rng = np.random.default_rng(0)
+    path = tmp_path / "t.bin"
+    path.write_bytes(rng.integers(0, 128256, 4096).astype("<u4").tobytes())
+    got = files.sample(str(path), "uint16", 128256)
+    assert (got.looks_like, got.high, got.outside) == ("uint32", 1, None)
+    path.write_bytes(rng.integers(0, 65536, 8192).astype("<u2").tobytes())
+    assert files.sample(str(path), "uint16", 128256).looks_like is None
+
+
+def test_a_positional_dtype_is_where_the_warning_points(tmp_path):
+    (tmp_path / "tok.bin").write_bytes((np.arange(200) % 128).astype(np.uint32).tobytes())
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", 'log_every    = 5\n  data = tokens("tok.bin", uint16)')
+    (w,) = check_text(text, str(tmp_path / "tiny.scale")).warnings
+    assert w.code == "W0803" and w.span.col == text.splitlines()[33].index("uint16") + 1

@@ -58,6 +58,18 @@ ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with a
              "E0953": "a config.json (scalec import): tests/test_import.py::test_unknown_key_is_located_at_the_key",
              "E0954": "a config.json (scalec import): "
                       "tests/test_import.py::test_unsupported_value_is_located_at_the_key",
+             "E0803": "a token file with a sidecar beside the .scale file: tests/test_data.py, "
+                      "tests/mistakes/files_uint32_declared_uint16_sidecar.scale",
+             "E0804": "a token file beside the .scale file: tests/test_data.py, "
+                      "tests/mistakes/files_sidecar_vocab_larger_than_model.scale",
+             "E0805": "a token file with a sidecar beside the .scale file: tests/test_data.py",
+             "E0806": "a checkpoint beside the .scale file: tests/test_hf_header.py",
+             "E0807": "a checkpoint beside the .scale file: tests/test_hf_header.py, "
+                      "tests/mistakes/files_init_from_gpt2.scale",
+             "E0808": "a checkpoint beside the .scale file: tests/test_hf_header.py, "
+                      "tests/mistakes/files_init_from_wider_llama.scale",
+             "E0809": "a checkpoint beside the .scale file: tests/test_hf_header.py",
+             "E0810": "a checkpoint beside the .scale file: tests/test_hf_header.py",
              "E0609": "no .scale file reaches it (a defect of the schedule builder): "
                       "tests/test_cost.py::test_compile_refuses_a_schedule_that_fails_verification"}
 

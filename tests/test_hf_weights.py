@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from compiler.check import check_text
+from compiler.diagnostics import ScaleError
 from tests.test_memory import _program
 
 transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
@@ -121,9 +123,16 @@ def _hf_grad(params: dict, name: str, hf) -> torch.Tensor:
 
 
 def test_a_missing_tensor_is_one_line(tmp_path):
+    """`check` refuses a checkpoint without the model's tensors (tests/test_hf_header.py); the runtime, given one
+    all the same (the program built for a Qwen 2 checkpoint, loading a Llama's), says so in one line."""
     from runtime import hf
     hf_model("llama", tmp_path / "hf")
-    _, prog = _program(tmp_path, scale_text("qwen2", tmp_path / "hf"))  # Qwen 2 has q/k/v biases, Llama none
+    with pytest.raises(ScaleError) as info:  # Qwen 2 has q/k/v biases, Llama none
+        check_text(scale_text("qwen2", tmp_path / "hf"), str(tmp_path / "q.scale"))
+    (d,) = info.value.diagnostics
+    assert d.code == "E0807" and "the model has biases the checkpoint lacks" in d.help
+    hf_model("qwen2", tmp_path / "qwen2")
+    _, prog = _program(tmp_path, scale_text("qwen2", tmp_path / "qwen2"))
     model = prog.Model()
     model.to_empty(device="cpu")
     with pytest.raises(SystemExit, match="has no tensor `model.layers.0.self_attn.q_proj.bias`"):

@@ -8,6 +8,7 @@ holds the cost model's figures, which change with a setting the run never sees.
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 G3 = "samples/gpt_3d.scale"  # dp × pp × tp with sequence parallelism: every plan setting applies
 TP = "samples/gpt_tp.scale"
 DP = "samples/gpt_dp.scale"
+LLAMA = "tests/mistakes/files/files_llama.scale"  # a tiny Llama; tests/mistakes/files/files_llama/ is its checkpoint
 TOKENS = ("data         = synthetic", 'data         = tokens(path = "a.bin")')
 INTERLEAVED = ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"')
 CONSTANT = ("cosine(warmup = 5, min_lr = 3e-4)", "constant(warmup = 5)")
@@ -98,8 +100,9 @@ CHANGES = {
     "train.data": Change((TOKENS,)),
     "train.data.tokens.path": Change((('"a.bin"', '"b.bin"'),), setup=(TOKENS,)),
     "train.data.tokens.dtype": Change((('"a.bin"', '"a.bin", dtype = uint32'),), setup=(TOKENS,)),
-    "train.init": Change((("log_every    = 10", 'log_every    = 10  init = from("w1")'),)),
-    "train.init.from.path": Change((('"w1"', '"w2"'),), setup=(("log_every    = 10", 'log_every    = 10  init = from("w1")'),)),
+    # a tiny Llama and its checkpoint (check reads the checkpoint's headers against the model)
+    "train.init": Change((('  init = from("files_llama")\n', ""),), sample=LLAMA),
+    "train.init.from.path": Change((('"files_llama"', '"w2"'),), sample=LLAMA),
     "train.log_every": Change((("log_every    = 10", "log_every    = 5"),)),
     "train.checkpoint_dir": Change((CKPT,), sample=DP),
     "train.checkpoint_every": Change((('"ckpt"', '"ckpt"  checkpoint_every = 3'),), sample=DP, setup=(CKPT,)),
@@ -146,9 +149,8 @@ def _text(change: Change, changed: bool) -> str:
 def _emitted(text: str, tmp_path: Path) -> dict:
     for name in ("a.bin", "b.bin"):  # token files beside the .scale file, fitting uint16 and uint32
         (tmp_path / name).write_bytes(bytes(4096))
-    for name in ("w1", "w2"):  # checkpoint directories to start from (checked for a .safetensors file)
-        (tmp_path / name).mkdir(exist_ok=True)
-        (tmp_path / name / "model.safetensors").write_bytes(b"")
+    for name in ("files_llama", "w2"):  # checkpoints to start from, which check reads: the tiny Llama's
+        shutil.copytree(ROOT / "tests" / "mistakes" / "files" / "files_llama", tmp_path / name, dirs_exist_ok=True)
     compiled = compile_spec(check_text(text, str(tmp_path / "plan.scale")))
     spec, traced, costs = compiled.spec, compiled.traced, compiled.costs
     return {"program.py": codegen.program(spec, traced, costs, str(tmp_path / "build")),

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from compiler.files import SAMPLE_BYTES
 from tests.e2e.runner import ROOT, single_device
 
 pytestmark = pytest.mark.e2e
@@ -46,10 +47,13 @@ def _rank_messages(output: str) -> set[str]:
 
 
 def test_ids_outside_the_vocabulary_are_one_error_on_every_plan(tmp_path):
-    _tokens(tmp_path, np.tile(np.arange(250, 310), 70))  # ids 250..309 for a vocabulary of 256
+    # ids 250..309 for a vocabulary of 256, past the first MiB that `check` samples (in it, check would refuse
+    # them before any process starts: tests/test_data.py), so that the ranks' own check is what stops the run
+    inside = np.random.default_rng(0).integers(0, 256, SAMPLE_BYTES // 2)
+    _tokens(tmp_path, np.concatenate([inside, np.tile(np.arange(250, 310), 70)]))
     data = tmp_path / "project" / "data" / "tokens.bin"
-    want = (f"scalec: data file {data}: token id 256 at position 6 is outside the vocabulary of 256 "
-            "(ids 0..255)")
+    want = (f"scalec: data file {data}: token id 256 at position {SAMPLE_BYTES // 2 + 6} is outside the vocabulary "
+            "of 256 (ids 0..255)")
     for name, one in (("tp2.scale", False), ("one.scale", True)):
         proc = _run(_scale(tmp_path, name, one_device=one), tmp_path / "build" / name, tmp_path / "elsewhere")
         output = proc.stdout + proc.stderr

@@ -1,0 +1,225 @@
+"""`init = from(...)` checked at `check` (compiler/hf_header.py): the safetensors headers and config.json of the
+checkpoint against the tensors the program will read, so that a checkpoint of another architecture or size is
+refused at the `init` line before any process starts. Tiny checkpoints are made with transformers in tmp_path
+(tests/test_hf_weights.py's models); the checker itself imports neither torch nor runtime/."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from compiler import hf_header as H
+from compiler.check import check_text
+from compiler.diagnostics import ScaleError
+from tests.test_hf_weights import hf_model, scale_text
+
+transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
+
+def _text(kind: str, path, *edits: tuple[str, str]) -> str:
+    text = scale_text(kind, path)
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+def _check(kind: str, path, *edits: tuple[str, str]):
+    return check_text(_text(kind, path, *edits), str(path.parent / "tiny.scale"))
+
+
+def _error(kind: str, path, *edits: tuple[str, str]):
+    """The one diagnostic of checking the model against the checkpoint at `path`, which sits at the init path."""
+    text = _text(kind, path, *edits)
+    with pytest.raises(ScaleError) as info:
+        check_text(text, str(path.parent / "tiny.scale"))
+    (d,) = info.value.diagnostics
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "init " in ln)
+    assert d.span.line == line and d.span.end_col - d.span.col == len(f'"{path}"'), d.span
+    return d
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+def test_names_and_shapes_are_the_models_and_runtime_hf_s(kind, tmp_path):
+    """The torch-free restatement equals compiler.model's parameters under runtime.hf.hf_name, expert by expert."""
+    from compiler import model as M
+    from runtime import hf
+    spec = check_text(scale_text(kind, tmp_path / "none").replace('  init         = from("', '  # '), "t.scale")
+    want = {}
+    for name, p in M.build(spec).named_parameters():
+        if ".moe_experts." in name:
+            for e in range(p.shape[0]):
+                want[hf.hf_name(name, e)] = tuple(p.shape[1:][::-1])
+        else:
+            want[hf.hf_name(name)] = tuple(p.shape)
+    got, orphans = H.expected(spec.model, spec.value)
+    assert orphans == []
+    assert {k: tuple(int(spec.value(d)) for d in shape) for k, (shape, _) in got.items()} == want
+    assert len(want) > 30  # the layers' every tensor, experts one by one
+
+
+def test_parameters_are_the_models_for_a_gpt_too():
+    from pathlib import Path
+
+    from compiler import model as M
+    spec = check_text((Path(__file__).parents[1] / "samples" / "tiny_gpt.scale").read_text(), "tiny_gpt.scale")
+    got = {k: tuple(int(spec.value(d)) for d in shape) for k, (shape, _) in H.parameters(spec.model,
+                                                                                          spec.value).items()}
+    assert got == {k: tuple(p.shape) for k, p in M.build(spec).named_parameters()}
+    from runtime import hf
+
+    def runtime_lacks(name):
+        try:
+            hf.hf_name(name)
+        except KeyError:
+            return True
+        return False
+    _, orphans = H.expected(spec.model, spec.value)
+    assert [n for n, _ in orphans] == [n for n in got if runtime_lacks(n)] == ["pos.weight", "norm.bias"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+def test_the_right_checkpoint_passes(kind, tmp_path):
+    hf_model(kind, tmp_path / "hf")
+    assert _check(kind, tmp_path / "hf").warnings == ()
+
+
+def test_a_gpt2_checkpoint_is_another_architecture(tmp_path):
+    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=4, n_head=4, n_positions=32)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    d = _error("llama", tmp_path / "hf")
+    assert d.code == "E0807"
+    assert d.message.startswith(f"checkpoint {tmp_path / 'hf'} lacks 39 of the 39 tensors the model reads: "
+                                "`model.embed_tokens.weight`, ")
+    assert "it looks like another architecture (its config.json says GPT2LMHeadModel)" in d.help
+    assert "h.0.attn.c_attn" in d.help
+
+
+def test_a_wider_llama_is_a_shape_mismatch_that_names_the_size(tmp_path):
+    hf_model("llama", tmp_path / "hf")  # hidden 64
+    d = _error("llama", tmp_path / "hf", ("hidden = 64", "hidden = 32"))
+    assert d.code == "E0808"
+    assert d.message.startswith(f"`model.embed_tokens.weight` is 128 × 64 in checkpoint {tmp_path / 'hf'}, "
+                                "128 × 32 in the model (")
+    assert d.label == "hidden 64 in the checkpoint, 32 in the model"
+
+
+def test_a_deeper_checkpoint_says_how_many_layers(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    d = _error("llama", tmp_path / "hf", ("layers = 4", "layers = 2"))
+    assert d.code == "E0807" and "holds 18 tensors the model has no place for" in d.message
+    assert "the checkpoint has 4 layers, the model 2" in d.help
+
+
+def test_heads_that_shapes_cannot_show_are_read_from_config_json(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    d = _error("llama", tmp_path / "hf", ("heads = 4", "heads = 8"), ("kv_heads = 2", "kv_heads = 4"))
+    assert d.code == "E0809"
+    assert "num_attention_heads 4 there, heads 8 here; num_key_value_heads 2 there, kv_heads 4 here" in d.message
+
+
+def test_a_model_outside_these_families_is_named(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    d = _error("llama", tmp_path / "hf", ("  embedding(vocab, hidden)\n",
+                                          "  embedding(vocab, hidden)  positional(seq, hidden)\n"))
+    assert d.code == "E0810" and d.message.startswith("the model's `pos.weight` (`positional`) has no counterpart")
+
+
+def test_layernorm_biases_are_named_as_such(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    d = _error("llama", tmp_path / "hf", ("rmsnorm(hidden, eps = 1e-6)  attention", "layernorm(hidden)  attention"))
+    assert d.code == "E0807" and "lacks 4 of the" in d.message and "LayerNorm's bias" in d.help
+
+
+def _file(tmp_path, header: bytes, data: bytes = b"") -> str:
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return str(path)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda t: (t / "m.safetensors").write_bytes(b"abc") and str(t / "m.safetensors"),
+     "m.safetensors is 3 bytes, too short for a safetensors header"),
+    (lambda t: _file(t, b'{"a": 1'), "the header of m.safetensors is not JSON"),
+    (lambda t: _file(t, json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode(),
+                     b"\0" * 8), "`w` lies at bytes 0..16 of m.safetensors's data, which holds 8: the file is cut"),
+    (lambda t: _file(t, json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 8]}}).encode(),
+                     b"\0" * 8), "`w` of m.safetensors is 2 × 2 F32 (16 bytes) but spans 8"),
+    (lambda t: _file(t, json.dumps({"w": {"dtype": "F32", "shape": [2]}}).encode()), "without a dtype, shape"),
+], ids=["short", "json", "cut", "size", "fields"])
+def test_a_damaged_header_is_one_line(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(H.HeaderError) as info:
+        H.checkpoint_tensors(path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_cut_checkpoint_is_refused_at_the_init_line(tmp_path):
+    hf_model("llama", tmp_path / "hf")
+    f = tmp_path / "hf" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])
+    d = _error("llama", tmp_path / "hf")
+    assert d.code == "E0806" and "the file is cut short" in d.message
+
+
+def test_a_sharded_checkpoint_is_read_through_its_index(tmp_path):
+    model = hf_model("llama", tmp_path / "hf")
+    model.save_pretrained(tmp_path / "sharded", safe_serialization=True, max_shard_size="100KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    assert H.checkpoint_tensors(str(tmp_path / "sharded")).keys() == H.checkpoint_tensors(str(tmp_path / "hf")).keys()
+    assert _check("llama", tmp_path / "sharded").warnings == ()
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    (tmp_path / "sharded" / sorted(set(index["weight_map"].values()))[-1]).unlink()
+    d = _error("llama", tmp_path / "sharded")
+    assert d.code == "E0806" and "which is not there" in d.message
+
+
+def test_check_of_a_checkpoint_and_a_token_file_imports_no_torch(tmp_path):
+    from runtime.data import write_tokens
+    from tests.test_front_door import _run
+    hf_model("llama", tmp_path / "hf")
+    write_tokens(str(tmp_path / "tok.bin"), list(range(128)) * 4, "uint16", 128)
+    (tmp_path / "t.scale").write_text(_text("llama", tmp_path / "hf", (
+        "  init         = from(", '  data = tokens(path = "tok.bin")\n  init         = from(')))
+    got = _run("check", str(tmp_path / "t.scale"))
+    assert got["rc"] == 0 and got["heavy"] == [], got
+    f = tmp_path / "hf" / "model.safetensors"  # the check does read the header: cut it, and it says so
+    f.write_bytes(f.read_bytes()[:-100])
+    got = _run("check", str(tmp_path / "t.scale"))
+    assert got["rc"] == 1 and "then the data" in got["out"] and got["heavy"] == [], got  # E0806's help
+
+
+def test_the_mistake_tables_tiny_llama_fits_its_checkpoint():
+    """The fixture the table's init cases are variations of (tests/mistakes/files/make_files_fixtures.py)."""
+    from pathlib import Path
+
+    from compiler.check import check_path
+    assert check_path(str(Path(__file__).parent / "mistakes" / "files" / "files_llama.scale")).warnings == ()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+def test_the_model_scalec_import_writes_fits_its_checkpoint(kind, tmp_path):
+    """No false alarm on the way tests/e2e/test_hf_init.py goes: the model section from config.json, then the
+    checkpoint's own weights."""
+    from compiler.importer import import_config
+    hf_model(kind, tmp_path / "hf")
+    config = tmp_path / "hf" / "config.json"
+    text = import_config(config.read_text(), str(config)) + f"""
+mesh {{
+  axis dp = 1
+  devices_per_node = 1
+}}
+train {{
+  global_batch = 8
+  seq_len      = seq
+  steps        = 3
+  optimizer    = adamw(lr = 1e-3)
+  init         = from("{tmp_path / 'hf'}")
+}}
+"""
+    assert check_text(text, str(tmp_path / "t.scale")).warnings == ()
+    narrow = text.replace("  hidden   = 64 ", "  hidden   = 32 ")
+    assert narrow != text
+    with pytest.raises(ScaleError) as info:  # and the same section, narrower, is refused
+        check_text(narrow, str(tmp_path / "t.scale"))
+    assert [d.code for d in info.value.diagnostics] == ["E0808"]
