@@ -11,6 +11,8 @@ import os
 import numpy as np
 import torch
 
+from runtime.errors import FatalError
+
 
 class Synthetic:
     """Arithmetic sequences modulo the vocabulary: each sequence starts at a random token and steps by a random
@@ -74,7 +76,7 @@ def write_tokens(path: str, ids, dtype: str, vocab_size: int, tokenizer: str | N
 
 
 def _check_sidecar(path: str, dtype: str, vocab: int, size: int) -> None:
-    """SystemExit when the file's sidecar disagrees with the program: another dtype, a larger vocabulary, or
+    """FatalError (no restart can fix it) when the file's sidecar disagrees with the program: another dtype, a larger vocabulary, or
     another length than the file's (`scalec check` says the same, located; the program is its last guard)."""
     side_path = sidecar_path(path)
     if not os.path.isfile(side_path):
@@ -83,47 +85,47 @@ def _check_sidecar(path: str, dtype: str, vocab: int, size: int) -> None:
         with open(side_path, encoding="utf-8") as f:
             side = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"scalec: data file {path}: its sidecar {side_path} is not readable JSON ({exc})") from None
+        raise FatalError(f"scalec: data file {path}: its sidecar {side_path} is not readable JSON ({exc})") from None
     if not isinstance(side, dict) or side.get("format") != SIDECAR_FORMAT or side.get("dtype") not in DTYPES:
-        raise SystemExit(f"scalec: data file {path}: {side_path} is not a token-file sidecar ({SIDECAR_FORMAT})")
+        raise FatalError(f"scalec: data file {path}: {side_path} is not a token-file sidecar ({SIDECAR_FORMAT})")
     if side["dtype"] != dtype:
-        raise SystemExit(f"scalec: data file {path} holds {side['dtype']} ids (its sidecar says so), but the program "
+        raise FatalError(f"scalec: data file {path} holds {side['dtype']} ids (its sidecar says so), but the program "
                          f"reads {dtype}")
     if not isinstance(side.get("vocab_size"), int) or side["vocab_size"] > vocab:
-        raise SystemExit(f"scalec: data file {path} has a vocabulary of {side.get('vocab_size')!r} tokens (its "
+        raise FatalError(f"scalec: data file {path} has a vocabulary of {side.get('vocab_size')!r} tokens (its "
                          f"sidecar says so), the model {vocab}")
     if not isinstance(side.get("tokens"), int) or side["tokens"] * np.dtype(dtype).itemsize != size:
-        raise SystemExit(f"scalec: data file {path} holds {size} bytes, but its sidecar says "
+        raise FatalError(f"scalec: data file {path} holds {size} bytes, but its sidecar says "
                          f"{side.get('tokens')!r} {dtype} ids")
 
 
 def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
-    """The file as a flat array of token ids, or SystemExit with one line naming the file and what is wrong with
+    """The file as a flat array of token ids, or FatalError (no restart can fix it) with one line naming the file and what is wrong with
     it: missing, a directory, a sidecar that disagrees (its dtype, vocabulary or length), empty, a size that is no
     whole number of ids, or an id outside the vocabulary
     (checked in chunks with numpy, so a large file costs one read and little memory). The same check on every
     rank of every plan: an id past the vocabulary is an error, not something a sharded lookup may mask."""
     dt = np.dtype(dtype)
     if not os.path.exists(path):
-        raise SystemExit(f"scalec: data file {path}: no such file")
+        raise FatalError(f"scalec: data file {path}: no such file")
     if os.path.isdir(path):
-        raise SystemExit(f"scalec: data file {path} is a directory, not a file of token ids")
+        raise FatalError(f"scalec: data file {path} is a directory, not a file of token ids")
     size = os.path.getsize(path)
     _check_sidecar(path, dtype, vocab, size)
     if size == 0:
-        raise SystemExit(f"scalec: data file {path} is empty")
+        raise FatalError(f"scalec: data file {path} is empty")
     if size % dt.itemsize:
-        raise SystemExit(f"scalec: data file {path} holds {size} bytes, not a whole number of {dtype} token ids "
+        raise FatalError(f"scalec: data file {path} holds {size} bytes, not a whole number of {dtype} token ids "
                          f"({dt.itemsize} bytes each)")
     try:
         tokens = np.memmap(path, dtype=dt, mode="r")
     except OSError as exc:
-        raise SystemExit(f"scalec: data file {path}: {exc.strerror or exc}") from None
+        raise FatalError(f"scalec: data file {path}: {exc.strerror or exc}") from None
     for lo in range(0, len(tokens), CHUNK):
         chunk = tokens[lo:lo + CHUNK]
         if chunk.max() >= vocab or (dt.kind == "i" and chunk.min() < 0):
             at = int(np.flatnonzero((chunk >= vocab) | (chunk < 0))[0])
-            raise SystemExit(f"scalec: data file {path}: token id {int(chunk[at])} at position {lo + at} is outside "
+            raise FatalError(f"scalec: data file {path}: token id {int(chunk[at])} at position {lo + at} is outside "
                              f"the vocabulary of {vocab} (ids 0..{vocab - 1})")
     return tokens
 
@@ -134,7 +136,7 @@ class TokenFile:
     def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int):
         self.tokens = open_tokens(path, dtype, vocab)
         if len(self.tokens) <= seq_len + 1:
-            raise SystemExit(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
+            raise FatalError(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                              f"{seq_len} (and its next token)")
         self.seq_len, self.seed = seq_len, seed
 

@@ -10,6 +10,7 @@ import pytest
 from compiler.check import check_text
 from compiler.diagnostics import ScaleError
 from runtime import data
+from runtime.errors import FatalError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,7 +176,7 @@ def test_open_tokens_refuses_a_sidecar_that_disagrees(tmp_path, dtype, vocab, ex
     data.write_tokens(path, np.arange(20), dtype, vocab)
     with open(path, "ab") as f:
         f.write(extra)
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(FatalError) as info:
         data.open_tokens(path, "uint16", 256)
     assert str(info.value) == f"scalec: data file {path} {message}"
     data.write_tokens(path, np.arange(20), "uint16", 200)
@@ -191,7 +192,7 @@ def _write(tmp_path: Path, ids, dtype="uint16") -> str:
 def test_open_tokens_names_the_first_id_outside_the_vocabulary(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "CHUNK", 7)  # the id sits in a later chunk than the first
     ids = [1] * 20 + [300, 5, 301]
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(FatalError) as info:
         data.open_tokens(_write(tmp_path, ids), "uint16", 256)
     assert str(info.value) == (f"scalec: data file {tmp_path / 't.bin'}: token id 300 at position 20 is outside "
                                "the vocabulary of 256 (ids 0..255)")
@@ -199,7 +200,7 @@ def test_open_tokens_names_the_first_id_outside_the_vocabulary(tmp_path, monkeyp
 
 
 def test_open_tokens_rejects_negative_int32_ids(tmp_path):
-    with pytest.raises(SystemExit, match="token id -1 at position 2 is outside"):
+    with pytest.raises(FatalError, match="token id -1 at position 2 is outside"):
         data.open_tokens(_write(tmp_path, [0, 1, -1, 2], "int32"), "int32", 256)
 
 
@@ -212,7 +213,7 @@ def test_open_tokens_rejects_negative_int32_ids(tmp_path):
 def test_open_tokens_one_line_errors(tmp_path, make, message):
     path = tmp_path / "t.bin"
     make(path)
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(FatalError) as info:
         data.TokenFile(str(path), "uint16", 16, 0, 256)
     text = str(info.value)
     assert text.startswith(f"scalec: data file {path}") and message in text and "\n" not in text
