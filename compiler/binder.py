@@ -46,6 +46,9 @@ class _Checker:
         checks, and every command that reads it prints the warning."""
         self.diags.append(Diagnostic(code, message, span, label=label, help=help, severity="warning"))
 
+    def errors(self) -> int:
+        return sum(d.severity == "error" for d in self.diags)
+
     # -- expressions ----------------------------------------------------------------------------------------------
 
     def expr(self, e: ast.Expr) -> sympy.Expr | None:
@@ -266,7 +269,7 @@ def _string(c, e, w):
 
 
 _UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
-          "hour": 3600, "hours": 3600}
+          "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
 
 def _duration(c, e, w):
@@ -276,7 +279,7 @@ def _duration(c, e, w):
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", e.value)
     if not m or (m.group(2) and m.group(2) not in _UNITS):
         c.error("E0120", f"{w} must be a duration, not \"{e.value}\"", e.span, label="not a duration",
-                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h"')
+                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h", "1 day"')
         return None
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 

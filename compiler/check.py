@@ -32,6 +32,13 @@ from compiler.symbols import size as size_symbol
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
 
+# The longest `timeout`, in seconds: a week. The runtime turns it into timedeltas and thread waits (runtime/mesh.py,
+# runtime/faults.py), which overflow past about 10^13 s; no collective legitimately waits longer than a day or so.
+MAX_TIMEOUT = 7 * 24 * 3600.0
+
+# A learning rate above this is surely a slip of the exponent (3e3 for 3e-3): AdamW's are 1e-6 .. 1e-2.
+SUSPICIOUS_LR = 1.0
+
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
 
@@ -166,6 +173,8 @@ def check_file(file: ast.File, source: str) -> S.Spec:
     mesh = _mesh(c, sections["mesh"]) if "mesh" in sections else None
     plan = _plan(c, sections.get("plan"))
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
+    if train is not None:
+        _train_checks(c, train, train_values)
     spec = None
     if model and mesh and plan and train:
         _bind_capacities(c, model, train)
@@ -173,6 +182,7 @@ def check_file(file: ast.File, source: str) -> S.Spec:
                       values=dict(c.values))
         c.diags += check_plan(spec, from_spec(spec))  # the rules beside the passes (compiler/rules.py)
         _file_checks(c, model, train, train_values)
+        _no_effect_checks(c, spec)
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
     if c.diags:
@@ -187,7 +197,7 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
     if sec.name is None:
         c.error("E0113", "a model needs a name", sec.kind.span, help="write `model NAME { ... }`")
     layers: list = []
-    before = len(c.diags)
+    before = c.errors()  # warnings (a setting with no effect) do not stop the model
     for st in sec.body:
         if isinstance(st, ast.Assign):
             _define_size(c, st)
@@ -197,11 +207,12 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
             layer = _layer(c, st)
             if layer is not None:
                 layers.append(layer)
-    if len(c.diags) > before:
+    if c.errors() > before:
         return None  # the structure check would only repeat what is already reported
     _model_structure(c, sec, layers)
-    if len(c.diags) > before:
+    if c.errors() > before:
         return None
+    _positions_twice(c, layers)
     return S.Model(name=sec.name.id if sec.name else "model", sizes=dict(c.env), layers=tuple(layers),
                    span=sec.span)
 
@@ -333,6 +344,18 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
                 f"{c.number(emb.vocab)}", head.span, help="use the same vocabulary size for both")
 
 
+def _positions_twice(c: _Checker, layers: list) -> None:
+    """Learned absolute positions beside rotary embeddings: both run, but a model has one of them (GPT-2 the first,
+    Llama the second); the two together are almost surely a half-converted file."""
+    pos = next((x for x in layers if isinstance(x, S.Positional)), None)
+    rotary = next((x for x in S.walk(layers) if isinstance(x, S.Attention) and x.rope_theta), None)
+    if pos is not None and rotary is not None:
+        c.warn("W0138", "learned positions and rotary embeddings together: positions are encoded twice", pos.span,
+               label="learned absolute positions", help=f"the attention at {rotary.span} has rotary embeddings "
+               f"(rope_theta = {rotary.rope_theta:g}); remove `positional(...)`, or `rope_theta` for GPT-style "
+               "learned positions")
+
+
 # -- mesh, plan, train --------------------------------------------------------------------------------------------
 
 
@@ -438,6 +461,117 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
         spans=_spans_of(s)), s["_spans"]
+
+
+def _arg_of(call, name: str, index: int):
+    """The value expression of argument `name` (or the `index`-th positional one) of a call, or None."""
+    for i, arg in enumerate(getattr(call, "args", ())):
+        if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
+            return arg.value
+    return None
+
+
+def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
+    """Training settings that are each legal but together cannot do what they say, or that would fail only when the
+    program starts: a schedule whose floor is above its peak, a warm-up longer than the run, a timeout the runtime's
+    clocks cannot hold, checkpoint and log intervals the run never reaches."""
+    opt, sched, steps = train.optimizer, train.schedule, train.steps
+    at = {k: _span(v) for k, v in written.items()}
+    if "timeout" in written and train.timeout > MAX_TIMEOUT:
+        c.error("E0130", f"a timeout of {train.timeout:g} s is longer than the watchdog can wait",
+                at["timeout"], label=f"more than {MAX_TIMEOUT:g} s (a week)",
+                help=f"at most {MAX_TIMEOUT:g} s (\"7 days\"); a collective that legitimately takes longer than "
+                     "its step is a hang. `timeout = 0` turns the watchdog off")
+    call = written.get("optimizer")
+    if opt.eps <= 0 and (e := _arg_of(call, "eps", 3)) is not None:
+        c.error("E0120", "Adam's eps must be positive", _span(e), label="divides by the root of the second moment",
+                help="the usual value is `eps = 1e-8`")
+    if opt.lr > SUSPICIOUS_LR:
+        c.warn("W0131", f"a learning rate of {opt.lr:g} is far above any AdamW rate", _span(_arg_of(call, "lr", 0))
+               or at.get("optimizer"), label="the first step would blow the weights up",
+               help="AdamW's peak rates are 1e-6 .. 1e-2: was `3e-3` meant?")
+    call = written.get("lr_schedule")
+    if sched.kind == "cosine" and sched.min_lr > opt.lr:
+        c.error("E0131", f"the schedule's floor min_lr = {sched.min_lr:g} is above the peak lr = {opt.lr:g}",
+                _span(_arg_of(call, "min_lr", 1)) or at.get("lr_schedule"), label="above `lr`",
+                help="cosine decays from `lr` down to `min_lr`: make min_lr smaller than lr (e.g. lr / 10), or use "
+                     "`constant(...)`")
+    if sched.warmup >= steps and sched.warmup > 0:
+        c.warn("W0130", f"a warm-up of {sched.warmup} steps is not over in a run of {steps}",
+               _span(_arg_of(call, "warmup", 0)) or at.get("lr_schedule"), label=f"warmup ≥ steps = {steps}",
+               help=f"the learning rate never reaches lr = {opt.lr:g}; use a warm-up shorter than `steps` (a few "
+                    "percent of it)")
+    if "checkpoint_every" in written and train.checkpoint_every:
+        if not train.checkpoint_dir:
+            c.warn("W0132", "`checkpoint_every` without `checkpoint_dir`: no checkpoint is written",
+                   at["checkpoint_every"], label="has no effect",
+                   help='add `checkpoint_dir = "ckpt"` to write checkpoints, or remove `checkpoint_every`')
+        elif train.checkpoint_every >= steps:
+            c.warn("W0133", f"checkpoint_every = {train.checkpoint_every} is not shorter than the run ({steps} steps):"
+                   " only the last step is checkpointed", at["checkpoint_every"], label="has no effect",
+                   help="the last step is always checkpointed; use fewer steps between checkpoints, or remove it")
+    if "restarts" in written and train.restarts and not train.checkpoint_dir:
+        c.warn("W0134", f"restarts = {train.restarts} without `checkpoint_dir`: each restart begins again at step 0",
+               at["restarts"], label="nothing to resume from",
+               help='add `checkpoint_dir = "ckpt"` so that a restart resumes from the last checkpoint')
+    if "log_every" in written and train.log_every > steps:
+        c.warn("W0135", f"log_every = {train.log_every} is longer than the run ({steps} steps): only the first and "
+               "last steps are logged", at["log_every"], label="has no effect",
+               help="the first and last steps are always logged; use a shorter interval, or remove it")
+
+
+def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
+    """Plan settings written with a value that changes nothing in this mesh: a warning at the setting, so that a user
+    who believes it does something learns that it does not (tests/test_settings_reach_output.py holds every setting
+    to this: it changes the program, or the check says why not)."""
+    plan, mesh = spec.plan, spec.mesh
+    sizes = dict(mesh.axes)
+    tp, pp, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("dp", 1)
+    at = dict(plan.spans)
+
+    def warn(code: str, key: str, message: str, help: str) -> None:
+        if key in at:
+            c.warn(code, message, at[key], label="has no effect", help=help)
+
+    if tp == 1:
+        no_tp = "the mesh has no `tp` axis (or tp = 1)"
+        if plan.sequence_parallel:
+            warn("W0410", "sequence_parallel", f"sequence parallelism without tensor parallelism: {no_tp}",
+                 "sequence parallelism splits norms and residuals over the tp ranks; add `axis tp = 2` (or more), "
+                 "or remove the setting")
+        if plan.pad_vocab:
+            warn("W0411", "pad_vocab", f"pad_vocab without tensor parallelism: {no_tp}",
+                 "the vocabulary is padded to a multiple of tp, and tp = 1 divides every vocabulary; remove it")
+        if set(plan.tp_layers) != set(TP_LAYERS):
+            warn("W0412", "tp_layers", f"tp_layers without tensor parallelism: {no_tp}",
+                 "tp_layers says what a tp axis shards; add `axis tp = ...`, or remove the setting")
+    elif plan.pad_vocab:
+        vocab = int(spec.value(next(x for x in spec.model.layers if isinstance(x, S.Embedding)).vocab))
+        if "vocab" not in plan.tp_layers:
+            warn("W0411", "pad_vocab", "pad_vocab, but the vocabulary is not sharded (`vocab` is not in tp_layers)",
+                 "padding applies to a vocabulary split over tp; remove it, or add `vocab` to tp_layers")
+        elif vocab % tp == 0:
+            warn("W0411", "pad_vocab", f"pad_vocab, but tp = {tp} divides the vocabulary ({vocab}): nothing is padded",
+                 "padding is only needed when tp does not divide the vocabulary; remove it")
+    if pp == 1:
+        no_pp = "the mesh has no `pp` axis (or pp = 1)"
+        if plan.schedule != PLAN_SETTINGS["schedule"].default:
+            warn("W0612", "schedule", f"a pipeline schedule without pipeline parallelism: {no_pp}",
+                 "the schedule orders the micro-batches of pipeline stages; add `axis pp = 2` (or more), or remove it")
+        if plan.virtual_stages > 1:
+            warn("W0613", "virtual_stages", f"virtual stages without pipeline parallelism: {no_pp}",
+                 "virtual stages interleave the blocks of several stages on each pp rank; add `axis pp = ...`, or "
+                 "remove it")
+        if plan.layout:
+            warn("W0614", "layout", f"a stage layout without pipeline parallelism: {no_pp}",
+                 "a layout gives the blocks of each pipeline stage; add `axis pp = ...`, or remove it")
+    if dp == 1 and plan.data_parallel != PLAN_SETTINGS["data_parallel"].default:
+        warn("W0301", "data_parallel", f"data_parallel = {plan.data_parallel} shards over dp, and dp = 1",
+             "ZeRO and FSDP shard the model state over the dp ranks; with one there is nothing to shard: add dp "
+             "ranks, or remove the setting")
+    if plan.recompute != "none" and not any(isinstance(x, S.Repeat) for x in spec.model.layers):
+        warn("W0136", "recompute", "recompute, but the model has no `repeat` of blocks to recompute",
+             "recomputation applies to each block of the model's `repeat`; write the blocks as `repeat n { ... }`")
 
 
 def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
