@@ -36,6 +36,10 @@ MAX_SEED = 2**31 - 1
 # runtime/faults.py), which overflow past about 10^13 s; no collective legitimately waits longer than a day or so.
 MAX_TIMEOUT = 7 * 24 * 3600.0
 
+# The most steps (and steps between logs or checkpoints, warm-up steps, restarts) a run counts: checkpoints hold the
+# step in an int64 tensor (runtime/checkpoint.py), and 2^31 - 1 steps is far past any run.
+MAX_COUNT = 2**31 - 1
+
 # A learning rate above this is surely a slip of the exponent (3e3 for 3e-3): AdamW's are 1e-6 .. 1e-2.
 SUSPICIOUS_LR = 1.0
 
@@ -482,6 +486,15 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
                 at["timeout"], label=f"more than {MAX_TIMEOUT:g} s (a week)",
                 help=f"at most {MAX_TIMEOUT:g} s (\"7 days\"); a collective that legitimately takes longer than "
                      "its step is a hang. `timeout = 0` turns the watchdog off")
+    before = c.errors()
+    counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts")]
+    counts.append(("warmup", sched.warmup, _span(_arg_of(written.get("lr_schedule"), "warmup", 0))))
+    for key, n, where in counts:
+        if n > MAX_COUNT and where is not None:
+            c.error("E0120", f"`{key}` = {n} is more than a run counts", where, label="too large",
+                    help=f"at most {MAX_COUNT}")
+    if c.errors() > before:
+        return  # the checks below compare these numbers
     call = written.get("optimizer")
     if opt.eps <= 0 and (e := _arg_of(call, "eps", 3)) is not None:
         c.error("E0120", "Adam's eps must be positive", _span(e), label="divides by the root of the second moment",
