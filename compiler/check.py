@@ -175,6 +175,8 @@ def check_file(file: ast.File, source: str) -> S.Spec:
                     help=f"add `{k} {{ ... }}`; see samples/tiny_gpt.scale")
     model = _model(c, sections["model"]) if "model" in sections else None
     mesh = _mesh(c, sections["mesh"]) if "mesh" in sections else None
+    if "mesh" in sections:
+        _device_figures(c, sections["mesh"])
     plan = _plan(c, sections.get("plan"))
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
     if train is not None:
@@ -413,6 +415,32 @@ def _mesh(c: _Checker, sec: ast.Section) -> S.Mesh | None:
                      f"make the product of the axes equal it{folded}")
         return None
     return mesh
+
+
+# What a device's figures can be, with room for devices to come (today's largest: about 2,500 TFLOP/s, 192 GB,
+# 8,000 GB/s of memory bandwidth, 900 GB/s between GPUs of a node); a figure outside is almost surely in other units
+# (bytes for GB, FLOP/s for TFLOP/s, seconds for µs).
+FIGURE_RANGES = {"peak_tflops": (None, 1e5, "TFLOP/s: 989 for an H100, not 989e12"),
+                 "memory_gb": (None, 1e5, "GB: 80 for an H100, not 80e9 bytes"),
+                 "hbm_gbps": (None, 1e6, "GB/s: 3350 for an H100"),
+                 "intra_node_gbps": (None, 1e5, "GB/s: 450 for NVLink 4, one way"),
+                 "inter_node_gbps": (None, 1e5, "GB/s: 50 for a 400 Gb/s NIC"),
+                 "intra_node_latency_us": (0.01, None, "µs: a few, not seconds"),
+                 "inter_node_latency_us": (0.01, None, "µs: a few, not seconds"),
+                 "op_overhead_us": (0.01, None, "µs: a few, not seconds")}
+
+
+def _device_figures(c: _Checker, sec: ast.Section) -> None:
+    """A device figure written as a number far outside any device: a warning at it (the cost model would plan for
+    it as written, and say nothing while the memory check passes a plan no device can hold)."""
+    for st in sec.body:
+        if not (isinstance(st, ast.Assign) and st.key.id in FIGURE_RANGES and isinstance(st.value, ast.Number)):
+            continue
+        low, high, unit = FIGURE_RANGES[st.key.id]
+        v = float(st.value.value)
+        if v > 0 and ((low is not None and v < low) or (high is not None and v > high)):
+            c.warn("W0139", f"`{st.key.id} = {v:g}` is far outside any device", st.value.span,
+                   label="in other units?", help=f"{st.key.id} is in {unit}")
 
 
 def _plan(c: _Checker, sec: ast.Section | None) -> S.Plan | None:

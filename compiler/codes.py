@@ -83,6 +83,10 @@ CODES: dict[str, Code] = {
     "W0138": Code("positions encoded twice", "A warning: the model has learned absolute positions (`positional`) "
                   "and rotary embeddings (`rope_theta` of an attention) at once. Both run, but models use one or the "
                   "other (GPT-2 the first, Llama the second): remove one."),
+    "W0139": Code("device figure in other units", "A warning: a device figure of the mesh (peak_tflops, memory_gb, "
+                  "a bandwidth or a latency) is far outside any device, most likely written in other units (bytes "
+                  "for GB, FLOP/s for TFLOP/s, seconds for µs). The cost model would plan for it as written: the "
+                  "memory check would pass plans no device can hold. The help gives the unit."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
                   "gets hidden / heads features. The help lists head counts near the one written that divide it."),
