@@ -35,6 +35,9 @@ class _Checker:
         self.name_spans: dict[str, Span] = {}
         self.poisoned: set[sympy.Symbol] = set()  # sizes already reported as invalid: later uses stay silent
         self.moe_layers = 0
+        # (key, section) -> (help, the setting meant): where a setting unknown in its section belongs instead (set by
+        # compiler/check.py, which knows every section's table).
+        self.placement: Callable[[str, str], tuple[str, str | None]] = lambda key, section: ("", None)
 
     # -- reporting ------------------------------------------------------------------------------------------------
 
@@ -322,9 +325,10 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
             continue
         key = st.key.id
         if key not in table:
+            placed, meant = c.placement(key, what)
             c.error("E0111", f"unknown setting `{key}` in `{what}`", st.key.span, label="not a setting here",
-                    help=did_you_mean(key, table))
-            misspelt.update(difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
+                    help=placed or did_you_mean(key, table))
+            misspelt.update([meant] if meant else difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
             ok = False
         elif key in raw:
             c.error("E0102", f"`{key}` is set twice", st.key.span, label="second time here",

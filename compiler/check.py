@@ -132,8 +132,43 @@ TRAIN_SETTINGS: dict[str, Param] = {
 
 SECTIONS = ("model", "mesh", "plan", "train")
 
+# Names other tools give a setting (Hugging Face's Trainer, Megatron, nanoGPT) -> the setting here.
+ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "train_batch_size": "global_batch",
+           "max_steps": "steps", "train_steps": "steps", "train_iters": "steps", "iterations": "steps",
+           "iters": "steps", "epochs": "steps", "num_train_epochs": "steps", "seq_length": "seq_len",
+           "max_seq_len": "seq_len", "block_size": "seq_len", "context_length": "seq_len",
+           "max_grad_norm": "grad_clip", "clip_grad": "grad_clip", "gradient_clipping": "grad_clip",
+           "dtype": "precision", "mixed_precision": "precision", "learning_rate": "lr", "warmup_steps": "warmup",
+           "warmup_iters": "warmup", "gradient_accumulation_steps": "micro_batches", "grad_accum": "micro_batches",
+           "accumulation_steps": "micro_batches", "save_dir": "checkpoint_dir", "output_dir": "checkpoint_dir",
+           "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
+           "logging_steps": "log_every", "max_restarts": "restarts"}
+CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"))
+
 
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def placement(key: str, section: str) -> tuple[str, str | None]:
+    """Where a setting unknown in `section` belongs: another section, an argument of a call, or the name of a
+    setting another tool calls `key` (`batch_size`, `epochs`); ("", None) when it is none of these. The second item
+    is the setting of `section` meant, if any (then not reported again as missing)."""
+    name = ALIASES.get(key, key)
+    tables = {"mesh": MESH_SETTINGS, "plan": PLAN_SETTINGS, "train": TRAIN_SETTINGS}
+    said = f"`{key}` is called `{name}` here; " if name != key else ""
+    if name in tables.get(section, {}):
+        why = ", not epochs" if key in ("epochs", "num_train_epochs") else ""
+        return f"write `{name} = ...` ({tables[section][name].doc}{why})", name
+    for other, table in tables.items():
+        if name in table:
+            return said + f"it belongs in the `{other}` section: `{other} {{ {name} = ... }}`", None
+    for setting, table_name in CALL_ARGUMENTS:
+        for kind, args in globals()[table_name].items():
+            if name in args:
+                return said + f"it is an argument of `{setting}`: `{setting} = {kind}({name} = ...)`", None
+    if name in KNOWN_AXES:
+        return f"axes are declared in the `mesh` section: `axis {name} = ...`", None
+    return "", None
 
 
 def check_text(text: str, path: str) -> S.Spec:
@@ -154,6 +189,7 @@ def check_path(path: str) -> S.Spec:
 
 def check_file(file: ast.File, source: str) -> S.Spec:
     c = _Checker(file, source)
+    c.placement = placement
     sections: dict[str, ast.Section] = {}
     for sec in file.sections:
         k = sec.kind.id
