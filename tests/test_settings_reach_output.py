@@ -445,3 +445,36 @@ def test_setting_changes_the_run_or_is_named(name, run_files):
                     silent.append(f"{shape}: {value}")
     assert not silent, (f"`{name}` is accepted without a word and changes nothing the run executes in: {silent}; "
                         "make it reach the program there, or warn at its span (compiler/check.py)")
+
+
+# Each no-effect warning, in a plan where it fires: the generated model, stages and launch are those of the file
+# without the setting; only the setting's own field of the Config differs, which the runtime reads and, in this
+# plan, does not act on (tp = 1, pp = 1, dp = 1, no checkpoint directory, past the last step).
+NO_EFFECT = (
+    ("W0410", "dp", (), "plan.sequence_parallel", "true"),
+    ("W0411", "tp", (), "plan.pad_vocab", "true"),
+    ("W0412", "dp", (), "plan.tp_layers", "none"),
+    ("W0612", "dp", (), "plan.schedule", "gpipe"),
+    ("W0613", "dp", INTERLEAVE, "plan.virtual_stages", "2"),
+    ("W0614", "dp", (), "plan.layout", "((0, 1), (1, 2))"),
+    ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
+    ("W0132", "one device", (), "train.checkpoint_every", "3"),
+    ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
+    ("W0135", "one device", (), "train.log_every", "1000"),
+    ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
+)
+
+
+@pytest.mark.parametrize("code, shape, setup, name, value", NO_EFFECT, ids=[c[0] for c in NO_EFFECT])
+def test_a_no_effect_warning_is_true(code, shape, setup, name, value, run_files):
+    base = (ROOT / SHAPES[shape]).read_text()
+    for key, v in setup:
+        base = _set(base, key, v)
+    text = _write(base, name, value)
+    spec = check_text(text, str(run_files.where / "plan.scale"))
+    assert [w.code for w in spec.warnings if w.span.line in _lines_of(text, name)] == [code]
+    (program, launch), (program0, launch0) = run_files(text), run_files(base)
+    assert program.split("CONFIG = ")[0] == program0.split("CONFIG = ")[0] and launch == launch0
+    changed = {line.strip() for line in program.split("CONFIG = ")[1].splitlines()} ^ {
+        line.strip() for line in program0.split("CONFIG = ")[1].splitlines()}
+    assert len(changed) <= 2, f"{code}: more than the setting's own field differs: {changed}"
