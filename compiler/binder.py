@@ -35,6 +35,9 @@ class _Checker:
         self.name_spans: dict[str, Span] = {}
         self.poisoned: set[sympy.Symbol] = set()  # sizes already reported as invalid: later uses stay silent
         self.moe_layers = 0
+        # (key, section) -> (help, the setting meant): where a setting unknown in its section belongs instead (set by
+        # compiler/check.py, which knows every section's table).
+        self.placement: Callable[[str, str], tuple[str, str | None]] = lambda key, section: ("", None)
 
     # -- reporting ------------------------------------------------------------------------------------------------
 
@@ -45,6 +48,9 @@ class _Checker:
         """A setting that is legal but has no effect (or an effect the user surely did not mean): the file still
         checks, and every command that reads it prints the warning."""
         self.diags.append(Diagnostic(code, message, span, label=label, help=help, severity="warning"))
+
+    def errors(self) -> int:
+        return sum(d.severity == "error" for d in self.diags)
 
     # -- expressions ----------------------------------------------------------------------------------------------
 
@@ -266,7 +272,7 @@ def _string(c, e, w):
 
 
 _UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
-          "hour": 3600, "hours": 3600}
+          "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
 
 def _duration(c, e, w):
@@ -276,7 +282,7 @@ def _duration(c, e, w):
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", e.value)
     if not m or (m.group(2) and m.group(2) not in _UNITS):
         c.error("E0120", f"{w} must be a duration, not \"{e.value}\"", e.span, label="not a duration",
-                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h"')
+                help='a number of seconds, or a number and a unit: "30 s", "10 min", "2 h", "1 day"')
         return None
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
@@ -319,9 +325,10 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
             continue
         key = st.key.id
         if key not in table:
+            placed, meant = c.placement(key, what)
             c.error("E0111", f"unknown setting `{key}` in `{what}`", st.key.span, label="not a setting here",
-                    help=did_you_mean(key, table))
-            misspelt.update(difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
+                    help=placed or did_you_mean(key, table))
+            misspelt.update([meant] if meant else difflib.get_close_matches(key, list(table), n=1, cutoff=0.6))
             ok = False
         elif key in raw:
             c.error("E0102", f"`{key}` is set twice", st.key.span, label="second time here",

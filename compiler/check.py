@@ -34,6 +34,17 @@ from compiler.symbols import size as size_symbol
 MAX_REPEAT = 4096
 MAX_SEED = 2**31 - 1
 
+# The longest `timeout`, in seconds: a week. The runtime turns it into timedeltas and thread waits (runtime/mesh.py,
+# runtime/faults.py), which overflow past about 10^13 s; no collective legitimately waits longer than a day or so.
+MAX_TIMEOUT = 7 * 24 * 3600.0
+
+# The most steps (and steps between logs or checkpoints, warm-up steps, restarts) a run counts: checkpoints hold the
+# step in an int64 tensor (runtime/checkpoint.py), and 2^31 - 1 steps is far past any run.
+MAX_COUNT = 2**31 - 1
+
+# A learning rate above this is surely a slip of the exponent (3e3 for 3e-3): AdamW's are 1e-6 .. 1e-2.
+SUSPICIOUS_LR = 1.0
+
 # Names the train section turns into size symbols (so formulas read `global_batch`): a model size cannot take them.
 TRAIN_SIZE_NAMES = ("global_batch", "seq_len")
 
@@ -123,8 +134,43 @@ TRAIN_SETTINGS: dict[str, Param] = {
 
 SECTIONS = ("model", "mesh", "plan", "train")
 
+# Names other tools give a setting (Hugging Face's Trainer, Megatron, nanoGPT) -> the setting here.
+ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "train_batch_size": "global_batch",
+           "max_steps": "steps", "train_steps": "steps", "train_iters": "steps", "iterations": "steps",
+           "iters": "steps", "epochs": "steps", "num_train_epochs": "steps", "seq_length": "seq_len",
+           "max_seq_len": "seq_len", "block_size": "seq_len", "context_length": "seq_len",
+           "max_grad_norm": "grad_clip", "clip_grad": "grad_clip", "gradient_clipping": "grad_clip",
+           "dtype": "precision", "mixed_precision": "precision", "learning_rate": "lr", "warmup_steps": "warmup",
+           "warmup_iters": "warmup", "gradient_accumulation_steps": "micro_batches", "grad_accum": "micro_batches",
+           "accumulation_steps": "micro_batches", "save_dir": "checkpoint_dir", "output_dir": "checkpoint_dir",
+           "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
+           "logging_steps": "log_every", "max_restarts": "restarts"}
+CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"))
+
 
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def placement(key: str, section: str) -> tuple[str, str | None]:
+    """Where a setting unknown in `section` belongs: another section, an argument of a call, or the name of a
+    setting another tool calls `key` (`batch_size`, `epochs`); ("", None) when it is none of these. The second item
+    is the setting of `section` meant, if any (then not reported again as missing)."""
+    name = ALIASES.get(key, key)
+    tables = {"mesh": MESH_SETTINGS, "plan": PLAN_SETTINGS, "train": TRAIN_SETTINGS}
+    said = f"`{key}` is called `{name}` here; " if name != key else ""
+    if name in tables.get(section, {}):
+        why = ", not epochs" if key in ("epochs", "num_train_epochs") else ""
+        return f"write `{name} = ...` ({tables[section][name].doc}{why})", name
+    for other, table in tables.items():
+        if name in table:
+            return said + f"it belongs in the `{other}` section: `{other} {{ {name} = ... }}`", None
+    for setting, table_name in CALL_ARGUMENTS:
+        for kind, args in globals()[table_name].items():
+            if name in args:
+                return said + f"it is an argument of `{setting}`: `{setting} = {kind}({name} = ...)`", None
+    if name in KNOWN_AXES:
+        return f"axes are declared in the `mesh` section: `axis {name} = ...`", None
+    return "", None
 
 
 def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
@@ -150,6 +196,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     cluster, the plan's settings as written and the train section are checked as always, and so are the rules no
     plan can satisfy (the sequence over the learned positions), checked on one device."""
     c = _Checker(file, source)
+    c.placement = placement
     sections: dict[str, ast.Section] = {}
     for sec in file.sections:
         k = sec.kind.id
@@ -172,7 +219,11 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     model = _model(c, sections["model"]) if "model" in sections else None
     mesh = _mesh(c, sections["mesh"], cluster_only) if "mesh" in sections else None
     plan = _plan(c, sections.get("plan"), cluster_only)
+    if "mesh" in sections:
+        _device_figures(c, sections["mesh"])
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
+    if train is not None:
+        _train_checks(c, train, train_values)
     spec = None
     if model and mesh and plan and train:
         _bind_capacities(c, model, train)
@@ -184,6 +235,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
                                       sequence_parallel=False, layout=(), data_parallel="ddp")
         c.diags += check_plan(spec, own)  # the rules beside the passes (compiler/rules.py)
         _file_checks(c, model, train, train_values)
+        _no_effect_checks(c, spec)
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
     if c.diags:
@@ -198,7 +250,7 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
     if sec.name is None:
         c.error("E0113", "a model needs a name", sec.kind.span, help="write `model NAME { ... }`")
     layers: list = []
-    before = len(c.diags)
+    before = c.errors()  # warnings (a setting with no effect) do not stop the model
     for st in sec.body:
         if isinstance(st, ast.Assign):
             _define_size(c, st)
@@ -208,11 +260,12 @@ def _model(c: _Checker, sec: ast.Section) -> S.Model | None:
             layer = _layer(c, st)
             if layer is not None:
                 layers.append(layer)
-    if len(c.diags) > before:
+    if c.errors() > before:
         return None  # the structure check would only repeat what is already reported
     _model_structure(c, sec, layers)
-    if len(c.diags) > before:
+    if c.errors() > before:
         return None
+    _positions_twice(c, layers)
     return S.Model(name=sec.name.id if sec.name else "model", sizes=dict(c.env), layers=tuple(layers),
                    span=sec.span)
 
@@ -344,6 +397,18 @@ def _model_structure(c: _Checker, sec: ast.Section, layers: list) -> None:
                 f"{c.number(emb.vocab)}", head.span, help="use the same vocabulary size for both")
 
 
+def _positions_twice(c: _Checker, layers: list) -> None:
+    """Learned absolute positions beside rotary embeddings: both run, but a model has one of them (GPT-2 the first,
+    Llama the second); the two together are almost surely a half-converted file."""
+    pos = next((x for x in layers if isinstance(x, S.Positional)), None)
+    rotary = next((x for x in S.walk(layers) if isinstance(x, S.Attention) and x.rope_theta), None)
+    if pos is not None and rotary is not None:
+        c.warn("W0138", "learned positions and rotary embeddings together: positions are encoded twice", pos.span,
+               label="learned absolute positions", help=f"the attention at {rotary.span} has rotary embeddings "
+               f"(rope_theta = {rotary.rope_theta:g}); remove `positional(...)`, or `rope_theta` for GPT-style "
+               "learned positions")
+
+
 # -- mesh, plan, train --------------------------------------------------------------------------------------------
 
 
@@ -404,6 +469,32 @@ def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> S.Mesh |
     return mesh
 
 
+# What a device's figures can be, with room for devices to come (today's largest: about 2,500 TFLOP/s, 192 GB,
+# 8,000 GB/s of memory bandwidth, 900 GB/s between GPUs of a node); a figure outside is almost surely in other units
+# (bytes for GB, FLOP/s for TFLOP/s, seconds for µs).
+FIGURE_RANGES = {"peak_tflops": (None, 1e5, "TFLOP/s: 989 for an H100, not 989e12"),
+                 "memory_gb": (None, 1e5, "GB: 80 for an H100, not 80e9 bytes"),
+                 "hbm_gbps": (None, 1e6, "GB/s: 3350 for an H100"),
+                 "intra_node_gbps": (None, 1e5, "GB/s: 450 for NVLink 4, one way"),
+                 "inter_node_gbps": (None, 1e5, "GB/s: 50 for a 400 Gb/s NIC"),
+                 "intra_node_latency_us": (0.01, None, "µs: a few, not seconds"),
+                 "inter_node_latency_us": (0.01, None, "µs: a few, not seconds"),
+                 "op_overhead_us": (0.01, None, "µs: a few, not seconds")}
+
+
+def _device_figures(c: _Checker, sec: ast.Section) -> None:
+    """A device figure written as a number far outside any device: a warning at it (the cost model would plan for
+    it as written, and say nothing while the memory check passes a plan no device can hold)."""
+    for st in sec.body:
+        if not (isinstance(st, ast.Assign) and st.key.id in FIGURE_RANGES and isinstance(st.value, ast.Number)):
+            continue
+        low, high, unit = FIGURE_RANGES[st.key.id]
+        v = float(st.value.value)
+        if v > 0 and ((low is not None and v < low) or (high is not None and v > high)):
+            c.warn("W0139", f"`{st.key.id} = {v:g}` is far outside any device", st.value.span,
+                   label="in other units?", help=f"{st.key.id} is in {unit}")
+
+
 def _plan(c: _Checker, sec: ast.Section | None, cluster_only: bool = False) -> S.Plan | None:
     s = _settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
@@ -454,6 +545,128 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
         spans=_spans_of(s)), s["_spans"]
+
+
+def _arg_of(call, name: str, index: int):
+    """The value expression of argument `name` (or the `index`-th positional one) of a call, or None."""
+    for i, arg in enumerate(getattr(call, "args", ())):
+        if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
+            return arg.value
+    return None
+
+
+def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
+    """Training settings that are each legal but together cannot do what they say, or that would fail only when the
+    program starts: a schedule whose floor is above its peak, a warm-up longer than the run, a timeout the runtime's
+    clocks cannot hold, checkpoint and log intervals the run never reaches."""
+    opt, sched, steps = train.optimizer, train.schedule, train.steps
+    at = {k: _span(v) for k, v in written.items()}
+    if "timeout" in written and train.timeout > MAX_TIMEOUT:
+        c.error("E0130", f"a timeout of {train.timeout:g} s is longer than the watchdog can wait",
+                at["timeout"], label=f"more than {MAX_TIMEOUT:g} s (a week)",
+                help=f"at most {MAX_TIMEOUT:g} s (\"7 days\"); a collective that legitimately takes longer than "
+                     "its step is a hang. `timeout = 0` turns the watchdog off")
+    before = c.errors()
+    counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts")]
+    counts.append(("warmup", sched.warmup, _span(_arg_of(written.get("lr_schedule"), "warmup", 0))))
+    for key, n, where in counts:
+        if n > MAX_COUNT and where is not None:
+            c.error("E0120", f"`{key}` = {n} is more than a run counts", where, label="too large",
+                    help=f"at most {MAX_COUNT}")
+    if c.errors() > before:
+        return  # the checks below compare these numbers
+    call = written.get("optimizer")
+    if opt.eps <= 0 and (e := _arg_of(call, "eps", 3)) is not None:
+        c.error("E0120", "Adam's eps must be positive", _span(e), label="divides by the root of the second moment",
+                help="the usual value is `eps = 1e-8`")
+    if opt.lr > SUSPICIOUS_LR:
+        c.warn("W0131", f"a learning rate of {opt.lr:g} is far above any AdamW rate", _span(_arg_of(call, "lr", 0))
+               or at.get("optimizer"), label="the first step would blow the weights up",
+               help="AdamW's peak rates are 1e-6 .. 1e-2: was `3e-3` meant?")
+    call = written.get("lr_schedule")
+    if sched.kind == "cosine" and sched.min_lr > opt.lr:
+        c.error("E0131", f"the schedule's floor min_lr = {sched.min_lr:g} is above the peak lr = {opt.lr:g}",
+                _span(_arg_of(call, "min_lr", 1)) or at.get("lr_schedule"), label="above `lr`",
+                help="cosine decays from `lr` down to `min_lr`: make min_lr smaller than lr (e.g. lr / 10), or use "
+                     "`constant(...)`")
+    if sched.warmup >= steps and sched.warmup > 0:
+        c.warn("W0130", f"a warm-up of {sched.warmup} steps is not over in a run of {steps}",
+               _span(_arg_of(call, "warmup", 0)) or at.get("lr_schedule"), label=f"warmup ≥ steps = {steps}",
+               help=f"the learning rate never reaches lr = {opt.lr:g}; use a warm-up shorter than `steps` (a few "
+                    "percent of it)")
+    if "checkpoint_every" in written and train.checkpoint_every:
+        if not train.checkpoint_dir:
+            c.warn("W0132", "`checkpoint_every` without `checkpoint_dir`: no checkpoint is written",
+                   at["checkpoint_every"], label="has no effect",
+                   help='add `checkpoint_dir = "ckpt"` to write checkpoints, or remove `checkpoint_every`')
+        elif train.checkpoint_every >= steps:
+            c.warn("W0133", f"checkpoint_every = {train.checkpoint_every} is not shorter than the run ({steps} steps):"
+                   " only the last step is checkpointed", at["checkpoint_every"], label="has no effect",
+                   help="the last step is always checkpointed; use fewer steps between checkpoints, or remove it")
+    if "restarts" in written and train.restarts and not train.checkpoint_dir:
+        c.warn("W0134", f"restarts = {train.restarts} without `checkpoint_dir`: each restart begins again at step 0",
+               at["restarts"], label="nothing to resume from",
+               help='add `checkpoint_dir = "ckpt"` so that a restart resumes from the last checkpoint')
+    if "log_every" in written and train.log_every > steps:
+        c.warn("W0135", f"log_every = {train.log_every} is longer than the run ({steps} steps): only the first and "
+               "last steps are logged", at["log_every"], label="has no effect",
+               help="the first and last steps are always logged; use a shorter interval, or remove it")
+
+
+def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
+    """Plan settings written with a value that changes nothing in this mesh: a warning at the setting, so that a user
+    who believes it does something learns that it does not (tests/test_settings_reach_output.py holds every setting
+    to this: it changes the program, or the check says why not)."""
+    plan, mesh = spec.plan, spec.mesh
+    if not mesh.axis_spans:
+        return  # axes not written (a search chooses them): no setting can be said to lack an axis
+    sizes = dict(mesh.axes)
+    tp, pp, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("dp", 1)
+    at = dict(plan.spans)
+
+    def warn(code: str, key: str, message: str, help: str) -> None:
+        if key in at:
+            c.warn(code, message, at[key], label="has no effect", help=help)
+
+    if tp == 1:
+        no_tp = "the mesh has no `tp` axis (or tp = 1)"
+        if plan.sequence_parallel:
+            warn("W0410", "sequence_parallel", f"sequence parallelism without tensor parallelism: {no_tp}",
+                 "sequence parallelism splits norms and residuals over the tp ranks; add `axis tp = 2` (or more), "
+                 "or remove the setting")
+        if plan.pad_vocab:
+            warn("W0411", "pad_vocab", f"pad_vocab without tensor parallelism: {no_tp}",
+                 "the vocabulary is padded to a multiple of tp, and tp = 1 divides every vocabulary; remove it")
+        if set(plan.tp_layers) != set(TP_LAYERS):
+            warn("W0412", "tp_layers", f"tp_layers without tensor parallelism: {no_tp}",
+                 "tp_layers says what a tp axis shards; add `axis tp = ...`, or remove the setting")
+    elif plan.pad_vocab:
+        vocab = int(spec.value(next(x for x in spec.model.layers if isinstance(x, S.Embedding)).vocab))
+        if "vocab" not in plan.tp_layers:
+            warn("W0411", "pad_vocab", "pad_vocab, but the vocabulary is not sharded (`vocab` is not in tp_layers)",
+                 "padding applies to a vocabulary split over tp; remove it, or add `vocab` to tp_layers")
+        elif vocab % tp == 0:
+            warn("W0411", "pad_vocab", f"pad_vocab, but tp = {tp} divides the vocabulary ({vocab}): nothing is padded",
+                 "padding is only needed when tp does not divide the vocabulary; remove it")
+    if pp == 1:
+        no_pp = "the mesh has no `pp` axis (or pp = 1)"
+        if plan.schedule != PLAN_SETTINGS["schedule"].default:
+            warn("W0612", "schedule", f"a pipeline schedule without pipeline parallelism: {no_pp}",
+                 "the schedule orders the micro-batches of pipeline stages; add `axis pp = 2` (or more), or remove it")
+        if plan.virtual_stages > 1:
+            warn("W0613", "virtual_stages", f"virtual stages without pipeline parallelism: {no_pp}",
+                 "virtual stages interleave the blocks of several stages on each pp rank; add `axis pp = ...`, or "
+                 "remove it")
+        if plan.layout:
+            warn("W0614", "layout", f"a stage layout without pipeline parallelism: {no_pp}",
+                 "a layout gives the blocks of each pipeline stage; add `axis pp = ...`, or remove it")
+    if dp == 1 and plan.data_parallel != PLAN_SETTINGS["data_parallel"].default:
+        warn("W0301", "data_parallel", f"data_parallel = {plan.data_parallel} shards over dp, and dp = 1",
+             "ZeRO and FSDP shard the model state over the dp ranks; with one there is nothing to shard: add dp "
+             "ranks, or remove the setting")
+    if plan.recompute != "none" and not any(isinstance(x, S.Repeat) for x in spec.model.layers):
+        warn("W0136", "recompute", "recompute, but the model has no `repeat` of blocks to recompute",
+             "recomputation applies to each block of the model's `repeat`; write the blocks as `repeat n { ... }`")
 
 
 def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:

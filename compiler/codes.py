@@ -49,6 +49,44 @@ CODES: dict[str, Code] = {
     "E0120": Code("value out of range", "A value has the right kind but not an allowed value: a size that is not a "
                   "positive integer (a division with a remainder, a fraction), a negative rate, betas outside "
                   "[0, 1), a seed or count past its bound, a vocabulary too small for the synthetic task."),
+    "E0130": Code("timeout too long", "`timeout` bounds how long a collective may wait before the watchdog ends the "
+                  "job; the runtime holds it in timedeltas and thread waits that overflow past about 10^13 s, so a "
+                  "huge value would pass the check and fail when the program starts. It is bounded at a week "
+                  "(604800 s, \"7 days\"). `timeout = 0` turns the watchdog off."),
+    "E0131": Code("schedule floor above its peak", "`cosine(min_lr = ...)` decays the learning rate from `lr` down "
+                  "to `min_lr`; a floor above the peak would make the schedule rise instead. Make min_lr smaller "
+                  "than the optimizer's lr (a tenth of it is usual)."),
+    "E0132": Code("rope_scaling without rotary embeddings", "`rope_scaling = llama3(...)` rescales the frequencies "
+                  "of rotary embeddings, which an attention has only with `rope_theta` > 0. Without it the scaling "
+                  "would be ignored: add the rotary base (`rope_theta = 500000` for Llama 3) or remove the scaling."),
+    "W0130": Code("warm-up not over in the run", "A warning: the schedule's `warmup` is at least `steps`, so the "
+                  "learning rate rises for the whole run and never reaches `lr` (and a cosine never decays). Use a "
+                  "warm-up shorter than the run, usually a few percent of it."),
+    "W0131": Code("learning rate far too high", "A warning: AdamW's peak learning rates lie between about 1e-6 and "
+                  "1e-2; a rate above 1 is most likely a slip of the exponent's sign (`3e3` for `3e-3`) and "
+                  "diverges in the first steps."),
+    "W0132": Code("checkpoint interval without a directory", "A warning: `checkpoint_every` sets how often "
+                  "checkpoints are written to `checkpoint_dir`; without a directory none is written. Add "
+                  "`checkpoint_dir = \"...\"` or remove the interval."),
+    "W0133": Code("checkpoint interval longer than the run", "A warning: the last step is always checkpointed; an "
+                  "interval of at least `steps` adds no checkpoint, so it has no effect."),
+    "W0134": Code("restarts without checkpoints", "A warning: torchrun restarts a failed job `restarts` times, and "
+                  "each restart resumes from the last checkpoint in `checkpoint_dir`; without one it begins again "
+                  "at step 0, repeating the work done. Add `checkpoint_dir`."),
+    "W0135": Code("log interval longer than the run", "A warning: the first and last steps are always logged; a "
+                  "`log_every` larger than `steps` logs nothing more, so it has no effect."),
+    "W0136": Code("recompute without blocks", "A warning: activation recomputation applies to each block of the "
+                  "model's `repeat`; a model without one has nothing to recompute."),
+    "W0137": Code("qkv_bias equal to bias", "A warning: `qkv_bias` defaults to `bias` and differs from it only for "
+                  "the q, k and v projections (Qwen 2: `bias = false, qkv_bias = true`). Written equal to `bias` it "
+                  "changes nothing."),
+    "W0138": Code("positions encoded twice", "A warning: the model has learned absolute positions (`positional`) "
+                  "and rotary embeddings (`rope_theta` of an attention) at once. Both run, but models use one or the "
+                  "other (GPT-2 the first, Llama the second): remove one."),
+    "W0139": Code("device figure in other units", "A warning: a device figure of the mesh (peak_tflops, memory_gb, "
+                  "a bandwidth or a latency) is far outside any device, most likely written in other units (bytes "
+                  "for GB, FLOP/s for TFLOP/s, seconds for µs). The cost model would plan for it as written: the "
+                  "memory check would pass plans no device can hold. The help gives the unit."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
                   "gets hidden / heads features. The help lists head counts near the one written that divide it."),
@@ -66,6 +104,9 @@ CODES: dict[str, Code] = {
     "E0301": Code("mesh does not match the machines", "The product of the mesh axes must equal nodes × "
                   "devices_per_node: every process holds exactly one coordinate of the mesh. `ep` counts like `dp` "
                   "(the batch is split over dp × ep ranks)."),
+    "W0301": Code("data_parallel with dp = 1", "A warning: `zero1`, `zero2` and `fsdp` shard the model state over "
+                  "the dp ranks; with dp = 1 there is nothing to shard and the program runs as with `ddp`. Add dp "
+                  "ranks or remove the setting."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),
@@ -91,6 +132,13 @@ CODES: dict[str, Code] = {
                   "negation of a rotary embedding) would need its own rule; rather than run the layer replicated "
                   "while the plan says tp, the compiler refuses the plan at the layer. Leave the layer kind out of "
                   "`tp_layers`, or use tp = 1."),
+    "W0410": Code("sequence parallelism without tp", "A warning: `sequence_parallel` splits norms and residuals "
+                  "along the sequence over the tp ranks; without a tp axis (or with tp = 1) it does nothing."),
+    "W0411": Code("pad_vocab with nothing to pad", "A warning: `pad_vocab` pads a vocabulary that tp does not "
+                  "divide; without tp, with the vocabulary left out of `tp_layers`, or when tp divides it, nothing "
+                  "is padded."),
+    "W0412": Code("tp_layers without tp", "A warning: `tp_layers` chooses what a tp axis shards; without a tp axis "
+                  "(or with tp = 1) it does nothing."),
     # -- memory ---------------------------------------------------------------------------------------------------
     "E0501": Code("the predicted peak memory does not fit", "The fullest rank's predicted peak (weights, gradients, "
                   "optimizer state, the activations its micro-batches in flight keep for backward, and the working "
@@ -125,6 +173,12 @@ CODES: dict[str, Code] = {
                   "split backward (input gradients, then weight gradients) would run each block's whole backward in "
                   "both halves. Under zero-bubble `compile` defaults to false; written true, it is this error. Use "
                   "another schedule (1f1b, interleaved-1f1b) to compile."),
+    "W0612": Code("pipeline schedule without pp", "A warning: `schedule` orders the micro-batches over pipeline "
+                  "stages; without a pp axis (or with pp = 1) there are no stages and it does nothing."),
+    "W0613": Code("virtual stages without pp", "A warning: `virtual_stages` gives each pp rank several interleaved "
+                  "stages; without a pp axis it does nothing."),
+    "W0614": Code("stage layout without pp", "A warning: `layout` gives the blocks of each pipeline stage; without a "
+                  "pp axis it does nothing."),
     "E0609": Code("the pipeline schedule fails verification", "Before any process starts, `compile` and `run` build "
                   "the per-rank action lists the runtime will execute and prove them: every send has its receive, "
                   "no rank waits forever, each stage computes each micro-batch once. A failure is a defect of "
@@ -149,6 +203,12 @@ CODES: dict[str, Code] = {
                   "experts' summed over dp alone, outside FSDP's reduce-scatter (zero2), and no end-to-end case checks "
                   "ZeroRedundancyOptimizer's partition against that split (zero1). Use `data_parallel = ddp` (the "
                   "experts are already sharded over ep)."),
+    "W0709": Code("dropped under dropless routing", "A warning: `dropped` says what a choice over an expert's "
+                  "capacity contributes; with `capacity_factor = none` (dropless) no choice is ever over capacity, "
+                  "so it does nothing."),
+    "W0710": Code("load-balancing loss that cannot balance", "A warning: with top_k equal to the experts every "
+                  "token goes to every expert, the load is always balanced and the auxiliary loss is the constant "
+                  "1: its weight changes nothing. Use a smaller top_k, or `aux_loss = 0`."),
     # -- data -----------------------------------------------------------------------------------------------------
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "

@@ -144,7 +144,10 @@ def test_export_keeps_the_source_checkpoints_keys_and_files(tmp_path, capsys):
     generation = json.dumps({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.7})
     (src / "generation_config.json").write_text(generation)
     (src / "tokenizer_config.json").write_text('{"model_max_length": 128}')
-    save_file({"unused": torch.zeros(1)}, src / "model.safetensors")  # what `init = from` checks is there
+    # weights the model fits: check reads their names and shapes against it
+    cls, extra = FAMILIES["mistral"]
+    model_cls = getattr(transformers, cls.replace("Config", "ForCausalLM"))
+    save_file(model_cls(getattr(transformers, cls)(**TINY, **extra)).state_dict(), src / "model.safetensors")
     (tmp_path / "m.scale").write_text(scale)
     step = _checkpoint(tmp_path, scale)
     out = tmp_path / "exported"

@@ -8,6 +8,7 @@ holds the cost model's figures, which change with a setting the run never sees.
 """
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,11 +147,16 @@ def _text(change: Change, changed: bool) -> str:
     return text
 
 
-def _emitted(text: str, tmp_path: Path) -> dict:
+def _beside(tmp_path: Path) -> None:
+    """The files a .scale file in tmp_path may name, which check reads."""
     for name in ("a.bin", "b.bin"):  # token files beside the .scale file, fitting uint16 and uint32
         (tmp_path / name).write_bytes(bytes(4096))
     for name in ("files_llama", "w2"):  # checkpoints to start from, which check reads: the tiny Llama's
         shutil.copytree(ROOT / "tests" / "mistakes" / "files" / "files_llama", tmp_path / name, dirs_exist_ok=True)
+
+
+def _emitted(text: str, tmp_path: Path) -> dict:
+    _beside(tmp_path)
     compiled = compile_spec(check_text(text, str(tmp_path / "plan.scale")))
     spec, traced, costs = compiled.spec, compiled.traced, compiled.costs
     return {"program.py": codegen.program(spec, traced, costs, str(tmp_path / "build")),
@@ -191,3 +197,293 @@ def test_runtime_reads_every_config_field():
         unread += [f"{group}.{f.name}" for f in dataclasses.fields(cls)
                    if not any(re.search(rf"\b{a}\.{f.name}\b", source) for a in aliases)]
     assert not unread, f"Config fields the runtime never reads: {unread}"
+
+
+# -- every setting, in every plan shape: it reaches the program, or the check names it at its span ---------------
+#
+# The tests above show each setting reaching the program in one plan where it applies. A setting can still do
+# nothing in another plan (sequence parallelism without tp, a pipeline schedule without pp, ZeRO with dp = 1). So each
+# setting and layer argument is written here with values other than its default in each of a few plan shapes, and
+# one of three must hold: the program the run executes changes (program.py without its comments and the cost
+# model's figures, and launch.sh), the check refuses the file (the setting is surely a mistake there), or the check
+# warns at the setting's line (the setting has no effect there and the user is told). A setting or argument added to
+# the checker's tables without a probe here fails `test_every_setting_and_argument_is_probed`.
+
+SHAPES = {"one device": "samples/tiny_gpt.scale", "dp": DP, "tp": TP, "pp": "samples/gpt_pp.scale", "dp×pp×tp": G3,
+          "ep": "samples/moe_gpt.scale", "llama": LLAMA}
+TRAIN_SHAPES = ("one device", "dp×pp×tp")  # the training settings do not depend on the plan's axes
+LAYER_SHAPES = ("one device", "tp")
+
+
+@dataclass(frozen=True)
+class Probe:
+    values: tuple
+    """Values other than the default, each written in turn: a setting's text, or for a layer argument a dict
+    {argument: text} written into every call of that layer kind."""
+    base: object = None
+    """Written in both texts first (the context the values are compared in); None: the sample as it is."""
+    shapes: tuple = tuple(SHAPES)
+    setup: tuple = ()
+    """Other settings written in both texts first: ((section.key, value), ...)."""
+
+
+INTERLEAVE = (("plan.schedule", '"interleaved-1f1b"'),)
+ADAMW = "adamw(lr = 3e-3)"
+TOKENS_A = 'tokens(path = "a.bin")'
+COSINE = "cosine(warmup = 5)"
+ROPE = {"rope_theta": "10000", "rope_scaling": "llama3"}
+
+PROBES: dict[str, tuple[Probe, ...]] = {
+    "plan.data_parallel": (Probe(("fsdp", "zero1", "zero2")),),
+    "plan.micro_batches": (Probe(("2", "8")),),
+    "plan.tp_layers": (Probe(("(attention, mlp)", "none")),),
+    "plan.sequence_parallel": (Probe(("true",)),),
+    "plan.pad_vocab": (Probe(("true",)),),
+    "plan.schedule": (Probe(("gpipe", '"zero-bubble"', '"interleaved-1f1b"')),),
+    "plan.virtual_stages": (Probe(("2",)), Probe(("2",), setup=INTERLEAVE)),
+    "plan.layout": (Probe(("((0, 3), (3, 4))", "((0, 1), (1, 2))")),),
+    "plan.recompute": (Probe(("selective", "full")),),
+    "plan.compile": (Probe(("true",)),),  # its default on cpu is false
+    "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
+    "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
+    "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),
+    "train.seed": (Probe(("7",), shapes=TRAIN_SHAPES),),
+    "train.precision": (Probe(("bf16",), shapes=TRAIN_SHAPES),),
+    "train.optimizer": (Probe(("adamw(lr = 1e-3)",), shapes=TRAIN_SHAPES),),
+    "train.optimizer.adamw.lr": (Probe(("adamw(lr = 1e-3)", "adamw(lr = 30)"), base=ADAMW, shapes=TRAIN_SHAPES),),
+    "train.optimizer.adamw.betas": (Probe(("adamw(lr = 3e-3, betas = (0.8, 0.9))",), base=ADAMW,
+                                          shapes=TRAIN_SHAPES),),
+    "train.optimizer.adamw.weight_decay": (Probe(("adamw(lr = 3e-3, weight_decay = 0.01)",), base=ADAMW,
+                                                 shapes=TRAIN_SHAPES),),
+    "train.optimizer.adamw.eps": (Probe(("adamw(lr = 3e-3, eps = 1e-6)",), base=ADAMW, shapes=TRAIN_SHAPES),),
+    "train.lr_schedule": (Probe(("constant", "cosine"), shapes=TRAIN_SHAPES),),
+    "train.lr_schedule.cosine.warmup": (Probe(("cosine(warmup = 6)", "cosine(warmup = 500)"), base=COSINE,
+                                              shapes=TRAIN_SHAPES),),
+    "train.lr_schedule.cosine.min_lr": (Probe(("cosine(warmup = 5, min_lr = 1e-4)", "cosine(warmup = 5, min_lr = 1)"),
+                                              base=COSINE, shapes=TRAIN_SHAPES),),
+    "train.lr_schedule.constant.warmup": (Probe(("constant(warmup = 3)", "constant(warmup = 500)"), base="constant",
+                                                shapes=TRAIN_SHAPES),),
+    "train.grad_clip": (Probe(("0.5", "0"), shapes=TRAIN_SHAPES),),
+    "train.data": (Probe((TOKENS_A,), shapes=TRAIN_SHAPES),),
+    "train.data.tokens.path": (Probe(('tokens(path = "b.bin")',), base=TOKENS_A, shapes=TRAIN_SHAPES),),
+    "train.data.tokens.dtype": (Probe(('tokens(path = "a.bin", dtype = uint32)',), base=TOKENS_A,
+                                      shapes=TRAIN_SHAPES),),
+    # init = from(...) is read by check (names and shapes against the model): a model its checkpoint fits
+    "train.init": (Probe(('from("files_llama")',), base="normal", shapes=("llama",)),),
+    "train.init.from.path": (Probe(('from("w2")',), base='from("files_llama")', shapes=("llama",)),),
+    "train.log_every": (Probe(("3", "1000"), shapes=TRAIN_SHAPES),),
+    "train.checkpoint_dir": (Probe(('"ckpt"',), shapes=TRAIN_SHAPES),),
+    "train.checkpoint_every": (Probe(("3", "1000"), shapes=TRAIN_SHAPES),
+                               Probe(("3", "1000"), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
+    "train.restarts": (Probe(("2",), shapes=TRAIN_SHAPES),
+                       Probe(("2",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
+    "train.timeout": (Probe(('"30 s"', "0", '"30 days"'), shapes=TRAIN_SHAPES),),
+    "layer.layernorm.eps": (Probe(({"eps": "1e-6"},), shapes=LAYER_SHAPES),),
+    "layer.rmsnorm.eps": (Probe(({"eps": "1e-5"},), shapes=LAYER_SHAPES),),  # the samples' norms made rmsnorm
+    "layer.attention.kv_heads": (Probe(({"kv_heads": "2"},), shapes=LAYER_SHAPES),),
+    "layer.attention.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
+    "layer.attention.qkv_bias": (Probe(({"qkv_bias": "false"}, {"qkv_bias": "true"}), shapes=LAYER_SHAPES),),
+    "layer.attention.rope_theta": (Probe(({"rope_theta": "10000"},), shapes=LAYER_SHAPES),),
+    "layer.attention.rope_scaling": (Probe(({"rope_scaling": "llama3"},), shapes=LAYER_SHAPES),
+                                     Probe(({"rope_theta": "10000", "rope_scaling": "llama3"},),
+                                           base={"rope_theta": "10000"}, shapes=LAYER_SHAPES)),
+    **{f"layer.attention.rope_scaling.llama3.{arg}": (Probe(({**ROPE, "rope_scaling": f"llama3({arg} = {v})"},),
+                                                            base=ROPE, shapes=("one device",)),)
+       for arg, v in (("factor", "4.0"), ("low_freq_factor", "2.0"), ("high_freq_factor", "8.0"),
+                      ("original_seq", "4096"))},
+    "layer.mlp.act": (Probe(({"act": "swiglu"},), shapes=LAYER_SHAPES),),
+    "layer.mlp.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
+    "layer.moe.top_k": (Probe(({"top_k": "1"}, {"top_k": "8"}), shapes=("ep",)),),
+    "layer.moe.capacity_factor": (Probe(({"capacity_factor": "2.0"}, {"capacity_factor": "none"}), shapes=("ep",)),),
+    "layer.moe.act": (Probe(({"act": "gelu"},), shapes=("ep",)),),
+    "layer.moe.aux_loss": (Probe(({"aux_loss": "0.1"},), shapes=("ep",)),
+                           Probe(({"top_k": "8", "aux_loss": "0.1"},), base={"top_k": "8"}, shapes=("ep",))),
+    "layer.moe.dropped": (Probe(({"dropped": "identity"},), shapes=("ep",)),
+                          Probe(({"capacity_factor": "none", "dropped": "identity"},), base={"capacity_factor": "none"},
+                                shapes=("ep",))),
+    "layer.lm_head.tied": (Probe(({"tied": "false"},), shapes=LAYER_SHAPES),),
+    "layer.lm_head.bias": (Probe(({"bias": "true"},), shapes=LAYER_SHAPES),),
+}
+
+# Settings changed only together with another (the mesh's size moves with its axes): held by CHANGES above.
+STRUCTURAL = {"mesh.nodes": "nodes × devices_per_node is the product of the axes: CHANGES changes both",
+              "mesh.devices_per_node": "as mesh.nodes"}
+
+
+def _layer_arguments() -> list[str]:
+    """layer.KIND.ARG for every optional argument of every layer kind (and of its call-valued arguments). A required
+    argument is a size every such layer writes: it is the model's shape, not a setting that could go unused."""
+    names = []
+    for kind, params in K.LAYERS.items():
+        for arg, param in params.items():
+            if param.default is K._MISSING:
+                continue
+            names.append(f"layer.{kind}.{arg}")
+            for kinds in _call_tables(param):
+                names += [f"layer.{kind}.{arg}.{k}.{a}" for k, args in kinds.items() for a in args]
+    return names
+
+
+def test_every_setting_and_argument_is_probed():
+    names = set(settings()) | set(_layer_arguments())
+    assert "layer.moe.dropped" in names and "layer.attention.rope_scaling.llama3.factor" in names
+    covered = PROBES.keys() | COST_MODEL_ONLY.keys() | STRUCTURAL.keys()
+    assert not names - covered, (f"settings or layer arguments with no probe: {sorted(names - covered)}; give each a "
+                                 "Probe in PROBES: values that change the program, or that the check names")
+    assert not covered - names, f"probes of settings the checker no longer reads: {sorted(covered - names)}"
+
+
+def _section(text: str, section: str) -> tuple[int, int]:
+    """[start, end) of the body of `section { ... }` in text (a plan section is added when absent)."""
+    m = re.search(rf"^{section}\b[^{{\n]*{{", text, re.MULTILINE)
+    assert m, f"no `{section}` section"
+    depth, i = 1, m.end()
+    while depth:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    return m.end(), i - 1
+
+
+def _set(text: str, name: str, value: str) -> str:
+    """`text` with setting `section.key` set to `value`: its value replaced where written, else a line added."""
+    section, key = name.split(".")[:2]
+    if section == "plan" and not re.search(r"^plan\b", text, re.MULTILINE):
+        text = text.replace("\ntrain {", "\nplan {\n}\n\ntrain {")
+    a, b = _section(text, section)
+    body = text[a:b]
+    m = re.search(rf"(?<![\w.])({key}\s*=\s*)([^#\n]*?)(\s*(#[^\n]*)?)$", body, re.MULTILINE)
+    if m:
+        body = body[:m.start(2)] + value + body[m.end(2):]
+    else:
+        body = body.rstrip(" ") + f"  {key} = {value}\n"
+    return text[:a] + body + text[b:]
+
+
+def _calls(text: str, kind: str) -> list[tuple[int, int]]:
+    """[start of the arguments, closing parenthesis) of every call of layer `kind` in the model section."""
+    out = []
+    for m in re.finditer(rf"(?<![\w.]){kind}\(", text[:_section(text, "model")[1]]):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        out.append((m.end(), i - 1))
+    return out
+
+
+def _set_args(text: str, kind: str, args: dict) -> str:
+    """Every call of `kind` with `args` set: replaced where written by name, else appended."""
+    for a, b in reversed(_calls(text, kind)):
+        inner = text[a:b]
+        for arg, value in args.items():
+            m = re.search(rf"(?<![\w.]){arg}\s*=\s*((?:[^,()]|\([^()]*\))+)", inner)
+            inner = inner[:m.start(1)] + value + inner[m.end(1):] if m else inner.rstrip() + f", {arg} = {value}"
+        text = text[:a] + inner + text[b:]
+    return text
+
+
+def _lines_of(text: str, name: str) -> set[int]:
+    """The lines where the setting or argument `name` is written in `text`."""
+    parts = name.split(".")
+    if parts[0] == "layer":
+        return {text.count("\n", 0, a) + 1 + k for a, b in _calls(text, parts[1])
+                for k in range(text.count("\n", a, b) + 1)}
+    a, b = _section(text, parts[0])
+    m = re.search(rf"(?<![\w.]){parts[1]}\s*=", text[a:b])
+    return {text.count("\n", 0, a + m.start()) + 1}
+
+
+def _write(text: str, name: str, value) -> str:
+    parts = name.split(".")
+    return _set_args(text, parts[1], value) if parts[0] == "layer" else _set(text, name, value)
+
+
+_COMMENT = re.compile(r"^\s*#.*\n|  # .*$", re.MULTILINE)
+_COST = re.compile(r"\n\s*(memory|speed)=train\.\w+\([^)]*\),")
+
+
+def _run_files(text: str, where: Path) -> tuple[str, str]:
+    """What the run executes, less what does not change it: comments (they quote the .scale file's lines) and the
+    cost model's predictions in the Config."""
+    emitted = _emitted(text, where)
+    return _COST.sub("", _COMMENT.sub("", emitted["program.py"])), _COMMENT.sub("", emitted["launch.sh"])
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    where = tmp_path_factory.mktemp("probes")
+    _beside(where)
+    cache: dict[str, tuple[str, str]] = {}
+
+    def get(text: str) -> tuple[str, str]:
+        if text not in cache:
+            cache[text] = _run_files(text, where)
+        return cache[text]
+    get.where = where
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_setting_changes_the_run_or_is_named(name, run_files):
+    """For every probe value in every shape: the run changes, the check refuses, or it warns at the setting."""
+    silent = []
+    for probe in PROBES[name]:
+        for shape in probe.shapes:
+            base = (ROOT / SHAPES[shape]).read_text()
+            if name.startswith("layer.rmsnorm."):
+                base = base.replace("layernorm(", "rmsnorm(")
+            if name.startswith("layer.") and not _calls(base, name.split(".")[1]):
+                continue
+            for key, value in probe.setup:
+                base = _set(base, key, value)
+            if probe.base is not None:
+                base = _write(base, name, probe.base)
+            check_text(base, str(run_files.where / "plan.scale"))  # the context itself is a valid plan
+            for value in probe.values:
+                text = _write(base, name, value)
+                if text == base:
+                    continue  # the sample writes this value already
+                lines = _lines_of(text, name)
+                try:
+                    spec = check_text(text, str(run_files.where / "plan.scale"))
+                except ScaleError:
+                    continue  # refused: the setting is not ignored
+                if any(w.span is not None and w.span.line in lines for w in spec.warnings):
+                    continue  # named: it has no effect here, and the user is told
+                if run_files(text) == run_files(base):
+                    silent.append(f"{shape}: {value}")
+    assert not silent, (f"`{name}` is accepted without a word and changes nothing the run executes in: {silent}; "
+                        "make it reach the program there, or warn at its span (compiler/check.py)")
+
+
+# Each no-effect warning, in a plan where it fires: the generated model, stages and launch are those of the file
+# without the setting; only the setting's own field of the Config differs, which the runtime reads and, in this
+# plan, does not act on (tp = 1, pp = 1, dp = 1, no checkpoint directory, past the last step).
+NO_EFFECT = (
+    ("W0410", "dp", (), "plan.sequence_parallel", "true"),
+    ("W0411", "tp", (), "plan.pad_vocab", "true"),
+    ("W0412", "dp", (), "plan.tp_layers", "none"),
+    ("W0612", "dp", (), "plan.schedule", "gpipe"),
+    ("W0613", "dp", INTERLEAVE, "plan.virtual_stages", "2"),
+    ("W0614", "dp", (), "plan.layout", "((0, 1), (1, 2))"),
+    ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
+    ("W0132", "one device", (), "train.checkpoint_every", "3"),
+    ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
+    ("W0135", "one device", (), "train.log_every", "1000"),
+    ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
+)
+
+
+@pytest.mark.parametrize("code, shape, setup, name, value", NO_EFFECT, ids=[c[0] for c in NO_EFFECT])
+def test_a_no_effect_warning_is_true(code, shape, setup, name, value, run_files):
+    base = (ROOT / SHAPES[shape]).read_text()
+    for key, v in setup:
+        base = _set(base, key, v)
+    text = _write(base, name, value)
+    spec = check_text(text, str(run_files.where / "plan.scale"))
+    assert [w.code for w in spec.warnings if w.span.line in _lines_of(text, name)] == [code]
+    (program, launch), (program0, launch0) = run_files(text), run_files(base)
+    assert program.split("CONFIG = ")[0] == program0.split("CONFIG = ")[0] and launch == launch0
+    changed = {line.strip() for line in program.split("CONFIG = ")[1].splitlines()} ^ {
+        line.strip() for line in program0.split("CONFIG = ")[1].splitlines()}
+    assert len(changed) <= 2, f"{code}: more than the setting's own field differs: {changed}"

@@ -34,6 +34,18 @@ def resolve(c, st, a: dict, kind: str):
                 help="each key/value head serves a whole group of query heads; choose one of: "
                      + _divisors_near(int(n), int(kv)))
         ok = False
+    if a["rope_scaling"] is not None and not a["rope_theta"]:
+        c.error("E0132", "rope_scaling scales rotary embeddings, but this attention has none (rope_theta = 0)",
+                _arg_span(st, 6, "rope_scaling"), label="nothing to scale",
+                help="add the rotary base, e.g. `rope_theta = 500000` (Llama 3), or remove `rope_scaling`")
+        ok = False
+    written = {arg.name.id for arg in st.args if arg.name is not None} | {k for k, arg in zip(SCHEMA[kind], st.args)
+                                                                          if arg.name is None}
+    if "qkv_bias" in written and a["qkv_bias"] == a["bias"]:
+        c.warn("W0137", f"qkv_bias = {str(a['qkv_bias']).lower()} is what `bias = {str(a['bias']).lower()}` gives "
+               "q, k and v already", _arg_span(st, 4, "qkv_bias"), label="has no effect",
+               help="qkv_bias differs from bias only for q, k and v (Qwen 2: `bias = false, qkv_bias = true`); "
+                    "remove it")
     if not ok:
         return None
     scaling = None

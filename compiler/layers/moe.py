@@ -46,6 +46,16 @@ def resolve(c, st, a: dict, kind: str):
         ok = False
     if not ok:
         return None
+    written = {arg.name.id for arg in st.args if arg.name is not None} | {k for k, arg in zip(SCHEMA[kind], st.args)
+                                                                          if arg.name is None}
+    if "dropped" in written and a["capacity_factor"] == DROPLESS:
+        c.warn("W0709", "`dropped` says what a dropped choice contributes, and dropless routing drops none",
+               _arg_span(st, 7, "dropped"), label="has no effect under `capacity_factor = none`",
+               help="remove `dropped`, or give the experts a capacity factor (e.g. `capacity_factor = 1.25`)")
+    if "aux_loss" in written and a["aux_loss"] and a["top_k"] == experts:
+        c.warn("W0710", f"a load-balancing loss when every token goes to all {experts} experts (top_k = {experts})",
+               _arg_span(st, 6, "aux_loss"), label="constant: its gradient is 0",
+               help="with top_k = experts the load is always balanced; use a smaller top_k, or `aux_loss = 0`")
     c.moe_layers += 1
     name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
     return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
