@@ -37,6 +37,10 @@ MAX_SEED = 2**31 - 1
 # The longest `timeout`, in seconds: a week. The runtime turns it into timedeltas and thread waits (runtime/mesh.py,
 # runtime/faults.py), which overflow past about 10^13 s; no collective legitimately waits longer than a day or so.
 MAX_TIMEOUT = 7 * 24 * 3600.0
+# The shortest `timeout` that is not a mistake: it also bounds the start-up rendezvous (8 CPU ranks take 10-15 s to
+# start here) and the first step's one-time work; below a few seconds it is a unit slip (`timeout = 0.5` for half a
+# minute) or a watchdog that ends healthy runs.
+MIN_TIMEOUT = 5.0
 
 # The most steps (and steps between logs or checkpoints, warm-up steps, restarts) a run counts: checkpoints hold the
 # step in an int64 tensor (runtime/checkpoint.py), and 2^31 - 1 steps is far past any run.
@@ -566,6 +570,12 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
                 at["timeout"], label=f"more than {MAX_TIMEOUT:g} s (a week)",
                 help=f"at most {MAX_TIMEOUT:g} s (\"7 days\"); a collective that legitimately takes longer than "
                      "its step is a hang. `timeout = 0` turns the watchdog off")
+    elif "timeout" in written and 0 < train.timeout < MIN_TIMEOUT:
+        c.warn("W0140", f"a timeout of {train.timeout:g} s is shorter than a healthy start-up or step can take",
+               at["timeout"], label="the watchdog would end a healthy run",
+               help=f"the watchdog bounds the rendezvous of all ranks and every collective: give at least "
+                    f"{MIN_TIMEOUT:g} s (\"10 min\" is the default; a bare number is seconds); `timeout = 0` turns "
+                    "it off")
     before = c.errors()
     counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts")]
     counts.append(("warmup", sched.warmup, _span(_arg_of(written.get("lr_schedule"), "warmup", 0))))

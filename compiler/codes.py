@@ -87,6 +87,10 @@ CODES: dict[str, Code] = {
                   "a bandwidth or a latency) is far outside any device, most likely written in other units (bytes "
                   "for GB, FLOP/s for TFLOP/s, seconds for µs). The cost model would plan for it as written: the "
                   "memory check would pass plans no device can hold. The help gives the unit."),
+    "W0140": Code("timeout too short", "A warning: `timeout` bounds the rendezvous of all ranks at start-up and "
+                  "every collective of a step; below a few seconds the watchdog would end a healthy run (a bare "
+                  "number is seconds: `timeout = 0.5` is half a second, not half a minute). Give at least 5 s, or "
+                  "`timeout = 0` to turn the watchdog off."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
                   "gets hidden / heads features. The help lists head counts near the one written that divide it."),

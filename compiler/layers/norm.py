@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _float, _size
+from compiler.binder import Param, _arg_span, _float, _size
 
 SPEC = S.Norm
 SCHEMA = {"layernorm": {"hidden": Param(_size, doc="model width"), "eps": Param(_float, 1e-5, "epsilon")},
@@ -11,4 +11,7 @@ TP_ROLES: dict = {}  # replicated; its gradients are partial over tp under seque
 
 
 def resolve(c, st, a: dict, kind: str):
+    if a["eps"] is not None and a["eps"] <= 0:  # a row of zeros (padding, a dead unit) would divide by zero
+        c.error("E0120", f"{kind}'s eps must be positive", _arg_span(st, 1, "eps"), label="divides by the root of "
+                "the variance plus eps", help=f"the usual value is `eps = {SCHEMA[kind]['eps'].default:g}`")
     return S.Norm(kind=kind, hidden=a["hidden"], eps=a["eps"], span=st.span)
