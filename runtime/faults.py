@@ -1,7 +1,9 @@
 """Failures at scale: restarts, preemption, hangs that name themselves, and the one line a failed rank prints.
 
-- Each torchrun attempt (TORCHELASTIC_RESTART_COUNT) meets its peers under its own store prefix, so a restarted
-  group never reads a dead peer's address left in the store by the attempt before (`attempt_store`).
+- Each torchrun attempt meets its peers under its own store prefix, so a restarted group never reads a dead peer's
+  address left in the store by the attempt before (`attempt_store`). The workers agree on the attempt in the store
+  itself (`agree_attempt`), not by TORCHELASTIC_RESTART_COUNT: torchrun advances that count only on the agent whose
+  worker failed, not on an agent restarted for the membership change, so with several agents it differs.
 - SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number, started
   at the step's beginning and read at its end, no host-device synchronisation of its own), so all of them stop
   after the same step, checkpoint and leave with status 0 (`StopVote`).
@@ -39,15 +41,75 @@ _LAST = None      # the last marked operation (what, site): on CUDA collectives 
                   # one is found later, waiting for the device (`device_wait`)
 
 
+_ATTEMPT = 0      # this attempt's generation, agreed by all workers in the store (agree_attempt)
+
+
 def attempt() -> int:
-    """torchrun's restart count of this attempt (0 on the first, and outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """This attempt's generation as the workers agreed it at start-up: 0 on the first attempt (and before start-up,
+    and outside torchrun), larger on every restart."""
+    return _ATTEMPT
 
 
 def attempt_store(timeout: timedelta):
     """The store this attempt rendezvous through: torchrun's (or rank 0's), under a prefix of its own."""
-    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    return dist.PrefixStore(f"scalec/attempt{attempt()}", store)
+    global _ATTEMPT
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    _ATTEMPT = agree_attempt(store, rank, world, timeout.total_seconds())
+    return dist.PrefixStore(f"scalec/attempt{_ATTEMPT}", store)
+
+
+_AGREE = "scalec/agree"
+
+
+def agree_attempt(store, rank: int, world: int, timeout: float) -> int:
+    """The generation every worker of this attempt agrees on, through `store` (torchrun's store, which outlives the
+    attempts: keys of earlier attempts are still there). Each rank's counter cannot serve: torchrun's restart count
+    is advanced only by the agent whose worker failed (an agent restarted for the membership change keeps its
+    count), and a per-rank count of starts drifts when a worker dies before reaching this point.
+
+    Generation g is joined in two phases. Join: take rank's slot in g (`add(slot, 1) == 1`) and count it; a slot
+    already taken was taken by this rank's worker of an earlier attempt, so g is an earlier attempt's and this one
+    moves to g + 1 (`compare_set`: one move however many find it, the others follow). Confirm: once g has `world`
+    members, say so; the attempt is g when `world` members confirmed.
+
+    Race-free because torchrun starts an attempt's workers only after every agent stopped (and reaped) the workers
+    of the one before (each agent stops its workers before the rendezvous round, which needs every agent), and
+    starts each rank once per attempt:
+    - workers of one attempt start at different times: the early ones wait in g (confirm needs `world` members),
+      and whoever moves g to g + 1 moves all of them, since a waiting worker leaves g for the newer generation;
+    - an earlier attempt's workers are dead, but their keys remain: a generation they left full (the usual case)
+      has every slot taken, so each new worker moves on; one they left partial (a worker died before joining)
+      can get `world` members, but its old members never confirm, and each of their ranks' new workers, finding
+      its slot taken, moves every new worker to g + 1 before anyone has `world` confirmations in g;
+    - an earlier attempt's worker still alive (not under torchrun) joined its generation already and touches these
+      keys no more; it keeps its own prefix, which no later attempt reuses."""
+    def read(key: str) -> int:
+        return int(store.add(key, 0))
+
+    deadline = time.monotonic() + timeout
+    gen = read(f"{_AGREE}/generation")
+    while True:
+        if store.add(f"{_AGREE}/{gen}/slot{rank}", 1) != 1:  # an earlier attempt's generation: the next one
+            store.compare_set(f"{_AGREE}/generation", str(gen), str(gen + 1))
+            gen = read(f"{_AGREE}/generation")
+            continue
+        store.add(f"{_AGREE}/{gen}/members", 1)
+        confirmed, pause = False, 0.005
+        while True:
+            now = read(f"{_AGREE}/generation")
+            if now != gen:  # a later worker found g an earlier attempt's: join the newer generation
+                gen = now
+                break
+            if not confirmed and read(f"{_AGREE}/{gen}/members") >= world:
+                store.add(f"{_AGREE}/{gen}/confirmed", 1)
+                confirmed = True
+            if confirmed and read(f"{_AGREE}/{gen}/confirmed") >= world:
+                return gen
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"scalec: {read(f'{_AGREE}/{gen}/members')} of {world} ranks started within "
+                                   f"{timeout:g} s (attempt generation {gen})")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
 
 def set_step(step: int) -> None:
