@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PLAN = (ROOT / "samples" / "gpt_dp.scale").read_text().replace("log_every    = 5", "log_every    = 1\n  restarts = 1  checkpoint_every = 2")
+PLAN = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
+    "log_every    = 5", "log_every    = 1\n  restarts = 1  checkpoint_every = 2")
 
 
 def plan(nodes: int) -> str:
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         why = "" if ok else (f"  exit {rc}, resumed {restarted}, losses equal {losses == ref_losses}, "
                              f"weights equal {same_w}\n" + "\n".join(out.splitlines()[-25:]))
         print(f"trial {i + 1:>2} (kill {schedule[i]}): {'pass' if ok else 'FAIL'} in {dt:5.1f} s{why}", flush=True)
-    print(f"{passed}/{args.n} passed ({args.nodes} torchrun agent{'s' if args.nodes > 1 else ''}); seconds per trial: min {min(times):.1f}, max {max(times):.1f}, "
+    agents = f"{args.nodes} torchrun agent{'s' if args.nodes > 1 else ''}"
+    print(f"{passed}/{args.n} passed ({agents}); seconds per trial: min {min(times):.1f}, max {max(times):.1f}, "
           f"mean {sum(times) / len(times):.1f} (uninterrupted reference {ref_dt:.1f})")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if passed == args.n else 1

@@ -71,11 +71,11 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
     # The process group's own timeout is the backstop: the watchdog (faults) reports a stuck collective first.
     limit = timedelta(seconds=timeout + 60 if timeout > 0 else 24 * 3600)
     faults.start_watchdog(timeout)
-    with faults.op("the process group's start-up (rendezvous of all ranks)"):
+    with faults.op("the process group's start-up (rendezvous of all ranks)", faults.scale()):
         store = faults.attempt_store(timedelta(seconds=timeout) if timeout > 0 else limit)
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
     names = tuple(a for a, _ in axes)
-    with faults.op("building the device mesh (new process groups)"):
+    with faults.op("building the device mesh (new process groups)", faults.scale()):
         mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
     coords = {a: mesh.get_local_rank(a) for a in names}
     for a in names:
