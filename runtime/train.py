@@ -109,8 +109,9 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     experts = [name for name, _ in model.named_parameters() if shards.expert(name)]
     if experts:
         DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
-    return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
-               device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    with faults.op("DDP's start-up (the parameters broadcast from rank 0 over the batch ranks)", _dp_site("ddp")):
+        return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
+                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
 def _fsdp_prefetch(blocks: list, depth: int) -> None:
@@ -410,8 +411,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
     ckpt = cfg.checkpoint
-    start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
-             if ckpt.dir else 0)
+    with faults.op("loading the latest checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
+        start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
+                 if ckpt.dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
     # Listed once, not walked every step: the parameters keep their identity through the run (FSDP2 registers the
     # same sharded DTensors again at each reshard; checkpoints load in place).
@@ -455,6 +457,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     clock, finished = progress.Clock(start), start
     loader = data.Prefetcher(lambda t: parts.batches(source, t), ctx.device, stop)
     vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
+    zero1 = _zero1_group(cfg, ctx) is not None
+    step_what = "the optimizer step (zero1's parameter broadcasts over dp)" if zero1 else "the optimizer step"
+    step_site = faults.scale("data_parallel", "axis dp") if zero1 else faults.scale()
     for step in range(start, stop):
         faults.set_step(step + 1)
         faults.test_hooks(ctx.rank, step + 1)
@@ -482,7 +487,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
             norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
                                      scale=params)
-        opt.step()
+        with faults.op(step_what, step_site):  # zero1: each rank broadcasts the partition it updated
+            opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         finished = step + 1
@@ -507,7 +513,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             losses.append(loss_value)
             dt = clock.lap(step + 1)  # mean seconds per step since the last read
             # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
-            experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
+            with faults.op("the MoE statistics all-reduces over all ranks", faults.scale("axis ep")):
+                experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
             record = {"step": step + 1, "loss": loss_value, "grad_norm": norm_value, "lr": sched.get_last_lr()[0],
                       "step_time": dt, "tokens_per_s": tokens_per_step / dt,
                       **progress.speed_figures(speed, ctx.world_size, dt),
