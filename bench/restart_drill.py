@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -71,11 +72,17 @@ def launch(build_dir: Path, work: Path, name: str, steps: int, env_extra: dict, 
     cmd = ["bash", str(build_dir / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
            "--checkpoint-dir", str(ckpt)]
     t0 = time.perf_counter()
+    # A session of its own: a trial that hangs is ended whole (launch.sh, the torchrun agents and their workers),
+    # not just its shell, which would leave the agents and workers running into the next trials.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out = "timeout", str(exc.stdout or "")
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = "timeout"
     dt = time.perf_counter() - t0
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     return rc, out, dt, records, ckpt, weights
