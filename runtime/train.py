@@ -457,9 +457,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     clock, finished = progress.Clock(start), start
     loader = data.Prefetcher(lambda t: parts.batches(source, t), ctx.device, stop)
     vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
-    zero1 = _zero1_group(cfg, ctx) is not None
-    step_what = "the optimizer step (zero1's parameter broadcasts over dp)" if zero1 else "the optimizer step"
-    step_site = faults.scale("data_parallel", "axis dp") if zero1 else faults.scale()
+    zero1 = _zero1_group(cfg, ctx) is not None  # its step broadcasts: timed (others are no collective: not marked)
     for step in range(start, stop):
         faults.set_step(step + 1)
         faults.test_hooks(ctx.rank, step + 1)
@@ -487,8 +485,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
             norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
                                      scale=params)
-        with faults.op(step_what, step_site):  # zero1: each rank broadcasts the partition it updated
-            opt.step()
+        with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
+                        faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
+            opt.step()  # zero1: each rank broadcasts the partition it updated
         sched.step()
         opt.zero_grad(set_to_none=True)
         finished = step + 1
