@@ -74,7 +74,7 @@ _F = torch.ops._c10d_functional
 
 def _all_reduce(x: torch.Tensor, axis: str, site=None, when: str = "forward") -> torch.Tensor:
     _count("all_reduce", axis, x)
-    with faults.op(f"all_reduce over {axis} ({when})", site):
+    with faults.op(f"all_reduce over {axis} ({when})", faults.axis_site(site, axis)):
         return _F.wait_tensor(_F.all_reduce(x.contiguous(), "sum", _name(axis)))
 
 
@@ -82,7 +82,7 @@ def _all_gather(x: torch.Tensor, axis: str, dim: int, site=None, when: str = "fo
     n = axis_size(axis)
     x = x.movedim(dim, 0).contiguous()
     _count("all_gather", axis, x, n)
-    with faults.op(f"all_gather over {axis} ({when})", site):
+    with faults.op(f"all_gather over {axis} ({when})", faults.axis_site(site, axis)):
         out = _F.wait_tensor(_F.all_gather_into_tensor(x, n, _name(axis)))
     return out.movedim(0, dim).contiguous()  # downstream: matmuls, and pipeline sends that need contiguity
 
@@ -93,7 +93,7 @@ def _reduce_scatter(x: torch.Tensor, axis: str, dim: int, site=None, when: str =
         raise ValueError(f"reduce-scatter over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
     _count("reduce_scatter", axis, x)
     x = x.movedim(dim, 0).contiguous()
-    with faults.op(f"reduce_scatter over {axis} ({when})", site):
+    with faults.op(f"reduce_scatter over {axis} ({when})", faults.axis_site(site, axis)):
         out = _F.wait_tensor(_F.reduce_scatter_tensor(x, "sum", n, _name(axis)))
     return out.movedim(0, dim).contiguous()
 
@@ -216,7 +216,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         peak = logits.max(dim=-1).values
         _count("all_reduce", axis, peak)
         site = faults.caller_site()
-        with faults.op(f"all_reduce (MAX) over {axis} (forward)", site):
+        with faults.op(f"all_reduce (MAX) over {axis} (forward)", faults.axis_site(site, axis)):
             peak = _F.wait_tensor(_F.all_reduce(peak, "max", _name(axis)))
         shifted = logits - peak.unsqueeze(-1)
         mine = (targets >= lo) & (targets < lo + n_local)

@@ -178,6 +178,10 @@ class Config:
     """Seconds a collective may take before the watchdog ends the job naming it (runtime.faults); 0: no watchdog."""
     moe: bool = False
     """The model has Mixture-of-Experts layers: log dropped tokens, expert load and the auxiliary loss."""
+    sources: tuple = ()
+    """((what, "file.scale:LINE", the line's text), ...): the .scale lines behind the runtime's blocking operations,
+    `mesh` (the mesh section), `axis dp` (each axis), and the settings written among data_parallel, schedule,
+    grad_clip, checkpoint_dir and checkpoint_every; the watchdog names them (runtime.faults.scale)."""
     parallel: Parallel
     optim: Optim
     data: Data

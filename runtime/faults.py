@@ -1,7 +1,9 @@
 """Failures at scale: restarts, preemption, hangs that name themselves, and the one line a failed rank prints.
 
-- Each torchrun attempt (TORCHELASTIC_RESTART_COUNT) meets its peers under its own store prefix, so a restarted
-  group never reads a dead peer's address left in the store by the attempt before (`attempt_store`).
+- Each torchrun attempt meets its peers under its own store prefix, so a restarted group never reads a dead peer's
+  address left in the store by the attempt before (`attempt_store`). The workers agree on the attempt in the store
+  itself (`agree_attempt`), not by TORCHELASTIC_RESTART_COUNT: torchrun advances that count only on the agent whose
+  worker failed, not on an agent restarted for the membership change, so with several agents it differs.
 - SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number, started
   at the step's beginning and read at its end, no host-device synchronisation of its own), so all of them stop
   after the same step, checkpoint and leave with status 0 (`StopVote`).
@@ -11,8 +13,8 @@
   the lowest of them prints one message naming each waiting rank's mesh coordinates, pipeline stage, operation and
   `.scale` line, and the ranks that never joined; then the job ends (exit 1).
 - Test-only hooks, read only when set: SCALEC_TEST_KILL_AT=RANK:STEP (SIGKILL that rank at the start of that step on
-  the first attempt), SCALEC_TEST_HANG_AT=RANK:STEP (that rank sleeps forever there), SCALEC_TEST_TERM_AT=RANK:STEP
-  (that rank sends itself SIGTERM there, as a preemption would).
+  the first attempt), SCALEC_TEST_HANG_AT=RANK:STEP[:loss] (that rank sleeps forever there, or before that step's
+  loss all-reduce), SCALEC_TEST_TERM_AT=RANK:STEP (that rank sends itself SIGTERM there, as a preemption would).
 """
 from __future__ import annotations
 
@@ -39,15 +41,75 @@ _LAST = None      # the last marked operation (what, site): on CUDA collectives 
                   # one is found later, waiting for the device (`device_wait`)
 
 
+_ATTEMPT = 0      # this attempt's generation, agreed by all workers in the store (agree_attempt)
+
+
 def attempt() -> int:
-    """torchrun's restart count of this attempt (0 on the first, and outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    """This attempt's generation as the workers agreed it at start-up: 0 on the first attempt (and before start-up,
+    and outside torchrun), larger on every restart."""
+    return _ATTEMPT
 
 
 def attempt_store(timeout: timedelta):
     """The store this attempt rendezvous through: torchrun's (or rank 0's), under a prefix of its own."""
-    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    return dist.PrefixStore(f"scalec/attempt{attempt()}", store)
+    global _ATTEMPT
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    _ATTEMPT = agree_attempt(store, rank, world, timeout.total_seconds())
+    return dist.PrefixStore(f"scalec/attempt{_ATTEMPT}", store)
+
+
+_AGREE = "scalec/agree"
+
+
+def agree_attempt(store, rank: int, world: int, timeout: float) -> int:
+    """The generation every worker of this attempt agrees on, through `store` (torchrun's store, which outlives the
+    attempts: keys of earlier attempts are still there). Each rank's counter cannot serve: torchrun's restart count
+    is advanced only by the agent whose worker failed (an agent restarted for the membership change keeps its
+    count), and a per-rank count of starts drifts when a worker dies before reaching this point.
+
+    Generation g is joined in two phases. Join: take rank's slot in g (`add(slot, 1) == 1`) and count it; a slot
+    already taken was taken by this rank's worker of an earlier attempt, so g is an earlier attempt's and this one
+    moves to g + 1 (`compare_set`: one move however many find it, the others follow). Confirm: once g has `world`
+    members, say so; the attempt is g when `world` members confirmed.
+
+    Race-free because torchrun starts an attempt's workers only after every agent stopped (and reaped) the workers
+    of the one before (each agent stops its workers before the rendezvous round, which needs every agent), and
+    starts each rank once per attempt:
+    - workers of one attempt start at different times: the early ones wait in g (confirm needs `world` members),
+      and whoever moves g to g + 1 moves all of them, since a waiting worker leaves g for the newer generation;
+    - an earlier attempt's workers are dead, but their keys remain: a generation they left full (the usual case)
+      has every slot taken, so each new worker moves on; one they left partial (a worker died before joining)
+      can get `world` members, but its old members never confirm, and each of their ranks' new workers, finding
+      its slot taken, moves every new worker to g + 1 before anyone has `world` confirmations in g;
+    - an earlier attempt's worker still alive (not under torchrun) joined its generation already and touches these
+      keys no more; it keeps its own prefix, which no later attempt reuses."""
+    def read(key: str) -> int:
+        return int(store.add(key, 0))
+
+    deadline = time.monotonic() + timeout
+    gen = read(f"{_AGREE}/generation")
+    while True:
+        if store.add(f"{_AGREE}/{gen}/slot{rank}", 1) != 1:  # an earlier attempt's generation: the next one
+            store.compare_set(f"{_AGREE}/generation", str(gen), str(gen + 1))
+            gen = read(f"{_AGREE}/generation")
+            continue
+        store.add(f"{_AGREE}/{gen}/members", 1)
+        confirmed, pause = False, 0.005
+        while True:
+            now = read(f"{_AGREE}/generation")
+            if now != gen:  # a later worker found g an earlier attempt's: join the newer generation
+                gen = now
+                break
+            if not confirmed and read(f"{_AGREE}/{gen}/members") >= world:
+                store.add(f"{_AGREE}/{gen}/confirmed", 1)
+                confirmed = True
+            if confirmed and read(f"{_AGREE}/{gen}/confirmed") >= world:
+                return gen
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"scalec: {read(f'{_AGREE}/{gen}/members')} of {world} ranks started within "
+                                   f"{timeout:g} s (attempt generation {gen})")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
 
 def set_step(step: int) -> None:
@@ -56,8 +118,8 @@ def set_step(step: int) -> None:
 
 
 class op:
-    """`with op("what"):` marks a blocking region (the innermost one is reported); `site` is the generated
-    program's call (file, line) when known."""
+    """`with op("what", site):` marks a blocking region (the innermost one is reported); `site` is the generated
+    program's call (file, line), or the `.scale` lines of an operation the runtime opens (`scale(...)`)."""
     __slots__ = ("what", "site", "outer")
 
     def __init__(self, what: str, site=None):
@@ -84,9 +146,43 @@ class op:
 
 def device_wait(what: str) -> op:
     """`with device_wait("reading the loss"):` marks a point where the host waits for the device's queued work. On
-    NCCL a collective returns once queued, so a hang shows here; the report names the last collective queued."""
-    last = f"; the last collective queued: {_LAST[0]}{_site_text(_LAST[1])}" if _LAST else ""
-    return op(f"waiting for the device ({what}{last})")
+    NCCL a collective returns once queued, so a hang shows here; the report names the last collective queued and
+    its line (the mesh section's before any)."""
+    if _LAST:
+        return op(f"waiting for the device ({what}; the last collective queued: {_LAST[0]})", _LAST[1] or scale())
+    return op(f"waiting for the device ({what})", scale())
+
+
+_SOURCES = {}     # what -> (file.scale:LINE, the line's text): the program's Config.sources (set_sources)
+
+
+def set_sources(sources) -> None:
+    """The `.scale` lines behind the runtime's blocking operations (runtime.config.Config.sources)."""
+    global _SOURCES
+    _SOURCES = {what: (where, text) for what, where, text in sources}
+
+
+def axis_site(site, axis: str):
+    """`site` (the generated program's call), or for a collective the runtime calls itself (tp's partial gradients,
+    the vocabulary-parallel loss's maximum) the line of its mesh axis; nothing inside a compiled region."""
+    if site or torch.compiler.is_compiling():
+        return site
+    return scale(f"axis {axis}")
+
+
+def has_source(what: str) -> bool:
+    """Whether the program gave the line of `what` (a setting is given only where the .scale file writes it)."""
+    return what in _SOURCES
+
+
+def scale(*whats: str) -> str | None:
+    """The `site` of a blocking operation the runtime itself opens: the `.scale` lines of those of `whats` (`axis
+    dp`, `data_parallel`, ...) the program gave, as "file.scale:LINE (text), ..."; the mesh section's when it gave
+    none of them; None before the program gave any (a runtime test without a program)."""
+    found = [_SOURCES[w] for w in dict.fromkeys(whats) if w in _SOURCES]
+    if not found and "mesh" in _SOURCES:
+        found = [_SOURCES["mesh"]]
+    return ", ".join(f"{where} ({text})" for where, text in found) or None
 
 
 def caller_site(depth: int = 2):
@@ -97,15 +193,19 @@ def caller_site(depth: int = 2):
     f = sys._getframe(depth)
     while f is not None:
         if f.f_code.co_filename.endswith("program.py"):
-            return f.f_code.co_filename, f.f_lineno
+            # the model's code (forward, loss_fn), not the program's `train.main(...)` line that runs the loop
+            return None if f.f_code.co_name == "<module>" else (f.f_code.co_filename, f.f_lineno)
         f = f.f_back
     return None
 
 
 def _site_text(site) -> str:
-    """The `.scale` location and reason the generated program's comment gives for that call."""
+    """The `.scale` location and reason the generated program's comment gives for that call; a site the runtime
+    opened is its `.scale` lines already (`scale`)."""
     if not site:
         return ""
+    if isinstance(site, str):
+        return f" at {site}"
     line = linecache.getline(site[0], site[1]).strip()
     if "#" not in line:
         return f" at {os.path.basename(site[0])}:{site[1]}"
@@ -192,7 +292,7 @@ class StopVote:
         if not self.voting:
             return
         self.flag.fill_(1.0 if _TERM else 0.0)  # a fill from a host scalar: queued, no copy to wait for
-        with op("the preemption check (all-reduce MAX of one flag over all ranks)"):
+        with op("the preemption check (all-reduce MAX of one flag over all ranks)", scale()):
             self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
         if self.cuda:
             self.work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
@@ -218,15 +318,16 @@ def _hook(name: str):
     value = os.environ.get(name)
     if not value:
         return None
-    rank, step = value.split(":")
-    return int(rank), int(step)
+    rank, step, *where = value.split(":")
+    return int(rank), int(step), where[0] if where else "step"
 
 
 _HOOKS = None
 
 
-def test_hooks(rank: int, step: int) -> None:
-    """Drills: act on SCALEC_TEST_{KILL,HANG,TERM}_AT=RANK:STEP (1-based step about to run)."""
+def test_hooks(rank: int, step: int, where: str = "step") -> None:
+    """Drills: act on SCALEC_TEST_{KILL,HANG,TERM}_AT=RANK:STEP[:WHERE] (1-based step about to run; WHERE: `step`,
+    its start, or `loss`, before its loss all-reduce)."""
     global _HOOKS
     if _HOOKS is None:
         _HOOKS = {k: _hook(f"SCALEC_TEST_{k}_AT") for k in ("KILL", "HANG", "TERM")}
@@ -234,7 +335,7 @@ def test_hooks(rank: int, step: int) -> None:
             _HOOKS = {}
     if not _HOOKS:
         return
-    here = (rank, step)
+    here = (rank, step, where)
     if _HOOKS.get("KILL") == here and attempt() == 0:
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)

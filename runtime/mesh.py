@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from runtime import collectives, faults
+from runtime import collectives, errors, faults
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,11 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
     expected = 1
     for _, n in axes:
         expected *= n
-    if world != expected:
-        raise SystemExit(f"scalec: this program needs {expected} processes "
-                         f"({' × '.join(f'{a}={n}' for a, n in axes)}), but torchrun started {world}")
+    if world != expected:  # the same on every attempt: printed once (no process group yet to elect a rank)
+        if rank == 0:
+            print(f"scalec: this program needs {expected} processes ({' × '.join(f'{a}={n}' for a, n in axes)}), "
+                  f"but torchrun started {world}", file=sys.stderr, flush=True)
+        raise SystemExit(errors.EXIT_CODE)
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -71,11 +74,11 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
     # The process group's own timeout is the backstop: the watchdog (faults) reports a stuck collective first.
     limit = timedelta(seconds=timeout + 60 if timeout > 0 else 24 * 3600)
     faults.start_watchdog(timeout)
-    with faults.op("the process group's start-up (rendezvous of all ranks)"):
+    with faults.op("the process group's start-up (rendezvous of all ranks)", faults.scale()):
         store = faults.attempt_store(timedelta(seconds=timeout) if timeout > 0 else limit)
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
     names = tuple(a for a, _ in axes)
-    with faults.op("building the device mesh (new process groups)"):
+    with faults.op("building the device mesh (new process groups)", faults.scale()):
         mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
     coords = {a: mesh.get_local_rank(a) for a in names}
     for a in names:

@@ -220,7 +220,7 @@ def _exchange(x: torch.Tensor, axis: str) -> torch.Tensor:
     splits = [x.shape[0] // collectives.axis_size(axis)] * collectives.axis_size(axis)
     collectives._count("all_to_all", axis, x)
     # torch's functional collective (out of place): selective recomputation saves its output (runtime.recompute).
-    with faults.op(f"all_to_all over {axis} (MoE dispatch or combine)", faults.caller_site()):
+    with faults.op(f"all_to_all over {axis} (MoE dispatch or combine)", faults.axis_site(faults.caller_site(), axis)):
         return collectives._F.wait_tensor(collectives._F.all_to_all_single(x, splits, splits,
                                                                            collectives._name(axis)))
 

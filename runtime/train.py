@@ -131,8 +131,9 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     experts = [name for name, _ in model.named_parameters() if shards.expert(name)]
     if experts:
         DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
-    return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
-               device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    with faults.op("DDP's start-up (the parameters broadcast from rank 0 over the batch ranks)", _dp_site("ddp")):
+        return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
+                   device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
 
 def _fsdp_prefetch(blocks: list, depth: int) -> None:
@@ -170,6 +171,15 @@ def _dp_kind(cfg: Config, ctx: mesh.Context) -> str | None:
     if ctx.batch_size == 1:
         return None
     return "fsdp" if cfg.parallel.data_parallel in ("fsdp", "zero2") and ctx.axis_size("dp") > 1 else "ddp"
+
+
+def _dp_site(kind: str | None) -> str | None:
+    """The `.scale` lines behind the gradient collectives of data parallelism (faults.scale): FSDP's gathers and
+    reduce-scatters come from `data_parallel = fsdp|zero2` (else the dp axis), DDP's all-reduce from the dp axis
+    (the ep axis too: the batch ranks are dp × ep) and `data_parallel` when written."""
+    if kind == "fsdp":
+        return faults.scale("data_parallel" if faults.has_source("data_parallel") else "axis dp")
+    return faults.scale("axis dp", "axis ep", "data_parallel")
 
 
 def _dp_sync(kind: str | None, sync: bool) -> str:
@@ -229,6 +239,12 @@ class WholeModel(ModelParts):
         self.kind = _dp_kind(cfg, ctx)
         self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
+        self.site = _dp_site(self.kind)  # the lines behind the forward's and backward's data-parallel collectives
+        # What a forward waits for: FSDP's weight gathers; DDP's bucket order (broadcast from rank 0 at the first
+        # forward after a backward) and buffers, over the batch ranks.
+        self.gathers = {"fsdp": " (with FSDP's weight all-gathers over dp)",
+                        "ddp": " (with DDP's bucket and buffer synchronisation over the batch ranks)",
+                        }.get(self.kind, "")
 
     def batches(self, source, step: int) -> list:
         m, ctx = self.cfg.parallel.micro_batches, self.ctx
@@ -247,9 +263,9 @@ class WholeModel(ModelParts):
                 # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
                 model.set_requires_gradient_sync(sync)
             with no_sync:
-                with self.autocast:
+                with self.autocast, faults.op(f"the forward{self.gathers}", self.site):
                     loss = model(tokens, targets) / m
-                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})"):
+                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})", self.site):
                     loss.backward()
             total += loss.detach()
         return total
@@ -282,10 +298,12 @@ class PipelineStages(ModelParts):
         if self.measure is not None:  # the stages' forwards and the loss, recorded over the schedule
             self.pipe.watch(self.measure)
         ((tokens, targets),) = batches
-        with faults.op("the pipeline schedule (sends and receives between stages over pp)"):
+        with faults.op("the pipeline schedule (sends and receives between stages over pp)",
+                       faults.scale("axis pp", "schedule")):
             total = self.pipe.step(tokens, targets)
         if _dp_kind(self.cfg, ctx) != "fsdp":
-            with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)"):
+            with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)",
+                           _dp_site("ddp")):
                 _average_dense_grads(self.named_parameters(), ctx, self.shards)
         return total
 
@@ -366,6 +384,7 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     cfg, args = _parse_args(cfg)
     cfg = replace(cfg, data=replace(cfg.data, path=data.resolve(cfg.data.path, program)),
                   init=replace(cfg.init, path=data.resolve(cfg.init.path, program)))
+    faults.set_sources(cfg.sources)  # the .scale lines the watchdog names, from the start-up's rendezvous on
     ctx = mesh.setup(cfg.parallel.axes, cfg.timeout)
     code = 0
     try:
@@ -417,8 +436,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
     ckpt = cfg.checkpoint
-    start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
-             if ckpt.dir else 0)
+    with faults.op("loading the latest checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
+        start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
+                 if ckpt.dir else 0)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
     # Listed once, not walked every step: the parameters keep their identity through the run (FSDP2 registers the
     # same sharded DTensors again at each reshard; checkpoints load in place).
@@ -462,6 +482,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     clock, finished = progress.Clock(start), start
     loader = data.Prefetcher(lambda t: parts.batches(source, t), ctx.device, stop)
     vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
+    zero1 = _zero1_group(cfg, ctx) is not None  # its step broadcasts: timed (others are no collective: not marked)
     for step in range(start, stop):
         faults.set_step(step + 1)
         faults.test_hooks(ctx.rank, step + 1)
@@ -477,7 +498,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
             parts.measure = measure
         total = parts.step(loader.get(step))
-        with faults.op("the expert and partial-gradient all-reduces over dp and tp"):
+        with faults.op("the expert and partial-gradient all-reduces over dp and tp",
+                       faults.scale("axis ep", "axis tp")):
             if par.ep_shards:
                 moe.sync_expert_grads(named, shards.expert, dp_group, n_batch)
             tp.sync_partial_grads(partial, shards)
@@ -485,10 +507,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == start:
             _dump_grads(named, args.dump_grads, ctx, shards)
-        with faults.op("the gradient-norm all-reduce (clipping)"):
+        with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
             norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
                                      scale=params)
-        opt.step()
+        with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
+                        faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
+            opt.step()  # zero1: each rank broadcasts the partition it updated
         sched.step()
         opt.zero_grad(set_to_none=True)
         finished = step + 1
@@ -500,11 +524,12 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             if report_now:
                 report = measure.record(ctx.rank, ctx.coords)
             if read_now:  # every rank joins (the same condition everywhere)
-                with faults.op("the peak-memory all-reduce (MAX over ranks)"):
+                with faults.op("the peak-memory all-reduce (MAX over ranks)", faults.scale()):
                     peak = memory.largest(measure.peak, ctx)
         if read_now:
+            faults.test_hooks(ctx.rank, step + 1, "loss")
             if n_batch > 1:  # the logged loss is the mean over the global batch
-                with faults.op("the loss all-reduce over the batch ranks"):
+                with faults.op("the loss all-reduce over the batch ranks", faults.scale("axis dp", "axis ep")):
                     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
                 total /= n_batch
             with faults.device_wait("reading the step's loss"):
@@ -512,7 +537,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             losses.append(loss_value)
             dt = clock.lap(step + 1)  # mean seconds per step since the last read
             # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
-            experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
+            with faults.op("the MoE statistics all-reduces over all ranks", faults.scale("axis ep")):
+                experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
             record = {"step": step + 1, "loss": loss_value, "grad_norm": norm_value, "lr": sched.get_last_lr()[0],
                       "step_time": dt, "tokens_per_s": tokens_per_step / dt,
                       **progress.speed_figures(speed, ctx.world_size, dt),
@@ -530,7 +556,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                 print(progress.log_line(record, cfg.steps), flush=True)
         preempted = vote.result()
         if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
-            with faults.op("saving the checkpoint"):
+            with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
                 checkpoint.save(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
                                 skip_on_save=parts.tied_elsewhere)
         if preempted:
@@ -542,13 +568,13 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     loader.close()
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
     if run_peak is not None:  # measured on every rank or on none
-        with faults.op("the peak-memory all-reduce (MAX over ranks)"):
+        with faults.op("the peak-memory all-reduce (MAX over ranks)", faults.scale()):
             peak, at = memory.largest(run_peak, ctx)
         if ctx.is_logger:
             print("scalec: " + memory.summary(cfg.memory.predicted_peak_bytes, cfg.memory.device_bytes, peak, at,
                                                "" if cuda else "the last step, runtime.memory's tracker"), flush=True)
     if report is not None:
-        with faults.op("gathering the memory report"):
+        with faults.op("gathering the memory report", faults.scale()):
             memory.write_report(args.memory_report, report, ctx, stop, cfg.memory.predicted_peak_bytes,
                                 cfg.memory.device_bytes)
     if ctx.is_logger:

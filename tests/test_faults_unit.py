@@ -1,6 +1,8 @@
 """runtime.faults without a process group: what a stuck collective is called, and the one line of a failure."""
 from __future__ import annotations
 
+import pytest
+
 from runtime import faults
 
 
@@ -106,3 +108,95 @@ def test_the_agent_does_not_restart_after_a_fatal_exit_code(monkeypatch):
     outcome["result"] = failed(1)  # the other node's worker lost its peers: the job is ending, no restart
     other._monitor_workers(group)
     assert other._remaining_restarts == 0
+
+
+def test_every_operation_the_watchdog_times_names_its_scale_lines():
+    """Each `faults.op(...)` the runtime opens passes a site: a generated call's, or the `.scale` lines the program
+    gave (faults.scale, faults.axis_site); `device_wait` names the last collective's. Found by reading the runtime's
+    source, so a new timed operation without one fails here."""
+    import ast
+    from pathlib import Path
+
+    import runtime
+    sites, bare = 0, []
+    for path in sorted(Path(runtime.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            is_op = ((isinstance(f, ast.Attribute) and f.attr == "op" and getattr(f.value, "id", "") == "faults")
+                     or (path.name == "faults.py" and isinstance(f, ast.Name) and f.id == "op"))
+            if not is_op:
+                continue
+            sites += 1
+            site = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "site"),
+                                                                 None)
+            if site is None or (isinstance(site, ast.Constant) and site.value is None):
+                bare.append(f"{path.name}:{node.lineno}")
+    assert sites >= 20 and not bare, f"timed operations that name no .scale line: {bare}"
+
+
+def _sources(text: str, name: str):
+    from compiler import codegen
+    from compiler.check import check_text
+    return codegen.sources(check_text(text, name))
+
+
+def test_the_runtimes_collectives_name_the_lines_of_their_axis_and_setting(monkeypatch):
+    """The lines the program gives (Config.sources) and what each runtime operation names: DDP the dp axis and
+    `data_parallel`; FSDP the `data_parallel` line (the dp axis when not written); the pipeline the pp axis and
+    `schedule`; a runtime-issued tp collective its axis; anything else (or nothing given) the mesh section."""
+    from pathlib import Path
+
+    from runtime import train
+    root = Path(__file__).resolve().parents[1]
+
+    def at(text, name, needle):
+        return f"{name}:{next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)}"
+    dp = (root / "samples" / "gpt_dp.scale").read_text()
+    axis, setting, mesh = at(dp, "dp.scale", "axis dp"), at(dp, "dp.scale", "data_parallel ="), at(dp, "dp.scale",
+                                                                                                    "mesh {")
+    monkeypatch.setattr(faults, "_SOURCES", {})
+    faults.set_sources(_sources(dp, "dp.scale"))
+    assert train._dp_site("ddp") == f"{axis} (axis dp = 2), {setting} (data_parallel = ddp)"
+    assert faults.scale("axis dp", "axis ep") == f"{axis} (axis dp = 2)"
+    assert faults.scale("checkpoint_dir") == faults.scale() == f"{mesh} (the mesh section)"
+    assert faults.axis_site(None, "dp") == f"{axis} (axis dp = 2)"
+    assert faults.axis_site(("program.py", 3), "dp") == ("program.py", 3)
+    faults.set_sources(_sources(dp.replace("data_parallel = ddp", "data_parallel = fsdp"), "dp.scale"))
+    assert train._dp_site("fsdp") == f"{setting} (data_parallel = fsdp)"
+    faults.set_sources(_sources(dp.replace("data_parallel = ddp", "# data_parallel"), "dp.scale"))
+    assert train._dp_site("fsdp") == f"{axis} (axis dp = 2)"
+    pp = (root / "samples" / "gpt_pp.scale").read_text().replace("log_every", 'checkpoint_dir = "ck"\n  log_every')
+    faults.set_sources(_sources(pp, "pp.scale"))
+    assert faults.scale("axis pp", "schedule") == (f'{at(pp, "pp.scale", "axis pp")} (axis pp = 2), '
+                                                   f'{at(pp, "pp.scale", "schedule =")} (schedule = "1f1b")')
+    assert faults.scale("checkpoint_dir", "checkpoint_every") == f'{at(pp, "pp.scale", "ck")} (checkpoint_dir = "ck")'
+    assert faults.scale("grad_clip") == f'{at(pp, "pp.scale", "grad_clip")} (grad_clip = 1.0)'
+    assert faults._site_text(faults.scale("axis tp")) == f' at {at(pp, "pp.scale", "mesh {")} (the mesh section)'
+
+
+def test_the_programs_train_main_line_is_not_a_collectives_site(tmp_path):
+    """A collective the runtime issues from the loop has the program's `train.main(...)` line under it on the
+    stack: not the model's code, so no site (the runtime names the axis instead)."""
+    program = tmp_path / "program.py"
+    program.write_text("from runtime import faults\ndef forward():\n    return faults.caller_site(1)\n"
+                       "site = faults.caller_site(1)\ninner = forward()\n")
+    scope = {}
+    exec(compile(program.read_text(), str(program), "exec"), scope)
+    assert scope["site"] is None and scope["inner"] == (str(program), 3)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_world_of_the_wrong_size_ends_without_a_restart(monkeypatch, capsys, rank):
+    """torchrun started 3 processes for a dp = 2 program: the same on every attempt, so the exit code is the one the
+    launcher does not restart on (runtime.errors), and only rank 0 says why."""
+    from runtime import mesh
+    from runtime.errors import EXIT_CODE
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit) as info:
+        mesh.setup((("dp", 2),))
+    assert info.value.code == EXIT_CODE
+    err = capsys.readouterr().err
+    assert ("needs 2 processes (dp=2), but torchrun started 3" in err) == (rank == "0") and err.count("\n") <= 1

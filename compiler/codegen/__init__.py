@@ -209,6 +209,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "name": spec.model.name, "source": source_name(spec),
         "steps": t.steps, "seed": t.seed, "precision": t.precision, "log_every": t.log_every, "timeout": t.timeout,
         **({"moe": True} if moe else {}),
+        "sources": sources(spec),
         "parallel": parallel,
         "optim": {"lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
                   "eps": t.optimizer.eps, "lr_schedule": t.schedule.kind, "warmup": t.schedule.warmup,
@@ -222,6 +223,22 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
     }
+
+
+# The settings whose lines the runtime names when an operation they cause hangs (runtime.faults.scale).
+SOURCE_SETTINGS = ("data_parallel", "schedule", "grad_clip", "checkpoint_dir", "checkpoint_every")
+
+
+def sources(spec: S.Spec) -> tuple:
+    """runtime.config.Config.sources: ((what, "file.scale:LINE", the line's text), ...) of the mesh section, each
+    mesh axis and the settings of SOURCE_SETTINGS written: the watchdog names the line behind each blocking
+    operation of the runtime (DDP's and FSDP's collectives, the pipeline's sends, the loss all-reduce, ...)."""
+    out = [("mesh", where(spec, spec.mesh.span), "the mesh section")]
+    out += [(f"axis {a}", where(spec, span), source_text(spec, span)) for a, span in spec.mesh.axis_spans.items()]
+    written = dict(spec.plan.spans) | dict(spec.train.spans)
+    out += [(k, where(spec, written[k]), f"{k} = {source_text(spec, written[k])}")
+            for k in SOURCE_SETTINGS if k in written]
+    return tuple(out)
 
 
 def _dp_tuning(spec: S.Spec, plan) -> dict:
@@ -260,7 +277,10 @@ CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "chec
 
 def _config_code(values: dict) -> list:
     """(key, Python expression) of CONFIG's top level: plain values, then each group as `train.Group(...)`."""
-    out = [(k, E.py_literal(val)) for k, val in values.items() if k not in CONFIG_GROUPS]
+    out = [(k, E.py_literal(val)) for k, val in values.items() if k not in CONFIG_GROUPS and k != "sources"]
+    if "sources" in values:  # one line per .scale line
+        out.append(("sources", E.code("(\n" + "".join(f"        {E.py_literal(x)},\n" for x in values["sources"])
+                                      + "    )")))
     for key, cls in CONFIG_GROUPS.items():
         if key not in values:
             continue

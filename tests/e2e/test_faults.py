@@ -25,7 +25,8 @@ DP2 = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
     "log_every    = 5", "log_every    = 1\n  restarts = 1  checkpoint_every = 2")
 
 
-def _run(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = (), timeout: int = 240):
+def _start(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = ()):
+    """Compile `text` and start its launch.sh (not waiting): the process, its metrics and weights files."""
     out = work / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     codegen.emit(compiled, str(out))
@@ -33,8 +34,19 @@ def _run(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = (),
     cmd = ["bash", str(out / "launch.sh"), "--steps", str(STEPS), "--metrics", str(metrics), *extra]
     full_env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
                     OMP_NUM_THREADS="1", SCALEC_TEST_SAVE_WEIGHTS=str(weights), **dict(env))
+    return subprocess.Popen(cmd, cwd=out, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True), metrics, weights
+
+
+def _run(text: str, name: str, work: Path, *, env: dict = (), extra: tuple = (), timeout: int = 240):
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=out, env=full_env, capture_output=True, text=True, timeout=timeout)
+    popen, metrics, weights = _start(text, name, work, env=env, extra=extra)
+    try:
+        output, _ = popen.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        raise
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, output, "")
     by_step = {}
     if metrics.exists():
         for line in metrics.read_text().splitlines():
@@ -132,3 +144,56 @@ def test_a_checkpoint_of_another_model_ends_the_job_at_once(nodes, four_layer_ch
     # one attempt ("will restart worker group" is how torchrun's agent logs a restart); one report per agent
     assert "will restart worker group" not in out and out.count("scalec: the job failed") == nodes, out[-3000:]
     assert "a failure no restart can fix: not restarted" in out
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+HANG_DP = (ROOT / "samples" / "gpt_dp.scale").read_text().replace("log_every", "timeout = \"8 s\"\n  log_every")
+HANG_FSDP = HANG_DP.replace("data_parallel = ddp ", "data_parallel = fsdp")
+HANG_PP = (ROOT / "samples" / "gpt_pp.scale").read_text().replace("log_every", "timeout = \"8 s\"\n  log_every")
+# case: (.scale text, SCALEC_TEST_HANG_AT of rank 1, what rank 0 waits in, the .scale lines it names)
+HANGS = {
+    "ddp": (HANG_DP, "1:3", "the backward (with DDP's gradient all-reduce over the batch ranks)",
+            [("axis dp = 2", "axis dp = 2"), ("data_parallel = ddp", "data_parallel = ddp")]),
+    "fsdp": (HANG_FSDP, "1:2", "the forward (with FSDP's weight all-gathers over dp)",
+             [("data_parallel = fsdp", "data_parallel = fsdp")]),
+    "pp": (HANG_PP, "1:2", "the pipeline schedule (sends and receives between stages over pp)",
+           [("axis pp = 2", "axis pp = 2"), ("schedule = ", 'schedule = "1f1b"')]),
+    "loss": (HANG_DP, "1:2:loss", "the loss all-reduce over the batch ranks", [("axis dp = 2", "axis dp = 2")]),
+}
+
+
+@pytest.fixture(scope="module")
+def hangs(tmp_path_factory):
+    """The four hangs at once (each mostly waits out its timeout): {case: (exit status, output)}."""
+    work = tmp_path_factory.mktemp("hangs")
+    started = {case: _start(text, f"hang_{case}", work, env={"SCALEC_TEST_HANG_AT": at})[0]
+               for case, (text, at, _, _) in HANGS.items()}
+    done = {}
+    for case, popen in started.items():
+        try:
+            out, _ = popen.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            out, _ = popen.communicate()
+        done[case] = (popen.returncode, out)
+    return done
+
+
+@pytest.mark.parametrize("case", sorted(HANGS))
+def test_a_hang_in_the_runtimes_own_collectives_names_its_scale_line(hangs, case):
+    """Rank 1 stops at step 2 or 3 (at its start, or before the loss all-reduce; at step 2 DDP's forward waits for
+    its bucket order, at step 3 the backward for its all-reduce): rank 0's report names the operation
+    it waits in and the `.scale` lines that caused it: DDP's backward the dp axis and `data_parallel`, FSDP's
+    gathers the `data_parallel = fsdp` line, the pipeline's sends the pp axis and `schedule`, the loss all-reduce
+    the dp axis."""
+    text, _, what, lines = HANGS[case]
+    rc, out = hangs[case]
+    assert rc != 0
+    where = ", ".join(f"hang_{case}.scale:{_line(text, needle)} ({shown})" for needle, shown in lines)
+    coords = "pp=0; pipeline stage 0" if case == "pp" else "dp=0"
+    step = HANGS[case][1].split(":")[1]
+    assert f"rank 0 ({coords}) waits in {what} at {where} at step {step}" in out, out[-3000:]
+    assert "rank 1 never joined" in out

@@ -138,6 +138,14 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt3_175b.scale:28', 'the mesh section'),
+        ('axis dp', 'gpt3_175b.scale:29', 'axis dp = 24'),
+        ('axis pp', 'gpt3_175b.scale:30', 'axis pp = 8'),
+        ('axis tp', 'gpt3_175b.scale:31', 'axis tp = 8'),
+        ('data_parallel', 'gpt3_175b.scale:38', 'data_parallel = ddp'),
+        ('schedule', 'gpt3_175b.scale:40', 'schedule = "interleaved-1f1b"'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 24), ('pp', 8), ('tp', 8)),
         data_parallel='ddp',

@@ -113,6 +113,13 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt_2d.scale:24', 'the mesh section'),
+        ('axis dp', 'gpt_2d.scale:25', 'axis dp = 2'),
+        ('axis tp', 'gpt_2d.scale:26', 'axis tp = 2'),
+        ('data_parallel', 'gpt_2d.scale:33', 'data_parallel = ddp'),
+        ('grad_clip', 'gpt_2d.scale:46', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('tp', 2)),
         data_parallel='ddp',

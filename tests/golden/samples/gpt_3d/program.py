@@ -138,6 +138,15 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=10,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt_3d.scale:24', 'the mesh section'),
+        ('axis dp', 'gpt_3d.scale:25', 'axis dp = 2'),
+        ('axis pp', 'gpt_3d.scale:26', 'axis pp = 2'),
+        ('axis tp', 'gpt_3d.scale:27', 'axis tp = 2'),
+        ('data_parallel', 'gpt_3d.scale:34', 'data_parallel = ddp'),
+        ('schedule', 'gpt_3d.scale:37', 'schedule = "1f1b"'),
+        ('grad_clip', 'gpt_3d.scale:48', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('pp', 2), ('tp', 2)),
         data_parallel='ddp',

@@ -99,6 +99,12 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt_dp.scale:23', 'the mesh section'),
+        ('axis dp', 'gpt_dp.scale:24', 'axis dp = 2'),
+        ('data_parallel', 'gpt_dp.scale:31', 'data_parallel = ddp'),
+        ('grad_clip', 'gpt_dp.scale:43', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 2),),
         data_parallel='ddp',

@@ -124,6 +124,13 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt_pp.scale:23', 'the mesh section'),
+        ('axis pp', 'gpt_pp.scale:24', 'axis pp = 2'),
+        ('data_parallel', 'gpt_pp.scale:31', 'data_parallel = ddp'),
+        ('schedule', 'gpt_pp.scale:33', 'schedule = "1f1b"'),
+        ('grad_clip', 'gpt_pp.scale:44', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('pp', 2),),
         data_parallel='ddp',

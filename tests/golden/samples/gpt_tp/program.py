@@ -112,6 +112,11 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    sources=(
+        ('mesh', 'gpt_tp.scale:24', 'the mesh section'),
+        ('axis tp', 'gpt_tp.scale:25', 'axis tp = 2'),
+        ('grad_clip', 'gpt_tp.scale:44', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('tp', 2),),
         data_parallel='ddp',

@@ -130,6 +130,15 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    sources=(
+        ('mesh', 'llama3_70b.scale:28', 'the mesh section'),
+        ('axis pp', 'llama3_70b.scale:29', 'axis pp = 4'),
+        ('axis dp', 'llama3_70b.scale:30', 'axis dp = 2'),
+        ('axis tp', 'llama3_70b.scale:31', 'axis tp = 8'),
+        ('data_parallel', 'llama3_70b.scale:38', 'data_parallel = zero2'),
+        ('schedule', 'llama3_70b.scale:40', 'schedule = "1f1b"'),
+        ('grad_clip', 'llama3_70b.scale:52', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('pp', 4), ('dp', 2), ('tp', 8)),
         data_parallel='zero2',

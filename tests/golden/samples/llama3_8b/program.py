@@ -97,6 +97,12 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    sources=(
+        ('mesh', 'llama3_8b.scale:28', 'the mesh section'),
+        ('axis dp', 'llama3_8b.scale:29', 'axis dp = 8'),
+        ('data_parallel', 'llama3_8b.scale:36', 'data_parallel = fsdp'),
+        ('grad_clip', 'llama3_8b.scale:48', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 8),),
         data_parallel='fsdp',

@@ -125,6 +125,14 @@ CONFIG = train.Config(
     log_every=1,
     timeout=600.0,
     moe=True,
+    sources=(
+        ('mesh', 'mixtral_8x7b.scale:31', 'the mesh section'),
+        ('axis pp', 'mixtral_8x7b.scale:32', 'axis pp = 4'),
+        ('axis dp', 'mixtral_8x7b.scale:33', 'axis dp = 2'),
+        ('axis ep', 'mixtral_8x7b.scale:34', 'axis ep = 8'),
+        ('schedule', 'mixtral_8x7b.scale:42', 'schedule = "interleaved-1f1b"'),
+        ('grad_clip', 'mixtral_8x7b.scale:54', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('pp', 4), ('dp', 2), ('ep', 8)),
         data_parallel='ddp',

@@ -128,6 +128,14 @@ CONFIG = train.Config(
     log_every=1,
     timeout=600.0,
     moe=True,
+    sources=(
+        ('mesh', 'moe_1t.scale:26', 'the mesh section'),
+        ('axis pp', 'moe_1t.scale:27', 'axis pp = 16'),
+        ('axis ep', 'moe_1t.scale:28', 'axis ep = 32'),
+        ('axis tp', 'moe_1t.scale:29', 'axis tp = 4'),
+        ('data_parallel', 'moe_1t.scale:36', 'data_parallel = ddp'),
+        ('schedule', 'moe_1t.scale:38', 'schedule = "1f1b"'),
+    ),
     parallel=train.Parallel(
         axes=(('pp', 16), ('ep', 32), ('tp', 4)),
         data_parallel='ddp',

@@ -140,6 +140,13 @@ CONFIG = train.Config(
     log_every=10,
     timeout=600.0,
     moe=True,
+    sources=(
+        ('mesh', 'moe_gpt.scale:30', 'the mesh section'),
+        ('axis dp', 'moe_gpt.scale:31', 'axis dp = 1'),
+        ('axis ep', 'moe_gpt.scale:32', 'axis ep = 2'),
+        ('data_parallel', 'moe_gpt.scale:39', 'data_parallel = ddp'),
+        ('grad_clip', 'moe_gpt.scale:51', 'grad_clip = 1.0'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 1), ('ep', 2)),
         data_parallel='ddp',

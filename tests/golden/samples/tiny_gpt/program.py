@@ -99,6 +99,10 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    sources=(
+        ('mesh', 'tiny_gpt.scale:22', 'the mesh section'),
+        ('axis dp', 'tiny_gpt.scale:23', 'axis dp = 1'),
+    ),
     parallel=train.Parallel(
         axes=(('dp', 1),),
         data_parallel='ddp',
