@@ -3,12 +3,12 @@
 
 A safetensors file is an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
 "__metadata__": ...}, then the data; a checkpoint directory holds model.safetensors, or shards listed by
-model.safetensors.index.json. Plain struct and json read them: `scalec check` imports neither torch nor runtime/.
+model.safetensors.index.json. Plain struct and json read them: `scalec check` imports no torch.
 
 The tensors the program asks for are the single-device model's parameters (compiler/model.py names them) under
-Hugging Face's names (runtime/hf.py maps them, the program reads by that map). Both are restated here without torch;
-tests/test_hf_header.py holds them equal to compiler.model's parameters and runtime.hf.hf_name on the Llama, Qwen 2
-and Mixtral layouts.
+Hugging Face's names (runtime/hf_names.py: the map the program reads by, torch-free). The parameters are restated
+here without torch; tests/test_hf_header.py holds them equal to compiler.model's on the Llama, Qwen 2 and Mixtral
+layouts.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import sympy
 
 from compiler import spec as S
+from runtime.hf_names import hf_name
 
 HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -137,29 +138,6 @@ def read_config(path: str) -> dict | None:
 
 
 # -- what the program asks for ------------------------------------------------------------------------------------
-
-# runtime/hf.py's map, restated (see the module docstring)
-_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-        "lm_head.weight": "lm_head.weight"}
-_LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
-         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-         "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
-         "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
-_EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
-
-
-def hf_name(name: str, expert: int | None = None) -> str:
-    """Hugging Face's name of our parameter `name` (runtime.hf.hf_name); KeyError for one these families lack."""
-    if name in _TOP:
-        return _TOP[name]
-    parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blocks" or (parts[2] == "moe_experts") != (expert is not None):
-        raise KeyError(name)
-    _, i, leaf, what = parts
-    if leaf == "moe_experts":
-        return f"model.layers.{i}.block_sparse_moe.experts.{expert}.{_EXPERT[what]}.weight"
-    return f"model.layers.{i}.{_LEAF[leaf]}.{what}"
-
 
 def parameters(model: S.Model, number) -> dict[str, tuple[tuple, object]]:
     """The single-device model's parameters as compiler/model.py names them: name -> (shape as sympy expressions of

@@ -6,9 +6,8 @@ this rank holds: its tensor-parallel slice of a sharded weight, its experts unde
 an FSDP shard, its pipeline stages' parameters. No rank reads a whole tensor it does not hold.
 
 Names: ours are the single-device model's (`blocks.7.attn_q.weight`), Hugging Face's are `model.layers.7.self_attn.
-q_proj.weight`; `hf_name` maps one to the other for the block layout `.scale` files of these families write
-(`norm_1`, `attn_*`, `norm_2`, then `mlp_*` or `moe_*`). Mixtral's experts are separate (ffn × hidden) matrices per
-expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked and transposed (experts × hidden × ffn for
+q_proj.weight`; `hf_name` (runtime/hf_names.py, torch-free: `scalec check` reads it too) maps one to the other.
+Mixtral's experts are separate (ffn × hidden) matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked and transposed (experts × hidden × ffn for
 `w_gate` = w1ᵀ and `w_up` = w3ᵀ, experts × ffn × hidden for `w_down` = w2ᵀ). Rotary embeddings need no permutation:
 runtime/rotary.py turns vectors in Hugging Face's own layout (its conversion from Meta's checkpoints permuted the q
 and k rows once, and its files hold the permuted rows).
@@ -22,31 +21,7 @@ import os
 import torch
 
 from runtime.errors import FatalError
-
-_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-        "lm_head.weight": "lm_head.weight"}
-_LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
-         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-         "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
-         "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
-_EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
-
-
-def hf_name(name: str, expert: int | None = None) -> str:
-    """Hugging Face's name of our parameter `name` (of expert `expert` for a stacked expert weight); KeyError for a
-    parameter these families do not have."""
-    if name in _TOP:
-        return _TOP[name]
-    parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blocks":
-        raise KeyError(name)
-    _, i, leaf, what = parts
-    if leaf == "moe_experts":
-        if expert is None:
-            raise KeyError(f"{name} is stacked over experts: name one")
-        return f"model.layers.{i}.block_sparse_moe.experts.{expert}.{_EXPERT[what]}.weight"
-    return f"model.layers.{i}.{_LEAF[leaf]}.{what}"
-
+from runtime.hf_names import hf_name
 
 class Files:
     """The tensors of a checkpoint: a directory (with `model.safetensors.index.json`, or its *.safetensors files)

@@ -20,6 +20,8 @@ ALLOWED = {
     "compiler/cost/activations.py": "recognises the runtime's leaves and autograd Functions (collectives, MoE) in "
                                     "the traced graph to say what each keeps for backward",
     "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
+    "compiler/hf_header.py": "checks an init checkpoint's headers under the names the program reads it by "
+                             "(runtime.hf_names, torch-free, as `scalec check` requires)",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
 }
 

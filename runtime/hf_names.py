@@ -1,0 +1,36 @@
+"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2 and Mixtral layouts): the one map the
+runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by (compiler/export.py) and `scalec check`
+holds an `init = from(...)` checkpoint's headers against (compiler/hf_header.py), so that what is checked is what the
+program reads. No torch: `scalec check` imports it.
+
+Ours are the single-device model's names (`blocks.7.attn_q.weight`), Hugging Face's `model.layers.7.self_attn.
+q_proj.weight`, for the block layout `.scale` files of these families write (`norm_1`, `attn_*`, `norm_2`, then
+`mlp_*` or `moe_*`). Mixtral's experts are separate matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`);
+ours are stacked over experts, so a stacked name needs the expert.
+"""
+from __future__ import annotations
+
+_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+        "lm_head.weight": "lm_head.weight"}
+_LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
+         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+         "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
+         "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
+_EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
+
+
+def hf_name(name: str, expert: int | None = None) -> str:
+    """Hugging Face's name of our parameter `name` (of expert `expert` for a weight stacked over experts, which needs
+    one and only such a weight takes); KeyError for a parameter these families do not have."""
+    if name in _TOP:
+        return _TOP[name]
+    parts = name.split(".")
+    if len(parts) != 4 or parts[0] != "blocks":
+        raise KeyError(name)
+    _, i, leaf, what = parts
+    if (leaf == "moe_experts") != (expert is not None):
+        raise KeyError(f"{name} is stacked over experts: name one" if expert is None else
+                       f"{name} is not an expert's weight")
+    if leaf == "moe_experts":
+        return f"model.layers.{i}.block_sparse_moe.experts.{expert}.{_EXPERT[what]}.weight"
+    return f"model.layers.{i}.{_LEAF[leaf]}.{what}"
