@@ -8,6 +8,8 @@ What a checkpoint `DIR/step_NNNNNNNN/` holds, whatever plan wrote it:
   dp (with tp as well: the piece is gathered over dp and stored as a tp shard); pipeline stages are merged, each
   pp rank writing its stages' parameters (the tied embedding, on the first and the last stage, is written once, by
   the first). Replicas (dp, and tp for unsharded tensors) hold equal values; DCP writes one of them.
+  Under bf16 the parameter stored is the fp32 master the optimizer keeps (runtime.precision), not the bf16 weight:
+  a checkpoint is fp32 whatever the precision, and bf16 weights are recast from the masters on load.
 - `optim.state.NAME.{exp_avg,exp_avg_sq,step}`: AdamW's state, sharded like its parameter. The learning rates are
   the schedule's (the param groups are the plan's and are not stored). Under zero1 (ZeroRedundancyOptimizer) each
   dp rank holds, writes and reads the state of its partition of the parameters only (`local_state`): together the
@@ -176,8 +178,11 @@ class _Entries:
             if saving and name in self.skip:
                 continue
             p = copies[0]
-            model_sd[name] = self.whole(name, p.detach())
-            st = local_state(optimizer).get(p, {})
+            st = dict(local_state(optimizer).get(p, {}))
+            master = st.pop("master", None)  # bf16 plans (runtime.precision): the fp32 master is the parameter
+            if master is None and getattr(optimizer, "owner", None) is not None:
+                continue  # its owner (bf16 zero1) writes and reads it
+            model_sd[name] = self.whole(name, (master if master is not None else p).detach())
             if st:  # under zero1, only the parameters of this rank's partition
                 optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
         return model_sd, {"state": optim_sd}
@@ -406,6 +411,8 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
                              "of steps, or start in an empty checkpoint directory." if ctx.is_logger else None)
         for restore in entries.after_load:
             restore()
+        if hasattr(optimizer, "load_masters"):  # bf16 (runtime.precision): the weights recast from the masters
+            optimizer.load_masters()
         scheduler.last_epoch = int(state["progress"]["scheduler_epoch"])
         for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
             group["lr"] = lr

@@ -64,6 +64,13 @@ class Parallel:
     """FSDP2 (fsdp, zero2): how many blocks ahead each block's forward and backward issue their all-gathers
     (`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`); 0 leaves FSDP2's own order (the
     compiler's rule: compiler.simulate.fsdp_prefetch)."""
+    grad_reduce: str = "fp32"
+    """Under `precision = bf16`: the dtype gradients are accumulated and reduced in over the batch ranks, `fp32`
+    (Megatron's main gradients; FSDP2's `reduce_dtype`) or `bf16` (half the bytes, bf16 rounding in the sum)
+    (runtime.precision)."""
+    fp32_residual: bool = False
+    """Under `precision = bf16`: keep the residual stream fp32 (Megatron's `--fp32-residual-connection`); the
+    blocks still compute in bf16 (runtime.precision)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +178,8 @@ class Config:
     seed: int
     """Seed of initialisation and data (`--seed` overrides)."""
     precision: str = "fp32"
-    """`fp32` or `bf16` (autocast; weights, gradients and optimizer state stay fp32)."""
+    """`fp32` or `bf16`: Megatron's mixed precision (runtime.precision): bf16 weights and activations, fp32 main
+    gradients (`Parallel.grad_reduce`), fp32 master weights and moments in the optimizer."""
     log_every: int = 1
     """Print a line every this many steps (and at the first and last)."""
     timeout: float = 600.0

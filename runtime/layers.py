@@ -21,6 +21,8 @@ class Repeat(nn.ModuleDict):
     """Activation recomputation of each block (runtime.recompute): none, selective or full; set by the runtime."""
     compiled = False
     """Each block (with its recomputation) is one torch.compile region (runtime.compile); set by the runtime."""
+    fp32_residual = False
+    """The residual stream is cast to fp32 on entry (bf16 plans with `fp32_residual`, runtime.precision)."""
 
     def __init__(self, blocks, first: int = 0):
         super().__init__({str(first + i): b for i, b in enumerate(blocks)})
@@ -30,6 +32,8 @@ class Repeat(nn.ModuleDict):
         return super().__getitem__(str(key))
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
+        if self.fp32_residual:
+            x_BSH = x_BSH.float()
         for block in self.values():
             x_BSH = recompute.run_block(block, x_BSH, self.recompute, self.compiled)
         return x_BSH

@@ -8,7 +8,6 @@ A tied embedding lives on the first and the last stage; their gradients are summ
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -32,16 +31,6 @@ def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
 def _quietly(fn):
     def run(*args, **kwargs):
         with moe.not_recording():
-            return fn(*args, **kwargs)
-    return run
-
-
-def _under(autocast, fn):
-    """`fn` run under the run's autocast (bf16): a stage's forward and the loss, as the whole model's forward is
-    without pp. The schedule calls them itself, outside any context the training loop could open."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        with autocast():
             return fn(*args, **kwargs)
     return run
 
@@ -74,9 +63,14 @@ def tie_group(ctx):
 
 
 class Pipeline:
-    def __init__(self, stage_cls, cfg, ctx, loss_fn, prepare, autocast=contextlib.nullcontext):
+    mains = None
+    """runtime.precision.MainGrads when the stages' gradients are main gradients (bf16 without FSDP), set by the
+    training loop once the optimizer has made them."""
+
+    def __init__(self, stage_cls, cfg, ctx, loss_fn, prepare, main_grads: bool = False):
         """`prepare(module) -> module` materialises, initialises and wraps one stage module (data parallelism);
-        `autocast()` is the context each stage's forward and the loss run in (the run's precision)."""
+        `main_grads`: the gradients will be main gradients (runtime.precision), scaled by 1/micro-batches here
+        rather than by the schedule (which scales `.grad`)."""
         self.ctx, self.cfg = ctx, cfg
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
         par = cfg.parallel
@@ -86,10 +80,8 @@ class Pipeline:
         for s in self.ids:
             with torch.device("meta"):
                 module = stage_cls(s)
-            module = prepare(module)
-            # Sends carry what the stage returns: the residual stream, fp32 under bf16 autocast (its adds promote).
-            module.forward = _under(autocast, module.forward)
-            self.modules.append(module)
+            # Sends carry what the stage returns: the residual stream, bf16 under bf16 (fp32 with fp32_residual).
+            self.modules.append(prepare(module))
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
         for stage in self.stages:  # its first forward infers shapes on uninitialised tensors: not a training step
@@ -100,8 +92,7 @@ class Pipeline:
                 setattr(stage, name, _counted(getattr(stage, name)))
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
         self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=par.micro_batches,
-                                                 loss_fn=_under(autocast, loss_fn),
-                                                 scale_grads=True)
+                                                 loss_fn=loss_fn, scale_grads=not main_grads)
         self.schedule._prepare_schedule_with_comms(torch_order(par.schedule, pp, par.micro_batches,
                                                                par.virtual_stages))
         self.holds_last = (n_stages - 1) in self.ids
@@ -143,11 +134,14 @@ class Pipeline:
         """Forward and backward of all micro-batches; returns the mean loss, on every pp rank."""
         losses: list = []
         self.schedule.step(tokens, target=targets, losses=losses)
+        if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
+            self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
         if self.tie is not None:
             for module in self.modules:
                 for name, p in module.named_parameters():
-                    if name.removeprefix("module.") == TIED and p.grad is not None:
-                        g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    grad = p.main_grad if self.mains is not None else p.grad
+                    if name.removeprefix("module.") == TIED and grad is not None:
+                        g = grad.to_local() if hasattr(grad, "to_local") else grad
                         dist.all_reduce(g, group=self.tie)
         total = (torch.stack([l.detach().float() for l in losses]).mean() if self.holds_last and losses
                  else torch.zeros((), device=self.ctx.device))

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, progress, recompute
+from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress, recompute
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
@@ -120,9 +120,12 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor",
                                 category=UserWarning)
         blocks = [block for child in model.children() if isinstance(child, Repeat) for block in child.values()]
+        # bf16: FSDP2 gathers bf16 weights from the fp32 shards (the masters) and reduces in grad_reduce's dtype
+        mp = ({"mp_policy": precision.fsdp_policy(cfg.parallel.grad_reduce, cfg.parallel.fp32_residual)}
+              if cfg.precision == "bf16" else {})
         for block in blocks:
-            fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard, **mp)
+        fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard, **mp)
         _fsdp_prefetch(blocks, cfg.parallel.fsdp_prefetch)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -230,12 +233,17 @@ class WholeModel(ModelParts):
     """No pipeline: one module, `micro_batches` micro-batches accumulated; the data-parallel wrapper (DDP or FSDP)
     synchronises the gradients during the last micro-batch's backward only."""
 
-    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, prepare, autocast):
+    mains = None
+    """runtime.precision.MainGrads under bf16 without FSDP (set by `run`): gradients land in fp32 main gradients,
+    averaged over the batch ranks by one coalesced all-reduce after the last micro-batch's backward (DDP would
+    reduce the bf16 `.grad`)."""
+
+    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, prepare, shards: tp.Shards):
         with torch.device("meta"):
             model = model_cls()
         self.model = prepare(model)
         self.modules = [self.model]
-        self.cfg, self.ctx, self.autocast = cfg, ctx, autocast
+        self.cfg, self.ctx, self.shards = cfg, ctx, shards
         self.kind = _dp_kind(cfg, ctx)
         self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
@@ -253,21 +261,29 @@ class WholeModel(ModelParts):
 
     def step(self, batches: list) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
+        ddp = self.kind == "ddp" and self.mains is None  # DDP-wrapped (fp32)
         if self.measure is not None:  # what each micro-batch's forward keeps for its backward
-            self.measure.watch_model(model.module if self.kind == "ddp" else model)
+            self.measure.watch_model(model.module if ddp else model)
         total = torch.zeros((), device=ctx.device)
         for j, (tokens, targets) in enumerate(batches):
             sync = j == m - 1
-            no_sync = model.no_sync() if (not sync and self.kind == "ddp") else contextlib.nullcontext()
+            no_sync = model.no_sync() if (not sync and ddp) else contextlib.nullcontext()
             if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
                 # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
                 model.set_requires_gradient_sync(sync)
             with no_sync:
-                with self.autocast, faults.op(f"the forward{self.gathers}", self.site):
+                with faults.op(f"the forward{self.gathers if ddp or self.kind == 'fsdp' else ''}", self.site):
                     loss = model(tokens, targets) / m
-                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})", self.site):
+                with faults.op(f"the backward ({_dp_sync(self.kind if self.mains is None else None, sync)})",
+                               self.site):
                     loss.backward()
             total += loss.detach()
+        if self.mains is not None:
+            self.mains.finish()
+            if self.kind == "ddp":
+                with faults.op("the gradient all-reduce over the batch ranks (fp32 main gradients)",
+                               _dp_site("ddp")):
+                    _average_dense_grads(self.mains.named(model.named_parameters()), ctx, self.shards)
         return total
 
 
@@ -281,7 +297,7 @@ class PipelineStages(ModelParts):
     def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, loss_fn, prepare, shards: tp.Shards):
         from runtime.pipeline import Pipeline
         self.pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
-                             autocast=lambda: _autocast(cfg, ctx))
+                             main_grads=_main_grads(cfg, ctx))
         self.modules = self.pipe.modules
         self.tied_elsewhere = self.pipe.tied_elsewhere
         self.pp_group = ctx.mesh["pp"].get_group()
@@ -304,7 +320,8 @@ class PipelineStages(ModelParts):
         if _dp_kind(self.cfg, ctx) != "fsdp":
             with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)",
                            _dp_site("ddp")):
-                _average_dense_grads(self.named_parameters(), ctx, self.shards)
+                named = self.named_parameters()
+                _average_dense_grads(self.pipe.mains.named(named) if self.pipe.mains else named, ctx, self.shards)
         return total
 
 
@@ -318,15 +335,30 @@ def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
                          f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
 
 
+def _groups(params: list, opt: Optim) -> list:
+    """As Megatron does: no weight decay on biases and norm scales (the 1-D parameters)."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _mixed_optimizer(params: list, modules: list, cfg: Config, zero_group=None):
+    """bf16 without FSDP (runtime.precision): the parameters become bf16 compute weights, their gradients land in
+    main gradients (fp32 unless `grad_reduce = bf16`), and MasterAdamW keeps the fp32 masters and moments, whole or
+    (zero1, `zero_group`) sharded over dp. Returns (optimizer, main gradients)."""
+    opt = cfg.optim
+    masters = precision.to_compute(modules)
+    mains = precision.MainGrads(params, precision.grad_dtype(cfg.parallel.grad_reduce))
+    return precision.MasterAdamW(_groups(params, opt), masters, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                 shard_group=zero_group), mains
+
+
 def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimizer:
     """AdamW over `params`; with `zero_group` (zero1 over dp), torch's ZeroRedundancyOptimizer over that group: each
     rank keeps AdamW's state of its partition of the parameters (whole parameters, balanced by size within each
     param group), updates those, and broadcasts them to the group. The learning-rate scheduler and clipping act on
     its param groups and gradients as on AdamW's; checkpoints read its local AdamW's state (`local_state`)."""
-    # As Megatron does: no weight decay on biases and norm scales (the 1-D parameters).
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = _groups(params, opt)
     kernels = _adamw_kernels(params)
     if zero_group is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -372,10 +404,10 @@ def _write_counts(path: str, ctx: mesh.Context) -> None:
             json.dump(counts, f, indent=2, sort_keys=True)
 
 
-def _autocast(cfg: Config, ctx: mesh.Context):
-    """The context every forward runs in: bf16 autocast (weights, gradients, optimizer state stay fp32)."""
-    return (torch.autocast(ctx.device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
-            else contextlib.nullcontext())
+def _main_grads(cfg: Config, ctx: mesh.Context) -> bool:
+    """bf16 without FSDP: the parameters become bf16, their gradients fp32 main gradients and the optimizer keeps
+    the fp32 masters (runtime.precision). Under FSDP2 (fsdp, zero2 with dp > 1) its MixedPrecisionPolicy does it."""
+    return cfg.precision == "bf16" and _dp_kind(cfg, ctx) != "fsdp"
 
 
 def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> None:
@@ -411,11 +443,14 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     par = cfg.parallel
     shards = tp.Shards(par.tp_shards, par.tp_partial_grads, par.ep_shards)
     fsdp = _dp_kind(cfg, ctx) == "fsdp"
+    mixed = _main_grads(cfg, ctx)  # bf16 weights, fp32 main gradients and masters (runtime.precision)
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
         if par.compile and not args.count_bytes:  # compiled regions count no bytes per call (runtime.compile)
             compile.apply(module)
+        if cfg.precision == "bf16":  # the fp32 residual, if asked (before wrapping)
+            precision.apply_policy(module, par.fp32_residual)
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
@@ -424,15 +459,19 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         else:  # by name, as the single-device model would be, so every layout starts from the same weights
             init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
                             layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
-        return module if (fsdp or not ddp) else _wrap_data_parallel(module, ctx, cfg, shards)
+        return module if (fsdp or not ddp or mixed) else _wrap_data_parallel(module, ctx, cfg, shards)
 
     if par.compile and args.count_bytes and ctx.is_logger:
         print("scalec: --count-bytes runs the program uncompiled: a compiled region counts no bytes per call",
               flush=True)
-    autocast = _autocast(cfg, ctx)
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
-             else WholeModel(model_cls, cfg, ctx, prepare, autocast))
-    opt = _optimizer([p for _, p in parts.named_parameters()], cfg.optim, _zero1_group(cfg, ctx))
+             else WholeModel(model_cls, cfg, ctx, prepare, shards))
+    every = [p for _, p in parts.named_parameters()]
+    opt, mains = (_mixed_optimizer(every, parts.modules, cfg, _zero1_group(cfg, ctx)) if mixed
+                  else (_optimizer(every, cfg.optim, _zero1_group(cfg, ctx)), None))
+    parts.mains = mains
+    if mains is not None and isinstance(parts, PipelineStages):
+        parts.pipe.mains = mains
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
     ckpt = cfg.checkpoint
@@ -445,6 +484,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     named = list(parts.named_parameters())
     named_once = list(parts.named_parameters(counted_once=True))
     params = [p for _, p in named]
+    if mains is not None:  # what the gradient code reads: the main gradients (runtime.precision)
+        named, named_once = mains.named(named), mains.named(named_once)
     partial = [(name, p) for name, p in named if shards.partial(name)]
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
@@ -495,7 +536,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         report_now = bool(args.memory_report) and step == stop - 1
         measure = memory.Measure(ctx.device, track=report_now, reread=fsdp) if (cuda or report_now) else None
         if measure is not None:
-            measure.begin(params, [p.grad for p in params if p.grad is not None], memory.optimizer_tensors(opt))
+            measure.begin(params, [p.grad for _, p in named if p.grad is not None], memory.optimizer_tensors(opt))
             parts.measure = measure
         total = parts.step(loader.get(step))
         with faults.op("the expert and partial-gradient all-reduces over dp and tp",
@@ -509,7 +550,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             _dump_grads(named, args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
             norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
-                                     scale=params)
+                                     scale=[p for _, p in named])
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
             opt.step()  # zero1: each rank broadcasts the partition it updated
