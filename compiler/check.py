@@ -99,6 +99,11 @@ PLAN_SETTINGS: dict[str, Param] = {
                        "cheap ops; matmul and collective outputs kept) or full (from the block's input)"),
     "compile": Param(_bool, None, "torch.compile each block and the code around them (default: true on GPUs, "
                                   "false on cpu)"),
+    "grad_reduce": Param(_choice("fp32", "bf16"), "fp32",
+                         "under bf16: the dtype gradients are accumulated and reduced in (Megatron's main gradients, "
+                         "FSDP2's reduce_dtype)"),
+    "fp32_residual": Param(_bool, False, "under bf16: keep the residual stream fp32 (Megatron's "
+                                         "--fp32-residual-connection)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -628,11 +633,22 @@ def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
     who believes it does something learns that it does not (tests/test_settings_reach_output.py holds every setting
     to this: it changes the program, or the check says why not)."""
     plan, mesh = spec.plan, spec.mesh
+    at = dict(plan.spans)
+    if spec.train.precision == "fp32":  # settings of the bf16 policy (runtime.precision)
+        if "grad_reduce" in at and plan.grad_reduce != PLAN_SETTINGS["grad_reduce"].default:
+            c.warn("W0302", f"grad_reduce = {plan.grad_reduce} under `precision = fp32`: gradients are fp32",
+                   at["grad_reduce"], label="has no effect",
+                   help="grad_reduce chooses how bf16 programs accumulate and reduce gradients; set "
+                        "`precision = bf16`, or remove it")
+        if plan.fp32_residual and "fp32_residual" in at:
+            c.warn("W0303", "fp32_residual under `precision = fp32`: every activation is fp32 already",
+                   at["fp32_residual"], label="has no effect",
+                   help="fp32_residual keeps a bf16 program's residual stream in fp32; set `precision = bf16`, or "
+                        "remove it")
     if not mesh.axis_spans:
         return  # axes not written (a search chooses them): no setting can be said to lack an axis
     sizes = dict(mesh.axes)
     tp, pp, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("dp", 1)
-    at = dict(plan.spans)
 
     def warn(code: str, key: str, message: str, help: str) -> None:
         if key in at:

@@ -111,6 +111,12 @@ CODES: dict[str, Code] = {
     "W0301": Code("data_parallel with dp = 1", "A warning: `zero1`, `zero2` and `fsdp` shard the model state over "
                   "the dp ranks; with dp = 1 there is nothing to shard and the program runs as with `ddp`. Add dp "
                   "ranks or remove the setting."),
+    "W0302": Code("grad_reduce under fp32", "A warning: `grad_reduce` chooses the dtype a `precision = bf16` "
+                  "program accumulates and reduces its gradients in (fp32 main gradients by default, as Megatron-LM; "
+                  "bf16 halves the bytes reduced). Under `precision = fp32` gradients are fp32 whatever it says."),
+    "W0303": Code("fp32_residual under fp32", "A warning: `fp32_residual = true` keeps the residual stream of a "
+                  "`precision = bf16` program in fp32 (Megatron-LM's --fp32-residual-connection); under "
+                  "`precision = fp32` every activation is fp32 already."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

@@ -49,6 +49,10 @@ class Plan:
     """Activation recomputation of each block in backward: `none`, `selective` or `full` (spec.Plan)."""
     compile: bool = False
     """torch.compile the program's regions (runtime.compile); spec.Plan's default resolved by the mesh's device."""
+    grad_reduce: str = "fp32"
+    """Under bf16: gradients accumulated and reduced in fp32 (main gradients) or bf16 (runtime.precision)."""
+    fp32_residual: bool = False
+    """Under bf16: the residual stream stays fp32; every other activation is bf16 (runtime.precision)."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -153,7 +157,8 @@ def from_spec(spec) -> Plan:
                 tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
                 layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
-                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind))
+                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind),
+                grad_reduce=p.grad_reduce, fp32_residual=p.fp32_residual)
 
 
 def compiles(setting: bool | None, device_kind: str) -> bool:
@@ -174,6 +179,7 @@ def respec(spec, plan: Plan):
                                    pad_vocab=plan.pad_vocab, schedule=plan.schedule,
                                    virtual_stages=plan.virtual_stages,
                                    recompute=plan.recompute, compile=plan.compile,
+                                   grad_reduce=plan.grad_reduce, fp32_residual=plan.fp32_residual,
                                    layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
     values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
     values.update({size(a): n for a, n in plan.axes})

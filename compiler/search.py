@@ -769,6 +769,10 @@ def _section_text(plan: P.Plan, kept: list) -> tuple:
     if plan.pad_vocab:
         settings.append("pad_vocab = true")
     settings.append(f"recompute = {plan.recompute}")
+    if plan.grad_reduce != "fp32":  # the file's precision settings, kept
+        settings.append(f"grad_reduce = {plan.grad_reduce}")
+    if plan.fp32_residual:
+        settings.append("fp32_residual = true")
     return mesh, "plan {\n" + "".join(f"  {s}\n" for s in settings) + "}"
 
 

@@ -253,6 +253,11 @@ class Plan:
     compile: bool | None = None
     """torch.compile each block of a `repeat` and the code around them; None (not written): true on GPUs, false on
     cpu, where compiling a small model costs more seconds than it saves (bench/gpu.py --device cpu)."""
+    grad_reduce: str = "fp32"
+    """Under bf16: the dtype gradients are accumulated and reduced in, `fp32` (Megatron's main gradients) or `bf16`
+    (runtime.precision)."""
+    fp32_residual: bool = False
+    """Under bf16: the residual stream stays fp32 (Megatron's --fp32-residual-connection)."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
     compiler.plan.from_spec so the rules can point at them."""

@@ -30,6 +30,7 @@ TOKENS = ("data         = synthetic", 'data         = tokens(path = "a.bin")')
 INTERLEAVED = ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"')
 CONSTANT = ("cosine(warmup = 5, min_lr = 3e-4)", "constant(warmup = 5)")
 CKPT = ("data         = synthetic", 'data         = synthetic\n  checkpoint_dir = "ckpt"')
+BF16 = ("precision    = fp32", "precision    = bf16")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ CHANGES = {
     "plan.recompute": Change((('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),)),
     "plan.compile": Change((('schedule = "1f1b"', 'schedule = "1f1b"  compile = true'),)),
     "plan.layout": Change((('schedule = "1f1b"', 'schedule = "1f1b"  layout = ((0, 3), (3, 4))'),)),
+    "plan.grad_reduce": Change((("data_parallel = ddp", "data_parallel = ddp  grad_reduce = bf16"),), setup=(BF16,)),
+    "plan.fp32_residual": Change((("data_parallel = ddp", "data_parallel = ddp  fp32_residual = true"),),
+                                 setup=(BF16,)),
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),
     "train.steps": Change((("steps        = 60", "steps        = 61"),)),
@@ -244,6 +248,9 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.layout": (Probe(("((0, 3), (3, 4))", "((0, 1), (1, 2))")),),
     "plan.recompute": (Probe(("selective", "full")),),
     "plan.compile": (Probe(("true",)),),  # its default on cpu is false
+    # under fp32 both warn (W0302, W0303); under bf16 they reach the program
+    "plan.grad_reduce": (Probe(("bf16",)), Probe(("bf16",), setup=(("train.precision", "bf16"),))),
+    "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
     "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),
@@ -467,6 +474,8 @@ NO_EFFECT = (
     ("W0613", "dp", INTERLEAVE, "plan.virtual_stages", "2"),
     ("W0614", "dp", (), "plan.layout", "((0, 1), (1, 2))"),
     ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
+    ("W0302", "one device", (), "plan.grad_reduce", "bf16"),
+    ("W0303", "one device", (), "plan.fp32_residual", "true"),
     ("W0132", "one device", (), "train.checkpoint_every", "3"),
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),
