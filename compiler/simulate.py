@@ -60,7 +60,6 @@ MEMORY_EFFICIENCY = 0.8
 # ops that only view their input (no kernel, no bytes moved)
 VIEWS = frozenset({"unflatten", "flatten", "transpose", "view", "reshape", "permute", "getattr", "getitem", "arange",
                    "size", "unsqueeze", "squeeze", "expand", "chunk", "split", "t", "narrow", "select", "detach"})
-DTYPE_BYTES = {"fp32": 4, "int": 8}
 # Attention as Megatron-LM computed it in 2021 (`attention = "materialised"`, used to compare with their published
 # figures; our programs call SDPA, whose fused kernels never write the scores): per score element of b·heads·s², the
 # forward writes the 2-byte scores (baddbmm), reads and writes them in the fused scale-mask-softmax, reads them and
@@ -170,7 +169,8 @@ class Segment:
 
     def __init__(self, gm, sub: dict, args: tuple, precision: str):
         from compiler.cost import flops as F
-        act = 2 if precision == "bf16" else 4
+        from compiler.cost.activations import widths
+        width = widths(precision)
         needs = F._needs_grad(gm)
         exprs: list = []
         self.ops: list = []   # (kind, index into values, grads, has_weight, is_attention, name)
@@ -178,8 +178,8 @@ class Segment:
         def dtype_bytes(n):
             d = n.meta.get(T.DTYPE)
             if isinstance(d, (tuple, list)):
-                d = next((x for x in d if x in ("act", "fp32")), None)
-            return act if d == "act" else DTYPE_BYTES.get(d, 0)
+                d = next((x for x in d if x in ("act", "res", "fp32")), None)
+            return width.get(d, 0) if d is not None else 0
 
         def tensor_bytes(n):
             shape = n.meta.get(T.SHAPE)
@@ -248,14 +248,8 @@ class Segment:
                 batch, m, n_, k, weight = self._dims(node, gm)
                 bwd = F.node_backward(node, gm, needs)
                 grads = int(sympy.simplify(bwd / flops)) if bwd != 0 else 0
-                # bf16 autocast casts an fp32 input on every call; a weight once per forward (autocast's cache)
+                # no casts: bf16 programs compute in bf16 weights without autocast (runtime/precision.py)
                 cast = sympy.Integer(0)
-                if precision == "bf16":
-                    for a in node.all_input_nodes:
-                        if a.meta.get(T.DTYPE) == "fp32" and isinstance(a.meta.get(T.SHAPE), tuple):
-                            cast += _numel(a.meta[T.SHAPE]) * 6
-                    if weight is not None:
-                        cast += weight * 6
                 self.ops.append(("matmul", len(exprs), grads, weight is not None,
                                  name == "scaled_dot_product_attention", name))
                 exprs += [flops, batch, m, n_, k, cast]
@@ -376,9 +370,10 @@ class _Model:
         from compiler.cost import ARGS
         from compiler.passes import pipeline_split as P
         spec, traced = cm.spec, cm.traced
-        prec = spec.train.precision
+        from compiler.cost.activations import precision_key
+        prec = precision_key(spec)
         self.cm = cm
-        self.act = 2 if prec == "bf16" else 4
+        self.act = 2 if prec.startswith("bf16") else 4
         sub = cm.sub
 
         def seg(gm):

@@ -5,9 +5,12 @@ node.meta keys (defined here, used everywhere):
   LAYER  the spec layer object itself
   SHAPE  the output shape, a tuple of sympy expressions of the spec's sizes (None for non-tensors)
   FLOPS  forward floating-point operations of the node, sympy (matmuls only, 2·m·n·k: the Megatron convention)
-  DTYPE  "act" (the compute precision: bf16 under autocast) or "fp32" for a float tensor, "int" for ids, a tuple
-         for a tuple, None otherwise: under autocast, matmuls give bf16, norms, embeddings and the loss fp32, and
-         fp32 + bf16 is fp32 (so the residual stream stays fp32); the ledger counts each collective's bytes by it
+  DTYPE  "act" (the compute precision), "res" (the residual stream: the compute precision, or fp32 under the
+         plan's fp32_residual) or "fp32" for a float tensor, "int" for ids, a tuple for a tuple, None otherwise.
+         The policy is runtime/precision.py's (Megatron's): weights and every activation in the compute precision,
+         fp32 only where the program casts (the loss's `.float()`, a router's softmax); a block's input, a
+         repeat's output and what adds to them are the residual stream. The ledger counts each collective's bytes
+         and the activation model each kept tensor's by it
 
 Shapes are propagated by rules, one per operation our layer vocabulary emits; an operation without a rule is an
 error, so a new layer cannot silently drop out of the cost model.
@@ -322,34 +325,37 @@ def _function_rule(node: fx.Node, args, kwargs):
     raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")
 
 
-# Ops whose output is in the compute precision under autocast, and ops whose output is fp32 whatever their input.
-_ACT_OPS = (F.linear, F.scaled_dot_product_attention, moe.dispatch)
-_FP32_OPS = ("float", F.cross_entropy, C.vocab_parallel_cross_entropy, C.vocab_parallel_lookup)
+# Ops whose output is in the compute precision (they read bf16 weights), and ops whose output is fp32 whatever
+# their input.
+_ACT_OPS = (F.linear, F.scaled_dot_product_attention, moe.dispatch, C.vocab_parallel_lookup)
+_FP32_OPS = ("float", F.cross_entropy, C.vocab_parallel_cross_entropy)
 
 
 def _promote(*kinds) -> str | None:
-    floats = [k for k in kinds if k in ("act", "fp32")]
+    """torch's promotion of a binary op's result: fp32 over the residual stream (fp32 or the compute precision)
+    over the compute precision."""
+    floats = [k for k in kinds if k in ("act", "res", "fp32")]
     if not floats:
         return next((k for k in kinds if k is not None), None)
-    return "fp32" if "fp32" in floats else "act"
+    return next(k for k in ("fp32", "res", "act") if k in floats)
 
 
 def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
     """The DTYPE of a node's output from its inputs' (see the module docstring)."""
     if node.op == "placeholder":
-        return "int" if node.target in ("tokens", "targets") else "fp32"  # a block's input: the residual stream
+        return "int" if node.target in ("tokens", "targets") else "res"  # a block's input: the residual stream
     if node.op == "get_attr":
-        return "fp32"
+        return "act"  # a weight (the tied head's)
     if node.op == "output":
         return args[0] if args else None
     t = node.target
     if node.op == "call_module":
         mod = gm.get_submodule(t)
-        if isinstance(mod, (nn.Linear, moe.Experts)):
-            return "act"
-        if isinstance(mod, (nn.Embedding, nn.LayerNorm, nn.RMSNorm)):
-            return "fp32"
-        return _promote(args[0], "fp32")  # Bias adds an fp32 parameter; a Repeat ends on a residual add
+        if isinstance(mod, (nn.Linear, moe.Experts, nn.Embedding, nn.LayerNorm, nn.RMSNorm)):
+            return "act"  # norms compute in fp32 inside and return the compute precision (runtime.precision)
+        if isinstance(mod, Repeat):
+            return "res"  # the stream it carries (cast to fp32 on entry under fp32_residual)
+        return _promote(args[0], "act")  # Bias adds a parameter
     if t in _ACT_OPS:
         return "act"
     if t in _FP32_OPS:

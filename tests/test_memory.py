@@ -32,7 +32,10 @@ def _program(tmp_path: Path, text: str, name: str = "m.scale"):
 
 def count_saved(module: torch.nn.Module, run, precision: str) -> int:
     """Bytes of the distinct storages autograd keeps during `run()` (a forward), parameters excluded: what the
-    program holds for backward."""
+    program holds for backward. bf16: the module's weights made bf16 first, as the runtime does (runtime.precision)."""
+    if precision == "bf16":
+        from runtime.precision import to_compute
+        to_compute([module])
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict = {}
 
@@ -42,8 +45,7 @@ def count_saved(module: torch.nn.Module, run, precision: str) -> int:
             seen.setdefault(st.data_ptr(), st.nbytes())
         return t
 
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), cast:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
     return sum(seen.values())
 
@@ -72,8 +74,8 @@ WHOLE = {
 @pytest.mark.parametrize("case", sorted(WHOLE))
 def test_whole_model_keeps_what_the_formula_says(tmp_path, case, precision):
     """One forward of the generated Model (what every dp rank runs, ddp or fsdp, at its micro-batch size) keeps
-    exactly the bytes the node-by-node formula gives: every saved tensor, its dtype under autocast (per-call casts
-    of fp32 activations, bf16 weight copies), the log-sum-exp of attention and no s×s scores."""
+    exactly the bytes the node-by-node formula gives: every saved tensor in its dtype (bf16: runtime.precision's bf16
+    weights, no casts), the log-sum-exp of attention and no s×s scores."""
     sample, edits = WHOLE[case]
     text = (ROOT / "samples" / sample).read_text()
     for old, new in edits:
@@ -105,6 +107,7 @@ def test_each_pipeline_stage_keeps_what_the_formula_says(tmp_path, precision, sc
     b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
     tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
     x = torch.randn(b, cfg.data.seq_len, compiled.spec.value(compiled.spec.model.embedding.hidden),
+                    dtype=torch.bfloat16 if precision == "bf16" else torch.float32,  # the residual stream
                     requires_grad=True)
     n = len(prog.STAGES)
     for k in range(n):
@@ -121,6 +124,9 @@ def test_each_pipeline_stage_keeps_what_the_formula_says(tmp_path, precision, sc
         assert got == pytest.approx(want, rel=1e-3, abs=8), (k, got, want)
 
 
+@pytest.mark.skip(reason="tests/reference/gpu-measured.json measured the bf16-autocast programs (2026-11-22); bf16 "
+                         "programs now hold bf16 weights, fp32 main gradients and masters (runtime/precision.py): "
+                         "re-measure on an H100 (bench/gpu.py) before this comparison means anything again")
 def test_reference_h100_peaks_are_predicted_within_10_percent(tmp_path):
     """The three programs measured on an H100 (peak torch.cuda.max_memory_allocated, bf16, one device; the
     reference file's specs and method): the predicted peak is within 10% of each."""
@@ -208,11 +214,13 @@ def test_recomputation_keeps_what_the_formula_says(tmp_path, mode, precision):
     compiled, prog = _program(tmp_path, text)
     torch.manual_seed(0)
     model = recompute.apply(prog.Model(), mode)
+    if precision == "bf16":  # the weights made bf16, as the runtime does (runtime.precision)
+        from runtime.precision import to_compute
+        to_compute([model])
     b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
     tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
     alive = _Alive(model)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-    with alive.mode, cast:
+    with alive.mode:
         loss = model(tokens, targets)
     got = alive.bytes() - loss.untyped_storage().nbytes() + tokens.untyped_storage().nbytes()
     assert got == pytest.approx(compiled.costs.memory[0].activations, rel=1e-3, abs=8)
@@ -255,9 +263,9 @@ def test_korthikanti_table3(model):
       0.1%;
     - one layer's activations: ours (node by node, bf16, our program) equals theirs (Megatron's program) plus the
       differences of the two programs, itemised below, within 0.1%: Megatron keeps 1-byte dropout masks (3 of
-      them, one s×s) and the s×s softmax, our attention keeps a log-sum-exp per row and head (fp32); our residual
-      stream is fp32 (the two norms keep 4-byte inputs), and autocast casts each matmul's fp32 input for itself
-      (q, k, v: three copies of the first norm's output) and keeps bf16 copies of the weights."""
+      them, one s×s) and the s×s softmax, our attention keeps a log-sum-exp per row and head (fp32), and our
+      norms keep their mean and reciprocal std per row (fp32). The rest is the same: bf16 weights, bf16 residual
+      stream and activations, no casts (runtime/precision.py, Megatron's policy)."""
     from compiler.cost.memory import korthikanti_first_stage_bytes, korthikanti_layer_bytes, rank_peaks
     cfg = KORTHIKANTI_TABLE3[model]
     s, b, h, a, t, L, p, v = 2048, cfg["b"], cfg["h"], cfg["a"], cfg["t"], cfg["L"], cfg["p"], cfg["v"]
@@ -278,11 +286,8 @@ def test_korthikanti_table3(model):
     masks = 2 * sbh + a * s * s * b / t                        # attention-output, MLP and scores dropout masks
     scores = 4 * a * s * s * b / t                             # softmax output and dropout output, 16-bit
     lse = 4 * a * s * b / t                                    # ours: log-sum-exp per row and head, fp32
-    norms = 2 * 2 * sbh                                        # ours: the two norms' inputs are fp32 (+2 bytes each)
-    casts = 2 * 2 * sbh                                        # ours: q, k, v each cast the norm's output (+2 copies)
     stats = 2 * 2 * 4 * s * b                                  # ours: the norms' mean and rstd, fp32
-    weights = 2 * 12 * h * h / t                               # ours: bf16 copies of the layer's weights
-    assert ours == pytest.approx(theirs - masks - scores + lse + norms + casts + stats + weights, rel=1e-3)
+    assert ours == pytest.approx(theirs - masks - scores + lse + stats, rel=1e-3)
 
 
 
@@ -304,14 +309,17 @@ def test_plan_json_carries_everything_plan_prints(capsys):
     assert {"who", "weights", "gradients", "optimizer", "activations", "working", "moment"} <= set(mem["ranks"][0])
     assert out["pipeline"]["virtual_stages"] == 3 and out["plan"]["recompute"] == "full"
     text = plan_text(compiled)
-    assert f"{mem['ranks'][0]['who']}" in text and "fits: 76% of the 80 GB" in text  # AdamW fused on CUDA: no temporaries
+    assert f"{mem['ranks'][0]['who']}" in text and "fits: 73% of the 80 GB" in text  # AdamW fused on CUDA: no temporaries
 
 
 def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path, capsys):
     """A plan over its devices' memory: `compile` and `run` stop before anything starts (E0501 with the fixes);
     `compile --force` writes the program and warns."""
     from compiler.cli import main
+    # bf16 as Megatron (runtime/precision.py) fits 175B without recomputation; without sequence parallelism too it
+    # does not (the pipeline's full-sequence receive buffers and unsent outputs)
     text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("recompute = full", "recompute = none")
+    text = text.replace("sequence_parallel = true", "sequence_parallel = false")
     src = tmp_path / "big.scale"
     src.write_text(text)
     assert main(["compile", str(src), "-o", str(tmp_path / "out")]) == 1

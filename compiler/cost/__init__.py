@@ -178,7 +178,7 @@ class CostModel:
         set, and the sizes of FSDP's units (the root, one block)."""
         from compiler.cost import activations as A
         from compiler.passes import pipeline_split as P
-        prec = spec.train.precision
+        prec = A.precision_key(spec)
         self.device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
         top = traced.top
         blocks = list(traced.blocks.values())
@@ -190,11 +190,11 @@ class CostModel:
             segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
             # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until the step waits
-            # for its send (every stage but the last), and on the last stage each micro-batch's output (the fp32
+            # for its send (every stage but the last), and on the last stage each micro-batch's output (the
             # logits), which the schedule collects to return (measured with runtime/memory.py's tracker)
             out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
-            self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * 4
-            self.saved["sent"] = self.send_elements * 4
+            self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
+            self.saved["sent"] = self.send_elements * A.widths(prec)["res"]
             # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
             self.saved[("wgrad", "block")] = A.weight_output_grads(gm, prec)
             for k in ("prologue", "epilogue"):
@@ -489,7 +489,9 @@ class CostModel:
         spec = self.spec
         dp, tp, ep, pp = env[:4]
         m = plan.micro_batches
-        act_bytes = BYTES[spec.train.precision]
+        from compiler.cost import activations as A
+        widths = A.widths(A.precision_key(spec))
+        act_bytes, res_bytes = widths["act"], widths["res"]
         axes = dict(plan.axes)
         ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
         b_sym = spec.train.global_batch / (ranks_sym * m)
@@ -508,7 +510,7 @@ class CostModel:
             times, per_step = times_of(site.where)
             if not times:
                 continue
-            dtype = 4 if site.fp32 else act_bytes
+            dtype = 4 if site.fp32 else res_bytes if site.residual else act_bytes
             entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
                                       reason=site.reason, direction=site.direction, times=times,
                                       bytes=int(f(env) * dtype * times),
@@ -537,10 +539,11 @@ class CostModel:
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
                 total = sum((e * k for e, k in parts), sympy.Integer(0))
                 return total / size("dp") if fsdp else total
-            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=4, span=spec.mesh.axis_spans.get("tp"),
+            g = 4 if fsdp else grad_bytes(spec)  # FSDP2 casts its reduced shards back to the fp32 parameters
+            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=spec.mesh.axis_spans.get("tp"),
                                       reason="sequence parallelism: each rank's norm and row-bias gradients cover "
                                              "only its sequence chunk", direction="step", times=1,
-                                      bytes=int(partial_n * 4), element_formula=partial_formula))
+                                      bytes=int(partial_n * g), element_formula=partial_formula))
         if nb is not None:
             self._transfers(plan, env, pp_rank, entries, b_sym)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
@@ -550,10 +553,13 @@ class CostModel:
         """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
         interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h
         elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the
-        runtime counts. The residual stream stays fp32 under autocast (its adds promote): the boundary sends fp32."""
+        runtime counts. The boundary sends the residual stream in its dtype: bf16 under bf16, fp32 with
+        fp32_residual (runtime/precision.py)."""
         n = plan.size("pp") * plan.virtual_stages
         m = plan.micro_batches
         elements = self.fn[("send", "x")](env)
+        from compiler.cost import activations as A
+        width = A.widths(A.precision_key(self.spec))["res"]
         span = self.spec.mesh.axis_spans.get("pp")
         expr = self.send_elements
         for stage in range(pp_rank, n, plan.size("pp")):
@@ -562,9 +568,9 @@ class CostModel:
                                           ("backward", "gradients to the previous stage", stage > 0),
                                           ("backward", "gradients from the next stage", stage < n - 1)):
                 if cond:
-                    entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=4, span=span,
+                    entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=width, span=span,
                                               reason=f"pipeline stage {stage}: {what}, per micro-batch",
-                                              direction=direction, times=m, bytes=int(elements * 4 * m),
+                                              direction=direction, times=m, bytes=int(elements * width * m),
                                               element_formula=lambda: expr.xreplace({MICRO_BATCH: b_sym})))
 
     def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
@@ -579,9 +585,15 @@ class CostModel:
         span = spec.mesh.axis_spans.get("dp")
         # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
         how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
-        def add(op, axis, n_elements, times, span, reason, formula):
-            entries.append(Collective(op=op, axis=axis, dtype_bytes=4, span=span, reason=reason, times=times,
-                                      bytes=int(n_elements * 4 * times), measured=False, element_formula=formula))
+        # Gradients move in grad_reduce's dtype (fp32 main gradients unless bf16), weights in the compute precision
+        # (zero1's broadcasts, FSDP2's gathers under its MixedPrecisionPolicy): runtime/precision.py.
+        g, w = grad_bytes(spec), BYTES[spec.train.precision]
+
+        def add(op, axis, n_elements, times, span, reason, formula, width=None):
+            width = width or g
+            entries.append(Collective(op=op, axis=axis, dtype_bytes=width, span=span, reason=reason, times=times,
+                                      bytes=int(n_elements * width * times), measured=False,
+                                      element_formula=formula))
         if ep > 1:
             add("all_reduce", "dp×ep", params_rank - experts_rank, 1, spec.mesh.axis_spans.get("ep"),
                 f"average the dense gradients over every batch shard, dp × ep ({how})",
@@ -596,7 +608,7 @@ class CostModel:
                     params)
                 if plan.data_parallel == "zero1":
                     add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
-                        "updated (ZeroRedundancyOptimizer, one bucket per rank)", params)
+                        "updated (one bucket per rank)", params, width=w)
             else:
                 # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
                 # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
@@ -606,8 +618,14 @@ class CostModel:
                     "FSDP: gather each block's weights for forward and again for backward, every micro-batch"
                     if plan.data_parallel == "fsdp" else
                     "ZeRO-2 (FSDP2, kept gathered to backward): gather each block's weights once per micro-batch",
-                    params)
+                    params, width=w)
                 add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
+
+
+def grad_bytes(spec) -> int:
+    """Bytes per element of a gradient reduced over dp, ep or tp: 4, or 2 under bf16 with `grad_reduce = bf16`."""
+    bf16 = spec.train.precision == "bf16" and getattr(spec.plan, "grad_reduce", "fp32") == "bf16"
+    return 2 if bf16 else 4
 
 
 def _recompute(plan) -> str:

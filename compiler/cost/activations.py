@@ -5,10 +5,10 @@ autograd Functions in runtime/). The rules below say which, for every operation 
 dtype; a tensor several operations keep (a linear's input that its norm's output also is) counts once, by the
 storage it lives in: a view (transpose, unflatten, a flatten that needs no copy) shares its base's storage.
 
-Under bf16 autocast what is kept depends on the casts autocast makes, which are part of what the program
-allocates: a matmul (linear, bmm, scaled_dot_product_attention) given an fp32 activation casts it to bf16 for
-itself, each call its own copy (autocast caches the casts of weights only, once per forward), and keeps that copy;
-it keeps the bf16 copy of its weight as well. The residual stream stays fp32 (an fp32 + bf16 add is fp32).
+Under bf16 (runtime/precision.py, Megatron's policy: bf16 weights, no autocast) every kept tensor is in its
+node's DTYPE (compiler/trace.py): the compute precision, fp32 where the program casts (the loss), the residual
+stream bf16 or, with the plan's fp32_residual, fp32. No weight copies and no per-call casts are kept. `precision`
+is "fp32", "bf16" or "bf16/fp32_residual" (`precision_key`).
 
 Device differences (`device`): scaled_dot_product_attention's flash kernels on CUDA and on CPU both keep q, k, v,
 the output and a log-sum-exp per row and head (fp32), never the s×s scores; nn.RMSNorm is fused on CUDA (keeps its
@@ -32,6 +32,24 @@ def _numel(shape) -> sympy.Expr:
     return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
+def precision_key(spec) -> str:
+    """The precision the activation formulas take: the train section's, with the plan's fp32 residual stream."""
+    prec = spec.train.precision
+    return "bf16/fp32_residual" if prec == "bf16" and getattr(spec.plan, "fp32_residual", False) else prec
+
+
+def widths(precision: str) -> dict:
+    """Bytes per element of each DTYPE kind under `precision` (module docstring)."""
+    bf16 = precision.startswith("bf16")
+    return {"act": 2 if bf16 else 4, "res": 4 if not bf16 or precision.endswith("fp32_residual") else 2,
+            "fp32": 4, "int": INT_BYTES}
+
+
+def width_of(node, precision: str) -> int:
+    """Bytes per element of `node`'s output (4 for a kind without one: a float of unknown kind)."""
+    return widths(precision).get(node.meta.get(T.DTYPE), 4)
+
+
 class _Graph:
     """One traced graph's saved tensors: key (storage) -> bytes."""
 
@@ -41,8 +59,9 @@ class _Graph:
         from runtime import collectives as C
         from runtime import moe
         self.gm, self.device = gm, device
-        self.autocast = precision == "bf16"
-        self.act = 2 if self.autocast else 4
+        self.precision = precision
+        self.widths = widths(precision)
+        self.act = self.widths["act"]
         self.params = gm.meta[T.PARAM_SHAPES]
         self.saved: dict = {}
         self.F, self.C, self.moe = F, C, moe
@@ -57,9 +76,7 @@ class _Graph:
         return node
 
     def bytes_of(self, node) -> sympy.Expr:
-        kind = node.meta.get(T.DTYPE)
-        width = {"act": self.act, "fp32": 4, "int": INT_BYTES}.get(kind, 4)
-        return _numel(node.meta[T.SHAPE]) * width
+        return _numel(node.meta[T.SHAPE]) * self.widths.get(node.meta.get(T.DTYPE), 4)
 
     def keep(self, node) -> None:
         """The node's value kept as it is (its storage)."""
@@ -67,17 +84,8 @@ class _Graph:
         self.saved.setdefault(("t", b), self.bytes_of(node))
 
     def keep_matmul_input(self, node, consumer) -> None:
-        """An operand of an autocast matmul: fp32 under autocast is cast, for this call only, and the copy kept."""
-        if self.autocast and node.meta.get(T.DTYPE) == "fp32":
-            self.saved[("cast", consumer)] = _numel(node.meta[T.SHAPE]) * 2
-        else:
-            self.keep(node)
-
-    def keep_weight(self, name: str) -> None:
-        """A weight an autocast matmul reads keeps its bf16 copy (cached per forward, so a tied weight's counts
-        once); without autocast the weight is the parameter itself (model state, not an activation)."""
-        if self.autocast:
-            self.saved.setdefault(("w", name), _numel(self.params[name]) * 2)
+        """An operand of a matmul: kept as it is (its weight is the parameter itself: model state)."""
+        self.keep(node)
 
     def new(self, node, key, shape, width) -> None:
         self.saved[(key, node)] = _numel(shape) * width
@@ -103,17 +111,22 @@ class _Graph:
                 x = args[0]
                 if isinstance(mod, nn.Linear):
                     self.keep_matmul_input(x, node)
-                    self.keep_weight(f"{t}.weight")
                 elif isinstance(mod, nn.LayerNorm):
                     self._norm_input(x, node)
                     rows = _numel(x.meta[T.SHAPE][:-1])
-                    self.new(node, "stats", (rows,), 2 * 4)  # mean and reciprocal std, fp32
+                    # mean and reciprocal std: fp32 on CUDA; on CPU in the input's dtype
+                    stat = 4 if self.device == "cuda" else self.widths.get(x.meta.get(T.DTYPE), 4)
+                    self.new(node, "stats", (rows,), 2 * stat)
                 elif isinstance(mod, nn.RMSNorm):
-                    self._norm_input(x, node)
                     rows = _numel(x.meta[T.SHAPE][:-1])
-                    if self.device == "cuda":  # fused: the reciprocal RMS per row
+                    if self.device == "cuda":  # fused: its input and the reciprocal RMS per row
+                        self._norm_input(x, node)
                         self.new(node, "stats", (rows,), 4)
-                    else:  # composite: the reciprocal RMS and x·rstd, fp32
+                    else:  # composite: its input upcast to fp32 (a copy when bf16), the reciprocal RMS and x·rstd
+                        if self.widths.get(x.meta.get(T.DTYPE), 4) < 4:
+                            self.new(node, "upcast", x.meta[T.SHAPE], 4)
+                        else:
+                            self._norm_input(x, node)
                         self.new(node, "stats", (rows,), 4)
                         self.new(node, "normed", x.meta[T.SHAPE], 4)
                 elif isinstance(mod, nn.Embedding):
@@ -124,8 +137,7 @@ class _Graph:
                     self._experts(node, mod, x)
                 elif isinstance(mod, Repeat):
                     count, block = repeats[t]
-                    extra += count * block_saved_bytes(block, "bf16" if self.autocast else "fp32", self.device,
-                                                       self.recompute)
+                    extra += count * block_saved_bytes(block, self.precision, self.device, self.recompute)
                 else:
                     raise NotImplementedError(f"no saved-tensor rule for module {type(mod).__name__}")
                 continue
@@ -146,7 +158,6 @@ class _Graph:
                 pass  # an element of a tuple result: its own storage
             elif t is F.linear:
                 self.keep_matmul_input(args[0], node)
-                self.keep_weight(args[1].target)
             elif t is F.scaled_dot_product_attention:
                 q, k, v = args[:3]
                 for a in (q, k, v):
@@ -203,20 +214,14 @@ class _Graph:
         return sympy.expand(sum(self.saved.values(), sympy.Integer(0)) + extra)
 
     def _norm_input(self, x, node) -> None:
-        # Norms run in fp32 under CUDA autocast: a bf16 input would be cast (our norms read the fp32 residual).
-        if self.autocast and self.device == "cuda" and x.meta.get(T.DTYPE) == "act":
-            self.saved[("cast", node)] = _numel(x.meta[T.SHAPE]) * 4
-        else:
-            self.keep(x)
+        # torch's norm kernels read a bf16 input as it is (statistics accumulated in fp32 inside)
+        self.keep(x)
 
     def _experts(self, node, mod, x) -> None:
         e, n, _ = x.meta[T.SHAPE]
         f = self.params[f"{node.target}.w_up"][2]
         self.keep_matmul_input(x, node)
         hidden = e * n * f * self.act
-        names = ("w_up", "w_gate", "w_down") if mod.act == "swiglu" else ("w_up", "w_down")
-        for w in names:
-            self.keep_weight(f"{node.target}.{w}")
         # GELU: its input, and its output (the down matmul's input); SwiGLU: the gate (silu's input), silu's output,
         # the up projection (the product's operands) and their product (the down matmul's input).
         self.saved[("experts", node)] = hidden * (4 if mod.act == "swiglu" else 2)
@@ -329,10 +334,10 @@ def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str =
         return saved_bytes(gm, precision, device)
     compiled = recompute == "selective/compiled"
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    kept = _numel(x.meta[T.SHAPE]) * 4
+    kept = _numel(x.meta[T.SHAPE]) * width_of(x, precision)  # the residual stream
     if recompute == "full":
         return sympy.expand(kept)
-    act = 2 if precision == "bf16" else 4
+    act = widths(precision)["act"]
     for node in gm.graph.nodes:
         if _kept_by_selective(node, gm) and not (compiled and not _needed_in_backward(node, gm)):
             if node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Experts":
@@ -341,7 +346,7 @@ def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str =
                 f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
                 kept += (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * act  # up (gate), down
             else:
-                kept += _numel(node.meta[T.SHAPE]) * (4 if node.meta.get(T.DTYPE) == "fp32" else act)
+                kept += _numel(node.meta[T.SHAPE]) * width_of(node, precision)
     return sympy.expand(kept)
 
 
@@ -353,7 +358,7 @@ def loss_working_set(gm, precision: str) -> list:
     import torch.nn.functional as F
     from runtime import collectives as C
     moments = []
-    copy = 2 + 4 if precision == "bf16" else 4  # the logits (and their fp32 copy under bf16)
+    copy = 2 + 4 if precision.startswith("bf16") else 4  # the logits (and their fp32 copy under bf16)
     for node in gm.graph.nodes:
         if node.target is F.cross_entropy:
             n = _numel(node.args[0].meta[T.SHAPE])
@@ -370,7 +375,7 @@ def weight_output_grads(gm, precision: str) -> sympy.Expr:
     from torch import nn
     import torch.nn.functional as F
     from runtime import moe
-    act = 2 if precision == "bf16" else 4
+    act = widths(precision)["act"]
     total = sympy.Integer(0)
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -382,7 +387,7 @@ def weight_output_grads(gm, precision: str) -> sympy.Expr:
                 f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
                 total += (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * act
         elif node.target is F.linear:
-            total += _numel(node.meta[T.SHAPE]) * (4 if node.meta.get(T.DTYPE) == "fp32" else act)
+            total += _numel(node.meta[T.SHAPE]) * width_of(node, precision)
     return sympy.expand(total)
 
 
@@ -393,19 +398,19 @@ def backward_working_set(gm, precision: str) -> list:
     `repeat` inside `gm` are not entered (each is its own graph)."""
     import torch.nn.functional as F
     from runtime import collectives as C
-    act = 2 if precision == "bf16" else 4
+    w = widths(precision)
 
     def nbytes(n):
         kind = n.meta.get(T.DTYPE)
         shape = n.meta.get(T.SHAPE)
-        if shape is None or kind not in ("act", "fp32"):
+        if shape is None or kind not in ("act", "res", "fp32"):
             return 0
-        return _numel(shape) * (act if kind == "act" else 4)
+        return _numel(shape) * w[kind]
 
     best = []
     residual = 0
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and node.meta.get(T.DTYPE) == "fp32" and node.meta.get(T.SHAPE):
+        if node.op == "placeholder" and node.meta.get(T.DTYPE) == "res" and node.meta.get(T.SHAPE):
             residual = nbytes(node)
         if node.op not in ("call_module", "call_function", "call_method"):
             continue

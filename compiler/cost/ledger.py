@@ -76,6 +76,7 @@ class Site:
     where: tuple            # ("block", repeat name) or ("top", piece): piece "all" without pp, else
                             # "prologue" | "epilogue" | "loss"
     rerun: bool = False     # full recomputation runs it again in backward (in a block, before its last saving op)
+    residual: bool = False  # moves the residual stream: fp32 under bf16 with the plan's fp32_residual
 
 
 def pieces(traced: T.Traced) -> dict | None:
@@ -115,13 +116,14 @@ def sites(traced: T.Traced) -> list[Site]:
                 continue
             tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
             elements = sympy.expand(note.count * sympy.Mul(*tensor.meta[T.SHAPE]))
-            # A gradient has its tensor's dtype: an fp32 tensor (the residual stream, a norm's output) moves 4 bytes
-            # per element also under bf16 autocast.
+            # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
+            # residual stream its own dtype (trace.DTYPE).
             fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
+            residual = tensor.meta.get(T.DTYPE) == "res"
             for direction, op in (("forward", note.forward), ("backward", note.backward)):
                 if op:
                     out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
-                                    where, rerun=order[node] < last))
+                                    where, rerun=order[node] < last, residual=residual))
     return out
 
 
