@@ -26,7 +26,10 @@ class Parallel:
     - `zero2`: FSDP2 (`fully_shard`, each block and the root) with `reshard_after_forward=False`: weights stay
       gathered from a unit's forward to its backward, gradients are reduce-scattered, optimizer state sharded.
     - `fsdp`: ZeRO-3, FSDP2 with the weights freed after each unit's forward and gathered again for its backward.
-    With dp = 1 all four are the same (nothing to shard)."""
+    With dp = 1 all four are the same (nothing to shard). Under `precision = bf16` (runtime.precision): ddp and zero1
+    have no DDP (it would reduce the bf16 `.grad`): fp32 main gradients, one coalesced all-reduce after the last
+    micro-batch, and MasterAdamW's fp32 masters and moments, whole (ddp) or sharded over dp by whole parameters
+    (zero1); zero2 and fsdp take FSDP2's MixedPrecisionPolicy over their fp32 shards."""
     micro_batches: int = 1
     """Micro-batches per optimizer step on each batch rank: gradient accumulation, or the pipeline's micro-batches
     under pp."""

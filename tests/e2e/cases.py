@@ -101,8 +101,9 @@ CASES = (
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
     Case(id="pp2_tp2_sp_bf16", sample="samples/gpt_3d.scale", nproc=4,
          edits=BF16 + (("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4")),
-         description="bf16 through 1F1B over pp × tensor + sequence parallelism over tp: tp collectives in bf16 "
-                     "where their tensors are, pipeline sends in fp32, as the ledger counts them"),
+         description="bf16 through 1F1B over pp × tensor + sequence parallelism over tp: tp collectives and "
+                     "pipeline sends in bf16 (the residual stream is), the partial-gradient all-reduce on fp32 main "
+                     "gradients, as the ledger counts them"),
     # Full recomputation re-runs each block's tp collectives in backward (Megatron's too): the ledger counts them
     # again, as backward entries, and the measured bytes must match.
     Case(id="dp2_tp2_fsdp_recompute_full", sample="samples/gpt_2d.scale", nproc=4,

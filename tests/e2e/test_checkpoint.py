@@ -145,6 +145,26 @@ def test_zero1_resumes_on_zero1(reference, tmp_path):
     _same(first.losses + again.losses, reference(text))
 
 
+def test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32(tmp_path):
+    """bf16 (runtime/precision.py): the checkpoint holds the fp32 masters (each zero1 rank its partition's) and
+    AdamW's moments, not the bf16 weights, so the same plan resumes bitwise (the bf16 weights recast from the
+    masters and broadcast by their owners), and an fp32 plan on one device resumes from it."""
+    text = _sample("gpt_dp", ("data_parallel = ddp", "data_parallel = zero1"),
+                   ("precision    = fp32", "precision    = bf16"))
+    first, ckpt = _interrupt(text, "dp2_zero1_bf16", tmp_path)
+    import torch.distributed.checkpoint as dcp
+    meta = dcp.FileSystemReader(str(ckpt / f"step_{STOP:08d}")).read_metadata().state_dict_metadata
+    model = {k: v.properties.dtype for k, v in meta.items() if k.startswith("model.")}
+    assert model and set(model.values()) == {torch.float32}, model  # the masters, every parameter once
+    assert not [k for k in meta if k.endswith(".master")]  # stored as the parameter, not as optimizer state
+    again = _resume(text, "dp2_zero1_bf16_again", tmp_path, ckpt)
+    whole = launch(text, "dp2_zero1_bf16_whole", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False)
+    assert first.losses + again.losses == whole.losses  # bitwise
+    fp32 = _resume(_on(text.replace("precision    = bf16", "precision    = fp32"), *ONE), "bf16_to_fp32_one",
+                   tmp_path, ckpt, nproc=1)
+    _same(fp32.losses, again.losses, rtol=2e-3)  # the same model state, continued in fp32 rather than bf16
+
+
 def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
     """Vocabulary 127 on tp = 2, padded to 128: the last rank's padding row is not stored; one device reads a
     [127, 64] embedding."""

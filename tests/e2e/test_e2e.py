@@ -101,14 +101,14 @@ def _assert_bf16_training(run, ref, ref_fp32) -> None:
     first, bf16, fp32 = (r.records[0]["grad_norm"] for r in (run, ref, ref_fp32))
     assert 3 * abs(first - bf16) < abs(first - fp32), (
         f"first-step gradient norm {first} is not the bf16 run's ({bf16}) but near the fp32 run's ({fp32}): "
-        "was the forward autocast?")
+        "did the model compute in bf16?")
 
 
 def test_bf16_moves_what_the_ledger_predicts(tmp_path):
-    """Under bf16 autocast matmul outputs are bf16 but the residual stream, norms and embeddings stay fp32, and a
-    gradient has its tensor's dtype: the ledger counts each collective in its tensor's dtype (the MoE tokens cross
-    the all-to-alls in bf16), and the bytes counted equal it. The model trains. (tp + sp collectives in bf16: the
-    table's pp2_tp2_sp_bf16.)"""
+    """Under bf16 (runtime/precision.py) every activation is bf16 but the loss's fp32 copy and a router's softmax,
+    and a gradient has its tensor's dtype: the ledger counts each collective in its tensor's dtype (the MoE tokens
+    cross the all-to-alls in bf16), and the bytes counted equal it. The model trains. (tp + sp collectives in bf16:
+    the table's pp2_tp2_sp_bf16.)"""
     text = (ROOT / "samples" / "moe_gpt.scale").read_text().replace("precision    = fp32", "precision    = bf16")
     run = launch(text, "moe_gpt_bf16", tmp_path, steps=4, timeout=240, nproc=2, dump_grads=False)
     assert run.measured == run.predicted and run.measured
