@@ -147,14 +147,14 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=70551040000,
+        predicted_peak_bytes=66514022400,
         device_bytes=80000000000,
     ),
     speed=train.Speed(
         flops_per_step=3.036301360103424e+16,
         peak_flops=989000000000000.0,
         device='h100',
-        predicted_step_s=9.787,
+        predicted_step_s=9.152,
     ),
 )
 

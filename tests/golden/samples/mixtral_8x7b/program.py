@@ -177,14 +177,14 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=69120122912,
+        predicted_peak_bytes=56442773536,
         device_bytes=80000000000,
     ),
     speed=train.Speed(
         flops_per_step=8.69625736640594e+16,
         peak_flops=989000000000000.0,
         device='h100',
-        predicted_step_s=9.487,
+        predicted_step_s=9.26,
     ),
 )
 

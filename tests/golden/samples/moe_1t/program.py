@@ -180,14 +180,14 @@ CONFIG = train.Config(
         layers=64,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=98806333696,
+        predicted_peak_bytes=90387316992,
         device_bytes=141000000000,
     ),
     speed=train.Speed(
         flops_per_step=1.2972477989152358e+18,
         peak_flops=989000000000000.0,
         device='h200',
-        predicted_step_s=8.089,
+        predicted_step_s=7.209,
     ),
 )
 
