@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress, recompute
+from runtime import (checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress,
+                     recompute)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce

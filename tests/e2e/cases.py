@@ -56,7 +56,8 @@ CASES = (
          description="ZeRO-2: FSDP2 keeping each block's weights gathered from forward to backward, gradients "
                      "reduce-scattered, optimizer state sharded"),
     # bf16 (runtime.precision: bf16 weights, fp32 main gradients, fp32 masters in the optimizer), each data-parallel
-    # mode once, against the single-device bf16 program; two steps (the references are shared by the four). Main
+    # mode once, against the single-device bf16 program; two steps (the references are shared by three; fsdp's
+    # keeps the residual stream fp32, and so does its reference: tests/e2e/runner.single_device). Main
     # gradients accumulated over micro-batches: tests/test_precision.py (in bf16 another micro-batch split rounds
     # the weight gradients differently, as far from the reference as the first-step check's margin).
     Case(id="dp2_ddp_bf16", sample="samples/gpt_dp.scale", nproc=2, steps=2, edits=BF16,
@@ -70,8 +71,9 @@ CASES = (
          edits=BF16 + (("data_parallel = ddp", "data_parallel = zero2"),),
          description="bf16 zero2: FSDP2's MixedPrecisionPolicy (bf16 gathers, fp32 reduce-scatter) over fp32 shards"),
     Case(id="dp2_fsdp_bf16", sample="samples/gpt_dp.scale", nproc=2, steps=2,
-         edits=BF16 + (("data_parallel = ddp", "data_parallel = fsdp"),),
-         description="bf16 fsdp: FSDP2's MixedPrecisionPolicy, weights gathered in bf16 from the fp32 shards"),
+         edits=BF16 + (("data_parallel = ddp", "data_parallel = fsdp  fp32_residual = true"),),
+         description="bf16 fsdp: FSDP2's MixedPrecisionPolicy, weights gathered in bf16 from the fp32 shards; the "
+                     "residual stream fp32 (fp32_residual: the blocks' inputs left uncast)"),
     Case(id="two_nodes_ddp_accumulate2", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1"),
                 ("micro_batches = 1", "micro_batches = 2")),

@@ -34,9 +34,11 @@ class Run:
 
 
 def single_device(text: str) -> str:
-    """The same model, data and global batch on one device, no accumulation: the reference of every plan."""
+    """The same model, data and global batch on one device, no accumulation: the reference of every plan. An fp32
+    residual stream (`fp32_residual = true`) is the model's numerics, not its layout: the reference keeps it."""
+    keep = "  fp32_residual = true" if re.search(r"plan\s*\{[^}]*fp32_residual\s*=\s*true", text) else ""
     text = re.sub(r"mesh\s*\{[^}]*\}", SINGLE_MESH, text)
-    return re.sub(r"plan\s*\{[^}]*\}", "plan { data_parallel = ddp  micro_batches = 1 }", text)
+    return re.sub(r"plan\s*\{[^}]*\}", f"plan {{ data_parallel = ddp  micro_batches = 1{keep} }}", text)
 
 
 def _free_port() -> int:
