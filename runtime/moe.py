@@ -153,8 +153,8 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
 
 def dispatch(x_BSH: torch.Tensor, slot_BSK: torch.Tensor, experts: int, capacity: int) -> torch.Tensor:
     """Copy each kept (token, choice) into its expert's slot: an expert-major buffer E × (B·C) × H, zero where a
-    slot is empty, in the compute precision (under autocast the residual stream is fp32). Dropped choices land in a
-    trash slot that is cut off."""
+    slot is empty, in the tokens' dtype (bf16 under bf16: runtime.precision), or under autocast its dtype.
+    Dropped choices land in a trash slot that is cut off."""
     if torch.is_autocast_enabled(x_BSH.device.type):  # the experts compute in it: send the tokens in it too
         x_BSH = x_BSH.to(torch.get_autocast_dtype(x_BSH.device.type))
     b, s, h = x_BSH.shape
