@@ -14,7 +14,10 @@ master weights in the optimizer beside AdamW's moments.
 - **Gradients.** `MainGrads`: each parameter's bf16 gradient is added, as soon as autograd has accumulated it
   (`register_post_accumulate_grad_hook`), into an fp32 buffer `p.main_grad` (Megatron's main_grad) and freed; the
   reduction over the batch ranks and clipping work on those. `Parallel.grad_reduce = "bf16"` keeps the buffers bf16
-  (accumulated and reduced in bf16; upcast for AdamW).
+  (accumulated and reduced in bf16; upcast for AdamW). Without FSDP and with data parallelism, no DDP (it would
+  reduce the bf16 `.grad`): the main gradients are bucketed and each bucket all-reduced from the hooks of the last
+  micro-batch as its gradients complete, overlapping the backward (DDP's scheme); pipeline stages reduce theirs in
+  one coalesced all-reduce after the schedule, as in fp32.
 - **Optimizer.** `MasterAdamW`: AdamW on the fp32 masters with the main gradients, then the masters copied into the
   bf16 weights. Whole under ddp (12 bytes per parameter: master and two moments); under zero1 sharded over dp by
   whole parameters (ZeRO's partition, as torch's ZeroRedundancyOptimizer partitions): each rank updates and keeps
@@ -108,20 +111,89 @@ class _MainGradOf:
 class MainGrads:
     """fp32 (or `dtype`) gradient buffers beside bf16 parameters (Megatron's main_grad): a post-accumulate hook
     adds each parameter's bf16 gradient into `p.main_grad` (made at its first gradient of a step) and frees it,
-    so a step holds one bf16 gradient at a time per parameter, and the micro-batches accumulate in `dtype`."""
+    so a step holds one bf16 gradient at a time per parameter, and the micro-batches accumulate in `dtype`.
 
-    def __init__(self, params: list, dtype: torch.dtype = torch.float32):
+    With `reduce = (group, n, skip)` (a whole model's data parallelism, where DDP would reduce the bf16 `.grad`):
+    the parameters not in `skip` (experts, reduced by runtime.moe) are laid in buckets of about `bucket_bytes`
+    (DDP's bucket_cap_mb, the compiler's rule), last parameter first (the order backward reaches them); their main
+    gradients are views of one flat buffer per bucket. During the backward of the last micro-batch (`sync`) each
+    bucket is all-reduced over `group` as soon as its gradients are complete, asynchronously and in bucket order
+    on every rank (as DDP launches its buckets), so the reduction overlaps the rest of the backward; `wait` ends
+    them and divides by `n` (the mean over the batch ranks)."""
+
+    def __init__(self, params: list, dtype: torch.dtype = torch.float32, reduce=None, bucket_bytes: float = 25e6):
         self.params, self.dtype = params, dtype
+        self.group, self.n, skip = reduce if reduce is not None else (None, 1, ())
+        self.buckets: list = []
+        self.bucket_of: dict = {}
+        if reduce is not None:
+            size = 0
+            for p in reversed(params):
+                if p in skip:
+                    continue
+                if not self.buckets or size + p.numel() * dtype.itemsize > bucket_bytes:
+                    self.buckets.append([])
+                    size = 0
+                self.bucket_of[p] = len(self.buckets) - 1
+                self.buckets[-1].append(p)
+                size += p.numel() * dtype.itemsize
+        self.flat: list = [None] * len(self.buckets)
+        self.works: list = [None] * len(self.buckets)
+        self.pending: list = [0] * len(self.buckets)
+        self.sync, self.next = False, 0
         for p in params:
             p.main_grad = None
             p.register_post_accumulate_grad_hook(self._accumulate)
 
+    def _allocate(self, b: int) -> None:
+        """Bucket `b`'s flat buffer (zeros) and its parameters' main gradients as views of it."""
+        params = self.buckets[b]
+        flat = torch.zeros(sum(p.numel() for p in params), dtype=self.dtype, device=params[0].device)
+        offset = 0
+        for p in params:
+            p.main_grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.flat[b] = flat
+
     def _accumulate(self, p: torch.Tensor) -> None:
+        b = self.bucket_of.get(p)
+        if p.main_grad is None and b is not None:
+            self._allocate(b)
         if p.main_grad is None:
             p.main_grad = p.grad.to(self.dtype, copy=True)
         else:
             p.main_grad.add_(p.grad)
         p.grad = None
+        if self.sync and b is not None:
+            self.pending[b] -= 1
+            while self.next < len(self.buckets) and self.pending[self.next] == 0:
+                self._launch(self.next)
+
+    def start_sync(self) -> None:
+        """The next backward is the step's last: launch each bucket's all-reduce once its gradients are in."""
+        if self.buckets:
+            self.sync, self.next = True, 0
+            self.pending = [len(ps) for ps in self.buckets]
+
+    def _launch(self, b: int) -> None:
+        if self.flat[b] is None or self.buckets[b][0].main_grad is None:  # no gradient here this step: zeros
+            self._allocate(b)
+        self.works[b] = dist.all_reduce(self.flat[b], group=self.group, async_op=True)
+        self.next = b + 1
+
+    @torch.no_grad()
+    def wait(self) -> None:
+        """End the buckets' all-reduces (launching those whose gradients never all arrived: an unused parameter)
+        and divide by the batch ranks."""
+        if not self.sync:
+            return
+        for b in range(self.next, len(self.buckets)):
+            self._launch(b)
+        for b, work in enumerate(self.works):
+            work.wait()
+            self.flat[b].div_(self.n)
+        self.works = [None] * len(self.buckets)
+        self.sync = False
 
     @torch.no_grad()
     def finish(self, scale: float = 1.0) -> None:
@@ -140,6 +212,7 @@ class MainGrads:
     def clear(self) -> None:
         for p in self.params:
             p.main_grad = None
+        self.flat = [None] * len(self.buckets)
 
 
 def partition(params: list, n: int) -> list[int]:

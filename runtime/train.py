@@ -190,7 +190,7 @@ def _dp_sync(kind: str | None, sync: bool) -> str:
     if not sync or kind is None:
         return "no data-parallel collective"
     return ("with FSDP's gradient reduce-scatter over dp" if kind == "fsdp"
-            else "with DDP's gradient all-reduce over the batch ranks")
+            else "with the gradient all-reduce over the batch ranks (DDP's, or bf16's buckets)")
 
 
 class ModelParts:
@@ -272,19 +272,19 @@ class WholeModel(ModelParts):
             if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
                 # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
                 model.set_requires_gradient_sync(sync)
+            if sync and self.mains is not None:  # bf16 without DDP: the last backward launches the buckets
+                self.mains.start_sync()
             with no_sync:
                 with faults.op(f"the forward{self.gathers if ddp or self.kind == 'fsdp' else ''}", self.site):
                     loss = model(tokens, targets) / m
-                with faults.op(f"the backward ({_dp_sync(self.kind if self.mains is None else None, sync)})",
-                               self.site):
+                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})", self.site):
                     loss.backward()
             total += loss.detach()
         if self.mains is not None:
+            with faults.op("the bucketed gradient all-reduces over the batch ranks (main gradients)",
+                           _dp_site("ddp")):
+                self.mains.wait()
             self.mains.finish()
-            if self.kind == "ddp":
-                with faults.op("the gradient all-reduce over the batch ranks (fp32 main gradients)",
-                               _dp_site("ddp")):
-                    _average_dense_grads(self.mains.named(model.named_parameters()), ctx, self.shards)
         return total
 
 
@@ -343,13 +343,16 @@ def _groups(params: list, opt: Optim) -> list:
     return [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _mixed_optimizer(params: list, modules: list, cfg: Config, zero_group=None):
+def _mixed_optimizer(params: list, modules: list, cfg: Config, zero_group=None, reduce=None):
     """bf16 without FSDP (runtime.precision): the parameters become bf16 compute weights, their gradients land in
     main gradients (fp32 unless `grad_reduce = bf16`), and MasterAdamW keeps the fp32 masters and moments, whole or
-    (zero1, `zero_group`) sharded over dp. Returns (optimizer, main gradients)."""
+    (zero1, `zero_group`) sharded over dp. `reduce`: (group, ranks, parameters left out) of a whole model's
+    data parallelism, reduced in buckets from the backward's hooks (precision.MainGrads). Returns (optimizer, main
+    gradients)."""
     opt = cfg.optim
     masters = precision.to_compute(modules)
-    mains = precision.MainGrads(params, precision.grad_dtype(cfg.parallel.grad_reduce))
+    mains = precision.MainGrads(params, precision.grad_dtype(cfg.parallel.grad_reduce), reduce=reduce,
+                                bucket_bytes=cfg.parallel.ddp_bucket_mb * 2**20)
     return precision.MasterAdamW(_groups(params, opt), masters, lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                  shard_group=zero_group), mains
 
@@ -468,7 +471,10 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
              else WholeModel(model_cls, cfg, ctx, prepare, shards))
     every = [p for _, p in parts.named_parameters()]
-    opt, mains = (_mixed_optimizer(every, parts.modules, cfg, _zero1_group(cfg, ctx)) if mixed
+    reduce = None  # a whole model's bf16 data parallelism: bucketed from the backward's hooks, as DDP would
+    if mixed and isinstance(parts, WholeModel) and parts.kind == "ddp":
+        reduce = (ctx.batch_group, ctx.batch_size, {p for name, p in parts.named_parameters() if shards.expert(name)})
+    opt, mains = (_mixed_optimizer(every, parts.modules, cfg, _zero1_group(cfg, ctx), reduce) if mixed
                   else (_optimizer(every, cfg.optim, _zero1_group(cfg, ctx)), None))
     parts.mains = mains
     if mains is not None and isinstance(parts, PipelineStages):

@@ -172,8 +172,9 @@ class _Loss(nn.Module):
 
 
 def _reducer(rank, ctx):
-    """The bf16 whole-model step's gradient all-reduce (DDP's replacement) and zero1's broadcasts run inside a
-    timed operation (runtime.faults.op) that names .scale lines, as every collective of the runtime does."""
+    """The bf16 whole-model step's gradient all-reduce (DDP's replacement: launched from the backward's hooks) and
+    zero1's broadcasts run inside a timed operation (runtime.faults.op) that names .scale lines, as every
+    collective of the runtime does."""
     from runtime import faults, tensor_parallel as tp, train
     from pathlib import Path
     from compiler import codegen
@@ -199,7 +200,8 @@ def _reducer(rank, ctx):
         return module
     parts = train.WholeModel(_Loss, cfg, ctx, prepare, tp.Shards((), (), ()))
     params = list(parts.model.parameters())
-    opt, parts.mains = train._mixed_optimizer(params, parts.modules, cfg, train._zero1_group(cfg, ctx))
+    reduce = (ctx.batch_group, ctx.batch_size, set())  # as train.run gives a whole model under dp
+    opt, parts.mains = train._mixed_optimizer(params, parts.modules, cfg, train._zero1_group(cfg, ctx), reduce)
     torch.manual_seed(rank)  # each rank its own batch
     x = torch.randn(4, 6, dtype=torch.bfloat16)
     parts.step([(x, torch.zeros(4))])
@@ -207,7 +209,7 @@ def _reducer(rank, ctx):
     with faults.op("the optimizer step (zero1's parameter broadcasts over dp)", faults.scale("data_parallel")):
         opt.step()  # as train.run opens it under zero1
     ops = [name for name, _ in seen]
-    assert ops.count("all_reduce") == 1 and ops.count("broadcast") == WORLD, ops  # one coalesced; one per owner
+    assert ops.count("all_reduce") == 1 and ops.count("broadcast") == WORLD, ops  # one bucket; one per owner
     assert all(cur is not None and cur[1] is not None for _, cur in seen), seen
     every: list = [None] * WORLD
     dist.all_gather_object(every, [p.detach().float().sum().item() for p in params])
@@ -216,3 +218,45 @@ def _reducer(rank, ctx):
 
 def test_the_bf16_reducer_and_zero1_broadcasts_are_timed_operations_with_sites():
     _spawn(_reducer)
+
+
+def _buckets(rank, ctx):
+    """Buckets of main gradients (precision.MainGrads with `reduce`), against the mean of the ranks' gradients: each
+    bucket's all-reduce is launched from the hooks during the last micro-batch's backward, before the backward ends
+    (the first layers' gradients are still to come), in bucket order; the earlier micro-batches launch none."""
+    torch.manual_seed(0)
+    model = _Model()
+    precision.to_compute([model])
+    params = list(model.parameters())
+    launched = []
+    all_reduce = dist.all_reduce
+
+    def recording(t, *args, **kwargs):
+        launched.append((t.numel(), mains.pending[-1]))  # gradients the last bucket still waits for
+        return all_reduce(t, *args, **kwargs)
+    dist.all_reduce = recording
+    size = sum(p.numel() for p in params) * 4
+    mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
+    assert len(mains.buckets) >= 3 and mains.buckets[0][0] is params[-1]  # the head's first: backward's order
+    mine = []
+    for j in range(2):
+        torch.manual_seed(10 * rank + j)
+        x = torch.randn(4, 6, dtype=torch.bfloat16)
+        if j == 1:
+            mains.start_sync()
+        model(x).float().square().sum().backward()
+        if j == 0:
+            assert not launched
+        mine.append([p.main_grad.clone() for p in params])
+    mains.wait()
+    assert [n for n, _ in launched] == [sum(p.numel() for p in b) for b in mains.buckets]
+    assert launched[0][1] > 0  # the first bucket left while the first layers' gradients were still to come
+    every: list = [None] * WORLD
+    dist.all_gather_object(every, [t.tolist() for t in mine[-1]])
+    for p, *ranks in zip(params, *every):
+        want = sum(torch.tensor(r) for r in ranks) / WORLD
+        torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
+
+
+def test_bucketed_main_gradients_are_reduced_from_the_last_backward():
+    _spawn(_buckets)
