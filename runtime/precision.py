@@ -40,6 +40,12 @@ def grad_dtype(grad_reduce: str) -> torch.dtype:
     return torch.float32 if grad_reduce == "fp32" else COMPUTE
 
 
+def main_grads(precision: str, dp_kind: str | None) -> bool:
+    """Whether a run takes this module's bf16 weights, main gradients and masters: bf16 without FSDP (under FSDP2,
+    fsdp and zero2 with dp > 1, its MixedPrecisionPolicy does the same: `fsdp_policy`)."""
+    return precision == "bf16" and dp_kind != "fsdp"
+
+
 def fsdp_policy(grad_reduce: str, fp32_residual: bool):
     """FSDP2's mixed precision for fsdp and zero2: gathers cast to bf16, gradients reduce-scattered (and, with
     gradient accumulation, accumulated unsharded) in `grad_reduce`'s dtype, the sharded fp32 parameters the
@@ -259,7 +265,7 @@ class MasterAdamW(torch.optim.Optimizer):
             beta1, beta2 = group["betas"]
             adamw(masters, [p.main_grad.float() for p in mine], [s["exp_avg"] for s in st],
                   [s["exp_avg_sq"] for s in st], [], [s["step"] for s in st],
-                  fused=True if all(m.device.type == "cuda" for m in masters) else None,
+                  fused=adamw_kernels(masters).get("fused"),
                   amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
                   eps=group["eps"], maximize=False)
             torch._foreach_copy_(mine, masters)
@@ -290,3 +296,32 @@ class MasterAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 p.main_grad = None
+
+
+def decay_groups(params: list, weight_decay: float) -> list:
+    """AdamW's param groups as Megatron's: no weight decay on biases and norm scales (the 1-D parameters)."""
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw_kernels(params: list) -> dict:
+    """AdamW's implementation: `fused` (one kernel per group of tensors: the update reads and writes each state
+    tensor once, no temporaries) when every parameter is on CUDA, else torch's default (on CPU a loop over the
+    tensors: no whole-group temporaries, which the memory model counts as none there)."""
+    if params and all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    return {}
+
+
+def mixed_adamw(params: list, modules: list, cfg, zero_group=None, reduce=None):
+    """bf16 without FSDP: the parameters of `modules` become bf16 compute weights, their gradients land in main
+    gradients (fp32 unless `grad_reduce = bf16`), and MasterAdamW keeps the fp32 masters and moments, whole or
+    (zero1, `zero_group`) sharded over dp. `reduce`: (group, ranks, parameters left out) of a whole model's data
+    parallelism, reduced in buckets from the backward's hooks (MainGrads). Returns (optimizer, main gradients)."""
+    opt = cfg.optim
+    masters = to_compute(modules)
+    mains = MainGrads(params, grad_dtype(cfg.parallel.grad_reduce), reduce=reduce,
+                      bucket_bytes=cfg.parallel.ddp_bucket_mb * 2**20)
+    return MasterAdamW(decay_groups(params, opt.weight_decay), masters, lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                       shard_group=zero_group), mains

@@ -298,7 +298,7 @@ class PipelineStages(ModelParts):
     def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, loss_fn, prepare, shards: tp.Shards):
         from runtime.pipeline import Pipeline
         self.pipe = Pipeline(model_cls, cfg, ctx, loss_fn, lambda module: prepare(module, ddp=False),
-                             main_grads=_main_grads(cfg, ctx))
+                             main_grads=precision.main_grads(cfg.precision, _dp_kind(cfg, ctx)))
         self.modules = self.pipe.modules
         self.tied_elsewhere = self.pipe.tied_elsewhere
         self.pp_group = ctx.mesh["pp"].get_group()
@@ -336,49 +336,19 @@ def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
                          f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
 
 
-def _groups(params: list, opt: Optim) -> list:
-    """As Megatron does: no weight decay on biases and norm scales (the 1-D parameters)."""
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    return [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _mixed_optimizer(params: list, modules: list, cfg: Config, zero_group=None, reduce=None):
-    """bf16 without FSDP (runtime.precision): the parameters become bf16 compute weights, their gradients land in
-    main gradients (fp32 unless `grad_reduce = bf16`), and MasterAdamW keeps the fp32 masters and moments, whole or
-    (zero1, `zero_group`) sharded over dp. `reduce`: (group, ranks, parameters left out) of a whole model's
-    data parallelism, reduced in buckets from the backward's hooks (precision.MainGrads). Returns (optimizer, main
-    gradients)."""
-    opt = cfg.optim
-    masters = precision.to_compute(modules)
-    mains = precision.MainGrads(params, precision.grad_dtype(cfg.parallel.grad_reduce), reduce=reduce,
-                                bucket_bytes=cfg.parallel.ddp_bucket_mb * 2**20)
-    return precision.MasterAdamW(_groups(params, opt), masters, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                 shard_group=zero_group), mains
-
-
 def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimizer:
     """AdamW over `params`; with `zero_group` (zero1 over dp), torch's ZeroRedundancyOptimizer over that group: each
     rank keeps AdamW's state of its partition of the parameters (whole parameters, balanced by size within each
     param group), updates those, and broadcasts them to the group. The learning-rate scheduler and clipping act on
     its param groups and gradients as on AdamW's; checkpoints read its local AdamW's state (`local_state`)."""
-    groups = _groups(params, opt)
-    kernels = _adamw_kernels(params)
+    groups = precision.decay_groups(params, opt.weight_decay)
+    kernels = precision.adamw_kernels(params)
     if zero_group is not None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, process_group=zero_group,
                                        parameters_as_bucket_view=True,
                                        lr=opt.lr, betas=opt.betas, eps=opt.eps, **kernels)
     return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, **kernels)
-
-
-def _adamw_kernels(params: list) -> dict:
-    """AdamW's implementation: `fused` (one kernel per group of tensors: the update reads and writes each state
-    tensor once, no temporaries) when every parameter is on CUDA, else torch's default (on CPU a loop over the
-    tensors: no whole-group temporaries, which the memory model counts as none there)."""
-    if params and all(p.device.type == "cuda" for p in params):
-        return {"fused": True}
-    return {}
 
 
 def _zero1_group(cfg: Config, ctx: mesh.Context):
@@ -406,12 +376,6 @@ def _write_counts(path: str, ctx: mesh.Context) -> None:
     if ctx.is_logger:
         with open(path, "w") as f:
             json.dump(counts, f, indent=2, sort_keys=True)
-
-
-def _main_grads(cfg: Config, ctx: mesh.Context) -> bool:
-    """bf16 without FSDP: the parameters become bf16, their gradients fp32 main gradients and the optimizer keeps
-    the fp32 masters (runtime.precision). Under FSDP2 (fsdp, zero2 with dp > 1) its MixedPrecisionPolicy does it."""
-    return cfg.precision == "bf16" and _dp_kind(cfg, ctx) != "fsdp"
 
 
 def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> None:
@@ -447,7 +411,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     par = cfg.parallel
     shards = tp.Shards(par.tp_shards, par.tp_partial_grads, par.ep_shards)
     fsdp = _dp_kind(cfg, ctx) == "fsdp"
-    mixed = _main_grads(cfg, ctx)  # bf16 weights, fp32 main gradients and masters (runtime.precision)
+    mixed = precision.main_grads(cfg.precision, _dp_kind(cfg, ctx))  # bf16 weights, main gradients, masters
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
@@ -474,7 +438,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     reduce = None  # a whole model's bf16 data parallelism: bucketed from the backward's hooks, as DDP would
     if mixed and isinstance(parts, WholeModel) and parts.kind == "ddp":
         reduce = (ctx.batch_group, ctx.batch_size, {p for name, p in parts.named_parameters() if shards.expert(name)})
-    opt, mains = (_mixed_optimizer(every, parts.modules, cfg, _zero1_group(cfg, ctx), reduce) if mixed
+    opt, mains = (precision.mixed_adamw(every, parts.modules, cfg, _zero1_group(cfg, ctx), reduce) if mixed
                   else (_optimizer(every, cfg.optim, _zero1_group(cfg, ctx)), None))
     parts.mains = mains
     if mains is not None and isinstance(parts, PipelineStages):

@@ -14,9 +14,7 @@ from tests.test_zero import WORLD, _cfg, _Model, _spawn
 
 
 def _groups(params):
-    from runtime.train import _groups
-    from runtime.config import Optim
-    return _groups(params, Optim(lr=1e-2, weight_decay=0.1))
+    return precision.decay_groups(params, 0.1)
 
 
 def test_weights_become_bf16_and_the_masters_keep_their_fp32_values():
@@ -201,7 +199,7 @@ def _reducer(rank, ctx):
     parts = train.WholeModel(_Loss, cfg, ctx, prepare, tp.Shards((), (), ()))
     params = list(parts.model.parameters())
     reduce = (ctx.batch_group, ctx.batch_size, set())  # as train.run gives a whole model under dp
-    opt, parts.mains = train._mixed_optimizer(params, parts.modules, cfg, train._zero1_group(cfg, ctx), reduce)
+    opt, parts.mains = precision.mixed_adamw(params, parts.modules, cfg, train._zero1_group(cfg, ctx), reduce)
     torch.manual_seed(rank)  # each rank its own batch
     x = torch.randn(4, 6, dtype=torch.bfloat16)
     parts.step([(x, torch.zeros(4))])
@@ -221,13 +219,15 @@ def test_the_bf16_reducer_and_zero1_broadcasts_are_timed_operations_with_sites()
 
 
 def _buckets(rank, ctx):
-    """Buckets of main gradients (precision.MainGrads with `reduce`), against the mean of the ranks' gradients: each
-    bucket's all-reduce is launched from the hooks during the last micro-batch's backward, before the backward ends
-    (the first layers' gradients are still to come), in bucket order; the earlier micro-batches launch none."""
+    """Buckets of main gradients (precision.MainGrads with `reduce`), against the mean over the ranks of the same
+    model's unreduced main gradients: each bucket's all-reduce is launched from the hooks during the last
+    micro-batch's backward, before the backward ends (the first layers' gradients are still to come), in bucket
+    order; the earlier micro-batches launch none."""
     torch.manual_seed(0)
-    model = _Model()
-    precision.to_compute([model])
-    params = list(model.parameters())
+    model, ref = _Model(), _Model()
+    ref.load_state_dict(model.state_dict())
+    precision.to_compute([model, ref])
+    params, ref_params = list(model.parameters()), list(ref.parameters())
     launched = []
     all_reduce = dist.all_reduce
 
@@ -237,22 +237,22 @@ def _buckets(rank, ctx):
     dist.all_reduce = recording
     size = sum(p.numel() for p in params) * 4
     mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
+    precision.MainGrads(ref_params)
     assert len(mains.buckets) >= 3 and mains.buckets[0][0] is params[-1]  # the head's first: backward's order
-    mine = []
     for j in range(2):
         torch.manual_seed(10 * rank + j)
         x = torch.randn(4, 6, dtype=torch.bfloat16)
         if j == 1:
             mains.start_sync()
         model(x).float().square().sum().backward()
+        ref(x).float().square().sum().backward()
         if j == 0:
             assert not launched
-        mine.append([p.main_grad.clone() for p in params])
     mains.wait()
     assert [n for n, _ in launched] == [sum(p.numel() for p in b) for b in mains.buckets]
     assert launched[0][1] > 0  # the first bucket left while the first layers' gradients were still to come
     every: list = [None] * WORLD
-    dist.all_gather_object(every, [t.tolist() for t in mine[-1]])
+    dist.all_gather_object(every, [p.main_grad.tolist() for p in ref_params])
     for p, *ranks in zip(params, *every):
         want = sum(torch.tensor(r) for r in ranks) / WORLD
         torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
