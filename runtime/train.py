@@ -235,16 +235,14 @@ class WholeModel(ModelParts):
     synchronises the gradients during the last micro-batch's backward only."""
 
     mains = None
-    """runtime.precision.MainGrads under bf16 without FSDP (set by `run`): gradients land in fp32 main gradients,
-    averaged over the batch ranks by one coalesced all-reduce after the last micro-batch's backward (DDP would
-    reduce the bf16 `.grad`)."""
+    """runtime.precision.MainGrads under bf16 without FSDP (set by `run`); with dp, its buckets replace DDP."""
 
-    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, prepare, shards: tp.Shards):
+    def __init__(self, model_cls, cfg: Config, ctx: mesh.Context, prepare):
         with torch.device("meta"):
             model = model_cls()
         self.model = prepare(model)
         self.modules = [self.model]
-        self.cfg, self.ctx, self.shards = cfg, ctx, shards
+        self.cfg, self.ctx = cfg, ctx
         self.kind = _dp_kind(cfg, ctx)
         self.aux_loss_scale = 1.0 / cfg.parallel.micro_batches
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
@@ -433,7 +431,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         print("scalec: --count-bytes runs the program uncompiled: a compiled region counts no bytes per call",
               flush=True)
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
-             else WholeModel(model_cls, cfg, ctx, prepare, shards))
+             else WholeModel(model_cls, cfg, ctx, prepare))
     every = [p for _, p in parts.named_parameters()]
     reduce = None  # a whole model's bf16 data parallelism: bucketed from the backward's hooks, as DDP would
     if mixed and isinstance(parts, WholeModel) and parts.kind == "ddp":
@@ -441,7 +439,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     opt, mains = (precision.mixed_adamw(every, parts.modules, cfg, _zero1_group(cfg, ctx), reduce) if mixed
                   else (_optimizer(every, cfg.optim, _zero1_group(cfg, ctx)), None))
     parts.mains = mains
-    if mains is not None and isinstance(parts, PipelineStages):
+    if isinstance(parts, PipelineStages):
         parts.pipe.mains = mains
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).

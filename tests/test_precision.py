@@ -173,7 +173,7 @@ def _reducer(rank, ctx):
     """The bf16 whole-model step's gradient all-reduce (DDP's replacement: launched from the backward's hooks) and
     zero1's broadcasts run inside a timed operation (runtime.faults.op) that names .scale lines, as every
     collective of the runtime does."""
-    from runtime import faults, tensor_parallel as tp, train
+    from runtime import faults, train
     from pathlib import Path
     from compiler import codegen
     from compiler.check import check_text
@@ -196,7 +196,7 @@ def _reducer(rank, ctx):
         for p in module.parameters():
             nn.init.normal_(p)
         return module
-    parts = train.WholeModel(_Loss, cfg, ctx, prepare, tp.Shards((), (), ()))
+    parts = train.WholeModel(_Loss, cfg, ctx, prepare)
     params = list(parts.model.parameters())
     reduce = (ctx.batch_group, ctx.batch_size, set())  # as train.run gives a whole model under dp
     opt, parts.mains = precision.mixed_adamw(params, parts.modules, cfg, train._zero1_group(cfg, ctx), reduce)
