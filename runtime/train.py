@@ -186,11 +186,13 @@ def _dp_site(kind: str | None) -> str | None:
     return faults.scale("axis dp", "axis ep", "data_parallel")
 
 
-def _dp_sync(kind: str | None, sync: bool) -> str:
+def _dp_sync(kind: str | None, sync: bool, buckets: bool = False) -> str:
     if not sync or kind is None:
         return "no data-parallel collective"
+    if buckets:  # bf16 without DDP (runtime.precision.MainGrads)
+        return "with the main gradients' bucketed all-reduces over the batch ranks"
     return ("with FSDP's gradient reduce-scatter over dp" if kind == "fsdp"
-            else "with the gradient all-reduce over the batch ranks (DDP's, or bf16's buckets)")
+            else "with DDP's gradient all-reduce over the batch ranks")
 
 
 class ModelParts:
@@ -275,7 +277,7 @@ class WholeModel(ModelParts):
             with no_sync:
                 with faults.op(f"the forward{self.gathers if ddp or self.kind == 'fsdp' else ''}", self.site):
                     loss = model(tokens, targets) / m
-                with faults.op(f"the backward ({_dp_sync(self.kind, sync)})", self.site):
+                with faults.op(f"the backward ({_dp_sync(self.kind, sync, self.mains is not None)})", self.site):
                     loss.backward()
             total += loss.detach()
         if self.mains is not None:
