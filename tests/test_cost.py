@@ -323,7 +323,8 @@ def test_megatron_175b_layout_needs_recomputation():
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
     limit = sample.spec.mesh.device.memory_gb * 1e9
     assert sample.costs.peak_bytes <= limit and budget(sample) == []
-    assert "fits: 76% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries
+    # AdamW fused: no temporaries; bf16 (Megatron's policy, memory.state_per_param): 2 + 4 + 12 bytes per parameter
+    assert "fits: 83% of the 80 GB of one a100" in plan_text(sample)
     text = text.replace("recompute = full", "recompute = none")
     inter = compile_spec(check_text(text, "gpt3_175b.scale"))
     plain = compile_spec(check_text(text.replace('schedule = "interleaved-1f1b"', 'schedule = "1f1b"').replace(

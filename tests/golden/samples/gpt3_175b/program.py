@@ -189,7 +189,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=60481167360,
+        predicted_peak_bytes=66126630912,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

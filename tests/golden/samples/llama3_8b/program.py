@@ -147,7 +147,7 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=70551040000,
+        predicted_peak_bytes=68320688128,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

@@ -180,7 +180,7 @@ CONFIG = train.Config(
         layers=64,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=98806333696,
+        predicted_peak_bytes=104468775168,
         device_bytes=141000000000,
     ),
     speed=train.Speed(
