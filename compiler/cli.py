@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
-                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel")
+                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, fsdp_grad_sync")
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")

@@ -111,6 +111,11 @@ CODES: dict[str, Code] = {
     "W0301": Code("data_parallel with dp = 1", "A warning: `zero1`, `zero2` and `fsdp` shard the model state over "
                   "the dp ranks; with dp = 1 there is nothing to shard and the program runs as with `ddp`. Add dp "
                   "ranks or remove the setting."),
+    "W0306": Code("fsdp_grad_sync with no effect", "A warning: `fsdp_grad_sync` chooses when FSDP2 reduce-scatters "
+                  "the gradients of a step of several micro-batches (`step`: once, in the last micro-batch's "
+                  "backward, the ones before accumulating whole gradients; `micro_batch`: in each, the gradients "
+                  "staying sharded). It acts only with `data_parallel = fsdp` or `zero2`, dp > 1, micro_batches > 1 "
+                  "and no pp (the pipeline schedule reduce-scatters once, after its last micro-batch)."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

@@ -49,6 +49,8 @@ class Plan:
     """Activation recomputation of each block in backward: `none`, `selective` or `full` (spec.Plan)."""
     compile: bool = False
     """torch.compile the program's regions (runtime.compile); spec.Plan's default resolved by the mesh's device."""
+    fsdp_grad_sync: str = "step"
+    """FSDP2 (fsdp, zero2), several micro-batches, no pp: reduce-scatter once per `step` or every `micro_batch`."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -97,6 +99,13 @@ class Plan:
         (E0611)."""
         return self.compile and not (self.schedule == "zero-bubble" and self.size("pp") > 1)
 
+    @property
+    def syncs_each_micro_batch(self) -> bool:
+        """Whether FSDP2 reduce-scatters every micro-batch's gradients: `fsdp_grad_sync = micro_batch` where it has
+        an effect (fsdp or zero2 over dp > 1, several micro-batches, no pp; elsewhere the check warns, W0306)."""
+        return (self.fsdp_grad_sync == "micro_batch" and self.data_parallel in ("fsdp", "zero2")
+                and self.size("dp") > 1 and self.micro_batches > 1 and self.size("pp") == 1)
+
     def span(self, key: str) -> Span | None:
         """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""
         return dict(self.spans).get(key)
@@ -112,6 +121,8 @@ class Plan:
             extra.append("sequence parallel")
         if self.recompute != "none":
             extra.append(f"{self.recompute} recompute")
+        if self.syncs_each_micro_batch:
+            extra.append("reduce-scatter every micro-batch")
         if self.compiles:
             extra.append("compiled")
         return f"{mesh} ({', '.join(extra)})"
@@ -153,7 +164,8 @@ def from_spec(spec) -> Plan:
                 tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
                 layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
-                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind))
+                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind),
+                fsdp_grad_sync=p.fsdp_grad_sync)
 
 
 def compiles(setting: bool | None, device_kind: str) -> bool:
@@ -174,6 +186,7 @@ def respec(spec, plan: Plan):
                                    pad_vocab=plan.pad_vocab, schedule=plan.schedule,
                                    virtual_stages=plan.virtual_stages,
                                    recompute=plan.recompute, compile=plan.compile,
+                                   fsdp_grad_sync=plan.fsdp_grad_sync,
                                    layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
     values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
     values.update({size(a): n for a, n in plan.axes})

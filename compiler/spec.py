@@ -253,6 +253,9 @@ class Plan:
     compile: bool | None = None
     """torch.compile each block of a `repeat` and the code around them; None (not written): true on GPUs, false on
     cpu, where compiling a small model costs more seconds than it saves (bench/gpu.py --device cpu)."""
+    fsdp_grad_sync: str = "step"
+    """FSDP2 (fsdp, zero2) with several micro-batches: reduce-scatter the gradients once per `step` (in the last
+    micro-batch's backward) or every `micro_batch` (gradients stay sharded between micro-batches)."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
     compiler.plan.from_spec so the rules can point at them."""

@@ -82,6 +82,10 @@ CHANGES = {
     "plan.recompute": Change((('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),)),
     "plan.compile": Change((('schedule = "1f1b"', 'schedule = "1f1b"  compile = true'),)),
     "plan.layout": Change((('schedule = "1f1b"', 'schedule = "1f1b"  layout = ((0, 3), (3, 4))'),)),
+    # FSDP2 over dp with two micro-batches, no pp: where it chooses when the reduce-scatters run
+    "plan.fsdp_grad_sync": Change((("micro_batches = 2", "micro_batches = 2  fsdp_grad_sync = micro_batch"),),
+                                  sample=DP, setup=(("data_parallel = ddp", "data_parallel = fsdp"),
+                                                    ("micro_batches = 1", "micro_batches = 2"))),
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),
     "train.steps": Change((("steps        = 60", "steps        = 61"),)),
@@ -244,6 +248,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.layout": (Probe(("((0, 3), (3, 4))", "((0, 1), (1, 2))")),),
     "plan.recompute": (Probe(("selective", "full")),),
     "plan.compile": (Probe(("true",)),),  # its default on cpu is false
+    "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
     "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),
@@ -467,6 +472,7 @@ NO_EFFECT = (
     ("W0613", "dp", INTERLEAVE, "plan.virtual_stages", "2"),
     ("W0614", "dp", (), "plan.layout", "((0, 1), (1, 2))"),
     ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
+    ("W0306", "dp", (), "plan.fsdp_grad_sync", "micro_batch"),
     ("W0132", "one device", (), "train.checkpoint_every", "3"),
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),

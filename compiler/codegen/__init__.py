@@ -200,6 +200,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "sequence_parallel": bool(plan.sequence_parallel),
         **({"recompute": plan.recompute} if plan.recompute != "none" else {}),  # written only when set
         **({"compile": True} if plan.compiles else {}),
+        **({"fsdp_grad_sync": plan.fsdp_grad_sync} if plan.fsdp_grad_sync != "step" else {}),  # only when set
         "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
         **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.head.tied),

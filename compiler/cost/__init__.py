@@ -379,6 +379,9 @@ class CostModel:
         g_bytes = MEM.grad_bytes(prec, MEM.grad_reduce_of(plan))
         per = MEM.state_per_param(prec, plan.data_parallel, dp, MEM.grad_reduce_of(plan))
         w_bytes = 2 if bf16 else 4
+        # fsdp_grad_sync = micro_batch (whole model, m > 1): each micro-batch's gradients reduce-scattered, so they
+        # stay sharded (fp32, 4/dp) between micro-batches instead of accumulating whole (G per parameter)
+        sync_each = plan.syncs_each_micro_batch
 
         def bwd_ws(pp_rank):
             """The largest gradients one backward step holds, over the segments the rank runs."""
@@ -430,9 +433,12 @@ class CostModel:
                 what.append("the output gradients pending weight halves keep")
             # Gradients at the backward peak: none yet on a first micro-batch (set to None by the last step);
             # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter (in the reduce
-            # dtype: _fsdp_param.to_accumulated_grad_if_needed).
+            # dtype: _fsdp_param.to_accumulated_grad_if_needed), or, reduce-scattered every micro-batch, sharded
+            # fp32 (the reduce-scatter's output cast to the parameter's dtype, accumulated in the shard's .grad).
             if not grads_at_peak:
                 grads_fb = 0
+            elif sync_each:
+                grads_fb = 4 * params / dp
             elif fsdp2:
                 grads_fb = g_bytes * params
             else:
@@ -629,7 +635,12 @@ class CostModel:
                     if plan.data_parallel == "fsdp" else
                     "ZeRO-2 (FSDP2, kept gathered to backward): gather each block's weights once per micro-batch",
                     params)
-                add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
+                # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
+                each = plan.syncs_each_micro_batch
+                add("reduce_scatter", "dp", params_rank, plan.micro_batches if each else 1,
+                    (plan.span("fsdp_grad_sync") or span) if each else span,
+                    "FSDP: reduce and shard each micro-batch's gradients (fsdp_grad_sync = micro_batch)" if each
+                    else "FSDP: reduce and shard the gradients", params)
 
 
 def _recompute(plan) -> str:

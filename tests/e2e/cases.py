@@ -55,6 +55,11 @@ CASES = (
          edits=(("data_parallel = ddp", "data_parallel = zero2"),),
          description="ZeRO-2: FSDP2 keeping each block's weights gathered from forward to backward, gradients "
                      "reduce-scattered, optimizer state sharded"),
+    Case(id="dp2_fsdp_accumulate2_grad_sync_each", sample="samples/gpt_dp.scale", nproc=2,
+         edits=(("data_parallel = ddp", "data_parallel = fsdp"),
+                ("micro_batches = 1", "micro_batches = 2  fsdp_grad_sync = micro_batch")),
+         description="FSDP2 with two accumulation micro-batches, each one's gradients reduce-scattered "
+                     "(fsdp_grad_sync = micro_batch): sharded between micro-batches, the same training"),
     Case(id="two_nodes_ddp_accumulate2", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1"),
                 ("micro_batches = 1", "micro_batches = 2")),
