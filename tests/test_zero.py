@@ -152,7 +152,7 @@ def _grad_sync(rank, ctx):
     import dataclasses
 
     from runtime import tensor_parallel as tp, train
-    seen, grads = {}, {}
+    seen, grads, rs = {}, {}, {}
     for kind in ("fsdp", "zero2"):
         for sync in ("step", "micro_batch"):
             cfg = _cfg(kind)
@@ -169,18 +169,34 @@ def _grad_sync(rank, ctx):
                 return module
 
             parts = train.WholeModel(_LM, cfg, ctx, prepare, contextlib.nullcontext())
+            calls = []  # FSDP2's reduce-scatters (elements of their inputs), however torch issues them
+            for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+                def counting(*args, _real=getattr(dist, name), **kw):
+                    calls.append((kw.get("input") if "input" in kw else args[1]).numel())
+                    return _real(*args, **kw)
+                setattr(dist, name, counting)
             found = []
             parts.model.register_forward_pre_hook(
                 lambda *_: found.append(all(p.grad is not None for p in parts.model.parameters())),
                 prepend=True)  # before FSDP2's own hook gathers the root's weights
             torch.manual_seed(1 + rank)
             batches = [(torch.randint(0, 8, (1, 4)), torch.randint(0, 8, (1, 4))) for _ in range(2)]
-            parts.step(batches)
+            try:
+                parts.step(batches)
+            finally:
+                for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+                    setattr(dist, name, getattr(dist, name).__kwdefaults__["_real"])
             seen[(kind, sync)] = found
+            rs[(kind, sync)] = calls
+            # each reduce-scatter of a step moves the whole model's gradient once (every dim 0 here divides dp: no
+            # padding), the ledger's `params` elements per occurrence
+            assert sum(calls) == sum(p.numel() for p in parts.model.parameters()) * (2 if sync != "step" else 1)
             grads[(kind, sync)] = [p.grad.full_tensor() for p in parts.model.parameters()]
     assert seen == {(k, "step"): [False, False] for k in ("fsdp", "zero2")} | \
         {(k, "micro_batch"): [False, True] for k in ("fsdp", "zero2")}, seen
     for kind in ("fsdp", "zero2"):
+        # the ledger's count: one reduce-scatter of every unit per step, or per micro-batch (twice the bytes here)
+        assert rs[(kind, "step")] and rs[(kind, "micro_batch")] == rs[(kind, "step")] * 2, rs
         for a, b in zip(grads[(kind, "step")], grads[(kind, "micro_batch")]):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
