@@ -1,6 +1,7 @@
 """What would make a plan fit its devices: the same plan with one thing changed (recomputation, smaller
-micro-batches, a ZeRO stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by the rules every plan meets and costed
-by the same memory model, from the one trace the compiler already has (compiler/candidates.py)."""
+micro-batches, a ZeRO stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by
+the rules every plan meets and costed by the same memory model, from the one trace the compiler already has
+(compiler/candidates.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
