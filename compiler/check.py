@@ -104,6 +104,10 @@ PLAN_SETTINGS: dict[str, Param] = {
                          "FSDP2's reduce_dtype)"),
     "fp32_residual": Param(_bool, False, "under bf16: keep the residual stream fp32 (Megatron's "
                                          "--fp32-residual-connection)"),
+    "fsdp_grad_sync": Param(_choice("step", "micro_batch"), "step",
+                            "when fsdp and zero2 reduce-scatter the gradients of several micro-batches: step (the "
+                            "last micro-batch; whole gradients accumulated until then) or micro_batch (every one: "
+                            "they stay sharded, m× the reduce-scatters)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -690,6 +694,15 @@ def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
         warn("W0301", "data_parallel", f"data_parallel = {plan.data_parallel} shards over dp, and dp = 1",
              "ZeRO and FSDP shard the model state over the dp ranks; with one there is nothing to shard: add dp "
              "ranks, or remove the setting")
+    if plan.fsdp_grad_sync != PLAN_SETTINGS["fsdp_grad_sync"].default:
+        why = ("data_parallel is not fsdp or zero2" if plan.data_parallel not in ("fsdp", "zero2") else
+               "dp = 1: nothing is sharded" if dp == 1 else
+               "micro_batches = 1: every step reduce-scatters once" if plan.micro_batches == 1 else
+               "with pp the pipeline schedule reduce-scatters once, after the last micro-batch" if pp > 1 else "")
+        if why:
+            warn("W0306", "fsdp_grad_sync", f"fsdp_grad_sync = {plan.fsdp_grad_sync} has no effect: {why}",
+                 "it chooses when FSDP2 (fsdp, zero2 over dp > 1, no pp) reduce-scatters the gradients of a step of "
+                 "several micro-batches; remove it, or use it with such a plan")
     if plan.recompute != "none" and not any(isinstance(x, S.Repeat) for x in spec.model.layers):
         warn("W0136", "recompute", "recompute, but the model has no `repeat` of blocks to recompute",
              "recomputation applies to each block of the model's `repeat`; write the blocks as `repeat n { ... }`")

@@ -166,6 +166,11 @@ def _memory_how(spec) -> str:
     dp, kind = spec.mesh.size("dp"), spec.plan.data_parallel
     if dp == 1 or kind == "ddp":
         return "replicated on every dp rank (DDP)"
+    if spec.train.precision == "bf16":  # memory.state_per_param: the fp32 master is sharded with the moments
+        return {"zero1": f"fp32 master and AdamW moments sharded over dp={dp} (ZeRO-1, distributed optimizer)",
+                "zero2": f"fp32 master, gradients and AdamW moments sharded over dp={dp}, bf16 weights gathered "
+                         "through the step (ZeRO-2, FSDP2)",
+                "fsdp": f"sharded over dp={dp} (FSDP2, ZeRO-3)"}.get(kind, kind)
     return {"zero1": f"AdamW moments sharded over dp={dp} (ZeRO-1)",
             "zero2": f"gradients and AdamW moments sharded over dp={dp} (ZeRO-2)",
             "fsdp": f"sharded over dp={dp} (FSDP2, ZeRO-3)"}.get(kind, kind)
@@ -179,8 +184,9 @@ def _memory_text(compiled) -> list[str]:
     dev = spec.mesh.device
     limit = dev.memory_gb * 1e9
     st = costs.model_state
+    opt = MEM.optimizer_label(spec.train.precision, spec.plan.data_parallel, spec.mesh.size("dp"))
     lines = [f"memory      model state per rank: weights {C.human(st.params, 'B')} + gradients {C.human(st.grads, 'B')}"
-             f" + AdamW moments {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {_memory_how(spec)}"
+             f" + {opt} {C.human(st.optimizer, 'B')} = {C.human(st.total, 'B')}, {_memory_how(spec)}"
              + (f" ({_pp_rank0(spec)})" if spec.mesh.size("pp") > 1 else "")]
     rows = list(costs.memory)
     if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
@@ -627,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
-                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel")
+                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, fsdp_grad_sync")
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")

@@ -117,6 +117,11 @@ CODES: dict[str, Code] = {
     "W0303": Code("fp32_residual under fp32", "A warning: `fp32_residual = true` keeps the residual stream of a "
                   "`precision = bf16` program in fp32 (Megatron-LM's --fp32-residual-connection); under "
                   "`precision = fp32` every activation is fp32 already."),
+    "W0306": Code("fsdp_grad_sync with no effect", "A warning: `fsdp_grad_sync` chooses when FSDP2 reduce-scatters "
+                  "the gradients of a step of several micro-batches (`step`: once, in the last micro-batch's "
+                  "backward, the ones before accumulating whole gradients; `micro_batch`: in each, the gradients "
+                  "staying sharded). It acts only with `data_parallel = fsdp` or `zero2`, dp > 1, micro_batches > 1 "
+                  "and no pp (the pipeline schedule reduce-scatters once, after its last micro-batch)."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

@@ -1,6 +1,7 @@
 """What would make a plan fit its devices: the same plan with one thing changed (recomputation, smaller
-micro-batches, a ZeRO stage, more tp or pp taken from dp), each checked by the rules every plan meets and costed
-by the same memory model, from the one trace the compiler already has (compiler/candidates.py)."""
+micro-batches, a ZeRO stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by
+the rules every plan meets and costed by the same memory model, from the one trace the compiler already has
+(compiler/candidates.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -40,6 +41,11 @@ def variants(plan: P.Plan) -> list:
         if mb % k == 0:
             out.append((f"micro_batches = {m * k} ({mb // k} sequence{'s' if mb // k != 1 else ''} each)",
                         replace(plan, micro_batches=m * k, stages=())))
+    if plan.data_parallel in ("zero2", "fsdp") and m > 1 and not plan.syncs_each_micro_batch:
+        # FSDP2's gradients reduce-scattered every micro-batch: sharded, not accumulated whole
+        synced = replace(plan, fsdp_grad_sync="micro_batch")
+        if synced.syncs_each_micro_batch:
+            out.append(("fsdp_grad_sync = micro_batch", synced))
     if plan.size("dp") > 1:
         for kind in ("zero1", "zero2", "fsdp"):
             if kind != plan.data_parallel:

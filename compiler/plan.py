@@ -53,6 +53,8 @@ class Plan:
     """Under bf16: gradients accumulated and reduced in fp32 (main gradients) or bf16 (runtime.precision)."""
     fp32_residual: bool = False
     """Under bf16: the residual stream stays fp32; every other activation is bf16 (runtime.precision)."""
+    fsdp_grad_sync: str = "step"
+    """FSDP2 (fsdp, zero2), several micro-batches, no pp: reduce-scatter once per `step` or every `micro_batch`."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -101,6 +103,13 @@ class Plan:
         (E0611)."""
         return self.compile and not (self.schedule == "zero-bubble" and self.size("pp") > 1)
 
+    @property
+    def syncs_each_micro_batch(self) -> bool:
+        """Whether FSDP2 reduce-scatters every micro-batch's gradients: `fsdp_grad_sync = micro_batch` where it has
+        an effect (fsdp or zero2 over dp > 1, several micro-batches, no pp; elsewhere the check warns, W0306)."""
+        return (self.fsdp_grad_sync == "micro_batch" and self.data_parallel in ("fsdp", "zero2")
+                and self.size("dp") > 1 and self.micro_batches > 1 and self.size("pp") == 1)
+
     def span(self, key: str) -> Span | None:
         """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""
         return dict(self.spans).get(key)
@@ -116,6 +125,8 @@ class Plan:
             extra.append("sequence parallel")
         if self.recompute != "none":
             extra.append(f"{self.recompute} recompute")
+        if self.syncs_each_micro_batch:
+            extra.append("reduce-scatter every micro-batch")
         if self.compiles:
             extra.append("compiled")
         return f"{mesh} ({', '.join(extra)})"
@@ -158,7 +169,8 @@ def from_spec(spec) -> Plan:
                 schedule=p.schedule, virtual_stages=p.virtual_stages,
                 layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
                 recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind),
-                grad_reduce=p.grad_reduce, fp32_residual=p.fp32_residual)
+                grad_reduce=p.grad_reduce, fp32_residual=p.fp32_residual,
+                fsdp_grad_sync=p.fsdp_grad_sync)
 
 
 def compiles(setting: bool | None, device_kind: str) -> bool:
@@ -180,6 +192,7 @@ def respec(spec, plan: Plan):
                                    virtual_stages=plan.virtual_stages,
                                    recompute=plan.recompute, compile=plan.compile,
                                    grad_reduce=plan.grad_reduce, fp32_residual=plan.fp32_residual,
+                                   fsdp_grad_sync=plan.fsdp_grad_sync,
                                    layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
     values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
     values.update({size(a): n for a, n in plan.axes})

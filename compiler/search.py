@@ -4,9 +4,10 @@ What is fixed and what is free. The model and the `train` section (global batch,
 fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
 is free: the axis sizes dp, tp, pp and (for a model with `moe` layers) ep, the pipeline schedule and its virtual
 stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
-fsdp). The file's own axes and plan settings are NOT constraints: the file is read by
-`check_path(cluster_only=True)`, so its mesh may give only the cluster and its plan section may be absent or refused
-by the rules (only what no plan can change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
+fsdp; for zero2 and fsdp with several micro-batches and no pp, also when FSDP2 reduce-scatters: `fsdp_grad_sync`).
+The file's own axes and plan settings are NOT constraints: the file is read by `check_path(cluster_only=True)`, so
+its mesh may give only the cluster and its plan section may be absent or refused by the rules (only what no plan can
+change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
 `tp_layers` and `pad_vocab` are the file's, except that a tp degree the vocabulary refuses only for want of padding
 (E0403 alone) is tried with `pad_vocab = true`.
 
@@ -72,9 +73,10 @@ from compiler import spec as S
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
 FIX_KEYS = ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
-            "sequence_parallel", "recompute", "data_parallel")
+            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
+GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
 RECOMPUTE = ("none", "selective", "full")
 ORDER = ("pp", "dp", "ep", "tp")  # the mesh's axes, outermost first
 
@@ -100,7 +102,8 @@ def parse_fixes(items) -> dict:
                 raise FixError(f"--fix {item!r}: sequence_parallel takes true or false")
             out[key] = value == "true"
         else:
-            choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES}[key]
+            choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
+                       "fsdp_grad_sync": GRAD_SYNCS}[key]
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
@@ -166,6 +169,11 @@ def _group(plan) -> tuple:
             plan.size("pp") == 1 and plan.micro_batches == 1)
 
 
+def _variant(plan) -> tuple:
+    """(data_parallel, fsdp_grad_sync) of a plan, as _Search.modes names its dp variants."""
+    return (plan.data_parallel, plan.fsdp_grad_sync)
+
+
 def _family(plan) -> tuple:
     return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel)
 
@@ -194,6 +202,7 @@ class _Search:
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
         self.family_log: dict = {}    # family -> [(dp sharding, recompute, peak, exact step time or None)]
+        self.peaks: dict = {}         # family -> {(dp variant, recompute): peak} of every variant costed
         # per family key (axis, value) -> what happened to its candidates
         self.stats: dict = {}
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
@@ -245,7 +254,8 @@ class _Search:
                 def make(m, sched=sched, v=v, sp=sp):
                     return replace(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
                                    sequence_parallel=sp, recompute=f.get("recompute", "none"),
-                                   data_parallel=f.get("data_parallel", "ddp"))
+                                   data_parallel=f.get("data_parallel", "ddp"),
+                                   fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
                     yield make, ms
 
@@ -341,7 +351,7 @@ class _Search:
     def _key(self, plan):
         if self.all_axes_fixed:
             return (plan.axes, plan.micro_batch_size, plan.schedule, plan.virtual_stages, plan.data_parallel,
-                    plan.recompute, plan.sequence_parallel)
+                    plan.recompute, plan.sequence_parallel, _variant(plan)[1])
         return plan.axes
 
     def threshold(self, key=None) -> float:
@@ -369,7 +379,7 @@ class _Search:
         """(decided, estimate) of one variant, or None when a rule refuses it; memoised per family."""
         if (mode, rc) in cache:
             return cache[(mode, rc)]
-        plan = replace(plan0, data_parallel=mode, recompute=rc)
+        plan = replace(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
         self.counts.checked += 1
         plan, problems = self._legal(plan)
         if problems:
@@ -382,6 +392,7 @@ class _Search:
         est = self.cands.estimate(decided)
         self.counts.costed += 1
         peak = est.peak_bytes
+        self.peaks.setdefault(_family(plan), {})[(mode, rc)] = peak
         worst = max(est.memory, key=lambda r: r.peak)
         for st in stats:
             st["passed"] += 1
@@ -395,10 +406,26 @@ class _Search:
         cache[(mode, rc)] = (decided, est)
         return cache[(mode, rc)]
 
+    def modes(self, plan) -> list:
+        """The dp variants of a family, least sharded first (the last is the most frugal, rule 7): (data_parallel,
+        fsdp_grad_sync), each dp sharding (only ddp with dp = 1), FSDP2's (zero2, fsdp) with its gradients
+        reduce-scattered once per step and, where that is a choice (several micro-batches, no pp), every
+        micro-batch (sharded between micro-batches: less memory, m× the reduce-scatters), unless fixed."""
+        f = self.fixed
+        kinds = [f["data_parallel"]] if "data_parallel" in f else (list(DP_MODES) if plan.size("dp") > 1 else ["ddp"])
+        out = []
+        for kind in kinds:
+            syncs = [f.get("fsdp_grad_sync", "step")]
+            if ("fsdp_grad_sync" not in f and kind in ("zero2", "fsdp") and plan.size("dp") > 1
+                    and plan.micro_batches > 1 and plan.size("pp") == 1):
+                syncs = list(GRAD_SYNCS)
+            out += [(kind, s) for s in syncs]
+        return out
+
     def expand(self, plan0, lb, log):
         f = self.fixed
         dp = plan0.size("dp")
-        modes = [f["data_parallel"]] if "data_parallel" in f else (list(DP_MODES) if dp > 1 else ["ddp"])
+        modes = self.modes(plan0)
         rcs = [f["recompute"]] if "recompute" in f else list(RECOMPUTE)
         key = self._key(plan0)
         tried = self.family_log.setdefault(_family(plan0), [])
@@ -415,7 +442,7 @@ class _Search:
                 self.group_fits[g] = True  # decided below, by the family itself
             else:
                 rc = {}
-                got = next((x for mode in reversed(modes) for r in reversed(rcs)
+                got = next((x for mode in reversed(self.modes(rep)) for r in reversed(rcs)
                             if (x := self._cost(rep, mode, r, rc)) is not None), None)
                 self.group_fits[g] = fits(got)
         if not self.group_fits.get(g, True):
@@ -477,9 +504,7 @@ class _Search:
         timing = {}
         groups = [g for sizes in self.shapes() for g in self.groups(sizes)]
         self.counts.families = sum(len(ms) for _, ms in groups)
-        modes = lambda make: (len(DP_MODES) if make(1).size("dp") > 1 and "data_parallel" not in self.fixed  # noqa
-                              else 1)
-        self.counts.space = sum(modes(make) * len(ms) for make, ms in groups) * (
+        self.counts.space = sum(len(self.modes(make(m))) for make, ms in groups for m in ms) * (
             1 if "recompute" in self.fixed else len(RECOMPUTE))
         timing["enumerate"] = time.perf_counter() - t0
         # 1. rules and a lower bound per family
@@ -607,12 +632,12 @@ class _Search:
         from compiler.cost import human
         gb = lambda x: human(x, "B")  # noqa: E731
         if d.recompute != "none":
-            less = [p for mode, rc, p, _, _ in tried if mode == d.data_parallel and rc != d.recompute
+            less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
                     and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
             if less:
                 out.append(f"{d.recompute} recompute: with less, {gb(min(less))} of {gb(self.limit)}")
         if d.data_parallel != "ddp":
-            ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode == "ddp" and rc == d.recompute]
+            ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
             if ddp:
                 p, t, b = ddp[0]
                 if p > self.limit:
@@ -621,6 +646,26 @@ class _Search:
                     out.append(f"{d.data_parallel}: ddp {t / pred.step_time_s:.2f}× its step time")
                 elif b is not None:
                     out.append(f"{d.data_parallel}: ddp at least {b / pred.step_time_s:.2f}× its step time")
+        if d.data_parallel in ("zero2", "fsdp") and d.size("dp") > 1 and d.micro_batches > 1 and d.size("pp") == 1:
+            # fsdp_grad_sync: the other choice of when the reduce-scatters run, as costed
+            mine = _variant(d)
+            other = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == mine[0] and mode != mine
+                     and rc == d.recompute]
+            what = ("reduce-scatter every micro-batch" if mine[1] == "micro_batch" else
+                    "reduce-scatter once per step")
+            costed = self.peaks.get(_family(d), {})
+            if not other and any(m0 == mine[0] and m1 != mine[1] and rc == d.recompute for (m0, m1), rc in costed):
+                other = [(p, None, None) for ((m0, m1), rc), p in costed.items()
+                         if m0 == mine[0] and m1 != mine[1] and rc == d.recompute]
+            if other:
+                p, t, b = other[0]
+                alt = "once per step" if mine[1] == "micro_batch" else "every micro-batch"
+                if p > self.limit:
+                    out.append(f"{what}: {alt} would need {gb(p)}")
+                elif t is not None:
+                    out.append(f"{what}: {alt} {gb(p)} at {t / pred.step_time_s:.2f}× its step time")
+                elif b is not None:
+                    out.append(f"{what}: {alt} at least {b / pred.step_time_s:.2f}× its step time")
         out.append(f"peak {gb(peak)} of {gb(self.limit)} "
                    f"({max(est.memory, key=lambda r: r.peak).who})")
         return out
@@ -773,6 +818,8 @@ def _section_text(plan: P.Plan, kept: list) -> tuple:
         settings.append(f"grad_reduce = {plan.grad_reduce}")
     if plan.fp32_residual:
         settings.append("fp32_residual = true")
+    if plan.syncs_each_micro_batch:
+        settings.append("fsdp_grad_sync = micro_batch")
     return mesh, "plan {\n" + "".join(f"  {s}\n" for s in settings) + "}"
 
 

@@ -597,9 +597,10 @@ class Simulator:
         One device's link carries them all, one after another. Under pp they follow the pipeline step (the runtime
         all-reduces the stages' gradients in one coalesced call): all exposed. Otherwise FSDP's gathers run ahead
         of the compute of every micro-batch (prefetch), DDP's all-reduce and FSDP's reduce-scatter during the last
-        micro-batch's backward; what the windows cannot hold is exposed: max(gathers + syncs - all compute,
-        syncs - last backward), plus the first unit's gather and the last bucket (or unit) that waits for backward
-        to end. A broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
+        micro-batch's backward (FSDP's reduce-scatter in every micro-batch's under fsdp_grad_sync = micro_batch);
+        what the windows cannot hold is exposed: max(gathers + syncs - all compute, the syncs of the last backward -
+        last backward), plus the first unit's gather and the last bucket (or unit) that waits for backward to
+        end. A broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
         units = max(sum(n for _, n in cm.counts.values()), 1) + 1  # FSDP units: each block and the root
         timed = []
         for c in entries:
@@ -616,14 +617,18 @@ class Simulator:
             timed.append((c, t, kind))
         gathers = sum(t for _, t, k in timed if k == "gather")
         syncs = sum(t for _, t, k in timed if k == "sync")
+        # what the last micro-batch's backward must hold: a sync issued in every micro-batch's backward (FSDP's
+        # reduce-scatter under fsdp_grad_sync = micro_batch) holds one micro-batch's share there, the others having
+        # run under the earlier backwards (the whole-window bound still counts all of them)
+        last = sum(t / max(c.times, 1) for c, t, k in timed if k == "sync")
         overlapped = gathers + syncs
         out = [(c.axis, t) for c, t, k in timed if k == "exposed"]
         if overlapped > 0:
             window = m * (per.forward + per.backward)
             tail = sum(t / (max(c.times, 1) * units) for c, t, k in timed if k == "gather")
-            tail += sum(t * min(1.0, DDP_BUCKET_BYTES / max(c.bytes, 1)) if c.op == "all_reduce" else t / units
-                        for c, t, k in timed if k == "sync")
-            total = max(overlapped - window, syncs - last_backward, 0.0) + tail
+            tail += sum(t * min(1.0, DDP_BUCKET_BYTES / max(c.bytes, 1)) if c.op == "all_reduce"
+                        else t / (max(c.times, 1) * units) for c, t, k in timed if k == "sync")
+            total = max(overlapped - window, last - last_backward, 0.0) + tail
             out += [(c.axis, total * t / overlapped) for c, t, k in timed if k != "exposed"]
         return out
 

@@ -258,6 +258,9 @@ class Plan:
     (runtime.precision)."""
     fp32_residual: bool = False
     """Under bf16: the residual stream stays fp32 (Megatron's --fp32-residual-connection)."""
+    fsdp_grad_sync: str = "step"
+    """FSDP2 (fsdp, zero2) with several micro-batches: reduce-scatter the gradients once per `step` (in the last
+    micro-batch's backward) or every `micro_batch` (gradients stay sharded between micro-batches)."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
     compiler.plan.from_spec so the rules can point at them."""

@@ -63,6 +63,10 @@ class Parallel:
     ddp_bucket_mb: float = 25.0
     """DDP's gradient bucket, MiB (`bucket_cap_mb`): the compiler's rule (compiler.simulate.ddp_bucket_bytes), the
     same bucket its step-time model overlaps with the backward."""
+    fsdp_grad_sync: str = "step"
+    """FSDP2 (fsdp, zero2) with several micro-batches and no pipeline: `step` reduce-scatters the gradients in the
+    last micro-batch's backward only (the ones before accumulate whole, unsharded gradients), `micro_batch` in
+    every micro-batch's backward (they stay sharded between micro-batches: less memory, m× the reduce-scatters)."""
     fsdp_prefetch: int = 1
     """FSDP2 (fsdp, zero2): how many blocks ahead each block's forward and backward issue their all-gathers
     (`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`); 0 leaves FSDP2's own order (the

@@ -270,7 +270,9 @@ class WholeModel(ModelParts):
             sync = j == m - 1
             no_sync = model.no_sync() if (not sync and ddp) else contextlib.nullcontext()
             if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
-                # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model)
+                # before accumulate whole (unsharded) gradients, held until that reduce-scatter (memory model);
+                # fsdp_grad_sync = micro_batch: on every one, the gradients accumulating sharded
+                sync = sync or self.cfg.parallel.fsdp_grad_sync == "micro_batch"
                 model.set_requires_gradient_sync(sync)
             if sync and self.mains is not None:  # bf16 without DDP: the last backward launches the buckets
                 self.mains.start_sync()

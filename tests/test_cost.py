@@ -569,3 +569,72 @@ def test_full_recomputation_flops_are_megatrons_equation_3(row):
                                                   rel=1e-12)
     assert costs.flops_step_n == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)),
                                                rel=1e-12)
+
+
+# -- fsdp_grad_sync: FSDP2's reduce-scatters once per step or every micro-batch --------------------------------------
+
+
+def _llama8b(sync: str, *edits) -> str:
+    text = (Path(__file__).resolve().parents[1] / "samples" / "llama3_8b.scale").read_text()
+    text = text.replace("  data_parallel = fsdp", f"  data_parallel = fsdp  fsdp_grad_sync = {sync}")
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    return text
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "zero2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp_grad_sync_costs_memory_and_reduce_scatters(kind, precision):
+    """From plans of the same model (gpt_dp: dp = 2, 4 micro-batches): `step` holds every gradient whole (G bytes per
+    parameter: FSDP2 accumulates unsharded, in the reduce dtype) at the last micro-batch's backward and
+    reduce-scatters once; `micro_batch` holds the fp32 shards (4/dp) and reduce-scatters m times as many bytes."""
+    text = (Path(__file__).resolve().parents[1] / "samples" / "gpt_dp.scale").read_text()
+    text = text.replace("data_parallel = ddp", f"data_parallel = {kind}").replace(
+        "micro_batches = 1", "micro_batches = 4").replace("precision    = fp32", f"precision    = {precision}")
+    got = {}
+    for sync in ("step", "micro_batch"):
+        costs = compile_spec(check_text(text.replace("micro_batches = 4", f"micro_batches = 4  fsdp_grad_sync = "
+                                                     f"{sync}"), "m.scale")).costs
+        (rs,) = [c for c in costs.ledger.entries if c.op == "reduce_scatter"]
+        (rank,) = costs.memory
+        got[sync] = (rs.times, rs.bytes, costs.params_rank, rank)
+    (t1, b1, psi, step), (tm, bm, _, each) = got["step"], got["micro_batch"]
+    assert (t1, tm) == (1, 4) and bm == 4 * b1
+    assert step.moment == each.moment == "the start of the last micro-batch's backward"
+    assert step.grads == 4 * psi and each.grads == 4 * psi / 2  # fp32 accumulation: grad_reduce's default
+    assert step.peak - each.peak == step.grads - each.grads
+
+
+def test_fsdp_grad_sync_step_time_counts_the_reduce_scatters():
+    """The step-time model: inside a node (NVLink) the extra reduce-scatters run under each micro-batch's backward,
+    the same step time; across 8 nodes they do not fit beside FSDP's gathers and cost seconds."""
+    from compiler.simulate import predict
+    times = {}
+    for where, edits in (("node", ()), ("nodes", (("nodes = 1", "nodes = 8"),
+                                                  ("devices_per_node = 8", "devices_per_node = 1")))):
+        for sync in ("step", "micro_batch"):
+            times[(where, sync)] = predict(compile_spec(check_text(_llama8b(sync, *edits), "l.scale"))).step_time_s
+    assert times[("node", "micro_batch")] == pytest.approx(times[("node", "step")], rel=1e-3)
+    assert times[("nodes", "micro_batch")] > 1.2 * times[("nodes", "step")]
+
+
+def test_fsdp_grad_sync_has_no_effect_under_pp_or_one_micro_batch():
+    """Where the program ignores the setting (W0306), the cost model does too: the same estimate."""
+    text = (Path(__file__).resolve().parents[1] / "samples" / "gpt_dp.scale").read_text().replace(
+        "data_parallel = ddp", "data_parallel = fsdp")
+    plain = compile_spec(check_text(text, "m.scale"))
+    spec = check_text(text.replace("micro_batches = 1", "micro_batches = 1  fsdp_grad_sync = micro_batch"), "m.scale")
+    assert [w.code for w in spec.warnings] == ["W0306"]
+    costs = compile_spec(spec).costs
+    assert (costs.memory, [c.bytes for c in costs.ledger.entries]) == \
+        (plain.costs.memory, [c.bytes for c in plain.costs.ledger.entries])
+
+
+def test_a_plan_over_memory_is_told_to_reduce_scatter_every_micro_batch():
+    """E0501's fixes include `fsdp_grad_sync = micro_batch` where FSDP's whole accumulated gradients are what does
+    not fit (Llama-3-8B, FSDP over 8 devices of 60 GB, 8 micro-batches: 68 GB, 40 GB with it)."""
+    from compiler.pipeline import budget
+    (d,) = budget(compile_spec(check_text(_llama8b("step", ("device = h100", "device = h100  memory_gb = 60")),
+                                          "l.scale")))
+    assert d.code == "E0501" and "it would fit with `fsdp_grad_sync = micro_batch` (40.21 GB)" in d.help, d.help

@@ -151,27 +151,137 @@ ZERO_TABLE1 = {
 }
 
 
-def test_zero_table1_all_54_cells():
-    """memory.zero_model_state with ZeRO's mixed-precision bytes (2 + 2 + 12 per parameter) reproduces every cell
-    of their Table 1 within 1%, and the model state of our own runtime (fp32 weights and gradients, AdamW's two
-    fp32 moments: 4 + 4 + 8) follows the same sharding."""
-    from compiler.cost.memory import shard_of, zero_model_state
-    cells = 0
-    for nd, models in ZERO_TABLE1.items():
-        for psi, row in zip((7.5e9, 128e9, 1e12), models):
+ZERO_MODEL = """
+model zero_{name} {{
+  vocab = {vocab}
+  hidden = {hidden}
+  heads = {heads}
+  layers = {layers}
+  seq = 1024
+  embedding(vocab, hidden)
+  positional(seq, hidden)
+  repeat layers {{
+    residual {{ layernorm(hidden)  attention(hidden, heads) }}
+    residual {{ layernorm(hidden)  mlp(hidden, 4 * hidden, act = gelu) }}
+  }}
+  layernorm(hidden)
+  lm_head(vocab, hidden, tied = true)
+  cross_entropy
+}}
+mesh {{
+  axis dp = 4
+  nodes = 1
+  devices_per_node = 4
+  device = h100
+}}
+plan {{
+  data_parallel = zero1
+}}
+train {{
+  global_batch = 1024
+  seq_len = seq
+  steps = 1
+  precision = bf16
+  optimizer = adamw(lr = 1e-4)
+}}
+"""
+# GPTs of ZeRO's three sizes, within 0.3% of Ψ = 7.5B, 128B and 1T (the test reads each plan's own Ψ).
+ZERO_MODELS = {7.5e9: dict(name="7_5b", vocab=61440, hidden=4096, heads=32, layers=36),
+               128e9: dict(name="128b", vocab=51200, hidden=10240, heads=80, layers=101),
+               1e12: dict(name="1t", vocab=51200, hidden=25600, heads=160, layers=127)}
+ZERO_STAGES = {1: "zero1", 2: "zero2", 3: "fsdp"}
+
+
+def _zero_states(psi_target: float, grad_reduce: str):
+    """{(Nd, mode): (Ψ of the plan, its Estimate.model_state)} for the GPT of about `psi_target` parameters, each
+    plan checked from .scale text (bf16) and costed at dp = Nd."""
+    from dataclasses import replace
+
+    from compiler import plan as P
+    from compiler.candidates import Candidates
+    spec = check_text(ZERO_MODEL.format(**ZERO_MODELS[psi_target]), "zero.scale")
+    cands = Candidates(spec)
+    base = P.from_spec(spec)
+    out = {}
+    for nd in ZERO_TABLE1:
+        for mode in ("ddp",) + tuple(ZERO_STAGES.values()):
+            plan = replace(base, axes=(("dp", nd),), devices_per_node=nd, data_parallel=mode,
+                           grad_reduce=grad_reduce)
+            est = cands.estimate(cands.decide(plan))
+            out[(nd, mode)] = (est.params_n, est.model_state)
+    return out
+
+
+def test_zero_table1_all_54_cells_from_plans():
+    """ZeRO's Table 1 (Rajbhandari et al. 2020: Ψ = 7.5B, 128B, 1T; Nd = 1 ... 1024; stages 1, 2, 3 as zero1,
+    zero2, fsdp) from plans: each .scale checked and costed under `precision = bf16`, `grad_reduce = bf16` (the
+    paper's 2-byte weights and gradients). Every cell within 1% of the published GB (or its printed rounding,
+    0.12 for 0.1172), once the one thing our program holds that the paper's formula does not is itemised:
+    zero2 is FSDP2, whose sharded gradient is fp32 (the reduce-scatter's bf16 output cast to the parameter's fp32
+    dtype, torch _fsdp_collectives.foreach_reduce): 4Ψ/Nd where ZeRO-2 counts 2Ψ/Nd, 2Ψ/Nd bytes more. Cells
+    missing 1% without that: zero2 at Nd = 4, 16 and 64 for each Ψ (2/Nd beside 2 + 14/Nd: 9% at Nd = 4, 5.6% at
+    16, 1.7% at 64; 0.4% at 256): MISS below; stages 1 and 3 match the paper's formula exactly."""
+    cells, missed = 0, set()
+    for psi_paper, models in zip((7.5e9, 128e9, 1e12), zip(*ZERO_TABLE1.values())):
+        states = _zero_states(psi_paper, "bf16")
+        for nd, row in zip(ZERO_TABLE1, models):
             for stage, want in zip((1, 2, 3), row):
-                got = zero_model_state(psi, nd, stage, param_bytes=2, grad_bytes=2, k=12).total / 1e9
-                # within 1%, or within the published rounding: 7.5B at Nd = 1024, stage 3 is 0.1172 GB, printed
-                # 0.12 (2 decimals); every other cell is within 1%
+                psi, st = states[(nd, ZERO_STAGES[stage])]
+                assert abs(psi / psi_paper - 1) < 0.003  # the plan's model is ZeRO's size
+                # the plan's bytes for the paper's Ψ (the plan's model is within 0.3% of it)
+                got = st.total * psi_paper / psi
+                extra = 2 * psi_paper / nd if stage == 2 and nd > 1 else 0  # FSDP2's fp32 gradient shard
+                per = st.total / psi
+                assert per - extra / psi_paper == pytest.approx(
+                    [16, 4 + 12 / nd, 2 + 14 / nd, 16 / nd][stage] if nd > 1 else 16, rel=1e-12), (nd, stage)
                 decimals = len(repr(float(want)).split(".")[1].rstrip("0")) if float(want) % 1 else 0
-                assert got == pytest.approx(want, rel=0.01, abs=0.5 * 10 ** -decimals if want < 1 else 0), \
-                    (nd, psi, stage, got, want)
+                tol = dict(rel=0.01, abs=0.5 * 10 ** -decimals if want < 1 else 0)
+                assert (got - extra) / 1e9 == pytest.approx(want, **tol), (nd, psi_paper, stage, got, want)
+                if got / 1e9 != pytest.approx(want, **tol):
+                    missed.add((psi_paper, nd, stage))
                 cells += 1
+        # Nd = 1 (ddp): 2 + 2 + 12
+        psi, st = states[(1, "ddp")]
+        assert st.total / psi == 16
     assert cells == 54
-    for kind, stage in (("ddp", 0), ("zero1", 1), ("zero2", 2), ("fsdp", 3)):
-        sh = shard_of(kind, 64)
-        ours = zero_model_state(7.5e9, 64, stage, param_bytes=4, grad_bytes=4, k=8)
-        assert ours.total == pytest.approx(7.5e9 * (4 / sh["weights"] + 4 / sh["grads"] + 8 / sh["optimizer"]))
+    MISS = {(p, nd, 2) for p in (7.5e9, 128e9, 1e12) for nd in (4, 16, 64)}
+    assert missed == MISS
+
+
+@pytest.mark.parametrize("mode,key", [("ddp", "plain_dp"), ("zero1", "stage1"), ("zero2", "stage2"),
+                                      ("fsdp", "stage3")])
+def test_zero_paper_example_from_a_plan(mode, key):
+    """ZeRO's 7.5B example (Nd = 64: 120, 31.4, 16.6, 1.88 GB) from the plan of a 7.5B GPT under bf16 with
+    `grad_reduce = bf16`: within the published rounding, zero2 once FSDP2's fp32 gradient shard (2Ψ/Nd more than
+    ZeRO-2's bf16 one: 0.234 GB) is itemised."""
+    ex = json.loads((REFERENCE / "calibration.json").read_text())["zero_2020_example"]
+    states = _zero_states(7.5e9, "bf16")
+    psi, st = states[(ex["Nd"], mode)]
+    extra = 2 * ex["psi"] / ex["Nd"] if mode == "zero2" else 0
+    got = (st.total * ex["psi"] / psi - extra) / 1e9
+    published = ex[key]
+    decimals = len(repr(float(published)).split(".")[1].rstrip("0")) if float(published) % 1 else 0
+    assert abs(got - published) <= 0.5 * 10 ** -decimals, (mode, got, published)
+
+
+def test_megatron_distributed_optimizer_bytes_from_a_plan():
+    """Megatron-LM's accounting of bf16 training with fp32 gradients (`grad_reduce = fp32`, the default): 18
+    bytes per parameter without the distributed optimizer (bf16 weights 2, fp32 gradients 4, fp32 master 4,
+    moments 8), 6 + 12/Nd with it (zero1); and fp32 programs keep today's 4 + 4 + 8 with zero1 sharding only the
+    moments."""
+    states = _zero_states(7.5e9, "fp32")
+    for nd in ZERO_TABLE1:
+        psi, ddp = states[(nd, "ddp")]
+        assert (ddp.params / psi, ddp.grads / psi, ddp.optimizer / psi) == (2, 4, 12)
+        psi, z1 = states[(nd, "zero1")]
+        assert z1.total / psi == pytest.approx(6 + 12 / nd if nd > 1 else 18, rel=1e-12)
+        psi, z2 = states[(nd, "zero2")]  # FSDP2: whole bf16 units at the peak, fp32 shards of the rest
+        assert z2.total / psi == pytest.approx(2 + 16 / nd if nd > 1 else 18, rel=1e-12)
+    spec = check_text(ZERO_MODEL.format(**ZERO_MODELS[7.5e9]).replace("precision = bf16", "precision = fp32"),
+                      "zero.scale")
+    compiled = compile_spec(spec)
+    psi, st = compiled.costs.params_rank, compiled.costs.model_state
+    assert (st.params / psi, st.grads / psi, st.optimizer / psi) == (4, 4, 8 / 4)
 
 
 class _Alive:
@@ -336,7 +446,7 @@ def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path,
 def test_a_plan_near_the_device_warns(tmp_path):
     """Within 10% of the device: W0502, a warning (compile goes on)."""
     from compiler.pipeline import budget
-    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 64")
+    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 70")
     compiled = compile_spec(check_text(text, "tight.scale"))
     (d,) = budget(compiled)
     assert (d.code, d.severity) == ("W0502", "warning") and "less than 10%" in d.message

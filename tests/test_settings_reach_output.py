@@ -86,6 +86,10 @@ CHANGES = {
     "plan.grad_reduce": Change((("data_parallel = ddp", "data_parallel = ddp  grad_reduce = bf16"),), setup=(BF16,)),
     "plan.fp32_residual": Change((("data_parallel = ddp", "data_parallel = ddp  fp32_residual = true"),),
                                  setup=(BF16,)),
+    # FSDP2 over dp with two micro-batches, no pp: where it chooses when the reduce-scatters run
+    "plan.fsdp_grad_sync": Change((("micro_batches = 2", "micro_batches = 2  fsdp_grad_sync = micro_batch"),),
+                                  sample=DP, setup=(("data_parallel = ddp", "data_parallel = fsdp"),
+                                                    ("micro_batches = 1", "micro_batches = 2"))),
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),
     "train.steps": Change((("steps        = 60", "steps        = 61"),)),
@@ -251,6 +255,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     # under fp32 both warn (W0302, W0303); under bf16 they reach the program
     "plan.grad_reduce": (Probe(("bf16",)), Probe(("bf16",), setup=(("train.precision", "bf16"),))),
     "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
+    "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
     "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),
@@ -476,6 +481,7 @@ NO_EFFECT = (
     ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
     ("W0302", "one device", (), "plan.grad_reduce", "bf16"),
     ("W0303", "one device", (), "plan.fp32_residual", "true"),
+    ("W0306", "dp", (), "plan.fsdp_grad_sync", "micro_batch"),
     ("W0132", "one device", (), "train.checkpoint_every", "3"),
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),

@@ -24,7 +24,8 @@ def test_language_vocabulary_is_pinned():
                                           "op_overhead_us")
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
-                                          "compile", "grad_reduce", "fp32_residual")
+                                          "compile", "grad_reduce", "fp32_residual",
+                                          "fsdp_grad_sync")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "restarts", "timeout")

@@ -126,3 +126,82 @@ def _both(rank, ctx):
 def test_zero1_partitions_adamw_state_and_zero2_keeps_weights_gathered_from_forward_to_backward():
     """One pair of processes for both (each spawn costs seconds)."""
     _spawn(_both)
+
+
+class _LM(nn.Module):
+    """A tiny token model with the runtime's blocks: WholeModel's contract, forward(tokens, targets) -> loss."""
+
+    def __init__(self):
+        super().__init__()
+        from runtime.layers import Repeat
+        self.embed = nn.Embedding(8, 6)
+        self.blocks = Repeat([nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6)) for _ in range(2)])
+        self.head = nn.Linear(6, 8)
+
+    def forward(self, tokens, targets):
+        return nn.functional.cross_entropy(self.head(self.blocks(self.embed(tokens))).flatten(0, 1),
+                                           targets.flatten())
+
+
+def _grad_sync(rank, ctx):
+    """WholeModel.step under FSDP2 with two micro-batches: with fsdp_grad_sync = step the first micro-batch's
+    backward leaves no sharded gradient (FSDP2 accumulates it whole, unsharded, until the last micro-batch's
+    reduce-scatter); with micro_batch it reduce-scatters there too, so the second micro-batch's forward finds every
+    parameter's sharded gradient already set. Both end with the same gradients."""
+    import contextlib
+    import dataclasses
+
+    from runtime import tensor_parallel as tp, train
+    seen, grads, rs = {}, {}, {}
+    for kind in ("fsdp", "zero2"):
+        for sync in ("step", "micro_batch"):
+            cfg = _cfg(kind)
+            cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, micro_batches=2,
+                                                                        fsdp_grad_sync=sync))
+
+            def prepare(module, cfg=cfg):
+                module = train._wrap_data_parallel(module, ctx, cfg, tp.Shards((), (), ()))
+                module.to_empty(device="cpu")
+                torch.manual_seed(0)
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p.to_local().copy_(torch.randn(p.to_local().shape) * 0.3)
+                return module
+
+            parts = train.WholeModel(_LM, cfg, ctx, prepare, contextlib.nullcontext())
+            calls = []  # FSDP2's reduce-scatters (elements of their inputs), however torch issues them
+            for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+                def counting(*args, _real=getattr(dist, name), **kw):
+                    calls.append((kw.get("input") if "input" in kw else args[1]).numel())
+                    return _real(*args, **kw)
+                setattr(dist, name, counting)
+            found = []
+            parts.model.register_forward_pre_hook(
+                lambda *_: found.append(all(p.grad is not None for p in parts.model.parameters())),
+                prepend=True)  # before FSDP2's own hook gathers the root's weights
+            torch.manual_seed(1 + rank)
+            batches = [(torch.randint(0, 8, (1, 4)), torch.randint(0, 8, (1, 4))) for _ in range(2)]
+            try:
+                parts.step(batches)
+            finally:
+                for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+                    setattr(dist, name, getattr(dist, name).__kwdefaults__["_real"])
+            seen[(kind, sync)] = found
+            rs[(kind, sync)] = calls
+            # each reduce-scatter of a step moves the whole model's gradient once (every dim 0 here divides dp: no
+            # padding), the ledger's `params` elements per occurrence
+            assert sum(calls) == sum(p.numel() for p in parts.model.parameters()) * (2 if sync != "step" else 1)
+            grads[(kind, sync)] = [p.grad.full_tensor() for p in parts.model.parameters()]
+    assert seen == {(k, "step"): [False, False] for k in ("fsdp", "zero2")} | \
+        {(k, "micro_batch"): [False, True] for k in ("fsdp", "zero2")}, seen
+    for kind in ("fsdp", "zero2"):
+        # the ledger's count: one reduce-scatter of every unit per step, or per micro-batch (twice the bytes here)
+        assert rs[(kind, "step")] and rs[(kind, "micro_batch")] == rs[(kind, "step")] * 2, rs
+        for a, b in zip(grads[(kind, "step")], grads[(kind, "micro_batch")]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_fsdp_grad_sync_reduce_scatters_every_micro_batch_or_only_the_last():
+    """runtime/train.py honours Parallel.fsdp_grad_sync (the memory model's sharded or whole gradients between
+    micro-batches, the ledger's one or m reduce-scatters)."""
+    _spawn(_grad_sync)

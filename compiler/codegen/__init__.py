@@ -202,6 +202,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         **({"compile": True} if plan.compiles else {}),
         **({"grad_reduce": plan.grad_reduce} if plan.grad_reduce != "fp32" else {}),  # written only when set
         **({"fp32_residual": True} if plan.fp32_residual else {}),
+        **({"fsdp_grad_sync": plan.fsdp_grad_sync} if plan.fsdp_grad_sync != "step" else {}),  # only when set
         "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
         **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.head.tied),

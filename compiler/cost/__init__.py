@@ -279,8 +279,7 @@ class CostModel:
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
         hw = sympy.expand(self.flops_step + self.padding_step
                           + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
-        stage = MEM.shard_of(plan.data_parallel, dp)["stage"]
-        state = zero_model_state(params_rank, dp, stage, param_bytes=4, grad_bytes=4, k=8)
+        state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
         led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
@@ -332,8 +331,8 @@ class CostModel:
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
-        shard = MEM.shard_of(plan.data_parallel, plan.size("dp"))
-        per_param = 4 / shard["weights"] + 4 / shard["grads"] + 8 / shard["optimizer"]
+        per_param = MEM.state_per_param(self.spec.train.precision, plan.data_parallel, plan.size("dp"),
+                                        plan.grad_reduce).total
         pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
@@ -369,8 +368,20 @@ class CostModel:
         # AdamW is fused on CUDA (runtime/train.py): it updates in place, no temporaries; on CPU a loop per tensor.
         adam_temp = lambda n: 0  # noqa: E731
         recomputed = self.fn[("saved", ("recomputed", "block"))](env) if _recompute(plan) != "none" else 0
+        opt_what = MEM.optimizer_label(self.spec.train.precision, plan.data_parallel, dp)
 
         fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)
+        # Precision (memory.state_per_param): fp32 programs hold fp32 weights, gradients and moments; bf16 ones
+        # (Megatron's policy) bf16 weights in compute, gradients of G bytes, the fp32 master with the moments in
+        # the optimizer (FSDP2: the fp32 sharded parameter is the master, with the weights).
+        prec = self.spec.train.precision
+        bf16 = prec == "bf16"
+        g_bytes = MEM.grad_bytes(prec, plan.grad_reduce)
+        per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
+        w_bytes = 2 if bf16 else 4
+        # fsdp_grad_sync = micro_batch (whole model, m > 1): each micro-batch's gradients reduce-scattered, so they
+        # stay sharded (fp32, 4/dp) between micro-batches instead of accumulating whole (G per parameter)
+        sync_each = plan.syncs_each_micro_batch
 
         def bwd_ws(pp_rank):
             """The largest gradients one backward step holds, over the segments the rank runs."""
@@ -386,21 +397,23 @@ class CostModel:
             gathered, what = 0, []
             if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
                 # zero2 keeps every unit gathered from forward to backward; under pp torch's pipelining keeps
-                # units gathered after every backward but the last (fsdp too): the stage's whole weights
-                weights_fb = 4 * params
+                # units gathered after every backward but the last (fsdp too): the stage's whole weights (bf16:
+                # the all-gathers' bf16 outputs beside the fp32 shards, the master)
+                weights_fb = w_bytes * params + (4 * params / dp if bf16 else 0)
             elif fsdp2:  # fsdp: the root stays gathered; a block and the next one (prefetch)
-                gathered = 4 * (root + 2 * block) * (dp - 1) / dp
+                # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
+                gathered = 2 * (root + 2 * block) if bf16 else 4 * (root + 2 * block) * (dp - 1) / dp
                 weights_fb = 4 * params / dp + gathered
                 what.append("FSDP's gathered units (root + 2 blocks)")
             else:
-                weights_fb = 4 * params
+                weights_fb = w_bytes * params
             if fsdp2:
                 what.append("a unit's whole gradient before its reduce-scatter")
-            buckets = 4 * dense if ddp_buckets else 0
+            buckets = g_bytes * dense if ddp_buckets else 0
             if buckets:
                 what.append("DDP's gradient buckets")
             grads_ws = bwd_ws(pp_rank)
-            work = buckets + max(loss if last else 0, grads_ws) + (4 * block if fsdp2 else 0)
+            work = buckets + max(loss if last else 0, grads_ws) + (g_bytes * block if fsdp2 else 0)
             if last and loss and loss >= grads_ws:
                 what.insert(0, "the logits and their gradients (fp32)")
             elif grads_ws:
@@ -419,23 +432,38 @@ class CostModel:
                 work += pending_w
                 what.append("the output gradients pending weight halves keep")
             # Gradients at the backward peak: none yet on a first micro-batch (set to None by the last step);
-            # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter.
-            grads_fb = (4 * params if fsdp2 else 4 * params / sh["grads"]) if grads_at_peak else 0
-            optimizer = 8 * (zero1_largest(shapes) if sh["stage"] == 1 and dp > 1 else params / sh["optimizer"])
+            # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter (in the reduce
+            # dtype: _fsdp_param.to_accumulated_grad_if_needed), or, reduce-scattered every micro-batch, sharded
+            # fp32 (the reduce-scatter's output cast to the parameter's dtype, accumulated in the shard's .grad).
+            if not grads_at_peak:
+                grads_fb = 0
+            elif sync_each:
+                grads_fb = 4 * params / dp
+            elif fsdp2:
+                grads_fb = g_bytes * params
+            else:
+                grads_fb = g_bytes * params / (1 if bf16 else sh["grads"])
+            if bf16:  # moments (and the fp32 master, but under FSDP2) sharded evenly (zero1: Megatron's flat shards)
+                optimizer = per.optimizer * params
+            else:
+                optimizer = 8 * (zero1_largest(shapes) if sh["stage"] == 1 and dp > 1 else params / sh["optimizer"])
             backward = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=weights_fb, grads=grads_fb,
                                       optimizer=optimizer, activations=acts, working=work,
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
-                                      working_what=", ".join(what), in_flight=flight)
-            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (4 * dense if flat_sync else 0) + recv
+                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
+            step_work = (buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (g_bytes * dense if flat_sync else 0)
+                         + recv)
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
                                                   ("the schedule's receive buffers", recv),
                                                   ("the flat gradient all-reduce buffer", flat_sync),
                                                   ("AdamW's foreach temporaries", adam_temp(params))) if on)
-            step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=4 * params / sh["weights"],
-                                  grads=4 * params / sh["grads"], optimizer=optimizer,
-                                  activations=0, working=step_work, moment="the optimizer step",
-                                  working_what=step_what)
+            # At the step FSDP2 has resharded (bf16: no gathered unit is left; the fp32 shards are the master)
+            step_weights = (4 * params / dp if fsdp2 else 2 * params) if bf16 else 4 * params / sh["weights"]
+            step_grads = per.grads * params if bf16 else 4 * params / sh["grads"]
+            step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=step_weights, grads=step_grads,
+                                  optimizer=optimizer, activations=0, working=step_work, moment="the optimizer step",
+                                  working_what=step_what, optimizer_what=opt_what)
             return replace(max((backward, step), key=lambda r: r.peak), forward_bytes=acts + kept)
 
         def zero1_largest(shapes) -> int:
@@ -539,7 +567,8 @@ class CostModel:
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
                 total = sum((e * k for e, k in parts), sympy.Integer(0))
                 return total / size("dp") if fsdp else total
-            g = 4 if fsdp else grad_bytes(spec)  # FSDP2 casts its reduced shards back to the fp32 parameters
+            # FSDP2 casts its reduced shards back to the fp32 parameters
+            g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, spec.plan.grad_reduce)
             entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=spec.mesh.axis_spans.get("tp"),
                                       reason="sequence parallelism: each rank's norm and row-bias gradients cover "
                                              "only its sequence chunk", direction="step", times=1,
@@ -587,7 +616,7 @@ class CostModel:
         how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
         # Gradients move in grad_reduce's dtype (fp32 main gradients unless bf16), weights in the compute precision
         # (zero1's broadcasts, FSDP2's gathers under its MixedPrecisionPolicy): runtime/precision.py.
-        g, w = grad_bytes(spec), BYTES[spec.train.precision]
+        g, w = MEM.grad_bytes(spec.train.precision, spec.plan.grad_reduce), BYTES[spec.train.precision]
 
         def add(op, axis, n_elements, times, span, reason, formula, width=None):
             width = width or g
@@ -619,13 +648,12 @@ class CostModel:
                     if plan.data_parallel == "fsdp" else
                     "ZeRO-2 (FSDP2, kept gathered to backward): gather each block's weights once per micro-batch",
                     params, width=w)
-                add("reduce_scatter", "dp", params_rank, 1, span, "FSDP: reduce and shard the gradients", params)
-
-
-def grad_bytes(spec) -> int:
-    """Bytes per element of a gradient reduced over dp, ep or tp: 4, or 2 under bf16 with `grad_reduce = bf16`."""
-    bf16 = spec.train.precision == "bf16" and getattr(spec.plan, "grad_reduce", "fp32") == "bf16"
-    return 2 if bf16 else 4
+                # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
+                each = plan.syncs_each_micro_batch
+                add("reduce_scatter", "dp", params_rank, plan.micro_batches if each else 1,
+                    (plan.span("fsdp_grad_sync") or span) if each else span,
+                    "FSDP: reduce and shard each micro-batch's gradients (fsdp_grad_sync = micro_batch)" if each
+                    else "FSDP: reduce and shard the gradients", params)
 
 
 def _recompute(plan) -> str:

@@ -33,9 +33,60 @@ def zero_model_state(psi: float, nd: int, stage: int, *, param_bytes: int = 2, g
                       optimizer=k * psi / (nd if stage >= 1 else 1))
 
 
-# What our runtime holds per parameter: fp32 master weights and gradients (bf16 runs autocast them), AdamW's two
-# fp32 moments.
-STATE_BYTES = 4 + 4 + 8
+GRAD_REDUCE = "fp32"  # `grad_reduce` when a plan has none: gradients accumulated and reduced in fp32 (Megatron's)
+
+
+
+def grad_bytes(precision: str, grad_reduce: str = GRAD_REDUCE) -> int:
+    """G: bytes of one accumulated, reduced gradient element. fp32 programs: 4. bf16 (Megatron's policy): 4 with
+    `grad_reduce = fp32` (Megatron's main_grad; FSDP2's reduce_dtype), 2 with `grad_reduce = bf16`."""
+    return 4 if precision != "bf16" or grad_reduce != "bf16" else 2
+
+
+def state_per_param(precision: str, data_parallel: str, dp: int, grad_reduce: str = GRAD_REDUCE) -> ModelState:
+    """Bytes per parameter of a rank's model part that its model states take through a step (weights, gradients,
+    optimizer), by dp mode and precision, from what the program holds (Nd = dp; with dp = 1 every mode is ddp):
+
+    fp32 (today's programs, the equivalence reference): fp32 weights 4 + gradients 4 + AdamW's moments 8; zero1
+    shards the moments (ZeroRedundancyOptimizer), zero2 also the gradients, fsdp also the weights.
+
+    bf16, Megatron's policy (G = grad_bytes: 4, or 2 with `grad_reduce = bf16`):
+    - ddp: bf16 weights 2 + accumulated gradients G + optimizer 12 (fp32 master 4 + moments 8): 16 + G - 2.
+    - zero1 (Megatron's distributed optimizer): 2 + G + 12/Nd (master and moments sharded).
+    - zero2 (FSDP2, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=G's dtype), reshard_after_forward=False):
+      the fp32 sharded parameter is the master (4/Nd, counted with the weights: it is the module's parameter) and
+      its gradient is fp32 and sharded (4/Nd: FSDP2 casts the reduce-scatter's output to the parameter's dtype,
+      torch _fsdp_collectives.foreach_reduce); at the step's peak every unit's whole bf16 weights (2), gathered in
+      the forward and kept to the backward. Each unit's whole gradient awaiting its reduce-scatter is transient:
+      the peak's working set (and accumulated whole over micro-batches under `fsdp_grad_sync = step`: _memory).
+    - fsdp: 4/Nd + 4/Nd + 8/Nd; the gathered bf16 weights of the units in flight are the peak's working set.
+    ZeRO (Rajbhandari et al. 2020) counts 2 + 2 + 12 for ddp, 2 + 2 + 12/Nd, 2 + (2 + 12)/Nd, 16/Nd: zero2 here
+    holds 2/Nd more (the fp32 gradient shard), tests/test_memory.py itemises it."""
+    nd = max(1, dp)
+    mode = data_parallel if nd > 1 else "ddp"
+    if precision != "bf16":
+        sh = shard_of(mode, nd)
+        return ModelState(params=4 / sh["weights"], grads=4 / sh["grads"], optimizer=8 / sh["optimizer"])
+    g = grad_bytes(precision, grad_reduce)
+    if mode in ("ddp", "zero1"):
+        return ModelState(params=2, grads=g, optimizer=12 / (nd if mode == "zero1" else 1))
+    # FSDP2: the sharded fp32 parameter is the weight and the master; zero2 keeps the bf16 units gathered to backward
+    return ModelState(params=(2 if mode == "zero2" else 0) + 4 / nd, grads=4 / nd, optimizer=8 / nd)
+
+
+def model_state(psi: float, precision: str, data_parallel: str, dp: int,
+                grad_reduce: str = GRAD_REDUCE) -> ModelState:
+    """Bytes per rank of the model states of Ψ = `psi` parameters (state_per_param × Ψ)."""
+    per = state_per_param(precision, data_parallel, dp, grad_reduce)
+    return ModelState(params=float(per.params * psi), grads=float(per.grads * psi),
+                      optimizer=float(per.optimizer * psi))
+
+
+def optimizer_label(precision: str, data_parallel: str, dp: int) -> str:
+    """What the optimizer column holds: AdamW's moments; with them the fp32 master weights under bf16 when the
+    optimizer keeps it (ddp, zero1; FSDP2's master is the sharded parameter itself, with the weights)."""
+    fsdp2 = data_parallel in ("zero2", "fsdp") and dp > 1
+    return "fp32 master + AdamW moments" if precision == "bf16" and not fsdp2 else "AdamW moments"
 
 
 def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
@@ -145,7 +196,7 @@ MARGIN = 0.10  # a plan within 10% of the device fits, with a warning: allocator
 def breakdown(r) -> str:
     """`weights 1.2 GB + gradients ... = peak` of one RankMemory."""
     from compiler.cost import human
-    parts = [("weights", r.weights), ("gradients", r.grads), ("AdamW moments", r.optimizer),
+    parts = [("weights", r.weights), ("gradients", r.grads), (r.optimizer_what, r.optimizer),
              ("activations", r.activations), ("working set", r.working)]
     return " + ".join(f"{name} {human(v, 'B')}" for name, v in parts if v) + f" = {human(r.peak, 'B')}"
 
@@ -186,7 +237,7 @@ class RankMemory:
     pp_rank: int | None
     weights: float         # parameters held at that moment (sharded ones at their share, gathered ones whole)
     grads: float
-    optimizer: float       # AdamW's two moments
+    optimizer: float       # AdamW's two moments (and under bf16 the fp32 master weights: state_per_param)
     activations: float     # what forwards keep for their backward (every micro-batch in flight)
     working: float         # transient: the loss's logits and their gradients, communication buffers, ...
     moment: str            # when the peak happens
@@ -194,6 +245,7 @@ class RankMemory:
     in_flight: str = ""    # which micro-batches keep activations at that moment (pipelines)
     forward_bytes: float = 0.0  # at the fullest moment of the forwards, whichever moment is the peak: what the
                                 # forwards made and still hold (kept for backward + outputs the schedule keeps)
+    optimizer_what: str = "AdamW moments"  # optimizer_label: what `optimizer` holds
 
     @property
     def peak(self) -> float:

@@ -74,6 +74,11 @@ CASES = (
          edits=BF16 + (("data_parallel = ddp", "data_parallel = fsdp  fp32_residual = true"),),
          description="bf16 fsdp: FSDP2's MixedPrecisionPolicy, weights gathered in bf16 from the fp32 shards; the "
                      "residual stream fp32 (fp32_residual: the blocks' inputs left uncast)"),
+    Case(id="dp2_fsdp_accumulate2_grad_sync_each", sample="samples/gpt_dp.scale", nproc=2,
+         edits=(("data_parallel = ddp", "data_parallel = fsdp"),
+                ("micro_batches = 1", "micro_batches = 2  fsdp_grad_sync = micro_batch")),
+         description="FSDP2 with two accumulation micro-batches, each one's gradients reduce-scattered "
+                     "(fsdp_grad_sync = micro_batch): sharded between micro-batches, the same training"),
     Case(id="two_nodes_ddp_accumulate2", sample="samples/gpt_dp.scale", nproc=2,
          edits=(("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1"),
                 ("micro_batches = 1", "micro_batches = 2")),
