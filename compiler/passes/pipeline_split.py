@@ -185,7 +185,21 @@ def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
 
 # -- what a pipeline requires ---------------------------------------------------------------------------------------
 
-MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
+# The schedule's actions per step, over all ranks, that `compile` builds and proves (compiler/schedule.py `verify`,
+# linear in them: about a second per million on a laptop) and that each rank of the program builds at start-up.
+# Korthikanti et al.'s 1T configuration interleaved (p 64 × v 2, 512 micro-batches) has 391,168; this bound is
+# ten times that, and refuses only absurd counts (E0615; it replaced E0608's cap of 16,384 stage × micro-batch
+# slots).
+MAX_SCHEDULE_ACTIONS = 4_194_304
+
+
+def schedule_actions(schedule: str, pp: int, v: int, m: int) -> int:
+    """How many actions `runtime.schedule.actions` makes, without making them: per stage and micro-batch a forward
+    and a backward (zero-bubble: its input and weight halves), and per stage boundary and micro-batch the four
+    sends and receives (stage s lives on rank s mod pp, so with pp > 1 neighbouring stages are on different ranks)."""
+    stages = pp * v
+    per = 3 if schedule == "zero-bubble" else 2
+    return m * (stages * per + (4 * (stages - 1) if pp > 1 else 0))
 
 
 def requires(spec: S.Spec, plan) -> list:
@@ -228,12 +242,14 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
                               f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
                               f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))"))
-    if stages * m > MAX_PIPELINE_SLOTS:
-        out.append(plan_error(plan, at, "E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than "
-                              "this compiler schedules", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1
-                                                                               else "") + f" × micro_batches = {m}",
-                              help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the "
-                                   "schedule is checked); use fewer micro-batches, each of more sequences"))
+    n_actions = schedule_actions(plan.schedule, pp, v, m)
+    if n_actions > MAX_SCHEDULE_ACTIONS:
+        out.append(plan_error(plan, at, "E0615", f"the {plan.schedule} schedule of {stages} stages × {m} "
+                              f"micro-batches has {n_actions:,} actions per step, more than scalec proves and a "
+                              "program builds", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "")
+                              + f" × micro_batches = {m}",
+                              help=f"at most {MAX_SCHEDULE_ACTIONS:,} actions (each rank's list is built at start-up "
+                                   "and every action is checked); use fewer micro-batches, each of more sequences"))
     if plan.layout:
         out += _layout_requires(plan, blocks, stages)
     if plan.schedule == "interleaved-1f1b" and m % pp:
