@@ -229,7 +229,7 @@ class CostModel:
 
     def stages_for(self, plan, env) -> tuple:
         """The stage layout: the plan's (its policies decided it, or the user wrote it), else the traced one when
-        pp and v match it, else cost-balanced as pipeline_split does."""
+        pp and v match it, else pipeline_split's stage policy on this plan's costs."""
         if plan.stages:
             return tuple(plan.stages)
         if plan.layout:
@@ -239,10 +239,10 @@ class CostModel:
             return self.compiled_stages[2]
         key = (pp, v, env[:4])
         if key not in self._layouts:
-            from compiler.passes.pipeline_split import balance_stages
+            from compiler.passes.pipeline_split import stage_policy
             one = env[:4] + (1,)
             per_block, first, last = (int(self.fn[("fwd", k)](one)) for k in ("block", "first", "last"))
-            self._layouts[key] = balance_stages([per_block] * self.counts[self.block_name][1], pp * v, first, last)
+            self._layouts[key] = stage_policy(plan, self.counts[self.block_name][1], per_block, first, last)
         return self._layouts[key]
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:

@@ -69,7 +69,7 @@ class Block(nn.Module):
 
 
 # Blocks [first, end) of each pipeline stage; stage s runs on pp rank s % pp.
-STAGES = ((0, 21), (21, 42), (42, 63), (63, 80))
+STAGES = ((0, 21), (21, 41), (41, 61), (61, 80))
 
 
 class Stage(nn.Module):
@@ -183,7 +183,7 @@ CONFIG = train.Config(
         layers=80,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=64155734016,
+        predicted_peak_bytes=66790150144,
         device_bytes=80000000000,
     ),
     speed=train.Speed(
