@@ -183,7 +183,7 @@ CONFIG = train.Config(
         layers=80,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=66790150144,
+        predicted_peak_bytes=38097428480,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

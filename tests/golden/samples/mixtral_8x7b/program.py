@@ -177,7 +177,7 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=69120122912,
+        predicted_peak_bytes=61255802912,
         device_bytes=80000000000,
     ),
     speed=train.Speed(
