@@ -71,7 +71,8 @@ def _working(schedule: str, m: int) -> tuple:
     """The predicted working sets of pp rank 0 and of the last pp rank (gpt_pp: 2 stages, 4 sequences a
     micro-batch)."""
     text = PP.replace('schedule = "1f1b"', f'schedule = "{schedule}"  compile = false')
-    text = text.replace("micro_batches = 4", f"micro_batches = {m}").replace("global_batch = 16", f"global_batch = {4 * m}")
+    text = text.replace("micro_batches = 4", f"micro_batches = {m}")
+    text = text.replace("global_batch = 16", f"global_batch = {4 * m}")
     assert "compile = false" in text and f"global_batch = {4 * m}" in text
     first, last = D.compile_spec(check_text(text, "t.scale")).costs.memory
     assert (first.pp_rank, last.pp_rank) == (0, 1)

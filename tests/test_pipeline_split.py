@@ -1,4 +1,5 @@
-"""The stage-split policy on its own: exact against exhaustive search (the slowest rank, interleaved or not),\ncomplete, uneven where the head is heavy."""
+"""The stage-split policy on its own: exact against exhaustive search (the slowest rank, interleaved or not),
+complete, uneven where the head is heavy."""
 from __future__ import annotations
 
 import itertools
