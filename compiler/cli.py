@@ -146,7 +146,8 @@ def _step_time_text(compiled) -> list[str]:
              f"            {pred.tokens_per_s:,.0f} tokens/s; {pred.model_tflops_per_device:.4g} model TFLOP/s per "
              f"device{hw}; MFU {pred.mfu:.1%}"]
     exposed = ", ".join(f"{a} {_seconds(t)}" for a, t in pred.exposed_comm_s.items() if t > 0) or "none"
-    lines += [f"            pipeline bubble {pred.bubble_fraction:.1%}; exposed communication: {exposed}; "
+    lines += [f"            pipeline bubble {pred.bubble_fraction:.1%} (the slowest rank idle in the schedule); "
+              f"exposed communication: {exposed}; "
               f"AdamW {_seconds(pred.optimizer_s)}"]
     lines += ["            links: " + "; ".join(k.describe() for k in pred.links)]
     ranks = list(pred.ranks)
@@ -271,8 +272,9 @@ def plan_json(compiled) -> dict:
     }
     if costs.stages:
         p, v, mb = m.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+        pred = out["predicted"]
         out["pipeline"] = {"schedule": spec.plan.schedule, "pp": p, "virtual_stages": v, "micro_batches": mb,
-                           "bubble_fraction": SCH.bubble_fraction(p, mb, v),
+                           "bubble_fraction": pred["bubble_fraction"] if pred else None,
                            "stages": [{"stage": st.stage, "rank": st.rank, "blocks": list(st.blocks),
                                        "parameters": st.params, "model_state_bytes": st.state,
                                        "activation_bytes_in_flight": st.activations} for st in costs.stages]}
@@ -330,14 +332,17 @@ def _memory_diagnostics(compiled) -> list:
 
 def _pipeline_text(compiled) -> list[str]:
     from compiler import schedule as SCH
+    from compiler import simulate as SIM
     spec, costs = compiled.spec, compiled.costs
     if not costs.stages:
         return []
     p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+    pred = SIM.predict(compiled)
     lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
-             f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble (p-1)/(v·m+p-1) = "
-             f"{SCH.bubble_fraction(p, m, v):.1%}"
-             + (" before ZB-H1's deferred weight gradients" if spec.plan.schedule == "zero-bubble" else "")]
+             f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble {pred.bubble_fraction:.1%} "
+             f"(simulated: the slowest rank's idle share of the step; the published (p-1)/(v·m+p-1) "
+             f"{'before ZB-H1' if spec.plan.schedule == 'zero-bubble' else 'would say'} "
+             f"{SCH.bubble_fraction(p, m, v):.1%})"]
     lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight"]
     for st in costs.stages:
         lo, hi = st.blocks

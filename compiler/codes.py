@@ -178,8 +178,10 @@ CODES: dict[str, Code] = {
                   "and interleaving needs its blocks to divide into pp × virtual_stages equal stages."),
     "E0607": Code("invalid stage layout", "A manual `layout` gives one (first, end) range of blocks per stage: as "
                   "many ranges as stages, each non-empty, in order, covering every block once."),
-    "E0608": Code("pipeline too large to schedule", "The schedule is built and verified action by action; stages × "
-                  "micro-batches is capped (16384). Use fewer micro-batches, each of more sequences."),
+    "E0615": Code("pipeline schedule too long", "`compile` builds the schedule's per-rank action lists and proves "
+                  "them action by action (in time linear in their number), and each rank of the program builds its "
+                  "list at start-up; more than 4,194,304 actions per step (about ten times Korthikanti et al.'s "
+                  "1T configuration) is refused. Use fewer micro-batches, each of more sequences."),
     "E0610": Code("selective recomputation under zero-bubble", "The zero-bubble schedule splits each backward in "
                   "two passes over a stage's graph (input gradients, then weight gradients); torch's selective "
                   "activation checkpointing lets a recomputed region be read back once. Use `recompute = full`, "
@@ -301,6 +303,8 @@ CODES: dict[str, Code] = {
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
     "E0606": "checkpoints of a pipeline-parallel plan: supported since checkpoints became layout-independent",
+    "E0608": "a cap of 16,384 stage × micro-batch slots on pipelines: replaced by E0615, a bound of "
+             "4,194,304 on the schedule's actions (the cap allowed about 100,000), since the check is linear in them",
 }
 
 

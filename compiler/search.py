@@ -617,7 +617,7 @@ class _Search:
         pp = d.size("pp")
         if pp > 1:
             v = f", {d.virtual_stages} stages per rank" if d.virtual_stages > 1 else ""
-            out.append(f"pp {pp}: bubble {pred.bubble_fraction:.0%} at {d.micro_batches} micro-batches "
+            out.append(f"pp {pp}: bubble {pred.bubble_fraction:.1%} at {d.micro_batches} micro-batches "
                        f"({d.schedule}{v})")
         ep = d.size("ep")
         if ep > 1:

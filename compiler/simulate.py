@@ -454,6 +454,22 @@ class Prediction:
                            "latency_us": k.latency_us} for k in self.links]}
 
 
+def slowest_rank(ranks) -> RankTime:
+    """The rank whose step ends last: it sets the step time (the first of equals)."""
+    return max(ranks, key=lambda r: r.end_s)
+
+
+def bubble_fraction(ranks) -> float:
+    """The pipeline bubble: the one figure `plan`, `search` and `--json` show. The fraction of the step that the
+    slowest rank (`slowest_rank`: its end is the step time) spends idle in the simulated pipeline schedule, waiting for
+    another stage's activations or gradients: its `idle_s` / `end_s`. 0 without pp (no schedule to wait in), and 0 in
+    a lower-bound prediction (`exact=False`, no schedule simulated). The published (p-1)/(v·m+p-1)
+    (compiler/schedule.py `bubble_fraction`) assumes equal stages and free sends; it is shown beside this one in
+    `plan`, labelled, for comparison only."""
+    r = slowest_rank(ranks)
+    return r.idle_s / r.end_s if r.end_s > 0 else 0.0
+
+
 class Simulator:
     """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
 
@@ -532,7 +548,6 @@ class Simulator:
             ends, busy, stage_comm = self._pipeline(cm, plan, env, pieces, lk, exact, detail)
             ranks_end = dict(busy) if ends is None else ends
             makespan = max(ranks_end.values())
-            bubble = 1 - max(busy.values()) / makespan if makespan else 0.0
             stage_params = self._stage_params(cm, plan, env)
             per, last_backward = None, 0.0
             layout = cm.stages_for(plan, env)
@@ -554,7 +569,6 @@ class Simulator:
             ranks_end = {0: m * (fwd + bwd)}
             busy = dict(ranks_end)
             makespan = ranks_end[0]
-            bubble = 0.0
             stage_comm = {0: {a: m * t for a, t in comm.items()}}
             stage_params = {0: est.params_rank}
             last_backward = bwd
@@ -585,7 +599,8 @@ class Simulator:
                           model_tflops_per_device=est.flops_step_n / world / step / 1e12,
                           hardware_tflops_per_device=est.flops_step_hw_n / world / step / 1e12,
                           mfu=est.flops_step_n / world / step / (dev.peak_tflops * 1e12),
-                          bubble_fraction=bubble, exposed_comm_s=dict(slowest.exposed_comm_s), optimizer_s=opt,
+                          bubble_fraction=bubble_fraction(ranks), exposed_comm_s=dict(slowest.exposed_comm_s),
+                          optimizer_s=opt,
                           ranks=tuple(ranks), links=tuple(lk[a] for a, _ in plan.axes), device=dev.kind,
                           pieces=pieces, ops_per_step=int(ops), runtime_s=runtime)
 

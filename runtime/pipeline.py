@@ -133,7 +133,11 @@ class Pipeline:
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Forward and backward of all micro-batches; returns the mean loss, on every pp rank."""
         losses: list = []
-        self.schedule.step(tokens, target=targets, losses=losses)
+        # return_outputs=False: the last stage computes each micro-batch's loss as the forward ends and keeps its
+        # logits only until that micro-batch's backward (torch's fwd_cache; with 1F1B-style schedules the next
+        # action), as Megatron's last stage does. The default would also collect every micro-batch's logits in
+        # output_chunks for the whole step and concatenate them at its end: m × the logits, that nothing reads.
+        self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
         if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
             self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
         if self.tie is not None:

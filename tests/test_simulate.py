@@ -219,3 +219,31 @@ def test_finish_times_equal_verify():
                     want = {r: max((e for _, e, _ in sp), default=0.0) for r, sp in tl.spans.items()}
                     got = SCH.finish_times(SCH.compute_order(schedule, lay), lay, cost, 0.2)
                     assert got == pytest.approx(want, rel=1e-12), (schedule, p, v, m)
+
+
+def test_one_bubble_figure_in_plan_search_and_json(tmp_path, capsys):
+    """The bubble is one figure (simulate.bubble_fraction): the slowest rank's simulated idle share of the step, the
+    same in `plan`'s text, `plan --json` (predicted and pipeline) and `search` for the same plan; the published
+    formula appears only labelled as such. Interleaved pp 2 × v 2, 8 micro-batches: the formula says 5.9%."""
+    from compiler.cli import main
+    text = PP.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  compile = false  virtual_stages = 2')
+    text = text.replace("micro_batches = 4", "micro_batches = 8").replace("device = cpu", "device = h100")
+    path = tmp_path / "pp.scale"
+    path.write_text(text)
+    _, pred = predict(text)
+    slow = max(pred.ranks, key=lambda r: r.end_s)
+    want = slow.idle_s / slow.end_s
+    assert pred.bubble_fraction == want > 0
+    assert f"{want:.1%}" != f"{SCH.bubble_fraction(2, 8, 2):.1%}"  # the case tells the two apart
+    assert main(["plan", "--json", str(path)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["predicted"]["bubble_fraction"] == got["pipeline"]["bubble_fraction"] == pytest.approx(want)
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"pipeline bubble {want:.1%} (the slowest rank" in out and f"; bubble {want:.1%} (simulated" in out
+    assert f"(p-1)/(v·m+p-1) would say {SCH.bubble_fraction(2, 8, 2):.1%}" in out
+    fixes = ["pp=2", "dp=1", "tp=1", "virtual_stages=2", "micro_batches=8", "schedule=interleaved-1f1b"]
+    assert main(["search", str(path), *[x for f in fixes for x in ("--fix", f)]]) == 0
+    out = capsys.readouterr().out
+    assert f"pp 2: bubble {want:.1%} at 8 micro-batches" in out
+    assert f"{want:.1%}  pp" in out  # the table's column

@@ -190,8 +190,9 @@ class CostModel:
             segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
             # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until the step waits
-            # for its send (every stage but the last), and on the last stage each micro-batch's output (the
-            # logits), which the schedule collects to return (measured with runtime/memory.py's tracker)
+            # for its send (every stage but the last), and on the last stage the output (the logits) of each
+            # micro-batch in flight, until its backward (the runtime asks for no outputs back, so none is kept
+            # longer; measured with runtime/memory.py's tracker)
             out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
             self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
             self.saved["sent"] = self.send_elements * A.widths(prec)["res"]
@@ -229,7 +230,7 @@ class CostModel:
 
     def stages_for(self, plan, env) -> tuple:
         """The stage layout: the plan's (its policies decided it, or the user wrote it), else the traced one when
-        pp and v match it, else cost-balanced as pipeline_split does."""
+        pp and v match it, else pipeline_split's stage policy on this plan's costs."""
         if plan.stages:
             return tuple(plan.stages)
         if plan.layout:
@@ -239,10 +240,10 @@ class CostModel:
             return self.compiled_stages[2]
         key = (pp, v, env[:4])
         if key not in self._layouts:
-            from compiler.passes.pipeline_split import balance_stages
+            from compiler.passes.pipeline_split import stage_policy
             one = env[:4] + (1,)
             per_block, first, last = (int(self.fn[("fwd", k)](one)) for k in ("block", "first", "last"))
-            self._layouts[key] = balance_stages([per_block] * self.counts[self.block_name][1], pp * v, first, last)
+            self._layouts[key] = stage_policy(plan, self.counts[self.block_name][1], per_block, first, last)
         return self._layouts[key]
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
@@ -423,8 +424,8 @@ class CostModel:
                 what.append("the block being recomputed")
             if kept:
                 work += kept
-                what.append("the schedule's kept outputs (each micro-batch's logits on the last stage, sends "
-                            "awaited at the end of the step on the others)")
+                what.append("the schedule's kept outputs (the logits of the last stage's micro-batches in flight, "
+                            "sends awaited at the end of the step on the others)")
             if recv:
                 work += recv
                 what.append("the schedule's receive buffers")
@@ -494,7 +495,8 @@ class CostModel:
                           + (self.fn[("experts", "prologue")](env) if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
             kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
-            kept = sum(m * self.fn[("saved", "logits" if st.stage == n - 1 else "sent")](env) for st in mine)
+            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * self.fn[("saved", "logits")](env)
+                       if st.stage == n - 1 else m * self.fn[("saved", "sent")](env) for st in mine)
             # receive buffers, allocated once and kept: one per micro-batch for each direction a stage receives
             recv = sum(m * self.fn[("saved", "sent")](env) * ((st.stage > 0) + (st.stage < n - 1)) for st in mine)
             flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)  # by blocks
@@ -664,6 +666,18 @@ def _saved_mode(plan) -> str:
     """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
     mode = _recompute(plan)
     return "selective/compiled" if mode == "selective" and getattr(plan, "compiles", False) else mode
+
+
+def _logits_alive(schedule: str, alive: int) -> int:
+    """How many micro-batches' logits the last stage holds at its rank's peak, with `alive` micro-batches of it in
+    flight there (memory.rank_peaks). torch keeps a stage output from its forward to its backward (fwd_cache; the
+    runtime asks for no outputs back). GPipe runs every forward first: all alive. In 1F1B and interleaved 1F1B the
+    last stage's backward of a micro-batch is the action right after its forward (runtime/schedule.py), so at most
+    one is alive. Under zero-bubble the peak is read after an input-gradient half (I), which frees them; what stays
+    alive there waits for its weight half (W) only."""
+    if schedule == "gpipe":
+        return alive
+    return 0 if schedule == "zero-bubble" else min(alive, 1)
 
 
 def _recompute_passes(plan) -> int:

@@ -1,12 +1,14 @@
 """Pipeline parallelism over the `pp` axis: which blocks each stage holds (the policy; the graph surgery follows).
 
-`balance_stages` cuts the sequence of blocks into contiguous stages so that the most expensive stage is as cheap
-as possible. The first stage also runs the embedding and the last the LM head and loss, so their costs are added
-to the first and last block: stages come out uneven on purpose (fewer blocks where the head is heavy). The answer
-is exact: a binary search over the bottleneck with a greedy feasibility test, on integer costs.
+`balance_stages` cuts the sequence of blocks into contiguous stages so that the busiest pp rank (the sum of its
+stages: v of them when interleaved) is as cheap as possible. The first stage also runs the embedding and the last
+the LM head and loss, so their costs are added to the ranks that hold them: stages come out uneven on purpose (fewer
+blocks where the head is heavy). The answer is exact: a binary search over the bottleneck on integer costs.
+`stage_policy` is the one policy (the driver, the search's candidates and the cost model call it).
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import sympy
@@ -20,54 +22,69 @@ if TYPE_CHECKING:  # torch and the tracer load where a graph is cut, so `require
     from compiler import trace as T
 
 
-def _stages_needed(costs: list[int], bound: int) -> int | None:
-    """Fewest contiguous groups with every group's sum ≤ bound (None if one item alone exceeds it)."""
-    groups, load = 1, 0
-    for c in costs:
-        if c > bound:
-            return None
-        if load + c > bound:
-            groups, load = groups + 1, c
-        else:
-            load += c
-    return groups
-
-
-def balance_stages(block_costs: list[int], stages: int, first_extra: int = 0,
+def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra: int = 0,
                    last_extra: int = 0) -> tuple[tuple[int, int], ...]:
-    """[(first block, end block), ...] per stage: every block in exactly one stage, each stage at least one block,
-    minimising the largest stage cost. Costs are integers (FLOPs)."""
-    n = len(block_costs)
-    if stages < 1 or stages > n:
-        raise ValueError(f"cannot cut {n} blocks into {stages} non-empty stages")
-    costs = list(block_costs)
-    costs[0] += first_extra
-    costs[-1] += last_extra
-    lo, hi = max(costs), sum(costs)
-    while lo < hi:  # the smallest bound that `stages` groups can meet
-        mid = (lo + hi) // 2
-        need = _stages_needed(costs, mid)
-        if need is not None and need <= stages:
-            hi = mid
-        else:
-            lo = mid + 1
-    # Greedy groups under the bound, then split the largest groups until there are exactly `stages` of them
-    # (splitting never raises the bottleneck).
-    bounds, start, load = [], 0, 0
-    for i, c in enumerate(costs):
-        if load + c > lo:
-            bounds.append((start, i))
-            start, load = i, 0
-        load += c
-    bounds.append((start, n))
-    while len(bounds) < stages:
-        j = max(range(len(bounds)), key=lambda j: (bounds[j][1] - bounds[j][0] > 1,
-                                                    sum(costs[bounds[j][0]:bounds[j][1]])))
-        a, b = bounds[j]
-        bounds[j:j + 1] = [(a, b - 1), (b - 1, b)]
-    layout = tuple(bounds)
-    assert [i for a, b in layout for i in range(a, b)] == list(range(n)), "a block is missing or repeated"
+    """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the model's one `repeat`),
+    stage k on pp rank k mod p, each stage at least one block; minimising the slowest rank's compute: the sum over
+    its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the last (rank p - 1) also
+    `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
+
+    A rank's compute depends only on how many blocks it holds (B_r ≥ v), so the optimum is exact: the smallest bound
+    T with B_r ≤ (T - extra_r) / per_block holding the n blocks (a binary search), then, among layouts meeting it,
+    the rank loads levelled (a block at a time off the heaviest rank) and each rank's blocks split over its v stages
+    as evenly as their own extras allow (the schedule flows stage by stage). Cutting stages by their own cost instead
+    (as before) left interleaved ranks seconds apart (Llama-3-70B, p 4 × v 5: stages of 4, 1, 4, 1, 4, 1, 5, 5 ...)."""
+    stages = p * v
+    if p < 1 or v < 1 or stages > blocks:
+        raise ValueError(f"cannot cut {blocks} blocks into {stages} non-empty stages")
+    extra = [0] * p
+    extra[0] += first_extra
+    extra[(stages - 1) % p] += last_extra
+    c = max(per_block, 0)
+    if c == 0:  # blocks cost nothing: only the counts matter, spread them evenly
+        held = [blocks // p + (r < blocks % p) for r in range(p)]
+    else:
+        def caps(bound: int) -> list[int]:
+            return [(bound - e) // c for e in extra]
+        lo = max(c * v + e for e in extra)
+        hi = c * blocks + max(extra)
+        while lo < hi:  # the smallest bound the ranks can meet holding every block
+            mid = (lo + hi) // 2
+            if sum(caps(mid)) >= blocks:
+                hi = mid
+            else:
+                lo = mid + 1
+        held = [min(x, blocks - v * (p - 1)) for x in caps(lo)]
+        heavy = [(-(c * held[r] + extra[r]), -r) for r in range(p) if held[r] > v]
+        heapq.heapify(heavy)
+        for _ in range(sum(held) - blocks):  # level: take a block off the heaviest rank that can spare one
+            _, r = heapq.heappop(heavy)
+            held[-r] -= 1
+            if held[-r] > v:
+                heapq.heappush(heavy, (-(c * held[-r] + extra[-r]), r))
+    sizes = [0] * stages
+    for r in range(p):
+        mine = list(range(r, stages, p))
+        own = {k: (first_extra if k == 0 else 0) + (last_extra if k == stages - 1 else 0) for k in mine}
+        for k in mine:
+            sizes[k] = 1
+        for _ in range(held[r] - v):  # a block at a time to the rank's cheapest stage (the later on a tie)
+            k = min(mine, key=lambda k: (c * sizes[k] + own[k], -k))
+            sizes[k] += 1
+    edges = [0]
+    for size in sizes:
+        edges.append(edges[-1] + size)
+    layout = tuple(zip(edges, edges[1:]))
+    assert edges[-1] == blocks and all(b > a for a, b in layout), "a block is missing or a stage empty"
     return layout
+
+
+def rank_costs(layout, per_block: int, p: int, first_extra: int = 0, last_extra: int = 0) -> list[int]:
+    """Each pp rank's compute under `layout`: the sum over its stages (stage k on rank k mod p)."""
+    out = [0] * p
+    for k, cost in enumerate(stage_costs(layout, [per_block] * layout[-1][1], first_extra, last_extra)):
+        out[k % p] += cost
+    return out
 
 
 def stage_costs(layout, block_costs: list[int], first_extra: int = 0, last_extra: int = 0) -> list[int]:
@@ -162,7 +179,7 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
         return ()
     if plan.layout:  # the user's, checked complete and disjoint by the rules
         return tuple(plan.layout)
-    return balance_stages([per_block] * blocks, plan.pipeline_stages, first, last)
+    return balance_stages(blocks, per_block, plan.size("pp"), plan.virtual_stages, first, last)
 
 
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
@@ -185,7 +202,21 @@ def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
 
 # -- what a pipeline requires ---------------------------------------------------------------------------------------
 
-MAX_PIPELINE_SLOTS = 16384  # pp × virtual_stages × micro_batches: the schedule is built and verified action by action
+# The schedule's actions per step, over all ranks, that `compile` builds and proves (compiler/schedule.py `verify`,
+# linear in them: about a second per million on a laptop) and that each rank of the program builds at start-up.
+# Korthikanti et al.'s 1T configuration interleaved (p 64 × v 2, 512 micro-batches) has 391,168; this bound is
+# ten times that, and refuses only absurd counts (E0615; it replaced E0608's cap of 16,384 stage × micro-batch
+# slots).
+MAX_SCHEDULE_ACTIONS = 4_194_304
+
+
+def schedule_actions(schedule: str, pp: int, v: int, m: int) -> int:
+    """How many actions `runtime.schedule.actions` makes, without making them: per stage and micro-batch a forward
+    and a backward (zero-bubble: its input and weight halves), and per stage boundary and micro-batch the four
+    sends and receives (stage s lives on rank s mod pp, so with pp > 1 neighbouring stages are on different ranks)."""
+    stages = pp * v
+    per = 3 if schedule == "zero-bubble" else 2
+    return m * (stages * per + (4 * (stages - 1) if pp > 1 else 0))
 
 
 def requires(spec: S.Spec, plan) -> list:
@@ -228,12 +259,14 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
                               f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
                               f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))"))
-    if stages * m > MAX_PIPELINE_SLOTS:
-        out.append(plan_error(plan, at, "E0608", f"a pipeline of {stages} stages × {m} micro-batches is more than "
-                              "this compiler schedules", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1
-                                                                               else "") + f" × micro_batches = {m}",
-                              help=f"at most {MAX_PIPELINE_SLOTS} stage × micro-batch slots (every action of the "
-                                   "schedule is checked); use fewer micro-batches, each of more sequences"))
+    n_actions = schedule_actions(plan.schedule, pp, v, m)
+    if n_actions > MAX_SCHEDULE_ACTIONS:
+        out.append(plan_error(plan, at, "E0615", f"the {plan.schedule} schedule of {stages} stages × {m} "
+                              f"micro-batches has {n_actions:,} actions per step, more than scalec proves and a "
+                              "program builds", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "")
+                              + f" × micro_batches = {m}",
+                              help=f"at most {MAX_SCHEDULE_ACTIONS:,} actions (each rank's list is built at start-up "
+                                   "and every action is checked); use fewer micro-batches, each of more sequences"))
     if plan.layout:
         out += _layout_requires(plan, blocks, stages)
     if plan.schedule == "interleaved-1f1b" and m % pp:
