@@ -326,7 +326,7 @@ def test_megatron_175b_layout_needs_recomputation():
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
     limit = sample.spec.mesh.device.memory_gb * 1e9
     assert sample.costs.peak_bytes <= limit and budget(sample) == []
-    assert "fits: 73% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries
+    assert "fits: 80% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries; bf16: 18 B/param
     text = text.replace("recompute = full", "recompute = none").replace("sequence_parallel = true",
                                                                         "sequence_parallel = false")
     inter = compile_spec(check_text(text, "gpt3_175b.scale"))
@@ -342,7 +342,9 @@ def test_megatron_175b_layout_needs_recomputation():
     per_block = one.activations / (7 * (one.blocks[1] - one.blocks[0]))
     assert act == pytest.approx(31 * 4 * per_block, rel=0.01)  # + the embedding's, on stage 0
     (d,) = budget(inter)
-    assert d.code == "E0501" and "pp rank 0 (stages 0, 8, 16)" in d.message and "recompute = full" in d.help
+    # with bf16's 18 bytes per parameter, sharding the fp32 masters and moments (Megatron's distributed optimizer)
+    # is the cheapest way back under 80 GB
+    assert d.code == "E0501" and "pp rank 0 (stages 0, 8, 16)" in d.message and "data_parallel = zero1" in d.help
     assert "does NOT fit" in plan_text(inter)  # and `plan` says so
 
 
@@ -608,11 +610,13 @@ def test_fsdp_grad_sync_costs_memory_and_reduce_scatters(kind, precision):
 
 def test_fsdp_grad_sync_step_time_counts_the_reduce_scatters():
     """The step-time model: inside a node (NVLink) the extra reduce-scatters run under each micro-batch's backward,
-    the same step time; across 8 nodes they do not fit beside FSDP's gathers and cost seconds."""
+    the same step time; across 8 nodes of 200 Gb/s NICs they do not fit beside FSDP's gathers and cost seconds
+    (at 400 Gb/s, bf16's gathers leave the fp32 reduce-scatters just room enough under the compute)."""
     from compiler.simulate import predict
     times = {}
     for where, edits in (("node", ()), ("nodes", (("nodes = 1", "nodes = 8"),
-                                                  ("devices_per_node = 8", "devices_per_node = 1")))):
+                                                  ("devices_per_node = 8", "devices_per_node = 1"),
+                                                  ("device = h100", "device = h100  inter_node_gbps = 25")))):
         for sync in ("step", "micro_batch"):
             times[(where, sync)] = predict(compile_spec(check_text(_llama8b(sync, *edits), "l.scale"))).step_time_s
     assert times[("node", "micro_batch")] == pytest.approx(times[("node", "step")], rel=1e-3)
@@ -633,8 +637,8 @@ def test_fsdp_grad_sync_has_no_effect_under_pp_or_one_micro_batch():
 
 def test_a_plan_over_memory_is_told_to_reduce_scatter_every_micro_batch():
     """E0501's fixes include `fsdp_grad_sync = micro_batch` where FSDP's whole accumulated gradients are what does
-    not fit (Llama-3-8B, FSDP over 8 devices of 60 GB, 8 micro-batches: 68 GB, 40 GB with it)."""
+    not fit (Llama-3-8B, FSDP over 8 devices of 60 GB, 8 micro-batches: 64 GB, 36 GB with it)."""
     from compiler.pipeline import budget
     (d,) = budget(compile_spec(check_text(_llama8b("step", ("device = h100", "device = h100  memory_gb = 60")),
                                           "l.scale")))
-    assert d.code == "E0501" and "it would fit with `fsdp_grad_sync = micro_batch` (40.21 GB)" in d.help, d.help
+    assert d.code == "E0501" and "it would fit with `fsdp_grad_sync = micro_batch` (36.18 GB)" in d.help, d.help

@@ -271,21 +271,22 @@ FSDP8 = {"dp": 8, "tp": 1, "pp": 1, "data_parallel": "fsdp", "micro_batches": 8,
 
 
 def test_search_costs_both_fsdp_grad_syncs_and_shows_its_choice():
-    """Llama-3-8B, FSDP over 8 H100s, 8 micro-batches: with 60 GB per device the gradients accumulated whole (68 GB
-    at the peak) do not fit, reduce-scattered every micro-batch (40 GB) they do: search picks that and says why;
-    across 8 nodes, with room for both, the once-per-step reduce-scatter is faster and picked, with the other's
+    """Llama-3-8B, FSDP over 8 H100s, 8 micro-batches: with 60 GB per device the gradients accumulated whole (64 GB
+    at the peak) do not fit, reduce-scattered every micro-batch (36 GB) they do: search picks that and says why;
+    across 8 nodes of 200 Gb/s NICs, with room for both, the once-per-step reduce-scatter is faster and picked, with the other's
     time beside it. The winner's file writes the setting."""
     tight = check_text(_llama8b_text(("device = h100", "device = h100  memory_gb = 60")), "l.scale",
                        cluster_only=True)
     (w,) = SE.search(tight, top=1, fixed=FSDP8).winners
     assert w.plan.fsdp_grad_sync == "micro_batch" and "reduce-scatter every micro-batch" in w.plan.describe()
-    assert any(r.startswith("reduce-scatter every micro-batch: once per step would need 68.32 GB")
+    assert any(r.startswith("reduce-scatter every micro-batch: once per step would need 64.28 GB")
                for r in w.reasons), w.reasons
     assert "fsdp_grad_sync = micro_batch" in SE.scale_text(tight, w)
-    wide = check_text(_llama8b_text(("nodes = 1", "nodes = 8"), ("devices_per_node = 8", "devices_per_node = 1")),
+    wide = check_text(_llama8b_text(("nodes = 1", "nodes = 8"), ("devices_per_node = 8", "devices_per_node = 1"),
+                                    ("device = h100", "device = h100  inter_node_gbps = 25")),
                       "l.scale", cluster_only=True)
     (w,) = SE.search(wide, top=1, fixed=FSDP8).winners
     assert w.plan.fsdp_grad_sync == "step", w.plan.describe()
-    assert any(re.match(r"reduce-scatter once per step: every micro-batch (at least|40.21 GB at) 1\.[1-9]\d× its "
+    assert any(re.match(r"reduce-scatter once per step: every micro-batch (at least|36.18 GB at) 1\.[1-9]\d× its "
                         r"step time", r) for r in w.reasons), w.reasons
     assert "fsdp_grad_sync" not in SE.scale_text(wide, w)

@@ -168,7 +168,7 @@ def _grad_sync(rank, ctx):
                         p.to_local().copy_(torch.randn(p.to_local().shape) * 0.3)
                 return module
 
-            parts = train.WholeModel(_LM, cfg, ctx, prepare, contextlib.nullcontext())
+            parts = train.WholeModel(_LM, cfg, ctx, prepare)
             calls = []  # FSDP2's reduce-scatters (elements of their inputs), however torch issues them
             for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
                 def counting(*args, _real=getattr(dist, name), **kw):

@@ -189,7 +189,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=58467901440,
+        predicted_peak_bytes=64113364992,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

@@ -147,7 +147,7 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=66514022400,
+        predicted_peak_bytes=64283670528,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

@@ -13,23 +13,23 @@ from runtime.layers import Repeat
 
 
 class Block(nn.Module):
-    """One block of the `repeat` at mixtral_8x7b.scale:22: the residual stream in and out."""
+    """One block of the `repeat` at mixtral_8x7b.scale:23: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:23  rmsnorm(hidden, eps = 1e-5)
-        self.attn_q = nn.Linear(4096, 4096, bias=False)  # mixtral_8x7b.scale:23  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
-        self.attn_k = nn.Linear(4096, 1024, bias=False)  # mixtral_8x7b.scale:23  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
-        self.attn_v = nn.Linear(4096, 1024, bias=False)  # mixtral_8x7b.scale:23  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
-        self.attn_o = nn.Linear(4096, 4096, bias=False)  # mixtral_8x7b.scale:23  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
-        self.norm_2 = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:24  rmsnorm(hidden, eps = 1e-5)
-        self.moe_router = nn.Linear(4096, 8, bias=False)  # mixtral_8x7b.scale:24  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
-        self.moe_experts = moe.Experts(1, 4096, 14336, act='swiglu')  # mixtral_8x7b.scale:24  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
+        self.norm_1 = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:24  rmsnorm(hidden, eps = 1e-5)
+        self.attn_q = nn.Linear(4096, 4096, bias=False)  # mixtral_8x7b.scale:24  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
+        self.attn_k = nn.Linear(4096, 1024, bias=False)  # mixtral_8x7b.scale:24  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
+        self.attn_v = nn.Linear(4096, 1024, bias=False)  # mixtral_8x7b.scale:24  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
+        self.attn_o = nn.Linear(4096, 4096, bias=False)  # mixtral_8x7b.scale:24  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
+        self.norm_2 = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:25  rmsnorm(hidden, eps = 1e-5)
+        self.moe_router = nn.Linear(4096, 8, bias=False)  # mixtral_8x7b.scale:25  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
+        self.moe_experts = moe.Experts(1, 4096, 14336, act='swiglu')  # mixtral_8x7b.scale:25  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
 
     def forward(self, x):
-        # mixtral_8x7b.scale:23  rmsnorm(hidden, eps = 1e-5)
+        # mixtral_8x7b.scale:24  rmsnorm(hidden, eps = 1e-5)
         norm_1 = self.norm_1(x)
-        # mixtral_8x7b.scale:23  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
+        # mixtral_8x7b.scale:24  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000)
         attn_q = self.attn_q(norm_1)
         unflatten = attn_q.unflatten(-1, (-1, 128))
         transpose = unflatten.transpose(1, 2)
@@ -46,27 +46,27 @@ class Block(nn.Module):
         transpose_3 = scaled_dot_product_attention.transpose(1, 2)
         flatten = transpose_3.flatten(2)
         attn_o = self.attn_o(flatten)
-        # mixtral_8x7b.scale:23  residual { rmsnorm(hidden, eps = 1e-5)  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000) }
+        # mixtral_8x7b.scale:24  residual { rmsnorm(hidden, eps = 1e-5)  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 1000000) }
         add = x + attn_o
-        # mixtral_8x7b.scale:24  rmsnorm(hidden, eps = 1e-5)
+        # mixtral_8x7b.scale:25  rmsnorm(hidden, eps = 1e-5)
         norm_2 = self.norm_2(add)
-        # mixtral_8x7b.scale:24  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
+        # mixtral_8x7b.scale:25  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02)
         moe_router = self.moe_router(norm_2)
         route = moe.route(moe_router, 2, 4096, 0.02)
         slot = route[0]
         gate = route[1]
         dispatch = moe.dispatch(norm_2, slot, 8, 4096)
-        moe_experts_in = moe.all_to_all_dispatch(dispatch, 'ep')  # ep: forward all-to-all, backward all-to-all; dispatch of `moe` with 8 experts, 1 per ep rank, top-2, `capacity` slots per expert per sequence (dropless: buffers sized for the worst case, every token of a sequence to one expert): each rank sends every expert's slots to the rank holding that expert (mixtral_8x7b.scale:24)
+        moe_experts_in = moe.all_to_all_dispatch(dispatch, 'ep')  # ep: forward all-to-all, backward all-to-all; dispatch of `moe` with 8 experts, 1 per ep rank, top-2, `capacity` slots per expert per sequence (dropless: buffers sized for the worst case, every token of a sequence to one expert): each rank sends every expert's slots to the rank holding that expert (mixtral_8x7b.scale:25)
         moe_experts = self.moe_experts(moe_experts_in)
-        moe_experts_out = moe.all_to_all_combine(moe_experts, 'ep')  # ep: forward all-to-all, backward all-to-all; combine of `moe` with 8 experts, 1 per ep rank, top-2, `capacity` slots per expert per sequence (dropless: buffers sized for the worst case, every token of a sequence to one expert): the experts' outputs return to their tokens' ranks (mixtral_8x7b.scale:24)
+        moe_experts_out = moe.all_to_all_combine(moe_experts, 'ep')  # ep: forward all-to-all, backward all-to-all; combine of `moe` with 8 experts, 1 per ep rank, top-2, `capacity` slots per expert per sequence (dropless: buffers sized for the worst case, every token of a sequence to one expert): the experts' outputs return to their tokens' ranks (mixtral_8x7b.scale:25)
         combine = moe.combine(moe_experts_out, slot, gate)
-        # mixtral_8x7b.scale:24  residual { rmsnorm(hidden, eps = 1e-5)  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02) }
+        # mixtral_8x7b.scale:25  residual { rmsnorm(hidden, eps = 1e-5)  moe(hidden, ffn, experts, top_k = 2, capacity_factor = none, act = swiglu, aux_loss = 0.02) }
         add_1 = add + combine
         return add_1
 
 
 # Blocks [first, end) of each pipeline stage; stage s runs on pp rank s % pp.
-STAGES = ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (8, 9), (9, 10), (10, 11), (11, 12), (12, 13), (13, 14), (14, 15), (15, 16), (16, 17), (17, 18), (18, 19), (19, 20), (20, 21), (21, 22), (22, 23), (23, 24), (24, 25), (25, 26), (26, 27), (27, 28), (28, 29), (29, 30), (30, 31), (31, 32))
+STAGES = ((0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12), (12, 14), (14, 16), (16, 18), (18, 20), (20, 22), (22, 24), (24, 26), (26, 28), (28, 30), (30, 32))
 
 
 class Stage(nn.Module):
@@ -78,10 +78,10 @@ class Stage(nn.Module):
         first_block, end_block = STAGES[stage]
         self.is_first, self.is_last = stage == 0, stage == len(STAGES) - 1
         if self.is_first:
-            self.embed = nn.Embedding(32000, 4096)  # mixtral_8x7b.scale:21  embedding(vocab, hidden)
+            self.embed = nn.Embedding(32000, 4096)  # mixtral_8x7b.scale:22  embedding(vocab, hidden)
         if self.is_last:
-            self.norm = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:26  rmsnorm(hidden, eps = 1e-5)
-            self.lm_head = nn.Linear(4096, 32000, bias=False)  # mixtral_8x7b.scale:27  lm_head(vocab, hidden, tied = false)
+            self.norm = nn.RMSNorm(4096, eps=1e-05)  # mixtral_8x7b.scale:27  rmsnorm(hidden, eps = 1e-5)
+            self.lm_head = nn.Linear(4096, 32000, bias=False)  # mixtral_8x7b.scale:28  lm_head(vocab, hidden, tied = false)
         self.blocks = Repeat((Block() for _ in range(first_block, end_block)), first=first_block)
 
     def forward(self, x):
@@ -93,16 +93,16 @@ class Stage(nn.Module):
         return x
 
     def prologue(self, tokens):
-        # mixtral_8x7b.scale:21  embedding(vocab, hidden)
+        # mixtral_8x7b.scale:22  embedding(vocab, hidden)
         embed = self.embed(tokens)
         return embed
 
     def epilogue(self, x):
-        # mixtral_8x7b.scale:26  rmsnorm(hidden, eps = 1e-5)
+        # mixtral_8x7b.scale:27  rmsnorm(hidden, eps = 1e-5)
         norm = self.norm(x)
-        # mixtral_8x7b.scale:27  lm_head(vocab, hidden, tied = false)
+        # mixtral_8x7b.scale:28  lm_head(vocab, hidden, tied = false)
         lm_head = self.lm_head(norm)
-        # mixtral_8x7b.scale:28  cross_entropy
+        # mixtral_8x7b.scale:29  cross_entropy
         flatten = lm_head.flatten(0, 1)
         float_1 = flatten.float()
         return float_1
@@ -110,7 +110,7 @@ class Stage(nn.Module):
 
 def loss_fn(logits, targets):
     """The loss of one micro-batch on the last stage, from its logits."""
-    # mixtral_8x7b.scale:28  cross_entropy
+    # mixtral_8x7b.scale:29  cross_entropy
     flatten_1 = targets.flatten()
     cross_entropy = F.cross_entropy(logits, flatten_1)
     return cross_entropy
@@ -126,12 +126,12 @@ CONFIG = train.Config(
     timeout=600.0,
     moe=True,
     sources=(
-        ('mesh', 'mixtral_8x7b.scale:31', 'the mesh section'),
-        ('axis pp', 'mixtral_8x7b.scale:32', 'axis pp = 4'),
-        ('axis dp', 'mixtral_8x7b.scale:33', 'axis dp = 2'),
-        ('axis ep', 'mixtral_8x7b.scale:34', 'axis ep = 8'),
-        ('schedule', 'mixtral_8x7b.scale:42', 'schedule = "interleaved-1f1b"'),
-        ('grad_clip', 'mixtral_8x7b.scale:54', 'grad_clip = 1.0'),
+        ('mesh', 'mixtral_8x7b.scale:32', 'the mesh section'),
+        ('axis pp', 'mixtral_8x7b.scale:33', 'axis pp = 4'),
+        ('axis dp', 'mixtral_8x7b.scale:34', 'axis dp = 2'),
+        ('axis ep', 'mixtral_8x7b.scale:35', 'axis ep = 8'),
+        ('schedule', 'mixtral_8x7b.scale:43', 'schedule = "interleaved-1f1b"'),
+        ('grad_clip', 'mixtral_8x7b.scale:55', 'grad_clip = 1.0'),
     ),
     parallel=train.Parallel(
         axes=(('pp', 4), ('dp', 2), ('ep', 8)),
@@ -140,7 +140,7 @@ CONFIG = train.Config(
         micro_batch_size=1,
         batch_ranks=16,
         schedule='interleaved-1f1b',
-        virtual_stages=8,
+        virtual_stages=4,
         sequence_parallel=False,
         recompute='full',
         compile=True,
@@ -177,14 +177,14 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=56442773536,
+        predicted_peak_bytes=46324678688,
         device_bytes=80000000000,
     ),
     speed=train.Speed(
         flops_per_step=8.69625736640594e+16,
         peak_flops=989000000000000.0,
         device='h100',
-        predicted_step_s=9.26,
+        predicted_step_s=9.42,
     ),
 )
 
