@@ -61,8 +61,9 @@ class Parallel:
     """The LM head reuses the embedding: under pp its two copies (first and last stage) have their gradients summed
     and the last stage's copy is not saved twice."""
     ddp_bucket_mb: float = 25.0
-    """DDP's gradient bucket, MiB (`bucket_cap_mb`): the compiler's rule (compiler.simulate.ddp_bucket_bytes), the
-    same bucket its step-time model overlaps with the backward."""
+    """The gradient all-reduce's bucket, MiB: DDP's `bucket_cap_mb`, bf16's main-gradient buckets
+    (runtime.precision.MainGrads) and pipeline stages' buckets after the schedule; the compiler's figure
+    (compiler.simulate.DDP_BUCKET_BYTES), the same bucket its step-time and memory models assume."""
     fsdp_grad_sync: str = "step"
     """FSDP2 (fsdp, zero2) with several micro-batches and no pipeline: `step` reduce-scatters the gradients in the
     last micro-batch's backward only (the ones before accumulate whole, unsharded gradients), `micro_batch` in

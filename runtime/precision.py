@@ -16,8 +16,8 @@ master weights in the optimizer beside AdamW's moments.
   reduction over the batch ranks and clipping work on those. `Parallel.grad_reduce = "bf16"` keeps the buffers bf16
   (accumulated and reduced in bf16; upcast for AdamW). Without FSDP and with data parallelism, no DDP (it would
   reduce the bf16 `.grad`): the main gradients are bucketed and each bucket all-reduced from the hooks of the last
-  micro-batch as its gradients complete, overlapping the backward (DDP's scheme); pipeline stages reduce theirs in
-  one coalesced all-reduce after the schedule, as in fp32.
+  micro-batch as its gradients complete, overlapping the backward (DDP's scheme); pipeline stages all-reduce the
+  same buckets in place after the schedule (`reduce_now`).
 - **Optimizer.** `MasterAdamW`: AdamW on the fp32 masters with the main gradients, then the masters copied into the
   bf16 weights. Whole under ddp (12 bytes per parameter: master and two moments); under zero1 sharded over dp by
   whole parameters (ZeRO's partition, as torch's ZeroRedundancyOptimizer partitions): each rank updates and keeps
@@ -200,6 +200,15 @@ class MainGrads:
             self.flat[b].div_(self.n)
         self.works = [None] * len(self.buckets)
         self.sync = False
+
+    @torch.no_grad()
+    def reduce_now(self) -> None:
+        """Every bucket's all-reduce, in place, then the mean: pipeline stages, whose backwards the schedule runs
+        interleaved with other micro-batches' forwards, reduce after the schedule (and after `finish`), with no
+        copy of the gradients (Megatron's contiguous gradient buffer)."""
+        if self.buckets:
+            self.sync, self.next = True, 0
+            self.wait()
 
     @torch.no_grad()
     def finish(self, scale: float = 1.0) -> None:

@@ -155,17 +155,27 @@ def _fsdp_prefetch(blocks: list, depth: int) -> None:
             block.set_modules_to_backward_prefetch(behind)
 
 
-def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards) -> None:
-    """Data parallelism of pipeline stages: the mean over the dp × ep batch shards of every gradient but the
-    experts' (moe.sync_expert_grads), as one coalesced all-reduce after the pipeline step."""
+def _average_dense_grads(named_params, ctx: mesh.Context, shards: tp.Shards, bucket_bytes: float) -> None:
+    """Data parallelism of pipeline stages (fp32): the mean over the dp × ep batch shards of every gradient but the
+    experts' (moe.sync_expert_grads), after the pipeline step, in buckets of about `bucket_bytes` (DDP's
+    bucket_cap_mb): each bucket flattened, all-reduced and copied back before the next, so the step holds one
+    bucket beside the gradients rather than a flat copy of all of them (bf16 reduces its main gradients' own
+    buckets in place: precision.MainGrads.reduce_now)."""
     if ctx.batch_size == 1:
         return
     grads = [p.grad for name, p in named_params if p.grad is not None and not shards.expert(name)]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=ctx.batch_group)
-    flat /= ctx.batch_size
-    for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        g.copy_(avg)
+    bucket, size = [], 0
+    for g in grads + [None]:
+        if bucket and (g is None or size + g.numel() * g.element_size() > bucket_bytes):
+            flat = torch._utils._flatten_dense_tensors(bucket)
+            dist.all_reduce(flat, group=ctx.batch_group)
+            flat /= ctx.batch_size
+            for each, avg in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
+                each.copy_(avg)
+            bucket, size = [], 0
+        if g is not None:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
 
 
 def _dp_kind(cfg: Config, ctx: mesh.Context) -> str | None:
@@ -323,8 +333,11 @@ class PipelineStages(ModelParts):
         if _dp_kind(self.cfg, ctx) != "fsdp":
             with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)",
                            _dp_site("ddp")):
-                named = self.named_parameters()
-                _average_dense_grads(self.pipe.mains.named(named) if self.pipe.mains else named, ctx, self.shards)
+                if self.pipe.mains is not None:  # bf16: the main gradients' buckets, in place
+                    self.pipe.mains.reduce_now()
+                else:
+                    _average_dense_grads(self.named_parameters(), ctx, self.shards,
+                                         self.cfg.parallel.ddp_bucket_mb * 2**20)
         return total
 
 
@@ -437,8 +450,10 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     parts = (PipelineStages(model_cls, cfg, ctx, loss_fn, prepare, shards) if ctx.axis_size("pp") > 1
              else WholeModel(model_cls, cfg, ctx, prepare))
     every = [p for _, p in parts.named_parameters()]
-    reduce = None  # a whole model's bf16 data parallelism: bucketed from the backward's hooks, as DDP would
-    if mixed and isinstance(parts, WholeModel) and parts.kind == "ddp":
+    # bf16 data parallelism without FSDP: the main gradients laid in buckets, all-reduced in place (a whole model's
+    # from the last backward's hooks, as DDP would; pipeline stages' after the schedule)
+    reduce = None
+    if mixed and _dp_kind(cfg, ctx) == "ddp":
         reduce = (ctx.batch_group, ctx.batch_size, {p for name, p in parts.named_parameters() if shards.expert(name)})
     opt, mains = (precision.mixed_adamw(every, parts.modules, cfg, _zero1_group(cfg, ctx), reduce) if mixed
                   else (_optimizer(every, cfg.optim, _zero1_group(cfg, ctx)), None))

@@ -260,3 +260,43 @@ def _buckets(rank, ctx):
 
 def test_bucketed_main_gradients_are_reduced_from_the_last_backward():
     _spawn(_buckets)
+
+
+def _after_the_schedule(rank, ctx):
+    """Pipeline stages (precision.MainGrads.reduce_now): no all-reduce while the micro-batches run; after them
+    every bucket reduced in place (each main gradient still the same view of its bucket: no copy of the
+    gradients), equal to the mean over the ranks of unreduced main gradients."""
+    torch.manual_seed(0)
+    model, ref = _Model(), _Model()
+    ref.load_state_dict(model.state_dict())
+    precision.to_compute([model, ref])
+    params, ref_params = list(model.parameters()), list(ref.parameters())
+    size = sum(p.numel() for p in params) * 4
+    mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
+    precision.MainGrads(ref_params)
+    launched = []
+    all_reduce = dist.all_reduce
+
+    def recording(t, *args, **kwargs):
+        launched.append(t.data_ptr())
+        return all_reduce(t, *args, **kwargs)
+    dist.all_reduce = recording
+    for j in range(2):
+        torch.manual_seed(10 * rank + j)
+        x = torch.randn(4, 6, dtype=torch.bfloat16)
+        model(x).float().square().sum().backward()
+        ref(x).float().square().sum().backward()
+    assert not launched
+    views = [p.main_grad.data_ptr() for p in params]
+    mains.reduce_now()
+    assert launched == [flat.data_ptr() for flat in mains.flat]  # the buckets themselves
+    assert [p.main_grad.data_ptr() for p in params] == views
+    every: list = [None] * WORLD
+    dist.all_gather_object(every, [p.main_grad.tolist() for p in ref_params])
+    for p, *ranks in zip(params, *every):
+        want = sum(torch.tensor(r) for r in ranks) / WORLD
+        torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
+
+
+def test_pipeline_stages_reduce_their_main_gradient_buckets_in_place():
+    _spawn(_after_the_schedule)

@@ -245,15 +245,16 @@ def sources(spec: S.Spec) -> tuple:
 
 
 def _dp_tuning(spec: S.Spec, plan) -> dict:
-    """The data-parallel wrapper's knobs, written where the plan uses that wrapper: DDP's bucket (whole models with
-    more than one batch rank; pipeline stages all-reduce in one coalesced call, no DDP) and FSDP2's prefetch depth
+    """The data-parallel wrapper's knobs, written where the plan uses that wrapper: the gradient all-reduce's bucket
+    (more than one batch rank without FSDP: DDP's, bf16's main-gradient buckets, pipeline stages' buckets after the
+    schedule) and FSDP2's prefetch depth
     (fsdp, zero2 over dp > 1). Both are compiler.simulate's figures: the bucket and the prefetch its step-time model
     assumes (DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS)."""
     from compiler.simulate import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
     dp = spec.mesh.size("dp")
     if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
         return {"fsdp_prefetch": FSDP_PREFETCH_UNITS}
-    if plan.batch_ranks > 1 and spec.mesh.size("pp") == 1:
+    if plan.batch_ranks > 1:
         return {"ddp_bucket_mb": DDP_BUCKET_BYTES / 2 ** 20}
     return {}
 

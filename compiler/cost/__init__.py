@@ -28,6 +28,7 @@ from compiler.cost import params as PA
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
+from compiler.simulate import DDP_BUCKET_BYTES
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
@@ -453,11 +454,13 @@ class CostModel:
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
                                       working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
-            step_work = (buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + (g_bytes * dense if flat_sync else 0)
-                         + recv)
+            # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
+            # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
+            flat_sync = min(DDP_BUCKET_BYTES, g_bytes * dense) if flat_sync and not bf16 else 0
+            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync + recv
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
                                                   ("the schedule's receive buffers", recv),
-                                                  ("the flat gradient all-reduce buffer", flat_sync),
+                                                  ("a bucket of the gradient all-reduce", flat_sync),
                                                   ("AdamW's foreach temporaries", adam_temp(params))) if on)
             # At the step FSDP2 has resharded (bf16: no gathered unit is left; the fp32 shards are the master)
             step_weights = (4 * params / dp if fsdp2 else 2 * params) if bf16 else 4 * params / sh["weights"]

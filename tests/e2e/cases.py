@@ -122,6 +122,10 @@ CASES = (
          edits=(("axis pp = 2", "axis dp = 2\n  axis pp = 2"), ("devices_per_node = 2", "devices_per_node = 4"),
                 ("micro_batches = 4", "micro_batches = 2")),
          description="dp × pp with as many micro-batches as stages (DDP's pipelining hook failed here)"),
+    Case(id="dp2_pp2_bf16", sample="samples/gpt_pp.scale", nproc=4, steps=2,
+         edits=BF16 + (("axis pp = 2", "axis dp = 2\n  axis pp = 2"), ("devices_per_node = 2", "devices_per_node = 4")),
+         description="bf16 dp × pp: each stage's fp32 main gradients all-reduced over dp in their own buckets, in place, "
+                     "after the schedule (no flat copy)"),
     Case(id="moe_ep2", sample=MOE, nproc=2, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
                      "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
