@@ -308,7 +308,9 @@ def _passes_through(node, gm) -> bool:
 def _needed_in_backward(node, gm) -> bool:
     """Whether the backward of the block needs `node`'s value, itself or to recompute an input of an operation
     whose backward needs it: some path of users through operations that pass gradients through without reading
-    their inputs (`_passes_through`) reaches one that does read them."""
+    their inputs (`_passes_through`) reaches one that does read them. A path stops at an output the policy saves
+    (`_kept_by_selective`): the recomputation starts from that saved value, so a row-parallel matmul's partial sum,
+    read only by its reduce-scatter or all-reduce (saved), is not needed even though the stream it joins is."""
     todo, seen = list(node.users), set()
     while todo:
         user = todo.pop()
@@ -317,7 +319,8 @@ def _needed_in_backward(node, gm) -> bool:
         seen.add(user)
         if not _passes_through(user, gm):
             return True
-        todo += list(user.users)
+        if not _kept_by_selective(user, gm):
+            todo += list(user.users)
     return False
 
 
