@@ -308,7 +308,9 @@ def _passes_through(node, gm) -> bool:
 def _needed_in_backward(node, gm) -> bool:
     """Whether the backward of the block needs `node`'s value, itself or to recompute an input of an operation
     whose backward needs it: some path of users through operations that pass gradients through without reading
-    their inputs (`_passes_through`) reaches one that does read them."""
+    their inputs (`_passes_through`) reaches one that does read them. A path stops at an output the policy saves
+    (`_kept_by_selective`): the recomputation starts from that saved value, so a row-parallel matmul's partial sum,
+    read only by its reduce-scatter or all-reduce (saved), is not needed even though the stream it joins is."""
     todo, seen = list(node.users), set()
     while todo:
         user = todo.pop()
@@ -317,7 +319,8 @@ def _needed_in_backward(node, gm) -> bool:
         seen.add(user)
         if not _passes_through(user, gm):
             return True
-        todo += list(user.users)
+        if not _kept_by_selective(user, gm):
+            todo += list(user.users)
     return False
 
 
@@ -339,14 +342,18 @@ def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str =
         return sympy.expand(kept)
     act = widths(precision)["act"]
     for node in gm.graph.nodes:
-        if _kept_by_selective(node, gm) and not (compiled and not _needed_in_backward(node, gm)):
-            if node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Experts":
-                mod = gm.get_submodule(node.target)
-                e, n, h = node.meta[T.SHAPE]
-                f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
-                kept += (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * act  # up (gate), down
-            else:
-                kept += _numel(node.meta[T.SHAPE]) * width_of(node, precision)
+        if not _kept_by_selective(node, gm):
+            continue
+        needed = not compiled or _needed_in_backward(node, gm)
+        if node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Experts":
+            mod = gm.get_submodule(node.target)
+            e, n, h = node.meta[T.SHAPE]
+            f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+            # up (and gate): the experts' own backward recomputes their activation from it, whatever reads the
+            # output; the down matmul's output only where the backward needs it
+            kept += (e * n * f * (2 if mod.act == "swiglu" else 1) + (e * n * h if needed else 0)) * act
+        elif needed:
+            kept += _numel(node.meta[T.SHAPE]) * width_of(node, precision)
     return sympy.expand(kept)
 
 

@@ -180,7 +180,7 @@ CONFIG = train.Config(
         layers=64,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=96049758464,
+        predicted_peak_bytes=93902274816,
         device_bytes=141000000000,
     ),
     speed=train.Speed(
