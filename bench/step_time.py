@@ -1,14 +1,20 @@
 """The step-time model (compiler/simulate.py) against published and measured step times.
 
-    python -m bench.step_time [megatron] [h100] [cpu] [overheads]
+    python -m bench.step_time [megatron] [korthikanti] [fit] [h100] [cpu] [overheads]
 
-megatron   Megatron-LM's Table 1 calibration rows (Narayanan et al. 2021; ../shared/reference/calibration.json):
-           GPT models with s = 2048, V = 51200 on A100s, full recomputation, the interleaved schedule where p > 1.
+megatron   Megatron-LM's Table 1, all ten rows (Narayanan et al. 2021; tests/reference/calibration.json; the three
+           the reference README names calibration rows are marked *): GPT models with s = 2048, V = 51200 on
+           A100s, full recomputation, the interleaved schedule where p > 1 (chunks per rank: `chunks`).
            Their TFLOP/s per GPU counts eq. 3's FLOPs (model FLOPs plus recomputation's forward): the model's
            hardware TFLOP/s per device is the comparable figure. Megatron-LM computed attention with materialised
            scores then: the model is run with `attention = "materialised"`. The paper does not give the micro-batch
-           size of each row; each row is costed at the micro-batch size (1, 2, 4, 8 or 16 sequences) the model
-           predicts fastest among those whose predicted peak fits 80 GB (the paper tuned it too), else at 1.
+           size of each row; each row is costed at the micro-batch size (1 or 2 sequences) the model predicts
+           fastest among those whose predicted peak fits 80 GB (the paper tuned it too), else at 1.
+korthikanti  Korthikanti et al. 2022's Table 5 (sequence parallelism + selective recomputation, and full
+           recomputation for comparison): predicted against published iteration time (chunks per rank assumed:
+           KORTHIKANTI_CHUNKS).
+fit        the A100's matmul_efficiency and intra_node_efficiency fitted to the three calibration rows (`fit`):
+           what compiler/cost/devices.py sets.
 h100       the three single-H100 programs of ../shared/reference/gpu-measured.json (our programs, measured eager on
            2026-11-22): predicted step time against the measured median.
 overheads  this machine's per-op and per-step overheads of our programs (the `cpu` device's `op_overhead_us` and
@@ -297,18 +303,33 @@ def cpu_overheads(steps: int = 30) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    what = argv or ["megatron", "h100", "cpu"]
+    what = argv or ["megatron", "korthikanti", "h100", "cpu"]
+    if "fit" in what:
+        got = fit()
+        print(f"A100 fitted to Table 1's calibration rows: matmul_efficiency {got['matmul_efficiency']}, "
+              f"intra_node_efficiency {got['intra_node_efficiency']} (sum of squared log ratios {got['loss']:.4f}; "
+              f"ratios {', '.join(f'{r:.3f}' for r in got['ratios'])})")
     if "megatron" in what:
-        print("Megatron-LM 2021 Table 1 (A100, full recomputation): TFLOP/s per GPU, eq. 3's FLOPs")
-        print(f"{'params':>8} {'t':>2} {'p':>2} {'GPUs':>5} {'b':>3} {'published':>9} {'predicted':>9} {'ratio':>6}"
-              f" {'step s':>7} {'bubble':>6}  exposed communication")
-        for r in megatron_rows():
+        print("Megatron-LM 2021 Table 1 (A100, full recomputation): TFLOP/s per GPU, eq. 3's FLOPs; * calibration")
+        print(f"{'params':>8} {'t':>2} {'p':>2} {'v':>2} {'GPUs':>5} {'b':>3} {'published':>9} {'predicted':>9}"
+              f" {'ratio':>6} {'peak GB':>7} {'step s':>7} {'bubble':>6}  exposed communication")
+        for r in megatron_rows("megatron_2021_table1"):
             row, pred = r["row"], r["prediction"]
             exposed = ", ".join(f"{a} {t:.2f} s" for a, t in pred.exposed_comm_s.items())
-            note = "" if r["fits"] else "  (no micro-batch size fits 80 GB in our program: b = 1 shown)"
-            print(f"{row['params_billion']:>7}B {row['t']:>2} {row['p']:>2} {row['gpus']:>5} {r['micro_batch_size']:>3}"
+            note = "" if r["fits"] else f"  (no micro-batch size fits 80 GB in our program: b = {r['micro_batch_size']} shown)"
+            print(f"{row['params_billion']:>7}B{'*' if row['calibration'] else ' '}{row['t']:>2} {row['p']:>2}"
+                  f" {r['virtual_stages']:>2} {row['gpus']:>5} {r['micro_batch_size']:>3}"
                   f" {row['tflops_per_gpu']:>9} {pred.hardware_tflops_per_device:>9.1f} {r['ratio']:>6.3f}"
-                  f" {pred.step_time_s:>7.2f} {pred.bubble_fraction:>6.1%}  {exposed}{note}")
+                  f" {r['peak_bytes'] / 1e9:>7.1f} {pred.step_time_s:>7.2f} {pred.bubble_fraction:>6.1%}  {exposed}{note}")
+    if "korthikanti" in what:
+        for recompute in ("selective", "full"):
+            print(f"\nKorthikanti et al. 2022 Table 5, {'sequence parallelism + selective' if recompute != 'full' else 'full'}"
+                  " recomputation (A100): iteration time")
+            for r in korthikanti_rows(recompute):
+                row, pred = r["row"], r["prediction"]
+                print(f"  {row['params_billion']:>5}B t {row['t']} p {row['p']:>2} v {r['virtual_stages']}"
+                      f"  published {r['published_s']:6.2f} s  predicted {pred.step_time_s:6.2f} s  ratio"
+                      f" {r['ratio']:.3f}  peak {r['peak_bytes'] / 1e9:6.1f} GB{'' if r['fits'] else ' (over 80 GB)'}")
     if "h100" in what:
         print("\nOur programs on one H100 (../shared/reference/gpu-measured.json): eager programs as measured, and "
               "compile = true against the generated Model under torch.compile in a bare loop")
