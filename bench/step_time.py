@@ -72,8 +72,8 @@ MICRO_BATCH_SIZES = (1, 2)
 
 def megatron_rows(which: str = "megatron_2021_table1_calibration", sizes=MICRO_BATCH_SIZES) -> list[dict]:
     """Each row of Table 1 (`which`: the calibration rows, or "megatron_2021_table1" for all ten) with the model's
-    figures at the micro-batch size among `sizes` (unpublished: 1 and 2, what the paper's Fig. 16 and Megatron-LM's
-    GPT-3 scripts use) the model predicts fastest among those whose predicted peak fits 80 GB, else at the first."""
+    figures at the micro-batch size among `sizes` (unpublished; 1 and 2 are
+    tried) the model predicts fastest among those whose predicted peak fits 80 GB, else at the first."""
     from compiler import pipeline as D
     from compiler import simulate as SIM
     from compiler.check import check_text
@@ -316,15 +316,17 @@ def main(argv: list[str]) -> int:
         for r in megatron_rows("megatron_2021_table1"):
             row, pred = r["row"], r["prediction"]
             exposed = ", ".join(f"{a} {t:.2f} s" for a, t in pred.exposed_comm_s.items())
-            note = "" if r["fits"] else f"  (no micro-batch size fits 80 GB in our program: b = {r['micro_batch_size']} shown)"
+            note = "" if r["fits"] else (f"  (no micro-batch size fits 80 GB in our program: b = "
+                                         f"{r['micro_batch_size']} shown)")
             print(f"{row['params_billion']:>7}B{'*' if row['calibration'] else ' '}{row['t']:>2} {row['p']:>2}"
                   f" {r['virtual_stages']:>2} {row['gpus']:>5} {r['micro_batch_size']:>3}"
                   f" {row['tflops_per_gpu']:>9} {pred.hardware_tflops_per_device:>9.1f} {r['ratio']:>6.3f}"
-                  f" {r['peak_bytes'] / 1e9:>7.1f} {pred.step_time_s:>7.2f} {pred.bubble_fraction:>6.1%}  {exposed}{note}")
+                  f" {r['peak_bytes'] / 1e9:>7.1f} {pred.step_time_s:>7.2f} {pred.bubble_fraction:>6.1%}"
+                  f"  {exposed}{note}")
     if "korthikanti" in what:
         for recompute in ("selective", "full"):
-            print(f"\nKorthikanti et al. 2022 Table 5, {'sequence parallelism + selective' if recompute != 'full' else 'full'}"
-                  " recomputation (A100): iteration time")
+            what = "sequence parallelism + selective" if recompute != "full" else "full"
+            print(f"\nKorthikanti et al. 2022 Table 5, {what} recomputation (A100): iteration time")
             for r in korthikanti_rows(recompute):
                 row, pred = r["row"], r["prediction"]
                 print(f"  {row['params_billion']:>5}B t {row['t']} p {row['p']:>2} v {r['virtual_stages']}"
