@@ -117,9 +117,12 @@ def _crosses(block: int, per_node: int) -> bool:
 
 
 def _link(axis, n, crosses, device) -> Link:
+    """The link at the bandwidth collectives reach on it: inside a node the device's figure × its
+    `intra_node_efficiency` (fitted where devices.py says so), between nodes the figure as given."""
+    eff = getattr(device, "intra_node_efficiency", 1.0)
     if crosses:
         return Link(axis, n, True, device.inter_node_gbps, device.inter_node_latency_us)
-    return Link(axis, n, False, device.intra_node_gbps, device.intra_node_latency_us)
+    return Link(axis, n, False, device.intra_node_gbps * eff, device.intra_node_latency_us)
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:

@@ -197,6 +197,8 @@ class Device:
     """Latency of one step of a collective between nodes, µs."""
     op_overhead_us: float = 0.0
     """The least time one eager op takes, µs."""
+    intra_node_efficiency: float = 1.0
+    """Fraction of `intra_node_gbps` a training step's collectives reach (compiler/cost/devices.py)."""
     step_overhead_ms: float = 0.0
     """The runtime's own cost per step, ms."""
     units: int = 1

@@ -168,6 +168,12 @@ def test_gpt3_175b_megatron_layout(capsys, tmp_path):
         print("\n" + SE.text(result))
     layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
     assert (8, 8) in layouts, layouts
+    # issue 22: first or within 3% of first, with the reason shown (A100 figures fitted on Megatron's Table 1:
+    # tp 4 layouts lead by 2.9% since NVLink's collectives run at the fitted 0.56 of its datasheet rate)
+    megatron = result.winners[layouts.index((8, 8))]
+    best = result.winners[0].prediction.step_time_s
+    assert megatron.prediction.step_time_s <= 1.03 * best, (megatron.prediction.step_time_s, best)
+    assert megatron is result.winners[0] or any("the best step time" in r for r in megatron.reasons), megatron.reasons
     bare = re.sub(r"plan \{[^}]*\}\n", "", re.sub(r"  axis \w+ = \d+\n", "", spec.source))
     assert "axis" not in bare and "plan {" not in bare
     path = tmp_path / "bare.scale"

@@ -24,19 +24,85 @@ def predict(text: str, name: str = "t.scale", **kw):
     return compiled, SIM.predict(compiled, **kw)
 
 
-@pytest.mark.xfail(strict=True, reason="bf16 programs no longer autocast (runtime/precision.py), so the step-time "
-                   "model no longer charges per-call weight and input casts: predictions rose 4-21% (12288-hidden "
-                   "row 136 -> 165 TFLOP/s against 148 published); the device efficiencies were fitted with the "
-                   "casts in and need refitting against the cast-free program")
-def test_megatron_table1_tflops_per_gpu_within_15_percent():
-    """The three calibration rows of Narayanan et al. 2021 (bench/step_time.py says how each is set up)."""
+@pytest.fixture(scope="module")
+def table1():
+    """All ten rows of Narayanan et al. 2021's Table 1 as bench/step_time.py sets them up (t, p, interleaved with
+    `chunks` per rank, full recomputation, micro-batch 1 or 2): compiled and costed once for the tests below."""
     from bench.step_time import megatron_rows
-    rows = megatron_rows()
-    assert len(rows) == 3
-    for r in rows:
-        published = r["row"]["tflops_per_gpu"]
-        got = r["prediction"].hardware_tflops_per_device
-        assert abs(got / published - 1) <= 0.15, (r["row"], r["micro_batch_size"], got)
+    return megatron_rows("megatron_2021_table1")
+
+
+def test_megatron_table1_tflops_per_gpu_within_10_percent_on_nine_rows(table1):
+    """Every row compiles as published, and the predicted TFLOP/s per GPU is within 10% of the paper's on at least
+    9 of 10 (the A100's figures are fitted on the three calibration rows only: `python -m bench.step_time fit`; the
+    seven others check them). Today all ten are, 0.94-1.09."""
+    assert len(table1) == 10
+    within = [r for r in table1 if abs(r["ratio"] - 1) <= 0.10]
+    assert len(within) >= 9, [(r["row"]["params_billion"], round(r["ratio"], 3)) for r in table1]
+    for r in table1:  # interleaved where there is a pipeline, as the paper ran it
+        assert r["virtual_stages"] > 1 if r["row"]["p"] > 1 else r["virtual_stages"] == 1
+
+
+# Rows whose predicted peak exceeds 80 GB in our program for a reason outside the step-time model: under pp the
+# memory model (compiler/cost/__init__.py `_pipeline_peaks`) keeps every micro-batch's send and receive buffers for
+# the whole step (m × b·s·h per chunk and direction), which grows with m: 72-216 micro-batches here.
+PIPELINE_BUFFERS = "the memory model keeps m send and receive buffers per chunk under pp (grows with micro-batches)"
+TABLE1_OVER_80GB = {310.1: PIPELINE_BUFFERS, 529.6: PIPELINE_BUFFERS, 1008.0: PIPELINE_BUFFERS}
+
+
+@pytest.mark.parametrize("billion", [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0])
+def test_megatron_table1_fits_80gb(table1, billion, request):
+    if billion in TABLE1_OVER_80GB:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=TABLE1_OVER_80GB[billion]))
+    (r,) = [r for r in table1 if r["row"]["params_billion"] == billion]
+    assert r["fits"] and r["peak_bytes"] <= 80e9, (billion, r["peak_bytes"] / 1e9)
+
+
+def test_a100_figures_are_the_calibration_fit():
+    """compiler/cost/devices.py's A100 matmul_efficiency and intra_node_efficiency are the least-squares fit to
+    Table 1's three calibration rows (bench/step_time.py `fit`): no neighbour on the fit's grid does better, so a
+    change of the model that moves the optimum fails here until the figures are refitted."""
+    import math
+
+    from bench.step_time import _compiled_rows, _ratios
+    from compiler.cost.devices import DEVICES
+    a100 = DEVICES["a100"]
+    rows = _compiled_rows("megatron_2021_table1_calibration")
+
+    def loss(mm, ce):
+        return sum(math.log(r) ** 2 for r in _ratios(rows, matmul_efficiency=mm, intra_node_efficiency=ce))
+    here = loss(a100.matmul_efficiency, a100.intra_node_efficiency)
+    for dm, dc in ((0.005, 0), (-0.005, 0), (0, 0.02), (0, -0.02)):
+        assert here <= loss(a100.matmul_efficiency + dm, a100.intra_node_efficiency + dc), (dm, dc)
+    assert here < loss(a100.matmul_efficiency, 1.0)  # the NVLink efficiency earns its place
+
+
+@pytest.fixture(scope="module")
+def table5():
+    from bench.step_time import korthikanti_rows
+    return {r["row"]["params_billion"]: r for r in korthikanti_rows()}
+
+
+@pytest.mark.parametrize("billion", [22, 175, 530, 1000])
+def test_korthikanti_table5_iteration_time_within_10_percent(table5, billion):
+    """Korthikanti et al. 2022, Table 5's "present work" (sequence parallelism + selective recomputation) at their
+    Table 3 configurations: predicted iteration time within 10% of the published one (checked, not fitted:
+    0.97-1.01 today). Interleaving's chunks per rank are not published: bench/step_time.py KORTHIKANTI_CHUNKS."""
+    r = table5[billion]
+    assert abs(r["ratio"] - 1) <= 0.10, (billion, r["prediction"].step_time_s, r["published_s"])
+
+
+KORTHIKANTI_OVER_80GB = {
+    175: "the activation memory model predicts selective recomputation above none (80.1 GB): being fixed on the "
+         "`acts` branch",
+    530: PIPELINE_BUFFERS, 1000: PIPELINE_BUFFERS}
+
+
+@pytest.mark.parametrize("billion", [22, 175, 530, 1000])
+def test_korthikanti_table5_fits_80gb(table5, billion, request):
+    if billion in KORTHIKANTI_OVER_80GB:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=KORTHIKANTI_OVER_80GB[billion]))
+    assert table5[billion]["fits"], (billion, table5[billion]["peak_bytes"] / 1e9)
 
 
 @pytest.mark.skip(reason="gpu-measured.json measured the bf16-autocast programs; bf16 programs now compute in bf16 "

@@ -42,13 +42,17 @@ class Figures:
     step_overhead_ms: float = 0.0
     """What the runtime itself costs per step besides the model's ops (making the batch, the loss and gradient norm
     read back, the optimizer's per-tensor work, logging)."""
+    intra_node_efficiency: float = 1.0
+    """Fraction of `intra_node_gbps` (datasheet or a mesh's own) the collectives of a training step reach inside a
+    node, as the alpha-beta model's bandwidth (compiler/simulate.py `links`)."""
     units: int = 1
     """Multiprocessors a matmul's tiles are spread over (waves)."""
     tile: int = 1
     """Side of a matmul's output tile, elements."""
 
 
-OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "tile", "step_overhead_ms"))
+OVERRIDABLE = tuple(f.name for f in fields(Figures)
+                    if f.name not in ("units", "tile", "step_overhead_ms", "intra_node_efficiency"))
 
 # Sources:
 # - peak, memory, NVLink and HBM: NVIDIA's A100 80GB SXM (312 TFLOP/s bf16, 2,039 GB/s, NVLink 3 600 GB/s both
@@ -56,8 +60,19 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures) if f.name not in ("units", "
 #   H200 SXM (989, 141 GB, 4,800 GB/s) datasheets. Between nodes: one 200 Gb/s HDR NIC per A100 (DGX A100) = 25 GB/s,
 #   one 400 Gb/s NDR NIC per H100/H200 (DGX H100) = 50 GB/s.
 # - matmul efficiency: H100/H200: an 8192³ bf16 matmul measured 798 TFLOP/s of 989 = 0.81
-#   (../shared/reference/gpu-measured.json). A100: 0.8, set so the model's TFLOP/s of Megatron-LM's three Table 1
-#   calibration rows (Narayanan et al. 2021) come within 15% (tests/test_simulate.py prints them); not measured here.
+#   (../shared/reference/gpu-measured.json). A100: 0.775, fitted with the A100's intra_node_efficiency (below) by
+#   `python -m bench.step_time fit` to the three calibration rows of Megatron-LM's Table 1 (Narayanan et al. 2021:
+#   1.7B t1 p1, 18.4B t8 p1, 145.6B t8 p8; least squares of log(predicted/published TFLOP/s per GPU); ratios 0.976,
+#   0.978, 1.033), costed after bf16 programs stopped autocasting (runtime/precision.py). Checked, not fitted, on
+#   Table 1's seven other rows (0.94-1.09) and Korthikanti et al. 2022's Table 5 iteration times (0.97-1.01):
+#   tests/test_simulate.py. Not measured here.
+# - intra_node_efficiency: A100 0.56 (168 of NVLink 3's 300 GB/s one way), fitted with the matmul efficiency above:
+#   the 1.7B row (t = 1, no tensor-parallel traffic) pins the matmul rate, the two t = 8 rows the rate of their
+#   tensor-parallel all-reduces. Without it (1.0) the best matmul efficiency, 0.725, leaves the t = 1 row 6% slow and
+#   the t = 8 rows 1-3% fast, a size trend the matmul rate alone cannot follow. NCCL's nccl-tests reach ~230 GB/s
+#   bus bandwidth (0.77) for one large all-reduce on a DGX A100; Megatron's tensor-parallel all-reduces (~25-100 MB,
+#   synchronous, between kernels) reach less in the fit. Inter-node links stay at their datasheet figure (the fit
+#   with one efficiency on every link was worse and chose 1.0). H100, H200: 1.0, no published figure fitted.
 # - attention efficiency: FlashAttention-2 (what SDPA runs) reaches 50-73% of the A100's peak forward and less in
 #   backward (Dao 2023): 0.55; on H100 it reaches ~300-350 TFLOP/s (Shah et al. 2024, FlashAttention-3, Fig. 5-6,
 #   their FA2 baseline): 0.33 of 989. Not measured here.
@@ -77,8 +92,8 @@ DEVICES = {
                    matmul_efficiency=0.8, attention_efficiency=0.8, intra_node_latency_us=120.0,
                    inter_node_latency_us=120.0, op_overhead_us=85.0, step_overhead_ms=0.0),
     "a100": Figures(peak_tflops=312.0, memory_gb=80.0, intra_node_gbps=300.0, inter_node_gbps=25.0, hbm_gbps=2039.0,
-                    matmul_efficiency=0.8, attention_efficiency=0.55, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
-                    op_overhead_us=6.0, units=108, tile=128),
+                    matmul_efficiency=0.775, attention_efficiency=0.55, intra_node_latency_us=3.0,
+                    inter_node_latency_us=8.0, op_overhead_us=6.0, intra_node_efficiency=0.56, units=108, tile=128),
     "h100": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),

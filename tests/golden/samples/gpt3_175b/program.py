@@ -196,7 +196,7 @@ CONFIG = train.Config(
         flops_per_step=3.386196746387325e+18,
         peak_flops=312000000000000.0,
         device='a100',
-        predicted_step_s=16.4,
+        predicted_step_s=17.85,
     ),
 )
 
