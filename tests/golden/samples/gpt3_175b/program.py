@@ -160,6 +160,7 @@ CONFIG = train.Config(
         tp_shards=(('embed.weight', 0, 51200), ('blocks.*.attn_q.weight', 0, 12288), ('blocks.*.attn_q.bias', 0, 12288), ('blocks.*.attn_k.weight', 0, 12288), ('blocks.*.attn_k.bias', 0, 12288), ('blocks.*.attn_v.weight', 0, 12288), ('blocks.*.attn_v.bias', 0, 12288), ('blocks.*.attn_o.weight', 1, 12288), ('blocks.*.mlp_up.weight', 0, 49152), ('blocks.*.mlp_up.bias', 0, 49152), ('blocks.*.mlp_down.weight', 1, 49152)),
         tp_partial_grads=('norm.weight', 'norm.bias', 'blocks.*.attn_o.bias', 'blocks.*.mlp_down.bias', 'blocks.*.norm_1.weight', 'blocks.*.norm_1.bias', 'blocks.*.norm_2.weight', 'blocks.*.norm_2.bias'),
         tied_embedding=True,
+        ddp_bucket_mb=25.0,
     ),
     optim=train.Optim(
         lr=6e-05,
@@ -189,7 +190,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=64113364992,
+        predicted_peak_bytes=55138353152,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

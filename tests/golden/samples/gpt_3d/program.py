@@ -159,6 +159,7 @@ CONFIG = train.Config(
         tp_shards=(('embed.weight', 0, 128), ('blocks.*.attn_q.weight', 0, 64), ('blocks.*.attn_q.bias', 0, 64), ('blocks.*.attn_k.weight', 0, 64), ('blocks.*.attn_k.bias', 0, 64), ('blocks.*.attn_v.weight', 0, 64), ('blocks.*.attn_v.bias', 0, 64), ('blocks.*.attn_o.weight', 1, 64), ('blocks.*.mlp_up.weight', 0, 256), ('blocks.*.mlp_up.bias', 0, 256), ('blocks.*.mlp_down.weight', 1, 256)),
         tp_partial_grads=('norm.weight', 'norm.bias', 'blocks.*.attn_o.bias', 'blocks.*.mlp_down.bias', 'blocks.*.norm_1.weight', 'blocks.*.norm_1.bias', 'blocks.*.norm_2.weight', 'blocks.*.norm_2.bias'),
         tied_embedding=True,
+        ddp_bucket_mb=25.0,
     ),
     optim=train.Optim(
         lr=0.003,

@@ -151,6 +151,7 @@ CONFIG = train.Config(
         tp_partial_grads=(),
         ep_shards=(('blocks.*.moe_experts.w_up', 0, 64), ('blocks.*.moe_experts.w_gate', 0, 64), ('blocks.*.moe_experts.w_down', 0, 64)),
         tied_embedding=False,
+        ddp_bucket_mb=25.0,
     ),
     optim=train.Optim(
         lr=0.00015,
