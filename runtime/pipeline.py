@@ -8,11 +8,13 @@ A tied embedding lives on the first and the last stage; their gradients are summ
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import PipelineStage, schedules
+from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
 from runtime import collectives, mesh, moe, schedule
@@ -45,6 +47,143 @@ def _counted(get_ops):
             collectives._count("send_recv", "pp", op.tensor)
         return out
     return ops
+
+
+class _Sends(list):
+    """A stage's send ops with what they carry: ("F" or "B", stage index, micro-batch), read by InFlight's
+    _batch_p2p to keep the sends' works itself."""
+
+    def __init__(self, ops, key):
+        super().__init__(ops)
+        self.key = key
+
+
+def _receiving(info) -> bool:
+    """A receive info whose buffer a recv op fills (not a root argument, not a None gradient)."""
+    return not info.is_root_arg and info.tensor_meta is not None
+
+
+class InFlight:
+    """Keeps only what the micro-batches in flight need, as Megatron does, where torch.distributed.pipelining
+    (2.13) keeps a buffer per micro-batch for the whole step:
+    - receive buffers: torch's stage allocates one per micro-batch and direction once (`args_recv_info`,
+      `grad_recv_info`) and keeps them; here each is allocated when its recv op is made and the stage's reference
+      dropped (a 0-element placeholder) after that micro-batch's backward (zero-bubble's input half: what the weight
+      half still needs its backward_state keeps, until the weight half);
+    - sends: torch's runtime keeps every send's Work, and the Work its tensor (NCCL stashes it, gloo's work holds
+      it), until the end of the step. Here the works of a stage's sends are kept by this object instead
+      (schedules._batch_p2p replaced during the step): a forward send of micro-batch k is waited on at that stage's
+      backward of k, after its gradient was received (the peer received k's activation before it could send it),
+      a gradient send as soon as it reports completion (is_completed does not block), any left at the step's end.
+    """
+
+    def __init__(self, stages):
+        self.fwd_sends: dict = {}  # (stage index, micro-batch) -> the works of that forward send
+        self.bwd_sends: list = []  # the works of gradient sends not yet completed
+        for stage in stages:
+            self._wrap(stage)
+
+    def _wrap(self, stage) -> None:
+        device = stage.device
+
+        def allocate(infos):
+            for info in infos:
+                if _receiving(info):
+                    info.buffer = _make_tensor_from_meta(info.tensor_meta, device)
+
+        def release(infos):
+            for info in infos:
+                if _receiving(info) and info.buffer is not None:
+                    info.buffer = torch.empty(0, dtype=info.tensor_meta.dtype, device=device)
+
+        def released(prepare, table):
+            """_prepare_{forward,backward}_infra, then the m buffers it allocated dropped."""
+            @functools.wraps(prepare)
+            def run(*args, **kwargs):
+                out = prepare(*args, **kwargs)
+                for infos in getattr(stage, table).values():
+                    release(infos)
+                return out
+            return run
+
+        def allocating(get_ops, table):
+            @functools.wraps(get_ops)
+            def run(mb, *args, **kwargs):
+                if mb in getattr(stage, table):
+                    allocate(getattr(stage, table)[mb])
+                return get_ops(mb, *args, **kwargs)
+            return run
+
+        def tagged(get_ops, kind):
+            @functools.wraps(get_ops)
+            def run(mb, *args, **kwargs):
+                return _Sends(get_ops(mb, *args, **kwargs), (kind, stage.stage_index, mb))
+            return run
+
+        backward = stage.backward_one_chunk
+        local_bwd = stage.set_local_bwd_input
+
+        @functools.wraps(backward)
+        def backward_one_chunk(mb, *args, **kwargs):
+            for work in self.fwd_sends.pop((stage.stage_index, mb), ()):
+                work.wait()  # complete: this stage has received the gradient of micro-batch k (see the class)
+            backward(mb, *args, **kwargs)
+            release(stage.args_recv_info.get(mb, ()))
+            release(stage.grad_recv_info.get(mb, ()))
+            self._reap()
+
+        @functools.wraps(local_bwd)
+        def set_local_bwd_input(grads, mb):  # a None gradient zeroes the buffer in place: give it one first
+            allocate(stage.grad_recv_info.get(mb, ()))
+            return local_bwd(grads, mb)
+
+        stage._prepare_forward_infra = released(stage._prepare_forward_infra, "args_recv_info")
+        stage._prepare_backward_infra = released(stage._prepare_backward_infra, "grad_recv_info")
+        stage.get_fwd_recv_ops = allocating(stage.get_fwd_recv_ops, "args_recv_info")
+        stage.get_bwd_recv_ops = allocating(stage.get_bwd_recv_ops, "grad_recv_info")
+        stage.get_fwd_send_ops = tagged(stage.get_fwd_send_ops, "F")
+        stage.get_bwd_send_ops = tagged(stage.get_bwd_send_ops, "B")
+        stage.backward_one_chunk = backward_one_chunk
+        stage.set_local_bwd_input = set_local_bwd_input
+
+    def _reap(self) -> None:
+        """Wait on (and drop) the gradient sends that have completed."""
+        left = []
+        for works in self.bwd_sends:
+            if all(w.is_completed() for w in works):
+                for w in works:
+                    w.wait()
+            else:
+                left.append(works)
+        self.bwd_sends = left
+
+    @contextlib.contextmanager
+    def sending(self):
+        """During one schedule step: this object keeps the works of the stages' sends (the runtime gets none to
+        keep); at its end every send left is waited on, as the runtime would."""
+        original = schedules._batch_p2p
+
+        def batch_p2p(p2p_ops, *args, **kwargs):
+            works = original(p2p_ops, *args, **kwargs)
+            key = getattr(p2p_ops, "key", None)
+            if key is None or not works:
+                return works
+            if key[0] == "F":
+                self.fwd_sends.setdefault(key[1:], []).extend(works)
+            else:
+                self.bwd_sends.append(works)
+            self._reap()
+            return []
+
+        schedules._batch_p2p = batch_p2p
+        try:
+            yield
+        finally:
+            schedules._batch_p2p = original
+        for works in list(self.fwd_sends.values()) + self.bwd_sends:
+            for w in works:
+                w.wait()
+        self.fwd_sends, self.bwd_sends = {}, []
 
 
 def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
@@ -90,6 +229,7 @@ class Pipeline:
                 stage._forward_metadata_inference = _quietly(infer)
             for name in ("get_fwd_send_ops", "get_fwd_recv_ops", "get_bwd_send_ops", "get_bwd_recv_ops"):
                 setattr(stage, name, _counted(getattr(stage, name)))
+        self.in_flight = InFlight(self.stages)  # receive buffers and sends only for the micro-batches in flight
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
         self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=par.micro_batches,
                                                  loss_fn=loss_fn, scale_grads=not main_grads)
@@ -137,7 +277,8 @@ class Pipeline:
         # logits only until that micro-batch's backward (torch's fwd_cache; with 1F1B-style schedules the next
         # action), as Megatron's last stage does. The default would also collect every micro-batch's logits in
         # output_chunks for the whole step and concatenate them at its end: m × the logits, that nothing reads.
-        self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
+        with self.in_flight.sending():
+            self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
         if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
             self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
         if self.tie is not None:

@@ -190,9 +190,9 @@ class CostModel:
             (gm,) = traced.blocks.values()
             segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
-            # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until the step waits
-            # for its send (every stage but the last), and on the last stage the output (the logits) of each
-            # micro-batch in flight, until its backward (the runtime asks for no outputs back, so none is kept
+            # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until its backward
+            # (every stage but the last: fwd_cache; runtime.pipeline.InFlight waits on its send there), and on the
+            # last stage the output (the logits) of each micro-batch in flight, until its backward (the runtime asks for no outputs back, so none is kept
             # longer; measured with runtime/memory.py's tracker)
             out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
             self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
@@ -426,10 +426,10 @@ class CostModel:
             if kept:
                 work += kept
                 what.append("the schedule's kept outputs (the logits of the last stage's micro-batches in flight, "
-                            "sends awaited at the end of the step on the others)")
+                            "the others' sent outputs until their backward)")
             if recv:
                 work += recv
-                what.append("the schedule's receive buffers")
+                what.append("the receive buffers of the micro-batches in flight")
             if pending_w:
                 work += pending_w
                 what.append("the output gradients pending weight halves keep")
@@ -457,9 +457,9 @@ class CostModel:
             # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
             # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
             flat_sync = min(DDP_BUCKET_BYTES, g_bytes * dense) if flat_sync and not bf16 else 0
-            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync + recv
+            # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
+            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
-                                                  ("the schedule's receive buffers", recv),
                                                   ("a bucket of the gradient all-reduce", flat_sync),
                                                   ("AdamW's foreach temporaries", adam_temp(params))) if on)
             # At the step FSDP2 has resharded (bf16: no gathered unit is left; the fp32 shards are the master)
@@ -498,10 +498,15 @@ class CostModel:
                           + (self.fn[("experts", "prologue")](env) if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
             kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
+            sent = self.fn[("saved", "sent")](env)
+            # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
+            # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
             kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * self.fn[("saved", "logits")](env)
-                       if st.stage == n - 1 else m * self.fn[("saved", "sent")](env) for st in mine)
-            # receive buffers, allocated once and kept: one per micro-batch for each direction a stage receives
-            recv = sum(m * self.fn[("saved", "sent")](env) * ((st.stage > 0) + (st.stage < n - 1)) for st in mine)
+                       if st.stage == n - 1 else peaks[r].get(st.stage, 0) * sent for st in mine)
+            # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
+            # backward): a stage after the first holds the input of each micro-batch in flight, a stage before
+            # the last the gradient its running backward consumes
+            recv = sum(sent * (peaks[r].get(st.stage, 0) * (st.stage > 0) + (st.stage < n - 1)) for st in mine)
             flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)  # by blocks
             flight = f"micro-batches in flight: {flight}"
             who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(st.stage) for st in mine)})"
