@@ -419,7 +419,7 @@ def test_plan_json_carries_everything_plan_prints(capsys):
     assert {"who", "weights", "gradients", "optimizer", "activations", "working", "moment"} <= set(mem["ranks"][0])
     assert out["pipeline"]["virtual_stages"] == 3 and out["plan"]["recompute"] == "full"
     text = plan_text(compiled)
-    assert f"{mem['ranks'][0]['who']}" in text and "fits: 69% of the 80 GB" in text  # AdamW fused on CUDA: no temporaries
+    assert f"{mem['ranks'][0]['who']}" in text and "fits: 65% of the 80 GB" in text  # AdamW fused on CUDA: no temporaries
 
 
 def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path, capsys):
@@ -427,7 +427,7 @@ def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path,
     `compile --force` writes the program and warns."""
     from compiler.cli import main
     # bf16 as Megatron (runtime/precision.py) fits 175B without recomputation; without sequence parallelism too it
-    # does not (the pipeline's full-sequence receive buffers and unsent outputs)
+    # does not (full-sequence activations, and the receive buffers and sent outputs of those in flight)
     text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("recompute = full", "recompute = none")
     text = text.replace("sequence_parallel = true", "sequence_parallel = false")
     src = tmp_path / "big.scale"
@@ -444,9 +444,9 @@ def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path,
 
 
 def test_a_plan_near_the_device_warns(tmp_path):
-    """Within 10% of the device: W0502, a warning (compile goes on). The 175B sample peaks at 55.1 GB."""
+    """Within 10% of the device: W0502, a warning (compile goes on). The 175B sample peaks at 52.2 GB."""
     from compiler.pipeline import budget
-    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 60")
+    text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 57")
     compiled = compile_spec(check_text(text, "tight.scale"))
     (d,) = budget(compiled)
     assert (d.code, d.severity) == ("W0502", "warning") and "less than 10%" in d.message
