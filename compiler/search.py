@@ -49,7 +49,8 @@ Pruning, in order, each with why it is safe or what it may miss:
 8. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
    the smallest micro-batches is costed first; when its most frugal variant does not fit, no other does: what a
    micro-batch keeps grows with its size, and the micro-batches a schedule keeps in flight do not grow when they
-   are fewer (GPipe keeps all of them: the same sequences), receive buffers and kept outputs stay one step's.
+   are fewer (GPipe keeps all of them: the same sequences), nor do the receive buffers and kept outputs (those
+   of the micro-batches in flight).
    Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
    its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
 Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage

@@ -8,7 +8,7 @@ Two ways of measuring, one record (`--memory-report FILE`, and the peak in the l
   with StorageWeakRef; a weak reference to the storage's Python object tells when it is freed). It keeps the live
   bytes at every operator boundary and their peak. Storages that existed before it started count from the start,
   as they do for `max_memory_allocated`: the model state given to `start`, and any buffer first seen as an
-  operator's input that is still alive at the end (DDP's buckets, the pipeline's receive buffers; Tracker.peak).
+  operator's input that is still alive at the end (DDP's buckets; Tracker.peak).
   What it cannot see: the temporaries inside one kernel (CPU attention's own buffers) and memory allocated outside
   the dispatcher. FSDP2 frees and reallocates its gathered parameters by resizing their storage (no operator):
   under FSDP the tracker re-reads every storage's size at each operator (`reread`). Over a training step its peak
@@ -121,9 +121,9 @@ class Tracker(TorchDispatchMode):
     @property
     def peak(self) -> int:
         """The largest live bytes so far. A storage first seen as an operator's input existed before: if it is still
-        alive (a buffer that outlives steps: DDP's buckets, the pipeline's receive buffers), it is counted at every
-        earlier moment too, with the smaller of its sizes then and now (FSDP's gathered buffers are empty between
-        uses); one that is gone (a collective's temporary made on its own thread) only from when it was seen."""
+        alive (a buffer that outlives steps: DDP's buckets), it is counted at every earlier moment too, with the
+        smaller of its sizes then and now (FSDP's gathered buffers are empty between uses); one that is gone (a
+        collective's temporary made on its own thread) only from when it was seen."""
         best, later = 0, 0
         for j in range(len(self._seg) - 1, -1, -1):
             best = max(best, self._seg[j] + later)
@@ -297,7 +297,7 @@ class Measure:
             "state_bytes": dict(self.state),
             "tracked_peak_bytes": int(self.tracker.peak) if self.tracker is not None else None,
             # Buffers that outlive steps besides the model state, first seen as an operator's input: DDP's buckets,
-            # the pipeline's receive buffers (one per micro-batch, holding a stage's inputs), cached masks.
+            # cached masks (a pipeline's receive buffers no longer do: runtime.pipeline.InFlight).
             "other_existing_bytes": int(self.tracker.outliving) if self.tracker is not None else None,
             "method": ("torch.cuda.max_memory_allocated over the step; activations by runtime.memory.Tracker"
                        if self.cuda else "runtime.memory.Tracker (TorchDispatchMode over tensor storages)"),

@@ -419,7 +419,8 @@ def test_plan_json_carries_everything_plan_prints(capsys):
     assert {"who", "weights", "gradients", "optimizer", "activations", "working", "moment"} <= set(mem["ranks"][0])
     assert out["pipeline"]["virtual_stages"] == 3 and out["plan"]["recompute"] == "full"
     text = plan_text(compiled)
-    assert f"{mem['ranks'][0]['who']}" in text and "fits: 65% of the 80 GB" in text  # AdamW fused on CUDA: no temporaries
+    # AdamW fused on CUDA: no temporaries
+    assert f"{mem['ranks'][0]['who']}" in text and "fits: 65% of the 80 GB" in text
 
 
 def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path, capsys):

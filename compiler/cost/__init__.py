@@ -192,8 +192,8 @@ class CostModel:
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
             # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until its backward
             # (every stage but the last: fwd_cache; runtime.pipeline.InFlight waits on its send there), and on the
-            # last stage the output (the logits) of each micro-batch in flight, until its backward (the runtime asks for no outputs back, so none is kept
-            # longer; measured with runtime/memory.py's tracker)
+            # last stage the output (the logits) of each micro-batch in flight, until its backward (the runtime asks
+            # for no outputs back, so none is kept longer; measured with runtime/memory.py's tracker)
             out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
             self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
             self.saved["sent"] = self.send_elements * A.widths(prec)["res"]
