@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # rank records how many of its stages' receive buffers are allocated (torch's args_recv_info and grad_recv_info)
 # and how many earlier stage outputs' storages are still allocated (kept by fwd_cache until their backward, and by
 # a send's Work until it is waited on); rank 0 prints the largest of each over the step (the second step: the
-# first one's shape inference allocates too), with the loss's and the gradients' differences from one process running both stages.
+# first one's shape inference allocates too), with the loss's and the gradients' differences from one process
+# running both stages.
 _SCRIPT = r'''
 import sys, types
 import torch, torch.distributed as dist
