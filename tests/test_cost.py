@@ -326,7 +326,7 @@ def test_megatron_175b_layout_needs_recomputation():
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
     limit = sample.spec.mesh.device.memory_gb * 1e9
     assert sample.costs.peak_bytes <= limit and budget(sample) == []
-    assert "fits: 69% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries; bf16: 18 B/param
+    assert "fits: 65% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries; bf16: 18 B/param
     text = text.replace("recompute = full", "recompute = none").replace("sequence_parallel = true",
                                                                         "sequence_parallel = false")
     inter = compile_spec(check_text(text, "gpt3_175b.scale"))
