@@ -63,6 +63,31 @@ def _receiving(info) -> bool:
     return not info.is_root_arg and info.tensor_meta is not None
 
 
+FREEABLE = ("AddBackward0",)
+"""The grad_fn types of a stage output whose data its backward never reads: the residual add that ends our blocks
+(it saves no tensor). Any other (ReLU's saves its result, a cast, a custom Function, a checkpoint's) keeps it."""
+
+
+def _saves_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (tuple, list)) and any(_saves_tensor(v) for v in value)
+
+
+def _freeable(out) -> bool:
+    """Whether the data of a stage's (single) output may be dropped before its backward: a plain tensor (not a
+    DTensor nor a subclass), not a view (its storage would be its base's), made by an op in FREEABLE whose node
+    saved no tensor. Its backward runs from that node and then only from nodes made before it (the output's
+    ancestors), and no ancestor can have saved the output itself: an in-place op that made it would have bumped
+    the version such a saved tensor checks, so such a backward would already fail. Not yet freed (> 1 element)."""
+    fn = out.grad_fn
+    if type(out) is not torch.Tensor or out._is_view() or fn is None or type(fn).__name__ not in FREEABLE:
+        return False
+    if any(_saves_tensor(getattr(fn, a)) for a in dir(fn) if a.startswith("_saved_")):
+        return False
+    return out.untyped_storage().nbytes() > out.element_size()
+
+
 class InFlight:
     """Keeps only what the micro-batches in flight need, as Megatron does, where torch.distributed.pipelining
     (2.13) keeps a buffer per micro-batch for the whole step:
@@ -72,14 +97,21 @@ class InFlight:
       half still needs its backward_state keeps, until the weight half);
     - sends: torch's runtime keeps every send's Work, and the Work its tensor (NCCL stashes it, gloo's work holds
       it), until the end of the step. Here the works of a stage's sends are kept by this object instead
-      (schedules._batch_p2p replaced during the step): a forward send of micro-batch k is waited on at that stage's
-      backward of k, after its gradient was received (the peer received k's activation before it could send it),
-      a gradient send as soon as it reports completion (is_completed does not block), any left at the step's end.
+      (schedules._batch_p2p replaced during the step): a forward send of micro-batch k is waited on as soon as it
+      reports completion (is_completed does not block; polled at each send and at each forward and backward), else
+      at that stage's backward of k, after its gradient was received (the peer received k's activation before it
+      could send it), a gradient send as soon as it reports completion, any left at the step's end;
+    - sent outputs (Megatron's deallocate_output_tensor): a stage before the last keeps each micro-batch's output
+      in fwd_cache for `autograd.backward(outputs, grads)` until its backward, though the backward needs only the
+      output's grad_fn, not its data. Once its send has completed, an output that `_freeable` accepts gets a
+      1-element storage, expanded to its shape (so torch's backward, which checks the gradient's shape against the
+      output's, runs unchanged).
     """
 
     def __init__(self, stages):
         self.fwd_sends: dict = {}  # (stage index, micro-batch) -> the works of that forward send
         self.bwd_sends: list = []  # the works of gradient sends not yet completed
+        self.stages = {stage.stage_index: stage for stage in stages}
         for stage in stages:
             self._wrap(stage)
 
@@ -121,12 +153,19 @@ class InFlight:
             return run
 
         backward = stage.backward_one_chunk
+        forward = stage.forward_one_chunk
         local_bwd = stage.set_local_bwd_input
+
+        @functools.wraps(forward)
+        def forward_one_chunk(*args, **kwargs):
+            self._reap()
+            return forward(*args, **kwargs)
 
         @functools.wraps(backward)
         def backward_one_chunk(mb, *args, **kwargs):
-            for work in self.fwd_sends.pop((stage.stage_index, mb), ()):
-                work.wait()  # complete: this stage has received the gradient of micro-batch k (see the class)
+            key = (stage.stage_index, mb)
+            if key in self.fwd_sends:  # complete: this stage has received the gradient of micro-batch k (the class)
+                self._sent(key)
             backward(mb, *args, **kwargs)
             release(stage.args_recv_info.get(mb, ()))
             release(stage.grad_recv_info.get(mb, ()))
@@ -143,11 +182,34 @@ class InFlight:
         stage.get_bwd_recv_ops = allocating(stage.get_bwd_recv_ops, "grad_recv_info")
         stage.get_fwd_send_ops = tagged(stage.get_fwd_send_ops, "F")
         stage.get_bwd_send_ops = tagged(stage.get_bwd_send_ops, "B")
+        stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
         stage.set_local_bwd_input = set_local_bwd_input
 
+    def _sent(self, key) -> None:
+        """Wait on the forward send `key` and drop its works (a work holds the sent tensor, which shares the output's
+        storage), then free that output if it may be."""
+        works = self.fwd_sends.pop(key)
+        while works:
+            works.pop().wait()
+        self._free_output(key)
+
+    def _free_output(self, key) -> None:
+        """Give the output of a stage's micro-batch, sent (its send waited on and dropped), a 1-element storage
+        when `_freeable` proves nothing will read its data."""
+        stage = self.stages[key[0]]
+        cached = stage.fwd_cache.get(key[1])
+        if stage.is_last or cached is None:
+            return
+        outputs = cached[0]
+        if len(outputs) == 1 and _freeable(outputs[0]):
+            out = outputs[0]
+            out.data = torch.empty((1,), dtype=out.dtype, device=out.device).expand(out.shape)
+
     def _reap(self) -> None:
-        """Wait on (and drop) the gradient sends that have completed."""
+        """Wait on (and drop) the sends that have completed; free the sent outputs whose sends completed."""
+        for key in [k for k, works in self.fwd_sends.items() if all(w.is_completed() for w in works)]:
+            self._sent(key)
         left = []
         for works in self.bwd_sends:
             if all(w.is_completed() for w in works):
@@ -167,6 +229,7 @@ class InFlight:
             works = original(p2p_ops, *args, **kwargs)
             key = getattr(p2p_ops, "key", None)
             if key is None or not works:
+                self._reap()
                 return works
             if key[0] == "F":
                 self.fwd_sends.setdefault(key[1:], []).extend(works)

@@ -24,10 +24,10 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.multiprocessing.reductions import StorageWeakRef
 from runtime import pipeline as RP
-rank, store_path, m, schedule = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+rank, store_path, m, schedule, end = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", rank=rank, world_size=2, store=dist.FileStore(store_path, 2))
 mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("pp",))
-outs, seen = [], {"buffers": 0, "outputs": 0}
+outs, seen = [], {"buffers": 0, "outputs": 0, "kept": 0}
 pipe = None
 def buffers():
     n = 0
@@ -44,8 +44,17 @@ class Stage(torch.nn.Module):
         if pipe is not None:
             seen["buffers"] = max(seen["buffers"], buffers())
             seen["outputs"] = max(seen["outputs"], sum(not r.expired() for r in outs))
-        y = self.lin(x).relu() if self.s == 0 else self.lin(x)
-        outs.append(StorageWeakRef(y.untyped_storage()))
+        if self.s:
+            y = self.lin(x)
+        else:  # a residual add (its backward needs no data) or a ReLU (its backward reads its output)
+            y = x + self.lin(x) if end == "add" else self.lin(x).relu()
+        ref = StorageWeakRef(y.untyped_storage())
+        outs.append(ref)
+        if pipe is not None and self.s == 0:
+            def kept(grad, ref=ref):
+                seen["kept"] += not ref.expired()
+                return grad
+            y.register_hook(kept)  # runs as the micro-batch's backward starts: is the output's data still there?
         return y
 def prepare(mod):
     mod = mod.to_empty(device="cpu")
@@ -62,7 +71,7 @@ x, t = torch.randn(2 * m, 16), torch.randint(0, 64, (2 * m,))
 p.step(x, t)
 p.modules[0].zero_grad()
 pipe = p
-seen.update(buffers=0, outputs=0)
+seen.update(buffers=0, outputs=0, kept=0)
 outs.clear()
 loss = p.step(x, t)
 pipe = None  # the reference's forwards below are not the pipeline's
@@ -73,19 +82,20 @@ want.backward()
 grad_diff = max(float((a.grad - b.grad).abs().max()) for a, b in
                 zip(p.modules[0].parameters(), ref[rank].parameters()))
 got = [None, None]
-dist.all_gather_object(got, (seen["buffers"], seen["outputs"], grad_diff))
+dist.all_gather_object(got, (seen["buffers"], seen["outputs"], grad_diff, seen["kept"]))
 if rank == 0:
-    print("buffers", max(g[0] for g in got), "outputs0", got[0][1], "loss_diff", float((loss - want).abs()),
+    print("buffers", max(g[0] for g in got), "outputs0", got[0][1], "kept0", got[0][3],
+          "loss_diff", float((loss - want).abs()),
           "grad_diff", max(g[2] for g in got))
 dist.destroy_process_group()
 '''
 
 
-def _run(m: int, schedule: str, tmp_path) -> dict:
-    store = tmp_path / f"store_{m}_{schedule}"
+def _run(m: int, schedule: str, tmp_path, end: str = "add") -> dict:
+    store = tmp_path / f"store_{m}_{schedule}_{end}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, str(r), str(store), str(m), schedule], cwd=ROOT,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, str(r), str(store), str(m), schedule, end],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -101,4 +111,22 @@ def test_buffers_and_sent_outputs_are_those_in_flight_not_one_per_micro_batch(sc
     receive, dropped after its backward; a send waited at its backward). Zero-bubble's split backward likewise."""
     got = _run(8, schedule, tmp_path)
     assert got["buffers"] <= 2 and got["outputs0"] <= 2, got
+    assert got["loss_diff"] < 1e-6 and got["grad_diff"] < 1e-6, got
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zero-bubble", "gpipe"])
+def test_a_sent_output_ending_in_a_residual_add_is_freed_before_its_backward(schedule, tmp_path):
+    """Megatron's deallocate_output_tensor: stage 0's output is a residual add (its backward reads no data); once
+    its send has completed, the stage keeps only its grad_fn. Before, all 8 outputs' storages were still there when
+    their backwards started (torch's fwd_cache); now none, and the loss and gradients equal one process's."""
+    got = _run(8, schedule, tmp_path, "add")
+    assert got["kept0"] == 0, got
+    assert got["loss_diff"] < 1e-6 and got["grad_diff"] < 1e-6, got
+
+
+def test_a_sent_output_whose_backward_reads_it_is_kept(tmp_path):
+    """A ReLU's backward reads its output: that output is never freed (all 8 alive at their backwards), and the
+    training is right."""
+    got = _run(8, "1f1b", tmp_path, "relu")
+    assert got["kept0"] == 8, got
     assert got["loss_diff"] < 1e-6 and got["grad_diff"] < 1e-6, got
