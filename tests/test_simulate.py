@@ -43,15 +43,12 @@ def test_megatron_table1_tflops_per_gpu_within_10_percent_on_nine_rows(table1):
         assert r["virtual_stages"] > 1 if r["row"]["p"] > 1 else r["virtual_stages"] == 1
 
 
-# Rows whose predicted peak exceeds 80 GB in our program for a reason outside the step-time model. Under pp the
-# program (runtime.pipeline.InFlight) keeps receive buffers and sends only for the micro-batches in flight, no
-# longer m of each (issue 22), which brought 310B and 530B under 80 GB; 1T keeps, on its first pp rank, the sent
-# output of each of its 191 chunk-micro-batches in flight until that micro-batch's backward (b·s·h each: torch's
-# fwd_cache holds it for the backward's graph), 20 GB of its 81 GB. Megatron frees an output's data once sent
-# (deallocate_output_tensor, with a backward that ignores the output's shape): still to do here.
-SENT_OUTPUTS = ("the first pp rank keeps every in-flight micro-batch's sent stage output until its backward "
-                "(torch's fwd_cache); Megatron frees its data once sent")
-TABLE1_OVER_80GB = {1008.0: SENT_OUTPUTS}
+# Rows whose predicted peak exceeds 80 GB in our program for a reason outside the step-time model: none now. Under
+# pp the program (runtime.pipeline.InFlight) keeps receive buffers and sends only for the micro-batches in flight
+# (issue 22), which brought 310B and 530B under 80 GB, and frees a sent stage output's data once its send completed
+# (Megatron's deallocate_output_tensor), which brought 1T's first pp rank from 81 GB (its 191 chunk-micro-batches'
+# sent outputs, 20 GB) under 80 GB.
+TABLE1_OVER_80GB: dict = {}
 
 
 @pytest.mark.parametrize("billion", [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0])

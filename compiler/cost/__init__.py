@@ -16,6 +16,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, replace
 
 import sympy
@@ -197,6 +198,13 @@ class CostModel:
             out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
             self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
             self.saved["sent"] = self.send_elements * A.widths(prec)["res"]
+            # runtime.pipeline.InFlight frees a sent output once its send completed when it is a residual add (its
+            # backward reads no data; runtime.pipeline._freeable): the block's last op, which ends every stage
+            # before the last. Then only the output whose send is still under way is kept.
+            last = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+            last = last[0] if isinstance(last, (tuple, list)) and len(last) == 1 else last
+            self.frees_sent = (getattr(last, "op", None) == "call_function"
+                               and (last.target is operator.add or str(last.target) in ("aten.add.Tensor", "add")))
             # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
             self.saved[("wgrad", "block")] = A.weight_output_grads(gm, prec)
             for k in ("prologue", "epilogue"):
@@ -314,6 +322,12 @@ class CostModel:
     @staticmethod
     def _param_exprs(gm) -> list:
         return [(sympy.Mul(*shape), len(shape)) for shape in gm.meta[T.PARAM_SHAPES].values()]
+
+    def _sent_kept(self, alive: int) -> int:
+        """How many sent outputs a stage before the last keeps with `alive` micro-batches in flight: all of them
+        (torch's fwd_cache, until their backwards), or at most the one whose send is under way where the runtime
+        frees the others (self.frees_sent)."""
+        return min(alive, 1) if getattr(self, "frees_sent", False) else alive
 
     def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
         """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
@@ -502,7 +516,7 @@ class CostModel:
             # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
             # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
             kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * self.fn[("saved", "logits")](env)
-                       if st.stage == n - 1 else peaks[r].get(st.stage, 0) * sent for st in mine)
+                       if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0)) * sent for st in mine)
             # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
             # backward): a stage after the first holds the input of each micro-batch in flight, a stage before
             # the last the gradient its running backward consumes
