@@ -189,7 +189,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=1614464,
+        predicted_peak_bytes=1606272,
         device_bytes=16000000000,
     ),
     speed=train.Speed(

@@ -172,7 +172,7 @@ CONFIG = train.Config(
         layers=4,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=4272640,
+        predicted_peak_bytes=4239872,
         device_bytes=16000000000,
     ),
     speed=train.Speed(
