@@ -84,8 +84,9 @@ def test_the_predicted_last_stage_holds_one_micro_batch_of_logits_not_all():
     micro-batches in flight, the sends and receive buffers are those in flight (runtime.pipeline.InFlight; before,
     rank 0 kept four more sends awaited and four more gradient receive buffers for four more micro-batches, the
     last rank four more activation receive buffers). GPipe, whose forwards all run first, still keeps every
-    micro-batch's logits, output and receive buffer until its backward."""
+    micro-batch's logits and receive buffer on the last rank until its backward; its first rank frees each sent
+    output once sent (an uncompiled residual add: runtime.pipeline._freeable), so its working set stays."""
     (f4, l4), (f8, l8) = _working("1f1b", 4), _working("1f1b", 8)
     assert (f8, l8) == (f4, l4)
     (g4, k4), (g8, k8) = _working("gpipe", 4), _working("gpipe", 8)
-    assert k8 > k4 and g8 > g4
+    assert k8 > k4 and g8 == g4
