@@ -218,16 +218,36 @@ def test_the_bf16_reducer_and_zero1_broadcasts_are_timed_operations_with_sites()
     _spawn(_reducer)
 
 
+def _bucketed_pair(ctx):
+    """A bf16 model whose main gradients are bucketed for the batch ranks (MainGrads with `reduce`, about three
+    buckets) and a copy of it whose main gradients are left unreduced: (model, ref, mains)."""
+    torch.manual_seed(0)
+    model, ref = _Model(), _Model()
+    ref.load_state_dict(model.state_dict())
+    precision.to_compute([model, ref])
+    params = list(model.parameters())
+    size = sum(p.numel() for p in params) * 4
+    mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
+    precision.MainGrads(list(ref.parameters()))
+    return model, ref, mains
+
+
+def _assert_the_mean_of_the_ranks(model, ref) -> None:
+    """Each reduced main gradient of `model` is the mean over the ranks of `ref`'s unreduced ones."""
+    every: list = [None] * WORLD
+    dist.all_gather_object(every, [p.main_grad.tolist() for p in ref.parameters()])
+    for p, *ranks in zip(model.parameters(), *every):
+        want = sum(torch.tensor(r) for r in ranks) / WORLD
+        torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
+
+
 def _buckets(rank, ctx):
     """Buckets of main gradients (precision.MainGrads with `reduce`), against the mean over the ranks of the same
     model's unreduced main gradients: each bucket's all-reduce is launched from the hooks during the last
     micro-batch's backward, before the backward ends (the first layers' gradients are still to come), in bucket
     order; the earlier micro-batches launch none."""
-    torch.manual_seed(0)
-    model, ref = _Model(), _Model()
-    ref.load_state_dict(model.state_dict())
-    precision.to_compute([model, ref])
-    params, ref_params = list(model.parameters()), list(ref.parameters())
+    model, ref, mains = _bucketed_pair(ctx)
+    params = list(model.parameters())
     launched = []
     all_reduce = dist.all_reduce
 
@@ -235,9 +255,6 @@ def _buckets(rank, ctx):
         launched.append((t.numel(), mains.pending[-1]))  # gradients the last bucket still waits for
         return all_reduce(t, *args, **kwargs)
     dist.all_reduce = recording
-    size = sum(p.numel() for p in params) * 4
-    mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
-    precision.MainGrads(ref_params)
     assert len(mains.buckets) >= 3 and mains.buckets[0][0] is params[-1]  # the head's first: backward's order
     for j in range(2):
         torch.manual_seed(10 * rank + j)
@@ -251,11 +268,7 @@ def _buckets(rank, ctx):
     mains.wait()
     assert [n for n, _ in launched] == [sum(p.numel() for p in b) for b in mains.buckets]
     assert launched[0][1] > 0  # the first bucket left while the first layers' gradients were still to come
-    every: list = [None] * WORLD
-    dist.all_gather_object(every, [p.main_grad.tolist() for p in ref_params])
-    for p, *ranks in zip(params, *every):
-        want = sum(torch.tensor(r) for r in ranks) / WORLD
-        torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
+    _assert_the_mean_of_the_ranks(model, ref)
 
 
 def test_bucketed_main_gradients_are_reduced_from_the_last_backward():
@@ -266,14 +279,8 @@ def _after_the_schedule(rank, ctx):
     """Pipeline stages (precision.MainGrads.reduce_now): no all-reduce while the micro-batches run; after them
     every bucket reduced in place (each main gradient still the same view of its bucket: no copy of the
     gradients), equal to the mean over the ranks of unreduced main gradients."""
-    torch.manual_seed(0)
-    model, ref = _Model(), _Model()
-    ref.load_state_dict(model.state_dict())
-    precision.to_compute([model, ref])
-    params, ref_params = list(model.parameters()), list(ref.parameters())
-    size = sum(p.numel() for p in params) * 4
-    mains = precision.MainGrads(params, reduce=(ctx.batch_group, WORLD, set()), bucket_bytes=size / 3)
-    precision.MainGrads(ref_params)
+    model, ref, mains = _bucketed_pair(ctx)
+    params = list(model.parameters())
     launched = []
     all_reduce = dist.all_reduce
 
@@ -291,11 +298,7 @@ def _after_the_schedule(rank, ctx):
     mains.reduce_now()
     assert launched == [flat.data_ptr() for flat in mains.flat]  # the buckets themselves
     assert [p.main_grad.data_ptr() for p in params] == views
-    every: list = [None] * WORLD
-    dist.all_gather_object(every, [p.main_grad.tolist() for p in ref_params])
-    for p, *ranks in zip(params, *every):
-        want = sum(torch.tensor(r) for r in ranks) / WORLD
-        torch.testing.assert_close(p.main_grad, want.view_as(p.main_grad))
+    _assert_the_mean_of_the_ranks(model, ref)
 
 
 def test_pipeline_stages_reduce_their_main_gradient_buckets_in_place():
