@@ -65,7 +65,13 @@ def _receiving(info) -> bool:
 
 FREEABLE = ("AddBackward0",)
 """The grad_fn types of a stage output whose data its backward never reads: the residual add that ends our blocks
-(it saves no tensor). Any other (ReLU's saves its result, a cast, a custom Function, a checkpoint's) keeps it."""
+(it saves no tensor). Any other eager node (ReLU's saves its result, a cast, a custom Function, a checkpoint's)
+keeps it."""
+
+COMPILED = "CompiledFunctionBackward"
+"""torch.compile's backward node (AOTAutograd's autograd Function): what its backward reads is exactly what its
+forward stashed, `saved_tensors` and `_tensors_no_vc_check` (torch/_functorch/_aot_autograd/runtime_wrappers.py),
+besides symbolic sizes and opaque objects, which are no tensor data."""
 
 
 def _saves_tensor(value) -> bool:
@@ -74,16 +80,33 @@ def _saves_tensor(value) -> bool:
     return isinstance(value, (tuple, list)) and any(_saves_tensor(v) for v in value)
 
 
+def _compiled_saves(fn, out) -> bool:
+    """Whether a compiled region's backward node stashed a tensor on `out`'s storage (the output itself, or a
+    detached alias of it, which AOTAutograd saves in place of a view). A node whose stash cannot be read counts as
+    saving it."""
+    try:
+        saved = tuple(fn.saved_tensors) + tuple(getattr(fn, "_tensors_no_vc_check", ()))
+    except RuntimeError:  # already freed or otherwise unreadable: assume the worst
+        return True
+    ptr = out.untyped_storage().data_ptr()
+    return any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr for t in saved)
+
+
 def _freeable(out) -> bool:
     """Whether the data of a stage's (single) output may be dropped before its backward: a plain tensor (not a
     DTensor nor a subclass), not a view (its storage would be its base's), made by an op in FREEABLE whose node
-    saved no tensor. Its backward runs from that node and then only from nodes made before it (the output's
-    ancestors), and no ancestor can have saved the output itself: an in-place op that made it would have bumped
-    the version such a saved tensor checks, so such a backward would already fail. Not yet freed (> 1 element)."""
+    saved no tensor, or by a compiled region (COMPILED) that stashed nothing on the output's storage. Its backward
+    runs from that node and then only from nodes made before it (the output's ancestors), and no ancestor can have
+    saved the output itself: an in-place op that made it would have bumped the version such a saved tensor checks,
+    so such a backward would already fail. Not yet freed (> 1 element)."""
     fn = out.grad_fn
-    if type(out) is not torch.Tensor or out._is_view() or fn is None or type(fn).__name__ not in FREEABLE:
+    if type(out) is not torch.Tensor or out._is_view() or fn is None:
         return False
-    if any(_saves_tensor(getattr(fn, a)) for a in dir(fn) if a.startswith("_saved_")):
+    kind = type(fn).__name__
+    if kind == COMPILED:
+        if _compiled_saves(fn, out):
+            return False
+    elif kind not in FREEABLE or any(_saves_tensor(getattr(fn, a)) for a in dir(fn) if a.startswith("_saved_")):
         return False
     return out.untyped_storage().nbytes() > out.element_size()
 

@@ -43,20 +43,12 @@ def test_megatron_table1_tflops_per_gpu_within_10_percent_on_nine_rows(table1):
         assert r["virtual_stages"] > 1 if r["row"]["p"] > 1 else r["virtual_stages"] == 1
 
 
-# Rows whose predicted peak exceeds 80 GB in our program for a reason outside the step-time model. Under pp the
-# program (runtime.pipeline.InFlight) keeps receive buffers and sends only for the micro-batches in flight (issue
-# 22), which brought 310B and 530B under 80 GB. It also frees a sent stage output's data once its send completed
-# (Megatron's deallocate_output_tensor) where the output's backward provably reads no data: an uncompiled residual
-# add. The rows are costed compiled (the GPU default), where a block's output has torch.compile's backward node, which
-# may have saved it: 1T's first pp rank keeps its 191 chunk-micro-batches' sent outputs (20 GB), 81 GB in all.
-TABLE1_OVER_80GB = {1008.0: "compiled blocks: a sent output's backward node is torch.compile's, which may have saved "
-                            "it, so the runtime keeps the 191 in-flight sent outputs on the first pp rank (81 GB)"}
-
-
+# Every row fits: under pp the program (runtime.pipeline.InFlight) keeps receive buffers and sends only for the
+# micro-batches in flight (issue 22), which brought 310B and 530B under 80 GB, and frees a sent stage output once its
+# send completed (Megatron's deallocate_output_tensor) where its backward provably reads no data: a residual add,
+# eager or compiled (a compiled region's stash is checked: runtime.pipeline._freeable). That brought 1T from 81 GB.
 @pytest.mark.parametrize("billion", [1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0])
-def test_megatron_table1_fits_80gb(table1, billion, request):
-    if billion in TABLE1_OVER_80GB:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=TABLE1_OVER_80GB[billion]))
+def test_megatron_table1_fits_80gb(table1, billion):
     (r,) = [r for r in table1 if r["row"]["params_billion"] == billion]
     assert r["fits"] and r["peak_bytes"] <= 80e9, (billion, r["peak_bytes"] / 1e9)
 

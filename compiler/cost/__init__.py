@@ -323,12 +323,13 @@ class CostModel:
     def _param_exprs(gm) -> list:
         return [(sympy.Mul(*shape), len(shape)) for shape in gm.meta[T.PARAM_SHAPES].values()]
 
-    def _sent_kept(self, alive: int, compiled: bool) -> int:
+    def _sent_kept(self, alive: int) -> int:
         """How many sent outputs a stage before the last keeps with `alive` micro-batches in flight: all of them
         (torch's fwd_cache, until their backwards), or at most the one whose send is under way where the runtime
-        frees the others (self.frees_sent). A compiled block's output has torch.compile's backward node, which the
-        runtime cannot prove does not read it (runtime.pipeline._freeable): kept."""
-        return min(alive, 1) if getattr(self, "frees_sent", False) and not compiled else alive
+        frees the others (self.frees_sent). Compiled or not: a compiled block's backward node stashes only what its
+        backward reads, and nothing in the block reads the residual add that ends it (runtime.pipeline._freeable
+        checks the stash)."""
+        return min(alive, 1) if getattr(self, "frees_sent", False) else alive
 
     def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
         """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
@@ -517,7 +518,7 @@ class CostModel:
             # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
             # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
             kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * self.fn[("saved", "logits")](env)
-                       if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0), plan.compiles) * sent
+                       if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0)) * sent
                        for st in mine)
             # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
             # backward): a stage after the first holds the input of each micro-batch in flight, a stage before

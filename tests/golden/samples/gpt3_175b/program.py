@@ -190,7 +190,7 @@ CONFIG = train.Config(
         layers=96,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=52231700480,
+        predicted_peak_bytes=52055539712,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

@@ -183,7 +183,7 @@ CONFIG = train.Config(
         layers=80,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=31430057984,
+        predicted_peak_bytes=31379726336,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

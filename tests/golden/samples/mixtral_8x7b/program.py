@@ -178,7 +178,7 @@ CONFIG = train.Config(
         layers=32,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=41895493664,
+        predicted_peak_bytes=41593503776,
         device_bytes=80000000000,
     ),
     speed=train.Speed(

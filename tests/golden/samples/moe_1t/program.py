@@ -181,7 +181,7 @@ CONFIG = train.Config(
         layers=64,
     ),
     memory=train.Memory(
-        predicted_peak_bytes=90177732864,
+        predicted_peak_bytes=89674416384,
         device_bytes=141000000000,
     ),
     speed=train.Speed(
