@@ -498,7 +498,7 @@ class Simulator:
         mdl = self.model(cm)
         dev = self.device
         recompute = getattr(plan, "recompute", "none")
-        from compiler.cost import _recompute_passes
+        from compiler.cost import _recompute_passes, reruns
         passes = _recompute_passes(plan)
         comm = {}
         for site, f in mdl.sites:
@@ -510,8 +510,9 @@ class Simulator:
             t = collective_s(site.op, f(env) * dtype, link)
             c = comm.setdefault(key, {"forward": {}, "backward": {}})
             c[site.direction][site.axis] = c[site.direction].get(site.axis, 0.0) + t
-            if recompute == "full" and site.rerun and site.direction == "forward" and key != "all":
-                c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * passes
+            again = reruns(plan, site) if key != "all" else 0
+            if again:
+                c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * again
         out = {}
         for key, segment in mdl.segments.items():
             ot = segment.times(env, dev, mdl.act, self.materialised, getattr(plan, "compiles", False))

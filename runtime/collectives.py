@@ -53,8 +53,9 @@ def count_bytes(on: bool) -> None:
 
 def _count(op: str, axis: str, t: torch.Tensor, times: int = 1) -> None:
     """Count `times` × the bytes of `t` (an all-gather's output is its input times the group's size)."""
-    # Selective recomputation reads a collective's saved output back instead of running it: nothing moves then.
-    if _COUNTING and recompute.recomputing() != "selective":
+    # Selective recomputation reads a collective's saved output back instead of running it: nothing moves then,
+    # except for an all-gather, which it runs again (runtime.recompute.RECOMPUTE).
+    if _COUNTING and (recompute.recomputing() != "selective" or op == "all_gather"):
         BYTES[(op, axis)] += times * t.numel() * t.element_size()
 
 

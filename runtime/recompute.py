@@ -9,11 +9,14 @@ Megatron's two meanings, built from torch's own checkpointing (`torch.utils.chec
              rank runs the same backward graph and the recomputation is triggered at the same node of it (torch's
              early stop ends it at the same op on every rank too). The bytes they move therefore count again.
   selective  torch's selective activation checkpoint API (`create_selective_checkpoint_contexts`) on each block,
-             with `policy`: the outputs of matmuls and of every collective are saved (MUST_SAVE); everything else,
-             the attention core (scaled_dot_product_attention and each of its aten kernels), activation functions,
-             norms, elementwise ops and dtype casts, is recomputed. A collective is never re-run: runtime.collectives
-             and runtime.moe issue theirs as torch's functional collectives (`torch.ops._c10d_functional`), whose
-             outputs the policy saves, so the recomputation reads them back instead of communicating.
+             with `policy`: the outputs of matmuls and of the all-reduces, reduce-scatters and all-to-alls are
+             saved (MUST_SAVE); everything else, the attention core (scaled_dot_product_attention and each of its
+             aten kernels), activation functions, norms, elementwise ops and dtype casts, is recomputed.
+             runtime.collectives and runtime.moe issue their collectives as torch's functional collectives
+             (`torch.ops._c10d_functional`), whose outputs the policy saves by op, so the recomputation reads them
+             back instead of communicating; except the all-gathers (sequence parallelism's, before the column
+             linears), which it runs again: their output is tp times their input, and Megatron too keeps a
+             sequence-parallel linear's input sharded and gathers it again in backward.
 
 Blocks keep their names (the mode is an attribute of runtime.layers.Repeat, not a wrapper module), so parameter
 names, checkpoints, tp shard patterns and FSDP units are the same in every mode. `recomputing()` says whether the
@@ -44,16 +47,25 @@ def _ops(namespace, names):
             for o in getattr(ns, n).overloads()}
 
 
-# Saved by selective recomputation: matmuls (F.linear lowers to addmm or mm, batched experts to bmm), and every
-# collective (the functional ones runtime.collectives and runtime.moe issue, and their waits).
+# Saved by selective recomputation: matmuls (F.linear lowers to addmm or mm, batched experts to bmm), and the
+# collectives whose outputs cost communication to make again (the functional ones runtime.collectives and runtime.moe
+# issue). Not the all-gathers: a sequence-parallel all-gather's output is the whole sequence, tp times what it
+# gathers, and Megatron keeps only the sharded input of its sequence-parallel linears and gathers it again in backward
+# (Korthikanti et al. 2022, section 4.2.2); here the recomputation does, once per region. Nor the waits: a wait returns
+# its collective's output, which the collective's entry saves (or recomputes).
 SAVE = frozenset(_ops("aten", ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm"))
-                 | _ops("_c10d_functional", ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
-                                             "all_to_all_single", "wait_tensor")))
+                 | _ops("_c10d_functional", ("all_reduce", "reduce_scatter_tensor", "all_to_all_single")))
+RECOMPUTE = frozenset(_ops("_c10d_functional", ("all_gather_into_tensor", "wait_tensor")))
+"""Recomputed, also under torch.compile, whose partitioner otherwise saves every collective's output (torch/
+_functorch/partitioners.py, force_save_collectives: only an op a policy marks MUST_RECOMPUTE is exempt)."""
 
 
 def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Selective recomputation's choice for one op: save matmul and collective outputs, recompute the rest."""
-    return CheckpointPolicy.MUST_SAVE if op in SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+    """Selective recomputation's choice for one op: save matmul outputs and those of the collectives in SAVE, gather
+    again in backward, recompute the rest."""
+    if op in SAVE:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.MUST_RECOMPUTE if op in RECOMPUTE else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 @contextlib.contextmanager

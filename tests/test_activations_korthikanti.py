@@ -12,12 +12,14 @@ What the rows say (16-bit activations, bf16 programs under Megatron's policy, ru
 - Megatron keeps the s×s softmax output and its dropout's output (2 bytes each per score); scaled_dot_product_
   attention (flash / efficient) keeps its output and a log-sum-exp per row and head in fp32 instead.
 - Our norms keep their mean and reciprocal std per row (fp32 on CUDA), which the paper leaves out.
-- With sequence parallelism Megatron keeps each norm's output sharded and all-gathers it again in backward; our
-  linears keep the all-gathered input whole (autograd saves the gathered tensor): 2·s·b·h·(1 - 1/t) more per norm.
+- With sequence parallelism Megatron keeps each norm's output sharded and all-gathers it again in backward. So does
+  our selective recomputation (it recomputes the all-gather, from the norm it recomputes too); without
+  recomputation our linears keep the all-gathered input whole (autograd saves the gathered tensor):
+  2·s·b·h·(1 - 1/t) more per norm.
 - Selective recomputation in our runtime (torch's selective checkpoint, compiled on GPUs: runtime.recompute) also
-  recomputes the attention core's output (the output projection's input), GeLU's output and, without sequence
-  parallelism, the norms' outputs from the kept q, k, v, the first MLP matmul's output and the residual stream,
-  where Megatron keeps them (it recomputes only the s² part).
+  recomputes the attention core's output (the output projection's input), GeLU's output and the norms' outputs
+  from the kept q, k, v, the first MLP matmul's output and the residual stream, where Megatron keeps them (it
+  recomputes only the s² part); under sp it also gathers the norms' outputs again.
 """
 from __future__ import annotations
 
@@ -91,14 +93,16 @@ DIFFERENCES = [
      lambda mode, sp: mode == "none", lambda s, b, h, a, t, sp: 4 * a * s * b / t),
     ("the two norms' mean and reciprocal std per row (fp32)",
      lambda mode, sp: mode == "none", lambda s, b, h, a, t, sp: 2 * 2 * 4 * s * b / (t if sp else 1)),
-    ("sp: the linears keep the all-gathered norm outputs whole (2 norms), Megatron re-gathers in backward",
-     lambda mode, sp: sp and mode != "full", lambda s, b, h, a, t, sp: 2 * 2 * s * b * h * (1 - 1 / t)),
+    ("sp without recomputation: the linears keep the all-gathered norm outputs whole (2 norms), Megatron "
+     "re-gathers in backward (selective recomputation here does: runtime.recompute.RECOMPUTE)",
+     lambda mode, sp: sp and mode == "none", lambda s, b, h, a, t, sp: 2 * 2 * s * b * h * (1 - 1 / t)),
     ("selective: the attention core's output (output projection's input) recomputed, not kept",
      lambda mode, sp: mode == "selective", lambda s, b, h, a, t, sp: -2 * s * b * h / t),
     ("selective: GeLU's output (the second MLP matmul's input) recomputed, not kept",
      lambda mode, sp: mode == "selective", lambda s, b, h, a, t, sp: -8 * s * b * h / t),
-    ("selective without sp: the norms' outputs (QKV's and the MLP's inputs) recomputed from the stream, not kept",
-     lambda mode, sp: mode == "selective" and not sp, lambda s, b, h, a, t, sp: -2 * 2 * s * b * h),
+    ("selective: the norms' outputs (QKV's and the MLP's inputs; sharded under sp, where the all-gather after each "
+     "is recomputed too) recomputed from the stream, not kept",
+     lambda mode, sp: mode == "selective", lambda s, b, h, a, t, sp: -2 * 2 * s * b * h / (t if sp else 1)),
 ]
 
 

@@ -36,3 +36,41 @@ def test_compiled_program_keeps_what_the_formula_says(tmp_path, mode):
     predicted = compiled.costs.memory[0].activations
     print(f"{mode}: kept {got:,}, predicted {predicted:,.0f}, ratio {got / predicted:.4f}")
     assert got == pytest.approx(predicted, rel=0.03), f"{mode}: kept {got:,}, predicted {predicted:,.0f}"
+
+
+def _tp_sp_selective(path: str, predicted: float, rank: int, C) -> None:
+    """One rank of a tp = 2 program with sequence parallelism, compiled under selective recomputation: what its
+    regions keep for backward, counted as above, against the model's figure for that rank (within 3%)."""
+    import importlib.util
+    from runtime import compile as compiled_regions, recompute
+    spec = importlib.util.spec_from_file_location("prog_tp_sp_selective", path)
+    prog = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = prog
+    spec.loader.exec_module(prog)
+    torch.manual_seed(0)
+    model = compiled_regions.apply(recompute.apply(prog.Model(), "selective"))
+    cfg = prog.CONFIG
+    tokens, targets = (torch.randint(0, cfg.data.vocab, (cfg.parallel.micro_batch_size, cfg.data.seq_len))
+                       for _ in range(2))
+    model(tokens, targets).backward()  # compiles (outside the count)
+    holder = {}
+    got = count_saved(model, lambda: holder.setdefault("loss", model(tokens, targets)), "fp32")
+    holder["loss"].backward()
+    print(f"rank {rank}: kept {got:,}, predicted {predicted:,.0f}, ratio {got / predicted:.4f}")
+    assert got == pytest.approx(predicted, rel=0.03), f"rank {rank}: kept {got:,}, predicted {predicted:,.0f}"
+
+
+def test_compiled_sequence_parallel_selective_keeps_the_gathered_inputs_sharded(tmp_path):
+    """tp = 2 with sequence parallelism under selective recomputation, compiled: the partitioner gathers each
+    block's sequence-parallel inputs again in backward (runtime.recompute.RECOMPUTE marks the all-gather and its wait
+    MUST_RECOMPUTE, which exempts them from its rule that saves every collective) instead of keeping them whole, as
+    the model says (compiler/cost/activations.py: the all-gathers are not among what selective keeps). Kept whole,
+    the two gathered norm outputs of each block would be 35% over the figure (measured before the policy)."""
+    import functools
+    from tests.test_collectives import _spawn
+    from tests.test_memory import _program
+    text = (ROOT / "samples" / "gpt_tp.scale").read_text().replace(
+        "sequence_parallel = false", "sequence_parallel = true  recompute = selective  compile = true")
+    compiled, _ = _program(tmp_path, text)
+    _spawn(functools.partial(_tp_sp_selective, str(tmp_path / "build" / "program.py"),
+                             compiled.costs.memory[0].activations))

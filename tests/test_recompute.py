@@ -1,6 +1,7 @@
 """`plan { recompute = none | selective | full }`: the setting reaches the program, the three modes train the same
 model (same loss and gradients), and they keep what runtime/recompute.py says alive after a forward, counted on the
-generated tiny_gpt program on CPU. Selective recomputation never re-runs a collective; full re-runs it."""
+generated tiny_gpt program on CPU. Selective recomputation re-runs only the all-gathers (sequence-parallel inputs,
+kept sharded as Megatron does); full re-runs every collective."""
 from __future__ import annotations
 
 import contextlib
@@ -218,13 +219,17 @@ def _collectives_under_recompute(rank, C):
         if mode == "full":  # re-runs the forward's collectives in backward, as Megatron's full recomputation does
             assert ran == {op: 2 for op in forward}, (mode, ran)
             assert nbytes[("all_reduce", "tp")] == 2 * results["none"][1][("all_reduce", "tp")]
-        else:  # selective reads the saved outputs back: no collective re-runs, no byte counted twice
+        elif mode == "selective":  # reads the all-reduce's output back; gathers again (Megatron's sp linears)
+            assert ran == {"all_reduce": 1, "all_gather_into_tensor": 2}, (mode, ran)
+            want = dict(results["none"][1])
+            want[("all_gather", "tp")] *= 2
+            assert nbytes == want, (nbytes, want)
+        else:
             assert ran == forward, (mode, ran)
-            assert nbytes == results["none"][1]
         assert torch.equal(g1, results["none"][2]) and torch.equal(g2, results["none"][3]), mode
 
 
-def test_selective_never_reruns_a_collective_and_full_does():
+def test_selective_reruns_only_the_all_gather_and_full_reruns_every_collective():
     from tests.test_collectives import _spawn
     _spawn(_collectives_under_recompute)
 

@@ -159,21 +159,30 @@ def test_recompute_never_speeds_a_plan_up(tmp_path):
 
 
 def test_gpt3_175b_megatron_layout(capsys, tmp_path):
-    """Megatron-LM's published layout for 175B on 1536 A100s (t = 8, p = 8) among the top 5 of the search; the
-    same winners from the file with its axes and plan section removed (the search chooses those: the cluster is
-    what it reads), which `check` refuses."""
+    """Megatron-LM's published layout for 175B on 1536 A100s (t = 8, p = 8) among the search's winners, within 3% of
+    the fastest pipelined layout (tp 4 layouts lead since NVLink's collectives run at the fitted 0.56 of its
+    datasheet rate), with the reason shown. The fastest plan overall is FSDP over dp × tp 8 without a pipeline
+    (OPT-175B's layout: FSDP with Megatron's tensor parallelism), which fits since selective recomputation keeps the
+    sequence-parallel inputs sharded (issue 22): published, the two families ran at par (OPT-175B 147 TFLOP/s per
+    GPU on 992 A100s, Zhang et al. 2022 section 2.4; Megatron's 145.6B at t = 8, p = 8 148 on 1536, their Table 1);
+    predicted, Megatron's layout is within 10% of it (1.10×: no bubble, and 8-sequence micro-batches). The same
+    winners from the file with its axes and plan section removed (the search chooses those: the cluster is what it
+    reads), which `check` refuses."""
     spec = check_path("samples/gpt3_175b.scale")
-    result = SE.search(spec, top=5)
+    result = SE.search(spec, top=8)
     with capsys.disabled():
         print("\n" + SE.text(result))
     layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
     assert (8, 8) in layouts, layouts
-    # issue 22: first or within 3% of first, with the reason shown (A100 figures fitted on Megatron's Table 1:
-    # tp 4 layouts lead by 2.9% since NVLink's collectives run at the fitted 0.56 of its datasheet rate)
     megatron = result.winners[layouts.index((8, 8))]
-    best = result.winners[0].prediction.step_time_s
-    assert megatron.prediction.step_time_s <= 1.03 * best, (megatron.prediction.step_time_s, best)
-    assert megatron is result.winners[0] or any("the best step time" in r for r in megatron.reasons), megatron.reasons
+    best = result.winners[0]
+    piped = min(w.prediction.step_time_s for w in result.winners if w.plan.size("pp") > 1)
+    assert megatron.prediction.step_time_s <= 1.03 * piped, (megatron.prediction.step_time_s, piped)
+    assert megatron.prediction.step_time_s <= 1.10 * best.prediction.step_time_s, \
+        (megatron.prediction.step_time_s, best.prediction.step_time_s)
+    assert megatron is best or any("the best step time" in r for r in megatron.reasons), megatron.reasons
+    if best.plan.size("pp") == 1:  # FSDP × tp 8, OPT-175B's layout
+        assert best.plan.data_parallel == "fsdp" and best.plan.size("tp") == 8, best.plan
     bare = re.sub(r"plan \{[^}]*\}\n", "", re.sub(r"  axis \w+ = \d+\n", "", spec.source))
     assert "axis" not in bare and "plan {" not in bare
     path = tmp_path / "bare.scale"
@@ -181,7 +190,7 @@ def test_gpt3_175b_megatron_layout(capsys, tmp_path):
     with pytest.raises(ScaleError) as info:
         check_path(str(path))
     assert [d.code for d in info.value.diagnostics] == ["E0113"]
-    again = SE.search(check_path(str(path), cluster_only=True), top=5)
+    again = SE.search(check_path(str(path), cluster_only=True), top=8)
     assert [(w.plan, w.prediction.step_time_s) for w in again.winners] == \
         [(w.plan, w.prediction.step_time_s) for w in result.winners]
     assert again.rejected == result.rejected

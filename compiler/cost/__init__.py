@@ -571,13 +571,13 @@ class CostModel:
                                       bytes=int(f(env) * dtype * times),
                                       element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                       per_step_formula=per_step))
-            if _recompute(plan) == "full" and site.rerun and site.direction == "forward":
-                # full recomputation re-runs the block's forward, collectives included, in backward
+            again = reruns(plan, site)
+            if again:
+                why = ("full recomputation re-runs the block's forward" if _recompute(plan) == "full" else
+                       "selective recomputation gathers the sequence-parallel input again rather than keep it whole")
                 entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
-                                          reason=site.reason + "; again in backward: full recomputation re-runs "
-                                          "the block's forward", direction="backward",
-                                          times=times * _recompute_passes(plan),
-                                          bytes=int(f(env) * dtype * times * _recompute_passes(plan)),
+                                          reason=f"{site.reason}; again in backward: {why}", direction="backward",
+                                          times=times * again, bytes=int(f(env) * dtype * times * again),
                                           element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                           per_step_formula=per_step))
         partial_n, parts = 0, []
@@ -703,6 +703,18 @@ def _logits_alive(schedule: str, alive: int) -> int:
     if schedule == "gpipe":
         return alive
     return 0 if schedule == "zero-bubble" else min(alive, 1)
+
+
+def reruns(plan, site) -> int:
+    """How many times a forward collective `site` of a block runs again in its backward per micro-batch: every one
+    before the block's last saving op under full recomputation (the block's forward re-run), the all-gathers under
+    selective recomputation (runtime.recompute.RECOMPUTE: a sequence-parallel input gathered again, not kept)."""
+    if site.direction != "forward" or site.where[0] != "block":
+        return 0
+    mode = _recompute(plan)
+    if mode == "full" and site.rerun:
+        return _recompute_passes(plan)
+    return 1 if mode == "selective" and site.op == "all_gather" else 0
 
 
 def _recompute_passes(plan) -> int:

@@ -275,7 +275,9 @@ def last_saving_node(gm):
 
 
 # Under selective recomputation these keep their outputs (computing them again costs matmul time or
-# communication); everything else in a block is recomputed in backward from them and the block's input.
+# communication); everything else in a block is recomputed in backward from them and the block's input, the
+# sequence-parallel all-gathers too (runtime.recompute.RECOMPUTE: gathered again, as Megatron's sequence-parallel
+# linears keep their input sharded; the ledger and the step time count the gather's second run).
 def _kept_by_selective(node, gm) -> bool:
     import torch.nn.functional as F
     from torch import nn
@@ -283,8 +285,8 @@ def _kept_by_selective(node, gm) -> bool:
     from runtime import moe
     if node.op == "call_module":
         return isinstance(gm.get_submodule(node.target), (nn.Linear, moe.Experts))
-    return node.target in (F.linear, C.all_reduce_fwd_identity_bwd, C.all_gather_fwd_reduce_scatter_bwd,
-                           C.reduce_scatter_fwd_all_gather_bwd, moe.all_to_all_dispatch, moe.all_to_all_combine)
+    return node.target in (F.linear, C.all_reduce_fwd_identity_bwd, C.reduce_scatter_fwd_all_gather_bwd,
+                           moe.all_to_all_dispatch, moe.all_to_all_combine)
 
 
 # Operations whose backward needs none of their inputs' values: sums, views, casts, collectives, a bias.
@@ -327,8 +329,8 @@ def _needed_in_backward(node, gm) -> bool:
 def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str = "none") -> sympy.Expr:
     """What one block (the body of a `repeat`) keeps per micro-batch until its backward. `full`
     (torch.utils.checkpoint around the block): its input only, the fp32 residual stream. `selective` (torch's
-    selective checkpoint, runtime/layers.py's policy): its input and the outputs of its matmuls and
-    collectives. `selective/compiled` (the same policy traced into a compiled region, runtime.compile): only those
+    selective checkpoint, runtime/recompute.py's policy): its input and the outputs of its matmuls and of its
+    collectives but the all-gathers (gathered again in backward). `selective/compiled` (the same policy traced into a compiled region, runtime.compile): only those
     outputs the backward needs, directly or to recompute from; the partitioner drops the rest (a residual branch's
     last matmul, whose output only joins the stream: measured on CPU with saved_tensors_hooks, tests/
     test_memory_compiled.py). `none`: what each operation keeps (saved_bytes), compiled or not (measured equal

@@ -84,8 +84,10 @@ CASES = (
                 ("micro_batches = 1", "micro_batches = 2")),
          description="two torchrun agents on loopback with c10d rendezvous (the multi-node launch form), two "
                      "gradient-accumulation micro-batches per rank (DDP no_sync on the first)"),
-    Case(id="tp4_sp", sample="samples/gpt_tp.scale", nproc=4, edits=TP4 + SP,
-         description="tensor + sequence parallelism over 4 ranks"),
+    Case(id="tp4_sp_recompute_selective", sample="samples/gpt_tp.scale", nproc=4,
+         edits=TP4 + (("sequence_parallel = false", "sequence_parallel = true  recompute = selective"),),
+         description="tensor + sequence parallelism over 4 ranks, selective recomputation: each block's sequence-"
+                     "parallel inputs kept sharded and gathered again in backward (as Megatron's sp linears)"),
     Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
          description="grouped-query attention (4 heads, 2 kv heads) with rotary embeddings, RMSNorm, SwiGLU, untied "
                      "head, no biases"),
@@ -161,9 +163,10 @@ CASES = (
          edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full  compile = true"),),
          description="compiled: FSDP2 over dp (its gathers and reduce-scatters eager, around each block's region), "
                      "full recomputation inside each block's region"),
-    Case(id="tp2_sp_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
-         edits=(("sequence_parallel = false", "sequence_parallel = true  compile = true"),),
-         description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss"),
+    Case(id="tp2_sp_recompute_selective_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
+         edits=(("sequence_parallel = false", "sequence_parallel = true  recompute = selective  compile = true"),),
+         description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss; "
+                     "selective recomputation, the partitioner gathering the sequence-parallel inputs again"),
     Case(id="pp2_recompute_selective_compile", sample="samples/gpt_pp.scale", nproc=2, bytes_checked=False,
          edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective  compile = true'),),
          description="compiled: 1F1B over two stages, selective recomputation traced into each block's region"),
