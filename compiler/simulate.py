@@ -34,6 +34,7 @@ import sympy
 from compiler.lazy import lazy
 
 T = lazy("compiler.trace")
+O = lazy("compiler.ops")
 
 # AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
 # parameter and moments: 28 bytes, what the fused kernel the runtime uses on CUDA moves (one pass; torch's foreach
@@ -57,9 +58,6 @@ FSDP_PREFETCH_UNITS = 1
 # (../shared/reference/gpu-measured.json: with 1.0 the model gave 0.67-0.76 of their measured step times);
 # not measured per kernel.
 MEMORY_EFFICIENCY = 0.8
-# ops that only view their input (no kernel, no bytes moved)
-VIEWS = frozenset({"unflatten", "flatten", "transpose", "view", "reshape", "permute", "getattr", "getitem", "arange",
-                   "size", "unsqueeze", "squeeze", "expand", "chunk", "split", "t", "narrow", "select", "detach"})
 # Attention as Megatron-LM computed it in 2021 (`attention = "materialised"`, used to compare with their published
 # figures; our programs call SDPA, whose fused kernels never write the scores): per score element of b·heads·s², the
 # forward writes the 2-byte scores (baddbmm), reads and writes them in the fused scale-mask-softmax, reads them and
@@ -197,8 +195,8 @@ class Segment:
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
-            name = _name(node)
-            if name in VIEWS:
+            op = O.find(node, gm)
+            if op is not None and op.free:
                 src = next(iter(node.all_input_nodes), None)
                 alias[node] = alias.get(src, src) if src is not None else node
                 if src in group_of:
@@ -231,15 +229,17 @@ class Segment:
             leaves = {m for m in members if any(u.op == "output" or group_of.get(u) != i for u in consumers(m))}
             moved = sum((tensor_bytes(n) for n in reads | leaves), sympy.Integer(0))
             # the loss reads its logits twice (the maximum, then the sum of exponentials)
-            moved += sum((tensor_bytes(base(a)) for m in members if "cross_entropy" in _name(m)
-                          for a in m.all_input_nodes[:1] if base(a) not in inside), sympy.Integer(0))
+            moved += sum((tensor_bytes(base(a)) for m in members if (mo := O.find(m, gm)) is not None
+                          and mo.loss is not None for a in m.all_input_nodes[:1] if base(a) not in inside),
+                         sympy.Integer(0))
             self.groups.append(len(exprs))
             exprs.append(moved)
 
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "get_attr", "output"):
                 continue
-            if T.COLLECTIVE in node.meta and "vocab_parallel" not in _name(node):
+            op = O.find(node, gm)
+            if T.COLLECTIVE in node.meta and (op is None or not op.computes):
                 continue  # a collective alone: costed as communication (the vocabulary-parallel ops also compute)
             name = _name(node)
             if node.op == "call_module":
@@ -248,17 +248,17 @@ class Segment:
                     continue
             flops = node.meta.get(T.FLOPS, 0)
             if flops != 0:
-                batch, m, n_, k, weight = self._dims(node, gm)
+                batch, m, n_, k, weight = op.dims(node, gm) if op is not None and op.dims else self._dims(node)
                 bwd = F.node_backward(node, gm, needs)
                 grads = int(sympy.simplify(bwd / flops)) if bwd != 0 else 0
                 # no casts: bf16 programs compute in bf16 weights without autocast (runtime/precision.py)
                 cast = sympy.Integer(0)
-                self.ops.append(("matmul", len(exprs), grads, weight is not None,
-                                 name == "scaled_dot_product_attention", name))
+                self.ops.append(("matmul", len(exprs), grads, weight is not None, op is not None and op.attention,
+                                 name))
                 exprs += [flops, batch, m, n_, k, cast]
-            elif name not in VIEWS:
+            elif op is None or not op.free:
                 moved = sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0)) + tensor_bytes(node)
-                if "cross_entropy" in name:
+                if op is not None and op.loss is not None:
                     moved += 2 * sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0))
                 # fused when compiled (costed in its group) unless it is one of the vocabulary-parallel ops
                 self.ops.append(("memory" if node not in group_of else "fused", len(exprs), 0, False, False, name))
@@ -267,27 +267,9 @@ class Segment:
         self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
 
     @staticmethod
-    def _dims(node, gm):
-        """(batch, M, N, K, weight elements or None) of a matmul node."""
-        import torch.nn.functional as Fn
-        from torch import nn
-        shape = lambda n: n.meta[T.SHAPE]  # noqa: E731
-        if node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            ps = gm.meta[T.PARAM_SHAPES]
-            x = shape(node.args[0])
-            if isinstance(mod, nn.Linear):
-                out, inp = ps[f"{node.target}.weight"]
-                return 1, _numel(x[:-1]), out, inp, out * inp
-            e, h, f = ps[f"{node.target}.w_up"]  # experts: every expert's buffer, (experts, capacity, hidden)
-            return x[0], x[1], f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
-        if node.target is Fn.scaled_dot_product_attention:
-            b, h, sq, d = shape(node.args[0])
-            return b * h, sq, shape(node.args[1])[2], d, None
-        if node.target is Fn.linear:
-            x, w = shape(node.args[0]), shape(node.args[1])
-            return 1, _numel(x[:-1]), w[0], w[1], w[0] * w[1]
-        out = shape(node)
+    def _dims(node):
+        """(batch, M, N, K, None) of a node with FLOPs whose record gives no dims: one matmul by its output."""
+        out = node.meta[T.SHAPE]
         mm = _numel(out[:-1])
         return 1, mm, out[-1], node.meta[T.FLOPS] / (2 * mm * out[-1]), None
 

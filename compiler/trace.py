@@ -12,8 +12,9 @@ node.meta keys (defined here, used everywhere):
          repeat's output and what adds to them are the residual stream. The ledger counts each collective's bytes
          and the activation model each kept tensor's by it
 
-Shapes are propagated by rules, one per operation our layer vocabulary emits; an operation without a rule is an
-error, so a new layer cannot silently drop out of the cost model.
+Shapes, FLOPs and dtypes are propagated by the rules of compiler/ops.py, one record per operation our layer
+vocabulary emits; an operation without a record is an error, so a new layer cannot silently drop out of the cost
+model.
 """
 from __future__ import annotations
 
@@ -22,16 +23,13 @@ import operator
 from dataclasses import dataclass
 
 import sympy
-import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from compiler import layers as L
 from compiler import model as M
-from compiler.symbols import MICRO_BATCH, size
-from runtime import collectives as C
-from runtime import moe, rotary
-from runtime.layers import Bias, Repeat
+from compiler import ops
+from compiler.symbols import MICRO_BATCH
+from runtime.layers import Repeat
 
 SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
 TP_ROLE = "tp_role"  # a leaf's tensor-parallel role as its layer kind declares it: column, row, vocab, replicated
@@ -52,11 +50,12 @@ COLLECTIVE = "collective"
 class _Tracer(fx.Tracer):
     def __init__(self):
         # MoE routing, dispatch and combine stay calls: their insides depend on the data, not on shapes. The rotary
-        # embedding stays one call too: the program reads `rotary.rotate(q, k, theta, scaling)`.
-        super().__init__(autowrap_functions=(moe.route, moe.dispatch, moe.combine, rotary.rotate))
+        # embedding stays one call too: the program reads `rotary.rotate(q, k, theta, scaling)` (compiler/ops.py:
+        # the records marked `wrapped`).
+        super().__init__(autowrap_functions=ops.wrapped())
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, (Repeat, Bias, moe.Experts)) or super().is_leaf_module(m, qualname)
+        return isinstance(m, Repeat) or type(m) in ops.MODULES or super().is_leaf_module(m, qualname)
 
     def create_node(self, *args, **kwargs):
         node = super().create_node(*args, **kwargs)
@@ -75,16 +74,13 @@ def trace(module: M.Segment, name: str, inputs: dict) -> fx.GraphModule:
         if node.op in ("placeholder", "output"):
             node.type = None
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is F.cross_entropy:
+        op = ops.find(node) if node.op == "call_function" else None
+        if op is not None and op.defaults:
             node.kwargs = {}  # every keyword the tracer recorded is the default (reduction="mean", ...)
-        if node.op == "call_function" and node.target is moe.route:  # name the pair route() returns
+        if op is not None and op.outputs:  # name the parts of a tuple result (route's slot and gate, ...)
             for user in list(node.users):
                 if user.target is operator.getitem:
-                    user._rename(("slot", "gate")[user.args[1]])
-        if node.op == "call_function" and node.target is rotary.rotate:  # and the turned queries and keys
-            for user in list(node.users):
-                if user.target is operator.getitem:
-                    user._rename(("q_turned", "k_turned")[user.args[1]])
+                    user._rename(op.outputs[user.args[1]])
     gm = fx.GraphModule(module, graph, name)
     gm.meta[PARAM_SHAPES] = dict(module.param_shapes)
     gm.meta[SPANS] = dict(module.spans)
@@ -158,13 +154,12 @@ def trace_model(model: M.ScaleModel) -> Traced:
     for count, gm in [(1, top)] + [(rep.count, blocks[name]) for name, rep in model.repeats]:
         needs = None
         for node in gm.graph.nodes:
-            layer = node.meta.get(LAYER)
-            if node.op == "call_module" and isinstance(gm.get_submodule(node.target), moe.Experts) \
-                    and layer is not None and hasattr(layer, "top_k"):
+            op = ops.find(node, gm) if node.op == "call_module" else None
+            empty = op.padding(node, seq) if op is not None and op.padding is not None else None
+            if empty is not None:
                 if needs is None:
                     from compiler.cost.flops import _needs_grad, node_backward
                     needs = _needs_grad(gm)
-                empty = 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
                 padding_fwd += count * node.meta[FLOPS] * empty
                 padding_bwd += count * node_backward(node, gm, needs) * empty
     traced.model_flops_fwd = sympy.expand(graph_flops(top) - padding_fwd)
@@ -179,21 +174,6 @@ def trace_model(model: M.ScaleModel) -> Traced:
 
 def _numel(shape) -> sympy.Expr:
     return sympy.Mul(*shape)
-
-
-def _dim(shape, d: int) -> int:
-    return d % len(shape)
-
-
-def _broadcast(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    n = max(len(a), len(b))
-    a = (1,) * (n - len(a)) + tuple(a)
-    b = (1,) * (n - len(b)) + tuple(b)
-    return tuple(y if x == 1 else x for x, y in zip(a, b))
 
 
 def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
@@ -214,30 +194,12 @@ def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
             out = tuple(inputs[node.target])
         elif node.op == "get_attr":
             out = params[node.target]
-        elif node.op == "call_module":
-            mod = gm.get_submodule(node.target)
-            x = args[0]
-            if isinstance(mod, nn.Linear):
-                w = params[f"{node.target}.weight"]
-                out = tuple(x[:-1]) + (w[0],)
-                flops = 2 * _numel(x[:-1]) * w[0] * w[1]
-            elif isinstance(mod, nn.Embedding):
-                out = tuple(x) + (params[f"{node.target}.weight"][1],)
-            elif isinstance(mod, (nn.LayerNorm, nn.RMSNorm, Bias)):
-                out = x
-            elif isinstance(mod, moe.Experts):
-                e, h, f = params[f"{node.target}.w_up"]
-                out = x
-                # Every slot is computed, empty or not (the buffers are padded to capacity): 2 or 3 matmuls.
-                flops = (3 if mod.act == "swiglu" else 2) * 2 * x[0] * x[1] * h * f
-            elif isinstance(mod, Repeat):
-                count, block_gm = repeats[node.target]
-                out = x
-                flops = count * graph_flops(block_gm)
-            else:
-                raise NotImplementedError(f"no shape rule for module {type(mod).__name__} ({node.target})")
-        elif node.op in ("call_function", "call_method"):
-            out, flops = _function_rule(node, args, kwargs)
+        elif node.op == "call_module" and isinstance(gm.get_submodule(node.target), Repeat):
+            count, block_gm = repeats[node.target]
+            out = args[0]
+            flops = count * graph_flops(block_gm)
+        elif node.op in ("call_module", "call_function", "call_method"):
+            out, flops = ops.of(node, gm).shape(node, args, kwargs, gm)
         elif node.op == "output":
             out = args[0]
         else:
@@ -248,98 +210,6 @@ def propagate(gm: fx.GraphModule, repeats: dict | None = None) -> None:
         node.meta[DTYPE] = _dtype_rule(node, gm, dtypes(node.args))
 
 
-def _function_rule(node: fx.Node, args, kwargs):
-    t = node.target
-    zero = sympy.Integer(0)
-    if t in ("unflatten",) or t is torch.unflatten:
-        x, d, sizes = args
-        d = _dim(x, d)
-        sizes = list(sizes)
-        if -1 in sizes:
-            known = sympy.Mul(*[s for s in sizes if s != -1])
-            sizes[sizes.index(-1)] = sympy.simplify(x[d] / known)
-        return tuple(x[:d]) + tuple(sizes) + tuple(x[d + 1:]), zero
-    if t == "transpose" or t is torch.transpose:
-        x, a, b = args
-        s = list(x)
-        a, b = _dim(x, a), _dim(x, b)
-        s[a], s[b] = s[b], s[a]
-        return tuple(s), zero
-    if t == "flatten" or t is torch.flatten:
-        x = args[0]
-        start = _dim(x, args[1] if len(args) > 1 else kwargs.get("start_dim", 0))
-        end = _dim(x, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
-        return tuple(x[:start]) + (_numel(x[start:end + 1]),) + tuple(x[end + 1:]), zero
-    if t in ("float", "contiguous", "to") or t in (F.gelu, F.silu, F.relu, torch.tanh):
-        return args[0], zero
-    if t in (operator.add, operator.mul, operator.sub, torch.add, torch.mul):
-        return _broadcast(args[0] if isinstance(args[0], tuple) else None,
-                          args[1] if isinstance(args[1], tuple) else None), zero
-    if t is getattr:
-        if args[1] == "shape":
-            return args[0], zero
-        return None, zero  # .device, .dtype
-    if t is operator.getitem:
-        return args[0][args[1]], zero
-    if t is torch.arange:
-        return (args[0],), zero
-    if t is F.linear:
-        x, w = args[0], args[1]
-        return tuple(x[:-1]) + (w[0],), 2 * _numel(x[:-1]) * w[0] * w[1]
-    if t is F.scaled_dot_product_attention:
-        q, k, v = args[:3]
-        # Q·Kᵀ and (softmax)·V, each 2·B·H·Sq·Sk·D; the causal mask is not discounted (Megatron's convention).
-        b, h, sq, d = q
-        sk, dv = k[2], v[3]
-        return (b, h, sq, dv), 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
-    if t is F.cross_entropy or t is C.vocab_parallel_cross_entropy:
-        return (), zero
-    if t in (C.identity_fwd_all_reduce_bwd, C.all_reduce_fwd_identity_bwd):
-        return args[0], zero
-    if t is C.all_gather_fwd_reduce_scatter_bwd:
-        x, axis, d = args
-        return tuple(s * size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), zero
-    if t in (C.reduce_scatter_fwd_all_gather_bwd, C.split_fwd_all_gather_bwd):
-        x, axis, d = args
-        return tuple(s / size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), zero
-    if t is moe.route:
-        b, s, _ = args[0]
-        return ((b, s, args[1]), (b, s, args[1])), zero
-    if t is rotary.rotate:  # elementwise: no matmul FLOPs (the model FLOPs count matmuls only)
-        return (tuple(args[0]), tuple(args[1])), zero
-    if t is moe.dispatch:
-        layer = node.meta[LAYER]  # the symbolic sizes; the call's arguments are their numbers
-        b, s, h = args[0]
-        return (layer.experts, b * layer.capacity, h), zero
-    if t is moe.combine:
-        b, s, _ = args[1]
-        return (b, s, args[0][2]), zero
-    if t is moe.all_to_all_dispatch:
-        e, n, h = args[0]
-        return (e / size(args[1]), n * size(args[1]), h), zero
-    if t is moe.all_to_all_combine:
-        e, n, h = args[0]
-        return (e * size(args[1]), n / size(args[1]), h), zero
-    if t is C.vocab_parallel_lookup:
-        return tuple(args[0]) + (args[1][1],), zero
-    raise NotImplementedError(f"no shape rule for {getattr(t, '__name__', t)} at node {node.name}")
-
-
-# Ops whose output is in the compute precision (they read bf16 weights), and ops whose output is fp32 whatever
-# their input.
-_ACT_OPS = (F.linear, F.scaled_dot_product_attention, moe.dispatch, C.vocab_parallel_lookup)
-_FP32_OPS = ("float", F.cross_entropy, C.vocab_parallel_cross_entropy)
-
-
-def _promote(*kinds) -> str | None:
-    """torch's promotion of a binary op's result: fp32 over the residual stream (fp32 or the compute precision)
-    over the compute precision."""
-    floats = [k for k in kinds if k in ("act", "res", "fp32")]
-    if not floats:
-        return next((k for k in kinds if k is not None), None)
-    return next(k for k in ("fp32", "res", "act") if k in floats)
-
-
 def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
     """The DTYPE of a node's output from its inputs' (see the module docstring)."""
     if node.op == "placeholder":
@@ -348,33 +218,9 @@ def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
         return "act"  # a weight (the tied head's)
     if node.op == "output":
         return args[0] if args else None
-    t = node.target
-    if node.op == "call_module":
-        mod = gm.get_submodule(t)
-        if isinstance(mod, (nn.Linear, moe.Experts, nn.Embedding, nn.LayerNorm, nn.RMSNorm)):
-            return "act"  # norms compute in fp32 inside and return the compute precision (runtime.precision)
-        if isinstance(mod, Repeat):
-            return "res"  # the stream it carries (cast to fp32 on entry under fp32_residual)
-        return _promote(args[0], "act")  # Bias adds a parameter
-    if t in _ACT_OPS:
-        return "act"
-    if t in _FP32_OPS:
-        return "fp32"
-    if t is torch.arange:
-        return "int"
-    if t is getattr:
-        return None
-    if t is moe.route:
-        return ("int", "fp32")  # slots, gates
-    if t is rotary.rotate:
-        return (args[0], args[1])
-    if t is operator.getitem:
-        return args[0][args[1]] if isinstance(args[0], tuple) else args[0]
-    if t is moe.combine:  # the experts' outputs, plus the token itself for dropped = identity
-        return _promote(args[0], *(args[3:4]))
-    if t in (operator.add, operator.mul, operator.sub, torch.add, torch.mul):
-        return _promote(*[a for a in args if isinstance(a, str)])
-    return args[0] if args and isinstance(args[0], (str, tuple)) else None  # shape ops, activations, collectives
+    if node.op == "call_module" and isinstance(gm.get_submodule(node.target), Repeat):
+        return "res"  # the stream it carries (cast to fp32 on entry under fp32_residual)
+    return ops.of(node, gm).dtype(node, gm, args)
 
 
 def graph_flops(gm: fx.GraphModule) -> sympy.Expr:

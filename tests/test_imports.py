@@ -13,12 +13,14 @@ ROOT = Path(__file__).parent.parent
 ALLOWED = {
     "compiler/model.py": "builds the model from runtime.layers (Repeat, Bias) and runtime.moe (Experts, routing): "
                          "the modules the generated program instantiates",
-    "compiler/trace.py": "keeps runtime leaves (Repeat, Experts, collectives) whole in the traced graph",
+    "compiler/trace.py": "keeps the runtime's Repeat whole in the traced graph (the op records keep the other leaves)",
     "compiler/schedule.py": "re-exports runtime.schedule: the schedule the program executes is the one verified",
     "compiler/passes/tensor_parallel.py": "inserts calls to runtime.collectives into the graph",
     "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
-    "compiler/cost/activations.py": "recognises the runtime's leaves and autograd Functions (collectives, MoE) in "
-                                    "the traced graph to say what each keeps for backward",
+    "compiler/ops.py": "one record per op the program calls, keyed by the runtime's leaves and autograd Functions "
+                       "(collectives, MoE, rotary) themselves",
+    "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
+                                    "are its own graph's, under its recomputation",
     "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
     "compiler/hf_header.py": "checks an init checkpoint's headers under the names the program reads it by "
                              "(runtime.hf_names, torch-free, as `scalec check` requires)",

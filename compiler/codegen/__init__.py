@@ -25,7 +25,6 @@ from compiler import trace as T
 from compiler.codegen import escape as E
 from compiler.model import residual_out
 from runtime.layers import Bias, Repeat
-from runtime.moe import Experts
 
 INIT_STD = 0.02
 
@@ -78,20 +77,11 @@ def where(spec: S.Spec, span) -> str:
 
 
 def _ctor(mod: nn.Module) -> str:
-    if isinstance(mod, nn.Linear):
-        return f"nn.Linear({mod.in_features}, {mod.out_features}{'' if mod.bias is not None else ', bias=False'})"
-    if isinstance(mod, nn.Embedding):
-        return f"nn.Embedding({mod.num_embeddings}, {mod.embedding_dim})"
-    if isinstance(mod, nn.LayerNorm):
-        return f"nn.LayerNorm({mod.normalized_shape[0]}, eps={mod.eps!r})"
-    if isinstance(mod, nn.RMSNorm):
-        return f"nn.RMSNorm({mod.normalized_shape[0]}, eps={mod.eps!r})"
-    if isinstance(mod, Bias):
-        return f"Bias({mod.bias.shape[0]})"
-    if isinstance(mod, Experts):
-        e, h, f = mod.w_up.shape
-        return f"moe.Experts({e}, {h}, {f}, act={mod.act!r})"
-    raise NotImplementedError(f"no constructor for {type(mod).__name__}")
+    from compiler import ops
+    op = ops.MODULES.get(type(mod))
+    if op is None or op.render is None:
+        raise NotImplementedError(f"no constructor for {type(mod).__name__}: add its record's render in compiler/ops.py")
+    return op.render(mod)
 
 
 # FX prints some functions by their private torch names; the program uses the public ones.

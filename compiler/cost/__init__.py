@@ -16,7 +16,6 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, replace
 
 import sympy
@@ -33,6 +32,7 @@ from compiler.simulate import DDP_BUCKET_BYTES
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
+O = lazy("compiler.ops")
 
 BYTES = {"fp32": 4, "bf16": 2}
 RECOMPUTE = ("none", "selective", "full")
@@ -203,8 +203,8 @@ class CostModel:
             # before the last. Then only the output whose send is still under way is kept.
             last = next(n for n in gm.graph.nodes if n.op == "output").args[0]
             last = last[0] if isinstance(last, (tuple, list)) and len(last) == 1 else last
-            self.frees_sent = (getattr(last, "op", None) == "call_function"
-                               and (last.target is operator.add or str(last.target) in ("aten.add.Tensor", "add")))
+            op = O.find(last, gm) if getattr(last, "op", None) == "call_function" else None
+            self.frees_sent = op is not None and op.freed_when_sent
             # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
             self.saved[("wgrad", "block")] = A.weight_output_grads(gm, prec)
             for k in ("prologue", "epilogue"):

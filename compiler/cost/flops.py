@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from torch import fx
 
 T = lazy("compiler.trace")  # torch loads on first use: compiler.cost.devices is read by the torch-free checker
+O = lazy("compiler.ops")
 
 # Graph inputs that need no gradient: the token ids and targets of the top level (a block's `x` and a pipeline
 # piece's `x` or `logits` carry the residual stream, which does).
@@ -41,30 +42,17 @@ def _needs_grad(gm: fx.GraphModule) -> dict:
 
 
 def node_backward(node: fx.Node, gm: fx.GraphModule, needs: dict, repeats: dict | None = None) -> sympy.Expr:
-    """Backward FLOPs of one node (see the module's rule)."""
-    import torch.nn.functional as F
+    """Backward FLOPs of one node (see the module's rule; an op's own rule is its record's `backward`)."""
     from torch import fx
     fwd = node.meta.get(T.FLOPS, 0)
     if fwd == 0:
         return sympy.Integer(0)
-    if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
-        if repeats is not None and node.target in repeats:
-            count, block = repeats[node.target]
-            return count * graph_backward(block)
-        weights = 1 if any(True for _ in mod.parameters()) else 0
-        inputs = sum(1 for a in node.all_input_nodes if needs.get(a, False))
-        return fwd * (weights + inputs)
-    if node.target is F.scaled_dot_product_attention:
-        # Two matmuls fused: S = Q·Kᵀ and O = P·V (P = softmax(S)). Backward: dV = Pᵀ·dO and dP = dO·Vᵀ (P needs
-        # its gradient when Q or K does), then dQ = dS·K and dK = dSᵀ·Q: one matmul of each forward matmul's size
-        # per operand that needs a gradient.
-        q, k, v = node.args[:3]
-        b, h, sq, d = q.meta[T.SHAPE]
-        sk, dv = k.meta[T.SHAPE][2], v.meta[T.SHAPE][3]
-        qk, pv = 2 * b * h * sq * sk * d, 2 * b * h * sq * sk * dv
-        p_needs = needs.get(q, False) or needs.get(k, False)
-        return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+    if node.op == "call_module" and repeats is not None and node.target in repeats:
+        count, block = repeats[node.target]
+        return count * graph_backward(block)
+    op = O.find(node, gm)
+    if op is not None and op.backward is not None:
+        return op.backward(node, gm, needs, fwd)
     # a matmul of two operands (F.linear's input and weight, or two activations): one gradient matmul per operand
     # that needs one
     operands = [a for a in node.args[:2] if isinstance(a, fx.Node)]
@@ -82,13 +70,12 @@ def graph_forward(gm: fx.GraphModule) -> sympy.Expr:
 
 
 def recomputed_forward(gm: fx.GraphModule, mode: str) -> sympy.Expr:
-    """FLOPs a block's recomputation adds to one micro-batch: `full` re-runs its whole forward; `selective` its
-    scaled_dot_product_attention (the attention core: the matmuls it recomputes; norms and elementwise ops count
-    0 by the convention); `none` nothing."""
-    import torch.nn.functional as F
+    """FLOPs a block's recomputation adds to one micro-batch: `full` re-runs its whole forward; `selective` the
+    ops whose outputs it does not keep that do matmuls (the attention core: norms and elementwise ops count 0 by
+    the convention); `none` nothing."""
     if mode == "full":
         return graph_forward(gm)
     if mode == "selective":
         return sympy.expand(sum((n.meta.get(T.FLOPS, 0) for n in gm.graph.nodes
-                                 if n.target is F.scaled_dot_product_attention), sympy.Integer(0)))
+                                 if (op := O.find(n, gm)) is not None and not op.selective), sympy.Integer(0)))
     return sympy.Integer(0)

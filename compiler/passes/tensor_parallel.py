@@ -23,7 +23,6 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-import functools
 from typing import TYPE_CHECKING
 
 import sympy
@@ -44,17 +43,16 @@ nn = lazy("torch.nn")
 T = lazy("compiler.trace")
 C = lazy("runtime.collectives")
 _layers = lazy("runtime.layers")
-_rotary = lazy("runtime.rotary")
+_ops = lazy("compiler.ops")
 
 AXIS = "tp"
 
 
-@functools.cache
-def _shard_preserving() -> frozenset:
-    """The allow-list: operations through which a head / inner-width shard flows unchanged. Anything else between a
-    layer's column and row linears makes the layer unshardable (E0407), never silently replicated."""
-    return frozenset({"unflatten", "transpose", "flatten", "contiguous", F.gelu, F.silu, F.relu, operator.mul,
-                      F.scaled_dot_product_attention, _rotary.rotate, operator.getitem})
+def _shard_preserving() -> dict:
+    """The allow-list (compiler/ops.py records marked `shard`): operations through which a head / inner-width shard
+    flows unchanged, by name. Anything else between a layer's column and row linears makes the layer unshardable
+    (E0407), never silently replicated."""
+    return _ops.shard_preserving()
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,8 @@ def _is_linear(gm: fx.GraphModule, n: fx.Node) -> bool:
 
 
 def _preserving(n: fx.Node) -> bool:
-    return n.op in ("call_function", "call_method") and n.target in _shard_preserving()
+    op = _ops.find(n) if n.op in ("call_function", "call_method") else None
+    return op is not None and op.shard
 
 
 def _column_sources(gm: fx.GraphModule, v) -> set | None:
@@ -184,8 +183,7 @@ def unsharded(gm: fx.GraphModule, plan, decision: Decision) -> list[Diagnostic]:
                               layer.span, label="would run replicated on every tp rank",
                               help=f"leave it out of tp: `tp_layers = ({', '.join(k for k in plan.tp_layers if k != kind)})`"
                                    f", or use tp = 1; supported between the linears: "
-                                   + ", ".join(sorted(x if isinstance(x, str) else x.__name__
-                                                      for x in _shard_preserving()))))
+                                   + ", ".join(sorted(set(_shard_preserving().values())))))
     return out
 
 

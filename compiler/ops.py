@@ -1,0 +1,599 @@
+"""The operations our layers emit, one record each: everything the compiler knows about an op lives here.
+
+A record says, for one call target (a function, a method name) or one module type:
+  shape      its output's symbolic shape and forward FLOPs from its inputs' (compiler/trace.py propagates them; matmuls
+             only count FLOPs, 2·m·n·k, the Megatron convention)
+  dtype      its output's DTYPE kind ("act", "res", "fp32", "int"; trace.py's module docstring) from its inputs'
+  backward   its backward FLOPs (compiler/cost/flops.py's rule: one gradient matmul of the forward's size per
+             operand that needs a gradient), when it is not that default
+  saved      what its backward keeps (compiler/cost/activations.py: the tensors torch's derivative formula, or our
+             autograd Function, saves, and in which dtype; whether its output shares its input's storage)
+  selective  whether selective recomputation keeps its output (runtime/recompute.py's policy: matmuls and the
+             collectives whose outputs cost communication)
+  passes_grad  whether its backward reads none of its inputs' values (sums, views, casts, collectives)
+  free       no kernel: the step-time model (compiler/simulate.py) costs it nothing
+  dims       a matmul's (batch, M, N, K, weight elements or None), for the step-time model's tile quantisation
+  shard      whether a head or inner-width shard flows through it unchanged (the tensor-parallel policy's allow-list,
+             compiler/passes/tensor_parallel.py)
+  loss       the loss's working set (its logits' moment) and its second read of the logits
+  wgrad      what a split backward (zero-bubble) keeps of its weight's output gradient between its halves
+  render     (modules) the constructor the generated program writes
+
+A new op is one record in this file: trace, the FLOP, activation and time models and the tp policy read it, and an
+op no record covers is an error at the node that uses it, never a silent zero.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compiler.lazy import lazy
+from compiler.symbols import size
+from runtime import collectives as C
+from runtime import moe, rotary
+from runtime.layers import Bias
+
+T = lazy("compiler.trace")  # node.meta keys (trace imports this module)
+
+INT_BYTES = 8  # token ids, targets, positions and slots are int64
+ZERO = sympy.Integer(0)
+
+
+def _numel(shape) -> sympy.Expr:
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+def _dim(shape, d: int) -> int:
+    return d % len(shape)
+
+
+def _broadcast(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+def promote(*kinds) -> str | None:
+    """torch's promotion of a binary op's result: fp32 over the residual stream (fp32 or the compute precision)
+    over the compute precision."""
+    floats = [k for k in kinds if k in ("act", "res", "fp32")]
+    if not floats:
+        return next((k for k in kinds if k is not None), None)
+    return next(k for k in ("fp32", "res", "act") if k in floats)
+
+
+# -- the rules records share --------------------------------------------------------------------------------------
+
+
+def _same_shape(node, args, kwargs, gm):
+    return args[0], ZERO
+
+
+def _same_dtype(node, gm, args):
+    """Shape ops, activations, collectives: the input's kind."""
+    return args[0] if args and isinstance(args[0], (str, tuple)) else None
+
+
+def _act(node, gm, args):
+    return "act"
+
+
+def _fp32(node, gm, args):
+    return "fp32"
+
+
+def _keeps_nothing(g, node, args):
+    pass
+
+
+def _keeps_input(g, node, args):
+    g.keep(args[0])
+
+
+def _keeps_output(g, node, args):
+    g.keep(node)
+
+
+def _aliases_input(g, node, args):
+    if isinstance(args[0], type(node)):
+        g.views[node] = args[0]
+
+
+def _keeps_matmul_input(g, node, args):
+    g.keep_matmul_input(args[0], node)
+
+
+def _linear_dims(node, gm):
+    x, w = node.args[0].meta[T.SHAPE], node.args[1].meta[T.SHAPE]
+    return 1, _numel(x[:-1]), w[0], w[1], w[0] * w[1]
+
+
+def _output_grad(node, gm, widths):
+    """A linear module's split backward keeps its output's gradient, in the compute precision."""
+    return _numel(node.meta[T.SHAPE]) * widths["act"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation (see the module docstring for each field)."""
+
+    name: str
+    shape: Callable = _same_shape
+    dtype: Callable = _same_dtype
+    saved: Callable = _keeps_nothing
+    backward: Callable | None = None
+    selective: bool = False
+    passes_grad: bool = False
+    free: bool = False
+    dims: Callable | None = None
+    shard: bool = False
+    loss: Callable | None = None
+    wgrad: Callable | None = None
+    render: Callable | None = None
+    computes: bool = True      # a collective that also computes (costed as memory traffic besides its transfer)
+    outputs: tuple = ()        # names given to the getitem nodes of a tuple result, in order
+    wrapped: bool = False      # traced as one call (torch.fx autowrap), not through its body
+    copy: bool = False         # its backward holds a copy of its gradient (a tensor-parallel all-reduce's)
+    defaults: bool = False     # every keyword the tracer records for it is the default: dropped from the program
+    freed_when_sent: bool = False  # a stage output it makes is freed once sent (runtime.pipeline.FREEABLE: its
+                                   # backward node saves nothing)
+    padding: Callable | None = None  # (node, seq) -> the fraction of its FLOPs spent on empty slots, or None
+    attention: bool = False    # the fused attention kernel: timed at the device's attention efficiency
+    kept: Callable | None = None     # (node, gm, needed, act) -> what selective recomputation keeps of it, when not
+                                     # its output (where `needed`: the backward reads it)
+
+
+# -- modules ------------------------------------------------------------------------------------------------------
+
+
+def _linear_shape(node, args, kwargs, gm):
+    w = gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"]
+    x = args[0]
+    return tuple(x[:-1]) + (w[0],), 2 * _numel(x[:-1]) * w[0] * w[1]
+
+
+def _module_backward(node, gm, needs, fwd):
+    """A module with weights: one gradient matmul for the weights, one per input that needs a gradient."""
+    weights = 1 if any(True for _ in gm.get_submodule(node.target).parameters()) else 0
+    inputs = sum(1 for a in node.all_input_nodes if needs.get(a, False))
+    return fwd * (weights + inputs)
+
+
+def _module_linear_dims(node, gm):
+    out, inp = gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"]
+    x = node.args[0].meta[T.SHAPE]
+    return 1, _numel(x[:-1]), out, inp, out * inp
+
+
+def _render_linear(mod):
+    return f"nn.Linear({mod.in_features}, {mod.out_features}{'' if mod.bias is not None else ', bias=False'})"
+
+
+def _layernorm_saved(g, node, args):
+    x = args[0]
+    g.norm_input(x, node)
+    rows = _numel(x.meta[T.SHAPE][:-1])
+    # mean and reciprocal std: fp32 on CUDA; on CPU in the input's dtype
+    stat = 4 if g.device == "cuda" else g.widths.get(x.meta.get(T.DTYPE), 4)
+    g.new(node, "stats", (rows,), 2 * stat)
+
+
+def _rmsnorm_saved(g, node, args):
+    x = args[0]
+    rows = _numel(x.meta[T.SHAPE][:-1])
+    if g.device == "cuda":  # fused: its input and the reciprocal RMS per row
+        g.norm_input(x, node)
+        g.new(node, "stats", (rows,), 4)
+    else:  # composite: its input upcast to fp32 (a copy when bf16), the reciprocal RMS and x·rstd
+        if g.widths.get(x.meta.get(T.DTYPE), 4) < 4:
+            g.new(node, "upcast", x.meta[T.SHAPE], 4)
+        else:
+            g.norm_input(x, node)
+        g.new(node, "stats", (rows,), 4)
+        g.new(node, "normed", x.meta[T.SHAPE], 4)
+
+
+def _embedding_shape(node, args, kwargs, gm):
+    return tuple(args[0]) + (gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"][1],), ZERO
+
+
+def _bias_dtype(node, gm, args):
+    return promote(args[0], "act")  # adds a parameter
+
+
+def _experts_shape(node, args, kwargs, gm):
+    mod = gm.get_submodule(node.target)
+    e, h, f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"]
+    x = args[0]
+    # Every slot is computed, empty or not (the buffers are padded to capacity): 2 or 3 matmuls.
+    return x, (3 if mod.act == "swiglu" else 2) * 2 * x[0] * x[1] * h * f
+
+
+def _experts_saved(g, node, args):
+    mod = g.gm.get_submodule(node.target)
+    x = args[0]
+    e, n, _ = x.meta[T.SHAPE]
+    f = g.params[f"{node.target}.w_up"][2]
+    g.keep_matmul_input(x, node)
+    hidden = e * n * f * g.act
+    # GELU: its input, and its output (the down matmul's input); SwiGLU: the gate (silu's input), silu's output,
+    # the up projection (the product's operands) and their product (the down matmul's input).
+    g.saved[("experts", node)] = hidden * (4 if mod.act == "swiglu" else 2)
+
+
+def _experts_dims(node, gm):
+    mod = gm.get_submodule(node.target)
+    ps = gm.meta[T.PARAM_SHAPES]
+    x = node.args[0].meta[T.SHAPE]
+    e, h, f = ps[f"{node.target}.w_up"]  # every expert's buffer, (experts, capacity, hidden)
+    return x[0], x[1], f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
+
+
+def _experts_wgrad(node, gm, widths):
+    mod = gm.get_submodule(node.target)
+    e, n, h = node.meta[T.SHAPE]
+    f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+    return (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * widths["act"]
+
+
+def _experts_padding(node, seq):
+    """Model FLOPs count top_k experts per token (MFU as PaLM defines it); the program computes every slot of the
+    experts' buffers, padded to capacity (E·C per sequence, C = seq when dropless)."""
+    layer = node.meta.get(T.LAYER)
+    if layer is None or not hasattr(layer, "top_k"):
+        return None
+    return 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
+
+
+def _experts_kept(node, gm, needed, act):
+    """Under selective recomputation: up (and gate), which the experts' own backward recomputes their activation
+    from whatever reads the output, and the down matmul's output only where the backward needs it."""
+    mod = gm.get_submodule(node.target)
+    e, n, h = node.meta[T.SHAPE]
+    f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+    return (e * n * f * (2 if mod.act == "swiglu" else 1) + (e * n * h if needed else 0)) * act
+
+
+def _render_experts(mod):
+    e, h, f = mod.w_up.shape
+    return f"moe.Experts({e}, {h}, {f}, act={mod.act!r})"
+
+
+MODULES = {
+    nn.Linear: Op("linear", _linear_shape, _act, _keeps_matmul_input, _module_backward, selective=True,
+                  dims=_module_linear_dims, wgrad=_output_grad, render=_render_linear),
+    nn.Embedding: Op("embedding", _embedding_shape, _act, _keeps_input,
+                     render=lambda m: f"nn.Embedding({m.num_embeddings}, {m.embedding_dim})"),
+    nn.LayerNorm: Op("layernorm", dtype=_act, saved=_layernorm_saved,
+                     render=lambda m: f"nn.LayerNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
+    nn.RMSNorm: Op("rmsnorm", dtype=_act, saved=_rmsnorm_saved,
+                   render=lambda m: f"nn.RMSNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
+    Bias: Op("bias", dtype=_bias_dtype, passes_grad=True, render=lambda m: f"Bias({m.bias.shape[0]})"),
+    moe.Experts: Op("experts", _experts_shape, _act, _experts_saved, _module_backward, selective=True,
+                    dims=_experts_dims, wgrad=_experts_wgrad, render=_render_experts, padding=_experts_padding,
+                    kept=_experts_kept),
+}
+
+
+# -- functions and methods ----------------------------------------------------------------------------------------
+
+
+def _unflatten_shape(node, args, kwargs, gm):
+    x, d, sizes = args
+    d = _dim(x, d)
+    sizes = list(sizes)
+    if -1 in sizes:
+        known = sympy.Mul(*[s for s in sizes if s != -1])
+        sizes[sizes.index(-1)] = sympy.simplify(x[d] / known)
+    return tuple(x[:d]) + tuple(sizes) + tuple(x[d + 1:]), ZERO
+
+
+def _transpose_shape(node, args, kwargs, gm):
+    x, a, b = args
+    s = list(x)
+    a, b = _dim(x, a), _dim(x, b)
+    s[a], s[b] = s[b], s[a]
+    return tuple(s), ZERO
+
+
+def _flatten_shape(node, args, kwargs, gm):
+    x = args[0]
+    start = _dim(x, args[1] if len(args) > 1 else kwargs.get("start_dim", 0))
+    end = _dim(x, args[2] if len(args) > 2 else kwargs.get("end_dim", -1))
+    return tuple(x[:start]) + (_numel(x[start:end + 1]),) + tuple(x[end + 1:]), ZERO
+
+
+def _flatten_saved(g, node, args):
+    src = args[0]
+    # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the flash kernels
+    # lay out as (batch, seq, heads, dim): transposing it back is contiguous.
+    if src.target == "transpose" and src.args[0].target is not F.scaled_dot_product_attention:
+        return
+    g.views[node] = src
+
+
+def _cast_saved(g, node, args):
+    """`.float()` / `.to()`: the same storage when the dtype does not change."""
+    if node.meta.get(T.DTYPE) == args[0].meta.get(T.DTYPE):
+        g.views[node] = args[0]
+
+
+def _binary_shape(node, args, kwargs, gm):
+    return _broadcast(args[0] if isinstance(args[0], tuple) else None,
+                      args[1] if isinstance(args[1], tuple) else None), ZERO
+
+
+def _binary_dtype(node, gm, args):
+    return promote(*[a for a in args if isinstance(a, str)])
+
+
+def _mul_saved(g, node, args):
+    for a in args[:2]:
+        if hasattr(a, "meta") and a.meta.get(T.SHAPE) is not None:
+            g.keep(a)
+
+
+def _getattr_shape(node, args, kwargs, gm):
+    return (args[0] if args[1] == "shape" else None), ZERO  # .shape; .device, .dtype have none
+
+
+def _getitem_shape(node, args, kwargs, gm):
+    return args[0][args[1]], ZERO
+
+
+def _getitem_dtype(node, gm, args):
+    return args[0][args[1]] if isinstance(args[0], tuple) else args[0]
+
+
+def _linear_fn_shape(node, args, kwargs, gm):
+    x, w = args[0], args[1]
+    return tuple(x[:-1]) + (w[0],), 2 * _numel(x[:-1]) * w[0] * w[1]
+
+
+def _linear_fn_wgrad(node, gm, widths):
+    """F.linear's split backward keeps its output's gradient, in the output's dtype."""
+    return _numel(node.meta[T.SHAPE]) * widths.get(node.meta.get(T.DTYPE), 4)
+
+
+def _sdpa_shape(node, args, kwargs, gm):
+    q, k, v = args[:3]
+    # Q·Kᵀ and (softmax)·V, each 2·B·H·Sq·Sk·D; the causal mask is not discounted (Megatron's convention).
+    b, h, sq, d = q
+    sk, dv = k[2], v[3]
+    return (b, h, sq, dv), 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
+
+
+def _sdpa_backward(node, gm, needs, fwd):
+    # Two matmuls fused: S = Q·Kᵀ and O = P·V (P = softmax(S)). Backward: dV = Pᵀ·dO and dP = dO·Vᵀ (P needs its
+    # gradient when Q or K does), then dQ = dS·K and dK = dSᵀ·Q: one matmul of each forward matmul's size per
+    # operand that needs a gradient.
+    q, k, v = node.args[:3]
+    b, h, sq, d = q.meta[T.SHAPE]
+    sk, dv = k.meta[T.SHAPE][2], v.meta[T.SHAPE][3]
+    qk, pv = 2 * b * h * sq * sk * d, 2 * b * h * sq * sk * dv
+    p_needs = needs.get(q, False) or needs.get(k, False)
+    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+
+
+def _sdpa_saved(g, node, args):
+    # the flash kernels (CUDA and CPU) keep q, k, v, the output and a log-sum-exp per row and head (fp32), never
+    # the s×s scores
+    for a in args[:3]:
+        g.keep_matmul_input(a, node)
+    b, h, s, _ = node.meta[T.SHAPE]
+    g.saved[("t", node)] = _numel(node.meta[T.SHAPE]) * g.act  # the output
+    g.new(node, "lse", (b, h, s), 4)
+
+
+def _sdpa_dims(node, gm):
+    b, h, sq, d = node.args[0].meta[T.SHAPE]
+    return b * h, sq, node.args[1].meta[T.SHAPE][2], d, None
+
+
+def _loss_shape(node, args, kwargs, gm):
+    return (), ZERO
+
+
+def _cross_entropy_saved(g, node, args):
+    logits, targets = args[:2]
+    g.new(node, "log_softmax", logits.meta[T.SHAPE], 4)
+    g.keep(targets)
+
+
+def _vocab_cross_entropy_saved(g, node, args):
+    logits = args[0]
+    n = logits.meta[T.SHAPE][0]
+    g.new(node, "softmax", logits.meta[T.SHAPE], 4)
+    g.new(node, "mine", (n,), 1)
+    g.new(node, "local", (n,), INT_BYTES)
+
+
+def _vocab_lookup_saved(g, node, args):
+    tokens = args[0]
+    g.new(node, "ids", tokens.meta[T.SHAPE], INT_BYTES)   # the shifted, masked ids
+    g.new(node, "outside", tokens.meta[T.SHAPE], 1)       # the mask of foreign ids
+
+
+def _gather_shape(node, args, kwargs, gm):
+    x, axis, d = args
+    return tuple(s * size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), ZERO
+
+
+def _scatter_shape(node, args, kwargs, gm):
+    x, axis, d = args
+    return tuple(s / size(axis) if i == _dim(x, d) else s for i, s in enumerate(x)), ZERO
+
+
+def _route_shape(node, args, kwargs, gm):
+    b, s, _ = args[0]
+    return ((b, s, args[1]), (b, s, args[1])), ZERO
+
+
+def _route_saved(g, node, args):
+    logits = args[0]
+    b, s, e = logits.meta[T.SHAPE]
+    k = args[1]
+    g.new(node, "probs", (b, s, e), 4)             # softmax's output (fp32)
+    g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's indices
+    if k > 1:
+        g.new(node, "norm", (b, s, k), 4)          # the division's operands: gates and their sum
+        g.new(node, "sum", (b, s, 1), 4)
+    g.new(node, "aux", (b, e), 4)                  # the aux loss's product: the mean probabilities
+
+
+def _rotate_saved(g, node, args):  # its cosines and sines, (S, D) each in the queries' dtype
+    b, h, s, d = args[0].meta[T.SHAPE]
+    g.new(node, "angles", (2, s, d), g.act)
+
+
+def _dispatch_shape(node, args, kwargs, gm):
+    layer = node.meta[T.LAYER]  # the symbolic sizes; the call's arguments are their numbers
+    b, s, h = args[0]
+    return (layer.experts, b * layer.capacity, h), ZERO
+
+
+def _dispatch_saved(g, node, args):
+    b, s, k = args[1].meta[T.SHAPE]
+    g.new(node, "index", (b, s * k), INT_BYTES)  # scatter_add's index: a copy of the (strided) slots
+
+
+def _combine_shape(node, args, kwargs, gm):
+    b, s, _ = args[1]
+    return (b, s, args[0][2]), ZERO
+
+
+def _combine_dtype(node, gm, args):  # the experts' outputs, plus the token itself for dropped = identity
+    return promote(args[0], *(args[3:4]))
+
+
+def _combine_saved(g, node, args):
+    y, slot, gate = args[:3]
+    e, n, h = y.meta[T.SHAPE]
+    b, s, k = slot.meta[T.SHAPE]
+    g.new(node, "index", (b, s * k), INT_BYTES)     # gather's index: a copy of the (strided) slots
+    g.new(node, "outputs", (b, e * n / b + 1, h), g.act)  # gather's input: the outputs + a zero slot
+    g.new(node, "picked", (b, s, k, h), g.act)      # the product's operands: the picked outputs,
+    g.new(node, "weights", (b, s, k), g.act)        # and the gates in the compute dtype
+    if len(args) > 3 and args[3] is not None:       # dropped = identity: Σ gate × dropped, times the token
+        g.new(node, "dropped", (b, s, k), g.act)
+        g.new(node, "gate_sum", (b, s, 1), g.act)
+        g.keep(args[3])
+
+
+def _a2a_shape(scale):
+    def shape(node, args, kwargs, gm):
+        e, n, h = args[0]
+        k = size(args[1])
+        return ((e / k, n * k, h) if scale else (e * k, n / k, h)), ZERO
+    return shape
+
+
+def _loss_moments(kind):
+    """The loss's working set: its forward holds the logits, their fp32 copy (bf16 only) and, vocabulary-
+    parallel, the shifted logits and their exponentials; its backward the fp32 gradient of the log-softmax and its
+    input's gradient (8 bytes per logit). One formula per moment."""
+    def moments(n, copy):
+        return [(copy + 2 * 4) * n if kind == "vocab" else copy * n, 8 * n]
+    return moments
+
+
+_UNFLATTEN = Op("unflatten", _unflatten_shape, saved=_aliases_input, passes_grad=True, free=True, shard=True)
+_TRANSPOSE = Op("transpose", _transpose_shape, saved=_aliases_input, passes_grad=True, free=True, shard=True)
+_FLATTEN = Op("flatten", _flatten_shape, saved=_flatten_saved, passes_grad=True, free=True, shard=True)
+_ADD = Op("add", _binary_shape, _binary_dtype, passes_grad=True, freed_when_sent=True)
+_SUB = Op("sub", _binary_shape, _binary_dtype, passes_grad=True)
+_MUL = Op("mul", _binary_shape, _binary_dtype, _mul_saved, shard=True)
+_GATHER = Op("all_gather_fwd_reduce_scatter_bwd", _gather_shape, passes_grad=True, computes=False)
+_SCATTER = Op("reduce_scatter_fwd_all_gather_bwd", _scatter_shape, passes_grad=True, selective=True,
+              computes=False)
+
+FUNCTIONS = {
+    "unflatten": _UNFLATTEN, torch.unflatten: _UNFLATTEN,
+    "transpose": _TRANSPOSE, torch.transpose: _TRANSPOSE,
+    "flatten": _FLATTEN, torch.flatten: _FLATTEN,
+    "contiguous": Op("contiguous", passes_grad=True, shard=True),
+    "float": Op("float", dtype=_fp32, saved=_cast_saved, passes_grad=True),
+    "to": Op("to", saved=_cast_saved, passes_grad=True),
+    F.gelu: Op("gelu", saved=_keeps_input, shard=True),
+    F.silu: Op("silu", saved=_keeps_input, shard=True),
+    F.relu: Op("relu", saved=_keeps_output, shard=True),
+    torch.tanh: Op("tanh", saved=_keeps_output),
+    operator.add: _ADD, torch.add: _ADD, "add": _ADD,
+    operator.sub: _SUB, torch.sub: _SUB, "sub": _SUB,
+    operator.mul: _MUL, torch.mul: _MUL, "mul": _MUL,
+    getattr: Op("getattr", _getattr_shape, lambda node, gm, args: None, _aliases_input, passes_grad=True, free=True),
+    operator.getitem: Op("getitem", _getitem_shape, _getitem_dtype, passes_grad=True, free=True, shard=True),
+    torch.arange: Op("arange", lambda node, args, kwargs, gm: ((args[0],), ZERO), lambda node, gm, args: "int",
+                     free=True),
+    F.linear: Op("linear", _linear_fn_shape, _act, _keeps_matmul_input, selective=True, dims=_linear_dims,
+                 wgrad=_linear_fn_wgrad),
+    F.scaled_dot_product_attention: Op("scaled_dot_product_attention", _sdpa_shape, _act, _sdpa_saved,
+                                       _sdpa_backward, dims=_sdpa_dims, shard=True, attention=True),
+    F.cross_entropy: Op("cross_entropy", _loss_shape, _fp32, _cross_entropy_saved, loss=_loss_moments("whole"),
+                        defaults=True),
+    C.vocab_parallel_cross_entropy: Op("vocab_parallel_cross_entropy", _loss_shape, _fp32,
+                                       _vocab_cross_entropy_saved, loss=_loss_moments("vocab")),
+    C.vocab_parallel_lookup: Op("vocab_parallel_lookup",
+                                lambda node, args, kwargs, gm: (tuple(args[0]) + (args[1][1],), ZERO), _act,
+                                _vocab_lookup_saved),
+    C.identity_fwd_all_reduce_bwd: Op("identity_fwd_all_reduce_bwd", saved=_aliases_input, passes_grad=True,
+                                      computes=False, copy=True),
+    C.all_reduce_fwd_identity_bwd: Op("all_reduce_fwd_identity_bwd", passes_grad=True, selective=True,
+                                      computes=False),
+    C.all_gather_fwd_reduce_scatter_bwd: _GATHER,
+    C.reduce_scatter_fwd_all_gather_bwd: _SCATTER,
+    C.split_fwd_all_gather_bwd: Op("split_fwd_all_gather_bwd", _scatter_shape, passes_grad=True, computes=False),
+    moe.route: Op("route", _route_shape, lambda node, gm, args: ("int", "fp32"), _route_saved,
+                  outputs=("slot", "gate"), wrapped=True),
+    moe.dispatch: Op("dispatch", _dispatch_shape, _act, _dispatch_saved, wrapped=True),
+    moe.combine: Op("combine", _combine_shape, _combine_dtype, _combine_saved, wrapped=True),
+    moe.all_to_all_dispatch: Op("all_to_all_dispatch", _a2a_shape(True), selective=True, computes=False),
+    moe.all_to_all_combine: Op("all_to_all_combine", _a2a_shape(False), selective=True, computes=False),
+    rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
+                      lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
+                      wrapped=True, shard=True),
+}
+
+
+def find(node, gm=None) -> Op | None:
+    """The record of `node`'s operation (a call_module needs its GraphModule `gm`), or None: a placeholder, an
+    attribute, the output, a structural module (a repeat), or an op without a record."""
+    if node.op == "call_module":
+        return MODULES.get(type(gm.get_submodule(node.target)))
+    if node.op in ("call_function", "call_method"):
+        try:
+            return FUNCTIONS.get(node.target)
+        except TypeError:  # an unhashable target
+            return None
+    return None
+
+
+def of(node, gm=None) -> Op:
+    """`find`, where a missing record is an error naming the node: a new op cannot silently drop out of a model."""
+    op = find(node, gm)
+    if op is None:
+        what = type(gm.get_submodule(node.target)).__name__ if node.op == "call_module" else \
+            getattr(node.target, "__name__", node.target)
+        raise NotImplementedError(f"no record for {what} at node {node.name}: add one in compiler/ops.py")
+    return op
+
+
+def wrapped() -> tuple:
+    """The functions the tracer keeps as one call each (their insides depend on the data, not on shapes)."""
+    return tuple(t for t, op in FUNCTIONS.items() if op.wrapped)
+
+
+def shard_preserving() -> dict:
+    """Call targets through which a head or inner-width shard flows unchanged, by the name a diagnostic gives."""
+    return {t: op.name for t, op in FUNCTIONS.items() if op.shard}
