@@ -26,7 +26,10 @@ Pruning, in order, each with why it is safe or what it may miss:
    compute and activations over tp, and adds one small all-reduce of the norm gradients per step. The search tries
    it alone where a rule allows it (not with `moe` layers, E0707; not when tp does not divide the sequence) and
    without it otherwise or when fixed. May miss: a model so small that that step's all-reduce costs more than the
-   norms' compute it saves (tiny CPU models); `--fix sequence_parallel=false` costs that side.
+   norms' compute it saves (tiny CPU models: tests/test_search_oracle.py finds such plans 2-3% faster on two of its
+   three samples); and under selective recomputation, which gathers each region's sequence-parallel input again
+   in backward (runtime.recompute: one all-gather more per region), a plan whose memory does not need sequence
+   parallelism's sharded activations. `--fix sequence_parallel=false` costs that side.
 3. Data parallelism of size 1. With dp = 1 the ZeRO stages shard nothing: only ddp is tried. Safe.
 4. Branch and bound over families. A family's lower bound is, over the pp ranks, each rank's compute time (its
    collectives on the critical path included) without recomputation, what compiler/simulate.py's
