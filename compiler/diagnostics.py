@@ -33,6 +33,8 @@ class Diagnostic:
     label: str = ""
     help: str = ""
     severity: str = "error"
+    key: str = ""     # about a plan setting: which (`axis tp`, `micro_batches`, ...), for code that reads it
+    brief: str = ""   # the message without the plan named in words (a candidate's), for code that groups them
 
 
 @dataclass
@@ -98,9 +100,9 @@ def plan_error(plan, key: str, code: str, message: str, label: str = "", help: s
     help, since there is no caret to hang it on."""
     span = plan.span(key)
     if span is not None:
-        return Diagnostic(code, message, span, label=label, help=help)
+        return Diagnostic(code, message, span, label=label, help=help, key=key, brief=message)
     return Diagnostic(code, f"{message}, in the plan {plan.describe()}", None,
-                      help="; ".join(x for x in (label, help) if x))
+                      help="; ".join(x for x in (label, help) if x), key=key, brief=message)
 
 
 def divisors(n: int) -> list[int]:

@@ -288,7 +288,7 @@ class _Search:
         for (a, _), st in zip(keys, stats):
             mine = [d for d in problems if d.code.startswith(own[a]) or d.code[:3] not in own.values()]
             for d in mine[:1] or problems[:1]:
-                st["refused"][(d.code, d.message.split(", in the plan ")[0], bool(mine))] += times
+                st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
 
     # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
 
