@@ -14,6 +14,8 @@ import os
 import re
 from typing import Any
 
+from runtime import choices  # torch-free: the names the language shares with the runtime
+
 from compiler import ast
 from compiler import files as F
 from compiler import hf_header as H
@@ -86,15 +88,15 @@ MESH_SETTINGS: dict[str, Param] = {
 }
 
 PLAN_SETTINGS: dict[str, Param] = {
-    "data_parallel": Param(_choice("ddp", "zero1", "zero2", "fsdp"), "ddp", "how dp holds model state"),
+    "data_parallel": Param(_choice(*choices.DATA_PARALLEL), "ddp", "how dp holds model state"),
     "micro_batches": Param(_pos_int, 1, "gradient-accumulation micro-batches per step"),
     "tp_layers": Param(lambda c, e, w: c.as_names(e, w, TP_LAYERS), TP_LAYERS, "what tp shards"),
     "sequence_parallel": Param(_bool, False, "shard norms and residuals along the sequence over tp"),
     "pad_vocab": Param(_bool, False, "pad the vocabulary to a multiple of tp (padded logits masked)"),
-    "schedule": Param(_choice("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"), "1f1b", "pipeline schedule"),
+    "schedule": Param(_choice(*choices.SCHEDULES), "1f1b", "pipeline schedule"),
     "virtual_stages": Param(_pos_int, 1, "pipeline stages per pp rank (interleaved-1f1b)"),
     "layout": Param(lambda c, e, w: c.as_ranges(e, w), (), "manual stage layout: ((first, end), ...) blocks"),
-    "recompute": Param(_choice("none", "selective", "full"), "none",
+    "recompute": Param(_choice(*choices.RECOMPUTE), "none",
                        "activation recomputation of each block in backward: none, selective (attention core and "
                        "cheap ops; matmul and collective outputs kept) or full (from the block's input)"),
     "compile": Param(_bool, None, "torch.compile each block and the code around them (default: true on GPUs, "

@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Span
+from runtime import choices  # torch-free: the names the language shares with the runtime
 
-AXES = ("dp", "pp", "tp", "ep")
+AXES = choices.AXES
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -74,14 +74,15 @@ from dataclasses import dataclass, field, replace
 
 from compiler import plan as P
 from compiler import spec as S
+from runtime import choices  # torch-free
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
 FIX_KEYS = ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
             "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
-DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
+DP_MODES = choices.DATA_PARALLEL
 GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = choices.RECOMPUTE
 ORDER = ("pp", "dp", "ep", "tp")  # the mesh's axes, outermost first
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime import choices
+
 
 @dataclass(frozen=True, kw_only=True)
 class Parallel:
@@ -79,6 +81,19 @@ class Parallel:
     fp32_residual: bool = False
     """Under `precision = bf16`: keep the residual stream fp32 (Megatron's `--fp32-residual-connection`); the
     blocks still compute in bf16 (runtime.precision)."""
+
+    def __post_init__(self):
+        """A Config names only what the runtime knows (runtime/choices.py, the sets the compiler checked the file
+        against): a hand-edited program fails here, before any process group starts, not deep in a step."""
+        for field_name, allowed in (("data_parallel", choices.DATA_PARALLEL), ("schedule", choices.SCHEDULES),
+                                    ("recompute", choices.RECOMPUTE)):
+            value = getattr(self, field_name)
+            if value not in allowed:
+                raise ValueError(f"Parallel.{field_name} = {value!r}: not one of {', '.join(allowed)}")
+        unknown = [name for name, _ in self.axes if name not in choices.AXES]
+        if unknown:
+            raise ValueError(f"Parallel.axes: unknown axis {', '.join(unknown)}; the axes are "
+                             f"{', '.join(choices.AXES)}")
 
 
 @dataclass(frozen=True, kw_only=True)

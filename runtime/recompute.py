@@ -31,7 +31,9 @@ import functools
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-MODES = ("none", "selective", "full")
+from runtime import choices
+
+MODES = choices.RECOMPUTE
 
 _RECOMPUTING: str | None = None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+from runtime.choices import SCHEDULES  # one definition, shared with the compiler
 
 
 @dataclass(frozen=True, slots=True, order=True)

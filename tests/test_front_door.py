@@ -27,8 +27,9 @@ heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.",
 print(json.dumps({"rc": rc, "heavy": heavy[:5], "out": out.getvalue()[-300:]}))
 """
 # Runtime modules that import no torch by design, which the checker reads so that it checks what the program does:
-# the package itself (a docstring) and Hugging Face's names (runtime/hf_names.py, read by `init = from(...)`'s check).
-LIGHT = {"runtime", "runtime.hf_names"}
+# the package itself (a docstring), Hugging Face's names (runtime/hf_names.py, read by `init = from(...)`'s check) and
+# the names the language shares with the runtime (runtime/choices.py: axes, data parallelism, schedules, recomputation).
+LIGHT = {"runtime", "runtime.hf_names", "runtime.choices"}
 
 
 def _run(*args: str) -> dict:
@@ -66,7 +67,8 @@ def test_a_bad_file_is_reported_without_torch_too():
 def test_the_rule_bearing_pass_modules_import_without_torch():
     code = ("import sys, compiler.passes.pipeline_split, compiler.passes.expert_parallel, compiler.cost, "
             "compiler.cost.devices, compiler.codes, compiler.plan\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'runtime')))[:5])")
+            f"print(sorted(m for m in sys.modules if (m == 'torch' or m.startswith(('torch.', 'runtime'))) "
+            f"and m not in {sorted(LIGHT)!r})[:5])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -28,12 +28,21 @@ ALLOWED = {
 }
 
 
+# runtime/choices.py, the names the language shares with the runtime (axes, data parallelism, schedules,
+# recomputation): imports nothing, so any compiler module, the checker included, may read it.
+SHARED = "runtime.choices"
+
+
 def _imports_runtime(path: Path) -> bool:
-    """Any import of runtime, at the top, inside a function, or on first use (compiler.lazy)."""
+    """Any import of runtime but the shared names (SHARED), at the top, inside a function, or on first use
+    (compiler.lazy)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" for a in node.names):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" and a.name != SHARED
+                                                for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "runtime":
+            if node.module == SHARED or (node.module == "runtime" and [a.name for a in node.names] == ["choices"]):
+                continue
             return True
         if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy" and node.args  # lazy("runtime.x")
                 and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).split(".")[0] == "runtime"):
@@ -69,3 +78,11 @@ def test_the_runtime_never_imports_the_compiler():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             assert not any(n.split(".")[0] == "compiler" for n in names), p
+
+
+def test_the_shared_names_import_nothing():
+    """runtime/choices.py is read by `scalec check` (no torch) and by the runtime (no compiler): it imports nothing
+    but __future__."""
+    tree = ast.parse((ROOT / "runtime" / "choices.py").read_text(encoding="utf-8"))
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [getattr(n, "module", None) for n in imports] == ["__future__"]

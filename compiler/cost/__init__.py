@@ -26,6 +26,7 @@ from compiler.cost import ledger as L
 from compiler.cost import memory as MEM
 from compiler.cost import params as PA
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
+from runtime import choices
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
 from compiler.simulate import DDP_BUCKET_BYTES
@@ -35,7 +36,7 @@ T = lazy("compiler.trace")  # torch loads on first use: the checker reads compil
 O = lazy("compiler.ops")
 
 BYTES = {"fp32": 4, "bf16": 2}
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = choices.RECOMPUTE
 SAVED_MODES = RECOMPUTE + ("selective/compiled",)
 """What a block keeps under each recomputation mode; compiled selective recomputation keeps less (activations)."""
 AXES = ("dp", "tp", "ep", "pp")
