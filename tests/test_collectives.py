@@ -1,47 +1,13 @@
 """runtime/collectives.py on two gloo processes, each result against the single-process computation."""
 from __future__ import annotations
 
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from tests import multirank
+
 WORLD = 2
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, body) -> None:
-    """Run `body` on one rank; leave with os._exit (a normal interpreter exit after gloo can SIGABRT), carrying
-    failure in the exit code and the traceback on stderr."""
-    import sys
-    import traceback
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    code = 0
-    try:
-        from runtime import collectives
-        collectives.register("tp", dist.group.WORLD)
-        body(rank, collectives)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _spawn(body) -> None:
-    mp.spawn(_worker, args=(_port(), body), nprocs=WORLD, join=True)
 
 
 def _cross_entropy(rank, C):
@@ -64,7 +30,7 @@ def _cross_entropy(rank, C):
 
 
 def test_vocab_parallel_cross_entropy_matches_cross_entropy_with_padding():
-    _spawn(_cross_entropy)
+    multirank.spawn(_cross_entropy, WORLD)
 
 
 def _embedding(rank, C):
@@ -81,7 +47,7 @@ def _embedding(rank, C):
 
 
 def test_vocab_parallel_embedding():
-    _spawn(_embedding)
+    multirank.spawn(_embedding, WORLD)
 
 
 def _pairs(rank, C):
@@ -117,4 +83,4 @@ def _pairs(rank, C):
 
 
 def test_autograd_pairs():
-    _spawn(_pairs)
+    multirank.spawn(_pairs, WORLD)

@@ -67,10 +67,10 @@ def test_compiled_sequence_parallel_selective_keeps_the_gathered_inputs_sharded(
     the model says (compiler/cost/activations.py: the all-gathers are not among what selective keeps). Kept whole,
     the two gathered norm outputs of each block would be 35% over the figure (measured before the policy)."""
     import functools
-    from tests.test_collectives import _spawn
+    from tests import multirank
     from tests.test_memory import _program
     text = (ROOT / "samples" / "gpt_tp.scale").read_text().replace(
         "sequence_parallel = false", "sequence_parallel = true  recompute = selective  compile = true")
     compiled, _ = _program(tmp_path, text)
-    _spawn(functools.partial(_tp_sp_selective, str(tmp_path / "build" / "program.py"),
-                             compiled.costs.memory[0].activations))
+    multirank.spawn(functools.partial(_tp_sp_selective, str(tmp_path / "build" / "program.py"),
+                                      compiled.costs.memory[0].activations))

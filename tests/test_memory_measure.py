@@ -186,67 +186,46 @@ def test_peak_of_a_training_step_equals_torch_mem_tracker(tmp_path):
     assert ours.peak == theirs.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"] > state
 
 
-def _fsdp_rank(rank: int, port: int, world: int) -> None:
-    """One rank of the FSDP2 comparison; leaves with os._exit (a normal exit after gloo can abort), failure in the
-    exit code."""
-    import os
-    import sys
-    import traceback
-
+def _fsdp_rank(rank: int, _collectives) -> None:
+    """One rank of the FSDP2 comparison (tests/multirank.py starts the group; FSDP2 builds its own mesh)."""
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    code = 0
-    try:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        torch.manual_seed(0)
-        model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.Tanh()) for _ in range(3)])
-        for block in model:
-            fully_shard(block, mesh=init_device_mesh("cpu", (world,)))
-        fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-        opt = torch.optim.AdamW(model.parameters())
-        x = torch.randn(8, 128)
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(128, 128), nn.Tanh()) for _ in range(3)])
+    for block in model:
+        fully_shard(block, mesh=init_device_mesh("cpu", (world,)))
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 128)
 
-        def step():
-            model(x).sum().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    def step():
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
+    step()
+    # Both watch the same step (gloo's threads make the moment a collective's buffers die vary between steps).
+    theirs = FSDPMemTracker(model, opt)
+    theirs.track_inputs((x,))
+    ours = memory.Tracker(reread=True)
+    ours.start([*model.parameters(), *memory.optimizer_tensors(opt), x])
+    with theirs, ours:
         step()
-        # Both watch the same step (gloo's threads make the moment a collective's buffers die vary between steps).
-        theirs = FSDPMemTracker(model, opt)
-        theirs.track_inputs((x,))
-        ours = memory.Tracker(reread=True)
-        ours.start([*model.parameters(), *memory.optimizer_tensors(opt), x])
-        with theirs, ours:
-            step()
-        total = theirs.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-        assert ours.peak == total, (ours.peak, total)
-        plain = memory.Tracker()  # without re-reading sizes, the freed gathered parameters would still count
-        plain.start([*model.parameters(), *memory.optimizer_tensors(opt), x])
-        with plain:
-            step()
-        assert plain.peak > total
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    total = theirs.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert ours.peak == total, (ours.peak, total)
+    plain = memory.Tracker()  # without re-reading sizes, the freed gathered parameters would still count
+    plain.start([*model.parameters(), *memory.optimizer_tensors(opt), x])
+    with plain:
+        step()
+    assert plain.peak > total
 
 
 def test_peak_under_fsdp2_equals_torch_fsdp_mem_tracker():
     """FSDP2 over 2 ranks (gloo): FSDP frees and regathers each block's parameters by resizing storages, which
     the tracker re-reads at each operator (`reread`); its peak over a training step equals torch's
     FSDPMemTracker's on every rank."""
-    import socket
-
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_fsdp_rank, args=(port, 2), nprocs=2, join=True)
+    from tests import multirank
+    multirank.spawn(_fsdp_rank, 2, axes=())

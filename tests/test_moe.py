@@ -6,22 +6,19 @@ plain Python loops over sequences, choices and tokens, and shares no code with r
 """
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import socket
 from dataclasses import dataclass
 
 import pytest
 import sympy
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pathlib import Path
 
 from compiler import spec as SPEC
 from runtime import moe
+from tests import multirank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -385,38 +382,6 @@ def test_stats_match_reference():
 WORLD = 2
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, body) -> None:
-    """Run `body` on one rank; leave with os._exit (a normal interpreter exit after gloo can SIGABRT), carrying
-    failure in the exit code and the traceback on stderr."""
-    import sys
-    import traceback
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
-    code = 0
-    try:
-        from runtime import collectives
-        collectives.register("ep", dist.group.WORLD)
-        body(rank, collectives)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _spawn(body) -> None:
-    mp.spawn(_worker, args=(_port(), body), nprocs=WORLD, join=True)
-
-
 # (act, top_k, capacity, dropped, aux_weight)
 EP_CASES = [("gelu", 1, 1, "residual", 0.0), ("swiglu", 2, 2, "identity", 0.2), ("swiglu", 2, S, "residual", 0.0)]
 
@@ -480,7 +445,7 @@ def _ep_body(rank, C):
 
 
 def test_expert_parallel_matches_single_process():
-    _spawn(_ep_body)
+    multirank.spawn(_ep_body, WORLD, axes=("ep",), timeout=120)
 
 
 # -- 4. tracing, the expert-parallel pass and the ledger -----------------------------------------------------------

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import precision
-from tests.test_zero import WORLD, _cfg, _Model, _spawn
+from tests import multirank
+from tests.test_zero import WORLD, _cfg, _Model
 
 
 def _groups(params):
@@ -132,7 +133,7 @@ def _zero1(rank, ctx):
 
 
 def test_zero1_sharded_masters_update_as_the_whole_ones():
-    _spawn(_zero1)
+    multirank.spawn(_zero1, WORLD, mesh="dp")
 
 
 class _Residual(nn.Module):
@@ -215,7 +216,7 @@ def _reducer(rank, ctx):
 
 
 def test_the_bf16_reducer_and_zero1_broadcasts_are_timed_operations_with_sites():
-    _spawn(_reducer)
+    multirank.spawn(_reducer, WORLD, mesh="dp")
 
 
 def _bucketed_pair(ctx):
@@ -272,7 +273,7 @@ def _buckets(rank, ctx):
 
 
 def test_bucketed_main_gradients_are_reduced_from_the_last_backward():
-    _spawn(_buckets)
+    multirank.spawn(_buckets, WORLD, mesh="dp")
 
 
 def _after_the_schedule(rank, ctx):
@@ -302,4 +303,4 @@ def _after_the_schedule(rank, ctx):
 
 
 def test_pipeline_stages_reduce_their_main_gradient_buckets_in_place():
-    _spawn(_after_the_schedule)
+    multirank.spawn(_after_the_schedule, WORLD, mesh="dp")

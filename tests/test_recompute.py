@@ -230,8 +230,8 @@ def _collectives_under_recompute(rank, C):
 
 
 def test_selective_reruns_only_the_all_gather_and_full_reruns_every_collective():
-    from tests.test_collectives import _spawn
-    _spawn(_collectives_under_recompute)
+    from tests import multirank
+    multirank.spawn(_collectives_under_recompute)
 
 
 def test_moe_statistics_and_gradients_are_those_of_none(tmp_path):

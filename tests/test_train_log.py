@@ -2,9 +2,9 @@
 agreed without one, prefetched data equal to the data, the log line's speed figures, TensorBoard events."""
 from __future__ import annotations
 
+import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,22 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from compiler import codegen
 from compiler.check import check_text
 from compiler.pipeline import compile_spec
 from runtime import data, faults, progress, train
 from runtime.config import Speed
+from tests import multirank
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = (ROOT / "samples" / "tiny_gpt.scale").read_text()
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the log's figures ---------------------------------------------------------------------------------------------
@@ -146,10 +140,7 @@ def test_prefetched_batches_are_the_data():
 # -- the preemption vote ---------------------------------------------------------------------------------------------
 
 
-def _vote_rank(rank: int, port: int, world: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _vote_rank(out: str, rank: int, _collectives) -> None:
     results = []
     vote = faults.StopVote(torch.device("cpu"))
     for step in range(4):
@@ -160,14 +151,11 @@ def _vote_rank(rank: int, port: int, world: int, out: str) -> None:
         results.append(vote.result())
     with open(f"{out}.{rank}", "w") as f:
         json.dump(results, f)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def test_stop_vote_stops_every_rank_after_the_same_step(tmp_path):
     out = str(tmp_path / "votes")
-    mp.spawn(_vote_rank, args=(_port(), 2, out), nprocs=2, join=True)
+    multirank.spawn(functools.partial(_vote_rank, out), 2, axes=())
     for rank in range(2):
         assert json.loads(Path(f"{out}.{rank}").read_text()) == [False, False, True, True]
 
@@ -211,7 +199,7 @@ def tiny_program(tmp_path_factory):
 
 def _run(program_dir: Path, *flags, wrapper: str | None = None, env: dict | None = None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), OMP_NUM_THREADS="1", **(env or {}))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(multirank.free_port()), OMP_NUM_THREADS="1", **(env or {}))
     cmd = [sys.executable] + (["-c", wrapper] if wrapper else []) + [str(program_dir / "program.py"), *flags]
     proc = subprocess.run(cmd, cwd=program_dir, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -273,10 +261,8 @@ def test_runner_finds_warnings_but_the_named_exemptions():
     assert all(reason for reason in ALLOWED_WARNINGS.values())  # each exemption says why
 
 
-def _ddp_bucket_rank(rank: int, port: int, out: str) -> None:
+def _ddp_bucket_rank(out: str, rank: int, _collectives) -> None:
     import types
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
     from runtime import tensor_parallel as tp
     cfg = train.Config(name="m", source="m.scale", steps=1, seed=0, optim=train.Optim(lr=1e-3),
                        data=train.Data(global_batch=2, seq_len=2, vocab=3),
@@ -286,11 +272,9 @@ def _ddp_bucket_rank(rank: int, port: int, out: str) -> None:
     ddp = train._wrap_data_parallel(torch.nn.Linear(4, 4), ctx, cfg, tp.Shards((), (), ()))
     with open(out, "w") as f:
         json.dump(ddp.bucket_bytes_cap, f)
-    dist.destroy_process_group()
-    os._exit(0)
 
 
 def test_ddp_gets_the_plans_bucket(tmp_path):
     out = str(tmp_path / "cap.json")
-    mp.spawn(_ddp_bucket_rank, args=(_port(), out), nprocs=1, join=True)
+    multirank.spawn(functools.partial(_ddp_bucket_rank, out), 1, axes=())
     assert json.loads(Path(out).read_text()) == 3 * 2 ** 20

@@ -4,49 +4,13 @@ forward to backward where fsdp frees them, and shards the gradients as fsdp does
 dp2_zero2 show that training is the single-device model's; these show that the stage asked for is the one run."""
 from __future__ import annotations
 
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from tests import multirank
+
 WORLD = 2
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, body) -> None:
-    """Run `body(rank, ctx)` on one rank of a dp = 2 mesh; exit with os._exit (see tests/test_collectives.py)."""
-    import sys
-    import traceback
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    code = 0
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from runtime import mesh
-        dm = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp",))
-        ctx = mesh.Context(rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu"), mesh=dm,
-                           coords={"dp": rank}, batch_group=dm["dp"].get_group(), batch_size=WORLD, batch_rank=rank)
-        body(rank, ctx)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _spawn(body) -> None:
-    mp.spawn(_worker, args=(_port(), body), nprocs=WORLD, join=True)
 
 
 def _cfg(data_parallel: str):
@@ -125,7 +89,7 @@ def _both(rank, ctx):
 
 def test_zero1_partitions_adamw_state_and_zero2_keeps_weights_gathered_from_forward_to_backward():
     """One pair of processes for both (each spawn costs seconds)."""
-    _spawn(_both)
+    multirank.spawn(_both, WORLD, mesh="dp")
 
 
 class _LM(nn.Module):
@@ -204,4 +168,4 @@ def _grad_sync(rank, ctx):
 def test_fsdp_grad_sync_reduce_scatters_every_micro_batch_or_only_the_last():
     """runtime/train.py honours Parallel.fsdp_grad_sync (the memory model's sharded or whole gradients between
     micro-batches, the ledger's one or m reduce-scatters)."""
-    _spawn(_grad_sync)
+    multirank.spawn(_grad_sync, WORLD, mesh="dp")
