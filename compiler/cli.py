@@ -28,11 +28,14 @@ import sys
 import traceback
 
 from compiler import __version__
-from compiler import pipeline
-from compiler.check import check_path
 from compiler.diagnostics import ScaleError
+from compiler.lazy import lazy
 from compiler.report import commands as R
 from compiler.report import plan as RP
+
+# The driver, read on first use: `--help` and `explain` load no .scale file and skip the parser and the rules.
+pipeline = lazy("compiler.pipeline")
+check = lazy("compiler.check")
 
 
 def _load(path: str, budget: bool = True, show=None):
@@ -49,7 +52,7 @@ def _show_graph(after: str, cls: str, gm) -> None:
 
 
 def cmd_check(args) -> int:
-    spec = check_path(args.file)
+    spec = check.check_path(args.file)
     sys.stderr.write(R.warnings_text(spec))
     sys.stdout.write(R.check_verdict(args.file, spec))
     return 0
@@ -110,7 +113,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from compiler.check import check_text
     from compiler.importer import complete, import_config
     if os.path.isdir(args.file):  # a checkpoint's directory, as save_pretrained writes it
         config = os.path.join(args.file, "config.json")
@@ -126,7 +128,7 @@ def cmd_import(args) -> int:
         sys.stdout.write(model)
         return 0
     whole = complete(model)
-    spec = check_text(whole, args.output)  # what is written checks
+    spec = check.check_text(whole, args.output)  # what is written checks
     with open(args.output, "w", encoding="utf-8") as f:
         f.write(whole)
     sys.stdout.write(R.imported(args.output, spec, args.file))
@@ -140,7 +142,7 @@ def cmd_search(args) -> int:
     except SE.FixError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    spec = check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
+    spec = check.check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
     sys.stderr.write(R.warnings_text(spec))
     result = SE.search(spec, top=args.top, fixed=fixed)
     sys.stdout.write(R.search_output(result, args.json))
