@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler import codegen  # noqa: E402
 from compiler.check import check_text  # noqa: E402
-from compiler.cli import plan_text  # noqa: E402
+from compiler.report.plan import plan_text  # noqa: E402
 from compiler.pipeline import compile_spec  # noqa: E402
 
 

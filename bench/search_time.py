@@ -64,6 +64,7 @@ train {
 
 def one(name: str, spec, top: int, profile: int) -> float:
     from compiler import search as SE
+    from compiler.report.units import nbytes, seconds
     prof = None
     if profile:
         import cProfile
@@ -85,8 +86,8 @@ def one(name: str, spec, top: int, profile: int) -> float:
           f"simulated exactly; {c.structures} pass structures")
     if result.winners:
         w = result.winners[0]
-        print(f"  best: {w.plan.describe()}: {SE.seconds(w.prediction.step_time_s)} per step, "
-              f"MFU {w.prediction.mfu:.1%}, peak {w.peak_bytes / 1e9:.3g} GB")
+        print(f"  best: {w.plan.describe()}: {seconds(w.prediction.step_time_s)} per step, "
+              f"MFU {w.prediction.mfu:.1%}, peak {nbytes(w.peak_bytes, gigabytes=True)}")
     print(f"  {'meets' if wall < 5 else 'MISSES'} the 5 s target")
     return wall
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass, field, replace
 
 from compiler import plan as P
 from compiler import spec as S
+from compiler.report.units import nbytes, seconds
 from runtime import choices  # torch-free
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
@@ -634,19 +635,17 @@ class _Search:
             out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
         tried = self.family_log.get(_family(d), [])
         peak = est.peak_bytes
-        from compiler.cost import human
-        gb = lambda x: human(x, "B")  # noqa: E731
         if d.recompute != "none":
             less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
                     and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
             if less:
-                out.append(f"{d.recompute} recompute: with less, {gb(min(less))} of {gb(self.limit)}")
+                out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {nbytes(self.limit)}")
         if d.data_parallel != "ddp":
             ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
             if ddp:
                 p, t, b = ddp[0]
                 if p > self.limit:
-                    out.append(f"{d.data_parallel}: ddp would need {gb(p)} ({d.recompute} recompute)")
+                    out.append(f"{d.data_parallel}: ddp would need {nbytes(p)} ({d.recompute} recompute)")
                 elif t is not None:
                     out.append(f"{d.data_parallel}: ddp {t / pred.step_time_s:.2f}× its step time")
                 elif b is not None:
@@ -666,12 +665,12 @@ class _Search:
                 p, t, b = other[0]
                 alt = "once per step" if mine[1] == "micro_batch" else "every micro-batch"
                 if p > self.limit:
-                    out.append(f"{what}: {alt} would need {gb(p)}")
+                    out.append(f"{what}: {alt} would need {nbytes(p)}")
                 elif t is not None:
-                    out.append(f"{what}: {alt} {gb(p)} at {t / pred.step_time_s:.2f}× its step time")
+                    out.append(f"{what}: {alt} {nbytes(p)} at {t / pred.step_time_s:.2f}× its step time")
                 elif b is not None:
                     out.append(f"{what}: {alt} at least {b / pred.step_time_s:.2f}× its step time")
-        out.append(f"peak {gb(peak)} of {gb(self.limit)} "
+        out.append(f"peak {nbytes(peak)} of {nbytes(self.limit)} "
                    f"({max(est.memory, key=lambda r: r.peak).who})")
         return out
 
@@ -698,7 +697,8 @@ class _Search:
                 continue
             if st["costed"] and not st["fit"]:
                 peak, who, what = st["min_peak"]
-                out.append(f"{name} does not fit: {peak / 1e9:.3g} GB of {self.limit / 1e9:.3g} on {who} "
+                out.append(f"{name} does not fit: {nbytes(peak, gigabytes=True)} of "
+                           f"{nbytes(self.limit, gigabytes=True, unit=False)} on {who} "
                            f"(its least: {what})")
                 continue
             why = ""
@@ -734,15 +734,6 @@ def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) ->
 # -- output ---------------------------------------------------------------------------------------------------
 
 
-def seconds(t: float) -> str:
-    """A duration as a person reads it: 14.6 s, 352 ms, 41 µs."""
-    if t >= 1:
-        return f"{t:.3g} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3g} ms"
-    return f"{t * 1e6:.3g} µs"
-
-
 def _exposed(pred) -> str:
     items = [(a, t) for a, t in pred.exposed_comm_s.items() if t > 0]
     return ", ".join(f"{a} {seconds(t)}" for a, t in sorted(items, key=lambda x: -x[1])) or "none"
@@ -750,7 +741,6 @@ def _exposed(pred) -> str:
 
 def text(result: Result) -> str:
     """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
-    from compiler.cost import human
     spec = result.spec
     m, dev = spec.mesh, spec.mesh.device
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
@@ -765,7 +755,7 @@ def text(result: Result) -> str:
     for i, w in enumerate(result.winners, 1):
         p = w.prediction
         lines += [f"  {i:>2}  {seconds(p.step_time_s):>9}  {p.tokens_per_s:>10,.0f}  {p.mfu:>5.1%}  "
-                  f"{human(w.peak_bytes, 'B'):>9}  {p.bubble_fraction:>6.1%}  {_exposed(p)}",
+                  f"{nbytes(w.peak_bytes):>9}  {p.bubble_fraction:>6.1%}  {_exposed(p)}",
                   f"      {w.plan.describe()}"]
         lines += [f"        - {r}" for r in w.reasons]
     if result.rejected:
@@ -856,6 +846,7 @@ def scale_text(spec: S.Spec, winner: Winner) -> str:
     p = winner.prediction
     header = (f"# Written by `scalec search` from {spec.path}: its mesh and plan sections replaced by the fastest "
               f"plan found,\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
-              f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, peak {winner.peak_bytes / 1e9:.3g} GB per rank "
+              f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
+              f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
               f"(of {spec.mesh.device.memory_gb:g}).\n")
     return header + out

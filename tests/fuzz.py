@@ -28,7 +28,7 @@ from pathlib import Path
 
 from compiler import check as CHECK
 from compiler.check import check_text
-from compiler.cli import plan_text
+from compiler.report.plan import plan_text
 from compiler.diagnostics import ScaleError
 
 ROOT = Path(__file__).resolve().parents[1]

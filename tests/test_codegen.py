@@ -12,7 +12,7 @@ import pytest
 
 from compiler import codegen
 from compiler.check import check_text
-from compiler.cli import plan_text
+from compiler.report.plan import plan_text
 from compiler.pipeline import compile_spec
 
 ROOT = Path(__file__).resolve().parents[1]

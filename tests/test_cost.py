@@ -320,7 +320,7 @@ def test_megatron_175b_layout_needs_recomputation():
     many activations in flight: the budget refuses it, naming all three of its stages (an interleaved rank holds v
     stages). Those activations are 31/24 of 1F1B's: rank 0 holds 31 chunks of 4 layers at its peak
     (1.29·L)."""
-    from compiler.cli import plan_text
+    from compiler.report.plan import plan_text
     from compiler.pipeline import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))

@@ -22,7 +22,8 @@ import torch
 from compiler import check as CHECK
 from compiler import model as M
 from compiler.check import check_text
-from compiler.cli import main, plan_text
+from compiler.cli import main
+from compiler.report.plan import plan_text
 from compiler.diagnostics import ScaleError
 from compiler.passes.tensor_parallel import tp_policy
 from compiler.pipeline import compile_spec

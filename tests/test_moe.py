@@ -331,7 +331,7 @@ def test_dropless_capacity_is_the_sequence():
 
 def test_dropless_moe_is_checked_planned_and_ledgered():
     from compiler.check import check_text
-    from compiler.cli import plan_text
+    from compiler.report.plan import plan_text
     from compiler.pipeline import compile_spec
     text = (ROOT / "samples" / "moe_gpt.scale").read_text()
     text = text.replace("capacity_factor = 1.25", "capacity_factor = none")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.check import check_text
-from compiler.cli import plan_text
+from compiler.report.plan import plan_text
 from compiler.pipeline import budget, compile_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,6 +24,7 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
 from compiler.model import residual_out
+from compiler.report.units import count
 from runtime.layers import Bias, Repeat
 
 INIT_STD = 0.02
@@ -336,7 +337,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", 
     code = "\n".join(line.split("#", 1)[0] for line in code.split("\n"))  # not the provenance comments
     modules = [m.split(".")[1] for m in RUNTIME_MODULES if f"{m.split('.')[1]}." in code] + ["train"]
     return _env().get_template("program.py.j2").render(
-        version=__version__, source=source_name(spec), name=spec.model.name, params_human=C.human(costs.params_n),
+        version=__version__, source=source_name(spec), name=spec.model.name, params_human=count(costs.params_n),
         mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
         runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
         runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,

@@ -738,13 +738,6 @@ def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate
 # -- formatting ---------------------------------------------------------------------------------------------------
 
 
-def human(n: float, unit: str = "") -> str:
-    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= scale:
-            return f"{n / scale:.4g} {suffix}{unit}"
-    return f"{n:.4g} {unit}".rstrip()
-
-
 def formula(expr: sympy.Expr, values: dict | None = None) -> str:
     """A formula as a user reads it: `12·hidden²·layers + ...`; with `values`, the largest term first, else by
     decreasing degree."""

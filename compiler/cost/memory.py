@@ -195,10 +195,10 @@ MARGIN = 0.10  # a plan within 10% of the device fits, with a warning: allocator
 
 def breakdown(r) -> str:
     """`weights 1.2 GB + gradients ... = peak` of one RankMemory."""
-    from compiler.cost import human
+    from compiler.report.units import nbytes
     parts = [("weights", r.weights), ("gradients", r.grads), (r.optimizer_what, r.optimizer),
              ("activations", r.activations), ("working set", r.working)]
-    return " + ".join(f"{name} {human(v, 'B')}" for name, v in parts if v) + f" = {human(r.peak, 'B')}"
+    return " + ".join(f"{name} {nbytes(v)}" for name, v in parts if v) + f" = {nbytes(r.peak)}"
 
 
 def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
@@ -207,7 +207,7 @@ def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
     only when needed: it costs other plans)."""
     if not memory:
         return []
-    from compiler.cost import human
+    from compiler.report.units import nbytes
     worst = max(memory, key=lambda r: (r.peak, -(r.pp_rank or 0)))
     dev = spec.mesh.device
     limit = dev.memory_gb * 1e9
@@ -215,15 +215,15 @@ def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
         return []
     what = f"{worst.who}: {breakdown(worst)} at {worst.moment}"
     if worst.peak <= limit:
-        return [Diagnostic("W0502", f"the predicted peak of {worst.who}, {human(worst.peak, 'B')}, leaves less than "
+        return [Diagnostic("W0502", f"the predicted peak of {worst.who}, {nbytes(worst.peak)}, leaves less than "
                            f"{MARGIN:.0%} of the {dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span,
                            label="this mesh", help=what, severity="warning")]
     found = fixes() if fixes else []
     fit = [f for f in found if f.fits]
-    hint = ("; it would fit with " + ", or ".join(f"`{f.change}` ({human(f.peak, 'B')})" for f in fit[:4])
+    hint = ("; it would fit with " + ", or ".join(f"`{f.change}` ({nbytes(f.peak)})" for f in fit[:4])
             if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp) makes it "
             "fit" if fixes else "")
-    return [Diagnostic("E0501", f"the predicted peak of {worst.who}, {human(worst.peak, 'B')}, does not fit in the "
+    return [Diagnostic("E0501", f"the predicted peak of {worst.who}, {nbytes(worst.peak)}, does not fit in the "
                        f"{dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span, label="this mesh",
                        help=what + hint + "; or set `memory_gb` if the device has more (--force runs it anyway)")]
 

@@ -1,0 +1,63 @@
+"""The outputs of scalec's commands other than `plan`'s tables: what each prints on success, and the few lines it
+writes to stderr beside its output (warnings, graphs, a search that found nothing).
+
+Each returns text; the command line (compiler/cli.py) decides where it goes and with which exit status.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def check_verdict(path: str, spec) -> str:
+    """`scalec check FILE` on a file with no error: the model and the devices it was checked for."""
+    warned = f", {_plural(len(spec.warnings), 'warning')}" if spec.warnings else ""
+    return f"{path}: ok{warned} (model `{spec.model.name}`, {_plural(spec.mesh.world_size, 'device')})\n"
+
+
+def warnings_text(spec) -> str:
+    """The check's warnings (settings with no effect in this plan, ...), rendered like errors; empty without any."""
+    if not spec.warnings:
+        return ""
+    from compiler.diagnostics import render_all
+    return render_all(list(spec.warnings), {spec.path: spec.source}) + "\n"
+
+
+def graph_text(after: str, cls: str, gm) -> str:
+    """`compile --show-graphs`: a segment's graph as the pass left it, as FX prints it."""
+    return f"# ---- {cls} after {after} ----\n{gm.code.strip()}\n\n"
+
+
+def json_text(obj) -> str:
+    """`--json` of `plan` and `search`: one object, indented by one space, a newline at the end."""
+    return json.dumps(obj, indent=1) + "\n"
+
+
+def search_output(result, as_json: bool) -> str:
+    """`scalec search FILE [--json]`: the winners with their reasons, the families rejected and why (compiler/search.py
+    writes the table: its rows come from the search's own bookkeeping)."""
+    from compiler import search as SE
+    return json_text(SE.to_json(result)) if as_json else SE.text(result)
+
+
+def search_failure(fixed: dict, output: str | None) -> str:
+    """When no plan fits: the reasons are already printed under `rejected`; this says what was not written."""
+    fixing = " with the settings --fix fixes" if fixed else ""
+    return (f"error: no plan{fixing} passes the rules and fits the devices"
+            f"{'; nothing written to ' + output if output else ''}\n")
+
+
+def imported(output: str, spec, config: str) -> str:
+    """`scalec import CONFIG -o FILE`: what was written, and that its mesh and train sections are placeholders."""
+    return (f"wrote {output}: model `{spec.model.name}` from {config}, with placeholder mesh and train "
+            "sections\n")
+
+
+def launching(cmd: list[str], processes: int, torchrun_args: str) -> str:
+    """`scalec run`: the command about to run, as a shell would take it, and how many processes it starts here."""
+    extra = f"; torchrun {torchrun_args}" if torchrun_args else ""
+    return f"scalec: {shlex.join(cmd)}   ({processes} processes{extra})\n"
