@@ -4,8 +4,8 @@ The graphs the passes produce depend on a plan's *structure* only: whether tp sh
 or without sequence parallelism), whether ep shards experts, whether pp cuts the top level. Their shapes, FLOPs
 and collectives stay sympy expressions of the axis sizes (`tp`, `ep`, `dp`) and the micro-batch size, so one
 sharded trace per structure serves every candidate of that structure: the sizes are numbers given at the end.
-The same functions decide the plan that `compile` runs (compiler/pipeline.py), so a candidate ranked here is the
-program that would be emitted.
+The same functions decide and lower the plan that `compile` runs (compiler/lower.py: `decide_parallel`, `lower`,
+the stage policy through `stages_of`), so a candidate ranked here is the program that would be emitted.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
+from compiler import lower as L
 from compiler import plan as P
 from compiler import spec as S
 from compiler.symbols import size
@@ -27,8 +28,8 @@ def structure(plan: P.Plan) -> tuple:
 @dataclass
 class _Structure:
     plan: P.Plan           # a plan of this structure, with its tp/ep decisions
-    sharded: object        # trace.Traced after the tp and ep passes (and the cut when pp > 1), symbolic in sizes
-    split: tuple           # pipeline_split.split_costs: per-block, first and last FLOPs per sequence, as functions
+    sharded: object        # trace.Traced lowered (tp, ep, and the cut when pp > 1), symbolic in sizes
+    split: tuple           # lower.split_costs: per-block, first and last FLOPs per sequence, as functions
     blocks: int
     cost: object           # cost.CostModel of this structure
     layouts: dict = field(default_factory=dict)  # (axis sizes, stages, manual layout) -> stage layout
@@ -55,31 +56,21 @@ class Candidates:
         key = structure(plan)
         got = self._structures.get(key)
         if got is None:
-            from compiler import pipeline as D
-            decided = D.decide_parallel(self.unsharded, plan)
-            sharded = self.unsharded.copy()
-            tp_pass, ep_pass, pp_pass = D._passes()
-            sharded = ep_pass(tp_pass(sharded, decided), decided)
-            split, blocks = (), 0
+            from compiler import cost as C
+            decided = L.decide_parallel(self.unsharded, plan)
+            sharded = L.lower(self.unsharded, decided)  # the cut is the same for every layout: the Plan says which
+            split, blocks = (), 0                        # blocks each stage holds
             if plan.size("pp") > 1:
-                from compiler.passes import pipeline_split as PS
-                (gm,) = sharded.blocks.values()
-                blocks = int(self.spec.value(gm.meta["repeat"].count))
+                blocks = L.blocks_of(sharded, self.spec.value)
                 fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
                 split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed))
-                              for f in PS.split_costs(sharded))
-            got = _Structure(decided, sharded, split, blocks, None)
+                              for f in L.split_costs(sharded))
+            got = _Structure(decided, sharded, split, blocks, C.CostModel(P.respec(self.spec, decided), sharded))
             self._structures[key] = got
-            if plan.size("pp") > 1:  # the cut itself is the same for every layout: the plan says which blocks
-                decided = self.decide(plan)
-                sharded = pp_pass(sharded, decided)
-            from compiler import cost as C
-            got.cost = C.CostModel(P.respec(self.spec, decided), sharded)
         return got
 
     def decide(self, plan: P.Plan) -> P.Plan:
         """`plan` with its tp/ep decisions (shared by every plan of its structure) and its stage layout."""
-        from compiler.passes import pipeline_split as PS
         st = self._structure(plan)
         ep = plan.size("ep")  # placements are per layer and count; how many experts a rank holds is this plan's
         plan = replace(plan, tp=st.plan.tp, ep=tuple((cls, tuple(replace(p, per_rank=p.count // ep) for p in ps))
@@ -91,7 +82,7 @@ class Candidates:
         stages = st.layouts.get(key)
         if stages is None:  # many candidates share their stage costs: balance each once
             per_block, first, last = (int(f(*sizes)) for f in st.split)
-            stages = st.layouts[key] = PS.stage_policy(plan, st.blocks, per_block, first, last)
+            stages = st.layouts[key] = L.stages_of(plan, st.blocks, per_block, first, last)
         return replace(plan, stages=stages)
 
     def requires(self, plan: P.Plan) -> list:
@@ -108,5 +99,5 @@ class Candidates:
         return self._structure(plan).cost
 
     def sharded(self, plan: P.Plan):
-        """The graphs after tp and ep (symbolic in sizes) for `plan`'s structure."""
+        """The lowered graphs (symbolic in sizes) for `plan`'s structure."""
         return self._structure(plan).sharded

@@ -35,6 +35,7 @@ from compiler.report import plan as RP
 
 # The driver, read on first use: `--help` and `explain` load no .scale file and skip the parser and the rules.
 pipeline = lazy("compiler.pipeline")
+fit = lazy("compiler.fit")
 check = lazy("compiler.check")
 
 
@@ -217,7 +218,7 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
 def _forced(args, compiled) -> None:
     """--force: the memory error becomes a warning the user still sees."""
     if args.force:
-        for d in pipeline.budget(compiled):
+        for d in fit.budget(compiled):
             if d.severity == "error":
                 sys.stderr.write(f"warning (--force): {d.message}\n")
 

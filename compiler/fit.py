@@ -1,12 +1,15 @@
-"""What would make a plan fit its devices: the same plan with one thing changed (recomputation, smaller
-micro-batches, a ZeRO stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by
-the rules every plan meets and costed by the same memory model, from the one trace the compiler already has
-(compiler/candidates.py)."""
+"""Whether a plan fits its devices, and what would make it fit.
+
+`budget` is the memory advice `compile`, `plan` and `run` give (E0501 over a device, W0502 within 10% of one);
+`fixes` is what it suggests: the same plan with one thing changed (recomputation, smaller micro-batches, a ZeRO
+stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by the rules every plan
+meets and costed by the same memory model, from the one trace the compiler already has (compiler/candidates.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from compiler import plan as P
+from compiler.diagnostics import Diagnostic
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,13 @@ def fixes(compiled, limit: float) -> list[Fix]:
         peak = cands.estimate(cands.decide(plan)).peak_bytes  # every pp rank's peak: the fullest
         found.append(Fix(change, peak, peak <= limit))
     return sorted(found, key=lambda f: (not f.fits, f.peak))
+
+
+def budget(compiled) -> list[Diagnostic]:
+    """What the memory model says of a compiled plan (compiler.pipeline.Compiled): E0501 (an error) when the
+    fullest rank's predicted peak exceeds one device, with what would make it fit (`fixes`); W0502 (a warning) when
+    it fits with less than 10% to spare."""
+    from compiler.cost import memory as MEM
+    spec, est = compiled.spec, compiled.costs
+    limit = spec.mesh.device.memory_gb * 1e9
+    return MEM.over_memory(spec, est.memory, lambda: fixes(compiled, limit))

@@ -48,7 +48,6 @@ class Layout:
 
     def __init__(self, compiled):
         from compiler.codegen import config_values
-        from compiler.passes import pipeline_split as P
         self.compiled = compiled
         spec, traced = compiled.spec, compiled.traced
         cfg = config_values(spec, traced)["parallel"]
@@ -60,10 +59,10 @@ class Layout:
         # its AdamW moments are partitioned by whole parameters (counted here as whole: an upper bound).
         fsdp = spec.plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
         top = traced.top
-        stages = top.meta.get(P.STAGES)
+        stages = compiled.plan.stages  # the Plan's layout: () without pp
         (repeat,) = traced.blocks or ("",)
-        first = {n for n, _ in top.meta[P.PROLOGUE].named_children()} if stages else set()
-        last = {n for n, _ in top.meta[P.EPILOGUE].named_children()} if stages else set()
+        first = {n for n, _ in top.meta[T.PROLOGUE].named_children()} if stages else set()
+        last = {n for n, _ in top.meta[T.EPILOGUE].named_children()} if stages else set()
         self.params: dict[str, Placement] = {}
         for name, p in traced.model.named_parameters():
             pieces = [Piece(axis, dim, self.size[axis]) for pat, dim, axis in patterns

@@ -353,7 +353,6 @@ class _Model:
 
     def __init__(self, cm):
         from compiler.cost import ARGS
-        from compiler.passes import pipeline_split as P
         spec, traced = cm.spec, cm.traced
         from compiler.cost.activations import precision_key
         prec = precision_key(spec)
@@ -367,7 +366,7 @@ class _Model:
         if cm.piped:
             top = traced.top
             self.segments["block"] = seg(next(iter(traced.blocks.values())))
-            for k, key in (("prologue", P.PROLOGUE), ("epilogue", P.EPILOGUE), ("loss", P.LOSS)):
+            for k, key in (("prologue", T.PROLOGUE), ("epilogue", T.EPILOGUE), ("loss", T.LOSS)):
                 self.segments[k] = seg(top.meta[key])
         else:
             self.segments["all"] = seg(traced.top)

@@ -320,7 +320,8 @@ def run(text: str, path: str = "fuzz.scale", out_dir: str | None = None, hard_li
 
 def _run(text: str, path: str, out_dir: str | None, hard_limit: float, check_only: bool) -> Outcome:
     from compiler import codegen
-    from compiler.pipeline import budget, compile_spec
+    from compiler.fit import budget
+    from compiler.pipeline import compile_spec
     phase = "check"
     t0 = time.perf_counter()
     try:

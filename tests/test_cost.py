@@ -287,7 +287,7 @@ def test_a_plan_over_memory_is_refused_with_what_would_fit():
     pp rank keeps 16 micro-batches of its stage's activations in flight, more than an H200 holds: the budget is
     error E0501 naming that rank, the breakdown and the single changes that would make it fit (compile and run
     refuse it unless --force)."""
-    from compiler.pipeline import budget
+    from compiler.fit import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "moe_1t.scale").read_text()
     fits = compile_spec(check_text(text, "moe_1t.scale"))
     limit = fits.spec.mesh.device.memory_gb * 1e9
@@ -321,7 +321,7 @@ def test_megatron_175b_layout_needs_recomputation():
     stages). Those activations are 31/24 of 1F1B's: rank 0 holds 31 chunks of 4 layers at its peak
     (1.29·L)."""
     from compiler.report.plan import plan_text
-    from compiler.pipeline import budget
+    from compiler.fit import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
     limit = sample.spec.mesh.device.memory_gb * 1e9
@@ -388,13 +388,12 @@ def test_interleaved_ledger_counts_every_stage_of_the_rank(pp_rank):
     collectives belong to the rank of stage 0 only, the epilogue's and the loss's to the rank of stage 3 only.
     The ledger of stage 0 alone (what it counted before) had half the block collectives."""
     from compiler.cost import CostModel
-    from compiler.plan import from_spec
     text = (ROOT / "samples" / "gpt_3d.scale").read_text().replace("axis dp = 2", "axis dp = 1").replace(
         "devices_per_node = 8", "devices_per_node = 4")
     plain = compile_spec(check_text(text, "gpt_3d.scale"))
     inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
                                                  'virtual_stages = 2'), "gpt_3d.scale"))
-    a, b = (CostModel(c.spec, c.traced).estimate(from_spec(c.spec), pp_rank).ledger for c in (plain, inter))
+    a, b = (CostModel(c.spec, c.traced).estimate(c.plan, pp_rank).ledger for c in (plain, inter))
     for op in ("all_gather", "reduce_scatter", "all_reduce"):
         got = sum(inter.spec.value(c.bytes_per_step()) for c in b.entries if c.op == op and c.axis == "tp")
         want = sum(plain.spec.value(c.bytes_per_step()) for c in a.entries if c.op == op and c.axis == "tp")
@@ -481,9 +480,10 @@ def _variant(text: str, *edits) -> str:
 ], ids=["dp4", "pp4_m8", "tp4_interleaved"])
 def test_a_candidate_plan_costs_what_compiling_it_costs(edits):
     """A CostModel built once from gpt_3d's trace costs a candidate Plan (other axis sizes, micro-batches,
-    schedule, virtual stages) exactly as compiling the candidate's own .scale file does: same numbers, same
-    stage rows, same ledger."""
+    schedule, virtual stages; its stage layout decided by Candidates, as the search does) exactly as compiling the
+    candidate's own .scale file does: same numbers, same stage rows, same ledger."""
     import dataclasses
+    from compiler.candidates import Candidates
     from compiler.cost import CostModel
     from compiler.plan import from_spec
     text = (SAMPLES / "gpt_3d.scale").read_text()
@@ -493,7 +493,7 @@ def test_a_candidate_plan_costs_what_compiling_it_costs(edits):
     cand = dataclasses.replace(from_spec(base.spec), axes=want.axes, devices_per_node=want.devices_per_node,
                                micro_batches=want.micro_batches, schedule=want.schedule,
                                virtual_stages=want.virtual_stages)
-    got = CostModel(base.spec, base.traced).estimate(cand)
+    got = CostModel(base.spec, base.traced).estimate(Candidates(base.spec, base.unsharded).decide(cand))
     theirs = other.costs
     for f in ("params_n", "params_rank", "flops_step_n", "flops_rank_step_n", "model_state", "stages",
               "micro_batch_size", "tokens_step"):
@@ -525,13 +525,27 @@ def test_a_cost_model_reused_across_plans_gives_compile_s_estimate():
     machine the timing assertion this test had failed (4.4 ms)."""
     import dataclasses
     from compiler.cost import CostModel
-    from compiler.plan import from_spec
     compiled = compile_path(str(SAMPLES / "moe_1t.scale"))
     model = CostModel(compiled.spec, compiled.traced)
-    plan = from_spec(compiled.spec)
+    plan = compiled.plan  # decided: the stage layout is the Plan's
     others = [model.estimate(dataclasses.replace(plan, micro_batches=m)) for m in (16, 32)]  # the file's: 64
     assert all(e.ledger != compiled.costs.ledger for e in others)
     assert model.estimate(plan) == compiled.costs
+
+
+def test_the_cost_model_reads_the_stage_layout_from_the_plan():
+    """The stage layout is decided once (compile, or Candidates.decide) and carried by the Plan: the cost model
+    costs the layout it is given, and refuses a pipelined plan without one instead of choosing its own."""
+    import dataclasses
+    from compiler.cost import CostModel
+    from compiler.plan import from_spec
+    compiled = compile_spec(check_text((SAMPLES / "gpt_pp.scale").read_text(), "gpt_pp.scale"))
+    model = CostModel(compiled.spec, compiled.traced)
+    assert compiled.plan.stages == ((0, 2), (2, 4))
+    other = model.estimate(dataclasses.replace(compiled.plan, stages=((0, 1), (1, 4))))
+    assert [st.blocks for st in other.stages] != [st.blocks for st in compiled.costs.stages]
+    with pytest.raises(ValueError, match="no stage layout"):
+        model.estimate(from_spec(compiled.spec))
 
 
 @pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.scale")))
@@ -638,7 +652,7 @@ def test_fsdp_grad_sync_has_no_effect_under_pp_or_one_micro_batch():
 def test_a_plan_over_memory_is_told_to_reduce_scatter_every_micro_batch():
     """E0501's fixes include `fsdp_grad_sync = micro_batch` where FSDP's whole accumulated gradients are what does
     not fit (Llama-3-8B, FSDP over 8 devices of 60 GB, 8 micro-batches: 64 GB, 36 GB with it)."""
-    from compiler.pipeline import budget
+    from compiler.fit import budget
     (d,) = budget(compile_spec(check_text(_llama8b("step", ("device = h100", "device = h100  memory_gb = 60")),
                                           "l.scale")))
     assert d.code == "E0501" and "it would fit with `fsdp_grad_sync = micro_batch` (36.18 GB)" in d.help, d.help

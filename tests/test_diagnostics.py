@@ -17,7 +17,8 @@ import pytest
 from compiler.check import check_text
 from compiler.cli import main
 from compiler.diagnostics import ScaleError
-from compiler.pipeline import budget, compile_spec
+from compiler.fit import budget
+from compiler.pipeline import compile_spec
 
 CASES = sorted((Path(__file__).parent / "golden" / "diagnostics").glob("*.scale"))
 MARK = re.compile(r"#\s*error:\s*([E0-9, ]+)")

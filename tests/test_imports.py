@@ -87,3 +87,43 @@ def test_the_shared_names_import_nothing():
     tree = ast.parse((ROOT / "runtime" / "choices.py").read_text(encoding="utf-8"))
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert [getattr(n, "module", None) for n in imports] == ["__future__"]
+
+
+def _compiler_imports(path: Path) -> set[str]:
+    """The compiler modules `path` imports anywhere in it (top, inside a function, or through compiler.lazy), as
+    dotted names: `from compiler import lower` gives compiler.lower, `from compiler.cost import x` compiler.cost."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy" and node.args
+              and isinstance(node.args[0], ast.Constant)):
+            out.add(str(node.args[0].value))
+    return {m for m in out if m.split(".")[0] == "compiler"}
+
+
+def test_the_cost_model_imports_no_pass():
+    """The cost model reads what the passes left in the graphs (trace's meta keys) and the stage layout from the
+    Plan; it decides nothing, so it needs no pass module (compiler/passes/ holds the policies and the surgery)."""
+    cost = sorted((ROOT / "compiler" / "cost").rglob("*.py"))
+    assert len(cost) > 3
+    assert "compiler.passes.pipeline_split" in _compiler_imports(ROOT / "compiler" / "lower.py")  # the scan sees them
+    for p in cost:
+        bad = sorted(m for m in _compiler_imports(p) if m == "compiler.passes" or m.startswith("compiler.passes."))
+        assert bad == [], f"{p.relative_to(ROOT)} imports {bad}"
+
+
+def test_no_import_circle_among_the_driver_the_candidates_and_fit():
+    """compiler/pipeline.py (compile), candidates.py (the search's plans) and fit.py (memory advice) lean on
+    compiler/lower.py, not on each other in a circle: pipeline -> fit -> candidates -> lower."""
+    names = ("pipeline", "candidates", "fit")
+    edges = {a: {b for b in names if b != a and f"compiler.{b}" in _compiler_imports(ROOT / "compiler" / f"{a}.py")}
+             for a in names}
+    assert "fit" in edges["pipeline"] and "candidates" in edges["fit"]  # the scan sees the imports there are
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges[start])
+    assert not [a for a in names if reaches(a, a)], edges

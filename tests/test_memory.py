@@ -447,7 +447,7 @@ def test_compile_and_run_refuse_a_plan_that_does_not_fit_unless_forced(tmp_path,
 
 def test_a_plan_near_the_device_warns(tmp_path):
     """Within 10% of the device: W0502, a warning (compile goes on). The 175B sample peaks at 52.2 GB."""
-    from compiler.pipeline import budget
+    from compiler.fit import budget
     text = (ROOT / "samples" / "gpt3_175b.scale").read_text().replace("device = a100", "device = a100  memory_gb = 57")
     compiled = compile_spec(check_text(text, "tight.scale"))
     (d,) = budget(compiled)

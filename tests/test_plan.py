@@ -84,6 +84,25 @@ def test_show_graphs_prints_each_segment_after_each_pass(tmp_path, capsys):
     assert "identity_fwd_all_reduce_bwd" not in tp_part and "all_gather_fwd_reduce_scatter_bwd" in tp_part
 
 
+def test_check_between_names_the_pass_that_broke_the_graph(monkeypatch):
+    """`lower` with `check_between` verifies the graphs after each pass, as torch.fx's PassManager does: a pass
+    that drops a node's cost annotations is named in the error; unchecked, the same lowering goes through."""
+    from compiler import lower as L
+    spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale"))
+    compiled = compile_spec(spec)
+    tp_pass, ep_pass, pp_pass = L.passes()
+
+    def forgetful_pass(traced, plan):
+        for _, gm in traced.segments():
+            next(n for n in gm.graph.nodes if n.op == "call_module").meta.pop(T.FLOPS)
+        return traced
+    monkeypatch.setattr(L, "passes", lambda: (tp_pass, forgetful_pass, pp_pass))
+    with pytest.raises(AssertionError, match="lost its cost annotations after forgetful_pass"):
+        L.lower(compiled.unsharded, compiled.plan, check_between=True)
+    L.lower(compiled.unsharded, compiled.plan)
+    assert all(T.FLOPS in n.meta for _, gm in compiled.unsharded.segments() for n in gm.graph.nodes)
+
+
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_a_candidate_costs_what_compile_prints(path):
     """The candidate equal to the file's plan, decided and costed from the structure cache, has compile's

@@ -9,7 +9,8 @@ import pytest
 
 from compiler.check import check_text
 from compiler.report.plan import plan_text
-from compiler.pipeline import budget, compile_spec
+from compiler.fit import budget
+from compiler.pipeline import compile_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -296,13 +296,15 @@ def mesh_text(spec: S.Spec) -> str:
     return f"{axes} ({m.nodes} node{'s' if m.nodes != 1 else ''} × {m.devices_per_node} {m.device.kind})"
 
 
-def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
-    """What the template needs for a Stage class, when the plan has pipeline stages."""
-    from compiler.passes import pipeline_split as P
+def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
+    """What the template needs for a Stage class, when the plan has pipeline stages (`stages`: the Plan's layout;
+    the top level cut into its pieces by passes.pipeline_split)."""
     top = traced.top
-    if P.STAGES not in top.meta:
+    if T.PROLOGUE not in top.meta:
         return None
-    pro, epi, loss = top.meta[P.PROLOGUE], top.meta[P.EPILOGUE], top.meta[P.LOSS]
+    if not stages:
+        raise ValueError("a pipelined program needs its decided Plan (the stage layout): pass compile's plan")
+    pro, epi, loss = top.meta[T.PROLOGUE], top.meta[T.EPILOGUE], top.meta[T.LOSS]
 
     def leaves(gm):
         return {n: Leaf(n, E.code(_ctor(m)), f"{where(spec, gm.meta[T.SPANS][n])}  "
@@ -317,7 +319,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
                             '    """The loss of one micro-batch on the last stage, from its logits."""']
                            + [ln[4:] for ln in loss_lines[1:]])
     (name,) = traced.blocks
-    return {"stages": E.py_literal(top.meta[P.STAGES]), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
+    return {"stages": E.py_literal(stages), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
             "blocks": name, "block_cls": T.class_name(name),
             "prologue": E.code(forward_code(pro, spec).replace("def forward(", "def prologue(", 1)),
             "epilogue": E.code(forward_code(epi, spec).replace("def forward(", "def epilogue(", 1)),
@@ -326,7 +328,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced) -> dict | None:
 
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", plan=None) -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
-    pipeline = _pipeline(spec, traced)
+    pipeline = _pipeline(spec, traced, plan.stages if plan is not None else ())
     if pipeline:  # the Stage class replaces Model
         segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())

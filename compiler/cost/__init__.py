@@ -106,12 +106,11 @@ class CostModel:
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
     def __init__(self, spec: S.Spec, traced: T.Traced):
-        from compiler.passes import pipeline_split as P
         self.spec, self.traced = spec, traced
         self.sub = {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}
         top = traced.top
         self.structure = structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
-        self.piped = P.STAGES in top.meta
+        self.piped = T.PROLOGUE in top.meta  # cut by passes.pipeline_split
         self.params = PA.model_params(traced)
         self.params_n = spec.value(self.params)
         self.flops_fwd = traced.model_flops_fwd
@@ -136,7 +135,7 @@ class CostModel:
                        for name, gm in traced.blocks.items()}
         if self.piped:
             (self.block_name, gm), = traced.blocks.items()
-            pro, epi, loss = top.meta[P.PROLOGUE], top.meta[P.EPILOGUE], top.meta[P.LOSS]
+            pro, epi, loss = top.meta[T.PROLOGUE], top.meta[T.EPILOGUE], top.meta[T.LOSS]
             self.seg_params = {k: PA.segment_params(g) for k, g in (("block", gm), ("prologue", pro),
                                                                        ("epilogue", epi))}
             self.seg_experts = {"block": PA.segment_expert_params(gm),
@@ -144,9 +143,6 @@ class CostModel:
             fb = {k: F.graph_forward(g) + F.graph_backward(g) for k, g in (("block", gm), ("prologue", pro),
                                                                          ("epilogue", epi), ("loss", loss))}
             self.seg_flops = {"block": fb["block"], "first": fb["prologue"], "last": fb["epilogue"] + fb["loss"]}
-            self.seg_fwd = {"block": F.graph_forward(gm), "first": F.graph_forward(pro),
-                            "last": F.graph_forward(epi) + F.graph_forward(loss)}
-            self.compiled_stages = (spec.mesh.size("pp"), spec.plan.virtual_stages, tuple(top.meta[P.STAGES]))
             self.send_elements = sympy.expand(sympy.Mul(*gm.meta[T.INPUTS]["x"]))
         else:
             total = PA.segment_params(top)
@@ -171,16 +167,13 @@ class CostModel:
         self.loss_moments = [self._fn(e) for e in self.loss_working]
         self.backward_moments = {k: [self._fn(e) for e in set(v)] for k, v in self.backward_ws.items()}
         if self.piped:
-            self.fn.update({("fwd", k): self._fn(v) for k, v in self.seg_fwd.items()})
             self.fn[("send", "x")] = self._fn(self.send_elements)
-        self._layouts: dict = {}
         self._param_shapes: dict = {}
 
     def _memory_formulas(self, spec, traced) -> None:
         """What each segment keeps for backward per micro-batch (activations.py, node by node), the loss's working
         set, and the sizes of FSDP's units (the root, one block)."""
         from compiler.cost import activations as A
-        from compiler.passes import pipeline_split as P
         prec = A.precision_key(spec)
         self.device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
         top = traced.top
@@ -190,7 +183,7 @@ class CostModel:
                       if blocks else sympy.Integer(0)}
         if self.piped:
             (gm,) = traced.blocks.values()
-            segs = {"prologue": top.meta[P.PROLOGUE], "epilogue": top.meta[P.EPILOGUE], "loss": top.meta[P.LOSS]}
+            segs = {"prologue": top.meta[T.PROLOGUE], "epilogue": top.meta[T.EPILOGUE], "loss": top.meta[T.LOSS]}
             self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
             # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until its backward
             # (every stage but the last: fwd_cache; runtime.pipeline.InFlight waits on its send there), and on the
@@ -238,23 +231,16 @@ class CostModel:
 
     # -- one plan -------------------------------------------------------------------------------------------------
 
-    def stages_for(self, plan, env) -> tuple:
-        """The stage layout: the plan's (its policies decided it, or the user wrote it), else the traced one when
-        pp and v match it, else pipeline_split's stage policy on this plan's costs."""
+    def stages_for(self, plan, env=None) -> tuple:
+        """The stage layout, as the Plan carries it: decided once, by compile or by the search's candidates
+        (compiler/lower.py), or written by the user. The cost model decides nothing: a pipelined plan without its
+        layout is refused rather than costed on a layout of the cost model's own choosing."""
         if plan.stages:
             return tuple(plan.stages)
         if plan.layout:
             return tuple(plan.layout)
-        pp, v = plan.size("pp"), plan.virtual_stages
-        if (pp, v) == self.compiled_stages[:2]:
-            return self.compiled_stages[2]
-        key = (pp, v, env[:4])
-        if key not in self._layouts:
-            from compiler.passes.pipeline_split import stage_policy
-            one = env[:4] + (1,)
-            per_block, first, last = (int(self.fn[("fwd", k)](one)) for k in ("block", "first", "last"))
-            self._layouts[key] = stage_policy(plan, self.counts[self.block_name][1], per_block, first, last)
-        return self._layouts[key]
+        raise ValueError(f"plan {plan.describe()} has pp = {plan.size('pp')} but no stage layout: decide it first "
+                         "(compiler.candidates.Candidates.decide, or compile)")
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
         if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
@@ -310,9 +296,8 @@ class CostModel:
                 for gm in traced.blocks.values():
                     out += [(e, gm.meta[T.REPEAT].count) for e in self._param_exprs(gm)]
             else:
-                from compiler.passes import pipeline_split as P
                 gm = (next(iter(traced.blocks.values())) if segment == "block" else
-                      traced.top.meta[P.PROLOGUE if segment == "prologue" else P.EPILOGUE])
+                      traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE])
                 out += [(e, 1) for e in self._param_exprs(gm)]
             self._param_shapes[segment] = [(self._fn(n), nd, count) for (n, nd), count in out]
         got = []

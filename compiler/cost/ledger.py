@@ -81,12 +81,11 @@ class Site:
 
 def pieces(traced: T.Traced) -> dict | None:
     """Under pp, top-level node name -> the pipeline piece that runs it; None without pp."""
-    from compiler.passes import pipeline_split as P
     top = traced.top
-    if P.STAGES not in top.meta:
+    if T.PROLOGUE not in top.meta:
         return None
     out = {}
-    for piece, key in (("prologue", P.PROLOGUE), ("epilogue", P.EPILOGUE), ("loss", P.LOSS)):
+    for piece, key in (("prologue", T.PROLOGUE), ("epilogue", T.EPILOGUE), ("loss", T.LOSS)):
         for n in top.meta[key].graph.nodes:
             out.setdefault(n.name, piece)
     return out

@@ -4,7 +4,8 @@
 stages: v of them when interleaved) is as cheap as possible. The first stage also runs the embedding and the last
 the LM head and loss, so their costs are added to the ranks that hold them: stages come out uneven on purpose (fewer
 blocks where the head is heavy). The answer is exact: a binary search over the bottleneck on integer costs.
-`stage_policy` is the one policy (the driver, the search's candidates and the cost model call it).
+`stage_policy` is the one policy, called through compiler/lower.py (`stages_of`) by compile and by the search's
+candidates alike; the layout it returns is carried by the Plan, where the cost model and codegen read it.
 """
 from __future__ import annotations
 
@@ -96,10 +97,6 @@ def stage_costs(layout, block_costs: list[int], first_extra: int = 0, last_extra
 
 # -- mechanism ----------------------------------------------------------------------------------------------------
 
-# GraphModule.meta keys of the top level once cut: the three pieces and the stage layout.
-PROLOGUE, EPILOGUE, LOSS, STAGES = "pp_prologue", "pp_epilogue", "pp_loss", "pp_stages"
-
-
 def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> fx.GraphModule:
     """The nodes of `gm` that `output` depends on, with `inputs` (node -> placeholder name) cut off as inputs."""
     from torch import fx
@@ -183,8 +180,9 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
 
 
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
-    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss;
-    record the stage layout the plan decided."""
+    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss
+    (trace.PROLOGUE, EPILOGUE, LOSS of the top's meta). The cut is the same for every stage layout: which blocks
+    each stage holds is the Plan's (`plan.stages`), read from there by the cost model and codegen."""
     from compiler import trace as T
     if plan.size("pp") == 1:
         return traced
@@ -193,10 +191,9 @@ def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
     logits = loss_node.args[0]
     tokens = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "tokens")
     targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
-    top.meta[PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, blocks_node.args[0])
-    top.meta[EPILOGUE] = _subgraph(top, "epilogue", {blocks_node: "x"}, logits)
-    top.meta[LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
-    top.meta[STAGES] = plan.stages
+    top.meta[T.PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, blocks_node.args[0])
+    top.meta[T.EPILOGUE] = _subgraph(top, "epilogue", {blocks_node: "x"}, logits)
+    top.meta[T.LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
     return traced
 
 

@@ -265,7 +265,7 @@ def _moe_text(compiled) -> list[str]:
 
 
 def _memory_diagnostics(compiled) -> list:
-    from compiler.pipeline import budget
+    from compiler.fit import budget
     return budget(compiled)
 
 
