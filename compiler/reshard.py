@@ -1,9 +1,9 @@
 """`scalec reshard OLD.scale NEW.scale`: what moving a checkpoint from one plan to another reads, before doing it.
 
 A checkpoint holds every parameter whole under its single-device name, with its AdamW moments (runtime/checkpoint.py);
-a plan reads back its own pieces. This prints, from the two compiled plans alone (the tables codegen writes into the
-program: tp_shards, ep_shards, the pipeline stages, fsdp), each tensor's pieces under both plans (axis, dim, number of
-pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names
+a plan reads back its own pieces. This prints, from the two compiled plans alone (what the passes recorded and the
+Plan decided, the same tables codegen writes into the program: tp_shards, ep_shards, the pipeline stages, fsdp), each
+tensor's pieces under both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names
 or shapes) are refused with a diagnostic located in NEW.
 """
 from __future__ import annotations
@@ -47,14 +47,12 @@ class Layout:
     """Where each parameter of a compiled plan lives."""
 
     def __init__(self, compiled):
-        from compiler.codegen import config_values
         self.compiled = compiled
         spec, traced = compiled.spec, compiled.traced
-        cfg = config_values(spec, traced)["parallel"]
         self.axes = tuple(spec.mesh.axes)
         self.size = dict(self.axes)
-        patterns = [(p, d, "tp") for p, d, _ in cfg["tp_shards"]] + [(p, d, "ep") for p, d, _ in
-                                                                      cfg.get("ep_shards", ())]
+        patterns = [(p, d, "tp") for p, d, _ in traced.shard_patterns(T.TP_SHARDS)] + \
+            [(p, d, "ep") for p, d, _ in traced.shard_patterns(T.EP_SHARDS)]
         # zero2 (FSDP2, gathered from forward to backward) holds dp pieces as fsdp does. zero1 reads whole weights;
         # its AdamW moments are partitioned by whole parameters (counted here as whole: an upper bound).
         fsdp = spec.plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1

@@ -124,6 +124,20 @@ class Traced:
             yield class_name(name), gm
         yield "Model", self.top
 
+    def shard_patterns(self, key: str) -> tuple:
+        """The parameters a pass sharded, by the meta key it recorded them under (TP_SHARDS, EP_SHARDS): (name
+        pattern, dim, full size of that dim), a block's parameters as `repeat.*.name` (every block alike). What the
+        runtime shards by (runtime/config.py's tp_shards, ep_shards) and what `reshard` places."""
+        return tuple((prefix + pname, dim, full)
+                     for prefix, gm in [("", self.top)] + [(f"{name}.*.", gm) for name, gm in self.blocks.items()]
+                     for pname, (dim, full) in gm.meta.get(key, {}).items())
+
+    def partial_grads(self) -> tuple:
+        """The parameters whose gradients tp leaves partial (sequence parallelism), as name patterns."""
+        return tuple(prefix + p for prefix, gm in [("", self.top)] + [(f"{name}.*.", gm)
+                                                                      for name, gm in self.blocks.items()]
+                     for p in gm.meta.get(TP_PARTIAL_GRADS, ()))
+
     def repeats(self) -> dict:
         """repeat name -> (count, block GraphModule), for propagation over the top level."""
         return {name: (gm.meta[REPEAT].count, gm) for name, gm in self.blocks.items()}

@@ -176,13 +176,6 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
     t = spec.train
     v = spec.value
 
-    def collect(key):
-        return [(prefix + pname, dim, full)
-                for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]
-                for pname, (dim, full) in gm.meta.get(key, {}).items()]
-    partial = [prefix + p for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm)
-                                                                   for name, gm in traced.blocks.items()]
-               for p in gm.meta.get(T.TP_PARTIAL_GRADS, ())]
     moe = traced.model.has_moe()
     parallel = {
         "axes": plan.axes, "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
@@ -194,8 +187,8 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         **({"grad_reduce": plan.grad_reduce} if plan.grad_reduce != "fp32" else {}),  # written only when set
         **({"fp32_residual": True} if plan.fp32_residual else {}),
         **({"fsdp_grad_sync": plan.fsdp_grad_sync} if plan.fsdp_grad_sync != "step" else {}),  # only when set
-        "tp_shards": tuple(collect(T.TP_SHARDS)), "tp_partial_grads": tuple(partial),
-        **({"ep_shards": tuple(collect(T.EP_SHARDS))} if moe else {}),  # only MoE programs carry these
+        "tp_shards": traced.shard_patterns(T.TP_SHARDS), "tp_partial_grads": traced.partial_grads(),
+        **({"ep_shards": traced.shard_patterns(T.EP_SHARDS)} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.head.tied),
         **_dp_tuning(spec, plan),
     }
