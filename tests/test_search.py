@@ -305,3 +305,34 @@ def test_search_costs_both_fsdp_grad_syncs_and_shows_its_choice():
     assert any(re.match(r"reduce-scatter once per step: every micro-batch (at least|36.18 GB at) 1\.[1-9]\d× its "
                         r"step time", r) for r in w.reasons), w.reasons
     assert "fsdp_grad_sync" not in SE.scale_text(wide, w)
+
+
+SETTINGS = ("axes", "nodes", "devices_per_node", "data_parallel", "micro_batches", "schedule", "virtual_stages",
+            "layout", "sequence_parallel", "tp_layers", "pad_vocab", "recompute", "compiles", "grad_reduce",
+            "fp32_residual", "syncs_each_micro_batch")
+
+
+@pytest.mark.parametrize("device", ["cpu", "h100"])
+def test_the_printed_file_reads_back_as_the_plan(device):
+    """compiler/report/scale.py prints a Plan's mesh and plan sections from its fields: the file it writes reads back
+    as the same settings, for plans unlike the file's own, with `compile` written where the plan's differs from the
+    device's default (a GPU file's `compile = false` is what the search costed: the written file keeps it)."""
+    from compiler import plan as P
+    from compiler.report import scale
+    text = open("samples/gpt_3d.scale").read().replace("device = cpu", f"device = {device}")
+    spec = check_text(text, "in.scale", cluster_only=True)
+    base = dataclasses.replace(P.from_spec(spec), spans=(), sequence_parallel=False)  # written only under tp
+    plans = [dataclasses.replace(base, axes=(("pp", 2), ("dp", 2), ("tp", 2)), schedule="interleaved-1f1b",
+                                 virtual_stages=2, sequence_parallel=True, recompute="selective",
+                                 data_parallel="zero1", micro_batches=2, compile=device == "cpu"),
+             dataclasses.replace(base, axes=(("pp", 2), ("dp", 4)), schedule="gpipe", layout=((0, 1), (1, 2)),
+                                 tp_layers=("attention", "mlp"), grad_reduce="bf16", fp32_residual=True),
+             dataclasses.replace(base, axes=(("dp", 4), ("tp", 2)), pad_vocab=True, data_parallel="fsdp",
+                                 fsdp_grad_sync="micro_batch", micro_batches=2, compile=device == "cpu"),
+             dataclasses.replace(base, axes=(("pp", 2), ("dp", 4)), schedule="zero-bubble", compile=True)]
+    for plan in plans:
+        written = scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)
+        again = P.from_spec(check_text(written, "best.scale", cluster_only=True))
+        assert [getattr(again, k) for k in SETTINGS] == [getattr(plan, k) for k in SETTINGS], written
+        assert ("compile =" in written) == (plan.compile != (device != "cpu") and plan.compiles == plan.compile)
+        assert written == scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)

@@ -1,13 +1,13 @@
 """`scalec search` against a brute-force oracle: on small samples, the search's top-K is exactly what costing every
 candidate of its space gives.
 
-The search prunes (compiler/search.py's docstring lists eight rules: sequence parallelism dominates, dp = 1 tries
-only ddp, branch and bound over families, recomputation escalates, bound before exact, the most frugal variant
+The search prunes (compiler/search/prune.py's docstring lists eight rules: sequence parallelism dominates, dp = 1
+tries only ddp, branch and bound over families, recomputation escalates, bound before exact, the most frugal variant
 first, memory grows with the micro-batch size). Each rule is argued safe or says what it may miss; this test is the
-check that the arguments hold on real figures. The oracle below enumerates the space the module's docstring
-describes, written out again here and wider where the search narrows it by a pruning argument (every dp sharding at
-dp = 1; both sequence-parallel settings wherever tp > 1; interleaving at every virtual-stage count, the rules
-refusing the impossible ones; every micro-batch count of the global batch), and costs every candidate with the
+check that the arguments hold on real figures. The oracle below enumerates the space compiler/search/space.py's
+docstring describes, written out again here and wider where the search narrows it by a pruning argument (every dp
+sharding at dp = 1; both sequence-parallel settings wherever tp > 1; interleaving at every virtual-stage count, the
+rules refusing the impossible ones; every micro-batch count of the global batch), and costs every candidate with the
 per-plan functions the search itself uses (`Candidates.requires/decide/estimate/cost_model`, `Simulator.predict`):
 one memory model and one step-time model, none of the pruning code. It then ranks as the search promises: the
 best plan of each mesh shape, the K fastest shapes.
@@ -37,7 +37,7 @@ def _divisors(n: int) -> list:
 
 def _legal(cands: Candidates, plan: P.Plan):
     """The plan the search's space holds for `plan`, or None: a tp degree the vocabulary refuses only for want of
-    padding (E0403 alone) is in the space with `pad_vocab = true` (compiler/search.py's docstring)."""
+    padding (E0403 alone) is in the space with `pad_vocab = true` (compiler/search/space.py's docstring)."""
     problems = cands.requires(plan)
     if problems and not plan.pad_vocab and all(d.code == "E0403" for d in problems):
         plan = replace(plan, pad_vocab=True)

@@ -3,8 +3,9 @@
     units.py     the one formatter each of counts, bytes, FLOPs and seconds that every report uses
     plan.py      `scalec plan` (text, --json, --svg): parameters, FLOPs, step time, memory, MoE, pipeline, ledger
     commands.py  the short outputs of the other commands: check's verdict, warnings, graphs, search's glue
+    scale.py     a Plan as .scale text: its mesh and plan sections from its fields (`scalec search -o`)
 
 The package imports no torch and nothing of the compiler on import (plan.py reads the cost model, the step-time
-model and the schedule on first use), so that the command line and `scalec check` stay light, and so that the cost
-model and the search can format with `units` without an import cycle.
+model and the schedule on first use; scale.py reads the torch-free AST), so that the command line and `scalec check`
+stay light, and so that the cost model and the search can format with `units` without an import cycle.
 """

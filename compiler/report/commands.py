@@ -38,8 +38,8 @@ def json_text(obj) -> str:
 
 
 def search_output(result, as_json: bool) -> str:
-    """`scalec search FILE [--json]`: the winners with their reasons, the families rejected and why (compiler/search.py
-    writes the table: its rows come from the search's own bookkeeping)."""
+    """`scalec search FILE [--json]`: the winners with their reasons, the families rejected and why
+    (compiler/search/report.py writes the table: its rows come from the search's own bookkeeping)."""
     from compiler import search as SE
     return json_text(SE.to_json(result)) if as_json else SE.text(result)
 

@@ -1,0 +1,431 @@
+"""The pruned best-first run of `scalec search`: over the space of compiler/search/space.py, the `top` fastest plans
+by predicted step time, costing as few candidates as its rules allow; compiler/search/report.py words the result.
+
+Pruning, in order, each with why it is safe or what it may miss:
+
+1. Rules. A candidate a rule refuses is never costed. Safe: `compile` would refuse it too.
+2. Sequence parallelism dominates. With tp > 1, sequence parallelism moves the same bytes (a reduce-scatter and an
+   all-gather in place of each all-reduce: the same ring steps and bytes), shards the norms' and residuals'
+   compute and activations over tp, and adds one small all-reduce of the norm gradients per step. The search tries
+   it alone where a rule allows it (not with `moe` layers, E0707; not when tp does not divide the sequence) and
+   without it otherwise or when fixed. May miss: a model so small that that step's all-reduce costs more than the
+   norms' compute it saves (tiny CPU models: tests/test_search_oracle.py finds such plans 1-3% faster on two of its
+   three samples); and under selective recomputation, which gathers each region's sequence-parallel input again
+   in backward (runtime.recompute: one all-gather more per region), a plan whose memory does not need sequence
+   parallelism's sharded activations. `--fix sequence_parallel=false` costs that side.
+3. Data parallelism of size 1. With dp = 1 the ZeRO stages shard nothing: only ddp is tried. Safe.
+4. Branch and bound over families. A family's lower bound is, over the pp ranks, each rank's compute time (its
+   collectives on the critical path included) without recomputation, what compiler/simulate.py's
+   `predict(exact=False)` counts before any schedule idle time, data-parallel traffic and optimizer, plus the
+   pipeline's fill and drain around it: rank r cannot start before the earlier stages' forwards of the first
+   micro-batch, and after its backward of the last micro-batch the earlier stages still run
+   theirs (not counted under zero-bubble, whose weight halves may come last). None of it depends on the dp
+   sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
+   bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster.
+5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
+   (compiler/simulate.py adds recomputation's forward, selective a part of it), so the first that fits is the
+   fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
+6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
+   the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
+7. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
+   allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
+   its most recomputation). May miss: a variant the memory model puts below that one (ZeRO-3 and full
+   recomputation keep the least of every kind of state; their working sets, a gathered unit or the block being
+   recomputed, are small beside what they save).
+8. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
+   the smallest micro-batches is costed first; when its most frugal variant does not fit, no other does: what a
+   micro-batch keeps grows with its size, and the micro-batches a schedule keeps in flight do not grow when they
+   are fewer (GPipe keeps all of them: the same sequences), nor do the receive buffers and kept outputs (those
+   of the micro-batches in flight).
+   Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
+   its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
+Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
+count), and so is every micro-batch size.
+
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from compiler import plan as P
+from compiler import spec as S
+from compiler.search import report as R
+from compiler.search.space import ORDER, Space, _family, _group, _variant
+
+# -- results --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Winner:
+    plan: P.Plan            # decided (stage layout, tp and ep decisions)
+    prediction: object      # simulate.Prediction (exact)
+    estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
+    reasons: tuple          # one short line each, from the figures
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.estimate.peak_bytes
+
+
+@dataclass
+class Counts:
+    space: int = 0          # candidates the enumeration describes (families × dp shardings × recomputations)
+    families: int = 0       # families enumerated (shape, sequence parallelism, micro-batch size, schedule)
+    family_rules: int = 0   # of which refused by a rule before costing
+    bounded_families: int = 0   # of which given a lower bound
+    expanded: int = 0       # families whose variants were costed (the others pruned by their bound)
+    checked: int = 0        # variants checked by the rules
+    passed: int = 0         # of which the rules accepted
+    costed: int = 0         # of which memory was estimated
+    fitting: int = 0        # of which fit the device
+    bounded: int = 0        # of which got a step-time lower bound
+    exact: int = 0          # of which were simulated exactly
+    structures: int = 0     # pass structures traced and compiled (compiler/candidates.py)
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Result:
+    spec: S.Spec
+    winners: list
+    rejected: list          # one line per rejected family
+    counts: Counts
+    seconds: float
+    fixed: dict
+    timing: dict = field(default_factory=dict)   # phase -> seconds
+
+
+class _Search:
+    """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
+    and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
+
+    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None):
+        from compiler.candidates import Candidates
+        from compiler.simulate import Simulator
+        self.spec, self.top = spec, top
+        self.space = Space(spec, fixed)
+        self.fixed, self.base, self.world = self.space.fixed, self.space.base, self.space.world
+        self.moe, self.blocks = self.space.moe, self.space.blocks
+        self.device = spec.mesh.device
+        self.limit = self.device.memory_gb * 1e9
+        self.cands = cands or Candidates(spec)
+        self.sim = Simulator(self.device)
+        self.counts = Counts()
+        self._pieces: dict = {}
+        self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
+        self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
+        self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
+        self.family_log: dict = {}    # family -> [(dp sharding, recompute, peak, exact step time or None)]
+        self.peaks: dict = {}         # family -> {(dp variant, recompute): peak} of every variant costed
+        # per family key (axis, value) -> what happened to its candidates
+        self.stats: dict = {}
+        self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
+        self.by_key: dict = {}        # layout key -> (time, Winner)
+        self.all_axes_fixed = all(a in fixed for a in ORDER if a != "ep" or self.moe)
+
+    # -- the space (compiler/search/space.py), as the run and the tests walk it ---------------------------------
+
+    def shapes(self):
+        return self.space.shapes()
+
+    def groups(self, sizes: dict):
+        return self.space.groups(sizes)
+
+    def families(self, sizes: dict) -> list:
+        return self.space.families(sizes)
+
+    def modes(self, plan) -> list:
+        return self.space.modes(plan)
+
+    # -- bookkeeping of families for the report ------------------------------------------------------------------
+
+    def _stat(self, plan):
+        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep") if a != "ep" or self.moe]
+        if plan.size("pp") > 1:
+            keys.append(("schedule", plan.schedule))
+        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
+                                          "min_peak": None, "best_exact": None, "best_bound": None})
+                for k in keys]
+
+    def _refused(self, plan, problems, times: int = 1):
+        """Count each refusal against the family it belongs to: a tensor-parallel code against the tp value, a
+        pipeline code against pp and the schedule, an expert code against ep, any other against all."""
+        own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07"}
+        stats = self._stat(plan)
+        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep") if a != "ep" or self.moe]
+        if plan.size("pp") > 1:
+            keys.append(("schedule", plan.schedule))
+        for (a, _), st in zip(keys, stats):
+            mine = [d for d in problems if d.code.startswith(own[a]) or d.code[:3] not in own.values()]
+            for d in mine[:1] or problems[:1]:
+                st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
+
+    # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
+
+    def _legal(self, plan):
+        problems = self.cands.requires(plan)
+        if problems and not plan.pad_vocab and all(d.code == "E0403" for d in problems):
+            padded = replace(plan, pad_vocab=True)
+            if not self.cands.requires(padded):
+                return padded, []
+        return plan, problems
+
+    def _family_legal(self, plan, memo):
+        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads: a
+        tensor-parallel code (E04xx: tp, sequence parallelism, tp_layers, pad_vocab, seq_len), a pipeline code
+        that does not read the micro-batches (E0601, E0604, E0605: pp, schedule, virtual stages), an expert code
+        (E07xx: ep, dp, sequence parallelism, data_parallel). The rules themselves are only ever called."""
+        keys = {"E04": (plan.size("tp"), plan.sequence_parallel, plan.pad_vocab),
+                "E06": (plan.size("pp"), plan.schedule, plan.virtual_stages),
+                "E07": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel)}
+        for prefix, k in keys.items():
+            got = memo.get((prefix, k))
+            if got is not None:
+                return plan, got
+        plan, problems = self._legal(plan)
+        for d in problems:
+            prefix = d.code[:3]
+            if prefix in ("E04", "E07") or d.code in ("E0601", "E0604", "E0605"):
+                memo.setdefault((prefix, keys[prefix]), []).append(d)
+        return plan, problems
+
+    # -- the lower bound of a family -------------------------------------------------------------------------
+
+    def busy(self, decided, fill: bool = False) -> float:
+        """The busiest rank's compute time of `decided` (collectives on its critical path included), before any
+        schedule idle time, data-parallel traffic and optimizer: what compiler/simulate.py's `predict` counts as
+        each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
+        pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
+        which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
+        from compiler.simulate import links
+        cm = self.cands.cost_model(decided)
+        sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
+        env = sizes + (decided.micro_batch_size,)
+        key = (id(cm), env, decided.recompute, decided.schedule == "zero-bubble")
+        pieces = self._pieces.get(key)
+        if pieces is None:
+            pieces = self._pieces[key] = self.sim.pieces(cm, decided, env, links(decided, self.device))
+        m = decided.micro_batches
+        if cm.piped:
+            pp = decided.size("pp")
+            fwd, bwd, _, _ = self.sim.stage_times(cm, decided, env, pieces)
+            busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
+            if not fill:
+                return max(busy)
+            # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
+            # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
+            # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
+            drain = decided.schedule != "zero-bubble"
+            return max(busy[r] + sum(fwd[:r]) + (sum(bwd[:r]) if drain else 0.0) for r in range(pp))
+        counts = {("block", name): c for name, (_, c) in cm.counts.items()}
+        return m * sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+
+    # -- ranking -------------------------------------------------------------------------------------------------
+
+    def _key(self, plan):
+        if self.all_axes_fixed:
+            return (plan.axes, plan.micro_batch_size, plan.schedule, plan.virtual_stages, plan.data_parallel,
+                    plan.recompute, plan.sequence_parallel, _variant(plan)[1])
+        return plan.axes
+
+    def threshold(self, key=None) -> float:
+        t = -self.best[0][0] if len(self.best) >= self.top else math.inf
+        if key is not None and key in self.by_key:
+            t = min(t, self.by_key[key][0])
+        return t
+
+    def _offer(self, t, key, winner):
+        old = self.by_key.get(key)
+        if old is not None:
+            if t >= old[0]:
+                return
+            self.best = [x for x in self.best if x[1] != key]
+            heapq.heapify(self.best)
+        self.by_key[key] = (t, winner)
+        heapq.heappush(self.best, (-t, key, winner))
+        while len(self.best) > self.top:
+            _, k, _ = heapq.heappop(self.best)
+            self.by_key.pop(k, None)
+
+    # -- one family ----------------------------------------------------------------------------------------------
+
+    def _cost(self, plan0, mode, rc, cache):
+        """(decided, estimate) of one variant, or None when a rule refuses it; memoised per family."""
+        if (mode, rc) in cache:
+            return cache[(mode, rc)]
+        plan = replace(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
+        self.counts.checked += 1
+        plan, problems = self._legal(plan)
+        if problems:
+            self._refused(plan, problems)
+            cache[(mode, rc)] = None
+            return None
+        self.counts.passed += 1
+        stats = self._stat(plan)
+        decided = self.cands.decide(plan)
+        est = self.cands.estimate(decided)
+        self.counts.costed += 1
+        peak = est.peak_bytes
+        self.peaks.setdefault(_family(plan), {})[(mode, rc)] = peak
+        worst = max(est.memory, key=lambda r: r.peak)
+        for st in stats:
+            st["passed"] += 1
+            st["costed"] += 1
+            if st["min_peak"] is None or peak < st["min_peak"][0]:
+                st["min_peak"] = (peak, worst.who, decided.describe())
+        if peak <= self.limit:
+            self.counts.fitting += 1
+            for st in stats:
+                st["fit"] += 1
+        cache[(mode, rc)] = (decided, est)
+        return cache[(mode, rc)]
+
+    def expand(self, plan0, lb, log):
+        """Cost the variants of one family under rules 5 to 8 (the module's docstring), offering each fitting one
+        that its bound does not prune; the family's log of what was tried, for the reasons."""
+        modes = self.modes(plan0)
+        rcs = self.space.recomputes()
+        key = self._key(plan0)
+        tried = self.family_log.setdefault(_family(plan0), [])
+        cache: dict = {}
+        fits = lambda got: got is not None and got[1].peak_bytes <= self.limit  # noqa: E731
+        # rule 8: the group's smallest micro-batches first; when its most frugal variant does not fit, no
+        # micro-batch size of the group does
+        g = _group(plan0)
+        if plan0.micro_batch_size >= self.group_fails.get(g, math.inf):
+            return tried  # rule 8: a smaller micro-batch of the group did not fit
+        if g not in self.group_fits:
+            rep = self.group_rep[g]
+            if rep is plan0:
+                self.group_fits[g] = True  # decided below, by the family itself
+            else:
+                rc = {}
+                got = next((x for mode in reversed(self.modes(rep)) for r in reversed(rcs)
+                            if (x := self._cost(rep, mode, r, rc)) is not None), None)
+                self.group_fits[g] = fits(got)
+        if not self.group_fits.get(g, True):
+            return tried
+        # rule 7: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
+        # first; when it does not fit, no variant does
+        frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
+                       if (got := self._cost(plan0, mode, rc, cache)) is not None), None)
+        if frugal is None or not fits(frugal):
+            self.group_fails[g] = min(self.group_fails.get(g, math.inf), plan0.micro_batch_size)
+            if self.group_rep.get(g) is plan0:
+                self.group_fits[g] = False
+            return tried
+        rc_bound = {}
+        for mode in modes:
+            # rule 7 again, per dp sharding: with its most recomputation it must fit
+            most = next((got for rc in reversed(rcs) if (got := self._cost(plan0, mode, rc, cache)) is not None),
+                        None)
+            if not fits(most):
+                continue
+            for rc in rcs:
+                if lb >= self.threshold(key):
+                    return tried
+                if rc not in rc_bound:  # recomputation's own lower bound (the family's, with its extra forward)
+                    rc_bound[rc] = self.busy(self.cands.decide(replace(plan0, recompute=rc)), fill=True)
+                if rc_bound[rc] >= self.threshold(key):
+                    break  # more recomputation is only slower
+                got = self._cost(plan0, mode, rc, cache)
+                if got is None:
+                    continue
+                decided, est = got
+                peak = est.peak_bytes
+                if peak > self.limit:
+                    tried.append((mode, rc, peak, None, None))
+                    continue  # more recomputation may fit
+                stats = self._stat(decided)
+                cm = self.cands.cost_model(decided)
+                bound = self.sim.predict(cm, decided, est, exact=False)
+                self.counts.bounded += 1
+                for st in stats:
+                    if st["best_bound"] is None or bound.step_time_s < st["best_bound"]:
+                        st["best_bound"] = bound.step_time_s
+                if bound.step_time_s >= self.threshold(key):
+                    tried.append((mode, rc, peak, None, bound.step_time_s))
+                    break  # more recomputation is only slower
+                pred = self.sim.predict(cm, decided, est, exact=True, detail=False)
+                self.counts.exact += 1
+                tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
+                for st in stats:
+                    if st["best_exact"] is None or pred.step_time_s < st["best_exact"][0]:
+                        st["best_exact"] = (pred.step_time_s, decided.describe())
+                log.append((decided, est, pred, plan0))
+                self._offer(pred.step_time_s, key, (decided, est, pred))
+                break  # the least recomputation that fits is the fastest
+        return tried
+
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        timing = {}
+        groups = [g for sizes in self.shapes() for g in self.groups(sizes)]
+        self.counts.families = sum(len(ms) for _, ms in groups)
+        self.counts.space = self.space.size(groups)
+        timing["enumerate"] = time.perf_counter() - t0
+        # 1. rules and a lower bound per family
+        t1 = time.perf_counter()
+        bounded = []
+        seen_structures = set()
+        from compiler.candidates import structure
+        memo: dict = {}
+        whole = ("E04", "E07", "E0601", "E0604", "E0605")  # refusals the micro-batch count does not change
+        for make, ms in groups:
+            first, problems = self._family_legal(make(ms[0]), memo)
+            if problems and any(d.code.startswith(whole) for d in problems):
+                self.counts.family_rules += len(ms)
+                self._refused(first, problems, len(ms))
+                continue
+            for m in ms:
+                plan, problems = self._family_legal(make(m), memo) if m != ms[0] else (first, problems)
+                if problems:
+                    self.counts.family_rules += 1
+                    self._refused(plan, problems)
+                    continue
+                if not plan.sequence_parallel and plan.size("tp") > 1 and "sequence_parallel" not in self.fixed:
+                    # rule 2: without sequence parallelism only where a rule refuses it
+                    twin = replace(plan, sequence_parallel=True)
+                    if not self._family_legal(twin, memo)[1]:
+                        continue
+                decided = self.cands.decide(plan)
+                seen_structures.add(structure(decided))
+                lb = self.busy(decided, fill=True)
+                self.group_rep.setdefault(_group(plan), plan)  # ms: most micro-batches first
+                self.counts.bounded_families += 1
+                bounded.append((lb, len(bounded), plan))
+        self.counts.structures = len(seen_structures)
+        timing["rules_and_family_bounds"] = time.perf_counter() - t1
+        # 2. best first
+        t2 = time.perf_counter()
+        bounded.sort(key=lambda x: (x[0], x[1]))
+        log: list = []
+        for lb, _, plan in bounded:
+            if lb >= self.threshold():
+                for st in self._stat(plan):
+                    if st["best_bound"] is None or lb < st["best_bound"]:
+                        st["best_bound"] = lb
+                continue
+            self.counts.expanded += 1
+            self.expand(plan, lb, log)
+        timing["best_first"] = time.perf_counter() - t2
+        ranked = sorted(((t, w) for t, w in self.by_key.values()), key=lambda x: x[0])
+        best_t = ranked[0][0] if ranked else None
+        # the winners again with every detail (the pipeline's exposed send time): the same step times
+        ranked = [(t, (d, est, self.sim.predict(self.cands.cost_model(d), d, est))) for t, (d, est, _) in ranked]
+        winners = [Winner(d, pred, est, tuple(R.reasons(self, d, est, pred, best_t))) for _, (d, est, pred) in ranked]
+        rejected = R.rejected(self, winners, best_t) if groups else R.unsatisfiable(self.space, self.spec.mesh)
+        return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
+
+
+def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) -> Result:
+    """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring)."""
+    return _Search(spec, top, fixed or {}, cands).run()
+
+

@@ -1,0 +1,251 @@
+"""What `scalec search` prints: the winners' reasons and the rejected-families lines (from the bookkeeping of the run,
+compiler/search/prune.py), the table (`text`), `--json` (`to_json`) and the winner as a .scale file (`scale_text`,
+`-o BEST.scale`, printed by compiler/report/scale.py). Figures are formatted by compiler/report/units.py.
+
+Winners are distinct layouts: the best plan of each of the K best mesh shapes (axis sizes); with every axis fixed,
+the K best plans of that shape. `Result.rejected` gives one line per axis value, and per schedule, that is not
+among the winners, with its figures: what refused it, what it would need in memory, or how much slower it is
+(exactly, when simulated; as a lower bound, when pruned).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from compiler.report import scale as scale_printer
+from compiler.report.units import nbytes, seconds
+from compiler.search.space import ORDER, RECOMPUTE, _divisors, _family, _variant
+
+if TYPE_CHECKING:
+    from compiler import spec as S
+    from compiler.search.prune import Result, Winner
+
+# -- the lines of the run: reasons of each winner, the families rejected, why `--fix` leaves none --------------
+
+
+def unsatisfiable(space, mesh) -> list:
+    """Why `--fix` leaves not one candidate to check (the rules never saw one, so they give no reason): the
+    fixed axes against the devices, ep on a model without `moe`, then each fixed setting that alone leaves
+    none, or else the settings together. One line each, as `rejected` lines read."""
+    f, out = space.fixed, []
+    axes = {a: f[a] for a in ORDER if a in f}
+    prod = math.prod(axes.values())
+    m = mesh
+    if space.world % prod:
+        shown = " × ".join(f"{a}={n}" for a, n in axes.items()) + (f" = {prod}" if len(axes) > 1 else "")
+        out.append(f"{shown} does not divide the {space.world} devices ({m.nodes} node{'s' if m.nodes != 1 else ''}"
+                   f" × {m.devices_per_node}): the axes multiply to the device count; sizes that divide it: "
+                   + ", ".join(map(str, _divisors(space.world))))
+    if f.get("ep", 1) > 1 and not space.moe:
+        out.append(f"ep={f['ep']}: the model has no `moe` layer to shard over ep (E0704)")
+    if out:
+        return out
+    gb, blocks = space.base.global_batch, space.blocks
+    for key, value in f.items():
+        if space.families_with({key: value}):
+            continue
+        if key in ("micro_batches", "micro_batch_size"):
+            out.append(f"{key}={value}: no split of the global batch ({gb} sequences over dp × ep ranks, "
+                       "micro_batches × micro_batch_size on each) has it")
+        elif key == "virtual_stages":
+            out.append(f"virtual_stages={value}: interleaving needs pp > 1 and pp × virtual_stages at most the "
+                       f"{blocks} blocks")
+        else:
+            out.append(f"{key}={value}: no candidate on {space.world} devices has it")
+    if not out:
+        out.append("the fixed settings " + ", ".join(f"{k}={v}" for k, v in f.items()) + " exclude one "
+                   "another: no candidate has them all (each alone leaves some)")
+    return out
+
+
+def reasons(s, d, est, pred, best_t) -> list:
+    """The short lines under a winner: how far from the best, where each axis's traffic runs and what it exposes,
+    what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
+    `s` is the run (compiler/search/prune.py's _Search), as for `rejected`."""
+    from compiler.simulate import links
+    lk = links(d, s.device)
+    out = []
+    if best_t is not None and pred.step_time_s > best_t:
+        out.append(f"{pred.step_time_s / best_t:.2f}× the best step time")
+    tp = d.size("tp")
+    if tp > 1:
+        where = "crosses nodes" if lk["tp"].crosses_nodes else "stays inside a node"
+        out.append(f"tp {tp} {where} ({seconds(pred.exposed_comm_s.get('tp', 0.0))} of tp collectives exposed)")
+    pp = d.size("pp")
+    if pp > 1:
+        v = f", {d.virtual_stages} stages per rank" if d.virtual_stages > 1 else ""
+        out.append(f"pp {pp}: bubble {pred.bubble_fraction:.1%} at {d.micro_batches} micro-batches "
+                   f"({d.schedule}{v})")
+    ep = d.size("ep")
+    if ep > 1:
+        where = "cross nodes" if lk["ep"].crosses_nodes else "stay inside a node"
+        out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed")
+    dpn = d.size("dp")
+    if dpn > 1:
+        dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep"))
+        out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
+    tried = s.family_log.get(_family(d), [])
+    peak = est.peak_bytes
+    if d.recompute != "none":
+        less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
+                and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
+        if less:
+            out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {nbytes(s.limit)}")
+    if d.data_parallel != "ddp":
+        ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
+        if ddp:
+            p, t, b = ddp[0]
+            if p > s.limit:
+                out.append(f"{d.data_parallel}: ddp would need {nbytes(p)} ({d.recompute} recompute)")
+            elif t is not None:
+                out.append(f"{d.data_parallel}: ddp {t / pred.step_time_s:.2f}× its step time")
+            elif b is not None:
+                out.append(f"{d.data_parallel}: ddp at least {b / pred.step_time_s:.2f}× its step time")
+    if d.data_parallel in ("zero2", "fsdp") and d.size("dp") > 1 and d.micro_batches > 1 and d.size("pp") == 1:
+        # fsdp_grad_sync: the other choice of when the reduce-scatters run, as costed
+        mine = _variant(d)
+        other = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == mine[0] and mode != mine
+                 and rc == d.recompute]
+        what = ("reduce-scatter every micro-batch" if mine[1] == "micro_batch" else
+                "reduce-scatter once per step")
+        costed = s.peaks.get(_family(d), {})
+        if not other and any(m0 == mine[0] and m1 != mine[1] and rc == d.recompute for (m0, m1), rc in costed):
+            other = [(p, None, None) for ((m0, m1), rc), p in costed.items()
+                     if m0 == mine[0] and m1 != mine[1] and rc == d.recompute]
+        if other:
+            p, t, b = other[0]
+            alt = "once per step" if mine[1] == "micro_batch" else "every micro-batch"
+            if p > s.limit:
+                out.append(f"{what}: {alt} would need {nbytes(p)}")
+            elif t is not None:
+                out.append(f"{what}: {alt} {nbytes(p)} at {t / pred.step_time_s:.2f}× its step time")
+            elif b is not None:
+                out.append(f"{what}: {alt} at least {b / pred.step_time_s:.2f}× its step time")
+    out.append(f"peak {nbytes(peak)} of {nbytes(s.limit)} "
+               f"({max(est.memory, key=lambda r: r.peak).who})")
+    return out
+
+
+def rejected(s, winners, best_t) -> list:
+    """One line per axis value, and per schedule, that is not among the winners, with what refused it, what it
+    would need in memory, or how much slower it is (exactly, when simulated; as a lower bound, when pruned)."""
+    from compiler.simulate import links
+    won = set()
+    for w in winners:
+        for a in ("tp", "pp", "ep"):
+            won.add((a, w.plan.size(a)))
+        if w.plan.size("pp") > 1:
+            won.add(("schedule", w.plan.schedule))
+    out = []
+    refused: dict = {}  # (axis, code) -> [values], the message of the first: one line for many values
+    for (a, n), st in sorted(s.stats.items(), key=lambda kv: (kv[0][0], str(kv[0][1]).zfill(8))):
+        if (a, n) in won:
+            continue
+        name = f"{a} {n}" if a != "schedule" else n
+        if not st["passed"] and st["refused"] and not st["costed"] and st["best_bound"] is None:
+            code, msg = _why_refused(st)
+            got = refused.setdefault((a, code), (len(out), [], msg))
+            if not got[1]:
+                out.append(None)
+            got[1].append(name)
+            continue
+        if st["costed"] and not st["fit"]:
+            peak, who, what = st["min_peak"]
+            out.append(f"{name} does not fit: {nbytes(peak, gigabytes=True)} of "
+                       f"{nbytes(s.limit, gigabytes=True, unit=False)} on {who} "
+                       f"(its least: {what})")
+            continue
+        why = ""
+        if a == "tp" and n > 1:
+            probe = replace(s.base, axes=(("dp", s.world // n), ("tp", n)))
+            why = " crosses nodes:" if links(probe, s.device)["tp"].crosses_nodes else ""
+        if st["best_exact"] is not None and best_t:
+            t, what = st["best_exact"]
+            out.append(f"{name}{why} {t / best_t:.2f}× slower than the best (its best: {what})")
+        elif st["best_bound"] is not None and best_t:
+            out.append(f"{name}{why} at least {st['best_bound'] / best_t:.2f}× slower than the best "
+                       "(lower bound; not simulated)")
+        elif st["refused"]:
+            code, msg = _why_refused(st)
+            out.append(f"{name}: {msg} ({code})")
+    for (a, code), (i, names, msg) in refused.items():
+        more = f" (and {', '.join(x.split()[-1] for x in names[1:])})" if len(names) > 1 else ""
+        out[i] = f"{names[0]}{more}: {msg} ({code})"
+    return out
+
+
+def _why_refused(st) -> tuple:
+    """(code, message) of the most frequent refusal of a family, preferring its own axis's rules."""
+    (code, msg, _), _ = max(st["refused"].items(), key=lambda kv: (kv[0][2], kv[1]))
+    return code, msg
+
+
+# -- output ---------------------------------------------------------------------------------------------------
+
+
+def _exposed(pred) -> str:
+    items = [(a, t) for a, t in pred.exposed_comm_s.items() if t > 0]
+    return ", ".join(f"{a} {seconds(t)}" for a, t in sorted(items, key=lambda x: -x[1])) or "none"
+
+
+def text(result: Result) -> str:
+    """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
+    spec = result.spec
+    m, dev = spec.mesh, spec.mesh.device
+    lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
+             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each)"
+             + (f"; fixed: {', '.join(f'{k}={v}' for k, v in result.fixed.items())}" if result.fixed else ""), ""]
+    if not result.winners:
+        lines += ["no plan passes the rules and fits the devices"]
+    head = (f"  {'#':>2}  {'step':>9}  {'tokens/s':>10}  {'MFU':>5}  {'peak/rank':>9}  {'bubble':>6}  "
+            f"exposed communication")
+    if result.winners:
+        lines += [head]
+    for i, w in enumerate(result.winners, 1):
+        p = w.prediction
+        lines += [f"  {i:>2}  {seconds(p.step_time_s):>9}  {p.tokens_per_s:>10,.0f}  {p.mfu:>5.1%}  "
+                  f"{nbytes(w.peak_bytes):>9}  {p.bubble_fraction:>6.1%}  {_exposed(p)}",
+                  f"      {w.plan.describe()}"]
+        lines += [f"        - {r}" for r in w.reasons]
+    if result.rejected:
+        lines += ["", "rejected:"] + [f"  {r}" for r in result.rejected]
+    c = result.counts
+    lines += ["", f"{c.space:,} candidates in {c.families:,} families (mesh shape, sequence parallelism, "
+              f"micro-batch size, schedule); {c.family_rules:,} families refused by the rules, "
+              f"{c.bounded_families:,} bounded, {c.expanded:,} expanded; {c.checked:,} variants checked, "
+              f"{c.costed:,} costed, {c.fitting:,} fit, {c.bounded:,} bounded, {c.exact:,} simulated exactly; "
+              f"{c.structures} pass structures; {result.seconds:.2f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(result: Result) -> dict:
+    """`scalec search --json` (keys described in the README)."""
+    spec = result.spec
+    return {
+        "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
+        "cluster": {"nodes": spec.mesh.nodes, "devices_per_node": spec.mesh.devices_per_node,
+                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9)},
+        "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
+                     "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
+                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons)}
+                    for i, w in enumerate(result.winners, 1)],
+        "rejected": list(result.rejected),
+        "counts": result.counts.as_json(),
+        "seconds": result.seconds,
+    }
+
+
+def scale_text(spec: S.Spec, winner: Winner) -> str:
+    """The winner as a complete .scale file (`-o BEST.scale`): a comment header with its predicted figures, then the
+    file printed by compiler/report/scale.py (its mesh and plan sections from the winner's plan, the rest of `spec`'s
+    source as written, the mesh's device and its figures included)."""
+    from compiler.parse import parse
+    p = winner.prediction
+    header = (f"# Written by `scalec search` from {spec.path}: its mesh and plan sections replaced by the fastest "
+              f"plan found,\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
+              f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
+              f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
+              f"(of {spec.mesh.device.memory_gb:g}).\n")
+    return scale_printer.scale_file(winner.plan, spec.source, parse(spec.source, spec.path), spec.mesh.device.kind,
+                                    header)

@@ -1,0 +1,190 @@
+"""The space `scalec search` walks: what is fixed, what is free, and the candidate plans (axis sizes, families,
+variants) it enumerates. compiler/search/prune.py walks it; nothing here costs or checks a plan.
+
+What is fixed and what is free. The model and the `train` section (global batch, sequence length, precision) are
+fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
+is free: the axis sizes dp, tp, pp and (for a model with `moe` layers) ep, the pipeline schedule and its virtual
+stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
+fsdp; for zero2 and fsdp with several micro-batches and no pp, also when FSDP2 reduce-scatters: `fsdp_grad_sync`).
+The file's own axes and plan settings are NOT constraints: the file is read by `check_path(cluster_only=True)`, so
+its mesh may give only the cluster and its plan section may be absent or refused by the rules (only what no plan can
+change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
+`tp_layers` and `pad_vocab` are the file's, except that a tp degree the vocabulary refuses only for want of padding
+(E0403 alone) is tried with `pad_vocab = true`.
+
+Candidates. The mesh is laid out pp, dp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices of
+a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a mesh shape with its sequence
+parallelism, micro-batch size and schedule (with its virtual stages); its *variants* are its dp shardings and
+recomputations. Every candidate is checked by the rules (compiler/rules.py, through `Candidates.requires`: the one
+copy of every divisibility and legality rule; nothing here restates one), costed by the memory model
+(`Estimate.peak_bytes` against the device, as `compile`'s E0501) and timed by compiler/simulate.py.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from compiler import plan as P
+from compiler import spec as S
+from runtime import choices  # torch-free
+
+# Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
+FIX_KEYS = ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
+            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+DP_MODES = choices.DATA_PARALLEL
+GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
+RECOMPUTE = choices.RECOMPUTE
+ORDER = ("pp", "dp", "ep", "tp")  # the mesh's axes, outermost first
+
+
+class FixError(ValueError):
+    """A `--fix` that cannot be read: the CLI prints it as a usage error."""
+
+
+def parse_fixes(items) -> dict:
+    """`["tp=8", "schedule=1f1b", ...]` -> {"tp": 8, "schedule": "1f1b"}; FixError on an unknown key or value."""
+    out: dict = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip().strip('"')
+        if not eq or key not in FIX_KEYS:
+            raise FixError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}")
+        if key in ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size"):
+            if not value.isdigit() or int(value) < 1:
+                raise FixError(f"--fix {item!r}: {key} takes a positive integer")
+            out[key] = int(value)
+        elif key == "sequence_parallel":
+            if value not in ("true", "false"):
+                raise FixError(f"--fix {item!r}: sequence_parallel takes true or false")
+            out[key] = value == "true"
+        else:
+            choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
+                       "fsdp_grad_sync": GRAD_SYNCS}[key]
+            if value not in choices:
+                raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
+            out[key] = value
+    return out
+
+
+# -- what identifies a plan's family, group and variant -------------------------------------------------------
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _group(plan) -> tuple:
+    """What a family is without its micro-batch size."""
+    # without pp a step of one micro-batch holds no accumulated gradient at its peak: a group of its own
+    return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab,
+            plan.size("pp") == 1 and plan.micro_batches == 1)
+
+
+def _variant(plan) -> tuple:
+    """(data_parallel, fsdp_grad_sync) of a plan, as Space.modes names its dp variants."""
+    return (plan.data_parallel, plan.fsdp_grad_sync)
+
+
+def _family(plan) -> tuple:
+    return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel)
+
+
+def _axes(sizes: dict) -> tuple:
+    return tuple((a, sizes[a]) for a in ORDER if sizes.get(a, 1) > 1 or a == "dp")
+
+
+class Space:
+    """The candidates of one file under `--fix`: the mesh shapes of its world size, each shape's families (grouped
+    by what the micro-batch size does not change) and each family's dp variants. Plans come out undecided, from the
+    file's own (`base`) with every free setting at its least: recompute none and ddp, unless fixed."""
+
+    def __init__(self, spec: S.Spec, fixed: dict):
+        self.fixed = dict(fixed)
+        self.base = replace(P.from_spec(spec), layout=(), stages=(), tp=(), ep=(), spans=())
+        self.world = self.base.world_size
+        self.moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+        reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
+        self.blocks = int(spec.value(reps[0].count)) if len(reps) == 1 else 1
+
+    def shapes(self):
+        """Every (pp, dp, ep, tp) of the world size, respecting `--fix`."""
+        f = self.fixed
+        eps = _divisors(self.world) if self.moe else [1]
+        for tp in _divisors(self.world):
+            for pp in _divisors(self.world // tp):
+                for ep in eps:
+                    if (self.world // (tp * pp)) % ep:
+                        continue
+                    dp = self.world // (tp * pp * ep)
+                    sizes = {"pp": pp, "dp": dp, "ep": ep, "tp": tp}
+                    if any(a in f and f[a] != n for a, n in sizes.items()):
+                        continue
+                    yield sizes
+
+    def groups(self, sizes: dict):
+        """The families of one mesh shape, grouped by what the micro-batch size does not change: for each schedule
+        (with its virtual stages) and sequence parallelism, (a plan maker, the micro-batch counts)."""
+        f = self.fixed
+        pp, dp, ep, tp = sizes["pp"], sizes["dp"], sizes["ep"], sizes["tp"]
+        per_rank = self.base.global_batch // (dp * ep) if self.base.global_batch % (dp * ep) == 0 else 0
+        sps = [f["sequence_parallel"]] if "sequence_parallel" in f else ([True, False] if tp > 1 else [False])
+        ms = []
+        for b in (_divisors(per_rank) if per_rank else [1]):
+            m = per_rank // b if per_rank else 1
+            if f.get("micro_batch_size", b) == b and f.get("micro_batches", m) == m:
+                ms.append(m)
+        if pp == 1:
+            scheds = [("1f1b", 1)]
+        else:
+            scheds = [("1f1b", 1), ("zero-bubble", 1)]
+            scheds += [("interleaved-1f1b", v) for v in range(2, self.blocks // pp + 1)]
+            scheds += [("gpipe", 1)]
+        axes = _axes(sizes)
+        for sched, v in scheds:
+            if pp > 1 and "schedule" in f and f["schedule"] != sched:
+                continue
+            if f.get("virtual_stages", v) != v:
+                continue
+            for sp in sps:
+                def make(m, sched=sched, v=v, sp=sp):
+                    return replace(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
+                                   sequence_parallel=sp, recompute=f.get("recompute", "none"),
+                                   data_parallel=f.get("data_parallel", "ddp"),
+                                   fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
+                if ms:
+                    yield make, ms
+
+    def families(self, sizes: dict) -> list:
+        """Every family of one mesh shape (plans with recompute none and ddp, or the fixed ones)."""
+        return [make(m) for make, ms in self.groups(sizes) for m in ms]
+
+    def modes(self, plan) -> list:
+        """The dp variants of a family, least sharded first (the last is the most frugal, rule 7): (data_parallel,
+        fsdp_grad_sync), each dp sharding (only ddp with dp = 1), FSDP2's (zero2, fsdp) with its gradients
+        reduce-scattered once per step and, where that is a choice (several micro-batches, no pp), every
+        micro-batch (sharded between micro-batches: less memory, m× the reduce-scatters), unless fixed."""
+        f = self.fixed
+        kinds = [f["data_parallel"]] if "data_parallel" in f else (list(DP_MODES) if plan.size("dp") > 1 else ["ddp"])
+        out = []
+        for kind in kinds:
+            syncs = [f.get("fsdp_grad_sync", "step")]
+            if ("fsdp_grad_sync" not in f and kind in ("zero2", "fsdp") and plan.size("dp") > 1
+                    and plan.micro_batches > 1 and plan.size("pp") == 1):
+                syncs = list(GRAD_SYNCS)
+            out += [(kind, s) for s in syncs]
+        return out
+
+    def recomputes(self) -> list:
+        """The recomputation modes a variant may take, least first (pruning rule 5 escalates in this order)."""
+        return [self.fixed["recompute"]] if "recompute" in self.fixed else list(RECOMPUTE)
+
+    def size(self, groups) -> int:
+        """How many candidates `groups` (of `groups()`) describe: families × dp variants × recomputations."""
+        return sum(len(self.modes(make(m))) for make, ms in groups for m in ms) * len(self.recomputes())
+
+    def families_with(self, fixed: dict) -> int:
+        """How many families the enumeration gives with only `fixed` fixed (why `--fix` leaves none)."""
+        other = copy.copy(self)
+        other.fixed = dict(fixed)
+        return sum(len(ms) for sizes in other.shapes() for _, ms in other.groups(sizes))
