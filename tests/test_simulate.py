@@ -1,4 +1,4 @@
-"""The step-time model (compiler/simulate.py): against Megatron-LM's published figures, our H100 measurements, the
+"""The step-time model (compiler/cost/step_time.py): against Megatron-LM's published figures, our H100 measurements, the
 collective algorithms' formulas, the mesh's placement on nodes and the schedule simulation."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from compiler import pipeline as D
 from compiler import schedule as SCH
-from compiler import simulate as SIM
+from compiler.cost import step_time as SIM
 from compiler.check import check_text
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -109,7 +109,7 @@ def test_fsdp_prefetch_names_the_next_blocks_forward_and_the_previous_backward()
 
 
 def test_the_compiler_writes_the_simulated_bucket_and_prefetch():
-    from compiler.simulate import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
+    from compiler.cost.step_time import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
     dp = (ROOT / "samples" / "gpt_dp.scale").read_text()
     spec = check_text(dp, "dp.scale")
     values = codegen.config_values(spec, compile_spec(spec).traced)

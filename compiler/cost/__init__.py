@@ -4,6 +4,9 @@
     flops.py    forward FLOPs from the trace, backward from a rule per node
     ledger.py   the collectives the passes inserted (read once), pipeline sends, data parallelism's
     memory.py   model state, activations in flight per schedule, per-stage rows, the "does not fit" checks
+    step_time.py  the step-time model: one optimizer step's time per rank, from a CostModel and a Plan (it reads
+                the CostModel's public attributes and methods only: `segment_params`, `send_elements_at`, `sites`,
+                `counts`, `piped`, `stages_for`, ...)
 
 `CostModel(spec, traced)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
 micro-batch size µb) and compiles each formula to a function of those; `.estimate(plan)` evaluates them for one
@@ -29,7 +32,7 @@ from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's
 from runtime import choices
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
-from compiler.simulate import DDP_BUCKET_BYTES
+from compiler.cost.step_time import DDP_BUCKET_BYTES
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
@@ -242,6 +245,19 @@ class CostModel:
         raise ValueError(f"plan {plan.describe()} has pp = {plan.size('pp')} but no stage layout: decide it first "
                          "(compiler.candidates.Candidates.decide, or compile)")
 
+    def segment_params(self, segment: str, env) -> int | float:
+        """Parameters one rank holds of a traced segment at `env` = (dp, tp, ep, pp, µb): "all" (the whole model)
+        without pp; "prologue", "block" (one block) or "epilogue" under pp. Public for the step-time model
+        (step_time.py), which sizes each pp rank's optimizer step and data-parallel traffic by its stages' share."""
+        return self.fn[("params", segment)](env)
+
+    def send_elements_at(self, env) -> int | float:
+        """Elements of one pipeline send (a micro-batch's residual stream at a stage boundary) at `env`; only under
+        pp. Public for the step-time model, which times the sends between stages from it."""
+        if not self.piped:
+            raise ValueError("a plan without pipeline stages sends nothing between stages")
+        return self.fn[("send", "x")](env)
+
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
         if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
             raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
@@ -262,7 +278,7 @@ class CostModel:
             fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
-            rec = fn[("recompute_fwd", _recompute(plan))](env) * _recompute_passes(plan)
+            rec = fn[("recompute_fwd", _recompute(plan))](env) * recompute_passes(plan)
             per_stage = [(hi - lo) * fb for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
@@ -275,7 +291,7 @@ class CostModel:
             rank_flops = fn[("flops", "all")](env)
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
         hw = sympy.expand(self.flops_step + self.padding_step
-                          + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
+                          + self.recompute_fwd[_recompute(plan)] * recompute_passes(plan))
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
@@ -699,13 +715,14 @@ def reruns(plan, site) -> int:
         return 0
     mode = _recompute(plan)
     if mode == "full" and site.rerun:
-        return _recompute_passes(plan)
+        return recompute_passes(plan)
     return 1 if mode == "selective" and site.op == "all_gather" else 0
 
 
-def _recompute_passes(plan) -> int:
+def recompute_passes(plan) -> int:
     """How many times a recomputed block's forward runs again per micro-batch: twice under zero-bubble's split
-    backward with full recomputation (measured by counting the block's forward calls), else once."""
+    backward with full recomputation (measured by counting the block's forward calls), else once. Public: the
+    FLOPs, the ledger (`reruns`) and the step-time model (step_time.py) count the same re-runs."""
     return 2 if plan.schedule == "zero-bubble" and plan.size("pp") > 1 and _recompute(plan) == "full" else 1
 
 
