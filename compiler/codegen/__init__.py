@@ -239,14 +239,13 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
     """The data-parallel wrapper's knobs, written where the plan uses that wrapper: the gradient all-reduce's bucket
     (more than one batch rank without FSDP: DDP's, bf16's main-gradient buckets, pipeline stages' buckets after the
     schedule) and FSDP2's prefetch depth
-    (fsdp, zero2 over dp > 1). Both are compiler.cost.step_time's figures: the bucket and the prefetch its step-time model
-    assumes (DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS)."""
-    from compiler.cost.step_time import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
+    (fsdp, zero2 over dp > 1). Both are the Plan's (ddp_bucket_bytes, fsdp_prefetch): the bucket and the prefetch
+    its step-time and memory models assumed."""
     dp = spec.mesh.size("dp")
     if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
-        return {"fsdp_prefetch": FSDP_PREFETCH_UNITS}
+        return {"fsdp_prefetch": plan.fsdp_prefetch}
     if plan.batch_ranks > 1:
-        return {"ddp_bucket_mb": DDP_BUCKET_BYTES / 2 ** 20}
+        return {"ddp_bucket_mb": plan.ddp_bucket_bytes / 2 ** 20}
     return {}
 
 

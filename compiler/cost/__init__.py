@@ -32,7 +32,6 @@ from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's
 from runtime import choices
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
-from compiler.cost.step_time import DDP_BUCKET_BYTES
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
@@ -420,11 +419,12 @@ class CostModel:
                 # units gathered after every backward but the last (fsdp too): the stage's whole weights (bf16:
                 # the all-gathers' bf16 outputs beside the fp32 shards, the master)
                 weights_fb = w_bytes * params + (4 * params / dp if bf16 else 0)
-            elif fsdp2:  # fsdp: the root stays gathered; a block and the next one (prefetch)
+            elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
                 # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
-                gathered = 2 * (root + 2 * block) if bf16 else 4 * (root + 2 * block) * (dp - 1) / dp
+                units = root + (1 + plan.fsdp_prefetch) * block
+                gathered = 2 * units if bf16 else 4 * units * (dp - 1) / dp
                 weights_fb = 4 * params / dp + gathered
-                what.append("FSDP's gathered units (root + 2 blocks)")
+                what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
             else:
                 weights_fb = w_bytes * params
             if fsdp2:
@@ -474,7 +474,7 @@ class CostModel:
                                       working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
             # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
             # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
-            flat_sync = min(DDP_BUCKET_BYTES, g_bytes * dense) if flat_sync and not bf16 else 0
+            flat_sync = min(plan.ddp_bucket_bytes, g_bytes * dense) if flat_sync and not bf16 else 0
             # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
             step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),

@@ -43,16 +43,10 @@ O = lazy("compiler.ops")
 ADAMW_BYTES_PER_PARAM = 28
 ADAMW_FOREACH_BYTES_PER_PARAM = 56  # what the runtime's AdamW moved before it was fused (reference measurements)
 CLIP_BYTES_PER_PARAM = 4
-# DDP's bucket (torch's default bucket_cap_mb = 25): the last bucket's all-reduce starts when backward ends. The
-# compiler writes this same figure into every DDP program (train.Parallel.ddp_bucket_mb, compiler/codegen), so the
-# bucket the runtime gives DDP is the one this model overlaps with the backward; a plan-dependent bucket would have
-# to be measured on GPUs first (bench/) and changed here, for both at once.
-DDP_BUCKET_BYTES = 25 * 2 ** 20
-# FSDP2's all-gathers are issued this many units ahead of the unit that needs them, in forward and in backward
-# (train.Parallel.fsdp_prefetch: set_modules_to_forward_prefetch / set_modules_to_backward_prefetch): what
-# `_data_parallel_exposed` assumes when only the first unit's gather is exposed and the others run under the
-# previous unit's compute.
-FSDP_PREFETCH_UNITS = 1
+# DDP's bucket and FSDP2's prefetch depth are the Plan's (plan.ddp_bucket_bytes, plan.fsdp_prefetch): the last
+# bucket's all-reduce starts when backward ends; with a prefetch of at least one unit only the first unit's gather
+# is exposed, the others running under the previous unit's compute. Codegen writes the same two figures into the
+# program, so what this model overlaps is what the runtime does.
 # Memory-bound kernels (elementwise, norms, casts, the loss's softmax) of an eager program reach about this fraction of
 # the datasheet bandwidth: a large copy reaches ~90% on H100, reductions less. Set from our H100 reference programs
 # (../shared/reference/gpu-measured.json: with 1.0 the model gave 0.67-0.76 of their measured step times);
@@ -568,7 +562,7 @@ class Simulator:
             scale = stage_params[r] / params0
             sync = 0.0
             exposed = dict(stage_comm.get(r, {}))
-            for axis, hidden in self._data_parallel_exposed(cm, step_entries, lk, scale, per, last_backward, m):
+            for axis, hidden in self._data_parallel_exposed(cm, plan, step_entries, lk, scale, per, last_backward):
                 exposed[axis] = exposed.get(axis, 0.0) + hidden
                 sync += hidden
             opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
@@ -590,7 +584,7 @@ class Simulator:
                           pieces=pieces, ops_per_step=int(ops), runtime_s=runtime)
 
     @staticmethod
-    def _data_parallel_exposed(cm, entries, lk, scale, per, last_backward, m) -> list:
+    def _data_parallel_exposed(cm, plan, entries, lk, scale, per, last_backward) -> list:
         """(axis, exposed seconds) of the once-per-step collectives: data parallelism's and sequence parallelism's
         partial gradients, for a rank holding `scale` × the described rank's parameters.
 
@@ -600,7 +594,9 @@ class Simulator:
         micro-batch's backward (FSDP's reduce-scatter in every micro-batch's under fsdp_grad_sync = micro_batch);
         what the windows cannot hold is exposed: max(gathers + syncs - all compute, the syncs of the last backward -
         last backward), plus the first unit's gather and the last bucket (or unit) that waits for backward to
-        end. A broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
+        end (the bucket: plan.ddp_bucket_bytes; FSDP2's prefetch, plan.fsdp_prefetch, at least one unit). A
+        broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
+        m = plan.micro_batches
         units = max(sum(n for _, n in cm.counts.values()), 1) + 1  # FSDP units: each block and the root
         timed = []
         for c in entries:
@@ -626,7 +622,7 @@ class Simulator:
         if overlapped > 0:
             window = m * (per.forward + per.backward)
             tail = sum(t / (max(c.times, 1) * units) for c, t, k in timed if k == "gather")
-            tail += sum(t * min(1.0, DDP_BUCKET_BYTES / max(c.bytes, 1)) if c.op == "all_reduce"
+            tail += sum(t * min(1.0, plan.ddp_bucket_bytes / max(c.bytes, 1)) if c.op == "all_reduce"
                         else t / (max(c.times, 1) * units) for c, t, k in timed if k == "sync")
             total = max(overlapped - window, last - last_backward, 0.0) + tail
             out += [(c.axis, total * t / overlapped) for c, t, k in timed if k != "exposed"]
