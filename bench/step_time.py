@@ -1,4 +1,4 @@
-"""The step-time model (compiler/simulate.py) against published and measured step times.
+"""The step-time model (compiler/cost/step_time.py) against published and measured step times.
 
     python -m bench.step_time [megatron] [korthikanti] [fit] [h100] [cpu] [overheads]
 
@@ -75,7 +75,7 @@ def megatron_rows(which: str = "megatron_2021_table1_calibration", sizes=MICRO_B
     figures at the micro-batch size among `sizes` (unpublished; 1 and 2 are
     tried) the model predicts fastest among those whose predicted peak fits 80 GB, else at the first."""
     from compiler import pipeline as D
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     from compiler.check import check_text
     data = json.loads((REFERENCE / "calibration.json").read_text())
     setup = data["megatron_2021_setup"]
@@ -110,7 +110,7 @@ def korthikanti_rows(recompute: str = "selective") -> list[dict]:
     recomputation; `recompute="full"` gives their full-recomputation column, without sequence parallelism), each
     at its published t, p, micro-batch and global batch, costed as Megatron-LM ran it (materialised attention)."""
     from compiler import pipeline as D
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     from compiler.check import check_text
     data = json.loads((REFERENCE / "calibration.json").read_text())
     setup = data["korthikanti_2022_setup"]
@@ -154,7 +154,7 @@ def _ratios(rows: list, **figures) -> list[float]:
     fastest micro-batch size whose peak fits 80 GB (else the first), as `megatron_rows` chooses."""
     import dataclasses
 
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     out = []
     for row, got in rows:
         tried = []
@@ -192,7 +192,7 @@ def h100_rows(compiled: bool = False) -> list[dict]:
     (`compiled=False`), or, with `plan { compile = true }`, against the same generated Model under torch.compile
     in a bare loop (the file's `baselines_same_device`: the rows that have one)."""
     from compiler import pipeline as D
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     from compiler.check import check_text
     data = json.loads((REFERENCE / "gpu-measured.json").read_text())
     base = data.get("baselines_same_device", {})
@@ -247,7 +247,7 @@ def cpu_rows(steps: int = 20, cases=CPU_CASES) -> list[dict]:
 
     from compiler import codegen
     from compiler import pipeline as D
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     from compiler.check import check_text
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -283,7 +283,7 @@ def cpu_overheads(steps: int = 30) -> dict:
     overhead set to ~0) + ops × o + c. Two sizes give o (µs per op, eager dispatch and autograd included) and c (ms
     per step: the runtime's own work). These are the `cpu` device's `op_overhead_us` and `step_overhead_ms`."""
     from compiler import pipeline as D
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     from compiler.check import check_text
     sizes = {}
     for layers in (2, 8):

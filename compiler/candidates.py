@@ -95,7 +95,7 @@ class Candidates:
         return self._structure(plan).cost.estimate(plan, pp_rank)
 
     def cost_model(self, plan: P.Plan):
-        """The cost.CostModel of `plan`'s structure (what compiler/simulate.py costs step times from)."""
+        """The cost.CostModel of `plan`'s structure (what compiler/cost/step_time.py costs step times from)."""
         return self._structure(plan).cost
 
     def sharded(self, plan: P.Plan):

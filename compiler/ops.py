@@ -11,7 +11,7 @@ A record says, for one call target (a function, a method name) or one module typ
   selective  whether selective recomputation keeps its output (runtime/recompute.py's policy: matmuls and the
              collectives whose outputs cost communication)
   passes_grad  whether its backward reads none of its inputs' values (sums, views, casts, collectives)
-  free       no kernel: the step-time model (compiler/simulate.py) costs it nothing
+  free       no kernel: the step-time model (compiler/cost/step_time.py) costs it nothing
   dims       a matmul's (batch, M, N, K, weight elements or None), for the step-time model's tile quantisation
   shard      whether a head or inner-width shard flows through it unchanged (the tensor-parallel policy's allow-list,
              compiler/passes/tensor_parallel.py)

@@ -21,6 +21,8 @@ from compiler.diagnostics import Span
 from runtime import choices  # torch-free: the names the language shares with the runtime
 
 AXES = choices.AXES
+WRAPPER_TUNING = ("ddp_bucket_bytes", "fsdp_prefetch")
+"""The Plan's fields that tune torch's data-parallel wrappers: decided by the compiler, never written in a .scale."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +58,22 @@ class Plan:
     """Under bf16: the residual stream stays fp32; every other activation is bf16 (runtime.precision)."""
     fsdp_grad_sync: str = "step"
     """FSDP2 (fsdp, zero2), several micro-batches, no pp: reduce-scatter once per `step` or every `micro_batch`."""
+    # -- the data-parallel wrappers' tuning: the compiler's, not the user's ------------------------------------------
+    ddp_bucket_bytes: int = 25 * 2 ** 20
+    """The gradient all-reduce's bucket, bytes: DDP's `bucket_cap_mb`, bf16's main-gradient buckets and pipeline
+    stages' buckets after the schedule (runtime.config.Parallel.ddp_bucket_mb, written by compiler/codegen). One
+    figure for the three that must agree: the step-time model (compiler/cost/step_time.py) leaves only the last
+    bucket's all-reduce after the backward, the memory model holds one bucket of the pipeline stages' flattened
+    all-reduce, and the program buckets by it. 25 MiB: torch's default `bucket_cap_mb`; another value would have to
+    be measured on GPUs first (bench/). Not a keyword of the .scale language: the compiler decides it (a search may
+    vary it); plan.json leaves it out (`to_json`), the program's Parallel records it."""
+    fsdp_prefetch: int = 1
+    """FSDP2 (fsdp, zero2 over dp > 1): how many blocks ahead each block's forward and backward issue their
+    all-gathers (runtime.config.Parallel.fsdp_prefetch, written by compiler/codegen). The memory model holds the
+    root and 1 + this many blocks gathered; the step-time model exposes only the first unit's gather, the others
+    running under the previous unit's compute, which takes at least 1. Not a keyword of the .scale language: the
+    compiler decides it (a search may vary it); plan.json leaves it out (`to_json`), the program's Parallel records
+    it. At least 1: 0 (FSDP2's own order, which the runtime accepts) is not what either model costs."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
     """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
@@ -67,7 +85,16 @@ class Plan:
     spans: tuple = field(default=(), compare=False)
     """((key, Span), ...): `axis tp`, `micro_batches`, `global_batch`, ... as written; empty for a candidate."""
 
+    def __post_init__(self):
+        """Refuse wrapper tuning the cost models cannot cost (a search that varies it meets this, not a user)."""
+        if self.ddp_bucket_bytes <= 0:
+            raise ValueError(f"plan ddp_bucket_bytes must be positive, not {self.ddp_bucket_bytes}")
+        if self.fsdp_prefetch < 1:
+            raise ValueError(f"plan fsdp_prefetch must be at least 1 (the depth the memory and step-time models "
+                             f"cost), not {self.fsdp_prefetch}")
+
     # -- derived, in one place ---------------------------------------------------------------------------------------
+
     def size(self, axis: str) -> int:
         return dict(self.axes).get(axis, 1)
 
@@ -133,7 +160,9 @@ class Plan:
         return f"{mesh} ({', '.join(extra)})"
 
     def to_json(self) -> dict:
-        """The plan as plan.json records it: every setting and decision, no spans."""
+        """The plan as plan.json records it: every setting and decision, no spans, and not the data-parallel
+        wrappers' tuning (`ddp_bucket_bytes`, `fsdp_prefetch`: program.py's Parallel records the values the run
+        uses, and plan.json's keys stay those of the language's settings and the policies' decisions)."""
         def plain(x):
             if dataclasses.is_dataclass(x):
                 return {k: plain(v) for k, v in dataclasses.asdict(x).items()}
@@ -143,7 +172,7 @@ class Plan:
                 return {k: plain(v) for k, v in x.items()}
             return x
         out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-               if f.name not in ("spans", "tp", "ep")}
+               if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)}
         out["axes"] = {a: n for a, n in self.axes}
         out["micro_batch_size"] = self.micro_batch_size
         out["tp"] = {seg: plain(d) for seg, d in self.tp}

@@ -41,7 +41,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     """Run the lists as the runtime would: each rank in order, a receive waits for its send, sends never wait.
 
     `cost` gives each computation's duration by kind ("F", "B", "I", "W"): a number, or a sequence indexed by stage
-    (the step-time model, compiler/simulate.py, gives each stage its own); `transfer` is the time a send takes to
+    (the step-time model, compiler/cost/step_time.py, gives each stage its own); `transfer` is the time a send takes to
     arrive (the receive of a message sent at t completes no earlier than t + transfer).
 
     The work is linear in the number of actions A: each action is looked at once, and once more if its rank had to

@@ -175,8 +175,8 @@ def trace_model(model: M.ScaleModel) -> Traced:
             empty = op.padding(node, seq) if op is not None and op.padding is not None else None
             if empty is not None:
                 if needs is None:
-                    from compiler.cost.flops import _needs_grad, node_backward
-                    needs = _needs_grad(gm)
+                    from compiler.cost.flops import needs_grad, node_backward
+                    needs = needs_grad(gm)
                 padding_fwd += count * node.meta[FLOPS] * empty
                 padding_bwd += count * node_backward(node, gm, needs) * empty
     traced.model_flops_fwd = sympy.expand(graph_flops(top) - padding_fwd)

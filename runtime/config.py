@@ -65,7 +65,7 @@ class Parallel:
     ddp_bucket_mb: float = 25.0
     """The gradient all-reduce's bucket, MiB: DDP's `bucket_cap_mb`, bf16's main-gradient buckets
     (runtime.precision.MainGrads) and pipeline stages' buckets after the schedule; the compiler's figure
-    (compiler.simulate.DDP_BUCKET_BYTES), the same bucket its step-time and memory models assume."""
+    (compiler.plan.Plan.ddp_bucket_bytes), the same bucket its step-time and memory models assume."""
     fsdp_grad_sync: str = "step"
     """FSDP2 (fsdp, zero2) with several micro-batches and no pipeline: `step` reduce-scatters the gradients in the
     last micro-batch's backward only (the ones before accumulate whole, unsharded gradients), `micro_batch` in
@@ -73,7 +73,7 @@ class Parallel:
     fsdp_prefetch: int = 1
     """FSDP2 (fsdp, zero2): how many blocks ahead each block's forward and backward issue their all-gathers
     (`set_modules_to_forward_prefetch` / `set_modules_to_backward_prefetch`); 0 leaves FSDP2's own order (the
-    compiler's rule: compiler.simulate.fsdp_prefetch)."""
+    compiler's figure: compiler.plan.Plan.fsdp_prefetch)."""
     grad_reduce: str = "fp32"
     """Under `precision = bf16`: the dtype gradients are accumulated and reduced in over the batch ranks, `fp32`
     (Megatron's main gradients; FSDP2's `reduce_dtype`) or `bf16` (half the bytes, bf16 rounding in the sum)
@@ -173,8 +173,8 @@ class Memory:
 
 @dataclass(frozen=True, kw_only=True)
 class Speed:
-    """What the log measures the run's speed against (compiler.cost and compiler.simulate): model TFLOP/s per device
-    and MFU on every logged line."""
+    """What the log measures the run's speed against (compiler.cost and compiler.cost.step_time): model TFLOP/s per
+    device and MFU on every logged line."""
 
     flops_per_step: float = 0.0
     """Model FLOPs of one optimizer step over the whole job (compiler.cost: 6·N·tokens-style forward + backward of
@@ -185,7 +185,7 @@ class Speed:
     device: str = ""
     """The mesh's device kind the peak belongs to (`h100`, `cpu`, ...)."""
     predicted_step_s: float = 0.0
-    """The step time compiler.simulate predicts for this plan on that device, seconds; 0: no prediction."""
+    """The step time compiler.cost.step_time predicts for this plan on that device, seconds; 0: no prediction."""
 
 
 @dataclass(frozen=True, kw_only=True)

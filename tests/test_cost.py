@@ -457,7 +457,7 @@ def test_backward_flops_come_from_per_node_rules():
     traced = compiled.traced
     assert sympy.expand(traced.model_flops_bwd - 2 * traced.model_flops_fwd) == 0
     (gm,) = traced.blocks.values()
-    needs = FL._needs_grad(gm)
+    needs = FL.needs_grad(gm)
     linear = next(n for n in gm.graph.nodes if n.meta.get("flops", 0) != 0 and n.op == "call_module")
     assert FL.node_backward(linear, gm, needs) == 2 * linear.meta["flops"]
     frozen = {n: False for n in needs}  # as if nothing upstream needed a gradient: only the weight's
@@ -626,7 +626,7 @@ def test_fsdp_grad_sync_step_time_counts_the_reduce_scatters():
     """The step-time model: inside a node (NVLink) the extra reduce-scatters run under each micro-batch's backward,
     the same step time; across 8 nodes of 200 Gb/s NICs they do not fit beside FSDP's gathers and cost seconds
     (at 400 Gb/s, bf16's gathers leave the fp32 reduce-scatters just room enough under the compute)."""
-    from compiler.simulate import predict
+    from compiler.cost.step_time import predict
     times = {}
     for where, edits in (("node", ()), ("nodes", (("nodes = 1", "nodes = 8"),
                                                   ("devices_per_node = 8", "devices_per_node = 1"),

@@ -490,3 +490,20 @@ def test_fp32_residual_keeps_what_the_formula_says(tmp_path, case):
     # the fp32 stream is counted (on CPU torch's composite RMSNorm keeps an fp32 copy of a bf16 input anyway)
     assert want > bf16.costs.memory[0].activations if case == "gpt" else want >= bf16.costs.memory[0].activations
     assert got == pytest.approx(want, rel=1e-3), (got, want)
+
+
+def test_fsdp_holds_the_root_and_the_plans_prefetched_blocks_gathered():
+    """FSDP's forward and backward hold the root and 1 + Plan.fsdp_prefetch blocks gathered (the block running and
+    those whose all-gathers it issued ahead, runtime.train._fsdp_prefetch): one block more per unit of depth. A
+    Llama-3 8B block is 4096·(4096 + 1024 + 1024 + 4096) + 3·4096·14336 + 2·4096 = 218,112,000 parameters,
+    gathered in bf16."""
+    import dataclasses
+    from compiler.cost import CostModel
+    spec = check_text((ROOT / "samples" / "llama3_8b.scale").read_text(), "llama3_8b.scale")
+    compiled = compile_spec(spec)
+    assert compiled.plan.data_parallel == "fsdp" and compiled.plan.fsdp_prefetch == 1
+    cm = CostModel(spec, compiled.traced)
+    one, two = (cm.estimate(dataclasses.replace(compiled.plan, fsdp_prefetch=d)).memory[0] for d in (1, 2))
+    assert "FSDP's gathered units (root + 2 blocks)" in one.working_what
+    assert "FSDP's gathered units (root + 3 blocks)" in two.working_what
+    assert two.weights - one.weights == 2 * 218_112_000

@@ -117,3 +117,22 @@ def test_a_candidate_costs_what_compile_prints(path):
            (want.params_rank, want.model_state, want.stages, want.flops_rank_step_n)
     assert [(c.op, c.axis, c.direction, c.bytes_per_step()) for c in got.ledger.entries] == \
            [(c.op, c.axis, c.direction, c.bytes_per_step()) for c in want.ledger.entries]
+
+
+def test_the_data_parallel_wrappers_tuning_is_the_compilers():
+    """DDP's bucket and FSDP2's prefetch depth are Plan fields the compiler decides (torch's 25 MiB, one block
+    ahead), not settings of the language; plan.json leaves them out (the program's Parallel records them), and a
+    value neither cost model costs is refused."""
+    from compiler import check
+    from compiler.plan import WRAPPER_TUNING
+    spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_dp.scale"))
+    plan = from_spec(spec)
+    assert (plan.ddp_bucket_bytes, plan.fsdp_prefetch) == (25 * 2 ** 20, 1)
+    assert not set(WRAPPER_TUNING) & set(plan.to_json())
+    assert not {"ddp_bucket_bytes", "ddp_bucket_mb", "fsdp_prefetch"} & set(check.PLAN_SETTINGS)
+    grammar = (Path(__file__).parents[1] / "grammar" / "scale.lark").read_text()
+    assert "prefetch" not in grammar and "bucket" not in grammar
+    with pytest.raises(ValueError, match="fsdp_prefetch must be at least 1"):
+        dataclasses.replace(plan, fsdp_prefetch=0)
+    with pytest.raises(ValueError, match="ddp_bucket_bytes must be positive"):
+        dataclasses.replace(plan, ddp_bucket_bytes=0)

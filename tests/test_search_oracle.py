@@ -23,7 +23,7 @@ from compiler import search as SE
 from compiler import spec as S
 from compiler.candidates import Candidates
 from compiler.check import check_path
-from compiler.simulate import Simulator
+from compiler.cost.step_time import Simulator
 
 TOP = 4
 SCHEDULES = ("1f1b", "zero-bubble", "gpipe", "interleaved-1f1b")

@@ -108,16 +108,25 @@ def test_fsdp_prefetch_names_the_next_blocks_forward_and_the_previous_backward()
     assert all(b.fwd is None and b.bwd is None for b in blocks)
 
 
-def test_the_compiler_writes_the_simulated_bucket_and_prefetch():
-    from compiler.simulate import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
+def test_the_compiler_writes_the_plans_bucket_and_prefetch():
+    """The program's bucket and prefetch depth are the Plan's (compiler.plan.Plan.ddp_bucket_bytes, fsdp_prefetch),
+    the figures its step-time and memory models cost: the defaults, and a value a search might choose."""
+    import dataclasses
     dp = (ROOT / "samples" / "gpt_dp.scale").read_text()
     spec = check_text(dp, "dp.scale")
-    values = codegen.config_values(spec, compile_spec(spec).traced)
-    assert values["parallel"]["ddp_bucket_mb"] * 2 ** 20 == DDP_BUCKET_BYTES
+    compiled = compile_spec(spec)
+    values = codegen.config_values(spec, compiled.traced, plan=compiled.plan)
+    assert values["parallel"]["ddp_bucket_mb"] * 2 ** 20 == compiled.plan.ddp_bucket_bytes == 25 * 2 ** 20
+    other = dataclasses.replace(compiled.plan, ddp_bucket_bytes=2 ** 20)
+    assert codegen.config_values(spec, compiled.traced, plan=other)["parallel"]["ddp_bucket_mb"] == 1.0
     fsdp = check_text(dp.replace("data_parallel = ddp", "data_parallel = fsdp"), "dp.scale")
     assert fsdp.plan.data_parallel == "fsdp"
-    values = codegen.config_values(fsdp, compile_spec(fsdp).traced)
-    assert values["parallel"]["fsdp_prefetch"] == FSDP_PREFETCH_UNITS and "ddp_bucket_mb" not in values["parallel"]
+    compiled = compile_spec(fsdp)
+    values = codegen.config_values(fsdp, compiled.traced, plan=compiled.plan)
+    assert values["parallel"]["fsdp_prefetch"] == compiled.plan.fsdp_prefetch == 1
+    assert "ddp_bucket_mb" not in values["parallel"]
+    other = dataclasses.replace(compiled.plan, fsdp_prefetch=2)
+    assert codegen.config_values(fsdp, compiled.traced, plan=other)["parallel"]["fsdp_prefetch"] == 2
 
 
 def test_prefetched_batches_are_the_data():

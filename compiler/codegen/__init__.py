@@ -232,22 +232,21 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
     """The data-parallel wrapper's knobs, written where the plan uses that wrapper: the gradient all-reduce's bucket
     (more than one batch rank without FSDP: DDP's, bf16's main-gradient buckets, pipeline stages' buckets after the
     schedule) and FSDP2's prefetch depth
-    (fsdp, zero2 over dp > 1). Both are compiler.simulate's figures: the bucket and the prefetch its step-time model
-    assumes (DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS)."""
-    from compiler.simulate import DDP_BUCKET_BYTES, FSDP_PREFETCH_UNITS
+    (fsdp, zero2 over dp > 1). Both are the Plan's (ddp_bucket_bytes, fsdp_prefetch): the bucket and the prefetch
+    its step-time and memory models assumed."""
     dp = spec.mesh.size("dp")
     if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
-        return {"fsdp_prefetch": FSDP_PREFETCH_UNITS}
+        return {"fsdp_prefetch": plan.fsdp_prefetch}
     if plan.batch_ranks > 1:
-        return {"ddp_bucket_mb": DDP_BUCKET_BYTES / 2 ** 20}
+        return {"ddp_bucket_mb": plan.ddp_bucket_bytes / 2 ** 20}
     return {}
 
 
 def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
-    and, when the plan has a step-time prediction (compiler.simulate), that time."""
-    from compiler import simulate
-    step_s = simulate.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced), plan, costs).step_time_s
+    and, when the plan has a step-time prediction (compiler.cost.step_time), that time."""
+    from compiler.cost import step_time
+    step_s = step_time.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced), plan, costs).step_time_s
     return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
             "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 

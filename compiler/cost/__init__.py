@@ -4,6 +4,9 @@
     flops.py    forward FLOPs from the trace, backward from a rule per node
     ledger.py   the collectives the passes inserted (read once), pipeline sends, data parallelism's
     memory.py   model state, activations in flight per schedule, per-stage rows, the "does not fit" checks
+    step_time.py  the step-time model: one optimizer step's time per rank, from a CostModel and a Plan (it reads
+                the CostModel's public attributes and methods only: `segment_params`, `send_elements_at`, `sites`,
+                `counts`, `piped`, `stages_for`, ...)
 
 `CostModel(spec, traced)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
 micro-batch size µb) and compiles each formula to a function of those; `.estimate(plan)` evaluates them for one
@@ -29,7 +32,6 @@ from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's
 from runtime import choices
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
-from compiler.simulate import DDP_BUCKET_BYTES
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
@@ -242,6 +244,19 @@ class CostModel:
         raise ValueError(f"plan {plan.describe()} has pp = {plan.size('pp')} but no stage layout: decide it first "
                          "(compiler.candidates.Candidates.decide, or compile)")
 
+    def segment_params(self, segment: str, env) -> int | float:
+        """Parameters one rank holds of a traced segment at `env` = (dp, tp, ep, pp, µb): "all" (the whole model)
+        without pp; "prologue", "block" (one block) or "epilogue" under pp. Public for the step-time model
+        (step_time.py), which sizes each pp rank's optimizer step and data-parallel traffic by its stages' share."""
+        return self.fn[("params", segment)](env)
+
+    def send_elements_at(self, env) -> int | float:
+        """Elements of one pipeline send (a micro-batch's residual stream at a stage boundary) at `env`; only under
+        pp. Public for the step-time model, which times the sends between stages from it."""
+        if not self.piped:
+            raise ValueError("a plan without pipeline stages sends nothing between stages")
+        return self.fn[("send", "x")](env)
+
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
         if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
             raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
@@ -262,7 +277,7 @@ class CostModel:
             fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
-            rec = fn[("recompute_fwd", _recompute(plan))](env) * _recompute_passes(plan)
+            rec = fn[("recompute_fwd", _recompute(plan))](env) * recompute_passes(plan)
             per_stage = [(hi - lo) * fb for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
@@ -275,7 +290,7 @@ class CostModel:
             rank_flops = fn[("flops", "all")](env)
             rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
         hw = sympy.expand(self.flops_step + self.padding_step
-                          + self.recompute_fwd[_recompute(plan)] * _recompute_passes(plan))
+                          + self.recompute_fwd[_recompute(plan)] * recompute_passes(plan))
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
@@ -404,11 +419,12 @@ class CostModel:
                 # units gathered after every backward but the last (fsdp too): the stage's whole weights (bf16:
                 # the all-gathers' bf16 outputs beside the fp32 shards, the master)
                 weights_fb = w_bytes * params + (4 * params / dp if bf16 else 0)
-            elif fsdp2:  # fsdp: the root stays gathered; a block and the next one (prefetch)
+            elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
                 # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
-                gathered = 2 * (root + 2 * block) if bf16 else 4 * (root + 2 * block) * (dp - 1) / dp
+                units = root + (1 + plan.fsdp_prefetch) * block
+                gathered = 2 * units if bf16 else 4 * units * (dp - 1) / dp
                 weights_fb = 4 * params / dp + gathered
-                what.append("FSDP's gathered units (root + 2 blocks)")
+                what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
             else:
                 weights_fb = w_bytes * params
             if fsdp2:
@@ -458,7 +474,7 @@ class CostModel:
                                       working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
             # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
             # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
-            flat_sync = min(DDP_BUCKET_BYTES, g_bytes * dense) if flat_sync and not bf16 else 0
+            flat_sync = min(plan.ddp_bucket_bytes, g_bytes * dense) if flat_sync and not bf16 else 0
             # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
             step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync
             step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
@@ -699,13 +715,14 @@ def reruns(plan, site) -> int:
         return 0
     mode = _recompute(plan)
     if mode == "full" and site.rerun:
-        return _recompute_passes(plan)
+        return recompute_passes(plan)
     return 1 if mode == "selective" and site.op == "all_gather" else 0
 
 
-def _recompute_passes(plan) -> int:
+def recompute_passes(plan) -> int:
     """How many times a recomputed block's forward runs again per micro-batch: twice under zero-bubble's split
-    backward with full recomputation (measured by counting the block's forward calls), else once."""
+    backward with full recomputation (measured by counting the block's forward calls), else once. Public: the
+    FLOPs, the ledger (`reruns`) and the step-time model (step_time.py) count the same re-runs."""
     return 2 if plan.schedule == "zero-bubble" and plan.size("pp") > 1 and _recompute(plan) == "full" else 1
 
 

@@ -3,7 +3,7 @@
 A mesh may override any figure by its field name (`peak_tflops = 400`, `inter_node_gbps = 50`, ...); a device
 kind not listed here does not exist for the checker. Torch-free: the checker reads it to resolve the mesh.
 
-What the step-time model (compiler/simulate.py) does with them:
+What the step-time model (compiler/cost/step_time.py) does with them:
 - a matmul runs at `peak_tflops × matmul_efficiency`, less what tile and wave quantisation waste (a GEMM is cut
   into `tile`-sized output tiles spread over `units` multiprocessors; NVIDIA, "Matrix Multiplication Background
   User's Guide"), and never faster than its operands stream from memory;
@@ -44,7 +44,7 @@ class Figures:
     read back, the optimizer's per-tensor work, logging)."""
     intra_node_efficiency: float = 1.0
     """Fraction of `intra_node_gbps` (datasheet or a mesh's own) the collectives of a training step reach inside a
-    node, as the alpha-beta model's bandwidth (compiler/simulate.py `links`)."""
+    node, as the alpha-beta model's bandwidth (compiler/cost/step_time.py `links`)."""
     units: int = 1
     """Multiprocessors a matmul's tiles are spread over (waves)."""
     tile: int = 1

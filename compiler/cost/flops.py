@@ -26,8 +26,9 @@ O = lazy("compiler.ops")
 NO_GRAD_INPUTS = frozenset({"tokens", "targets"})
 
 
-def _needs_grad(gm: fx.GraphModule) -> dict:
-    """node -> whether its value depends on a parameter or a gradient-carrying input."""
+def needs_grad(gm: fx.GraphModule) -> dict:
+    """node -> whether its value depends on a parameter or a gradient-carrying input. Public: the trace and the
+    step-time model (step_time.py) count a matmul's gradient matmuls by the same rule as the backward FLOPs."""
     out: dict = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -61,7 +62,7 @@ def node_backward(node: fx.Node, gm: fx.GraphModule, needs: dict, repeats: dict 
 
 def graph_backward(gm: fx.GraphModule, repeats: dict | None = None) -> sympy.Expr:
     """Backward FLOPs of one micro-batch through `gm` (of its forward's FLOPs, by node)."""
-    needs = _needs_grad(gm)
+    needs = needs_grad(gm)
     return sympy.expand(sum((node_backward(n, gm, needs, repeats) for n in gm.graph.nodes), sympy.Integer(0)))
 
 

@@ -72,8 +72,8 @@ def plan_text(compiled) -> str:
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
 
 def _step_time_text(compiled) -> list[str]:
-    """The step-time model's prediction (compiler/simulate.py): time, throughput, MFU, where the time goes."""
-    from compiler import simulate as SIM
+    """The step-time model's prediction (compiler/cost/step_time.py): time, throughput, MFU, where the time goes."""
+    from compiler.cost import step_time as SIM
     pred = SIM.predict(compiled)
     if pred is None:
         return []
@@ -169,7 +169,7 @@ def _fixes(compiled) -> list:
 
 
 def _predicted_json(compiled) -> dict | None:
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     pred = SIM.predict(compiled)
     return pred.as_json() if pred is not None else None
 
@@ -271,7 +271,7 @@ def _memory_diagnostics(compiled) -> list:
 
 def _pipeline_text(compiled) -> list[str]:
     from compiler import schedule as SCH
-    from compiler import simulate as SIM
+    from compiler.cost import step_time as SIM
     spec, costs = compiled.spec, compiled.costs
     if not costs.stages:
         return []

@@ -1,0 +1,728 @@
+"""The step-time model: how long one optimizer step of a plan takes, per rank, from what the compiler knows.
+
+    compute        every op of the traced graphs the program runs, per micro-batch: a matmul at the device's
+                   achievable rate for its shape (tile and wave quantisation), never faster than its operands stream
+                   from memory; any other op (norms, activations, casts, the loss) moves its bytes at the memory
+                   bandwidth; no op faster than the device's per-op overhead. Backward: one gradient matmul per
+                   operand that needs one (compiler/cost/flops.py's rule), other ops twice their forward bytes.
+                   Recomputation adds its forward again (full: the block; selective: the attention core and the
+                   memory-bound ops).
+    communication  every collective the passes inserted (the ledger's sites), costed with an alpha-beta model of its
+                   algorithm on the link its group uses: the mesh is placed on the nodes innermost axis first, so an
+                   axis's group stays inside a node when it and the axes inside it fit in one (`Link`).
+                   Tensor- and expert-parallel collectives sit on the critical path of the stage that issues them;
+                   pipeline sends delay the receiving stage; data parallelism's traffic overlaps the last
+                   micro-batch's backward under DDP, each micro-batch's compute under FSDP, and nothing under pp
+                   (one coalesced all-reduce after the pipeline step).
+    the pipeline   each stage's forward, backward (and under zero-bubble input- and weight-gradient) time goes into
+                   the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
+                   interleaving and zero-bubble are costed as they run, not by a bubble formula.
+    the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
+                   the runtime's own cost per step (measured where a device's figures say so).
+
+Every device figure lives in compiler/cost/devices.py with its source; the constants of this module are below, each
+with its reason. `Simulator` costs candidate plans of one model from one trace (compiler/candidates.py); `predict`
+costs a compiled program.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+
+from compiler.lazy import lazy
+
+T = lazy("compiler.trace")
+O = lazy("compiler.ops")
+
+# AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
+# parameter and moments: 28 bytes, what the fused kernel the runtime uses on CUDA moves (one pass; torch's foreach
+# implementation, used before, ran each arithmetic step as its own pass, about twice that). Gradient clipping reads
+# every gradient once more.
+ADAMW_BYTES_PER_PARAM = 28
+ADAMW_FOREACH_BYTES_PER_PARAM = 56  # what the runtime's AdamW moved before it was fused (reference measurements)
+CLIP_BYTES_PER_PARAM = 4
+# DDP's bucket and FSDP2's prefetch depth are the Plan's (plan.ddp_bucket_bytes, plan.fsdp_prefetch): the last
+# bucket's all-reduce starts when backward ends; with a prefetch of at least one unit only the first unit's gather
+# is exposed, the others running under the previous unit's compute. Codegen writes the same two figures into the
+# program, so what this model overlaps is what the runtime does.
+# Memory-bound kernels (elementwise, norms, casts, the loss's softmax) of an eager program reach about this fraction of
+# the datasheet bandwidth: a large copy reaches ~90% on H100, reductions less. Set from our H100 reference programs
+# (../shared/reference/gpu-measured.json: with 1.0 the model gave 0.67-0.76 of their measured step times);
+# not measured per kernel.
+MEMORY_EFFICIENCY = 0.8
+# Attention as Megatron-LM computed it in 2021 (`attention = "materialised"`, used to compare with their published
+# figures; our programs call SDPA, whose fused kernels never write the scores): per score element of b·heads·s², the
+# forward writes the 2-byte scores (baddbmm), reads and writes them in the fused scale-mask-softmax, reads them and
+# writes them and a 1-byte mask in dropout, and reads them in the second bmm: 13 bytes; the backward reads the
+# probabilities and writes their gradient (bmm), reads the gradient and mask and writes it (dropout), reads the
+# probabilities and gradient and writes the scores' gradient (softmax), and reads that twice (two bmms): 19 bytes.
+SCORE_BYTES_FORWARD = 13
+SCORE_BYTES_BACKWARD = 19
+
+
+# -- the device and its links -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """How the group of one mesh axis sits on the hardware."""
+
+    axis: str
+    size: int
+    crosses_nodes: bool
+    gbps: float          # per-device bandwidth, one direction
+    latency_us: float    # per algorithm step
+
+    def describe(self) -> str:
+        where = "crosses nodes" if self.crosses_nodes else "inside a node"
+        return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
+
+
+def links(plan, device) -> dict:
+    """Each axis's group placed on the nodes: the mesh's axes are listed outermost first and the innermost varies
+    fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
+    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
+    node's devices.
+    Also "dp×ep" (the dense gradients' group under ep)."""
+    out, inner = {}, 1
+    spans = {}
+    for axis, n in reversed(plan.axes):
+        spans[axis] = (inner, n)
+        inner *= n
+    for axis, (stride, n) in spans.items():
+        out[axis] = _link(axis, n, _crosses(stride * n, plan.devices_per_node) and n > 1, device)
+    if "dp" in spans and "ep" in spans:
+        n = spans["dp"][1] * spans["ep"][1]
+        lo = min(spans["dp"][0], spans["ep"][0])
+        hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
+        out["dp×ep"] = _link("dp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1 and lo >= 1, device)
+    return out
+
+
+def _crosses(block: int, per_node: int) -> bool:
+    """Whether some group whose ranks lie in consecutive aligned blocks of `block` ranks spans two nodes: unless a
+    block fits a node a whole number of times, some block straddles a node boundary (tp 6 on nodes of 8: ranks
+    6-11), and the slowest group sets the collective's pace."""
+    return block > per_node or per_node % block != 0
+
+
+def _link(axis, n, crosses, device) -> Link:
+    """The link at the bandwidth collectives reach on it: inside a node the device's figure × its
+    `intra_node_efficiency` (fitted where devices.py says so), between nodes the figure as given."""
+    eff = getattr(device, "intra_node_efficiency", 1.0)
+    if crosses:
+        return Link(axis, n, True, device.inter_node_gbps, device.inter_node_latency_us)
+    return Link(axis, n, False, device.intra_node_gbps * eff, device.intra_node_latency_us)
+
+
+def collective_s(op: str, nbytes: float, link: Link) -> float:
+    """Seconds one collective of `nbytes` (the full tensor, as the ledger counts it) takes on `link`.
+
+    Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce is a reduce-scatter then an all-gather,
+    2(n-1) steps moving 2(n-1)/n of the tensor; all-gather, reduce-scatter and all-to-all (n-1) steps moving
+    (n-1)/n; across nodes NCCL switches to a tree for latency, 2·log2(n) steps moving about 2× the tensor: the
+    faster of the two is taken. A broadcast is pipelined down a chain (the tensor once plus log2(n) latencies);
+    a point-to-point send is one step."""
+    n = link.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    beta = 1.0 / (link.gbps * 1e9)
+    alpha = link.latency_us * 1e-6
+    if op == "all_reduce":
+        ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
+        tree = 2 * math.log2(n) * alpha + 2 * nbytes * beta
+        return min(ring, tree) if link.crosses_nodes else ring
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) * alpha + (n - 1) / n * nbytes * beta
+    if op == "broadcast":
+        return math.log2(n) * alpha + nbytes * beta
+    if op == "send_recv":
+        return alpha + nbytes * beta
+    raise ValueError(f"no cost rule for collective {op}")
+
+
+# -- ops of one traced graph, compiled --------------------------------------------------------------------------
+
+
+def _name(node) -> str:
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def _numel(shape) -> sympy.Expr:
+    """Elements of a shape; of a tuple of shapes (a node with several outputs), their sum."""
+    if any(isinstance(d, (tuple, list)) for d in shape):
+        return sum((_numel(d) for d in shape if isinstance(d, (tuple, list))), sympy.Integer(0))
+    return sympy.Mul(*shape) if shape else sympy.Integer(1)
+
+
+class Segment:
+    """One traced graph's ops as numbers: `times(env, ...)` evaluates every op's sizes at once (one compiled function
+    of dp, tp, ep, pp and the micro-batch size) and turns them into seconds on a device."""
+
+    def __init__(self, gm, sub: dict, args: tuple, precision: str):
+        from compiler.cost import flops as F
+        from compiler.cost.activations import widths
+        width = widths(precision)
+        needs = F.needs_grad(gm)
+        exprs: list = []
+        self.ops: list = []   # (kind, index into values, grads, has_weight, is_attention, name)
+
+        def dtype_bytes(n):
+            d = n.meta.get(T.DTYPE)
+            if isinstance(d, (tuple, list)):
+                d = next((x for x in d if x in ("act", "res", "fp32")), None)
+            return width.get(d, 0) if d is not None else 0
+
+        def tensor_bytes(n):
+            shape = n.meta.get(T.SHAPE)
+            return _numel(shape) * dtype_bytes(n) if isinstance(shape, tuple) else sympy.Integer(0)
+
+        # Compiled (runtime.compile): inductor fuses the memory-bound ops between two matmuls (or collectives) into
+        # one kernel, which reads what the group takes from outside it and writes what leaves it, once each.
+        group_of: dict = {}   # node -> index of its fused group (memory-bound ops and views)
+        alias: dict = {}      # view -> the node whose storage it shows
+        groups: list = []     # per group: its nodes
+        fresh = True
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            op = O.find(node, gm)
+            if op is not None and op.free:
+                src = next(iter(node.all_input_nodes), None)
+                alias[node] = alias.get(src, src) if src is not None else node
+                if src in group_of:
+                    group_of[node] = group_of[src]
+                continue
+            if (T.COLLECTIVE in node.meta or node.meta.get(T.FLOPS, 0) != 0
+                    or (node.op == "call_module" and type(gm.get_submodule(node.target)).__name__ == "Repeat")):
+                fresh = True
+                continue
+            if fresh:
+                groups.append([])
+                fresh = False
+            group_of[node] = len(groups) - 1
+            groups[-1].append(node)
+
+        def base(n):
+            return alias.get(n, n)
+
+        def consumers(n):  # users, seen through views
+            for u in n.users:
+                if u in alias:
+                    yield from consumers(u)
+                else:
+                    yield u
+
+        self.groups: list = []  # index into the values of each fused group's bytes
+        for i, members in enumerate(groups):
+            inside = set(members)
+            reads = {base(a) for m in members for a in m.all_input_nodes if base(a) not in inside}
+            leaves = {m for m in members if any(u.op == "output" or group_of.get(u) != i for u in consumers(m))}
+            moved = sum((tensor_bytes(n) for n in reads | leaves), sympy.Integer(0))
+            # the loss reads its logits twice (the maximum, then the sum of exponentials)
+            moved += sum((tensor_bytes(base(a)) for m in members if (mo := O.find(m, gm)) is not None
+                          and mo.loss is not None for a in m.all_input_nodes[:1] if base(a) not in inside),
+                         sympy.Integer(0))
+            self.groups.append(len(exprs))
+            exprs.append(moved)
+
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "get_attr", "output"):
+                continue
+            op = O.find(node, gm)
+            if T.COLLECTIVE in node.meta and (op is None or not op.computes):
+                continue  # a collective alone: costed as communication (the vocabulary-parallel ops also compute)
+            name = _name(node)
+            if node.op == "call_module":
+                mod = gm.get_submodule(node.target)
+                if type(mod).__name__ == "Repeat":
+                    continue
+            flops = node.meta.get(T.FLOPS, 0)
+            if flops != 0:
+                batch, m, n_, k, weight = op.dims(node, gm) if op is not None and op.dims else self._dims(node)
+                bwd = F.node_backward(node, gm, needs)
+                grads = int(sympy.simplify(bwd / flops)) if bwd != 0 else 0
+                # no casts: bf16 programs compute in bf16 weights without autocast (runtime/precision.py)
+                cast = sympy.Integer(0)
+                self.ops.append(("matmul", len(exprs), grads, weight is not None, op is not None and op.attention,
+                                 name))
+                exprs += [flops, batch, m, n_, k, cast]
+            elif op is None or not op.free:
+                moved = sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0)) + tensor_bytes(node)
+                if op is not None and op.loss is not None:
+                    moved += 2 * sum((tensor_bytes(a) for a in node.all_input_nodes), sympy.Integer(0))
+                # fused when compiled (costed in its group) unless it is one of the vocabulary-parallel ops
+                self.ops.append(("memory" if node not in group_of else "fused", len(exprs), 0, False, False, name))
+                exprs.append(moved)
+        exprs = [sympy.sympify(e).xreplace(sub) for e in exprs]
+        self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
+
+    @staticmethod
+    def _dims(node):
+        """(batch, M, N, K, None) of a node with FLOPs whose record gives no dims: one matmul by its output."""
+        out = node.meta[T.SHAPE]
+        mm = _numel(out[:-1])
+        return 1, mm, out[-1], node.meta[T.FLOPS] / (2 * mm * out[-1]), None
+
+    def times(self, env, dev, act_bytes: int, materialised: bool = False, compiled: bool = False) -> "OpTimes":
+        """Seconds of one micro-batch through this graph on `dev` (`materialised`: attention scores written out,
+        see SCORE_BYTES_FORWARD; `compiled`: the memory-bound ops run as fused groups)."""
+        v = self._fn(*env)
+        over = dev.op_overhead_us * 1e-6
+        hbm = dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY
+        rate = dev.peak_tflops * 1e12 * dev.matmul_efficiency
+        attention_rate = dev.peak_tflops * 1e12 * dev.attention_efficiency  # SDPA's fused kernels
+        fwd = bwd = wgrad = attention = memory = 0.0
+        ops = 0
+        groups = [(v[i], False) for i in self.groups] if compiled else []
+        for moved, _ in groups:
+            t = max(moved / hbm, over)
+            fwd += t
+            memory += t
+            bwd += max(2 * moved / hbm, over)
+            ops += 2
+        for kind, i, grads, has_weight, is_attention, _ in self.ops:
+            if kind == "fused" and compiled:
+                continue
+            if kind in ("memory", "fused"):
+                t = max(v[i] / hbm, over)
+                fwd += t
+                memory += t
+                bwd += max(2 * v[i] / hbm, over)
+                ops += 2
+                continue
+            flops, batch, m, n, k, cast = v[i:i + 6]
+            util = 1.0
+            if dev.tile > 1:
+                tiles = batch * math.ceil(m / dev.tile) * math.ceil(n / dev.tile)
+                waves = math.ceil(tiles / dev.units)
+                util = batch * m * n / (waves * dev.units * dev.tile * dev.tile)
+            streamed = batch * (m * k + k * n + m * n) * act_bytes / hbm
+            r = rate if not is_attention or materialised else attention_rate
+            one = max(flops / (r * util), streamed, over)
+            t_cast = cast / hbm
+            fwd += one + t_cast
+            memory += t_cast
+            bwd += grads * one
+            if has_weight:
+                wgrad += one
+            if is_attention:
+                if materialised:
+                    scores = batch * m * n
+                    fwd += scores * SCORE_BYTES_FORWARD / hbm
+                    bwd += scores * SCORE_BYTES_BACKWARD / hbm
+                    one += scores * SCORE_BYTES_FORWARD / hbm
+                attention += one
+            ops += 1 + grads
+        return OpTimes(fwd, bwd, wgrad, attention + memory, ops)
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    forward: float
+    backward: float       # input and weight gradients
+    weight: float         # of which the weight gradients (zero-bubble's W)
+    selective: float      # what selective recomputation re-runs: the attention core and the memory-bound ops
+    ops: int
+
+    def __add__(self, o):
+        return OpTimes(self.forward + o.forward, self.backward + o.backward, self.weight + o.weight,
+                       self.selective + o.selective, self.ops + o.ops)
+
+    def __mul__(self, k):
+        return OpTimes(self.forward * k, self.backward * k, self.weight * k, self.selective * k, self.ops * k)
+
+
+ZERO = OpTimes(0.0, 0.0, 0.0, 0.0, 0)
+
+
+# -- a structure's compiled segments --------------------------------------------------------------------------
+
+
+class _Model:
+    """The segments and collective sites of one cost.CostModel (one pass structure)."""
+
+    def __init__(self, cm):
+        from compiler.cost import ARGS
+        spec, traced = cm.spec, cm.traced
+        from compiler.cost.activations import precision_key
+        prec = precision_key(spec)
+        self.cm = cm
+        self.act = 2 if prec.startswith("bf16") else 4
+        sub = cm.sub
+
+        def seg(gm):
+            return Segment(gm, sub, ARGS, prec)
+        self.segments: dict = {}
+        if cm.piped:
+            top = traced.top
+            self.segments["block"] = seg(next(iter(traced.blocks.values())))
+            for k, key in (("prologue", T.PROLOGUE), ("epilogue", T.EPILOGUE), ("loss", T.LOSS)):
+                self.segments[k] = seg(top.meta[key])
+        else:
+            self.segments["all"] = seg(traced.top)
+            for name, gm in traced.blocks.items():
+                self.segments[("block", name)] = seg(gm)
+        # the collectives the passes inserted, per segment: (site, its elements' function)
+        self.sites = cm.sites
+
+    def where_key(self, site):
+        kind, name = site.where
+        if kind == "block":
+            return "block" if self.cm.piped else ("block", name)
+        return name
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One micro-batch through one piece of the model (a block, the first or last layers, or the whole model)."""
+
+    forward: float         # compute + the collectives on its critical path
+    backward: float        # input and weight gradients + collectives + recomputation
+    weight: float          # of which the weight gradients (zero-bubble's W)
+    comm: dict             # axis -> seconds of collectives inside forward + backward
+    ops: int = 0           # ops run (forward, backward, recomputation), each at least the device's op overhead
+
+
+# -- the prediction --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """One kind of rank (every rank without pp; each pp rank with pp)."""
+
+    who: str
+    compute_s: float       # busy computing (its collectives on the critical path included)
+    idle_s: float          # waiting in the pipeline schedule
+    exposed_comm_s: dict   # axis -> seconds of communication on this rank's critical path
+    end_s: float           # when its step ends
+
+    def as_json(self) -> dict:
+        return {"who": self.who, "compute_s": self.compute_s, "idle_s": self.idle_s,
+                "exposed_comm_s": dict(self.exposed_comm_s), "end_s": self.end_s}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s: float
+    model_tflops_per_device: float
+    hardware_tflops_per_device: float
+    mfu: float
+    bubble_fraction: float
+    exposed_comm_s: dict          # axis -> seconds, on the rank that ends the step last
+    optimizer_s: float
+    ranks: tuple                  # RankTime per kind of rank
+    links: tuple                  # Link per axis
+    device: str = ""
+    pieces: dict = field(default_factory=dict, compare=False)
+    ops_per_step: int = 0         # ops the slowest rank runs per step (what the per-op overhead multiplies)
+    runtime_s: float = 0.0        # the runtime's own cost per step (devices.py `step_overhead_ms`)
+
+    def as_json(self) -> dict:
+        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "model_tflops_per_device": self.model_tflops_per_device,
+                "hardware_tflops_per_device": self.hardware_tflops_per_device, "mfu": self.mfu,
+                "bubble_fraction": self.bubble_fraction, "exposed_comm_s": dict(self.exposed_comm_s),
+                "optimizer_s": self.optimizer_s, "ranks": [r.as_json() for r in self.ranks],
+                "links": [{"axis": k.axis, "size": k.size, "crosses_nodes": k.crosses_nodes, "gbps": k.gbps,
+                           "latency_us": k.latency_us} for k in self.links]}
+
+
+def slowest_rank(ranks) -> RankTime:
+    """The rank whose step ends last: it sets the step time (the first of equals)."""
+    return max(ranks, key=lambda r: r.end_s)
+
+
+def bubble_fraction(ranks) -> float:
+    """The pipeline bubble: the one figure `plan`, `search` and `--json` show. The fraction of the step that the
+    slowest rank (`slowest_rank`: its end is the step time) spends idle in the simulated pipeline schedule, waiting for
+    another stage's activations or gradients: its `idle_s` / `end_s`. 0 without pp (no schedule to wait in), and 0 in
+    a lower-bound prediction (`exact=False`, no schedule simulated). The published (p-1)/(v·m+p-1)
+    (compiler/schedule.py `bubble_fraction`) assumes equal stages and free sends; it is shown beside this one in
+    `plan`, labelled, for comparison only."""
+    r = slowest_rank(ranks)
+    return r.idle_s / r.end_s if r.end_s > 0 else 0.0
+
+
+class Simulator:
+    """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
+
+    def __init__(self, device, attention: str = "fused"):
+        """`attention`: "fused" (SDPA, what our programs run) or "materialised" (scores written to memory, as
+        Megatron-LM 2021 ran it: only to compare with published figures)."""
+        if attention not in ("fused", "materialised"):
+            raise ValueError(f"attention must be fused or materialised, not {attention!r}")
+        self.device = device
+        self.materialised = attention == "materialised"
+        self._models: dict = {}
+
+    def model(self, cm) -> _Model:
+        got = self._models.get(id(cm))
+        if got is None:
+            got = self._models[id(cm)] = (_Model(cm), cm)
+        return got[0]
+
+    # -- pieces ------------------------------------------------------------------------------------------------
+
+    def pieces(self, cm, plan, env, lk: dict) -> dict:
+        """Piece per segment key for one micro-batch."""
+        mdl = self.model(cm)
+        dev = self.device
+        recompute = getattr(plan, "recompute", "none")
+        from compiler.cost import recompute_passes, reruns
+        passes = recompute_passes(plan)
+        comm = {}
+        for site, f in mdl.sites:
+            key = mdl.where_key(site)
+            dtype = 4 if site.fp32 else mdl.act
+            link = lk.get(site.axis)
+            if link is None:
+                continue
+            t = collective_s(site.op, f(env) * dtype, link)
+            c = comm.setdefault(key, {"forward": {}, "backward": {}})
+            c[site.direction][site.axis] = c[site.direction].get(site.axis, 0.0) + t
+            again = reruns(plan, site) if key != "all" else 0
+            if again:
+                c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * again
+        out = {}
+        for key, segment in mdl.segments.items():
+            ot = segment.times(env, dev, mdl.act, self.materialised, getattr(plan, "compiles", False))
+            c = comm.get(key, {"forward": {}, "backward": {}})
+            cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
+            is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")
+            extra = 0.0
+            if is_block and recompute == "full":  # its collectives before the last saving op are in cb already
+                extra = ot.forward * passes
+            elif is_block and recompute == "selective":
+                extra = ot.selective
+            axes = {}
+            for d in ("forward", "backward"):
+                for a, t in c[d].items():
+                    axes[a] = axes.get(a, 0.0) + t
+            ops = ot.ops + (sum(1 for op in segment.ops) if extra else 0)
+            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes, ops)
+        return out
+
+    # -- one plan ------------------------------------------------------------------------------------------------
+
+    def predict(self, cm, plan, est, exact: bool = True, detail: bool = True) -> Prediction:
+        """The step time of `plan` (decided, of `cm`'s structure) with `est` its cost.Estimate (pp rank 0).
+
+        `exact=False` skips the schedule simulation: each pp rank's pipeline time is its busy time alone, so the
+        step time is a lower bound of the exact one (a search ranks by it first and simulates only the plans whose
+        bound can still win). `detail=False` leaves out the pipeline's exposed send time (a second simulation with
+        instant sends); the step time is the same."""
+        dev = self.device
+        dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
+        env = (dp, tp, ep, pp, plan.micro_batch_size)
+        lk = links(plan, dev)
+        pieces = self.pieces(cm, plan, env, lk)
+        m = plan.micro_batches
+        mdl = self.model(cm)
+        if cm.piped:
+            ends, busy, stage_comm = self._pipeline(cm, plan, env, pieces, lk, exact, detail)
+            ranks_end = dict(busy) if ends is None else ends
+            makespan = max(ranks_end.values())
+            stage_params = self._stage_params(cm, plan, env)
+            per, last_backward = None, 0.0
+            layout = cm.stages_for(plan, env)
+            stage_ops = [(hi - lo) * pieces["block"].ops + (pieces["prologue"].ops if k == 0 else 0)
+                         + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
+                         for k, (lo, hi) in enumerate(layout)]
+            ops = m * max(sum(stage_ops[r::pp]) for r in range(pp))
+        else:
+            tops = [k for k in mdl.segments if not isinstance(k, tuple)]
+            blocks = [k for k in mdl.segments if isinstance(k, tuple)]
+            counts = {("block", name): n for name, (_, n) in cm.counts.items()}
+            fwd = sum(pieces[k].forward for k in tops) + sum(counts[k] * pieces[k].forward for k in blocks)
+            bwd = sum(pieces[k].backward for k in tops) + sum(counts[k] * pieces[k].backward for k in blocks)
+            comm: dict = {}
+            for k in tops + blocks:
+                for a, t in pieces[k].comm.items():
+                    comm[a] = comm.get(a, 0.0) + t * (counts.get(k, 1))
+            per = Piece(fwd, bwd, 0.0, comm)
+            ranks_end = {0: m * (fwd + bwd)}
+            busy = dict(ranks_end)
+            makespan = ranks_end[0]
+            stage_comm = {0: {a: m * t for a, t in comm.items()}}
+            stage_params = {0: est.params_rank}
+            last_backward = bwd
+            ops = m * (sum(pieces[k].ops for k in tops) + sum(counts[k] * pieces[k].ops for k in blocks))
+        # data parallelism's traffic and the optimizer, per rank kind
+        step_entries = [c for c in est.ledger.entries if c.direction == "step"]
+        params0 = max(est.params_rank, 1)
+        shard = dp if plan.data_parallel in ("zero1", "zero2", "fsdp") and dp > 1 else 1
+        ranks, worst = [], None
+        runtime = dev.step_overhead_ms * 1e-3
+        for r in sorted(ranks_end):
+            scale = stage_params[r] / params0
+            sync = 0.0
+            exposed = dict(stage_comm.get(r, {}))
+            for axis, hidden in self._data_parallel_exposed(cm, plan, step_entries, lk, scale, per, last_backward):
+                exposed[axis] = exposed.get(axis, 0.0) + hidden
+                sync += hidden
+            opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
+                   / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
+            end = ranks_end[r] + sync + opt + runtime
+            rt = RankTime(f"pp rank {r}" if cm.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
+            ranks.append(rt)
+            if worst is None or end > worst[0]:
+                worst = (end, rt, opt)
+        step, slowest, opt = worst
+        world = plan.world_size
+        return Prediction(step_time_s=step, tokens_per_s=est.tokens_step / step,
+                          model_tflops_per_device=est.flops_step_n / world / step / 1e12,
+                          hardware_tflops_per_device=est.flops_step_hw_n / world / step / 1e12,
+                          mfu=est.flops_step_n / world / step / (dev.peak_tflops * 1e12),
+                          bubble_fraction=bubble_fraction(ranks), exposed_comm_s=dict(slowest.exposed_comm_s),
+                          optimizer_s=opt,
+                          ranks=tuple(ranks), links=tuple(lk[a] for a, _ in plan.axes), device=dev.kind,
+                          pieces=pieces, ops_per_step=int(ops), runtime_s=runtime)
+
+    @staticmethod
+    def _data_parallel_exposed(cm, plan, entries, lk, scale, per, last_backward) -> list:
+        """(axis, exposed seconds) of the once-per-step collectives: data parallelism's and sequence parallelism's
+        partial gradients, for a rank holding `scale` × the described rank's parameters.
+
+        One device's link carries them all, one after another. Under pp they follow the pipeline step (the runtime
+        all-reduces the stages' gradients in one coalesced call): all exposed. Otherwise FSDP's gathers run ahead
+        of the compute of every micro-batch (prefetch), DDP's all-reduce and FSDP's reduce-scatter during the last
+        micro-batch's backward (FSDP's reduce-scatter in every micro-batch's under fsdp_grad_sync = micro_batch);
+        what the windows cannot hold is exposed: max(gathers + syncs - all compute, the syncs of the last backward -
+        last backward), plus the first unit's gather and the last bucket (or unit) that waits for backward to
+        end (the bucket: plan.ddp_bucket_bytes; FSDP2's prefetch, plan.fsdp_prefetch, at least one unit). A
+        broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
+        m = plan.micro_batches
+        units = max(sum(n for _, n in cm.counts.values()), 1) + 1  # FSDP units: each block and the root
+        timed = []
+        for c in entries:
+            link = lk.get(c.axis)
+            if link is None:
+                continue
+            t = collective_s(c.op, c.bytes / max(c.times, 1) * scale, link) * c.times
+            if cm.piped or c.axis == "tp" or c.op == "broadcast":
+                kind = "exposed"
+            elif c.op == "all_gather":
+                kind = "gather"
+            else:
+                kind = "sync"
+            timed.append((c, t, kind))
+        gathers = sum(t for _, t, k in timed if k == "gather")
+        syncs = sum(t for _, t, k in timed if k == "sync")
+        # what the last micro-batch's backward must hold: a sync issued in every micro-batch's backward (FSDP's
+        # reduce-scatter under fsdp_grad_sync = micro_batch) holds one micro-batch's share there, the others having
+        # run under the earlier backwards (the whole-window bound still counts all of them)
+        last = sum(t / max(c.times, 1) for c, t, k in timed if k == "sync")
+        overlapped = gathers + syncs
+        out = [(c.axis, t) for c, t, k in timed if k == "exposed"]
+        if overlapped > 0:
+            window = m * (per.forward + per.backward)
+            tail = sum(t / (max(c.times, 1) * units) for c, t, k in timed if k == "gather")
+            tail += sum(t * min(1.0, plan.ddp_bucket_bytes / max(c.bytes, 1)) if c.op == "all_reduce"
+                        else t / (max(c.times, 1) * units) for c, t, k in timed if k == "sync")
+            total = max(overlapped - window, last - last_backward, 0.0) + tail
+            out += [(c.axis, total * t / overlapped) for c, t, k in timed if k != "exposed"]
+        return out
+
+    def _stage_params(self, cm, plan, env) -> dict:
+        layout = cm.stages_for(plan, env)
+        pp, n = plan.size("pp"), len(layout)
+        out = {}
+        for r in range(pp):
+            mine = range(r, n, pp)
+            nb = sum(layout[k][1] - layout[k][0] for k in mine)
+            out[r] = (cm.segment_params("prologue", env) * (0 in mine) + nb * cm.segment_params("block", env)
+                      + cm.segment_params("epilogue", env) * (n - 1 in mine))
+        return out
+
+    @staticmethod
+    def stage_times(cm, plan, env, pieces) -> tuple:
+        """Per pipeline stage of `plan`'s layout, one micro-batch's (forward, backward, weight-gradient part of the
+        backward, {axis: seconds of its collectives}) as lists indexed by stage: its blocks, plus the first
+        layers on stage 0 and the last layers and loss on the last stage."""
+        layout = cm.stages_for(plan, env)
+        n = len(layout)
+        blk, pro, epi, loss = (pieces[k] for k in ("block", "prologue", "epilogue", "loss"))
+        f, b, w, comm = [], [], [], []
+        for s, (lo, hi) in enumerate(layout):
+            nb = hi - lo
+            fs, bs, ws = nb * blk.forward, nb * blk.backward, nb * blk.weight
+            cs = {a: nb * t for a, t in blk.comm.items()}
+            extra = ([pro] if s == 0 else []) + ([epi, loss] if s == n - 1 else [])
+            for pc in extra:
+                fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight
+                for a, t in pc.comm.items():
+                    cs[a] = cs.get(a, 0.0) + t
+            f.append(fs)
+            b.append(bs)
+            w.append(ws)
+            comm.append(cs)
+        return f, b, w, comm
+
+    def _pipeline(self, cm, plan, env, pieces, lk, exact=True, detail=True):
+        n, pp = len(cm.stages_for(plan, env)), plan.size("pp")
+        f, b, w, comm = self.stage_times(cm, plan, env, pieces)
+        m = plan.micro_batches
+        ends = None
+        busy = {r: m * sum(f[s] + b[s] for s in range(r, n, pp)) for r in range(pp)}
+        if exact:
+            send = collective_s("send_recv", cm.send_elements_at(env) * 4, lk["pp"])
+            cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+            ends = pipeline_ends(plan.schedule, pp, m, plan.virtual_stages, cost, send)
+            # what the sends cost the step: the same schedule with instant sends
+            pp_exposed = (max(ends.values()) - max(pipeline_ends(plan.schedule, pp, m, plan.virtual_stages, cost,
+                                                                 0.0).values())) if send > 0 and detail else 0.0
+        stage_comm = {}
+        for r in range(pp):
+            acc: dict = {}
+            for s in range(r, n, pp):
+                for a, t in comm[s].items():
+                    acc[a] = acc.get(a, 0.0) + m * t
+            if ends is not None and detail:
+                acc["pp"] = pp_exposed
+            stage_comm[r] = acc
+        return ends, busy, stage_comm
+
+
+_ORDERS: dict = {}
+# Past a warm-up, every schedule repeats one steady state per p micro-batches, so a rank's end of the pipeline grows
+# by the same amount for each further p: simulated at STEADY·p·v and STEADY·p·v + p micro-batches and extended along
+# that line beyond. tests/test_simulate.py holds the line to the full simulation: to rounding for stages within ±25%
+# of each other, every schedule; for stages up to 4× apart interleaving's steady state settles later (within 1%).
+STEADY = 3
+
+
+def pipeline_ends(schedule: str, p: int, m: int, v: int, cost: dict, transfer: float) -> dict:
+    """Each pp rank's end of the pipeline phase: the schedule's action lists (runtime/schedule.py) timed by
+    compiler/schedule.py `finish_times` (as `verify` runs them) with these per-stage durations and send time."""
+    from compiler import schedule as SCH
+    m1 = STEADY * p * v
+    if m <= m1 + p:
+        return SCH.finish_times(_order(schedule, p, m, v), SCH.Layout(p, v, m), cost, transfer)
+    one = pipeline_ends(schedule, p, m1, v, cost, transfer)
+    two = pipeline_ends(schedule, p, m1 + p, v, cost, transfer)
+    k = (m - m1) / p
+    return {r: one[r] + k * (two[r] - one[r]) for r in one}
+
+
+def _order(schedule: str, p: int, m: int, v: int):
+    """The schedule's compute order (runtime/schedule.py's action lists), made once per shape."""
+    from compiler import schedule as SCH
+    key = (schedule, p, m, v)
+    got = _ORDERS.get(key)
+    if got is None:
+        got = _ORDERS[key] = SCH.compute_order(schedule, SCH.Layout(p, v, m))
+    return got
+
+
+def predict(compiled, attention: str = "fused") -> Prediction | None:
+    """The step time of a compiled program (compiler.pipeline.Compiled)."""
+    if compiled.plan is None:
+        return None
+    from compiler import cost as C
+    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced)
+    return Simulator(compiled.spec.mesh.device, attention).predict(cm, compiled.plan, compiled.costs)
