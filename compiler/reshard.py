@@ -2,9 +2,9 @@
 
 A checkpoint holds every parameter whole under its single-device name, with its AdamW moments (runtime/checkpoint.py);
 a plan reads back its own pieces. This prints, from the two compiled plans alone (what the passes recorded and the
-Plan decided, the same tables codegen writes into the program: tp_shards, ep_shards, the pipeline stages, fsdp), each
-tensor's pieces under both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names
-or shapes) are refused with a diagnostic located in NEW.
+Plan decided, the same tables codegen writes into the program: tp_shards, ep_shards, the pipeline stages, fsdp),
+each tensor's pieces under both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW
+reads. Two plans of different models (other parameter names or shapes) are refused with a diagnostic located in NEW.
 """
 from __future__ import annotations
 

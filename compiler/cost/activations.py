@@ -164,13 +164,13 @@ def _needed_in_backward(node, gm) -> bool:
 
 def block_saved_bytes(gm, precision: str, device: str = "cuda", recompute: str = "none") -> sympy.Expr:
     """What one block (the body of a `repeat`) keeps per micro-batch until its backward. `full`
-    (torch.utils.checkpoint around the block): its input only, the fp32 residual stream. `selective` (torch's
-    selective checkpoint, runtime/recompute.py's policy): its input and the outputs of its matmuls and of its
-    collectives but the all-gathers (gathered again in backward). `selective/compiled` (the same policy traced into a compiled region, runtime.compile): only those
-    outputs the backward needs, directly or to recompute from; the partitioner drops the rest (a residual branch's
-    last matmul, whose output only joins the stream: measured on CPU with saved_tensors_hooks, tests/
-    test_memory_compiled.py). `none`: what each operation keeps (saved_bytes), compiled or not (measured equal
-    to 0.01% on CPU, the same test)."""
+    (torch.utils.checkpoint around the block): its input only, the fp32 residual stream. `selective` (torch's selective
+    checkpoint, runtime/recompute.py's policy): its input and the outputs of its matmuls and of its collectives but
+    the all-gathers (gathered again in backward). `selective/compiled` (the same policy traced into a compiled
+    region, runtime.compile): only those outputs the backward needs, directly or to recompute from; the partitioner
+    drops the rest (a residual branch's last matmul, whose output only joins the stream: measured on CPU with
+    saved_tensors_hooks, tests/test_memory_compiled.py). `none`: what each operation keeps (saved_bytes), compiled
+    or not (measured equal to 0.01% on CPU, the same test)."""
     if recompute == "none":
         return saved_bytes(gm, precision, device)
     compiled = recompute == "selective/compiled"

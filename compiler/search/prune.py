@@ -15,7 +15,7 @@ Pruning, in order, each with why it is safe or what it may miss:
    parallelism's sharded activations. `--fix sequence_parallel=false` costs that side.
 3. Data parallelism of size 1. With dp = 1 the ZeRO stages shard nothing: only ddp is tried. Safe.
 4. Branch and bound over families. A family's lower bound is, over the pp ranks, each rank's compute time (its
-   collectives on the critical path included) without recomputation, what compiler/simulate.py's
+   collectives on the critical path included) without recomputation, what compiler/cost/step_time.py's
    `predict(exact=False)` counts before any schedule idle time, data-parallel traffic and optimizer, plus the
    pipeline's fill and drain around it: rank r cannot start before the earlier stages' forwards of the first
    micro-batch, and after its backward of the last micro-batch the earlier stages still run
@@ -23,7 +23,7 @@ Pruning, in order, each with why it is safe or what it may miss:
    sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
    bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster.
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
-   (compiler/simulate.py adds recomputation's forward, selective a part of it), so the first that fits is the
+   (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
 6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
    the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
@@ -62,7 +62,7 @@ from compiler.search.space import ORDER, Space, _family, _group, _variant
 @dataclass(frozen=True)
 class Winner:
     plan: P.Plan            # decided (stage layout, tp and ep decisions)
-    prediction: object      # simulate.Prediction (exact)
+    prediction: object      # cost.step_time.Prediction (exact)
     estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
     reasons: tuple          # one short line each, from the figures
 
@@ -107,7 +107,7 @@ class _Search:
 
     def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None):
         from compiler.candidates import Candidates
-        from compiler.simulate import Simulator
+        from compiler.cost.step_time import Simulator
         self.spec, self.top = spec, top
         self.space = Space(spec, fixed)
         self.fixed, self.base, self.world = self.space.fixed, self.space.base, self.space.world
@@ -199,11 +199,11 @@ class _Search:
 
     def busy(self, decided, fill: bool = False) -> float:
         """The busiest rank's compute time of `decided` (collectives on its critical path included), before any
-        schedule idle time, data-parallel traffic and optimizer: what compiler/simulate.py's `predict` counts as
+        schedule idle time, data-parallel traffic and optimizer: what compiler/cost/step_time.py's `predict` counts as
         each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
         pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
         which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
-        from compiler.simulate import links
+        from compiler.cost.step_time import links
         cm = self.cands.cost_model(decided)
         sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = sizes + (decided.micro_batch_size,)

@@ -17,7 +17,7 @@ a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a
 parallelism, micro-batch size and schedule (with its virtual stages); its *variants* are its dp shardings and
 recomputations. Every candidate is checked by the rules (compiler/rules.py, through `Candidates.requires`: the one
 copy of every divisibility and legality rule; nothing here restates one), costed by the memory model
-(`Estimate.peak_bytes` against the device, as `compile`'s E0501) and timed by compiler/simulate.py.
+(`Estimate.peak_bytes` against the device, as `compile`'s E0501) and timed by compiler/cost/step_time.py.
 """
 from __future__ import annotations
 
