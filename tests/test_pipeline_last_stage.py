@@ -51,6 +51,12 @@ want = torch.stack([torch.nn.functional.cross_entropy(ref(xs), ts) for xs, ts in
 print("forwards", len(alive_at_forward), "alive_at_forward", max(alive_at_forward),
       "alive_after", sum(r() is not None for r in outs), "loss_diff", float((loss.detach() - want.detach()).abs()))
 dist.destroy_process_group()
+# what is tested ends here: leave without the interpreter's teardown, which with a gloo group still referenced by
+# module globals (the mesh, the stage) aborts now and then ("terminate called without an active exception", seen
+# here in the full suite), as tests/test_pipeline_in_flight.py's script does
+import os, sys
+sys.stdout.flush()
+os._exit(0)
 '''
 
 
