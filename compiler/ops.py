@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compiler.cost.activations import INT_BYTES
 from compiler.lazy import lazy
 from compiler.symbols import size
 from runtime import collectives as C
@@ -41,7 +42,6 @@ from runtime.layers import Bias
 
 T = lazy("compiler.trace")  # node.meta keys (trace imports this module)
 
-INT_BYTES = 8  # token ids, targets, positions and slots are int64
 ZERO = sympy.Integer(0)
 
 

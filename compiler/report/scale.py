@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from compiler import ast as A
 
-# tp_layers when the plan section does not name them (compiler/check.py's PLAN_SETTINGS)
-DEFAULT_TP_LAYERS = ("attention", "mlp", "vocab")
 CLUSTER = ("nodes", "devices_per_node")  # the mesh settings the Plan carries; the mesh's others are the device's
 
 
@@ -32,6 +30,7 @@ def plan_settings(plan, device_kind: str) -> list:
     micro-batches, the pipeline, tensor parallelism, recomputation, then the precision and FSDP2 settings.
     `device_kind` gives `compile`'s default (on on GPUs, off on cpu): it is written only where the plan differs and
     the file would mean it (a zero-bubble pipeline never compiles, so `compile = true` there is left out)."""
+    from compiler.check import TP_LAYERS  # tp_layers when the plan section does not name them
     from compiler.plan import compiles
     out = [f"data_parallel = {plan.data_parallel}", f"micro_batches = {plan.micro_batches}"]
     if plan.size("pp") > 1:
@@ -42,7 +41,7 @@ def plan_settings(plan, device_kind: str) -> list:
             out.append(f"layout = ({', '.join(f'({a}, {b})' for a, b in plan.layout)})")
     if plan.size("tp") > 1:
         out.append(f"sequence_parallel = {_bool(plan.sequence_parallel)}")
-    if tuple(plan.tp_layers) != DEFAULT_TP_LAYERS:
+    if tuple(plan.tp_layers) != TP_LAYERS:
         out.append(f"tp_layers = ({', '.join(plan.tp_layers)})")
     if plan.pad_vocab:
         out.append("pad_vocab = true")
