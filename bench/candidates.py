@@ -54,12 +54,11 @@ def grid(base, spec) -> list:
 def run(path: str) -> dict:
     from compiler.candidates import Candidates
     from compiler.check import check_path
-    from compiler.plan import from_spec
     spec = check_path(path)
     t0 = time.perf_counter()
     cands = Candidates(spec)
     traced_s = time.perf_counter() - t0
-    plans = grid(from_spec(spec), spec)
+    plans = grid(spec.plan, spec)
     rejected: Counter = Counter()
     estimates: list = []
 

@@ -26,9 +26,9 @@ def compile_into(text: str, rel: str, out: Path, axis: str, who: str):
     from compiler.check import check_text
     from compiler.pipeline import compile_spec
     compiled = compile_spec(check_text(text, rel))
-    axes = dict(compiled.spec.mesh.axes)
+    axes = dict(compiled.plan.axes)
     if axes.get(axis) != 2 or len(axes) != 1:
-        raise SystemExit(f"{who}: wants a mesh of exactly `axis {axis} = 2`, got {compiled.spec.mesh.axes}")
+        raise SystemExit(f"{who}: wants a mesh of exactly `axis {axis} = 2`, got {compiled.plan.axes}")
     codegen.emit(compiled, str(out))
     (Path(out) / "model.scale").write_text(text)
     return compiled

@@ -99,8 +99,8 @@ def compile_single(text: str, rel: str, out: Path):
     from compiler.check import check_text
     from compiler.pipeline import compile_spec
     compiled = compile_spec(check_text(text, rel))
-    if any(n != 1 for _, n in compiled.spec.mesh.axes):
-        raise SystemExit(f"{WHO}: the dense build wants one device, got {compiled.spec.mesh.axes}")
+    if any(n != 1 for _, n in compiled.plan.axes):
+        raise SystemExit(f"{WHO}: the dense build wants one device, got {compiled.plan.axes}")
     codegen.emit(compiled, str(out))
     (Path(out) / "model.scale").write_text(text)
     return compiled

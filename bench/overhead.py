@@ -37,8 +37,8 @@ def _compile(sample: str, out: Path):
     for old, new in ONE_RANK:
         text = text.replace(old, new)
     compiled = compile_spec(check_text(text, Path(sample).name))
-    if compiled.spec.mesh.world_size != 1:
-        raise SystemExit(f"bench.overhead: {sample} must run on one rank (got {compiled.spec.mesh.axes})")
+    if compiled.plan.world_size != 1:
+        raise SystemExit(f"bench.overhead: {sample} must run on one rank (got {compiled.plan.axes})")
     codegen.emit(compiled, str(out))
     return load_program(out)
 

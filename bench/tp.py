@@ -363,7 +363,7 @@ def main() -> None:
         (build / "model.scale").write_text(text)
         cfg = load_program(build).CONFIG
         plan = json.loads((build / "plan.json").read_text())
-        sp = compiled.spec.plan.sequence_parallel
+        sp = compiled.plan.sequence_parallel
         v = plan["values"]
         print(f"{plan['name']} from {rel}: {plan['cost']['parameters']:,} parameters, hidden {v['hidden']}, "
               f"heads {v['heads']}, layers {v['layers']}, seq {v['seq']}, vocab {v['vocab']}, "

@@ -366,7 +366,7 @@ def _span(node) -> Span | None:
 
 
 def _spans_of(settings: dict) -> tuple:
-    """((setting, Span of its value), ...) of the settings written in a section, for compiler.plan.from_spec."""
+    """((setting, Span of its value), ...) of the settings written in a section, for the Plan as written (compiler/check.py)."""
     return tuple((k, _span(e)) for k, e in settings["_spans"].items() if _span(e) is not None)
 
 

@@ -45,8 +45,8 @@ class Candidates:
         self.spec = spec
         self.unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
         self._structures: dict = {}
-        # The user's sizes, without the mesh's: a candidate brings its own axis sizes.
-        self._fixed = {k: v for k, v in spec.values.items() if str(k) not in P.AXES}
+        # The user's sizes (the Spec binds no axis: a candidate brings its own axis sizes).
+        self._fixed = dict(spec.values)
 
     def values(self, plan: P.Plan) -> dict:
         """Every symbol's number under `plan`: the model's sizes and this plan's axis sizes."""
@@ -65,7 +65,7 @@ class Candidates:
                 fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
                 split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed))
                               for f in L.split_costs(sharded))
-            got = _Structure(decided, sharded, split, blocks, C.CostModel(P.respec(self.spec, decided), sharded))
+            got = _Structure(decided, sharded, split, blocks, C.CostModel(self.spec, sharded, decided))
             self._structures[key] = got
         return got
 

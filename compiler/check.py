@@ -27,7 +27,7 @@ from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice
 from compiler.cost.devices import DEVICES, OVERRIDABLE
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.parse import parse
-from compiler.plan import AXES, from_spec
+from compiler.plan import AXES, Plan, compiles
 from compiler.rules import check_plan
 from compiler.symbols import capacity
 from compiler.symbols import size as size_symbol
@@ -242,15 +242,16 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     spec = None
     if model and mesh and plan and train:
         _bind_capacities(c, model, train)
-        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh, plan=plan, train=train,
-                      values=dict(c.values))
-        own = from_spec(spec)
+        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh.machines,
+                      plan=_written_plan(c, mesh, plan, train), train=train, values=dict(c.values))
+        own = spec.plan
         if cluster_only:  # one device, the plan's defaults: what is left refuses every plan
-            own = dataclasses.replace(own, axes=(("dp", 1),), micro_batches=1, schedule="1f1b", virtual_stages=1,
-                                      sequence_parallel=False, layout=(), data_parallel="ddp")
+            own = dataclasses.replace(own, axes=(("dp", 1),), micro_batches=1,
+                                      schedule="1f1b", virtual_stages=1, sequence_parallel=False, layout=(),
+                                      data_parallel="ddp")
         c.diags += check_plan(spec, own)  # the rules beside the passes (compiler/rules.py)
         _file_checks(c, model, train, train_values)
-        _no_effect_checks(c, spec)
+        _no_effect_checks(c, spec, bool(mesh.axis_spans))
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
     if c.diags:
@@ -427,7 +428,21 @@ def _positions_twice(c: _Checker, layers: list) -> None:
 # -- mesh, plan, train --------------------------------------------------------------------------------------------
 
 
-def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> S.Mesh | None:
+@dataclasses.dataclass(frozen=True)
+class _MeshWritten:
+    """The mesh section, checked: the machines (the Spec's) and the axes and node counts (the Plan's)."""
+    machines: S.Mesh
+    axes: tuple
+    nodes: int
+    devices_per_node: int
+    axis_spans: dict
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWritten | None:
     axes: list[tuple[str, int]] = []
     spans: dict[str, Span] = {}
     for st in sec.body:
@@ -447,7 +462,6 @@ def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> S.Mesh |
             continue
         axes.append((name, n))
         spans[name] = st.span
-        c.values[size_symbol(name)] = n  # per-rank formulas read `hidden/tp`
     s = _settings(c, sec, MESH_SETTINGS, "mesh", allowed_other=(ast.Axis,))
     if s is None:
         return None
@@ -460,12 +474,8 @@ def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> S.Mesh |
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
-    mesh = S.Mesh(axes=tuple(axes), nodes=s["nodes"], devices_per_node=s["devices_per_node"], device=device,
-                  span=sec.span, axis_spans=spans)
+    mesh = _MeshWritten(S.Mesh(device=device, span=sec.span), tuple(axes), s["nodes"], s["devices_per_node"], spans)
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
-        for a, _ in axes:
-            c.values.pop(size_symbol(a), None)
-        c.values[size_symbol("dp")] = mesh.world_size
         return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={})
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
         c.error("E0113", "the mesh declares no axis", sec.kind.span, help="declare at least one, e.g. `axis dp = 1`")
@@ -510,7 +520,8 @@ def _device_figures(c: _Checker, sec: ast.Section) -> None:
                    label="in other units?", help=f"{st.key.id} is in {unit}")
 
 
-def _plan(c: _Checker, sec: ast.Section | None, cluster_only: bool = False) -> S.Plan | None:
+def _plan(c: _Checker, sec: ast.Section | None, cluster_only: bool = False) -> dict | None:
+    """The plan section's settings, checked, each default filled in, with `spans` ((setting, Span), ...)."""
     s = _settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
         return None
@@ -519,7 +530,21 @@ def _plan(c: _Checker, sec: ast.Section | None, cluster_only: bool = False) -> S
                 _span(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None
     spans = _spans_of(s) + tuple((f"layout {i}", sp) for i, (_, _, sp) in enumerate(s["layout"]))
-    return S.Plan(**{k: s[k] for k in PLAN_SETTINGS}, spans=spans)  # a new setting: its PLAN_SETTINGS row, its field
+    return {**{k: s[k] for k in PLAN_SETTINGS}, "spans": spans}  # a new setting: its PLAN_SETTINGS row, its field
+
+
+def _written_plan(c: _Checker, mesh: _MeshWritten, settings: dict, train: S.Train) -> Plan:
+    """The Plan as the file writes it: the mesh's axes and machines, the plan section's settings (compile's
+    default resolved by the device), the train section's batch and sequence, and where each was written."""
+    spans = [(f"axis {a}", sp) for a, sp in mesh.axis_spans.items()] + [("mesh", mesh.machines.span)]
+    spans += list(settings["spans"]) + list(train.spans)
+    fields = {k: v for k, v in settings.items() if k != "spans"}
+    fields["layout"] = tuple((a, b) for a, b, *_ in fields["layout"])
+    fields["tp_layers"] = tuple(fields["tp_layers"])
+    fields["compile"] = compiles(fields["compile"], mesh.machines.device.kind)
+    return Plan(axes=mesh.axes, nodes=mesh.nodes, devices_per_node=mesh.devices_per_node,
+                global_batch=int(c.number(train.global_batch)), seq_len=int(c.number(train.seq_len)),
+                spans=tuple(spans), **fields)
 
 
 def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
@@ -634,11 +659,11 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
                help="the first and last steps are always logged; use a shorter interval, or remove it")
 
 
-def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
+def _no_effect_checks(c: _Checker, spec: S.Spec, axes_written: bool) -> None:
     """Plan settings written with a value that changes nothing in this mesh: a warning at the setting, so that a user
     who believes it does something learns that it does not (tests/test_settings_reach_output.py holds every setting
     to this: it changes the program, or the check says why not)."""
-    plan, mesh = spec.plan, spec.mesh
+    plan = spec.plan
     at = dict(plan.spans)
     if spec.train.precision == "fp32":  # settings of the bf16 policy (runtime.precision)
         if "grad_reduce" in at and plan.grad_reduce != PLAN_SETTINGS["grad_reduce"].default:
@@ -651,10 +676,9 @@ def _no_effect_checks(c: _Checker, spec: S.Spec) -> None:
                    at["fp32_residual"], label="has no effect",
                    help="fp32_residual keeps a bf16 program's residual stream in fp32; set `precision = bf16`, or "
                         "remove it")
-    if not mesh.axis_spans:
+    if not axes_written:
         return  # axes not written (a search chooses them): no setting can be said to lack an axis
-    sizes = dict(mesh.axes)
-    tp, pp, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("dp", 1)
+    tp, pp, dp = plan.size("tp"), plan.size("pp"), plan.size("dp")
 
     def warn(code: str, key: str, message: str, help: str) -> None:
         if key in at:

@@ -233,7 +233,7 @@ def cmd_run(args) -> int:
     compiled = _load(args.file, budget=not args.force)
     _forced(args, compiled)
     out = _build_dir(compiled, args.output)
-    m = compiled.spec.mesh
+    m = compiled.plan
     try:
         cmd, env = launch_command(args, m.nodes, out, os.environ)
     except UsageError as err:

@@ -105,5 +105,5 @@ def decide_stages(spec, lowered, plan: P.Plan) -> P.Plan:
     `spec`'s sizes."""
     if plan.size("pp") == 1:
         return replace(plan, stages=())
-    per_block, first, last = (int(spec.value(x)) for x in split_costs(lowered))
+    per_block, first, last = (int(spec.value(x, plan)) for x in split_costs(lowered))
     return replace(plan, stages=stages_of(plan, blocks_of(lowered, spec.value), per_block, first, last))

@@ -1,7 +1,8 @@
 """The compiler, top to bottom.
 
     parse and check   compiler/check.py         .scale text -> Spec (what the user wrote, resolved)
-    plan as written   compiler/plan.py          Spec -> Plan (the mesh and the plan's settings)
+    plan as written   compiler/check.py         Spec.plan (compiler/plan.py's Plan: the mesh and the plan's
+                                                settings as written; the one carrier of decisions from here on)
     rules             compiler/rules.py         Plan -> diagnostics (each pass module's `requires`, mesh rules)
     build, trace      compiler/model.py, trace  Spec -> the unsharded traced graphs, kept unchanged
     decide            compiler/lower.py         (unsharded, Plan) -> Plan with its tp regions and expert placements
@@ -63,9 +64,7 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
     """Compile the file's plan, or a candidate `plan` of the same model (from the same unsharded trace if given)."""
     from compiler import model as M
     from compiler import trace as T
-    if plan is not None:
-        spec = P.respec(spec, plan)
-    plan = P.from_spec(spec) if plan is None else replace(plan, stages=(), tp=(), ep=())
+    plan = spec.plan if plan is None else replace(plan, stages=(), tp=(), ep=())
     unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
     if check_between:
         verify(unsharded, "trace")
@@ -75,7 +74,7 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
         raise ScaleError(problems, {spec.path: spec.source})
     traced = lower(unsharded, plan, check_between=check_between, show=show)
     plan = decide_stages(spec, traced, plan)
-    model = C.CostModel(spec, traced)
+    model = C.CostModel(spec, traced, plan)
     return Compiled(spec, traced, model.estimate(plan), plan, unsharded, model)
 
 

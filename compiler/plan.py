@@ -2,8 +2,9 @@
 
 A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh, the settings of
 the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the unsharded
-trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. Everything
-downstream reads it: the rules (`requires(spec, plan)` of each pass module and of the driver), the passes
+trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. The checker builds
+the Plan as written (`Spec.plan`); the Spec mirrors none of its fields (its mesh is the machines only, its values
+bind no axis). Everything downstream reads the Plan it is given, never `Spec.plan`: the rules (`requires(spec, plan)` of each pass module and of the driver), the passes
 (`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and `plan.json`.
 
 A candidate plan is `dataclasses.replace(plan, axes=..., micro_batches=...)` on the same trace; it carries no spans
@@ -42,16 +43,23 @@ class Plan:
     """Sequences per optimizer step, over all ranks."""
     seq_len: int
     tp_layers: tuple = ("attention", "mlp", "vocab")
+    """What the `tp` axis shards: attention heads, MLP inner width, the vocabulary (embedding, head, loss)."""
     sequence_parallel: bool = False
+    """Shard norms, residuals and dropout-free elementwise work along the sequence over `tp` (Korthikanti et al.)."""
     pad_vocab: bool = False
+    """Pad the vocabulary to a multiple of `tp`; the padded logits are masked out of the loss."""
     schedule: str = "1f1b"
+    """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1)."""
     virtual_stages: int = 1
+    """Stages per pp rank (interleaved-1f1b only)."""
     layout: tuple = ()
     """The manual stage layout as written, ((first block, end block), ...); empty: cost-balanced."""
     recompute: str = "none"
-    """Activation recomputation of each block in backward: `none`, `selective` or `full` (spec.Plan)."""
+    """Activation recomputation of each `repeat` block in backward: `none`, `selective` (Megatron's: the attention
+    core and the other cheap, memory-heavy ops are recomputed; matmul and collective outputs are kept) or `full`
+    (each block recomputed from its input)."""
     compile: bool = False
-    """torch.compile the program's regions (runtime.compile); spec.Plan's default resolved by the mesh's device."""
+    """torch.compile the program's regions (runtime.compile); as written or, if not, on on GPUs (`compiles`)."""
     grad_reduce: str = "fp32"
     """Under bf16: gradients accumulated and reduced in fp32 (main gradients) or bf16 (runtime.precision)."""
     fp32_residual: bool = False
@@ -185,46 +193,6 @@ class Plan:
             raise ValueError(f"plan axes {self.axes} do not multiply to the world size {self.world_size}")
 
 
-def from_spec(spec) -> Plan:
-    """The plan as the user wrote it, before any policy has run."""
-    p, mesh, train = spec.plan, spec.mesh, spec.train
-    spans = [(f"axis {a}", s) for a, s in mesh.axis_spans.items()]
-    spans += [("mesh", mesh.span)]
-    spans += list(getattr(p, "spans", ()))
-    spans += list(getattr(train, "spans", ()))
-    return Plan(axes=tuple(mesh.axes), nodes=mesh.nodes, devices_per_node=mesh.devices_per_node,
-                data_parallel=p.data_parallel, micro_batches=p.micro_batches,
-                global_batch=int(spec.value(train.global_batch)), seq_len=int(spec.value(train.seq_len)),
-                tp_layers=tuple(p.tp_layers), sequence_parallel=p.sequence_parallel, pad_vocab=p.pad_vocab,
-                schedule=p.schedule, virtual_stages=p.virtual_stages,
-                layout=tuple((a, b) for a, b, *_ in p.layout), spans=tuple(spans),
-                recompute=p.recompute, compile=compiles(p.compile, mesh.device.kind),
-                grad_reduce=p.grad_reduce, fp32_residual=p.fp32_residual,
-                fsdp_grad_sync=p.fsdp_grad_sync)
-
-
 def compiles(setting: bool | None, device_kind: str) -> bool:
-    """`plan { compile }` as written, or its default for the device: on on GPUs, off on cpu (spec.Plan.compile)."""
+    """`plan { compile }` as written, or its default for the device: on on GPUs, off on cpu, where compiling a small model costs more than it saves."""
     return setting if setting is not None else device_kind != "cpu"
-
-
-def respec(spec, plan: Plan):
-    """`spec` with its mesh and plan sections replaced by `plan`'s, and the axis sizes' values with them: what a
-    candidate compiles as (its diagnostics carry no spans: the settings were not written anywhere)."""
-    from compiler import spec as S
-    from compiler.symbols import size
-    mesh = dataclasses.replace(spec.mesh, axes=tuple(plan.axes), nodes=plan.nodes,
-                               devices_per_node=plan.devices_per_node,
-                               axis_spans={a: s for a, s in spec.mesh.axis_spans.items() if plan.span(f"axis {a}")})
-    settings = dataclasses.replace(spec.plan, data_parallel=plan.data_parallel, micro_batches=plan.micro_batches,
-                                   tp_layers=tuple(plan.tp_layers), sequence_parallel=plan.sequence_parallel,
-                                   pad_vocab=plan.pad_vocab, schedule=plan.schedule,
-                                   virtual_stages=plan.virtual_stages,
-                                   recompute=plan.recompute, compile=plan.compile,
-                                   grad_reduce=plan.grad_reduce, fp32_residual=plan.fp32_residual,
-                                   fsdp_grad_sync=plan.fsdp_grad_sync,
-                                   layout=tuple(l if len(l) == 3 else (*l, None) for l in plan.layout))
-    values = {k: v for k, v in spec.values.items() if str(k) not in AXES}
-    values.update({size(a): n for a, n in plan.axes})
-    assert isinstance(settings, S.Plan)
-    return dataclasses.replace(spec, mesh=mesh, plan=settings, values=values)

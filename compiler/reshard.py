@@ -48,14 +48,14 @@ class Layout:
 
     def __init__(self, compiled):
         self.compiled = compiled
-        spec, traced = compiled.spec, compiled.traced
-        self.axes = tuple(spec.mesh.axes)
+        traced, plan = compiled.traced, compiled.plan
+        self.axes = tuple(plan.axes)
         self.size = dict(self.axes)
         patterns = [(p, d, "tp") for p, d, _ in traced.shard_patterns(T.TP_SHARDS)] + \
             [(p, d, "ep") for p, d, _ in traced.shard_patterns(T.EP_SHARDS)]
         # zero2 (FSDP2, gathered from forward to backward) holds dp pieces as fsdp does. zero1 reads whole weights;
         # its AdamW moments are partitioned by whole parameters (counted here as whole: an upper bound).
-        fsdp = spec.plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
+        fsdp = plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
         top = traced.top
         stages = compiled.plan.stages  # the Plan's layout: () without pp
         (repeat,) = traced.blocks or ("",)

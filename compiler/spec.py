@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from compiler.diagnostics import Span
-from compiler.symbols import evaluate
+from compiler.symbols import evaluate, size
 
 Size = sympy.Expr
 
@@ -209,63 +209,10 @@ class Device:
 
 @dataclass(frozen=True, kw_only=True)
 class Mesh:
-    axes: tuple  # ((name, size), ...) outermost first
-    nodes: int
-    devices_per_node: int
+    """The machines behind the mesh: the device and its figures. The axes, nodes and devices per node are decisions
+    the search may change: they are the Plan's (compiler/plan.py), as written in `Spec.plan`."""
     device: Device
     span: Span
-    axis_spans: dict = field(default_factory=dict)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
-
-    def size(self, axis: str) -> int:
-        return dict(self.axes).get(axis, 1)
-
-    @property
-    def batch_ranks(self) -> int:
-        """Ranks the batch is split over: dp × ep (ep is folded out of data parallelism)."""
-        return self.size("dp") * self.size("ep")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    data_parallel: str
-    """How the `dp` axis holds model state: `ddp` (replicated, gradients all-reduced), `zero1` (optimizer state
-    sharded), `zero2` (optimizer state and gradients sharded) or `fsdp` (ZeRO-3: weights too)."""
-    micro_batches: int
-    """Gradient-accumulation micro-batches per optimizer step on each dp rank."""
-    tp_layers: tuple = ("attention", "mlp", "vocab")
-    """What the `tp` axis shards: attention heads, MLP inner width, the vocabulary (embedding, head, loss)."""
-    sequence_parallel: bool = False
-    """Shard norms, residuals and dropout-free elementwise work along the sequence over `tp` (Korthikanti et al.)."""
-    pad_vocab: bool = False
-    """Pad the vocabulary to a multiple of `tp`; the padded logits are masked out of the loss."""
-    schedule: str = "1f1b"
-    """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1)."""
-    virtual_stages: int = 1
-    """Stages per pp rank (interleaved-1f1b only)."""
-    layout: tuple = ()
-    """Manual stage layout: ((first block, end block), ...) per stage; empty for the cost-balanced cut."""
-    recompute: str = "none"
-    """Activation recomputation of each `repeat` block in backward: `none`, `selective` (Megatron's: the attention
-    core and the other cheap, memory-heavy ops are recomputed; matmul and collective outputs are kept) or `full`
-    (each block recomputed from its input)."""
-    compile: bool | None = None
-    """torch.compile each block of a `repeat` and the code around them; None (not written): true on GPUs, false on
-    cpu, where compiling a small model costs more seconds than it saves (bench/gpu.py --device cpu)."""
-    grad_reduce: str = "fp32"
-    """Under bf16: the dtype gradients are accumulated and reduced in, `fp32` (Megatron's main gradients) or `bf16`
-    (runtime.precision)."""
-    fp32_residual: bool = False
-    """Under bf16: the residual stream stays fp32 (Megatron's --fp32-residual-connection)."""
-    fsdp_grad_sync: str = "step"
-    """FSDP2 (fsdp, zero2) with several micro-batches: reduce-scatter the gradients once per `step` (in the last
-    micro-batch's backward) or every `micro_batch` (gradients stay sharded between micro-batches)."""
-    spans: tuple = field(default=(), compare=False)
-    """((setting, Span), ...) of the settings written (`layout i` for the i-th stage of a layout); read by
-    compiler.plan.from_spec so the rules can point at them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,11 +268,26 @@ class Spec:
     source: str
     model: Model
     mesh: Mesh
-    plan: Plan
+    plan: "compiler.plan.Plan"
+    """The plan as written: the mesh's axes and machines and the plan section's settings, every default resolved
+    (compiler.plan.Plan, the one carrier of decisions). What the compiler runs is a Plan derived from it (its
+    policies' decisions added, or a search's candidate): code after the check reads that Plan, never this one."""
     train: Train
-    values: dict  # sympy Symbol -> int, for every named size
+    values: dict
+    """sympy Symbol -> int, for every named size of the model and train sections; not the mesh axes, which are the
+    Plan's (`value(expr, plan)` binds them)."""
     warnings: tuple = field(default=(), compare=False)
     """Diagnostics of severity "warning" the check found (settings with no effect, ...); the commands print them."""
 
-    def value(self, expr) -> int | float:
-        return evaluate(expr, self.values)
+    def value(self, expr, plan=None) -> int | float:
+        """The number `expr` takes: its named sizes from `values`, the axis sizes (`tp`, `dp`, ...) from `plan`."""
+        if plan is None:
+            return evaluate(expr, self.values)
+        return evaluate(expr, {**self.values, **axis_values(plan)})
+
+
+def axis_values(plan) -> dict:
+    """The axis symbols' values of a Plan: every axis of compiler.plan.AXES, 1 where the plan has none (per-rank
+    formulas read `hidden/tp` whether or not tp is an axis)."""
+    from compiler.plan import AXES
+    return {size(a): plan.size(a) for a in AXES}

@@ -377,8 +377,9 @@ def test_attention_saves_no_score_matrix():
     assert max(saved) == b * h * s * d and sum(saved) <= 4 * b * h * s * d + b * h * s  # O(s) per head, no s×s
 
 
-def _ledger_bytes(costs, spec, op: str, axis: str) -> int:
-    return sum(spec.value(c.bytes_per_step()) for c in costs.ledger.entries if c.op == op and c.axis == axis)
+def _ledger_bytes(compiled, op: str, axis: str) -> int:
+    return sum(compiled.spec.value(c.bytes_per_step(), compiled.plan) for c in compiled.costs.ledger.entries
+               if c.op == op and c.axis == axis)
 
 
 @pytest.mark.parametrize("pp_rank", [0, 1])
@@ -393,13 +394,13 @@ def test_interleaved_ledger_counts_every_stage_of_the_rank(pp_rank):
     plain = compile_spec(check_text(text, "gpt_3d.scale"))
     inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
                                                  'virtual_stages = 2'), "gpt_3d.scale"))
-    a, b = (CostModel(c.spec, c.traced).estimate(c.plan, pp_rank).ledger for c in (plain, inter))
+    a, b = (CostModel(c.spec, c.traced, c.plan).estimate(c.plan, pp_rank).ledger for c in (plain, inter))
     for op in ("all_gather", "reduce_scatter", "all_reduce"):
-        got = sum(inter.spec.value(c.bytes_per_step()) for c in b.entries if c.op == op and c.axis == "tp")
-        want = sum(plain.spec.value(c.bytes_per_step()) for c in a.entries if c.op == op and c.axis == "tp")
+        got = sum(inter.spec.value(c.bytes_per_step(), inter.plan) for c in b.entries if c.op == op and c.axis == "tp")
+        want = sum(plain.spec.value(c.bytes_per_step(), plain.plan) for c in a.entries if c.op == op and c.axis == "tp")
         assert got == want, (op, got, want)
     # pipeline sends: each of rank r's stages talks to its neighbours (stage 0 and 3 to one, 1 and 2 to two)
-    sends = sum(inter.spec.value(c.bytes_per_step()) for c in b.entries if c.op == "send_recv")
+    sends = sum(inter.spec.value(c.bytes_per_step(), inter.plan) for c in b.entries if c.op == "send_recv")
     elements = inter.spec.value(inter.spec.train.global_batch) // 4 * 32 * 64 // 2  # b·s·h / tp (SP), m = 4
     assert sends == 4 * 2 * 3 * elements * 4  # m × (fwd + bwd) × 3 boundaries of the rank's stages × fp32
 
@@ -412,8 +413,8 @@ def test_interleaved_moe_ledger_counts_the_all_to_alls_of_both_stages():
     plain = compile_spec(check_text(text, "moe_gpt.scale"))
     inter = compile_spec(check_text(text.replace("micro_batches = 2", 'micro_batches = 2  schedule = '
                                                  '"interleaved-1f1b"  virtual_stages = 2'), "moe_gpt.scale"))
-    got = _ledger_bytes(inter.costs, inter.spec, "all_to_all", "ep")
-    assert got and got == _ledger_bytes(plain.costs, plain.spec, "all_to_all", "ep")
+    got = _ledger_bytes(inter, "all_to_all", "ep")
+    assert got and got == _ledger_bytes(plain, "all_to_all", "ep")
 
 
 def test_compile_refuses_a_schedule_that_fails_verification(monkeypatch, tmp_path, capsys):
@@ -485,15 +486,14 @@ def test_a_candidate_plan_costs_what_compiling_it_costs(edits):
     import dataclasses
     from compiler.candidates import Candidates
     from compiler.cost import CostModel
-    from compiler.plan import from_spec
     text = (SAMPLES / "gpt_3d.scale").read_text()
     base = compile_spec(check_text(text, "gpt_3d.scale"))
     other = compile_spec(check_text(_variant(text, *edits), "gpt_3d.scale"))
-    want = from_spec(other.spec)
-    cand = dataclasses.replace(from_spec(base.spec), axes=want.axes, devices_per_node=want.devices_per_node,
+    want = other.spec.plan
+    cand = dataclasses.replace(base.spec.plan, axes=want.axes, devices_per_node=want.devices_per_node,
                                micro_batches=want.micro_batches, schedule=want.schedule,
                                virtual_stages=want.virtual_stages)
-    got = CostModel(base.spec, base.traced).estimate(Candidates(base.spec, base.unsharded).decide(cand))
+    got = CostModel(base.spec, base.traced, base.plan).estimate(Candidates(base.spec, base.unsharded).decide(cand))
     theirs = other.costs
     for f in ("params_n", "params_rank", "flops_step_n", "flops_rank_step_n", "model_state", "stages",
               "micro_batch_size", "tokens_step"):
@@ -510,12 +510,11 @@ def test_a_plan_of_another_pass_structure_is_refused():
     tp off is refused, not costed from graphs that shard over tp."""
     import dataclasses
     from compiler.cost import CostModel
-    from compiler.plan import from_spec
     base = compile_spec(check_text((SAMPLES / "gpt_3d.scale").read_text(), "gpt_3d.scale"))
-    plan = from_spec(base.spec)
+    plan = base.spec.plan
     cand = dataclasses.replace(plan, axes=(("dp", 4), ("pp", 2), ("tp", 1)))
     with pytest.raises(ValueError, match="pass structure"):
-        CostModel(base.spec, base.traced).estimate(cand)
+        CostModel(base.spec, base.traced, base.plan).estimate(cand)
 
 
 def test_a_cost_model_reused_across_plans_gives_compile_s_estimate():
@@ -526,7 +525,7 @@ def test_a_cost_model_reused_across_plans_gives_compile_s_estimate():
     import dataclasses
     from compiler.cost import CostModel
     compiled = compile_path(str(SAMPLES / "moe_1t.scale"))
-    model = CostModel(compiled.spec, compiled.traced)
+    model = CostModel(compiled.spec, compiled.traced, compiled.plan)
     plan = compiled.plan  # decided: the stage layout is the Plan's
     others = [model.estimate(dataclasses.replace(plan, micro_batches=m)) for m in (16, 32)]  # the file's: 64
     assert all(e.ledger != compiled.costs.ledger for e in others)
@@ -538,14 +537,13 @@ def test_the_cost_model_reads_the_stage_layout_from_the_plan():
     costs the layout it is given, and refuses a pipelined plan without one instead of choosing its own."""
     import dataclasses
     from compiler.cost import CostModel
-    from compiler.plan import from_spec
     compiled = compile_spec(check_text((SAMPLES / "gpt_pp.scale").read_text(), "gpt_pp.scale"))
-    model = CostModel(compiled.spec, compiled.traced)
+    model = CostModel(compiled.spec, compiled.traced, compiled.plan)
     assert compiled.plan.stages == ((0, 2), (2, 4))
     other = model.estimate(dataclasses.replace(compiled.plan, stages=((0, 1), (1, 4))))
     assert [st.blocks for st in other.stages] != [st.blocks for st in compiled.costs.stages]
     with pytest.raises(ValueError, match="no stage layout"):
-        model.estimate(from_spec(compiled.spec))
+        model.estimate(compiled.spec.plan)
 
 
 @pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.scale")))
@@ -555,8 +553,8 @@ def test_ledger_numbers_are_its_formulas_values(sample):
     compiled = compile_path(str(SAMPLES / f"{sample}.scale"))
     spec = compiled.spec
     for c in compiled.costs.ledger.entries:
-        assert c.bytes == spec.value(c.bytes_per_step()), (c.op, c.axis, c.reason)
-        assert c.times == spec.value(c.per_step), (c.op, c.axis, c.reason)
+        assert c.bytes == spec.value(c.bytes_per_step(), compiled.plan), (c.op, c.axis, c.reason)
+        assert c.times == spec.value(c.per_step, compiled.plan), (c.op, c.axis, c.reason)
 
 
 @pytest.mark.parametrize("row", range(3))

@@ -139,7 +139,8 @@ def test_every_operation_the_watchdog_times_names_its_scale_lines():
 def _sources(text: str, name: str):
     from compiler import codegen
     from compiler.check import check_text
-    return codegen.sources(check_text(text, name))
+    spec = check_text(text, name)
+    return codegen.sources(spec, spec.plan)
 
 
 def test_the_runtimes_collectives_name_the_lines_of_their_axis_and_setting(monkeypatch):

@@ -103,7 +103,7 @@ def test_each_pipeline_stage_keeps_what_the_formula_says(tmp_path, precision, sc
         text = text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')
     compiled, prog = _program(tmp_path, _precision(text, precision))
     from compiler.cost import CostModel
-    model = CostModel(compiled.spec, compiled.traced)
+    model = CostModel(compiled.spec, compiled.traced, compiled.plan)
     b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
     tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
     x = torch.randn(b, cfg.data.seq_len, compiled.spec.value(compiled.spec.model.embedding.hidden),
@@ -201,7 +201,7 @@ def _zero_states(psi_target: float, grad_reduce: str):
     from compiler.candidates import Candidates
     spec = check_text(ZERO_MODEL.format(**ZERO_MODELS[psi_target]), "zero.scale")
     cands = Candidates(spec)
-    base = P.from_spec(spec)
+    base = spec.plan
     out = {}
     for nd in ZERO_TABLE1:
         for mode in ("ddp",) + tuple(ZERO_STAGES.values()):
@@ -388,9 +388,10 @@ def test_korthikanti_table3(model):
         assert layers == pytest.approx(korthikanti_first_stage_bytes(theirs, L, p, v) / theirs, rel=1e-3)
     import sympy
     from compiler.cost.activations import saved_bytes
+    from compiler.spec import axis_values
     from compiler.symbols import MICRO_BATCH
     (gm,) = compiled.traced.blocks.values()  # one transformer layer per block
-    values = {**compiled.spec.values, MICRO_BATCH: b}
+    values = {**compiled.spec.values, **axis_values(compiled.plan), MICRO_BATCH: b}
     ours = float(saved_bytes(gm, "bf16", "cuda").xreplace({k: sympy.Integer(v) for k, v in values.items()}))
     sbh = s * b * h
     masks = 2 * sbh + a * s * s * b / t                        # attention-output, MLP and scores dropout masks
@@ -502,7 +503,7 @@ def test_fsdp_holds_the_root_and_the_plans_prefetched_blocks_gathered():
     spec = check_text((ROOT / "samples" / "llama3_8b.scale").read_text(), "llama3_8b.scale")
     compiled = compile_spec(spec)
     assert compiled.plan.data_parallel == "fsdp" and compiled.plan.fsdp_prefetch == 1
-    cm = CostModel(spec, compiled.traced)
+    cm = CostModel(spec, compiled.traced, compiled.plan)
     one, two = (cm.estimate(dataclasses.replace(compiled.plan, fsdp_prefetch=d)).memory[0] for d in (1, 2))
     assert "FSDP's gathered units (root + 2 blocks)" in one.working_what
     assert "FSDP's gathered units (root + 3 blocks)" in two.working_what

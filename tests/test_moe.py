@@ -593,7 +593,7 @@ def test_ledger_all_to_all_bytes_by_hand(compiled):
     # By hand: fp32 (4 bytes) × 4 experts × capacity 8 × hidden 16 × 4 sequences per rank per step
     # (global batch 8 over dp 1 × ep 2) × 2 MoE layers (layers / 2 blocks, one each) = 16384 bytes.
     for e in entries:
-        assert c.spec.value(e.bytes_per_step()) == 16384
+        assert c.spec.value(e.bytes_per_step(), c.plan) == 16384
 
 
 def test_ledger_two_moe_layer_types(compiled):
@@ -601,7 +601,7 @@ def test_ledger_two_moe_layer_types(compiled):
     gm = _block(c)
     assert len(_experts_nodes(gm)) == 2
     assert len(_calls(gm, moe.all_to_all_dispatch)) == len(_calls(gm, moe.all_to_all_combine)) == 2
-    got = sorted(c.spec.value(e.bytes_per_step()) for e in _all_to_alls(c))
+    got = sorted(c.spec.value(e.bytes_per_step(), c.plan) for e in _all_to_alls(c))
     # The second moe: 2 experts, top-1, factor 1 → capacity min(12, ceil(12 / 2)) = 6, hidden 16:
     # 4 × 2 × 6 × 16 × 4 sequences × 2 layers = 6144; the first as before, 16384.
     assert got == [6144] * 4 + [16384] * 4

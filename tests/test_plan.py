@@ -11,7 +11,6 @@ from compiler import trace as T
 from compiler.candidates import Candidates
 from compiler.check import check_path
 from compiler.pipeline import compile_spec
-from compiler.plan import from_spec
 
 SAMPLES = sorted((Path(__file__).parents[1] / "samples").glob("*.scale"))
 
@@ -22,7 +21,7 @@ def test_candidates_decide_what_compile_runs(path):
     it: tp regions, expert placements and stage layout."""
     spec = check_path(str(path))
     compiled = compile_spec(spec)
-    assert Candidates(spec, compiled.unsharded).decide(from_spec(spec)).to_json() == compiled.plan.to_json()
+    assert Candidates(spec, compiled.unsharded).decide(spec.plan).to_json() == compiled.plan.to_json()
 
 
 def test_passes_leave_the_unsharded_trace_alone():
@@ -32,13 +31,13 @@ def test_passes_leave_the_unsharded_trace_alone():
         assert not any(T.COLLECTIVE in n.meta for n in gm.graph.nodes)
     assert any(T.COLLECTIVE in n.meta for _, gm in compiled.traced.segments() for n in gm.graph.nodes)
     again = Candidates(spec, compiled.unsharded)
-    assert again.decide(from_spec(spec)) == compiled.plan
+    assert again.decide(spec.plan) == compiled.plan
 
 
 def test_a_candidate_is_a_replace_on_the_same_trace():
     spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale"))
     cands = Candidates(spec)
-    base = from_spec(spec)
+    base = spec.plan
     assert base.span("axis tp") is not None and base.micro_batch_size == 2
     flat = dataclasses.replace(base, axes=(("dp", 4), ("pp", 2)), spans=())
     decided = cands.decide(flat)
@@ -69,8 +68,8 @@ def test_a_candidate_compiles_to_the_program_its_text_would():
     assert got.plan.to_json() == want.plan.to_json()
     for (cls, a), (_, b) in zip(got.traced.segments(), want.traced.segments()):
         assert codegen.forward_code(a, got.spec) == codegen.forward_code(b, want.spec), cls
-    assert [(c.op, c.axis, got.spec.value(c.bytes_per_step())) for c in got.costs.ledger.entries] == \
-           [(c.op, c.axis, want.spec.value(c.bytes_per_step())) for c in want.costs.ledger.entries]
+    assert [(c.op, c.axis, got.spec.value(c.bytes_per_step(), got.plan)) for c in got.costs.ledger.entries] == \
+           [(c.op, c.axis, want.spec.value(c.bytes_per_step(), want.plan)) for c in want.costs.ledger.entries]
 
 
 def test_show_graphs_prints_each_segment_after_each_pass(tmp_path, capsys):
@@ -110,7 +109,7 @@ def test_a_candidate_costs_what_compile_prints(path):
     spec = check_path(str(path))
     compiled = compile_spec(spec)
     cands = Candidates(spec, compiled.unsharded)
-    plan = from_spec(spec)
+    plan = spec.plan
     assert cands.requires(plan) == []
     got, want = cands.estimate(cands.decide(plan)), compiled.costs
     assert (got.params_rank, got.model_state, got.stages, got.flops_rank_step_n) == \
@@ -126,7 +125,7 @@ def test_the_data_parallel_wrappers_tuning_is_the_compilers():
     from compiler import check
     from compiler.plan import WRAPPER_TUNING
     spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_dp.scale"))
-    plan = from_spec(spec)
+    plan = spec.plan
     assert (plan.ddp_bucket_bytes, plan.fsdp_prefetch) == (25 * 2 ** 20, 1)
     assert not set(WRAPPER_TUNING) & set(plan.to_json())
     assert not {"ddp_bucket_bytes", "ddp_bucket_mb", "fsdp_prefetch"} & set(check.PLAN_SETTINGS)

@@ -180,7 +180,8 @@ def _reducer(rank, ctx):
     from compiler.check import check_text
     cfg = _cfg("zero1")
     dp = (Path(__file__).resolve().parents[1] / "samples" / "gpt_dp.scale").read_text()
-    faults.set_sources(codegen.sources(check_text(dp.replace("= ddp", "= zero1"), "dp.scale")))
+    spec = check_text(dp.replace("= ddp", "= zero1"), "dp.scale")
+    faults.set_sources(codegen.sources(spec, spec.plan))
     seen = []
 
     def recording(fn):

@@ -32,7 +32,7 @@ def _with_plan(text: str, line: str) -> str:
 
 def _program(text: str, tmp_path) -> str:
     compiled = compile_spec(check_text(text, str(tmp_path / "tiny.scale")))
-    return codegen.program(compiled.spec, compiled.traced, compiled.costs, str(tmp_path / "build"), compiled.plan)
+    return codegen.program(compiled.spec, compiled.traced, compiled.costs, compiled.plan, str(tmp_path / "build"))
 
 
 def _module(source: str) -> types.ModuleType:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from compiler.check import check_text
 from compiler.diagnostics import render
-from compiler.plan import from_spec
 from compiler.rules import RULES, check_plan
 from compiler.symbols import capacity
 
@@ -24,13 +23,13 @@ def _spec(name: str):
 
 def test_a_files_plan_passes_every_rule():
     spec = _spec("tiny_gpt.scale")
-    assert check_plan(spec, from_spec(spec)) == []
+    assert check_plan(spec, spec.plan) == []
     assert [name for name, _ in RULES] == ["tensor_parallel", "pipeline_split", "expert_parallel", "mesh"]
 
 
 def test_a_candidate_breaking_a_rule_gets_a_readable_spanless_diagnostic():
     spec = _spec("tiny_gpt.scale")  # 4 heads, global batch 8
-    plan = dataclasses.replace(from_spec(spec), axes=(("dp", 1), ("tp", 8)), spans=())
+    plan = dataclasses.replace(spec.plan, axes=(("dp", 1), ("tp", 8)), spans=())
     diags = check_plan(spec, plan)
     heads = next(d for d in diags if d.code == "E0401")
     assert heads.span is None
@@ -44,7 +43,7 @@ def test_a_candidate_breaking_a_rule_gets_a_readable_spanless_diagnostic():
 
 def test_a_candidate_is_checked_from_the_plan_not_the_spec():
     spec = _spec("tiny_gpt.scale")
-    base = from_spec(spec)
+    base = spec.plan
     odd = dataclasses.replace(base, micro_batches=3, spans=())  # 8 sequences do not split into 3 micro-batches
     (d,) = check_plan(spec, odd)
     assert d.code == "E0302" and d.span is None and "global batch 8" in d.message and "3 micro-batches" in d.message
@@ -56,7 +55,7 @@ def test_a_candidate_is_checked_from_the_plan_not_the_spec():
 
 def test_a_pipeline_candidate_with_a_bad_layout_names_its_stage():
     spec = _spec("gpt_pp.scale")
-    plan = dataclasses.replace(from_spec(spec), layout=((0, 1), (0, 2)), spans=())
+    plan = dataclasses.replace(spec.plan, layout=((0, 1), (0, 2)), spans=())
     codes = [d.code for d in check_plan(spec, plan)]
     assert "E0607" in codes
     d = next(d for d in check_plan(spec, plan) if d.code == "E0607")
@@ -65,7 +64,7 @@ def test_a_pipeline_candidate_with_a_bad_layout_names_its_stage():
 
 def test_virtual_stages_without_interleaving_is_refused_for_a_candidate():
     spec = _spec("gpt_pp.scale")
-    plan = dataclasses.replace(from_spec(spec), virtual_stages=2, schedule="1f1b", spans=())
+    plan = dataclasses.replace(spec.plan, virtual_stages=2, schedule="1f1b", spans=())
     assert "E0604" in [d.code for d in check_plan(spec, plan)]
 
 

@@ -139,7 +139,7 @@ def test_published_trillion_scale_pipelines_verify_with_linear_work(name):
     from compiler.passes import pipeline_split as PS
     from compiler.pipeline import check_path
     spec = check_path(str(Path(__file__).parent / "reference" / f"{name}.scale"))
-    plan = P.from_spec(spec)
+    plan = spec.plan
     assert PS.requires(spec, plan) == []
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
     order = S.actions(plan.schedule, p, m, v)

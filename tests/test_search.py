@@ -52,7 +52,7 @@ def test_winners_are_legal_fit_and_ranked(path, small_results, tmp_path):
     for w in result.winners:
         assert cands.requires(w.plan) == [], w.plan.describe()
         assert w.peak_bytes <= limit
-        assert w.plan.world_size == spec.mesh.world_size
+        assert w.plan.world_size == spec.plan.world_size
         assert [a for a, _ in w.plan.axes] == [a for a in SE.ORDER if a in dict(w.plan.axes)]
     # the winner's file: checks, compiles (with the memory budget), and keeps the other sections as written
     out = tmp_path / "best.scale"
@@ -213,7 +213,7 @@ def test_search_takes_a_file_whose_own_plan_is_refused(tmp_path, capsys):
     assert {d.code for d in info.value.diagnostics} == {"E0302"}
     path.write_text(text)
     spec = check_path(str(path), cluster_only=True)
-    assert spec.mesh.world_size == 4
+    assert spec.plan.world_size == 4
     assert main(["search", str(path), "--top", "1"]) == 0
     assert "dp=" in capsys.readouterr().out
     path.write_text(text.replace("seq_len      = seq", "seq_len      = 2 * seq"))
@@ -321,7 +321,7 @@ def test_the_printed_file_reads_back_as_the_plan(device):
     from compiler.report import scale
     text = open("samples/gpt_3d.scale").read().replace("device = cpu", f"device = {device}")
     spec = check_text(text, "in.scale", cluster_only=True)
-    base = dataclasses.replace(P.from_spec(spec), spans=(), sequence_parallel=False)  # written only under tp
+    base = dataclasses.replace(spec.plan, spans=(), sequence_parallel=False)  # written only under tp
     plans = [dataclasses.replace(base, axes=(("pp", 2), ("dp", 2), ("tp", 2)), schedule="interleaved-1f1b",
                                  virtual_stages=2, sequence_parallel=True, recompute="selective",
                                  data_parallel="zero1", micro_batches=2, compile=device == "cpu"),
@@ -332,7 +332,7 @@ def test_the_printed_file_reads_back_as_the_plan(device):
              dataclasses.replace(base, axes=(("pp", 2), ("dp", 4)), schedule="zero-bubble", compile=True)]
     for plan in plans:
         written = scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)
-        again = P.from_spec(check_text(written, "best.scale", cluster_only=True))
+        again = check_text(written, "best.scale", cluster_only=True).plan
         assert [getattr(again, k) for k in SETTINGS] == [getattr(plan, k) for k in SETTINGS], written
         assert ("compile =" in written) == (plan.compile != (device != "cpu") and plan.compiles == plan.compile)
         assert written == scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)

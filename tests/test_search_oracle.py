@@ -51,7 +51,7 @@ def space(spec: S.Spec):
     schedules with their virtual stages (pp > 1 only: one schedule is one plan without a pipeline), sequence
     parallelism (with tp > 1), dp shardings with FSDP2's gradient sync where it is a choice (zero2 and fsdp with
     several micro-batches and no pp), recomputation."""
-    base = replace(P.from_spec(spec), layout=(), stages=(), tp=(), ep=(), spans=())
+    base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=())
     world, gb = base.world_size, base.global_batch
     moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
     reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]

@@ -167,8 +167,8 @@ def _emitted(text: str, tmp_path: Path) -> dict:
     _beside(tmp_path)
     compiled = compile_spec(check_text(text, str(tmp_path / "plan.scale")))
     spec, traced, costs = compiled.spec, compiled.traced, compiled.costs
-    return {"program.py": codegen.program(spec, traced, costs, str(tmp_path / "build"), compiled.plan),
-            "launch.sh": codegen.launch_script(spec)}
+    return {"program.py": codegen.program(spec, traced, costs, compiled.plan, str(tmp_path / "build")),
+            "launch.sh": codegen.launch_script(spec, compiled.plan)}
 
 
 @pytest.mark.parametrize("name", sorted(CHANGES))

@@ -159,10 +159,9 @@ def test_links_place_the_mesh_innermost_axis_first():
 def test_a_group_that_straddles_nodes_crosses_them():
     from dataclasses import replace as rep
 
-    from compiler.plan import from_spec
     spec = check_text(GPT3, "g.scale")
     dev = spec.mesh.device
-    plan = from_spec(spec)
+    plan = spec.plan
     six = rep(plan, axes=(("dp", 256), ("tp", 6)))
     assert SIM.links(six, dev)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
     four = rep(plan, axes=(("dp", 384), ("tp", 4)))
@@ -213,7 +212,7 @@ def test_verify_takes_per_stage_durations_and_transfer_time():
 
 def test_prediction_is_consistent():
     c, pred = predict(GPT3)
-    world = c.spec.mesh.world_size
+    world = c.plan.world_size
     assert pred.tokens_per_s == pytest.approx(c.costs.tokens_step / pred.step_time_s)
     assert pred.model_tflops_per_device == pytest.approx(c.costs.flops_step_n / world / pred.step_time_s / 1e12)
     assert pred.mfu == pytest.approx(pred.model_tflops_per_device / 312)
@@ -317,7 +316,7 @@ def test_the_ddp_bucket_is_the_plans():
     spec = check_text(text, "llama3_8b.scale")
     compiled = D.compile_spec(spec)
     assert compiled.plan.data_parallel == "ddp" and compiled.plan.size("pp") == 1
-    cm, sim = CostModel(spec, compiled.traced), SIM.Simulator(spec.mesh.device)
+    cm, sim = CostModel(spec, compiled.traced, compiled.plan), SIM.Simulator(spec.mesh.device)
 
     def exposed(bucket):
         plan = dataclasses.replace(compiled.plan, ddp_bucket_bytes=bucket)

@@ -62,15 +62,15 @@ def test_ledger_has_two_forward_and_two_backward_collectives_per_layer(sp):
     # With SP each becomes an all-gather / reduce-scatter pair (Korthikanti et al. 2022).
     per_direction = 4 if sp else 2
     assert len(fwd) == per_direction and len(bwd) == per_direction
-    assert all(spec.value(c.per_step) == layers for c in per_layer)
+    assert all(spec.value(c.per_step, compiled.plan) == layers for c in per_layer)
     expected = {"all_reduce"} if not sp else {"all_gather", "reduce_scatter"}
     assert {c.op for c in per_layer} == expected
     # Megatron's per-layer volume on the wire: 8·b·s·h·(t-1)/t elements per micro-batch over forward and backward,
     # the same with and without SP.
-    t = spec.mesh.size("tp")
+    t = compiled.plan.size("tp")
     b = spec.value(spec.train.global_batch)
     s, h = spec.value(spec.train.seq_len), spec.value(spec.model.sizes["hidden"])
-    assert sum(spec.value(c.wire_elements(t)) for c in per_layer) == 8 * b * s * h * (t - 1) / t
+    assert sum(spec.value(c.wire_elements(t), compiled.plan) for c in per_layer) == 8 * b * s * h * (t - 1) / t
 
 
 def _load(path: Path, name: str):

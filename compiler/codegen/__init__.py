@@ -165,14 +165,12 @@ def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None, costs=None) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
-    (micro_batch_size, batch_ranks) are the Plan's: `plan`, or the one the spec states (compiler.plan.from_spec).
+    (micro_batch_size, batch_ranks) are `plan`'s (compile's: the file's plan with the policies' decisions).
     With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
     it measures."""
-    from compiler.plan import from_spec
-    plan = plan if plan is not None else from_spec(spec)
     t = spec.train
     v = spec.value
 
@@ -196,7 +194,7 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
         "name": spec.model.name, "source": source_name(spec),
         "steps": t.steps, "seed": t.seed, "precision": t.precision, "log_every": t.log_every, "timeout": t.timeout,
         **({"moe": True} if moe else {}),
-        "sources": sources(spec),
+        "sources": sources(spec, plan),
         "parallel": parallel,
         "optim": {"lr": t.optimizer.lr, "betas": tuple(t.optimizer.betas), "weight_decay": t.optimizer.weight_decay,
                   "eps": t.optimizer.eps, "lr_schedule": t.schedule.kind, "warmup": t.schedule.warmup,
@@ -216,13 +214,13 @@ def config_values(spec: S.Spec, traced: T.Traced, out_dir: str = ".", plan=None,
 SOURCE_SETTINGS = ("data_parallel", "schedule", "grad_clip", "checkpoint_dir", "checkpoint_every")
 
 
-def sources(spec: S.Spec) -> tuple:
+def sources(spec: S.Spec, plan) -> tuple:
     """runtime.config.Config.sources: ((what, "file.scale:LINE", the line's text), ...) of the mesh section, each
     mesh axis and the settings of SOURCE_SETTINGS written: the watchdog names the line behind each blocking
     operation of the runtime (DDP's and FSDP's collectives, the pipeline's sends, the loss all-reduce, ...)."""
     out = [("mesh", where(spec, spec.mesh.span), "the mesh section")]
-    out += [(f"axis {a}", where(spec, span), source_text(spec, span)) for a, span in spec.mesh.axis_spans.items()]
-    written = dict(spec.plan.spans) | dict(spec.train.spans)
+    out += [(k, where(spec, span), source_text(spec, span)) for k, span in plan.spans if k.startswith("axis ")]
+    written = dict(plan.spans) | dict(spec.train.spans)
     out += [(k, where(spec, written[k]), f"{k} = {source_text(spec, written[k])}")
             for k in SOURCE_SETTINGS if k in written]
     return tuple(out)
@@ -234,8 +232,7 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
     schedule) and FSDP2's prefetch depth
     (fsdp, zero2 over dp > 1). Both are the Plan's (ddp_bucket_bytes, fsdp_prefetch): the bucket and the prefetch
     its step-time and memory models assumed."""
-    dp = spec.mesh.size("dp")
-    if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
+    if plan.data_parallel in ("fsdp", "zero2") and plan.size("dp") > 1:
         return {"fsdp_prefetch": plan.fsdp_prefetch}
     if plan.batch_ranks > 1:
         return {"ddp_bucket_mb": plan.ddp_bucket_bytes / 2 ** 20}
@@ -246,7 +243,7 @@ def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
     and, when the plan has a step-time prediction (compiler.cost.step_time), that time."""
     from compiler.cost import step_time
-    step_s = step_time.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced), plan, costs).step_time_s
+    step_s = step_time.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced, plan), plan, costs).step_time_s
     return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
             "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 
@@ -282,10 +279,10 @@ def _json_value(v):
     return [_json_value(x) for x in v] if isinstance(v, tuple) else v
 
 
-def mesh_text(spec: S.Spec) -> str:
-    axes = " × ".join(f"{a}={n}" for a, n in spec.mesh.axes) or "one device"
-    m = spec.mesh
-    return f"{axes} ({m.nodes} node{'s' if m.nodes != 1 else ''} × {m.devices_per_node} {m.device.kind})"
+def mesh_text(spec: S.Spec, plan) -> str:
+    axes = " × ".join(f"{a}={n}" for a, n in plan.axes) or "one device"
+    n = plan.nodes
+    return f"{axes} ({n} node{'s' if n != 1 else ''} × {plan.devices_per_node} {spec.mesh.device.kind})"
 
 
 def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
@@ -318,9 +315,9 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
             "loss": E.code(loss_code)}
 
 
-def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", plan=None) -> str:
+def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
-    pipeline = _pipeline(spec, traced, plan.stages if plan is not None else ())
+    pipeline = _pipeline(spec, traced, plan.stages)
     if pipeline:  # the Stage class replaces Model
         segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())
@@ -332,27 +329,25 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", 
     modules = [m.split(".")[1] for m in RUNTIME_MODULES if f"{m.split('.')[1]}." in code] + ["train"]
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=count(costs.params_n),
-        mesh_text=mesh_text(spec), data_parallel=spec.plan.data_parallel, micro_batches=spec.plan.micro_batches,
+        mesh_text=mesh_text(spec, plan), data_parallel=plan.data_parallel, micro_batches=plan.micro_batches,
         runtime_imports=E.code(", ".join(imports or ["Repeat"])), segments=segs,
         runtime_modules=E.code(", ".join(modules)), pipeline=pipeline,
-        config=_config_code(config_values(spec, traced, out_dir, plan, costs)))
+        config=_config_code(config_values(spec, traced, plan, out_dir, costs)))
 
 
-def launch_script(spec: S.Spec) -> str:
-    m = spec.mesh
+def launch_script(spec: S.Spec, plan) -> str:
     return _env().get_template("launch.sh.j2").render(
-        version=__version__, source=source_name(spec), name=spec.model.name, world=m.world_size, nodes=m.nodes,
-        devices_per_node=m.devices_per_node, mesh_text=mesh_text(spec), restarts=int(spec.train.restarts))
+        version=__version__, source=source_name(spec), name=spec.model.name, world=plan.world_size,
+        nodes=plan.nodes, devices_per_node=plan.devices_per_node, mesh_text=mesh_text(spec, plan),
+        restarts=int(spec.train.restarts))
 
 
-def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = ".", plan=None) -> str:
+def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
     """plan.json: the Plan itself (every setting and decision), then what it costs and places, and the run's
     contract."""
-    from compiler.plan import from_spec
-    plan = plan if plan is not None else from_spec(spec)
     # zero2 is FSDP2 that keeps each unit gathered from forward to backward: at rest its weights are sharded as fsdp's.
     # zero1's weights are whole on every dp rank (only AdamW's state is partitioned, by whole parameters).
-    dp_placement = ("Shard(0)" if spec.plan.data_parallel in ("fsdp", "zero2") and spec.mesh.size("dp") > 1
+    dp_placement = ("Shard(0)" if plan.data_parallel in ("fsdp", "zero2") and plan.size("dp") > 1
                     else "Replicate()")
     params = []
     for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
@@ -361,47 +356,55 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, out_dir: str = "."
             placement = {"dp": dp_placement}
             if pname in gm.meta.get(T.EP_SHARDS, {}):
                 placement = {"dp": "Replicate()", "ep": f"Shard({gm.meta[T.EP_SHARDS][pname][0]})"}
-            elif spec.mesh.size("ep") > 1:
+            elif plan.size("ep") > 1:
                 placement["ep"] = "Replicate()"
-            if spec.mesh.size("tp") > 1:
+            if plan.size("tp") > 1:
                 placement["tp"] = f"Shard({shards[pname][0]})" if pname in shards else (
                     "Replicate(), gradient Partial(sum)" if pname in gm.meta.get(T.TP_PARTIAL_GRADS, ())
                     else "Replicate()")
             params.append({"name": prefix + pname, "local_shape": [str(d) for d in shape],
-                           "local_numel": spec.value(sympy.Mul(*shape)), "placement": placement})
+                           "local_numel": spec.value(sympy.Mul(*shape), plan), "placement": placement})
     doc = {
         "generator": f"scalec {__version__}",
         "source": source_name(spec),
         "name": spec.model.name,
-        "mesh": {"axes": [{"name": a, "size": n} for a, n in spec.mesh.axes], "nodes": spec.mesh.nodes,
-                 "devices_per_node": spec.mesh.devices_per_node, "world_size": spec.mesh.world_size,
+        "mesh": {"axes": [{"name": a, "size": n} for a, n in plan.axes], "nodes": plan.nodes,
+                 "devices_per_node": plan.devices_per_node, "world_size": plan.world_size,
                  "device": spec.mesh.device.kind},
         "plan": plan.to_json(),
         "sizes": {k: str(v) for k, v in spec.model.sizes.items()},
-        "values": {str(k): int(v) for k, v in spec.values.items()},
+        "values": _values(spec, plan),
         "cost": {"parameters": costs.params_n, "parameters_formula": str(costs.params),
                  "flops_per_step": costs.flops_step_n, "flops_per_step_formula": str(costs.flops_step),
                  "tokens_per_step": costs.tokens_step,
                  "model_state_bytes_per_rank": {"params": costs.model_state.params, "grads": costs.model_state.grads,
                                                 "optimizer": costs.model_state.optimizer}},
         "ledger": [{"op": c.op, "axis": c.axis, "elements": str(c.elements), "dtype_bytes": c.dtype_bytes,
-                    "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step()),
+                    "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step(), plan),
                     "direction": c.direction, "measured": c.measured,
                     "source": where(spec, c.span) if c.span else None, "reason": c.reason}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: _json_value(v) for k, v in config_values(spec, traced, out_dir).items()
+        "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir).items()
                   if k not in ("name", "source")},
     }
     return E.json_text(doc)
+
+
+def _values(spec: S.Spec, plan) -> dict:
+    """plan.json's "values": the number of every symbol its formulas use, as the file reads: the model's sizes, then
+    the plan's axes, then the train section's and the experts' capacities."""
+    model = {str(k): int(v) for k, v in spec.values.items() if str(k) in spec.model.sizes}
+    rest = {str(k): int(v) for k, v in spec.values.items() if str(k) not in spec.model.sizes}
+    return {**model, **{a: n for a, n in plan.axes}, **rest}
 
 
 def emit(compiled, out_dir: str) -> list[str]:
     """Write the build directory of a compiled plan (compiler.pipeline.Compiled); return the paths written."""
     spec, traced, costs, plan = compiled.spec, compiled.traced, compiled.costs, compiled.plan
     os.makedirs(out_dir, exist_ok=True)
-    files = {"program.py": program(spec, traced, costs, out_dir, plan),
-             "plan.json": plan_json(spec, traced, costs, out_dir, plan), "launch.sh": launch_script(spec)}
+    files = {"program.py": program(spec, traced, costs, plan, out_dir),
+             "plan.json": plan_json(spec, traced, costs, plan, out_dir), "launch.sh": launch_script(spec, plan)}
     written = []
     for name, text in files.items():
         path = os.path.join(out_dir, name)

@@ -8,7 +8,7 @@
                 the CostModel's public attributes and methods only: `segment_params`, `send_elements_at`, `sites`,
                 `counts`, `piped`, `stages_for`, ...)
 
-`CostModel(spec, traced)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
+`CostModel(spec, traced, plan)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
 micro-batch size µb) and compiles each formula to a function of those; `.estimate(plan)` evaluates them for one
 `compiler.plan.Plan` with the same pass structure (which axes are > 1, sequence parallelism, what tp shards):
 axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
@@ -107,11 +107,18 @@ def _exact(n, d):
 class CostModel:
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
-    def __init__(self, spec: S.Spec, traced: T.Traced):
+    def __init__(self, spec: S.Spec, traced: T.Traced, plan):
+        """`plan`: the Plan `traced` was lowered for; only its pass structure is read (structure_of), which every
+        plan this model estimates must share."""
         self.spec, self.traced = spec, traced
         self.sub = {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}
         top = traced.top
-        self.structure = structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
+        self.structure = structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
+        from compiler.cost import activations as A
+        self.fp32_residual = plan.fp32_residual
+        self.precision = A.precision_key(spec, plan)
+        """The activations' precision key (activations.precision_key): the train section's, with the plan's fp32
+        residual stream; every plan this model estimates has the same."""
         self.piped = T.PROLOGUE in top.meta  # cut by passes.pipeline_split
         self.params = PA.model_params(traced)
         self.params_n = spec.value(self.params)
@@ -176,7 +183,7 @@ class CostModel:
         """What each segment keeps for backward per micro-batch (activations.py, node by node), the loss's working
         set, and the sizes of FSDP's units (the root, one block)."""
         from compiler.cost import activations as A
-        prec = A.precision_key(spec)
+        prec = self.precision
         self.device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
         top = traced.top
         blocks = list(traced.blocks.values())
@@ -261,6 +268,9 @@ class CostModel:
         if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
             raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
                              "sequence parallelism, tp layers): trace and run the passes for it")
+        if plan.fp32_residual != self.fp32_residual:
+            raise ValueError(f"plan {plan.describe()} keeps the residual stream in another precision than the one "
+                             "this cost model's activation formulas were derived for: build a CostModel for it")
         spec = self.spec
         dp, tp, ep, pp = (plan.size(a) for a in AXES)
         m, mb = plan.micro_batches, plan.micro_batch_size
@@ -547,7 +557,7 @@ class CostModel:
         dp, tp, ep, pp = env[:4]
         m = plan.micro_batches
         from compiler.cost import activations as A
-        widths = A.widths(A.precision_key(spec))
+        widths = A.widths(self.precision)
         act_bytes, res_bytes = widths["act"], widths["res"]
         axes = dict(plan.axes)
         ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
@@ -597,8 +607,8 @@ class CostModel:
                 total = sum((e * k for e, k in parts), sympy.Integer(0))
                 return total / size("dp") if fsdp else total
             # FSDP2 casts its reduced shards back to the fp32 parameters
-            g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, spec.plan.grad_reduce)
-            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=spec.mesh.axis_spans.get("tp"),
+            g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, plan.grad_reduce)
+            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=plan.span("axis tp"),
                                       reason="sequence parallelism: each rank's norm and row-bias gradients cover "
                                              "only its sequence chunk", direction="step", times=1,
                                       bytes=int(partial_n * g), element_formula=partial_formula))
@@ -617,8 +627,8 @@ class CostModel:
         m = plan.micro_batches
         elements = self.fn[("send", "x")](env)
         from compiler.cost import activations as A
-        width = A.widths(A.precision_key(self.spec))["res"]
-        span = self.spec.mesh.axis_spans.get("pp")
+        width = A.widths(self.precision)["res"]
+        span = plan.span("axis pp")
         expr = self.send_elements
         for stage in range(pp_rank, n, plan.size("pp")):
             for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
@@ -640,12 +650,12 @@ class CostModel:
         else:
             params = lambda: sympy.expand(self.seg_params["prologue"] + nb * self.seg_params["block"])  # noqa: E731
             experts = lambda: sympy.expand(self.seg_experts["prologue"] + nb * self.seg_experts["block"])  # noqa
-        span = spec.mesh.axis_spans.get("dp")
+        span = plan.span("axis dp")
         # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
         how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
         # Gradients move in grad_reduce's dtype (fp32 main gradients unless bf16), weights in the compute precision
         # (zero1's broadcasts, FSDP2's gathers under its MixedPrecisionPolicy): runtime/precision.py.
-        g, w = MEM.grad_bytes(spec.train.precision, spec.plan.grad_reduce), BYTES[spec.train.precision]
+        g, w = MEM.grad_bytes(spec.train.precision, plan.grad_reduce), BYTES[spec.train.precision]
 
         def add(op, axis, n_elements, times, span, reason, formula, width=None):
             width = width or g
@@ -653,7 +663,7 @@ class CostModel:
                                       bytes=int(n_elements * width * times), measured=False,
                                       element_formula=formula))
         if ep > 1:
-            add("all_reduce", "dp×ep", params_rank - experts_rank, 1, spec.mesh.axis_spans.get("ep"),
+            add("all_reduce", "dp×ep", params_rank - experts_rank, 1, plan.span("axis ep"),
                 f"average the dense gradients over every batch shard, dp × ep ({how})",
                 lambda: sympy.expand(params() - experts()))
             if dp > 1:
@@ -734,7 +744,7 @@ def structure_of(axes, sp: bool, tp_layers) -> tuple:
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:
     """The cost of `plan` (a compiler.plan.Plan) from the graphs `traced` after its passes."""
-    return CostModel(spec, traced).estimate(plan, pp_rank)
+    return CostModel(spec, traced, plan).estimate(plan, pp_rank)
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------

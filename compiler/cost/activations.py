@@ -32,10 +32,10 @@ def _numel(shape) -> sympy.Expr:
     return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
-def precision_key(spec) -> str:
+def precision_key(spec, plan) -> str:
     """The precision the activation formulas take: the train section's, with the plan's fp32 residual stream."""
     prec = spec.train.precision
-    return "bf16/fp32_residual" if prec == "bf16" and getattr(spec.plan, "fp32_residual", False) else prec
+    return "bf16/fp32_residual" if prec == "bf16" and plan.fp32_residual else prec
 
 
 def widths(precision: str) -> dict:

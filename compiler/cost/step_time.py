@@ -348,8 +348,7 @@ class _Model:
     def __init__(self, cm):
         from compiler.cost import ARGS
         spec, traced = cm.spec, cm.traced
-        from compiler.cost.activations import precision_key
-        prec = precision_key(spec)
+        prec = cm.precision
         self.cm = cm
         self.act = 2 if prec.startswith("bf16") else 4
         sub = cm.sub
@@ -724,5 +723,5 @@ def predict(compiled, attention: str = "fused") -> Prediction | None:
     if compiled.plan is None:
         return None
     from compiler import cost as C
-    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced)
+    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced, compiled.plan)
     return Simulator(compiled.spec.mesh.device, attention).predict(cm, compiled.plan, compiled.costs)

@@ -116,7 +116,7 @@ def _kind(n: fx.Node) -> str | None:
     return {S.Attention: "attention", S.MLP: "mlp"}.get(type(layer))
 
 
-def tp_policy(gm: fx.GraphModule, plan: S.Plan) -> Decision:
+def tp_policy(gm: fx.GraphModule, plan) -> Decision:
     regions = []
     for node in gm.graph.nodes:
         if not _is_linear(gm, node):

@@ -16,7 +16,7 @@ def _plural(n: int, word: str) -> str:
 def check_verdict(path: str, spec) -> str:
     """`scalec check FILE` on a file with no error: the model and the devices it was checked for."""
     warned = f", {_plural(len(spec.warnings), 'warning')}" if spec.warnings else ""
-    return f"{path}: ok{warned} (model `{spec.model.name}`, {_plural(spec.mesh.world_size, 'device')})\n"
+    return f"{path}: ok{warned} (model `{spec.model.name}`, {_plural(spec.plan.world_size, 'device')})\n"
 
 
 def warnings_text(spec) -> str:

@@ -21,25 +21,26 @@ def _seconds(t: float) -> str:
 
 def plan_text(compiled) -> str:
     """What `scalec plan FILE` prints: each figure with the formula it came from, so a reader can check it."""
-    spec, costs = compiled.spec, compiled.costs
-    m, t = spec.mesh, spec.train
+    spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
+    m, t, dev = plan, spec.train, spec.mesh.device
+    values = _values(compiled)
     dp = m.size("dp")
     gb, seq = spec.value(t.global_batch), spec.value(t.seq_len)
     lines = [f"plan for `{spec.model.name}` ({spec.path})", ""]
     axes = "  ".join(f"{a}={n}" for a, n in m.axes) or "(none)"
     lines += [f"mesh        {axes}   world {m.world_size} = {m.nodes} node{'s' if m.nodes != 1 else ''} × "
-              f"{m.devices_per_node} {m.device.kind} ({m.device.peak_tflops:g} TFLOP/s peak, "
-              f"{m.device.memory_gb:g} GB each)"]
+              f"{m.devices_per_node} {dev.kind} ({dev.peak_tflops:g} TFLOP/s peak, "
+              f"{dev.memory_gb:g} GB each)"]
     lines += [f"parameters  {costs.params_n:,} ({count(costs.params_n)})",
-              f"            = {C.formula(costs.params, spec.values)}"]
+              f"            = {C.formula(costs.params, values)}"]
     ranks = f"dp {dp} × ep {m.size('ep')}" if m.size("ep") > 1 else f"dp {dp}"
     lines += [f"batch       {gb} sequences × {seq} tokens = {costs.tokens_step:,} tokens per step; "
-              f"{ranks} × {spec.plan.micro_batches} micro-batch{'es' if spec.plan.micro_batches != 1 else ''} of "
+              f"{ranks} × {plan.micro_batches} micro-batch{'es' if plan.micro_batches != 1 else ''} of "
               f"{costs.micro_batch_size} sequences per rank"]
     lines += [f"compute     {flops(costs.flops_step_n, scientific=True)} per step ({flops(costs.flops_step_n)}; "
               f"model FLOPs: matmuls, forward + backward)",
-              f"            = {C.formula(costs.flops_step, spec.values)}"]
-    recompute = getattr(compiled.plan, "recompute", "none") if compiled.plan else "none"
+              f"            = {C.formula(costs.flops_step, values)}"]
+    recompute = plan.recompute
     padded = costs.flops_step_hw_n > costs.flops_step_n and any(
         isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
     if recompute != "none" or padded:
@@ -48,28 +49,34 @@ def plan_text(compiled) -> str:
         hw = flops(costs.flops_step_hw_n, scientific=True, what="hardware FLOP")
         lines += [f"            {hw} per step with {why} "
                   f"({costs.flops_step_hw_n / costs.flops_step_n:.3f}× the model's)",
-                  f"            = {C.formula(costs.flops_step_hw, spec.values)}"]
+                  f"            = {C.formula(costs.flops_step_hw, values)}"]
     if costs.flops_rank_step_hw_n * m.world_size != costs.flops_step_hw_n:
         lines += [f"            {flops(costs.flops_rank_step_hw_n, scientific=True)} per step on the busiest rank"]
     lines += _step_time_text(compiled)
     lines += _memory_text(compiled)
     lines += _moe_text(compiled)
     lines += _pipeline_text(compiled)
-    lines += ["", "collectives per step" + (f" ({_pp_rank0(spec)}):" if m.size("pp") > 1 else ":")]
+    lines += ["", "collectives per step" + (f" ({_pp_rank0(plan)}):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
         lines += ["  none (one replica, no sharding)"]
     for c in costs.ledger.entries:
-        b = spec.value(c.bytes_per_step())
+        b = spec.value(c.bytes_per_step(), plan)
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
-        times = spec.value(c.per_step)
+        times = spec.value(c.per_step, plan)
         lines += [f"  {c.op:<15} {c.axis:<3} {_DIRECTION[c.direction]:<4} ×{times:<4} {nbytes(b):>10} = "
-                  f"{C.formula(c.bytes_per_step(), spec.values)} bytes  [{src}] {c.reason}"]
+                  f"{C.formula(c.bytes_per_step(), values)} bytes  [{src}] {c.reason}"]
     lines += ["  (bytes: the full tensor each call moves, per rank and step; DDP/FSDP traffic is theirs to schedule)"
               if costs.ledger.entries else ""]
     return "\n".join(lines) + "\n"
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
+
+
+def _values(compiled) -> dict:
+    """Every symbol's number under the compiled plan: the file's sizes and the plan's axes (the order in which
+    `formula` writes a formula's terms: the largest first)."""
+    return {**compiled.spec.values, **S.axis_values(compiled.plan)}
 
 def _step_time_text(compiled) -> list[str]:
     """The step-time model's prediction (compiler/cost/step_time.py): time, throughput, MFU, where the time goes."""
@@ -103,8 +110,8 @@ def _step_time_text(compiled) -> list[str]:
     return lines
 
 
-def _memory_how(spec) -> str:
-    dp, kind = spec.mesh.size("dp"), spec.plan.data_parallel
+def _memory_how(spec, plan) -> str:
+    dp, kind = plan.size("dp"), plan.data_parallel
     if dp == 1 or kind == "ddp":
         return "replicated on every dp rank (DDP)"
     if spec.train.precision == "bf16":  # memory.state_per_param: the fp32 master is sharded with the moments
@@ -121,21 +128,21 @@ def _memory_text(compiled) -> list[str]:
     """Model state at rest, then the predicted peak of each kind of rank with its breakdown, whether it fits, and if
     not what would."""
     from compiler.cost import memory as MEM
-    spec, costs = compiled.spec, compiled.costs
+    spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
     dev = spec.mesh.device
     limit = dev.memory_gb * 1e9
     st = costs.model_state
-    opt = MEM.optimizer_label(spec.train.precision, spec.plan.data_parallel, spec.mesh.size("dp"))
+    opt = MEM.optimizer_label(spec.train.precision, plan.data_parallel, plan.size("dp"))
     lines = [f"memory      model state per rank: weights {nbytes(st.params)} + gradients {nbytes(st.grads)}"
-             f" + {opt} {nbytes(st.optimizer)} = {nbytes(st.total)}, {_memory_how(spec)}"
-             + (f" ({_pp_rank0(spec)})" if spec.mesh.size("pp") > 1 else "")]
+             f" + {opt} {nbytes(st.optimizer)} = {nbytes(st.total)}, {_memory_how(spec, plan)}"
+             + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")]
     rows = list(costs.memory)
     if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
         worst = max(rows, key=lambda r: r.peak)
         rows = sorted({id(r): r for r in (rows[0], rows[1], worst, rows[-2], rows[-1])}.values(),
                       key=lambda r: r.pp_rank)
     lines += [f"            peak per rank, predicted (what the program allocates; {spec.train.precision}, "
-              f"recompute {getattr(compiled.plan, 'recompute', 'none') if compiled.plan else 'none'}):"]
+              f"recompute {plan.recompute}):"]
     head = f"  {'rank':<32} {'weights':>10} {'grads':>10} {'AdamW':>10} {'activations':>12} {'working':>10} {'peak':>10}"
     lines += [head]
     for r in rows:
@@ -176,16 +183,16 @@ def _predicted_json(compiled) -> dict | None:
 
 def plan_json(compiled) -> dict:
     """Everything `plan` prints, for tools (described in the README)."""
-    spec, costs = compiled.spec, compiled.costs
-    m = spec.mesh
-    limit = m.device.memory_gb * 1e9
+    spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
+    m, dev = plan, spec.mesh.device
+    limit = dev.memory_gb * 1e9
     peak = costs.peak_bytes
     out = {
         "model": spec.model.name, "file": spec.path,
         "mesh": {"axes": dict(m.axes), "world_size": m.world_size, "nodes": m.nodes,
-                 "devices_per_node": m.devices_per_node, "device": m.device.kind,
-                 "device_memory_bytes": int(limit), "peak_tflops": m.device.peak_tflops},
-        "plan": compiled.plan.to_json() if compiled.plan else None,
+                 "devices_per_node": m.devices_per_node, "device": dev.kind,
+                 "device_memory_bytes": int(limit), "peak_tflops": dev.peak_tflops},
+        "plan": plan.to_json(),
         "parameters": int(costs.params_n), "parameters_formula": str(costs.params),
         "tokens_per_step": int(costs.tokens_step), "micro_batch_size": int(costs.micro_batch_size),
         "flops_per_step": int(costs.flops_step_n), "flops_per_step_formula": str(costs.flops_step),
@@ -201,8 +208,8 @@ def plan_json(compiled) -> dict:
                    "ranks": [r.as_json() for r in costs.memory],
                    "fixes": ([{"change": f.change, "peak_bytes": int(f.peak), "fits": f.fits}
                               for f in _fixes(compiled)] if peak > limit else [])},
-        "ledger": [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step)),
-                    "bytes": int(spec.value(c.bytes_per_step())), "formula": str(c.bytes_per_step()),
+        "ledger": [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step, plan)),
+                    "bytes": int(spec.value(c.bytes_per_step(), plan)), "formula": str(c.bytes_per_step()),
                     "measured": c.measured, "reason": c.reason,
                     "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
                    for c in costs.ledger.entries],
@@ -210,9 +217,9 @@ def plan_json(compiled) -> dict:
                         for d in _memory_diagnostics(compiled)],
     }
     if costs.stages:
-        p, v, mb = m.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+        p, v, mb = m.size("pp"), plan.virtual_stages, plan.micro_batches
         pred = out["predicted"]
-        out["pipeline"] = {"schedule": spec.plan.schedule, "pp": p, "virtual_stages": v, "micro_batches": mb,
+        out["pipeline"] = {"schedule": plan.schedule, "pp": p, "virtual_stages": v, "micro_batches": mb,
                            "bubble_fraction": pred["bubble_fraction"] if pred else None,
                            "stages": [{"stage": st.stage, "rank": st.rank, "blocks": list(st.blocks),
                                        "parameters": st.params, "model_state_bytes": st.state,
@@ -220,9 +227,9 @@ def plan_json(compiled) -> dict:
     return out
 
 
-def _pp_rank0(spec) -> str:
+def _pp_rank0(plan) -> str:
     """Which rank the per-rank numbers describe under pp: pp rank 0, with every stage it holds."""
-    p, v = spec.mesh.size("pp"), spec.plan.virtual_stages
+    p, v = plan.size("pp"), plan.virtual_stages
     if v == 1:
         return "a rank of the first pipeline stage"
     return f"pp rank 0, stages {', '.join(str(k) for k in range(0, p * v, p))}"
@@ -235,7 +242,7 @@ def _moe_text(compiled) -> list[str]:
     lines = []
     if not seen:
         return []
-    mesh, v = spec.mesh, spec.value
+    mesh, v = compiled.plan, spec.value
     ep, dp, tp = mesh.size("ep"), mesh.size("dp"), mesh.size("tp")
     b = costs.micro_batch_size
     act = C.BYTES[spec.train.precision]
@@ -260,7 +267,7 @@ def _moe_text(compiled) -> list[str]:
                   "layer and micro-batch"]
     if ep > 1:
         lines += [f"            expert weights per rank {costs.expert_params_rank:,} of {costs.params_rank:,}"
-                  + (f" ({_pp_rank0(spec)})" if mesh.size("pp") > 1 else "")]
+                  + (f" ({_pp_rank0(mesh)})" if mesh.size("pp") > 1 else "")]
     return lines
 
 
@@ -272,22 +279,22 @@ def _memory_diagnostics(compiled) -> list:
 def _pipeline_text(compiled) -> list[str]:
     from compiler import schedule as SCH
     from compiler.cost import step_time as SIM
-    spec, costs = compiled.spec, compiled.costs
+    costs, plan = compiled.costs, compiled.plan
     if not costs.stages:
         return []
-    p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
+    p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
     pred = SIM.predict(compiled)
-    lines = ["", f"pipeline    {spec.plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
+    lines = ["", f"pipeline    {plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
              f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble {pred.bubble_fraction:.1%} "
              f"(simulated: the slowest rank's idle share of the step; the published (p-1)/(v·m+p-1) "
-             f"{'before ZB-H1' if spec.plan.schedule == 'zero-bubble' else 'would say'} "
+             f"{'before ZB-H1' if plan.schedule == 'zero-bubble' else 'would say'} "
              f"{SCH.bubble_fraction(p, m, v):.1%})"]
     lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight"]
     for st in costs.stages:
         lo, hi = st.blocks
         lines += [f"  {st.stage:>5}  {st.rank:>4}  {lo:>3}..{hi - 1:<4} {st.params:>21,}   {nbytes(st.state):>10}   "
                   f"{nbytes(st.activations):>10}"]
-    order = SCH.actions(spec.plan.schedule, p, m, v)  # proved by the driver while compiling (E0609 otherwise)
+    order = SCH.actions(plan.schedule, p, m, v)  # proved by the driver while compiling (E0609 otherwise)
     lay = SCH.Layout(p, v, m)
     lines += [f"schedule    every send has its receive and no rank waits forever "
               f"({sum(len(x) for x in order.values()):,} actions checked)"]
@@ -300,15 +307,15 @@ def schedule_svg(compiled) -> str:
     """`plan --svg`: the timeline of the schedule the program runs (the one the driver proved), titled with the
     model and the schedule's shape."""
     from compiler import schedule as SCH
-    spec = compiled.spec
-    p, v, m = spec.mesh.size("pp"), spec.plan.virtual_stages, spec.plan.micro_batches
-    title = f"{spec.model.name}: {spec.plan.schedule}, pp = {p}, v = {v}, m = {m}"
-    return SCH.svg(SCH.verify(SCH.actions(spec.plan.schedule, p, m, v), SCH.Layout(p, v, m)), title)
+    plan = compiled.plan
+    p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    title = f"{compiled.spec.model.name}: {plan.schedule}, pp = {p}, v = {v}, m = {m}"
+    return SCH.svg(SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m)), title)
 
 
 def schedule_svg_note(compiled, path: str) -> str | None:
     """What to tell the user about an SVG of a mesh with no pipeline: there is nothing to see in it but one rank."""
-    if compiled.spec.mesh.size("pp") != 1:
+    if compiled.plan.size("pp") != 1:
         return None
     return (f"note: the mesh has no pipeline (no `pp` axis): {path} shows one rank's forward and backward per "
             "micro-batch, with no bubble to see\n")

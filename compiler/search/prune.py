@@ -420,7 +420,7 @@ class _Search:
         # the winners again with every detail (the pipeline's exposed send time): the same step times
         ranked = [(t, (d, est, self.sim.predict(self.cands.cost_model(d), d, est))) for t, (d, est, _) in ranked]
         winners = [Winner(d, pred, est, tuple(R.reasons(self, d, est, pred, best_t))) for _, (d, est, pred) in ranked]
-        rejected = R.rejected(self, winners, best_t) if groups else R.unsatisfiable(self.space, self.spec.mesh)
+        rejected = R.rejected(self, winners, best_t) if groups else R.unsatisfiable(self.space, self.spec.plan)
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
 
 

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
 # -- the lines of the run: reasons of each winner, the families rejected, why `--fix` leaves none --------------
 
 
-def unsatisfiable(space, mesh) -> list:
+def unsatisfiable(space, cluster) -> list:
     """Why `--fix` leaves not one candidate to check (the rules never saw one, so they give no reason): the
     fixed axes against the devices, ep on a model without `moe`, then each fixed setting that alone leaves
     none, or else the settings together. One line each, as `rejected` lines read."""
     f, out = space.fixed, []
     axes = {a: f[a] for a in ORDER if a in f}
     prod = math.prod(axes.values())
-    m = mesh
+    m = cluster  # the Plan as written: its nodes and devices per node
     if space.world % prod:
         shown = " × ".join(f"{a}={n}" for a, n in axes.items()) + (f" = {prod}" if len(axes) > 1 else "")
         out.append(f"{shown} does not divide the {space.world} devices ({m.nodes} node{'s' if m.nodes != 1 else ''}"
@@ -192,7 +192,7 @@ def _exposed(pred) -> str:
 def text(result: Result) -> str:
     """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
     spec = result.spec
-    m, dev = spec.mesh, spec.mesh.device
+    m, dev = spec.plan, spec.mesh.device  # the cluster: the written plan's nodes and devices per node
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
              f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each)"
              + (f"; fixed: {', '.join(f'{k}={v}' for k, v in result.fixed.items())}" if result.fixed else ""), ""]
@@ -224,7 +224,7 @@ def to_json(result: Result) -> dict:
     spec = result.spec
     return {
         "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
-        "cluster": {"nodes": spec.mesh.nodes, "devices_per_node": spec.mesh.devices_per_node,
+        "cluster": {"nodes": spec.plan.nodes, "devices_per_node": spec.plan.devices_per_node,
                     "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9)},
         "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),

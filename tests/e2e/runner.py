@@ -56,7 +56,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     out = workdir / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
-        assert compiled.spec.mesh.world_size == nproc, "the case's nproc disagrees with its mesh"
+        assert compiled.plan.world_size == nproc, "the case's nproc disagrees with its mesh"
     codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
     report = out / "memory.json"
