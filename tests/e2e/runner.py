@@ -47,18 +47,25 @@ def with_plan(text: str, path: str = "case.scale", **fields) -> str:
     return scale_file(plan, text, parse(text, path), spec.mesh.device.kind)
 
 
-def single_device(text: str, path: str = "reference.scale") -> str:
-    """The same model, data and global batch on one device, no accumulation: the reference of every plan. Its Plan
-    is built afresh, every setting at its default but the mesh (dp = 1 on one device) and `fp32_residual`: an fp32
-    residual stream is the model's numerics, not its layout, so the reference keeps it. The text depends only on
-    the model and train sections and that setting, so cases of the same model share one reference run
-    (test_e2e's `references`). `path`: as `with_plan`'s."""
+def on_plan(text: str, path: str = "case.scale", **fields) -> str:
+    """The same model and training on another mesh and plan: `text` with its mesh and plan sections printed from a
+    Plan of `fields` alone, every setting not named at its default (one node, ddp, one micro-batch, ...), none kept
+    from the text's own plan (`with_plan` keeps them). `path`: as `with_plan`'s."""
     spec = check_text(text, path)
     plan = P.from_spec(spec)
-    one = P.Plan(axes=(("dp", 1),), nodes=1, devices_per_node=1, data_parallel="ddp", micro_batches=1,
-                 global_batch=plan.global_batch, seq_len=plan.seq_len, fp32_residual=plan.fp32_residual,
-                 compile=P.compiles(None, spec.mesh.device.kind))
-    return scale_file(one, text, parse(text, path), spec.mesh.device.kind)
+    fresh = P.Plan(**{"nodes": 1, "data_parallel": "ddp", "micro_batches": 1,
+                      "compile": P.compiles(None, spec.mesh.device.kind), **fields},
+                   global_batch=plan.global_batch, seq_len=plan.seq_len)
+    return scale_file(fresh, text, parse(text, path), spec.mesh.device.kind)
+
+
+def single_device(text: str, path: str = "reference.scale") -> str:
+    """The same model, data and global batch on one device, no accumulation: the reference of every plan, on a
+    fresh Plan (`on_plan`) but for `fp32_residual`: an fp32 residual stream is the model's numerics, not its
+    layout, so the reference keeps it. The text depends only on the model and train sections and that setting, so
+    cases of the same model share one reference run (test_e2e's `references`). `path`: as `with_plan`'s."""
+    residual = P.from_spec(check_text(text, path)).fp32_residual
+    return on_plan(text, path, axes=(("dp", 1),), devices_per_node=1, fp32_residual=residual)
 
 
 def case_text(case) -> str:
