@@ -389,11 +389,12 @@ def test_interleaved_ledger_counts_every_stage_of_the_rank(pp_rank):
     collectives belong to the rank of stage 0 only, the epilogue's and the loss's to the rank of stage 3 only.
     The ledger of stage 0 alone (what it counted before) had half the block collectives."""
     from compiler.cost import CostModel
-    text = (ROOT / "samples" / "gpt_3d.scale").read_text().replace("axis dp = 2", "axis dp = 1").replace(
-        "devices_per_node = 8", "devices_per_node = 4")
-    plain = compile_spec(check_text(text, "gpt_3d.scale"))
-    inter = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  '
-                                                 'virtual_stages = 2'), "gpt_3d.scale"))
+    from tests.e2e.runner import with_plan
+    text = (ROOT / "samples" / "gpt_3d.scale").read_text()
+    pp2_tp2 = dict(axes=(("dp", 1), ("pp", 2), ("tp", 2)), devices_per_node=4)
+    plain = compile_spec(check_text(with_plan(text, **pp2_tp2), "gpt_3d.scale"))
+    inter = compile_spec(check_text(with_plan(text, **pp2_tp2, schedule="interleaved-1f1b", virtual_stages=2),
+                                    "gpt_3d.scale"))
     a, b = (CostModel(c.spec, c.traced, c.plan).estimate(c.plan, pp_rank).ledger for c in (plain, inter))
     for op in ("all_gather", "reduce_scatter", "all_reduce"):
         got = sum(inter.spec.value(c.bytes_per_step(), inter.plan) for c in b.entries if c.op == op and c.axis == "tp")
@@ -408,11 +409,12 @@ def test_interleaved_ledger_counts_every_stage_of_the_rank(pp_rank):
 def test_interleaved_moe_ledger_counts_the_all_to_alls_of_both_stages():
     """pp 2 × ep 2 MoE, interleaved over 4 blocks: rank 0's all-to-alls are twice a one-block stage's, the same as
     1F1B's rank with its two blocks."""
-    text = (ROOT / "samples" / "moe_gpt.scale").read_text().replace("axis dp = 1", "axis pp = 2").replace(
-        "layers  = 4", "layers  = 8").replace("devices_per_node = 2", "devices_per_node = 4")
-    plain = compile_spec(check_text(text, "moe_gpt.scale"))
-    inter = compile_spec(check_text(text.replace("micro_batches = 2", 'micro_batches = 2  schedule = '
-                                                 '"interleaved-1f1b"  virtual_stages = 2'), "moe_gpt.scale"))
+    from tests.e2e.runner import with_plan
+    text = (ROOT / "samples" / "moe_gpt.scale").read_text().replace("layers  = 4", "layers  = 8")
+    pp2_ep2 = dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4)
+    plain = compile_spec(check_text(with_plan(text, **pp2_ep2), "moe_gpt.scale"))
+    inter = compile_spec(check_text(with_plan(text, **pp2_ep2, schedule="interleaved-1f1b", virtual_stages=2),
+                                    "moe_gpt.scale"))
     got = _ledger_bytes(inter, "all_to_all", "ep")
     assert got and got == _ledger_bytes(plain, "all_to_all", "ep")
 
@@ -603,13 +605,13 @@ def test_fsdp_grad_sync_costs_memory_and_reduce_scatters(kind, precision):
     """From plans of the same model (gpt_dp: dp = 2, 4 micro-batches): `step` holds every gradient whole (G bytes per
     parameter: FSDP2 accumulates unsharded, in the reduce dtype) at the last micro-batch's backward and
     reduce-scatters once; `micro_batch` holds the fp32 shards (4/dp) and reduce-scatters m times as many bytes."""
+    from tests.e2e.runner import with_plan
     text = (Path(__file__).resolve().parents[1] / "samples" / "gpt_dp.scale").read_text()
-    text = text.replace("data_parallel = ddp", f"data_parallel = {kind}").replace(
-        "micro_batches = 1", "micro_batches = 4").replace("precision    = fp32", f"precision    = {precision}")
+    text = text.replace("precision    = fp32", f"precision    = {precision}")
     got = {}
     for sync in ("step", "micro_batch"):
-        costs = compile_spec(check_text(text.replace("micro_batches = 4", f"micro_batches = 4  fsdp_grad_sync = "
-                                                     f"{sync}"), "m.scale")).costs
+        costs = compile_spec(check_text(with_plan(text, data_parallel=kind, micro_batches=4, fsdp_grad_sync=sync),
+                                        "m.scale")).costs
         (rs,) = [c for c in costs.ledger.entries if c.op == "reduce_scatter"]
         (rank,) = costs.memory
         got[sync] = (rs.times, rs.bytes, costs.params_rank, rank)

@@ -312,7 +312,8 @@ def test_the_ddp_bucket_is_the_plans():
     default 25 MiB of an 8B model's 32 GB of gradients (reduced in fp32) about 1/1200 of it."""
     import dataclasses
     from compiler.cost import CostModel
-    text = (ROOT / "samples" / "llama3_8b.scale").read_text().replace("data_parallel = fsdp", "data_parallel = ddp")
+    from tests.e2e.runner import with_plan
+    text = with_plan((ROOT / "samples" / "llama3_8b.scale").read_text(), data_parallel="ddp")
     spec = check_text(text, "llama3_8b.scale")
     compiled = D.compile_spec(spec)
     assert compiled.plan.data_parallel == "ddp" and compiled.plan.size("pp") == 1

@@ -16,16 +16,16 @@ from compiler.pipeline import compile_spec
 from runtime import collectives
 from runtime import tensor_parallel as tp_rt
 from runtime.layers import init_parameters
+from tests.e2e.runner import with_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TP_TEXT = (ROOT / "samples" / "gpt_tp.scale").read_text()
 
 
-def _text(tp=2, **edits) -> str:
-    text = TP_TEXT.replace("axis tp = 2", f"axis tp = {tp}").replace("devices_per_node = 2", f"devices_per_node = {tp}")
-    for old, new in edits.items():
-        text = text.replace(old.replace("_", " ") if old not in text else old, new)
-    return text
+def _text(tp=2, vocab=128, **fields) -> str:
+    """gpt_tp with `vocab`, on `tp` ranks, the Plan's `fields` replaced (tests/e2e/runner.with_plan)."""
+    return with_plan(TP_TEXT.replace("vocab  = 128", f"vocab  = {vocab}"), axes=(("tp", tp),), devices_per_node=tp,
+                     **fields)
 
 
 def test_policy_pairs_columns_with_rows_from_the_graph():
@@ -40,7 +40,7 @@ def test_policy_pairs_columns_with_rows_from_the_graph():
 
 
 def test_excluded_layers_stay_replicated():
-    spec = check_text(_text().replace("sequence_parallel = false", "tp_layers = (attention, vocab)"), "x.scale")
+    spec = check_text(_text(tp_layers=("attention", "vocab")), "x.scale")
     compiled = compile_spec(spec)
     block = compiled.traced.blocks["blocks"]
     assert block.get_submodule("mlp_up").out_features == 256  # whole
@@ -51,8 +51,7 @@ def test_excluded_layers_stay_replicated():
 
 @pytest.mark.parametrize("sp", [False, True])
 def test_ledger_has_two_forward_and_two_backward_collectives_per_layer(sp):
-    text = _text().replace("sequence_parallel = false", f"sequence_parallel = {'true' if sp else 'false'}")
-    compiled = compile_spec(check_text(text, "gpt_tp.scale"))
+    compiled = compile_spec(check_text(_text(sequence_parallel=sp), "gpt_tp.scale"))
     spec = compiled.spec
     per_layer = [c for c in compiled.costs.ledger.entries if "attention" in c.reason or "mlp (" in c.reason]
     layers = spec.value(spec.model.sizes["layers"])
@@ -92,9 +91,7 @@ def _materialise(program, shards=None):
 
 @pytest.mark.parametrize("tp,vocab", [(2, 128), (4, 128), (4, 126)])
 def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, tmp_path, monkeypatch):
-    text = _text(tp).replace("vocab  = 128", f"vocab  = {vocab}").replace(
-        "sequence_parallel = false", "pad_vocab = true")
-    single = text.replace(f"axis tp = {tp}", "axis tp = 1").replace(f"devices_per_node = {tp}", "devices_per_node = 1")
+    text, single = _text(tp, vocab, pad_vocab=True), _text(1, vocab, pad_vocab=True)
     paths = {}
     for name, t in (("single", single), ("sharded", text)):
         c = compile_spec(check_text(t, f"{name}.scale"))
@@ -163,8 +160,7 @@ def test_tp_fails_closed_on_an_op_it_does_not_know(monkeypatch, capsys):
     one = TP_TEXT.replace("axis tp = 2", "axis dp = 2")
     assert compile_spec(check_text(one, "gpt_dp.scale")).plan.tp == ()
     # Left out of tp, the same attention compiles, replicated by the user's choice.
-    excluded = compile_spec(check_text(_text().replace("sequence_parallel = false",
-                                                       "tp_layers = (mlp, vocab)"), "gpt_tp.scale"))
+    excluded = compile_spec(check_text(_text(tp_layers=("mlp", "vocab")), "gpt_tp.scale"))
     assert [r.kind for _, d in excluded.plan.tp for r in d.regions] == ["mlp"]
 
 

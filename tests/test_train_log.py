@@ -119,7 +119,8 @@ def test_the_compiler_writes_the_plans_bucket_and_prefetch():
     assert values["parallel"]["ddp_bucket_mb"] * 2 ** 20 == compiled.plan.ddp_bucket_bytes == 25 * 2 ** 20
     other = dataclasses.replace(compiled.plan, ddp_bucket_bytes=2 ** 20)
     assert codegen.config_values(spec, compiled.traced, plan=other)["parallel"]["ddp_bucket_mb"] == 1.0
-    fsdp = check_text(dp.replace("data_parallel = ddp", "data_parallel = fsdp"), "dp.scale")
+    from tests.e2e.runner import with_plan
+    fsdp = check_text(with_plan(dp, data_parallel="fsdp"), "dp.scale")
     assert fsdp.plan.data_parallel == "fsdp"
     compiled = compile_spec(fsdp)
     values = codegen.config_values(fsdp, compiled.traced, plan=compiled.plan)

@@ -1,8 +1,16 @@
-"""The end-to-end table: each case is a sample (possibly edited), run under torchrun and compared with the
-single-device run of the same model and global batch."""
+"""The end-to-end table: each case is a sample, its model or train text possibly edited and its plan possibly
+replaced, run under torchrun and compared with the single-device run of the same model and global batch."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from compiler.plan import Plan
+
+PLAN_FIELDS = frozenset(f.name for f in dataclasses.fields(Plan)) - {"global_batch", "seq_len", "stages", "tp", "ep",
+                                                                    "spans"}
+"""The Plan fields a case may replace: the mesh and the plan section's settings (the batch and sequence are the
+train section's; the stages and tp/ep decisions are the policies', made from the plan)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,7 +22,12 @@ class Case:
     """Processes the case starts (checked against the compiled mesh)."""
     description: str
     edits: tuple = ()
-    """(old, new) text replacements applied to the sample."""
+    """(old, new) text replacements applied to the sample: what the Plan does not carry, the user's model and train
+    text (GQA, `layers`, precision, grad_clip, capacity_factor, ...)."""
+    plan: tuple = ()
+    """Plan fields replaced in the sample's Plan (a dict, or (field, value) pairs): the plan under test, stated as the
+    compiler's value rather than as the sample's wording; the mesh and plan sections are printed from it
+    (tests/e2e/runner.with_plan), after the `edits`."""
     steps: int = 3
     """Training steps: the first compares gradients, every one the loss, the last is the memory-measured step."""
     timeout: int = 240
@@ -22,18 +35,30 @@ class Case:
     """The bytes runtime collectives move equal the ledger's prediction (False only where the ledger does not yet
     count a collective the case runs, or the run is compiled; the case's comment says which)."""
 
+    def __post_init__(self):
+        """`plan` held as pairs (a case stays hashable), each a field the case may replace."""
+        pairs = tuple(dict(self.plan).items())
+        unknown = [k for k, _ in pairs if k not in PLAN_FIELDS]
+        if unknown:
+            raise ValueError(f"case {self.id}: {', '.join(unknown)} not among the Plan fields a case replaces "
+                             f"({', '.join(sorted(PLAN_FIELDS))})")
+        object.__setattr__(self, "plan", pairs)
 
-SP = (("sequence_parallel = false", "sequence_parallel = true"),)
+
+# Plans (Plan fields, tests/e2e/runner.with_plan) and text edits of the model and train sections the cases share.
+SP = dict(sequence_parallel=True)
+TP4 = dict(axes=(("tp", 4),), devices_per_node=4)
+PP4 = dict(axes=(("pp", 4),), devices_per_node=4)
+DP2_PP2 = dict(axes=(("dp", 2), ("pp", 2)), devices_per_node=4)
+PP2_TP2 = dict(axes=(("dp", 1), ("pp", 2), ("tp", 2)), devices_per_node=4)  # gpt_3d without its dp
+INTERLEAVED = dict(schedule="interleaved-1f1b", virtual_stages=2)
+
 GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
-TP4 = (("axis tp = 2", "axis tp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
-PP4 = (("axis pp = 2", "axis pp = 4"), ("devices_per_node = 2", "devices_per_node = 4"))
-
 BF16 = (("precision    = fp32", "precision    = bf16"),)
+CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
 
 MOE = "samples/moe_gpt.scale"
-MOE_4 = (("devices_per_node = 2", "devices_per_node = 4"),)
-CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
 
 
 # Cases moved out of this table to keep the suite within its time (each is held elsewhere): a manual stage layout
@@ -45,14 +70,14 @@ CASES = (
     Case(id="dp2_ddp", sample="samples/gpt_dp.scale", nproc=2,
          description="data parallel over 2 ranks with DDP: the README's main job"),
     Case(id="dp2_fsdp", sample="samples/gpt_dp.scale", nproc=2,
-         edits=(("data_parallel = ddp", "data_parallel = fsdp"),),
+         plan=dict(data_parallel="fsdp"),
          description="ZeRO-3 sharding of weights, gradients and optimizer state with FSDP2"),
     Case(id="dp2_zero1", sample="samples/gpt_dp.scale", nproc=2,
-         edits=(("data_parallel = ddp", "data_parallel = zero1"),) + CLIP,
+         plan=dict(data_parallel="zero1"), edits=CLIP,
          description="ZeRO-1: DDP's gradient all-reduce, AdamW's state partitioned over dp by ZeroRedundancyOptimizer "
                      "(decay and no-decay groups, the warm-up schedule, clipping engaged: the norm is ~0.9)"),
     Case(id="dp2_zero2", sample="samples/gpt_dp.scale", nproc=2,
-         edits=(("data_parallel = ddp", "data_parallel = zero2"),),
+         plan=dict(data_parallel="zero2"),
          description="ZeRO-2: FSDP2 keeping each block's weights gathered from forward to backward, gradients "
                      "reduce-scattered, optimizer state sharded"),
     # bf16 (runtime.precision: bf16 weights, fp32 main gradients, fp32 masters in the optimizer), each data-parallel
@@ -64,28 +89,26 @@ CASES = (
          description="bf16 over DDP's replacement: fp32 main gradients, one coalesced fp32 all-reduce, whole fp32 "
                      "masters and moments"),
     Case(id="dp2_zero1_bf16", sample="samples/gpt_dp.scale", nproc=2, steps=2,
-         edits=BF16 + (("data_parallel = ddp", "data_parallel = zero1"),),
+         edits=BF16, plan=dict(data_parallel="zero1"),
          description="bf16 zero1: fp32 masters and moments sharded over dp by whole parameters, bf16 weights "
                      "broadcast by their owners, the gradient norm from the fp32 main gradients"),
     Case(id="dp2_zero2_bf16", sample="samples/gpt_dp.scale", nproc=2, steps=2,
-         edits=BF16 + (("data_parallel = ddp", "data_parallel = zero2"),),
+         edits=BF16, plan=dict(data_parallel="zero2"),
          description="bf16 zero2: FSDP2's MixedPrecisionPolicy (bf16 gathers, fp32 reduce-scatter) over fp32 shards"),
     Case(id="dp2_fsdp_bf16", sample="samples/gpt_dp.scale", nproc=2, steps=2,
-         edits=BF16 + (("data_parallel = ddp", "data_parallel = fsdp  fp32_residual = true"),),
+         edits=BF16, plan=dict(data_parallel="fsdp", fp32_residual=True),
          description="bf16 fsdp: FSDP2's MixedPrecisionPolicy, weights gathered in bf16 from the fp32 shards; the "
                      "residual stream fp32 (fp32_residual: the blocks' inputs left uncast)"),
     Case(id="dp2_fsdp_accumulate2_grad_sync_each", sample="samples/gpt_dp.scale", nproc=2,
-         edits=(("data_parallel = ddp", "data_parallel = fsdp"),
-                ("micro_batches = 1", "micro_batches = 2  fsdp_grad_sync = micro_batch")),
+         plan=dict(data_parallel="fsdp", micro_batches=2, fsdp_grad_sync="micro_batch"),
          description="FSDP2 with two accumulation micro-batches, each one's gradients reduce-scattered "
                      "(fsdp_grad_sync = micro_batch): sharded between micro-batches, the same training"),
     Case(id="two_nodes_ddp_accumulate2", sample="samples/gpt_dp.scale", nproc=2,
-         edits=(("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1"),
-                ("micro_batches = 1", "micro_batches = 2")),
+         plan=dict(nodes=2, devices_per_node=1, micro_batches=2),
          description="two torchrun agents on loopback with c10d rendezvous (the multi-node launch form), two "
                      "gradient-accumulation micro-batches per rank (DDP no_sync on the first)"),
     Case(id="tp4_sp_recompute_selective", sample="samples/gpt_tp.scale", nproc=4,
-         edits=TP4 + (("sequence_parallel = false", "sequence_parallel = true  recompute = selective"),),
+         plan=dict(TP4, **SP, recompute="selective"),
          description="tensor + sequence parallelism over 4 ranks, selective recomputation: each block's sequence-"
                      "parallel inputs kept sharded and gathered again in backward (as Megatron's sp linears)"),
     Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
@@ -96,62 +119,59 @@ CASES = (
     Case(id="pp2_1f1b", sample="samples/gpt_pp.scale", nproc=2,
          description="two pipeline stages, 1F1B over 4 micro-batches, tied embedding across first and last stage"),
     Case(id="pp2_gpipe", sample="samples/gpt_pp.scale", nproc=2,
-         edits=(('schedule = "1f1b"', 'schedule = gpipe'),), description="two stages, GPipe"),
+         plan=dict(schedule="gpipe"), description="two stages, GPipe"),
     Case(id="pp2_zero_bubble", sample="samples/gpt_pp.scale", nproc=2,
-         edits=(('schedule = "1f1b"', 'schedule = "zero-bubble"'),),
+         plan=dict(schedule="zero-bubble"),
          description="zero-bubble: backward split into input and weight gradients"),
-    Case(id="pp4_1f1b", sample="samples/gpt_pp.scale", nproc=4, edits=PP4,
+    Case(id="pp4_1f1b", sample="samples/gpt_pp.scale", nproc=4, plan=PP4,
          description="four pipeline stages, one block each"),
     Case(id="pp4_interleaved", sample="samples/gpt_pp.scale", nproc=4,
-         edits=PP4 + (("layers = 4", "layers = 8"),
-                      ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2')),
+         edits=(("layers = 4", "layers = 8"),), plan=dict(PP4, **INTERLEAVED),
          description="interleaved 1F1B, 8 stages on 4 ranks"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
     Case(id="pp2_tp2_sp_bf16", sample="samples/gpt_3d.scale", nproc=4,
-         edits=BF16 + (("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4")),
+         edits=BF16, plan=PP2_TP2,
          description="bf16 through 1F1B over pp × tensor + sequence parallelism over tp: tp collectives and "
                      "pipeline sends in bf16 (the residual stream is), the partial-gradient all-reduce on fp32 main "
                      "gradients, as the ledger counts them"),
     # Full recomputation re-runs each block's tp collectives in backward (Megatron's too): the ledger counts them
     # again, as backward entries, and the measured bytes must match.
     Case(id="dp2_tp2_fsdp_recompute_full", sample="samples/gpt_2d.scale", nproc=4,
-         edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full"),),
+         plan=dict(data_parallel="fsdp", recompute="full"),
          description="2-D mesh: FSDP2 (ZeRO-3) over dp × tensor + sequence parallelism over tp, full activation "
                      "recomputation of every block: each FSDP2 unit's forward, tp collectives included, re-run in "
                      "backward while its weights are gathered for the backward"),
     Case(id="dp2_pp2_m2", sample="samples/gpt_pp.scale", nproc=4,
-         edits=(("axis pp = 2", "axis dp = 2\n  axis pp = 2"), ("devices_per_node = 2", "devices_per_node = 4"),
-                ("micro_batches = 4", "micro_batches = 2")),
+         plan=dict(DP2_PP2, micro_batches=2),
          description="dp × pp with as many micro-batches as stages (DDP's pipelining hook failed here)"),
     Case(id="dp2_pp2_bf16", sample="samples/gpt_pp.scale", nproc=4, steps=2,
-         edits=BF16 + (("axis pp = 2", "axis dp = 2\n  axis pp = 2"), ("devices_per_node = 2", "devices_per_node = 4")),
+         edits=BF16, plan=DP2_PP2,
          description="bf16 dp × pp: each stage's fp32 main gradients all-reduced over dp in their own buckets, in place, "
                      "after the schedule (no flat copy)"),
     Case(id="moe_ep2", sample=MOE, nproc=2, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
                      "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
-    Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=(("axis dp = 1", "axis dp = 2"),) + MOE_4 + CLIP,
+    Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=CLIP,
+         plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4),
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
     Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4,
-         edits=(("axis dp = 1", "axis pp = 2"), ("micro_batches = 2", 'micro_batches = 2  schedule = "zero-bubble"'))
-         + MOE_4 + CLIP,
+         edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
-         edits=(("axis dp = 2", "axis dp = 1"), ("devices_per_node = 8", "devices_per_node = 4"),
-                ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"  virtual_stages = 2'),
-                ("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)")),
+         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)"),),
+         plan=dict(PP2_TP2, **INTERLEAVED),
          description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings (each "
                      "rank turns its heads by the whole sequence's positions, gathered before attention): the ledger "
                      "of pp rank 0 counts the tp collectives of both its stages, and the bytes counted equal it"),
     Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
-         edits=(("axis dp = 1", "axis pp = 2"), ("layers  = 4", "layers  = 8"),
-                ("micro_batches = 2", 'micro_batches = 2  schedule = "interleaved-1f1b"  virtual_stages = 2'))
-         + MOE_4,
+         edits=(("layers  = 4", "layers  = 8"),),
+         plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, **INTERLEAVED),
          description="interleaved 1F1B over MoE blocks (4 stages on 2 ranks) × ep: pp rank 0's all-to-alls in both "
                      "its stages are in the ledger"),
     Case(id="moe_tp2_ep2_dropless", sample=MOE, nproc=4,
-         edits=(("axis dp = 1", "axis tp = 2"), ("capacity_factor = 1.25", "capacity_factor = none")) + MOE_4,
+         edits=(("capacity_factor = 1.25", "capacity_factor = none"),),
+         plan=dict(axes=(("tp", 2), ("ep", 2)), devices_per_node=4),
          description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep, dropless "
                      "routing (every choice reaches its expert, buffers sized for the worst case)"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
@@ -160,21 +180,21 @@ CASES = (
     # --memory-report: runtime.memory's tracker (a dispatch mode) runs compiled regions eagerly; what the compiled
     # regions keep is held against the model by tests/test_memory_compiled.py.
     Case(id="dp2_fsdp_recompute_full_compile", sample="samples/gpt_dp.scale", nproc=2, bytes_checked=False,
-         edits=(("data_parallel = ddp", "data_parallel = fsdp  recompute = full  compile = true"),),
+         plan=dict(data_parallel="fsdp", recompute="full", compile=True),
          description="compiled: FSDP2 over dp (its gathers and reduce-scatters eager, around each block's region), "
                      "full recomputation inside each block's region"),
     Case(id="tp2_sp_recompute_selective_compile", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
-         edits=(("sequence_parallel = false", "sequence_parallel = true  recompute = selective  compile = true"),),
+         plan=dict(SP, recompute="selective", compile=True),
          description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss; "
                      "selective recomputation, the partitioner gathering the sequence-parallel inputs again"),
     Case(id="pp2_recompute_selective_compile", sample="samples/gpt_pp.scale", nproc=2, bytes_checked=False,
-         edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective  compile = true'),),
+         plan=dict(recompute="selective", compile=True),
          description="compiled: 1F1B over two stages, selective recomputation traced into each block's region"),
     Case(id="moe_ep2_compile", sample=MOE, nproc=2, bytes_checked=False,
-         edits=CLIP + (("micro_batches = 2", "micro_batches = 2  compile = true"),),
+         edits=CLIP, plan=dict(compile=True),
          description="compiled: experts over ep = 2, the all-to-all dispatch and combine inside the blocks' regions"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
-         edits=(('schedule = "1f1b"', 'schedule = "1f1b"  recompute = selective'),),
+         plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
                      "pipeline stages"),
 )

@@ -13,14 +13,7 @@ import tempfile
 from pathlib import Path
 
 from tests.e2e.cases import CASES
-from tests.e2e.runner import ROOT, launch
-
-
-def case_text(case) -> str:
-    text = (ROOT / case.sample).read_text()
-    for old, new in case.edits:
-        text = text.replace(old, new)
-    return text
+from tests.e2e.runner import case_text, launch
 
 
 def measure(case_id: str, workdir: Path, steps: int = 2) -> dict:

@@ -1,6 +1,7 @@
 """Compile a .scale text, launch it under torchrun through its launch.sh, and read back what it wrote."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -13,11 +14,13 @@ import pytest
 import torch
 
 from compiler import codegen
+from compiler import plan as P
 from compiler.check import check_text
+from compiler.parse import parse
 from compiler.pipeline import compile_spec
+from compiler.report.scale import scale_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SINGLE_MESH = "mesh { axis dp = 1  devices_per_node = 1 }"
 
 
 @dataclass
@@ -33,12 +36,46 @@ class Run:
     costs: object = None  # the compiler's cost.Estimate of the plan (its memory model's prediction per rank)
 
 
-def single_device(text: str) -> str:
-    """The same model, data and global batch on one device, no accumulation: the reference of every plan. An fp32
-    residual stream (`fp32_residual = true`) is the model's numerics, not its layout: the reference keeps it."""
-    keep = "  fp32_residual = true" if re.search(r"plan\s*\{[^}]*fp32_residual\s*=\s*true", text) else ""
-    text = re.sub(r"mesh\s*\{[^}]*\}", SINGLE_MESH, text)
-    return re.sub(r"plan\s*\{[^}]*\}", f"plan {{ data_parallel = ddp  micro_batches = 1{keep} }}", text)
+def with_plan(text: str, path: str = "case.scale", **fields) -> str:
+    """`text` with its mesh and plan sections printed from its Plan with `fields` replaced
+    (`dataclasses.replace(plan, **fields)`) by compiler/report/scale.py, the printer `scalec search -o` writes its
+    winner with; the model and train sections as written. A case states the plan it tests as the value the compiler
+    decides on, rather than as edits of the sample's wording; the file is then compiled like any other. `path`:
+    where the text's relative paths (a tokens file, an `init = from(...)` checkpoint) are found from."""
+    spec = check_text(text, path)
+    plan = dataclasses.replace(spec.plan, **fields)
+    return scale_file(plan, text, parse(text, path), spec.mesh.device.kind)
+
+
+def on_plan(text: str, path: str = "case.scale", **fields) -> str:
+    """The same model and training on another mesh and plan: `text` with its mesh and plan sections printed from a
+    Plan of `fields` alone, every setting not named at its default (one node, ddp, one micro-batch, ...), none kept
+    from the text's own plan (`with_plan` keeps them). `path`: as `with_plan`'s."""
+    spec = check_text(text, path)
+    plan = spec.plan
+    fresh = P.Plan(**{"nodes": 1, "data_parallel": "ddp", "micro_batches": 1,
+                      "compile": P.compiles(None, spec.mesh.device.kind), **fields},
+                   global_batch=plan.global_batch, seq_len=plan.seq_len)
+    return scale_file(fresh, text, parse(text, path), spec.mesh.device.kind)
+
+
+def single_device(text: str, path: str = "reference.scale") -> str:
+    """The same model, data and global batch on one device, no accumulation: the reference of every plan, on a
+    fresh Plan (`on_plan`) but for `fp32_residual`: an fp32 residual stream is the model's numerics, not its
+    layout, so the reference keeps it. The text depends only on the model and train sections and that setting, so
+    cases of the same model share one reference run (test_e2e's `references`). `path`: as `with_plan`'s."""
+    residual = check_text(text, path).plan.fp32_residual
+    return on_plan(text, path, axes=(("dp", 1),), devices_per_node=1, fp32_residual=residual)
+
+
+def case_text(case) -> str:
+    """The .scale text of an e2e case (tests/e2e/cases.py): the sample, its `edits` of the model and train text
+    applied, then its `plan` fields (`with_plan`)."""
+    text = (ROOT / case.sample).read_text()
+    for old, new in case.edits:
+        assert old in text, f"case {case.id}: `{old}` is not in {case.sample}"
+        text = text.replace(old, new)
+    return with_plan(text, f"{case.id}.scale", **dict(case.plan)) if case.plan else text
 
 
 def _free_port() -> int:

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from tests.e2e.runner import ROOT, launch, single_device
+from tests.e2e.runner import ROOT, launch, on_plan, single_device, with_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -23,24 +23,23 @@ STEPS, STOP = 4, 2
 TIMEOUT = 300
 
 
-def _sample(name: str, *edits) -> str:
+def _sample(name: str, *edits, **fields) -> str:
+    """A sample, warm-up 1, its Plan's `fields` replaced (with_plan), then its model and train text `edits` (in this
+    order: an edit may need the plan, as a vocabulary of 127 needs pad_vocab on tp = 2)."""
     text = (ROOT / "samples" / f"{name}.scale").read_text().replace("warmup = 5", "warmup = 1")
+    if fields:
+        text = with_plan(text, f"{name}.scale", **fields)
     for old, new in edits:
         assert old in text, f"`{old}` is not in {name}"
         text = text.replace(old, new)
     return text
 
 
-def _on(text: str, mesh: str, plan: str) -> str:
-    """The same model and training on another mesh and plan."""
-    text = re.sub(r"mesh\s*\{[^}]*\}", f"mesh {{ {mesh} }}", text)
-    return re.sub(r"plan\s*\{[^}]*\}", f"plan {{ {plan} }}", text)
-
-
-ONE = ("axis dp = 1  devices_per_node = 1", "data_parallel = ddp  micro_batches = 1")
-TP2 = ("axis tp = 2  devices_per_node = 2", "micro_batches = 1")
-DP2 = ("axis dp = 2  devices_per_node = 2", "data_parallel = ddp  micro_batches = 1")
-PP4 = ("axis pp = 4  devices_per_node = 4", 'micro_batches = 4  schedule = "1f1b"')
+# The meshes and plans the checkpoints are resumed on (on_plan: every other setting at its default).
+ONE = dict(axes=(("dp", 1),), devices_per_node=1)
+TP2 = dict(axes=(("tp", 2),), devices_per_node=2)
+DP2 = dict(axes=(("dp", 2),), devices_per_node=2)
+PP4 = dict(axes=(("pp", 4),), devices_per_node=4, micro_batches=4)
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +91,9 @@ def test_tp2_resumes_on_tp2_bitwise(tmp_path):
 
 
 def test_tp2_sp_resumes_on_dp2(reference, tmp_path):
-    text = _sample("gpt_tp", ("sequence_parallel = false", "sequence_parallel = true"))
+    text = _sample("gpt_tp", sequence_parallel=True)
     first, ckpt = _interrupt(text, "tp2_sp", tmp_path)
-    second = _resume(_on(text, *DP2), "tp2_sp_to_dp2", tmp_path, ckpt, nproc=2)
+    second = _resume(on_plan(text, **DP2), "tp2_sp_to_dp2", tmp_path, ckpt, nproc=2)
     _same(first.losses + second.losses, reference(text))
 
 
@@ -103,18 +102,18 @@ def test_3d_resumes_on_pp4(reference, tmp_path):
     the first stage only; read back as four stages of one block."""
     text = _sample("gpt_3d")
     first, ckpt = _interrupt(text, "dp2_pp2_tp2", tmp_path)
-    second = _resume(_on(text, *PP4), "3d_to_pp4", tmp_path, ckpt, nproc=4)
+    second = _resume(on_plan(text, **PP4), "3d_to_pp4", tmp_path, ckpt, nproc=4)
     _same(first.losses + second.losses, reference(text))
 
 
-@pytest.mark.parametrize("schedule", ['"interleaved-1f1b"  virtual_stages = 2', '"zero-bubble"'],
-                         ids=["interleaved", "zero_bubble"])
+@pytest.mark.parametrize("schedule", [dict(schedule="interleaved-1f1b", virtual_stages=2),
+                                      dict(schedule="zero-bubble")], ids=["interleaved", "zero_bubble"])
 def test_pp2_resumes_on_tp2(schedule, reference, tmp_path):
     """Two stages per rank (interleaved) and the split backward (zero-bubble); GPipe and 1F1B hold their stages as
     zero-bubble does (one per rank), and a 1F1B checkpoint is resumed by test_3d_resumes_on_pp4."""
-    text = _sample("gpt_pp", ('schedule = "1f1b"', f"schedule = {schedule}"))
+    text = _sample("gpt_pp", **schedule)
     first, ckpt = _interrupt(text, "pp2", tmp_path)
-    second = _resume(_on(text, *TP2), "pp2_to_tp2", tmp_path, ckpt, nproc=2)
+    second = _resume(on_plan(text, **TP2), "pp2_to_tp2", tmp_path, ckpt, nproc=2)
     _same(first.losses + second.losses, reference(text))
 
 
@@ -122,16 +121,16 @@ def test_moe_ep2_resumes_on_ep4_with_tp(reference, tmp_path):
     """Experts as DTensors over ep (with their AdamW state), dense weights over tp: ep = 2 to tp = 2 × ep = 4."""
     text = _sample("moe_gpt")
     first, ckpt = _interrupt(text, "ep2", tmp_path)
-    target = _on(text, "axis tp = 2  axis ep = 4  devices_per_node = 8", "data_parallel = ddp  micro_batches = 2")
+    target = on_plan(text, axes=(("tp", 2), ("ep", 4)), devices_per_node=8, micro_batches=2)
     second = _resume(target, "ep2_to_tp2_ep4", tmp_path, ckpt, nproc=8)
     _same(first.losses + second.losses, reference(text))
 
 
 def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     """FSDP over dp with tp: each piece is gathered over dp and stored as a tp shard, scattered back after a load."""
-    text = _sample("gpt_2d", ("data_parallel = ddp", "data_parallel = fsdp"))
+    text = _sample("gpt_2d", data_parallel="fsdp")
     first, ckpt = _interrupt(text, "dp2_tp2_fsdp", tmp_path)
-    second = _resume(_on(text, *ONE), "fsdp_tp_to_one", tmp_path, ckpt, nproc=1)
+    second = _resume(on_plan(text, **ONE), "fsdp_tp_to_one", tmp_path, ckpt, nproc=1)
     _same(first.losses + second.losses, reference(text))
 
 
@@ -139,7 +138,7 @@ def test_zero1_resumes_on_zero1(reference, tmp_path):
     """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
     read back by zero1 (each rank its partition again), training continues as the single-device run does, which
     it could not if a partition's state were missing from the checkpoint (AdamW restarted on those parameters)."""
-    text = _sample("gpt_dp", ("data_parallel = ddp", "data_parallel = zero1"))
+    text = _sample("gpt_dp", data_parallel="zero1")
     first, ckpt = _interrupt(text, "dp2_zero1", tmp_path)
     again = _resume(text, "dp2_zero1_again", tmp_path, ckpt)
     _same(first.losses + again.losses, reference(text))
@@ -149,8 +148,7 @@ def test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32(tmp_path):
     """bf16 (runtime/precision.py): the checkpoint holds the fp32 masters (each zero1 rank its partition's) and
     AdamW's moments, not the bf16 weights, so the same plan resumes bitwise (the bf16 weights recast from the
     masters and broadcast by their owners), and an fp32 plan on one device resumes from it."""
-    text = _sample("gpt_dp", ("data_parallel = ddp", "data_parallel = zero1"),
-                   ("precision    = fp32", "precision    = bf16"))
+    text = _sample("gpt_dp", ("precision    = fp32", "precision    = bf16"), data_parallel="zero1")
     first, ckpt = _interrupt(text, "dp2_zero1_bf16", tmp_path)
     import torch.distributed.checkpoint as dcp
     meta = dcp.FileSystemReader(str(ckpt / f"step_{STOP:08d}")).read_metadata().state_dict_metadata
@@ -160,7 +158,7 @@ def test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32(tmp_path):
     again = _resume(text, "dp2_zero1_bf16_again", tmp_path, ckpt)
     whole = launch(text, "dp2_zero1_bf16_whole", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False)
     assert first.losses + again.losses == whole.losses  # bitwise
-    fp32 = _resume(_on(text.replace("precision    = bf16", "precision    = fp32"), *ONE), "bf16_to_fp32_one",
+    fp32 = _resume(on_plan(text.replace("precision    = bf16", "precision    = fp32"), **ONE), "bf16_to_fp32_one",
                    tmp_path, ckpt, nproc=1)
     _same(fp32.losses, again.losses, rtol=2e-3)  # the same model state, continued in fp32 rather than bf16
 
@@ -168,10 +166,9 @@ def test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32(tmp_path):
 def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
     """Vocabulary 127 on tp = 2, padded to 128: the last rank's padding row is not stored; one device reads a
     [127, 64] embedding."""
-    text = _sample("gpt_tp", ("vocab  = 128", "vocab  = 127"),
-                   ("micro_batches = 1", "micro_batches = 1  pad_vocab = true"))
+    text = _sample("gpt_tp", ("vocab  = 128", "vocab  = 127"), pad_vocab=True)
     first, ckpt = _interrupt(text, "tp2_pad", tmp_path)
-    second = _resume(_on(text, *ONE), "tp2_pad_to_one", tmp_path, ckpt, nproc=1)
+    second = _resume(on_plan(text, **ONE), "tp2_pad_to_one", tmp_path, ckpt, nproc=1)
     _same(first.losses + second.losses, reference(text))
 
 

@@ -26,7 +26,7 @@ def _scale(tmp_path: Path, name: str, *, one_device: bool) -> Path:
     assert TOKENS in text
     path = tmp_path / "project" / name
     path.parent.mkdir(exist_ok=True)
-    path.write_text(single_device(text) if one_device else text)
+    path.write_text(single_device(text, str(path)) if one_device else text)  # its tokens file found beside it
     return path
 
 

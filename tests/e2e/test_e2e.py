@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.e2e.cases import CASES, Case
-from tests.e2e.runner import ROOT, assert_same_training, launch, single_device
+from tests.e2e.runner import ROOT, assert_same_training, case_text, launch, single_device
 
 pytestmark = pytest.mark.e2e
 
@@ -25,17 +25,9 @@ def references(tmp_path_factory):
     return get
 
 
-def _text(case: Case) -> str:
-    text = (ROOT / case.sample).read_text()
-    for old, new in case.edits:
-        assert old in text, f"case {case.id}: `{old}` is not in {case.sample}"
-        text = text.replace(old, new)
-    return text
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_matches_single_device(case: Case, references, tmp_path):
-    text = _text(case)
+    text = case_text(case)
     # runtime.memory's tracker runs compiled regions eagerly: a compiled case's report would measure the eager
     # program; what compiled regions keep is held against the model by tests/test_memory_compiled.py
     compiled = "compile = true" in text
@@ -118,7 +110,7 @@ def test_bf16_moves_what_the_ledger_predicts(tmp_path):
 def test_checkpoint_resume_continues_exactly(references, tmp_path):
     """Interrupted after 3 of 5 steps (checkpoint), resumed: the resumed steps equal the uninterrupted run's, past
     the warm-up, on the cosine part of the schedule; resuming with another length is refused."""
-    text = _text(CASES[1]).replace("warmup = 5", "warmup = 1")  # FSDP2: sharded state through DCP
+    text = case_text(CASES[1]).replace("warmup = 5", "warmup = 1")  # FSDP2: sharded state through DCP
     ckpt = tmp_path / "ckpt"
     first = launch(text, "part1", tmp_path, steps=5, timeout=240,
                    extra=("--checkpoint-dir", str(ckpt), "--stop-after", "3"), dump_grads=False)

@@ -1,0 +1,42 @@
+"""The e2e table's texts, without launching anything: each case's file carries the plan it names (its `plan` fields
+printed by tests/e2e/runner.with_plan), and the single-device reference depends on the model alone, so that cases of
+one model share one reference run (tests/e2e/test_e2e.py's `references`)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler import plan as P
+from compiler.check import check_text
+from tests.e2e.cases import CASES, Case
+from tests.e2e.runner import case_text, single_device
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.plan], ids=[c.id for c in CASES if c.plan])
+def test_case_file_holds_its_plan_fields(case):
+    plan = check_text(case_text(case), f"{case.id}.scale").plan
+    assert {k: getattr(plan, k) for k, _ in case.plan} == dict(case.plan)
+    assert plan.world_size == case.nproc
+
+
+def test_references_depend_on_the_model_not_the_plan():
+    """One reference per (sample, model and train edits, fp32_residual): the plan fields and the sample's plan and
+    mesh wording leave it unchanged, and it is one device with the plan section's defaults."""
+    refs: dict = {}
+    for case in CASES:
+        text = single_device(case_text(case))
+        key = (case.sample, case.edits, dict(case.plan).get("fp32_residual", False))
+        assert refs.setdefault(key, text) == text, f"case {case.id}: another reference than its model's other cases"
+        plan = check_text(text, "reference.scale").plan
+        default = P.Plan(axes=(("dp", 1),), nodes=1, devices_per_node=1, data_parallel="ddp", micro_batches=1,
+                         global_batch=plan.global_batch, seq_len=plan.seq_len, fp32_residual=key[2])
+        assert dataclasses.replace(plan, spans=()) == default, case.id
+    assert len(refs) < len(CASES)
+
+
+def test_a_case_names_only_plan_fields():
+    with pytest.raises(ValueError, match="global_batch"):
+        Case(id="x", sample="samples/gpt_dp.scale", nproc=2, description="", plan=dict(global_batch=32))
+    assert Case(id="x", sample="samples/gpt_dp.scale", nproc=2, description="",
+                plan=dict(data_parallel="fsdp")).plan == (("data_parallel", "fsdp"),)
