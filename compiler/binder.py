@@ -4,7 +4,7 @@
 turns expressions into sizes, integers, floats, choices, names, ranges; `Param` describes one setting or argument
 (its converter, default and doc) and `bind`/`_settings` read arguments and settings against a table of them. The
 vocabulary itself (which sections, settings and layers exist) lives in compiler/check.py; no rule about a plan does
-(compiler/rules.py).
+(compiler/rules/).
 """
 from __future__ import annotations
 

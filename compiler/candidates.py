@@ -86,7 +86,7 @@ class Candidates:
         return replace(plan, stages=stages)
 
     def requires(self, plan: P.Plan) -> list:
-        """What every rule says of `plan` (compiler/rules.py: each pass module's `requires`, the mesh's)."""
+        """What every rule says of `plan` (compiler/rules/: each pass's `requires`, the mesh's)."""
         from compiler import rules as R
         return R.check_plan(self.spec, plan)
 

@@ -3,7 +3,7 @@
 The grammar only knows structure; this module knows the vocabulary: which sections, settings, layer kinds and
 arguments exist and what type each takes (the binder, compiler/binder.py, turns expressions into those types), and
 resolves the model, the mesh, the plan and the training settings. Once they exist it runs the rules of the plan,
-which live beside the passes they protect (compiler/rules.py). Each problem becomes a Diagnostic pointing at the
+one module per pass they protect (compiler/rules/). Each problem becomes a Diagnostic pointing at the
 offending text, with a remedy.
 """
 from __future__ import annotations
@@ -249,7 +249,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
             own = dataclasses.replace(own, axes=(("dp", 1),), micro_batches=1,
                                       schedule="1f1b", virtual_stages=1, sequence_parallel=False, layout=(),
                                       data_parallel="ddp")
-        c.diags += check_plan(spec, own)  # the rules beside the passes (compiler/rules.py)
+        c.diags += check_plan(spec, own)  # the rules of each pass and of the mesh (compiler/rules/)
         _file_checks(c, model, train, train_values)
         _no_effect_checks(c, spec, bool(mesh.axis_spans))
     if any(d.severity == "error" for d in c.diags):

@@ -3,7 +3,7 @@
     parse and check   compiler/check.py         .scale text -> Spec (what the user wrote, resolved)
     plan as written   compiler/check.py         Spec.plan (compiler/plan.py's Plan: the mesh and the plan's
                                                 settings as written; the one carrier of decisions from here on)
-    rules             compiler/rules.py         Plan -> diagnostics (each pass module's `requires`, mesh rules)
+    rules             compiler/rules/           Plan -> diagnostics (each pass's `requires`, the mesh's)
     build, trace      compiler/model.py, trace  Spec -> the unsharded traced graphs, kept unchanged
     decide            compiler/lower.py         (unsharded, Plan) -> Plan with its tp regions and expert placements
                                                 (the policies, beside their passes)

@@ -64,8 +64,9 @@ def test_a_bad_file_is_reported_without_torch_too():
     assert got["heavy"] == []
 
 
-def test_the_rule_bearing_pass_modules_import_without_torch():
-    code = ("import sys, compiler.passes.pipeline_split, compiler.passes.expert_parallel, compiler.cost, "
+def test_the_rules_import_without_torch():
+    code = ("import sys, compiler.rules.pipeline_split, compiler.rules.expert_parallel, "
+            "compiler.rules.tensor_parallel, compiler.cost, "
             "compiler.cost.devices, compiler.codes, compiler.plan\n"
             f"print(sorted(m for m in sys.modules if (m == 'torch' or m.startswith(('torch.', 'runtime'))) "
             f"and m not in {sorted(LIGHT)!r})[:5])")

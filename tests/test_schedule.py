@@ -136,7 +136,7 @@ def test_published_trillion_scale_pipelines_verify_with_linear_work(name):
     from pathlib import Path
 
     from compiler import plan as P
-    from compiler.passes import pipeline_split as PS
+    from compiler.rules import pipeline_split as PS
     from compiler.pipeline import check_path
     spec = check_path(str(Path(__file__).parent / "reference" / f"{name}.scale"))
     plan = spec.plan
@@ -161,7 +161,7 @@ def test_verify_work_is_linear_in_the_actions(name, v):
 
 
 def test_the_action_count_is_known_without_building_the_lists():
-    from compiler.passes.pipeline_split import schedule_actions
+    from compiler.rules.pipeline_split import schedule_actions
     for name, v in CASES:
         for p, m in ((2, 4), (4, 8), (8, 16)):
             assert schedule_actions(name, p, v, m) == sum(len(a) for a in S.actions(name, p, m, v).values())

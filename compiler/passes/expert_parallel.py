@@ -16,16 +16,15 @@ hold the same experts), by the runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import torch
+from torch import fx
 
 from compiler import spec as S
-from compiler.diagnostics import divisors, plan_error
+from compiler import trace as T
+from compiler.passes.tensor_parallel import Collective, _insert
 from compiler.symbols import size
-
-if TYPE_CHECKING:  # torch, the tracer and runtime.moe load where a graph is sharded: `requires` needs none of them
-    from torch import fx
-
-    from compiler import trace as T
+from runtime import moe
 
 AXIS = "ep"
 
@@ -38,7 +37,6 @@ class Placement:
 
 
 def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
-    from runtime import moe
     out = []
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), moe.Experts):
@@ -50,11 +48,7 @@ def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
 
 
 def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
-    import torch
 
-    from compiler import trace as T
-    from compiler.passes.tensor_parallel import Collective, _insert
-    from runtime import moe
     node = next(n for n in gm.graph.nodes if n.name == p.experts)
     old = gm.get_submodule(node.target)
     _, hidden, ffn = old.w_up.shape
@@ -86,7 +80,6 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
 
 def expert_parallel_pass(traced: T.Traced, plan) -> T.Traced:
     """Carry out `plan.ep`, the policy's placement of each segment's experts (compiler/pipeline.decide)."""
-    from compiler import trace as T
     if plan.size(AXIS) == 1:
         return traced
     for cls, gm in traced.segments():
@@ -98,43 +91,3 @@ def expert_parallel_pass(traced: T.Traced, plan) -> T.Traced:
         gm.recompile()
     traced.annotate()
     return traced
-
-
-# -- what expert parallelism requires ------------------------------------------------------------------------------
-
-
-def requires(spec: S.Spec, plan) -> list:
-    """Experts that divide over ep, and what ep and `moe` layers cannot yet combine with. (Each `moe` layer's
-    capacity is bound when the model is resolved, in compiler/check.py.)"""
-    out: list = []
-    moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
-    if moes and plan.sequence_parallel and plan.size("tp") > 1:
-        out.append(plan_error(plan, "axis tp", "E0707", "`moe` layers under sequence parallelism are not supported "
-                              f"yet", help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; "
-                              "turn `sequence_parallel` off (tp still shards attention, the dense MLPs and the "
-                              "vocabulary)"))
-    ep = plan.size(AXIS)
-    if ep == 1:
-        return out
-    at = "axis ep"
-    if not moes:
-        out.append(plan_error(plan, at, "E0704", f"ep = {ep} but the model has no `moe` layer to shard over it",
-                              label="nothing to shard", help="add `moe(...)` layers (e.g. in place of an `mlp`), or "
-                              "remove the axis and give its ranks to dp"))
-    for m in moes:
-        n = int(spec.value(m.experts))
-        if n % ep:
-            ok = [d for d in divisors(n) if d <= max(4 * ep, 8)]
-            out.append(plan_error(plan, at, "E0701", f"expert-parallel degree {ep} does not divide the {n} experts",
-                                  label=f"{n} % {ep} == {n % ep}",
-                                  help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep "
-                                       "sizes that divide " + f"{n}: " + ", ".join(map(str, ok[-6:]))))
-    if plan.data_parallel == "fsdp" and plan.size("dp") > 1:
-        out.append(plan_error(plan, at, "E0706", "FSDP over dp together with ep is not supported yet",
-                              help="use `data_parallel = ddp`: experts are already sharded over ep"))
-    if plan.data_parallel in ("zero1", "zero2") and plan.size("dp") > 1:
-        out.append(plan_error(plan, "data_parallel", "E0708", f"{plan.data_parallel} over dp together with ep is not "
-                              "supported yet", label=f"ep = {ep}",
-                              help="use `data_parallel = ddp` (experts are already sharded over ep); "
-                                   "`scalec explain E0708` says why"))
-    return out

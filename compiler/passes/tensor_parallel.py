@@ -23,27 +23,19 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
-
 import sympy
+import torch
+import torch.fx as fxm
+import torch.nn.functional as F
+from torch import fx, nn
 
+from compiler import ops as _ops
 from compiler import spec as S
+from compiler import trace as T
 from compiler.diagnostics import Diagnostic
-from compiler.lazy import lazy
 from compiler.symbols import size
-
-if TYPE_CHECKING:
-    from torch import fx
-
-# torch, the tracer and the runtime load on first use: `requires` below runs in `scalec check`, which needs none.
-torch = lazy("torch")
-fxm = lazy("torch.fx")
-F = lazy("torch.nn.functional")
-nn = lazy("torch.nn")
-T = lazy("compiler.trace")
-C = lazy("runtime.collectives")
-_layers = lazy("runtime.layers")
-_ops = lazy("compiler.ops")
+from runtime import collectives as C
+from runtime import layers as _layers
 
 AXIS = "tp"
 
@@ -397,49 +389,3 @@ def tensor_parallel_pass(traced: T.Traced, plan) -> T.Traced:
 
 
 # -- what tensor parallelism requires (kept at the end of the file: the rules, not the pass) ------------------------
-
-
-def requires(spec, plan) -> list:
-    """Everything the tensor-parallel degree must divide, reported at the `axis tp` line with the layer named (or,
-    for a generated candidate, with the plan described)."""
-    from compiler import spec as S
-    from compiler.diagnostics import divisors, plan_error
-    out: list = []
-    tp = plan.size("tp")
-    if tp == 1:
-        return out
-    at = "axis tp"
-
-    def need(code: str, what: str, value, layer_span, remedy: str) -> None:
-        n = int(spec.value(value))
-        if n % tp:
-            ok = [d for d in divisors(n) if d <= max(tp * 4, 8)]
-            out.append(plan_error(plan, at, code, f"tensor-parallel degree {tp} does not divide {what} ({n})",
-                                  label=f"{n} % {tp} == {n % tp}",
-                                  help=f"{remedy} (the layer is at {layer_span}); tp sizes that divide {n}: "
-                                       + ", ".join(map(str, ok[-6:]))))
-
-    for x in S.walk(spec.model.layers):
-        if isinstance(x, S.Attention) and "attention" in plan.tp_layers:
-            need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
-            if int(spec.value(x.heads)) % tp == 0:
-                need("E0402", "the key/value heads", x.kv_heads, x.span,
-                     "each rank needs whole key/value heads for its query heads")
-        if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
-            need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
-    emb = next(x for x in spec.model.layers if isinstance(x, S.Embedding))
-    if "vocab" in plan.tp_layers and not plan.pad_vocab:
-        need("E0403", "the vocabulary", emb.vocab, emb.span,
-             "add `pad_vocab = true` to the plan (padded logits are masked out, the loss is unchanged), or exclude "
-             "the vocabulary: `tp_layers = (attention, mlp)`")
-    if plan.sequence_parallel:
-        if plan.seq_len % tp:
-            out.append(plan_error(plan, at, "E0405", f"sequence parallelism over tp = {tp} needs the sequence length "
-                                  f"({plan.seq_len}) to divide", label=f"{plan.seq_len} % {tp} == {plan.seq_len % tp}",
-                                  help="choose a seq_len that tp divides, or turn `sequence_parallel` off"))
-        missing = [k for k in ("attention", "mlp", "vocab") if k not in plan.tp_layers]
-        if missing:
-            out.append(plan_error(plan, at, "E0406", "sequence parallelism needs attention, MLP and vocabulary all "
-                                  "sharded over tp", help=f"add {', '.join(missing)} to `tp_layers`, or turn "
-                                  "`sequence_parallel` off"))
-    return out

@@ -15,7 +15,7 @@ change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
 Candidates. The mesh is laid out pp, dp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices of
 a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a mesh shape with its sequence
 parallelism, micro-batch size and schedule (with its virtual stages); its *variants* are its dp shardings and
-recomputations. Every candidate is checked by the rules (compiler/rules.py, through `Candidates.requires`: the one
+recomputations. Every candidate is checked by the rules (compiler/rules/, through `Candidates.requires`: the one
 copy of every divisibility and legality rule; nothing here restates one), costed by the memory model
 (`Estimate.peak_bytes` against the device, as `compile`'s E0501) and timed by compiler/cost/step_time.py.
 """

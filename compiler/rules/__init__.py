@@ -1,19 +1,21 @@
 """The rules a plan must satisfy, gathered in one fixed order.
 
-Each pass module states what it needs beside the code that needs it: `requires(spec, plan) -> list[Diagnostic]` in
-compiler/passes/tensor_parallel.py, pipeline_split.py and expert_parallel.py. This module adds the mesh-wide rules
-(the global batch over the batch ranks, the sequence over the learned positions) and runs them all.
+Each pass states what its plans need in a module of this package named after it: `requires(spec, plan) ->
+list[Diagnostic]` in compiler/rules/tensor_parallel.py, pipeline_split.py and expert_parallel.py. This module adds the
+mesh-wide rules (the global batch over the batch ranks, the sequence over the learned positions) and runs them all.
+The package imports no torch, by position: the passes themselves (compiler/passes/) import torch at the top, and
+nothing here imports them (tests/test_imports.py holds it), so `scalec check` runs every rule without torch.
 
 The settings are read from `plan` (a compiler.plan.Plan), never from the Spec's plan or mesh, so a candidate built
 by `dataclasses.replace(plan, axes=...)` is checked exactly like the plan written in a file; the Spec supplies the
 model. A rule points at the setting's text through `plan.span(key)`; a candidate has no spans, and its diagnostics
-describe the plan in words instead (compiler.diagnostics.plan_error). No torch is imported here or by the rules.
+describe the plan in words instead (compiler.diagnostics.plan_error).
 """
 from __future__ import annotations
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic, plan_error
-from compiler.passes import expert_parallel, pipeline_split, tensor_parallel
+from compiler.rules import expert_parallel, pipeline_split, tensor_parallel
 
 
 def mesh_requires(spec: S.Spec, plan) -> list[Diagnostic]:

@@ -1,0 +1,48 @@
+"""What expert parallelism requires (the rules of compiler/passes/expert_parallel.py's plans): experts that divide
+over ep, and the combinations ep and `moe` layers cannot yet take.
+
+Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
+"""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.diagnostics import divisors, plan_error
+
+AXIS = "ep"
+
+
+def requires(spec: S.Spec, plan) -> list:
+    """Experts that divide over ep, and what ep and `moe` layers cannot yet combine with. (Each `moe` layer's
+    capacity is bound when the model is resolved, in compiler/check.py.)"""
+    out: list = []
+    moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
+    if moes and plan.sequence_parallel and plan.size("tp") > 1:
+        out.append(plan_error(plan, "axis tp", "E0707", "`moe` layers under sequence parallelism are not supported "
+                              f"yet", help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; "
+                              "turn `sequence_parallel` off (tp still shards attention, the dense MLPs and the "
+                              "vocabulary)"))
+    ep = plan.size(AXIS)
+    if ep == 1:
+        return out
+    at = "axis ep"
+    if not moes:
+        out.append(plan_error(plan, at, "E0704", f"ep = {ep} but the model has no `moe` layer to shard over it",
+                              label="nothing to shard", help="add `moe(...)` layers (e.g. in place of an `mlp`), or "
+                              "remove the axis and give its ranks to dp"))
+    for m in moes:
+        n = int(spec.value(m.experts))
+        if n % ep:
+            ok = [d for d in divisors(n) if d <= max(4 * ep, 8)]
+            out.append(plan_error(plan, at, "E0701", f"expert-parallel degree {ep} does not divide the {n} experts",
+                                  label=f"{n} % {ep} == {n % ep}",
+                                  help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep "
+                                       "sizes that divide " + f"{n}: " + ", ".join(map(str, ok[-6:]))))
+    if plan.data_parallel == "fsdp" and plan.size("dp") > 1:
+        out.append(plan_error(plan, at, "E0706", "FSDP over dp together with ep is not supported yet",
+                              help="use `data_parallel = ddp`: experts are already sharded over ep"))
+    if plan.data_parallel in ("zero1", "zero2") and plan.size("dp") > 1:
+        out.append(plan_error(plan, "data_parallel", "E0708", f"{plan.data_parallel} over dp together with ep is not "
+                              "supported yet", label=f"ep = {ep}",
+                              help="use `data_parallel = ddp` (experts are already sharded over ep); "
+                                   "`scalec explain E0708` says why"))
+    return out

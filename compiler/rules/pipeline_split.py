@@ -1,0 +1,118 @@
+"""What a pipeline requires (the rules of compiler/passes/pipeline_split.py's plans): enough blocks, enough
+micro-batches, a valid interleaving and layout, a schedule small enough to prove.
+
+Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
+"""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.diagnostics import plan_error
+
+
+# The schedule's actions per step, over all ranks, that `compile` builds and proves (compiler/schedule.py `verify`,
+# linear in them: about a second per million on a laptop) and that each rank of the program builds at start-up.
+# Korthikanti et al.'s 1T configuration interleaved (p 64 × v 2, 512 micro-batches) has 391,168; this bound is
+# ten times that, and refuses only absurd counts (E0615; it replaced E0608's cap of 16,384 stage × micro-batch
+# slots).
+MAX_SCHEDULE_ACTIONS = 4_194_304
+
+
+def schedule_actions(schedule: str, pp: int, v: int, m: int) -> int:
+    """How many actions `runtime.schedule.actions` makes, without making them: per stage and micro-batch a forward
+    and a backward (zero-bubble: its input and weight halves), and per stage boundary and micro-batch the four
+    sends and receives (stage s lives on rank s mod pp, so with pp > 1 neighbouring stages are on different ranks)."""
+    stages = pp * v
+    per = 3 if schedule == "zero-bubble" else 2
+    return m * (stages * per + (4 * (stages - 1) if pp > 1 else 0))
+
+
+def requires(spec: S.Spec, plan) -> list:
+    """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving and
+    layout. Reads the settings from `plan` (a compiler.plan.Plan: the file's, or a generated candidate)."""
+    out: list = []
+    pp, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    if v > 1 and plan.schedule != "interleaved-1f1b":  # a file's plan is refused earlier, where it is read
+        out.append(plan_error(plan, "virtual_stages", "E0604", f"virtual_stages = {v} needs the interleaved-1f1b "
+                              "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`'))
+    if pp == 1:
+        return out
+    if plan.recompute == "selective" and plan.schedule == "zero-bubble":
+        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the zero-bubble "
+                              "schedule", label="its backward passes each block twice",
+                              help='use `recompute = full` (it recomputes the block for each pass), or another '
+                                   'schedule'))
+    if plan.compile and plan.schedule == "zero-bubble" and plan.span("compile") is not None:
+        out.append(plan_error(plan, "compile", "E0611", "a compiled program cannot run the zero-bubble schedule",
+                              label="each block's backward would run twice",
+                              help='use `compile = false` (the default under zero-bubble), or another schedule'))
+    at = "axis pp"
+    repeats = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
+    if len(repeats) != 1:
+        out.append(plan_error(plan, at, "E0605", f"a pipeline cuts one `repeat` into stages; this model has "
+                              f"{len(repeats)}", help="write the model's blocks as a single `repeat`"))
+        return out
+    blocks = int(spec.value(repeats[0].count))
+    stages = pp * v
+    if stages > blocks:
+        out.append(plan_error(plan, at, "E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would "
+                              "be empty", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
+                              help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} "
+                                   "blocks)"))
+    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
+        out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
+                              "equal stages", help=f"choose pp × virtual_stages dividing {blocks}"))
+    if plan.schedule != "gpipe" and m < pp:
+        out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
+                              f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
+                              f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))"))
+    n_actions = schedule_actions(plan.schedule, pp, v, m)
+    if n_actions > MAX_SCHEDULE_ACTIONS:
+        out.append(plan_error(plan, at, "E0615", f"the {plan.schedule} schedule of {stages} stages × {m} "
+                              f"micro-batches has {n_actions:,} actions per step, more than scalec proves and a "
+                              "program builds", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "")
+                              + f" × micro_batches = {m}",
+                              help=f"at most {MAX_SCHEDULE_ACTIONS:,} actions (each rank's list is built at start-up "
+                                   "and every action is checked); use fewer micro-batches, each of more sequences"))
+    if plan.layout:
+        out += _layout_requires(plan, blocks, stages)
+    if plan.schedule == "interleaved-1f1b" and m % pp:
+        out.append(plan_error(plan, at, "E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} "
+                              "is not a multiple", help=f"use a multiple of {pp} micro-batches"))
+    return out
+
+
+def _layout_requires(plan, blocks: int, stages: int) -> list:
+    """A manual layout names every block exactly once, in order, and leaves no stage empty."""
+    layout = plan.layout
+    first, last = "layout 0", f"layout {len(layout) - 1}"
+    if len(layout) != stages:
+        return [plan_error(plan, first, "E0607", f"the layout has {len(layout)} stages but the mesh and plan make "
+                           f"{stages}", help="give one (first, end) pair per pipeline stage")]
+    out: list = []
+    covered: dict[int, int] = {}
+    for k, (a, b) in enumerate(layout):
+        here = f"layout {k}"
+        if b <= a:
+            out.append(plan_error(plan, here, "E0607", f"stage ({a}, {b}) holds no block", label="empty stage",
+                                  help="every stage needs at least one block: end > first"))
+        for i in range(a, b):
+            if i >= blocks:
+                out.append(plan_error(plan, here, "E0607", f"block {i} does not exist: the model has {blocks} "
+                                      f"blocks (0..{blocks - 1})"))
+                break
+            if i in covered:
+                where = plan.span(f"layout {covered[i]}")
+                out.append(plan_error(plan, here, "E0607", f"block {i} is placed twice",
+                                      label=f"also at {where}" if where else f"also in stage {covered[i]}",
+                                      help="stages hold disjoint ranges of blocks"))
+                break
+            covered[i] = k
+    missing = [i for i in range(blocks) if i not in covered]
+    if missing and not out:
+        out.append(plan_error(plan, last, "E0607", f"block{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(str, missing[:5]))} {'are' if len(missing) > 1 else 'is'} in no stage",
+                              help=f"the stages must cover blocks 0..{blocks - 1}"))
+    if [a for a, _ in layout] != sorted(a for a, _ in layout):
+        out.append(plan_error(plan, first, "E0607", "stages must hold the blocks in order",
+                              help="a pipeline runs stage 0's blocks first: list the ranges in increasing order"))
+    return out
