@@ -40,10 +40,8 @@ class Candidates:
     rejects, `sharded(plan)` is the graphs the program would run."""
 
     def __init__(self, spec: S.Spec, unsharded=None):
-        from compiler import model as M
-        from compiler import trace as T
         self.spec = spec
-        self.unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
+        self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
         # The user's sizes (the Spec binds no axis: a candidate brings its own axis sizes).
         self._fixed = dict(spec.values)

@@ -1,5 +1,6 @@
 """Lowering: a decided Plan applied to the unsharded trace, the one pass sequence and the policies that decide it.
 
+    trace             spec              -> the unsharded trace, with the model's FLOPs
     decide_parallel   (unsharded, plan) -> plan with its tp regions and expert placements (the policies)
     lower             (unsharded, plan) -> a copy of the trace after tensor_parallel, expert_parallel and
                                            pipeline_split, in that order
@@ -20,6 +21,18 @@ from dataclasses import replace
 
 from compiler import plan as P
 from compiler.diagnostics import ScaleError
+
+
+def trace(spec):
+    """The unsharded trace of the spec's model (built on the meta device), with its model FLOPs
+    (compiler/cost/flops.py `model_flops`): what compile and the search's candidates decide and lower every plan
+    from."""
+    from compiler import model as M
+    from compiler import trace as T
+    from compiler.cost import flops as F
+    traced = T.trace_model(M.build(spec, device="meta"))
+    traced.model_flops_fwd, traced.model_flops_bwd, traced.padding_flops = F.model_flops(traced)
+    return traced
 
 
 def passes() -> tuple:

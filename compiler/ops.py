@@ -33,14 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compiler.cost.activations import INT_BYTES
-from compiler.lazy import lazy
+from compiler import graph_meta as K
+from compiler.graph_meta import INT_BYTES
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import moe, rotary
 from runtime.layers import Bias
 
-T = lazy("compiler.trace")  # node.meta keys (trace imports this module)
 
 ZERO = sympy.Integer(0)
 
@@ -115,13 +114,13 @@ def _keeps_matmul_input(g, node, args):
 
 
 def _linear_dims(node, gm):
-    x, w = node.args[0].meta[T.SHAPE], node.args[1].meta[T.SHAPE]
+    x, w = node.args[0].meta[K.SHAPE], node.args[1].meta[K.SHAPE]
     return 1, _numel(x[:-1]), w[0], w[1], w[0] * w[1]
 
 
 def _output_grad(node, gm, widths):
     """A linear module's split backward keeps its output's gradient, in the compute precision."""
-    return _numel(node.meta[T.SHAPE]) * widths["act"]
+    return _numel(node.meta[K.SHAPE]) * widths["act"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ class Op:
 
 
 def _linear_shape(node, args, kwargs, gm):
-    w = gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"]
+    w = gm.meta[K.PARAM_SHAPES][f"{node.target}.weight"]
     x = args[0]
     return tuple(x[:-1]) + (w[0],), 2 * _numel(x[:-1]) * w[0] * w[1]
 
@@ -171,8 +170,8 @@ def _module_backward(node, gm, needs, fwd):
 
 
 def _module_linear_dims(node, gm):
-    out, inp = gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"]
-    x = node.args[0].meta[T.SHAPE]
+    out, inp = gm.meta[K.PARAM_SHAPES][f"{node.target}.weight"]
+    x = node.args[0].meta[K.SHAPE]
     return 1, _numel(x[:-1]), out, inp, out * inp
 
 
@@ -183,29 +182,29 @@ def _render_linear(mod):
 def _layernorm_saved(g, node, args):
     x = args[0]
     g.norm_input(x, node)
-    rows = _numel(x.meta[T.SHAPE][:-1])
+    rows = _numel(x.meta[K.SHAPE][:-1])
     # mean and reciprocal std: fp32 on CUDA; on CPU in the input's dtype
-    stat = 4 if g.device == "cuda" else g.widths.get(x.meta.get(T.DTYPE), 4)
+    stat = 4 if g.device == "cuda" else g.widths.get(x.meta.get(K.DTYPE), 4)
     g.new(node, "stats", (rows,), 2 * stat)
 
 
 def _rmsnorm_saved(g, node, args):
     x = args[0]
-    rows = _numel(x.meta[T.SHAPE][:-1])
+    rows = _numel(x.meta[K.SHAPE][:-1])
     if g.device == "cuda":  # fused: its input and the reciprocal RMS per row
         g.norm_input(x, node)
         g.new(node, "stats", (rows,), 4)
     else:  # composite: its input upcast to fp32 (a copy when bf16), the reciprocal RMS and x·rstd
-        if g.widths.get(x.meta.get(T.DTYPE), 4) < 4:
-            g.new(node, "upcast", x.meta[T.SHAPE], 4)
+        if g.widths.get(x.meta.get(K.DTYPE), 4) < 4:
+            g.new(node, "upcast", x.meta[K.SHAPE], 4)
         else:
             g.norm_input(x, node)
         g.new(node, "stats", (rows,), 4)
-        g.new(node, "normed", x.meta[T.SHAPE], 4)
+        g.new(node, "normed", x.meta[K.SHAPE], 4)
 
 
 def _embedding_shape(node, args, kwargs, gm):
-    return tuple(args[0]) + (gm.meta[T.PARAM_SHAPES][f"{node.target}.weight"][1],), ZERO
+    return tuple(args[0]) + (gm.meta[K.PARAM_SHAPES][f"{node.target}.weight"][1],), ZERO
 
 
 def _bias_dtype(node, gm, args):
@@ -214,7 +213,7 @@ def _bias_dtype(node, gm, args):
 
 def _experts_shape(node, args, kwargs, gm):
     mod = gm.get_submodule(node.target)
-    e, h, f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"]
+    e, h, f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"]
     x = args[0]
     # Every slot is computed, empty or not (the buffers are padded to capacity): 2 or 3 matmuls.
     return x, (3 if mod.act == "swiglu" else 2) * 2 * x[0] * x[1] * h * f
@@ -223,7 +222,7 @@ def _experts_shape(node, args, kwargs, gm):
 def _experts_saved(g, node, args):
     mod = g.gm.get_submodule(node.target)
     x = args[0]
-    e, n, _ = x.meta[T.SHAPE]
+    e, n, _ = x.meta[K.SHAPE]
     f = g.params[f"{node.target}.w_up"][2]
     g.keep_matmul_input(x, node)
     hidden = e * n * f * g.act
@@ -234,23 +233,23 @@ def _experts_saved(g, node, args):
 
 def _experts_dims(node, gm):
     mod = gm.get_submodule(node.target)
-    ps = gm.meta[T.PARAM_SHAPES]
-    x = node.args[0].meta[T.SHAPE]
+    ps = gm.meta[K.PARAM_SHAPES]
+    x = node.args[0].meta[K.SHAPE]
     e, h, f = ps[f"{node.target}.w_up"]  # every expert's buffer, (experts, capacity, hidden)
     return x[0], x[1], f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
 
 
 def _experts_wgrad(node, gm, widths):
     mod = gm.get_submodule(node.target)
-    e, n, h = node.meta[T.SHAPE]
-    f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+    e, n, h = node.meta[K.SHAPE]
+    f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"][2]
     return (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * widths["act"]
 
 
 def _experts_padding(node, seq):
     """Model FLOPs count top_k experts per token (MFU as PaLM defines it); the program computes every slot of the
     experts' buffers, padded to capacity (E·C per sequence, C = seq when dropless)."""
-    layer = node.meta.get(T.LAYER)
+    layer = node.meta.get(K.LAYER)
     if layer is None or not hasattr(layer, "top_k"):
         return None
     return 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
@@ -260,8 +259,8 @@ def _experts_kept(node, gm, needed, act):
     """Under selective recomputation: up (and gate), which the experts' own backward recomputes their activation
     from whatever reads the output, and the down matmul's output only where the backward needs it."""
     mod = gm.get_submodule(node.target)
-    e, n, h = node.meta[T.SHAPE]
-    f = gm.meta[T.PARAM_SHAPES][f"{node.target}.w_up"][2]
+    e, n, h = node.meta[K.SHAPE]
+    f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"][2]
     return (e * n * f * (2 if mod.act == "swiglu" else 1) + (e * n * h if needed else 0)) * act
 
 
@@ -325,7 +324,7 @@ def _flatten_saved(g, node, args):
 
 def _cast_saved(g, node, args):
     """`.float()` / `.to()`: the same storage when the dtype does not change."""
-    if node.meta.get(T.DTYPE) == args[0].meta.get(T.DTYPE):
+    if node.meta.get(K.DTYPE) == args[0].meta.get(K.DTYPE):
         g.views[node] = args[0]
 
 
@@ -340,7 +339,7 @@ def _binary_dtype(node, gm, args):
 
 def _mul_saved(g, node, args):
     for a in args[:2]:
-        if hasattr(a, "meta") and a.meta.get(T.SHAPE) is not None:
+        if hasattr(a, "meta") and a.meta.get(K.SHAPE) is not None:
             g.keep(a)
 
 
@@ -363,7 +362,7 @@ def _linear_fn_shape(node, args, kwargs, gm):
 
 def _linear_fn_wgrad(node, gm, widths):
     """F.linear's split backward keeps its output's gradient, in the output's dtype."""
-    return _numel(node.meta[T.SHAPE]) * widths.get(node.meta.get(T.DTYPE), 4)
+    return _numel(node.meta[K.SHAPE]) * widths.get(node.meta.get(K.DTYPE), 4)
 
 
 def _sdpa_shape(node, args, kwargs, gm):
@@ -379,8 +378,8 @@ def _sdpa_backward(node, gm, needs, fwd):
     # gradient when Q or K does), then dQ = dS·K and dK = dSᵀ·Q: one matmul of each forward matmul's size per
     # operand that needs a gradient.
     q, k, v = node.args[:3]
-    b, h, sq, d = q.meta[T.SHAPE]
-    sk, dv = k.meta[T.SHAPE][2], v.meta[T.SHAPE][3]
+    b, h, sq, d = q.meta[K.SHAPE]
+    sk, dv = k.meta[K.SHAPE][2], v.meta[K.SHAPE][3]
     qk, pv = 2 * b * h * sq * sk * d, 2 * b * h * sq * sk * dv
     p_needs = needs.get(q, False) or needs.get(k, False)
     return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
@@ -391,14 +390,14 @@ def _sdpa_saved(g, node, args):
     # the s×s scores
     for a in args[:3]:
         g.keep_matmul_input(a, node)
-    b, h, s, _ = node.meta[T.SHAPE]
-    g.saved[("t", node)] = _numel(node.meta[T.SHAPE]) * g.act  # the output
+    b, h, s, _ = node.meta[K.SHAPE]
+    g.saved[("t", node)] = _numel(node.meta[K.SHAPE]) * g.act  # the output
     g.new(node, "lse", (b, h, s), 4)
 
 
 def _sdpa_dims(node, gm):
-    b, h, sq, d = node.args[0].meta[T.SHAPE]
-    return b * h, sq, node.args[1].meta[T.SHAPE][2], d, None
+    b, h, sq, d = node.args[0].meta[K.SHAPE]
+    return b * h, sq, node.args[1].meta[K.SHAPE][2], d, None
 
 
 def _loss_shape(node, args, kwargs, gm):
@@ -407,22 +406,22 @@ def _loss_shape(node, args, kwargs, gm):
 
 def _cross_entropy_saved(g, node, args):
     logits, targets = args[:2]
-    g.new(node, "log_softmax", logits.meta[T.SHAPE], 4)
+    g.new(node, "log_softmax", logits.meta[K.SHAPE], 4)
     g.keep(targets)
 
 
 def _vocab_cross_entropy_saved(g, node, args):
     logits = args[0]
-    n = logits.meta[T.SHAPE][0]
-    g.new(node, "softmax", logits.meta[T.SHAPE], 4)
+    n = logits.meta[K.SHAPE][0]
+    g.new(node, "softmax", logits.meta[K.SHAPE], 4)
     g.new(node, "mine", (n,), 1)
     g.new(node, "local", (n,), INT_BYTES)
 
 
 def _vocab_lookup_saved(g, node, args):
     tokens = args[0]
-    g.new(node, "ids", tokens.meta[T.SHAPE], INT_BYTES)   # the shifted, masked ids
-    g.new(node, "outside", tokens.meta[T.SHAPE], 1)       # the mask of foreign ids
+    g.new(node, "ids", tokens.meta[K.SHAPE], INT_BYTES)   # the shifted, masked ids
+    g.new(node, "outside", tokens.meta[K.SHAPE], 1)       # the mask of foreign ids
 
 
 def _gather_shape(node, args, kwargs, gm):
@@ -442,7 +441,7 @@ def _route_shape(node, args, kwargs, gm):
 
 def _route_saved(g, node, args):
     logits = args[0]
-    b, s, e = logits.meta[T.SHAPE]
+    b, s, e = logits.meta[K.SHAPE]
     k = args[1]
     g.new(node, "probs", (b, s, e), 4)             # softmax's output (fp32)
     g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's indices
@@ -453,18 +452,18 @@ def _route_saved(g, node, args):
 
 
 def _rotate_saved(g, node, args):  # its cosines and sines, (S, D) each in the queries' dtype
-    b, h, s, d = args[0].meta[T.SHAPE]
+    b, h, s, d = args[0].meta[K.SHAPE]
     g.new(node, "angles", (2, s, d), g.act)
 
 
 def _dispatch_shape(node, args, kwargs, gm):
-    layer = node.meta[T.LAYER]  # the symbolic sizes; the call's arguments are their numbers
+    layer = node.meta[K.LAYER]  # the symbolic sizes; the call's arguments are their numbers
     b, s, h = args[0]
     return (layer.experts, b * layer.capacity, h), ZERO
 
 
 def _dispatch_saved(g, node, args):
-    b, s, k = args[1].meta[T.SHAPE]
+    b, s, k = args[1].meta[K.SHAPE]
     g.new(node, "index", (b, s * k), INT_BYTES)  # scatter_add's index: a copy of the (strided) slots
 
 
@@ -479,8 +478,8 @@ def _combine_dtype(node, gm, args):  # the experts' outputs, plus the token itse
 
 def _combine_saved(g, node, args):
     y, slot, gate = args[:3]
-    e, n, h = y.meta[T.SHAPE]
-    b, s, k = slot.meta[T.SHAPE]
+    e, n, h = y.meta[K.SHAPE]
+    b, s, k = slot.meta[K.SHAPE]
     g.new(node, "index", (b, s * k), INT_BYTES)     # gather's index: a copy of the (strided) slots
     g.new(node, "outputs", (b, e * n / b + 1, h), g.act)  # gather's input: the outputs + a zero slot
     g.new(node, "picked", (b, s, k, h), g.act)      # the product's operands: the picked outputs,

@@ -28,7 +28,7 @@ from compiler import plan as P
 from compiler import spec as S
 from compiler.check import check_path
 from compiler.diagnostics import Diagnostic, ScaleError
-from compiler.lower import decide_parallel, decide_stages, lower, verify
+from compiler.lower import decide_parallel, decide_stages, lower, trace, verify
 
 
 @dataclass
@@ -62,10 +62,8 @@ def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
 def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.Plan | None = None,
                  unsharded=None) -> Compiled:
     """Compile the file's plan, or a candidate `plan` of the same model (from the same unsharded trace if given)."""
-    from compiler import model as M
-    from compiler import trace as T
     plan = spec.plan if plan is None else replace(plan, stages=(), tp=(), ep=())
-    unsharded = unsharded or T.trace_model(M.build(spec, device="meta"))
+    unsharded = unsharded or trace(spec)
     if check_between:
         verify(unsharded, "trace")
     plan = decide_parallel(unsharded, plan)

@@ -1,16 +1,6 @@
 """Trace the model's segments to torch.fx graphs and annotate every node.
 
-node.meta keys (defined here, used everywhere):
-  SPAN   the Span of the .scale layer the node computes
-  LAYER  the spec layer object itself
-  SHAPE  the output shape, a tuple of sympy expressions of the spec's sizes (None for non-tensors)
-  FLOPS  forward floating-point operations of the node, sympy (matmuls only, 2·m·n·k: the Megatron convention)
-  DTYPE  "act" (the compute precision), "res" (the residual stream: the compute precision, or fp32 under the
-         plan's fp32_residual) or "fp32" for a float tensor, "int" for ids, a tuple for a tuple, None otherwise.
-         The policy is runtime/precision.py's (Megatron's): weights and every activation in the compute precision,
-         fp32 only where the program casts (the loss's `.float()`, a router's softmax); a block's input, a
-         repeat's output and what adds to them are the residual stream. The ledger counts each collective's bytes
-         and the activation model each kept tensor's by it
+node.meta and GraphModule.meta keys: compiler/graph_meta.py (re-exported here: `T.SHAPE`).
 
 Shapes, FLOPs and dtypes are propagated by the rules of compiler/ops.py, one record per operation our layer
 vocabulary emits; an operation without a record is an error, so a new layer cannot silently drop out of the cost
@@ -28,26 +18,11 @@ from torch import fx, nn
 from compiler import layers as L
 from compiler import model as M
 from compiler import ops
+from compiler.graph_meta import (COLLECTIVE, DTYPE, EP_SHARDS, EPILOGUE, FLOPS, INPUTS, LAYER, LOSS,  # noqa: F401
+                                 PARAM_SHAPES, PROLOGUE, REPEAT, SHAPE, SPAN, SPANS, TP_PARTIAL_GRADS, TP_ROLE,
+                                 TP_SHARDS)
 from compiler.symbols import MICRO_BATCH
 from runtime.layers import Repeat
-
-SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
-TP_ROLE = "tp_role"  # a leaf's tensor-parallel role as its layer kind declares it: column, row, vocab, replicated
-
-# GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own.
-PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on one rank, once passes have run)
-SPANS = "spans"                # leaf module name -> Span of the .scale layer that made it
-INPUTS = "inputs"              # placeholder name -> symbolic shape
-REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
-TP_SHARDS = "tp_shards"        # parameter name -> (dim sharded over tp, full size of that dim before padding)
-TP_PARTIAL_GRADS = "tp_partial_grads"  # parameters whose gradients are partial over tp (sequence parallelism)
-EP_SHARDS = "ep_shards"        # parameter name -> (dim sharded over ep, full size of that dim): the experts
-# Of the top level once passes.pipeline_split has cut it (absent without pp): its three pieces, each a GraphModule.
-# Which blocks each stage holds is not here: the Plan carries the stage layout (plan.stages).
-PROLOGUE, EPILOGUE, LOSS = "pp_prologue", "pp_epilogue", "pp_loss"
-
-# node.meta key of a call inserted by a pass that moves data: a passes.tensor_parallel.Collective.
-COLLECTIVE = "collective"
 
 
 class _Tracer(fx.Tracer):
@@ -100,7 +75,8 @@ class Traced:
     blocks: dict          # repeat name (`blocks`, `blocks_2`, ...) -> the block's GraphModule
     model_flops_fwd: sympy.Expr = sympy.Integer(0)  # forward FLOPs of one micro-batch, before any pass
     model_flops_bwd: sympy.Expr = sympy.Integer(0)  # its backward, by compiler/cost/flops.py's per-node rules
-    padding_flops: sympy.Expr = sympy.Integer(0)  # forward + backward of the experts' empty slots (see trace_model)
+    padding_flops: sympy.Expr = sympy.Integer(0)  # forward + backward of the experts' empty slots
+    # (the three set by compiler/lower.py `trace`, from compiler/cost/flops.py `model_flops`, on the unsharded graphs)
 
     @property
     def spec(self):
@@ -163,25 +139,6 @@ def trace_model(model: M.ScaleModel) -> Traced:
     top = trace(model, "Model", {"tokens": (MICRO_BATCH, seq), "targets": (MICRO_BATCH, seq)})
     traced = Traced(model, top, blocks)
     traced.annotate()
-    from compiler.cost.flops import graph_backward
-    # Model FLOPs count what the model computes, as MFU is defined (PaLM, Chowdhery et al. 2022): top_k experts per
-    # token. The program computes every slot of the experts' buffers, padded to capacity (E·C per sequence, C = seq
-    # when dropless): the difference is hardware FLOPs only (padding_flops), which step times are costed with.
-    padding_fwd = padding_bwd = sympy.Integer(0)
-    for count, gm in [(1, top)] + [(rep.count, blocks[name]) for name, rep in model.repeats]:
-        needs = None
-        for node in gm.graph.nodes:
-            op = ops.find(node, gm) if node.op == "call_module" else None
-            empty = op.padding(node, seq) if op is not None and op.padding is not None else None
-            if empty is not None:
-                if needs is None:
-                    from compiler.cost.flops import needs_grad, node_backward
-                    needs = needs_grad(gm)
-                padding_fwd += count * node.meta[FLOPS] * empty
-                padding_bwd += count * node_backward(node, gm, needs) * empty
-    traced.model_flops_fwd = sympy.expand(graph_flops(top) - padding_fwd)
-    traced.model_flops_bwd = sympy.expand(graph_backward(top, traced.repeats()) - padding_bwd)
-    traced.padding_flops = sympy.expand(padding_fwd + padding_bwd)
     return traced
 
 

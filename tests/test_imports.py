@@ -128,3 +128,72 @@ def test_no_import_circle_among_the_driver_the_candidates_and_fit():
     def reaches(start, goal, seen=()):
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges[start])
     assert not [a for a in names if reaches(a, a)], edges
+
+
+def _module_names() -> dict:
+    """compiler's modules: dotted name -> path (a package by its __init__.py)."""
+    out = {}
+    for p in (ROOT / "compiler").rglob("*.py"):
+        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _edges(path: Path, modules: dict) -> set:
+    """The compiler modules `path` imports when its code runs: at the top, inside functions and through
+    compiler.lazy, but not under `if TYPE_CHECKING:` (annotations only). `from compiler.cost import flops` is an
+    edge to compiler.cost.flops, `from compiler.cost import CostModel` to compiler.cost."""
+    def module_of(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    out: set = set()
+
+    class Scan(ast.NodeVisitor):
+        def visit_If(self, node):
+            if getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+                for x in node.orelse:
+                    self.visit(x)
+            else:
+                self.generic_visit(node)
+
+        def visit_Import(self, node):
+            out.update(module_of(a.name) for a in node.names)
+
+        def visit_ImportFrom(self, node):
+            if node.level == 0 and node.module:
+                out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                           else module_of(node.module) for a in node.names)
+
+        def visit_Call(self, node):
+            if getattr(node.func, "id", None) == "lazy" and node.args and isinstance(node.args[0], ast.Constant):
+                out.add(module_of(str(node.args[0].value)))
+            self.generic_visit(node)
+
+    Scan().visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in out if m}
+
+
+def test_no_import_circle_in_the_compiler():
+    """No compiler module reaches itself through the modules it imports, deferred imports (inside a function,
+    compiler.lazy) included: a deferred import that closes a circle only hides it. The op table and the graph keys
+    are below the tracer and the cost model (compiler/graph_meta.py), the rules below the passes."""
+    modules = _module_names()
+    graph = {m: _edges(p, modules) - {m} for m, p in modules.items()}
+    assert "compiler.ops" in graph["compiler.trace"] and "compiler.trace" in graph["compiler.lower"]  # the scan sees
+
+    circles, done = [], set()
+
+    def walk(node, path):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                walk(nxt, path + [nxt])
+        done.add(node)
+
+    for m in sorted(graph):
+        if m not in done:
+            walk(m, [m])
+    assert circles == [], " ; ".join(" -> ".join(c) for c in circles[:5])

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import sympy
 
+from compiler.graph_meta import INT_BYTES
 from compiler.lazy import lazy
 
 T = lazy("compiler.trace")
 O = lazy("compiler.ops")
-
-INT_BYTES = 8  # token ids, targets, positions and slots are int64
 
 
 def _numel(shape) -> sympy.Expr:

@@ -66,6 +66,30 @@ def graph_backward(gm: fx.GraphModule, repeats: dict | None = None) -> sympy.Exp
     return sympy.expand(sum((node_backward(n, gm, needs, repeats) for n in gm.graph.nodes), sympy.Integer(0)))
 
 
+def model_flops(traced) -> tuple:
+    """(forward, backward, padding) FLOPs of one micro-batch through the whole model, from its unsharded trace.
+
+    Model FLOPs count what the model computes, as MFU is defined (PaLM, Chowdhery et al. 2022): top_k experts per
+    token. The program computes every slot of the experts' buffers, padded to capacity (E·C per sequence, C = seq
+    when dropless): the difference (forward and backward) is hardware FLOPs only, which step times are costed with.
+    compiler/lower.py `trace` records the three on the Traced, before any pass shards the graphs."""
+    seq = traced.spec.train.seq_len
+    padding_fwd = padding_bwd = sympy.Integer(0)
+    for count, gm in [(1, traced.top)] + [(count, gm) for count, gm in traced.repeats().values()]:
+        needs = None
+        for node in gm.graph.nodes:
+            op = O.find(node, gm) if node.op == "call_module" else None
+            empty = op.padding(node, seq) if op is not None and op.padding is not None else None
+            if empty is not None:
+                if needs is None:
+                    needs = needs_grad(gm)
+                padding_fwd += count * node.meta[T.FLOPS] * empty
+                padding_bwd += count * node_backward(node, gm, needs) * empty
+    return (sympy.expand(graph_forward(traced.top) - padding_fwd),
+            sympy.expand(graph_backward(traced.top, traced.repeats()) - padding_bwd),
+            sympy.expand(padding_fwd + padding_bwd))
+
+
 def graph_forward(gm: fx.GraphModule) -> sympy.Expr:
     return T.graph_flops(gm)
 
