@@ -47,6 +47,7 @@ class Candidates:
         self._structures: dict = {}
         # The user's sizes, without the mesh's: a candidate brings its own axis sizes.
         self._fixed = {k: v for k, v in spec.values.items() if str(k) not in P.AXES}
+        self._rules = None  # rules.Checker of this spec, made on first use
 
     def values(self, plan: P.Plan) -> dict:
         """Every symbol's number under `plan`: the model's sizes and this plan's axis sizes."""
@@ -86,9 +87,12 @@ class Candidates:
         return replace(plan, stages=stages)
 
     def requires(self, plan: P.Plan) -> list:
-        """What every rule says of `plan` (compiler/rules.py: each pass module's `requires`, the mesh's)."""
-        from compiler import rules as R
-        return R.check_plan(self.spec, plan)
+        """What every rule says of `plan` (compiler/rules.py: each pass module's `requires`, the mesh's), the
+        same as `check_plan` (rules.Checker remembers which rule passed which settings)."""
+        if self._rules is None:
+            from compiler import rules as R
+            self._rules = R.Checker(self.spec)
+        return self._rules(plan)
 
     def estimate(self, plan: P.Plan, pp_rank: int = 0):
         """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model."""
