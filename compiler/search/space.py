@@ -148,10 +148,10 @@ class Space:
                 continue
             for sp in sps:
                 def make(m, sched=sched, v=v, sp=sp):
-                    return replace(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
-                                   sequence_parallel=sp, recompute=f.get("recompute", "none"),
-                                   data_parallel=f.get("data_parallel", "ddp"),
-                                   fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
+                    return P.evolve(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
+                                    sequence_parallel=sp, recompute=f.get("recompute", "none"),
+                                    data_parallel=f.get("data_parallel", "ddp"),
+                                    fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
                     yield make, ms
 
@@ -188,11 +188,15 @@ class Space:
         from each group's mesh shape (a family's dp variants read only dp, pp and its micro-batches): building each
         of the tens of thousands of families' plans just to count them took a second of the 175B search; one plan
         per group gives the shape."""
-        total = 0
+        total, known = 0, {}
         for make, ms in groups:
             one = make(ms[0])  # the group's mesh shape
             dp, pp = one.size("dp"), one.size("pp")
-            total += sum(len(self._modes(dp, m, pp)) for m in ms)
+            for m in ms:
+                key = (dp, pp, m > 1)  # all `_modes` reads of m
+                if key not in known:
+                    known[key] = len(self._modes(dp, m, pp))
+                total += known[key]
         return total * len(self.recomputes())
 
     def families_with(self, fixed: dict) -> int:
