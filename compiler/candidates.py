@@ -33,6 +33,7 @@ class _Structure:
     blocks: int
     cost: object           # cost.CostModel of this structure
     layouts: dict = field(default_factory=dict)  # (axis sizes, stages, manual layout) -> stage layout
+    per_rank: dict = field(default_factory=dict)  # ep -> the ep decisions with each rank's expert count
 
 
 class Candidates:
@@ -45,6 +46,7 @@ class Candidates:
         self._structures: dict = {}
         # The user's sizes (the Spec binds no axis: a candidate brings its own axis sizes).
         self._fixed = dict(spec.values)
+        self._rules = None  # rules.Checker of this spec, made on first use
 
     def values(self, plan: P.Plan) -> dict:
         """Every symbol's number under `plan`: the model's sizes and this plan's axis sizes."""
@@ -71,22 +73,28 @@ class Candidates:
         """`plan` with its tp/ep decisions (shared by every plan of its structure) and its stage layout."""
         st = self._structure(plan)
         ep = plan.size("ep")  # placements are per layer and count; how many experts a rank holds is this plan's
-        plan = replace(plan, tp=st.plan.tp, ep=tuple((cls, tuple(replace(p, per_rank=p.count // ep) for p in ps))
-                                                     for cls, ps in st.plan.ep))
+        eps = st.per_rank.get(ep)
+        if eps is None:
+            eps = st.per_rank[ep] = tuple((cls, tuple(replace(p, per_rank=p.count // ep) for p in ps))
+                                          for cls, ps in st.plan.ep)
         if plan.size("pp") == 1:
-            return replace(plan, stages=())
+            return P.evolve(plan, tp=st.plan.tp, ep=eps, stages=())
         sizes = tuple(plan.size(a) for a in P.AXES)
         key = (sizes, plan.pipeline_stages, plan.layout)
         stages = st.layouts.get(key)
         if stages is None:  # many candidates share their stage costs: balance each once
             per_block, first, last = (int(f(*sizes)) for f in st.split)
-            stages = st.layouts[key] = L.stages_of(plan, st.blocks, per_block, first, last)
-        return replace(plan, stages=stages)
+            stages = st.layouts[key] = L.stages_of(P.evolve(plan, tp=st.plan.tp, ep=eps), st.blocks, per_block,
+                                                   first, last)
+        return P.evolve(plan, tp=st.plan.tp, ep=eps, stages=stages)
 
     def requires(self, plan: P.Plan) -> list:
-        """What every rule says of `plan` (compiler/rules/: each pass's `requires`, the mesh's)."""
-        from compiler import rules as R
-        return R.check_plan(self.spec, plan)
+        """What every rule says of `plan` (compiler/rules/: each pass's `requires`, the mesh's), the same as
+        `check_plan` (rules.Checker remembers which rule passed which settings)."""
+        if self._rules is None:
+            from compiler import rules as R
+            self._rules = R.Checker(self.spec)
+        return self._rules(plan)
 
     def estimate(self, plan: P.Plan, pp_rank: int = 0):
         """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model."""

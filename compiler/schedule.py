@@ -205,45 +205,68 @@ def finish_times(order: dict[int, list[Action]], lay: Layout, cost: dict, transf
     later when that stage is on another rank), from the compute order alone (`compute_order`, no send and receive
     actions): the step-time model's fast path, which assumes a schedule `verify` has accepted
     (tests/test_simulate.py holds it equal to `verify`'s timeline). `cost` as in `verify`."""
-    n, m, p, last = lay.stages, lay.m, lay.p, lay.stages - 1
+    return timed(steps(order, lay), lay, cost, transfer)
+
+
+_KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def steps(order: dict[int, list[Action]], lay: Layout) -> tuple:
+    """`order`'s compute actions per rank as `timed` walks them, (duration index, own end index, index of the end
+    it waits for or -1, whether that end is on another rank), made once per schedule shape: the step-time model
+    times one shape with many stage durations (compiler/cost/step_time.py keeps them). Ends are one flat list,
+    forwards' (stage, micro-batch) first, then backwards' (B or its input half I); a weight half W ends nothing
+    and waits for nothing; durations are one flat list, F, B, I, W, each per stage."""
+    n, m, p = lay.stages, lay.m, lay.p
+    out = []
+    for r in range(p):
+        acts = []
+        for a in order[r]:
+            c = _KIND.get(a.kind)
+            if c is None:
+                continue
+            st, k = a.stage, a.mb
+            if c == 3:
+                acts.append((3 * n + st, -1, -1, False))
+            elif c == 0:
+                dep = (st - 1) * m + k if st > 0 else -1
+                acts.append((st, st * m + k, dep, st > 0 and (st - 1) % p != r))
+            else:
+                dep = n * m + (st + 1) * m + k if st < n - 1 else -1
+                acts.append((c * n + st, n * m + st * m + k, dep, st < n - 1 and (st + 1) % p != r))
+        out.append(acts)
+    return tuple(out)
+
+
+def timed(steps_: tuple, lay: Layout, cost: dict, transfer: float = 0.0) -> dict[int, float]:
+    """`finish_times` of the compute actions `steps` made of an order: each rank runs its actions in order until
+    one waits for an end not yet reached, then the next rank; round and round until every rank is done."""
+    n, m, p = lay.stages, lay.m, lay.p
 
     def per_stage(x):
         return list(x) if isinstance(x, (list, tuple)) else [x] * n
-    dur = [per_stage(cost.get(k, 0)) for k in ("F", "B", "I", "W")]
-    code = {"F": 0, "B": 1, "I": 2, "W": 3}
-    lists = [[(code[a.kind], a.stage, a.mb) for a in order[r] if a.kind in code] for r in range(p)]
-    end_f = [[-1.0] * m for _ in range(n)]
-    end_b = [[-1.0] * m for _ in range(n)]
+    dur = [d for k in ("F", "B", "I", "W") for d in per_stage(cost.get(k, 0))]
+    end = [-1.0] * (2 * n * m)
     pos, clock = [0] * p, [0.0] * p
-    remaining = sum(len(x) for x in lists)
+    remaining = sum(len(x) for x in steps_)
     while remaining:
         progressed = False
         for r in range(p):
-            acts, i, t = lists[r], pos[r], clock[r]
-            while i < len(acts):
-                c, st, k = acts[i]
-                if c == 0:
-                    if st > 0:
-                        ready = end_f[st - 1][k]
-                        if ready < 0:
-                            break
-                        ready += transfer if (st - 1) % p != r else 0.0
-                        if ready > t:
-                            t = ready
-                    t += dur[0][st]
-                    end_f[st][k] = t
-                elif c == 3:
-                    t += dur[3][st]
-                else:
-                    if st < last:
-                        ready = end_b[st + 1][k]
-                        if ready < 0:
-                            break
-                        ready += transfer if (st + 1) % p != r else 0.0
-                        if ready > t:
-                            t = ready
-                    t += dur[c][st]
-                    end_b[st][k] = t
+            acts, i, t = steps_[r], pos[r], clock[r]
+            size = len(acts)
+            while i < size:
+                di, me, dep, cross = acts[i]
+                if dep >= 0:
+                    ready = end[dep]
+                    if ready < 0:
+                        break
+                    if cross:
+                        ready += transfer
+                    if ready > t:
+                        t = ready
+                t += dur[di]
+                if me >= 0:
+                    end[me] = t
                 i += 1
             if i != pos[r]:
                 remaining -= i - pos[r]

@@ -75,3 +75,31 @@ def test_the_compilers_capacity_agrees_with_the_runtimes():
             for top_k in (1, 2, 4):
                 for factor in (0.5, 1.0, 1.25, 1.5, 2.0, 3.0):
                     assert capacity(seq, experts, top_k, factor) == runtime_capacity(seq, experts, top_k, factor)
+
+
+def test_the_checker_agrees_with_check_plan_over_a_search_space():
+    """rules.Checker skips a rule for settings it passed before (rules.READS): over every candidate a search
+    enumerates, with every dp sharding (ZeRO over dp = 1 too), with and without vocabulary padding and with layer
+    kinds left out of tp, in the search's order and in reverse, it must say exactly what check_plan says. A rule
+    that starts reading a setting READS does not name fails here."""
+    from compiler import search as SE
+    from compiler.rules import Checker
+    moe8 = (SAMPLES / "moe_gpt.scale").read_text(encoding="utf-8").replace("devices_per_node = 2",
+                                                                           "devices_per_node = 8")
+    assert "devices_per_node = 8" in moe8  # ep and dp > 1 together
+    for name, text in (("gpt_3d.scale", (SAMPLES / "gpt_3d.scale").read_text(encoding="utf-8")),
+                       ("moe_gpt.scale", moe8)):
+        spec = check_text(text, str(SAMPLES / name), cluster_only=True)
+        space = SE.Space(spec, {})
+        plans = [dataclasses.replace(family, data_parallel=dp, fsdp_grad_sync=sync, recompute=rc, pad_vocab=pad,
+                                     tp_layers=layers)
+                 for sizes in space.shapes() for family in space.families(sizes)
+                 for dp, sync in [(kind, "step") for kind in SE.DP_MODES] + [("fsdp", "micro_batch")]
+                 for rc in space.recomputes() for pad in (False, True)
+                 for layers in (family.tp_layers, ("attention", "mlp"), ("mlp", "vocab"))]
+        wants = [check_plan(spec, plan) for plan in plans]
+        assert any(wants) and not all(wants)  # both verdicts met
+        for order in (list(zip(plans, wants)), list(zip(plans, wants))[::-1]):
+            checker = Checker(spec)
+            for plan, want in order:
+                assert checker(plan) == want, plan.describe()

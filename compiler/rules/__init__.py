@@ -50,3 +50,39 @@ def check_plan(spec: S.Spec, plan) -> list[Diagnostic]:
     for _, rule in RULES:
         out += rule(spec, plan)
     return out
+
+
+# What each rule's verdict reads of a plan (its messages may read more: the plan's description, the spans). A rule
+# that passes one plan passes every plan that agrees on these; tests/test_rules.py holds `Checker` equal to
+# `check_plan` over a search's whole space, so a rule that starts reading another setting must be named here.
+READS = {
+    "tensor_parallel": lambda p: (p.size("tp"), p.tp_layers, p.pad_vocab, p.sequence_parallel, p.seq_len),
+    "pipeline_split": lambda p: (p.size("pp"), p.virtual_stages, p.schedule, p.recompute, p.compile,
+                                 p.span("compile") is not None, p.micro_batches, p.layout),
+    "expert_parallel": lambda p: (p.size("ep"), p.size("tp"), p.size("dp") > 1, p.sequence_parallel,
+                                  p.data_parallel),
+    "mesh": lambda p: (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len),
+}
+
+
+class Checker:
+    """`check_plan` over one spec's model for many plans, remembering which rule passed which settings (`READS`):
+    a search checks tens of thousands of candidates that differ in a few settings, and each rule runs again only
+    for settings it has not passed. A refusal is always recomputed, so its diagnostics (which describe the plan)
+    are exactly `check_plan`'s."""
+
+    def __init__(self, spec: S.Spec):
+        self.spec = spec
+        self._passed: set = set()
+
+    def __call__(self, plan) -> list[Diagnostic]:
+        out: list[Diagnostic] = []
+        for name, rule in RULES:
+            key = (name, READS[name](plan))
+            if key in self._passed:
+                continue
+            got = rule(self.spec, plan)
+            if not got:
+                self._passed.add(key)
+            out += got
+        return out

@@ -49,7 +49,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from compiler import plan as P
 from compiler import spec as S
@@ -171,7 +171,7 @@ class _Search:
     def _legal(self, plan):
         problems = self.cands.requires(plan)
         if problems and not plan.pad_vocab and all(d.code == "E0403" for d in problems):
-            padded = replace(plan, pad_vocab=True)
+            padded = P.evolve(plan, pad_vocab=True)
             if not self.cands.requires(padded):
                 return padded, []
         return plan, problems
@@ -259,7 +259,7 @@ class _Search:
         """(decided, estimate) of one variant, or None when a rule refuses it; memoised per family."""
         if (mode, rc) in cache:
             return cache[(mode, rc)]
-        plan = replace(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
+        plan = P.evolve(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
         self.counts.checked += 1
         plan, problems = self._legal(plan)
         if problems:
@@ -331,7 +331,7 @@ class _Search:
                 if lb >= self.threshold(key):
                     return tried
                 if rc not in rc_bound:  # recomputation's own lower bound (the family's, with its extra forward)
-                    rc_bound[rc] = self.busy(self.cands.decide(replace(plan0, recompute=rc)), fill=True)
+                    rc_bound[rc] = self.busy(self.cands.decide(P.evolve(plan0, recompute=rc)), fill=True)
                 if rc_bound[rc] >= self.threshold(key):
                     break  # more recomputation is only slower
                 got = self._cost(plan0, mode, rc, cache)
@@ -391,7 +391,7 @@ class _Search:
                     continue
                 if not plan.sequence_parallel and plan.size("tp") > 1 and "sequence_parallel" not in self.fixed:
                     # rule 2: without sequence parallelism only where a rule refuses it
-                    twin = replace(plan, sequence_parallel=True)
+                    twin = P.evolve(plan, sequence_parallel=True)
                     if not self._family_legal(twin, memo)[1]:
                         continue
                 decided = self.cands.decide(plan)

@@ -148,10 +148,10 @@ class Space:
                 continue
             for sp in sps:
                 def make(m, sched=sched, v=v, sp=sp):
-                    return replace(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
-                                   sequence_parallel=sp, recompute=f.get("recompute", "none"),
-                                   data_parallel=f.get("data_parallel", "ddp"),
-                                   fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
+                    return P.evolve(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
+                                    sequence_parallel=sp, recompute=f.get("recompute", "none"),
+                                    data_parallel=f.get("data_parallel", "ddp"),
+                                    fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
                     yield make, ms
 
@@ -164,13 +164,17 @@ class Space:
         fsdp_grad_sync), each dp sharding (only ddp with dp = 1), FSDP2's (zero2, fsdp) with its gradients
         reduce-scattered once per step and, where that is a choice (several micro-batches, no pp), every
         micro-batch (sharded between micro-batches: less memory, m× the reduce-scatters), unless fixed."""
+        return self._modes(plan.size("dp"), plan.micro_batches, plan.size("pp"))
+
+    def _modes(self, dp: int, m: int, pp: int) -> list:
+        """`modes` of a family with dp, m micro-batches and pp: all it reads of the plan (`size` counts with it
+        without building a plan per family)."""
         f = self.fixed
-        kinds = [f["data_parallel"]] if "data_parallel" in f else (list(DP_MODES) if plan.size("dp") > 1 else ["ddp"])
+        kinds = [f["data_parallel"]] if "data_parallel" in f else (list(DP_MODES) if dp > 1 else ["ddp"])
         out = []
         for kind in kinds:
             syncs = [f.get("fsdp_grad_sync", "step")]
-            if ("fsdp_grad_sync" not in f and kind in ("zero2", "fsdp") and plan.size("dp") > 1
-                    and plan.micro_batches > 1 and plan.size("pp") == 1):
+            if "fsdp_grad_sync" not in f and kind in ("zero2", "fsdp") and dp > 1 and m > 1 and pp == 1:
                 syncs = list(GRAD_SYNCS)
             out += [(kind, s) for s in syncs]
         return out
@@ -180,8 +184,20 @@ class Space:
         return [self.fixed["recompute"]] if "recompute" in self.fixed else list(RECOMPUTE)
 
     def size(self, groups) -> int:
-        """How many candidates `groups` (of `groups()`) describe: families × dp variants × recomputations."""
-        return sum(len(self.modes(make(m))) for make, ms in groups for m in ms) * len(self.recomputes())
+        """How many candidates `groups` (of `groups()`) describe: families × dp variants × recomputations. Counted
+        from each group's mesh shape (a family's dp variants read only dp, pp and its micro-batches): building each
+        of the tens of thousands of families' plans just to count them took a second of the 175B search; one plan
+        per group gives the shape."""
+        total, known = 0, {}
+        for make, ms in groups:
+            one = make(ms[0])  # the group's mesh shape
+            dp, pp = one.size("dp"), one.size("pp")
+            for m in ms:
+                key = (dp, pp, m > 1)  # all `_modes` reads of m
+                if key not in known:
+                    known[key] = len(self._modes(dp, m, pp))
+                total += known[key]
+        return total * len(self.recomputes())
 
     def families_with(self, fixed: dict) -> int:
         """How many families the enumeration gives with only `fixed` fixed (why `--fix` leaves none)."""
