@@ -63,7 +63,8 @@ class Candidates:
             if plan.size("pp") > 1:
                 blocks = L.blocks_of(sharded, self.spec.value)
                 fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
-                split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed))
+                split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed),
+                                             modules="math")  # not numpy's or scipy's: ~0.3 s of imports
                               for f in L.split_costs(sharded))
             got = _Structure(decided, sharded, split, blocks, C.CostModel(self.spec, sharded, decided))
             self._structures[key] = got

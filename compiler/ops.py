@@ -294,7 +294,7 @@ def _unflatten_shape(node, args, kwargs, gm):
     sizes = list(sizes)
     if -1 in sizes:
         known = sympy.Mul(*[s for s in sizes if s != -1])
-        sizes[sizes.index(-1)] = sympy.simplify(x[d] / known)
+        sizes[sizes.index(-1)] = sympy.cancel(x[d] / known)
     return tuple(x[:d]) + tuple(sizes) + tuple(x[d + 1:]), ZERO
 
 

@@ -244,7 +244,7 @@ class Segment:
             if flops != 0:
                 batch, m, n_, k, weight = op.dims(node, gm) if op is not None and op.dims else self._dims(node)
                 bwd = F.node_backward(node, gm, needs)
-                grads = int(sympy.simplify(bwd / flops)) if bwd != 0 else 0
+                grads = int(sympy.cancel(bwd / flops)) if bwd != 0 else 0
                 # no casts: bf16 programs compute in bf16 weights without autocast (runtime/precision.py)
                 cast = sympy.Integer(0)
                 self.ops.append(("matmul", len(exprs), grads, weight is not None, op is not None and op.attention,
