@@ -80,6 +80,7 @@ class CostModel:
         self.structure = structure_of(spec.mesh.axes, spec.plan.sequence_parallel, spec.plan.tp_layers)
         self.formulas = Formulas.build(spec, traced)
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
+        self._hw: dict = {}
 
     # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
     @property
@@ -137,8 +138,7 @@ class CostModel:
             experts_rank = fo.experts.whole(env)
             rank_flops = fo.flops.whole(env)
             rank_hw = rank_flops + fo.recompute[_recompute(plan)](env)
-        hw = sympy.expand(fo.flops_step + fo.padding_step
-                          + fo.recompute_step[_recompute(plan)] * recompute_passes(plan))
+        hw, hw_n = self._hardware_flops(_recompute(plan), recompute_passes(plan))
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
@@ -146,9 +146,21 @@ class CostModel:
         return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,
                         flops_step_n=fo.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
-                        flops_step_hw=hw, flops_step_hw_n=int(spec.value(hw)), flops_rank_step_hw_n=int(m * rank_hw),
+                        flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
                         stages=stages, ledger=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
+
+    def _hardware_flops(self, recompute: str, passes: int) -> tuple:
+        """Hardware FLOPs per step (the model's, the experts' padding, recomputation's forward `passes` times) as a
+        formula and its value: the same for every plan with this recomputation, so computed once, not again in each
+        of the thousands of estimates a search makes."""
+        key = (recompute, passes)
+        got = self._hw.get(key)
+        if got is None:
+            fo = self.formulas
+            hw = sympy.expand(fo.flops_step + fo.padding_step + fo.recompute_step[recompute] * passes)
+            got = self._hw[key] = (hw, int(self.spec.value(hw)))
+        return got
 
     def _shapes(self, env, segment: str) -> tuple:
         """(elements, dims) of each parameter one rank holds of a segment ("whole": the whole model), numbers."""
@@ -170,13 +182,13 @@ class CostModel:
             return self.formulas.saved.whole[_saved_mode(plan)](env)
         layout = self.stages_for(plan, env)
         lo, hi = layout[stage]
-        return self._stage_saved(env, stage, len(layout), hi - lo, _saved_mode(plan))
+        return _stage_bytes(self._saved_parts(env, _saved_mode(plan)), stage, len(layout), hi - lo)
 
-    def _stage_saved(self, env, k: int, n: int, blocks: int, recompute: str = "none"):
-        """Bytes stage k of n keeps per micro-batch."""
+    def _saved_parts(self, env, recompute: str) -> tuple:
+        """What one block, the prologue, the epilogue and the loss keep per micro-batch at `env` (bytes), evaluated
+        once per plan: a stage's is a sum of them (_stage_bytes)."""
         sv = self.formulas.saved
-        return (blocks * sv.block[recompute](env) + (sv.prologue(env) if k == 0 else 0)
-                + (sv.epilogue(env) + sv.loss(env) if k == n - 1 else 0))
+        return sv.block[recompute](env), sv.prologue(env), sv.epilogue(env) + sv.loss(env)
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
@@ -187,13 +199,14 @@ class CostModel:
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
         recv = fo.saved.sent(env)
-        kept = [max(0, self._stage_saved(env, k, n_st, hi - lo, _saved_mode(plan)) - (recv if k else 0))
-                for k, (lo, hi) in enumerate(layout)]
-        wg = fo.saved.wgrad
-        wgrad = [(hi - lo) * wg.block(env)
-                 + (wg.prologue(env) if k == 0 else 0)
-                 + (wg.epilogue(env) if k == n_st - 1 else 0)
-                 for k, (lo, hi) in enumerate(layout)] if plan.schedule == "zero-bubble" else [0] * n_st
+        parts = self._saved_parts(env, _saved_mode(plan))
+        kept = [max(0, _stage_bytes(parts, k, n_st, hi - lo) - (recv if k else 0)) for k, (lo, hi) in enumerate(layout)]
+        if plan.schedule == "zero-bubble":
+            wg = fo.saved.wgrad
+            parts = (wg.block(env), wg.prologue(env), wg.epilogue(env))
+            wgrad = [_stage_bytes(parts, k, n_st, hi - lo) for k, (lo, hi) in enumerate(layout)]
+        else:
+            wgrad = [0] * n_st
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
         out = []
         for k, (lo, hi) in enumerate(layout):
@@ -234,15 +247,18 @@ class CostModel:
         # stay sharded (fp32, 4/dp) between micro-batches instead of accumulating whole (G per parameter)
         sync_each = plan.syncs_each_micro_batch
 
+        # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
+        seg_ws = ([max((f(env) for f in seg), default=None)
+                   for seg in (fo.backward.block, fo.backward.prologue, fo.backward.epilogue)] if layout else ())
+
         def bwd_ws(pp_rank):
             """The largest gradients one backward step holds, over the segments the rank runs."""
             if pp_rank is None:
                 return max((f(env) for f in fo.backward.whole), default=0)
             n_st = len(layout)
             mine = range(pp_rank, n_st, plan.size("pp"))
-            segs = ([fo.backward.block] + ([fo.backward.prologue] if 0 in mine else [])
-                    + ([fo.backward.epilogue] if n_st - 1 in mine else []))
-            return max((f(env) for seg in segs for f in seg), default=0)
+            runs = (True, 0 in mine, n_st - 1 in mine)
+            return max((w for w, on in zip(seg_ws, runs) if on and w is not None), default=0)
 
         def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
                 kept=0, recv=0, pending_w=0):
@@ -342,17 +358,18 @@ class CostModel:
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
         out = []
+        expert_block, expert_first = fo.experts.block(env), fo.experts.prologue(env)
+        sent, logits = fo.saved.sent(env), fo.saved.logits(env)
         for r in range(p):
             mine = [st for st in stages if st.rank == r]
             params = sum(st.params for st in mine)
-            experts = sum((st.blocks[1] - st.blocks[0]) * fo.experts.block(env)
-                          + (fo.experts.prologue(env) if st.stage == 0 else 0) for st in mine)
+            experts = sum((st.blocks[1] - st.blocks[0]) * expert_block
+                          + (expert_first if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
             kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
-            sent = fo.saved.sent(env)
             # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
             # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
-            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * fo.saved.logits(env)
+            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * logits
                        if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0)) * sent
                        for st in mine)
             # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
@@ -518,6 +535,13 @@ class CostModel:
                     (plan.span("fsdp_grad_sync") or span) if each else span,
                     "FSDP: reduce and shard each micro-batch's gradients (fsdp_grad_sync = micro_batch)" if each
                     else "FSDP: reduce and shard the gradients", params)
+
+
+def _stage_bytes(parts: tuple, k: int, n: int, blocks: int):
+    """Bytes stage k of n with `blocks` blocks keeps per micro-batch, from `parts` = (one block's, the prologue's,
+    the epilogue's): the prologue's on the first stage, the epilogue's on the last."""
+    block, first, last = parts
+    return blocks * block + (first if k == 0 else 0) + (last if k == n - 1 else 0)
 
 
 def _recompute(plan) -> str:

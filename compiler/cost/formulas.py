@@ -43,9 +43,10 @@ V = TypeVar("V")
 class Formula:
     """A formula compiled to exact integer arithmetic over env = (dp, tp, ep, pp, µb): numerator and denominator
     polynomials with integer coefficients, so a value is exact however large (an int where it divides, else a
-    float). `expr` is the formula in the user's sizes (hidden, layers, ...), for printing (ledger formulas)."""
+    float). `expr` is the formula in the user's sizes (hidden, layers, ...), for printing (ledger formulas).
+    Values are kept per env (a tuple): a search costs many plans of the same axis sizes and micro-batch size."""
 
-    __slots__ = ("expr", "num", "den", "const")
+    __slots__ = ("expr", "num", "den", "const", "_values")
 
     def __init__(self, expr: sympy.Expr, sub: Mapping):
         self.expr = expr
@@ -59,11 +60,15 @@ class Formula:
             self.const = _exact(int(num), int(den))
         self.num = sympy.lambdify(ARGS, num, modules="math")
         self.den = sympy.lambdify(ARGS, den, modules="math")
+        self._values: dict = {}
 
-    def __call__(self, env):
+    def __call__(self, env: tuple):
         if self.const is not None:
             return self.const
-        return _exact(self.num(*env), self.den(*env))
+        got = self._values.get(env)
+        if got is None:
+            got = self._values[env] = _exact(self.num(*env), self.den(*env))
+        return got
 
 
 def _exact(n, d):
