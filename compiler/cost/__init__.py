@@ -20,7 +20,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
@@ -320,7 +320,8 @@ class CostModel:
                                       optimizer=optimizer, activations=acts, working=work,
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
-                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
+                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what,
+                                      forward_bytes=acts + kept)
             # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
             # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
             flat_sync = min(plan.ddp_bucket_bytes, g_bytes * dense) if flat_sync and not bf16 else 0
@@ -334,8 +335,9 @@ class CostModel:
             step_grads = per.grads * params if bf16 else 4 * params / sh["grads"]
             step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=step_weights, grads=step_grads,
                                   optimizer=optimizer, activations=0, working=step_work, moment="the optimizer step",
-                                  working_what=step_what, optimizer_what=opt_what)
-            return replace(max((backward, step), key=lambda r: r.peak), forward_bytes=acts + kept)
+                                  working_what=step_what, optimizer_what=opt_what, forward_bytes=acts + kept)
+            # whichever moment is the peak, forward_bytes is the forwards' fullest moment (RankMemory)
+            return max((backward, step), key=lambda r: r.peak)
 
         def zero1_largest(shapes) -> int:
             """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by

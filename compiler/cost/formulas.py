@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Generic, Mapping, NamedTuple, TypeVar
+from typing import Generic, Literal, Mapping, NamedTuple, TypeVar
 
 import sympy
 
@@ -38,6 +38,8 @@ SAVED_MODES = RECOMPUTE + ("selective/compiled",)
 """What a block keeps under each recomputation mode; compiled selective recomputation keeps less (activations)."""
 
 V = TypeVar("V")
+Segment = Literal["whole", "block", "prologue", "epilogue"]
+"""The name of a traced segment, as Segments' fields name them."""
 
 
 class Formula:
@@ -168,7 +170,8 @@ class ParamShapes:
         self._compiled: dict = {}
         self._at: dict = {}
 
-    def of(self, segment: str) -> tuple[ParamShape, ...]:
+    def of(self, segment: Segment) -> tuple[ParamShape, ...]:
+        """The parameters of `segment`, compiled (once)."""
         got = self._compiled.get(segment)
         if got is None:
             traced, out = self._traced, []
@@ -184,7 +187,7 @@ class ParamShapes:
                                                   for (n, nd), count in out)
         return got
 
-    def at(self, segment: str, env) -> tuple:
+    def at(self, segment: Segment, env: tuple) -> tuple:
         """(elements, dims) of each parameter one rank holds of `segment` at env, numbers, each repeated as many
         times as the segment holds it."""
         key = (segment, env)
