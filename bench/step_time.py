@@ -144,7 +144,8 @@ def _compiled_rows(which: str, sizes=MICRO_BATCH_SIZES) -> list:
             if (row["batch"] // dp) % b or (row["p"] > 1 and m % row["p"]):
                 continue
             compiled = D.compile_spec(check_text(megatron_text(row, setup, b, chunks(row)), "megatron.scale"))
-            got.append((b, compiled, getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced, compiled.plan)))
+            got.append((b, compiled, getattr(compiled, "model", None)
+                        or C.CostModel(compiled.spec, compiled.traced, compiled.plan)))
         out.append((row, got))
     return out
 

@@ -656,3 +656,25 @@ def test_a_plan_over_memory_is_told_to_reduce_scatter_every_micro_batch():
     (d,) = budget(compile_spec(check_text(_llama8b("step", ("device = h100", "device = h100  memory_gb = 60")),
                                           "l.scale")))
     assert d.code == "E0501" and "it would fit with `fsdp_grad_sync = micro_batch` (36.18 GB)" in d.help, d.help
+
+
+@pytest.mark.parametrize("sample", ["gpt_dp", "gpt_pp"])
+def test_the_formulas_cover_exactly_the_segments_of_their_structure(sample):
+    """The typed formulas (compiler/cost/formulas.py) hold one for each segment the trace has and none for the
+    others: the whole model without pp; one block, the prologue and the epilogue under pp. Evaluated at the plan's
+    env = (dp, tp, ep, pp, µb), the parameter formulas give the rank's parameters the estimate reports."""
+    compiled = compile_path(str(SAMPLES / f"{sample}.scale"))
+    fo, plan = compiled.model.formulas, compiled.plan
+    env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+    have = ("block", "prologue", "epilogue") if fo.piped else ("whole",)
+    assert fo.piped == (plan.size("pp") > 1)
+    for segments in (fo.params, fo.backward, fo.flops):
+        for seg in ("whole", "block", "prologue", "epilogue"):
+            assert (getattr(segments, seg) is not None) == (seg in have), (seg, segments)
+    assert (fo.send is None) == (not fo.piped) and (fo.saved.sent is None) == (not fo.piped)
+    if fo.piped:
+        (lo, hi), = [plan.stages[k] for k in range(0, len(plan.stages), plan.size("pp"))]
+        want = fo.params.prologue(env) + (hi - lo) * fo.params.block(env)
+    else:
+        want = fo.params.whole(env)
+    assert want == compiled.costs.params_rank > 0

@@ -2,14 +2,15 @@
 
     params.py   parameters of the model and of each traced segment after the passes
     flops.py    forward FLOPs from the trace, backward from a rule per node
+    formulas.py every formula of one pass structure, compiled once, as a typed object (`Formulas`)
     ledger.py   the collectives the passes inserted (read once), pipeline sends, data parallelism's
     memory.py   model state, activations in flight per schedule, per-stage rows, the "does not fit" checks
     step_time.py  the step-time model: one optimizer step's time per rank, from a CostModel and a Plan (it reads
-                the CostModel's public attributes and methods only: `segment_params`, `send_elements_at`, `sites`,
-                `counts`, `piped`, `stages_for`, ...)
+                the CostModel's `formulas`, `stages_for`, `spec` and `traced` only)
 
 `CostModel(spec, traced, plan)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
-micro-batch size µb) and compiles each formula to a function of those; `.estimate(plan)` evaluates them for one
+micro-batch size µb) and compiles each formula to a function of those (`CostModel.formulas`, formulas.py);
+`.estimate(plan)` evaluates them for one
 `compiler.plan.Plan` with the same pass structure (which axes are > 1, sequence parallelism, what tp shards):
 axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
 is the same path, so what `compile` prints is what a search ranks.
@@ -19,30 +20,21 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import sympy
 
 from compiler import spec as S
-from compiler.cost import flops as F
-from compiler.cost import ledger as L
 from compiler.cost import memory as MEM
-from compiler.cost import params as PA
+from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
-from runtime import choices
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
-O = lazy("compiler.ops")
 
 BYTES = {"fp32": 4, "bf16": 2}
-RECOMPUTE = choices.RECOMPUTE
-SAVED_MODES = RECOMPUTE + ("selective/compiled",)
-"""What a block keeps under each recomputation mode; compiled selective recomputation keeps less (activations)."""
-AXES = ("dp", "tp", "ep", "pp")
-ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)
 
 
 @dataclass(frozen=True)
@@ -80,30 +72,6 @@ class Estimate:
 Costs = Estimate  # the name codegen's annotations use
 
 
-class _Fn:
-    """A formula compiled to exact integer arithmetic over (dp, tp, ep, pp, µb): numerator and denominator
-    polynomials with integer coefficients, so a value is exact however large."""
-
-    __slots__ = ("num", "den", "const")
-
-    def __init__(self, expr: sympy.Expr):
-        num, den = sympy.fraction(sympy.together(sympy.expand(expr)))
-        self.const = None
-        if not num.free_symbols and not den.free_symbols:
-            self.const = _exact(int(num), int(den))
-        self.num = sympy.lambdify(ARGS, num, modules="math")
-        self.den = sympy.lambdify(ARGS, den, modules="math")
-
-    def __call__(self, env):
-        if self.const is not None:
-            return self.const
-        return _exact(self.num(*env), self.den(*env))
-
-
-def _exact(n, d):
-    return n // d if n % d == 0 else n / d
-
-
 class CostModel:
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
@@ -111,132 +79,26 @@ class CostModel:
         """`plan`: the Plan `traced` was lowered for; only its pass structure is read (structure_of), which every
         plan this model estimates must share."""
         self.spec, self.traced = spec, traced
-        self.sub = {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}
-        top = traced.top
         self.structure = structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
         from compiler.cost import activations as A
         self.fp32_residual = plan.fp32_residual
         self.precision = A.precision_key(spec, plan)
         """The activations' precision key (activations.precision_key): the train section's, with the plan's fp32
         residual stream; every plan this model estimates has the same."""
-        self.piped = T.PROLOGUE in top.meta  # cut by passes.pipeline_split
-        self.params = PA.model_params(traced)
-        self.params_n = spec.value(self.params)
-        self.flops_fwd = traced.model_flops_fwd
-        bwd = traced.model_flops_bwd if traced.model_flops_bwd != 0 else F.graph_backward(top, traced.repeats())
-        gb = spec.train.global_batch
-        self.flops_step = sympy.expand((self.flops_fwd + bwd).xreplace({MICRO_BATCH: gb}))
-        self.flops_step_n = spec.value(self.flops_step)
-        # the experts' empty slots (trace_model): hardware FLOPs, not model FLOPs
-        self.padding_step = sympy.expand(traced.padding_flops.xreplace({MICRO_BATCH: gb}))
-        # Recomputation's extra forward, per step: full re-runs each block's forward, selective its attention
-        # cores (its other recomputed ops, norms and elementwise, are not matmuls: 0 by the FLOPs convention).
-        self.recompute_fwd = {"none": sympy.Integer(0)}
-        for mode in ("selective", "full"):
-            per = sum((c * F.recomputed_forward(g, mode) for c, g in
-                       ((gm.meta[T.REPEAT].count, gm) for gm in traced.blocks.values())), sympy.Integer(0))
-            # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones
-            self.recompute_fwd[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, **{size(a): 1 for a in AXES}}))
-        self.tokens_step = spec.value(gb * spec.train.seq_len)
-        self.sites = [(site, self._fn(site.elements)) for site in L.sites(traced)]
-        self.partial = {k: (v, self._fn(v)) for k, v in L.partial_grads(traced).items()}
-        self.counts = {name: (gm.meta[T.REPEAT].count, int(spec.value(gm.meta[T.REPEAT].count)))
-                       for name, gm in traced.blocks.items()}
-        if self.piped:
-            (self.block_name, gm), = traced.blocks.items()
-            pro, epi, loss = top.meta[T.PROLOGUE], top.meta[T.EPILOGUE], top.meta[T.LOSS]
-            self.seg_params = {k: PA.segment_params(g) for k, g in (("block", gm), ("prologue", pro),
-                                                                       ("epilogue", epi))}
-            self.seg_experts = {"block": PA.segment_expert_params(gm),
-                                "prologue": PA.segment_expert_params(top, mine=pro)}
-            fb = {k: F.graph_forward(g) + F.graph_backward(g) for k, g in (("block", gm), ("prologue", pro),
-                                                                         ("epilogue", epi), ("loss", loss))}
-            self.seg_flops = {"block": fb["block"], "first": fb["prologue"], "last": fb["epilogue"] + fb["loss"]}
-            self.send_elements = sympy.expand(sympy.Mul(*gm.meta[T.INPUTS]["x"]))
-        else:
-            total = PA.segment_params(top)
-            experts = PA.segment_expert_params(top)
-            for name, g in traced.blocks.items():
-                total += self.counts[name][0] * PA.segment_params(g)
-                experts += self.counts[name][0] * PA.segment_expert_params(g)
-            self.seg_params = {"all": sympy.expand(total)}
-            self.seg_experts = {"all": sympy.expand(experts)}
-            self.seg_flops = {"all": F.graph_forward(top) + F.graph_backward(top, traced.repeats())}
-        self._memory_formulas(spec, traced)
-        self.fn = {("params", k): self._fn(v) for k, v in self.seg_params.items()}
-        self.fn.update({("experts", k): self._fn(v) for k, v in self.seg_experts.items()})
-        self.fn.update({("flops", k): self._fn(v) for k, v in self.seg_flops.items()})
-        self.fn.update({("saved", k): self._fn(v) for k, v in self.saved.items()})
-        for mode in RECOMPUTE:  # per micro-batch on a rank: one block under pp, all of them otherwise
-            per = (F.recomputed_forward(next(iter(traced.blocks.values())), mode) if self.piped else
-                   sum((gm.meta[T.REPEAT].count * F.recomputed_forward(gm, mode) for gm in traced.blocks.values()),
-                       sympy.Integer(0)))
-            self.fn[("recompute_fwd", mode)] = self._fn(per)
-        self.fn.update({("units", k): self._fn(v) for k, v in self.units.items()})
-        self.loss_moments = [self._fn(e) for e in self.loss_working]
-        self.backward_moments = {k: [self._fn(e) for e in set(v)] for k, v in self.backward_ws.items()}
-        if self.piped:
-            self.fn[("send", "x")] = self._fn(self.send_elements)
-        self._param_shapes: dict = {}
+        self.formulas = Formulas.build(spec, traced, self.precision)
+        """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
+        self._hw: dict = {}
 
-    def _memory_formulas(self, spec, traced) -> None:
-        """What each segment keeps for backward per micro-batch (activations.py, node by node), the loss's working
-        set, and the sizes of FSDP's units (the root, one block)."""
-        from compiler.cost import activations as A
-        prec = self.precision
-        self.device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
-        top = traced.top
-        blocks = list(traced.blocks.values())
-        # Recomputation's working set: the block whose backward runs, rematerialised (one at a time).
-        self.saved = {("recomputed", "block"): sympy.Max(*[A.saved_bytes(g, prec, self.device) for g in blocks])
-                      if blocks else sympy.Integer(0)}
-        if self.piped:
-            (gm,) = traced.blocks.values()
-            segs = {"prologue": top.meta[T.PROLOGUE], "epilogue": top.meta[T.EPILOGUE], "loss": top.meta[T.LOSS]}
-            self.saved.update({k: A.saved_bytes(g, prec, self.device) for k, g in segs.items()})
-            # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until its backward
-            # (every stage but the last: fwd_cache; runtime.pipeline.InFlight waits on its send there), and on the
-            # last stage the output (the logits) of each micro-batch in flight, until its backward (the runtime asks
-            # for no outputs back, so none is kept longer; measured with runtime/memory.py's tracker)
-            out = next(n for n in segs["epilogue"].graph.nodes if n.op == "output").args[0]
-            self.saved["logits"] = A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)
-            self.saved["sent"] = self.send_elements * A.widths(prec)["res"]
-            # runtime.pipeline.InFlight frees a sent output once its send completed when it is a residual add (its
-            # backward reads no data; runtime.pipeline._freeable): the block's last op, which ends every stage
-            # before the last. Then only the output whose send is still under way is kept.
-            last = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-            last = last[0] if isinstance(last, (tuple, list)) and len(last) == 1 else last
-            op = O.find(last, gm) if getattr(last, "op", None) == "call_function" else None
-            self.frees_sent = op is not None and op.freed_when_sent
-            # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
-            self.saved[("wgrad", "block")] = A.weight_output_grads(gm, prec)
-            for k in ("prologue", "epilogue"):
-                self.saved[("wgrad", k)] = A.weight_output_grads(segs[k], prec)
-            self.backward_ws = {"block": A.backward_working_set(gm, prec),
-                                "first": A.backward_working_set(segs["prologue"], prec),
-                                "last": A.backward_working_set(segs["epilogue"], prec)}
-            for mode in SAVED_MODES:
-                self.saved[("block", mode)] = A.block_saved_bytes(gm, prec, self.device, mode)
-            loss_graph = segs["loss"]
-            self.units = {"root": self.seg_params["prologue"] + self.seg_params["epilogue"],
-                          "block": self.seg_params["block"]}
-        else:
-            for mode in SAVED_MODES:
-                self.saved[("all", mode)] = A.saved_bytes(top, prec, self.device, traced.repeats(), mode)
-            loss_graph = top
-            self.backward_ws = {"all": A.backward_working_set(top, prec)
-                                + [e for g in blocks for e in A.backward_working_set(g, prec)]}
-            blocks = [PA.segment_params(g) for g in traced.blocks.values()]
-            self.units = {"root": PA.segment_params(top),
-                          "block": blocks[0] if len(blocks) == 1 else sympy.Max(*blocks) if blocks else 0}
-        self.loss_working = A.loss_working_set(loss_graph, prec)
+    # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
+    @property
+    def piped(self) -> bool:
+        """Whether the trace is cut into pipeline segments (Formulas.piped)."""
+        return self.formulas.piped
 
-    def _fn(self, expr) -> _Fn:
-        e = sympy.sympify(expr).xreplace(self.sub)
-        extra = e.free_symbols - set(ARGS)
-        if extra:
-            raise ValueError(f"cost formula {expr} has symbols the spec does not bind: {sorted(map(str, extra))}")
-        return _Fn(e)
+    @property
+    def counts(self):
+        """Per repeated block's name: formulas.Count (its count in the spec's sizes, its value)."""
+        return self.formulas.counts
 
     # -- one plan -------------------------------------------------------------------------------------------------
 
@@ -251,19 +113,6 @@ class CostModel:
         raise ValueError(f"plan {plan.describe()} has pp = {plan.size('pp')} but no stage layout: decide it first "
                          "(compiler.candidates.Candidates.decide, or compile)")
 
-    def segment_params(self, segment: str, env) -> int | float:
-        """Parameters one rank holds of a traced segment at `env` = (dp, tp, ep, pp, µb): "all" (the whole model)
-        without pp; "prologue", "block" (one block) or "epilogue" under pp. Public for the step-time model
-        (step_time.py), which sizes each pp rank's optimizer step and data-parallel traffic by its stages' share."""
-        return self.fn[("params", segment)](env)
-
-    def send_elements_at(self, env) -> int | float:
-        """Elements of one pipeline send (a micro-batch's residual stream at a stage boundary) at `env`; only under
-        pp. Public for the step-time model, which times the sends between stages from it."""
-        if not self.piped:
-            raise ValueError("a plan without pipeline stages sends nothing between stages")
-        return self.fn[("send", "x")](env)
-
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
         if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
             raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
@@ -275,19 +124,19 @@ class CostModel:
         dp, tp, ep, pp = (plan.size(a) for a in AXES)
         m, mb = plan.micro_batches, plan.micro_batch_size
         env = (dp, tp, ep, pp, mb)
-        fn = self.fn
-        if self.piped:
+        fo = self.formulas
+        if fo.piped:
             layout = self.stages_for(plan, env)
             n = len(layout)
             mine = range(pp_rank, n, pp)
             nb = sum(layout[k][1] - layout[k][0] for k in mine)
             on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
-            params_rank = fn[("params", "prologue")](env) + nb * fn[("params", "block")](env)
-            experts_rank = fn[("experts", "prologue")](env) + nb * fn[("experts", "block")](env)
-            fb, ff, fl = (fn[("flops", k)](env) for k in ("block", "first", "last"))
+            params_rank = fo.params.prologue(env) + nb * fo.params.block(env)
+            experts_rank = fo.experts.prologue(env) + nb * fo.experts.block(env)
+            fb, ff, fl = (f(env) for f in (fo.flops.block, fo.flops.prologue, fo.flops.epilogue))
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
-            rec = fn[("recompute_fwd", _recompute(plan))](env) * recompute_passes(plan)
+            rec = fo.recompute[_recompute(plan)](env) * recompute_passes(plan)
             per_stage = [(hi - lo) * fb for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
@@ -295,84 +144,79 @@ class CostModel:
             rank_hw = max(sum(per_stage[r::pp]) + rec * sum(hi - lo for lo, hi in layout[r::pp]) for r in range(pp))
         else:
             layout, nb, on_rank = (), None, {"all": True}
-            params_rank = fn[("params", "all")](env)
-            experts_rank = fn[("experts", "all")](env)
-            rank_flops = fn[("flops", "all")](env)
-            rank_hw = rank_flops + fn[("recompute_fwd", _recompute(plan))](env)
-        hw = sympy.expand(self.flops_step + self.padding_step
-                          + self.recompute_fwd[_recompute(plan)] * recompute_passes(plan))
+            params_rank = fo.params.whole(env)
+            experts_rank = fo.experts.whole(env)
+            rank_flops = fo.flops.whole(env)
+            rank_hw = rank_flops + fo.recompute[_recompute(plan)](env)
+        hw, hw_n = self._hardware_flops(_recompute(plan), recompute_passes(plan))
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
         led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
-        return Estimate(params=self.params, params_n=self.params_n, params_rank=int(params_rank),
-                        expert_params_rank=int(experts_rank), flops_fwd=self.flops_fwd, flops_step=self.flops_step,
-                        flops_step_n=self.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
-                        flops_step_hw=hw, flops_step_hw_n=int(spec.value(hw)), flops_rank_step_hw_n=int(m * rank_hw),
-                        stages=stages, ledger=led, tokens_step=self.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
+        return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
+                        expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,
+                        flops_step_n=fo.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
+                        flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
+                        stages=stages, ledger=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
 
-    def _shapes(self, env, segment: str) -> tuple:
-        """(elements, dims) of each parameter one rank holds of a segment ("all": the whole model), numbers."""
-        if segment not in self._param_shapes:
-            traced, out = self.traced, []
-            if segment == "all":
-                out += [(e, 1) for e in self._param_exprs(traced.top)]
-                for gm in traced.blocks.values():
-                    out += [(e, gm.meta[T.REPEAT].count) for e in self._param_exprs(gm)]
-            else:
-                gm = (next(iter(traced.blocks.values())) if segment == "block" else
-                      traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE])
-                out += [(e, 1) for e in self._param_exprs(gm)]
-            self._param_shapes[segment] = [(self._fn(n), nd, count) for (n, nd), count in out]
-        got = []
-        for f, nd, count in self._param_shapes[segment]:
-            got += [(int(f(env)), nd)] * int(self.spec.value(count))
-        return tuple(got)
+    def _hardware_flops(self, recompute: str, passes: int) -> tuple:
+        """Hardware FLOPs per step (the model's, the experts' padding, recomputation's forward `passes` times) as a
+        formula and its value: the same for every plan with this recomputation, so computed once, not again in each
+        of the thousands of estimates a search makes."""
+        key = (recompute, passes)
+        got = self._hw.get(key)
+        if got is None:
+            fo = self.formulas
+            hw = sympy.expand(fo.flops_step + fo.padding_step + fo.recompute_step[recompute] * passes)
+            got = self._hw[key] = (hw, int(self.spec.value(hw)))
+        return got
 
-    @staticmethod
-    def _param_exprs(gm) -> list:
-        return [(sympy.Mul(*shape), len(shape)) for shape in gm.meta[T.PARAM_SHAPES].values()]
+    def _shapes(self, env, segment: str) -> tuple:
+        """(elements, dims) of each parameter one rank holds of a segment ("whole": the whole model), numbers."""
+        return self.formulas.param_shapes.at(segment, env)
 
     def _sent_kept(self, alive: int) -> int:
         """How many sent outputs a stage before the last keeps with `alive` micro-batches in flight: all of them
         (torch's fwd_cache, until their backwards), or at most the one whose send is under way where the runtime
-        frees the others (self.frees_sent). Compiled or not: a compiled block's backward node stashes only what its
+        frees the others (Formulas.frees_sent). Compiled or not: a compiled block's backward node stashes only what its
         backward reads, and nothing in the block reads the residual add that ends it (runtime.pipeline._freeable
         checks the stash)."""
-        return min(alive, 1) if getattr(self, "frees_sent", False) else alive
+        return min(alive, 1) if self.formulas.frees_sent else alive
 
     def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
         """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
         stage `stage`'s (its layout decided); what tests/test_memory.py counts with saved_tensors_hooks."""
         env = tuple(plan.size(a) for a in AXES) + (plan.micro_batch_size,)
         if stage is None:
-            return self.fn[("saved", ("all", _saved_mode(plan)))](env)
+            return self.formulas.saved.whole[_saved_mode(plan)](env)
         layout = self.stages_for(plan, env)
         lo, hi = layout[stage]
-        return self._stage_saved(env, stage, len(layout), hi - lo, _saved_mode(plan))
+        return _stage_bytes(self._saved_parts(env, _saved_mode(plan)), stage, len(layout), hi - lo)
 
-    def _stage_saved(self, env, k: int, n: int, blocks: int, recompute: str = "none"):
-        """Bytes stage k of n keeps per micro-batch."""
-        f = self.fn
-        return (blocks * f[("saved", ("block", recompute))](env) + (f[("saved", "prologue")](env) if k == 0 else 0)
-                + (f[("saved", "epilogue")](env) + f[("saved", "loss")](env) if k == n - 1 else 0))
+    def _saved_parts(self, env, recompute: str) -> tuple:
+        """What one block, the prologue, the epilogue and the loss keep per micro-batch at `env` (bytes), evaluated
+        once per plan: a stage's is a sum of them (_stage_bytes)."""
+        sv = self.formulas.saved
+        return sv.block[recompute](env), sv.prologue(env), sv.epilogue(env) + sv.loss(env)
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
         per_param = MEM.state_per_param(self.spec.train.precision, plan.data_parallel, plan.size("dp"),
                                         plan.grad_reduce).total
-        pb, pro, epi = (self.fn[("params", k)](env) for k in ("block", "prologue", "epilogue"))
+        fo = self.formulas
+        pb, pro, epi = (f(env) for f in (fo.params.block, fo.params.prologue, fo.params.epilogue))
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
-        recv = self.fn[("saved", "sent")](env)
-        kept = [max(0, self._stage_saved(env, k, n_st, hi - lo, _saved_mode(plan)) - (recv if k else 0))
-                for k, (lo, hi) in enumerate(layout)]
-        f = self.fn
-        wgrad = [(hi - lo) * f[("saved", ("wgrad", "block"))](env)
-                 + (f[("saved", ("wgrad", "prologue"))](env) if k == 0 else 0)
-                 + (f[("saved", ("wgrad", "epilogue"))](env) if k == n_st - 1 else 0)
-                 for k, (lo, hi) in enumerate(layout)] if plan.schedule == "zero-bubble" else [0] * n_st
+        recv = fo.saved.sent(env)
+        parts = self._saved_parts(env, _saved_mode(plan))
+        kept = [max(0, _stage_bytes(parts, k, n_st, hi - lo) - (recv if k else 0)) for k, (lo, hi) in enumerate(layout)]
+        if plan.schedule == "zero-bubble":
+            wg = fo.saved.wgrad
+            parts = (wg.block(env), wg.prologue(env), wg.epilogue(env))
+            wgrad = [_stage_bytes(parts, k, n_st, hi - lo) for k, (lo, hi) in enumerate(layout)]
+        else:
+            wgrad = [0] * n_st
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
         out = []
         for k, (lo, hi) in enumerate(layout):
@@ -392,11 +236,12 @@ class CostModel:
         sh = MEM.shard_of(plan.data_parallel, dp)
         batch_ranks = plan.size("dp") * plan.size("ep")
         m = plan.micro_batches
-        loss = max(f(env) for f in self.loss_moments) if self.loss_moments else 0
-        root, block = self.fn[("units", "root")](env), self.fn[("units", "block")](env)
+        fo = self.formulas
+        loss = max(f(env) for f in fo.loss) if fo.loss else 0
+        root, block = fo.units.root(env), fo.units.block(env)
         # AdamW is fused on CUDA (runtime/train.py): it updates in place, no temporaries; on CPU a loop per tensor.
         adam_temp = lambda n: 0  # noqa: E731
-        recomputed = self.fn[("saved", ("recomputed", "block"))](env) if _recompute(plan) != "none" else 0
+        recomputed = fo.saved.recomputed(env) if _recompute(plan) != "none" else 0
         opt_what = MEM.optimizer_label(self.spec.train.precision, plan.data_parallel, dp)
 
         fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)
@@ -412,14 +257,18 @@ class CostModel:
         # stay sharded (fp32, 4/dp) between micro-batches instead of accumulating whole (G per parameter)
         sync_each = plan.syncs_each_micro_batch
 
+        # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
+        seg_ws = ([max((f(env) for f in seg), default=None)
+                   for seg in (fo.backward.block, fo.backward.prologue, fo.backward.epilogue)] if layout else ())
+
         def bwd_ws(pp_rank):
             """The largest gradients one backward step holds, over the segments the rank runs."""
             if pp_rank is None:
-                return max((f(env) for f in self.backward_moments["all"]), default=0)
+                return max((f(env) for f in fo.backward.whole), default=0)
             n_st = len(layout)
             mine = range(pp_rank, n_st, plan.size("pp"))
-            keys = ["block"] + (["first"] if 0 in mine else []) + (["last"] if n_st - 1 in mine else [])
-            return max((f(env) for k in keys for f in self.backward_moments[k]), default=0)
+            runs = (True, 0 in mine, n_st - 1 in mine)
+            return max((w for w, on in zip(seg_ws, runs) if on and w is not None), default=0)
 
         def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
                 kept=0, recv=0, pending_w=0):
@@ -481,7 +330,8 @@ class CostModel:
                                       optimizer=optimizer, activations=acts, working=work,
                                       moment="the start of the last micro-batch's backward" if pp_rank is None
                                       else "the schedule's fullest moment (most activations in flight)",
-                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what)
+                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what,
+                                      forward_bytes=acts + kept)
             # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
             # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
             flat_sync = min(plan.ddp_bucket_bytes, g_bytes * dense) if flat_sync and not bf16 else 0
@@ -495,8 +345,9 @@ class CostModel:
             step_grads = per.grads * params if bf16 else 4 * params / sh["grads"]
             step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=step_weights, grads=step_grads,
                                   optimizer=optimizer, activations=0, working=step_work, moment="the optimizer step",
-                                  working_what=step_what, optimizer_what=opt_what)
-            return replace(max((backward, step), key=lambda r: r.peak), forward_bytes=acts + kept)
+                                  working_what=step_what, optimizer_what=opt_what, forward_bytes=acts + kept)
+            # whichever moment is the peak, forward_bytes is the forwards' fullest moment (RankMemory)
+            return max((backward, step), key=lambda r: r.peak)
 
         def zero1_largest(shapes) -> int:
             """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by
@@ -512,24 +363,25 @@ class CostModel:
 
         if not layout:
             ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
-            shapes = self._shapes(env, "all") if sh["stage"] == 1 else ()
+            shapes = self._shapes(env, "whole") if sh["stage"] == 1 else ()
             return (one("every rank", None, params_rank, params_rank - experts_rank,
-                        self.fn[("saved", ("all", _saved_mode(plan)))](env), True, m > 1, "", ddp, False, shapes),)
+                        fo.saved.whole[_saved_mode(plan)](env), True, m > 1, "", ddp, False, shapes),)
         p, v = plan.size("pp"), plan.virtual_stages
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
         out = []
+        expert_block, expert_first = fo.experts.block(env), fo.experts.prologue(env)
+        sent, logits = fo.saved.sent(env), fo.saved.logits(env)
         for r in range(p):
             mine = [st for st in stages if st.rank == r]
             params = sum(st.params for st in mine)
-            experts = sum((st.blocks[1] - st.blocks[0]) * self.fn[("experts", "block")](env)
-                          + (self.fn[("experts", "prologue")](env) if st.stage == 0 else 0) for st in mine)
+            experts = sum((st.blocks[1] - st.blocks[0]) * expert_block
+                          + (expert_first if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
             kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
-            sent = self.fn[("saved", "sent")](env)
             # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
             # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
-            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * self.fn[("saved", "logits")](env)
+            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * logits
                        if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0)) * sent
                        for st in mine)
             # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
@@ -569,11 +421,11 @@ class CostModel:
             if kind == "block":
                 if nb is not None:
                     return m * nb, None
-                count_sym, count = self.counts[name]
+                count_sym, count = self.formulas.counts[name]
                 return m * count, (lambda: m * count_sym)
             return (m, None) if on_rank.get(name, False) else (0, None)
 
-        for site, f in self.sites:
+        for site, f in self.formulas.sites:
             times, per_step = times_of(site.where)
             if not times:
                 continue
@@ -593,12 +445,13 @@ class CostModel:
                                           element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                           per_step_formula=per_step))
         partial_n, parts = 0, []
-        for where, (expr, f) in self.partial.items():
+        for where, f in self.formulas.partial:
             times, _ = times_of(where)
             if times:
                 k = times // m
                 partial_n += k * f(env)
-                parts.append((expr, self.counts[where[1]][0] if where[0] == "block" and nb is None else k))
+                parts.append((f.expr, self.formulas.counts[where[1]].expr if where[0] == "block" and nb is None
+                              else k))
         if partial_n:
             fsdp = plan.data_parallel in ("fsdp", "zero2") and dp > 1
             if fsdp:
@@ -625,11 +478,11 @@ class CostModel:
         fp32_residual (runtime/precision.py)."""
         n = plan.size("pp") * plan.virtual_stages
         m = plan.micro_batches
-        elements = self.fn[("send", "x")](env)
+        elements = self.formulas.send(env)
         from compiler.cost import activations as A
         width = A.widths(self.precision)["res"]
         span = plan.span("axis pp")
-        expr = self.send_elements
+        expr = self.formulas.send_expr
         for stage in range(pp_rank, n, plan.size("pp")):
             for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
                                           ("forward", "activations from the previous stage", stage > 0),
@@ -644,12 +497,13 @@ class CostModel:
     def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
         spec = self.spec
         dp, ep, pp = plan.size("dp"), plan.size("ep"), plan.size("pp")
+        pa, ex = self.formulas.params, self.formulas.experts
         if nb is None:
-            params = lambda: self.seg_params["all"]  # noqa: E731
-            experts = lambda: self.seg_experts["all"]  # noqa: E731
+            params = lambda: pa.whole.expr  # noqa: E731
+            experts = lambda: ex.whole.expr  # noqa: E731
         else:
-            params = lambda: sympy.expand(self.seg_params["prologue"] + nb * self.seg_params["block"])  # noqa: E731
-            experts = lambda: sympy.expand(self.seg_experts["prologue"] + nb * self.seg_experts["block"])  # noqa
+            params = lambda: sympy.expand(pa.prologue.expr + nb * pa.block.expr)  # noqa: E731
+            experts = lambda: sympy.expand(ex.prologue.expr + nb * ex.block.expr)  # noqa: E731
         span = plan.span("axis dp")
         # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
         how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
@@ -693,6 +547,13 @@ class CostModel:
                     (plan.span("fsdp_grad_sync") or span) if each else span,
                     "FSDP: reduce and shard each micro-batch's gradients (fsdp_grad_sync = micro_batch)" if each
                     else "FSDP: reduce and shard the gradients", params)
+
+
+def _stage_bytes(parts: tuple, k: int, n: int, blocks: int):
+    """Bytes stage k of n with `blocks` blocks keeps per micro-batch, from `parts` = (one block's, the prologue's,
+    the epilogue's): the prologue's on the first stage, the epilogue's on the last."""
+    block, first, last = parts
+    return blocks * block + (first if k == 0 else 0) + (last if k == n - 1 else 0)
 
 
 def _recompute(plan) -> str:

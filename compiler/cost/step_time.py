@@ -351,12 +351,12 @@ class _Model:
         prec = cm.precision
         self.cm = cm
         self.act = 2 if prec.startswith("bf16") else 4
-        sub = cm.sub
+        sub = cm.formulas.sub
 
         def seg(gm):
             return Segment(gm, sub, ARGS, prec)
         self.segments: dict = {}
-        if cm.piped:
+        if cm.formulas.piped:
             top = traced.top
             self.segments["block"] = seg(next(iter(traced.blocks.values())))
             for k, key in (("prologue", T.PROLOGUE), ("epilogue", T.EPILOGUE), ("loss", T.LOSS)):
@@ -366,12 +366,12 @@ class _Model:
             for name, gm in traced.blocks.items():
                 self.segments[("block", name)] = seg(gm)
         # the collectives the passes inserted, per segment: (site, its elements' function)
-        self.sites = cm.sites
+        self.sites = cm.formulas.sites
 
     def where_key(self, site):
         kind, name = site.where
         if kind == "block":
-            return "block" if self.cm.piped else ("block", name)
+            return "block" if self.cm.formulas.piped else ("block", name)
         return name
 
 
@@ -522,7 +522,8 @@ class Simulator:
         pieces = self.pieces(cm, plan, env, lk)
         m = plan.micro_batches
         mdl = self.model(cm)
-        if cm.piped:
+        fo = cm.formulas
+        if fo.piped:
             ends, busy, stage_comm = self._pipeline(cm, plan, env, pieces, lk, exact, detail)
             ranks_end = dict(busy) if ends is None else ends
             makespan = max(ranks_end.values())
@@ -536,7 +537,7 @@ class Simulator:
         else:
             tops = [k for k in mdl.segments if not isinstance(k, tuple)]
             blocks = [k for k in mdl.segments if isinstance(k, tuple)]
-            counts = {("block", name): n for name, (_, n) in cm.counts.items()}
+            counts = {("block", name): c.n for name, c in fo.counts.items()}
             fwd = sum(pieces[k].forward for k in tops) + sum(counts[k] * pieces[k].forward for k in blocks)
             bwd = sum(pieces[k].backward for k in tops) + sum(counts[k] * pieces[k].backward for k in blocks)
             comm: dict = {}
@@ -567,7 +568,7 @@ class Simulator:
             opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
                    / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
             end = ranks_end[r] + sync + opt + runtime
-            rt = RankTime(f"pp rank {r}" if cm.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
+            rt = RankTime(f"pp rank {r}" if fo.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
             ranks.append(rt)
             if worst is None or end > worst[0]:
                 worst = (end, rt, opt)
@@ -596,14 +597,14 @@ class Simulator:
         end (the bucket: plan.ddp_bucket_bytes; FSDP2's prefetch, plan.fsdp_prefetch, at least one unit). A
         broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
         m = plan.micro_batches
-        units = max(sum(n for _, n in cm.counts.values()), 1) + 1  # FSDP units: each block and the root
+        units = max(sum(c.n for c in cm.formulas.counts.values()), 1) + 1  # FSDP units: each block and the root
         timed = []
         for c in entries:
             link = lk.get(c.axis)
             if link is None:
                 continue
             t = collective_s(c.op, c.bytes / max(c.times, 1) * scale, link) * c.times
-            if cm.piped or c.axis == "tp" or c.op == "broadcast":
+            if cm.formulas.piped or c.axis == "tp" or c.op == "broadcast":
                 kind = "exposed"
             elif c.op == "all_gather":
                 kind = "gather"
@@ -630,12 +631,13 @@ class Simulator:
     def _stage_params(self, cm, plan, env) -> dict:
         layout = cm.stages_for(plan, env)
         pp, n = plan.size("pp"), len(layout)
+        params = cm.formulas.params
         out = {}
         for r in range(pp):
             mine = range(r, n, pp)
             nb = sum(layout[k][1] - layout[k][0] for k in mine)
-            out[r] = (cm.segment_params("prologue", env) * (0 in mine) + nb * cm.segment_params("block", env)
-                      + cm.segment_params("epilogue", env) * (n - 1 in mine))
+            out[r] = (params.prologue(env) * (0 in mine) + nb * params.block(env)
+                      + params.epilogue(env) * (n - 1 in mine))
         return out
 
     @staticmethod
@@ -669,7 +671,7 @@ class Simulator:
         ends = None
         busy = {r: m * sum(f[s] + b[s] for s in range(r, n, pp)) for r in range(pp)}
         if exact:
-            send = collective_s("send_recv", cm.send_elements_at(env) * 4, lk["pp"])
+            send = collective_s("send_recv", cm.formulas.send(env) * 4, lk["pp"])
             cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
             ends = pipeline_ends(plan.schedule, pp, m, plan.virtual_stages, cost, send)
             # what the sends cost the step: the same schedule with instant sends
