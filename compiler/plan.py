@@ -104,7 +104,10 @@ class Plan:
     # -- derived, in one place ---------------------------------------------------------------------------------------
 
     def size(self, axis: str) -> int:
-        return dict(self.axes).get(axis, 1)
+        for name, n in self.axes:  # at most four pairs: a scan, not a dict per call (a search makes 300k calls)
+            if name == axis:
+                return n
+        return 1
 
     @property
     def world_size(self) -> int:

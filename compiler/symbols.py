@@ -43,3 +43,22 @@ def capacity(seq: int, experts: int, top_k: int, factor) -> int:
     if factor == "none":
         return seq
     return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))
+
+
+def integer_polynomial(expr, args: tuple):
+    """`expr` as a Python function of `args` (positional), when it is a polynomial in them with integer
+    coefficients: exact integer arithmetic, built from the terms directly (a search compiles hundreds of cost
+    formulas, and sympy.lambdify's printer took ~1 ms each). None for anything else (a Max, a fraction), which the
+    caller compiles otherwise. The generated source holds only integers and the parameters' positional names, never
+    a name of the user's."""
+    terms = []
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        coeff, rest = term.as_coeff_Mul()
+        powers = rest.as_powers_dict() if rest != 1 else {}
+        if not coeff.is_Integer or any(b not in args or not k.is_Integer or k < 0 for b, k in powers.items()):
+            return None
+        factors = [str(int(coeff))] + [f"a{i}" if powers[a] == 1 else f"a{i}**{int(powers[a])}"
+                                       for i, a in enumerate(args) if a in powers]
+        terms.append("*".join(factors))
+    params = ", ".join(f"a{i}" for i in range(len(args)))
+    return eval(f"lambda {params}: {' + '.join(terms) or '0'}", {"__builtins__": {}})  # noqa: S307 - see above

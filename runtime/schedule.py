@@ -16,12 +16,15 @@ Schedules (p ranks, v stages per rank, m micro-batches):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from runtime.choices import SCHEDULES  # one definition, shared with the compiler
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Action:
+class Action(NamedTuple):
+    """One step of a rank's list: immutable, ordered and hashed by (stage, kind, mb). A named tuple, not a frozen
+    dataclass: the compiler builds every rank's list of every pipeline shape a search times (hundreds of thousands
+    of actions), and a frozen dataclass costs several times more to construct."""
     stage: int
     kind: str      # F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B
     mb: int

@@ -24,7 +24,7 @@ from compiler.cost import flops as F
 from compiler.cost import ledger as L
 from compiler.cost import params as PA
 from compiler.lazy import lazy
-from compiler.symbols import MICRO_BATCH, size
+from compiler.symbols import MICRO_BATCH, integer_polynomial, size
 from runtime import choices
 
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
@@ -60,8 +60,8 @@ class Formula:
         self.const = None
         if not num.free_symbols and not den.free_symbols:
             self.const = _exact(int(num), int(den))
-        self.num = sympy.lambdify(ARGS, num, modules="math")
-        self.den = sympy.lambdify(ARGS, den, modules="math")
+        self.num = integer_polynomial(num, ARGS) or sympy.lambdify(ARGS, num, modules="math")
+        self.den = integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math")
         self._values: dict = {}
 
     def __call__(self, env: tuple):
