@@ -43,4 +43,4 @@ def test_the_wheel_holds_every_module_and_data_file(tmp_path):
     missing = sorted(_sources() - names)
     assert not missing, f"the wheel lacks {len(missing)} files of the source tree, e.g. {missing[:5]}"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "scalec = compiler.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "scalec = compiler.cli:entry" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -20,7 +20,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import sympy
 
@@ -51,7 +51,6 @@ class Estimate:
     flops_rank_step_n: int         # what the busiest rank computes per step
     model_state: ModelState        # bytes per rank
     stages: tuple                  # memory.Stage per pipeline stage; empty without pp
-    ledger: Ledger                 # the collectives of one step on the rank
     tokens_step: int
     micro_batch_size: int          # sequences per micro-batch on one rank (plan.micro_batch_size)
     pp_rank: int = 0
@@ -59,6 +58,26 @@ class Estimate:
     flops_step_hw_n: int = 0
     flops_rank_step_hw_n: int = 0
     memory: tuple = ()             # memory.RankMemory per kind of rank: the predicted peak and what holds it
+    ledger_of: object = field(default=None, compare=False, repr=False)
+    """() -> Ledger: the collectives of one step on the rank (`ledger`, built on first read: a search reads the
+    ledgers of only the plans it times). Two estimates are equal when their fields and their ledgers are."""
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return (all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.compare)
+                and self.ledger == other.ledger)
+
+    __hash__ = None  # equal by their ledgers too, which are built on first read: not a dictionary key
+
+    @property
+    def ledger(self) -> Ledger:
+        """The collectives of one step on the rank, built once, when first read."""
+        got = self.__dict__.get("_ledger")
+        if got is None:
+            got = self.ledger_of()
+            object.__setattr__(self, "_ledger", got)  # a frozen value's cache: the same ledger every read
+        return got
 
     @property
     def peak_bytes(self) -> float:
@@ -152,12 +171,12 @@ class CostModel:
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
-        led = self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)
+        led = lambda: self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)  # noqa: E731
         return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,
                         flops_step_n=fo.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
                         flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
-                        stages=stages, ledger=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
+                        stages=stages, ledger_of=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
 
     def _hardware_flops(self, recompute: str, passes: int) -> tuple:
