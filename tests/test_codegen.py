@@ -29,13 +29,14 @@ def _compile(path: Path, out: Path):
 @pytest.mark.parametrize("sample", SAMPLES, ids=[s.stem for s in SAMPLES])
 def test_sample_output_matches_golden(sample, tmp_path, golden):
     compiled = _compile(sample, tmp_path)
-    for name in ("program.py", "plan.json", "launch.sh"):
+    for name in ("program.py", "plan.json", "launch.sh", "launch.sbatch"):
         golden.check(f"samples/{sample.stem}/{name}", (tmp_path / name).read_text(encoding="utf-8"))
     golden.check(f"samples/{sample.stem}/plan.txt", plan_text(compiled))
     # Semantic pairing of the goldens: the program is valid Python and the launcher valid bash.
     compile((tmp_path / "program.py").read_text(), "program.py", "exec")
-    assert subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")]).returncode == 0
-    assert os.access(tmp_path / "launch.sh", os.X_OK)
+    for script in ("launch.sh", "launch.sbatch"):
+        assert subprocess.run(["bash", "-n", str(tmp_path / script)]).returncode == 0
+        assert os.access(tmp_path / script, os.X_OK)
 
 
 def _digest(out: Path, hashseed: str) -> str:
@@ -116,7 +117,8 @@ def test_output_does_not_depend_on_how_the_path_is_spelt(tmp_path):
     for i, path in enumerate(("gpt_dp.scale", "./gpt_dp.scale", "/somewhere/else/gpt_dp.scale")):
         compiled = compile_spec(check_text(text, path))
         codegen.emit(compiled, str(tmp_path / str(i)))
-        outs.append([(tmp_path / str(i) / f).read_bytes() for f in ("program.py", "plan.json", "launch.sh")])
+        outs.append([(tmp_path / str(i) / f).read_bytes()
+                     for f in ("program.py", "plan.json", "launch.sh", "launch.sbatch")])
     assert outs[0] == outs[1] == outs[2]
 
 

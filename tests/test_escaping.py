@@ -73,7 +73,7 @@ def _emit(text: str, path: str, out: Path, model_name: str | None = None):
     if model_name is not None:  # not writable in .scale (a NAME), but codegen must not rely on the grammar
         spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, name=model_name))
     codegen.emit(dataclasses.replace(compiled, spec=spec), str(out))
-    return {f: (out / f).read_text(encoding="utf-8") for f in ("program.py", "plan.json", "launch.sh")}
+    return {f: (out / f).read_text(encoding="utf-8") for f in ("program.py", "plan.json", "launch.sh", "launch.sbatch")}
 
 
 def _strings_blanked(tree: pyast.AST) -> str:
@@ -178,6 +178,8 @@ def test_hostile_file_names(builds):
         assert files["program.py"].count("\n") == base["program.py"].count("\n"), name
         assert _code_lines(files["launch.sh"]) == _code_lines(base["launch.sh"]), name
         _bash_n(out / "launch.sh")
+        assert _code_lines(files["launch.sbatch"]) == _code_lines(base["launch.sbatch"]), name
+        _bash_n(out / "launch.sbatch")
         plan = json.loads(files["plan.json"])
         assert plan["source"] == shown
         assert all(c["source"].startswith(shown + ":") for c in plan["ledger"] if c["source"])
@@ -201,6 +203,9 @@ def test_hostile_model_names(builds, tmp_path):
             assert docs["Model"].startswith(f"The whole model `{name}`: token ids"), repr(name)
         assert json.loads(files["plan.json"])["name"] == name
         _bash_n(out / "launch.sh")
+        _bash_n(out / "launch.sbatch")  # the name reaches only the job name, made of characters sbatch reads as such
+        job = [line for line in files["launch.sbatch"].splitlines() if line.startswith("#SBATCH --job-name=")]
+        assert len(job) == 1 and re.fullmatch(r"#SBATCH --job-name=scalec-[A-Za-z0-9_.-]*", job[0]), job
         if kind == "pp":
             continue
         # launch.sh, run with a torchrun that records its arguments: the rendezvous id arrives as one word.

@@ -342,6 +342,15 @@ def launch_script(spec: S.Spec, plan) -> str:
         restarts=int(spec.train.restarts))
 
 
+def batch_script(spec: S.Spec, plan) -> str:
+    """launch.sbatch: the SLURM batch job of launch.sh's torchrun command, one task per node, the rendezvous at the
+    allocation's first node under the job's id. GPUs are asked for per node unless the mesh's device is the cpu."""
+    return _env().get_template("launch.sbatch.j2").render(
+        version=__version__, source=source_name(spec), job_name=E.job_name(spec.model.name), world=plan.world_size,
+        nodes=plan.nodes, devices_per_node=plan.devices_per_node, mesh_text=mesh_text(spec, plan),
+        restarts=int(spec.train.restarts), gpus=spec.mesh.device.kind != "cpu")
+
+
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
     """plan.json: the Plan itself (every setting and decision), then what it costs and places, and the run's
     contract."""
@@ -404,12 +413,14 @@ def emit(compiled, out_dir: str) -> list[str]:
     spec, traced, costs, plan = compiled.spec, compiled.traced, compiled.costs, compiled.plan
     os.makedirs(out_dir, exist_ok=True)
     files = {"program.py": program(spec, traced, costs, plan, out_dir),
-             "plan.json": plan_json(spec, traced, costs, plan, out_dir), "launch.sh": launch_script(spec, plan)}
+             "plan.json": plan_json(spec, traced, costs, plan, out_dir), "launch.sh": launch_script(spec, plan),
+             "launch.sbatch": batch_script(spec, plan)}
     written = []
     for name, text in files.items():
         path = os.path.join(out_dir, name)
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         written.append(path)
-    os.chmod(os.path.join(out_dir, "launch.sh"), 0o755)
+    for script in ("launch.sh", "launch.sbatch"):
+        os.chmod(os.path.join(out_dir, script), 0o755)
     return written

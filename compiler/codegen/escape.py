@@ -4,6 +4,7 @@
   docstring(s)  the inside of a `\"\"\"...\"\"\"` docstring whose value is `s`
   comment(s)    one line of printable text, for a `#` comment in Python or in a shell script
   sh_word(s)    one shell word whose value is `s`                   (launch.sh)
+  job_name(s)   a SLURM job name made of `s`'s safe characters       (launch.sbatch's #SBATCH line)
   json_text(o)  JSON text of `o`, writable as UTF-8                 (plan.json)
   ident(s)      `s` itself, checked to be a Python identifier       (attribute, class and keyword names)
 
@@ -90,6 +91,16 @@ def sh_word(s: str) -> Code:
     if "\0" in s or _SURROGATE.search(s):
         raise ValueError(f"cannot be a shell word: {s!r}")
     return Code('"' + _SH_SPECIAL.sub(r"\\\1", s) + '"')
+
+
+_JOB_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def job_name(s: str) -> Code:
+    """A SLURM job name from `s`: `scalec-` and its letters, digits, `_`, `.` and `-`, every other character `_`,
+    at most 64 characters. An `#SBATCH` line is read by sbatch, not by a shell: no quoting applies there, so the
+    name is made of characters that need none."""
+    return Code(("scalec-" + _JOB_UNSAFE.sub("_", display(s)))[:64])
 
 
 def json_text(obj) -> Code:
