@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -46,8 +48,21 @@ class Files:
         if not self.where:
             raise FatalError(f"scalec: init from {path}: no .safetensors tensors found")
         self.path = path
+        self.bytes_read = 0      # what read() returned, in the checkpoint's dtypes: this rank's parts
+        self.tensors_read: set = set()
 
     _handles: dict = {}
+
+    _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+    def total_bytes(self) -> int:
+        """The bytes of every tensor of the checkpoint, from the files' headers (nothing is read)."""
+        total = 0
+        for name, file in self.where.items():
+            sl = self._open(file).get_slice(name)
+            total += math.prod(sl.get_shape()) * self._DTYPE_BYTES.get(sl.get_dtype(), 4)
+        return total
 
     def _open(self, file: str):
         from safetensors import safe_open
@@ -68,7 +83,26 @@ class Files:
         sl = self._open(self._file(name)).get_slice(name)
         n = len(sl.get_shape())
         index = tuple(slice(*ranges[d]) if ranges and d in ranges else slice(None) for d in range(n))
-        return sl[index]
+        got = sl[index]
+        self.bytes_read += got.numel() * got.element_size()
+        self.tensors_read.add(name)
+        return got
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What `load` filled from a checkpoint on this rank, for the log line that says where the weights came from."""
+    path: str
+    names: tuple        # our parameters, every one of the module's
+    tensors_read: int   # the checkpoint's tensors this rank read a part of (experts: one per expert)
+    tensors: int        # the checkpoint's tensors
+    bytes_read: int     # bytes this rank read, in the checkpoint's dtypes: its parts only (tp, ep, pp, FSDP)
+    bytes: int          # bytes of the whole checkpoint
+
+    def describe(self) -> str:
+        gb = lambda n: f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"  # noqa: E731
+        return (f"weights from {self.path}: {len(self.names):,} parameters filled from {self.tensors_read:,} of "
+                f"its {self.tensors:,} tensors; this rank read {gb(self.bytes_read)} of {gb(self.bytes)}")
 
 
 def _local_range(p, shard, axis_rank) -> tuple[int, int]:
@@ -82,11 +116,11 @@ def _local_range(p, shard, axis_rank) -> tuple[int, int]:
 
 def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> list:
     """Copy every parameter of `module` from the checkpoint at `path`, this rank's part only (module docstring);
-    returns the names loaded. `shard_of(name)` gives (dim, full size, axis) of a parameter sharded over tp or ep
+    returns what it loaded (`Loaded`: the names, the tensors and bytes this rank read). `shard_of(name)` gives (dim, full size, axis) of a parameter sharded over tp or ep
     (runtime.tensor_parallel.Shards.of), `axis_rank(axis)` this rank's index on it."""
     files = Files(path)
     axis_rank = axis_rank or (lambda axis: 0)
-    loaded = []
+    loaded: list = []
     with torch.no_grad():
         for name, p in module.named_parameters():
             name = name.removeprefix("module.")
@@ -102,7 +136,8 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> l
             value = _read_param(files, name, p, local, shard, axis_rank, offset)
             local.copy_(value.to(local.dtype))
             loaded.append(name)
-    return loaded
+    return Loaded(path=path, names=tuple(loaded), tensors_read=len(files.tensors_read), tensors=len(files.where),
+                  bytes_read=files.bytes_read, bytes=files.total_bytes())
 
 
 def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int) -> torch.Tensor:

@@ -428,6 +428,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     fsdp = _dp_kind(cfg, ctx) == "fsdp"
     mixed = precision.main_grads(cfg.precision, _dp_kind(cfg, ctx))  # bf16 weights, main gradients, masters
 
+    loaded = []  # runtime.hf.Loaded of each module this rank prepared from `init`
+
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
         if par.compile and not args.count_bytes:  # compiled regions count no bytes per call (runtime.compile)
@@ -438,7 +440,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         if cfg.init.path:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
-            hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank)
+            loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank))
         else:  # by name, as the single-device model would be, so every layout starts from the same weights
             init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
                             layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)
@@ -495,6 +497,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
               f"{' × '.join(f'{a}={k}' for a, k in par.axes)}{' (sequence parallel)' if par.sequence_parallel else ''}"
               f" on {ctx.world_size} {ctx.device.type} process(es), {cfg.steps} steps of {tokens_per_step:,} tokens",
               flush=True)
+        for got in loaded:  # where the weights came from (`init = from(...)`), or nothing: initialised
+            print(f"scalec: {got.describe()}", flush=True)
         if speed.flops_per_step and speed.peak_flops:
             predicted = f"; predicted {speed.predicted_step_s * 1e3:,.1f} ms/step" if speed.predicted_step_s else ""
             print(f"scalec: {speed.flops_per_step:.3e} model FLOP per step; MFU against the plan's device "

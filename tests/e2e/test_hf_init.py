@@ -47,6 +47,8 @@ train {{
     run = launch(text, case, tmp_path, steps=3, timeout=300, nproc=nproc, memory_report=False)
     ref = launch(single_device(text), "single", tmp_path, steps=3, timeout=300, nproc=1, memory_report=False)
     assert_same_training(run, ref)
+    said = [line for line in run.output.splitlines() if line.startswith("scalec: weights from ")]
+    assert said and f"weights from {tmp_path / 'hf'}:" in said[0] and "this rank read" in said[0], run.output[-2000:]
     tokens, targets = data.Synthetic(128, 32, 1234).samples(0, 8, 0, 8)
     with torch.no_grad():
         want = torch.nn.functional.cross_entropy(ref_model(input_ids=tokens).logits.flatten(0, 1),
