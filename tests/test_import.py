@@ -306,3 +306,31 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
     assert main(["import", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert f"{tmp_path} is a directory without a config.json" in err and ".scale" not in err
+
+
+@pytest.mark.parametrize("arch,model_type,lacks", [
+    ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
+    ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
+    ("Phi3ForCausalLM", "phi3", "fused qkv_proj and gate_up_proj"),
+    ("Qwen3ForCausalLM", "qwen3", "q/k RMSNorm"),
+    ("Qwen2MoeForCausalLM", "qwen2_moe", "a shared expert gated by a sigmoid"),
+    ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
+])
+def test_a_family_not_importable_yet_is_refused_with_what_the_language_lacks(arch, model_type, lacks):
+    """Not "unknown": the refusal names the real blocker, at `architectures` (or at `model_type` without it)."""
+    for text, where in ((json.dumps({"architectures": [arch], "model_type": model_type}, indent=2), "c.json:2:3"),
+                        (json.dumps({"model_type": model_type}, indent=2), "c.json:2:3")):
+        out = _diagnose(text, "c.json")
+        assert "error[E0952]" in out and f"{arch} is not importable yet" in out and lacks in out, out
+        assert f"--> {where}\n" in out, out
+
+
+def test_a_head_dim_of_its_own_is_named_as_what_cannot_be_written_yet():
+    """Mistral-Nemo: head_dim 128 where hidden_size / num_attention_heads is 160."""
+    cfg = json.loads(LLAMA3_8B)
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=5120, head_dim=128,
+               num_attention_heads=32, sliding_window=None)
+    cfg = {k: v for k, v in cfg.items() if k not in ("attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling")}
+    out = _diagnose(json.dumps(cfg, indent=2), "nemo.json")
+    assert "error[E0954]" in out and "head_dim 128 is not hidden_size / num_attention_heads = 160" in out, out
+    assert "cannot be written yet" in out, out
