@@ -141,6 +141,8 @@ TRAIN_SETTINGS: dict[str, Param] = {
                   "initialisation, by name) or from(\"DIR or FILE.safetensors\") (a Hugging Face checkpoint)"),
     "checkpoint_dir": Param(_string, "", "where checkpoints go; empty for none"),
     "checkpoint_every": Param(_int, 0, "steps between checkpoints; 0 for only the last"),
+    "checkpoint_async": Param(_bool, False, "write each checkpoint but the last in the background (DCP's "
+                              "async_save): the next steps run while its files are written"),
     "restarts": Param(_int, None, "times torchrun restarts a failed job (from the last checkpoint); default 3 "
                                   "with checkpoint_dir, 0 without"),
     "timeout": Param(_duration, 600.0, "a collective that has not completed after this long ends the job, naming "
@@ -583,6 +585,7 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         schedule=S.LRSchedule(kind=sched_kind, warmup=sched["warmup"], min_lr=sched.get("min_lr", 0.0)),
         grad_clip=s["grad_clip"], data=S.Data(kind=data_kind, **data), log_every=s["log_every"],
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
+        checkpoint_async=s["checkpoint_async"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
         spans=_spans_of(s)), s["_spans"]
 
@@ -649,6 +652,14 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
             c.warn("W0133", f"checkpoint_every = {train.checkpoint_every} is not shorter than the run ({steps} steps):"
                    " only the last step is checkpointed", at["checkpoint_every"], label="has no effect",
                    help="the last step is always checkpointed; use fewer steps between checkpoints, or remove it")
+    if "checkpoint_async" in written and train.checkpoint_async:
+        why = ("no `checkpoint_dir`: no checkpoint is written" if not train.checkpoint_dir else
+               "only the last step is checkpointed, and a run waits for its last checkpoint"
+               if not 0 < train.checkpoint_every < steps else "")
+        if why:
+            c.warn("W0140", f"checkpoint_async has nothing to overlap: {why}", at["checkpoint_async"],
+                   label="has no effect", help="asynchronous saves overlap the steps after a checkpoint that is not "
+                   "the last: write checkpoints every `checkpoint_every` steps into `checkpoint_dir`, or remove it")
     if "restarts" in written and train.restarts and not train.checkpoint_dir:
         c.warn("W0134", f"restarts = {train.restarts} without `checkpoint_dir`: each restart begins again at step 0",
                at["restarts"], label="nothing to resume from",

@@ -83,6 +83,11 @@ CODES: dict[str, Code] = {
     "W0138": Code("positions encoded twice", "A warning: the model has learned absolute positions (`positional`) "
                   "and rotary embeddings (`rope_theta` of an attention) at once. Both run, but models use one or the "
                   "other (GPT-2 the first, Llama the second): remove one."),
+    "W0140": Code("asynchronous checkpoints with nothing to overlap", "A warning: `checkpoint_async` writes a "
+                  "checkpoint's files in the background while the next steps run; a run waits for its last "
+                  "checkpoint (and for one forced by SIGTERM) before it ends. Without `checkpoint_dir`, or with "
+                  "`checkpoint_every` at 0 or not shorter than the run, every checkpoint written is a last one: the "
+                  "setting changes nothing. Write checkpoints every few steps, or remove it."),
     "W0139": Code("device figure in other units", "A warning: a device figure of the mesh (peak_tflops, memory_gb, "
                   "a bandwidth or a latency) is far outside any device, most likely written in other units (bytes "
                   "for GB, FLOP/s for TFLOP/s, seconds for µs). The cost model would plan for it as written: the "

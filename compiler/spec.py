@@ -252,6 +252,8 @@ class Train:
     log_every: int
     checkpoint_dir: str
     checkpoint_every: int
+    checkpoint_async: bool = False
+    """Write each checkpoint but the last in the background (runtime.checkpoint.begin with a group of its own)."""
     restarts: int = 0
     """torchrun's --max-restarts."""
     timeout: float = 600.0

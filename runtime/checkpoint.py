@@ -190,8 +190,18 @@ class _Entries:
 
 def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
          skip_on_save=()) -> str:
-    """Write `DIR/step_N` (see the module docstring). `modules`: the model, or this rank's pipeline stages;
-    `skip_on_save`: names another rank writes (the last stage's copy of a tied embedding)."""
+    """Write `DIR/step_N` (see the module docstring) and return its path. `modules`: the model, or this rank's
+    pipeline stages; `skip_on_save`: names another rank writes (the last stage's copy of a tied embedding)."""
+    return begin(directory, step, modules, optimizer, scheduler, ctx, total_steps, shards, skip_on_save).finish()
+
+
+def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
+          skip_on_save=(), group=None) -> "Saving":
+    """Start writing `DIR/step_N.tmp`: synchronously (DCP's `save`), or, given `group` (a process group with a CPU
+    backend, used by no other collective: DCP's writer thread coordinates the ranks over it while training goes
+    on), asynchronously (DCP's `async_save`: the state is first copied to host memory, so the step after it may
+    change the weights). `Saving.finish` completes it: the manifest, then the rename that makes it a checkpoint.
+    Until then, a crash leaves a `.tmp` that the next start ignores: the checkpoint before stays the latest."""
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
@@ -202,20 +212,37 @@ def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_st
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
                           "total_steps": torch.tensor(total_steps)}}
-    metadata = dcp.save(state, checkpoint_id=tmp)
-    manifest = _manifest(tmp, metadata, model_sd, ctx)
-    if os.environ.get(_TEST_KILL) == f"{ctx.rank}:{step}":
-        import signal
-        os.kill(os.getpid(), signal.SIGKILL)
-    dist.barrier()
-    if ctx.is_logger:
-        with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        print(f"scalec: checkpoint {final}", flush=True)
-    dist.barrier()
-    return final
+    shapes = {name: t.shape for name, t in model_sd.items()}  # what the manifest names; no tensor is kept
+    if group is None:
+        return Saving(tmp, final, step, shapes, ctx, metadata=dcp.save(state, checkpoint_id=tmp))
+    return Saving(tmp, final, step, shapes, ctx, future=dcp.async_save(state, checkpoint_id=tmp,
+                                                                         process_group=group))
+
+
+class Saving:
+    """A checkpoint whose files DCP is writing (or has written) under `step_N.tmp`: `finish` waits for them, checks
+    them into the manifest and renames the directory, on every rank together (it runs collectives)."""
+
+    def __init__(self, tmp: str, final: str, step: int, shapes: dict, ctx, metadata=None, future=None):
+        self.tmp, self.final, self.step, self.shapes, self.ctx = tmp, final, step, shapes, ctx
+        self.metadata, self.future = metadata, future
+
+    def finish(self) -> str:
+        ctx = self.ctx
+        metadata = self.future.result() if self.future is not None else self.metadata  # DCP raises on every rank
+        manifest = _manifest(self.tmp, metadata, self.shapes, ctx)
+        if os.environ.get(_TEST_KILL) == f"{ctx.rank}:{self.step}":
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+        if ctx.is_logger:
+            with open(os.path.join(self.tmp, MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=1)
+            shutil.rmtree(self.final, ignore_errors=True)
+            os.replace(self.tmp, self.final)
+            print(f"scalec: checkpoint {self.final}", flush=True)
+        dist.barrier()
+        return self.final
 
 
 def crc32(file: str) -> int:
@@ -234,8 +261,9 @@ def _share(files: list[str], ctx) -> list[str]:
 
 def _gather_params(model_sd: dict, ctx) -> dict[str, list[int]]:
     """Every parameter of the model this run builds, single-device name -> whole shape: this rank's entries merged
-    with every other rank's (a pipeline rank holds its stages' parameters only), in rank order."""
-    mine = [(name, list(t.shape)) for name, t in model_sd.items()]
+    with every other rank's (a pipeline rank holds its stages' parameters only), in rank order. `model_sd`: name ->
+    a tensor, or its shape."""
+    mine = [(name, list(getattr(t, "shape", t))) for name, t in model_sd.items()]
     every = [None] * ctx.world_size
     dist.all_gather_object(every, mine)
     merged: dict[str, list[int]] = {}

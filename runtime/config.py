@@ -144,6 +144,9 @@ class Checkpoint:
     """Directory of the checkpoints; empty: none saved or resumed from."""
     every: int = 0
     """Save every this many steps (and always at the last step of a run and on SIGTERM); 0: only then."""
+    asynchronous: bool = False
+    """Write each checkpoint but the last (and one forced by SIGTERM) in the background: DCP's async_save over a
+    gloo group of its own, finished (manifest, rename) at the next save or at the end (runtime.checkpoint.begin)."""
 
 
 @dataclass(frozen=True, kw_only=True)

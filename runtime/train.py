@@ -465,6 +465,10 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     # Checkpoints hold the single-device model's tensors: this rank's modules, by name (module docstring).
     ckpt = cfg.checkpoint
+    # Asynchronous checkpoints: DCP's writer thread coordinates the ranks over a gloo group used by nothing else
+    # (a collective of the training on the same group from another thread would interleave with it).
+    save_group = dist.new_group(backend="gloo") if ckpt.dir and ckpt.asynchronous else None
+    saving = None  # runtime.checkpoint.Saving still being written in the background
     with faults.op("loading the latest checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
         start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
                  if ckpt.dir else 0)
@@ -590,14 +594,23 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
         preempted = vote.result()
         if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
-                checkpoint.save(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
-                                skip_on_save=parts.tied_elsewhere)
+                if saving is not None:  # one in flight at a time: the previous one finishes first
+                    saving.finish()
+                last = step + 1 == stop or preempted  # a run ends only once its last checkpoint is on disk
+                saving = checkpoint.begin(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
+                                          skip_on_save=parts.tied_elsewhere, group=None if last else save_group)
+                if last or save_group is None:
+                    saving.finish()
+                    saving = None
         if preempted:
             if ctx.is_logger:
                 print(f"scalec: stopped by SIGTERM after step {step + 1}"
                       + (f"; checkpoint saved in {ckpt.dir}" if ckpt.dir else
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break
+    if saving is not None:  # not reached today (the last step's checkpoint is synchronous): never leave one half-done
+        with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
+            saving.finish()
     loader.close()
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
     if run_peak is not None:  # measured on every rank or on none

@@ -138,3 +138,29 @@ def test_a_fatal_error_keeps_its_message_across_processes():
     import pickle
     exc = pickle.loads(pickle.dumps(FatalError("scalec: x")))
     assert isinstance(exc, FatalError) and exc.message == "scalec: x" and exc.code == EXIT_CODE
+
+
+def test_an_asynchronous_save_holds_the_state_of_its_step(ctx, tmp_path):
+    """checkpoint.begin with a group of its own writes from a copy taken when it returns: the weights may change
+    while the files are written, and the checkpoint still holds the step's. Until `finish` there is only a .tmp,
+    which a start ignores (and removes): the checkpoint before stays the latest."""
+    model = Blocks(2)
+    _save(model, tmp_path / "ckpt", 1, ctx)
+    opt, sched = _training(model)
+    sum(p.sum() for p in model.parameters()).backward()
+    opt.step()
+    at_save = {n: p.detach().clone() for n, p in model.named_parameters()}
+    group = dist.new_group(backend="gloo")
+    saving = checkpoint.begin(str(tmp_path / "ckpt"), 2, [model], opt, sched, ctx, STEPS, Shards((), ()),
+                              group=group)
+    with torch.no_grad():  # the next steps, while the files are written
+        for p in model.parameters():
+            p.add_(1.0)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000001", "step_00000002.tmp"]  # not a checkpoint yet
+    path = saving.finish()
+    assert path.endswith("step_00000002") and sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000001",
+                                                                                        "step_00000002"]
+    back = Blocks(2)
+    assert _load(back, tmp_path / "ckpt", ctx) == 2
+    for n, p in back.named_parameters():
+        torch.testing.assert_close(p, at_save[n], rtol=0, atol=0)

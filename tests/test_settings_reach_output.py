@@ -115,6 +115,8 @@ CHANGES = {
     "train.log_every": Change((("log_every    = 10", "log_every    = 5"),)),
     "train.checkpoint_dir": Change((CKPT,), sample=DP),
     "train.checkpoint_every": Change((('"ckpt"', '"ckpt"  checkpoint_every = 3'),), sample=DP, setup=(CKPT,)),
+    "train.checkpoint_async": Change((('"ckpt"', '"ckpt"  checkpoint_async = true'),), sample=DP,
+                                     setup=(CKPT, ('"ckpt"', '"ckpt"  checkpoint_every = 3'))),
     "train.restarts": Change((("log_every    = 10", "log_every    = 10  restarts = 2"),)),
     "train.timeout": Change((("log_every    = 10", 'log_every    = 10  timeout = "30 s"'),)),
 }
@@ -287,6 +289,10 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.checkpoint_dir": (Probe(('"ckpt"',), shapes=TRAIN_SHAPES),),
     "train.checkpoint_every": (Probe(("3", "1000"), shapes=TRAIN_SHAPES),
                                Probe(("3", "1000"), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
+    "train.checkpoint_async": (Probe(("true",), shapes=TRAIN_SHAPES),
+                               Probe(("true",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),)),
+                               Probe(("true",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),
+                                                                          ("train.checkpoint_every", "3")))),
     "train.restarts": (Probe(("2",), shapes=TRAIN_SHAPES),
                        Probe(("2",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
     "train.timeout": (Probe(('"30 s"', "0", '"30 days"'), shapes=TRAIN_SHAPES),),
@@ -485,6 +491,7 @@ NO_EFFECT = (
     ("W0132", "one device", (), "train.checkpoint_every", "3"),
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),
+    ("W0140", "one device", (), "train.checkpoint_async", "true"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
 )
 

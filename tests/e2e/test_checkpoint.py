@@ -200,6 +200,26 @@ def test_killed_save_and_truncated_checkpoint_fall_back(reference, tmp_path):
     assert "step_00000003.tmp" not in _step_dirs(ckpt)
 
 
+def test_asynchronous_saves_resume_like_synchronous_ones(reference, tmp_path):
+    """checkpoint_async: each checkpoint but the last is written while the next step runs and finished (manifest,
+    rename) at the next save. Drill: rank 1 is SIGKILLed as it finishes step 2's (after its files, before the
+    rename), during step 3's save: step 2 stays a `.tmp`, the next run removes it, resumes from step 1 and trains
+    like the uninterrupted run."""
+    text = _sample("gpt_tp", ("log_every    = 5", "log_every    = 5  checkpoint_every = 1  checkpoint_async = true"))
+    ckpt = tmp_path / "ckpt"
+    killed = launch(text, "async", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, check=False,
+                    extra=("--checkpoint-dir", str(ckpt)), env={"SCALEC_TEST_KILL_IN_SAVE": "1:2"})
+    assert killed.returncode != 0 and len(killed.losses) == 3  # step 3 ran while step 2's files were written
+    assert _step_dirs(ckpt) == ["step_00000001", "step_00000002.tmp"]
+    resumed = launch(text, "async", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False,
+                     extra=("--checkpoint-dir", str(ckpt)))
+    assert f"removing {ckpt}/step_00000002.tmp" in resumed.output
+    assert f"resumed from {ckpt}/step_00000001" in resumed.output
+    assert [r["step"] for r in resumed.records] == list(range(1, STEPS + 1))
+    _same(resumed.losses, reference(text))
+    assert _step_dirs(ckpt) == [f"step_{k:08d}" for k in range(1, STEPS + 1)]  # every save finished, the last too
+
+
 def _our_traceback(output: str) -> bool:
     """A traceback through the program or the runtime (torchrun's own report of a failed worker is not ours)."""
     return re.search(r'File ".*(runtime/|program\.py)', output) is not None
