@@ -156,7 +156,8 @@ def test_an_asynchronous_save_holds_the_state_of_its_step(ctx, tmp_path):
     with torch.no_grad():  # the next steps, while the files are written
         for p in model.parameters():
             p.add_(1.0)
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000001", "step_00000002.tmp"]  # not a checkpoint yet
+    # not a checkpoint yet: the writer thread may or may not have made step_00000002.tmp by now
+    assert "step_00000002" not in os.listdir(tmp_path / "ckpt")
     path = saving.finish()
     assert path.endswith("step_00000002") and sorted(os.listdir(tmp_path / "ckpt")) == ["step_00000001",
                                                                                         "step_00000002"]
