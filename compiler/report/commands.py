@@ -69,5 +69,6 @@ def data_written(got) -> str:
     sep = f", each ended by id {got.separator}" if got.separator is not None else ""
     return (f"wrote {got.prefix}.bin ({got.tokens:,} {got.dtype} tokens in {got.documents:,} documents{sep}), "
             f"{got.prefix}.idx and {got.prefix}.bin.json (vocabulary {got.vocab_size:,})\n"
-            f"train on it with `data = tokens(path = \"{os.path.basename(got.prefix)}.bin\")` and a model of "
+            f"train on it with `data = tokens(path = \"{os.path.basename(got.prefix)}.bin\""
+            f"{'' if got.dtype == 'uint16' else ', dtype = ' + got.dtype})` and a model of "
             f"vocab = {got.vocab_size}\n")
