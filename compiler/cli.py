@@ -113,6 +113,18 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from compiler import datasets as D
+    try:
+        got = D.build(args.inputs, args.tokenizer, args.output, text_key=args.text_key, separator=args.separator,
+                      progress=not args.quiet)
+    except D.DataError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 1
+    sys.stdout.write(R.data_written(got))
+    return 0
+
+
 def cmd_import(args) -> int:
     from compiler.importer import complete, import_config
     if os.path.isdir(args.file):  # a checkpoint's directory, as save_pretrained writes it
@@ -335,6 +347,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")
     c.set_defaults(func=cmd_search)
+    c = sub.add_parser("data", help="tokenize text or JSONL files into an indexed token dataset",
+                       description="Tokenize INPUT files (.txt: one document each; .jsonl: one document a line) with "
+                                   "a Hugging Face tokenizer into PREFIX.bin and PREFIX.idx (Megatron-LM's indexed "
+                                   "dataset) and PREFIX.bin.json (the sidecar: dtype, vocabulary, tokenizer, "
+                                   "documents). PREFIX.bin trains as `tokens(path = \"PREFIX.bin\")`.")
+    c.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt or .jsonl files, read in the order given")
+    c.add_argument("--tokenizer", required=True, metavar="PATH",
+                   help="a tokenizer.json, or a model directory holding one (nothing is downloaded)")
+    c.add_argument("-o", "--output", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, "
+                   "PREFIX.bin.json")
+    c.add_argument("--text-key", default="text", metavar="KEY", help="the field of a JSONL line holding its text")
+    c.add_argument("--separator", metavar="TOKEN", help='a token of the tokenizer ending every document (e.g. '
+                   '"</s>"): the flat PREFIX.bin then keeps the boundaries too')
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_data, file=None)
     c = sub.add_parser("import", help="the .scale model section of a Hugging Face config.json",
                        description="Print the .scale model section equivalent to CONFIG, a Hugging Face config.json "
                                    "(or the checkpoint directory holding it) of LlamaForCausalLM, "

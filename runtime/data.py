@@ -131,7 +131,12 @@ def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
 
 
 class TokenFile:
-    """Windows of a flat binary file of token ids, at offsets drawn from (seed, step)."""
+    """A flat binary file of token ids read in epochs: the file is cut into W = (tokens - 1) // seq_len windows of
+    seq_len + 1 tokens (each overlapping the next by the one token its last target needs), and every epoch visits
+    each window once, in an order shuffled afresh for each epoch (`Shuffle`, a function of (seed, epoch)). Sample j
+    of step t is the global sample k = t·global_batch + j: epoch k // W, its (k mod W)-th window in that epoch's
+    order. So the data is a function of (seed, step), as the module promises, and a run resumed from a checkpoint
+    (which holds the step) continues where it stopped, on any plan."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int):
         self.tokens = open_tokens(path, dtype, vocab)
@@ -139,13 +144,66 @@ class TokenFile:
             raise FatalError(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                              f"{seq_len} (and its next token)")
         self.seq_len, self.seed = seq_len, seed
+        self.windows = (len(self.tokens) - 1) // seq_len
+        self._orders: dict = {}
+
+    def epoch_of(self, step: int, global_batch: int) -> float:
+        """How many epochs the samples before step `step` make: a fraction."""
+        return step * global_batch / self.windows
+
+    def _order(self, epoch: int) -> "Shuffle":
+        got = self._orders.get(epoch)
+        if got is None:
+            if len(self._orders) > 4:  # a step spans at most two epochs; keep a few
+                self._orders.clear()
+            got = self._orders[epoch] = Shuffle(self.windows, self.seed, epoch)
+        return got
 
     def samples(self, step: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.tokens) - self.seq_len - 1, (global_batch,), generator=g)[lo:hi]
-        rows = np.stack([np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64) for s in starts.tolist()])
-        seq = torch.from_numpy(rows)
+        first = step * global_batch
+        rows = []
+        for k in range(first + lo, first + hi):
+            epoch, pos = divmod(k, self.windows)
+            s = self._order(epoch)[pos] * self.seq_len
+            rows.append(np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64))
+        seq = torch.from_numpy(np.stack(rows))
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+class Shuffle:
+    """A pseudo-random permutation of 0..n-1 keyed by (seed, epoch), evaluated one index at a time in O(1) memory
+    (a file of a trillion tokens has billions of windows: no array of them is built): a four-round Feistel network
+    over the smallest even power of two at least n, walking the cycle until it lands below n."""
+
+    def __init__(self, n: int, seed: int, epoch: int):
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        bits += bits % 2
+        self.half = bits // 2
+        self.mask = (1 << self.half) - 1
+        g = np.random.default_rng([seed, epoch, 0x5CA1EC])
+        self.keys = [int(x) for x in g.integers(0, 1 << 32, size=4)]
+
+    def _round(self, x: int, key: int) -> int:
+        x = (x * 0x9E3779B1 + key) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x85EBCA77) & 0xFFFFFFFF
+        x ^= x >> 13
+        return x & self.mask
+
+    def _permute(self, i: int) -> int:
+        left, right = i >> self.half, i & self.mask
+        for key in self.keys:
+            left, right = right, left ^ self._round(right, key)
+        return (left << self.half) | right
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        x = self._permute(i)
+        while x >= self.n:  # cycle-walking: the network permutes 2^bits values; follow i's cycle back into 0..n-1
+            x = self._permute(x)
+        return x
 
 
 def micro_batch(source, step: int, global_batch: int, dp_rank: int, dp: int, index: int, micro_batches: int):

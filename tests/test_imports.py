@@ -22,6 +22,8 @@ ALLOWED = {
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",
     "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
+    "compiler/datasets.py": "`scalec data` writes its datasets with runtime.indexed, the reader the runtime uses "
+                            "(one format, both ways)",
     "compiler/hf_header.py": "checks an init checkpoint's headers under the names the program reads it by "
                              "(runtime.hf_names, torch-free, as `scalec check` requires)",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -152,3 +153,32 @@ def test_model_parts_count_a_tied_copy_once():
     parts.tied_elsewhere = ("tok_embed.weight",)
     assert [n for n, _ in parts.named_parameters()] == ["proj.weight", "proj.bias", "tok_embed.weight"]
     assert [n for n, _ in parts.named_parameters(counted_once=True)] == ["proj.weight", "proj.bias"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 64, 1000, 4097])
+def test_each_epoch_s_order_is_a_permutation_of_its_own(n):
+    """data.Shuffle: every index once per epoch, another order the next epoch, the same order for the same key."""
+    orders = [[data.Shuffle(n, 7, e)[i] for i in range(n)] for e in (0, 1)]
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    assert orders[0] == [data.Shuffle(n, 7, 0)[i] for i in range(n)]
+    if n >= 10:
+        assert orders[0] != orders[1] and orders[0] != list(range(n))
+
+
+def test_token_file_epochs_visit_every_window_once(tmp_path):
+    """W = (tokens - 1) // seq_len windows; each epoch's samples are every window once, whatever the batch split;
+    the second epoch reorders them."""
+    seq, windows = 8, 24
+    ids = np.arange(windows * seq + 1, dtype=np.uint16)
+    path = tmp_path / "tokens.bin"
+    ids.tofile(path)
+    src = data.TokenFile(str(path), "uint16", seq_len=seq, seed=3, vocab=1000)
+    assert src.windows == windows
+    starts = [int(t[0]) for step in range(6) for t in src.samples(step, 4, 0, 4)[0]]  # 6 steps × 4 = one epoch
+    assert sorted(starts) == [w * seq for w in range(windows)]
+    again = [int(t[0]) for step in range(6, 12) for t in src.samples(step, 4, 0, 4)[0]]
+    assert sorted(again) == sorted(starts) and again != starts
+    # a step that crosses an epoch boundary (batch 5 over 24 windows) draws from both orders, each window once
+    crossing = [int(t[0]) for step in range(5) for t in src.samples(step, 5, 0, 5)[0]]  # 25 samples
+    assert sorted(crossing[:24]) == [w * seq for w in range(windows)]
+    assert torch.equal(src.samples(3, 4, 1, 3)[0], src.samples(3, 4, 0, 4)[0][1:3])  # a dp share is a slice

@@ -61,7 +61,8 @@ def test_cli_flags_are_pinned(monkeypatch):
                 "--local-nodes", "--force"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
-        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"}}
+        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"},
+        "data": {"-h", "--help", "--tokenizer", "-o", "--output", "--text-key", "--separator", "--quiet"}}
 
 
 def test_program_flags_are_pinned(monkeypatch):

@@ -6,6 +6,7 @@ Each returns text; the command line (compiler/cli.py) decides where it goes and 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 
 
@@ -61,3 +62,13 @@ def launching(cmd: list[str], processes: int, torchrun_args: str) -> str:
     """`scalec run`: the command about to run, as a shell would take it, and how many processes it starts here."""
     extra = f"; torchrun {torchrun_args}" if torchrun_args else ""
     return f"scalec: {shlex.join(cmd)}   ({processes} processes{extra})\n"
+
+
+def data_written(got) -> str:
+    """`scalec data`: what was written, and how a .scale file trains on it."""
+    sep = f", each ended by id {got.separator}" if got.separator is not None else ""
+    return (f"wrote {got.prefix}.bin ({got.tokens:,} {got.dtype} tokens in {got.documents:,} documents{sep}), "
+            f"{got.prefix}.idx and {got.prefix}.bin.json (vocabulary {got.vocab_size:,})\n"
+            f"train on it with `data = tokens(path = \"{os.path.basename(got.prefix)}.bin\""
+            f"{'' if got.dtype == 'uint16' else ', dtype = ' + got.dtype})` and a model of "
+            f"vocab = {got.vocab_size}\n")
