@@ -44,13 +44,7 @@ class Candidates:
         self.spec = spec
         self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
-        # The user's sizes (the Spec binds no axis: a candidate brings its own axis sizes).
-        self._fixed = dict(spec.values)
         self._rules = None  # rules.Checker of this spec, made on first use
-
-    def values(self, plan: P.Plan) -> dict:
-        """Every symbol's number under `plan`: the model's sizes and this plan's axis sizes."""
-        return {**self._fixed, **{size(a): plan.size(a) for a in P.AXES}}
 
     def _structure(self, plan: P.Plan) -> _Structure:
         key = structure(plan)
@@ -62,7 +56,7 @@ class Candidates:
             split, blocks = (), 0                        # blocks each stage holds
             if plan.size("pp") > 1:
                 blocks = L.blocks_of(sharded, self.spec.value)
-                fixed = {k: sympy.Integer(v) for k, v in self._fixed.items()}
+                fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
                 split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed),
                                              modules="math")  # not numpy's or scipy's: ~0.3 s of imports
                               for f in L.split_costs(sharded))

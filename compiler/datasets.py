@@ -89,11 +89,14 @@ def build(paths: list, tokenizer: str, prefix: str, text_key: str = "text", sepa
             ids = tok.encode(text, add_special_tokens=False).ids
             writer.add(ids + ([sep] if sep is not None else []))
             bar.update(1)
+        if not writer.lengths:
+            raise DataError("the inputs hold no document")
+    except BaseException:
+        writer.abort()  # no partial dataset left behind with a sidecar that vouches for it
+        raise
     finally:
         bar.close()
-        side = writer.close()
-    if side["documents"] == 0:
-        raise DataError("the inputs hold no document")
+    side = writer.close()
     return Written(prefix, side["documents"], side["tokens"], side["dtype"], vocab, sep)
 
 

@@ -147,10 +147,6 @@ class TokenFile:
         self.windows = (len(self.tokens) - 1) // seq_len
         self._orders: dict = {}
 
-    def epoch_of(self, step: int, global_batch: int) -> float:
-        """How many epochs the samples before step `step` make: a fraction."""
-        return step * global_batch / self.windows
-
     def _order(self, epoch: int) -> "Shuffle":
         got = self._orders.get(epoch)
         if got is None:

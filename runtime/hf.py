@@ -114,10 +114,11 @@ def _local_range(p, shard, axis_rank) -> tuple[int, int]:
     return r * n, (r + 1) * n
 
 
-def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> list:
+def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> Loaded:
     """Copy every parameter of `module` from the checkpoint at `path`, this rank's part only (module docstring);
-    returns what it loaded (`Loaded`: the names, the tensors and bytes this rank read). `shard_of(name)` gives (dim, full size, axis) of a parameter sharded over tp or ep
-    (runtime.tensor_parallel.Shards.of), `axis_rank(axis)` this rank's index on it."""
+    returns what it loaded (`Loaded`: the names, the tensors and bytes this rank read). `shard_of(name)` gives
+    (dim, full size, axis) of a parameter sharded over tp or ep (runtime.tensor_parallel.Shards.of), `axis_rank(axis)`
+    this rank's index on it."""
     files = Files(path)
     axis_rank = axis_rank or (lambda axis: 0)
     loaded: list = []

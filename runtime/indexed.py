@@ -54,6 +54,13 @@ class Writer:
         self._bin.write(arr.astype(np.dtype(self.dtype).newbyteorder("<")).tobytes())
         self.lengths.append(int(arr.size))
 
+    def abort(self) -> None:
+        """Remove what was written: a dataset cut short by an error must not pass for a whole one."""
+        self._bin.close()
+        for suffix in (".bin", ".idx", ".bin.json"):
+            if os.path.exists(self.prefix + suffix):
+                os.remove(self.prefix + suffix)
+
     def close(self) -> dict:
         """Write the index and the sidecar; returns the sidecar."""
         self._bin.close()

@@ -596,7 +596,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
                 if saving is not None:  # one in flight at a time: the previous one finishes first
                     saving.finish()
-                last = step + 1 == stop or preempted  # a run ends only once its last checkpoint is on disk
+                # a run ends only once its last checkpoint is on disk: the last save (the loop's last step, or
+                # SIGTERM's, which breaks out) is finished here, so none is left in flight after the loop
+                last = step + 1 == stop or preempted
                 saving = checkpoint.begin(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
                                           skip_on_save=parts.tied_elsewhere, group=None if last else save_group)
                 if last or save_group is None:
@@ -608,9 +610,6 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
                       + (f"; checkpoint saved in {ckpt.dir}" if ckpt.dir else
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break
-    if saving is not None:  # not reached today (the last step's checkpoint is synchronous): never leave one half-done
-        with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
-            saving.finish()
     loader.close()
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
     if run_peak is not None:  # measured on every rank or on none

@@ -107,3 +107,4 @@ def test_bad_inputs_are_one_line_errors(tmp_path, case, want):
             "other file": (tmp_path / "c.csv", "--tokenizer", tok_path)}[case]
     rc, out, err = _run(*args, "-o", tmp_path / "x", "--quiet")
     assert rc == 1 and want in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not list(tmp_path.glob("x.*"))  # nothing half-written is left
