@@ -53,15 +53,19 @@ class Files:
 
     _handles: dict = {}
 
-    _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+    _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
+                    "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
     def total_bytes(self) -> int:
         """The bytes of every tensor of the checkpoint, from the files' headers (nothing is read)."""
         total = 0
         for name, file in self.where.items():
             sl = self._open(file).get_slice(name)
-            total += math.prod(sl.get_shape()) * self._DTYPE_BYTES.get(sl.get_dtype(), 4)
+            dtype = sl.get_dtype()
+            if dtype not in self._DTYPE_BYTES:  # a log figure, but not a guessed one
+                raise FatalError(f"scalec: init from {self.path}: `{name}` has dtype {dtype}, which scalec does "
+                                 "not read")
+            total += math.prod(sl.get_shape()) * self._DTYPE_BYTES[dtype]
         return total
 
     def _open(self, file: str):
