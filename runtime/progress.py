@@ -1,6 +1,6 @@
-"""What a run tells about itself: the log line of a logged step, the metrics file, TensorBoard's events, and the
-clock (the job's start, the device's pace between synchronisations, elapsed time and ETA). runtime.train calls these;
-nothing here touches the model."""
+"""What a run tells about itself: the log line of a logged step, the metrics file, the scalars the trackers get
+(runtime.tracking), and the clock (the job's start, the device's pace between synchronisations, elapsed time and
+ETA). runtime.train calls these; nothing here touches the model."""
 from __future__ import annotations
 
 import json
@@ -101,7 +101,7 @@ def log_line(record: dict, steps: int) -> str:
     return text + f" | elapsed {duration(record['elapsed_s'])} | ETA {duration(record['eta_s'])}"
 
 
-# The scalars of a metrics record TensorBoard gets (as `train/<name>`).
+# The scalars of a metrics record the trackers get (runtime.tracking: TensorBoard, W&B, MLflow), as `train/<name>`.
 BOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time", "tflops", "mfu", "peak_memory_bytes",
                  "elapsed_s", "eta_s")
 
@@ -117,8 +117,7 @@ def tensorboard(logdir: str):
     return SummaryWriter(log_dir=logdir)
 
 
-def board_write(board, record: dict) -> None:
-    for key, value in record.items():
-        if key in BOARD_SCALARS or key.startswith("moe_"):
-            board.add_scalar(f"train/{key}", value, record["step"])
-    board.flush()
+def train_scalars(record: dict) -> dict:
+    """The scalars of a metrics record the trackers get, named `train/<name>` (the MoE counters too)."""
+    return {f"train/{key}": value for key, value in record.items()
+            if key in BOARD_SCALARS or key.startswith("moe_")}

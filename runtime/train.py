@@ -2,7 +2,8 @@
 
 Generated programs call `main(Model, CONFIG)`. Flags on the command line override a few settings for experiments
 and tests: `--steps`, `--metrics FILE` (one JSON line per step on rank 0), `--dump-grads FILE` (the full
-gradients after the first backward, on rank 0), `--seed`, `--tensorboard DIR`.
+gradients after the first backward, on rank 0), `--seed`, and the trackers (runtime.tracking, rank 0):
+`--tensorboard DIR`, `--wandb PROJECT` (`--wandb-dir DIR`), `--mlflow URI`.
 
 A step waits for the device only where it must: the loss and the gradient norm stay on the device and are read on
 logged steps (every step with `--metrics`); the preemption vote is read without waiting for the step's end
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress,
-                     recompute)
+                     recompute, tracking)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
@@ -66,6 +67,16 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--tensorboard", metavar="DIR",
                    help="also write the logged scalars as TensorBoard events in DIR (rank 0; needs the "
                         "`tensorboard` package: pip install 'scalec[tensorboard]')")
+    p.add_argument("--wandb", metavar="PROJECT",
+                   help="also track the run in Weights & Biases project PROJECT (rank 0): the plan, its predictions "
+                        "and the settings as config, the logged scalars, a summary; offline unless WANDB_MODE says "
+                        "otherwise (needs `wandb`: pip install 'scalec[track]')")
+    p.add_argument("--wandb-dir", metavar="DIR",
+                   help="where W&B writes its run directory (default the checkpoint directory, else the current one)")
+    p.add_argument("--mlflow", metavar="URI",
+                   help="also track the run in MLflow at tracking URI (file:./mlruns, a directory, http://...), "
+                        "experiment named after the model (rank 0; needs `mlflow-skinny`: pip install "
+                        "'scalec[track]')")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
     p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
     p.add_argument("--stop-after", type=_positive, metavar="N",
@@ -403,7 +414,7 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     ctx = mesh.setup(cfg.parallel.axes, cfg.timeout)
     code = 0
     try:
-        run(model_cls, cfg, ctx, args, loss_fn)
+        run(model_cls, cfg, ctx, args, loss_fn, program=program)
     except FatalError as exc:  # a restart cannot fix it: one message for the job, and the launcher does not restart
         code = exc.code
         announce(exc, ctx.rank)
@@ -417,10 +428,12 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
         if args.debug:
             traceback.print_exc()
     finally:
+        if code:
+            tracking.abandon()  # the tracked runs are marked failed, not left running
         mesh.shutdown(code)
 
 
-def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[float]:
+def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: str | None = None) -> list[float]:
     _check_contract(cfg, ctx)
     torch.manual_seed(cfg.seed)
     par = cfg.parallel
@@ -493,7 +506,6 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
     tokens_per_step = d.global_batch * d.seq_len
     # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = progress.open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
-    board = progress.tensorboard(args.tensorboard) if (args.tensorboard and ctx.is_logger) else None
     speed = cfg.speed
     if ctx.is_logger:
         n = sum(tp.numel_full(p, name, shards) for name, p in parts.named_parameters(counted_once=True))
@@ -507,6 +519,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             predicted = f"; predicted {speed.predicted_step_s * 1e3:,.1f} ms/step" if speed.predicted_step_s else ""
             print(f"scalec: {speed.flops_per_step:.3e} model FLOP per step; MFU against the plan's device "
                   f"({speed.device}: {speed.peak_flops / 1e12:g} TFLOP/s peak per device){predicted}", flush=True)
+    # TensorBoard, W&B, MLflow (rank 0; the others' calls do nothing): started with the plan and these settings
+    track = (tracking.open_tracking(args, cfg, world_size=ctx.world_size, device=ctx.device.type, start=start,
+                                    program=program, loaded=loaded) if ctx.is_logger else tracking.Tracking([]))
     # Peak memory: CUDA's allocator counters every step (cheap); the tracker only for --memory-report's last step.
     cuda = ctx.device.type == "cuda"
     if ctx.is_logger and not cuda:
@@ -587,8 +602,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             if metrics:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
-            if board is not None:
-                progress.board_write(board, record)
+            track.log(step + 1, progress.train_scalars(record))
             if ctx.is_logger and log_now:
                 print(progress.log_line(record, cfg.steps), flush=True)
         preempted = vote.result()
@@ -612,9 +626,11 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
             break
     loader.close()
     faults.save_weights_if_asked(lambda: parts.named_parameters(counted_once=True), ctx)
+    measured = {}  # what the trackers' summary gets beside what they saw logged
     if run_peak is not None:  # measured on every rank or on none
         with faults.op("the peak-memory all-reduce (MAX over ranks)", faults.scale()):
             peak, at = memory.largest(run_peak, ctx)
+        measured = {"peak_memory_bytes": peak, "peak_memory_rank": at}
         if ctx.is_logger:
             print("scalec: " + memory.summary(cfg.memory.predicted_peak_bytes, cfg.memory.device_bytes, peak, at,
                                                "" if cuda else "the last step, runtime.memory's tracker"), flush=True)
@@ -627,8 +643,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None) -> list[f
               f"({finished - start} step(s) in {time.perf_counter() - clock.t_loop:.1f} s)", flush=True)
     if metrics:
         metrics.close()
-    if board is not None:
-        board.close()
+    track.finish(measured)
     return losses
 
 

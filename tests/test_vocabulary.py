@@ -84,5 +84,6 @@ def test_program_flags_are_pinned(monkeypatch):
         train._parse_args(cfg)
     except SystemExit:
         pass
-    assert set(seen) == {"-h", "--help", "--steps", "--seed", "--metrics", "--tensorboard", "--dump-grads",
-                         "--checkpoint-dir", "--stop-after", "--count-bytes", "--memory-report", "--debug"}
+    assert set(seen) == {"-h", "--help", "--steps", "--seed", "--metrics", "--tensorboard", "--wandb", "--wandb-dir",
+                         "--mlflow", "--dump-grads", "--checkpoint-dir", "--stop-after", "--count-bytes",
+                         "--memory-report", "--debug"}
