@@ -5,6 +5,7 @@ continues the same tracked run; a missing package or a failing backend is one li
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import struct
@@ -58,15 +59,7 @@ def tiny(tmp_path_factory):
     return out, RP.plan_json(compiled)
 
 
-def _installed(name: str) -> bool:
-    try:
-        __import__(name)
-    except ImportError:
-        return False
-    return True
-
-
-BACKENDS = [name for name in ("mlflow", "wandb") if _installed(name)]
+BACKENDS = [name for name in ("mlflow", "wandb") if importlib.util.find_spec(name) is not None]
 """The backends installed here: one program run tracks in all of them, and each test reads back its own."""
 
 
