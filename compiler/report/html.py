@@ -147,15 +147,17 @@ def _settings(plan: dict) -> str:
 
 
 def _headline(pred: dict | None, peak: int, limit: int) -> list:
-    """The four figures at the top: step time, tokens/s, MFU, peak memory against the device's."""
+    """The four figures at the top: step time, tokens/s, MFU, peak memory against the device's; each (label,
+    value, what it means, whether it is bad news)."""
     out = []
     if pred:
-        out += [("step time", seconds(pred["step_time_s"]), "predicted"),
-                ("tokens/s", f"{pred['tokens_per_s']:,.0f}", "per step of the whole mesh"),
-                ("MFU", f"{pred['mfu']:.1%}", f"{pred['model_tflops_per_device']:.4g} model TFLOP/s per device")]
+        out += [("step time", seconds(pred["step_time_s"]), "predicted", False),
+                ("tokens/s", f"{pred['tokens_per_s']:,.0f}", "the whole mesh", False),
+                ("MFU", f"{pred['mfu']:.1%}", f"{pred['model_tflops_per_device']:.4g} model TFLOP/s per device",
+                 False)]
     share = peak / limit if limit else 0.0
     out.append(("peak memory", nbytes(peak), f"{_share(share)} of {nbytes(limit)}"
-                + ("" if peak <= limit else ": does NOT fit")))
+                + ("" if peak <= limit else ": does NOT fit"), peak > limit))
     return out
 
 
@@ -186,8 +188,8 @@ def _memory_view(ranks: list, limit: int) -> dict:
                          "title": f"{r['who']}: {label} {nbytes(v)}"})
             legend_used.add(key)
             x += w
-        bars.append({"who": r["who"], "y": 8 + i * ROW, "segments": segs, "peak": nbytes(r["peak_bytes"]),
-                     "end": f"{LABEL_WIDTH + x + 6:.2f}", "share": _share(r["peak_bytes"] / limit) if limit else "",
+        bars.append({"who": r["who"], "label": _short(r["who"]), "y": 8 + i * ROW, "segments": segs,
+                     "peak": nbytes(r["peak_bytes"]), "end": LABEL_WIDTH + BAR_WIDTH + 8, "share": _share(r["peak_bytes"] / limit) if limit else "",
                      "row": {"weights": nbytes(r.get("weights", 0)), "gradients": nbytes(r.get("gradients", 0)),
                              "optimizer": nbytes(r.get("optimizer", 0)),
                              "activations": nbytes(r.get("activations", 0)),
@@ -204,6 +206,16 @@ def _memory_view(ranks: list, limit: int) -> dict:
             "off_scale": None if capacity_on_scale else
             f"Device capacity {nbytes(limit)}: off this scale (the fullest rank uses {_share(top / limit)})",
             "other": any(b["row"]["other"] != nbytes(0) for b in bars)}
+
+
+def _short(who: str) -> str:
+    """A rank's name as the bars' label: `pp rank 0 (stages 0, 4, 8, ...)` past 26 characters is `pp rank 0 (20
+    stages)`; the whole name is in the bar's tooltip and the table."""
+    if len(who) <= 26 or " (" not in who:
+        return who
+    head, _, inner = who.partition(" (")
+    n = inner.count(",") + 1
+    return f"{head} ({n} stages)" if inner.startswith("stages") else head
 
 
 def _time_view(pred: dict) -> dict:
