@@ -2,9 +2,9 @@
 
   scalec check FILE              report every problem in FILE, or say it is fine
   scalec explain CODE            what a diagnostic code (E0401, ...) means and what to do about it
-  scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives
+  scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives (--html OUT: as a page)
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
-  scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons
+  scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons (--html OUT too)
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
   scalec import CONFIG [-o FILE] the .scale model section of a Hugging Face config.json (Llama, Mistral, Qwen 2,
@@ -69,7 +69,25 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def _html_with_json(args) -> int | None:
+    """`--html` with `--json`: one asks for a page, the other for stdout to hold only JSON; refused (exit 2)."""
+    if args.html and args.json:
+        sys.stderr.write(f"error: --html and --json: choose one (the page is drawn from the same figures as "
+                         f"`scalec {args.command} --json`)\n")
+        return 2
+    return None
+
+
+def _write_html(path: str, page: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"wrote {path}")
+
+
 def cmd_plan(args) -> int:
+    refused = _html_with_json(args)
+    if refused is not None:
+        return refused
     compiled = _load(args.file, budget=False)
     sys.stdout.write(R.json_text(RP.plan_json(compiled)) if args.json else RP.plan_text(compiled))
     if args.svg:  # with --json too (stdout then holds only the JSON: the note goes to stderr)
@@ -77,6 +95,9 @@ def cmd_plan(args) -> int:
             f.write(RP.schedule_svg(compiled))
         sys.stderr.write(RP.schedule_svg_note(compiled, args.svg) or "")
         print(f"wrote {args.svg}", file=sys.stderr if args.json else sys.stdout)
+    if args.html:
+        from compiler.report import html
+        _write_html(args.html, html.plan_html(compiled))
     return 0
 
 
@@ -150,6 +171,9 @@ def cmd_import(args) -> int:
 
 def cmd_search(args) -> int:
     from compiler import search as SE
+    refused = _html_with_json(args)
+    if refused is not None:
+        return refused
     try:
         fixed = SE.parse_fixes(args.fix)
     except SE.FixError as err:
@@ -160,13 +184,16 @@ def cmd_search(args) -> int:
     result = SE.search(spec, top=args.top, fixed=fixed)
     sys.stdout.write(R.search_output(result, args.json))
     if not result.winners:  # the reasons are printed above, under `rejected`
-        sys.stderr.write(R.search_failure(fixed, args.output))
+        sys.stderr.write(R.search_failure(fixed, *(o for o in (args.output, args.html) if o)))
         return 1
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(SE.scale_text(spec, result.winners[0]))
         if not args.json:
             print(f"wrote {args.output}")
+    if args.html:
+        from compiler.report import html
+        _write_html(args.html, html.search_html(result))
     return 0
 
 
@@ -192,6 +219,21 @@ def _program_steps(program_args: list[str]) -> None:
                 _positive_int(value)
             except argparse.ArgumentTypeError as err:
                 raise UsageError(f"--steps (after `--`): {err}") from None
+
+
+HTML_COMMANDS = ("plan", "search")  # the commands with a report to draw as a page
+
+
+def _html_elsewhere(argv: list[str]) -> str | None:
+    """`--html` given to a command with no report (check, compile, run, ...): one line saying which have one,
+    rather than argparse's usage and "unrecognized arguments"."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None or command in HTML_COMMANDS:
+        return None
+    if any(a == "--html" or a.startswith("--html=") for a in argv):
+        return (f"error: --html: `scalec {command}` has no report to draw; only "
+                f"{' and '.join(f'`scalec {c}`' for c in HTML_COMMANDS)} write an HTML page\n")
+    return None
 
 
 class UsageError(Exception):
@@ -299,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--svg", metavar="OUT", help="write the pipeline schedule's timeline as an SVG")
     c.add_argument("--json", action="store_true", help="print everything as JSON (keys described in the README)")
+    c.add_argument("--html", metavar="OUT", help="write the report as one self-contained HTML page: memory per rank, "
+                   "step time, the pipeline timeline, every collective")
     c.set_defaults(func=cmd_plan)
     c = sub.add_parser("compile", help="write the program, plan.json and launch script",
                        description="Compile FILE into DIR: program.py (the same file on every rank), plan.json and "
@@ -346,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")
+    c.add_argument("--html", metavar="OUT", help="write the ranking as one self-contained HTML page, with the best "
+                   "plan's memory, step time, timeline and collectives")
     c.set_defaults(func=cmd_search)
     c = sub.add_parser("data", help="tokenize text or JSONL files into an indexed token dataset",
                        description="Tokenize INPUT files (.txt: one document each; .jsonl: one document a line) with "
@@ -390,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="on a mesh of several nodes, start every node's processes on this machine (testing)")
     c.add_argument("--force", action="store_true", help="run even if the predicted peak memory does not fit")
     c.set_defaults(func=cmd_run)
+    refused = _html_elsewhere(argv)
+    if refused:
+        sys.stderr.write(refused)
+        return 2
     args = p.parse_args(argv)
     args.program_args = program_args
     if program_args and args.command != "run":

@@ -55,13 +55,13 @@ def test_cli_flags_are_pinned(monkeypatch):
         pass
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", real)
     assert {k: set(v) for k, v in seen.items()} == {
-        "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json"},
+        "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json", "--html"},
         "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
                 "--local-nodes", "--force"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
-        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json"},
+        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html"},
         "data": {"-h", "--help", "--tokenizer", "-o", "--output", "--text-key", "--separator", "--quiet"}}
 
 

@@ -2,6 +2,8 @@
 
     units.py     the one formatter each of counts, bytes, FLOPs and seconds that every report uses
     plan.py      `scalec plan` (text, --json, --svg): parameters, FLOPs, step time, memory, MoE, pipeline, ledger
+    html.py      `plan --html` and `search --html`: one self-contained page drawn from `--json`'s figures
+                 (page.html.j2 lays it out)
     commands.py  the short outputs of the other commands: check's verdict, warnings, graphs, search's glue
     scale.py     a Plan as .scale text: its mesh and plan sections from its fields (`scalec search -o`)
 

@@ -45,11 +45,12 @@ def search_output(result, as_json: bool) -> str:
     return json_text(SE.to_json(result)) if as_json else SE.text(result)
 
 
-def search_failure(fixed: dict, output: str | None) -> str:
-    """When no plan fits: the reasons are already printed under `rejected`; this says what was not written."""
+def search_failure(fixed: dict, *outputs: str) -> str:
+    """When no plan fits: the reasons are already printed under `rejected`; this says what was not written (`-o`'s
+    file, `--html`'s page)."""
     fixing = " with the settings --fix fixes" if fixed else ""
     return (f"error: no plan{fixing} passes the rules and fits the devices"
-            f"{'; nothing written to ' + output if output else ''}\n")
+            f"{'; nothing written to ' + ' or '.join(outputs) if outputs else ''}\n")
 
 
 def imported(output: str, spec, config: str) -> str:

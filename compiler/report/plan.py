@@ -208,11 +208,7 @@ def plan_json(compiled) -> dict:
                    "ranks": [r.as_json() for r in costs.memory],
                    "fixes": ([{"change": f.change, "peak_bytes": int(f.peak), "fits": f.fits}
                               for f in _fixes(compiled)] if peak > limit else [])},
-        "ledger": [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step, plan)),
-                    "bytes": int(spec.value(c.bytes_per_step(), plan)), "formula": str(c.bytes_per_step()),
-                    "measured": c.measured, "reason": c.reason,
-                    "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
-                   for c in costs.ledger.entries],
+        "ledger": ledger_json(spec, plan, costs.ledger),
         "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message}
                         for d in _memory_diagnostics(compiled)],
     }
@@ -225,6 +221,16 @@ def plan_json(compiled) -> dict:
                                        "parameters": st.params, "model_state_bytes": st.state,
                                        "activation_bytes_in_flight": st.activations} for st in costs.stages]}
     return out
+
+
+def ledger_json(spec, plan, ledger) -> list:
+    """`--json`'s `ledger`: each collective of one step under `plan` (bytes: per rank and step, all its calls), as
+    `plan --json` and the HTML pages of `plan` and of `search`'s best plan show it."""
+    return [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step, plan)),
+             "bytes": int(spec.value(c.bytes_per_step(), plan)), "formula": str(c.bytes_per_step()),
+             "measured": c.measured, "reason": c.reason,
+             "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
+            for c in ledger.entries]
 
 
 def _pp_rank0(plan) -> str:
@@ -306,10 +312,14 @@ def _pipeline_text(compiled) -> list[str]:
 def schedule_svg(compiled) -> str:
     """`plan --svg`: the timeline of the schedule the program runs (the one the driver proved), titled with the
     model and the schedule's shape."""
+    return plan_schedule_svg(compiled.spec.model.name, compiled.plan)
+
+
+def plan_schedule_svg(model: str, plan) -> str:
+    """The timeline of `plan`'s schedule (a Plan: a compiled file's, or a search's winner), titled with `model`."""
     from compiler import schedule as SCH
-    plan = compiled.plan
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
-    title = f"{compiled.spec.model.name}: {plan.schedule}, pp = {p}, v = {v}, m = {m}"
+    title = f"{model}: {plan.schedule}, pp = {p}, v = {v}, m = {m}"
     return SCH.svg(SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m)), title)
 
 
