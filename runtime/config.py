@@ -162,6 +162,12 @@ class Eval:
     """The share of a token file held out for evaluation and never trained on (runtime.split); 0 for synthetic data,
     whose held-out batches are a seed stream of their own (runtime.data.Synthetic.eval_samples)."""
 
+    def __post_init__(self):
+        """The bounds `scalec check` holds the file to: a hand-edited program fails here, not mid-run."""
+        if self.every < 0 or self.batches < 1 or not 0 <= self.split <= 0.5:
+            raise ValueError(f"Eval(every={self.every}, batches={self.batches}, split={self.split}): every >= 0, "
+                             "batches >= 1 and 0 <= split <= 0.5")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Init:
