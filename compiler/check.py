@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from runtime import choices  # torch-free: the names the language shares with the runtime
+from runtime.split import split_windows  # torch-free: the held-out split, as the program cuts it
 
 from compiler import ast
 from compiler import files as F
@@ -147,7 +148,16 @@ TRAIN_SETTINGS: dict[str, Param] = {
                                   "with checkpoint_dir, 0 without"),
     "timeout": Param(_duration, 600.0, "a collective that has not completed after this long ends the job, naming "
                                        "the ranks and the operation; 0 turns the watchdog off"),
+    "eval_every": Param(_pos_int, 0, "steps between evaluations on held-out data (and after the last); none by "
+                                     "default"),
+    "eval_batches": Param(_pos_int, 8, "global batches each evaluation reads, the same ones every time"),
+    "eval_split": Param(_float, None, "the share of a token file held out for evaluation, in (0, 0.5]: its last "
+                                      "windows, never trained on"),
 }
+
+# The largest share of a token file `eval_split` holds out: more is a slip (the fraction trained on, written for
+# the one held out), and training on half a file is already an experiment, not a run.
+MAX_EVAL_SPLIT = 0.5
 
 SECTIONS = ("model", "mesh", "plan", "train")
 
@@ -161,7 +171,8 @@ ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "t
            "warmup_iters": "warmup", "gradient_accumulation_steps": "micro_batches", "grad_accum": "micro_batches",
            "accumulation_steps": "micro_batches", "save_dir": "checkpoint_dir", "output_dir": "checkpoint_dir",
            "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
-           "logging_steps": "log_every", "max_restarts": "restarts"}
+           "logging_steps": "log_every", "max_restarts": "restarts", "eval_interval": "eval_every",
+           "eval_steps": "eval_every", "eval_iters": "eval_batches"}
 CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"))
 
 
@@ -587,6 +598,7 @@ def _train(c: _Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         checkpoint_dir=s["checkpoint_dir"], checkpoint_every=s["checkpoint_every"],
         checkpoint_async=s["checkpoint_async"],
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
+        eval_every=s["eval_every"], eval_batches=s["eval_batches"], eval_split=s["eval_split"],
         spans=_spans_of(s)), s["_spans"]
 
 
@@ -616,7 +628,8 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
                     f"{MIN_TIMEOUT:g} s (\"10 min\" is the default; a bare number is seconds); `timeout = 0` turns "
                     "it off")
     before = c.errors()
-    counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts")]
+    counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts",
+                                                          "eval_every", "eval_batches")]
     counts.append(("warmup", sched.warmup, _span(_arg_of(written.get("lr_schedule"), "warmup", 0))))
     for key, n, where in counts:
         if n > MAX_COUNT and where is not None:
@@ -668,6 +681,36 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
         c.warn("W0135", f"log_every = {train.log_every} is longer than the run ({steps} steps): only the first and "
                "last steps are logged", at["log_every"], label="has no effect",
                help="the first and last steps are always logged; use a shorter interval, or remove it")
+    _eval_checks(c, train, at)
+
+
+def _eval_checks(c: _Checker, train: S.Train, at: dict) -> None:
+    """The evaluation settings: a share held out that is no fraction, an evaluation of a token file with nothing
+    held out (it would evaluate on training data, or on nothing), and settings that evaluate nothing."""
+    split = train.eval_split
+    if "eval_split" in at and not 0 < split <= MAX_EVAL_SPLIT:
+        c.error("E0120", f"eval_split = {split:g} is not a share in (0, {MAX_EVAL_SPLIT:g}]", at["eval_split"],
+                label="a fraction of the file's windows",
+                help="the share of the token file held out for evaluation: 0.01 .. 0.1 is usual (`eval_split = "
+                     "0.05` holds out the last 5% of its windows)")
+    tokens = train.data.kind == "tokens"
+    if not train.eval_every:
+        for key in ("eval_batches", "eval_split"):
+            if key in at:
+                c.warn("W0141", f"`{key}` without `eval_every`: no evaluation runs", at[key], label="has no effect",
+                       help="add `eval_every = N` to evaluate every N steps (and after the last)"
+                            + (", or remove it" if key == "eval_batches" else
+                               "; without it the whole file is trained on" if tokens else ", or remove it"))
+        return
+    if tokens and "eval_split" not in at:
+        c.error("E0133", "`eval_every` on a token file with nothing held out: evaluation needs data the run never "
+                "trains on", at["eval_every"], label="no `eval_split`",
+                help="add `eval_split = 0.05` (the last 5% of the file's windows are held out and never trained "
+                     "on), or evaluate a file split beforehand")
+    elif not tokens and "eval_split" in at:
+        c.warn("W0141", "`eval_split` with synthetic data: its held-out batches are a seed stream of their own",
+               at["eval_split"], label="has no effect",
+               help="eval_split holds out the tail of a token file (`data = tokens(...)`); remove it")
 
 
 def _no_effect_checks(c: _Checker, spec: S.Spec, axes_written: bool) -> None:
@@ -755,14 +798,14 @@ def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
 def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
     """What the training settings need of the files and the model, whatever the plan."""
     if train.data.kind == "tokens":
-        _data_checks(c, model, train, spans["data"])
+        _data_checks(c, model, train, spans["data"], {k: _span(v) for k, v in spans.items()})
     if train.init_from:
         _init_checks(c, model, train, spans["init"])
     if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
 
 
-def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
+def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, written_at: dict) -> None:
     """The token file exists and fits `dtype` and the model, found where the program will look: a relative path is
     relative to this .scale file's directory. Its sidecar (compiler/files.py), when it has one, says its dtype,
     vocabulary and length; without one, the first MiB says what it can (every id is checked when the run opens
@@ -801,8 +844,41 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) ->
     elif size // item <= (seq := int(c.number(train.seq_len))) + 1:
         c.error("E0801", f"data file {shown} holds {size // item} tokens, too few for one sequence of {seq}", at,
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
-    elif side is None:
-        _sample_checks(c, shown, dtype, vocab, at, at_dtype)
+    else:
+        if side is None:
+            _sample_checks(c, shown, dtype, vocab, at, at_dtype)
+        _held_out_checks(c, train, shown, size // item, seq, written_at)
+
+
+def _held_out_checks(c: _Checker, train: S.Train, shown: str, tokens: int, seq: int, at: dict) -> None:
+    """The held-out tail of `eval_split` (runtime.split, the runtime's own formula) holds the sequences of every
+    evaluation (eval_batches × global_batch, read without repeating one), and leaves some to train on."""
+    split = train.eval_split
+    if not train.eval_every or not split or not 0 < split <= MAX_EVAL_SPLIT:
+        return
+    got = split_windows(tokens, seq, split)
+    need = train.eval_batches * int(c.number(train.global_batch))
+    if got.eval_windows < need:
+        c.error("E0811", f"eval_split = {split:g} of {shown} holds out {got.eval_windows} sequence(s) of {seq}, "
+                f"fewer than one evaluation reads (eval_batches {train.eval_batches} × global_batch "
+                f"{int(c.number(train.global_batch))} = {need})", at["eval_split"],
+                label=f"{got.eval_windows} of the file's {(tokens - 1) // seq} windows",
+                help=_held_out_help(tokens, seq, need, int(c.number(train.global_batch))))
+    elif got.train_windows < 1:
+        c.error("E0811", f"eval_split = {split:g} of {shown} leaves no sequence of {seq} to train on",
+                at["eval_split"], label="nothing left to train on", help="hold out less, or use a larger file")
+
+
+def _held_out_help(tokens: int, seq: int, need: int, batch: int) -> str:
+    """What would hold out enough: the least share that does, else the most batches the largest share gives."""
+    least = next((k / 1000 for k in range(1, int(MAX_EVAL_SPLIT * 1000) + 1)
+                  if split_windows(tokens, seq, k / 1000).eval_windows >= need), None)
+    if least is not None:
+        return f"hold out more (`eval_split = {least:g}` holds out {need}), or read fewer `eval_batches`"
+    held = split_windows(tokens, seq, MAX_EVAL_SPLIT).eval_windows
+    most = held // batch
+    return (f"even eval_split = {MAX_EVAL_SPLIT:g} holds out {held} sequence(s): " +
+            (f"read at most `eval_batches = {most}`, or use a larger file" if most else "use a larger file"))
 
 
 def _sidecar_checks(c: _Checker, side: F.Sidecar, shown: str, size: int, dtype: str, model: S.Model, at: Span,

@@ -59,6 +59,11 @@ CODES: dict[str, Code] = {
     "E0132": Code("rope_scaling without rotary embeddings", "`rope_scaling = llama3(...)` rescales the frequencies "
                   "of rotary embeddings, which an attention has only with `rope_theta` > 0. Without it the scaling "
                   "would be ignored: add the rotary base (`rope_theta = 500000` for Llama 3) or remove the scaling."),
+    "E0133": Code("evaluation without held-out data", "`eval_every` evaluates the model on data it never trains "
+                  "on. With `data = tokens(...)` that data is the file's tail that `eval_split = F` holds out (the "
+                  "last F of its windows; training permutes only the rest); without `eval_split` there is none. Add "
+                  "`eval_split = 0.05`, or remove `eval_every`. Synthetic data needs no split: its held-out batches "
+                  "are a seed stream of their own."),
     "W0130": Code("warm-up not over in the run", "A warning: the schedule's `warmup` is at least `steps`, so the "
                   "learning rate rises for the whole run and never reaches `lr` (and a cosine never decays). Use a "
                   "warm-up shorter than the run, usually a few percent of it."),
@@ -96,6 +101,11 @@ CODES: dict[str, Code] = {
                   "every collective of a step; below a few seconds the watchdog would end a healthy run (a bare "
                   "number is seconds: `timeout = 0.5` is half a second, not half a minute). Give at least 5 s, or "
                   "`timeout = 0` to turn the watchdog off."),
+    "W0141": Code("evaluation setting with no effect", "A warning: `eval_batches` and `eval_split` shape the "
+                  "evaluation that `eval_every` asks for; without `eval_every` no evaluation runs, and a token file "
+                  "is trained on whole (nothing held out). `eval_split` with synthetic data does nothing either: "
+                  "synthetic held-out batches are a seed stream of their own. Add `eval_every = N`, or remove the "
+                  "setting."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
                   "gets hidden / heads features. The help lists head counts near the one written that divide it."),
@@ -277,6 +287,11 @@ CODES: dict[str, Code] = {
                   "blocks of `residual { rmsnorm  attention }  residual { rmsnorm  mlp | moe }` and no head bias. "
                   "The model has parameters with no name in that layout. Write the model in it (`scalec import` "
                   "does), or start from `init = normal`."),
+    "E0811": Code("held-out split too small", "`eval_split = F` holds out the last floor(W × F) of the token "
+                  "file's W windows of seq_len + 1 tokens, and each evaluation reads eval_batches × global_batch of "
+                  "them, each once, the same ones every time; the split holds fewer (or leaves no window to train "
+                  "on). Hold out a larger share, read fewer `eval_batches`, or use a larger file. Checked where the "
+                  "file's length is known (its sidecar, or its size); the run checks again when it opens the file."),
     "W0803": Code("token file looks like another dtype", "A warning: the file has no sidecar, and its first MiB "
                   "looks like ids of another dtype than the declared one: declared uint16, every odd uint16 is 0 "
                   "(the high halves of little-endian uint32 ids below 65536). Declare the file's dtype, or write it "

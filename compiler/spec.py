@@ -258,6 +258,12 @@ class Train:
     """torchrun's --max-restarts."""
     timeout: float = 600.0
     """Seconds a collective may take before the watchdog ends the job; 0: no watchdog."""
+    eval_every: int = 0
+    """Evaluate on held-out data after every this many steps and after the last; 0: never (runtime.config.Eval)."""
+    eval_batches: int = 8
+    """Global batches each evaluation reads, the same ones every time."""
+    eval_split: float | None = None
+    """The share of a token file's windows held out for evaluation (runtime.split); None: not written."""
     init_from: str = ""
     """A Hugging Face checkpoint (directory or .safetensors file) the run starts from; empty: initialised."""
     spans: tuple = field(default=(), compare=False)

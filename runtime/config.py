@@ -150,6 +150,26 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Eval:
+    """Evaluation on held-out data (`train { eval_every, eval_batches, eval_split }`; runtime.train.evaluate): the
+    model's forward only, the token-mean cross entropy (no MoE auxiliary loss) over the same batches each time."""
+
+    every: int = 0
+    """Evaluate after every this many steps and after the last; 0: never."""
+    batches: int = 8
+    """Global batches (of Data.global_batch sequences) each evaluation reads: the same ones every time."""
+    split: float = 0.0
+    """The share of a token file held out for evaluation and never trained on (runtime.split); 0 for synthetic data,
+    whose held-out batches are a seed stream of their own (runtime.data.Synthetic.eval_samples)."""
+
+    def __post_init__(self):
+        """The bounds `scalec check` holds the file to: a hand-edited program fails here, not mid-run."""
+        if self.every < 0 or self.batches < 1 or not 0 <= self.split <= 0.5:
+            raise ValueError(f"Eval(every={self.every}, batches={self.batches}, split={self.split}): every >= 0, "
+                             "batches >= 1 and 0 <= split <= 0.5")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Init:
     """Weight initialisation, by parameter name so that every layout starts from the same weights."""
 
@@ -220,11 +240,12 @@ class Config:
     optim: Optim
     data: Data
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    eval: Eval = field(default_factory=Eval)
     init: Init = field(default_factory=Init)
     memory: Memory = field(default_factory=Memory)
     speed: Speed = field(default_factory=Speed)
 
 
-GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("init", Init),
-          ("memory", Memory), ("speed", Speed))
+GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("eval", Eval),
+          ("init", Init), ("memory", Memory), ("speed", Speed))
 """The nested groups of `Config`: (field name, class)."""

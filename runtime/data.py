@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from runtime.errors import FatalError
+from runtime.split import split_windows  # noqa: F401  (data.split_windows: the split a TokenFile reads)
 
 
 class Synthetic:
@@ -23,7 +24,18 @@ class Synthetic:
         self.vocab, self.seq_len, self.seed = vocab, seq_len, seed
 
     def samples(self, step: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return self._draw(self.seed * 1_000_003 + step, global_batch, lo, hi)
+
+    def eval_samples(self, batch: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples lo..hi-1 of held-out batch `batch` (0..eval_batches-1): a seed stream of its own, the same at
+        every evaluation. The seed is hashed from (seed, batch, a tag) by numpy's SeedSequence to the 32 bits the
+        CPU generator reads (an offset above 2^32 would be lost: torch's mt19937 keeps the seed's low 32 bits), so
+        it meets a training step's seed by chance alone."""
+        hashed = int(np.random.SeedSequence([self.seed % 2**63, batch, 0xE7A1]).generate_state(1)[0])
+        return self._draw(hashed, global_batch, lo, hi)
+
+    def _draw(self, seed: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
         start = torch.randint(0, self.vocab, (global_batch,), generator=g)[lo:hi]
         stride = torch.randint(1, 5, (global_batch,), generator=g)[lo:hi]
         pos = torch.arange(self.seq_len + 1)
@@ -136,15 +148,29 @@ class TokenFile:
     each window once, in an order shuffled afresh for each epoch (`Shuffle`, a function of (seed, epoch)). Sample j
     of step t is the global sample k = t·global_batch + j: epoch k // W, its (k mod W)-th window in that epoch's
     order. So the data is a function of (seed, step), as the module promises, and a run resumed from a checkpoint
-    (which holds the step) continues where it stopped, on any plan."""
+    (which holds the step) continues where it stopped, on any plan.
 
-    def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int):
+    With `eval_split` F > 0 the file's tail is held out (runtime.split: the last floor(W · F) windows' tokens): the
+    epochs permute only the windows before it, and `eval_samples` reads the held-out windows in order, the first
+    `eval_sequences` of them (eval_batches × global_batch), the same ones at every evaluation."""
+
+    def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int, eval_split: float = 0.0,
+                 eval_sequences: int = 0):
         self.tokens = open_tokens(path, dtype, vocab)
         if len(self.tokens) <= seq_len + 1:
             raise FatalError(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                              f"{seq_len} (and its next token)")
         self.seq_len, self.seed = seq_len, seed
-        self.windows = (len(self.tokens) - 1) // seq_len
+        split = split_windows(len(self.tokens), seq_len, eval_split)
+        if eval_split and split.eval_windows < eval_sequences:
+            raise FatalError(f"scalec: data file {path}: eval_split = {eval_split:g} holds out "
+                             f"{split.eval_windows} sequence(s) of {seq_len}, fewer than the {eval_sequences} of "
+                             f"eval_batches × global_batch (`scalec check` refuses that: was the file changed since?)")
+        if split.train_windows < 1:
+            raise FatalError(f"scalec: data file {path}: eval_split = {eval_split:g} leaves no sequence of {seq_len} "
+                             "to train on")
+        self.windows, self.eval_first = split.train_windows, split.eval_first
+        self.eval_windows = split.eval_windows
         self._orders: dict = {}
 
     def _order(self, epoch: int) -> "Shuffle":
@@ -161,6 +187,20 @@ class TokenFile:
         for k in range(first + lo, first + hi):
             epoch, pos = divmod(k, self.windows)
             s = self._order(epoch)[pos] * self.seq_len
+            rows.append(np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64))
+        seq = torch.from_numpy(np.stack(rows))
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    def eval_samples(self, batch: int, global_batch: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples lo..hi-1 of held-out batch `batch`: held-out windows batch · global_batch + lo .. + hi - 1."""
+        if not self.eval_windows:
+            raise FatalError("scalec: evaluation of a token file needs `eval_split` (recompile the program)")
+        rows = []
+        for k in range(batch * global_batch + lo, batch * global_batch + hi):
+            if k >= self.eval_windows:
+                raise FatalError(f"scalec: held-out sequence {k} asked for, but eval_split holds out "
+                                 f"{self.eval_windows}")
+            s = self.eval_first + k * self.seq_len
             rows.append(np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64))
         seq = torch.from_numpy(np.stack(rows))
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
@@ -202,12 +242,14 @@ class Shuffle:
         return x
 
 
-def micro_batch(source, step: int, global_batch: int, dp_rank: int, dp: int, index: int, micro_batches: int):
-    """Micro-batch `index` of this dp rank's share of step `step`'s global batch."""
+def micro_batch(source, step: int, global_batch: int, dp_rank: int, dp: int, index: int, micro_batches: int,
+                held_out: bool = False):
+    """Micro-batch `index` of this dp rank's share of step `step`'s global batch; `held_out`: of held-out batch
+    `step` (evaluation's, `source.eval_samples`), split over the ranks and micro-batches the same way."""
     per_rank = global_batch // dp
     per_micro = per_rank // micro_batches
     lo = dp_rank * per_rank + index * per_micro
-    return source.samples(step, global_batch, lo, lo + per_micro)
+    return (source.eval_samples if held_out else source.samples)(step, global_batch, lo, lo + per_micro)
 
 
 class Prefetcher:

@@ -296,7 +296,7 @@ class Pipeline:
         """`prepare(module) -> module` materialises, initialises and wraps one stage module (data parallelism);
         `main_grads`: the gradients will be main gradients (runtime.precision), scaled by 1/micro-batches here
         rather than by the schedule (which scales `.grad`)."""
-        self.ctx, self.cfg = ctx, cfg
+        self.ctx, self.cfg, self.loss_fn = ctx, cfg, loss_fn
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
         par = cfg.parallel
         n_stages = pp * par.virtual_stages
@@ -378,3 +378,61 @@ class Pipeline:
                  else torch.zeros((), device=self.ctx.device))
         dist.all_reduce(total, group=self.ctx.mesh["pp"].get_group())
         return total
+
+    def evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The forward alone of this rank's batch, in the schedule's micro-batches, filled and drained through the
+        stages (GPipe's forward half); returns the sum of the cross entropy over its tokens (float64), on every pp
+        rank. The schedule's runtime is not used: its action lists hold the backward (torch's `eval` would switch
+        the stages' mode and infer their shapes again); each output goes to the next stage's rank with an
+        asynchronous send, preceded by its shape and dtype (the receiver cannot know a stage's output shape under
+        sequence parallelism and mixed precision without them), and every rank visits (micro-batch, stage) in the
+        same order, so the blocking receives meet their sends."""
+        ctx = self.ctx
+        pp, m = ctx.axis_size("pp"), self.cfg.parallel.micro_batches
+        n_stages = pp * self.cfg.parallel.virtual_stages
+        group = ctx.mesh["pp"].get_group()
+        local = dict(zip(self.ids, self.modules))
+        total = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        sends = []
+        for tokens_mb, targets_mb in zip(tokens.tensor_split(m), targets.tensor_split(m)):
+            x = None
+            for s in range(n_stages):
+                if s not in local:
+                    continue
+                if s > 0 and s - 1 not in local:
+                    x = _receive(dist.get_global_rank(group, (s - 1) % pp), group, ctx.device)
+                x = local[s](tokens_mb if s == 0 else x)
+                if s == n_stages - 1:
+                    total += self.loss_fn(x, targets_mb).double() * targets_mb.numel()
+                elif s + 1 not in local:
+                    sends += _send(x, dist.get_global_rank(group, (s + 1) % pp), group)
+        for work, _ in sends:
+            work.wait()
+        dist.all_reduce(total, group=group)  # the last stage's sum to every pp rank
+        return total
+
+
+# The dtypes a stage's output may have (the residual stream: fp32, bf16), by code in the header of a send.
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_HEADER = 8  # int64s: ndim, the sizes (at most 6), the dtype's code
+
+
+def _send(x: torch.Tensor, dst: int, group) -> list:
+    """Asynchronous sends of `x`'s header (shape, dtype) and data to global rank `dst`: (work, tensor) pairs, the
+    tensor kept alive until its work is waited for."""
+    header = torch.zeros(_HEADER, dtype=torch.int64, device=x.device)
+    header[0] = x.dim()
+    header[1:1 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+    header[-1] = _DTYPES.index(x.dtype)
+    x = x.contiguous()
+    return [(dist.isend(header, dst, group=group), header), (dist.isend(x, dst, group=group), x)]
+
+
+def _receive(src: int, group, device) -> torch.Tensor:
+    """The tensor `_send` sent from global rank `src`."""
+    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
+    dist.recv(header, src, group=group)
+    ndim, *rest = header.tolist()
+    x = torch.empty(rest[:ndim], dtype=_DTYPES[rest[-1]], device=device)
+    dist.recv(x, src, group=group)
+    return x

@@ -4,6 +4,7 @@ ETA). runtime.train calls these; nothing here touches the model."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -63,6 +64,10 @@ class Clock:
         self.t_loop = self.t_last = time.perf_counter()
         self.last = start
 
+    def skip(self, seconds: float) -> None:
+        """Leave `seconds` (an evaluation between steps) out of the interval being timed."""
+        self.t_last += seconds
+
     def lap(self, step: int) -> float:
         now = time.perf_counter()
         dt = (now - self.t_last) / max(step - self.last, 1)
@@ -118,6 +123,27 @@ def tensorboard(logdir: str):
 
 
 def train_scalars(record: dict) -> dict:
-    """The scalars of a metrics record the trackers get, named `train/<name>` (the MoE counters too)."""
-    return {f"train/{key}": value for key, value in record.items()
-            if key in BOARD_SCALARS or key.startswith("moe_")}
+    """The scalars of a metrics record the trackers get: `train/<name>` (the MoE counters too), and an
+    evaluation's `eval_<name>` fields as `eval/<name>` (eval/loss, eval/ppl)."""
+    out = {}
+    for key, value in record.items():
+        if key in BOARD_SCALARS or key.startswith("moe_"):
+            out[f"train/{key}"] = value
+        elif key.startswith("eval_"):
+            out[f"eval/{key.removeprefix('eval_')}"] = value
+    return out
+
+
+def eval_record(step: int, loss: float) -> dict:
+    """An evaluation after `step`: {"step", "eval_loss", "eval_ppl"}; the loss and ppl fields join that step's
+    metrics record (its train keys unchanged), and TensorBoard gets them as eval/loss and eval/ppl."""
+    try:
+        ppl = math.exp(loss)
+    except OverflowError:  # a diverged model: exp(loss) is past a double
+        ppl = math.inf
+    return {"step": step, "eval_loss": loss, "eval_ppl": ppl}
+
+
+def eval_line(record: dict, steps: int) -> str:
+    """The line of an evaluation, under its step's line: the held-out loss and its perplexity."""
+    return f"eval {record['step']:>5}/{steps} | loss {record['eval_loss']:8.4f} | ppl {record['eval_ppl']:.4g}"

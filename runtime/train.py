@@ -30,7 +30,7 @@ from torch import nn
 from runtime import (checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress,
                      recompute, tracking)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
-from runtime.config import Checkpoint, Config, Data, Init, Memory, Optim, Parallel, Speed  # noqa: F401
+from runtime.config import Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
 from runtime import tensor_parallel as tp
 from runtime.layers import Repeat, init_parameters
@@ -243,13 +243,20 @@ class ModelParts:
                     continue
                 yield name, p
 
-    def batches(self, source, step: int) -> list:
-        """This rank's (tokens, targets) host tensors of step `step`, one pair per micro-batch the step feeds."""
+    def batches(self, source, step: int, held_out: bool = False) -> list:
+        """This rank's (tokens, targets) host tensors of step `step`, one pair per micro-batch the step feeds;
+        `held_out`: of evaluation's held-out batch `step` instead."""
         raise NotImplementedError
 
     def step(self, batches: list) -> torch.Tensor:
         """Forward and backward of this rank's share of a step's batch (`batches`, on the device), gradients
         averaged over the batch ranks (all but the experts'); returns this rank's mean loss, on the device."""
+        raise NotImplementedError
+
+    def eval_loss(self, batches: list) -> torch.Tensor:
+        """The forward alone (under no_grad) of this rank's share of one held-out batch (`batches`, as `step`'s):
+        the sum of the cross entropy over its tokens, float64, on the device, the same on every rank of a batch
+        rank's tp and pp groups."""
         raise NotImplementedError
 
 
@@ -276,10 +283,10 @@ class WholeModel(ModelParts):
                         "ddp": " (with DDP's bucket and buffer synchronisation over the batch ranks)",
                         }.get(self.kind, "")
 
-    def batches(self, source, step: int) -> list:
+    def batches(self, source, step: int, held_out: bool = False) -> list:
         m, ctx = self.cfg.parallel.micro_batches, self.ctx
-        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, j, m)
-                for j in range(m)]
+        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, j, m,
+                                 held_out) for j in range(m)]
 
     def step(self, batches: list) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
@@ -310,6 +317,16 @@ class WholeModel(ModelParts):
             self.mains.finish()
         return total
 
+    def eval_loss(self, batches: list) -> torch.Tensor:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        # DDP's own forward would synchronise buffers over the batch ranks: its module is the same model.
+        model = self.model.module if isinstance(self.model, DDP) else self.model
+        total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        with faults.op(f"the evaluation forward{self.gathers if self.kind == 'fsdp' else ''}", self.site):
+            for tokens, targets in batches:  # each micro-batch's loss is the mean over its tokens
+                total += model(tokens, targets).double() * targets.numel()
+        return total
+
 
 class PipelineStages(ModelParts):
     """Pipeline parallelism: the stages this pp rank runs, driven by the schedule the compiler proved; their dense
@@ -328,10 +345,11 @@ class PipelineStages(ModelParts):
         self.cfg, self.ctx, self.shards = cfg, ctx, shards
         self.measure = None  # runtime.memory.Measure of this step, when one is taken
 
-    def batches(self, source, step: int) -> list:
+    def batches(self, source, step: int, held_out: bool = False) -> list:
         # The schedule splits this rank's batch into the micro-batches itself.
         ctx = self.ctx
-        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, 0, 1)]
+        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, 0, 1,
+                                 held_out)]
 
     def step(self, batches: list) -> torch.Tensor:
         ctx = self.ctx
@@ -350,6 +368,38 @@ class PipelineStages(ModelParts):
                     _average_dense_grads(self.named_parameters(), ctx, self.shards,
                                          self.cfg.parallel.ddp_bucket_mb * 2**20)
         return total
+
+    def eval_loss(self, batches: list) -> torch.Tensor:
+        ((tokens, targets),) = batches
+        with faults.op("the evaluation's forward sends and receives between stages over pp",
+                       faults.scale("axis pp", "schedule")):
+            return self.pipe.evaluate(tokens, targets)
+
+
+def evaluate(parts: ModelParts, source, cfg: Config, ctx: mesh.Context) -> float:
+    """The evaluation loss: the mean cross entropy over every token of `cfg.eval.batches` held-out global batches
+    (the same ones at every evaluation: runtime.data's `eval_samples`), the model's forward only. Each batch is
+    split over the batch ranks and micro-batches as a step's is; each rank sums its tokens' losses (float64), one
+    all-reduce over the batch ranks adds them, and the sum is divided by the tokens: on any plan the figure the
+    single device computes. The MoE auxiliary loss is not in it (it is a training signal for the router, not a
+    loss of the data), and its statistics are left to the training log (moe.not_recording). Nothing here draws
+    from a random stream or moves the training data's position, so training goes on as if it had not run."""
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    with torch.no_grad(), moe.not_recording():
+        for b in range(cfg.eval.batches):
+            batches = [tuple(t.to(ctx.device) for t in pair) for pair in parts.batches(source, b, held_out=True)]
+            total += parts.eval_loss(batches)
+    if _dp_kind(cfg, ctx) == "fsdp":  # zero2 keeps a unit gathered after a forward until its backward: free it now
+        from torch.distributed.fsdp import FSDPModule
+        for module in parts.modules:
+            for m in module.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
+    if ctx.batch_size > 1:
+        with faults.op("the evaluation loss all-reduce over the batch ranks", faults.scale("axis dp", "axis ep")):
+            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
+    with faults.device_wait("reading the evaluation loss"):
+        return total.item() / (cfg.eval.batches * cfg.data.global_batch * cfg.data.seq_len)
 
 
 def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
@@ -501,8 +551,10 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     moe.set_aux_loss_scale(parts.aux_loss_scale)
     d = cfg.data
+    ev = cfg.eval
     source = (data.Synthetic(d.vocab, d.seq_len, cfg.seed) if d.kind == "synthetic"
-              else data.TokenFile(d.path, d.dtype, d.seq_len, cfg.seed, d.vocab))
+              else data.TokenFile(d.path, d.dtype, d.seq_len, cfg.seed, d.vocab, eval_split=ev.split,
+                                  eval_sequences=ev.batches * d.global_batch if ev.every else 0))
     tokens_per_step = d.global_batch * d.seq_len
     # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = progress.open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None
@@ -578,6 +630,15 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
             if read_now:  # every rank joins (the same condition everywhere)
                 with faults.op("the peak-memory all-reduce (MAX over ranks)", faults.scale()):
                     peak = memory.largest(measure.peak, ctx)
+        # After the step's optimizer update and its measurement, before its record: steps N, 2N, ... and the last.
+        # Its time is not the step's: the clock skips it (the step's queued device work finished first).
+        evaluated = None
+        if ev.every and ((step + 1) % ev.every == 0 or step + 1 == cfg.steps):
+            if cuda:
+                torch.cuda.synchronize(ctx.device)
+            began = time.perf_counter()
+            evaluated = progress.eval_record(step + 1, evaluate(parts, source, cfg, ctx))
+            clock.skip(time.perf_counter() - began)
         if read_now:
             faults.test_hooks(ctx.rank, step + 1, "loss")
             if n_batch > 1:  # the logged loss is the mean over the global batch
@@ -599,12 +660,19 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
                 record.update({f"moe_{k}": v for k, v in experts.items()})
             if peak:
                 record.update(peak_memory_bytes=peak[0], peak_memory_rank=peak[1])
+            if evaluated:  # the step's record gains eval_loss and eval_ppl
+                record.update({k: v for k, v in evaluated.items() if k != "step"})
             if metrics:
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
             track.log(step + 1, progress.train_scalars(record))
             if ctx.is_logger and log_now:
                 print(progress.log_line(record, cfg.steps), flush=True)
+        if evaluated:  # below the step's own line, logged or not
+            if ctx.is_logger:
+                print(progress.eval_line(evaluated, cfg.steps), flush=True)
+            if not read_now:  # else its scalars went with the step's record
+                track.log(step + 1, progress.train_scalars(evaluated))
         preempted = vote.result()
         if ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == stop or preempted):
             with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):

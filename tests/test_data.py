@@ -9,6 +9,8 @@ import pytest
 
 from compiler.check import check_text
 from compiler.diagnostics import ScaleError
+import torch
+
 from runtime import data
 from runtime.errors import FatalError
 
@@ -245,3 +247,80 @@ def test_a_positional_dtype_is_where_the_warning_points(tmp_path):
         "log_every    = 5", 'log_every    = 5\n  data = tokens("tok.bin", uint16)')
     (w,) = check_text(text, str(tmp_path / "tiny.scale")).warnings
     assert w.code == "W0803" and w.span.col == text.splitlines()[33].index("uint16") + 1
+
+
+# -- the held-out split (`eval_split`, runtime.split) ---------------------------------------------------------------
+
+
+def _positions(tmp_path: Path, n: int = 1000) -> str:
+    """A uint32 file whose id at each position is that position: a sample's ids say where it was read."""
+    path = str(tmp_path / "pos.bin")
+    data.write_tokens(path, np.arange(n), "uint32", n)
+    return path
+
+
+def test_held_out_windows_are_never_trained_on(tmp_path):
+    """Over three epochs every token training reads lies before the held-out tail, every training window is read
+    once an epoch, and evaluation reads whole windows of the tail, in order, each once."""
+    path, seq, batch = _positions(tmp_path), 10, 5
+    source = data.TokenFile(path, "uint32", seq, seed=7, vocab=1000, eval_split=0.2, eval_sequences=2 * batch)
+    split = data.split_windows(1000, seq, 0.2)
+    assert (split.eval_windows, split.eval_first, source.windows) == (19, 809, 80)  # 99 windows, floor(19.8)
+    held = set(range(split.eval_first, 1000))
+    for epoch in range(3):
+        starts = []
+        for step in range(epoch * 16, epoch * 16 + 16):  # 80 windows = 16 steps of 5
+            tokens, targets = source.samples(step, batch, 0, batch)
+            seen = set(tokens.flatten().tolist()) | set(targets.flatten().tolist())
+            assert not seen & held, f"step {step} trained on held-out tokens"
+            starts += tokens[:, 0].tolist()
+        assert sorted(starts) == [w * seq for w in range(80)]  # each training window once per epoch
+    got = torch.cat([source.eval_samples(b, batch, 0, batch)[0] for b in range(2)])
+    assert got[:, 0].tolist() == [809 + k * seq for k in range(10)]
+    assert set(got.flatten().tolist()) <= held
+
+
+def test_held_out_batches_are_the_same_every_time_and_on_every_plan(tmp_path):
+    """Evaluation batch b is a function of the file and b alone: two opens agree, and any split of it over batch
+    ranks and micro-batches (data.micro_batch) concatenates to the single device's; the same for synthetic data."""
+    path = _positions(tmp_path)
+    one = data.TokenFile(path, "uint32", 10, seed=1, vocab=1000, eval_split=0.5, eval_sequences=16)
+    again = data.TokenFile(path, "uint32", 10, seed=2, vocab=1000, eval_split=0.5, eval_sequences=16)  # any seed
+    synthetic = data.Synthetic(vocab=64, seq_len=10, seed=3)
+    for source, other in ((one, again), (synthetic, data.Synthetic(vocab=64, seq_len=10, seed=3))):
+        for b in range(2):
+            whole = source.eval_samples(b, 8, 0, 8)
+            assert all(torch.equal(x, y) for x, y in zip(whole, other.eval_samples(b, 8, 0, 8)))
+            for dp, m in ((2, 1), (2, 2), (4, 2), (1, 4)):
+                parts = [data.micro_batch(source, b, 8, r, dp, j, m, held_out=True) for r in range(dp)
+                         for j in range(m)]
+                assert torch.equal(torch.cat([t for t, _ in parts]), whole[0])
+                assert torch.equal(torch.cat([t for _, t in parts]), whole[1])
+
+
+def test_synthetic_held_out_batches_are_a_stream_of_their_own():
+    source = data.Synthetic(vocab=1000, seq_len=8, seed=5)
+    held = {tuple(x) for b in range(4) for x in source.eval_samples(b, 16, 0, 16)[0].tolist()}
+    trained = {tuple(x) for t in range(4) for x in source.samples(t, 16, 0, 16)[0].tolist()}
+    assert len(held) > 50 and len(held & trained) < 3  # 4000 distinct sequences: overlaps are chance only
+
+
+def test_a_held_out_split_too_small_is_a_fatal_error_when_opened(tmp_path):
+    path = _positions(tmp_path)  # 99 windows of 10: 0.1 holds out 9
+    with pytest.raises(FatalError, match=r"eval_split = 0.1 holds out 9 sequence\(s\) of 10, fewer than the 16"):
+        data.TokenFile(path, "uint32", 10, seed=1, vocab=1000, eval_split=0.1, eval_sequences=16)
+    data.TokenFile(path, "uint32", 10, seed=1, vocab=1000, eval_split=0.1, eval_sequences=9)  # exactly enough
+
+
+def test_check_refuses_a_held_out_split_too_small_as_the_run_would(tmp_path):
+    """check uses the run's own formula (runtime.split) on the file's length: 400 uint16 ids of tiny_gpt's seq_len
+    64 are 6 windows, of which 0.5 holds out 3, fewer than one batch of 8."""
+    (tmp_path / "tok.bin").write_bytes(np.random.default_rng(0).integers(0, 128, 400).astype("uint16").tobytes())
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", 'log_every    = 5\n  data = tokens(path = "tok.bin")\n  eval_every = 10  '
+        'eval_batches = 1  eval_split = 0.5')
+    with pytest.raises(ScaleError) as info:
+        check_text(text, str(tmp_path / "tiny.scale"))
+    (d,) = info.value.diagnostics
+    assert d.code == "E0811" and "holds out 3 sequence(s) of 64" in d.message and d.span.line == 35
+    assert "use a larger file" in d.help

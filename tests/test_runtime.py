@@ -125,6 +125,16 @@ def test_every_field_of_the_runtime_contract_is_documented():
     assert not undocumented, f"undocumented contract fields: {undocumented}"
 
 
+def test_an_eval_config_outside_the_checked_bounds_is_refused():
+    import pytest
+
+    from runtime.config import Eval
+    assert Eval(every=10, batches=2, split=0.5).split == 0.5
+    for bad in (dict(every=-1), dict(batches=0), dict(split=0.6), dict(split=-0.1)):
+        with pytest.raises(ValueError, match="0 <= split <= 0.5"):
+            Eval(**bad)
+
+
 def test_the_batch_split_of_the_program_must_match_the_mesh():
     """A program run on a mesh with another number of batch ranks than its plan's stops with one line."""
     import types

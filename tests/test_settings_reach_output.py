@@ -31,6 +31,7 @@ INTERLEAVED = ('schedule = "1f1b"', 'schedule = "interleaved-1f1b"')
 CONSTANT = ("cosine(warmup = 5, min_lr = 3e-4)", "constant(warmup = 5)")
 CKPT = ("data         = synthetic", 'data         = synthetic\n  checkpoint_dir = "ckpt"')
 BF16 = ("precision    = fp32", "precision    = bf16")
+EVAL = ("log_every    = 10", "log_every    = 10  eval_every = 5")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,11 @@ CHANGES = {
                                      setup=(CKPT, ('"ckpt"', '"ckpt"  checkpoint_every = 3'))),
     "train.restarts": Change((("log_every    = 10", "log_every    = 10  restarts = 2"),)),
     "train.timeout": Change((("log_every    = 10", 'log_every    = 10  timeout = "30 s"'),)),
+    "train.eval_every": Change((EVAL,)),
+    "train.eval_batches": Change((("eval_every = 5", "eval_every = 5  eval_batches = 2"),), setup=(EVAL,)),
+    # a.bin holds 2048 uint16 ids: 63 windows of 33, of which 0.3 holds out 18 and 0.5 holds out 31
+    "train.eval_split": Change((("eval_split = 0.3", "eval_split = 0.5"),),
+                               setup=(TOKENS, (EVAL[0], EVAL[1] + "  eval_batches = 1  eval_split = 0.3"))),
 }
 
 
@@ -296,6 +302,15 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.restarts": (Probe(("2",), shapes=TRAIN_SHAPES),
                        Probe(("2",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
     "train.timeout": (Probe(('"30 s"', "0", '"30 days"'), shapes=TRAIN_SHAPES),),
+    "train.eval_every": (Probe(("5", "1000"), shapes=TRAIN_SHAPES),),
+    "train.eval_batches": (Probe(("2",), shapes=TRAIN_SHAPES),
+                           Probe(("2",), shapes=TRAIN_SHAPES, setup=(("train.eval_every", "5"),))),
+    # synthetic data (W0141), no eval_every (W0141), and a token file's held-out share (a.bin: 2048 ids)
+    "train.eval_split": (Probe(("0.1",), shapes=TRAIN_SHAPES),
+                         Probe(("0.1",), shapes=TRAIN_SHAPES, setup=(("train.eval_every", "5"),)),
+                         Probe(("0.5",), base="0.3", shapes=TRAIN_SHAPES,
+                               setup=(("train.data", TOKENS_A), ("train.eval_every", "5"),
+                                      ("train.eval_batches", "1")))),
     "layer.layernorm.eps": (Probe(({"eps": "1e-6"},), shapes=LAYER_SHAPES),),
     "layer.rmsnorm.eps": (Probe(({"eps": "1e-5"},), shapes=LAYER_SHAPES),),  # the samples' norms made rmsnorm
     "layer.attention.kv_heads": (Probe(({"kv_heads": "2"},), shapes=LAYER_SHAPES),),
@@ -492,6 +507,8 @@ NO_EFFECT = (
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),
     ("W0140", "one device", (), "train.checkpoint_async", "true"),
+    ("W0141", "one device", (), "train.eval_batches", "2"),
+    ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
 )
 

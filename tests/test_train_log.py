@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -252,6 +253,42 @@ def test_tensorboard_events_hold_the_scalars(tiny_program, tmp_path):
     assert {"train/loss", "train/grad_norm", "train/lr", "train/tflops", "train/mfu", "train/eta_s"} <= tags
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 3, 4]  # the logged steps
     assert all(e.value > 0 for e in acc.Scalars("train/loss"))
+
+
+def test_evaluation_leaves_training_as_it_was_and_is_logged(tiny_program, tmp_path):
+    """eval_every = 3 on a 4-step run evaluates after steps 3 and 4 (the last): the training losses are those of
+    the same program without evaluation (no data position or random stream moved), the eval fields join those
+    steps' records (the train keys as they were), a line under the step's, and TensorBoard's eval/loss, eval/ppl."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing import event_accumulator
+    out = tmp_path / "eval"
+    text = TINY.replace("log_every    = 5", "log_every    = 3  eval_every = 3  eval_batches = 2")
+    codegen.emit(compile_spec(check_text(text, "tiny_gpt.scale")), str(out))
+    with_eval, without = tmp_path / "with.jsonl", tmp_path / "without.jsonl"
+    logdir = tmp_path / "tb"
+    log = _run(out, "--steps", "4", "--metrics", str(with_eval), "--tensorboard", str(logdir))
+    _run(tiny_program, "--steps", "4", "--metrics", str(without))
+    got, want = ([json.loads(line) for line in f.read_text().splitlines()] for f in (with_eval, without))
+    assert [r["loss"] for r in got] == [r["loss"] for r in want]
+    assert [r["step"] for r in got if "eval_loss" in r] == [3, 4]
+    for g, w in zip(got, want):
+        assert set(g) - set(w) == ({"eval_loss", "eval_ppl"} if g["step"] in (3, 4) else set())
+    evals = [r for r in got if "eval_loss" in r]
+    assert evals[1]["eval_loss"] < evals[0]["eval_loss"] < 5.0  # ln(128) = 4.85 at the start
+    assert evals[0]["eval_ppl"] == pytest.approx(math.exp(evals[0]["eval_loss"]))
+    lines = log.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("step     3/4"))
+    assert lines[at + 1] == progress.eval_line({"step": 3, **{k: evals[0][k] for k in ("eval_loss", "eval_ppl")}}, 4)
+    acc = event_accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/loss")] == [3, 4]
+    assert acc.Scalars("eval/ppl")[0].value == pytest.approx(evals[0]["eval_ppl"], rel=1e-6)
+
+
+def test_eval_line_and_a_diverged_perplexity():
+    record = progress.eval_record(20, 4.1234)
+    assert progress.eval_line(record, 100) == "eval    20/100 | loss   4.1234 | ppl 61.77"
+    assert progress.eval_record(5, 1e4)["eval_ppl"] == math.inf  # exp past a double: infinite, not an exception
 
 
 def test_tensorboard_missing_is_one_line(monkeypatch, capsys):

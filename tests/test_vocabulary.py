@@ -28,7 +28,8 @@ def test_language_vocabulary_is_pinned():
                                           "fsdp_grad_sync")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
-                                           "checkpoint_every", "checkpoint_async", "restarts", "timeout")
+                                           "checkpoint_every", "checkpoint_async", "restarts", "timeout",
+                                           "eval_every", "eval_batches", "eval_split")
     assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}

@@ -203,12 +203,20 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab)},
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every,
                        **({"asynchronous": True} if t.checkpoint_async else {})},
+        **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
                  "std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
     }
+
+
+def eval_values(t: S.Train) -> dict:
+    """runtime.config.Eval: the interval, the batches, and a token file's held-out share (none for synthetic data,
+    whose held-out batches are a seed stream of their own)."""
+    return {"every": t.eval_every, "batches": t.eval_batches,
+            **({"split": t.eval_split} if t.eval_split and t.data.kind == "tokens" else {})}
 
 
 # The settings whose lines the runtime names when an operation they cause hangs (runtime.faults.scale).
@@ -256,7 +264,7 @@ def memory_values(spec: S.Spec, costs) -> dict:
 
 
 # The nested groups of runtime.config.Config, in the order the program writes them.
-CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint",
+CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint", "eval": "Eval",
                  "init": "Init", "memory": "Memory", "speed": "Speed"}
 
 

@@ -57,6 +57,10 @@ GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
 BF16 = (("precision    = fp32", "precision    = bf16"),)
 CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
+# Evaluation after step 2 and the last, two held-out batches (synthetic: a seed stream of its own): given to cases
+# whose single-device reference no other case shares, so that no case or reference launches for it alone; their
+# eval losses are compared with the reference's (test_e2e), one per plan kind: dp, tp, pp × tp + sp, pp × ep.
+EVAL = (("data         = synthetic", "data         = synthetic\n  eval_every = 2  eval_batches = 2"),)
 
 MOE = "samples/moe_gpt.scale"
 
@@ -73,7 +77,7 @@ CASES = (
          plan=dict(data_parallel="fsdp"),
          description="ZeRO-3 sharding of weights, gradients and optimizer state with FSDP2"),
     Case(id="dp2_zero1", sample="samples/gpt_dp.scale", nproc=2,
-         plan=dict(data_parallel="zero1"), edits=CLIP,
+         plan=dict(data_parallel="zero1"), edits=CLIP + EVAL,
          description="ZeRO-1: DDP's gradient all-reduce, AdamW's state partitioned over dp by ZeroRedundancyOptimizer "
                      "(decay and no-decay groups, the warm-up schedule, clipping engaged: the norm is ~0.9)"),
     Case(id="dp2_zero2", sample="samples/gpt_dp.scale", nproc=2,
@@ -111,7 +115,7 @@ CASES = (
          plan=dict(TP4, **SP, recompute="selective"),
          description="tensor + sequence parallelism over 4 ranks, selective recomputation: each block's sequence-"
                      "parallel inputs kept sharded and gathered again in backward (as Megatron's sp linears)"),
-    Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+    Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA + EVAL,
          description="grouped-query attention (4 heads, 2 kv heads) with rotary embeddings, RMSNorm, SwiGLU, untied "
                      "head, no biases"),
     Case(id="dp2_tp2_sp", sample="samples/gpt_2d.scale", nproc=4,
@@ -159,13 +163,13 @@ CASES = (
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
-         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)"),),
+         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)"),) + EVAL,
          plan=dict(PP2_TP2, **INTERLEAVED),
          description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings (each "
                      "rank turns its heads by the whole sequence's positions, gathered before attention): the ledger "
                      "of pp rank 0 counts the tp collectives of both its stages, and the bytes counted equal it"),
     Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
-         edits=(("layers  = 4", "layers  = 8"),),
+         edits=(("layers  = 4", "layers  = 8"),) + EVAL,
          plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, **INTERLEAVED),
          description="interleaved 1F1B over MoE blocks (4 stages on 2 ranks) × ep: pp rank 0's all-to-alls in both "
                      "its stages are in the ledger"),

@@ -19,10 +19,11 @@ pytestmark = pytest.mark.e2e
 TOKENS = 'data         = tokens(path = "data/tokens.bin")'
 
 
-def _scale(tmp_path: Path, name: str, *, one_device: bool) -> Path:
-    """gpt_tp (tp = 2) or its single-device form, vocabulary 256, reading data/tokens.bin beside it."""
+def _scale(tmp_path: Path, name: str, *, one_device: bool, extra: str = "") -> Path:
+    """gpt_tp (tp = 2) or its single-device form, vocabulary 256, reading data/tokens.bin beside it; `extra`:
+    train settings added."""
     text = (ROOT / "samples" / "gpt_tp.scale").read_text().replace("vocab  = 128", "vocab  = 256")
-    text = text.replace("data         = synthetic", TOKENS)
+    text = text.replace("data         = synthetic", TOKENS + extra)
     assert TOKENS in text
     path = tmp_path / "project" / name
     path.parent.mkdir(exist_ok=True)
@@ -67,11 +68,16 @@ def test_ids_outside_the_vocabulary_are_one_error_on_every_plan(tmp_path):
 def test_relative_data_path_is_found_from_any_directory(tmp_path):
     """`tokens(path = "data/tokens.bin")` is relative to the .scale file: `scalec run` from another directory,
     into a build directory elsewhere, trains; the program holds that path relative to itself, not this machine's
-    absolute path."""
+    absolute path. It also evaluates on the file's held-out tail (eval_split: 127 windows of 33, 31 held out, 16
+    read) after each step."""
     _tokens(tmp_path, np.random.default_rng(0).integers(0, 256, 4096))
     out = tmp_path / "build" / "one"
-    proc = _run(_scale(tmp_path, "one.scale", one_device=True), out, tmp_path / "elsewhere")
+    proc = _run(_scale(tmp_path, "one.scale", one_device=True,
+                       extra="\n  eval_every = 1  eval_batches = 1  eval_split = 0.25"), out, tmp_path / "elsewhere")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "step     2/2" in proc.stdout
+    evals = [line for line in proc.stdout.splitlines() if line.startswith("eval ")]
+    assert [line.split("|")[0].strip() for line in evals] == ["eval     1/2", "eval     2/2"], proc.stdout
+    assert "split=0.25," in (out / "program.py").read_text()
     program = (out / "program.py").read_text()
     assert "path='../../project/data/tokens.bin'," in program and str(tmp_path) not in program

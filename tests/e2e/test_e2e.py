@@ -2,6 +2,8 @@
 the same gradients after the first backward (fp32, relative 1e-5)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -40,6 +42,8 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     else:
         assert_same_training(run, ref)
     assert run.losses[-1] < run.losses[0], "the loss should fall over the steps"
+    if "eval_every" in text:  # held-out loss, forward only: the single device's to 1e-5 at every evaluation
+        assert_same_evaluation(run, ref)
     if case.bytes_checked:
         assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
     if not compiled:
@@ -49,6 +53,20 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]
         dropless = "capacity_factor = none" in text
         assert all((r["moe_dropped"] == 0) if dropless else (r["moe_dropped"] > 0) for r in run.records)
+
+
+def assert_same_evaluation(run, ref, rtol: float = 1e-5) -> None:
+    """The evaluations (eval_loss, eval_ppl in the metrics records) at the same steps, each loss the reference's to
+    `rtol`, and each logged as its `eval` line."""
+    got = [(r["step"], r["eval_loss"]) for r in run.records if "eval_loss" in r]
+    want = [(r["step"], r["eval_loss"]) for r in ref.records if "eval_loss" in r]
+    assert got and [s for s, _ in got] == [s for s, _ in want], (got, want)
+    torch.testing.assert_close(torch.tensor([v for _, v in got], dtype=torch.float64),
+                               torch.tensor([v for _, v in want], dtype=torch.float64), rtol=rtol, atol=0.0)
+    for r in run.records:
+        if "eval_loss" in r:
+            assert r["eval_ppl"] == pytest.approx(math.exp(r["eval_loss"]), rel=1e-12)
+            assert f"eval {r['step']:>5}/" in run.output
 
 
 def assert_memory_predicted(run, zero_bubble: bool = False) -> None:
