@@ -670,7 +670,7 @@ def _train_checks(c: _Checker, train: S.Train, written: dict) -> None:
                "only the last step is checkpointed, and a run waits for its last checkpoint"
                if not 0 < train.checkpoint_every < steps else "")
         if why:
-            c.warn("W0140", f"checkpoint_async has nothing to overlap: {why}", at["checkpoint_async"],
+            c.warn("W0142", f"checkpoint_async has nothing to overlap: {why}", at["checkpoint_async"],
                    label="has no effect", help="asynchronous saves overlap the steps after a checkpoint that is not "
                    "the last: write checkpoints every `checkpoint_every` steps into `checkpoint_dir`, or remove it")
     if "restarts" in written and train.restarts and not train.checkpoint_dir:

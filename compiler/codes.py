@@ -88,7 +88,7 @@ CODES: dict[str, Code] = {
     "W0138": Code("positions encoded twice", "A warning: the model has learned absolute positions (`positional`) "
                   "and rotary embeddings (`rope_theta` of an attention) at once. Both run, but models use one or the "
                   "other (GPT-2 the first, Llama the second): remove one."),
-    "W0140": Code("asynchronous checkpoints with nothing to overlap", "A warning: `checkpoint_async` writes a "
+    "W0142": Code("asynchronous checkpoints with nothing to overlap", "A warning: `checkpoint_async` writes a "
                   "checkpoint's files in the background while the next steps run; a run waits for its last "
                   "checkpoint (and for one forced by SIGTERM) before it ends. Without `checkpoint_dir`, or with "
                   "`checkpoint_every` at 0 or not shorter than the run, every checkpoint written is a last one: the "

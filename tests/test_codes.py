@@ -62,3 +62,21 @@ def test_explain_of_an_unknown_code_is_one_line_and_exit_2():
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr == "error: unknown diagnostic code `E0999` (codes look like E0401)\n"
+
+
+def test_no_code_is_registered_twice():
+    """A dict literal keeps the last of two equal keys without a word: two meanings given one code lose the first
+    (W0140 once stood for both a short timeout and asynchronous checkpoints with nothing to overlap)."""
+    import ast
+    tree = ast.parse((ROOT / "compiler" / "codes.py").read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    twice = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key in node.keys:
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and CODE.fullmatch(repr(key.value)):
+                    if key.value in seen:
+                        twice.append(f"{key.value} (lines {seen[key.value]} and {key.lineno})")
+                    seen[key.value] = key.lineno
+    assert len(seen) > 30, "the scan finds the register's keys"
+    assert not twice, f"codes registered twice in compiler/codes.py: {twice}"

@@ -506,7 +506,7 @@ NO_EFFECT = (
     ("W0132", "one device", (), "train.checkpoint_every", "3"),
     ("W0133", "one device", (("train.checkpoint_dir", '"c"'),), "train.checkpoint_every", "1000"),
     ("W0135", "one device", (), "train.log_every", "1000"),
-    ("W0140", "one device", (), "train.checkpoint_async", "true"),
+    ("W0142", "one device", (), "train.checkpoint_async", "true"),
     ("W0141", "one device", (), "train.eval_batches", "2"),
     ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
