@@ -309,6 +309,11 @@ PROBES: dict[str, tuple[Probe, ...]] = {
                                                             base=ROPE, shapes=("one device",)),)
        for arg, v in (("factor", "4.0"), ("low_freq_factor", "2.0"), ("high_freq_factor", "8.0"),
                       ("original_seq", "4096"))},
+    "layer.attention.head_dim": (Probe(({"head_dim": "8"}, {"head_dim": "32"}), shapes=LAYER_SHAPES),),
+    "layer.attention.qk_norm": (Probe(({"qk_norm": "rmsnorm"},), shapes=LAYER_SHAPES),),
+    "layer.attention.qk_norm_eps": (Probe(({"qk_norm_eps": "1e-5"},), shapes=LAYER_SHAPES),
+                                    Probe(({"qk_norm": "rmsnorm", "qk_norm_eps": "1e-5"},),
+                                          base={"qk_norm": "rmsnorm"}, shapes=LAYER_SHAPES)),
     "layer.mlp.act": (Probe(({"act": "swiglu"},), shapes=LAYER_SHAPES),),
     "layer.mlp.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
     "layer.moe.top_k": (Probe(({"top_k": "1"}, {"top_k": "8"}), shapes=("ep",)),),
@@ -493,6 +498,7 @@ NO_EFFECT = (
     ("W0135", "one device", (), "train.log_every", "1000"),
     ("W0140", "one device", (), "train.checkpoint_async", "true"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
+    ("W0141", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
 )
 
 
