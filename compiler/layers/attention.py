@@ -25,7 +25,7 @@ SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Para
                         "qk_norm": Param(_choice("none", "rmsnorm"), "none",
                                          "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3)"),
                         "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon")}}
-TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}
+TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}  # q_norm, k_norm (suffix `norm`): replicated
 
 
 def resolve(c, st, a: dict, kind: str):
