@@ -35,8 +35,7 @@ def resolve(c, st, a: dict, kind: str):
     if d is None and h % n:
         c.error("E0201", f"{n} heads do not divide hidden size {h}", _arg_span(st, 1, "heads"),
                 label=f"{h} % {n} == {h % n}",
-                help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n))
-                     + "; or give each head its own width with `head_dim = ...`")
+                help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n)))
         ok = False
     if n % kv:
         c.error("E0202", f"{kv} key/value heads do not divide {n} heads", _arg_span(st, 2, "kv_heads"),
