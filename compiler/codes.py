@@ -93,6 +93,9 @@ CODES: dict[str, Code] = {
                   "checkpoint (and for one forced by SIGTERM) before it ends. Without `checkpoint_dir`, or with "
                   "`checkpoint_every` at 0 or not shorter than the run, every checkpoint written is a last one: the "
                   "setting changes nothing. Write checkpoints every few steps, or remove it."),
+    "W0141": Code("qk_norm_eps without a q/k norm", "A warning: `qk_norm_eps` is the epsilon of the per-head "
+                  "query and key norm that `qk_norm = rmsnorm` adds; with `qk_norm = none` (the default) there is no "
+                  "such norm and the setting changes nothing."),
     "W0139": Code("device figure in other units", "A warning: a device figure of the mesh (peak_tflops, memory_gb, "
                   "a bandwidth or a latency) is far outside any device, most likely written in other units (bytes "
                   "for GB, FLOP/s for TFLOP/s, seconds for µs). The cost model would plan for it as written: the "
@@ -108,7 +111,8 @@ CODES: dict[str, Code] = {
                   "setting."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
-                  "gets hidden / heads features. The help lists head counts near the one written that divide it."),
+                  "gets hidden / heads features. The help lists head counts near the one written that divide it. "
+                  "An attention with `head_dim` written has heads of that width, whatever the hidden size."),
     "E0202": Code("key/value heads do not divide the heads", "Grouped-query attention shares each key/value head "
                   "among heads / kv_heads query heads, so kv_heads must divide heads."),
     "E0203": Code("width mismatch", "Every layer of the residual stream works on the embedding's width, and the LM "
@@ -119,6 +123,9 @@ CODES: dict[str, Code] = {
                   "appears twice, sits inside a block, or a container is empty or misplaced."),
     "E0205": Code("sequence longer than the positions", "A learned positional embedding has `positions` rows; "
                   "`seq_len` may not exceed it. Raise `positions` or shorten the sequences."),
+    "E0206": Code("odd head dimension under rotary embeddings", "Rotary embeddings turn each head's query and key "
+                  "by pairs of dimensions (i, i + D/2), so the head dimension D (`head_dim`, or hidden / heads) must "
+                  "be even when `rope_theta` is set."),
     # -- the mesh and the batch -----------------------------------------------------------------------------------
     "E0301": Code("mesh does not match the machines", "The product of the mesh axes must equal nodes × "
                   "devices_per_node: every process holds exactly one coordinate of the mesh. `ep` counts like `dp` "

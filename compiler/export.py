@@ -5,8 +5,9 @@ read whole on this one process (torch.distributed.checkpoint's `dcp_to_torch_sav
 Hugging Face's layout (runtime/hf.py: Mixtral's stacked experts split per expert and transposed back), and written
 with `safetensors` in files of at most `shard_bytes` (with `model.safetensors.index.json` when there are several),
 beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k, v
-only) or MixtralForCausalLM (a `moe` in each block). What `init = from(DIR)` then reads back is bit for bit the
-checkpoint's (tests/test_export.py), and transformers loads it (the same test).
+only), Qwen3ForCausalLM (`qk_norm = rmsnorm`: its q_norm and k_norm) or MixtralForCausalLM (a `moe` in each block);
+a head_dim other than hidden / heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then
+reads back is bit for bit the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
 The config round-trips `scalec import`: `max_position_embeddings` is the model's `seq` size (what the importer
 wrote from it), not the train section's seq_len. When the model came from a Hugging Face checkpoint (the train
@@ -41,7 +42,7 @@ COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 
 # The family of each architecture (importer's model_type) and its class.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mixtral": "MixtralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM"}
 
 
 def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
@@ -155,7 +156,7 @@ def _rope_keys(original: dict, theta: float, scaling: dict | None) -> dict:
 
 
 def _model_config(spec: S.Spec) -> tuple[str, dict]:
-    """(llama, qwen2 or mixtral: the model's shape, the config.json keys it gives)."""
+    """(llama, qwen2, qwen3 or mixtral: the model's shape, the config.json keys it gives)."""
     m = spec.model
     v = spec.value
     repeats = m.blocks
@@ -174,7 +175,8 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
     for norm in (n1, n2, *final):
         if norm.kind != "rmsnorm":
             raise ExportError("LayerNorm has no counterpart in these families (they use RMSNorm)")
-    if att.bias:
+    qk_norm = att.qk_norm == "rmsnorm"
+    if att.bias and not qk_norm:
         raise ExportError("biases on the attention's output projection (`bias = true`) have no counterpart here")
     if att.rope_theta <= 0:
         raise ExportError("attention without rotary embeddings (`rope_theta`) has no counterpart here")
@@ -186,7 +188,7 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
     config = {
         "vocab_size": int(v(m.embedding.vocab)), "hidden_size": hidden, "num_hidden_layers": int(v(repeats[0].count)),
         "num_attention_heads": heads, "num_key_value_heads": int(v(att.kv_heads)),
-        "head_dim": hidden // heads, "rms_norm_eps": float(n1.eps), "hidden_act": "silu",
+        "head_dim": int(v(att.head_width)), "rms_norm_eps": float(n1.eps), "hidden_act": "silu",
         "max_position_embeddings": positions, "rope_theta": float(att.rope_theta), "rope_scaling": None,
         "tie_word_embeddings": bool(m.head.tied), "initializer_range": 0.02, "attention_dropout": 0.0,
     }
@@ -194,6 +196,14 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
         factor, low, high, original = att.rope_scaling
         config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                                   "high_freq_factor": high, "original_max_position_embeddings": int(original)}
+    if qk_norm:  # Qwen 3: q_norm and k_norm, with the model's one rms_norm_eps; biases on all four or none
+        if isinstance(ffn, S.MoE):
+            raise ExportError("q/k norms with a `moe` are Qwen3-MoE's, whose experts and router differ: not exported")
+        if att.qkv_bias is not None and att.qkv_bias != att.bias:
+            raise ExportError("Qwen 3's attention_bias puts biases on q, k, v and o alike: not `qkv_bias` apart")
+        if att.qk_norm_eps != n1.eps:
+            raise ExportError(f"Qwen 3's q/k norms use the model's rms_norm_eps ({n1.eps:g}), not "
+                              f"qk_norm_eps = {att.qk_norm_eps:g}")
     if isinstance(ffn, S.MoE):
         if ffn.act != "swiglu" or ffn.capacity_factor != "none":
             raise ExportError("Mixtral's experts are SwiGLU and route without dropping: `moe(..., act = swiglu, "
@@ -207,6 +217,9 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
     if ffn.act != "swiglu" or ffn.bias:
         raise ExportError("these families' MLPs are SwiGLU without biases: `mlp(..., act = swiglu, bias = false)`")
     config["intermediate_size"] = int(v(ffn.ffn))
+    if qk_norm:
+        config.update(attention_bias=bool(att.bias), use_sliding_window=False)
+        return "qwen3", config
     if qkv_bias:
         config["use_sliding_window"] = False
         return "qwen2", config

@@ -27,7 +27,7 @@ from runtime.hf_names import hf_name
 HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
-FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM")
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM")
 SHOWN = 3  # names shown of a list
 
 
@@ -184,13 +184,14 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
     if isinstance(x, S.Norm):
         return [(".weight", (x.hidden,))] + ([(".bias", (x.hidden,))] if x.kind == "layernorm" else [])
     if isinstance(x, S.Attention):
-        hd = x.hidden / x.heads
+        hd = x.head_width
         qkv = x.bias if x.qkv_bias is None else x.qkv_bias
         out = []
         for leaf, rows, bias in (("_q", x.heads * hd, qkv), ("_k", x.kv_heads * hd, qkv),
                                  ("_v", x.kv_heads * hd, qkv)):
             out += [(f"{leaf}.weight", (rows, x.hidden))] + ([(f"{leaf}.bias", (rows,))] if bias else [])
-        return out + [("_o.weight", (x.hidden, x.heads * hd))] + ([("_o.bias", (x.hidden,))] if x.bias else [])
+        out += [("_o.weight", (x.hidden, x.heads * hd))] + ([("_o.bias", (x.hidden,))] if x.bias else [])
+        return out + ([(f"_{w}_norm.weight", (hd,)) for w in ("q", "k")] if x.qk_norm == "rmsnorm" else [])
     if isinstance(x, S.MLP):
         out = [("_up.weight", (x.ffn, x.hidden))] + ([("_up.bias", (x.ffn,))] if x.bias else [])
         if x.act == "swiglu":
@@ -242,7 +243,7 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
         kinds = " and ".join(sorted({_kind(layer) for _, layer in orphans}))
         return [Problem("E0810", f"the model's {_few([n for n, _ in orphans])} ({kinds}) "
                         f"ha{'s' if len(orphans) == 1 else 've'} no counterpart in a Hugging Face checkpoint of "
-                        "Llama, Mistral, Qwen 2 or Mixtral",
+                        "Llama, Mistral, Qwen 2, Qwen 3 or Mixtral",
                         "reads these families' layout",
                         "`init = from(...)` needs the model in their layout: one `repeat` of `residual { rmsnorm  "
                         "attention }  residual { rmsnorm  mlp | moe }`, rotary positions, then `rmsnorm` and "
@@ -254,7 +255,8 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     if missing:
         if len(missing) == len(want):
             why = (f"none of the model's tensors is there; it holds {_few(extra)}: it looks like another "
-                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2 and Mixtral checkpoints")
+                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2, Qwen 3 and Mixtral "
+                   "checkpoints")
         elif missing == ["lm_head.weight"]:
             why = ("the checkpoint ties its head to the embedding (no `lm_head.weight`): write "
                    "`lm_head(vocab, hidden, tied = true)`")
@@ -331,7 +333,8 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
         pairs += [("num_attention_heads", config.get("num_attention_heads"), number(att.heads), "heads"),
                   ("num_key_value_heads", config.get("num_key_value_heads", config.get("num_attention_heads")),
                    number(att.kv_heads), "kv_heads"),
-                  ("rope_theta", rope, att.rope_theta, "rope_theta")]
+                  ("rope_theta", rope, att.rope_theta, "rope_theta"),
+                  ("head_dim", config.get("head_dim"), number(att.head_width), "the head dimension")]
     if ffn is not None:
         pairs.append(("intermediate_size", config.get("intermediate_size"), number(ffn.ffn), "the ffn width"))
     if isinstance(ffn, S.MoE):

@@ -1,5 +1,5 @@
-"""`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral, Qwen 2 or Mixtral causal LM, as the
-equivalent `.scale` model section.
+"""`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral-Nemo's head_dim included),
+Qwen 2, Qwen 3 (dense) or Mixtral causal LM, as the equivalent `.scale` model section.
 
 `import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
 at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
@@ -22,7 +22,7 @@ from compiler.diagnostics import Diagnostic, ScaleError, Span
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "MixtralForCausalLM": "mixtral"}
+                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
 # from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
@@ -40,8 +40,6 @@ NOT_YET = {
                                        "model; and, for the language model, everything Gemma3ForCausalLM needs"),
     "Phi3ForCausalLM": ("phi3", "the fused qkv_proj and gate_up_proj of its checkpoint layout, and (most "
                         "configs) a sliding window or longrope/su rope scaling"),
-    "Qwen3ForCausalLM": ("qwen3", "q/k RMSNorm on each head and a head_dim of its own (128 where hidden_size / "
-                         "heads is 64 in Qwen3-0.6B)"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "q/k RMSNorm, fine-grained experts of their own width "
                             "(moe_intermediate_size) and top-k routing renormalised over the chosen experts"),
     "Qwen2MoeForCausalLM": ("qwen2_moe", "a shared expert gated by a sigmoid beside the routed experts, and "
@@ -54,8 +52,8 @@ NOT_YET = {
 }
 
 # transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
-# MixtralConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads", for head_dim
-# "= hidden_size / num_attention_heads".
+# Qwen3Config(), MixtralConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads",
+# for head_dim "= hidden_size / num_attention_heads".
 _COMMON_DEFAULTS = dict(hidden_act="silu", num_key_value_heads=None, head_dim=None, attention_dropout=0.0,
                         tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None)
 DEFAULTS = {
@@ -68,6 +66,9 @@ DEFAULTS = {
     "qwen2": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
                   num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=32768,
                   use_sliding_window=False),
+    "qwen3": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
+                  max_position_embeddings=32768, attention_bias=False, use_sliding_window=False),
     "mixtral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
@@ -83,6 +84,8 @@ _COMMON_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "int
 USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
         "mistral": _COMMON_USED + ("sliding_window",),
         "qwen2": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+        "qwen3": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
+                                 "layer_types"),
         "mixtral": _COMMON_USED + ("sliding_window", "num_local_experts", "num_experts_per_tok",
                                    "router_aux_loss_coef", "router_jitter_noise", "output_router_logits")}
 
@@ -318,14 +321,14 @@ class _Importer:
                      "attention dropout {} is not expressible",
                      "attention in .scale has no dropout; set it to 0.0 to train without it")
         h, n = sizes["hidden_size"], sizes["num_attention_heads"]
-        if h and n and h % n:
+        head_dim = None if self.get("head_dim") is None else self.pos_int("head_dim")
+        if h and n and h % n and self.get("head_dim") is None:
             self.error(("num_attention_heads",), f"{n} heads do not divide hidden_size {h}",
-                       label=f"{h} % {n} == {h % n}", help="each head is hidden_size / num_attention_heads wide")
-        elif h and n and self.get("head_dim") is not None and self.get("head_dim") != h // n:
-            self.error(("head_dim",), f"head_dim {json.dumps(self.get('head_dim'))} is not hidden_size / "
-                       f"num_attention_heads = {h // n}", label="not expressible in .scale yet",
-                       help="attention's heads are hidden / heads wide in .scale: a head dimension of its own "
-                            "(Mistral-Nemo's 128 for 5120 / 32 = 160) cannot be written yet")
+                       label=f"{h} % {n} == {h % n}", help="each head is hidden_size / num_attention_heads wide "
+                       "when head_dim is absent or null; give head_dim")
+        if head_dim is not None and head_dim % 2:  # every family imported here turns q and k by rotary embeddings
+            self.error(("head_dim",), f"head_dim {head_dim} is odd", label="rotary embeddings turn pairs",
+                       help="rotary embeddings turn pairs of each head's dimensions: head_dim must be even")
         if n and kv and n % kv:
             self.error(("num_key_value_heads",), f"{kv} key/value heads do not divide {n} heads",
                        label=f"{n} % {kv} == {n % kv}", help="grouped-query attention shares each key/value head "
@@ -334,12 +337,14 @@ class _Importer:
         attn_bias = mlp_bias = False
         if self.type == "llama":
             attn_bias, mlp_bias = self.boolean("attention_bias"), self.boolean("mlp_bias")
+        if self.type == "qwen3":
+            attn_bias = self.boolean("attention_bias")
         if self.type in ("mistral", "mixtral"):
             self.must_be("sliding_window", lambda v: v is None, "sliding-window attention ({} tokens) is not "
                          "expressible", "attention in .scale is causal over the whole sequence, which equals a "
                          "window as long as the training sequences: set it to null and train with seq_len at most "
                          "the window")
-        if self.type == "qwen2":
+        if self.type in ("qwen2", "qwen3"):
             self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
                          "attention in .scale is causal over the whole sequence: set it to false")
             types = self.cfg.get("layer_types")
@@ -375,7 +380,7 @@ class _Importer:
         if self.diags or None in sizes.values() or None in (kv, eps, tied, attn_bias, mlp_bias) or rope is None \
                 or (moe is not None and None in moe):
             return None
-        return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe)
+        return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim)
 
     def rope(self):
         """(theta, llama3 tuple or None, theta's source, scaling's source) from rope_theta / rope_scaling
@@ -437,17 +442,22 @@ class _Importer:
 
     # -- the text -------------------------------------------------------------------------------------------------
 
-    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe) -> str:
+    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim=None) -> str:
         s = self.src
+        h, n = sizes["hidden_size"], sizes["num_attention_heads"]
+        # a head dimension of its own is written only where it is not hidden / heads (Mistral-Nemo, Qwen3-0.6B)
+        own = head_dim is not None and (h % n or head_dim != h // n)
         rows: list[tuple[str, str]] = []  # (code, comment)
         rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
                  (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
                  (f"ffn      = {sizes['intermediate_size']}",
                   s("intermediate_size") + (" (each expert's)" if moe else "")),
                  (f"heads    = {sizes['num_attention_heads']}",
-                  s("num_attention_heads") + (f"; head_dim = hidden / heads = "
-                                              f"{sizes['hidden_size'] // sizes['num_attention_heads']}"
+                  s("num_attention_heads") + ("" if own else
+                                              f"; head_dim = hidden / heads = {h // n}"
                                               + (" (head_dim)" if "head_dim" in self.cfg else ""))),
+                 *([(f"head_dim = {head_dim}", s("head_dim") + f"; not hidden / heads = {h} / {n}")]
+                   if own else []),
                  (f"kv_heads = {kv}", s("num_key_value_heads") if self.cfg.get("num_key_value_heads") is not None
                   else "num_key_value_heads absent or null: = num_attention_heads"),
                  (f"layers   = {sizes['num_hidden_layers']}", s("num_hidden_layers")),
@@ -462,14 +472,21 @@ class _Importer:
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "input_layernorm: " + s("rms_norm_eps"))]
         theta, llama3, theta_src, scaling_src = rope
         bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
+                    "qwen3": s("attention_bias") + " (q, k, v, o)",
                     "qwen2": "Qwen 2: biases on q, k, v, none on o",
                     "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases"}[self.type]
         bias = ("bias = false, qkv_bias = true" if self.type == "qwen2"
                 else f"bias = {_fmt(attn_bias)}")
         attn = [("    attention(hidden, heads, kv_heads = kv_heads,", "self_attn: causal, grouped-query"),
-                (f"              {bias},", bias_src),
-                (f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
-                 theta_src + "; rotary, Hugging Face's rotate-half layout")]
+                (f"              {bias},", bias_src)]
+        if own:
+            attn += [("              head_dim = head_dim,", "q, k, v: heads · head_dim wide; o back to hidden")]
+        if self.type == "qwen3":
+            attn += [(f"              qk_norm = rmsnorm, qk_norm_eps = {_fmt(eps)},",
+                      "self_attn.q_norm, k_norm: RMSNorm over each head's head_dim; " + s("rms_norm_eps"))]
+        attn += [(f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
+                  theta_src + "; rotary, Hugging Face's rotate-half layout")]
+        rope_row = len(attn) - 1
         if llama3:
             f, lo, hi, orig = llama3
             pad = " " * len("              rope_scaling = llama3(")
@@ -481,7 +498,7 @@ class _Importer:
         attn[0] = (attn[0][0], "; ".join(x for x in (attn[0][1] + " over the whole sequence", self.window_src(),
                                                           self.dropout_src()) if x))
         if "rope_scaling" in self.cfg and self.cfg["rope_scaling"] is None:
-            attn[2] = (attn[2][0], attn[2][1] + "; rope_scaling null")
+            attn[rope_row] = (attn[rope_row][0], attn[rope_row][1] + "; rope_scaling null")
         rows += attn
         rows += [("  }", "")]
         rows += [("  residual {", "")]
@@ -527,7 +544,7 @@ class _Importer:
         """The keys that say attention is over the whole sequence."""
         if self.type in ("mistral", "mixtral"):
             return f"{self.src('sliding_window')} null"
-        if self.type == "qwen2":
+        if self.type in ("qwen2", "qwen3"):
             unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
             return "; ".join([f"{self.src('use_sliding_window')} false"] +
                              ([", ".join(unused) + " unused"] if unused else []) +

@@ -110,7 +110,7 @@ class Segment(nn.Module):
         return self._leaf(name, mod, {"weight": (d_out, d_in), "bias": (d_out,)}, span)
 
     def _attention(self, a: S.Attention, p: str) -> _Step:
-        hd = a.hidden / a.heads
+        hd = a.head_width  # D: hidden / heads unless the attention gives its heads their own width
         head_dim = self._n(hd)
         qkv_bias = a.bias if a.qkv_bias is None else a.qkv_bias
         q = self._linear(f"{p}_q", a.hidden, a.heads * hd, qkv_bias, a.span)
@@ -118,14 +118,22 @@ class Segment(nn.Module):
         v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
         o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
         self.residual_out.append(o)
+        qn = kn = None
+        if a.qk_norm == "rmsnorm":  # one scale of D, shared by every head (Qwen 3's q_norm, k_norm)
+            qn, kn = (self._leaf(f"{p}_{w}_norm", nn.RMSNorm(head_dim, eps=a.qk_norm_eps), {"weight": (hd,)}, a.span)
+                      for w in ("q", "k"))
         gqa = self._n(a.kv_heads) != self._n(a.heads)
         theta, scaling = a.rope_theta, a.rope_scaling
 
+        def heads(seg, x_BSH, linear, norm):
+            # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
+            t_BSHD = getattr(seg, linear)(x_BSH).unflatten(-1, (-1, head_dim))
+            if norm is not None:
+                t_BSHD = getattr(seg, norm)(t_BSHD)
+            return t_BSHD.transpose(1, 2)
+
         def run(seg, x_BSH):
-            # Heads are split off the last dim: (B, S, H*D) -> (B, H, S, D).
-            q_BHSD = getattr(seg, q)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
-            k_BKSD = getattr(seg, k)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
-            v_BKSD = getattr(seg, v)(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
+            q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
             if theta:
                 q_BHSD, k_BKSD = rotate(q_BHSD, k_BKSD, theta, scaling)
             y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)

@@ -59,6 +59,19 @@ class Attention:
     """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
     rope_scaling: tuple | None = None
     """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq), or None."""
+    head_dim: Size | None = None
+    """Each head's width D (Qwen 3, Mistral-Nemo, Gemma: not hidden / heads); None: hidden / heads."""
+    qk_norm: str = "none"
+    """"rmsnorm": each head's query and key normalised over D before the rotation (Qwen 3, OLMo 2), one scale of D
+    shared by every head; "none"."""
+    qk_norm_eps: float = 1e-6
+    """The q/k norm's epsilon (Qwen 3: its rms_norm_eps)."""
+
+    @property
+    def head_width(self):
+        """D: `head_dim` when written, else hidden / heads (the expression every model before head_dim had, so
+        their formulas and generated programs are unchanged)."""
+        return self.hidden / self.heads if self.head_dim is None else self.head_dim
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,13 @@
-"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2 and Mixtral layouts): the one map the
+"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3 and Mixtral layouts): the one map the
 runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by (compiler/export.py) and `scalec check`
 holds an `init = from(...)` checkpoint's headers against (compiler/hf_header.py), so that what is checked is what the
 program reads. No torch: `scalec check` imports it.
 
 Ours are the single-device model's names (`blocks.7.attn_q.weight`), Hugging Face's `model.layers.7.self_attn.
 q_proj.weight`, for the block layout `.scale` files of these families write (`norm_1`, `attn_*`, `norm_2`, then
-`mlp_*` or `moe_*`). Mixtral's experts are separate matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`);
-ours are stacked over experts, so a stacked name needs the expert.
+`mlp_*` or `moe_*`; Qwen 3's per-head q/k norms are `attn_q_norm`, `attn_k_norm`). Mixtral's experts are separate
+matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked over experts, so a stacked name needs
+the expert.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.
         "lm_head.weight": "lm_head.weight"}
 _LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-         "attn_o": "self_attn.o_proj", "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
+         "attn_o": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+         "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
          "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
 _EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
 

@@ -1,7 +1,8 @@
 """`scalec export FILE CHECKPOINT -o DIR` (compiler/export.py): a run's checkpoint as a Hugging Face checkpoint.
-A tiny Llama and a tiny Mixtral from transformers are trained one step from their weights (so the checkpoint is not
-the file they started from), saved, exported; transformers loads the export and holds bit for bit the
-checkpoint's tensors, and so does `init = from(export)` read back by the runtime."""
+A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms) and a tiny Mixtral from transformers are trained one
+step from their weights (so the checkpoint is not the file they started from), saved, exported; transformers loads
+the export and holds bit for bit the checkpoint's tensors, and so does `init = from(export)` read back by the
+runtime."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from tests.test_hf_weights import hf_model, scale_text
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral"])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")
     text = scale_text(kind, tmp_path / "hf").replace("steps        = 3", f'steps        = 1\n  checkpoint_dir = "{tmp_path / "ckpt"}"')
@@ -34,7 +35,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     # transformers reads the export: its tensors are the checkpoint's, which one step moved from the start
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
     config = json.loads((tmp_path / "exported" / "config.json").read_text())
-    assert config["model_type"] == ("mixtral" if kind == "mixtral" else "llama")
+    assert config["model_type"] == kind
     # what `init = from` started from, but the model's own: the dtype written, and Mixtral's aux_loss = 0 here
     source = json.loads((tmp_path / "hf" / "config.json").read_text())
     own = ("dtype", "torch_dtype", "router_aux_loss_coef")
@@ -54,7 +55,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
             assert torch.equal(p.detach(), ours[name]), f"transformers read {name} otherwise"
             assert not torch.equal(p, started[name]), f"{name} is the starting weight: the step did not move it"
             matched += 1
-    assert matched == (len(ours) if kind == "llama" else 4 * 6 + 3)
+    assert matched == (len(ours) if kind != "mixtral" else 4 * 6 + 3)
     # and the runtime reads the export back to the checkpoint's tensors
     from runtime import hf
     _, prog = __import__("tests.test_memory", fromlist=["_program"])._program(
@@ -84,6 +85,8 @@ FAMILIES = {
                                                         original_max_position_embeddings=16))),
     "mistral": ("MistralConfig", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(head_dim=24)),  # heads of 24 where hidden / heads is 16
+    "mistral_nemo": ("MistralConfig", dict(sliding_window=None, head_dim=24)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)),
 }
 

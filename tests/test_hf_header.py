@@ -40,7 +40,7 @@ def _error(kind: str, path, *edits: tuple[str, str]):
     return d
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
 def test_names_and_shapes_are_the_models_and_runtime_hf_s(kind, tmp_path):
     """The torch-free restatement equals compiler.model's parameters under runtime.hf.hf_name, expert by expert."""
     from compiler import model as M
@@ -79,7 +79,7 @@ def test_parameters_are_the_models_for_a_gpt_too():
     assert [n for n, _ in orphans] == [n for n in got if runtime_lacks(n)] == ["pos.weight", "norm.bias"]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
 def test_the_right_checkpoint_passes(kind, tmp_path):
     hf_model(kind, tmp_path / "hf")
     assert _check(kind, tmp_path / "hf").warnings == ()
@@ -198,7 +198,7 @@ def test_the_mistake_tables_tiny_llama_fits_its_checkpoint():
     assert check_path(str(Path(__file__).parent / "mistakes" / "files" / "files_llama.scale")).warnings == ()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
 def test_the_model_scalec_import_writes_fits_its_checkpoint(kind, tmp_path):
     """No false alarm on the way tests/e2e/test_hf_init.py goes: the model section from config.json, then the
     checkpoint's own weights."""
@@ -224,3 +224,11 @@ train {{
     with pytest.raises(ScaleError) as info:  # and the same section, narrower, is refused
         check_text(narrow, str(tmp_path / "t.scale"))
     assert [d.code for d in info.value.diagnostics] == ["E0808"]
+
+
+def test_a_qwen3_checkpoint_needs_the_models_qk_norms(tmp_path):
+    """Without `qk_norm = rmsnorm` the model has no place for Qwen 3's q_norm and k_norm: refused at `check`, not
+    silently dropped by the run."""
+    hf_model("qwen3", tmp_path / "hf")
+    d = _error("qwen3", tmp_path / "hf", ("qk_norm = rmsnorm, ", ""))
+    assert d.code == "E0807" and "self_attn.q_norm.weight" in d.message, d.message

@@ -1,5 +1,6 @@
 """Starting from a Hugging Face checkpoint (`train { init = from("DIR") }`, runtime/hf.py): tiny random
-LlamaForCausalLM, Qwen2ForCausalLM and MixtralForCausalLM built in-process (no download) and saved with
+LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM with a head_dim of its own (as
+Mistral-Nemo) and MixtralForCausalLM built in-process (no download) and saved with
 `save_pretrained` (safetensors); the generated Model loads them by name and computes Hugging Face's loss (fp32,
 1e-5) and gradients; each rank of a parallel plan reads only its part and the run trains exactly like the single
 device from the same weights (dp 2 × tp 2, pp 2, ep 2 for Mixtral)."""
@@ -21,6 +22,13 @@ BLOCK = {
              "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
     "qwen2": "attention(hidden, heads, kv_heads = 2, bias = false, qkv_bias = true, rope_theta = 1000000) }}\n"
              "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
+    # heads of 24 where hidden / heads is 16; Qwen 3's per-head q/k RMSNorm
+    "qwen3": "attention(hidden, heads, kv_heads = 2, bias = false, head_dim = 24, qk_norm = rmsnorm, "
+             "rope_theta = 1000000) }}\n"
+             "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
+    "mistral_head_dim": "attention(hidden, heads, kv_heads = 2, bias = false, head_dim = 24, rope_theta = 1000000) }}\n"
+                        "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, "
+                        "bias = false) }}",
     "mixtral": "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 1000000) }}\n"
                "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 4 * hidden, 4, top_k = 2, "
                "capacity_factor = none, act = swiglu, aux_loss = 0) }}",
@@ -64,6 +72,14 @@ def hf_model(kind: str, path):
     elif kind == "qwen2":
         config = transformers.Qwen2Config(**kw, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
         cls = transformers.Qwen2ForCausalLM
+    elif kind == "qwen3":
+        config = transformers.Qwen3Config(**kw, head_dim=24,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.Qwen3ForCausalLM
+    elif kind == "mistral_head_dim":
+        config = transformers.MistralConfig(**kw, head_dim=24, sliding_window=None,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.MistralForCausalLM
     else:
         config = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
@@ -74,6 +90,8 @@ def hf_model(kind: str, path):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.02)
+            elif kind == "qwen3" and name.endswith(("q_norm.weight", "k_norm.weight")):  # not all ones either
+                p.normal_(1, 0.1)
     model.save_pretrained(path, safe_serialization=True)
     return model
 
@@ -82,7 +100,7 @@ def scale_text(kind: str, path) -> str:
     return SCALE.format(block=BLOCK[kind].format(), path=path)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
 def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     from runtime import hf
     ref = hf_model(kind, tmp_path / "hf")

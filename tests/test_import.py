@@ -1,4 +1,4 @@
-"""`scalec import config.json` (compiler/importer.py): Hugging Face configs of the four importable classes, made
+"""`scalec import config.json` (compiler/importer.py): Hugging Face configs of the five importable classes, made
 in-process with transformers (no download), import to a model section that checks and has exactly the parameters
 of the transformers model; the published configs of Llama-2-7B, Llama-3-8B and Mixtral-8x7B (typed in) give their
 published parameter counts; a key or value that does not map is a located diagnostic at the JSON key."""
@@ -29,6 +29,10 @@ CASES = {
                           high_freq_factor=4.0, original_max_position_embeddings=16))),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2_tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    # heads of their own width: 24 where hidden_size / heads is 16 (Qwen 3 with its q/k norms, Mistral-Nemo)
+    "qwen3_head_dim": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=24)),
+    "qwen3_biases": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, attention_bias=True)),
+    "mistral_head_dim": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, head_dim=24)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
                                                             router_aux_loss_coef=0.02)),
 }
@@ -59,12 +63,17 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
         assert "rope_scaling = llama3(factor = 8.0," in out and "original_seq = 16))" in out
     if case == "mixtral":
         assert "capacity_factor = none" in out and "aux_loss = 0.02" in out
+    if case.endswith("head_dim"):
+        assert "head_dim = 24 " in out and "head_dim = head_dim," in out
+    if case == "qwen3_biases":  # head_dim = hidden / heads: not written; biases on q, k, v and o
+        assert "head_dim = head_dim" not in out and "bias = true," in out
+    assert ("qk_norm = rmsnorm" in out) == case.startswith("qwen3")
 
 
 def test_defaults_are_transformers_defaults():
     """A key the file omits is read as transformers reads it: the importer's table equals each config class's
     own defaults."""
-    classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
+    classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                "mixtral": "MixtralConfig"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
@@ -88,7 +97,7 @@ def test_defaults_are_transformers_defaults():
 
 def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
-                            ("MixtralConfig", "mixtral")):
+                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -312,7 +321,7 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
     ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
     ("Phi3ForCausalLM", "phi3", "fused qkv_proj and gate_up_proj"),
-    ("Qwen3ForCausalLM", "qwen3", "q/k RMSNorm"),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", "fine-grained experts of their own width"),
     ("Qwen2MoeForCausalLM", "qwen2_moe", "a shared expert gated by a sigmoid"),
     ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
 ])
@@ -325,12 +334,21 @@ def test_a_family_not_importable_yet_is_refused_with_what_the_language_lacks(arc
         assert f"--> {where}\n" in out, out
 
 
-def test_a_head_dim_of_its_own_is_named_as_what_cannot_be_written_yet():
-    """Mistral-Nemo: head_dim 128 where hidden_size / num_attention_heads is 160."""
+def test_a_head_dim_of_its_own_is_written_as_head_dim():
+    """Mistral-Nemo: head_dim 128 where hidden_size / num_attention_heads is 160; heads that do not divide the width
+    are no error when head_dim is given, and an odd head_dim under rotary embeddings is one, at the key."""
     cfg = json.loads(LLAMA3_8B)
     cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=5120, head_dim=128,
                num_attention_heads=32, sliding_window=None)
     cfg = {k: v for k, v in cfg.items() if k not in ("attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling")}
+    out = import_config(json.dumps(cfg, indent=2), "nemo.json")
+    assert "head_dim = 128 " in out and "# head_dim; not hidden / heads = 5120 / 32" in out
+    assert "head_dim = head_dim," in out and "qk_norm" not in out
+    cfg.update(num_attention_heads=48)  # 5120 % 48 != 0: each head is head_dim wide all the same
+    assert "heads    = 48 " in import_config(json.dumps(cfg, indent=2), "nemo.json")
+    cfg.update(head_dim=127)
     out = _diagnose(json.dumps(cfg, indent=2), "nemo.json")
-    assert "error[E0954]" in out and "head_dim 128 is not hidden_size / num_attention_heads = 160" in out, out
-    assert "cannot be written yet" in out, out
+    assert "error[E0954]: head_dim 127 is odd" in out, out
+    del cfg["head_dim"]
+    out = _diagnose(json.dumps(cfg, indent=2), "nemo.json")
+    assert "error[E0954]: 48 heads do not divide hidden_size 5120" in out and "give head_dim" in out, out

@@ -64,6 +64,9 @@ WHOLE = {
     "rope_llama3_qkv_bias": ("tiny_gpt.scale", ((GQA[0][0], "attention(hidden, heads, kv_heads = 2, bias = false, "
                                                 "qkv_bias = true, rope_theta = 500000, rope_scaling = llama3)"),)
                              + GQA[1:]),
+    "head_dim_qk_norm_rope": ("tiny_gpt.scale", ((GQA[0][0], "attention(hidden, heads, kv_heads = 2, bias = false, "
+                                                 "head_dim = 24, qk_norm = rmsnorm, rope_theta = 10000)"),)
+                              + GQA[1:]),
     "moe_top2_swiglu_dropped_identity": ("moe_gpt.scale", (("axis ep = 2", "axis ep = 1"),
                                                            ("devices_per_node = 2", "devices_per_node = 1"),
                                                            ("dropped = residual", "dropped = identity"))),

@@ -35,3 +35,116 @@ def test_llama2_7b_has_its_published_parameter_count():
         text = text.replace(old, new)
     compiled = compile_spec(check_text(text, "llama2_7b.scale"))
     assert compiled.costs.params_n == 6_738_415_616
+
+
+# Released configs with heads of their own width, typed in as published on the Hugging Face Hub: Qwen3-0.6B and
+# Qwen3-8B (Qwen team, 2025: q/k RMSNorm, head_dim 128 where hidden_size / heads is 64 in the 0.6B) and
+# Mistral-Nemo-Base-2407 (Mistral AI and NVIDIA, 2024: head_dim 128 where 5120 / 32 is 160).
+QWEN3_0_6B = """{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}
+"""
+QWEN3_8B = """{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 12288,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 36,
+  "model_type": "qwen3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 36,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}
+"""
+MISTRAL_NEMO_12B = """{
+  "architectures": ["MistralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 5120,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 1024000,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 40,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0",
+  "use_cache": true,
+  "vocab_size": 131072
+}
+"""
+# name -> (config.json, parameters, the published figure it rounds to: the model cards' "0.6B" (0.44B without the
+# embedding), "8.2B" (6.95B without), and Mistral-Nemo's "12B")
+HEAD_DIM_CONFIGS = {"qwen3_0_6b": (QWEN3_0_6B, 596_049_920, 0.6e9), "qwen3_8b": (QWEN3_8B, 8_190_735_360, 8.2e9),
+                    "mistral_nemo_12b": (MISTRAL_NEMO_12B, 12_247_782_400, 12e9)}
+
+
+@pytest.mark.parametrize("name", sorted(HEAD_DIM_CONFIGS))
+def test_head_dim_models_have_transformers_parameter_count(name):
+    """Imported, planned on the meta device: the parameters are exactly transformers' own model of the same
+    config.json (built on the meta device, nothing allocated), and round to the published figure."""
+    import json
+
+    from compiler.importer import complete, import_config
+    transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
+    import torch
+    text, count, published = HEAD_DIM_CONFIGS[name]
+    compiled = compile_spec(check_text(complete(import_config(text, f"{name}/config.json")), f"{name}.scale"))
+    assert compiled.costs.params_n == count
+    assert f"parameters  {count:,} " in plan_text(compiled)
+    cfg = json.loads(text)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == count
+    assert round(count / 10 ** 9, 1 if count < 10 ** 10 else 0) == round(published / 10 ** 9, 1)

@@ -324,6 +324,11 @@ PROBES: dict[str, tuple[Probe, ...]] = {
                                                             base=ROPE, shapes=("one device",)),)
        for arg, v in (("factor", "4.0"), ("low_freq_factor", "2.0"), ("high_freq_factor", "8.0"),
                       ("original_seq", "4096"))},
+    "layer.attention.head_dim": (Probe(({"head_dim": "8"}, {"head_dim": "32"}), shapes=LAYER_SHAPES),),
+    "layer.attention.qk_norm": (Probe(({"qk_norm": "rmsnorm"},), shapes=LAYER_SHAPES),),
+    "layer.attention.qk_norm_eps": (Probe(({"qk_norm_eps": "1e-5"},), shapes=LAYER_SHAPES),
+                                    Probe(({"qk_norm": "rmsnorm", "qk_norm_eps": "1e-5"},),
+                                          base={"qk_norm": "rmsnorm"}, shapes=LAYER_SHAPES)),
     "layer.mlp.act": (Probe(({"act": "swiglu"},), shapes=LAYER_SHAPES),),
     "layer.mlp.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
     "layer.moe.top_k": (Probe(({"top_k": "1"}, {"top_k": "8"}), shapes=("ep",)),),
@@ -510,6 +515,7 @@ NO_EFFECT = (
     ("W0141", "one device", (), "train.eval_batches", "2"),
     ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
+    ("W0141", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
 )
 
 

@@ -13,7 +13,8 @@ def test_language_vocabulary_is_pinned():
     assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
         "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
         "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
-                                                                   "rope_theta", "rope_scaling"),
+                                                                   "rope_theta", "rope_scaling", "head_dim",
+                                                                   "qk_norm", "qk_norm_eps"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped"),
         "residual": (),

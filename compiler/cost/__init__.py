@@ -37,6 +37,17 @@ T = lazy("compiler.trace")  # torch loads on first use: the checker reads compil
 BYTES = {"fp32": 4, "bf16": 2}
 
 
+def _partial_reason(spec, plan) -> str:
+    """Why tp leaves gradients partial: sequence parallelism's chunks (norms, row biases), per-head q/k norms'
+    heads (each rank normalises only its own heads with the shared scale), or both."""
+    qk = any(isinstance(x, S.Attention) and x.qk_norm != "none" for x in S.walk(spec.model.layers))
+    sp = "sequence parallelism: each rank's norm and row-bias gradients cover only its sequence chunk"
+    heads = "each rank's q/k norm gradients cover only its heads"
+    if plan.sequence_parallel:
+        return sp + ("; " + heads if qk else "")
+    return "tensor parallelism: " + heads
+
+
 @dataclass(frozen=True)
 class Estimate:
     """What one plan costs, for one rank (under pp: pp rank `pp_rank`, every stage it holds)."""
@@ -481,8 +492,7 @@ class CostModel:
             # FSDP2 casts its reduced shards back to the fp32 parameters
             g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, plan.grad_reduce)
             entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=plan.span("axis tp"),
-                                      reason="sequence parallelism: each rank's norm and row-bias gradients cover "
-                                             "only its sequence chunk", direction="step", times=1,
+                                      reason=_partial_reason(spec, plan), direction="step", times=1,
                                       bytes=int(partial_n * g), element_formula=partial_formula))
         if nb is not None:
             self._transfers(plan, env, pp_rank, entries, b_sym)

@@ -1,9 +1,13 @@
-"""`attention(hidden, heads, kv_heads, bias)`: causal multi-head self-attention (grouped-query when kv_heads <
-heads). Under tp its heads are split: q, k and v are column-parallel, o is row-parallel."""
+"""`attention(hidden, heads, kv_heads, bias, ..., head_dim, qk_norm)`: causal multi-head self-attention
+(grouped-query when kv_heads < heads). Each head is D = `head_dim` wide (default hidden / heads; Qwen 3 and
+Mistral-Nemo choose their own, so q is heads·D wide and o maps heads·D back to hidden). `qk_norm = rmsnorm`
+normalises each head's query and key over D before the rotation (Qwen 3), with one scale of D shared by every head.
+Under tp its heads are split: q, k and v are column-parallel (heads/tp · D each), o is row-parallel; the q/k norms'
+scales are replicated, each rank's gradient covering only its heads (summed over tp)."""
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _call_of, _divisors_near, _float, _size
+from compiler.binder import Param, _arg_span, _bool, _call_of, _choice, _divisors_near, _float, _size
 
 SPEC = S.Attention
 ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the context is than trained"),
@@ -16,14 +20,19 @@ SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Para
                         "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
                         "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
                         "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling"), None,
-                                              "frequency scaling of the rotary embeddings: llama3(...)")}}
-TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}
+                                              "frequency scaling of the rotary embeddings: llama3(...)"),
+                        "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
+                        "qk_norm": Param(_choice("none", "rmsnorm"), "none",
+                                         "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3)"),
+                        "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon")}}
+TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}  # q_norm, k_norm (suffix `norm`): replicated
 
 
 def resolve(c, st, a: dict, kind: str):
     h, n, kv = (c.number(a[k]) for k in ("hidden", "heads", "kv_heads"))
+    d = None if a["head_dim"] is None else c.number(a["head_dim"])
     ok = True
-    if h % n:
+    if d is None and h % n:
         c.error("E0201", f"{n} heads do not divide hidden size {h}", _arg_span(st, 1, "heads"),
                 label=f"{h} % {n} == {h % n}",
                 help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n)))
@@ -39,6 +48,18 @@ def resolve(c, st, a: dict, kind: str):
                 _arg_span(st, 6, "rope_scaling"), label="nothing to scale",
                 help="add the rotary base, e.g. `rope_theta = 500000` (Llama 3), or remove `rope_scaling`")
         ok = False
+    width = d if d is not None else (h // n if not h % n else None)
+    if a["rope_theta"] and width is not None and width % 2:
+        where = _arg_span(st, 7, "head_dim") if d is not None else _arg_span(st, 1, "heads")
+        c.error("E0206", f"rotary embeddings turn pairs of a head's dimensions, but a head is {width} wide (odd)",
+                where, label=f"head dimension {width}" + ("" if d is not None else f" = {h} / {n}"),
+                help="choose an even head dimension (64 and 128 are usual), or remove `rope_theta`")
+        ok = False
+    if a["qk_norm_eps"] is not None and a["qk_norm_eps"] <= 0:
+        c.error("E0120", "qk_norm_eps must be positive", _arg_span(st, 9, "qk_norm_eps"),
+                label="divides by the root of the mean square plus eps",
+                help="the usual value is `qk_norm_eps = 1e-6` (Qwen 3's rms_norm_eps)")
+        ok = False
     written = {arg.name.id for arg in st.args if arg.name is not None} | {k for k, arg in zip(SCHEMA[kind], st.args)
                                                                           if arg.name is None}
     if "qkv_bias" in written and a["qkv_bias"] == a["bias"]:
@@ -46,6 +67,10 @@ def resolve(c, st, a: dict, kind: str):
                "q, k and v already", _arg_span(st, 4, "qkv_bias"), label="has no effect",
                help="qkv_bias differs from bias only for q, k and v (Qwen 2: `bias = false, qkv_bias = true`); "
                     "remove it")
+    if "qk_norm_eps" in written and a["qk_norm"] == "none":
+        c.warn("W0141", "qk_norm_eps is the epsilon of a q/k norm, but this attention has none (qk_norm = none)",
+               _arg_span(st, 9, "qk_norm_eps"), label="has no effect",
+               help="add `qk_norm = rmsnorm` (Qwen 3), or remove `qk_norm_eps`")
     if not ok:
         return None
     scaling = None
@@ -53,4 +78,5 @@ def resolve(c, st, a: dict, kind: str):
         _, s = a["rope_scaling"]
         scaling = (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"])))
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
-                       qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling)
+                       qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
+                       head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"])

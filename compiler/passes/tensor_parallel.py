@@ -2,7 +2,8 @@
 
 Policy, `tp_policy`: reads one traced segment and finds, from its dataflow alone,
   - regions: a set of *column* linears whose outputs reach exactly one *row* linear through operations that keep
-    a head or inner-width shard intact (head split/merge, attention, activations, the SwiGLU product). In our
+    a head or inner-width shard intact (head split/merge, a norm over each head's own features, attention,
+    activations, the SwiGLU product). In our
     vocabulary these are attention (q, k, v → o) and the MLP (up, gate → down), but nothing here is matched by
     name;
   - the vocabulary: the token embedding, the LM head and the loss.
@@ -12,6 +13,8 @@ collectives as explicit calls to runtime/collectives.py:
     the sequence forward / reduce-scatter backward);
   - after the row linear: all-reduce forward / identity backward (sequence parallel: reduce-scatter / all-gather),
     then the row's bias, added once;
+  - a per-head norm inside a region (`qk_norm`) keeps its scale whole on every rank; each rank's gradient of it
+    covers only its heads, so it is summed over tp after the backward (as sequence parallelism's norms);
   - embedding: masked local lookup, then all-reduce (sequence parallel: reduce-scatter); the positional
     embedding is split along the sequence under sequence parallelism;
   - LM head: as a column linear over the vocabulary, and a cross-entropy that never gathers the logits.
@@ -71,7 +74,20 @@ def _is_linear(gm: fx.GraphModule, n: fx.Node) -> bool:
     return n.op == "call_module" and isinstance(gm.get_submodule(n.target), nn.Linear)
 
 
-def _preserving(n: fx.Node) -> bool:
+def _per_head_norm(gm: fx.GraphModule, n: fx.Node) -> bool:
+    """A norm module over the last dim of a tensor whose heads are a dim of their own, (B, S, H, D): it normalises
+    each head's features apart, so a shard of whole heads flows through it (Qwen 3's q_norm and k_norm). A norm
+    over a flat hidden dim (B, S, H·D) mixes the heads a shard splits, and is not."""
+    if n.op != "call_module" or not isinstance(gm.get_submodule(n.target), (nn.LayerNorm, nn.RMSNorm)):
+        return False
+    x = n.args[0] if n.args else None
+    shape = x.meta.get(T.SHAPE) if isinstance(x, fxm.Node) else None
+    return shape is not None and len(shape) >= 4 and len(gm.get_submodule(n.target).normalized_shape) == 1
+
+
+def _preserving(n: fx.Node, gm: fx.GraphModule | None = None) -> bool:
+    if n.op == "call_module":
+        return gm is not None and _per_head_norm(gm, n)
     op = _ops.find(n) if n.op in ("call_function", "call_method") else None
     return op is not None and op.shard
 
@@ -82,7 +98,7 @@ def _column_sources(gm: fx.GraphModule, v) -> set | None:
         return set()
     if _is_linear(gm, v):
         return {v}
-    if not _preserving(v):
+    if not _preserving(v, gm):
         return None
     found: set = set()
     for a in v.all_input_nodes:
@@ -98,7 +114,7 @@ def _reaches_only(gm: fx.GraphModule, start: fx.Node, row: fx.Node) -> bool:
     for user in start.users:
         if user is row:
             continue
-        if not _preserving(user) or not _reaches_only(gm, user, row):
+        if not _preserving(user, gm) or not _reaches_only(gm, user, row):
             return False
     return True
 
@@ -286,6 +302,25 @@ def _shard_region(gm: fx.GraphModule, region: Region, sp: bool, tp: int, meta: d
             meta["partial_grads"].append(f"{row.target}.bias")
     row.replace_all_uses_with(out)
     gm.graph.erase_node(row)
+    for norm in _region_norms(gm, cols, out):
+        for pname, _ in gm.get_submodule(norm.target).named_parameters():
+            meta["partial_grads"].append(f"{norm.target}.{pname}")
+
+
+def _region_norms(gm: fx.GraphModule, cols: list, end: fx.Node) -> list:
+    """The per-head norms between a region's column linears and its end, in graph order: replicated modules whose
+    gradient on each rank covers only that rank's heads."""
+    seen, todo, found = set(), list(cols), []
+    while todo:
+        n = todo.pop()
+        if n in seen or n is end:
+            continue
+        seen.add(n)
+        if _per_head_norm(gm, n):
+            found.append(n)
+        todo.extend(n.users)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return sorted(found, key=order.get)
 
 
 def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: int, meta: dict) -> None:
@@ -356,11 +391,13 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
 
 
 def _sequence_parallel_norms(gm: fx.GraphModule, meta: dict) -> None:
-    """Under SP, norms see one sequence chunk per rank: their scale and bias gradients are partial over tp."""
+    """Under SP, norms see one sequence chunk per rank: their scale and bias gradients are partial over tp (a
+    per-head norm inside a region is listed already: its rank sees the whole sequence but only its heads)."""
     for node in gm.graph.nodes:
         if node.op == "call_module" and isinstance(gm.get_submodule(node.target), (nn.LayerNorm, nn.RMSNorm)):
             for pname, p in gm.get_submodule(node.target).named_parameters():
-                meta["partial_grads"].append(f"{node.target}.{pname}")
+                if f"{node.target}.{pname}" not in meta["partial_grads"]:
+                    meta["partial_grads"].append(f"{node.target}.{pname}")
 
 
 def tensor_parallel_pass(traced: T.Traced, plan) -> T.Traced:

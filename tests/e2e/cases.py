@@ -118,6 +118,13 @@ CASES = (
     Case(id="tp2_gqa_swiglu_untied", sample="samples/gpt_tp.scale", nproc=2, edits=GQA + EVAL,
          description="grouped-query attention (4 heads, 2 kv heads) with rotary embeddings, RMSNorm, SwiGLU, untied "
                      "head, no biases"),
+    Case(id="tp2_head_dim_qk_norm_gqa", sample="samples/gpt_tp.scale", nproc=2,
+         edits=((GQA[0][0], "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000, head_dim = 24, "
+                            "qk_norm = rmsnorm)"),) + GQA[1:],
+         description="heads of their own width (24 where hidden / heads is 16, as Qwen 3 and Mistral-Nemo) with "
+                     "grouped-query attention and Qwen 3's per-head q/k RMSNorm: each rank computes 2 of the 4 query "
+                     "heads and 1 of the 2 key/value heads, (heads / tp) · head_dim wide; the q/k norms' scales "
+                     "whole on both ranks, their gradients summed over tp after the backward"),
     Case(id="dp2_tp2_sp", sample="samples/gpt_2d.scale", nproc=4,
          description="2-D mesh: DDP over dp × tensor + sequence parallelism over tp"),
     Case(id="pp2_1f1b", sample="samples/gpt_pp.scale", nproc=2,
