@@ -93,7 +93,7 @@ CODES: dict[str, Code] = {
                   "checkpoint (and for one forced by SIGTERM) before it ends. Without `checkpoint_dir`, or with "
                   "`checkpoint_every` at 0 or not shorter than the run, every checkpoint written is a last one: the "
                   "setting changes nothing. Write checkpoints every few steps, or remove it."),
-    "W0141": Code("qk_norm_eps without a q/k norm", "A warning: `qk_norm_eps` is the epsilon of the per-head "
+    "W0143": Code("qk_norm_eps without a q/k norm", "A warning: `qk_norm_eps` is the epsilon of the per-head "
                   "query and key norm that `qk_norm = rmsnorm` adds; with `qk_norm = none` (the default) there is no "
                   "such norm and the setting changes nothing."),
     "W0139": Code("device figure in other units", "A warning: a device figure of the mesh (peak_tflops, memory_gb, "

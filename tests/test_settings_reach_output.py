@@ -515,7 +515,7 @@ NO_EFFECT = (
     ("W0141", "one device", (), "train.eval_batches", "2"),
     ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
-    ("W0141", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
+    ("W0143", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
 )
 
 

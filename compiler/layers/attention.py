@@ -68,7 +68,7 @@ def resolve(c, st, a: dict, kind: str):
                help="qkv_bias differs from bias only for q, k and v (Qwen 2: `bias = false, qkv_bias = true`); "
                     "remove it")
     if "qk_norm_eps" in written and a["qk_norm"] == "none":
-        c.warn("W0141", "qk_norm_eps is the epsilon of a q/k norm, but this attention has none (qk_norm = none)",
+        c.warn("W0143", "qk_norm_eps is the epsilon of a q/k norm, but this attention has none (qk_norm = none)",
                _arg_span(st, 9, "qk_norm_eps"), label="has no effect",
                help="add `qk_norm = rmsnorm` (Qwen 3), or remove `qk_norm_eps`")
     if not ok:
