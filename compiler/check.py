@@ -255,6 +255,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     spec = None
     if model and mesh and plan and train:
         _bind_capacities(c, model, train)
+        _windows_cover_the_sequence(c, model, train)
         spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh.machines,
                       plan=_written_plan(c, mesh, plan, train), train=train, values=dict(c.values))
         own = spec.plan
@@ -786,6 +787,19 @@ def _no_effect_checks(c: _Checker, spec: S.Spec, axes_written: bool) -> None:
     if plan.recompute != "none" and not any(isinstance(x, S.Repeat) for x in spec.model.layers):
         warn("W0136", "recompute", "recompute, but the model has no `repeat` of blocks to recompute",
              "recomputation applies to each block of the model's `repeat`; write the blocks as `repeat n { ... }`")
+
+
+def _windows_cover_the_sequence(c: _Checker, model: S.Model, train: S.Train) -> None:
+    """A sliding window at least as long as the training sequences masks nothing the causal mask keeps: the
+    attention is full causal and the setting changes nothing (but the program's kernel, and `plan`'s FLOPs)."""
+    seq = int(c.number(train.seq_len))
+    for a in (x for x in S.walk(model.layers) if isinstance(x, S.Attention) and x.window is not None):
+        w = int(c.number(a.window))
+        if w >= seq:
+            c.warn("W0207", f"a window of {w} tokens covers the whole {seq}-token sequence: this attention is full "
+                   "causal", a.window_span or a.span, label="has no effect",
+                   help=f"sliding windows matter for sequences longer than the window; remove `window`, or train "
+                        f"with seq_len above {w}")
 
 
 def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:

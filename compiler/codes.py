@@ -126,6 +126,10 @@ CODES: dict[str, Code] = {
     "E0206": Code("odd head dimension under rotary embeddings", "Rotary embeddings turn each head's query and key "
                   "by pairs of dimensions (i, i + D/2), so the head dimension D (`head_dim`, or hidden / heads) must "
                   "be even when `rope_theta` is set."),
+    "W0207": Code("window covers the sequence", "A warning: an attention's sliding `window` lets each query see "
+                  "itself and the window - 1 keys before it; with a window at least as long as the training "
+                  "sequences (`seq_len`) every earlier key is inside it, so the attention is the full causal one and "
+                  "the setting changes nothing. Remove it, or train on sequences longer than the window."),
     # -- the mesh and the batch -----------------------------------------------------------------------------------
     "E0301": Code("mesh does not match the machines", "The product of the mesh axes must equal nodes × "
                   "devices_per_node: every process holds exactly one coordinate of the mesh. `ep` counts like `dp` "

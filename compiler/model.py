@@ -22,6 +22,7 @@ from torch import nn
 
 from compiler import spec as S
 from compiler.diagnostics import Span
+from runtime.attention import sliding_window
 from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
@@ -124,6 +125,10 @@ class Segment(nn.Module):
                       for w in ("q", "k"))
         gqa = self._n(a.kv_heads) != self._n(a.heads)
         theta, scaling = a.rope_theta, a.rope_scaling
+        # A window at least as long as the sequences masks nothing the causal mask keeps (check's W0207): the plain
+        # causal kernel, so the program is the one without it.
+        window = None if a.window is None or self._n(a.window) >= self._n(self._spec.train.seq_len) \
+            else self._n(a.window)
 
         def heads(seg, x_BSH, linear, norm):
             # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
@@ -136,7 +141,10 @@ class Segment(nn.Module):
             q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
             if theta:
                 q_BHSD, k_BKSD = rotate(q_BHSD, k_BKSD, theta, scaling)
-            y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
+            if window is None:
+                y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
+            else:  # the token itself and the window - 1 before it (one traced call: runtime/attention.py)
+                y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa)
             return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
         return _Step(a, run)
 

@@ -37,7 +37,7 @@ from compiler import graph_meta as K
 from compiler.graph_meta import INT_BYTES
 from compiler.symbols import size
 from runtime import collectives as C
-from runtime import moe, rotary
+from runtime import attention, moe, rotary
 from runtime.layers import Bias
 
 
@@ -317,7 +317,8 @@ def _flatten_saved(g, node, args):
     src = args[0]
     # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the flash kernels
     # lay out as (batch, seq, heads, dim): transposing it back is contiguous.
-    if src.target == "transpose" and src.args[0].target is not F.scaled_dot_product_attention:
+    if src.target == "transpose" and src.args[0].target not in (F.scaled_dot_product_attention,
+                                                                 attention.sliding_window):
         return
     g.views[node] = src
 
@@ -398,6 +399,41 @@ def _sdpa_saved(g, node, args):
 def _sdpa_dims(node, gm):
     b, h, sq, d = node.args[0].meta[K.SHAPE]
     return b * h, sq, node.args[1].meta[K.SHAPE][2], d, None
+
+
+def _window_keys(node, sk):
+    """Keys each query reads under `attention.sliding_window`: min(W, Sk), W the layer's window as the .scale file
+    sizes it (symbolic when written with a named size), else the call's number."""
+    layer = node.meta.get(K.LAYER)
+    w = getattr(layer, "window", None)
+    return sympy.Min(sympy.sympify(node.args[3] if w is None else w), sk)
+
+
+def _window_shape(node, args, kwargs, gm):
+    """The FLOPs convention of scaled_dot_product_attention, with a window: Q·Kᵀ and P·V over the keys a query may
+    read, each 2·B·H·Sq·min(W, Sk)·D. Like the causal record, the mask's triangle is not discounted (each query is
+    counted over min(W, Sk) keys, though the first W - 1 queries have fewer): at W >= Sk this is exactly the full
+    causal record's 2·B·H·Sq·Sk·D, so a window only ever lowers the count, by the factor min(W, Sk) / Sk."""
+    q, k, v = args[:3]
+    b, h, sq, d = q
+    keys, dv = _window_keys(node, k[2]), v[3]
+    return (b, h, sq, dv), 2 * b * h * sq * keys * d + 2 * b * h * sq * keys * dv
+
+
+def _window_backward(node, gm, needs, fwd):
+    """As scaled_dot_product_attention's backward (one matmul of each forward matmul's size per operand that needs
+    a gradient), over min(W, Sk) keys per query."""
+    q, k, v = node.args[:3]
+    b, h, sq, d = q.meta[K.SHAPE]
+    keys, dv = _window_keys(node, k.meta[K.SHAPE][2]), v.meta[K.SHAPE][3]
+    qk, pv = 2 * b * h * sq * keys * d, 2 * b * h * sq * keys * dv
+    p_needs = needs.get(q, False) or needs.get(k, False)
+    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+
+
+def _window_dims(node, gm):
+    b, h, sq, d = node.args[0].meta[K.SHAPE]
+    return b * h, sq, _window_keys(node, node.args[1].meta[K.SHAPE][2]), d, None
 
 
 def _loss_shape(node, args, kwargs, gm):
@@ -539,6 +575,10 @@ FUNCTIONS = {
                  wgrad=_linear_fn_wgrad),
     F.scaled_dot_product_attention: Op("scaled_dot_product_attention", _sdpa_shape, _act, _sdpa_saved,
                                        _sdpa_backward, dims=_sdpa_dims, shard=True, attention=True),
+    # The saved tensors are the fused kernel's (q, k, v, the output, a log-sum-exp): the boolean mask (CPU) or block
+    # mask (CUDA) is made once per sequence length and window and shared by every layer, not saved per call.
+    attention.sliding_window: Op("sliding_window", _window_shape, _act, _sdpa_saved, _window_backward,
+                                 dims=_window_dims, shard=True, attention=True, wrapped=True),
     F.cross_entropy: Op("cross_entropy", _loss_shape, _fp32, _cross_entropy_saved, loss=_loss_moments("whole"),
                         defaults=True),
     C.vocab_parallel_cross_entropy: Op("vocab_parallel_cross_entropy", _loss_shape, _fp32,

@@ -66,6 +66,11 @@ class Attention:
     shared by every head; "none"."""
     qk_norm_eps: float = 1e-6
     """The q/k norm's epsilon (Qwen 3: its rms_norm_eps)."""
+    window: Size | None = None
+    """Sliding-window attention (Mistral 7B, Qwen 2's upper layers): each query sees itself and the window - 1
+    keys before it; None: every earlier key (full causal)."""
+    window_span: Span | None = field(default=None, compare=False, repr=False)
+    """Where `window` is written (a warning that it has no effect points there)."""
 
     @property
     def head_width(self):

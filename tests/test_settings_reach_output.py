@@ -329,6 +329,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.attention.qk_norm_eps": (Probe(({"qk_norm_eps": "1e-5"},), shapes=LAYER_SHAPES),
                                     Probe(({"qk_norm": "rmsnorm", "qk_norm_eps": "1e-5"},),
                                           base={"qk_norm": "rmsnorm"}, shapes=LAYER_SHAPES)),
+    "layer.attention.window": (Probe(({"window": "8"},), shapes=LAYER_SHAPES),),
     "layer.mlp.act": (Probe(({"act": "swiglu"},), shapes=LAYER_SHAPES),),
     "layer.mlp.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
     "layer.moe.top_k": (Probe(({"top_k": "1"}, {"top_k": "8"}), shapes=("ep",)),),
@@ -516,6 +517,7 @@ NO_EFFECT = (
     ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
     ("W0143", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
+    ("W0207", "one device", (), "layer.attention.window", {"window": "4096"}),
 )
 
 

@@ -14,7 +14,7 @@ def test_language_vocabulary_is_pinned():
         "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
         "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
                                                                    "rope_theta", "rope_scaling", "head_dim",
-                                                                   "qk_norm", "qk_norm_eps"),
+                                                                   "qk_norm", "qk_norm_eps", "window"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped"),
         "residual": (),

@@ -30,7 +30,7 @@ from runtime.layers import Bias, Repeat
 INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
-RUNTIME_MODULES = ("runtime.collectives", "runtime.moe", "runtime.rotary")
+RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.moe", "runtime.rotary")
 
 
 @dataclass(frozen=True)
@@ -335,7 +335,9 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str =
         pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]
         + "".join(leaf.ctor for _, leaves in pipeline["leaf_groups"] for leaf in leaves) if pipeline else "")
     code = "\n".join(line.split("#", 1)[0] for line in code.split("\n"))  # not the provenance comments
-    modules = [m.split(".")[1] for m in RUNTIME_MODULES if f"{m.split('.')[1]}." in code] + ["train"]
+    # a module is imported where the code calls it (`attention.fn(`), not where a node's name ends in its name
+    modules = [m.split(".")[1] for m in RUNTIME_MODULES
+               if re.search(rf"(?<![.\w]){m.split('.')[1]}\.", code)] + ["train"]
     return _env().get_template("program.py.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, params_human=count(costs.params_n),
         mesh_text=mesh_text(spec, plan), data_parallel=plan.data_parallel, micro_batches=plan.micro_batches,

@@ -1,5 +1,6 @@
-"""`attention(hidden, heads, kv_heads, bias, ..., head_dim, qk_norm)`: causal multi-head self-attention
-(grouped-query when kv_heads < heads). Each head is D = `head_dim` wide (default hidden / heads; Qwen 3 and
+"""`attention(hidden, heads, kv_heads, bias, ..., head_dim, qk_norm, window)`: causal multi-head self-attention
+(grouped-query when kv_heads < heads), over every earlier token or, with `window = W`, over the token itself and
+the W - 1 before it (Mistral 7B's sliding window; runtime/attention.py). Each head is D = `head_dim` wide (default hidden / heads; Qwen 3 and
 Mistral-Nemo choose their own, so q is heads·D wide and o maps heads·D back to hidden). `qk_norm = rmsnorm`
 normalises each head's query and key over D before the rotation (Qwen 3), with one scale of D shared by every head.
 Under tp its heads are split: q, k and v are column-parallel (heads/tp · D each), o is row-parallel; the q/k norms'
@@ -24,7 +25,9 @@ SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Para
                         "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
                         "qk_norm": Param(_choice("none", "rmsnorm"), "none",
                                          "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3)"),
-                        "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon")}}
+                        "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon"),
+                        "window": Param(_size, None, "sliding window: each query sees itself and the window - 1 "
+                                                     "keys before it (default: every earlier key)")}}
 TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}  # q_norm, k_norm (suffix `norm`): replicated
 
 
@@ -79,4 +82,5 @@ def resolve(c, st, a: dict, kind: str):
         scaling = (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"])))
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
                        qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
-                       head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"])
+                       head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],
+                       window=a["window"], window_span=None if a["window"] is None else _arg_span(st, 10, "window"))

@@ -1,0 +1,58 @@
+"""Sliding-window causal attention (`attention(..., window = W)`): each query sees itself and the W - 1 keys before
+it, as Mistral 7B and Qwen 2's windowed layers do. The rule is transformers' (masking_utils: a causal mask with the
+sliding-window overlay `kv_idx > q_idx - sliding_window`), so a key is kept when 0 <= q_idx - kv_idx < W.
+
+One call, traced whole (compiler/ops.py), so the program reads `attention.sliding_window(q, k, v, W, gqa)`:
+  - on CUDA, FlexAttention (torch.nn.attention.flex_attention) with a block mask made once per (sequence, window,
+    device): blocks wholly outside the window are never computed, so the work grows as seq · W, not seq²;
+  - elsewhere (CPU), scaled_dot_product_attention with an explicit boolean mask, made once per (sequence, window,
+    device) and shared by every layer and step: the same numbers, computed densely.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.lru_cache(maxsize=16)
+def window_mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
+    """(seq_q, seq_k) booleans, True where query i may read key j: j <= i and i - j < window. Queries are the
+    last seq_q positions of the keys' (equal lengths in training)."""
+    i = torch.arange(seq_k - seq_q, seq_k, device=device)[:, None]
+    j = torch.arange(seq_k, device=device)[None, :]
+    return (j <= i) & (i - j < window)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_mask(seq_q: int, seq_k: int, window: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+    offset = seq_k - seq_q
+
+    def keep(b, h, q_idx, kv_idx):
+        q_pos = q_idx + offset
+        return (kv_idx <= q_pos) & (q_pos - kv_idx < window)
+    return create_block_mask(keep, B=None, H=None, Q_LEN=seq_q, KV_LEN=seq_k, device=device)
+
+
+@functools.cache
+def _flex():
+    """FlexAttention compiled once: uncompiled it materialises the scores and gains nothing over the dense mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def sliding_window(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, window: int,
+                   gqa: bool) -> torch.Tensor:
+    """Causal attention of q over k, v within `window` positions; `gqa`: k and v have fewer heads, each shared by
+    a group of query heads. (B, H, S, D) in, (B, H, S, Dv) out, scaled by 1/sqrt(D) as scaled_dot_product_attention.
+    """
+    if window < 1:
+        raise ValueError(f"a sliding window must hold at least the query itself, not {window}")
+    seq_q, seq_k = q_BHSD.shape[-2], k_BKSD.shape[-2]
+    if q_BHSD.is_cuda:
+        return _flex()(q_BHSD, k_BKSD, v_BKSD, block_mask=_block_mask(seq_q, seq_k, window, q_BHSD.device),
+                       enable_gqa=gqa)
+    mask = window_mask(seq_q, seq_k, window, q_BHSD.device)
+    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=gqa)
