@@ -326,7 +326,8 @@ CODES: dict[str, Code] = {
                   "might change the architecture, so the import stops at it rather than ignore it. If it does not "
                   "change the model, remove it from the file."),
     "E0954": Code("config value not expressible", "A known key of the config.json holds a value the language cannot "
-                  "express, or a value of the wrong type: a sliding attention window, attention dropout, an "
+                  "express, or a value of the wrong type: sliding windows on some layers only (Qwen 2's "
+                  "max_window_layers), attention dropout, an "
                   "activation other than silu, a rope type other than default and llama3, router jitter noise, a "
                   "head_dim other than hidden_size / num_attention_heads, heads that do not divide the width. The "
                   "help says which values map."),

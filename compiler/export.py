@@ -72,10 +72,12 @@ def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None
     return os.path.dirname(path), config
 
 
-def _family(shape: str, original: dict | None) -> str:
+def _family(shape: str, original: dict | None, window: int | None = None) -> str:
     """The importer's model_type for a model of `shape` (llama, qwen2 or mixtral by its layers): Mistral where the
-    model came from a Mistral config (the same function as Llama without biases: sliding_window null)."""
-    if shape == "llama" and original is not None and original.get("model_type") == "mistral":
+    model came from a Mistral config (the same function as Llama without biases: sliding_window null), or where its
+    attention has a sliding window (Llama has none; Mistral's `sliding_window`)."""
+    if shape == "llama" and ((original is not None and original.get("model_type") == "mistral")
+                             or window is not None):
         return "mistral"
     return shape
 
@@ -91,11 +93,12 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
     `export` from the tensors written."""
     from compiler.importer import IRRELEVANT, USED
     shape, config = _model_config(spec)
-    family = _family(shape, original)
+    window = config.pop("sliding_window") if shape == "llama" else None
+    family = _family(shape, original, window)
     if family == "mistral":
         for key in ("attention_bias", "mlp_bias"):
             del config[key]
-        config["sliding_window"] = None
+        config["sliding_window"] = window
     config.update(architectures=[ARCHITECTURES[family]], model_type=family)
     if original is None:
         return _reads_back(spec, config)
@@ -111,8 +114,9 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
             value == {"head_dim": config["hidden_size"] // config["num_attention_heads"],
                       "num_key_value_heads": config["num_attention_heads"]}[key]  # null: the importer derives it
         merged[key] = original[key] if same or derived else value  # the file's spelling of an equal value (10000)
-    if isinstance(merged.get("layer_types"), list):  # Qwen 2's per-layer attention kinds: one per layer
-        merged["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
+    if isinstance(merged.get("layer_types"), list):  # Qwen 2's per-layer attention kinds: one per layer, all alike
+        kind = "sliding_attention" if config.get("use_sliding_window") else "full_attention"
+        merged["layer_types"] = [kind] * config["num_hidden_layers"]
     return _reads_back(spec, merged)
 
 
@@ -192,6 +196,10 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
         "max_position_embeddings": positions, "rope_theta": float(att.rope_theta), "rope_scaling": None,
         "tie_word_embeddings": bool(m.head.tied), "initializer_range": 0.02, "attention_dropout": 0.0,
     }
+    window = None if att.window is None else int(v(att.window))
+    # Qwen 2 and 3 window the layers from max_window_layers on: 0 windows every one, as the model's one `repeat`
+    qwen_window = dict(use_sliding_window=False) if window is None else dict(
+        use_sliding_window=True, sliding_window=window, max_window_layers=0)
     if att.rope_scaling is not None:
         factor, low, high, original = att.rope_scaling
         config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
@@ -210,7 +218,8 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
                               "capacity_factor = none)`")
         if qkv_bias:
             raise ExportError("Mixtral has no q, k, v biases")
-        config.update(intermediate_size=int(v(ffn.ffn)), num_local_experts=int(v(ffn.experts)),
+        config.update(sliding_window=window, intermediate_size=int(v(ffn.ffn)),
+                      num_local_experts=int(v(ffn.experts)),
                       num_experts_per_tok=int(ffn.top_k), router_aux_loss_coef=float(ffn.aux_loss),
                       output_router_logits=False, router_jitter_noise=0.0)
         return "mixtral", config
@@ -218,12 +227,12 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
         raise ExportError("these families' MLPs are SwiGLU without biases: `mlp(..., act = swiglu, bias = false)`")
     config["intermediate_size"] = int(v(ffn.ffn))
     if qk_norm:
-        config.update(attention_bias=bool(att.bias), use_sliding_window=False)
+        config.update(attention_bias=bool(att.bias), **qwen_window)
         return "qwen3", config
     if qkv_bias:
-        config["use_sliding_window"] = False
+        config.update(qwen_window)
         return "qwen2", config
-    config.update(attention_bias=False, mlp_bias=False)
+    config.update(attention_bias=False, mlp_bias=False, sliding_window=window)  # Mistral's, with a window
     return "llama", config
 
 

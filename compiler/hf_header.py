@@ -344,7 +344,25 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
         pairs.append(("rms_norm_eps", config.get("rms_norm_eps"), norm.eps, "the norms' eps"))
     differ = [(k, theirs, ours, what) for k, theirs, ours, what in pairs
               if theirs is not None and ours is not None and not _same(theirs, ours)]
-    return [f"{k} {_value(t)} there, {what} {_value(o)} here" for k, t, o, what in differ]
+    out = [f"{k} {_value(t)} there, {what} {_value(o)} here" for k, t, o, what in differ]
+    if att is not None and "sliding_window" in config:  # none on either side is a figure too: full attention
+        theirs = _config_window(config)
+        ours = None if att.window is None else int(number(att.window))
+        if theirs != ours:
+            out.append(f"sliding_window {'null' if theirs is None else theirs} there, window "
+                       f"{'none' if ours is None else ours} here")
+    return out
+
+
+def _config_window(config: dict):
+    """The sliding window transformers applies to the first layer of a config: Mistral's and Mixtral's
+    `sliding_window`; Qwen's only with use_sliding_window, and only from layer max_window_layers on."""
+    window = config.get("sliding_window")
+    if "use_sliding_window" in config or "max_window_layers" in config:
+        first = config.get("max_window_layers", 28)
+        if not config.get("use_sliding_window", False) or (isinstance(first, int) and first > 0):
+            return None
+    return window if isinstance(window, int) and not isinstance(window, bool) else None
 
 
 def _same(theirs, ours) -> bool:

@@ -1,5 +1,6 @@
-"""`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral-Nemo's head_dim included),
-Qwen 2, Qwen 3 (dense) or Mixtral causal LM, as the equivalent `.scale` model section.
+"""`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral 7B's sliding window and
+Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense) or Mixtral causal LM, as the equivalent `.scale` model
+section.
 
 `import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
 at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
@@ -65,10 +66,11 @@ DEFAULTS = {
                     max_position_embeddings=131072, sliding_window=4096),
     "qwen2": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
                   num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=32768,
-                  use_sliding_window=False),
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28),
     "qwen3": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
-                  max_position_embeddings=32768, attention_bias=False, use_sliding_window=False),
+                  max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
+                  sliding_window=4096, max_window_layers=28),
     "mixtral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
@@ -339,28 +341,7 @@ class _Importer:
             attn_bias, mlp_bias = self.boolean("attention_bias"), self.boolean("mlp_bias")
         if self.type == "qwen3":
             attn_bias = self.boolean("attention_bias")
-        if self.type in ("mistral", "mixtral"):
-            self.must_be("sliding_window", lambda v: v is None, "sliding-window attention ({} tokens) is not "
-                         "expressible", "attention in .scale is causal over the whole sequence, which equals a "
-                         "window as long as the training sequences: set it to null and train with seq_len at most "
-                         "the window")
-        if self.type in ("qwen2", "qwen3"):
-            self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
-                         "attention in .scale is causal over the whole sequence: set it to false")
-            types = self.cfg.get("layer_types")
-            if types is not None:
-                if not isinstance(types, list):
-                    self.error(("layer_types",), "`layer_types` must be a list", label="not a list")
-                else:
-                    for i, t in enumerate(types):
-                        if t != "full_attention":
-                            self.error(("layer_types", i), f"layer {i} is {json.dumps(t)}, not expressible",
-                                       label="not expressible in .scale",
-                                       help="attention in .scale is causal over the whole sequence "
-                                            "(\"full_attention\")")
-                    if sizes["num_hidden_layers"] and len(types) != sizes["num_hidden_layers"]:
-                        self.error(("layer_types",), f"`layer_types` names {len(types)} layers, not "
-                                   f"num_hidden_layers = {sizes['num_hidden_layers']}", label="wrong length")
+        window = self.window(sizes["num_hidden_layers"])
         moe = None
         if self.type == "mixtral":
             experts, top_k = self.pos_int("num_local_experts"), self.pos_int("num_experts_per_tok")
@@ -380,7 +361,63 @@ class _Importer:
         if self.diags or None in sizes.values() or None in (kv, eps, tied, attn_bias, mlp_bias) or rope is None \
                 or (moe is not None and None in moe):
             return None
-        return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim)
+        return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim, window)
+
+    def window(self, layers: int | None) -> int | None:
+        """The sliding window of every layer's attention (transformers' sliding_window: a key is kept when
+        q_idx - kv_idx < window), or None for attention over the whole sequence. Mistral and Mixtral window every
+        layer by `sliding_window` (null: none). Qwen 2 and 3 window the layers transformers marks
+        "sliding_attention": with use_sliding_window, those from max_window_layers on (or as `layer_types` lists
+        them); a stack of both kinds is refused, since a `repeat` holds identical blocks."""
+        if self.type in ("mistral", "mixtral"):
+            return None if self.get("sliding_window") is None else self.pos_int("sliding_window")
+        if self.type not in ("qwen2", "qwen3"):
+            return None  # Llama has no sliding window
+        use = self.boolean("use_sliding_window")
+        if use is None:
+            return None
+        types = self.cfg.get("layer_types")
+        if types is not None:
+            if not isinstance(types, list):
+                self.error(("layer_types",), "`layer_types` must be a list", label="not a list")
+                return None
+            for i, t in enumerate(types):
+                if t not in ("full_attention", "sliding_attention"):
+                    self.error(("layer_types", i), f"layer {i} is {json.dumps(t)}, not expressible",
+                               label="not expressible in .scale",
+                               help="attention in .scale is causal over the whole sequence (\"full_attention\") "
+                                    "or within a window (\"sliding_attention\")")
+                    return None
+            if layers and len(types) != layers:
+                self.error(("layer_types",), f"`layer_types` names {len(types)} layers, not "
+                           f"num_hidden_layers = {layers}", label="wrong length")
+                return None
+        elif use and layers:
+            first = self.get("max_window_layers")
+            if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+                self.error(("max_window_layers",), f"`max_window_layers` must be an integer ≥ 0, not "
+                           f"{json.dumps(first)}", label="not a layer count")
+                return None
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        else:
+            types = []
+        kinds = set(types)
+        if "sliding_attention" not in kinds:
+            return None
+        if not use:  # transformers sets sliding_window to null without use_sliding_window: no window to apply
+            self.error(("layer_types",), "`layer_types` lists sliding_attention layers, but use_sliding_window is "
+                       "false", label="no window", help="transformers gives these layers no window without "
+                       "use_sliding_window; set it true, or list them as full_attention")
+            return None
+        if kinds != {"sliding_attention"}:
+            where = ("layer_types",) if "layer_types" in self.cfg else ("max_window_layers",)
+            n = types.count("sliding_attention")
+            self.error(where, f"{n} of {len(types)} layers use sliding-window attention and the others full "
+                       "attention: per-layer attention kinds are not expressible", label="not expressible in .scale",
+                       help="a `repeat` holds identical blocks, so every layer's attention has the same window; "
+                            "set max_window_layers to 0 (every layer windowed) or use_sliding_window to false")
+            return None
+        return self.pos_int("sliding_window")
 
     def rope(self):
         """(theta, llama3 tuple or None, theta's source, scaling's source) from rope_theta / rope_scaling
@@ -442,7 +479,7 @@ class _Importer:
 
     # -- the text -------------------------------------------------------------------------------------------------
 
-    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim=None) -> str:
+    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim=None, window=None) -> str:
         s = self.src
         h, n = sizes["hidden_size"], sizes["num_attention_heads"]
         # a head dimension of its own is written only where it is not hidden / heads (Mistral-Nemo, Qwen3-0.6B)
@@ -463,6 +500,9 @@ class _Importer:
                  (f"layers   = {sizes['num_hidden_layers']}", s("num_hidden_layers")),
                  (f"seq      = {sizes['max_position_embeddings']}",
                   s("max_position_embeddings") + " (train's seq_len may be shorter)")]
+        if window is not None:
+            rows += [(f"window   = {window}", s("sliding_window") + ": each query sees itself and the window - 1 "
+                      "tokens before it")]
         if moe:
             rows += [(f"experts  = {moe[0]}", s("num_local_experts"))]
         rows += [("", "")]
@@ -481,6 +521,9 @@ class _Importer:
                 (f"              {bias},", bias_src)]
         if own:
             attn += [("              head_dim = head_dim,", "q, k, v: heads · head_dim wide; o back to hidden")]
+        if window is not None:
+            attn += [("              window = window,", "sliding-window attention, transformers' mask: "
+                      "0 <= q_idx - kv_idx < window")]
         if self.type == "qwen3":
             attn += [(f"              qk_norm = rmsnorm, qk_norm_eps = {_fmt(eps)},",
                       "self_attn.q_norm, k_norm: RMSNorm over each head's head_dim; " + s("rms_norm_eps"))]
@@ -495,8 +538,9 @@ class _Importer:
                      (f"{pad}low_freq_factor = {_fmt(lo)},", f"{scaling_src}.low_freq_factor"),
                      (f"{pad}high_freq_factor = {_fmt(hi)},", f"{scaling_src}.high_freq_factor"),
                      (f"{pad}original_seq = {orig}))", f"{scaling_src}.original_max_position_embeddings")]
-        attn[0] = (attn[0][0], "; ".join(x for x in (attn[0][1] + " over the whole sequence", self.window_src(),
-                                                          self.dropout_src()) if x))
+        attn[0] = (attn[0][0], "; ".join(x for x in (attn[0][1] + (" within the window" if window is not None
+                                                                       else " over the whole sequence"),
+                                                          self.window_src(window), self.dropout_src()) if x))
         if "rope_scaling" in self.cfg and self.cfg["rope_scaling"] is None:
             attn[rope_row] = (attn[rope_row][0], attn[rope_row][1] + "; rope_scaling null")
         rows += attn
@@ -540,10 +584,15 @@ class _Importer:
         named = " and ".join(k for k in ("architectures", "model_type") if k in self.cfg)
         return "\n".join(head + [f"model {self.type} {{  # {named}"] + body + ["}"]) + "\n"
 
-    def window_src(self) -> str:
-        """The keys that say attention is over the whole sequence."""
+    def window_src(self, window=None) -> str:
+        """The keys that say attention is over the whole sequence, or within the window."""
         if self.type in ("mistral", "mixtral"):
-            return f"{self.src('sliding_window')} null"
+            return f"{self.src('sliding_window')} null" if window is None else ""
+        if self.type in ("qwen2", "qwen3") and window is not None:
+            if "layer_types" in self.cfg:  # transformers reads the list, not max_window_layers
+                return "; ".join([f"{self.src('use_sliding_window')} true", "layer_types all sliding_attention"] +
+                                 (["max_window_layers unused"] if "max_window_layers" in self.cfg else []))
+            return f"{self.src('use_sliding_window')} true; {self.src('max_window_layers')} 0: every layer windowed"
         if self.type in ("qwen2", "qwen3"):
             unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
             return "; ".join([f"{self.src('use_sliding_window')} false"] +

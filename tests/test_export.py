@@ -88,6 +88,9 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", dict(head_dim=24)),  # heads of 24 where hidden / heads is 16
     "mistral_nemo": ("MistralConfig", dict(sliding_window=None, head_dim=24)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02)),
+    # sliding windows of 32 tokens, shorter than the 64 trained on: Mistral 7B's, Qwen 2's over every layer
+    "mistral_window": ("MistralConfig", dict(sliding_window=32)),
+    "qwen2_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0)),
 }
 
 
@@ -117,6 +120,26 @@ def test_import_then_export_gives_back_the_config(case):
         assert got[key] == value and type(got[key]) is type(value), (key, got.get(key), value)
     assert got["bos_token_id"] == 1 and got["eos_token_id"] == 2 and got["initializer_range"] == 0.01
     assert X.hf_config(spec)["max_position_embeddings"] == 128  # without the source too
+
+
+@pytest.mark.parametrize("case,family", [("mistral_window", "mistral"), ("qwen2_window", "qwen2")])
+def test_a_window_is_written_back_without_the_source(case, family):
+    """A model with `window` exports its sliding window without the config it came from: a Llama-shaped model as
+    Mistral (Llama has no window), Qwen 2 with use_sliding_window and max_window_layers 0 (every layer); transformers
+    reads the config back to the same window."""
+    original, scale = _imported(case)
+    spec = check_text(scale, "imported.scale")
+    got = X.hf_config(spec)
+    assert got["model_type"] == family and got["sliding_window"] == 32
+    hf = transformers.AutoConfig.for_model(got["model_type"], **{k: v for k, v in got.items() if k != "model_type"})
+    assert hf.sliding_window == 32
+    if family == "qwen2":
+        assert got["use_sliding_window"] is True and got["max_window_layers"] == 0
+        assert set(hf.layer_types) == {"sliding_attention"}
+    # and without the window, none
+    plain = check_text(scale.replace("window = window,", ""), "plain.scale")
+    again = X.hf_config(plain)
+    assert again.get("sliding_window") is None and again.get("use_sliding_window") in (None, False)
 
 
 def _checkpoint(tmp_path, scale: str) -> str:

@@ -1,6 +1,7 @@
 """Starting from a Hugging Face checkpoint (`train { init = from("DIR") }`, runtime/hf.py): tiny random
 LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM with a head_dim of its own (as
-Mistral-Nemo) and MixtralForCausalLM built in-process (no download) and saved with
+Mistral-Nemo), MistralForCausalLM with Mistral 7B's sliding window (shorter than the sequence) and
+MixtralForCausalLM built in-process (no download) and saved with
 `save_pretrained` (safetensors); the generated Model loads them by name and computes Hugging Face's loss (fp32,
 1e-5) and gradients; each rank of a parallel plan reads only its part and the run trains exactly like the single
 device from the same weights (dp 2 × tp 2, pp 2, ep 2 for Mixtral)."""
@@ -29,6 +30,10 @@ BLOCK = {
     "mistral_head_dim": "attention(hidden, heads, kv_heads = 2, bias = false, head_dim = 24, rope_theta = 1000000) }}\n"
                         "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, "
                         "bias = false) }}",
+    # Mistral 7B's sliding window, 8 tokens of the 32: each query sees itself and the 7 before it
+    "mistral_window": "attention(hidden, heads, kv_heads = 2, bias = false, window = 8, rope_theta = 1000000) }}\n"
+                      "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, "
+                      "bias = false) }}",
     "mixtral": "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 1000000) }}\n"
                "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 4 * hidden, 4, top_k = 2, "
                "capacity_factor = none, act = swiglu, aux_loss = 0) }}",
@@ -80,6 +85,10 @@ def hf_model(kind: str, path):
         config = transformers.MistralConfig(**kw, head_dim=24, sliding_window=None,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
         cls = transformers.MistralForCausalLM
+    elif kind == "mistral_window":
+        config = transformers.MistralConfig(**kw, sliding_window=8,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.MistralForCausalLM
     else:
         config = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
@@ -100,7 +109,7 @@ def scale_text(kind: str, path) -> str:
     return SCALE.format(block=BLOCK[kind].format(), path=path)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mistral_window", "mixtral"])
 def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     from runtime import hf
     ref = hf_model(kind, tmp_path / "hf")
@@ -118,6 +127,12 @@ def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     loss = model(tokens, targets)
     want = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    if kind == "mistral_window":  # transformers' window is in force: without it, another loss
+        ref.config.sliding_window = None
+        with torch.no_grad():
+            full = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
+        ref.config.sliding_window = 8
+        assert abs(full.item() - want.item()) > 1e-4
     loss.backward()
     want.backward()
     params = dict(ref.named_parameters())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from compiler import spec as S
 from compiler.check import check_text
 from compiler.diagnostics import ScaleError
 from compiler.importer import DEFAULTS, IRRELEVANT, USED, complete, import_config
@@ -35,6 +36,10 @@ CASES = {
     "mistral_head_dim": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, head_dim=24)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
                                                             router_aux_loss_coef=0.02)),
+    # sliding windows shorter than the 32 positions: Mistral 7B's, and Qwen 2's over every layer
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=8,
+                                                             max_window_layers=0)),
 }
 
 
@@ -68,6 +73,7 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
     if case == "qwen3_biases":  # head_dim = hidden / heads: not written; biases on q, k, v and o
         assert "head_dim = head_dim" not in out and "bias = true," in out
     assert ("qk_norm = rmsnorm" in out) == case.startswith("qwen3")
+    assert ("window   = 8 " in out and "window = window," in out) == case.endswith("_window")
 
 
 def test_defaults_are_transformers_defaults():
@@ -90,6 +96,8 @@ def test_defaults_are_transformers_defaults():
                 continue
             elif key == "use_sliding_window":
                 got = hf.use_sliding_window
+            elif key == "sliding_window" and model_type in ("qwen2", "qwen3"):  # null unless use_sliding_window
+                got = getattr(transformers, cls)(use_sliding_window=True).sliding_window
             else:
                 got = getattr(hf, key)
             assert got == ours, (model_type, key, got, ours)
@@ -212,16 +220,55 @@ def test_unknown_key_is_located_at_the_key():
 
 
 def test_unsupported_value_is_located_at_the_key():
-    text = MIXTRAL_8X7B.replace('"sliding_window": null', '"sliding_window": 4096')
+    text = MIXTRAL_8X7B.replace('"output_router_logits": false', '"output_router_logits": "no"')
     assert _diagnose(text, "mixtral/config.json") == (
-        "error[E0954]: sliding-window attention (4096 tokens) is not expressible\n"
-        "  --> mixtral/config.json:21:3\n"
+        'error[E0954]: output_router_logits must be true or false, not "no"\n'
+        "  --> mixtral/config.json:17:3\n"
         "   |\n"
-        '21 |   "sliding_window": 4096,\n'
-        "   |   ^^^^^^^^^^^^^^^^^^^^^^ not expressible in .scale\n"
-        "   = help: attention in .scale is causal over the whole sequence, which equals a window as long as the "
-        "training sequences: set it to null and train with seq_len at most the window\n\n"
+        '17 |   "output_router_logits": "no",\n'
+        "   |   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^ not expressible in .scale\n"
+        "   = help: true or false\n\n"
         "error: aborting due to 1 previous error\n")
+
+
+def test_sliding_window_is_written():
+    """Mistral 7B's and Mixtral's `sliding_window` is every layer's window; Qwen 2's with use_sliding_window and
+    max_window_layers 0 (every layer from the first on) too."""
+    out = import_config(MIXTRAL_8X7B.replace('"sliding_window": null', '"sliding_window": 4096'), "m.json")
+    assert "window   = 4096 " in out and "window = window," in out and "within the window" in out
+    spec = check_text(complete(out), "m.scale")
+    assert {spec.value(x.window) for x in S.walk(spec.model.layers) if isinstance(x, S.Attention)} == {4096}
+    qwen = json.dumps({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 512,
+                       "max_window_layers": 0, "num_hidden_layers": 4}, indent=2)
+    out = import_config(qwen, "q.json")
+    assert "window   = 512 " in out and "use_sliding_window true; max_window_layers 0: every layer windowed" in out
+    listed = json.dumps({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 512,
+                         "num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2}, indent=2)
+    assert "window   = 512 " in import_config(listed, "q.json")
+    # windows configured for no layer: attention over the whole sequence, as before
+    for off in (dict(use_sliding_window=False, max_window_layers=0), dict(use_sliding_window=True,
+                                                                           max_window_layers=4)):
+        text = json.dumps({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 512, "num_hidden_layers": 4,
+                           **off}, indent=2)
+        assert "window" not in import_config(text, "q.json").split("model qwen2")[1].split("#")[0]
+        assert "window =" not in import_config(text, "q.json")
+
+
+@pytest.mark.parametrize("extra,where", [
+    (dict(max_window_layers=2), '"max_window_layers": 2'),
+    (dict(layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"]),
+     '"layer_types": ['),
+])
+def test_per_layer_windows_are_refused_at_their_key(extra, where):
+    """Qwen 2 windows only the layers from max_window_layers on (or those `layer_types` lists): a stack of two
+    attention kinds, which one `repeat` of identical blocks cannot write."""
+    text = json.dumps({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 512,
+                       "num_hidden_layers": 4, **extra}, indent=2)
+    out = _diagnose(text, "q.json")
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if where in ln)
+    assert out.startswith("error[E0954]: 2 of 4 layers use sliding-window attention and the others full attention: "
+                          f"per-layer attention kinds are not expressible\n --> q.json:{line}:"), out
+    assert "a `repeat` holds identical blocks" in out
 
 
 @pytest.mark.parametrize("edit,code,where", [
@@ -242,13 +289,11 @@ def test_each_refusal_is_located(edit, code, where):
 
 
 def test_an_absent_key_is_read_as_transformers_default():
-    """transformers' MistralConfig defaults to a 4096-token sliding window: a file that omits the key gets it, so
-    the import refuses it, at the file's first brace; Llama's defaults map, and the output says which were
-    absent."""
+    """transformers' MistralConfig defaults to a 4096-token sliding window: a file that omits the key gets it, and
+    the output says so; Llama's defaults map, and the output says which were absent."""
     text = json.dumps({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, indent=2)
-    out = _diagnose(text, "c.json")
-    assert out.startswith("error[E0954]: sliding-window attention (4096 tokens) is not expressible (`sliding_window` "
-                          "absent: transformers' default for MistralForCausalLM)\n --> c.json:1:1\n"), out
+    out = import_config(text, "c.json")
+    assert "window   = 4096 " in out and "# sliding_window (absent: transformers' default): each query" in out
     out = import_config(json.dumps({"architectures": ["LlamaForCausalLM"]}), "c.json")
     assert "vocab    = 32000" in out and "# vocab_size (absent: transformers' default)" in out
     assert _params(out) == 6_738_415_616  # LlamaConfig()'s defaults are Llama-2-7B's shapes

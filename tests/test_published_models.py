@@ -1,5 +1,6 @@
 """Released architectures written in the language: `scalec plan` prints their published parameter counts exactly
-(Llama 2 7B: Touvron et al. 2023; Llama 3 8B and 70B: Meta 2024; Mixtral 8x7B: Jiang et al. 2024), and each
+(Llama 2 7B: Touvron et al. 2023; Llama 3 8B and 70B: Meta 2024; Mixtral 8x7B: Jiang et al. 2024; Mistral 7B
+imported from its config.json with its sliding window: Jiang et al. 2023), and each
 sample's plan fits its cluster (the compiler refuses one that does not)."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from compiler import spec as S
 from compiler.check import check_text
 from compiler.report.plan import plan_text
 from compiler.fit import budget
@@ -123,13 +125,40 @@ MISTRAL_NEMO_12B = """{
   "vocab_size": 131072
 }
 """
+# Mistral-7B-v0.1 (Mistral AI, 2023): grouped-query attention within a 4096-token sliding window.
+MISTRAL_7B_V0_1 = """{
+  "architectures": [
+    "MistralForCausalLM"
+  ],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "sliding_window": 4096,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+}
+"""
+WINDOW_CONFIGS = {"mistral_7b_v0_1": (MISTRAL_7B_V0_1, 7_241_732_096, 7.2e9)}
 # name -> (config.json, parameters, the published figure it rounds to: the model cards' "0.6B" (0.44B without the
 # embedding), "8.2B" (6.95B without), and Mistral-Nemo's "12B")
 HEAD_DIM_CONFIGS = {"qwen3_0_6b": (QWEN3_0_6B, 596_049_920, 0.6e9), "qwen3_8b": (QWEN3_8B, 8_190_735_360, 8.2e9),
                     "mistral_nemo_12b": (MISTRAL_NEMO_12B, 12_247_782_400, 12e9)}
 
 
-@pytest.mark.parametrize("name", sorted(HEAD_DIM_CONFIGS))
+@pytest.mark.parametrize("name", sorted(HEAD_DIM_CONFIGS) + sorted(WINDOW_CONFIGS))
 def test_head_dim_models_have_transformers_parameter_count(name):
     """Imported, planned on the meta device: the parameters are exactly transformers' own model of the same
     config.json (built on the meta device, nothing allocated), and round to the published figure."""
@@ -138,8 +167,13 @@ def test_head_dim_models_have_transformers_parameter_count(name):
     from compiler.importer import complete, import_config
     transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
     import torch
-    text, count, published = HEAD_DIM_CONFIGS[name]
-    compiled = compile_spec(check_text(complete(import_config(text, f"{name}/config.json")), f"{name}.scale"))
+    text, count, published = {**HEAD_DIM_CONFIGS, **WINDOW_CONFIGS}[name]
+    imported = import_config(text, f"{name}/config.json")
+    compiled = compile_spec(check_text(complete(imported), f"{name}.scale"))
+    if name in WINDOW_CONFIGS:  # the window is written, and the program attends within it
+        assert "window   = 4096 " in imported and "window = window," in imported
+        assert any(isinstance(x, S.Attention) and compiled.spec.value(x.window) == 4096
+                   for x in S.walk(compiled.spec.model.layers))
     assert compiled.costs.params_n == count
     assert f"parameters  {count:,} " in plan_text(compiled)
     cfg = json.loads(text)
