@@ -16,17 +16,20 @@ import torch
 import torch.nn.functional as F
 
 
-@functools.lru_cache(maxsize=16)
-def window_mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
-    """(seq_q, seq_k) booleans, True where query i may read key j: j <= i and i - j < window. Queries are the
-    last seq_q positions of the keys' (equal lengths in training)."""
+def _mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
     i = torch.arange(seq_k - seq_q, seq_k, device=device)[:, None]
     j = torch.arange(seq_k, device=device)[None, :]
     return (j <= i) & (i - j < window)
 
 
 @functools.lru_cache(maxsize=16)
-def _block_mask(seq_q: int, seq_k: int, window: int, device: torch.device):
+def window_mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
+    """(seq_q, seq_k) booleans, True where query i may read key j: j <= i and i - j < window. Queries are the
+    last seq_q positions of the keys' (equal lengths in training)."""
+    return _mask(seq_q, seq_k, window, device)
+
+
+def _make_block_mask(seq_q: int, seq_k: int, window: int, device: torch.device):
     from torch.nn.attention.flex_attention import create_block_mask
     offset = seq_k - seq_q
 
@@ -34,6 +37,9 @@ def _block_mask(seq_q: int, seq_k: int, window: int, device: torch.device):
         q_pos = q_idx + offset
         return (kv_idx <= q_pos) & (q_pos - kv_idx < window)
     return create_block_mask(keep, B=None, H=None, Q_LEN=seq_q, KV_LEN=seq_k, device=device)
+
+
+_block_mask = functools.lru_cache(maxsize=16)(_make_block_mask)
 
 
 @functools.cache
@@ -51,8 +57,13 @@ def sliding_window(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Ten
     if window < 1:
         raise ValueError(f"a sliding window must hold at least the query itself, not {window}")
     seq_q, seq_k = q_BHSD.shape[-2], k_BKSD.shape[-2]
+    # Inside a compiled region (plan { compile = true }) the masks are traced into the graph, made once per
+    # compilation: the caches are for eager programs (dynamo would trace through them and warn).
+    compiling = torch.compiler.is_compiling()
     if q_BHSD.is_cuda:
-        return _flex()(q_BHSD, k_BKSD, v_BKSD, block_mask=_block_mask(seq_q, seq_k, window, q_BHSD.device),
-                       enable_gqa=gqa)
-    mask = window_mask(seq_q, seq_k, window, q_BHSD.device)
+        from torch.nn.attention.flex_attention import flex_attention
+        block_mask = (_make_block_mask if compiling else _block_mask)(seq_q, seq_k, window, q_BHSD.device)
+        return (flex_attention if compiling else _flex())(q_BHSD, k_BKSD, v_BKSD, block_mask=block_mask,
+                                                          enable_gqa=gqa)
+    mask = (_mask if compiling else window_mask)(seq_q, seq_k, window, q_BHSD.device)
     return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=gqa)

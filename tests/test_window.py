@@ -161,3 +161,24 @@ def test_single_device_model_runs_the_window():
     h = x + block.attn_o(_reference(q, k, v, 5).transpose(1, 2).flatten(2))
     want = h + block.mlp_down(F.gelu(block.mlp_up(block.norm_2(h))))
     torch.testing.assert_close(block(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cuda_block_mask_is_the_same_window_and_skips_blocks():
+    """The CUDA path's block mask (FlexAttention), run here by FlexAttention's eager CPU fallback: the same
+    attention as the dense mask, and the blocks wholly outside the window are not computed (a 40-token window over
+    512 tokens in 128-token blocks: the causal triangle's 10 blocks less the 3 no query reaches)."""
+    import warnings
+    from runtime import attention as A
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 512, 16, generator=g)
+    k, v = torch.randn(2, 2, 512, 16, generator=g), torch.randn(2, 2, 512, 16, generator=g)
+    block_mask = A._make_block_mask(512, 512, 40, torch.device("cpu"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention says it is slow
+        y = flex.flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    torch.testing.assert_close(y, sliding_window(q, k, v, 40, True), rtol=1e-5, atol=1e-5)
+    def computed(m):  # blocks partly masked, and blocks wholly kept
+        return int(m.kv_num_blocks.sum()) + (0 if m.full_kv_num_blocks is None else int(m.full_kv_num_blocks.sum()))
+    assert computed(block_mask) == 7  # 4 on the diagonal, 3 just below it
+    assert computed(A._make_block_mask(512, 512, 512, torch.device("cpu"))) == 10

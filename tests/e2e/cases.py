@@ -170,10 +170,11 @@ CASES = (
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
-         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000)"),) + EVAL,
+         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000, window = 8)"),) + EVAL,
          plan=dict(PP2_TP2, **INTERLEAVED),
-         description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings (each "
-                     "rank turns its heads by the whole sequence's positions, gathered before attention): the ledger "
+         description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings and "
+                     "an 8-token sliding window of the 32 (each rank turns its heads by the whole sequence's "
+                     "positions and masks them by the window, the sequence gathered before attention): the ledger "
                      "of pp rank 0 counts the tp collectives of both its stages, and the bytes counted equal it"),
     Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
          edits=(("layers  = 4", "layers  = 8"),) + EVAL,
