@@ -766,3 +766,16 @@ def test_renormalize_default_keeps_the_call_and_its_opposite_is_written():
                                                                        "dropped = residual, renormalize = true)"),
                       "top1.scale")
     assert [d.code for d in spec.warnings] == ["W0712"]
+
+
+def test_plan_names_the_shared_expert_and_unrenormalised_gates_only_when_there():
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.report.plan import plan_text
+    text = _shared_text(2, 1).replace("dropped = residual,", "dropped = residual, renormalize = false,")
+    out = plan_text(compile_spec(check_text(text, "shared.scale")))
+    assert "a shared expert of width 3*hidden = 48 for every token, scaled by sigmoid(x · w); a dense part " \
+           "(replicated over ep)" in out, out
+    assert "gates: each the chosen experts' softmax probability, not renormalised" in out
+    plain = plan_text(compile_spec(check_text(MOE_TEXT.format(ep=2, second=DENSE), "plain.scale")))
+    assert "shared expert" not in plain and "gates:" not in plain
