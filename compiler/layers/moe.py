@@ -1,5 +1,6 @@
 """`moe(hidden, ffn, experts, top_k, ...)`: a mixture of experts in place of an MLP. Its experts are sharded over
-ep (compiler/passes/expert_parallel.py), not over tp: every leaf is replicated over tp."""
+ep (compiler/passes/expert_parallel.py), not over tp: the router and the experts are replicated over tp. Its shared
+expert (`shared_ffn`) is an MLP beside them, a dense part under ep, sharded over tp as an `mlp` is (TP_ROLES)."""
 from __future__ import annotations
 
 from compiler import ast
