@@ -707,7 +707,7 @@ def _eval_checks(c: _Checker, train: S.Train, at: dict) -> None:
         c.error("E0133", "`eval_every` on a token file with nothing held out: evaluation needs data the run never "
                 "trains on", at["eval_every"], label="no `eval_split`",
                 help="add `eval_split = 0.05` (the last 5% of the file's windows are held out and never trained "
-                     "on), or evaluate a file split beforehand")
+                     "on), or remove `eval_every`")
     elif not tokens and "eval_split" in at:
         c.warn("W0141", "`eval_split` with synthetic data: its held-out batches are a seed stream of their own",
                at["eval_split"], label="has no effect",

@@ -252,6 +252,13 @@ CODES: dict[str, Code] = {
     "W0710": Code("load-balancing loss that cannot balance", "A warning: with top_k equal to the experts every "
                   "token goes to every expert, the load is always balanced and the auxiliary loss is the constant "
                   "1: its weight changes nothing. Use a smaller top_k, or `aux_loss = 0`."),
+    "W0712": Code("renormalised top-1 gates", "A warning: `renormalize = true` divides each gate by the sum of "
+                  "the token's top_k gates; with top_k = 1 every gate becomes 1, so the router's probabilities no "
+                  "longer scale the expert's output and the router learns from the load-balancing loss alone. "
+                  "Remove the setting (top-1 gates are the probability, as in Switch) or route to more experts."),
+    "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
+                  "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
+                  "shared expert a width with `shared_ffn`, or remove `shared_gate`."),
     # -- data -----------------------------------------------------------------------------------------------------
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "

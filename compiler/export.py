@@ -5,9 +5,10 @@ read whole on this one process (torch.distributed.checkpoint's `dcp_to_torch_sav
 Hugging Face's layout (runtime/hf.py: Mixtral's stacked experts split per expert and transposed back), and written
 with `safetensors` in files of at most `shard_bytes` (with `model.safetensors.index.json` when there are several),
 beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k, v
-only), Qwen3ForCausalLM (`qk_norm = rmsnorm`: its q_norm and k_norm) or MixtralForCausalLM (a `moe` in each block);
-a head_dim other than hidden / heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then
-reads back is bit for bit the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
+only), Qwen3ForCausalLM (`qk_norm = rmsnorm`: its q_norm and k_norm), MixtralForCausalLM (a `moe` in each block) or
+Qwen2MoeForCausalLM (a `moe` with a sigmoid-gated shared expert in each block); a head_dim other than hidden /
+heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then reads back is bit for bit
+the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
 The config round-trips `scalec import`: `max_position_embeddings` is the model's `seq` size (what the importer
 wrote from it), not the train section's seq_len. When the model came from a Hugging Face checkpoint (the train
@@ -42,7 +43,7 @@ COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 
 # The family of each architecture (importer's model_type) and its class.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
 
 def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
@@ -114,6 +115,8 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
             value == {"head_dim": config["hidden_size"] // config["num_attention_heads"],
                       "num_key_value_heads": config["num_attention_heads"]}[key]  # null: the importer derives it
         merged[key] = original[key] if same or derived else value  # the file's spelling of an equal value (10000)
+    if family == "qwen2_moe" and "intermediate_size" in original:  # its dense layers' width: this model has none
+        merged["intermediate_size"] = original["intermediate_size"]
     if isinstance(merged.get("layer_types"), list):  # Qwen 2's per-layer attention kinds: one per layer, all alike
         kind = "sliding_attention" if config.get("use_sliding_window") else "full_attention"
         merged["layer_types"] = [kind] * config["num_hidden_layers"]
@@ -212,7 +215,15 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
         if att.qk_norm_eps != n1.eps:
             raise ExportError(f"Qwen 3's q/k norms use the model's rms_norm_eps ({n1.eps:g}), not "
                               f"qk_norm_eps = {att.qk_norm_eps:g}")
+    if isinstance(ffn, S.MoE) and ffn.shared_ffn is not None:
+        if window is not None:
+            raise ExportError("Qwen2-MoE's sliding window covers alternate layers only: a window on every layer "
+                              "has no Qwen2-MoE form")
+        return "qwen2_moe", _qwen2_moe_config(config, ffn, qkv_bias, v)
     if isinstance(ffn, S.MoE):
+        if ffn.renormalize is False and ffn.top_k > 1:
+            raise ExportError("Mixtral renormalises the gates of a token's top_k experts: remove "
+                              "`renormalize = false` (or give the moe a shared expert: Qwen2-MoE's layout)")
         if ffn.act != "swiglu" or ffn.capacity_factor != "none":
             raise ExportError("Mixtral's experts are SwiGLU and route without dropping: `moe(..., act = swiglu, "
                               "capacity_factor = none)`")
@@ -236,6 +247,23 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
     return "llama", config
 
 
+def _qwen2_moe_config(config: dict, ffn: S.MoE, qkv_bias: bool, v) -> dict:
+    """Qwen2-MoE's keys for a `moe` with a shared expert: dropless SwiGLU experts and a sigmoid-gated SwiGLU shared
+    expert in every layer. `intermediate_size` (the width of its dense MLP layers, which such a model has none of) is
+    written as the shared expert's width, as Qwen1.5-MoE's config has it."""
+    if ffn.act != "swiglu" or ffn.capacity_factor != "none" or ffn.shared_gate != "sigmoid":
+        raise ExportError("Qwen2-MoE's experts and shared expert are SwiGLU, route without dropping and gate the "
+                          "shared expert by a sigmoid: `moe(..., act = swiglu, capacity_factor = none, shared_ffn = "
+                          "F, shared_gate = sigmoid)`")
+    shared = int(v(ffn.shared_ffn))
+    config.update(intermediate_size=shared, moe_intermediate_size=int(v(ffn.ffn)),
+                  shared_expert_intermediate_size=shared, num_experts=int(v(ffn.experts)),
+                  num_experts_per_tok=int(ffn.top_k), norm_topk_prob=bool(ffn.renormalize),
+                  router_aux_loss_coef=float(ffn.aux_loss), output_router_logits=False, decoder_sparse_step=1,
+                  mlp_only_layers=[], qkv_bias=qkv_bias, use_sliding_window=False)
+    return config
+
+
 def read_checkpoint(path: str) -> dict:
     """The model's tensors of a checkpoint directory (`step_N`), whole, by our names."""
     if not os.path.exists(os.path.join(path, ".metadata")):
@@ -252,16 +280,17 @@ def read_checkpoint(path: str) -> dict:
     return {k.removeprefix("model."): t for k, t in state.items() if k.startswith("model.")}
 
 
-def hf_tensors(tensors: dict) -> dict:
-    """Our tensors under Hugging Face's names (experts split and transposed back)."""
+def hf_tensors(tensors: dict, layout: str = "mixtral") -> dict:
+    """Our tensors under Hugging Face's names (experts split and transposed back), a `moe`'s in `layout`
+    (runtime/hf_names.py: MIXTRAL or QWEN_MOE)."""
     from runtime import hf
     out = {}
     for name, t in tensors.items():
         if ".moe_experts." in name:
             for e in range(t.shape[0]):
-                out[hf.hf_name(name, e)] = t[e].t().contiguous()
+                out[hf.hf_name(name, e, layout)] = t[e].t().contiguous()
         else:
-            out[hf.hf_name(name)] = t.contiguous()
+            out[hf.hf_name(name, layout=layout)] = t.contiguous()
     return out
 
 
@@ -273,7 +302,8 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     from safetensors.torch import save_file
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
-    tensors = hf_tensors(read_checkpoint(checkpoint))
+    from runtime.hf_names import MIXTRAL, QWEN_MOE
+    tensors = hf_tensors(read_checkpoint(checkpoint), QWEN_MOE if config["model_type"] == "qwen2_moe" else MIXTRAL)
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)
     for key in ("torch_dtype", "dtype"):

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 import sympy
 
 from compiler import spec as S
-from runtime.hf_names import hf_name
+from runtime.hf_names import MIXTRAL, hf_name, moe_layout
 
 HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
-FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM")
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM",
+            "Qwen2MoeForCausalLM")
 SHOWN = 3  # names shown of a list
 
 
@@ -201,23 +202,31 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
         out = [("_router.weight", (x.experts, x.hidden)), ("_experts.w_up", (x.experts, x.hidden, x.ffn))]
         if x.act == "swiglu":
             out.append(("_experts.w_gate", (x.experts, x.hidden, x.ffn)))
-        return out + [("_experts.w_down", (x.experts, x.ffn, x.hidden))]
+        out.append(("_experts.w_down", (x.experts, x.ffn, x.hidden)))
+        if x.shared_ffn is not None:  # the shared expert (compiler/model.py _shared_expert): linears, no biases
+            f = x.shared_ffn
+            out += [("_shared_up.weight", (f, x.hidden))] + (
+                [("_shared_gate.weight", (f, x.hidden))] if x.act == "swiglu" else []) + [
+                ("_shared_down.weight", (x.hidden, f))] + (
+                [("_shared_sigmoid.weight", (1, x.hidden))] if x.shared_gate == "sigmoid" else [])
+        return out
     return []
 
 
-def expected(model: S.Model, number) -> tuple[dict[str, tuple[tuple, object]], list[tuple[str, object]]]:
+def expected(model: S.Model, number, layout: str = MIXTRAL) -> tuple[dict[str, tuple[tuple, object]],
+                                                                     list[tuple[str, object]]]:
     """Hugging Face name -> (shape expressions, layer) of every tensor the program reads, and the parameters
     (ours, with their layer) that have no Hugging Face name. A stacked expert weight is one tensor per expert,
-    transposed (runtime/hf.py)."""
+    transposed (runtime/hf.py); a `moe`'s names are those of `layout` (runtime/hf_names.py)."""
     out: dict[str, tuple[tuple, object]] = {}
     orphans = []
     for name, (shape, layer) in parameters(model, number).items():
         try:
             if ".moe_experts." in name:
                 for e in range(int(number(shape[0]))):
-                    out[hf_name(name, e)] = ((shape[2], shape[1]), layer)
+                    out[hf_name(name, e, layout)] = ((shape[2], shape[1]), layer)
             else:
-                out[hf_name(name)] = (shape, layer)
+                out[hf_name(name, layout=layout)] = (shape, layer)
         except KeyError:
             orphans.append((name, layer))
     return out, orphans
@@ -238,7 +247,7 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     """What keeps the checkpoint from being this model's: the model's parameters with no Hugging Face name (E0810),
     tensors missing or left over (E0807), shapes (E0808), then, when the tensors fit, config.json's figures that
     shapes cannot show (E0809)."""
-    want, orphans = expected(model, number)
+    want, orphans = expected(model, number, moe_layout(tensors))  # as runtime/hf.py reads it
     if orphans:
         kinds = " and ".join(sorted({_kind(layer) for _, layer in orphans}))
         return [Problem("E0810", f"the model's {_few([n for n, _ in orphans])} ({kinds}) "
@@ -335,11 +344,17 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
                    number(att.kv_heads), "kv_heads"),
                   ("rope_theta", rope, att.rope_theta, "rope_theta"),
                   ("head_dim", config.get("head_dim"), number(att.head_width), "the head dimension")]
+    qwen_moe = isinstance(ffn, S.MoE) and "moe_intermediate_size" in config  # Qwen-MoE: experts of their own width
     if ffn is not None:
-        pairs.append(("intermediate_size", config.get("intermediate_size"), number(ffn.ffn), "the ffn width"))
+        pairs.append(("moe_intermediate_size" if qwen_moe else "intermediate_size",
+                      config.get("moe_intermediate_size" if qwen_moe else "intermediate_size"), number(ffn.ffn),
+                      "the ffn width"))
     if isinstance(ffn, S.MoE):
-        pairs += [("num_local_experts", config.get("num_local_experts"), number(ffn.experts), "experts"),
+        pairs += [("num_experts" if qwen_moe else "num_local_experts",
+                   config.get("num_experts" if qwen_moe else "num_local_experts"), number(ffn.experts), "experts"),
                   ("num_experts_per_tok", config.get("num_experts_per_tok"), ffn.top_k, "top_k")]
+        if qwen_moe and "norm_topk_prob" in config:
+            pairs.append(("norm_topk_prob", config["norm_topk_prob"], ffn.renormalize, "renormalize"))
     if norm is not None:
         pairs.append(("rms_norm_eps", config.get("rms_norm_eps"), norm.eps, "the norms' eps"))
     differ = [(k, theirs, ours, what) for k, theirs, ours, what in pairs

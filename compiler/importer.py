@@ -1,6 +1,6 @@
 """`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral 7B's sliding window and
-Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense) or Mixtral causal LM, as the equivalent `.scale` model
-section.
+Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense), Mixtral or Qwen2-MoE causal LM, as the equivalent
+`.scale` model section.
 
 `import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
 at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
@@ -23,7 +23,7 @@ from compiler.diagnostics import Diagnostic, ScaleError, Span
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral"}
+                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
 # from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
@@ -43,8 +43,6 @@ NOT_YET = {
                         "configs) a sliding window or longrope/su rope scaling"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "q/k RMSNorm, fine-grained experts of their own width "
                             "(moe_intermediate_size) and top-k routing renormalised over the chosen experts"),
-    "Qwen2MoeForCausalLM": ("qwen2_moe", "a shared expert gated by a sigmoid beside the routed experts, and "
-                            "experts of their own width (moe_intermediate_size)"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "multi-head latent attention (low-rank q and kv projections, a "
                               "decoupled rotary part), shared experts, fine-grained experts and dense first layers"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "multi-head latent attention, shared experts, a sigmoid router with "
@@ -76,6 +74,12 @@ DEFAULTS = {
                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
                     num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
                     router_jitter_noise=0.0, output_router_logits=False),
+    "qwen2_moe": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=24, num_attention_heads=16, max_position_embeddings=32768,
+                      use_sliding_window=False, qkv_bias=True, decoder_sparse_step=1, mlp_only_layers=[],
+                      moe_intermediate_size=1408, shared_expert_intermediate_size=5632, num_experts=60,
+                      num_experts_per_tok=4, norm_topk_prob=False, router_aux_loss_coef=0.001,
+                      output_router_logits=False),
 }
 
 # Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
@@ -89,7 +93,11 @@ USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
         "qwen3": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
                                  "layer_types"),
         "mixtral": _COMMON_USED + ("sliding_window", "num_local_experts", "num_experts_per_tok",
-                                   "router_aux_loss_coef", "router_jitter_noise", "output_router_logits")}
+                                   "router_aux_loss_coef", "router_jitter_noise", "output_router_logits"),
+        "qwen2_moe": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+                                     "qkv_bias", "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
+                                     "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok",
+                                     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits")}
 
 # Keys that do not change the architecture being trained, with the reason.
 IRRELEVANT = {
@@ -358,6 +366,8 @@ class _Importer:
             self.must_be("output_router_logits", lambda v: isinstance(v, bool),
                          "output_router_logits must be true or false, not {}", "true or false")
             moe = (experts, top_k, aux)
+        if self.type == "qwen2_moe":
+            moe = self.qwen2_moe()
         if self.diags or None in sizes.values() or None in (kv, eps, tied, attn_bias, mlp_bias) or rope is None \
                 or (moe is not None and None in moe):
             return None
@@ -371,6 +381,25 @@ class _Importer:
         them); a stack of both kinds is refused, since a `repeat` holds identical blocks."""
         if self.type in ("mistral", "mixtral"):
             return None if self.get("sliding_window") is None else self.pos_int("sliding_window")
+        if self.type == "qwen2_moe":  # windows on alternate layers below max_window_layers: none is expressible
+            self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
+                         "Qwen2-MoE windows alternate layers, which one `repeat` of identical blocks cannot write: "
+                         "set it to false")
+            types = self.cfg.get("layer_types")
+            if types is not None:
+                if not isinstance(types, list):
+                    self.error(("layer_types",), "`layer_types` must be a list", label="not a list")
+                else:
+                    for i, t in enumerate(types):
+                        if t != "full_attention":
+                            self.error(("layer_types", i), f"layer {i} is {json.dumps(t)}, not expressible",
+                                       label="not expressible in .scale",
+                                       help="Qwen2-MoE's attention maps when it is over the whole sequence "
+                                            "(\"full_attention\")")
+                    if layers and len(types) != layers:
+                        self.error(("layer_types",), f"`layer_types` names {len(types)} layers, not "
+                                   f"num_hidden_layers = {layers}", label="wrong length")
+            return None
         if self.type not in ("qwen2", "qwen3"):
             return None  # Llama has no sliding window
         use = self.boolean("use_sliding_window")
@@ -418,6 +447,31 @@ class _Importer:
                             "set max_window_layers to 0 (every layer windowed) or use_sliding_window to false")
             return None
         return self.pos_int("sliding_window")
+
+    def qwen2_moe(self):
+        """Qwen2-MoE's mixture: (experts, top_k, aux_loss, expert width, shared expert width, norm_topk_prob,
+        qkv_bias), None entries after an error. Every decoder layer must be sparse: the language's one `repeat`
+        cannot write the dense layers `decoder_sparse_step` > 1 or `mlp_only_layers` would interleave."""
+        experts, top_k = self.pos_int("num_experts"), self.pos_int("num_experts_per_tok")
+        if experts and top_k and top_k > experts:
+            self.error(("num_experts_per_tok",), f"{top_k} experts per token out of {experts}",
+                       label="more than num_experts", help="each token picks distinct experts")
+        ffn, shared = self.pos_int("moe_intermediate_size"), self.pos_int("shared_expert_intermediate_size")
+        aux = self.number("router_aux_loss_coef", positive=False)
+        if aux is not None and aux < 0:
+            self.error(("router_aux_loss_coef",), "router_aux_loss_coef must not be negative", label="negative")
+        self.must_be("decoder_sparse_step", lambda v: v == 1 and not isinstance(v, bool),
+                     "decoder_sparse_step {} makes only every so many layers sparse, which is not expressible",
+                     "every block of .scale's one `repeat` is the same: a mixture in every layer "
+                     "(decoder_sparse_step 1) maps; dense MLP layers between sparse ones do not")
+        self.must_be("mlp_only_layers", lambda v: v == [],
+                     "mlp_only_layers {} gives some layers a dense MLP, which is not expressible",
+                     "every block of .scale's one `repeat` is the same: only an empty list maps (a mixture in "
+                     "every layer)")
+        self.must_be("output_router_logits", lambda v: isinstance(v, bool),
+                     "output_router_logits must be true or false, not {}", "true or false")
+        norm, qkv = self.boolean("norm_topk_prob"), self.boolean("qkv_bias")
+        return experts, top_k, aux, ffn, shared, norm, qkv
 
     def rope(self):
         """(theta, llama3 tuple or None, theta's source, scaling's source) from rope_theta / rope_scaling
@@ -485,10 +539,14 @@ class _Importer:
         # a head dimension of its own is written only where it is not hidden / heads (Mistral-Nemo, Qwen3-0.6B)
         own = head_dim is not None and (h % n or head_dim != h // n)
         rows: list[tuple[str, str]] = []  # (code, comment)
+        qmoe = self.type == "qwen2_moe"  # experts of their own width, and a shared expert
         rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
                  (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
-                 (f"ffn      = {sizes['intermediate_size']}",
-                  s("intermediate_size") + (" (each expert's)" if moe else "")),
+                 (f"ffn      = {moe[3] if qmoe else sizes['intermediate_size']}",
+                  s("moe_intermediate_size" if qmoe else "intermediate_size") + (" (each expert's)" if moe else ""))]
+        if qmoe:
+            rows += [(f"shared   = {moe[4]}", s("shared_expert_intermediate_size") + " (the shared expert's)")]
+        rows += [
                  (f"heads    = {sizes['num_attention_heads']}",
                   s("num_attention_heads") + ("" if own else
                                               f"; head_dim = hidden / heads = {h // n}"
@@ -504,7 +562,7 @@ class _Importer:
             rows += [(f"window   = {window}", s("sliding_window") + ": each query sees itself and the window - 1 "
                       "tokens before it")]
         if moe:
-            rows += [(f"experts  = {moe[0]}", s("num_local_experts"))]
+            rows += [(f"experts  = {moe[0]}", s("num_experts" if qmoe else "num_local_experts"))]
         rows += [("", "")]
         rows += [("embedding(vocab, hidden)", "model.embed_tokens")]
         rows += [("repeat layers {", "model.layers: num_hidden_layers decoder layers")]
@@ -514,8 +572,10 @@ class _Importer:
         bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
                     "qwen3": s("attention_bias") + " (q, k, v, o)",
                     "qwen2": "Qwen 2: biases on q, k, v, none on o",
-                    "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases"}[self.type]
-        bias = ("bias = false, qkv_bias = true" if self.type == "qwen2"
+                    "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases",
+                    "qwen2_moe": s("qkv_bias") + (": biases on q, k, v, none on o" if qmoe and moe[6] else
+                                                  ": no biases")}[self.type]
+        bias = ("bias = false, qkv_bias = true" if self.type == "qwen2" or (qmoe and moe[6])
                 else f"bias = {_fmt(attn_bias)}")
         attn = [("    attention(hidden, heads, kv_heads = kv_heads,", "self_attn: causal, grouped-query"),
                 (f"              {bias},", bias_src)]
@@ -547,7 +607,18 @@ class _Importer:
         rows += [("  }", "")]
         rows += [("  residual {", "")]
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
-        if moe:
+        if qmoe:
+            experts, top_k, aux, _, _, norm, _ = moe
+            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
+                      f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
+                      f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
+                      f"{s('mlp_only_layers')} empty: a mixture in every layer"),
+                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)},",
+                      f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
+                      "model)"),
+                     ("        shared_ffn = shared, shared_gate = sigmoid)",
+                      "mlp.shared_expert (silu-gated) and mlp.shared_expert_gate: sigmoid(x · w) per token")]
+        elif moe:
             experts, top_k, aux = moe
             rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
                       f"block_sparse_moe: {s('num_experts_per_tok')}; dropless, as transformers routes; "
@@ -573,9 +644,14 @@ class _Importer:
                                (", ".join(k for k in self.cfg if k in IRRELEVANT) or "none") +
                                " (compiler/importer.py says why).", 114, initial_indent="# ",
                                subsequent_indent="#   ")]
-        if self.type == "mixtral":
+        if qmoe:
+            head += textwrap.wrap(f"{self.src('intermediate_size')} is the width of Qwen2-MoE's dense MLP layers, "
+                                  "of which this model has none.", 114, initial_indent="# ", subsequent_indent="# ")
+        if self.type in ("mixtral", "qwen2_moe"):
             note = ("The router: softmax over the experts, top-k, gates renormalised over the k choices, as in "
-                    "transformers. The load-balancing loss differs: transformers adds router_aux_loss_coef × one "
+                    "transformers. " if not qmoe else "The router: softmax over the experts, top-k, the gates "
+                    "renormalised over the k choices or not (renormalize), as in transformers. ") + (
+                    "The load-balancing loss differs: transformers adds router_aux_loss_coef × one "
                     "loss only when output_router_logits is true (here "
                     f"{json.dumps(self.get('output_router_logits'))}), pooling every layer's and sequence's tokens, "
                     "its expert fractions summing to k; .scale adds aux_loss × each moe layer's own loss, per "
@@ -593,7 +669,7 @@ class _Importer:
                 return "; ".join([f"{self.src('use_sliding_window')} true", "layer_types all sliding_attention"] +
                                  (["max_window_layers unused"] if "max_window_layers" in self.cfg else []))
             return f"{self.src('use_sliding_window')} true; {self.src('max_window_layers')} 0: every layer windowed"
-        if self.type in ("qwen2", "qwen3"):
+        if self.type in ("qwen2", "qwen3", "qwen2_moe"):
             unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
             return "; ".join([f"{self.src('use_sliding_window')} false"] +
                              ([", ".join(unused) + " unused"] if unused else []) +

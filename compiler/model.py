@@ -171,13 +171,34 @@ class Segment(nn.Module):
         experts = self._leaf(f"{p}_experts", Experts(n_experts, self._n(m.hidden), self._n(m.ffn), m.act), shapes,
                              m.span)
         top_k, aux, identity = m.top_k, m.aux_loss, m.dropped == "identity"
+        shared = self._shared_expert(m, p) if m.shared_ffn is not None else None
+        # written into the call only where it differs from route's default (renormalised when top_k > 1)
+        renorm = {} if m.renormalize is None or m.renormalize == (top_k > 1) else {"renormalize": m.renormalize}
 
         def run(seg, x_BSH):
-            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux)
+            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **renorm)
             y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
             # dropped = identity: combine also passes a dropped choice's token itself on.
-            return combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))
+            y_BSH = combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))
+            return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
         return _Step(m, run)
+
+    def _shared_expert(self, m: S.MoE, p: str) -> Callable:
+        """The shared expert: an MLP of width `shared_ffn` without biases, in the experts' act, that every token
+        passes through (leaves `{p}_shared_up`, `_gate`, `_down`, which tp shards as an MLP's), its output scaled per
+        token by sigmoid(x · w) under `shared_gate = sigmoid` (leaf `{p}_shared_sigmoid`, hidden → 1)."""
+        up = self._linear(f"{p}_shared_up", m.hidden, m.shared_ffn, False, m.span)
+        gate = self._linear(f"{p}_shared_gate", m.hidden, m.shared_ffn, False, m.span) if m.act == "swiglu" else None
+        down = self._linear(f"{p}_shared_down", m.shared_ffn, m.hidden, False, m.span)
+        self.residual_out.append(down)
+        weigh = self._linear(f"{p}_shared_sigmoid", m.hidden, 1, False, m.span) if m.shared_gate == "sigmoid" else None
+
+        def shared(seg, x_BSH):
+            h_BSF = getattr(seg, up)(x_BSH)
+            h_BSF = F.silu(getattr(seg, gate)(x_BSH)) * h_BSF if gate is not None else F.gelu(h_BSF)
+            y_BSH = getattr(seg, down)(h_BSF)
+            return y_BSH if weigh is None else torch.sigmoid(getattr(seg, weigh)(x_BSH)) * y_BSH
+        return shared
 
     def _run(self, steps, x):
         for st in steps:

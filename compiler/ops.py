@@ -481,7 +481,7 @@ def _route_saved(g, node, args):
     k = args[1]
     g.new(node, "probs", (b, s, e), 4)             # softmax's output (fp32)
     g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's indices
-    if k > 1:
+    if node.kwargs.get("renormalize", k > 1):     # runtime.moe.route's default: renormalised when top_k > 1
         g.new(node, "norm", (b, s, k), 4)          # the division's operands: gates and their sum
         g.new(node, "sum", (b, s, 1), 4)
     g.new(node, "aux", (b, e), 4)                  # the aux loss's product: the mean probabilities
@@ -564,6 +564,7 @@ FUNCTIONS = {
     F.silu: Op("silu", saved=_keeps_input, shard=True),
     F.relu: Op("relu", saved=_keeps_output, shard=True),
     torch.tanh: Op("tanh", saved=_keeps_output),
+    torch.sigmoid: Op("sigmoid", saved=_keeps_output),
     operator.add: _ADD, torch.add: _ADD, "add": _ADD,
     operator.sub: _SUB, torch.sub: _SUB, "sub": _SUB,
     operator.mul: _MUL, torch.mul: _MUL, "mul": _MUL,

@@ -109,6 +109,15 @@ class MoE:
     """Slots per expert per sequence, a size symbol (`capacity`, `capacity_2`, ...) whose value the checker sets
     from the sequence length: min(seq_len, ceil(capacity_factor · top_k · seq_len / experts))."""
     span: Span
+    renormalize: bool | None = None
+    """Whether the gates of a token's top_k choices are renormalised to sum to 1 (else each is its softmax
+    probability over all the experts); None: as before the setting existed, renormalised when top_k > 1."""
+    shared_ffn: Size | None = None
+    """Inner width of the shared expert, an always-on MLP (the experts' act, no biases) whose output every token
+    adds to the routed experts' (Qwen-MoE, DeepSeekMoE); None: no shared expert."""
+    shared_gate: str = "none"
+    """`none`: the shared expert's output is added as is; `sigmoid`: scaled per token by sigmoid(x · w), w a
+    hidden-wide vector (Qwen2-MoE's shared_expert_gate)."""
 
 
 @dataclass(frozen=True, kw_only=True)

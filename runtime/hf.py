@@ -7,7 +7,8 @@ an FSDP shard, its pipeline stages' parameters. No rank reads a whole tensor it 
 
 Names: ours are the single-device model's (`blocks.7.attn_q.weight`), Hugging Face's are `model.layers.7.self_attn.
 q_proj.weight`; `hf_name` (runtime/hf_names.py, torch-free: `scalec check` reads it too) maps one to the other.
-Mixtral's experts are separate (ffn × hidden) matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked and transposed (experts × hidden × ffn for
+Mixtral's experts are separate (ffn × hidden) matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`; Qwen-MoE's
+`mlp.experts.j.gate_proj|down_proj|up_proj`, the layout read off the checkpoint's names); ours are stacked and transposed (experts × hidden × ffn for
 `w_gate` = w1ᵀ and `w_up` = w3ᵀ, experts × ffn × hidden for `w_down` = w2ᵀ). Rotary embeddings need no permutation:
 runtime/rotary.py turns vectors in Hugging Face's own layout (its conversion from Meta's checkpoints permuted the q
 and k rows once, and its files hold the permuted rows).
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.errors import FatalError
-from runtime.hf_names import hf_name
+from runtime.hf_names import MIXTRAL, QWEN_MOE, hf_name, moe_layout  # noqa: F401 (layouts: for callers)
 
 class Files:
     """The tensors of a checkpoint: a directory (with `model.safetensors.index.json`, or its *.safetensors files)
@@ -124,6 +125,7 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
     (dim, full size, axis) of a parameter sharded over tp or ep (runtime.tensor_parallel.Shards.of), `axis_rank(axis)`
     this rank's index on it."""
     files = Files(path)
+    layout = moe_layout(files.where)  # Mixtral's or Qwen-MoE's names of the experts (runtime/hf_names.py)
     axis_rank = axis_rank or (lambda axis: 0)
     loaded: list = []
     with torch.no_grad():
@@ -138,20 +140,20 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
                 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
                 _, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
                 offset = global_offset[0]
-            value = _read_param(files, name, p, local, shard, axis_rank, offset)
+            value = _read_param(files, name, p, local, shard, axis_rank, offset, layout)
             local.copy_(value.to(local.dtype))
             loaded.append(name)
     return Loaded(path=path, names=tuple(loaded), tensors_read=len(files.tensors_read), tensors=len(files.where),
                   bytes_read=files.bytes_read, bytes=files.total_bytes())
 
 
-def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int) -> torch.Tensor:
+def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int, layout: str) -> torch.Tensor:
     rows = local.shape[0]
     if ".moe_experts." in name:  # stacked experts: this rank's experts (ep), each transposed
         lo = axis_rank(shard[2]) * p.shape[0] if shard is not None else 0
         experts = range(lo + offset, lo + offset + rows)
-        return torch.stack([files.read(hf_name(name, e)).t() for e in experts])
-    hf = hf_name(name)
+        return torch.stack([files.read(hf_name(name, e, layout)).t() for e in experts])
+    hf = hf_name(name, layout=layout)
     full = files.shape(hf)
     ranges: dict = {}
     if shard is not None:

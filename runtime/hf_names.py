@@ -1,4 +1,4 @@
-"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3 and Mixtral layouts): the one map the
+"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3, Mixtral and Qwen2-MoE layouts): the one map the
 runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by (compiler/export.py) and `scalec check`
 holds an `init = from(...)` checkpoint's headers against (compiler/hf_header.py), so that what is checked is what the
 program reads. No torch: `scalec check` imports it.
@@ -8,6 +8,11 @@ q_proj.weight`, for the block layout `.scale` files of these families write (`no
 `mlp_*` or `moe_*`; Qwen 3's per-head q/k norms are `attn_q_norm`, `attn_k_norm`). Mixtral's experts are separate
 matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`); ours are stacked over experts, so a stacked name needs
 the expert.
+
+Two layouts name a `moe`: Mixtral's (`block_sparse_moe.gate`, `.experts.j.w1|w2|w3`) and Qwen-MoE's (`mlp.gate`,
+`mlp.experts.j.gate_proj|up_proj|down_proj`, and Qwen2-MoE's shared expert `mlp.shared_expert.*_proj` with its
+sigmoid gate `mlp.shared_expert_gate`). A checkpoint says which it is by its names (`moe_layout`); an export by the
+architecture it writes.
 """
 from __future__ import annotations
 
@@ -17,13 +22,28 @@ _LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_o": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
          "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
-         "mlp_down": "mlp.down_proj", "moe_router": "block_sparse_moe.gate"}
-_EXPERT = {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}
+         "mlp_down": "mlp.down_proj"}
+
+MIXTRAL, QWEN_MOE = "mixtral", "qwen_moe"
+# per layout: the moe's leaves, and where its experts are with the name of each of our stacked weights
+_MOE_LEAF = {MIXTRAL: {"moe_router": "block_sparse_moe.gate"},
+             QWEN_MOE: {"moe_router": "mlp.gate", "moe_shared_gate": "mlp.shared_expert.gate_proj",
+                        "moe_shared_up": "mlp.shared_expert.up_proj", "moe_shared_down": "mlp.shared_expert.down_proj",
+                        "moe_shared_sigmoid": "mlp.shared_expert_gate"}}
+_EXPERTS = {MIXTRAL: ("block_sparse_moe.experts", {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}),
+            QWEN_MOE: ("mlp.experts", {"w_gate": "gate_proj", "w_down": "down_proj", "w_up": "up_proj"})}
 
 
-def hf_name(name: str, expert: int | None = None) -> str:
+def moe_layout(names) -> str:
+    """The layout of a checkpoint's `moe` layers, from its tensor names: Qwen-MoE's where any is under `mlp.experts.`
+    or is `mlp.gate.weight`, else Mixtral's (a model without experts reads the same either way)."""
+    return QWEN_MOE if any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in names) else MIXTRAL
+
+
+def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL) -> str:
     """Hugging Face's name of our parameter `name` (of expert `expert` for a weight stacked over experts, which needs
-    one and only such a weight takes); KeyError for a parameter these families do not have."""
+    one and only such a weight takes), a `moe`'s in `layout` (MIXTRAL or QWEN_MOE); KeyError for a parameter these
+    families do not have."""
     if name in _TOP:
         return _TOP[name]
     parts = name.split(".")
@@ -34,5 +54,6 @@ def hf_name(name: str, expert: int | None = None) -> str:
         raise KeyError(f"{name} is stacked over experts: name one" if expert is None else
                        f"{name} is not an expert's weight")
     if leaf == "moe_experts":
-        return f"model.layers.{i}.block_sparse_moe.experts.{expert}.{_EXPERT[what]}.weight"
-    return f"model.layers.{i}.{_LEAF[leaf]}.{what}"
+        where, names = _EXPERTS[layout]
+        return f"model.layers.{i}.{where}.{expert}.{names[what]}.weight"
+    return f"model.layers.{i}.{_LEAF[leaf] if leaf in _LEAF else _MOE_LEAF[layout][leaf]}.{what}"

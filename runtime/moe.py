@@ -125,16 +125,18 @@ def capacity(seq: int, experts: int, top_k: int, factor) -> int:
     return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))
 
 
-def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float):
+def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None):
     """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
-    expert·C + position (E·C for a dropped choice), and the gate weight (the softmax probability; with K > 1
-    renormalised over the K choices, as GShard and Mixtral do). The auxiliary load-balancing loss
+    expert·C + position (E·C for a dropped choice), and the gate weight: the softmax probability over all the
+    experts, divided by the sum of the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's
+    norm_topk_prob) or as it is when not (Switch, Qwen2-MoE); None: renormalised when K > 1. The auxiliary
+    load-balancing loss
     E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean probability of e; 1 when
     balanced), averaged over the sequences, trains the router with weight `aux_weight`."""
     b, s, e = logits_BSE.shape
     probs_BSE = torch.softmax(logits_BSE.float(), dim=-1)
     gate_BSK, expert_BSK = torch.topk(probs_BSE, top_k, dim=-1)
-    if top_k > 1:
+    if top_k > 1 if renormalize is None else renormalize:
         gate_BSK = gate_BSK / gate_BSK.sum(-1, keepdim=True)
     choice_BSKE = F.one_hot(expert_BSK, e)
     # Position of each choice in its expert's queue: all first choices (in token order) before second choices.

@@ -71,6 +71,8 @@ ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with a
                       "tests/mistakes/files_init_from_wider_llama.scale",
              "E0809": "a checkpoint beside the .scale file: tests/test_hf_header.py",
              "E0810": "a checkpoint beside the .scale file: tests/test_hf_header.py",
+             "E0811": "a token file with a sidecar beside the .scale file: "
+                      "tests/mistakes/files_eval_split_too_small.scale",
              "E0609": "no .scale file reaches it (a defect of the schedule builder): "
                       "tests/test_cost.py::test_compile_refuses_a_schedule_that_fails_verification"}
 

@@ -1,8 +1,8 @@
 """`scalec export FILE CHECKPOINT -o DIR` (compiler/export.py): a run's checkpoint as a Hugging Face checkpoint.
-A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms) and a tiny Mixtral from transformers are trained one
-step from their weights (so the checkpoint is not the file they started from), saved, exported; transformers loads
-the export and holds bit for bit the checkpoint's tensors, and so does `init = from(export)` read back by the
-runtime."""
+A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms), a tiny Mixtral and a tiny Qwen2-MoE from transformers are
+trained one step from their weights (so the checkpoint is not the file they started from), saved, exported;
+transformers loads the export and holds bit for bit the checkpoint's tensors, and so does `init = from(export)`
+read back by the runtime."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from tests.test_hf_weights import hf_model, scale_text
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen2_moe"])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")
     text = scale_text(kind, tmp_path / "hf").replace("steps        = 3", f'steps        = 1\n  checkpoint_dir = "{tmp_path / "ckpt"}"')
@@ -43,7 +43,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     assert config.get("router_aux_loss_coef", 0.0) == 0.0
     assert (tmp_path / "exported" / "generation_config.json").read_text() == \
         (tmp_path / "hf" / "generation_config.json").read_text()
-    ours = X.hf_tensors(saved)
+    ours = X.hf_tensors(saved, "qwen_moe" if kind == "qwen2_moe" else "mixtral")
     from safetensors.torch import load_file
     written = load_file(tmp_path / "exported" / "model.safetensors")
     assert written.keys() == ours.keys()
@@ -51,11 +51,14 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
         assert torch.equal(written[name], t), name
     matched = 0
     for name, p in back.named_parameters():
-        if name in ours:  # all of Llama's; Mixtral's but the experts and router (fused in memory by transformers 5)
+        if name in ours:  # all of Llama's; Mixtral's but the experts and router (fused in memory by transformers 5);
+            # Qwen2-MoE's but the experts (its router and shared expert are named in memory as in its files)
             assert torch.equal(p.detach(), ours[name]), f"transformers read {name} otherwise"
             assert not torch.equal(p, started[name]), f"{name} is the starting weight: the step did not move it"
             matched += 1
-    assert matched == (len(ours) if kind != "mixtral" else 4 * 6 + 3)
+    # per layer: Mixtral 2 norms and q, k, v, o; Qwen2-MoE those, q, k, v biases, the router, the shared expert's
+    # 3 projections and its gate; then the embedding, the final norm and the head
+    assert matched == {"llama": len(ours), "qwen3": len(ours), "mixtral": 4 * 6 + 3, "qwen2_moe": 4 * 14 + 3}[kind]
     # and the runtime reads the export back to the checkpoint's tensors
     from runtime import hf
     _, prog = __import__("tests.test_memory", fromlist=["_program"])._program(
@@ -91,6 +94,8 @@ FAMILIES = {
     # sliding windows of 32 tokens, shorter than the 64 trained on: Mistral 7B's, Qwen 2's over every layer
     "mistral_window": ("MistralConfig", dict(sliding_window=32)),
     "qwen2_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                         shared_expert_intermediate_size=48, router_aux_loss_coef=0.02)),
 }
 
 

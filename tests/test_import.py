@@ -1,7 +1,8 @@
-"""`scalec import config.json` (compiler/importer.py): Hugging Face configs of the five importable classes, made
+"""`scalec import config.json` (compiler/importer.py): Hugging Face configs of the importable classes, made
 in-process with transformers (no download), import to a model section that checks and has exactly the parameters
-of the transformers model; the published configs of Llama-2-7B, Llama-3-8B and Mixtral-8x7B (typed in) give their
-published parameter counts; a key or value that does not map is a located diagnostic at the JSON key."""
+of the transformers model; the published configs of Llama-2-7B, Llama-3-8B, Mixtral-8x7B and Qwen1.5-MoE-A2.7B
+(typed in) give their published parameter counts; a key or value that does not map is a located diagnostic at the
+JSON key."""
 from __future__ import annotations
 
 import json
@@ -40,6 +41,12 @@ CASES = {
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
     "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=8,
                                                              max_window_layers=0)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2,
+                                                                moe_intermediate_size=24,
+                                                                shared_expert_intermediate_size=40)),
+    "qwen2_moe_renormalised": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                               dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16,
+                                    shared_expert_intermediate_size=48, norm_topk_prob=True, qkv_bias=False)),
 }
 
 
@@ -74,13 +81,18 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
         assert "head_dim = head_dim" not in out and "bias = true," in out
     assert ("qk_norm = rmsnorm" in out) == case.startswith("qwen3")
     assert ("window   = 8 " in out and "window = window," in out) == case.endswith("_window")
+    if case == "qwen2_moe":
+        assert "renormalize = false" in out and "shared_ffn = shared, shared_gate = sigmoid" in out
+        assert "ffn      = 24" in out and "shared   = 40" in out and "qkv_bias = true" in out
+    if case == "qwen2_moe_renormalised":
+        assert "renormalize = true" in out and "qkv_bias = true" not in out
 
 
 def test_defaults_are_transformers_defaults():
     """A key the file omits is read as transformers reads it: the importer's table equals each config class's
     own defaults."""
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-               "mixtral": "MixtralConfig"}
+               "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
         for key, ours in DEFAULTS[model_type].items():
@@ -105,7 +117,7 @@ def test_defaults_are_transformers_defaults():
 
 def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
-                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral")):
+                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral"), ("Qwen2MoeConfig", "qwen2_moe")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -191,10 +203,75 @@ MIXTRAL_8X7B = """{
 }
 """
 
+QWEN15_MOE_A27B = """{
+  "architectures": [
+    "Qwen2MoeForCausalLM"
+  ],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 5632,
+  "max_position_embeddings": 8192,
+  "max_window_layers": 21,
+  "model_type": "qwen2_moe",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 16,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.39.0.dev0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936,
+  "decoder_sparse_step": 1,
+  "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632,
+  "num_experts_per_tok": 4,
+  "num_experts": 60,
+  "norm_topk_prob": false,
+  "output_router_logits": false,
+  "router_aux_loss_coef": 0.001
+}
+"""
+
+
+def test_qwen15_moe_count_is_transformers_count():
+    """The published figure (14.3B) is transformers' own count of the config, built on the meta device."""
+    import torch
+    cfg = {k: v for k, v in json.loads(QWEN15_MOE_A27B).items()
+           if k not in ("architectures", "model_type", "transformers_version", "torch_dtype")}
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen2MoeConfig(**cfg))
+    assert sum(p.numel() for p in model.parameters()) == 14_315_784_192
+
+
+@pytest.mark.parametrize("edit,where,says", [
+    (('"decoder_sparse_step": 1', '"decoder_sparse_step": 2'), "q.json:27:3", "decoder_sparse_step 2"),
+    (('"decoder_sparse_step": 1,', '"decoder_sparse_step": 1, "mlp_only_layers": [0, 23],'), "q.json:27:29",
+     "mlp_only_layers [0, 23]"),
+    (('"num_experts_per_tok": 4', '"num_experts_per_tok": 61'), "q.json:30:3", "61 experts per token out of 60"),
+    (('"moe_intermediate_size": 1408', '"moe_intermediate_size": 0'), "q.json:28:3", "moe_intermediate_size"),
+])
+def test_qwen2_moe_refusals_are_located(edit, where, says):
+    """Dense layers between sparse ones (decoder_sparse_step > 1, mlp_only_layers) cannot be written with one
+    `repeat`: refused at the key, as are impossible figures."""
+    text = QWEN15_MOE_A27B.replace(*edit)
+    assert text != QWEN15_MOE_A27B
+    out = _diagnose(text, "q.json")
+    assert "error[E0954]" in out and f"--> {where}\n" in out and says in out, out
+
 
 @pytest.mark.parametrize("name,text,count", [("llama2_7b", LLAMA2_7B, 6_738_415_616),
                                               ("llama3_8b", LLAMA3_8B, 8_030_261_248),
-                                              ("mixtral_8x7b", MIXTRAL_8X7B, 46_702_792_704)])
+                                              ("mixtral_8x7b", MIXTRAL_8X7B, 46_702_792_704),
+                                              # 14.3B: transformers' own count of this config on the meta device
+                                              ("qwen1.5_moe_a2.7b", QWEN15_MOE_A27B, 14_315_784_192)])
 def test_published_configs_give_published_parameter_counts(name, text, count):
     out = import_config(text, f"{name}/config.json")
     assert _params(out, f"{name}.scale") == count
@@ -366,8 +443,7 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
     ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
     ("Phi3ForCausalLM", "phi3", "fused qkv_proj and gate_up_proj"),
-    ("Qwen3MoeForCausalLM", "qwen3_moe", "fine-grained experts of their own width"),
-    ("Qwen2MoeForCausalLM", "qwen2_moe", "a shared expert gated by a sigmoid"),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", "q/k RMSNorm"),
     ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
 ])
 def test_a_family_not_importable_yet_is_refused_with_what_the_language_lacks(arch, model_type, lacks):

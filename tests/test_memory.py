@@ -70,6 +70,11 @@ WHOLE = {
     "moe_top2_swiglu_dropped_identity": ("moe_gpt.scale", (("axis ep = 2", "axis ep = 1"),
                                                            ("devices_per_node = 2", "devices_per_node = 1"),
                                                            ("dropped = residual", "dropped = identity"))),
+    # a sigmoid-gated shared expert (its linears, SwiGLU and the sigmoid's output) and gates not renormalised
+    "moe_shared_expert_sigmoid_unrenormalised": ("moe_gpt.scale", (
+        ("axis ep = 2", "axis ep = 1"), ("devices_per_node = 2", "devices_per_node = 1"),
+        ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
+                                "shared_gate = sigmoid)"))),
 }
 
 

@@ -73,10 +73,10 @@ class Ref:
 
 
 def reference(x, logits, w: dict, act: str, top_k: int, cap: int, dropped: str = "residual",
-              priority: str = "choice", renormalise: bool = True) -> Ref:
+              priority: str = "choice", renormalise: bool | None = None) -> Ref:
     """`priority`: "choice" (GShard: every first choice in token order, then every second choice, ...) or "token"
-    (a deliberately wrong order, token by token, to show the comparison notices); `renormalise`: gates over the k
-    choices (False only to show the comparison notices)."""
+    (a deliberately wrong order, token by token, to show the comparison notices); `renormalise`: each gate divided by
+    the sum of the token's k chosen probabilities (None: when k > 1), else the probability itself."""
     nb, ns, nh = x.shape
     ne = logits.shape[-1]
     rows, auxes, kept_all, counts_all = [], [], [], []
@@ -103,7 +103,7 @@ def reference(x, logits, w: dict, act: str, top_k: int, cap: int, dropped: str =
             total = sum(probs[s][e] for e in choices[s])
             acc = torch.zeros(nh, dtype=x.dtype)
             for j, e in enumerate(choices[s]):
-                gate = probs[s][e] / total if (top_k > 1 and renormalise) else probs[s][e]
+                gate = probs[s][e] / total if (top_k > 1 if renormalise is None else renormalise) else probs[s][e]
                 if (s, j) in kept:
                     acc = acc + gate * _expert(x[b, s], e, w, act)
                 else:
@@ -145,10 +145,10 @@ def _experts_module(w: dict, act: str, lo: int = 0, hi: int | None = None) -> mo
 
 
 def _run(x, router, experts: moe.Experts, n_experts: int, top_k: int, cap: int, aux_weight: float, dropped: str,
-         axis: str | None = None):
+         axis: str | None = None, **renormalize):
     """The layer as compiler/model.py writes it (router → route → dispatch → experts → combine), with the two
     all-to-alls the expert-parallel pass inserts when `axis` is given."""
-    slot, gate = moe.route(x @ router, top_k, cap, aux_weight)
+    slot, gate = moe.route(x @ router, top_k, cap, aux_weight, **renormalize)
     buf = moe.dispatch(x, slot, n_experts, cap)
     if axis is not None:
         buf = moe.all_to_all_dispatch(buf, axis)
@@ -618,3 +618,164 @@ def test_ep_policy_places_experts_evenly_and_refuses_a_remainder(compiled):
     assert ep_policy(gm, 4) == (Placement(node.name, 4, 1),)
     with pytest.raises(AssertionError, match="do not divide over ep = 3"):
         ep_policy(gm, 3)
+
+
+# -- 5. the shared expert (`shared_ffn`, `shared_gate`) ------------------------------------------------------------
+
+SHARED = ("moe(hidden, ffn / 2, experts, top_k = 2, capacity_factor = 1.25, act = swiglu,\n"
+          "                                      aux_loss = 0.01, dropped = residual)")
+
+
+def _shared_text(ep: int, tp: int, act: str = "swiglu", gate: str = "sigmoid") -> str:
+    text = MOE_TEXT.format(ep=ep, second=DENSE)
+    text = text.replace(SHARED, SHARED[:-1].replace("act = swiglu", f"act = {act}")
+                        + f", shared_ffn = 3 * hidden, shared_gate = {gate})")
+    assert "shared_ffn" in text
+    if tp > 1:
+        text = text.replace("  axis ep = 1\n", f"  axis tp = {tp}\n").replace(
+            "devices_per_node = 1", f"devices_per_node = {tp}")
+    return text
+
+
+@pytest.mark.parametrize("act,gate", [("swiglu", "sigmoid"), ("gelu", "none")])
+def test_shared_expert_adds_an_mlp_of_every_token(act, gate):
+    """The moe layer's output with a shared expert is the routed experts' output plus, for every token,
+    [sigmoid(x · w) ·] down(act(x)), computed here from the weights by hand; without the shared expert's leaves
+    (the same layer with `shared_ffn` removed, its other weights copied) the routed part alone."""
+    from compiler.check import check_text
+    from compiler.model import build
+    from runtime.layers import init_parameters
+    torch.manual_seed(0)
+    spec = check_text(_shared_text(1, 1, act, gate), "shared.scale")
+    plain = check_text(_shared_text(1, 1, act, gate).replace(f", shared_ffn = 3 * hidden, shared_gate = {gate}", ""),
+                       "plain.scale")
+    model, base = build(spec, "cpu"), build(plain, "cpu")
+    init_parameters(model, seed=1, std=0.2, residual_out=(), layers=4)
+    base.load_state_dict(model.state_dict(), strict=False)
+    block, plain_block = model.blocks[0], base.blocks[0]
+    names = {n for n, _ in block.named_parameters()}
+    assert {n for n in names if "shared" in n} == {"moe_shared_up.weight", "moe_shared_down.weight"} | (
+        {"moe_shared_gate.weight"} if act == "swiglu" else set()) | (
+        {"moe_shared_sigmoid.weight"} if gate == "sigmoid" else set())
+    step = block._program[-1].body[1]
+    plain_step = plain_block._program[-1].body[1]
+    assert isinstance(step.layer, SPEC.MoE) and step.layer.shared_gate == gate
+    x = torch.randn(2, 12, 16)
+    with torch.no_grad():
+        got, routed = step.run(block, x), plain_step.run(plain_block, x)
+        up = x @ block.moe_shared_up.weight.T
+        h = torch.nn.functional.silu(x @ block.moe_shared_gate.weight.T) * up if act == "swiglu" else _gelu(up)
+        shared = h @ block.moe_shared_down.weight.T
+        if gate == "sigmoid":
+            shared = shared / (1 + torch.exp(-(x @ block.moe_shared_sigmoid.weight.T)))
+    assert shared.abs().max() > 1e-3
+    torch.testing.assert_close(got, routed + shared, rtol=1e-5, atol=1e-6)
+
+
+def test_shared_expert_under_tp_shards_as_an_mlp_and_under_ep_stays_dense():
+    """tp: the shared expert's up and gate are column-parallel, its down row-parallel (one all-reduce each way, in
+    the ledger), the router, the sigmoid gate and the routed experts whole. ep: the shared expert is a dense part:
+    not among the expert shards, its gradients in the dp × ep average."""
+    from compiler import trace as T
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.symbols import size
+    tp = compile_spec(check_text(_shared_text(1, 2), "shared_tp.scale"), check_between=True)
+    gm = _block(tp)
+    shapes = gm.meta[T.PARAM_SHAPES]
+    h, t = size("hidden"), size("tp")
+    assert sympy.simplify(shapes["moe_shared_up.weight"][0] - 3 * h / t) == 0
+    assert sympy.simplify(shapes["moe_shared_gate.weight"][0] - 3 * h / t) == 0
+    assert sympy.simplify(shapes["moe_shared_down.weight"][1] - 3 * h / t) == 0
+    assert tuple(shapes["moe_shared_sigmoid.weight"]) == (1, h)
+    assert tuple(shapes["moe_router.weight"]) == (size("experts"), h)
+    assert gm.get_submodule("moe_shared_up").weight.shape == (24, 16)
+    reasons = [e.reason for e in tp.costs.ledger.entries if "moe_shared_down" in e.reason]
+    assert len(reasons) == 2 and any("row-parallel" in r for r in reasons), reasons
+    ep = compile_spec(check_text(_shared_text(2, 1), "shared_ep.scale"), check_between=True)
+    gm = _block(ep)
+    assert not [n for n in gm.meta[T.EP_SHARDS] if "shared" in n]
+    # 4 · 16 · 48 · 3 shared weights + 16 sigmoid weights per moe layer, two layers: in the dense average only
+    plain = compile_spec(check_text(MOE_TEXT.format(ep=2, second=DENSE), "plain_ep.scale"))
+    extra = 2 * (3 * 16 * 48 + 16)
+    assert ep.costs.params_n - plain.costs.params_n == extra
+    assert ep.costs.expert_params_rank == plain.costs.expert_params_rank
+    dense = [e for e in ep.costs.ledger.entries if e.axis == "dp×ep"]
+    plain_dense = [e for e in plain.costs.ledger.entries if e.axis == "dp×ep"]
+    assert len(dense) == len(plain_dense) == 1
+    assert (ep.spec.value(dense[0].bytes_per_step(), ep.plan)
+            - plain.spec.value(plain_dense[0].bytes_per_step(), plain.plan)) == 4 * extra
+
+
+def test_shared_gate_without_a_shared_expert_warns():
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    text = MOE_TEXT.format(ep=1, second=DENSE).replace("dropped = residual)", "dropped = residual, "
+                                                                                "shared_gate = sigmoid)")
+    spec = check_text(text, "gate_only.scale")
+    assert [d.code for d in spec.warnings] == ["W0711"]
+    (m,) = [x for x in SPEC.walk(spec.model.layers) if isinstance(x, SPEC.MoE)]
+    assert m.shared_ffn is None and m.shared_gate == "none"
+
+
+# -- 6. the router's renormalisation (`renormalize`) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_k,renormalize", [(2, False), (2, True), (1, True), (1, False), (3, False)])
+def test_renormalize_matches_reference_forward_and_gradients(top_k, renormalize):
+    """renormalize = false: each gate is its softmax probability over all the experts (Qwen2-MoE's
+    norm_topk_prob = false); true: divided by the sum of the token's k (Qwen3-MoE, Mixtral); with k = 1 every
+    gate is then 1. Forward and gradients against the reference."""
+    act = "swiglu"
+    w = _weights(act)
+    x0, probe = _inputs()
+    x = x0.clone().requires_grad_()
+    router = w["router"].clone().requires_grad_()
+    experts = _experts_module(w, act)
+    out, _ = _run(x, router, experts, E, top_k, S, 0.0, "residual", renormalize=renormalize)
+    (out * probe).sum().backward()
+    rx = x0.clone().requires_grad_()
+    rw = {k: v.clone().requires_grad_() for k, v in w.items()}
+    ref = reference(rx, rx @ rw["router"], rw, act, top_k, S, renormalise=renormalize)
+    (ref.out * probe).sum().backward()
+    torch.testing.assert_close(out, ref.out, **TOL)
+    torch.testing.assert_close(x.grad, rx.grad, **TOL)
+    torch.testing.assert_close(router.grad, rw["router"].grad, **TOL)
+    # the setting matters: the other choice computes something else (for k = 1 and false, the default itself)
+    other = reference(x0, x0 @ w["router"], w, act, top_k, S, renormalise=not renormalize)
+    assert not torch.allclose(out.detach(), other.out, **TOL)
+    if top_k == 1 and renormalize:  # every gate 1 (p / p, in fp32): the router's gradient is only rounding
+        assert float(router.grad.abs().max()) < 1e-7
+
+
+def test_renormalize_default_keeps_the_call_and_its_opposite_is_written():
+    """The default (true when top_k > 1) leaves route's call as before the setting existed (goldens unchanged);
+    the other value is written into the call as `renormalize=`, and the saved bytes lose the division's."""
+    from compiler import trace as T
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    base = MOE_TEXT.format(ep=1, second=DENSE)
+    for text, kwargs in ((base, {}), (base.replace("dropped = residual)", "dropped = residual, renormalize = true)"),
+                                      {}),
+                         (base.replace("dropped = residual)", "dropped = residual, renormalize = false)"),
+                          {"renormalize": False})):
+        gm = _block(compile_spec(check_text(text, "renorm.scale")))
+        (route,) = _calls(gm, moe.route)
+        assert dict(route.kwargs) == kwargs
+    spec = check_text(base.replace("top_k = 2", "top_k = 1").replace("dropped = residual)",
+                                                                       "dropped = residual, renormalize = true)"),
+                      "top1.scale")
+    assert [d.code for d in spec.warnings] == ["W0712"]
+
+
+def test_plan_names_the_shared_expert_and_unrenormalised_gates_only_when_there():
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.report.plan import plan_text
+    text = _shared_text(2, 1).replace("dropped = residual,", "dropped = residual, renormalize = false,")
+    out = plan_text(compile_spec(check_text(text, "shared.scale")))
+    assert "a shared expert of width 3*hidden = 48 for every token, scaled by sigmoid(x · w); a dense part " \
+           "(replicated over ep)" in out, out
+    assert "gates: each the chosen experts' softmax probability, not renormalised" in out
+    plain = plan_text(compile_spec(check_text(MOE_TEXT.format(ep=2, second=DENSE), "plain.scale")))
+    assert "shared expert" not in plain and "gates:" not in plain

@@ -340,6 +340,12 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.dropped": (Probe(({"dropped": "identity"},), shapes=("ep",)),
                           Probe(({"capacity_factor": "none", "dropped": "identity"},), base={"capacity_factor": "none"},
                                 shapes=("ep",))),
+    "layer.moe.renormalize": (Probe(({"renormalize": "false"},), shapes=("ep",)),
+                              Probe(({"top_k": "1", "renormalize": "true"},), base={"top_k": "1"}, shapes=("ep",))),
+    "layer.moe.shared_ffn": (Probe(({"shared_ffn": "ffn"},), shapes=("ep",)),),
+    "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
+                              Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
+                                    shapes=("ep",))),
     "layer.lm_head.tied": (Probe(({"tied": "false"},), shapes=LAYER_SHAPES),),
     "layer.lm_head.bias": (Probe(({"bias": "true"},), shapes=LAYER_SHAPES),),
 }
@@ -518,6 +524,7 @@ NO_EFFECT = (
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
     ("W0143", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
     ("W0207", "one device", (), "layer.attention.window", {"window": "4096"}),
+    ("W0711", "ep", (), "layer.moe.shared_gate", {"shared_gate": "sigmoid"}),
 )
 
 

@@ -16,7 +16,8 @@ def test_language_vocabulary_is_pinned():
                                                                    "rope_theta", "rope_scaling", "head_dim",
                                                                    "qk_norm", "qk_norm_eps", "window"),
         "mlp": ("hidden", "ffn", "act", "bias"),
-        "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped"),
+        "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
+                "renormalize", "shared_ffn", "shared_gate"),
         "residual": (),
         "lm_head": ("vocab", "hidden", "tied", "bias"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",

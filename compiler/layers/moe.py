@@ -1,10 +1,11 @@
 """`moe(hidden, ffn, experts, top_k, ...)`: a mixture of experts in place of an MLP. Its experts are sharded over
-ep (compiler/passes/expert_parallel.py), not over tp: every leaf is replicated over tp."""
+ep (compiler/passes/expert_parallel.py), not over tp: the router and the experts are replicated over tp. Its shared
+expert (`shared_ffn`) is an MLP beside them, a dense part under ep, sharded over tp as an `mlp` is (TP_ROLES)."""
 from __future__ import annotations
 
 from compiler import ast
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _choice, _float, _pos_int, _size
+from compiler.binder import Param, _arg_span, _bool, _choice, _float, _pos_int, _size
 from compiler.symbols import size as size_symbol
 
 SPEC = S.MoE
@@ -19,8 +20,22 @@ SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size,
                   "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
                   "dropped": Param(_choice("residual", "identity"), "residual",
                                    "what a choice over capacity contributes: nothing (residual) or the token "
-                                   "(identity)")}}
-TP_ROLES: dict = {}
+                                   "(identity)"),
+                  "renormalize": Param(_bool, lambda a: a["top_k"] > 1 if a["top_k"] is not None else None,
+                                       "the gates of a token's top_k choices divided by their sum (GShard, "
+                                       "Mixtral, Qwen3-MoE), or each its softmax probability over all the experts "
+                                       "(Switch, Qwen2-MoE); default: true when top_k > 1"),
+                  "shared_ffn": Param(lambda c, e, w: None if isinstance(e, ast.Name) and e.id == "none"
+                                      else c.as_size(e, w), None,
+                                      "inner width of a shared expert every token passes through beside its routed "
+                                      "experts (none: no shared expert)"),
+                  "shared_gate": Param(_choice("none", "sigmoid"), "none",
+                                       "the shared expert's output added as is (none), or scaled per token by "
+                                       "sigmoid(x · w) (Qwen2-MoE)")}}
+# The routed experts and the router are replicated over tp (the experts shard over ep). A shared expert is an MLP:
+# column-parallel up and gate, row-parallel down, as `mlp` shards (`moe_shared_up`, `moe_shared_gate`,
+# `moe_shared_down`); its sigmoid gate (`moe_shared_sigmoid`) is replicated.
+TP_ROLES = {"up": "column", "gate": "column", "down": "row"}
 
 # `capacity_factor = none`: dropless routing (Mixtral, Qwen-MoE). Every expert gets a slot for every token of each
 # sequence (an expert takes a token at most once): capacity = seq, the worst case, so no choice is ever dropped and
@@ -56,8 +71,18 @@ def resolve(c, st, a: dict, kind: str):
         c.warn("W0710", f"a load-balancing loss when every token goes to all {experts} experts (top_k = {experts})",
                _arg_span(st, 6, "aux_loss"), label="constant: its gradient is 0",
                help="with top_k = experts the load is always balanced; use a smaller top_k, or `aux_loss = 0`")
+    if "renormalize" in written and a["renormalize"] and a["top_k"] == 1:
+        c.warn("W0712", "renormalize = true with top_k = 1: every gate is 1", _arg_span(st, 8, "renormalize"),
+               label="the router's choice no longer scales the expert's output",
+               help="the router then learns only from the load-balancing loss; remove `renormalize` (top-1 gates "
+                    "are the chosen expert's probability, as in Switch), or route to top_k > 1")
+    if "shared_gate" in written and a["shared_gate"] != "none" and a["shared_ffn"] is None:
+        c.warn("W0711", f"shared_gate = {a['shared_gate']} without a shared expert", _arg_span(st, 10, "shared_gate"),
+               label="gates nothing", help="give the shared expert a width (e.g. `shared_ffn = 4 * ffn`), or remove "
+               "`shared_gate`")
     c.moe_layers += 1
     name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
     return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
                  capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
+                 renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
                  capacity=size_symbol(name), span=st.span)

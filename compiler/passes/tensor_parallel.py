@@ -121,7 +121,8 @@ def _reaches_only(gm: fx.GraphModule, start: fx.Node, row: fx.Node) -> bool:
 
 def _kind(n: fx.Node) -> str | None:
     layer = n.meta.get(T.LAYER)
-    return {S.Attention: "attention", S.MLP: "mlp"}.get(type(layer))
+    # a `moe`'s shared expert is an MLP (its routed experts are not linears: they shard over ep, not tp)
+    return {S.Attention: "attention", S.MLP: "mlp", S.MoE: "mlp"}.get(type(layer))
 
 
 def tp_policy(gm: fx.GraphModule, plan) -> Decision:

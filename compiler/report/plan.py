@@ -271,6 +271,13 @@ def _moe_text(compiled) -> list[str]:
                   + f"; dispatch and combine buffers {e}×{b * c}×{h} = {nbytes(buffer * act)} each, "
                   f"expert activations {nbytes(hidden * act)} per "
                   "layer and micro-batch"]
+        if x.shared_ffn is not None:  # only a model with a shared expert prints this line
+            lines += [f"            a shared expert of width {x.shared_ffn} = {v(x.shared_ffn)} for every token"
+                      + (", scaled by sigmoid(x · w)" if x.shared_gate == "sigmoid" else "")
+                      + "; a dense part (replicated over ep" + (", an MLP's shards over tp" if tp > 1 else "") + ")"]
+        if x.renormalize is not None and x.renormalize != (x.top_k > 1):
+            lines += ["            gates: " + ("each the chosen experts' softmax probability, not renormalised"
+                                               if not x.renormalize else "renormalised over the top-1 choice: all 1")]
     if ep > 1:
         lines += [f"            expert weights per rank {costs.expert_params_rank:,} of {costs.params_rank:,}"
                   + (f" ({_pp_rank0(mesh)})" if mesh.size("pp") > 1 else "")]

@@ -34,6 +34,9 @@ def requires(spec, plan) -> list:
                      "each rank needs whole key/value heads for its query heads")
         if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
             need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
+        if isinstance(x, S.MoE) and x.shared_ffn is not None and "mlp" in plan.tp_layers:  # sharded as an mlp
+            need("E0404", "the shared expert's width `shared_ffn`", x.shared_ffn, x.span,
+                 "each rank holds a slice of the shared expert's inner width")
     emb = next(x for x in spec.model.layers if isinstance(x, S.Embedding))
     if "vocab" in plan.tp_layers and not plan.pad_vocab:
         need("E0403", "the vocabulary", emb.vocab, emb.span,

@@ -163,6 +163,12 @@ CASES = (
     Case(id="moe_ep2", sample=MOE, nproc=2, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
                      "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
+    Case(id="moe_ep2_shared", sample=MOE, nproc=2,
+         edits=(("aux_loss = 0.01, dropped = residual)", "aux_loss = 0.01, dropped = residual, renormalize = false,\n"
+                 "                                      shared_ffn = ffn / 2, shared_gate = sigmoid)"),),
+         description="Qwen2-MoE's layer over ep = 2: a sigmoid-gated shared expert beside the routed ones (a dense "
+                     "part, its gradients averaged over dp × ep with the other dense weights), top-2 gates not "
+                     "renormalised"),
     Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=CLIP,
          plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4),
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
@@ -182,10 +188,12 @@ CASES = (
          description="interleaved 1F1B over MoE blocks (4 stages on 2 ranks) × ep: pp rank 0's all-to-alls in both "
                      "its stages are in the ledger"),
     Case(id="moe_tp2_ep2_dropless", sample=MOE, nproc=4,
-         edits=(("capacity_factor = 1.25", "capacity_factor = none"),),
+         edits=(("capacity_factor = 1.25", "capacity_factor = none"),
+                ("dropped = residual)", "shared_ffn = ffn / 2)")),
          plan=dict(axes=(("tp", 2), ("ep", 2)), devices_per_node=4),
-         description="tensor parallelism on attention, dense MLP and vocabulary; experts over ep, dropless "
-                     "routing (every choice reaches its expert, buffers sized for the worst case)"),
+         description="tensor parallelism on attention, dense MLP, the moe's shared expert (column, then row "
+                     "parallel) and vocabulary; experts over ep, dropless routing (every choice reaches its expert, "
+                     "buffers sized for the worst case)"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
     # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor

@@ -18,6 +18,8 @@ MESHES = {
     "dp2_tp2": ("llama", "axis dp = 2\n  axis tp = 2\n  devices_per_node = 4", 4, ()),
     "pp2": ("llama", "axis pp = 2\n  devices_per_node = 2", 2, (("micro_batches = 1", "micro_batches = 2"),)),
     "ep2_mixtral": ("mixtral", "axis ep = 2\n  devices_per_node = 2", 2, ()),
+    # Qwen2-MoE: each tp rank reads its column and row slices of the shared expert, each ep rank its experts
+    "tp2_ep2_qwen2_moe": ("qwen2_moe", "axis tp = 2\n  axis ep = 2\n  devices_per_node = 4", 4, ()),
 }
 
 
