@@ -24,11 +24,11 @@ LINE = re.compile(r"scalec: checkpoint staging (\d+) bytes per rank \(largest, r
                   r"(?:; (\d+) bytes gathered on the device while it copies)?")
 
 
-def _text(axes: dict, plan: str, precision: str) -> str:
+def _text(axes: dict, plan: str, precision: str, vocab: int = 128) -> str:
     world = 1
     for n in axes.values():
         world *= n
-    return (MODEL + "mesh {\n" + "".join(f"  axis {a} = {n}\n" for a, n in axes.items())
+    return (MODEL.replace("vocab  = 128", f"vocab  = {vocab}") + "mesh {\n" + "".join(f"  axis {a} = {n}\n" for a, n in axes.items())
             + f"  nodes = 1\n  devices_per_node = {world}\n  device = cpu\n}}\n\nplan {{\n  {plan}\n}}\n\n"
             "train {\n  global_batch = 8\n  seq_len = seq\n  steps = 2\n  seed = 1234\n"
             f"  precision = {precision}\n  optimizer = adamw(lr = 3e-3, weight_decay = 0.1)\n  checkpoint_every = 1\n  checkpoint_async = true\n}}\n"), world
@@ -52,7 +52,7 @@ def _staged(program: Path, world: int, ckpt: Path) -> str:
     return outs[0]
 
 
-CASES = {  # name: (axes, plan, precision)
+CASES = {  # name: (axes, plan, precision[, vocab])
     "ddp": ({"dp": 2}, "data_parallel = ddp", "fp32"),
     "zero1": ({"dp": 2}, "data_parallel = zero1", "fp32"),
     "zero2": ({"dp": 2}, "data_parallel = zero2", "fp32"),
@@ -62,13 +62,15 @@ CASES = {  # name: (axes, plan, precision)
     "bf16_ddp": ({"dp": 2}, "data_parallel = ddp", "bf16"),
     "bf16_zero1": ({"dp": 2}, "data_parallel = zero1", "bf16"),
     "bf16_fsdp": ({"dp": 2}, "data_parallel = fsdp", "bf16"),
+    # an odd vocabulary: FSDP2's padded chunk of the embedding is staged whole; tp's padded vocabulary shard too
+    "fsdp_uneven": ({"dp": 2}, "data_parallel = fsdp", "fp32", 127),
+    "fsdp_tp_pad_vocab": ({"dp": 2, "tp": 2}, "data_parallel = fsdp  pad_vocab = true", "fp32", 127),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_predicted_staging_copy_is_what_the_program_stages(tmp_path, case):
-    axes, plan, precision = CASES[case]
-    text, world = _text(axes, plan, precision)
+    text, world = _text(*CASES[case])
     compiled = compile_spec(check_text(text, f"{case}.scale"))
     codegen.emit(compiled, str(tmp_path / "build"))
     out = _staged(tmp_path / "build" / "program.py", world, tmp_path / "ckpt")
