@@ -203,7 +203,9 @@ def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_s
     backend, used by no other collective: DCP's writer thread coordinates the ranks over it while training goes
     on), asynchronously (DCP's `async_save`: the state is first copied to host memory, so the step after it may
     change the weights). `Saving.finish` completes it: the manifest, then the rename that makes it a checkpoint.
-    Until then, a crash leaves a `.tmp` that the next start ignores: the checkpoint before stays the latest."""
+    Until then, a crash leaves a `.tmp` that the next start ignores: the checkpoint before stays the latest.
+    Asynchronously, rank 0 also prints the host bytes the copy takes on the fullest rank (staging_bytes; one gather
+    of two integers, at saves only), which `scalec plan` predicts (checkpoint_host)."""
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
