@@ -24,14 +24,17 @@ LINE = re.compile(r"scalec: checkpoint staging (\d+) bytes per rank \(largest, r
                   r"(?:; (\d+) bytes gathered on the device while it copies)?")
 
 
-def _text(axes: dict, plan: str, precision: str, vocab: int = 128) -> str:
+def _text(axes: dict, plan: str, precision: str, vocab: int = 128) -> tuple[str, int]:
     world = 1
     for n in axes.values():
         world *= n
-    return (MODEL.replace("vocab  = 128", f"vocab  = {vocab}") + "mesh {\n" + "".join(f"  axis {a} = {n}\n" for a, n in axes.items())
-            + f"  nodes = 1\n  devices_per_node = {world}\n  device = cpu\n}}\n\nplan {{\n  {plan}\n}}\n\n"
+    mesh = "".join(f"  axis {a} = {n}\n" for a, n in axes.items())
+    return (MODEL.replace("vocab  = 128", f"vocab  = {vocab}")
+            + f"mesh {{\n{mesh}  nodes = 1\n  devices_per_node = {world}\n  device = cpu\n}}\n\n"
+            f"plan {{\n  {plan}\n}}\n\n"
             "train {\n  global_batch = 8\n  seq_len = seq\n  steps = 2\n  seed = 1234\n"
-            f"  precision = {precision}\n  optimizer = adamw(lr = 3e-3, weight_decay = 0.1)\n  checkpoint_every = 1\n  checkpoint_async = true\n}}\n"), world
+            f"  precision = {precision}\n  optimizer = adamw(lr = 3e-3, weight_decay = 0.1)\n"
+            "  checkpoint_every = 1\n  checkpoint_async = true\n}\n"), world
 
 
 def _free_port() -> int:
