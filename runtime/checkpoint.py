@@ -143,6 +143,7 @@ class _Entries:
             for name, p in module.named_parameters():
                 self.params.setdefault(name.removeprefix("module."), []).append(p)
         self.after_load: list = []
+        self.gathered = 0  # device bytes full_tensor() allocated for this save (FSDP pieces gathered over dp under tp)
 
     def whole(self, name: str, t: torch.Tensor):
         """`t` (the parameter or a state tensor shaped like it) as the whole logical tensor, or a DTensor of it."""
@@ -156,6 +157,7 @@ class _Entries:
                 return t
             # With tp as well: gather the tp piece over dp and store that as a tp shard; scattered back after load.
             piece, gathered = t, t.full_tensor()
+            self.gathered += gathered.untyped_storage().nbytes()
             self.after_load.append(lambda: piece.to_local().copy_(
                 distribute_tensor(gathered, piece.device_mesh, piece.placements, src_data_rank=None).to_local()))
             t = gathered
@@ -201,22 +203,72 @@ def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_s
     backend, used by no other collective: DCP's writer thread coordinates the ranks over it while training goes
     on), asynchronously (DCP's `async_save`: the state is first copied to host memory, so the step after it may
     change the weights). `Saving.finish` completes it: the manifest, then the rename that makes it a checkpoint.
-    Until then, a crash leaves a `.tmp` that the next start ignores: the checkpoint before stays the latest."""
+    Until then, a crash leaves a `.tmp` that the next start ignores: the checkpoint before stays the latest.
+    Asynchronously, rank 0 also prints the host bytes the copy takes on the fullest rank (staging_bytes; one gather
+    of two integers, at saves only), which `scalec plan` predicts (checkpoint_host)."""
     final = os.path.join(directory, f"step_{step:08d}")
     tmp = final + ".tmp"
     if ctx.is_logger:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(directory, exist_ok=True)
     dist.barrier()
-    model_sd, optim_sd = _Entries(modules, shards, ctx, skip_on_save).state(optimizer, saving=True)
+    entries = _Entries(modules, shards, ctx, skip_on_save)
+    model_sd, optim_sd = entries.state(optimizer, saving=True)
     state = {"model": model_sd, "optim": optim_sd,
              "progress": {"step": torch.tensor(step), "scheduler_epoch": torch.tensor(scheduler.last_epoch),
                           "total_steps": torch.tensor(total_steps)}}
     shapes = {name: t.shape for name, t in model_sd.items()}  # what the manifest names; no tensor is kept
     if group is None:
         return Saving(tmp, final, step, shapes, ctx, metadata=dcp.save(state, checkpoint_id=tmp))
+    _report_staging(staging_bytes(state), entries.gathered, ctx)
     return Saving(tmp, final, step, shapes, ctx, future=dcp.async_save(state, checkpoint_id=tmp,
                                                                          process_group=group))
+
+
+def staging_bytes(state) -> int:
+    """Host bytes DCP's `async_save` copies `state` into, counted from the tensors before it does. What torch 2.13
+    stages by default (state_dict_saver.async_save builds `DefaultStager(StagingOptions(False, False, False,
+    False))`; _state_dict_stager.StateDictStager.deepcopy_with_tensor_offload does the copy):
+    - every tensor, CPU ones included (AdamW's `step`, `progress`), is copied into new CPU storage, synchronously
+      in the caller's thread, with blocking copies; the memory is neither pinned nor shared (the defaults that
+      would pin it are off, and pinning needs CUDA), and it is held until the writer thread has written the files
+      (the staged dict is what the upload future writes; our `Saving.finish` waits on it);
+    - the copy is of each tensor's whole untyped storage, not of its view: a `narrow`ed vocabulary shard
+      (pad_vocab) or FSDP2's piece (a view of its padded chunk) costs its padded storage;
+    - a storage seen twice in one save is copied once (the stager's memo by storage);
+    - a DTensor is copied as its local tensor (`_local_tensor` through `__slots__`), not gathered;
+    - nothing is deduplicated across ranks before staging: replicas (dp under ddp, tp for replicated tensors) each
+      stage their copy; DCP's dedup (_dedup_save_plans) only decides who writes.
+    So: the sum over distinct storages of their bytes, DTensors by their local tensor."""
+    from torch.distributed.tensor import DTensor
+    seen: dict = {}
+
+    def walk(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif isinstance(x, torch.Tensor):
+            local = x.to_local() if isinstance(x, DTensor) else x
+            storage = local.untyped_storage()
+            seen[(str(storage.device), storage.data_ptr() or id(storage))] = storage.nbytes()
+
+    walk(state)
+    return sum(seen.values())
+
+
+def _report_staging(host: int, device: int, ctx) -> None:
+    """Rank 0 prints the largest staging copy over the ranks (and which rank holds it): what the memory model's
+    `checkpoint_host` predicts for the fullest kind of rank. One gather on the default group, at saves only."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (host, device))
+    if ctx.is_logger:
+        r = max(range(len(every)), key=lambda k: (every[k][0], -k))
+        gathered = max(d for _, d in every)
+        print(f"scalec: checkpoint staging {every[r][0]} bytes per rank (largest, rank {r})"
+              + (f"; {gathered} bytes gathered on the device while it copies" if gathered else ""), flush=True)
 
 
 class Saving:

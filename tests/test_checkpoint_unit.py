@@ -165,3 +165,42 @@ def test_an_asynchronous_save_holds_the_state_of_its_step(ctx, tmp_path):
     assert _load(back, tmp_path / "ckpt", ctx) == 2
     for n, p in back.named_parameters():
         torch.testing.assert_close(p, at_save[n], rtol=0, atol=0)
+
+
+def test_the_staging_count_is_what_dcps_default_stager_copies(ctx, tmp_path, capsys):
+    """checkpoint.staging_bytes counts, before async_save, the host bytes DCP's default stager then holds: whole
+    storages (a narrowed view costs its storage), CPU scalars too, a storage shared by two entries once, a DTensor
+    by its local tensor. Checked against the stager's own copy; `begin` prints the largest over the ranks."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    mesh = init_device_mesh("cpu", (1,))
+    padded = torch.zeros(10, 4)
+    state = {"model": {"view": padded.narrow(0, 0, 6), "shard": DTensor.from_local(
+        padded.narrow(0, 0, 7), mesh, [Shard(0)], run_check=False), "own": torch.ones(3, 5)},
+        "optim": {"state": {"own": {"step": torch.tensor(1.0), "exp_avg": torch.zeros(3, 5)}}},
+        "progress": {"step": torch.tensor(2)}}
+    stager = DefaultStager(StagingOptions(False, False, False, False))  # what async_save builds (torch 2.13)
+    staged = stager.stage(state)
+    stager.close()
+    copies = {}
+    for t in (staged["model"]["view"], staged["model"]["shard"].to_local(), staged["model"]["own"],
+              *staged["optim"]["state"]["own"].values(), staged["progress"]["step"]):
+        assert t.device.type == "cpu" and t.untyped_storage().data_ptr() not in (padded.data_ptr(), 0)
+        copies[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    assert checkpoint.staging_bytes(state) == sum(copies.values()) == 160 + 60 + 4 + 60 + 8
+
+    model = Blocks(2)
+    _save(model, tmp_path / "ckpt", 1, ctx)
+    opt, sched = _training(model)
+    sum(p.sum() for p in model.parameters()).backward()
+    opt.step()
+    capsys.readouterr()
+    group = dist.new_group(backend="gloo")
+    checkpoint.begin(str(tmp_path / "ckpt"), 2, [model], opt, sched, ctx, STEPS, Shards((), ()),
+                     group=group).finish()
+    n = sum(p.numel() for p in model.parameters())
+    # fp32 weights and AdamW's two moments (4 + 8 bytes each), a 4-byte fp32 `step` per parameter tensor, and the
+    # three int64 progress scalars
+    expected = 12 * n + 4 * len(list(model.parameters())) + 3 * 8
+    assert f"scalec: checkpoint staging {expected} bytes per rank (largest, rank 0)\n" in capsys.readouterr().out

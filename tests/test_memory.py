@@ -516,3 +516,35 @@ def test_fsdp_holds_the_root_and_the_plans_prefetched_blocks_gathered():
     assert "FSDP's gathered units (root + 2 blocks)" in one.working_what
     assert "FSDP's gathered units (root + 3 blocks)" in two.working_what
     assert two.weights - one.weights == 2 * 218_112_000
+
+
+def test_the_staging_copy_shows_only_for_checkpoint_async():
+    """checkpoint_async adds the staging copy (memory.checkpoint_staging) to each rank row of `plan --json` and one
+    line to `plan`, and changes no device figure; without it neither appears (the goldens pin that)."""
+    from compiler.report.plan import plan_json, plan_text
+    text = (ROOT / "samples" / "gpt_dp.scale").read_text()
+    plain = compile_spec(check_text(text, "gpt_dp.scale"))
+    asynchronous = compile_spec(check_text(text.replace("train {", "train {\n  checkpoint_async = true\n"
+                                                        "  checkpoint_every = 1", 1), "gpt_dp.scale"))
+    rows, rows_async = plan_json(plain)["memory"]["ranks"], plan_json(asynchronous)["memory"]["ranks"]
+    assert all("checkpoint_host" not in r for r in rows)
+    assert [{k: v for k, v in r.items() if not k.startswith("checkpoint_")} for r in rows_async] == rows
+    n = plain.costs.params_n  # ddp, fp32: weights and two moments, a `step` per tensor, three progress scalars
+    assert rows_async[0]["checkpoint_host"] > 12 * n and rows_async[0]["checkpoint_device"] == 0
+    assert "checkpoint_async" not in plan_text(plain)
+    assert "staging copy takes" in plan_text(asynchronous)
+
+
+def test_staging_rules_by_dp_mode():
+    """checkpoint_staging itemised on three tensors, (name, elements, rows, dims, sharded): a 5×4 matrix, a 7-vector
+    and a 3×2 matrix sharded over tp; dp = 2."""
+    from compiler.cost import memory as MEM
+    t = [("a", 20, 5, 2, False), ("b", 7, 7, 1, False), ("c", 6, 3, 2, True)]
+    fixed = MEM.PROGRESS_BYTES + 3 * MEM.STEP_BYTES
+    assert MEM.checkpoint_staging(t, "fp32", "ddp", 2) == (12 * 33 + fixed, 0)
+    # FSDP2: padded chunks ceil(5/2) = 3 rows of 4, ceil(7/2) = 4; the tp-sharded one gathered whole, on the device
+    assert MEM.checkpoint_staging(t, "fp32", "fsdp", 2) == (12 * (12 + 4) + 12 * 6 + fixed, 12 * 6)
+    # zero1 fp32: every weight; moments of rank 0's partition (matrices 20 | 6, then the vector to rank 1: 6 + 7)
+    assert MEM.checkpoint_staging(t, "fp32", "zero1", 2) == (4 * 33 + 8 * 20 + 4 + MEM.PROGRESS_BYTES, 0)
+    # zero1 bf16: owners by elements over all (20 | 7, 6): master and moments of the owned ones only
+    assert MEM.checkpoint_staging(t, "bf16", "zero1", 2) == (12 * 20 + 4 + MEM.PROGRESS_BYTES, 0)

@@ -20,7 +20,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import sympy
 
@@ -35,6 +35,7 @@ from compiler.symbols import MICRO_BATCH, size
 T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
 
 BYTES = {"fp32": 4, "bf16": 2}
+TIED = "embed.weight"  # a tied lm_head's weight: the embedding's (compiler.model; runtime.pipeline.TIED)
 
 
 def _partial_reason(spec, plan) -> str:
@@ -391,11 +392,19 @@ class CostModel:
                     totals[k] += n
             return max(totals)
 
+        def staging(r, tensors):
+            """checkpoint_async: the rank's staging copy (memory.checkpoint_staging), beside its device peak."""
+            if not self.spec.train.checkpoint_async:
+                return r
+            host, device = MEM.checkpoint_staging(tensors, prec, plan.data_parallel, dp)
+            return replace(r, checkpoint_host=host, checkpoint_device=device)
+
         if not layout:
             ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
             shapes = self._shapes(env, "whole") if sh["stage"] == 1 else ()
-            return (one("every rank", None, params_rank, params_rank - experts_rank,
-                        fo.saved.whole[_saved_mode(plan)](env), True, m > 1, "", ddp, False, shapes),)
+            return (staging(one("every rank", None, params_rank, params_rank - experts_rank,
+                                fo.saved.whole[_saved_mode(plan)](env), True, m > 1, "", ddp, False, shapes),
+                            fo.param_shapes.staged("whole", env) if self.spec.train.checkpoint_async else ()),)
         p, v = plan.size("pp"), plan.virtual_stages
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
@@ -428,8 +437,18 @@ class CostModel:
                     shapes += self._shapes(env, "block") * (st.blocks[1] - st.blocks[0])
                     shapes += self._shapes(env, "prologue") if st.stage == 0 else ()
                     shapes += self._shapes(env, "epilogue") if st.stage == n - 1 else ()
-            out.append(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
-                           plan.schedule != "gpipe", flight, False, flat, shapes, kept, recv, kept_w))
+            tensors = ()
+            if self.spec.train.checkpoint_async:
+                # the last stage's copy of a tied embedding is written by the first stage's rank (skip_on_save)
+                tied = self.spec.model.head.tied and 0 not in [st.stage for st in mine]
+                for st in mine:
+                    tensors += fo.param_shapes.staged("block", env) * (st.blocks[1] - st.blocks[0])
+                    tensors += fo.param_shapes.staged("prologue", env) if st.stage == 0 else ()
+                    tensors += tuple(t for t in fo.param_shapes.staged("epilogue", env)
+                                     if not (tied and t[0] == TIED)) if st.stage == n - 1 else ()
+            out.append(staging(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
+                                   plan.schedule != "gpipe", flight, False, flat, shapes, kept, recv, kept_w),
+                               tensors))
         return tuple(out)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:

@@ -200,6 +200,35 @@ class ParamShapes:
         return got
 
 
+    def staged(self, segment: Segment, env: tuple) -> tuple:
+        """(name, elements, rows, dims, sharded) of each parameter one rank holds of `segment` at env, numbers,
+        repeated as many times as the segment holds it; `sharded`: split over an axis (tp, ep) of size > 1 at env
+        (a runtime.tensor_parallel.Shards entry). What a checkpoint's staging copy is counted from
+        (memory.checkpoint_staging: FSDP2 pads its pieces by rows; under tp it gathers the sharded ones over dp)."""
+        key = ("staged", segment, env)
+        got = self._at.get(key)
+        if got is None:
+            compiled = self._compiled.get(key[:2])
+            if compiled is None:
+                traced, gms = self._traced, []
+                if segment == "whole":
+                    gms = [(traced.top, 1)] + [(gm, gm.meta[T.REPEAT].count) for gm in traced.blocks.values()]
+                else:
+                    gms = [(next(iter(traced.blocks.values())) if segment == "block" else
+                            traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE], 1)]
+                split = [(AXES.index(a), size(a)) for a in ("tp", "ep")]
+                compiled = self._compiled[key[:2]] = tuple(
+                    (name, Formula(sympy.Mul(*shape), self._sub), Formula(shape[0] if shape else 1, self._sub),
+                     len(shape), tuple(i for i, sym in split if sym in sympy.sympify(sympy.Mul(*shape)).free_symbols),
+                     int(self._values(count)))
+                    for gm, count in gms for name, shape in gm.meta[T.PARAM_SHAPES].items())
+            out = []
+            for name, elements, rows, dims, axes, count in compiled:
+                out += [(name, int(elements(env)), int(rows(env)), dims, any(env[i] > 1 for i in axes))] * count
+            got = self._at[key] = tuple(out)
+        return got
+
+
 def _param_exprs(gm) -> list:
     return [(sympy.Mul(*shape), len(shape)) for shape in gm.meta[T.PARAM_SHAPES].values()]
 

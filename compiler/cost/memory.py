@@ -246,6 +246,10 @@ class RankMemory:
     forward_bytes: float = 0.0  # at the fullest moment of the forwards, whichever moment is the peak: what the
                                 # forwards made and still hold (kept for backward + outputs the schedule keeps)
     optimizer_what: str = "AdamW moments"  # optimizer_label: what `optimizer` holds
+    checkpoint_host: float | None = None  # checkpoint_async only: HOST bytes of the staging copy, held from a save
+                                          # until its files are written (checkpoint_staging); not in `peak`
+    checkpoint_device: float = 0.0  # checkpoint_async only: device bytes the save gathers while it copies (FSDP
+                                    # with tp: full_tensor over dp); transient, after the step, not in `peak`
 
     @property
     def peak(self) -> float:
@@ -256,7 +260,65 @@ class RankMemory:
                 "weights": int(self.weights), "gradients": int(self.grads), "optimizer": int(self.optimizer),
                 "activations": int(self.activations), "working": int(self.working),
                 "working_what": self.working_what, "in_flight": self.in_flight,
-                "forward_bytes": int(self.forward_bytes)}
+                "forward_bytes": int(self.forward_bytes),
+                **({"checkpoint_host": int(self.checkpoint_host), "checkpoint_device": int(self.checkpoint_device)}
+                   if self.checkpoint_host is not None else {})}
+
+
+PROGRESS_BYTES = 3 * 8  # runtime.checkpoint's `progress`: step, scheduler epoch, total steps (int64 scalars)
+STEP_BYTES = 4  # AdamW's `step` per parameter tensor: an fp32 scalar (torch's _get_scalar_dtype; MasterAdamW's too)
+
+
+def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> tuple[int, int]:
+    """(host, device) bytes of one asynchronous save on the fullest rank of a kind, from the parameters the rank
+    holds and writes: `tensors` as ParamShapes.staged gives them, (name, elements, rows, dims, sharded), without
+    the ones another rank writes (a pipeline's second copy of a tied embedding).
+
+    Host: DCP's async_save copies the rank's whole state dict into CPU memory before it returns and keeps the copy
+    until the files are written (runtime.checkpoint.staging_bytes says what torch 2.13's default stager copies:
+    every tensor's whole storage, once, DTensors by their local tensor, nothing deduplicated across replicas). What
+    runtime.checkpoint._Entries puts in it, by dp mode (Nd = dp; dp = 1 is ddp), 4 bytes an element:
+    - ddp: the parameter (bf16: the fp32 master, not the bf16 weight) and AdamW's two moments, whole: 12 a
+      parameter element, plus a 4-byte `step` per tensor.
+    - zero1, fp32: every parameter (replicated), the moments and `step` of this rank's partition only
+      (ZeroRedundancyOptimizer, torch 2.13 _partition_parameters: group by group, decayed matrices then vectors,
+      largest first, each to the least loaded rank, ties to the lower); the fullest rank.
+    - zero1, bf16: master, moments and `step` of the parameters the rank owns (runtime.precision.partition, by
+      elements over all parameters); the others are written by their owners.
+    - zero2, fsdp (FSDP2): the sharded parameter (fp32: the master too) is a view of its padded chunk of
+      ceil(rows / Nd) rows, which is copied whole; the moments are its unpadded piece. Rank 0's is the fullest.
+      Under tp (or ep) a sharded parameter and its moments are gathered over dp (`full_tensor`) and stored as the
+      tp piece: 12 bytes an element of the rank's piece, and as many device bytes while the save copies them.
+    - `progress`: three int64 scalars.
+    Device: the gathered pieces above (nothing else: the other entries are views of what the rank holds)."""
+    nd = max(1, dp)
+    mode = data_parallel if nd > 1 else "ddp"
+    if mode in ("zero2", "fsdp"):
+        host = device = 0
+        for _, e, rows, _, sharded in tensors:
+            if sharded:
+                host += 12 * e + STEP_BYTES
+                device += 12 * e
+            else:
+                chunk = -(-rows // nd) * (e // rows) if rows else 0
+                host += 4 * chunk + 8 * chunk + STEP_BYTES
+        return host + PROGRESS_BYTES, device
+    if mode != "zero1":
+        return sum(12 * e + STEP_BYTES for _, e, *_ in tensors) + PROGRESS_BYTES, 0
+    totals, host = [0] * nd, [0] * nd
+    if precision == "bf16":
+        groups = [sorted((t[1] for t in tensors), reverse=True)]
+        per, base = (lambda e: 12 * e + STEP_BYTES), 0
+    else:
+        groups = [sorted((t[1] for t in tensors if t[3] >= 2), reverse=True),
+                  sorted((t[1] for t in tensors if t[3] < 2), reverse=True)]
+        per, base = (lambda e: 8 * e + STEP_BYTES), sum(4 * t[1] for t in tensors)
+    for group in groups:
+        for e in group:
+            r = totals.index(min(totals))
+            totals[r] += e
+            host[r] += per(e)
+    return base + max(host) + PROGRESS_BYTES, 0
 
 
 def shard_of(data_parallel: str, dp: int) -> dict:

@@ -151,6 +151,14 @@ def _memory_text(compiled) -> list[str]:
                   f"{nbytes(r.peak):>10}"]
     if len(rows) < len(costs.memory):
         lines += [f"  ({len(costs.memory) - len(rows)} more pp ranks between; `scalec plan --json` lists all)"]
+    staged = [r for r in costs.memory if r.checkpoint_host is not None]
+    if staged:  # checkpoint_async only (memory.checkpoint_staging): host memory, beside the device peak
+        fullest = max(staged, key=lambda r: r.checkpoint_host)
+        device = max(r.checkpoint_device for r in staged)
+        lines += [f"            checkpoint_async: each save's staging copy takes {nbytes(fullest.checkpoint_host)} of "
+                  f"host memory on {fullest.who} until its files are written"
+                  + (f", and {nbytes(device)} of device memory while it gathers FSDP's tp pieces" if device else "")
+                  + " (not in the peak)"]
     worst = max(costs.memory, key=lambda r: r.peak)
     lines += [f"            the peak of {worst.who}: at {worst.moment}"
               + (f", {worst.in_flight}" if worst.in_flight else "")

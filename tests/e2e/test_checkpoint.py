@@ -204,7 +204,10 @@ def test_asynchronous_saves_resume_like_synchronous_ones(reference, tmp_path):
     """checkpoint_async: each checkpoint but the last is written while the next step runs and finished (manifest,
     rename) at the next save. Drill: rank 1 is SIGKILLed as it finishes step 2's (after its files, before the
     rename), during step 3's save: step 2 stays a `.tmp`, the next run removes it, resumes from step 1 and trains
-    like the uninterrupted run."""
+    like the uninterrupted run. Each asynchronous save prints the bytes it staged: the plan's prediction
+    (checkpoint_host, compiler.cost.memory.checkpoint_staging)."""
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
     text = _sample("gpt_tp", ("log_every    = 5", "log_every    = 5  checkpoint_every = 1  checkpoint_async = true"))
     ckpt = tmp_path / "ckpt"
     killed = launch(text, "async", tmp_path, steps=STEPS, timeout=TIMEOUT, dump_grads=False, check=False,
@@ -218,6 +221,9 @@ def test_asynchronous_saves_resume_like_synchronous_ones(reference, tmp_path):
     assert [r["step"] for r in resumed.records] == list(range(1, STEPS + 1))
     _same(resumed.losses, reference(text))
     assert _step_dirs(ckpt) == [f"step_{k:08d}" for k in range(1, STEPS + 1)]  # every save finished, the last too
+    staged = re.findall(r"scalec: checkpoint staging (\d+) bytes per rank \(largest, rank \d+\)", resumed.output)
+    predicted = max(r.checkpoint_host for r in compile_spec(check_text(text, "gpt_tp.scale")).costs.memory)
+    assert len(staged) == STEPS - 2 and {int(n) for n in staged} == {predicted}  # steps 2, 3; step 4's is synchronous
 
 
 def _our_traceback(output: str) -> bool:
