@@ -543,7 +543,7 @@ class _Importer:
                     "qwen2": "Qwen 2: biases on q, k, v, none on o",
                     "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases",
                     "qwen2_moe": s("qkv_bias") + (": biases on q, k, v, none on o" if qmoe and moe[6] else
-                                                  ": no biases") if self.type == "qwen2_moe" else ""}[self.type]
+                                                  ": no biases")}[self.type]
         bias = ("bias = false, qkv_bias = true" if self.type == "qwen2" or (qmoe and moe[6])
                 else f"bias = {_fmt(attn_bias)}")
         attn = [("    attention(hidden, heads, kv_heads = kv_heads,", "self_attn: causal, grouped-query"),
