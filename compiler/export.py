@@ -6,7 +6,8 @@ Hugging Face's layout (runtime/hf.py: Mixtral's stacked experts split per expert
 with `safetensors` in files of at most `shard_bytes` (with `model.safetensors.index.json` when there are several),
 beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k, v
 only), Qwen3ForCausalLM (`qk_norm = rmsnorm`: its q_norm and k_norm), MixtralForCausalLM (a `moe` in each block) or
-Qwen2MoeForCausalLM (a `moe` with a sigmoid-gated shared expert in each block); a head_dim other than hidden /
+Qwen2MoeForCausalLM (a `moe` with a sigmoid-gated shared expert in each block) or Qwen3MoeForCausalLM (q/k norms and
+a `moe` without a shared expert in each block: the Qwen-MoE expert layout); a head_dim other than hidden /
 heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then reads back is bit for bit
 the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
@@ -43,7 +44,8 @@ COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 
 # The family of each architecture (importer's model_type) and its class.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
@@ -115,8 +117,12 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
             value == {"head_dim": config["hidden_size"] // config["num_attention_heads"],
                       "num_key_value_heads": config["num_attention_heads"]}[key]  # null: the importer derives it
         merged[key] = original[key] if same or derived else value  # the file's spelling of an equal value (10000)
-    if family == "qwen2_moe" and "intermediate_size" in original:  # its dense layers' width: this model has none
-        merged["intermediate_size"] = original["intermediate_size"]
+    if family in ("qwen2_moe", "qwen3_moe") and "intermediate_size" in original:  # its dense layers' width: this
+        merged["intermediate_size"] = original["intermediate_size"]  # model has none
+    if family == "qwen3_moe" and "num_local_experts" in original:  # transformers 5's name of the expert count: the
+        merged["num_local_experts"] = merged["num_experts"]  # file's spelling (both where it has both)
+        if "num_experts" not in original:
+            del merged["num_experts"]
     if isinstance(merged.get("layer_types"), list):  # Qwen 2's per-layer attention kinds: one per layer, all alike
         kind = "sliding_attention" if config.get("use_sliding_window") else "full_attention"
         merged["layer_types"] = [kind] * config["num_hidden_layers"]
@@ -163,7 +169,7 @@ def _rope_keys(original: dict, theta: float, scaling: dict | None) -> dict:
 
 
 def _model_config(spec: S.Spec) -> tuple[str, dict]:
-    """(llama, qwen2, qwen3 or mixtral: the model's shape, the config.json keys it gives)."""
+    """(llama, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe: the model's shape, the config.json keys it gives)."""
     m = spec.model
     v = spec.value
     repeats = m.blocks
@@ -208,13 +214,16 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
         config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
                                   "high_freq_factor": high, "original_max_position_embeddings": int(original)}
     if qk_norm:  # Qwen 3: q_norm and k_norm, with the model's one rms_norm_eps; biases on all four or none
-        if isinstance(ffn, S.MoE):
-            raise ExportError("q/k norms with a `moe` are Qwen3-MoE's, whose experts and router differ: not exported")
+        if isinstance(ffn, S.MoE) and ffn.shared_ffn is not None:
+            raise ExportError("a `moe` with a shared expert beside q/k norms: Qwen2-MoE has no q/k norms and "
+                              "Qwen3-MoE no shared expert")
         if att.qkv_bias is not None and att.qkv_bias != att.bias:
             raise ExportError("Qwen 3's attention_bias puts biases on q, k, v and o alike: not `qkv_bias` apart")
         if att.qk_norm_eps != n1.eps:
             raise ExportError(f"Qwen 3's q/k norms use the model's rms_norm_eps ({n1.eps:g}), not "
                               f"qk_norm_eps = {att.qk_norm_eps:g}")
+    if isinstance(ffn, S.MoE) and qk_norm:
+        return "qwen3_moe", _qwen3_moe_config(config, ffn, bool(att.bias), v)
     if isinstance(ffn, S.MoE) and ffn.shared_ffn is not None:
         if window is not None:
             raise ExportError("Qwen2-MoE's sliding window covers alternate layers only: a window on every layer "
@@ -264,6 +273,23 @@ def _qwen2_moe_config(config: dict, ffn: S.MoE, qkv_bias: bool, v) -> dict:
     return config
 
 
+def _qwen3_moe_config(config: dict, ffn: S.MoE, bias: bool, v) -> dict:
+    """Qwen3-MoE's keys for a `moe` beside q/k norms: dropless SwiGLU experts in every layer, no shared expert, the
+    gates renormalised or not (norm_topk_prob). `intermediate_size` (the width of its dense MLP layers, which such a
+    model has none of) is written as top_k × the experts' width, as the released configs have it (Qwen3-30B-A3B:
+    6144 = 8 × 768; Qwen3-235B-A22B: 12288 = 8 × 1536)."""
+    if ffn.act != "swiglu" or ffn.capacity_factor != "none":
+        raise ExportError("Qwen3-MoE's experts are SwiGLU and route without dropping: `moe(..., act = swiglu, "
+                          "capacity_factor = none)`")
+    width = int(v(ffn.ffn))
+    config.update(intermediate_size=int(ffn.top_k) * width, moe_intermediate_size=width,
+                  num_experts=int(v(ffn.experts)), num_experts_per_tok=int(ffn.top_k),
+                  norm_topk_prob=bool(ffn.renormalize), router_aux_loss_coef=float(ffn.aux_loss),
+                  output_router_logits=False, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=bias,
+                  use_sliding_window=False)
+    return config
+
+
 def read_checkpoint(path: str) -> dict:
     """The model's tensors of a checkpoint directory (`step_N`), whole, by our names."""
     if not os.path.exists(os.path.join(path, ".metadata")):
@@ -303,7 +329,8 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
     from runtime.hf_names import MIXTRAL, QWEN_MOE
-    tensors = hf_tensors(read_checkpoint(checkpoint), QWEN_MOE if config["model_type"] == "qwen2_moe" else MIXTRAL)
+    qwen_moe = config["model_type"] in ("qwen2_moe", "qwen3_moe")  # their experts: mlp.experts.j.*_proj
+    tensors = hf_tensors(read_checkpoint(checkpoint), QWEN_MOE if qwen_moe else MIXTRAL)
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)
     for key in ("torch_dtype", "dtype"):

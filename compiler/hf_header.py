@@ -28,7 +28,7 @@ HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM",
-            "Qwen2MoeForCausalLM")
+            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SHOWN = 3  # names shown of a list
 
 
@@ -350,8 +350,9 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
                       config.get("moe_intermediate_size" if qwen_moe else "intermediate_size"), number(ffn.ffn),
                       "the ffn width"))
     if isinstance(ffn, S.MoE):
-        pairs += [("num_experts" if qwen_moe else "num_local_experts",
-                   config.get("num_experts" if qwen_moe else "num_local_experts"), number(ffn.experts), "experts"),
+        # Qwen-MoE's count is num_experts, which transformers 5's Qwen3MoeConfig writes as num_local_experts
+        experts = "num_experts" if qwen_moe and "num_experts" in config else "num_local_experts"
+        pairs += [(experts, config.get(experts), number(ffn.experts), "experts"),
                   ("num_experts_per_tok", config.get("num_experts_per_tok"), ffn.top_k, "top_k")]
         if qwen_moe and "norm_topk_prob" in config:
             pairs.append(("norm_topk_prob", config["norm_topk_prob"], ffn.renormalize, "renormalize"))

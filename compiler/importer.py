@@ -1,6 +1,6 @@
 """`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral 7B's sliding window and
-Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense), Mixtral or Qwen2-MoE causal LM, as the equivalent
-`.scale` model section.
+Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense), Mixtral, Qwen2-MoE or Qwen3-MoE causal LM, as the
+equivalent `.scale` model section.
 
 `import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
 at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
@@ -23,7 +23,8 @@ from compiler.diagnostics import Diagnostic, ScaleError, Span
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe"}
+                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+                 "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
 # from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
@@ -41,8 +42,6 @@ NOT_YET = {
                                        "model; and, for the language model, everything Gemma3ForCausalLM needs"),
     "Phi3ForCausalLM": ("phi3", "the fused qkv_proj and gate_up_proj of its checkpoint layout, and (most "
                         "configs) a sliding window or longrope/su rope scaling"),
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "q/k RMSNorm, fine-grained experts of their own width "
-                            "(moe_intermediate_size) and top-k routing renormalised over the chosen experts"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "multi-head latent attention (low-rank q and kv projections, a "
                               "decoupled rotary part), shared experts, fine-grained experts and dense first layers"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "multi-head latent attention, shared experts, a sigmoid router with "
@@ -51,7 +50,7 @@ NOT_YET = {
 }
 
 # transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
-# Qwen3Config(), MixtralConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads",
+# Qwen3Config(), MixtralConfig(), Qwen2MoeConfig(), Qwen3MoeConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads",
 # for head_dim "= hidden_size / num_attention_heads".
 _COMMON_DEFAULTS = dict(hidden_act="silu", num_key_value_heads=None, head_dim=None, attention_dropout=0.0,
                         tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None)
@@ -80,6 +79,13 @@ DEFAULTS = {
                       moe_intermediate_size=1408, shared_expert_intermediate_size=5632, num_experts=60,
                       num_experts_per_tok=4, norm_topk_prob=False, router_aux_loss_coef=0.001,
                       output_router_logits=False),
+    # Qwen3MoeConfig has no head_dim of its own: its attention reads hidden_size / heads when the file has none
+    "qwen3_moe": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                      num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
+                      max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
+                      decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=768, num_experts=128,
+                      num_experts_per_tok=8, norm_topk_prob=False, router_aux_loss_coef=0.001,
+                      output_router_logits=False),
 }
 
 # Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
@@ -97,7 +103,12 @@ USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
         "qwen2_moe": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
                                      "qkv_bias", "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
                                      "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok",
-                                     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits")}
+                                     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
+        # the released configs say num_experts; transformers 5's Qwen3MoeConfig writes it as num_local_experts
+        "qwen3_moe": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
+                                     "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
+                                     "num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
+                                     "router_aux_loss_coef", "output_router_logits")}
 
 # Keys that do not change the architecture being trained, with the reason.
 IRRELEVANT = {
@@ -347,7 +358,7 @@ class _Importer:
         attn_bias = mlp_bias = False
         if self.type == "llama":
             attn_bias, mlp_bias = self.boolean("attention_bias"), self.boolean("mlp_bias")
-        if self.type == "qwen3":
+        if self.type in ("qwen3", "qwen3_moe"):
             attn_bias = self.boolean("attention_bias")
         window = self.window(sizes["num_hidden_layers"])
         moe = None
@@ -366,8 +377,8 @@ class _Importer:
             self.must_be("output_router_logits", lambda v: isinstance(v, bool),
                          "output_router_logits must be true or false, not {}", "true or false")
             moe = (experts, top_k, aux)
-        if self.type == "qwen2_moe":
-            moe = self.qwen2_moe()
+        if self.type in ("qwen2_moe", "qwen3_moe"):
+            moe = self.qwen_moe()
         if self.diags or None in sizes.values() or None in (kv, eps, tied, attn_bias, mlp_bias) or rope is None \
                 or (moe is not None and None in moe):
             return None
@@ -381,9 +392,9 @@ class _Importer:
         them); a stack of both kinds is refused, since a `repeat` holds identical blocks."""
         if self.type in ("mistral", "mixtral"):
             return None if self.get("sliding_window") is None else self.pos_int("sliding_window")
-        if self.type == "qwen2_moe":  # windows on alternate layers below max_window_layers: none is expressible
+        if self.type in ("qwen2_moe", "qwen3_moe"):  # windows on alternate layers: none is expressible
             self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
-                         "Qwen2-MoE windows alternate layers, which one `repeat` of identical blocks cannot write: "
+                         "Qwen-MoE windows alternate layers, which one `repeat` of identical blocks cannot write: "
                          "set it to false")
             types = self.cfg.get("layer_types")
             if types is not None:
@@ -394,7 +405,7 @@ class _Importer:
                         if t != "full_attention":
                             self.error(("layer_types", i), f"layer {i} is {json.dumps(t)}, not expressible",
                                        label="not expressible in .scale",
-                                       help="Qwen2-MoE's attention maps when it is over the whole sequence "
+                                       help="Qwen-MoE's attention maps when it is over the whole sequence "
                                             "(\"full_attention\")")
                     if layers and len(types) != layers:
                         self.error(("layer_types",), f"`layer_types` names {len(types)} layers, not "
@@ -448,15 +459,30 @@ class _Importer:
             return None
         return self.pos_int("sliding_window")
 
-    def qwen2_moe(self):
-        """Qwen2-MoE's mixture: (experts, top_k, aux_loss, expert width, shared expert width, norm_topk_prob,
-        qkv_bias), None entries after an error. Every decoder layer must be sparse: the language's one `repeat`
-        cannot write the dense layers `decoder_sparse_step` > 1 or `mlp_only_layers` would interleave."""
-        experts, top_k = self.pos_int("num_experts"), self.pos_int("num_experts_per_tok")
+    def experts_key(self) -> str:
+        """The key naming a Qwen-MoE's expert count: `num_experts` (Qwen2-MoE, and the released Qwen3-MoE configs),
+        or `num_local_experts` where a Qwen3-MoE file has only that (transformers 5's Qwen3MoeConfig writes it)."""
+        if self.type == "qwen3_moe" and "num_local_experts" in self.cfg and "num_experts" not in self.cfg:
+            return "num_local_experts"
+        return "num_experts"
+
+    def qwen_moe(self):
+        """Qwen2-MoE's or Qwen3-MoE's mixture: (experts, top_k, aux_loss, expert width, shared expert width (0:
+        none, Qwen3-MoE), norm_topk_prob, qkv_bias (false for Qwen3-MoE, whose biases are attention_bias)), None
+        entries after an error. Every decoder layer must be sparse: the language's one `repeat` cannot write the
+        dense layers `decoder_sparse_step` > 1 or `mlp_only_layers` would interleave."""
+        key = self.experts_key()
+        experts, top_k = self.pos_int(key), self.pos_int("num_experts_per_tok")
+        if self.type == "qwen3_moe" and "num_experts" in self.cfg and "num_local_experts" in self.cfg \
+                and self.cfg["num_experts"] != self.cfg["num_local_experts"]:
+            self.error(("num_local_experts",), f"num_local_experts {json.dumps(self.cfg['num_local_experts'])} "
+                       f"differs from num_experts {json.dumps(self.cfg['num_experts'])}", label="two different values",
+                       help="both name the expert count (num_local_experts is transformers 5's name): keep one")
         if experts and top_k and top_k > experts:
             self.error(("num_experts_per_tok",), f"{top_k} experts per token out of {experts}",
-                       label="more than num_experts", help="each token picks distinct experts")
-        ffn, shared = self.pos_int("moe_intermediate_size"), self.pos_int("shared_expert_intermediate_size")
+                       label=f"more than {key}", help="each token picks distinct experts")
+        ffn = self.pos_int("moe_intermediate_size")
+        shared = self.pos_int("shared_expert_intermediate_size") if self.type == "qwen2_moe" else 0
         aux = self.number("router_aux_loss_coef", positive=False)
         if aux is not None and aux < 0:
             self.error(("router_aux_loss_coef",), "router_aux_loss_coef must not be negative", label="negative")
@@ -470,7 +496,8 @@ class _Importer:
                      "every layer)")
         self.must_be("output_router_logits", lambda v: isinstance(v, bool),
                      "output_router_logits must be true or false, not {}", "true or false")
-        norm, qkv = self.boolean("norm_topk_prob"), self.boolean("qkv_bias")
+        norm = self.boolean("norm_topk_prob")
+        qkv = self.boolean("qkv_bias") if self.type == "qwen2_moe" else False
         return experts, top_k, aux, ffn, shared, norm, qkv
 
     def rope(self):
@@ -539,12 +566,12 @@ class _Importer:
         # a head dimension of its own is written only where it is not hidden / heads (Mistral-Nemo, Qwen3-0.6B)
         own = head_dim is not None and (h % n or head_dim != h // n)
         rows: list[tuple[str, str]] = []  # (code, comment)
-        qmoe = self.type == "qwen2_moe"  # experts of their own width, and a shared expert
+        qmoe = self.type in ("qwen2_moe", "qwen3_moe")  # experts of their own width (Qwen2-MoE's: a shared one)
         rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
                  (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
                  (f"ffn      = {moe[3] if qmoe else sizes['intermediate_size']}",
                   s("moe_intermediate_size" if qmoe else "intermediate_size") + (" (each expert's)" if moe else ""))]
-        if qmoe:
+        if self.type == "qwen2_moe":
             rows += [(f"shared   = {moe[4]}", s("shared_expert_intermediate_size") + " (the shared expert's)")]
         rows += [
                  (f"heads    = {sizes['num_attention_heads']}",
@@ -562,7 +589,7 @@ class _Importer:
             rows += [(f"window   = {window}", s("sliding_window") + ": each query sees itself and the window - 1 "
                       "tokens before it")]
         if moe:
-            rows += [(f"experts  = {moe[0]}", s("num_experts" if qmoe else "num_local_experts"))]
+            rows += [(f"experts  = {moe[0]}", s(self.experts_key() if qmoe else "num_local_experts"))]
         rows += [("", "")]
         rows += [("embedding(vocab, hidden)", "model.embed_tokens")]
         rows += [("repeat layers {", "model.layers: num_hidden_layers decoder layers")]
@@ -571,6 +598,7 @@ class _Importer:
         theta, llama3, theta_src, scaling_src = rope
         bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
                     "qwen3": s("attention_bias") + " (q, k, v, o)",
+                    "qwen3_moe": s("attention_bias") + " (q, k, v, o)",
                     "qwen2": "Qwen 2: biases on q, k, v, none on o",
                     "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases",
                     "qwen2_moe": s("qkv_bias") + (": biases on q, k, v, none on o" if qmoe and moe[6] else
@@ -584,7 +612,7 @@ class _Importer:
         if window is not None:
             attn += [("              window = window,", "sliding-window attention, transformers' mask: "
                       "0 <= q_idx - kv_idx < window")]
-        if self.type == "qwen3":
+        if self.type in ("qwen3", "qwen3_moe"):
             attn += [(f"              qk_norm = rmsnorm, qk_norm_eps = {_fmt(eps)},",
                       "self_attn.q_norm, k_norm: RMSNorm over each head's head_dim; " + s("rms_norm_eps"))]
         attn += [(f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
@@ -607,7 +635,16 @@ class _Importer:
         rows += [("  }", "")]
         rows += [("  residual {", "")]
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
-        if qmoe:
+        if self.type == "qwen3_moe":
+            experts, top_k, aux, _, _, norm, _ = moe
+            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
+                      f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
+                      f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
+                      f"{s('mlp_only_layers')} empty: a mixture in every layer, no shared expert"),
+                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)})",
+                      f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
+                      "model)")]
+        elif qmoe:
             experts, top_k, aux, _, _, norm, _ = moe
             rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
                       f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
@@ -645,9 +682,10 @@ class _Importer:
                                " (compiler/importer.py says why).", 114, initial_indent="# ",
                                subsequent_indent="#   ")]
         if qmoe:
-            head += textwrap.wrap(f"{self.src('intermediate_size')} is the width of Qwen2-MoE's dense MLP layers, "
+            family = "Qwen2-MoE" if self.type == "qwen2_moe" else "Qwen3-MoE"
+            head += textwrap.wrap(f"{self.src('intermediate_size')} is the width of {family}'s dense MLP layers, "
                                   "of which this model has none.", 114, initial_indent="# ", subsequent_indent="# ")
-        if self.type in ("mixtral", "qwen2_moe"):
+        if self.type in ("mixtral", "qwen2_moe", "qwen3_moe"):
             note = ("The router: softmax over the experts, top-k, gates renormalised over the k choices, as in "
                     "transformers. " if not qmoe else "The router: softmax over the experts, top-k, the gates "
                     "renormalised over the k choices or not (renormalize), as in transformers. ") + (
@@ -669,7 +707,7 @@ class _Importer:
                 return "; ".join([f"{self.src('use_sliding_window')} true", "layer_types all sliding_attention"] +
                                  (["max_window_layers unused"] if "max_window_layers" in self.cfg else []))
             return f"{self.src('use_sliding_window')} true; {self.src('max_window_layers')} 0: every layer windowed"
-        if self.type in ("qwen2", "qwen3", "qwen2_moe"):
+        if self.type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
             unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
             return "; ".join([f"{self.src('use_sliding_window')} false"] +
                              ([", ".join(unused) + " unused"] if unused else []) +

@@ -1,4 +1,5 @@
-"""Weights in Hugging Face's layout (Llama, Mistral, Qwen 2, Qwen 3, Mixtral): names, and reading each rank's slices.
+"""Weights in Hugging Face's layout (Llama, Mistral, Qwen 2, Qwen 3, Mixtral, Qwen2-MoE, Qwen3-MoE): names, and
+reading each rank's slices.
 
 `train { init = from("DIR or FILE.safetensors") }` starts a run from a released checkpoint: every parameter of this
 rank's modules is read from the safetensors files (the `safetensors` library, memory-mapped) with only the part

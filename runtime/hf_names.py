@@ -1,7 +1,7 @@
-"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3, Mixtral and Qwen2-MoE layouts): the one map the
-runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by (compiler/export.py) and `scalec check`
-holds an `init = from(...)` checkpoint's headers against (compiler/hf_header.py), so that what is checked is what the
-program reads. No torch: `scalec check` imports it.
+"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3, Mixtral, Qwen2-MoE and Qwen3-MoE
+layouts): the one map the runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by
+(compiler/export.py) and `scalec check` holds an `init = from(...)` checkpoint's headers against
+(compiler/hf_header.py), so that what is checked is what the program reads. No torch: `scalec check` imports it.
 
 Ours are the single-device model's names (`blocks.7.attn_q.weight`), Hugging Face's `model.layers.7.self_attn.
 q_proj.weight`, for the block layout `.scale` files of these families write (`norm_1`, `attn_*`, `norm_2`, then
@@ -11,8 +11,8 @@ the expert.
 
 Two layouts name a `moe`: Mixtral's (`block_sparse_moe.gate`, `.experts.j.w1|w2|w3`) and Qwen-MoE's (`mlp.gate`,
 `mlp.experts.j.gate_proj|up_proj|down_proj`, and Qwen2-MoE's shared expert `mlp.shared_expert.*_proj` with its
-sigmoid gate `mlp.shared_expert_gate`). A checkpoint says which it is by its names (`moe_layout`); an export by the
-architecture it writes.
+sigmoid gate `mlp.shared_expert_gate`; Qwen3-MoE's has no shared expert). A checkpoint says which it is by its names
+(`moe_layout`); an export by the architecture it writes.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`scalec export FILE CHECKPOINT -o DIR` (compiler/export.py): a run's checkpoint as a Hugging Face checkpoint.
-A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms), a tiny Mixtral and a tiny Qwen2-MoE from transformers are
+A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms), a tiny Mixtral, a tiny Qwen2-MoE and a tiny Qwen3-MoE
+from transformers are
 trained one step from their weights (so the checkpoint is not the file they started from), saved, exported;
 transformers loads the export and holds bit for bit the checkpoint's tensors, and so does `init = from(export)`
 read back by the runtime."""
@@ -20,7 +21,7 @@ from tests.test_hf_weights import hf_model, scale_text
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")
     text = scale_text(kind, tmp_path / "hf").replace("steps        = 3", f'steps        = 1\n  checkpoint_dir = "{tmp_path / "ckpt"}"')
@@ -43,7 +44,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     assert config.get("router_aux_loss_coef", 0.0) == 0.0
     assert (tmp_path / "exported" / "generation_config.json").read_text() == \
         (tmp_path / "hf" / "generation_config.json").read_text()
-    ours = X.hf_tensors(saved, "qwen_moe" if kind == "qwen2_moe" else "mixtral")
+    ours = X.hf_tensors(saved, "qwen_moe" if kind in ("qwen2_moe", "qwen3_moe") else "mixtral")
     from safetensors.torch import load_file
     written = load_file(tmp_path / "exported" / "model.safetensors")
     assert written.keys() == ours.keys()
@@ -52,13 +53,16 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     matched = 0
     for name, p in back.named_parameters():
         if name in ours:  # all of Llama's; Mixtral's but the experts and router (fused in memory by transformers 5);
-            # Qwen2-MoE's but the experts (its router and shared expert are named in memory as in its files)
+            # Qwen2-MoE's and Qwen3-MoE's but the experts (their router and Qwen2-MoE's shared expert are named in
+            # memory as in the files)
             assert torch.equal(p.detach(), ours[name]), f"transformers read {name} otherwise"
             assert not torch.equal(p, started[name]), f"{name} is the starting weight: the step did not move it"
             matched += 1
     # per layer: Mixtral 2 norms and q, k, v, o; Qwen2-MoE those, q, k, v biases, the router, the shared expert's
-    # 3 projections and its gate; then the embedding, the final norm and the head
-    assert matched == {"llama": len(ours), "qwen3": len(ours), "mixtral": 4 * 6 + 3, "qwen2_moe": 4 * 14 + 3}[kind]
+    # 3 projections and its gate; Qwen3-MoE Mixtral's, q_norm, k_norm and the router; then the embedding, the final
+    # norm and the head
+    assert matched == {"llama": len(ours), "qwen3": len(ours), "mixtral": 4 * 6 + 3, "qwen2_moe": 4 * 14 + 3,
+                       "qwen3_moe": 4 * 9 + 3}[kind]
     # and the runtime reads the export back to the checkpoint's tensors
     from runtime import hf
     _, prog = __import__("tests.test_memory", fromlist=["_program"])._program(
@@ -96,6 +100,9 @@ FAMILIES = {
     "qwen2_window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=32, max_window_layers=0)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                          shared_expert_intermediate_size=48, router_aux_loss_coef=0.02)),
+    # transformers 5 writes its expert count as num_local_experts: the export keeps that spelling
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                         norm_topk_prob=True, router_aux_loss_coef=0.02)),
 }
 
 
@@ -210,3 +217,31 @@ def test_export_keeps_the_source_checkpoints_keys_and_files(tmp_path, capsys):
     assert main(["export", str(tmp_path / "plain.scale"), step, "-o", str(again), "--config",
                  str(tmp_path / "nowhere")]) == 1
     assert "--config" in capsys.readouterr().err
+
+
+def test_a_qwen3_moe_without_a_source_is_written_as_the_released_configs_are():
+    """Without the config.json it came from: `num_experts` as the released Qwen3-MoE configs name it, and their
+    dense width (which the model has none of) as top_k × the experts' width (Qwen3-30B-A3B: 6144 = 8 × 768), and
+    transformers builds the model of exactly our parameters from it; q/k norms beside a shared expert are neither
+    Qwen2-MoE nor Qwen3-MoE."""
+    from compiler.importer import complete, import_config
+    from compiler.pipeline import compile_spec
+    from tests.test_published_models import QWEN3_30B_A3B
+    spec = check_text(complete(import_config(QWEN3_30B_A3B, "config.json")), "q.scale")
+    got = X.hf_config(spec)
+    released = json.loads(QWEN3_30B_A3B)
+    for key in ("num_experts", "intermediate_size", "moe_intermediate_size", "norm_topk_prob", "head_dim",
+                "num_experts_per_tok", "decoder_sparse_step", "mlp_only_layers", "attention_bias"):
+        assert got[key] == released[key], key
+    assert got["architectures"] == ["Qwen3MoeForCausalLM"] and "num_local_experts" not in got
+    _, scale = _imported("qwen3_moe")
+    spec = check_text(scale, "tiny.scale")
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in X.hf_config(spec).items() if k != "architectures"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == compile_spec(spec).costs.params_n
+    shared = scale.replace("renormalize = true, aux_loss = 0.02)", "renormalize = true, aux_loss = 0.02, "
+                           "shared_ffn = 32, shared_gate = sigmoid)")
+    assert shared != scale
+    with pytest.raises(X.ExportError, match="Qwen2-MoE has no q/k norms and Qwen3-MoE no shared expert"):
+        X.hf_config(check_text(shared, "shared.scale"))

@@ -40,20 +40,21 @@ def _error(kind: str, path, *edits: tuple[str, str]):
     return d
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
 def test_names_and_shapes_are_the_models_and_runtime_hf_s(kind, tmp_path):
     """The torch-free restatement equals compiler.model's parameters under runtime.hf.hf_name, expert by expert."""
     from compiler import model as M
     from runtime import hf
     spec = check_text(scale_text(kind, tmp_path / "none").replace('  init         = from("', '  # '), "t.scale")
+    layout = hf.QWEN_MOE if kind.startswith("qwen") else hf.MIXTRAL  # Qwen-MoE's expert names (mlp.experts.j.*)
     want = {}
     for name, p in M.build(spec).named_parameters():
         if ".moe_experts." in name:
             for e in range(p.shape[0]):
-                want[hf.hf_name(name, e)] = tuple(p.shape[1:][::-1])
+                want[hf.hf_name(name, e, layout)] = tuple(p.shape[1:][::-1])
         else:
-            want[hf.hf_name(name)] = tuple(p.shape)
-    got, orphans = H.expected(spec.model, spec.value)
+            want[hf.hf_name(name, layout=layout)] = tuple(p.shape)
+    got, orphans = H.expected(spec.model, spec.value, layout)
     assert orphans == []
     assert {k: tuple(int(spec.value(d)) for d in shape) for k, (shape, _) in got.items()} == want
     assert len(want) > 30  # the layers' every tensor, experts one by one
@@ -79,7 +80,7 @@ def test_parameters_are_the_models_for_a_gpt_too():
     assert [n for n, _ in orphans] == [n for n in got if runtime_lacks(n)] == ["pos.weight", "norm.bias"]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
 def test_the_right_checkpoint_passes(kind, tmp_path):
     hf_model(kind, tmp_path / "hf")
     assert _check(kind, tmp_path / "hf").warnings == ()
@@ -198,7 +199,7 @@ def test_the_mistake_tables_tiny_llama_fits_its_checkpoint():
     assert check_path(str(Path(__file__).parent / "mistakes" / "files" / "files_llama.scale")).warnings == ()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
 def test_the_model_scalec_import_writes_fits_its_checkpoint(kind, tmp_path):
     """No false alarm on the way tests/e2e/test_hf_init.py goes: the model section from config.json, then the
     checkpoint's own weights."""
@@ -231,4 +232,22 @@ def test_a_qwen3_checkpoint_needs_the_models_qk_norms(tmp_path):
     silently dropped by the run."""
     hf_model("qwen3", tmp_path / "hf")
     d = _error("qwen3", tmp_path / "hf", ("qk_norm = rmsnorm, ", ""))
+    assert d.code == "E0807" and "self_attn.q_norm.weight" in d.message, d.message
+
+
+def test_a_qwen3_moe_checkpoints_config_is_read_for_what_shapes_cannot_show(tmp_path):
+    """A Qwen3-MoE checkpoint (its expert count written as transformers 5's num_local_experts): the gates'
+    renormalisation and top_k have no shape, so config.json's norm_topk_prob and num_experts_per_tok are held
+    against the `moe`; the experts' names are Qwen-MoE's (`mlp.experts.j.*_proj`), the model's without q/k norms
+    lacks q_norm and k_norm."""
+    hf_model("qwen3_moe", tmp_path / "hf")
+    assert "num_local_experts" in json.loads((tmp_path / "hf" / "config.json").read_text())
+    d = _error("qwen3_moe", tmp_path / "hf", ("renormalize = true", "renormalize = false"),
+               ("top_k = 2", "top_k = 3"))
+    assert d.code == "E0809"
+    assert "num_experts_per_tok 2 there, top_k 3 here; norm_topk_prob true there, renormalize false here" \
+        in d.message, d.message
+    d = _error("qwen3_moe", tmp_path / "hf", ("4, top_k = 2", "8, top_k = 2"))
+    assert d.code == "E0807" and "lacks 48 of the" in d.message, d.message
+    d = _error("qwen3_moe", tmp_path / "hf", ("qk_norm = rmsnorm, ", ""))
     assert d.code == "E0807" and "self_attn.q_norm.weight" in d.message, d.message

@@ -1,7 +1,7 @@
 """Starting from a Hugging Face checkpoint (`train { init = from("DIR") }`, runtime/hf.py): tiny random
 LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM with a head_dim of its own (as
 Mistral-Nemo), MistralForCausalLM with Mistral 7B's sliding window (shorter than the sequence),
-MixtralForCausalLM and Qwen2MoeForCausalLM built in-process (no download) and saved with
+MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM built in-process (no download) and saved with
 `save_pretrained` (safetensors); the generated Model loads them by name and computes Hugging Face's loss (fp32,
 1e-5) and gradients; each rank of a parallel plan reads only its part and the run trains exactly like the single
 device from the same weights (dp 2 × tp 2, pp 2, ep 2 for Mixtral)."""
@@ -42,6 +42,12 @@ BLOCK = {
                  "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 2 * hidden, 4, top_k = 2, "
                  "capacity_factor = none, act = swiglu, aux_loss = 0, renormalize = false,\n"
                  "                                              shared_ffn = 3 * hidden, shared_gate = sigmoid) }}",
+    # Qwen3-MoE: Qwen 3's attention (q/k norms, heads of 24), experts of their own width, gates renormalised over the
+    # top_k, no shared expert
+    "qwen3_moe": "attention(hidden, heads, kv_heads = 2, bias = false, head_dim = 24, qk_norm = rmsnorm, "
+                 "rope_theta = 1000000) }}\n"
+                 "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 2 * hidden, 4, top_k = 2, "
+                 "capacity_factor = none, act = swiglu, aux_loss = 0, renormalize = true) }}",
 }
 
 SCALE = """
@@ -99,6 +105,11 @@ def hf_model(kind: str, path):
                                              shared_expert_intermediate_size=192, norm_topk_prob=False,
                                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})
         cls = transformers.Qwen2MoeForCausalLM
+    elif kind == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**kw, head_dim=24, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=128, norm_topk_prob=True,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+        cls = transformers.Qwen3MoeForCausalLM
     else:
         config = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
@@ -109,10 +120,12 @@ def hf_model(kind: str, path):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.02)
-            elif kind == "qwen3" and name.endswith(("q_norm.weight", "k_norm.weight")):  # not all ones either
+            elif kind in ("qwen3", "qwen3_moe") and name.endswith(("q_norm.weight", "k_norm.weight")):  # not all ones either
                 p.normal_(1, 0.1)
-            elif kind == "qwen2_moe" and name.endswith((".mlp.gate.weight", "shared_expert_gate.weight")):
-                p.normal_(0, 0.3)  # decisive routing (no near-ties for rounding to flip) and a gate far from 1/2
+            elif kind in ("qwen2_moe", "qwen3_moe") and name.endswith((".mlp.gate.weight",
+                                                                       "shared_expert_gate.weight")):
+                p.normal_(0, 0.3)  # decisive routing (no near-ties for rounding to flip; Qwen3-MoE's router starts
+                #                    at zero, every expert tied) and a shared expert's gate far from 1/2
     model.save_pretrained(path, safe_serialization=True)
     return model
 
@@ -122,7 +135,7 @@ def scale_text(kind: str, path) -> str:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mistral_window", "mixtral",
-                                  "qwen2_moe"])
+                                  "qwen2_moe", "qwen3_moe"])
 def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     from runtime import hf
     ref = hf_model(kind, tmp_path / "hf")
@@ -158,8 +171,8 @@ def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
 def _hf_grad(params: dict, name: str, hf) -> torch.Tensor:
     """The gradient Hugging Face's in-memory model holds for our parameter `name`. transformers 5 keeps Mixtral's
     router as `mlp.gate` and its experts fused (`gate_up_proj`: experts × 2·ffn × hidden, gate rows first;
-    `down_proj`: experts × hidden × ffn); its files keep the released layout runtime/hf.py reads. Qwen2-MoE's router
-    and shared expert are named in memory as in its files."""
+    `down_proj`: experts × hidden × ffn), as it does Qwen3-MoE's; its files keep the released layout runtime/hf.py
+    reads. Qwen2-MoE's router and shared expert are named in memory as in its files."""
     if "moe_shared_" in name:
         return params[hf.hf_name(name, layout=hf.QWEN_MOE)].grad
     if "moe_" not in name:

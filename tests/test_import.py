@@ -47,6 +47,13 @@ CASES = {
     "qwen2_moe_renormalised": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                                dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16,
                                     shared_expert_intermediate_size=48, norm_topk_prob=True, qkv_bias=False)),
+    # Qwen3-MoE: Qwen 3's attention (q/k norms, here heads of their own width), experts of their own width, no shared
+    # expert; gates renormalised or not
+    "qwen3_moe_head_dim": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                           dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, head_dim=24,
+                                norm_topk_prob=True)),
+    "qwen3_moe_biases": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                         dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16, attention_bias=True)),
 }
 
 
@@ -86,13 +93,19 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
         assert "ffn      = 24" in out and "shared   = 40" in out and "qkv_bias = true" in out
     if case == "qwen2_moe_renormalised":
         assert "renormalize = true" in out and "qkv_bias = true" not in out
+    if case.startswith("qwen3_moe"):
+        assert "shared_ffn" not in out and "ffn      = " + str(extra["moe_intermediate_size"]) + " " in out
+        assert f"renormalize = {'true' if extra.get('norm_topk_prob') else 'false'}," in out
+        assert f"experts  = {extra['num_experts']} " in out and "qkv_bias" not in out
+    if case == "qwen3_moe_biases":
+        assert "bias = true," in out and "head_dim = head_dim" not in out
 
 
 def test_defaults_are_transformers_defaults():
     """A key the file omits is read as transformers reads it: the importer's table equals each config class's
     own defaults."""
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-               "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig"}
+               "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
         for key, ours in DEFAULTS[model_type].items():
@@ -117,7 +130,8 @@ def test_defaults_are_transformers_defaults():
 
 def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
-                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral"), ("Qwen2MoeConfig", "qwen2_moe")):
+                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral"), ("Qwen2MoeConfig", "qwen2_moe"),
+                            ("Qwen3MoeConfig", "qwen3_moe")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -275,6 +289,25 @@ def test_qwen2_moe_refusals_are_located(edit, where, says):
 def test_published_configs_give_published_parameter_counts(name, text, count):
     out = import_config(text, f"{name}/config.json")
     assert _params(out, f"{name}.scale") == count
+
+
+@pytest.mark.parametrize("edit,where,says", [
+    (('"decoder_sparse_step": 1', '"decoder_sparse_step": 2'), "q.json:8:3", "decoder_sparse_step 2"),
+    (('"mlp_only_layers": []', '"mlp_only_layers": [0, 47]'), "q.json:17:3", "mlp_only_layers [0, 47]"),
+    (('"num_experts_per_tok": 8', '"num_experts_per_tok": 129'), "q.json:23:3", "129 experts per token out of 128"),
+    (('"num_experts": 128,', '"num_experts": 128, "num_local_experts": 64,'), "q.json:22:23",
+     "num_local_experts 64 differs from num_experts 128"),
+    (('"use_sliding_window": false', '"use_sliding_window": true'), "q.json:36:3", "use_sliding_window = true"),
+])
+def test_qwen3_moe_refusals_are_located(edit, where, says):
+    """Qwen3-MoE as Qwen2-MoE: dense layers between sparse ones are refused at their key, as are impossible
+    figures and the two names of the expert count (the released `num_experts`, transformers 5's
+    `num_local_experts`) disagreeing."""
+    from tests.test_published_models import QWEN3_30B_A3B
+    text = QWEN3_30B_A3B.replace(*edit)
+    assert text != QWEN3_30B_A3B
+    out = _diagnose(text, "q.json")
+    assert "error[E0954]" in out and f"--> {where}\n" in out and says in out, out
 
 
 def _diagnose(text: str, path: str = "config.json") -> str:
@@ -443,7 +476,7 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
     ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
     ("Phi3ForCausalLM", "phi3", "fused qkv_proj and gate_up_proj"),
-    ("Qwen3MoeForCausalLM", "qwen3_moe", "q/k RMSNorm"),
+    ("DeepseekV2ForCausalLM", "deepseek_v2", "multi-head latent attention"),
     ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
 ])
 def test_a_family_not_importable_yet_is_refused_with_what_the_language_lacks(arch, model_type, lacks):

@@ -1,6 +1,7 @@
 """Released architectures written in the language: `scalec plan` prints their published parameter counts exactly
 (Llama 2 7B: Touvron et al. 2023; Llama 3 8B and 70B: Meta 2024; Mixtral 8x7B: Jiang et al. 2024; Mistral 7B
-imported from its config.json with its sliding window: Jiang et al. 2023), and each
+imported from its config.json with its sliding window: Jiang et al. 2023; imported Qwen 3, Mistral-Nemo and
+Qwen3-MoE configs: transformers' own count), and each
 sample's plan fits its cluster (the compiler refuses one that does not)."""
 from __future__ import annotations
 
@@ -158,16 +159,101 @@ HEAD_DIM_CONFIGS = {"qwen3_0_6b": (QWEN3_0_6B, 596_049_920, 0.6e9), "qwen3_8b": 
                     "mistral_nemo_12b": (MISTRAL_NEMO_12B, 12_247_782_400, 12e9)}
 
 
-@pytest.mark.parametrize("name", sorted(HEAD_DIM_CONFIGS) + sorted(WINDOW_CONFIGS))
-def test_head_dim_models_have_transformers_parameter_count(name):
+# Qwen3-30B-A3B and Qwen3-235B-A22B (Qwen team, 2025): Qwen 3's attention (q/k RMSNorm, head_dim 128 where
+# hidden_size / heads is 64) with 128 fine-grained experts of their own width (moe_intermediate_size), eight per
+# token, their gates renormalised (norm_topk_prob), no shared expert; typed in as published on the Hugging Face Hub.
+QWEN3_30B_A3B = """{
+  "architectures": [
+    "Qwen3MoeForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 6144,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 48,
+  "mlp_only_layers": [],
+  "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768,
+  "norm_topk_prob": true,
+  "num_attention_heads": 32,
+  "num_experts": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 48,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}
+"""
+QWEN3_235B_A22B = """{
+  "architectures": [
+    "Qwen3MoeForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 12288,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 94,
+  "mlp_only_layers": [],
+  "model_type": "qwen3_moe",
+  "moe_intermediate_size": 1536,
+  "norm_topk_prob": true,
+  "num_attention_heads": 64,
+  "num_experts": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 94,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}
+"""
+# name -> (config.json, parameters, the model card's total it rounds to, to how many decimals of a billion: "30.5B"
+# (3.3B activated) and "235B" (22B activated))
+QWEN3_MOE_CONFIGS = {"qwen3_30b_a3b": (QWEN3_30B_A3B, 30_532_122_624, 30.5, 1),
+                     "qwen3_235b_a22b": (QWEN3_235B_A22B, 235_093_634_560, 235, 0)}
+
+
+def _imported_count_is_transformers(name: str, text: str, count: int) -> None:
     """Imported, planned on the meta device: the parameters are exactly transformers' own model of the same
-    config.json (built on the meta device, nothing allocated), and round to the published figure."""
+    config.json (built on the meta device, nothing allocated)."""
     import json
 
     from compiler.importer import complete, import_config
     transformers = pytest.importorskip("transformers")  # the test-only extra (pyproject `dev`)
     import torch
-    text, count, published = {**HEAD_DIM_CONFIGS, **WINDOW_CONFIGS}[name]
     imported = import_config(text, f"{name}/config.json")
     compiled = compile_spec(check_text(complete(imported), f"{name}.scale"))
     if name in WINDOW_CONFIGS:  # the window is written, and the program attends within it
@@ -181,4 +267,20 @@ def test_head_dim_models_have_transformers_parameter_count(name):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == count
+
+
+@pytest.mark.parametrize("name", sorted(HEAD_DIM_CONFIGS) + sorted(WINDOW_CONFIGS))
+def test_head_dim_models_have_transformers_parameter_count(name):
+    """The parameters are transformers' own count, and round to the published figure."""
+    text, count, published = {**HEAD_DIM_CONFIGS, **WINDOW_CONFIGS}[name]
+    _imported_count_is_transformers(name, text, count)
     assert round(count / 10 ** 9, 1 if count < 10 ** 10 else 0) == round(published / 10 ** 9, 1)
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_MOE_CONFIGS))
+def test_qwen3_moe_models_have_transformers_parameter_count(name):
+    """Qwen3-MoE: q/k norms, heads of their own width and experts of their own width, counted exactly as
+    transformers builds them; the totals round to the model cards'."""
+    text, count, published, digits = QWEN3_MOE_CONFIGS[name]
+    _imported_count_is_transformers(name, text, count)
+    assert round(count / 10 ** 9, digits) == published
