@@ -126,7 +126,12 @@ def cmd_export(args) -> int:
     from compiler import export as X
     spec = _load(args.file, budget=False).spec
     try:
-        written = X.export(spec, args.checkpoint, args.out, config_from=args.config)
+        checkpoint, skipped = X.checkpoint_path(args.checkpoint)
+        for why in skipped:
+            print(f"scalec export: passing over a damaged checkpoint: {why}", file=sys.stderr)
+        if checkpoint != args.checkpoint:
+            print(f"scalec export: {checkpoint}, the newest checkpoint in {args.checkpoint}")
+        written = X.export(spec, checkpoint, args.out, config_from=args.config)
     except X.ExportError as err:
         print(f"scalec export: {err}", file=sys.stderr)
         return 1
@@ -361,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("new", metavar="NEW")
     c.set_defaults(func=cmd_reshard, file=None)
     c = sub.add_parser("export", help="a checkpoint of FILE's model as a Hugging Face checkpoint",
-                       description="Read CHECKPOINT (a step_N directory the program saved, under any plan) and write "
+                       description="Read CHECKPOINT (a step_N directory the program saved, under any plan, or the run's "
+                                   "checkpoint_dir, whose newest intact step_N is read) and write "
                                    "DIR/config.json and DIR/model*.safetensors in Hugging Face's layout of FILE's "
                                    "model (Llama, Qwen 2 or Mixtral), loadable by transformers and by "
                                    "`init = from(DIR)`.")
@@ -394,11 +400,11 @@ def main(argv: list[str] | None = None) -> int:
                    "plan's memory, step time, timeline and collectives")
     c.set_defaults(func=cmd_search)
     c = sub.add_parser("data", help="tokenize text or JSONL files into an indexed token dataset",
-                       description="Tokenize INPUT files (.txt: one document each; .jsonl: one document a line) with "
+                       description="Tokenize INPUT files (.txt and .md: one document each; .jsonl: one document a line) with "
                                    "a Hugging Face tokenizer into PREFIX.bin and PREFIX.idx (Megatron-LM's indexed "
                                    "dataset) and PREFIX.bin.json (the sidecar: dtype, vocabulary, tokenizer, "
                                    "documents). PREFIX.bin trains as `tokens(path = \"PREFIX.bin\")`.")
-    c.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt or .jsonl files, read in the order given")
+    c.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt, .md or .jsonl files, read in the order given")
     c.add_argument("--tokenizer", required=True, metavar="PATH",
                    help="a tokenizer.json, or a model directory holding one (nothing is downloaded)")
     c.add_argument("-o", "--output", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, "

@@ -1,7 +1,7 @@
 """`scalec data`: text files and JSONL into an indexed token dataset (runtime/indexed.py: Megatron's .bin/.idx and our
 sidecar), with a Hugging Face tokenizer read from a local tokenizer.json or a model directory (no hub access).
 
-Each .txt file is one document; each line of a .jsonl file is one, its text under `text_key`. With `separator` (a
+Each .txt or .md file is one document; each line of a .jsonl file is one, its text under `text_key`. With `separator` (a
 token of the tokenizer, e.g. "</s>" or "<|endoftext|>"), its id ends every document, so the flat PREFIX.bin keeps the
 boundaries for a loader that reads it as one stream (`tokens(path = "PREFIX.bin")`), as PREFIX.idx keeps them for
 one that reads documents. Deterministic: the same inputs, in the order given, make the same bytes.
@@ -55,11 +55,11 @@ def documents(paths: list, text_key: str):
                     if not isinstance(text, str):
                         raise DataError(f"{path}:{n}: no string under \"{text_key}\" (--text-key names the field)")
                     yield f"{path}:{n}", text
-        elif path.endswith(".txt"):
+        elif path.endswith((".txt", ".md")):
             with open(path, encoding="utf-8") as f:
                 yield path, f.read()
         else:
-            raise DataError(f"{path}: not a .txt (one document) or .jsonl (one a line) file")
+            raise DataError(f"{path}: not a .txt or .md (one document) or .jsonl (one a line) file")
 
 
 def build(paths: list, tokenizer: str, prefix: str, text_key: str = "text", separator: str | None = None,

@@ -290,6 +290,20 @@ def _qwen3_moe_config(config: dict, ffn: S.MoE, bias: bool, v) -> dict:
     return config
 
 
+def checkpoint_path(path: str) -> tuple[str, list[str]]:
+    """The checkpoint `path` names: a `step_N` directory itself, or, for a run's checkpoint_dir, its newest intact
+    `step_N` (as a resumed run would pick it); with why each newer one was passed over."""
+    if os.path.exists(os.path.join(path, ".metadata")):
+        return path, []
+    from runtime.checkpoint import newest_intact
+    found, skipped = newest_intact(path) if os.path.isdir(path) else (None, [])
+    if found is None:
+        why = f" (passed over: {'; '.join(skipped)})" if skipped else ""
+        raise ExportError(f"{path} is not a checkpoint (no .metadata) nor a checkpoint_dir holding an intact "
+                          f"`step_N`{why}: name a `step_N` directory or the run's checkpoint_dir")
+    return found, skipped
+
+
 def read_checkpoint(path: str) -> dict:
     """The model's tensors of a checkpoint directory (`step_N`), whole, by our names."""
     if not os.path.exists(os.path.join(path, ".metadata")):
@@ -365,4 +379,28 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
         if os.path.isfile(src) and not (os.path.exists(dst) and os.path.samefile(src, dst)):
             shutil.copyfile(src, dst)
             written.append(name)
+    tok = data_tokenizer(spec)
+    if tok and "tokenizer.json" not in written:
+        dst = os.path.join(out_dir, "tokenizer.json")
+        if not (os.path.exists(dst) and os.path.samefile(tok, dst)):
+            shutil.copyfile(tok, dst)
+        written.append("tokenizer.json")
     return written
+
+
+def data_tokenizer(spec: S.Spec) -> str | None:
+    """The tokenizer.json the model's token file was made with (`scalec data` records it in the file's sidecar),
+    when it is still there: a model trained from text is exported with the tokenizer that reads its ids."""
+    data = spec.train.data
+    if getattr(data, "kind", None) != "tokens" or not data.path:
+        return None
+    from compiler import files
+    try:
+        side = files.read_sidecar(os.path.join(os.path.dirname(spec.path), data.path))
+    except files.SidecarError:
+        return None
+    if side is None or not side.tokenizer:
+        return None
+    tok = side.tokenizer if os.path.isabs(side.tokenizer) else os.path.join(os.path.dirname(side.path),
+                                                                           side.tokenizer)
+    return tok if os.path.isfile(tok) and tok.endswith(".json") else None

@@ -96,6 +96,18 @@ def _problem(path: str) -> str | None:
     return None
 
 
+def newest_intact(directory: str) -> tuple[str | None, list[str]]:
+    """For reading a checkpoint directory off-line (`scalec export`): its newest `step_N` whose files look intact
+    (`_problem`), or None, and why each newer one was passed over."""
+    skipped = []
+    for _, path in reversed(_complete(directory)):
+        problem = _problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append(problem)
+    return None, skipped
+
+
 def _broadcast(obj, ctx):
     box = [obj]
     dist.broadcast_object_list(box, src=0)

@@ -1,9 +1,13 @@
-"""Shared test options: `--update-golden` rewrites golden files (refused when CI=true)."""
+"""Shared test options: `--update-golden` rewrites golden files (refused when CI=true); and the guard that keeps
+`pytest -m "not e2e"` fast: a test that launches processes (torchrun, a generated program or its launch script, gloo
+ranks through torch.multiprocessing) must carry the `e2e` marker, or it fails at the launch."""
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+
+import subprocess
 
 import pytest
 
@@ -28,3 +32,51 @@ def golden(request):
     g = Golden(update=request.config.getoption("--update-golden"), nodeid=request.node.nodeid)
     yield g
     g.report()
+
+
+# What makes a test slow here is starting processes that import torch and build a model: torchrun and the ranks
+# it starts, a generated program run directly, gloo ranks spawned by tests/multirank.py. `scalec check`/`plan` in a
+# subprocess (the front-door tests) starts one light interpreter and is not counted, nor is a launch script run
+# under a stand-in torchrun or srun (tests/test_escaping.py, tests/test_sbatch.py): a script that does start
+# torchrun is caught at torchrun only when the test starts it itself, so such tests are marked by hand.
+LAUNCHES = ("torchrun", "torch.distributed.run", "program.py")
+
+
+def _launch_named(args) -> str | None:
+    """What `args` launches of LAUNCHES, or None: a syntax check (`bash -n`) and a program's `--help` start none."""
+    words = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    words = [os.fsdecode(w) if isinstance(w, (bytes, os.PathLike)) else str(w) for w in words]
+    if "-n" in words[1:2] or "--help" in words:
+        return None
+    text = " ".join(words)
+    if "compiler.cli" in text and " run " in f" {text} ":
+        return "scalec run"
+    return next((w for w in LAUNCHES if w in text), None)
+
+
+@pytest.fixture(autouse=True)
+def _launches_are_e2e(request, monkeypatch):
+    """Fails an unmarked test at the moment it launches processes (see the module's docstring)."""
+    if request.node.get_closest_marker("e2e"):
+        yield
+        return
+    where = request.node.nodeid
+
+    def refuse(what: str):
+        pytest.fail(f"{where} launches processes ({what}) but is not marked e2e: add @pytest.mark.e2e, so that "
+                    "`pytest -m \"not e2e\"` stays the fast part", pytrace=False)
+
+    original = subprocess.Popen
+
+    class Guarded(original):
+        def __init__(self, args, *a, **kw):
+            what = _launch_named(args)
+            if what:
+                refuse(what)
+            super().__init__(args, *a, **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", Guarded)
+    import torch.multiprocessing as tmp
+    for name in ("spawn", "start_processes"):
+        monkeypatch.setattr(tmp, name, lambda *a, _name=name, **kw: refuse(f"torch.multiprocessing.{_name}"))
+    yield

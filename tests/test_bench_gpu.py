@@ -120,6 +120,7 @@ def _check_smoke(res: dict, printed: str, columns, steps: int, warmup: int) -> N
         assert m["flops_per_step"] == 6 * n * m["tokens_per_step"] + attention
 
 
+@pytest.mark.e2e
 def test_cpu_smoke_eager_columns(tmp_path, capsys):
     """The Llama-style tiny model, both eager columns, two alternating rounds of a few steps (~10 s; the compiled
     columns' cold compilation takes ~40 s each on this CPU: test_cpu_smoke_all_four_columns)."""

@@ -1,11 +1,15 @@
 """runtime/collectives.py on two gloo processes, each result against the single-process computation."""
 from __future__ import annotations
 
+import pytest
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests import multirank
+
+pytestmark = pytest.mark.e2e  # gloo ranks (tests/multirank.py): not the fast part
 
 WORLD = 2
 

@@ -95,7 +95,7 @@ def test_the_written_file_checks_as_training_data(tmp_path):
     ("no tokenizer", "no tokenizer at"),
     ("unknown separator", "has no token '<eos>'"),
     ("jsonl without the key", "b.jsonl:2: no string under \"text\""),
-    ("other file", "not a .txt (one document) or .jsonl (one a line) file"),
+    ("other file", "not a .txt or .md (one document) or .jsonl (one a line) file"),
 ])
 def test_bad_inputs_are_one_line_errors(tmp_path, case, want):
     tok_path = _tokenizer(tmp_path)

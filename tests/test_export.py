@@ -21,6 +21,7 @@ from tests.test_hf_weights import hf_model, scale_text
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")

@@ -60,6 +60,7 @@ def _tp_sp_selective(path: str, predicted: float, rank: int, C) -> None:
     assert got == pytest.approx(predicted, rel=0.03), f"rank {rank}: kept {got:,}, predicted {predicted:,.0f}"
 
 
+@pytest.mark.e2e
 def test_compiled_sequence_parallel_selective_keeps_the_gathered_inputs_sharded(tmp_path):
     """tp = 2 with sequence parallelism under selective recomputation, compiled: the partitioner gathers each
     block's sequence-parallel inputs again in backward (runtime.recompute.RECOMPUTE marks the all-gather and its wait

@@ -2,6 +2,8 @@
 generated program's forward equal what autograd saves (both counted here, independently of the tracker)."""
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 from pathlib import Path
 
@@ -223,6 +225,7 @@ def _fsdp_rank(rank: int, _collectives) -> None:
     assert plain.peak > total
 
 
+@pytest.mark.e2e
 def test_peak_under_fsdp2_equals_torch_fsdp_mem_tracker():
     """FSDP2 over 2 ranks (gloo): FSDP frees and regathers each block's parameters by resizing storages, which
     the tracker re-reads at each operator (`reread`); its peak over a training step equals torch's

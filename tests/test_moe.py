@@ -444,6 +444,7 @@ def _ep_body(rank, C):
         assert torch.equal(sent[:, i * 3:(i + 1) * 3], everyone[i][lo:hi])
 
 
+@pytest.mark.e2e
 def test_expert_parallel_matches_single_process():
     multirank.spawn(_ep_body, WORLD, axes=("ep",), timeout=120)
 

@@ -5,6 +5,8 @@ processes) update exactly as the whole ones. The e2e table's *_bf16 cases hold t
 single-device program."""
 from __future__ import annotations
 
+import pytest
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -132,6 +134,7 @@ def _zero1(rank, ctx):
     assert held < 12 * total and held == 12 * sum(p.numel() for p in sharded.state)
 
 
+@pytest.mark.e2e
 def test_zero1_sharded_masters_update_as_the_whole_ones():
     multirank.spawn(_zero1, WORLD, mesh="dp")
 
@@ -216,6 +219,7 @@ def _reducer(rank, ctx):
     assert every[0] == every[1]  # the ranks' weights agree after the step (different batches, averaged gradients)
 
 
+@pytest.mark.e2e
 def test_the_bf16_reducer_and_zero1_broadcasts_are_timed_operations_with_sites():
     multirank.spawn(_reducer, WORLD, mesh="dp")
 
@@ -273,6 +277,7 @@ def _buckets(rank, ctx):
     _assert_the_mean_of_the_ranks(model, ref)
 
 
+@pytest.mark.e2e
 def test_bucketed_main_gradients_are_reduced_from_the_last_backward():
     multirank.spawn(_buckets, WORLD, mesh="dp")
 
@@ -303,5 +308,6 @@ def _after_the_schedule(rank, ctx):
     _assert_the_mean_of_the_ranks(model, ref)
 
 
+@pytest.mark.e2e
 def test_pipeline_stages_reduce_their_main_gradient_buckets_in_place():
     multirank.spawn(_after_the_schedule, WORLD, mesh="dp")

@@ -229,6 +229,7 @@ def _collectives_under_recompute(rank, C):
         assert torch.equal(g1, results["none"][2]) and torch.equal(g2, results["none"][3]), mode
 
 
+@pytest.mark.e2e
 def test_selective_reruns_only_the_all_gather_and_full_reruns_every_collective():
     from tests import multirank
     multirank.spawn(_collectives_under_recompute)

@@ -87,6 +87,7 @@ def test_restarts_default_to_three_with_checkpoints_and_timeout_takes_units():
     assert "must be a duration" in err.value.render() and "E0120" in err.value.render()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flag", [["--steps", "0"], ["--steps", "-3"], ["--stop-after", "0"]])
 def test_the_program_refuses_no_steps_once_and_without_a_restart(tmp_path, flag):
     """`program.py --steps 0` trained nothing and exited 0; now it is refused with FatalError's exit code (78), which

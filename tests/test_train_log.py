@@ -164,6 +164,7 @@ def _vote_rank(out: str, rank: int, _collectives) -> None:
         json.dump(results, f)
 
 
+@pytest.mark.e2e
 def test_stop_vote_stops_every_rank_after_the_same_step(tmp_path):
     out = str(tmp_path / "votes")
     multirank.spawn(functools.partial(_vote_rank, out), 2, axes=())
@@ -217,6 +218,7 @@ def _run(program_dir: Path, *flags, wrapper: str | None = None, env: dict | None
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 def test_unlogged_steps_read_nothing_from_the_device(tiny_program, tmp_path):
     """Steps 1, 3 and 6 are logged (the first, every 3rd, the last): only they read values of tensors in the
     runtime's code; steps 2, 4 and 5 read none (on CUDA each read is a host-device synchronisation)."""
@@ -229,6 +231,7 @@ def test_unlogged_steps_read_nothing_from_the_device(tiny_program, tmp_path):
     assert not steps & {2, 4, 5}, [c for c in calls if c[0] in (2, 4, 5)]
 
 
+@pytest.mark.e2e
 def test_metrics_read_every_step_with_speed_and_times(tiny_program, tmp_path):
     metrics = tmp_path / "m.jsonl"
     out = _run(tiny_program, "--steps", "4", "--metrics", str(metrics))
@@ -242,6 +245,7 @@ def test_metrics_read_every_step_with_speed_and_times(tiny_program, tmp_path):
     assert "since the job started" in out
 
 
+@pytest.mark.e2e
 def test_tensorboard_events_hold_the_scalars(tiny_program, tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing import event_accumulator
@@ -255,6 +259,7 @@ def test_tensorboard_events_hold_the_scalars(tiny_program, tmp_path):
     assert all(e.value > 0 for e in acc.Scalars("train/loss"))
 
 
+@pytest.mark.e2e
 def test_evaluation_leaves_training_as_it_was_and_is_logged(tiny_program, tmp_path):
     """eval_every = 3 on a 4-step run evaluates after steps 3 and 4 (the last): the training losses are those of
     the same program without evaluation (no data position or random stream moved), the eval fields join those
@@ -321,6 +326,7 @@ def _ddp_bucket_rank(out: str, rank: int, _collectives) -> None:
         json.dump(ddp.bucket_bytes_cap, f)
 
 
+@pytest.mark.e2e
 def test_ddp_gets_the_plans_bucket(tmp_path):
     out = str(tmp_path / "cap.json")
     multirank.spawn(functools.partial(_ddp_bucket_rank, out), 1, axes=())

@@ -4,11 +4,15 @@ forward to backward where fsdp frees them, and shards the gradients as fsdp does
 dp2_zero2 show that training is the single-device model's; these show that the stage asked for is the one run."""
 from __future__ import annotations
 
+import pytest
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from tests import multirank
+
+pytestmark = pytest.mark.e2e  # gloo ranks (tests/multirank.py): not the fast part
 
 WORLD = 2
 
