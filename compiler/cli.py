@@ -126,12 +126,12 @@ def cmd_export(args) -> int:
     from compiler import export as X
     spec = _load(args.file, budget=False).spec
     try:
-        checkpoint, skipped = X.checkpoint_path(args.checkpoint)
-        for why in skipped:
-            print(f"scalec export: passing over a damaged checkpoint: {why}", file=sys.stderr)
-        if checkpoint != args.checkpoint:
-            print(f"scalec export: {checkpoint}, the newest checkpoint in {args.checkpoint}")
-        written = X.export(spec, checkpoint, args.out, config_from=args.config)
+        def chosen(checkpoint: str, skipped: list) -> None:
+            for why in skipped:
+                print(f"scalec export: passing over a damaged checkpoint: {why}", file=sys.stderr)
+            if checkpoint != args.checkpoint:
+                print(f"scalec export: {checkpoint}, the newest checkpoint in {args.checkpoint}", flush=True)
+        written = X.export(spec, args.checkpoint, args.out, config_from=args.config, chosen=chosen)
     except X.ExportError as err:
         print(f"scalec export: {err}", file=sys.stderr)
         return 1

@@ -335,15 +335,19 @@ def hf_tensors(tensors: dict, layout: str = "mixtral") -> dict:
 
 
 def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD_BYTES,
-           config_from: str | None = None) -> list[str]:
+           config_from: str | None = None, chosen=None) -> list[str]:
     """Write `out_dir`/config.json and the safetensors files, and copy the source checkpoint's generation config and
     tokenizer (`COMPANIONS`; the source: `source_config`, `config_from` naming it explicitly); returns the files
-    written."""
+    written. `checkpoint` is a `step_N` or a checkpoint_dir (`checkpoint_path`); `chosen(path, skipped)` hears which
+    one is read."""
     from safetensors.torch import save_file
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
     from runtime.hf_names import MIXTRAL, QWEN_MOE
     qwen_moe = config["model_type"] in ("qwen2_moe", "qwen3_moe")  # their experts: mlp.experts.j.*_proj
+    checkpoint, skipped = checkpoint_path(checkpoint)  # after the model and config: what cannot be written is
+    if chosen is not None:                               # refused before any weight is looked for
+        chosen(checkpoint, skipped)
     tensors = hf_tensors(read_checkpoint(checkpoint), QWEN_MOE if qwen_moe else MIXTRAL)
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)

@@ -1,13 +1,13 @@
 """Shared test options: `--update-golden` rewrites golden files (refused when CI=true); and the guard that keeps
-`pytest -m "not e2e"` fast: a test that launches processes (torchrun, a generated program or its launch script, gloo
-ranks through torch.multiprocessing) must carry the `e2e` marker, or it fails at the launch."""
+`pytest -m "not e2e"` fast: a test that launches processes (torchrun, a generated program, gloo ranks through
+torch.multiprocessing), in its body or in a fixture of any scope, must carry the `e2e` marker, or it fails at the
+launch."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
-
-import subprocess
 
 import pytest
 
@@ -21,6 +21,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _guard_launches()
     if config.getoption("--update-golden") and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         raise pytest.UsageError("--update-golden is refused when CI=true: goldens change only by a deliberate, "
                                 "reviewed local run")
@@ -46,37 +47,51 @@ def _launch_named(args) -> str | None:
     """What `args` launches of LAUNCHES, or None: a syntax check (`bash -n`) and a program's `--help` start none."""
     words = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
     words = [os.fsdecode(w) if isinstance(w, (bytes, os.PathLike)) else str(w) for w in words]
-    if "-n" in words[1:2] or "--help" in words:
-        return None
     text = " ".join(words)
+    if "-n" in words[1:2] or "--help" in text:
+        return None
     if "compiler.cli" in text and " run " in f" {text} ":
         return "scalec run"
     return next((w for w in LAUNCHES if w in text), None)
 
 
-@pytest.fixture(autouse=True)
-def _launches_are_e2e(request, monkeypatch):
-    """Fails an unmarked test at the moment it launches processes (see the module's docstring)."""
-    if request.node.get_closest_marker("e2e"):
+_current: list = []  # the test being run (its setup, call and teardown, fixtures of any scope included)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current.append(item)
+    try:
         yield
-        return
-    where = request.node.nodeid
+    finally:
+        _current.pop()
 
-    def refuse(what: str):
-        pytest.fail(f"{where} launches processes ({what}) but is not marked e2e: add @pytest.mark.e2e, so that "
-                    "`pytest -m \"not e2e\"` stays the fast part", pytrace=False)
 
+def _refuse_unmarked(what: str) -> None:
+    """Fails the running test if it is not marked e2e (see the module's docstring)."""
+    item = _current[-1] if _current else None
+    if item is not None and not item.get_closest_marker("e2e"):
+        pytest.fail(f"{item.nodeid} launches processes ({what}) but is not marked e2e: add @pytest.mark.e2e, so "
+                    "that `pytest -m \"not e2e\"` stays the fast part", pytrace=False)
+
+
+def _guard_launches() -> None:
+    """Wraps subprocess.Popen and torch.multiprocessing's spawn for the session: a launch checks the running test."""
     original = subprocess.Popen
 
     class Guarded(original):
         def __init__(self, args, *a, **kw):
             what = _launch_named(args)
             if what:
-                refuse(what)
+                _refuse_unmarked(what)
             super().__init__(args, *a, **kw)
 
-    monkeypatch.setattr(subprocess, "Popen", Guarded)
+    subprocess.Popen = Guarded
     import torch.multiprocessing as tmp
     for name in ("spawn", "start_processes"):
-        monkeypatch.setattr(tmp, name, lambda *a, _name=name, **kw: refuse(f"torch.multiprocessing.{_name}"))
-    yield
+        real = getattr(tmp, name)
+
+        def guarded(*a, _real=real, _name=name, **kw):
+            _refuse_unmarked(f"torch.multiprocessing.{_name}")
+            return _real(*a, **kw)
+        setattr(tmp, name, guarded)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 
 ALLOWED = {
@@ -30,20 +32,22 @@ ALLOWED = {
 }
 
 
-# runtime/choices.py, the names the language shares with the runtime (axes, data parallelism, schedules,
-# recomputation): imports nothing, so any compiler module, the checker included, may read it.
-SHARED = "runtime.choices"
+# What the language shares with the runtime, importing nothing, so that any compiler module, the checker included,
+# may read it: runtime/choices.py, the names (axes, data parallelism, schedules, recomputation), and runtime/split.py,
+# the held-out split of a token file (the checker sizes it as the program cuts it).
+SHARED = ("runtime.choices", "runtime.split")
 
 
 def _imports_runtime(path: Path) -> bool:
     """Any import of runtime but the shared names (SHARED), at the top, inside a function, or on first use
     (compiler.lazy)."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" and a.name != SHARED
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "runtime" and a.name not in SHARED
                                                 for a in node.names):
             return True
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "runtime":
-            if node.module == SHARED or (node.module == "runtime" and [a.name for a in node.names] == ["choices"]):
+            if node.module in SHARED or (node.module == "runtime" and
+                                         all(f"runtime.{a.name}" in SHARED for a in node.names)):
                 continue
             return True
         if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy" and node.args  # lazy("runtime.x")
@@ -84,12 +88,13 @@ def test_the_runtime_never_imports_the_compiler():
             assert not any(n.split(".")[0] == "compiler" for n in names), p
 
 
-def test_the_shared_names_import_nothing():
-    """runtime/choices.py is read by `scalec check` (no torch) and by the runtime (no compiler): it imports nothing
-    but __future__."""
-    tree = ast.parse((ROOT / "runtime" / "choices.py").read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", SHARED)
+def test_the_shared_names_import_nothing(module):
+    """runtime/choices.py and runtime/split.py are read by `scalec check` (no torch) and by the runtime (no
+    compiler): they import nothing but __future__ and dataclasses."""
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert [getattr(n, "module", None) for n in imports] == ["__future__"]
+    assert {getattr(n, "module", None) for n in imports} <= {"__future__", "dataclasses"}
 
 
 def _compiler_imports(path: Path) -> set[str]:

@@ -134,6 +134,7 @@ def _mlflow_runs(store: Path, name: str, monkeypatch):
     return client, client.search_runs([exp.experiment_id])
 
 
+@pytest.mark.e2e
 def test_mlflow_run_holds_the_plan_predictions_and_the_losses(tiny, fresh, monkeypatch):
     pytest.importorskip("mlflow")
     program, plan_json = tiny
@@ -163,6 +164,7 @@ def test_mlflow_run_holds_the_plan_predictions_and_the_losses(tiny, fresh, monke
     assert json.loads((artifacts / "plan.json").read_text()) == json.loads((program / "plan.json").read_text())
 
 
+@pytest.mark.e2e
 def test_mlflow_resumed_run_continues_the_same_run(resumed, monkeypatch):
     pytest.importorskip("mlflow")
     out_dir, out, records = resumed
@@ -225,6 +227,7 @@ def _wandb_run(run_dir: str) -> dict:
     return got
 
 
+@pytest.mark.e2e
 def test_wandb_offline_run_holds_the_plan_predictions_and_the_losses(tiny, fresh):
     pytest.importorskip("wandb")
     _, plan_json = tiny
@@ -244,6 +247,7 @@ def test_wandb_offline_run_holds_the_plan_predictions_and_the_losses(tiny, fresh
                                                                      rel=1e-3)
 
 
+@pytest.mark.e2e
 def test_wandb_resumed_run_keeps_its_id(resumed):
     pytest.importorskip("wandb")
     out_dir, out, _ = resumed
