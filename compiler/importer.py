@@ -635,26 +635,20 @@ class _Importer:
         rows += [("  }", "")]
         rows += [("  residual {", "")]
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
-        if self.type == "qwen3_moe":
+        if qmoe:  # Qwen-MoE: Qwen2-MoE's has a sigmoid-gated shared expert, Qwen3-MoE's none
             experts, top_k, aux, _, _, norm, _ = moe
+            shared = self.type == "qwen2_moe"
             rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
                       f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
                       f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
-                      f"{s('mlp_only_layers')} empty: a mixture in every layer, no shared expert"),
-                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)})",
+                      f"{s('mlp_only_layers')} empty: a mixture in every layer" + ("" if shared else
+                                                                                   ", no shared expert")),
+                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)}" + ("," if shared else ")"),
                       f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
                       "model)")]
-        elif qmoe:
-            experts, top_k, aux, _, _, norm, _ = moe
-            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
-                      f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
-                      f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
-                      f"{s('mlp_only_layers')} empty: a mixture in every layer"),
-                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)},",
-                      f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
-                      "model)"),
-                     ("        shared_ffn = shared, shared_gate = sigmoid)",
-                      "mlp.shared_expert (silu-gated) and mlp.shared_expert_gate: sigmoid(x · w) per token")]
+            if shared:
+                rows += [("        shared_ffn = shared, shared_gate = sigmoid)",
+                          "mlp.shared_expert (silu-gated) and mlp.shared_expert_gate: sigmoid(x · w) per token")]
         elif moe:
             experts, top_k, aux = moe
             rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
