@@ -27,6 +27,8 @@ import statistics
 import string
 import time
 
+from runtime import progress
+
 IDS_FILE = "tracking.json"
 """The file in the checkpoint directory that keeps the tracked runs' ids for a resumed run."""
 
@@ -283,8 +285,9 @@ def predictions(cfg, world_size: int) -> dict:
     if speed.predicted_step_s:
         out["step_time_s"] = speed.predicted_step_s
         out["tokens_per_s"] = tokens / speed.predicted_step_s
-        if speed.flops_per_step and speed.peak_flops:
-            out["mfu"] = speed.flops_per_step / world_size / speed.predicted_step_s / speed.peak_flops
+        mfu = progress.speed_figures(speed, world_size, speed.predicted_step_s).get("mfu")  # the log's formula
+        if mfu is not None:
+            out["mfu"] = mfu
     return out
 
 
@@ -344,7 +347,6 @@ def mlflow_uri(text: str) -> str:
 
 
 def _tensorboard(logdir: str):
-    from runtime import progress  # the writer's one-line message when the package is missing lives there
     writer = progress.tensorboard(logdir)
     return TensorBoard(writer, logdir) if writer is not None else None
 
