@@ -130,6 +130,10 @@ CODES: dict[str, Code] = {
                   "itself and the window - 1 keys before it; with a window at least as long as the training "
                   "sequences (`seq_len`) every earlier key is inside it, so the attention is the full causal one and "
                   "the setting changes nothing. Remove it, or train on sequences longer than the window."),
+    "W0208": Code("query_scale is the head width", "A warning: `query_scale = Q` divides an attention's scores by "
+                  "√Q instead of √D, D its head width (`head_dim`, or hidden / heads); written equal to D it is the "
+                  "default scaling and changes nothing. Remove it (Gemma 2 27B is the family's one whose "
+                  "query_pre_attn_scalar differs from its head_dim)."),
     # -- the mesh and the batch -----------------------------------------------------------------------------------
     "E0301": Code("mesh does not match the machines", "The product of the mesh axes must equal nodes × "
                   "devices_per_node: every process holds exactly one coordinate of the mesh. `ep` counts like `dp` "

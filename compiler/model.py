@@ -22,9 +22,9 @@ from torch import nn
 
 from compiler import spec as S
 from compiler.diagnostics import Span
-from runtime.attention import sliding_window
+from runtime.attention import sliding_window, softcapped
 from runtime.rotary import rotate
-from runtime.layers import Bias, Repeat
+from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
 # flow, and the emitted program calls the same functions.
 from runtime.moe import Experts, combine, dispatch, route
@@ -95,7 +95,8 @@ class Segment(nn.Module):
                 return _Step(x, lambda seg, h, inner=inner: h + seg._run(inner, h), inner)
             case S.Norm(kind=kind, hidden=h, eps=eps):
                 n = self._n(h)
-                mod = nn.LayerNorm(n, eps=eps) if kind == "layernorm" else nn.RMSNorm(n, eps=eps)
+                mod = (nn.LayerNorm(n, eps=eps) if kind == "layernorm" else
+                       ZeroCenteredRMSNorm(n, eps=eps) if x.zero_centered else nn.RMSNorm(n, eps=eps))
                 name = self._leaf(self._name("norm", totals["norm"]), mod, {"weight": (h,), "bias": (h,)}, x.span)
                 return _Step(x, lambda seg, t, name=name: getattr(seg, name)(t))
             case S.Attention():
@@ -120,8 +121,9 @@ class Segment(nn.Module):
         o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
         self.residual_out.append(o)
         qn = kn = None
-        if a.qk_norm == "rmsnorm":  # one scale of D, shared by every head (Qwen 3's q_norm, k_norm)
-            qn, kn = (self._leaf(f"{p}_{w}_norm", nn.RMSNorm(head_dim, eps=a.qk_norm_eps), {"weight": (hd,)}, a.span)
+        if a.qk_norm != "none":  # one scale of D, shared by every head (Qwen 3's q_norm, k_norm; Gemma 3's (1 + w))
+            norm = ZeroCenteredRMSNorm if a.qk_norm == "zero_centered_rmsnorm" else nn.RMSNorm
+            qn, kn = (self._leaf(f"{p}_{w}_norm", norm(head_dim, eps=a.qk_norm_eps), {"weight": (hd,)}, a.span)
                       for w in ("q", "k"))
         gqa = self._n(a.kv_heads) != self._n(a.heads)
         theta, scaling = a.rope_theta, a.rope_scaling
@@ -129,6 +131,10 @@ class Segment(nn.Module):
         # causal kernel, so the program is the one without it.
         window = None if a.window is None or self._n(a.window) >= self._n(self._spec.train.seq_len) \
             else self._n(a.window)
+        # Scores over √query_scale instead of √D (Gemma): written into the call only where it differs from D.
+        scale = {} if a.query_scale is None or self._n(a.query_scale) == head_dim else \
+            {"scale": self._n(a.query_scale) ** -0.5}
+        softcap = a.softcap
 
         def heads(seg, x_BSH, linear, norm):
             # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
@@ -141,16 +147,19 @@ class Segment(nn.Module):
             q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
             if theta:
                 q_BHSD, k_BKSD = rotate(q_BHSD, k_BKSD, theta, scaling)
-            if window is None:
-                y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
+            if softcap is not None:  # scores capped before the mask and softmax (one traced call: runtime/attention.py)
+                y_BHSD = softcapped(q_BHSD, k_BKSD, v_BKSD, softcap, window, gqa, **scale)
+            elif window is None:
+                y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa,
+                                                        **scale)
             else:  # the token itself and the window - 1 before it (one traced call: runtime/attention.py)
-                y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa)
+                y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa, **scale)
             return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
         return _Step(a, run)
 
     def _mlp(self, m: S.MLP, p: str) -> _Step:
         up = self._linear(f"{p}_up", m.hidden, m.ffn, m.bias, m.span)
-        if m.act == "swiglu":
+        if m.act in ("swiglu", "geglu"):
             gate = self._linear(f"{p}_gate", m.hidden, m.ffn, m.bias, m.span)
         down = self._linear(f"{p}_down", m.ffn, m.hidden, m.bias, m.span)
         self.residual_out.append(down)
@@ -158,6 +167,10 @@ class Segment(nn.Module):
         if m.act == "gelu":
             def run(seg, x_BSH):
                 return getattr(seg, down)(F.gelu(getattr(seg, up)(x_BSH)))
+        elif m.act == "geglu":  # gelu's tanh approximation, as Gemma's gelu_pytorch_tanh
+            def run(seg, x_BSH):
+                return getattr(seg, down)(F.gelu(getattr(seg, gate)(x_BSH), approximate="tanh")
+                                          * getattr(seg, up)(x_BSH))
         else:
             def run(seg, x_BSH):
                 return getattr(seg, down)(F.silu(getattr(seg, gate)(x_BSH)) * getattr(seg, up)(x_BSH))
@@ -239,6 +252,13 @@ class Block(Segment):
         return self._run(self._program, x)
 
 
+def _embedding_scale(hidden: int, precision: str) -> float:
+    """√hidden as the activations' dtype holds it: transformers' Gemma multiplies by a tensor of that dtype, so under
+    bf16 the factor itself is rounded (√3584 = 59.87 is 59.75 in bf16)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    return float(torch.tensor(hidden ** 0.5, dtype=dtype, device="cpu"))
+
+
 def _embedding(rows: int, width: int) -> nn.Module:
     """An embedding with an uninitialised weight (runtime.layers.init_parameters initialises every weight): its own
     normal_ init would cost nothing but, on the meta device, loads torch's Python reference kernels, a second of
@@ -256,6 +276,7 @@ class ScaleModel(Segment):
         self._emb = emb
         self._leaf("embed", _embedding(self._n(emb.vocab), self._n(emb.hidden)),
                    {"weight": (emb.vocab, emb.hidden)}, emb.span)
+        self._emb_scale = _embedding_scale(self._n(emb.hidden), spec.train.precision) if emb.scaled else None
         self._pos = model.positional
         if self._pos is not None:
             self._leaf("pos", _embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
@@ -293,6 +314,8 @@ class ScaleModel(Segment):
         # tokens, targets: (batch, seq) token ids; returns the mean loss over every token.
         with _at(self._emb):
             x_BSH = self.embed(tokens)
+            if self._emb_scale is not None:  # Gemma: × √hidden, a constant of the activations' dtype
+                x_BSH = x_BSH * self._emb_scale
         if self._pos is not None:
             with _at(self._pos):
                 x_BSH = x_BSH + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
@@ -304,6 +327,8 @@ class ScaleModel(Segment):
                     logits_BSV = self.lm_head_bias(logits_BSV)
             else:
                 logits_BSV = self.lm_head(x_BSH)
+            if self._head.softcap is not None:  # Gemma 2: capped to (-C, C)
+                logits_BSV = torch.tanh(logits_BSV * (1.0 / self._head.softcap)) * self._head.softcap
         with _at(self._loss):
             # The loss is computed in fp32 whatever the compute precision.
             return F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets.flatten())

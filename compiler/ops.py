@@ -38,7 +38,7 @@ from compiler.graph_meta import INT_BYTES
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import attention, moe, rotary
-from runtime.layers import Bias
+from runtime.layers import Bias, ZeroCenteredRMSNorm
 
 
 ZERO = sympy.Integer(0)
@@ -203,6 +203,20 @@ def _rmsnorm_saved(g, node, args):
         g.new(node, "normed", x.meta[K.SHAPE], 4)
 
 
+def _zero_centered_saved(g, node, args):
+    """runtime.layers.ZeroCenteredRMSNorm, composite on every device: its input upcast to fp32 (a copy when it is
+    not fp32 already), rms_norm's reciprocal RMS, the normalised fp32 rows and (1 + weight) (the product's operands)."""
+    x = args[0]
+    rows = _numel(x.meta[K.SHAPE][:-1])
+    if g.widths.get(x.meta.get(K.DTYPE), 4) < 4:
+        g.new(node, "upcast", x.meta[K.SHAPE], 4)
+    else:
+        g.norm_input(x, node)
+    g.new(node, "stats", (rows,), 4)
+    g.new(node, "normed", x.meta[K.SHAPE], 4)
+    g.new(node, "one_plus_weight", x.meta[K.SHAPE][-1:], 4)
+
+
 def _embedding_shape(node, args, kwargs, gm):
     return tuple(args[0]) + (gm.meta[K.PARAM_SHAPES][f"{node.target}.weight"][1],), ZERO
 
@@ -278,6 +292,8 @@ MODULES = {
                      render=lambda m: f"nn.LayerNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
     nn.RMSNorm: Op("rmsnorm", dtype=_act, saved=_rmsnorm_saved,
                    render=lambda m: f"nn.RMSNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
+    ZeroCenteredRMSNorm: Op("zero_centered_rmsnorm", dtype=_act, saved=_zero_centered_saved,
+                            render=lambda m: f"ZeroCenteredRMSNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
     Bias: Op("bias", dtype=_bias_dtype, passes_grad=True, render=lambda m: f"Bias({m.bias.shape[0]})"),
     moe.Experts: Op("experts", _experts_shape, _act, _experts_saved, _module_backward, selective=True,
                     dims=_experts_dims, wgrad=_experts_wgrad, render=_render_experts, padding=_experts_padding,
@@ -339,8 +355,11 @@ def _binary_dtype(node, gm, args):
 
 
 def _mul_saved(g, node, args):
-    for a in args[:2]:
-        if hasattr(a, "meta") and a.meta.get(K.SHAPE) is not None:
+    """A product of two tensors keeps each (the other's gradient reads it); a tensor times a Python number keeps
+    nothing (its gradient is the number times the output's)."""
+    tensors = [a for a in args[:2] if hasattr(a, "meta") and a.meta.get(K.SHAPE) is not None]
+    if len(tensors) == 2:
+        for a in tensors:
             g.keep(a)
 
 
@@ -434,6 +453,59 @@ def _window_backward(node, gm, needs, fwd):
 def _window_dims(node, gm):
     b, h, sq, d = node.args[0].meta[K.SHAPE]
     return b * h, sq, _window_keys(node, node.args[1].meta[K.SHAPE][2]), d, None
+
+
+def _capped_keys(node, sk):
+    """Keys each query reads under `attention.softcapped`: min(W, Sk) with the layer's window, else Sk."""
+    w = getattr(node.meta.get(K.LAYER), "window", None)
+    return sk if w is None else sympy.Min(sympy.sympify(w), sk)
+
+
+def _capped_shape(node, args, kwargs, gm):
+    """scaled_dot_product_attention's FLOPs over the keys a query reads (the cap's tanh is elementwise: no FLOPs by
+    the matmul convention)."""
+    q, k, v = args[:3]
+    b, h, sq, d = q
+    keys, dv = _capped_keys(node, k[2]), v[3]
+    return (b, h, sq, dv), 2 * b * h * sq * keys * d + 2 * b * h * sq * keys * dv
+
+
+def _capped_backward(node, gm, needs, fwd):
+    q, k, v = node.args[:3]
+    b, h, sq, d = q.meta[K.SHAPE]
+    keys, dv = _capped_keys(node, k.meta[K.SHAPE][2]), v.meta[K.SHAPE][3]
+    qk, pv = 2 * b * h * sq * keys * d, 2 * b * h * sq * keys * dv
+    p_needs = needs.get(q, False) or needs.get(k, False)
+    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+
+
+def _capped_saved(g, node, args):
+    """On CUDA FlexAttention keeps what the fused kernels keep (q, k, v, the output, a log-sum-exp). Elsewhere the
+    scores are written out (runtime/attention.softcapped): q and kᵀ (each key/value head repeated over its group
+    under GQA: a copy), the capped scores (tanh's output), the fp32 probabilities and, when the compute dtype is
+    narrower, their cast (P·V's operand), and v (repeated likewise)."""
+    if g.device == "cuda":
+        _sdpa_saved(g, node, args)
+        return
+    q, k, v = args[:3]
+    b, h, sq, d = q.meta[K.SHAPE]
+    sk, dv = k.meta[K.SHAPE][2], v.meta[K.SHAPE][3]
+    g.keep_matmul_input(q, node)
+    if k.meta[K.SHAPE][1] == h:
+        g.keep_matmul_input(k, node)
+        g.keep_matmul_input(v, node)
+    else:
+        g.new(node, "k_repeated", (b, h, sk, d), g.act)
+        g.new(node, "v_repeated", (b, h, sk, dv), g.act)
+    g.new(node, "capped", (b, h, sq, sk), g.act)
+    g.new(node, "probs", (b, h, sq, sk), 4)
+    if g.act < 4:
+        g.new(node, "probs_cast", (b, h, sq, sk), g.act)
+
+
+def _capped_dims(node, gm):
+    b, h, sq, d = node.args[0].meta[K.SHAPE]
+    return b * h, sq, _capped_keys(node, node.args[1].meta[K.SHAPE][2]), d, None
 
 
 def _loss_shape(node, args, kwargs, gm):
@@ -563,7 +635,7 @@ FUNCTIONS = {
     F.gelu: Op("gelu", saved=_keeps_input, shard=True),
     F.silu: Op("silu", saved=_keeps_input, shard=True),
     F.relu: Op("relu", saved=_keeps_output, shard=True),
-    torch.tanh: Op("tanh", saved=_keeps_output),
+    torch.tanh: Op("tanh", saved=_keeps_output, shard=True),
     torch.sigmoid: Op("sigmoid", saved=_keeps_output),
     operator.add: _ADD, torch.add: _ADD, "add": _ADD,
     operator.sub: _SUB, torch.sub: _SUB, "sub": _SUB,
@@ -580,6 +652,9 @@ FUNCTIONS = {
     # mask (CUDA) is made once per sequence length and window and shared by every layer, not saved per call.
     attention.sliding_window: Op("sliding_window", _window_shape, _act, _sdpa_saved, _window_backward,
                                  dims=_window_dims, shard=True, attention=True, wrapped=True),
+    # Soft-capped scores (Gemma 2): FlexAttention with a score_mod on CUDA, the scores written out elsewhere.
+    attention.softcapped: Op("softcapped", _capped_shape, _act, _capped_saved, _capped_backward, dims=_capped_dims,
+                             shard=True, attention=True, wrapped=True),
     F.cross_entropy: Op("cross_entropy", _loss_shape, _fp32, _cross_entropy_saved, loss=_loss_moments("whole"),
                         defaults=True),
     C.vocab_parallel_cross_entropy: Op("vocab_parallel_cross_entropy", _loss_shape, _fp32,

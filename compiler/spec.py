@@ -26,6 +26,9 @@ class Embedding:
     vocab: Size
     hidden: Size
     span: Span
+    scaled: bool = False
+    """The looked-up rows are multiplied by √hidden, in the activations' dtype (Gemma's normalizer); the weight a
+    tied head reads is not."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +46,9 @@ class Norm:
     hidden: Size
     eps: float
     span: Span
+    zero_centered: bool = False
+    """RMSNorm scaled by (1 + weight), the weight starting at zero, computed in fp32 (Gemma's RMSNorm;
+    Megatron-Core's zero-centred gamma)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,12 +64,13 @@ class Attention:
     rope_theta: float = 0.0
     """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
     rope_scaling: tuple | None = None
-    """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq), or None."""
+    """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq); linear scaling (every
+    frequency divided by factor, Gemma 3's global layers): (factor,); or None."""
     head_dim: Size | None = None
     """Each head's width D (Qwen 3, Mistral-Nemo, Gemma: not hidden / heads); None: hidden / heads."""
     qk_norm: str = "none"
     """"rmsnorm": each head's query and key normalised over D before the rotation (Qwen 3, OLMo 2), one scale of D
-    shared by every head; "none"."""
+    shared by every head; "zero_centered_rmsnorm": the same scaled by (1 + weight) (Gemma 3); "none"."""
     qk_norm_eps: float = 1e-6
     """The q/k norm's epsilon (Qwen 3: its rms_norm_eps)."""
     window: Size | None = None
@@ -71,6 +78,11 @@ class Attention:
     keys before it; None: every earlier key (full causal)."""
     window_span: Span | None = field(default=None, compare=False, repr=False)
     """Where `window` is written (a warning that it has no effect points there)."""
+    softcap: float | None = None
+    """Attention scores soft-capped to (-C, C) before the softmax, C·tanh(s / C) (Gemma 2's
+    attn_logit_softcapping); None: not capped."""
+    query_scale: Size | None = None
+    """Scores are q·k / √query_scale instead of / √D (Gemma's query_pre_attn_scalar); None: D."""
 
     @property
     def head_width(self):
@@ -81,10 +93,10 @@ class Attention:
 
 @dataclass(frozen=True, kw_only=True)
 class MLP:
-    """Two-layer MLP: GELU (`up`, `down`) or SwiGLU (`gate`, `up`, `down`)."""
+    """Two-layer MLP: GELU (`up`, `down`), or gated, SwiGLU or GeGLU (`gate`, `up`, `down`)."""
     hidden: Size
     ffn: Size
-    act: str  # "gelu" | "swiglu"
+    act: str  # "gelu" | "swiglu" | "geglu" (gelu with tanh approximation of the gate, times up: Gemma)
     bias: bool
     span: Span
 
@@ -143,6 +155,8 @@ class LMHead:
     tied: bool
     bias: bool
     span: Span
+    softcap: float | None = None
+    """Logits soft-capped to (-C, C), C·tanh(logits / C) (Gemma 2's final_logit_softcapping); None: not capped."""
 
 
 @dataclass(frozen=True, kw_only=True)

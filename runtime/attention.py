@@ -1,4 +1,7 @@
-"""Sliding-window causal attention (`attention(..., window = W)`): each query sees itself and the W - 1 keys before
+"""Attention the fused causal kernel does not cover: a sliding window (`attention(..., window = W)`) and soft-capped
+scores (`attention(..., softcap = C)`, Gemma 2).
+
+Sliding-window causal attention: each query sees itself and the W - 1 keys before
 it, as Mistral 7B and Qwen 2's windowed layers do. The rule is transformers' (masking_utils: a causal mask with the
 sliding-window overlay `kv_idx > q_idx - sliding_window`), so a key is kept when 0 <= q_idx - kv_idx < W.
 
@@ -29,12 +32,15 @@ def window_mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> to
     return _mask(seq_q, seq_k, window, device)
 
 
-def _make_block_mask(seq_q: int, seq_k: int, window: int, device: torch.device):
+def _make_block_mask(seq_q: int, seq_k: int, window: int | None, device: torch.device):
+    """FlexAttention's block mask of the causal rule, within `window` positions unless it is None."""
     from torch.nn.attention.flex_attention import create_block_mask
     offset = seq_k - seq_q
 
     def keep(b, h, q_idx, kv_idx):
         q_pos = q_idx + offset
+        if window is None:
+            return kv_idx <= q_pos
         return (kv_idx <= q_pos) & (q_pos - kv_idx < window)
     return create_block_mask(keep, B=None, H=None, Q_LEN=seq_q, KV_LEN=seq_k, device=device)
 
@@ -50,9 +56,10 @@ def _flex():
 
 
 def sliding_window(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, window: int,
-                   gqa: bool) -> torch.Tensor:
+                   gqa: bool, scale: float | None = None) -> torch.Tensor:
     """Causal attention of q over k, v within `window` positions; `gqa`: k and v have fewer heads, each shared by
-    a group of query heads. (B, H, S, D) in, (B, H, S, Dv) out, scaled by 1/sqrt(D) as scaled_dot_product_attention.
+    a group of query heads. (B, H, S, D) in, (B, H, S, Dv) out, the scores scaled by `scale` (None: 1/sqrt(D), as
+    scaled_dot_product_attention).
     """
     if window < 1:
         raise ValueError(f"a sliding window must hold at least the query itself, not {window}")
@@ -64,6 +71,49 @@ def sliding_window(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Ten
         from torch.nn.attention.flex_attention import flex_attention
         block_mask = (_make_block_mask if compiling else _block_mask)(seq_q, seq_k, window, q_BHSD.device)
         return (flex_attention if compiling else _flex())(q_BHSD, k_BKSD, v_BKSD, block_mask=block_mask,
-                                                          enable_gqa=gqa)
+                                                          enable_gqa=gqa, scale=scale)
     mask = (_mask if compiling else window_mask)(seq_q, seq_k, window, q_BHSD.device)
-    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, attn_mask=mask, enable_gqa=gqa, scale=scale)
+
+
+def _additive(seq_q: int, seq_k: int, window: int | None, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(seq_q, seq_k): 0 where query i may read key j (j <= i, and i - j < window when there is one), -inf elsewhere.
+    Added to the scores, it keeps nothing for backward (a boolean mask filled in would be saved)."""
+    keep = _mask(seq_q, seq_k, seq_k if window is None else window, device)
+    return torch.zeros((seq_q, seq_k), device=device, dtype=dtype).masked_fill(~keep, float("-inf"))
+
+
+_additive_cached = functools.lru_cache(maxsize=16)(_additive)
+
+
+def softcapped(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, softcap: float,
+               window: int | None, gqa: bool, scale: float | None = None) -> torch.Tensor:
+    """Causal attention (within `window` positions unless None) whose scores s = q·k · scale are capped to
+    (-softcap, softcap) as softcap · tanh(s / softcap) before the mask and the softmax: Gemma 2's
+    attn_logit_softcapping, in transformers' order. `scale` None is 1/sqrt(D). (B, H, S, D) in, (B, H, S, Dv) out.
+      - on CUDA, FlexAttention with the cap as its score_mod and the (window's) causal block mask: the scores are
+        never materialised and masked blocks are skipped;
+      - elsewhere, the scores written out: q·kᵀ, the cap, an additive mask, a softmax in fp32 (as transformers'
+        eager attention), ·v. Its backward keeps the capped scores and the probabilities (S × S per head each).
+    """
+    if softcap <= 0:
+        raise ValueError(f"a soft cap must be positive, not {softcap}")
+    seq_q, seq_k = q_BHSD.shape[-2], k_BKSD.shape[-2]
+    scale = q_BHSD.shape[-1] ** -0.5 if scale is None else scale
+    compiling = torch.compiler.is_compiling()
+    if q_BHSD.is_cuda:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def cap(score, b, h, q_idx, kv_idx):
+            return softcap * torch.tanh(score / softcap)
+        block_mask = (_make_block_mask if compiling else _block_mask)(seq_q, seq_k, window, q_BHSD.device)
+        return (flex_attention if compiling else _flex())(q_BHSD, k_BKSD, v_BKSD, score_mod=cap,
+                                                          block_mask=block_mask, enable_gqa=gqa, scale=scale)
+    if gqa:  # each key/value head serves a group of query heads
+        group = q_BHSD.shape[1] // k_BKSD.shape[1]
+        k_BKSD, v_BKSD = k_BKSD.repeat_interleave(group, dim=1), v_BKSD.repeat_interleave(group, dim=1)
+    s_BHSS = torch.matmul(q_BHSD, k_BKSD.transpose(-2, -1)) * scale
+    s_BHSS = torch.tanh(s_BHSS / softcap) * softcap
+    mask = (_additive if compiling else _additive_cached)(seq_q, seq_k, window, q_BHSD.device, s_BHSS.dtype)
+    p_BHSS = F.softmax(s_BHSS + mask, dim=-1, dtype=torch.float32).to(q_BHSD.dtype)
+    return torch.matmul(p_BHSS, v_BKSD)

@@ -54,6 +54,17 @@ class Bias(nn.Module):
         return x + self.bias
 
 
+class ZeroCenteredRMSNorm(nn.RMSNorm):
+    """RMSNorm scaled by (1 + weight), the weight starting at zero, computed in fp32 and cast back to the input's
+    dtype (Gemma's RMSNorm: `rmsnorm(hidden, zero_centered = true)`). An nn.RMSNorm by type, so every rule for norms
+    (replicated under tp, fp32 under bf16, gradients summed under sequence parallelism) holds for it; its weight is
+    Hugging Face's `weight` as stored, and runtime.layers.init_parameters starts it at zero (a scale of one)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = torch.nn.functional.rms_norm(x.float(), self.normalized_shape, None, self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
 def parameter_generator(seed: int, name: str) -> torch.Generator:
     """A generator seeded by the run's seed and the parameter's name, so that a parameter's initial value does not
     depend on the order of construction, the device, or how the model is split across ranks."""
@@ -68,7 +79,8 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
     """GPT-2 initialisation, reproducible by name.
 
     Linear and embedding weights: normal(0, std); the output projections that write into the residual stream
-    (`residual_out`, module names without the block prefix) use std / sqrt(2 * layers); biases zero; norm scales one.
+    (`residual_out`, module names without the block prefix) use std / sqrt(2 * layers); biases zero; norm scales one
+    (a zero-centred norm's weight zero: its scale is 1 + weight).
     Each full tensor is drawn on the CPU from its own generator, then copied to the parameter's device. A parameter
     sharded over an axis (`shard_of(name)` gives (dim, full size, axis)) is drawn whole and sliced
     (`local_slice(value, dim, local size, axis)`), so every tp and ep degree starts from the same weights.
@@ -85,7 +97,9 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
             shape = list(p.shape)
             if shard is not None:
                 shape[shard[0]] = shard[1]
-            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if isinstance(module, ZeroCenteredRMSNorm):  # (1 + weight): a scale of one
+                value = torch.zeros(shape)
+            elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
                 value = torch.ones(shape) if pname == "weight" else torch.zeros(shape)
             elif pname == "bias":
                 value = torch.zeros(shape)

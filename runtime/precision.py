@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from runtime.layers import ZeroCenteredRMSNorm
 
 COMPUTE = torch.bfloat16
 
@@ -67,6 +68,8 @@ def _fp32_norm(module: nn.Module):
         if isinstance(module, nn.LayerNorm):
             b = module.bias.float() if module.bias is not None else None
             y = F.layer_norm(x, module.normalized_shape, w.float(), b, module.eps)
+        elif isinstance(module, ZeroCenteredRMSNorm):  # scaled by 1 + weight (Gemma), in fp32 as its own forward
+            y = F.rms_norm(x.float(), module.normalized_shape, None, module.eps) * (1.0 + w.float())
         else:
             y = F.rms_norm(x, module.normalized_shape, w.float(), module.eps)
         return y.to(w.dtype)

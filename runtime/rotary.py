@@ -4,7 +4,8 @@
 pair of dimensions (i, i + D/2): the "rotate half" layout of Hugging Face's implementations, so their weights load
 as they are. ω_i = theta^(-2i/D); with `scaling = (factor, low_freq_factor, high_freq_factor, original_seq)` the
 frequencies are Llama 3's: long wavelengths (beyond original_seq / low_freq_factor) divided by `factor`, short ones
-(below original_seq / high_freq_factor) kept, those between interpolated smoothly.
+(below original_seq / high_freq_factor) kept, those between interpolated smoothly; with `scaling = (factor,)` every
+frequency is divided by `factor` (linear scaling, Gemma 3's global layers).
 
 Positions are 0..S-1 of the sequence the attention sees: under tensor parallelism heads are split and each rank
 turns its heads by the same angles; under sequence parallelism the attention's input is gathered whole first, so the
@@ -20,10 +21,13 @@ import torch
 
 
 def frequencies(head_dim: int, theta: float, scaling=None, device=None) -> torch.Tensor:
-    """ω_i for i < head_dim / 2, fp32 (Llama 3's scaled frequencies when `scaling` is given)."""
+    """ω_i for i < head_dim / 2, fp32: Llama 3's scaled frequencies when `scaling` is (factor, low_freq_factor,
+    high_freq_factor, original_seq), every one divided by factor when it is (factor,) (linear: Gemma 3)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     if scaling is None:
         return inv
+    if len(scaling) == 1:
+        return inv / scaling[0]
     factor, low, high, original = scaling
     wavelen = 2 * math.pi / inv
     low_wavelen, high_wavelen = original / low, original / high

@@ -58,6 +58,12 @@ def _precision(text: str, precision: str) -> str:
 
 GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
+GEMMA = (("embedding(vocab, hidden)", "embedding(vocab, hidden, scaled = true)"), ("positional(seq, hidden)", ""),
+         ("residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }",
+          "residual { rmsnorm(hidden, zero_centered = true)  mlp(hidden, ffn, act = geglu, bias = false)\n"
+          "rmsnorm(hidden, zero_centered = true) }"),
+         ("layernorm(hidden)\n  lm_head(vocab, hidden, tied = true)",
+          "rmsnorm(hidden, zero_centered = true)\n  lm_head(vocab, hidden, tied = true, softcap = 30)"))
 WHOLE = {
     "gpt": ("tiny_gpt.scale", ()),
     "gqa_rmsnorm_swiglu_untied": ("tiny_gpt.scale", GQA),
@@ -75,6 +81,18 @@ WHOLE = {
         ("axis ep = 2", "axis ep = 1"), ("devices_per_node = 2", "devices_per_node = 1"),
         ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
                                 "shared_gate = sigmoid)"))),
+    # Gemma 2/3's pieces: scaled embeddings, zero-centred norms before and after each sub-layer (composite: fp32
+    # copies), soft-capped scores written out on CPU (GQA's repeated keys and values, the capped scores, the fp32
+    # probabilities), a window, q/k norms, GeGLU and capped logits
+    "gemma_softcap_gqa_window_geglu": ("tiny_gpt.scale", GEMMA + (
+        ("residual { layernorm(hidden)  attention(hidden, heads) }",
+         "residual { rmsnorm(hidden, zero_centered = true)\n"
+         "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000, window = 16, softcap = 50,\n"
+         "query_scale = 8, qk_norm = zero_centered_rmsnorm)  rmsnorm(hidden, zero_centered = true) }"),)),
+    "gemma_softcap_mha": ("tiny_gpt.scale", GEMMA + (
+        ("residual { layernorm(hidden)  attention(hidden, heads) }",
+         "residual { rmsnorm(hidden, zero_centered = true)  attention(hidden, heads, bias = false, softcap = 50)\n"
+         "rmsnorm(hidden, zero_centered = true) }"),)),
 }
 
 

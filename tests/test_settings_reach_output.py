@@ -324,12 +324,21 @@ PROBES: dict[str, tuple[Probe, ...]] = {
                                                             base=ROPE, shapes=("one device",)),)
        for arg, v in (("factor", "4.0"), ("low_freq_factor", "2.0"), ("high_freq_factor", "8.0"),
                       ("original_seq", "4096"))},
+    "layer.attention.rope_scaling.linear.factor": (Probe(({"rope_theta": "10000", "rope_scaling": "linear(factor = 4.0)"},),
+                                                         base={"rope_theta": "10000", "rope_scaling": "linear"},
+                                                         shapes=("one device",)),),
     "layer.attention.head_dim": (Probe(({"head_dim": "8"}, {"head_dim": "32"}), shapes=LAYER_SHAPES),),
     "layer.attention.qk_norm": (Probe(({"qk_norm": "rmsnorm"},), shapes=LAYER_SHAPES),),
     "layer.attention.qk_norm_eps": (Probe(({"qk_norm_eps": "1e-5"},), shapes=LAYER_SHAPES),
                                     Probe(({"qk_norm": "rmsnorm", "qk_norm_eps": "1e-5"},),
                                           base={"qk_norm": "rmsnorm"}, shapes=LAYER_SHAPES)),
     "layer.attention.window": (Probe(({"window": "8"},), shapes=LAYER_SHAPES),),
+    "layer.attention.softcap": (Probe(({"softcap": "50"},), shapes=LAYER_SHAPES),),
+    # the samples' heads are 16 or 32 wide
+    "layer.attention.query_scale": (Probe(({"query_scale": "8"},), shapes=LAYER_SHAPES),),
+    "layer.rmsnorm.zero_centered": (Probe(({"zero_centered": "true"},), shapes=LAYER_SHAPES),),
+    "layer.embedding.scaled": (Probe(({"scaled": "true"},), shapes=LAYER_SHAPES),),
+    "layer.lm_head.softcap": (Probe(({"softcap": "30"},), shapes=LAYER_SHAPES),),
     "layer.mlp.act": (Probe(({"act": "swiglu"},), shapes=LAYER_SHAPES),),
     "layer.mlp.bias": (Probe(({"bias": "false"},), shapes=LAYER_SHAPES),),
     "layer.moe.top_k": (Probe(({"top_k": "1"}, {"top_k": "8"}), shapes=("ep",)),),
@@ -524,6 +533,7 @@ NO_EFFECT = (
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
     ("W0143", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
     ("W0207", "one device", (), "layer.attention.window", {"window": "4096"}),
+    ("W0208", "one device", (), "layer.attention.query_scale", {"query_scale": "16"}),
     ("W0711", "ep", (), "layer.moe.shared_gate", {"shared_gate": "sigmoid"}),
 )
 

@@ -142,21 +142,21 @@ def _attention_with(monkeypatch, extra):
 
 
 def test_tp_fails_closed_on_an_op_it_does_not_know(monkeypatch, capsys):
-    """An attention holding an op outside the pass's allow-list (here tanh on the queries: the tracer knows its
+    """An attention holding an op outside the pass's allow-list (here sigmoid on the queries: the tracer knows its
     shape, the tp pass does not know it keeps a head shard) is not silently left replicated under tp = 2: compile
     refuses it at the attention's line, naming the op; with tp = 1 the same model compiles. (A rotary embedding's
     cat/chunk/neg stop even earlier today: the tracer has no shape rule for them.)"""
     import torch
     from compiler.diagnostics import ScaleError
 
-    _attention_with(monkeypatch, torch.tanh)
+    _attention_with(monkeypatch, torch.sigmoid)
     with pytest.raises(ScaleError) as err:
         compile_spec(check_text(_text(), "gpt_tp.scale"))
     (d,) = [d for d in err.value.diagnostics]
     text = err.value.render()
     assert d.code == "E0407" and d.span.line == TP_TEXT.split("\n").index(
         next(l for l in TP_TEXT.split("\n") if "attention(" in l)) + 1, text
-    assert "cannot shard this attention" in text and "`tanh`" in text and "tp_layers = (mlp, vocab)" in text
+    assert "cannot shard this attention" in text and "`sigmoid`" in text and "tp_layers = (mlp, vocab)" in text
     one = TP_TEXT.replace("axis tp = 2", "axis dp = 2")
     assert compile_spec(check_text(one, "gpt_dp.scale")).plan.tp == ()
     # Left out of tp, the same attention compiles, replicated by the user's choice.

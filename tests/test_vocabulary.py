@@ -11,15 +11,16 @@ from compiler.cli import main
 def test_language_vocabulary_is_pinned():
     assert check.SECTIONS == ("model", "mesh", "plan", "train")
     assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
-        "embedding": ("vocab", "hidden"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
-        "rmsnorm": ("hidden", "eps"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
+        "embedding": ("vocab", "hidden", "scaled"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
+        "rmsnorm": ("hidden", "eps", "zero_centered"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
                                                                    "rope_theta", "rope_scaling", "head_dim",
-                                                                   "qk_norm", "qk_norm_eps", "window"),
+                                                                   "qk_norm", "qk_norm_eps", "window", "softcap",
+                                                                       "query_scale"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
                 "renormalize", "shared_ffn", "shared_gate"),
         "residual": (),
-        "lm_head": ("vocab", "hidden", "tied", "bias"), "cross_entropy": ()}
+        "lm_head": ("vocab", "hidden", "tied", "bias", "softcap"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps", "hbm_gbps",
                                           "matmul_efficiency", "attention_efficiency", "intra_node_latency_us", "inter_node_latency_us",

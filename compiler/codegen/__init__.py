@@ -25,7 +25,7 @@ from compiler import trace as T
 from compiler.codegen import escape as E
 from compiler.model import residual_out
 from compiler.report.units import count
-from runtime.layers import Bias, Repeat
+from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 
 INIT_STD = 0.02
 
@@ -330,7 +330,9 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str =
     if pipeline:  # the Stage class replaces Model
         segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())
-                     | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set()))
+                     | ({"Bias"} if any(isinstance(m, Bias) for m in traced.model.modules()) else set())
+                     | ({"ZeroCenteredRMSNorm"} if any(isinstance(m, ZeroCenteredRMSNorm)
+                                                       for m in traced.model.modules()) else set()))
     code = "".join(sg.forward + "".join(leaf.ctor for leaf in sg.leaves) for sg in segs) + (
         pipeline["prologue"] + pipeline["epilogue"] + pipeline["loss"]
         + "".join(leaf.ctor for _, leaves in pipeline["leaf_groups"] for leaf in leaves) if pipeline else "")

@@ -2,7 +2,10 @@
 (grouped-query when kv_heads < heads), over every earlier token or, with `window = W`, over the token itself and
 the W - 1 before it (Mistral 7B's sliding window; runtime/attention.py). Each head is D = `head_dim` wide (default hidden / heads; Qwen 3 and
 Mistral-Nemo choose their own, so q is heads·D wide and o maps heads·D back to hidden). `qk_norm = rmsnorm`
-normalises each head's query and key over D before the rotation (Qwen 3), with one scale of D shared by every head.
+normalises each head's query and key over D before the rotation (Qwen 3), with one scale of D shared by every head
+(`zero_centered_rmsnorm`: scaled by 1 + weight, Gemma 3). `softcap = C` caps each score to (-C, C) as C·tanh(s / C)
+before the mask and softmax (Gemma 2); `query_scale = Q` divides the scores by √Q instead of √D (Gemma's
+query_pre_attn_scalar).
 Under tp its heads are split: q, k and v are column-parallel (heads/tp · D each), o is row-parallel; the q/k norms'
 scales are replicated, each rank's gradient covering only its heads (summed over tp)."""
 from __future__ import annotations
@@ -14,20 +17,27 @@ SPEC = S.Attention
 ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the context is than trained"),
                             "low_freq_factor": Param(_float, 1.0, "wavelengths beyond original_seq / this are scaled"),
                             "high_freq_factor": Param(_float, 4.0, "wavelengths below original_seq / this are kept"),
-                            "original_seq": Param(_size, 8192, "the context length trained before scaling")}}
+                            "original_seq": Param(_size, 8192, "the context length trained before scaling")},
+                 "linear": {"factor": Param(_float, 8.0, "every frequency divided by it (positions interpolated): "
+                                                        "Gemma 3's global layers")}}
 SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
                         "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
                         "bias": Param(_bool, True, "biases on the projections"),
                         "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
                         "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
                         "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling"), None,
-                                              "frequency scaling of the rotary embeddings: llama3(...)"),
+                                              "frequency scaling of the rotary embeddings: llama3(...) or linear(factor)"),
                         "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
-                        "qk_norm": Param(_choice("none", "rmsnorm"), "none",
-                                         "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3)"),
+                        "qk_norm": Param(_choice("none", "rmsnorm", "zero_centered_rmsnorm"), "none",
+                                         "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3);"
+                                         " zero_centered_rmsnorm: scaled by 1 + weight (Gemma 3)"),
                         "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon"),
                         "window": Param(_size, None, "sliding window: each query sees itself and the window - 1 "
-                                                     "keys before it (default: every earlier key)")}}
+                                                     "keys before it (default: every earlier key)"),
+                        "softcap": Param(_float, None, "scores capped to (-C, C) as C·tanh(s / C) before the softmax "
+                                                       "(Gemma 2)"),
+                        "query_scale": Param(_size, None, "scores divided by √query_scale instead of √head_dim "
+                                                          "(Gemma's query_pre_attn_scalar)")}}
 TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}  # q_norm, k_norm (suffix `norm`): replicated
 
 
@@ -74,13 +84,25 @@ def resolve(c, st, a: dict, kind: str):
         c.warn("W0143", "qk_norm_eps is the epsilon of a q/k norm, but this attention has none (qk_norm = none)",
                _arg_span(st, 9, "qk_norm_eps"), label="has no effect",
                help="add `qk_norm = rmsnorm` (Qwen 3), or remove `qk_norm_eps`")
+    if a["softcap"] is not None and a["softcap"] <= 0:
+        c.error("E0120", "attention's softcap must be positive", _arg_span(st, 11, "softcap"),
+                label="scores are capped to (-softcap, softcap)",
+                help="Gemma 2 caps its attention scores at `softcap = 50`; remove it for uncapped scores")
+        ok = False
+    if a["query_scale"] is not None and width is not None and c.number(a["query_scale"]) == width:
+        c.warn("W0208", f"query_scale = {width} is the head width: scores are divided by √{width} already",
+               _arg_span(st, 12, "query_scale"), label="has no effect",
+               help="query_scale differs from the head width only in Gemma 2 27B (query_pre_attn_scalar 144, "
+                    "head_dim 128); remove it")
     if not ok:
         return None
     scaling = None
     if a["rope_scaling"] is not None:
-        _, s = a["rope_scaling"]
-        scaling = (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"])))
+        kind_of, s = a["rope_scaling"]
+        scaling = ((s["factor"],) if kind_of == "linear" else
+                   (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"]))))
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
                        qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
                        head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],
-                       window=a["window"], window_span=None if a["window"] is None else _arg_span(st, 10, "window"))
+                       window=a["window"], window_span=None if a["window"] is None else _arg_span(st, 10, "window"),
+                       softcap=a["softcap"], query_scale=a["query_scale"])

@@ -1,15 +1,23 @@
-"""`lm_head(vocab, hidden, tied, bias)`: projection to the vocabulary; `tied` reuses the embedding's weight."""
+"""`lm_head(vocab, hidden, tied, bias, softcap)`: projection to the vocabulary; `tied` reuses the embedding's weight;
+`softcap = C` caps the logits to (-C, C) as C·tanh(logits / C) (Gemma 2's final_logit_softcapping)."""
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _bool, _size
+from compiler.binder import Param, _arg_span, _bool, _float, _size
 
 SPEC = S.LMHead
 SCHEMA = {"lm_head": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width"),
                       "tied": Param(_bool, False, "reuse the token embedding's weight"),
-                      "bias": Param(_bool, False, "bias on the projection")}}
+                      "bias": Param(_bool, False, "bias on the projection"),
+                      "softcap": Param(_float, None, "cap the logits to (-C, C): C·tanh(logits / C)")}}
 TP_ROLES = {"head": "vocab", "bias": "vocab"}
 
 
 def resolve(c, st, a: dict, kind: str):
-    return S.LMHead(vocab=a["vocab"], hidden=a["hidden"], tied=a["tied"], bias=a["bias"], span=st.span)
+    if a["softcap"] is not None and a["softcap"] <= 0:
+        c.error("E0120", "lm_head's softcap must be positive", _arg_span(st, 4, "softcap"),
+                label="logits are capped to (-softcap, softcap)",
+                help="Gemma 2 caps its logits at `softcap = 30`; remove it for uncapped logits")
+        return None
+    return S.LMHead(vocab=a["vocab"], hidden=a["hidden"], tied=a["tied"], bias=a["bias"], span=st.span,
+                    softcap=a["softcap"])

@@ -1,4 +1,5 @@
-"""`mlp(hidden, ffn, act, bias)`: GELU (`up`, `down`) or SwiGLU (`gate`, `up`, `down`)."""
+"""`mlp(hidden, ffn, act, bias)`: GELU (`up`, `down`), or gated (`gate`, `up`, `down`): SwiGLU, silu(gate) · up
+(Llama), or GeGLU, gelu(gate) · up with gelu's tanh approximation (Gemma's gelu_pytorch_tanh)."""
 from __future__ import annotations
 
 from compiler import spec as S
@@ -6,7 +7,7 @@ from compiler.binder import Param, _bool, _choice, _size
 
 SPEC = S.MLP
 SCHEMA = {"mlp": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width"),
-                  "act": Param(_choice("gelu", "swiglu"), "gelu", "activation"),
+                  "act": Param(_choice("gelu", "swiglu", "geglu"), "gelu", "activation"),
                   "bias": Param(_bool, True, "biases on the projections")}}
 TP_ROLES = {"up": "column", "gate": "column", "down": "row"}
 
