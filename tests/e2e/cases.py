@@ -61,6 +61,19 @@ CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first
 # whose single-device reference no other case shares, so that no case or reference launches for it alone; their
 # eval losses are compared with the reference's (test_e2e), one per plan kind: dp, tp, pp × tp + sp, pp × ep.
 EVAL = (("data         = synthetic", "data         = synthetic\n  eval_every = 2  eval_batches = 2"),)
+# Gemma 2's block on gpt_2d.scale: a (windowed, full) pair of layers, soft-capped scores and logits, zero-centred
+# norms before and after each sub-layer, GeGLU, scaled embeddings and no learned positions
+_NORM = "rmsnorm(hidden, zero_centered = true)"
+_GEMMA2_ATTENTION = ("attention(hidden, heads, kv_heads = 2, bias = false, head_dim = 24, rope_theta = 10000, {}"
+                     "softcap = 50, query_scale = 32)")
+GEMMA2 = (("embedding(vocab, hidden)\n  positional(seq, hidden)", "embedding(vocab, hidden, scaled = true)"),
+          ("    residual { layernorm(hidden)  attention(hidden, heads) }\n"
+           "    residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }",
+           "".join(f"    residual {{ {_NORM}  {_GEMMA2_ATTENTION.format(w)}  {_NORM} }}\n"
+                   f"    residual {{ {_NORM}  mlp(hidden, ffn, act = geglu, bias = false)  {_NORM} }}\n"
+                   for w in ("window = 8, ", ""))),
+          ("layernorm(hidden)\n  lm_head(vocab, hidden, tied = true)",
+           f"{_NORM}\n  lm_head(vocab, hidden, tied = true, softcap = 30)"))
 
 MOE = "samples/moe_gpt.scale"
 
@@ -125,8 +138,12 @@ CASES = (
                      "grouped-query attention and Qwen 3's per-head q/k RMSNorm: each rank computes 2 of the 4 query "
                      "heads and 1 of the 2 key/value heads, (heads / tp) · head_dim wide; the q/k norms' scales "
                      "whole on both ranks, their gradients summed over tp after the backward"),
-    Case(id="dp2_tp2_sp", sample="samples/gpt_2d.scale", nproc=4,
-         description="2-D mesh: DDP over dp × tensor + sequence parallelism over tp"),
+    Case(id="dp2_tp2_sp_gemma2", sample="samples/gpt_2d.scale", nproc=4, edits=GEMMA2,
+         description="2-D mesh: DDP over dp × tensor + sequence parallelism over tp, in Gemma 2's shape: each block "
+                     "a pair of layers, the first attending within an 8-token window, the second over the whole "
+                     "sequence, both soft-capping their scores (each rank caps its own heads' scores) with GQA and "
+                     "a head_dim of their own; zero-centred norms before and after attention and the GeGLU MLP, "
+                     "embeddings scaled by √hidden, logits soft-capped (each rank its vocabulary shard's)"),
     Case(id="pp2_1f1b", sample="samples/gpt_pp.scale", nproc=2,
          description="two pipeline stages, 1F1B over 4 micro-batches, tied embedding across first and last stage"),
     Case(id="pp2_gpipe", sample="samples/gpt_pp.scale", nproc=2,
@@ -176,11 +193,13 @@ CASES = (
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
-         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000, window = 8)"),) + EVAL,
+         edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000, window = 8, "
+                                             "qk_norm = rmsnorm)"),) + EVAL,
          plan=dict(PP2_TP2, **INTERLEAVED),
          description="interleaved 1F1B (4 stages on 2 ranks) × tensor + sequence parallelism, rotary embeddings and "
-                     "an 8-token sliding window of the 32 (each rank turns its heads by the whole sequence's "
-                     "positions and masks them by the window, the sequence gathered before attention): the ledger "
+                     "an 8-token sliding window of the 32 and per-head q/k norms (each rank normalises and turns its "
+                     "heads by the whole sequence's positions and masks them by the window, the sequence gathered "
+                     "before attention; the norms' scales whole on every rank, their gradients summed over tp): the ledger "
                      "of pp rank 0 counts the tp collectives of both its stages, and the bytes counted equal it"),
     Case(id="moe_pp2_ep2_interleaved", sample=MOE, nproc=4, steps=2,
          edits=(("layers  = 4", "layers  = 8"),) + EVAL,
