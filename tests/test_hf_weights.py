@@ -216,3 +216,33 @@ def test_a_missing_tensor_is_one_line(tmp_path):
     model.to_empty(device="cpu")
     with pytest.raises(SystemExit, match="has no tensor `model.layers.0.self_attn.q_proj.bias`"):
         hf.load(model, str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tp_rank_reads_its_rows_of_phi3s_fused_tensors(tmp_path, rank):
+    """Under tp 2 each column-parallel parameter holds half its rows: tp rank r's q is rows [32r, 32r + 32) of q's
+    64 rows of qkv_proj, its k rows 64 + [16r, 16r + 16), its v rows 96 + [16r, 16r + 16); its gate and up halves
+    of gate_up_proj's 256-row parts. The module here has the names and tp-local shapes a tp rank's has (the e2e
+    tp2_phi3 case runs it under torchrun); nothing but those rows is read."""
+    from runtime import hf
+    ref = hf_model("phi3", tmp_path / "hf")
+    full = {"attn_q": 64, "attn_k": 32, "attn_v": 32, "mlp_gate": 256, "mlp_up": 256}
+    root = torch.nn.Module()
+    root.blocks = torch.nn.ModuleList([torch.nn.Module()])
+    for leaf, rows in full.items():
+        linear = torch.nn.Module()
+        linear.weight = torch.nn.Parameter(torch.empty(rows // 2, 64))
+        setattr(root.blocks[0], leaf, linear)
+    shard_of = lambda name: (0, full[name.split(".")[2]], "tp")  # noqa: E731 (Shards.of: dim, full size, axis)
+    loaded = hf.load(root, str(tmp_path / "hf"), shard_of=shard_of, axis_rank=lambda axis: rank)
+    assert loaded.tensors_read == 2  # qkv_proj and gate_up_proj of layer 0, in parts
+    assert loaded.bytes_read == sum(full.values()) // 2 * 64 * 4
+    qkv = ref.model.layers[0].self_attn.qkv_proj.weight.detach()
+    gate_up = ref.model.layers[0].mlp.gate_up_proj.weight.detach()
+    b = root.blocks[0]
+    r = rank
+    assert torch.equal(b.attn_q.weight, qkv[32 * r:32 * r + 32])
+    assert torch.equal(b.attn_k.weight, qkv[64 + 16 * r:64 + 16 * r + 16])
+    assert torch.equal(b.attn_v.weight, qkv[96 + 16 * r:96 + 16 * r + 16])
+    assert torch.equal(b.mlp_gate.weight, gate_up[128 * r:128 * r + 128])
+    assert torch.equal(b.mlp_up.weight, gate_up[256 + 128 * r:256 + 128 * r + 128])
