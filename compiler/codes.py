@@ -326,11 +326,11 @@ CODES: dict[str, Code] = {
                   "The file is not valid JSON (the caret marks where the reader stopped), or its top level is not an "
                   "object."),
     "E0952": Code("architecture not importable", "`scalec import` maps LlamaForCausalLM, MistralForCausalLM, "
-                  "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and "
-                  "Qwen3MoeForCausalLM, named by `architectures` (or by `model_type` when that is absent), and "
+                  "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM "
+                  "and Qwen3MoeForCausalLM, named by `architectures` (or by `model_type` when that is absent), and "
                   "refuses a model_type that contradicts them. Another architecture may differ in ways its keys do "
                   "not show, so it is refused; write its model section by hand (README: The language). For the "
-                  "families people fine-tune that it cannot write yet (Gemma 1-3, Phi-3, DeepSeek-V2/V3) the "
+                  "families people fine-tune that it cannot write yet (Gemma 1-3, DeepSeek-V2/V3) the "
                   "refusal names what the language lacks for each."),
     "E0953": Code("unknown config key", "Every key of the config.json is either mapped into the model section (the "
                   "line that uses it names it), or listed as irrelevant to training the architecture (token ids, "

@@ -4,10 +4,12 @@ The checkpoint (runtime/checkpoint.py) holds the single-device model's tensors w
 read whole on this one process (torch.distributed.checkpoint's `dcp_to_torch_save`, no process group), renamed to
 Hugging Face's layout (runtime/hf.py: Mixtral's stacked experts split per expert and transposed back), and written
 with `safetensors` in files of at most `shard_bytes` (with `model.safetensors.index.json` when there are several),
-beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k, v
-only), Qwen3ForCausalLM (`qk_norm = rmsnorm`: its q_norm and k_norm), MixtralForCausalLM (a `moe` in each block) or
-Qwen2MoeForCausalLM (a `moe` with a sigmoid-gated shared expert in each block) or Qwen3MoeForCausalLM (q/k norms and
-a `moe` without a shared expert in each block: the Qwen-MoE expert layout); a head_dim other than hidden /
+beside a `config.json` of the architecture FILE's model is: LlamaForCausalLM (MistralForCausalLM with a sliding
+window; Phi3ForCausalLM where the model came from a Phi-3 config, its q, k, v rows concatenated into `qkv_proj` and
+its gate and up rows into `gate_up_proj`), Qwen2ForCausalLM (biases on q, k, v only), Qwen3ForCausalLM
+(`qk_norm = rmsnorm`: its q_norm and k_norm), MixtralForCausalLM (a `moe` in each block) or Qwen2MoeForCausalLM (a
+`moe` with a sigmoid-gated shared expert in each block) or Qwen3MoeForCausalLM (q/k norms and a `moe` without a
+shared expert in each block: the Qwen-MoE expert layout); a head_dim other than hidden /
 heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then reads back is bit for bit
 the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
 
@@ -44,8 +46,8 @@ COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 
 # The family of each architecture (importer's model_type) and its class.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
@@ -76,11 +78,14 @@ def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None
 
 
 def _family(shape: str, original: dict | None, window: int | None = None) -> str:
-    """The importer's model_type for a model of `shape` (llama, qwen2 or mixtral by its layers): Mistral where the
-    model came from a Mistral config (the same function as Llama without biases: sliding_window null), or where its
-    attention has a sliding window (Llama has none; Mistral's `sliding_window`)."""
-    if shape == "llama" and ((original is not None and original.get("model_type") == "mistral")
-                             or window is not None):
+    """The importer's model_type for a model of `shape` (llama, qwen2 or mixtral by its layers): Phi-3 where the model
+    came from a Phi-3 config (Llama's function, the checkpoint's q/k/v and gate/up fused: a layout chosen by the
+    source, never guessed), Mistral where it came from a Mistral config (the same function as Llama without biases:
+    sliding_window null), or where its attention has a sliding window (Llama has none; Mistral's `sliding_window`)."""
+    source = original.get("model_type") if original is not None else None
+    if shape == "llama" and source == "phi3":
+        return "phi3"
+    if shape == "llama" and (source == "mistral" or window is not None):
         return "mistral"
     return shape
 
@@ -98,10 +103,13 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
     shape, config = _model_config(spec)
     window = config.pop("sliding_window") if shape == "llama" else None
     family = _family(shape, original, window)
-    if family == "mistral":
+    if family in ("mistral", "phi3"):
         for key in ("attention_bias", "mlp_bias"):
             del config[key]
         config["sliding_window"] = window
+    if family == "phi3":  # no dropout; the longrope base length, which the model does not read, as the file had it
+        config.update(resid_pdrop=0.0, embd_pdrop=0.0, original_max_position_embeddings=original.get(
+            "original_max_position_embeddings", config["max_position_embeddings"]))
     config.update(architectures=[ARCHITECTURES[family]], model_type=family)
     if original is None:
         return _reads_back(spec, config)
@@ -151,11 +159,14 @@ def _reads_back(spec: S.Spec, config: dict) -> dict:
 
 def _rope_keys(original: dict, theta: float, scaling: dict | None) -> dict:
     """The rotary embedding's keys in `original`'s form: transformers 5's `rope_parameters` (theta inside), or
-    `rope_theta` and `rope_scaling` (its `type` or `rope_type` key as the file names it)."""
+    `rope_theta` and `rope_scaling` (its `type` or `rope_type` key as the file names it). Phi-3's
+    `partial_rotary_factor` inside them is kept where the file had it (1.0, the one value the importer takes)."""
     form = original.get("rope_parameters", original.get("rope_scaling"))
     kind_key = "type" if isinstance(form, dict) and "type" in form and "rope_type" not in form else "rope_type"
     params = dict(scaling or {"rope_type": "default"})
     params = {(kind_key if k == "rope_type" else k): v for k, v in params.items()}
+    if isinstance(form, dict) and "partial_rotary_factor" in form:
+        params["partial_rotary_factor"] = form["partial_rotary_factor"]
     out = {}
     if isinstance(original.get("rope_parameters"), dict):
         out["rope_parameters"] = {**params, "rope_theta": theta}
@@ -324,15 +335,23 @@ def read_checkpoint(path: str) -> dict:
 
 def hf_tensors(tensors: dict, layout: str = "mixtral") -> dict:
     """Our tensors under Hugging Face's names (experts split and transposed back), a `moe`'s in `layout`
-    (runtime/hf_names.py: MIXTRAL or QWEN_MOE)."""
+    (runtime/hf_names.py: MIXTRAL or QWEN_MOE), or in PHI3's with q, k, v and gate, up concatenated in their fused
+    tensors' row order (the rows runtime/hf.py reads each back from)."""
+    import torch
+
     from runtime import hf
+    from runtime.hf_names import fused
     out = {}
     for name, t in tensors.items():
         if ".moe_experts." in name:
             for e in range(t.shape[0]):
                 out[hf.hf_name(name, e, layout)] = t[e].t().contiguous()
-        else:
+            continue
+        members = fused(name, layout)
+        if members is None:
             out[hf.hf_name(name, layout=layout)] = t.contiguous()
+        elif name == members[0]:
+            out[hf.hf_name(name, layout=layout)] = torch.cat([tensors[m] for m in members])
     return out
 
 
@@ -345,12 +364,13 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     from safetensors.torch import save_file
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
-    from runtime.hf_names import MIXTRAL, QWEN_MOE
-    qwen_moe = config["model_type"] in ("qwen2_moe", "qwen3_moe")  # their experts: mlp.experts.j.*_proj
+    from runtime.hf_names import MIXTRAL, PHI3, QWEN_MOE
+    layout = (PHI3 if config["model_type"] == "phi3" else  # fused qkv_proj, gate_up_proj
+              QWEN_MOE if config["model_type"] in ("qwen2_moe", "qwen3_moe") else MIXTRAL)  # mlp.experts.j.*_proj
     checkpoint, skipped = checkpoint_path(checkpoint)  # after the model and config: what cannot be written is
     if chosen is not None:                               # refused before any weight is looked for
         chosen(checkpoint, skipped)
-    tensors = hf_tensors(read_checkpoint(checkpoint), QWEN_MOE if qwen_moe else MIXTRAL)
+    tensors = hf_tensors(read_checkpoint(checkpoint), layout)
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)
     for key in ("torch_dtype", "dtype"):

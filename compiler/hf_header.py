@@ -7,8 +7,8 @@ model.safetensors.index.json. Plain struct and json read them: `scalec check` im
 
 The tensors the program asks for are the single-device model's parameters (compiler/model.py names them) under
 Hugging Face's names (runtime/hf_names.py: the map the program reads by, torch-free). The parameters are restated
-here without torch; tests/test_hf_header.py holds them equal to compiler.model's on the Llama, Qwen 2 and Mixtral
-layouts.
+here without torch; tests/test_hf_header.py holds them equal to compiler.model's on the Llama, Qwen 2, Qwen 3,
+Phi-3 (fused q/k/v and gate/up) and Mixtral layouts.
 """
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import sympy
 
 from compiler import spec as S
-from runtime.hf_names import MIXTRAL, hf_name, moe_layout
+from runtime.hf_names import MIXTRAL, fused, hf_name, layout as layout_of
 
 HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
-FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM",
-            "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 SHOWN = 3  # names shown of a list
 
 
@@ -217,18 +217,27 @@ def expected(model: S.Model, number, layout: str = MIXTRAL) -> tuple[dict[str, t
                                                                      list[tuple[str, object]]]:
     """Hugging Face name -> (shape expressions, layer) of every tensor the program reads, and the parameters
     (ours, with their layer) that have no Hugging Face name. A stacked expert weight is one tensor per expert,
-    transposed (runtime/hf.py); a `moe`'s names are those of `layout` (runtime/hf_names.py)."""
+    transposed (runtime/hf.py); a `moe`'s names are those of `layout` (runtime/hf_names.py), and in Phi-3's a fused
+    tensor (qkv_proj, gate_up_proj) is its parts' rows stacked: the sum of their dim 0, their other dims."""
     out: dict[str, tuple[tuple, object]] = {}
     orphans = []
-    for name, (shape, layer) in parameters(model, number).items():
+    params = parameters(model, number)
+    for name, (shape, layer) in params.items():
         try:
             if ".moe_experts." in name:
                 for e in range(int(number(shape[0]))):
                     out[hf_name(name, e, layout)] = ((shape[2], shape[1]), layer)
-            else:
-                out[hf_name(name, layout=layout)] = (shape, layer)
+                continue
+            hf = hf_name(name, layout=layout)
         except KeyError:
             orphans.append((name, layer))
+            continue
+        members = fused(name, layout)
+        if members is None:
+            out[hf] = (shape, layer)
+        elif name == members[0]:  # the fused tensor once, at its first part: every part is in the same block
+            rows = sum((params[m][0][0] for m in members if m in params), sympy.Integer(0))
+            out[hf] = ((rows, *shape[1:]), layer)
     return out, orphans
 
 
@@ -247,12 +256,12 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     """What keeps the checkpoint from being this model's: the model's parameters with no Hugging Face name (E0810),
     tensors missing or left over (E0807), shapes (E0808), then, when the tensors fit, config.json's figures that
     shapes cannot show (E0809)."""
-    want, orphans = expected(model, number, moe_layout(tensors))  # as runtime/hf.py reads it
+    want, orphans = expected(model, number, layout_of(tensors))  # as runtime/hf.py reads it
     if orphans:
         kinds = " and ".join(sorted({_kind(layer) for _, layer in orphans}))
         return [Problem("E0810", f"the model's {_few([n for n, _ in orphans])} ({kinds}) "
                         f"ha{'s' if len(orphans) == 1 else 've'} no counterpart in a Hugging Face checkpoint of "
-                        "Llama, Mistral, Qwen 2, Qwen 3 or Mixtral",
+                        "Llama, Mistral, Qwen 2, Qwen 3, Phi-3 or Mixtral",
                         "reads these families' layout",
                         "`init = from(...)` needs the model in their layout: one `repeat` of `residual { rmsnorm  "
                         "attention }  residual { rmsnorm  mlp | moe }`, rotary positions, then `rmsnorm` and "
@@ -264,7 +273,7 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     if missing:
         if len(missing) == len(want):
             why = (f"none of the model's tensors is there; it holds {_few(extra)}: it looks like another "
-                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2, Qwen 3 and Mixtral "
+                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2, Qwen 3, Phi-3 and Mixtral "
                    "checkpoints")
         elif missing == ["lm_head.weight"]:
             why = ("the checkpoint ties its head to the embedding (no `lm_head.weight`): write "

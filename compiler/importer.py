@@ -1,6 +1,7 @@
 """`scalec import config.json`: a Hugging Face config.json of a Llama, Mistral (Mistral 7B's sliding window and
-Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense), Mixtral, Qwen2-MoE or Qwen3-MoE causal LM, as the
-equivalent `.scale` model section.
+Mistral-Nemo's head_dim included), Qwen 2, Qwen 3 (dense), Phi-3 (its sliding window; its checkpoints' fused
+qkv_proj and gate_up_proj are runtime/hf_names.py's business, not the model's), Mixtral, Qwen2-MoE or Qwen3-MoE
+causal LM, as the equivalent `.scale` model section.
 
 `import_config(text, path)` is pure: JSON text in, `.scale` text out, or a ScaleError whose diagnostics are located
 at the JSON keys (file:line:col, the line, a caret). Every key of the file is either mapped (the output line that
@@ -23,7 +24,7 @@ from compiler.diagnostics import Diagnostic, ScaleError, Span
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+                 "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                  "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
@@ -40,8 +41,6 @@ NOT_YET = {
                           "base of each kind, and a head_dim of its own"),
     "Gemma3ForConditionalGeneration": ("gemma3", "a vision tower (SigLIP) and its projector beside the language "
                                        "model; and, for the language model, everything Gemma3ForCausalLM needs"),
-    "Phi3ForCausalLM": ("phi3", "the fused qkv_proj and gate_up_proj of its checkpoint layout, and (most "
-                        "configs) a sliding window or longrope/su rope scaling"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "multi-head latent attention (low-rank q and kv projections, a "
                               "decoupled rotary part), shared experts, fine-grained experts and dense first layers"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "multi-head latent attention, shared experts, a sigmoid router with "
@@ -50,8 +49,8 @@ NOT_YET = {
 }
 
 # transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
-# Qwen3Config(), MixtralConfig(), Qwen2MoeConfig(), Qwen3MoeConfig(), transformers 4.3x-5.x); None for num_key_value_heads means "= num_attention_heads",
-# for head_dim "= hidden_size / num_attention_heads".
+# Qwen3Config(), Phi3Config(), MixtralConfig(), Qwen2MoeConfig(), Qwen3MoeConfig(), transformers 4.3x-5.x); None for
+# num_key_value_heads means "= num_attention_heads", for head_dim "= hidden_size / num_attention_heads".
 _COMMON_DEFAULTS = dict(hidden_act="silu", num_key_value_heads=None, head_dim=None, attention_dropout=0.0,
                         tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None)
 DEFAULTS = {
@@ -68,6 +67,12 @@ DEFAULTS = {
                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
                   max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
                   sliding_window=4096, max_window_layers=28),
+    # Phi3Config: no window unless the file has one (Phi-3-mini-4k's is 2047); partial_rotary_factor is 1 (every
+    # dimension turned) unless given, at the top level or in rope_parameters
+    "phi3": dict(_COMMON_DEFAULTS, vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                 num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=4096,
+                 original_max_position_embeddings=4096, rms_norm_eps=1e-5, sliding_window=None, resid_pdrop=0.0,
+                 embd_pdrop=0.0),
     "mixtral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                     max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
@@ -98,6 +103,10 @@ USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
         "qwen2": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
         "qwen3": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
                                  "layer_types"),
+        # attention_bias: transformers' Phi3Config has none (its attention never has biases), the released files
+        # say false; original_max_position_embeddings is read by longrope scaling only
+        "phi3": _COMMON_USED + ("attention_bias", "sliding_window", "original_max_position_embeddings",
+                                "partial_rotary_factor", "resid_pdrop", "embd_pdrop"),
         "mixtral": _COMMON_USED + ("sliding_window", "num_local_experts", "num_experts_per_tok",
                                    "router_aux_loss_coef", "router_jitter_noise", "output_router_logits"),
         "qwen2_moe": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
@@ -133,6 +142,8 @@ IRRELEVANT = {
     "chunk_size_feed_forward": "0 for these models: transformers does not chunk their MLP",
     "is_encoder_decoder": "false for these decoder-only models",
     "tokenizer_class": "the tokenizer, not the model",
+    "auto_map": "the repository's own modeling code, which transformers runs only with trust_remote_code; the "
+                "architecture imported is transformers' built-in class `architectures` names",
 }
 
 # values a key must have to be expressible (the key is then used: it appears in a comment)
@@ -360,6 +371,8 @@ class _Importer:
             attn_bias, mlp_bias = self.boolean("attention_bias"), self.boolean("mlp_bias")
         if self.type in ("qwen3", "qwen3_moe"):
             attn_bias = self.boolean("attention_bias")
+        if self.type == "phi3":
+            self.phi3()
         window = self.window(sizes["num_hidden_layers"])
         moe = None
         if self.type == "mixtral":
@@ -384,13 +397,34 @@ class _Importer:
             return None
         return self.emit(sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim, window)
 
+    def phi3(self) -> None:
+        """Phi-3's keys beyond Llama's: checked, as none changes the model when it has the one value .scale can
+        write. Its residual dropout (`resid_pdrop`, on each block's attention and MLP output) and embedding dropout
+        (`embd_pdrop`) must be 0 as attention_dropout must; a partial rotary factor (Phi-3.5-MoE, Phi-4-mini: only
+        the first part of each head turned) is not expressible; `attention_bias` true claims biases transformers'
+        Phi-3 never builds; `original_max_position_embeddings` is read by longrope scaling only."""
+        for key, where in (("resid_pdrop", "the residual dropout of each block's attention and MLP output"),
+                           ("embd_pdrop", "the dropout of the embeddings")):
+            self.must_be(key, lambda v: v in (0, 0.0) and not isinstance(v, bool), f"{where} ({key} {{}}) is not "
+                         "expressible", f".scale has no dropout; set {key} to 0.0 to train without it")
+        self.must_be("partial_rotary_factor", lambda v: v is None or (v in (1, 1.0) and not isinstance(v, bool)),
+                     "partial_rotary_factor {} (rotary embeddings on part of each head) is not expressible",
+                     "rotary embeddings in .scale turn every dimension of each head: only 1.0 maps (Phi-3; "
+                     "Phi-3.5 and Phi-4-mini turn a part)")
+        self.must_be("attention_bias", lambda v: v in (None, False),
+                     "attention_bias {} is not Phi-3's: transformers' Phi-3 attention has no biases",
+                     "Phi3ForCausalLM builds qkv_proj and o_proj without biases whatever the file says: set it "
+                     "to false (a checkpoint with biases is of another architecture)")
+        self.pos_int("original_max_position_embeddings")
+
     def window(self, layers: int | None) -> int | None:
         """The sliding window of every layer's attention (transformers' sliding_window: a key is kept when
-        q_idx - kv_idx < window), or None for attention over the whole sequence. Mistral and Mixtral window every
-        layer by `sliding_window` (null: none). Qwen 2 and 3 window the layers transformers marks
+        q_idx - kv_idx < window), or None for attention over the whole sequence. Mistral, Mixtral and Phi-3 window
+        every layer by `sliding_window` (null: none; Phi-3-mini-4k's 2047 is written as it is: transformers' mask,
+        and its flash-attention window of sliding_window - 1 tokens before each query, keep 2047 keys). Qwen 2 and 3 window the layers transformers marks
         "sliding_attention": with use_sliding_window, those from max_window_layers on (or as `layer_types` lists
         them); a stack of both kinds is refused, since a `repeat` holds identical blocks."""
-        if self.type in ("mistral", "mixtral"):
+        if self.type in ("mistral", "mixtral", "phi3"):  # Phi-3: its every layer, create_sliding_window_causal_mask
             return None if self.get("sliding_window") is None else self.pos_int("sliding_window")
         if self.type in ("qwen2_moe", "qwen3_moe"):  # windows on alternate layers: none is expressible
             self.must_be("use_sliding_window", lambda v: v is False, "use_sliding_window = {} is not expressible",
@@ -517,7 +551,25 @@ class _Importer:
         if not isinstance(d, dict):
             self.error((where,), f"`{where}` must be an object or null", label="not an object")
             return None
+        kind_key = "rope_type" if "rope_type" in d else "type"
+        kind = d.get(kind_key, "default")
+        if kind not in ("default", "llama3"):  # its own keys are not ours to list: the type itself is the blocker
+            phi = kind in ("longrope", "su", "yarn") and self.type == "phi3"  # transformers reads su, yarn as longrope
+            self.error((where, kind_key), f"rope type {json.dumps(kind)} is not expressible" +
+                       (" (Phi-3's LongRoPE: rotary frequencies rescaled by long_factor and short_factor, as "
+                        "Phi-3-mini-128k has)" if phi else ""),
+                       label="not expressible in .scale",
+                       help="rotary embeddings in .scale are unscaled (default) or Llama 3's llama3(...)" +
+                       ("; the 4k-context Phi-3 models have rope_scaling null" if phi else ""))
+            return None
         known = {"rope_type", "type", "rope_theta", *_LLAMA3_FIELDS}
+        if self.type == "phi3":  # transformers 5's Phi3Config writes it into rope_parameters
+            known.add("partial_rotary_factor")
+            rotary = d.get("partial_rotary_factor", 1.0)
+            if not (rotary in (1, 1.0) and not isinstance(rotary, bool)):
+                self.error((where, "partial_rotary_factor"), f"partial_rotary_factor {json.dumps(rotary)} (rotary "
+                           "embeddings on part of each head) is not expressible", label="not expressible in .scale",
+                           help="rotary embeddings in .scale turn every dimension of each head: only 1.0 maps")
         for k in d:
             if k not in known:
                 self.error((where, k), f"unknown key `{k}` in `{where}`", code="E0953",
@@ -534,19 +586,12 @@ class _Importer:
                 return None
         elif self.number("rope_theta") is None:
             return None
-        kind_key = "rope_type" if "rope_type" in d else "type"
-        kind = d.get(kind_key, "default")
         if kind == "default":
             extra = [k for k in _LLAMA3_FIELDS if k in d]
             if extra:
                 self.error((where, extra[0]), f"`{extra[0]}` is given for rope_type default",
                            label="not read by the default rope type", help="remove it, or set rope_type llama3")
             return None if self.diags else (theta, None, theta_src, None)
-        if kind != "llama3":
-            self.error((where, kind_key), f"rope type {json.dumps(kind)} is not expressible",
-                       label="not expressible in .scale",
-                       help="rotary embeddings in .scale are unscaled (default) or Llama 3's llama3(...)")
-            return None
         missing = [k for k in _LLAMA3_FIELDS if k not in d]
         if missing:
             self.error((where, kind_key), "rope type llama3 without " + ", ".join(f"`{k}`" for k in missing),
@@ -567,6 +612,7 @@ class _Importer:
         own = head_dim is not None and (h % n or head_dim != h // n)
         rows: list[tuple[str, str]] = []  # (code, comment)
         qmoe = self.type in ("qwen2_moe", "qwen3_moe")  # experts of their own width (Qwen2-MoE's: a shared one)
+        phi = self.type == "phi3"  # Phi-3: Llama's block, the checkpoint's q/k/v and gate/up fused
         rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
                  (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
                  (f"ffn      = {moe[3] if qmoe else sizes['intermediate_size']}",
@@ -584,16 +630,20 @@ class _Importer:
                   else "num_key_value_heads absent or null: = num_attention_heads"),
                  (f"layers   = {sizes['num_hidden_layers']}", s("num_hidden_layers")),
                  (f"seq      = {sizes['max_position_embeddings']}",
-                  s("max_position_embeddings") + " (train's seq_len may be shorter)")]
+                  s("max_position_embeddings") + " (train's seq_len may be shorter)" +
+                  (f"; {s('original_max_position_embeddings')}: read by longrope scaling only, which this model "
+                   "has not" if phi else ""))]
         if window is not None:
             rows += [(f"window   = {window}", s("sliding_window") + ": each query sees itself and the window - 1 "
                       "tokens before it")]
         if moe:
             rows += [(f"experts  = {moe[0]}", s(self.experts_key() if qmoe else "num_local_experts"))]
         rows += [("", "")]
-        rows += [("embedding(vocab, hidden)", "model.embed_tokens")]
+        rows += [("embedding(vocab, hidden)", "model.embed_tokens" + (f"; {s('embd_pdrop')} 0: no dropout" if phi
+                                                                       else ""))]
         rows += [("repeat layers {", "model.layers: num_hidden_layers decoder layers")]
-        rows += [("  residual {", "")]
+        resid = (f"{s('resid_pdrop')} 0: no dropout on the residual branch" if phi else "")
+        rows += [("  residual {", resid)]
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "input_layernorm: " + s("rms_norm_eps"))]
         theta, llama3, theta_src, scaling_src = rope
         bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
@@ -601,11 +651,14 @@ class _Importer:
                     "qwen3_moe": s("attention_bias") + " (q, k, v, o)",
                     "qwen2": "Qwen 2: biases on q, k, v, none on o",
                     "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases",
+                    "phi3": "Phi-3: no biases" + ("; attention_bias false" if "attention_bias" in self.cfg else ""),
                     "qwen2_moe": s("qkv_bias") + (": biases on q, k, v, none on o" if qmoe and moe[6] else
                                                   ": no biases")}[self.type]
         bias = ("bias = false, qkv_bias = true" if self.type == "qwen2" or (qmoe and moe[6])
                 else f"bias = {_fmt(attn_bias)}")
-        attn = [("    attention(hidden, heads, kv_heads = kv_heads,", "self_attn: causal, grouped-query"),
+        attn = [("    attention(hidden, heads, kv_heads = kv_heads,",
+                 "self_attn" + (" (the checkpoint's qkv_proj: q rows, then k, then v)" if phi else "") +
+                 ": causal, grouped-query"),
                 (f"              {bias},", bias_src)]
         if own:
             attn += [("              head_dim = head_dim,", "q, k, v: heads · head_dim wide; o back to hidden")]
@@ -616,7 +669,7 @@ class _Importer:
             attn += [(f"              qk_norm = rmsnorm, qk_norm_eps = {_fmt(eps)},",
                       "self_attn.q_norm, k_norm: RMSNorm over each head's head_dim; " + s("rms_norm_eps"))]
         attn += [(f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
-                  theta_src + "; rotary, Hugging Face's rotate-half layout")]
+                  theta_src + "; rotary, Hugging Face's rotate-half layout" + self.rotary_src())]
         rope_row = len(attn) - 1
         if llama3:
             f, lo, hi, orig = llama3
@@ -633,7 +686,7 @@ class _Importer:
             attn[rope_row] = (attn[rope_row][0], attn[rope_row][1] + "; rope_scaling null")
         rows += attn
         rows += [("  }", "")]
-        rows += [("  residual {", "")]
+        rows += [("  residual {", resid)]
         rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
         if qmoe:  # Qwen-MoE: Qwen2-MoE's has a sigmoid-gated shared expert, Qwen3-MoE's none
             experts, top_k, aux, _, _, norm, _ = moe
@@ -661,7 +714,8 @@ class _Importer:
             mb = _fmt(mlp_bias) if self.type == "llama" else "false"
             rows += [(f"    mlp(hidden, ffn, act = swiglu, bias = {mb})",
                       f"mlp: {s('hidden_act')} gating = swiglu" +
-                      (f"; {s('mlp_bias')}" if self.type == "llama" else "; no biases"))]
+                      (f"; {s('mlp_bias')}" if self.type == "llama" else "; no biases") +
+                      ("; the checkpoint's gate_up_proj: gate rows, then up rows" if phi else ""))]
         rows += [("  }", ""), ("}", "")]
         rows += [(f"rmsnorm(hidden, eps = {_fmt(eps)})", "model.norm: " + s("rms_norm_eps"))]
         rows += [(f"lm_head(vocab, hidden, tied = {_fmt(tied)})", "lm_head: " + s("tie_word_embeddings"))]
@@ -694,7 +748,7 @@ class _Importer:
 
     def window_src(self, window=None) -> str:
         """The keys that say attention is over the whole sequence, or within the window."""
-        if self.type in ("mistral", "mixtral"):
+        if self.type in ("mistral", "mixtral", "phi3"):
             return f"{self.src('sliding_window')} null" if window is None else ""
         if self.type in ("qwen2", "qwen3") and window is not None:
             if "layer_types" in self.cfg:  # transformers reads the list, not max_window_layers
@@ -707,6 +761,13 @@ class _Importer:
                              ([", ".join(unused) + " unused"] if unused else []) +
                              (["layer_types all full_attention"] if "layer_types" in self.cfg else []))
         return ""
+
+    def rotary_src(self) -> str:
+        """Phi-3's partial_rotary_factor, where the file gives it (1: every dimension of each head turned)."""
+        given = [k for k, d in (("partial_rotary_factor", self.cfg),
+                                ("rope_parameters.partial_rotary_factor", self.cfg.get("rope_parameters")))
+                 if isinstance(d, dict) and k.split(".")[-1] in d]
+        return "".join(f"; {k} 1.0: every dimension" for k in given) if self.type == "phi3" else ""
 
     def dropout_src(self) -> str:
         return (f"attention_dropout = {json.dumps(self.cfg['attention_dropout'])}" if "attention_dropout" in self.cfg

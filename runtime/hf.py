@@ -1,5 +1,5 @@
-"""Weights in Hugging Face's layout (Llama, Mistral, Qwen 2, Qwen 3, Mixtral, Qwen2-MoE, Qwen3-MoE): names, and
-reading each rank's slices.
+"""Weights in Hugging Face's layout (Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Mixtral, Qwen2-MoE, Qwen3-MoE): names,
+and reading each rank's slices.
 
 `train { init = from("DIR or FILE.safetensors") }` starts a run from a released checkpoint: every parameter of this
 rank's modules is read from the safetensors files (the `safetensors` library, memory-mapped) with only the part
@@ -9,10 +9,12 @@ an FSDP shard, its pipeline stages' parameters. No rank reads a whole tensor it 
 Names: ours are the single-device model's (`blocks.7.attn_q.weight`), Hugging Face's are `model.layers.7.self_attn.
 q_proj.weight`; `hf_name` (runtime/hf_names.py, torch-free: `scalec check` reads it too) maps one to the other.
 Mixtral's experts are separate (ffn × hidden) matrices per expert (`block_sparse_moe.experts.j.w1|w2|w3`; Qwen-MoE's
-`mlp.experts.j.gate_proj|down_proj|up_proj`, the layout read off the checkpoint's names); ours are stacked and transposed (experts × hidden × ffn for
-`w_gate` = w1ᵀ and `w_up` = w3ᵀ, experts × ffn × hidden for `w_down` = w2ᵀ). Rotary embeddings need no permutation:
-runtime/rotary.py turns vectors in Hugging Face's own layout (its conversion from Meta's checkpoints permuted the q
-and k rows once, and its files hold the permuted rows).
+`mlp.experts.j.gate_proj|down_proj|up_proj`, the layout read off the checkpoint's names); ours are stacked and
+transposed (experts × hidden × ffn for `w_gate` = w1ᵀ and `w_up` = w3ᵀ, experts × ffn × hidden for `w_down` = w2ᵀ).
+Phi-3's fused `qkv_proj` and `gate_up_proj` each hold several of ours (`fused_rows`): a rank reads the rows of its
+part only, its tp shard of q a row range inside q's rows of qkv_proj, its FSDP rows inside that. Rotary embeddings
+need no permutation: runtime/rotary.py turns vectors in Hugging Face's own layout (its conversion from Meta's
+checkpoints permuted the q and k rows once, and its files hold the permuted rows).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.errors import FatalError
-from runtime.hf_names import MIXTRAL, QWEN_MOE, hf_name, moe_layout  # noqa: F401 (layouts: for callers)
+from runtime.hf_names import MIXTRAL, PHI3, QWEN_MOE, fused_rows, hf_name, layout as layout_of  # noqa: F401
 
 class Files:
     """The tensors of a checkpoint: a directory (with `model.safetensors.index.json`, or its *.safetensors files)
@@ -126,9 +128,17 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
     (dim, full size, axis) of a parameter sharded over tp or ep (runtime.tensor_parallel.Shards.of), `axis_rank(axis)`
     this rank's index on it."""
     files = Files(path)
-    layout = moe_layout(files.where)  # Mixtral's or Qwen-MoE's names of the experts (runtime/hf_names.py)
+    layout = layout_of(files.where)  # Phi-3's fused tensors, Mixtral's or Qwen-MoE's experts (runtime/hf_names.py)
     axis_rank = axis_rank or (lambda axis: 0)
     loaded: list = []
+    params = {n.removeprefix("module."): p for n, p in module.named_parameters()}
+
+    def rows(name: str) -> int:
+        """The whole row count of our parameter `name` (a part of a fused tensor): tp's full size where tp shards
+        its dim 0, else its shape (an FSDP DTensor's is its tp-local shape, whole over dp)."""
+        shard = shard_of(name) if shard_of else None
+        return shard[1] if shard is not None and shard[0] == 0 else params[name].shape[0]
+
     with torch.no_grad():
         for name, p in module.named_parameters():
             name = name.removeprefix("module.")
@@ -141,14 +151,18 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
                 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
                 _, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
                 offset = global_offset[0]
-            value = _read_param(files, name, p, local, shard, axis_rank, offset, layout)
+            part = fused_rows(name, rows, layout)
+            value = _read_param(files, name, p, local, shard, axis_rank, offset, layout, part)
             local.copy_(value.to(local.dtype))
             loaded.append(name)
     return Loaded(path=path, names=tuple(loaded), tensors_read=len(files.tensors_read), tensors=len(files.where),
                   bytes_read=files.bytes_read, bytes=files.total_bytes())
 
 
-def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int, layout: str) -> torch.Tensor:
+def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int, layout: str,
+                part: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """This rank's part of our parameter `name`: its tp/ep slice, its FSDP rows (from `offset`) inside that, within
+    rows [lo, hi) of a fused tensor where `part` is (lo, hi, total) (runtime/hf_names.py fused_rows)."""
     rows = local.shape[0]
     if ".moe_experts." in name:  # stacked experts: this rank's experts (ep), each transposed
         lo = axis_rank(shard[2]) * p.shape[0] if shard is not None else 0
@@ -156,15 +170,21 @@ def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int
         return torch.stack([files.read(hf_name(name, e, layout)).t() for e in experts])
     hf = hf_name(name, layout=layout)
     full = files.shape(hf)
+    start, end = 0, full[0]  # the rows of dim 0 that are `name`'s: all, or its part of a fused tensor
+    if part is not None:
+        if part[2] != full[0]:
+            raise FatalError(f"scalec: init from {files.path}: `{hf}` has {full[0]} rows, not the {part[2]} of the "
+                             f"parts the model fuses in it (rows {part[0]}..{part[1]} for {name})")
+        start, end = part[0], part[1]
     ranges: dict = {}
     if shard is not None:
         ranges[shard[0]] = _local_range(p, shard, axis_rank)
     # FSDP's dp shard of dim 0, inside the tp part when tp shards dim 0 too
-    base = ranges.get(0, (0, full[0]))[0]
+    base = start + ranges.get(0, (0, end - start))[0]
     lo0, hi0 = base + offset, base + offset + rows
     ranges[0] = (lo0, hi0)
     # rows past the checkpoint's (a vocabulary padded for tp, pad_vocab) are zero
-    real = (min(lo0, full[0]), min(hi0, full[0]))
+    real = (min(lo0, end), min(hi0, end))
     got = files.read(hf, {**ranges, 0: real}) if real[1] > real[0] else None
     if got is None or real[1] - real[0] < rows:
         pad = torch.zeros((rows,) + tuple(local.shape[1:]), dtype=got.dtype if got is not None else local.dtype)

@@ -1,5 +1,5 @@
-"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3, Mixtral, Qwen2-MoE and Qwen3-MoE
-layouts): the one map the runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by
+"""Hugging Face's names of our parameters (the Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Mixtral, Qwen2-MoE and
+Qwen3-MoE layouts): the one map the runtime reads a checkpoint by (runtime/hf.py), `scalec export` writes one by
 (compiler/export.py) and `scalec check` holds an `init = from(...)` checkpoint's headers against
 (compiler/hf_header.py), so that what is checked is what the program reads. No torch: `scalec check` imports it.
 
@@ -13,6 +13,14 @@ Two layouts name a `moe`: Mixtral's (`block_sparse_moe.gate`, `.experts.j.w1|w2|
 `mlp.experts.j.gate_proj|up_proj|down_proj`, and Qwen2-MoE's shared expert `mlp.shared_expert.*_proj` with its
 sigmoid gate `mlp.shared_expert_gate`; Qwen3-MoE's has no shared expert). A checkpoint says which it is by its names
 (`moe_layout`); an export by the architecture it writes.
+
+Phi-3's checkpoints fuse what ours keep apart: `self_attn.qkv_proj` holds q's rows, then k's, then v's (heads · D,
+kv_heads · D, kv_heads · D), and `mlp.gate_up_proj` the gate's rows, then the up projection's. Our `attn_q` is then
+rows [0, q) of qkv_proj, `attn_k` rows [q, q + k), and so on (`fused_rows`): the runtime reads only the rows of its
+part (a tp shard of q is a row range inside q's), `check` holds the fused tensor's shape against the sum of its
+parts, export concatenates them back (`fused`). A checkpoint says it is fused by its names (`layout`: PHI3 where
+any layer has a qkv_proj or gate_up_proj); an export by the architecture it writes. Nothing else of Phi-3's layout
+differs from Llama's.
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ _LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
          "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
          "mlp_down": "mlp.down_proj"}
 
-MIXTRAL, QWEN_MOE = "mixtral", "qwen_moe"
+MIXTRAL, QWEN_MOE, PHI3 = "mixtral", "qwen_moe", "phi3"
 # per layout: the moe's leaves, and where its experts are with the name of each of our stacked weights
 _MOE_LEAF = {MIXTRAL: {"moe_router": "block_sparse_moe.gate"},
              QWEN_MOE: {"moe_router": "mlp.gate", "moe_shared_gate": "mlp.shared_expert.gate_proj",
@@ -34,6 +42,21 @@ _EXPERTS = {MIXTRAL: ("block_sparse_moe.experts", {"w_gate": "w1", "w_down": "w2
             QWEN_MOE: ("mlp.experts", {"w_gate": "gate_proj", "w_down": "down_proj", "w_up": "up_proj"})}
 
 
+# Phi-3's fused tensors: our leaf -> (the Hugging Face module holding it, the leaves it holds, in row order)
+_QKV = ("attn_q", "attn_k", "attn_v")
+_GATE_UP = ("mlp_gate", "mlp_up")
+_FUSED = {**{leaf: ("self_attn.qkv_proj", _QKV) for leaf in _QKV},
+          **{leaf: ("mlp.gate_up_proj", _GATE_UP) for leaf in _GATE_UP}}
+
+
+def layout(names) -> str:
+    """The layout of a checkpoint, from its tensor names: PHI3 where any layer holds a fused `qkv_proj` or
+    `gate_up_proj`, else its `moe` layout (`moe_layout`)."""
+    if any(n.endswith((".self_attn.qkv_proj.weight", ".mlp.gate_up_proj.weight")) for n in names):
+        return PHI3
+    return moe_layout(names)
+
+
 def moe_layout(names) -> str:
     """The layout of a checkpoint's `moe` layers, from its tensor names: Qwen-MoE's where any is under `mlp.experts.`
     or is `mlp.gate.weight`, else Mixtral's (a model without experts reads the same either way)."""
@@ -41,9 +64,10 @@ def moe_layout(names) -> str:
 
 
 def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL) -> str:
-    """Hugging Face's name of our parameter `name` (of expert `expert` for a weight stacked over experts, which needs
-    one and only such a weight takes), a `moe`'s in `layout` (MIXTRAL or QWEN_MOE); KeyError for a parameter these
-    families do not have."""
+    """Hugging Face's name of the tensor holding our parameter `name` (of expert `expert` for a weight stacked over
+    experts, which needs one and only such a weight takes), in `layout` (MIXTRAL or QWEN_MOE: a `moe`'s names; PHI3:
+    q, k, v in `qkv_proj` and gate, up in `gate_up_proj`, of which `fused_rows` gives the part); KeyError for a
+    parameter these families do not have."""
     if name in _TOP:
         return _TOP[name]
     parts = name.split(".")
@@ -56,4 +80,31 @@ def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL) -> str:
     if leaf == "moe_experts":
         where, names = _EXPERTS[layout]
         return f"model.layers.{i}.{where}.{expert}.{names[what]}.weight"
-    return f"model.layers.{i}.{_LEAF[leaf] if leaf in _LEAF else _MOE_LEAF[layout][leaf]}.{what}"
+    if layout == PHI3 and leaf in _FUSED:
+        return f"model.layers.{i}.{_FUSED[leaf][0]}.{what}"
+    moe = _MOE_LEAF[layout if layout in _MOE_LEAF else MIXTRAL]  # Phi-3 has no moe: a model with one reads Mixtral's
+    return f"model.layers.{i}.{_LEAF[leaf] if leaf in _LEAF else moe[leaf]}.{what}"
+
+
+def fused(name: str, layout: str) -> tuple[str, ...] | None:
+    """Our parameters that Hugging Face's tensor holding `name` fuses, in row order (`name` among them), or None when
+    it holds `name` alone: in PHI3's layout `blocks.3.attn_k.weight` is in qkv_proj with blocks.3.attn_q.weight and
+    blocks.3.attn_v.weight."""
+    parts = name.split(".")
+    if layout != PHI3 or len(parts) != 4 or parts[0] != "blocks" or parts[2] not in _FUSED:
+        return None
+    _, i, leaf, what = parts
+    return tuple(f"blocks.{i}.{other}.{what}" for other in _FUSED[leaf][1])
+
+
+def fused_rows(name: str, rows, layout: str) -> tuple[int, int, int] | None:
+    """(lo, hi, total): our parameter `name` is rows [lo, hi) of dim 0 of the fused tensor `hf_name` names, whose
+    rows are `total` in all; None where that tensor is `name`'s alone. `rows(ours)` gives the whole (unsharded) row
+    count of each of our parameters fused with it."""
+    members = fused(name, layout)
+    if members is None:
+        return None
+    sizes = [rows(m) for m in members]
+    k = members.index(name)
+    lo = sum(sizes[:k])
+    return lo, lo + sizes[k], sum(sizes)

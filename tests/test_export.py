@@ -1,7 +1,6 @@
 """`scalec export FILE CHECKPOINT -o DIR` (compiler/export.py): a run's checkpoint as a Hugging Face checkpoint.
-A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms), a tiny Mixtral, a tiny Qwen2-MoE and a tiny Qwen3-MoE
-from transformers are
-trained one step from their weights (so the checkpoint is not the file they started from), saved, exported;
+A tiny Llama, a tiny Qwen 3 (head_dim of its own, q/k norms), a tiny Phi-3 (q/k/v and gate/up fused in its files),
+a tiny Mixtral, a tiny Qwen2-MoE and a tiny Qwen3-MoE from transformers are trained one step from their weights (so the checkpoint is not the file they started from), saved, exported;
 transformers loads the export and holds bit for bit the checkpoint's tensors, and so does `init = from(export)`
 read back by the runtime."""
 from __future__ import annotations
@@ -22,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "phi3", "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")
     text = scale_text(kind, tmp_path / "hf").replace("steps        = 3", f'steps        = 1\n  checkpoint_dir = "{tmp_path / "ckpt"}"')
@@ -45,7 +44,8 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     assert config.get("router_aux_loss_coef", 0.0) == 0.0
     assert (tmp_path / "exported" / "generation_config.json").read_text() == \
         (tmp_path / "hf" / "generation_config.json").read_text()
-    ours = X.hf_tensors(saved, "qwen_moe" if kind in ("qwen2_moe", "qwen3_moe") else "mixtral")
+    ours = X.hf_tensors(saved, "qwen_moe" if kind in ("qwen2_moe", "qwen3_moe") else
+                        "phi3" if kind == "phi3" else "mixtral")
     from safetensors.torch import load_file
     written = load_file(tmp_path / "exported" / "model.safetensors")
     assert written.keys() == ours.keys()
@@ -53,7 +53,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
         assert torch.equal(written[name], t), name
     matched = 0
     for name, p in back.named_parameters():
-        if name in ours:  # all of Llama's; Mixtral's but the experts and router (fused in memory by transformers 5);
+        if name in ours:  # all of Llama's and Phi-3's (fused in memory as in its files); Mixtral's but the experts and router (fused in memory by transformers 5);
             # Qwen2-MoE's and Qwen3-MoE's but the experts (their router and Qwen2-MoE's shared expert are named in
             # memory as in the files)
             assert torch.equal(p.detach(), ours[name]), f"transformers read {name} otherwise"
@@ -62,7 +62,7 @@ def test_export_round_trips_bit_exactly(tmp_path, kind):
     # per layer: Mixtral 2 norms and q, k, v, o; Qwen2-MoE those, q, k, v biases, the router, the shared expert's
     # 3 projections and its gate; Qwen3-MoE Mixtral's, q_norm, k_norm and the router; then the embedding, the final
     # norm and the head
-    assert matched == {"llama": len(ours), "qwen3": len(ours), "mixtral": 4 * 6 + 3, "qwen2_moe": 4 * 14 + 3,
+    assert matched == {"llama": len(ours), "qwen3": len(ours), "phi3": len(ours), "mixtral": 4 * 6 + 3, "qwen2_moe": 4 * 14 + 3,
                        "qwen3_moe": 4 * 9 + 3}[kind]
     # and the runtime reads the export back to the checkpoint's tensors
     from runtime import hf
@@ -104,6 +104,10 @@ FAMILIES = {
     # transformers 5 writes its expert count as num_local_experts: the export keeps that spelling
     "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                          norm_topk_prob=True, router_aux_loss_coef=0.02)),
+    # Phi-3 with and without a window: its partial_rotary_factor (1.0, in rope_parameters), dropouts (0) and
+    # original_max_position_embeddings (4096, the longrope base, not the model's 128 positions) come back as they were
+    "phi3": ("Phi3Config", dict()),
+    "phi3_window": ("Phi3Config", dict(sliding_window=32)),
 }
 
 
@@ -246,3 +250,46 @@ def test_a_qwen3_moe_without_a_source_is_written_as_the_released_configs_are():
     assert shared != scale
     with pytest.raises(X.ExportError, match="Qwen2-MoE has no q/k norms and Qwen3-MoE no shared expert"):
         X.hf_config(check_text(shared, "shared.scale"))
+
+
+def test_a_phi3_export_fuses_q_k_v_and_gate_up(tmp_path):
+    """A model imported from a Phi-3 config is written as Phi-3: each layer's q, k, v rows concatenated into
+    qkv_proj and its gate and up rows into gate_up_proj, bit for bit the checkpoint's; transformers' Phi3ForCausalLM
+    loads them, and `init = from(...)` reads each of our tensors back from its rows. Without the Phi-3 config the same
+    model is Llama-shaped with a window: Mistral, q, k, v apart."""
+    from safetensors.torch import load_file
+
+    from runtime import hf
+    from tests.test_memory import _program
+    original, scale = _imported("phi3_window")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text(json.dumps(original, indent=2))
+    step = _checkpoint(tmp_path, scale)
+    spec = check_text(scale, str(tmp_path / "m.scale"))
+    X.export(spec, step, str(tmp_path / "out"), config_from=str(tmp_path / "src"))
+    saved = X.read_checkpoint(step)
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    for i in range(3):
+        ours = {leaf: saved[f"blocks.{i}.{leaf}.weight"] for leaf in ("attn_q", "attn_k", "attn_v", "mlp_gate",
+                                                                       "mlp_up")}
+        assert torch.equal(written[f"model.layers.{i}.self_attn.qkv_proj.weight"],
+                           torch.cat([ours["attn_q"], ours["attn_k"], ours["attn_v"]]))
+        assert torch.equal(written[f"model.layers.{i}.mlp.gate_up_proj.weight"],
+                           torch.cat([ours["mlp_gate"], ours["mlp_up"]]))
+    assert not [n for n in written if n.endswith(("q_proj.weight", "k_proj.weight", "gate_proj.weight"))]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["Phi3ForCausalLM"] and config["sliding_window"] == 32
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert type(back).__name__ == "Phi3ForCausalLM" and back.config.sliding_window == 32
+    params = dict(back.named_parameters())
+    assert params.keys() == written.keys()
+    for name, t in written.items():
+        assert torch.equal(params[name].detach(), t), name
+    _, prog = _program(tmp_path / "again", scale)
+    model = prog.Model()
+    model.to_empty(device="cpu")
+    hf.load(model, str(tmp_path / "out"))
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), saved[name]), name
+    bare = X.hf_config(spec)
+    assert bare["model_type"] == "mistral" and bare["sliding_window"] == 32

@@ -40,24 +40,33 @@ def _error(kind: str, path, *edits: tuple[str, str]):
     return d
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "phi3", "mixtral", "qwen3_moe"])
 def test_names_and_shapes_are_the_models_and_runtime_hf_s(kind, tmp_path):
-    """The torch-free restatement equals compiler.model's parameters under runtime.hf.hf_name, expert by expert."""
+    """The torch-free restatement equals compiler.model's parameters under runtime.hf.hf_name, expert by expert;
+    Phi-3's fused tensors are their parts' rows, stacked."""
     from compiler import model as M
     from runtime import hf
     spec = check_text(scale_text(kind, tmp_path / "none").replace('  init         = from("', '  # '), "t.scale")
-    layout = hf.QWEN_MOE if kind.startswith("qwen") else hf.MIXTRAL  # Qwen-MoE's expert names (mlp.experts.j.*)
+    # Qwen-MoE's expert names (mlp.experts.j.*), Phi-3's fused qkv_proj and gate_up_proj
+    layout = hf.QWEN_MOE if kind.startswith("qwen") else hf.PHI3 if kind == "phi3" else hf.MIXTRAL
     want = {}
-    for name, p in M.build(spec).named_parameters():
+    params = dict(M.build(spec).named_parameters())
+    for name, p in params.items():
         if ".moe_experts." in name:
             for e in range(p.shape[0]):
                 want[hf.hf_name(name, e, layout)] = tuple(p.shape[1:][::-1])
+        elif (part := hf.fused_rows(name, lambda n: params[n].shape[0], layout)) is not None:
+            want[hf.hf_name(name, layout=layout)] = (part[2], *p.shape[1:])
         else:
             want[hf.hf_name(name, layout=layout)] = tuple(p.shape)
+    if kind == "phi3":  # 4 layers of qkv_proj (64 + 2 · 2 · 16 rows) and gate_up_proj (2 · 256 rows)
+        assert {k: v for k, v in want.items() if k.endswith(("qkv_proj.weight", "gate_up_proj.weight"))} == {
+            f"model.layers.{i}.{leaf}": shape for i in range(4) for leaf, shape in (
+                ("self_attn.qkv_proj.weight", (128, 64)), ("mlp.gate_up_proj.weight", (512, 64)))}
     got, orphans = H.expected(spec.model, spec.value, layout)
     assert orphans == []
     assert {k: tuple(int(spec.value(d)) for d in shape) for k, (shape, _) in got.items()} == want
-    assert len(want) > 30  # the layers' every tensor, experts one by one
+    assert len(want) > (24 if kind == "phi3" else 30)  # the layers' every tensor, experts one by one
 
 
 def test_parameters_are_the_models_for_a_gpt_too():
@@ -80,7 +89,7 @@ def test_parameters_are_the_models_for_a_gpt_too():
     assert [n for n, _ in orphans] == [n for n in got if runtime_lacks(n)] == ["pos.weight", "norm.bias"]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "phi3", "mixtral", "qwen3_moe"])
 def test_the_right_checkpoint_passes(kind, tmp_path):
     hf_model(kind, tmp_path / "hf")
     assert _check(kind, tmp_path / "hf").warnings == ()
@@ -199,7 +208,7 @@ def test_the_mistake_tables_tiny_llama_fits_its_checkpoint():
     assert check_path(str(Path(__file__).parent / "mistakes" / "files" / "files_llama.scale")).warnings == ()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "phi3", "mixtral", "qwen3_moe"])
 def test_the_model_scalec_import_writes_fits_its_checkpoint(kind, tmp_path):
     """No false alarm on the way tests/e2e/test_hf_init.py goes: the model section from config.json, then the
     checkpoint's own weights."""
@@ -251,3 +260,26 @@ def test_a_qwen3_moe_checkpoints_config_is_read_for_what_shapes_cannot_show(tmp_
     assert d.code == "E0807" and "lacks 48 of the" in d.message, d.message
     d = _error("qwen3_moe", tmp_path / "hf", ("qk_norm = rmsnorm, ", ""))
     assert d.code == "E0807" and "self_attn.q_norm.weight" in d.message, d.message
+
+
+def test_a_phi3_checkpoints_fused_tensors_are_held_against_their_parts(tmp_path):
+    """Phi-3's qkv_proj holds q, k and v's rows, gate_up_proj gate and up's: a fused tensor cut short in the file is
+    refused at the init line, naming the tensor and the model's sum of its parts (before any process would read
+    rows of it that are not there); a model of other kv_heads, whose q, k, v rows sum to another count, the same
+    way."""
+    from safetensors.torch import load_file, save_file
+    hf_model("phi3", tmp_path / "hf")
+    assert _check("phi3", tmp_path / "hf").warnings == ()
+    f = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(f)
+    assert tensors["model.layers.2.self_attn.qkv_proj.weight"].shape == (128, 64)  # q 64, k 32, v 32 rows
+    tensors["model.layers.2.self_attn.qkv_proj.weight"] = tensors["model.layers.2.self_attn.qkv_proj.weight"][:96]
+    save_file(tensors, f, metadata={"format": "pt"})
+    d = _error("phi3", tmp_path / "hf")
+    assert d.code == "E0808", d.message
+    assert d.message == (f"`model.layers.2.self_attn.qkv_proj.weight` is 96 × 64 in checkpoint {tmp_path / 'hf'}, "
+                         "128 × 64 in the model"), d.message
+    hf_model("phi3", tmp_path / "hf")  # whole again: a model of 4 kv_heads reads 64 + 2 · 64 rows there
+    d = _error("phi3", tmp_path / "hf", ("kv_heads = 2", "kv_heads = 4"))
+    assert d.code == "E0808" and d.message == (f"`model.layers.0.self_attn.qkv_proj.weight` is 128 × 64 in checkpoint "
+                                               f"{tmp_path / 'hf'}, 192 × 64 in the model (3 more tensors differ)")

@@ -1,6 +1,7 @@
 """Starting from a Hugging Face checkpoint (`train { init = from("DIR") }`, runtime/hf.py): tiny random
 LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM with a head_dim of its own (as
 Mistral-Nemo), MistralForCausalLM with Mistral 7B's sliding window (shorter than the sequence),
+Phi3ForCausalLM (its q/k/v and gate/up fused in the checkpoint, a sliding window),
 MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM built in-process (no download) and saved with
 `save_pretrained` (safetensors); the generated Model loads them by name and computes Hugging Face's loss (fp32,
 1e-5) and gradients; each rank of a parallel plan reads only its part and the run trains exactly like the single
@@ -34,6 +35,10 @@ BLOCK = {
     "mistral_window": "attention(hidden, heads, kv_heads = 2, bias = false, window = 8, rope_theta = 1000000) }}\n"
                       "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, "
                       "bias = false) }}",
+    # Phi-3: Llama's block with Phi-3-mini's kind of window (here 8 of the 32 tokens); its checkpoint holds q, k, v
+    # in one qkv_proj and gate, up in one gate_up_proj, which each parameter reads its rows of
+    "phi3": "attention(hidden, heads, kv_heads = 2, bias = false, window = 8, rope_theta = 10000) }}\n"
+            "    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, 4 * hidden, act = swiglu, bias = false) }}",
     "mixtral": "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 1000000) }}\n"
                "    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, 4 * hidden, 4, top_k = 2, "
                "capacity_factor = none, act = swiglu, aux_loss = 0) }}",
@@ -100,6 +105,11 @@ def hf_model(kind: str, path):
         config = transformers.MistralConfig(**kw, sliding_window=8,
                                             rope_parameters={"rope_type": "default", "rope_theta": 1e6})
         cls = transformers.MistralForCausalLM
+    elif kind == "phi3":  # no pad_token_id: transformers' embedding gives that row no gradient (nn.Embedding's
+        # padding_idx), ours trains it as any other; Phi3Config's own (32000) is past this vocabulary anyway
+        config = transformers.Phi3Config(**kw, sliding_window=8, pad_token_id=None,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        cls = transformers.Phi3ForCausalLM
     elif kind == "qwen2_moe":
         config = transformers.Qwen2MoeConfig(**kw, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
                                              shared_expert_intermediate_size=192, norm_topk_prob=False,
@@ -134,8 +144,8 @@ def scale_text(kind: str, path) -> str:
     return SCALE.format(block=BLOCK[kind].format(), path=path)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mistral_window", "mixtral",
-                                  "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral_head_dim", "mistral_window", "phi3",
+                                  "mixtral", "qwen2_moe", "qwen3_moe"])
 def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     from runtime import hf
     ref = hf_model(kind, tmp_path / "hf")
@@ -153,7 +163,7 @@ def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     loss = model(tokens, targets)
     want = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
-    if kind == "mistral_window":  # transformers' window is in force: without it, another loss
+    if kind in ("mistral_window", "phi3"):  # transformers' window is in force: without it, another loss
         ref.config.sliding_window = None
         with torch.no_grad():
             full = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
@@ -162,17 +172,22 @@ def test_loaded_model_computes_what_transformers_computes(tmp_path, kind):
     loss.backward()
     want.backward()
     params = dict(ref.named_parameters())
+    layout = hf.layout_of(params)  # Phi-3's fused qkv_proj and gate_up_proj, in memory as in its files
     for name, p in model.named_parameters():
-        want_g = _hf_grad(params, name, hf)
+        want_g = _hf_grad(params, name, hf, layout, dict(model.named_parameters()))
         err = (p.grad - want_g).norm() / want_g.norm()
         assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"
 
 
-def _hf_grad(params: dict, name: str, hf) -> torch.Tensor:
+def _hf_grad(params: dict, name: str, hf, layout: str = "mixtral", ours: dict | None = None) -> torch.Tensor:
     """The gradient Hugging Face's in-memory model holds for our parameter `name`. transformers 5 keeps Mixtral's
     router as `mlp.gate` and its experts fused (`gate_up_proj`: experts × 2·ffn × hidden, gate rows first;
     `down_proj`: experts × hidden × ffn), as it does Qwen3-MoE's; its files keep the released layout runtime/hf.py
-    reads. Qwen2-MoE's router and shared expert are named in memory as in its files."""
+    reads. Qwen2-MoE's router and shared expert are named in memory as in its files. Phi-3's fused tensors are fused
+    in memory too: our part's gradient is its rows (runtime/hf_names.py fused_rows)."""
+    part = hf.fused_rows(name, lambda n: ours[n].shape[0], layout)
+    if part is not None:
+        return params[hf.hf_name(name, layout=layout)].grad[part[0]:part[1]]
     if "moe_shared_" in name:
         return params[hf.hf_name(name, layout=hf.QWEN_MOE)].grad
     if "moe_" not in name:
@@ -201,3 +216,33 @@ def test_a_missing_tensor_is_one_line(tmp_path):
     model.to_empty(device="cpu")
     with pytest.raises(SystemExit, match="has no tensor `model.layers.0.self_attn.q_proj.bias`"):
         hf.load(model, str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tp_rank_reads_its_rows_of_phi3s_fused_tensors(tmp_path, rank):
+    """Under tp 2 each column-parallel parameter holds half its rows: tp rank r's q is rows [32r, 32r + 32) of q's
+    64 rows of qkv_proj, its k rows 64 + [16r, 16r + 16), its v rows 96 + [16r, 16r + 16); its gate and up halves
+    of gate_up_proj's 256-row parts. The module here has the names and tp-local shapes a tp rank's has (the e2e
+    tp2_phi3 case runs it under torchrun); nothing but those rows is read."""
+    from runtime import hf
+    ref = hf_model("phi3", tmp_path / "hf")
+    full = {"attn_q": 64, "attn_k": 32, "attn_v": 32, "mlp_gate": 256, "mlp_up": 256}
+    root = torch.nn.Module()
+    root.blocks = torch.nn.ModuleList([torch.nn.Module()])
+    for leaf, rows in full.items():
+        linear = torch.nn.Module()
+        linear.weight = torch.nn.Parameter(torch.empty(rows // 2, 64))
+        setattr(root.blocks[0], leaf, linear)
+    shard_of = lambda name: (0, full[name.split(".")[2]], "tp")  # noqa: E731 (Shards.of: dim, full size, axis)
+    loaded = hf.load(root, str(tmp_path / "hf"), shard_of=shard_of, axis_rank=lambda axis: rank)
+    assert loaded.tensors_read == 2  # qkv_proj and gate_up_proj of layer 0, in parts
+    assert loaded.bytes_read == sum(full.values()) // 2 * 64 * 4
+    qkv = ref.model.layers[0].self_attn.qkv_proj.weight.detach()
+    gate_up = ref.model.layers[0].mlp.gate_up_proj.weight.detach()
+    b = root.blocks[0]
+    r = rank
+    assert torch.equal(b.attn_q.weight, qkv[32 * r:32 * r + 32])
+    assert torch.equal(b.attn_k.weight, qkv[64 + 16 * r:64 + 16 * r + 16])
+    assert torch.equal(b.attn_v.weight, qkv[96 + 16 * r:96 + 16 * r + 16])
+    assert torch.equal(b.mlp_gate.weight, gate_up[128 * r:128 * r + 128])
+    assert torch.equal(b.mlp_up.weight, gate_up[256 + 128 * r:256 + 128 * r + 128])

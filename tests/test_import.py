@@ -2,7 +2,8 @@
 in-process with transformers (no download), import to a model section that checks and has exactly the parameters
 of the transformers model; the published configs of Llama-2-7B, Llama-3-8B, Mixtral-8x7B and Qwen1.5-MoE-A2.7B
 (typed in) give their published parameter counts; a key or value that does not map is a located diagnostic at the
-JSON key."""
+JSON key. Phi-3 (Phi-3-mini-4k-instruct typed in) imports as Llama's block with its sliding window; its LongRoPE,
+partial rotary factor and dropouts are refused at their keys."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,10 @@ CASES = {
                                 norm_topk_prob=True)),
     "qwen3_moe_biases": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                          dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=16, attention_bias=True)),
+    # Phi-3: Llama's block (its checkpoints fuse q/k/v and gate/up, which the model section does not see), with or
+    # without a sliding window; Phi3Config's pad_token_id (32000) is past this vocabulary, where nn.Embedding refuses it
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+    "phi3_window": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, sliding_window=8)),
 }
 
 
@@ -99,13 +104,17 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
         assert f"experts  = {extra['num_experts']} " in out and "qkv_bias" not in out
     if case == "qwen3_moe_biases":
         assert "bias = true," in out and "head_dim = head_dim" not in out
+    if case.startswith("phi3"):
+        assert "model phi3 {" in out and "bias = false," in out and "act = swiglu, bias = false" in out
+        assert "qkv_proj: q rows, then k, then v" in out and "gate_up_proj: gate rows, then up rows" in out
 
 
 def test_defaults_are_transformers_defaults():
     """A key the file omits is read as transformers reads it: the importer's table equals each config class's
     own defaults."""
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
-               "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig"}
+               "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
+               "qwen3_moe": "Qwen3MoeConfig"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
         for key, ours in DEFAULTS[model_type].items():
@@ -130,8 +139,8 @@ def test_defaults_are_transformers_defaults():
 
 def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
-                            ("Qwen3Config", "qwen3"), ("MixtralConfig", "mixtral"), ("Qwen2MoeConfig", "qwen2_moe"),
-                            ("Qwen3MoeConfig", "qwen3_moe")):
+                            ("Qwen3Config", "qwen3"), ("Phi3Config", "phi3"), ("MixtralConfig", "mixtral"),
+                            ("Qwen2MoeConfig", "qwen2_moe"), ("Qwen3MoeConfig", "qwen3_moe")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -254,6 +263,108 @@ QWEN15_MOE_A27B = """{
 }
 """
 
+# microsoft/Phi-3-mini-4k-instruct's config.json
+PHI3_MINI_4K = """{
+  "_name_or_path": "Phi-3-mini-4k-instruct",
+  "architectures": [
+    "Phi3ForCausalLM"
+  ],
+  "attention_dropout": 0.0,
+  "auto_map": {
+    "AutoConfig": "configuration_phi3.Phi3Config",
+    "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM"
+  },
+  "bos_token_id": 1,
+  "embd_pdrop": 0.0,
+  "eos_token_id": 32000,
+  "hidden_act": "silu",
+  "hidden_size": 3072,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 4096,
+  "model_type": "phi3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "original_max_position_embeddings": 4096,
+  "pad_token_id": 32000,
+  "resid_pdrop": 0.0,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "sliding_window": 2047,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.2",
+  "use_cache": true,
+  "attention_bias": false,
+  "vocab_size": 32064
+}
+"""
+
+
+def test_phi3_mini_count_is_transformers_count():
+    """Phi-3-mini's 3.8B: transformers' own count of the released config, built on the meta device (with its
+    2047-token window in force)."""
+    import torch
+    cfg = {k: v for k, v in json.loads(PHI3_MINI_4K).items()
+           if k not in ("architectures", "model_type", "transformers_version", "torch_dtype", "auto_map",
+                        "_name_or_path")}
+    config = transformers.Phi3Config(**cfg)
+    assert config.sliding_window == 2047 and config.rope_parameters["rope_type"] == "default"
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == 3_821_079_552
+
+
+def test_phi3_mini_imports_with_its_window():
+    """Each line of Phi-3-mini's section names its keys; its sliding_window is every layer's window as written
+    (transformers' mask keeps q_idx - kv_idx < 2047), which the checked spec carries."""
+    out = import_config(PHI3_MINI_4K, "phi3/config.json")
+    for key in json.loads(PHI3_MINI_4K):
+        assert key in out, key
+    assert "window   = 2047 " in out and "window = window," in out and "no dropout on the residual branch" in out
+    spec = check_text(complete(out), "phi3.scale")
+    assert {spec.value(x.window) for x in S.walk(spec.model.layers) if isinstance(x, S.Attention)} == {2047}
+
+
+# Phi-3-mini-128k's LongRoPE (its factors cut to two of its 48 per list), and "su", the older files' name of it
+_LONGROPE = '{"long_factor": [1.08, 1.11], "short_factor": [1.0, 1.02], "type": "longrope"}'
+
+
+@pytest.mark.parametrize("edit,key,says", [
+    (('"rope_scaling": null', f'"rope_scaling": {_LONGROPE}'), '"type"',
+     'rope type "longrope" is not expressible (Phi-3\'s LongRoPE'),
+    (('"rope_scaling": null', '"rope_scaling": {"type": "su", "long_factor": [1.0], "short_factor": [1.0]}'),
+     '"type"', 'rope type "su" is not expressible (Phi-3\'s LongRoPE'),
+    (('"rope_scaling": null', '"rope_scaling": null, "partial_rotary_factor": 0.75'), '"partial_rotary_factor"',
+     "partial_rotary_factor 0.75 (rotary embeddings on part of each head) is not expressible"),
+    (('"rope_scaling": null', '"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, '
+                              '"partial_rotary_factor": 0.5}'), '"partial_rotary_factor"',
+     "partial_rotary_factor 0.5 (rotary embeddings on part of each head) is not expressible"),
+    (('"resid_pdrop": 0.0', '"resid_pdrop": 0.1'), '"resid_pdrop"',
+     "the residual dropout of each block's attention and MLP output (resid_pdrop 0.1) is not expressible"),
+    (('"embd_pdrop": 0.0', '"embd_pdrop": 0.1'), '"embd_pdrop"',
+     "the dropout of the embeddings (embd_pdrop 0.1) is not expressible"),
+    (('"attention_dropout": 0.0', '"attention_dropout": 0.1'), '"attention_dropout"',
+     "attention dropout 0.1 is not expressible"),
+    (('"attention_bias": false', '"attention_bias": true'), '"attention_bias"',
+     "attention_bias true is not Phi-3's"),
+])
+def test_phi3_refusals_are_located(edit, key, says):
+    """What Phi-3's family has and .scale does not: Phi-3-mini-128k's LongRoPE (`longrope`, or `su` as older files
+    name it), the partial rotary embeddings of Phi-3.5 / Phi-4-mini (at the top level or in rope_parameters), any
+    dropout; each refused at its key with the feature named, and only that."""
+    text = PHI3_MINI_4K.replace(*edit)
+    assert text != PHI3_MINI_4K
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if key + ":" in ln)
+    col = text.splitlines()[line - 1].index(key + ":") + 1
+    with pytest.raises(ScaleError) as info:
+        import_config(text, "p.json")
+    out = info.value.render()
+    assert [d.code for d in info.value.diagnostics] == ["E0954"], out
+    assert f"--> p.json:{line}:{col}\n" in out and says in out, out
+
 
 def test_qwen15_moe_count_is_transformers_count():
     """The published figure (14.3B) is transformers' own count of the config, built on the meta device."""
@@ -285,7 +396,9 @@ def test_qwen2_moe_refusals_are_located(edit, where, says):
                                               ("llama3_8b", LLAMA3_8B, 8_030_261_248),
                                               ("mixtral_8x7b", MIXTRAL_8X7B, 46_702_792_704),
                                               # 14.3B: transformers' own count of this config on the meta device
-                                              ("qwen1.5_moe_a2.7b", QWEN15_MOE_A27B, 14_315_784_192)])
+                                              ("qwen1.5_moe_a2.7b", QWEN15_MOE_A27B, 14_315_784_192),
+                                              # 3.8B: transformers' own count (test_phi3_mini_count_is_...)
+                                              ("phi3_mini_4k", PHI3_MINI_4K, 3_821_079_552)])
 def test_published_configs_give_published_parameter_counts(name, text, count):
     out = import_config(text, f"{name}/config.json")
     assert _params(out, f"{name}.scale") == count
@@ -475,7 +588,6 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
 @pytest.mark.parametrize("arch,model_type,lacks", [
     ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
-    ("Phi3ForCausalLM", "phi3", "fused qkv_proj and gate_up_proj"),
     ("DeepseekV2ForCausalLM", "deepseek_v2", "multi-head latent attention"),
     ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
 ])

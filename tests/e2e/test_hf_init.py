@@ -1,6 +1,6 @@
 """A tiny Hugging Face model imported whole: its config.json through `scalec import` (compiler/importer.py), its
 weights through `init = from(...)` (runtime/hf.py), trained under parallel plans. Every rank reads its own part (tp
-slices, pp stages, ep experts), the first step's loss is the one transformers computes on the same batch, and the
+slices, Phi-3's as rows of its fused tensors, pp stages, ep experts), the first step's loss is the one transformers computes on the same batch, and the
 run trains like the single-device run from the same weights (fp32, 1e-5)."""
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ MESHES = {
     "ep2_mixtral": ("mixtral", "axis ep = 2\n  devices_per_node = 2", 2, ()),
     # Qwen2-MoE: each tp rank reads its column and row slices of the shared expert, each ep rank its experts
     "tp2_ep2_qwen2_moe": ("qwen2_moe", "axis tp = 2\n  axis ep = 2\n  devices_per_node = 4", 4, ()),
+    # Phi-3: each tp rank reads its column shard of q, k, v as rows of the fused qkv_proj, of gate and up as rows of
+    # gate_up_proj; its 8-token window of the 32
+    "tp2_phi3": ("phi3", "axis tp = 2\n  devices_per_node = 2", 2, ()),
 }
 
 
