@@ -36,7 +36,7 @@ GEMMA2_9B = {
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
 
 # sample -> (the config it writes, its parameters: the model cards' 8.2B and 9B, transformers' exact count)
-FAMILIES = {"qwen3_8b": (QWEN3_8B, 8_190_735_360)}
+FAMILIES = {"qwen3_8b": (QWEN3_8B, 8_190_735_360), "gemma2_9b": (GEMMA2_9B, 9_241_705_984)}
 NEAR = 3  # the sample's plan is among the search's first NEAR
 
 
