@@ -188,32 +188,32 @@ def _layernorm_saved(g, node, args):
     g.new(node, "stats", (rows,), 2 * stat)
 
 
-def _rmsnorm_saved(g, node, args):
-    x = args[0]
-    rows = _numel(x.meta[K.SHAPE][:-1])
-    if g.device == "cuda":  # fused: its input and the reciprocal RMS per row
-        g.norm_input(x, node)
-        g.new(node, "stats", (rows,), 4)
-    else:  # composite: its input upcast to fp32 (a copy when bf16), the reciprocal RMS and x·rstd
-        if g.widths.get(x.meta.get(K.DTYPE), 4) < 4:
-            g.new(node, "upcast", x.meta[K.SHAPE], 4)
-        else:
-            g.norm_input(x, node)
-        g.new(node, "stats", (rows,), 4)
-        g.new(node, "normed", x.meta[K.SHAPE], 4)
-
-
-def _zero_centered_saved(g, node, args):
-    """runtime.layers.ZeroCenteredRMSNorm, composite on every device: its input upcast to fp32 (a copy when it is
-    not fp32 already), rms_norm's reciprocal RMS, the normalised fp32 rows and (1 + weight) (the product's operands)."""
-    x = args[0]
-    rows = _numel(x.meta[K.SHAPE][:-1])
+def _rms_composite(g, node, x) -> None:
+    """torch's composite RMSNorm: its input upcast to fp32 (a copy when it is not fp32 already), the reciprocal RMS
+    per row and the normalised fp32 rows."""
     if g.widths.get(x.meta.get(K.DTYPE), 4) < 4:
         g.new(node, "upcast", x.meta[K.SHAPE], 4)
     else:
         g.norm_input(x, node)
-    g.new(node, "stats", (rows,), 4)
+    g.new(node, "stats", (_numel(x.meta[K.SHAPE][:-1]),), 4)
     g.new(node, "normed", x.meta[K.SHAPE], 4)
+
+
+def _rmsnorm_saved(g, node, args):
+    x = args[0]
+    if g.device == "cuda":  # fused: its input and the reciprocal RMS per row
+        g.norm_input(x, node)
+        g.new(node, "stats", (_numel(x.meta[K.SHAPE][:-1]),), 4)
+    else:  # composite: the upcast input, the reciprocal RMS and x·rstd
+        _rms_composite(g, node, x)
+
+
+def _zero_centered_saved(g, node, args):
+    """runtime.layers.ZeroCenteredRMSNorm on every device: rms_norm without a weight over its fp32 input (the
+    upcast input and the reciprocal RMS, fused or not), then the product's operands: the normalised fp32 rows and
+    (1 + weight)."""
+    x = args[0]
+    _rms_composite(g, node, x)
     g.new(node, "one_plus_weight", x.meta[K.SHAPE][-1:], 4)
 
 
