@@ -21,26 +21,23 @@ import textwrap
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Diagnostic, ScaleError, Span
+from compiler.importer_gemma import GEMMA_TYPES, GemmaLayout
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-                 "Qwen3MoeForCausalLM": "qwen3_moe"}
+                 "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
+                 "Gemma3ForCausalLM": "gemma3_text"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
 # from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
 NOT_YET = {
-    "GemmaForCausalLM": ("gemma", "Gemma's (1 + weight) RMSNorm, its embeddings scaled by √hidden_size, a GeGLU MLP "
-                         "(gelu_pytorch_tanh) and a head_dim of its own (256 is not hidden_size / heads)"),
-    "Gemma2ForCausalLM": ("gemma2", "Gemma's (1 + weight) RMSNorm and scaled embeddings, norms after attention and "
-                          "after the MLP as well as before, soft-capped attention and final logits "
-                          "(attn_logit_softcapping, final_logit_softcapping), layers alternating sliding-window and "
-                          "global attention, a head_dim of its own and query_pre_attn_scalar"),
-    "Gemma3ForCausalLM": ("gemma3_text", "q/k RMSNorm, Gemma's (1 + weight) norms and scaled embeddings, norms "
-                          "after attention and the MLP, five sliding-window layers to each global one with a rope "
-                          "base of each kind, and a head_dim of its own"),
+    "GemmaForCausalLM": ("gemma", "the importer's map of the first Gemma's layout (its pieces are in the language: "
+                         "`rmsnorm(..., zero_centered = true)`, `embedding(..., scaled = true)`, `act = geglu`, "
+                         "`head_dim`; write the model section by hand, or import a Gemma 2 or Gemma 3 config)"),
     "Gemma3ForConditionalGeneration": ("gemma3", "a vision tower (SigLIP) and its projector beside the language "
-                                       "model; and, for the language model, everything Gemma3ForCausalLM needs"),
+                                       "model (its language model alone imports as Gemma3ForCausalLM: "
+                                       "text_config, model_type gemma3_text)"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "multi-head latent attention (low-rank q and kv projections, a "
                               "decoupled rotary part), shared experts, fine-grained experts and dense first layers"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "multi-head latent attention, shared experts, a sigmoid router with "
@@ -91,6 +88,19 @@ DEFAULTS = {
                       decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=768, num_experts=128,
                       num_experts_per_tok=8, norm_topk_prob=False, router_aux_loss_coef=0.001,
                       output_router_logits=False),
+    # Gemma 2 and Gemma 3 (text): compiler/importer_gemma.py; rope_theta: Gemma 3's full layers' base
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+                   max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
+                   rope_scaling=None, attention_bias=False, attention_dropout=0.0, query_pre_attn_scalar=256,
+                   sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072, rms_norm_eps=1e-6,
+                        tie_word_embeddings=True, rope_theta=1e6, rope_scaling=None, rope_local_base_freq=10000.0,
+                        attention_bias=False, attention_dropout=0.0, query_pre_attn_scalar=256, sliding_window=4096,
+                        final_logit_softcapping=None, attn_logit_softcapping=None,
+                        use_bidirectional_attention=False),
 }
 
 # Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
@@ -119,6 +129,15 @@ USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
                                      "num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
                                      "router_aux_loss_coef", "output_router_logits")}
 
+_GEMMA_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_activation", "hidden_act",
+               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling",
+               "rope_parameters", "attention_bias", "attention_dropout", "query_pre_attn_scalar", "sliding_window",
+               "layer_types", "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention")
+# transformers 5 writes Gemma 3's period as `_sliding_window_pattern` beside the layer_types it made from it
+USED.update(gemma2=_GEMMA_USED, gemma3_text=_GEMMA_USED + ("rope_local_base_freq", "sliding_window_pattern",
+                                                          "_sliding_window_pattern"))
+
 # Keys that do not change the architecture being trained, with the reason.
 IRRELEVANT = {
     "_name_or_path": "where transformers loaded the file from",
@@ -129,6 +148,8 @@ IRRELEVANT = {
     "eos_token_id": "a token id of the tokenizer, used when generating text",
     "pad_token_id": "a token id of the tokenizer, used when batching text for generation",
     "use_cache": "the key/value cache of generation (inference only)",
+    "cache_implementation": "how generation caches keys and values (Gemma's hybrid cache: the sliding layers' cut "
+                            "at the window); inference only",
     "initializer_range": "the standard deviation of transformers' random initialization; scalec initializes with "
                          "its own scheme (or loads the checkpoint's weights)",
     "pretraining_tp": "Llama's forward splits its matmuls in this many pieces to reproduce the pretraining's "
@@ -324,7 +345,11 @@ class _Importer:
 
     # -- the mapping ----------------------------------------------------------------------------------------------
 
-    def run(self) -> str | None:
+    fmt = staticmethod(_fmt)
+
+    def unknown_keys(self) -> None:
+        """E0953 at each key neither used for this architecture nor irrelevant to training it; E0102 at each key
+        written twice."""
         known = set(USED[self.type]) | set(IRRELEVANT)
         for key in self.cfg:
             if key not in known:
@@ -340,6 +365,19 @@ class _Importer:
             self.diags.append(Diagnostic("E0102", f"key `{path[-1]}` is written twice", Span(
                 self.doc.path, line, col, *self.doc._pos(ke)), label="written again here",
                 help="JSON readers keep the last one silently; keep one"))
+
+    def header(self) -> list[str]:
+        """The comment lines above the model section: where it came from, and the keys not mapped."""
+        return [f"# {self.arch} from {self.doc.path}, by `scalec import`: each line names the config.json keys it "
+                "came from;",
+                "# \"(absent: transformers' default)\" marks a key the file omits, read as transformers reads it.",
+                *textwrap.wrap("Irrelevant to training the architecture, so not mapped: " +
+                               (", ".join(k for k in self.cfg if k in IRRELEVANT) or "none") +
+                               " (compiler/importer.py says why).", 114, initial_indent="# ",
+                               subsequent_indent="#   ")]
+
+    def run(self) -> str | None:
+        self.unknown_keys()
         sizes = {k: self.pos_int(k) for k in ("vocab_size", "hidden_size", "intermediate_size",
                                               "num_hidden_layers", "num_attention_heads",
                                               "max_position_embeddings")}
@@ -722,13 +760,7 @@ class _Importer:
         rows += [("cross_entropy", "the causal LM's loss: next-token cross entropy")]
         width = max(len(c) for c, _ in rows) + 2
         body = [("  " + (c.ljust(width) + f"# {m}" if m else c)).rstrip() for c, m in rows]
-        head = [f"# {self.arch} from {self.doc.path}, by `scalec import`: each line names the config.json keys it "
-                "came from;",
-                "# \"(absent: transformers' default)\" marks a key the file omits, read as transformers reads it.",
-                *textwrap.wrap("Irrelevant to training the architecture, so not mapped: " +
-                               (", ".join(k for k in self.cfg if k in IRRELEVANT) or "none") +
-                               " (compiler/importer.py says why).", 114, initial_indent="# ",
-                               subsequent_indent="#   ")]
+        head = self.header()
         if qmoe:
             family = "Qwen2-MoE" if self.type == "qwen2_moe" else "Qwen3-MoE"
             head += textwrap.wrap(f"{self.src('intermediate_size')} is the width of {family}'s dense MLP layers, "
@@ -815,6 +847,10 @@ def _architecture(doc: _Json) -> tuple[str, str] | Diagnostic:
                            + ", ".join(ARCHITECTURES.values()) + ")")
 
 
+class _GemmaImporter(GemmaLayout, _Importer):
+    """Gemma 2 and Gemma 3 (text): their own model section (compiler/importer_gemma.py), this reading of keys."""
+
+
 def import_config(text: str, path: str) -> str:
     """The `.scale` model section equivalent to the config.json `text` (read from `path`, which diagnostics
     name); raises ScaleError with every problem found, each located at its JSON key."""
@@ -833,7 +869,7 @@ def import_config(text: str, path: str) -> str:
     found = _architecture(doc)
     if isinstance(found, Diagnostic):
         raise ScaleError([found], {path: text})
-    imp = _Importer(doc, *found)
+    imp = (_GemmaImporter if found[1] in GEMMA_TYPES else _Importer)(doc, *found)
     out = imp.run()
     if out is None:
         raise ScaleError(sorted(imp.diags, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),

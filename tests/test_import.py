@@ -59,6 +59,15 @@ CASES = {
     # without a sliding window; Phi3Config's pad_token_id (32000) is past this vocabulary, where nn.Embedding refuses it
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     "phi3_window": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, sliding_window=8)),
+    # Gemma 2: 3 layers of (sliding, full): a repeat of one pair, then one of the sliding layer left; scores over
+    # √16, not √24. Gemma 3: its layers' kinds listed, a linearly scaled base on the full layers, another on the
+    # sliding ones
+    "gemma2_window": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=24, sliding_window=8,
+                                                                query_pre_attn_scalar=16)),
+    "gemma3_window": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=24, sliding_window=8, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 
 
@@ -104,6 +113,15 @@ def test_tiny_config_imports_with_transformers_parameter_count(tmp_path, case):
         assert f"experts  = {extra['num_experts']} " in out and "qkv_bias" not in out
     if case == "qwen3_moe_biases":
         assert "bias = true," in out and "head_dim = head_dim" not in out
+    if case.startswith("gemma"):
+        assert "embedding(vocab, hidden, scaled = true)" in out and "act = geglu" in out
+        assert out.count("zero_centered = true") == 4 * 3 + 1 and "head_dim = head_dim," in out
+    if case == "gemma2_window":
+        assert "repeat 1 {" in out and out.count("softcap = 50.0") == 3 and "softcap = 30.0)" in out
+        assert "query_scale = 16," in out and out.count("window = window,") == 2
+    if case == "gemma3_window":
+        assert "rope_scaling = linear(factor = 4.0))" in out and "rope_theta = 10000.0)" in out
+        assert "qk_norm = zero_centered_rmsnorm" in out and "softcap =" not in out
     if case.startswith("phi3"):
         assert "model phi3 {" in out and "bias = false," in out and "act = swiglu, bias = false" in out
         assert "qkv_proj: q rows, then k, then v" in out and "gate_up_proj: gate rows, then up rows" in out
@@ -114,11 +132,15 @@ def test_defaults_are_transformers_defaults():
     own defaults."""
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
-               "qwen3_moe": "Qwen3MoeConfig"}
+               "qwen3_moe": "Qwen3MoeConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
         for key, ours in DEFAULTS[model_type].items():
-            if key in ("rope_theta", "rope_scaling"):
+            if model_type == "gemma3_text" and key in ("rope_theta", "rope_scaling", "rope_local_base_freq"):
+                rope = hf.rope_parameters["sliding_attention" if key == "rope_local_base_freq" else "full_attention"]
+                got = rope["rope_theta"] if key != "rope_scaling" else (
+                    None if rope.get("rope_type", "default") == "default" else rope)
+            elif key in ("rope_theta", "rope_scaling"):
                 rope = hf.rope_parameters
                 got = rope["rope_theta"] if key == "rope_theta" else (
                     None if rope.get("rope_type", "default") == "default" else rope)
@@ -140,7 +162,8 @@ def test_defaults_are_transformers_defaults():
 def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
                             ("Qwen3Config", "qwen3"), ("Phi3Config", "phi3"), ("MixtralConfig", "mixtral"),
-                            ("Qwen2MoeConfig", "qwen2_moe"), ("Qwen3MoeConfig", "qwen3_moe")):
+                            ("Qwen2MoeConfig", "qwen2_moe"), ("Qwen3MoeConfig", "qwen3_moe"),
+                            ("Gemma2Config", "gemma2"), ("Gemma3TextConfig", "gemma3_text")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -586,7 +609,7 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("arch,model_type,lacks", [
-    ("Gemma2ForCausalLM", "gemma2", "soft-capped attention and final logits"),
+    ("GemmaForCausalLM", "gemma", "the first Gemma's layout"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
     ("DeepseekV2ForCausalLM", "deepseek_v2", "multi-head latent attention"),
     ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
