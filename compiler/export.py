@@ -31,6 +31,7 @@ import shutil
 import tempfile
 
 from compiler import spec as S
+from compiler.hf_header import stack as hf_stack
 
 SHARD_BYTES = 5 * 10**9  # what transformers' save_pretrained writes per file by default
 
@@ -47,7 +48,8 @@ COMPANIONS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json
 # The family of each architecture (importer's model_type) and its class.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM",
-                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 def source_config(spec: S.Spec, explicit: str | None = None) -> tuple[str | None, dict | None]:
@@ -100,6 +102,21 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
     another family (a Qwen 2 config of a model that lost its q, k, v biases) are dropped. `torch_dtype` is set by
     `export` from the tensors written."""
     from compiler.importer import IRRELEVANT, USED
+    from compiler.export_gemma import GemmaExportError, gemma_config, is_gemma
+    if is_gemma(spec):  # zero-centred norms: Gemma 2's or Gemma 3's layout, or refused
+        try:
+            config = gemma_config(spec)
+        except GemmaExportError as err:
+            raise ExportError(str(err)) from None
+        if original is not None and original.get("model_type") == config["model_type"] and \
+                _gemma_reads_back(spec, original):
+            return dict(original)  # the model is the file's: every key as the file writes it
+        kept = {k: x for k, x in (original or {}).items() if k in IRRELEVANT}
+        config = {**kept, **config}
+        if not _gemma_reads_back(spec, config):
+            raise ExportError("the config.json written imports back to another model; a bug in scalec export, "
+                              "please report it")
+        return config
     shape, config = _model_config(spec)
     window = config.pop("sliding_window") if shape == "llama" else None
     family = _family(shape, original, window)
@@ -135,6 +152,24 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
         kind = "sliding_attention" if config.get("use_sliding_window") else "full_attention"
         merged["layer_types"] = [kind] * config["num_hidden_layers"]
     return _reads_back(spec, merged)
+
+
+def _gemma_reads_back(spec: S.Spec, config: dict) -> bool:
+    """Whether `config` imports to `spec`'s model: the same tensors under Hugging Face's names, of the same shapes
+    (whatever the repeats' layout), and the same figures layer by layer (compiler/hf_header._figures)."""
+    from compiler import hf_header as H
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    from compiler.importer import complete, import_config
+    try:
+        again = check_text(complete(import_config(json.dumps(config), "config.json")), "exported.scale")
+    except ScaleError:
+        return False
+
+    def shapes(model, number):
+        return {k: tuple(int(number(d)) for d in shape) for k, (shape, _) in H.expected(model, number)[0].items()}
+    return (H._figures(again.model, again.value) == H._figures(spec.model, spec.value)
+            and shapes(again.model, again.value) == shapes(spec.model, spec.value))
 
 
 def _reads_back(spec: S.Spec, config: dict) -> dict:
@@ -333,10 +368,11 @@ def read_checkpoint(path: str) -> dict:
     return {k.removeprefix("model."): t for k, t in state.items() if k.startswith("model.")}
 
 
-def hf_tensors(tensors: dict, layout: str = "mixtral") -> dict:
+def hf_tensors(tensors: dict, layout: str = "mixtral", stack=()) -> dict:
     """Our tensors under Hugging Face's names (experts split and transposed back), a `moe`'s in `layout`
     (runtime/hf_names.py: MIXTRAL or QWEN_MOE), or in PHI3's with q, k, v and gate, up concatenated in their fused
-    tensors' row order (the rows runtime/hf.py reads each back from)."""
+    tensors' row order (the rows runtime/hf.py reads each back from); the layers as `stack` lays them out in the
+    repeats (compiler/hf_header.stack; () for one layer a block)."""
     import torch
 
     from runtime import hf
@@ -345,13 +381,13 @@ def hf_tensors(tensors: dict, layout: str = "mixtral") -> dict:
     for name, t in tensors.items():
         if ".moe_experts." in name:
             for e in range(t.shape[0]):
-                out[hf.hf_name(name, e, layout)] = t[e].t().contiguous()
+                out[hf.hf_name(name, e, layout, stack)] = t[e].t().contiguous()
             continue
         members = fused(name, layout)
         if members is None:
-            out[hf.hf_name(name, layout=layout)] = t.contiguous()
+            out[hf.hf_name(name, layout=layout, stack=stack)] = t.contiguous()
         elif name == members[0]:
-            out[hf.hf_name(name, layout=layout)] = torch.cat([tensors[m] for m in members])
+            out[hf.hf_name(name, layout=layout, stack=stack)] = torch.cat([tensors[m] for m in members])
     return out
 
 
@@ -370,7 +406,7 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     checkpoint, skipped = checkpoint_path(checkpoint)  # after the model and config: what cannot be written is
     if chosen is not None:                               # refused before any weight is looked for
         chosen(checkpoint, skipped)
-    tensors = hf_tensors(read_checkpoint(checkpoint), layout)
+    tensors = hf_tensors(read_checkpoint(checkpoint), layout, hf_stack(spec.model, spec.value))
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)
     for key in ("torch_dtype", "dtype"):

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 import sympy
 
 from compiler import spec as S
-from runtime.hf_names import MIXTRAL, fused, hf_name, layout as layout_of
+from runtime.hf_names import MIXTRAL, ONE_LAYER_PER_BLOCK, fused, hf_name, layout as layout_of
 
 HEADER_LIMIT = 100 << 20  # the safetensors library refuses a larger header too
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+            "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
+            "Gemma3ForCausalLM")
+GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")  # layers of two kinds: held to the imported model layer by layer
 SHOWN = 3  # names shown of a list
 
 
@@ -192,10 +194,10 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
                                  ("_v", x.kv_heads * hd, qkv)):
             out += [(f"{leaf}.weight", (rows, x.hidden))] + ([(f"{leaf}.bias", (rows,))] if bias else [])
         out += [("_o.weight", (x.hidden, x.heads * hd))] + ([("_o.bias", (x.hidden,))] if x.bias else [])
-        return out + ([(f"_{w}_norm.weight", (hd,)) for w in ("q", "k")] if x.qk_norm == "rmsnorm" else [])
+        return out + ([(f"_{w}_norm.weight", (hd,)) for w in ("q", "k")] if x.qk_norm != "none" else [])
     if isinstance(x, S.MLP):
         out = [("_up.weight", (x.ffn, x.hidden))] + ([("_up.bias", (x.ffn,))] if x.bias else [])
-        if x.act == "swiglu":
+        if x.act in ("swiglu", "geglu"):
             out += [("_gate.weight", (x.ffn, x.hidden))] + ([("_gate.bias", (x.ffn,))] if x.bias else [])
         return out + [("_down.weight", (x.hidden, x.ffn))] + ([("_down.bias", (x.hidden,))] if x.bias else [])
     if isinstance(x, S.MoE):
@@ -213,22 +215,40 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
     return []
 
 
+def stack(model: S.Model, number) -> tuple:
+    """How Hugging Face's decoder layers lie in the model's repeats (runtime/hf_names.py): one (repeat, its first
+    layer, layers per block, norms per layer) per repeat, a block holding as many layers as attentions and each layer
+    its share of the block's norms; () where that is ONE_LAYER_PER_BLOCK (one repeat of one layer with two norms:
+    every family before Gemma), so that their programs and checks are unchanged."""
+    out, first = [], 0
+    for k, rep in enumerate(model.blocks):
+        flat = list(S.walk(rep.body))
+        per_block = max(1, sum(isinstance(x, S.Attention) for x in flat))
+        norms = sum(isinstance(x, S.Norm) for x in flat)
+        out.append(("blocks" if k == 0 else f"blocks_{k + 1}", first, per_block,
+                    norms // per_block if norms % per_block == 0 else norms))
+        first += int(number(rep.count)) * per_block
+    return () if tuple(out) in ((), ONE_LAYER_PER_BLOCK) else tuple(out)
+
+
 def expected(model: S.Model, number, layout: str = MIXTRAL) -> tuple[dict[str, tuple[tuple, object]],
                                                                      list[tuple[str, object]]]:
     """Hugging Face name -> (shape expressions, layer) of every tensor the program reads, and the parameters
     (ours, with their layer) that have no Hugging Face name. A stacked expert weight is one tensor per expert,
     transposed (runtime/hf.py); a `moe`'s names are those of `layout` (runtime/hf_names.py), and in Phi-3's a fused
-    tensor (qkv_proj, gate_up_proj) is its parts' rows stacked: the sum of their dim 0, their other dims."""
+    tensor (qkv_proj, gate_up_proj) is its parts' rows stacked: the sum of their dim 0, their other dims; the
+    layers lie in the repeats as `stack` says."""
     out: dict[str, tuple[tuple, object]] = {}
     orphans = []
     params = parameters(model, number)
+    layers = stack(model, number)
     for name, (shape, layer) in params.items():
         try:
             if ".moe_experts." in name:
                 for e in range(int(number(shape[0]))):
-                    out[hf_name(name, e, layout)] = ((shape[2], shape[1]), layer)
+                    out[hf_name(name, e, layout, layers)] = ((shape[2], shape[1]), layer)
                 continue
-            hf = hf_name(name, layout=layout)
+            hf = hf_name(name, layout=layout, stack=layers)
         except KeyError:
             orphans.append((name, layer))
             continue
@@ -252,7 +272,8 @@ class Problem:
     help: str
 
 
-def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], config: dict | None) -> list[Problem]:
+def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], config: dict | None,
+            imported=None) -> list[Problem]:
     """What keeps the checkpoint from being this model's: the model's parameters with no Hugging Face name (E0810),
     tensors missing or left over (E0807), shapes (E0808), then, when the tensors fit, config.json's figures that
     shapes cannot show (E0809)."""
@@ -315,17 +336,21 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
                         + more, _implied(shape, ours, found, number),
                         f"the checkpoint is of another size{said}: make the model's sizes the checkpoint's "
                         "(`scalec import` writes the model section from its config.json)")]
-    return _config_problems(model, number, shown, config) if config else []
+    return _config_problems(model, number, shown, config, imported) if config else []
 
 
-def _config_problems(model: S.Model, number, shown: str, config: dict) -> list[Problem]:
-    """config.json's figures against the model's, where the tensors' shapes agree (heads, rotary base, ...)."""
+def _config_problems(model: S.Model, number, shown: str, config: dict, imported=None) -> list[Problem]:
+    """config.json's figures against the model's, where the tensors' shapes agree (heads, rotary base, ...);
+    `imported(config)` gives a Gemma config's own model and its sizes' `number` (what `scalec import` writes, by
+    compiler/check.py, which holds the checker)."""
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and not set(archs) & set(FAMILIES):
         return [Problem("E0809", f"config.json of checkpoint {shown} names {', '.join(map(str, archs))}, not a "
                         "family `init = from(...)` reads", "another architecture",
                         f"these are {', '.join(FAMILIES)}")]
-    differ = _config_differences(model, number, config)
+    gemma = isinstance(archs, list) and bool(set(archs) & set(GEMMA))
+    differ = (_gemma_differences(model, number, config, imported) if gemma and imported is not None
+              else _config_differences(model, number, config))
     if not differ:
         return []
     return [Problem("E0809", f"config.json of checkpoint {shown} disagrees with the model: {'; '.join(differ)}",
@@ -377,6 +402,60 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
             out.append(f"sliding_window {'null' if theirs is None else theirs} there, window "
                        f"{'none' if ours is None else ours} here")
     return out
+
+
+def _figures(model: S.Model, number) -> list[tuple[str, str]]:
+    """(where, what) of every figure of the model that tensor shapes cannot show, layer by layer with the repeats
+    unrolled: norms' kind and eps, each attention's window, soft cap, score scale, rotary base and scaling and q/k
+    norm, each MLP's activation, the embedding's scale and the logits' cap."""
+    def attention(x: S.Attention) -> str:
+        scale = None if x.query_scale is None else number(x.query_scale)
+        return (f"window {'none' if x.window is None else number(x.window)}, softcap {x.softcap}, scores over "
+                f"√{number(x.head_width) if scale is None else scale}, rope_theta {_value(x.rope_theta)}"
+                + (f" scaled {x.rope_scaling}" if x.rope_scaling else "")
+                + (f", {x.qk_norm} q/k norm (eps {x.qk_norm_eps:g})" if x.qk_norm != "none" else ""))
+
+    def leaf(x) -> str | None:
+        if isinstance(x, S.Norm):
+            return f"{'zero-centred ' if x.zero_centered else ''}{x.kind} (eps {x.eps:g})"
+        if isinstance(x, S.Attention):
+            return attention(x)
+        if isinstance(x, S.MLP):
+            return f"{x.act} MLP"
+        return None
+
+    out = [("the embedding", "scaled by √hidden" if model.embedding.scaled else "unscaled")]
+    first = 0
+    for rep in model.blocks:
+        body = [x for x in S.walk(rep.body) if leaf(x) is not None]
+        per_block = max(1, sum(isinstance(x, S.Attention) for x in body))
+        norms = [x for x in body if isinstance(x, S.Norm)]
+        per_layer = max(1, len(norms) // per_block)
+        for i in range(int(number(rep.count))):
+            seen = {S.Norm: 0, S.Attention: 0, S.MLP: 0}
+            for x in body:
+                k = seen[type(x)]
+                seen[type(x)] += 1
+                j = k // per_layer if isinstance(x, S.Norm) else k
+                out.append((f"layer {first + i * per_block + j}'s {type(x).__name__.lower()}", leaf(x)))
+        first += int(number(rep.count)) * per_block
+    final = [x for x in model.body if isinstance(x, S.Norm)]
+    out += [("the final norm", leaf(final[-1]) if final else "none"), ("the logits", f"softcap {model.head.softcap}")]
+    return out
+
+
+def _gemma_differences(model: S.Model, number, config: dict, imported) -> list[str]:
+    """A Gemma config's model (`imported(config)`: what `scalec import` writes from it, and its sizes' `number`)
+    against this one, figure by figure where the shapes agree: the first few that differ, `layer 3's attention:
+    window 8 there, window none here`."""
+    found = imported(config)
+    if isinstance(found, str):
+        return [f"its config.json does not import ({found})"]
+    theirs = _figures(*found)
+    ours = _figures(model, number)
+    if len(theirs) != len(ours):
+        return [f"{len(theirs)} figures there, {len(ours)} here: another layout"]
+    return [f"{w}: {t} there, {o} here" for (w, t), (_, o) in zip(theirs, ours) if t != o][:SHOWN]
 
 
 def _config_window(config: dict):

@@ -182,6 +182,9 @@ class Init:
     """Linears writing into the residual stream; their initialisation is scaled by 1/sqrt(2·layers)."""
     layers: int = 1
     """Number of blocks (for that scaling)."""
+    stack: tuple = ()
+    """How the checkpoint's decoder layers lie in the repeats (runtime/hf_names.py): (repeat, first layer, layers per
+    block, norms per layer) each; empty: one layer of two norms a block of `blocks` (every family before Gemma)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,11 +122,12 @@ def _local_range(p, shard, axis_rank) -> tuple[int, int]:
     return r * n, (r + 1) * n
 
 
-def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> Loaded:
+def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None, stack=()) -> Loaded:
     """Copy every parameter of `module` from the checkpoint at `path`, this rank's part only (module docstring);
     returns what it loaded (`Loaded`: the names, the tensors and bytes this rank read). `shard_of(name)` gives
     (dim, full size, axis) of a parameter sharded over tp or ep (runtime.tensor_parallel.Shards.of), `axis_rank(axis)`
-    this rank's index on it."""
+    this rank's index on it; `stack` how the checkpoint's layers lie in the repeats (runtime/hf_names.py; empty: one
+    layer a block)."""
     files = Files(path)
     layout = layout_of(files.where)  # Phi-3's fused tensors, Mixtral's or Qwen-MoE's experts (runtime/hf_names.py)
     axis_rank = axis_rank or (lambda axis: 0)
@@ -152,7 +153,7 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
                 _, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
                 offset = global_offset[0]
             part = fused_rows(name, rows, layout)
-            value = _read_param(files, name, p, local, shard, axis_rank, offset, layout, part)
+            value = _read_param(files, name, p, local, shard, axis_rank, offset, layout, part, stack)
             local.copy_(value.to(local.dtype))
             loaded.append(name)
     return Loaded(path=path, names=tuple(loaded), tensors_read=len(files.tensors_read), tensors=len(files.where),
@@ -160,15 +161,15 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None) -> L
 
 
 def _read_param(files: Files, name: str, p, local, shard, axis_rank, offset: int, layout: str,
-                part: tuple[int, int, int] | None = None) -> torch.Tensor:
+                part: tuple[int, int, int] | None = None, stack=()) -> torch.Tensor:
     """This rank's part of our parameter `name`: its tp/ep slice, its FSDP rows (from `offset`) inside that, within
     rows [lo, hi) of a fused tensor where `part` is (lo, hi, total) (runtime/hf_names.py fused_rows)."""
     rows = local.shape[0]
     if ".moe_experts." in name:  # stacked experts: this rank's experts (ep), each transposed
         lo = axis_rank(shard[2]) * p.shape[0] if shard is not None else 0
         experts = range(lo + offset, lo + offset + rows)
-        return torch.stack([files.read(hf_name(name, e, layout)).t() for e in experts])
-    hf = hf_name(name, layout=layout)
+        return torch.stack([files.read(hf_name(name, e, layout, stack)).t() for e in experts])
+    hf = hf_name(name, layout=layout, stack=stack)
     full = files.shape(hf)
     start, end = 0, full[0]  # the rows of dim 0 that are `name`'s: all, or its part of a fused tensor
     if part is not None:

@@ -21,16 +21,32 @@ part (a tp shard of q is a row range inside q's), `check` holds the fused tensor
 parts, export concatenates them back (`fused`). A checkpoint says it is fused by its names (`layout`: PHI3 where
 any layer has a qkv_proj or gate_up_proj); an export by the architecture it writes. Nothing else of Phi-3's layout
 differs from Llama's.
+
+Where a block holds several of Hugging Face's layers (Gemma 2's pairs of a windowed and a full layer, Gemma 3's five
+to one), or a model has several repeats (Gemma-3-1B's 26 layers: four blocks of six, then two of one), a `stack`
+says how the layers lie in our repeats: one (repeat, its first layer, layers per block, norms per layer) per repeat.
+The j-th layer of block i of a repeat starting at layer f, L layers a block, is Hugging Face's layer f + i·L + j - 1,
+its leaves numbered `attn_j_*`, `mlp_j_*` and its norms `norm_{(j - 1)·N + 1..j·N}` (N norms per layer: Llama's two,
+input_layernorm and post_attention_layernorm; Gemma 2/3's four, pre- and post-attention, pre- and post-feedforward).
+Without one, every block of `blocks` is one layer of two norms: every family before Gemma.
 """
 from __future__ import annotations
 
+import re
+
 _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
         "lm_head.weight": "lm_head.weight"}
-_LEAF = {"norm_1": "input_layernorm", "norm_2": "post_attention_layernorm",
-         "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+_LEAF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_o": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
          "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
          "mlp_down": "mlp.down_proj"}
+
+# a layer's norms by their number within it, for N norms per layer
+_NORMS = {2: ("input_layernorm", "post_attention_layernorm"),
+          4: ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+              "post_feedforward_layernorm")}
+ONE_LAYER_PER_BLOCK = (("blocks", 0, 1, 2),)
+"""The stack of every family before Gemma: one repeat, `blocks`, each block one layer of two norms."""
 
 MIXTRAL, QWEN_MOE, PHI3 = "mixtral", "qwen_moe", "phi3"
 # per layout: the moe's leaves, and where its experts are with the name of each of our stacked weights
@@ -63,17 +79,40 @@ def moe_layout(names) -> str:
     return QWEN_MOE if any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in names) else MIXTRAL
 
 
-def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL) -> str:
+def _place(repeat: str, block: int, leaf: str, stack) -> tuple[int, str]:
+    """(Hugging Face's layer, the leaf's name within one layer) of leaf `leaf` of block `block` of `repeat`, as
+    `stack` lays the layers out (module docstring): `attn_2_q` of a two-layer block is the second layer's `attn_q`,
+    `norm_5` of four norms a layer its `norm_1`. KeyError for a repeat the stack has not, or a leaf past its layers."""
+    entry = next((e for e in stack if e[0] == repeat), None)
+    if entry is None:
+        raise KeyError(f"{repeat} is not among the repeats holding Hugging Face's layers")
+    _, first, per_block, norms = entry
+    j = 0
+    numbered = re.fullmatch(r"(attn|mlp|moe)_(\d+)_(.+)", leaf)
+    norm = re.fullmatch(r"norm_(\d+)", leaf)
+    if numbered:
+        j, leaf = int(numbered[2]) - 1, f"{numbered[1]}_{numbered[3]}"
+    elif norm:
+        k = int(norm[1]) - 1
+        j, leaf = k // norms, f"norm_{k % norms + 1}"
+    if j >= per_block:
+        raise KeyError(f"{repeat}.{block}.{leaf}: past the {per_block} layer(s) of a block")
+    return first + block * per_block + j, leaf
+
+
+def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL, stack=None) -> str:
     """Hugging Face's name of the tensor holding our parameter `name` (of expert `expert` for a weight stacked over
     experts, which needs one and only such a weight takes), in `layout` (MIXTRAL or QWEN_MOE: a `moe`'s names; PHI3:
-    q, k, v in `qkv_proj` and gate, up in `gate_up_proj`, of which `fused_rows` gives the part); KeyError for a
-    parameter these families do not have."""
+    q, k, v in `qkv_proj` and gate, up in `gate_up_proj`, of which `fused_rows` gives the part), its layers laid out
+    in our repeats as `stack` says (None: ONE_LAYER_PER_BLOCK); KeyError for a parameter these families do not have."""
     if name in _TOP:
         return _TOP[name]
     parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blocks":
+    if len(parts) != 4 or not re.fullmatch(r"blocks(_\d+)?", parts[0]) or not parts[1].isdigit():
         raise KeyError(name)
-    _, i, leaf, what = parts
+    repeat, block, leaf, what = parts
+    i, leaf = _place(repeat, int(block), leaf, stack or ONE_LAYER_PER_BLOCK)
+    norms = next(e[3] for e in (stack or ONE_LAYER_PER_BLOCK) if e[0] == repeat)
     if (leaf == "moe_experts") != (expert is not None):
         raise KeyError(f"{name} is stacked over experts: name one" if expert is None else
                        f"{name} is not an expert's weight")
@@ -82,6 +121,10 @@ def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL) -> str:
         return f"model.layers.{i}.{where}.{expert}.{names[what]}.weight"
     if layout == PHI3 and leaf in _FUSED:
         return f"model.layers.{i}.{_FUSED[leaf][0]}.{what}"
+    if leaf.startswith("norm_"):
+        if norms not in _NORMS:
+            raise KeyError(f"{name}: {norms} norms a layer is no family's layout (two or four)")
+        return f"model.layers.{i}.{_NORMS[norms][int(leaf[5:]) - 1]}.{what}"
     moe = _MOE_LEAF[layout if layout in _MOE_LEAF else MIXTRAL]  # Phi-3 has no moe: a model with one reads Mixtral's
     return f"model.layers.{i}.{_LEAF[leaf] if leaf in _LEAF else moe[leaf]}.{what}"
 

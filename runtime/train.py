@@ -503,7 +503,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         if cfg.init.path:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
-            loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank))
+            loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank,
+                                  stack=cfg.init.stack))
         else:  # by name, as the single-device model would be, so every layout starts from the same weights
             init_parameters(module, seed=cfg.seed, std=cfg.init.std, residual_out=cfg.init.residual_out,
                             layers=cfg.init.layers, shard_of=shards.of, local_slice=tp.local_slice)

@@ -108,6 +108,13 @@ FAMILIES = {
     # original_max_position_embeddings (4096, the longrope base, not the model's 128 positions) come back as they were
     "phi3": ("Phi3Config", dict()),
     "phi3_window": ("Phi3Config", dict(sliding_window=32)),
+    # Gemma 2 (its three layers: a repeat of a (sliding, full) pair, then one of the sliding layer) and Gemma 3 (its
+    # layer kinds listed, two rotary bases, the full layer's linearly scaled), in transformers 5's nested form
+    "gemma2": ("Gemma2Config", dict(head_dim=24, sliding_window=32, query_pre_attn_scalar=16)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=24, sliding_window=32, layer_types=[
+        "sliding_attention", "full_attention", "sliding_attention"], rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 
 
@@ -293,3 +300,80 @@ def test_a_phi3_export_fuses_q_k_v_and_gate_up(tmp_path):
         assert torch.equal(p.detach(), saved[name]), name
     bare = X.hf_config(spec)
     assert bare["model_type"] == "mistral" and bare["sliding_window"] == 32
+
+
+@pytest.mark.parametrize("case", ["gemma2", "gemma3"])
+def test_a_gemma_model_is_written_as_its_family_without_the_source(case):
+    """Without the source config (a model written by hand), a Gemma model's config.json says what the model is:
+    its layer kinds one per layer, its window, caps and rotary bases; what is written imports back to the same model
+    (the same tensors and figures, compiler/export._gemma_reads_back), and a change of the model (a wider window)
+    is the config's."""
+    original, scale = _imported(case)
+    spec = check_text(scale, "imported.scale")
+    got = X.hf_config(spec)
+    assert got["model_type"] == original["model_type"] and got["layer_types"] == original["layer_types"]
+    assert got["sliding_window"] == 32 and got["num_hidden_layers"] == 3 and got["head_dim"] == 24
+    if case == "gemma2":
+        assert got["attn_logit_softcapping"] == 50.0 and got["final_logit_softcapping"] == 30.0
+        assert got["query_pre_attn_scalar"] == 16 and got["rope_theta"] == 10000.0
+    else:
+        assert got["rope_scaling"] == {"rope_type": "linear", "factor": 4.0} and got["rope_local_base_freq"] == 1e4
+    wider = check_text(scale.replace("window   = 32", "window   = 48"), "wider.scale")
+    assert X.hf_config(wider, original)["sliding_window"] == 48
+
+
+def test_a_zero_centred_model_outside_gemma_is_refused():
+    """Zero-centred norms make a model Gemma's; one Gemma cannot be (a window per layer of its own) is refused
+    with what does not fit, never written as something else."""
+    _, scale = _imported("gemma2")
+    spec = check_text(scale.replace("window = window,", "window = 16,", 1), "two_windows.scale")
+    with pytest.raises(X.ExportError, match="share one window"):
+        X.hf_config(spec)
+
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_gemma_export_round_trips_bit_exactly(tmp_path, kind):
+    """A tiny Gemma 2 (pairs of layers a block) and Gemma 3 (a block of three layers, then a repeat of one) from
+    transformers, imported, trained one step `from(...)` it, exported: transformers loads the export with no missing
+    or unexpected key, every tensor the checkpoint's (moved by the step), the config the source's; the runtime reads
+    the export back to the same tensors."""
+    from safetensors.torch import load_file
+
+    from compiler.importer import import_config
+    from runtime import hf
+    from tests.test_hf_weights import gemma_model
+    gemma_model(kind, tmp_path / "hf")
+    section = import_config((tmp_path / "hf" / "config.json").read_text(), "config.json")
+    text = section + ("mesh { axis dp = 1  devices_per_node = 1 }\n"
+                      "train { global_batch = 4  seq_len = seq  steps = 1  optimizer = adamw(lr = 1e-3)\n"
+                      f"        init = from(\"{tmp_path / 'hf'}\")  checkpoint_dir = \"{tmp_path / 'ckpt'}\" }}\n")
+    launch(text, "one_step", tmp_path, steps=1, timeout=240, nproc=1, dump_grads=False, count_bytes=False)
+    (step,) = sorted((tmp_path / "ckpt").glob("step_*"))
+    (tmp_path / "m.scale").write_text(text)
+    out = subprocess.run([sys.executable, "-m", "compiler.cli", "export", str(tmp_path / "m.scale"), str(step), "-o",
+                          str(tmp_path / "exported")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    own = ("dtype", "torch_dtype")
+    assert {k: v for k, v in config.items() if k not in own} == {k: v for k, v in source.items() if k not in own}
+    saved = X.read_checkpoint(str(step))
+    spec = check_text(text, "m.scale")
+    from compiler.hf_header import stack
+    layers = stack(spec.model, spec.value)
+    ours = X.hf_tensors(saved, "mixtral", layers)
+    written = load_file(tmp_path / "exported" / "model.safetensors")
+    assert written.keys() == ours.keys()
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    started = dict(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
+    for name, p in back.named_parameters():
+        assert torch.equal(p.detach(), ours[name]), f"transformers read {name} otherwise"
+        assert not torch.equal(p, started[name]), f"{name} is the starting weight: the step did not move it"
+    model = __import__("tests.test_memory", fromlist=["_program"])._program(tmp_path / "again", text)[1].Model()
+    model.to_empty(device="cpu")
+    hf.load(model, str(tmp_path / "exported"), stack=layers)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), saved[name]), name

@@ -283,3 +283,30 @@ def test_a_phi3_checkpoints_fused_tensors_are_held_against_their_parts(tmp_path)
     d = _error("phi3", tmp_path / "hf", ("kv_heads = 2", "kv_heads = 4"))
     assert d.code == "E0808" and d.message == (f"`model.layers.0.self_attn.qkv_proj.weight` is 128 × 64 in checkpoint "
                                                f"{tmp_path / 'hf'}, 192 × 64 in the model (3 more tensors differ)")
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_a_gemma_checkpoint_is_held_to_the_model_layer_by_layer(kind, tmp_path):
+    """A Gemma checkpoint's layers lie several to a block (the stack, runtime/hf_names.py): the model `scalec
+    import` writes fits with no warning; what shapes cannot show (each layer's window, soft cap, score scale, rotary
+    base, the embedding's scale) is read from config.json through the importer and held layer by layer; a layer
+    moved to the other kind, or a missing post-norm, is refused before launch."""
+    from compiler.importer import import_config
+    from tests.test_hf_weights import gemma_model
+    gemma_model(kind, tmp_path / "hf")
+    config = tmp_path / "hf" / "config.json"
+    text = import_config(config.read_text(), str(config)) + (
+        "mesh { axis dp = 1  devices_per_node = 1 }\n"
+        "train { global_batch = 8  seq_len = seq  steps = 3  optimizer = adamw(lr = 1e-3)\n"
+        f"        init = from(\"{tmp_path / 'hf'}\") }}\n")
+    assert check_text(text, str(tmp_path / "t.scale")).warnings == ()
+    cases = [(("window = window,", "", 1), "E0809", "layer 0's attention: window 8"),
+             (("embedding(vocab, hidden, scaled = true)", "embedding(vocab, hidden)", 1), "E0809",
+              "the embedding: scaled by √hidden there, unscaled here")]
+    if kind == "gemma2":
+        cases.append((("softcap = 50.0,", "softcap = 40.0,", 1), "E0809", "softcap 50.0"))
+    for (old, new, n), code, says in cases:
+        with pytest.raises(ScaleError) as info:
+            check_text(text.replace(old, new, n), str(tmp_path / "t.scale"))
+        (d,) = info.value.diagnostics
+        assert d.code == code and says in d.message, d.message

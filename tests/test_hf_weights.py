@@ -246,3 +246,66 @@ def test_a_tp_rank_reads_its_rows_of_phi3s_fused_tensors(tmp_path, rank):
     assert torch.equal(b.attn_v.weight, qkv[96 + 16 * r:96 + 16 * r + 16])
     assert torch.equal(b.mlp_gate.weight, gate_up[128 * r:128 * r + 128])
     assert torch.equal(b.mlp_up.weight, gate_up[256 + 128 * r:256 + 128 * r + 128])
+
+
+def gemma_model(kind: str, path):
+    """A tiny random Gemma 2 (4 layers: sliding, full, ...; soft caps; scores over √16 where heads are 24 wide) or
+    Gemma 3 (5 layers, sliding, sliding, full, sliding, sliding: a repeat of the three, then one of a sliding layer
+    twice; q/k norms; a linearly scaled base on the full layer; `gemma3_whole`: 6 layers, two blocks of three, one
+    repeat, which a pipeline can cut), saved to `path`; its norms away from zero."""
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=24, max_position_embeddings=32, sliding_window=8, rms_norm_eps=1e-6, pad_token_id=None,
+              attn_implementation="eager")
+    if kind == "gemma2":
+        config = transformers.Gemma2Config(**kw, num_hidden_layers=4, query_pre_attn_scalar=16,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    else:
+        kinds = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+        kinds = kinds if kind == "gemma3_whole" else kinds[:5]
+        config = transformers.Gemma3TextConfig(
+            **kw, num_hidden_layers=len(kinds), layer_types=kinds,
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # (1 + weight): zero is a scale of one
+                p.normal_(0, 0.1)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
+def test_imported_gemma_loads_and_computes_what_transformers_computes(tmp_path, kind):
+    """`scalec import` of the checkpoint's config.json, started `from(...)` it: its layers lie several to a block
+    (Gemma 2's pairs; Gemma 3's three, then one) and in two repeats, which the program reads by the stack it
+    carries (runtime/hf_names.py); loss and gradients are transformers' (fp32, 1e-5)."""
+    from compiler.importer import import_config
+    from runtime import hf
+    ref = gemma_model(kind, tmp_path / "hf")
+    section = import_config((tmp_path / "hf" / "config.json").read_text(), str(tmp_path / "hf" / "config.json"))
+    text = section + ("mesh { axis dp = 1  devices_per_node = 1 }\n"
+                      "train { global_batch = 8  seq_len = seq  steps = 3  optimizer = adamw(lr = 1e-3)\n"
+                      f"        init = from(\"{tmp_path / 'hf'}\") }}\n")
+    compiled, prog = _program(tmp_path, text)
+    sys.modules[prog.__name__] = prog
+    stack = prog.CONFIG.init.stack
+    assert stack == ((("blocks", 0, 2, 4),) if kind == "gemma2" else (("blocks", 0, 3, 4), ("blocks_2", 3, 1, 4)))
+    model = prog.Model()
+    model.to_empty(device="cpu")
+    loaded = hf.load(model, str(tmp_path / "hf"), stack=stack)
+    assert sorted(loaded.names) == sorted(n for n, _ in model.named_parameters())
+    assert loaded.tensors_read == loaded.tensors  # every tensor of the checkpoint, none left over
+    g = torch.Generator().manual_seed(3)
+    tokens, targets = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
+    loss = model(tokens, targets)
+    want = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    loss.backward()
+    want.backward()
+    params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        want_g = params[hf.hf_name(name, stack=stack)].grad
+        err = (p.grad - want_g).norm() / want_g.norm()
+        assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"

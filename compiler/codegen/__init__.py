@@ -20,6 +20,7 @@ from torch import fx, nn
 from compiler import __version__
 from compiler import cost as C
 from compiler.cost.memory import predicted_peak_bytes
+from compiler.hf_header import stack as hf_stack
 from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
@@ -205,6 +206,8 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
+                 # how the checkpoint's layers lie in the repeats, where a block holds several (Gemma)
+                 **({"stack": layers} if t.init_from and (layers := hf_stack(spec.model, v)) else {}),
                  "std": INIT_STD, "residual_out": residual_out(traced.model),
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
