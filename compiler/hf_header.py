@@ -282,11 +282,12 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
         kinds = " and ".join(sorted({_kind(layer) for _, layer in orphans}))
         return [Problem("E0810", f"the model's {_few([n for n, _ in orphans])} ({kinds}) "
                         f"ha{'s' if len(orphans) == 1 else 've'} no counterpart in a Hugging Face checkpoint of "
-                        "Llama, Mistral, Qwen 2, Qwen 3, Phi-3 or Mixtral",
+                        "Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma 2, Gemma 3, Mixtral or Qwen-MoE",
                         "reads these families' layout",
-                        "`init = from(...)` needs the model in their layout: one `repeat` of `residual { rmsnorm  "
-                        "attention }  residual { rmsnorm  mlp | moe }`, rotary positions, then `rmsnorm` and "
-                        "`lm_head`; `scalec import CONFIG.json` writes it from the checkpoint's config.json")]
+                        "`init = from(...)` needs the model in their layout: `repeat`s of `residual { rmsnorm  "
+                        "attention }  residual { rmsnorm  mlp | moe }` (Gemma's with a norm after each too), rotary "
+                        "positions, then `rmsnorm` and `lm_head`; `scalec import CONFIG.json` writes it from the "
+                        "checkpoint's config.json")]
     archs = config.get("architectures") if config else None
     said = f" (its config.json says {', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
     missing = [n for n in want if n not in tensors]
@@ -294,8 +295,8 @@ def compare(model: S.Model, number, shown: str, tensors: dict[str, Tensor], conf
     if missing:
         if len(missing) == len(want):
             why = (f"none of the model's tensors is there; it holds {_few(extra)}: it looks like another "
-                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2, Qwen 3, Phi-3 and Mixtral "
-                   "checkpoints")
+                   f"architecture{said}. `init = from(...)` reads Llama, Mistral, Qwen 2, Qwen 3, Phi-3, Gemma 2, "
+                   "Gemma 3, Mixtral and Qwen-MoE checkpoints")
         elif missing == ["lm_head.weight"]:
             why = ("the checkpoint ties its head to the embedding (no `lm_head.weight`): write "
                    "`lm_head(vocab, hidden, tied = true)`")
