@@ -260,6 +260,16 @@ CODES: dict[str, Code] = {
                   "the token's top_k gates; with top_k = 1 every gate becomes 1, so the router's probabilities no "
                   "longer scale the expert's output and the router learns from the load-balancing loss alone. "
                   "Remove the setting (top-1 gates are the probability, as in Switch) or route to more experts."),
+    "E0713": Code("expert groups that do not divide the experts", "Group-limited routing (`groups = G`, DeepSeek-V3's "
+                  "n_group) cuts a `moe`'s experts into G groups of equal size and lets each token choose only "
+                  "among the experts of its `topk_groups` best groups; G must divide the experts, and each group "
+                  "hold at least two (a group's score is the sum of its two best experts' scores)."),
+    "E0714": Code("too few experts in the groups a token may choose from", "Each token chooses its top_k experts "
+                  "among the experts of its `topk_groups` best groups (topk_groups · experts / groups of them), and "
+                  "`topk_groups` is at most `groups`: raise topk_groups, or lower top_k."),
+    "W0715": Code("group-limited routing that limits nothing", "A warning: `topk_groups` says how many of the "
+                  "`groups` expert groups a token may choose from; without groups (groups = 1), or with topk_groups "
+                  "equal to groups, every expert may be chosen and the setting changes nothing."),
     "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
                   "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
                   "shared expert a width with `shared_ffn`, or remove `shared_gate`."),

@@ -187,6 +187,10 @@ class Segment(nn.Module):
         shared = self._shared_expert(m, p) if m.shared_ffn is not None else None
         # written into the call only where it differs from route's default (renormalised when top_k > 1)
         renorm = {} if m.renormalize is None or m.renormalize == (top_k > 1) else {"renormalize": m.renormalize}
+        # DeepSeek-V3's router, likewise written only where it is not Mixtral's
+        renorm.update({k: v for k, v, default in (("scoring", m.scoring, "softmax"), ("groups", m.groups, 1),
+                                                  ("topk_groups", m.topk_groups, 1),
+                                                  ("scale", m.routed_scale, 1.0)) if v != default})
 
         def run(seg, x_BSH):
             slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **renorm)

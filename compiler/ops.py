@@ -551,8 +551,10 @@ def _route_saved(g, node, args):
     logits = args[0]
     b, s, e = logits.meta[K.SHAPE]
     k = args[1]
-    g.new(node, "probs", (b, s, e), 4)             # softmax's output (fp32)
-    g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's indices
+    g.new(node, "probs", (b, s, e), 4)             # softmax's (or sigmoid's) output (fp32)
+    g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's (or gather's) indices
+    if node.kwargs.get("scoring", "softmax") == "sigmoid":  # the scores normalised for the aux loss: their sum
+        g.new(node, "score_sum", (b, s, 1), 4)
     if node.kwargs.get("renormalize", k > 1):     # runtime.moe.route's default: renormalised when top_k > 1
         g.new(node, "norm", (b, s, k), 4)          # the division's operands: gates and their sum
         g.new(node, "sum", (b, s, 1), 4)

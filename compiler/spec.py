@@ -130,6 +130,14 @@ class MoE:
     shared_gate: str = "none"
     """`none`: the shared expert's output is added as is; `sigmoid`: scaled per token by sigmoid(x · w), w a
     hidden-wide vector (Qwen2-MoE's shared_expert_gate)."""
+    scoring: str = "softmax"
+    """An expert's score: `softmax` over the experts, or `sigmoid` of its own logit (DeepSeek-V3)."""
+    groups: int = 1
+    """Group-limited routing (DeepSeek-V3's n_group): the experts cut into this many groups..."""
+    topk_groups: int = 1
+    """...of which a token chooses its experts within the best this many (a group's score: its two best experts')."""
+    routed_scale: float = 1.0
+    """The routed gates multiplied by it (DeepSeek-V3's routed_scaling_factor)."""
 
 
 @dataclass(frozen=True, kw_only=True)

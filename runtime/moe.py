@@ -125,19 +125,47 @@ def capacity(seq: int, experts: int, top_k: int, factor) -> int:
     return max(1, min(seq, math.ceil(factor * top_k * seq / experts - 1e-9)))
 
 
-def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None):
+def _choose(scores_BSE: torch.Tensor, top_k: int, groups: int, topk_groups: int) -> torch.Tensor:
+    """The top_k experts of each token by `scores_BSE`, within its `topk_groups` best groups of experts when the
+    experts are cut into `groups` (DeepSeek-V3's group-limited routing: a group's score is the sum of its two best
+    experts' scores; the experts of the other groups cannot be chosen). (B, S, K) expert indices."""
+    if groups > 1:
+        b, s, e = scores_BSE.shape
+        by_group_BSGX = scores_BSE.unflatten(-1, (groups, e // groups))
+        group_BSG = by_group_BSGX.topk(min(2, e // groups), dim=-1)[0].sum(-1)
+        best_BST = group_BSG.topk(topk_groups, dim=-1)[1]
+        allowed_BSG = torch.zeros_like(group_BSG, dtype=torch.bool).scatter(-1, best_BST, True)
+        scores_BSE = by_group_BSGX.masked_fill(~allowed_BSG.unsqueeze(-1), float("-inf")).flatten(-2)
+    return torch.topk(scores_BSE, top_k, dim=-1)[1]
+
+
+def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None,
+          scoring: str = "softmax", groups: int = 1, topk_groups: int = 1, scale: float = 1.0):
     """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
-    expert·C + position (E·C for a dropped choice), and the gate weight: the softmax probability over all the
-    experts, divided by the sum of the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's
-    norm_topk_prob) or as it is when not (Switch, Qwen2-MoE); None: renormalised when K > 1. The auxiliary
-    load-balancing loss
-    E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean probability of e; 1 when
-    balanced), averaged over the sequences, trains the router with weight `aux_weight`."""
+    expert·C + position (E·C for a dropped choice), and the gate weight: the expert's score, divided by the sum of
+    the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's norm_topk_prob, DeepSeek-V3) or as it is
+    when not (Switch, Qwen2-MoE); None: renormalised when K > 1; then times `scale` (DeepSeek-V3's
+    routed_scaling_factor). A score is the softmax probability over all the experts, or with `scoring = "sigmoid"`
+    each expert's own sigmoid (DeepSeek-V3). With `groups` > 1 a token chooses only among the experts of its
+    `topk_groups` best groups (`_choose`). The auxiliary load-balancing loss
+    E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean score of e, sigmoid scores
+    normalised to sum to 1 per token as DeepSeek-V3's sequence-wise loss; 1 when balanced), averaged over the
+    sequences, trains the router with weight `aux_weight`."""
     b, s, e = logits_BSE.shape
-    probs_BSE = torch.softmax(logits_BSE.float(), dim=-1)
-    gate_BSK, expert_BSK = torch.topk(probs_BSE, top_k, dim=-1)
+    if scoring == "sigmoid":
+        scores_BSE = torch.sigmoid(logits_BSE.float())
+        probs_BSE = scores_BSE / scores_BSE.sum(-1, keepdim=True)
+    else:
+        scores_BSE = probs_BSE = torch.softmax(logits_BSE.float(), dim=-1)
+    if scoring == "softmax" and groups == 1:
+        gate_BSK, expert_BSK = torch.topk(scores_BSE, top_k, dim=-1)
+    else:
+        expert_BSK = _choose(scores_BSE.detach(), top_k, groups, topk_groups)
+        gate_BSK = scores_BSE.gather(-1, expert_BSK)
     if top_k > 1 if renormalize is None else renormalize:
-        gate_BSK = gate_BSK / gate_BSK.sum(-1, keepdim=True)
+        gate_BSK = gate_BSK / (gate_BSK.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
+    if scale != 1.0:
+        gate_BSK = gate_BSK * scale
     choice_BSKE = F.one_hot(expert_BSK, e)
     # Position of each choice in its expert's queue: all first choices (in token order) before second choices.
     queue_BQE = choice_BSKE.transpose(1, 2).reshape(b, top_k * s, e)

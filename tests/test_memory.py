@@ -81,6 +81,11 @@ WHOLE = {
         ("axis ep = 2", "axis ep = 1"), ("devices_per_node = 2", "devices_per_node = 1"),
         ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
                                 "shared_gate = sigmoid)"))),
+    # DeepSeek-V3's router: sigmoid scores, group-limited choice (8 experts in 4 groups, the best 2), gates scaled
+    "moe_sigmoid_grouped_scaled": ("moe_gpt.scale", (
+        ("axis ep = 2", "axis ep = 1"), ("devices_per_node = 2", "devices_per_node = 1"),
+        ("dropped = residual)", "dropped = residual, scoring = sigmoid, groups = 4,\n"
+                                "topk_groups = 2, routed_scale = 2.5)"))),
     # Gemma 2/3's pieces: scaled embeddings, zero-centred norms before and after each sub-layer (composite: fp32
     # copies), soft-capped scores written out on CPU (GQA's repeated keys and values, the capped scores, the fp32
     # probabilities), a window, q/k norms, GeGLU and capped logits

@@ -780,3 +780,33 @@ def test_plan_names_the_shared_expert_and_unrenormalised_gates_only_when_there()
     assert "gates: each the chosen experts' softmax probability, not renormalised" in out
     plain = plan_text(compile_spec(check_text(MOE_TEXT.format(ep=2, second=DENSE), "plain.scale")))
     assert "shared expert" not in plain and "gates:" not in plain
+
+
+@pytest.mark.parametrize("groups,topk_groups,top_k,renormalize", [(1, 1, 2, True), (4, 2, 3, True),
+                                                                  (8, 3, 4, False), (2, 1, 2, True)])
+def test_sigmoid_group_limited_routing_is_deepseek_v3s(groups, topk_groups, top_k, renormalize):
+    """`moe(..., scoring = sigmoid, groups, topk_groups, routed_scale)` chooses the experts transformers'
+    DeepseekV3TopkRouter chooses (sigmoid scores; each group scored by its two best experts; the top_k within the
+    topk_groups best groups) with its gates (the chosen sigmoids, renormalised or not, times routed_scaling_factor),
+    to 1e-6, and its gradient reaches the router through the gates."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+    e, h, b, s = 16, 32, 3, 20
+    config = transformers.DeepseekV3Config(hidden_size=h, n_routed_experts=e, num_experts_per_tok=top_k,
+                                           n_group=groups, topk_group=topk_groups, norm_topk_prob=renormalize,
+                                           routed_scaling_factor=2.5)
+    hf = DeepseekV3TopkRouter(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        hf.weight.normal_(0, 0.5)
+    x = torch.randn(b, s, h)
+    _, want_gate, want_expert = hf(x)
+    logits = (x @ hf.weight.detach().t()).requires_grad_()
+    slot, gate = moe.route(logits, top_k, s, 0.0, renormalize=renormalize, scoring="sigmoid", groups=groups,
+                           topk_groups=topk_groups, scale=2.5)
+    expert = (slot // s).reshape(b * s, top_k)  # dropless (capacity = seq): slot = expert · seq + position
+    def choices(experts, gates):
+        return {(t, int(i), round(float(g), 6)) for t in range(b * s) for i, g in zip(experts[t], gates[t])}
+    assert choices(expert, gate.detach().reshape(-1, top_k)) == choices(want_expert, want_gate.detach())
+    gate.sum().backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0

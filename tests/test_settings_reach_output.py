@@ -352,6 +352,13 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.renormalize": (Probe(({"renormalize": "false"},), shapes=("ep",)),
                               Probe(({"top_k": "1", "renormalize": "true"},), base={"top_k": "1"}, shapes=("ep",))),
     "layer.moe.shared_ffn": (Probe(({"shared_ffn": "ffn"},), shapes=("ep",)),),
+    "layer.moe.scoring": (Probe(({"scoring": "sigmoid"},), shapes=("ep",)),),
+    # the sample's 8 experts: 4 groups of 2, a token choosing in its best 2 (or W0715 where it limits nothing)
+    "layer.moe.groups": (Probe(({"groups": "4"},), base={"groups": "2"}, shapes=("ep",)),
+                         Probe(({"groups": "2"},), shapes=("ep",))),
+    "layer.moe.topk_groups": (Probe(({"groups": "4", "topk_groups": "2"},), base={"groups": "4"}, shapes=("ep",)),
+                              Probe(({"topk_groups": "1"},), shapes=("ep",))),
+    "layer.moe.routed_scale": (Probe(({"routed_scale": "2.5"},), shapes=("ep",)),),
     "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
                               Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
                                     shapes=("ep",))),
@@ -535,6 +542,7 @@ NO_EFFECT = (
     ("W0207", "one device", (), "layer.attention.window", {"window": "4096"}),
     ("W0208", "one device", (), "layer.attention.query_scale", {"query_scale": "16"}),
     ("W0711", "ep", (), "layer.moe.shared_gate", {"shared_gate": "sigmoid"}),
+    ("W0715", "ep", (), "layer.moe.topk_groups", {"topk_groups": "1"}),
 )
 
 

@@ -31,7 +31,15 @@ SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size,
                                       "experts (none: no shared expert)"),
                   "shared_gate": Param(_choice("none", "sigmoid"), "none",
                                        "the shared expert's output added as is (none), or scaled per token by "
-                                       "sigmoid(x · w) (Qwen2-MoE)")}}
+                                       "sigmoid(x · w) (Qwen2-MoE)"),
+                  "scoring": Param(_choice("softmax", "sigmoid"), "softmax",
+                                   "an expert's score: its softmax probability over all the experts, or its own "
+                                   "sigmoid (DeepSeek-V3)"),
+                  "groups": Param(_pos_int, 1, "expert groups for group-limited routing (DeepSeek-V3's n_group)"),
+                  "topk_groups": Param(_pos_int, 1, "the best groups a token may choose its experts from "
+                                                    "(DeepSeek-V3's topk_group)"),
+                  "routed_scale": Param(_float, 1.0, "the routed experts' gates multiplied by it "
+                                                     "(DeepSeek-V3's routed_scaling_factor)")}}
 # The routed experts and the router are replicated over tp (the experts shard over ep). A shared expert is an MLP:
 # column-parallel up and gate, row-parallel down, as `mlp` shards (`moe_shared_up`, `moe_shared_gate`,
 # `moe_shared_down`); its sigmoid gate (`moe_shared_sigmoid`) is replicated.
@@ -59,10 +67,33 @@ def resolve(c, st, a: dict, kind: str):
                 _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
                 help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
         ok = False
+    groups, chosen = a["groups"], a["topk_groups"]
+    if experts % groups or experts // groups < 2 <= groups:
+        c.error("E0713", f"{groups} expert groups do not split the {experts} experts into groups of two or more",
+                _arg_span(st, 12, "groups"), label=f"{experts} experts / {groups} groups",
+                help="groups must divide the experts, each group holding at least two (DeepSeek-V3: 256 experts "
+                     "in 8 groups)")
+        ok = False
+    elif chosen > groups or (groups > 1 and chosen * (experts // groups) < a["top_k"]):
+        c.error("E0714", f"a token chooses {a['top_k']} experts among the {chosen * (experts // groups)} of its "
+                f"{chosen} best groups" if chosen <= groups else f"topk_groups = {chosen} is more than the {groups} "
+                "groups", _arg_span(st, 13, "topk_groups"), label="too few experts to choose from",
+                help="topk_groups is at most groups, and topk_groups · experts / groups at least top_k "
+                     "(DeepSeek-V3: top 8 of the 128 experts in 4 of 8 groups)")
+        ok = False
+    if a["routed_scale"] is not None and a["routed_scale"] <= 0:
+        c.error("E0120", "routed_scale must be positive", _arg_span(st, 14, "routed_scale"),
+                label="multiplies every routed gate", help="DeepSeek-V3 scales its gates by 2.5; 1.0 leaves them")
+        ok = False
     if not ok:
         return None
     written = {arg.name.id for arg in st.args if arg.name is not None} | {k for k, arg in zip(SCHEMA[kind], st.args)
                                                                           if arg.name is None}
+    if "topk_groups" in written and (groups == 1 or chosen == groups):
+        c.warn("W0715", f"topk_groups = {chosen} with {groups} group{'s' if groups > 1 else ''}: every expert may be "
+               "chosen", _arg_span(st, 13, "topk_groups"), label="limits nothing",
+               help="cut the experts into groups (`groups = 8`) and let a token choose from fewer of them "
+                    "(`topk_groups = 4`), or remove `topk_groups`")
     if "dropped" in written and a["capacity_factor"] == DROPLESS:
         c.warn("W0709", "`dropped` says what a dropped choice contributes, and dropless routing drops none",
                _arg_span(st, 7, "dropped"), label="has no effect under `capacity_factor = none`",
@@ -85,4 +116,5 @@ def resolve(c, st, a: dict, kind: str):
     return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
                  capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
                  renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
-                 capacity=size_symbol(name), span=st.span)
+                 capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
+                 topk_groups=chosen, routed_scale=a["routed_scale"])

@@ -284,8 +284,13 @@ def _moe_text(compiled) -> list[str]:
                       + (", scaled by sigmoid(x · w)" if x.shared_gate == "sigmoid" else "")
                       + "; a dense part (replicated over ep" + (", an MLP's shards over tp" if tp > 1 else "") + ")"]
         if x.renormalize is not None and x.renormalize != (x.top_k > 1):
-            lines += ["            gates: " + ("each the chosen experts' softmax probability, not renormalised"
+            score = "sigmoid" if x.scoring == "sigmoid" else "softmax probability"
+            lines += ["            gates: " + (f"each the chosen experts' {score}, not renormalised"
                                                if not x.renormalize else "renormalised over the top-1 choice: all 1")]
+        if x.scoring != "softmax" or x.groups > 1 or x.routed_scale != 1.0:  # only DeepSeek-V3's router prints this
+            lines += ["            router: " + ("sigmoid scores" if x.scoring == "sigmoid" else "softmax scores")
+                      + (f", each token's top {x.top_k} within its best {x.topk_groups} of {x.groups} expert groups"
+                         if x.groups > 1 else "") + (f", gates × {x.routed_scale:g}" if x.routed_scale != 1.0 else "")]
     if ep > 1:
         lines += [f"            expert weights per rank {costs.expert_params_rank:,} of {costs.params_rank:,}"
                   + (f" ({_pp_rank0(mesh)})" if mesh.size("pp") > 1 else "")]

@@ -180,12 +180,15 @@ CASES = (
     Case(id="moe_ep2", sample=MOE, nproc=2, edits=CLIP,
          description="8 experts over ep = 2: top-2 routing, all-to-all dispatch and combine, choices over capacity "
                      "dropped, 2 accumulation micro-batches, the gradient norm clipped over dense and expert shards"),
-    Case(id="moe_ep2_shared", sample=MOE, nproc=2,
+    Case(id="moe_ep2_shared_grouped", sample=MOE, nproc=2,
          edits=(("aux_loss = 0.01, dropped = residual)", "aux_loss = 0.01, dropped = residual, renormalize = false,\n"
-                 "                                      shared_ffn = ffn / 2, shared_gate = sigmoid)"),),
-         description="Qwen2-MoE's layer over ep = 2: a sigmoid-gated shared expert beside the routed ones (a dense "
-                     "part, its gradients averaged over dp × ep with the other dense weights), top-2 gates not "
-                     "renormalised"),
+                 "                                      shared_ffn = ffn / 2, shared_gate = sigmoid,\n"
+                 "                                      scoring = sigmoid, groups = 4, topk_groups = 2,\n"
+                 "                                      routed_scale = 2.5)"),),
+         description="a shared expert beside the routed ones over ep = 2 (a dense part, its gradients averaged over "
+                     "dp × ep with the other dense weights), scaled per token by a sigmoid gate (Qwen2-MoE's), and "
+                     "DeepSeek-V3's router: sigmoid scores, each token's top-2 experts chosen within its 2 best of "
+                     "4 groups of 2, the gates not renormalised, × 2.5"),
     Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=CLIP,
          plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4),
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
