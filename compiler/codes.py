@@ -270,6 +270,10 @@ CODES: dict[str, Code] = {
     "W0715": Code("group-limited routing that limits nothing", "A warning: `topk_groups` says how many of the "
                   "`groups` expert groups a token may choose from; without groups (groups = 1), or with topk_groups "
                   "equal to groups, every expert may be chosen and the setting changes nothing."),
+    "W0716": Code("expert bias that changes no choice", "A warning: `bias_update` moves a per-expert bias that "
+                  "shifts which experts a token chooses (DeepSeek-V3's auxiliary-loss-free balancing); when every "
+                  "token goes to all the experts (top_k = experts) there is no choice to shift, and the bias does "
+                  "nothing."),
     "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
                   "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
                   "shared expert a width with `shared_ffn`, or remove `shared_gate`."),

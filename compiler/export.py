@@ -117,6 +117,12 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
             raise ExportError("the config.json written imports back to another model; a bug in scalec export, "
                               "please report it")
         return config
+    deepseek = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and (
+        x.scoring != "softmax" or x.groups > 1 or x.routed_scale != 1.0 or x.bias_update)]
+    if deepseek:  # Mixtral and Qwen-MoE route by a softmax: a config of theirs would route otherwise
+        raise ExportError("DeepSeek-V3's router (`scoring = sigmoid`, `groups`, `routed_scale`, `bias_update`) has "
+                          "no counterpart in Mixtral's or Qwen-MoE's config, and DeepSeek-V3's layout is not "
+                          "exported yet")
     shape, config = _model_config(spec)
     window = config.pop("sliding_window") if shape == "llama" else None
     family = _family(shape, original, window)

@@ -27,7 +27,7 @@ from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
 # flow, and the emitted program calls the same functions.
-from runtime.moe import Experts, combine, dispatch, route
+from runtime.moe import Experts, ExpertBias, combine, dispatch, route
 
 # The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
 CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
@@ -192,8 +192,12 @@ class Segment(nn.Module):
                                                   ("topk_groups", m.topk_groups, 1),
                                                   ("scale", m.routed_scale, 1.0)) if v != default})
 
+        # DeepSeek-V3's expert bias: a leaf holding it and the step's load, handed to the router by a call
+        bias = self._leaf(f"{p}_bias", ExpertBias(n_experts, m.bias_update), {}, m.span) if m.bias_update else None
+
         def run(seg, x_BSH):
-            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **renorm)
+            kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
+            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
             y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
             # dropped = identity: combine also passes a dropped choice's token itself on.
             y_BSH = combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))

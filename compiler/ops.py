@@ -278,6 +278,13 @@ def _experts_kept(node, gm, needed, act):
     return (e * n * f * (2 if mod.act == "swiglu" else 1) + (e * n * h if needed else 0)) * act
 
 
+def _expert_bias_shape(node, args, kwargs, gm):
+    e = gm.get_submodule(node.target).bias.shape[0]
+    layer = node.meta.get(K.LAYER)
+    e = layer.experts if layer is not None and hasattr(layer, "experts") else e
+    return ((e,), (e,)), ZERO
+
+
 def _render_experts(mod):
     e, h, f = mod.w_up.shape
     return f"moe.Experts({e}, {h}, {f}, act={mod.act!r})"
@@ -295,6 +302,10 @@ MODULES = {
     ZeroCenteredRMSNorm: Op("zero_centered_rmsnorm", dtype=_act, saved=_zero_centered_saved,
                             render=lambda m: f"ZeroCenteredRMSNorm({m.normalized_shape[0]}, eps={m.eps!r})"),
     Bias: Op("bias", dtype=_bias_dtype, passes_grad=True, render=lambda m: f"Bias({m.bias.shape[0]})"),
+    # DeepSeek-V3's expert bias: its buffers handed to the router (fp32 model state; nothing computed or saved)
+    moe.ExpertBias: Op("expert_bias", _expert_bias_shape, lambda node, gm, args: ("fp32", "fp32"), free=True,
+                       outputs=("bias", "load"),
+                       render=lambda m: f"moe.ExpertBias({m.bias.shape[0]}, rate={m.rate!r})"),
     moe.Experts: Op("experts", _experts_shape, _act, _experts_saved, _module_backward, selective=True,
                     dims=_experts_dims, wgrad=_experts_wgrad, render=_render_experts, padding=_experts_padding,
                     kept=_experts_kept),

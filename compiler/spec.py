@@ -138,6 +138,9 @@ class MoE:
     """...of which a token chooses its experts within the best this many (a group's score: its two best experts')."""
     routed_scale: float = 1.0
     """The routed gates multiplied by it (DeepSeek-V3's routed_scaling_factor)."""
+    bias_update: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores a token chooses by, moved by this
+    much after each step against the step's load (runtime.moe.ExpertBias); 0: none."""
 
 
 @dataclass(frozen=True, kw_only=True)

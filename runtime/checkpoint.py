@@ -154,6 +154,14 @@ class _Entries:
         for module in modules:
             for name, p in module.named_parameters():
                 self.params.setdefault(name.removeprefix("module."), []).append(p)
+        # Model state that is not a parameter: persistent buffers (DeepSeek-V3's expert biases, runtime.moe), whole
+        # and replicated, saved and restored in place with the parameters, never given to the optimizer
+        self.buffers: dict = {}
+        for module in modules:
+            for where, m in module.named_modules():
+                for bname, b in m.named_buffers(recurse=False):
+                    if bname not in m._non_persistent_buffers_set:
+                        self.buffers[f"{where}.{bname}".removeprefix("module.")] = b
         self.after_load: list = []
         self.gathered = 0  # device bytes full_tensor() allocated for this save (FSDP pieces gathered over dp under tp)
 
@@ -199,6 +207,7 @@ class _Entries:
             model_sd[name] = self.whole(name, (master if master is not None else p).detach())
             if st:  # under zero1, only the parameters of this rank's partition
                 optim_sd[name] = {k: self.whole(name, v) if k != "step" else v for k, v in st.items()}
+        model_sd.update(self.buffers)
         return model_sd, {"state": optim_sd}
 
 

@@ -139,8 +139,51 @@ def _choose(scores_BSE: torch.Tensor, top_k: int, groups: int, topk_groups: int)
     return torch.topk(scores_BSE, top_k, dim=-1)[1]
 
 
+class ExpertBias(nn.Module):
+    """DeepSeek-V3's auxiliary-loss-free balancing (`moe(..., bias_update = γ)`): a per-expert bias added to the
+    scores by which a token chooses its experts (never to its gates), and after each optimizer step raised by γ for
+    each expert that took fewer than the mean load of that step, lowered by γ for each that took more
+    (`update_expert_bias`). `bias` is model state, kept in checkpoints (Hugging Face's e_score_correction_bias);
+    `load` counts the choices of the step's micro-batches on this rank. Called with no input, it hands both to
+    `route` (a call the traced graph and the generated program show)."""
+
+    def __init__(self, experts: int, rate: float):
+        super().__init__()
+        self.rate = rate
+        self.register_buffer("bias", torch.zeros(experts, dtype=torch.float32))
+        self.register_buffer("load", torch.zeros(experts, dtype=torch.float32), persistent=False)
+
+    def forward(self):
+        return self.bias, self.load
+
+
+@torch.no_grad()
+def reset_expert_bias(module) -> None:
+    """Every ExpertBias of `module` at zero bias and load: how a run starts (a resumed run then loads its biases
+    from the checkpoint); a model materialised from the meta device holds garbage in its buffers until then."""
+    for m in module.modules():
+        if isinstance(m, ExpertBias):
+            m.bias.zero_()
+            m.load.zero_()
+
+
+@torch.no_grad()
+def update_expert_bias(modules, group=None) -> None:
+    """After the optimizer step: each ExpertBias's load summed over the ranks the batch is split over (`group`: dp
+    × ep; tp and pp ranks route other layers or the same tokens), then bias += rate · sign(mean load - load), and the
+    load reset. Every rank of the group computes the same update from the same sums."""
+    for module in modules:
+        for m in module.modules():
+            if not isinstance(m, ExpertBias):
+                continue
+            if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+                dist.all_reduce(m.load, group=group)
+            m.bias.add_(m.rate * torch.sign(m.load.mean() - m.load))
+            m.load.zero_()
+
+
 def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None,
-          scoring: str = "softmax", groups: int = 1, topk_groups: int = 1, scale: float = 1.0):
+          scoring: str = "softmax", groups: int = 1, topk_groups: int = 1, scale: float = 1.0, bias=None):
     """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
     expert·C + position (E·C for a dropped choice), and the gate weight: the expert's score, divided by the sum of
     the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's norm_topk_prob, DeepSeek-V3) or as it is
@@ -150,17 +193,20 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
     `topk_groups` best groups (`_choose`). The auxiliary load-balancing loss
     E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean score of e, sigmoid scores
     normalised to sum to 1 per token as DeepSeek-V3's sequence-wise loss; 1 when balanced), averaged over the
-    sequences, trains the router with weight `aux_weight`."""
+    sequences, trains the router with weight `aux_weight`. `bias`: an ExpertBias's (bias, load): the bias added to
+    the scores a token chooses by, and this forward's choices counted into the load (not while recomputing, nor in
+    a forward that does not train)."""
     b, s, e = logits_BSE.shape
     if scoring == "sigmoid":
         scores_BSE = torch.sigmoid(logits_BSE.float())
         probs_BSE = scores_BSE / scores_BSE.sum(-1, keepdim=True)
     else:
         scores_BSE = probs_BSE = torch.softmax(logits_BSE.float(), dim=-1)
-    if scoring == "softmax" and groups == 1:
+    if scoring == "softmax" and groups == 1 and bias is None:
         gate_BSK, expert_BSK = torch.topk(scores_BSE, top_k, dim=-1)
     else:
-        expert_BSK = _choose(scores_BSE.detach(), top_k, groups, topk_groups)
+        choice_BSE = scores_BSE.detach() if bias is None else scores_BSE.detach() + bias[0]
+        expert_BSK = _choose(choice_BSE, top_k, groups, topk_groups)
         gate_BSK = scores_BSE.gather(-1, expert_BSK)
     if top_k > 1 if renormalize is None else renormalize:
         gate_BSK = gate_BSK / (gate_BSK.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
@@ -174,6 +220,9 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
     keep_BSK = pos_BSK < capacity
     slot_BSK = torch.where(keep_BSK, expert_BSK * capacity + pos_BSK, torch.full_like(pos_BSK, e * capacity))
     counts_BE = choice_BSKE.sum((1, 2))
+    if bias is not None and _RECORDING and not recompute.recomputing() and torch.is_grad_enabled():
+        with torch.no_grad():
+            bias[1].add_(counts_BE.sum(0).to(bias[1].dtype))
     aux = e * ((counts_BE.float() / (top_k * s)) * probs_BSE.mean(1)).sum(-1).mean()
     if aux_weight > 0 and torch.is_grad_enabled():
         gate_BSK = _AddAuxLoss.apply(gate_BSK, aux, aux_weight)

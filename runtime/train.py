@@ -144,6 +144,10 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     # Dense weights: averaged over every batch shard (dp × ep). Experts sharded over ep are left to
     # moe.sync_expert_grads, over dp only.
     experts = [name for name, _ in model.named_parameters() if shards.expert(name)]
+    # DeepSeek-V3's expert biases and loads (moe.ExpertBias): each rank counts its own tokens' load, and the biases
+    # move alike on every rank (moe.update_expert_bias); DDP's broadcast of rank 0's buffers would overwrite both
+    experts += [f"{where}.{b}" for where, m in model.named_modules() if isinstance(m, moe.ExpertBias)
+                for b in ("bias", "load")]
     if experts:
         DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
     with faults.op("DDP's start-up (the parameters broadcast from rank 0 over the batch ranks)", _dp_site("ddp")):
@@ -502,6 +506,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         if fsdp:  # shard while still on meta: no rank ever holds more than its share of the weights
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
+        moe.reset_expert_bias(module)  # buffers come out of to_empty uninitialised: the expert biases start at 0
         if cfg.init.path:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
             loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank,
                                   stack=cfg.init.stack))
@@ -618,6 +623,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
             opt.step()  # zero1: each rank broadcasts the partition it updated
+        if cfg.moe:  # DeepSeek-V3's expert biases, moved against the step's load summed over the batch ranks
+            with faults.op("the expert-load all-reduce (auxiliary-loss-free balancing)", faults.scale("axis ep")):
+                moe.update_expert_bias(parts.modules, ctx.batch_group)
         sched.step()
         opt.zero_grad(set_to_none=True)
         finished = step + 1

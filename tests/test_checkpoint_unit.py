@@ -204,3 +204,23 @@ def test_the_staging_count_is_what_dcps_default_stager_copies(ctx, tmp_path, cap
     # three int64 progress scalars
     expected = 12 * n + 4 * len(list(model.parameters())) + 3 * 8
     assert f"scalec: checkpoint staging {expected} bytes per rank (largest, rank 0)\n" in capsys.readouterr().out
+
+
+def test_an_expert_bias_is_saved_and_resumed_its_load_is_not(ctx, tmp_path):
+    """DeepSeek-V3's expert bias (runtime.moe.ExpertBias) is model state that is no parameter: the checkpoint holds
+    it, whole, and a resumed run gets it back in place; the step's load (a non-persistent buffer) is not kept."""
+    from runtime import moe
+    model = Blocks(1)
+    model.moe_bias = moe.ExpertBias(4, rate=0.1)
+    model.moe_bias.bias.copy_(torch.tensor([0.3, -0.1, 0.0, 0.2]))
+    model.moe_bias.load.fill_(7.0)
+    _save(model, tmp_path / "ckpt", 1, ctx)
+    manifest = json.loads((tmp_path / "ckpt" / "step_00000001" / checkpoint.MANIFEST).read_text())
+    assert ["moe_bias.bias", [4]] in manifest["model"]["parameters"]
+    assert not any(name == "moe_bias.load" for name, _ in manifest["model"]["parameters"])
+    again = Blocks(1)
+    again.load_state_dict(model.state_dict(), strict=False)
+    again.moe_bias = moe.ExpertBias(4, rate=0.1)
+    assert _load(again, tmp_path / "ckpt", ctx) == 1
+    assert torch.equal(again.moe_bias.bias, torch.tensor([0.3, -0.1, 0.0, 0.2]))
+    assert not again.moe_bias.load.any()

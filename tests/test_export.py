@@ -377,3 +377,17 @@ def test_gemma_export_round_trips_bit_exactly(tmp_path, kind):
     hf.load(model, str(tmp_path / "exported"), stack=layers)
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), saved[name]), name
+
+
+def test_a_deepseek_router_is_not_exported_as_mixtral():
+    """A `moe` routed as DeepSeek-V3 routes (sigmoid scores, groups, a routed scale, an expert bias) written as
+    Mixtral's config would route otherwise in transformers: refused, naming it."""
+    from compiler.importer import complete, import_config
+    text = transformers.MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2).to_json_string()
+    scale = complete(import_config(text, "config.json"))
+    assert X.hf_config(check_text(scale, "mixtral.scale"))["model_type"] == "mixtral"
+    for extra in ("scoring = sigmoid", "routed_scale = 2.5", "bias_update = 0.001", "groups = 2"):
+        spec = check_text(scale.replace("aux_loss = ", f"{extra}, aux_loss = "), "deepseek.scale")
+        with pytest.raises(X.ExportError, match="DeepSeek-V3's router"):
+            X.hf_config(spec)
+

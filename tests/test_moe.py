@@ -810,3 +810,52 @@ def test_sigmoid_group_limited_routing_is_deepseek_v3s(groups, topk_groups, top_
     assert choices(expert, gate.detach().reshape(-1, top_k)) == choices(want_expert, want_gate.detach())
     gate.sum().backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
+
+
+def test_the_expert_bias_shifts_choices_not_gates_and_moves_against_the_load():
+    """DeepSeek-V3's auxiliary-loss-free balancing: the bias is added to the scores a token chooses by, never to
+    its gates; the forward counts each expert's choices into the load (not without grad, not while recording is
+    off); the update raises the bias of the experts under the mean load by the rate, lowers those over it, and
+    resets the load."""
+    torch.manual_seed(0)
+    b, s, e = 2, 6, 4
+    logits = torch.randn(b, s, e)
+    bias = moe.ExpertBias(e, rate=0.25)
+    bias.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))  # expert 3 is every token's choice
+    slot, gate = moe.route(logits, 2, s, 0.0, scoring="sigmoid", bias=bias())
+    expert = slot // s
+    assert (expert == 3).any(-1).all()
+    want = torch.sigmoid(logits).gather(-1, expert)
+    torch.testing.assert_close(gate, want / want.sum(-1, keepdim=True))  # the bias is not in the gates
+    load = torch.zeros(e).index_add_(0, expert.flatten(), torch.ones(b * s * 2))
+    assert torch.equal(bias.load, load) and bias.load[3] == b * s
+    with torch.no_grad():
+        moe.route(logits, 2, s, 0.0, scoring="sigmoid", bias=bias())  # evaluation: not counted
+    with moe.not_recording():
+        moe.route(logits, 2, s, 0.0, scoring="sigmoid", bias=bias())
+    assert torch.equal(bias.load, load)
+    before = bias.bias.clone()
+    moe.update_expert_bias([bias])
+    torch.testing.assert_close(bias.bias, before + 0.25 * torch.sign(load.mean() - load))
+    assert not bias.load.any()
+
+
+def _bias_body(rank: int, _) -> None:
+    """Each of two ranks routes its half of the batch; the update sums their loads: the biases equal one process's
+    routing the whole batch, step after step."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 6, 8)  # 3 steps of 4 sequences
+    ours, whole = moe.ExpertBias(8, rate=0.05), moe.ExpertBias(8, rate=0.05)
+    for step in range(3):
+        moe.route(logits[step, 2 * rank:2 * rank + 2], 2, 6, 0.0, scoring="sigmoid", groups=4, topk_groups=2,
+                  bias=ours())
+        moe.route(logits[step], 2, 6, 0.0, scoring="sigmoid", groups=4, topk_groups=2, bias=whole())
+        moe.update_expert_bias([ours], dist.group.WORLD)
+        moe.update_expert_bias([whole])
+        assert torch.equal(ours.bias, whole.bias), (step, ours.bias, whole.bias)
+    assert whole.bias.abs().sum() > 0
+
+
+@pytest.mark.e2e
+def test_the_expert_bias_over_batch_ranks_is_the_single_process_bias():
+    multirank.spawn(_bias_body, 2, axes=(), timeout=120)

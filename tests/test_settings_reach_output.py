@@ -359,6 +359,8 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.topk_groups": (Probe(({"groups": "4", "topk_groups": "2"},), base={"groups": "4"}, shapes=("ep",)),
                               Probe(({"topk_groups": "1"},), shapes=("ep",))),
     "layer.moe.routed_scale": (Probe(({"routed_scale": "2.5"},), shapes=("ep",)),),
+    "layer.moe.bias_update": (Probe(({"bias_update": "0.001"},), shapes=("ep",)),
+                              Probe(({"top_k": "8", "bias_update": "0.001"},), base={"top_k": "8"}, shapes=("ep",))),
     "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
                               Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
                                     shapes=("ep",))),

@@ -39,7 +39,10 @@ SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size,
                   "topk_groups": Param(_pos_int, 1, "the best groups a token may choose its experts from "
                                                     "(DeepSeek-V3's topk_group)"),
                   "routed_scale": Param(_float, 1.0, "the routed experts' gates multiplied by it "
-                                                     "(DeepSeek-V3's routed_scaling_factor)")}}
+                                                     "(DeepSeek-V3's routed_scaling_factor)"),
+                  "bias_update": Param(_float, 0.0, "auxiliary-loss-free balancing: a per-expert bias on the "
+                                                    "choice, moved this much after each step against the load "
+                                                    "(DeepSeek-V3's γ, 0.001); 0: none")}}
 # The routed experts and the router are replicated over tp (the experts shard over ep). A shared expert is an MLP:
 # column-parallel up and gate, row-parallel down, as `mlp` shards (`moe_shared_up`, `moe_shared_gate`,
 # `moe_shared_down`); its sigmoid gate (`moe_shared_sigmoid`) is replicated.
@@ -89,6 +92,11 @@ def resolve(c, st, a: dict, kind: str):
         return None
     written = {arg.name.id for arg in st.args if arg.name is not None} | {k for k, arg in zip(SCHEMA[kind], st.args)
                                                                           if arg.name is None}
+    if a["bias_update"] and a["top_k"] == experts:
+        c.warn("W0716", f"bias_update with every token going to all {experts} experts (top_k = {experts})",
+               _arg_span(st, 15, "bias_update"), label="the bias changes no choice",
+               help="with top_k = experts every expert takes every token; use a smaller top_k, or remove "
+                    "`bias_update`")
     if "topk_groups" in written and (groups == 1 or chosen == groups):
         c.warn("W0715", f"topk_groups = {chosen} with {groups} group{'s' if groups > 1 else ''}: every expert may be "
                "chosen", _arg_span(st, 13, "topk_groups"), label="limits nothing",
@@ -117,4 +125,4 @@ def resolve(c, st, a: dict, kind: str):
                  capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
                  renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
                  capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
-                 topk_groups=chosen, routed_scale=a["routed_scale"])
+                 topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0)

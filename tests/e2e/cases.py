@@ -184,11 +184,12 @@ CASES = (
          edits=(("aux_loss = 0.01, dropped = residual)", "aux_loss = 0.01, dropped = residual, renormalize = false,\n"
                  "                                      shared_ffn = ffn / 2, shared_gate = sigmoid,\n"
                  "                                      scoring = sigmoid, groups = 4, topk_groups = 2,\n"
-                 "                                      routed_scale = 2.5)"),),
+                 "                                      routed_scale = 2.5, bias_update = 0.05)"),),
          description="a shared expert beside the routed ones over ep = 2 (a dense part, its gradients averaged over "
                      "dp × ep with the other dense weights), scaled per token by a sigmoid gate (Qwen2-MoE's), and "
                      "DeepSeek-V3's router: sigmoid scores, each token's top-2 experts chosen within its 2 best of "
-                     "4 groups of 2, the gates not renormalised, × 2.5"),
+                     "4 groups of 2, the gates not renormalised, × 2.5, its auxiliary-loss-free expert bias moved "
+                     "after each step by the load summed over both ranks (steps 2 and 3 route by it)"),
     Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=CLIP,
          plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4),
          description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
