@@ -41,9 +41,10 @@ MESHES = {
                    (("micro_batches = 1", "micro_batches = 2"),)),
 }
 
-# Cases whose run writes a checkpoint (its last step) and exports it: an export under ep × pp keeps every expert of
-# every stage (Megatron-Bridge#1716 lost the expert shards of EP > 1; Megatron-LM#5844 dropped every expert weight)
-EXPORTED = {"ep2_pp2_qwen3_moe"}
+# Cases whose run writes a checkpoint (its last step) and exports it: an export under ep (× pp) keeps every expert of
+# every stage (Megatron-Bridge#1716 lost the expert shards of EP > 1; Megatron-LM#5844 dropped every expert weight),
+# in Mixtral's layout and in Qwen-MoE's
+EXPORTED = {"ep2_mixtral", "ep2_pp2_qwen3_moe"}
 
 
 @pytest.mark.parametrize("case", sorted(MESHES))
@@ -83,14 +84,19 @@ train {{
                                                  targets.flatten()).item()
     assert run.losses[0] == pytest.approx(want, rel=1e-5)
     if case in EXPORTED:
-        _export_round_trips(tmp_path, text)
+        _export_round_trips(tmp_path, text, kind)
 
 
-def _export_round_trips(tmp_path, text: str) -> None:
-    """`scalec export` of the run's checkpoint (Qwen-MoE's layout): the source checkpoint's tensor names exactly,
-    each the checkpoint's bit for bit and moved from the source's; transformers loads it with no missing or
-    unexpected key and holds those tensors (its experts fused in memory: gate_up_proj[e] is expert e's gate rows
-    then its up rows, down_proj[e] its down projection)."""
+# Where a layout's files hold expert e's gate, up and down projections and the router: {layer}.{where}.{e}.{leaf}
+EXPERT_FILES = {"mixtral": ("block_sparse_moe", "experts", ("w1", "w3", "w2")),
+                "qwen_moe": ("mlp", "experts", ("gate_proj", "up_proj", "down_proj"))}
+
+
+def _export_round_trips(tmp_path, text: str, kind: str) -> None:
+    """`scalec export` of the run's checkpoint: the source checkpoint's tensor names exactly, each the checkpoint's
+    bit for bit and moved from the source's; transformers loads it with no missing or unexpected key and holds those
+    tensors (transformers 5 fuses a layer's experts in memory, `mlp.experts.gate_up_proj[e]` expert e's gate rows
+    then its up rows, `mlp.experts.down_proj[e]` its down projection, and names Mixtral's router `mlp.gate`)."""
     from safetensors.torch import load_file
     transformers = pytest.importorskip("transformers")
     (step,) = sorted((tmp_path / "ckpt").glob("step_*"))
@@ -98,26 +104,34 @@ def _export_round_trips(tmp_path, text: str) -> None:
     out = subprocess.run([sys.executable, "-m", "compiler.cli", "export", str(tmp_path / "m.scale"), str(step), "-o",
                           str(tmp_path / "exported")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    ours = X.hf_tensors(X.read_checkpoint(str(step)), "qwen_moe")
+    layout = "mixtral" if kind == "mixtral" else "qwen_moe"
+    ours = X.hf_tensors(X.read_checkpoint(str(step)), layout)
     written = load_file(tmp_path / "exported" / "model.safetensors")
     started = load_file(tmp_path / "hf" / "model.safetensors")
     assert written.keys() == started.keys(), written.keys() ^ started.keys()  # no tensor lost, none added
     assert ours.keys() == written.keys(), ours.keys() ^ written.keys()
-    assert sum(".mlp.experts." in name for name in written) == 4 * 4 * 3  # 4 layers × 4 experts × gate, up, down
+    module, experts, (gate, up, down) = EXPERT_FILES[layout]
+    assert sum(f".{module}.{experts}." in name for name in written) == 4 * 4 * 3  # layers × experts × gate, up, down
     for name, t in ours.items():
         assert torch.equal(written[name], t), name
         assert not torch.equal(t, started[name]), f"{name} is the starting weight: the steps did not move it"
     back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     params = {name: p.detach() for name, p in back.named_parameters()}
+    fused = 0
     for name, p in params.items():
-        if name.endswith("mlp.experts.gate_up_proj"):
+        layer = name.partition(".mlp.")[0]
+        if name.endswith(".mlp.experts.gate_up_proj"):
             for e in range(p.shape[0]):
-                stem = f"{name.removesuffix('gate_up_proj')}{e}."
-                assert torch.equal(p[e], torch.cat([written[stem + "gate_proj.weight"],
-                                                    written[stem + "up_proj.weight"]])), (name, e)
-        elif name.endswith("mlp.experts.down_proj"):
+                stem = f"{layer}.{module}.{experts}.{e}."
+                assert torch.equal(p[e], torch.cat([written[f"{stem}{gate}.weight"],
+                                                    written[f"{stem}{up}.weight"]])), (name, e)
+            fused += p.shape[0]
+        elif name.endswith(".mlp.experts.down_proj"):
             for e in range(p.shape[0]):
-                assert torch.equal(p[e], written[f"{name.removesuffix('down_proj')}{e}.down_proj.weight"]), (name, e)
+                assert torch.equal(p[e], written[f"{layer}.{module}.{experts}.{e}.{down}.weight"]), (name, e)
+            fused += p.shape[0]
         else:
-            assert torch.equal(p, written[name]), f"transformers read {name} otherwise"
+            stored = f"{layer}.{module}.gate.weight" if name.endswith(".mlp.gate.weight") else name
+            assert torch.equal(p, written[stored]), f"transformers read {name} otherwise"
+    assert fused == 4 * 4 * 2  # every expert of every layer, in transformers' gate_up_proj and down_proj
