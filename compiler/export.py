@@ -11,7 +11,8 @@ its gate and up rows into `gate_up_proj`), Qwen2ForCausalLM (biases on q, k, v o
 `moe` with a sigmoid-gated shared expert in each block) or Qwen3MoeForCausalLM (q/k norms and a `moe` without a
 shared expert in each block: the Qwen-MoE expert layout); a head_dim other than hidden /
 heads is written as `head_dim` (Mistral-Nemo, Qwen 3). What `init = from(DIR)` then reads back is bit for bit
-the checkpoint's (tests/test_export.py), and transformers loads it (the same test).
+the checkpoint's (tests/test_export.py), and transformers loads it (the same test; a checkpoint written under ep 2
+and pp 2 × ep 2, every expert of every stage: tests/e2e/test_hf_init.py).
 
 The config round-trips `scalec import`: `max_position_embeddings` is the model's `seq` size (what the importer
 wrote from it), not the train section's seq_len. When the model came from a Hugging Face checkpoint (the train
