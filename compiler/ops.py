@@ -396,26 +396,6 @@ def _linear_fn_wgrad(node, gm, widths):
     return _numel(node.meta[K.SHAPE]) * widths.get(node.meta.get(K.DTYPE), 4)
 
 
-def _sdpa_shape(node, args, kwargs, gm):
-    q, k, v = args[:3]
-    # Q·Kᵀ and (softmax)·V, each 2·B·H·Sq·Sk·D; the causal mask is not discounted (Megatron's convention).
-    b, h, sq, d = q
-    sk, dv = k[2], v[3]
-    return (b, h, sq, dv), 2 * b * h * sq * sk * d + 2 * b * h * sq * sk * dv
-
-
-def _sdpa_backward(node, gm, needs, fwd):
-    # Two matmuls fused: S = Q·Kᵀ and O = P·V (P = softmax(S)). Backward: dV = Pᵀ·dO and dP = dO·Vᵀ (P needs its
-    # gradient when Q or K does), then dQ = dS·K and dK = dSᵀ·Q: one matmul of each forward matmul's size per
-    # operand that needs a gradient.
-    q, k, v = node.args[:3]
-    b, h, sq, d = q.meta[K.SHAPE]
-    sk, dv = k.meta[K.SHAPE][2], v.meta[K.SHAPE][3]
-    qk, pv = 2 * b * h * sq * sk * d, 2 * b * h * sq * sk * dv
-    p_needs = needs.get(q, False) or needs.get(k, False)
-    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
-
-
 def _sdpa_saved(g, node, args):
     # the flash kernels (CUDA and CPU) keep q, k, v, the output and a log-sum-exp per row and head (fp32), never
     # the s×s scores
@@ -426,11 +406,6 @@ def _sdpa_saved(g, node, args):
     g.new(node, "lse", (b, h, s), 4)
 
 
-def _sdpa_dims(node, gm):
-    b, h, sq, d = node.args[0].meta[K.SHAPE]
-    return b * h, sq, node.args[1].meta[K.SHAPE][2], d, None
-
-
 def _window_keys(node, sk):
     """Keys each query reads under `attention.sliding_window`: min(W, Sk), W the layer's window as the .scale file
     sizes it (symbolic when written with a named size), else the call's number."""
@@ -439,55 +414,45 @@ def _window_keys(node, sk):
     return sympy.Min(sympy.sympify(node.args[3] if w is None else w), sk)
 
 
-def _window_shape(node, args, kwargs, gm):
-    """The FLOPs convention of scaled_dot_product_attention, with a window: Q·Kᵀ and P·V over the keys a query may
-    read, each 2·B·H·Sq·min(W, Sk)·D. Like the causal record, the mask's triangle is not discounted (each query is
-    counted over min(W, Sk) keys, though the first W - 1 queries have fewer): at W >= Sk this is exactly the full
-    causal record's 2·B·H·Sq·Sk·D, so a window only ever lowers the count, by the factor min(W, Sk) / Sk."""
-    q, k, v = args[:3]
-    b, h, sq, d = q
-    keys, dv = _window_keys(node, k[2]), v[3]
-    return (b, h, sq, dv), 2 * b * h * sq * keys * d + 2 * b * h * sq * keys * dv
+def _over_keys(keys):
+    """(shape, backward, dims) of an attention whose queries each read `keys(node, Sk)` keys: the FLOPs convention
+    of scaled_dot_product_attention, Q·Kᵀ and P·V each 2·B·H·Sq·keys·D, the mask's triangle not discounted (each
+    query is counted over its keys, though the first ones have fewer), so a window (min(W, Sk)) only ever lowers the
+    count, by min(W, Sk) / Sk; backward one matmul of each forward matmul's size per operand that needs a gradient
+    (scaled_dot_product_attention's rule)."""
+    def shape(node, args, kwargs, gm):
+        q, k, v = args[:3]
+        b, h, sq, d = q
+        n, dv = keys(node, k[2]), v[3]
+        return (b, h, sq, dv), 2 * b * h * sq * n * d + 2 * b * h * sq * n * dv
+
+    def backward(node, gm, needs, fwd):
+        q, k, v = node.args[:3]
+        b, h, sq, d = q.meta[K.SHAPE]
+        n, dv = keys(node, k.meta[K.SHAPE][2]), v.meta[K.SHAPE][3]
+        qk, pv = 2 * b * h * sq * n * d, 2 * b * h * sq * n * dv
+        p_needs = needs.get(q, False) or needs.get(k, False)
+        return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+
+    def dims(node, gm):
+        b, h, sq, d = node.args[0].meta[K.SHAPE]
+        return b * h, sq, keys(node, node.args[1].meta[K.SHAPE][2]), d, None
+    return shape, backward, dims
 
 
-def _window_backward(node, gm, needs, fwd):
-    """As scaled_dot_product_attention's backward (one matmul of each forward matmul's size per operand that needs
-    a gradient), over min(W, Sk) keys per query."""
-    q, k, v = node.args[:3]
-    b, h, sq, d = q.meta[K.SHAPE]
-    keys, dv = _window_keys(node, k.meta[K.SHAPE][2]), v.meta[K.SHAPE][3]
-    qk, pv = 2 * b * h * sq * keys * d, 2 * b * h * sq * keys * dv
-    p_needs = needs.get(q, False) or needs.get(k, False)
-    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
-
-
-def _window_dims(node, gm):
-    b, h, sq, d = node.args[0].meta[K.SHAPE]
-    return b * h, sq, _window_keys(node, node.args[1].meta[K.SHAPE][2]), d, None
+# scaled_dot_product_attention (causal): every key; attention.sliding_window: min(W, Sk) keys a query
+_sdpa_shape, _sdpa_backward, _sdpa_dims = _over_keys(lambda node, sk: sk)
+_window_shape, _window_backward, _window_dims = _over_keys(_window_keys)
 
 
 def _capped_keys(node, sk):
-    """Keys each query reads under `attention.softcapped`: min(W, Sk) with the layer's window, else Sk."""
+    """Keys each query reads under `attention.softcapped`: min(W, Sk) with the layer's window, else Sk (the cap's
+    tanh is elementwise: no FLOPs by the matmul convention)."""
     w = getattr(node.meta.get(K.LAYER), "window", None)
     return sk if w is None else sympy.Min(sympy.sympify(w), sk)
 
 
-def _capped_shape(node, args, kwargs, gm):
-    """scaled_dot_product_attention's FLOPs over the keys a query reads (the cap's tanh is elementwise: no FLOPs by
-    the matmul convention)."""
-    q, k, v = args[:3]
-    b, h, sq, d = q
-    keys, dv = _capped_keys(node, k[2]), v[3]
-    return (b, h, sq, dv), 2 * b * h * sq * keys * d + 2 * b * h * sq * keys * dv
-
-
-def _capped_backward(node, gm, needs, fwd):
-    q, k, v = node.args[:3]
-    b, h, sq, d = q.meta[K.SHAPE]
-    keys, dv = _capped_keys(node, k.meta[K.SHAPE][2]), v.meta[K.SHAPE][3]
-    qk, pv = 2 * b * h * sq * keys * d, 2 * b * h * sq * keys * dv
-    p_needs = needs.get(q, False) or needs.get(k, False)
-    return sympy.expand(qk * (needs.get(q, False) + needs.get(k, False)) + pv * (p_needs + needs.get(v, False)))
+_capped_shape, _capped_backward, _capped_dims = _over_keys(_capped_keys)
 
 
 def _capped_saved(g, node, args):
@@ -512,11 +477,6 @@ def _capped_saved(g, node, args):
     g.new(node, "probs", (b, h, sq, sk), 4)
     if g.act < 4:
         g.new(node, "probs_cast", (b, h, sq, sk), g.act)
-
-
-def _capped_dims(node, gm):
-    b, h, sq, d = node.args[0].meta[K.SHAPE]
-    return b * h, sq, _capped_keys(node, node.args[1].meta[K.SHAPE][2]), d, None
 
 
 def _loss_shape(node, args, kwargs, gm):
