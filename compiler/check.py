@@ -977,7 +977,7 @@ def _init_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) ->
             c.error("E0806", f"checkpoint {shown} cannot be read: {exc}", at, label="unreadable",
                     help="download or save it again (a safetensors file is a length, a JSON header, then the data)")
             return
-        for p in H.compare(model, c.number, shown, tensors, config, _imported_model):
+        for p in H.compare(model, c.number, shown, tensors, config, imported_model):
             c.error(p.code, p.message, at, label=p.label, help=p.help)
 
 
@@ -990,9 +990,10 @@ def _kind(layer) -> str:
             S.CrossEntropy: "cross_entropy"}.get(type(layer), getattr(layer, "kind", "layer"))
 
 
-def _imported_model(config: dict):
+def imported_model(config: dict):
     """(the model section `scalec import` writes from a Hugging Face `config`, its sizes' number), or the first
-    diagnostic's message where it does not import: what compiler/hf_header holds a Gemma checkpoint's model to."""
+    diagnostic's message where it does not import: what compiler/hf_header holds a Gemma checkpoint's model to, and
+    what compiler/export holds a Gemma config it writes to."""
     from compiler.importer import complete, import_config
     try:
         spec = check_text(complete(import_config(json.dumps(config), "config.json")), "config.scale")

@@ -165,18 +165,15 @@ def _gemma_reads_back(spec: S.Spec, config: dict) -> bool:
     """Whether `config` imports to `spec`'s model: the same tensors under Hugging Face's names, of the same shapes
     (whatever the repeats' layout), and the same figures layer by layer (compiler/hf_header._figures)."""
     from compiler import hf_header as H
-    from compiler.check import check_text
-    from compiler.diagnostics import ScaleError
-    from compiler.importer import complete, import_config
-    try:
-        again = check_text(complete(import_config(json.dumps(config), "config.json")), "exported.scale")
-    except ScaleError:
+    from compiler.check import imported_model
+    again = imported_model(config)
+    if isinstance(again, str):  # does not import
         return False
 
     def shapes(model, number):
         return {k: tuple(int(number(d)) for d in shape) for k, (shape, _) in H.expected(model, number)[0].items()}
-    return (H._figures(again.model, again.value) == H._figures(spec.model, spec.value)
-            and shapes(again.model, again.value) == shapes(spec.model, spec.value))
+    return (H._figures(*again) == H._figures(spec.model, spec.value)
+            and shapes(*again) == shapes(spec.model, spec.value))
 
 
 def _reads_back(spec: S.Spec, config: dict) -> dict:

@@ -220,6 +220,12 @@ def stack(model: S.Model, number) -> tuple:
     layer, layers per block, norms per layer) per repeat, a block holding as many layers as attentions and each layer
     its share of the block's norms; () where that is ONE_LAYER_PER_BLOCK (one repeat of one layer with two norms:
     every family before Gemma), so that their programs and checks are unchanged."""
+    out = _layout(model, number)
+    return () if out in ((), ONE_LAYER_PER_BLOCK) else out
+
+
+def _layout(model: S.Model, number) -> tuple:
+    """`stack`'s entries for every repeat, the one-layer default included."""
     out, first = [], 0
     for k, rep in enumerate(model.blocks):
         flat = list(S.walk(rep.body))
@@ -228,7 +234,7 @@ def stack(model: S.Model, number) -> tuple:
         out.append(("blocks" if k == 0 else f"blocks_{k + 1}", first, per_block,
                     norms // per_block if norms % per_block == 0 else norms))
         first += int(number(rep.count)) * per_block
-    return () if tuple(out) in ((), ONE_LAYER_PER_BLOCK) else tuple(out)
+    return tuple(out)
 
 
 def expected(model: S.Model, number, layout: str = MIXTRAL) -> tuple[dict[str, tuple[tuple, object]],
@@ -426,20 +432,15 @@ def _figures(model: S.Model, number) -> list[tuple[str, str]]:
         return None
 
     out = [("the embedding", "scaled by √hidden" if model.embedding.scaled else "unscaled")]
-    first = 0
-    for rep in model.blocks:
+    for rep, (_, first, per_block, per_layer) in zip(model.blocks, _layout(model, number)):
         body = [x for x in S.walk(rep.body) if leaf(x) is not None]
-        per_block = max(1, sum(isinstance(x, S.Attention) for x in body))
-        norms = [x for x in body if isinstance(x, S.Norm)]
-        per_layer = max(1, len(norms) // per_block)
         for i in range(int(number(rep.count))):
             seen = {S.Norm: 0, S.Attention: 0, S.MLP: 0}
             for x in body:
                 k = seen[type(x)]
                 seen[type(x)] += 1
-                j = k // per_layer if isinstance(x, S.Norm) else k
+                j = k // max(1, per_layer) if isinstance(x, S.Norm) else k
                 out.append((f"layer {first + i * per_block + j}'s {type(x).__name__.lower()}", leaf(x)))
-        first += int(number(rep.count)) * per_block
     final = [x for x in model.body if isinstance(x, S.Norm)]
     out += [("the final norm", leaf(final[-1]) if final else "none"), ("the logits", f"softcap {model.head.softcap}")]
     return out

@@ -168,18 +168,15 @@ def reset_expert_bias(module) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(modules, group=None) -> None:
+def update_expert_bias(biases, group=None) -> None:
     """After the optimizer step: each ExpertBias's load summed over the ranks the batch is split over (`group`: dp
     × ep; tp and pp ranks route other layers or the same tokens), then bias += rate · sign(mean load - load), and the
     load reset. Every rank of the group computes the same update from the same sums."""
-    for module in modules:
-        for m in module.modules():
-            if not isinstance(m, ExpertBias):
-                continue
-            if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
-                dist.all_reduce(m.load, group=group)
-            m.bias.add_(m.rate * torch.sign(m.load.mean() - m.load))
-            m.load.zero_()
+    for m in biases:
+        if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(m.load, group=group)
+        m.bias.add_(m.rate * torch.sign(m.load.mean() - m.load))
+        m.load.zero_()
 
 
 def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None,

@@ -550,6 +550,8 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     if mains is not None:  # what the gradient code reads: the main gradients (runtime.precision)
         named, named_once = mains.named(named), mains.named(named_once)
     partial = [(name, p) for name, p in named if shards.partial(name)]
+    # DeepSeek-V3's expert biases (moe.ExpertBias), moved after each optimizer step: listed once, as the parameters
+    biases = [m for module in parts.modules for m in module.modules() if isinstance(m, moe.ExpertBias)]
 
     # The batch is split over dp × ep ranks (ep is folded out of data parallelism).
     n_batch = ctx.batch_size
@@ -623,9 +625,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
             opt.step()  # zero1: each rank broadcasts the partition it updated
-        if cfg.moe:  # DeepSeek-V3's expert biases, moved against the step's load summed over the batch ranks
+        if biases:  # moved against the step's load summed over the batch ranks
             with faults.op("the expert-load all-reduce (auxiliary-loss-free balancing)", faults.scale("axis ep")):
-                moe.update_expert_bias(parts.modules, ctx.batch_group)
+                moe.update_expert_bias(biases, ctx.batch_group)
         sched.step()
         opt.zero_grad(set_to_none=True)
         finished = step + 1

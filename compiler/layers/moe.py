@@ -78,9 +78,10 @@ def resolve(c, st, a: dict, kind: str):
                      "in 8 groups)")
         ok = False
     elif chosen > groups or (groups > 1 and chosen * (experts // groups) < a["top_k"]):
-        c.error("E0714", f"a token chooses {a['top_k']} experts among the {chosen * (experts // groups)} of its "
-                f"best {chosen} group{'s' if chosen > 1 else ''}" if chosen <= groups else f"topk_groups = {chosen} is more than the {groups} "
-                "groups", _arg_span(st, 13, "topk_groups"), label="too few experts to choose from",
+        said = (f"topk_groups = {chosen} is more than the {groups} groups" if chosen > groups else
+                f"a token chooses {a['top_k']} experts among the {chosen * (experts // groups)} of its best {chosen} "
+                f"group{'s' if chosen > 1 else ''}")
+        c.error("E0714", said, _arg_span(st, 13, "topk_groups"), label="too few experts to choose from",
                 help="topk_groups is at most groups, and topk_groups · experts / groups at least top_k "
                      "(DeepSeek-V3: top 8 of the 128 experts in 4 of 8 groups)")
         ok = False
