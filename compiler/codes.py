@@ -241,15 +241,8 @@ CODES: dict[str, Code] = {
                   "nothing to shard. Remove the axis (give its ranks to dp) or add `moe` layers."),
     "E0705": Code("moe outside a residual", "A `moe` layer drops the tokens over capacity to the residual stream; "
                   "outside a `residual` they would vanish. Put it inside one."),
-    "E0706": Code("fsdp with ep", "FSDP over dp together with ep is not supported yet; use `data_parallel = ddp` "
-                  "(the experts are already sharded over ep)."),
     "E0707": Code("moe under sequence parallelism", "`moe` layers would route sequence chunks, not sequences, under "
                   "sequence parallelism; this is not supported yet. Turn `sequence_parallel` off."),
-    "E0708": Code("zero1/zero2 with ep", "ZeRO stages 1 and 2 over dp together with ep are not "
-                  "supported yet (as fsdp, E0706): with ep the dense gradients are averaged over dp × ep and the "
-                  "experts' summed over dp alone, outside FSDP's reduce-scatter (zero2), and no end-to-end case checks "
-                  "ZeroRedundancyOptimizer's partition against that split (zero1). Use `data_parallel = ddp` (the "
-                  "experts are already sharded over ep)."),
     "W0709": Code("dropped under dropless routing", "A warning: `dropped` says what a choice over an expert's "
                   "capacity contributes; with `capacity_factor = none` (dropless) no choice is ever over capacity, "
                   "so it does nothing."),
@@ -361,6 +354,10 @@ CODES: dict[str, Code] = {
 
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
+    "E0706": "FSDP over dp together with ep: supported since FSDP shards the dense weights over dp × ep and the "
+             "experts over dp (torchtitan's folding)",
+    "E0708": "zero1 and zero2 over dp together with ep: supported since zero1 partitions over dp and zero2 shards "
+             "as fsdp does",
     "E0606": "checkpoints of a pipeline-parallel plan: supported since checkpoints became layout-independent",
     "E0608": "a cap of 16,384 stage × micro-batch slots on pipelines: replaced by E0615, a bound of "
              "4,194,304 on the schedule's actions (the cap allowed about 100,000), since the check is linear in them",

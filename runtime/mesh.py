@@ -30,6 +30,9 @@ class Context:
     batch_group: object = None  # the ranks the batch is split over, dp × ep (None when only this rank)
     batch_size: int = 1         # dp × ep
     batch_rank: int = 0         # this rank's batch shard: dp index × ep + ep index
+    # FSDP's mesh for the dense weights: dp, or dp × ep flattened when both are above 1 (the dense weights are
+    # replicated over every batch shard, so they shard over all of them; the experts over dp alone)
+    dense_mesh: DeviceMesh | None = None
 
     def axis_size(self, axis: str) -> int:
         return self.mesh.size(self.mesh.mesh_dim_names.index(axis)) if axis in self.mesh.mesh_dim_names else 1
@@ -89,8 +92,13 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
         batch_group = _group_over(mesh, ("dp", "ep"), rank)
     else:
         batch_group = mesh["dp" if dp > 1 else "ep"].get_group() if dp * ep > 1 else None
+    dense_mesh = None
+    if dp > 1:
+        with faults.op("building the dp × ep mesh (a new process group)", faults.scale("axis dp", "axis ep")):
+            pair = tuple(a for a in names if a in ("dp", "ep"))  # in the mesh's order, as slicing requires
+            dense_mesh = mesh[pair]._flatten("_".join(pair)) if ep > 1 else mesh["dp"]
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
-                  batch_group=batch_group, batch_size=dp * ep,
+                  batch_group=batch_group, batch_size=dp * ep, dense_mesh=dense_mesh,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
     faults.configure(ctx, store)
     return ctx

@@ -67,11 +67,12 @@ def sync_partial_grads(named_params, shards: Shards) -> None:
 
 
 def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_group=None,
-                   scale=None) -> torch.Tensor:
+                   scale=None, dense_group=None) -> torch.Tensor:
     """The global gradient norm of the single-device model, from sharded pieces; scales gradients down to
     `max_norm` when above it (as torch.nn.utils.clip_grad_norm_). tp-sharded gradients are summed over tp,
     replicated ones counted once; experts sharded over ep summed over ep; FSDP's dp shards (DTensor gradients)
-    are summed over dp; pipeline stages' norms over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
+    are summed over dp (the dense ones over `dense_group`, dp × ep, when FSDP shards them there); pipeline stages'
+    norms over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
     but scaled on both stages."""
     named = [(n, p) for n, p in named_params if p.grad is not None]
     device = named[0][1].grad.device if named else torch.device("cpu")
@@ -87,9 +88,17 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
     for axis in ("tp", "ep"):
         if collectives.axis_size(axis) > 1:
             dist.all_reduce(sums[axis], group=collectives._group(axis))
-    total = sums["tp"] + sums["ep"] + sums[None]
-    if dp_sharded and dp_group is not None:
-        dist.all_reduce(total, group=dp_group)
+    if dp_sharded and dense_group is not None and dense_group is not dp_group:
+        # FSDP with ep: the dense shards lie over dp × ep, the experts' over dp (runtime.train._shard_experts)
+        dense = sums["tp"] + sums[None]
+        dist.all_reduce(dense, group=dense_group)
+        if dp_group is not None:
+            dist.all_reduce(sums["ep"], group=dp_group)
+        total = dense + sums["ep"]
+    else:
+        total = sums["tp"] + sums["ep"] + sums[None]
+        if dp_sharded and dp_group is not None:
+            dist.all_reduce(total, group=dp_group)
     if pp_group is not None:
         dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()

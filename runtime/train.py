@@ -113,8 +113,8 @@ def lr_lambda(cfg: Config):
 def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Shards) -> nn.Module:
     if ctx.batch_size == 1:
         return model
-    if _dp_kind(cfg, ctx) == "fsdp":  # fsdp or zero2; the compiler refuses both with ep
-        group_mesh = ctx.mesh["dp"]
+    if _dp_kind(cfg, ctx) == "fsdp":  # fsdp or zero2
+        group_mesh = ctx.dense_mesh  # dp, or dp × ep (torchtitan's folding: the dense weights shard over both)
         from torch.distributed.fsdp import fully_shard
         # ZeRO-3 (fsdp): each block is one unit (gathered for its forward, freed, gathered again for its backward,
         # freed), the rest is the root.
@@ -135,6 +135,7 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
         # bf16: FSDP2 gathers bf16 weights from the fp32 shards (the masters) and reduces in grad_reduce's dtype
         mp = ({"mp_policy": precision.fsdp_policy(cfg.parallel.grad_reduce, cfg.parallel.fp32_residual)}
               if cfg.precision == "bf16" else {})
+        _shard_experts(model, ctx, shards, reshard, mp)
         for block in blocks:
             fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard, **mp)
         fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard, **mp)
@@ -153,6 +154,23 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     with faults.op("DDP's start-up (the parameters broadcast from rank 0 over the batch ranks)", _dp_site("ddp")):
         return DDP(model, process_group=ctx.batch_group, bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
                    device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def _shard_experts(model: nn.Module, ctx: mesh.Context, shards: tp.Shards, reshard: bool, mp: dict) -> None:
+    """FSDP with ep: each module of `model` holding expert weights (already sharded over ep, so replicated over dp
+    alone) becomes a unit of its own over dp, before its block's unit over dp × ep takes the rest. Its gradients
+    are summed over dp and divided by dp · ep, the data shards, as moe.sync_expert_grads does without FSDP: each
+    rank's expert gradient already sums the tokens of its ep peers (through the all-to-all's backward)."""
+    if ctx.axis_size("ep") == 1:
+        return
+    from torch.distributed.fsdp import fully_shard
+    for name, module in model.named_modules():
+        own = [n for n, _ in module.named_parameters(recurse=False)]
+        if own and all(shards.expert(f"{name}.{n}" if name else n) for n in own):
+            fully_shard(module, mesh=ctx.mesh["dp"], reshard_after_forward=reshard, **mp)
+            module.set_gradient_divide_factor(float(ctx.batch_size))
+            if dist.get_backend(ctx.mesh["dp"].get_group()) == "gloo":  # no PREMUL_SUM: divide after a plain sum
+                module.set_force_sum_reduction_for_comms(True)
 
 
 def _fsdp_prefetch(blocks: list, depth: int) -> None:
@@ -432,11 +450,12 @@ def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimiz
 
 
 def _zero1_group(cfg: Config, ctx: mesh.Context):
-    """The group zero1 partitions AdamW's state over: dp (the compiler refuses zero1 with ep), or None."""
+    """The group zero1 partitions AdamW's state over: dp, or None. With ep too, dp alone: the ranks of a dp group
+    hold the same parameters, the experts included, so each owns whole ones and broadcasts them there; the dense
+    state stays replicated over ep (Megatron's distributed optimizer shards it over dp × ep: a known difference
+    the memory model counts)."""
     if cfg.parallel.data_parallel != "zero1" or ctx.axis_size("dp") == 1:
         return None
-    if ctx.axis_size("ep") > 1:
-        raise FatalError("scalec: zero1 with ep is not supported (the compiler refuses it: E0708); recompile")
     return ctx.mesh["dp"].get_group()
 
 
@@ -557,6 +576,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     n_batch = ctx.batch_size
     dp = ctx.axis_size("dp")
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
+    dense_group = ctx.dense_mesh.get_group() if fsdp else dp_group  # FSDP's shards of the dense weights
     moe.set_aux_loss_scale(parts.aux_loss_scale)
     d = cfg.data
     ev = cfg.eval
@@ -612,7 +632,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         total = parts.step(loader.get(step))
         with faults.op("the expert and partial-gradient all-reduces over dp and tp",
                        faults.scale("axis ep", "axis tp")):
-            if par.ep_shards:
+            if par.ep_shards and not fsdp:  # under FSDP the experts' own units reduce them (_shard_experts)
                 moe.sync_expert_grads(named, shards.expert, dp_group, n_batch)
             tp.sync_partial_grads(partial, shards)
         if args.count_bytes and step == stop - 1:
@@ -621,7 +641,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
             _dump_grads(named, args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
             norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
-                                     scale=[p for _, p in named])
+                                     scale=[p for _, p in named], dense_group=dense_group)
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):
             opt.step()  # zero1: each rank broadcasts the partition it updated

@@ -301,9 +301,18 @@ class CostModel:
             runs = (True, 0 in mine, n_st - 1 in mine)
             return max((w for w, on in zip(seg_ws, runs) if on and w is not None), default=0)
 
+        ep = plan.size("ep")
+        expert_unit = fo.experts.block(env) if fo.experts.block is not None else 0
+
         def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
                 kept=0, recv=0, pending_w=0):
             gathered, what = 0, []
+            # FSDP2 with ep (runtime.train._shard_experts): the dense weights shard over dp × ep, the experts (E/ep
+            # of them here) over dp; `dp` below is then the rank's parameters over its shard of them
+            dp = (params / (dense / (plan.size("dp") * ep) + (params - dense) / plan.size("dp"))
+                  if fsdp2 and ep > 1 and params else plan.size("dp"))
+            per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
+            sh = MEM.shard_of(plan.data_parallel, dp)
             if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
                 # zero2 keeps every unit gathered from forward to backward; under pp torch's pipelining keeps
                 # units gathered after every backward but the last (fsdp too): the stage's whole weights (bf16:
@@ -312,7 +321,9 @@ class CostModel:
             elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
                 # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
                 units = root + (1 + plan.fsdp_prefetch) * block
-                gathered = 2 * units if bf16 else 4 * units * (dp - 1) / dp
+                d, e = plan.size("dp"), (1 + plan.fsdp_prefetch) * expert_unit  # experts gathered over dp alone
+                gathered = (2 * units if bf16 else
+                            4 * ((units - e) * (d * ep - 1) / (d * ep) + e * (d - 1) / d))
                 weights_fb = 4 * params / dp + gathered
                 what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
             else:
@@ -564,6 +575,31 @@ class CostModel:
             entries.append(Collective(op=op, axis=axis, dtype_bytes=width, span=span, reason=reason, times=times,
                                       bytes=int(n_elements * width * times), measured=False,
                                       element_formula=formula))
+        if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
+            # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
+            # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
+            parts = ((("dp×ep", plan.span("axis ep"), "the dense ", "the dense ", params_rank - experts_rank,
+                       lambda: sympy.expand(params() - experts())),
+                      ("dp", span, "the experts' ", "the experts' ", experts_rank, experts)) if ep > 1 else
+                     (("dp", span, "each block's ", "the ", params_rank, params),))
+            # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
+            # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
+            gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
+                       else 1 if pp > 1 else plan.micro_batches)
+            each = plan.syncs_each_micro_batch
+            for axis, at, whose, whose_g, n, formula in parts:
+                add("all_gather", axis, n, gathers, at,
+                    f"FSDP: gather {whose}weights for forward and again for backward, every micro-batch"
+                    if plan.data_parallel == "fsdp" else
+                    f"ZeRO-2 (FSDP2, kept gathered to backward): gather {whose}weights once per micro-batch",
+                    formula, width=w)
+                # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
+                add("reduce_scatter", axis, n, plan.micro_batches if each else 1,
+                    (plan.span("fsdp_grad_sync") or at) if each else at,
+                    f"FSDP: reduce and shard each micro-batch's {whose_g.removeprefix('the ')}gradients "
+                    "(fsdp_grad_sync = micro_batch)"
+                    if each else f"FSDP: reduce and shard {whose_g}gradients", formula)
+            return
         if ep > 1:
             add("all_reduce", "dp×ep", params_rank - experts_rank, 1, plan.span("axis ep"),
                 f"average the dense gradients over every batch shard, dp × ep ({how})",
@@ -573,29 +609,12 @@ class CostModel:
                     "sum the expert gradients over the dp ranks holding the same experts", experts)
         elif dp > 1:
             # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
-            if plan.data_parallel in ("ddp", "zero1"):
-                add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
-                    params)
-                if plan.data_parallel == "zero1":
-                    add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
-                        "updated (one bucket per rank)", params, width=w)
-            else:
-                # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
-                # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
-                gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
-                           else 1 if pp > 1 else plan.micro_batches)
-                add("all_gather", "dp", params_rank, gathers, span,
-                    "FSDP: gather each block's weights for forward and again for backward, every micro-batch"
-                    if plan.data_parallel == "fsdp" else
-                    "ZeRO-2 (FSDP2, kept gathered to backward): gather each block's weights once per micro-batch",
-                    params, width=w)
-                # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
-                each = plan.syncs_each_micro_batch
-                add("reduce_scatter", "dp", params_rank, plan.micro_batches if each else 1,
-                    (plan.span("fsdp_grad_sync") or span) if each else span,
-                    "FSDP: reduce and shard each micro-batch's gradients (fsdp_grad_sync = micro_batch)" if each
-                    else "FSDP: reduce and shard the gradients", params)
-
+            add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
+                params)
+        if plan.data_parallel == "zero1" and dp > 1:
+            # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep
+            add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
+                "updated (one bucket per rank)", params, width=w)
 
 def _stage_bytes(parts: tuple, k: int, n: int, blocks: int):
     """Bytes stage k of n with `blocks` blocks keeps per micro-batch, from `parts` = (one block's, the prologue's,

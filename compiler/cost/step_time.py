@@ -556,6 +556,10 @@ class Simulator:
         step_entries = [c for c in est.ledger.entries if c.direction == "step"]
         params0 = max(est.params_rank, 1)
         shard = dp if plan.data_parallel in ("zero1", "zero2", "fsdp") and dp > 1 else 1
+        if plan.data_parallel in ("zero2", "fsdp") and dp > 1 and ep > 1:
+            # FSDP with ep: the dense weights' state sharded over dp × ep, the experts' over dp (the memory model's)
+            dense = params0 - est.expert_params_rank
+            shard = params0 / (dense / (dp * ep) + est.expert_params_rank / dp)
         ranks, worst = [], None
         runtime = dev.step_overhead_ms * 1e-3
         for r in sorted(ranks_end):

@@ -37,12 +37,4 @@ def requires(spec: S.Spec, plan) -> list:
                                   label=f"{n} % {ep} == {n % ep}",
                                   help=f"each ep rank holds a whole number of experts (the `moe` at {m.span}); ep "
                                        "sizes that divide " + f"{n}: " + ", ".join(map(str, ok[-6:]))))
-    if plan.data_parallel == "fsdp" and plan.size("dp") > 1:
-        out.append(plan_error(plan, at, "E0706", "FSDP over dp together with ep is not supported yet",
-                              help="use `data_parallel = ddp`: experts are already sharded over ep"))
-    if plan.data_parallel in ("zero1", "zero2") and plan.size("dp") > 1:
-        out.append(plan_error(plan, "data_parallel", "E0708", f"{plan.data_parallel} over dp together with ep is not "
-                              "supported yet", label=f"ep = {ep}",
-                              help="use `data_parallel = ddp` (experts are already sharded over ep); "
-                                   "`scalec explain E0708` says why"))
     return out

@@ -190,9 +190,16 @@ CASES = (
                      "DeepSeek-V3's router: sigmoid scores, each token's top-2 experts chosen within its 2 best of "
                      "4 groups of 2, the gates not renormalised, × 2.5, its auxiliary-loss-free expert bias moved "
                      "after each step by the load summed over both ranks (steps 2 and 3 route by it)"),
-    Case(id="moe_dp2_ep2", sample=MOE, nproc=4, edits=CLIP,
-         plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4),
-         description="ep folded out of data parallelism: batch over dp × ep, expert gradients summed over dp only"),
+    Case(id="moe_dp2_ep2_zero1", sample=MOE, nproc=4, edits=CLIP,
+         plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4, data_parallel="zero1"),
+         description="ep folded out of data parallelism: batch over dp × ep, dense gradients averaged over dp × ep "
+                     "(DDP), expert gradients summed over dp only; ZeRO-1 partitions AdamW's state over dp, each "
+                     "rank's partition holding whole dense and expert parameters of its ep coordinate"),
+    Case(id="moe_dp2_ep2_fsdp", sample=MOE, nproc=4, edits=CLIP,
+         plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4, data_parallel="fsdp"),
+         description="FSDP2 with ep, as torchtitan folds them: each block's dense weights sharded over dp × ep (4 "
+                     "ranks), each MoE layer's experts (E/ep on a rank) a unit of their own sharded over dp, their "
+                     "reduce-scatter divided by dp × ep; the gradient norm summed over both kinds of shard"),
     Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4,
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),

@@ -126,6 +126,16 @@ def test_moe_ep2_resumes_on_ep4_with_tp(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+def test_moe_fsdp_ep_resumes_on_one_device(reference, tmp_path):
+    """FSDP with ep (dense weights sharded over dp × ep, experts over ep then dp) and DeepSeek-V3's expert bias,
+    moved after each step: saved on dp 2 × ep 2, resumed on one device (no ep), the bias and every expert whole."""
+    text = _sample("moe_gpt", ("dropped = residual)", "dropped = residual, bias_update = 0.05)"),
+                   axes=(("dp", 2), ("ep", 2)), devices_per_node=4, data_parallel="fsdp")
+    first, ckpt = _interrupt(text, "dp2_ep2_fsdp", tmp_path)
+    second = _resume(on_plan(text, **ONE), "dp2_ep2_fsdp_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + second.losses, reference(text))
+
+
 def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     """FSDP over dp with tp: each piece is gathered over dp and stored as a tp shard, scattered back after a load."""
     text = _sample("gpt_2d", data_parallel="fsdp")
