@@ -241,8 +241,6 @@ CODES: dict[str, Code] = {
                   "nothing to shard. Remove the axis (give its ranks to dp) or add `moe` layers."),
     "E0705": Code("moe outside a residual", "A `moe` layer drops the tokens over capacity to the residual stream; "
                   "outside a `residual` they would vanish. Put it inside one."),
-    "E0707": Code("moe under sequence parallelism", "`moe` layers would route sequence chunks, not sequences, under "
-                  "sequence parallelism; this is not supported yet. Turn `sequence_parallel` off."),
     "W0709": Code("dropped under dropless routing", "A warning: `dropped` says what a choice over an expert's "
                   "capacity contributes; with `capacity_factor = none` (dropless) no choice is ever over capacity, "
                   "so it does nothing."),
@@ -354,6 +352,8 @@ CODES: dict[str, Code] = {
 
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
+    "E0707": "`moe` layers under sequence parallelism: supported since a moe gathers its input's sequence over tp "
+             "and routes whole sequences, as without sequence parallelism",
     "E0706": "FSDP over dp together with ep: supported since FSDP shards the dense weights over dp × ep and the "
              "experts over dp (torchtitan's folding)",
     "E0708": "zero1 and zero2 over dp together with ep: supported since zero1 partitions over dp and zero2 shards "

@@ -642,6 +642,7 @@ FUNCTIONS = {
     C.all_gather_fwd_reduce_scatter_bwd: _GATHER,
     C.reduce_scatter_fwd_all_gather_bwd: _SCATTER,
     C.split_fwd_all_gather_bwd: Op("split_fwd_all_gather_bwd", _scatter_shape, passes_grad=True, computes=False),
+    C.all_gather_fwd_split_bwd: Op("all_gather_fwd_split_bwd", _gather_shape, passes_grad=True, computes=False),
     moe.route: Op("route", _route_shape, lambda node, gm, args: ("int", "fp32"), _route_saved,
                   outputs=("slot", "gate"), wrapped=True),
     moe.dispatch: Op("dispatch", _dispatch_shape, _act, _dispatch_saved, wrapped=True),

@@ -6,6 +6,8 @@
   all_gather_fwd_reduce_scatter_bwd   sequence parallelism, before a column-parallel linear (dim = sequence)
   reduce_scatter_fwd_all_gather_bwd   sequence parallelism, after a row-parallel linear
   split_fwd_all_gather_bwd        take this rank's chunk of a replicated tensor (dim = sequence)
+  all_gather_fwd_split_bwd        sequence parallelism, before work every rank repeats on the whole sequence (a
+                                  `moe`'s routing): each rank's gradient of the result is already whole
   vocab_parallel_cross_entropy    the mean cross-entropy of logits sharded over the vocabulary, never gathering them
 
 Each is the identity when the axis has size 1. Groups are registered by runtime.mesh at start-up. Byte counting is
@@ -163,6 +165,17 @@ class _SplitFwdAllGatherBwd(torch.autograd.Function):
         return _all_gather(g, ctx.axis, ctx.dim, ctx.site, "backward"), None, None, None
 
 
+class _AllGatherFwdSplitBwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, dim, site):
+        ctx.axis, ctx.dim = axis, dim
+        return _all_gather(x, axis, dim, site)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split(g, ctx.axis, ctx.dim), None, None, None
+
+
 def identity_fwd_all_reduce_bwd(x: torch.Tensor, axis: str) -> torch.Tensor:
     """Forward: identity. Backward: all-reduce (sum) over `axis`."""
     return x if axis_size(axis) == 1 else _IdentityFwdAllReduceBwd.apply(x, axis, faults.caller_site())
@@ -186,6 +199,12 @@ def reduce_scatter_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> t
 def split_fwd_all_gather_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
     """Forward: keep this rank's chunk along `dim`. Backward: all-gather along `dim`."""
     return x if axis_size(axis) == 1 else _SplitFwdAllGatherBwd.apply(x, axis, dim, faults.caller_site())
+
+
+def all_gather_fwd_split_bwd(x: torch.Tensor, axis: str, dim: int) -> torch.Tensor:
+    """Forward: all-gather the chunks along `dim` over `axis`. Backward: keep this rank's chunk of the gradient
+    (every rank computed the same whole gradient from the same whole input: summing them would count it n times)."""
+    return x if axis_size(axis) == 1 else _AllGatherFwdSplitBwd.apply(x, axis, dim, faults.caller_site())
 
 
 # -- vocabulary parallelism ---------------------------------------------------------------------------------------

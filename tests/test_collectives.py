@@ -80,6 +80,12 @@ def _pairs(rank, C):
     (part * (rank + 1)).sum().backward()
     expected = torch.cat([torch.full_like(c, r + 1) for r, c in enumerate(x.chunk(WORLD, 1))], 1)
     assert torch.equal(whole.grad, expected)
+    # All-gather forward, this rank's chunk of the (whole, replicated) gradient backward.
+    mine = x.chunk(WORLD, 1)[rank].clone().requires_grad_()
+    whole_again = C.all_gather_fwd_split_bwd(mine, "tp", 1)
+    assert torch.equal(whole_again, x)
+    (whole_again * expected).sum().backward()  # the same whole gradient on every rank
+    assert torch.equal(mine.grad, expected.chunk(WORLD, 1)[rank])
     # Identity forward, all-reduce backward.
     a = x.clone().requires_grad_()
     (C.identity_fwd_all_reduce_bwd(a, "tp") * (rank + 1)).sum().backward()

@@ -391,6 +391,47 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
         gm.graph.erase_node(loss)
 
 
+def _sequence_parallel_moes(gm: fx.GraphModule) -> set:
+    """Under SP, each `moe` routes whole sequences as it does without SP: its input is all-gathered along the
+    sequence (backward: this rank's chunk of the gradient, which every rank computed whole), the router, the
+    experts and a shared expert run on the whole sequence as under tp alone, and the layer's output is cut back to
+    this rank's chunk (backward: the chunks' gradients gathered). Capacity, the auxiliary loss and the expert bias's
+    load then see the sequences the single device sees (routing a chunk per rank would change all three). Returns
+    the names of the shared experts' row linears, whose regions take tp's collectives, not SP's."""
+    layers: dict = {}
+    for n in gm.graph.nodes:
+        if isinstance(n.meta.get(T.LAYER), S.MoE):
+            layers.setdefault(id(n.meta[T.LAYER]), []).append(n)
+    rows = set()
+    for nodes in layers.values():
+        inside = set(nodes)
+        layer = nodes[0].meta[T.LAYER]
+        inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes
+                                    if a not in inside and a.op != "get_attr"))
+        outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise ValueError(f"sequence parallelism: the `moe` at {layer.span} has {len(inputs)} inputs and "
+                             f"{len(outputs)} outputs; expected one of each")
+        (x,), (y,) = inputs, outputs
+        first = min(nodes, key=lambda n: list(gm.graph.nodes).index(n))
+        note = Collective("all_gather", None, AXIS, "sequence-parallel input of a moe: routed over whole "
+                          "sequences", payload="output")
+        with gm.graph.inserting_before(first):
+            whole = gm.graph.create_node("call_function", C.all_gather_fwd_split_bwd, (x, AXIS, 1), {},
+                                         name=f"{x.name}_whole")
+        whole.meta.update({k: first.meta[k] for k in (T.SPAN, T.LAYER) if k in first.meta}, **{T.COLLECTIVE: note})
+        for n in nodes:
+            n.replace_input_with(x, whole)
+        users = [u for u in y.users if u not in inside]
+        note = Collective(None, "all_gather", AXIS, "sequence-parallel output of a moe: this rank's chunk; the "
+                          "gradient gathered whole", payload="input")
+        cut = _insert(gm, y, C.split_fwd_all_gather_bwd, (y, AXIS, 1), y, note, f"{y.name}_chunk")
+        for u in users:
+            u.replace_input_with(y, cut)
+        rows |= {n.name for n in nodes if n.meta.get(T.TP_ROLE) == "row"}
+    return rows
+
+
 def _sequence_parallel_norms(gm: fx.GraphModule, meta: dict) -> None:
     """Under SP, norms see one sequence chunk per rank: their scale and bias gradients are partial over tp (a
     per-head norm inside a region is listed already: its rank sees the whole sequence but only its heads)."""
@@ -411,8 +452,9 @@ def tensor_parallel_pass(traced: T.Traced, plan) -> T.Traced:
     for cls, gm in traced.segments():
         meta = {"shards": {}, "partial_grads": []}
         decision = plan.decision("tp", cls)
+        whole = _sequence_parallel_moes(gm) if sp else set()
         for region in decision.regions:
-            _shard_region(gm, region, sp, tp, meta)
+            _shard_region(gm, region, sp and region.row not in whole, tp, meta)
         _shard_vocab(gm, decision, spec, sp, tp, meta)
         if sp:
             _sequence_parallel_norms(gm, meta)

@@ -1,5 +1,5 @@
 """What expert parallelism requires (the rules of compiler/passes/expert_parallel.py's plans): experts that divide
-over ep, and the combinations ep and `moe` layers cannot yet take.
+over ep, and a model with `moe` layers to shard.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
 """
@@ -12,15 +12,10 @@ AXIS = "ep"
 
 
 def requires(spec: S.Spec, plan) -> list:
-    """Experts that divide over ep, and what ep and `moe` layers cannot yet combine with. (Each `moe` layer's
+    """Experts that divide over ep, and `moe` layers for ep to shard. (Each `moe` layer's
     capacity is bound when the model is resolved, in compiler/check.py.)"""
     out: list = []
     moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
-    if moes and plan.sequence_parallel and plan.size("tp") > 1:
-        out.append(plan_error(plan, "axis tp", "E0707", "`moe` layers under sequence parallelism are not supported "
-                              f"yet", help=f"the `moe` at {moes[0].span} would route sequence chunks, not sequences; "
-                              "turn `sequence_parallel` off (tp still shards attention, the dense MLPs and the "
-                              "vocabulary)"))
     ep = plan.size(AXIS)
     if ep == 1:
         return out

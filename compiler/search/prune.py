@@ -7,7 +7,7 @@ Pruning, in order, each with why it is safe or what it may miss:
 2. Sequence parallelism dominates. With tp > 1, sequence parallelism moves the same bytes (a reduce-scatter and an
    all-gather in place of each all-reduce: the same ring steps and bytes), shards the norms' and residuals'
    compute and activations over tp, and adds one small all-reduce of the norm gradients per step. The search tries
-   it alone where a rule allows it (not with `moe` layers, E0707; not when tp does not divide the sequence) and
+   it alone where a rule allows it (not when tp does not divide the sequence) and
    without it otherwise or when fixed. May miss: a model so small that that step's all-reduce costs more than the
    norms' compute it saves (tiny CPU models: tests/test_search_oracle.py finds such plans 1-3% faster on two of its
    three samples); and under selective recomputation, which gathers each region's sequence-parallel input again

@@ -224,6 +224,14 @@ CASES = (
          description="tensor parallelism on attention, dense MLP, the moe's shared expert (column, then row "
                      "parallel) and vocabulary; experts over ep, dropless routing (every choice reaches its expert, "
                      "buffers sized for the worst case)"),
+    Case(id="moe_tp2_sp_ep2", sample=MOE, nproc=4, edits=CLIP + (
+            ("dropped = residual)", "dropped = residual, shared_ffn = ffn / 2, shared_gate = sigmoid,\n"
+             "                                      bias_update = 0.05)"),),
+         plan=dict(axes=(("tp", 2), ("ep", 2)), devices_per_node=4, **SP),
+         description="sequence parallelism with MoE: each moe all-gathers its input's sequence over tp and routes "
+                     "whole sequences (capacity 1.25 with choices dropped, the auxiliary loss and the expert bias's "
+                     "load as on one device), its shared expert tp-sharded, its output cut back to this rank's "
+                     "chunk; norms and residuals sequence-sharded around it"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
     # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor
