@@ -55,10 +55,12 @@ def requires(spec: S.Spec, plan) -> list:
     between = _between(spec)
     if between is not None:
         layer, before, after = between
-        out.append(plan_error(plan, at, "E0605", f"a pipeline cuts the blocks of consecutive `repeat`s into stages; "
-                              f"a layer at {layer.span} stands between the `repeat` at {before.span} and the one at "
-                              f"{after.span}", help="move the layer into a `repeat` (or a `repeat 1`), or before the "
-                                                   "first `repeat` or after the last"))
+        kind = getattr(layer, "kind", None) or type(layer).__name__.lower()  # layernorm, rmsnorm, residual, mlp
+        out.append(plan_error(plan, at, "E0605", f"a layer ({kind}, line {layer.span.line}) stands between the "
+                              f"`repeat`s of lines {before.span.line} and {after.span.line}: a pipeline cuts the "
+                              f"blocks of consecutive `repeat`s into stages", label="refused while pp > 1",
+                              help="move the layer into a `repeat` (or a `repeat 1` of its own), or before the first "
+                                   "`repeat` or after the last"))
         return out
     blocks = sum(int(spec.value(r.count)) for r in repeats)
     stages = pp * v
