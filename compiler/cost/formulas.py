@@ -283,7 +283,7 @@ class Formulas:
     """Forward + backward FLOPs of one micro-batch on one rank per segment; under pp `epilogue` includes the loss."""
     recompute: Mapping[str, Formula]
     """Per recomputation mode (RECOMPUTE): recomputation's extra forward FLOPs per micro-batch on one rank, for one
-    block under pp (times the blocks a stage holds), for every block without."""
+    block of each `repeat` under pp (a tuple: Formulas.within sums a stage's), for every block without."""
     saved: Saved
     """Bytes kept for backward per micro-batch on one rank (see Saved)."""
     units: Units
