@@ -92,18 +92,23 @@ def decide_parallel(traced, plan: P.Plan) -> P.Plan:
 
 
 def split_costs(lowered) -> tuple:
-    """What the stage policy balances, as sympy expressions of the sizes: forward FLOPs of one sequence through one
+    """What the stage policy balances, as sympy expressions of the sizes: forward FLOPs of one sequence through a
     block, the prologue, and the epilogue with the loss (pipeline_split.split_costs), of the graphs as tp and ep
-    leave them."""
+    leave them. With several `repeat`s the block's is their mean over every block (the policy counts blocks
+    equally); the cost model costs each stage by the blocks it actually holds."""
+    from compiler import trace as T
     from compiler.passes import pipeline_split as PS
-    return PS.split_costs(lowered)
+    per, first, last = PS.split_costs(lowered)
+    if len(per) == 1:
+        return per[0], first, last
+    counts = [gm.meta[T.REPEAT].count for gm in lowered.blocks.values()]
+    return sum(c * f for c, f in zip(counts, per)) / sum(counts), first, last
 
 
 def blocks_of(lowered, value) -> int:
-    """How many blocks the pipeline cuts: the count of the model's one `repeat`, a number under `value`."""
+    """How many blocks the pipeline cuts: the counts of the model's `repeat`s summed, a number under `value`."""
     from compiler import trace as T
-    (gm,) = lowered.blocks.values()
-    return int(value(gm.meta[T.REPEAT].count))
+    return sum(int(value(gm.meta[T.REPEAT].count)) for gm in lowered.blocks.values())
 
 
 def stages_of(plan: P.Plan, blocks: int, per_block: int, first: int, last: int) -> tuple:

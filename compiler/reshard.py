@@ -58,7 +58,8 @@ class Layout:
         fsdp = plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
         top = traced.top
         stages = compiled.plan.stages  # the Plan's layout: () without pp
-        (repeat,) = traced.blocks or ("",)
+        from compiler.passes.pipeline_split import repeat_edges
+        offset = {name: a for name, a, _ in repeat_edges(traced, compiled.spec.value)}  # blocks across the repeats
         first = {n for n, _ in top.meta[T.PROLOGUE].named_children()} if stages else set()
         last = {n for n, _ in top.meta[T.EPILOGUE].named_children()} if stages else set()
         self.params: dict[str, Placement] = {}
@@ -70,8 +71,8 @@ class Layout:
             held: tuple = ()
             if stages:
                 leaf = name.split(".")[0]
-                if leaf == repeat:
-                    block = int(name.split(".")[1])
+                if leaf in offset:
+                    block = offset[leaf] + int(name.split(".")[1])
                     held = tuple(s for s, (a, b) in enumerate(stages) if a <= block < b)
                 else:
                     held = tuple(s for s, on in ((0, leaf in first), (len(stages) - 1, leaf in last)) if on)

@@ -27,6 +27,15 @@ class Repeat(nn.ModuleDict):
     def __init__(self, blocks, first: int = 0):
         super().__init__({str(first + i): b for i, b in enumerate(blocks)})
 
+    @classmethod
+    def part(cls, make, first_block: int, end_block: int, start: int, end: int) -> "Repeat":
+        """What a pipeline stage holding blocks [first_block, end_block) of the model's `repeat`s, numbered across
+        them all, holds of the repeat that is blocks [start, end) of them: its blocks in both ranges, named by their
+        index within the repeat (`blocks_2.0`, whatever the stage), so that names do not depend on the layout. Empty
+        when the stage holds none of them (its forward then passes the stream on)."""
+        lo, hi = max(first_block, start), min(end_block, end)
+        return cls((make() for _ in range(lo, hi)), first=max(lo - start, 0))
+
     def __getitem__(self, key):
         """By global index (int or str), as the parameter names have it."""
         return super().__getitem__(str(key))

@@ -155,6 +155,41 @@ def test_each_pipeline_stage_keeps_what_the_formula_says(tmp_path, precision, sc
         assert got == pytest.approx(want, rel=1e-3, abs=8), (k, got, want)
 
 
+@pytest.mark.parametrize("layout", [((0, 2), (2, 4)), ((0, 1), (1, 4))])
+def test_stages_over_two_repeats_hold_and_keep_their_own_blocks(tmp_path, layout):
+    """A dense `repeat 1` then a MoE `repeat 3` under pp 2: each stage's parameters are those its program's module
+    holds, and what its forward keeps is the formula of its own blocks (a dense block keeps less than a MoE one),
+    not a count of blocks times one block."""
+    from tests.test_pipeline_split import PP2, _dense_first
+    compiled, prog = _program(tmp_path, _dense_first(**PP2, micro_batches=2, layout=layout), "dense_first.scale")
+    from compiler.cost import CostModel
+    model = CostModel(compiled.spec, compiled.traced, compiled.plan)
+    b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
+    tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
+    x = torch.randn(b, cfg.data.seq_len, compiled.spec.value(compiled.spec.model.embedding.hidden),
+                    requires_grad=True)
+    kept = []
+    for k, st in enumerate(compiled.costs.stages):
+        assert st.blocks == layout[k]
+        torch.manual_seed(0)
+        stage = prog.Stage(k)
+        assert st.params == sum(p.numel() for p in stage.parameters()), k
+
+        def run():
+            out = stage(tokens if k == 0 else x)
+            if k == 1:
+                prog.loss_fn(out, targets)
+        got = count_saved(stage, run, "fp32")
+        kept.append(model.kept_per_micro_batch(compiled.plan, k))
+        assert got == pytest.approx(kept[-1], rel=1e-3, abs=8), (k, got, kept[-1])
+    # the dense block and a MoE block differ: the stages are not costed as equal blocks
+    fo = model.formulas
+    env = (1, 1, 1, 2, b)
+    dense, moe = (f(env) for f in fo.params.block)
+    assert dense != moe and compiled.costs.stages[0].params - fo.params.prologue(env) == \
+        fo.within(fo.params.block, *layout[0], env) == dense + (layout[0][1] - 1) * moe
+
+
 @pytest.mark.skip(reason="tests/reference/gpu-measured.json measured the bf16-autocast programs (2026-11-22); bf16 "
                          "programs now hold bf16 weights, fp32 main gradients and masters (runtime/precision.py): "
                          "re-measure on an H100 (bench/gpu.py) before this comparison means anything again")

@@ -67,3 +67,104 @@ def test_optimal_and_complete_against_exhaustive_search(seed):
 def test_more_stages_than_blocks_is_refused():
     with pytest.raises(ValueError, match="cannot cut 3 blocks into 4"):
         balance_stages(3, 1, 4)
+
+
+# -- several repeats: their blocks concatenated ------------------------------------------------------------------
+
+def _dense_first(**plan) -> str:
+    """moe_gpt.scale as DeepSeek-V3 is shaped: `repeat 1` of a dense block, then `repeat 3` of MoE blocks; its mesh
+    and plan printed from `plan` (Plan fields)."""
+    from tests.e2e.cases import DENSE_FIRST
+    from tests.e2e.runner import ROOT, with_plan
+    text = (ROOT / "samples" / "moe_gpt.scale").read_text()
+    for old, new in DENSE_FIRST:
+        text = text.replace(old, new)
+    return with_plan(text, "dense_first.scale", **plan)
+
+
+PP2 = dict(axes=(("pp", 2),), devices_per_node=2)
+
+
+def test_held_cuts_a_stage_at_the_repeats_boundary():
+    from compiler.passes.pipeline_split import held
+    edges = (("blocks", 0, 1), ("blocks_2", 1, 4))
+    assert held(edges, 0, 2) == ((0, 0, 1), (1, 0, 1))  # the dense block and the first MoE block
+    assert held(edges, 2, 4) == ((1, 1, 3),)
+    assert held(edges, 1, 2) == ((1, 0, 1),)
+
+
+def test_stages_run_across_two_repeats():
+    """The rules pass a pipeline over two consecutive repeats; the policy cuts their 4 blocks, the lowered trace
+    numbers them across both repeats, and the Formulas say which each stage holds."""
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.passes.pipeline_split import repeat_edges
+    compiled = compile_spec(check_text(_dense_first(**PP2, micro_batches=2), "dense_first.scale"))
+    spec, traced, plan = compiled.spec, compiled.traced, compiled.plan
+    assert repeat_edges(traced, spec.value) == (("blocks", 0, 1), ("blocks_2", 1, 4))
+    assert [b for a, b in plan.stages] == [2, 4] and plan.stages[0][0] == 0
+    from compiler.cost import CostModel
+    fo = CostModel(spec, traced, plan).formulas
+    assert fo.held(0, 2) == ((0, 1), (1, 1)) and fo.held(2, 4) == ((1, 2),)
+
+
+@pytest.mark.parametrize("plan, stages", [
+    (dict(layout=((0, 3), (3, 4))), ((0, 3), (3, 4))),
+    (dict(schedule="interleaved-1f1b", virtual_stages=2), ((0, 1), (1, 2), (2, 3), (3, 4)))])
+def test_layout_and_interleaving_over_the_concatenated_blocks(tmp_path, plan, stages):
+    """A manual layout and interleaved stages number blocks across the repeats; each stage's module holds the
+    single-device model's names of its blocks (`blocks.0`, `blocks_2.1`): checkpoints do not see the layout."""
+    import importlib.util
+
+    import torch
+
+    from compiler import codegen
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    compiled = compile_spec(check_text(_dense_first(**PP2, micro_batches=2, **plan), "dense_first.scale"))
+    assert compiled.plan.stages == stages
+    codegen.emit(compiled, str(tmp_path))
+    spec = importlib.util.spec_from_file_location("dense_first_prog", tmp_path / "program.py")
+    prog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prog)
+    single = {f"blocks.0.{n}" for n in ("attn_q.weight", "mlp_up.weight")} | {
+        f"blocks_2.{i}.moe_router.weight" for i in range(3)}
+    seen = set()
+    for k, (lo, hi) in enumerate(stages):
+        with torch.device("meta"):
+            names = {n for n, _ in prog.Stage(k).named_parameters()}
+        mine = {n for n in single if (int(n.split(".")[1]) + (0 if n.startswith("blocks.") else 1)) in range(lo, hi)}
+        assert mine <= names and not (single - mine) & names, (k, names)
+        seen |= names & single
+    assert seen == single
+
+
+def _rules(text: str) -> list:
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    try:
+        check_text(text, "dense_first.scale")
+    except ScaleError as err:
+        return [(d.code, d.message) for d in err.diagnostics]
+    return []
+
+
+def test_a_layer_between_repeats_is_refused_under_pp():
+    text = _dense_first(**PP2, micro_batches=2).replace("  }\n  repeat 3 {",
+                                                         "  }\n  layernorm(hidden)\n  repeat 3 {")
+    (problem,) = _rules(text)
+    assert problem[0] == "E0605"
+    assert problem[1].startswith("a layer (layernorm, line 22) stands between the `repeat`s of lines 18 and 23: "
+                                 "a pipeline cuts the blocks of consecutive `repeat`s into stages"), problem
+    # without pp the model is fine
+    assert _rules(_dense_first(micro_batches=2).replace("  }\n  repeat 3 {", "  }\n  layernorm(hidden)\n  repeat 3 {")
+                  ) == []
+
+
+def test_stage_counts_add_the_repeats():
+    pp4 = dict(axes=(("pp", 4),), devices_per_node=4, micro_batches=4)
+    assert _rules(_dense_first(**pp4)) == []
+    (problem,) = _rules(_dense_first(**pp4, schedule="interleaved-1f1b", virtual_stages=2))
+    assert problem[0] == "E0601" and "8 pipeline stages but only 4 blocks" in problem[1]
+    (problem,) = _rules(_dense_first(**PP2, micro_batches=2, layout=((0, 2), (2, 5))))
+    assert problem[0] == "E0607" and "block 4 does not exist: the model has 4 blocks" in problem[1]

@@ -47,3 +47,18 @@ def test_reshard_refuses_another_model(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "has `blocks.2.norm_1.weight` and 31 more parameters that this model lacks" in err
     assert "--> tp.scale:15:3" in err
+
+
+def test_reshard_places_the_blocks_of_two_repeats_on_their_stages(tmp_path, capsys, monkeypatch):
+    """A dense `repeat 1` then a MoE `repeat 3` (tests/test_pipeline_split.py): under pp 2 with stages (0, 2), (2, 4)
+    the dense block and the first MoE block (`blocks_2.0`, global block 1) are stage 0's, `blocks_2.1` stage 1's."""
+    from tests.test_pipeline_split import PP2, _dense_first
+    (tmp_path / "pp.scale").write_text(_dense_first(**PP2, micro_batches=2, layout=((0, 2), (2, 4))))
+    (tmp_path / "one.scale").write_text(_dense_first(axes=(("dp", 1),), devices_per_node=1, micro_batches=2))
+    monkeypatch.chdir(tmp_path)
+    assert main(["reshard", "one.scale", "pp.scale"]) == 0
+    out = capsys.readouterr().out
+    row = {line.split()[0]: line for line in out.splitlines() if line.startswith("blocks")}
+    assert row["blocks.0.attn_q.weight"].endswith("stage 0"), row["blocks.0.attn_q.weight"]
+    assert row["blocks_2.0.moe_router.weight"].endswith("stage 0")
+    assert row["blocks_2.1.moe_router.weight"].endswith("stage 1")

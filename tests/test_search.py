@@ -336,3 +336,15 @@ def test_the_printed_file_reads_back_as_the_plan(device):
         assert [getattr(again, k) for k in SETTINGS] == [getattr(plan, k) for k in SETTINGS], written
         assert ("compile =" in written) == (plan.compile != (device != "cpu") and plan.compiles == plan.compile)
         assert written == scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)
+
+
+def test_search_costs_pipelines_over_two_repeats(tmp_path, capsys):
+    """A dense `repeat 1` then a MoE `repeat 3` (tests/test_pipeline_split.py): the search cuts their blocks
+    together into stages and ranks the pipelined plans like any other."""
+    from compiler.cli import main
+    from tests.test_pipeline_split import _dense_first
+    path = tmp_path / "dense_first.scale"
+    path.write_text(_dense_first(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, micro_batches=2))
+    assert main(["search", str(path), "--top", "1", "--fix", "pp=2", "--json"]) == 0
+    (best,) = json.loads(capsys.readouterr().out)["winners"]
+    assert "pp=2" in best["describe"] and len(best["memory"]) == 2  # a row per pp rank

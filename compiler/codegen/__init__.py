@@ -319,9 +319,11 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
     loss_code = "\n".join(["def loss_fn(logits, targets):",
                             '    """The loss of one micro-batch on the last stage, from its logits."""']
                            + [ln[4:] for ln in loss_lines[1:]])
-    (name,) = traced.blocks
+    from compiler.passes.pipeline_split import repeat_edges
+    repeats = [{"name": name, "cls": T.class_name(name), "first": a, "end": b}
+               for name, a, b in repeat_edges(traced, spec.value)]
     return {"stages": E.py_literal(stages), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
-            "blocks": name, "block_cls": T.class_name(name),
+            "repeats": repeats,
             "prologue": E.code(forward_code(pro, spec).replace("def forward(", "def prologue(", 1)),
             "epilogue": E.code(forward_code(epi, spec).replace("def forward(", "def epilogue(", 1)),
             "loss": E.code(loss_code)}

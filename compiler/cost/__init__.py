@@ -160,19 +160,24 @@ class CostModel:
             layout = self.stages_for(plan, env)
             n = len(layout)
             mine = range(pp_rank, n, pp)
-            nb = sum(layout[k][1] - layout[k][0] for k in mine)
+            # blocks of each repeat (by name) the rank's stages hold
+            nb = {name: 0 for name, _, _ in fo.edges}
+            for k in mine:
+                for i, c in fo.held(*layout[k]):
+                    nb[fo.edges[i][0]] += c
             on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
-            params_rank = fo.params.prologue(env) + nb * fo.params.block(env)
-            experts_rank = fo.experts.prologue(env) + nb * fo.experts.block(env)
-            fb, ff, fl = (f(env) for f in (fo.flops.block, fo.flops.prologue, fo.flops.epilogue))
+            params_rank = fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
+            experts_rank = fo.experts.prologue(env) + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine)
+            ff, fl = fo.flops.prologue(env), fo.flops.epilogue(env)
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
-            rec = fo.recompute[_recompute(plan)](env) * recompute_passes(plan)
-            per_stage = [(hi - lo) * fb for lo, hi in layout]
+            rec = fo.recompute[_recompute(plan)]
+            per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
             per_stage[0] += ff
             per_stage[-1] += fl
+            rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
             rank_flops = max(sum(per_stage[r::pp]) for r in range(pp))
-            rank_hw = max(sum(per_stage[r::pp]) + rec * sum(hi - lo for lo, hi in layout[r::pp]) for r in range(pp))
+            rank_hw = max(sum(per_stage[r::pp]) + sum(rec_stage[r::pp]) for r in range(pp))
         else:
             layout, nb, on_rank = (), None, {"all": True}
             params_rank = fo.params.whole(env)
@@ -222,36 +227,43 @@ class CostModel:
         if stage is None:
             return self.formulas.saved.whole[_saved_mode(plan)](env)
         layout = self.stages_for(plan, env)
-        lo, hi = layout[stage]
-        return _stage_bytes(self._saved_parts(env, _saved_mode(plan)), stage, len(layout), hi - lo)
+        return self._stage_bytes(self._saved_parts(env, _saved_mode(plan)), stage, layout, env)
 
     def _saved_parts(self, env, recompute: str) -> tuple:
-        """What one block, the prologue, the epilogue and the loss keep per micro-batch at `env` (bytes), evaluated
-        once per plan: a stage's is a sum of them (_stage_bytes)."""
+        """What one block of each repeat, the prologue, the epilogue and the loss keep per micro-batch at `env`
+        (bytes): a stage's is a sum of them (_stage_bytes)."""
         sv = self.formulas.saved
-        return sv.block[recompute](env), sv.prologue(env), sv.epilogue(env) + sv.loss(env)
+        return sv.block[recompute], sv.prologue(env), sv.epilogue(env) + sv.loss(env)
+
+    def _stage_bytes(self, parts: tuple, k: int, layout: tuple, env):
+        """Bytes stage k of `layout` keeps per micro-batch, from `parts` = (one block's per repeat, the prologue's,
+        the epilogue's): its blocks', the prologue's on the first stage, the epilogue's on the last."""
+        block, first, last = parts
+        lo, hi = layout[k]
+        return (self.formulas.within(block, lo, hi, env) + (first if k == 0 else 0)
+                + (last if k == len(layout) - 1 else 0))
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
         per_param = MEM.state_per_param(self.spec.train.precision, plan.data_parallel, plan.size("dp"),
                                         plan.grad_reduce).total
         fo = self.formulas
-        pb, pro, epi = (f(env) for f in (fo.params.block, fo.params.prologue, fo.params.epilogue))
+        pro, epi = fo.params.prologue(env), fo.params.epilogue(env)
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
         recv = fo.saved.sent(env)
         parts = self._saved_parts(env, _saved_mode(plan))
-        kept = [max(0, _stage_bytes(parts, k, n_st, hi - lo) - (recv if k else 0)) for k, (lo, hi) in enumerate(layout)]
+        kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
         if plan.schedule == "zero-bubble":
             wg = fo.saved.wgrad
-            parts = (wg.block(env), wg.prologue(env), wg.epilogue(env))
-            wgrad = [_stage_bytes(parts, k, n_st, hi - lo) for k, (lo, hi) in enumerate(layout)]
+            parts = (wg.block, wg.prologue(env), wg.epilogue(env))
+            wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
         else:
             wgrad = [0] * n_st
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
         out = []
         for k, (lo, hi) in enumerate(layout):
-            n = (hi - lo) * pb + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
+            n = fo.within(fo.params.block, lo, hi, env) + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
             r = k % p
             alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
@@ -289,8 +301,10 @@ class CostModel:
         sync_each = plan.syncs_each_micro_batch
 
         # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
-        seg_ws = ([max((f(env) for f in seg), default=None)
-                   for seg in (fo.backward.block, fo.backward.prologue, fo.backward.epilogue)] if layout else ())
+        def largest(moments):
+            return max((f(env) for f in moments), default=None)
+        seg_ws = ([largest(seg) for seg in (fo.backward.prologue, fo.backward.epilogue)] if layout else ())
+        block_ws = [largest(seg) for seg in fo.backward.block] if layout else ()
 
         def bwd_ws(pp_rank):
             """The largest gradients one backward step holds, over the segments the rank runs."""
@@ -298,8 +312,10 @@ class CostModel:
                 return max((f(env) for f in fo.backward.whole), default=0)
             n_st = len(layout)
             mine = range(pp_rank, n_st, plan.size("pp"))
-            runs = (True, 0 in mine, n_st - 1 in mine)
-            return max((w for w, on in zip(seg_ws, runs) if on and w is not None), default=0)
+            repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
+            ws = [block_ws[i] for i in sorted(repeats)] + [w for w, on in zip(seg_ws, (0 in mine, n_st - 1 in mine))
+                                                           if on]
+            return max((w for w in ws if w is not None), default=0)
 
         ep = plan.size("ep")
         expert_unit = fo.experts.block(env) if fo.experts.block is not None else 0
@@ -420,12 +436,12 @@ class CostModel:
         n = len(layout)
         peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
         out = []
-        expert_block, expert_first = fo.experts.block(env), fo.experts.prologue(env)
+        expert_first = fo.experts.prologue(env)
         sent, logits = fo.saved.sent(env), fo.saved.logits(env)
         for r in range(p):
             mine = [st for st in stages if st.rank == r]
             params = sum(st.params for st in mine)
-            experts = sum((st.blocks[1] - st.blocks[0]) * expert_block
+            experts = sum(fo.within(fo.experts.block, *st.blocks, env)
                           + (expert_first if st.stage == 0 else 0) for st in mine)
             acts = sum(st.activations for st in mine)
             kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
@@ -445,7 +461,8 @@ class CostModel:
             shapes = ()
             if sh["stage"] == 1:
                 for st in mine:
-                    shapes += self._shapes(env, "block") * (st.blocks[1] - st.blocks[0])
+                    for i, c in fo.held(*st.blocks):
+                        shapes += self._shapes(env, ("block", i)) * c
                     shapes += self._shapes(env, "prologue") if st.stage == 0 else ()
                     shapes += self._shapes(env, "epilogue") if st.stage == n - 1 else ()
             tensors = ()
@@ -453,7 +470,8 @@ class CostModel:
                 # the last stage's copy of a tied embedding is written by the first stage's rank (skip_on_save)
                 tied = self.spec.model.head.tied and 0 not in [st.stage for st in mine]
                 for st in mine:
-                    tensors += fo.param_shapes.staged("block", env) * (st.blocks[1] - st.blocks[0])
+                    for i, c in fo.held(*st.blocks):
+                        tensors += fo.param_shapes.staged(("block", i), env) * c
                     tensors += fo.param_shapes.staged("prologue", env) if st.stage == 0 else ()
                     tensors += tuple(t for t in fo.param_shapes.staged("epilogue", env)
                                      if not (tied and t[0] == TIED)) if st.stage == n - 1 else ()
@@ -480,7 +498,7 @@ class CostModel:
             kind, name = where
             if kind == "block":
                 if nb is not None:
-                    return m * nb, None
+                    return m * nb[name], None
                 count_sym, count = self.formulas.counts[name]
                 return m * count, (lambda: m * count_sym)
             return (m, None) if on_rank.get(name, False) else (0, None)
@@ -561,8 +579,9 @@ class CostModel:
             params = lambda: pa.whole.expr  # noqa: E731
             experts = lambda: ex.whole.expr  # noqa: E731
         else:
-            params = lambda: sympy.expand(pa.prologue.expr + nb * pa.block.expr)  # noqa: E731
-            experts = lambda: sympy.expand(ex.prologue.expr + nb * ex.block.expr)  # noqa: E731
+            held = [nb[name] for name, _, _ in self.formulas.edges]
+            params = lambda: sympy.expand(pa.prologue.expr + sum(k * f.expr for k, f in zip(held, pa.block)))  # noqa: E731
+            experts = lambda: sympy.expand(ex.prologue.expr + sum(k * f.expr for k, f in zip(held, ex.block)))  # noqa: E731
         span = plan.span("axis dp")
         # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
         how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
@@ -615,13 +634,6 @@ class CostModel:
             # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep
             add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
                 "updated (one bucket per rank)", params, width=w)
-
-def _stage_bytes(parts: tuple, k: int, n: int, blocks: int):
-    """Bytes stage k of n with `blocks` blocks keeps per micro-batch, from `parts` = (one block's, the prologue's,
-    the epilogue's): the prologue's on the first stage, the epilogue's on the last."""
-    block, first, last = parts
-    return blocks * block + (first if k == 0 else 0) + (last if k == n - 1 else 0)
-
 
 def _recompute(plan) -> str:
     return getattr(plan, "recompute", "none")

@@ -8,7 +8,8 @@ sizes (hidden, layers, ...) are bound at build time. What does not depend on the
 FLOPs per step) stays a sympy expression of the spec's sizes, as the user reads it.
 
 Under pp (`piped`) the trace is cut into segments: a prologue (the layers before the first block: stage 0's), one
-block (a stage with k blocks runs it k times), an epilogue (the layers after the last block: the last stage's) and
+block per `repeat` (a stage holding k blocks of a repeat runs its block k times; `Formulas.held` says which a stage
+holds, its per-block fields are tuples in the repeats' order), an epilogue (the layers after the last block: the last stage's) and
 the loss (also the last stage's). Without pp there is one segment, the whole model (`Segments.whole`). A field's
 docstring says its unit, per what (micro-batch, rank, step) and whether it takes `env`.
 """
@@ -84,8 +85,9 @@ class Segments(Generic[V]):
 
     whole: V | None = None
     """The whole model: the top graph and every block times its repeat count (no pp)."""
-    block: V | None = None
-    """One block (pp): a stage holding k blocks counts it k times."""
+    block: tuple | None = None
+    """One block per `repeat`, in their order (pp): a stage holding k blocks of a repeat counts its block k times
+    (Formulas.within)."""
     prologue: V | None = None
     """The layers before the first block (pp): stage 0's."""
     epilogue: V | None = None
@@ -98,8 +100,8 @@ class Saved:
 
     whole: Mapping[str, Formula] = field(default_factory=dict)
     """The whole model, per recomputation mode (SAVED_MODES), no pp."""
-    block: Mapping[str, Formula] = field(default_factory=dict)
-    """One block, per recomputation mode (SAVED_MODES), pp."""
+    block: Mapping[str, tuple] = field(default_factory=dict)
+    """One block per `repeat` (a tuple in their order), per recomputation mode (SAVED_MODES), pp."""
     prologue: Formula | None = None
     """The prologue, pp."""
     epilogue: Formula | None = None
@@ -125,7 +127,7 @@ class Units:
     root: Formula
     """The root unit: every parameter outside the blocks."""
     block: Formula
-    """One block (the largest, without pp)."""
+    """One block (the largest)."""
 
 
 class SiteFormula(NamedTuple):
@@ -180,9 +182,7 @@ class ParamShapes:
                 for gm in traced.blocks.values():
                     out += [(e, gm.meta[T.REPEAT].count) for e in _param_exprs(gm)]
             else:
-                gm = (next(iter(traced.blocks.values())) if segment == "block" else
-                      traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE])
-                out += [(e, 1) for e in _param_exprs(gm)]
+                out += [(e, 1) for e in _param_exprs(_segment_graph(traced, segment))]
             got = self._compiled[segment] = tuple(ParamShape(Formula(n, self._sub), nd, int(self._values(count)))
                                                   for (n, nd), count in out)
         return got
@@ -214,8 +214,7 @@ class ParamShapes:
                 if segment == "whole":
                     gms = [(traced.top, 1)] + [(gm, gm.meta[T.REPEAT].count) for gm in traced.blocks.values()]
                 else:
-                    gms = [(next(iter(traced.blocks.values())) if segment == "block" else
-                            traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE], 1)]
+                    gms = [(_segment_graph(traced, segment), 1)]
                 split = [(AXES.index(a), size(a)) for a in ("tp", "ep")]
                 compiled = self._compiled[key[:2]] = tuple(
                     (name, Formula(sympy.Mul(*shape), self._sub), Formula(shape[0] if shape else 1, self._sub),
@@ -227,6 +226,13 @@ class ParamShapes:
                 out += [(name, int(elements(env)), int(rows(env)), dims, any(env[i] > 1 for i in axes))] * count
             got = self._at[key] = tuple(out)
         return got
+
+
+def _segment_graph(traced, segment):
+    """The graph of a pp segment: ("block", i) the i-th repeat's block, "prologue", "epilogue"."""
+    if isinstance(segment, tuple):
+        return list(traced.blocks.values())[segment[1]]
+    return traced.top.meta[T.PROLOGUE if segment == "prologue" else T.EPILOGUE]
 
 
 def _param_exprs(gm) -> list:
@@ -243,6 +249,9 @@ class Formulas:
     """The spec's sizes (not the axis sizes nor µb) bound into every Formula."""
     counts: Mapping[str, Count]
     """Per repeated block's name: how many times it runs in one forward."""
+    edges: tuple = ()
+    """(repeat name, first block, end block) of each `repeat` in order, under pp: a stage's blocks are numbered across
+    the repeats (pipeline_split.repeat_edges)."""
 
     # -- the model, per step: sympy, no env ----------------------------------------------------------------------
     model_params: sympy.Expr
@@ -274,7 +283,7 @@ class Formulas:
     """Forward + backward FLOPs of one micro-batch on one rank per segment; under pp `epilogue` includes the loss."""
     recompute: Mapping[str, Formula]
     """Per recomputation mode (RECOMPUTE): recomputation's extra forward FLOPs per micro-batch on one rank, for one
-    block under pp (times the blocks a stage holds), for every block without."""
+    block of each `repeat` under pp (a tuple: Formulas.within sums a stage's), for every block without."""
     saved: Saved
     """Bytes kept for backward per micro-batch on one rank (see Saved)."""
     units: Units
@@ -300,6 +309,14 @@ class Formulas:
     param_shapes: ParamShapes = field(compare=False)
     """Every parameter one rank holds per segment (ZeRO-1's partition), compiled on first use."""
 
+    def held(self, lo: int, hi: int) -> tuple:
+        """(repeat index, blocks) of each repeat with blocks in the global range [lo, hi) (a stage's), pp."""
+        return tuple((i, min(hi, b) - max(lo, a)) for i, (_, a, b) in enumerate(self.edges) if max(lo, a) < min(hi, b))
+
+    def within(self, per_repeat: tuple, lo: int, hi: int, env: tuple):
+        """The sum over the blocks [lo, hi) of a per-block quantity (one Formula per repeat), at env, pp."""
+        return sum(k * per_repeat[i](env) for i, k in self.held(lo, hi))
+
     @classmethod
     def build(cls, spec, traced, precision: str) -> "Formulas":
         """Read the graphs `traced` (after the passes) of `spec` once and compile every formula; `precision`: the
@@ -309,6 +326,7 @@ class Formulas:
 
 def _build(spec, traced, precision: str) -> Formulas:
     from compiler.cost import activations as A
+    from compiler.passes import pipeline_split as PS
     sub = MappingProxyType({k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS})
 
     def fn(expr) -> Formula:
@@ -340,14 +358,16 @@ def _build(spec, traced, precision: str) -> Formulas:
     # Recomputation's working set: the block whose backward runs, rematerialised (one at a time).
     recomputed = (sympy.Max(*[A.saved_bytes(g, prec, device) for g in blocks]) if blocks else sympy.Integer(0))
     if piped:
-        (gm,) = blocks
+        gm = blocks[0]
         pro, epi, loss = top.meta[T.PROLOGUE], top.meta[T.EPILOGUE], top.meta[T.LOSS]
-        seg_params = Segments(block=PA.segment_params(gm), prologue=PA.segment_params(pro),
+        seg_params = Segments(block=tuple(PA.segment_params(g) for g in blocks), prologue=PA.segment_params(pro),
                               epilogue=PA.segment_params(epi))
-        seg_experts = Segments(block=PA.segment_expert_params(gm), prologue=PA.segment_expert_params(top, mine=pro))
-        fb = {k: F.graph_forward(g) + F.graph_backward(g) for k, g in (("block", gm), ("prologue", pro),
-                                                                     ("epilogue", epi), ("loss", loss))}
-        flops = Segments(block=fn(fb["block"]), prologue=fn(fb["prologue"]), epilogue=fn(fb["epilogue"] + fb["loss"]))
+        seg_experts = Segments(block=tuple(PA.segment_expert_params(g) for g in blocks),
+                               prologue=PA.segment_expert_params(top, mine=pro))
+        fb = {k: F.graph_forward(g) + F.graph_backward(g) for k, g in (("prologue", pro), ("epilogue", epi),
+                                                                     ("loss", loss))}
+        flops = Segments(block=tuple(fn(F.graph_forward(g) + F.graph_backward(g)) for g in blocks),
+                         prologue=fn(fb["prologue"]), epilogue=fn(fb["epilogue"] + fb["loss"]))
         send_expr = sympy.expand(sympy.Mul(*gm.meta[T.INPUTS]["x"]))
         # What torch.distributed.pipelining keeps besides: each micro-batch's stage output until its backward
         # (every stage but the last: fwd_cache; runtime.pipeline.InFlight waits on its send there), and on the
@@ -356,26 +376,31 @@ def _build(spec, traced, precision: str) -> Formulas:
         out = next(n for n in epi.graph.nodes if n.op == "output").args[0]
         # runtime.pipeline.InFlight frees a sent output once its send completed when it is a residual add (its
         # backward reads no data; runtime.pipeline._freeable): the block's last op, which ends every stage
-        # before the last. Then only the output whose send is still under way is kept.
-        last = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        last = last[0] if isinstance(last, (tuple, list)) and len(last) == 1 else last
-        op = O.find(last, gm) if getattr(last, "op", None) == "call_function" else None
-        frees_sent = op is not None and op.freed_when_sent
-        saved = Saved(block=MappingProxyType({mode: fn(A.block_saved_bytes(gm, prec, device, mode))
-                                              for mode in SAVED_MODES}),
+        # before the last (whichever repeat's block ends it: each must).
+        def freed(g) -> bool:
+            last = next(n for n in g.graph.nodes if n.op == "output").args[0]
+            last = last[0] if isinstance(last, (tuple, list)) and len(last) == 1 else last
+            op = O.find(last, g) if getattr(last, "op", None) == "call_function" else None
+            return op is not None and op.freed_when_sent
+        frees_sent = all(freed(g) for g in blocks)
+        saved = Saved(block=MappingProxyType({mode: tuple(fn(A.block_saved_bytes(g, prec, device, mode))
+                                                          for g in blocks) for mode in SAVED_MODES}),
                       prologue=fn(A.saved_bytes(pro, prec, device)), epilogue=fn(A.saved_bytes(epi, prec, device)),
                       loss=fn(A.saved_bytes(loss, prec, device)),
                       logits=fn(A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)),
                       sent=fn(send_expr * A.widths(prec)["res"]), recomputed=fn(recomputed),
                       # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
-                      wgrad=Segments(block=fn(A.weight_output_grads(gm, prec)),
+                      wgrad=Segments(block=tuple(fn(A.weight_output_grads(g, prec)) for g in blocks),
                                      prologue=fn(A.weight_output_grads(pro, prec)),
                                      epilogue=fn(A.weight_output_grads(epi, prec))))
-        backward_ws = Segments(block=A.backward_working_set(gm, prec), prologue=A.backward_working_set(pro, prec),
-                               epilogue=A.backward_working_set(epi, prec))
-        units = Units(root=fn(seg_params.prologue + seg_params.epilogue), block=fn(seg_params.block))
+        backward_ws = Segments(block=tuple(A.backward_working_set(g, prec) for g in blocks),
+                               prologue=A.backward_working_set(pro, prec), epilogue=A.backward_working_set(epi, prec))
+        block_params = seg_params.block
+        units = Units(root=fn(seg_params.prologue + seg_params.epilogue),
+                      block=fn(block_params[0] if len(block_params) == 1 else sympy.Max(*block_params)))
         loss_graph = loss
-        recompute = {mode: fn(F.recomputed_forward(gm, mode)) for mode in RECOMPUTE}  # one block
+        recompute = {mode: tuple(fn(F.recomputed_forward(g, mode)) for g in blocks) for mode in RECOMPUTE}  # a block
+        edges = PS.repeat_edges(traced, spec.value)
     else:
         total = PA.segment_params(top)
         experts = PA.segment_expert_params(top)
@@ -398,17 +423,22 @@ def _build(spec, traced, precision: str) -> Formulas:
         recompute = {mode: fn(sum((gm.meta[T.REPEAT].count * F.recomputed_forward(gm, mode) for gm in blocks),
                                   sympy.Integer(0)))
                      for mode in RECOMPUTE}  # every block
+        edges = ()
 
     def compiled(segs: Segments) -> Segments:
-        return Segments(*(None if v is None else fn(v) for v in (segs.whole, segs.block, segs.prologue,
-                                                                  segs.epilogue)))
+        return Segments(whole=None if segs.whole is None else fn(segs.whole),
+                        block=None if segs.block is None else tuple(fn(v) for v in segs.block),
+                        prologue=None if segs.prologue is None else fn(segs.prologue),
+                        epilogue=None if segs.epilogue is None else fn(segs.epilogue))
 
     def moments(segs: Segments) -> Segments:
-        return Segments(*(None if v is None else tuple(fn(e) for e in set(v))
-                          for v in (segs.whole, segs.block, segs.prologue, segs.epilogue)))
+        def of(v):
+            return None if v is None else tuple(fn(e) for e in set(v))
+        return Segments(whole=of(segs.whole), block=None if segs.block is None else tuple(of(v) for v in segs.block),
+                        prologue=of(segs.prologue), epilogue=of(segs.epilogue))
 
     return Formulas(
-        piped=piped, sub=sub, counts=MappingProxyType(counts),
+        piped=piped, sub=sub, counts=MappingProxyType(counts), edges=edges,
         model_params=model_params, model_params_n=spec.value(model_params), flops_fwd=flops_fwd,
         flops_step=flops_step, flops_step_n=spec.value(flops_step),
         # the experts' empty slots (trace_model): hardware FLOPs, not model FLOPs

@@ -356,9 +356,11 @@ class _Model:
         def seg(gm):
             return Segment(gm, sub, ARGS, prec)
         self.segments: dict = {}
+        # a block per `repeat`, by name: ("block", name)
         if cm.formulas.piped:
             top = traced.top
-            self.segments["block"] = seg(next(iter(traced.blocks.values())))
+            for name, gm in traced.blocks.items():
+                self.segments[("block", name)] = seg(gm)
             for k, key in (("prologue", T.PROLOGUE), ("epilogue", T.EPILOGUE), ("loss", T.LOSS)):
                 self.segments[k] = seg(top.meta[key])
         else:
@@ -371,7 +373,7 @@ class _Model:
     def where_key(self, site):
         kind, name = site.where
         if kind == "block":
-            return "block" if self.cm.formulas.piped else ("block", name)
+            return ("block", name)
         return name
 
 
@@ -530,7 +532,8 @@ class Simulator:
             stage_params = self._stage_params(cm, plan, env)
             per, last_backward = None, 0.0
             layout = cm.stages_for(plan, env)
-            stage_ops = [(hi - lo) * pieces["block"].ops + (pieces["prologue"].ops if k == 0 else 0)
+            blocks = [pieces[("block", name)] for name, _, _ in fo.edges]
+            stage_ops = [sum(c * blocks[i].ops for i, c in fo.held(lo, hi)) + (pieces["prologue"].ops if k == 0 else 0)
                          + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
                          for k, (lo, hi) in enumerate(layout)]
             ops = m * max(sum(stage_ops[r::pp]) for r in range(pp))
@@ -639,8 +642,8 @@ class Simulator:
         out = {}
         for r in range(pp):
             mine = range(r, n, pp)
-            nb = sum(layout[k][1] - layout[k][0] for k in mine)
-            out[r] = (params.prologue(env) * (0 in mine) + nb * params.block(env)
+            fo = cm.formulas
+            out[r] = (params.prologue(env) * (0 in mine) + sum(fo.within(params.block, *layout[k], env) for k in mine)
                       + params.epilogue(env) * (n - 1 in mine))
         return out
 
@@ -651,12 +654,18 @@ class Simulator:
         layers on stage 0 and the last layers and loss on the last stage."""
         layout = cm.stages_for(plan, env)
         n = len(layout)
-        blk, pro, epi, loss = (pieces[k] for k in ("block", "prologue", "epilogue", "loss"))
+        fo = cm.formulas
+        blocks = [pieces[("block", name)] for name, _, _ in fo.edges]
+        pro, epi, loss = (pieces[k] for k in ("prologue", "epilogue", "loss"))
         f, b, w, comm = [], [], [], []
         for s, (lo, hi) in enumerate(layout):
-            nb = hi - lo
-            fs, bs, ws = nb * blk.forward, nb * blk.backward, nb * blk.weight
-            cs = {a: nb * t for a, t in blk.comm.items()}
+            fs = bs = ws = 0.0
+            cs: dict = {}
+            for i, nb in fo.held(lo, hi):
+                blk = blocks[i]
+                fs, bs, ws = fs + nb * blk.forward, bs + nb * blk.backward, ws + nb * blk.weight
+                for a, t in blk.comm.items():
+                    cs[a] = cs.get(a, 0.0) + nb * t
             extra = ([pro] if s == 0 else []) + ([epi, loss] if s == n - 1 else [])
             for pc in extra:
                 fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight

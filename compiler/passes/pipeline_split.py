@@ -21,7 +21,8 @@ from compiler.symbols import MICRO_BATCH
 
 def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra: int = 0,
                    last_extra: int = 0) -> tuple[tuple[int, int], ...]:
-    """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the model's one `repeat`),
+    """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the blocks of the model's
+    `repeat`s, concatenated: global indices),
     stage k on pp rank k mod p, each stage at least one block; minimising the slowest rank's compute: the sum over
     its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the last (rank p - 1) also
     `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
@@ -120,14 +121,34 @@ def _subgraph(gm: fx.GraphModule, name: str, inputs: dict, output: fx.Node) -> f
 
 
 def _pieces(traced: T.Traced):
-    """The top level's call of the blocks, and its loss node."""
+    """The top level's calls of the blocks, one per `repeat` in order (consecutive: each feeds the next, as the rules
+    require), and its loss node."""
     top = traced.top
-    (name,) = traced.blocks
-    blocks_node = next(n for n in top.graph.nodes if n.op == "call_module" and n.target == name)
+    names = set(traced.blocks)
+    calls = [n for n in top.graph.nodes if n.op == "call_module" and n.target in names]
+    for before, after in zip(calls, calls[1:]):
+        assert after.args[0] is before, f"a layer stands between `{before.target}` and `{after.target}`"
     loss_node = next(n for n in top.graph.nodes if n.meta.get(T.LAYER) is not None
                      and isinstance(n.meta[T.LAYER], S.CrossEntropy) and n.op == "call_function"
                      and n.target not in ("flatten", "float"))
-    return blocks_node, loss_node
+    return calls, loss_node
+
+
+def repeat_edges(traced: T.Traced, value) -> tuple:
+    """(repeat name, first global block, end global block) of each `repeat` in order, its count a number under
+    `value`: a pipeline's global block i is the i-th of the repeats' blocks concatenated."""
+    out, first = [], 0
+    for name, gm in traced.blocks.items():
+        n = int(value(gm.meta[T.REPEAT].count))
+        out.append((name, first, first + n))
+        first += n
+    return tuple(out)
+
+
+def held(edges: tuple, lo: int, hi: int) -> tuple:
+    """(index of the repeat in `edges`, its first local block, its end local block) of each repeat with blocks in the
+    global range [lo, hi): what a stage holding blocks lo..hi-1 builds of each repeat."""
+    return tuple((i, max(lo, a) - a, min(hi, b) - a) for i, (_, a, b) in enumerate(edges) if max(lo, a) < min(hi, b))
 
 
 def _upstream(output: fx.Node, stop: set) -> set:
@@ -143,12 +164,11 @@ def _upstream(output: fx.Node, stop: set) -> set:
 
 
 def split_costs(traced: T.Traced) -> tuple:
-    """Forward FLOPs of one sequence (b = 1) through one block, through the prologue (tokens to the residual
-    stream) and through the epilogue and loss, as sympy expressions of the sizes (tp and ep included once their
-    passes have run): what `stage_policy` balances."""
+    """Forward FLOPs of one sequence (b = 1) through each repeat's block (a tuple, in the repeats' order), through
+    the prologue (tokens to the residual stream) and through the epilogue and loss, as sympy expressions of the
+    sizes (tp and ep included once their passes have run): what `stage_policy` balances."""
     top = traced.top
-    (block_gm,) = traced.blocks.values()
-    blocks_node, loss_node = _pieces(traced)
+    calls, loss_node = _pieces(traced)
     logits = loss_node.args[0]
     targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
     ones = {MICRO_BATCH: sympy.Integer(1)}
@@ -156,14 +176,15 @@ def split_costs(traced: T.Traced) -> tuple:
     def flops(nodes):
         return sympy.expand(sympy.sympify(sum((n.meta.get(T.FLOPS, 0) for n in nodes), sympy.Integer(0)))
                             .xreplace(ones))
-    first = flops(_upstream(blocks_node.args[0], set()))
-    last = flops(_upstream(logits, {blocks_node})) + flops(_upstream(loss_node, {logits, targets}))
-    return flops(block_gm.graph.nodes), first, last
+    first = flops(_upstream(calls[0].args[0], set()))
+    last = flops(_upstream(logits, {calls[-1]})) + flops(_upstream(loss_node, {logits, targets}))
+    return tuple(flops(gm.graph.nodes) for gm in traced.blocks.values()), first, last
 
 
 def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tuple:
-    """The stage layout: the user's, or the cost-balanced cut of `blocks` equal blocks into pp × virtual_stages
-    stages, the first also paying `first` and the last `last` (FLOPs of one sequence)."""
+    """The stage layout: the user's, or the cost-balanced cut of `blocks` blocks into pp × virtual_stages stages,
+    each block counted at `per_block` (with several `repeat`s, their mean: the blocks are counted equally), the
+    first also paying `first` and the last `last` (FLOPs of one sequence)."""
     if plan.size("pp") == 1:
         return ()
     if plan.layout:  # the user's, checked complete and disjoint by the rules
@@ -172,17 +193,18 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
 
 
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
-    """Cut the top level at its blocks into prologue (tokens → residual stream), epilogue (→ logits) and loss
+    """Cut the top level at its blocks (those of every `repeat`, consecutive) into prologue (tokens → residual
+    stream), epilogue (→ logits) and loss
     (trace.PROLOGUE, EPILOGUE, LOSS of the top's meta). The cut is the same for every stage layout: which blocks
     each stage holds is the Plan's (`plan.stages`), read from there by the cost model and codegen."""
     if plan.size("pp") == 1:
         return traced
     top = traced.top
-    blocks_node, loss_node = _pieces(traced)
+    calls, loss_node = _pieces(traced)
     logits = loss_node.args[0]
     tokens = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "tokens")
     targets = next(n for n in top.graph.nodes if n.op == "placeholder" and n.name == "targets")
-    top.meta[T.PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, blocks_node.args[0])
-    top.meta[T.EPILOGUE] = _subgraph(top, "epilogue", {blocks_node: "x"}, logits)
+    top.meta[T.PROLOGUE] = _subgraph(top, "prologue", {tokens: "tokens"}, calls[0].args[0])
+    top.meta[T.EPILOGUE] = _subgraph(top, "epilogue", {calls[-1]: "x"}, logits)
     top.meta[T.LOSS] = _subgraph(top, "loss_fn", {logits: "logits", targets: "targets"}, loss_node)
     return traced

@@ -1,4 +1,5 @@
-"""What a pipeline requires (the rules of compiler/passes/pipeline_split.py's plans): enough blocks, enough
+"""What a pipeline requires (the rules of compiler/passes/pipeline_split.py's plans): consecutive `repeat`s (their
+blocks, concatenated, are what stages hold: global block i is the i-th of them all), enough blocks, enough
 micro-batches, a valid interleaving and layout, a schedule small enough to prove.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
@@ -46,18 +47,29 @@ def requires(spec: S.Spec, plan) -> list:
                               label="each block's backward would run twice",
                               help='use `compile = false` (the default under zero-bubble), or another schedule'))
     at = "axis pp"
-    repeats = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
-    if len(repeats) != 1:
-        out.append(plan_error(plan, at, "E0605", f"a pipeline cuts one `repeat` into stages; this model has "
-                              f"{len(repeats)}", help="write the model's blocks as a single `repeat`"))
+    repeats = list(spec.model.blocks)
+    if not repeats:
+        out.append(plan_error(plan, at, "E0605", "a pipeline cuts the blocks of `repeat`s into stages; this model "
+                              "has none", help="write the model's transformer layers as a `repeat`"))
         return out
-    blocks = int(spec.value(repeats[0].count))
+    between = _between(spec)
+    if between is not None:
+        layer, before, after = between
+        kind = getattr(layer, "kind", None) or type(layer).__name__.lower()  # layernorm, rmsnorm, residual, mlp
+        out.append(plan_error(plan, at, "E0605", f"a layer ({kind}, line {layer.span.line}) stands between the "
+                              f"`repeat`s of lines {before.span.line} and {after.span.line}: a pipeline cuts the "
+                              f"blocks of consecutive `repeat`s into stages", label="refused while pp > 1",
+                              help="move the layer into a `repeat` (or a `repeat 1` of its own), or before the first "
+                                   "`repeat` or after the last"))
+        return out
+    blocks = sum(int(spec.value(r.count)) for r in repeats)
     stages = pp * v
     if stages > blocks:
+        where = (f"the `repeat` at {repeats[0].span} has {blocks} blocks" if len(repeats) == 1 else
+                 f"its {len(repeats)} `repeat`s have {blocks} blocks")
         out.append(plan_error(plan, at, "E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would "
                               "be empty", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
-                              help=f"use at most {blocks} stages (the `repeat` at {repeats[0].span} has {blocks} "
-                                   "blocks)"))
+                              help=f"use at most {blocks} stages ({where})"))
     elif plan.schedule == "interleaved-1f1b" and blocks % stages:
         out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
                               "equal stages", help=f"choose pp × virtual_stages dividing {blocks}"))
@@ -79,6 +91,17 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, at, "E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} "
                               "is not a multiple", help=f"use a multiple of {pp} micro-batches"))
     return out
+
+
+def _between(spec: S.Spec):
+    """(layer, repeat before it, repeat after it) for the first layer of the body standing between two `repeat`s,
+    or None: a pipeline cuts the concatenated blocks of consecutive repeats, and a stage holds only blocks."""
+    body = spec.model.body
+    idx = [i for i, x in enumerate(body) if isinstance(x, S.Repeat)]
+    for a, b in zip(idx, idx[1:]):
+        if b > a + 1:
+            return body[a + 1], body[a], body[b]
+    return None
 
 
 def _layout_requires(plan, blocks: int, stages: int) -> list:

@@ -76,6 +76,15 @@ GEMMA2 = (("embedding(vocab, hidden)\n  positional(seq, hidden)", "embedding(voc
            f"{_NORM}\n  lm_head(vocab, hidden, tied = true, softcap = 30)"))
 
 MOE = "samples/moe_gpt.scale"
+# DeepSeek-V3's shape on moe_gpt.scale: a dense first layer (`repeat 1`), then MoE layers (`repeat 3`)
+DENSE_FIRST = (("  repeat layers / 2 {\n"
+                "    residual { layernorm(hidden)  attention(hidden, heads) }\n"
+                "    residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }\n",
+                "  repeat 1 {\n"
+                "    residual { layernorm(hidden)  attention(hidden, heads) }\n"
+                "    residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }\n"
+                "  }\n"
+                "  repeat 3 {\n"),)
 
 
 # Cases moved out of this table to keep the suite within its time (each is held elsewhere): a manual stage layout
@@ -203,6 +212,11 @@ CASES = (
     Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4,
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
+    Case(id="moe_pp2_dense_first", sample=MOE, nproc=4,
+         edits=DENSE_FIRST + CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4),
+         description="a dense block (`repeat 1`) then three MoE blocks (`repeat 3`), DeepSeek-V3's shape, cut into two "
+                     "1F1B stages across the repeats' boundary (stage 0: the dense block and the first MoE block) × "
+                     "experts over ep = 2: each stage's memory, FLOPs and all-to-alls from the blocks it holds"),
     Case(id="pp2_tp2_sp_interleaved", sample="samples/gpt_3d.scale", nproc=4, steps=2,
          edits=(("attention(hidden, heads)", "attention(hidden, heads, rope_theta = 10000, window = 8, "
                                              "qk_norm = rmsnorm)"),) + EVAL,

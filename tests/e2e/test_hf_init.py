@@ -35,7 +35,7 @@ MESHES = {
     "tp2_phi3": ("phi3", "axis tp = 2\n  devices_per_node = 2", 2, ()),
     # Gemma 2: pairs of layers a block, each tp rank its heads' and vocabulary's share of the soft-capped scores and
     # logits; Gemma 3: two blocks of three layers (the stack runtime/hf_names.py reads by), a block a stage (a
-    # pipeline cuts one repeat: Gemma-3-1B's two, 4 × 6 + 2 layers, are refused under pp, E0605)
+    # pipeline cuts the blocks of consecutive repeats: Gemma-3-1B's two, 4 × 6 + 2 layers, are one sequence of 5)
     "dp2_tp2_gemma2": ("gemma2", "axis dp = 2\n  axis tp = 2\n  devices_per_node = 4", 4, ()),
     "pp2_gemma3": ("gemma3_whole", "axis pp = 2\n  devices_per_node = 2", 2,
                    (("micro_batches = 1", "micro_batches = 2"),)),
