@@ -4,6 +4,7 @@ the same model run densely in one process, same model, same global batch, same s
     python bench/moe.py                  # samples/moe_gpt.scale at bench sizes, 3 rounds, ~2.5 minutes
     python bench/moe.py --quick          # one round of 5 steps each: a sanity run, ~1 minute
     python bench/moe.py --steps 16 --rounds 5 --keep /tmp/moe-bench
+    python bench/moe.py --dropless       # dropless grouped against dropless padded, both ep = 2 (issue 25)
 
 The .scale file is edited to bench sizes (`--hidden 256 --heads 8 --layers 4 --seq 128 --vocab 512 --batch 8`:
 two MoE layers of 8 SwiGLU experts with 512 hidden units each, top-2, capacity factor 1.25, as the sample has them)
@@ -295,6 +296,72 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
         print(line(r))
 
 
+# -- dropless: grouped against padded (issue 25) ----------------------------------------------------------------------
+
+DROPLESS = ("padded", "grouped")
+
+
+def _dropless_text(text: str, dispatch: str) -> str:
+    """The sample's `moe` made dropless (`capacity_factor = none`), its dispatch `padded` (every expert a buffer of
+    seq slots per sequence) or `grouped` (the tokens sorted by expert, variable all-to-alls, grouped matmuls)."""
+    if "capacity_factor = 1.25," not in text:
+        raise SystemExit(f"{WHO}: --dropless wants the sample's `capacity_factor = 1.25,` to replace")
+    extra = " dispatch = grouped," if dispatch == "grouped" else ""
+    return text.replace("capacity_factor = 1.25,", f"capacity_factor = none,{extra}").replace(
+        "dropped = residual)", "renormalize = true)")
+
+
+def dropless_main(args) -> None:
+    """`--dropless`: today's dropless (buffers padded to the worst case, capacity = seq) against dropless grouped,
+    both the generated ep = 2 program, alternating round after round; median step time, the compiler's hardware
+    FLOPs per step of each (the padded one's counts every empty slot), their ratios, and the losses (the same
+    model: equal to float32 rounding)."""
+    with tempfile.TemporaryDirectory(prefix="scalec-moe-dropless-") as tmp:
+        work = Path(args.keep).resolve() if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        text = edited_text(args)
+        rel = Path(args.scale).as_posix()
+        builds, hw, model = {}, {}, {}
+        for kind in DROPLESS:
+            builds[kind] = work / f"build_{kind}"
+            compiled = compile_into(_set_mesh(_dropless_text(text, kind), "axis ep = 2", 2), rel, builds[kind], "ep",
+                                    WHO)
+            hw[kind], model[kind] = compiled.costs.flops_step_hw_n, compiled.costs.flops_step_n
+        print(f"dropless MoE at bench sizes ({', '.join(f'{k} {getattr(args, k)}' for k in SIZES)}, batch "
+              f"{args.batch}), ep = 2 ranks × 1 thread; {args.rounds} round(s) of {args.steps} steps, first "
+              f"{args.skip} left out", flush=True)
+        times = {k: [] for k in DROPLESS}
+        losses, counts = {}, {}
+        for r in range(args.rounds):
+            line = []
+            for kind in DROPLESS:
+                metrics, counted = work / f"{kind}_{r}.jsonl", work / f"{kind}_bytes_{r}.json"
+                wall, other = _run(["bash", str(builds[kind] / "launch.sh"), "--steps", str(args.steps),
+                                    "--metrics", str(metrics), "--count-bytes", str(counted)], kind, args.verbose)
+                run = read_metrics(metrics)
+                losses.setdefault(kind, [m["loss"] for m in run])
+                counts[kind] = json.loads(counted.read_text()) if counted.exists() else {}
+                timed = [m["step_time"] for m in run[args.skip:]]
+                times[kind] += timed
+                line.append(f"{kind} {statistics.median(timed) * 1e3:6.1f} ms/step (others {other / wall:.2f} CPUs)")
+            print(f"  round {r + 1}: " + ", ".join(line), flush=True)
+        med = {k: statistics.median(times[k]) for k in DROPLESS}
+        print()
+        _table(["dropless", "median ms/step", "ratio vs padded", "hardware FLOP/step", "hardware / model FLOPs",
+                "ratio vs padded", "all_to_all bytes (last step)", "steps timed"],
+               [[k, f"{med[k] * 1e3:.1f}", f"{med[k] / med['padded']:.2f}", f"{hw[k]:.4g}", f"{hw[k] / model[k]:.3f}",
+                 f"{hw[k] / hw['padded']:.3f}", _mib(counts[k].get("all_to_all/ep", 0)), str(len(times[k]))]
+                for k in DROPLESS])
+        gap = max(abs(a - b) / abs(b) for a, b in zip(losses["grouped"], losses["padded"]))
+        print(f"model FLOPs per step {model['padded']:.4g} (both); losses agree to {gap:.1e} relative "
+              f"(padded {losses['padded'][0]:.6f} → {losses['padded'][-1]:.6f}, grouped {losses['grouped'][0]:.6f} "
+              f"→ {losses['grouped'][-1]:.6f})")
+        if args.keep:
+            print(f"builds, metrics and byte counts in {work}")
+        if gap > 1e-4:
+            raise SystemExit(f"{WHO}: padded and grouped dropless disagree (losses {gap:.1e} apart)")
+
+
 def main() -> None:
     if "--worker" in sys.argv:  # `bench/moe.py --worker KIND --build DIR -- PROGRAM ARGS`
         p = argparse.ArgumentParser(prog=WHO)
@@ -318,11 +385,16 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one round of 5 steps each (2 of them warm-up)")
     p.add_argument("--keep", metavar="DIR", help="write the builds, metrics and byte counts here (default: a temp dir)")
     p.add_argument("--verbose", action="store_true", help="show each run's output")
+    p.add_argument("--dropless", action="store_true", help="instead: dropless grouped against dropless padded "
+                   "(capacity_factor = none), both over ep = 2 (issue 25)")
     args = p.parse_args()
     if args.quick:
         args.steps, args.skip, args.rounds = 5, 2, 1
     if args.steps <= args.skip:
         raise SystemExit(f"{WHO}: --steps {args.steps} leaves no step after the {args.skip} skipped")
+    if args.dropless:
+        dropless_main(args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="scalec-moe-") as tmp:
         work = Path(args.keep).resolve() if args.keep else Path(tmp)

@@ -267,6 +267,10 @@ CODES: dict[str, Code] = {
                   "shifts which experts a token chooses (DeepSeek-V3's auxiliary-loss-free balancing); when every "
                   "token goes to all the experts (top_k = experts) there is no choice to shift, and the bias does "
                   "nothing."),
+    "E0717": Code("grouped dispatch with a capacity", "`dispatch = grouped` sorts every choice to its expert and "
+                  "runs the experts on exactly the rows they received: it is dropless, and a capacity factor would "
+                  "say how many choices to drop. Write `capacity_factor = none` with it, or remove `dispatch` to "
+                  "keep the capacity (padded buffers, choices over capacity dropped)."),
     "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
                   "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
                   "shared expert a width with `shared_ffn`, or remove `shared_gate`."),

@@ -27,7 +27,7 @@ from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
 # flow, and the emitted program calls the same functions.
-from runtime.moe import Experts, ExpertBias, combine, dispatch, route
+from runtime.moe import Experts, ExpertBias, combine, dispatch, route, sort_tokens, unsort_combine
 
 # The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
 CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
@@ -194,6 +194,16 @@ class Segment(nn.Module):
 
         # DeepSeek-V3's expert bias: a leaf holding it and the step's load, handed to the router by a call
         bias = self._leaf(f"{p}_bias", ExpertBias(n_experts, m.bias_update), {}, m.span) if m.bias_update else None
+
+        if m.dispatch == "grouped":  # dropless without padding: capacity = seq, so route drops no choice
+            def run(seg, x_BSH):
+                kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
+                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
+                rows_TH, counts_E = sort_tokens(x_BSH, slot_BSK, n_experts, capacity)
+                y_TH = getattr(seg, experts)(rows_TH, counts_E)
+                y_BSH = unsort_combine(y_TH, slot_BSK, gate_BSK, capacity)
+                return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
+            return _Step(m, run)
 
         def run(seg, x_BSH):
             kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}

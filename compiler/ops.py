@@ -229,17 +229,23 @@ def _experts_shape(node, args, kwargs, gm):
     mod = gm.get_submodule(node.target)
     e, h, f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"]
     x = args[0]
-    # Every slot is computed, empty or not (the buffers are padded to capacity): 2 or 3 matmuls.
-    return x, (3 if mod.act == "swiglu" else 2) * 2 * x[0] * x[1] * h * f
+    # Padded (E × N × H): every slot is computed, empty or not (the buffers are padded to capacity); grouped
+    # (T × H, `dispatch = grouped`): each row once, by its expert. 2 or 3 matmuls.
+    return x, (3 if mod.act == "swiglu" else 2) * 2 * _numel(x[:-1]) * h * f
+
+
+def _experts_backward(node, gm, needs, fwd):
+    """The weights' gradient matmul, and the input's where it needs one (the grouped call's counts are integers:
+    no gradient)."""
+    return fwd * (1 + (1 if needs.get(node.args[0], False) else 0))
 
 
 def _experts_saved(g, node, args):
     mod = g.gm.get_submodule(node.target)
     x = args[0]
-    e, n, _ = x.meta[K.SHAPE]
     f = g.params[f"{node.target}.w_up"][2]
     g.keep_matmul_input(x, node)
-    hidden = e * n * f * g.act
+    hidden = _numel(x.meta[K.SHAPE][:-1]) * f * g.act
     # GELU: its input, and its output (the down matmul's input); SwiGLU: the gate (silu's input), silu's output,
     # the up projection (the product's operands) and their product (the down matmul's input).
     g.saved[("experts", node)] = hidden * (4 if mod.act == "swiglu" else 2)
@@ -250,22 +256,24 @@ def _experts_dims(node, gm):
     ps = gm.meta[K.PARAM_SHAPES]
     x = node.args[0].meta[K.SHAPE]
     e, h, f = ps[f"{node.target}.w_up"]  # every expert's buffer, (experts, capacity, hidden)
+    if len(x) == 2:  # grouped: T rows over the rank's e experts, balanced (T/e each) as the step-time model assumes
+        return e, x[0] / e, f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
     return x[0], x[1], f, h, _numel(ps[f"{node.target}.w_up"]) * (3 if mod.act == "swiglu" else 2)
 
 
 def _experts_wgrad(node, gm, widths):
     mod = gm.get_submodule(node.target)
-    e, n, h = node.meta[K.SHAPE]
+    *rows, h = node.meta[K.SHAPE]
     f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"][2]
-    return (e * n * f * (2 if mod.act == "swiglu" else 1) + e * n * h) * widths["act"]
+    return _numel(rows) * (f * (2 if mod.act == "swiglu" else 1) + h) * widths["act"]
 
 
 def _experts_padding(node, seq):
     """Model FLOPs count top_k experts per token (MFU as PaLM defines it); the program computes every slot of the
     experts' buffers, padded to capacity (E·C per sequence, C = seq when dropless)."""
     layer = node.meta.get(K.LAYER)
-    if layer is None or not hasattr(layer, "top_k"):
-        return None
+    if layer is None or not hasattr(layer, "top_k") or getattr(layer, "dispatch", "padded") == "grouped":
+        return None  # grouped: no empty slot (torch's grouped GEMM pads each group to runtime.moe.GROUP_ALIGN rows)
     return 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
 
 
@@ -273,9 +281,10 @@ def _experts_kept(node, gm, needed, act):
     """Under selective recomputation: up (and gate), which the experts' own backward recomputes their activation
     from whatever reads the output, and the down matmul's output only where the backward needs it."""
     mod = gm.get_submodule(node.target)
-    e, n, h = node.meta[K.SHAPE]
+    *rows, h = node.meta[K.SHAPE]
+    rows = _numel(rows)
     f = gm.meta[K.PARAM_SHAPES][f"{node.target}.w_up"][2]
-    return (e * n * f * (2 if mod.act == "swiglu" else 1) + (e * n * h if needed else 0)) * act
+    return (rows * f * (2 if mod.act == "swiglu" else 1) + (rows * h if needed else 0)) * act
 
 
 def _expert_bias_shape(node, args, kwargs, gm):
@@ -306,7 +315,7 @@ MODULES = {
     moe.ExpertBias: Op("expert_bias", _expert_bias_shape, lambda node, gm, args: ("fp32", "fp32"), free=True,
                        outputs=("bias", "load"),
                        render=lambda m: f"moe.ExpertBias({m.bias.shape[0]}, rate={m.rate!r})"),
-    moe.Experts: Op("experts", _experts_shape, _act, _experts_saved, _module_backward, selective=True,
+    moe.Experts: Op("experts", _experts_shape, _act, _experts_saved, _experts_backward, selective=True,
                     dims=_experts_dims, wgrad=_experts_wgrad, render=_render_experts, padding=_experts_padding,
                     kept=_experts_kept),
 }
@@ -571,6 +580,46 @@ def _combine_saved(g, node, args):
         g.keep(args[3])
 
 
+# dropless without padding (`moe(..., dispatch = grouped)`): the rows of every choice sorted by expert, T = B·S·K of
+# them on each rank; under ep a rank's experts receive R rows, T on average under balanced routing (the shape the
+# trace carries: the rows are data-dependent, their count is not known before the router runs).
+
+
+def _sort_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]
+    b, s, h = args[0]
+    k = args[1][2]
+    return ((b * s * k, h), (layer.experts,)), ZERO
+
+
+def _sort_saved(g, node, args):
+    b, s, k = args[1].meta[K.SHAPE]
+    g.new(node, "index", (b * s * k,), INT_BYTES)   # an indexing's backward keeps its index: one int64 per row
+
+
+def _rows_index_saved(g, node, args):
+    """The grouped all-to-alls reorder the received rows by an index, which their backward keeps (R = T rows)."""
+    g.new(node, "index", (args[0].meta[K.SHAPE][0],), INT_BYTES)
+
+
+def _unsort_shape(node, args, kwargs, gm):
+    b, s, _ = args[1]
+    return (b, s, args[0][1]), ZERO
+
+
+def _unsort_saved(g, node, args):
+    b, s, k = args[1].meta[K.SHAPE]
+    g.new(node, "index", (b * s * k,), INT_BYTES)   # the rows back in (token, choice) order: the index
+    g.new(node, "picked", (b, s, k, args[0].meta[K.SHAPE][1]), g.act)   # the product's operands: the rows
+    g.new(node, "weights", (b, s, k), g.act)                            # and the gates in the compute dtype
+
+
+def _counts_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]
+    n = size(args[1])
+    return (n, layer.experts / n), ZERO
+
+
 def _a2a_shape(scale):
     def shape(node, args, kwargs, gm):
         e, n, h = args[0]
@@ -649,6 +698,15 @@ FUNCTIONS = {
     moe.combine: Op("combine", _combine_shape, _combine_dtype, _combine_saved, wrapped=True),
     moe.all_to_all_dispatch: Op("all_to_all_dispatch", _a2a_shape(True), selective=True, computes=False),
     moe.all_to_all_combine: Op("all_to_all_combine", _a2a_shape(False), selective=True, computes=False),
+    moe.sort_tokens: Op("sort_tokens", _sort_shape, lambda node, gm, args: ("act", "int"), _sort_saved,
+                        outputs=("rows", "counts"), wrapped=True),
+    moe.unsort_combine: Op("unsort_combine", _unsort_shape, _act, _unsort_saved, wrapped=True),
+    moe.exchange_counts: Op("exchange_counts", _counts_shape, lambda node, gm, args: "int", free=True,
+                            computes=False),
+    moe.all_to_all_dispatch_grouped: Op("all_to_all_dispatch_grouped", saved=_rows_index_saved, selective=True,
+                                        computes=False),
+    moe.all_to_all_combine_grouped: Op("all_to_all_combine_grouped", saved=_rows_index_saved, selective=True,
+                                       computes=False),
     rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                       lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
                       wrapped=True, shard=True),

@@ -141,6 +141,9 @@ class MoE:
     bias_update: float = 0.0
     """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores a token chooses by, moved by this
     much after each step against the step's load (runtime.moe.ExpertBias); 0: none."""
+    dispatch: str = "padded"
+    """Dropless routing's way to the experts: `padded`, every expert a buffer of `capacity` (= seq) slots per
+    sequence; `grouped`, the tokens sorted by expert, variable all-to-alls over ep, grouped matmuls (issue 25)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -261,6 +261,72 @@ def combine(y_ENH: torch.Tensor, slot_BSK: torch.Tensor, gate_BSK: torch.Tensor,
     return out_BSH
 
 
+# -- dropless without padding: tokens sorted by expert, grouped matmuls (`moe(..., dispatch = grouped)`) ----------
+
+# torch's grouped GEMM takes groups of rows whose starts are aligned: each expert's rows are padded to a multiple of
+# GROUP_ALIGN (torchtitan pads to 8 for bf16, 16 for fp8), so at most E·(GROUP_ALIGN - 1) rows per call compute
+# nothing: the hardware FLOPs equal the model's up to that.
+GROUP_ALIGN = 16
+
+
+def _grouped_kernel(x_TH: torch.Tensor, w_EHF: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM runs the experts: on CUDA (SM 8.0 and later), bf16 tokens and weights, both
+    matmul widths multiples of 8 (16-byte rows); otherwise the exact loop over the experts."""
+    mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    return (mm is not None and x_TH.is_cuda and x_TH.dtype == torch.bfloat16 and w_EHF.dtype == torch.bfloat16
+            and w_EHF.shape[1] % 8 == 0 and w_EHF.shape[2] % 8 == 0
+            and torch.cuda.get_device_capability(x_TH.device) >= (8, 0))
+
+
+def _grouped_mm_mlp(x_TH, counts_E, w_up, w_gate, w_down):
+    """The experts' MLPs by torch's grouped GEMM: rows copied into groups padded to GROUP_ALIGN, int32 end
+    offsets, the padding rows dropped again after the down projection."""
+    mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    e = counts_E.shape[0]
+    padded_E = (counts_E + GROUP_ALIGN - 1) // GROUP_ALIGN * GROUP_ALIGN
+    ends_E = padded_E.cumsum(0)
+    starts_E = ends_E - padded_E
+    t = x_TH.shape[0]
+    # row i of expert k goes to starts_E[k] + i: its rank among the rows of its expert
+    expert_T = torch.repeat_interleave(torch.arange(e, device=x_TH.device), counts_E, output_size=t)
+    first_E = counts_E.cumsum(0) - counts_E
+    where_T = starts_E[expert_T] + torch.arange(t, device=x_TH.device) - first_E[expert_T]
+    rows = t + e * GROUP_ALIGN  # a static bound on the padded rows
+    x_PH = x_TH.new_zeros(rows, x_TH.shape[1]).index_copy(0, where_T, x_TH)
+    offs = ends_E.to(torch.int32)
+    h_PF = mm(x_PH, w_up, offs=offs)
+    h_PF = F.silu(mm(x_PH, w_gate, offs=offs)) * h_PF if w_gate is not None else F.gelu(h_PF)
+    return mm(h_PF, w_down, offs=offs)[where_T]
+
+
+def _order(slot_BSK: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The (token, choice) pairs in expert order: for each expert its choices in (sequence, position, choice)
+    order. Indices into the flattened B·S·K choices."""
+    return torch.argsort((slot_BSK // capacity).reshape(-1), stable=True)
+
+
+def sort_tokens(x_BSH: torch.Tensor, slot_BSK: torch.Tensor, experts: int, capacity: int):
+    """Dropless dispatch without padding: every choice's token as one row, in expert order, (B·S·K) × H, and the
+    rows of each expert (E,), int64. `slot_BSK` is route's with capacity = S (dropless: no slot is the trash
+    slot), so a choice's expert is slot // S. In the tokens' dtype, or under autocast its dtype (as `dispatch`)."""
+    if torch.is_autocast_enabled(x_BSH.device.type):
+        x_BSH = x_BSH.to(torch.get_autocast_dtype(x_BSH.device.type))
+    b, s, h = x_BSH.shape
+    k = slot_BSK.shape[2]
+    order_T = _order(slot_BSK, capacity)
+    counts_E = torch.bincount((slot_BSK // capacity).reshape(-1), minlength=experts)
+    return x_BSH.reshape(b * s, h)[order_T // k], counts_E
+
+
+def unsort_combine(y_TH: torch.Tensor, slot_BSK: torch.Tensor, gate_BSK: torch.Tensor, capacity: int):
+    """Each token's output from the expert-ordered rows: Σ over its choices of gate × its row (as `combine`)."""
+    b, s, k = slot_BSK.shape
+    order_T = _order(slot_BSK, capacity)
+    back_T = torch.empty_like(order_T).scatter_(0, order_T, torch.arange(order_T.numel(), device=order_T.device))
+    picked_BSKH = y_TH[back_T].reshape(b, s, k, y_TH.shape[-1])
+    return (picked_BSKH * gate_BSK.to(y_TH.dtype).unsqueeze(-1)).sum(2)
+
+
 class Experts(nn.Module):
     """`experts` MLPs (GELU, or SwiGLU with a gate) without biases, applied batched: E × N × H -> E × N × H.
     Under expert parallelism each rank holds E/ep of them (the first dim of every weight)."""
@@ -276,10 +342,29 @@ class Experts(nn.Module):
             self.w_gate = nn.Parameter(torch.empty(experts, hidden, ffn))
         self.w_down = nn.Parameter(torch.empty(experts, ffn, hidden))
 
-    def forward(self, x_ENH: torch.Tensor) -> torch.Tensor:
-        h_ENF = torch.bmm(x_ENH, self.w_up)
-        h_ENF = F.silu(torch.bmm(x_ENH, self.w_gate)) * h_ENF if self.act == "swiglu" else F.gelu(h_ENF)
+    def forward(self, x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """Padded (`counts` None): E × N × H -> E × N × H, one batched matmul per weight. Grouped (`moe(...,
+        dispatch = grouped)`): rows T × H sorted by expert, `counts` the rows of each (E,), or under ep the
+        (ep, E/ep) rows each source rank sent to each local expert (summed over the sources) -> T × H."""
+        if counts is not None:
+            return self._grouped(x, counts.reshape(-1, self.w_up.shape[0]).sum(0))
+        h_ENF = torch.bmm(x, self.w_up)
+        h_ENF = F.silu(torch.bmm(x, self.w_gate)) * h_ENF if self.act == "swiglu" else F.gelu(h_ENF)
         return torch.bmm(h_ENF, self.w_down)
+
+    def _grouped(self, x_TH: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+        """Each expert's MLP on its own rows only: torch's grouped GEMM where it has one (`_grouped_kernel`), else an
+        exact loop over the experts (CPU, fp32, shapes the kernel refuses). Either way the FLOPs are the model's:
+        no empty slot is computed (the kernel's groups are padded to GROUP_ALIGN rows at most)."""
+        weights = (self.w_up, self.w_gate, self.w_down) if self.act == "swiglu" else (self.w_up, None, self.w_down)
+        if _grouped_kernel(x_TH, self.w_up):
+            return _grouped_mm_mlp(x_TH, counts_E, *weights)
+        outs = []
+        for e, x_NH in enumerate(torch.split(x_TH, counts_E.tolist())):
+            h_NF = x_NH @ self.w_up[e]
+            h_NF = F.silu(x_NH @ self.w_gate[e]) * h_NF if self.act == "swiglu" else F.gelu(h_NF)
+            outs.append(h_NF @ self.w_down[e])
+        return torch.cat(outs) if outs else x_TH.new_zeros(x_TH.shape)
 
     def extra_repr(self) -> str:
         e, h, f = self.w_up.shape
@@ -353,6 +438,88 @@ def all_to_all_combine(y: torch.Tensor, axis: str) -> torch.Tensor:
     if collectives.axis_size(axis) == 1:
         return y
     return _Combine.apply(y, axis)
+
+
+# -- expert parallelism of the grouped path: variable splits ------------------------------------------------------
+
+
+def exchange_counts(counts_E: torch.Tensor, axis: str) -> torch.Tensor:
+    """Forward only (counts carry no gradient): all-to-all over `axis` of the rows each rank will send to each
+    expert, E int64 each way. (E,) -> (ep, E/ep): row j, what rank j sends to each of this rank's experts."""
+    n = collectives.axis_size(axis)
+    if n == 1:
+        return counts_E.reshape(1, -1)
+    if counts_E.shape[0] % n:
+        raise ValueError(f"{counts_E.shape[0]} experts do not divide over {axis} = {n}")
+    send = counts_E.reshape(n, -1).contiguous()
+    collectives._count("all_to_all", axis, send)
+    with faults.op(f"all_to_all over {axis} (MoE counts)", faults.axis_site(faults.caller_site(), axis)):
+        return collectives._F.wait_tensor(collectives._F.all_to_all_single(send, [1] * n, [1] * n,
+                                                                           collectives._name(axis)))
+
+
+def _exchange_v(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Tensor:
+    """all_to_all_single with variable splits along dim 0: `send[j]` rows to rank j, `recv[j]` rows from it. The
+    bytes counted are the whole tensor this rank sends (its own rows included, as `_exchange` counts)."""
+    x = x.contiguous()
+    collectives._count("all_to_all", axis, x)
+    with faults.op(f"all_to_all over {axis} (MoE dispatch or combine, variable splits)",
+                   faults.axis_site(faults.caller_site(), axis)):
+        return collectives._F.wait_tensor(collectives._F.all_to_all_single(x, recv, send, collectives._name(axis)))
+
+
+class _ExchangeV(torch.autograd.Function):
+    """Forward: all-to-all with splits (send, recv). Backward: the reverse, with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, send, recv, axis):
+        ctx.splits, ctx.axis = (send, recv), axis
+        return _exchange_v(x, send, recv, axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send, recv = ctx.splits
+        return _exchange_v(grad, recv, send, ctx.axis), None, None, None
+
+
+def _by_expert(layout_NL: torch.Tensor) -> torch.Tensor:
+    """The received rows (source-major: for each source rank its rows of each local expert) reordered
+    expert-major (for each local expert its rows from each source): indices into the received rows."""
+    n, el = layout_NL.shape
+    start_NL = (layout_NL.reshape(-1).cumsum(0) - layout_NL.reshape(-1)).reshape(n, el)
+    counts_Q, starts_Q = layout_NL.t().reshape(-1), start_NL.t().reshape(-1)
+    total = int(layout_NL.sum())
+    first_Q = counts_Q.cumsum(0) - counts_Q
+    group_T = torch.repeat_interleave(torch.arange(counts_Q.numel(), device=layout_NL.device), counts_Q,
+                                      output_size=total)
+    return starts_Q[group_T] + torch.arange(total, device=layout_NL.device) - first_Q[group_T]
+
+
+def all_to_all_dispatch_grouped(x_TH: torch.Tensor, counts_E: torch.Tensor, layout_NL: torch.Tensor,
+                                axis: str) -> torch.Tensor:
+    """Forward: all-to-all over `axis` with variable splits, T × H rows in expert order -> R × H rows of this
+    rank's experts in expert order (R = layout_NL.sum(), T on average under balanced routing), each rank's rows to
+    the rank holding their expert. Backward: the reverse all-to-all of the gradients."""
+    n = collectives.axis_size(axis)
+    if n == 1:
+        return x_TH
+    send = counts_E.reshape(n, -1).sum(1).tolist()
+    recv = layout_NL.sum(1).tolist()
+    return _ExchangeV.apply(x_TH, send, recv, axis)[_by_expert(layout_NL)]
+
+
+def all_to_all_combine_grouped(y_RH: torch.Tensor, counts_E: torch.Tensor, layout_NL: torch.Tensor,
+                               axis: str) -> torch.Tensor:
+    """Forward: the reverse of all_to_all_dispatch_grouped: the experts' output rows return to their tokens'
+    ranks, in the expert order those ranks sent them. Backward: the reverse all-to-all of the gradients."""
+    n = collectives.axis_size(axis)
+    if n == 1:
+        return y_RH
+    at = _by_expert(layout_NL)
+    back = torch.empty_like(at).scatter_(0, at, torch.arange(at.numel(), device=at.device))
+    send = layout_NL.sum(1).tolist()
+    recv = counts_E.reshape(n, -1).sum(1).tolist()
+    return _ExchangeV.apply(y_RH[back], send, recv, axis)
 
 
 def sync_expert_grads(named_params, is_expert, group, divide: int) -> None:

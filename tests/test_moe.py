@@ -859,3 +859,129 @@ def _bias_body(rank: int, _) -> None:
 @pytest.mark.e2e
 def test_the_expert_bias_over_batch_ranks_is_the_single_process_bias():
     multirank.spawn(_bias_body, 2, axes=(), timeout=120)
+
+
+# -- dropless without padding (`dispatch = grouped`, issue 25) ------------------------------------------------------
+
+
+def _run_grouped(x, router, experts: moe.Experts, n_experts: int, top_k: int, aux_weight: float,
+                 axis: str | None = None):
+    """The grouped layer as compiler/model.py writes it (route with capacity = S → sort_tokens → experts(rows,
+    counts) → unsort_combine), with the counts exchange and the two variable all-to-alls of the expert-parallel
+    pass when `axis` is given."""
+    s = x.shape[1]
+    slot, gate = moe.route(x @ router, top_k, s, aux_weight)
+    rows, counts = moe.sort_tokens(x, slot, n_experts, s)
+    if axis is None:
+        y = experts(rows, counts)
+    else:
+        layout = moe.exchange_counts(counts, axis)
+        y = experts(moe.all_to_all_dispatch_grouped(rows, counts, layout, axis), layout)
+        y = moe.all_to_all_combine_grouped(y, counts, layout, axis)
+    return moe.unsort_combine(y, slot, gate, s), slot, counts
+
+
+def _skewed(n_experts: int, seed: int = 0):
+    """fp32 weights whose router sends no token to the last two experts and most to expert 0: uneven loads,
+    experts with zero rows."""
+    w = {k: v.float() for k, v in _weights("swiglu", n_experts, seed).items()}
+    w["router"][:, -2:] = 0.0
+    w["router"][-1] = 0.0
+    w["router"][-1, -2:] = -50.0   # the tokens' last feature is a constant 5 (_constant_feature)
+    w["router"][-1, 0] = 0.3
+    return w
+
+
+def _constant_feature(x):
+    """`x` with its last feature 5 everywhere, which _skewed's router turns into a bias per expert."""
+    x[..., -1] = 5.0
+    return x
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_grouped_equals_padded_dropless_exactly(act, top_k):
+    """One process, fp32: the grouped path (rows sorted by expert, one matmul per expert's rows) computes what the
+    padded dropless path (every expert a buffer of S slots per sequence) computes, with uneven loads and experts
+    that receive no token: the same outputs and gradients to float32 rounding."""
+    n_experts = 6
+    w = _skewed(n_experts)
+    g = torch.Generator().manual_seed(3)
+    x0, probe = _constant_feature(torch.randn(B, S, H, generator=g)), torch.randn(B, S, H, generator=g)
+    outs = []
+    for grouped in (False, True):
+        x = x0.clone().requires_grad_()
+        router = w["router"][:, :n_experts].clone().requires_grad_()
+        mod = _experts_module({k: v for k, v in w.items()}, act).float()
+        if grouped:
+            out, slot, counts = _run_grouped(x, router, mod, n_experts, top_k, 0.01)
+            assert counts.tolist()[-2:] == [0, 0] and counts.sum() == B * S * top_k
+            assert len(set(counts.tolist())) > 2, counts   # uneven
+        else:
+            out, slot = _run(x, router, mod, n_experts, top_k, S, 0.01, "residual")
+        (out * probe).sum().backward()
+        outs.append((out, x.grad, router.grad, {n: p.grad for n, p in mod.named_parameters()}))
+    (o1, x1, r1, p1), (o2, x2, r2, p2) = outs
+    # The same products per token; a BLAS may block a matmul of n rows differently from one of S·B rows, and the
+    # backward sums in another order (a gather's gradient is a scatter-add; the padded buffer's zero slots add
+    # exact zeros to the weight gradients): equal to float32 rounding.
+    rounding = TOL
+    torch.testing.assert_close(o2, o1, **rounding)
+    torch.testing.assert_close(x2, x1, **rounding)
+    torch.testing.assert_close(r2, r1, **rounding)
+    for name in p1:
+        torch.testing.assert_close(p2[name], p1[name], **rounding, msg=lambda m: f"{name}: {m}")
+        assert not p2[name][-2:].any()   # the experts without tokens get no gradient
+
+
+def test_grouped_experts_of_no_rows():
+    mod = moe.Experts(3, H, FFN, "gelu")
+    assert mod(torch.zeros(0, H), torch.zeros(3, dtype=torch.long)).shape == (0, H)
+
+
+def _grouped_ep_body(rank, C):
+    local = E // WORLD
+    lo, hi = rank * local, (rank + 1) * local
+    w = {k: v for k, v in _weights("swiglu", E).items()}
+    w["router"][:, -1] = 0.0
+    w["router"][-1] = 0.0
+    w["router"][-1, -1] = -50.0                     # the last expert (rank 1's) gets nothing: uneven splits
+    x0, probe = _inputs(seed=100 + rank)
+    x0 = _constant_feature(x0)
+    x1 = x0.clone().requires_grad_()
+    r1 = w["router"].clone().requires_grad_()
+    full = _experts_module(w, "swiglu")
+    out1, _, counts = _run_grouped(x1, r1, full, E, 2, 0.01)
+    (out1 * probe).sum().backward()
+    x2 = x0.clone().requires_grad_()
+    r2 = w["router"].clone().requires_grad_()
+    mine = _experts_module(w, "swiglu", lo, hi)
+    C.count_bytes(True)
+    out2, _, _ = _run_grouped(x2, r2, mine, E, 2, 0.01, axis="ep")
+    sent = counts.reshape(WORLD, local).sum(1)
+    everyone = [torch.empty_like(counts) for _ in range(WORLD)]
+    dist.all_gather(everyone, counts)
+    received = sum(c[lo:hi].sum() for c in everyone)
+    t = B * S * 2
+    # the counts (E int64), then this rank's T rows out, then the rows it received back
+    assert C.BYTES[("all_to_all", "ep")] == E * 8 + (t + received) * H * 8, (C.BYTES, received)
+    (out2 * probe).sum().backward()
+    assert C.BYTES[("all_to_all", "ep")] == E * 8 + 2 * (t + received) * H * 8, C.BYTES
+    C.count_bytes(False)
+    assert int(sent.sum()) == t
+    exact = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out2, out1, **exact)
+    torch.testing.assert_close(x2.grad, x1.grad, **exact)
+    torch.testing.assert_close(r2.grad, r1.grad, **exact)
+    for name, p in mine.named_parameters():
+        total = dict(full.named_parameters())[name].grad.clone()
+        dist.all_reduce(total)
+        torch.testing.assert_close(p.grad, total[lo:hi], **exact, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.e2e
+def test_grouped_expert_parallel_matches_single_process():
+    """Two gloo ranks: the counts exchanged, rows sent with variable splits (one expert receiving none), the
+    grouped experts, the rows returned: the single process's outputs and gradients, and the bytes counted are what
+    each rank sent."""
+    multirank.spawn(_grouped_ep_body, WORLD, axes=("ep",), timeout=120)

@@ -361,6 +361,10 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.routed_scale": (Probe(({"routed_scale": "2.5"},), shapes=("ep",)),),
     "layer.moe.bias_update": (Probe(({"bias_update": "0.001"},), shapes=("ep",)),
                               Probe(({"top_k": "8", "bias_update": "0.001"},), base={"top_k": "8"}, shapes=("ep",))),
+    # dropless grouped: the program sorts the rows (and the ledger's all-to-alls change); with a capacity, E0717
+    "layer.moe.dispatch": (Probe(({"capacity_factor": "none", "dispatch": "grouped"},),
+                                 base={"capacity_factor": "none"}, shapes=("ep",)),
+                           Probe(({"dispatch": "grouped"},), shapes=("ep",))),
     "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
                               Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
                                     shapes=("ep",))),

@@ -409,7 +409,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
         "ledger": [{"op": c.op, "axis": c.axis, "elements": str(c.elements), "dtype_bytes": c.dtype_bytes,
                     "per_step": str(c.per_step), "bytes_per_step": spec.value(c.bytes_per_step(), plan),
                     "direction": c.direction, "measured": c.measured,
-                    "source": where(spec, c.span) if c.span else None, "reason": c.reason}
+                    "source": where(spec, c.span) if c.span else None, "reason": c.reason,
+                    **({} if c.worst_bytes is None else {"worst_bytes_per_step": c.worst_bytes})}
                    for c in costs.ledger.entries],
         "parameters": params,
         "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir).items()

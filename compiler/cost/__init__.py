@@ -507,10 +507,12 @@ class CostModel:
             times, per_step = times_of(site.where)
             if not times:
                 continue
-            dtype = 4 if site.fp32 else res_bytes if site.residual else act_bytes
+            dtype = site.dtype_bytes or (4 if site.fp32 else res_bytes if site.residual else act_bytes)
+            worst = None if site.worst is None else int(f(env) * dtype * times * site.worst.xreplace(
+                {size(a): n for a, n in zip(AXES, env)}))
             entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
                                       reason=site.reason, direction=site.direction, times=times,
-                                      bytes=int(f(env) * dtype * times),
+                                      bytes=int(f(env) * dtype * times), worst_bytes=worst,
                                       element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                       per_step_formula=per_step))
             again = reruns(plan, site)

@@ -31,6 +31,8 @@ class Collective:
     measured: bool = True    # issued through runtime.collectives, so the runtime can count its bytes
     times: int = 1           # occurrences per optimizer step on one rank
     bytes: int = 0           # bytes per step on one rank: elements · dtype_bytes · times
+    worst_bytes: int | None = None  # a variable-split all-to-all: `bytes` is the expectation under balanced routing,
+                                    # this the most it can move (expert_parallel's grouped dispatch)
     element_formula: Callable = field(default=None, compare=False, repr=False)
     per_step_formula: Callable = field(default=None, compare=False, repr=False)
 
@@ -77,6 +79,8 @@ class Site:
                             # "prologue" | "epilogue" | "loss"
     rerun: bool = False     # full recomputation runs it again in backward (in a block, before its last saving op)
     residual: bool = False  # moves the residual stream: fp32 under bf16 with the plan's fp32_residual
+    dtype_bytes: int | None = None  # bytes per element whatever the precision (the int64 counts of a grouped MoE)
+    worst: sympy.Expr | None = None  # variable splits: `elements` is an expectation, at most `worst` × it
 
 
 def pieces(traced: T.Traced) -> dict | None:
@@ -119,10 +123,13 @@ def sites(traced: T.Traced) -> list[Site]:
             # residual stream its own dtype (trace.DTYPE).
             fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
             residual = tensor.meta.get(T.DTYPE) == "res"
+            worst = dict(getattr(note, "worst", ()))
             for direction, op in (("forward", note.forward), ("backward", note.backward)):
                 if op:
                     out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
-                                    where, rerun=order[node] < last, residual=residual))
+                                    where, rerun=order[node] < last, residual=residual,
+                                    dtype_bytes=8 if note.dtype == "int64" else None,
+                                    worst=worst.get(direction)))
     return out
 
 

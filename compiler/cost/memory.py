@@ -92,8 +92,11 @@ def optimizer_label(precision: str, data_parallel: str, dp: int) -> str:
 def moe_held_elements(spec: S.Spec, layer: S.MoE, b) -> tuple[int, int]:
     """What one `moe` layer holds for one micro-batch of `b` sequences on one rank, in elements: each padded buffer
     (the experts' input, or their output: E·b·C·hidden), and the experts' hidden activations kept for backward
-    (E·b·C·ffn, twice for GELU: before and after it; three times for SwiGLU: up, gate and their product)."""
-    slots = spec.value(layer.experts) * b * spec.value(layer.capacity)
+    (E·b·C·ffn, twice for GELU: before and after it; three times for SwiGLU: up, gate and their product). Under
+    `dispatch = grouped` the rows sorted by expert instead of the buffers: b·S·top_k of them, expected under
+    balanced routing on an ep rank's experts."""
+    slots = (b * spec.value(spec.train.seq_len) * layer.top_k if layer.dispatch == "grouped" else
+             spec.value(layer.experts) * b * spec.value(layer.capacity))
     hidden = slots * spec.value(layer.ffn) * (3 if layer.act == "swiglu" else 2)
     return slots * spec.value(layer.hidden), hidden
 

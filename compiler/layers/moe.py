@@ -42,7 +42,12 @@ SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size,
                                                      "(DeepSeek-V3's routed_scaling_factor)"),
                   "bias_update": Param(_float, 0.0, "auxiliary-loss-free balancing: a per-expert bias on the "
                                                     "choice, moved this much after each step against the load "
-                                                    "(DeepSeek-V3's γ, 0.001); 0: none")}}
+                                                    "(DeepSeek-V3's γ, 0.001); 0: none"),
+                  "dispatch": Param(_choice("padded", "grouped"), "padded",
+                                    "how dropless routing reaches the experts: buffers padded to the worst case "
+                                    "(padded), or the tokens sorted by expert, variable all-to-alls over ep and "
+                                    "grouped matmuls (grouped: hardware FLOPs equal to the model's); grouped needs "
+                                    "capacity_factor = none")}}
 # The routed experts and the router are replicated over tp (the experts shard over ep). A shared expert is an MLP:
 # column-parallel up and gate, row-parallel down, as `mlp` shards (`moe_shared_up`, `moe_shared_gate`,
 # `moe_shared_down`); its sigmoid gate (`moe_shared_sigmoid`) is replicated.
@@ -69,6 +74,12 @@ def resolve(c, st, a: dict, kind: str):
         c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
                 _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
                 help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
+        ok = False
+    if a["dispatch"] == "grouped" and a["capacity_factor"] != DROPLESS:
+        c.error("E0717", f"dispatch = grouped with capacity_factor = {a['capacity_factor']:g}: grouped dispatch is "
+                "dropless", _arg_span(st, 16, "dispatch"), label="sorts every choice to its expert, none dropped",
+                help="write `capacity_factor = none` with `dispatch = grouped`, or remove `dispatch` to keep the "
+                     "capacity and drop the choices over it")
         ok = False
     groups, chosen = a["groups"], a["topk_groups"]
     if experts % groups or experts // groups < 2 <= groups:
@@ -126,4 +137,5 @@ def resolve(c, st, a: dict, kind: str):
                  capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
                  renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
                  capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
-                 topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0)
+                 topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
+                 dispatch=a["dispatch"])

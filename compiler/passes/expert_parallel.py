@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sympy
+
 import torch
 from torch import fx
 
@@ -65,6 +67,9 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
         what += f", top-{layer.top_k}, `{layer.capacity}` slots per expert per sequence"
         if layer.capacity_factor == "none":
             what += " (dropless: buffers sized for the worst case, every token of a sequence to one expert)"
+    if node.args and len(node.args) == 2:  # dispatch = grouped: the rows sorted by expert, and their counts
+        _grouped(gm, node, p, layer)
+        return
     to = Collective("all_to_all", "all_to_all", AXIS, f"dispatch of {what}: each rank sends every expert's slots to "
                     "the rank holding that expert")
     back = Collective("all_to_all", "all_to_all", AXIS, f"combine of {what}: the experts' outputs return to their "
@@ -74,6 +79,40 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     node.args = (sent,)
     users = list(node.users)
     got = _insert(gm, node, moe.all_to_all_combine, (node, AXIS), node, back, f"{node.name}_out")
+    for u in users:
+        u.replace_input_with(node, got)
+
+
+def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
+    """`dispatch = grouped`: the counts of rows per expert exchanged first (forward only), then the rows sent
+    with variable splits to their experts' ranks, the grouped experts on the rows they received, and the outputs
+    returned with the splits swapped. Each rank sends its T = b·S·K rows (the dispatch forward and the combine
+    backward) and returns the R rows it received (the combine forward and the dispatch backward): the trace
+    carries R's expectation under balanced routing, T; runtime.moe bounds it."""
+    what = f"`moe` with {p.count} experts, {p.per_rank} per ep rank, dropless, grouped"
+    if isinstance(layer, S.MoE):
+        what = f"`moe` with {p.count} experts, {p.per_rank} per ep rank, top-{layer.top_k}, dropless, grouped"
+    counts_note = Collective("all_to_all", None, AXIS, f"counts of {what}: the rows each rank sends to each "
+                             "expert (int64), before the rows", dtype="int64")
+    # A rank sends its T rows (dispatch forward, combine backward) and returns the R rows its experts received
+    # (combine forward, dispatch backward): R is T on average under balanced routing, at most every choice of the
+    # ep ranks' b·S tokens each of its E/ep experts can take, ep·b·S·min(K, E/ep) = T · ep·min(K, E/ep)/K.
+    k = layer.top_k if isinstance(layer, S.MoE) else 1
+    most = size(AXIS) * sympy.Min(k, sympy.Integer(p.per_rank)) / k
+    to = Collective("all_to_all", "all_to_all", AXIS, f"dispatch of {what}: each rank's rows sorted by expert to "
+                    "the ranks holding their experts, variable splits (backward: expected under balanced routing)",
+                    worst=(("backward", most),))
+    back = Collective("all_to_all", "all_to_all", AXIS, f"combine of {what}: the experts' output rows back to "
+                      "their tokens' ranks, variable splits (forward: expected under balanced routing)",
+                      payload="output", worst=(("forward", most),))
+    rows, counts = node.args
+    layout = _insert(gm, counts, moe.exchange_counts, (counts, AXIS), node, counts_note, f"{node.name}_counts")
+    sent = _insert(gm, layout, moe.all_to_all_dispatch_grouped, (rows, counts, layout, AXIS), node, to,
+                   f"{node.name}_in")
+    node.args = (sent, layout)
+    users = list(node.users)
+    got = _insert(gm, node, moe.all_to_all_combine_grouped, (node, counts, layout, AXIS), node, back,
+                  f"{node.name}_out")
     for u in users:
         u.replace_input_with(node, got)
 

@@ -209,8 +209,10 @@ class Collective:
     axis: str
     reason: str
     payload: str = "input"
-    dtype: str = "act"    # "act": the compute precision; "fp32": always fp32
+    dtype: str = "act"    # "act": the compute precision; "fp32": always fp32; "int64": counts
     count: int = 1
+    worst: tuple = ()     # (direction, factor): a variable-split all-to-all whose payload's size is an
+                          # expectation, at most factor × that (expert_parallel's grouped dispatch)
 
 
 def _names(gm: fx.GraphModule) -> dict:

@@ -64,7 +64,8 @@ def plan_text(compiled) -> str:
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
         times = spec.value(c.per_step, plan)
         lines += [f"  {c.op:<15} {c.axis:<3} {_DIRECTION[c.direction]:<4} ×{times:<4} {nbytes(b):>10} = "
-                  f"{C.formula(c.bytes_per_step(), values)} bytes  [{src}] {c.reason}"]
+                  f"{C.formula(c.bytes_per_step(), values)} bytes  [{src}] {c.reason}"
+                  + (f"; at most {nbytes(c.worst_bytes)}" if c.worst_bytes is not None else "")]
     lines += ["  (bytes: the full tensor each call moves, per rank and step; DDP/FSDP traffic is theirs to schedule)"
               if costs.ledger.entries else ""]
     return "\n".join(lines) + "\n"
@@ -264,7 +265,10 @@ def _moe_text(compiled) -> list[str]:
         e, c, h = v(x.experts), v(x.capacity), v(x.hidden)
         buffer, hidden = C.moe_held_elements(spec, x, b)
         where = f"{os.path.basename(x.span.file)}:{x.span.line}"
-        capacity = (f"dropless (capacity_factor = none) → {x.capacity} = {c} slots per expert per sequence (the "
+        capacity = ("dropless, grouped (capacity_factor = none, dispatch = grouped): the tokens sorted by "
+                    "expert, each expert's matmuls on its own rows only (hardware FLOPs = model FLOPs; torch's grouped "
+                    "GEMM pads each expert's rows to a multiple of 16, runtime.moe.GROUP_ALIGN)" if x.dispatch == "grouped" else
+                    f"dropless (capacity_factor = none) → {x.capacity} = {c} slots per expert per sequence (the "
                     "worst case: every token of a sequence to one expert; buffers padded to it, nothing dropped)"
                     if x.capacity_factor == "none" else
                     f"capacity factor {x.capacity_factor:g} → {x.capacity} = {c} slots per expert per sequence "
@@ -276,8 +280,10 @@ def _moe_text(compiled) -> list[str]:
                      f"ranks holding the dense weights; each expert lives on the {dp * tp} rank"
                      f"{'s' if dp * tp != 1 else ''} of its ep index" + (f" (dp {dp} × tp {tp}: experts are not "
                      "sharded over tp)" if tp > 1 else "") + ")" if ep > 1 else "")
-                  + f"; dispatch and combine buffers {e}×{b * c}×{h} = {nbytes(buffer * act)} each, "
-                  f"expert activations {nbytes(hidden * act)} per "
+                  + (f"; rows sorted by expert {b * v(spec.train.seq_len) * x.top_k}×{h} = {nbytes(buffer * act)}"
+                     " (balanced: as many on each rank's experts), " if x.dispatch == "grouped" else
+                     f"; dispatch and combine buffers {e}×{b * c}×{h} = {nbytes(buffer * act)} each, ")
+                  + f"expert activations {nbytes(hidden * act)} per "
                   "layer and micro-batch"]
         if x.shared_ffn is not None:  # only a model with a shared expert prints this line
             lines += [f"            a shared expert of width {x.shared_ffn} = {v(x.shared_ffn)} for every token"

@@ -246,6 +246,14 @@ CASES = (
                      "whole sequences (capacity 1.25 with choices dropped, the auxiliary loss and the expert bias's "
                      "load as on one device), its shared expert tp-sharded, its output cut back to this rank's "
                      "chunk; norms and residuals sequence-sharded around it"),
+    Case(id="moe_dropless_grouped_ep2_tp2", sample=MOE, nproc=4,
+         edits=(("capacity_factor = 1.25, act = swiglu,", "capacity_factor = none, act = swiglu, dispatch = grouped,"),
+                ("dropped = residual)", "shared_ffn = ffn / 2)")),
+         plan=dict(axes=(("tp", 2), ("ep", 2)), devices_per_node=4),
+         description="dropless without padding (issue 25): each rank's tokens sorted by expert, the counts exchanged "
+                     "over ep, then the rows with variable splits, each expert's matmuls on its own rows (an exact "
+                     "loop on CPU), the rows returned; tp on the dense parts and the shared expert. Bytes: the "
+                     "all-to-alls' measured at most the ledger's worst case and at least its exact part"),
     # Compiled programs (plan { compile = true }, runtime.compile): each block one torch.compile region, the code
     # around the repeats another, the collectives traced into them. A compiled region counts no bytes per call, so
     # these cases are not given --count-bytes: the same plans' eager cases above hold the ledger. Nor

@@ -30,6 +30,8 @@ class Run:
     output: str
     measured: dict   # "op/axis" -> bytes counted by runtime.collectives during the first step
     predicted: dict  # "op/axis" -> bytes per step the ledger (plan.json) predicts for those collectives
+    bounds: dict = dataclasses.field(default_factory=dict)  # "op/axis" -> {"exact", "worst"}: where variable
+    # splits make the prediction an expectation, its exact part (the calls of known size) and its worst case
     records: list = None  # the metrics line of each step
     returncode: int = 0
     memory: dict = None   # --memory-report's JSON (runtime.memory: every rank's peak, activations, state), if asked
@@ -126,13 +128,20 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     losses = [r["loss"] for r in records]
     predicted: dict = {}
+    worst: dict = {}
     for c in json.loads((out / "plan.json").read_text())["ledger"]:
         if c["measured"]:
             key = f"{c['op']}/{c['axis']}"
             predicted[key] = predicted.get(key, 0) + c["bytes_per_step"]
+            # a variable-split all-to-all (moe dispatch = grouped): bytes_per_step is the expectation under
+            # balanced routing, worst_bytes_per_step the most it moves
+            worst.setdefault(key, {"exact": 0, "worst": 0, "variable": False})
+            worst[key]["variable"] |= "worst_bytes_per_step" in c
+            worst[key]["exact"] += 0 if "worst_bytes_per_step" in c else c["bytes_per_step"]
+            worst[key]["worst"] += c.get("worst_bytes_per_step", c["bytes_per_step"])
     measured = json.loads(counts.read_text()) if counts.exists() else {}
     return Run(losses=losses, grads=_grads(grads) if dump_grads else {}, output=output, measured=measured,
-               predicted=predicted, records=records,
+               predicted=predicted, records=records, bounds={k: v for k, v in worst.items() if v["variable"]},
                memory=json.loads(report.read_text()) if memory_report else None, costs=compiled.costs)
 
 

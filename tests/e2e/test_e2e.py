@@ -44,7 +44,7 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
     if "eval_every" in text:  # held-out loss, forward only: the single device's to 1e-5 at every evaluation
         assert_same_evaluation(run, ref)
     if case.bytes_checked:
-        assert run.measured == run.predicted, "bytes moved by runtime collectives differ from the ledger's prediction"
+        assert_bytes_as_ledgered(run)
     if not compiled:
         assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
@@ -52,6 +52,21 @@ def test_plan_matches_single_device(case: Case, references, tmp_path):
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]
         dropless = "capacity_factor = none" in text
         assert all((r["moe_dropped"] == 0) if dropless else (r["moe_dropped"] > 0) for r in run.records)
+
+
+def assert_bytes_as_ledgered(run) -> None:
+    """The bytes runtime collectives counted are the ledger's, collective by collective (op and axis). Where the
+    ledger holds a variable-split all-to-all (`moe(..., dispatch = grouped)`: how many rows a rank's experts receive
+    depends on the routing), its figure is an expectation under balanced routing: then the bytes counted lie
+    between the part of known size (the counts, each rank's own rows sent) and the worst case."""
+    assert run.measured.keys() == run.predicted.keys(), (run.measured, run.predicted)
+    for key, want in run.predicted.items():
+        got = run.measured[key]
+        if key in run.bounds:
+            b = run.bounds[key]
+            assert b["exact"] < got <= b["worst"], f"{key}: measured {got:,} outside [{b['exact']:,}, {b['worst']:,}]"
+        else:
+            assert got == want, f"{key}: bytes moved by runtime collectives {got:,}, the ledger's prediction {want:,}"
 
 
 def assert_same_evaluation(run, ref, rtol: float = 1e-5) -> None:
