@@ -318,7 +318,8 @@ class CostModel:
             return max((w for w in ws if w is not None), default=0)
 
         ep = plan.size("ep")
-        expert_unit = fo.experts.block(env) if fo.experts.block is not None else 0
+        # the experts of the largest block (the FSDP unit `block` is the largest of any repeat's)
+        expert_unit = max((f(env) for f in fo.experts.block), default=0) if fo.experts.block is not None else 0
 
         def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
                 kept=0, recv=0, pending_w=0):

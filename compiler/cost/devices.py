@@ -59,6 +59,9 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures)
 #   directions = 300 one way, 108 SMs), H100 SXM (989, 3,350 GB/s, NVLink 4 900 GB/s = 450 one way, 132 SMs) and
 #   H200 SXM (989, 141 GB, 4,800 GB/s) datasheets. Between nodes: one 200 Gb/s HDR NIC per A100 (DGX A100) = 25 GB/s,
 #   one 400 Gb/s NDR NIC per H100/H200 (DGX H100) = 50 GB/s.
+# - H800 (the export H100, DeepSeek-V3's cluster): an H100 SXM's compute, memory and HBM with a narrower NVLink;
+#   DeepSeek-V3's technical report (2024, section 3.2.1) gives the bandwidths it plans with: NVLink 160 GB/s inside
+#   a node, InfiniBand 50 GB/s between nodes. Its efficiencies are the H100's, not measured.
 # - matmul efficiency: H100/H200: an 8192³ bf16 matmul measured 798 TFLOP/s of 989 = 0.81
 #   (../shared/reference/gpu-measured.json). A100: 0.775, fitted with the A100's intra_node_efficiency (below) by
 #   `python -m bench.step_time fit` to the three calibration rows of Megatron-LM's Table 1 (Narayanan et al. 2021:
@@ -95,6 +98,9 @@ DEVICES = {
                     matmul_efficiency=0.775, attention_efficiency=0.55, intra_node_latency_us=3.0,
                     inter_node_latency_us=8.0, op_overhead_us=6.0, intra_node_efficiency=0.56, units=108, tile=128),
     "h100": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
+                    matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
+                    op_overhead_us=6.0, units=132, tile=128),
+    "h800": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=160.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),
     "h200": Figures(peak_tflops=989.0, memory_gb=141.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=4800.0,

@@ -408,7 +408,9 @@ def _build(spec, traced, precision: str) -> Formulas:
             total += counts[name].expr * PA.segment_params(g)
             experts += counts[name].expr * PA.segment_expert_params(g)
         seg_params = Segments(whole=sympy.expand(total))
-        seg_experts = Segments(whole=sympy.expand(experts))
+        # each repeat's block too: FSDP with ep gathers a block's experts over dp alone (CostModel._memory)
+        seg_experts = Segments(whole=sympy.expand(experts),
+                               block=tuple(PA.segment_expert_params(g) for g in blocks))
         flops = Segments(whole=fn(F.graph_forward(top) + F.graph_backward(top, traced.repeats())))
         send_expr, frees_sent = None, False
         saved = Saved(whole=MappingProxyType({mode: fn(A.saved_bytes(top, prec, device, traced.repeats(), mode))
