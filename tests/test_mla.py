@@ -125,3 +125,62 @@ def test_flops_of_the_heads():
     b, s = 2, 16
     flops = node.meta[K.FLOPS]
     assert int(flops.subs(compiled.spec.values).subs({x: b for x in flops.free_symbols if x.name == "µb"})) == 2 * b * HEADS * s * s * (NOPE + ROPE) + 2 * b * HEADS * s * s * V
+
+
+# DeepSeek's released configs (config.json), written in the language: first_k_dense_replace dense blocks, then MoE
+# blocks (two repeats); the MoE blocks' router as each model's (V3: sigmoid, 8 groups, the best 4, gates × 2.5, the
+# expert bias; V2-Lite: softmax, not renormalised), shared experts as one MLP of n_shared × moe_intermediate_size.
+DEEPSEEK = """model {name} {{
+  vocab = {vocab}  hidden = {hidden}  heads = {heads}  dense = {dense}  sparse = {sparse}  ffn = {ffn}
+  moe_ffn = {moe_ffn}  experts = {experts}  seq = 4096
+  embedding(vocab, hidden)
+  repeat dense {{
+    residual {{ rmsnorm(hidden, eps = 1e-6)  {mla} }}
+    residual {{ rmsnorm(hidden, eps = 1e-6)  mlp(hidden, ffn, act = swiglu, bias = false) }}
+  }}
+  repeat sparse {{
+    residual {{ rmsnorm(hidden, eps = 1e-6)  {mla} }}
+    residual {{ rmsnorm(hidden, eps = 1e-6)  moe(hidden, moe_ffn, experts, top_k = {top_k}, capacity_factor = none,
+                                                act = swiglu, aux_loss = 0, shared_ffn = {shared} * moe_ffn{router}) }}
+  }}
+  rmsnorm(hidden, eps = 1e-6)
+  lm_head(vocab, hidden, tied = false)
+  cross_entropy
+}}
+mesh {{ axis dp = 1  devices_per_node = 1  device = h100 }}
+train {{ global_batch = 1  seq_len = seq  steps = 1  optimizer = adamw(lr = 1e-4) }}
+"""
+_DEEPSEEK_MLA = ("mla(hidden, heads, {q}kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, "
+                 "v_head_dim = 128)")
+# name -> (sizes, total parameters (transformers' count of the same config, without V3's multi-token-prediction
+# module, as DeepSeek's report counts), the published total and activated figures in billions)
+DEEPSEEK_MODELS = {
+    "deepseek_v3": (dict(vocab=129280, hidden=7168, heads=128, dense=3, sparse=58, ffn=18432, moe_ffn=2048,
+                         experts=256, top_k=8, shared=1, mla=_DEEPSEEK_MLA.format(q="q_lora_rank = 1536, "),
+                         router=", scoring = sigmoid, groups = 8,\n topk_groups = 4, routed_scale = 2.5, "
+                                "bias_update = 0.001"),
+                    671_026_404_352, 671, 37),
+    "deepseek_v2_lite": (dict(vocab=102400, hidden=2048, heads=16, dense=1, sparse=26, ffn=10944, moe_ffn=1408,
+                              experts=64, top_k=6, shared=2, mla=_DEEPSEEK_MLA.format(q=""),
+                              router=", renormalize = false"),
+                         15_706_484_224, 15.7, 2.4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK_MODELS))
+def test_deepseek_models_have_their_published_parameter_counts(name):
+    """`plan`'s parameter count is transformers' count of the released config (DeepseekV3ForCausalLM's for V3,
+    without the multi-token-prediction module that DeepSeek's 671B leaves out too; DeepseekV2ForCausalLM's for
+    V2-Lite: 15,706,484,224), and rounds to the published total. Activated, counted here as every parameter but the
+    input embedding (a lookup) and the routed experts a token does not choose: V3 36,625,603,584 (published "37B"),
+    V2-Lite 2,451,435,008 (published "2.4B"); the published figures' own convention is not stated, so these are held
+    within 2.5% of them."""
+    from compiler.pipeline import compile_spec
+    sizes, count, total, activated = DEEPSEEK_MODELS[name]
+    compiled = compile_spec(check_text(DEEPSEEK.format(name=name, **sizes), f"{name}.scale"))
+    assert compiled.costs.params_n == count
+    assert round(count / 1e9, 1) == pytest.approx(total, abs=0.05)
+    unchosen = sizes["sparse"] * (sizes["experts"] - sizes["top_k"]) * 3 * sizes["hidden"] * sizes["moe_ffn"]
+    active = count - unchosen - sizes["vocab"] * sizes["hidden"]
+    assert active == {"deepseek_v3": 36_625_603_584, "deepseek_v2_lite": 2_451_435_008}[name]
+    assert active / 1e9 == pytest.approx(activated, rel=0.025)
