@@ -184,3 +184,10 @@ def test_deepseek_models_have_their_published_parameter_counts(name):
     active = count - unchosen - sizes["vocab"] * sizes["hidden"]
     assert active == {"deepseek_v3": 36_625_603_584, "deepseek_v2_lite": 2_451_435_008}[name]
     assert active / 1e9 == pytest.approx(activated, rel=0.025)
+
+
+def test_learned_positions_beside_mla_warn():
+    """mla always turns its rotary parts: learned positions beside it encode positions twice (W0138)."""
+    spec = check_text(text(32).replace("embedding(vocab, hidden)", "embedding(vocab, hidden)\n  positional(seq, hidden)"),
+                      "m.scale")
+    assert [d.code for d in spec.warnings] == ["W0138"]
