@@ -102,16 +102,19 @@ def test_tp_must_divide_the_heads():
     assert "E0401" in codes and "tensor-parallel degree 4 does not divide the attention heads (6)" in str(e.value)
 
 
-def test_tp_shards_q_b_and_kv_b_by_heads_and_o_by_rows():
-    """q_b and kv_b column-parallel (whole heads), o row-parallel, q_a, kv_a and the latents' norms whole; the heads'
-    call takes the shared rotary key through an identity-forward / all-reduce-backward (its gradient is partial)."""
+@pytest.mark.parametrize("q_lora_rank", [32, None])
+def test_tp_shards_q_b_and_kv_b_by_heads_and_o_by_rows(q_lora_rank):
+    """q_b (or q) and kv_b column-parallel (whole heads), o row-parallel, q_a, kv_a and the latents' norms whole; the
+    heads' call takes the shared rotary key through an identity-forward / all-reduce-backward (its gradient is
+    partial)."""
     from compiler.pipeline import compile_spec
-    compiled = compile_spec(check_text(_tp(text(32), 2), "m.scale"))
+    compiled = compile_spec(check_text(_tp(text(q_lora_rank), 2), "m.scale"))
     shards = {k: d for _, g in compiled.traced.segments() for k, (d, _) in g.meta["tp_shards"].items()}
-    assert {k: d for k, d in shards.items() if k.startswith("attn")} == {
-        "attn_qb.weight": 0, "attn_kvb.weight": 0, "attn_o.weight": 1}
+    q = "attn_q.weight" if q_lora_rank is None else "attn_qb.weight"
+    assert {k: d for k, d in shards.items() if k.startswith("attn")} == {q: 0, "attn_kvb.weight": 0,
+                                                                         "attn_o.weight": 1}
     code = compiled.traced.blocks[next(iter(compiled.traced.blocks))].code
-    # the inputs of q_b and kv_b (the latents' norms), the shared rotary key into the heads' call, the MLP's input
+    # the inputs of q_b (or q: the block's) and kv_b, the shared rotary key into the heads' call, the MLP's input
     assert code.count("identity_fwd_all_reduce_bwd(") == 4 and "attention_latent(" in code.replace(".", "_")
 
 
