@@ -432,7 +432,7 @@ def _positions_twice(c: _Checker, layers: list) -> None:
     """Learned absolute positions beside rotary embeddings: both run, but a model has one of them (GPT-2 the first,
     Llama the second); the two together are almost surely a half-converted file."""
     pos = next((x for x in layers if isinstance(x, S.Positional)), None)
-    rotary = next((x for x in S.walk(layers) if isinstance(x, S.Attention) and x.rope_theta), None)
+    rotary = next((x for x in S.walk(layers) if isinstance(x, (S.Attention, S.MLA)) and x.rope_theta), None)
     if pos is not None and rotary is not None:
         c.warn("W0138", "learned positions and rotary embeddings together: positions are encoded twice", pos.span,
                label="learned absolute positions", help=f"the attention at {rotary.span} has rotary embeddings "

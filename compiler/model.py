@@ -22,7 +22,7 @@ from torch import nn
 
 from compiler import spec as S
 from compiler.diagnostics import Span
-from runtime.attention import sliding_window, softcapped
+from runtime.attention import latent, sliding_window, softcapped
 from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 # Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
@@ -101,6 +101,8 @@ class Segment(nn.Module):
                 return _Step(x, lambda seg, t, name=name: getattr(seg, name)(t))
             case S.Attention():
                 return self._attention(x, self._name("attn", totals["attn"]))
+            case S.MLA():
+                return self._mla(x, self._name("attn", totals["attn"]))
             case S.MLP():
                 return self._mlp(x, self._name("mlp", totals["mlp"]))
             case S.MoE():
@@ -155,6 +157,40 @@ class Segment(nn.Module):
             else:  # the token itself and the window - 1 before it (one traced call: runtime/attention.py)
                 y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa, **scale)
             return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
+        return _Step(a, run)
+
+    def _mla(self, a: S.MLA, p: str) -> _Step:
+        """Multi-head latent attention (compiler/layers/mla.py): leaves `{p}_qa`, `{p}_qa_norm`, `{p}_qb` (or `{p}_q`),
+        `{p}_kva`, `{p}_kva_norm`, `{p}_kvb`, `{p}_o`, Hugging Face's q_a_proj, q_a_layernorm, q_b_proj (q_proj),
+        kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; the heads' attention one traced call
+        (runtime.attention.latent)."""
+        nope, rope, vd = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+        q_width, kv_width = self._n(nope + rope), self._n(nope + vd)
+        if a.q_lora_rank is None:
+            q = self._linear(f"{p}_q", a.hidden, a.heads * (nope + rope), False, a.span)
+            qa = qn = None
+        else:
+            qa = self._linear(f"{p}_qa", a.hidden, a.q_lora_rank, False, a.span)
+            qn = self._leaf(f"{p}_qa_norm", nn.RMSNorm(self._n(a.q_lora_rank), eps=a.norm_eps),
+                            {"weight": (a.q_lora_rank,)}, a.span)
+            q = self._linear(f"{p}_qb", a.q_lora_rank, a.heads * (nope + rope), False, a.span)
+        kva = self._linear(f"{p}_kva", a.hidden, a.kv_lora_rank + rope, False, a.span)
+        kvn = self._leaf(f"{p}_kva_norm", nn.RMSNorm(self._n(a.kv_lora_rank), eps=a.norm_eps),
+                         {"weight": (a.kv_lora_rank,)}, a.span)
+        kvb = self._linear(f"{p}_kvb", a.kv_lora_rank, a.heads * (nope + vd), False, a.span)
+        o = self._linear(f"{p}_o", a.heads * vd, a.hidden, False, a.span)
+        self.residual_out.append(o)
+        n_nope, n_rope, rank = self._n(nope), self._n(rope), self._n(a.kv_lora_rank)
+        theta, interleaved = a.rope_theta, a.rope_interleave
+        kw = {} if interleaved else {"interleaved": False}
+
+        def run(seg, x_BSH):
+            h_BSX = x_BSH if qa is None else getattr(seg, qn)(getattr(seg, qa)(x_BSH))
+            q_BHSQ = getattr(seg, q)(h_BSX).unflatten(-1, (-1, q_width)).transpose(1, 2)
+            c_BSL, kr_BSR = getattr(seg, kva)(x_BSH).split([rank, n_rope], dim=-1)
+            kv_BHSW = getattr(seg, kvb)(getattr(seg, kvn)(c_BSL)).unflatten(-1, (-1, kv_width)).transpose(1, 2)
+            y_BHSV = latent(q_BHSQ, kv_BHSW, kr_BSR, n_nope, theta, **kw)
+            return getattr(seg, o)(y_BHSV.transpose(1, 2).flatten(2))
         return _Step(a, run)
 
     def _mlp(self, m: S.MLP, p: str) -> _Step:
@@ -248,7 +284,7 @@ def _totals(layers) -> dict[str, int]:
                 walk(x.body)
             elif isinstance(x, S.Norm):
                 counts["norm"] += 1
-            elif isinstance(x, S.Attention):
+            elif isinstance(x, (S.Attention, S.MLA)):
                 counts["attn"] += 1
             elif isinstance(x, S.MLP):
                 counts["mlp"] += 1

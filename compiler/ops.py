@@ -151,6 +151,8 @@ class Op:
     attention: bool = False    # the fused attention kernel: timed at the device's attention efficiency
     kept: Callable | None = None     # (node, gm, needed, act) -> what selective recomputation keeps of it, when not
                                      # its output (where `needed`: the backward reads it)
+    side: tuple = ()           # positions of arguments a head shard's call takes whole (replicated) under tp:
+                               # not traced back to a column linear; the tp pass makes their gradient a sum over tp
 
 
 # -- modules ------------------------------------------------------------------------------------------------------
@@ -354,8 +356,10 @@ def _flatten_saved(g, node, args):
     # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the flash kernels
     # lay out as (batch, seq, heads, dim): transposing it back is contiguous.
     if src.target == "transpose" and src.args[0].target not in (F.scaled_dot_product_attention,
-                                                                 attention.sliding_window):
+                                                                 attention.sliding_window, attention.latent):
         return
+    if src.target == "transpose" and src.args[0].target is attention.latent and not _latent_fused(g, src.args[0]):
+        return  # the math path's output is (B, H, S, V) contiguous: its transpose flattened is a copy
     g.views[node] = src
 
 
@@ -486,6 +490,85 @@ def _capped_saved(g, node, args):
     g.new(node, "probs", (b, h, sq, sk), 4)
     if g.act < 4:
         g.new(node, "probs_cast", (b, h, sq, sk), g.act)
+
+
+def _split_shape(node, args, kwargs, gm):
+    x, sizes = args[0], args[1]
+    d = _dim(x, args[2] if len(args) > 2 else kwargs.get("dim", 0))
+    return tuple(tuple(x[:d]) + (sympy.sympify(n),) + tuple(x[d + 1:]) for n in sizes), ZERO
+
+
+def _split_saved(g, node, args):
+    """Each piece is a view of its input: a getitem of it shares the input's storage."""
+    if isinstance(args[0], type(node)):
+        g.views[node] = args[0]
+        for user in node.users:
+            if user.target is operator.getitem:
+                g.views[user] = args[0]
+
+
+def _latent_widths(node):
+    """(nope + rope, v): an MLA head's query/key and value widths, from the layer's sizes."""
+    layer = node.meta[K.LAYER]
+    return layer.qk_nope_head_dim + layer.qk_rope_head_dim, layer.v_head_dim
+
+
+def _latent_shape(node, args, kwargs, gm):
+    """Q·Kᵀ over the whole query/key width (nope + rope) and P·V over v, as scaled_dot_product_attention counts
+    them; the rotation and the concatenations cost no FLOPs by the matmul convention."""
+    b, h, s, _ = args[0]
+    d, dv = _latent_widths(node)
+    return (b, h, s, dv), 2 * b * h * s * s * d + 2 * b * h * s * s * dv
+
+
+def _latent_backward(node, gm, needs, fwd):
+    """scaled_dot_product_attention's rule on the concatenated queries and keys (each needs a gradient when q, or
+    kv / the shared key, does) and the values (kv)."""
+    q, kv, kr = node.args[:3]
+    b, h, s, _ = q.meta[K.SHAPE]
+    d, dv = _latent_widths(node)
+    qk, pv = 2 * b * h * s * s * d, 2 * b * h * s * s * dv
+    nq, nk, nv = needs.get(q, False), needs.get(kv, False) or needs.get(kr, False), needs.get(kv, False)
+    return sympy.expand(qk * (nq + nk) + pv * ((nq or nk) + nv))
+
+
+def _latent_dims(node, gm):
+    b, h, s, _ = node.args[0].meta[K.SHAPE]
+    return b * h, s, s, _latent_widths(node)[0], None
+
+
+def _latent_fused(g, node) -> bool:
+    """Whether scaled_dot_product_attention runs a fused kernel for MLA's heads: on CUDA (FlashAttention, or the
+    memory-efficient kernel where the value width differs), on CPU only where the query/key and value widths are
+    equal (its flash kernel's condition); else its math path."""
+    d, dv = _latent_widths(node)
+    return g.device == "cuda" or sympy.simplify(d - dv) == 0
+
+
+def _latent_saved(g, node, args):
+    """runtime.attention.latent: the rotation's cosines and sines (S × rope/2 each interleaved, S × rope rotating
+    halves), and
+      - fused: the kernel's q and k (the concatenations, new tensors), v (a view of kv: its storage), the output and
+        a log-sum-exp;
+      - CPU's math path (value width ≠ query width, as DeepSeek's), in fp32 whatever the compute dtype: q and kᵀ
+        each scaled by the root of the scale (new tensors, Q·Kᵀ's operands), the probabilities (S × S per head) and
+        v made contiguous (P·V's operands);
+        the output is not kept, and o's input is a copy (its transpose is not a view of a contiguous tensor)."""
+    kv = args[1]
+    b, h, s, _ = node.meta[K.SHAPE]
+    d, dv = _latent_widths(node)
+    layer = node.meta[K.LAYER]
+    g.new(node, "angles", (2, s, layer.qk_rope_head_dim / 2 if layer.rope_interleave else layer.qk_rope_head_dim),
+          g.act)
+    if _latent_fused(g, node):
+        g.new(node, "q", (b, h, s, d), g.act)
+        g.new(node, "k", (b, h, s, d), g.act)
+        g.keep(kv)
+        g.saved[("t", node)] = _numel(node.meta[K.SHAPE]) * g.act  # the output
+        g.new(node, "lse", (b, h, s), 4)
+    else:  # the math path computes in fp32 on CPU (bf16 operands upcast first)
+        for key, shape in (("q", (b, h, s, d)), ("k", (b, h, s, d)), ("probs", (b, h, s, s)), ("v", (b, h, s, dv))):
+            g.new(node, key, shape, 4)
 
 
 def _loss_shape(node, args, kwargs, gm):
@@ -677,6 +760,11 @@ FUNCTIONS = {
     # Soft-capped scores (Gemma 2): FlexAttention with a score_mod on CUDA, the scores written out elsewhere.
     attention.softcapped: Op("softcapped", _capped_shape, _act, _capped_saved, _capped_backward, dims=_capped_dims,
                              shard=True, attention=True, wrapped=True),
+    # Multi-head latent attention's heads (DeepSeek): its shared rotary key (argument 2) enters every head whole.
+    attention.latent: Op("latent", _latent_shape, _act, _latent_saved, _latent_backward, dims=_latent_dims,
+                         shard=True, attention=True, wrapped=True, side=(2,)),
+    "split": Op("split", _split_shape, lambda node, gm, args: tuple(args[0] for _ in node.args[1]), _split_saved,
+                passes_grad=True, free=True),
     F.cross_entropy: Op("cross_entropy", _loss_shape, _fp32, _cross_entropy_saved, loss=_loss_moments("whole"),
                         defaults=True),
     C.vocab_parallel_cross_entropy: Op("vocab_parallel_cross_entropy", _loss_shape, _fp32,

@@ -92,6 +92,30 @@ class Attention:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLA:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank bottleneck (q_a, its norm, q_b; or
+    one q projection without `q_lora_rank`), keys and values from a shared latent (kv_a to kv_lora_rank plus one
+    rotary key of qk_rope_head_dim shared by every head, the latent normed, then kv_b to heads × (qk_nope_head_dim +
+    v_head_dim)), causal attention scaled by 1/√(qk_nope_head_dim + qk_rope_head_dim), o from heads × v_head_dim."""
+    hidden: Size
+    heads: Size
+    kv_lora_rank: Size
+    qk_nope_head_dim: Size
+    qk_rope_head_dim: Size
+    v_head_dim: Size
+    span: Span
+    q_lora_rank: Size | None = None
+    """The queries' bottleneck (DeepSeek-V3: 1536); None: q projected from hidden directly (DeepSeek-V2-Lite)."""
+    rope_theta: float = 10000.0
+    """The rotary base of the shared key and each query's rotary part."""
+    rope_interleave: bool = True
+    """Rotary pairs are adjacent dimensions (2i, 2i + 1), as DeepSeek's weights lay them out (transformers'
+    rope_interleave); false: the halves (i, i + R/2)."""
+    norm_eps: float = 1e-6
+    """The epsilon of the q and kv latents' RMS norms."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLP:
     """Two-layer MLP: GELU (`up`, `down`), or gated, SwiGLU or GeGLU (`gate`, `up`, `down`)."""
     hidden: Size

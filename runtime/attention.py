@@ -18,6 +18,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from runtime import rotary
+
 
 def _mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
     i = torch.arange(seq_k - seq_q, seq_k, device=device)[:, None]
@@ -117,3 +119,22 @@ def softcapped(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
     mask = (_additive if compiling else _additive_cached)(seq_q, seq_k, window, q_BHSD.device, s_BHSS.dtype)
     p_BHSS = F.softmax(s_BHSS + mask, dim=-1, dtype=torch.float32).to(q_BHSD.dtype)
     return torch.matmul(p_BHSS, v_BKSD)
+
+
+def latent(q_BHSQ: torch.Tensor, kv_BHSW: torch.Tensor, kr_BSR: torch.Tensor, nope: int, theta: float,
+           interleaved: bool = True) -> torch.Tensor:
+    """Multi-head latent attention's heads (DeepSeek-V2/V3, transformers' DeepseekV3Attention): each query
+    (nope + rope wide) split into its plain and rotary parts, each head's kv_b output into its key's plain part (nope)
+    and its value (the rest), the shared rotary key `kr_BSR` (B, S, rope) turned with the queries' rotary parts
+    (`interleaved`: DeepSeek's adjacent pairs) and given to every head, then causal attention scaled by
+    1/√(nope + rope). (B, H, S, V) out.
+
+    One call, traced whole (compiler/ops.py): under tensor parallelism q and kv hold this rank's heads and the shared
+    key enters whole. Autograd keeps the concatenated queries and keys, the values (a view of kv), the output and a
+    log-sum-exp (the fused kernel's), and the rotation's cosines and sines."""
+    q_nope, q_rope = q_BHSQ.split([nope, q_BHSQ.shape[-1] - nope], dim=-1)
+    k_nope, v_BHSV = kv_BHSW.split([nope, kv_BHSW.shape[-1] - nope], dim=-1)
+    q_rope, k_rope = rotary.rotate(q_rope, kr_BSR.unsqueeze(1), theta, interleaved=interleaved)
+    q_BHSQ = torch.cat((q_nope, q_rope), dim=-1)
+    k_BHSQ = torch.cat((k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)), dim=-1)
+    return F.scaled_dot_product_attention(q_BHSQ, k_BHSQ, v_BHSV, is_causal=True)

@@ -44,13 +44,27 @@ def _half_turn(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rotate(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, theta: float, scaling=None):
-    """The queries and keys turned by their positions' angles (module docstring); shapes and dtypes unchanged."""
+def _interleaved(x: torch.Tensor, cos_SD2: torch.Tensor, sin_SD2: torch.Tensor) -> torch.Tensor:
+    """x's pairs (2i, 2i + 1) turned by angle i, written out as the halves (x_2i', x_2i+1'): transformers'
+    apply_rotary_pos_emb_interleave (DeepSeek), bit for bit. Queries and keys come out in the same order, so their
+    products are those of the pairs turned in place."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos_SD2 - x2 * sin_SD2, x2 * cos_SD2 + x1 * sin_SD2), dim=-1)
+
+
+def rotate(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, theta: float, scaling=None, interleaved: bool = False):
+    """The queries and keys turned by their positions' angles (module docstring); shapes and dtypes unchanged.
+    `interleaved`: the pairs are adjacent dimensions (2i, 2i + 1), DeepSeek's layout (`_interleaved`); autograd then
+    keeps the half-width cosines and sines (S·D values)."""
     s, d = q_BHSD.shape[2], q_BHSD.shape[3]
     inv = frequencies(d, theta, scaling, q_BHSD.device)
     with torch.autocast(q_BHSD.device.type, enabled=False):
         angles_SD2 = torch.outer(torch.arange(s, device=q_BHSD.device, dtype=torch.int64).float(), inv)
         angles_SD = torch.cat((angles_SD2, angles_SD2), dim=-1)
+    if interleaved:
+        cos_SD2, sin_SD2 = angles_SD2.cos().to(q_BHSD.dtype), angles_SD2.sin().to(q_BHSD.dtype)
+        return (_interleaved(q_BHSD, cos_SD2, sin_SD2),
+                _interleaved(k_BKSD, cos_SD2.to(k_BKSD.dtype), sin_SD2.to(k_BKSD.dtype)))
     cos_SD, sin_SD = angles_SD.cos().to(q_BHSD.dtype), angles_SD.sin().to(q_BHSD.dtype)
     q = q_BHSD * cos_SD + _half_turn(q_BHSD) * sin_SD
     k = k_BKSD * cos_SD.to(k_BKSD.dtype) + _half_turn(k_BKSD) * sin_SD.to(k_BKSD.dtype)

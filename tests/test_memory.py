@@ -64,7 +64,15 @@ GEMMA = (("embedding(vocab, hidden)", "embedding(vocab, hidden, scaled = true)")
           "rmsnorm(hidden, zero_centered = true) }"),
          ("layernorm(hidden)\n  lm_head(vocab, hidden, tied = true)",
           "rmsnorm(hidden, zero_centered = true)\n  lm_head(vocab, hidden, tied = true, softcap = 30)"))
+_MLA = ("mla(hidden, heads, {}kv_lora_rank = 16, qk_nope_head_dim = 8, qk_rope_head_dim = 8, v_head_dim = 12{})")
 WHOLE = {
+    # DeepSeek's latent attention on CPU (value width 12 ≠ query width 16: the math path, fp32 whatever the compute
+    # dtype): the rotation's half-width cosines and sines, q and kᵀ scaled, the probabilities, v; the kv latent kept
+    # whole by its norm (a piece of kv_a's output)
+    "mla_v3": ("tiny_gpt.scale", (("positional(seq, hidden)", ""),
+                                  (GQA[0][0], _MLA.format("q_lora_rank = 32, ", ""))) + GQA[1:]),
+    "mla_v2_lite_halves": ("tiny_gpt.scale", (("positional(seq, hidden)", ""),
+                                              (GQA[0][0], _MLA.format("", ", rope_interleave = false"))) + GQA[1:]),
     "gpt": ("tiny_gpt.scale", ()),
     "gqa_rmsnorm_swiglu_untied": ("tiny_gpt.scale", GQA),
     "rope_llama3_qkv_bias": ("tiny_gpt.scale", ((GQA[0][0], "attention(hidden, heads, kv_heads = 2, bias = false, "

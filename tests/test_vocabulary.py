@@ -16,6 +16,8 @@ def test_language_vocabulary_is_pinned():
                                                                    "rope_theta", "rope_scaling", "head_dim",
                                                                    "qk_norm", "qk_norm_eps", "window", "softcap",
                                                                        "query_scale"),
+        "mla": ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                "v_head_dim", "rope_theta", "rope_interleave", "norm_eps"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
                 "renormalize", "shared_ffn", "shared_gate", "scoring", "groups", "topk_groups", "routed_scale",

@@ -76,7 +76,10 @@ class _Graph:
     def keep(self, node) -> None:
         """The node's value kept as it is (its storage)."""
         b = self.base(node)
-        self.saved.setdefault(("t", b), self.bytes_of(node))
+        # the storage's bytes: a piece of a split is a view of a larger tensor (a view otherwise has its base's size)
+        self.saved.setdefault(("t", b), self.bytes_of(b if isinstance(b.meta.get(T.SHAPE), tuple)
+                                                      and all(not isinstance(x, tuple) for x in b.meta[T.SHAPE])
+                                                      else node))
 
     def keep_matmul_input(self, node, consumer) -> None:
         """An operand of a matmul: kept as it is (its weight is the parameter itself: model state)."""

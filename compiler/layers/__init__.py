@@ -12,9 +12,9 @@ compiler/model.py (they need torch).
 """
 from __future__ import annotations
 
-from compiler.layers import attention, cross_entropy, embedding, lm_head, mlp, moe, norm, positional, residual
+from compiler.layers import attention, cross_entropy, embedding, lm_head, mla, mlp, moe, norm, positional, residual
 
-KINDS = (embedding, positional, norm, attention, mlp, moe, residual, lm_head, cross_entropy)
+KINDS = (embedding, positional, norm, attention, mla, mlp, moe, residual, lm_head, cross_entropy)
 
 # keyword -> module
 BY_NAME = {name: mod for mod in KINDS for name in mod.SCHEMA}

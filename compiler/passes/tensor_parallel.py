@@ -92,6 +92,19 @@ def _preserving(n: fx.Node, gm: fx.GraphModule | None = None) -> bool:
     return op is not None and op.shard
 
 
+def _side_inputs(n: fx.Node) -> list:
+    """The arguments a shard-preserving call takes whole on every rank (its record's `side`: MLA's shared rotary
+    key), not head shards."""
+    op = _ops.find(n) if n.op in ("call_function", "call_method") else None
+    side = op.side if op is not None else ()
+    return [a for i, a in enumerate(n.args) if i in side and isinstance(a, fxm.Node)]
+
+
+def _shard_inputs(n: fx.Node) -> list:
+    side = _side_inputs(n)
+    return [a for a in n.all_input_nodes if a not in side]
+
+
 def _column_sources(gm: fx.GraphModule, v) -> set | None:
     """The linears that feed value `v` through shard-preserving operations only, or None if anything else does."""
     if not isinstance(v, fxm.Node):
@@ -101,7 +114,7 @@ def _column_sources(gm: fx.GraphModule, v) -> set | None:
     if not _preserving(v, gm):
         return None
     found: set = set()
-    for a in v.all_input_nodes:
+    for a in _shard_inputs(v):
         s = _column_sources(gm, a)
         if s is None:
             return None
@@ -122,7 +135,7 @@ def _reaches_only(gm: fx.GraphModule, start: fx.Node, row: fx.Node) -> bool:
 def _kind(n: fx.Node) -> str | None:
     layer = n.meta.get(T.LAYER)
     # a `moe`'s shared expert is an MLP (its routed experts are not linears: they shard over ep, not tp)
-    return {S.Attention: "attention", S.MLP: "mlp", S.MoE: "mlp"}.get(type(layer))
+    return {S.Attention: "attention", S.MLA: "attention", S.MLP: "mlp", S.MoE: "mlp"}.get(type(layer))
 
 
 def tp_policy(gm: fx.GraphModule, plan) -> Decision:
@@ -278,6 +291,11 @@ def _shard_region(gm: fx.GraphModule, region: Region, sp: bool, tp: int, meta: d
         for c in cols:
             if c.args[0] is value:
                 c.args = (entry,) + tuple(c.args[1:])
+    # A whole (replicated) input of the heads' call, MLA's shared rotary key: each rank's gradient of it covers only
+    # its heads, so it enters like a column input (identity forward, all-reduce backward; gathered under SP).
+    for n in _region_nodes(cols, row):
+        for value in _side_inputs(n):
+            n.replace_input_with(value, _entry(gm, value, sp, n, f"{what}'s shared input"))
     for c in cols:
         old = gm.get_submodule(c.target)
         setattr(gm, c.target, nn.Linear(old.in_features, old.out_features // tp, bias=old.bias is not None,
@@ -308,6 +326,18 @@ def _shard_region(gm: fx.GraphModule, region: Region, sp: bool, tp: int, meta: d
     for norm in _region_norms(gm, cols, out):
         for pname, _ in gm.get_submodule(norm.target).named_parameters():
             meta["partial_grads"].append(f"{norm.target}.{pname}")
+
+
+def _region_nodes(cols: list, end: fx.Node) -> list:
+    """The nodes between a region's column linears and its row linear, in graph order."""
+    seen, todo = set(), list(cols)
+    while todo:
+        n = todo.pop()
+        if n in seen or n is end:
+            continue
+        seen.add(n)
+        todo.extend(n.users)
+    return sorted(seen - set(cols), key=lambda n: list(n.graph.nodes).index(n))
 
 
 def _region_norms(gm: fx.GraphModule, cols: list, end: fx.Node) -> list:
@@ -438,7 +468,11 @@ def _sequence_parallel_norms(gm: fx.GraphModule, meta: dict) -> None:
     """Under SP, norms see one sequence chunk per rank: their scale and bias gradients are partial over tp (a
     per-head norm inside a region is listed already: its rank sees the whole sequence but only its heads)."""
     for node in gm.graph.nodes:
-        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), (nn.LayerNorm, nn.RMSNorm)):
+        # and so are the replicated linears of an MLA (q_a, kv_a: before its column linears, on one chunk each)
+        mla_linear = isinstance(node.meta.get(T.LAYER), S.MLA) and _is_linear(gm, node) \
+            and node.meta.get(T.TP_ROLE) not in ("column", "row")
+        if node.op == "call_module" and (mla_linear or isinstance(gm.get_submodule(node.target),
+                                                                  (nn.LayerNorm, nn.RMSNorm))):
             for pname, p in gm.get_submodule(node.target).named_parameters():
                 if f"{node.target}.{pname}" not in meta["partial_grads"]:
                     meta["partial_grads"].append(f"{node.target}.{pname}")

@@ -32,6 +32,8 @@ def requires(spec, plan) -> list:
             if int(spec.value(x.heads)) % tp == 0:
                 need("E0402", "the key/value heads", x.kv_heads, x.span,
                      "each rank needs whole key/value heads for its query heads")
+        if isinstance(x, S.MLA) and "attention" in plan.tp_layers:  # its latents are whole on every rank
+            need("E0401", "the attention heads", x.heads, x.span, "each rank computes whole heads")
         if isinstance(x, S.MLP) and "mlp" in plan.tp_layers:
             need("E0404", "the MLP width `ffn`", x.ffn, x.span, "each rank holds a slice of the MLP's inner width")
         if isinstance(x, S.MoE) and x.shared_ffn is not None and "mlp" in plan.tp_layers:  # sharded as an mlp

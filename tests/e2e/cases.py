@@ -85,6 +85,12 @@ DENSE_FIRST = (("  repeat layers / 2 {\n"
                 "    residual { layernorm(hidden)  mlp(hidden, ffn, act = gelu) }\n"
                 "  }\n"
                 "  repeat 3 {\n"),)
+# DeepSeek's multi-head latent attention at toy size, in a Llama block without learned positions: q through a
+# 32-wide bottleneck (V3) or projected directly (V2-Lite), a 16-wide key/value latent, heads of 8 plain + 8 rotary
+# query/key dimensions and 12 value dimensions
+_MLA = "mla(hidden, heads, {}kv_lora_rank = 16, qk_nope_head_dim = 8, qk_rope_head_dim = 8, v_head_dim = 12)"
+MLA_V3 = (("  positional(seq, hidden)\n", ""), (GQA[0][0], _MLA.format("q_lora_rank = 32, "))) + GQA[1:]
+MLA_V2_LITE = (("  positional(seq, hidden)\n", ""), (GQA[0][0], _MLA.format(""))) + GQA[1:]
 
 
 # Cases moved out of this table to keep the suite within its time (each is held elsewhere): a manual stage layout
@@ -153,6 +159,13 @@ CASES = (
                      "sequence, both soft-capping their scores (each rank caps its own heads' scores) with GQA and "
                      "a head_dim of their own; zero-centred norms before and after attention and the GeGLU MLP, "
                      "embeddings scaled by √hidden, logits soft-capped (each rank its vocabulary shard's)"),
+    Case(id="tp2_mla", sample="samples/gpt_tp.scale", nproc=2, edits=MLA_V3, plan=SP,
+         description="DeepSeek-V3's multi-head latent attention under tensor + sequence parallelism: q_b and kv_b "
+                     "column-parallel by heads, o row-parallel, q_a, kv_a and the latents' norms replicated on "
+                     "sequence chunks (their gradients summed over tp), the shared rotary key gathered whole into "
+                     "each rank's heads (its gradient reduce-scattered)"),
+    Case(id="pp2_mla", sample="samples/gpt_pp.scale", nproc=2, edits=MLA_V2_LITE,
+         description="two pipeline stages of DeepSeek-V2-Lite's latent attention (q projected directly), 1F1B"),
     Case(id="pp2_1f1b", sample="samples/gpt_pp.scale", nproc=2,
          description="two pipeline stages, 1F1B over 4 micro-batches, tied embedding across first and last stage"),
     Case(id="pp2_gpipe", sample="samples/gpt_pp.scale", nproc=2,
