@@ -58,7 +58,7 @@ class Layout:
         fsdp = plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
         top = traced.top
         stages = compiled.plan.stages  # the Plan's layout: () without pp
-        from compiler.passes.pipeline_split import repeat_edges
+        from compiler.trace import repeat_edges
         offset = {name: a for name, a, _ in repeat_edges(traced, compiled.spec.value)}  # blocks across the repeats
         first = {n for n, _ in top.meta[T.PROLOGUE].named_children()} if stages else set()
         last = {n for n, _ in top.meta[T.EPILOGUE].named_children()} if stages else set()

@@ -199,3 +199,23 @@ def _dtype_rule(node: fx.Node, gm: fx.GraphModule, args: tuple):
 
 def graph_flops(gm: fx.GraphModule) -> sympy.Expr:
     return sympy.expand(sum((n.meta.get(FLOPS, 0) for n in gm.graph.nodes), sympy.Integer(0)))
+
+
+# -- the repeats' blocks numbered across the repeats (what a pipeline cuts: compiler/passes/pipeline_split.py) --
+
+
+def repeat_edges(traced: "Traced", value) -> tuple:
+    """(repeat name, first global block, end global block) of each `repeat` in order, its count a number under
+    `value`: a pipeline's global block i is the i-th of the repeats' blocks concatenated."""
+    out, first = [], 0
+    for name, gm in traced.blocks.items():
+        n = int(value(gm.meta[REPEAT].count))
+        out.append((name, first, first + n))
+        first += n
+    return tuple(out)
+
+
+def held(edges: tuple, lo: int, hi: int) -> tuple:
+    """(index of the repeat in `edges`, its first local block, its end local block) of each repeat with blocks in the
+    global range [lo, hi): what a stage holding blocks lo..hi-1 builds of each repeat."""
+    return tuple((i, max(lo, a) - a, min(hi, b) - a) for i, (_, a, b) in enumerate(edges) if max(lo, a) < min(hi, b))

@@ -674,7 +674,7 @@ def test_the_formulas_cover_exactly_the_segments_of_their_structure(sample):
     assert (fo.send is None) == (not fo.piped) and (fo.saved.sent is None) == (not fo.piped)
     if fo.piped:
         (lo, hi), = [plan.stages[k] for k in range(0, len(plan.stages), plan.size("pp"))]
-        want = fo.params.prologue(env) + (hi - lo) * fo.params.block(env)
+        want = fo.params.prologue(env) + fo.within(fo.params.block, lo, hi, env)
     else:
         want = fo.params.whole(env)
     assert want == compiled.costs.params_rank > 0

@@ -226,7 +226,7 @@ def test_runtime_reads_every_config_field():
 # the checker's tables without a probe here fails `test_every_setting_and_argument_is_probed`.
 
 SHAPES = {"one device": "samples/tiny_gpt.scale", "dp": DP, "tp": TP, "pp": "samples/gpt_pp.scale", "dp×pp×tp": G3,
-          "ep": "samples/moe_gpt.scale", "llama": LLAMA}
+          "ep": "samples/moe_gpt.scale", "llama": LLAMA, "mla": "samples/tiny_deepseek.scale"}
 TRAIN_SHAPES = ("one device", "dp×pp×tp")  # the training settings do not depend on the plan's axes
 LAYER_SHAPES = ("one device", "tp")
 
@@ -368,6 +368,11 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
                               Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
                                     shapes=("ep",))),
+    # multi-head latent attention (samples/tiny_deepseek.scale writes q_lora_rank = 32)
+    "layer.mla.q_lora_rank": (Probe(({"q_lora_rank": "16"},), shapes=("mla",)),),
+    "layer.mla.rope_theta": (Probe(({"rope_theta": "500000"},), shapes=("mla",)),),
+    "layer.mla.rope_interleave": (Probe(({"rope_interleave": "false"},), shapes=("mla",)),),
+    "layer.mla.norm_eps": (Probe(({"norm_eps": "1e-5"},), shapes=("mla",)),),
     "layer.lm_head.tied": (Probe(({"tied": "false"},), shapes=LAYER_SHAPES),),
     "layer.lm_head.bias": (Probe(({"bias": "true"},), shapes=LAYER_SHAPES),),
 }

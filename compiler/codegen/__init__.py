@@ -319,7 +319,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
     loss_code = "\n".join(["def loss_fn(logits, targets):",
                             '    """The loss of one micro-batch on the last stage, from its logits."""']
                            + [ln[4:] for ln in loss_lines[1:]])
-    from compiler.passes.pipeline_split import repeat_edges
+    from compiler.trace import repeat_edges
     repeats = [{"name": name, "cls": T.class_name(name), "first": a, "end": b}
                for name, a, b in repeat_edges(traced, spec.value)]
     return {"stages": E.py_literal(stages), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],

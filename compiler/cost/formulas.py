@@ -251,7 +251,7 @@ class Formulas:
     """Per repeated block's name: how many times it runs in one forward."""
     edges: tuple = ()
     """(repeat name, first block, end block) of each `repeat` in order, under pp: a stage's blocks are numbered across
-    the repeats (pipeline_split.repeat_edges)."""
+    the repeats (trace.repeat_edges)."""
 
     # -- the model, per step: sympy, no env ----------------------------------------------------------------------
     model_params: sympy.Expr
@@ -326,7 +326,6 @@ class Formulas:
 
 def _build(spec, traced, precision: str) -> Formulas:
     from compiler.cost import activations as A
-    from compiler.passes import pipeline_split as PS
     sub = MappingProxyType({k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS})
 
     def fn(expr) -> Formula:
@@ -400,7 +399,7 @@ def _build(spec, traced, precision: str) -> Formulas:
                       block=fn(block_params[0] if len(block_params) == 1 else sympy.Max(*block_params)))
         loss_graph = loss
         recompute = {mode: tuple(fn(F.recomputed_forward(g, mode)) for g in blocks) for mode in RECOMPUTE}  # a block
-        edges = PS.repeat_edges(traced, spec.value)
+        edges = T.repeat_edges(traced, spec.value)
     else:
         total = PA.segment_params(top)
         experts = PA.segment_expert_params(top)

@@ -16,6 +16,7 @@ from torch import fx
 
 from compiler import spec as S
 from compiler import trace as T
+from compiler.trace import held, repeat_edges  # noqa: F401 (the split's block numbering, also read here)
 from compiler.symbols import MICRO_BATCH
 
 
@@ -132,23 +133,6 @@ def _pieces(traced: T.Traced):
                      and isinstance(n.meta[T.LAYER], S.CrossEntropy) and n.op == "call_function"
                      and n.target not in ("flatten", "float"))
     return calls, loss_node
-
-
-def repeat_edges(traced: T.Traced, value) -> tuple:
-    """(repeat name, first global block, end global block) of each `repeat` in order, its count a number under
-    `value`: a pipeline's global block i is the i-th of the repeats' blocks concatenated."""
-    out, first = [], 0
-    for name, gm in traced.blocks.items():
-        n = int(value(gm.meta[T.REPEAT].count))
-        out.append((name, first, first + n))
-        first += n
-    return tuple(out)
-
-
-def held(edges: tuple, lo: int, hi: int) -> tuple:
-    """(index of the repeat in `edges`, its first local block, its end local block) of each repeat with blocks in the
-    global range [lo, hi): what a stage holding blocks lo..hi-1 builds of each repeat."""
-    return tuple((i, max(lo, a) - a, min(hi, b) - a) for i, (_, a, b) in enumerate(edges) if max(lo, a) < min(hi, b))
 
 
 def _upstream(output: fx.Node, stop: set) -> set:

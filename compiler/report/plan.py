@@ -41,8 +41,7 @@ def plan_text(compiled) -> str:
               f"model FLOPs: matmuls, forward + backward)",
               f"            = {C.formula(costs.flops_step, values)}"]
     recompute = plan.recompute
-    padded = costs.flops_step_hw_n > costs.flops_step_n and any(
-        isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+    padded = compiled.model.formulas.padding_step != 0  # the experts' empty slots (none under dispatch = grouped)
     if recompute != "none" or padded:
         why = " and ".join(w for w, on in ((f"{recompute} recomputation's extra forward", recompute != "none"),
                                            ("the experts' empty slots (buffers padded to capacity)", padded)) if on)
