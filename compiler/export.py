@@ -118,6 +118,14 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
             raise ExportError("the config.json written imports back to another model; a bug in scalec export, "
                               "please report it")
         return config
+    if any(isinstance(x, S.MLA) for x in S.walk(spec.model.layers)):  # DeepSeek-V2/V3 (importer_deepseek.py)
+        from compiler.importer_deepseek import DEEPSEEK_TYPES
+        if original is not None and original.get("model_type") in DEEPSEEK_TYPES and \
+                _gemma_reads_back(spec, original):
+            return dict(original)  # the model is the file's: every key as the file writes it
+        raise ExportError("a model with `mla` is exported as DeepSeek-V2 or V3 from the config.json of the checkpoint "
+                          "it started from (`init = from(...)`, or --config-from), which must import to this "
+                          "model: writing DeepSeek's config from the model alone is not done yet")
     deepseek = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and (
         x.scoring != "softmax" or x.groups > 1 or x.routed_scale != 1.0 or x.bias_update)]
     if deepseek:  # Mixtral and Qwen-MoE route by a softmax: a config of theirs would route otherwise
@@ -383,6 +391,8 @@ def hf_tensors(tensors: dict, layout: str = "mixtral", stack=()) -> dict:
     from runtime.hf_names import fused
     out = {}
     for name, t in tensors.items():
+        if name.endswith("_bias.load"):  # an ExpertBias's load of the step: not model state (not persistent)
+            continue
         if ".moe_experts." in name:
             for e in range(t.shape[0]):
                 out[hf.hf_name(name, e, layout, stack)] = t[e].t().contiguous()
@@ -404,8 +414,9 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     from safetensors.torch import save_file
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
-    from runtime.hf_names import MIXTRAL, PHI3, QWEN_MOE
+    from runtime.hf_names import DEEPSEEK, MIXTRAL, PHI3, QWEN_MOE
     layout = (PHI3 if config["model_type"] == "phi3" else  # fused qkv_proj, gate_up_proj
+              DEEPSEEK if config["model_type"] in ("deepseek_v2", "deepseek_v3") else  # mlp.shared_experts.*
               QWEN_MOE if config["model_type"] in ("qwen2_moe", "qwen3_moe") else MIXTRAL)  # mlp.experts.j.*_proj
     checkpoint, skipped = checkpoint_path(checkpoint)  # after the model and config: what cannot be written is
     if chosen is not None:                               # refused before any weight is looked for

@@ -29,8 +29,10 @@ ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 
             "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
 FAMILIES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
             "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM",
-            "Gemma3ForCausalLM")
-GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")  # layers of two kinds: held to the imported model layer by layer
+            "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+# layers of two kinds (Gemma's attentions, DeepSeek's dense and mixture layers): held to the imported model layer by
+# layer
+GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 SHOWN = 3  # names shown of a list
 
 
@@ -151,12 +153,12 @@ def parameters(model: S.Model, number) -> dict[str, tuple[tuple, object]]:
         totals = {"norm": 0, "attn": 0, "mlp": 0, "moe": 0}
         flat = [x for x in S.walk(layers)]
         for x in flat:
-            key = {S.Norm: "norm", S.Attention: "attn", S.MLP: "mlp", S.MoE: "moe"}.get(type(x))
+            key = {S.Norm: "norm", S.Attention: "attn", S.MLA: "attn", S.MLP: "mlp", S.MoE: "moe"}.get(type(x))
             if key:
                 totals[key] += 1
         seen = dict.fromkeys(totals, 0)
         for x in flat:
-            key = {S.Norm: "norm", S.Attention: "attn", S.MLP: "mlp", S.MoE: "moe"}.get(type(x))
+            key = {S.Norm: "norm", S.Attention: "attn", S.MLA: "attn", S.MLP: "mlp", S.MoE: "moe"}.get(type(x))
             if key is None:
                 continue
             seen[key] += 1
@@ -195,6 +197,13 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
             out += [(f"{leaf}.weight", (rows, x.hidden))] + ([(f"{leaf}.bias", (rows,))] if bias else [])
         out += [("_o.weight", (x.hidden, x.heads * hd))] + ([("_o.bias", (x.hidden,))] if x.bias else [])
         return out + ([(f"_{w}_norm.weight", (hd,)) for w in ("q", "k")] if x.qk_norm != "none" else [])
+    if isinstance(x, S.MLA):  # compiler/model.py _mla: linears without biases, the latents' RMS norms
+        nope, rope, vd = x.qk_nope_head_dim, x.qk_rope_head_dim, x.v_head_dim
+        out = ([("_q.weight", (x.heads * (nope + rope), x.hidden))] if x.q_lora_rank is None else
+               [("_qa.weight", (x.q_lora_rank, x.hidden)), ("_qa_norm.weight", (x.q_lora_rank,)),
+                ("_qb.weight", (x.heads * (nope + rope), x.q_lora_rank))])
+        return out + [("_kva.weight", (x.kv_lora_rank + rope, x.hidden)), ("_kva_norm.weight", (x.kv_lora_rank,)),
+                      ("_kvb.weight", (x.heads * (nope + vd), x.kv_lora_rank)), ("_o.weight", (x.hidden, x.heads * vd))]
     if isinstance(x, S.MLP):
         out = [("_up.weight", (x.ffn, x.hidden))] + ([("_up.bias", (x.ffn,))] if x.bias else [])
         if x.act in ("swiglu", "geglu"):
@@ -211,6 +220,8 @@ def _leaf_params(x) -> list[tuple[str, tuple]]:
                 [("_shared_gate.weight", (f, x.hidden))] if x.act == "swiglu" else []) + [
                 ("_shared_down.weight", (x.hidden, f))] + (
                 [("_shared_sigmoid.weight", (1, x.hidden))] if x.shared_gate == "sigmoid" else [])
+        if x.bias_update:  # DeepSeek-V3's expert bias: a buffer (runtime.moe.ExpertBias), read as a parameter is
+            out.append(("_bias.bias", (x.experts,)))
         return out
     return []
 
@@ -229,7 +240,7 @@ def _layout(model: S.Model, number) -> tuple:
     out, first = [], 0
     for k, rep in enumerate(model.blocks):
         flat = list(S.walk(rep.body))
-        per_block = max(1, sum(isinstance(x, S.Attention) for x in flat))
+        per_block = max(1, sum(isinstance(x, (S.Attention, S.MLA)) for x in flat))
         norms = sum(isinstance(x, S.Norm) for x in flat)
         out.append(("blocks" if k == 0 else f"blocks_{k + 1}", first, per_block,
                     norms // per_block if norms % per_block == 0 else norms))
@@ -429,13 +440,20 @@ def _figures(model: S.Model, number) -> list[tuple[str, str]]:
             return attention(x)
         if isinstance(x, S.MLP):
             return f"{x.act} MLP"
+        if isinstance(x, S.MLA):
+            return (f"rope_theta {_value(x.rope_theta)}, rotary pairs {'interleaved' if x.rope_interleave else 'halves'}"
+                    f", latent norms' eps {x.norm_eps:g}")
+        if isinstance(x, S.MoE):
+            return (f"{x.act} experts, top_k {x.top_k}, {x.scoring} scores, {x.groups} groups (best "
+                    f"{x.topk_groups}), renormalize {_value(x.renormalize)}, gates × {_value(x.routed_scale)}, "
+                    f"expert bias {'yes' if x.bias_update else 'no'}")
         return None
 
     out = [("the embedding", "scaled by √hidden" if model.embedding.scaled else "unscaled")]
     for rep, (_, first, per_block, per_layer) in zip(model.blocks, _layout(model, number)):
         body = [x for x in S.walk(rep.body) if leaf(x) is not None]
         for i in range(int(number(rep.count))):
-            seen = {S.Norm: 0, S.Attention: 0, S.MLP: 0}
+            seen = {S.Norm: 0, S.Attention: 0, S.MLP: 0, S.MLA: 0, S.MoE: 0}
             for x in body:
                 k = seen[type(x)]
                 seen[type(x)] += 1

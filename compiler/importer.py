@@ -21,13 +21,15 @@ import textwrap
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Diagnostic, ScaleError, Span
+from compiler.importer_deepseek import DEEPSEEK_TYPES, DeepseekLayout
 from compiler.importer_gemma import GEMMA_TYPES, GemmaLayout
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                  "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                  "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
-                 "Gemma3ForCausalLM": "gemma3_text"}
+                 "Gemma3ForCausalLM": "gemma3_text", "DeepseekV2ForCausalLM": "deepseek_v2",
+                 "DeepseekV3ForCausalLM": "deepseek_v3"}
 
 # Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
 # from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
@@ -38,11 +40,6 @@ NOT_YET = {
     "Gemma3ForConditionalGeneration": ("gemma3", "a vision tower (SigLIP) and its projector beside the language "
                                        "model (its language model alone imports as Gemma3ForCausalLM: "
                                        "text_config, model_type gemma3_text)"),
-    "DeepseekV2ForCausalLM": ("deepseek_v2", "multi-head latent attention (low-rank q and kv projections, a "
-                              "decoupled rotary part), shared experts, fine-grained experts and dense first layers"),
-    "DeepseekV3ForCausalLM": ("deepseek_v3", "multi-head latent attention, shared experts, a sigmoid router with "
-                              "group-limited top-k and a per-expert bias, fine-grained experts and dense first "
-                              "layers"),
 }
 
 # transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
@@ -101,6 +98,23 @@ DEFAULTS = {
                         attention_bias=False, attention_dropout=0.0, query_pre_attn_scalar=256, sliding_window=4096,
                         final_logit_softcapping=None, attn_logit_softcapping=None,
                         use_bidirectional_attention=False),
+    # DeepSeek: compiler/importer_deepseek.py (head_dim is qk_rope_head_dim there, checked, not defaulted)
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+                        n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4,
+                        num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, hidden_act="silu",
+                        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                        rope_theta=10000.0, rope_scaling=None, rope_interleave=True, attention_bias=False,
+                        attention_dropout=0.0, output_router_logits=False),
+    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None, n_shared_experts=2,
+                        n_routed_experts=64, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=None, topk_group=None,
+                        num_experts_per_tok=None, first_k_dense_replace=0, norm_topk_prob=False,
+                        topk_method="greedy", hidden_act="silu", max_position_embeddings=2048, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
+                        attention_dropout=0.0, mlp_bias=False, output_router_logits=False),
 }
 
 # Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
@@ -134,6 +148,18 @@ _GEMMA_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "inte
                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling",
                "rope_parameters", "attention_bias", "attention_dropout", "query_pre_attn_scalar", "sliding_window",
                "layer_types", "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention")
+# DeepSeek: transformers' keys, and those of DeepSeek's own code its released files carry (moe_layer_freq,
+# scoring_func, topk_method for V3, aux_loss_alpha, seq_aux)
+_DEEPSEEK_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                  "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "qk_head_dim",
+                  "hidden_act", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
+                  "attention_bias", "rope_theta", "rope_scaling", "rope_parameters", "q_lora_rank", "kv_lora_rank",
+                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_k_dense_replace", "moe_layer_freq",
+                  "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok", "n_group",
+                  "topk_group", "routed_scaling_factor", "norm_topk_prob", "scoring_func", "topk_method",
+                  "aux_loss_alpha", "seq_aux", "output_router_logits")
+USED.update(deepseek_v3=_DEEPSEEK_USED + ("rope_interleave", "num_nextn_predict_layers", "quantization_config"),
+            deepseek_v2=_DEEPSEEK_USED + ("mlp_bias",))
 # transformers 5 writes Gemma 3's period as `_sliding_window_pattern` beside the layer_types it made from it
 USED.update(gemma2=_GEMMA_USED, gemma3_text=_GEMMA_USED + ("rope_local_base_freq", "sliding_window_pattern",
                                                           "_sliding_window_pattern"))
@@ -163,6 +189,7 @@ IRRELEVANT = {
     "chunk_size_feed_forward": "0 for these models: transformers does not chunk their MLP",
     "is_encoder_decoder": "false for these decoder-only models",
     "tokenizer_class": "the tokenizer, not the model",
+    "ep_size": "the expert-parallel degree of DeepSeek's own inference code; the plan's `ep` sets ours",
     "auto_map": "the repository's own modeling code, which transformers runs only with trust_remote_code; the "
                 "architecture imported is transformers' built-in class `architectures` names",
 }
@@ -851,6 +878,10 @@ class _GemmaImporter(GemmaLayout, _Importer):
     """Gemma 2 and Gemma 3 (text): their own model section (compiler/importer_gemma.py), this reading of keys."""
 
 
+class _DeepseekImporter(DeepseekLayout, _Importer):
+    """DeepSeek-V2 and V3: their own model section (compiler/importer_deepseek.py), this reading of keys."""
+
+
 def import_config(text: str, path: str) -> str:
     """The `.scale` model section equivalent to the config.json `text` (read from `path`, which diagnostics
     name); raises ScaleError with every problem found, each located at its JSON key."""
@@ -869,7 +900,8 @@ def import_config(text: str, path: str) -> str:
     found = _architecture(doc)
     if isinstance(found, Diagnostic):
         raise ScaleError([found], {path: text})
-    imp = (_GemmaImporter if found[1] in GEMMA_TYPES else _Importer)(doc, *found)
+    imp = (_GemmaImporter if found[1] in GEMMA_TYPES else _DeepseekImporter if found[1] in DEEPSEEK_TYPES
+           else _Importer)(doc, *found)
     out = imp.run()
     if out is None:
         raise ScaleError(sorted(imp.diags, key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0)),

@@ -22,12 +22,13 @@ import glob
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 
 import torch
 
 from runtime.errors import FatalError
-from runtime.hf_names import MIXTRAL, PHI3, QWEN_MOE, fused_rows, hf_name, layout as layout_of  # noqa: F401
+from runtime.hf_names import DEEPSEEK, MIXTRAL, PHI3, QWEN_MOE, fused_rows, hf_name, layout as layout_of  # noqa: F401
 
 class Files:
     """The tensors of a checkpoint: a directory (with `model.safetensors.index.json`, or its *.safetensors files)
@@ -156,6 +157,11 @@ def load(module: torch.nn.Module, path: str, shard_of=None, axis_rank=None, stac
             value = _read_param(files, name, p, local, shard, axis_rank, offset, layout, part, stack)
             local.copy_(value.to(local.dtype))
             loaded.append(name)
+        # DeepSeek-V3's expert bias (runtime.moe.ExpertBias): model state kept as a buffer, whole on every rank
+        for name, b in module.named_buffers():
+            name = name.removeprefix("module.")
+            if name.endswith(".moe_bias.bias") or re.search(r"\.moe_\d+_bias\.bias$", name):
+                b.copy_(files.read(hf_name(name, layout=layout, stack=stack)).to(b.dtype))
     return Loaded(path=path, names=tuple(loaded), tensors_read=len(files.tensors_read), tensors=len(files.where),
                   bytes_read=files.bytes_read, bytes=files.total_bytes())
 

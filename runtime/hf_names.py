@@ -39,7 +39,11 @@ _TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.
 _LEAF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_o": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
          "mlp_gate": "mlp.gate_proj", "mlp_up": "mlp.up_proj",
-         "mlp_down": "mlp.down_proj"}
+         "mlp_down": "mlp.down_proj",
+         # DeepSeek's multi-head latent attention (`mla`; its direct q, V2-Lite's, is attn_q: q_proj)
+         "attn_qa": "self_attn.q_a_proj", "attn_qa_norm": "self_attn.q_a_layernorm", "attn_qb": "self_attn.q_b_proj",
+         "attn_kva": "self_attn.kv_a_proj_with_mqa", "attn_kva_norm": "self_attn.kv_a_layernorm",
+         "attn_kvb": "self_attn.kv_b_proj"}
 
 # a layer's norms by their number within it, for N norms per layer
 _NORMS = {2: ("input_layernorm", "post_attention_layernorm"),
@@ -48,14 +52,21 @@ _NORMS = {2: ("input_layernorm", "post_attention_layernorm"),
 ONE_LAYER_PER_BLOCK = (("blocks", 0, 1, 2),)
 """The stack of every family before Gemma: one repeat, `blocks`, each block one layer of two norms."""
 
-MIXTRAL, QWEN_MOE, PHI3 = "mixtral", "qwen_moe", "phi3"
+MIXTRAL, QWEN_MOE, PHI3, DEEPSEEK = "mixtral", "qwen_moe", "phi3", "deepseek"
 # per layout: the moe's leaves, and where its experts are with the name of each of our stacked weights
 _MOE_LEAF = {MIXTRAL: {"moe_router": "block_sparse_moe.gate"},
              QWEN_MOE: {"moe_router": "mlp.gate", "moe_shared_gate": "mlp.shared_expert.gate_proj",
                         "moe_shared_up": "mlp.shared_expert.up_proj", "moe_shared_down": "mlp.shared_expert.down_proj",
-                        "moe_shared_sigmoid": "mlp.shared_expert_gate"}}
+                        "moe_shared_sigmoid": "mlp.shared_expert_gate"},
+             # DeepSeek-V2/V3: shared experts as one MLP (plural name), V3's expert bias a buffer of the router
+             DEEPSEEK: {"moe_router": "mlp.gate", "moe_shared_gate": "mlp.shared_experts.gate_proj",
+                        "moe_shared_up": "mlp.shared_experts.up_proj", "moe_shared_down": "mlp.shared_experts.down_proj",
+                        "moe_bias": "mlp.gate"}}
 _EXPERTS = {MIXTRAL: ("block_sparse_moe.experts", {"w_gate": "w1", "w_down": "w2", "w_up": "w3"}),
             QWEN_MOE: ("mlp.experts", {"w_gate": "gate_proj", "w_down": "down_proj", "w_up": "up_proj"})}
+_EXPERTS[DEEPSEEK] = _EXPERTS[QWEN_MOE]
+# our ExpertBias's buffer (`moe_bias.bias`) is Hugging Face's `mlp.gate.e_score_correction_bias`
+_BUFFER_NAMES = {("moe_bias", "bias"): "e_score_correction_bias"}
 
 
 # Phi-3's fused tensors: our leaf -> (the Hugging Face module holding it, the leaves it holds, in row order)
@@ -74,8 +85,11 @@ def layout(names) -> str:
 
 
 def moe_layout(names) -> str:
-    """The layout of a checkpoint's `moe` layers, from its tensor names: Qwen-MoE's where any is under `mlp.experts.`
-    or is `mlp.gate.weight`, else Mixtral's (a model without experts reads the same either way)."""
+    """The layout of a checkpoint's `moe` layers, from its tensor names: DeepSeek's where any layer has multi-head
+    latent attention (`kv_a_proj_with_mqa`) or shared experts (`mlp.shared_experts.`), Qwen-MoE's where any is under
+    `mlp.experts.` or is `mlp.gate.weight`, else Mixtral's (a model without experts reads the same either way)."""
+    if any(".self_attn.kv_a_proj_with_mqa." in n or ".mlp.shared_experts." in n for n in names):
+        return DEEPSEEK
     return QWEN_MOE if any(".mlp.experts." in n or n.endswith(".mlp.gate.weight") for n in names) else MIXTRAL
 
 
@@ -126,6 +140,7 @@ def hf_name(name: str, expert: int | None = None, layout: str = MIXTRAL, stack=N
             raise KeyError(f"{name}: {norms} norms a layer is no family's layout (two or four)")
         return f"model.layers.{i}.{_NORMS[norms][int(leaf[5:]) - 1]}.{what}"
     moe = _MOE_LEAF[layout if layout in _MOE_LEAF else MIXTRAL]  # Phi-3 has no moe: a model with one reads Mixtral's
+    what = _BUFFER_NAMES.get((leaf, what), what)
     return f"model.layers.{i}.{_LEAF[leaf] if leaf in _LEAF else moe[leaf]}.{what}"
 
 

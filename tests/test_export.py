@@ -391,3 +391,62 @@ def test_a_deepseek_router_is_not_exported_as_mixtral():
         with pytest.raises(X.ExportError, match="DeepSeek-V3's router"):
             X.hf_config(spec)
 
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_export_round_trips_bit_exactly(tmp_path, kind):
+    """A tiny DeepSeek-V3 (q through its bottleneck, a dense first layer, sigmoid-routed experts with the expert
+    bias) and V2 (q direct, softmax-routed) from transformers, imported, trained one step `from(...)` it, exported:
+    transformers loads the export with no missing or unexpected key, every tensor the checkpoint's (the experts fused
+    in memory as transformers 5 keeps them), the expert bias the one the step moved, the config the source's."""
+    from safetensors.torch import load_file
+
+    from compiler.hf_header import stack
+    from compiler.importer import import_config
+    from runtime import hf
+    from tests.test_hf_weights import deepseek_model
+    deepseek_model(kind, tmp_path / "hf")
+    section = import_config((tmp_path / "hf" / "config.json").read_text(), "config.json")
+    text = section + ("mesh { axis dp = 1  devices_per_node = 1 }\n"
+                      "train { global_batch = 4  seq_len = seq  steps = 1  optimizer = adamw(lr = 1e-3)\n"
+                      f"        init = from(\"{tmp_path / 'hf'}\")  checkpoint_dir = \"{tmp_path / 'ckpt'}\" }}\n")
+    launch(text, "one_step", tmp_path, steps=1, timeout=240, nproc=1, dump_grads=False, count_bytes=False)
+    (step,) = sorted((tmp_path / "ckpt").glob("step_*"))
+    (tmp_path / "m.scale").write_text(text)
+    out = subprocess.run([sys.executable, "-m", "compiler.cli", "export", str(tmp_path / "m.scale"), str(step), "-o",
+                          str(tmp_path / "exported")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    source = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    own = ("dtype", "torch_dtype")
+    assert {k: v for k, v in config.items() if k not in own} == {k: v for k, v in source.items() if k not in own}
+    saved = X.read_checkpoint(str(step))
+    spec = check_text(text, "m.scale")
+    layers = stack(spec.model, spec.value)
+    ours = X.hf_tensors(saved, hf.DEEPSEEK, layers)
+    written = load_file(tmp_path / "exported" / "model.safetensors")
+    assert written.keys() == ours.keys()
+    assert any(k.endswith("e_score_correction_bias") for k in ours) == (kind == "deepseek_v3")
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    started = dict(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
+    for name, p in [*back.named_parameters(), *back.named_buffers()]:
+        if name.endswith(".experts.gate_up_proj"):  # transformers 5 fuses each expert's gate and up in memory
+            pre = name.removesuffix("gate_up_proj")
+            want = torch.stack([torch.cat([ours[f"{pre}{e}.gate_proj.weight"], ours[f"{pre}{e}.up_proj.weight"]])
+                                for e in range(p.shape[0])])
+        elif name.endswith(".experts.down_proj"):
+            pre = name.removesuffix("down_proj")
+            want = torch.stack([ours[f"{pre}{e}.down_proj.weight"] for e in range(p.shape[0])])
+        elif name in ours:
+            want = ours[name]
+        else:
+            continue  # rotary frequencies
+        assert torch.equal(p.detach(), want), f"transformers read {name} otherwise"
+        if name in started:
+            assert not torch.equal(p, started[name]), f"{name} is the starting weight: the step did not move it"
+    model = __import__("tests.test_memory", fromlist=["_program"])._program(tmp_path / "again", text)[1].Model()
+    model.to_empty(device="cpu")
+    hf.load(model, str(tmp_path / "exported"), stack=layers)
+    for name, p in [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n.endswith("_bias.bias"))]:
+        assert torch.equal(p.detach(), saved[name]), name

@@ -309,3 +309,84 @@ def test_imported_gemma_loads_and_computes_what_transformers_computes(tmp_path, 
         want_g = params[hf.hf_name(name, stack=stack)].grad
         err = (p.grad - want_g).norm() / want_g.norm()
         assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"
+
+
+def deepseek_model(kind: str, path):
+    """A tiny random DeepseekV3ForCausalLM (q through its bottleneck, a dense first layer, then sigmoid-routed,
+    group-limited experts beside a shared one, a random expert bias) or DeepseekV2ForCausalLM (q projected directly,
+    softmax-routed experts, two shared), saved with save_pretrained; fp32."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+              num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+              v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+              max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if kind == "deepseek_v3":
+        config = transformers.DeepseekV3Config(**kw, q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1,
+                                               routed_scaling_factor=2.5, norm_topk_prob=True)
+        cls = transformers.DeepseekV3ForCausalLM
+    else:
+        config = transformers.DeepseekV2Config(**kw, q_lora_rank=None, n_shared_experts=2, routed_scaling_factor=1.5)
+        cls = transformers.DeepseekV2ForCausalLM
+    torch.manual_seed(0)
+    model = cls(config).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".mlp.gate.weight"):
+                p.normal_(0, 0.3)  # decisive routing: the router starts at zero, every expert tied
+            elif "layernorm" in name:
+                p.normal_(1, 0.2)  # norms away from one, so a misplaced one shows
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 0.1)  # a bias that changes choices, so one not loaded shows
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
+def test_imported_deepseek_loads_and_computes_what_transformers_computes(tmp_path, kind):
+    """`scalec import` of the checkpoint's config.json (a dense repeat, then a mixture repeat), started `from(...)`
+    it: the multi-head latent attention's leaves, the experts (transposed, one tensor each), the shared experts and
+    V3's e_score_correction_bias (into the ExpertBias buffer) read from their Hugging Face names; loss and gradients
+    are transformers' (fp32, 1e-5)."""
+    from compiler.importer import import_config
+    from runtime import hf
+    ref = deepseek_model(kind, tmp_path / "hf")
+    section = import_config((tmp_path / "hf" / "config.json").read_text(), str(tmp_path / "hf" / "config.json"))
+    text = section + ("mesh { axis dp = 1  devices_per_node = 1 }\n"
+                      "train { global_batch = 8  seq_len = seq  steps = 3  optimizer = adamw(lr = 1e-3)\n"
+                      f"        init = from(\"{tmp_path / 'hf'}\") }}\n")
+    compiled, prog = _program(tmp_path, text)
+    sys.modules[prog.__name__] = prog
+    stack = prog.CONFIG.init.stack
+    assert stack == (("blocks", 0, 1, 2), ("blocks_2", 1, 1, 2))
+    model = prog.Model()
+    model.to_empty(device="cpu")
+    loaded = hf.load(model, str(tmp_path / "hf"), stack=stack)
+    assert sorted(loaded.names) == sorted(n for n, _ in model.named_parameters())
+    assert loaded.tensors_read == loaded.tensors  # every tensor of the checkpoint, the expert bias too
+    biases = {n: b for n, b in model.named_buffers() if n.endswith("moe_bias.bias")}
+    assert len(biases) == (2 if kind == "deepseek_v3" else 0)
+    for n, b in biases.items():
+        layer = 1 + int(n.split(".")[1])
+        torch.testing.assert_close(b, dict(ref.named_buffers())[f"model.layers.{layer}.mlp.gate.e_score_correction_bias"])
+    g = torch.Generator().manual_seed(3)
+    tokens, targets = torch.randint(0, 128, (4, 32), generator=g), torch.randint(0, 128, (4, 32), generator=g)
+    loss = model(tokens, targets)
+    want = torch.nn.functional.cross_entropy(ref(input_ids=tokens).logits.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+    loss.backward()
+    want.backward()
+    params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        if ".moe_experts." in name:  # transformers 5 keeps them fused in memory: gate_up_proj, down_proj
+            layer = int(hf.hf_name(name, 0, hf.DEEPSEEK, stack).split(".")[2])
+            gate_up = params[f"model.layers.{layer}.mlp.experts.gate_up_proj"].grad
+            f = gate_up.shape[1] // 2
+            want_g = {"w_gate": lambda: gate_up[:, :f].transpose(1, 2), "w_up": lambda: gate_up[:, f:].transpose(1, 2),
+                      "w_down": lambda: params[f"model.layers.{layer}.mlp.experts.down_proj"].grad.transpose(1, 2)
+                      }[name.rsplit(".", 1)[1]]()
+        else:
+            want_g = params[hf.hf_name(name, layout=hf.DEEPSEEK, stack=stack)].grad
+        err = (p.grad - want_g).norm() / want_g.norm()
+        assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"

@@ -1,6 +1,6 @@
 """`scalec import config.json` (compiler/importer.py): Hugging Face configs of the importable classes, made
 in-process with transformers (no download), import to a model section that checks and has exactly the parameters
-of the transformers model; the published configs of Llama-2-7B, Llama-3-8B, Mixtral-8x7B and Qwen1.5-MoE-A2.7B
+of the transformers model; the published configs of Llama-2-7B, Llama-3-8B, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, DeepSeek-V3 and DeepSeek-V2-Lite
 (typed in) give their published parameter counts; a key or value that does not map is a located diagnostic at the
 JSON key. Phi-3 (Phi-3-mini-4k-instruct typed in) imports as Llama's block with its sliding window; its LongRoPE,
 partial rotary factor and dropouts are refused at their keys."""
@@ -132,7 +132,8 @@ def test_defaults_are_transformers_defaults():
     own defaults."""
     classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
                "phi3": "Phi3Config", "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig",
-               "qwen3_moe": "Qwen3MoeConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
+               "qwen3_moe": "Qwen3MoeConfig", "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig",
+               "deepseek_v3": "DeepseekV3Config", "deepseek_v2": "DeepseekV2Config"}
     for model_type, cls in classes.items():
         hf = getattr(transformers, cls)()
         for key, ours in DEFAULTS[model_type].items():
@@ -163,7 +164,8 @@ def test_every_key_transformers_writes_is_known():
     for cls, model_type in (("LlamaConfig", "llama"), ("MistralConfig", "mistral"), ("Qwen2Config", "qwen2"),
                             ("Qwen3Config", "qwen3"), ("Phi3Config", "phi3"), ("MixtralConfig", "mixtral"),
                             ("Qwen2MoeConfig", "qwen2_moe"), ("Qwen3MoeConfig", "qwen3_moe"),
-                            ("Gemma2Config", "gemma2"), ("Gemma3TextConfig", "gemma3_text")):
+                            ("Gemma2Config", "gemma2"), ("Gemma3TextConfig", "gemma3_text"),
+                            ("DeepseekV3Config", "deepseek_v3"), ("DeepseekV2Config", "deepseek_v2")):
         written = json.loads(getattr(transformers, cls)().to_json_string(use_diff=False))
         unknown = set(written) - set(USED[model_type]) - set(IRRELEVANT)
         assert not unknown, (model_type, unknown)
@@ -388,6 +390,137 @@ def test_phi3_refusals_are_located(edit, key, says):
     assert [d.code for d in info.value.diagnostics] == ["E0954"], out
     assert f"--> p.json:{line}:{col}\n" in out and says in out, out
 
+DEEPSEEK_V3 = """{
+  "architectures": [
+    "DeepseekV3ForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "auto_map": {
+    "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+    "AutoModel": "modeling_deepseek.DeepseekV3Model",
+    "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"
+  },
+  "aux_loss_alpha": 0.001,
+  "bos_token_id": 0,
+  "eos_token_id": 1,
+  "ep_size": 1,
+  "first_k_dense_replace": 3,
+  "hidden_act": "silu",
+  "hidden_size": 7168,
+  "initializer_range": 0.02,
+  "intermediate_size": 18432,
+  "kv_lora_rank": 512,
+  "max_position_embeddings": 163840,
+  "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048,
+  "moe_layer_freq": 1,
+  "n_group": 8,
+  "n_routed_experts": 256,
+  "n_shared_experts": 1,
+  "norm_topk_prob": true,
+  "num_attention_heads": 128,
+  "num_experts_per_tok": 8,
+  "num_hidden_layers": 61,
+  "num_key_value_heads": 128,
+  "num_nextn_predict_layers": 1,
+  "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "quantization_config": {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [
+      128,
+      128
+    ]
+  },
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn"
+  },
+  "rope_theta": 10000,
+  "routed_scaling_factor": 2.5,
+  "scoring_func": "sigmoid",
+  "tie_word_embeddings": false,
+  "topk_group": 4,
+  "topk_method": "noaux_tc",
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.46.3",
+  "use_cache": true,
+  "v_head_dim": 128,
+  "vocab_size": 129280
+}
+"""
+
+DEEPSEEK_V2_LITE = """{
+  "architectures": [
+    "DeepseekV2ForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "auto_map": {
+    "AutoConfig": "configuration_deepseek.DeepseekV2Config",
+    "AutoModel": "modeling_deepseek.DeepseekV2Model",
+    "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"
+  },
+  "aux_loss_alpha": 0.001,
+  "bos_token_id": 100000,
+  "eos_token_id": 100001,
+  "first_k_dense_replace": 1,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 10944,
+  "kv_lora_rank": 512,
+  "max_position_embeddings": 163840,
+  "model_type": "deepseek_v2",
+  "moe_intermediate_size": 1408,
+  "moe_layer_freq": 1,
+  "n_group": 1,
+  "n_routed_experts": 64,
+  "n_shared_experts": 2,
+  "norm_topk_prob": false,
+  "num_attention_heads": 16,
+  "num_experts_per_tok": 6,
+  "num_hidden_layers": 27,
+  "num_key_value_heads": 16,
+  "pretraining_tp": 1,
+  "q_lora_rank": null,
+  "qk_nope_head_dim": 128,
+  "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn"
+  },
+  "rope_theta": 10000,
+  "routed_scaling_factor": 1.0,
+  "scoring_func": "softmax",
+  "seq_aux": true,
+  "tie_word_embeddings": false,
+  "topk_group": 1,
+  "topk_method": "greedy",
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.33.1",
+  "use_cache": true,
+  "v_head_dim": 128,
+  "vocab_size": 102400
+}
+"""
+
 
 def test_qwen15_moe_count_is_transformers_count():
     """The published figure (14.3B) is transformers' own count of the config, built on the meta device."""
@@ -397,6 +530,84 @@ def test_qwen15_moe_count_is_transformers_count():
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(transformers.Qwen2MoeConfig(**cfg))
     assert sum(p.numel() for p in model.parameters()) == 14_315_784_192
+
+
+@pytest.mark.parametrize("text,cls,count", [(DEEPSEEK_V3, "DeepseekV3Config", 671_026_404_352),
+                                            (DEEPSEEK_V2_LITE, "DeepseekV2Config", 15_706_484_224)])
+def test_deepseek_counts_are_transformers_counts(text, cls, count):
+    """DeepSeek-V3's 671B (without its multi-token-prediction layer, which transformers does not build either) and
+    V2-Lite's 15.7B: transformers' own counts of the released configs, built on the meta device."""
+    import torch
+    cfg = {k: v for k, v in json.loads(text).items() if k not in (
+        "architectures", "model_type", "transformers_version", "torch_dtype", "auto_map", "quantization_config")}
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**cfg))
+    assert sum(p.numel() for p in model.parameters()) == count
+
+
+def test_deepseek_imports_as_two_repeats_and_states_its_approximation():
+    """The dense first layers and the mixture layers are two repeats; V3's router is sigmoid, group-limited, scaled,
+    with the expert bias; V2-Lite's softmax, greedy, not renormalised, its q projected directly. YaRN, which mla does
+    not apply, is named as an approximation in the output."""
+    v3 = import_config(DEEPSEEK_V3, "v3/config.json")
+    assert "repeat dense {" in v3 and "repeat sparse {" in v3 and "dense    = 3 " in v3 and "sparse   = 58 " in v3
+    assert "scoring = sigmoid, groups = 8, topk_groups = 4, routed_scale = 2.5, bias_update = 0.001)" in v3
+    assert "q_lora_rank = 1536," in v3 and "shared_ffn = 1 * moe_ffn," in v3 and "renormalize = true," in v3
+    assert "APPROXIMATION: rope_scaling asks for YaRN (factor 40" in v3
+    v2 = import_config(DEEPSEEK_V2_LITE, "v2/config.json")
+    assert "dense    = 1 " in v2 and "q_lora_rank" not in v2.split("model deepseek_v2")[1].split("#")[0]
+    assert "scoring = softmax, routed_scale = 1.0)" in v2 and "renormalize = false," in v2
+    assert "shared_ffn = 2 * moe_ffn," in v2 and "groups =" not in v2
+    for key in json.loads(DEEPSEEK_V3):
+        assert key in v3, key
+    for key in json.loads(DEEPSEEK_V2_LITE):
+        assert key in v2, key
+
+
+@pytest.mark.parametrize("cfg_cls,model_cls,extra", [
+    ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(first_k_dense_replace=1, n_group=2, topk_group=1)),
+    ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(first_k_dense_replace=0, n_group=1, topk_group=1,
+                                                       n_shared_experts=0, rope_interleave=False)),
+    ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(first_k_dense_replace=1, q_lora_rank=None)),
+    ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(first_k_dense_replace=3, q_lora_rank=12)),
+])
+def test_tiny_deepseek_imports_with_transformers_parameter_count(tmp_path, cfg_cls, model_cls, extra):
+    """Tiny configs as transformers writes them (rope_parameters, head_dim = qk_rope_head_dim, qk_head_dim): dense
+    first layers or none or all, q through a bottleneck or not, shared experts or none."""
+    config = getattr(transformers, cfg_cls)(**{**dict(
+        vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, max_position_embeddings=32,
+        q_lora_rank=16), **extra})
+    path = tmp_path / "config.json"
+    config.to_json_file(path)
+    text = path.read_text()
+    out = import_config(text, str(path))
+    assert _params(out) == sum(p.numel() for p in getattr(transformers, model_cls)(config).parameters())
+    for key in json.loads(text):
+        assert key in out, key
+    assert ("repeat dense {" in out) == (extra["first_k_dense_replace"] > 0)
+    assert ("repeat sparse {" in out) == (extra["first_k_dense_replace"] < 3)
+
+
+@pytest.mark.parametrize("text,edit,where,says", [
+    ("v3", ('"topk_method": "noaux_tc"', '"topk_method": "greedy"'), "d.json:62:3", "topk_method \"greedy\""),
+    ("v3", ('"scoring_func": "sigmoid"', '"scoring_func": "softmax"'), "d.json:59:3", "scoring_func \"softmax\""),
+    ("v3", ('"moe_layer_freq": 1', '"moe_layer_freq": 2'), "d.json:25:3", "moe_layer_freq 2"),
+    ("v3", ('"num_key_value_heads": 128', '"num_key_value_heads": 8'), "d.json:33:3", "num_key_value_heads 8"),
+    ("v3", ('"n_group": 8', '"n_group": 7'), "d.json:26:3", "7 groups do not divide 256 experts"),
+    ("v3", ('"attention_bias": false', '"attention_bias": true'), "d.json:5:3", "attention_bias true"),
+    ("v2", ('"topk_method": "greedy"', '"topk_method": "group_limited_greedy"'), "d.json:53:3",
+     "group_limited_greedy"),
+    ("v2", ('"norm_topk_prob": false', '"norm_topk_prob": true'), "d.json:28:3", "norm_topk_prob true"),
+    ("v2", ('"type": "yarn"', '"type": "longrope"'), "d.json:45:5", "rope type \"longrope\""),
+])
+def test_deepseek_refusals_are_located(text, edit, where, says):
+    base = DEEPSEEK_V3 if text == "v3" else DEEPSEEK_V2_LITE
+    changed = base.replace(*edit)
+    assert changed != base
+    out = _diagnose(changed, "d.json")
+    assert "error[E0954]" in out and f"--> {where}\n" in out and says in out, out
 
 
 @pytest.mark.parametrize("edit,where,says", [
@@ -421,7 +632,10 @@ def test_qwen2_moe_refusals_are_located(edit, where, says):
                                               # 14.3B: transformers' own count of this config on the meta device
                                               ("qwen1.5_moe_a2.7b", QWEN15_MOE_A27B, 14_315_784_192),
                                               # 3.8B: transformers' own count (test_phi3_mini_count_is_...)
-                                              ("phi3_mini_4k", PHI3_MINI_4K, 3_821_079_552)])
+                                              ("phi3_mini_4k", PHI3_MINI_4K, 3_821_079_552),
+                                              # transformers' counts (test_deepseek_counts_are_transformers_counts)
+                                              ("deepseek_v3", DEEPSEEK_V3, 671_026_404_352),
+                                              ("deepseek_v2_lite", DEEPSEEK_V2_LITE, 15_706_484_224)])
 def test_published_configs_give_published_parameter_counts(name, text, count):
     out = import_config(text, f"{name}/config.json")
     assert _params(out, f"{name}.scale") == count
@@ -611,8 +825,6 @@ def test_cli_takes_a_checkpoint_directory(tmp_path, capsys):
 @pytest.mark.parametrize("arch,model_type,lacks", [
     ("GemmaForCausalLM", "gemma", "the first Gemma's layout"),
     ("Gemma3ForConditionalGeneration", "gemma3", "a vision tower"),
-    ("DeepseekV2ForCausalLM", "deepseek_v2", "multi-head latent attention"),
-    ("DeepseekV3ForCausalLM", "deepseek_v3", "multi-head latent attention"),
 ])
 def test_a_family_not_importable_yet_is_refused_with_what_the_language_lacks(arch, model_type, lacks):
     """Not "unknown": the refusal names the real blocker, at `architectures` (or at `model_type` without it)."""
