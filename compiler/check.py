@@ -112,6 +112,9 @@ PLAN_SETTINGS: dict[str, Param] = {
                             "when fsdp and zero2 reduce-scatter the gradients of several micro-batches: step (the "
                             "last micro-batch; whole gradients accumulated until then) or micro_batch (every one: "
                             "they stay sharded, m× the reduce-scatters)"),
+    "context_parallel": Param(_choice(*choices.CONTEXT_PARALLEL), "all_gather",
+                              "how attention runs over a sequence sharded over cp: all_gather (keys and values "
+                              "gathered once per layer), ring or all_to_all (not built yet)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
