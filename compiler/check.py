@@ -743,6 +743,10 @@ def _no_effect_checks(c: _Checker, spec: S.Spec, axes_written: bool) -> None:
         if key in at:
             c.warn(code, message, at[key], label="has no effect", help=help)
 
+    if plan.size("cp") == 1 and "context_parallel" in at:
+        warn("W0310", "context_parallel", "context_parallel without context parallelism: the mesh has no `cp` axis "
+             "(or cp = 1)", "context_parallel says how attention runs over a sequence sharded over cp; add "
+             "`axis cp = 2` (or more), or remove the setting")
     if tp == 1:
         no_tp = "the mesh has no `tp` axis (or tp = 1)"
         if plan.sequence_parallel:
