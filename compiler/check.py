@@ -112,6 +112,9 @@ PLAN_SETTINGS: dict[str, Param] = {
                             "when fsdp and zero2 reduce-scatter the gradients of several micro-batches: step (the "
                             "last micro-batch; whole gradients accumulated until then) or micro_batch (every one: "
                             "they stay sharded, m× the reduce-scatters)"),
+    "context_parallel": Param(_choice(*choices.CONTEXT_PARALLEL), "all_gather",
+                              "how attention runs over a sequence sharded over cp: all_gather (keys and values "
+                              "gathered once per layer), ring or all_to_all (not built yet)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),
@@ -740,6 +743,10 @@ def _no_effect_checks(c: _Checker, spec: S.Spec, axes_written: bool) -> None:
         if key in at:
             c.warn(code, message, at[key], label="has no effect", help=help)
 
+    if plan.size("cp") == 1 and "context_parallel" in at:
+        warn("W0310", "context_parallel", "context_parallel without context parallelism: the mesh has no `cp` axis "
+             "(or cp = 1)", "context_parallel says how attention runs over a sequence sharded over cp; add "
+             "`axis cp = 2` (or more), or remove the setting")
     if tp == 1:
         no_tp = "the mesh has no `tp` axis (or tp = 1)"
         if plan.sequence_parallel:

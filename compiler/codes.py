@@ -152,6 +152,34 @@ CODES: dict[str, Code] = {
                   "backward, the ones before accumulating whole gradients; `micro_batch`: in each, the gradients "
                   "staying sharded). It acts only with `data_parallel = fsdp` or `zero2`, dp > 1, micro_batches > 1 "
                   "and no pp (the pipeline schedule reduce-scatters once, after its last micro-batch)."),
+    "E0310": Code("sequence does not cut into 2·cp chunks", "Context parallelism (`axis cp`) gives each cp rank "
+                  "chunks i and 2·cp − 1 − i of every sequence, so that under the causal mask every rank has as "
+                  "much work: seq_len must divide into 2·cp equal chunks. Choose a cp that fits, or a seq_len that "
+                  "is a multiple of 2·cp."),
+    "E0311": Code("context-parallel variant not built", "`context_parallel` chooses how attention runs over a "
+                  "sequence sharded over cp. Only `all_gather` is built (the keys and values gathered over cp once "
+                  "per layer, their gradients reduce-scattered); `ring` and `all_to_all` are refused rather than run "
+                  "as something else. Write `context_parallel = all_gather`."),
+    "E0312": Code("layer not built under context parallelism", "The context-parallel pass runs causal "
+                  "`attention` over keys gathered over cp, at each token's true position. Sliding windows, soft-capped "
+                  "scores, multi-head latent attention and `moe` layers (whose capacity and routing are per "
+                  "sequence) are not built under cp yet and are refused. Remove the axis (give its ranks to dp), or "
+                  "use plain causal attention and MLPs."),
+    "E0313": Code("context parallelism with another model axis", "Context parallelism composes with dp (ddp) "
+                  "today; with pp, tp (with or without sequence parallelism) or ep it is not built yet, and the plan "
+                  "is refused rather than run without it. Remove one of the two axes."),
+    "E0314": Code("sharded data parallelism with context parallelism", "Under cp the dense gradients are averaged "
+                  "over dp × cp; zero1, zero2 and fsdp over that group are not built yet. Use `data_parallel = ddp`, "
+                  "or remove the cp axis."),
+    "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
+                  "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
+                  "checked under torch.compile. Set `compile = false`."),
+    "E0316": Code("recomputation with context parallelism", "Activation recomputation re-runs the gathers of the "
+                  "keys and values (or keeps them); neither is built into the ledger and memory model under cp yet. "
+                  "Set `recompute = none`, or remove the cp axis."),
+    "W0310": Code("context_parallel without cp", "A warning: `context_parallel` chooses how attention runs over a "
+                  "sequence sharded over the `cp` axis, and the mesh has none (or cp = 1), so it does nothing. Add "
+                  "`axis cp = 2` (or more), or remove the setting."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

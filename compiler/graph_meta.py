@@ -29,7 +29,8 @@ INPUTS = "inputs"              # placeholder name -> symbolic shape
 REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
 TP_SHARDS = "tp_shards"        # parameter name -> (dim sharded over tp, full size of that dim before padding)
 TP_PARTIAL_GRADS = "tp_partial_grads"  # parameters whose gradients are partial over tp (sequence parallelism)
-EP_SHARDS = "ep_shards"        # parameter name -> (dim sharded over ep, full size of that dim): the experts
+EP_SHARDS = "ep_shards"
+CP_SIZE = "cp_size"            # of the top level after passes.context_parallel: the cp degree the shapes' `cp` stands for        # parameter name -> (dim sharded over ep, full size of that dim): the experts
 # Of the top level once passes.pipeline_split has cut it (absent without pp): its three pieces, each a GraphModule.
 # Which blocks each stage holds is not here: the Plan carries the stage layout (plan.stages).
 PROLOGUE, EPILOGUE, LOSS = "pp_prologue", "pp_epilogue", "pp_loss"

@@ -2,8 +2,8 @@
 
     trace             spec              -> the unsharded trace, with the model's FLOPs
     decide_parallel   (unsharded, plan) -> plan with its tp regions and expert placements (the policies)
-    lower             (unsharded, plan) -> a copy of the trace after tensor_parallel, expert_parallel and
-                                           pipeline_split, in that order
+    lower             (unsharded, plan) -> a copy of the trace after tensor_parallel, context_parallel,
+                                           expert_parallel and pipeline_split, in that order
     decide_stages     (lowered, plan)   -> plan with its stage layout: pipeline_split's policy, balanced on the
                                            FLOPs of the graphs as tp and ep leave them
 
@@ -38,10 +38,11 @@ def trace(spec):
 def passes() -> tuple:
     """The passes, in order. Data parallelism needs no graph surgery (DDP/FSDP2 carry it out at run time; the
     ledger records its traffic)."""
+    from compiler.passes.context_parallel import context_parallel_pass
     from compiler.passes.expert_parallel import expert_parallel_pass
     from compiler.passes.pipeline_split import pipeline_split_pass
     from compiler.passes.tensor_parallel import tensor_parallel_pass
-    return (tensor_parallel_pass, expert_parallel_pass, pipeline_split_pass)
+    return (tensor_parallel_pass, context_parallel_pass, expert_parallel_pass, pipeline_split_pass)
 
 
 def verify(traced, after: str) -> None:

@@ -38,6 +38,7 @@ from compiler.graph_meta import INT_BYTES
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import attention, moe, rotary
+from runtime import context_parallel as CP
 from runtime.layers import Bias, ZeroCenteredRMSNorm
 
 
@@ -355,7 +356,7 @@ def _flatten_saved(g, node, args):
     src = args[0]
     # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the flash kernels
     # lay out as (batch, seq, heads, dim): transposing it back is contiguous.
-    if src.target == "transpose" and src.args[0].target not in (F.scaled_dot_product_attention,
+    if src.target == "transpose" and src.args[0].target not in (F.scaled_dot_product_attention, CP.attention,
                                                                  attention.sliding_window, attention.latent):
         return
     if src.target == "transpose" and src.args[0].target is attention.latent and not _latent_fused(g, src.args[0]):
@@ -795,6 +796,16 @@ FUNCTIONS = {
                                         computes=False),
     moe.all_to_all_combine_grouped: Op("all_to_all_combine_grouped", saved=_rows_index_saved, selective=True,
                                        computes=False),
+    # Context parallelism (compiler/passes/context_parallel.py): the rank's true positions, rotary embeddings at
+    # them, and causal attention of its queries over the keys gathered over cp (its additive mask made once per
+    # length and rank and shared by every layer, not saved per call: what the fused kernel keeps, as above)
+    CP.positions: Op("cp_positions", lambda node, args, kwargs, gm: ((args[0],), ZERO), lambda node, gm, args: "int",
+                     free=True),
+    CP.rotate: Op("cp_rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
+                  lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
+                  shard=True),
+    CP.attention: Op("cp_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
+                     attention=True),
     rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                       lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
                       wrapped=True, shard=True),

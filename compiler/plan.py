@@ -66,6 +66,10 @@ class Plan:
     """Under bf16: the residual stream stays fp32; every other activation is bf16 (runtime.precision)."""
     fsdp_grad_sync: str = "step"
     """FSDP2 (fsdp, zero2), several micro-batches, no pp: reduce-scatter once per `step` or every `micro_batch`."""
+    context_parallel: str = "all_gather"
+    """Attention over a sequence sharded over `cp`: `all_gather` (keys and values gathered over cp once per layer,
+    their gradient reduce-scattered), `ring` or `all_to_all` (refused: not built). Each cp rank holds chunks i and
+    2·cp − 1 − i of every sequence (load-balanced for the causal mask)."""
     # -- the data-parallel wrappers' tuning: the compiler's, not the user's ------------------------------------------
     ddp_bucket_bytes: int = 25 * 2 ** 20
     """The gradient all-reduce's bucket, bytes: DDP's `bucket_cap_mb`, bf16's main-gradient buckets and pipeline
@@ -119,6 +123,12 @@ class Plan:
         return self.size("dp") * self.size("ep")
 
     @property
+    def grad_ranks(self) -> int:
+        """Ranks the dense gradients are averaged over: dp × ep × cp (each holds an equal share of the step's tokens:
+        whole sequences over dp and ep, 1/cp of every sequence over cp)."""
+        return self.batch_ranks * self.size("cp")
+
+    @property
     def micro_batch_size(self) -> int:
         """Sequences in one micro-batch on one rank: global_batch / (dp · ep · micro_batches)."""
         return self.global_batch // (self.batch_ranks * self.micro_batches)
@@ -162,6 +172,8 @@ class Plan:
             extra.append(self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""))
         if self.sequence_parallel:
             extra.append("sequence parallel")
+        if self.size("cp") > 1:
+            extra.append(f"context parallel {self.context_parallel}")
         if self.recompute != "none":
             extra.append(f"{self.recompute} recompute")
         if self.syncs_each_micro_batch:
@@ -183,7 +195,8 @@ class Plan:
                 return {k: plain(v) for k, v in x.items()}
             return x
         out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
-               if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)}
+               if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
+               and (f.name != "context_parallel" or self.size("cp") > 1)}  # plan.json without cp: as before
         out["axes"] = {a: n for a, n in self.axes}
         out["micro_batch_size"] = self.micro_batch_size
         out["tp"] = {seg: plain(d) for seg, d in self.tp}

@@ -8,8 +8,8 @@ module without torch, and the runtime without the compiler.
 """
 from __future__ import annotations
 
-AXES = ("dp", "pp", "tp", "ep")
-"""Mesh axes, in the order plans list them."""
+AXES = ("dp", "pp", "tp", "ep", "cp")
+"""Mesh axes, in the order plans list them (`cp`, context parallelism, last: added after the others)."""
 
 DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp")
 """How dp holds model state: replicated, then ZeRO's stages 1-3 (runtime/config.py's Parallel.data_parallel)."""
@@ -22,3 +22,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation of each block (runtime/recompute.py)."""
+
+CONTEXT_PARALLEL = ("all_gather", "ring", "all_to_all")
+"""How attention runs over a sequence sharded over `cp` (runtime/context_parallel.py): `all_gather` (the keys and
+values gathered once per layer), `ring` (passed around the group), `all_to_all` (Ulysses: heads scattered). Only
+`all_gather` is built; the others are refused by the rules (compiler/rules/context_parallel.py)."""

@@ -27,9 +27,11 @@ class Context:
     device: torch.device
     mesh: DeviceMesh
     coords: dict  # axis -> this rank's index along it
-    batch_group: object = None  # the ranks the batch is split over, dp × ep (None when only this rank)
-    batch_size: int = 1         # dp × ep
-    batch_rank: int = 0         # this rank's batch shard: dp index × ep + ep index
+    batch_group: object = None  # the ranks the step's tokens are split over, dp × ep × cp (None when only this rank):
+    # the dense gradients and the loss are averaged over it (each holds as many tokens)
+    batch_size: int = 1         # dp × ep × cp
+    batch_rank: int = 0         # this rank's share of the sequences: dp index × ep + ep index
+    data_ranks: int = 1         # the ranks whole sequences are split over, dp × ep (cp splits each sequence)
     # FSDP's mesh for the dense weights: dp, or dp × ep flattened when both are above 1 (the dense weights are
     # replicated over every batch shard, so they shard over all of them; the experts over dp alone)
     dense_mesh: DeviceMesh | None = None
@@ -87,18 +89,19 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
     for a in names:
         collectives.register(a, mesh[a].get_group())
     sizes = dict(axes)
-    dp, ep = sizes.get("dp", 1), sizes.get("ep", 1)
-    if dp > 1 and ep > 1:
-        batch_group = _group_over(mesh, ("dp", "ep"), rank)
+    dp, ep, cp = sizes.get("dp", 1), sizes.get("ep", 1), sizes.get("cp", 1)
+    over = tuple(a for a in names if a in ("dp", "ep", "cp") and sizes[a] > 1)  # in the mesh's order
+    if len(over) > 1:
+        batch_group = _group_over(mesh, over, rank)
     else:
-        batch_group = mesh["dp" if dp > 1 else "ep"].get_group() if dp * ep > 1 else None
+        batch_group = mesh[over[0]].get_group() if over else None
     dense_mesh = None
     if dp > 1:
         with faults.op("building the dp × ep mesh (a new process group)", faults.scale("axis dp", "axis ep")):
             pair = tuple(a for a in names if a in ("dp", "ep"))  # in the mesh's order, as slicing requires
             dense_mesh = mesh[pair]._flatten("_".join(pair)) if ep > 1 else mesh["dp"]
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
-                  batch_group=batch_group, batch_size=dp * ep, dense_mesh=dense_mesh,
+                  batch_group=batch_group, batch_size=dp * ep * cp, dense_mesh=dense_mesh, data_ranks=dp * ep,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
     faults.configure(ctx, store)
     return ctx

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import (checkpoint, collectives, compile, data, faults, hf, memory, mesh, moe, precision, progress,
-                     recompute, tracking)
+from runtime import (checkpoint, collectives, compile, context_parallel, data, faults, hf, memory, mesh, moe,
+                     precision, progress, recompute, tracking)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
@@ -307,8 +307,8 @@ class WholeModel(ModelParts):
 
     def batches(self, source, step: int, held_out: bool = False) -> list:
         m, ctx = self.cfg.parallel.micro_batches, self.ctx
-        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, j, m,
-                                 held_out) for j in range(m)]
+        return [_sequence_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                                 ctx.data_ranks, j, m, held_out)) for j in range(m)]
 
     def step(self, batches: list) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
@@ -370,8 +370,8 @@ class PipelineStages(ModelParts):
     def batches(self, source, step: int, held_out: bool = False) -> list:
         # The schedule splits this rank's batch into the micro-batches itself.
         ctx = self.ctx
-        return [data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank, ctx.batch_size, 0, 1,
-                                 held_out)]
+        return [_sequence_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                                 ctx.data_ranks, 0, 1, held_out))]
 
     def step(self, batches: list) -> torch.Tensor:
         ctx = self.ctx
@@ -424,14 +424,20 @@ def evaluate(parts: ModelParts, source, cfg: Config, ctx: mesh.Context) -> float
         return total.item() / (cfg.eval.batches * cfg.data.global_batch * cfg.data.seq_len)
 
 
+def _sequence_shard(pair: tuple) -> tuple:
+    """This cp rank's tokens of a micro-batch's (tokens, targets): chunks i and 2·cp − 1 − i of each sequence
+    (runtime.context_parallel); the pair as it is without cp."""
+    return tuple(context_parallel.chunks(t, 1) for t in pair)
+
+
 def _check_contract(cfg: Config, ctx: mesh.Context) -> None:
     """The batch split the compiler planned is the one this mesh gives (a program run on another mesh stops)."""
     par = cfg.parallel
-    if (ctx.batch_size != par.batch_ranks
+    if (ctx.data_ranks != par.batch_ranks
             or par.micro_batch_size * par.micro_batches * par.batch_ranks != cfg.data.global_batch):
         raise FatalError(f"scalec: this program splits the global batch of {cfg.data.global_batch} over "
                          f"{par.batch_ranks} batch rank(s) × {par.micro_batches} micro-batch(es) of "
-                         f"{par.micro_batch_size}, but the mesh has {ctx.batch_size} batch rank(s): recompile it")
+                         f"{par.micro_batch_size}, but the mesh has {ctx.data_ranks} batch rank(s): recompile it")
 
 
 def _optimizer(params: list, opt: Optim, zero_group=None) -> torch.optim.Optimizer:

@@ -89,13 +89,13 @@ def test_check_between_names_the_pass_that_broke_the_graph(monkeypatch):
     from compiler import lower as L
     spec = check_path(str(Path(__file__).parents[1] / "samples" / "gpt_3d.scale"))
     compiled = compile_spec(spec)
-    tp_pass, ep_pass, pp_pass = L.passes()
+    tp_pass, cp_pass, ep_pass, pp_pass = L.passes()
 
     def forgetful_pass(traced, plan):
         for _, gm in traced.segments():
             next(n for n in gm.graph.nodes if n.op == "call_module").meta.pop(T.FLOPS)
         return traced
-    monkeypatch.setattr(L, "passes", lambda: (tp_pass, forgetful_pass, pp_pass))
+    monkeypatch.setattr(L, "passes", lambda: (tp_pass, cp_pass, forgetful_pass, pp_pass))
     with pytest.raises(AssertionError, match="lost its cost annotations after forgetful_pass"):
         L.lower(compiled.unsharded, compiled.plan, check_between=True)
     L.lower(compiled.unsharded, compiled.plan)

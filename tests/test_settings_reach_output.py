@@ -68,6 +68,14 @@ PERMISSIONS = {
                              sample=TP, setup=(("vocab  = 128", "vocab  = 127"),)),
 }
 
+# Settings whose every value but the default is refused for now (not built: the rules say so at the setting); each
+# is shown accepted with its default and refused with the change, in a plan where it applies.
+NOT_BUILT = {
+    # context parallelism: only all_gather is built; ring and all_to_all are refused (E0311)
+    "plan.context_parallel": Change((("micro_batches = 1", "micro_batches = 1  context_parallel = ring"),), sample=DP,
+                                   setup=(("axis dp = 2", "axis cp = 2"),)),
+}
+
 CHANGES = {
     # nodes × devices_per_node is the mesh's size: a change of one moves the other.
     "mesh.nodes": Change((("nodes = 1", "nodes = 2"), ("devices_per_node = 8", "devices_per_node = 4"))),
@@ -149,7 +157,7 @@ def settings() -> list[str]:
 def test_every_setting_is_covered():
     names = settings()
     assert "train.optimizer.adamw.lr" in names and "train.data.tokens.path" in names  # the tables are found
-    covered = CHANGES.keys() | COST_MODEL_ONLY.keys() | PERMISSIONS.keys()
+    covered = CHANGES.keys() | COST_MODEL_ONLY.keys() | PERMISSIONS.keys() | NOT_BUILT.keys()
     assert not set(names) - covered, (f"settings the checker reads with no change here: "
                                       f"{sorted(set(names) - covered)}; give each a Change in CHANGES")
     assert not covered - set(names), f"settings here the checker no longer reads: {sorted(covered - set(names))}"
@@ -193,6 +201,14 @@ def test_permission_changes_what_is_accepted(name, tmp_path):
     with pytest.raises(ScaleError):
         _emitted(_text(change, False), tmp_path)
     _emitted(_text(change, True), tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_BUILT))
+def test_unbuilt_value_is_refused(name, tmp_path):
+    change = NOT_BUILT[name]
+    _emitted(_text(change, False), tmp_path)
+    with pytest.raises(ScaleError):
+        _emitted(_text(change, True), tmp_path)
 
 
 def test_runtime_reads_every_config_field():
@@ -263,6 +279,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     # under fp32 both warn (W0302, W0303); under bf16 they reach the program
     "plan.grad_reduce": (Probe(("bf16",)), Probe(("bf16",), setup=(("train.precision", "bf16"),))),
     "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
+    "plan.context_parallel": (Probe(("ring", "all_to_all")),),  # without cp: W0310 (with cp: refused, E0311)
     "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
@@ -532,6 +549,7 @@ def test_setting_changes_the_run_or_is_named(name, run_files):
 # without the setting; only the setting's own field of the Config differs, which the runtime reads and, in this
 # plan, does not act on (tp = 1, pp = 1, dp = 1, no checkpoint directory, past the last step).
 NO_EFFECT = (
+    ("W0310", "dp", (), "plan.context_parallel", "ring"),
     ("W0410", "dp", (), "plan.sequence_parallel", "true"),
     ("W0411", "tp", (), "plan.pad_vocab", "true"),
     ("W0412", "dp", (), "plan.tp_layers", "none"),

@@ -31,7 +31,7 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile", "grad_reduce", "fp32_residual",
-                                          "fsdp_grad_sync")
+                                          "fsdp_grad_sync", "context_parallel")
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "checkpoint_async", "restarts", "timeout",
@@ -41,7 +41,7 @@ def test_language_vocabulary_is_pinned():
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
     assert {k: tuple(v) for k, v in check.INITS.items()} == {"normal": (), "from": ("path",)}
-    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep")
+    assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep", "cp")
     assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)
 
 

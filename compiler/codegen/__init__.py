@@ -31,7 +31,8 @@ from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
-RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.moe", "runtime.rotary")
+RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
+                   "runtime.rotary")
 
 
 @dataclass(frozen=True)

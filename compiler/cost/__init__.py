@@ -629,6 +629,12 @@ class CostModel:
             if dp > 1:
                 add("all_reduce", "dp", experts_rank, 1, span,
                     "sum the expert gradients over the dp ranks holding the same experts", experts)
+        elif plan.size("cp") > 1:
+            # context parallelism shards no weight: each cp rank's gradients cover its tokens of every sequence, and
+            # DDP averages them over the batch group, dp × cp (runtime.mesh; the rules keep ep and zero out of it)
+            axis = "dp×cp" if dp > 1 else "cp"
+            add("all_reduce", axis, params_rank, 1, span or plan.span("axis cp"),
+                f"average the gradients over every token shard, {'dp × cp' if dp > 1 else 'cp'} ({how})", params)
         elif dp > 1:
             # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
             add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",

@@ -326,7 +326,11 @@ class Formulas:
 
 def _build(spec, traced, precision: str) -> Formulas:
     from compiler.cost import activations as A
-    sub = MappingProxyType({k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS})
+    # the cp degree the context-parallel pass divided the sequence by (compiler/passes/context_parallel.py): bound
+    # here, as a spec size is, since a search keeps cp as the file has it
+    cp = traced.top.meta.get(T.CP_SIZE, 1)
+    sub = MappingProxyType({**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS},
+                            size("cp"): sympy.Integer(cp)})
 
     def fn(expr) -> Formula:
         return Formula(expr, sub)

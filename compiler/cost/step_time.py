@@ -85,7 +85,7 @@ def links(plan, device) -> dict:
     fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
     `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
     node's devices.
-    Also "dp×ep" (the dense gradients' group under ep)."""
+    Also "dp×ep" (the dense gradients' group under ep) and "dp×cp" (under cp)."""
     out, inner = {}, 1
     spans = {}
     for axis, n in reversed(plan.axes):
@@ -98,6 +98,10 @@ def links(plan, device) -> dict:
         lo = min(spans["dp"][0], spans["ep"][0])
         hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
         out["dp×ep"] = _link("dp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1 and lo >= 1, device)
+    if "dp" in spans and "cp" in spans:  # the dense gradients' group under cp
+        n = spans["dp"][1] * spans["cp"][1]
+        hi = max(spans["dp"][0] * spans["dp"][1], spans["cp"][0] * spans["cp"][1])
+        out["dp×cp"] = _link("dp×cp", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
     return out
 
 

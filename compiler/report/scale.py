@@ -41,6 +41,8 @@ def plan_settings(plan, device_kind: str) -> list:
             out.append(f"layout = ({', '.join(f'({a}, {b})' for a, b in plan.layout)})")
     if plan.size("tp") > 1:
         out.append(f"sequence_parallel = {_bool(plan.sequence_parallel)}")
+    if plan.size("cp") > 1:
+        out.append(f"context_parallel = {plan.context_parallel}")
     if tuple(plan.tp_layers) != TP_LAYERS:
         out.append(f"tp_layers = ({', '.join(plan.tp_layers)})")
     if plan.pad_vocab:

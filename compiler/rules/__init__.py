@@ -1,7 +1,8 @@
 """The rules a plan must satisfy, gathered in one fixed order.
 
 Each pass states what its plans need in a module of this package named after it: `requires(spec, plan) ->
-list[Diagnostic]` in compiler/rules/tensor_parallel.py, pipeline_split.py and expert_parallel.py. This module adds the
+list[Diagnostic]` in compiler/rules/tensor_parallel.py, pipeline_split.py, expert_parallel.py and
+context_parallel.py. This module adds the
 mesh-wide rules (the global batch over the batch ranks, the sequence over the learned positions) and runs them all.
 The package imports no torch, by position: the passes themselves (compiler/passes/) import torch at the top, and
 nothing here imports them (tests/test_imports.py holds it), so `scalec check` runs every rule without torch.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic, plan_error
-from compiler.rules import expert_parallel, pipeline_split, tensor_parallel
+from compiler.rules import context_parallel, expert_parallel, pipeline_split, tensor_parallel
 
 
 def mesh_requires(spec: S.Spec, plan) -> list[Diagnostic]:
@@ -40,6 +41,7 @@ RULES = (
     ("tensor_parallel", tensor_parallel.requires),
     ("pipeline_split", pipeline_split.requires),
     ("expert_parallel", expert_parallel.requires),
+    ("context_parallel", context_parallel.requires),
     ("mesh", mesh_requires),
 )
 
@@ -61,6 +63,9 @@ READS = {
                                  p.span("compile") is not None, p.micro_batches, p.layout),
     "expert_parallel": lambda p: (p.size("ep"), p.size("tp"), p.size("dp") > 1, p.sequence_parallel,
                                   p.data_parallel),
+    "context_parallel": lambda p: (p.size("cp"), p.seq_len, p.context_parallel, p.size("pp"), p.size("tp"),
+                                   p.size("ep"), p.data_parallel, p.size("dp") > 1, p.compile, p.recompute,
+                                   p.span("compile") is not None),
     "mesh": lambda p: (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len),
 }
 

@@ -52,6 +52,7 @@ PP4 = dict(axes=(("pp", 4),), devices_per_node=4)
 DP2_PP2 = dict(axes=(("dp", 2), ("pp", 2)), devices_per_node=4)
 PP2_TP2 = dict(axes=(("dp", 1), ("pp", 2), ("tp", 2)), devices_per_node=4)  # gpt_3d without its dp
 INTERLEAVED = dict(schedule="interleaved-1f1b", virtual_stages=2)
+CP2 = dict(axes=(("cp", 2),), context_parallel="all_gather")
 
 GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
@@ -286,6 +287,19 @@ CASES = (
     Case(id="moe_ep2_compile", sample=MOE, nproc=2, bytes_checked=False,
          edits=CLIP, plan=dict(compile=True),
          description="compiled: experts over ep = 2, the all-to-all dispatch and combine inside the blocks' regions"),
+    # Context parallelism (issue 24): every sequence cut into 2·cp chunks, cp rank i holding chunks i and 2·cp-1-i;
+    # the keys and values all-gathered over cp once per layer (their gradients reduce-scattered)
+    Case(id="cp2_all_gather", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=CP2,
+         description="context parallelism over 2 ranks (all_gather): grouped-query attention with rotary embeddings "
+                     "and learned positions at each rank's true positions, RMSNorm, SwiGLU; the causal mask from "
+                     "the true positions of the local queries against the gathered keys"),
+    Case(id="cp4_all_gather", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("cp", 4),), devices_per_node=4),
+         description="context parallelism over 4 ranks (all_gather), learned positions, tied head"),
+    Case(id="dp2_cp2", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4),
+         description="dp 2 × cp 2 (ddp): the sequences split over dp, each sequence over cp; the gradients and the "
+                     "logged loss averaged over dp × cp"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "

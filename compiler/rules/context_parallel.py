@@ -1,0 +1,74 @@
+"""What context parallelism requires (the rules of compiler/passes/context_parallel.py's plans): a sequence that cuts
+into 2·cp equal chunks, the one variant built (`context_parallel = all_gather`), attention the pass can run over
+gathered keys, and none of the combinations not built yet. Each combination not built is refused here, at the
+setting that asks for it, never run some other way.
+
+Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
+"""
+from __future__ import annotations
+
+from compiler import spec as S
+from compiler.diagnostics import Diagnostic, divisors, plan_error
+
+AXIS = "cp"
+BUILT = ("all_gather",)
+
+
+def _attention_refusal(x) -> str | None:
+    """Why the pass cannot run layer `x` under cp (None: it can)."""
+    if isinstance(x, S.MLA):
+        return "multi-head latent attention (`mla`)"
+    if isinstance(x, S.Attention) and x.window is not None:
+        return "sliding-window attention (`window`)"
+    if isinstance(x, S.Attention) and x.softcap is not None:
+        return "soft-capped attention (`softcap`)"
+    if isinstance(x, S.MoE):
+        return "a `moe` layer (its capacity and routing are per sequence; a rank holds 1/cp of each)"
+    return None
+
+
+def requires(spec: S.Spec, plan) -> list:
+    out: list = []
+    cp = plan.size(AXIS)
+    if cp == 1:
+        return out
+    at = "axis cp"
+    if plan.seq_len % (2 * cp):
+        ok = [d for d in divisors(plan.seq_len) if d % 2 == 0 and d // 2 > 1][:6]
+        out.append(plan_error(plan, at, "E0310", f"seq_len {plan.seq_len} does not cut into 2 × cp = {2 * cp} equal "
+                              "chunks", label=f"{plan.seq_len} % {2 * cp} == {plan.seq_len % (2 * cp)}",
+                              help="each cp rank holds chunks i and 2·cp − 1 − i of every sequence (balanced for "
+                                   "the causal mask); cp sizes that fit: "
+                                   + (", ".join(str(d // 2) for d in ok) or "none")))
+    if plan.context_parallel not in BUILT:
+        out.append(plan_error(plan, "context_parallel", "E0311", f"context_parallel = {plan.context_parallel} is "
+                              "not built yet", label="not built",
+                              help="use `context_parallel = all_gather` (the keys and values gathered over cp once "
+                                   "per layer, as Llama 3's training)"))
+    for x in S.walk(spec.model.layers):
+        why = _attention_refusal(x)
+        if why:
+            out.append(plan_error(plan, at, "E0312", f"context parallelism over {why} is not built yet (the layer at "
+                                  f"{x.span})", label="cp shards the sequence this layer mixes",
+                                  help="remove the axis and give its ranks to dp, or use causal `attention` "
+                                       "without a window or soft cap"))
+            break
+    for other, what in (("pp", "pipeline parallelism"), ("tp", "tensor parallelism"),
+                        ("ep", "expert parallelism")):
+        if plan.size(other) > 1:
+            out.append(plan_error(plan, at, "E0313", f"context parallelism with {what} (`axis {other}`) is not "
+                                  "built yet", label=f"cp = {cp} with {other} = {plan.size(other)}",
+                                  help=f"remove one of the two axes (cp composes with dp today)"))
+    if plan.data_parallel != "ddp" and plan.size("dp") > 1:
+        out.append(plan_error(plan, "data_parallel", "E0314", f"data_parallel = {plan.data_parallel} with context "
+                              "parallelism is not built yet", label="cp composes with ddp",
+                              help="use `data_parallel = ddp` (the gradients all-reduced over dp × cp)"))
+    if plan.compile:
+        out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
+                              "compiling a context-parallel program is not built yet", label="compile = true",
+                              help="set `compile = false`"))
+    if plan.recompute != "none":
+        out.append(plan_error(plan, "recompute", "E0316", f"recompute = {plan.recompute} with context parallelism "
+                              "is not built yet", label="the gathers' recomputation is not ledgered",
+                              help="set `recompute = none`"))
+    return out

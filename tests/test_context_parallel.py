@@ -1,0 +1,61 @@
+"""runtime/context_parallel.py on one process: each cp rank's chunks, positions, rotation and attention, stitched
+back together, are the whole sequence's (the multi-rank runs: tests/e2e cases cp2_all_gather, cp4_all_gather,
+dp2_cp2)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime import collectives, context_parallel as CP, rotary
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    def set_rank(rank: int, n: int):
+        monkeypatch.setattr(collectives, "axis_size", lambda axis: n)
+        monkeypatch.setattr(collectives, "axis_rank", lambda axis: rank)
+    return set_rank
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ranks_hold_balanced_chunks_at_their_true_positions(as_rank, n):
+    s = 8 * n
+    x = torch.arange(s).repeat(3, 1)  # tokens whose value is their position
+    seen = []
+    for r in range(n):
+        as_rank(r, n)
+        mine = CP.chunks(x, 1)
+        assert torch.equal(mine[0], CP.positions(s // n))  # each token keeps its true position
+        c = s // (2 * n)
+        assert mine[0, :c].tolist() == list(range(r * c, (r + 1) * c))  # chunk i, then chunk 2n - 1 - i
+        assert mine[0, c:].tolist() == list(range((2 * n - 1 - r) * c, (2 * n - r) * c))
+        seen += mine[0].tolist()
+    assert sorted(seen) == list(range(s))
+    assert CP.gathered_positions(s // n, torch.device("cpu")).tolist() == seen
+
+
+@pytest.mark.parametrize("n,gqa", [(2, False), (4, True)])
+def test_attention_over_gathered_keys_is_the_whole_sequences(as_rank, n, gqa):
+    torch.manual_seed(0)
+    b, h, k, s, d = 2, 4, 2 if gqa else 4, 8 * n, 16
+    q, kk, v = torch.randn(b, h, s, d), torch.randn(b, k, s, d), torch.randn(b, k, s, d)
+    qr, kr = rotary.rotate(q, kk, 10000.0)
+    want = F.scaled_dot_product_attention(qr, kr, v, is_causal=True, enable_gqa=gqa)
+    local = {}
+    for r in range(n):
+        as_rank(r, n)
+        ql, kl = CP.rotate(CP.chunks(q, 2), CP.chunks(kk, 2), 10000.0)
+        local[r] = (ql, kl, CP.chunks(v, 2))
+    k_all = torch.cat([local[r][1] for r in range(n)], 2)  # what the all-gather over cp returns, in rank order
+    v_all = torch.cat([local[r][2] for r in range(n)], 2)
+    for r in range(n):
+        as_rank(r, n)
+        got = CP.attention(local[r][0], k_all, v_all, gqa)
+        torch.testing.assert_close(got, CP.chunks(want, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sequence_that_does_not_cut_into_2cp_chunks_is_refused(as_rank):
+    as_rank(0, 2)
+    with pytest.raises(ValueError, match="does not cut into 4 equal chunks"):
+        CP.chunks(torch.zeros(1, 6), 1)
