@@ -146,9 +146,9 @@ def test_the_batch_split_of_the_program_must_match_the_mesh():
     cfg = Config(name="m", source="m.scale", steps=1, seed=0, optim=cfg.optim,
                  parallel=Parallel(axes=(("dp", 2),), micro_batches=2, micro_batch_size=2, batch_ranks=2),
                  data=Data(global_batch=8, seq_len=4, vocab=8))
-    _check_contract(cfg, types.SimpleNamespace(batch_size=2))
+    _check_contract(cfg, types.SimpleNamespace(data_ranks=2))
     with pytest.raises(SystemExit, match="the mesh has 4 batch rank"):
-        _check_contract(cfg, types.SimpleNamespace(batch_size=4))
+        _check_contract(cfg, types.SimpleNamespace(data_ranks=4))
 
 
 def test_model_parts_count_a_tied_copy_once():
