@@ -11,6 +11,9 @@ its true position:
     (`context_parallel = all_gather`: the pass inserts the all-gathers, collectives.all_gather_fwd_reduce_scatter_bwd
     along the sequence, before it), each query reading the keys at or before its true position. On CPU and CUDA a
     dense additive mask with scaled_dot_product_attention, made once per (length, cp rank, device, dtype).
+  - `ring_attention(q, k, v, gqa)` (`context_parallel = ring`): the keys and values passed around cp instead;
+  - `heads_to_sequence(x)`, `sequence_to_heads(x)` (`context_parallel = all_to_all`, Ulysses): all-to-alls to
+    heads / cp over the whole sequence in natural order, and back.
 
 The all-gather concatenates the ranks' chunks in rank order, so the gathered keys are at positions
 `gathered_positions()`: rank 0's two chunks, then rank 1's, ... The loss needs nothing: every rank holds as many

@@ -1,17 +1,20 @@
 """Context parallelism over the `cp` mesh axis: each rank holds 1/cp of every sequence (runtime/context_parallel.py).
 
 No policy to decide: every token-wise layer runs on the rank's tokens as it is, and only what mixes positions changes.
-Mechanism, `context_parallel_pass` (`context_parallel = all_gather`, Llama 3's):
+Mechanism, `context_parallel_pass`:
   - the sequence dim of every segment's input is S/cp (the runtime gives each rank chunks i and 2·cp − 1 − i of each
     sequence, tokens and targets alike);
   - the learned positions' `arange` becomes `context_parallel.positions`: the rank's true positions;
   - the rotary embedding becomes `context_parallel.rotate`: turned by those positions;
   - causal attention: the keys and values are all-gathered over cp along the sequence before it (backward: their
     gradients reduce-scattered), and `context_parallel.attention` masks each local query against the gathered keys by
-    their true positions.
+    their true positions (`all_gather`, Llama 3's); or `context_parallel.ring_attention` on the local q, k, v
+    (`ring`: the keys and values passed around cp, its note counting the sends); or q, k and v all-to-all'd to
+    heads / cp over the whole sequence before the attention, which stays as it is, and its output back
+    (`all_to_all`, Ulysses).
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
-(runtime.mesh's batch group). What is not built (ring, all_to_all, windows, soft caps, MLA, pp, ep, FSDP, compile)
+(runtime.mesh's batch group). What is not built (windows, soft caps, MLA, pp, ep, FSDP, compile)
 is refused by compiler/rules/context_parallel.py before this pass runs.
 """
 from __future__ import annotations
@@ -89,7 +92,7 @@ def _ring(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
     new.meta[T.COLLECTIVE] = Collective(
         "send_recv", "send_recv", AXIS, "context parallelism (ring): the keys and values passed around cp, "
         "cp − 1 steps; backward again, with their gradients (cp steps)", payload="keys",
-        count=2 * (cp - 1), counts=(("backward", 2 * (cp - 1) + 2 * cp),))
+        count=2 * (size(AXIS) - 1), counts=(("backward", 4 * size(AXIS) - 2),))  # symbolic: the ledger's formula
 
 
 def _all_to_all(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
@@ -115,8 +118,7 @@ def _all_to_all(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
 
 
 def context_parallel_pass(traced: T.Traced, plan) -> T.Traced:
-    """Carry out `axis cp` with `plan.context_parallel` (all_gather: the one variant built; the rules refuse the
-    others)."""
+    """Carry out `axis cp` with `plan.context_parallel` (all_gather, ring or all_to_all)."""
     cp = plan.size(AXIS)
     if cp == 1:
         return traced
