@@ -114,7 +114,8 @@ PLAN_SETTINGS: dict[str, Param] = {
                             "they stay sharded, m× the reduce-scatters)"),
     "context_parallel": Param(_choice(*choices.CONTEXT_PARALLEL), "all_gather",
                               "how attention runs over a sequence sharded over cp: all_gather (keys and values "
-                              "gathered once per layer), ring or all_to_all (not built yet)"),
+                              "gathered once per layer), ring (passed around the cp group) or all_to_all (Ulysses: heads "
+                              "scattered, the sequence gathered)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(_float, doc="peak learning rate"),

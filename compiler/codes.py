@@ -156,10 +156,6 @@ CODES: dict[str, Code] = {
                   "chunks i and 2·cp − 1 − i of every sequence, so that under the causal mask every rank has as "
                   "much work: seq_len must divide into 2·cp equal chunks. Choose a cp that fits, or a seq_len that "
                   "is a multiple of 2·cp."),
-    "E0311": Code("context-parallel variant not built", "`context_parallel` chooses how attention runs over a "
-                  "sequence sharded over cp. Only `all_gather` is built (the keys and values gathered over cp once "
-                  "per layer, their gradients reduce-scattered); `ring` and `all_to_all` are refused rather than run "
-                  "as something else. Write `context_parallel = all_gather`."),
     "E0312": Code("layer not built under context parallelism", "The context-parallel pass runs causal "
                   "`attention` over keys gathered over cp, at each token's true position. Sliding windows, soft-capped "
                   "scores, multi-head latent attention and `moe` layers (whose capacity and routing are per "
@@ -177,6 +173,11 @@ CODES: dict[str, Code] = {
     "E0316": Code("recomputation with context parallelism", "Activation recomputation re-runs the gathers of the "
                   "keys and values (or keeps them); neither is built into the ledger and memory model under cp yet. "
                   "Set `recompute = none`, or remove the cp axis."),
+    "E0317": Code("heads do not divide over cp for all_to_all", "`context_parallel = all_to_all` (DeepSpeed-"
+                  "Ulysses) exchanges the queries, keys and values over cp so that each rank holds heads / cp of the "
+                  "heads over the whole sequence: both the attention heads and the key/value heads of every "
+                  "attention layer must divide by cp. Choose a cp that divides both, or `context_parallel = ring` "
+                  "(or `all_gather`), which do not split heads."),
     "W0310": Code("context_parallel without cp", "A warning: `context_parallel` chooses how attention runs over a "
                   "sequence sharded over the `cp` axis, and the mesh has none (or cp = 1), so it does nothing. Add "
                   "`axis cp = 2` (or more), or remove the setting."),
@@ -386,6 +387,8 @@ CODES: dict[str, Code] = {
 
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
+    "E0311": "`context_parallel = ring` and `all_to_all` refused as not built: both built since (ring attention with "
+             "the keys and values passed around cp; Ulysses' all-to-alls of heads and sequence)",
     "E0707": "`moe` layers under sequence parallelism: supported since a moe gathers its input's sequence over tp "
              "and routes whole sequences, as without sequence parallelism",
     "E0706": "FSDP over dp together with ep: supported since FSDP shards the dense weights over dp × ep and the "

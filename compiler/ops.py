@@ -457,6 +457,10 @@ def _over_keys(keys):
 # scaled_dot_product_attention (causal): every key; attention.sliding_window: min(W, Sk) keys a query
 _sdpa_shape, _sdpa_backward, _sdpa_dims = _over_keys(lambda node, sk: sk)
 _window_shape, _window_backward, _window_dims = _over_keys(_window_keys)
+# context_parallel.ring_attention: each rank's queries read its own block of S/cp keys (the causal diagonal, the
+# triangle not discounted, as above) and, of each other rank's block, half (runtime.context_parallel._block: the
+# head-tail layout leaves the rest wholly masked, never computed): S/cp · (cp + 1) / 2 keys a query
+_ring_shape, _ring_backward, _ring_dims = _over_keys(lambda node, sk: sk * (size(node.args[4]) + 1) / 2)
 
 
 def _capped_keys(node, sk):
@@ -712,6 +716,15 @@ def _a2a_shape(scale):
     return shape
 
 
+def _heads_to_sequence_shape(forward):
+    """Ulysses' all-to-alls over cp: (B, H, S/cp, D) -> (B, H/cp, S, D), and back."""
+    def shape(node, args, kwargs, gm):
+        b, h, s, d = args[0]
+        n = size(args[1])
+        return ((b, h / n, s * n, d) if forward else (b, h * n, s / n, d)), ZERO
+    return shape
+
+
 def _loss_moments(kind):
     """The loss's working set: its forward holds the logits, their fp32 copy (bf16 only) and, vocabulary-
     parallel, the shifted logits and their exponentials; its backward the fp32 gradient of the log-softmax and its
@@ -806,6 +819,12 @@ FUNCTIONS = {
                   shard=True),
     CP.attention: Op("cp_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
                      attention=True),
+    CP.ring_attention: Op("cp_ring_attention", _ring_shape, _act, _sdpa_saved, _ring_backward, dims=_ring_dims,
+                          shard=True, attention=True),
+    CP.heads_to_sequence: Op("cp_heads_to_sequence", _heads_to_sequence_shape(True), passes_grad=True,
+                             computes=False),
+    CP.sequence_to_heads: Op("cp_sequence_to_heads", _heads_to_sequence_shape(False), passes_grad=True,
+                             computes=False),
     rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                       lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
                       wrapped=True, shard=True),

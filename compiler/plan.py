@@ -68,7 +68,8 @@ class Plan:
     """FSDP2 (fsdp, zero2), several micro-batches, no pp: reduce-scatter once per `step` or every `micro_batch`."""
     context_parallel: str = "all_gather"
     """Attention over a sequence sharded over `cp`: `all_gather` (keys and values gathered over cp once per layer,
-    their gradient reduce-scattered), `ring` or `all_to_all` (refused: not built). Each cp rank holds chunks i and
+    their gradient reduce-scattered), `ring` (passed around the cp group, cp − 1 steps) or `all_to_all` (Ulysses:
+    heads scattered over cp, the sequence gathered). Each cp rank holds chunks i and
     2·cp − 1 − i of every sequence (load-balanced for the causal mask)."""
     # -- the data-parallel wrappers' tuning: the compiler's, not the user's ------------------------------------------
     ddp_bucket_bytes: int = 25 * 2 ** 20

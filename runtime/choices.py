@@ -25,5 +25,5 @@ RECOMPUTE = ("none", "selective", "full")
 
 CONTEXT_PARALLEL = ("all_gather", "ring", "all_to_all")
 """How attention runs over a sequence sharded over `cp` (runtime/context_parallel.py): `all_gather` (the keys and
-values gathered once per layer), `ring` (passed around the group), `all_to_all` (Ulysses: heads scattered). Only
-`all_gather` is built; the others are refused by the rules (compiler/rules/context_parallel.py)."""
+values gathered once per layer), `ring` (passed around the group), `all_to_all` (Ulysses: heads scattered, the heads
+and key/value heads dividing by cp: compiler/rules/context_parallel.py)."""

@@ -11,6 +11,9 @@ its true position:
     (`context_parallel = all_gather`: the pass inserts the all-gathers, collectives.all_gather_fwd_reduce_scatter_bwd
     along the sequence, before it), each query reading the keys at or before its true position. On CPU and CUDA a
     dense additive mask with scaled_dot_product_attention, made once per (length, cp rank, device, dtype).
+  - `ring_attention(q, k, v, gqa)` (`context_parallel = ring`): the keys and values passed around cp instead;
+  - `heads_to_sequence(x)`, `sequence_to_heads(x)` (`context_parallel = all_to_all`, Ulysses): all-to-alls to
+    heads / cp over the whole sequence in natural order, and back.
 
 The all-gather concatenates the ranks' chunks in rank order, so the gathered keys are at positions
 `gathered_positions()`: rank 0's two chunks, then rank 1's, ... The loss needs nothing: every rank holds as many
@@ -21,9 +24,10 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime import collectives, rotary
+from runtime import collectives, faults, rotary
 
 AXIS = "cp"
 
@@ -102,3 +106,205 @@ def attention(q_BHSD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
     (B, H, S/cp, Dv) out; `scale` None is 1/sqrt(D)."""
     mask = causal_mask(q_BHSD.shape[2], q_BHSD.device, q_BHSD.dtype, axis)
     return F.scaled_dot_product_attention(q_BHSD, k_BKTD, v_BKTD, attn_mask=mask, enable_gqa=gqa, scale=scale)
+
+
+# -- context_parallel = ring: the keys and values passed around the cp group ---------------------------------------
+
+
+def _shift(x: torch.Tensor, axis: str, site, what: str) -> torch.Tensor:
+    """Send `x` to the next cp rank and receive the previous one's (same shape): one step of the ring, P2P
+    (torch.distributed.batch_isend_irecv), counted as one send_recv of `x`'s bytes."""
+    group = collectives._group(axis)
+    n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+    x = x.contiguous()
+    got = torch.empty_like(x)
+    collectives._count("send_recv", axis, x)
+    ops = [dist.P2POp(dist.isend, x, dist.get_global_rank(group, (rank + 1) % n), group),
+           dist.P2POp(dist.irecv, got, dist.get_global_rank(group, (rank - 1) % n), group)]
+    with faults.op(f"send_recv over {axis} ({what})", faults.axis_site(site, axis)):
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return got
+
+
+def _block(n: int, rank: int, owner: int, local: int):
+    """Which of this rank's queries (rows) read which keys (cols) of `owner`'s block, and whether a mask is needed.
+    With the head-tail layout a block is never wholly masked: the own block is the causal diagonal; an earlier
+    rank's block is read whole by every query in its first chunk (the earlier chunk), its last chunk by none; a
+    later rank's block is read whole by this rank's last chunk and not at all by its first."""
+    c = local // 2
+    if owner == rank:
+        return slice(None), slice(None), True
+    if owner < rank:
+        return slice(None), slice(0, c), False
+    return slice(c, None), slice(None), False
+
+
+@functools.lru_cache(maxsize=16)
+def _diagonal_mask(local: int, n: int, rank: int, device: torch.device) -> torch.Tensor:
+    q = _positions(local, n, rank, device)
+    return torch.zeros(local, local, device=device).masked_fill(q[None, :] > q[:, None], float("-inf"))
+
+
+def _expand(k: torch.Tensor, heads: int) -> torch.Tensor:
+    g = heads // k.shape[1]
+    return k if g == 1 else k.repeat_interleave(g, dim=1)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Causal attention over keys and values passed around the cp ring (cp − 1 steps forward), each block's partial
+    output merged by the log-sum-exp rule (fp32 accumulators). Backward recomputes each block's probabilities
+    from the saved log-sum-exp (the flash-attention rule) while the keys and values go round again, with their
+    gradients travelling along and one more hop home: 2·(cp − 1) + 2·cp blocks of the keys' size sent."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, axis, scale, site):
+        n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+        b, h, s, _ = q.shape
+        acc = torch.promote_types(q.dtype, torch.float32)  # the accumulators: fp32 at least
+        qf = q.to(acc)
+        out = torch.zeros(b, h, s, v.shape[-1], device=q.device, dtype=acc)
+        lse = torch.full((b, h, s), float("-inf"), device=q.device, dtype=acc)
+        kv = torch.stack((k, v))
+        for step in range(n):
+            owner = (rank - step) % n
+            nxt = _shift(kv, axis, site, f"ring attention, forward step {step + 1}") if step < n - 1 else None
+            rows, cols, masked = _block(n, rank, owner, s)
+            kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
+            scores = qf[:, :, rows] @ kb.transpose(-1, -2) * scale
+            if masked:
+                scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
+            merged = torch.logaddexp(lse[:, :, rows], torch.logsumexp(scores, -1))
+            out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
+                               + (scores - merged.unsqueeze(-1)).exp() @ vb)
+            lse[:, :, rows] = merged
+            kv = nxt
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.axis, ctx.scale, ctx.site = axis, scale, site
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse = ctx.saved_tensors
+        axis, scale, site = ctx.axis, ctx.scale, ctx.site
+        n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+        b, h, s, _ = q.shape
+        kvh = k.shape[1]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        qf, gf = q.to(acc), g.to(acc)
+        dot = (gf * out.to(acc)).sum(-1)   # rowsum(dO ∘ O)
+        dq = torch.zeros_like(qf)
+        kv = torch.stack((k, v))
+        dkv = torch.zeros_like(kv)         # the gradients of the block held, travelling with it
+        for step in range(n):
+            owner = (rank - step) % n
+            rows, cols, masked = _block(n, rank, owner, s)
+            kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
+            qr, gr = qf[:, :, rows], gf[:, :, rows]
+            scores = qr @ kb.transpose(-1, -2) * scale
+            if masked:
+                scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
+            p = (scores - lse[:, :, rows].unsqueeze(-1)).exp()
+            dv = p.transpose(-1, -2) @ gr
+            ds = p * (gr @ vb.transpose(-1, -2) - dot[:, :, rows].unsqueeze(-1))
+            dq[:, :, rows] += ds @ kb * scale
+            dk = ds.transpose(-1, -2) @ qr * scale
+            if kvh != h:  # grouped-query: each key head's gradient sums its group of query heads
+                dk = dk.unflatten(1, (kvh, h // kvh)).sum(2)
+                dv = dv.unflatten(1, (kvh, h // kvh)).sum(2)
+            dkv[0][:, :, cols] += dk.to(dkv.dtype)
+            dkv[1][:, :, cols] += dv.to(dkv.dtype)
+            if step < n - 1:
+                both = _shift(torch.cat((kv, dkv)), axis, site, f"ring attention, backward step {step + 1}")
+                kv, dkv = both[:2], both[2:]
+            else:  # the gradients of the next rank's block, home
+                dkv = _shift(dkv, axis, site, "ring attention, backward: gradients home")
+        return dq.to(q.dtype), dkv[0], dkv[1], None, None, None
+
+
+def ring_attention(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor, gqa: bool, axis: str = AXIS,
+                   scale: float | None = None) -> torch.Tensor:
+    """Causal attention of this rank's queries (B, H, S/cp, D) over the whole sequence, the keys and values
+    (B, K, S/cp, D) passed around the cp group (`context_parallel = ring`): cp − 1 steps, each reading the block
+    received by the true positions, the partial outputs merged by their log-sum-exp. (B, H, S/cp, Dv) out."""
+    scale = 1.0 / q_BHSD.shape[-1] ** 0.5 if scale is None else scale
+    if collectives.axis_size(axis) == 1:
+        return F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa, scale=scale)
+    return _RingAttention.apply(q_BHSD, k_BKSD, v_BKSD, axis, scale, faults.caller_site())
+
+
+# -- context_parallel = all_to_all (Ulysses): heads scattered, the sequence gathered ------------------------------
+
+
+def _natural(n: int) -> list:
+    """For each chunk of the sequence (of 2n), where it sits in the order gathered over cp (rank 0's two chunks,
+    then rank 1's, ...)."""
+    gathered = [c for r in range(n) for c in _order(n, r)]
+    return [gathered.index(c) for c in range(2 * n)]
+
+
+def _exchange(x: torch.Tensor, axis: str, site, what: str) -> torch.Tensor:
+    """all_to_all_single over `axis` with equal splits along dim 0, counted as one all_to_all of `x`'s bytes."""
+    x = x.contiguous()
+    splits = [x.shape[0] // collectives.axis_size(axis)] * collectives.axis_size(axis)
+    collectives._count("all_to_all", axis, x)
+    with faults.op(f"all_to_all over {axis} ({what})", faults.axis_site(site, axis)):
+        return collectives._F.wait_tensor(collectives._F.all_to_all_single(x, splits, splits,
+                                                                           collectives._name(axis)))
+
+
+def _to_sequence(x: torch.Tensor, axis: str, site, what: str) -> torch.Tensor:
+    n = collectives.axis_size(axis)
+    b, h, s, d = x.shape
+    if h % n:
+        raise ValueError(f"context parallelism (all_to_all): {h} heads do not divide over {axis} = {n}")
+    got = _exchange(x.unflatten(1, (n, h // n)).movedim(1, 0), axis, site, what)  # (source rank, B, H/n, S/n, D)
+    whole = got.movedim(0, 2).reshape(b, h // n, 2 * n, s // 2, d)                 # chunks in rank order
+    return whole[:, :, _natural(n)].flatten(2, 3)
+
+
+def _to_heads(x: torch.Tensor, axis: str, site, what: str) -> torch.Tensor:
+    n = collectives.axis_size(axis)
+    b, hl, s, d = x.shape
+    mine = x.unflatten(2, (2 * n, s // (2 * n)))[:, :, [c for r in range(n) for c in _order(n, r)]]
+    got = _exchange(mine.reshape(b, hl, n, s // n, d).movedim(2, 0), axis, site, what)  # (source rank, B, H/n, ...)
+    return got.movedim(0, 1).reshape(b, n * hl, s // n, d)
+
+
+class _HeadsToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, site):
+        ctx.axis, ctx.site = axis, site
+        return _to_sequence(x, axis, site, "heads to sequence, forward")
+
+    @staticmethod
+    def backward(ctx, g):
+        return _to_heads(g, ctx.axis, ctx.site, "heads to sequence, backward"), None, None
+
+
+class _SequenceToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, axis, site):
+        ctx.axis, ctx.site = axis, site
+        return _to_heads(x, axis, site, "sequence to heads, forward")
+
+    @staticmethod
+    def backward(ctx, g):
+        return _to_sequence(g, ctx.axis, ctx.site, "sequence to heads, backward"), None, None
+
+
+def heads_to_sequence(x_BHSD: torch.Tensor, axis: str = AXIS) -> torch.Tensor:
+    """Forward: all-to-all over `axis`, (B, H, S/cp, D) -> (B, H/cp, S, D): this rank's heads over the whole
+    sequence, in natural order (the head-tail chunks put back). Backward: the inverse all-to-all."""
+    if collectives.axis_size(axis) == 1:
+        return x_BHSD
+    return _HeadsToSequence.apply(x_BHSD, axis, faults.caller_site())
+
+
+def sequence_to_heads(x_BHSD: torch.Tensor, axis: str = AXIS) -> torch.Tensor:
+    """Forward: all-to-all over `axis`, (B, H/cp, S, D) in natural order -> (B, H, S/cp, D): every head at this
+    rank's chunks (i and 2·cp − 1 − i). Backward: the inverse all-to-all."""
+    if collectives.axis_size(axis) == 1:
+        return x_BHSD
+    return _SequenceToHeads.apply(x_BHSD, axis, faults.caller_site())

@@ -59,3 +59,44 @@ def test_a_sequence_that_does_not_cut_into_2cp_chunks_is_refused(as_rank):
     as_rank(0, 2)
     with pytest.raises(ValueError, match="does not cut into 4 equal chunks"):
         CP.chunks(torch.zeros(1, 6), 1)
+
+
+def _variant_matches_whole_attention(variant: str, gqa: bool, rank: int, collectives) -> None:
+    """One cp rank of `variant` (ring or all_to_all) on its chunks: the output, the gradients of q, k and v and the
+    bytes moved against scaled_dot_product_attention on the whole sequence (every rank computes the reference)."""
+    n = collectives.axis_size("cp")
+    torch.manual_seed(0)
+    b, h, k, s, d = 2, 4, 2 if gqa and n == 2 else 4, 8 * n, 16
+    q, kk, v = (torch.randn(b, heads, s, d, dtype=torch.float64) for heads in (h, k, k))
+    dout = torch.randn(b, h, s, d, dtype=torch.float64)
+    whole = [t.clone().requires_grad_() for t in (q, kk, v)]
+    F.scaled_dot_product_attention(*whole, is_causal=True, enable_gqa=k != h).backward(dout)
+    mine = [CP.chunks(t, 2).requires_grad_() for t in (q, kk, v)]
+    collectives.count_bytes(True)
+    if variant == "ring":
+        out = CP.ring_attention(*mine, k != h)
+    else:
+        out = CP.sequence_to_heads(F.scaled_dot_product_attention(*(CP.heads_to_sequence(t) for t in mine),
+                                                                  is_causal=True, enable_gqa=k != h))
+    want = F.scaled_dot_product_attention(q, kk, v, is_causal=True, enable_gqa=k != h)
+    torch.testing.assert_close(out, CP.chunks(want, 2), rtol=1e-10, atol=1e-10)
+    out.backward(CP.chunks(dout, 2))
+    for got, ref in zip(mine, whole):
+        torch.testing.assert_close(got.grad, CP.chunks(ref.grad, 2), rtol=1e-10, atol=1e-10)
+    kv_block = 8 * b * k * (s // n) * d  # bytes of one rank's keys (float64)
+    if variant == "ring":  # forward: keys and values, cp - 1 steps; backward: again, with their gradients, one
+        assert dict(collectives.BYTES) == {("send_recv", "cp"): kv_block * (2 * (n - 1) + 2 * (n - 1) + 2 * n)}
+    else:  # q, k, v and the output forward; their gradients backward
+        assert dict(collectives.BYTES) == {("all_to_all", "cp"): 2 * 8 * b * (s // n) * d * (2 * h + 2 * k)}
+    collectives.count_bytes(False)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("variant,n,gqa", [("ring", 2, True), ("ring", 4, False), ("all_to_all", 2, True),
+                                           ("all_to_all", 4, False)])
+def test_variant_equals_whole_attention_forward_and_backward(variant, n, gqa):
+    import functools
+
+    from tests import multirank
+    multirank.spawn(functools.partial(_variant_matches_whole_attention, variant, gqa), world=n, axes=("cp",),
+                    timeout=120)

@@ -71,12 +71,12 @@ PERMISSIONS = {
 # Settings whose every value but the default is refused for now (not built: the rules say so at the setting); each
 # is shown accepted with its default and refused with the change, in a plan where it applies.
 NOT_BUILT = {
-    # context parallelism: only all_gather is built; ring and all_to_all are refused (E0311)
-    "plan.context_parallel": Change((("micro_batches = 1", "micro_batches = 1  context_parallel = ring"),), sample=DP,
-                                   setup=(("axis dp = 2", "axis cp = 2"),)),
 }
 
 CHANGES = {
+    # context parallelism: ring attention instead of gathered keys (ring_attention in the program)
+    "plan.context_parallel": Change((("micro_batches = 1", "micro_batches = 1  context_parallel = ring"),), sample=DP,
+                                   setup=(("axis dp = 2", "axis cp = 2"),)),
     # nodes × devices_per_node is the mesh's size: a change of one moves the other.
     "mesh.nodes": Change((("nodes = 1", "nodes = 2"), ("devices_per_node = 8", "devices_per_node = 4"))),
     "mesh.devices_per_node": Change((("devices_per_node = 8", "devices_per_node = 16"),
@@ -279,7 +279,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     # under fp32 both warn (W0302, W0303); under bf16 they reach the program
     "plan.grad_reduce": (Probe(("bf16",)), Probe(("bf16",), setup=(("train.precision", "bf16"),))),
     "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
-    "plan.context_parallel": (Probe(("ring", "all_to_all")),),  # without cp: W0310 (with cp: refused, E0311)
+    "plan.context_parallel": (Probe(("ring", "all_to_all")),),  # without cp: W0310
     "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),

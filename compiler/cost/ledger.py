@@ -117,8 +117,11 @@ def sites(traced: T.Traced) -> list[Site]:
                 where = ("top", owner[node.name])
             else:
                 continue
-            tensor = {"input": node.args[0], "output": node, "targets": node.args[1]}[note.payload]
-            elements = sympy.expand(note.count * sympy.Mul(*tensor.meta[T.SHAPE]))
+            # "keys": the second argument (context parallelism's ring sends its keys' blocks)
+            tensor = {"input": node.args[0], "output": node, "targets": node.args[1],
+                      "keys": node.args[1]}[note.payload]
+            numel = sympy.Mul(*tensor.meta[T.SHAPE])
+            counts = dict(getattr(note, "counts", ()))
             # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
             # residual stream its own dtype (trace.DTYPE).
             fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
@@ -126,6 +129,7 @@ def sites(traced: T.Traced) -> list[Site]:
             worst = dict(getattr(note, "worst", ()))
             for direction, op in (("forward", note.forward), ("backward", note.backward)):
                 if op:
+                    elements = sympy.expand(counts.get(direction, note.count) * numel)
                     out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
                                     where, rerun=order[node] < last, residual=residual,
                                     dtype_bytes=8 if note.dtype == "int64" else None,

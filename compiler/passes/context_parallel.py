@@ -1,17 +1,20 @@
 """Context parallelism over the `cp` mesh axis: each rank holds 1/cp of every sequence (runtime/context_parallel.py).
 
 No policy to decide: every token-wise layer runs on the rank's tokens as it is, and only what mixes positions changes.
-Mechanism, `context_parallel_pass` (`context_parallel = all_gather`, Llama 3's):
+Mechanism, `context_parallel_pass`:
   - the sequence dim of every segment's input is S/cp (the runtime gives each rank chunks i and 2·cp − 1 − i of each
     sequence, tokens and targets alike);
   - the learned positions' `arange` becomes `context_parallel.positions`: the rank's true positions;
   - the rotary embedding becomes `context_parallel.rotate`: turned by those positions;
   - causal attention: the keys and values are all-gathered over cp along the sequence before it (backward: their
     gradients reduce-scattered), and `context_parallel.attention` masks each local query against the gathered keys by
-    their true positions.
+    their true positions (`all_gather`, Llama 3's); or `context_parallel.ring_attention` on the local q, k, v
+    (`ring`: the keys and values passed around cp, its note counting the sends); or q, k and v all-to-all'd to
+    heads / cp over the whole sequence before the attention, which stays as it is, and its output back
+    (`all_to_all`, Ulysses).
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
-(runtime.mesh's batch group). What is not built (ring, all_to_all, windows, soft caps, MLA, pp, ep, FSDP, compile)
+(runtime.mesh's batch group). What is not built (windows, soft caps, MLA, pp, ep, FSDP, compile)
 is refused by compiler/rules/context_parallel.py before this pass runs.
 """
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _replace(gm: fx.GraphModule, node: fx.Node, fn, args: tuple, kwargs: dict) -
     return new
 
 
-def _rewrite(gm: fx.GraphModule) -> None:
+def _rewrite(gm: fx.GraphModule, variant: str, cp: int) -> None:
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
@@ -68,24 +71,59 @@ def _rewrite(gm: fx.GraphModule) -> None:
         elif node.target is rotary.rotate:
             _replace(gm, node, CP.rotate, tuple(node.args), {**node.kwargs, "axis": AXIS})
         elif node.target is F.scaled_dot_product_attention:
-            q, k, v = node.args[:3]
             if not node.kwargs.get("is_causal", False):
                 raise NotImplementedError(f"context parallelism: {node.name} is not causal attention")
-            kw = {"scale": node.kwargs["scale"]} if node.kwargs.get("scale") is not None else {}
-            k_all, v_all = _gather(gm, k, node, "keys"), _gather(gm, v, node, "values")
-            _replace(gm, node, CP.attention, (q, k_all, v_all, bool(node.kwargs.get("enable_gqa", False)), AXIS), kw)
+            {"all_gather": _all_gather, "ring": _ring, "all_to_all": _all_to_all}[variant](gm, node, cp)
+
+
+def _all_gather(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
+    q, k, v = node.args[:3]
+    kw = {"scale": node.kwargs["scale"]} if node.kwargs.get("scale") is not None else {}
+    k_all, v_all = _gather(gm, k, node, "keys"), _gather(gm, v, node, "values")
+    _replace(gm, node, CP.attention, (q, k_all, v_all, bool(node.kwargs.get("enable_gqa", False)), AXIS), kw)
+
+
+def _ring(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
+    """One call, `context_parallel.ring_attention`, whose note counts the ring's sends: the keys and values
+    (cp − 1 steps) forward; backward again, with their gradients, which take one more step home."""
+    q, k, v = node.args[:3]
+    kw = {"scale": node.kwargs["scale"]} if node.kwargs.get("scale") is not None else {}
+    new = _replace(gm, node, CP.ring_attention, (q, k, v, bool(node.kwargs.get("enable_gqa", False)), AXIS), kw)
+    new.meta[T.COLLECTIVE] = Collective(
+        "send_recv", "send_recv", AXIS, "context parallelism (ring): the keys and values passed around cp, "
+        "cp − 1 steps; backward again, with their gradients (cp steps)", payload="keys",
+        count=2 * (size(AXIS) - 1), counts=(("backward", 4 * size(AXIS) - 2),))  # symbolic: the ledger's formula
+
+
+def _all_to_all(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
+    """Ulysses: q, k and v all-to-all'd to (B, H/cp, S, D) before the attention, which runs as it is (causal over
+    the whole sequence in natural order), and its output back to (B, H, S/cp, Dv)."""
+    def a2a(value, fn, what, before=None, after=None):
+        where = gm.graph.inserting_before(before) if before is not None else gm.graph.inserting_after(after)
+        with where:
+            n = gm.graph.create_node("call_function", fn, (value, AXIS), {}, name=f"{value.name}_{fn.__name__}")
+        _copy_meta(n, node)
+        n.meta[T.COLLECTIVE] = Collective("all_to_all", "all_to_all", AXIS,
+                                          f"context parallelism (all_to_all): {what}")
+        return n
+    q, k, v = node.args[:3]
+    swapped = [a2a(x, CP.heads_to_sequence, f"the {name} of attention: heads scattered over cp, the sequence "
+                   "gathered", before=node) for x, name in ((q, "queries"), (k, "keys"), (v, "values"))]
+    node.args = (*swapped, *node.args[3:])
+    users = list(node.users)
+    back = a2a(node, CP.sequence_to_heads, "the output of attention: the sequence scattered back, heads gathered",
+               after=node)
+    for u in users:
+        u.replace_input_with(node, back)
 
 
 def context_parallel_pass(traced: T.Traced, plan) -> T.Traced:
-    """Carry out `axis cp` with `plan.context_parallel` (all_gather: the one variant built; the rules refuse the
-    others)."""
+    """Carry out `axis cp` with `plan.context_parallel` (all_gather, ring or all_to_all)."""
     cp = plan.size(AXIS)
     if cp == 1:
         return traced
-    if plan.context_parallel != "all_gather":
-        raise NotImplementedError(f"context_parallel = {plan.context_parallel} is not built (the rules refuse it)")
     for cls, gm in traced.segments():
-        _rewrite(gm)
+        _rewrite(gm, plan.context_parallel, cp)
         gm.meta[T.INPUTS] = {k: (v[0], v[1] / size(AXIS), *v[2:]) for k, v in gm.meta[T.INPUTS].items()}
         gm.graph.lint()
         gm.recompile()

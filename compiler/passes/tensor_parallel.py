@@ -226,6 +226,8 @@ class Collective:
     count: int = 1
     worst: tuple = ()     # (direction, factor): a variable-split all-to-all whose payload's size is an
                           # expectation, at most factor × that (expert_parallel's grouped dispatch)
+    counts: tuple = ()    # (direction, count): where a direction moves another number of tensors than `count`
+                          # (context parallelism's ring: its backward sends the gradients too)
 
 
 def _names(gm: fx.GraphModule) -> dict:

@@ -1,17 +1,18 @@
 """What context parallelism requires (the rules of compiler/passes/context_parallel.py's plans): a sequence that cuts
-into 2·cp equal chunks, the one variant built (`context_parallel = all_gather`), attention the pass can run over
-gathered keys, and none of the combinations not built yet. Each combination not built is refused here, at the
+into 2·cp equal chunks, heads that divide over cp under `context_parallel = all_to_all` (Ulysses), attention the
+pass can run, and none of the combinations not built yet. Each combination not built is refused here, at the
 setting that asks for it, never run some other way.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
 """
 from __future__ import annotations
 
+import math
+
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic, divisors, plan_error
 
 AXIS = "cp"
-BUILT = ("all_gather",)
 
 
 def _attention_refusal(x) -> str | None:
@@ -40,11 +41,20 @@ def requires(spec: S.Spec, plan) -> list:
                               help="each cp rank holds chunks i and 2·cp − 1 − i of every sequence (balanced for "
                                    "the causal mask); cp sizes that fit: "
                                    + (", ".join(str(d // 2) for d in ok) or "none")))
-    if plan.context_parallel not in BUILT:
-        out.append(plan_error(plan, "context_parallel", "E0311", f"context_parallel = {plan.context_parallel} is "
-                              "not built yet", label="not built",
-                              help="use `context_parallel = all_gather` (the keys and values gathered over cp once "
-                                   "per layer, as Llama 3's training)"))
+    if plan.context_parallel == "all_to_all":
+        for x in S.walk(spec.model.layers):
+            if not isinstance(x, S.Attention):
+                continue
+            heads, kv = int(spec.value(x.heads)), int(spec.value(x.kv_heads))
+            if heads % cp or kv % cp:
+                ok = [d for d in divisors(math.gcd(heads, kv)) if d > 1 and plan.seq_len % (2 * d) == 0]
+                out.append(plan_error(plan, "context_parallel", "E0317", f"context_parallel = all_to_all over cp = "
+                                      f"{cp} needs the heads ({heads}) and key/value heads ({kv}) to divide by cp (the "
+                                      f"layer at {x.span})", label=f"{heads} heads, {kv} key/value heads over cp = {cp}",
+                                      help="each cp rank computes whole heads over the whole sequence; cp sizes that "
+                                           "fit: " + (", ".join(map(str, ok)) or "none")
+                                           + ", or `context_parallel = ring` or `all_gather`"))
+                break
     for x in S.walk(spec.model.layers):
         why = _attention_refusal(x)
         if why:

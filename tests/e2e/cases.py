@@ -300,6 +300,22 @@ CASES = (
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4),
          description="dp 2 × cp 2 (ddp): the sequences split over dp, each sequence over cp; the gradients and the "
                      "logged loss averaged over dp × cp"),
+    # context_parallel = ring: the keys and values passed around the cp group (cp - 1 steps forward; backward again
+    # with their gradients, one more step home), partial outputs merged by their log-sum-exp
+    Case(id="cp2_ring", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=dict(CP2, context_parallel="ring"),
+         description="context parallelism over 2 ranks (ring): grouped-query attention with rotary embeddings, each "
+                     "block of keys read by the true positions, the partial outputs merged by their log-sum-exp"),
+    Case(id="cp4_ring", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("cp", 4),), devices_per_node=4, context_parallel="ring"),
+         description="context parallelism over 4 ranks (ring): three steps, learned positions, tied head"),
+    # context_parallel = all_to_all (Ulysses): q, k, v exchanged to heads / cp over the whole sequence, and back
+    Case(id="cp2_all_to_all", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="all_to_all"),
+         description="context parallelism over 2 ranks (all_to_all, Ulysses): 4 query and 2 key/value heads split "
+                     "over cp, the causal attention over the whole sequence in natural order"),
+    Case(id="cp4_all_to_all", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("cp", 4),), devices_per_node=4, context_parallel="all_to_all"),
+         description="context parallelism over 4 ranks (all_to_all, Ulysses): one of the 4 heads per rank"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
