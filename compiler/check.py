@@ -128,7 +128,9 @@ INITS = {"normal": {}, "from": {"path": Param(_string, doc="a Hugging Face check
                                                             ".safetensors file")}}
 DATASETS = {"synthetic": {},
             "tokens": {"path": Param(_string, doc="binary file of token ids"),
-                       "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type")}}
+                       "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type"),
+                       "document_separator": Param(_int, None, "the id ending each document: packed documents, "
+                                                               "each attending only to itself")}}
 
 
 TRAIN_SETTINGS: dict[str, Param] = {
