@@ -8,7 +8,9 @@ Mechanism, `context_parallel_pass` (`context_parallel = all_gather`, Llama 3's):
   - the rotary embedding becomes `context_parallel.rotate`: turned by those positions;
   - causal attention: the keys and values are all-gathered over cp along the sequence before it (backward: their
     gradients reduce-scattered), and `context_parallel.attention` masks each local query against the gathered keys by
-    their true positions.
+    their true positions;
+  - packed documents (runtime/packed.py): `packed.positions`, `packed.rotate` and `packed.attention` take the cp axis,
+    the attention after the same gathers, its mask the documents of the local queries against the gathered keys'.
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
 (runtime.mesh's batch group). What is not built (ring, all_to_all, windows, soft caps, MLA, pp, ep, FSDP, compile)
@@ -27,6 +29,7 @@ from compiler.passes.tensor_parallel import Collective
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import context_parallel as CP
+from runtime import packed as P
 from runtime import rotary
 
 AXIS = "cp"
@@ -67,6 +70,13 @@ def _rewrite(gm: fx.GraphModule) -> None:
             _replace(gm, node, CP.positions, tuple(node.args), {**node.kwargs, "axis": AXIS})
         elif node.target is rotary.rotate:
             _replace(gm, node, CP.rotate, tuple(node.args), {**node.kwargs, "axis": AXIS})
+        elif node.target in (P.positions, P.rotate):  # packed documents: positions within the documents at the
+            # rank's true positions (runtime/packed.py reads the whole sequences' document ids)
+            _replace(gm, node, node.target, tuple(node.args), {**node.kwargs, "axis": AXIS})
+        elif node.target is P.attention:  # packed documents: the local queries' documents against the gathered keys'
+            q, k, v, gqa = node.args[:4]
+            k_all, v_all = _gather(gm, k, node, "keys"), _gather(gm, v, node, "values")
+            _replace(gm, node, P.attention, (q, k_all, v_all, gqa), {**node.kwargs, "axis": AXIS})
         elif node.target is F.scaled_dot_product_attention:
             q, k, v = node.args[:3]
             if not node.kwargs.get("is_causal", False):
