@@ -118,6 +118,8 @@ CHANGES = {
     "train.data": Change((TOKENS,)),
     "train.data.tokens.path": Change((('"a.bin"', '"b.bin"'),), setup=(TOKENS,)),
     "train.data.tokens.dtype": Change((('"a.bin"', '"a.bin", dtype = uint32'),), setup=(TOKENS,)),
+    "train.data.tokens.document_separator": Change((('"a.bin"', '"a.bin", document_separator = 0'),),
+                                                   sample=DP, setup=(TOKENS,)),
     # a tiny Llama and its checkpoint (check reads the checkpoint's headers against the model)
     "train.init": Change((('  init = from("files_llama")\n', ""),), sample=LLAMA),
     "train.init.from.path": Change((('"files_llama"', '"w2"'),), sample=LLAMA),
@@ -305,6 +307,9 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.data.tokens.path": (Probe(('tokens(path = "b.bin")',), base=TOKENS_A, shapes=TRAIN_SHAPES),),
     "train.data.tokens.dtype": (Probe(('tokens(path = "a.bin", dtype = uint32)',), base=TOKENS_A,
                                       shapes=TRAIN_SHAPES),),
+    "train.data.tokens.document_separator": (Probe(('tokens(path = "a.bin", document_separator = 0)',
+                                                    'tokens(path = "a.bin", document_separator = 7)'),
+                                                   base=TOKENS_A, shapes=TRAIN_SHAPES),),
     # init = from(...) is read by check (names and shapes against the model): a model its checkpoint fits
     "train.init": (Probe(('from("files_llama")',), base="normal", shapes=("llama",)),),
     "train.init.from.path": (Probe(('from("w2")',), base='from("files_llama")', shapes=("llama",)),),
