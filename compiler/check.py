@@ -129,7 +129,9 @@ INITS = {"normal": {}, "from": {"path": Param(_string, doc="a Hugging Face check
                                                             ".safetensors file")}}
 DATASETS = {"synthetic": {},
             "tokens": {"path": Param(_string, doc="binary file of token ids"),
-                       "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type")}}
+                       "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type"),
+                       "document_separator": Param(_int, None, "the id ending each document: packed documents, "
+                                                               "each attending only to itself")}}
 
 
 TRAIN_SETTINGS: dict[str, Param] = {
@@ -820,12 +822,34 @@ def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
 
 def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
     """What the training settings need of the files and the model, whatever the plan."""
+    if train.data.document_separator is not None:
+        _packed_checks(c, model, train, spans["data"])
     if train.data.kind == "tokens":
         _data_checks(c, model, train, spans["data"], {k: _span(v) for k, v in spans.items()})
     if train.init_from:
         _init_checks(c, model, train, spans["init"])
     if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
+
+
+def _packed_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
+    """Packed documents (runtime/packed.py): a separator inside the vocabulary, and attention they run with."""
+    at = _arg_span(call, "document_separator", tuple(DATASETS["tokens"]))
+    sep, vocab = train.data.document_separator, int(c.number(model.embedding.vocab))
+    if not 0 <= sep < vocab:
+        c.error("E0812", f"document separator {sep} is outside the vocabulary of {vocab} tokens", at,
+                label=f"not in 0..{vocab - 1}", help="give the id that ends each document of the token file (the "
+                                                     "tokenizer's end-of-document token)")
+    for x in S.walk(model.layers):
+        why = ("multi-head latent attention (`mla`)" if isinstance(x, S.MLA) else
+               "sliding-window attention (`window`)" if isinstance(x, S.Attention) and x.window is not None else
+               "soft-capped attention (`softcap`)" if isinstance(x, S.Attention) and x.softcap is not None else None)
+        if why:
+            c.error("E0319", f"packed documents with {why} are not built yet (the layer at {x.span})", at,
+                    label="each document attends only to itself",
+                    help="remove `document_separator` (the file is then one stream), or use causal `attention` "
+                         "without a window or soft cap")
+            break
 
 
 def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, written_at: dict) -> None:

@@ -178,6 +178,17 @@ CODES: dict[str, Code] = {
                   "heads over the whole sequence: both the attention heads and the key/value heads of every "
                   "attention layer must divide by cp. Choose a cp that divides both, or `context_parallel = ring` "
                   "(or `all_gather`), which do not split heads."),
+    "E0319": Code("layer not built with packed documents", "Packed documents (`data = tokens(..., "
+                  "document_separator = ID)`) run each attention block-diagonally, one document at a time, at "
+                  "positions restarting at each document (runtime/packed.py). Sliding windows, soft-capped scores and "
+                  "multi-head latent attention are not built with them yet and are refused. Remove "
+                  "`document_separator` (the file is then one stream), or use plain causal `attention`."),
+    "E0318": Code("packed documents with a plan not built", "Packed documents carry each micro-batch's document "
+                  "ids beside its tokens to every attention layer; through pipeline stages (`axis pp`), tensor "
+                  "parallelism (`axis tp`, its vocabulary-parallel loss), expert parallelism (`axis ep`) and a "
+                  "compiled program (`compile = true`, the default on GPUs) that is not built yet, and the plan is "
+                  "refused rather than run without them. Packed documents compose with dp (every data_parallel), "
+                  "cp (all_gather) and recomputation."),
     "W0310": Code("context_parallel without cp", "A warning: `context_parallel` chooses how attention runs over a "
                   "sequence sharded over the `cp` axis, and the mesh has none (or cp = 1), so it does nothing. Add "
                   "`axis cp = 2` (or more), or remove the setting."),
@@ -307,6 +318,11 @@ CODES: dict[str, Code] = {
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "
                   "relative to the .scale file's directory."),
+    "E0812": Code("document separator outside the vocabulary", "`document_separator` of `data = tokens(...)` "
+                  "is the id that ends each document of the token file; an id outside the model's vocabulary "
+                  "(0 .. vocab − 1) never occurs in a file the run accepts, so every window would be one document. "
+                  "Give the tokenizer's end-of-document id (`scalec data --separator TOKEN` prints the files it "
+                  "writes)."),
     "E0802": Code("bad checkpoint to start from", "The Hugging Face checkpoint of `init = from(...)` is missing, a "
                   "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
                   "the .scale file's directory."),

@@ -22,6 +22,9 @@ from torch import nn
 
 from compiler import spec as S
 from compiler.diagnostics import Span
+# Packed documents (runtime/packed.py), traced as calls like the ones below
+from runtime.packed import attention as packed_attention, cross_entropy as packed_cross_entropy, \
+    positions as packed_positions, rotate as packed_rotate
 from runtime.attention import latent, sliding_window, softcapped
 from runtime.rotary import rotate
 from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
@@ -137,6 +140,9 @@ class Segment(nn.Module):
         scale = {} if a.query_scale is None or self._n(a.query_scale) == head_dim else \
             {"scale": self._n(a.query_scale) ** -0.5}
         softcap = a.softcap
+        # Packed documents (runtime/packed.py): block-diagonal causal attention, rotary positions restarting at each
+        # document; windows and soft caps are refused with them (compiler/rules/packed.py).
+        packed = self._spec.train.data.document_separator is not None
 
         def heads(seg, x_BSH, linear, norm):
             # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
@@ -148,8 +154,10 @@ class Segment(nn.Module):
         def run(seg, x_BSH):
             q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
             if theta:
-                q_BHSD, k_BKSD = rotate(q_BHSD, k_BKSD, theta, scaling)
-            if softcap is not None:  # scores capped before the mask and softmax (one traced call: runtime/attention.py)
+                q_BHSD, k_BKSD = (packed_rotate if packed else rotate)(q_BHSD, k_BKSD, theta, scaling)
+            if packed:
+                y_BHSD = packed_attention(q_BHSD, k_BKSD, v_BKSD, gqa, **scale)
+            elif softcap is not None:  # scores capped before the mask and softmax (one traced call: runtime/attention.py)
                 y_BHSD = softcapped(q_BHSD, k_BKSD, v_BKSD, softcap, window, gqa, **scale)
             elif window is None:
                 y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa,
@@ -332,6 +340,7 @@ class ScaleModel(Segment):
                    {"weight": (emb.vocab, emb.hidden)}, emb.span)
         self._emb_scale = _embedding_scale(self._n(emb.hidden), spec.train.precision) if emb.scaled else None
         self._pos = model.positional
+        self._packed = spec.train.data.document_separator is not None
         if self._pos is not None:
             self._leaf("pos", _embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
                        {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
@@ -372,7 +381,10 @@ class ScaleModel(Segment):
                 x_BSH = x_BSH * self._emb_scale
         if self._pos is not None:
             with _at(self._pos):
-                x_BSH = x_BSH + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+                if self._packed:  # each token's position within its document, (B, S)
+                    x_BSH = x_BSH + self.pos(packed_positions(tokens))
+                else:
+                    x_BSH = x_BSH + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
         x_BSH = self._run(self._program, x_BSH)
         with _at(self._head):
             if self._head.tied:
@@ -385,6 +397,8 @@ class ScaleModel(Segment):
                 logits_BSV = torch.tanh(logits_BSV * (1.0 / self._head.softcap)) * self._head.softcap
         with _at(self._loss):
             # The loss is computed in fp32 whatever the compute precision.
+            if self._packed:  # the targets after a separator not predicted (runtime.packed's convention)
+                return packed_cross_entropy(logits_BSV.flatten(0, 1).float(), targets.flatten())
             return F.cross_entropy(logits_BSV.flatten(0, 1).float(), targets.flatten())
 
 

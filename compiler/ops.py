@@ -39,6 +39,7 @@ from compiler.symbols import size
 from runtime import collectives as C
 from runtime import attention, moe, rotary
 from runtime import context_parallel as CP
+from runtime import packed as P
 from runtime.layers import Bias, ZeroCenteredRMSNorm
 
 
@@ -357,7 +358,8 @@ def _flatten_saved(g, node, args):
     # A flatten of a transposed tensor copies, except scaled_dot_product_attention's output, which the flash kernels
     # lay out as (batch, seq, heads, dim): transposing it back is contiguous.
     if src.target == "transpose" and src.args[0].target not in (F.scaled_dot_product_attention, CP.attention,
-                                                                 attention.sliding_window, attention.latent):
+                                                                 P.attention, attention.sliding_window,
+                                                                 attention.latent):
         return
     if src.target == "transpose" and src.args[0].target is attention.latent and not _latent_fused(g, src.args[0]):
         return  # the math path's output is (B, H, S, V) contiguous: its transpose flattened is a copy
@@ -634,6 +636,11 @@ def _rotate_saved(g, node, args):  # its cosines and sines, (S, D) each in the q
     g.new(node, "angles", (2, s, d), g.act)
 
 
+def _packed_rotate_saved(g, node, args):  # packed documents: each row of the batch its own angles, (B, S, D) each
+    b, h, s, d = args[0].meta[K.SHAPE]
+    g.new(node, "angles", (2, b, s, d), g.act)
+
+
 def _dispatch_shape(node, args, kwargs, gm):
     layer = node.meta[K.LAYER]  # the symbolic sizes; the call's arguments are their numbers
     b, s, h = args[0]
@@ -825,6 +832,18 @@ FUNCTIONS = {
                              computes=False),
     CP.sequence_to_heads: Op("cp_sequence_to_heads", _heads_to_sequence_shape(False), passes_grad=True,
                              computes=False),
+    # Packed documents (runtime/packed.py): each token's position within its document, rotary embeddings at those
+    # positions, block-diagonal causal attention (its mask made once per micro-batch and shared by every layer: what
+    # the fused kernel keeps, as above), and the loss whose targets after a separator count zero.
+    P.positions: Op("packed_positions", lambda node, args, kwargs, gm: (tuple(args[0]), ZERO),
+                    lambda node, gm, args: "int", free=True, wrapped=True),
+    P.rotate: Op("packed_rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
+                 lambda node, gm, args: (args[0], args[1]), _packed_rotate_saved, outputs=("q_turned", "k_turned"),
+                 wrapped=True, shard=True),
+    P.attention: Op("packed_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
+                    attention=True, wrapped=True),
+    P.cross_entropy: Op("packed_cross_entropy", _loss_shape, _fp32, _cross_entropy_saved,
+                        loss=_loss_moments("whole"), wrapped=True),
     rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                       lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
                       wrapped=True, shard=True),

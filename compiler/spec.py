@@ -315,6 +315,8 @@ class Data:
     kind: str  # "synthetic" | "tokens"
     path: str = ""
     dtype: str = "uint16"
+    # packed documents: the id that ends each document of a token file (runtime/packed.py), None: one stream
+    document_separator: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -134,6 +134,8 @@ class Data:
     """Tokens per sequence."""
     vocab: int
     """Vocabulary size: the synthetic task's range, the bound token ids of a file are checked against."""
+    document_separator: int | None = None
+    """Packed documents (runtime.packed): the id ending each document of the token file; None: one stream."""
 
 
 @dataclass(frozen=True, kw_only=True)

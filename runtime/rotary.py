@@ -56,14 +56,16 @@ def rotate(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, theta: float, scaling=Non
            positions: torch.Tensor | None = None):
     """The queries and keys turned by their positions' angles (module docstring); shapes and dtypes unchanged.
     `interleaved`: the pairs are adjacent dimensions (2i, 2i + 1), DeepSeek's layout (`_interleaved`); autograd then
-    keeps the half-width cosines and sines (S·D values). `positions`: the tokens' positions (int64, S of them);
+    keeps the half-width cosines and sines (S·D values). `positions`: the tokens' positions (int64, S of them, or (B, 1, S): each row its own);
     None: 0..S-1 (context parallelism passes its rank's true positions: runtime.context_parallel.rotate)."""
     s, d = q_BHSD.shape[2], q_BHSD.shape[3]
     inv = frequencies(d, theta, scaling, q_BHSD.device)
     if positions is None:
         positions = torch.arange(s, device=q_BHSD.device, dtype=torch.int64)
     with torch.autocast(q_BHSD.device.type, enabled=False):
-        angles_SD2 = torch.outer(positions.float(), inv)
+        # positions (S,), or per row of the batch (B, 1, S) (packed documents: runtime.packed.rotate)
+        angles_SD2 = (torch.outer(positions.float(), inv) if positions.dim() == 1
+                      else positions.float()[..., None] * inv)
         angles_SD = torch.cat((angles_SD2, angles_SD2), dim=-1)
     if interleaved:
         cos_SD2, sin_SD2 = angles_SD2.cos().to(q_BHSD.dtype), angles_SD2.sin().to(q_BHSD.dtype)

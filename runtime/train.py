@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, compile, context_parallel, data, faults, hf, memory, mesh, moe,
-                     precision, progress, recompute, tracking)
+                     packed, precision, progress, recompute, tracking)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
@@ -307,8 +307,9 @@ class WholeModel(ModelParts):
 
     def batches(self, source, step: int, held_out: bool = False) -> list:
         m, ctx = self.cfg.parallel.micro_batches, self.ctx
-        return [_sequence_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
-                                                 ctx.data_ranks, j, m, held_out)) for j in range(m)]
+        return [_packed_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                               ctx.data_ranks, j, m, held_out), self.cfg.data.document_separator)
+                for j in range(m)]
 
     def step(self, batches: list) -> torch.Tensor:
         m, ctx, model = self.cfg.parallel.micro_batches, self.ctx, self.model
@@ -316,7 +317,7 @@ class WholeModel(ModelParts):
         if self.measure is not None:  # what each micro-batch's forward keeps for its backward
             self.measure.watch_model(model.module if ddp else model)
         total = torch.zeros((), device=ctx.device)
-        for j, (tokens, targets) in enumerate(batches):
+        for j, (tokens, targets, *docs) in enumerate(batches):
             sync = j == m - 1
             no_sync = model.no_sync() if (not sync and ddp) else contextlib.nullcontext()
             if self.kind == "fsdp":  # FSDP2 (fsdp, zero2): reduce-scatter only on the last micro-batch; the ones
@@ -326,7 +327,7 @@ class WholeModel(ModelParts):
                 model.set_requires_gradient_sync(sync)
             if sync and self.mains is not None:  # bf16 without DDP: the last backward launches the buckets
                 self.mains.start_sync()
-            with no_sync:
+            with no_sync, _documents(docs):
                 with faults.op(f"the forward{self.gathers if ddp or self.kind == 'fsdp' else ''}", self.site):
                     loss = model(tokens, targets) / m
                 with faults.op(f"the backward ({_dp_sync(self.kind, sync, self.mains is not None)})", self.site):
@@ -345,8 +346,9 @@ class WholeModel(ModelParts):
         model = self.model.module if isinstance(self.model, DDP) else self.model
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         with faults.op(f"the evaluation forward{self.gathers if self.kind == 'fsdp' else ''}", self.site):
-            for tokens, targets in batches:  # each micro-batch's loss is the mean over its tokens
-                total += model(tokens, targets).double() * targets.numel()
+            for tokens, targets, *docs in batches:  # each micro-batch's loss is the mean over its tokens
+                with _documents(docs):
+                    total += model(tokens, targets).double() * targets.numel()
         return total
 
 
@@ -422,6 +424,22 @@ def evaluate(parts: ModelParts, source, cfg: Config, ctx: mesh.Context) -> float
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
     with faults.device_wait("reading the evaluation loss"):
         return total.item() / (cfg.eval.batches * cfg.data.global_batch * cfg.data.seq_len)
+
+
+def _packed_shard(pair: tuple, separator: int | None) -> tuple:
+    """`_sequence_shard` of (tokens, targets); with packed documents (runtime.packed) the targets after a separator
+    masked first, and the whole sequences' document ids appended (under cp every rank reads its queries' and the
+    gathered keys' documents from them)."""
+    if separator is None:
+        return _sequence_shard(pair)
+    tokens, targets = pair
+    docs = packed.documents(tokens, separator)
+    return (*_sequence_shard((tokens, packed.mask_targets(tokens, targets, separator))), docs)
+
+
+def _documents(docs: list):
+    """packed.batch over the micro-batch's document ids, when it has them."""
+    return packed.batch(docs[0]) if docs else contextlib.nullcontext()
 
 
 def _sequence_shard(pair: tuple) -> tuple:

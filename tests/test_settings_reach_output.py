@@ -68,11 +68,6 @@ PERMISSIONS = {
                              sample=TP, setup=(("vocab  = 128", "vocab  = 127"),)),
 }
 
-# Settings whose every value but the default is refused for now (not built: the rules say so at the setting); each
-# is shown accepted with its default and refused with the change, in a plan where it applies.
-NOT_BUILT = {
-}
-
 CHANGES = {
     # context parallelism: ring attention instead of gathered keys (ring_attention in the program)
     "plan.context_parallel": Change((("micro_batches = 1", "micro_batches = 1  context_parallel = ring"),), sample=DP,
@@ -118,6 +113,8 @@ CHANGES = {
     "train.data": Change((TOKENS,)),
     "train.data.tokens.path": Change((('"a.bin"', '"b.bin"'),), setup=(TOKENS,)),
     "train.data.tokens.dtype": Change((('"a.bin"', '"a.bin", dtype = uint32'),), setup=(TOKENS,)),
+    "train.data.tokens.document_separator": Change((('"a.bin"', '"a.bin", document_separator = 0'),),
+                                                   sample=DP, setup=(TOKENS,)),
     # a tiny Llama and its checkpoint (check reads the checkpoint's headers against the model)
     "train.init": Change((('  init = from("files_llama")\n', ""),), sample=LLAMA),
     "train.init.from.path": Change((('"files_llama"', '"w2"'),), sample=LLAMA),
@@ -157,7 +154,7 @@ def settings() -> list[str]:
 def test_every_setting_is_covered():
     names = settings()
     assert "train.optimizer.adamw.lr" in names and "train.data.tokens.path" in names  # the tables are found
-    covered = CHANGES.keys() | COST_MODEL_ONLY.keys() | PERMISSIONS.keys() | NOT_BUILT.keys()
+    covered = CHANGES.keys() | COST_MODEL_ONLY.keys() | PERMISSIONS.keys()
     assert not set(names) - covered, (f"settings the checker reads with no change here: "
                                       f"{sorted(set(names) - covered)}; give each a Change in CHANGES")
     assert not covered - set(names), f"settings here the checker no longer reads: {sorted(covered - set(names))}"
@@ -201,14 +198,6 @@ def test_permission_changes_what_is_accepted(name, tmp_path):
     with pytest.raises(ScaleError):
         _emitted(_text(change, False), tmp_path)
     _emitted(_text(change, True), tmp_path)
-
-
-@pytest.mark.parametrize("name", sorted(NOT_BUILT))
-def test_unbuilt_value_is_refused(name, tmp_path):
-    change = NOT_BUILT[name]
-    _emitted(_text(change, False), tmp_path)
-    with pytest.raises(ScaleError):
-        _emitted(_text(change, True), tmp_path)
 
 
 def test_runtime_reads_every_config_field():
@@ -305,6 +294,9 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.data.tokens.path": (Probe(('tokens(path = "b.bin")',), base=TOKENS_A, shapes=TRAIN_SHAPES),),
     "train.data.tokens.dtype": (Probe(('tokens(path = "a.bin", dtype = uint32)',), base=TOKENS_A,
                                       shapes=TRAIN_SHAPES),),
+    "train.data.tokens.document_separator": (Probe(('tokens(path = "a.bin", document_separator = 0)',
+                                                    'tokens(path = "a.bin", document_separator = 7)'),
+                                                   base=TOKENS_A, shapes=TRAIN_SHAPES),),
     # init = from(...) is read by check (names and shapes against the model): a model its checkpoint fits
     "train.init": (Probe(('from("files_llama")',), base="normal", shapes=("llama",)),),
     "train.init.from.path": (Probe(('from("w2")',), base='from("files_llama")', shapes=("llama",)),),

@@ -39,7 +39,7 @@ def test_language_vocabulary_is_pinned():
     assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}
-    assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype")}
+    assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype", "document_separator")}
     assert {k: tuple(v) for k, v in check.INITS.items()} == {"normal": (), "from": ("path",)}
     assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep", "cp")
     assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)

@@ -32,7 +32,7 @@ INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
 RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
-                   "runtime.rotary")
+                   "runtime.packed", "runtime.rotary")
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,9 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                   "eps": t.optimizer.eps, "lr_schedule": t.schedule.kind, "warmup": t.schedule.warmup,
                   "min_lr": t.schedule.min_lr, "grad_clip": t.grad_clip},
         "data": {"kind": t.data.kind, "path": data_path(spec, out_dir), "dtype": t.data.dtype,
-                 "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab)},
+                 "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab),
+                 **({"document_separator": t.data.document_separator}
+                    if t.data.document_separator is not None else {})},
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every,
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates

@@ -11,7 +11,9 @@ Mechanism, `context_parallel_pass`:
     their true positions (`all_gather`, Llama 3's); or `context_parallel.ring_attention` on the local q, k, v
     (`ring`: the keys and values passed around cp, its note counting the sends); or q, k and v all-to-all'd to
     heads / cp over the whole sequence before the attention, which stays as it is, and its output back
-    (`all_to_all`, Ulysses).
+    (`all_to_all`, Ulysses);
+  - packed documents (runtime/packed.py): `packed.positions`, `packed.rotate` and `packed.attention` take the cp axis,
+    the attention after the same gathers, its mask the documents of the local queries against the gathered keys'.
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
 (runtime.mesh's batch group). What is not built (windows, soft caps, MLA, pp, ep, FSDP, compile)
@@ -30,6 +32,7 @@ from compiler.passes.tensor_parallel import Collective
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import context_parallel as CP
+from runtime import packed as P
 from runtime import rotary
 
 AXIS = "cp"
@@ -70,6 +73,13 @@ def _rewrite(gm: fx.GraphModule, variant: str, cp: int) -> None:
             _replace(gm, node, CP.positions, tuple(node.args), {**node.kwargs, "axis": AXIS})
         elif node.target is rotary.rotate:
             _replace(gm, node, CP.rotate, tuple(node.args), {**node.kwargs, "axis": AXIS})
+        elif node.target in (P.positions, P.rotate):  # packed documents: positions within the documents at the
+            # rank's true positions (runtime/packed.py reads the whole sequences' document ids)
+            _replace(gm, node, node.target, tuple(node.args), {**node.kwargs, "axis": AXIS})
+        elif node.target is P.attention:  # packed documents: the local queries' documents against the gathered keys'
+            q, k, v, gqa = node.args[:4]
+            k_all, v_all = _gather(gm, k, node, "keys"), _gather(gm, v, node, "values")
+            _replace(gm, node, P.attention, (q, k_all, v_all, gqa), {**node.kwargs, "axis": AXIS})
         elif node.target is F.scaled_dot_product_attention:
             if not node.kwargs.get("is_causal", False):
                 raise NotImplementedError(f"context parallelism: {node.name} is not causal attention")

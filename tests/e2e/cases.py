@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from compiler.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PLAN_FIELDS = frozenset(f.name for f in dataclasses.fields(Plan)) - {"global_batch", "seq_len", "stages", "tp", "ep",
                                                                     "spans"}
@@ -56,6 +59,8 @@ CP2 = dict(axes=(("cp", 2),), context_parallel="all_gather")
 
 GQA = (("attention(hidden, heads)", "attention(hidden, heads, kv_heads = 2, bias = false, rope_theta = 10000)"),
        ("layernorm(hidden)", "rmsnorm(hidden)"), ("act = gelu", "act = swiglu"), ("tied = true", "tied = false"))
+PACKED = (("data         = synthetic",
+           f'data         = tokens(path = "{ROOT}/tests/e2e/files/packed_tokens.bin", document_separator = 0)'),)
 BF16 = (("precision    = fp32", "precision    = bf16"),)
 CLIP = (("grad_clip    = 1.0", "grad_clip    = 0.3"),)  # engaged from the first step: the norm is ~1
 # Evaluation after step 2 and the last, two held-out batches (synthetic: a seed stream of its own): given to cases
@@ -316,6 +321,18 @@ CASES = (
     Case(id="cp4_all_to_all", sample="samples/gpt_dp.scale", nproc=4,
          plan=dict(axes=(("cp", 4),), devices_per_node=4, context_parallel="all_to_all"),
          description="context parallelism over 4 ranks (all_to_all, Ulysses): one of the 4 heads per rank"),
+    # Packed documents (issue 24): documents cut at separator id 0 (runtime/packed.py: Megatron's reset positions,
+    # reset attention mask and eod loss mask), each attending only to itself, positions restarting at each
+    Case(id="packed_one_device", sample="samples/gpt_dp.scale", nproc=1, edits=PACKED,
+         plan=dict(axes=(("dp", 1),), devices_per_node=1),
+         description="packed documents on one device: block-diagonal causal attention, learned positions "
+                     "restarting at each document, the target after a separator not predicted"),
+    Case(id="packed_dp2", sample="samples/gpt_dp.scale", nproc=2, edits=PACKED + GQA,
+         description="packed documents under dp 2 (ddp), rotary and learned positions restarting at each document: "
+                     "the loss (predicted targets' sum over all tokens) averaged over dp is the single device's"),
+    Case(id="packed_cp2", sample="samples/gpt_dp.scale", nproc=2, edits=PACKED + GQA, plan=CP2,
+         description="packed documents under cp 2 (all_gather): the mask is the documents of each rank's queries "
+                     "against the gathered keys', the positions within the documents at the true positions"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
