@@ -11,7 +11,7 @@ scales are replicated, each rank's gradient covering only its heads (summed over
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _call_of, _choice, _divisors_near, _float, _size
+from compiler.binder import Param, _arg_span, _bool, _call_of, _choice, _divisors_near, _float, _or_none, _size
 
 SPEC = S.Attention
 ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the context is than trained"),
@@ -25,7 +25,7 @@ SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Para
                         "bias": Param(_bool, True, "biases on the projections"),
                         "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
                         "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
-                        "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling"), None,
+                        "rope_scaling": Param(_or_none(_call_of(ROPE_SCALINGS, "rope scaling")), None,
                                               "frequency scaling of the rotary embeddings: llama3(...) or linear(factor)"),
                         "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
                         "qk_norm": Param(_choice("none", "rmsnorm", "zero_centered_rmsnorm"), "none",
