@@ -331,9 +331,12 @@ def _choice(*choices):
     return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 
 
-def _call_of(table: dict, what: str):
-    """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments."""
+def _call_of(table: dict, what: str, none_is_absent: bool = False):
+    """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments.
+    `none_is_absent`: `none` is the value None (`rope_scaling = none`: no scaling)."""
     def convert(c: _Checker, e: ast.Expr, w: str):
+        if none_is_absent and isinstance(e, ast.Name) and e.id == "none":
+            return NONE
         if isinstance(e, ast.Name):
             e = ast.Call(e, (), e.span)
         if not isinstance(e, ast.Call):
