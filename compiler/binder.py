@@ -21,6 +21,17 @@ from compiler.diagnostics import Diagnostic, Span, did_you_mean, divisors
 
 _MISSING = object()
 
+
+class _NoneValue:
+    """What a converter returns for a written `none` that means "absent" (`shared_ffn = none`): the argument's value
+    is None. A converter's own None always means failure, with an error reported (`bind` and `_settings` check)."""
+
+    def __repr__(self) -> str:
+        return "NONE"
+
+
+NONE = _NoneValue()
+
 # The largest size planned for: every size stays a valid tensor dimension.
 MAX_SIZE = 2**31 - 1
 
@@ -222,10 +233,9 @@ class _Checker:
         out: dict[str, Any] = {}
         for key, p in params.items():
             if key in raw:
-                v = p.convert(self, raw[key], f"`{key}`")
-                if v is None:
-                    ok = False
-                out[key] = v
+                v = self.converted(p, raw[key], f"`{key}`", what)
+                ok = ok and v is not _FAILED
+                out[key] = None if v is _FAILED else v
             elif p.default is _MISSING:
                 self.error("E0113", f"{what} needs the argument `{key}`", span, label=f"`{key}` missing",
                            help=f"{p.doc}; write it as `{key} = ...`")
@@ -234,7 +244,37 @@ class _Checker:
                 out[key] = p.default(out) if ok else None
             else:
                 out[key] = p.default
+        if not ok and not self.errors():
+            raise _Unreported(f"{what} failed to bind without reporting an error")
         return out if ok else None
+
+    def converted(self, p: "Param", e: ast.Expr, w: str, what: str):
+        """`p`'s converter applied to `e`: its value (None for a written `none` that means absent), or _FAILED. A
+        converter fails by returning None after reporting an error (or on a size already reported as invalid); a
+        failure with no error anywhere would drop the layer or setting silently, so it is an internal error."""
+        v = p.convert(self, e, w)
+        if v is NONE:
+            return None
+        if v is None:
+            if not self.errors():
+                raise _Unreported(f"the argument {w} of {what} failed to convert without reporting an error (a "
+                                  "converter that accepts `none` must return binder.NONE)")
+            return _FAILED
+        return v
+
+
+_FAILED = object()
+
+
+class _Unreported(AssertionError):
+    """A conversion or binding failed and no error says why: a bug in a converter, never the user's mistake."""
+
+
+def _or_none(convert: Callable) -> Callable:
+    """`convert`, or NONE (the value None: absent) for a written `none`."""
+    def or_none(c: _Checker, e: ast.Expr, w: str):
+        return NONE if isinstance(e, ast.Name) and e.id == "none" else convert(c, e, w)
+    return or_none
 
 
 @dataclass(frozen=True)
@@ -291,9 +331,12 @@ def _choice(*choices):
     return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 
 
-def _call_of(table: dict, what: str):
-    """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments."""
+def _call_of(table: dict, what: str, none_is_absent: bool = False):
+    """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments.
+    `none_is_absent`: `none` is the value None (`rope_scaling = none`: no scaling)."""
     def convert(c: _Checker, e: ast.Expr, w: str):
+        if none_is_absent and isinstance(e, ast.Name) and e.id == "none":
+            return NONE
         if isinstance(e, ast.Name):
             e = ast.Call(e, (), e.span)
         if not isinstance(e, ast.Call):
@@ -339,9 +382,9 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
     out: dict[str, Any] = {}
     for key, p in table.items():
         if key in raw:
-            v = p.convert(c, raw[key].value, f"`{key}`")
-            ok = ok and v is not None
-            out[key] = v
+            v = c.converted(p, raw[key].value, f"`{key}`", f"`{what}`")
+            ok = ok and v is not _FAILED
+            out[key] = None if v is _FAILED else v
         elif p.default is _MISSING:
             ok = False
             if key not in misspelt:
@@ -350,6 +393,8 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
         else:
             out[key] = p.default
     out["_spans"] = {k: st.value for k, st in raw.items()}
+    if not ok and not c.errors():
+        raise _Unreported(f"`{what}` failed to bind without reporting an error")
     return out if ok else None
 
 

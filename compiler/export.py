@@ -267,6 +267,9 @@ def _model_config(spec: S.Spec) -> tuple[str, dict]:
     # Qwen 2 and 3 window the layers from max_window_layers on: 0 windows every one, as the model's one `repeat`
     qwen_window = dict(use_sliding_window=False) if window is None else dict(
         use_sliding_window=True, sliding_window=window, max_window_layers=0)
+    if att.rope_scaling is not None and att.rope_scaling[0] == "yarn":
+        raise ExportError("an attention's YaRN scaling (`rope_scaling = yarn(...)`) is not exported yet: `scalec "
+                          "import` of Llama and Qwen configs does not read it back")
     if att.rope_scaling is not None and len(att.rope_scaling) == 1:  # linear: every frequency / factor
         config["rope_scaling"] = {"rope_type": "linear", "factor": att.rope_scaling[0]}
     elif att.rope_scaling is not None:

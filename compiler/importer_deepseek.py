@@ -28,9 +28,6 @@ DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 # DeepSeek's own config keys transformers' classes do not have (its remote code's), read with DeepSeek's values
 OWN_DEFAULTS = {"moe_layer_freq": 1, "scoring_func": None, "topk_method_v3": "noaux_tc", "seq_aux": True,
                 "aux_loss_alpha": None}
-# whether `mla(..., rope_scaling = yarn(...))` is written (the language's YaRN); without it the import states its
-# approximation: plain rotary frequencies and softmax scale
-MLA_YARN = False
 _YARN_FIELDS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                 "attention_factor", "truncate")
 
@@ -334,12 +331,6 @@ class DeepseekLayout:
             if moe_keys:
                 notes.append(f"Every layer is dense (first_k_dense_replace ≥ num_hidden_layers): {', '.join(moe_keys)} "
                              "unused.")
-        if rope[1] is not None and not MLA_YARN:
-            notes.append(f"APPROXIMATION: {rope[3]} asks for YaRN (factor {fmt(rope[1]['factor'])}, original "
-                         f"{rope[1]['original_seq']} positions), which mla does not apply: its rotary frequencies "
-                         "are the plain rope_theta ones and its softmax scale 1/√(nope + rope), without YaRN's "
-                         "interpolated low frequencies and mscale. The parameters are the same; a checkpoint trained "
-                         "with YaRN computes differently here.")
         for note in notes:
             head += textwrap.wrap(note, 114, initial_indent="# ", subsequent_indent="# ")
         named = " and ".join(k for k in ("architectures", "model_type") if k in self.cfg)
@@ -369,10 +360,6 @@ class DeepseekLayout:
             rows += [(f"{pad}{inter}rope_theta = {fmt(float(theta))})", f"{inter_src}; {theta_src}" +
                       ("; rope_scaling null" if "rope_scaling" in self.cfg and self.cfg["rope_scaling"] is None
                        else "")),]
-            return rows
-        if not MLA_YARN:  # the stated approximation: plain rotary, YaRN named in the comment
-            rows += [(f"{pad}{inter}rope_theta = {fmt(float(theta))})", f"{inter_src}; {theta_src}; {scaling_src} yarn "
-                      "NOT applied (see the note above the model)")]
             return rows
         rows += [(f"{pad}{inter}rope_theta = {fmt(float(theta))},", f"{inter_src}; {theta_src}")]
         ypad = pad + " " * len("rope_scaling = yarn(")

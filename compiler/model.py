@@ -190,7 +190,8 @@ class Segment(nn.Module):
         self.residual_out.append(o)
         n_nope, n_rope, rank = self._n(nope), self._n(rope), self._n(a.kv_lora_rank)
         theta, interleaved = a.rope_theta, a.rope_interleave
-        kw = {} if interleaved else {"interleaved": False}
+        kw = ({} if interleaved else {"interleaved": False}) | ({} if a.rope_scaling is None else
+                                                                {"scaling": a.rope_scaling})
 
         def run(seg, x_BSH):
             h_BSX = x_BSH if qa is None else getattr(seg, qn)(getattr(seg, qa)(x_BSH))

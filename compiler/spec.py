@@ -65,7 +65,8 @@ class Attention:
     """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
     rope_scaling: tuple | None = None
     """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq); linear scaling (every
-    frequency divided by factor, Gemma 3's global layers): (factor,); or None."""
+    frequency divided by factor, Gemma 3's global layers): (factor,); YaRN's: ("yarn", factor, original_seq,
+    beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate); or None."""
     head_dim: Size | None = None
     """Each head's width D (Qwen 3, Mistral-Nemo, Gemma: not hidden / heads); None: hidden / heads."""
     qk_norm: str = "none"
@@ -113,6 +114,9 @@ class MLA:
     rope_interleave); false: the halves (i, i + R/2)."""
     norm_eps: float = 1e-6
     """The epsilon of the q and kv latents' RMS norms."""
+    rope_scaling: tuple | None = None
+    """YaRN's scaling of the rotation, ("yarn", factor, original_seq, beta_fast, beta_slow, mscale, mscale_all_dim,
+    attention_factor, truncate) (runtime/rotary.py); None: unscaled."""
 
 
 @dataclass(frozen=True, kw_only=True)

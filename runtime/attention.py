@@ -122,19 +122,22 @@ def softcapped(q_BHSD: torch.Tensor, k_BKSD: torch.Tensor, v_BKSD: torch.Tensor,
 
 
 def latent(q_BHSQ: torch.Tensor, kv_BHSW: torch.Tensor, kr_BSR: torch.Tensor, nope: int, theta: float,
-           interleaved: bool = True) -> torch.Tensor:
+           interleaved: bool = True, scaling=None) -> torch.Tensor:
     """Multi-head latent attention's heads (DeepSeek-V2/V3, transformers' DeepseekV3Attention): each query
     (nope + rope wide) split into its plain and rotary parts, each head's kv_b output into its key's plain part (nope)
     and its value (the rest), the shared rotary key `kr_BSR` (B, S, rope) turned with the queries' rotary parts
     (`interleaved`: DeepSeek's adjacent pairs) and given to every head, then causal attention scaled by
-    1/√(nope + rope). (B, H, S, V) out.
+    1/√(nope + rope). (B, H, S, V) out. `scaling`: the rotation's YaRN scaling (runtime.rotary), which also multiplies
+    the softmax scale by mscale(factor, mscale_all_dim)² (transformers' DeepseekV3Attention, yarn_apply_mscale).
 
     One call, traced whole (compiler/ops.py): under tensor parallelism q and kv hold this rank's heads and the shared
     key enters whole. Autograd keeps the concatenated queries and keys, the values (a view of kv), the output and a
     log-sum-exp (the fused kernel's), and the rotation's cosines and sines."""
     q_nope, q_rope = q_BHSQ.split([nope, q_BHSQ.shape[-1] - nope], dim=-1)
     k_nope, v_BHSV = kv_BHSW.split([nope, kv_BHSW.shape[-1] - nope], dim=-1)
-    q_rope, k_rope = rotary.rotate(q_rope, kr_BSR.unsqueeze(1), theta, interleaved=interleaved)
+    q_rope, k_rope = rotary.rotate(q_rope, kr_BSR.unsqueeze(1), theta, scaling, interleaved=interleaved)
     q_BHSQ = torch.cat((q_nope, q_rope), dim=-1)
     k_BHSQ = torch.cat((k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)), dim=-1)
-    return F.scaled_dot_product_attention(q_BHSQ, k_BHSQ, v_BHSV, is_causal=True)
+    m = rotary.yarn_softmax_factor(scaling)
+    scale = {} if m == 1.0 else {"scale": q_BHSQ.shape[-1] ** -0.5 * m}
+    return F.scaled_dot_product_attention(q_BHSQ, k_BHSQ, v_BHSV, is_causal=True, **scale)

@@ -117,3 +117,76 @@ def test_corrupted_sample_gives_located_diagnostic():
             except ScaleError as e:
                 assert all(d.span is not None for d in e.diagnostics)
                 e.render()
+
+
+# -- a converter's None: failure (reported) or the value None (a written `none`) ------------------------------------
+
+def _none_at(span):
+    from compiler import ast
+    return ast.Name("none", span)
+
+
+def test_a_failed_conversion_without_an_error_is_an_internal_error():
+    """A converter returning None without reporting anything would drop its layer silently (`shared_ffn = none` once
+    made the whole moe layer vanish): bind refuses it, and a converter meaning "absent" returns binder.NONE."""
+    from compiler import ast
+    from compiler.binder import NONE, Param, _Checker, _Unreported
+    from compiler.diagnostics import Span
+    span = Span("t.scale", 1, 1, 1, 5)
+    c = _Checker(None, "")
+    silent = {"x": Param(lambda c, e, w: None, 1, "a converter that fails without saying why")}
+    with pytest.raises(_Unreported, match="without reporting an error"):
+        c.bind((ast.Arg(None, _none_at(span), span),), silent, "`layer`", span)
+    absent = {"x": Param(lambda c, e, w: NONE, 1, "a converter whose `none` means absent")}
+    assert c.bind((ast.Arg(None, _none_at(span), span),), absent, "`layer`", span) == {"x": None}
+    assert not c.diags
+    reported = {"x": Param(lambda c, e, w: c.error("E0120", "bad", span), 1, "a converter that reports")}
+    assert c.bind((ast.Arg(None, _none_at(span), span),), reported, "`layer`", span) is None
+    assert [d.code for d in c.diags] == ["E0120"]
+
+
+def test_every_argument_that_accepts_none_means_its_default():
+    """Every argument and setting of the vocabulary, given `none`: either an error is reported, or its value is the
+    argument's default (None: absent) — never a silent failure."""
+    from compiler import check
+    from compiler.binder import NONE, _Checker
+    from compiler.diagnostics import Span
+    from compiler.layers import SCHEMAS
+    span = Span("t.scale", 1, 1, 1, 5)
+    tables = {**{f"layer {k}": v for k, v in SCHEMAS.items()}, "mesh": check.MESH_SETTINGS,
+              "plan": check.PLAN_SETTINGS, "train": check.TRAIN_SETTINGS}
+    accepting = []
+    for what, table in tables.items():
+        for key, p in table.items():
+            c = _Checker(None, "")
+            v = p.convert(c, _none_at(span), f"`{key}`")
+            if v is None:
+                assert c.errors(), f"{what}: `{key} = none` failed without an error"
+            else:
+                assert not c.errors(), f"{what}: `{key} = none` gave {v!r} and an error"
+                accepting.append(f"{what}.{key}")
+                if v is NONE:
+                    assert p.default is None, f"{what}: `{key} = none` is absent, but its default is {p.default!r}"
+    assert {"layer moe.shared_ffn", "layer attention.rope_scaling"} <= set(accepting), accepting
+
+
+def test_rope_scaling_none_keeps_the_attention():
+    text = """
+model m {
+  vocab = 32
+  hidden = 16
+  heads = 2
+  seq = 8
+  embedding(vocab, hidden)
+  residual { rmsnorm(hidden)  attention(hidden, heads, rope_theta = 10000ROPE) }
+  rmsnorm(hidden)
+  lm_head(vocab, hidden)
+  cross_entropy
+}
+mesh { axis dp = 1  nodes = 1  devices_per_node = 1 }
+train { global_batch = 2  seq_len = seq  steps = 1  optimizer = adamw(lr = 1e-3) }
+"""
+    plain = compile_spec(check_text(text.replace("ROPE", ""), "plain.scale"))
+    none = compile_spec(check_text(text.replace("ROPE", ", rope_scaling = none"), "none.scale"))
+    assert none.costs.params_n == plain.costs.params_n > 0
+    assert [type(x).__name__ for x in none.spec.model.layers] == [type(x).__name__ for x in plain.spec.model.layers]

@@ -311,7 +311,13 @@ def test_imported_gemma_loads_and_computes_what_transformers_computes(tmp_path, 
         assert err <= 1e-5, f"{name}: gradient off by {err:.2e}"
 
 
-def deepseek_model(kind: str, path):
+# YaRN as DeepSeek's releases scale their rotary embeddings, over 8 of the test's 32 positions (the ramp keeps one
+# of the 4 frequencies): mscale ≠ mscale_all_dim, so the cos/sin factor and the softmax scale both change
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
+                 "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0}
+
+
+def deepseek_model(kind: str, path, yarn: bool = False):
     """A tiny random DeepseekV3ForCausalLM (q through its bottleneck, a dense first layer, then sigmoid-routed,
     group-limited experts beside a shared one, a random expert bias) or DeepseekV2ForCausalLM (q projected directly,
     softmax-routed experts, two shared), saved with save_pretrained; fp32."""
@@ -320,7 +326,7 @@ def deepseek_model(kind: str, path):
               num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
               v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
               max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
-              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+              rope_parameters=dict(DEEPSEEK_YARN) if yarn else {"rope_type": "default", "rope_theta": 10000.0})
     if kind == "deepseek_v3":
         config = transformers.DeepseekV3Config(**kw, q_lora_rank=24, n_shared_experts=1, n_group=2, topk_group=1,
                                                routed_scaling_factor=2.5, norm_topk_prob=True)
@@ -343,16 +349,18 @@ def deepseek_model(kind: str, path):
     return model
 
 
-@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
-def test_imported_deepseek_loads_and_computes_what_transformers_computes(tmp_path, kind):
+@pytest.mark.parametrize("kind,yarn", [("deepseek_v3", False), ("deepseek_v2", False), ("deepseek_v3", True),
+                                       ("deepseek_v2", True)])
+def test_imported_deepseek_loads_and_computes_what_transformers_computes(tmp_path, kind, yarn):
     """`scalec import` of the checkpoint's config.json (a dense repeat, then a mixture repeat), started `from(...)`
     it: the multi-head latent attention's leaves, the experts (transposed, one tensor each), the shared experts and
     V3's e_score_correction_bias (into the ExpertBias buffer) read from their Hugging Face names; loss and gradients
     are transformers' (fp32, 1e-5)."""
     from compiler.importer import import_config
     from runtime import hf
-    ref = deepseek_model(kind, tmp_path / "hf")
+    ref = deepseek_model(kind, tmp_path / "hf", yarn)
     section = import_config((tmp_path / "hf" / "config.json").read_text(), str(tmp_path / "hf" / "config.json"))
+    assert ("rope_scaling = yarn(factor = 4.0, original_seq = 8," in section) == yarn, section
     text = section + ("mesh { axis dp = 1  devices_per_node = 1 }\n"
                       "train { global_batch = 8  seq_len = seq  steps = 3  optimizer = adamw(lr = 1e-3)\n"
                       f"        init = from(\"{tmp_path / 'hf'}\") }}\n")

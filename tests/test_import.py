@@ -545,15 +545,16 @@ def test_deepseek_counts_are_transformers_counts(text, cls, count):
     assert sum(p.numel() for p in model.parameters()) == count
 
 
-def test_deepseek_imports_as_two_repeats_and_states_its_approximation():
+def test_deepseek_imports_as_two_repeats_with_yarn():
     """The dense first layers and the mixture layers are two repeats; V3's router is sigmoid, group-limited, scaled,
-    with the expert bias; V2-Lite's softmax, greedy, not renormalised, its q projected directly. YaRN, which mla does
-    not apply, is named as an approximation in the output."""
+    with the expert bias; V2-Lite's softmax, greedy, not renormalised, its q projected directly. Their YaRN is
+    written as mla's `rope_scaling = yarn(...)`, no approximation stated."""
     v3 = import_config(DEEPSEEK_V3, "v3/config.json")
     assert "repeat dense {" in v3 and "repeat sparse {" in v3 and "dense    = 3 " in v3 and "sparse   = 58 " in v3
     assert "scoring = sigmoid, groups = 8, topk_groups = 4, routed_scale = 2.5, bias_update = 0.001)" in v3
     assert "q_lora_rank = 1536," in v3 and "shared_ffn = 1 * moe_ffn," in v3 and "renormalize = true," in v3
-    assert "APPROXIMATION: rope_scaling asks for YaRN (factor 40" in v3
+    assert "rope_scaling = yarn(factor = 40, original_seq = 4096," in v3 and "APPROXIMATION" not in v3
+    assert "mscale = 1.0, mscale_all_dim = 1.0))" in v3
     v2 = import_config(DEEPSEEK_V2_LITE, "v2/config.json")
     assert "dense    = 1 " in v2 and "q_lora_rank" not in v2.split("model deepseek_v2")[1].split("#")[0]
     assert "scoring = softmax, routed_scale = 1.0)" in v2 and "renormalize = false," in v2

@@ -985,3 +985,20 @@ def test_grouped_expert_parallel_matches_single_process():
     grouped experts, the rows returned: the single process's outputs and gradients, and the bytes counted are what
     each rank sent."""
     multirank.spawn(_grouped_ep_body, WORLD, axes=("ep",), timeout=120)
+
+
+def test_shared_ffn_none_keeps_the_moe_layer():
+    """`shared_ffn = none` is the default, no shared expert: the moe layers stay, the parameters are those of the
+    same model with the argument left out (it once dropped every moe layer without a word)."""
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    text = MOE_TEXT.format(ep=1, second=DENSE)
+    written = text.replace("dropped = residual)", "dropped = residual, shared_ffn = none)")
+    assert written != text
+    plain, none = (compile_spec(check_text(t, f"{n}.scale")) for n, t in (("plain", text), ("none", written)))
+    assert none.costs.params_n == plain.costs.params_n
+    moes = [x for x in SPEC.walk(none.spec.model.layers) if isinstance(x, SPEC.MoE)]
+    assert len(moes) == 1 and moes[0].shared_ffn is None
+    import dataclasses
+    (same,) = [x for x in SPEC.walk(plain.spec.model.layers) if isinstance(x, SPEC.MoE)]
+    assert dataclasses.replace(moes[0], span=same.span) == same

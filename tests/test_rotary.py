@@ -49,16 +49,25 @@ CASES = {
                           scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                        original_max_position_embeddings=16)),
     "qwen2": dict(cls="Qwen2ForCausalLM", cfg="Qwen2Config", qkv=", qkv_bias = true", theta=1000000.0, scaling=None),
+    # Qwen 2.5's long context: YaRN over 8 of the 32 positions, its cos/sin factor 0.1·ln(4) + 1
+    "qwen2_yarn": dict(cls="Qwen2ForCausalLM", cfg="Qwen2Config", qkv=", qkv_bias = true", theta=1000000.0,
+                       scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8)),
 }
+
+
+def _scaling_text(s: dict | None) -> str:
+    if s is None:
+        return ""
+    if s["rope_type"] == "yarn":
+        return f", rope_scaling = yarn(factor = {s['factor']}, original_seq = {s['original_max_position_embeddings']})"
+    return (f", rope_scaling = llama3(factor = {s['factor']}, low_freq_factor = {s['low_freq_factor']}, "
+            f"high_freq_factor = {s['high_freq_factor']}, original_seq = {s['original_max_position_embeddings']})")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generated_model_matches_transformers(tmp_path, case):
     c = CASES[case]
-    scaling = (f", rope_scaling = llama3(factor = {c['scaling']['factor']}, low_freq_factor = "
-               f"{c['scaling']['low_freq_factor']}, high_freq_factor = {c['scaling']['high_freq_factor']}, "
-               f"original_seq = {c['scaling']['original_max_position_embeddings']})" if c["scaling"] else "")
-    text = SCALE.format(qkv=c["qkv"], theta=c["theta"], scaling=scaling)
+    text = SCALE.format(qkv=c["qkv"], theta=c["theta"], scaling=_scaling_text(c["scaling"]))
     compiled, prog = _program(tmp_path, text)
     sys.modules[prog.__name__] = prog
     kw = dict(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
@@ -100,3 +109,30 @@ def test_llama3_frequencies_equal_transformers():
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
     got = rotary.frequencies(64, 500000.0, (8.0, 1.0, 4.0, 8192.0))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rope", [
+    dict(factor=40.0, original_max_position_embeddings=4096, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
+    dict(factor=40.0, original_max_position_embeddings=4096, beta_fast=32, beta_slow=1, mscale=0.707,
+         mscale_all_dim=0.707),
+    dict(factor=4.0, original_max_position_embeddings=32768),
+    dict(factor=4.0, original_max_position_embeddings=64, beta_fast=16, beta_slow=2, mscale=0.707, mscale_all_dim=1.0,
+         truncate=False),
+    dict(factor=2.0, original_max_position_embeddings=64, attention_factor=1.3)])
+def test_yarn_frequencies_and_factors_equal_transformers(rope):
+    """YaRN's frequencies (to the bit) and cos/sin factor are transformers' `_compute_yarn_parameters`; the softmax
+    factor is DeepSeek's yarn_apply_mscale."""
+    from runtime import rotary
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+    params = dict(rope_type="yarn", rope_theta=10000.0, **rope)
+    config = transformers.DeepseekV3Config(qk_rope_head_dim=64, rope_parameters=params,
+                                           max_position_embeddings=int(rope["factor"] * rope[
+                                               "original_max_position_embeddings"]))
+    want, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    scaling = ("yarn", rope["factor"], float(rope["original_max_position_embeddings"]), rope.get("beta_fast", 32.0),
+               rope.get("beta_slow", 1.0), rope.get("mscale", 0.0), rope.get("mscale_all_dim", 0.0),
+               rope.get("attention_factor"), rope.get("truncate", True))
+    torch.testing.assert_close(rotary.frequencies(64, 10000.0, scaling), want, rtol=0, atol=0)
+    assert rotary.yarn_attention_factor(scaling) == pytest.approx(factor, rel=1e-12)
+    assert rotary.yarn_softmax_factor(scaling) == pytest.approx(yarn_apply_mscale(params, 1.0), rel=1e-12)

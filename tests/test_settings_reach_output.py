@@ -253,6 +253,11 @@ ADAMW = "adamw(lr = 3e-3)"
 TOKENS_A = 'tokens(path = "a.bin")'
 COSINE = "cosine(warmup = 5)"
 ROPE = {"rope_theta": "10000", "rope_scaling": "llama3"}
+YARN_ARGS = "factor = 4, original_seq = 8"  # the samples' sequences are longer: YaRN's ramp divides frequencies
+# yarn's arguments, each with a value other than its default (factor and original_seq: replacing the base's)
+YARN_VALUES = (("factor", ("factor = 4", "factor = 8")), ("original_seq", ("original_seq = 8", "original_seq = 4")),
+               ("beta_fast", "16"), ("beta_slow", "2"), ("mscale", "0.707"), ("mscale_all_dim", "1.0"),
+               ("attention_factor", "1.2"), ("truncate", "false"))
 
 PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.data_parallel": (Probe(("fsdp", "zero1", "zero2")),),
@@ -336,6 +341,12 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.attention.rope_scaling.linear.factor": (Probe(({"rope_theta": "10000", "rope_scaling": "linear(factor = 4.0)"},),
                                                          base={"rope_theta": "10000", "rope_scaling": "linear"},
                                                          shapes=("one device",)),),
+    **{f"layer.attention.rope_scaling.yarn.{arg}": (Probe(({**ROPE, "rope_scaling": f"yarn({YARN_ARGS}, {arg} = {v})"
+                                                           if arg not in ("factor", "original_seq") else
+                                                           "yarn(" + YARN_ARGS.replace(*v) + ")"},),
+                                                          base={**ROPE, "rope_scaling": f"yarn({YARN_ARGS})"},
+                                                          shapes=("one device",)),)
+       for arg, v in YARN_VALUES},
     "layer.attention.head_dim": (Probe(({"head_dim": "8"}, {"head_dim": "32"}), shapes=LAYER_SHAPES),),
     "layer.attention.qk_norm": (Probe(({"qk_norm": "rmsnorm"},), shapes=LAYER_SHAPES),),
     "layer.attention.qk_norm_eps": (Probe(({"qk_norm_eps": "1e-5"},), shapes=LAYER_SHAPES),
@@ -382,6 +393,12 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.mla.rope_theta": (Probe(({"rope_theta": "500000"},), shapes=("mla",)),),
     "layer.mla.rope_interleave": (Probe(({"rope_interleave": "false"},), shapes=("mla",)),),
     "layer.mla.norm_eps": (Probe(({"norm_eps": "1e-5"},), shapes=("mla",)),),
+    "layer.mla.rope_scaling": (Probe(({"rope_scaling": f"yarn({YARN_ARGS})"},), shapes=("mla",)),),
+    **{f"layer.mla.rope_scaling.yarn.{arg}": (Probe(({"rope_scaling": f"yarn({YARN_ARGS}, {arg} = {v})"
+                                                     if arg not in ("factor", "original_seq") else
+                                                     "yarn(" + YARN_ARGS.replace(*v) + ")"},),
+                                                    base={"rope_scaling": f"yarn({YARN_ARGS})"}, shapes=("mla",)),)
+       for arg, v in YARN_VALUES},
     "layer.lm_head.tied": (Probe(({"tied": "false"},), shapes=LAYER_SHAPES),),
     "layer.lm_head.bias": (Probe(({"bias": "true"},), shapes=LAYER_SHAPES),),
 }

@@ -17,7 +17,7 @@ def test_language_vocabulary_is_pinned():
                                                                    "qk_norm", "qk_norm_eps", "window", "softcap",
                                                                        "query_scale"),
         "mla": ("hidden", "heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                "v_head_dim", "rope_theta", "rope_interleave", "norm_eps"),
+                "v_head_dim", "rope_theta", "rope_interleave", "norm_eps", "rope_scaling"),
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
                 "renormalize", "shared_ffn", "shared_gate", "scoring", "groups", "topk_groups", "routed_scale",
@@ -41,6 +41,11 @@ def test_language_vocabulary_is_pinned():
                                                                  "constant": ("warmup",)}
     assert {k: tuple(v) for k, v in check.DATASETS.items()} == {"synthetic": (), "tokens": ("path", "dtype", "document_separator")}
     assert {k: tuple(v) for k, v in check.INITS.items()} == {"normal": (), "from": ("path",)}
+    from compiler.layers.attention import ROPE_SCALINGS
+    assert {k: tuple(v) for k, v in ROPE_SCALINGS.items()} == {
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_seq"), "linear": ("factor",),
+        "yarn": ("factor", "original_seq", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
+                 "truncate")}
     assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep", "cp")
     assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)
 

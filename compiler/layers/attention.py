@@ -19,14 +19,53 @@ ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the co
                             "high_freq_factor": Param(_float, 4.0, "wavelengths below original_seq / this are kept"),
                             "original_seq": Param(_size, 8192, "the context length trained before scaling")},
                  "linear": {"factor": Param(_float, 8.0, "every frequency divided by it (positions interpolated): "
-                                                        "Gemma 3's global layers")}}
+                                                        "Gemma 3's global layers")},
+                 # YaRN (Peng et al. 2023) as transformers computes it (runtime/rotary.py): Qwen 2.5/3's long
+                 # context, DeepSeek-V2/V3's `mla`
+                 "yarn": {"factor": Param(_float, doc="how much longer the context is than trained"),
+                          "original_seq": Param(_size, doc="the context length trained before scaling"),
+                          "beta_fast": Param(_float, 32.0, "frequencies turning more than this many times over "
+                                                           "original_seq are kept"),
+                          "beta_slow": Param(_float, 1.0, "frequencies turning fewer than this many times over "
+                                                          "original_seq are divided by factor"),
+                          "mscale": Param(_float, 0.0, "the cos/sin factor's numerator mscale(factor, mscale) "
+                                                       "(DeepSeek's; 0: none)"),
+                          "mscale_all_dim": Param(_float, 0.0, "its denominator mscale(factor, mscale_all_dim); "
+                                                               "`mla` also multiplies its softmax scale by its "
+                                                               "square (DeepSeek's; 0: none)"),
+                          "attention_factor": Param(_float, None, "the cos/sin factor itself (default: from factor, "
+                                                                  "mscale and mscale_all_dim)"),
+                          "truncate": Param(_bool, True, "the ramp's ends rounded to whole dimensions")}}
+
+
+def scaling_tuple(c, st, index: int, call) -> tuple | None:
+    """The spec's rope_scaling of a bound `rope_scaling = kind(...)` (runtime/rotary.py reads it), or None after
+    reporting an argument no rotation can use (E0120)."""
+    kind_of, s = call
+    if kind_of == "linear":
+        return (s["factor"],)
+    if kind_of == "llama3":
+        return (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"])))
+    ok = True
+    for key, why in (("factor", "every low frequency is divided by it"), ("beta_fast", "a number of turns"),
+                     ("beta_slow", "a number of turns"), ("attention_factor", "multiplies the cosines and sines")):
+        if s[key] is not None and s[key] <= 0:
+            c.error("E0120", f"yarn's {key} must be positive", _arg_span(st, index, "rope_scaling"), label=why,
+                    help="DeepSeek-V3: `yarn(factor = 40, original_seq = 4096, beta_fast = 32, beta_slow = 1, "
+                         "mscale = 1, mscale_all_dim = 1)`")
+            ok = False
+    if not ok:
+        return None
+    return ("yarn", s["factor"], float(c.number(s["original_seq"])), s["beta_fast"], s["beta_slow"], s["mscale"],
+            s["mscale_all_dim"], s["attention_factor"], s["truncate"])
 SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
                         "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
                         "bias": Param(_bool, True, "biases on the projections"),
                         "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
                         "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
-                        "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling"), None,
-                                              "frequency scaling of the rotary embeddings: llama3(...) or linear(factor)"),
+                        "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling", none_is_absent=True), None,
+                                              "frequency scaling of the rotary embeddings: llama3(...), linear(factor) "
+                                              "or yarn(...); none: unscaled"),
                         "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
                         "qk_norm": Param(_choice("none", "rmsnorm", "zero_centered_rmsnorm"), "none",
                                          "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3);"
@@ -94,13 +133,9 @@ def resolve(c, st, a: dict, kind: str):
                _arg_span(st, 12, "query_scale"), label="has no effect",
                help="query_scale differs from the head width only in Gemma 2 27B (query_pre_attn_scalar 144, "
                     "head_dim 128); remove it")
-    if not ok:
+    scaling = None if a["rope_scaling"] is None else scaling_tuple(c, st, 6, a["rope_scaling"])
+    if not ok or (a["rope_scaling"] is not None and scaling is None):
         return None
-    scaling = None
-    if a["rope_scaling"] is not None:
-        kind_of, s = a["rope_scaling"]
-        scaling = ((s["factor"],) if kind_of == "linear" else
-                   (s["factor"], s["low_freq_factor"], s["high_freq_factor"], float(c.number(s["original_seq"]))))
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
                        qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
                        head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],

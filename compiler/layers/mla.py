@@ -8,13 +8,16 @@ latent attention, DeepSeek-V2/V3's (transformers' DeepseekV3Attention, its leave
   y        = o(causal attention of (q_nope, rotary(q_rope)) over (k_nope, k_rope), v), scores / √(nope + rope)
 
 The rotary pairs are interleaved (dimensions 2i, 2i + 1) as DeepSeek's checkpoints have them (transformers'
-rope_interleave, its default); `rope_interleave = false` turns the halves. Plain rotary only (no YaRN scaling).
+rope_interleave, its default); `rope_interleave = false` turns the halves. `rope_scaling = yarn(...)` scales them
+as DeepSeek-V2/V3's releases do (runtime/rotary.py): YaRN's frequencies and cos/sin factor, and the softmax scale
+multiplied by mscale(factor, mscale_all_dim)² (transformers' yarn_apply_mscale).
 Under tp its heads are split: q (or q_b) and kv_b are column-parallel, o row-parallel; q_a, kv_a and the latents'
 norms are replicated, the shared rotary key entering each rank's heads whole (its gradient summed over tp)."""
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _float, _size
+from compiler.binder import Param, _arg_span, _bool, _call_of, _float, _size
+from compiler.layers.attention import ROPE_SCALINGS, scaling_tuple
 
 SPEC = S.MLA
 SCHEMA = {"mla": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
@@ -28,7 +31,11 @@ SCHEMA = {"mla": {"hidden": Param(_size, doc="model width"), "heads": Param(_siz
                   "rope_theta": Param(_float, 10000.0, "the rotary base"),
                   "rope_interleave": Param(_bool, True, "rotary pairs are adjacent dimensions (DeepSeek's layout); "
                                                         "false: the two halves"),
-                  "norm_eps": Param(_float, 1e-6, "the latents' RMS norms' epsilon")}}
+                  "norm_eps": Param(_float, 1e-6, "the latents' RMS norms' epsilon"),
+                  "rope_scaling": Param(_call_of({"yarn": ROPE_SCALINGS["yarn"]}, "rope scaling",
+                                                 none_is_absent=True), None,
+                                        "YaRN scaling of the rotary embeddings, yarn(...) (DeepSeek-V2/V3's long "
+                                        "context); none: unscaled")}}
 TP_ROLES = {"q": "column", "qb": "column", "kvb": "column", "o": "row"}  # qa, kva, their norms: replicated
 
 
@@ -49,9 +56,10 @@ def resolve(c, st, a: dict, kind: str):
                 label="divides by the root of the mean square plus eps",
                 help="the usual value is `norm_eps = 1e-6` (DeepSeek's rms_norm_eps)")
         ok = False
-    if not ok:
+    scaling = None if a["rope_scaling"] is None else scaling_tuple(c, st, 10, a["rope_scaling"])
+    if not ok or (a["rope_scaling"] is not None and scaling is None):
         return None
     return S.MLA(hidden=a["hidden"], heads=a["heads"], q_lora_rank=a["q_lora_rank"], kv_lora_rank=a["kv_lora_rank"],
                  qk_nope_head_dim=a["qk_nope_head_dim"], qk_rope_head_dim=a["qk_rope_head_dim"],
                  v_head_dim=a["v_head_dim"], rope_theta=a["rope_theta"], rope_interleave=a["rope_interleave"],
-                 norm_eps=a["norm_eps"], span=st.span)
+                 norm_eps=a["norm_eps"], rope_scaling=scaling, span=st.span)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from compiler import ast
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _choice, _float, _pos_int, _size
+from compiler.binder import Param, _arg_span, _bool, _choice, _float, _or_none, _pos_int, _size
 from compiler.symbols import size as size_symbol
 
 SPEC = S.MoE
@@ -25,8 +25,7 @@ SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size,
                                        "the gates of a token's top_k choices divided by their sum (GShard, "
                                        "Mixtral, Qwen3-MoE), or each its softmax probability over all the experts "
                                        "(Switch, Qwen2-MoE); default: true when top_k > 1"),
-                  "shared_ffn": Param(lambda c, e, w: None if isinstance(e, ast.Name) and e.id == "none"
-                                      else c.as_size(e, w), None,
+                  "shared_ffn": Param(_or_none(_size), None,
                                       "inner width of a shared expert every token passes through beside its routed "
                                       "experts (none: no shared expert)"),
                   "shared_gate": Param(_choice("none", "sigmoid"), "none",
