@@ -161,9 +161,11 @@ CODES: dict[str, Code] = {
                   "scores, multi-head latent attention and `moe` layers (whose capacity and routing are per "
                   "sequence) are not built under cp yet and are refused. Remove the axis (give its ranks to dp), or "
                   "use plain causal attention and MLPs."),
-    "E0313": Code("context parallelism with another model axis", "Context parallelism composes with dp (ddp) "
-                  "today; with pp, tp (with or without sequence parallelism) or ep it is not built yet, and the plan "
-                  "is refused rather than run without it. Remove one of the two axes."),
+    "E0313": Code("context parallelism with expert parallelism", "Context parallelism composes with dp (ddp), "
+                  "tp (with or without sequence parallelism: each cp rank's chunk split again over tp, the keys and "
+                  "values of each tp rank's heads gathered over cp) and pp (every schedule: each stage on its cp "
+                  "rank's chunk); with ep it is not built yet, and the plan is refused rather than run without it. "
+                  "Remove one of the two axes."),
     "E0314": Code("sharded data parallelism with context parallelism", "Under cp the dense gradients are averaged "
                   "over dp × cp; zero1, zero2 and fsdp over that group are not built yet. Use `data_parallel = ddp`, "
                   "or remove the cp axis."),
@@ -176,7 +178,7 @@ CODES: dict[str, Code] = {
     "E0317": Code("heads do not divide over cp for all_to_all", "`context_parallel = all_to_all` (DeepSpeed-"
                   "Ulysses) exchanges the queries, keys and values over cp so that each rank holds heads / cp of the "
                   "heads over the whole sequence: both the attention heads and the key/value heads of every "
-                  "attention layer must divide by cp. Choose a cp that divides both, or `context_parallel = ring` "
+                  "attention layer (under tp, those of each tp rank: heads / tp and kv_heads / tp) must divide by cp. Choose a cp that divides both, or `context_parallel = ring` "
                   "(or `all_gather`), which do not split heads."),
     "E0319": Code("layer not built with packed documents", "Packed documents (`data = tokens(..., "
                   "document_separator = ID)`) run each attention block-diagonally, one document at a time, at "

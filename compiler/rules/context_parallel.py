@@ -42,15 +42,22 @@ def requires(spec: S.Spec, plan) -> list:
                                    "the causal mask); cp sizes that fit: "
                                    + (", ".join(str(d // 2) for d in ok) or "none")))
     if plan.context_parallel == "all_to_all":
+        tp = plan.size("tp") if "attention" in plan.tp_layers else 1  # Ulysses splits each tp rank's heads
         for x in S.walk(spec.model.layers):
             if not isinstance(x, S.Attention):
                 continue
             heads, kv = int(spec.value(x.heads)), int(spec.value(x.kv_heads))
-            if heads % cp or kv % cp:
-                ok = [d for d in divisors(math.gcd(heads, kv)) if d > 1 and plan.seq_len % (2 * d) == 0]
+            if heads % tp or kv % tp:
+                continue  # E0401 / E0402 (the tp rules) say so
+            h, k = heads // tp, kv // tp
+            if h % cp or k % cp:
+                ok = [d for d in divisors(math.gcd(h, k)) if d > 1 and plan.seq_len % (2 * d) == 0]
+                per = f" per tp rank (of {heads} and {kv} over tp = {tp})" if tp > 1 else ""
                 out.append(plan_error(plan, "context_parallel", "E0317", f"context_parallel = all_to_all over cp = "
-                                      f"{cp} needs the heads ({heads}) and key/value heads ({kv}) to divide by cp (the "
-                                      f"layer at {x.span})", label=f"{heads} heads, {kv} key/value heads over cp = {cp}",
+                                      f"{cp} needs the heads ({h}) and key/value heads ({k}){per} to divide by cp "
+                                      f"(the layer at {x.span})",
+                                      label=f"{h} heads, {k} key/value heads{' per tp rank' if tp > 1 else ''} over "
+                                            f"cp = {cp}",
                                       help="each cp rank computes whole heads over the whole sequence; cp sizes that "
                                            "fit: " + (", ".join(map(str, ok)) or "none")
                                            + ", or `context_parallel = ring` or `all_gather`"))
@@ -63,12 +70,11 @@ def requires(spec: S.Spec, plan) -> list:
                                   help="remove the axis and give its ranks to dp, or use causal `attention` "
                                        "without a window or soft cap"))
             break
-    for other, what in (("pp", "pipeline parallelism"), ("tp", "tensor parallelism"),
-                        ("ep", "expert parallelism")):
+    for other, what in (("ep", "expert parallelism"),):
         if plan.size(other) > 1:
             out.append(plan_error(plan, at, "E0313", f"context parallelism with {what} (`axis {other}`) is not "
                                   "built yet", label=f"cp = {cp} with {other} = {plan.size(other)}",
-                                  help=f"remove one of the two axes (cp composes with dp today)"))
+                                  help="remove one of the two axes (cp composes with dp, tp and pp today)"))
     if plan.data_parallel != "ddp" and plan.size("dp") > 1:
         out.append(plan_error(plan, "data_parallel", "E0314", f"data_parallel = {plan.data_parallel} with context "
                               "parallelism is not built yet", label="cp composes with ddp",

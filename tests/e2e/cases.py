@@ -305,6 +305,30 @@ CASES = (
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4),
          description="dp 2 × cp 2 (ddp): the sequences split over dp, each sequence over cp; the gradients and the "
                      "logged loss averaged over dp × cp"),
+    Case(id="cp2_tp2_sp", sample="samples/gpt_tp.scale", nproc=4, edits=GQA,
+         plan=dict(CP2, axes=(("cp", 2), ("tp", 2)), devices_per_node=4, **SP),
+         description="cp 2 × tensor + sequence parallelism over tp 2 (all_gather): each sequence's head-tail chunks "
+                     "over cp, each cp rank's chunk split again over tp for norms and residuals and gathered whole "
+                     "before attention; the keys and values of each tp rank's heads gathered over cp; the "
+                     "vocabulary-parallel loss over tp, the gradients and logged loss averaged over cp (not tp)"),
+    Case(id="cp2_tp2_sp_ring", sample="samples/gpt_tp.scale", nproc=4, edits=GQA,
+         plan=dict(CP2, axes=(("cp", 2), ("tp", 2)), devices_per_node=4, context_parallel="ring", **SP),
+         description="cp 2 (ring) × tensor + sequence parallelism over tp 2: each tp rank's key/value head passed "
+                     "around its cp group"),
+    Case(id="cp2_tp2_sp_all_to_all", sample="samples/gpt_tp.scale", nproc=4,
+         plan=dict(CP2, axes=(("cp", 2), ("tp", 2)), devices_per_node=4, context_parallel="all_to_all", **SP),
+         description="cp 2 (all_to_all, Ulysses) × tensor + sequence parallelism over tp 2: each tp rank's 2 heads "
+                     "split again over cp, one head over the whole sequence per rank"),
+    Case(id="cp2_pp2", sample="samples/gpt_pp.scale", nproc=4,
+         plan=dict(CP2, axes=(("pp", 2), ("cp", 2)), devices_per_node=4),
+         description="pp 2 (1F1B, 4 micro-batches) × cp 2 (all_gather): each stage's activations S/cp long, the "
+                     "sends between stages carrying the cp rank's chunks, the positions the true ones on the first "
+                     "stage, the tied embedding's gradients summed across the stages and averaged over cp"),
+    Case(id="cp2_pp2_interleaved", sample="samples/gpt_pp.scale", nproc=4, steps=2,
+         edits=(("layers = 4", "layers = 8"),),
+         plan=dict(CP2, axes=(("pp", 2), ("cp", 2)), devices_per_node=4, **INTERLEAVED),
+         description="interleaved 1F1B (4 stages on 2 pp ranks) × cp 2 (all_gather): each pp rank's two stages "
+                     "gather their keys over cp, the ledger of pp rank 0 counting both"),
     # context_parallel = ring: the keys and values passed around the cp group (cp - 1 steps forward; backward again
     # with their gradients, one more step home), partial outputs merged by their log-sum-exp
     Case(id="cp2_ring", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=dict(CP2, context_parallel="ring"),

@@ -166,16 +166,22 @@ def test_checkpoint_resume_continues_exactly(references, tmp_path):
 
 
 
-def test_context_parallel_logged_loss_is_the_single_devices(references, tmp_path):
+@pytest.mark.parametrize("sample,plan", [
+    ("gpt_dp.scale", dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4)),
+    ("gpt_tp.scale", dict(axes=(("cp", 2), ("tp", 2)), devices_per_node=4, sequence_parallel=True)),
+], ids=["dp2_cp2", "tp2_cp2"])
+def test_context_parallel_logged_loss_is_the_single_devices(references, tmp_path, sample, plan):
     """Under dp 2 × cp 2 each rank holds a quarter of the step's tokens (half the sequences, two chunks of each);
-    the loss it logs is the mean over every token of the global batch, as the single device logs it (the issue's
-    silent CP failure: a loss displayed halved or doubled), and so is the held-out loss: the printed lines are
-    the reference's, digit for digit, and the metrics agree to 1e-5."""
+    under tp 2 × cp 2 (+ sp) each cp rank half of every sequence, its loss the vocabulary-parallel cross entropy
+    over tp (torchtitan#3280: a loss displayed halved under tp 2 × cp 2). The loss each logs is the mean over
+    every token of the global batch, as the single device logs it (the issue's silent CP failure: a loss
+    displayed halved or doubled), and so is the held-out loss: the printed lines are the reference's, digit for
+    digit, and the metrics agree to 1e-5."""
     from tests.e2e.runner import with_plan
-    text = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
+    text = (ROOT / "samples" / sample).read_text().replace(
         "data         = synthetic", "data         = synthetic\n  eval_every = 2  eval_batches = 2")
-    text = with_plan(text, "cp.scale", axes=(("dp", 2), ("cp", 2)), devices_per_node=4)
-    run = launch(text, "dp2_cp2_logged", tmp_path, steps=2, timeout=240, nproc=4, dump_grads=False)
+    text = with_plan(text, "cp.scale", **plan)
+    run = launch(text, f"{sample[:-6]}_cp2_logged", tmp_path, steps=2, timeout=240, nproc=4, dump_grads=False)
     ref = references(text, 2)
     torch.testing.assert_close(torch.tensor(run.losses, dtype=torch.float64),
                                torch.tensor(ref.losses, dtype=torch.float64), rtol=1e-5, atol=0.0)
