@@ -16,8 +16,10 @@ Mechanism, `context_parallel_pass`:
     the attention after the same gathers, its mask the documents of the local queries against the gathered keys'.
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
-(runtime.mesh's batch group). What is not built (windows, soft caps, MLA, pp, ep, FSDP, compile)
-is refused by compiler/rules/context_parallel.py before this pass runs.
+(runtime.mesh's batch group; tp is not in it). Under tp (+ sp) the pass runs after the tp pass's rewrite: the
+keys and values it gathers are each tp rank's heads, and the sequence-parallel gathers and scatters work on the
+rank's S/cp chunk. Under pp it rewrites every stage's segment alike. What is not built (windows, soft caps, MLA,
+ep, FSDP, compile) is refused by compiler/rules/context_parallel.py before this pass runs.
 """
 from __future__ import annotations
 
