@@ -208,7 +208,9 @@ CODES: dict[str, Code] = {
     "E0404": Code("tp does not divide the MLP width", "Each tp rank holds a slice of the MLP's inner width `ffn`, "
                   "so tp must divide it (or leave mlp out of `tp_layers`)."),
     "E0405": Code("sequence parallelism needs tp to divide the sequence", "Under `sequence_parallel` the norms and "
-                  "residuals are split along the sequence over tp, so tp must divide seq_len."),
+                  "residuals are split along the sequence over tp, so tp must divide seq_len; under context parallelism "
+                  "(`axis cp`) the sequence each tp group splits is a cp rank's seq_len / cp tokens, which tp must "
+                  "divide."),
     "E0406": Code("sequence parallelism needs every layer kind sharded", "Sequence parallelism replaces the "
                   "all-reduces of attention, MLP and vocabulary with reduce-scatter/all-gather pairs; it needs all "
                   "three in `tp_layers`."),

@@ -45,10 +45,18 @@ def requires(spec, plan) -> list:
              "add `pad_vocab = true` to the plan (padded logits are masked out, the loss is unchanged), or exclude "
              "the vocabulary: `tp_layers = (attention, mlp)`")
     if plan.sequence_parallel:
+        cp = plan.size("cp")
         if plan.seq_len % tp:
             out.append(plan_error(plan, at, "E0405", f"sequence parallelism over tp = {tp} needs the sequence length "
                                   f"({plan.seq_len}) to divide", label=f"{plan.seq_len} % {tp} == {plan.seq_len % tp}",
                                   help="choose a seq_len that tp divides, or turn `sequence_parallel` off"))
+        elif cp > 1 and plan.seq_len % cp == 0 and (plan.seq_len // cp) % tp:
+            local = plan.seq_len // cp  # each cp rank's chunk is the sequence sp splits over tp
+            out.append(plan_error(plan, at, "E0405", f"sequence parallelism over tp = {tp} needs each cp rank's "
+                                  f"{local} tokens (seq_len {plan.seq_len} / cp {cp}) to divide",
+                                  label=f"{local} % {tp} == {local % tp}",
+                                  help=f"choose a seq_len that cp × tp = {cp * tp} divides (and 2 × cp), or turn "
+                                       "`sequence_parallel` off"))
         missing = [k for k in ("attention", "mlp", "vocab") if k not in plan.tp_layers]
         if missing:
             out.append(plan_error(plan, at, "E0406", "sequence parallelism needs attention, MLP and vocabulary all "
