@@ -329,6 +329,11 @@ CASES = (
          plan=dict(CP2, axes=(("pp", 2), ("cp", 2)), devices_per_node=4, **INTERLEAVED),
          description="interleaved 1F1B (4 stages on 2 pp ranks) × cp 2 (all_gather): each pp rank's two stages "
                      "gather their keys over cp, the ledger of pp rank 0 counting both"),
+    Case(id="pp2_cp2_tp2_sp", sample="samples/gpt_3d.scale", nproc=8, steps=2, timeout=400,
+         plan=dict(CP2, axes=(("pp", 2), ("cp", 2), ("tp", 2)), devices_per_node=8, **SP),
+         description="the three together, 8 ranks: 1F1B over pp × cp 2 (all_gather) × tensor + sequence "
+                     "parallelism over tp: each stage's sends S/(cp·tp) tokens long, each tp rank's heads' keys "
+                     "gathered over cp"),
     # context_parallel = ring: the keys and values passed around the cp group (cp - 1 steps forward; backward again
     # with their gradients, one more step home), partial outputs merged by their log-sum-exp
     Case(id="cp2_ring", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=dict(CP2, context_parallel="ring"),
