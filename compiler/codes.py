@@ -164,9 +164,10 @@ CODES: dict[str, Code] = {
     "E0313": Code("context parallelism with another model axis", "Context parallelism composes with dp (ddp) "
                   "today; with pp, tp (with or without sequence parallelism) or ep it is not built yet, and the plan "
                   "is refused rather than run without it. Remove one of the two axes."),
-    "E0314": Code("sharded data parallelism with context parallelism", "Under cp the dense gradients are averaged "
-                  "over dp × cp; zero1, zero2 and fsdp over that group are not built yet. Use `data_parallel = ddp`, "
-                  "or remove the cp axis."),
+    "E0314": Code("sharded data parallelism with context and expert parallelism", "Under cp, zero1, zero2 and "
+                  "fsdp shard the model over dp × cp (every cp rank holds the whole model, as torchtitan folds "
+                  "them); with ep they fold the dense weights over dp × ep instead, and both together are not built "
+                  "yet. Use `data_parallel = ddp`, or remove the cp or the ep axis."),
     "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
                   "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
                   "checked under torch.compile. Set `compile = false`."),

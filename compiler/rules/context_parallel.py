@@ -69,10 +69,13 @@ def requires(spec: S.Spec, plan) -> list:
             out.append(plan_error(plan, at, "E0313", f"context parallelism with {what} (`axis {other}`) is not "
                                   "built yet", label=f"cp = {cp} with {other} = {plan.size(other)}",
                                   help=f"remove one of the two axes (cp composes with dp today)"))
-    if plan.data_parallel != "ddp" and plan.size("dp") > 1:
+    # zero1, zero2 and fsdp shard over dp × cp (torchtitan's folding: runtime.mesh's dense_mesh); with ep beside
+    # them the dense weights would fold over dp × ep × cp and the experts over dp × cp: not built
+    if plan.data_parallel != "ddp" and plan.size("dp") > 1 and plan.size("ep") > 1:
         out.append(plan_error(plan, "data_parallel", "E0314", f"data_parallel = {plan.data_parallel} with context "
-                              "parallelism is not built yet", label="cp composes with ddp",
-                              help="use `data_parallel = ddp` (the gradients all-reduced over dp × cp)"))
+                              "and expert parallelism together is not built yet",
+                              label=f"{plan.data_parallel} over dp × cp, or over dp × ep, not both",
+                              help="use `data_parallel = ddp`, or remove the cp or the ep axis"))
     if plan.compile:
         out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
                               "compiling a context-parallel program is not built yet", label="compile = true",

@@ -305,6 +305,17 @@ CASES = (
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4),
          description="dp 2 × cp 2 (ddp): the sequences split over dp, each sequence over cp; the gradients and the "
                      "logged loss averaged over dp × cp"),
+    Case(id="dp2_cp2_fsdp", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp"),
+         description="FSDP2 over dp 2 × cp 2, as torchtitan folds them: the weights (whole on every cp rank) sharded "
+                     "over all four ranks, gathered and reduce-scattered there, the gradients divided by dp × cp"),
+    Case(id="dp2_cp2_zero1", sample="samples/gpt_dp.scale", nproc=4, edits=CLIP,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="zero1"),
+         description="zero1 over dp 2 × cp 2: AdamW's state partitioned over all four ranks (ZeroRedundancyOptimizer "
+                     "over the batch group), clipping engaged"),
+    Case(id="dp2_cp2_zero2", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="zero2"),
+         description="zero2 (FSDP2, kept gathered to backward) over dp 2 × cp 2"),
     # context_parallel = ring: the keys and values passed around the cp group (cp - 1 steps forward; backward again
     # with their gradients, one more step home), partial outputs merged by their log-sum-exp
     Case(id="cp2_ring", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=dict(CP2, context_parallel="ring"),
