@@ -305,6 +305,20 @@ CASES = (
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4),
          description="dp 2 × cp 2 (ddp): the sequences split over dp, each sequence over cp; the gradients and the "
                      "logged loss averaged over dp × cp"),
+    Case(id="cp2_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, recompute="full"),
+         description="full recomputation under cp 2 (all_gather): each block's forward re-run in backward, the "
+                     "all-gathers of its keys and values with it (the ledger's re-runs)"),
+    Case(id="cp2_recompute_selective", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, recompute="selective"),
+         description="selective recomputation under cp 2 (all_gather): the attention core recomputed in backward "
+                     "and the keys and values gathered again (all-gathers are re-run, not kept: runtime.recompute)"),
+    Case(id="cp2_ring_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="ring", recompute="full"),
+         description="full recomputation under ring attention: the ring's sends re-run with each block's forward"),
+    Case(id="cp2_all_to_all_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="all_to_all", recompute="full"),
+         description="full recomputation under Ulysses: the all-to-alls re-run with each block's forward"),
     Case(id="dp2_cp2_fsdp", sample="samples/gpt_dp.scale", nproc=4,
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp"),
          description="FSDP2 over dp 2 × cp 2, as torchtitan folds them: the weights (whole on every cp rank) sharded "
