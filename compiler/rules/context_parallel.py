@@ -1,8 +1,7 @@
 """What context parallelism requires (the rules of compiler/passes/context_parallel.py's plans): a sequence that cuts
 into 2·cp equal chunks, heads that divide over cp under `context_parallel = all_to_all` (Ulysses), attention the
-pass can run, and none of the combinations not built yet (selective recomputation with ring or all_to_all among
-them). Each combination not built is refused here, at the
-setting that asks for it, never run some other way.
+pass can run, and none of the combinations not built yet (selective recomputation with ring among them). Each
+combination not built is refused here, at the setting that asks for it, never run some other way.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
 """
@@ -81,8 +80,8 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
                               "compiling a context-parallel program is not built yet", label="compile = true",
                               help="set `compile = false`"))
-    if plan.recompute == "selective" and plan.context_parallel in ("ring", "all_to_all"):
-        out.append(plan_error(plan, "recompute", "E0316", f"recompute = selective with context_parallel = "
-                              f"{plan.context_parallel} is not built yet", label="what it keeps is not modelled",
-                              help="use `recompute = full`, or `context_parallel = all_gather`"))
+    if plan.recompute == "selective" and plan.context_parallel == "ring":
+        out.append(plan_error(plan, "recompute", "E0316", "recompute = selective with context_parallel = ring is "
+                              "not built yet", label="what it keeps and re-sends is not modelled",
+                              help="use `recompute = full`, or `context_parallel = all_gather` or `all_to_all`"))
     return out

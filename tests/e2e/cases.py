@@ -319,6 +319,10 @@ CASES = (
     Case(id="cp2_all_to_all_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
          plan=dict(CP2, context_parallel="all_to_all", recompute="full"),
          description="full recomputation under Ulysses: the all-to-alls re-run with each block's forward"),
+    Case(id="cp2_all_to_all_recompute_selective", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="all_to_all", recompute="selective"),
+         description="selective recomputation under Ulysses: the all-to-alls' outputs kept (runtime.recompute "
+                     "saves functional all-to-alls), the attention core recomputed"),
     Case(id="dp2_cp2_fsdp", sample="samples/gpt_dp.scale", nproc=4,
          plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp"),
          description="FSDP2 over dp 2 × cp 2, as torchtitan folds them: the weights (whole on every cp rank) sharded "
