@@ -157,6 +157,15 @@ def test_cp2_resumes_on_one_device_and_on_tp2(reference, tmp_path):
     _same(first.losses + tp2.losses, want)
 
 
+def test_fsdp_over_dp_cp_resumes_on_one_device(reference, tmp_path):
+    """FSDP over dp × cp (the weights and AdamW's state sharded over all four ranks, the flattened mesh's DTensors):
+    saved whole, resumed on one device as the single device continues."""
+    text = _sample("gpt_dp", axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp")
+    first, ckpt = _interrupt(text, "dp2_cp2_fsdp", tmp_path, nproc=4)
+    second = _resume(on_plan(text, **ONE), "dp2_cp2_fsdp_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + second.losses, reference(text))
+
+
 def test_zero1_resumes_on_zero1(reference, tmp_path):
     """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
     read back by zero1 (each rank its partition again), training continues as the single-device run does, which
