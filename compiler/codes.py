@@ -166,15 +166,19 @@ CODES: dict[str, Code] = {
                   "values of each tp rank's heads gathered over cp) and pp (every schedule: each stage on its cp "
                   "rank's chunk); with ep it is not built yet, and the plan is refused rather than run without it. "
                   "Remove one of the two axes."),
-    "E0314": Code("sharded data parallelism with context parallelism", "Under cp the dense gradients are averaged "
-                  "over dp × cp; zero1, zero2 and fsdp over that group are not built yet. Use `data_parallel = ddp`, "
-                  "or remove the cp axis."),
+    "E0314": Code("sharded data parallelism with context and expert parallelism", "Under cp, zero1, zero2 and "
+                  "fsdp shard the model over dp × cp (every cp rank holds the whole model, as torchtitan folds "
+                  "them); with ep they fold the dense weights over dp × ep instead, and both together are not built "
+                  "yet. Use `data_parallel = ddp`, or remove the cp or the ep axis."),
     "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
                   "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
                   "checked under torch.compile. Set `compile = false`."),
-    "E0316": Code("recomputation with context parallelism", "Activation recomputation re-runs the gathers of the "
-                  "keys and values (or keeps them); neither is built into the ledger and memory model under cp yet. "
-                  "Set `recompute = none`, or remove the cp axis."),
+    "E0316": Code("selective recomputation with ring attention", "Under cp, full recomputation re-runs each "
+                  "block's forward with its cp collectives (the gathers, the ring's sends, the all-to-alls: counted "
+                  "again in the ledger); selective recomputation with `context_parallel = all_gather` gathers the "
+                  "keys and values again in backward, with `all_to_all` keeps the all-to-alls' outputs. Selective "
+                  "recomputation with `ring` re-runs the ring's forward inside its autograd function, whose sends "
+                  "and kept blocks are not modelled yet. Use `recompute = full`, or another `context_parallel`."),
     "E0317": Code("heads do not divide over cp for all_to_all", "`context_parallel = all_to_all` (DeepSpeed-"
                   "Ulysses) exchanges the queries, keys and values over cp so that each rank holds heads / cp of the "
                   "heads over the whole sequence: both the attention heads and the key/value heads of every "

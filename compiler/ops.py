@@ -828,10 +828,11 @@ FUNCTIONS = {
                      attention=True),
     CP.ring_attention: Op("cp_ring_attention", _ring_shape, _act, _sdpa_saved, _ring_backward, dims=_ring_dims,
                           shard=True, attention=True),
+    # selective: their all_to_all_single outputs are what runtime.recompute saves (as moe's all-to-alls)
     CP.heads_to_sequence: Op("cp_heads_to_sequence", _heads_to_sequence_shape(True), passes_grad=True,
-                             computes=False),
+                             computes=False, selective=True),
     CP.sequence_to_heads: Op("cp_sequence_to_heads", _heads_to_sequence_shape(False), passes_grad=True,
-                             computes=False),
+                             computes=False, selective=True),
     # Packed documents (runtime/packed.py): each token's position within its document, rotary embeddings at those
     # positions, block-diagonal causal attention (its mask made once per micro-batch and shared by every layer: what
     # the fused kernel keeps, as above), and the loss whose targets after a separator count zero.

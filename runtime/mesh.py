@@ -32,8 +32,9 @@ class Context:
     batch_size: int = 1         # dp × ep × cp
     batch_rank: int = 0         # this rank's share of the sequences: dp index × ep + ep index
     data_ranks: int = 1         # the ranks whole sequences are split over, dp × ep (cp splits each sequence)
-    # FSDP's mesh for the dense weights: dp, or dp × ep flattened when both are above 1 (the dense weights are
-    # replicated over every batch shard, so they shard over all of them; the experts over dp alone)
+    # FSDP's mesh for the dense weights: dp, or dp × ep or dp × cp flattened (torchtitan's folding: the dense weights
+    # are replicated over every batch shard and every cp rank, so they shard over all of them; the experts over dp
+    # alone)
     dense_mesh: DeviceMesh | None = None
 
     def axis_size(self, axis: str) -> int:
@@ -97,9 +98,11 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
         batch_group = mesh[over[0]].get_group() if over else None
     dense_mesh = None
     if dp > 1:
-        with faults.op("building the dp × ep mesh (a new process group)", faults.scale("axis dp", "axis ep")):
-            pair = tuple(a for a in names if a in ("dp", "ep"))  # in the mesh's order, as slicing requires
-            dense_mesh = mesh[pair]._flatten("_".join(pair)) if ep > 1 else mesh["dp"]
+        # the batch shards beside dp: ep, or cp (the rules never put both beside FSDP or zero1)
+        folded = tuple(a for a in names if a in ("dp", "ep", "cp") and sizes[a] > 1)  # in the mesh's order
+        with faults.op(f"building the {' × '.join(folded)} mesh (a new process group)",
+                       faults.scale(*(f"axis {a}" for a in folded))):
+            dense_mesh = mesh[folded]._flatten("_".join(folded)) if len(folded) > 1 else mesh["dp"]
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
                   batch_group=batch_group, batch_size=dp * ep * cp, dense_mesh=dense_mesh, data_ranks=dp * ep,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))

@@ -114,7 +114,8 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
     if ctx.batch_size == 1:
         return model
     if _dp_kind(cfg, ctx) == "fsdp":  # fsdp or zero2
-        group_mesh = ctx.dense_mesh  # dp, or dp × ep (torchtitan's folding: the dense weights shard over both)
+        group_mesh = ctx.dense_mesh  # dp, dp × ep or dp × cp (torchtitan's folding: the dense weights shard over
+        # both; FSDP2 divides the reduce-scattered gradients by its mesh's size, the batch group's under cp)
         from torch.distributed.fsdp import fully_shard
         # ZeRO-3 (fsdp): each block is one unit (gathered for its forward, freed, gathered again for its backward,
         # freed), the rest is the root.
@@ -480,6 +481,8 @@ def _zero1_group(cfg: Config, ctx: mesh.Context):
     the memory model counts)."""
     if cfg.parallel.data_parallel != "zero1" or ctx.axis_size("dp") == 1:
         return None
+    if ctx.axis_size("cp") > 1:  # dp × cp (the batch group): cp ranks hold the same parameters and gradients
+        return ctx.batch_group
     return ctx.mesh["dp"].get_group()
 
 

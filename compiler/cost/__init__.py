@@ -245,7 +245,7 @@ class CostModel:
 
     def _stages(self, plan, env, layout) -> tuple:
         p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
-        per_param = MEM.state_per_param(self.spec.train.precision, plan.data_parallel, plan.size("dp"),
+        per_param = MEM.state_per_param(self.spec.train.precision, plan.data_parallel, zero_ranks(plan),
                                         plan.grad_reduce).total
         fo = self.formulas
         pro, epi = fo.params.prologue(env), fo.params.epilogue(env)
@@ -275,7 +275,7 @@ class CostModel:
         rank with all the stages it holds. Two moments compete: the start of the backward of the last
         micro-batch (every activation in flight kept, the loss's logits and their gradients alive) and the
         optimizer step (every gradient and moment alive, AdamW's temporaries)."""
-        dp = plan.size("dp")
+        dp = zero_ranks(plan)  # the ranks the ZeRO stages shard over: dp, or dp × cp
         sh = MEM.shard_of(plan.data_parallel, dp)
         batch_ranks = plan.size("dp") * plan.size("ep")
         m = plan.micro_batches
@@ -327,7 +327,7 @@ class CostModel:
             # FSDP2 with ep (runtime.train._shard_experts): the dense weights shard over dp × ep, the experts (E/ep
             # of them here) over dp; `dp` below is then the rank's parameters over its shard of them
             dp = (params / (dense / (plan.size("dp") * ep) + (params - dense) / plan.size("dp"))
-                  if fsdp2 and ep > 1 and params else plan.size("dp"))
+                  if fsdp2 and ep > 1 and params else zero_ranks(plan))
             per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
             sh = MEM.shard_of(plan.data_parallel, dp)
             if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
@@ -338,7 +338,8 @@ class CostModel:
             elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
                 # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
                 units = root + (1 + plan.fsdp_prefetch) * block
-                d, e = plan.size("dp"), (1 + plan.fsdp_prefetch) * expert_unit  # experts gathered over dp alone
+                # experts gathered over dp alone; under cp (no ep) the units over dp × cp
+                d, e = zero_ranks(plan), (1 + plan.fsdp_prefetch) * expert_unit
                 gathered = (2 * units if bf16 else
                             4 * ((units - e) * (d * ep - 1) / (d * ep) + e * (d - 1) / d))
                 weights_fb = 4 * params / dp + gathered
@@ -600,10 +601,12 @@ class CostModel:
         if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
             # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
             # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
+            # under cp the whole model shards over dp × cp (runtime.mesh's dense_mesh: torchtitan's folding)
             parts = ((("dp×ep", plan.span("axis ep"), "the dense ", "the dense ", params_rank - experts_rank,
                        lambda: sympy.expand(params() - experts())),
                       ("dp", span, "the experts' ", "the experts' ", experts_rank, experts)) if ep > 1 else
-                     (("dp", span, "each block's ", "the ", params_rank, params),))
+                     (("dp×cp" if plan.size("cp") > 1 else "dp", span, "each block's ", "the ", params_rank,
+                       params),))
             # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
             # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
             gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
@@ -640,12 +643,22 @@ class CostModel:
             add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
                 params)
         if plan.data_parallel == "zero1" and dp > 1:
-            # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep
-            add("broadcast", "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
+            # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep; under
+            # cp over dp × cp, the batch group
+            add("broadcast", "dp×cp" if plan.size("cp") > 1 else "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
                 "updated (one bucket per rank)", params, width=w)
 
 def _recompute(plan) -> str:
     return getattr(plan, "recompute", "none")
+
+
+def zero_ranks(plan) -> int:
+    """The ranks zero1, zero2 and fsdp shard a rank's model state over (runtime.mesh's dense_mesh, runtime.train's
+    _zero1_group): dp, or dp × cp under context parallelism (cp shards no weight: every cp rank holds the whole
+    model, so torchtitan folds cp into FSDP's mesh); 1 when dp is (the ZeRO stages are then ddp). With ep the
+    experts complicate it: the callers fold ep themselves."""
+    dp = plan.size("dp")
+    return dp * plan.size("cp") if dp > 1 else dp
 
 
 def _saved_mode(plan) -> str:

@@ -348,8 +348,10 @@ def _build(spec, traced, precision: str) -> Formulas:
     for mode in ("selective", "full"):
         per = sum((c * F.recomputed_forward(g, mode) for c, g in
                    ((gm.meta[T.REPEAT].count, gm) for gm in traced.blocks.values())), sympy.Integer(0))
-        # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones
-        recompute_step[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, **{size(a): 1 for a in AXES}}))
+        # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones (cp's too: a cp
+        # rank's S/cp queries against its keys are at cp = 1 the whole sequence's, as flops_step counts them)
+        recompute_step[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, size("cp"): 1,
+                                                          **{size(a): 1 for a in AXES}}))
     sites = tuple(SiteFormula(site, fn(site.elements)) for site in L.sites(traced))
     partial = tuple(PartialFormula(k, fn(v)) for k, v in L.partial_grads(traced).items())
     counts = {name: Count(gm.meta[T.REPEAT].count, int(spec.value(gm.meta[T.REPEAT].count)))

@@ -1,7 +1,7 @@
 """What context parallelism requires (the rules of compiler/passes/context_parallel.py's plans): a sequence that cuts
 into 2·cp equal chunks, heads that divide over cp under `context_parallel = all_to_all` (Ulysses), attention the
-pass can run, and none of the combinations not built yet. Each combination not built is refused here, at the
-setting that asks for it, never run some other way.
+pass can run, and none of the combinations not built yet (selective recomputation with ring among them). Each
+combination not built is refused here, at the setting that asks for it, never run some other way.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
 """
@@ -75,16 +75,19 @@ def requires(spec: S.Spec, plan) -> list:
             out.append(plan_error(plan, at, "E0313", f"context parallelism with {what} (`axis {other}`) is not "
                                   "built yet", label=f"cp = {cp} with {other} = {plan.size(other)}",
                                   help="remove one of the two axes (cp composes with dp, tp and pp today)"))
-    if plan.data_parallel != "ddp" and plan.size("dp") > 1:
+    # zero1, zero2 and fsdp shard over dp × cp (torchtitan's folding: runtime.mesh's dense_mesh); with ep beside
+    # them the dense weights would fold over dp × ep × cp and the experts over dp × cp: not built
+    if plan.data_parallel != "ddp" and plan.size("dp") > 1 and plan.size("ep") > 1:
         out.append(plan_error(plan, "data_parallel", "E0314", f"data_parallel = {plan.data_parallel} with context "
-                              "parallelism is not built yet", label="cp composes with ddp",
-                              help="use `data_parallel = ddp` (the gradients all-reduced over dp × cp)"))
+                              "and expert parallelism together is not built yet",
+                              label=f"{plan.data_parallel} over dp × cp, or over dp × ep, not both",
+                              help="use `data_parallel = ddp`, or remove the cp or the ep axis"))
     if plan.compile:
         out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
                               "compiling a context-parallel program is not built yet", label="compile = true",
                               help="set `compile = false`"))
-    if plan.recompute != "none":
-        out.append(plan_error(plan, "recompute", "E0316", f"recompute = {plan.recompute} with context parallelism "
-                              "is not built yet", label="the gathers' recomputation is not ledgered",
-                              help="set `recompute = none`"))
+    if plan.recompute == "selective" and plan.context_parallel == "ring":
+        out.append(plan_error(plan, "recompute", "E0316", "recompute = selective with context_parallel = ring is "
+                              "not built yet", label="what it keeps and re-sends is not modelled",
+                              help="use `recompute = full`, or `context_parallel = all_gather` or `all_to_all`"))
     return out

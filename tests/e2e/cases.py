@@ -334,6 +334,35 @@ CASES = (
          description="the three together, 8 ranks: 1F1B over pp × cp 2 (all_gather) × tensor + sequence "
                      "parallelism over tp: each stage's sends S/(cp·tp) tokens long, each tp rank's heads' keys "
                      "gathered over cp"),
+    Case(id="cp2_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, recompute="full"),
+         description="full recomputation under cp 2 (all_gather): each block's forward re-run in backward, the "
+                     "all-gathers of its keys and values with it (the ledger's re-runs)"),
+    Case(id="cp2_recompute_selective", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, recompute="selective"),
+         description="selective recomputation under cp 2 (all_gather): the attention core recomputed in backward "
+                     "and the keys and values gathered again (all-gathers are re-run, not kept: runtime.recompute)"),
+    Case(id="cp2_ring_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="ring", recompute="full"),
+         description="full recomputation under ring attention: the ring's sends re-run with each block's forward"),
+    Case(id="cp2_all_to_all_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="all_to_all", recompute="full"),
+         description="full recomputation under Ulysses: the all-to-alls re-run with each block's forward"),
+    Case(id="cp2_all_to_all_recompute_selective", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="all_to_all", recompute="selective"),
+         description="selective recomputation under Ulysses: the all-to-alls' outputs kept (runtime.recompute "
+                     "saves functional all-to-alls), the attention core recomputed"),
+    Case(id="dp2_cp2_fsdp", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp"),
+         description="FSDP2 over dp 2 × cp 2, as torchtitan folds them: the weights (whole on every cp rank) sharded "
+                     "over all four ranks, gathered and reduce-scattered there, the gradients divided by dp × cp"),
+    Case(id="dp2_cp2_zero1", sample="samples/gpt_dp.scale", nproc=4, edits=CLIP,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="zero1"),
+         description="zero1 over dp 2 × cp 2: AdamW's state partitioned over all four ranks (ZeroRedundancyOptimizer "
+                     "over the batch group), clipping engaged"),
+    Case(id="dp2_cp2_zero2", sample="samples/gpt_dp.scale", nproc=4,
+         plan=dict(axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="zero2"),
+         description="zero2 (FSDP2, kept gathered to backward) over dp 2 × cp 2"),
     # context_parallel = ring: the keys and values passed around the cp group (cp - 1 steps forward; backward again
     # with their gradients, one more step home), partial outputs merged by their log-sum-exp
     Case(id="cp2_ring", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=dict(CP2, context_parallel="ring"),

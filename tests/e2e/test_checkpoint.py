@@ -144,6 +144,28 @@ def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+def test_cp2_resumes_on_one_device_and_on_tp2(reference, tmp_path):
+    """cp shards no weight (issue 24): a cp 2 checkpoint (written by cp rank 0, every weight and moment whole) is
+    the layout-independent form as it stands; one device and tp 2 read it and continue as the single device
+    does."""
+    text = _sample("gpt_tp", axes=(("cp", 2),), devices_per_node=2, context_parallel="all_gather")
+    first, ckpt = _interrupt(text, "cp2", tmp_path, nproc=2)
+    want = reference(text)
+    one = _resume(on_plan(text, **ONE), "cp2_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + one.losses, want)
+    tp2 = _resume(on_plan(text, **TP2), "cp2_to_tp2", tmp_path, ckpt, nproc=2)
+    _same(first.losses + tp2.losses, want)
+
+
+def test_fsdp_over_dp_cp_resumes_on_one_device(reference, tmp_path):
+    """FSDP over dp × cp (the weights and AdamW's state sharded over all four ranks, the flattened mesh's DTensors):
+    saved whole, resumed on one device as the single device continues."""
+    text = _sample("gpt_dp", axes=(("dp", 2), ("cp", 2)), devices_per_node=4, data_parallel="fsdp")
+    first, ckpt = _interrupt(text, "dp2_cp2_fsdp", tmp_path, nproc=4)
+    second = _resume(on_plan(text, **ONE), "dp2_cp2_fsdp_to_one", tmp_path, ckpt, nproc=1)
+    _same(first.losses + second.losses, reference(text))
+
+
 def test_zero1_resumes_on_zero1(reference, tmp_path):
     """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
     read back by zero1 (each rank its partition again), training continues as the single-device run does, which
