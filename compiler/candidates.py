@@ -1,7 +1,8 @@
 """Many plans of one model from one trace: decide, check and cost a candidate without re-reading text or tracing.
 
 The graphs the passes produce depend on a plan's *structure* only: whether tp shards (and which layer kinds, with
-or without sequence parallelism), whether ep shards experts, whether pp cuts the top level. Their shapes, FLOPs
+or without sequence parallelism), whether ep shards experts, whether pp cuts the top level, and under cp its size
+and attention variant (the formulas bind cp as a constant: one structure per cp size). Their shapes, FLOPs
 and collectives stay sympy expressions of the axis sizes (`tp`, `ep`, `dp`) and the micro-batch size, so one
 sharded trace per structure serves every candidate of that structure: the sizes are numbers given at the end.
 The same functions decide and lower the plan that `compile` runs (compiler/lower.py: `decide_parallel`, `lower`,
@@ -20,9 +21,13 @@ from compiler.symbols import size
 
 
 def structure(plan: P.Plan) -> tuple:
-    """The plan's structure, as the cost model keys it (compiler.cost.structure_of)."""
+    """The plan's structure, as the cost model keys it (compiler.cost.structure_of), with, under cp, the cp size and
+    its attention variant: the context-parallel pass rewrites the graphs per variant, and the formulas bind the cp
+    degree as a constant when they are built (compiler/cost/formulas.py), so each cp size is a structure of its own."""
     from compiler.cost import structure_of
-    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
+    cp = plan.size("cp")
+    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
+        ((cp, plan.context_parallel),) if cp > 1 else ())
 
 
 @dataclass

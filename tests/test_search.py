@@ -348,3 +348,76 @@ def test_search_costs_pipelines_over_two_repeats(tmp_path, capsys):
     assert main(["search", str(path), "--top", "1", "--fix", "pp=2", "--json"]) == 0
     (best,) = json.loads(capsys.readouterr().out)["winners"]
     assert "pp=2" in best["describe"] and len(best["memory"]) == 2  # a row per pp rank
+
+
+LONG = """
+model long_llama {
+  vocab   = 32000
+  hidden  = 1024
+  heads   = 8
+  kv      = 8
+  layers  = 4
+  ffn     = 4096
+  seq     = 131072
+
+  embedding(vocab, hidden)
+  repeat layers {
+    residual { rmsnorm(hidden, eps = 1e-5)  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000) }
+    residual { rmsnorm(hidden, eps = 1e-5)  mlp(hidden, ffn, act = swiglu, bias = false) }
+  }
+  rmsnorm(hidden, eps = 1e-5)
+  lm_head(vocab, hidden, tied = false)
+  cross_entropy
+}
+
+mesh {
+  axis dp = 8
+  nodes = 1
+  devices_per_node = 8
+  device = h100
+}
+
+plan {
+  compile = false
+}
+
+train {
+  global_batch = 8
+  seq_len      = seq
+  steps        = 10
+  precision    = bf16
+  optimizer    = adamw(lr = 3e-4)
+}
+"""
+
+
+def test_search_tries_cp_on_a_long_sequence(tmp_path):
+    """At 128K tokens the sequence does not fit one rank's memory without cp (dp 8, ddp): the search enumerates cp
+    sizes and variants, the rules prune what is not built (cp with tp or pp, recomputation, ZeRO), each cp size is a
+    pass structure of its own (its formulas bind cp), and the winner shards the sequence, with reasons naming cp."""
+    path = tmp_path / "long.scale"
+    path.write_text(LONG)
+    spec = check_path(str(path))
+    no_cp = Candidates(spec)
+    decided = no_cp.decide(spec.plan)
+    assert no_cp.estimate(decided).peak_bytes > spec.mesh.device.memory_gb * 1e9  # without cp it does not fit
+    res = SE.search(spec, top=3)
+    best = res.winners[0]
+    assert best.plan.size("cp") > 1
+    assert any(r.startswith(f"cp {best.plan.size('cp')} keeps 128K activations at ") for r in best.reasons)
+    assert any("inside a node" in r or "crosses nodes" in r for r in best.reasons if r.startswith("cp "))
+    for w in res.winners:  # every winner is legal, fits and is costed at its own cp size
+        assert Candidates(spec).requires(w.plan) == []
+        assert w.peak_bytes <= spec.mesh.device.memory_gb * 1e9
+        if w.plan.size("cp") > 1:
+            assert w.plan.size("tp") == w.plan.size("pp") == 1 and w.plan.recompute == "none"  # E0313, E0316
+            out = tmp_path / f"cp{w.plan.size('cp')}.scale"
+            out.write_text(SE.scale_text(spec, w))
+            compiled = compile_checked(str(out))
+            assert compiled.costs.peak_bytes == pytest.approx(w.peak_bytes, rel=1e-9)
+    assert res.counts.structures > 3  # one pass structure per cp size and variant
+    assert any(line.startswith("context_parallel ") for line in res.rejected) or \
+        len({w.plan.context_parallel for w in res.winners if w.plan.size("cp") > 1}) > 1
+    fixed = SE.search(spec, top=1, fixed={"cp": 4, "context_parallel": "all_gather"}).winners[0].plan
+    assert fixed.size("cp") == 4 and fixed.context_parallel == "all_gather"
+    assert SE.search(spec, top=1, fixed={"cp": 2, "tp": 2}).winners == []  # E0313: cp with tp is not built

@@ -145,10 +145,16 @@ class _Search:
 
     # -- bookkeeping of families for the report ------------------------------------------------------------------
 
-    def _stat(self, plan):
-        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep") if a != "ep" or self.moe]
+    def _stat_keys(self, plan) -> list:
+        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep", "cp") if a != "ep" or self.moe]
         if plan.size("pp") > 1:
             keys.append(("schedule", plan.schedule))
+        if plan.size("cp") > 1:
+            keys.append(("context_parallel", plan.context_parallel))
+        return keys
+
+    def _stat(self, plan):
+        keys = self._stat_keys(plan)
         return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
                                           "min_peak": None, "best_exact": None, "best_bound": None})
                 for k in keys]
@@ -156,13 +162,12 @@ class _Search:
     def _refused(self, plan, problems, times: int = 1):
         """Count each refusal against the family it belongs to: a tensor-parallel code against the tp value, a
         pipeline code against pp and the schedule, an expert code against ep, any other against all."""
-        own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07"}
+        own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07", "cp": "E031", "context_parallel": "E031"}
         stats = self._stat(plan)
-        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep") if a != "ep" or self.moe]
-        if plan.size("pp") > 1:
-            keys.append(("schedule", plan.schedule))
+        keys = self._stat_keys(plan)
         for (a, _), st in zip(keys, stats):
-            mine = [d for d in problems if d.code.startswith(own[a]) or d.code[:3] not in own.values()]
+            mine = [d for d in problems if d.code.startswith(own[a])
+                    or not any(d.code.startswith(o) for o in own.values())]
             for d in mine[:1] or problems[:1]:
                 st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
 
@@ -183,15 +188,18 @@ class _Search:
         (E07xx: ep, dp, sequence parallelism, data_parallel). The rules themselves are only ever called."""
         keys = {"E04": (plan.size("tp"), plan.sequence_parallel, plan.pad_vocab),
                 "E06": (plan.size("pp"), plan.schedule, plan.virtual_stages),
-                "E07": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel)}
+                "E07": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel),
+                # the context-parallel codes (E031x): cp, its variant and the settings they say cp is not built with
+                "E031": (plan.size("cp"), plan.context_parallel, plan.size("tp"), plan.size("pp"), plan.size("ep"),
+                         plan.size("dp") > 1, plan.data_parallel, plan.recompute, plan.compile)}
         for prefix, k in keys.items():
             got = memo.get((prefix, k))
             if got is not None:
                 return plan, got
         plan, problems = self._legal(plan)
         for d in problems:
-            prefix = d.code[:3]
-            if prefix in ("E04", "E07") or d.code in ("E0601", "E0604", "E0605"):
+            prefix = d.code[:4] if d.code.startswith("E031") else d.code[:3]
+            if prefix in ("E04", "E07", "E031") or d.code in ("E0601", "E0604", "E0605"):
                 memo.setdefault((prefix, keys[prefix]), []).append(d)
         return plan, problems
 
@@ -376,7 +384,7 @@ class _Search:
         seen_structures = set()
         from compiler.candidates import structure
         memo: dict = {}
-        whole = ("E04", "E07", "E0601", "E0604", "E0605")  # refusals the micro-batch count does not change
+        whole = ("E04", "E07", "E031", "E0601", "E0604", "E0605")  # refusals the micro-batch count does not change
         for make, ms in groups:
             first, problems = self._family_legal(make(ms[0]), memo)
             if problems and any(d.code.startswith(whole) for d in problems):

@@ -81,9 +81,16 @@ def reasons(s, d, est, pred, best_t) -> list:
     if ep > 1:
         where = "cross nodes" if lk["ep"].crosses_nodes else "stay inside a node"
         out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed")
+    cp = d.size("cp")
+    if cp > 1:
+        seq = d.seq_len
+        out.append(f"cp {cp} keeps {_tokens(seq)} activations at {nbytes(est.peak_bytes)} "
+                   f"({seq // cp:,} tokens of each sequence per rank; {d.context_parallel})")
+        where = "crosses nodes" if lk["cp"].crosses_nodes else "stays inside a node"
+        out.append(f"cp {cp} {where} ({seconds(pred.exposed_comm_s.get('cp', 0.0))} of cp traffic exposed)")
     dpn = d.size("dp")
     if dpn > 1:
-        dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep"))
+        dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep", "dp×cp"))
         out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
     tried = s.family_log.get(_family(d), [])
     peak = est.peak_bytes
@@ -127,22 +134,29 @@ def reasons(s, d, est, pred, best_t) -> list:
     return out
 
 
+def _tokens(seq: int) -> str:
+    """131072 -> "128K", 4096 -> "4K", 1000 -> "1,000-token"."""
+    return f"{seq // 1024}K" if seq % 1024 == 0 else f"{seq:,}-token"
+
+
 def rejected(s, winners, best_t) -> list:
     """One line per axis value, and per schedule, that is not among the winners, with what refused it, what it
     would need in memory, or how much slower it is (exactly, when simulated; as a lower bound, when pruned)."""
     from compiler.cost.step_time import links
     won = set()
     for w in winners:
-        for a in ("tp", "pp", "ep"):
+        for a in ("tp", "pp", "ep", "cp"):
             won.add((a, w.plan.size(a)))
         if w.plan.size("pp") > 1:
             won.add(("schedule", w.plan.schedule))
+        if w.plan.size("cp") > 1:
+            won.add(("context_parallel", w.plan.context_parallel))
     out = []
     refused: dict = {}  # (axis, code) -> [values], the message of the first: one line for many values
     for (a, n), st in sorted(s.stats.items(), key=lambda kv: (kv[0][0], str(kv[0][1]).zfill(8))):
         if (a, n) in won:
             continue
-        name = f"{a} {n}" if a != "schedule" else n
+        name = f"{a} {n}" if a != "schedule" else n  # "context_parallel ring": cp's attention variant
         if not st["passed"] and st["refused"] and not st["costed"] and st["best_bound"] is None:
             code, msg = _why_refused(st)
             got = refused.setdefault((a, code), (len(out), [], msg))
@@ -157,9 +171,9 @@ def rejected(s, winners, best_t) -> list:
                        f"(its least: {what})")
             continue
         why = ""
-        if a == "tp" and n > 1:
-            probe = replace(s.base, axes=(("dp", s.world // n), ("tp", n)))
-            why = " crosses nodes:" if links(probe, s.device)["tp"].crosses_nodes else ""
+        if a in ("tp", "cp") and n > 1:
+            probe = replace(s.base, axes=(("dp", s.world // n), (a, n)))
+            why = " crosses nodes:" if links(probe, s.device)[a].crosses_nodes else ""
         if st["best_exact"] is not None and best_t:
             t, what = st["best_exact"]
             out.append(f"{name}{why} {t / best_t:.2f}× slower than the best (its best: {what})")

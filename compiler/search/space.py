@@ -3,7 +3,8 @@ variants) it enumerates. compiler/search/prune.py walks it; nothing here costs o
 
 What is fixed and what is free. The model and the `train` section (global batch, sequence length, precision) are
 fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
-is free: the axis sizes dp, tp, pp and (for a model with `moe` layers) ep, the pipeline schedule and its virtual
+is free: the axis sizes dp, tp, pp, cp (with its attention variant, `context_parallel`) and (for a model with
+`moe` layers) ep, the pipeline schedule and its virtual
 stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
 fsdp; for zero2 and fsdp with several micro-batches and no pp, also when FSDP2 reduce-scatters: `fsdp_grad_sync`).
 The file's own axes and plan settings are NOT constraints: the file is read by `check_path(cluster_only=True)`, so
@@ -12,8 +13,9 @@ change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
 `tp_layers` and `pad_vocab` are the file's, except that a tp degree the vocabulary refuses only for want of padding
 (E0403 alone) is tried with `pad_vocab = true`.
 
-Candidates. The mesh is laid out pp, dp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices of
-a node, pp outermost); an axis of size 1 is left out, except dp. A *family* is a mesh shape with its sequence
+Candidates. The mesh is laid out pp, dp, cp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices
+of a node, cp next to it, pp outermost); an axis of size 1 is left out, except dp. cp's families carry their
+attention variant (all_gather, ring, all_to_all: each its own graphs, so its own pass structure per cp size). A *family* is a mesh shape with its sequence
 parallelism, micro-batch size and schedule (with its virtual stages); its *variants* are its dp shardings and
 recomputations. Every candidate is checked by the rules (compiler/rules/, through `Candidates.requires`: the one
 copy of every divisibility and legality rule; nothing here restates one), costed by the memory model
@@ -29,13 +31,17 @@ from compiler import spec as S
 from runtime import choices  # torch-free
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
-FIX_KEYS = ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
-            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync")
+FIX_KEYS = ("dp", "tp", "pp", "ep", "cp", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
+            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel")
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 DP_MODES = choices.DATA_PARALLEL
 GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
 RECOMPUTE = choices.RECOMPUTE
-ORDER = ("pp", "dp", "ep", "tp")  # the mesh's axes, outermost first
+CONTEXT_PARALLEL = choices.CONTEXT_PARALLEL  # the cp attention variants, each a family of its own (its own graphs)
+# The mesh's axes, outermost first. cp sits inside dp and outside ep and tp: torchtitan's dp_shard × cp × tp and
+# Megatron-Core's tp-cp-ep-dp-pp (innermost first), so tp keeps the neighbouring devices and cp takes the next
+# ones (a cp group stays inside a node while cp × ep × tp divides it), its KV traffic beside tp's rather than dp's.
+ORDER = ("pp", "dp", "cp", "ep", "tp")
 
 
 class FixError(ValueError):
@@ -50,7 +56,7 @@ def parse_fixes(items) -> dict:
         key, value = key.strip(), value.strip().strip('"')
         if not eq or key not in FIX_KEYS:
             raise FixError(f"--fix {item!r}: expected KEY=VALUE with KEY one of {', '.join(FIX_KEYS)}")
-        if key in ("dp", "tp", "pp", "ep", "virtual_stages", "micro_batches", "micro_batch_size"):
+        if key in ("dp", "tp", "pp", "ep", "cp", "virtual_stages", "micro_batches", "micro_batch_size"):
             if not value.isdigit() or int(value) < 1:
                 raise FixError(f"--fix {item!r}: {key} takes a positive integer")
             out[key] = int(value)
@@ -60,7 +66,7 @@ def parse_fixes(items) -> dict:
             out[key] = value == "true"
         else:
             choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
-                       "fsdp_grad_sync": GRAD_SYNCS}[key]
+                       "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL}[key]
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
@@ -78,7 +84,7 @@ def _group(plan) -> tuple:
     """What a family is without its micro-batch size."""
     # without pp a step of one micro-batch holds no accumulated gradient at its peak: a group of its own
     return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab,
-            plan.size("pp") == 1 and plan.micro_batches == 1)
+            plan.size("pp") == 1 and plan.micro_batches == 1, plan.context_parallel)
 
 
 def _variant(plan) -> tuple:
@@ -87,7 +93,8 @@ def _variant(plan) -> tuple:
 
 
 def _family(plan) -> tuple:
-    return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel)
+    return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel,
+            plan.context_parallel)
 
 
 def _axes(sizes: dict) -> tuple:
@@ -108,19 +115,21 @@ class Space:
         self.blocks = int(spec.value(reps[0].count)) if len(reps) == 1 else 1
 
     def shapes(self):
-        """Every (pp, dp, ep, tp) of the world size, respecting `--fix`."""
+        """Every (pp, dp, cp, ep, tp) of the world size, respecting `--fix`. Every cp size is enumerated; which
+        combinations are built is the rules' to say (compiler/rules/context_parallel.py), never this loop's."""
         f = self.fixed
         eps = _divisors(self.world) if self.moe else [1]
         for tp in _divisors(self.world):
             for pp in _divisors(self.world // tp):
-                for ep in eps:
-                    if (self.world // (tp * pp)) % ep:
-                        continue
-                    dp = self.world // (tp * pp * ep)
-                    sizes = {"pp": pp, "dp": dp, "ep": ep, "tp": tp}
-                    if any(a in f and f[a] != n for a, n in sizes.items()):
-                        continue
-                    yield sizes
+                for cp in _divisors(self.world // (tp * pp)):
+                    for ep in eps:
+                        if (self.world // (tp * pp * cp)) % ep:
+                            continue
+                        dp = self.world // (tp * pp * cp * ep)
+                        sizes = {"pp": pp, "dp": dp, "cp": cp, "ep": ep, "tp": tp}
+                        if any(a in f and f[a] != n for a, n in sizes.items()):
+                            continue
+                        yield sizes
 
     def groups(self, sizes: dict):
         """The families of one mesh shape, grouped by what the micro-batch size does not change: for each schedule
@@ -141,15 +150,20 @@ class Space:
             scheds += [("interleaved-1f1b", v) for v in range(2, self.blocks // pp + 1)]
             scheds += [("gpipe", 1)]
         axes = _axes(sizes)
-        for sched, v in scheds:
+        if sizes.get("cp", 1) > 1:  # each attention variant is its own graphs: a group of its own
+            cpvs = [f["context_parallel"]] if "context_parallel" in f else list(CONTEXT_PARALLEL)
+        else:
+            cpvs = ["all_gather"]  # without cp the setting is moot (W0310): the default, one group
+        for (sched, v), cpv in ((x, c) for x in scheds for c in cpvs):
             if pp > 1 and "schedule" in f and f["schedule"] != sched:
                 continue
             if f.get("virtual_stages", v) != v:
                 continue
             for sp in sps:
-                def make(m, sched=sched, v=v, sp=sp):
+                def make(m, sched=sched, v=v, sp=sp, cpv=cpv):
                     return P.evolve(self.base, axes=axes, micro_batches=m, schedule=sched, virtual_stages=v,
-                                    sequence_parallel=sp, recompute=f.get("recompute", "none"),
+                                    sequence_parallel=sp, context_parallel=cpv,
+                                    recompute=f.get("recompute", "none"),
                                     data_parallel=f.get("data_parallel", "ddp"),
                                     fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
