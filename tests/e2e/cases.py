@@ -218,6 +218,18 @@ CASES = (
                      "DeepSeek-V3's router: sigmoid scores, each token's top-2 experts chosen within its 2 best of "
                      "4 groups of 2, the gates not renormalised, × 2.5, its auxiliary-loss-free expert bias moved "
                      "after each step by the load summed over both ranks (steps 2 and 3 route by it)"),
+    Case(id="deepseek_ep4", sample="samples/tiny_deepseek.scale", nproc=4,
+         plan=dict(axes=(("ep", 4),), devices_per_node=4),
+         description="DeepSeek-V3's shape over ep = 4 (2 of the 8 experts per rank): latent attention, a dense first "
+                     "block then MoE blocks, fine-grained experts with a shared one, the sigmoid router choosing "
+                     "within its best 2 of 4 groups, gates × 2.5, the expert bias moved after each step by the load "
+                     "summed over the 4 ranks, dropless grouped dispatch (counts exchanged, variable all-to-alls)"),
+    Case(id="moe_ep4_qwen2_router", sample=MOE, nproc=4, edits=CLIP + (
+            ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
+             "                                      shared_gate = sigmoid)"),),
+         plan=dict(axes=(("ep", 4),), devices_per_node=4),
+         description="Qwen2-MoE's router over ep = 4: softmax gates not renormalised over the top 2, a shared expert "
+                     "scaled per token by its sigmoid gate, choices over capacity dropped"),
     Case(id="moe_dp2_ep2_zero1", sample=MOE, nproc=4, edits=CLIP,
          plan=dict(axes=(("dp", 2), ("ep", 2)), devices_per_node=4, data_parallel="zero1"),
          description="ep folded out of data parallelism: batch over dp × ep, dense gradients averaged over dp × ep "
