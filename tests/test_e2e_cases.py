@@ -9,11 +9,11 @@ import pytest
 
 from compiler import plan as P
 from compiler.check import check_text
-from tests.e2e.cases import CASES, Case
+from tests.e2e.cases import ALL_CASES, CASES, MORE, MORE_IDS, Case
 from tests.e2e.runner import case_text, single_device
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.plan], ids=[c.id for c in CASES if c.plan])
+@pytest.mark.parametrize("case", [c for c in ALL_CASES if c.plan], ids=[c.id for c in ALL_CASES if c.plan])
 def test_case_file_holds_its_plan_fields(case):
     plan = check_text(case_text(case), f"{case.id}.scale").plan
     assert {k: getattr(plan, k) for k, _ in case.plan} == dict(case.plan)
@@ -24,7 +24,7 @@ def test_references_depend_on_the_model_not_the_plan():
     """One reference per (sample, model and train edits, fp32_residual): the plan fields and the sample's plan and
     mesh wording leave it unchanged, and it is one device with the plan section's defaults."""
     refs: dict = {}
-    for case in CASES:
+    for case in ALL_CASES:
         text = single_device(case_text(case))
         key = (case.sample, case.edits, dict(case.plan).get("fp32_residual", False))
         assert refs.setdefault(key, text) == text, f"case {case.id}: another reference than its model's other cases"
@@ -40,3 +40,10 @@ def test_a_case_names_only_plan_fields():
         Case(id="x", sample="samples/gpt_dp.scale", nproc=2, description="", plan=dict(global_batch=32))
     assert Case(id="x", sample="samples/gpt_dp.scale", nproc=2, description="",
                 plan=dict(data_parallel="fsdp")).plan == (("data_parallel", "fsdp"),)
+
+
+def test_the_cases_out_of_the_suite_are_named_and_still_valid():
+    """Every id MORE names is a case of the table (a renamed case cannot silently leave both lists), and the two
+    lists split the table."""
+    assert MORE_IDS == {c.id for c in MORE} and len(CASES) + len(MORE) == len(ALL_CASES)
+    assert len({c.id for c in ALL_CASES}) == len(ALL_CASES)

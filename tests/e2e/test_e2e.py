@@ -3,11 +3,12 @@ the same gradients after the first backward (fp32, relative 1e-5)."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
-from tests.e2e.cases import CASES, Case
+from tests.e2e.cases import CASES, MORE, Case
 from tests.e2e.runner import ROOT, assert_same_training, case_text, launch, single_device
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +28,11 @@ def references(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# the cases out of the CI suite (tests/e2e/cases.py MORE) with SCALEC_E2E_MORE=1 (bench/e2e_more.py)
+RUN = CASES + (MORE if os.environ.get("SCALEC_E2E_MORE") else ())
+
+
+@pytest.mark.parametrize("case", RUN, ids=[c.id for c in RUN])
 def test_plan_matches_single_device(case: Case, references, tmp_path):
     text = case_text(case)
     # runtime.memory's tracker runs compiled regions eagerly: a compiled case's report would measure the eager
