@@ -59,12 +59,13 @@ def check_plan(spec: S.Spec, plan) -> list[Diagnostic]:
 # that passes one plan passes every plan that agrees on these; tests/test_rules.py holds `Checker` equal to
 # `check_plan` over a search's whole space, so a rule that starts reading another setting must be named here.
 READS = {
-    "tensor_parallel": lambda p: (p.size("tp"), p.tp_layers, p.pad_vocab, p.sequence_parallel, p.seq_len),
+    "tensor_parallel": lambda p: (p.size("tp"), p.tp_layers, p.pad_vocab, p.sequence_parallel, p.seq_len,
+                                  p.size("cp")),
     "pipeline_split": lambda p: (p.size("pp"), p.virtual_stages, p.schedule, p.recompute, p.compile,
                                  p.span("compile") is not None, p.micro_batches, p.layout),
     "expert_parallel": lambda p: (p.size("ep"), p.size("tp"), p.size("dp") > 1, p.sequence_parallel,
                                   p.data_parallel),
-    "context_parallel": lambda p: (p.size("cp"), p.seq_len, p.context_parallel, p.size("pp"), p.size("tp"),
+    "context_parallel": lambda p: (p.size("cp"), p.seq_len, p.context_parallel, p.size("pp"), p.size("tp"), p.tp_layers,
                                    p.size("ep"), p.data_parallel, p.size("dp") > 1, p.compile, p.recompute,
                                    p.span("compile") is not None),
     "packed": lambda p: (p.size("pp"), p.size("tp"), p.size("ep"), p.compile, p.span("compile") is not None),

@@ -9,8 +9,8 @@ Pruning, in order, each with why it is safe or what it may miss:
    compute and activations over tp, and adds one small all-reduce of the norm gradients per step. The search tries
    it alone where a rule allows it (not when tp does not divide the sequence) and
    without it otherwise or when fixed. May miss: a model so small that that step's all-reduce costs more than the
-   norms' compute it saves (tiny CPU models: tests/test_search_oracle.py finds such plans 1-3% faster on two of its
-   three samples); and under selective recomputation, which gathers each region's sequence-parallel input again
+   norms' compute it saves (tiny CPU models: tests/test_search_oracle.py finds such a plan 5% faster on
+   moe_gpt's whole space); and under selective recomputation, which gathers each region's sequence-parallel input again
    in backward (runtime.recompute: one all-gather more per region), a plan whose memory does not need sequence
    parallelism's sharded activations. `--fix sequence_parallel=false` costs that side.
 3. Data parallelism of size 1. With dp = 1 the ZeRO stages shard nothing: only ddp is tried. Safe.
