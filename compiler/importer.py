@@ -599,6 +599,20 @@ class _Importer:
         qkv = self.boolean("qkv_bias") if self.type == "qwen2_moe" else False
         return experts, top_k, aux, ffn, shared, norm, qkv
 
+    def theta_in(self, d: dict, where: str, theta, theta_src):
+        """(rotary base, where it was read): `where`'s own rope_theta (transformers 5 writes it in
+        rope_parameters), which must agree with a top-level one, else the top-level `theta`; None after an error."""
+        if "rope_theta" not in d:
+            return None if self.number("rope_theta") is None else (theta, theta_src)
+        if "rope_theta" in self.cfg and self.cfg["rope_theta"] != d["rope_theta"]:
+            self.error(("rope_theta",), f"rope_theta {json.dumps(self.cfg['rope_theta'])} differs from "
+                       f"{where}.rope_theta {json.dumps(d['rope_theta'])}", label="two different values",
+                       help="keep one")
+            return None
+        if self.number("rope_theta", (where, "rope_theta"), d["rope_theta"]) is None:
+            return None
+        return d["rope_theta"], f"{where}.rope_theta"
+
     def rope(self):
         """(theta, llama3 tuple or None, theta's source, scaling's source) from rope_theta / rope_scaling
         (transformers 4) or rope_parameters (transformers 5); None after an error."""
@@ -640,17 +654,10 @@ class _Importer:
                 self.error((where, k), f"unknown key `{k}` in `{where}`", code="E0953",
                            label="not known to `scalec import`",
                            help="rope types that map: default, and llama3 with " + ", ".join(_LLAMA3_FIELDS))
-        if "rope_theta" in d:
-            if "rope_theta" in self.cfg and self.cfg["rope_theta"] != d["rope_theta"]:
-                self.error(("rope_theta",), f"rope_theta {json.dumps(self.cfg['rope_theta'])} differs from "
-                           f"{where}.rope_theta {json.dumps(d['rope_theta'])}", label="two different values",
-                           help="keep one")
-                return None
-            theta, theta_src = d["rope_theta"], f"{where}.rope_theta"
-            if self.number("rope_theta", (where, "rope_theta"), theta) is None:
-                return None
-        elif self.number("rope_theta") is None:
+        read = self.theta_in(d, where, theta, theta_src)
+        if read is None:
             return None
+        theta, theta_src = read
         if kind == "default":
             extra = [k for k in _LLAMA3_FIELDS if k in d]
             if extra:

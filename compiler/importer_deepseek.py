@@ -197,17 +197,10 @@ class DeepseekLayout:
                            f"`{k}` is given for rope_type default", code="E0953" if k not in _YARN_FIELDS else "E0954",
                            label="not known to `scalec import`" if k not in _YARN_FIELDS else "not read",
                            help="rope types that map: default, and yarn with " + ", ".join(_YARN_FIELDS[:6]))
-        if "rope_theta" in d:
-            if "rope_theta" in self.cfg and self.cfg["rope_theta"] != d["rope_theta"]:
-                self.error(("rope_theta",), f"rope_theta {json.dumps(self.cfg['rope_theta'])} differs from "
-                           f"{where}.rope_theta {json.dumps(d['rope_theta'])}", label="two different values",
-                           help="keep one")
-                return None
-            theta, theta_src = d["rope_theta"], f"{where}.rope_theta"
-            if self.number("rope_theta", (where, "rope_theta"), theta) is None:
-                return None
-        elif self.number("rope_theta") is None:
+        read = self.theta_in(d, where, theta, theta_src)
+        if read is None:
             return None
+        theta, theta_src = read
         if kind == "default":
             return None if self.diags else (theta, None, theta_src, None)
         return self.yarn(d, where, theta, theta_src)

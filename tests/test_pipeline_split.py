@@ -86,7 +86,7 @@ PP2 = dict(axes=(("pp", 2),), devices_per_node=2)
 
 
 def test_held_cuts_a_stage_at_the_repeats_boundary():
-    from compiler.passes.pipeline_split import held
+    from compiler.trace import held
     edges = (("blocks", 0, 1), ("blocks_2", 1, 4))
     assert held(edges, 0, 2) == ((0, 0, 1), (1, 0, 1))  # the dense block and the first MoE block
     assert held(edges, 2, 4) == ((1, 1, 3),)
@@ -98,7 +98,7 @@ def test_stages_run_across_two_repeats():
     numbers them across both repeats, and the Formulas say which each stage holds."""
     from compiler.check import check_text
     from compiler.pipeline import compile_spec
-    from compiler.passes.pipeline_split import repeat_edges
+    from compiler.trace import repeat_edges
     compiled = compile_spec(check_text(_dense_first(**PP2, micro_batches=2), "dense_first.scale"))
     spec, traced, plan = compiled.spec, compiled.traced, compiled.plan
     assert repeat_edges(traced, spec.value) == (("blocks", 0, 1), ("blocks_2", 1, 4))

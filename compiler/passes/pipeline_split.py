@@ -16,7 +16,6 @@ from torch import fx
 
 from compiler import spec as S
 from compiler import trace as T
-from compiler.trace import held, repeat_edges  # noqa: F401 (the split's block numbering, also read here)
 from compiler.symbols import MICRO_BATCH
 
 

@@ -447,7 +447,7 @@ def _sequence_parallel_moes(gm: fx.GraphModule) -> set:
             raise ValueError(f"sequence parallelism: the `moe` at {layer.span} has {len(inputs)} inputs and "
                              f"{len(outputs)} outputs; expected one of each")
         (x,), (y,) = inputs, outputs
-        first = min(nodes, key=lambda n: list(gm.graph.nodes).index(n))
+        first = nodes[0]  # collected in graph order
         note = Collective("all_gather", None, AXIS, "sequence-parallel input of a moe: routed over whole "
                           "sequences", payload="output")
         with gm.graph.inserting_before(first):
