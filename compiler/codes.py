@@ -158,14 +158,10 @@ CODES: dict[str, Code] = {
                   "is a multiple of 2·cp."),
     "E0312": Code("layer not built under context parallelism", "The context-parallel pass runs causal "
                   "`attention` over keys gathered over cp, at each token's true position. Sliding windows, soft-capped "
-                  "scores, multi-head latent attention and `moe` layers (whose capacity and routing are per "
-                  "sequence) are not built under cp yet and are refused. Remove the axis (give its ranks to dp), or "
-                  "use plain causal attention and MLPs."),
-    "E0313": Code("context parallelism with expert parallelism", "Context parallelism composes with dp (ddp), "
-                  "tp (with or without sequence parallelism: each cp rank's chunk split again over tp, the keys and "
-                  "values of each tp rank's heads gathered over cp) and pp (every schedule: each stage on its cp "
-                  "rank's chunk); with ep it is not built yet, and the plan is refused rather than run without it. "
-                  "Remove one of the two axes."),
+                  "scores, multi-head latent attention and `moe` layers with a capacity (which choices they drop "
+                  "depends on the whole sequence's order, and a cp rank holds 1/cp of it) are not built under cp yet "
+                  "and are refused. A dropless `moe` (`capacity_factor = none`) runs under cp, its aux loss over "
+                  "the whole sequence. Remove the axis (give its ranks to dp), or use plain causal attention."),
     "E0314": Code("sharded data parallelism with context and expert parallelism", "Under cp, zero1, zero2 and "
                   "fsdp shard the model over dp × cp (every cp rank holds the whole model, as torchtitan folds "
                   "them); with ep they fold the dense weights over dp × ep instead, and both together are not built "
@@ -411,6 +407,9 @@ CODES: dict[str, Code] = {
 
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
+    "E0313": "context parallelism with expert parallelism refused as not built: built since (a dropless moe routes "
+             "each rank's S/cp tokens, its aux loss's counts summed over cp; the experts' gradients summed over "
+             "dp × cp)",
     "E0311": "`context_parallel = ring` and `all_to_all` refused as not built: both built since (ring attention with "
              "the keys and values passed around cp; Ulysses' all-to-alls of heads and sequence)",
     "E0707": "`moe` layers under sequence parallelism: supported since a moe gathers its input's sequence over tp "

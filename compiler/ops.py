@@ -278,7 +278,8 @@ def _experts_padding(node, seq):
     layer = node.meta.get(K.LAYER)
     if layer is None or not hasattr(layer, "top_k") or getattr(layer, "dispatch", "padded") == "grouped":
         return None  # grouped: no empty slot (torch's grouped GEMM pads each group to runtime.moe.GROUP_ALIGN rows)
-    return 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * layer.capacity)
+    c = seq if layer.capacity_factor == "none" else layer.capacity  # dropless: a slot for every token (_dispatch_shape)
+    return 1 - sympy.Integer(layer.top_k) * seq / (layer.experts * c)
 
 
 def _experts_kept(node, gm, needed, act):
@@ -644,7 +645,9 @@ def _packed_rotate_saved(g, node, args):  # packed documents: each row of the ba
 def _dispatch_shape(node, args, kwargs, gm):
     layer = node.meta[K.LAYER]  # the symbolic sizes; the call's arguments are their numbers
     b, s, h = args[0]
-    return (layer.experts, b * layer.capacity, h), ZERO
+    # dropless: a slot for every token the rank routes (the sequence, or its S/cp under context parallelism)
+    c = s if layer.capacity_factor == "none" else layer.capacity
+    return (layer.experts, b * c, h), ZERO
 
 
 def _dispatch_saved(g, node, args):
@@ -801,6 +804,10 @@ FUNCTIONS = {
     C.reduce_scatter_fwd_all_gather_bwd: _SCATTER,
     C.split_fwd_all_gather_bwd: Op("split_fwd_all_gather_bwd", _scatter_shape, passes_grad=True, computes=False),
     C.all_gather_fwd_split_bwd: Op("all_gather_fwd_split_bwd", _gather_shape, passes_grad=True, computes=False),
+    # Context parallelism's MoE (compiler/passes/context_parallel.py): each sequence's choice counts, summed over
+    # cp before the router's aux loss (int64, no gradient)
+    moe.choice_counts: Op("choice_counts", lambda node, args, kwargs, gm: ((args[0][0], args[0][2]), ZERO),
+                          lambda node, gm, args: "int", free=True),
     moe.route: Op("route", _route_shape, lambda node, gm, args: ("int", "fp32"), _route_saved,
                   outputs=("slot", "gate"), wrapped=True),
     moe.dispatch: Op("dispatch", _dispatch_shape, _act, _dispatch_saved, wrapped=True),

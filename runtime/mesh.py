@@ -36,6 +36,9 @@ class Context:
     # are replicated over every batch shard and every cp rank, so they shard over all of them; the experts over dp
     # alone)
     dense_mesh: DeviceMesh | None = None
+    # the ranks that hold the same experts as this one and route other tokens under ep: dp × cp when both split
+    # the batch (None: dp's own group, or this rank alone)
+    expert_group: object = None
 
     def axis_size(self, axis: str) -> int:
         return self.mesh.size(self.mesh.mesh_dim_names.index(axis)) if axis in self.mesh.mesh_dim_names else 1
@@ -103,8 +106,13 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
         with faults.op(f"building the {' × '.join(folded)} mesh (a new process group)",
                        faults.scale(*(f"axis {a}" for a in folded))):
             dense_mesh = mesh[folded]._flatten("_".join(folded)) if len(folded) > 1 else mesh["dp"]
+    expert_group = None
+    if ep > 1 and cp > 1:  # the experts' gradients sum over every rank that holds them: dp × cp
+        replicas = tuple(a for a in names if a in ("dp", "cp") and sizes[a] > 1)
+        expert_group = _group_over(mesh, replicas, rank) if len(replicas) > 1 else mesh["cp"].get_group()
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
                   batch_group=batch_group, batch_size=dp * ep * cp, dense_mesh=dense_mesh, data_ranks=dp * ep,
+                  expert_group=expert_group,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
     faults.configure(ctx, store)
     return ctx

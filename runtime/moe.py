@@ -84,15 +84,18 @@ def stats_reset() -> None:
     _SUMS = _MAX_LOAD = None
 
 
-def _record(keep_BSK, counts_BE, aux, top_k: int) -> None:
+def _record(keep_BSK, counts_BE, aux, top_k: int, share: float = 1.0) -> None:
+    """`counts_BE`: the whole sequences' choices per expert; `share`: the part of each sequence this rank routes
+    (1/cp under context parallelism, whose ranks each add their share of the aux loss and of a call)."""
     global _SUMS, _MAX_LOAD
     if not _RECORDING or keep_BSK.device.type == "meta" or recompute.recomputing():  # once per forward
         return
     with torch.no_grad():
-        b, s, e = keep_BSK.shape[0], keep_BSK.shape[1], counts_BE.shape[1]
+        s, e = keep_BSK.shape[1] / share, counts_BE.shape[1]
         sums = torch.stack([(~keep_BSK).sum().double(), torch.tensor(keep_BSK.numel(), dtype=torch.float64,
                                                                      device=keep_BSK.device),
-                            aux.detach().double(), torch.ones((), dtype=torch.float64, device=keep_BSK.device)])
+                            aux.detach().double(), torch.full((), share, dtype=torch.float64,
+                                                              device=keep_BSK.device)])
         load = counts_BE.max().double() / (top_k * s / e)
         _SUMS = sums if _SUMS is None else _SUMS + sums
         _MAX_LOAD = load if _MAX_LOAD is None else torch.maximum(_MAX_LOAD, load)
@@ -179,21 +182,11 @@ def update_expert_bias(biases, group=None) -> None:
         m.load.zero_()
 
 
-def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None,
-          scoring: str = "softmax", groups: int = 1, topk_groups: int = 1, scale: float = 1.0, bias=None):
-    """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
-    expert·C + position (E·C for a dropped choice), and the gate weight: the expert's score, divided by the sum of
-    the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's norm_topk_prob, DeepSeek-V3) or as it is
-    when not (Switch, Qwen2-MoE); None: renormalised when K > 1; then times `scale` (DeepSeek-V3's
-    routed_scaling_factor). A score is the softmax probability over all the experts, or with `scoring = "sigmoid"`
-    each expert's own sigmoid (DeepSeek-V3). With `groups` > 1 a token chooses only among the experts of its
-    `topk_groups` best groups (`_choose`). The auxiliary load-balancing loss
-    E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean score of e, sigmoid scores
-    normalised to sum to 1 per token as DeepSeek-V3's sequence-wise loss; 1 when balanced), averaged over the
-    sequences, trains the router with weight `aux_weight`. `bias`: an ExpertBias's (bias, load): the bias added to
-    the scores a token chooses by, and this forward's choices counted into the load (not while recomputing, nor in
-    a forward that does not train)."""
-    b, s, e = logits_BSE.shape
+def _scores(logits_BSE: torch.Tensor, top_k: int, scoring: str, groups: int, topk_groups: int, bias):
+    """(scores_BSE, probs_BSE, expert_BSK, gate_BSK): each expert's score (softmax over the experts, or its own
+    sigmoid), the scores normalised to sum to 1 per token (the aux loss's), the K experts each token chooses (by
+    the scores, plus the expert bias where there is one, within its best groups where there are groups) and their
+    scores."""
     if scoring == "sigmoid":
         scores_BSE = torch.sigmoid(logits_BSE.float())
         probs_BSE = scores_BSE / scores_BSE.sum(-1, keepdim=True)
@@ -205,6 +198,43 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
         choice_BSE = scores_BSE.detach() if bias is None else scores_BSE.detach() + bias[0]
         expert_BSK = _choose(choice_BSE, top_k, groups, topk_groups)
         gate_BSK = scores_BSE.gather(-1, expert_BSK)
+    return scores_BSE, probs_BSE, expert_BSK, gate_BSK
+
+
+def choice_counts(logits_BSE: torch.Tensor, top_k: int, scoring: str = "softmax", groups: int = 1,
+                  topk_groups: int = 1, bias=None) -> torch.Tensor:
+    """(B, E) int64: how many of each sequence's choices go to each expert, as `route` chooses them (its arguments
+    alike). Under context parallelism each rank counts its own tokens and the counts are summed over cp, so that
+    route's auxiliary loss sees the whole sequence's load (`route(..., counts=, tokens=)`)."""
+    with torch.no_grad():
+        expert_BSK = _scores(logits_BSE, top_k, scoring, groups, topk_groups, bias)[2]
+        return F.one_hot(expert_BSK, logits_BSE.shape[-1]).sum((1, 2))
+
+
+def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float, renormalize: bool | None = None,
+          scoring: str = "softmax", groups: int = 1, topk_groups: int = 1, scale: float = 1.0, bias=None,
+          counts=None, tokens: int | None = None):
+    """Top-k routing with capacity. Returns (slot_BSK, gate_BSK): for each token and choice the slot index
+    expert·C + position (E·C for a dropped choice), and the gate weight: the expert's score, divided by the sum of
+    the K chosen ones' when `renormalize` (GShard, Mixtral, Qwen3-MoE's norm_topk_prob, DeepSeek-V3) or as it is
+    when not (Switch, Qwen2-MoE); None: renormalised when K > 1; then times `scale` (DeepSeek-V3's
+    routed_scaling_factor). A score is the softmax probability over all the experts, or with `scoring = "sigmoid"`
+    each expert's own sigmoid (DeepSeek-V3). With `groups` > 1 a token chooses only among the experts of its
+    `topk_groups` best groups (`_choose`). The auxiliary load-balancing loss
+    E · Σ_e f_e · P_e per sequence (f_e: fraction of the K·S choices sent to e, P_e: mean score of e, sigmoid scores
+    normalised to sum to 1 per token as DeepSeek-V3's sequence-wise loss; 1 when balanced), averaged over the
+    sequences, trains the router with weight `aux_weight`. `bias`: an ExpertBias's (bias, load): the bias added to
+    the scores a token chooses by, and this forward's choices counted into the load (not while recomputing, nor in
+    a forward that does not train).
+
+    Under context parallelism (dropless only: no capacity binds, so each token's route is its own) the logits are
+    this rank's `S/cp` tokens of each sequence, `counts` the whole sequences' choice counts ((B, E), summed over cp:
+    `choice_counts`) and `tokens` the whole sequence's length. f_e is then the whole sequence's, and this rank's
+    share of P_e its own tokens' scores over `tokens`: the shares' aux losses sum to the sequence's, and each
+    rank's gradient of its share is exact for its tokens. Its weight is multiplied by tokens / S (= cp), since
+    the gradients are averaged over cp."""
+    b, s, e = logits_BSE.shape
+    scores_BSE, probs_BSE, expert_BSK, gate_BSK = _scores(logits_BSE, top_k, scoring, groups, topk_groups, bias)
     if top_k > 1 if renormalize is None else renormalize:
         gate_BSK = gate_BSK / (gate_BSK.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))
     if scale != 1.0:
@@ -220,10 +250,12 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
     if bias is not None and _RECORDING and not recompute.recomputing() and torch.is_grad_enabled():
         with torch.no_grad():
             bias[1].add_(counts_BE.sum(0).to(bias[1].dtype))
-    aux = e * ((counts_BE.float() / (top_k * s)) * probs_BSE.mean(1)).sum(-1).mean()
+    whole, n = (counts_BE, s) if counts is None else (counts, tokens)
+    mean_BE = probs_BSE.mean(1) if counts is None else probs_BSE.sum(1) / n  # this rank's share of P_e
+    aux = e * ((whole.float() / (top_k * n)) * mean_BE).sum(-1).mean()
     if aux_weight > 0 and torch.is_grad_enabled():
-        gate_BSK = _AddAuxLoss.apply(gate_BSK, aux, aux_weight)
-    _record(keep_BSK, counts_BE, aux, top_k)
+        gate_BSK = _AddAuxLoss.apply(gate_BSK, aux, aux_weight if counts is None else aux_weight * n / s)
+    _record(keep_BSK, whole, aux, top_k, share=s / n)
     return slot_BSK, gate_BSK
 
 
@@ -524,8 +556,9 @@ def all_to_all_combine_grouped(y_RH: torch.Tensor, counts_E: torch.Tensor, layou
 
 def sync_expert_grads(named_params, is_expert, group, divide: int) -> None:
     """Gradients of experts sharded over ep: each rank's already sums the contributions of all its ep peers'
-    tokens (through the all-to-all backward). Sum over the ranks that hold the same experts (`group`: dp), then
-    divide by the number of data shards (dp · ep), as data parallelism averages the dense gradients."""
+    tokens (through the all-to-all backward). Sum over the ranks that hold the same experts (`group`: dp, or dp × cp
+    under context parallelism), then divide by the number of batch shards (dp · ep · cp), as data parallelism
+    averages the dense gradients."""
     for name, p in named_params:
         if p.grad is None or not is_expert(name):
             continue

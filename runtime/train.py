@@ -490,7 +490,7 @@ def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -
     """Whole gradients (gathered over dp, tp and ep); under pp each stage's rank writes `path.ppN`."""
     grads = tp.full_grads(named_params, shards)
     if ctx.axis_size("pp") > 1:
-        if all(ctx.coords.get(a, 0) == 0 for a in ("dp", "tp", "ep")):
+        if all(ctx.coords.get(a, 0) == 0 for a in ("dp", "cp", "tp", "ep")):
             torch.save(grads, f"{path}.pp{ctx.coords['pp']}")
     elif ctx.is_logger:
         torch.save(grads, path)
@@ -604,6 +604,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     dp = ctx.axis_size("dp")
     dp_group = ctx.mesh["dp"].get_group() if dp > 1 else None
     dense_group = ctx.dense_mesh.get_group() if fsdp else dp_group  # FSDP's shards of the dense weights
+    expert_group = ctx.expert_group if ctx.expert_group is not None else dp_group  # the ranks holding our experts
     moe.set_aux_loss_scale(parts.aux_loss_scale)
     d = cfg.data
     ev = cfg.eval
@@ -660,7 +661,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         with faults.op("the expert and partial-gradient all-reduces over dp and tp",
                        faults.scale("axis ep", "axis tp")):
             if par.ep_shards and not fsdp:  # under FSDP the experts' own units reduce them (_shard_experts)
-                moe.sync_expert_grads(named, shards.expert, dp_group, n_batch)
+                moe.sync_expert_grads(named, shards.expert, expert_group, n_batch)
             tp.sync_partial_grads(partial, shards)
         if args.count_bytes and step == stop - 1:
             _write_counts(args.count_bytes, ctx)

@@ -1002,3 +1002,85 @@ def test_shared_ffn_none_keeps_the_moe_layer():
     import dataclasses
     (same,) = [x for x in SPEC.walk(plain.spec.model.layers) if isinstance(x, SPEC.MoE)]
     assert dataclasses.replace(moes[0], span=same.span) == same
+
+
+@pytest.mark.parametrize("router", [{}, dict(scoring="sigmoid", groups=2, topk_groups=1, renormalize=True)])
+def test_route_shares_under_context_parallelism_make_the_whole_sequence(router):
+    """Context parallelism (dropless): each of cp ranks routes its head-tail chunks of every sequence with the whole
+    sequences' choice counts (`choice_counts`, summed over the ranks). The shares' aux losses sum to the sequence's;
+    with the gradients averaged over cp, as the batch group does, the logits' gradients (through the gates and the
+    aux loss) are the single rank's; the logged statistics are its too."""
+    torch.manual_seed(3)
+    cp, s, k, weight = 2, 8, 2, 0.5
+    logits = torch.randn(B, s, E, dtype=torch.float32)
+    w = torch.randn(B, s, k)
+
+    def stats_of(run):
+        moe.stats_reset()
+        run()
+        return moe.stats_read(torch.device("cpu"))
+
+    whole = logits.clone().requires_grad_()
+
+    def single():
+        slot, gate = moe.route(whole, k, s, weight, **router)
+        (gate * w).sum().backward()
+    one = stats_of(single)
+
+    c = s // (2 * cp)
+    held = [list(range(r * c, (r + 1) * c)) + list(range((2 * cp - 1 - r) * c, (2 * cp - r) * c)) for r in range(cp)]
+    kw = {k_: v for k_, v in router.items() if k_ != "renormalize"}
+    total = sum(moe.choice_counts(logits[:, idx], k, **kw) for idx in held)
+    shares = logits.clone().requires_grad_()
+
+    def split():
+        for idx in held:
+            slot, gate = moe.route(shares[:, idx], k, s // cp, weight, counts=total, tokens=s, **router)
+            # each rank's loss weighs its own tokens cp times (a mean over 1/cp of them)
+            (cp * (gate * w[:, idx]).sum()).backward()
+    got = stats_of(split)
+    # the batch group averages the ranks' gradients
+    torch.testing.assert_close(shares.grad / cp, whole.grad, rtol=1e-5, atol=1e-7)
+    assert got["routed"] == one["routed"] and got["dropped"] == one["dropped"] == 0
+    assert got["aux_loss"] == pytest.approx(one["aux_loss"], rel=1e-6)
+    assert got["max_load"] == pytest.approx(one["max_load"], rel=1e-6)
+    # the shares' aux gradient is needed: without the whole counts the gradient differs
+    alone = logits.clone().requires_grad_()
+    for idx in held:
+        moe.route(alone[:, idx], k, s // cp, weight, **router)[1].mul(cp * w[:, idx]).sum().backward()
+    assert not torch.allclose(alone.grad / cp, whole.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dispatch", ["padded", "grouped"])
+def test_context_parallel_moe_routes_its_share_and_ledgers_the_counts(dispatch):
+    """cp 2 × ep 2 over a dropless moe: the generated program routes each rank's S/cp tokens (capacity, buffers
+    and sorting at S/cp), with the sequences' choice counts all-reduced over cp first; the ledger holds that
+    all-reduce (B·E int64 per layer and micro-batch), the dense gradients' all-reduce over cp × ep and the experts'
+    over cp; the all-to-alls move S/cp tokens' slots. A moe with a capacity is refused under cp (E0312)."""
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    from compiler.pipeline import compile_spec
+    from compiler import codegen
+    from tests.e2e.runner import with_plan
+    text = (ROOT / "samples" / "moe_gpt.scale").read_text()
+    with pytest.raises(ScaleError) as refused:
+        check_text(with_plan(text, "cap.scale", axes=(("cp", 2), ("ep", 2)), devices_per_node=4), "cap.scale")
+    assert [d.code for d in refused.value.diagnostics] == ["E0312"]
+    text = text.replace("capacity_factor = 1.25", "capacity_factor = none").replace(
+        "dropped = residual)", "dropped = residual)" if dispatch == "padded" else "dispatch = grouped)")
+    spec = check_text(with_plan(text, "cp.scale", axes=(("cp", 2), ("ep", 2)), devices_per_node=4), "cp.scale")
+    compiled = compile_spec(spec)
+    program = codegen.program(compiled.spec, compiled.traced, compiled.costs, compiled.plan)
+    seq, experts, hidden, b, calls = 32, 8, 64, 4, 4  # b: 16 sequences over ep 2, 2 micro-batches; calls: 2
+    # layers × 2 micro-batches
+    entries = compiled.costs.ledger.entries
+    counts = [e for e in entries if e.op == "all_reduce" and e.axis == "cp" and "choices per expert" in e.reason]
+    assert [(e.direction, e.dtype_bytes, e.times, e.bytes) for e in counts] == [("forward", 8, calls,
+                                                                               calls * b * experts * 8)]
+    grads = {e.axis: e.bytes for e in entries if "gradients" in e.reason}
+    assert set(grads) == {"dp×cp×ep", "cp"} and grads["cp"] == compiled.costs.expert_params_rank * 4
+    rows = b * seq // 2 * (2 if dispatch == "grouped" else experts)  # S/cp tokens: top-2 rows, or E slots each
+    a2a = [e.bytes for e in entries if e.op == "all_to_all" and e.dtype_bytes == 4]
+    assert len(a2a) == 4 and set(a2a) == {calls * rows * hidden * 4}
+    assert f"tokens = {seq})" in program and "moe.choice_counts(" in program
+    assert f"moe.route(moe_router, 2, {seq // 2}, 0.01, counts = " in program

@@ -626,12 +626,17 @@ class CostModel:
                     if each else f"FSDP: reduce and shard {whose_g}gradients", formula)
             return
         if ep > 1:
-            add("all_reduce", "dp×ep", params_rank - experts_rank, 1, plan.span("axis ep"),
-                f"average the dense gradients over every batch shard, dp × ep ({how})",
+            # under cp too, the batch group is dp × cp × ep and the experts' replicas dp × cp (runtime.mesh's
+            # batch_group and expert_group; the rules keep zero1, zero2 and fsdp out of it)
+            cp = plan.size("cp")
+            add("all_reduce", "dp×cp×ep" if cp > 1 else "dp×ep", params_rank - experts_rank, 1, plan.span("axis ep"),
+                f"average the dense gradients over every batch shard, dp × {'cp × ' if cp > 1 else ''}ep ({how})",
                 lambda: sympy.expand(params() - experts()))
-            if dp > 1:
-                add("all_reduce", "dp", experts_rank, 1, span,
-                    "sum the expert gradients over the dp ranks holding the same experts", experts)
+            if dp > 1 or cp > 1:
+                who = "dp×cp" if dp > 1 and cp > 1 else "cp" if cp > 1 else "dp"
+                add("all_reduce", who, experts_rank, 1, span or plan.span("axis cp"),
+                    f"sum the expert gradients over the {who.replace('×', ' × ')} ranks holding the same experts",
+                    experts)
         elif plan.size("cp") > 1:
             # context parallelism shards no weight: each cp rank's gradients cover its tokens of every sequence, and
             # DDP averages them over the batch group, dp × cp (runtime.mesh; the rules keep ep and zero out of it)

@@ -85,7 +85,7 @@ def links(plan, device) -> dict:
     fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
     `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
     node's devices.
-    Also "dp×ep" (the dense gradients' group under ep) and "dp×cp" (under cp)."""
+    Also "dp×ep" (the dense gradients' group under ep), "dp×cp" (under cp) and "dp×cp×ep" (under both)."""
     out, inner = {}, 1
     spans = {}
     for axis, n in reversed(plan.axes):
@@ -102,6 +102,11 @@ def links(plan, device) -> dict:
         n = spans["dp"][1] * spans["cp"][1]
         hi = max(spans["dp"][0] * spans["dp"][1], spans["cp"][0] * spans["cp"][1])
         out["dp×cp"] = _link("dp×cp", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
+    if "cp" in spans and "ep" in spans:  # the dense gradients' group under cp and ep
+        present = [a for a in ("dp", "cp", "ep") if a in spans]
+        n = math.prod(spans[a][1] for a in present)
+        hi = max(spans[a][0] * spans[a][1] for a in present)
+        out["dp×cp×ep"] = _link("dp×cp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
     return out
 
 

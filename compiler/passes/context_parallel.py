@@ -12,6 +12,8 @@ Mechanism, `context_parallel_pass`:
     (`ring`: the keys and values passed around cp, its note counting the sends); or q, k and v all-to-all'd to
     heads / cp over the whole sequence before the attention, which stays as it is, and its output back
     (`all_to_all`, Ulysses);
+  - a dropless `moe`: its capacity the rank's S/cp tokens, and each sequence's choice counts summed over cp for its
+    aux loss (`_route`);
   - packed documents (runtime/packed.py): `packed.positions`, `packed.rotate` and `packed.attention` take the cp axis,
     the attention after the same gathers, its mask the documents of the local queries against the gathered keys'.
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
@@ -19,7 +21,7 @@ change: every rank holds as many tokens, and the gradients and the logged loss a
 (runtime.mesh's batch group; tp is not in it). Under tp (+ sp) the pass runs after the tp pass's rewrite: the
 keys and values it gathers are each tp rank's heads, and the sequence-parallel gathers and scatters work on the
 rank's S/cp chunk. Under pp it rewrites every stage's segment alike. What is not built (windows, soft caps, MLA,
-ep, FSDP, compile) is refused by compiler/rules/context_parallel.py before this pass runs.
+a moe with a capacity, compile) is refused by compiler/rules/context_parallel.py before this pass runs.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from compiler.passes.tensor_parallel import Collective
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import context_parallel as CP
+from runtime import moe
 from runtime import packed as P
 from runtime import rotary
 
@@ -67,10 +70,42 @@ def _replace(gm: fx.GraphModule, node: fx.Node, fn, args: tuple, kwargs: dict) -
     return new
 
 
-def _rewrite(gm: fx.GraphModule, variant: str, cp: int) -> None:
+def _route(gm: fx.GraphModule, node: fx.Node, cp: int, seq: int) -> None:
+    """A dropless `moe` (the rules refuse a capacity under cp): each token's route is its own, but the aux loss's
+    load f_e is the whole sequence's. Each rank counts its tokens' choices per sequence and expert
+    (`moe.choice_counts`, as route chooses them), the counts are all-reduced over cp (int64, forward only), and
+    route takes them with the sequence's length (runtime.moe.route: each rank adds its share of the aux loss). Its
+    capacity, the slots per expert and sequence, becomes the rank's S/cp tokens, as do dispatch's and the sorted
+    path's (`_capacity`)."""
+    logits, top_k, capacity, aux = node.args[:4]
+    chosen = {k: v for k, v in node.kwargs.items() if k in ("scoring", "groups", "topk_groups", "bias")}
+    with gm.graph.inserting_before(node):
+        counts = gm.graph.create_node("call_function", moe.choice_counts, (logits, top_k), chosen,
+                                      name=f"{node.name}_counts")
+        whole = gm.graph.create_node("call_function", C.all_reduce_fwd_identity_bwd, (counts, AXIS), {},
+                                     name=f"{node.name}_counts_summed")
+    for n in (counts, whole):
+        _copy_meta(n, node)
+    whole.meta[T.COLLECTIVE] = Collective("all_reduce", None, AXIS, "context parallelism (moe): each sequence's "
+                                          "choices per expert summed over cp, for the aux loss's load (int64)",
+                                          payload="output", dtype="int64")
+    node.args = (logits, top_k, capacity // cp, aux, *node.args[4:])
+    node.kwargs = {**node.kwargs, "counts": whole, "tokens": seq}
+
+
+def _capacity(node: fx.Node, cp: int) -> None:
+    """A dropless moe's buffers and sorting: its capacity argument (the fourth) the rank's S/cp tokens."""
+    node.args = (*node.args[:3], node.args[3] // cp, *node.args[4:])
+
+
+def _rewrite(gm: fx.GraphModule, variant: str, cp: int, seq: int) -> None:
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
+        if node.target is moe.route:
+            _route(gm, node, cp, seq)
+        elif node.target in (moe.dispatch, moe.sort_tokens, moe.unsort_combine):
+            _capacity(node, cp)
         if node.target is torch.arange and isinstance(node.meta.get(T.LAYER), S.Positional):
             _replace(gm, node, CP.positions, tuple(node.args), {**node.kwargs, "axis": AXIS})
         elif node.target is rotary.rotate:
@@ -135,7 +170,7 @@ def context_parallel_pass(traced: T.Traced, plan) -> T.Traced:
     if cp == 1:
         return traced
     for cls, gm in traced.segments():
-        _rewrite(gm, plan.context_parallel, cp)
+        _rewrite(gm, plan.context_parallel, cp, plan.seq_len)
         gm.meta[T.INPUTS] = {k: (v[0], v[1] / size(AXIS), *v[2:]) for k, v in gm.meta[T.INPUTS].items()}
         gm.graph.lint()
         gm.recompile()

@@ -1,6 +1,6 @@
 """What context parallelism requires (the rules of compiler/passes/context_parallel.py's plans): a sequence that cuts
 into 2·cp equal chunks, heads that divide over cp under `context_parallel = all_to_all` (Ulysses), attention the
-pass can run, and none of the combinations not built yet (selective recomputation with ring among them). Each
+pass can run (a `moe` only dropless), and none of the combinations not built yet (selective recomputation with ring among them). Each
 combination not built is refused here, at the setting that asks for it, never run some other way.
 
 Torch-free: `scalec check` runs these on the plan as written, the search on every candidate.
@@ -23,8 +23,9 @@ def _attention_refusal(x) -> str | None:
         return "sliding-window attention (`window`)"
     if isinstance(x, S.Attention) and x.softcap is not None:
         return "soft-capped attention (`softcap`)"
-    if isinstance(x, S.MoE):
-        return "a `moe` layer (its capacity and routing are per sequence; a rank holds 1/cp of each)"
+    if isinstance(x, S.MoE) and x.capacity_factor != "none":
+        return ("a `moe` layer with a capacity (which choices it drops depends on the whole sequence; a rank holds "
+                "1/cp of each)")
     return None
 
 
@@ -65,16 +66,14 @@ def requires(spec: S.Spec, plan) -> list:
     for x in S.walk(spec.model.layers):
         why = _attention_refusal(x)
         if why:
+            moe = isinstance(x, S.MoE)
             out.append(plan_error(plan, at, "E0312", f"context parallelism over {why} is not built yet (the layer at "
                                   f"{x.span})", label="cp shards the sequence this layer mixes",
-                                  help="remove the axis and give its ranks to dp, or use causal `attention` "
+                                  help="write `capacity_factor = none` (dropless: each token's route is its own), "
+                                       "or remove the axis and give its ranks to dp" if moe else
+                                       "remove the axis and give its ranks to dp, or use causal `attention` "
                                        "without a window or soft cap"))
             break
-    for other, what in (("ep", "expert parallelism"),):
-        if plan.size(other) > 1:
-            out.append(plan_error(plan, at, "E0313", f"context parallelism with {what} (`axis {other}`) is not "
-                                  "built yet", label=f"cp = {cp} with {other} = {plan.size(other)}",
-                                  help="remove one of the two axes (cp composes with dp, tp and pp today)"))
     # zero1, zero2 and fsdp shard over dp × cp (torchtitan's folding: runtime.mesh's dense_mesh); with ep beside
     # them the dense weights would fold over dp × ep × cp and the experts over dp × cp: not built
     if plan.data_parallel != "ddp" and plan.size("dp") > 1 and plan.size("ep") > 1:

@@ -82,6 +82,8 @@ GEMMA2 = (("embedding(vocab, hidden)\n  positional(seq, hidden)", "embedding(voc
            f"{_NORM}\n  lm_head(vocab, hidden, tied = true, softcap = 30)"))
 
 MOE = "samples/moe_gpt.scale"
+# moe_gpt dropless, its aux loss weighted 0.1 (context parallelism takes dropless MoE only)
+CP_MOE = (("capacity_factor = 1.25", "capacity_factor = none"), ("aux_loss = 0.01", "aux_loss = 0.1"))
 # DeepSeek-V3's shape on moe_gpt.scale: a dense first layer (`repeat 1`), then MoE layers (`repeat 3`)
 DENSE_FIRST = (("  repeat layers / 2 {\n"
                 "    residual { layernorm(hidden)  attention(hidden, heads) }\n"
@@ -304,6 +306,22 @@ CASES = (
     Case(id="moe_ep2_compile", sample=MOE, nproc=2, bytes_checked=False,
          edits=CLIP, plan=dict(compile=True),
          description="compiled: experts over ep = 2, the all-to-all dispatch and combine inside the blocks' regions"),
+    # Context parallelism with MoE over ep (issue 24): dropless routing, each token's route its own; each sequence's
+    # choice counts summed over cp for the aux loss (weighted 0.1 here, so that an error in its share shows)
+    Case(id="moe_cp2_ep2", sample=MOE, nproc=4, edits=CLIP + CP_MOE + (
+            ("aux_loss = 0.1, dropped = residual)", "aux_loss = 0.1, scoring = sigmoid, groups = 4, topk_groups = 2,\n"
+             "                                      bias_update = 0.05)"),),
+         plan=dict(CP2, axes=(("cp", 2), ("ep", 2)), devices_per_node=4),
+         description="cp 2 × ep 2, a MoE model (4 experts per ep rank): each rank's head-tail chunks of its "
+                     "sequences routed by DeepSeek-V3's sigmoid router within its best 2 of 4 groups, dropless, "
+                     "its buffers the rank's S/cp slots per expert; the sequences' choice counts all-reduced over "
+                     "cp for the aux loss, the expert bias moved by the load summed over cp × ep; dense gradients "
+                     "averaged over cp × ep, the experts' summed over cp"),
+    Case(id="moe_cp2_ep2_grouped", sample=MOE, nproc=4, edits=CLIP + CP_MOE + (
+            ("aux_loss = 0.1, dropped = residual)", "aux_loss = 0.1, dispatch = grouped)"),),
+         plan=dict(CP2, axes=(("cp", 2), ("ep", 2)), devices_per_node=4, context_parallel="ring"),
+         description="cp 2 (ring) × ep 2, dropless grouped dispatch: each rank's tokens sorted by expert, the "
+                     "counts exchanged over ep, variable all-to-alls"),
     # Context parallelism (issue 24): every sequence cut into 2·cp chunks, cp rank i holding chunks i and 2·cp-1-i;
     # the keys and values all-gathered over cp once per layer (their gradients reduce-scattered)
     Case(id="cp2_all_gather", sample="samples/gpt_tp.scale", nproc=2, edits=GQA, plan=CP2,
@@ -413,7 +431,8 @@ CASES = (
 # tp, a composition proved pairwise, one recomputation mode per mechanism): kept runnable but out of the CI suite,
 # whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
-                      "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full"})
+                      "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
+                      "moe_cp2_ep2_grouped"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
