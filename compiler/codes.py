@@ -162,10 +162,6 @@ CODES: dict[str, Code] = {
                   "depends on the whole sequence's order, and a cp rank holds 1/cp of it) are not built under cp yet "
                   "and are refused. A dropless `moe` (`capacity_factor = none`) runs under cp, its aux loss over "
                   "the whole sequence. Remove the axis (give its ranks to dp), or use plain causal attention."),
-    "E0314": Code("sharded data parallelism with context and expert parallelism", "Under cp, zero1, zero2 and "
-                  "fsdp shard the model over dp × cp (every cp rank holds the whole model, as torchtitan folds "
-                  "them); with ep they fold the dense weights over dp × ep instead, and both together are not built "
-                  "yet. Use `data_parallel = ddp`, or remove the cp or the ep axis."),
     "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
                   "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
                   "checked under torch.compile. Set `compile = false`."),
@@ -407,6 +403,8 @@ CODES: dict[str, Code] = {
 
 # Codes once emitted and removed: never reused for another meaning.
 RETIRED: dict[str, str] = {
+    "E0314": "zero1, zero2 and fsdp with both cp and ep refused as not built: built since (the dense weights shard "
+             "over dp × cp × ep, the experts over dp × cp)",
     "E0313": "context parallelism with expert parallelism refused as not built: built since (a dropless moe routes "
              "each rank's S/cp tokens, its aux loss's counts summed over cp; the experts' gradients summed over "
              "dp × cp)",

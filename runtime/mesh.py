@@ -36,8 +36,9 @@ class Context:
     # are replicated over every batch shard and every cp rank, so they shard over all of them; the experts over dp
     # alone)
     dense_mesh: DeviceMesh | None = None
-    # the ranks that hold the same experts as this one and route other tokens under ep: dp × cp when both split
-    # the batch (None: dp's own group, or this rank alone)
+    # the ranks that hold the same experts as this one and route other tokens under ep, when cp splits the batch
+    # beside dp: dp × cp (None: dp's own group, or this rank alone). FSDP's mesh for the experts, and its group
+    expert_mesh: DeviceMesh | None = None
     expert_group: object = None
 
     def axis_size(self, axis: str) -> int:
@@ -101,18 +102,21 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
         batch_group = mesh[over[0]].get_group() if over else None
     dense_mesh = None
     if dp > 1:
-        # the batch shards beside dp: ep, or cp (the rules never put both beside FSDP or zero1)
+        # the batch shards beside dp: ep, cp, or both
         folded = tuple(a for a in names if a in ("dp", "ep", "cp") and sizes[a] > 1)  # in the mesh's order
         with faults.op(f"building the {' × '.join(folded)} mesh (a new process group)",
                        faults.scale(*(f"axis {a}" for a in folded))):
             dense_mesh = mesh[folded]._flatten("_".join(folded)) if len(folded) > 1 else mesh["dp"]
-    expert_group = None
+    expert_mesh = None
     if ep > 1 and cp > 1:  # the experts' gradients sum over every rank that holds them: dp × cp
         replicas = tuple(a for a in names if a in ("dp", "cp") and sizes[a] > 1)
-        expert_group = _group_over(mesh, replicas, rank) if len(replicas) > 1 else mesh["cp"].get_group()
+        with faults.op(f"building the {' × '.join(replicas)} mesh of the experts (a new process group)",
+                       faults.scale(*(f"axis {a}" for a in replicas))):
+            expert_mesh = mesh[replicas]._flatten("_".join(replicas)) if len(replicas) > 1 else mesh["cp"]
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
                   batch_group=batch_group, batch_size=dp * ep * cp, dense_mesh=dense_mesh, data_ranks=dp * ep,
-                  expert_group=expert_group,
+                  expert_mesh=expert_mesh,
+                  expert_group=expert_mesh.get_group() if expert_mesh is not None else None,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
     faults.configure(ctx, store)
     return ctx

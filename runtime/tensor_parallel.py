@@ -71,7 +71,8 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
     """The global gradient norm of the single-device model, from sharded pieces; scales gradients down to
     `max_norm` when above it (as torch.nn.utils.clip_grad_norm_). tp-sharded gradients are summed over tp,
     replicated ones counted once; experts sharded over ep summed over ep; FSDP's dp shards (DTensor gradients)
-    are summed over dp (the dense ones over `dense_group`, dp × ep, when FSDP shards them there); pipeline stages'
+    are summed over dp (the dense ones over `dense_group`, dp × ep, when FSDP shards them there; `dp_group`: the
+    ranks holding the same experts, dp or dp × cp); pipeline stages'
     norms over pp. `scale` (default: the parameters measured) are the gradients scaled: a tied copy is measured once
     but scaled on both stages."""
     named = [(n, p) for n, p in named_params if p.grad is not None]

@@ -159,18 +159,20 @@ def _wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards
 
 def _shard_experts(model: nn.Module, ctx: mesh.Context, shards: tp.Shards, reshard: bool, mp: dict) -> None:
     """FSDP with ep: each module of `model` holding expert weights (already sharded over ep, so replicated over dp
-    alone) becomes a unit of its own over dp, before its block's unit over dp × ep takes the rest. Its gradients
-    are summed over dp and divided by dp · ep, the data shards, as moe.sync_expert_grads does without FSDP: each
+    alone) becomes a unit of its own over dp (dp × cp under context parallelism: runtime.mesh's expert_mesh),
+    before its block's unit over dp × ep (× cp) takes the rest. Its gradients are summed there and divided by
+    dp · ep (· cp), the batch shards, as moe.sync_expert_grads does without FSDP: each
     rank's expert gradient already sums the tokens of its ep peers (through the all-to-all's backward)."""
     if ctx.axis_size("ep") == 1:
         return
     from torch.distributed.fsdp import fully_shard
+    over = ctx.expert_mesh if ctx.expert_mesh is not None else ctx.mesh["dp"]  # dp, or dp × cp under cp
     for name, module in model.named_modules():
         own = [n for n, _ in module.named_parameters(recurse=False)]
         if own and all(shards.expert(f"{name}.{n}" if name else n) for n in own):
-            fully_shard(module, mesh=ctx.mesh["dp"], reshard_after_forward=reshard, **mp)
+            fully_shard(module, mesh=over, reshard_after_forward=reshard, **mp)
             module.set_gradient_divide_factor(float(ctx.batch_size))
-            if dist.get_backend(ctx.mesh["dp"].get_group()) == "gloo":  # no PREMUL_SUM: divide after a plain sum
+            if dist.get_backend(over.get_group()) == "gloo":  # no PREMUL_SUM: divide after a plain sum
                 module.set_force_sum_reduction_for_comms(True)
 
 
@@ -481,8 +483,9 @@ def _zero1_group(cfg: Config, ctx: mesh.Context):
     the memory model counts)."""
     if cfg.parallel.data_parallel != "zero1" or ctx.axis_size("dp") == 1:
         return None
-    if ctx.axis_size("cp") > 1:  # dp × cp (the batch group): cp ranks hold the same parameters and gradients
-        return ctx.batch_group
+    if ctx.axis_size("cp") > 1:  # dp × cp: cp ranks hold the same parameters and gradients (with ep, the experts'
+        # group: ep ranks hold other experts)
+        return ctx.expert_group if ctx.axis_size("ep") > 1 else ctx.batch_group
     return ctx.mesh["dp"].get_group()
 
 
@@ -668,7 +671,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
         if args.dump_grads and step == start:
             _dump_grads(named, args.dump_grads, ctx, shards)
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
-            norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, dp_group, pp_group=parts.pp_group,
+            norm = tp.clip_grad_norm(named_once, cfg.optim.grad_clip, shards, expert_group, pp_group=parts.pp_group,
                                      scale=[p for _, p in named], dense_group=dense_group)
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp")) if zero1 else contextlib.nullcontext()):

@@ -325,8 +325,9 @@ class CostModel:
                 kept=0, recv=0, pending_w=0):
             gathered, what = 0, []
             # FSDP2 with ep (runtime.train._shard_experts): the dense weights shard over dp × ep, the experts (E/ep
-            # of them here) over dp; `dp` below is then the rank's parameters over its shard of them
-            dp = (params / (dense / (plan.size("dp") * ep) + (params - dense) / plan.size("dp"))
+            # of them here) over dp (× cp both, under cp); `dp` below is then the rank's parameters over its shard
+            # of them
+            dp = (params / (dense / (zero_ranks(plan) * ep) + (params - dense) / zero_ranks(plan))
                   if fsdp2 and ep > 1 and params else zero_ranks(plan))
             per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
             sh = MEM.shard_of(plan.data_parallel, dp)
@@ -338,7 +339,7 @@ class CostModel:
             elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
                 # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
                 units = root + (1 + plan.fsdp_prefetch) * block
-                # experts gathered over dp alone; under cp (no ep) the units over dp × cp
+                # experts gathered over dp alone, the dense units over dp × ep; under cp both also over cp
                 d, e = zero_ranks(plan), (1 + plan.fsdp_prefetch) * expert_unit
                 gathered = (2 * units if bf16 else
                             4 * ((units - e) * (d * ep - 1) / (d * ep) + e * (d - 1) / d))
@@ -602,9 +603,11 @@ class CostModel:
             # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
             # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
             # under cp the whole model shards over dp × cp (runtime.mesh's dense_mesh: torchtitan's folding)
-            parts = ((("dp×ep", plan.span("axis ep"), "the dense ", "the dense ", params_rank - experts_rank,
-                       lambda: sympy.expand(params() - experts())),
-                      ("dp", span, "the experts' ", "the experts' ", experts_rank, experts)) if ep > 1 else
+            cp = plan.size("cp")  # under cp and ep: the dense weights over dp × cp × ep, the experts over dp × cp
+            parts = ((("dp×cp×ep" if cp > 1 else "dp×ep", plan.span("axis ep"), "the dense ", "the dense ",
+                       params_rank - experts_rank, lambda: sympy.expand(params() - experts())),
+                      ("dp×cp" if cp > 1 else "dp", span, "the experts' ", "the experts' ", experts_rank, experts))
+                     if ep > 1 else
                      (("dp×cp" if plan.size("cp") > 1 else "dp", span, "each block's ", "the ", params_rank,
                        params),))
             # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under

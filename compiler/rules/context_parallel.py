@@ -74,13 +74,6 @@ def requires(spec: S.Spec, plan) -> list:
                                        "remove the axis and give its ranks to dp, or use causal `attention` "
                                        "without a window or soft cap"))
             break
-    # zero1, zero2 and fsdp shard over dp × cp (torchtitan's folding: runtime.mesh's dense_mesh); with ep beside
-    # them the dense weights would fold over dp × ep × cp and the experts over dp × cp: not built
-    if plan.data_parallel != "ddp" and plan.size("dp") > 1 and plan.size("ep") > 1:
-        out.append(plan_error(plan, "data_parallel", "E0314", f"data_parallel = {plan.data_parallel} with context "
-                              "and expert parallelism together is not built yet",
-                              label=f"{plan.data_parallel} over dp × cp, or over dp × ep, not both",
-                              help="use `data_parallel = ddp`, or remove the cp or the ep axis"))
     if plan.compile:
         out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
                               "compiling a context-parallel program is not built yet", label="compile = true",

@@ -317,6 +317,15 @@ CASES = (
                      "its buffers the rank's S/cp slots per expert; the sequences' choice counts all-reduced over "
                      "cp for the aux loss, the expert bias moved by the load summed over cp × ep; dense gradients "
                      "averaged over cp × ep, the experts' summed over cp"),
+    Case(id="moe_dp2_cp2_ep2_fsdp", sample=MOE, nproc=8, edits=CLIP + CP_MOE, timeout=360,
+         plan=dict(CP2, axes=(("dp", 2), ("cp", 2), ("ep", 2)), devices_per_node=8, data_parallel="fsdp"),
+         description="FSDP2 with cp and ep: each block's dense weights sharded over dp × cp × ep (8 ranks), the "
+                     "experts (4 per ep rank) over dp × cp, their gradients divided by the 8 batch shards; the "
+                     "gradient norm summed over both kinds of shard"),
+    Case(id="moe_dp2_cp2_ep2_zero1", sample=MOE, nproc=8, edits=CLIP + CP_MOE, timeout=360,
+         plan=dict(CP2, axes=(("dp", 2), ("cp", 2), ("ep", 2)), devices_per_node=8, data_parallel="zero1"),
+         description="ZeRO-1 with cp and ep: AdamW's state partitioned over dp × cp, the ranks holding the same "
+                     "experts; dense gradients averaged over dp × cp × ep, the experts' summed over dp × cp"),
     Case(id="moe_cp2_ep2_grouped", sample=MOE, nproc=4, edits=CLIP + CP_MOE + (
             ("aux_loss = 0.1, dropped = residual)", "aux_loss = 0.1, dispatch = grouped)"),),
          plan=dict(CP2, axes=(("cp", 2), ("ep", 2)), devices_per_node=4, context_parallel="ring"),
@@ -432,7 +441,7 @@ CASES = (
 # whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
-                      "moe_cp2_ep2_grouped"})
+                      "moe_cp2_ep2_grouped", "moe_dp2_cp2_ep2_fsdp", "moe_dp2_cp2_ep2_zero1"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
