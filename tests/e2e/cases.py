@@ -337,6 +337,11 @@ CASES = (
          description="context parallelism over 2 ranks (all_gather): grouped-query attention with rotary embeddings "
                      "and learned positions at each rank's true positions, RMSNorm, SwiGLU; the causal mask from "
                      "the true positions of the local queries against the gathered keys"),
+    Case(id="cp2_ring_bf16", sample="samples/gpt_tp.scale", nproc=2, steps=2, edits=GQA + BF16,
+         plan=dict(CP2, context_parallel="ring"),
+         description="bf16 under context parallelism (ring): the keys and values sent round the ring in bf16 (the "
+                     "ledger's dtype), each block's partial output merged in fp32 accumulators; losses within bf16's "
+                     "tolerance of the single-device bf16 run, the activations kept those of the bf16 program"),
     Case(id="cp4_all_gather", sample="samples/gpt_dp.scale", nproc=4,
          plan=dict(axes=(("cp", 4),), devices_per_node=4),
          description="context parallelism over 4 ranks (all_gather), learned positions, tied head"),
