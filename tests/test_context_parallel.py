@@ -100,3 +100,28 @@ def test_variant_equals_whole_attention_forward_and_backward(variant, n, gqa):
     from tests import multirank
     multirank.spawn(functools.partial(_variant_matches_whole_attention, variant, gqa), world=n, axes=("cp",),
                     timeout=120)
+
+
+def test_plan_shows_attention_kept_per_rank_and_cp_traffic():
+    """`plan` of the 128K sample (cp 8, ring, tp 2, bf16): each rank's 16,384 tokens; attention keeps per layer
+    and micro-batch its 16 query heads (32 / tp) and 4 key/value heads (8 / tp) of 128 dimensions for those tokens,
+    the output and an fp32 log-sum-exp per head and token; the cp traffic is the ledger's."""
+    from pathlib import Path
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.report.plan import plan_text
+    from compiler.report.units import nbytes
+    root = Path(__file__).resolve().parents[1]
+    path = root / "samples" / "llama3_8b_128k.scale"
+    compiled = compile_spec(check_text(path.read_text(), str(path)))
+    text = plan_text(compiled)
+    tokens, heads, kv, d = 131072 // 8, 32 // 2, 8 // 2, 128
+    kept = 2 * tokens * heads * d * 2 + 2 * tokens * kv * d * 2 + tokens * heads * 4  # q, out; k, v; lse
+    assert kept == 168_820_736
+    assert "each rank holds 16,384 of every sequence's 131,072 tokens" in text
+    assert f"attention keeps {nbytes(kept)} per layer and micro-batch" in text
+    assert f"32 layers: {nbytes(32 * kept)} per micro-batch" in text
+    spec, plan = compiled.spec, compiled.plan
+    fwd = sum(spec.value(c.bytes_per_step(), plan) for c in compiled.costs.ledger.entries
+              if c.axis == "cp" and c.direction == "forward")
+    assert fwd > 0 and f"cp traffic per step and rank: {nbytes(fwd)} forward" in text

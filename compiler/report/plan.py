@@ -54,6 +54,7 @@ def plan_text(compiled) -> str:
     lines += _step_time_text(compiled)
     lines += _memory_text(compiled)
     lines += _moe_text(compiled)
+    lines += _context_text(compiled)
     lines += _pipeline_text(compiled)
     lines += ["", "collectives per step" + (f" ({_pp_rank0(plan)}):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
@@ -255,6 +256,55 @@ def _pp_rank0(plan) -> str:
     if v == 1:
         return "a rank of the first pipeline stage"
     return f"pp rank 0, stages {', '.join(str(k) for k in range(0, p * v, p))}"
+
+
+def _context_text(compiled) -> list[str]:
+    """Context parallelism: the tokens of each sequence a rank holds, what attention keeps on it, and the cp
+    traffic of a step (the ledger's, per direction)."""
+    from compiler import ops as O
+    from compiler.cost import activations as A
+    from compiler.symbols import MICRO_BATCH
+    spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
+    cp = plan.size("cp")
+    if cp == 1:
+        return []
+    seq = spec.value(spec.train.seq_len)
+    variant = plan.context_parallel
+    lines = [f"context     cp {cp} ({variant}): each rank holds {seq // cp:,} of every sequence's {seq:,} tokens "
+             f"(chunks i and {2 * cp - 1} − i of {2 * cp}, balanced for the causal mask)"]
+    # attention's own keeps, per layer and micro-batch: what its op records keep (runtime.context_parallel's
+    # attention: its queries, the gathered keys and values under all_gather, the output and the log-sum-exp)
+    precision = A.precision_key(spec, plan)
+    layers, per_layer = 0, None
+    for count_, gm in compiled.traced.repeats().values():
+        g = A._Graph(gm, precision, "cuda")
+        calls = 0
+        for node in gm.graph.nodes:
+            op = O.find(node, gm) if node.op != "placeholder" else None
+            if op is not None and op.attention:
+                op.saved(g, node, list(node.args))
+                calls += 1
+        if calls:
+            kept = spec.value(sum(g.saved.values()).xreplace({MICRO_BATCH: costs.micro_batch_size}), plan) / calls
+            per_layer = kept if per_layer is None else max(per_layer, kept)
+            layers += int(spec.value(count_, plan)) * calls
+    if per_layer is not None:
+        what = {"all_gather": "its queries, the keys and values gathered over cp, the output and the log-sum-exp",
+                "ring": "its queries, keys and values (the rank's own), the output and the log-sum-exp",
+                "all_to_all": "q, k and v of heads / cp over the whole sequence, the output and the log-sum-exp"}
+        lines += [f"            attention keeps {nbytes(per_layer)} per layer and micro-batch on a rank "
+                  f"({what.get(variant, variant)}); {layers} layers: {nbytes(per_layer * layers)} per micro-batch"
+                  + (f" (recompute {plan.recompute}: held only while its block's backward runs)"
+                     if plan.recompute != "none" else "")]
+    sent = {}
+    for c in costs.ledger.entries:
+        if c.axis == "cp":
+            sent[c.direction] = sent.get(c.direction, 0) + spec.value(c.bytes_per_step(), plan)
+    if sent:
+        said = (("forward", "forward"), ("backward", "backward"), ("step", "once a step (gradients)"))
+        lines += ["            cp traffic per step and rank: " + ", ".join(f"{nbytes(sent[d])} {w}" for d, w in said
+                                                                        if d in sent)]
+    return lines
 
 
 def _moe_text(compiled) -> list[str]:
