@@ -13,6 +13,10 @@ from compiler import spec as S
 from compiler.diagnostics import Diagnostic, divisors, plan_error
 
 AXIS = "cp"
+# The codes whose verdict reads only cp's size, seq_len, the model's layers and `compile`: one check refuses a whole
+# mesh shape's families in the search (compiler/search/prune.py `_cp_shape_refused`). A code that starts reading a
+# setting the search varies within a shape (the variant, tp, pp, recomputation, dp sharding, micro-batches) leaves.
+SHAPE_CODES = ("E0310", "E0312", "E0315")
 
 
 def _attention_refusal(x) -> str | None:

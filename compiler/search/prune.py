@@ -125,6 +125,8 @@ class _Search:
         self.peaks: dict = {}         # family -> {(dp variant, recompute): peak} of every variant costed
         # per family key (axis, value) -> what happened to its candidates
         self.stats: dict = {}
+        self._stat_key_cache: dict = {}  # (axes, schedule, context_parallel) -> _stat_keys
+        self._pending: dict = {}      # (stat keys, id(problems)) -> [problems, times]: refusals not yet counted
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
         self.by_key: dict = {}        # layout key -> (time, Winner)
         self.all_axes_fixed = all(a in fixed for a in ORDER if a != "ep" or self.moe)
@@ -145,26 +147,69 @@ class _Search:
 
     # -- bookkeeping of families for the report ------------------------------------------------------------------
 
-    def _stat_keys(self, plan) -> list:
-        keys = [(a, plan.size(a)) for a in ("tp", "pp", "ep", "cp") if a != "ep" or self.moe]
-        if plan.size("pp") > 1:
-            keys.append(("schedule", plan.schedule))
-        if plan.size("cp") > 1:
-            keys.append(("context_parallel", plan.context_parallel))
+    def _stat_keys(self, plan) -> tuple:
+        return self._stat_keys_of(plan.axes, plan.schedule, plan.context_parallel)
+
+    def _stat_keys_of(self, axes: tuple, schedule: str, context_parallel: str) -> tuple:
+        at = (axes, schedule, context_parallel)
+        keys = self._stat_key_cache.get(at)
+        if keys is None:
+            sizes = dict(axes)
+            keys = [(a, sizes.get(a, 1)) for a in ("tp", "pp", "ep", "cp") if a != "ep" or self.moe]
+            if sizes.get("pp", 1) > 1:
+                keys.append(("schedule", schedule))
+            if sizes.get("cp", 1) > 1:
+                keys.append(("context_parallel", context_parallel))
+            keys = self._stat_key_cache[at] = tuple(keys)
         return keys
 
+    def _cp_shape_refused(self, sizes: dict, groups: list) -> int | None:
+        """Under cp, the refusals that hold for a whole mesh shape (compiler/rules/context_parallel.py SHAPE_CODES:
+        they read cp's size, seq_len, the model's layers and compile, none of what tells its groups apart), checked
+        on one of its plans: the shape's families counted as refused by them at once (the bulk of a long-context
+        search's space is cp shapes a short-sequence model or a compiled plan cannot take). Returns how many
+        candidates they held, or None when the shape is not refused so."""
+        from compiler.rules.context_parallel import SHAPE_CODES
+        make, ms = groups[0]
+        probe = make(ms[0])
+        shape = [d for d in self.cands.requires(probe) if d.code in SHAPE_CODES]
+        if not shape:
+            return None
+        for g in groups:
+            self._pending_add(self._stat_keys_of(probe.axes, g.schedule, g.context_parallel), shape, len(g[1]))
+            self.counts.family_rules += len(g[1])
+        return self.space.size_of(sizes, groups)
+
     def _stat(self, plan):
-        keys = self._stat_keys(plan)
+        return self._stats_of(self._stat_keys(plan))
+
+    def _stats_of(self, keys) -> list:
         return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
                                           "min_peak": None, "best_exact": None, "best_bound": None})
                 for k in keys]
 
     def _refused(self, plan, problems, times: int = 1):
         """Count each refusal against the family it belongs to: a tensor-parallel code against the tp value, a
-        pipeline code against pp and the schedule, an expert code against ep, any other against all."""
+        pipeline code against pp and the schedule, an expert code against ep, any other against all. Deferred
+        (`_count_refusals`): a search refuses hundreds of thousands of families with a few shared lists of problems
+        (the rules' memo), so each distinct (family keys, problems) is counted once, `times` summed."""
+        self._pending_add(self._stat_keys(plan), problems, times)
+
+    def _pending_add(self, keys: tuple, problems, times: int) -> None:
+        got = self._pending.get((keys, id(problems)))
+        if got is None:
+            self._pending[(keys, id(problems))] = [problems, times]
+        else:
+            got[1] += times
+
+    def _count_refusals(self) -> None:
+        for (keys, _), (problems, times) in self._pending.items():
+            self._count_refused(keys, problems, times)
+        self._pending.clear()
+
+    def _count_refused(self, keys, problems, times: int):
         own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07", "cp": "E031", "context_parallel": "E031"}
-        stats = self._stat(plan)
-        keys = self._stat_keys(plan)
+        stats = self._stats_of(keys)
         for (a, _), st in zip(keys, stats):
             mine = [d for d in problems if d.code.startswith(own[a])
                     or not any(d.code.startswith(o) for o in own.values())]
@@ -374,9 +419,17 @@ class _Search:
     def run(self) -> Result:
         t0 = time.perf_counter()
         timing = {}
-        groups = [g for sizes in self.shapes() for g in self.groups(sizes)]
-        self.counts.families = sum(len(ms) for _, ms in groups)
-        self.counts.space = self.space.size(groups)
+        groups, families, space = [], 0, 0
+        for sizes in self.shapes():
+            gs = list(self.groups(sizes))
+            families += sum(len(ms) for _, ms in gs)
+            held = self._cp_shape_refused(sizes, gs) if gs and sizes.get("cp", 1) > 1 else None
+            if held is not None:
+                space += held
+                continue
+            groups += gs
+        self.counts.families = families
+        self.counts.space = space + self.space.size(groups)
         timing["enumerate"] = time.perf_counter() - t0
         # 1. rules and a lower bound per family
         t1 = time.perf_counter()
@@ -428,7 +481,9 @@ class _Search:
         # the winners again with every detail (the pipeline's exposed send time): the same step times
         ranked = [(t, (d, est, self.sim.predict(self.cands.cost_model(d), d, est))) for t, (d, est, _) in ranked]
         winners = [Winner(d, pred, est, tuple(R.reasons(self, d, est, pred, best_t))) for _, (d, est, pred) in ranked]
-        rejected = R.rejected(self, winners, best_t) if groups else R.unsatisfiable(self.space, self.spec.plan)
+        self._count_refusals()
+        rejected = (R.rejected(self, winners, best_t) if self.counts.families
+                    else R.unsatisfiable(self.space, self.spec.plan))
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
 
 

@@ -101,6 +101,16 @@ def _axes(sizes: dict) -> tuple:
     return tuple((a, sizes[a]) for a in ORDER if sizes.get(a, 1) > 1 or a == "dp")
 
 
+class Group(tuple):
+    """One group of families (`Space.groups`): iterates as (a plan maker, the micro-batch counts); `schedule` and
+    `context_parallel` say which of the shape's groups it is without making a plan."""
+
+    def __new__(cls, make, ms, schedule: str, context_parallel: str):
+        group = super().__new__(cls, (make, ms))
+        group.schedule, group.context_parallel = schedule, context_parallel
+        return group
+
+
 class Space:
     """The candidates of one file under `--fix`: the mesh shapes of its world size, each shape's families (grouped
     by what the micro-batch size does not change) and each family's dp variants. Plans come out undecided, from the
@@ -167,7 +177,7 @@ class Space:
                                     data_parallel=f.get("data_parallel", "ddp"),
                                     fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
-                    yield make, ms
+                    yield Group(make, ms, sched, cpv)
 
     def families(self, sizes: dict) -> list:
         """Every family of one mesh shape (plans with recompute none and ddp, or the fixed ones)."""
@@ -205,13 +215,22 @@ class Space:
         total, known = 0, {}
         for make, ms in groups:
             one = make(ms[0])  # the group's mesh shape
-            dp, pp = one.size("dp"), one.size("pp")
-            for m in ms:
-                key = (dp, pp, m > 1)  # all `_modes` reads of m
-                if key not in known:
-                    known[key] = len(self._modes(dp, m, pp))
-                total += known[key]
+            total += self._variants(one.size("dp"), one.size("pp"), ms, known)
         return total * len(self.recomputes())
+
+    def size_of(self, sizes: dict, groups) -> int:
+        """`size` of groups of the one mesh shape `sizes`."""
+        known: dict = {}
+        return sum(self._variants(sizes["dp"], sizes["pp"], ms, known) for _, ms in groups) * len(self.recomputes())
+
+    def _variants(self, dp: int, pp: int, ms, known: dict) -> int:
+        total = 0
+        for m in ms:
+            key = (dp, pp, m > 1)  # all `_modes` reads of m
+            if key not in known:
+                known[key] = len(self._modes(dp, m, pp))
+            total += known[key]
+        return total
 
     def families_with(self, fixed: dict) -> int:
         """How many families the enumeration gives with only `fixed` fixed (why `--fix` leaves none)."""
