@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime import collectives, faults, rotary
+from runtime import collectives, faults, recompute, rotary
 
 AXIS = "cp"
 
@@ -161,6 +161,48 @@ def _expand(k: torch.Tensor, heads: int) -> torch.Tensor:
     return k if g == 1 else k.repeat_interleave(g, dim=1)
 
 
+@torch.library.custom_op("scalec::ring_attention_forward", mutates_args=())
+def _ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, axis: str, scale: float, file: str,
+                  line: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring's forward (the output and its log-sum-exp per row and head, fp32 at least), one operator to torch:
+    selective recomputation (runtime.recompute, `keep`) saves its two outputs as it saves a collective's, so the
+    block's recomputation reads them back instead of sending the keys and values round again, and keeps none of
+    the blocks' scores or partial products (which it would, as matmul outputs, were the steps visible to it).
+    `file`, `line`: the generated program's call (faults.caller_site), "" and 0 for none."""
+    site = (file, line) if file else None
+    n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+    b, h, s, _ = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)  # the accumulators: fp32 at least
+    qf = q.to(acc)
+    out = torch.zeros(b, h, s, v.shape[-1], device=q.device, dtype=acc)
+    lse = torch.full((b, h, s), float("-inf"), device=q.device, dtype=acc)
+    kv = torch.stack((k, v))
+    for step in range(n):
+        owner = (rank - step) % n
+        # the block held goes on to the next rank while this rank computes with it
+        ahead = _Transfer(kv, axis, site, f"ring attention, forward step {step + 1}") if step < n - 1 else None
+        rows, cols, masked = _block(n, rank, owner, s)
+        kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
+        scores = qf[:, :, rows] @ kb.transpose(-1, -2) * scale
+        if masked:
+            scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
+        merged = torch.logaddexp(lse[:, :, rows], torch.logsumexp(scores, -1))
+        out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
+                           + (scores - merged.unsqueeze(-1)).exp() @ vb)
+        lse[:, :, rows] = merged
+        kv = ahead.wait() if ahead is not None else None
+    return out.to(q.dtype), lse
+
+
+@_ring_forward.register_fake
+def _(q, k, v, axis, scale, file, line):
+    acc = torch.promote_types(q.dtype, torch.float32)
+    return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=acc)
+
+
+recompute.keep(torch.ops.scalec.ring_attention_forward.default)
+
+
 class _RingAttention(torch.autograd.Function):
     """Causal attention over keys and values passed around the cp ring (cp − 1 steps forward), each block's partial
     output merged by the log-sum-exp rule (fp32 accumulators). Backward recomputes each block's probabilities
@@ -176,28 +218,7 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, axis, scale, site):
-        n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
-        b, h, s, _ = q.shape
-        acc = torch.promote_types(q.dtype, torch.float32)  # the accumulators: fp32 at least
-        qf = q.to(acc)
-        out = torch.zeros(b, h, s, v.shape[-1], device=q.device, dtype=acc)
-        lse = torch.full((b, h, s), float("-inf"), device=q.device, dtype=acc)
-        kv = torch.stack((k, v))
-        for step in range(n):
-            owner = (rank - step) % n
-            # the block held goes on to the next rank while this rank computes with it
-            ahead = _Transfer(kv, axis, site, f"ring attention, forward step {step + 1}") if step < n - 1 else None
-            rows, cols, masked = _block(n, rank, owner, s)
-            kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
-            scores = qf[:, :, rows] @ kb.transpose(-1, -2) * scale
-            if masked:
-                scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
-            merged = torch.logaddexp(lse[:, :, rows], torch.logsumexp(scores, -1))
-            out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
-                               + (scores - merged.unsqueeze(-1)).exp() @ vb)
-            lse[:, :, rows] = merged
-            kv = ahead.wait() if ahead is not None else None
-        out = out.to(q.dtype)
+        out, lse = _ring_forward(q, k, v, axis, scale, *(site or ("", 0)))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.axis, ctx.scale, ctx.site = axis, scale, site
         return out

@@ -330,10 +330,11 @@ class Segment:
                     fwd += scores * SCORE_BYTES_FORWARD / hbm
                     bwd += scores * SCORE_BYTES_BACKWARD / hbm
                     one += scores * SCORE_BYTES_FORWARD / hbm
-                attention += one
-                if j in rings:
+                if j in rings:  # selective recomputation keeps the ring's output (compiler/ops.py `_ring_kept`)
                     ring_f += one
                     ring_b += grads * one
+                else:
+                    attention += one
             ops += 1 + grads
         n = len(self.rings)
         return OpTimes(fwd, bwd, wgrad, attention + memory, ops, ring_f / n if n else 0.0, ring_b / n if n else 0.0)
