@@ -165,12 +165,6 @@ CODES: dict[str, Code] = {
     "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
                   "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
                   "checked under torch.compile. Set `compile = false`."),
-    "E0316": Code("selective recomputation with ring attention", "Under cp, full recomputation re-runs each "
-                  "block's forward with its cp collectives (the gathers, the ring's sends, the all-to-alls: counted "
-                  "again in the ledger); selective recomputation with `context_parallel = all_gather` gathers the "
-                  "keys and values again in backward, with `all_to_all` keeps the all-to-alls' outputs. Selective "
-                  "recomputation with `ring` re-runs the ring's forward inside its autograd function, whose sends "
-                  "and kept blocks are not modelled yet. Use `recompute = full`, or another `context_parallel`."),
     "E0317": Code("heads do not divide over cp for all_to_all", "`context_parallel = all_to_all` (DeepSpeed-"
                   "Ulysses) exchanges the queries, keys and values over cp so that each rank holds heads / cp of the "
                   "heads over the whole sequence: both the attention heads and the key/value heads of every "
@@ -405,6 +399,10 @@ CODES: dict[str, Code] = {
 RETIRED: dict[str, str] = {
     "E0314": "zero1, zero2 and fsdp with both cp and ep refused as not built: built since (the dense weights shard "
              "over dp × cp × ep, the experts over dp × cp)",
+    "E0316": "selective recomputation with `context_parallel = ring` refused as not modelled (its measured "
+             "activations 19% above the model): built since (the ring's forward is one operator whose output and "
+             "log-sum-exp the policy saves, as a collective's, so nothing is sent again and none of its steps' "
+             "scores and partial products is kept, which were the 19%)",
     "E0313": "context parallelism with expert parallelism refused as not built: built since (a dropless moe routes "
              "each rank's S/cp tokens, its aux loss's counts summed over cp; the experts' gradients summed over "
              "dp × cp)",

@@ -466,6 +466,15 @@ _window_shape, _window_backward, _window_dims = _over_keys(_window_keys)
 _ring_shape, _ring_backward, _ring_dims = _over_keys(lambda node, sk: sk * (size(node.args[4]) + 1) / 2)
 
 
+def _ring_kept(node, gm, needed, act):
+    """Under selective recomputation the ring's forward is one operator whose outputs are saved, as a collective's
+    (runtime.recompute `keep`: making them again would send the keys and values round again): the output and the
+    log-sum-exp per row and head (fp32), which its own backward reads; its q, k and v are recomputed from the
+    projections' saved outputs. Nothing of its steps (scores, partial products) is kept."""
+    b, h, s, _ = node.meta[K.SHAPE]
+    return _numel(node.meta[K.SHAPE]) * act + b * h * s * 4
+
+
 def _capped_keys(node, sk):
     """Keys each query reads under `attention.softcapped`: min(W, Sk) with the layer's window, else Sk (the cap's
     tanh is elementwise: no FLOPs by the matmul convention)."""
@@ -834,7 +843,7 @@ FUNCTIONS = {
     CP.attention: Op("cp_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
                      attention=True),
     CP.ring_attention: Op("cp_ring_attention", _ring_shape, _act, _sdpa_saved, _ring_backward, dims=_ring_dims,
-                          shard=True, attention=True),
+                          shard=True, attention=True, selective=True, kept=_ring_kept),
     # selective: their all_to_all_single outputs are what runtime.recompute saves (as moe's all-to-alls)
     CP.heads_to_sequence: Op("cp_heads_to_sequence", _heads_to_sequence_shape(True), passes_grad=True,
                              computes=False, selective=True),

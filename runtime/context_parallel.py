@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime import collectives, faults, rotary
+from runtime import collectives, faults, recompute, rotary
 
 AXIS = "cp"
 
@@ -111,20 +111,30 @@ def attention(q_BHSD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, 
 # -- context_parallel = ring: the keys and values passed around the cp group ---------------------------------------
 
 
-def _shift(x: torch.Tensor, axis: str, site, what: str) -> torch.Tensor:
-    """Send `x` to the next cp rank and receive the previous one's (same shape): one step of the ring, P2P
-    (torch.distributed.batch_isend_irecv), counted as one send_recv of `x`'s bytes."""
-    group = collectives._group(axis)
-    n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
-    x = x.contiguous()
-    got = torch.empty_like(x)
-    collectives._count("send_recv", axis, x)
-    ops = [dist.P2POp(dist.isend, x, dist.get_global_rank(group, (rank + 1) % n), group),
-           dist.P2POp(dist.irecv, got, dist.get_global_rank(group, (rank - 1) % n), group)]
-    with faults.op(f"send_recv over {axis} ({what})", faults.axis_site(site, axis)):
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-    return got
+class _Transfer:
+    """One step of the ring in flight: `x` sent to the next cp rank and the previous one's (same shape) being
+    received, P2P (torch.distributed.batch_isend_irecv), counted as one send_recv of `x`'s bytes when posted.
+    `wait()` returns what was received; the wait is the blocking region the fault watchdog names."""
+    __slots__ = ("sent", "got", "works", "what", "site")
+
+    def __init__(self, x: torch.Tensor, axis: str, site, what: str):
+        group = collectives._group(axis)
+        n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+        self.sent = x = x.contiguous()  # held until the wait: the send reads it meanwhile
+        self.got = torch.empty_like(x)
+        self.what, self.site = f"send_recv over {axis} ({what})", faults.axis_site(site, axis)
+        collectives._count("send_recv", axis, x)
+        ops = [dist.P2POp(dist.isend, x, dist.get_global_rank(group, (rank + 1) % n), group),
+               dist.P2POp(dist.irecv, self.got, dist.get_global_rank(group, (rank - 1) % n), group)]
+        with faults.op(self.what, self.site):  # posting: the last operation queued, should the device hang
+            self.works = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> torch.Tensor:
+        with faults.op(self.what, self.site):
+            for work in self.works:
+                work.wait()
+        self.sent = None
+        return self.got
 
 
 def _block(n: int, rank: int, owner: int, local: int):
@@ -151,35 +161,64 @@ def _expand(k: torch.Tensor, heads: int) -> torch.Tensor:
     return k if g == 1 else k.repeat_interleave(g, dim=1)
 
 
+@torch.library.custom_op("scalec::ring_attention_forward", mutates_args=())
+def _ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, axis: str, scale: float, file: str,
+                  line: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring's forward (the output and its log-sum-exp per row and head, fp32 at least), one operator to torch:
+    selective recomputation (runtime.recompute, `keep`) saves its two outputs as it saves a collective's, so the
+    block's recomputation reads them back instead of sending the keys and values round again, and keeps none of
+    the blocks' scores or partial products (which it would, as matmul outputs, were the steps visible to it).
+    `file`, `line`: the generated program's call (faults.caller_site), "" and 0 for none."""
+    site = (file, line) if file else None
+    n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
+    b, h, s, _ = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)  # the accumulators: fp32 at least
+    qf = q.to(acc)
+    out = torch.zeros(b, h, s, v.shape[-1], device=q.device, dtype=acc)
+    lse = torch.full((b, h, s), float("-inf"), device=q.device, dtype=acc)
+    kv = torch.stack((k, v))
+    for step in range(n):
+        owner = (rank - step) % n
+        # the block held goes on to the next rank while this rank computes with it
+        ahead = _Transfer(kv, axis, site, f"ring attention, forward step {step + 1}") if step < n - 1 else None
+        rows, cols, masked = _block(n, rank, owner, s)
+        kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
+        scores = qf[:, :, rows] @ kb.transpose(-1, -2) * scale
+        if masked:
+            scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
+        merged = torch.logaddexp(lse[:, :, rows], torch.logsumexp(scores, -1))
+        out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
+                           + (scores - merged.unsqueeze(-1)).exp() @ vb)
+        lse[:, :, rows] = merged
+        kv = ahead.wait() if ahead is not None else None
+    return out.to(q.dtype), lse
+
+
+@_ring_forward.register_fake
+def _(q, k, v, axis, scale, file, line):
+    acc = torch.promote_types(q.dtype, torch.float32)
+    return q.new_empty((*q.shape[:3], v.shape[-1])), q.new_empty(q.shape[:3], dtype=acc)
+
+
+recompute.keep(torch.ops.scalec.ring_attention_forward.default)
+
+
 class _RingAttention(torch.autograd.Function):
     """Causal attention over keys and values passed around the cp ring (cp − 1 steps forward), each block's partial
     output merged by the log-sum-exp rule (fp32 accumulators). Backward recomputes each block's probabilities
     from the saved log-sum-exp (the flash-attention rule) while the keys and values go round again, with their
-    gradients travelling along and one more hop home: 2·(cp − 1) + 2·cp blocks of the keys' size sent."""
+    gradients travelling along and one more hop home: 2·(cp − 1) + 2·cp blocks of the keys' size sent.
+
+    The transfers overlap the compute: each step posts the send of the block it holds (and the receive of the next)
+    before computing with it, and waits only when it needs the next block; backward, the keys and values likewise,
+    and each block's travelling gradients, sent once this rank has added its share, are waited for only when the
+    next block's share is ready to be added (the final hop home after the last block). The arithmetic and its order
+    are the unoverlapped ring's, so the result is the same to the bit; on CUDA the P2P runs on NCCL's own stream, on
+    CPU gloo in its threads."""
 
     @staticmethod
     def forward(ctx, q, k, v, axis, scale, site):
-        n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
-        b, h, s, _ = q.shape
-        acc = torch.promote_types(q.dtype, torch.float32)  # the accumulators: fp32 at least
-        qf = q.to(acc)
-        out = torch.zeros(b, h, s, v.shape[-1], device=q.device, dtype=acc)
-        lse = torch.full((b, h, s), float("-inf"), device=q.device, dtype=acc)
-        kv = torch.stack((k, v))
-        for step in range(n):
-            owner = (rank - step) % n
-            nxt = _shift(kv, axis, site, f"ring attention, forward step {step + 1}") if step < n - 1 else None
-            rows, cols, masked = _block(n, rank, owner, s)
-            kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
-            scores = qf[:, :, rows] @ kb.transpose(-1, -2) * scale
-            if masked:
-                scores = scores + _diagonal_mask(s, n, rank, q.device).to(acc)
-            merged = torch.logaddexp(lse[:, :, rows], torch.logsumexp(scores, -1))
-            out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
-                               + (scores - merged.unsqueeze(-1)).exp() @ vb)
-            lse[:, :, rows] = merged
-            kv = nxt
-        out = out.to(q.dtype)
+        out, lse = _ring_forward(q, k, v, axis, scale, *(site or ("", 0)))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.axis, ctx.scale, ctx.site = axis, scale, site
         return out
@@ -197,8 +236,11 @@ class _RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(qf)
         kv = torch.stack((k, v))
         dkv = torch.zeros_like(kv)         # the gradients of the block held, travelling with it
+        back = None                        # those gradients in flight from the previous rank
         for step in range(n):
             owner = (rank - step) % n
+            ahead = (_Transfer(kv, axis, site, f"ring attention, backward step {step + 1}: keys and values")
+                     if step < n - 1 else None)
             rows, cols, masked = _block(n, rank, owner, s)
             kb, vb = _expand(kv[0].to(acc), h)[:, :, cols], _expand(kv[1].to(acc), h)[:, :, cols]
             qr, gr = qf[:, :, rows], gf[:, :, rows]
@@ -213,13 +255,15 @@ class _RingAttention(torch.autograd.Function):
             if kvh != h:  # grouped-query: each key head's gradient sums its group of query heads
                 dk = dk.unflatten(1, (kvh, h // kvh)).sum(2)
                 dv = dv.unflatten(1, (kvh, h // kvh)).sum(2)
+            if back is not None:  # this block's gradients so far, needed only now
+                dkv = back.wait()
             dkv[0][:, :, cols] += dk.to(dkv.dtype)
             dkv[1][:, :, cols] += dv.to(dkv.dtype)
-            if step < n - 1:
-                both = _shift(torch.cat((kv, dkv)), axis, site, f"ring attention, backward step {step + 1}")
-                kv, dkv = both[:2], both[2:]
-            else:  # the gradients of the next rank's block, home
-                dkv = _shift(dkv, axis, site, "ring attention, backward: gradients home")
+            back = _Transfer(dkv, axis, site, f"ring attention, backward step {step + 1}: gradients" if step < n - 1
+                             else "ring attention, backward: gradients home")  # the last: the next rank's, home
+            if ahead is not None:
+                kv = ahead.wait()
+        dkv = back.wait()
         return dq.to(q.dtype), dkv[0], dkv[1], None, None, None
 
 

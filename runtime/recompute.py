@@ -14,7 +14,8 @@ Megatron's two meanings, built from torch's own checkpointing (`torch.utils.chec
              aten kernels), activation functions, norms, elementwise ops and dtype casts, is recomputed.
              runtime.collectives and runtime.moe issue their collectives as torch's functional collectives
              (`torch.ops._c10d_functional`), whose outputs the policy saves by op, so the recomputation reads them
-             back instead of communicating; except the all-gathers (sequence parallelism's, before the column
+             back instead of communicating (ring attention's forward too, one operator whose output and
+             log-sum-exp are saved: runtime.context_parallel); except the all-gathers (sequence parallelism's, before the column
              linears), which it runs again: their output is tp times their input, and Megatron too keeps a
              sequence-parallel linear's input sharded and gathers it again in backward.
 
@@ -62,10 +63,20 @@ RECOMPUTE = frozenset(_ops("_c10d_functional", ("all_gather_into_tensor", "wait_
 _functorch/partitioners.py, force_save_collectives: only an op a policy marks MUST_RECOMPUTE is exempt)."""
 
 
+_KEPT: set = set()
+
+
+def keep(op) -> None:
+    """Save `op`'s outputs under selective recomputation too: an operator the runtime defines itself (torch.library)
+    whose outputs cost communication to make again, as SAVE's collectives' do (runtime.context_parallel's ring
+    forward: its output and log-sum-exp, made by sending the keys and values round the cp group)."""
+    _KEPT.add(op)
+
+
 def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """Selective recomputation's choice for one op: save matmul outputs and those of the collectives in SAVE, gather
-    again in backward, recompute the rest."""
-    if op in SAVE:
+    """Selective recomputation's choice for one op: save matmul outputs and those of the collectives in SAVE (and
+    the runtime's own operators marked by `keep`), gather again in backward, recompute the rest."""
+    if op in SAVE or op in _KEPT:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.MUST_RECOMPUTE if op in RECOMPUTE else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -125,3 +125,51 @@ def test_plan_shows_attention_kept_per_rank_and_cp_traffic():
     fwd = sum(spec.value(c.bytes_per_step(), plan) for c in compiled.costs.ledger.entries
               if c.axis == "cp" and c.direction == "forward")
     assert fwd > 0 and f"cp traffic per step and rank: {nbytes(fwd)} forward" in text
+
+
+def _ring_under_selective_recomputation(rank: int, collectives) -> None:
+    """Selective recomputation of a block holding ring attention (runtime.recompute.run_block): the ring's forward is
+    one operator whose output and log-sum-exp the policy saves, so the recomputation sends nothing (no transfer runs
+    while recomputing) and the result, the gradients and the bytes are those of the block without recomputation."""
+    from runtime import recompute
+    n = collectives.axis_size("cp")
+    torch.manual_seed(rank)
+    b, h, k, s, d = 2, 4, 2, 8, 16  # s: this rank's tokens
+
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            q, kk, v = (x * 1.5).split([h, k, k], 1)  # a product, recomputed: the ring's inputs made again
+            return CP.ring_attention(q, kk, v, True)
+
+    sent = []
+    transfer = CP._Transfer
+
+    class Counted(transfer):
+        def __init__(self, *args, **kwargs):
+            sent.append(recompute.recomputing())
+            super().__init__(*args, **kwargs)
+    CP._Transfer = Counted
+    x = torch.randn(b, h + 2 * k, s, d, dtype=torch.float64)
+    g = torch.randn(b, h, s, d, dtype=torch.float64)
+    got = {}
+    for mode in ("none", "selective"):
+        xr = x.clone().requires_grad_()
+        collectives.count_bytes(True)
+        collectives.BYTES.clear()
+        sent.clear()
+        out = recompute.run_block(Block(), xr, mode)
+        out.backward(g)
+        got[mode] = (out.detach(), xr.grad, dict(collectives.BYTES), list(sent))
+        collectives.count_bytes(False)
+    CP._Transfer = transfer
+    assert torch.equal(got["none"][0], got["selective"][0]) and torch.equal(got["none"][1], got["selective"][1])
+    assert got["none"][2] == got["selective"][2]
+    assert got["selective"][3] == [None] * (2 * n - 1 + n - 1)  # cp − 1 forward, cp backward, none recomputing
+
+
+@pytest.mark.e2e
+def test_ring_under_selective_recomputation_keeps_its_output_and_sends_nothing_again():
+    import functools
+
+    from tests import multirank
+    multirank.spawn(functools.partial(_ring_under_selective_recomputation), world=2, axes=("cp",), timeout=120)

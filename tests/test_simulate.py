@@ -325,3 +325,52 @@ def test_the_ddp_bucket_is_the_plans():
     default, tiny, whole = exposed(compiled.plan.ddp_bucket_bytes), exposed(1), exposed(10 ** 12)
     assert compiled.plan.ddp_bucket_bytes == 25 * 2 ** 20
     assert tiny < 1e-9 < default < whole / 1000
+
+
+def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_block():
+    """context_parallel = ring: each step's send is in flight while the block held is computed (runtime/
+    context_parallel.py `_RingAttention`), so a step's exposed communication is max(0, transfer − compute), from the
+    model's own transfer and block times; the steps carry the ledger's blocks, 2·(cp − 1) forward, 4·cp − 2 backward."""
+    text = (ROOT / "samples" / "llama3_8b_128k.scale").read_text()
+    c, pred = predict(text)
+    sim = SIM.Simulator(c.spec.mesh.device)
+    plan = c.plan
+    env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+    lk = SIM.links(plan, sim.device)
+    cp, link = plan.size("cp"), lk["cp"]
+    mdl = sim.model(c.model)
+    key = next(k for k in mdl.segments if isinstance(k, tuple))
+    ot = mdl.segments[key].times(env, sim.device, mdl.act)
+    assert ot.ring_forward > 0 and ot.ring_backward == pytest.approx(2 * ot.ring_forward)
+    sites = {s.direction: f for s, f in mdl.sites if s.op == "send_recv" and s.axis == "cp"}
+    block = sites["forward"](env) * mdl.act / (2 * (cp - 1))
+    assert sites["backward"](env) * mdl.act / (4 * cp - 2) == pytest.approx(block)
+    steps = SIM.ring_steps(cp, block, ot.ring_forward, ot.ring_backward, link)
+    msg = SIM.collective_s("send_recv", 2 * block, link)
+    assert [t for t, _ in steps["forward"]] == [msg] * (cp - 1)
+    assert sum(t for t, _ in steps["backward"]) == pytest.approx(msg * (2 * cp - 1))  # 4·cp − 2 blocks, 2 a message
+    # the compute of the blocks: the own one 2/(cp + 1) of the ring's, each other rank's 1/(cp + 1)
+    assert sum(c_ for _, c_ in steps["forward"]) + ot.ring_forward / (cp + 1) == pytest.approx(ot.ring_forward)
+    assert sum(c_ for _, c_ in steps["backward"]) == pytest.approx(ot.ring_backward)
+    exposed = {d: sum(max(0.0, t - c_) for t, c_ in steps[d]) for d in steps}
+    assert SIM.ring_exposed(steps["forward"]) == pytest.approx(exposed["forward"])
+    piece = sim.pieces(mdl.cm, plan, env, lk)[key]
+    others = piece.comm.get("cp", 0.0) - exposed["forward"] - exposed["backward"]
+    assert others == pytest.approx(0.0, abs=1e-12)  # the ring's sends are the block's only traffic over cp
+    unhidden = sum(t for t, _ in steps["forward"] + steps["backward"])
+    assert 0 < exposed["forward"] + exposed["backward"] < unhidden
+    assert pred.exposed_comm_s["cp"] == pytest.approx(
+        plan.micro_batches * mdl.cm.formulas.counts[key[1]].n * (exposed["forward"] + exposed["backward"]))
+
+
+def test_ring_steps_expose_only_what_the_transfer_exceeds_the_compute_by():
+    link = SIM.Link("cp", 4, True, 50.0, 0.0)  # no latency: a message of 2·block bytes takes 2·block / 50e9 s
+    block = 25e9 * 1e-3                          # a message takes 1 ms
+    steps = SIM.ring_steps(4, block, 5e-3, 10e-3, link)
+    assert steps["forward"] == [pytest.approx((1e-3, 2e-3)), pytest.approx((1e-3, 1e-3)), pytest.approx((1e-3, 1e-3))]
+    assert steps["backward"] == [pytest.approx((1e-3, 4e-3)), pytest.approx((2e-3, 2e-3)), pytest.approx((2e-3, 2e-3)),
+                                 pytest.approx((1e-3, 2e-3)), pytest.approx((1e-3, 0.0))]
+    assert SIM.ring_exposed(steps["forward"]) == 0.0
+    assert SIM.ring_exposed(steps["backward"]) == pytest.approx(1e-3)  # the gradients' hop home
+    slow = SIM.ring_steps(4, block, 0.5e-3, 1e-3, link)  # compute shorter than the transfers: the excess shows
+    assert SIM.ring_exposed(slow["forward"]) == pytest.approx((1e-3 - 0.2e-3) + 2 * (1e-3 - 0.1e-3))

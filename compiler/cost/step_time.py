@@ -13,7 +13,8 @@
                    Tensor- and expert-parallel collectives sit on the critical path of the stage that issues them;
                    pipeline sends delay the receiving stage; data parallelism's traffic overlaps the last
                    micro-batch's backward under DDP, each micro-batch's compute under FSDP, and nothing under pp
-                   (one coalesced all-reduce after the pipeline step).
+                   (one coalesced all-reduce after the pipeline step). Ring attention's sends over cp overlap its
+                   blocks' compute step by step: each step costs max(transfer, compute) (`ring_steps`).
     the pipeline   each stage's forward, backward (and under zero-bubble input- and weight-gradient) time goes into
                    the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
                    interleaving and zero-bubble are costed as they run, not by a bubble formula.
@@ -178,6 +179,7 @@ class Segment:
         needs = F.needs_grad(gm)
         exprs: list = []
         self.ops: list = []   # (kind, index into values, grads, has_weight, is_attention, name)
+        self.rings: list = []  # indices into self.ops of the ring attentions (context_parallel = ring)
 
         def dtype_bytes(n):
             d = n.meta.get(T.DTYPE)
@@ -256,6 +258,8 @@ class Segment:
                 grads = int(sympy.cancel(bwd / flops)) if bwd != 0 else 0
                 # no casts: bf16 programs compute in bf16 weights without autocast (runtime/precision.py)
                 cast = sympy.Integer(0)
+                if op is not None and op.name == "cp_ring_attention":
+                    self.rings.append(len(self.ops))
                 self.ops.append(("matmul", len(exprs), grads, weight is not None, op is not None and op.attention,
                                  name))
                 exprs += [flops, batch, m, n_, k, cast]
@@ -287,13 +291,15 @@ class Segment:
         fwd = bwd = wgrad = attention = memory = 0.0
         ops = 0
         groups = [(v[i], False) for i in self.groups] if compiled else []
+        ring_f = ring_b = 0.0
+        rings = set(self.rings)
         for moved, _ in groups:
             t = max(moved / hbm, over)
             fwd += t
             memory += t
             bwd += max(2 * moved / hbm, over)
             ops += 2
-        for kind, i, grads, has_weight, is_attention, _ in self.ops:
+        for j, (kind, i, grads, has_weight, is_attention, _) in enumerate(self.ops):
             if kind == "fused" and compiled:
                 continue
             if kind in ("memory", "fused"):
@@ -324,9 +330,14 @@ class Segment:
                     fwd += scores * SCORE_BYTES_FORWARD / hbm
                     bwd += scores * SCORE_BYTES_BACKWARD / hbm
                     one += scores * SCORE_BYTES_FORWARD / hbm
-                attention += one
+                if j in rings:  # selective recomputation keeps the ring's output (compiler/ops.py `_ring_kept`)
+                    ring_f += one
+                    ring_b += grads * one
+                else:
+                    attention += one
             ops += 1 + grads
-        return OpTimes(fwd, bwd, wgrad, attention + memory, ops)
+        n = len(self.rings)
+        return OpTimes(fwd, bwd, wgrad, attention + memory, ops, ring_f / n if n else 0.0, ring_b / n if n else 0.0)
 
 
 @dataclass(frozen=True)
@@ -336,6 +347,8 @@ class OpTimes:
     weight: float         # of which the weight gradients (zero-bubble's W)
     selective: float      # what selective recomputation re-runs: the attention core and the memory-bound ops
     ops: int
+    ring_forward: float = 0.0   # one ring attention's compute (context_parallel = ring), forward, of this graph's
+    ring_backward: float = 0.0  # ... and backward: what its transfers overlap (`ring_steps`)
 
     def __add__(self, o):
         return OpTimes(self.forward + o.forward, self.backward + o.backward, self.weight + o.weight,
@@ -346,6 +359,35 @@ class OpTimes:
 
 
 ZERO = OpTimes(0.0, 0.0, 0.0, 0.0, 0)
+
+
+def ring_steps(cp: int, block_bytes: float, forward_s: float, backward_s: float, link: Link) -> dict:
+    """The steps of one ring attention (runtime/context_parallel.py `_RingAttention`) as (transfer, compute) pairs in
+    seconds, "forward" and "backward": each step's transfer is in flight while the block held is computed, so a
+    step takes max(transfer, compute) and its exposed communication is max(0, transfer − compute) (`ring_exposed`).
+
+    `block_bytes`: one rank's keys (the values are as large; a message carries both, or both their gradients);
+    `forward_s`, `backward_s`: the whole ring attention's compute, split over its blocks as the FLOPs count them
+    (compiler/ops.py `_ring_shape`): the own block S/cp keys a query, each other rank's half of that, so the own
+    block is 2/(cp + 1) of it and each other one 1/(cp + 1). Forward, step i's transfer (the block held, sent on)
+    overlaps block i's compute, cp − 1 of them. Backward, step 0's keys and values overlap block 0; at each later
+    step the previous block's gradients (sent once added to) and the next keys and values (if any) overlap its
+    block; the last gradients' hop home overlaps nothing.
+
+    It assumes what the runtime provides on GPU: the P2P runs on NCCL's own stream beside the compute, the link at
+    its full rate while the device computes. On CPU (gloo) the transfer runs in gloo's threads, competing with the
+    compute for the cores, so the overlap is whatever those threads give (bench/context_parallel.py measures it)."""
+    msg = collective_s("send_recv", 2 * block_bytes, link)  # keys and values (or their gradients): one message
+    own, other = 2 / (cp + 1), 1 / (cp + 1)
+    forward = [(msg, forward_s * (own if i == 0 else other)) for i in range(cp - 1)]
+    backward = [(msg if i == 0 else msg * (1 + (i < cp - 1)), backward_s * (own if i == 0 else other))
+                for i in range(cp)] + [(msg, 0.0)]
+    return {"forward": forward, "backward": backward}
+
+
+def ring_exposed(steps) -> float:
+    """Seconds of a ring's communication not hidden under its compute: Σ max(0, transfer − compute) over its steps."""
+    return sum(max(0.0, t - c) for t, c in steps)
 
 
 # -- a structure's compiled segments --------------------------------------------------------------------------
@@ -486,13 +528,22 @@ class Simulator:
         from compiler.cost import recompute_passes, reruns
         passes = recompute_passes(plan)
         comm = {}
+        times = {key: segment.times(env, dev, mdl.act, self.materialised, getattr(plan, "compiles", False))
+                 for key, segment in mdl.segments.items()}
         for site, f in mdl.sites:
             key = mdl.where_key(site)
             dtype = 4 if site.fp32 else mdl.act
             link = lk.get(site.axis)
             if link is None:
                 continue
-            t = collective_s(site.op, f(env) * dtype, link)
+            if site.op == "send_recv" and site.axis == "cp" and link.size > 1:
+                # the ring's sends (context_parallel = ring): only what its steps' compute does not hide
+                cp, ot = link.size, times[key]
+                per = {"forward": 2 * (cp - 1), "backward": 4 * cp - 2}[site.direction]  # key-sized blocks
+                steps = ring_steps(cp, f(env) * dtype / per, ot.ring_forward, ot.ring_backward, link)
+                t = ring_exposed(steps[site.direction])
+            else:
+                t = collective_s(site.op, f(env) * dtype, link)
             c = comm.setdefault(key, {"forward": {}, "backward": {}})
             c[site.direction][site.axis] = c[site.direction].get(site.axis, 0.0) + t
             again = reruns(plan, site) if key != "all" else 0
@@ -500,7 +551,7 @@ class Simulator:
                 c["backward"][site.axis] = c["backward"].get(site.axis, 0.0) + t * again
         out = {}
         for key, segment in mdl.segments.items():
-            ot = segment.times(env, dev, mdl.act, self.materialised, getattr(plan, "compiles", False))
+            ot = times[key]
             c = comm.get(key, {"forward": {}, "backward": {}})
             cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
             is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")

@@ -138,7 +138,8 @@ def _ring(gm: fx.GraphModule, node: fx.Node, cp: int) -> None:
     new = _replace(gm, node, CP.ring_attention, (q, k, v, bool(node.kwargs.get("enable_gqa", False)), AXIS), kw)
     new.meta[T.COLLECTIVE] = Collective(
         "send_recv", "send_recv", AXIS, "context parallelism (ring): the keys and values passed around cp, "
-        "cp − 1 steps; backward again, with their gradients (cp steps)", payload="keys",
+        "cp − 1 steps, each overlapping the compute of the block held; backward again, with their gradients (cp "
+        "steps)", payload="keys",
         count=2 * (size(AXIS) - 1), counts=(("backward", 4 * size(AXIS) - 2),))  # symbolic: the ledger's formula
 
 

@@ -66,7 +66,7 @@ READS = {
     "expert_parallel": lambda p: (p.size("ep"), p.size("tp"), p.size("dp") > 1, p.sequence_parallel,
                                   p.data_parallel),
     "context_parallel": lambda p: (p.size("cp"), p.seq_len, p.context_parallel, p.size("pp"), p.size("tp"), p.tp_layers,
-                                   p.size("ep"), p.data_parallel, p.size("dp") > 1, p.compile, p.recompute,
+                                   p.size("ep"), p.data_parallel, p.size("dp") > 1, p.compile,
                                    p.span("compile") is not None),
     "packed": lambda p: (p.size("pp"), p.size("tp"), p.size("ep"), p.compile, p.span("compile") is not None),
     "mesh": lambda p: (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len),

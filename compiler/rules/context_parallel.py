@@ -82,8 +82,4 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, "compile" if plan.span("compile") is not None else at, "E0315",
                               "compiling a context-parallel program is not built yet", label="compile = true",
                               help="set `compile = false`"))
-    if plan.recompute == "selective" and plan.context_parallel == "ring":
-        out.append(plan_error(plan, "recompute", "E0316", "recompute = selective with context_parallel = ring is "
-                              "not built yet", label="what it keeps and re-sends is not modelled",
-                              help="use `recompute = full`, or `context_parallel = all_gather` or `all_to_all`"))
     return out

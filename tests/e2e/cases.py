@@ -389,6 +389,10 @@ CASES = (
     Case(id="cp2_ring_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
          plan=dict(CP2, context_parallel="ring", recompute="full"),
          description="full recomputation under ring attention: the ring's sends re-run with each block's forward"),
+    Case(id="cp2_ring_recompute_selective", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
+         plan=dict(CP2, context_parallel="ring", recompute="selective"),
+         description="selective recomputation under ring attention: the ring's output and log-sum-exp kept (its "
+                     "sends not made again), the attention recomputed only in its own backward"),
     Case(id="cp2_all_to_all_recompute_full", sample="samples/gpt_tp.scale", nproc=2, edits=GQA,
          plan=dict(CP2, context_parallel="all_to_all", recompute="full"),
          description="full recomputation under Ulysses: the all-to-alls re-run with each block's forward"),
@@ -446,7 +450,8 @@ CASES = (
 # whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
-                      "moe_cp2_ep2_grouped", "moe_dp2_cp2_ep2_fsdp", "moe_dp2_cp2_ep2_zero1"})
+                      "moe_cp2_ep2_grouped", "moe_dp2_cp2_ep2_fsdp", "moe_dp2_cp2_ep2_zero1",
+                      "cp2_ring_recompute_selective"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
