@@ -103,9 +103,10 @@ def test_variant_equals_whole_attention_forward_and_backward(variant, n, gqa):
 
 
 def test_plan_shows_attention_kept_per_rank_and_cp_traffic():
-    """`plan` of the 128K sample (cp 8, ring, tp 2, bf16): each rank's 16,384 tokens; attention keeps per layer
-    and micro-batch its 16 query heads (32 / tp) and 4 key/value heads (8 / tp) of 128 dimensions for those tokens,
-    the output and an fp32 log-sum-exp per head and token; the cp traffic is the ledger's."""
+    """`plan` of the 128K sample (cp 32, ring, bf16, 2 sequences a micro-batch): each rank's 4,096 tokens;
+    attention keeps per layer and micro-batch its 32 query heads and 8 key/value heads of 128 dimensions for those
+    tokens of both sequences, the output and an fp32 log-sum-exp per head and token; the cp traffic is the
+    ledger's."""
     from pathlib import Path
     from compiler.check import check_text
     from compiler.pipeline import compile_spec
@@ -115,10 +116,10 @@ def test_plan_shows_attention_kept_per_rank_and_cp_traffic():
     path = root / "samples" / "llama3_8b_128k.scale"
     compiled = compile_spec(check_text(path.read_text(), str(path)))
     text = plan_text(compiled)
-    tokens, heads, kv, d = 131072 // 8, 32 // 2, 8 // 2, 128
-    kept = 2 * tokens * heads * d * 2 + 2 * tokens * kv * d * 2 + tokens * heads * 4  # q, out; k, v; lse
+    b, tokens, heads, kv, d = 2, 131072 // 32, 32, 8, 128
+    kept = b * (2 * tokens * heads * d * 2 + 2 * tokens * kv * d * 2 + tokens * heads * 4)  # q, out; k, v; lse
     assert kept == 168_820_736
-    assert "each rank holds 16,384 of every sequence's 131,072 tokens" in text
+    assert "each rank holds 4,096 of every sequence's 131,072 tokens" in text
     assert f"attention keeps {nbytes(kept)} per layer and micro-batch" in text
     assert f"32 layers: {nbytes(32 * kept)} per micro-batch" in text
     spec, plan = compiled.spec, compiled.plan
