@@ -127,3 +127,30 @@ def test_model_equals_each_document_alone(tmp_path):
     grads = dict(alone.named_parameters())
     for name, p in pk.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _vocab_parallel_loss(rank, C):
+    """tp: the vocabulary-parallel loss with `ignore` equals packed.cross_entropy on the whole logits, loss and
+    gradient (the ignored targets count zero, the sum divided by every token)."""
+    torch.manual_seed(0)
+    vocab, tokens = 7, 10  # 7 does not divide by 2: each rank holds 4 columns, the last one padding
+    logits = torch.randn(tokens, vocab, dtype=torch.float64)
+    targets = torch.randint(0, vocab, (tokens,))
+    targets[[0, 3, 4]] = packed.IGNORE
+    full = logits.clone().requires_grad_()
+    ref = packed.cross_entropy(full, targets)
+    ref.backward()
+    padded = torch.cat([logits, torch.zeros(tokens, 1, dtype=torch.float64)], 1)
+    local = padded[:, rank * 4:(rank + 1) * 4].clone().requires_grad_()
+    loss = C.vocab_parallel_cross_entropy(local, targets, "tp", vocab, ignore=packed.IGNORE)
+    loss.backward()
+    assert torch.allclose(loss, ref, rtol=1e-12, atol=0), (loss, ref)
+    grad_ref = torch.cat([full.grad, torch.zeros(tokens, 1, dtype=torch.float64)], 1)[:, rank * 4:(rank + 1) * 4]
+    assert torch.allclose(local.grad, grad_ref, rtol=1e-12, atol=1e-15)
+    assert local.grad[[0, 3, 4]].abs().max() == 0
+
+
+@pytest.mark.e2e  # gloo ranks
+def test_vocab_parallel_loss_ignores_targets_after_a_separator():
+    from tests import multirank
+    multirank.spawn(_vocab_parallel_loss, 2)

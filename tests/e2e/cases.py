@@ -421,6 +421,17 @@ CASES = (
     Case(id="packed_cp2", sample="samples/gpt_dp.scale", nproc=2, edits=PACKED + GQA, plan=CP2,
          description="packed documents under cp 2 (all_gather): the mask is the documents of each rank's queries "
                      "against the gathered keys', the positions within the documents at the true positions"),
+    Case(id="packed_tp2_sp", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA, plan=SP,
+         description="packed documents under tensor + sequence parallelism over tp 2: each rank's heads attend "
+                     "block-diagonally over the whole sequence, the learned positions looked up per document and "
+                     "split along the sequence, the vocabulary-parallel loss not predicting across a boundary"),
+    Case(id="packed_tp2", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA,
+         description="packed documents under tensor parallelism over tp 2 (no sp): packed attention and rotary per "
+                     "rank's heads, the vocabulary-parallel loss ignoring the targets after a separator"),
+    Case(id="packed_cp2_all_to_all", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA,
+         plan=dict(CP2, context_parallel="all_to_all"),
+         description="packed documents under cp 2 (all_to_all, Ulysses): after the heads-to-sequence all-to-alls "
+                     "each rank's heads attend block-diagonally over whole sequences in natural order"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
@@ -432,7 +443,7 @@ CASES = (
 # whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
-                      "moe_cp2_ep2_grouped"})
+                      "moe_cp2_ep2_grouped", "packed_tp2", "packed_cp2_all_to_all"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
