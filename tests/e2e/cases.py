@@ -432,6 +432,15 @@ CASES = (
          plan=dict(CP2, context_parallel="all_to_all"),
          description="packed documents under cp 2 (all_to_all, Ulysses): after the heads-to-sequence all-to-alls "
                      "each rank's heads attend block-diagonally over whole sequences in natural order"),
+    Case(id="packed_pp2", sample="samples/gpt_pp.scale", nproc=2,
+         edits=((PACKED[0][0], PACKED[0][1] + "\n  eval_every = 2  eval_batches = 2  eval_split = 0.3"),) + GQA,
+         description="packed documents through two 1F1B pipeline stages (4 micro-batches): every pp rank computes "
+                     "the micro-batches' document ids from its batch, each stage's forward and backward of "
+                     "micro-batch k run inside packed.batch of its ids; the held-out loss through the stages too"),
+    Case(id="packed_pp2_zero_bubble", sample="samples/gpt_pp.scale", nproc=2, edits=PACKED + GQA,
+         plan=dict(schedule="zero-bubble"),
+         description="packed documents through two zero-bubble stages: the input and the weight gradients of "
+                     "micro-batch k computed apart, each inside packed.batch of its ids"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
@@ -443,7 +452,8 @@ CASES = (
 # whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
-                      "moe_cp2_ep2_grouped", "packed_tp2", "packed_cp2_all_to_all"})
+                      "moe_cp2_ep2_grouped", "packed_tp2", "packed_cp2_all_to_all",
+                      "packed_pp2", "packed_pp2_zero_bubble"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
