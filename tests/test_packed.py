@@ -154,3 +154,29 @@ def _vocab_parallel_loss(rank, C):
 def test_vocab_parallel_loss_ignores_targets_after_a_separator():
     from tests import multirank
     multirank.spawn(_vocab_parallel_loss, 2)
+
+
+@pytest.mark.parametrize("mesh,plan,refused", [
+    ("axis tp = 2", "sequence_parallel = true", None),
+    ("axis pp = 2", "micro_batches = 2", None),
+    ("axis cp = 2", "context_parallel = all_to_all", None),
+    ("axis cp = 2", "context_parallel = all_gather", None),
+    ("axis cp = 2", "context_parallel = ring", "context_parallel = ring"),
+    ("axis tp = 2", "compile = true", "compiling a program"),
+])
+def test_plans_packed_documents_compose_with(tmp_path, mesh, plan, refused):
+    """compiler/rules/packed.py: tp (+ sp), pp, cp all_gather and all_to_all take packed documents; ring and
+    compile are refused (E0318) at the setting that asks for them."""
+    from compiler.diagnostics import ScaleError
+    write_tokens(str(tmp_path / "docs.bin"), np.arange(200) % 64, "uint16", 64)
+    text = (MODEL.format(sep=f", document_separator = {SEP}")
+            .replace("mesh { axis dp = 1  devices_per_node = 1 }", f"mesh {{ {mesh}  devices_per_node = 2 }}\n"
+                     f"plan {{ {plan} }}").replace("seq_len = 24", "seq_len = 32"))
+    where = str(tmp_path / "m.scale")
+    if refused is None:
+        check_text(text, where)
+        return
+    with pytest.raises(ScaleError) as err:
+        check_text(text, where)
+    errors = [d for d in err.value.diagnostics if d.severity == "error"]
+    assert [d.code for d in errors] == ["E0318"] and refused in errors[0].message
