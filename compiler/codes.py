@@ -176,11 +176,12 @@ CODES: dict[str, Code] = {
                   "multi-head latent attention are not built with them yet and are refused. Remove "
                   "`document_separator` (the file is then one stream), or use plain causal `attention`."),
     "E0318": Code("packed documents with a plan not built", "Packed documents carry each micro-batch's document "
-                  "ids beside its tokens to every attention layer; through pipeline stages (`axis pp`), tensor "
-                  "parallelism (`axis tp`, its vocabulary-parallel loss), expert parallelism (`axis ep`) and a "
-                  "compiled program (`compile = true`, the default on GPUs) that is not built yet, and the plan is "
-                  "refused rather than run without them. Packed documents compose with dp (every data_parallel), "
-                  "cp (all_gather) and recomputation."),
+                  "ids beside its tokens to every attention layer; through expert parallelism (`axis ep`), ring "
+                  "attention (`context_parallel = ring`: its blocks are masked by position only) and a compiled "
+                  "program (`compile = true`, the default on GPUs) that is not built yet, and the plan is refused "
+                  "rather than run without them. Packed documents compose with dp (every data_parallel), tp (with "
+                  "or without sequence parallelism), pp (every schedule), cp (all_gather and all_to_all) and "
+                  "recomputation."),
     "W0310": Code("context_parallel without cp", "A warning: `context_parallel` chooses how attention runs over a "
                   "sequence sharded over the `cp` axis, and the mesh has none (or cp = 1), so it does nothing. Add "
                   "`axis cp = 2` (or more), or remove the setting."),

@@ -224,10 +224,12 @@ def vocab_parallel_lookup(tokens: torch.Tensor, weight: torch.Tensor, axis: str)
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of logits sharded over the vocabulary (Megatron-LM's algorithm): three all-reduces of one
-    number per token (max, sum of exponentials, target logit); the backward is local."""
+    number per token (max, sum of exponentials, target logit); the backward is local. With `ignore` (packed
+    documents, runtime.packed.IGNORE) the targets equal to it count zero, loss and gradient, and the sum is still
+    divided by every token (runtime.packed.cross_entropy's convention)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, axis, vocab):
+    def forward(ctx, logits, targets, axis, vocab, ignore):
         n_local = logits.shape[-1]
         lo = axis_rank(axis) * n_local
         if lo + n_local > vocab:  # padded columns past the real vocabulary never take probability
@@ -246,21 +248,33 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp()
         sum_exp = _all_reduce(exp.sum(dim=-1), axis, site)
         loss = sum_exp.log() - target_logit
-        ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local)
-        return loss.mean()
+        softmax = exp / sum_exp.unsqueeze(-1)
+        if ignore is None:
+            ctx.save_for_backward(softmax, mine, local)
+            return loss.mean()
+        kept = targets != ignore  # an ignored target is in no rank's slice (it is negative): `mine` is False there
+        ctx.save_for_backward(softmax, mine, local, kept)
+        return loss.masked_fill(~kept, 0.0).sum() / loss.numel()
 
     @staticmethod
     def backward(ctx, g):
-        softmax, mine, local = ctx.saved_tensors
+        softmax, mine, local, *kept = ctx.saved_tensors
         grad = softmax.clone()
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, local] -= mine.to(grad.dtype)
-        return grad * (g / grad.shape[0]), None, None, None
+        if kept:
+            grad *= kept[0].unsqueeze(-1).to(grad.dtype)
+        return grad * (g / grad.shape[0]), None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, axis: str, vocab: int) -> torch.Tensor:
+def vocab_parallel_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, axis: str, vocab: int,
+                                 ignore: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of (tokens, V_local) logits sharded over `axis` against (tokens,) targets; columns at or
-    past `vocab` are padding and masked out."""
+    past `vocab` are padding and masked out. `ignore` (packed documents): targets equal to it count zero, and the
+    sum is divided by all the tokens, the ignored ones included."""
     if axis_size(axis) == 1:
-        return torch.nn.functional.cross_entropy(logits[:, :vocab], targets)
-    return _VocabParallelCrossEntropy.apply(logits, targets, axis, vocab)
+        if ignore is None:
+            return torch.nn.functional.cross_entropy(logits[:, :vocab], targets)
+        return torch.nn.functional.cross_entropy(logits[:, :vocab], targets, ignore_index=ignore,
+                                                 reduction="sum") / targets.numel()
+    return _VocabParallelCrossEntropy.apply(logits, targets, axis, vocab, ignore)

@@ -23,7 +23,11 @@ around the micro-batch's forward and backward, and the calls the model makes rea
     dense additive mask (B, 1, Sq, Sk). The mask is made once per micro-batch and shared by every layer.
 Under context parallelism (`axis cp`, all_gather) `docs` is the whole sequence's: a rank's queries are its chunks'
 (runtime.context_parallel.positions), its keys the gathered ones in rank order (gathered_positions), so the mask is
-the document ids of the local queries against the gathered keys and the positions are the true ones.
+the document ids of the local queries against the gathered keys and the positions are the true ones. Under cp's
+all_to_all (Ulysses) `positions` and `rotate` take the cp axis, but `attention` runs after the heads-to-sequence
+all-to-alls on whole sequences in natural order, without an axis: the single device's mask. Under tensor
+parallelism each rank calls `rotate` and `attention` on its own heads (the mask has one head dim, shared), and its
+vocabulary-parallel loss ignores the same targets (runtime.collectives.vocab_parallel_cross_entropy, `ignore`).
 """
 from __future__ import annotations
 

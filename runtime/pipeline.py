@@ -5,6 +5,10 @@ meta device, sharded or initialised by name like the single-device model, and ha
 schedule runs the micro-batches in the order of runtime/schedule.py (the order the compiler checked) and scales
 gradients by 1/micro-batches (the loss is a per-micro-batch mean).
 A tied embedding lives on the first and the last stage; their gradients are summed after each step.
+Packed documents (runtime/packed.py): every pp rank reads the batch, so each computes the document ids of the
+micro-batches itself (nothing moves between stages for them); each stage's forward, backward (whose recomputation
+re-runs the forward) and weight backward of micro-batch k runs inside `packed.batch` of micro-batch k's ids
+(`Documents`), as does the stages' shape inference on micro-batch 0.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import collectives, mesh, moe, schedule
+from runtime import collectives, mesh, moe, packed, schedule
 
 TIED = "embed.weight"
 
@@ -272,6 +276,48 @@ class InFlight:
         self.fwd_sends, self.bwd_sends = {}, []
 
 
+class Documents:
+    """The document ids of this step's micro-batches (packed documents), entered around each stage's work on
+    micro-batch k: torch's schedule calls the stages' forward_one_chunk(k, ...), backward_one_chunk(k, ...) and
+    backward_weight_one_chunk(k, ...), and infers their shapes (`_prepare_{forward,backward}_infra`) on micro-batch
+    0. Without packed documents (`docs` None) nothing is entered."""
+
+    def __init__(self, stages):
+        self.docs: list | None = None
+        for stage in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(stage, name, self._at(getattr(stage, name)))
+            for name in ("_prepare_forward_infra", "_prepare_backward_infra"):
+                setattr(stage, name, self._first(getattr(stage, name)))
+
+    def _enter(self, mb: int):
+        return packed.batch(self.docs[mb]) if self.docs is not None else contextlib.nullcontext()
+
+    def _at(self, fn):
+        @functools.wraps(fn)
+        def run(mb, *args, **kwargs):
+            with self._enter(mb):
+                return fn(mb, *args, **kwargs)
+        return run
+
+    def _first(self, fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with self._enter(0):
+                return fn(*args, **kwargs)
+        return run
+
+    @contextlib.contextmanager
+    def step(self, docs: torch.Tensor | None, micro_batches: int):
+        """During one schedule step: micro-batch k's ids are `docs`' k-th split along the batch, as the schedule
+        splits the tokens (torch.tensor_split)."""
+        self.docs = None if docs is None else list(docs.tensor_split(micro_batches))
+        try:
+            yield
+        finally:
+            self.docs = None
+
+
 def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
     return [c * pp + pp_rank for c in range(virtual)]
 
@@ -316,6 +362,7 @@ class Pipeline:
             for name in ("get_fwd_send_ops", "get_fwd_recv_ops", "get_bwd_send_ops", "get_bwd_recv_ops"):
                 setattr(stage, name, _counted(getattr(stage, name)))
         self.in_flight = InFlight(self.stages)  # receive buffers and sends only for the micro-batches in flight
+        self.documents = Documents(self.stages)  # packed documents: each micro-batch's ids around its stage work
         # Run exactly the action lists the compiler printed and proved (not a schedule class's own order).
         self.schedule = _PipelineScheduleRuntime(self.stages, n_microbatches=par.micro_batches,
                                                  loss_fn=loss_fn, scale_grads=not main_grads)
@@ -356,14 +403,15 @@ class Pipeline:
 
         measure.watch_stages(self.modules, _Restore)
 
-    def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of all micro-batches; returns the mean loss, on every pp rank."""
+    def step(self, tokens: torch.Tensor, targets: torch.Tensor, docs: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward and backward of all micro-batches; returns the mean loss, on every pp rank. `docs`: the batch's
+        document ids (packed documents), split into micro-batches as the tokens are."""
         losses: list = []
         # return_outputs=False: the last stage computes each micro-batch's loss as the forward ends and keeps its
         # logits only until that micro-batch's backward (torch's fwd_cache; with 1F1B-style schedules the next
         # action), as Megatron's last stage does. The default would also collect every micro-batch's logits in
         # output_chunks for the whole step and concatenate them at its end: m × the logits, that nothing reads.
-        with self.in_flight.sending():
+        with self.in_flight.sending(), self.documents.step(docs, self.cfg.parallel.micro_batches):
             self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
         if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
             self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
@@ -379,7 +427,7 @@ class Pipeline:
         dist.all_reduce(total, group=self.ctx.mesh["pp"].get_group())
         return total
 
-    def evaluate(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def evaluate(self, tokens: torch.Tensor, targets: torch.Tensor, docs: torch.Tensor | None = None) -> torch.Tensor:
         """The forward alone of this rank's batch, in the schedule's micro-batches, filled and drained through the
         stages (GPipe's forward half); returns the sum of the cross entropy over its tokens (float64), on every pp
         rank. The schedule's runtime is not used: its action lists hold the backward (torch's `eval` would switch
@@ -394,14 +442,16 @@ class Pipeline:
         local = dict(zip(self.ids, self.modules))
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
         sends = []
-        for tokens_mb, targets_mb in zip(tokens.tensor_split(m), targets.tensor_split(m)):
+        docs_mbs = docs.tensor_split(m) if docs is not None else (None,) * m
+        for tokens_mb, targets_mb, docs_mb in zip(tokens.tensor_split(m), targets.tensor_split(m), docs_mbs):
             x = None
             for s in range(n_stages):
                 if s not in local:
                     continue
                 if s > 0 and s - 1 not in local:
                     x = _receive(dist.get_global_rank(group, (s - 1) % pp), group, ctx.device)
-                x = local[s](tokens_mb if s == 0 else x)
+                with packed.batch(docs_mb) if docs_mb is not None else contextlib.nullcontext():
+                    x = local[s](tokens_mb if s == 0 else x)
                 if s == n_stages - 1:
                     total += self.loss_fn(x, targets_mb).double() * targets_mb.numel()
                 elif s + 1 not in local:

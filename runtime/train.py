@@ -375,17 +375,17 @@ class PipelineStages(ModelParts):
     def batches(self, source, step: int, held_out: bool = False) -> list:
         # The schedule splits this rank's batch into the micro-batches itself.
         ctx = self.ctx
-        return [_sequence_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
-                                                 ctx.data_ranks, 0, 1, held_out))]
+        return [_packed_shard(data.micro_batch(source, step, self.cfg.data.global_batch, ctx.batch_rank,
+                                               ctx.data_ranks, 0, 1, held_out), self.cfg.data.document_separator)]
 
     def step(self, batches: list) -> torch.Tensor:
         ctx = self.ctx
         if self.measure is not None:  # the stages' forwards and the loss, recorded over the schedule
             self.pipe.watch(self.measure)
-        ((tokens, targets),) = batches
+        ((tokens, targets, *docs),) = batches
         with faults.op("the pipeline schedule (sends and receives between stages over pp)",
                        faults.scale("axis pp", "schedule")):
-            total = self.pipe.step(tokens, targets)
+            total = self.pipe.step(tokens, targets, *docs)
         if _dp_kind(self.cfg, ctx) != "fsdp":
             with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)",
                            _dp_site("ddp")):
@@ -397,10 +397,10 @@ class PipelineStages(ModelParts):
         return total
 
     def eval_loss(self, batches: list) -> torch.Tensor:
-        ((tokens, targets),) = batches
+        ((tokens, targets, *docs),) = batches
         with faults.op("the evaluation's forward sends and receives between stages over pp",
                        faults.scale("axis pp", "schedule")):
-            return self.pipe.evaluate(tokens, targets)
+            return self.pipe.evaluate(tokens, targets, *docs)
 
 
 def evaluate(parts: ModelParts, source, cfg: Config, ctx: mesh.Context) -> float:

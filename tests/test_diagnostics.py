@@ -75,8 +75,8 @@ ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with a
                       "tests/mistakes/files_eval_split_too_small.scale",
              "E0812": "a token file beside the .scale file: tests/mistakes/files_packed_separator_outside_vocab.scale",
              "E0319": "a token file beside the .scale file: tests/mistakes/files_packed_sliding_window.scale",
-             "E0318": "a token file beside the .scale file: tests/mistakes/files_packed_with_tp.scale, "
-                      "tests/mistakes/files_packed_with_pp.scale",
+             "E0318": "a token file beside the .scale file: tests/mistakes/files_packed_with_compile.scale, "
+                      "tests/mistakes/files_packed_with_ep.scale",
              "E0609": "no .scale file reaches it (a defect of the schedule builder): "
                       "tests/test_cost.py::test_compile_refuses_a_schedule_that_fails_verification"}
 

@@ -127,3 +127,56 @@ def test_model_equals_each_document_alone(tmp_path):
     grads = dict(alone.named_parameters())
     for name, p in pk.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _vocab_parallel_loss(rank, C):
+    """tp: the vocabulary-parallel loss with `ignore` equals packed.cross_entropy on the whole logits, loss and
+    gradient (the ignored targets count zero, the sum divided by every token)."""
+    torch.manual_seed(0)
+    vocab, tokens = 7, 10  # 7 does not divide by 2: each rank holds 4 columns, the last one padding
+    logits = torch.randn(tokens, vocab, dtype=torch.float64)
+    targets = torch.randint(0, vocab, (tokens,))
+    targets[[0, 3, 4]] = packed.IGNORE
+    full = logits.clone().requires_grad_()
+    ref = packed.cross_entropy(full, targets)
+    ref.backward()
+    padded = torch.cat([logits, torch.zeros(tokens, 1, dtype=torch.float64)], 1)
+    local = padded[:, rank * 4:(rank + 1) * 4].clone().requires_grad_()
+    loss = C.vocab_parallel_cross_entropy(local, targets, "tp", vocab, ignore=packed.IGNORE)
+    loss.backward()
+    assert torch.allclose(loss, ref, rtol=1e-12, atol=0), (loss, ref)
+    grad_ref = torch.cat([full.grad, torch.zeros(tokens, 1, dtype=torch.float64)], 1)[:, rank * 4:(rank + 1) * 4]
+    assert torch.allclose(local.grad, grad_ref, rtol=1e-12, atol=1e-15)
+    assert local.grad[[0, 3, 4]].abs().max() == 0
+
+
+@pytest.mark.e2e  # gloo ranks
+def test_vocab_parallel_loss_ignores_targets_after_a_separator():
+    from tests import multirank
+    multirank.spawn(_vocab_parallel_loss, 2)
+
+
+@pytest.mark.parametrize("mesh,plan,refused", [
+    ("axis tp = 2", "sequence_parallel = true", None),
+    ("axis pp = 2", "micro_batches = 2", None),
+    ("axis cp = 2", "context_parallel = all_to_all", None),
+    ("axis cp = 2", "context_parallel = all_gather", None),
+    ("axis cp = 2", "context_parallel = ring", "context_parallel = ring"),
+    ("axis tp = 2", "compile = true", "compiling a program"),
+])
+def test_plans_packed_documents_compose_with(tmp_path, mesh, plan, refused):
+    """compiler/rules/packed.py: tp (+ sp), pp, cp all_gather and all_to_all take packed documents; ring and
+    compile are refused (E0318) at the setting that asks for them."""
+    from compiler.diagnostics import ScaleError
+    write_tokens(str(tmp_path / "docs.bin"), np.arange(200) % 64, "uint16", 64)
+    text = (MODEL.format(sep=f", document_separator = {SEP}")
+            .replace("mesh { axis dp = 1  devices_per_node = 1 }", f"mesh {{ {mesh}  devices_per_node = 2 }}\n"
+                     f"plan {{ {plan} }}").replace("seq_len = 24", "seq_len = 32"))
+    where = str(tmp_path / "m.scale")
+    if refused is None:
+        check_text(text, where)
+        return
+    with pytest.raises(ScaleError) as err:
+        check_text(text, where)
+    errors = [d for d in err.value.diagnostics if d.severity == "error"]
+    assert [d.code for d in errors] == ["E0318"] and refused in errors[0].message

@@ -14,8 +14,10 @@ Mechanism, `context_parallel_pass`:
     (`all_to_all`, Ulysses);
   - a dropless `moe`: its capacity the rank's S/cp tokens, and each sequence's choice counts summed over cp for its
     aux loss (`_route`);
-  - packed documents (runtime/packed.py): `packed.positions`, `packed.rotate` and `packed.attention` take the cp axis,
-    the attention after the same gathers, its mask the documents of the local queries against the gathered keys'.
+  - packed documents (runtime/packed.py): `packed.positions` and `packed.rotate` take the cp axis (the rank's true
+    positions); under all_gather `packed.attention` takes it too, after the same gathers, its mask the documents of
+    the local queries against the gathered keys'; under all_to_all it runs between the same all-to-alls as it is
+    (whole sequences in natural order: the single device's mask). ring is refused (compiler/rules/packed.py).
 Each gather carries `node.meta[COLLECTIVE]` for the ledger and the comment on the generated call. The loss needs no
 change: every rank holds as many tokens, and the gradients and the logged loss are averaged over dp × cp
 (runtime.mesh's batch group; tp is not in it). Under tp (+ sp) the pass runs after the tp pass's rewrite: the
@@ -113,6 +115,10 @@ def _rewrite(gm: fx.GraphModule, variant: str, cp: int, seq: int) -> None:
         elif node.target in (P.positions, P.rotate):  # packed documents: positions within the documents at the
             # rank's true positions (runtime/packed.py reads the whole sequences' document ids)
             _replace(gm, node, node.target, tuple(node.args), {**node.kwargs, "axis": AXIS})
+        elif node.target is P.attention and variant == "all_to_all":  # packed documents under Ulysses: after the
+            # heads-to-sequence all-to-alls each rank holds its heads over whole sequences in natural order, so the
+            # attention is the single device's (axis None: the whole sequences' document ids, positions 0..S-1)
+            _all_to_all(gm, node, cp)
         elif node.target is P.attention:  # packed documents: the local queries' documents against the gathered keys'
             q, k, v, gqa = node.args[:4]
             k_all, v_all = _gather(gm, k, node, "keys"), _gather(gm, v, node, "values")

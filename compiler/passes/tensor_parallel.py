@@ -17,7 +17,8 @@ collectives as explicit calls to runtime/collectives.py:
     covers only its heads, so it is summed over tp after the backward (as sequence parallelism's norms);
   - embedding: masked local lookup, then all-reduce (sequence parallel: reduce-scatter); the positional
     embedding is split along the sequence under sequence parallelism;
-  - LM head: as a column linear over the vocabulary, and a cross-entropy that never gathers the logits.
+  - LM head: as a column linear over the vocabulary, and a cross-entropy that never gathers the logits (with
+    packed documents, runtime/packed.py, the one whose targets after a separator count zero).
 Each inserted node carries `node.meta[COLLECTIVE]` (what moves, why, from which .scale line) for the ledger and for
 the comment on the generated call.
 """
@@ -39,6 +40,7 @@ from compiler.diagnostics import Diagnostic
 from compiler.symbols import size
 from runtime import collectives as C
 from runtime import layers as _layers
+from runtime import packed as _packed
 
 AXIS = "tp"
 
@@ -165,7 +167,7 @@ def tp_policy(gm: fx.GraphModule, plan) -> Decision:
             elif isinstance(layer, S.LMHead) and node.op == "call_module" and isinstance(
                     gm.get_submodule(node.target), _layers.Bias):
                 found["head_bias"] = node.name
-            elif isinstance(layer, S.CrossEntropy) and node.target is F.cross_entropy:
+            elif isinstance(layer, S.CrossEntropy) and node.target in (F.cross_entropy, _packed.cross_entropy):
                 found["loss"] = node.name
     return Decision(tuple(regions), **found)
 
@@ -392,7 +394,9 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
         note = Collective(None, "all_gather", AXIS, "sequence parallelism: this rank's positions; the gradient is "
                           "gathered back whole", payload="input")
         users = list(pos.users)
-        split = _insert(gm, pos, C.split_fwd_all_gather_bwd, (pos, AXIS, 0), pos, note, f"{pos.name}_split")
+        # (S, H) from the positions 0..S-1; packed documents look up each row's positions, (B, S, H)
+        dim = 1 if pos.args[0].target is _packed.positions else 0
+        split = _insert(gm, pos, C.split_fwd_all_gather_bwd, (pos, AXIS, dim), pos, note, f"{pos.name}_split")
         for u in users:
             u.replace_input_with(pos, split)
     if d.head:
@@ -419,8 +423,11 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
         note = Collective("all_reduce", None, AXIS, "vocabulary-parallel cross-entropy: max, sum of exponentials "
                           "and target logit of each token (the logits are never gathered)", payload="targets",
                           dtype="fp32", count=3)
+        # packed documents: the targets after a separator count zero, the sum divided by every token (runtime.packed)
         new = _insert(gm, loss, C.vocab_parallel_cross_entropy, (loss.args[0], loss.args[1], AXIS, vocab), loss,
                       note, "loss")
+        if loss.target is _packed.cross_entropy:
+            new.kwargs = {"ignore": _packed.IGNORE}
         loss.replace_all_uses_with(new)
         gm.graph.erase_node(loss)
 

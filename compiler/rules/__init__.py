@@ -68,7 +68,8 @@ READS = {
     "context_parallel": lambda p: (p.size("cp"), p.seq_len, p.context_parallel, p.size("pp"), p.size("tp"), p.tp_layers,
                                    p.size("ep"), p.data_parallel, p.size("dp") > 1, p.compile,
                                    p.span("compile") is not None),
-    "packed": lambda p: (p.size("pp"), p.size("tp"), p.size("ep"), p.compile, p.span("compile") is not None),
+    "packed": lambda p: (p.size("ep"), p.size("cp"), p.context_parallel, p.compile,
+                         p.span("compile") is not None),
     "mesh": lambda p: (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len),
 }
 

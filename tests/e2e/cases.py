@@ -439,6 +439,34 @@ CASES = (
     Case(id="packed_cp2", sample="samples/gpt_dp.scale", nproc=2, edits=PACKED + GQA, plan=CP2,
          description="packed documents under cp 2 (all_gather): the mask is the documents of each rank's queries "
                      "against the gathered keys', the positions within the documents at the true positions"),
+    Case(id="packed_tp2_sp", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA, plan=SP,
+         description="packed documents under tensor + sequence parallelism over tp 2: each rank's heads attend "
+                     "block-diagonally over the whole sequence, the learned positions looked up per document and "
+                     "split along the sequence, the vocabulary-parallel loss not predicting across a boundary"),
+    Case(id="packed_tp2", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA,
+         description="packed documents under tensor parallelism over tp 2 (no sp): packed attention and rotary per "
+                     "rank's heads, the vocabulary-parallel loss ignoring the targets after a separator"),
+    Case(id="packed_cp2_all_to_all", sample="samples/gpt_tp.scale", nproc=2, edits=PACKED + GQA,
+         plan=dict(CP2, context_parallel="all_to_all"),
+         description="packed documents under cp 2 (all_to_all, Ulysses): after the heads-to-sequence all-to-alls "
+                     "each rank's heads attend block-diagonally over whole sequences in natural order"),
+    Case(id="packed_pp2", sample="samples/gpt_pp.scale", nproc=2,
+         edits=((PACKED[0][0], PACKED[0][1] + "\n  eval_every = 2  eval_batches = 2  eval_split = 0.3"),) + GQA,
+         description="packed documents through two 1F1B pipeline stages (4 micro-batches): every pp rank computes "
+                     "the micro-batches' document ids from its batch, each stage's forward and backward of "
+                     "micro-batch k run inside packed.batch of its ids; the held-out loss through the stages too"),
+    Case(id="packed_pp2_zero_bubble", sample="samples/gpt_pp.scale", nproc=2, edits=PACKED + GQA,
+         plan=dict(schedule="zero-bubble"),
+         description="packed documents through two zero-bubble stages: the input and the weight gradients of "
+                     "micro-batch k computed apart, each inside packed.batch of its ids"),
+    Case(id="packed_pp2_tp2_sp", sample="samples/gpt_3d.scale", nproc=4, edits=PACKED + GQA, plan=dict(PP2_TP2, **SP),
+         description="packed documents through 1F1B stages × tensor + sequence parallelism: each stage's heads attend "
+                     "block-diagonally, the first stage's positions split along the sequence, the last stage's "
+                     "vocabulary-parallel loss ignoring the targets after a separator"),
+    Case(id="packed_cp2_pp2", sample="samples/gpt_pp.scale", nproc=4, edits=PACKED + GQA,
+         plan=dict(CP2, axes=(("pp", 2), ("cp", 2)), devices_per_node=4),
+         description="packed documents through 1F1B stages × cp 2 (all_gather): every stage's attention masks its "
+                     "rank's queries against the gathered keys by document at the true positions"),
     Case(id="pp2_recompute_selective", sample="samples/gpt_pp.scale", nproc=2,
          plan=dict(recompute="selective"),
          description="selective recomputation (attention core and cheap ops; matmul outputs kept) inside two 1F1B "
@@ -451,7 +479,8 @@ CASES = (
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
                       "moe_cp2_ep2_grouped", "moe_dp2_cp2_ep2_fsdp", "moe_dp2_cp2_ep2_zero1",
-                      "cp2_ring_recompute_selective"})
+                      "cp2_ring_recompute_selective", "packed_tp2", "packed_cp2_all_to_all",
+                      "packed_pp2", "packed_pp2_zero_bubble", "packed_pp2_tp2_sp", "packed_cp2_pp2"})
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
