@@ -47,3 +47,12 @@ def test_the_cases_out_of_the_suite_are_named_and_still_valid():
     lists split the table."""
     assert MORE_IDS == {c.id for c in MORE} and len(CASES) + len(MORE) == len(ALL_CASES)
     assert len({c.id for c in ALL_CASES}) == len(ALL_CASES)
+
+
+def test_the_two_halves_hold_the_table_and_keep_each_reference_in_one():
+    """tests/e2e/test_e2e.py and test_e2e_second.py run the halves on the two workers: every CI case in exactly
+    one, the cases of one single-device reference in the same one (each file runs its references once)."""
+    from tests.e2e.cases import FIRST, SECOND, _reference_key
+    assert sorted(c.id for c in FIRST + SECOND) == sorted(c.id for c in CASES)
+    assert FIRST and SECOND and not {c.id for c in FIRST} & {c.id for c in SECOND}
+    assert not {_reference_key(c) for c in FIRST} & {_reference_key(c) for c in SECOND}

@@ -484,3 +484,35 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
 MORE = tuple(c for c in ALL_CASES if c.id in MORE_IDS)
+
+
+def _reference_key(case: Case) -> tuple:
+    """What a case's single-device reference depends on (tests/test_e2e_cases.py holds it so): its model, train
+    edits and residual precision, and its steps."""
+    return (case.sample, case.edits, dict(case.plan).get("fp32_residual", False), case.steps)
+
+
+def _cost(case: Case) -> float:
+    """A rough weight of a case's run (seconds on a quiet 2-core machine): the launch of its ranks, compiling."""
+    return 8 + 4 * case.nproc + (40 if dict(case.plan).get("compile") else 0)
+
+
+def halves(cases: tuple, first_extra: float = 0.0) -> tuple:
+    """The CI table split in two for the two pytest workers (`--dist loadfile` gives each test file to one worker):
+    tests/e2e/test_e2e.py runs the first half, test_e2e_second.py the second. Cases that share a single-device
+    reference stay together (each file's `references` runs it once); groups go, heaviest first, to the lighter half.
+    `first_extra`: the weight of the first file's other tests."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(_reference_key(c), []).append(c)
+    load, out = [first_extra, 0.0], ([], [])
+    for key in sorted(groups, key=lambda k: (-sum(map(_cost, groups[k])) - 15, groups[k][0].id)):
+        i = 0 if load[0] <= load[1] else 1
+        out[i].extend(groups[key])
+        load[i] += 15 + sum(map(_cost, groups[key]))  # the reference run, then its cases
+    order = {c.id: n for n, c in enumerate(cases)}
+    return tuple(tuple(sorted(h, key=lambda c: order[c.id])) for h in out)
+
+
+# The first file also holds the bf16 ledger, checkpoint-resume and logged-loss tests (about 150 s).
+FIRST, SECOND = halves(CASES, first_extra=150.0)

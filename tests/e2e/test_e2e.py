@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from tests.e2e.cases import CASES, MORE, Case
+from tests.e2e.cases import CASES, FIRST, MORE, Case
 from tests.e2e.runner import ROOT, assert_same_training, case_text, launch, single_device
 
 pytestmark = pytest.mark.e2e
@@ -16,7 +16,12 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """Single-device runs, one per distinct reference text, shared by the cases."""
+    """Single-device runs, one per distinct reference text, shared by the cases (of this file: test_e2e_second.py
+    has its own, and the table's halves keep the cases of one reference together)."""
+    return reference_runs(tmp_path_factory)
+
+
+def reference_runs(tmp_path_factory):
     cache = {}
     workdir = tmp_path_factory.mktemp("reference")
 
@@ -28,12 +33,18 @@ def references(tmp_path_factory):
     return get
 
 
-# the cases out of the CI suite (tests/e2e/cases.py MORE) with SCALEC_E2E_MORE=1 (bench/e2e_more.py)
-RUN = CASES + (MORE if os.environ.get("SCALEC_E2E_MORE") else ())
+# The first half of the CI table (tests/e2e/cases.py `halves`: the second runs in test_e2e_second.py, on the other
+# pytest worker), and the cases out of the CI suite (MORE) with SCALEC_E2E_MORE=1 (bench/e2e_more.py)
+RUN = FIRST + (MORE if os.environ.get("SCALEC_E2E_MORE") else ())
 
 
 @pytest.mark.parametrize("case", RUN, ids=[c.id for c in RUN])
 def test_plan_matches_single_device(case: Case, references, tmp_path):
+    check_case(case, references, tmp_path)
+
+
+def check_case(case: Case, references, tmp_path) -> None:
+    """One case of the table against its single-device reference."""
     text = case_text(case)
     # runtime.memory's tracker runs compiled regions eagerly: a compiled case's report would measure the eager
     # program; what compiled regions keep is held against the model by tests/test_memory_compiled.py
