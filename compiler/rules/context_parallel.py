@@ -13,9 +13,10 @@ from compiler import spec as S
 from compiler.diagnostics import Diagnostic, divisors, plan_error
 
 AXIS = "cp"
-# The codes whose verdict reads only cp's size, seq_len, the model's layers and `compile`: one check refuses a whole
-# mesh shape's families in the search (compiler/search/prune.py `_cp_shape_refused`). A code that starts reading a
-# setting the search varies within a shape (the variant, tp, pp, recomputation, dp sharding, micro-batches) leaves.
+# The codes whose verdict reads only cp's size, seq_len, the model's layers, `compile` and the variant: one check
+# refuses all of a mesh shape's families of one variant in the search (compiler/search/prune.py `_cp_shape_refused`).
+# A code that starts reading another setting the search varies within a shape (tp, pp, schedule, sequence
+# parallelism, recomputation, dp sharding, micro-batches) leaves.
 SHAPE_CODES = ("E0310", "E0312", "E0315")
 
 

@@ -163,22 +163,29 @@ class _Search:
             keys = self._stat_key_cache[at] = tuple(keys)
         return keys
 
-    def _cp_shape_refused(self, sizes: dict, groups: list) -> int | None:
-        """Under cp, the refusals that hold for a whole mesh shape (compiler/rules/context_parallel.py SHAPE_CODES:
-        they read cp's size, seq_len, the model's layers and compile, none of what tells its groups apart), checked
-        on one of its plans: the shape's families counted as refused by them at once (the bulk of a long-context
-        search's space is cp shapes a short-sequence model or a compiled plan cannot take). Returns how many
-        candidates they held, or None when the shape is not refused so."""
+    def _cp_shape_refused(self, sizes: dict, groups: list) -> tuple:
+        """Under cp, the refusals that hold for every group of a mesh shape with one attention variant
+        (compiler/rules/context_parallel.py SHAPE_CODES: they read cp's size, seq_len, the model's layers, compile
+        and the variant, none of what tells those groups apart), checked on one plan per variant: those groups'
+        families counted as refused by them at once (the bulk of a long-context search's space is cp shapes a
+        short-sequence model or a compiled plan cannot take). Returns (the groups left, the candidates refused)."""
         from compiler.rules.context_parallel import SHAPE_CODES
-        make, ms = groups[0]
-        probe = make(ms[0])
-        shape = [d for d in self.cands.requires(probe) if d.code in SHAPE_CODES]
-        if not shape:
-            return None
+        by_variant: dict = {}
         for g in groups:
-            self._pending_add(self._stat_keys_of(probe.axes, g.schedule, g.context_parallel), shape, len(g[1]))
-            self.counts.family_rules += len(g[1])
-        return self.space.size_of(sizes, groups)
+            by_variant.setdefault(g.context_parallel, []).append(g)
+        left, held = [], 0
+        for variant, gs in by_variant.items():
+            make, ms = gs[0]
+            probe = make(ms[0])
+            shape = [d for d in self.cands.requires(probe) if d.code in SHAPE_CODES]
+            if not shape:
+                left += gs
+                continue
+            for g in gs:
+                self._pending_add(self._stat_keys_of(probe.axes, g.schedule, variant), shape, len(g[1]))
+                self.counts.family_rules += len(g[1])
+            held += self.space.size_of(sizes, gs)
+        return left, held
 
     def _stat(self, plan):
         return self._stats_of(self._stat_keys(plan))
@@ -423,10 +430,9 @@ class _Search:
         for sizes in self.shapes():
             gs = list(self.groups(sizes))
             families += sum(len(ms) for _, ms in gs)
-            held = self._cp_shape_refused(sizes, gs) if gs and sizes.get("cp", 1) > 1 else None
-            if held is not None:
+            if gs and sizes.get("cp", 1) > 1:
+                gs, held = self._cp_shape_refused(sizes, gs)
                 space += held
-                continue
             groups += gs
         self.counts.families = families
         self.counts.space = space + self.space.size(groups)
