@@ -162,9 +162,13 @@ CODES: dict[str, Code] = {
                   "depends on the whole sequence's order, and a cp rank holds 1/cp of it) are not built under cp yet "
                   "and are refused. A dropless `moe` (`capacity_factor = none`) runs under cp, its aux loss over "
                   "the whole sequence. Remove the axis (give its ranks to dp), or use plain causal attention."),
-    "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
-                  "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
-                  "checked under torch.compile. Set `compile = false`."),
+    "E0315": Code("compiled ring attention", "Compiling (`compile = true`, the default on GPUs) a program with "
+                  "`context_parallel = ring` is not built yet. `all_gather` and `all_to_all` compile: their "
+                  "gathers and all-to-alls are traced into each block's region like the tensor-parallel ones. The "
+                  "ring's sends are torch.distributed P2P (batch_isend_irecv) inside its autograd function, which "
+                  "dynamo cannot trace: it breaks each block's region around them (the result is still exact), so "
+                  "a block is no longer the one compiled region the memory model of compiled programs describes. "
+                  "Set `compile = false`, or use `context_parallel = all_gather` or `all_to_all`."),
     "E0316": Code("selective recomputation with ring attention", "Under cp, full recomputation re-runs each "
                   "block's forward with its cp collectives (the gathers, the ring's sends, the all-to-alls: counted "
                   "again in the ledger); selective recomputation with `context_parallel = all_gather` gathers the "
