@@ -166,9 +166,10 @@ CODES: dict[str, Code] = {
                   "`context_parallel = ring` is not built yet. `all_gather` and `all_to_all` compile: their "
                   "gathers and all-to-alls are traced into each block's region like the tensor-parallel ones. The "
                   "ring's sends are torch.distributed P2P (batch_isend_irecv) inside its autograd function, which "
-                  "dynamo cannot trace: it breaks each block's region around them (the result is still exact), so "
-                  "a block is no longer the one compiled region the memory model of compiled programs describes. "
-                  "Set `compile = false`, or use `context_parallel = all_gather` or `all_to_all`."),
+                  "dynamo cannot trace: it breaks each block's region there and compiles the pieces of the ring's "
+                  "loop as frames of their own around eager sends (measured exact without recomputation, but "
+                  "not the one region per block a compiled program is, nor tried with recomputation). Set "
+                  "`compile = false`, or use `context_parallel = all_gather` or `all_to_all`."),
     "E0316": Code("selective recomputation with ring attention", "Under cp, full recomputation re-runs each "
                   "block's forward with its cp collectives (the gathers, the ring's sends, the all-to-alls: counted "
                   "again in the ledger); selective recomputation with `context_parallel = all_gather` gathers the "

@@ -77,8 +77,8 @@ def requires(spec: S.Spec, plan) -> list:
             break
     if plan.compile and plan.context_parallel == "ring":
         # measured: dynamo cannot trace the ring's P2P sends, so it breaks each block's region inside the ring's
-        # autograd function; the result is exact, but the block is no longer one region (what the memory model of
-        # compiled programs assumes)
+        # autograd function and compiles the pieces of its loop as frames of their own; exact without recomputation,
+        # but a block is no longer one region, and recomputation with it is untried (compiler/codes.py E0315)
         written = plan.span("compile") is not None
         out.append(plan_error(plan, "compile" if written else "context_parallel", "E0315",
                               "compiling ring attention (`context_parallel = ring`) is not built yet",
