@@ -162,9 +162,14 @@ CODES: dict[str, Code] = {
                   "depends on the whole sequence's order, and a cp rank holds 1/cp of it) are not built under cp yet "
                   "and are refused. A dropless `moe` (`capacity_factor = none`) runs under cp, its aux loss over "
                   "the whole sequence. Remove the axis (give its ranks to dp), or use plain causal attention."),
-    "E0315": Code("compiled context-parallel program", "Compiling (`compile = true`, the default on GPUs) a "
-                  "program with a cp axis is not built yet: its attention mask and gathers have not been traced and "
-                  "checked under torch.compile. Set `compile = false`."),
+    "E0315": Code("compiled ring attention", "Compiling (`compile = true`, the default on GPUs) a program with "
+                  "`context_parallel = ring` is not built yet. `all_gather` and `all_to_all` compile: their "
+                  "gathers and all-to-alls are traced into each block's region like the tensor-parallel ones. The "
+                  "ring's sends are torch.distributed P2P (batch_isend_irecv) inside its autograd function, which "
+                  "dynamo cannot trace: it breaks each block's region there and compiles the pieces of the ring's "
+                  "loop as frames of their own around eager sends (measured exact without recomputation, but "
+                  "not the one region per block a compiled program is, nor tried with recomputation). Set "
+                  "`compile = false`, or use `context_parallel = all_gather` or `all_to_all`."),
     "E0317": Code("heads do not divide over cp for all_to_all", "`context_parallel = all_to_all` (DeepSpeed-"
                   "Ulysses) exchanges the queries, keys and values over cp so that each rank holds heads / cp of the "
                   "heads over the whole sequence: both the attention heads and the key/value heads of every "

@@ -10,7 +10,8 @@ A record says, for one call target (a function, a method name) or one module typ
              autograd Function, saves, and in which dtype; whether its output shares its input's storage)
   selective  whether selective recomputation keeps its output (runtime/recompute.py's policy: matmuls and the
              collectives whose outputs cost communication)
-  passes_grad  whether its backward reads none of its inputs' values (sums, views, casts, collectives)
+  passes_grad  whether its backward reads none of its inputs' values (sums, views, casts, collectives, rotary
+             embeddings: their backward turns back by the angles they keep)
   free       no kernel: the step-time model (compiler/cost/step_time.py) costs it nothing
   dims       a matmul's (batch, M, N, K, weight elements or None), for the step-time model's tile quantisation
   shard      whether a head or inner-width shard flows through it unchanged (the tensor-parallel policy's allow-list,
@@ -839,7 +840,7 @@ FUNCTIONS = {
                      free=True),
     CP.rotate: Op("cp_rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                   lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
-                  shard=True),
+                  passes_grad=True, shard=True),
     CP.attention: Op("cp_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
                      attention=True),
     CP.ring_attention: Op("cp_ring_attention", _ring_shape, _act, _sdpa_saved, _ring_backward, dims=_ring_dims,
@@ -856,14 +857,14 @@ FUNCTIONS = {
                     lambda node, gm, args: "int", free=True, wrapped=True),
     P.rotate: Op("packed_rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                  lambda node, gm, args: (args[0], args[1]), _packed_rotate_saved, outputs=("q_turned", "k_turned"),
-                 wrapped=True, shard=True),
+                 passes_grad=True, wrapped=True, shard=True),
     P.attention: Op("packed_attention", _sdpa_shape, _act, _sdpa_saved, _sdpa_backward, dims=_sdpa_dims, shard=True,
                     attention=True, wrapped=True),
     P.cross_entropy: Op("packed_cross_entropy", _loss_shape, _fp32, _cross_entropy_saved,
                         loss=_loss_moments("whole"), wrapped=True),
     rotary.rotate: Op("rotate", lambda node, args, kwargs, gm: ((tuple(args[0]), tuple(args[1])), ZERO),
                       lambda node, gm, args: (args[0], args[1]), _rotate_saved, outputs=("q_turned", "k_turned"),
-                      wrapped=True, shard=True),
+                      passes_grad=True, wrapped=True, shard=True),
 }
 
 

@@ -37,12 +37,21 @@ def _order(n: int, rank: int) -> list:
     return [rank, 2 * n - 1 - rank]
 
 
-@functools.lru_cache(maxsize=64)
-def _positions(local: int, n: int, rank: int, device: torch.device) -> torch.Tensor:
+def _make_positions(local: int, n: int, rank: int, device: torch.device) -> torch.Tensor:
     if local % 2:
         raise ValueError(f"context parallelism: {local} tokens per rank do not split into two chunks")
     c = local // 2
     return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in _order(n, rank)])
+
+
+_cached_positions = functools.lru_cache(maxsize=64)(_make_positions)
+
+
+def _positions(local: int, n: int, rank: int, device: torch.device) -> torch.Tensor:
+    """`_make_positions`, made once per (length, cp size, rank, device) in an eager program; inside a compiled
+    region (runtime.compile) made in the graph instead: dynamo traces through a cache (warning that it does), and
+    the arange is a constant of the region, which inductor folds or computes in a kernel."""
+    return (_make_positions if torch.compiler.is_compiling() else _cached_positions)(local, n, rank, device)
 
 
 def positions(local: int, device: torch.device | None = None, axis: str = AXIS) -> torch.Tensor:

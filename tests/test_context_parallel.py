@@ -174,3 +174,25 @@ def test_ring_under_selective_recomputation_keeps_its_output_and_sends_nothing_a
 
     from tests import multirank
     multirank.spawn(functools.partial(_ring_under_selective_recomputation), world=2, axes=("cp",), timeout=120)
+
+
+@pytest.mark.parametrize("variant", ["all_gather", "all_to_all", "ring"])
+def test_compile_is_refused_only_with_ring(variant):
+    """`compile = true` under cp: all_gather and all_to_all compile (e2e cp2_compile, cp2_all_to_all_compile against
+    the single device; tests/test_memory_compiled.py for what their regions keep); ring stays refused (E0315), at
+    `compile` when written, at `context_parallel` when compile is the GPUs' default."""
+    from pathlib import Path
+    from compiler.check import check_text
+    from compiler.diagnostics import ScaleError
+    root = Path(__file__).resolve().parents[1]
+    base = (root / "samples" / "gpt_tp.scale").read_text().replace("axis tp = 2", "axis cp = 2").replace(
+        "device = cpu", "device = h100")
+    for plan in (f"context_parallel = {variant}  compile = true", f"context_parallel = {variant}"):
+        text = base.replace("sequence_parallel = false", plan)
+        if variant != "ring":
+            assert check_text(text, "m.scale").plan.compile
+            continue
+        with pytest.raises(ScaleError) as info:
+            check_text(text, "m.scale")
+        [d] = info.value.diagnostics
+        assert d.code == "E0315" and d.key == ("compile" if "compile" in plan else "context_parallel")

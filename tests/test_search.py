@@ -167,9 +167,11 @@ def test_gpt3_175b_megatron_layout(capsys, tmp_path):
     GPU on 992 A100s, Zhang et al. 2022 section 2.4; Megatron's 145.6B at t = 8, p = 8 148 on 1536, their Table 1);
     predicted, Megatron's layout is within 10% of it (1.10×: no bubble, and 8-sequence micro-batches). The same
     winners from the file with its axes and plan section removed (the search chooses those: the cluster is what it
-    reads), which `check` refuses."""
+    reads), which `check` refuses. Among layouts without cp (`--fix cp=1`, as Megatron's table): since compiled cp
+    plans are built (issue 24), cp 2 layouts of this 2048-token model come within 7% of the best too and would
+    crowd the eight winners."""
     spec = check_path("samples/gpt3_175b.scale")
-    result = SE.search(spec, top=8)
+    result = SE.search(spec, top=8, fixed={"cp": 1})
     with capsys.disabled():
         print("\n" + SE.text(result))
     layouts = [(w.plan.size("tp"), w.plan.size("pp")) for w in result.winners]
@@ -190,7 +192,7 @@ def test_gpt3_175b_megatron_layout(capsys, tmp_path):
     with pytest.raises(ScaleError) as info:
         check_path(str(path))
     assert [d.code for d in info.value.diagnostics] == ["E0113"]
-    again = SE.search(check_path(str(path), cluster_only=True), top=8)
+    again = SE.search(check_path(str(path), cluster_only=True), top=8, fixed={"cp": 1})
     assert [(w.plan, w.prediction.step_time_s) for w in again.winners] == \
         [(w.plan, w.prediction.step_time_s) for w in result.winners]
     assert again.rejected == result.rejected
