@@ -99,13 +99,22 @@ def _make_mask(local: int, n: int, rank: int, device: torch.device, dtype: torch
 _mask = functools.lru_cache(maxsize=16)(_make_mask)
 
 
+@torch._dynamo.assume_constant_result
+def _shared_mask(local: int, n: int, rank: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`_mask`, inside a compiled region (runtime.compile): dynamo calls this once when it traces and takes the
+    tensor as a constant of the region, so every layer reads and keeps for backward the one cached mask, as the
+    eager program does (made in the graph, the partitioner kept a copy per layer without recomputation: measured,
+    tests/test_memory_compiled.py)."""
+    return _mask(local, n, rank, device, dtype)
+
+
 def causal_mask(local: int, device: torch.device, dtype: torch.dtype, axis: str = AXIS) -> torch.Tensor:
     """(local, cp · local), added to the scores: 0 where this rank's query may read a gathered key (the key's true
     position at or before the query's), -inf elsewhere. Additive, in the scores' dtype, and made once per (length,
     rank, device, dtype): scaled_dot_product_attention keeps it for backward as it is (a boolean mask would be
     converted, and the copy kept, at every call)."""
     n, rank = collectives.axis_size(axis), collectives.axis_rank(axis)
-    return (_make_mask if torch.compiler.is_compiling() else _mask)(local, n, rank, device, dtype)
+    return (_shared_mask if torch.compiler.is_compiling() else _mask)(local, n, rank, device, dtype)
 
 
 def attention(q_BHSD: torch.Tensor, k_BKTD: torch.Tensor, v_BKTD: torch.Tensor, gqa: bool, axis: str = AXIS,
