@@ -119,6 +119,19 @@ def saved_bytes(gm, precision: str, device: str = "cuda", repeats=None, recomput
     return _Graph(gm, precision, device, recompute).run(repeats)
 
 
+def attention_saved_bytes(gm, precision: str, device: str = "cuda") -> tuple:
+    """(bytes, calls): what the attention ops of `gm` (the records marked `attention`) keep for their backward, per
+    micro-batch of µb sequences, and how many there are; `plan` prints it per layer under context parallelism."""
+    g = _Graph(gm, precision, device)
+    calls = 0
+    for node in gm.graph.nodes:
+        op = O.find(node, gm) if node.op != "placeholder" else None
+        if op is not None and op.attention:
+            op.saved(g, node, list(node.args))
+            calls += 1
+    return sympy.expand(sum(g.saved.values(), sympy.Integer(0))), calls
+
+
 def last_saving_node(gm):
     """The last node of `gm` whose operation keeps a tensor for backward."""
     g = _Graph(gm, "bf16", "cuda")

@@ -261,7 +261,6 @@ def _pp_rank0(plan) -> str:
 def _context_text(compiled) -> list[str]:
     """Context parallelism: the tokens of each sequence a rank holds, what attention keeps on it, and the cp
     traffic of a step (the ledger's, per direction)."""
-    from compiler import ops as O
     from compiler.cost import activations as A
     from compiler.symbols import MICRO_BATCH
     spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
@@ -277,15 +276,9 @@ def _context_text(compiled) -> list[str]:
     precision = A.precision_key(spec, plan)
     layers, per_layer = 0, None
     for count_, gm in compiled.traced.repeats().values():
-        g = A._Graph(gm, precision, "cuda")
-        calls = 0
-        for node in gm.graph.nodes:
-            op = O.find(node, gm) if node.op != "placeholder" else None
-            if op is not None and op.attention:
-                op.saved(g, node, list(node.args))
-                calls += 1
+        saved, calls = A.attention_saved_bytes(gm, precision)
         if calls:
-            kept = spec.value(sum(g.saved.values()).xreplace({MICRO_BATCH: costs.micro_batch_size}), plan) / calls
+            kept = spec.value(saved.xreplace({MICRO_BATCH: costs.micro_batch_size}), plan) / calls
             per_layer = kept if per_layer is None else max(per_layer, kept)
             layers += int(spec.value(count_, plan)) * calls
     if per_layer is not None:
