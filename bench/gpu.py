@@ -101,9 +101,12 @@ CPU_MODELS = {
 }
 
 
-def scale_text(name: str, b: Bench, device: str, precision: str, compile_on: bool, steps: int) -> str:
-    """The .scale file of `b`: the same architecture as handwritten.GPT(b.arch)."""
+def scale_text(name: str, b: Bench, device: str, precision: str, compile_on: bool, steps: int,
+               figures: dict | None = None) -> str:
+    """The .scale file of `b`: the same architecture as handwritten.GPT(b.arch); `figures`: the device's figures
+    overridden in the mesh (compiler/cost/devices.py OVERRIDABLE), e.g. measured ones."""
     a = b.arch
+    device += "".join(f"  {k} = {v:g}" for k, v in (figures or {}).items())
     bias = "" if a.bias else ", bias = false"
     norm = f"{a.norm}(hidden)"
     kv = f", kv_heads = {a.kv_heads}" if a.kv_heads != a.heads else ""

@@ -145,7 +145,7 @@ def train(a: Arch, optim: dict, steps: int, batch: int, device: str, precision: 
     torch.manual_seed(seed)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    if cuda:
+    if cuda and dev.index is not None:  # torch 2.11 refuses set_device("cuda") without an index
         torch.cuda.set_device(dev)
     model = GPT(a).to(dev)
     params = list(model.parameters())

@@ -262,7 +262,10 @@ class MasterAdamW(torch.optim.Optimizer):
         self.by_rank = [[p for p in params if self.owner[p] == r] for r in range(n)]
         self.src = [dist.get_global_rank(shard_group, r) for r in range(n)] if n > 1 else [0]
         for p in self.by_rank[me]:  # eager, so checkpoints have a state to load into before any step
-            self.state[p] = {"step": torch.tensor(0.0), "master": masters[p],
+            # `step` on the master's device, as torch.optim.AdamW makes it for its fused kernel (which refuses a
+            # CPU step beside CUDA tensors); on CPU that is where the unfused loop keeps it anyway.
+            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=masters[p].device),
+                             "master": masters[p],
                              "exp_avg": torch.zeros_like(masters[p]), "exp_avg_sq": torch.zeros_like(masters[p])}
 
     @torch.no_grad()

@@ -107,3 +107,37 @@ DEVICES = {
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),
 }
+
+
+# What `python -m bench.gpu_check` measures and writes into its JSON's `calibration` block: the figures of a device
+# kind it can replace with measured ones (each overridable in a mesh by the same name).
+CALIBRATED = ("matmul_efficiency", "attention_efficiency", "hbm_gbps")
+CALIBRATION_FORMAT = 1
+
+
+class CalibrationError(ValueError):
+    """A calibration file that is not bench/gpu_check's record, or holds figures we do not accept."""
+
+
+def calibration(record: dict) -> tuple[str, dict[str, float]]:
+    """(device kind, {figure: measured value}) of a bench/gpu_check record (its parsed JSON). The values are the
+    mesh overrides of that kind (`mesh { device = h200  matmul_efficiency = 0.79 ... }`), so a plan priced with
+    them is a plan on the device as measured. Refuses a record of another format, without its date or torch
+    version, of an unknown device, or with a figure outside (0, 1] (efficiencies) or not positive (bandwidth)."""
+    if record.get("format") != CALIBRATION_FORMAT:
+        raise CalibrationError(f"not a bench/gpu_check record of format {CALIBRATION_FORMAT} "
+                               f"(format {record.get('format')!r})")
+    for key in ("date", "torch", "calibration"):
+        if not record.get(key):
+            raise CalibrationError(f"the record has no {key!r}")
+    cal = dict(record["calibration"])
+    kind = cal.pop("device", None)
+    if kind not in DEVICES:
+        raise CalibrationError(f"the record's device {kind!r} is not one of {', '.join(DEVICES)}")
+    unknown = sorted(set(cal) - set(CALIBRATED))
+    if unknown:
+        raise CalibrationError(f"the record calibrates {', '.join(unknown)}, which are not measured figures")
+    for key, value in cal.items():
+        if not isinstance(value, (int, float)) or value <= 0 or (key.endswith("efficiency") and value > 1):
+            raise CalibrationError(f"{key} = {value!r} is not a measured figure")
+    return kind, {k: float(v) for k, v in cal.items()}

@@ -1,0 +1,440 @@
+"""The prepared GPU check: one command, inside a fixed time budget, whenever a GPU is at hand (issue 39, item 5).
+
+    python -m bench.gpu_check                              # CUDA: the whole check, inside --budget (default 420 s)
+    python -m bench.gpu_check --json out.json              # the record (default: gpu_check.json in the cwd)
+    python -m bench.gpu_check --device cpu --quick         # the dry run the suite runs (tests/test_gpu_check.py)
+
+What it measures, in this order (the order is the priority: when the budget runs out, what is left is skipped and
+recorded as skipped, never silently missing):
+1. kernels: the rates the step-time model (compiler/cost/step_time.py) assumes, each against the figure it assumes
+   (compiler/cost/devices.py): a device-to-device copy (`hbm_gbps`); bf16 matmuls at 8192³ and at the shapes of
+   the programs below (`peak_tflops × matmul_efficiency`); SDPA's fused (flash) attention forward and forward +
+   backward, causal, at seq 1K-32K (`peak_tflops × attention_efficiency`); FlexAttention with a block mask (causal
+   documents) beside SDPA at one length; F.grouped_mm at an MoE layer's shapes; FP8: the tensorwise-scaled cast of
+   a bf16 activation (GB/s) and torch._scaled_mm at 8192³ where the device has it.
+2. programs, eager: per model (GPT-2 124M and 350M, a ~1.1B Llama; bench/gpu.py's catalogue), the generated
+   program (`plan { compile = false }`) and the hand-written nanoGPT-style loop (bench/handwritten.py) side by side:
+   median ms/step, MFU, the measured peak (CUDA's max_memory_allocated over the steady steps) against `plan`'s
+   predicted peak, and the measured step time against `plan`'s predicted step time.
+3. programs, compiled: the same with `compile = true` and the hand-written loop under torch.compile, GPT-2 124M
+   first, then the 1.1B Llama, then GPT-2 350M.
+
+Timing: CUDA events around each kernel region (warm-up first, the median of the repeats); a program's step time is
+the median of its metrics file's `step_time` over the steady steps (bench/gpu.py). Inputs are random, never zeros.
+
+The JSON holds the date, torch and CUDA versions, the device, every row, what was skipped, and a `calibration`
+block (`matmul_efficiency`, `attention_efficiency`, `hbm_gbps` as measured) that compiler/cost/devices.py
+`calibration()` reads: the check prices each generated program again with those figures as mesh overrides
+(`cal ms`), so the table separates what the device figures miss from what the step-time model misses. The table it prints last is what goes into an issue's note. ../shared/reference/
+gpu-measured.json stays the record of the earlier, eager programs; this file's output is the new record.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import gpu  # noqa: E402
+
+FORMAT = 1  # of the JSON; compiler/cost/devices.py `calibrated` refuses another
+
+
+class Budget:
+    """Seconds left of the check's budget; what does not fit is recorded as skipped."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.t0, self.skipped = seconds, time.perf_counter(), []
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+    def allows(self, what: str, need: float) -> bool:
+        if self.left() >= need:
+            return True
+        self.skipped.append(f"{what}: needs ~{need:.0f} s, {max(self.left(), 0):.0f} s of the budget left")
+        return False
+
+
+# -- kernels ---------------------------------------------------------------------------------------------------------
+
+def timer(torch, device: str, fn, reps: int, warmup: int) -> float:
+    """Median seconds of one call of `fn` (CUDA events on CUDA; the host clock, each call waited for, on CPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def shapes(quick: bool, device: str) -> dict:
+    """The sizes of the kernel section: full on CUDA, small enough for seconds on CPU."""
+    if device == "cuda" and not quick:
+        return dict(square=8192, copy_bytes=2 << 30, seqs=(1024, 2048, 4096, 8192, 16384, 32768), sdpa_tokens=32768,
+                    sdpa_heads=16, head_dim=128, flex_seq=8192, flex_docs=4, moe=(8, 16384, 2048, 1408),
+                    fp8=(16384, 8192), reps=20, warmup=5, models=gpu.MODELS)
+    return dict(square=256, copy_bytes=8 << 20, seqs=(128, 256), sdpa_tokens=512, sdpa_heads=4, head_dim=32,
+                flex_seq=128, flex_docs=2, moe=(4, 256, 64, 96), fp8=(256, 256), reps=3, warmup=1,
+                models=gpu.CPU_MODELS)
+
+
+def model_gemms(models: dict) -> list:
+    """(model, what, m, n, k) of each model's forward matmuls: tokens × hidden into q (hidden), into the MLP (ffn),
+    out of the MLP (ffn into hidden) and the vocabulary head."""
+    out = []
+    for name, b in models.items():
+        a, t = b.arch, b.batch * b.arch.seq
+        out += [(name, "attn q", t, a.hidden, a.hidden), (name, "mlp up", t, a.ffn, a.hidden),
+                (name, "mlp down", t, a.hidden, a.ffn), (name, "lm head", t, a.vocab, a.hidden)]
+    return out
+
+
+def kernel_rows(device: str, figures, sz: dict, budget: Budget) -> list:
+    import torch
+    import torch.nn.functional as F
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    peak = figures.peak_tflops * 1e12
+    g = torch.Generator(device=device).manual_seed(0)
+    rows = []
+
+    def rand(*shape, dtype=dt):
+        return torch.randn(*shape, device=device, dtype=dtype, generator=g)
+
+    def row(kind, what, seconds, *, flops=None, nbytes=None, assumed=None, unit="TFLOP/s", note=""):
+        rate = (flops / seconds / 1e12) if flops is not None else (nbytes / seconds / 1e9)
+        r = {"kind": kind, "what": what, "ms": seconds * 1e3, "rate": rate, "unit": unit, "note": note}
+        if flops is not None:
+            r["fraction_of_peak"] = flops / seconds / peak
+        if assumed:
+            r["assumed"] = assumed
+            r["measured_over_assumed"] = rate / assumed
+        rows.append(r)
+        return r
+
+    def refused(kind, what, exc):
+        rows.append({"kind": kind, "what": what, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
+
+    reps, warm = sz["reps"], sz["warmup"]
+    matmul_assumed = figures.peak_tflops * figures.matmul_efficiency
+    attention_assumed = figures.peak_tflops * figures.attention_efficiency
+
+    # HBM: a device-to-device copy, bytes read plus bytes written
+    n = sz["copy_bytes"] // 4
+    src, dst = rand(n, dtype=torch.float32), torch.empty(n, device=device, dtype=torch.float32)
+    row("memory", f"copy {sz['copy_bytes'] / 2**30:.3g} GiB", timer(torch, device, lambda: dst.copy_(src), reps, warm),
+        nbytes=2 * sz["copy_bytes"], unit="GB/s", assumed=figures.hbm_gbps)
+    del src, dst
+
+    # matmuls: the square reference, then each model's forward shapes
+    s = sz["square"]
+    a, b = rand(s, s), rand(s, s)
+    row("matmul", f"{s}³", timer(torch, device, lambda: a @ b, reps, warm), flops=2 * s**3, assumed=matmul_assumed)
+    del a, b
+    for name, what, m, nn_, k in model_gemms(sz["models"]):
+        if not budget.allows(f"matmul {name} {what}", 5):
+            break
+        x, w = rand(m, k), rand(nn_, k)
+        row("matmul", f"{name} {what} {m}×{k}·{k}×{nn_}", timer(torch, device, lambda: x @ w.t(), reps, warm),
+            flops=2 * m * nn_ * k, assumed=matmul_assumed)
+        del x, w
+
+    # SDPA: causal, fused; forward, then forward + backward (backward = 2.5 forwards, FlashAttention's count)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = [SDPBackend.FLASH_ATTENTION] if device == "cuda" else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    heads, d = sz["sdpa_heads"], sz["head_dim"]
+    for seq in sz["seqs"]:
+        if not budget.allows(f"sdpa seq {seq}", 10):
+            break
+        bsz = max(sz["sdpa_tokens"] // seq, 1)
+        q, k_, v = (rand(bsz, heads, seq, d).requires_grad_() for _ in range(3))
+        fwd_flops = 4 * bsz * heads * seq * seq * d / 2  # causal: half the score matrix
+        try:
+            with sdpa_kernel(backend):
+                def forward():
+                    return F.scaled_dot_product_attention(q, k_, v, is_causal=True)
+                out = forward()
+                grad = torch.randn_like(out)
+
+                def both():
+                    forward().backward(grad)
+                row("attention", f"sdpa causal fwd b{bsz} h{heads} s{seq} d{d}",
+                    timer(torch, device, lambda: forward(), reps, warm), flops=fwd_flops, assumed=attention_assumed)
+                row("attention", f"sdpa causal fwd+bwd b{bsz} h{heads} s{seq} d{d}",
+                    timer(torch, device, both, reps, warm), flops=3.5 * fwd_flops, assumed=attention_assumed)
+        except RuntimeError as exc:
+            refused("attention", f"sdpa s{seq}", exc)
+        del q, k_, v
+
+    # FlexAttention: a block mask of causal documents (packed sequences), forward + backward, beside SDPA causal
+    if budget.allows("flex attention", 60 if device == "cuda" else 20):
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            seq, docs = sz["flex_seq"], sz["flex_docs"]
+            doc = torch.arange(seq, device=device) // (seq // docs)
+
+            def mask(b_, h_, qi, ki):
+                return (qi >= ki) & (doc[qi] == doc[ki])
+            block = create_block_mask(mask, None, None, seq, seq, device=device)
+            cuda = device == "cuda"  # FlexAttention has no backward on CPU: the dry run times its forward
+            fn = torch.compile(flex_attention) if cuda else flex_attention
+            q, k_, v = (rand(1, heads, seq, d).requires_grad_(cuda) for _ in range(3))
+            out = fn(q, k_, v, block_mask=block)
+            grad = torch.randn_like(out)
+            useful = 4 * heads * d * docs * (seq // docs) ** 2 / 2  # causal within each document
+            row("attention", f"flex causal documents {'fwd+bwd' if cuda else 'fwd'} h{heads} s{seq} docs{docs}",
+                timer(torch, device, (lambda: fn(q, k_, v, block_mask=block).backward(grad)) if cuda
+                      else (lambda: fn(q, k_, v, block_mask=block)), reps, warm),
+                flops=(3.5 if cuda else 1.0) * useful, assumed=attention_assumed,
+                note=f"block density {100 - block.sparsity():.0f}%")
+        except Exception as exc:  # noqa: BLE001 -- a kernel the torch at hand lacks is a row, not a failed check
+            refused("attention", "flex attention", exc)
+
+    # grouped GEMM: one MoE layer's experts (E experts, T routed rows, hidden → ffn), rows split evenly
+    experts, tokens, hidden, ffn = sz["moe"]
+    grouped = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    try:
+        x, w = rand(tokens, hidden), rand(experts, hidden, ffn)
+        offs = torch.arange(1, experts + 1, device=device, dtype=torch.int32) * (tokens // experts)
+        row("matmul", f"grouped_mm E{experts} {tokens}×{hidden}·{hidden}×{ffn}",
+            timer(torch, device, lambda: grouped(x, w, offs=offs), reps, warm), flops=2 * tokens * hidden * ffn,
+            assumed=matmul_assumed)
+    except Exception as exc:  # noqa: BLE001
+        refused("matmul", "grouped_mm", exc)
+
+    # FP8: the tensorwise-scaled cast of a bf16 activation (amax, scale, cast: what torchao's float8 training does per
+    # tensor), and an FP8 matmul
+    rows_, cols = sz["fp8"]
+    try:
+        x = rand(rows_, cols, dtype=torch.bfloat16)
+        f8 = torch.float8_e4m3fn
+        top = torch.finfo(f8).max
+
+        def cast():
+            scale = top / x.abs().amax().float().clamp(min=1e-12)
+            return (x.float() * scale).clamp(-top, top).to(f8)
+        row("fp8", f"tensorwise cast bf16→e4m3 {rows_}×{cols}", timer(torch, device, cast, reps, warm),
+            nbytes=rows_ * cols * (2 + 2 + 1), unit="GB/s", assumed=figures.hbm_gbps,
+            note="bytes: read twice (amax, cast), written once")
+        a8 = rand(s, s, dtype=torch.bfloat16).to(f8)
+        b8 = rand(s, s, dtype=torch.bfloat16).to(f8).t()
+        one = torch.tensor(1.0, device=device)
+        row("fp8", f"_scaled_mm e4m3 {s}³", timer(torch, device, lambda: torch._scaled_mm(
+            a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps, warm), flops=2 * s**3,
+            note="against the bf16 peak")
+    except Exception as exc:  # noqa: BLE001
+        refused("fp8", "fp8", exc)
+    return rows
+
+
+# -- programs --------------------------------------------------------------------------------------------------------
+
+def program_rows(device: str, dev: tuple, steps: int, warmup: int, budget: Budget, models: dict,
+                 compiled: bool) -> list:
+    """Each model's generated program and the hand-written loop, eager or compiled, with the compiler's
+    predictions of peak memory and step time beside the measurements."""
+    from bench.common import load_program
+    precision = "fp32" if device == "cpu" else "bf16"
+    cols = ("ours_compiled", "hand_compiled") if compiled else ("ours_eager", "hand_eager")
+    need = 150 if compiled and device == "cuda" else 60 if device == "cuda" else 30
+    out = []
+    for name, b in models.items():
+        with tempfile.TemporaryDirectory(prefix=f"gpu_check_{name}_") as tmp:
+            where = Path(tmp)
+            ours = cols[0]
+            build_dir, plan = gpu.build(name, b, where / ours, dev[1], precision, compiled, steps)
+            cfg = load_program(build_dir, f"scalec_gpu_check_{name}_{ours}").CONFIG
+            o = cfg.optim
+            optim = dict(lr=o.lr, betas=list(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+                         grad_clip=o.grad_clip, lr_schedule=o.lr_schedule, warmup=o.warmup, min_lr=o.min_lr)
+            flops = float(plan["cost"]["flops_per_step"])
+            tokens = b.batch * b.arch.seq
+            for col in cols:
+                if not budget.allows(f"{name} {gpu.TITLES[col]}", need):
+                    continue
+                args = SimpleNamespace(steps=steps, device=device, warm_cache=False,
+                                       timeout=max(min(budget.left(), 400), 30))
+                print(f"  {name}: {gpu.TITLES[col]} ...", end="", flush=True)
+                run = gpu.run_column(col, build_dir if col == ours else None, b, optim, args,
+                                     where / f"{col}.jsonl")
+                print(f" {run['wall_s']:.1f} s" + (f"  FAILED: {run['error']}" if "error" in run else ""), flush=True)
+                s = gpu.summarise([run], warmup, tokens, flops, dev[2])
+                s.pop("step_times_ms", None)
+                r = {"model": name, "parameters": plan["cost"]["parameters"], "tokens_per_step": tokens, **s}
+                if col == ours:
+                    r["predicted_peak_bytes"] = cfg.memory.predicted_peak_bytes
+                    r["predicted_step_ms"] = cfg.speed.predicted_step_s * 1e3
+                    if r.get("peak_memory_bytes"):
+                        r["peak_measured_over_predicted"] = r["peak_memory_bytes"] / cfg.memory.predicted_peak_bytes
+                    if r.get("median_ms"):
+                        r["step_measured_over_predicted"] = r["median_ms"] / r["predicted_step_ms"]
+                out.append(r)
+    return out
+
+
+# -- the record ------------------------------------------------------------------------------------------------------
+
+def calibration(kind: str, kernels: list) -> dict:
+    """What compiler/cost/devices.py `calibration()` reads: the measured rates as the Figures' fields."""
+    from compiler.cost.devices import DEVICES
+    peak = DEVICES[kind].peak_tflops
+    cal: dict = {"device": kind}
+    square = [r for r in kernels if r["kind"] == "matmul" and r["what"].endswith("³") and "rate" in r]
+    if square:
+        cal["matmul_efficiency"] = round(square[0]["rate"] / peak, 4)
+    both = [r["rate"] for r in kernels if r["what"].startswith("sdpa causal fwd+bwd") and "rate" in r]
+    if both:
+        cal["attention_efficiency"] = round(statistics.median(both) / peak, 4)
+    copy = [r for r in kernels if r["kind"] == "memory" and "rate" in r]
+    if copy:
+        cal["hbm_gbps"] = round(copy[0]["rate"], 1)
+    return cal
+
+
+def reprice(result: dict) -> None:
+    """Each generated program's step time predicted again on the device as measured: the model's .scale text with
+    the calibration's figures as mesh overrides (compiler/cost/devices.py `calibration`), beside the prediction
+    with the datasheet figures the program printed. What is left between the calibrated prediction and the
+    measurement is the model's, not the device figures'."""
+    from compiler.check import check_text
+    from compiler.cost import step_time
+    from compiler.cost.devices import calibration as read_calibration
+    from compiler.pipeline import compile_spec
+    kind, figures = read_calibration(result)
+    catalogue = {**gpu.MODELS, **gpu.CPU_MODELS}
+    precision = "fp32" if kind == "cpu" else "bf16"
+    for r in result["programs"]:
+        if r["column"] not in gpu.OURS or r["model"] not in catalogue:
+            continue
+        text = gpu.scale_text(r["model"], catalogue[r["model"]], kind, precision, r["column"] == "ours_compiled",
+                              result["steps"], figures)
+        r["predicted_step_ms_calibrated"] = step_time.predict(compile_spec(check_text(
+            text, f"{r['model']}.scale"))).step_time_s * 1e3
+        if r.get("median_ms"):
+            r["step_measured_over_calibrated"] = r["median_ms"] / r["predicted_step_ms_calibrated"]
+
+
+def gb(n) -> str:
+    return "n/a" if not n else f"{n / 1e9:.2f}"
+
+
+def table(result: dict) -> str:
+    lines = [f"bench/gpu_check on {result['device']} · torch {result['torch']} · CUDA {result['cuda']} · "
+             f"{result['date']} · {result['wall_s']:.0f} s of a {result['budget_s']:.0f} s budget"]
+    lines += ["", "kernels (rate against what the step-time model assumes, compiler/cost/devices.py)",
+              f"  {'kernel':<56}{'ms':>9}{'rate':>16}{'assumed':>10}{'ratio':>7}"]
+    for r in result["kernels"]:
+        if "error" in r:
+            lines.append(f"  {r['what']:<56}not run: {r['error']}")
+            continue
+        assumed = f"{r['assumed']:.4g}" if r.get("assumed") else "-"
+        ratio = f"{r['measured_over_assumed']:.2f}" if r.get("measured_over_assumed") else "-"
+        lines.append(f"  {r['what'][:55]:<56}{r['ms']:>9.3f}{r['rate']:>10.4g} {r['unit']:<6}{assumed:>9}{ratio:>7}")
+    lines += ["", "programs (median over the steady steps; peak: measured / plan's prediction, GB)",
+              f"  {'model':<12}{'column':<28}{'ms/step':>9}{'pred ms':>9}{'cal ms':>8}{'MFU':>7}{'peak':>8}"
+              f"{'pred':>8}{'meas/pred':>10}{'1st step':>10}"]
+    for r in result["programs"]:
+        title = gpu.TITLES[r["column"]]
+        if "median_ms" not in r:
+            lines.append(f"  {r['model']:<12}{title:<28}FAILED: {r.get('error')}")
+            continue
+        pred = f"{r['predicted_step_ms']:.1f}" if "predicted_step_ms" in r else "-"
+        cal = f"{r['predicted_step_ms_calibrated']:.1f}" if "predicted_step_ms_calibrated" in r else "-"
+        ratio = f"{r['peak_measured_over_predicted']:.3f}" if "peak_measured_over_predicted" in r else "-"
+        lines.append(f"  {r['model']:<12}{title:<28}{r['median_ms']:>9.1f}{pred:>9}{cal:>8}{r['mfu']:>7.1%}"
+                     f"{gb(r.get('peak_memory_bytes')):>8}{gb(r.get('predicted_peak_bytes')):>8}{ratio:>10}"
+                     f"{r['first_step_ms'] / 1e3:>9.1f}s")
+    for name in dict.fromkeys(r["model"] for r in result["programs"]):
+        for pair in (("ours_eager", "hand_eager"), ("ours_compiled", "hand_compiled")):
+            got = {r["column"]: r.get("median_ms") for r in result["programs"] if r["model"] == name}
+            if got.get(pair[0]) and got.get(pair[1]):
+                lines.append(f"  {name}: {gpu.TITLES[pair[0]]} / {gpu.TITLES[pair[1]]} = "
+                             f"{got[pair[0]] / got[pair[1]]:.3f}")
+    lines += ["", "calibration: " + json.dumps(result["calibration"])]
+    if result["skipped"]:
+        lines += ["skipped (budget): " + "; ".join(result["skipped"])]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+    p.add_argument("--quick", action="store_true", help="small shapes, one tiny model, eager only (the dry run)")
+    p.add_argument("--budget", type=float, help="seconds for the whole check (default 420 on CUDA, 120 on CPU)")
+    p.add_argument("--steps", type=int, help="steps per program (default 30 on CUDA, 6 with --quick)")
+    p.add_argument("--warmup", type=int, help="steps left out of the medians (default 10 on CUDA, 2 with --quick)")
+    p.add_argument("--json", default="gpu_check.json", help="where the record goes (default gpu_check.json)")
+    p.add_argument("--table", metavar="RECORD", help="print the table of an earlier record (and price its programs "
+                                                     "on the calibrated device where it has not been); run nothing")
+    args = p.parse_args(argv)
+    if args.table:
+        record = json.loads(Path(args.table).read_text())
+        if any(r["column"] in gpu.OURS and "predicted_step_ms_calibrated" not in r for r in record["programs"]):
+            reprice(record)
+        print(table(record))
+        return 0
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench/gpu_check: --device cuda, but torch sees no CUDA device")
+    budget = Budget(args.budget or (420 if device == "cuda" else 120))
+    quick = args.quick or device == "cpu"
+    steps = args.steps or (6 if quick else 30)
+    warmup = args.warmup if args.warmup is not None else (2 if quick else 10)
+    if not 0 <= warmup < steps:
+        raise SystemExit(f"bench/gpu_check: --warmup {warmup} leaves no steady step of --steps {steps}")
+    dev = gpu.device_figures(device, None)
+    from compiler.cost.devices import DEVICES
+    figures = DEVICES[dev[1]]
+    sz = shapes(quick, device)
+    models = {"gpt_tiny": gpu.CPU_MODELS["gpt_tiny"]} if quick else sz["models"]
+    result = {"what": "bench/gpu_check: kernel rates against the step-time model's figures, generated programs "
+                      "against hand-written ones, measured peaks against plan's",
+              "format": FORMAT, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+              "cuda": torch.version.cuda or "none", "device": dev[0], "compiler_device": dev[1],
+              "peak_tflops": figures.peak_tflops, "quick": quick, "steps": steps, "warmup": warmup,
+              "budget_s": budget.seconds}
+    print(f"bench/gpu_check: {dev[0]}, torch {torch.__version__}, budget {budget.seconds:.0f} s", flush=True)
+    result["kernels"] = kernel_rows(device, figures, sz, budget)
+    print(f"  kernels: {len(result['kernels'])} rows, {budget.seconds - budget.left():.0f} s", flush=True)
+    result["programs"] = program_rows(device, dev, steps, warmup, budget, models, compiled=False)
+    if not quick:
+        result["programs"] += program_rows(device, dev, steps, warmup, budget,
+                                           {k: models[k] for k in ("gpt2_124m", "llama_1b", "gpt2_350m")},
+                                           compiled=True)
+    result["calibration"] = calibration(dev[1], result["kernels"])
+    result["skipped"] = budget.skipped
+    reprice(result)
+    result["wall_s"] = budget.seconds - budget.left()
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print()
+    print(table(result))
+    failed = [f"{r['model']}/{r['column']}" for r in result["programs"] if r.get("error")]
+    if failed:
+        print(f"bench/gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""bench/gpu_check: the CPU dry run keeps the prepared GPU check from rotting (every section runs, every row is a
+measurement or a named refusal, the record is one that compiler/cost/devices.py reads), and the H200 record it
+wrote is readable and holds what the note quotes."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.cost.devices import CALIBRATED, DEVICES, CalibrationError, calibration
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "bench" / "results" / "gpu_check_h200_2026-11-28.json"
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--quick", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_dry_run_measures_every_section(dry_run):
+    record, printed = dry_run
+    kinds = {r["kind"] for r in record["kernels"] if "rate" in r}
+    assert {"memory", "matmul", "attention", "fp8"} <= kinds
+    for r in record["kernels"]:  # a measurement (finite, positive) or a named refusal, never a silent gap
+        assert ("rate" in r and math.isfinite(r["rate"]) and r["rate"] > 0 and r["ms"] > 0) or r.get("error"), r
+    columns = {r["column"]: r for r in record["programs"]}
+    assert set(columns) == {"ours_eager", "hand_eager"}
+    for r in columns.values():
+        assert r.get("error") is None and r["median_ms"] > 0 and 0 < r["mfu"] < 1
+    ours = columns["ours_eager"]
+    assert ours["predicted_step_ms"] > 0 and ours["predicted_step_ms_calibrated"] > 0
+    assert ours["predicted_peak_bytes"] > 0
+    assert "programs (median" in printed and "calibration:" in printed
+
+
+def test_dry_run_record_is_read_as_calibration(dry_run):
+    record, _ = dry_run
+    kind, figures = calibration(record)
+    assert kind == "cpu" and set(figures) == set(CALIBRATED)
+    assert figures["matmul_efficiency"] == record["calibration"]["matmul_efficiency"]
+
+
+def test_calibration_refuses_what_is_not_a_record():
+    good = {"format": 1, "date": "2026-11-28", "torch": "2.11.0",
+            "calibration": {"device": "h200", "matmul_efficiency": 0.79}}
+    assert calibration(good) == ("h200", {"matmul_efficiency": 0.79})
+    for bad in ({**good, "format": 2}, {**good, "date": ""},
+                {**good, "calibration": {"device": "tpu", "matmul_efficiency": 0.79}},
+                {**good, "calibration": {"device": "h200", "matmul_efficiency": 1.5}},
+                {**good, "calibration": {"device": "h200", "peak_tflops": 2000}}):
+        with pytest.raises(CalibrationError):
+            calibration(bad)
+
+
+def test_h200_record():
+    """The record of 2026-11-28 (torch 2.11, one H200): what the issue's note quotes, readable as calibration,
+    and its eager programs' measured peaks within 1% of plan's prediction."""
+    record = json.loads(RECORD.read_text())
+    kind, figures = calibration(record)
+    assert kind == "h200" and record["torch"].startswith("2.11")
+    assert 0.7 < figures["matmul_efficiency"] <= DEVICES["h200"].matmul_efficiency * 1.05
+    eager = [r for r in record["programs"] if r["column"] == "ours_eager"]
+    assert len(eager) == 3 and all(abs(r["peak_measured_over_predicted"] - 1) < 0.01 for r in eager)
