@@ -311,3 +311,14 @@ def _after_the_schedule(rank, ctx):
 @pytest.mark.e2e
 def test_pipeline_stages_reduce_their_main_gradient_buckets_in_place():
     multirank.spawn(_after_the_schedule, WORLD, mesh="dp")
+
+
+def test_master_adamw_keeps_step_on_the_masters_device():
+    """torch's fused AdamW (what MasterAdamW runs on CUDA) refuses a CPU `step` beside device tensors: every bf16
+    program failed at step 1 on an H200 while the CPU suite passed. The step lives where the master lives (meta
+    stands in for a device here)."""
+    from runtime.precision import MasterAdamW
+    p = torch.nn.Parameter(torch.empty(4, 4, device="meta", dtype=torch.bfloat16))
+    master = torch.empty(4, 4, device="meta")
+    opt = MasterAdamW([{"params": [p], "weight_decay": 0.0}], {p: master}, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    assert opt.state[p]["step"].device == master.device and opt.state[p]["step"].dtype == torch.float32
