@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "mesh and the collectives of one step.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--svg", metavar="OUT", help="write the pipeline schedule's timeline as an SVG")
-    c.add_argument("--json", action="store_true", help="print everything as JSON (keys described in the README)")
+    c.add_argument("--json", action="store_true", help="print everything as JSON (keys described in docs/planning.md)")
     c.add_argument("--html", metavar="OUT", help="write the report as one self-contained HTML page: memory per rank, "
                    "step time, the pipeline timeline, every collective")
     c.set_defaults(func=cmd_plan)
@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                         "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, fsdp_grad_sync")
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
-    c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in the README)")
+    c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in docs/planning.md)")
     c.add_argument("--html", metavar="OUT", help="write the ranking as one self-contained HTML page, with the best "
                    "plan's memory, step time, timeline and collectives")
     c.set_defaults(func=cmd_search)

@@ -385,7 +385,7 @@ CODES: dict[str, Code] = {
                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM "
                   "and Qwen3MoeForCausalLM, named by `architectures` (or by `model_type` when that is absent), and "
                   "refuses a model_type that contradicts them. Another architecture may differ in ways its keys do "
-                  "not show, so it is refused; write its model section by hand (README: The language). For the "
+                  "not show, so it is refused; write its model section by hand (docs/language.md). For the "
                   "families people fine-tune that it cannot write yet (Gemma 1-3, DeepSeek-V2/V3) the "
                   "refusal names what the language lacks for each."),
     "E0953": Code("unknown config key", "Every key of the config.json is either mapped into the model section (the "

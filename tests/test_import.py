@@ -800,9 +800,9 @@ def test_any_damage_is_a_located_diagnostic_never_a_crash():
                     e.render()
 
 
-def test_readme_shows_what_import_prints():
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("**Starting from a Hugging Face model.**", 1)[1].split("```", 2)[1]
+def test_docs_show_what_import_prints():
+    page = (ROOT / "docs" / "released_models.md").read_text()
+    block = page.split("## Import: `scalec import`", 1)[1].split("```", 2)[1].split("\n", 1)[1]  # less its info string
     out = import_config(LLAMA3_8B, "config.json")
     lines = [ln for ln in block.strip().splitlines() if "..." not in ln]
     assert len(lines) >= 8

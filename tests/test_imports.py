@@ -1,4 +1,4 @@
-"""Which compiler modules may import the runtime, and why (README, "How it works").
+"""Which compiler modules may import the runtime, and why (docs/internals.md, "How it works").
 
 The compiler decides and the runtime executes. A compiler module imports runtime/ only where the program it emits
 calls that runtime code, so that what is traced, costed and proved is the very code that runs:

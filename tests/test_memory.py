@@ -477,7 +477,7 @@ def test_korthikanti_table3(model):
 
 
 def test_plan_json_carries_everything_plan_prints(capsys):
-    """`scalec plan FILE --json`: the keys tools read (README: Memory), the numbers the text prints."""
+    """`scalec plan FILE --json`: the keys tools read (docs/planning.md: `plan --json`), the numbers the text prints."""
     from compiler.cli import main
     from compiler.report.plan import plan_text
     from compiler.pipeline import compile_path

@@ -1,5 +1,5 @@
-"""The words users write are pinned: a new keyword, setting or flag must be added here on purpose (and to the
-README), never slip in."""
+"""The words users write are pinned: a new keyword, setting or flag must be added here on purpose (and to
+docs/language.md or the page of its topic), never slip in."""
 from __future__ import annotations
 
 import argparse
@@ -47,7 +47,7 @@ def test_language_vocabulary_is_pinned():
         "yarn": ("factor", "original_seq", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
                  "truncate")}
     assert check.KNOWN_AXES == ("dp", "pp", "tp", "ep", "cp")
-    assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (README: The language)
+    assert parse.ESCAPES == {"\\": "\\", '"': '"', "n": "\n", "t": "\t"}  # string escapes (docs/language.md)
 
 
 def test_cli_flags_are_pinned(monkeypatch):

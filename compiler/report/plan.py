@@ -1,5 +1,5 @@
 """`scalec plan`: what a compiled plan costs, as text (`plan_text`), as JSON for tools (`plan_json`, keys described
-in the README) and as the pipeline schedule's timeline (`schedule_svg`).
+in docs/planning.md) and as the pipeline schedule's timeline (`schedule_svg`).
 
 The text reads top to bottom as the compiler decided: the mesh, parameters, batch, FLOPs, the predicted step time,
 memory per rank (and what would fit when it does not), each MoE layer, the pipeline and its schedule, then every
@@ -199,7 +199,7 @@ def _predicted_json(compiled) -> dict | None:
 
 
 def plan_json(compiled) -> dict:
-    """Everything `plan` prints, for tools (described in the README)."""
+    """Everything `plan` prints, for tools (described in docs/planning.md)."""
     spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
     m, dev = plan, spec.mesh.device
     limit = dev.memory_gb * 1e9

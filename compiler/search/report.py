@@ -234,7 +234,7 @@ def text(result: Result) -> str:
 
 
 def to_json(result: Result) -> dict:
-    """`scalec search --json` (keys described in the README)."""
+    """`scalec search --json` (keys described in docs/planning.md)."""
     spec = result.spec
     return {
         "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),

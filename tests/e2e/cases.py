@@ -487,7 +487,7 @@ CASES = (
 
 # Cases that run again, in one more combination, what the table already proves (a cp variant proved alone and with
 # tp, a composition proved pairwise, one recomputation mode per mechanism): kept runnable but out of the CI suite,
-# whose time is budgeted (README). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
+# whose time is budgeted (docs/testing.md). `python -m bench.e2e_more` runs them (SCALEC_E2E_MORE=1 for tests/e2e/test_e2e.py).
 MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_sp", "dp2_cp2_zero2",
                       "cp2_recompute_selective", "cp2_ring_recompute_full", "cp2_all_to_all_recompute_full",
                       "moe_cp2_ep2_grouped", "moe_dp2_cp2_ep2_fsdp", "moe_dp2_cp2_ep2_zero1",

@@ -1,6 +1,6 @@
-"""The README's three commands from raw text to a trained, evaluated model (`data`, `run`, `export`), run as the
-README writes them (only `--steps` shortens the run), in a copy of what they read: the exported directory loads in
-transformers with its tokenizer."""
+"""The three commands of docs/running.md from raw text to a trained, evaluated model (`data`, `run`, `export`), run
+as the page writes them (only `--steps` shortens the run), in a copy of what they read: the exported directory loads
+in transformers with its tokenizer."""
 from __future__ import annotations
 
 import json
@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_commands() -> list[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## From text to a trained model", 1)[1].split("\n## ", 1)[0]
-    block = re.findall(r"```\n(.*?)```", section, re.S)[0]
-    return [line.strip() for line in block.strip().splitlines()]
+    page = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
+    section = page.split("## From text to a trained model", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
+    return [line.strip() for line in block.replace("\\\n", " ").strip().splitlines()]
 
 
 def test_the_three_commands(tmp_path):
@@ -32,6 +32,7 @@ def test_the_three_commands(tmp_path):
     commands = readme_commands()
     assert [c.split()[1] for c in commands] == ["data", "run", "export"]
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")  # the text is the README and pages of docs/
     shutil.copytree(ROOT / "samples" / "text", tmp_path / "samples" / "text")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     outputs = []
