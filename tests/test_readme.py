@@ -237,3 +237,19 @@ def test_a_page_is_one_topic(page):
     lines = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M).splitlines()
     assert lines[0].startswith("# ") and sum(1 for ln in lines if ln.startswith("# ")) == 1, \
         f"{_rel(page)}: one page, one topic: a single `# Title` on its first line"
+
+
+def test_the_readme_shows_what_plan_prints(tmp_path, monkeypatch, capsys):
+    """The README's abridged `scalec plan` of its example is what plan prints for it, line for line."""
+    from compiler.cli import main
+    readme = README.read_text(encoding="utf-8")
+    example = next(body for info, body, _ in blocks(README) if info == "scale")
+    shown = next(body for info, body, _ in blocks(README) if info == "text" and body.startswith("plan for"))
+    (tmp_path / "gpt.scale").write_text(example, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "gpt.scale"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    lines = [ln for ln in shown.splitlines() if ln.strip() and ln != "..."]
+    assert len(lines) >= 6 and "Saved as `gpt.scale`" in readme
+    for ln in lines:
+        assert ln in printed, f"README.md shows `{ln}`, which `scalec plan gpt.scale` no longer prints"
