@@ -65,7 +65,11 @@ def documents(paths: list, text_key: str):
 def build(paths: list, tokenizer: str, prefix: str, text_key: str = "text", separator: str | None = None,
           progress: bool = True) -> Written:
     """Tokenize every document of `paths` into PREFIX.bin, PREFIX.idx and PREFIX.bin.json."""
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # an optional dependency (pyproject.toml's `data` extra): say what to install, in one line
+        raise DataError("scalec data needs the tokenizers library, which is not installed: "
+                        "pip install 'scalec[data]' (or: pip install tokenizers)") from None
 
     from runtime import indexed
     source = tokenizer_file(tokenizer)

@@ -19,7 +19,9 @@ TEXTS = ["the cat sat on the mat", "a dog ran", "the mat is on the dog é"]
 
 
 def _tokenizer(tmp_path: Path) -> Path:
-    """A word-level tokenizer trained here on the texts (tokenizers trains offline), with `</s>` and `[UNK]`."""
+    """A word-level tokenizer trained here on the texts (tokenizers trains offline), with `</s>` and `[UNK]`. The
+    tests that need one are skipped where tokenizers is missing (a dev extra), naming what to install."""
+    pytest.importorskip("tokenizers", reason="tokenizers is not installed: pip install -e '.[dev]' (or '.[data]')")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -108,3 +110,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path, case, want):
     rc, out, err = _run(*args, "-o", tmp_path / "x", "--quiet")
     assert rc == 1 and want in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert not list(tmp_path.glob("x.*"))  # nothing half-written is left
+
+
+def test_without_tokenizers_one_line_names_what_to_install(tmp_path, monkeypatch):
+    """`pip install .` without the `data` extra: `scalec data` says in one line what to install, exit 1, and
+    writes nothing."""
+    monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)  # import tokenizers -> ImportError
+    (tmp_path / "a.txt").write_text(TEXTS[0])
+    rc, out, err = _run(tmp_path / "a.txt", "--tokenizer", tmp_path / "tokenizer.json", "-o", tmp_path / "out" / "d")
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and "pip install 'scalec[data]'" in err, err
+    assert not (tmp_path / "out").exists()
