@@ -4,7 +4,7 @@ verbatim; the README stays a short front door; and every page's examples work: e
 docs/ is on the README's map.
 
 Blocks are fenced with an info string: `scale` (a whole file, checked), `scale fragment` (a piece of a file, not
-checked on its own), `sh` (commands, run below when cheap), `python`, `text`."""
+checked on its own), `sh` (commands, run below when cheap), `python`, `text`, `json`."""
 from __future__ import annotations
 
 import re
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
-INFO = {"scale", "scale fragment", "sh", "python", "text"}
+INFO = {"scale", "scale fragment", "sh", "python", "text", "json"}
 
 # `scalec` subcommands of the sh blocks: run in-process when cheap (a sample checked, planned, compiled, a code
 # explained), or left to the tests that run them, for the reason given.
