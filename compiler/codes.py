@@ -327,10 +327,18 @@ CODES: dict[str, Code] = {
                   "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
                   "the .scale file's directory."),
     "E0803": Code("token file of another dtype", "The token file's sidecar (FILE.json beside FILE, written by "
-                  "runtime.data.write_tokens) records the dtype its ids were written in, and it is not the one "
-                  "`data = tokens(..., dtype = ...)` declares (uint16 when not written). Read in another dtype, "
-                  "every id would be garbage that may still fall inside the vocabulary. Declare the sidecar's "
-                  "dtype."),
+                  "runtime.data.write_tokens) or its .npy header (np.save's) records the dtype its ids were written "
+                  "in, and it is not the one `data = tokens(..., dtype = ...)` declares (uint16 when not written; "
+                  "a .npy file without a written dtype is read in its header's). Read in another dtype, every id "
+                  "would be garbage that may still fall inside the vocabulary. Declare the recorded dtype."),
+    "E0813": Code("unusable .npy token file", "The token file is a .npy file (it starts with numpy's header, "
+                  "whatever its name), or is named .npy, and is not what a token file can be: a header that cannot "
+                  "be read (or of a version other than 1.0 and 2.0), values that are not uint16, uint32, int32 or "
+                  "int64 ids (floats, int8, uint64, objects), big-endian ids, an array of more than one dimension, "
+                  "bytes after the header other than its shape says (cut short), or no header at all under the "
+                  ".npy name. A .npy file is read by its header, never as a flat file (its header's bytes would be "
+                  "read as ids). Save one flat little-endian array: np.save(path, ids.reshape(-1).astype(np.int64)), "
+                  "or write a flat file and declare its dtype."),
     "E0804": Code("token ids outside the model's vocabulary", "The data's ids go past the model's vocabulary: its "
                   "sidecar records a larger vocabulary than the embedding's, or an id of the first MiB of a bare "
                   "file is outside it (the run would stop there; when the same bytes read in another dtype all fit, "
@@ -372,8 +380,10 @@ CODES: dict[str, Code] = {
                   "file's length is known (its sidecar, or its size); the run checks again when it opens the file."),
     "W0803": Code("token file looks like another dtype", "A warning: the file has no sidecar, and its first MiB "
                   "looks like ids of another dtype than the declared one: declared uint16, every odd uint16 is 0 "
-                  "(the high halves of little-endian uint32 ids below 65536). Declare the file's dtype, or write it "
-                  "with a sidecar (runtime.data.write_tokens), which records the dtype and ends the guessing."),
+                  "(the high halves of little-endian uint32 ids below 65536), or three of every four are (int64 "
+                  "ids, as numpy writes them by default); declared uint32 or int32, every odd one is 0 (int64 ids). "
+                  "Declare the file's dtype, or write it with a sidecar (runtime.data.write_tokens) or as a .npy "
+                  "file (np.save), which record the dtype and end the guessing."),
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
                   "two files define parameters of different names or shapes."),

@@ -321,6 +321,10 @@ class Data:
     dtype: str = "uint16"
     # packed documents: the id that ends each document of a token file (runtime/packed.py), None: one stream
     document_separator: int | None = None
+    # "raw" (a flat file of ids) or "npy" (np.save's file, read by its header): what check found the file to be
+    format: str = "raw"
+    # how check read the token file (compiler.files.Reading: dtype and where it came from, tokens, ids seen)
+    reading: object = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,19 @@ def tokens() -> None:
     write_tokens(str(HERE / "files_gpt2_tokens.bin"), ids, "uint16", 50257, tokenizer="gpt2")
 
 
+def typed_tokens() -> None:
+    """Token files that say (or should say) their dtype: np.save's .npy files and a bare int64 file, as numpy
+    writes ids by default. Ids below GPT-2's vocabulary: read as uint16, a .npy header's bytes are ids too."""
+    ids = np.random.default_rng(1).integers(0, 50257, 200)
+    np.save(HERE / "files_int64_tokens.npy", ids)                                    # int64, by its header
+    np.save(HERE / "files_float_tokens.npy", ids.astype(np.float32))                 # not ids
+    np.save(HERE / "files_windows_tokens.npy", ids.reshape(10, 20))                  # two dimensions
+    whole = (HERE / "files_int64_tokens.npy").read_bytes()
+    (HERE / "files_cut_tokens.npy").write_bytes(whole[:-12])                         # cut short
+    ids.astype("<u2").tofile(HERE / "files_flat_named.npy")                          # no header under the name
+    (ids % 128).astype("<i8").tofile(HERE / "files_int64_bare.bin")                  # int64, no sidecar
+
+
 # The tiny Llama of files_llama.scale: vocab 16, hidden 8, heads 2, kv_heads 1, one layer, ffn 16, untied head.
 LLAMA = {"vocab_size": 16, "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1,
          "num_hidden_layers": 1, "intermediate_size": 16}
@@ -87,4 +100,5 @@ def checkpoints() -> None:
 
 if __name__ == "__main__":
     tokens()
+    typed_tokens()
     checkpoints()
