@@ -386,7 +386,11 @@ CODES: dict[str, Code] = {
                   "file (np.save), which record the dtype and end the guessing."),
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
-                  "two files define parameters of different names or shapes."),
+                  "two files define parameters of different names or shapes. `scalec export` refuses the same way, "
+                  "before anything is read or written, a checkpoint whose model (its manifest's fingerprint of the "
+                  "parameters' names and whole shapes, or DCP's metadata) is not the .scale file's: its weights "
+                  "would be written beside a config.json of another model. A run resuming from such a checkpoint "
+                  "stops with the same words."),
     # -- importing a Hugging Face config.json (`scalec import`) --------------------------------------------------
     "E0951": Code("not a Hugging Face config", "`scalec import` reads a Hugging Face config.json: one JSON object. "
                   "The file is not valid JSON (the caret marks where the reader stopped), or its top level is not an "

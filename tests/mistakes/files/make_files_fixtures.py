@@ -98,7 +98,31 @@ def checkpoints() -> None:
                 "n_layer": 1, "n_positions": 16, "vocab_size": 16})
 
 
+def run_checkpoint() -> None:
+    """files_llama_run/step_00000002: a checkpoint of files_llama.scale's model as its program saves one (DCP's
+    files and the scalec.json manifest: the model's names, whole shapes and fingerprint, each file's size and
+    CRC32), zeros and no optimizer state, which nothing that reads it before refusing another model needs."""
+    import shutil
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from compiler import pipeline, reshard
+    from runtime.checkpoint import MANIFEST, crc32, fingerprint
+    model = pipeline.compile_checked(str(HERE / "files_llama.scale"), memory=False).traced.model
+    shapes = {n: list(s) for n, s in reshard.model_state(model).items()}
+    step = HERE / "files_llama_run" / "step_00000002"
+    shutil.rmtree(step.parent, ignore_errors=True)
+    dcp.save({"model": {n: torch.zeros(s) for n, s in shapes.items()}}, checkpoint_id=str(step))
+    files = {p.name: {"bytes": p.stat().st_size, "crc32": crc32(str(p))} for p in sorted(step.iterdir())}
+    manifest = {"format": 1, "model": {"sha256": fingerprint(shapes), "parameters": sorted([n, s] for n, s in
+                                                                                           shapes.items())},
+                "files": files}
+    (step / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
 if __name__ == "__main__":
     tokens()
     typed_tokens()
     checkpoints()
+    run_checkpoint()
