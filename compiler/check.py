@@ -820,8 +820,17 @@ def _windows_cover_the_sequence(c: _Checker, model: S.Model, train: S.Train) -> 
 def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
     """Each `moe` layer's capacity (slots per expert per sequence), from the sequence length."""
     for m in (x for x in S.walk(model.layers) if isinstance(x, S.MoE)):
-        c.values[m.capacity] = capacity(int(c.number(train.seq_len)), int(c.number(m.experts)), m.top_k,
-                                        m.capacity_factor)
+        seq, experts = int(c.number(train.seq_len)), int(c.number(m.experts))
+        slots = c.values[m.capacity] = capacity(seq, experts, m.top_k, m.capacity_factor)
+        choices = m.top_k * seq
+        if m.capacity_factor != "none" and 10 * experts * slots < choices:  # W0718: less than a tenth kept
+            c.warn("W0718", f"capacity_factor = {m.capacity_factor:g} keeps at most {experts * slots:,} of the "
+                   f"{choices:,} choices of each sequence ({experts * slots / choices:.0%}), the rest dropped",
+                   m.capacity_span or m.span, label=f"{experts} experts × {slots} slot{'s' if slots > 1 else ''} "
+                   f"for top_k {m.top_k} × seq_len {seq}",
+                   help="capacity_factor is a multiple of a balanced share (top_k · seq_len / experts slots per "
+                        "expert): 1.0 keeps every choice of a balanced load, 1.25 leaves room for imbalance (GShard, "
+                        "Switch), `none` drops nothing")
 
 
 def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> F.Reading | None:

@@ -311,6 +311,12 @@ CODES: dict[str, Code] = {
                   "runs the experts on exactly the rows they received: it is dropless, and a capacity factor would "
                   "say how many choices to drop. Write `capacity_factor = none` with it, or remove `dispatch` to "
                   "keep the capacity (padded buffers, choices over capacity dropped)."),
+    "W0718": Code("a capacity that drops most choices", "A warning: `capacity_factor` gives each expert "
+                  "capacity_factor × top_k × seq_len / experts slots per sequence (rounded up, at least 1), and "
+                  "every choice past an expert's slots is dropped. Here all the experts' slots together hold less "
+                  "than a tenth of a sequence's top_k × seq_len choices, so even a perfectly balanced router drops "
+                  "nine in ten: a factor meant as a percentage (0.05 for 5% headroom), or a slip of a digit. 1.0 "
+                  "keeps every choice of a balanced load, 1.25 leaves room for imbalance, `none` is dropless."),
     "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
                   "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
                   "shared expert a width with `shared_ffn`, or remove `shared_gate`."),
