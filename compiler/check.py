@@ -516,7 +516,30 @@ def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWri
                 help=f"nodes × devices_per_node = {mesh.nodes} × {mesh.devices_per_node} = {mesh.world_size}; "
                      f"make the product of the axes equal it{folded}")
         return None
+    _tp_placement(c, mesh)
     return mesh
+
+
+def _tp_placement(c: _Checker, mesh: _MeshWritten) -> None:
+    """W0413: tp's groups cross nodes though tp fits in one. The axes are listed outermost first and the last
+    varies fastest over the ranks (runtime/mesh.py builds the DeviceMesh so; compiler/cost/step_time.py `links` reads
+    the same order), so tp's group is tp ranks `stride` apart, stride the product of the axes listed after it: it
+    stays in a node when tp × stride divides devices_per_node. tp's all-reduces sit on every layer's critical path,
+    and between nodes they run at the network's bandwidth, a tenth of NVLink's."""
+    names = [a for a, _ in mesh.axes]
+    if "tp" not in names or mesh.nodes < 2:
+        return
+    i = names.index("tp")
+    n, per_node = mesh.axes[i][1], mesh.devices_per_node
+    stride = math.prod(k for _, k in mesh.axes[i + 1:])
+    block = n * stride
+    if n < 2 or (block <= per_node and per_node % block == 0) or n > per_node or per_node % n:
+        return  # inside a node already, or too large for one whatever the order
+    inner = ", ".join(f"{a} = {k}" for a, k in mesh.axes[i + 1:] if k > 1)
+    c.warn("W0413", f"tp = {n} is listed before {inner}, so each tp group takes ranks {stride} apart and crosses "
+           f"nodes of {per_node} devices", mesh.axis_spans["tp"], label="tp's all-reduces cross nodes",
+           help=f"axes are listed outermost first and the last varies fastest over the ranks: list `axis tp = {n}` "
+                f"last and its groups stay inside a node (`scalec plan` shows each axis's link)")
 
 
 # What a device's figures can be, with room for devices to come (today's largest: about 2,500 TFLOP/s, 192 GB,

@@ -222,6 +222,12 @@ CODES: dict[str, Code] = {
     "W0411": Code("pad_vocab with nothing to pad", "A warning: `pad_vocab` pads a vocabulary that tp does not "
                   "divide; without tp, with the vocabulary left out of `tp_layers`, or when tp divides it, nothing "
                   "is padded."),
+    "W0413": Code("tp placed across nodes", "A warning: the mesh's axes are listed outermost first and the last "
+                  "varies fastest over the ranks (ranks 0..7 on the first node of 8), so an axis's group takes ranks "
+                  "as far apart as the product of the axes listed after it. tp is listed before other axes so that "
+                  "its groups span nodes, though tp fits in one node: its all-reduces, on every layer's critical "
+                  "path, then run over the network instead of NVLink. List `axis tp` last (innermost), as Megatron "
+                  "orders tp first-fastest; `scalec plan` shows each axis's link."),
     "W0412": Code("tp_layers without tp", "A warning: `tp_layers` chooses what a tp axis shards; without a tp axis "
                   "(or with tp = 1) it does nothing."),
     # -- memory ---------------------------------------------------------------------------------------------------
