@@ -895,7 +895,7 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, wr
     """The token file exists and fits `dtype` and the model, found where the program will look: a relative path is
     relative to this .scale file's directory. A .npy file's header says its dtype and length (a dtype written
     otherwise is an error); a sidecar (compiler/files.py), when the file has one, says its dtype, vocabulary and
-    length; without either, the first MiB says what it can (every id is checked when the run opens the file).
+    length, and a Megatron index (PREFIX.idx beside PREFIX.bin) its dtype; without any, the first MiB says what it can (every id is checked when the run opens the file).
     Returns how the file will be read (`scalec check` prints it, the program reads exactly that), None when it
     cannot be."""
     order = tuple(DATASETS["tokens"])
@@ -943,6 +943,24 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, wr
         return None
     if side is not None and header is None:
         dtype_from = "its sidecar"
+    indexed = None
+    if side is None and header is None:  # a Megatron dataset (PREFIX.bin): its PREFIX.idx says the dtype
+        try:
+            indexed = F.index_dtype(shown)
+        except F.IndexFileError as exc:
+            c.error("E0814", f"data file {shown}: {exc}", at, label="its index",
+                    help="write the dataset with uint16 ids (a vocabulary up to 65536) or int32, as Megatron's "
+                         "preprocess_data.py and `scalec data` do")
+            return None
+        if indexed is not None and written and indexed != dtype:
+            c.error("E0803", f"data file {shown} holds {indexed} ids (its index {os.path.basename(shown)[:-4]}.idx "
+                    f"says so), but the file declares {dtype}", at_dtype, label=f"its index says {indexed}",
+                    help=f"write `dtype = {indexed}`, or leave `dtype` out: a Megatron dataset is read in the dtype "
+                         "its index gives")
+            return None
+        if indexed is not None:
+            dtype, dtype_from = indexed, f"its index {os.path.basename(shown)[:-4]}.idx"
+            item = F.ITEMSIZE[dtype]
     payload = size - offset
     if payload == 0:
         c.error("E0801", f"data file {shown} is empty", at, label="no tokens")
@@ -956,7 +974,7 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, wr
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
     else:
         got = _sample_checks(c, shown, dtype, vocab, at, at_dtype, start, offset, guess=side is None and
-                             header is None)
+                             header is None and indexed is None)
         _held_out_checks(c, train, shown, payload // item, seq, written_at)
         return F.Reading(path=shown, format=fmt, dtype=dtype, dtype_from=dtype_from, tokens=payload // item,
                          seen=got.seen, sampled=got.nbytes, vocab=side.vocab_size if side is not None else None)

@@ -330,6 +330,12 @@ CODES: dict[str, Code] = {
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "
                   "relative to the .scale file's directory."),
+    "E0814": Code("Megatron index of ids we do not read", "The token file PREFIX.bin has no sidecar and a "
+                  "Megatron index beside it (PREFIX.idx, MMIDIDX), which says the dtype of its ids; the index is "
+                  "of a version other than 1, or gives the ids as uint8, int8, int16 or floats, which are not read "
+                  "as token ids (uint16, int32 and int64 are; Megatron has no uint32). Write the dataset again with "
+                  "uint16 ids (a vocabulary up to 65536) or int32, as Megatron's preprocess_data.py and `scalec "
+                  "data` do."),
     "E0812": Code("document separator outside the vocabulary", "`document_separator` of `data = tokens(...)` "
                   "is the id that ends each document of the token file; an id outside the model's vocabulary "
                   "(0 .. vocab − 1) never occurs in a file the run accepts, so every window would be one document. "
@@ -339,9 +345,11 @@ CODES: dict[str, Code] = {
                   "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
                   "the .scale file's directory."),
     "E0803": Code("token file of another dtype", "The token file's sidecar (FILE.json beside FILE, written by "
-                  "runtime.data.write_tokens) or its .npy header (np.save's) records the dtype its ids were written "
+                  "runtime.data.write_tokens), its .npy header (np.save's) or its Megatron index (PREFIX.idx "
+                  "beside PREFIX.bin) records the dtype its ids were written "
                   "in, and it is not the one `data = tokens(..., dtype = ...)` declares (uint16 when not written; "
-                  "a .npy file without a written dtype is read in its header's). Read in another dtype, every id "
+                  "a .npy file or a Megatron dataset without a written dtype is read in the recorded one). Read in "
+                  "another dtype, every id "
                   "would be garbage that may still fall inside the vocabulary. Declare the recorded dtype."),
     "E0813": Code("unusable .npy token file", "The token file is a .npy file (it starts with numpy's header, "
                   "whatever its name), or is named .npy, and is not what a token file can be: a header that cannot "

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from runtime.errors import FatalError
+from runtime.indexed import index_dtype
 from runtime.split import split_windows  # noqa: F401  (data.split_windows: the split a TokenFile reads)
 
 
@@ -157,6 +158,14 @@ def open_tokens(path: str, dtype: str, vocab: int, format: str = "raw") -> np.nd
     if npy:
         tokens = _npy_tokens(path, dtype)
         size = tokens.size * dt.itemsize  # the ids' bytes, after the header
+    elif not os.path.isfile(sidecar_path(path)):  # a Megatron dataset: its index says the dtype
+        try:
+            indexed = index_dtype(path)
+        except ValueError as exc:
+            raise FatalError(f"scalec: data file {path}: {exc}") from None
+        if indexed is not None and indexed != dtype:
+            raise FatalError(f"scalec: data file {path} holds {indexed} ids (its index {path[:-4]}.idx says so), "
+                             f"but the program reads {dtype}")
     _check_sidecar(path, dtype, vocab, size)
     if size == 0:
         raise FatalError(f"scalec: data file {path} is empty")

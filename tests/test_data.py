@@ -460,3 +460,64 @@ def test_check_prints_how_it_reads_the_token_file(tmp_path):
     assert out.getvalue().splitlines()[1] == (
         f"  data: {tmp_path / 'tok.npy'}: a .npy file of int64 ids (its .npy header), 1,000 tokens; ids 3..122 seen "
         "in its first 8000 bytes (the model's vocabulary: 128)")
+
+
+def _megatron(tmp_path: Path, ids, vocab: int = 100_000, code: int | None = None) -> Path:
+    """PREFIX.bin and PREFIX.idx as Megatron's preprocess_data.py writes them (no sidecar); `code`: another dtype
+    code in the index's header."""
+    from runtime.indexed import Writer
+    w = Writer(str(tmp_path / "tok"), vocab_size=vocab)
+    w.add(ids)
+    w.close()
+    (tmp_path / "tok.bin.json").unlink()
+    if code is not None:
+        idx = bytearray((tmp_path / "tok.idx").read_bytes())
+        idx[17] = code
+        (tmp_path / "tok.idx").write_bytes(bytes(idx))
+    return tmp_path / "tok.bin"
+
+
+def test_a_megatron_dataset_is_read_in_the_dtype_its_index_gives(tmp_path):
+    """int32 ids (a vocabulary past 65536) with no sidecar: check and the run read the index's dtype; a dtype
+    written otherwise is E0803 at the dtype, and a program reading another is a one-line error."""
+    ids = (np.arange(1000) * 5) % 128
+    path = _megatron(tmp_path, ids)
+    d = _check_file(tmp_path, "tok.bin").train.data
+    assert (d.format, d.dtype, d.reading.dtype_from, d.reading.tokens) == ("raw", "int32", "its index tok.idx", 1000)
+    assert np.array_equal(np.asarray(data.open_tokens(str(path), d.dtype, 128)), ids)
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.bin", "uint16")
+    (e,) = info.value.diagnostics
+    assert e.code == "E0803" and "holds int32 ids (its index tok.idx says so), but the file declares uint16" in e.message
+    with pytest.raises(FatalError, match=r"holds int32 ids \(its index .*tok.idx says so\), but the program reads "
+                                         "uint16"):
+        data.open_tokens(str(path), "uint16", 128)
+
+
+def test_a_megatron_index_of_ids_we_do_not_read_is_refused(tmp_path):
+    _megatron(tmp_path, np.arange(1000) % 128, code=3)  # int16
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.bin")
+    (e,) = info.value.diagnostics
+    assert e.code == "E0814" and "gives its ids as int16, which is not read as token ids" in e.message
+    with pytest.raises(FatalError, match="gives its ids as int16"):
+        data.open_tokens(str(tmp_path / "tok.bin"), "uint16", 128)
+
+
+@pytest.mark.parametrize("code", range(0, 10))
+def test_check_and_the_run_read_a_megatron_index_alike(tmp_path, code):
+    """compiler.files.index_dtype (check, which imports no runtime) and runtime.indexed.index_dtype (the run) give
+    the same dtype, or both refuse, for every dtype code."""
+    from compiler import files
+    from runtime import indexed
+    path = str(_megatron(tmp_path, np.arange(100) % 128, code=code))
+    try:
+        ours = ("ok", files.index_dtype(path))
+    except files.IndexFileError as exc:
+        ours = ("refused", str(exc))
+    try:
+        theirs = ("ok", indexed.index_dtype(path))
+    except ValueError as exc:
+        theirs = ("refused", str(exc))
+    assert ours == theirs
+    assert (ours[0] == "ok") == (code in (4, 5, 8))

@@ -76,6 +76,8 @@ ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with a
                       "tests/mistakes/files_eval_split_too_small.scale",
              "E0813": "a .npy token file beside the .scale file: tests/test_data.py, "
                       "tests/mistakes/files_npy_float_values.scale",
+             "E0814": "a Megatron dataset beside the .scale file: "
+                      "tests/test_data.py::test_a_megatron_index_of_ids_we_do_not_read_is_refused",
              "E0812": "a token file beside the .scale file: tests/mistakes/files_packed_separator_outside_vocab.scale",
              "E0319": "a token file beside the .scale file: tests/mistakes/files_packed_sliding_window.scale",
              "E0318": "a token file beside the .scale file: tests/mistakes/files_packed_with_compile.scale, "

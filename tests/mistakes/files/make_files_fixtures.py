@@ -34,6 +34,12 @@ def typed_tokens() -> None:
     (HERE / "files_cut_tokens.npy").write_bytes(whole[:-12])                         # cut short
     ids.astype("<u2").tofile(HERE / "files_flat_named.npy")                          # no header under the name
     (ids % 128).astype("<i8").tofile(HERE / "files_int64_bare.bin")                  # int64, no sidecar
+    from runtime.indexed import Writer  # Megatron's layout: PREFIX.idx says int32 (a vocabulary past 65536)
+    megatron = Writer(str(HERE / "files_megatron"), vocab_size=100_000)
+    for doc in np.array_split(ids % 128, 4):
+        megatron.add(doc)
+    megatron.close()
+    (HERE / "files_megatron.bin.json").unlink()  # as Megatron's preprocess_data.py writes it: no sidecar
 
 
 # The tiny Llama of files_llama.scale: vocab 16, hidden 8, heads 2, kv_heads 1, one layer, ffn 16, untied head.
