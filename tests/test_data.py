@@ -521,3 +521,16 @@ def test_check_and_the_run_read_a_megatron_index_alike(tmp_path, code):
         theirs = ("refused", str(exc))
     assert ours == theirs
     assert (ours[0] == "ok") == (code in (4, 5, 8))
+
+
+def test_the_program_is_told_what_check_found(tmp_path):
+    """`scalec compile` of a .scale file reading a .npy file without a written dtype: the program's contract holds
+    the header's dtype and the format, which the run holds the file to (open_tokens)."""
+    from compiler.cli import main
+    np.save(tmp_path / "tok.npy", (np.arange(1000) % 128).astype(np.uint32))
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", 'log_every    = 5\n  data = tokens(path = "tok.npy")')
+    (tmp_path / "tiny.scale").write_text(text)
+    assert main(["compile", str(tmp_path / "tiny.scale"), "-o", str(tmp_path / "build")]) == 0
+    program = (tmp_path / "build" / "program.py").read_text()
+    assert "dtype='uint32'" in program and "format='npy'" in program
