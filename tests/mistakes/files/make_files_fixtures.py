@@ -6,6 +6,7 @@ sidecar, and tiny safetensors checkpoints shaped as tiny models. Run from the re
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,11 @@ def typed_tokens() -> None:
         megatron.add(doc)
     megatron.close()
     (HERE / "files_megatron.bin.json").unlink()  # as Megatron's preprocess_data.py writes it: no sidecar
+    shutil.copyfile(HERE / "files_megatron.bin", HERE / "files_megatron_int16.bin")
+    index = bytearray((HERE / "files_megatron.idx").read_bytes())
+    index[17] = 3  # the dtype code of int16 ids, which are not read as token ids
+    (HERE / "files_megatron_int16.idx").write_bytes(bytes(index))
+    np.save(HERE / "files_big_endian_tokens.npy", (ids % 128).astype(">u2"))          # big-endian
 
 
 # The tiny Llama of files_llama.scale: vocab 16, hidden 8, heads 2, kv_heads 1, one layer, ffn 16, untied head.
