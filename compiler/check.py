@@ -895,7 +895,8 @@ def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, wr
     """The token file exists and fits `dtype` and the model, found where the program will look: a relative path is
     relative to this .scale file's directory. A .npy file's header says its dtype and length (a dtype written
     otherwise is an error); a sidecar (compiler/files.py), when the file has one, says its dtype, vocabulary and
-    length, and a Megatron index (PREFIX.idx beside PREFIX.bin) its dtype; without any, the first MiB says what it can (every id is checked when the run opens the file).
+    length, and a Megatron index (PREFIX.idx beside PREFIX.bin) its dtype; without any, the first MiB says what it
+    can (every id is checked when the run opens the file).
     Returns how the file will be read (`scalec check` prints it, the program reads exactly that), None when it
     cannot be."""
     order = tuple(DATASETS["tokens"])

@@ -488,7 +488,8 @@ def test_a_megatron_dataset_is_read_in_the_dtype_its_index_gives(tmp_path):
     with pytest.raises(ScaleError) as info:
         _check_file(tmp_path, "tok.bin", "uint16")
     (e,) = info.value.diagnostics
-    assert e.code == "E0803" and "holds int32 ids (its index tok.idx says so), but the file declares uint16" in e.message
+    assert e.code == "E0803"
+    assert "holds int32 ids (its index tok.idx says so), but the file declares uint16" in e.message
     with pytest.raises(FatalError, match=r"holds int32 ids \(its index .*tok.idx says so\), but the program reads "
                                          "uint16"):
         data.open_tokens(str(path), "uint16", 128)
