@@ -129,7 +129,8 @@ INITS = {"normal": {}, "from": {"path": Param(_string, doc="a Hugging Face check
                                                             ".safetensors file")}}
 DATASETS = {"synthetic": {},
             "tokens": {"path": Param(_string, doc="binary file of token ids"),
-                       "dtype": Param(_choice("uint16", "uint32", "int32"), "uint16", "token id type"),
+                       "dtype": Param(_choice(*F.ITEMSIZE), "uint16", "token id type (a .npy file's header says "
+                                                                     "it)"),
                        "document_separator": Param(_int, None, "the id ending each document: packed documents, "
                                                                "each attending only to itself")}}
 
@@ -271,7 +272,10 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
                                       schedule="1f1b", virtual_stages=1, sequence_parallel=False, layout=(),
                                       data_parallel="ddp")
         c.diags += check_plan(spec, own)  # the rules of each pass and of the mesh (compiler/rules/)
-        _file_checks(c, model, train, train_values)
+        reading = _file_checks(c, model, train, train_values)
+        if reading is not None:  # what the program reads: the dtype a .npy header gives, its format
+            data = dataclasses.replace(train.data, dtype=reading.dtype, format=reading.format, reading=reading)
+            spec = dataclasses.replace(spec, train=dataclasses.replace(train, data=data))
         _no_effect_checks(c, spec, bool(mesh.axis_spans))
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
@@ -512,7 +516,30 @@ def _mesh(c: _Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWri
                 help=f"nodes × devices_per_node = {mesh.nodes} × {mesh.devices_per_node} = {mesh.world_size}; "
                      f"make the product of the axes equal it{folded}")
         return None
+    _tp_placement(c, mesh)
     return mesh
+
+
+def _tp_placement(c: _Checker, mesh: _MeshWritten) -> None:
+    """W0413: tp's groups cross nodes though tp fits in one. The axes are listed outermost first and the last
+    varies fastest over the ranks (runtime/mesh.py builds the DeviceMesh so; compiler/cost/step_time.py `links` reads
+    the same order), so tp's group is tp ranks `stride` apart, stride the product of the axes listed after it: it
+    stays in a node when tp × stride divides devices_per_node. tp's all-reduces sit on every layer's critical path,
+    and between nodes they run at the network's bandwidth, a tenth of NVLink's."""
+    names = [a for a, _ in mesh.axes]
+    if "tp" not in names or mesh.nodes < 2:
+        return
+    i = names.index("tp")
+    n, per_node = mesh.axes[i][1], mesh.devices_per_node
+    stride = math.prod(k for _, k in mesh.axes[i + 1:])
+    block = n * stride
+    if n < 2 or (block <= per_node and per_node % block == 0) or n > per_node or per_node % n:
+        return  # inside a node already, or too large for one whatever the order
+    inner = ", ".join(f"{a} = {k}" for a, k in mesh.axes[i + 1:] if k > 1)
+    c.warn("W0413", f"tp = {n} is listed before {inner}, so each tp group takes ranks {stride} apart and crosses "
+           f"nodes of {per_node} devices", mesh.axis_spans["tp"], label="tp's all-reduces cross nodes",
+           help=f"axes are listed outermost first and the last varies fastest over the ranks: list `axis tp = {n}` "
+                f"last and its groups stay inside a node (`scalec plan` shows each axis's link)")
 
 
 # What a device's figures can be, with room for devices to come (today's largest: about 2,500 TFLOP/s, 192 GB,
@@ -816,20 +843,32 @@ def _windows_cover_the_sequence(c: _Checker, model: S.Model, train: S.Train) -> 
 def _bind_capacities(c: _Checker, model: S.Model, train: S.Train) -> None:
     """Each `moe` layer's capacity (slots per expert per sequence), from the sequence length."""
     for m in (x for x in S.walk(model.layers) if isinstance(x, S.MoE)):
-        c.values[m.capacity] = capacity(int(c.number(train.seq_len)), int(c.number(m.experts)), m.top_k,
-                                        m.capacity_factor)
+        seq, experts = int(c.number(train.seq_len)), int(c.number(m.experts))
+        slots = c.values[m.capacity] = capacity(seq, experts, m.top_k, m.capacity_factor)
+        choices = m.top_k * seq
+        if m.capacity_factor != "none" and 10 * experts * slots < choices:  # W0718: less than a tenth kept
+            c.warn("W0718", f"capacity_factor = {m.capacity_factor:g} keeps at most {experts * slots:,} of the "
+                   f"{choices:,} choices of each sequence ({experts * slots / choices:.0%}), the rest dropped",
+                   m.capacity_span or m.span, label=f"{experts} experts × {slots} slot{'s' if slots > 1 else ''} "
+                   f"for top_k {m.top_k} × seq_len {seq}",
+                   help="capacity_factor is a multiple of a balanced share (top_k · seq_len / experts slots per "
+                        "expert): 1.0 keeps every choice of a balanced load, 1.25 leaves room for imbalance (GShard, "
+                        "Switch), `none` drops nothing")
 
 
-def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> None:
-    """What the training settings need of the files and the model, whatever the plan."""
+def _file_checks(c: _Checker, model: S.Model, train: S.Train, spans: dict) -> F.Reading | None:
+    """What the training settings need of the files and the model, whatever the plan; how the token file will be
+    read (None without one, or when it cannot be)."""
+    reading = None
     if train.data.document_separator is not None:
         _packed_checks(c, model, train, spans["data"])
     if train.data.kind == "tokens":
-        _data_checks(c, model, train, spans["data"], {k: _span(v) for k, v in spans.items()})
+        reading = _data_checks(c, model, train, spans["data"], {k: _span(v) for k, v in spans.items()})
     if train.init_from:
         _init_checks(c, model, train, spans["init"])
     if train.data.kind == "synthetic" and int(c.number(model.embedding.vocab)) < 4:
         c.error("E0120", "the synthetic task needs a vocabulary of at least 4 tokens", model.embedding.span)
+    return reading
 
 
 def _packed_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) -> None:
@@ -852,49 +891,101 @@ def _packed_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call) 
             break
 
 
-def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, written_at: dict) -> None:
+def _data_checks(c: _Checker, model: S.Model, train: S.Train, call: ast.Call, written_at: dict) -> F.Reading | None:
     """The token file exists and fits `dtype` and the model, found where the program will look: a relative path is
-    relative to this .scale file's directory. Its sidecar (compiler/files.py), when it has one, says its dtype,
-    vocabulary and length; without one, the first MiB says what it can (every id is checked when the run opens
-    the file)."""
-    at = _arg_span(call, "path", tuple(DATASETS["tokens"]))
-    at_dtype = _arg_span(call, "dtype", tuple(DATASETS["tokens"]), at)  # a defaulted dtype: at the path
+    relative to this .scale file's directory. A .npy file's header says its dtype and length (a dtype written
+    otherwise is an error); a sidecar (compiler/files.py), when the file has one, says its dtype, vocabulary and
+    length, and a Megatron index (PREFIX.idx beside PREFIX.bin) its dtype; without any, the first MiB says what it
+    can (every id is checked when the run opens the file).
+    Returns how the file will be read (`scalec check` prints it, the program reads exactly that), None when it
+    cannot be."""
+    order = tuple(DATASETS["tokens"])
+    at = _arg_span(call, "path", order)
+    at_dtype = _arg_span(call, "dtype", order, at)  # a defaulted dtype: at the path
+    written = _has_arg(call, "dtype", order)
     shown = os.path.join(os.path.dirname(c.file.path), train.data.path)
     where = f"a relative path is relative to the .scale file's directory ({os.path.dirname(c.file.path) or '.'})"
     dtype = train.data.dtype
-    item = F.ITEMSIZE[dtype]
     vocab = int(c.number(model.embedding.vocab))
     if not os.path.exists(shown):
         c.error("E0801", f"data file {shown} does not exist", at, label="no such file", help=where)
-        return
+        return None
     if os.path.isdir(shown):
         c.error("E0801", f"data file {shown} is a directory", at, label="not a file of token ids",
                 help="name the binary file of token ids itself")
-        return
+        return None
     size = os.path.getsize(shown)
+    start = F.read_start(shown) if size else b""
+    try:
+        header = F.npy_header(start, size, named_npy=shown.lower().endswith(".npy"))
+    except F.NpyError as exc:
+        c.error("E0813", f"data file {shown} {exc}", at, label="not a flat array of token ids",
+                help="a .npy token file holds one flat array of uint16, uint32, int32 or int64 ids, as "
+                     "np.save(path, ids) writes it")
+        return None
+    fmt, offset, dtype_from = "raw", 0, "declared" if written else "the default"
+    if header is not None:
+        if written and dtype != header.dtype:
+            c.error("E0803", f"data file {shown} holds {header.dtype} ids (its .npy header says so), but the file "
+                    f"declares {dtype}", at_dtype, label=f"its header says {header.dtype}",
+                    help=f"write `dtype = {header.dtype}`, or leave `dtype` out: a .npy file is read in the dtype "
+                         "its header gives")
+            return None
+        fmt, offset, dtype, dtype_from = "npy", header.offset, header.dtype, "its .npy header"
+    item = F.ITEMSIZE[dtype]
     try:
         side = F.read_sidecar(shown)
     except F.SidecarError as exc:
         c.error("E0805", f"the sidecar of data file {shown} cannot be read: {exc}", at, label="its sidecar",
                 help=f"rewrite it with runtime.data.write_tokens, or remove {F.sidecar_path(shown)} to use the file "
                      "bare")
-        return
-    if side is not None and not _sidecar_checks(c, side, shown, size, dtype, model, at, at_dtype):
-        return
-    if size == 0:
+        return None
+    if side is not None and not _sidecar_checks(c, side, shown, size - offset, dtype, model, at, at_dtype):
+        return None
+    if side is not None and header is None:
+        dtype_from = "its sidecar"
+    indexed = None
+    if side is None and header is None:  # a Megatron dataset (PREFIX.bin): its PREFIX.idx says the dtype
+        try:
+            indexed = F.index_dtype(shown)
+        except F.IndexFileError as exc:
+            c.error("E0814", f"data file {shown}: {exc}", at, label="its index",
+                    help="write the dataset with uint16 ids (a vocabulary up to 65536) or int32, as Megatron's "
+                         "preprocess_data.py and `scalec data` do")
+            return None
+        if indexed is not None and written and indexed != dtype:
+            c.error("E0803", f"data file {shown} holds {indexed} ids (its index {os.path.basename(shown)[:-4]}.idx "
+                    f"says so), but the file declares {dtype}", at_dtype, label=f"its index says {indexed}",
+                    help=f"write `dtype = {indexed}`, or leave `dtype` out: a Megatron dataset is read in the dtype "
+                         "its index gives")
+            return None
+        if indexed is not None:
+            dtype, dtype_from = indexed, f"its index {os.path.basename(shown)[:-4]}.idx"
+            item = F.ITEMSIZE[dtype]
+    payload = size - offset
+    if payload == 0:
         c.error("E0801", f"data file {shown} is empty", at, label="no tokens")
-    elif size % item:
+    elif payload % item:
         c.error("E0801", f"data file {shown} holds {size} bytes, not a whole number of {dtype} ids", at,
                 label=f"{size} % {item} == {size % item}",
                 help=f"`dtype = {dtype}` reads {item} bytes per id: is it the file's dtype (uint16, "
-                     "uint32 or int32), and is the file whole?")
-    elif size // item <= (seq := int(c.number(train.seq_len))) + 1:
-        c.error("E0801", f"data file {shown} holds {size // item} tokens, too few for one sequence of {seq}", at,
+                     "uint32, int32 or int64), and is the file whole?")
+    elif payload // item <= (seq := int(c.number(train.seq_len))) + 1:
+        c.error("E0801", f"data file {shown} holds {payload // item} tokens, too few for one sequence of {seq}", at,
                 help=f"a training window is seq_len + 1 tokens; the file needs more than {seq + 1}")
     else:
-        if side is None:
-            _sample_checks(c, shown, dtype, vocab, at, at_dtype)
-        _held_out_checks(c, train, shown, size // item, seq, written_at)
+        got = _sample_checks(c, shown, dtype, vocab, at, at_dtype, start, offset, guess=side is None and
+                             header is None and indexed is None)
+        _held_out_checks(c, train, shown, payload // item, seq, written_at)
+        return F.Reading(path=shown, format=fmt, dtype=dtype, dtype_from=dtype_from, tokens=payload // item,
+                         seen=got.seen, sampled=got.nbytes, vocab=side.vocab_size if side is not None else None)
+    return None
+
+
+def _has_arg(call: ast.Call, name: str, order: tuple) -> bool:
+    """Whether argument `name` of a call whose parameters are `order` is written (by name or by position)."""
+    return any((a.name.id if a.name else order[i] if i < len(order) else None) == name
+               for i, a in enumerate(call.args))
 
 
 def _held_out_checks(c: _Checker, train: S.Train, shown: str, tokens: int, seq: int, at: dict) -> None:
@@ -956,25 +1047,31 @@ def _sidecar_checks(c: _Checker, side: F.Sidecar, shown: str, size: int, dtype: 
     return ok
 
 
-def _sample_checks(c: _Checker, shown: str, dtype: str, vocab: int, at: Span, at_dtype: Span) -> None:
-    """What the first MiB of a bare token file says: ids outside the vocabulary, or a file of another dtype."""
-    got = F.sample(shown, dtype, vocab)
+def _sample_checks(c: _Checker, shown: str, dtype: str, vocab: int, at: Span, at_dtype: Span, start: bytes,
+                   offset: int, guess: bool) -> F.Sample:
+    """What the first MiB of a token file says: ids outside the vocabulary, or (`guess`: a bare file, whose dtype
+    nothing records) a file of another dtype."""
+    got = F.sample(shown, dtype, vocab, start=start, offset=offset)
     read = F.shown_bytes(got.nbytes)
     if got.outside is not None:
         pos, tid = got.outside
-        also = (f"read as {got.fits_as}, every id of those bytes is inside the vocabulary: is the file {got.fits_as}? "
-                f"Write `dtype = {got.fits_as}`" if got.fits_as else
+        fits_as = got.fits_as if guess else None
+        also = (f"read as {fits_as}, every id of those bytes is inside the vocabulary: is the file {fits_as}? "
+                f"Write `dtype = {fits_as}`" if fits_as else
                 "the model's vocabulary must hold every id of the data; the run would stop at this id")
         c.error("E0804", f"data file {shown}: token id {tid} at position {pos} is outside the vocabulary of {vocab} "
-                f"(ids 0..{vocab - 1})", at_dtype if got.fits_as else at,
-                label=f"read as {dtype}" if got.fits_as else f"in its first {read}", help=also)
-    elif got.looks_like is not None:
-        seen = "is 0" if got.high == 0 else f"is at most {got.high}"
-        c.warn("W0803", f"`dtype = {dtype}`, but every odd {dtype} of the first {read} of {shown} {seen}: the file "
+                f"(ids 0..{vocab - 1})", at_dtype if fits_as else at,
+                label=f"read as {dtype}" if fits_as else f"in its first {read}", help=also)
+    elif guess and got.looks_like is not None:
+        seen = ("is 0" if got.parts == 2 else "are 0") if got.high == 0 else (
+            f"is at most {got.high}" if got.parts == 2 else f"are at most {got.high}")
+        which = f"every odd {dtype}" if got.parts == 2 else f"the last {got.parts - 1} {dtype} of every {got.parts}"
+        c.warn("W0803", f"`dtype = {dtype}`, but {which} of the first {read} of {shown} {seen}: the file "
                f"looks like {got.looks_like}", at_dtype, label=f"{dtype} declared",
                help=f"if it was written as {got.looks_like}, write `dtype = {got.looks_like}`; a sidecar "
-                    f"({os.path.basename(F.sidecar_path(shown))}, written by runtime.data.write_tokens) records "
-                    "the dtype and silences this guess")
+                    f"({os.path.basename(F.sidecar_path(shown))}, written by runtime.data.write_tokens) or a .npy "
+                    "header (np.save) records the dtype and silences this guess")
+    return got
 
 
 def _arg_span(call: ast.Call, name: str, order: tuple, default: Span | None = None) -> Span:

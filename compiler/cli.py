@@ -124,14 +124,16 @@ def cmd_reshard(args) -> int:
 
 def cmd_export(args) -> int:
     from compiler import export as X
-    spec = _load(args.file, budget=False).spec
+    compiled = _load(args.file, budget=False)
+    spec = compiled.spec
     try:
         def chosen(checkpoint: str, skipped: list) -> None:
             for why in skipped:
                 print(f"scalec export: passing over a damaged checkpoint: {why}", file=sys.stderr)
             if checkpoint != args.checkpoint:
                 print(f"scalec export: {checkpoint}, the newest checkpoint in {args.checkpoint}", flush=True)
-        written = X.export(spec, args.checkpoint, args.out, config_from=args.config, chosen=chosen)
+        written = X.export(spec, args.checkpoint, args.out, config_from=args.config, chosen=chosen,
+                           guard=lambda step: X.check_same_model(compiled, step))
     except X.ExportError as err:
         print(f"scalec export: {err}", file=sys.stderr)
         return 1

@@ -222,6 +222,12 @@ CODES: dict[str, Code] = {
     "W0411": Code("pad_vocab with nothing to pad", "A warning: `pad_vocab` pads a vocabulary that tp does not "
                   "divide; without tp, with the vocabulary left out of `tp_layers`, or when tp divides it, nothing "
                   "is padded."),
+    "W0413": Code("tp placed across nodes", "A warning: the mesh's axes are listed outermost first and the last "
+                  "varies fastest over the ranks (ranks 0..7 on the first node of 8), so an axis's group takes ranks "
+                  "as far apart as the product of the axes listed after it. tp is listed before other axes so that "
+                  "its groups span nodes, though tp fits in one node: its all-reduces, on every layer's critical "
+                  "path, then run over the network instead of NVLink. List `axis tp` last (innermost), as Megatron "
+                  "orders tp first-fastest; `scalec plan` shows each axis's link."),
     "W0412": Code("tp_layers without tp", "A warning: `tp_layers` chooses what a tp axis shards; without a tp axis "
                   "(or with tp = 1) it does nothing."),
     # -- memory ---------------------------------------------------------------------------------------------------
@@ -311,6 +317,12 @@ CODES: dict[str, Code] = {
                   "runs the experts on exactly the rows they received: it is dropless, and a capacity factor would "
                   "say how many choices to drop. Write `capacity_factor = none` with it, or remove `dispatch` to "
                   "keep the capacity (padded buffers, choices over capacity dropped)."),
+    "W0718": Code("a capacity that drops most choices", "A warning: `capacity_factor` gives each expert "
+                  "capacity_factor × top_k × seq_len / experts slots per sequence (rounded up, at least 1), and "
+                  "every choice past an expert's slots is dropped. Here all the experts' slots together hold less "
+                  "than a tenth of a sequence's top_k × seq_len choices, so even a perfectly balanced router drops "
+                  "nine in ten: a factor meant as a percentage (0.05 for 5% headroom), or a slip of a digit. 1.0 "
+                  "keeps every choice of a balanced load, 1.25 leaves room for imbalance, `none` is dropless."),
     "W0711": Code("shared gate without a shared expert", "A warning: `shared_gate` scales the output of the "
                   "shared expert, and this `moe` has none (`shared_ffn` is not given), so it does nothing. Give the "
                   "shared expert a width with `shared_ffn`, or remove `shared_gate`."),
@@ -318,6 +330,12 @@ CODES: dict[str, Code] = {
     "E0801": Code("bad data file", "The token file of `data = tokens(path = ...)` is missing, a directory, empty, "
                   "not a whole number of ids of its dtype, or too short for one sequence. A relative path is "
                   "relative to the .scale file's directory."),
+    "E0814": Code("Megatron index of ids we do not read", "The token file PREFIX.bin has no sidecar and a "
+                  "Megatron index beside it (PREFIX.idx, MMIDIDX), which says the dtype of its ids; the index is "
+                  "of a version other than 1, or gives the ids as uint8, int8, int16 or floats, which are not read "
+                  "as token ids (uint16, int32 and int64 are; Megatron has no uint32). Write the dataset again with "
+                  "uint16 ids (a vocabulary up to 65536) or int32, as Megatron's preprocess_data.py and `scalec "
+                  "data` do."),
     "E0812": Code("document separator outside the vocabulary", "`document_separator` of `data = tokens(...)` "
                   "is the id that ends each document of the token file; an id outside the model's vocabulary "
                   "(0 .. vocab − 1) never occurs in a file the run accepts, so every window would be one document. "
@@ -327,10 +345,20 @@ CODES: dict[str, Code] = {
                   "directory without .safetensors files, or not a .safetensors file. A relative path is relative to "
                   "the .scale file's directory."),
     "E0803": Code("token file of another dtype", "The token file's sidecar (FILE.json beside FILE, written by "
-                  "runtime.data.write_tokens) records the dtype its ids were written in, and it is not the one "
-                  "`data = tokens(..., dtype = ...)` declares (uint16 when not written). Read in another dtype, "
-                  "every id would be garbage that may still fall inside the vocabulary. Declare the sidecar's "
-                  "dtype."),
+                  "runtime.data.write_tokens), its .npy header (np.save's) or its Megatron index (PREFIX.idx "
+                  "beside PREFIX.bin) records the dtype its ids were written "
+                  "in, and it is not the one `data = tokens(..., dtype = ...)` declares (uint16 when not written; "
+                  "a .npy file or a Megatron dataset without a written dtype is read in the recorded one). Read in "
+                  "another dtype, every id "
+                  "would be garbage that may still fall inside the vocabulary. Declare the recorded dtype."),
+    "E0813": Code("unusable .npy token file", "The token file is a .npy file (it starts with numpy's header, "
+                  "whatever its name), or is named .npy, and is not what a token file can be: a header that cannot "
+                  "be read (or of a version other than 1.0 and 2.0), values that are not uint16, uint32, int32 or "
+                  "int64 ids (floats, int8, uint64, objects), big-endian ids, an array of more than one dimension, "
+                  "bytes after the header other than its shape says (cut short), or no header at all under the "
+                  ".npy name. A .npy file is read by its header, never as a flat file (its header's bytes would be "
+                  "read as ids). Save one flat little-endian array: np.save(path, ids.reshape(-1).astype(np.int64)), "
+                  "or write a flat file and declare its dtype."),
     "E0804": Code("token ids outside the model's vocabulary", "The data's ids go past the model's vocabulary: its "
                   "sidecar records a larger vocabulary than the embedding's, or an id of the first MiB of a bare "
                   "file is outside it (the run would stop there; when the same bytes read in another dtype all fit, "
@@ -372,11 +400,17 @@ CODES: dict[str, Code] = {
                   "file's length is known (its sidecar, or its size); the run checks again when it opens the file."),
     "W0803": Code("token file looks like another dtype", "A warning: the file has no sidecar, and its first MiB "
                   "looks like ids of another dtype than the declared one: declared uint16, every odd uint16 is 0 "
-                  "(the high halves of little-endian uint32 ids below 65536). Declare the file's dtype, or write it "
-                  "with a sidecar (runtime.data.write_tokens), which records the dtype and ends the guessing."),
+                  "(the high halves of little-endian uint32 ids below 65536), or three of every four are (int64 "
+                  "ids, as numpy writes them by default); declared uint32 or int32, every odd one is 0 (int64 ids). "
+                  "Declare the file's dtype, or write it with a sidecar (runtime.data.write_tokens) or as a .npy "
+                  "file (np.save), which record the dtype and end the guessing."),
     # -- resharding -----------------------------------------------------------------------------------------------
     "E0901": Code("models differ", "`scalec reshard` maps a checkpoint between two plans of the same model; the "
-                  "two files define parameters of different names or shapes."),
+                  "two files define parameters of different names or shapes. `scalec export` refuses the same way, "
+                  "before anything is read or written, a checkpoint whose model (its manifest's fingerprint of the "
+                  "parameters' names and whole shapes, or DCP's metadata) is not the .scale file's: its weights "
+                  "would be written beside a config.json of another model. A run resuming from such a checkpoint "
+                  "stops with the same words."),
     # -- importing a Hugging Face config.json (`scalec import`) --------------------------------------------------
     "E0951": Code("not a Hugging Face config", "`scalec import` reads a Hugging Face config.json: one JSON object. "
                   "The file is not valid JSON (the caret marks where the reader stopped), or its top level is not an "

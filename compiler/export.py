@@ -33,6 +33,7 @@ import tempfile
 
 from compiler import spec as S
 from compiler.hf_header import stack as hf_stack
+from compiler.diagnostics import Diagnostic, ScaleError
 
 SHARD_BYTES = 5 * 10**9  # what transformers' save_pretrained writes per file by default
 
@@ -367,6 +368,49 @@ def checkpoint_path(path: str) -> tuple[str, list[str]]:
     return found, skipped
 
 
+def stored_model(step: str) -> tuple[dict, str | None]:
+    """The model a checkpoint (`step_N`) holds, name -> whole shape, and its fingerprint, without reading a tensor:
+    its manifest (runtime.checkpoint writes the parameters and their sha256), or for a checkpoint written before
+    manifests, the `model.` entries of DCP's `.metadata` (no fingerprint)."""
+    from runtime.checkpoint import MANIFEST
+    manifest = os.path.join(step, MANIFEST)
+    if os.path.exists(manifest):
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                model = json.load(f)["model"]
+            return ({str(n): tuple(int(d) for d in shape) for n, shape in model["parameters"]},
+                    str(model["sha256"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ExportError(f"{manifest} is unreadable ({type(exc).__name__}): the checkpoint cannot say which "
+                              "model it holds") from None
+    import torch.distributed.checkpoint as dcp
+    metadata = dcp.FileSystemReader(step).read_metadata().state_dict_metadata
+    return {k.removeprefix("model."): tuple(v.size) for k, v in metadata.items()
+            if k.startswith("model.") and hasattr(v, "size")}, None
+
+
+def check_same_model(compiled, step: str) -> None:
+    """Refuse a checkpoint of another model before anything is read or written (E0901, located in the .scale file,
+    in the words the program uses when it would resume from one): exported, its weights would sit beside a
+    config.json of this model, which transformers then refuses or, worse, loads. The manifest's fingerprint
+    (runtime.checkpoint.fingerprint: sha256 of the sorted names and whole shapes) decides; the first difference
+    says why."""
+    from compiler import reshard
+    from runtime.checkpoint import fingerprint
+    ours = reshard.model_state(compiled.traced.model)
+    stored, sha = stored_model(step)
+    if sha is not None and sha == fingerprint({n: list(s) for n, s in ours.items()}):
+        return
+    diag = reshard.model_difference(compiled, ours, stored, step,
+                                    help="export a checkpoint with the .scale file of the run that saved it")
+    if diag is None and sha is not None:  # the same names and shapes under another fingerprint: a manifest
+        diag = Diagnostic("E0901", f"the models differ: {step} records the fingerprint {sha[:12]}…, this model's "
+                          "is another", compiled.spec.model.span, help="the checkpoint's scalec.json was changed, "
+                          "or written by another version of scalec")
+    if diag is not None:
+        raise ScaleError([diag], {compiled.spec.path: compiled.spec.source})
+
+
 def read_checkpoint(path: str) -> dict:
     """The model's tensors of a checkpoint directory (`step_N`), whole, by our names."""
     if not os.path.exists(os.path.join(path, ".metadata")):
@@ -409,11 +453,11 @@ def hf_tensors(tensors: dict, layout: str = "mixtral", stack=()) -> dict:
 
 
 def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD_BYTES,
-           config_from: str | None = None, chosen=None) -> list[str]:
+           config_from: str | None = None, chosen=None, guard=None) -> list[str]:
     """Write `out_dir`/config.json and the safetensors files, and copy the source checkpoint's generation config and
     tokenizer (`COMPANIONS`; the source: `source_config`, `config_from` naming it explicitly); returns the files
     written. `checkpoint` is a `step_N` or a checkpoint_dir (`checkpoint_path`); `chosen(path, skipped)` hears which
-    one is read."""
+    one is read; `guard(path)` may refuse it (raising) before any tensor is read or file written."""
     from safetensors.torch import save_file
     source, original = source_config(spec, config_from)
     config = hf_config(spec, original)
@@ -424,6 +468,8 @@ def export(spec: S.Spec, checkpoint: str, out_dir: str, shard_bytes: int = SHARD
     checkpoint, skipped = checkpoint_path(checkpoint)  # after the model and config: what cannot be written is
     if chosen is not None:                               # refused before any weight is looked for
         chosen(checkpoint, skipped)
+    if guard is not None:  # a checkpoint of another model: refused before anything is read or written
+        guard(checkpoint)
     tensors = hf_tensors(read_checkpoint(checkpoint), layout, hf_stack(spec.model, spec.value))
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})
     dtype = dtypes[0] if len(dtypes) == 1 else "float32"  # what the files hold (transformers 5 names it `dtype`)

@@ -124,37 +124,49 @@ def _span(compiled, name: str):
     return spans.get(parts[0], compiled.spec.model.span)
 
 
+SAME_MODEL = "a checkpoint moves between plans of one model: change the mesh and plan, not the model"
+
+
 def check_same_model(old, new, old_path: str) -> None:
     """Refuse plans of different models: the first parameter NEW lacks, adds or shapes differently, located in NEW."""
     olds = {n: tuple(p.shape) for n, p in old.traced.model.named_parameters()}
-    news = {n: tuple(p.shape) for n, p in new.traced.model.named_parameters()}
-    diag = None
-    for name, shape in news.items():
-        if name not in olds:
-            diag = Diagnostic("E0901", f"the models differ: `{name}` is not a parameter of {old_path}",
-                              _span(new, name), label=f"makes `{name}` ({_shape_text(shape)})",
-                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
-                                   "not the model")
-        elif olds[name] != shape:
-            diag = Diagnostic("E0901", f"the models differ: `{name}` is {_shape_text(shape)} here and "
-                              f"{_shape_text(olds[name])} in {old_path}", _span(new, name),
-                              label=f"makes `{name}` {_shape_text(shape)}",
-                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
-                                   "not the model")
-        if diag:
-            break
-    if diag is None:
-        missing = [n for n in olds if n not in news]
-        if missing:
-            parent = missing[0].split(".")[0]
-            at = new.traced.model.spans.get(parent)
-            diag = Diagnostic("E0901", f"the models differ: {old_path} has `{missing[0]}`"
-                              + (f" and {len(missing) - 1} more parameters" if len(missing) > 1 else "")
-                              + " that this model lacks", at or new.spec.model.span,
-                              help="a checkpoint moves between plans of one model: change the mesh and plan, "
-                                   "not the model")
+    diag = model_difference(new, {n: tuple(p.shape) for n, p in new.traced.model.named_parameters()}, olds, old_path)
     if diag:
         raise ScaleError([diag], {new.spec.path: new.spec.source})
+
+
+def model_difference(new, news: dict, olds: dict, old_path: str, help: str = SAME_MODEL) -> Diagnostic | None:
+    """E0901 for the first name of `news` (NEW's name -> shape) that `olds` lacks or shapes differently, else for
+    the first of `olds` that `news` lacks, located in NEW; None when they are the same model."""
+    for name, shape in news.items():
+        if name not in olds:
+            return Diagnostic("E0901", f"the models differ: `{name}` is not a parameter of {old_path}",
+                              _span(new, name), label=f"makes `{name}` ({_shape_text(shape)})",
+                              help=help)
+        if tuple(olds[name]) != tuple(shape):
+            return Diagnostic("E0901", f"the models differ: `{name}` is {_shape_text(shape)} here and "
+                              f"{_shape_text(olds[name])} in {old_path}", _span(new, name),
+                              label=f"makes `{name}` {_shape_text(shape)}",
+                              help=help)
+    missing = [n for n in olds if n not in news]
+    if missing:
+        at = new.traced.model.spans.get(missing[0].split(".")[0])
+        return Diagnostic("E0901", f"the models differ: {old_path} has `{missing[0]}`"
+                          + (f" and {len(missing) - 1} more parameters" if len(missing) > 1 else "")
+                          + " that this model lacks", at or new.spec.model.span,
+                          help=help)
+    return None
+
+
+def model_state(model) -> dict:
+    """What a checkpoint of `model` holds, as the program saves it (runtime.checkpoint: each parameter once, tied
+    ones under their first name, and the persistent buffers): name -> whole shape."""
+    got = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for where, m in model.named_modules():
+        for name, b in m.named_buffers(recurse=False):
+            if name not in m._non_persistent_buffers_set:
+                got[f"{where}.{name}" if where else name] = tuple(b.shape)
+    return got
 
 
 def _mesh(layout: Layout) -> str:

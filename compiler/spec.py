@@ -152,6 +152,8 @@ class MoE:
     renormalize: bool | None = None
     """Whether the gates of a token's top_k choices are renormalised to sum to 1 (else each is its softmax
     probability over all the experts); None: as before the setting existed, renormalised when top_k > 1."""
+    capacity_span: Span | None = field(default=None, compare=False)
+    """Where `capacity_factor` is written (None when defaulted): what a warning on the capacity points at."""
     shared_ffn: Size | None = None
     """Inner width of the shared expert, an always-on MLP (the experts' act, no biases) whose output every token
     adds to the routed experts' (Qwen-MoE, DeepSeekMoE); None: no shared expert."""
@@ -321,6 +323,10 @@ class Data:
     dtype: str = "uint16"
     # packed documents: the id that ends each document of a token file (runtime/packed.py), None: one stream
     document_separator: int | None = None
+    # "raw" (a flat file of ids) or "npy" (np.save's file, read by its header): what check found the file to be
+    format: str = "raw"
+    # how check read the token file (compiler.files.Reading: dtype and where it came from, tokens, ids seen)
+    reading: object = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -127,7 +127,10 @@ class Data:
     path: str = ""
     """The token file: relative to the program's directory (main's `program`), or absolute; empty for synthetic."""
     dtype: str = "uint16"
-    """Element type of the token file (`uint16` or `uint32`)."""
+    """Element type of the token file (`uint16`, `uint32`, `int32` or `int64`); of a .npy file, its header's."""
+    format: str = "raw"
+    """How the token file is laid out, as `scalec check` found it: `raw` (a flat file of ids) or `npy` (np.save's
+    file, read by its header, which must still give `dtype`)."""
     global_batch: int
     """Sequences per optimizer step over all batch ranks."""
     seq_len: int

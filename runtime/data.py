@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from runtime.errors import FatalError
+from runtime.indexed import index_dtype
 from runtime.split import split_windows  # noqa: F401  (data.split_windows: the split a TokenFile reads)
 
 
@@ -57,7 +58,8 @@ CHUNK = 1 << 24
 # The sidecar of a token file: FILE.json beside FILE, recording what a flat file cannot say (its dtype, the
 # vocabulary its ids come from, its length). `scalec check` reads it too (compiler/files.py, the same format).
 SIDECAR_FORMAT = "scalec-tokens/1"
-DTYPES = ("uint16", "uint32", "int32")
+DTYPES = ("uint16", "uint32", "int32", "int64")
+NPY_MAGIC = b"\x93NUMPY"  # what every .npy file (np.save's) starts with
 
 
 def sidecar_path(path: str) -> str:
@@ -111,28 +113,70 @@ def _check_sidecar(path: str, dtype: str, vocab: int, size: int) -> None:
                          f"{side.get('tokens')!r} {dtype} ids")
 
 
-def open_tokens(path: str, dtype: str, vocab: int) -> np.memmap:
+def _npy_tokens(path: str, dtype: str) -> np.ndarray:
+    """A .npy token file memory-mapped by its header (np.load), held to what `scalec check` read: a flat array of
+    little-endian `dtype` ids; FatalError naming what differs."""
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise FatalError(f"scalec: data file {path}: its .npy header cannot be read "
+                         f"({str(exc).splitlines()[0][:120]})") from None
+    got = arr.dtype.newbyteorder("<").name if arr.dtype.kind in "iu" else arr.dtype.name
+    if got != dtype or arr.dtype.byteorder == ">":
+        raise FatalError(f"scalec: data file {path} holds {arr.dtype.str} values (its .npy header says so), but the "
+                         f"program reads {dtype} ids, as `scalec check` found it: it changed since; compile again")
+    if arr.ndim != 1:
+        raise FatalError(f"scalec: data file {path} holds an array of shape {arr.shape}, not a flat sequence of ids")
+    return arr
+
+
+def open_tokens(path: str, dtype: str, vocab: int, format: str = "raw") -> np.ndarray:
     """The file as a flat array of token ids, or FatalError (no restart can fix it) with one line naming the file and what is wrong with
     it: missing, a directory, a sidecar that disagrees (its dtype, vocabulary or length), empty, a size that is no
     whole number of ids, or an id outside the vocabulary
     (checked in chunks with numpy, so a large file costs one read and little memory). The same check on every
-    rank of every plan: an id past the vocabulary is an error, not something a sharded lookup may mask."""
+    rank of every plan: an id past the vocabulary is an error, not something a sharded lookup may mask.
+
+    `format` is what `scalec check` found the file to be: "raw" (a flat file of `dtype` ids) or "npy" (np.save's
+    file, read by its header, which must still say `dtype`). A raw file that has become a .npy file since is
+    refused: read flat, its header's bytes would be ids."""
     dt = np.dtype(dtype)
+    if format not in ("raw", "npy"):
+        raise FatalError(f"scalec: data file {path}: unknown format {format!r} (raw or npy)")
     if not os.path.exists(path):
         raise FatalError(f"scalec: data file {path}: no such file")
     if os.path.isdir(path):
         raise FatalError(f"scalec: data file {path} is a directory, not a file of token ids")
     size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        npy = f.read(len(NPY_MAGIC)) == NPY_MAGIC
+    if npy != (format == "npy"):
+        raise FatalError(f"scalec: data file {path} " + (
+            "is a .npy file, but the program reads it as a flat file of ids (its header would be read as ids): it "
+            "changed since `scalec check`; compile again" if npy else
+            "has no .npy header, but the program was compiled for a .npy file: it changed since; compile again"))
+    if npy:
+        tokens = _npy_tokens(path, dtype)
+        size = tokens.size * dt.itemsize  # the ids' bytes, after the header
+    elif not os.path.isfile(sidecar_path(path)):  # a Megatron dataset: its index says the dtype
+        try:
+            indexed = index_dtype(path)
+        except ValueError as exc:
+            raise FatalError(f"scalec: data file {path}: {exc}") from None
+        if indexed is not None and indexed != dtype:
+            raise FatalError(f"scalec: data file {path} holds {indexed} ids (its index {path[:-4]}.idx says so), "
+                             f"but the program reads {dtype}")
     _check_sidecar(path, dtype, vocab, size)
     if size == 0:
         raise FatalError(f"scalec: data file {path} is empty")
     if size % dt.itemsize:
         raise FatalError(f"scalec: data file {path} holds {size} bytes, not a whole number of {dtype} token ids "
                          f"({dt.itemsize} bytes each)")
-    try:
-        tokens = np.memmap(path, dtype=dt, mode="r")
-    except OSError as exc:
-        raise FatalError(f"scalec: data file {path}: {exc.strerror or exc}") from None
+    if not npy:
+        try:
+            tokens = np.memmap(path, dtype=dt, mode="r")
+        except OSError as exc:
+            raise FatalError(f"scalec: data file {path}: {exc.strerror or exc}") from None
     for lo in range(0, len(tokens), CHUNK):
         chunk = tokens[lo:lo + CHUNK]
         if chunk.max() >= vocab or (dt.kind == "i" and chunk.min() < 0):
@@ -155,8 +199,8 @@ class TokenFile:
     `eval_sequences` of them (eval_batches × global_batch), the same ones at every evaluation."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, seed: int, vocab: int, eval_split: float = 0.0,
-                 eval_sequences: int = 0):
-        self.tokens = open_tokens(path, dtype, vocab)
+                 eval_sequences: int = 0, format: str = "raw"):
+        self.tokens = open_tokens(path, dtype, vocab, format)
         if len(self.tokens) <= seq_len + 1:
             raise FatalError(f"scalec: data file {path} holds {len(self.tokens)} tokens, fewer than one sequence of "
                              f"{seq_len} (and its next token)")

@@ -90,6 +90,36 @@ class Writer:
         return side
 
 
+def index_dtype(path: str) -> str | None:
+    """The dtype PREFIX.idx gives the ids of token file `path` (PREFIX.bin), None when there is no such index (no
+    PREFIX.idx, or one without the MMIDIDX header: not Megatron's); ValueError (one line) for an index whose version
+    or dtype code is not one we read. A Megatron dataset has no sidecar: its index is what says its dtype, which
+    `scalec check` and the run both read here."""
+    if not path.endswith(".bin"):
+        return None
+    index = path[:-len(".bin")] + ".idx"
+    if not os.path.isfile(index):
+        return None
+    with open(index, "rb") as f:
+        head = f.read(18)
+    if len(head) < 18 or head[:9] != HEADER:
+        return None
+    version, = struct.unpack("<Q", head[9:17])
+    if version != VERSION:
+        raise ValueError(f"its index {index} is version {version}, not {VERSION}")
+    code = head[17]
+    names = {v: k for k, v in CODES.items()}
+    if names.get(code) not in TOKEN_DTYPES:
+        what = names.get(code, f"the unknown code {code}")
+        raise ValueError(f"its index {index} gives its ids as {what}, which is not read as token ids (uint16, "
+                         f"int32, int64)")
+    return names[code]
+
+
+# The dtypes of an index's ids that are token ids the run reads (runtime/data.py DTYPES; Megatron has no uint32).
+TOKEN_DTYPES = ("uint16", "int32", "int64")
+
+
 class Reader:
     """PREFIX.idx and PREFIX.bin, memory-mapped: `len()` documents, `[i]` the ids of document i."""
 

@@ -613,7 +613,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     ev = cfg.eval
     source = (data.Synthetic(d.vocab, d.seq_len, cfg.seed) if d.kind == "synthetic"
               else data.TokenFile(d.path, d.dtype, d.seq_len, cfg.seed, d.vocab, eval_split=ev.split,
-                                  eval_sequences=ev.batches * d.global_batch if ev.every else 0))
+                                  eval_sequences=ev.batches * d.global_batch if ev.every else 0, format=d.format))
     tokens_per_step = d.global_batch * d.seq_len
     # A resumed run (a restart after a failure) keeps the records up to its checkpoint and appends.
     metrics = progress.open_metrics(args.metrics, start) if (args.metrics and ctx.is_logger) else None

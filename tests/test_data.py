@@ -324,3 +324,214 @@ def test_check_refuses_a_held_out_split_too_small_as_the_run_would(tmp_path):
     (d,) = info.value.diagnostics
     assert d.code == "E0811" and "holds out 3 sequence(s) of 64" in d.message and d.span.line == 35
     assert "use a larger file" in d.help
+
+
+# -- files that say what they are: .npy headers, int64 ids (issue 37) -----------------------------------------------
+
+
+def _check_file(tmp_path: Path, name: str, dtype: str | None = None):
+    """tiny_gpt (vocabulary 128, seq_len 64) reading `name` beside it."""
+    args = f'path = "{name}"' + (f", dtype = {dtype}" if dtype else "")
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", f"log_every    = 5\n  data = tokens({args})")
+    return check_text(text, str(tmp_path / "tiny.scale"))
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "int32", "int64"])
+def test_a_npy_file_is_read_by_its_header_by_check_and_by_the_run_alike(tmp_path, dtype):
+    """np.save's file: check takes its dtype and length from the header (none written in the .scale file), and the
+    program, told what check found, reads exactly the saved ids, not the header's bytes."""
+    ids = np.random.default_rng(0).integers(0, 128, 1000).astype(dtype)
+    path = tmp_path / "tok.npy"
+    np.save(path, ids)
+    spec = _check_file(tmp_path, "tok.npy")
+    d = spec.train.data
+    assert (d.format, d.dtype, d.reading.tokens, d.reading.dtype_from) == ("npy", dtype, 1000, "its .npy header")
+    assert d.reading.seen == (int(ids.min()), int(ids.max()))
+    got = data.open_tokens(str(path), d.dtype, 128, d.format)
+    assert got.dtype == np.dtype(dtype) and np.array_equal(np.asarray(got), ids)
+    src = data.TokenFile(str(path), d.dtype, 64, seed=1, vocab=128, format=d.format)
+    x, y = src.samples(0, 2, 0, 2)
+    for row, targets in zip(x, y):  # every window is a run of the saved ids
+        s = int(np.flatnonzero(np.lib.stride_tricks.sliding_window_view(ids, 64).astype(np.int64)
+                               .__eq__(row.numpy()).all(1))[0])
+        assert np.array_equal(targets.numpy(), ids[s + 1:s + 65])
+
+
+def test_a_npy_file_declared_another_dtype_is_refused_at_the_dtype(tmp_path):
+    np.save(tmp_path / "tok.npy", np.arange(1000) % 128)  # int64, numpy's default
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.npy", "uint16")
+    (d,) = info.value.diagnostics
+    assert d.code == "E0803" and "holds int64 ids (its .npy header says so), but the file declares uint16" in d.message
+    assert d.span.end_col - d.span.col == len("uint16")
+    assert _check_file(tmp_path, "tok.npy", "int64").train.data.dtype == "int64"  # declared as it is: fine
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: np.save(p, (np.arange(1000) % 128).astype(np.float32)), "holds float32 values, not token ids"),
+    (lambda p: np.save(p, (np.arange(1000) % 128).astype(np.uint64)), "holds uint64 values, not token ids"),
+    (lambda p: np.save(p, (np.arange(1000) % 128).reshape(10, 100)), "holds an array of shape (10, 100)"),
+    (lambda p: np.save(p, (np.arange(1000) % 128).astype(">u2")), "holds big-endian uint16 ids"),
+    (lambda p: (np.save(p, np.arange(1000) % 128), p.write_bytes(p.read_bytes()[:-8])),
+     "but its header says 1000 int64 ids (8000 bytes): the file is cut short"),
+    (lambda p: (np.arange(1000) % 128).astype("<u2").tofile(p), "is named .npy but has no .npy header"),
+], ids=["float", "uint64", "2d", "big_endian", "cut", "no_header"])
+def test_a_npy_file_that_is_no_flat_array_of_ids_is_refused_at_the_path(tmp_path, make, message):
+    make(tmp_path / "tok.npy")
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.npy")
+    (d,) = info.value.diagnostics
+    assert d.code == "E0813" and message in d.message and str(tmp_path / "tok.npy") in d.message
+    assert d.span.end_col - d.span.col == len('"tok.npy"')
+
+
+def test_a_npy_header_is_found_by_its_magic_whatever_the_name(tmp_path):
+    np.save(tmp_path / "x.npy", (np.arange(1000) % 128).astype(np.uint32))
+    (tmp_path / "x.npy").rename(tmp_path / "tok.bin")
+    d = _check_file(tmp_path, "tok.bin").train.data
+    assert (d.format, d.dtype, d.reading.tokens) == ("npy", "uint32", 1000)
+
+
+def test_the_run_refuses_a_token_file_that_changed_kind_since_check(tmp_path):
+    """open_tokens holds the file to what check found: a flat file that became a .npy file, a .npy file that
+    became flat or whose header now gives another dtype, are one-line errors, never ids of another width."""
+    path = tmp_path / "tok.bin"
+    np.save(tmp_path / "x.npy", np.arange(1000) % 128)
+    (tmp_path / "x.npy").rename(path)
+    with pytest.raises(FatalError, match="is a .npy file, but the program reads it as a flat file"):
+        data.open_tokens(str(path), "uint16", 128, "raw")
+    with pytest.raises(FatalError, match=r"holds <i8 values \(its .npy header says so\), but the program reads "
+                                         r"uint32 ids"):
+        data.open_tokens(str(path), "uint32", 128, "npy")
+    (np.arange(1000) % 128).astype("<u2").tofile(path)
+    with pytest.raises(FatalError, match="has no .npy header, but the program was compiled for a .npy file"):
+        data.open_tokens(str(path), "uint16", 128, "npy")
+
+
+def test_int64_ids_are_a_dtype_read_at_their_width(tmp_path):
+    ids = (np.arange(1000) * 7) % 128
+    ids.astype("<i8").tofile(tmp_path / "tok.bin")
+    spec = _check_file(tmp_path, "tok.bin", "int64")
+    assert spec.warnings == () and spec.train.data.reading.tokens == 1000
+    assert np.array_equal(np.asarray(data.open_tokens(str(tmp_path / "tok.bin"), "int64", 128)), ids)
+    side = data.write_tokens(str(tmp_path / "s.bin"), ids, "int64", 128)
+    assert side["dtype"] == "int64" and (tmp_path / "s.bin").stat().st_size == 8000
+    with pytest.raises(FatalError, match="token id -1 at position 3"):
+        bad = ids.copy()
+        bad[3] = -1
+        bad.astype("<i8").tofile(tmp_path / "neg.bin")
+        data.open_tokens(str(tmp_path / "neg.bin"), "int64", 128)
+
+
+@pytest.mark.parametrize("declared,which", [
+    ("uint16", "the last 3 uint16 of every 4"), (None, "the last 3 uint16 of every 4"),
+    ("uint32", "every odd uint32"), ("int32", "every odd int32")])
+def test_the_dtype_guess_knows_int64(tmp_path, declared, which):
+    """numpy's default int64 ids, bare: read as uint16 they are [id, 0, 0, 0], which is not uint32's [id, 0]; read
+    as uint32 (what the guess used to advise) they are [id, 0]. Real uint32 data is still named uint32."""
+    (np.arange(1000) % 128).astype("<i8").tofile(tmp_path / "tok.bin")
+    (w,) = _check_file(tmp_path, "tok.bin", declared).warnings
+    assert w.code == "W0803" and w.message.endswith("the file looks like int64") and which in w.message
+    from compiler import files
+    rng = np.random.default_rng(0)
+    path = tmp_path / "t.bin"
+    path.write_bytes(rng.integers(0, 128256, 4096).astype("<i8").tobytes())  # Llama 3's ids, int64
+    assert files.sample(str(path), "uint16", 128256).looks_like == "int64"
+    path.write_bytes(rng.integers(0, 128256, 4096).astype("<u4").tobytes())
+    assert files.sample(str(path), "uint16", 128256).looks_like == "uint32"
+    path.write_bytes(rng.integers(0, 65536, 8192).astype("<u2").tobytes())
+    assert files.sample(str(path), "uint16", 128256).looks_like is None
+
+
+def test_check_prints_how_it_reads_the_token_file(tmp_path):
+    """`scalec check` says the file's format, dtype and where it came from, its tokens and the ids it saw."""
+    import io
+    from contextlib import redirect_stdout
+    from compiler.cli import main
+    np.save(tmp_path / "tok.npy", 3 + np.arange(1000) % 120)
+    args = 'path = "tok.npy"'
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", f"log_every    = 5\n  data = tokens({args})")
+    (tmp_path / "tiny.scale").write_text(text)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["check", str(tmp_path / "tiny.scale")]) == 0
+    assert out.getvalue().splitlines()[1] == (
+        f"  data: {tmp_path / 'tok.npy'}: a .npy file of int64 ids (its .npy header), 1,000 tokens; ids 3..122 seen "
+        "in its first 8000 bytes (the model's vocabulary: 128)")
+
+
+def _megatron(tmp_path: Path, ids, vocab: int = 100_000, code: int | None = None) -> Path:
+    """PREFIX.bin and PREFIX.idx as Megatron's preprocess_data.py writes them (no sidecar); `code`: another dtype
+    code in the index's header."""
+    from runtime.indexed import Writer
+    w = Writer(str(tmp_path / "tok"), vocab_size=vocab)
+    w.add(ids)
+    w.close()
+    (tmp_path / "tok.bin.json").unlink()
+    if code is not None:
+        idx = bytearray((tmp_path / "tok.idx").read_bytes())
+        idx[17] = code
+        (tmp_path / "tok.idx").write_bytes(bytes(idx))
+    return tmp_path / "tok.bin"
+
+
+def test_a_megatron_dataset_is_read_in_the_dtype_its_index_gives(tmp_path):
+    """int32 ids (a vocabulary past 65536) with no sidecar: check and the run read the index's dtype; a dtype
+    written otherwise is E0803 at the dtype, and a program reading another is a one-line error."""
+    ids = (np.arange(1000) * 5) % 128
+    path = _megatron(tmp_path, ids)
+    d = _check_file(tmp_path, "tok.bin").train.data
+    assert (d.format, d.dtype, d.reading.dtype_from, d.reading.tokens) == ("raw", "int32", "its index tok.idx", 1000)
+    assert np.array_equal(np.asarray(data.open_tokens(str(path), d.dtype, 128)), ids)
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.bin", "uint16")
+    (e,) = info.value.diagnostics
+    assert e.code == "E0803"
+    assert "holds int32 ids (its index tok.idx says so), but the file declares uint16" in e.message
+    with pytest.raises(FatalError, match=r"holds int32 ids \(its index .*tok.idx says so\), but the program reads "
+                                         "uint16"):
+        data.open_tokens(str(path), "uint16", 128)
+
+
+def test_a_megatron_index_of_ids_we_do_not_read_is_refused(tmp_path):
+    _megatron(tmp_path, np.arange(1000) % 128, code=3)  # int16
+    with pytest.raises(ScaleError) as info:
+        _check_file(tmp_path, "tok.bin")
+    (e,) = info.value.diagnostics
+    assert e.code == "E0814" and "gives its ids as int16, which is not read as token ids" in e.message
+    with pytest.raises(FatalError, match="gives its ids as int16"):
+        data.open_tokens(str(tmp_path / "tok.bin"), "uint16", 128)
+
+
+@pytest.mark.parametrize("code", range(0, 10))
+def test_check_and_the_run_read_a_megatron_index_alike(tmp_path, code):
+    """compiler.files.index_dtype (check, which imports no runtime) and runtime.indexed.index_dtype (the run) give
+    the same dtype, or both refuse, for every dtype code."""
+    from compiler import files
+    from runtime import indexed
+    path = str(_megatron(tmp_path, np.arange(100) % 128, code=code))
+    try:
+        ours = ("ok", files.index_dtype(path))
+    except files.IndexFileError as exc:
+        ours = ("refused", str(exc))
+    try:
+        theirs = ("ok", indexed.index_dtype(path))
+    except ValueError as exc:
+        theirs = ("refused", str(exc))
+    assert ours == theirs
+    assert (ours[0] == "ok") == (code in (4, 5, 8))
+
+
+def test_the_program_is_told_what_check_found(tmp_path):
+    """`scalec compile` of a .scale file reading a .npy file without a written dtype: the program's contract holds
+    the header's dtype and the format, which the run holds the file to (open_tokens)."""
+    from compiler.cli import main
+    np.save(tmp_path / "tok.npy", (np.arange(1000) % 128).astype(np.uint32))
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text().replace(
+        "log_every    = 5", 'log_every    = 5\n  data = tokens(path = "tok.npy")')
+    (tmp_path / "tiny.scale").write_text(text)
+    assert main(["compile", str(tmp_path / "tiny.scale"), "-o", str(tmp_path / "build")]) == 0
+    program = (tmp_path / "build" / "program.py").read_text()
+    assert "dtype='uint32'" in program and "format='npy'" in program

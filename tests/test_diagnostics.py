@@ -53,7 +53,8 @@ def test_diagnostic(case: Path, golden):
 # Codes that need more than one .scale file, golden-tested where they arise.
 ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with an op the tp pass does not know, "
                       "made by monkeypatching): tests/test_tensor_parallel.py::test_tp_fails_closed_on_an_op_it_does_not_know",
-             "E0901": "scalec reshard OLD NEW on two different models: tests/test_reshard.py",
+             "E0901": "scalec reshard OLD NEW on two different models: tests/test_reshard.py; scalec export of "
+                      "another model's checkpoint: tests/mistakes/cli_export_another_models_checkpoint.scale",
              "E0951": "a config.json, not a .scale file (scalec import): tests/test_import.py::test_each_refusal_is_located",
              "E0952": "a config.json (scalec import): tests/test_import.py::test_each_refusal_is_located",
              "E0953": "a config.json (scalec import): tests/test_import.py::test_unknown_key_is_located_at_the_key",
@@ -73,6 +74,10 @@ ELSEWHERE = {"E0407": "no layer of today's vocabulary reaches it (a model with a
              "E0810": "a checkpoint beside the .scale file: tests/test_hf_header.py",
              "E0811": "a token file with a sidecar beside the .scale file: "
                       "tests/mistakes/files_eval_split_too_small.scale",
+             "E0813": "a .npy token file beside the .scale file: tests/test_data.py, "
+                      "tests/mistakes/files_npy_float_values.scale",
+             "E0814": "a Megatron dataset beside the .scale file: "
+                      "tests/test_data.py::test_a_megatron_index_of_ids_we_do_not_read_is_refused",
              "E0812": "a token file beside the .scale file: tests/mistakes/files_packed_separator_outside_vocab.scale",
              "E0319": "a token file beside the .scale file: tests/mistakes/files_packed_sliding_window.scale",
              "E0318": "a token file beside the .scale file: tests/mistakes/files_packed_with_compile.scale, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -450,3 +451,33 @@ def test_deepseek_export_round_trips_bit_exactly(tmp_path, kind):
     hf.load(model, str(tmp_path / "exported"), stack=layers)
     for name, p in [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n.endswith("_bias.bias"))]:
         assert torch.equal(p.detach(), saved[name]), name
+
+
+MISTAKES = Path(__file__).parent / "mistakes"
+
+
+def test_export_refuses_another_models_checkpoint_before_writing_anything(tmp_path, capsys):
+    """E0901 as the run gives it, located in the .scale file, and no directory made: by the manifest's fingerprint
+    (the fixture files_llama_run is files_llama.scale's model, as its program saves it), and for a checkpoint
+    written before manifests, by DCP's .metadata."""
+    from compiler.cli import main
+    run = MISTAKES / "files" / "files_llama_run"
+    good = MISTAKES / "files" / "files_llama.scale"
+    wider = tmp_path / "wider.scale"
+    wider.write_text(good.read_text().replace("hidden = 8 ", "hidden = 16 ").replace(
+        'init = from("files_llama")', ""))
+    out = tmp_path / "out"
+    assert main(["export", str(wider), str(run), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "error[E0901]: the models differ: `embed.weight` is 16×16 here and 16×8 in " in err
+    assert f"--> {wider}:4:3" in err and "export a checkpoint with the .scale file of the run that saved it" in err
+    assert not out.exists()
+    # the same model: exported (the fingerprint agrees)
+    assert main(["export", str(good), str(run), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "config.json").exists()
+    # a checkpoint without a manifest: its .metadata says which model it holds
+    plain = _checkpoint(tmp_path / "plain", good.read_text().replace('init = from("files_llama")', ""))
+    assert not (Path(plain) / "scalec.json").exists()
+    assert main(["export", str(wider), plain, "-o", str(tmp_path / "out2")]) == 1
+    assert "the models differ: `embed.weight` is 16×16 here and 16×8 in" in capsys.readouterr().err
+    assert not (tmp_path / "out2").exists()

@@ -199,3 +199,30 @@ def test_a_broken_page_is_caught(tmp_path):
     page = "<!DOCTYPE html><html><body><script>throw new Error('boom')</script></body></html>"
     dom, console = _browse(page, tmp_path, "--dump-dom")
     assert any("Uncaught Error: boom" in line for line in console) and "data-rendered" not in dom
+
+
+def test_memory_bars_are_drawn_against_the_device_when_usage_is_low():
+    """A rank at 39% of the device is a bar 39% as long as the capacity line, beside it: drawn to the fullest rank
+    it filled the chart and looked full. Only a sliver (under html.ON_SCALE) is drawn off the device's scale."""
+    ranks = [{"who": "every rank", "peak_bytes": 39, "weights": 10, "gradients": 10, "optimizer": 19}]
+    view = html._memory_view(ranks, 100)
+    assert view["capacity"] and view["off_scale"] is None
+    bar = sum(float(s["w"]) for s in view["bars"][0]["segments"])
+    line = float(view["capacity"]["x"]) - html.LABEL_WIDTH
+    assert bar / line == pytest.approx(0.39, abs=0.005)
+    assert view["bars"][0]["share"] == "39.0%"
+    small = html._memory_view([{**ranks[0], "peak_bytes": 3, "weights": 3, "gradients": 0, "optimizer": 0}], 100)
+    assert small["capacity"] is not None  # 3% is still drawn against the device ...
+    tiny = html._memory_view([{**ranks[0], "peak_bytes": 1, "weights": 1, "gradients": 0, "optimizer": 0}], 100)
+    assert tiny["capacity"] is None and "the fullest rank uses 1.0%" in tiny["off_scale"]  # ... 1% is not
+
+
+def test_a_small_timeline_is_not_zoomed_past_the_pages_text_size():
+    """tiny_gpt's timeline (one rank, two boxes, 118 pixels wide) was zoomed twice: its 10 px text drew at 20 px and
+    its title at 24, beside the page's 14 px. The zoom stops where the text reaches the page's size."""
+    page = html.plan_html(_compiled("samples/tiny_gpt.scale"))
+    outer = re.search(r'<svg class="timeline-chart"[^>]*width="([\d.]+)"[^>]*viewBox="0 0 ([\d.]+) ', page)
+    zoom = float(outer.group(1)) / float(outer.group(2))
+    inner = re.search(r'<svg xmlns="http://www.w3.org/2000/svg" width="\d+" height="\d+" font-family="monospace" '
+                      r'font-size="(\d+)"', page)
+    assert zoom > 1 and float(inner.group(1)) * zoom <= html.TEXT_PX + 0.5

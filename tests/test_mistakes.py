@@ -4,7 +4,8 @@ Every tests/mistakes/<case>.scale is one mistake a user could make, written as a
 inline (as the golden diagnostics mark theirs):
 
     # mistake: what the user did wrong, in one line          (required, the first line)
-    # command: plan {file} --json                            (optional: the scalec arguments; default `check {file}`)
+    # command: plan {file} --json                            (optional: the scalec arguments; default `check {file}`;
+                                                              {dir} is the case's directory, for its files/)
     # exit: 2                                                (optional: the exit status; default 1 when an error is
                                                               expected, else 0)
     # stderr: some text                                      (optional, repeatable: a substring the output must hold)
@@ -76,7 +77,7 @@ def test_mistake(case: Path):
     want = _expectations(text)
     assert want["mistake"], f"{case.name}: the first line must say the mistake (`# mistake: ...`)"
     assert want["marks"] or want["unlocated"] or want["stderr"], f"{case.name}: nothing expected"
-    argv = [a.replace("{file}", str(case)) for a in shlex.split(want["command"])]
+    argv = [a.replace("{file}", str(case)).replace("{dir}", str(case.parent)) for a in shlex.split(want["command"])]
     status, printed = _run(argv)
     assert "Traceback" not in printed and "internal compiler error" not in printed, printed
     found_located, found_unlocated = [], []

@@ -204,7 +204,8 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
         "data": {"kind": t.data.kind, "path": data_path(spec, out_dir), "dtype": t.data.dtype,
                  "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab),
                  **({"document_separator": t.data.document_separator}
-                    if t.data.document_separator is not None else {})},
+                    if t.data.document_separator is not None else {}),
+                 **({"format": t.data.format} if t.data.format != "raw" else {})},  # a .npy: read by its header
         "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every,
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates

@@ -137,4 +137,5 @@ def resolve(c, st, a: dict, kind: str):
                  renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
                  capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
                  topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
-                 dispatch=a["dispatch"])
+                 dispatch=a["dispatch"],
+                 capacity_span=_arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)

@@ -17,7 +17,23 @@ def _plural(n: int, word: str) -> str:
 def check_verdict(path: str, spec) -> str:
     """`scalec check FILE` on a file with no error: the model and the devices it was checked for."""
     warned = f", {_plural(len(spec.warnings), 'warning')}" if spec.warnings else ""
-    return f"{path}: ok{warned} (model `{spec.model.name}`, {_plural(spec.plan.world_size, 'device')})\n"
+    return (f"{path}: ok{warned} (model `{spec.model.name}`, {_plural(spec.plan.world_size, 'device')})\n" +
+            reading_text(spec.train.data.reading, spec))
+
+
+def reading_text(reading, spec) -> str:
+    """How the token file will be read, one line: its format, dtype and where that came from, its tokens and the
+    ids seen in its first MiB against the vocabulary (the program reads exactly this; runtime/data.py)."""
+    if reading is None:
+        return ""
+    from compiler.files import shown_bytes
+    kind = "a .npy file" if reading.format == "npy" else "a flat file"
+    seen = (f"ids {reading.seen[0]}..{reading.seen[1]} seen in its first {shown_bytes(reading.sampled)}"
+            if reading.seen is not None else "no id sampled")
+    side = f", a vocabulary of {reading.vocab:,} by its sidecar" if reading.vocab is not None else ""
+    vocab = int(spec.value(spec.model.embedding.vocab))
+    return (f"  data: {reading.path}: {kind} of {reading.dtype} ids ({reading.dtype_from}), {reading.tokens:,} "
+            f"tokens{side}; {seen} (the model's vocabulary: {vocab:,})\n")
 
 
 def warnings_text(spec) -> str:

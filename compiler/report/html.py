@@ -39,6 +39,8 @@ BAR_WIDTH = 640   # pixels of the longest bar
 LABEL_WIDTH = 190  # the rank names left of the bars
 ROW = 26           # pixels per bar
 TIMELINE_WIDTH = 1080  # pixels the timeline may grow to
+ON_SCALE = 0.02  # the least share of the device the fullest rank uses for bars drawn against the device (12.8 px)
+TEXT_PX = 14  # the page's text size (its CSS): the zoomed timeline's text is drawn no larger
 
 
 def plan_html(compiled) -> str:
@@ -167,11 +169,14 @@ def _share(x: float) -> str:
 
 def _memory_view(ranks: list, limit: int) -> dict:
     """One stacked bar per kind of rank (each pp rank under pp), its components in MEMORY_PARTS' order, on one scale
-    with the device's capacity. When the capacity is far beyond every peak (a toy model on a big device), the bars
-    are drawn to the largest peak instead and the capacity line is said to be off the scale, so the bars stay
-    readable."""
+    with the device's capacity. When the capacity is so far beyond every peak that the bars would be slivers (a toy
+    model on a big device: under ON_SCALE of it), the bars are drawn to the largest peak instead and the capacity
+    line is said to be off the scale, with the share used, so the bars stay readable."""
     top = max([r["peak_bytes"] for r in ranks] + [1])
-    capacity_on_scale = limit <= 2 * top
+    # The bars are drawn against the device: a rank at 39% is a bar 39% long beside the capacity line, never a full
+    # bar. Only when the fullest rank would be a sliver (under ON_SCALE of the device: a toy model on a big device)
+    # are they drawn to it instead, and the note says the capacity is off the scale and what share is used.
+    capacity_on_scale = top >= ON_SCALE * limit
     scale = max(top, limit if capacity_on_scale else 0) * 1.04
     bars, legend_used = [], set()
     for i, r in enumerate(ranks):
@@ -270,12 +275,15 @@ def _stage_rows(pipeline: dict | None) -> list:
 
 def _zoomed(svg: str) -> str:
     """schedule.svg's drawing inside an outer SVG that scales it up (its boxes are 18 pixels per forward: small on
-    a page) to at most twice its size and the page's width; the drawing itself is today's `plan --svg`, unchanged."""
+    a page) within the page's width, and no further than brings its text (font-size 10) to the page's TEXT_PX: a
+    small timeline (one rank, two boxes) zoomed twice had 20-24 px text, twice the page's. The drawing itself is
+    today's `plan --svg`, unchanged."""
     got = re.match(r'<svg [^>]*width="(\d+)" height="(\d+)"', svg)
     if not got:
         return svg
     w, h = int(got.group(1)), int(got.group(2))
-    z = max(1.0, min(2.0, TIMELINE_WIDTH / w))
+    size = re.match(r'<svg [^>]*font-size="(\d+(?:\.\d+)?)"', svg)
+    z = max(1.0, min(TEXT_PX / float(size.group(1)) if size else 1.0, TIMELINE_WIDTH / w))
     return (f'<svg class="timeline-chart" xmlns="http://www.w3.org/2000/svg" width="{w * z:.0f}" '
             f'height="{h * z:.0f}" viewBox="0 0 {w} {h}">\n{svg}</svg>\n')
 

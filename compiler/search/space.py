@@ -49,8 +49,10 @@ class FixError(ValueError):
 
 
 def parse_fixes(items) -> dict:
-    """`["tp=8", "schedule=1f1b", ...]` -> {"tp": 8, "schedule": "1f1b"}; FixError on an unknown key or value."""
+    """`["tp=8", "schedule=1f1b", ...]` -> {"tp": 8, "schedule": "1f1b"}; FixError on an unknown key or value, and on
+    one key fixed twice to different values (`--fix tp=2 --fix tp=4`: the last would win without a word)."""
     out: dict = {}
+    seen: dict = {}  # key -> (the first --fix that set it, its value)
     for item in items or ():
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip().strip('"')
@@ -70,6 +72,9 @@ def parse_fixes(items) -> dict:
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
+        if key in seen and seen[key][1] != out[key]:  # two answers to one question: neither wins silently
+            raise FixError(f"--fix {item!r}: {key} is already fixed by --fix {seen[key][0]!r}; fix each key once")
+        seen.setdefault(key, (item, out[key]))
     return out
 
 

@@ -6,6 +6,7 @@ sidecar, and tiny safetensors checkpoints shaped as tiny models. Run from the re
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,30 @@ def tokens() -> None:
     ids.astype("<u4").tofile(HERE / "files_uint32_bare.bin")                        # uint32, no sidecar
     (HERE / "files_odd_size.bin").write_bytes(ids.astype("<u2").tobytes()[:301])   # cut mid-id
     write_tokens(str(HERE / "files_gpt2_tokens.bin"), ids, "uint16", 50257, tokenizer="gpt2")
+
+
+def typed_tokens() -> None:
+    """Token files that say (or should say) their dtype: np.save's .npy files and a bare int64 file, as numpy
+    writes ids by default. Ids below GPT-2's vocabulary: read as uint16, a .npy header's bytes are ids too."""
+    ids = np.random.default_rng(1).integers(0, 50257, 200)
+    np.save(HERE / "files_int64_tokens.npy", ids)                                    # int64, by its header
+    np.save(HERE / "files_float_tokens.npy", ids.astype(np.float32))                 # not ids
+    np.save(HERE / "files_windows_tokens.npy", ids.reshape(10, 20))                  # two dimensions
+    whole = (HERE / "files_int64_tokens.npy").read_bytes()
+    (HERE / "files_cut_tokens.npy").write_bytes(whole[:-12])                         # cut short
+    ids.astype("<u2").tofile(HERE / "files_flat_named.npy")                          # no header under the name
+    (ids % 128).astype("<i8").tofile(HERE / "files_int64_bare.bin")                  # int64, no sidecar
+    from runtime.indexed import Writer  # Megatron's layout: PREFIX.idx says int32 (a vocabulary past 65536)
+    megatron = Writer(str(HERE / "files_megatron"), vocab_size=100_000)
+    for doc in np.array_split(ids % 128, 4):
+        megatron.add(doc)
+    megatron.close()
+    (HERE / "files_megatron.bin.json").unlink()  # as Megatron's preprocess_data.py writes it: no sidecar
+    shutil.copyfile(HERE / "files_megatron.bin", HERE / "files_megatron_int16.bin")
+    index = bytearray((HERE / "files_megatron.idx").read_bytes())
+    index[17] = 3  # the dtype code of int16 ids, which are not read as token ids
+    (HERE / "files_megatron_int16.idx").write_bytes(bytes(index))
+    np.save(HERE / "files_big_endian_tokens.npy", (ids % 128).astype(">u2"))          # big-endian
 
 
 # The tiny Llama of files_llama.scale: vocab 16, hidden 8, heads 2, kv_heads 1, one layer, ffn 16, untied head.
@@ -85,6 +110,31 @@ def checkpoints() -> None:
                 "n_layer": 1, "n_positions": 16, "vocab_size": 16})
 
 
+def run_checkpoint() -> None:
+    """files_llama_run/step_00000002: a checkpoint of files_llama.scale's model as its program saves one (DCP's
+    files and the scalec.json manifest: the model's names, whole shapes and fingerprint, each file's size and
+    CRC32), zeros and no optimizer state, which nothing that reads it before refusing another model needs."""
+    import shutil
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from compiler import pipeline, reshard
+    from runtime.checkpoint import MANIFEST, crc32, fingerprint
+    model = pipeline.compile_checked(str(HERE / "files_llama.scale"), memory=False).traced.model
+    shapes = {n: list(s) for n, s in reshard.model_state(model).items()}
+    step = HERE / "files_llama_run" / "step_00000002"
+    shutil.rmtree(step.parent, ignore_errors=True)
+    dcp.save({"model": {n: torch.zeros(s) for n, s in shapes.items()}}, checkpoint_id=str(step))
+    files = {p.name: {"bytes": p.stat().st_size, "crc32": crc32(str(p))} for p in sorted(step.iterdir())}
+    manifest = {"format": 1, "model": {"sha256": fingerprint(shapes), "parameters": sorted([n, s] for n, s in
+                                                                                           shapes.items())},
+                "files": files}
+    (step / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
 if __name__ == "__main__":
     tokens()
+    typed_tokens()
     checkpoints()
+    run_checkpoint()
