@@ -323,7 +323,10 @@ def test_sigint_asks_for_a_stop_at_the_step_as_sigterm_does(monkeypatch):
     monkeypatch.setattr(faults, "_STORE", faults._STORE)
     try:
         faults.configure(None, None)
-        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("SIGINT raised KeyboardInterrupt: the step would not finish, nothing would be saved")
         assert faults._TERM and faults.stop_signal() == "SIGINT"
         os.kill(os.getpid(), signal.SIGTERM)  # a second signal changes nothing
         assert faults.stop_signal() == "SIGINT"
@@ -356,3 +359,22 @@ def test_the_run_record_holds_what_decides_the_trajectory(tmp_path):
     assert {k for k in rec} >= set(resume.REFUSED) | set(resume.NOTED) | {"steps", "schedule_steps"}
     assert rec["data"]["bytes"] == 8192 and rec["data"]["sidecar_sha256"] and rec["eval_split"] == 0.1
     assert json.loads(json.dumps(rec)) == rec  # stored as JSON in the manifest, compared after the round trip
+
+
+def test_scalec_run_passes_the_resume_flags_to_the_program(monkeypatch):
+    from compiler.cli import launch_command, main
+    seen = {}
+    monkeypatch.setattr("compiler.cli.cmd_run", lambda args: seen.setdefault("args", args) and 0)
+    assert main(["run", "f.scale", "--resume-changed", "seed,lr", "--resume-schedule", "reanchor"]) == 0
+    cmd, _ = launch_command(seen["args"], 1, "out", {})
+    assert cmd[2:] == ["--resume-changed", "seed,lr", "--resume-schedule", "reanchor"]
+
+
+def test_the_program_refuses_an_unknown_resume_key_at_once(monkeypatch, capsys):
+    import sys
+    monkeypatch.setattr(sys, "argv", ["program.py", "--resume-changed", "seed,learning_rate"])
+    with pytest.raises(SystemExit) as err:
+        train._parse_args(_cfg())
+    assert err.value.code == EXIT_CODE  # not restarted by the launcher
+    assert "argument --resume-changed: unknown setting learning_rate: --resume-changed takes seed, global_batch" in (
+        capsys.readouterr().err)

@@ -103,15 +103,16 @@ def test_a_changed_resume_is_refused_naming_each_difference_then_allowed(tmp_pat
     before = _tiny(("steps        = 30", "steps        = 4"),
                    ("log_every    = 1", 'log_every    = 1\n  data = tokens(path = "a.bin")'))
     out = _project(tmp_path, before)
-    first = _launch(out, tmp_path / "cwd1", "--stop-after", "2", "--metrics", str(tmp_path / "m1.jsonl"))
-    ckpt = tmp_path / "project" / "ckpt" / "step_00000002"
+    flag = ("--checkpoint-dir", str(tmp_path / "ckpt"))  # the contract alone (the file's own is tested below)
+    first = _launch(out, tmp_path / "cwd", *flag, "--stop-after", "2", "--metrics", str(tmp_path / "m1.jsonl"))
+    ckpt = tmp_path / "ckpt" / "step_00000002"
     assert f"checkpoint {ckpt}" in first
 
     after = (before.replace("global_batch = 8", "global_batch = 4").replace("seq_len      = seq", "seq_len      = 32")
              .replace("lr = 3e-3", "lr = 3e-1").replace("cosine(warmup = 1, min_lr = 3e-4)", "constant(warmup = 1)")
              .replace('"a.bin"', '"b.bin"').replace("optimizer", "seed = 7\n  optimizer"))
     out = _project(tmp_path, after)
-    refused = _launch(out, tmp_path / "cwd2", "--metrics", str(tmp_path / "m2.jsonl"), expect=EXIT_CODE)
+    refused = _launch(out, tmp_path / "cwd", *flag, "--metrics", str(tmp_path / "m2.jsonl"), expect=EXIT_CODE)
     lines = [line for line in refused.splitlines() if "was written by another run" in line]
     assert len(lines) == 1, refused
     line = lines[0]
@@ -123,7 +124,8 @@ def test_a_changed_resume_is_refused_naming_each_difference_then_allowed(tmp_pat
     assert f"--resume-changed {keys};" in line
     assert "resumed from" not in refused and "step     3/" not in refused
 
-    allowed = _launch(out, tmp_path / "cwd3", "--metrics", str(tmp_path / "m3.jsonl"), "--resume-changed", keys)
+    allowed = _launch(out, tmp_path / "cwd", *flag, "--metrics", str(tmp_path / "m3.jsonl"), "--resume-changed",
+                      keys)
     assert f"scalec: resumed from {ckpt} (step 2)" in allowed
     changed = [x for x in allowed.splitlines() if x.startswith("scalec: resuming with changed settings")]
     assert len(changed) == 1 and all(d in changed[0] for d in ("seed 1234 → 7", "lr 0.003 → 0.3", "data "))
@@ -137,11 +139,12 @@ def test_a_finished_run_is_extended_with_its_schedule_stated(tmp_path):
     default the cosine keeps its curve (min_lr after the old last step), with --resume-schedule reanchor the decay
     is re-anchored to the new last step; the log says which, and the logged learning rates follow it."""
     out = _project(tmp_path, _tiny(("steps        = 30", "steps        = 4")))
-    _launch(out, tmp_path / "cwd", "--metrics", str(tmp_path / "m.jsonl"))
-    ckpt = tmp_path / "project" / "ckpt"
+    ckpt = tmp_path / "ckpt"
+    flag = ("--checkpoint-dir", str(ckpt))  # the contract alone (the file's own is tested below)
+    _launch(out, tmp_path / "cwd", *flag, "--metrics", str(tmp_path / "m.jsonl"))
     shutil.copytree(ckpt, tmp_path / "finished")
 
-    kept = _launch(out, tmp_path / "cwd", "--steps", "6", "--metrics", str(tmp_path / "m.jsonl"))
+    kept = _launch(out, tmp_path / "cwd", *flag, "--steps", "6", "--metrics", str(tmp_path / "m.jsonl"))
     assert f"scalec: resumed from {ckpt}/step_00000004 (step 4)" in kept
     assert "scalec: steps 4 → 6: the cosine keeps its curve (--resume-schedule keep, the default)" in kept
     records = _records(tmp_path / "m.jsonl")
@@ -152,7 +155,7 @@ def test_a_finished_run_is_extended_with_its_schedule_stated(tmp_path):
 
     shutil.rmtree(ckpt)
     shutil.copytree(tmp_path / "finished", ckpt)
-    again = _launch(out, tmp_path / "cwd", "--steps", "8", "--resume-schedule", "reanchor",
+    again = _launch(out, tmp_path / "cwd", *flag, "--steps", "8", "--resume-schedule", "reanchor",
                     "--metrics", str(tmp_path / "m.jsonl"))
     assert "scalec: steps 4 → 8: the cosine is re-anchored (--resume-schedule reanchor)" in again
     lrs = [r["lr"] for r in _records(tmp_path / "m.jsonl")[4:]]
