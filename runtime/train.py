@@ -3,7 +3,8 @@
 Generated programs call `main(Model, CONFIG)`. Flags on the command line override a few settings for experiments
 and tests: `--steps`, `--metrics FILE` (one JSON line per step on rank 0), `--dump-grads FILE` (the full
 gradients after the first backward, on rank 0), `--seed`, and the trackers (runtime.tracking, rank 0):
-`--tensorboard DIR`, `--wandb PROJECT` (`--wandb-dir DIR`), `--mlflow URI`.
+`--tensorboard DIR`, `--wandb PROJECT` (`--wandb-dir DIR`), `--mlflow URI`; and what a resume may change
+(runtime.resume): `--resume-changed KEY,...`, `--resume-schedule keep|reanchor`.
 
 A step waits for the device only where it must: the loss and the gradient norm stay on the device and are read on
 logged steps (every step with `--metrics`); the preemption vote is read without waiting for the step's end
@@ -565,31 +566,33 @@ def _check_metrics(path: str | None, ctx: mesh.Context) -> None:
                     pass
             except OSError as exc:
                 error = f"scalec: --metrics {path} cannot be written ({exc.strerror or type(exc).__name__})"
-    box = [error]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise FatalError(box[0] if ctx.is_logger else None)
+    error = _from_rank0(error)
+    if error:
+        raise FatalError(error if ctx.is_logger else None)
 
 
 def _contract(cfg: Config, ctx: mesh.Context, args) -> resume.Contract:
     """This run's side of the resume contract (runtime.resume): its record, the data's identity read by rank 0
     (one filesystem every rank sees) and given to all, so that every rank decides alike."""
     d = cfg.data
-    identity = [resume.data_identity(d.kind, d.path, d.dtype, d.document_separator) if ctx.is_logger else None]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(identity, src=0)
-    return resume.Contract(resume.record(cfg, identity[0]), allowed=args.resume_changed,
-                           schedule=args.resume_schedule)
+    identity = _from_rank0(resume.data_identity(d.kind, d.path, d.dtype, d.document_separator)
+                           if ctx.is_logger else None)
+    return resume.Contract(resume.record(cfg, identity), allowed=args.resume_changed, schedule=args.resume_schedule)
 
 
 def _has_checkpoint(directory: str, ctx: mesh.Context) -> bool:
     """Whether `directory` holds a complete checkpoint (rank 0 looks; every rank gets the answer): the run will
     resume from one, or stop because none is intact."""
-    found = [bool(checkpoint.newest_complete(directory)) if ctx.is_logger else None]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)
-    return bool(found[0])
+    return bool(_from_rank0(bool(checkpoint.newest_complete(directory)) if ctx.is_logger else None))
+
+
+def _from_rank0(value):
+    """Rank 0's `value` on every rank (one object broadcast; as it is with one process)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: str | None = None) -> list[float]:
