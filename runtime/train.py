@@ -586,6 +586,28 @@ def _has_checkpoint(directory: str, ctx: mesh.Context) -> bool:
     return bool(_from_rank0(bool(checkpoint.newest_complete(directory)) if ctx.is_logger else None))
 
 
+def _legacy_checkpoints(cfg: Config, ctx: mesh.Context, args) -> None:
+    """`checkpoint_dir` is relative to the .scale file; programs compiled before read it from the current directory.
+    When that reading (Checkpoint.as_written from the cwd) holds checkpoints and the directory this run uses holds
+    none, the run would silently start again at step 1 beside them: it stops with one line saying where they are
+    and what to do (a `--checkpoint-dir` flag chooses, and is not second-guessed)."""
+    written, here = cfg.checkpoint.as_written, cfg.checkpoint.dir
+    if not written or args.checkpoint_dir is not None:
+        return
+    old = os.path.abspath(written)
+    error = None
+    if ctx.is_logger and old != os.path.abspath(here) and not checkpoint.newest_complete(here):
+        found = checkpoint.newest_complete(old)
+        if found:
+            error = (f"scalec: checkpoint_dir = \"{written}\" is relative to the .scale file: {here} holds no "
+                     f"checkpoint, but {old} (the same path from the current directory, where earlier versions "
+                     f"looked) holds {found}: move its checkpoints to {here}, or pass --checkpoint-dir {old} to "
+                     "resume from there")
+    error = _from_rank0(error)
+    if error:
+        raise FatalError(error if ctx.is_logger else None)
+
+
 def _from_rank0(value):
     """Rank 0's `value` on every rank (one object broadcast; as it is with one process)."""
     if not (dist.is_initialized() and dist.get_world_size() > 1):
@@ -598,6 +620,8 @@ def _from_rank0(value):
 def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: str | None = None) -> list[float]:
     _check_contract(cfg, ctx)
     _check_metrics(args.metrics, ctx)
+    if cfg.checkpoint.dir:
+        _legacy_checkpoints(cfg, ctx, args)
     torch.manual_seed(cfg.seed)
     par = cfg.parallel
     shards = tp.Shards(par.tp_shards, par.tp_partial_grads, par.ep_shards)

@@ -308,6 +308,9 @@ def test_checkpoint_dir_is_relative_to_the_scale_file_not_the_current_directory(
     ckpt = next(k.value for c in pyast.walk(config) if isinstance(c, pyast.Call)
                 and getattr(c.func, "attr", "") == "Checkpoint" for k in c.keywords if k.arg == "dir")
     assert pyast.literal_eval(ckpt) == "../../project/runs/ckpt"
+    written = next(k.value for c in pyast.walk(config) if isinstance(c, pyast.Call)
+                   and getattr(c.func, "attr", "") == "Checkpoint" for k in c.keywords if k.arg == "as_written")
+    assert pyast.literal_eval(written) == "runs/ckpt"  # for a run that finds checkpoints where they used to be
     assert data.resolve("../../project/runs/ckpt", str(out / "program.py")) == str(project / "runs" / "ckpt")
 
 
@@ -378,3 +381,30 @@ def test_the_program_refuses_an_unknown_resume_key_at_once(monkeypatch, capsys):
     assert err.value.code == EXIT_CODE  # not restarted by the launcher
     assert "argument --resume-changed: unknown setting learning_rate: --resume-changed takes seed, global_batch" in (
         capsys.readouterr().err)
+
+
+def test_checkpoints_left_where_earlier_versions_looked_stop_the_run_instead_of_a_fresh_start(ctx, tmp_path,
+                                                                                             monkeypatch):
+    """Upgrading: a relative checkpoint_dir used to be read from the current directory. A run whose checkpoints are
+    only there would now start again at step 1 beside them; it stops with one line saying where they are."""
+    from runtime.config import Checkpoint
+    project, cwd = tmp_path / "project", tmp_path / "cwd"
+    (cwd / "ckpt" / "step_00000002").mkdir(parents=True)
+    (cwd / "ckpt" / "step_00000002" / ".metadata").write_bytes(b"")
+    monkeypatch.chdir(cwd)
+    cfg = _cfg(checkpoint=Checkpoint(dir=str(project / "ckpt"), as_written="ckpt"))
+    args = SimpleNamespace(checkpoint_dir=None)
+    with pytest.raises(FatalError) as err:
+        train._legacy_checkpoints(cfg, ctx, args)
+    assert err.value.code == EXIT_CODE and "\n" not in err.value.message
+    assert err.value.message == (
+        f'scalec: checkpoint_dir = "ckpt" is relative to the .scale file: {project}/ckpt holds no checkpoint, but '
+        f"{cwd}/ckpt (the same path from the current directory, where earlier versions looked) holds "
+        f"{cwd}/ckpt/step_00000002: move its checkpoints to {project}/ckpt, or pass --checkpoint-dir {cwd}/ckpt to "
+        "resume from there")
+    train._legacy_checkpoints(cfg, ctx, SimpleNamespace(checkpoint_dir=str(cwd / "ckpt")))  # the flag decides
+    (project / "ckpt" / "step_00000001").mkdir(parents=True)
+    (project / "ckpt" / "step_00000001" / ".metadata").write_bytes(b"")
+    train._legacy_checkpoints(cfg, ctx, args)  # the file's own directory has checkpoints: those are the run's
+    monkeypatch.chdir(project)
+    train._legacy_checkpoints(_cfg(checkpoint=Checkpoint(dir=str(project / "ckpt"), as_written="ckpt")), ctx, args)

@@ -206,7 +206,11 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  "global_batch": plan.global_batch, "seq_len": plan.seq_len, "vocab": v(spec.model.embedding.vocab),
                  **({"document_separator": t.data.document_separator}
                     if t.data.document_separator is not None else {})},
-        "checkpoint": {"dir": relative_path(spec, t.checkpoint_dir, out_dir), "every": t.checkpoint_every,
+        "checkpoint": {"dir": relative_path(spec, t.checkpoint_dir, out_dir),
+                       # as written, when relative: runtime.train._legacy_checkpoints looks for it from the cwd too
+                       **({"as_written": t.checkpoint_dir}
+                          if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
+                       "every": t.checkpoint_every,
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),

@@ -185,6 +185,14 @@ def test_paths_are_found_from_the_scale_file_and_a_resumed_init_is_not_read(tmp_
             "checkpoint (step 2), whose weights it continues") in second
     assert "weights from" not in second
     assert (ckpt / "step_00000003").is_dir() and not (tmp_path / "a" / "ckpt").exists()
+    # checkpoints where earlier versions put them (the same relative path from the current directory): the run
+    # stops with one line rather than starting again at step 1 beside them
+    (tmp_path / "old").mkdir()
+    shutil.move(str(ckpt), str(tmp_path / "old" / "ckpt"))
+    stopped = _launch(out, tmp_path / "old", "--steps", "4", expect=EXIT_CODE)
+    assert (f'checkpoint_dir = "ckpt" is relative to the .scale file: {ckpt} holds no checkpoint, but '
+            f"{tmp_path}/old/ckpt (the same path from the current directory") in stopped
+    assert not re.search(r"step\s+\d+/4", stopped) and not ckpt.exists()
 
 
 def test_ctrl_c_finishes_the_step_and_saves(tmp_path):
