@@ -211,8 +211,8 @@ def decide(path: str, old: dict, new: dict, done: int, allowed: frozenset = froz
         lines.append(f"scalec: resuming with changed settings (--resume-changed): {'; '.join(changed)}")
     if noted:
         lines.append(f"scalec: resuming with {'; '.join(noted)}")
-    unused = sorted(k for k in allowed if k != "steps" and (k not in old or old[k] == new.get(k)))
-    if "steps" in allowed and new_steps >= old_steps:
+    unused = sorted(k for k in allowed if k != "steps" and k in old and old[k] == new.get(k))
+    if "steps" in allowed and new_steps == old_steps:  # (an extension needs no flag: it is said below)
         unused.append("steps")
     if unused:
         lines.append(f"scalec: note: --resume-changed names {', '.join(unused)}, unchanged since the checkpoint")

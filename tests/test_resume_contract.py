@@ -155,6 +155,7 @@ def test_extending_a_finished_cosine_run_keeps_its_curve_by_default():
     old, new = _record(_cfg()), _record(_cfg(steps=6))
     decision = resume.decide("p", old, new, STEPS)
     assert decision.schedule_steps == STEPS
+    assert resume.decide("p", old, new, STEPS, allowed=frozenset({"steps"})).lines == decision.lines  # no flag needed
     (line,) = decision.lines
     assert line.startswith("scalec: steps 4 → 6: the cosine keeps its curve (--resume-schedule keep, the default): "
                            "it reaches min_lr at step 4, then stays at min_lr 0.0003 to step 6; the log's lr "
