@@ -45,7 +45,8 @@ def _compile(sample: str, out: Path):
 
 def _args(metrics: str | None) -> argparse.Namespace:
     return argparse.Namespace(metrics=metrics, tensorboard=None, dump_grads=None, checkpoint_dir=None,
-                              stop_after=None, count_bytes=None, memory_report=None, debug=False)
+                              stop_after=None, count_bytes=None, memory_report=None, debug=False,
+                              resume_changed=frozenset(), resume_schedule="keep")
 
 
 def bare(program, steps: int) -> list[float]:

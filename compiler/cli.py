@@ -273,6 +273,10 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
         program_args += ["--steps", str(args.steps)]
     if args.metrics:
         program_args += ["--metrics", args.metrics]
+    if args.resume_changed:
+        program_args += ["--resume-changed", args.resume_changed]
+    if args.resume_schedule:
+        program_args += ["--resume-schedule", args.resume_schedule]
     return ["bash", os.path.join(out, "launch.sh"), *program_args, *args.program_args], env
 
 
@@ -438,6 +442,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", metavar="DIR", help="build directory (default build/<model name>)")
     c.add_argument("--steps", type=_positive_int, help="train for this many steps instead of the file's")
     c.add_argument("--metrics", metavar="FILE", help="write one JSON line per step to FILE")
+    c.add_argument("--resume-changed", metavar="KEY,...",
+                   help="resume the checkpoint in checkpoint_dir although these settings changed since it was "
+                        "written (seed, global_batch, seq_len, data, eval_split, lr, betas, weight_decay, eps, "
+                        "grad_clip, lr_schedule, warmup, min_lr, steps); the log says what changed. Without it such "
+                        "a resume is refused, naming every difference")
+    c.add_argument("--resume-schedule", choices=("keep", "reanchor"),
+                   help="a resumed run with more steps than its checkpoint's: keep the schedule's curve (the "
+                        "default: a cosine stays at min_lr after its old last step) or reanchor its decay to the "
+                        "new last step")
     c.add_argument("--torchrun-args", dest="torchrun_string", metavar="'FLAGS'",
                    help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")
     c.add_argument("--local-nodes", action="store_true",

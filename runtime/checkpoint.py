@@ -24,8 +24,10 @@ What a checkpoint `DIR/step_NNNNNNNN/` holds, whatever plan wrote it:
 
 Guarantee: a checkpoint written under any plan of a model loads into any plan of the same model (same parameter
 names and whole shapes; fp32), and training then continues as it would have on the original plan (the e2e tests
-compare the losses to 1e-5; a resumed run of the same plan is bitwise the uninterrupted one). Resuming with
-another number of steps would silently bend the learning-rate schedule, so it is refused.
+compare the losses to 1e-5; a resumed run of the same plan is bitwise the uninterrupted one). The manifest also
+records the run (`run`: seed, batch, data, optimizer, schedule; runtime.resume): a resume that would change what
+the run computes is refused in one line naming each difference, unless the user allows it (`--resume-changed`);
+a longer run is an extension whose schedule the log states (runtime.resume).
 
 Atomicity and failures: a checkpoint is written as `step_N.tmp` and renamed by rank 0 once every rank has finished;
 a `.tmp` left by a crash is ignored and removed at the next start. Before loading, rank 0 checks the newest
@@ -106,6 +108,12 @@ def newest_intact(directory: str) -> tuple[str | None, list[str]]:
             return path, skipped
         skipped.append(problem)
     return None, skipped
+
+
+def newest_complete(directory: str) -> str | None:
+    """The newest `step_N` of `directory` that was renamed into place (its files not yet checked), or None."""
+    found = _complete(directory)
+    return found[-1][1] if found else None
 
 
 def _broadcast(obj, ctx):
@@ -212,14 +220,16 @@ class _Entries:
 
 
 def save(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
-         skip_on_save=()) -> str:
+         skip_on_save=(), run: dict | None = None) -> str:
     """Write `DIR/step_N` (see the module docstring) and return its path. `modules`: the model, or this rank's
-    pipeline stages; `skip_on_save`: names another rank writes (the last stage's copy of a tied embedding)."""
-    return begin(directory, step, modules, optimizer, scheduler, ctx, total_steps, shards, skip_on_save).finish()
+    pipeline stages; `skip_on_save`: names another rank writes (the last stage's copy of a tied embedding); `run`:
+    the run's record (runtime.resume.record), kept in the manifest for the resume contract."""
+    return begin(directory, step, modules, optimizer, scheduler, ctx, total_steps, shards, skip_on_save,
+                 run=run).finish()
 
 
 def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_steps: int, shards,
-          skip_on_save=(), group=None) -> "Saving":
+          skip_on_save=(), group=None, run: dict | None = None) -> "Saving":
     """Start writing `DIR/step_N.tmp`: synchronously (DCP's `save`), or, given `group` (a process group with a CPU
     backend, used by no other collective: DCP's writer thread coordinates the ranks over it while training goes
     on), asynchronously (DCP's `async_save`: the state is first copied to host memory, so the step after it may
@@ -240,10 +250,10 @@ def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_s
                           "total_steps": torch.tensor(total_steps)}}
     shapes = {name: t.shape for name, t in model_sd.items()}  # what the manifest names; no tensor is kept
     if group is None:
-        return Saving(tmp, final, step, shapes, ctx, metadata=dcp.save(state, checkpoint_id=tmp))
+        return Saving(tmp, final, step, shapes, ctx, metadata=dcp.save(state, checkpoint_id=tmp), run=run)
     _report_staging(staging_bytes(state), entries.gathered, ctx)
     return Saving(tmp, final, step, shapes, ctx, future=dcp.async_save(state, checkpoint_id=tmp,
-                                                                         process_group=group))
+                                                                         process_group=group), run=run)
 
 
 def staging_bytes(state) -> int:
@@ -296,9 +306,11 @@ class Saving:
     """A checkpoint whose files DCP is writing (or has written) under `step_N.tmp`: `finish` waits for them, checks
     them into the manifest and renames the directory, on every rank together (it runs collectives)."""
 
-    def __init__(self, tmp: str, final: str, step: int, shapes: dict, ctx, metadata=None, future=None):
+    def __init__(self, tmp: str, final: str, step: int, shapes: dict, ctx, metadata=None, future=None,
+                 run: dict | None = None):
         self.tmp, self.final, self.step, self.shapes, self.ctx = tmp, final, step, shapes, ctx
         self.metadata, self.future = metadata, future
+        self.run = dict(run) if run is not None else None  # as it was at this step (a copy: the record moves on)
 
     def finish(self) -> str:
         ctx = self.ctx
@@ -309,6 +321,8 @@ class Saving:
             os.kill(os.getpid(), signal.SIGKILL)
         dist.barrier()
         if ctx.is_logger:
+            if self.run is not None:
+                manifest["run"] = self.run
             with open(os.path.join(self.tmp, MANIFEST), "w") as f:
                 json.dump(manifest, f, indent=1)
             shutil.rmtree(self.final, ignore_errors=True)
@@ -380,7 +394,8 @@ def _read_manifest(path: str) -> tuple[dict | None, str | None]:
         manifest = {"sha256": str(raw["model"]["sha256"]),
                     "parameters": {str(name): [int(d) for d in shape] for name, shape in raw["model"]["parameters"]},
                     "files": {str(rel): {"bytes": int(e["bytes"]), "crc32": int(e["crc32"])}
-                              for rel, e in raw["files"].items()}}
+                              for rel, e in raw["files"].items()},
+                    "run": raw["run"] if isinstance(raw.get("run"), dict) else None}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return None, f"{file} is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     return manifest, None
@@ -456,8 +471,13 @@ def _causes(exc: CheckpointException) -> list[BaseException]:
     return [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
 
 
-def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps: int, shards) -> int:
-    """Load the newest intact checkpoint in `directory`, if any; return the step to resume from (0 without one)."""
+def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps: int, shards,
+                contract=None) -> int:
+    """Load the newest intact checkpoint in `directory`, if any; return the step to resume from (0 without one).
+    `contract` (runtime.resume.Contract): this run's record, compared with the checkpoint's before any tensor is
+    read (a resume that changes the run is refused in one line, runtime.resume.decide); the scheduler then follows
+    the decision (an extended run's schedule), and the log says what changed. Without it, only the number of steps
+    is compared."""
     check_directory(directory, ctx)
     candidates = [path for _, path in reversed(_complete(directory))] if ctx.is_logger else []
     n = _broadcast(len(candidates), ctx)
@@ -468,7 +488,7 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
     last_problem = None
     for i in range(n):
         path = _broadcast(candidates[i] if ctx.is_logger else None, ctx)
-        manifest, problem = None, None
+        manifest, problem, decision = None, None, None
         if ctx.is_logger:
             problem = _problem(path)
             if problem is None:
@@ -484,6 +504,8 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
                     or f"{path} holds another model (its fingerprint differs)")
                 if differ:
                     raise FatalError(f"scalec: {differ}; {_HELP}" if ctx.is_logger else None)
+                if contract is not None and manifest["run"] is not None:  # the same run (runtime.resume)
+                    decision = _decide(path, manifest["run"], contract, ctx)
                 problem = _damaged(path, manifest, ctx)
             else:
                 mismatch = _broadcast(_mismatch(path, model_sd) if ctx.is_logger else None, ctx)
@@ -506,10 +528,20 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
                 print(f"scalec: warning: skipping checkpoint {path}: {problem}", flush=True)
             continue
         written_for = int(state["progress"]["total_steps"])
-        if written_for != total_steps:
-            raise FatalError(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
-                             f"{total_steps} would change the learning-rate schedule. Resume with the same number "
-                             "of steps, or start in an empty checkpoint directory." if ctx.is_logger else None)
+        done = int(state["progress"]["step"])
+        if contract is None:
+            if written_for != total_steps:
+                raise FatalError(f"scalec: {path} belongs to a run of {written_for} steps; resuming it for "
+                                 f"{total_steps} would change the learning-rate schedule. Resume with the same "
+                                 "number of steps, or start in an empty checkpoint directory."
+                                 if ctx.is_logger else None)
+        else:
+            if decision is None:  # written before the contract: its steps alone are known
+                decision = _decide(path, {"steps": written_for}, contract, ctx, done)
+                decision.lines.insert(0, f"scalec: note: {path} was written before checkpoints recorded their "
+                                         "run's settings: only its number of steps is compared")
+            contract.record["schedule_steps"] = decision.schedule_steps
+            scheduler.lr_lambdas = [contract.lr_lambda()] * len(scheduler.lr_lambdas)
         for restore in entries.after_load:
             restore()
         if hasattr(optimizer, "load_masters"):  # bf16 (runtime.precision): the weights recast from the masters
@@ -518,9 +550,23 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
         for group, lr in zip(optimizer.param_groups, _lrs(scheduler)):
             group["lr"] = lr
         if ctx.is_logger:
-            print(f"scalec: resumed from {path} (step {int(state['progress']['step'])})", flush=True)
-        return int(state["progress"]["step"])
+            print(f"scalec: resumed from {path} (step {done})", flush=True)
+            for line in (decision.lines if decision is not None else ()):
+                print(line, flush=True)
+        return done
     raise FatalError(f"scalec: no intact checkpoint in {directory}: {last_problem}" if ctx.is_logger else None)
+
+
+def _decide(path: str, old: dict, contract, ctx, done: int | None = None):
+    """runtime.resume.decide for the checkpoint at `path` (its step from its name unless given), as a FatalError
+    (one line, rank 0's) when refused. Every rank decides alike: the manifest and the record are the same on all."""
+    from runtime import resume
+    if done is None:
+        done = int(_STEP.match(os.path.basename(path)).group(1))
+    try:
+        return resume.decide(path, old, contract.record, done, contract.allowed, contract.schedule)
+    except resume.Refused as exc:
+        raise FatalError(str(exc) if ctx.is_logger else None) from None
 
 
 def _lrs(scheduler) -> list[float]:

@@ -146,7 +146,12 @@ class Checkpoint:
     """Distributed checkpoints of the single-device model's tensors (runtime.checkpoint)."""
 
     dir: str = ""
-    """Directory of the checkpoints; empty: none saved or resumed from."""
+    """Directory of the checkpoints: relative to the program's directory (main's `program`; the compiler wrote it so,
+    from the .scale file's directory), or absolute; empty: none saved or resumed from."""
+    as_written: str = ""
+    """`checkpoint_dir` as the .scale file spells it, when relative. Programs compiled before it was read from the
+    .scale file's directory read it from the current one: a run that finds checkpoints only there stops with one
+    line (runtime.train._legacy_checkpoints) rather than starting again at step 1 beside them."""
     every: int = 0
     """Save every this many steps (and always at the last step of a run and on SIGTERM); 0: only then."""
     asynchronous: bool = False

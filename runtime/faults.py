@@ -6,7 +6,10 @@
   worker failed, not on an agent restarted for the membership change, so with several agents it differs.
 - SIGTERM (preemption) only sets a flag; every step the ranks agree on it (one all-reduce MAX of one number, started
   at the step's beginning and read at its end, no host-device synchronisation of its own), so all of them stop
-  after the same step, checkpoint and leave with status 0 (`StopVote`).
+  after the same step, checkpoint and leave with status 0 (`StopVote`). SIGINT (Ctrl-C, which the terminal sends
+  to every process of the job, and torchrun forwards again) is handled alike once the mesh is up: the step
+  finishes, the checkpoint is saved (with checkpoint_dir), and the run leaves; before that (start-up) it
+  interrupts as usual. A rank still in its step TERM_GRACE seconds after the signal leaves without a checkpoint.
 - A watchdog thread times the operation each rank is blocked in: every collective of runtime.collectives and every
   collective region of the training loop records what it is (`op`: a global set before and after, nothing more).
   When one lasts longer than the plan's `timeout`, the ranks that are waiting write what they wait in to the store;
@@ -241,10 +244,12 @@ def start_watchdog(timeout: float) -> None:
 
 
 def configure(ctx, store) -> None:
-    """The mesh is up: name ranks by their coordinates, compare notes in `store`, stop on SIGTERM at a step."""
+    """The mesh is up: name ranks by their coordinates, compare notes in `store`, stop on SIGTERM or SIGINT at a
+    step."""
     global _CTX, _STORE
     _CTX, _STORE = ctx, store
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigterm)
 
 
 def nccl_flight_recorder_env() -> None:
@@ -261,14 +266,23 @@ _TERM = False
 
 
 _TERM_AT = 0.0
+_TERM_SIGNAL = "SIGTERM"
 TERM_GRACE = 25.0  # seconds a rank may take to reach the end of its step after SIGTERM (torchrun kills at 30)
 
 
 def _on_sigterm(signum, frame):
-    global _TERM, _TERM_AT
+    """SIGTERM and SIGINT: stop after this step (module docstring); a second signal changes nothing."""
+    global _TERM, _TERM_AT, _TERM_SIGNAL
     if not _TERM:  # the time first: the watchdog reads _TERM, then _TERM_AT
         _TERM_AT = time.monotonic()
+        _TERM_SIGNAL = signal.Signals(signum).name
         _TERM = True
+
+
+def stop_signal() -> str:
+    """What stopped the run, in words: the signal this rank got (`SIGTERM`, `SIGINT`), or, when only another rank
+    got one (the vote is MAX over every rank's flag), that."""
+    return _TERM_SIGNAL if _TERM else "a SIGTERM or SIGINT to another rank"
 
 
 class StopVote:
@@ -370,9 +384,9 @@ def _watch() -> None:
             _timed_out(cur)
         if _TERM and time.monotonic() - _TERM_AT > TERM_GRACE:  # stuck: the step will not end, leave now
             where = f" in {cur[0]}{_site_text(cur[1])}" if cur else ""
-            print(f"scalec: {describe_rank()} got SIGTERM {TERM_GRACE:g} s ago and is still at step {_STEP}{where}: "
-                  "leaving without a checkpoint", file=sys.stderr, flush=True)
-            os._exit(128 + signal.SIGTERM)
+            print(f"scalec: {describe_rank()} got {_TERM_SIGNAL} {TERM_GRACE:g} s ago and is still at step "
+                  f"{_STEP}{where}: leaving without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signal.Signals[_TERM_SIGNAL])
 
 
 def _timed_out(cur) -> None:

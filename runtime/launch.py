@@ -38,6 +38,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.run import parse_args, run  # noqa: E402
 
 from runtime.errors import EXIT_CODE  # noqa: E402
+from runtime.faults import TERM_GRACE  # noqa: E402
 
 _FATAL_KEY = "scalec/fatal"  # in the rendezvous store of the round: some worker of the job exited with EXIT_CODE
 
@@ -103,6 +104,18 @@ def report(exc: ChildFailedError) -> str:
     return "\n".join(lines)
 
 
+def stopped(name: str) -> str:
+    """What happened when torchrun was signalled (SIGTERM, or SIGINT from Ctrl-C): it passed the signal on to the
+    workers and waited for them (runtime.faults: each finishes its step, saves, and leaves)."""
+    if name in ("SIGTERM", "SIGINT"):
+        return (f"scalec: torchrun stopped by {name} and passed it on: a worker that was training finishes its "
+                f"step, saves a checkpoint when checkpoint_dir is set and exits, as rank 0's line 'stopped by ... "
+                f"after step N' above says; without that line nothing was saved (the workers were still starting, "
+                f"or a step outlasted {TERM_GRACE:g} s)")
+    return (f"scalec: torchrun stopped by {name}: the workers were stopped by {name} too, without finishing their "
+            "step: nothing was saved since the last checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args.training_script_args
@@ -118,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr, flush=True)
         return 1
     except SignalException as exc:  # torchrun itself was signalled (preemption): it forwarded the signal and waited
-        print(f"scalec: torchrun stopped by {exc.sigval.name}; the workers were told to finish their step, save a "
-              "checkpoint (with checkpoint_dir) and exit", file=sys.stderr, flush=True)
+        print(stopped(exc.sigval.name), file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     return 0
 

@@ -3,7 +3,8 @@
 Generated programs call `main(Model, CONFIG)`. Flags on the command line override a few settings for experiments
 and tests: `--steps`, `--metrics FILE` (one JSON line per step on rank 0), `--dump-grads FILE` (the full
 gradients after the first backward, on rank 0), `--seed`, and the trackers (runtime.tracking, rank 0):
-`--tensorboard DIR`, `--wandb PROJECT` (`--wandb-dir DIR`), `--mlflow URI`.
+`--tensorboard DIR`, `--wandb PROJECT` (`--wandb-dir DIR`), `--mlflow URI`; and what a resume may change
+(runtime.resume): `--resume-changed KEY,...`, `--resume-schedule keep|reanchor`.
 
 A step waits for the device only where it must: the loss and the gradient norm stay on the device and are read on
 logged steps (every step with `--metrics`); the preemption vote is read without waiting for the step's end
@@ -17,7 +18,6 @@ import sys
 import traceback
 import contextlib
 import json
-import math
 import os
 import time
 import warnings
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, compile, context_parallel, data, faults, hf, memory, mesh, moe,
-                     packed, precision, progress, recompute, tracking)
+                     packed, precision, progress, recompute, resume, tracking)
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Speed  # noqa: F401
 from runtime.errors import EXIT_CODE, FatalError, announce
@@ -78,7 +78,15 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
                         "experiment named after the model (rank 0; needs `mlflow-skinny`: pip install "
                         "'scalec[track]')")
     p.add_argument("--dump-grads", help="save the full gradients after the first backward to this file (rank 0)")
-    p.add_argument("--checkpoint-dir", help="override the checkpoint directory")
+    p.add_argument("--checkpoint-dir", help="override the checkpoint directory (relative to the current directory; "
+                                            "the .scale file's checkpoint_dir is relative to that file)")
+    p.add_argument("--resume-changed", metavar="KEY,...", type=_resume_keys, default=frozenset(),
+                   help="resume a checkpoint although these settings changed since it was written (the log says "
+                        f"what changed); without it such a resume is refused. KEYs: {', '.join(resume.KEYS)}")
+    p.add_argument("--resume-schedule", choices=resume.SCHEDULES, default="keep",
+                   help="when a resumed run has more steps than the checkpoint's: keep the schedule's curve (a "
+                        "cosine stays at min_lr after its old last step; the default) or reanchor its decay to the "
+                        "new last step")
     p.add_argument("--stop-after", type=_positive, metavar="N",
                    help="stop after N steps of the run (checkpointing then), as an interruption would")
     p.add_argument("--count-bytes", metavar="FILE",
@@ -90,23 +98,27 @@ def _parse_args(cfg: Config) -> tuple[Config, argparse.Namespace]:
     p.add_argument("--debug", action="store_true", help="on failure, print the traceback after the one-line cause")
     args = p.parse_args()
     overrides = {k: v for k, v in (("steps", args.steps), ("seed", args.seed)) if v is not None}
-    if args.checkpoint_dir is not None:
-        overrides["checkpoint"] = replace(cfg.checkpoint, dir=args.checkpoint_dir)
+    if args.checkpoint_dir is not None:  # a flag: from the current directory (the program resolves the rest)
+        overrides["checkpoint"] = replace(cfg.checkpoint, dir=os.path.abspath(args.checkpoint_dir))
     return replace(cfg, **overrides), args
 
 
-def lr_lambda(cfg: Config):
-    """Multiplier of the peak learning rate at each step: linear warm-up, then constant or cosine to min_lr."""
+def _resume_keys(text: str) -> frozenset:
+    try:
+        return resume.parse_keys(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def lr_lambda(cfg: Config, anchor: int | None = None):
+    """Multiplier of the peak learning rate at each step: linear warm-up, then constant or cosine to min_lr at step
+    `anchor` (default the run's last, cfg.steps; runtime.resume: an extended run may keep its old anchor)."""
     opt = cfg.optim
+    end = cfg.steps if anchor is None else anchor
 
     def f(step: int) -> float:
-        if step < opt.warmup:
-            return (step + 1) / (opt.warmup + 1)
-        if opt.lr_schedule == "constant":
-            return 1.0
-        progress = (step - opt.warmup) / max(1, cfg.steps - opt.warmup)
-        floor = opt.min_lr / opt.lr
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return resume.multiplier(step, schedule=opt.lr_schedule, warmup=opt.warmup, lr=opt.lr, min_lr=opt.min_lr,
+                                 anchor=end)
     return f
 
 
@@ -511,8 +523,10 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
     """Train; `model_cls` is the whole model, or under pp the Stage class and `loss_fn` the last stage's loss.
     `program` is the generated program's file: a relative data path is relative to its directory."""
     cfg, args = _parse_args(cfg)
+    # Every path the .scale file names is relative to it; the compiler wrote them relative to the program.
     cfg = replace(cfg, data=replace(cfg.data, path=data.resolve(cfg.data.path, program)),
-                  init=replace(cfg.init, path=data.resolve(cfg.init.path, program)))
+                  init=replace(cfg.init, path=data.resolve(cfg.init.path, program)),
+                  checkpoint=replace(cfg.checkpoint, dir=data.resolve(cfg.checkpoint.dir, program)))
     faults.set_sources(cfg.sources)  # the .scale lines the watchdog names, from the start-up's rendezvous on
     ctx = mesh.setup(cfg.parallel.axes, cfg.timeout)
     code = 0
@@ -536,8 +550,78 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
         mesh.shutdown(code)
 
 
+def _check_metrics(path: str | None, ctx: mesh.Context) -> None:
+    """At start-up, before anything is built: `--metrics FILE` must be a file rank 0 can write (a directory, or a
+    file in a directory that does not exist, is the same on every attempt: one line, exit 78, as the checkpoint
+    directory's check). Rank 0 looks; every rank stops with it."""
+    if not path:
+        return
+    error = None
+    if ctx.is_logger:
+        if os.path.isdir(path):
+            error = f"scalec: --metrics {path} is a directory: give a file to write one JSON line per step to"
+        else:
+            try:
+                with open(path, "a"):
+                    pass
+            except OSError as exc:
+                error = f"scalec: --metrics {path} cannot be written ({exc.strerror or type(exc).__name__})"
+    error = _from_rank0(error)
+    if error:
+        raise FatalError(error if ctx.is_logger else None)
+
+
+def _contract(cfg: Config, ctx: mesh.Context, args) -> resume.Contract:
+    """This run's side of the resume contract (runtime.resume): its record, the data's identity read by rank 0
+    (one filesystem every rank sees) and given to all, so that every rank decides alike."""
+    d = cfg.data
+    identity = _from_rank0(resume.data_identity(d.kind, d.path, d.dtype, d.document_separator)
+                           if ctx.is_logger else None)
+    return resume.Contract(resume.record(cfg, identity), allowed=args.resume_changed, schedule=args.resume_schedule)
+
+
+def _has_checkpoint(directory: str, ctx: mesh.Context) -> bool:
+    """Whether `directory` holds a complete checkpoint (rank 0 looks; every rank gets the answer): the run will
+    resume from one, or stop because none is intact."""
+    return bool(_from_rank0(bool(checkpoint.newest_complete(directory)) if ctx.is_logger else None))
+
+
+def _legacy_checkpoints(cfg: Config, ctx: mesh.Context, args) -> None:
+    """`checkpoint_dir` is relative to the .scale file; programs compiled before read it from the current directory.
+    When that reading (Checkpoint.as_written from the cwd) holds checkpoints and the directory this run uses holds
+    none, the run would silently start again at step 1 beside them: it stops with one line saying where they are
+    and what to do (a `--checkpoint-dir` flag chooses, and is not second-guessed)."""
+    written, here = cfg.checkpoint.as_written, cfg.checkpoint.dir
+    if not written or args.checkpoint_dir is not None:
+        return
+    old = os.path.abspath(written)
+    error = None
+    if ctx.is_logger and old != os.path.abspath(here) and not checkpoint.newest_complete(here):
+        found = checkpoint.newest_complete(old)
+        if found:
+            error = (f"scalec: checkpoint_dir = \"{written}\" is relative to the .scale file: {here} holds no "
+                     f"checkpoint, but {old} (the same path from the current directory, where earlier versions "
+                     f"looked) holds {found}: move its checkpoints to {here}, or pass --checkpoint-dir {old} to "
+                     "resume from there")
+    error = _from_rank0(error)
+    if error:
+        raise FatalError(error if ctx.is_logger else None)
+
+
+def _from_rank0(value):
+    """Rank 0's `value` on every rank (one object broadcast; as it is with one process)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: str | None = None) -> list[float]:
     _check_contract(cfg, ctx)
+    _check_metrics(args.metrics, ctx)
+    if cfg.checkpoint.dir:
+        _legacy_checkpoints(cfg, ctx, args)
     torch.manual_seed(cfg.seed)
     par = cfg.parallel
     shards = tp.Shards(par.tp_shards, par.tp_partial_grads, par.ep_shards)
@@ -545,6 +629,9 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     mixed = precision.main_grads(cfg.precision, _dp_kind(cfg, ctx))  # bf16 weights, main gradients, masters
 
     loaded = []  # runtime.hf.Loaded of each module this rank prepared from `init`
+    # A run that resumes (or stops: none intact) takes its weights from the checkpoint: `init = from(...)` is not
+    # read, and the log says so after "resumed from"
+    skip_init = bool(cfg.init.path and cfg.checkpoint.dir and _has_checkpoint(cfg.checkpoint.dir, ctx))
 
     def prepare(module: nn.Module, ddp: bool = True) -> nn.Module:
         recompute.apply(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
@@ -556,7 +643,7 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
             module = _wrap_data_parallel(module, ctx, cfg, shards)
         module.to_empty(device=ctx.device)
         moe.reset_expert_bias(module)  # buffers come out of to_empty uninitialised: the expert biases start at 0
-        if cfg.init.path:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
+        if cfg.init.path and not skip_init:  # a Hugging Face checkpoint: each rank reads only its part of each tensor
             loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank,
                                   stack=cfg.init.stack))
         else:  # by name, as the single-device model would be, so every layout starts from the same weights
@@ -587,9 +674,14 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
     # (a collective of the training on the same group from another thread would interleave with it).
     save_group = dist.new_group(backend="gloo") if ckpt.dir and ckpt.asynchronous else None
     saving = None  # runtime.checkpoint.Saving still being written in the background
+    contract = _contract(cfg, ctx, args) if ckpt.dir else None
     with faults.op("loading the latest checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
-        start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards)
+        start = (checkpoint.load_latest(ckpt.dir, parts.modules, opt, sched, ctx, cfg.steps, shards,
+                                        contract=contract)
                  if ckpt.dir else 0)
+    if skip_init and ctx.is_logger:
+        print(f"scalec: init = from({cfg.init.path}) was not read: the run resumed from its checkpoint (step "
+              f"{start}), whose weights it continues", flush=True)
     stop = min(cfg.steps, args.stop_after) if args.stop_after else cfg.steps
     # Listed once, not walked every step: the parameters keep their identity through the run (FSDP2 registers the
     # same sharded DTensors again at each reshard; checkpoints load in place).
@@ -744,13 +836,14 @@ def run(model_cls, cfg: Config, ctx: mesh.Context, args, loss_fn=None, program: 
                 # SIGTERM's, which breaks out) is finished here, so none is left in flight after the loop
                 last = step + 1 == stop or preempted
                 saving = checkpoint.begin(ckpt.dir, step + 1, parts.modules, opt, sched, ctx, cfg.steps, shards,
-                                          skip_on_save=parts.tied_elsewhere, group=None if last else save_group)
+                                          skip_on_save=parts.tied_elsewhere, group=None if last else save_group,
+                                          run=contract.record)
                 if last or save_group is None:
                     saving.finish()
                     saving = None
         if preempted:
             if ctx.is_logger:
-                print(f"scalec: stopped by SIGTERM after step {step + 1}"
+                print(f"scalec: stopped by {faults.stop_signal()} after step {step + 1}"
                       + (f"; checkpoint saved in {ckpt.dir}" if ckpt.dir else
                          " (no checkpoint_dir: nothing saved)"), flush=True)
             break

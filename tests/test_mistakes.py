@@ -20,7 +20,9 @@ extra error), the exit status as expected, and no traceback or internal compiler
 needs (a token file, a checkpoint's header) live in tests/mistakes/files/, referred to relative to the case.
 
 Mistakes that only a running program can see (a checkpoint of another model, a corrupted shard) are not here:
-their tests run the program (tests/e2e/test_checkpoint.py, tests/test_checkpoint_guard.py).
+their tests run the program (tests/e2e/test_checkpoint.py, tests/test_checkpoint_guard.py); a resume that changes
+the run, a checkpoint_dir found from the .scale file, Ctrl-C, `--metrics DIR` and a resumed `init = from(...)`:
+tests/test_resume_contract.py and tests/e2e/test_resume_contract.py.
 """
 from __future__ import annotations
 

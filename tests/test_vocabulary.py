@@ -70,7 +70,7 @@ def test_cli_flags_are_pinned(monkeypatch):
         "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json", "--html"},
         "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
-                "--local-nodes", "--force"},
+                "--local-nodes", "--force", "--resume-changed", "--resume-schedule"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html"},
@@ -98,4 +98,4 @@ def test_program_flags_are_pinned(monkeypatch):
         pass
     assert set(seen) == {"-h", "--help", "--steps", "--seed", "--metrics", "--tensorboard", "--wandb", "--wandb-dir",
                          "--mlflow", "--dump-grads", "--checkpoint-dir", "--stop-after", "--count-bytes",
-                         "--memory-report", "--debug"}
+                         "--memory-report", "--debug", "--resume-changed", "--resume-schedule"}

@@ -161,7 +161,8 @@ def data_path(spec: S.Spec, out_dir: str) -> str:
 
 
 def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
-    """A file named in the .scale file (relative to it) as the program finds it (data_path)."""
+    """A file or directory named in the .scale file (relative to it: data, init, checkpoint_dir) as the program
+    finds it (data_path)."""
     if not path or os.path.isabs(path):
         return path
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
@@ -206,7 +207,11 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  **({"document_separator": t.data.document_separator}
                     if t.data.document_separator is not None else {}),
                  **({"format": t.data.format} if t.data.format != "raw" else {})},  # a .npy: read by its header
-        "checkpoint": {"dir": t.checkpoint_dir, "every": t.checkpoint_every,
+        "checkpoint": {"dir": relative_path(spec, t.checkpoint_dir, out_dir),
+                       # as written, when relative: runtime.train._legacy_checkpoints looks for it from the cwd too
+                       **({"as_written": t.checkpoint_dir}
+                          if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
+                       "every": t.checkpoint_every,
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
