@@ -424,3 +424,26 @@ def test_search_tries_cp_on_a_long_sequence(tmp_path):
     assert fixed.size("cp") == 4 and fixed.context_parallel == "all_gather"
     both = SE.search(spec, top=1, fixed={"cp": 2, "tp": 2}).winners  # cp composes with tp (+ sp)
     assert both and both[0].plan.size("cp") == 2 and both[0].plan.size("tp") == 2
+
+
+def test_winners_keep_the_headroom_and_say_so(tmp_path):
+    """Issue 37: on a device where the fastest plan would use 99% of it, no winner is above W0502's margin (10% kept
+    free by default): the winner is a plan that leaves 10%, `compile` of its file warns of nothing, and the report
+    states the margin; `headroom=0` (`--headroom 0`) ranks the tighter plan first, as before."""
+    from compiler.cost.memory import MARGIN
+    text = open("tests/mistakes/search_winner_within_the_margin.scale").read()
+    spec = check_text(text, "tight.scale", cluster_only=True)
+    device = spec.mesh.device.memory_gb * 1e9
+    kept = SE.search(spec, top=3)
+    assert kept.headroom == MARGIN and kept.winners
+    assert all(w.peak_bytes <= device * (1 - MARGIN) for w in kept.winners)
+    assert "10% headroom: plans up to" in SE.text(kept)
+    assert SE.to_json(kept)["cluster"]["memory_limit_bytes"] == int(device * (1 - MARGIN))
+    bare = SE.search(spec, top=3, headroom=0.0)
+    assert bare.winners[0].peak_bytes > device * (1 - MARGIN)  # what the margin turned away
+    assert bare.winners[0].prediction.step_time_s < kept.winners[0].prediction.step_time_s
+    out = tmp_path / "best.scale"
+    out.write_text(SE.scale_text(spec, kept.winners[0]))
+    assert [d.code for d in compile_checked(str(out)).spec.warnings] == []
+    out.write_text(SE.scale_text(spec, bare.winners[0]))
+    assert [d.code for d in compile_checked(str(out)).spec.warnings] == ["W0502"]  # compile warns, as plan does

@@ -99,21 +99,27 @@ class Result:
     seconds: float
     fixed: dict
     timing: dict = field(default_factory=dict)   # phase -> seconds
+    headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
 
 
 class _Search:
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
-    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None):
+    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None, headroom: float | None = None):
         from compiler.candidates import Candidates
+        from compiler.cost import memory as MEM
         from compiler.cost.step_time import Simulator
         self.spec, self.top = spec, top
         self.space = Space(spec, fixed)
         self.fixed, self.base, self.world = self.space.fixed, self.space.base, self.space.world
         self.moe, self.blocks = self.space.moe, self.space.blocks
         self.device = spec.mesh.device
-        self.limit = self.device.memory_gb * 1e9
+        self.device_bytes = self.device.memory_gb * 1e9
+        # what a plan may use: the device less the headroom, W0502's margin unless `--headroom` says otherwise, so
+        # that no winner is one `plan` warns of (the same expression as cost.memory.over_memory's)
+        self.headroom = MEM.MARGIN if headroom is None else headroom
+        self.limit = self.device_bytes * (1 - self.headroom)
         self.cands = cands or Candidates(spec)
         self.sim = Simulator(self.device)
         self.counts = Counts()
@@ -490,11 +496,13 @@ class _Search:
         self._count_refusals()
         rejected = (R.rejected(self, winners, best_t) if self.counts.families
                     else R.unsatisfiable(self.space, self.spec.plan))
-        return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
+        return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing,
+                      self.headroom)
 
 
-def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) -> Result:
-    """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring)."""
-    return _Search(spec, top, fixed or {}, cands).run()
+def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None) -> Result:
+    """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring) whose predicted peak
+    leaves `headroom` of each device free (default cost.memory.MARGIN, the margin W0502 warns within)."""
+    return _Search(spec, top, fixed or {}, cands, headroom).run()
 
 

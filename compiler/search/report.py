@@ -98,7 +98,7 @@ def reasons(s, d, est, pred, best_t) -> list:
         less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
                 and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
         if less:
-            out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {nbytes(s.limit)}")
+            out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
     if d.data_parallel != "ddp":
         ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
         if ddp:
@@ -129,9 +129,21 @@ def reasons(s, d, est, pred, best_t) -> list:
                 out.append(f"{what}: {alt} {nbytes(p)} at {t / pred.step_time_s:.2f}× its step time")
             elif b is not None:
                 out.append(f"{what}: {alt} at least {b / pred.step_time_s:.2f}× its step time")
-    out.append(f"peak {nbytes(peak)} of {nbytes(s.limit)} "
+    out.append(f"peak {nbytes(peak)} of {nbytes(s.device_bytes)}, {_free(1 - peak / s.device_bytes)} free "
                f"({max(est.memory, key=lambda r: r.peak).who})")
     return out
+
+
+def _free(share: float) -> str:
+    """A share of the device left free, floored (never rounded up past the headroom): 0.0999 -> "9.9%"."""
+    return f"{math.floor(share * 1000) / 10:g}%"
+
+
+def _allowed(s) -> str:
+    """What a plan may use: "72 GB (80 GB less 10% headroom)", or the device where no headroom is kept."""
+    if not s.headroom:
+        return nbytes(s.device_bytes)
+    return f"{nbytes(s.limit)} ({nbytes(s.device_bytes)} less {s.headroom:.0%} headroom)"
 
 
 def _tokens(seq: int) -> str:
@@ -166,8 +178,9 @@ def rejected(s, winners, best_t) -> list:
             continue
         if st["costed"] and not st["fit"]:
             peak, who, what = st["min_peak"]
+            margin = f" less {s.headroom:.0%} headroom" if s.headroom else ""
             out.append(f"{name} does not fit: {nbytes(peak, gigabytes=True)} of "
-                       f"{nbytes(s.limit, gigabytes=True, unit=False)} on {who} "
+                       f"{nbytes(s.device_bytes, gigabytes=True, unit=False)}{margin} on {who} "
                        f"(its least: {what})")
             continue
         why = ""
@@ -207,8 +220,10 @@ def text(result: Result) -> str:
     """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
     spec = result.spec
     m, dev = spec.plan, spec.mesh.device  # the cluster: the written plan's nodes and devices per node
+    room = (f"; {result.headroom:.0%} headroom: plans up to {nbytes(dev.memory_gb * 1e9 * (1 - result.headroom))}"
+            if result.headroom else "; no headroom")
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
-             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each)"
+             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each{room})"
              + (f"; fixed: {', '.join(f'{k}={v}' for k, v in result.fixed.items())}" if result.fixed else ""), ""]
     if not result.winners:
         lines += ["no plan passes the rules and fits the devices"]
@@ -239,7 +254,9 @@ def to_json(result: Result) -> dict:
     return {
         "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
         "cluster": {"nodes": spec.plan.nodes, "devices_per_node": spec.plan.devices_per_node,
-                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9)},
+                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9),
+                    "headroom": result.headroom,  # the share of each device no plan may use
+                    "memory_limit_bytes": int(spec.mesh.device.memory_gb * 1e9 * (1 - result.headroom))},
         "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
                      "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons)}
