@@ -57,13 +57,14 @@ class Formula:
         extra = e.free_symbols - set(ARGS)
         if extra:
             raise ValueError(f"cost formula {expr} has symbols the spec does not bind: {sorted(map(str, extra))}")
-        num, den = sympy.fraction(sympy.together(sympy.expand(e)))
-        self.const = None
-        if not num.free_symbols and not den.free_symbols:
-            self.const = _exact(int(num), int(den))
-        self.num = integer_polynomial(num, ARGS) or sympy.lambdify(ARGS, num, modules="math")
-        self.den = integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math")
-        self._values: dict = {}
+        got = _COMPILED.get(e)
+        if got is None:  # a search's pass structures share most formulas: each is compiled once
+            num, den = sympy.fraction(sympy.together(sympy.expand(e)))
+            const = _exact(int(num), int(den)) if not num.free_symbols and not den.free_symbols else None
+            got = _COMPILED[e] = (const, integer_polynomial(num, ARGS) or sympy.lambdify(ARGS, num, modules="math"),
+                                  integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math"), {})
+        # the values too: the same bound formula takes the same value at an env, whichever structure reads it
+        self.const, self.num, self.den, self._values = got
 
     def __call__(self, env: tuple):
         if self.const is not None:
@@ -72,6 +73,11 @@ class Formula:
         if got is None:
             got = self._values[env] = _exact(self.num(*env), self.den(*env))
         return got
+
+
+_COMPILED: dict = {}
+"""A bound formula (its spec's sizes substituted) -> (constant or None, numerator, denominator, values per env): what
+`Formula` compiles, kept for every Formula of the same expression (they are pure functions of env)."""
 
 
 def _exact(n, d):
@@ -308,10 +314,16 @@ class Formulas:
     """Gradients (elements per rank) left partial over tp by sequence parallelism, per segment."""
     param_shapes: ParamShapes = field(compare=False)
     """Every parameter one rank holds per segment (ZeRO-1's partition), compiled on first use."""
+    _held: dict = field(default_factory=dict, compare=False, repr=False)
+    """(lo, hi) -> `held(lo, hi)`: a search asks for the same stages' blocks a million times."""
 
     def held(self, lo: int, hi: int) -> tuple:
         """(repeat index, blocks) of each repeat with blocks in the global range [lo, hi) (a stage's), pp."""
-        return tuple((i, min(hi, b) - max(lo, a)) for i, (_, a, b) in enumerate(self.edges) if max(lo, a) < min(hi, b))
+        got = self._held.get((lo, hi))
+        if got is None:
+            got = self._held[(lo, hi)] = tuple((i, min(hi, b) - max(lo, a)) for i, (_, a, b) in enumerate(self.edges)
+                                               if max(lo, a) < min(hi, b))
+        return got
 
     def within(self, per_repeat: tuple, lo: int, hi: int, env: tuple):
         """The sum over the blocks [lo, hi) of a per-block quantity (one Formula per repeat), at env, pp."""

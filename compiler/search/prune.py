@@ -124,6 +124,7 @@ class _Search:
         self.sim = Simulator(self.device)
         self.counts = Counts()
         self._pieces: dict = {}
+        self._stage_times: dict = {}  # (pieces key, stage layout) -> per stage forward and backward seconds
         self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
@@ -280,7 +281,11 @@ class _Search:
         m = decided.micro_batches
         if cm.piped:
             pp = decided.size("pp")
-            fwd, bwd, _, _ = self.sim.stage_times(cm, decided, env, pieces)
+            at = (key, cm.stages_for(decided, env))  # families of a shape share their stages' times
+            got = self._stage_times.get(at)
+            if got is None:
+                got = self._stage_times[at] = self.sim.stage_times(cm, decided, env, pieces)[:2]
+            fwd, bwd = got
             busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
             if not fill:
                 return max(busy)
