@@ -119,6 +119,7 @@ class CostModel:
         self.formulas = Formulas.build(spec, traced, self.precision)
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
+        self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
 
     # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
     @property
@@ -252,18 +253,27 @@ class CostModel:
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
         recv = fo.saved.sent(env)
-        parts = self._saved_parts(env, _saved_mode(plan))
-        kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
-        if plan.schedule == "zero-bubble":
-            wg = fo.saved.wgrad
-            parts = (wg.block, wg.prologue(env), wg.epilogue(env))
-            wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
-        else:
-            wgrad = [0] * n_st
-        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
+        # what every dp sharding of the same sizes, stages, schedule and recomputation shares (a search costs each)
+        key = (env, tuple(layout), _saved_mode(plan), plan.schedule, p, m, v)
+        got = self._stage_parts.get(key)
+        if got is None:
+            parts = self._saved_parts(env, _saved_mode(plan))
+            kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
+            if plan.schedule == "zero-bubble":
+                wg = fo.saved.wgrad
+                parts = (wg.block, wg.prologue(env), wg.epilogue(env))
+                wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
+            else:
+                wgrad = [0] * n_st
+            peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout),
+                               tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
+            params = [fo.within(fo.params.block, lo, hi, env) + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
+                      for k, (lo, hi) in enumerate(layout)]
+            got = self._stage_parts[key] = (kept, wgrad, peaks, params)
+        kept, wgrad, peaks, params = got
         out = []
         for k, (lo, hi) in enumerate(layout):
-            n = fo.within(fo.params.block, lo, hi, env) + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
+            n = params[k]
             r = k % p
             alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,

@@ -53,6 +53,10 @@ class Formula:
 
     def __init__(self, expr: sympy.Expr, sub: Mapping):
         self.expr = expr
+        seen = _SEEN.get((expr, id(sub)))
+        if seen is not None and seen[0] is sub:  # the same formula of the same sizes: compiled already
+            self.const, self.num, self.den, self._values = seen[1]
+            return
         e = sympy.sympify(expr).xreplace(sub)
         extra = e.free_symbols - set(ARGS)
         if extra:
@@ -65,6 +69,7 @@ class Formula:
                                   integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math"), {})
         # the values too: the same bound formula takes the same value at an env, whichever structure reads it
         self.const, self.num, self.den, self._values = got
+        _SEEN[(expr, id(sub))] = (sub, got)  # sub kept: its id is not reused while the entry lives
 
     def __call__(self, env: tuple):
         if self.const is not None:
@@ -76,6 +81,23 @@ class Formula:
 
 
 _COMPILED: dict = {}
+_SEEN: dict = {}
+"""(formula, id of its substitution) -> (the substitution, _COMPILED's entry): a structure's formulas are mostly
+those of the structures before it, with the same sizes bound (`_sub`: one substitution per spec and cp)."""
+_SUBS: dict = {}
+"""(id of a spec, cp) -> (the spec, its substitution): `_sub`'s, so that equal substitutions are one object."""
+
+
+def _sub(spec, cp: int) -> Mapping:
+    """The sizes a structure's formulas bind: the spec's (not the axes and µb) and the cp degree."""
+    got = _SUBS.get((id(spec), cp))
+    if got is None or got[0] is not spec:
+        if len(_SUBS) > 64:  # a process checking many files (the tests): keep the recent ones
+            _SUBS.clear()
+            _SEEN.clear()
+        got = _SUBS[(id(spec), cp)] = (spec, MappingProxyType(
+            {**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}, size("cp"): sympy.Integer(cp)}))
+    return got[1]
 """A bound formula (its spec's sizes substituted) -> (constant or None, numerator, denominator, values per env): what
 `Formula` compiles, kept for every Formula of the same expression (they are pure functions of env)."""
 
@@ -341,8 +363,7 @@ def _build(spec, traced, precision: str) -> Formulas:
     # the cp degree the context-parallel pass divided the sequence by (compiler/passes/context_parallel.py): bound
     # here, as a spec size is, since a search keeps cp as the file has it
     cp = traced.top.meta.get(T.CP_SIZE, 1)
-    sub = MappingProxyType({**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS},
-                            size("cp"): sympy.Integer(cp)})
+    sub = _sub(spec, cp)
 
     def fn(expr) -> Formula:
         return Formula(expr, sub)
