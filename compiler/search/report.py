@@ -259,7 +259,8 @@ def to_json(result: Result) -> dict:
                     "memory_limit_bytes": int(spec.mesh.device.memory_gb * 1e9 * (1 - result.headroom))},
         "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
-                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons)}
+                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons),
+                     "dispatch": w.dispatch}
                     for i, w in enumerate(result.winners, 1)],
         "rejected": list(result.rejected),
         "counts": result.counts.as_json(),
@@ -278,5 +279,32 @@ def scale_text(spec: S.Spec, winner: Winner) -> str:
               f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
               f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
               f"(of {spec.mesh.device.memory_gb:g}).\n")
-    return scale_printer.scale_file(winner.plan, spec.source, parse(spec.source, spec.path), spec.mesh.device.kind,
-                                    header)
+    source = spec.source
+    if winner.dispatch == "grouped":
+        source = grouped_source(spec)
+        header += ("# Its dropless `moe` layers dispatched grouped (`dispatch = grouped`: the rows sorted by expert), "
+                   "where the file's were padded.\n")
+    return scale_printer.scale_file(winner.plan, source, parse(source, spec.path), spec.mesh.device.kind, header)
+
+
+def grouped_source(spec: S.Spec) -> str:
+    """`spec`'s source with `dispatch = grouped` in each dropless `moe` call of padded dispatch (the argument
+    added before its closing parenthesis, or a written `dispatch = padded` replaced): what prune.grouped_dispatch
+    searched, as text."""
+    import re
+
+    from compiler import spec as S
+    lines = spec.source.split("\n")
+    for m in sorted((x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and x.capacity_factor == "none"
+                     and x.dispatch == "padded"), key=lambda x: (x.span.line, x.span.col), reverse=True):
+        sp = m.span
+        last = lines[sp.end_line - 1]
+        call = "\n".join(lines[sp.line - 1:sp.end_line])
+        if re.search(r"\bdispatch\s*=\s*padded\b", call):
+            for i in range(sp.line - 1, sp.end_line):
+                lines[i] = re.sub(r"\bdispatch(\s*)=(\s*)padded\b", r"dispatch\1=\2grouped", lines[i])
+            continue
+        close = sp.end_col - 2  # the call's closing parenthesis
+        assert last[close] == ")", (last, sp)
+        lines[sp.end_line - 1] = last[:close] + ", dispatch = grouped" + last[close:]
+    return "\n".join(lines)
