@@ -125,7 +125,9 @@ class _Search:
         self.sim = Simulator(self.device)
         self.counts = Counts()
         self._pieces: dict = {}
-        self._stage_times: dict = {}  # (pieces key, stage layout) -> per stage forward and backward seconds
+        self._stage_times: dict = {}  # (pieces key, stage layout) -> per pp rank (one micro-batch's forward and
+                                      # backward, the earlier stages' forwards, their backwards); pieces key -> the
+                                      # whole model's one micro-batch, without pp
         self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
@@ -284,19 +286,22 @@ class _Search:
             pp = decided.size("pp")
             at = (key, cm.stages_for(decided, env))  # families of a shape share their stages' times
             got = self._stage_times.get(at)
-            if got is None:
-                got = self._stage_times[at] = self.sim.stage_times(cm, decided, env, pieces)[:2]
-            fwd, bwd = got
-            busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
+            if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
+                fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
+                got = self._stage_times[at] = tuple((sum(fwd[r::pp]) + sum(bwd[r::pp]), sum(fwd[:r]), sum(bwd[:r]))
+                                                    for r in range(pp))
             if not fill:
-                return max(busy)
+                return max(m * one for one, _, _ in got)
             # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
             # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
             # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
             drain = decided.schedule != "zero-bubble"
-            return max(busy[r] + sum(fwd[:r]) + (sum(bwd[:r]) if drain else 0.0) for r in range(pp))
-        counts = {("block", name): c for name, (_, c) in cm.counts.items()}
-        return m * sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+            return max(m * one + before_f + (before_b if drain else 0.0) for one, before_f, before_b in got)
+        one = self._stage_times.get(key)
+        if one is None:
+            counts = {("block", name): c for name, (_, c) in cm.counts.items()}
+            one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+        return m * one
 
     # -- ranking -------------------------------------------------------------------------------------------------
 
