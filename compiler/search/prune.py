@@ -355,7 +355,7 @@ class _Search:
             st["passed"] += 1
             st["costed"] += 1
             if st["min_peak"] is None or peak < st["min_peak"][0]:
-                st["min_peak"] = (peak, worst.who, decided.describe())
+                st["min_peak"] = (peak, worst.who, decided)  # described by the report (thousands are replaced)
         if peak <= self.limit:
             self.counts.fitting += 1
             for st in stats:
@@ -434,7 +434,7 @@ class _Search:
                 tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
                 for st in stats:
                     if st["best_exact"] is None or pred.step_time_s < st["best_exact"][0]:
-                        st["best_exact"] = (pred.step_time_s, decided.describe())
+                        st["best_exact"] = (pred.step_time_s, decided)
                 log.append((decided, est, pred, plan0))
                 self._offer(pred.step_time_s, key, (decided, est, pred))
                 break  # the least recomputation that fits is the fastest

@@ -177,7 +177,8 @@ def rejected(s, winners, best_t) -> list:
             got[1].append(name)
             continue
         if st["costed"] and not st["fit"]:
-            peak, who, what = st["min_peak"]
+            peak, who, least = st["min_peak"]
+            what = least.describe()
             margin = f" less {s.headroom:.0%} headroom" if s.headroom else ""
             out.append(f"{name} does not fit: {nbytes(peak, gigabytes=True)} of "
                        f"{nbytes(s.device_bytes, gigabytes=True, unit=False)}{margin} on {who} "
@@ -188,7 +189,8 @@ def rejected(s, winners, best_t) -> list:
             probe = replace(s.base, axes=(("dp", s.world // n), (a, n)))
             why = " crosses nodes:" if links(probe, s.device)[a].crosses_nodes else ""
         if st["best_exact"] is not None and best_t:
-            t, what = st["best_exact"]
+            t, fastest = st["best_exact"]
+            what = fastest.describe()
             out.append(f"{name}{why} {t / best_t:.2f}× slower than the best (its best: {what})")
         elif st["best_bound"] is not None and best_t:
             out.append(f"{name}{why} at least {st['best_bound'] / best_t:.2f}× slower than the best "
