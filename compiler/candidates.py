@@ -30,6 +30,17 @@ def structure(plan: P.Plan) -> tuple:
         ((cp, plan.context_parallel),) if cp > 1 else ())
 
 
+_SPLIT: dict = {}
+"""A stage-cost expression -> its compiled function of the axis sizes: structures share them (issue 37)."""
+
+
+def _lambdify(expr):
+    got = _SPLIT.get(expr)
+    if got is None:  # not numpy's or scipy's modules: ~0.3 s of imports
+        got = _SPLIT[expr] = sympy.lambdify([size(a) for a in P.AXES], expr, modules="math")
+    return got
+
+
 @dataclass
 class _Structure:
     plan: P.Plan           # a plan of this structure, with its tp/ep decisions
@@ -62,9 +73,7 @@ class Candidates:
             if plan.size("pp") > 1:
                 blocks = L.blocks_of(sharded, self.spec.value)
                 fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
-                split = tuple(sympy.lambdify([size(a) for a in P.AXES], sympy.sympify(f).xreplace(fixed),
-                                             modules="math")  # not numpy's or scipy's: ~0.3 s of imports
-                              for f in L.split_costs(sharded))
+                split = tuple(_lambdify(sympy.sympify(f).xreplace(fixed)) for f in L.split_costs(sharded))
             got = _Structure(decided, sharded, split, blocks, C.CostModel(self.spec, sharded, decided))
             self._structures[key] = got
         return got

@@ -188,7 +188,7 @@ def cmd_search(args) -> int:
         return 2
     spec = check.check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
     sys.stderr.write(R.warnings_text(spec))
-    result = SE.search(spec, top=args.top, fixed=fixed)
+    result = SE.search(spec, top=args.top, fixed=fixed, headroom=args.headroom)
     sys.stdout.write(R.search_output(result, args.json))
     if not result.winners:  # the reasons are printed above, under `rejected`
         sys.stderr.write(R.search_failure(fixed, *(o for o in (args.output, args.html) if o)))
@@ -214,6 +214,20 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, not {n}")
     return n
+
+
+def _headroom(text: str) -> float:
+    """argparse type of `search --headroom`: a share of each device kept free, as `0.15` or `15%`; at least 0 and
+    below 1 (a usage error, exit 2, otherwise)."""
+    value = text.strip()
+    try:
+        share = float(value[:-1]) / 100 if value.endswith("%") else float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share of the device such as 0.1 or 10%, not {text!r}") from None
+    if not 0 <= share < 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 (none) to below 1 (or 0% to below 100%), "
+                                         f"not {text!r}")
+    return share
 
 
 def _program_steps(program_args: list[str]) -> None:
@@ -397,10 +411,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("file", metavar="FILE")
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
-                   help="fix a setting (repeatable): dp, tp, pp, ep, virtual_stages, micro_batches, "
-                        "micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, fsdp_grad_sync")
+                   help="fix a setting (repeatable; one value per key): dp, tp, pp, ep, cp, virtual_stages, "
+                        "micro_batches, micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, "
+                        "fsdp_grad_sync, context_parallel, dispatch")
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
+    c.add_argument("--headroom", type=_headroom, default=None, metavar="SHARE",
+                   help="the share of each device's memory no plan may use, as 0.1 or 10%% (default 10%%: the "
+                        "margin within which `plan`, `compile` and `run` warn, W0502)")
     c.add_argument("--json", action="store_true", help="print the result as JSON (keys described in docs/planning.md)")
     c.add_argument("--html", metavar="OUT", help="write the ranking as one self-contained HTML page, with the best "
                    "plan's memory, step time, timeline and collectives")

@@ -768,6 +768,7 @@ class _Importer:
                       f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
                       f"{s('mlp_only_layers')} empty: a mixture in every layer" + ("" if shared else
                                                                                    ", no shared expert")),
+                     DISPATCH_ROW,
                      (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)}" + ("," if shared else ")"),
                       f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
                       "model)")]
@@ -779,6 +780,7 @@ class _Importer:
             rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
                       f"block_sparse_moe: {s('num_experts_per_tok')}; dropless, as transformers routes; "
                       f"{s('hidden_act')} gating = swiglu"),
+                     DISPATCH_ROW,
                      (f"        aux_loss = {_fmt(aux)})",
                       f"{s('router_aux_loss_coef')} (see the note above the model); "
                       f"{s('router_jitter_noise')} = 0")]
@@ -915,6 +917,12 @@ def import_config(text: str, path: str) -> str:
                          {path: text})
     return out
 
+
+# Every imported mixture is dropless (transformers routes every choice): sorted by expert, not padded to a slot per
+# token (issue 37: padded, each expert computes every token's slot, and `search` avoids ep for it).
+DISPATCH = "dispatch = grouped"
+DISPATCH_NOTE = "dropless: rows sorted by expert, no padded slot per token (the same result as `padded`)"
+DISPATCH_ROW = (f"        {DISPATCH},", DISPATCH_NOTE)
 
 PLACEHOLDER = """
 # Placeholder cluster and training settings, to replace with yours (`scalec search` finds a plan for a cluster).

@@ -377,12 +377,14 @@ class DeepseekLayout:
         return rows
 
     def moe_rows(self, moe) -> list[tuple[str, str]]:
+        from compiler.importer import DISPATCH, DISPATCH_NOTE  # every importer's mixture is dispatched alike
         s, fmt, v3 = self.src, self.fmt, self.type == "deepseek_v3"
         pad = " " * len("    moe(")
         shared = moe["shared"]
         rows = [(f"    moe(hidden, moe_ffn, experts, top_k = {moe['top_k']}, capacity_factor = none, act = swiglu,",
                  f"mlp.experts, mlp.gate: {s('num_experts_per_tok')}; dropless, as transformers routes; "
                  f"{s('hidden_act')} gating = swiglu"),
+                (f"{pad}{DISPATCH},", DISPATCH_NOTE),
                 (f"{pad}renormalize = {fmt(moe['norm'])}, aux_loss = {fmt(float(moe['aux']))},",
                  (s("norm_topk_prob") if v3 else "DeepSeek-V2: never renormalised" +
                   (f" ({s('norm_topk_prob')})" if "norm_topk_prob" in self.cfg else "")) +

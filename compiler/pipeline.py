@@ -78,11 +78,16 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
 
 def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
     """compile the file (which proves its pipeline schedule: every command that compiles), then, with `memory`
-    (compile, run without --force), refuse a plan whose predicted peak does not fit."""
+    (compile, run without --force), refuse a plan whose predicted peak does not fit, and add W0502 (a peak within
+    the margin of the device) to the spec's warnings, which those commands print as `plan` prints it."""
     compiled = compile_spec(check_path(path), show=show)
     problems = []
     if memory:
-        problems += [d for d in fit.budget(compiled) if d.severity == "error"]
+        found = fit.budget(compiled)
+        problems += [d for d in found if d.severity == "error"]
+        near = tuple(d for d in found if d.severity == "warning")
+        if near and not problems:
+            compiled.spec = replace(compiled.spec, warnings=compiled.spec.warnings + near)
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled

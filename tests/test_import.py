@@ -854,3 +854,21 @@ def test_a_head_dim_of_its_own_is_written_as_head_dim():
     del cfg["head_dim"]
     out = _diagnose(json.dumps(cfg, indent=2), "nemo.json")
     assert "error[E0954]: 48 heads do not divide hidden_size 5120" in out and "give head_dim" in out, out
+
+MOE_CONFIGS = ("mixtral_8x7b", "qwen1.5_moe_a2.7b", "qwen3_30b_a3b", "qwen3_235b_a22b", "deepseek_v2_lite",
+               "deepseek_v3")  # every released mixture of tests/reference/hf (copies of the configs typed in above)
+
+
+@pytest.mark.parametrize("name", MOE_CONFIGS)
+def test_imported_mixtures_are_dispatched_grouped(tmp_path, capsys, name):
+    """Issue 37: every released mixture routes dropless, so `scalec import` writes `dispatch = grouped` (the rows
+    sorted by expert) where the default `padded` would compute a slot per token for every expert (and `search`
+    would avoid ep for it): each `moe` layer of the file written is grouped, with the line saying why."""
+    from compiler.cli import main
+    out = tmp_path / f"{name}.scale"
+    assert main(["import", str(ROOT / "tests" / "reference" / "hf" / f"{name}.json"), "-o", str(out)]) == 0
+    text = out.read_text()
+    spec = check_text(text, str(out))
+    moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
+    assert moes and all(m.dispatch == "grouped" and m.capacity_factor == "none" for m in moes), name
+    assert "dispatch = grouped," in text and "no padded slot per token" in text

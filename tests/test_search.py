@@ -424,3 +424,56 @@ def test_search_tries_cp_on_a_long_sequence(tmp_path):
     assert fixed.size("cp") == 4 and fixed.context_parallel == "all_gather"
     both = SE.search(spec, top=1, fixed={"cp": 2, "tp": 2}).winners  # cp composes with tp (+ sp)
     assert both and both[0].plan.size("cp") == 2 and both[0].plan.size("tp") == 2
+
+
+def test_winners_keep_the_headroom_and_say_so(tmp_path):
+    """Issue 37: on a device where the fastest plan would use 99% of it, no winner is above W0502's margin (10% kept
+    free by default): the winner is a plan that leaves 10%, `compile` of its file warns of nothing, and the report
+    states the margin; `headroom=0` (`--headroom 0`) ranks the tighter plan first, as before."""
+    from compiler.cost.memory import MARGIN
+    text = open("tests/mistakes/search_winner_within_the_margin.scale").read()
+    spec = check_text(text, "tight.scale", cluster_only=True)
+    device = spec.mesh.device.memory_gb * 1e9
+    kept = SE.search(spec, top=3)
+    assert kept.headroom == MARGIN and kept.winners
+    assert all(w.peak_bytes <= device * (1 - MARGIN) for w in kept.winners)
+    assert "10% headroom: plans up to" in SE.text(kept)
+    assert SE.to_json(kept)["cluster"]["memory_limit_bytes"] == int(device * (1 - MARGIN))
+    bare = SE.search(spec, top=3, headroom=0.0)
+    assert bare.winners[0].peak_bytes > device * (1 - MARGIN)  # what the margin turned away
+    assert bare.winners[0].prediction.step_time_s < kept.winners[0].prediction.step_time_s
+    out = tmp_path / "best.scale"
+    out.write_text(SE.scale_text(spec, kept.winners[0]))
+    assert [d.code for d in compile_checked(str(out)).spec.warnings] == []
+    out.write_text(SE.scale_text(spec, bare.winners[0]))
+    assert [d.code for d in compile_checked(str(out)).spec.warnings] == ["W0502"]  # compile warns, as plan does
+
+
+def test_search_varies_the_dispatch_of_a_dropless_moe(tmp_path, capsys):
+    """Issue 37: a dropless `moe` written with padded dispatch (the default) is searched with `dispatch = grouped`
+    too (the same routing and outputs, no padded slot per token): every winner says which it takes and what the
+    other costs; the winner's file writes the dispatch it was ranked with and reads back so; `--fix dispatch=padded`
+    keeps the file's."""
+    from compiler import spec as S
+    text = open("samples/moe_gpt.scale").read()
+    assert "capacity_factor = 1.25" in text
+    path = tmp_path / "dropless.scale"
+    path.write_text(text.replace("capacity_factor = 1.25", "capacity_factor = none"))
+    spec = check_path(str(path), cluster_only=True)
+    assert [m.dispatch for m in S.walk(spec.model.layers) if isinstance(m, S.MoE)] == ["padded"]
+    result = SE.search(spec, top=3)
+    assert result.winners
+    for w in result.winners:
+        assert any(r.startswith("dispatch") for r in w.reasons), w.reasons
+    grouped = [w for w in result.winners if w.dispatch == "grouped"]
+    assert grouped, [w.reasons for w in result.winners]
+    written = SE.scale_text(spec, grouped[0])
+    back = check_text(written, str(tmp_path / "best.scale"))
+    assert [m.dispatch for m in S.walk(back.model.layers) if isinstance(m, S.MoE)] == ["grouped"]
+    assert "capacity_factor = none" in written and "dispatch = grouped" in written
+    kept = SE.search(spec, top=3, fixed={"dispatch": "padded"})
+    assert kept.winners and all(w.dispatch is None for w in kept.winners)
+    assert kept.fixed == {"dispatch": "padded"}
+    assert main(["search", str(path), "--top", "1", "--fix", "dispatch=grouped", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["winners"][0]["dispatch"] == "grouped" and got["fixed"] == {"dispatch": "grouped"}

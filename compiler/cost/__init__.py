@@ -119,6 +119,8 @@ class CostModel:
         self.formulas = Formulas.build(spec, traced, self.precision)
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
+        self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
+        self._rank_parts: dict = {}   # estimate's per pp rank parts that no dp sharding or recomputation changes
 
     # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
     @property
@@ -158,23 +160,30 @@ class CostModel:
         fo = self.formulas
         if fo.piped:
             layout = self.stages_for(plan, env)
-            n = len(layout)
-            mine = range(pp_rank, n, pp)
-            # blocks of each repeat (by name) the rank's stages hold
-            nb = {name: 0 for name, _, _ in fo.edges}
-            for k in mine:
-                for i, c in fo.held(*layout[k]):
-                    nb[fo.edges[i][0]] += c
-            on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
-            params_rank = fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
-            experts_rank = fo.experts.prologue(env) + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine)
-            ff, fl = fo.flops.prologue(env), fo.flops.epilogue(env)
+            # what the rank's stages hold and compute, the same for every dp sharding and recomputation of a family
+            key = (env, tuple(layout), pp_rank)
+            got = self._rank_parts.get(key)
+            if got is None:
+                n = len(layout)
+                mine = range(pp_rank, n, pp)
+                # blocks of each repeat (by name) the rank's stages hold
+                nb = {name: 0 for name, _, _ in fo.edges}
+                for k in mine:
+                    for i, c in fo.held(*layout[k]):
+                        nb[fo.edges[i][0]] += c
+                on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
+                params_rank = fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
+                experts_rank = (fo.experts.prologue(env)
+                                + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine))
+                per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
+                per_stage[0] += fo.flops.prologue(env)
+                per_stage[-1] += fo.flops.epilogue(env)
+                got = self._rank_parts[key] = (nb, on_rank, params_rank, experts_rank, per_stage)
+            nb, on_rank, params_rank, experts_rank, per_stage = got
+            nb, on_rank = dict(nb), dict(on_rank)  # the ledger's own copies
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
             rec = fo.recompute[_recompute(plan)]
-            per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
-            per_stage[0] += ff
-            per_stage[-1] += fl
             rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
             rank_flops = max(sum(per_stage[r::pp]) for r in range(pp))
             rank_hw = max(sum(per_stage[r::pp]) + sum(rec_stage[r::pp]) for r in range(pp))
@@ -252,18 +261,27 @@ class CostModel:
         n_st = len(layout)
         # A stage after the first keeps its input in the schedule's receive buffer (counted there, not here).
         recv = fo.saved.sent(env)
-        parts = self._saved_parts(env, _saved_mode(plan))
-        kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
-        if plan.schedule == "zero-bubble":
-            wg = fo.saved.wgrad
-            parts = (wg.block, wg.prologue(env), wg.epilogue(env))
-            wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
-        else:
-            wgrad = [0] * n_st
-        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout), tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
+        # what every dp sharding of the same sizes, stages, schedule and recomputation shares (a search costs each)
+        key = (env, tuple(layout), _saved_mode(plan), plan.schedule, p, m, v)
+        got = self._stage_parts.get(key)
+        if got is None:
+            parts = self._saved_parts(env, _saved_mode(plan))
+            kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
+            if plan.schedule == "zero-bubble":
+                wg = fo.saved.wgrad
+                parts = (wg.block, wg.prologue(env), wg.epilogue(env))
+                wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
+            else:
+                wgrad = [0] * n_st
+            peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout),
+                               tuple((int(a), int(b)) for a, b in zip(kept, wgrad)))
+            params = [fo.within(fo.params.block, lo, hi, env) + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
+                      for k, (lo, hi) in enumerate(layout)]
+            got = self._stage_parts[key] = (kept, wgrad, peaks, params)
+        kept, wgrad, peaks, params = got
         out = []
         for k, (lo, hi) in enumerate(layout):
-            n = fo.within(fo.params.block, lo, hi, env) + (pro if k == 0 else 0) + (epi if k == n_st - 1 else 0)
+            n = params[k]
             r = k % p
             alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
@@ -708,8 +726,10 @@ def recompute_passes(plan) -> int:
 
 def structure_of(axes, sp: bool, tp_layers) -> tuple:
     """What decides the shape of the sharded graphs and these formulas (not their sizes): which axes the mesh has
-    and which are above 1, sequence parallelism, the layer kinds tp shards."""
-    return (tuple((a, n > 1) for a, n in axes), bool(sp), tuple(tp_layers))
+    and which are above 1, sequence parallelism, the layer kinds tp shards. Not dp: no pass reads it (its ZeRO
+    stage, gradient reduction and batch split are the cost model's, from the plan's numbers), so plans with and
+    without dp share their graphs (a search lowers and compiles each structure once: issue 37)."""
+    return (tuple((a, n > 1) for a, n in axes if a != "dp"), bool(sp), tuple(tp_layers))
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:

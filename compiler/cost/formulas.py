@@ -53,17 +53,23 @@ class Formula:
 
     def __init__(self, expr: sympy.Expr, sub: Mapping):
         self.expr = expr
+        seen = _SEEN.get((expr, id(sub)))
+        if seen is not None and seen[0] is sub:  # the same formula of the same sizes: compiled already
+            self.const, self.num, self.den, self._values = seen[1]
+            return
         e = sympy.sympify(expr).xreplace(sub)
         extra = e.free_symbols - set(ARGS)
         if extra:
             raise ValueError(f"cost formula {expr} has symbols the spec does not bind: {sorted(map(str, extra))}")
-        num, den = sympy.fraction(sympy.together(sympy.expand(e)))
-        self.const = None
-        if not num.free_symbols and not den.free_symbols:
-            self.const = _exact(int(num), int(den))
-        self.num = integer_polynomial(num, ARGS) or sympy.lambdify(ARGS, num, modules="math")
-        self.den = integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math")
-        self._values: dict = {}
+        got = _COMPILED.get(e)
+        if got is None:  # a search's pass structures share most formulas: each is compiled once
+            num, den = sympy.fraction(sympy.together(sympy.expand(e)))
+            const = _exact(int(num), int(den)) if not num.free_symbols and not den.free_symbols else None
+            got = _COMPILED[e] = (const, integer_polynomial(num, ARGS) or sympy.lambdify(ARGS, num, modules="math"),
+                                  integer_polynomial(den, ARGS) or sympy.lambdify(ARGS, den, modules="math"), {})
+        # the values too: the same bound formula takes the same value at an env, whichever structure reads it
+        self.const, self.num, self.den, self._values = got
+        _SEEN[(expr, id(sub))] = (sub, got)  # sub kept: its id is not reused while the entry lives
 
     def __call__(self, env: tuple):
         if self.const is not None:
@@ -72,6 +78,28 @@ class Formula:
         if got is None:
             got = self._values[env] = _exact(self.num(*env), self.den(*env))
         return got
+
+
+_COMPILED: dict = {}
+_SEEN: dict = {}
+"""(formula, id of its substitution) -> (the substitution, _COMPILED's entry): a structure's formulas are mostly
+those of the structures before it, with the same sizes bound (`_sub`: one substitution per spec and cp)."""
+_SUBS: dict = {}
+"""(id of a spec, cp) -> (the spec, its substitution): `_sub`'s, so that equal substitutions are one object."""
+
+
+def _sub(spec, cp: int) -> Mapping:
+    """The sizes a structure's formulas bind: the spec's (not the axes and µb) and the cp degree."""
+    got = _SUBS.get((id(spec), cp))
+    if got is None or got[0] is not spec:
+        if len(_SUBS) > 64:  # a process checking many files (the tests): keep the recent ones
+            _SUBS.clear()
+            _SEEN.clear()
+        got = _SUBS[(id(spec), cp)] = (spec, MappingProxyType(
+            {**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}, size("cp"): sympy.Integer(cp)}))
+    return got[1]
+"""A bound formula (its spec's sizes substituted) -> (constant or None, numerator, denominator, values per env): what
+`Formula` compiles, kept for every Formula of the same expression (they are pure functions of env)."""
 
 
 def _exact(n, d):
@@ -308,10 +336,16 @@ class Formulas:
     """Gradients (elements per rank) left partial over tp by sequence parallelism, per segment."""
     param_shapes: ParamShapes = field(compare=False)
     """Every parameter one rank holds per segment (ZeRO-1's partition), compiled on first use."""
+    _held: dict = field(default_factory=dict, compare=False, repr=False)
+    """(lo, hi) -> `held(lo, hi)`: a search asks for the same stages' blocks a million times."""
 
     def held(self, lo: int, hi: int) -> tuple:
         """(repeat index, blocks) of each repeat with blocks in the global range [lo, hi) (a stage's), pp."""
-        return tuple((i, min(hi, b) - max(lo, a)) for i, (_, a, b) in enumerate(self.edges) if max(lo, a) < min(hi, b))
+        got = self._held.get((lo, hi))
+        if got is None:
+            got = self._held[(lo, hi)] = tuple((i, min(hi, b) - max(lo, a)) for i, (_, a, b) in enumerate(self.edges)
+                                               if max(lo, a) < min(hi, b))
+        return got
 
     def within(self, per_repeat: tuple, lo: int, hi: int, env: tuple):
         """The sum over the blocks [lo, hi) of a per-block quantity (one Formula per repeat), at env, pp."""
@@ -329,8 +363,7 @@ def _build(spec, traced, precision: str) -> Formulas:
     # the cp degree the context-parallel pass divided the sequence by (compiler/passes/context_parallel.py): bound
     # here, as a spec size is, since a search keeps cp as the file has it
     cp = traced.top.meta.get(T.CP_SIZE, 1)
-    sub = MappingProxyType({**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS},
-                            size("cp"): sympy.Integer(cp)})
+    sub = _sub(spec, cp)
 
     def fn(expr) -> Formula:
         return Formula(expr, sub)

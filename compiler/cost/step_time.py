@@ -168,6 +168,10 @@ def _numel(shape) -> sympy.Expr:
     return sympy.Mul(*shape) if shape else sympy.Integer(1)
 
 
+_COMPILED: dict = {}
+"""(args, a segment's bound expressions) -> their compiled function (`Segment._fn`), shared by equal segments."""
+
+
 class Segment:
     """One traced graph's ops as numbers: `times(env, ...)` evaluates every op's sizes at once (one compiled function
     of dp, tp, ep, pp and the micro-batch size) and turns them into seconds on a device."""
@@ -270,8 +274,13 @@ class Segment:
                 # fused when compiled (costed in its group) unless it is one of the vocabulary-parallel ops
                 self.ops.append(("memory" if node not in group_of else "fused", len(exprs), 0, False, False, name))
                 exprs.append(moved)
-        exprs = [sympy.sympify(e).xreplace(sub) for e in exprs]
-        self._fn = sympy.lambdify(args, exprs, modules="math") if exprs else (lambda *a: [])
+        self._times: dict = {}  # `times` per argument; dev by id: a Segment lives in one Simulator's model
+        exprs = tuple(sympy.sympify(e).xreplace(sub) for e in exprs)
+        key = (tuple(args), exprs)
+        self._fn = _COMPILED.get(key)
+        if self._fn is None:  # a search's pass structures share most segments: each compiled once (issue 37)
+            self._fn = _COMPILED[key] = (sympy.lambdify(args, list(exprs), modules="math") if exprs else
+                                         (lambda *a: []))
 
     @staticmethod
     def _dims(node):
@@ -282,7 +291,15 @@ class Segment:
 
     def times(self, env, dev, act_bytes: int, materialised: bool = False, compiled: bool = False) -> "OpTimes":
         """Seconds of one micro-batch through this graph on `dev` (`materialised`: attention scores written out,
-        see SCORE_BYTES_FORWARD; `compiled`: the memory-bound ops run as fused groups)."""
+        see SCORE_BYTES_FORWARD; `compiled`: the memory-bound ops run as fused groups); kept per argument (a
+        search asks again for each recomputation and schedule of the same sizes)."""
+        key = (env, id(dev), act_bytes, materialised, compiled)
+        got = self._times.get(key)
+        if got is None:
+            got = self._times[key] = self._times_of(env, dev, act_bytes, materialised, compiled)
+        return got
+
+    def _times_of(self, env, dev, act_bytes: int, materialised: bool, compiled: bool) -> "OpTimes":
         v = self._fn(*env)
         over = dev.op_overhead_us * 1e-6
         hbm = dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY
@@ -511,6 +528,7 @@ class Simulator:
         self.device = device
         self.materialised = attention == "materialised"
         self._models: dict = {}
+        self._pieces: dict = {}  # `pieces` per what it reads
 
     def model(self, cm) -> _Model:
         got = self._models.get(id(cm))
@@ -521,7 +539,19 @@ class Simulator:
     # -- pieces ------------------------------------------------------------------------------------------------
 
     def pieces(self, cm, plan, env, lk: dict) -> dict:
-        """Piece per segment key for one micro-batch."""
+        """Piece per segment key for one micro-batch (`lk`: links(plan, self.device)). Kept per what it reads of
+        `plan` (a search's bound and its exact prediction ask for the same); the dict returned is not to be
+        changed."""
+        from compiler.cost import recompute_passes
+        key = (id(cm), plan.axes, plan.devices_per_node, env, getattr(plan, "recompute", "none"),
+               recompute_passes(plan), getattr(plan, "compiles", False))
+        got = self._pieces.get(key)
+        if got is None:
+            self.model(cm)  # holds cm, so that its id is not reused while the entry lives
+            got = self._pieces[key] = self._pieces_of(cm, plan, env, lk)
+        return got
+
+    def _pieces_of(self, cm, plan, env, lk: dict) -> dict:
         mdl = self.model(cm)
         dev = self.device
         recompute = getattr(plan, "recompute", "none")

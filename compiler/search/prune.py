@@ -49,7 +49,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from compiler import plan as P
 from compiler import spec as S
@@ -65,6 +65,7 @@ class Winner:
     prediction: object      # cost.step_time.Prediction (exact)
     estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
     reasons: tuple          # one short line each, from the figures
+    dispatch: str | None = None  # "grouped" where the search changed the file's dropless padded `moe` layers
 
     @property
     def peak_bytes(self) -> float:
@@ -99,25 +100,34 @@ class Result:
     seconds: float
     fixed: dict
     timing: dict = field(default_factory=dict)   # phase -> seconds
+    headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
 
 
 class _Search:
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
-    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None):
+    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None, headroom: float | None = None):
         from compiler.candidates import Candidates
+        from compiler.cost import memory as MEM
         from compiler.cost.step_time import Simulator
         self.spec, self.top = spec, top
         self.space = Space(spec, fixed)
         self.fixed, self.base, self.world = self.space.fixed, self.space.base, self.space.world
         self.moe, self.blocks = self.space.moe, self.space.blocks
         self.device = spec.mesh.device
-        self.limit = self.device.memory_gb * 1e9
+        self.device_bytes = self.device.memory_gb * 1e9
+        # what a plan may use: the device less the headroom, W0502's margin unless `--headroom` says otherwise, so
+        # that no winner is one `plan` warns of (the same expression as cost.memory.over_memory's)
+        self.headroom = MEM.MARGIN if headroom is None else headroom
+        self.limit = self.device_bytes * (1 - self.headroom)
         self.cands = cands or Candidates(spec)
         self.sim = Simulator(self.device)
         self.counts = Counts()
         self._pieces: dict = {}
+        self._stage_times: dict = {}  # (pieces key, stage layout) -> per pp rank (one micro-batch's forward and
+                                      # backward, the earlier stages' forwards, their backwards); pieces key -> the
+                                      # whole model's one micro-batch, without pp
         self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
@@ -274,17 +284,24 @@ class _Search:
         m = decided.micro_batches
         if cm.piped:
             pp = decided.size("pp")
-            fwd, bwd, _, _ = self.sim.stage_times(cm, decided, env, pieces)
-            busy = [m * (sum(fwd[r::pp]) + sum(bwd[r::pp])) for r in range(pp)]
+            at = (key, cm.stages_for(decided, env))  # families of a shape share their stages' times
+            got = self._stage_times.get(at)
+            if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
+                fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
+                got = self._stage_times[at] = tuple((sum(fwd[r::pp]) + sum(bwd[r::pp]), sum(fwd[:r]), sum(bwd[:r]))
+                                                    for r in range(pp))
             if not fill:
-                return max(busy)
+                return max(m * one for one, _, _ in got)
             # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
             # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
             # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
             drain = decided.schedule != "zero-bubble"
-            return max(busy[r] + sum(fwd[:r]) + (sum(bwd[:r]) if drain else 0.0) for r in range(pp))
-        counts = {("block", name): c for name, (_, c) in cm.counts.items()}
-        return m * sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+            return max(m * one + before_f + (before_b if drain else 0.0) for one, before_f, before_b in got)
+        one = self._stage_times.get(key)
+        if one is None:
+            counts = {("block", name): c for name, (_, c) in cm.counts.items()}
+            one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+        return m * one
 
     # -- ranking -------------------------------------------------------------------------------------------------
 
@@ -338,7 +355,7 @@ class _Search:
             st["passed"] += 1
             st["costed"] += 1
             if st["min_peak"] is None or peak < st["min_peak"][0]:
-                st["min_peak"] = (peak, worst.who, decided.describe())
+                st["min_peak"] = (peak, worst.who, decided)  # described by the report (thousands are replaced)
         if peak <= self.limit:
             self.counts.fitting += 1
             for st in stats:
@@ -417,7 +434,7 @@ class _Search:
                 tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
                 for st in stats:
                     if st["best_exact"] is None or pred.step_time_s < st["best_exact"][0]:
-                        st["best_exact"] = (pred.step_time_s, decided.describe())
+                        st["best_exact"] = (pred.step_time_s, decided)
                 log.append((decided, est, pred, plan0))
                 self._offer(pred.step_time_s, key, (decided, est, pred))
                 break  # the least recomputation that fits is the fastest
@@ -490,11 +507,80 @@ class _Search:
         self._count_refusals()
         rejected = (R.rejected(self, winners, best_t) if self.counts.families
                     else R.unsatisfiable(self.space, self.spec.plan))
-        return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing)
+        return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing,
+                      self.headroom)
 
 
-def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None) -> Result:
-    """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring)."""
-    return _Search(spec, top, fixed or {}, cands).run()
+def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None) -> Result:
+    """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring) whose predicted peak
+    leaves `headroom` of each device free (default cost.memory.MARGIN, the margin W0502 warns within).
+
+    MoE dispatch is an implementation choice like the others where it changes no result: a dropless `moe` written
+    with padded dispatch (the default) is also searched with `dispatch = grouped` (the same routing and outputs,
+    the rows sorted by expert instead of a slot per token for every expert), unless `--fix dispatch=...` says
+    which; the winners of both are ranked together, each saying which dispatch it takes and what the other costs."""
+    fixed = dict(fixed or {})
+    dispatch = fixed.pop("dispatch", None)
+    grouped = grouped_dispatch(spec) if dispatch != "padded" else None
+    if grouped is None:
+        result = _Search(spec, top, fixed, cands, headroom).run()
+    elif dispatch == "grouped":
+        result = _Search(grouped, top, fixed, None, headroom).run()
+        result.winners = [replace(w, dispatch="grouped") for w in result.winners]
+    else:
+        result = _merge(_Search(spec, top, fixed, cands, headroom).run(),
+                        _Search(grouped, top, fixed, None, headroom).run(), top, _every_axis_fixed(fixed, spec))
+    if dispatch is not None:
+        result.fixed = {**result.fixed, "dispatch": dispatch}
+    return result
+
+
+def grouped_dispatch(spec: S.Spec) -> S.Spec | None:
+    """`spec` with each dropless `moe` of padded dispatch (capacity_factor = none, dispatch as the default or
+    written `padded`) dispatched grouped instead; None when it has none (nothing for the search to vary)."""
+    def one(x):
+        if isinstance(x, S.MoE) and x.capacity_factor == "none" and x.dispatch == "padded":
+            return replace(x, dispatch="grouped")
+        if isinstance(x, (S.Residual, S.Repeat)):
+            return replace(x, body=tuple(one(y) for y in x.body))
+        return x
+    layers = tuple(one(x) for x in spec.model.layers)
+    if layers == spec.model.layers:
+        return None
+    return replace(spec, model=replace(spec.model, layers=layers))
+
+
+def _every_axis_fixed(fixed: dict, spec: S.Spec) -> bool:
+    """Whether every axis is fixed (the winners are then plans of one shape, not distinct layouts)."""
+    moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+    return all(a in fixed for a in ORDER if a != "ep" or moe)
+
+
+def _merge(padded: Result, grouped: Result, top: int, one_shape: bool) -> Result:
+    """The winners of the file's padded dispatch and of grouped dispatch ranked together (distinct layouts, the
+    faster dispatch of each, unless every axis is fixed), each with a reason naming its dispatch and the other's
+    best; the rejected lines of the side that won; the counts and times of both runs."""
+    best = {d: min((w.prediction.step_time_s for w in r.winners), default=None)
+            for d, r in (("padded", padded), ("grouped", grouped))}
+    ranked = sorted([(w.prediction.step_time_s, 0, i, w, "padded") for i, w in enumerate(padded.winners)]
+                    + [(w.prediction.step_time_s, 1, i, w, "grouped") for i, w in enumerate(grouped.winners)],
+                    key=lambda x: x[:3])
+    winners, seen = [], set()
+    for t, _, _, w, d in ranked:
+        if not one_shape and w.plan.axes in seen:
+            continue
+        seen.add(w.plan.axes)
+        other = best["grouped" if d == "padded" else "padded"]
+        vs = (f"{other / t:.2f}× this step time at best" if other is not None else "no plan fits with it")
+        why = ("dispatch = grouped, not the file's padded (its dropless `moe`: the same result, no padded slot per "
+               f"token); padded: {vs}" if d == "grouped" else f"dispatch padded, as written; grouped: {vs}")
+        winners.append(replace(w, reasons=tuple(w.reasons) + (why,), dispatch="grouped" if d == "grouped" else None))
+        if len(winners) == top:
+            break
+    won = grouped if winners and winners[0].dispatch == "grouped" else padded
+    counts = Counts(**{k: getattr(padded.counts, k) + getattr(grouped.counts, k) for k in padded.counts.__dict__})
+    timing = {k: padded.timing.get(k, 0.0) + grouped.timing.get(k, 0.0) for k in {**padded.timing, **grouped.timing}}
+    return Result(padded.spec, winners, won.rejected, counts, padded.seconds + grouped.seconds, padded.fixed, timing,
+                  padded.headroom)
 
 

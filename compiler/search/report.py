@@ -98,7 +98,7 @@ def reasons(s, d, est, pred, best_t) -> list:
         less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
                 and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
         if less:
-            out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {nbytes(s.limit)}")
+            out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
     if d.data_parallel != "ddp":
         ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
         if ddp:
@@ -129,9 +129,21 @@ def reasons(s, d, est, pred, best_t) -> list:
                 out.append(f"{what}: {alt} {nbytes(p)} at {t / pred.step_time_s:.2f}× its step time")
             elif b is not None:
                 out.append(f"{what}: {alt} at least {b / pred.step_time_s:.2f}× its step time")
-    out.append(f"peak {nbytes(peak)} of {nbytes(s.limit)} "
+    out.append(f"peak {nbytes(peak)} of {nbytes(s.device_bytes)}, {_free(1 - peak / s.device_bytes)} free "
                f"({max(est.memory, key=lambda r: r.peak).who})")
     return out
+
+
+def _free(share: float) -> str:
+    """A share of the device left free, floored (never rounded up past the headroom): 0.0999 -> "9.9%"."""
+    return f"{math.floor(share * 1000) / 10:g}%"
+
+
+def _allowed(s) -> str:
+    """What a plan may use: "72 GB (80 GB less 10% headroom)", or the device where no headroom is kept."""
+    if not s.headroom:
+        return nbytes(s.device_bytes)
+    return f"{nbytes(s.limit)} ({nbytes(s.device_bytes)} less {s.headroom:.0%} headroom)"
 
 
 def _tokens(seq: int) -> str:
@@ -165,9 +177,11 @@ def rejected(s, winners, best_t) -> list:
             got[1].append(name)
             continue
         if st["costed"] and not st["fit"]:
-            peak, who, what = st["min_peak"]
+            peak, who, least = st["min_peak"]
+            what = least.describe()
+            margin = f" less {s.headroom:.0%} headroom" if s.headroom else ""
             out.append(f"{name} does not fit: {nbytes(peak, gigabytes=True)} of "
-                       f"{nbytes(s.limit, gigabytes=True, unit=False)} on {who} "
+                       f"{nbytes(s.device_bytes, gigabytes=True, unit=False)}{margin} on {who} "
                        f"(its least: {what})")
             continue
         why = ""
@@ -175,7 +189,8 @@ def rejected(s, winners, best_t) -> list:
             probe = replace(s.base, axes=(("dp", s.world // n), (a, n)))
             why = " crosses nodes:" if links(probe, s.device)[a].crosses_nodes else ""
         if st["best_exact"] is not None and best_t:
-            t, what = st["best_exact"]
+            t, fastest = st["best_exact"]
+            what = fastest.describe()
             out.append(f"{name}{why} {t / best_t:.2f}× slower than the best (its best: {what})")
         elif st["best_bound"] is not None and best_t:
             out.append(f"{name}{why} at least {st['best_bound'] / best_t:.2f}× slower than the best "
@@ -207,8 +222,10 @@ def text(result: Result) -> str:
     """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
     spec = result.spec
     m, dev = spec.plan, spec.mesh.device  # the cluster: the written plan's nodes and devices per node
+    room = (f"; {result.headroom:.0%} headroom: plans up to {nbytes(dev.memory_gb * 1e9 * (1 - result.headroom))}"
+            if result.headroom else "; no headroom")
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
-             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each)"
+             f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each{room})"
              + (f"; fixed: {', '.join(f'{k}={v}' for k, v in result.fixed.items())}" if result.fixed else ""), ""]
     if not result.winners:
         lines += ["no plan passes the rules and fits the devices"]
@@ -239,10 +256,13 @@ def to_json(result: Result) -> dict:
     return {
         "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
         "cluster": {"nodes": spec.plan.nodes, "devices_per_node": spec.plan.devices_per_node,
-                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9)},
+                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9),
+                    "headroom": result.headroom,  # the share of each device no plan may use
+                    "memory_limit_bytes": int(spec.mesh.device.memory_gb * 1e9 * (1 - result.headroom))},
         "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
-                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons)}
+                     "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons),
+                     "dispatch": w.dispatch}
                     for i, w in enumerate(result.winners, 1)],
         "rejected": list(result.rejected),
         "counts": result.counts.as_json(),
@@ -261,5 +281,32 @@ def scale_text(spec: S.Spec, winner: Winner) -> str:
               f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
               f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
               f"(of {spec.mesh.device.memory_gb:g}).\n")
-    return scale_printer.scale_file(winner.plan, spec.source, parse(spec.source, spec.path), spec.mesh.device.kind,
-                                    header)
+    source = spec.source
+    if winner.dispatch == "grouped":
+        source = grouped_source(spec)
+        header += ("# Its dropless `moe` layers dispatched grouped (`dispatch = grouped`: the rows sorted by expert), "
+                   "where the file's were padded.\n")
+    return scale_printer.scale_file(winner.plan, source, parse(source, spec.path), spec.mesh.device.kind, header)
+
+
+def grouped_source(spec: S.Spec) -> str:
+    """`spec`'s source with `dispatch = grouped` in each dropless `moe` call of padded dispatch (the argument
+    added before its closing parenthesis, or a written `dispatch = padded` replaced): what prune.grouped_dispatch
+    searched, as text."""
+    import re
+
+    from compiler import spec as S
+    lines = spec.source.split("\n")
+    for m in sorted((x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and x.capacity_factor == "none"
+                     and x.dispatch == "padded"), key=lambda x: (x.span.line, x.span.col), reverse=True):
+        sp = m.span
+        last = lines[sp.end_line - 1]
+        call = "\n".join(lines[sp.line - 1:sp.end_line])
+        if re.search(r"\bdispatch\s*=\s*padded\b", call):
+            for i in range(sp.line - 1, sp.end_line):
+                lines[i] = re.sub(r"\bdispatch(\s*)=(\s*)padded\b", r"dispatch\1=\2grouped", lines[i])
+            continue
+        close = sp.end_col - 2  # the call's closing parenthesis
+        assert last[close] == ")", (last, sp)
+        lines[sp.end_line - 1] = last[:close] + ", dispatch = grouped" + last[close:]
+    return "\n".join(lines)

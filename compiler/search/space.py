@@ -32,7 +32,8 @@ from runtime import choices  # torch-free
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
 FIX_KEYS = ("dp", "tp", "pp", "ep", "cp", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
-            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel")
+            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel", "dispatch")
+DISPATCH = ("padded", "grouped")  # a dropless `moe`'s dispatch: the search tries both unless fixed (prune.search)
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 DP_MODES = choices.DATA_PARALLEL
 GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
@@ -68,7 +69,7 @@ def parse_fixes(items) -> dict:
             out[key] = value == "true"
         else:
             choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
-                       "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL}[key]
+                       "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL, "dispatch": DISPATCH}[key]
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
