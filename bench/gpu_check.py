@@ -12,11 +12,13 @@ recorded as skipped, never silently missing):
    backward, causal, at seq 1K-32K (`peak_tflops × attention_efficiency`); FlexAttention with a block mask (causal
    documents) beside SDPA at one length; F.grouped_mm at an MoE layer's shapes; FP8: the tensorwise-scaled cast of
    a bf16 activation (GB/s) and torch._scaled_mm at 8192³ where the device has it.
-2. programs, eager: per model (GPT-2 124M and 350M, a ~1.1B Llama; bench/gpu.py's catalogue), the generated
+2. checkpoint and resume: a tiny generated program saves a checkpoint and a longer run extends it, in the
+   device's precision (bf16 on CUDA: the fused AdamW's state and step go through DCP and back).
+3. programs, eager: per model (GPT-2 124M and 350M, a ~1.1B Llama; bench/gpu.py's catalogue), the generated
    program (`plan { compile = false }`) and the hand-written nanoGPT-style loop (bench/handwritten.py) side by side:
    median ms/step, MFU, the measured peak (CUDA's max_memory_allocated over the steady steps) against `plan`'s
    predicted peak, and the measured step time against `plan`'s predicted step time.
-3. programs, compiled: the same with `compile = true` and the hand-written loop under torch.compile, GPT-2 124M
+4. programs, compiled: the same with `compile = true` and the hand-written loop under torch.compile, GPT-2 124M
    first, then the 1.1B Llama, then GPT-2 350M.
 
 Timing: CUDA events around each kernel region (warm-up first, the median of the repeats); a program's step time is
@@ -45,7 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import gpu  # noqa: E402
 
-FORMAT = 1  # of the JSON; compiler/cost/devices.py `calibrated` refuses another
+FORMAT = 1  # of the JSON; compiler/cost/devices.py `calibration` refuses another
+SECTIONS = ("kernels", "resume", "eager", "compiled")
 
 
 class Budget:
@@ -292,6 +295,41 @@ def program_rows(device: str, dev: tuple, steps: int, warmup: int, budget: Budge
     return out
 
 
+# -- checkpoint and resume -------------------------------------------------------------------------------------------
+
+def resume_rows(device: str, dev: tuple, budget: Budget) -> list:
+    """A generated program saves a checkpoint and a second run extends it from there, on this device in the
+    device's precision (bf16 on CUDA: AdamW's fused kernel, its state and step on the device, loaded back by DCP):
+    what the CPU suite cannot show for CUDA. One row per run: its exit status, whether it resumed, its last loss."""
+    if not budget.allows("checkpoint and resume", 40 if device == "cuda" else 20):
+        return []
+    import re
+    import subprocess
+    b = gpu.CPU_MODELS["gpt_tiny"]
+    precision = "fp32" if device == "cpu" else "bf16"
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpu_check_resume_") as tmp:
+        where = Path(tmp)
+        build_dir, _ = gpu.build("gpt_tiny", b, where / "build", dev[1], precision, False, 4)
+        for steps, expect in ((4, False), (6, True)):
+            cmd = [sys.executable, str(build_dir / "program.py"), "--steps", str(steps), "--checkpoint-dir",
+                   str(where / "ckpt"), "--metrics", str(where / f"m{steps}.jsonl")]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, cwd=where, env=gpu.env(device, None), capture_output=True, text=True,
+                                  timeout=max(min(budget.left(), 300), 30))
+            said = proc.stdout + proc.stderr
+            records = gpu.read_metrics(where / f"m{steps}.jsonl")
+            resumed = re.search(r"resumed from \S+", said)
+            ok = proc.returncode == 0 and bool(resumed) == expect and records and records[-1]["step"] == steps
+            rows.append({"what": f"{precision} {'extend to' if expect else 'train'} {steps} steps"
+                                 + (" from the checkpoint" if expect else ", saving"),
+                         "ok": bool(ok), "exit": proc.returncode, "seconds": time.perf_counter() - t0,
+                         "resumed": resumed.group(0) if resumed else None,
+                         "last_loss": records[-1]["loss"] if records else None,
+                         **({} if ok else {"tail": said.splitlines()[-6:]})})
+    return rows
+
+
 # -- the record ------------------------------------------------------------------------------------------------------
 
 def calibration(kind: str, kernels: list) -> dict:
@@ -341,8 +379,9 @@ def gb(n) -> str:
 def table(result: dict) -> str:
     lines = [f"bench/gpu_check on {result['device']} · torch {result['torch']} · CUDA {result['cuda']} · "
              f"{result['date']} · {result['wall_s']:.0f} s of a {result['budget_s']:.0f} s budget"]
-    lines += ["", "kernels (rate against what the step-time model assumes, compiler/cost/devices.py)",
-              f"  {'kernel':<56}{'ms':>9}{'rate':>16}{'assumed':>10}{'ratio':>7}"]
+    if result["kernels"]:
+        lines += ["", "kernels (rate against what the step-time model assumes, compiler/cost/devices.py)",
+                  f"  {'kernel':<56}{'ms':>9}{'rate':>16}{'assumed':>10}{'ratio':>7}"]
     for r in result["kernels"]:
         if "error" in r:
             lines.append(f"  {r['what']:<56}not run: {r['error']}")
@@ -370,7 +409,14 @@ def table(result: dict) -> str:
             if got.get(pair[0]) and got.get(pair[1]):
                 lines.append(f"  {name}: {gpu.TITLES[pair[0]]} / {gpu.TITLES[pair[1]]} = "
                              f"{got[pair[0]] / got[pair[1]]:.3f}")
-    lines += ["", "calibration: " + json.dumps(result["calibration"])]
+    if result.get("resume"):
+        lines += ["", "checkpoint and resume (a generated program, then a longer run from its checkpoint)"]
+        for r in result["resume"]:
+            lines.append(f"  {r['what']:<50}{'ok' if r['ok'] else 'FAILED'}  exit {r['exit']}  "
+                         f"loss {r['last_loss'] if r['last_loss'] is None else round(r['last_loss'], 4)}"
+                         f"  {r['seconds']:.1f} s" + ("" if r["ok"] else "  " + " | ".join(r.get("tail", []))))
+    if result.get("calibration"):
+        lines += ["", "calibration: " + json.dumps(result["calibration"])]
     if result["skipped"]:
         lines += ["skipped (budget): " + "; ".join(result["skipped"])]
     return "\n".join(lines)
@@ -384,6 +430,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, help="seconds for the whole check (default 420 on CUDA, 120 on CPU)")
     p.add_argument("--steps", type=int, help="steps per program (default 30 on CUDA, 6 with --quick)")
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 10 on CUDA, 2 with --quick)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated, in this order of priority: {', '.join(SECTIONS)} (default: all)")
+    p.add_argument("--models", help="comma-separated models of the program sections (default: all of them)")
     p.add_argument("--json", default="gpu_check.json", help="where the record goes (default gpu_check.json)")
     p.add_argument("--table", metavar="RECORD", help="print the table of an earlier record (and price its programs "
                                                      "on the calibrated device where it has not been); run nothing")
@@ -409,6 +458,14 @@ def main(argv=None) -> int:
     figures = DEVICES[dev[1]]
     sz = shapes(quick, device)
     models = {"gpt_tiny": gpu.CPU_MODELS["gpt_tiny"]} if quick else sz["models"]
+    sections = args.sections.split(",")
+    bad = [x for x in sections if x not in SECTIONS] + [m for m in (args.models or "").split(",") if m
+                                                        and m not in models]
+    if bad:
+        raise SystemExit(f"bench/gpu_check: unknown {bad} (sections: {', '.join(SECTIONS)}; models: "
+                         f"{', '.join(models)})")
+    if args.models:
+        models = {m: models[m] for m in args.models.split(",")}
     result = {"what": "bench/gpu_check: kernel rates against the step-time model's figures, generated programs "
                       "against hand-written ones, measured peaks against plan's",
               "format": FORMAT, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
@@ -416,21 +473,25 @@ def main(argv=None) -> int:
               "peak_tflops": figures.peak_tflops, "quick": quick, "steps": steps, "warmup": warmup,
               "budget_s": budget.seconds}
     print(f"bench/gpu_check: {dev[0]}, torch {torch.__version__}, budget {budget.seconds:.0f} s", flush=True)
-    result["kernels"] = kernel_rows(device, figures, sz, budget)
+    result["kernels"] = kernel_rows(device, figures, sz, budget) if "kernels" in sections else []
     print(f"  kernels: {len(result['kernels'])} rows, {budget.seconds - budget.left():.0f} s", flush=True)
-    result["programs"] = program_rows(device, dev, steps, warmup, budget, models, compiled=False)
-    if not quick:
+    result["resume"] = resume_rows(device, dev, budget) if "resume" in sections else []
+    result["programs"] = (program_rows(device, dev, steps, warmup, budget, models, compiled=False)
+                          if "eager" in sections else [])
+    if not quick and "compiled" in sections:
         result["programs"] += program_rows(device, dev, steps, warmup, budget,
-                                           {k: models[k] for k in ("gpt2_124m", "llama_1b", "gpt2_350m")},
-                                           compiled=True)
-    result["calibration"] = calibration(dev[1], result["kernels"])
+                                           {k: models[k] for k in ("gpt2_124m", "llama_1b", "gpt2_350m")
+                                            if k in models}, compiled=True)
+    result["calibration"] = calibration(dev[1], result["kernels"]) if result["kernels"] else {}
     result["skipped"] = budget.skipped
-    reprice(result)
+    if result["calibration"]:
+        reprice(result)
     result["wall_s"] = budget.seconds - budget.left()
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print()
     print(table(result))
     failed = [f"{r['model']}/{r['column']}" for r in result["programs"] if r.get("error")]
+    failed += [r["what"] for r in result["resume"] if not r["ok"]]
     if failed:
         print(f"bench/gpu_check: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

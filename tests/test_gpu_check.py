@@ -40,6 +40,8 @@ def test_dry_run_measures_every_section(dry_run):
     assert ours["predicted_step_ms"] > 0 and ours["predicted_step_ms_calibrated"] > 0
     assert ours["predicted_peak_bytes"] > 0
     assert "programs (median" in printed and "calibration:" in printed
+    train, extend = record["resume"]  # a checkpoint saved, then a longer run resumed from it
+    assert train["ok"] and not train["resumed"] and extend["ok"] and extend["resumed"], record["resume"]
 
 
 def test_dry_run_record_is_read_as_calibration(dry_run):
