@@ -439,7 +439,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.table:
         record = json.loads(Path(args.table).read_text())
-        if any(r["column"] in gpu.OURS and "predicted_step_ms_calibrated" not in r for r in record["programs"]):
+        if record.get("calibration") and any(r["column"] in gpu.OURS and "predicted_step_ms_calibrated" not in r
+                                             for r in record["programs"]):
             reprice(record)
         print(table(record))
         return 0
