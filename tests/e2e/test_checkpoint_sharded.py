@@ -39,6 +39,9 @@ def test_fsdp_tp_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+# The slow tier (`pytest --slow -m slow`, docs/testing.md; 65 s of a loaded full run): FSDP's DTensors resume on one
+# device in CI from dp × tp and dp × ep; FSDP over dp × cp trains in CI (e2e dp2_cp2_fsdp).
+@pytest.mark.slow
 def test_fsdp_over_dp_cp_resumes_on_one_device(reference, tmp_path):
     """FSDP over dp × cp (the weights and AdamW's state sharded over all four ranks, the flattened mesh's DTensors):
     saved whole, resumed on one device as the single device continues."""
