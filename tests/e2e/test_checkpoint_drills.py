@@ -1,6 +1,7 @@
 """Checkpoint drills (tests/e2e/test_checkpoint.py's module docstring): a rank killed inside a save, a truncated
 checkpoint, an asynchronous save killed before its rename, broken checkpoints and directories: each falls back to the
-last intact checkpoint or stops with one line."""
+last intact checkpoint or stops with one line. The two kills are the slow tier's (`pytest --slow -m slow`), as
+issue 39 planned the drills; the broken checkpoints and directories stay in CI."""
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ from tests.e2e.runner import launch
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow  # a drill: the slow tier (`pytest --slow -m slow`, docs/testing.md; 46 s of a loaded full run)
 def test_killed_save_and_truncated_checkpoint_fall_back(reference, tmp_path):
     """Drill: rank 1 is SIGKILLed inside the save of step 3 (after DCP wrote its files, before the rename), and the
     checkpoint of step 2 is truncated on disk. The next run removes `step_3.tmp`, skips step 2 with a warning
@@ -39,6 +41,7 @@ def test_killed_save_and_truncated_checkpoint_fall_back(reference, tmp_path):
     assert "step_00000003.tmp" not in _step_dirs(ckpt)
 
 
+@pytest.mark.slow  # a drill: the slow tier (`pytest --slow -m slow`, docs/testing.md; 36 s of a loaded full run)
 def test_asynchronous_saves_resume_like_synchronous_ones(reference, tmp_path):
     """checkpoint_async: each checkpoint but the last is written while the next step runs and finished (manifest,
     rename) at the next save. Drill: rank 1 is SIGKILLed as it finishes step 2's (after its files, before the

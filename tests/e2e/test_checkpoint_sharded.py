@@ -51,6 +51,9 @@ def test_fsdp_over_dp_cp_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+# The slow tier (`pytest --slow -m slow`; 44 s of a loaded full run): zero1's partitions resume in CI in bf16
+# (test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32: the same plan bitwise, and fp32 on one device)
+@pytest.mark.slow
 def test_zero1_resumes_on_zero1(reference, tmp_path):
     """zero1 (ZeroRedundancyOptimizer): each dp rank writes and reads the AdamW state of its own partition only;
     read back by zero1 (each rank its partition again), training continues as the single-device run does, which
