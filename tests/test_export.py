@@ -20,15 +20,17 @@ from tests.test_hf_weights import hf_model, scale_text
 transformers = pytest.importorskip("transformers")
 
 
-# The round trips of the families whose names and layouts another round trip or run in CI already reads (qwen3: llama's
-# with q/k norms; Qwen-MoE: mixtral's experts, and tests/e2e/test_hf_init.py exports a Qwen3-MoE; Gemma 3: gemma2's
-# block; DeepSeek-V2: V3's): the slow tier (`pytest --slow -m slow`, docs/testing.md), for the suite's time budget.
+# The round trips of the families whose names and layouts another test in CI already reads (qwen3: llama's with q/k
+# norms; phi3's fused rows: test_a_phi3_export_fuses_q_k_v_and_gate_up; Mixtral's and Qwen3-MoE's experts:
+# tests/e2e/test_hf_init.py exports both from ep runs and transformers loads them; Qwen2-MoE: Qwen3-MoE's experts and a
+# shared expert; Gemma 3: gemma2's block; DeepSeek-V2: V3's): the slow tier (`pytest --slow -m slow`,
+# docs/testing.md), for the suite's time budget.
 def _slow(*kinds):
     return [pytest.param(k, marks=pytest.mark.slow) for k in kinds]
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("kind", ["llama", "phi3", "mixtral", *_slow("qwen3", "qwen2_moe", "qwen3_moe")])
+@pytest.mark.parametrize("kind", ["llama", *_slow("phi3", "mixtral", "qwen3", "qwen2_moe", "qwen3_moe")])
 def test_export_round_trips_bit_exactly(tmp_path, kind):
     hf_model(kind, tmp_path / "hf")
     text = scale_text(kind, tmp_path / "hf").replace("steps        = 3", f'steps        = 1\n  checkpoint_dir = "{tmp_path / "ckpt"}"')

@@ -524,6 +524,9 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     "cp2_all_to_all", "cp2_ring",
     # bf16 main gradients of pipeline stages: pp2_tp2_sp_bf16; their dp all-reduce: dp2_ddp_bf16's reducer
     "dp2_pp2_bf16",
+    # packed documents under dp: each rank's sequences packed as one device packs them (packed_one_device, and
+    # packed_cp2 with this model), data parallelism itself by dp2_ddp
+    "packed_dp2",
 })
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)

@@ -21,6 +21,10 @@ from tests.e2e.runner import launch, on_plan
 pytestmark = pytest.mark.e2e
 
 
+# The slow tier (`pytest --slow -m slow`; 51 s of a loaded full run): a tp 2 checkpoint is read in CI by
+# test_padded_vocab_resumes_on_one_device (each shard under its piece's name), a same-plan resume is bitwise in CI
+# in test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32
+@pytest.mark.slow
 def test_tp2_resumes_on_tp2_bitwise(tmp_path):
     """The defect: each tp rank saved its shard under the whole tensor's name. Now the same plan resumes bitwise
     (one device loading a tp2 checkpoint: test_padded_vocab_resumes_on_one_device)."""
@@ -72,9 +76,10 @@ def test_3d_resumes_on_pp4(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
+@pytest.mark.slow  # the slow tier (121 s of a loaded full run): stages resume on another layout in CI by
+# test_3d_resumes_on_pp4 (two stages merged, read back as four)
 @pytest.mark.parametrize("schedule", [dict(schedule="interleaved-1f1b", virtual_stages=2),
-                                      pytest.param(dict(schedule="zero-bubble"), marks=pytest.mark.slow)],
-                         ids=["interleaved", "zero_bubble"])  # zero-bubble's stages are 1F1B's: slow tier
+                                      dict(schedule="zero-bubble")], ids=["interleaved", "zero_bubble"])
 def test_pp2_resumes_on_tp2(schedule, reference, tmp_path):
     """Two stages per rank (interleaved) and the split backward (zero-bubble); GPipe and 1F1B hold their stages as
     zero-bubble does (one per rank), and a 1F1B checkpoint is resumed by test_3d_resumes_on_pp4."""
