@@ -14,6 +14,12 @@ Two ways of measuring, one record (`--memory-report FILE`, and the peak in the l
   under FSDP the tracker re-reads every storage's size at each operator (`reread`). Over a training step its peak
   equals torch's own MemTracker's (the tiny GPT) and FSDPMemTracker's (FSDP2 over 2 ranks), byte for byte
   (tests/test_memory_measure.py).
+  A functional collective's work object (gloo's) holds the tensors it was given and made for a moment after it
+  wakes the waiter: the process group's worker thread lets go of them after the program has moved on. When the
+  program dropped them first, they are freed on that thread whenever it next gets the GIL, so a region read in
+  between counted them as kept (cp2_recompute_full: the last all-gather's local and gathered values, 98,304 bytes,
+  in 1 run of 2 under load). A region is therefore read once the collectives have let go (`Tracker.settle`): the
+  bytes it reports are what the program holds, not what a worker thread had not yet released.
 
 "Activations" are the bytes created inside a forward and still alive after it: what autograd saves for backward
 (and what checkpointing keeps). `Region` collects the storages created while it is open and counts those still
@@ -29,6 +35,7 @@ Nothing here is active unless asked for: a run without `--memory-report` only re
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 
 import torch
@@ -84,6 +91,9 @@ class Region:
         return self.live
 
 
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
+
+
 class Tracker(TorchDispatchMode):
     """Live bytes of every tensor storage, updated at each operator while active; `peak` the largest (see the
     module's docstring). `start(state)` counts the storages that exist already. `reread` (FSDP2): re-read every
@@ -101,6 +111,7 @@ class Tracker(TorchDispatchMode):
         self._resizable = reread  # re-read every size at each operator (also once a storage was seen resized)
         self._sighted: list = []  # (key, bytes) of each storage first seen as an input, not given to `start`
         self._seg = [0]           # the largest live bytes between two such sightings (before, between, after)
+        self._lent: list = []     # (weakref to a tensor, references a functional collective's work took on it)
 
     def start(self, tensors=()) -> int:
         """Count `tensors`' storages (the model state) as existing; returns their bytes."""
@@ -184,12 +195,42 @@ class Tracker(TorchDispatchMode):
             if st is not None and st.nbytes() != self.sizes[key]:
                 self._resized(key, self.sizes[key], st.nbytes())
 
+    def settle(self, limit: float = 5.0) -> None:
+        """Returns once every functional collective's work has let go of the tensors it took (see the module's
+        docstring), so that those the program has dropped are freed (the GIL released meanwhile: the worker thread
+        needs it to free them). A tensor still referenced `k` more times than its own object does while its
+        collective took `k` is held by the work; `limit` seconds bound the wait (a failsafe: a program that keeps
+        such a tensor elsewhere in C++ would be counted as before)."""
+        deadline = time.monotonic() + limit
+        while True:
+            held = []
+            for ref, k in self._lent:
+                t = ref()
+                if t is not None and t._use_count() >= 1 + k:
+                    held.append((ref, k))
+                del t
+            self._lent = held
+            if not held or time.monotonic() > deadline:
+                return
+            time.sleep(1e-4)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        for t in tree_leaves((args, kwargs)):  # inputs: seen before (or existing since before the start)
+        inputs = tree_leaves((args, kwargs))
+        for t in inputs:  # inputs: seen before (or existing since before the start)
             for st in storages(t):
                 self._add(st, created=False)
+        collective = func.namespace == "_c10d_functional" and func is not _WAIT
+        if collective:  # the references its work takes on its inputs: counted before and after the call
+            inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
+            before = [t._use_count() for t in inputs]
         out = func(*args, **kwargs)
+        if collective:
+            self._lent += [(weakref.ref(t), t._use_count() - b) for t, b in zip(inputs, before)
+                           if t._use_count() > b]
+            # a fresh output: its own object holds it once, the work the rest
+            self._lent += [(weakref.ref(t), t._use_count() - 1) for t in tree_leaves(out)
+                           if isinstance(t, torch.Tensor) and t._use_count() > 1]
         for t in tree_leaves(out):
             for st in storages(t):
                 self._add(st, created=True)
@@ -246,6 +287,7 @@ class Measure:
     def forward_end(self) -> None:
         if self.tracker is not None:
             self._mb.open = False
+            self.tracker.settle()
             self.activations.peak = max(self.activations.peak, self._mb.sample())
             self.tracker.regions.remove(self._mb)
 
@@ -264,13 +306,14 @@ class Measure:
         """Module hooks on the stage modules (removed at `end`); `wrap_loss(fn)` installs the recording loss."""
         if self.tracker is None:
             return
-        act = self.activations
+        act, tracker = self.activations, self.tracker
 
         def pre(_module, _args):
             act.open = True
 
         def post(_module, _args, _out):
             act.open = False
+            tracker.settle()
             act.sample()
 
         for m in modules:
@@ -284,6 +327,7 @@ class Measure:
                         return fn(*args, **kwargs)
                     finally:
                         act.open = False
+                        tracker.settle()
                         act.sample()
                 return loss
             self._hooks.append(wrap_loss(recorded))

@@ -1,4 +1,5 @@
-"""Shared test options: `--update-golden` rewrites golden files (refused when CI=true); and the guard that keeps
+"""Shared test options: `--update-golden` rewrites golden files (refused when CI=true); `--slow` runs the slow tier
+too (tests marked `slow`: out of CI's time budget, each one a command away: docs/testing.md); and the guard that keeps
 `pytest -m "not e2e"` fast: a test that launches processes (torchrun, a generated program, gloo ranks through
 torch.multiprocessing), in its body or in a fixture of any scope, must carry the `e2e` marker, or it fails at the
 launch."""
@@ -18,6 +19,9 @@ sys.path.insert(0, str(ROOT))
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite golden files that differ (never in CI)")
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="run the slow tier too (tests marked slow, deselected otherwise: out of CI's time budget); "
+                          "`--slow -m slow` runs the slow tier alone")
 
 
 def pytest_configure(config):
@@ -25,6 +29,17 @@ def pytest_configure(config):
     if config.getoption("--update-golden") and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         raise pytest.UsageError("--update-golden is refused when CI=true: goldens change only by a deliberate, "
                                 "reviewed local run")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tier (marker `slow`) is deselected unless `--slow` is given: the suite CI runs stays within its
+    budget, and what it leaves out is counted in the summary's "deselected" and runs with `--slow -m slow`."""
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.fixture

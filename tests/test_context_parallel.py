@@ -91,9 +91,11 @@ def _variant_matches_whole_attention(variant: str, gqa: bool, rank: int, collect
     collectives.count_bytes(False)
 
 
+# Over 4 ranks: the slow tier (`pytest --slow -m slow`, docs/testing.md); cp over 4 ranks trains in CI (e2e cp4_ring)
 @pytest.mark.e2e
-@pytest.mark.parametrize("variant,n,gqa", [("ring", 2, True), ("ring", 4, False), ("all_to_all", 2, True),
-                                           ("all_to_all", 4, False)])
+@pytest.mark.parametrize("variant,n,gqa", [("ring", 2, True), pytest.param("ring", 4, False, marks=pytest.mark.slow),
+                                           ("all_to_all", 2, True),
+                                           pytest.param("all_to_all", 4, False, marks=pytest.mark.slow)])
 def test_variant_equals_whole_attention_forward_and_backward(variant, n, gqa):
     import functools
 

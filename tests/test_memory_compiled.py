@@ -78,6 +78,9 @@ def test_compiled_sequence_parallel_selective_keeps_the_gathered_inputs_sharded(
                                       compiled.costs.memory[0].activations))
 
 
+# The slow tier (`pytest --slow -m slow`, docs/testing.md): compiled cp (86 s of a loaded full run, both variants
+# in the slow tier's e2e cases too); compiled regions' memory in CI: the three modes above and sequence parallelism.
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("variant", ["all_gather", "all_to_all"])
 def test_compiled_context_parallel_selective_keeps_what_the_formula_says(tmp_path, variant):

@@ -232,3 +232,30 @@ def test_peak_under_fsdp2_equals_torch_fsdp_mem_tracker():
     FSDPMemTracker's on every rank."""
     from tests import multirank
     multirank.spawn(_fsdp_rank, 2, axes=())
+
+
+def _collective_rank(rank: int, collectives) -> None:
+    """One rank of the collectives' settle test: every forward all-gathers and drops what it gathered."""
+    m = memory.Measure(torch.device("cpu"), track=True)
+    m.begin([], [], [])
+    for _ in range(200):
+        m.forward_begin()
+        x = torch.randn(16, 2, 16, 16)  # a cp rank's keys: batch, kv heads, its 16 of 32 tokens, head dim
+        gathered = collectives.all_gather_fwd_reduce_scatter_bwd(x, "tp", 2)
+        assert gathered.shape == (16, 2, 32, 16)
+        del x, gathered
+        m.forward_end()
+    m.end()
+    assert m.activations.peak == 0, f"a forward that keeps nothing measured {m.activations.peak:,} bytes kept"
+
+
+@pytest.mark.e2e
+def test_a_forward_that_keeps_nothing_measures_nothing_kept_after_collectives():
+    """gloo's worker thread lets go of an all-gather's input and output after it wakes the waiter: when the forward
+    has dropped them by then, they are freed on that thread, after the forward's end when it is descheduled (4-7%
+    of 200 all-gathers on a loaded 2-core machine, 98,304 bytes each here). The activations are read once the
+    collectives have let go (runtime.memory.Tracker.settle), so a forward that keeps nothing measures 0 bytes kept,
+    every time (cp2_recompute_full measured 558,088 bytes against 464,000 predicted in one run of two: its last
+    all-gather's values, 98,304 bytes, freed late)."""
+    from tests import multirank
+    multirank.spawn(_collective_rank, 2, axes=("tp",))

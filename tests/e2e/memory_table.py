@@ -12,13 +12,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from tests.e2e.cases import CASES
+from tests.e2e.cases import ALL_CASES
 from tests.e2e.runner import case_text, launch
 
 
 def measure(case_id: str, workdir: Path, steps: int = 2) -> dict:
     """The parsed --memory-report of case `case_id` run for `steps` steps."""
-    case = next(c for c in CASES if c.id == case_id)
+    case = next(c for c in ALL_CASES if c.id == case_id)
     run = launch(case_text(case), case.id, workdir, steps=steps, timeout=case.timeout, nproc=case.nproc,
                  dump_grads=False, memory_report=True)
     return run.memory

@@ -3,7 +3,6 @@ the same gradients after the first backward (fp32, relative 1e-5)."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -34,11 +33,12 @@ def reference_runs(tmp_path_factory):
 
 
 # The first half of the CI table (tests/e2e/cases.py `halves`: the second runs in test_e2e_second.py, on the other
-# pytest worker), and the cases out of the CI suite (MORE) with SCALEC_E2E_MORE=1 (bench/e2e_more.py)
-RUN = FIRST + (MORE if os.environ.get("SCALEC_E2E_MORE") else ())
+# pytest worker), and the cases out of the CI suite (MORE), in the slow tier (`pytest --slow -m slow`,
+# `python -m bench.e2e_more`)
+RUN = FIRST + tuple(pytest.param(c, marks=pytest.mark.slow, id=c.id) for c in MORE)
 
 
-@pytest.mark.parametrize("case", RUN, ids=[c.id for c in RUN])
+@pytest.mark.parametrize("case", RUN, ids=lambda c: c.id)
 def test_plan_matches_single_device(case: Case, references, tmp_path):
     check_case(case, references, tmp_path)
 

@@ -67,6 +67,7 @@ def _bitwise(weights, ref) -> bool:
     return weights is not None and weights.keys() == ref.keys() and all(torch.equal(weights[k], ref[k]) for k in ref)
 
 
+@pytest.mark.slow  # a drill: the slow tier (`pytest --slow -m slow`; 54 s of a loaded full run; bench/restart_drill.py)
 def test_killed_rank_restarts_and_resumes_bitwise(uninterrupted, tmp_path):
     """Rank 1 is SIGKILLed at the start of step 4 (first attempt only): torchrun restarts the job (restarts = 1),
     which resumes from step 2's checkpoint; losses and final weights equal the uninterrupted run's, bitwise. The
@@ -81,6 +82,7 @@ def test_killed_rank_restarts_and_resumes_bitwise(uninterrupted, tmp_path):
     assert _bitwise(weights, ref_weights)
 
 
+@pytest.mark.slow  # a drill: the slow tier (`pytest --slow -m slow`; 42 s of a loaded full run; bench/restart_drill.py)
 def test_sigterm_checkpoints_exits_cleanly_and_resumes_equal(uninterrupted, tmp_path):
     """Rank 0 gets SIGTERM (a preemption) at step 3: every rank stops after that same step, the checkpoint is
     saved and the job exits 0; relaunched, it resumes there and ends bitwise equal to the uninterrupted run."""
