@@ -87,41 +87,22 @@ def npy_header(start: bytes, size: int, named_npy: bool = False) -> NpyHeader | 
     return NpyHeader(dtype=name, tokens=tokens, offset=offset)
 
 
-# Megatron's indexed dataset (runtime/indexed.py writes and reads it; this is check's reader of its header alone):
-# PREFIX.idx starts with MMIDIDX, a uint64 version 1 and a uint8 dtype code.
-INDEX_HEADER = b"MMIDIDX\x00\x00"
-INDEX_CODES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
-INDEX_TOKEN_DTYPES = ("uint16", "int32", "int64")  # the codes read as token ids (Megatron has no uint32)
-
-
+# Megatron's indexed dataset: PREFIX.idx starts with MMIDIDX, a uint64 version 1 and a uint8 dtype code
+# (runtime/indexed.py writes and reads it).
 class IndexFileError(Exception):
     """A Megatron index beside the token file gives its ids in a dtype we do not read (one line)."""
 
 
 def index_dtype(path: str) -> str | None:
     """The dtype PREFIX.idx gives the ids of `path` (PREFIX.bin): None without such an index (no PREFIX.idx, or one
-    without the MMIDIDX header), IndexFileError for a version or a dtype code we do not read. The program reads the
-    same header (runtime.indexed.index_dtype); tests/test_data.py holds the two to the same files."""
-    import struct
+    without the MMIDIDX header), IndexFileError for a version or a dtype code we do not read. It is the program's own
+    reader (runtime.indexed.index_dtype, torch-free), so check and the run read the header alike by construction."""
+    from runtime import indexed
 
-    if not path.endswith(".bin"):
-        return None
-    index = path[:-len(".bin")] + ".idx"
-    if not os.path.isfile(index):
-        return None
-    with open(index, "rb") as f:
-        head = f.read(18)
-    if len(head) < 18 or head[:9] != INDEX_HEADER:
-        return None
-    version, = struct.unpack("<Q", head[9:17])
-    if version != 1:
-        raise IndexFileError(f"its index {index} is version {version}, not 1")
-    name = INDEX_CODES.get(head[17])
-    if name not in INDEX_TOKEN_DTYPES:
-        what = name or f"the unknown code {head[17]}"
-        raise IndexFileError(f"its index {index} gives its ids as {what}, which is not read as token ids (uint16, "
-                          "int32, int64)")
-    return name
+    try:
+        return indexed.index_dtype(path)
+    except ValueError as exc:
+        raise IndexFileError(str(exc)) from None
 
 
 def read_start(path: str, nbytes: int = SAMPLE_BYTES) -> bytes:

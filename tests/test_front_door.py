@@ -29,8 +29,9 @@ print(json.dumps({"rc": rc, "heavy": heavy[:5], "out": out.getvalue()[-300:]}))
 # Runtime modules that import no torch by design, which the checker reads so that it checks what the program does:
 # the package itself (a docstring), Hugging Face's names (runtime/hf_names.py, read by `init = from(...)`'s check) and
 # the names the language shares with the runtime (runtime/choices.py: axes, data parallelism, schedules, recomputation)
-# and the held-out split of a token file (runtime/split.py: the checker sizes it as the program cuts it).
-LIGHT = {"runtime", "runtime.hf_names", "runtime.choices", "runtime.split"}
+# and the held-out split of a token file (runtime/split.py: the checker sizes it as the program cuts it), and the reader
+# of a Megatron index's header (runtime/indexed.py: the checker reads a dataset's dtype as the program does).
+LIGHT = {"runtime", "runtime.hf_names", "runtime.choices", "runtime.split", "runtime.indexed"}
 
 
 def _run(*args: str) -> dict:
