@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from compiler.diagnostics import Diagnostic, ScaleError, Span
 from compiler.importer_deepseek import DEEPSEEK_TYPES, DeepseekLayout
 from compiler.importer_gemma import GEMMA_TYPES, GemmaLayout
+from compiler.importer_moe import DISPATCH, DISPATCH_NOTE
 
 # architectures[0] -> model_type, the model's name in the output
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -920,8 +921,6 @@ def import_config(text: str, path: str) -> str:
 
 # Every imported mixture is dropless (transformers routes every choice): sorted by expert, not padded to a slot per
 # token (issue 37: padded, each expert computes every token's slot, and `search` avoids ep for it).
-DISPATCH = "dispatch = grouped"
-DISPATCH_NOTE = "dropless: rows sorted by expert, no padded slot per token (the same result as `padded`)"
 DISPATCH_ROW = (f"        {DISPATCH},", DISPATCH_NOTE)
 
 PLACEHOLDER = """

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+from compiler.importer_moe import DISPATCH, DISPATCH_NOTE  # every importer's mixture is dispatched alike
+
 DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
 
 # DeepSeek's own config keys transformers' classes do not have (its remote code's), read with DeepSeek's values
@@ -377,7 +379,6 @@ class DeepseekLayout:
         return rows
 
     def moe_rows(self, moe) -> list[tuple[str, str]]:
-        from compiler.importer import DISPATCH, DISPATCH_NOTE  # every importer's mixture is dispatched alike
         s, fmt, v3 = self.src, self.fmt, self.type == "deepseek_v3"
         pad = " " * len("    moe(")
         shared = moe["shared"]

@@ -28,6 +28,8 @@ ALLOWED = {
     "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
     "compiler/datasets.py": "`scalec data` writes its datasets with runtime.indexed, the reader the runtime uses "
                             "(one format, both ways)",
+    "compiler/files.py": "reads a Megatron index's header with runtime.indexed, the reader the program uses "
+                         "(torch-free, as `scalec check` requires)",
     "compiler/hf_header.py": "checks an init checkpoint's headers under the names the program reads it by "
                              "(runtime.hf_names, torch-free, as `scalec check` requires)",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
