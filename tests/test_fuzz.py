@@ -37,8 +37,9 @@ MOE = (ROOT / "samples" / "moe_gpt.scale").read_text()
 WORK = 20_000_000     # function calls one input may make: about 13x the largest sample's check + plan + compile
 HANG = 300.0          # seconds after which an input is interrupted as a "stall": a failsafe against hangs only
 SEED = 9
-PER_SAMPLE = 50       # mutants of each sample through check (150 until the suite's budget: the 18 samples took
-#                       13 min of one worker on a loaded machine, the suite's longest file; bench/fuzz.py runs more)
+PER_SAMPLE = 30       # mutants of each sample through check (150 until the suite's budget: the 18 samples took
+#                       13 min of one worker on a loaded machine, the suite's longest file; then 50, still 111 s of a
+#                       loaded run; bench/fuzz.py runs 10,000)
 COMPILE_PER_SAMPLE = 2  # of those that check, this many also go through plan and compile, which cost far more
 #                         than check; `python3 bench/fuzz.py --inputs 10000` compiles every mutant that checks
 

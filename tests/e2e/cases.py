@@ -527,6 +527,12 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     # packed documents under dp: each rank's sequences packed as one device packs them (packed_one_device, and
     # packed_cp2 with this model), data parallelism itself by dp2_ddp
     "packed_dp2",
+    # GPipe: its order is proved deadlock-free and equal to its definition statically (tests/test_schedule.py), and the
+    # stage runtime it drives is the one pp2_1f1b, pp2_zero_bubble and pp4_interleaved train against the single device
+    "pp2_gpipe",
+    # fp32 zero1 (ZeroRedundancyOptimizer over dp): moe_dp2_ep2_zero1 runs it over a folded batch group; bf16 zero1's
+    # partition: dp2_zero1_bf16
+    "dp2_zero1",
 })
 ALL_CASES = CASES
 CASES = tuple(c for c in ALL_CASES if c.id not in MORE_IDS)
