@@ -230,6 +230,12 @@ def summarise(runs: list[dict], warmup: int, tokens: int, flops: float, peak_flo
     return s
 
 
+def optim_settings(o) -> dict:
+    """A generated program's optimizer settings (its CONFIG.optim), as bench/handwritten.py takes them."""
+    return dict(lr=o.lr, betas=list(o.betas), eps=o.eps, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                lr_schedule=o.lr_schedule, warmup=o.warmup, min_lr=o.min_lr)
+
+
 def bench_model(name: str, b: Bench, columns, args, dev: tuple[str, str, float], precision: str) -> dict:
     from bench.common import load_program
     _, compiler_device, peak_flops = dev
@@ -243,9 +249,7 @@ def bench_model(name: str, b: Bench, columns, args, dev: tuple[str, str, float],
             raise SystemExit(f"bench/gpu.py: {name}: compile on and off count different FLOPs: {flops}")
         (flops,) = flops
         # The generated program's own optimizer settings, so that both sides train alike.
-        o = load_program(builds["ours_eager"][0], f"scalec_bench_{name}").CONFIG.optim
-        optim = dict(lr=o.lr, betas=list(o.betas), eps=o.eps, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
-                     lr_schedule=o.lr_schedule, warmup=o.warmup, min_lr=o.min_lr)
+        optim = optim_settings(load_program(builds["ours_eager"][0], f"scalec_bench_{name}").CONFIG.optim)
         runs: dict[str, list] = {col: [] for col in sorted(columns, key=COLUMNS.index)}
         for k in range(args.rounds):  # rounds alternate the columns: A B C D A B C D ...
             for col in runs:
