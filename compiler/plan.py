@@ -27,7 +27,7 @@ WRAPPER_TUNING = ("ddp_bucket_bytes", "fsdp_prefetch")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Plan(choices.DataParallelMode):
     # -- the mesh ----------------------------------------------------------------------------------------------------
     axes: tuple
     """((axis, size), ...) outermost first, as the mesh declares them."""
@@ -113,6 +113,11 @@ class Plan:
             if name == axis:
                 return n
         return 1
+
+    @property
+    def _zero_dp(self) -> int:
+        """The dp size the data-parallel mode's properties (choices.DataParallelMode: zero_stage, shards_*) read."""
+        return self.size("dp")
 
     @property
     def world_size(self) -> int:

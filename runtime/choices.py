@@ -17,6 +17,42 @@ DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp")
 SHARDED = ("zero1", "zero2", "fsdp")
 """The data-parallel modes that shard model state over dp (at least the optimizer's)."""
 
+ZERO_STAGE = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}
+"""What each data-parallel mode means, as ZeRO's stage (Rajbhandari et al. 2020): 1 shards the optimizer's state,
+2 the gradients too (FSDP2 with the weights kept gathered from a unit's forward to its backward), 3 the weights too
+(FSDP2, freed after each forward). The one table every property below reads: no other module tests the names."""
+
+
+def zero_stage(data_parallel: str, dp: int) -> int:
+    """The ZeRO stage in effect: the mode's, over dp > 1; 0 over one dp rank (nothing to shard, every mode is ddp)."""
+    return ZERO_STAGE[data_parallel] if dp > 1 else 0
+
+
+class DataParallelMode:
+    """What a data-parallel mode means, as properties of its ZeRO stage in effect (`zero_stage`): the compiler's
+    Plan and the runtime's Parallel mix this in, each giving `data_parallel` and its dp size (`_zero_dp`)."""
+
+    __slots__ = ()
+
+    @property
+    def zero_stage(self) -> int:
+        return zero_stage(self.data_parallel, self._zero_dp)
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """AdamW's moments (and bf16's fp32 masters) sharded over dp: zero1, zero2, fsdp."""
+        return self.zero_stage >= 1
+
+    @property
+    def shards_grads(self) -> bool:
+        """Gradients reduce-scattered and sharded over dp, by FSDP2 (`fully_shard`): zero2, fsdp."""
+        return self.zero_stage >= 2
+
+    @property
+    def shards_params(self) -> bool:
+        """Weights sharded over dp and gathered for each unit's forward and again for its backward: fsdp (ZeRO-3)."""
+        return self.zero_stage >= 3
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 """Pipeline schedules (runtime/schedule.py builds each one's action lists)."""
 

@@ -15,7 +15,7 @@ from runtime import choices
 
 
 @dataclass(frozen=True, kw_only=True)
-class Parallel:
+class Parallel(choices.DataParallelMode):
     """How the model and the batch are split over the mesh (the `mesh` and `plan` sections, as the Plan has them)."""
 
     axes: tuple
@@ -94,6 +94,11 @@ class Parallel:
         if unknown:
             raise ValueError(f"Parallel.axes: unknown axis {', '.join(unknown)}; the axes are "
                              f"{', '.join(choices.AXES)}")
+
+    @property
+    def _zero_dp(self) -> int:
+        """The dp size the data-parallel mode's properties (choices.DataParallelMode: zero_stage, shards_*) read."""
+        return dict(self.axes).get("dp", 1)
 
 
 @dataclass(frozen=True, kw_only=True)
