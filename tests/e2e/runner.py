@@ -1,4 +1,5 @@
-"""Compile a .scale text, launch it under torchrun through its launch.sh, and read back what it wrote."""
+"""Compile a .scale text, launch it under torchrun through its launch.sh (a world of one: `python program.py`
+itself), and read back what it wrote."""
 from __future__ import annotations
 
 import dataclasses
@@ -88,10 +89,15 @@ def _free_port() -> int:
 
 def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
            extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True,
-           memory_report: bool = False, count_bytes: bool = True) -> Run:
+           memory_report: bool = False, count_bytes: bool = True, torchrun: bool | None = None) -> Run:
     """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too;
     `memory_report`: the program measures every rank's memory in the last step (`--memory-report`), read back into
-    `Run.memory` (compared with the compiler's prediction in plan.json)."""
+    `Run.memory` (compared with the compiler's prediction in plan.json).
+    `torchrun`: start the program through launch.sh's torchrun; by default only a world of more than one, or one
+    that restarts: a single process without restarts runs as `python program.py` (runtime.mesh makes it a world of
+    one), the same program without the agent's interpreter beside it (a second or two of CPU per run, and the
+    single-device references are the suite's most frequent runs). Every case of more than one process goes
+    through launch.sh."""
     out = workdir / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
@@ -99,7 +105,10 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
     report = out / "memory.json"
-    cmd = ["bash", str(out / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics), *extra]
+    if torchrun is None:
+        torchrun = compiled.plan.world_size > 1 or int(compiled.spec.train.restarts) > 0
+    start = ["bash", str(out / "launch.sh")] if torchrun else ["python3", str(out / "program.py")]
+    cmd = [*start, "--steps", str(steps), "--metrics", str(metrics), *extra]
     if count_bytes:
         cmd += ["--count-bytes", str(counts)]
     if memory_report:
