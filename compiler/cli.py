@@ -337,19 +337,19 @@ def _undecodable_as_bytes(err: UnicodeError):
 codecs.register_error("scalec.undecodable", _undecodable_as_bytes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    for stream in (sys.stdout, sys.stderr):  # file names are printed; one that is not UTF-8 must not crash us
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(errors="scalec.undecodable")
-    program_args: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, program_args = argv[:i], argv[i + 1:]
+def _parser() -> argparse.ArgumentParser:
+    """`scalec`'s arguments: one sub-command each."""
     p = argparse.ArgumentParser(prog="scalec", description="Compile .scale training plans into torch.distributed "
                                 "programs.", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"scalec {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _compile_commands(sub)
+    _run_commands(sub)
+    return p
+
+
+def _compile_commands(sub) -> None:
+    """The commands that read a .scale file and write or print what it compiles to."""
     c = sub.add_parser("check", help="report every problem in a .scale file",
                        description="Parse and check FILE; print every problem found, each located in the source.")
     c.add_argument("file", metavar="FILE")
@@ -399,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
                         "does not set (token ids, ...) are kept, its generation config and tokenizer copied "
                         "(default: the directory of the train section's `init = from(...)`, if it holds one)")
     c.set_defaults(func=cmd_export)
+
+
+def _run_commands(sub) -> None:
+    """The commands that search, prepare data, import, and train."""
     c = sub.add_parser("search", help="the fastest plans for the model on the cluster, with reasons",
                        description="Search the plans of FILE's model on FILE's cluster (the mesh's nodes, "
                                    "devices_per_node, device and its figures; the train section as written) and "
@@ -475,6 +479,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="on a mesh of several nodes, start every node's processes on this machine (testing)")
     c.add_argument("--force", action="store_true", help="run even if the predicted peak memory does not fit")
     c.set_defaults(func=cmd_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # file names are printed; one that is not UTF-8 must not crash us
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="scalec.undecodable")
+    program_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, program_args = argv[:i], argv[i + 1:]
+    p = _parser()
     refused = _html_elsewhere(argv)
     if refused:
         sys.stderr.write(refused)
@@ -483,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     args.program_args = program_args
     if program_args and args.command != "run":
         p.error("arguments after `--` are for `scalec run` only")
+    return _dispatch(args)
+
+
+def _dispatch(args) -> int:
+    """Run the command; an error in the input is its diagnostic and exit 1, a bug of ours one line and exit 3."""
     try:
         return args.func(args)
     except ScaleError as err:
