@@ -54,24 +54,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     repeated or misplaced computation, or an action that runs before what it depends on."""
     cost = cost or COST
     n_stages, m, last = lay.stages, lay.m, lay.stages - 1
-    # Per (stage, micro-batch): how often each computation appears, then when each event happened (None: not yet).
-    count_f = [[0] * m for _ in range(n_stages)]
-    count_b = [[0] * m for _ in range(n_stages)]
-    for r, acts in order.items():
-        for a in acts:
-            if a.kind in COST and lay.rank_of(a.stage) != r:
-                raise ScheduleError(f"rank {r}: {a} computes stage {a.stage}, which lives on rank "
-                                    f"{lay.rank_of(a.stage)}")
-            if a.kind in ("F", "B", "I"):
-                table = count_f if a.kind == "F" else count_b
-                table[a.stage][a.mb] += 1
-                if table[a.stage][a.mb] > 1:
-                    raise ScheduleError(f"rank {r}: {a} is computed twice")
-    for table, what in ((count_f, "forward"), (count_b, "backward")):
-        for st in range(n_stages):
-            for k in range(m):
-                if not table[st][k]:
-                    raise ScheduleError(f"rank {lay.rank_of(st)}: {what} of micro-batch {k} on stage {st} never runs")
+    _check_each_computation_once(order, lay)
 
     # Event tables: 0 forward done, 1 backward (input) done, 2 activation sent, 3 gradient sent.
     events = [[[None] * m for _ in range(n_stages)] for _ in range(4)]
@@ -93,11 +76,9 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
             heapq.heappush(ready, (clock[r_wait], r_wait))
 
     # Actions as small integers (the hot loop runs once per action: p = 128, m = 512 is ~400k of them).
-    code_of = {"F": 0, "B": 1, "I": 2, "W": 3, "SEND_F": 4, "SEND_B": 5, "RECV_F": 6, "RECV_B": 7}
-    def per_stage(x):
-        return list(x) if isinstance(x, (list, tuple)) else [x] * n_stages
-    dur = [per_stage(cost.get(k, 0)) for k in ("F", "B", "I", "W")]
-    coded = {r: [(code_of[a.kind], a.stage, a.mb) for a in acts] for r, acts in order.items()}
+    dur = [list(x) if isinstance(x, (list, tuple)) else [x] * n_stages
+           for x in (cost.get(k, 0) for k in ("F", "B", "I", "W"))]
+    coded = {r: [(_CODE_OF[a.kind], a.stage, a.mb) for a in acts] for r, acts in order.items()}
     p = lay.p
     ev_f, ev_b, ev_sf, ev_sb = events
     recv_f, recv_b = received
@@ -172,28 +153,67 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
             i += 1
         pos[r], clock[r] = i, t
     if blocked:
-        # The root cause first: a rank waiting for something no list contains; else the waits form a cycle.
-        present = {str(x) for acts in order.values() for x in acts}
-
-        def provider(table: int, st: int, k: int) -> str:
-            return {FWD: f"{st}F{k}", BWD: f"{st}I{k}", SENT_F: f"{st}SEND_F{k}", SENT_B: f"{st}SEND_B{k}"}[table]
-
-        def absent(item) -> bool:
-            table, st, k = item[1][1]
-            name = provider(table, st, k)
-            return name not in present and (table != BWD or f"{st}B{k}" not in present)
-
-        r, (a, need) = min(blocked.items(), key=lambda it: (not absent(it), it[0]))
-        cause = "no rank ever runs it" if absent((r, (a, need))) else "it waits behind this rank (a cycle)"
-        raise ScheduleError(f"rank {r} waits forever at {a} (action {pos[r]} of {len(order[r])}): it needs "
-                            f"{provider(*need)}, and {cause}")
-    for table, got, kind in ((SENT_F, 0, "F"), (SENT_B, 1, "B")):
-        for st in range(n_stages):
-            for k in range(m):
-                if events[table][st][k] is not None and not received[got][st][k]:
-                    raise ScheduleError(f"rank {lay.rank_of(st)}: {st}SEND_{kind}{k} is never received")
+        _deadlock(order, blocked, pos)
+    _check_every_send_received(events, received, lay)
     makespan = max((e for sp in spans.values() for _, e, _ in sp), default=0.0)
     return Timeline(spans, makespan, work)
+
+
+def _check_each_computation_once(order: dict, lay: Layout) -> None:
+    """Every computation on the rank its stage lives on, each (stage, micro-batch) forward and backward exactly
+    once."""
+    n_stages, m = lay.stages, lay.m
+    count_f = [[0] * m for _ in range(n_stages)]
+    count_b = [[0] * m for _ in range(n_stages)]
+    for r, acts in order.items():
+        for a in acts:
+            if a.kind in COST and lay.rank_of(a.stage) != r:
+                raise ScheduleError(f"rank {r}: {a} computes stage {a.stage}, which lives on rank "
+                                    f"{lay.rank_of(a.stage)}")
+            if a.kind in ("F", "B", "I"):
+                table = count_f if a.kind == "F" else count_b
+                table[a.stage][a.mb] += 1
+                if table[a.stage][a.mb] > 1:
+                    raise ScheduleError(f"rank {r}: {a} is computed twice")
+    for table, what in ((count_f, "forward"), (count_b, "backward")):
+        for st in range(n_stages):
+            for k in range(m):
+                if not table[st][k]:
+                    raise ScheduleError(f"rank {lay.rank_of(st)}: {what} of micro-batch {k} on stage {st} never runs")
+
+
+_CODE_OF = {"F": 0, "B": 1, "I": 2, "W": 3, "SEND_F": 4, "SEND_B": 5, "RECV_F": 6, "RECV_B": 7}
+"""verify's actions as small integers."""
+
+_EVENT_NAMES = ("{st}F{k}", "{st}I{k}", "{st}SEND_F{k}", "{st}SEND_B{k}")
+"""What provides each event of verify's tables (0 forward done, 1 backward (input) done, 2 activation sent, 3
+gradient sent)."""
+
+
+def _deadlock(order: dict, blocked: dict, pos: dict) -> None:
+    """Raise the deadlock verify found, root cause first: a rank waiting for something no list contains; else the
+    waits form a cycle."""
+    present = {str(x) for acts in order.values() for x in acts}
+
+    def provider(table: int, st: int, k: int) -> str:
+        return _EVENT_NAMES[table].format(st=st, k=k)
+
+    def absent(item) -> bool:
+        table, st, k = item[1][1]
+        return provider(table, st, k) not in present and (table != 1 or f"{st}B{k}" not in present)
+
+    r, (a, need) = min(blocked.items(), key=lambda it: (not absent(it), it[0]))
+    cause = "no rank ever runs it" if absent((r, (a, need))) else "it waits behind this rank (a cycle)"
+    raise ScheduleError(f"rank {r} waits forever at {a} (action {pos[r]} of {len(order[r])}): it needs "
+                        f"{provider(*need)}, and {cause}")
+
+
+def _check_every_send_received(events: list, received: list, lay: Layout) -> None:
+    for table, got, kind in ((2, 0, "F"), (3, 1, "B")):
+        for st in range(lay.stages):
+            for k in range(lay.m):
+                if events[table][st][k] is not None and not received[got][st][k]:
+                    raise ScheduleError(f"rank {lay.rank_of(st)}: {st}SEND_{kind}{k} is never received")
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
