@@ -33,9 +33,9 @@ What differs, on purpose (each side as its users would write it):
   the hand-written loop draws random tokens on the device (`torch.randint`).
 - layers: the generated program has q, k, v (and SwiGLU's gate and up) as separate linears, the hand-written
   model fuses them (nanoGPT's c_attn); the FLOPs are the same.
-- the optimizer: the hand-written side uses fused AdamW on CUDA; the generated program uses what runtime/train.py
+- the optimizer: the hand-written side uses fused AdamW on CUDA; the generated program uses what runtime/optimizer.py
   builds (AdamW; fused or not is the runtime's choice).
-- what one step does besides the model: the generated program runs runtime/train.py's loop (faults' bookkeeping,
+- what one step does besides the model: the generated program runs runtime/trainer.py's loop (faults' bookkeeping,
   the gradient norm read back for its metrics, its memory counters); the hand-written loop reads the loss only.
 - initialisation: each side's own (N(0, 0.02), residual outputs scaled); it does not change the speed.
 - compilation: the generated program compiles each repeated block and the code around the repeat

@@ -9,7 +9,7 @@ untied head). It is what a user would write beside nanoGPT: q, k and v as one fu
 projections as one fused linear, SDPA for attention (causal, `enable_gqa`), the loss in fp32 on the logits.
 
 The loop: tokens and targets made on the device (`torch.randint`, no host copy), bf16 autocast where asked, AdamW
-(fused on CUDA; the decay / no-decay split of the 1-D parameters as runtime/train.py does), the same learning-rate
+(fused on CUDA; the decay / no-decay split of the 1-D parameters as runtime/optimizer.py does), the same learning-rate
 schedule (linear warm-up, then constant or cosine to min_lr), global-norm clipping (torch's foreach path), and one
 host read per step (the loss, as the generated programs do). With `--compile` the whole model is `torch.compile`d.
 Each step writes one JSON line to --metrics: step, loss, step_time (s, wall clock from the start of the step to the
@@ -127,7 +127,7 @@ class GPT(nn.Module):
 
 
 def lr_multiplier(optim: dict, steps: int):
-    """runtime/train.py's schedule: linear warm-up, then constant or cosine to min_lr at the last step."""
+    """runtime/optimizer.py's schedule: linear warm-up, then constant or cosine to min_lr at the last step."""
     warmup, floor = optim.get("warmup", 0), optim.get("min_lr", 0.0) / optim["lr"]
 
     def f(step: int) -> float:

@@ -51,14 +51,14 @@ def _args(metrics: str | None) -> argparse.Namespace:
 
 def bare(program, steps: int) -> list[float]:
     """The generated Model in a 20-line loop: what any training loop must do, with the same batch every step."""
-    from runtime import data, train
+    from runtime import data, optimizer
     cfg = program.CONFIG
     torch.manual_seed(cfg.seed)
     model = program.Model()
     source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
     tokens, targets = data.micro_batch(source, 0, cfg.data.global_batch, 0, 1, 0, 1)
     params = list(model.parameters())
-    opt = train._optimizer(params, cfg.optim)
+    opt = optimizer.adamw(params, cfg.optim)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()

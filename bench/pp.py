@@ -13,7 +13,7 @@ them (vocab 64 ≪ hidden 256). The plan's `schedule`, `virtual_stages` and `mic
 
 Part 1, idle fraction from timestamps (`--worker idle`, one torchrun run for every configuration). The worker
 builds the generated program's stages (`Stage`, `STAGES`, `loss_fn` of each compiled build) through the runtime's
-own `runtime.pipeline.Pipeline`, initialised as runtime/train.py does, and wraps each torch `PipelineStage`'s
+own `runtime.pipeline.Pipeline`, initialised as runtime/trainer.py does, and wraps each torch `PipelineStage`'s
 `forward_one_chunk`, `backward_one_chunk` and `backward_weight_one_chunk`, and the schedule's loss computation
 (counted with the forward), to record wall-clock start and end (`time.perf_counter`: CLOCK_MONOTONIC, one clock for
 every process on the machine). It also times the schedule's waits on send/receive work. Each step starts after a
@@ -166,7 +166,7 @@ def _idle_run(args, builds: list[Path], ctx) -> None:
     import torch
     import torch.distributed as dist
 
-    from runtime import data, train
+    from runtime import data, optimizer
     from runtime import tensor_parallel as tp
     from runtime.layers import init_parameters
     from runtime.pipeline import Pipeline
@@ -189,7 +189,7 @@ def _idle_run(args, builds: list[Path], ctx) -> None:
         torch.manual_seed(cfg.seed)
         pipe = Pipeline(prog.Stage, cfg, ctx, prog.loss_fn, prepare)
         clock.instrument(pipe)
-        opt = train._optimizer([p for _, p in pipe.all_named_parameters()], cfg.optim)
+        opt = optimizer.adamw([p for _, p in pipe.all_named_parameters()], cfg.optim)
         source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
         steps = []
         for step in range(cfg.steps):
@@ -371,7 +371,7 @@ def _hand_run(args) -> None:
 
     from compiler import model as M
     from compiler.check import check_text
-    from runtime import data, train
+    from runtime import data, optimizer
     from runtime.layers import init_parameters
 
     build = Path(args.build)
@@ -399,7 +399,7 @@ def _hand_run(args) -> None:
     opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.optim.weight_decay},
                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
                             lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, optimizer.lr_lambda(cfg))
     # A tied head: the first and last stage each hold the embedding; their gradients are summed every step.
     tie = dist.new_group([0, world - 1]) if cfg.parallel.tied_embedding else None
     source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)

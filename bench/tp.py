@@ -224,7 +224,7 @@ def _dtensor_run(args) -> None:
 
     from compiler import model as M
     from compiler.check import check_text
-    from runtime import data, train
+    from runtime import data, optimizer
     from runtime.layers import init_parameters
 
     build = Path(args.build)
@@ -239,8 +239,8 @@ def _dtensor_run(args) -> None:
     first, second = _dtensor_plan(model, spec.plan.sequence_parallel)
     parallelize_module(model, mesh, first)
     parallelize_module(model, mesh, second)
-    opt = train._optimizer(list(model.parameters()), cfg.optim)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, train.lr_lambda(cfg))
+    opt = optimizer.adamw(list(model.parameters()), cfg.optim)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, optimizer.lr_lambda(cfg))
     source = data.Synthetic(cfg.data.vocab, cfg.data.seq_len, cfg.seed)
     group = mesh.get_group()
     tokens_per_step = cfg.data.global_batch * cfg.data.seq_len

@@ -42,7 +42,7 @@ logging.getLogger("torch._higher_order_ops.wrap").addFilter(_NoInPlaceNotice())
 
 def apply(module: nn.Module) -> nn.Module:
     """Compile `module`'s regions in place, before data parallelism wraps it; parameter names and the module tree
-    are unchanged. The recomputation mode of each Repeat (runtime.recompute.apply) must be set already."""
+    are unchanged. The recomputation mode of each Repeat (runtime.parallelize.apply_recompute) must be set already."""
     for m in module.modules():
         if isinstance(m, Repeat):
             m.compiled = True

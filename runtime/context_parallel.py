@@ -4,7 +4,7 @@ The sequence is cut into 2·cp chunks and cp rank i holds chunks i and 2·cp −
 Megatron-Core and torchtitan): under a causal mask every rank then has the same work, the first chunk's few keys per
 query paired with the last chunk's many. Everything position-dependent follows the permutation, so each token keeps
 its true position:
-  - `chunks(x, dim)`: this rank's tokens and targets of a batch (runtime.train, before the model sees them);
+  - `chunks(x, dim)`: this rank's tokens and targets of a batch (runtime.model_parts, before the model sees them);
   - `positions(n, device)`: the true positions of this rank's n tokens (the learned `positional` lookup);
   - `rotate(q, k, theta, scaling, interleaved)`: rotary embeddings at those positions;
   - `attention(q, k, v, gqa)`: causal attention of this rank's queries against the keys and values gathered over cp

@@ -14,8 +14,8 @@ The convention is Megatron-LM's `--reset-position-ids --reset-attention-mask --e
     holds as many tokens, so the mean over ranks and micro-batches of these figures is the global batch's, exactly
     the single device's, without a count of the masked targets being exchanged.
 
-The document ids of a micro-batch travel beside its tokens and targets (runtime.train): the loop enters `batch(docs)`
-around the micro-batch's forward and backward, and the calls the model makes read it:
+The document ids of a micro-batch travel beside its tokens and targets (runtime.model_parts): the loop enters
+`batch(docs)` around the micro-batch's forward and backward, and the calls the model makes read it:
   - `positions(tokens)`: the positions of the rank's tokens within their documents, (B, n) (learned positions);
   - `rotate(q, k, theta, scaling)`: rotary embeddings at those positions;
   - `attention(q, k, v, gqa)`: block-diagonal causal attention; on CUDA FlexAttention with a block mask built from

@@ -41,10 +41,10 @@ def grad_dtype(grad_reduce: str) -> torch.dtype:
     return torch.float32 if grad_reduce == "fp32" else COMPUTE
 
 
-def main_grads(precision: str, dp_kind: str | None) -> bool:
+def main_grads(precision: str, parallel) -> bool:
     """Whether a run takes this module's bf16 weights, main gradients and masters: bf16 without FSDP (under FSDP2,
-    fsdp and zero2 with dp > 1, its MixedPrecisionPolicy does the same: `fsdp_policy`)."""
-    return precision == "bf16" and dp_kind != "fsdp"
+    fsdp and zero2 with dp > 1, `parallel.shards_grads`, its MixedPrecisionPolicy does the same: `fsdp_policy`)."""
+    return precision == "bf16" and not parallel.shards_grads
 
 
 def fsdp_policy(grad_reduce: str, fp32_residual: bool):

@@ -1,6 +1,6 @@
 """What a run tells about itself: the log line of a logged step, the metrics file, the scalars the trackers get
 (runtime.tracking), and the clock (the job's start, the device's pace between synchronisations, elapsed time and
-ETA). runtime.train calls these; nothing here touches the model."""
+ETA). runtime.trainer calls these; nothing here touches the model."""
 from __future__ import annotations
 
 import json

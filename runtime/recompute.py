@@ -135,13 +135,3 @@ def run_block(block, x: torch.Tensor, mode: str, compiled: bool = False) -> torc
     kwargs = {"context_fn": context_fn} if context_fn is not None else {}
     return checkpoint(forward, x, use_reentrant=False, **kwargs)
 
-
-def apply(module: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """Set the recomputation `mode` of every runtime.layers.Repeat in `module` (a whole model or a pipeline stage)."""
-    from runtime.layers import Repeat
-    if mode not in MODES:
-        raise ValueError(f"recompute must be one of {', '.join(MODES)}, not {mode!r}")
-    for m in module.modules():
-        if isinstance(m, Repeat):
-            m.recompute = mode
-    return module

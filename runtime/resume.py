@@ -25,7 +25,7 @@ What is recorded (`record`, in the checkpoint's manifest, runtime.checkpoint's `
 A checkpoint written before the contract (no "run" in its manifest) is compared on its steps only, and the log
 says so.
 
-Plain values and hashlib: no torch (runtime.checkpoint and runtime.train call this)."""
+Plain values and hashlib: no torch (runtime.checkpoint and runtime.startup call this)."""
 from __future__ import annotations
 
 import hashlib

@@ -90,7 +90,7 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
         if collectives.axis_size(axis) > 1:
             dist.all_reduce(sums[axis], group=collectives._group(axis))
     if dp_sharded and dense_group is not None and dense_group is not dp_group:
-        # FSDP with ep: the dense shards lie over dp × ep, the experts' over dp (runtime.train._shard_experts)
+        # FSDP with ep: the dense shards lie over dp × ep, the experts' over dp (runtime.parallelize)
         dense = sums["tp"] + sums[None]
         dist.all_reduce(dense, group=dense_group)
         if dp_group is not None:

@@ -149,7 +149,7 @@ def test_the_runtimes_collectives_name_the_lines_of_their_axis_and_setting(monke
     `schedule`; a runtime-issued tp collective its axis; anything else (or nothing given) the mesh section."""
     from pathlib import Path
 
-    from runtime import train
+    from runtime import parallelize
     root = Path(__file__).resolve().parents[1]
 
     def at(text, name, needle):
@@ -159,15 +159,15 @@ def test_the_runtimes_collectives_name_the_lines_of_their_axis_and_setting(monke
                                                                                                     "mesh {")
     monkeypatch.setattr(faults, "_SOURCES", {})
     faults.set_sources(_sources(dp, "dp.scale"))
-    assert train._dp_site("ddp") == f"{axis} (axis dp = 2), {setting} (data_parallel = ddp)"
+    assert parallelize.site(False) == f"{axis} (axis dp = 2), {setting} (data_parallel = ddp)"
     assert faults.scale("axis dp", "axis ep") == f"{axis} (axis dp = 2)"
     assert faults.scale("checkpoint_dir") == faults.scale() == f"{mesh} (the mesh section)"
     assert faults.axis_site(None, "dp") == f"{axis} (axis dp = 2)"
     assert faults.axis_site(("program.py", 3), "dp") == ("program.py", 3)
     faults.set_sources(_sources(dp.replace("data_parallel = ddp", "data_parallel = fsdp"), "dp.scale"))
-    assert train._dp_site("fsdp") == f"{setting} (data_parallel = fsdp)"
+    assert parallelize.site(True) == f"{setting} (data_parallel = fsdp)"
     faults.set_sources(_sources(dp.replace("data_parallel = ddp", "# data_parallel"), "dp.scale"))
-    assert train._dp_site("fsdp") == f"{axis} (axis dp = 2)"
+    assert parallelize.site(True) == f"{axis} (axis dp = 2)"
     pp = (root / "samples" / "gpt_pp.scale").read_text().replace("log_every", 'checkpoint_dir = "ck"\n  log_every')
     faults.set_sources(_sources(pp, "pp.scale"))
     assert faults.scale("axis pp", "schedule") == (f'{at(pp, "pp.scale", "axis pp")} (axis pp = 2), '

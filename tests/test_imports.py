@@ -208,3 +208,33 @@ def test_no_import_circle_in_the_compiler():
         if m not in done:
             walk(m, [m])
     assert circles == [], " ; ".join(" -> ".join(c) for c in circles[:5])
+
+
+def _circles(graph: dict) -> list:
+    """Every import circle of `graph` (module -> the modules it imports), each as the path that closes it."""
+    circles, done = [], set()
+
+    def walk(node, path):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                circles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                walk(nxt, path + [nxt])
+        done.add(node)
+
+    for m in sorted(graph):
+        if m not in done:
+            walk(m, [m])
+    return circles
+
+
+def test_no_import_circle_in_the_runtime():
+    """No runtime module reaches itself through the modules it imports, deferred imports included: runtime.layers
+    runs each block through runtime.recompute, so recompute knows no Repeat (the walk that sets a model's
+    recomputation mode is runtime.parallelize.apply_recompute, with the rest of what a plan applies to a model)."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (ROOT / "runtime").rglob("*.py")}
+    graph = {m: _edges(p, modules) - {m} for m, p in modules.items()}
+    assert "runtime.recompute" in graph["runtime.layers"] and "runtime.trainer" in graph["runtime.train"]  # seen
+    circles = _circles(graph)
+    assert circles == [], " ; ".join(" -> ".join(c) for c in circles[:5])

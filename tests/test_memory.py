@@ -392,12 +392,12 @@ def test_recomputation_keeps_what_the_formula_says(tmp_path, mode, precision):
     matmuls' and collectives' outputs), what a forward leaves allocated, counted by a dispatch mode over every op
     (saved_tensors_hooks cannot see inside a checkpoint), equals the formula. The token ids (made before the
     forward) are the formula's only extra bytes."""
-    from runtime import recompute
+    from runtime.parallelize import apply_recompute
     text = _precision((ROOT / "samples" / "tiny_gpt.scale").read_text(), precision)
     text = text.replace("mesh {", f"plan {{\n  recompute = {mode}\n}}\n\nmesh {{", 1)
     compiled, prog = _program(tmp_path, text)
     torch.manual_seed(0)
-    model = recompute.apply(prog.Model(), mode)
+    model = apply_recompute(prog.Model(), mode)
     if precision == "bf16":  # the weights made bf16, as the runtime does (runtime.precision)
         from runtime.precision import to_compute
         to_compute([model])
@@ -569,7 +569,7 @@ def test_fp32_residual_keeps_what_the_formula_says(tmp_path, case):
 
 def test_fsdp_holds_the_root_and_the_plans_prefetched_blocks_gathered():
     """FSDP's forward and backward hold the root and 1 + Plan.fsdp_prefetch blocks gathered (the block running and
-    those whose all-gathers it issued ahead, runtime.train._fsdp_prefetch): one block more per unit of depth. A
+    those whose all-gathers it issued ahead, runtime.parallelize.fsdp_prefetch): one block more per unit of depth. A
     Llama-3 8B block is 4096·(4096 + 1024 + 1024 + 4096) + 3·4096·14336 + 2·4096 = 218,112,000 parameters,
     gathered in bf16."""
     import dataclasses

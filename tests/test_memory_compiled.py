@@ -19,14 +19,15 @@ from tests.test_memory import ROOT, _program, count_saved
 
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_compiled_program_keeps_what_the_formula_says(tmp_path, mode):
-    from runtime import compile as compiled_regions, recompute
+    from runtime import compile as compiled_regions
+    from runtime.parallelize import apply_recompute
     text = (ROOT / "samples" / "tiny_gpt.scale").read_text()
     text = text.replace("mesh {", f"plan {{\n  recompute = {mode}\n  compile = true\n}}\n\nmesh {{", 1)
     compiled, prog = _program(tmp_path, text)
     sys.modules[prog.__name__] = prog  # dynamo looks the program's module up by name
     assert prog.CONFIG.parallel.compile
     torch.manual_seed(0)
-    model = compiled_regions.apply(recompute.apply(prog.Model(), mode))
+    model = compiled_regions.apply(apply_recompute(prog.Model(), mode))
     b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
     tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
     model(tokens, targets).backward()  # compiles (outside the count)
@@ -43,13 +44,14 @@ def _tp_sp_selective(path: str, predicted: float, rank: int, C, cp: int = 1) -> 
     compiled under selective recomputation: what its regions keep for backward, counted as above, against the
     model's figure for that rank (within 3%)."""
     import importlib.util
-    from runtime import compile as compiled_regions, recompute
+    from runtime import compile as compiled_regions
+    from runtime.parallelize import apply_recompute
     spec = importlib.util.spec_from_file_location("prog_tp_sp_selective", path)
     prog = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = prog
     spec.loader.exec_module(prog)
     torch.manual_seed(0)
-    model = compiled_regions.apply(recompute.apply(prog.Model(), "selective"))
+    model = compiled_regions.apply(apply_recompute(prog.Model(), "selective"))
     cfg = prog.CONFIG
     tokens, targets = (torch.randint(0, cfg.data.vocab, (cfg.parallel.micro_batch_size, cfg.data.seq_len // cp))
                        for _ in range(2))

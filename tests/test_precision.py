@@ -100,9 +100,9 @@ def test_zero1_partition_balances_whole_parameters():
 
 
 def _zero1(rank, ctx):
-    from runtime import checkpoint, train
+    from runtime import checkpoint, optimizer
     cfg = _cfg("zero1")
-    group = train._zero1_group(cfg, ctx)
+    group = optimizer.zero1_group(cfg, ctx)
     torch.manual_seed(0)
     model, ref = _Model(), _Model()
     ref.load_state_dict(model.state_dict())
@@ -177,7 +177,8 @@ def _reducer(rank, ctx):
     """The bf16 whole-model step's gradient all-reduce (DDP's replacement: launched from the backward's hooks) and
     zero1's broadcasts run inside a timed operation (runtime.faults.op) that names .scale lines, as every
     collective of the runtime does."""
-    from runtime import faults, train
+    from runtime import faults, optimizer
+    from runtime.model_parts import WholeModel
     from pathlib import Path
     from compiler import codegen
     from compiler.check import check_text
@@ -201,16 +202,16 @@ def _reducer(rank, ctx):
         for p in module.parameters():
             nn.init.normal_(p)
         return module
-    parts = train.WholeModel(_Loss, cfg, ctx, prepare)
+    parts = WholeModel(_Loss, cfg, ctx, prepare)
     params = list(parts.model.parameters())
-    reduce = (ctx.batch_group, ctx.batch_size, set())  # as train.run gives a whole model under dp
-    opt, parts.mains = precision.mixed_adamw(params, parts.modules, cfg, train._zero1_group(cfg, ctx), reduce)
+    reduce = (ctx.batch_group, ctx.batch_size, set())  # as runtime.optimizer.build gives a whole model under dp
+    opt, parts.mains = precision.mixed_adamw(params, parts.modules, cfg, optimizer.zero1_group(cfg, ctx), reduce)
     torch.manual_seed(rank)  # each rank its own batch
     x = torch.randn(4, 6, dtype=torch.bfloat16)
     parts.step([(x, torch.zeros(4))])
     assert all(p.grad is None and p.main_grad.dtype == torch.float32 for p in params)
     with faults.op("the optimizer step (zero1's parameter broadcasts over dp)", faults.scale("data_parallel")):
-        opt.step()  # as train.run opens it under zero1
+        opt.step()  # as runtime.trainer opens it under zero1
     ops = [name for name, _ in seen]
     assert ops.count("all_reduce") == 1 and ops.count("broadcast") == WORLD, ops  # one bucket; one per owner
     assert all(cur is not None and cur[1] is not None for _, cur in seen), seen

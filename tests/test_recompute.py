@@ -18,7 +18,7 @@ from compiler import codegen
 from compiler.check import check_text
 from compiler.diagnostics import ScaleError
 from compiler.pipeline import compile_spec
-from runtime import recompute
+from runtime.parallelize import apply_recompute
 from runtime.layers import Repeat, init_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_unknown_mode_is_a_located_choice_diagnostic():
 def _model(tiny, mode: str):
     model = tiny.Model()
     init_parameters(model, seed=7, std=0.02, residual_out=tiny.CONFIG.init.residual_out, layers=L)
-    return recompute.apply(model, mode)
+    return apply_recompute(model, mode)
 
 
 def _batch():
@@ -203,7 +203,7 @@ def _collectives_under_recompute(rank, C):
     results = {}
     for mode in ("none", "selective", "full"):
         block = _TpBlock(C)
-        model = recompute.apply(Repeat([block]), mode)
+        model = apply_recompute(Repeat([block]), mode)
         x = torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(3, 4) * (rank + 1)
         counter = _CountOps()
         C.count_bytes(True)
@@ -248,7 +248,7 @@ def test_moe_statistics_and_gradients_are_those_of_none(tmp_path):
     for mode in ("none", "selective", "full"):
         model = mod.Model()
         init_parameters(model, seed=7, std=0.02, residual_out=cfg.init.residual_out, layers=cfg.init.layers)
-        recompute.apply(model, mode)
+        apply_recompute(model, mode)
         moe.stats_reset()
         loss = model(tokens, targets)
         loss.backward()

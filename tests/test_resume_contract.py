@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import checkpoint, data, faults, resume, train
+from runtime import checkpoint, data, faults, resume, startup, train
 from runtime.config import Config, Data, Eval, Optim, Parallel
 from runtime.errors import EXIT_CODE, FatalError
 from runtime.tensor_parallel import Shards
@@ -348,13 +348,13 @@ def test_the_launcher_says_what_a_signal_does():
 
 def test_metrics_pointing_at_a_directory_is_a_one_line_start_up_error(ctx, tmp_path):
     with pytest.raises(FatalError) as err:
-        train._check_metrics(str(tmp_path), ctx)
+        startup.check_metrics(str(tmp_path), ctx)
     assert err.value.code == EXIT_CODE
     assert err.value.message == (f"scalec: --metrics {tmp_path} is a directory: give a file to write one JSON line "
                                  "per step to")
     with pytest.raises(FatalError, match=r"--metrics .*/missing/m.jsonl cannot be written \(No such file"):
-        train._check_metrics(str(tmp_path / "missing" / "m.jsonl"), ctx)
-    train._check_metrics(str(tmp_path / "m.jsonl"), ctx)  # a file it can write: nothing said
+        startup.check_metrics(str(tmp_path / "missing" / "m.jsonl"), ctx)
+    startup.check_metrics(str(tmp_path / "m.jsonl"), ctx)  # a file it can write: nothing said
 
 
 def test_the_run_record_holds_what_decides_the_trajectory(tmp_path):
@@ -396,16 +396,16 @@ def test_checkpoints_left_where_earlier_versions_looked_stop_the_run_instead_of_
     cfg = _cfg(checkpoint=Checkpoint(dir=str(project / "ckpt"), as_written="ckpt"))
     args = SimpleNamespace(checkpoint_dir=None)
     with pytest.raises(FatalError) as err:
-        train._legacy_checkpoints(cfg, ctx, args)
+        startup.legacy_checkpoints(cfg, ctx, args)
     assert err.value.code == EXIT_CODE and "\n" not in err.value.message
     assert err.value.message == (
         f'scalec: checkpoint_dir = "ckpt" is relative to the .scale file: {project}/ckpt holds no checkpoint, but '
         f"{cwd}/ckpt (the same path from the current directory, where earlier versions looked) holds "
         f"{cwd}/ckpt/step_00000002: move its checkpoints to {project}/ckpt, or pass --checkpoint-dir {cwd}/ckpt to "
         "resume from there")
-    train._legacy_checkpoints(cfg, ctx, SimpleNamespace(checkpoint_dir=str(cwd / "ckpt")))  # the flag decides
+    startup.legacy_checkpoints(cfg, ctx, SimpleNamespace(checkpoint_dir=str(cwd / "ckpt")))  # the flag decides
     (project / "ckpt" / "step_00000001").mkdir(parents=True)
     (project / "ckpt" / "step_00000001" / ".metadata").write_bytes(b"")
-    train._legacy_checkpoints(cfg, ctx, args)  # the file's own directory has checkpoints: those are the run's
+    startup.legacy_checkpoints(cfg, ctx, args)  # the file's own directory has checkpoints: those are the run's
     monkeypatch.chdir(project)
-    train._legacy_checkpoints(_cfg(checkpoint=Checkpoint(dir=str(project / "ckpt"), as_written="ckpt")), ctx, args)
+    startup.legacy_checkpoints(_cfg(checkpoint=Checkpoint(dir=str(project / "ckpt"), as_written="ckpt")), ctx, args)

@@ -10,7 +10,8 @@ from torch import nn
 
 from runtime import data
 from runtime.layers import init_parameters, parameter_generator
-from runtime.train import Config, Data, Optim, Parallel, lr_lambda
+from runtime.config import Config, Data, Optim, Parallel
+from runtime.optimizer import lr_lambda
 
 
 def test_any_dp_and_micro_batch_split_sees_the_same_global_batch():
@@ -141,19 +142,19 @@ def test_the_batch_split_of_the_program_must_match_the_mesh():
 
     import pytest
 
-    from runtime.train import _check_contract
+    from runtime.startup import check_contract
     cfg = _cfg()
     cfg = Config(name="m", source="m.scale", steps=1, seed=0, optim=cfg.optim,
                  parallel=Parallel(axes=(("dp", 2),), micro_batches=2, micro_batch_size=2, batch_ranks=2),
                  data=Data(global_batch=8, seq_len=4, vocab=8))
-    _check_contract(cfg, types.SimpleNamespace(data_ranks=2))
+    check_contract(cfg, types.SimpleNamespace(data_ranks=2))
     with pytest.raises(SystemExit, match="the mesh has 4 batch rank"):
-        _check_contract(cfg, types.SimpleNamespace(data_ranks=4))
+        check_contract(cfg, types.SimpleNamespace(data_ranks=4))
 
 
 def test_model_parts_count_a_tied_copy_once():
     """The optimizer sees every parameter of every part; the norm, the count and saving skip a tied copy."""
-    from runtime.train import ModelParts
+    from runtime.model_parts import ModelParts
 
     parts = ModelParts()
     first, last = nn.Module(), nn.Module()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from compiler import codegen
 from compiler.check import check_text
 from compiler.pipeline import compile_spec
-from runtime import data, faults, progress, train
+from runtime import data, faults, optimizer, parallelize, progress, train
 from runtime.config import Speed
 from tests import multirank
 
@@ -80,10 +80,10 @@ def test_launcher_exports_its_start_to_the_workers():
 def test_adamw_is_a_loop_on_cpu_and_fused_on_cuda():
     """What the memory model assumes (compiler/cost: no AdamW temporaries on either)."""
     cfg_optim = train.Optim(lr=1e-3)
-    opt = train._optimizer([torch.nn.Parameter(torch.ones(2, 2))], cfg_optim)
+    opt = optimizer.adamw([torch.nn.Parameter(torch.ones(2, 2))], cfg_optim)
     assert not opt.defaults.get("foreach") and not opt.defaults.get("fused")
     if torch.cuda.is_available():
-        opt = train._optimizer([torch.nn.Parameter(torch.ones(2, 2, device="cuda"))], cfg_optim)
+        opt = optimizer.adamw([torch.nn.Parameter(torch.ones(2, 2, device="cuda"))], cfg_optim)
         assert opt.defaults["fused"] is True
 
 
@@ -98,14 +98,14 @@ def test_fsdp_prefetch_names_the_next_blocks_forward_and_the_previous_backward()
         def set_modules_to_backward_prefetch(self, mods):
             self.bwd = [m.i for m in mods]
     blocks = [Block(i) for i in range(4)]
-    train._fsdp_prefetch(blocks, 1)
+    parallelize.fsdp_prefetch(blocks, 1)
     assert [b.fwd for b in blocks] == [[1], [2], [3], None]
     assert [b.bwd for b in blocks] == [None, [0], [1], [2]]
     blocks = [Block(i) for i in range(4)]
-    train._fsdp_prefetch(blocks, 2)
+    parallelize.fsdp_prefetch(blocks, 2)
     assert blocks[0].fwd == [1, 2] and blocks[3].bwd == [2, 1]
     blocks = [Block(i) for i in range(2)]
-    train._fsdp_prefetch(blocks, 0)
+    parallelize.fsdp_prefetch(blocks, 0)
     assert all(b.fwd is None and b.bwd is None for b in blocks)
 
 
@@ -321,7 +321,7 @@ def _ddp_bucket_rank(out: str, rank: int, _collectives) -> None:
                        parallel=train.Parallel(axes=(("dp", 1),), batch_ranks=2, ddp_bucket_mb=3.0))
     ctx = types.SimpleNamespace(batch_size=2, batch_group=dist.group.WORLD, device=torch.device("cpu"),
                                 axis_size=lambda axis: 1)
-    ddp = train._wrap_data_parallel(torch.nn.Linear(4, 4), ctx, cfg, tp.Shards((), (), ()))
+    ddp = parallelize.wrap_data_parallel(torch.nn.Linear(4, 4), ctx, cfg, tp.Shards((), (), ()))
     with open(out, "w") as f:
         json.dump(ddp.bucket_bytes_cap, f)
 

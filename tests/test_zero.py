@@ -1,4 +1,4 @@
-"""ZeRO stages in the runtime (runtime/train.py), on two gloo processes: zero1 partitions AdamW's state over dp and
+"""ZeRO stages in the runtime (runtime.optimizer, runtime.parallelize, runtime.model_parts), on two gloo processes: zero1 partitions AdamW's state over dp and
 updates exactly as AdamW (with its decay and no-decay groups); zero2 keeps each FSDP2 unit's weights gathered from
 forward to backward where fsdp frees them, and shards the gradients as fsdp does. The e2e cases dp2_zero1 and
 dp2_zero2 show that training is the single-device model's; these show that the stage asked for is the one run."""
@@ -36,15 +36,15 @@ class _Model(nn.Module):
 
 
 def _zero1(rank, ctx):
-    from runtime import checkpoint, train
+    from runtime import checkpoint, optimizer
     cfg = _cfg("zero1")
     torch.manual_seed(0)
     model, ref = _Model(), _Model()
     ref.load_state_dict(model.state_dict())
-    group = train._zero1_group(cfg, ctx)
+    group = optimizer.zero1_group(cfg, ctx)
     assert group is not None
-    opt = train._optimizer(list(model.parameters()), cfg.optim, group)
-    ref_opt = train._optimizer(list(ref.parameters()), cfg.optim)  # plain AdamW, same groups
+    opt = optimizer.adamw(list(model.parameters()), cfg.optim, group)
+    ref_opt = optimizer.adamw(list(ref.parameters()), cfg.optim)  # plain AdamW, same groups
     assert type(opt).__name__ == "ZeroRedundancyOptimizer"
     for step in range(2):
         torch.manual_seed(100 + step)  # the same gradients on both ranks, as after DDP's all-reduce
@@ -68,13 +68,13 @@ def _zero1(rank, ctx):
 
 def _zero2(rank, ctx):
     from torch.distributed.tensor import DTensor
-    from runtime import tensor_parallel as tp, train
+    from runtime import parallelize, tensor_parallel as tp
     x = torch.randn(4, 6)
     gathered_after_forward = {}
     for kind in ("fsdp", "zero2"):
         cfg = _cfg(kind)
         torch.manual_seed(0)
-        model = train._wrap_data_parallel(_Model(), ctx, cfg, tp.Shards((), (), ()))
+        model = parallelize.wrap_data_parallel(_Model(), ctx, cfg, tp.Shards((), (), ()))
         block = model.blocks["0"]
         assert all(isinstance(p, DTensor) for p in block.parameters())  # at rest: dp shards
         loss = model(x).square().sum()
@@ -119,7 +119,8 @@ def _grad_sync(rank, ctx):
     import contextlib
     import dataclasses
 
-    from runtime import tensor_parallel as tp, train
+    from runtime import parallelize, tensor_parallel as tp
+    from runtime.model_parts import WholeModel
     seen, grads, rs = {}, {}, {}
     for kind in ("fsdp", "zero2"):
         for sync in ("step", "micro_batch"):
@@ -128,7 +129,7 @@ def _grad_sync(rank, ctx):
                                                                         fsdp_grad_sync=sync))
 
             def prepare(module, cfg=cfg):
-                module = train._wrap_data_parallel(module, ctx, cfg, tp.Shards((), (), ()))
+                module = parallelize.wrap_data_parallel(module, ctx, cfg, tp.Shards((), (), ()))
                 module.to_empty(device="cpu")
                 torch.manual_seed(0)
                 with torch.no_grad():
@@ -136,7 +137,7 @@ def _grad_sync(rank, ctx):
                         p.to_local().copy_(torch.randn(p.to_local().shape) * 0.3)
                 return module
 
-            parts = train.WholeModel(_LM, cfg, ctx, prepare)
+            parts = WholeModel(_LM, cfg, ctx, prepare)
             calls = []  # FSDP2's reduce-scatters (elements of their inputs), however torch issues them
             for name in ("reduce_scatter_tensor", "reduce_scatter_single"):
                 def counting(*args, _real=getattr(dist, name), **kw):
@@ -170,6 +171,6 @@ def _grad_sync(rank, ctx):
 
 
 def test_fsdp_grad_sync_reduce_scatters_every_micro_batch_or_only_the_last():
-    """runtime/train.py honours Parallel.fsdp_grad_sync (the memory model's sharded or whole gradients between
+    """runtime.model_parts honours Parallel.fsdp_grad_sync (the memory model's sharded or whole gradients between
     micro-batches, the ledger's one or m reduce-scatters)."""
     multirank.spawn(_grad_sync, WORLD, mesh="dp")
