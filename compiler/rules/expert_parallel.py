@@ -13,7 +13,7 @@ AXIS = "ep"
 
 def requires(spec: S.Spec, plan) -> list:
     """Experts that divide over ep, and `moe` layers for ep to shard. (Each `moe` layer's
-    capacity is bound when the model is resolved, in compiler/check.py.)"""
+    capacity is bound when the model is resolved, in compiler/lints.py.)"""
     out: list = []
     moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
     ep = plan.size(AXIS)
