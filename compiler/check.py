@@ -342,7 +342,8 @@ def _plan(c: Checker, sec: ast.Section | None, cluster_only: bool = False) -> di
         return None
     if not cluster_only and s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
         c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
-                span_of(s["_spans"]["virtual_stages"]), help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
+                span_of(s["_spans"]["virtual_stages"]),
+                help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None
     spans = spans_of(s) + tuple((f"layout {i}", sp) for i, (_, _, sp) in enumerate(s["layout"]))
     return {**{k: s[k] for k in PLAN_SETTINGS}, "spans": spans}  # a new setting: its PLAN_SETTINGS row, its field
