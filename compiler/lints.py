@@ -36,7 +36,8 @@ def tp_placement(c: Checker, mesh) -> None:
     varies fastest over the ranks (runtime/mesh.py builds the DeviceMesh so; compiler/cost/step_time.py `links` reads
     the same order), so tp's group is tp ranks `stride` apart, stride the product of the axes listed after it: it
     stays in a node when tp × stride divides devices_per_node. tp's all-reduces sit on every layer's critical path,
-    and between nodes they run at the network's bandwidth, a tenth of NVLink's."""
+    and between nodes they run at the network's bandwidth, a tenth of NVLink's. `mesh`: the mesh section as
+    compiler/check.py resolved it (its axes, nodes, devices_per_node and axis_spans)."""
     names = [a for a, _ in mesh.axes]
     if "tp" not in names or mesh.nodes < 2:
         return
