@@ -1,9 +1,9 @@
 """The binder: a `.scale` expression to a typed value, and a section's `key = value` statements to a table of Params.
 
-`_Checker` holds what resolution has learnt so far (the named sizes, their numbers, the diagnostics collected) and
+`Checker` holds what resolution has learnt so far (the named sizes, their numbers, the diagnostics collected) and
 turns expressions into sizes, integers, floats, choices, names, ranges; `Param` describes one setting or argument
-(its converter, default and doc) and `bind`/`_settings` read arguments and settings against a table of them. The
-vocabulary itself (which sections, settings and layers exist) lives in compiler/check.py; no rule about a plan does
+(its converter, default and doc) and `bind`/`bind_settings` read arguments and settings against a table of them. The
+vocabulary itself (which sections, settings and layers exist) lives in compiler/language.py; no rule about a plan does
 (compiler/rules/).
 """
 from __future__ import annotations
@@ -19,12 +19,12 @@ import sympy
 from compiler import ast
 from compiler.diagnostics import Diagnostic, Span, did_you_mean, divisors
 
-_MISSING = object()
+MISSING = object()
 
 
 class _NoneValue:
     """What a converter returns for a written `none` that means "absent" (`shared_ffn = none`): the argument's value
-    is None. A converter's own None always means failure, with an error reported (`bind` and `_settings` check)."""
+    is None. A converter's own None always means failure, with an error reported (`bind` and `bind_settings` check)."""
 
     def __repr__(self) -> str:
         return "NONE"
@@ -36,7 +36,7 @@ NONE = _NoneValue()
 MAX_SIZE = 2**31 - 1
 
 
-class _Checker:
+class Checker:
     def __init__(self, file: ast.File, source: str):
         self.file = file
         self.source = source
@@ -84,7 +84,7 @@ class _Checker:
                     return None
                 if op == "/":
                     if self.number(b) == 0:
-                        self.error("E0120", "division by zero", _span(r), label="this is 0",
+                        self.error("E0120", "division by zero", span_of(r), label="this is 0",
                                    help="divide by a number that is not 0")
                         return None
                     return a / b
@@ -93,7 +93,7 @@ class _Checker:
                 a = self.expr(o)
                 return None if a is None else -a
             case _:
-                self.error("E0112", f"expected a number, found {_describe(e)}", _span(e))
+                self.error("E0112", f"expected a number, found {_describe(e)}", span_of(e))
                 return None
 
     def number(self, expr: sympy.Expr) -> sympy.Expr:
@@ -109,13 +109,13 @@ class _Checker:
         n = self.number(x)
         if not (n.is_integer and n > 0):
             shown = _show_number(n)
-            self.error("E0120", f"{what} must be a positive integer, not {shown}", _span(e),
+            self.error("E0120", f"{what} must be a positive integer, not {shown}", span_of(e),
                        label=f"this is {shown}", help=_integer_help(e, n))
             return None
         if n > MAX_SIZE:
             self.error("E0120", f"{what} is {_show_number(n)}, larger than any tensor dimension this compiler "
                        "plans for",
-                       _span(e), label="too large", help=f"sizes are at most {MAX_SIZE}")
+                       span_of(e), label="too large", help=f"sizes are at most {MAX_SIZE}")
             return None
         return x
 
@@ -125,7 +125,7 @@ class _Checker:
             return None
         n = self.number(x)
         if not (n.is_integer and n >= minimum):
-            self.error("E0120", f"{what} must be an integer ≥ {minimum}, not {_show_number(n)}", _span(e),
+            self.error("E0120", f"{what} must be an integer ≥ {minimum}, not {_show_number(n)}", span_of(e),
                        label=f"this is {_show_number(n)}")
             return None
         return int(n)
@@ -137,10 +137,10 @@ class _Checker:
         n = self.number(x)
         v = float(n) if n.is_real else math.nan
         if not math.isfinite(v):
-            self.error("E0120", f"{what} must be a finite number, not {v}", _span(e))
+            self.error("E0120", f"{what} must be a finite number, not {v}", span_of(e))
             return None
         if minimum is not None and v < minimum:
-            self.error("E0120", f"{what} must be ≥ {minimum}, not {v}", _span(e))
+            self.error("E0120", f"{what} must be ≥ {minimum}, not {v}", span_of(e))
             return None
         return v
 
@@ -157,7 +157,7 @@ class _Checker:
             self.error("E0111", f"unknown {what} `{e.id}`", e.span, label="not one of the choices",
                        help=did_you_mean(e.id, choices))
         else:
-            self.error("E0112", f"expected a {what}, found {_describe(e)}", _span(e),
+            self.error("E0112", f"expected a {what}, found {_describe(e)}", span_of(e),
                        help="one of: " + ", ".join(f"`{c}`" for c in choices))
         return None
 
@@ -168,7 +168,7 @@ class _Checker:
     def as_string(self, e: ast.Expr, what: str) -> str | None:
         if isinstance(e, ast.String):
             return e.value
-        self.error("E0112", f"{what} must be a string, found {_describe(e)}", _span(e),
+        self.error("E0112", f"{what} must be a string, found {_describe(e)}", span_of(e),
                    help='strings are written in double quotes: "..."')
         return None
 
@@ -184,7 +184,7 @@ class _Checker:
         """((first, end), ...): a tuple of pairs of non-negative integers, with the span of each pair."""
         items = e.items if isinstance(e, ast.Tuple) else ()
         if not items or not all(isinstance(i, ast.Tuple) and len(i.items) == 2 for i in items):
-            self.error("E0112", f"{what} must be a tuple of (first block, end block) pairs", _span(e),
+            self.error("E0112", f"{what} must be a tuple of (first block, end block) pairs", span_of(e),
                        help="e.g. `layout = ((0, 3), (3, 4))`: blocks 0-2 on stage 0, block 3 on stage 1")
             return None
         out = []
@@ -197,7 +197,7 @@ class _Checker:
 
     def as_floats(self, e: ast.Expr, what: str, n: int) -> tuple | None:
         if not (isinstance(e, ast.Tuple) and len(e.items) == n):
-            self.error("E0112", f"{what} must be a tuple of {n} numbers, found {_describe(e)}", _span(e),
+            self.error("E0112", f"{what} must be a tuple of {n} numbers, found {_describe(e)}", span_of(e),
                        help="write it like `(0.9, 0.95)`")
             return None
         vals = [self.as_float(i, what) for i in e.items]
@@ -236,7 +236,7 @@ class _Checker:
                 v = self.converted(p, raw[key], f"`{key}`", what)
                 ok = ok and v is not _FAILED
                 out[key] = None if v is _FAILED else v
-            elif p.default is _MISSING:
+            elif p.default is MISSING:
                 self.error("E0113", f"{what} needs the argument `{key}`", span, label=f"`{key}` missing",
                            help=f"{p.doc}; write it as `{key} = ...`")
                 ok = False
@@ -270,44 +270,44 @@ class _Unreported(AssertionError):
     """A conversion or binding failed and no error says why: a bug in a converter, never the user's mistake."""
 
 
-def _or_none(convert: Callable) -> Callable:
+def or_none(convert: Callable) -> Callable:
     """`convert`, or NONE (the value None: absent) for a written `none`."""
-    def or_none(c: _Checker, e: ast.Expr, w: str):
+    def convert_or_none(c: Checker, e: ast.Expr, w: str):
         return NONE if isinstance(e, ast.Name) and e.id == "none" else convert(c, e, w)
-    return or_none
+    return convert_or_none
 
 
 @dataclass(frozen=True)
 class Param:
     """One argument or setting: how to convert it, its default (a value, a function of the earlier ones, or
-    _MISSING when required) and what it means."""
+    MISSING when required) and what it means."""
 
     convert: Callable
-    default: Any = _MISSING
+    default: Any = MISSING
     doc: str = ""
 
 
-def _size(c, e, w):
+def to_size(c, e, w):
     return c.as_size(e, w)
 
 
-def _bool(c, e, w):
+def to_bool(c, e, w):
     return c.as_bool(e, w)
 
 
-def _float(c, e, w):
+def to_float(c, e, w):
     return c.as_float(e, w, minimum=0.0)
 
 
-def _int(c, e, w):
+def to_int(c, e, w):
     return c.as_int(e, w, 0)
 
 
-def _pos_int(c, e, w):
+def to_pos_int(c, e, w):
     return c.as_int(e, w, 1)
 
 
-def _string(c, e, w):
+def to_string(c, e, w):
     return c.as_string(e, w)
 
 
@@ -315,7 +315,7 @@ _UNITS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, 
           "hour": 3600, "hours": 3600, "d": 86400, "day": 86400, "days": 86400}
 
 
-def _duration(c, e, w):
+def to_duration(c, e, w):
     """Seconds: a number (`timeout = 600`) or a string with a unit (`timeout = "10 min"`, "30 s", "2 h")."""
     if not isinstance(e, ast.String):
         return c.as_float(e, w, minimum=0.0)
@@ -327,20 +327,20 @@ def _duration(c, e, w):
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
-def _choice(*choices):
+def one_of(*choices):
     return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 
 
-def _call_of(table: dict, what: str, none_is_absent: bool = False):
+def call_of(table: dict, what: str, none_is_absent: bool = False):
     """A setting whose value is a call such as `adamw(lr = 3e-4)`; a bare name means the call with no arguments.
     `none_is_absent`: `none` is the value None (`rope_scaling = none`: no scaling)."""
-    def convert(c: _Checker, e: ast.Expr, w: str):
+    def convert(c: Checker, e: ast.Expr, w: str):
         if none_is_absent and isinstance(e, ast.Name) and e.id == "none":
             return NONE
         if isinstance(e, ast.Name):
             e = ast.Call(e, (), e.span)
         if not isinstance(e, ast.Call):
-            c.error("E0112", f"{w} must be one of {', '.join(table)}, found {_describe(e)}", _span(e),
+            c.error("E0112", f"{w} must be one of {', '.join(table)}, found {_describe(e)}", span_of(e),
                     help=f"for example `{next(iter(table))}(...)`")
             return None
         if e.func.id not in table:
@@ -352,7 +352,7 @@ def _call_of(table: dict, what: str, none_is_absent: bool = False):
     return convert
 
 
-def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], what: str,
+def bind_settings(c: Checker, sec: ast.Section | None, table: dict[str, Param], what: str,
               allowed_other=()) -> dict | None:
     """Read `key = value` statements of a section against its table."""
     raw: dict[str, ast.Assign] = {}
@@ -362,7 +362,7 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
         if type(st) in allowed_other:
             continue
         if not isinstance(st, ast.Assign):
-            c.error("E0111", f"`{what}` holds only `key = value` settings", _span(st),
+            c.error("E0111", f"`{what}` holds only `key = value` settings", span_of(st),
                     label="not a setting", help="settings here: " + ", ".join(table))
             ok = False
             continue
@@ -385,7 +385,7 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
             v = c.converted(p, raw[key].value, f"`{key}`", f"`{what}`")
             ok = ok and v is not _FAILED
             out[key] = None if v is _FAILED else v
-        elif p.default is _MISSING:
+        elif p.default is MISSING:
             ok = False
             if key not in misspelt:
                 c.error("E0113", f"`{what}` needs the setting `{key}`", sec.kind.span if sec else None,
@@ -398,7 +398,7 @@ def _settings(c: _Checker, sec: ast.Section | None, table: dict[str, Param], wha
     return out if ok else None
 
 
-def _arg_span(st: ast.Layer, index: int, name: str) -> Span:
+def arg_span(st: ast.Layer, index: int, name: str) -> Span:
     """Where argument `name` (or the `index`-th positional one) of a layer is written; the layer if absent."""
     for i, arg in enumerate(st.args):
         if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
@@ -406,16 +406,16 @@ def _arg_span(st: ast.Layer, index: int, name: str) -> Span:
     return st.span
 
 
-def _span(node) -> Span | None:
+def span_of(node) -> Span | None:
     return getattr(node, "span", None)
 
 
-def _spans_of(settings: dict) -> tuple:
+def spans_of(settings: dict) -> tuple:
     """((setting, Span of its value), ...) of the settings written in a section, for the Plan as written (compiler/check.py)."""
-    return tuple((k, _span(e)) for k, e in settings["_spans"].items() if _span(e) is not None)
+    return tuple((k, span_of(e)) for k, e in settings["_spans"].items() if span_of(e) is not None)
 
 
-def _end_span(file: ast.File, source: str) -> Span:
+def end_span(file: ast.File, source: str) -> Span:
     lines = source.rstrip("\n").split("\n")
     return Span(file.path, len(lines), 1, len(lines), len(lines[-1]) + 1)
 
@@ -441,7 +441,11 @@ def _integer_help(e, n) -> str:
     return "sizes count things: use a number ≥ 1"
 
 
-def _divisors_near(n: int, near: int) -> str:
+def divisors_near(n: int, near: int) -> str:
     divs = divisors(n)
     divs.sort(key=lambda d: (abs(d - near), d))
     return ", ".join(str(d) for d in sorted(divs[:4]))
+
+
+# The name tests/test_diagnostics.py imports (a test that holds the diagnostics' goldens and stays as it is).
+_Checker = Checker

@@ -35,6 +35,12 @@ class Diagnostic:
     severity: str = "error"
     key: str = ""     # about a plan setting: which (`axis tp`, `micro_batches`, ...), for code that reads it
     brief: str = ""   # the message without the plan named in words (a candidate's), for code that groups them
+    # Structured fields, for code that reads a refusal (the search: compiler/search/prune.py), never printed: the
+    # mesh axis whose rules raised it ("tp", "pp", "ep", "cp"; None for a rule of the whole mesh or a diagnostic
+    # of the file), and the rule or check that raised it, a stable name ("tensor_parallel.heads"). Codes may be
+    # renumbered; these are what code keys on. Not compared: a diagnostic is its text.
+    axis: str | None = field(default=None, compare=False)
+    rule: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -94,15 +100,17 @@ def did_you_mean(word: str, choices) -> str:
     return "expected one of: " + ", ".join(f"`{c}`" for c in choices)
 
 
-def plan_error(plan, key: str, code: str, message: str, label: str = "", help: str = "") -> Diagnostic:
+def plan_error(plan, key: str, code: str, message: str, label: str = "", help: str = "", *, axis: str | None,
+               rule: str) -> Diagnostic:
     """A diagnostic about a plan setting: at the text of `key` (`axis tp`, `micro_batches`, ...) when the plan came
     from a file, or, for a generated candidate (no spans), naming the plan in words with the label folded into the
-    help, since there is no caret to hang it on."""
+    help, since there is no caret to hang it on. `axis` and `rule`: the structured fields (Diagnostic), which every
+    rule gives."""
     span = plan.span(key)
     if span is not None:
-        return Diagnostic(code, message, span, label=label, help=help, key=key, brief=message)
+        return Diagnostic(code, message, span, label=label, help=help, key=key, brief=message, axis=axis, rule=rule)
     return Diagnostic(code, f"{message}, in the plan {plan.describe()}", None,
-                      help="; ".join(x for x in (label, help) if x), key=key, brief=message)
+                      help="; ".join(x for x in (label, help) if x), key=key, brief=message, axis=axis, rule=rule)
 
 
 def divisors(n: int) -> list[int]:

@@ -172,7 +172,7 @@ def hf_config(spec: S.Spec, original: dict | None = None) -> dict:
 
 def _gemma_reads_back(spec: S.Spec, config: dict) -> bool:
     """Whether `config` imports to `spec`'s model: the same tensors under Hugging Face's names, of the same shapes
-    (whatever the repeats' layout), and the same figures layer by layer (compiler/hf_header._figures)."""
+    (whatever the repeats' layout), and the same figures layer by layer (compiler/hf_header.figures)."""
     from compiler import hf_header as H
     from compiler.check import imported_model
     again = imported_model(config)
@@ -181,7 +181,7 @@ def _gemma_reads_back(spec: S.Spec, config: dict) -> bool:
 
     def shapes(model, number):
         return {k: tuple(int(number(d)) for d in shape) for k, (shape, _) in H.expected(model, number)[0].items()}
-    return (H._figures(*again) == H._figures(spec.model, spec.value)
+    return (H.figures(*again) == H.figures(spec.model, spec.value)
             and shapes(*again) == shapes(spec.model, spec.value))
 
 

@@ -422,7 +422,7 @@ def _config_differences(model: S.Model, number, config: dict) -> list[str]:
     return out
 
 
-def _figures(model: S.Model, number) -> list[tuple[str, str]]:
+def figures(model: S.Model, number) -> list[tuple[str, str]]:
     """(where, what) of every figure of the model that tensor shapes cannot show, layer by layer with the repeats
     unrolled: norms' kind and eps, each attention's window, soft cap, score scale, rotary base and scaling and q/k
     norm, each MLP's activation, the embedding's scale and the logits' cap."""
@@ -471,8 +471,8 @@ def _gemma_differences(model: S.Model, number, config: dict, imported) -> list[s
     found = imported(config)
     if isinstance(found, str):
         return [f"its config.json does not import ({found})"]
-    theirs = _figures(*found)
-    ours = _figures(model, number)
+    theirs = figures(*found)
+    ours = figures(model, number)
     if len(theirs) != len(ours):
         return [f"{len(theirs)} figures there, {len(ours)} here: another layout"]
     return [f"{w}: {t} there, {o} here" for (w, t), (_, o) in zip(theirs, ours) if t != o][:SHOWN]

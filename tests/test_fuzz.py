@@ -91,7 +91,7 @@ def test_fullwidth_digits_say_which_ascii_number_was_meant():
 def _layer_statements():
     """Each layer kind written with its required arguments, all but one; and the one left out."""
     for kind, params in CHECK.LAYERS.items():
-        required = [k for k, p in params.items() if p.default is CHECK._MISSING]
+        required = [k for k, p in params.items() if p.default is CHECK.MISSING]
         for missing in required:
             given = ", ".join(f"{k} = hidden" for k in required if k != missing)
             yield kind, missing, f"{kind}({given})"

@@ -77,7 +77,8 @@ def test_only_the_allow_list_of_compiler_modules_imports_the_runtime():
 
 
 def test_the_checker_and_the_rules_import_no_runtime():
-    for rel in ("compiler/check.py", "compiler/binder.py", "compiler/rules/__init__.py", "compiler/rules/tensor_parallel.py",
+    for rel in ("compiler/check.py", "compiler/language.py", "compiler/lints.py", "compiler/file_checks.py",
+                "compiler/binder.py", "compiler/rules/__init__.py", "compiler/rules/tensor_parallel.py",
                 "compiler/rules/pipeline_split.py", "compiler/rules/expert_parallel.py", "compiler/plan.py",
                 "compiler/codes.py", "compiler/cost/devices.py", "compiler/cli.py", "compiler/report/__init__.py",
                 "compiler/report/units.py", "compiler/report/commands.py", "compiler/report/plan.py"):
@@ -141,100 +142,168 @@ def test_no_import_circle_among_the_driver_the_candidates_and_fit():
     assert not [a for a in names if reaches(a, a)], edges
 
 
-def _module_names() -> dict:
-    """compiler's modules: dotted name -> path (a package by its __init__.py)."""
+# -- the import graph of compiler/ and runtime/ as it stands when a module is loaded ---------------------------------
+
+def _all_modules() -> dict:
+    """compiler's and runtime's modules: dotted name -> path (a package by its __init__.py)."""
     out = {}
-    for p in (ROOT / "compiler").rglob("*.py"):
-        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
-        out[name.removesuffix(".__init__")] = p
+    for top in ("compiler", "runtime"):
+        for p in (ROOT / top).rglob("*.py"):
+            out[".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")] = p
     return out
 
 
-def _edges(path: Path, modules: dict) -> set:
-    """The compiler modules `path` imports when its code runs: at the top, inside functions and through
-    compiler.lazy, but not under `if TYPE_CHECKING:` (annotations only). `from compiler.cost import flops` is an
-    edge to compiler.cost.flops, `from compiler.cost import CostModel` to compiler.cost."""
-    def module_of(name: str) -> str:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name
+def _all_edges(name: str, path: Path, modules: dict) -> set:
+    """The modules of `modules` that `name` imports anywhere: at module level, under `if TYPE_CHECKING:` (a circle
+    for the type checker and the reader), inside functions (deferred: a deferred import that closes a circle only
+    hides it) and through compiler.lazy. `from compiler.search import report` is an edge to compiler.search.report,
+    `from compiler.search.prune import Search` one to compiler.search.prune."""
+    def module_of(dotted: str) -> str:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted
 
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set = set()
-
-    class Scan(ast.NodeVisitor):
-        def visit_If(self, node):
-            if getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
-                for x in node.orelse:
-                    self.visit(x)
-            else:
-                self.generic_visit(node)
-
-        def visit_Import(self, node):
-            out.update(module_of(a.name) for a in node.names)
-
-        def visit_ImportFrom(self, node):
-            if node.level == 0 and node.module:
-                out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
-                           else module_of(node.module) for a in node.names)
-
-        def visit_Call(self, node):
-            if getattr(node.func, "id", None) == "lazy" and node.args and isinstance(node.args[0], ast.Constant):
-                out.add(module_of(str(node.args[0].value)))
-            self.generic_visit(node)
-
-    Scan().visit(ast.parse(path.read_text(encoding="utf-8")))
-    return {m for m in out if m}
+    for st in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(st, ast.Import):
+            out.update(module_of(a.name) for a in st.names)
+        elif isinstance(st, ast.ImportFrom):
+            base = st.module or ""
+            if st.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - st.level + 1] + ([base] if base else []))
+            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else module_of(base) for a in st.names)
+        elif (isinstance(st, ast.Call) and getattr(st.func, "id", None) == "lazy" and st.args
+              and isinstance(st.args[0], ast.Constant)):
+            out.add(module_of(str(st.args[0].value)))
+    return {m for m in out if m and m != name}
 
 
-def test_no_import_circle_in_the_compiler():
-    """No compiler module reaches itself through the modules it imports, deferred imports (inside a function,
-    compiler.lazy) included: a deferred import that closes a circle only hides it. The op table and the graph keys
-    are below the tracer and the cost model (compiler/graph_meta.py), the rules below the passes."""
-    modules = _module_names()
-    graph = {m: _edges(p, modules) - {m} for m, p in modules.items()}
-    assert "compiler.ops" in graph["compiler.trace"] and "compiler.trace" in graph["compiler.lower"]  # the scan sees
-
-    circles, done = [], set()
-
-    def walk(node, path):
-        for nxt in sorted(graph.get(node, ())):
-            if nxt in path:
-                circles.append(path[path.index(nxt):] + [nxt])
-            elif nxt not in done:
-                walk(nxt, path + [nxt])
-        done.add(node)
-
-    for m in sorted(graph):
-        if m not in done:
-            walk(m, [m])
-    assert circles == [], " ; ".join(" -> ".join(c) for c in circles[:5])
+# Circles being broken elsewhere, each to be deleted here when its fix lands (the list should be empty):
+KNOWN_CIRCLES: set = set()
 
 
 def _circles(graph: dict) -> list:
-    """Every import circle of `graph` (module -> the modules it imports), each as the path that closes it."""
-    circles, done = [], set()
+    """Every strongly connected set of two or more modules (Tarjan), as sorted lists."""
+    index, low, stack, on, out = {}, {}, [], set(), []
 
-    def walk(node, path):
-        for nxt in sorted(graph.get(node, ())):
-            if nxt in path:
-                circles.append(path[path.index(nxt):] + [nxt])
-            elif nxt not in done:
-                walk(nxt, path + [nxt])
-        done.add(node)
+    def strong(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
 
-    for m in sorted(graph):
-        if m not in done:
-            walk(m, [m])
-    return circles
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
 
 
-def test_no_import_circle_in_the_runtime():
-    """No runtime module reaches itself through the modules it imports, deferred imports included: runtime.layers
-    runs each block through runtime.recompute, so recompute knows no Repeat (the walk that sets a model's
-    recomputation mode is runtime.parallelize.apply_recompute, with the rest of what a plan applies to a model)."""
-    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in (ROOT / "runtime").rglob("*.py")}
-    graph = {m: _edges(p, modules) - {m} for m, p in modules.items()}
-    assert "runtime.recompute" in graph["runtime.layers"] and "runtime.trainer" in graph["runtime.train"]  # seen
+def test_no_import_circle_in_the_compiler_and_the_runtime():
+    """No module of compiler/ or runtime/ reaches itself through its imports (at the top, under `if
+    TYPE_CHECKING:`, deferred inside functions, through compiler.lazy): each package is a stack of layers, the
+    lower never importing the higher. search/result.py holds what prune.py returns and report.py words, below
+    both."""
+    modules = _all_modules()
+    graph = {m: _all_edges(m, p, modules) for m, p in modules.items()}
+    assert "compiler.search.result" in graph["compiler.search.report"]  # the scan sees TYPE_CHECKING imports
+    assert "runtime.recompute" in graph["runtime.layers"]  # top-level ones
     circles = _circles(graph)
-    assert circles == [], " ; ".join(" -> ".join(c) for c in circles[:5])
+    stale = [set(k) for k in KNOWN_CIRCLES if sorted(k) not in circles]
+    assert stale == [], f"these circles are gone: delete them from KNOWN_CIRCLES: {stale}"
+    new = [c for c in circles if frozenset(c) not in KNOWN_CIRCLES]
+    assert new == [], " ; ".join(" <-> ".join(c) for c in new)
+
+
+def test_the_circle_scan_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# -- private names stay in their module ----------------------------------------------------------------------------
+
+# Private names read across modules in code this branch may not edit (compiler/cost/, runtime/), each to be made
+# public by its owner; the list only shrinks.
+KNOWN_PRIVATE = {
+    ("compiler/cost/formulas.py", "compiler.cost.activations", "_numel"),
+    ("runtime/context_parallel.py", "runtime.collectives", "_count"),
+    ("runtime/context_parallel.py", "runtime.collectives", "_group"),
+    ("runtime/context_parallel.py", "runtime.collectives", "_F"),
+    ("runtime/context_parallel.py", "runtime.collectives", "_name"),
+    ("runtime/moe.py", "runtime.collectives", "_count"),
+    ("runtime/moe.py", "runtime.collectives", "_F"),
+    ("runtime/moe.py", "runtime.collectives", "_name"),
+    ("runtime/pipeline.py", "runtime.collectives", "_count"),
+    ("runtime/tensor_parallel.py", "runtime.collectives", "_all_reduce"),
+    ("runtime/tensor_parallel.py", "runtime.collectives", "_group"),
+}
+
+
+def _private_reads(path: Path, modules: dict, text: str | None = None) -> set:
+    """(path, module, name) for each private name (`_x`, not `__x__`) of another module of compiler/ or runtime/
+    that `path` imports (`from compiler.binder import _x`) or reads off the module (`B._x` after
+    `from compiler import binder as B`, `import compiler.binder as B` or `B = lazy("compiler.binder")`). `text`:
+    read in place of the file's."""
+    rel = str(path.relative_to(ROOT))
+    tree = ast.parse(path.read_text(encoding="utf-8") if text is None else text)
+    private = lambda n: n.startswith("_") and not n.endswith("__")  # noqa: E731
+    aliases, out = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in (
+                "compiler", "runtime"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif private(a.name):
+                    out.add((rel, node.module, a.name))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules and a.asname:
+                    aliases[a.asname] = a.name
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+              and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "lazy"
+              and node.value.args and isinstance(node.value.args[0], ast.Constant)):  # X = lazy("compiler.x")
+            aliases[node.targets[0].id] = str(node.value.args[0].value)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and private(node.attr)):
+            out.add((rel, aliases[node.value.id], node.attr))
+    return out
+
+
+def test_no_module_reads_another_modules_private_names():
+    """A module's `_name` is its own: what another module needs is public API (the binder's Checker, to_size,
+    span_of, ...; the search's Search; the passes' insert_call), so that a module can change its private helpers
+    without breaking another."""
+    modules = _all_modules()
+    found = set()
+    for p in modules.values():
+        found |= _private_reads(p, modules)
+    assert ("runtime/moe.py", "runtime.collectives", "_count") in found  # the scan sees module attributes
+    assert found - KNOWN_PRIVATE == set(), sorted(found - KNOWN_PRIVATE)
+    assert KNOWN_PRIVATE - found == set(), f"made public: delete from KNOWN_PRIVATE: {sorted(KNOWN_PRIVATE - found)}"
+
+
+def test_the_private_scan_sees_each_way_of_reading_a_name():
+    text = ("from compiler.binder import _x, y\nfrom compiler import binder as B\nimport compiler.spec as S\n"
+            "L = lazy(\"compiler.parse\")\nB._z, S._w, L._v, B.public, B.__name__\n")
+    modules = {m: ROOT for m in ("compiler.binder", "compiler.spec", "compiler.parse")}
+    got = _private_reads(ROOT / "compiler" / "m.py", modules, text)
+    assert {(m, n) for _, m, n in got} == {("compiler.binder", "_x"), ("compiler.binder", "_z"),
+                                           ("compiler.spec", "_w"), ("compiler.parse", "_v")}

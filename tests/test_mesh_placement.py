@@ -1,4 +1,4 @@
-"""W0413 (compiler/check.py `_tp_placement`): tp listed so that its groups cross nodes though tp fits in one. The
+"""W0413 (compiler/lints.py `tp_placement`): tp listed so that its groups cross nodes though tp fits in one. The
 warning and `scalec plan`'s links line (compiler/cost/step_time.py `links`, the order runtime/mesh.py builds) read
 the mesh's axis order the same way: they agree on every layout of a small table."""
 from __future__ import annotations

@@ -6,6 +6,7 @@ generated candidates, which have no source text: their diagnostics must describe
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 from compiler.check import check_text
@@ -104,3 +105,69 @@ def test_the_checker_agrees_with_check_plan_over_a_search_space():
             checker = Checker(spec)
             for plan, want in order:
                 assert checker(plan) == want, plan.describe()
+
+
+# What each rule module says its refusals are about (Diagnostic.axis): the search charges a refusal to the family
+# key of that axis (compiler/search/prune.py OWN), never by its code. Packed documents' refusals go with cp's.
+RULE_AXES = {"tensor_parallel": "tp", "pipeline_split": "pp", "expert_parallel": "ep", "context_parallel": "cp",
+             "packed": "cp", "mesh": None}
+
+
+def _refusals_over_a_space():
+    """(rule module, diagnostic) for every refusal of every rule over the candidates of two searches' spaces (a dense
+    model with pp, a mixture of experts over 8 devices) and the MoE one's with packed documents, a few variants each."""
+    from compiler import search as SE
+    moe8 = (SAMPLES / "moe_gpt.scale").read_text(encoding="utf-8").replace("devices_per_node = 2",
+                                                                           "devices_per_node = 8")
+    out = []
+    for name, text in (("gpt_3d.scale", (SAMPLES / "gpt_3d.scale").read_text(encoding="utf-8")),
+                       ("moe_gpt.scale", moe8)):
+        spec = check_text(text, str(SAMPLES / name), cluster_only=True)
+        packed = dataclasses.replace(spec, train=dataclasses.replace(
+            spec.train, data=dataclasses.replace(spec.train.data, document_separator=0)))
+        space = SE.Space(spec, {})
+        plans = [dataclasses.replace(family, data_parallel=dp, recompute=rc, pad_vocab=pad, compile=comp)
+                 for sizes in space.shapes() for family in space.families(sizes)
+                 for dp in ("ddp", "fsdp") for rc in ("none", "selective") for pad in (False, True)
+                 for comp in (False, True)]
+        odd = plans[0]  # and what no search candidate breaks: the experts over ep, the batch, the positions
+        plans += [dataclasses.replace(odd, axes=(("dp", 1), ("ep", 3))), dataclasses.replace(odd, axes=(("ep", 2),)),
+                  dataclasses.replace(odd, global_batch=odd.global_batch + 1),
+                  dataclasses.replace(odd, seq_len=1 << 20)]
+        for s in (spec, packed):
+            for plan in plans[::3] + plans[-4:]:
+                out += [(rule, d) for rule, requires in RULES for d in requires(s, plan)]
+    return out
+
+
+def test_every_refusal_says_its_axis_and_rule():
+    """Each diagnostic a rule emits names the rule that raised it (`module.check`, a stable name) and the axis its
+    module guards, so that code reading refusals (the search) keys on these, not on a code that may be renumbered
+    (E0317 became E0319 once)."""
+    got = _refusals_over_a_space()
+    modules = {rule for rule, _ in got}
+    assert modules == set(RULE_AXES), modules  # every rule refused something: the check below covers each
+    for rule, d in got:
+        assert d.rule and d.rule.startswith(rule + "."), (rule, d.code, d.rule)
+        assert d.axis == RULE_AXES[rule], (rule, d.code, d.axis)
+
+
+def test_renumbering_a_code_changes_nothing_the_search_reads():
+    """The search's reading of a refusal (whose family key it is charged to, whether it holds for every
+    micro-batch count, whether padding the vocabulary alone lifts it) is the same with every code renumbered."""
+    from compiler import search as SE
+    from compiler.rules import per_shape
+    got = [d for _, d in _refusals_over_a_space()]
+    renumbered = [dataclasses.replace(d, code=f"E9{i:03d}") for i, d in enumerate(got)]
+    assert [per_shape(d) for d in got] == [per_shape(d) for d in renumbered]
+    assert any(per_shape(d) for d in got) and not all(per_shape(d) for d in got)
+    spec = _spec("gpt_3d.scale")
+    keys = (("tp", 2), ("pp", 2), ("cp", 1), ("schedule", "1f1b"))
+    charged = []
+    for problems in (got, renumbered):
+        s = SE.Search(spec, 5, {})
+        for d in problems:
+            s._count_refused(keys, [d, *problems[:3]], 1)
+        charged.append({k: sum((Counter({(brief, own): n}) for (_, brief, own), n in s.stats[k]["refused"].items()),
+                               Counter()) for k in keys})
+    assert charged[0] == charged[1]

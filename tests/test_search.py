@@ -124,7 +124,7 @@ def test_the_family_bound_is_the_simulators(tmp_path):
     """The bound families are ranked by: the busiest rank's compute time `predict(exact=False)` reports, and with
     the pipeline's fill and drain, still below the exact step time."""
     spec = check_path("samples/gpt_3d.scale")
-    s = SE._Search(spec, 5, {})
+    s = SE.Search(spec, 5, {})
     seen = 0
     for sizes in s.shapes():
         for plan in s.families(sizes)[:3]:
@@ -145,7 +145,7 @@ def test_the_family_bound_is_the_simulators(tmp_path):
 def test_recompute_never_speeds_a_plan_up(tmp_path):
     """Pruning rule 5 (the least recomputation that fits is the fastest) rests on this."""
     spec = check_path("samples/gpt_3d.scale")
-    s = SE._Search(spec, 5, {})
+    s = SE.Search(spec, 5, {})
     for sizes in list(s.shapes())[:6]:
         for plan in s.families(sizes)[:2]:
             times = []

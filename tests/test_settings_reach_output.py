@@ -1,6 +1,6 @@
 """Every setting the checker reads reaches what the run executes, or is explicitly only the cost model's.
 
-The settings are enumerated from the checker's own tables (compiler/check.py: MESH_SETTINGS, PLAN_SETTINGS,
+The settings are enumerated from the checker's own tables (compiler/language.py: MESH_SETTINGS, PLAN_SETTINGS,
 TRAIN_SETTINGS and the argument tables of call-valued settings such as `optimizer = adamw(...)`), so a setting
 added there fails `test_every_setting_is_covered` until it is given a change here. Each change must alter the
 emitted program.py or launch.sh: the files the run executes. plan.json is not compared: it is a report that also
@@ -414,7 +414,7 @@ def _layer_arguments() -> list[str]:
     names = []
     for kind, params in K.LAYERS.items():
         for arg, param in params.items():
-            if param.default is K._MISSING:
+            if param.default is K.MISSING:
                 continue
             names.append(f"layer.{kind}.{arg}")
             for kinds in _call_tables(param):

@@ -11,31 +11,31 @@ scales are replicated, each rank's gradient covering only its heads (summed over
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _call_of, _choice, _divisors_near, _float, _size
+from compiler.binder import Param, arg_span, to_bool, call_of, one_of, divisors_near, to_float, to_size
 
 SPEC = S.Attention
-ROPE_SCALINGS = {"llama3": {"factor": Param(_float, 8.0, "how much longer the context is than trained"),
-                            "low_freq_factor": Param(_float, 1.0, "wavelengths beyond original_seq / this are scaled"),
-                            "high_freq_factor": Param(_float, 4.0, "wavelengths below original_seq / this are kept"),
-                            "original_seq": Param(_size, 8192, "the context length trained before scaling")},
-                 "linear": {"factor": Param(_float, 8.0, "every frequency divided by it (positions interpolated): "
+ROPE_SCALINGS = {"llama3": {"factor": Param(to_float, 8.0, "how much longer the context is than trained"),
+                            "low_freq_factor": Param(to_float, 1.0, "wavelengths beyond original_seq / this are scaled"),
+                            "high_freq_factor": Param(to_float, 4.0, "wavelengths below original_seq / this are kept"),
+                            "original_seq": Param(to_size, 8192, "the context length trained before scaling")},
+                 "linear": {"factor": Param(to_float, 8.0, "every frequency divided by it (positions interpolated): "
                                                         "Gemma 3's global layers")},
                  # YaRN (Peng et al. 2023) as transformers computes it (runtime/rotary.py): Qwen 2.5/3's long
                  # context, DeepSeek-V2/V3's `mla`
-                 "yarn": {"factor": Param(_float, doc="how much longer the context is than trained"),
-                          "original_seq": Param(_size, doc="the context length trained before scaling"),
-                          "beta_fast": Param(_float, 32.0, "frequencies turning more than this many times over "
+                 "yarn": {"factor": Param(to_float, doc="how much longer the context is than trained"),
+                          "original_seq": Param(to_size, doc="the context length trained before scaling"),
+                          "beta_fast": Param(to_float, 32.0, "frequencies turning more than this many times over "
                                                            "original_seq are kept"),
-                          "beta_slow": Param(_float, 1.0, "frequencies turning fewer than this many times over "
+                          "beta_slow": Param(to_float, 1.0, "frequencies turning fewer than this many times over "
                                                           "original_seq are divided by factor"),
-                          "mscale": Param(_float, 0.0, "the cos/sin factor's numerator mscale(factor, mscale) "
+                          "mscale": Param(to_float, 0.0, "the cos/sin factor's numerator mscale(factor, mscale) "
                                                        "(DeepSeek's; 0: none)"),
-                          "mscale_all_dim": Param(_float, 0.0, "its denominator mscale(factor, mscale_all_dim); "
+                          "mscale_all_dim": Param(to_float, 0.0, "its denominator mscale(factor, mscale_all_dim); "
                                                                "`mla` also multiplies its softmax scale by its "
                                                                "square (DeepSeek's; 0: none)"),
-                          "attention_factor": Param(_float, None, "the cos/sin factor itself (default: from factor, "
+                          "attention_factor": Param(to_float, None, "the cos/sin factor itself (default: from factor, "
                                                                   "mscale and mscale_all_dim)"),
-                          "truncate": Param(_bool, True, "the ramp's ends rounded to whole dimensions")}}
+                          "truncate": Param(to_bool, True, "the ramp's ends rounded to whole dimensions")}}
 
 
 def scaling_tuple(c, st, index: int, call) -> tuple | None:
@@ -50,7 +50,7 @@ def scaling_tuple(c, st, index: int, call) -> tuple | None:
     for key, why in (("factor", "every low frequency is divided by it"), ("beta_fast", "a number of turns"),
                      ("beta_slow", "a number of turns"), ("attention_factor", "multiplies the cosines and sines")):
         if s[key] is not None and s[key] <= 0:
-            c.error("E0120", f"yarn's {key} must be positive", _arg_span(st, index, "rope_scaling"), label=why,
+            c.error("E0120", f"yarn's {key} must be positive", arg_span(st, index, "rope_scaling"), label=why,
                     help="DeepSeek-V3: `yarn(factor = 40, original_seq = 4096, beta_fast = 32, beta_slow = 1, "
                          "mscale = 1, mscale_all_dim = 1)`")
             ok = False
@@ -58,24 +58,24 @@ def scaling_tuple(c, st, index: int, call) -> tuple | None:
         return None
     return ("yarn", s["factor"], float(c.number(s["original_seq"])), s["beta_fast"], s["beta_slow"], s["mscale"],
             s["mscale_all_dim"], s["attention_factor"], s["truncate"])
-SCHEMA = {"attention": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
-                        "kv_heads": Param(_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
-                        "bias": Param(_bool, True, "biases on the projections"),
-                        "qkv_bias": Param(_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
-                        "rope_theta": Param(_float, 0.0, "rotary position embeddings' base (0: none)"),
-                        "rope_scaling": Param(_call_of(ROPE_SCALINGS, "rope scaling", none_is_absent=True), None,
+SCHEMA = {"attention": {"hidden": Param(to_size, doc="model width"), "heads": Param(to_size, doc="attention heads"),
+                        "kv_heads": Param(to_size, lambda a: a["heads"], "key/value heads (grouped-query attention)"),
+                        "bias": Param(to_bool, True, "biases on the projections"),
+                        "qkv_bias": Param(to_bool, lambda a: a["bias"], "biases on q, k and v only (Qwen 2)"),
+                        "rope_theta": Param(to_float, 0.0, "rotary position embeddings' base (0: none)"),
+                        "rope_scaling": Param(call_of(ROPE_SCALINGS, "rope scaling", none_is_absent=True), None,
                                               "frequency scaling of the rotary embeddings: llama3(...), linear(factor) "
                                               "or yarn(...); none: unscaled"),
-                        "head_dim": Param(_size, None, "each head's width D (default hidden / heads)"),
-                        "qk_norm": Param(_choice("none", "rmsnorm", "zero_centered_rmsnorm"), "none",
+                        "head_dim": Param(to_size, None, "each head's width D (default hidden / heads)"),
+                        "qk_norm": Param(one_of("none", "rmsnorm", "zero_centered_rmsnorm"), "none",
                                          "rmsnorm: each head's q and k normalised over D before the rotation (Qwen 3);"
                                          " zero_centered_rmsnorm: scaled by 1 + weight (Gemma 3)"),
-                        "qk_norm_eps": Param(_float, 1e-6, "the q/k norm's epsilon"),
-                        "window": Param(_size, None, "sliding window: each query sees itself and the window - 1 "
+                        "qk_norm_eps": Param(to_float, 1e-6, "the q/k norm's epsilon"),
+                        "window": Param(to_size, None, "sliding window: each query sees itself and the window - 1 "
                                                      "keys before it (default: every earlier key)"),
-                        "softcap": Param(_float, None, "scores capped to (-C, C) as C·tanh(s / C) before the softmax "
+                        "softcap": Param(to_float, None, "scores capped to (-C, C) as C·tanh(s / C) before the softmax "
                                                        "(Gemma 2)"),
-                        "query_scale": Param(_size, None, "scores divided by √query_scale instead of √head_dim "
+                        "query_scale": Param(to_size, None, "scores divided by √query_scale instead of √head_dim "
                                                           "(Gemma's query_pre_attn_scalar)")}}
 TP_ROLES = {"q": "column", "k": "column", "v": "column", "o": "row"}  # q_norm, k_norm (suffix `norm`): replicated
 
@@ -85,30 +85,30 @@ def resolve(c, st, a: dict, kind: str):
     d = None if a["head_dim"] is None else c.number(a["head_dim"])
     ok = True
     if d is None and h % n:
-        c.error("E0201", f"{n} heads do not divide hidden size {h}", _arg_span(st, 1, "heads"),
+        c.error("E0201", f"{n} heads do not divide hidden size {h}", arg_span(st, 1, "heads"),
                 label=f"{h} % {n} == {h % n}",
-                help="heads must divide hidden; divisors near it: " + _divisors_near(int(h), int(n)))
+                help="heads must divide hidden; divisors near it: " + divisors_near(int(h), int(n)))
         ok = False
     if n % kv:
-        c.error("E0202", f"{kv} key/value heads do not divide {n} heads", _arg_span(st, 2, "kv_heads"),
+        c.error("E0202", f"{kv} key/value heads do not divide {n} heads", arg_span(st, 2, "kv_heads"),
                 label=f"{n} % {kv} == {n % kv}",
                 help="each key/value head serves a whole group of query heads; choose one of: "
-                     + _divisors_near(int(n), int(kv)))
+                     + divisors_near(int(n), int(kv)))
         ok = False
     if a["rope_scaling"] is not None and not a["rope_theta"]:
         c.error("E0132", "rope_scaling scales rotary embeddings, but this attention has none (rope_theta = 0)",
-                _arg_span(st, 6, "rope_scaling"), label="nothing to scale",
+                arg_span(st, 6, "rope_scaling"), label="nothing to scale",
                 help="add the rotary base, e.g. `rope_theta = 500000` (Llama 3), or remove `rope_scaling`")
         ok = False
     width = d if d is not None else (h // n if not h % n else None)
     if a["rope_theta"] and width is not None and width % 2:
-        where = _arg_span(st, 7, "head_dim") if d is not None else _arg_span(st, 1, "heads")
+        where = arg_span(st, 7, "head_dim") if d is not None else arg_span(st, 1, "heads")
         c.error("E0206", f"rotary embeddings turn pairs of a head's dimensions, but a head is {width} wide (odd)",
                 where, label=f"head dimension {width}" + ("" if d is not None else f" = {h} / {n}"),
                 help="choose an even head dimension (64 and 128 are usual), or remove `rope_theta`")
         ok = False
     if a["qk_norm_eps"] is not None and a["qk_norm_eps"] <= 0:
-        c.error("E0120", "qk_norm_eps must be positive", _arg_span(st, 9, "qk_norm_eps"),
+        c.error("E0120", "qk_norm_eps must be positive", arg_span(st, 9, "qk_norm_eps"),
                 label="divides by the root of the mean square plus eps",
                 help="the usual value is `qk_norm_eps = 1e-6` (Qwen 3's rms_norm_eps)")
         ok = False
@@ -116,21 +116,21 @@ def resolve(c, st, a: dict, kind: str):
                                                                           if arg.name is None}
     if "qkv_bias" in written and a["qkv_bias"] == a["bias"]:
         c.warn("W0137", f"qkv_bias = {str(a['qkv_bias']).lower()} is what `bias = {str(a['bias']).lower()}` gives "
-               "q, k and v already", _arg_span(st, 4, "qkv_bias"), label="has no effect",
+               "q, k and v already", arg_span(st, 4, "qkv_bias"), label="has no effect",
                help="qkv_bias differs from bias only for q, k and v (Qwen 2: `bias = false, qkv_bias = true`); "
                     "remove it")
     if "qk_norm_eps" in written and a["qk_norm"] == "none":
         c.warn("W0143", "qk_norm_eps is the epsilon of a q/k norm, but this attention has none (qk_norm = none)",
-               _arg_span(st, 9, "qk_norm_eps"), label="has no effect",
+               arg_span(st, 9, "qk_norm_eps"), label="has no effect",
                help="add `qk_norm = rmsnorm` (Qwen 3), or remove `qk_norm_eps`")
     if a["softcap"] is not None and a["softcap"] <= 0:
-        c.error("E0120", "attention's softcap must be positive", _arg_span(st, 11, "softcap"),
+        c.error("E0120", "attention's softcap must be positive", arg_span(st, 11, "softcap"),
                 label="scores are capped to (-softcap, softcap)",
                 help="Gemma 2 caps its attention scores at `softcap = 50`; remove it for uncapped scores")
         ok = False
     if a["query_scale"] is not None and width is not None and c.number(a["query_scale"]) == width:
         c.warn("W0208", f"query_scale = {width} is the head width: scores are divided by √{width} already",
-               _arg_span(st, 12, "query_scale"), label="has no effect",
+               arg_span(st, 12, "query_scale"), label="has no effect",
                help="query_scale differs from the head width only in Gemma 2 27B (query_pre_attn_scalar 144, "
                     "head_dim 128); remove it")
     scaling = None if a["rope_scaling"] is None else scaling_tuple(c, st, 6, a["rope_scaling"])
@@ -139,5 +139,5 @@ def resolve(c, st, a: dict, kind: str):
     return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
                        qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
                        head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],
-                       window=a["window"], window_span=None if a["window"] is None else _arg_span(st, 10, "window"),
+                       window=a["window"], window_span=None if a["window"] is None else arg_span(st, 10, "window"),
                        softcap=a["softcap"], query_scale=a["query_scale"])

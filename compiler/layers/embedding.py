@@ -3,11 +3,11 @@ what it looks up by √hidden (Gemma)."""
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _bool, _size
+from compiler.binder import Param, to_bool, to_size
 
 SPEC = S.Embedding
-SCHEMA = {"embedding": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width"),
-                            "scaled": Param(_bool, False, "multiply the looked-up rows by √hidden (Gemma)")}}
+SCHEMA = {"embedding": {"vocab": Param(to_size, doc="vocabulary size"), "hidden": Param(to_size, doc="model width"),
+                            "scaled": Param(to_bool, False, "multiply the looked-up rows by √hidden (Gemma)")}}
 TP_ROLES = {"embed": "vocab"}
 
 

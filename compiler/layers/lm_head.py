@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _float, _size
+from compiler.binder import Param, arg_span, to_bool, to_float, to_size
 
 SPEC = S.LMHead
-SCHEMA = {"lm_head": {"vocab": Param(_size, doc="vocabulary size"), "hidden": Param(_size, doc="model width"),
-                      "tied": Param(_bool, False, "reuse the token embedding's weight"),
-                      "bias": Param(_bool, False, "bias on the projection"),
-                      "softcap": Param(_float, None, "cap the logits to (-C, C): C·tanh(logits / C)")}}
+SCHEMA = {"lm_head": {"vocab": Param(to_size, doc="vocabulary size"), "hidden": Param(to_size, doc="model width"),
+                      "tied": Param(to_bool, False, "reuse the token embedding's weight"),
+                      "bias": Param(to_bool, False, "bias on the projection"),
+                      "softcap": Param(to_float, None, "cap the logits to (-C, C): C·tanh(logits / C)")}}
 TP_ROLES = {"head": "vocab", "bias": "vocab"}
 
 
 def resolve(c, st, a: dict, kind: str):
     if a["softcap"] is not None and a["softcap"] <= 0:
-        c.error("E0120", "lm_head's softcap must be positive", _arg_span(st, 4, "softcap"),
+        c.error("E0120", "lm_head's softcap must be positive", arg_span(st, 4, "softcap"),
                 label="logits are capped to (-softcap, softcap)",
                 help="Gemma 2 caps its logits at `softcap = 30`; remove it for uncapped logits")
         return None

@@ -16,23 +16,23 @@ norms are replicated, the shared rotary key entering each rank's heads whole (it
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _call_of, _float, _size
+from compiler.binder import Param, arg_span, to_bool, call_of, to_float, to_size
 from compiler.layers.attention import ROPE_SCALINGS, scaling_tuple
 
 SPEC = S.MLA
-SCHEMA = {"mla": {"hidden": Param(_size, doc="model width"), "heads": Param(_size, doc="attention heads"),
-                  "q_lora_rank": Param(_size, None, "the queries' low-rank bottleneck (default: q projected from "
+SCHEMA = {"mla": {"hidden": Param(to_size, doc="model width"), "heads": Param(to_size, doc="attention heads"),
+                  "q_lora_rank": Param(to_size, None, "the queries' low-rank bottleneck (default: q projected from "
                                                     "hidden directly, DeepSeek-V2-Lite)"),
-                  "kv_lora_rank": Param(_size, doc="the compressed key/value latent's width"),
-                  "qk_nope_head_dim": Param(_size, doc="each head's query/key width without rotary embeddings"),
-                  "qk_rope_head_dim": Param(_size, doc="each head's rotary query/key width (the key part shared by "
+                  "kv_lora_rank": Param(to_size, doc="the compressed key/value latent's width"),
+                  "qk_nope_head_dim": Param(to_size, doc="each head's query/key width without rotary embeddings"),
+                  "qk_rope_head_dim": Param(to_size, doc="each head's rotary query/key width (the key part shared by "
                                                        "every head)"),
-                  "v_head_dim": Param(_size, doc="each head's value width"),
-                  "rope_theta": Param(_float, 10000.0, "the rotary base"),
-                  "rope_interleave": Param(_bool, True, "rotary pairs are adjacent dimensions (DeepSeek's layout); "
+                  "v_head_dim": Param(to_size, doc="each head's value width"),
+                  "rope_theta": Param(to_float, 10000.0, "the rotary base"),
+                  "rope_interleave": Param(to_bool, True, "rotary pairs are adjacent dimensions (DeepSeek's layout); "
                                                         "false: the two halves"),
-                  "norm_eps": Param(_float, 1e-6, "the latents' RMS norms' epsilon"),
-                  "rope_scaling": Param(_call_of({"yarn": ROPE_SCALINGS["yarn"]}, "rope scaling",
+                  "norm_eps": Param(to_float, 1e-6, "the latents' RMS norms' epsilon"),
+                  "rope_scaling": Param(call_of({"yarn": ROPE_SCALINGS["yarn"]}, "rope scaling",
                                                  none_is_absent=True), None,
                                         "YaRN scaling of the rotary embeddings, yarn(...) (DeepSeek-V2/V3's long "
                                         "context); none: unscaled")}}
@@ -44,15 +44,15 @@ def resolve(c, st, a: dict, kind: str):
     rope = c.number(a["qk_rope_head_dim"])
     if rope % 2:
         c.error("E0206", f"rotary embeddings turn pairs of a head's dimensions, but qk_rope_head_dim is {rope} (odd)",
-                _arg_span(st, 5, "qk_rope_head_dim"), label=f"rotary width {rope}",
+                arg_span(st, 5, "qk_rope_head_dim"), label=f"rotary width {rope}",
                 help="choose an even rotary width (DeepSeek-V2/V3: 64)")
         ok = False
     if a["rope_theta"] <= 0:
-        c.error("E0120", "mla's rope_theta must be positive", _arg_span(st, 7, "rope_theta"),
+        c.error("E0120", "mla's rope_theta must be positive", arg_span(st, 7, "rope_theta"),
                 label="the rotary base", help="DeepSeek-V3 uses `rope_theta = 10000`")
         ok = False
     if a["norm_eps"] <= 0:
-        c.error("E0120", "norm_eps must be positive", _arg_span(st, 9, "norm_eps"),
+        c.error("E0120", "norm_eps must be positive", arg_span(st, 9, "norm_eps"),
                 label="divides by the root of the mean square plus eps",
                 help="the usual value is `norm_eps = 1e-6` (DeepSeek's rms_norm_eps)")
         ok = False

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _bool, _choice, _size
+from compiler.binder import Param, to_bool, one_of, to_size
 
 SPEC = S.MLP
-SCHEMA = {"mlp": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width"),
-                  "act": Param(_choice("gelu", "swiglu", "geglu"), "gelu", "activation"),
-                  "bias": Param(_bool, True, "biases on the projections")}}
+SCHEMA = {"mlp": {"hidden": Param(to_size, doc="model width"), "ffn": Param(to_size, doc="inner width"),
+                  "act": Param(one_of("gelu", "swiglu", "geglu"), "gelu", "activation"),
+                  "bias": Param(to_bool, True, "biases on the projections")}}
 TP_ROLES = {"up": "column", "gate": "column", "down": "row"}
 
 

@@ -5,44 +5,44 @@ from __future__ import annotations
 
 from compiler import ast
 from compiler import spec as S
-from compiler.binder import Param, _arg_span, _bool, _choice, _float, _or_none, _pos_int, _size
+from compiler.binder import Param, arg_span, to_bool, one_of, to_float, or_none, to_pos_int, to_size
 from compiler.symbols import size as size_symbol
 
 SPEC = S.MoE
-SCHEMA = {"moe": {"hidden": Param(_size, doc="model width"), "ffn": Param(_size, doc="inner width of each expert"),
-                  "experts": Param(_size, doc="number of experts"),
-                  "top_k": Param(_pos_int, 2, "experts per token"),
+SCHEMA = {"moe": {"hidden": Param(to_size, doc="model width"), "ffn": Param(to_size, doc="inner width of each expert"),
+                  "experts": Param(to_size, doc="number of experts"),
+                  "top_k": Param(to_pos_int, 2, "experts per token"),
                   "capacity_factor": Param(lambda c, e, w: DROPLESS if isinstance(e, ast.Name) and e.id == "none"
                                            else c.as_float(e, w), 1.25,
                                            "slots per expert as a multiple of a balanced share of the tokens; "
                                            "none: dropless (every choice reaches its expert)"),
-                  "act": Param(_choice("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
-                  "aux_loss": Param(_float, 0.01, "weight of the load-balancing loss"),
-                  "dropped": Param(_choice("residual", "identity"), "residual",
+                  "act": Param(one_of("gelu", "swiglu"), "gelu", "activation of the expert MLPs"),
+                  "aux_loss": Param(to_float, 0.01, "weight of the load-balancing loss"),
+                  "dropped": Param(one_of("residual", "identity"), "residual",
                                    "what a choice over capacity contributes: nothing (residual) or the token "
                                    "(identity)"),
-                  "renormalize": Param(_bool, lambda a: a["top_k"] > 1 if a["top_k"] is not None else None,
+                  "renormalize": Param(to_bool, lambda a: a["top_k"] > 1 if a["top_k"] is not None else None,
                                        "the gates of a token's top_k choices divided by their sum (GShard, "
                                        "Mixtral, Qwen3-MoE), or each its softmax probability over all the experts "
                                        "(Switch, Qwen2-MoE); default: true when top_k > 1"),
-                  "shared_ffn": Param(_or_none(_size), None,
+                  "shared_ffn": Param(or_none(to_size), None,
                                       "inner width of a shared expert every token passes through beside its routed "
                                       "experts (none: no shared expert)"),
-                  "shared_gate": Param(_choice("none", "sigmoid"), "none",
+                  "shared_gate": Param(one_of("none", "sigmoid"), "none",
                                        "the shared expert's output added as is (none), or scaled per token by "
                                        "sigmoid(x · w) (Qwen2-MoE)"),
-                  "scoring": Param(_choice("softmax", "sigmoid"), "softmax",
+                  "scoring": Param(one_of("softmax", "sigmoid"), "softmax",
                                    "an expert's score: its softmax probability over all the experts, or its own "
                                    "sigmoid (DeepSeek-V3)"),
-                  "groups": Param(_pos_int, 1, "expert groups for group-limited routing (DeepSeek-V3's n_group)"),
-                  "topk_groups": Param(_pos_int, 1, "the best groups a token may choose its experts from "
+                  "groups": Param(to_pos_int, 1, "expert groups for group-limited routing (DeepSeek-V3's n_group)"),
+                  "topk_groups": Param(to_pos_int, 1, "the best groups a token may choose its experts from "
                                                     "(DeepSeek-V3's topk_group)"),
-                  "routed_scale": Param(_float, 1.0, "the routed experts' gates multiplied by it "
+                  "routed_scale": Param(to_float, 1.0, "the routed experts' gates multiplied by it "
                                                      "(DeepSeek-V3's routed_scaling_factor)"),
-                  "bias_update": Param(_float, 0.0, "auxiliary-loss-free balancing: a per-expert bias on the "
+                  "bias_update": Param(to_float, 0.0, "auxiliary-loss-free balancing: a per-expert bias on the "
                                                     "choice, moved this much after each step against the load "
                                                     "(DeepSeek-V3's γ, 0.001); 0: none"),
-                  "dispatch": Param(_choice("padded", "grouped"), "padded",
+                  "dispatch": Param(one_of("padded", "grouped"), "padded",
                                     "how dropless routing reaches the experts: buffers padded to the worst case "
                                     "(padded), or the tokens sorted by expert, variable all-to-alls over ep and "
                                     "grouped matmuls (grouped: hardware FLOPs equal to the model's); grouped needs "
@@ -65,25 +65,25 @@ def resolve(c, st, a: dict, kind: str):
     experts = int(c.number(a["experts"]))
     ok = True
     if a["top_k"] > experts:
-        c.error("E0702", f"top_k = {a['top_k']} is more than the {experts} experts", _arg_span(st, 3, "top_k"),
+        c.error("E0702", f"top_k = {a['top_k']} is more than the {experts} experts", arg_span(st, 3, "top_k"),
                 label=f"{a['top_k']} > {experts}", help="each token picks distinct experts: use top_k ≤ experts "
                 "(Switch routes to 1, GShard to 2)")
         ok = False
     if a["capacity_factor"] not in (None, DROPLESS) and a["capacity_factor"] <= 0:
         c.error("E0703", f"capacity_factor must be positive, not {a['capacity_factor']:g}",
-                _arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
+                arg_span(st, 4, "capacity_factor"), label="no expert could take a token",
                 help="1.0 gives each expert exactly a balanced share of the tokens; 1.25 leaves room for imbalance")
         ok = False
     if a["dispatch"] == "grouped" and a["capacity_factor"] != DROPLESS:
         c.error("E0717", f"dispatch = grouped with capacity_factor = {a['capacity_factor']:g}: grouped dispatch is "
-                "dropless", _arg_span(st, 16, "dispatch"), label="sorts every choice to its expert, none dropped",
+                "dropless", arg_span(st, 16, "dispatch"), label="sorts every choice to its expert, none dropped",
                 help="write `capacity_factor = none` with `dispatch = grouped`, or remove `dispatch` to keep the "
                      "capacity and drop the choices over it")
         ok = False
     groups, chosen = a["groups"], a["topk_groups"]
     if experts % groups or experts // groups < 2 <= groups:
         c.error("E0713", f"{groups} expert groups do not split the {experts} experts into groups of two or more",
-                _arg_span(st, 12, "groups"), label=f"{experts} experts / {groups} groups",
+                arg_span(st, 12, "groups"), label=f"{experts} experts / {groups} groups",
                 help="groups must divide the experts, each group holding at least two (DeepSeek-V3: 256 experts "
                      "in 8 groups)")
         ok = False
@@ -91,12 +91,12 @@ def resolve(c, st, a: dict, kind: str):
         said = (f"topk_groups = {chosen} is more than the {groups} groups" if chosen > groups else
                 f"a token chooses {a['top_k']} experts among the {chosen * (experts // groups)} of its best {chosen} "
                 f"group{'s' if chosen > 1 else ''}")
-        c.error("E0714", said, _arg_span(st, 13, "topk_groups"), label="too few experts to choose from",
+        c.error("E0714", said, arg_span(st, 13, "topk_groups"), label="too few experts to choose from",
                 help="topk_groups is at most groups, and topk_groups · experts / groups at least top_k "
                      "(DeepSeek-V3: top 8 of the 128 experts in 4 of 8 groups)")
         ok = False
     if a["routed_scale"] is not None and a["routed_scale"] <= 0:
-        c.error("E0120", "routed_scale must be positive", _arg_span(st, 14, "routed_scale"),
+        c.error("E0120", "routed_scale must be positive", arg_span(st, 14, "routed_scale"),
                 label="multiplies every routed gate", help="DeepSeek-V3 scales its gates by 2.5; 1.0 leaves them")
         ok = False
     if not ok:
@@ -105,29 +105,29 @@ def resolve(c, st, a: dict, kind: str):
                                                                           if arg.name is None}
     if a["bias_update"] and a["top_k"] == experts:
         c.warn("W0716", f"bias_update with every token going to all {experts} experts (top_k = {experts})",
-               _arg_span(st, 15, "bias_update"), label="the bias changes no choice",
+               arg_span(st, 15, "bias_update"), label="the bias changes no choice",
                help="with top_k = experts every expert takes every token; use a smaller top_k, or remove "
                     "`bias_update`")
     if "topk_groups" in written and (groups == 1 or chosen == groups):
         c.warn("W0715", f"topk_groups = {chosen} with {groups} group{'s' if groups > 1 else ''}: every expert may be "
-               "chosen", _arg_span(st, 13, "topk_groups"), label="limits nothing",
+               "chosen", arg_span(st, 13, "topk_groups"), label="limits nothing",
                help="cut the experts into groups (`groups = 8`) and let a token choose from fewer of them "
                     "(`topk_groups = 4`), or remove `topk_groups`")
     if "dropped" in written and a["capacity_factor"] == DROPLESS:
         c.warn("W0709", "`dropped` says what a dropped choice contributes, and dropless routing drops none",
-               _arg_span(st, 7, "dropped"), label="has no effect under `capacity_factor = none`",
+               arg_span(st, 7, "dropped"), label="has no effect under `capacity_factor = none`",
                help="remove `dropped`, or give the experts a capacity factor (e.g. `capacity_factor = 1.25`)")
     if "aux_loss" in written and a["aux_loss"] and a["top_k"] == experts:
         c.warn("W0710", f"a load-balancing loss when every token goes to all {experts} experts (top_k = {experts})",
-               _arg_span(st, 6, "aux_loss"), label="constant: its gradient is 0",
+               arg_span(st, 6, "aux_loss"), label="constant: its gradient is 0",
                help="with top_k = experts the load is always balanced; use a smaller top_k, or `aux_loss = 0`")
     if "renormalize" in written and a["renormalize"] and a["top_k"] == 1:
-        c.warn("W0712", "renormalize = true with top_k = 1: every gate is 1", _arg_span(st, 8, "renormalize"),
+        c.warn("W0712", "renormalize = true with top_k = 1: every gate is 1", arg_span(st, 8, "renormalize"),
                label="the router's choice no longer scales the expert's output",
                help="the router then learns only from the load-balancing loss; remove `renormalize` (top-1 gates "
                     "are the chosen expert's probability, as in Switch), or route to top_k > 1")
     if "shared_gate" in written and a["shared_gate"] != "none" and a["shared_ffn"] is None:
-        c.warn("W0711", f"shared_gate = {a['shared_gate']} without a shared expert", _arg_span(st, 10, "shared_gate"),
+        c.warn("W0711", f"shared_gate = {a['shared_gate']} without a shared expert", arg_span(st, 10, "shared_gate"),
                label="gates nothing", help="give the shared expert a width (e.g. `shared_ffn = 4 * ffn`), or remove "
                "`shared_gate`")
     c.moe_layers += 1
@@ -138,4 +138,4 @@ def resolve(c, st, a: dict, kind: str):
                  capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
                  topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
                  dispatch=a["dispatch"],
-                 capacity_span=_arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)
+                 capacity_span=arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)

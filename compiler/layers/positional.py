@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from compiler import spec as S
-from compiler.binder import Param, _size
+from compiler.binder import Param, to_size
 
 SPEC = S.Positional
-SCHEMA = {"positional": {"positions": Param(_size, doc="number of learned positions"),
-                         "hidden": Param(_size, doc="model width")}}
+SCHEMA = {"positional": {"positions": Param(to_size, doc="number of learned positions"),
+                         "hidden": Param(to_size, doc="model width")}}
 TP_ROLES: dict = {}  # replicated; split along the sequence under sequence parallelism
 
 

@@ -24,7 +24,7 @@ from torch import fx
 
 from compiler import spec as S
 from compiler import trace as T
-from compiler.passes.tensor_parallel import Collective, _insert
+from compiler.passes.tensor_parallel import Collective, insert_call
 from compiler.symbols import size
 from runtime import moe
 
@@ -75,10 +75,10 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     back = Collective("all_to_all", "all_to_all", AXIS, f"combine of {what}: the experts' outputs return to their "
                       "tokens' ranks")
     (x,) = node.args
-    sent = _insert(gm, x, moe.all_to_all_dispatch, (x, AXIS), node, to, f"{node.name}_in")
+    sent = insert_call(gm, x, moe.all_to_all_dispatch, (x, AXIS), node, to, f"{node.name}_in")
     node.args = (sent,)
     users = list(node.users)
-    got = _insert(gm, node, moe.all_to_all_combine, (node, AXIS), node, back, f"{node.name}_out")
+    got = insert_call(gm, node, moe.all_to_all_combine, (node, AXIS), node, back, f"{node.name}_out")
     for u in users:
         u.replace_input_with(node, got)
 
@@ -106,12 +106,12 @@ def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
                       "their tokens' ranks, variable splits (forward: expected under balanced routing)",
                       payload="output", worst=(("forward", most),))
     rows, counts = node.args
-    layout = _insert(gm, counts, moe.exchange_counts, (counts, AXIS), node, counts_note, f"{node.name}_counts")
-    sent = _insert(gm, layout, moe.all_to_all_dispatch_grouped, (rows, counts, layout, AXIS), node, to,
+    layout = insert_call(gm, counts, moe.exchange_counts, (counts, AXIS), node, counts_note, f"{node.name}_counts")
+    sent = insert_call(gm, layout, moe.all_to_all_dispatch_grouped, (rows, counts, layout, AXIS), node, to,
                    f"{node.name}_in")
     node.args = (sent, layout)
     users = list(node.users)
-    got = _insert(gm, node, moe.all_to_all_combine_grouped, (node, counts, layout, AXIS), node, back,
+    got = insert_call(gm, node, moe.all_to_all_combine_grouped, (node, counts, layout, AXIS), node, back,
                   f"{node.name}_out")
     for u in users:
         u.replace_input_with(node, got)

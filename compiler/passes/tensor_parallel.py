@@ -236,7 +236,7 @@ def _names(gm: fx.GraphModule) -> dict:
     return {n.name: n for n in gm.graph.nodes}
 
 
-def _insert(gm: fx.GraphModule, after: fx.Node, fn, args: tuple, origin: fx.Node, note: Collective | None,
+def insert_call(gm: fx.GraphModule, after: fx.Node, fn, args: tuple, origin: fx.Node, note: Collective | None,
             name: str) -> fx.Node:
     with gm.graph.inserting_after(after):
         n = gm.graph.create_node("call_function", fn, args, {}, name=name)
@@ -262,20 +262,20 @@ def _entry(gm: fx.GraphModule, value: fx.Node, sp: bool, origin: fx.Node, reason
     if sp:
         note = Collective("all_gather", "reduce_scatter", AXIS, f"sequence-parallel input of {reason}",
                           payload="output")
-        return _insert(gm, value, C.all_gather_fwd_reduce_scatter_bwd, (value, AXIS, 1), origin, note,
+        return insert_call(gm, value, C.all_gather_fwd_reduce_scatter_bwd, (value, AXIS, 1), origin, note,
                        f"{value.name}_gathered")
     note = Collective(None, "all_reduce", AXIS, f"column-parallel input of {reason}: its gradient is partial")
-    return _insert(gm, value, C.identity_fwd_all_reduce_bwd, (value, AXIS), origin, note, f"{value.name}_tp")
+    return insert_call(gm, value, C.identity_fwd_all_reduce_bwd, (value, AXIS), origin, note, f"{value.name}_tp")
 
 
 def _exit(gm: fx.GraphModule, value: fx.Node, sp: bool, origin: fx.Node, reason: str) -> fx.Node:
     """The collective completing a partial sum (replicated result, or sequence-sharded under SP)."""
     if sp:
         note = Collective("reduce_scatter", "all_gather", AXIS, f"sequence-parallel output of {reason}")
-        return _insert(gm, value, C.reduce_scatter_fwd_all_gather_bwd, (value, AXIS, 1), origin, note,
+        return insert_call(gm, value, C.reduce_scatter_fwd_all_gather_bwd, (value, AXIS, 1), origin, note,
                        f"{value.name}_scattered")
     note = Collective("all_reduce", None, AXIS, f"row-parallel output of {reason}: each rank holds a partial sum")
-    return _insert(gm, value, C.all_reduce_fwd_identity_bwd, (value, AXIS), origin, note, f"{value.name}_sum")
+    return insert_call(gm, value, C.all_reduce_fwd_identity_bwd, (value, AXIS), origin, note, f"{value.name}_sum")
 
 
 def _local(expr, tp_sym, padded: bool):
@@ -318,11 +318,11 @@ def _shard_region(gm: fx.GraphModule, region: Region, sp: bool, tp: int, meta: d
     shapes[f"{row.target}.weight"] = (out_dim, in_dim / tp_sym)
     meta["shards"][f"{row.target}.weight"] = (1, old.in_features)
     w = _get_attr(gm, row, f"{row.target}.weight", row)
-    partial = _insert(gm, row, F.linear, (row.args[0], w), row, None, f"{row.target}_partial")
+    partial = insert_call(gm, row, F.linear, (row.args[0], w), row, None, f"{row.target}_partial")
     out = _exit(gm, partial, sp, row, what)
     if old.bias is not None:
         b = _get_attr(gm, row, f"{row.target}.bias", row)
-        out = _insert(gm, out, operator.add, (out, b), row, None, f"{row.target}_out")
+        out = insert_call(gm, out, operator.add, (out, b), row, None, f"{row.target}_out")
         if sp:  # added to this rank's sequence chunk only: its gradient is partial over tp
             meta["partial_grads"].append(f"{row.target}.bias")
     row.replace_all_uses_with(out)
@@ -378,15 +378,15 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
         shapes[f"{emb.target}.weight"] = (_local(v_expr, tp_sym, padded), shapes[f"{emb.target}.weight"][1])
         meta["shards"][f"{emb.target}.weight"] = (0, vocab)
         w = _get_attr(gm, emb, f"{emb.target}.weight", emb)
-        part = _insert(gm, emb, C.vocab_parallel_lookup, (emb.args[0], w, AXIS), emb, None, f"{emb.target}_partial")
+        part = insert_call(gm, emb, C.vocab_parallel_lookup, (emb.args[0], w, AXIS), emb, None, f"{emb.target}_partial")
         what = "the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice"
         if sp:
             note = Collective("reduce_scatter", "all_gather", AXIS, what)
-            out = _insert(gm, part, C.reduce_scatter_fwd_all_gather_bwd, (part, AXIS, 1), emb, note,
+            out = insert_call(gm, part, C.reduce_scatter_fwd_all_gather_bwd, (part, AXIS, 1), emb, note,
                           f"{emb.target}_scattered")
         else:
             note = Collective("all_reduce", None, AXIS, what)
-            out = _insert(gm, part, C.all_reduce_fwd_identity_bwd, (part, AXIS), emb, note, f"{emb.target}_sum")
+            out = insert_call(gm, part, C.all_reduce_fwd_identity_bwd, (part, AXIS), emb, note, f"{emb.target}_sum")
         emb.replace_all_uses_with(out)
         gm.graph.erase_node(emb)
     if d.positional and sp:
@@ -396,7 +396,7 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
         users = list(pos.users)
         # (S, H) from the positions 0..S-1; packed documents look up each row's positions, (B, S, H)
         dim = 1 if pos.args[0].target is _packed.positions else 0
-        split = _insert(gm, pos, C.split_fwd_all_gather_bwd, (pos, AXIS, dim), pos, note, f"{pos.name}_split")
+        split = insert_call(gm, pos, C.split_fwd_all_gather_bwd, (pos, AXIS, dim), pos, note, f"{pos.name}_split")
         for u in users:
             u.replace_input_with(pos, split)
     if d.head:
@@ -424,7 +424,7 @@ def _shard_vocab(gm: fx.GraphModule, d: Decision, spec: S.Spec, sp: bool, tp: in
                           "and target logit of each token (the logits are never gathered)", payload="targets",
                           dtype="fp32", count=3)
         # packed documents: the targets after a separator count zero, the sum divided by every token (runtime.packed)
-        new = _insert(gm, loss, C.vocab_parallel_cross_entropy, (loss.args[0], loss.args[1], AXIS, vocab), loss,
+        new = insert_call(gm, loss, C.vocab_parallel_cross_entropy, (loss.args[0], loss.args[1], AXIS, vocab), loss,
                       note, "loss")
         if loss.target is _packed.cross_entropy:
             new.kwargs = {"ignore": _packed.IGNORE}
@@ -466,7 +466,7 @@ def _sequence_parallel_moes(gm: fx.GraphModule) -> set:
         users = [u for u in y.users if u not in inside]
         note = Collective(None, "all_gather", AXIS, "sequence-parallel output of a moe: this rank's chunk; the "
                           "gradient gathered whole", payload="input")
-        cut = _insert(gm, y, C.split_fwd_all_gather_bwd, (y, AXIS, 1), y, note, f"{y.name}_chunk")
+        cut = insert_call(gm, y, C.split_fwd_all_gather_bwd, (y, AXIS, 1), y, note, f"{y.name}_chunk")
         for u in users:
             u.replace_input_with(y, cut)
         rows |= {n.name for n in nodes if n.meta.get(T.TP_ROLE) == "row"}

@@ -30,7 +30,7 @@ def plan_settings(plan, device_kind: str) -> list:
     micro-batches, the pipeline, tensor parallelism, recomputation, then the precision and FSDP2 settings.
     `device_kind` gives `compile`'s default (on on GPUs, off on cpu): it is written only where the plan differs and
     the file would mean it (a zero-bubble pipeline never compiles, so `compile = true` there is left out)."""
-    from compiler.check import TP_LAYERS  # tp_layers when the plan section does not name them
+    from compiler.language import TP_LAYERS  # tp_layers when the plan section does not name them
     from compiler.plan import compiles
     out = [f"data_parallel = {plan.data_parallel}", f"micro_batches = {plan.micro_batches}"]
     if plan.size("pp") > 1:

@@ -28,11 +28,13 @@ def mesh_requires(spec: S.Spec, plan) -> list[Diagnostic]:
         ranks = f"dp = {dp} × ep = {ep}" if ep > 1 else f"dp = {dp}"
         out.append(plan_error(plan, "global_batch", "E0302", f"global batch {gb} does not divide into {ranks} × "
                               f"micro_batches = {m}", label=f"{gb} % {shards} == {gb % shards}",
-                              help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}"))
+                              help=f"use a multiple of {shards}, e.g. {(gb // shards + 1) * shards}", axis=None,
+                              rule="mesh.batch"))
     pos = next((x for x in spec.model.layers if isinstance(x, S.Positional)), None)
     if pos is not None and plan.seq_len > (n := int(spec.value(pos.positions))):
         out.append(plan_error(plan, "seq_len", "E0205", f"sequences of {plan.seq_len} tokens need more than the {n} "
-                              "learned positions", help="raise `positions` of `positional`, or shorten `seq_len`"))
+                              "learned positions", help="raise `positions` of `positional`, or shorten `seq_len`",
+                              axis=None, rule="mesh.positions"))
     return out
 
 
@@ -45,6 +47,16 @@ RULES = (
     ("packed", packed.requires),
     ("mesh", mesh_requires),
 )
+
+
+# The axes whose rules read no micro-batch count (READS): each of their refusals holds for a whole family.
+PER_SHAPE_AXES = (tensor_parallel.AXIS, expert_parallel.AXIS, context_parallel.AXIS)
+
+
+def per_shape(d: Diagnostic) -> bool:
+    """Whether refusal `d` holds for every micro-batch count of its plan (it reads none: the rules of tp, ep, cp and
+    packed documents, and pipeline_split's PER_SHAPE), by its structured fields, never its code."""
+    return d.axis in PER_SHAPE_AXES or d.rule in pipeline_split.PER_SHAPE
 
 
 def check_plan(spec: S.Spec, plan) -> list[Diagnostic]:

@@ -14,11 +14,11 @@ from compiler import spec as S
 from compiler.diagnostics import Diagnostic, divisors, plan_error
 
 AXIS = "cp"
-# The codes whose verdict reads only cp's size, seq_len, the model's layers, `compile` and the variant: one check
-# refuses all of a mesh shape's families of one variant in the search (compiler/search/prune.py `_cp_shape_refused`).
-# A code that starts reading another setting the search varies within a shape (tp, pp, schedule, sequence
-# parallelism, recomputation, dp sharding, micro-batches) leaves.
-SHAPE_CODES = ("E0310", "E0312", "E0315")
+# The rules (Diagnostic.rule) whose verdict reads only cp's size, seq_len, the model's layers, `compile` and the
+# variant: one check refuses all of a mesh shape's families of one variant in the search (compiler/search/prune.py
+# `_cp_shape_refused`). A rule that starts reading another setting the search varies within a shape (tp, pp,
+# schedule, sequence parallelism, recomputation, dp sharding, micro-batches) leaves.
+SHAPE_RULES = frozenset({"context_parallel.chunks", "context_parallel.layers", "context_parallel.compiled_ring"})
 
 
 def _attention_refusal(x) -> str | None:
@@ -47,7 +47,8 @@ def requires(spec: S.Spec, plan) -> list:
                               "chunks", label=f"{plan.seq_len} % {2 * cp} == {plan.seq_len % (2 * cp)}",
                               help="each cp rank holds chunks i and 2·cp − 1 − i of every sequence (balanced for "
                                    "the causal mask); cp sizes that fit: "
-                                   + (", ".join(str(d // 2) for d in ok) or "none")))
+                                   + (", ".join(str(d // 2) for d in ok) or "none"),
+                              axis=AXIS, rule="context_parallel.chunks"))
     if plan.context_parallel == "all_to_all":
         tp = plan.size("tp") if "attention" in plan.tp_layers else 1  # Ulysses splits each tp rank's heads
         for x in S.walk(spec.model.layers):
@@ -67,7 +68,8 @@ def requires(spec: S.Spec, plan) -> list:
                                             f"cp = {cp}",
                                       help="each cp rank computes whole heads over the whole sequence; cp sizes that "
                                            "fit: " + (", ".join(map(str, ok)) or "none")
-                                           + ", or `context_parallel = ring` or `all_gather`"))
+                                           + ", or `context_parallel = ring` or `all_gather`",
+                                      axis=AXIS, rule="context_parallel.heads"))
                 break
     for x in S.walk(spec.model.layers):
         why = _attention_refusal(x)
@@ -78,7 +80,7 @@ def requires(spec: S.Spec, plan) -> list:
                                   help="write `capacity_factor = none` (dropless: each token's route is its own), "
                                        "or remove the axis and give its ranks to dp" if moe else
                                        "remove the axis and give its ranks to dp, or use causal `attention` "
-                                       "without a window or soft cap"))
+                                       "without a window or soft cap", axis=AXIS, rule="context_parallel.layers"))
             break
     if plan.compile and plan.context_parallel == "ring":
         # measured: dynamo cannot trace the ring's P2P sends, so it breaks each block's region inside the ring's
@@ -89,5 +91,5 @@ def requires(spec: S.Spec, plan) -> list:
                               "compiling ring attention (`context_parallel = ring`) is not built yet",
                               label="compile = true" if written else "compiled by default on GPUs",
                               help="set `compile = false`, or use `context_parallel = all_gather` or `all_to_all`, "
-                                   "which compile"))
+                                   "which compile", axis=AXIS, rule="context_parallel.compiled_ring"))
     return out

@@ -9,6 +9,12 @@ from __future__ import annotations
 from compiler import spec as S
 from compiler.diagnostics import plan_error
 
+AXIS = "pp"
+# The rules (Diagnostic.rule) whose verdict reads no micro-batch count, only pp, the schedule, the virtual stages and
+# the model's blocks: a refusal by one holds for every micro-batch count of a family (the search refuses them all at
+# once, compiler/search/prune.py). A rule that starts reading `micro_batches`, recomputation or compile leaves.
+PER_SHAPE = frozenset({"pipeline_split.virtual_stages", "pipeline_split.repeats", "pipeline_split.blocks",
+                       "pipeline_split.interleaving"})
 
 # The schedule's actions per step, over all ranks, that `compile` builds and proves (compiler/schedule.py `verify`,
 # linear in them: about a second per million on a laptop) and that each rank of the program builds at start-up.
@@ -31,26 +37,29 @@ def requires(spec: S.Spec, plan) -> list:
     """A pipeline that can be cut and scheduled: enough blocks, enough micro-batches, a valid interleaving and
     layout. Reads the settings from `plan` (a compiler.plan.Plan: the file's, or a generated candidate)."""
     out: list = []
-    pp, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    pp, v, m = plan.size(AXIS), plan.virtual_stages, plan.micro_batches
     if v > 1 and plan.schedule != "interleaved-1f1b":  # a file's plan is refused earlier, where it is read
         out.append(plan_error(plan, "virtual_stages", "E0604", f"virtual_stages = {v} needs the interleaved-1f1b "
-                              "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`'))
+                              "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`',
+                              axis=AXIS, rule="pipeline_split.virtual_stages"))
     if pp == 1:
         return out
     if plan.recompute == "selective" and plan.schedule == "zero-bubble":
         out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the zero-bubble "
                               "schedule", label="its backward passes each block twice",
                               help='use `recompute = full` (it recomputes the block for each pass), or another '
-                                   'schedule'))
+                                   'schedule', axis=AXIS, rule="pipeline_split.zero_bubble_recompute"))
     if plan.compile and plan.schedule == "zero-bubble" and plan.span("compile") is not None:
         out.append(plan_error(plan, "compile", "E0611", "a compiled program cannot run the zero-bubble schedule",
                               label="each block's backward would run twice",
-                              help='use `compile = false` (the default under zero-bubble), or another schedule'))
+                              help='use `compile = false` (the default under zero-bubble), or another schedule',
+                              axis=AXIS, rule="pipeline_split.zero_bubble_compile"))
     at = "axis pp"
     repeats = list(spec.model.blocks)
     if not repeats:
         out.append(plan_error(plan, at, "E0605", "a pipeline cuts the blocks of `repeat`s into stages; this model "
-                              "has none", help="write the model's transformer layers as a `repeat`"))
+                              "has none", help="write the model's transformer layers as a `repeat`",
+                              axis=AXIS, rule="pipeline_split.repeats"))
         return out
     between = _between(spec)
     if between is not None:
@@ -60,7 +69,7 @@ def requires(spec: S.Spec, plan) -> list:
                               f"`repeat`s of lines {before.span.line} and {after.span.line}: a pipeline cuts the "
                               f"blocks of consecutive `repeat`s into stages", label="refused while pp > 1",
                               help="move the layer into a `repeat` (or a `repeat 1` of its own), or before the first "
-                                   "`repeat` or after the last"))
+                                   "`repeat` or after the last", axis=AXIS, rule="pipeline_split.repeats"))
         return out
     blocks = sum(int(spec.value(r.count)) for r in repeats)
     stages = pp * v
@@ -69,14 +78,16 @@ def requires(spec: S.Spec, plan) -> list:
                  f"its {len(repeats)} `repeat`s have {blocks} blocks")
         out.append(plan_error(plan, at, "E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would "
                               "be empty", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
-                              help=f"use at most {blocks} stages ({where})"))
+                              help=f"use at most {blocks} stages ({where})", axis=AXIS, rule="pipeline_split.blocks"))
     elif plan.schedule == "interleaved-1f1b" and blocks % stages:
         out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
-                              "equal stages", help=f"choose pp × virtual_stages dividing {blocks}"))
+                              "equal stages", help=f"choose pp × virtual_stages dividing {blocks}",
+                              axis=AXIS, rule="pipeline_split.interleaving"))
     if plan.schedule != "gpipe" and m < pp:
         out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
                               f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
-                              f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))"))
+                              f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))",
+                              axis=AXIS, rule="pipeline_split.micro_batches"))
     n_actions = schedule_actions(plan.schedule, pp, v, m)
     if n_actions > MAX_SCHEDULE_ACTIONS:
         out.append(plan_error(plan, at, "E0615", f"the {plan.schedule} schedule of {stages} stages × {m} "
@@ -84,12 +95,14 @@ def requires(spec: S.Spec, plan) -> list:
                               "program builds", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else "")
                               + f" × micro_batches = {m}",
                               help=f"at most {MAX_SCHEDULE_ACTIONS:,} actions (each rank's list is built at start-up "
-                                   "and every action is checked); use fewer micro-batches, each of more sequences"))
+                                   "and every action is checked); use fewer micro-batches, each of more sequences",
+                                   axis=AXIS, rule="pipeline_split.schedule_size"))
     if plan.layout:
         out += _layout_requires(plan, blocks, stages)
     if plan.schedule == "interleaved-1f1b" and m % pp:
         out.append(plan_error(plan, at, "E0603", f"interleaved-1f1b runs micro-batches in groups of pp = {pp}; {m} "
-                              "is not a multiple", help=f"use a multiple of {pp} micro-batches"))
+                              "is not a multiple", help=f"use a multiple of {pp} micro-batches",
+                              axis=AXIS, rule="pipeline_split.interleaved_groups"))
     return out
 
 
@@ -110,32 +123,37 @@ def _layout_requires(plan, blocks: int, stages: int) -> list:
     first, last = "layout 0", f"layout {len(layout) - 1}"
     if len(layout) != stages:
         return [plan_error(plan, first, "E0607", f"the layout has {len(layout)} stages but the mesh and plan make "
-                           f"{stages}", help="give one (first, end) pair per pipeline stage")]
+                           f"{stages}", help="give one (first, end) pair per pipeline stage",
+                           axis=AXIS, rule="pipeline_split.layout")]
     out: list = []
     covered: dict[int, int] = {}
     for k, (a, b) in enumerate(layout):
         here = f"layout {k}"
         if b <= a:
             out.append(plan_error(plan, here, "E0607", f"stage ({a}, {b}) holds no block", label="empty stage",
-                                  help="every stage needs at least one block: end > first"))
+                                  help="every stage needs at least one block: end > first",
+                                  axis=AXIS, rule="pipeline_split.layout"))
         for i in range(a, b):
             if i >= blocks:
                 out.append(plan_error(plan, here, "E0607", f"block {i} does not exist: the model has {blocks} "
-                                      f"blocks (0..{blocks - 1})"))
+                                      f"blocks (0..{blocks - 1})", axis=AXIS, rule="pipeline_split.layout"))
                 break
             if i in covered:
                 where = plan.span(f"layout {covered[i]}")
                 out.append(plan_error(plan, here, "E0607", f"block {i} is placed twice",
                                       label=f"also at {where}" if where else f"also in stage {covered[i]}",
-                                      help="stages hold disjoint ranges of blocks"))
+                                      help="stages hold disjoint ranges of blocks",
+                                      axis=AXIS, rule="pipeline_split.layout"))
                 break
             covered[i] = k
     missing = [i for i in range(blocks) if i not in covered]
     if missing and not out:
         out.append(plan_error(plan, last, "E0607", f"block{'s' if len(missing) > 1 else ''} "
                               f"{', '.join(map(str, missing[:5]))} {'are' if len(missing) > 1 else 'is'} in no stage",
-                              help=f"the stages must cover blocks 0..{blocks - 1}"))
+                              help=f"the stages must cover blocks 0..{blocks - 1}",
+                              axis=AXIS, rule="pipeline_split.layout"))
     if [a for a, _ in layout] != sorted(a for a, _ in layout):
         out.append(plan_error(plan, first, "E0607", "stages must hold the blocks in order",
-                              help="a pipeline runs stage 0's blocks first: list the ranges in increasing order"))
+                              help="a pipeline runs stage 0's blocks first: list the ranges in increasing order",
+                              axis=AXIS, rule="pipeline_split.layout"))
     return out

@@ -3,7 +3,8 @@
 One module per job:
 
     space.py   what is fixed and what is free; the candidates: mesh shapes, families, variants; `--fix`
-    prune.py   the pruned best-first run (`search`, `_Search`) and its eight pruning rules, each with why it is safe
+    result.py  what a run returns (Winner, Counts, Result), below prune and report
+    prune.py   the pruned best-first run (`search`, `Search`) and its eight pruning rules, each with why it is safe
                or what it may miss (its docstring)
     report.py  the reasons under each winner, the rejected-families lines, `text`, `to_json` and `scale_text`
                (the winner as a .scale file, printed by compiler/report/scale.py)
@@ -12,10 +13,11 @@ One module per job:
 """
 from __future__ import annotations
 
-from compiler.search.prune import Counts, Result, Winner, _Search, search
+from compiler.search.prune import Search, search
 from compiler.search.report import scale_text, text, to_json
+from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import (DP_MODES, FIX_KEYS, GRAD_SYNCS, ORDER, RECOMPUTE, SCHEDULES, FixError, Space,
                                    parse_fixes)
 
 __all__ = ["Counts", "DP_MODES", "FIX_KEYS", "FixError", "GRAD_SYNCS", "ORDER", "RECOMPUTE", "Result", "SCHEDULES",
-           "Space", "Winner", "_Search", "parse_fixes", "scale_text", "search", "text", "to_json"]
+           "Search", "Space", "Winner", "parse_fixes", "scale_text", "search", "text", "to_json"]

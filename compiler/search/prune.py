@@ -49,61 +49,22 @@ import heapq
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from compiler import plan as P
 from compiler import spec as S
+from compiler.rules import per_shape
+from compiler.rules.tensor_parallel import VOCAB
 from compiler.search import report as R
-from compiler.search.space import ORDER, Space, _family, _group, _variant
+from compiler.search.result import Counts, Result, Winner
+from compiler.search.space import ORDER, Space, family_of, group_of, variant_of
 
-# -- results --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Winner:
-    plan: P.Plan            # decided (stage layout, tp and ep decisions)
-    prediction: object      # cost.step_time.Prediction (exact)
-    estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
-    reasons: tuple          # one short line each, from the figures
-    dispatch: str | None = None  # "grouped" where the search changed the file's dropless padded `moe` layers
-
-    @property
-    def peak_bytes(self) -> float:
-        return self.estimate.peak_bytes
+# The report's family keys -> the axis (Diagnostic.axis) whose refusals are that key's own: a refusal by a rule of
+# another of these axes is another key's; one of no axis (the whole mesh's rules) is every key's.
+OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
 
 
-@dataclass
-class Counts:
-    space: int = 0          # candidates the enumeration describes (families × dp shardings × recomputations)
-    families: int = 0       # families enumerated (shape, sequence parallelism, micro-batch size, schedule)
-    family_rules: int = 0   # of which refused by a rule before costing
-    bounded_families: int = 0   # of which given a lower bound
-    expanded: int = 0       # families whose variants were costed (the others pruned by their bound)
-    checked: int = 0        # variants checked by the rules
-    passed: int = 0         # of which the rules accepted
-    costed: int = 0         # of which memory was estimated
-    fitting: int = 0        # of which fit the device
-    bounded: int = 0        # of which got a step-time lower bound
-    exact: int = 0          # of which were simulated exactly
-    structures: int = 0     # pass structures traced and compiled (compiler/candidates.py)
-
-    def as_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Result:
-    spec: S.Spec
-    winners: list
-    rejected: list          # one line per rejected family
-    counts: Counts
-    seconds: float
-    fixed: dict
-    timing: dict = field(default_factory=dict)   # phase -> seconds
-    headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
-
-
-class _Search:
+class Search:
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
@@ -175,11 +136,11 @@ class _Search:
 
     def _cp_shape_refused(self, sizes: dict, groups: list) -> tuple:
         """Under cp, the refusals that hold for every group of a mesh shape with one attention variant
-        (compiler/rules/context_parallel.py SHAPE_CODES: they read cp's size, seq_len, the model's layers, compile
+        (compiler/rules/context_parallel.py SHAPE_RULES: they read cp's size, seq_len, the model's layers, compile
         and the variant, none of what tells those groups apart), checked on one plan per variant: those groups'
         families counted as refused by them at once (the bulk of a long-context search's space is cp shapes a
         short-sequence model or a compiled plan cannot take). Returns (the groups left, the candidates refused)."""
-        from compiler.rules.context_parallel import SHAPE_CODES
+        from compiler.rules.context_parallel import SHAPE_RULES
         by_variant: dict = {}
         for g in groups:
             by_variant.setdefault(g.context_parallel, []).append(g)
@@ -187,7 +148,7 @@ class _Search:
         for variant, gs in by_variant.items():
             make, ms = gs[0]
             probe = make(ms[0])
-            shape = [d for d in self.cands.requires(probe) if d.code in SHAPE_CODES]
+            shape = [d for d in self.cands.requires(probe) if d.rule in SHAPE_RULES]
             if not shape:
                 left += gs
                 continue
@@ -206,8 +167,9 @@ class _Search:
                 for k in keys]
 
     def _refused(self, plan, problems, times: int = 1):
-        """Count each refusal against the family it belongs to: a tensor-parallel code against the tp value, a
-        pipeline code against pp and the schedule, an expert code against ep, any other against all. Deferred
+        """Count each refusal against the family it belongs to (its axis, Diagnostic.axis): a tensor-parallel rule's
+        against the tp value, a pipeline rule's against pp and the schedule, an expert rule's against ep, a context
+        rule's against cp and its variant, any other against all. Deferred
         (`_count_refusals`): a search refuses hundreds of thousands of families with a few shared lists of problems
         (the rules' memo), so each distinct (family keys, problems) is counted once, `times` summed."""
         self._pending_add(self._stat_keys(plan), problems, times)
@@ -225,11 +187,10 @@ class _Search:
         self._pending.clear()
 
     def _count_refused(self, keys, problems, times: int):
-        own = {"tp": "E04", "pp": "E06", "schedule": "E06", "ep": "E07", "cp": "E031", "context_parallel": "E031"}
+        owned = set(OWN.values())
         stats = self._stats_of(keys)
         for (a, _), st in zip(keys, stats):
-            mine = [d for d in problems if d.code.startswith(own[a])
-                    or not any(d.code.startswith(o) for o in own.values())]
+            mine = [d for d in problems if d.axis == OWN[a] or d.axis not in owned]
             for d in mine[:1] or problems[:1]:
                 st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
 
@@ -237,32 +198,32 @@ class _Search:
 
     def _legal(self, plan):
         problems = self.cands.requires(plan)
-        if problems and not plan.pad_vocab and all(d.code == "E0403" for d in problems):
+        if problems and not plan.pad_vocab and all(d.rule == VOCAB for d in problems):
             padded = P.evolve(plan, pad_vocab=True)
             if not self.cands.requires(padded):
                 return padded, []
         return plan, problems
 
     def _family_legal(self, plan, memo):
-        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads: a
-        tensor-parallel code (E04xx: tp, sequence parallelism, tp_layers, pad_vocab, seq_len), a pipeline code
-        that does not read the micro-batches (E0601, E0604, E0605: pp, schedule, virtual stages), an expert code
-        (E07xx: ep, dp, sequence parallelism, data_parallel). The rules themselves are only ever called."""
-        keys = {"E04": (plan.size("tp"), plan.sequence_parallel, plan.pad_vocab),
-                "E06": (plan.size("pp"), plan.schedule, plan.virtual_stages),
-                "E07": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel),
-                # the context-parallel codes (E031x): cp, its variant and the settings they say cp is not built with
-                "E031": (plan.size("cp"), plan.context_parallel, plan.size("tp"), plan.size("pp"), plan.size("ep"),
-                         plan.size("dp") > 1, plan.data_parallel, plan.recompute, plan.compile)}
-        for prefix, k in keys.items():
-            got = memo.get((prefix, k))
+        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads
+        (rules.per_shape, by the refusal's axis): a tensor-parallel rule's (tp, sequence parallelism, tp_layers,
+        pad_vocab, seq_len), a pipeline rule's that does not read the micro-batches (pipeline_split.PER_SHAPE: pp,
+        schedule, virtual stages), an expert rule's (ep, dp, sequence parallelism, data_parallel). The rules
+        themselves are only ever called."""
+        keys = {"tp": (plan.size("tp"), plan.sequence_parallel, plan.pad_vocab),
+                "pp": (plan.size("pp"), plan.schedule, plan.virtual_stages),
+                "ep": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel),
+                # cp's rules (and packed documents'): cp, its variant and the settings they say cp is not built with
+                "cp": (plan.size("cp"), plan.context_parallel, plan.size("tp"), plan.size("pp"), plan.size("ep"),
+                       plan.size("dp") > 1, plan.data_parallel, plan.recompute, plan.compile)}
+        for axis, k in keys.items():
+            got = memo.get((axis, k))
             if got is not None:
                 return plan, got
         plan, problems = self._legal(plan)
         for d in problems:
-            prefix = d.code[:4] if d.code.startswith("E031") else d.code[:3]
-            if prefix in ("E04", "E07", "E031") or d.code in ("E0601", "E0604", "E0605"):
-                memo.setdefault((prefix, keys[prefix]), []).append(d)
+            if per_shape(d):
+                memo.setdefault((d.axis, keys[d.axis]), []).append(d)
         return plan, problems
 
     # -- the lower bound of a family -------------------------------------------------------------------------
@@ -308,7 +269,7 @@ class _Search:
     def _key(self, plan):
         if self.all_axes_fixed:
             return (plan.axes, plan.micro_batch_size, plan.schedule, plan.virtual_stages, plan.data_parallel,
-                    plan.recompute, plan.sequence_parallel, _variant(plan)[1])
+                    plan.recompute, plan.sequence_parallel, variant_of(plan)[1])
         return plan.axes
 
     def threshold(self, key=None) -> float:
@@ -349,7 +310,7 @@ class _Search:
         est = self.cands.estimate(decided)
         self.counts.costed += 1
         peak = est.peak_bytes
-        self.peaks.setdefault(_family(plan), {})[(mode, rc)] = peak
+        self.peaks.setdefault(family_of(plan), {})[(mode, rc)] = peak
         worst = max(est.memory, key=lambda r: r.peak)
         for st in stats:
             st["passed"] += 1
@@ -369,12 +330,12 @@ class _Search:
         modes = self.modes(plan0)
         rcs = self.space.recomputes()
         key = self._key(plan0)
-        tried = self.family_log.setdefault(_family(plan0), [])
+        tried = self.family_log.setdefault(family_of(plan0), [])
         cache: dict = {}
         fits = lambda got: got is not None and got[1].peak_bytes <= self.limit  # noqa: E731
         # rule 8: the group's smallest micro-batches first; when its most frugal variant does not fit, no
         # micro-batch size of the group does
-        g = _group(plan0)
+        g = group_of(plan0)
         if plan0.micro_batch_size >= self.group_fails.get(g, math.inf):
             return tried  # rule 8: a smaller micro-batch of the group did not fit
         if g not in self.group_fits:
@@ -460,10 +421,9 @@ class _Search:
         seen_structures = set()
         from compiler.candidates import structure
         memo: dict = {}
-        whole = ("E04", "E07", "E031", "E0601", "E0604", "E0605")  # refusals the micro-batch count does not change
         for make, ms in groups:
             first, problems = self._family_legal(make(ms[0]), memo)
-            if problems and any(d.code.startswith(whole) for d in problems):
+            if problems and any(per_shape(d) for d in problems):  # refusals the micro-batch count does not change
                 self.counts.family_rules += len(ms)
                 self._refused(first, problems, len(ms))
                 continue
@@ -481,7 +441,7 @@ class _Search:
                 decided = self.cands.decide(plan)
                 seen_structures.add(structure(decided))
                 lb = self.busy(decided, fill=True)
-                self.group_rep.setdefault(_group(plan), plan)  # ms: most micro-batches first
+                self.group_rep.setdefault(group_of(plan), plan)  # ms: most micro-batches first
                 self.counts.bounded_families += 1
                 bounded.append((lb, len(bounded), plan))
         self.counts.structures = len(seen_structures)
@@ -523,13 +483,13 @@ def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, he
     dispatch = fixed.pop("dispatch", None)
     grouped = grouped_dispatch(spec) if dispatch != "padded" else None
     if grouped is None:
-        result = _Search(spec, top, fixed, cands, headroom).run()
+        result = Search(spec, top, fixed, cands, headroom).run()
     elif dispatch == "grouped":
-        result = _Search(grouped, top, fixed, None, headroom).run()
+        result = Search(grouped, top, fixed, None, headroom).run()
         result.winners = [replace(w, dispatch="grouped") for w in result.winners]
     else:
-        result = _merge(_Search(spec, top, fixed, cands, headroom).run(),
-                        _Search(grouped, top, fixed, None, headroom).run(), top, _every_axis_fixed(fixed, spec))
+        result = _merge(Search(spec, top, fixed, cands, headroom).run(),
+                        Search(grouped, top, fixed, None, headroom).run(), top, _every_axis_fixed(fixed, spec))
     if dispatch is not None:
         result.fixed = {**result.fixed, "dispatch": dispatch}
     return result

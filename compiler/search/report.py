@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from compiler.report import scale as scale_printer
 from compiler.report.units import nbytes, seconds
-from compiler.search.space import ORDER, RECOMPUTE, _divisors, _family, _variant
+from compiler.search.space import ORDER, RECOMPUTE, divisors_of, family_of, variant_of
 
 if TYPE_CHECKING:
     from compiler import spec as S
-    from compiler.search.prune import Result, Winner
+    from compiler.search.result import Result, Winner
 
 # -- the lines of the run: reasons of each winner, the families rejected, why `--fix` leaves none --------------
 
@@ -36,7 +36,7 @@ def unsatisfiable(space, cluster) -> list:
         shown = " × ".join(f"{a}={n}" for a, n in axes.items()) + (f" = {prod}" if len(axes) > 1 else "")
         out.append(f"{shown} does not divide the {space.world} devices ({m.nodes} node{'s' if m.nodes != 1 else ''}"
                    f" × {m.devices_per_node}): the axes multiply to the device count; sizes that divide it: "
-                   + ", ".join(map(str, _divisors(space.world))))
+                   + ", ".join(map(str, divisors_of(space.world))))
     if f.get("ep", 1) > 1 and not space.moe:
         out.append(f"ep={f['ep']}: the model has no `moe` layer to shard over ep (E0704)")
     if out:
@@ -62,7 +62,7 @@ def unsatisfiable(space, cluster) -> list:
 def reasons(s, d, est, pred, best_t) -> list:
     """The short lines under a winner: how far from the best, where each axis's traffic runs and what it exposes,
     what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
-    `s` is the run (compiler/search/prune.py's _Search), as for `rejected`."""
+    `s` is the run (compiler/search/prune.py's Search), as for `rejected`."""
     from compiler.cost.step_time import links
     lk = links(d, s.device)
     out = []
@@ -92,10 +92,10 @@ def reasons(s, d, est, pred, best_t) -> list:
     if dpn > 1:
         dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep", "dp×cp"))
         out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
-    tried = s.family_log.get(_family(d), [])
+    tried = s.family_log.get(family_of(d), [])
     peak = est.peak_bytes
     if d.recompute != "none":
-        less = [p for mode, rc, p, _, _ in tried if mode == _variant(d) and rc != d.recompute
+        less = [p for mode, rc, p, _, _ in tried if mode == variant_of(d) and rc != d.recompute
                 and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
         if less:
             out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
@@ -111,12 +111,12 @@ def reasons(s, d, est, pred, best_t) -> list:
                 out.append(f"{d.data_parallel}: ddp at least {b / pred.step_time_s:.2f}× its step time")
     if d.data_parallel in ("zero2", "fsdp") and d.size("dp") > 1 and d.micro_batches > 1 and d.size("pp") == 1:
         # fsdp_grad_sync: the other choice of when the reduce-scatters run, as costed
-        mine = _variant(d)
+        mine = variant_of(d)
         other = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == mine[0] and mode != mine
                  and rc == d.recompute]
         what = ("reduce-scatter every micro-batch" if mine[1] == "micro_batch" else
                 "reduce-scatter once per step")
-        costed = s.peaks.get(_family(d), {})
+        costed = s.peaks.get(family_of(d), {})
         if not other and any(m0 == mine[0] and m1 != mine[1] and rc == d.recompute for (m0, m1), rc in costed):
             other = [(p, None, None) for ((m0, m1), rc), p in costed.items()
                      if m0 == mine[0] and m1 != mine[1] and rc == d.recompute]

@@ -82,23 +82,23 @@ def parse_fixes(items) -> dict:
 # -- what identifies a plan's family, group and variant -------------------------------------------------------
 
 
-def _divisors(n: int) -> list:
+def divisors_of(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _group(plan) -> tuple:
+def group_of(plan) -> tuple:
     """What a family is without its micro-batch size."""
     # without pp a step of one micro-batch holds no accumulated gradient at its peak: a group of its own
     return (plan.axes, plan.schedule, plan.virtual_stages, plan.sequence_parallel, plan.pad_vocab,
             plan.size("pp") == 1 and plan.micro_batches == 1, plan.context_parallel)
 
 
-def _variant(plan) -> tuple:
+def variant_of(plan) -> tuple:
     """(data_parallel, fsdp_grad_sync) of a plan, as Space.modes names its dp variants."""
     return (plan.data_parallel, plan.fsdp_grad_sync)
 
 
-def _family(plan) -> tuple:
+def family_of(plan) -> tuple:
     return (plan.axes, plan.micro_batches, plan.schedule, plan.virtual_stages, plan.sequence_parallel,
             plan.context_parallel)
 
@@ -134,10 +134,10 @@ class Space:
         """Every (pp, dp, cp, ep, tp) of the world size, respecting `--fix`. Every cp size is enumerated; which
         combinations are built is the rules' to say (compiler/rules/context_parallel.py), never this loop's."""
         f = self.fixed
-        eps = _divisors(self.world) if self.moe else [1]
-        for tp in _divisors(self.world):
-            for pp in _divisors(self.world // tp):
-                for cp in _divisors(self.world // (tp * pp)):
+        eps = divisors_of(self.world) if self.moe else [1]
+        for tp in divisors_of(self.world):
+            for pp in divisors_of(self.world // tp):
+                for cp in divisors_of(self.world // (tp * pp)):
                     for ep in eps:
                         if (self.world // (tp * pp * cp)) % ep:
                             continue
@@ -155,7 +155,7 @@ class Space:
         per_rank = self.base.global_batch // (dp * ep) if self.base.global_batch % (dp * ep) == 0 else 0
         sps = [f["sequence_parallel"]] if "sequence_parallel" in f else ([True, False] if tp > 1 else [False])
         ms = []
-        for b in (_divisors(per_rank) if per_rank else [1]):
+        for b in (divisors_of(per_rank) if per_rank else [1]):
             m = per_rank // b if per_rank else 1
             if f.get("micro_batch_size", b) == b and f.get("micro_batches", m) == m:
                 ms.append(m)

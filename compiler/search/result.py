@@ -1,0 +1,52 @@
+"""What a run of `scalec search` returns (compiler/search/prune.py runs it, compiler/search/report.py words it): the
+winners, the counts of what was enumerated, refused and costed, and the times. Data only, below both."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compiler import plan as P
+from compiler import spec as S
+
+
+@dataclass(frozen=True)
+class Winner:
+    plan: P.Plan            # decided (stage layout, tp and ep decisions)
+    prediction: object      # cost.step_time.Prediction (exact)
+    estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
+    reasons: tuple          # one short line each, from the figures
+    dispatch: str | None = None  # "grouped" where the search changed the file's dropless padded `moe` layers
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.estimate.peak_bytes
+
+
+@dataclass
+class Counts:
+    space: int = 0          # candidates the enumeration describes (families × dp shardings × recomputations)
+    families: int = 0       # families enumerated (shape, sequence parallelism, micro-batch size, schedule)
+    family_rules: int = 0   # of which refused by a rule before costing
+    bounded_families: int = 0   # of which given a lower bound
+    expanded: int = 0       # families whose variants were costed (the others pruned by their bound)
+    checked: int = 0        # variants checked by the rules
+    passed: int = 0         # of which the rules accepted
+    costed: int = 0         # of which memory was estimated
+    fitting: int = 0        # of which fit the device
+    bounded: int = 0        # of which got a step-time lower bound
+    exact: int = 0          # of which were simulated exactly
+    structures: int = 0     # pass structures traced and compiled (compiler/candidates.py)
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Result:
+    spec: S.Spec
+    winners: list
+    rejected: list          # one line per rejected family
+    counts: Counts
+    seconds: float
+    fixed: dict
+    timing: dict = field(default_factory=dict)   # phase -> seconds
+    headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
