@@ -24,7 +24,7 @@ ALLOWED = {
     "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
     "compiler/passes/context_parallel.py": "inserts runtime.collectives' gathers and runtime.context_parallel's "
                                            "positions, rotation and attention into the graph",
-    "compiler/ops.py": "one record per op the program calls, keyed by the runtime's leaves and autograd Functions "
+    "compiler/ops/": "one record per op the program calls, keyed by the runtime's leaves and autograd Functions "
                        "(collectives, MoE, rotary) themselves",
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",

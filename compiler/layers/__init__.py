@@ -1,5 +1,5 @@
 """The layer vocabulary: one module per layer kind, each holding everything the compiler knows of that kind but its
-op records (compiler/ops.py):
+op records (compiler/ops/):
 
   SCHEMA     its arguments as `.scale` writes them: name -> binder.Param (type, default, doc), per keyword
   SPEC       its resolved class (frozen dataclass; compiler/spec.py imports them for the Spec's readers)
