@@ -7,6 +7,10 @@ module itself) are the kind's own module, the vocabulary (compiler/layers/__init
 for the Spec's readers, and the places below, each with the kinds it may name and why. A file that starts naming a
 kind fails here until it is added with its reason; an entry that no longer names its kinds fails too. (A sliding
 window touched 7 compiler files, MLA 8: the list says which of those places still must.)
+
+The scan reads references, not strings: a kind's keyword doubles as an op's name (`embedding`, `layernorm`,
+`cross_entropy`), a tp region's (`attention`, `mlp`), a leaf's (`lm_head`) or a setting's value (`residual`), so
+what a file knows of a kind is the kind's class or module it reaches.
 """
 from __future__ import annotations
 
