@@ -1,7 +1,7 @@
 """The keys the compiler's graphs carry in `node.meta` and `GraphModule.meta`, and what each holds.
 
 compiler/trace.py sets them (and re-exports them: `T.SHAPE`), the passes add theirs, and the op records
-(compiler/ops.py), the cost model and codegen read them. Plain strings in a module that imports nothing, so that
+(compiler/ops/), the cost model and codegen read them. Plain strings in a module that imports nothing, so that
 ops.py and cost/ can name a key without importing the tracer (which imports ops.py: that would be a circle).
 
 node.meta keys:

@@ -16,311 +16,25 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import re
 import textwrap
-from dataclasses import dataclass, field
 
 from compiler.diagnostics import Diagnostic, ScaleError, Span
 from compiler.importer_deepseek import DEEPSEEK_TYPES, DeepseekLayout
 from compiler.importer_gemma import GEMMA_TYPES, GemmaLayout
-from compiler.importer_moe import DISPATCH, DISPATCH_NOTE
+from compiler.importer_json import BadJson, Json, parse
+from compiler.importer_keys import ARCHITECTURES, DEFAULTS, IRRELEVANT, NOT_YET, USED
+from compiler.importer_text import TextWriter, fmt
 
-# architectures[0] -> model_type, the model's name in the output
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3", "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-                 "Qwen3MoeForCausalLM": "qwen3_moe", "Gemma2ForCausalLM": "gemma2",
-                 "Gemma3ForCausalLM": "gemma3_text", "DeepseekV2ForCausalLM": "deepseek_v2",
-                 "DeepseekV3ForCausalLM": "deepseek_v3"}
-
-# Architectures people fine-tune that `scalec import` cannot write yet, with what the language lacks for each (read
-# from transformers' modeling files of each family): a refusal names the real blocker, not only "unknown".
-NOT_YET = {
-    "GemmaForCausalLM": ("gemma", "the importer's map of the first Gemma's layout (its pieces are in the language: "
-                         "`rmsnorm(..., zero_centered = true)`, `embedding(..., scaled = true)`, `act = geglu`, "
-                         "`head_dim`; write the model section by hand, or import a Gemma 2 or Gemma 3 config)"),
-    "Gemma3ForConditionalGeneration": ("gemma3", "a vision tower (SigLIP) and its projector beside the language "
-                                       "model (its language model alone imports as Gemma3ForCausalLM: "
-                                       "text_config, model_type gemma3_text)"),
-}
-
-# transformers' defaults for the keys that shape the model (its LlamaConfig(), MistralConfig(), Qwen2Config(),
-# Qwen3Config(), Phi3Config(), MixtralConfig(), Qwen2MoeConfig(), Qwen3MoeConfig(), transformers 4.3x-5.x); None for
-# num_key_value_heads means "= num_attention_heads", for head_dim "= hidden_size / num_attention_heads".
-_COMMON_DEFAULTS = dict(hidden_act="silu", num_key_value_heads=None, head_dim=None, attention_dropout=0.0,
-                        tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None)
-DEFAULTS = {
-    "llama": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=2048,
-                  attention_bias=False, mlp_bias=False),
-    "mistral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                    max_position_embeddings=131072, sliding_window=4096),
-    "qwen2": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
-                  num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=32768,
-                  use_sliding_window=False, sliding_window=4096, max_window_layers=28),
-    "qwen3": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=4096, intermediate_size=22016,
-                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
-                  max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
-                  sliding_window=4096, max_window_layers=28),
-    # Phi3Config: no window unless the file has one (Phi-3-mini-4k's is 2047); partial_rotary_factor is 1 (every
-    # dimension turned) unless given, at the top level or in rope_parameters
-    "phi3": dict(_COMMON_DEFAULTS, vocab_size=32064, hidden_size=3072, intermediate_size=8192,
-                 num_hidden_layers=32, num_attention_heads=32, max_position_embeddings=4096,
-                 original_max_position_embeddings=4096, rms_norm_eps=1e-5, sliding_window=None, resid_pdrop=0.0,
-                 embd_pdrop=0.0),
-    "mixtral": dict(_COMMON_DEFAULTS, vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                    max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=1e6, sliding_window=None,
-                    num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
-                    router_jitter_noise=0.0, output_router_logits=False),
-    "qwen2_moe": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=5632,
-                      num_hidden_layers=24, num_attention_heads=16, max_position_embeddings=32768,
-                      use_sliding_window=False, qkv_bias=True, decoder_sparse_step=1, mlp_only_layers=[],
-                      moe_intermediate_size=1408, shared_expert_intermediate_size=5632, num_experts=60,
-                      num_experts_per_tok=4, norm_topk_prob=False, router_aux_loss_coef=0.001,
-                      output_router_logits=False),
-    # Qwen3MoeConfig has no head_dim of its own: its attention reads hidden_size / heads when the file has none
-    "qwen3_moe": dict(_COMMON_DEFAULTS, vocab_size=151936, hidden_size=2048, intermediate_size=6144,
-                      num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
-                      max_position_embeddings=32768, attention_bias=False, use_sliding_window=False,
-                      decoder_sparse_step=1, mlp_only_layers=[], moe_intermediate_size=768, num_experts=128,
-                      num_experts_per_tok=8, norm_topk_prob=False, router_aux_loss_coef=0.001,
-                      output_router_logits=False),
-    # Gemma 2 and Gemma 3 (text): compiler/importer_gemma.py; rope_theta: Gemma 3's full layers' base
-    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                   num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
-                   max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=10000.0,
-                   rope_scaling=None, attention_bias=False, attention_dropout=0.0, query_pre_attn_scalar=256,
-                   sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
-    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072, rms_norm_eps=1e-6,
-                        tie_word_embeddings=True, rope_theta=1e6, rope_scaling=None, rope_local_base_freq=10000.0,
-                        attention_bias=False, attention_dropout=0.0, query_pre_attn_scalar=256, sliding_window=4096,
-                        final_logit_softcapping=None, attn_logit_softcapping=None,
-                        use_bidirectional_attention=False),
-    # DeepSeek: compiler/importer_deepseek.py (head_dim is qk_rope_head_dim there, checked, not defaulted)
-    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
-                        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
-                        n_routed_experts=256, routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4,
-                        num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, hidden_act="silu",
-                        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                        rope_theta=10000.0, rope_scaling=None, rope_interleave=True, attention_bias=False,
-                        attention_dropout=0.0, output_router_logits=False),
-    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, moe_intermediate_size=1407,
-                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=None, n_shared_experts=2,
-                        n_routed_experts=64, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=None, topk_group=None,
-                        num_experts_per_tok=None, first_k_dense_replace=0, norm_topk_prob=False,
-                        topk_method="greedy", hidden_act="silu", max_position_embeddings=2048, rms_norm_eps=1e-6,
-                        tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
-                        attention_dropout=0.0, mlp_bias=False, output_router_logits=False),
-}
-
-# Keys the output uses (or checks), per architecture. Each appears in a comment of the line that uses it.
-_COMMON_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-                "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
-                "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
-                "rope_theta", "rope_scaling", "rope_parameters")
-USED = {"llama": _COMMON_USED + ("attention_bias", "mlp_bias"),
-        "mistral": _COMMON_USED + ("sliding_window",),
-        "qwen2": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
-        "qwen3": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
-                                 "layer_types"),
-        # attention_bias: transformers' Phi3Config has none (its attention never has biases), the released files
-        # say false; original_max_position_embeddings is read by longrope scaling only
-        "phi3": _COMMON_USED + ("attention_bias", "sliding_window", "original_max_position_embeddings",
-                                "partial_rotary_factor", "resid_pdrop", "embd_pdrop"),
-        "mixtral": _COMMON_USED + ("sliding_window", "num_local_experts", "num_experts_per_tok",
-                                   "router_aux_loss_coef", "router_jitter_noise", "output_router_logits"),
-        "qwen2_moe": _COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
-                                     "qkv_bias", "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
-                                     "shared_expert_intermediate_size", "num_experts", "num_experts_per_tok",
-                                     "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
-        # the released configs say num_experts; transformers 5's Qwen3MoeConfig writes it as num_local_experts
-        "qwen3_moe": _COMMON_USED + ("attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
-                                     "decoder_sparse_step", "mlp_only_layers", "moe_intermediate_size",
-                                     "num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob",
-                                     "router_aux_loss_coef", "output_router_logits")}
-
-_GEMMA_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_activation", "hidden_act",
-               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "rope_theta", "rope_scaling",
-               "rope_parameters", "attention_bias", "attention_dropout", "query_pre_attn_scalar", "sliding_window",
-               "layer_types", "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention")
-# DeepSeek: transformers' keys, and those of DeepSeek's own code its released files carry (moe_layer_freq,
-# scoring_func, topk_method for V3, aux_loss_alpha, seq_aux)
-_DEEPSEEK_USED = ("architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
-                  "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "qk_head_dim",
-                  "hidden_act", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings", "attention_dropout",
-                  "attention_bias", "rope_theta", "rope_scaling", "rope_parameters", "q_lora_rank", "kv_lora_rank",
-                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "first_k_dense_replace", "moe_layer_freq",
-                  "n_routed_experts", "n_shared_experts", "moe_intermediate_size", "num_experts_per_tok", "n_group",
-                  "topk_group", "routed_scaling_factor", "norm_topk_prob", "scoring_func", "topk_method",
-                  "aux_loss_alpha", "seq_aux", "output_router_logits")
-USED.update(deepseek_v3=_DEEPSEEK_USED + ("rope_interleave", "num_nextn_predict_layers", "quantization_config"),
-            deepseek_v2=_DEEPSEEK_USED + ("mlp_bias",))
-# transformers 5 writes Gemma 3's period as `_sliding_window_pattern` beside the layer_types it made from it
-USED.update(gemma2=_GEMMA_USED, gemma3_text=_GEMMA_USED + ("rope_local_base_freq", "sliding_window_pattern",
-                                                          "_sliding_window_pattern"))
-
-# Keys that do not change the architecture being trained, with the reason.
-IRRELEVANT = {
-    "_name_or_path": "where transformers loaded the file from",
-    "transformers_version": "the version of transformers that wrote the file",
-    "torch_dtype": "the dtype the weights were saved in; the train section's `precision` sets the training dtype",
-    "dtype": "the dtype the weights were saved in (transformers 5's name for torch_dtype); see `precision`",
-    "bos_token_id": "a token id of the tokenizer, used when generating text",
-    "eos_token_id": "a token id of the tokenizer, used when generating text",
-    "pad_token_id": "a token id of the tokenizer, used when batching text for generation",
-    "use_cache": "the key/value cache of generation (inference only)",
-    "cache_implementation": "how generation caches keys and values (Gemma's hybrid cache: the sliding layers' cut "
-                            "at the window); inference only",
-    "initializer_range": "the standard deviation of transformers' random initialization; scalec initializes with "
-                         "its own scheme (or loads the checkpoint's weights)",
-    "pretraining_tp": "Llama's forward splits its matmuls in this many pieces to reproduce the pretraining's "
-                      "rounding; the same function (its parallelism is the plan's `tp`)",
-    "output_attentions": "returns the attention weights from the forward (inspection only)",
-    "output_hidden_states": "returns every layer's output from the forward (inspection only)",
-    "return_dict": "the Python type of the forward's outputs",
-    "id2label": "labels of a classification head, which a causal LM does not have",
-    "label2id": "labels of a classification head, which a causal LM does not have",
-    "problem_type": "the loss of a classification head, which a causal LM does not have",
-    "chunk_size_feed_forward": "0 for these models: transformers does not chunk their MLP",
-    "is_encoder_decoder": "false for these decoder-only models",
-    "tokenizer_class": "the tokenizer, not the model",
-    "ep_size": "the expert-parallel degree of DeepSeek's own inference code; the plan's `ep` sets ours",
-    "auto_map": "the repository's own modeling code, which transformers runs only with trust_remote_code; the "
-                "architecture imported is transformers' built-in class `architectures` names",
-}
+__all__ = ("ARCHITECTURES", "DEFAULTS", "IRRELEVANT", "NOT_YET", "USED", "complete", "import_config")
 
 # values a key must have to be expressible (the key is then used: it appears in a comment)
 _LLAMA3_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
+class _Importer(TextWriter):
+    """The reading of a config's keys and its mapping, family by family (Llama, Mistral, Qwen 2/3, Phi-3,
+    Mixtral, Qwen-MoE); the text is compiler/importer_text.py's."""
 
-@dataclass
-class _Json:
-    """A parsed JSON document with the offsets of every key: path -> (key start, key end, value start, value end)."""
-
-    text: str
-    value: object = None
-    where: dict = field(default_factory=dict)
-    duplicates: list = field(default_factory=list)
-
-    def span(self, path: tuple, value: bool = False) -> Span | None:
-        """The key at `path` (with `value`, the key through its value when both are on one line)."""
-        if path not in self.where:
-            return None
-        ks, ke, vs, ve = self.where[path]
-        end = ve if value and "\n" not in self.text[ks:ve] else ke
-        return Span(self.path, *self._pos(ks), *self._pos(end))
-
-    def start(self) -> Span:
-        """The document's first character (its opening brace): where a diagnostic about an absent key points."""
-        line, col = self._pos(_WS.match(self.text).end())
-        return Span(self.path, line, col, line, col + 1)
-
-    def _pos(self, offset: int) -> tuple[int, int]:
-        line = self.text.count("\n", 0, offset) + 1
-        return line, offset - (self.text.rfind("\n", 0, offset) + 1) + 1
-
-    path: str = ""
-
-
-class _BadJson(Exception):
-    def __init__(self, offset: int, message: str):
-        super().__init__(message)
-        self.offset, self.message = offset, message
-
-
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def _parse(text: str, path: str) -> _Json:
-    """JSON as `json.loads` reads it, and where each object key (and array element) is: json's hooks give no
-    positions, so objects and arrays are walked here and scalars left to json's own scanner."""
-    doc = _Json(text=text, path=path)
-    decoder = json.JSONDecoder()
-
-    def ws(i: int) -> int:
-        return _WS.match(text, i).end()
-
-    def value(i: int, at: tuple):
-        if i >= len(text):
-            raise _BadJson(i, "the text ends where a value was expected")
-        if text[i] == "{":
-            obj: dict = {}
-            i = ws(i + 1)
-            if text.startswith("}", i):
-                return obj, i + 1
-            while True:
-                if not text.startswith('"', i):
-                    raise _BadJson(i, "expected a key in double quotes")
-                try:
-                    key, kend = json.decoder.scanstring(text, i + 1)
-                except json.JSONDecodeError as e:
-                    raise _BadJson(e.pos, e.msg) from None
-                kstart, i = i, ws(kend)
-                if not text.startswith(":", i):
-                    raise _BadJson(i, "expected `:` after the key")
-                vstart = ws(i + 1)
-                v, vend = value(vstart, at + (key,))
-                if key in obj:
-                    doc.duplicates.append((at + (key,), (kstart, kend, vstart, vend)))
-                else:
-                    doc.where[at + (key,)] = (kstart, kend, vstart, vend)
-                obj[key] = v
-                i = ws(vend)
-                if text.startswith(",", i):
-                    i = ws(i + 1)
-                    continue
-                if text.startswith("}", i):
-                    return obj, i + 1
-                raise _BadJson(i, "expected `,` or `}`")
-        if text[i] == "[":
-            arr: list = []
-            i = ws(i + 1)
-            if text.startswith("]", i):
-                return arr, i + 1
-            while True:
-                vstart = i
-                v, i = value(i, at + (len(arr),))
-                doc.where[at + (len(arr),)] = (vstart, i, vstart, i)
-                arr.append(v)
-                i = ws(i)
-                if text.startswith(",", i):
-                    i = ws(i + 1)
-                    continue
-                if text.startswith("]", i):
-                    return arr, i + 1
-                raise _BadJson(i, "expected `,` or `]`")
-        try:
-            return decoder.raw_decode(text, i)
-        except json.JSONDecodeError as e:
-            raise _BadJson(e.pos, e.msg) from None
-
-    try:
-        doc.value, end = value(ws(0), ())
-    except RecursionError:
-        raise _BadJson(0, "nested too deeply") from None
-    end = ws(end)
-    if end != len(text):
-        raise _BadJson(end, "extra text after the JSON value")
-    return doc
-
-
-def _fmt(x) -> str:
-    """A number as the .scale grammar reads it back exactly (repr of a float round-trips)."""
-    if isinstance(x, bool):
-        return "true" if x else "false"
-    if isinstance(x, int):
-        return str(x)
-    return repr(float(x))
-
-
-class _Importer:
-    def __init__(self, doc: _Json, arch: str, model_type: str):
+    def __init__(self, doc: Json, arch: str, model_type: str):
         self.doc, self.cfg, self.arch, self.type = doc, doc.value, arch, model_type
         self.defaults = DEFAULTS[model_type]
         self.diags: list[Diagnostic] = []
@@ -373,7 +87,7 @@ class _Importer:
 
     # -- the mapping ----------------------------------------------------------------------------------------------
 
-    fmt = staticmethod(_fmt)
+    fmt = staticmethod(fmt)
 
     def unknown_keys(self) -> None:
         """E0953 at each key neither used for this architecture nor irrelevant to training it; E0102 at each key
@@ -389,9 +103,9 @@ class _Importer:
                            "remove it if it does not (known keys: compiler/importer.py USED and IRRELEVANT)")
         for path, where in self.doc.duplicates:
             ks, ke, vs, ve = where
-            line, col = self.doc._pos(ks)
+            line, col = self.doc.position(ks)
             self.diags.append(Diagnostic("E0102", f"key `{path[-1]}` is written twice", Span(
-                self.doc.path, line, col, *self.doc._pos(ke)), label="written again here",
+                self.doc.path, line, col, *self.doc.position(ke)), label="written again here",
                 help="JSON readers keep the last one silently; keep one"))
 
     def header(self) -> list[str]:
@@ -676,172 +390,6 @@ class _Importer:
             return None
         return theta, (*vals, orig), theta_src, where
 
-    # -- the text -------------------------------------------------------------------------------------------------
-
-    def emit(self, sizes, kv, eps, tied, rope, attn_bias, mlp_bias, moe, head_dim=None, window=None) -> str:
-        s = self.src
-        h, n = sizes["hidden_size"], sizes["num_attention_heads"]
-        # a head dimension of its own is written only where it is not hidden / heads (Mistral-Nemo, Qwen3-0.6B)
-        own = head_dim is not None and (h % n or head_dim != h // n)
-        rows: list[tuple[str, str]] = []  # (code, comment)
-        qmoe = self.type in ("qwen2_moe", "qwen3_moe")  # experts of their own width (Qwen2-MoE's: a shared one)
-        phi = self.type == "phi3"  # Phi-3: Llama's block, the checkpoint's q/k/v and gate/up fused
-        rows += [(f"vocab    = {sizes['vocab_size']}", s("vocab_size")),
-                 (f"hidden   = {sizes['hidden_size']}", s("hidden_size")),
-                 (f"ffn      = {moe[3] if qmoe else sizes['intermediate_size']}",
-                  s("moe_intermediate_size" if qmoe else "intermediate_size") + (" (each expert's)" if moe else ""))]
-        if self.type == "qwen2_moe":
-            rows += [(f"shared   = {moe[4]}", s("shared_expert_intermediate_size") + " (the shared expert's)")]
-        rows += [
-                 (f"heads    = {sizes['num_attention_heads']}",
-                  s("num_attention_heads") + ("" if own else
-                                              f"; head_dim = hidden / heads = {h // n}"
-                                              + (" (head_dim)" if "head_dim" in self.cfg else ""))),
-                 *([(f"head_dim = {head_dim}", s("head_dim") + f"; not hidden / heads = {h} / {n}")]
-                   if own else []),
-                 (f"kv_heads = {kv}", s("num_key_value_heads") if self.cfg.get("num_key_value_heads") is not None
-                  else "num_key_value_heads absent or null: = num_attention_heads"),
-                 (f"layers   = {sizes['num_hidden_layers']}", s("num_hidden_layers")),
-                 (f"seq      = {sizes['max_position_embeddings']}",
-                  s("max_position_embeddings") + " (train's seq_len may be shorter)" +
-                  (f"; {s('original_max_position_embeddings')}: read by longrope scaling only, which this model "
-                   "has not" if phi else ""))]
-        if window is not None:
-            rows += [(f"window   = {window}", s("sliding_window") + ": each query sees itself and the window - 1 "
-                      "tokens before it")]
-        if moe:
-            rows += [(f"experts  = {moe[0]}", s(self.experts_key() if qmoe else "num_local_experts"))]
-        rows += [("", "")]
-        rows += [("embedding(vocab, hidden)", "model.embed_tokens" + (f"; {s('embd_pdrop')} 0: no dropout" if phi
-                                                                       else ""))]
-        rows += [("repeat layers {", "model.layers: num_hidden_layers decoder layers")]
-        resid = (f"{s('resid_pdrop')} 0: no dropout on the residual branch" if phi else "")
-        rows += [("  residual {", resid)]
-        rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "input_layernorm: " + s("rms_norm_eps"))]
-        theta, llama3, theta_src, scaling_src = rope
-        bias_src = {"llama": s("attention_bias") + " (q, k, v, o)",
-                    "qwen3": s("attention_bias") + " (q, k, v, o)",
-                    "qwen3_moe": s("attention_bias") + " (q, k, v, o)",
-                    "qwen2": "Qwen 2: biases on q, k, v, none on o",
-                    "mistral": "Mistral: no biases", "mixtral": "Mixtral: no biases",
-                    "phi3": "Phi-3: no biases" + ("; attention_bias false" if "attention_bias" in self.cfg else ""),
-                    "qwen2_moe": s("qkv_bias") + (": biases on q, k, v, none on o" if qmoe and moe[6] else
-                                                  ": no biases")}[self.type]
-        bias = ("bias = false, qkv_bias = true" if self.type == "qwen2" or (qmoe and moe[6])
-                else f"bias = {_fmt(attn_bias)}")
-        attn = [("    attention(hidden, heads, kv_heads = kv_heads,",
-                 "self_attn" + (" (the checkpoint's qkv_proj: q rows, then k, then v)" if phi else "") +
-                 ": causal, grouped-query"),
-                (f"              {bias},", bias_src)]
-        if own:
-            attn += [("              head_dim = head_dim,", "q, k, v: heads · head_dim wide; o back to hidden")]
-        if window is not None:
-            attn += [("              window = window,", "sliding-window attention, transformers' mask: "
-                      "0 <= q_idx - kv_idx < window")]
-        if self.type in ("qwen3", "qwen3_moe"):
-            attn += [(f"              qk_norm = rmsnorm, qk_norm_eps = {_fmt(eps)},",
-                      "self_attn.q_norm, k_norm: RMSNorm over each head's head_dim; " + s("rms_norm_eps"))]
-        attn += [(f"              rope_theta = {_fmt(theta)}" + ("," if llama3 else ")"),
-                  theta_src + "; rotary, Hugging Face's rotate-half layout" + self.rotary_src())]
-        rope_row = len(attn) - 1
-        if llama3:
-            f, lo, hi, orig = llama3
-            pad = " " * len("              rope_scaling = llama3(")
-            attn += [(f"              rope_scaling = llama3(factor = {_fmt(f)},",
-                      f"{scaling_src}.factor; rope_type llama3"),
-                     (f"{pad}low_freq_factor = {_fmt(lo)},", f"{scaling_src}.low_freq_factor"),
-                     (f"{pad}high_freq_factor = {_fmt(hi)},", f"{scaling_src}.high_freq_factor"),
-                     (f"{pad}original_seq = {orig}))", f"{scaling_src}.original_max_position_embeddings")]
-        attn[0] = (attn[0][0], "; ".join(x for x in (attn[0][1] + (" within the window" if window is not None
-                                                                       else " over the whole sequence"),
-                                                          self.window_src(window), self.dropout_src()) if x))
-        if "rope_scaling" in self.cfg and self.cfg["rope_scaling"] is None:
-            attn[rope_row] = (attn[rope_row][0], attn[rope_row][1] + "; rope_scaling null")
-        rows += attn
-        rows += [("  }", "")]
-        rows += [("  residual {", resid)]
-        rows += [(f"    rmsnorm(hidden, eps = {_fmt(eps)})", "post_attention_layernorm: " + s("rms_norm_eps"))]
-        if qmoe:  # Qwen-MoE: Qwen2-MoE's has a sigmoid-gated shared expert, Qwen3-MoE's none
-            experts, top_k, aux, _, _, norm, _ = moe
-            shared = self.type == "qwen2_moe"
-            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
-                      f"mlp: {s('num_experts_per_tok')}; dropless, as transformers routes; "
-                      f"{s('hidden_act')} gating = swiglu; {s('decoder_sparse_step')} 1 and "
-                      f"{s('mlp_only_layers')} empty: a mixture in every layer" + ("" if shared else
-                                                                                   ", no shared expert")),
-                     DISPATCH_ROW,
-                     (f"        renormalize = {_fmt(norm)}, aux_loss = {_fmt(aux)}" + ("," if shared else ")"),
-                      f"mlp.gate: {s('norm_topk_prob')}; {s('router_aux_loss_coef')} (see the note above the "
-                      "model)")]
-            if shared:
-                rows += [("        shared_ffn = shared, shared_gate = sigmoid)",
-                          "mlp.shared_expert (silu-gated) and mlp.shared_expert_gate: sigmoid(x · w) per token")]
-        elif moe:
-            experts, top_k, aux = moe
-            rows += [(f"    moe(hidden, ffn, experts, top_k = {top_k}, capacity_factor = none, act = swiglu,",
-                      f"block_sparse_moe: {s('num_experts_per_tok')}; dropless, as transformers routes; "
-                      f"{s('hidden_act')} gating = swiglu"),
-                     DISPATCH_ROW,
-                     (f"        aux_loss = {_fmt(aux)})",
-                      f"{s('router_aux_loss_coef')} (see the note above the model); "
-                      f"{s('router_jitter_noise')} = 0")]
-        else:
-            mb = _fmt(mlp_bias) if self.type == "llama" else "false"
-            rows += [(f"    mlp(hidden, ffn, act = swiglu, bias = {mb})",
-                      f"mlp: {s('hidden_act')} gating = swiglu" +
-                      (f"; {s('mlp_bias')}" if self.type == "llama" else "; no biases") +
-                      ("; the checkpoint's gate_up_proj: gate rows, then up rows" if phi else ""))]
-        rows += [("  }", ""), ("}", "")]
-        rows += [(f"rmsnorm(hidden, eps = {_fmt(eps)})", "model.norm: " + s("rms_norm_eps"))]
-        rows += [(f"lm_head(vocab, hidden, tied = {_fmt(tied)})", "lm_head: " + s("tie_word_embeddings"))]
-        rows += [("cross_entropy", "the causal LM's loss: next-token cross entropy")]
-        width = max(len(c) for c, _ in rows) + 2
-        body = [("  " + (c.ljust(width) + f"# {m}" if m else c)).rstrip() for c, m in rows]
-        head = self.header()
-        if qmoe:
-            family = "Qwen2-MoE" if self.type == "qwen2_moe" else "Qwen3-MoE"
-            head += textwrap.wrap(f"{self.src('intermediate_size')} is the width of {family}'s dense MLP layers, "
-                                  "of which this model has none.", 114, initial_indent="# ", subsequent_indent="# ")
-        if self.type in ("mixtral", "qwen2_moe", "qwen3_moe"):
-            note = ("The router: softmax over the experts, top-k, gates renormalised over the k choices, as in "
-                    "transformers. " if not qmoe else "The router: softmax over the experts, top-k, the gates "
-                    "renormalised over the k choices or not (renormalize), as in transformers. ") + (
-                    "The load-balancing loss differs: transformers adds router_aux_loss_coef × one "
-                    "loss only when output_router_logits is true (here "
-                    f"{json.dumps(self.get('output_router_logits'))}), pooling every layer's and sequence's tokens, "
-                    "its expert fractions summing to k; .scale adds aux_loss × each moe layer's own loss, per "
-                    "sequence, fractions summing to 1, summed over the layers.")
-            head += textwrap.wrap(note, 114, initial_indent="# ", subsequent_indent="# ")
-        named = " and ".join(k for k in ("architectures", "model_type") if k in self.cfg)
-        return "\n".join(head + [f"model {self.type} {{  # {named}"] + body + ["}"]) + "\n"
-
-    def window_src(self, window=None) -> str:
-        """The keys that say attention is over the whole sequence, or within the window."""
-        if self.type in ("mistral", "mixtral", "phi3"):
-            return f"{self.src('sliding_window')} null" if window is None else ""
-        if self.type in ("qwen2", "qwen3") and window is not None:
-            if "layer_types" in self.cfg:  # transformers reads the list, not max_window_layers
-                return "; ".join([f"{self.src('use_sliding_window')} true", "layer_types all sliding_attention"] +
-                                 (["max_window_layers unused"] if "max_window_layers" in self.cfg else []))
-            return f"{self.src('use_sliding_window')} true; {self.src('max_window_layers')} 0: every layer windowed"
-        if self.type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-            unused = [k for k in ("sliding_window", "max_window_layers") if k in self.cfg]
-            return "; ".join([f"{self.src('use_sliding_window')} false"] +
-                             ([", ".join(unused) + " unused"] if unused else []) +
-                             (["layer_types all full_attention"] if "layer_types" in self.cfg else []))
-        return ""
-
-    def rotary_src(self) -> str:
-        """Phi-3's partial_rotary_factor, where the file gives it (1: every dimension of each head turned)."""
-        given = [k for k, d in (("partial_rotary_factor", self.cfg),
-                                ("rope_parameters.partial_rotary_factor", self.cfg.get("rope_parameters")))
-                 if isinstance(d, dict) and k.split(".")[-1] in d]
-        return "".join(f"; {k} 1.0: every dimension" for k in given) if self.type == "phi3" else ""
-
-    def dropout_src(self) -> str:
-        return (f"attention_dropout = {json.dumps(self.cfg['attention_dropout'])}" if "attention_dropout" in self.cfg
-                else "attention_dropout (absent: 0.0)")
-
 
 def _not_yet(arch: str, at: Span) -> Diagnostic:
     """The refusal of an architecture the language cannot write yet, naming what it lacks."""
@@ -852,7 +400,7 @@ def _not_yet(arch: str, at: Span) -> Diagnostic:
                            "or wait for those layers")
 
 
-def _architecture(doc: _Json) -> tuple[str, str] | Diagnostic:
+def _architecture(doc: Json) -> tuple[str, str] | Diagnostic:
     cfg = doc.value
     names = ", ".join(ARCHITECTURES)
     archs = cfg.get("architectures")
@@ -896,10 +444,10 @@ def import_config(text: str, path: str) -> str:
     """The `.scale` model section equivalent to the config.json `text` (read from `path`, which diagnostics
     name); raises ScaleError with every problem found, each located at its JSON key."""
     try:
-        doc = _parse(text, path)
-    except _BadJson as e:
-        probe = _Json(text=text, path=path)
-        line, col = probe._pos(min(e.offset, len(text)))
+        doc = parse(text, path)
+    except BadJson as e:
+        probe = Json(text=text, path=path)
+        line, col = probe.position(min(e.offset, len(text)))
         raise ScaleError([Diagnostic("E0951", f"not valid JSON: {e.message}", Span(path, line, col, line, col + 1),
                                      label="the reader stopped here",
                                      help="a Hugging Face config.json is one JSON object")], {path: text}) from None
@@ -920,9 +468,6 @@ def import_config(text: str, path: str) -> str:
 
 
 # Every imported mixture is dropless (transformers routes every choice): sorted by expert, not padded to a slot per
-# token (issue 37: padded, each expert computes every token's slot, and `search` avoids ep for it).
-DISPATCH_ROW = (f"        {DISPATCH},", DISPATCH_NOTE)
-
 PLACEHOLDER = """
 # Placeholder cluster and training settings, to replace with yours (`scalec search` finds a plan for a cluster).
 mesh {

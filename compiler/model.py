@@ -7,6 +7,10 @@ a `runtime.layers.Repeat` of identical blocks; the block is traced once, whateve
 
 While building, each leaf records the symbolic shape of its parameters (sympy expressions of the user's sizes), and
 the forward code marks which .scale layer each traced operation comes from (see compiler/trace.py).
+
+This module is the model's frame: the embeddings, the head and the loss by their roles, `residual` and `repeat`. A
+layer of the body is built by its kind's own builder (compiler/layers/<kind>.py `build`), through the Segment's
+construction helpers (`number`, `leaf`, `linear`, `residual_out`, `spec`).
 """
 from __future__ import annotations
 
@@ -20,17 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compiler import layers as L
 from compiler import spec as S
 from compiler.diagnostics import Span
-# Packed documents (runtime/packed.py), traced as calls like the ones below
-from runtime.packed import attention as packed_attention, cross_entropy as packed_cross_entropy, \
-    positions as packed_positions, rotate as packed_rotate
-from runtime.attention import latent, sliding_window, softcapped
-from runtime.rotary import rotate
-from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
-# Traced as calls (compiler/trace.py wraps them): the router's data-dependent choices never reach Python control
-# flow, and the emitted program calls the same functions.
-from runtime.moe import Experts, ExpertBias, combine, dispatch, route, sort_tokens, unsort_combine
+# Packed documents (runtime/packed.py), traced as calls (compiler/trace.py wraps them)
+from runtime.packed import cross_entropy as packed_cross_entropy, positions as packed_positions
+from runtime.layers import Bias, Repeat
 
 # The .scale layer being run while tracing; compiler/trace.py copies it into node.meta.
 CURRENT_LAYER: contextvars.ContextVar = contextvars.ContextVar("scalec_layer", default=None)
@@ -71,18 +70,32 @@ class Segment(nn.Module):
         self.spans: dict[str, Span] = {}
         self.residual_out: list[str] = []  # linears writing into the residual stream (GPT-2 scales their init)
 
-    # -- construction helpers -----------------------------------------------------------------------------------
+    # -- construction helpers (the layer kinds' builders call them) ---------------------------------------------
 
-    def _n(self, expr) -> int:
+    @property
+    def spec(self) -> S.Spec:
+        """The resolved specification the segment is built from."""
+        return self._spec
+
+    def number(self, expr) -> int:
+        """The number a size expression takes under the spec's sizes."""
         return int(self._spec.value(expr))
 
-    def _leaf(self, name: str, module: nn.Module, shapes: dict[str, tuple], span: Span) -> str:
+    def leaf(self, name: str, module: nn.Module, shapes: dict[str, tuple], span: Span) -> str:
+        """Add leaf module `module` as child `name`, recording its parameters' symbolic shapes (parameter name ->
+        shape as sympy expressions; a parameter the module lacks, such as an absent bias, is skipped) and the span
+        of its .scale layer."""
         self.add_module(name, module.to(self._device))
         for pname, shape in shapes.items():
             if getattr(module, pname, None) is not None:
                 self.param_shapes[f"{name}.{pname}"] = tuple(sympy.sympify(d) for d in shape)
         self.spans[name] = span
         return name
+
+    def linear(self, name: str, d_in, d_out, bias: bool, span: Span) -> str:
+        """A linear leaf from `d_in` to `d_out` (size expressions)."""
+        mod = nn.Linear(self.number(d_in), self.number(d_out), bias=bias)
+        return self.leaf(name, mod, {"weight": (d_out, d_in), "bias": (d_out,)}, span)
 
     def _name(self, base: str, total: int) -> str:
         self._counts[base] = self._counts.get(base, 0) + 1
@@ -92,189 +105,13 @@ class Segment(nn.Module):
         return tuple(self._step(x, totals) for x in layers)
 
     def _step(self, x, totals) -> _Step:
-        match x:
-            case S.Residual(body=body):
-                inner = self._steps(body, totals)
-                return _Step(x, lambda seg, h, inner=inner: h + seg._run(inner, h), inner)
-            case S.Norm(kind=kind, hidden=h, eps=eps):
-                n = self._n(h)
-                mod = (nn.LayerNorm(n, eps=eps) if kind == "layernorm" else
-                       ZeroCenteredRMSNorm(n, eps=eps) if x.zero_centered else nn.RMSNorm(n, eps=eps))
-                name = self._leaf(self._name("norm", totals["norm"]), mod, {"weight": (h,), "bias": (h,)}, x.span)
-                return _Step(x, lambda seg, t, name=name: getattr(seg, name)(t))
-            case S.Attention():
-                return self._attention(x, self._name("attn", totals["attn"]))
-            case S.MLA():
-                return self._mla(x, self._name("attn", totals["attn"]))
-            case S.MLP():
-                return self._mlp(x, self._name("mlp", totals["mlp"]))
-            case S.MoE():
-                return self._moe(x, self._name("moe", totals["moe"]))
-        raise AssertionError(f"no step for {type(x).__name__}")
-
-    def _linear(self, name: str, d_in, d_out, bias: bool, span: Span) -> str:
-        mod = nn.Linear(self._n(d_in), self._n(d_out), bias=bias)
-        return self._leaf(name, mod, {"weight": (d_out, d_in), "bias": (d_out,)}, span)
-
-    def _attention(self, a: S.Attention, p: str) -> _Step:
-        hd = a.head_width  # D: hidden / heads unless the attention gives its heads their own width
-        head_dim = self._n(hd)
-        qkv_bias = a.bias if a.qkv_bias is None else a.qkv_bias
-        q = self._linear(f"{p}_q", a.hidden, a.heads * hd, qkv_bias, a.span)
-        k = self._linear(f"{p}_k", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
-        v = self._linear(f"{p}_v", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
-        o = self._linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
-        self.residual_out.append(o)
-        qn = kn = None
-        if a.qk_norm != "none":  # one scale of D, shared by every head (Qwen 3's q_norm, k_norm; Gemma 3's (1 + w))
-            norm = ZeroCenteredRMSNorm if a.qk_norm == "zero_centered_rmsnorm" else nn.RMSNorm
-            qn, kn = (self._leaf(f"{p}_{w}_norm", norm(head_dim, eps=a.qk_norm_eps), {"weight": (hd,)}, a.span)
-                      for w in ("q", "k"))
-        gqa = self._n(a.kv_heads) != self._n(a.heads)
-        theta, scaling = a.rope_theta, a.rope_scaling
-        # A window at least as long as the sequences masks nothing the causal mask keeps (check's W0207): the plain
-        # causal kernel, so the program is the one without it.
-        window = None if a.window is None or self._n(a.window) >= self._n(self._spec.train.seq_len) \
-            else self._n(a.window)
-        # Scores over √query_scale instead of √D (Gemma): written into the call only where it differs from D.
-        scale = {} if a.query_scale is None or self._n(a.query_scale) == head_dim else \
-            {"scale": self._n(a.query_scale) ** -0.5}
-        softcap = a.softcap
-        # Packed documents (runtime/packed.py): block-diagonal causal attention, rotary positions restarting at each
-        # document; windows and soft caps are refused with them (compiler/rules/packed.py).
-        packed = self._spec.train.data.document_separator is not None
-
-        def heads(seg, x_BSH, linear, norm):
-            # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
-            t_BSHD = getattr(seg, linear)(x_BSH).unflatten(-1, (-1, head_dim))
-            if norm is not None:
-                t_BSHD = getattr(seg, norm)(t_BSHD)
-            return t_BSHD.transpose(1, 2)
-
-        def run(seg, x_BSH):
-            q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
-            if theta:
-                q_BHSD, k_BKSD = (packed_rotate if packed else rotate)(q_BHSD, k_BKSD, theta, scaling)
-            if packed:
-                y_BHSD = packed_attention(q_BHSD, k_BKSD, v_BKSD, gqa, **scale)
-            elif softcap is not None:  # scores capped before the mask and softmax (one traced call: runtime/attention.py)
-                y_BHSD = softcapped(q_BHSD, k_BKSD, v_BKSD, softcap, window, gqa, **scale)
-            elif window is None:
-                y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa,
-                                                        **scale)
-            else:  # the token itself and the window - 1 before it (one traced call: runtime/attention.py)
-                y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa, **scale)
-            return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
-        return _Step(a, run)
-
-    def _mla(self, a: S.MLA, p: str) -> _Step:
-        """Multi-head latent attention (compiler/layers/mla.py): leaves `{p}_qa`, `{p}_qa_norm`, `{p}_qb` (or `{p}_q`),
-        `{p}_kva`, `{p}_kva_norm`, `{p}_kvb`, `{p}_o`, Hugging Face's q_a_proj, q_a_layernorm, q_b_proj (q_proj),
-        kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj; the heads' attention one traced call
-        (runtime.attention.latent)."""
-        nope, rope, vd = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
-        q_width, kv_width = self._n(nope + rope), self._n(nope + vd)
-        if a.q_lora_rank is None:
-            q = self._linear(f"{p}_q", a.hidden, a.heads * (nope + rope), False, a.span)
-            qa = qn = None
-        else:
-            qa = self._linear(f"{p}_qa", a.hidden, a.q_lora_rank, False, a.span)
-            qn = self._leaf(f"{p}_qa_norm", nn.RMSNorm(self._n(a.q_lora_rank), eps=a.norm_eps),
-                            {"weight": (a.q_lora_rank,)}, a.span)
-            q = self._linear(f"{p}_qb", a.q_lora_rank, a.heads * (nope + rope), False, a.span)
-        kva = self._linear(f"{p}_kva", a.hidden, a.kv_lora_rank + rope, False, a.span)
-        kvn = self._leaf(f"{p}_kva_norm", nn.RMSNorm(self._n(a.kv_lora_rank), eps=a.norm_eps),
-                         {"weight": (a.kv_lora_rank,)}, a.span)
-        kvb = self._linear(f"{p}_kvb", a.kv_lora_rank, a.heads * (nope + vd), False, a.span)
-        o = self._linear(f"{p}_o", a.heads * vd, a.hidden, False, a.span)
-        self.residual_out.append(o)
-        n_nope, n_rope, rank = self._n(nope), self._n(rope), self._n(a.kv_lora_rank)
-        theta, interleaved = a.rope_theta, a.rope_interleave
-        kw = ({} if interleaved else {"interleaved": False}) | ({} if a.rope_scaling is None else
-                                                                {"scaling": a.rope_scaling})
-
-        def run(seg, x_BSH):
-            h_BSX = x_BSH if qa is None else getattr(seg, qn)(getattr(seg, qa)(x_BSH))
-            q_BHSQ = getattr(seg, q)(h_BSX).unflatten(-1, (-1, q_width)).transpose(1, 2)
-            c_BSL, kr_BSR = getattr(seg, kva)(x_BSH).split([rank, n_rope], dim=-1)
-            kv_BHSW = getattr(seg, kvb)(getattr(seg, kvn)(c_BSL)).unflatten(-1, (-1, kv_width)).transpose(1, 2)
-            y_BHSV = latent(q_BHSQ, kv_BHSW, kr_BSR, n_nope, theta, **kw)
-            return getattr(seg, o)(y_BHSV.transpose(1, 2).flatten(2))
-        return _Step(a, run)
-
-    def _mlp(self, m: S.MLP, p: str) -> _Step:
-        up = self._linear(f"{p}_up", m.hidden, m.ffn, m.bias, m.span)
-        if m.act in ("swiglu", "geglu"):
-            gate = self._linear(f"{p}_gate", m.hidden, m.ffn, m.bias, m.span)
-        down = self._linear(f"{p}_down", m.ffn, m.hidden, m.bias, m.span)
-        self.residual_out.append(down)
-
-        if m.act == "gelu":
-            def run(seg, x_BSH):
-                return getattr(seg, down)(F.gelu(getattr(seg, up)(x_BSH)))
-        elif m.act == "geglu":  # gelu's tanh approximation, as Gemma's gelu_pytorch_tanh
-            def run(seg, x_BSH):
-                return getattr(seg, down)(F.gelu(getattr(seg, gate)(x_BSH), approximate="tanh")
-                                          * getattr(seg, up)(x_BSH))
-        else:
-            def run(seg, x_BSH):
-                return getattr(seg, down)(F.silu(getattr(seg, gate)(x_BSH)) * getattr(seg, up)(x_BSH))
-        return _Step(m, run)
-
-    def _moe(self, m: S.MoE, p: str) -> _Step:
-        router = self._linear(f"{p}_router", m.hidden, m.experts, False, m.span)
-        shapes = {"w_up": (m.experts, m.hidden, m.ffn), "w_gate": (m.experts, m.hidden, m.ffn),
-                  "w_down": (m.experts, m.ffn, m.hidden)}
-        n_experts, capacity = self._n(m.experts), self._n(m.capacity)
-        experts = self._leaf(f"{p}_experts", Experts(n_experts, self._n(m.hidden), self._n(m.ffn), m.act), shapes,
-                             m.span)
-        top_k, aux, identity = m.top_k, m.aux_loss, m.dropped == "identity"
-        shared = self._shared_expert(m, p) if m.shared_ffn is not None else None
-        # written into the call only where it differs from route's default (renormalised when top_k > 1)
-        renorm = {} if m.renormalize is None or m.renormalize == (top_k > 1) else {"renormalize": m.renormalize}
-        # DeepSeek-V3's router, likewise written only where it is not Mixtral's
-        renorm.update({k: v for k, v, default in (("scoring", m.scoring, "softmax"), ("groups", m.groups, 1),
-                                                  ("topk_groups", m.topk_groups, 1),
-                                                  ("scale", m.routed_scale, 1.0)) if v != default})
-
-        # DeepSeek-V3's expert bias: a leaf holding it and the step's load, handed to the router by a call
-        bias = self._leaf(f"{p}_bias", ExpertBias(n_experts, m.bias_update), {}, m.span) if m.bias_update else None
-
-        if m.dispatch == "grouped":  # dropless without padding: capacity = seq, so route drops no choice
-            def run(seg, x_BSH):
-                kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
-                slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
-                rows_TH, counts_E = sort_tokens(x_BSH, slot_BSK, n_experts, capacity)
-                y_TH = getattr(seg, experts)(rows_TH, counts_E)
-                y_BSH = unsort_combine(y_TH, slot_BSK, gate_BSK, capacity)
-                return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
-            return _Step(m, run)
-
-        def run(seg, x_BSH):
-            kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
-            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
-            y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
-            # dropped = identity: combine also passes a dropped choice's token itself on.
-            y_BSH = combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))
-            return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
-        return _Step(m, run)
-
-    def _shared_expert(self, m: S.MoE, p: str) -> Callable:
-        """The shared expert: an MLP of width `shared_ffn` without biases, in the experts' act, that every token
-        passes through (leaves `{p}_shared_up`, `_gate`, `_down`, which tp shards as an MLP's), its output scaled per
-        token by sigmoid(x · w) under `shared_gate = sigmoid` (leaf `{p}_shared_sigmoid`, hidden → 1)."""
-        up = self._linear(f"{p}_shared_up", m.hidden, m.shared_ffn, False, m.span)
-        gate = self._linear(f"{p}_shared_gate", m.hidden, m.shared_ffn, False, m.span) if m.act == "swiglu" else None
-        down = self._linear(f"{p}_shared_down", m.shared_ffn, m.hidden, False, m.span)
-        self.residual_out.append(down)
-        weigh = self._linear(f"{p}_shared_sigmoid", m.hidden, 1, False, m.span) if m.shared_gate == "sigmoid" else None
-
-        def shared(seg, x_BSH):
-            h_BSF = getattr(seg, up)(x_BSH)
-            h_BSF = F.silu(getattr(seg, gate)(x_BSH)) * h_BSF if gate is not None else F.gelu(h_BSF)
-            y_BSH = getattr(seg, down)(h_BSF)
-            return y_BSH if weigh is None else torch.sigmoid(getattr(seg, weigh)(x_BSH)) * y_BSH
-        return shared
+        if isinstance(x, S.Residual):
+            inner = self._steps(x.body, totals)
+            return _Step(x, lambda seg, h, inner=inner: h + seg._run(inner, h), inner)
+        kind = L.of(x)
+        if not hasattr(kind, "build"):  # a kind of the model's frame (embedding, head, ...) or a nested repeat
+            raise AssertionError(f"no builder for {type(x).__name__} in the body (compiler/layers/)")
+        return _Step(x, kind.build(self, x, self._name(kind.LEAF, totals[kind.LEAF])))
 
     def _run(self, steps, x):
         for st in steps:
@@ -284,21 +121,16 @@ class Segment(nn.Module):
 
 
 def _totals(layers) -> dict[str, int]:
-    """How many leaves of each base name a segment will hold (to number them only when there are several)."""
-    counts = {"norm": 0, "attn": 0, "mlp": 0, "moe": 0}
+    """How many leaves of each base name (a kind's LEAF) a segment will hold (to number them only when there are
+    several)."""
+    counts: dict[str, int] = {}
 
     def walk(items):
         for x in items:
             if isinstance(x, S.Residual):
                 walk(x.body)
-            elif isinstance(x, S.Norm):
-                counts["norm"] += 1
-            elif isinstance(x, (S.Attention, S.MLA)):
-                counts["attn"] += 1
-            elif isinstance(x, S.MLP):
-                counts["mlp"] += 1
-            elif isinstance(x, S.MoE):
-                counts["moe"] += 1
+            elif hasattr(kind := L.of(x), "build"):  # None (a repeat) has no builder
+                counts[kind.LEAF] = counts.get(kind.LEAF, 0) + 1
     walk(layers)
     return counts
 
@@ -337,14 +169,14 @@ class ScaleModel(Segment):
         model = spec.model  # by role: embedding, positional, body, head, loss
         emb = model.embedding
         self._emb = emb
-        self._leaf("embed", _embedding(self._n(emb.vocab), self._n(emb.hidden)),
-                   {"weight": (emb.vocab, emb.hidden)}, emb.span)
-        self._emb_scale = _embedding_scale(self._n(emb.hidden), spec.train.precision) if emb.scaled else None
+        self.leaf("embed", _embedding(self.number(emb.vocab), self.number(emb.hidden)),
+                  {"weight": (emb.vocab, emb.hidden)}, emb.span)
+        self._emb_scale = _embedding_scale(self.number(emb.hidden), spec.train.precision) if emb.scaled else None
         self._pos = model.positional
         self._packed = spec.train.data.document_separator is not None
         if self._pos is not None:
-            self._leaf("pos", _embedding(self._n(self._pos.positions), self._n(self._pos.hidden)),
-                       {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
+            self.leaf("pos", _embedding(self.number(self._pos.positions), self.number(self._pos.hidden)),
+                      {"weight": (self._pos.positions, self._pos.hidden)}, self._pos.span)
         middle = list(model.body)
         totals = _totals([x for x in middle if not isinstance(x, S.Repeat)])
         self.repeats: list[tuple[str, S.Repeat]] = []
@@ -355,7 +187,7 @@ class ScaleModel(Segment):
                 first = Block(spec, x, device)
                 again = (_meta_copier(first) if torch.device(device).type == "meta"
                          else lambda x=x: Block(spec, x, device))
-                blocks = Repeat([first, *(again() for _ in range(self._n(x.count) - 1))])
+                blocks = Repeat([first, *(again() for _ in range(self.number(x.count) - 1))])
                 self.add_module(name, blocks)
                 self.spans[name] = x.span
                 self.repeats.append((name, x))
@@ -366,10 +198,10 @@ class ScaleModel(Segment):
         self._head = model.head
         self._loss = model.loss
         if not self._head.tied:
-            self._linear("lm_head", self._head.hidden, self._head.vocab, self._head.bias, self._head.span)
+            self.linear("lm_head", self._head.hidden, self._head.vocab, self._head.bias, self._head.span)
         elif self._head.bias:
-            self._leaf("lm_head_bias", Bias(self._n(self._head.vocab)), {"bias": (self._head.vocab,)},
-                       self._head.span)
+            self.leaf("lm_head_bias", Bias(self.number(self._head.vocab)), {"bias": (self._head.vocab,)},
+                      self._head.span)
 
     def has_moe(self) -> bool:
         return any(isinstance(x, S.MoE) for x in S.walk(self._spec.model.layers))

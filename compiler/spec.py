@@ -7,180 +7,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import sympy
-
 from compiler.diagnostics import Span
-from compiler.symbols import evaluate, size
+from compiler.layers.attention import Attention
+from compiler.layers.cross_entropy import CrossEntropy
+from compiler.layers.embedding import Embedding
+from compiler.layers.lm_head import LMHead
+from compiler.layers.mla import MLA
+from compiler.layers.mlp import MLP
+from compiler.layers.moe import MoE
+from compiler.layers.norm import Norm
+from compiler.layers.positional import Positional
+from compiler.layers.residual import Residual
+from compiler.symbols import Size, evaluate, size
 
-Size = sympy.Expr
+__all__ = ("Attention", "CrossEntropy", "Embedding", "LMHead", "MLA", "MLP", "MoE", "Norm", "Positional", "Residual",
+           "Repeat", "Size", "Model", "Device", "Mesh", "Optimizer", "LRSchedule", "Data", "Train", "Spec", "walk",
+           "axis_values")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Model layers. Each takes the residual stream of width `hidden` and returns one of the same width, except the
-# embedding (tokens in), the LM head (logits out) and the loss (a scalar out).
-
-
-@dataclass(frozen=True, kw_only=True)
-class Embedding:
-    """Token embedding: `vocab` rows of width `hidden`."""
-    vocab: Size
-    hidden: Size
-    span: Span
-    scaled: bool = False
-    """The looked-up rows are multiplied by √hidden, in the activations' dtype (Gemma's normalizer); the weight a
-    tied head reads is not."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Positional:
-    """Learned absolute position embedding, added to the token embedding."""
-    positions: Size
-    hidden: Size
-    span: Span
-
-
-@dataclass(frozen=True, kw_only=True)
-class Norm:
-    """LayerNorm (with bias) or RMSNorm (scale only) over the last dim."""
-    kind: str  # "layernorm" | "rmsnorm"
-    hidden: Size
-    eps: float
-    span: Span
-    zero_centered: bool = False
-    """RMSNorm scaled by (1 + weight), the weight starting at zero, computed in fp32 (Gemma's RMSNorm;
-    Megatron-Core's zero-centred gamma)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Attention:
-    """Causal multi-head self-attention; `kv_heads` < `heads` gives grouped-query attention."""
-    hidden: Size
-    heads: Size
-    kv_heads: Size
-    bias: bool
-    span: Span
-    qkv_bias: bool | None = None
-    """Biases on q, k and v (Qwen 2: true with `bias = false`); None: as `bias`."""
-    rope_theta: float = 0.0
-    """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
-    rope_scaling: tuple | None = None
-    """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq); linear scaling (every
-    frequency divided by factor, Gemma 3's global layers): (factor,); YaRN's: ("yarn", factor, original_seq,
-    beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate); or None."""
-    head_dim: Size | None = None
-    """Each head's width D (Qwen 3, Mistral-Nemo, Gemma: not hidden / heads); None: hidden / heads."""
-    qk_norm: str = "none"
-    """"rmsnorm": each head's query and key normalised over D before the rotation (Qwen 3, OLMo 2), one scale of D
-    shared by every head; "zero_centered_rmsnorm": the same scaled by (1 + weight) (Gemma 3); "none"."""
-    qk_norm_eps: float = 1e-6
-    """The q/k norm's epsilon (Qwen 3: its rms_norm_eps)."""
-    window: Size | None = None
-    """Sliding-window attention (Mistral 7B, Qwen 2's upper layers): each query sees itself and the window - 1
-    keys before it; None: every earlier key (full causal)."""
-    window_span: Span | None = field(default=None, compare=False, repr=False)
-    """Where `window` is written (a warning that it has no effect points there)."""
-    softcap: float | None = None
-    """Attention scores soft-capped to (-C, C) before the softmax, C·tanh(s / C) (Gemma 2's
-    attn_logit_softcapping); None: not capped."""
-    query_scale: Size | None = None
-    """Scores are q·k / √query_scale instead of / √D (Gemma's query_pre_attn_scalar); None: D."""
-
-    @property
-    def head_width(self):
-        """D: `head_dim` when written, else hidden / heads (the expression every model before head_dim had, so
-        their formulas and generated programs are unchanged)."""
-        return self.hidden / self.heads if self.head_dim is None else self.head_dim
-
-
-@dataclass(frozen=True, kw_only=True)
-class MLA:
-    """Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank bottleneck (q_a, its norm, q_b; or
-    one q projection without `q_lora_rank`), keys and values from a shared latent (kv_a to kv_lora_rank plus one
-    rotary key of qk_rope_head_dim shared by every head, the latent normed, then kv_b to heads × (qk_nope_head_dim +
-    v_head_dim)), causal attention scaled by 1/√(qk_nope_head_dim + qk_rope_head_dim), o from heads × v_head_dim."""
-    hidden: Size
-    heads: Size
-    kv_lora_rank: Size
-    qk_nope_head_dim: Size
-    qk_rope_head_dim: Size
-    v_head_dim: Size
-    span: Span
-    q_lora_rank: Size | None = None
-    """The queries' bottleneck (DeepSeek-V3: 1536); None: q projected from hidden directly (DeepSeek-V2-Lite)."""
-    rope_theta: float = 10000.0
-    """The rotary base of the shared key and each query's rotary part."""
-    rope_interleave: bool = True
-    """Rotary pairs are adjacent dimensions (2i, 2i + 1), as DeepSeek's weights lay them out (transformers'
-    rope_interleave); false: the halves (i, i + R/2)."""
-    norm_eps: float = 1e-6
-    """The epsilon of the q and kv latents' RMS norms."""
-    rope_scaling: tuple | None = None
-    """YaRN's scaling of the rotation, ("yarn", factor, original_seq, beta_fast, beta_slow, mscale, mscale_all_dim,
-    attention_factor, truncate) (runtime/rotary.py); None: unscaled."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MLP:
-    """Two-layer MLP: GELU (`up`, `down`), or gated, SwiGLU or GeGLU (`gate`, `up`, `down`)."""
-    hidden: Size
-    ffn: Size
-    act: str  # "gelu" | "swiglu" | "geglu" (gelu with tanh approximation of the gate, times up: Gemma)
-    bias: bool
-    span: Span
-
-
-@dataclass(frozen=True, kw_only=True)
-class MoE:
-    """Mixture of experts in place of an MLP: a router picks `top_k` of `experts` MLPs for each token; each expert
-    takes at most `capacity` tokens of each sequence, the others' choices are dropped."""
-    hidden: Size
-    ffn: Size
-    experts: Size
-    top_k: int
-    capacity_factor: float | str
-    """A multiple of a balanced share, or "none": dropless, capacity = seq (compiler/layers/moe.py DROPLESS)."""
-    act: str  # "gelu" | "swiglu"
-    aux_loss: float
-    """Weight of the auxiliary load-balancing loss (Switch/GShard); 0 turns it off."""
-    dropped: str
-    """`residual`: a dropped choice adds nothing, the token goes on through the enclosing residual (Switch);
-    `identity`: it adds the gate-weighted token itself."""
-    capacity: Size
-    """Slots per expert per sequence, a size symbol (`capacity`, `capacity_2`, ...) whose value the checker sets
-    from the sequence length: min(seq_len, ceil(capacity_factor · top_k · seq_len / experts))."""
-    span: Span
-    renormalize: bool | None = None
-    """Whether the gates of a token's top_k choices are renormalised to sum to 1 (else each is its softmax
-    probability over all the experts); None: as before the setting existed, renormalised when top_k > 1."""
-    capacity_span: Span | None = field(default=None, compare=False)
-    """Where `capacity_factor` is written (None when defaulted): what a warning on the capacity points at."""
-    shared_ffn: Size | None = None
-    """Inner width of the shared expert, an always-on MLP (the experts' act, no biases) whose output every token
-    adds to the routed experts' (Qwen-MoE, DeepSeekMoE); None: no shared expert."""
-    shared_gate: str = "none"
-    """`none`: the shared expert's output is added as is; `sigmoid`: scaled per token by sigmoid(x · w), w a
-    hidden-wide vector (Qwen2-MoE's shared_expert_gate)."""
-    scoring: str = "softmax"
-    """An expert's score: `softmax` over the experts, or `sigmoid` of its own logit (DeepSeek-V3)."""
-    groups: int = 1
-    """Group-limited routing (DeepSeek-V3's n_group): the experts cut into this many groups..."""
-    topk_groups: int = 1
-    """...of which a token chooses its experts within the best this many (a group's score: its two best experts')."""
-    routed_scale: float = 1.0
-    """The routed gates multiplied by it (DeepSeek-V3's routed_scaling_factor)."""
-    bias_update: float = 0.0
-    """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores a token chooses by, moved by this
-    much after each step against the step's load (runtime.moe.ExpertBias); 0: none."""
-    dispatch: str = "padded"
-    """Dropless routing's way to the experts: `padded`, every expert a buffer of `capacity` (= seq) slots per
-    sequence; `grouped`, the tokens sorted by expert, variable all-to-alls over ep, grouped matmuls (issue 25)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Residual:
-    """x + body(x)."""
-    body: tuple
-    span: Span
+# embedding (tokens in), the LM head (logits out) and the loss (a scalar out). Each kind's resolved class is its own
+# module's (compiler/layers/<kind>.py, with its schema and its builder), imported above for the Spec's readers;
+# `repeat` is the language's, not a layer kind.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,24 +37,6 @@ class Repeat:
     """`count` copies of `body` in sequence, each with its own weights (the transformer layers)."""
     count: Size
     body: tuple
-    span: Span
-
-
-@dataclass(frozen=True, kw_only=True)
-class LMHead:
-    """Projection to the vocabulary; `tied` reuses the token embedding's weight."""
-    vocab: Size
-    hidden: Size
-    tied: bool
-    bias: bool
-    span: Span
-    softcap: float | None = None
-    """Logits soft-capped to (-C, C), C·tanh(logits / C) (Gemma 2's final_logit_softcapping); None: not capped."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CrossEntropy:
-    """Mean next-token cross-entropy over all tokens of the batch."""
     span: Span
 
 

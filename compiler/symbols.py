@@ -10,6 +10,8 @@ import math
 
 import sympy
 
+Size = sympy.Expr  # a size: a sympy expression of the user's named sizes (compiler/spec.py, compiler/layers/)
+
 
 @functools.cache
 def size(name: str) -> sympy.Symbol:

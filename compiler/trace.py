@@ -2,7 +2,7 @@
 
 node.meta and GraphModule.meta keys: compiler/graph_meta.py (re-exported here: `T.SHAPE`).
 
-Shapes, FLOPs and dtypes are propagated by the rules of compiler/ops.py, one record per operation our layer
+Shapes, FLOPs and dtypes are propagated by the rules of compiler/ops/, one record per operation our layer
 vocabulary emits; an operation without a record is an error, so a new layer cannot silently drop out of the cost
 model.
 """
@@ -28,8 +28,9 @@ from runtime.layers import Repeat
 class _Tracer(fx.Tracer):
     def __init__(self):
         # MoE routing, dispatch and combine stay calls: their insides depend on the data, not on shapes. The rotary
-        # embedding stays one call too: the program reads `rotary.rotate(q, k, theta, scaling)` (compiler/ops.py:
-        # the records marked `wrapped`).
+        # embedding stays one call too: the program reads `rotary.rotate(q, k, theta, scaling)` (compiler/ops/:
+        # the records marked `wrapped`). Autowrap covers compiler/model.py's globals; the layer kinds' builders
+        # keep theirs whole with compiler/layers/calls.py `kept_whole`.
         super().__init__(autowrap_functions=ops.wrapped())
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:

@@ -13,15 +13,18 @@ import pytest
 ROOT = Path(__file__).parent.parent
 
 ALLOWED = {
-    "compiler/model.py": "builds the model from runtime.layers (Repeat, Bias) and runtime.moe (Experts, routing): "
-                         "the modules the generated program instantiates",
+    "compiler/model.py": "builds the model's frame from runtime.layers (Repeat, Bias) and runtime.packed: the modules "
+                         "and calls the generated program runs",
+    "compiler/layers/": "each kind's builder (inside `build`, the module torch-free for the checker) builds its layer "
+                        "from the runtime's modules and calls (runtime.layers, runtime.moe's Experts and routing, "
+                        "runtime.attention, runtime.rotary, runtime.packed): the code the generated program runs",
     "compiler/trace.py": "keeps the runtime's Repeat whole in the traced graph (the op records keep the other leaves)",
     "compiler/schedule.py": "re-exports runtime.schedule: the schedule the program executes is the one verified",
     "compiler/passes/tensor_parallel.py": "inserts calls to runtime.collectives into the graph",
     "compiler/passes/expert_parallel.py": "inserts runtime.moe's all-to-alls and shards its Experts",
     "compiler/passes/context_parallel.py": "inserts runtime.collectives' gathers and runtime.context_parallel's "
                                            "positions, rotation and attention into the graph",
-    "compiler/ops.py": "one record per op the program calls, keyed by the runtime's leaves and autograd Functions "
+    "compiler/ops/": "one record per op the program calls, keyed by the runtime's leaves and autograd Functions "
                        "(collectives, MoE, rotary) themselves",
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",

@@ -120,16 +120,16 @@ def test_every_rank_holds_exact_slices_of_the_single_device_weights(tp, vocab, t
 
 
 def _attention_with(monkeypatch, extra):
-    """The attention builder with `extra(q)` applied to the queries after their linear: an operation the tp pass
-    does not know, traced into the attention's graph like any of its own."""
+    """The attention builder (compiler/layers/attention.py `build`) with `extra(q)` applied to the queries after
+    their linear: an operation the tp pass does not know, traced into the attention's graph like any of its own."""
     import torch.nn.functional as F
-    from compiler import model as M
-    real = M.Segment._attention
+    from compiler.layers import attention as A
+    real = A.build
 
-    def patched(self, a, p):
-        step = real(self, a, p)
-        head_dim = self._n(a.hidden / a.heads)
-        gqa = self._n(a.kv_heads) != self._n(a.heads)
+    def patched(seg, a, p):
+        real(seg, a, p)  # its leaves
+        head_dim = seg.number(a.hidden / a.heads)
+        gqa = seg.number(a.kv_heads) != seg.number(a.heads)
 
         def run(seg, x_BSH):
             q_BHSD = extra(getattr(seg, f"{p}_q")(x_BSH)).unflatten(-1, (-1, head_dim)).transpose(1, 2)
@@ -137,8 +137,8 @@ def _attention_with(monkeypatch, extra):
             v_BKSD = getattr(seg, f"{p}_v")(x_BSH).unflatten(-1, (-1, head_dim)).transpose(1, 2)
             y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa)
             return getattr(seg, f"{p}_o")(y_BHSD.transpose(1, 2).flatten(2))
-        return M._Step(a, run)
-    monkeypatch.setattr(M.Segment, "_attention", patched)
+        return run
+    monkeypatch.setattr(A, "build", patched)
 
 
 def test_tp_fails_closed_on_an_op_it_does_not_know(monkeypatch, capsys):

@@ -83,7 +83,7 @@ def _ctor(mod: nn.Module) -> str:
     from compiler import ops
     op = ops.MODULES.get(type(mod))
     if op is None or op.render is None:
-        raise NotImplementedError(f"no constructor for {type(mod).__name__}: add its record's render in compiler/ops.py")
+        raise NotImplementedError(f"no constructor for {type(mod).__name__}: add its record's render in compiler/ops/modules.py")
     return op.render(mod)
 
 

@@ -10,10 +10,56 @@ Under tp its heads are split: q, k and v are column-parallel (heads/tp · D each
 scales are replicated, each rank's gradient covering only its heads (summed over tp)."""
 from __future__ import annotations
 
-from compiler import spec as S
-from compiler.binder import Param, arg_span, to_bool, call_of, one_of, divisors_near, to_float, to_size
+from dataclasses import dataclass, field
 
-SPEC = S.Attention
+from compiler.binder import Param, arg_span, to_bool, call_of, one_of, divisors_near, to_float, to_size
+from compiler.diagnostics import Span
+from compiler.symbols import Size
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """Causal multi-head self-attention; `kv_heads` < `heads` gives grouped-query attention."""
+    hidden: Size
+    heads: Size
+    kv_heads: Size
+    bias: bool
+    span: Span
+    qkv_bias: bool | None = None
+    """Biases on q, k and v (Qwen 2: true with `bias = false`); None: as `bias`."""
+    rope_theta: float = 0.0
+    """Rotary position embeddings' base (runtime/rotary.py); 0: none."""
+    rope_scaling: tuple | None = None
+    """Llama 3's frequency scaling: (factor, low_freq_factor, high_freq_factor, original_seq); linear scaling (every
+    frequency divided by factor, Gemma 3's global layers): (factor,); YaRN's: ("yarn", factor, original_seq,
+    beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate); or None."""
+    head_dim: Size | None = None
+    """Each head's width D (Qwen 3, Mistral-Nemo, Gemma: not hidden / heads); None: hidden / heads."""
+    qk_norm: str = "none"
+    """"rmsnorm": each head's query and key normalised over D before the rotation (Qwen 3, OLMo 2), one scale of D
+    shared by every head; "zero_centered_rmsnorm": the same scaled by (1 + weight) (Gemma 3); "none"."""
+    qk_norm_eps: float = 1e-6
+    """The q/k norm's epsilon (Qwen 3: its rms_norm_eps)."""
+    window: Size | None = None
+    """Sliding-window attention (Mistral 7B, Qwen 2's upper layers): each query sees itself and the window - 1
+    keys before it; None: every earlier key (full causal)."""
+    window_span: Span | None = field(default=None, compare=False, repr=False)
+    """Where `window` is written (a warning that it has no effect points there)."""
+    softcap: float | None = None
+    """Attention scores soft-capped to (-C, C) before the softmax, C·tanh(s / C) (Gemma 2's
+    attn_logit_softcapping); None: not capped."""
+    query_scale: Size | None = None
+    """Scores are q·k / √query_scale instead of / √D (Gemma's query_pre_attn_scalar); None: D."""
+
+    @property
+    def head_width(self):
+        """D: `head_dim` when written, else hidden / heads (the expression every model before head_dim had, so
+        their formulas and generated programs are unchanged)."""
+        return self.hidden / self.heads if self.head_dim is None else self.head_dim
+
+
+SPEC = Attention
+LEAF = "attn"  # its leaves' prefix: attn_q, attn_k, ... (numbered attn_1_q, ... where a segment holds several)
 ROPE_SCALINGS = {"llama3": {"factor": Param(to_float, 8.0, "how much longer the context is than trained"),
                             "low_freq_factor": Param(to_float, 1.0, "wavelengths beyond original_seq / this are scaled"),
                             "high_freq_factor": Param(to_float, 4.0, "wavelengths below original_seq / this are kept"),
@@ -136,8 +182,74 @@ def resolve(c, st, a: dict, kind: str):
     scaling = None if a["rope_scaling"] is None else scaling_tuple(c, st, 6, a["rope_scaling"])
     if not ok or (a["rope_scaling"] is not None and scaling is None):
         return None
-    return S.Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
-                       qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
-                       head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],
-                       window=a["window"], window_span=None if a["window"] is None else arg_span(st, 10, "window"),
-                       softcap=a["softcap"], query_scale=a["query_scale"])
+    return Attention(hidden=a["hidden"], heads=a["heads"], kv_heads=a["kv_heads"], bias=a["bias"], span=st.span,
+                     qkv_bias=a["qkv_bias"], rope_theta=a["rope_theta"], rope_scaling=scaling,
+                     head_dim=a["head_dim"], qk_norm=a["qk_norm"], qk_norm_eps=a["qk_norm_eps"],
+                     window=a["window"], window_span=None if a["window"] is None else arg_span(st, 10, "window"),
+                     softcap=a["softcap"], query_scale=a["query_scale"])
+
+
+def build(seg, a: Attention, p: str):
+    """The single-device layer (compiler/model.py's Segment `seg` holds its leaves): leaves `{p}_q`, `{p}_k`, `{p}_v`,
+    `{p}_o` (and `{p}_q_norm`, `{p}_k_norm`); returns its run(segment, x) -> x. torch is imported here, not at the
+    top: the checker reads this module."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from compiler.layers.calls import kept_whole
+    from runtime import attention as RA, packed as RP, rotary
+    from runtime.layers import ZeroCenteredRMSNorm
+
+    # Traced as one call each (runtime/attention.py's kernels, the rotation; packed documents' runtime/packed.py)
+    sliding_window, softcapped = kept_whole(RA.sliding_window), kept_whole(RA.softcapped)
+    packed_attention, packed_rotate, rotate = kept_whole(RP.attention), kept_whole(RP.rotate), kept_whole(rotary.rotate)
+
+    hd = a.head_width  # D: hidden / heads unless the attention gives its heads their own width
+    head_dim = seg.number(hd)
+    qkv_bias = a.bias if a.qkv_bias is None else a.qkv_bias
+    q = seg.linear(f"{p}_q", a.hidden, a.heads * hd, qkv_bias, a.span)
+    k = seg.linear(f"{p}_k", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
+    v = seg.linear(f"{p}_v", a.hidden, a.kv_heads * hd, qkv_bias, a.span)
+    o = seg.linear(f"{p}_o", a.heads * hd, a.hidden, a.bias, a.span)
+    seg.residual_out.append(o)
+    qn = kn = None
+    if a.qk_norm != "none":  # one scale of D, shared by every head (Qwen 3's q_norm, k_norm; Gemma 3's (1 + w))
+        norm = ZeroCenteredRMSNorm if a.qk_norm == "zero_centered_rmsnorm" else nn.RMSNorm
+        qn, kn = (seg.leaf(f"{p}_{w}_norm", norm(head_dim, eps=a.qk_norm_eps), {"weight": (hd,)}, a.span)
+                  for w in ("q", "k"))
+    gqa = seg.number(a.kv_heads) != seg.number(a.heads)
+    theta, scaling = a.rope_theta, a.rope_scaling
+    # A window at least as long as the sequences masks nothing the causal mask keeps (check's W0207): the plain
+    # causal kernel, so the program is the one without it.
+    window = None if a.window is None or seg.number(a.window) >= seg.number(seg.spec.train.seq_len) \
+        else seg.number(a.window)
+    # Scores over √query_scale instead of √D (Gemma): written into the call only where it differs from D.
+    scale = {} if a.query_scale is None or seg.number(a.query_scale) == head_dim else \
+        {"scale": seg.number(a.query_scale) ** -0.5}
+    softcap = a.softcap
+    # Packed documents (runtime/packed.py): block-diagonal causal attention, rotary positions restarting at each
+    # document; windows and soft caps are refused with them (compiler/rules/packed.py).
+    packed = seg.spec.train.data.document_separator is not None
+
+    def heads(seg, x_BSH, linear, norm):
+        # Heads are split off the last dim: (B, S, H*D) -> (B, S, H, D), normalised per head, -> (B, H, S, D).
+        t_BSHD = getattr(seg, linear)(x_BSH).unflatten(-1, (-1, head_dim))
+        if norm is not None:
+            t_BSHD = getattr(seg, norm)(t_BSHD)
+        return t_BSHD.transpose(1, 2)
+
+    def run(seg, x_BSH):
+        q_BHSD, k_BKSD, v_BKSD = heads(seg, x_BSH, q, qn), heads(seg, x_BSH, k, kn), heads(seg, x_BSH, v, None)
+        if theta:
+            q_BHSD, k_BKSD = (packed_rotate if packed else rotate)(q_BHSD, k_BKSD, theta, scaling)
+        if packed:
+            y_BHSD = packed_attention(q_BHSD, k_BKSD, v_BKSD, gqa, **scale)
+        elif softcap is not None:  # scores capped before the mask and softmax (one traced call: runtime/attention.py)
+            y_BHSD = softcapped(q_BHSD, k_BKSD, v_BKSD, softcap, window, gqa, **scale)
+        elif window is None:
+            y_BHSD = F.scaled_dot_product_attention(q_BHSD, k_BKSD, v_BKSD, is_causal=True, enable_gqa=gqa,
+                                                    **scale)
+        else:  # the token itself and the window - 1 before it (one traced call: runtime/attention.py)
+            y_BHSD = sliding_window(q_BHSD, k_BKSD, v_BKSD, window, gqa, **scale)
+        return getattr(seg, o)(y_BHSD.transpose(1, 2).flatten(2))
+    return run

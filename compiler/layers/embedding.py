@@ -2,14 +2,29 @@
 what it looks up by √hidden (Gemma)."""
 from __future__ import annotations
 
-from compiler import spec as S
-from compiler.binder import Param, to_bool, to_size
+from dataclasses import dataclass
 
-SPEC = S.Embedding
+from compiler.binder import Param, to_bool, to_size
+from compiler.diagnostics import Span
+from compiler.symbols import Size
+
+
+@dataclass(frozen=True, kw_only=True)
+class Embedding:
+    """Token embedding: `vocab` rows of width `hidden`."""
+    vocab: Size
+    hidden: Size
+    span: Span
+    scaled: bool = False
+    """The looked-up rows are multiplied by √hidden, in the activations' dtype (Gemma's normalizer); the weight a
+    tied head reads is not."""
+
+
+SPEC = Embedding
 SCHEMA = {"embedding": {"vocab": Param(to_size, doc="vocabulary size"), "hidden": Param(to_size, doc="model width"),
                             "scaled": Param(to_bool, False, "multiply the looked-up rows by √hidden (Gemma)")}}
 TP_ROLES = {"embed": "vocab"}
 
 
 def resolve(c, st, a: dict, kind: str):
-    return S.Embedding(vocab=a["vocab"], hidden=a["hidden"], span=st.span, scaled=a["scaled"])
+    return Embedding(vocab=a["vocab"], hidden=a["hidden"], span=st.span, scaled=a["scaled"])

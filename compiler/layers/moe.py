@@ -3,12 +3,64 @@ ep (compiler/passes/expert_parallel.py), not over tp: the router and the experts
 expert (`shared_ffn`) is an MLP beside them, a dense part under ep, sharded over tp as an `mlp` is (TP_ROLES)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from compiler import ast
-from compiler import spec as S
 from compiler.binder import Param, arg_span, to_bool, one_of, to_float, or_none, to_pos_int, to_size
+from compiler.diagnostics import Span
+from compiler.symbols import Size
 from compiler.symbols import size as size_symbol
 
-SPEC = S.MoE
+
+@dataclass(frozen=True, kw_only=True)
+class MoE:
+    """Mixture of experts in place of an MLP: a router picks `top_k` of `experts` MLPs for each token; each expert
+    takes at most `capacity` tokens of each sequence, the others' choices are dropped."""
+    hidden: Size
+    ffn: Size
+    experts: Size
+    top_k: int
+    capacity_factor: float | str
+    """A multiple of a balanced share, or "none": dropless, capacity = seq (compiler/layers/moe.py DROPLESS)."""
+    act: str  # "gelu" | "swiglu"
+    aux_loss: float
+    """Weight of the auxiliary load-balancing loss (Switch/GShard); 0 turns it off."""
+    dropped: str
+    """`residual`: a dropped choice adds nothing, the token goes on through the enclosing residual (Switch);
+    `identity`: it adds the gate-weighted token itself."""
+    capacity: Size
+    """Slots per expert per sequence, a size symbol (`capacity`, `capacity_2`, ...) whose value the checker sets
+    from the sequence length: min(seq_len, ceil(capacity_factor · top_k · seq_len / experts))."""
+    span: Span
+    renormalize: bool | None = None
+    """Whether the gates of a token's top_k choices are renormalised to sum to 1 (else each is its softmax
+    probability over all the experts); None: as before the setting existed, renormalised when top_k > 1."""
+    capacity_span: Span | None = field(default=None, compare=False)
+    """Where `capacity_factor` is written (None when defaulted): what a warning on the capacity points at."""
+    shared_ffn: Size | None = None
+    """Inner width of the shared expert, an always-on MLP (the experts' act, no biases) whose output every token
+    adds to the routed experts' (Qwen-MoE, DeepSeekMoE); None: no shared expert."""
+    shared_gate: str = "none"
+    """`none`: the shared expert's output is added as is; `sigmoid`: scaled per token by sigmoid(x · w), w a
+    hidden-wide vector (Qwen2-MoE's shared_expert_gate)."""
+    scoring: str = "softmax"
+    """An expert's score: `softmax` over the experts, or `sigmoid` of its own logit (DeepSeek-V3)."""
+    groups: int = 1
+    """Group-limited routing (DeepSeek-V3's n_group): the experts cut into this many groups..."""
+    topk_groups: int = 1
+    """...of which a token chooses its experts within the best this many (a group's score: its two best experts')."""
+    routed_scale: float = 1.0
+    """The routed gates multiplied by it (DeepSeek-V3's routed_scaling_factor)."""
+    bias_update: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias on the scores a token chooses by, moved by this
+    much after each step against the step's load (runtime.moe.ExpertBias); 0: none."""
+    dispatch: str = "padded"
+    """Dropless routing's way to the experts: `padded`, every expert a buffer of `capacity` (= seq) slots per
+    sequence; `grouped`, the tokens sorted by expert, variable all-to-alls over ep, grouped matmuls (issue 25)."""
+
+
+SPEC = MoE
+LEAF = "moe"  # its leaves' prefix: moe_router, moe_experts, moe_shared_up, ...
 SCHEMA = {"moe": {"hidden": Param(to_size, doc="model width"), "ffn": Param(to_size, doc="inner width of each expert"),
                   "experts": Param(to_size, doc="number of experts"),
                   "top_k": Param(to_pos_int, 2, "experts per token"),
@@ -132,10 +184,81 @@ def resolve(c, st, a: dict, kind: str):
                "`shared_gate`")
     c.moe_layers += 1
     name = CAPACITY if c.moe_layers == 1 else f"{CAPACITY}_{c.moe_layers}"
-    return S.MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
-                 capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
-                 renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
-                 capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
-                 topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
-                 dispatch=a["dispatch"],
-                 capacity_span=arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)
+    return MoE(hidden=a["hidden"], ffn=a["ffn"], experts=a["experts"], top_k=a["top_k"],
+               capacity_factor=a["capacity_factor"], act=a["act"], aux_loss=a["aux_loss"], dropped=a["dropped"],
+               renormalize=a["renormalize"], shared_ffn=a["shared_ffn"], shared_gate=a["shared_gate"] if a["shared_ffn"] is not None else "none",
+               capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
+               topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
+               dispatch=a["dispatch"],
+               capacity_span=arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)
+
+
+def build(seg, m: MoE, p: str):
+    """The single-device layer (compiler/model.py's Segment `seg` holds its leaves `{p}_router`, `{p}_experts`,
+    `{p}_bias` and the shared expert's): route, then dispatch, experts and combine (padded) or sort_tokens, experts
+    and unsort_combine (grouped), each routing step one traced call. Returns its run(segment, x) -> x; torch is
+    imported here (the checker reads this module)."""
+    from compiler.layers.calls import kept_whole
+    from runtime import moe as RM
+
+    # Traced as calls: the router's data-dependent choices never reach Python control flow, and the emitted program
+    # calls the same functions.
+    route, dispatch, combine = kept_whole(RM.route), kept_whole(RM.dispatch), kept_whole(RM.combine)
+    sort_tokens, unsort_combine = kept_whole(RM.sort_tokens), kept_whole(RM.unsort_combine)
+    router = seg.linear(f"{p}_router", m.hidden, m.experts, False, m.span)
+    shapes = {"w_up": (m.experts, m.hidden, m.ffn), "w_gate": (m.experts, m.hidden, m.ffn),
+              "w_down": (m.experts, m.ffn, m.hidden)}
+    n_experts, capacity = seg.number(m.experts), seg.number(m.capacity)
+    experts = seg.leaf(f"{p}_experts", RM.Experts(n_experts, seg.number(m.hidden), seg.number(m.ffn), m.act), shapes,
+                       m.span)
+    top_k, aux, identity = m.top_k, m.aux_loss, m.dropped == "identity"
+    shared = _shared_expert(seg, m, p) if m.shared_ffn is not None else None
+    # written into the call only where it differs from route's default (renormalised when top_k > 1)
+    renorm = {} if m.renormalize is None or m.renormalize == (top_k > 1) else {"renormalize": m.renormalize}
+    # DeepSeek-V3's router, likewise written only where it is not Mixtral's
+    renorm.update({k: v for k, v, default in (("scoring", m.scoring, "softmax"), ("groups", m.groups, 1),
+                                              ("topk_groups", m.topk_groups, 1),
+                                              ("scale", m.routed_scale, 1.0)) if v != default})
+
+    # DeepSeek-V3's expert bias: a leaf holding it and the step's load, handed to the router by a call
+    bias = seg.leaf(f"{p}_bias", RM.ExpertBias(n_experts, m.bias_update), {}, m.span) if m.bias_update else None
+
+    if m.dispatch == "grouped":  # dropless without padding: capacity = seq, so route drops no choice
+        def run(seg, x_BSH):
+            kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
+            slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
+            rows_TH, counts_E = sort_tokens(x_BSH, slot_BSK, n_experts, capacity)
+            y_TH = getattr(seg, experts)(rows_TH, counts_E)
+            y_BSH = unsort_combine(y_TH, slot_BSK, gate_BSK, capacity)
+            return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
+        return run
+
+    def run(seg, x_BSH):
+        kw = renorm if bias is None else {**renorm, "bias": getattr(seg, bias)()}
+        slot_BSK, gate_BSK = route(getattr(seg, router)(x_BSH), top_k, capacity, aux, **kw)
+        y_ENH = getattr(seg, experts)(dispatch(x_BSH, slot_BSK, n_experts, capacity))
+        # dropped = identity: combine also passes a dropped choice's token itself on.
+        y_BSH = combine(y_ENH, slot_BSK, gate_BSK, *((x_BSH,) if identity else ()))
+        return y_BSH if shared is None else y_BSH + shared(seg, x_BSH)
+    return run
+
+
+def _shared_expert(seg, m: MoE, p: str):
+    """The shared expert: an MLP of width `shared_ffn` without biases, in the experts' act, that every token passes
+    through (leaves `{p}_shared_up`, `_gate`, `_down`, which tp shards as an MLP's), its output scaled per token by
+    sigmoid(x · w) under `shared_gate = sigmoid` (leaf `{p}_shared_sigmoid`, hidden → 1)."""
+    import torch
+    import torch.nn.functional as F
+
+    up = seg.linear(f"{p}_shared_up", m.hidden, m.shared_ffn, False, m.span)
+    gate = seg.linear(f"{p}_shared_gate", m.hidden, m.shared_ffn, False, m.span) if m.act == "swiglu" else None
+    down = seg.linear(f"{p}_shared_down", m.shared_ffn, m.hidden, False, m.span)
+    seg.residual_out.append(down)
+    weigh = seg.linear(f"{p}_shared_sigmoid", m.hidden, 1, False, m.span) if m.shared_gate == "sigmoid" else None
+
+    def shared(seg, x_BSH):
+        h_BSF = getattr(seg, up)(x_BSH)
+        h_BSF = F.silu(getattr(seg, gate)(x_BSH)) * h_BSF if gate is not None else F.gelu(h_BSF)
+        y_BSH = getattr(seg, down)(h_BSF)
+        return y_BSH if weigh is None else torch.sigmoid(getattr(seg, weigh)(x_BSH)) * y_BSH
+    return shared

@@ -1,9 +1,19 @@
 """`residual { ... }`: x + body(x). A container: its body is resolved by the checker, layer by layer."""
 from __future__ import annotations
 
-from compiler import spec as S
+from dataclasses import dataclass
 
-SPEC = S.Residual
+from compiler.diagnostics import Span
+
+
+@dataclass(frozen=True, kw_only=True)
+class Residual:
+    """x + body(x)."""
+    body: tuple
+    span: Span
+
+
+SPEC = Residual
 CONTAINER = True
 SCHEMA: dict = {"residual": {}}
 TP_ROLES: dict = {}

@@ -46,7 +46,7 @@ AXIS = "tp"
 
 
 def _shard_preserving() -> dict:
-    """The allow-list (compiler/ops.py records marked `shard`): operations through which a head / inner-width shard
+    """The allow-list (compiler/ops/ records marked `shard`): operations through which a head / inner-width shard
     flows unchanged, by name. Anything else between a layer's column and row linears makes the layer unshardable
     (E0407), never silently replicated."""
     return _ops.shard_preserving()

@@ -1,0 +1,134 @@
+"""The records of runtime.moe's routing calls: route, dispatch and combine (padded), sort_tokens and unsort_combine
+(grouped), the expert-parallel all-to-alls and the counts they exchange."""
+from __future__ import annotations
+
+from compiler import graph_meta as K
+from compiler.graph_meta import INT_BYTES
+from compiler.ops.record import Op, ZERO, dtype_act, promote
+from compiler.symbols import size
+from runtime import moe
+
+
+def _route_shape(node, args, kwargs, gm):
+    b, s, _ = args[0]
+    return ((b, s, args[1]), (b, s, args[1])), ZERO
+
+
+def _route_saved(g, node, args):
+    logits = args[0]
+    b, s, e = logits.meta[K.SHAPE]
+    k = args[1]
+    g.new(node, "probs", (b, s, e), 4)             # softmax's (or sigmoid's) output (fp32)
+    g.new(node, "topk", (b, s, k), INT_BYTES)      # topk's (or gather's) indices
+    if node.kwargs.get("scoring", "softmax") == "sigmoid":  # the scores normalised for the aux loss: their sum
+        g.new(node, "score_sum", (b, s, 1), 4)
+    if node.kwargs.get("renormalize", k > 1):     # runtime.moe.route's default: renormalised when top_k > 1
+        g.new(node, "norm", (b, s, k), 4)          # the division's operands: gates and their sum
+        g.new(node, "sum", (b, s, 1), 4)
+    g.new(node, "aux", (b, e), 4)                  # the aux loss's product: the mean probabilities
+
+
+def _dispatch_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]  # the symbolic sizes; the call's arguments are their numbers
+    b, s, h = args[0]
+    # dropless: a slot for every token the rank routes (the sequence, or its S/cp under context parallelism)
+    c = s if layer.capacity_factor == "none" else layer.capacity
+    return (layer.experts, b * c, h), ZERO
+
+
+def _dispatch_saved(g, node, args):
+    b, s, k = args[1].meta[K.SHAPE]
+    g.new(node, "index", (b, s * k), INT_BYTES)  # scatter_add's index: a copy of the (strided) slots
+
+
+def _combine_shape(node, args, kwargs, gm):
+    b, s, _ = args[1]
+    return (b, s, args[0][2]), ZERO
+
+
+def _combine_dtype(node, gm, args):  # the experts' outputs, plus the token itself for dropped = identity
+    return promote(args[0], *(args[3:4]))
+
+
+def _combine_saved(g, node, args):
+    y, slot, gate = args[:3]
+    e, n, h = y.meta[K.SHAPE]
+    b, s, k = slot.meta[K.SHAPE]
+    g.new(node, "index", (b, s * k), INT_BYTES)     # gather's index: a copy of the (strided) slots
+    g.new(node, "outputs", (b, e * n / b + 1, h), g.act)  # gather's input: the outputs + a zero slot
+    g.new(node, "picked", (b, s, k, h), g.act)      # the product's operands: the picked outputs,
+    g.new(node, "weights", (b, s, k), g.act)        # and the gates in the compute dtype
+    if len(args) > 3 and args[3] is not None:       # dropped = identity: Σ gate × dropped, times the token
+        g.new(node, "dropped", (b, s, k), g.act)
+        g.new(node, "gate_sum", (b, s, 1), g.act)
+        g.keep(args[3])
+
+
+# dropless without padding (`moe(..., dispatch = grouped)`): the rows of every choice sorted by expert, T = B·S·K of
+# them on each rank; under ep a rank's experts receive R rows, T on average under balanced routing (the shape the
+# trace carries: the rows are data-dependent, their count is not known before the router runs).
+
+
+def _sort_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]
+    b, s, h = args[0]
+    k = args[1][2]
+    return ((b * s * k, h), (layer.experts,)), ZERO
+
+
+def _sort_saved(g, node, args):
+    b, s, k = args[1].meta[K.SHAPE]
+    g.new(node, "index", (b * s * k,), INT_BYTES)   # an indexing's backward keeps its index: one int64 per row
+
+
+def _rows_index_saved(g, node, args):
+    """The grouped all-to-alls reorder the received rows by an index, which their backward keeps (R = T rows)."""
+    g.new(node, "index", (args[0].meta[K.SHAPE][0],), INT_BYTES)
+
+
+def _unsort_shape(node, args, kwargs, gm):
+    b, s, _ = args[1]
+    return (b, s, args[0][1]), ZERO
+
+
+def _unsort_saved(g, node, args):
+    b, s, k = args[1].meta[K.SHAPE]
+    g.new(node, "index", (b * s * k,), INT_BYTES)   # the rows back in (token, choice) order: the index
+    g.new(node, "picked", (b, s, k, args[0].meta[K.SHAPE][1]), g.act)   # the product's operands: the rows
+    g.new(node, "weights", (b, s, k), g.act)                            # and the gates in the compute dtype
+
+
+def _counts_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]
+    n = size(args[1])
+    return (n, layer.experts / n), ZERO
+
+
+def _a2a_shape(scale):
+    def shape(node, args, kwargs, gm):
+        e, n, h = args[0]
+        k = size(args[1])
+        return ((e / k, n * k, h) if scale else (e * k, n / k, h)), ZERO
+    return shape
+
+FUNCTIONS = {
+    # Context parallelism's MoE (compiler/passes/context_parallel.py): each sequence's choice counts, summed over
+    # cp before the router's aux loss (int64, no gradient)
+    moe.choice_counts: Op("choice_counts", lambda node, args, kwargs, gm: ((args[0][0], args[0][2]), ZERO),
+                          lambda node, gm, args: "int", free=True),
+    moe.route: Op("route", _route_shape, lambda node, gm, args: ("int", "fp32"), _route_saved,
+                  outputs=("slot", "gate"), wrapped=True),
+    moe.dispatch: Op("dispatch", _dispatch_shape, dtype_act, _dispatch_saved, wrapped=True),
+    moe.combine: Op("combine", _combine_shape, _combine_dtype, _combine_saved, wrapped=True),
+    moe.all_to_all_dispatch: Op("all_to_all_dispatch", _a2a_shape(True), selective=True, computes=False),
+    moe.all_to_all_combine: Op("all_to_all_combine", _a2a_shape(False), selective=True, computes=False),
+    moe.sort_tokens: Op("sort_tokens", _sort_shape, lambda node, gm, args: ("act", "int"), _sort_saved,
+                        outputs=("rows", "counts"), wrapped=True),
+    moe.unsort_combine: Op("unsort_combine", _unsort_shape, dtype_act, _unsort_saved, wrapped=True),
+    moe.exchange_counts: Op("exchange_counts", _counts_shape, lambda node, gm, args: "int", free=True,
+                            computes=False),
+    moe.all_to_all_dispatch_grouped: Op("all_to_all_dispatch_grouped", saved=_rows_index_saved, selective=True,
+                                        computes=False),
+    moe.all_to_all_combine_grouped: Op("all_to_all_combine_grouped", saved=_rows_index_saved, selective=True,
+                                       computes=False),
+}
