@@ -683,8 +683,10 @@ def zero_ranks(plan) -> int:
     _zero1_group): dp, or dp × cp under context parallelism (cp shards no weight: every cp rank holds the whole
     model, so torchtitan folds cp into FSDP's mesh); 1 when dp is (the ZeRO stages are then ddp). With ep the
     experts complicate it: the callers fold ep themselves."""
-    dp = plan.size("dp")
-    return dp * plan.size("cp") if dp > 1 else dp
+    if plan.size("dp") == 1:
+        return 1
+    groups = plan.groups
+    return groups["dp×cp" if "dp×cp" in groups else "dp"].size
 
 
 def _saved_mode(plan) -> str:

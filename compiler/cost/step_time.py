@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from compiler.layout import groups as G
 from compiler.lazy import lazy
 
 T = lazy("compiler.trace")
@@ -82,40 +83,9 @@ class Link:
 
 
 def links(plan, device) -> dict:
-    """Each axis's group placed on the nodes: the mesh's axes are listed outermost first and the innermost varies
-    fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
-    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
-    node's devices.
-    Also "dp×ep" (the dense gradients' group under ep), "dp×cp" (under cp) and "dp×cp×ep" (under both)."""
-    out, inner = {}, 1
-    spans = {}
-    for axis, n in reversed(plan.axes):
-        spans[axis] = (inner, n)
-        inner *= n
-    for axis, (stride, n) in spans.items():
-        out[axis] = _link(axis, n, _crosses(stride * n, plan.devices_per_node) and n > 1, device)
-    if "dp" in spans and "ep" in spans:
-        n = spans["dp"][1] * spans["ep"][1]
-        lo = min(spans["dp"][0], spans["ep"][0])
-        hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
-        out["dp×ep"] = _link("dp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1 and lo >= 1, device)
-    if "dp" in spans and "cp" in spans:  # the dense gradients' group under cp
-        n = spans["dp"][1] * spans["cp"][1]
-        hi = max(spans["dp"][0] * spans["dp"][1], spans["cp"][0] * spans["cp"][1])
-        out["dp×cp"] = _link("dp×cp", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
-    if "cp" in spans and "ep" in spans:  # the dense gradients' group under cp and ep
-        present = [a for a in ("dp", "cp", "ep") if a in spans]
-        n = math.prod(spans[a][1] for a in present)
-        hi = max(spans[a][0] * spans[a][1] for a in present)
-        out["dp×cp×ep"] = _link("dp×cp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
-    return out
-
-
-def _crosses(block: int, per_node: int) -> bool:
-    """Whether some group whose ranks lie in consecutive aligned blocks of `block` ranks spans two nodes: unless a
-    block fits a node a whole number of times, some block straddles a node boundary (tp 6 on nodes of 8: ranks
-    6-11), and the slowest group sets the collective's pace."""
-    return block > per_node or per_node % block != 0
+    """The link each of the plan's process groups uses, by the group's name (compiler/layout/groups.py: every axis
+    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the tier the Layout says it crosses."""
+    return {g.name: _link(g.name, g.size, g.crosses_nodes, device) for g in G.of(plan)}
 
 
 def _link(axis, n, crosses, device) -> Link:

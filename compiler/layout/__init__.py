@@ -1,0 +1,8 @@
+"""The Layout: how a plan sits on the machines (docs/internals.md).
+
+    groups.py   every process group the program uses, by name: its axes, ranks (a stride pattern, expanded on
+                demand) and the link tier it crosses; read by the cost model (step_time.links, the ZeRO group),
+                the Plan's batch counts and codegen, which writes them into the runtime contract.
+
+Torch-free: the front end and the search read it.
+"""
