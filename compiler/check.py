@@ -26,7 +26,7 @@ from compiler import spec as S
 from compiler.binder import (_MISSING, Param, _bool, _call_of, _Checker, _choice, _duration, _float,
                              _end_span, _int, _pos_int, _settings, _size, _span, _spans_of,
                              _string)
-from compiler.cost.devices import DEVICES, OVERRIDABLE
+from compiler.layout.devices import DEVICES, OVERRIDABLE
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.parse import parse
 from compiler.plan import AXES, Plan, compiles

@@ -90,3 +90,22 @@ def test_the_runtimes_mesh_rows_are_the_layouts():
         g = groups(axes, 1)
         for a, _ in axes:
             assert rows(fake, (a,)) == [list(r) for r in g[a].rows()]
+
+
+def test_the_cluster_prices_a_group_at_the_tier_it_crosses():
+    """compiler/layout/cluster.py: inside a node the device's bandwidth × its intra_node_efficiency, between nodes
+    the figure as given; the step-time model's links read them per group."""
+    from types import SimpleNamespace
+
+    from compiler.cost.step_time import links
+    from compiler.layout import cluster
+    from compiler.layout.devices import DEVICES
+    a100 = DEVICES["a100"]
+    c = cluster.Cluster(2, 8, a100)
+    assert c.world_size == 16
+    assert c.tier(False).gbps == a100.intra_node_gbps * a100.intra_node_efficiency
+    assert c.tier(True) == cluster.Tier("inter_node", a100.inter_node_gbps, a100.inter_node_latency_us)
+    plan = SimpleNamespace(axes=(("dp", 2), ("tp", 8)), devices_per_node=8)
+    lk = links(plan, a100)
+    assert lk["tp"].gbps == c.tier(False).gbps and not lk["tp"].crosses_nodes
+    assert lk["dp"].gbps == a100.inter_node_gbps and lk["dp"].crosses_nodes and lk["dp"].size == 2

@@ -25,14 +25,12 @@ from dataclasses import dataclass, field, fields, replace
 import sympy
 
 from compiler import spec as S
+from compiler import trace as T
 from compiler.cost import memory as MEM
 from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
-from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
-
-T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
 
 BYTES = {"fp32": 4, "bf16": 2}
 TIED = "embed.weight"  # a tied lm_head's weight: the embedding's (compiler.model; runtime.pipeline.TIED)

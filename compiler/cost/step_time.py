@@ -8,8 +8,9 @@
                    Recomputation adds its forward again (full: the block; selective: the attention core and the
                    memory-bound ops).
     communication  every collective the passes inserted (the ledger's sites), costed with an alpha-beta model of its
-                   algorithm on the link its group uses: the mesh is placed on the nodes innermost axis first, so an
-                   axis's group stays inside a node when it and the axes inside it fit in one (`Link`).
+                   algorithm on the link its group uses: the tier the Layout says the group crosses
+                   (compiler/layout/groups.py: the mesh is placed on the nodes innermost axis first, so an axis's
+                   group stays inside a node when it and the axes inside it fit in one; `Link`).
                    Tensor- and expert-parallel collectives sit on the critical path of the stage that issues them;
                    pipeline sends delay the receiving stage; data parallelism's traffic overlaps the last
                    micro-batch's backward under DDP, each micro-batch's compute under FSDP, and nothing under pp
@@ -21,22 +22,22 @@
     the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
                    the runtime's own cost per step (measured where a device's figures say so).
 
-Every device figure lives in compiler/cost/devices.py with its source; the constants of this module are below, each
+Every device figure lives in compiler/layout/devices.py with its source; the constants of this module are below, each
 with its reason. `Simulator` costs candidate plans of one model from one trace (compiler/candidates.py); `predict`
 costs a compiled program.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import sympy
 
+from compiler import ops as O
+from compiler import trace as T
+from compiler.layout import cluster as CL
 from compiler.layout import groups as G
-from compiler.lazy import lazy
-
-T = lazy("compiler.trace")
-O = lazy("compiler.ops")
 
 # AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
 # parameter and moments: 28 bytes, what the fused kernel the runtime uses on CUDA moves (one pass; torch's foreach
@@ -84,17 +85,22 @@ class Link:
 
 def links(plan, device) -> dict:
     """The link each of the plan's process groups uses, by the group's name (compiler/layout/groups.py: every axis
-    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the tier the Layout says it crosses."""
-    return {g.name: _link(g.name, g.size, g.crosses_nodes, device) for g in G.of(plan)}
+    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
+    Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
+    `intra_node_efficiency`, between nodes the figure as given)."""
+    key = (tuple(plan.axes), plan.devices_per_node)
+    try:
+        return dict(_links(*key, device))
+    except TypeError:  # a device that cannot be hashed (a test's namespace of figures): not cached
+        return dict(_links.__wrapped__(*key, device))
 
 
-def _link(axis, n, crosses, device) -> Link:
-    """The link at the bandwidth collectives reach on it: inside a node the device's figure × its
-    `intra_node_efficiency` (fitted where devices.py says so), between nodes the figure as given."""
-    eff = getattr(device, "intra_node_efficiency", 1.0)
-    if crosses:
-        return Link(axis, n, True, device.inter_node_gbps, device.inter_node_latency_us)
-    return Link(axis, n, False, device.intra_node_gbps * eff, device.intra_node_latency_us)
+@functools.lru_cache(maxsize=4096)
+def _links(axes: tuple, devices_per_node: int, device) -> dict:
+    """`links`, once per mesh, nodes and device (a search asks for the same few many times); callers get a copy."""
+    tiers = CL.tiers(device)
+    return {g.name: Link(g.name, g.size, g.crosses_nodes, tiers[g.tier].gbps, tiers[g.tier].latency_us)
+            for g in G.groups(axes, devices_per_node)}
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:
