@@ -16,7 +16,7 @@ Columns, per model (each run is its own process, one after another, on the same 
 Per column: the median step time over the steady steps (steps warmup+1 .. N of the metrics file's `step_time`:
 wall clock of one optimizer step, host read of the loss included), tokens/s at that median, MFU = the compiler's
 model FLOPs per step (plan.json `cost.flops_per_step`, the same figure for all four columns) / median / the
-device's peak (compiler/cost/devices.py: 989 TFLOP/s bf16 dense for H100 and H200; the `cpu` entry's 0.1 TFLOP/s
+device's peak (compiler/layout/devices.py: 989 TFLOP/s bf16 dense for H100 and H200; the `cpu` entry's 0.1 TFLOP/s
 on CPU), peak memory (max over the steady steps of CUDA's max_memory_allocated, reset at each step's start on both
 sides; "n/a" off CUDA), and the warm-up: the first step's time and the warm-up steps' excess over the median (what
 compilation and first-call work cost; every run compiles with empty caches unless --warm-cache). Per model:
@@ -104,7 +104,7 @@ CPU_MODELS = {
 def scale_text(name: str, b: Bench, device: str, precision: str, compile_on: bool, steps: int,
                figures: dict | None = None) -> str:
     """The .scale file of `b`: the same architecture as handwritten.GPT(b.arch); `figures`: the device's figures
-    overridden in the mesh (compiler/cost/devices.py OVERRIDABLE), e.g. measured ones."""
+    overridden in the mesh (compiler/layout/devices.py OVERRIDABLE), e.g. measured ones."""
     a = b.arch
     device += "".join(f"  {k} = {v:g}" for k, v in (figures or {}).items())
     bias = "" if a.bias else ", bias = false"
@@ -131,14 +131,14 @@ train {{
 
 def device_figures(device: str, peak_tflops: float | None) -> tuple[str, str, float]:
     """(name in words, compiler device name, peak FLOP/s) of the device the columns run on."""
-    from compiler.cost.devices import DEVICES
+    from compiler.layout.devices import DEVICES
     if device == "cpu":
         return "this machine's CPU", "cpu", (peak_tflops or DEVICES["cpu"].peak_tflops) * 1e12
     import torch
     name = torch.cuda.get_device_name(0)
     kind = next((k for k in ("h200", "h100", "a100") if k in name.lower()), None)
     if kind is None and peak_tflops is None:
-        raise SystemExit(f"bench/gpu.py: no figures for {name!r} in compiler/cost/devices.py: give --peak-tflops")
+        raise SystemExit(f"bench/gpu.py: no figures for {name!r} in compiler/layout/devices.py: give --peak-tflops")
     return name, kind or "h100", (peak_tflops or DEVICES[kind].peak_tflops) * 1e12
 
 
@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated of {', '.join(COLUMNS)}")
     p.add_argument("--steps", type=int, help="steps per run (default 50 on CUDA, 20 on CPU)")
     p.add_argument("--warmup", type=int, help="steps left out of the medians (default 15 on CUDA, 5 on CPU)")
-    p.add_argument("--peak-tflops", type=float, help="the device's peak (default: compiler/cost/devices.py)")
+    p.add_argument("--peak-tflops", type=float, help="the device's peak (default: compiler/layout/devices.py)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the columns this many times, alternating (A B C D A B C D ...), and pool their steady "
                         "steps: for a machine others share (default 1)")

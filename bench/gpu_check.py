@@ -7,7 +7,7 @@
 What it measures, in this order (the order is the priority: when the budget runs out, what is left is skipped and
 recorded as skipped, never silently missing):
 1. kernels: the rates the step-time model (compiler/cost/step_time.py) assumes, each against the figure it assumes
-   (compiler/cost/devices.py): a device-to-device copy (`hbm_gbps`); bf16 matmuls at 8192³ and at the shapes of
+   (compiler/layout/devices.py): a device-to-device copy (`hbm_gbps`); bf16 matmuls at 8192³ and at the shapes of
    the programs below (`peak_tflops × matmul_efficiency`); SDPA's fused (flash) attention forward and forward +
    backward, causal, at seq 1K-32K (`peak_tflops × attention_efficiency`); FlexAttention with a block mask (causal
    documents) beside SDPA at one length; F.grouped_mm at an MoE layer's shapes; FP8: the tensorwise-scaled cast of
@@ -25,7 +25,7 @@ Timing: CUDA events around each kernel region (warm-up first, the median of the 
 the median of its metrics file's `step_time` over the steady steps (bench/gpu.py). Inputs are random, never zeros.
 
 The JSON holds the date, torch and CUDA versions, the device, every row, what was skipped, and a `calibration`
-block (`matmul_efficiency`, `attention_efficiency`, `hbm_gbps` as measured) that compiler/cost/devices.py
+block (`matmul_efficiency`, `attention_efficiency`, `hbm_gbps` as measured) that compiler/layout/devices.py
 `calibration()` reads: the check prices each generated program again with those figures as mesh overrides
 (`cal ms`), so the table separates what the device figures miss from what the step-time model misses. The table it prints last is what goes into an issue's note. ../shared/reference/
 gpu-measured.json stays the record of the earlier, eager programs; this file's output is the new record.
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import gpu  # noqa: E402
 
-FORMAT = 1  # of the JSON; compiler/cost/devices.py `calibration` refuses another
+FORMAT = 1  # of the JSON; compiler/layout/devices.py `calibration` refuses another
 SECTIONS = ("kernels", "resume", "eager", "compiled")
 
 
@@ -331,8 +331,8 @@ def resume_rows(device: str, dev: tuple, budget: Budget) -> list:
 # -- the record ------------------------------------------------------------------------------------------------------
 
 def calibration(kind: str, kernels: list) -> dict:
-    """What compiler/cost/devices.py `calibration()` reads: the measured rates as the Figures' fields."""
-    from compiler.cost.devices import DEVICES
+    """What compiler/layout/devices.py `calibration()` reads: the measured rates as the Figures' fields."""
+    from compiler.layout.devices import DEVICES
     peak = DEVICES[kind].peak_tflops
     cal: dict = {"device": kind}
     square = [r for r in kernels if r["kind"] == "matmul" and r["what"].endswith("³") and "rate" in r]
@@ -353,12 +353,12 @@ def calibration(kind: str, kernels: list) -> dict:
 
 def reprice(result: dict) -> None:
     """Each generated program's step time predicted again on the device as measured: the model's .scale text with
-    the calibration's figures as mesh overrides (compiler/cost/devices.py `calibration`), beside the prediction
+    the calibration's figures as mesh overrides (compiler/layout/devices.py `calibration`), beside the prediction
     with the datasheet figures the program printed. What is left between the calibrated prediction and the
     measurement is the model's, not the device figures'."""
     from compiler.check import check_text
     from compiler.cost import step_time
-    from compiler.cost.devices import calibration as read_calibration
+    from compiler.layout.devices import calibration as read_calibration
     from compiler.pipeline import compile_spec
     kind, figures = read_calibration(result)
     catalogue = {**gpu.MODELS, **gpu.CPU_MODELS}
@@ -382,7 +382,7 @@ def table(result: dict) -> str:
     lines = [f"bench/gpu_check on {result['device']} · torch {result['torch']} · CUDA {result['cuda']} · "
              f"{result['date']} · {result['wall_s']:.0f} s of a {result['budget_s']:.0f} s budget"]
     if result["kernels"]:
-        lines += ["", "kernels (rate against what the step-time model assumes, compiler/cost/devices.py)",
+        lines += ["", "kernels (rate against what the step-time model assumes, compiler/layout/devices.py)",
                   f"  {'kernel':<56}{'ms':>9}{'rate':>16}{'assumed':>10}{'ratio':>7}"]
     for r in result["kernels"]:
         if "error" in r:
@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     if not 0 <= warmup < steps:
         raise SystemExit(f"bench/gpu_check: --warmup {warmup} leaves no steady step of --steps {steps}")
     dev = gpu.device_figures(device, None)
-    from compiler.cost.devices import DEVICES
+    from compiler.layout.devices import DEVICES
     figures = DEVICES[dev[1]]
     sz = shapes(quick, device)
     models = {"gpt_tiny": gpu.CPU_MODELS["gpt_tiny"]} if quick else sz["models"]

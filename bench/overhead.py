@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         program = _compile(a.sample, work / "build")
-        ctx = mesh.setup(program.CONFIG.parallel.axes, 0)
+        ctx = mesh.setup(program.CONFIG.parallel.axes, 0, program.CONFIG.parallel.groups)
         got = {"bare": [], "program": []}
         for _ in range(a.repeats):
             got["bare"] += bare(program, a.steps)[5:]

@@ -148,7 +148,7 @@ def worker_idle(args) -> None:
     from runtime import mesh
     builds = [Path(b) for b in args.builds.split(",")]
     first = load_program(builds[0], "scalec_bench_program_0")
-    ctx = mesh.setup(first.CONFIG.parallel.axes)
+    ctx = mesh.setup(first.CONFIG.parallel.axes, 600.0, first.CONFIG.parallel.groups)
     code = 0
     try:
         _idle_run(args, builds, ctx)

@@ -14,7 +14,7 @@ korthikanti  Korthikanti et al. 2022's Table 5 (sequence parallelism + selective
            recomputation for comparison): predicted against published iteration time (chunks per rank assumed:
            KORTHIKANTI_CHUNKS).
 fit        the A100's matmul_efficiency and intra_node_efficiency fitted to the three calibration rows (`fit`):
-           what compiler/cost/devices.py sets.
+           what compiler/layout/devices.py sets.
 h100       the three single-H100 programs of ../shared/reference/gpu-measured.json (our programs, measured eager on
            2026-11-22): predicted step time against the measured median.
 overheads  this machine's per-op and per-step overheads of our programs (the `cpu` device's `op_overhead_us` and
@@ -169,7 +169,7 @@ def _ratios(rows: list, **figures) -> list[float]:
 
 
 def fit() -> dict:
-    """The A100's `matmul_efficiency` and `intra_node_efficiency` (compiler/cost/devices.py) that bring the model's
+    """The A100's `matmul_efficiency` and `intra_node_efficiency` (compiler/layout/devices.py) that bring the model's
     TFLOP/s per GPU closest to Table 1's three calibration rows (least squares of log(predicted / published)), by a
     grid (0.005 on the first, 0.02 on the second) refined around the best coarse point. The 1.7B row (t = 1) has no
     tensor-parallel traffic and pins the matmul rate; the 18.4B (t = 8, one node) and 145.6B (t = 8, p = 8) rows

@@ -31,10 +31,10 @@ from compiler import __version__
 from compiler.diagnostics import ScaleError
 from compiler.lazy import lazy
 from compiler.report import commands as R
-from compiler.report import plan as RP
 
 # The driver, read on first use: `--help` and `explain` load no .scale file and skip the parser and the rules.
 pipeline = lazy("compiler.pipeline")
+RP = lazy("compiler.report.plan")  # reads the cost model, which imports torch
 fit = lazy("compiler.fit")
 check = lazy("compiler.check")
 

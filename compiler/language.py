@@ -12,7 +12,7 @@ from compiler import files as F
 from compiler import layers as L
 from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_duration, to_float, to_int, to_pos_int,
                              to_size, to_string)
-from compiler.cost.devices import DEVICES, OVERRIDABLE
+from compiler.layout.devices import DEVICES, OVERRIDABLE
 from compiler.plan import AXES
 
 # Bounds that keep planning in seconds and every size a valid tensor dimension.

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Span
+from compiler.layout import groups as layout_groups
 from runtime import choices  # torch-free: the names the language shares with the runtime
 
 AXES = choices.AXES
@@ -124,15 +125,20 @@ class Plan(choices.DataParallelMode):
         return self.nodes * self.devices_per_node
 
     @property
+    def groups(self) -> layout_groups.Groups:
+        """Every process group of this plan's mesh on its nodes (compiler/layout/groups.py)."""
+        return layout_groups.groups(self.axes, self.devices_per_node)
+
+    @property
     def batch_ranks(self) -> int:
-        """Ranks the global batch is split over: dp × ep (ep is folded out of data parallelism)."""
-        return self.size("dp") * self.size("ep")
+        """Ranks the global batch is split over: the data group, dp × ep (ep is folded out of data parallelism)."""
+        return self.groups["data"].size
 
     @property
     def grad_ranks(self) -> int:
-        """Ranks the dense gradients are averaged over: dp × ep × cp (each holds an equal share of the step's tokens:
-        whole sequences over dp and ep, 1/cp of every sequence over cp)."""
-        return self.batch_ranks * self.size("cp")
+        """Ranks the dense gradients are averaged over: the batch group, dp × ep × cp (each holds an equal share of
+        the step's tokens: whole sequences over dp and ep, 1/cp of every sequence over cp)."""
+        return self.groups["batch"].size
 
     @property
     def micro_batch_size(self) -> int:

@@ -102,7 +102,7 @@ class Device:
     inter_node_gbps: float
     """Per-device bandwidth between nodes, GB/s."""
     hbm_gbps: float = 0.0
-    """Memory bandwidth, GB/s (compiler/cost/devices.py documents these figures and their sources)."""
+    """Memory bandwidth, GB/s (compiler/layout/devices.py documents these figures and their sources)."""
     matmul_efficiency: float = 1.0
     """Fraction of the peak a large matmul reaches."""
     attention_efficiency: float = 1.0
@@ -114,7 +114,7 @@ class Device:
     op_overhead_us: float = 0.0
     """The least time one eager op takes, µs."""
     intra_node_efficiency: float = 1.0
-    """Fraction of `intra_node_gbps` a training step's collectives reach (compiler/cost/devices.py)."""
+    """Fraction of `intra_node_gbps` a training step's collectives reach (compiler/layout/devices.py)."""
     step_overhead_ms: float = 0.0
     """The runtime's own cost per step, ms."""
     units: int = 1

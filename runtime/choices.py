@@ -1,7 +1,7 @@
-"""The closed sets of names the compiler and the runtime share: mesh axes, data parallelism, pipeline schedules and
-recomputation modes. One definition, read by the language's checker (compiler/check.py: the choices a setting
-takes), the Plan, the search's space, and the runtime (runtime/config.py validates a program's Config against it,
-runtime.schedule and runtime.recompute their arguments).
+"""The closed sets of names the compiler and the runtime share: mesh axes, the folded process groups, data
+parallelism, pipeline schedules and recomputation modes. One definition, read by the language's checker
+(compiler/check.py: the choices a setting takes), the Plan, the search's space, and the runtime (runtime/config.py
+validates a program's Config against it, runtime.schedule and runtime.recompute their arguments).
 
 Plain tuples of strings, in the order the language lists them, and nothing imported: `scalec check` reads this
 module without torch, and the runtime without the compiler.
@@ -10,6 +10,10 @@ from __future__ import annotations
 
 AXES = ("dp", "pp", "tp", "ep", "cp")
 """Mesh axes, in the order plans list them (`cp`, context parallelism, last: added after the others)."""
+
+GROUPS = ("batch", "dense", "experts")
+"""The process groups over several axes a program builds beside each axis's (runtime/config.py's Parallel.groups,
+runtime.mesh.Context's batch_group, dense_mesh and expert_mesh; compiler/layout/groups.py lists them)."""
 
 DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp")
 """How dp holds model state: replicated, then ZeRO's stages 1-3 (runtime/config.py's Parallel.data_parallel)."""

@@ -20,6 +20,13 @@ class Parallel(choices.DataParallelMode):
 
     axes: tuple
     """Mesh axes ((name, size), ...), outermost first; the product is the world size."""
+    groups: tuple = ()
+    """The process groups the program builds, as the compiler listed them (compiler/layout/groups.py):
+    ((name, ((stride, size), ...)), ...), every axis of `axes` and the folded groups `batch` (the ranks the step's
+    tokens are split over), `dense` (FSDP's mesh of the dense weights) and `experts` (the experts' replicas under
+    cp). A group's ranks are base + Σ i·stride over the mesh's row-major ranks (runtime.mesh.expand);
+    runtime.mesh.setup builds exactly these, in this order (empty: a program compiled before the field, which
+    setup refuses)."""
     data_parallel: str = "ddp"
     """How dp holds model state (ZeRO's stages, each from torch's own pieces):
     - `ddp`: replicated; DDP all-reduces the gradients (pipeline stages: one coalesced all-reduce).
@@ -94,6 +101,11 @@ class Parallel(choices.DataParallelMode):
         if unknown:
             raise ValueError(f"Parallel.axes: unknown axis {', '.join(unknown)}; the axes are "
                              f"{', '.join(choices.AXES)}")
+        known = {name for name, _ in self.axes} | set(choices.GROUPS)
+        strange = [name for name, _ in self.groups if name not in known]
+        if strange:
+            raise ValueError(f"Parallel.groups: unknown group {', '.join(strange)}; the groups are the axes "
+                             f"and {', '.join(choices.GROUPS)}")
 
     @property
     def _zero_dp(self) -> int:

@@ -55,10 +55,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
-    """Start the process group and build the mesh `axes` ((name, size), outermost first). Each torchrun attempt
-    meets under its own store prefix (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin
-    for the watchdog to speak first, every collective."""
+def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple) -> Context:
+    """Start the process group and build the mesh `axes` ((name, size), outermost first) and the process groups
+    `groups` (runtime.config.Parallel.groups: the compiler's list, compiler/layout/groups.py), exactly as listed:
+    each axis's groups are the DeviceMesh's (checked against the list), the folded ones (batch, dense, experts)
+    new groups over the listed ranks, every rank creating every group in the list's order: the runtime folds no axis
+    itself. Each torchrun attempt meets under its own store prefix
+    (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin for the watchdog to speak first,
+    every collective."""
     if "RANK" not in os.environ:  # plain `python program.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -72,6 +76,12 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
             print(f"scalec: this program needs {expected} processes ({' × '.join(f'{a}={n}' for a, n in axes)}), "
                   f"but torchrun started {world}", file=sys.stderr, flush=True)
         raise SystemExit(errors.EXIT_CODE)
+    if not groups:  # a program written before the contract listed its groups
+        if rank == 0:
+            print("scalec: this program lists no process groups (Parallel.groups): it was compiled by an older "
+                  "scalec; compile its .scale file again", file=sys.stderr, flush=True)
+        raise SystemExit(errors.EXIT_CODE)
+    listed = {name: expand(pattern, world) for name, pattern in groups}
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -90,36 +100,61 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float = 600.0) -> Context:
     names = tuple(a for a, _ in axes)
     with faults.op("building the device mesh (new process groups)", faults.scale()):
         mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
-    coords = {a: mesh.get_local_rank(a) for a in names}
     for a in names:
+        if listed.get(a) != rows(mesh, (a,)):
+            raise ValueError(f"Parallel.groups: axis {a}'s groups are {listed.get(a)}, but the mesh "
+                             f"{' × '.join(f'{x}={n}' for x, n in axes)} groups its ranks as {rows(mesh, (a,))}")
         collectives.register(a, mesh[a].get_group())
+    coords = {a: mesh.get_local_rank(a) for a in names}
     sizes = dict(axes)
+    folded = _build_folded(mesh, listed, names, rank, device_type)
     dp, ep, cp = sizes.get("dp", 1), sizes.get("ep", 1), sizes.get("cp", 1)
-    over = tuple(a for a in names if a in ("dp", "ep", "cp") and sizes[a] > 1)  # in the mesh's order
-    if len(over) > 1:
-        batch_group = _group_over(mesh, over, rank)
-    else:
-        batch_group = mesh[over[0]].get_group() if over else None
-    dense_mesh = None
-    if dp > 1:
-        # the batch shards beside dp: ep, cp, or both
-        folded = tuple(a for a in names if a in ("dp", "ep", "cp") and sizes[a] > 1)  # in the mesh's order
-        with faults.op(f"building the {' × '.join(folded)} mesh (a new process group)",
-                       faults.scale(*(f"axis {a}" for a in folded))):
-            dense_mesh = mesh[folded]._flatten("_".join(folded)) if len(folded) > 1 else mesh["dp"]
-    expert_mesh = None
-    if ep > 1 and cp > 1:  # the experts' gradients sum over every rank that holds them: dp × cp
-        replicas = tuple(a for a in names if a in ("dp", "cp") and sizes[a] > 1)
-        with faults.op(f"building the {' × '.join(replicas)} mesh of the experts (a new process group)",
-                       faults.scale(*(f"axis {a}" for a in replicas))):
-            expert_mesh = mesh[replicas]._flatten("_".join(replicas)) if len(replicas) > 1 else mesh["cp"]
+    batch = folded.get("batch")
+    expert_mesh = folded.get("experts")
     ctx = Context(rank=rank, world_size=world, local_rank=local_rank, device=device, mesh=mesh, coords=coords,
-                  batch_group=batch_group, batch_size=dp * ep * cp, dense_mesh=dense_mesh, data_ranks=dp * ep,
-                  expert_mesh=expert_mesh,
+                  batch_group=batch.get_group() if batch is not None else None, batch_size=dp * ep * cp,
+                  dense_mesh=folded.get("dense"), data_ranks=dp * ep, expert_mesh=expert_mesh,
                   expert_group=expert_mesh.get_group() if expert_mesh is not None else None,
                   batch_rank=coords.get("dp", 0) * ep + coords.get("ep", 0))
     faults.configure(ctx, store)
     return ctx
+
+
+def _build_folded(mesh: DeviceMesh, listed: dict, names: tuple, rank: int, device_type: str) -> dict:
+    """The listed groups that are not an axis's, by name, each as a 1-D DeviceMesh of this rank's group: an axis's
+    own where its ranks are that axis's groups (batch over dp alone), else new groups over the listed ranks, every
+    rank creating every group of the list in order (as new_group requires); one set of groups per distinct list
+    (dense is the batch group when dp > 1)."""
+    out, made = {}, {}
+    for name, groups_ranks in listed.items():
+        if name in names:
+            continue
+        key = tuple(map(tuple, groups_ranks))
+        axis = next((a for a in names if rows(mesh, (a,)) == groups_ranks), None)
+        if axis is not None:
+            out[name] = mesh[axis]
+            continue
+        if key not in made:
+            with faults.op(f"building the {name} groups (new process groups)", faults.scale()):
+                mine = None
+                for row in groups_ranks:
+                    group = dist.new_group(row)
+                    if rank in row:
+                        mine = (group, row)
+            made[key] = DeviceMesh.from_group(mine[0], device_type, mesh=mine[1], mesh_dim_names=(name,))
+        out[name] = made[key]
+    return out
+
+
+def expand(pattern, world: int) -> list[list[int]]:
+    """The groups of a stride pattern ((stride, size), ... per folded axis, outermost first) over `world` ranks
+    numbered row-major on the mesh: each group's ranks are base + Σ i·stride (0 ≤ i < size), ordered along the
+    axes; the groups are ordered by their first rank (compiler/layout/groups.py `Group.rows`)."""
+    offsets = [0]
+    for stride, n in pattern:
+        offsets = [o + i * stride for o in offsets for i in range(n)]
+    bases = [r for r in range(world) if not any((r // stride) % n for stride, n in pattern)]
+    return [[b + o for o in offsets] for b in bases]
 
 
 def rows(mesh: DeviceMesh, axes: tuple[str, ...]) -> list[list[int]]:
@@ -128,17 +163,6 @@ def rows(mesh: DeviceMesh, axes: tuple[str, ...]) -> list[list[int]]:
     dims = [mesh.mesh_dim_names.index(a) for a in axes]
     size = math.prod(mesh.mesh.shape[d] for d in dims)
     return mesh.mesh.movedim(dims, list(range(-len(dims), 0))).reshape(-1, size).tolist()
-
-
-def _group_over(mesh: DeviceMesh, axes: tuple[str, ...], rank: int):
-    """The process group of the ranks that differ from this one only along `axes` (every rank creates every such
-    group in the same order, as new_group requires)."""
-    mine = None
-    for row in rows(mesh, axes):
-        group = dist.new_group(row)
-        if rank in row:
-            mine = group
-    return mine
 
 
 def shutdown(code: int = 0) -> None:

@@ -70,9 +70,9 @@ def test_the_rules_and_the_plan_import_without_torch():
     """The front end and the plan, torch-free by position: the rules (compiler/rules/), the Spec and the Plan, the
     Plan's printer, the graph keys, the device figures."""
     code = ("import sys, compiler.rules.pipeline_split, compiler.rules.expert_parallel, "
-            "compiler.rules.tensor_parallel, compiler.cost, compiler.spec, compiler.report.scale, "
+            "compiler.rules.tensor_parallel, compiler.spec, compiler.report.scale, "
             "compiler.graph_meta, compiler.check, compiler.parse, compiler.binder, compiler.layers, "
-            "compiler.cost.devices, compiler.codes, compiler.plan\n"
+            "compiler.layout.devices, compiler.layout.groups, compiler.layout.cluster, compiler.codes, compiler.plan\n"
             f"print(sorted(m for m in sys.modules if (m == 'torch' or m.startswith(('torch.', 'runtime'))) "
             f"and m not in {sorted(LIGHT)!r})[:5])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

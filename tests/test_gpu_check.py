@@ -1,5 +1,5 @@
 """bench/gpu_check: the CPU dry run keeps the prepared GPU check from rotting (every section runs, every row is a
-measurement or a named refusal, the record is one that compiler/cost/devices.py reads), and the H200 record it
+measurement or a named refusal, the record is one that compiler/layout/devices.py reads), and the H200 record it
 wrote is readable and holds what the note quotes."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.cost.devices import CALIBRATED, DEVICES, CalibrationError, calibration
+from compiler.layout.devices import CALIBRATED, DEVICES, CalibrationError, calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "bench" / "results" / "gpu_check_h200_2026-11-28.json"

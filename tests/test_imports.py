@@ -83,9 +83,23 @@ def test_the_checker_and_the_rules_import_no_runtime():
     for rel in ("compiler/check.py", "compiler/language.py", "compiler/lints.py", "compiler/file_checks.py",
                 "compiler/binder.py", "compiler/rules/__init__.py", "compiler/rules/tensor_parallel.py",
                 "compiler/rules/pipeline_split.py", "compiler/rules/expert_parallel.py", "compiler/plan.py",
-                "compiler/codes.py", "compiler/cost/devices.py", "compiler/cli.py", "compiler/report/__init__.py",
+                "compiler/codes.py", "compiler/layout/devices.py", "compiler/layout/groups.py",
+                "compiler/layout/cluster.py", "compiler/cli.py", "compiler/report/__init__.py",
                 "compiler/report/units.py", "compiler/report/commands.py", "compiler/report/plan.py"):
         assert not _imports_runtime(ROOT / rel), rel
+
+
+def test_the_checker_loads_no_module_of_the_cost_model():
+    """The front end reads the device figures and the groups from compiler/layout/, not through compiler.cost (whose
+    modules import torch): importing compiler.check, or running the cli up to `check`, loads none of compiler.cost."""
+    import subprocess
+    import sys
+    code = ("import sys, compiler.check, compiler.cli\n"
+            "print(sorted(m for m in sys.modules if m == 'compiler.cost' or m.startswith('compiler.cost.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 def test_the_runtime_never_imports_the_compiler():

@@ -54,13 +54,13 @@ def test_megatron_table1_fits_80gb(table1, billion):
 
 
 def test_a100_figures_are_the_calibration_fit():
-    """compiler/cost/devices.py's A100 matmul_efficiency and intra_node_efficiency are the least-squares fit to
+    """compiler/layout/devices.py's A100 matmul_efficiency and intra_node_efficiency are the least-squares fit to
     Table 1's three calibration rows (bench/step_time.py `fit`): no neighbour on the fit's grid does better, so a
     change of the model that moves the optimum fails here until the figures are refitted."""
     import math
 
     from bench.step_time import _compiled_rows, _ratios
-    from compiler.cost.devices import DEVICES
+    from compiler.layout.devices import DEVICES
     a100 = DEVICES["a100"]
     rows = _compiled_rows("megatron_2021_table1_calibration")
 

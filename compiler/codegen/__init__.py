@@ -179,7 +179,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
 
     moe = traced.model.has_moe()
     parallel = {
-        "axes": plan.axes, "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
+        "axes": plan.axes, "groups": plan.groups.contract(), "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
         "micro_batch_size": plan.micro_batch_size, "batch_ranks": plan.batch_ranks,
         "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
         "sequence_parallel": bool(plan.sequence_parallel),

@@ -25,14 +25,12 @@ from dataclasses import dataclass, field, fields, replace
 import sympy
 
 from compiler import spec as S
+from compiler import trace as T
 from compiler.cost import memory as MEM
 from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
-from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, size
-
-T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
 
 BYTES = {"fp32": 4, "bf16": 2}
 TIED = "embed.weight"  # a tied lm_head's weight: the embedding's (compiler.model; runtime.pipeline.TIED)
@@ -683,8 +681,10 @@ def zero_ranks(plan) -> int:
     _zero1_group): dp, or dp × cp under context parallelism (cp shards no weight: every cp rank holds the whole
     model, so torchtitan folds cp into FSDP's mesh); 1 when dp is (the ZeRO stages are then ddp). With ep the
     experts complicate it: the callers fold ep themselves."""
-    dp = plan.size("dp")
-    return dp * plan.size("cp") if dp > 1 else dp
+    if plan.size("dp") == 1:
+        return 1
+    groups = plan.groups
+    return groups["dp×cp" if "dp×cp" in groups else "dp"].size
 
 
 def _saved_mode(plan) -> str:

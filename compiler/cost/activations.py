@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import sympy
 
+from compiler import ops as O
+from compiler import trace as T
 from compiler.graph_meta import INT_BYTES
-from compiler.lazy import lazy
-
-T = lazy("compiler.trace")
-O = lazy("compiler.ops")
 
 
 def _numel(shape) -> sympy.Expr:

@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from compiler.lazy import lazy
+from compiler import ops as O
+from compiler import trace as T
 
 if TYPE_CHECKING:
     from torch import fx
-
-T = lazy("compiler.trace")  # torch loads on first use: compiler.cost.devices is read by the torch-free checker
-O = lazy("compiler.ops")
 
 # Graph inputs that need no gradient: the token ids and targets of the top level (a block's `x` and a pipeline
 # piece's `x` or `logits` carry the residual stream, which does).

@@ -21,15 +21,13 @@ from typing import Generic, Literal, Mapping, NamedTuple, TypeVar
 
 import sympy
 
+from compiler import ops as O
+from compiler import trace as T
 from compiler.cost import flops as F
 from compiler.cost import ledger as L
 from compiler.cost import params as PA
-from compiler.lazy import lazy
 from compiler.symbols import MICRO_BATCH, integer_polynomial, size
 from runtime import choices
-
-T = lazy("compiler.trace")  # torch loads on first use: the checker reads compiler.cost.devices without it
-O = lazy("compiler.ops")
 
 AXES = ("dp", "tp", "ep", "pp")
 ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)

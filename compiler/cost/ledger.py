@@ -9,10 +9,8 @@ from typing import Callable
 
 import sympy
 
-from compiler.lazy import lazy
+from compiler import trace as T
 from compiler.diagnostics import Span
-
-T = lazy("compiler.trace")  # torch loads on first use (the checker reads compiler.cost.devices)
 
 
 @dataclass(frozen=True, kw_only=True)

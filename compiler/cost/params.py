@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import sympy
 
-from compiler.lazy import lazy
-
-M = lazy("compiler.model")  # both import torch: loaded on first use, so the torch-free checker can read
-T = lazy("compiler.trace")  # compiler.cost.devices
+from compiler import model as M
+from compiler import trace as T
 
 
 def model_params(traced: T.Traced) -> sympy.Expr:

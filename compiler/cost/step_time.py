@@ -8,8 +8,9 @@
                    Recomputation adds its forward again (full: the block; selective: the attention core and the
                    memory-bound ops).
     communication  every collective the passes inserted (the ledger's sites), costed with an alpha-beta model of its
-                   algorithm on the link its group uses: the mesh is placed on the nodes innermost axis first, so an
-                   axis's group stays inside a node when it and the axes inside it fit in one (`Link`).
+                   algorithm on the link its group uses: the tier the Layout says the group crosses
+                   (compiler/layout/groups.py: the mesh is placed on the nodes innermost axis first, so an axis's
+                   group stays inside a node when it and the axes inside it fit in one; `Link`).
                    Tensor- and expert-parallel collectives sit on the critical path of the stage that issues them;
                    pipeline sends delay the receiving stage; data parallelism's traffic overlaps the last
                    micro-batch's backward under DDP, each micro-batch's compute under FSDP, and nothing under pp
@@ -21,21 +22,22 @@
     the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
                    the runtime's own cost per step (measured where a device's figures say so).
 
-Every device figure lives in compiler/cost/devices.py with its source; the constants of this module are below, each
+Every device figure lives in compiler/layout/devices.py with its source; the constants of this module are below, each
 with its reason. `Simulator` costs candidate plans of one model from one trace (compiler/candidates.py); `predict`
 costs a compiled program.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import sympy
 
-from compiler.lazy import lazy
-
-T = lazy("compiler.trace")
-O = lazy("compiler.ops")
+from compiler import ops as O
+from compiler import trace as T
+from compiler.layout import cluster as CL
+from compiler.layout import groups as G
 
 # AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
 # parameter and moments: 28 bytes, what the fused kernel the runtime uses on CUDA moves (one pass; torch's foreach
@@ -82,49 +84,23 @@ class Link:
 
 
 def links(plan, device) -> dict:
-    """Each axis's group placed on the nodes: the mesh's axes are listed outermost first and the innermost varies
-    fastest over the ranks (runtime/mesh.py builds the DeviceMesh in that order), so an axis's group spans
-    `size × (product of the axes inside it)` consecutive ranks and stays inside a node when that block divides a
-    node's devices.
-    Also "dp×ep" (the dense gradients' group under ep), "dp×cp" (under cp) and "dp×cp×ep" (under both)."""
-    out, inner = {}, 1
-    spans = {}
-    for axis, n in reversed(plan.axes):
-        spans[axis] = (inner, n)
-        inner *= n
-    for axis, (stride, n) in spans.items():
-        out[axis] = _link(axis, n, _crosses(stride * n, plan.devices_per_node) and n > 1, device)
-    if "dp" in spans and "ep" in spans:
-        n = spans["dp"][1] * spans["ep"][1]
-        lo = min(spans["dp"][0], spans["ep"][0])
-        hi = max(spans["dp"][0] * spans["dp"][1], spans["ep"][0] * spans["ep"][1])
-        out["dp×ep"] = _link("dp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1 and lo >= 1, device)
-    if "dp" in spans and "cp" in spans:  # the dense gradients' group under cp
-        n = spans["dp"][1] * spans["cp"][1]
-        hi = max(spans["dp"][0] * spans["dp"][1], spans["cp"][0] * spans["cp"][1])
-        out["dp×cp"] = _link("dp×cp", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
-    if "cp" in spans and "ep" in spans:  # the dense gradients' group under cp and ep
-        present = [a for a in ("dp", "cp", "ep") if a in spans]
-        n = math.prod(spans[a][1] for a in present)
-        hi = max(spans[a][0] * spans[a][1] for a in present)
-        out["dp×cp×ep"] = _link("dp×cp×ep", n, _crosses(hi, plan.devices_per_node) and n > 1, device)
-    return out
+    """The link each of the plan's process groups uses, by the group's name (compiler/layout/groups.py: every axis
+    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
+    Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
+    `intra_node_efficiency`, between nodes the figure as given)."""
+    key = (tuple(plan.axes), plan.devices_per_node)
+    try:
+        return dict(_links(*key, device))
+    except TypeError:  # a device that cannot be hashed (a test's namespace of figures): not cached
+        return dict(_links.__wrapped__(*key, device))
 
 
-def _crosses(block: int, per_node: int) -> bool:
-    """Whether some group whose ranks lie in consecutive aligned blocks of `block` ranks spans two nodes: unless a
-    block fits a node a whole number of times, some block straddles a node boundary (tp 6 on nodes of 8: ranks
-    6-11), and the slowest group sets the collective's pace."""
-    return block > per_node or per_node % block != 0
-
-
-def _link(axis, n, crosses, device) -> Link:
-    """The link at the bandwidth collectives reach on it: inside a node the device's figure × its
-    `intra_node_efficiency` (fitted where devices.py says so), between nodes the figure as given."""
-    eff = getattr(device, "intra_node_efficiency", 1.0)
-    if crosses:
-        return Link(axis, n, True, device.inter_node_gbps, device.inter_node_latency_us)
-    return Link(axis, n, False, device.intra_node_gbps * eff, device.intra_node_latency_us)
+@functools.lru_cache(maxsize=4096)
+def _links(axes: tuple, devices_per_node: int, device) -> dict:
+    """`links`, once per mesh, nodes and device (a search asks for the same few many times); callers get a copy."""
+    tiers = CL.tiers(device)
+    return {g.name: Link(g.name, g.size, g.crosses_nodes, tiers[g.tier].gbps, tiers[g.tier].latency_us)
+            for g in G.groups(axes, devices_per_node)}
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:

@@ -211,6 +211,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('pp', 16), ('dp', 2), ('ep', 64)),
+        groups=(('pp', ((128, 16),)), ('dp', ((64, 2),)), ('ep', ((1, 64),)), ('batch', ((64, 2), (1, 64))), ('dense', ((64, 2), (1, 64)))),
         data_parallel='zero1',
         micro_batches=120,
         micro_batch_size=1,

@@ -177,6 +177,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('tp', 4)),
+        groups=(('dp', ((4, 2),)), ('tp', ((1, 4),)), ('batch', ((4, 2),)), ('dense', ((4, 2),))),
         data_parallel='zero2',
         micro_batches=16,
         micro_batch_size=1,

@@ -148,6 +148,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 24), ('pp', 8), ('tp', 8)),
+        groups=(('dp', ((64, 24),)), ('pp', ((8, 8),)), ('tp', ((1, 8),)), ('batch', ((64, 24),)), ('dense', ((64, 24),))),
         data_parallel='ddp',
         micro_batches=64,
         micro_batch_size=1,

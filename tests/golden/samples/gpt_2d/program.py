@@ -122,6 +122,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('tp', 2)),
+        groups=(('dp', ((2, 2),)), ('tp', ((1, 2),)), ('batch', ((2, 2),)), ('dense', ((2, 2),))),
         data_parallel='ddp',
         micro_batches=1,
         micro_batch_size=8,

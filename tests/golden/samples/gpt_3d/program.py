@@ -149,6 +149,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('pp', 2), ('tp', 2)),
+        groups=(('dp', ((4, 2),)), ('pp', ((2, 2),)), ('tp', ((1, 2),)), ('batch', ((4, 2),)), ('dense', ((4, 2),))),
         data_parallel='ddp',
         micro_batches=4,
         micro_batch_size=2,

@@ -107,6 +107,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 2),),
+        groups=(('dp', ((1, 2),)), ('batch', ((1, 2),)), ('dense', ((1, 2),))),
         data_parallel='ddp',
         micro_batches=1,
         micro_batch_size=8,

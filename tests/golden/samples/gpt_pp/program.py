@@ -133,6 +133,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('pp', 2),),
+        groups=(('pp', ((1, 2),)),),
         data_parallel='ddp',
         micro_batches=4,
         micro_batch_size=4,

@@ -119,6 +119,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('tp', 2),),
+        groups=(('tp', ((1, 2),)),),
         data_parallel='ddp',
         micro_batches=1,
         micro_batch_size=16,

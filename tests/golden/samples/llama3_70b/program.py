@@ -141,6 +141,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('pp', 4), ('dp', 2), ('tp', 8)),
+        groups=(('pp', ((16, 4),)), ('dp', ((8, 2),)), ('tp', ((1, 8),)), ('batch', ((8, 2),)), ('dense', ((8, 2),))),
         data_parallel='zero2',
         micro_batches=64,
         micro_batch_size=1,

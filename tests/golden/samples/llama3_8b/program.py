@@ -105,6 +105,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 8),),
+        groups=(('dp', ((1, 8),)), ('batch', ((1, 8),)), ('dense', ((1, 8),))),
         data_parallel='fsdp',
         micro_batches=8,
         micro_batch_size=1,

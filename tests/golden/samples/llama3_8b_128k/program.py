@@ -106,6 +106,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 2), ('cp', 32)),
+        groups=(('dp', ((32, 2),)), ('cp', ((1, 32),)), ('batch', ((32, 2), (1, 32))), ('dense', ((32, 2), (1, 32)))),
         data_parallel='zero2',
         micro_batches=16,
         micro_batch_size=2,

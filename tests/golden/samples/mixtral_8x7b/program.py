@@ -135,6 +135,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('pp', 4), ('dp', 2), ('ep', 8)),
+        groups=(('pp', ((16, 4),)), ('dp', ((8, 2),)), ('ep', ((1, 8),)), ('batch', ((8, 2), (1, 8))), ('dense', ((8, 2), (1, 8)))),
         data_parallel='ddp',
         micro_batches=16,
         micro_batch_size=1,

@@ -138,6 +138,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('pp', 16), ('ep', 32), ('tp', 4)),
+        groups=(('pp', ((128, 16),)), ('ep', ((4, 32),)), ('tp', ((1, 4),)), ('batch', ((4, 32),))),
         data_parallel='ddp',
         micro_batches=64,
         micro_batch_size=1,

@@ -149,6 +149,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 1), ('ep', 2)),
+        groups=(('dp', ((2, 1),)), ('ep', ((1, 2),)), ('batch', ((1, 2),))),
         data_parallel='ddp',
         micro_batches=2,
         micro_batch_size=4,

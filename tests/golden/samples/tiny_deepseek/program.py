@@ -184,6 +184,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('ep', 2),),
+        groups=(('ep', ((1, 2),)), ('batch', ((1, 2),))),
         data_parallel='ddp',
         micro_batches=2,
         micro_batch_size=4,

@@ -105,6 +105,7 @@ CONFIG = train.Config(
     ),
     parallel=train.Parallel(
         axes=(('dp', 1),),
+        groups=(('dp', ((1, 1),)),),
         data_parallel='ddp',
         micro_batches=1,
         micro_batch_size=8,
