@@ -21,13 +21,10 @@ from compiler.symbols import size
 
 
 def structure(plan: P.Plan) -> tuple:
-    """The plan's structure, as the cost model keys it (compiler.cost.structure_of), with, under cp, the cp size and
-    its attention variant: the context-parallel pass rewrites the graphs per variant, and the formulas bind the cp
-    degree as a constant when they are built (compiler/cost/formulas.py), so each cp size is a structure of its own."""
-    from compiler.cost import structure_of
-    cp = plan.size("cp")
-    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
-        ((cp, plan.context_parallel),) if cp > 1 else ())
+    """The plan's structure, as the cost model keys it (compiler.cost.structure: the pass structure, under cp the cp
+    size and its attention variant, the residual stream's precision): one sharded trace and one CostModel each."""
+    from compiler.cost import structure as of
+    return of(plan)
 
 
 _SPLIT: dict = {}

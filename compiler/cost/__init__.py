@@ -11,7 +11,8 @@
 `CostModel(spec, traced, plan)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
 micro-batch size µb) and compiles each formula to a function of those (`CostModel.formulas`, formulas.py);
 `.estimate(plan)` evaluates them for one
-`compiler.plan.Plan` with the same pass structure (which axes are > 1, sequence parallelism, what tp shards):
+`compiler.plan.Plan` with the same structure (`structure`: which axes are > 1, sequence parallelism, what tp shards,
+the cp degree and variant, the residual stream's precision):
 axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
 is the same path, so what `compile` prints is what a search ranks.
 
@@ -107,16 +108,18 @@ class CostModel:
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
     def __init__(self, spec: S.Spec, traced: T.Traced, plan):
-        """`plan`: the Plan `traced` was lowered for; only its pass structure is read (structure_of), which every
-        plan this model estimates must share."""
+        """`plan`: the Plan `traced` was lowered for; only the decisions the formulas bind are read (`structure`:
+        its pass structure, cp degree and variant, residual precision), which every plan this model estimates must
+        share."""
         self.spec, self.traced = spec, traced
-        self.structure = structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
+        self.structure = structure(plan)
+        """Every decision of the Plan that the graphs and the formulas bind (`structure`): every plan this model
+        estimates has the same."""
         from compiler.cost import activations as A
-        self.fp32_residual = plan.fp32_residual
         self.precision = A.precision_key(spec, plan)
         """The activations' precision key (activations.precision_key): the train section's, with the plan's fp32
-        residual stream; every plan this model estimates has the same."""
-        self.formulas = Formulas.build(spec, traced, self.precision)
+        residual stream."""
+        self.formulas = Formulas.build(spec, traced, self.precision, plan.size("cp"))
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
         self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
@@ -147,12 +150,8 @@ class CostModel:
                          "(compiler.candidates.Candidates.decide, or compile)")
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
-        if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
-            raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
-                             "sequence parallelism, tp layers): trace and run the passes for it")
-        if plan.fp32_residual != self.fp32_residual:
-            raise ValueError(f"plan {plan.describe()} keeps the residual stream in another precision than the one "
-                             "this cost model's activation formulas were derived for: build a CostModel for it")
+        if structure(plan) != self.structure:
+            raise ValueError(_other_structure(plan, self.structure))
         spec = self.spec
         dp, tp, ep, pp = (plan.size(a) for a in AXES)
         m, mb = plan.micro_batches, plan.micro_batch_size
@@ -730,6 +729,30 @@ def structure_of(axes, sp: bool, tp_layers) -> tuple:
     stage, gradient reduction and batch split are the cost model's, from the plan's numbers), so plans with and
     without dp share their graphs (a search lowers and compiles each structure once: issue 37)."""
     return (tuple((a, n > 1) for a, n in axes if a != "dp"), bool(sp), tuple(tp_layers))
+
+
+def structure(plan) -> tuple:
+    """Every decision of `plan` that a CostModel binds when it is built, so the key under which one model costs
+    many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`);
+    under cp its degree and attention variant (the context-parallel pass rewrites the graphs per variant, and the
+    formulas bind the degree as a constant: formulas.py `_sub`); whether the residual stream is fp32 (the widths
+    of the activation formulas, activations.precision_key)."""
+    cp = plan.size("cp")
+    return (structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
+            + (((cp, plan.context_parallel),) if cp > 1 else ()) + ((("fp32_residual", True),) if plan.fp32_residual
+                                                                      else ()))
+
+
+def _other_structure(plan, built: tuple) -> str:
+    """Why a CostModel built for the structure `built` refuses `plan`: which of its decisions differs."""
+    if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != built[:3]:
+        return (f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, sequence "
+                "parallelism, tp layers): trace and run the passes for it")
+    if plan.fp32_residual != (("fp32_residual", True) in built):
+        return (f"plan {plan.describe()} keeps the residual stream in another precision than the one this cost "
+                "model's activation formulas were derived for: build a CostModel for it")
+    return (f"plan {plan.describe()} has another cp degree or attention variant than the one this cost model's "
+            "graphs and formulas were built for (cp is bound as a constant): build a CostModel for it")
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:
