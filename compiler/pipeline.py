@@ -33,12 +33,15 @@ from compiler.lower import decide_parallel, decide_stages, lower, trace, verify
 
 @dataclass
 class Compiled:
+    """A compiled plan and everything known of it, each made once: every report, codegen and the memory budget read
+    these, none lowers or costs again."""
     spec: S.Spec
     traced: object       # trace.Traced after the passes: what the program runs
-    costs: object        # cost.Estimate
+    costs: object        # cost.Estimate: memory, ledger, and the step time (`costs.step`, made on first read)
     plan: P.Plan | None = None
     unsharded: object = None  # trace.Traced before any pass: what candidate plans are decided from
     model: object = None      # cost.CostModel of `traced`: what `costs` and the step-time model read
+    advice: tuple | None = None  # fit.advice: what would make the plan fit one device (made on first ask)
 
 
 def schedule_problems(plan: P.Plan) -> list[Diagnostic]:

@@ -263,8 +263,7 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
 def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
     and, when the plan has a step-time prediction (compiler.cost.step_time), that time."""
-    from compiler.cost import step_time
-    step_s = step_time.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced, plan), plan, costs).step_time_s
+    step_s = costs.step.step_time_s  # the estimate's prediction (cost.Estimate.step): made once per compile
     return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
             "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 

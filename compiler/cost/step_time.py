@@ -839,9 +839,10 @@ def _order(schedule: str, p: int, m: int, v: int):
 
 
 def predict(compiled, attention: str = "fused") -> Prediction | None:
-    """The step time of a compiled program (compiler.pipeline.Compiled)."""
+    """The step time of a compiled program (compiler.pipeline.Compiled): its estimate's (`Estimate.step`, made
+    once), or with `attention` "materialised" its cost model's under that assumption."""
     if compiled.plan is None:
         return None
-    from compiler import cost as C
-    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced, compiled.plan)
-    return Simulator(compiled.spec.mesh.device, attention).predict(cm, compiled.plan, compiled.costs)
+    if attention == "fused":
+        return compiled.costs.step
+    return compiled.model.step_time(compiled.plan, compiled.costs, attention)
