@@ -27,6 +27,7 @@ from compiler import fit
 from compiler import plan as P
 from compiler import spec as S
 from compiler.check import check_path
+from compiler.cost import step_time as ST
 from compiler.diagnostics import Diagnostic, ScaleError
 from compiler.lower import decide_parallel, decide_stages, lower, trace, verify
 
@@ -76,7 +77,9 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
     traced = lower(unsharded, plan, check_between=check_between, show=show)
     plan = decide_stages(spec, traced, plan)
     model = C.CostModel(spec, traced, plan)
-    return Compiled(spec, traced, model.estimate(plan), plan, unsharded, model)
+    # the estimate, with its step time (made on first read): what every report, codegen and the budget read
+    costs = replace(model.estimate(plan), step_of=ST.step_of(model, plan))
+    return Compiled(spec, traced, costs, plan, unsharded, model)
 
 
 def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:

@@ -75,8 +75,9 @@ class Estimate:
     """() -> Ledger: the collectives of one step on the rank (`ledger`, built on first read: a search reads the
     ledgers of only the plans it times). Two estimates are equal when their fields and their ledgers are."""
     step_of: object = field(default=None, compare=False, repr=False)
-    """(this estimate) -> step_time.Prediction: one optimizer step's predicted time (`step`, made on first read;
-    a search times the plans it ranks with its own Simulator, bound first)."""
+    """(this estimate) -> step_time.Prediction: one optimizer step's predicted time (`step`, made on first read).
+    A compiled plan's estimate has it (compiler/pipeline.py: step_time.step_of); a search's candidates have none
+    (it times the plans it ranks with its own Simulator, bound first)."""
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -101,6 +102,9 @@ class Estimate:
         the time goes), made once, when first read: what `plan` prints, plan.json's and the program's figures."""
         got = self.__dict__.get("_step")
         if got is None:
+            if self.step_of is None:
+                raise ValueError("this estimate carries no step time: a compiled plan's does "
+                                 "(compiler.pipeline.compile_spec); time a candidate with step_time.Simulator")
             got = self.step_of(self)
             object.__setattr__(self, "_step", got)  # a frozen value's cache, as the ledger's
         return got
@@ -210,20 +214,12 @@ class CostModel:
         stages = self._stages(plan, env, layout) if layout else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
         led = lambda: self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)  # noqa: E731
-        step = lambda est: self.step_time(plan, est if pp_rank == 0 else self.estimate(plan))  # noqa: E731
         return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,
                         flops_step_n=fo.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
                         flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
                         stages=stages, ledger_of=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
-                        memory=memory, step_of=step)
-
-    def step_time(self, plan, est: Estimate, attention: str = "fused"):
-        """The step-time model's prediction (step_time.Prediction) of `plan` (decided, of this model's structure)
-        with `est` its Estimate of pp rank 0, on the spec's device: what `Estimate.step` holds (attention
-        "materialised": only to compare with published figures, step_time.Simulator)."""
-        from compiler.cost import step_time as ST
-        return ST.Simulator(self.spec.mesh.device, attention).predict(self, plan, est)
+                        memory=memory)
 
     def _hardware_flops(self, recompute: str, passes: int) -> tuple:
         """Hardware FLOPs per step (the model's, the experts' padding, recomputation's forward `passes` times) as a
