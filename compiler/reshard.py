@@ -2,8 +2,8 @@
 
 A checkpoint holds every parameter whole under its single-device name, with its AdamW moments (runtime/checkpoint.py);
 a plan reads back its own pieces. This prints, from the two compiled plans alone (each parameter's placements,
-compiler/layout/placements.py's, which plan.json writes, and the Plan's pipeline stages), each tensor's pieces under both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW
-reads. Two plans of different models (other parameter names or shapes) are refused with a diagnostic located in NEW.
+compiler/layout/placements.py's, which plan.json writes, and the Plan's pipeline stages), each tensor's pieces under
+both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names or shapes) are refused with a diagnostic located in NEW.
 """
 from __future__ import annotations
 

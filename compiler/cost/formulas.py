@@ -1,10 +1,10 @@
 """The cost formulas of one pass structure, as one typed object: what `CostModel` (estimate, memory, ledger) and the
 step-time model (step_time.py) read.
 
-`Formulas.build(spec, traced, precision, cp)` reads the graphs after the passes once. Every formula that depends on the plan is
-symbolic in the axis sizes and the micro-batch size, and is compiled (`Formula`) to exact arithmetic over
+`Formulas.build(spec, traced, precision, cp)` reads the graphs after the passes once. Every formula that depends on
+the plan is symbolic in the axis sizes and the micro-batch size, and is compiled (`Formula`) to exact arithmetic over
 `env = (dp, tp, ep, pp, µb)`: µb is the sequences per micro-batch on one rank (plan.micro_batch_size). The spec's own
-sizes (hidden, layers, ...) are bound at build time. What does not depend on the plan (the model's parameters and
+sizes (hidden, layers, ...) and the plan's cp degree are bound at build time. What does not depend on the plan (the model's parameters and
 FLOPs per step) stays a sympy expression of the spec's sizes, as the user reads it.
 
 Under pp (`piped`) the trace is cut into segments: a prologue (the layers before the first block: stage 0's), one
