@@ -750,14 +750,14 @@ def structure_of(axes, sp: bool, tp_layers) -> tuple:
 
 def structure(plan) -> tuple:
     """Every decision of `plan` that a CostModel binds when it is built, so the key under which one model costs
-    many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`);
-    under cp its degree and attention variant (the context-parallel pass rewrites the graphs per variant, and the
-    formulas bind the degree as a constant: formulas.py `_sub`); whether the residual stream is fp32 (the widths
-    of the activation formulas, activations.precision_key)."""
+    many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`, three
+    fields), then under cp its attention variant (the context-parallel pass rewrites the graphs per variant),
+    whether the residual stream is fp32 (the widths of the activation formulas, activations.precision_key), and
+    last the cp degree (the graphs keep it as the symbol `cp`; the formulas bind it as a constant: formulas.py
+    `_sub`)."""
     cp = plan.size("cp")
-    return (structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
-            + (((cp, plan.context_parallel),) if cp > 1 else ()) + ((("fp32_residual", True),) if plan.fp32_residual
-                                                                      else ()))
+    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
+        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp)
 
 
 def _other_structure(plan, built: tuple) -> str:
@@ -765,7 +765,7 @@ def _other_structure(plan, built: tuple) -> str:
     if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != built[:3]:
         return (f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, sequence "
                 "parallelism, tp layers): trace and run the passes for it")
-    if plan.fp32_residual != (("fp32_residual", True) in built):
+    if bool(plan.fp32_residual) != built[4]:
         return (f"plan {plan.describe()} keeps the residual stream in another precision than the one this cost "
                 "model's activation formulas were derived for: build a CostModel for it")
     return (f"plan {plan.describe()} has another cp degree or attention variant than the one this cost model's "
