@@ -130,7 +130,6 @@ def korthikanti_rows(recompute: str = "selective") -> list[dict]:
 def _compiled_rows(which: str, sizes=MICRO_BATCH_SIZES) -> list:
     """(row, [(micro-batch size, compiled program, cost model), ...]) of Table 1's `which` rows: compiled once, so
     that the fit can simulate them under many device figures."""
-    from compiler import cost as C
     from compiler import pipeline as D
     from compiler.check import check_text
     data = json.loads((REFERENCE / "calibration.json").read_text())
@@ -144,8 +143,7 @@ def _compiled_rows(which: str, sizes=MICRO_BATCH_SIZES) -> list:
             if (row["batch"] // dp) % b or (row["p"] > 1 and m % row["p"]):
                 continue
             compiled = D.compile_spec(check_text(megatron_text(row, setup, b, chunks(row)), "megatron.scale"))
-            got.append((b, compiled, getattr(compiled, "model", None)
-                        or C.CostModel(compiled.spec, compiled.traced, compiled.plan)))
+            got.append((b, compiled, compiled.model))
         out.append((row, got))
     return out
 

@@ -21,13 +21,11 @@ from compiler.symbols import size
 
 
 def structure(plan: P.Plan) -> tuple:
-    """The plan's structure, as the cost model keys it (compiler.cost.structure_of), with, under cp, the cp size and
-    its attention variant: the context-parallel pass rewrites the graphs per variant, and the formulas bind the cp
-    degree as a constant when they are built (compiler/cost/formulas.py), so each cp size is a structure of its own."""
-    from compiler.cost import structure_of
-    cp = plan.size("cp")
-    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
-        ((cp, plan.context_parallel),) if cp > 1 else ())
+    """The plan's structure, as the cost model keys it (compiler.cost.structure: the pass structure, under cp its
+    attention variant, the residual stream's precision, the cp degree): one CostModel each, and one lowering each
+    but for the cp degree (`Candidates._graphs_key`)."""
+    from compiler.cost import structure as of
+    return of(plan)
 
 
 _SPLIT: dict = {}
@@ -60,7 +58,15 @@ class Candidates:
         self.spec = spec
         self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
+        self._lowered: dict = {}  # _graphs_key -> (sharded, split, blocks): the graphs cp sizes share
+        self._moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
         self._rules = None  # rules.Checker of this spec, made on first use
+
+    def _graphs_key(self, key: tuple) -> tuple:
+        """The part of a structure key the lowered graphs depend on: all of it but the cp degree, which the graphs
+        keep as the symbol `cp` (only the cost model binds it) unless a `moe` layer's capacity is divided by it
+        (compiler/passes/context_parallel.py `_capacity`): cp sizes of one variant share one lowering."""
+        return key if self._moe else key[:-1]  # compiler.cost.structure: the cp degree last
 
     def _structure(self, plan: P.Plan) -> _Structure:
         key = structure(plan)
@@ -68,12 +74,18 @@ class Candidates:
         if got is None:
             from compiler import cost as C
             decided = L.decide_parallel(self.unsharded, plan)
-            sharded = L.lower(self.unsharded, decided)  # the cut is the same for every layout: the Plan says which
-            split, blocks = (), 0                        # blocks each stage holds
-            if plan.size("pp") > 1:
-                blocks = L.blocks_of(sharded, self.spec.value)
-                fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
-                split = tuple(_lambdify(sympy.sympify(f).xreplace(fixed)) for f in L.split_costs(sharded))
+            gkey = self._graphs_key(key)
+            lowered = self._lowered.get(gkey)
+            if lowered is None:
+                sharded = L.lower(self.unsharded, decided)  # the cut is the same for every layout: the Plan says
+                split, blocks = (), 0                        # which blocks each stage holds
+                if plan.size("pp") > 1:
+                    blocks = L.blocks_of(sharded, self.spec.value)
+                    fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
+                    split = tuple(_lambdify(sympy.sympify(f).xreplace(fixed)) for f in L.split_costs(sharded))
+                lowered = self._lowered[gkey] = (sharded, split, blocks)
+            sharded, split, blocks = lowered
+            # the cost model binds this plan's cp degree (compiler.cost.structure): one per structure key
             got = _Structure(decided, sharded, split, blocks, C.CostModel(self.spec, sharded, decided))
             self._structures[key] = got
         return got

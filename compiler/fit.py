@@ -78,11 +78,19 @@ def fixes(compiled, limit: float) -> list[Fix]:
     return sorted(found, key=lambda f: (not f.fits, f.peak))
 
 
+def advice(compiled) -> tuple[Fix, ...]:
+    """What would make a compiled plan (compiler.pipeline.Compiled) fit one device of its mesh: `fixes` at the
+    device's memory, lowered and costed once per compiled plan, on first ask (kept in `compiled.advice`). `budget`'s
+    E0501 and every form of the `plan` report (text, JSON, HTML) read this one list; none lowers or costs again."""
+    got = compiled.advice
+    if got is None:
+        got = compiled.advice = tuple(fixes(compiled, compiled.spec.mesh.device.memory_gb * 1e9))
+    return got
+
+
 def budget(compiled) -> list[Diagnostic]:
     """What the memory model says of a compiled plan (compiler.pipeline.Compiled): E0501 (an error) when the
-    fullest rank's predicted peak exceeds one device, with what would make it fit (`fixes`); W0502 (a warning) when
+    fullest rank's predicted peak exceeds one device, with what would make it fit (`advice`); W0502 (a warning) when
     it fits with less than 10% to spare."""
     from compiler.cost import memory as MEM
-    spec, est = compiled.spec, compiled.costs
-    limit = spec.mesh.device.memory_gb * 1e9
-    return MEM.over_memory(spec, est.memory, lambda: fixes(compiled, limit))
+    return MEM.over_memory(compiled.spec, compiled.costs.memory, lambda: advice(compiled))

@@ -22,15 +22,16 @@ from __future__ import annotations
 SPAN, LAYER, SHAPE, FLOPS, DTYPE = "span", "layer", "shape", "flops", "dtype"
 TP_ROLE = "tp_role"  # a leaf's tensor-parallel role as its layer kind declares it: column, row, vocab, replicated
 
-# GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own.
+# GraphModule.meta keys: each traced segment carries what passes and codegen need, so it stands on its own. What
+# the graphs hold is the pass structure's, never a number the Plan decides (the axis sizes stay symbols: the cp degree
+# is the Plan's, bound by the cost model, compiler.cost.structure).
 PARAM_SHAPES = "param_shapes"  # parameter name -> symbolic shape (as held on one rank, once passes have run)
 SPANS = "spans"                # leaf module name -> Span of the .scale layer that made it
 INPUTS = "inputs"              # placeholder name -> symbolic shape
 REPEAT = "repeat"              # for a block: the spec's Repeat it is the body of
 TP_SHARDS = "tp_shards"        # parameter name -> (dim sharded over tp, full size of that dim before padding)
 TP_PARTIAL_GRADS = "tp_partial_grads"  # parameters whose gradients are partial over tp (sequence parallelism)
-EP_SHARDS = "ep_shards"
-CP_SIZE = "cp_size"            # of the top level after passes.context_parallel: the cp degree the shapes' `cp` stands for        # parameter name -> (dim sharded over ep, full size of that dim): the experts
+EP_SHARDS = "ep_shards"        # parameter name -> (dim sharded over ep, full size of that dim): the experts
 # Of the top level once passes.pipeline_split has cut it (absent without pp): its three pieces, each a GraphModule.
 # Which blocks each stage holds is not here: the Plan carries the stage layout (plan.stages).
 PROLOGUE, EPILOGUE, LOSS = "pp_prologue", "pp_epilogue", "pp_loss"

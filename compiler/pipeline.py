@@ -27,18 +27,22 @@ from compiler import fit
 from compiler import plan as P
 from compiler import spec as S
 from compiler.check import check_path
+from compiler.cost import step_time as ST
 from compiler.diagnostics import Diagnostic, ScaleError
 from compiler.lower import decide_parallel, decide_stages, lower, trace, verify
 
 
 @dataclass
 class Compiled:
+    """A compiled plan and everything known of it, each made once: every report, codegen and the memory budget read
+    these, none lowers or costs again."""
     spec: S.Spec
     traced: object       # trace.Traced after the passes: what the program runs
-    costs: object        # cost.Estimate
+    costs: object        # cost.Estimate: memory, ledger, and the step time (`costs.step`, made on first read)
     plan: P.Plan | None = None
     unsharded: object = None  # trace.Traced before any pass: what candidate plans are decided from
     model: object = None      # cost.CostModel of `traced`: what `costs` and the step-time model read
+    advice: tuple | None = None  # fit.advice: what would make the plan fit one device (made on first ask)
 
 
 def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
@@ -73,7 +77,9 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
     traced = lower(unsharded, plan, check_between=check_between, show=show)
     plan = decide_stages(spec, traced, plan)
     model = C.CostModel(spec, traced, plan)
-    return Compiled(spec, traced, model.estimate(plan), plan, unsharded, model)
+    # the estimate, with its step time (made on first read): what every report, codegen and the budget read
+    costs = replace(model.estimate(plan), step_of=ST.step_of(model, plan))
+    return Compiled(spec, traced, costs, plan, unsharded, model)
 
 
 def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:

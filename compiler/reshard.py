@@ -1,19 +1,18 @@
 """`scalec reshard OLD.scale NEW.scale`: what moving a checkpoint from one plan to another reads, before doing it.
 
 A checkpoint holds every parameter whole under its single-device name, with its AdamW moments (runtime/checkpoint.py);
-a plan reads back its own pieces. This prints, from the two compiled plans alone (what the passes recorded and the
-Plan decided, the same tables codegen writes into the program: tp_shards, ep_shards, the pipeline stages, fsdp),
-each tensor's pieces under both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW
-reads. Two plans of different models (other parameter names or shapes) are refused with a diagnostic located in NEW.
+a plan reads back its own pieces. This prints, from the two compiled plans alone (each parameter's placements,
+compiler/layout/placements.py's, which plan.json writes, and the Plan's pipeline stages), each tensor's pieces under
+both plans (axis, dim, number of pieces, pipeline stage) and the bytes each rank of NEW reads. Two plans of different models (other parameter names or shapes) are refused with a diagnostic located in NEW.
 """
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass
 
 from compiler import trace as T
 from compiler.diagnostics import Diagnostic, ScaleError
+from compiler.layout import placements as PL
 
 MOMENTS = 2  # AdamW's exp_avg and exp_avg_sq, each shaped and sharded like its parameter
 BYTES = 4    # fp32: weights and optimizer state stay fp32 under every precision
@@ -51,11 +50,11 @@ class Layout:
         traced, plan = compiled.traced, compiled.plan
         self.axes = tuple(plan.axes)
         self.size = dict(self.axes)
-        patterns = [(p, d, "tp") for p, d, _ in traced.shard_patterns(T.TP_SHARDS)] + \
-            [(p, d, "ep") for p, d, _ in traced.shard_patterns(T.EP_SHARDS)]
-        # zero2 (FSDP2, gathered from forward to backward) holds dp pieces as fsdp does. zero1 reads whole weights;
-        # its AdamW moments are partitioned by whole parameters (counted here as whole: an upper bound).
-        fsdp = plan.data_parallel in ("fsdp", "zero2") and self.size.get("dp", 1) > 1
+        # each parameter's pieces as compiler/layout/placements.py places it (what plan.json writes): the tp or ep
+        # split of the passes, then FSDP2's dp pieces (over dp × ep, dp × cp for the dense weights: runtime/mesh.py's
+        # folding). zero1 reads whole weights; its AdamW moments are partitioned by whole parameters (counted here as
+        # whole: an upper bound).
+        table = {pl.name: pl for pl in PL.placements(traced, plan)}
         top = traced.top
         stages = compiled.plan.stages  # the Plan's layout: () without pp
         from compiler.trace import repeat_edges
@@ -64,10 +63,12 @@ class Layout:
         last = {n for n, _ in top.meta[T.EPILOGUE].named_children()} if stages else set()
         self.params: dict[str, Placement] = {}
         for name, p in traced.model.named_parameters():
-            pieces = [Piece(axis, dim, self.size[axis]) for pat, dim, axis in patterns
-                      if fnmatch.fnmatchcase(name, pat) and self.size.get(axis, 1) > 1][:1]
-            if fsdp:
-                pieces.append(Piece("dp", 0, self.size["dp"]))
+            parts = name.split(".")
+            pl = table.get(name) if parts[0] not in traced.blocks else table.get(".".join([parts[0], "*", *parts[2:]]))
+            if pl is None:
+                raise ValueError(f"{name}: no placement (compiler/layout/placements.py lists every parameter of the "
+                                 "lowered graphs)")
+            pieces = [Piece(axis, dim, self.size[axis]) for axis, dim in pl.pieces]
             held: tuple = ()
             if stages:
                 leaf = name.split(".")[0]

@@ -18,7 +18,7 @@ from torch import fx, nn
 from compiler import layers as L
 from compiler import model as M
 from compiler import ops
-from compiler.graph_meta import (COLLECTIVE, CP_SIZE, DTYPE, EP_SHARDS, EPILOGUE, FLOPS, INPUTS, LAYER,  # noqa: F401
+from compiler.graph_meta import (COLLECTIVE, DTYPE, EP_SHARDS, EPILOGUE, FLOPS, INPUTS, LAYER,  # noqa: F401
                                  LOSS, PARAM_SHAPES, PROLOGUE, REPEAT, SHAPE, SPAN, SPANS, TP_PARTIAL_GRADS, TP_ROLE,
                                  TP_SHARDS)
 from compiler.symbols import MICRO_BATCH

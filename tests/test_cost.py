@@ -678,3 +678,30 @@ def test_the_formulas_cover_exactly_the_segments_of_their_structure(sample):
     else:
         want = fo.params.whole(env)
     assert want == compiled.costs.params_rank > 0
+
+
+def test_a_plan_of_another_cp_degree_is_refused_by_a_model_built_for_cp_2():
+    """The cp degree is the Plan's, bound as a constant when a CostModel's formulas are built (no graph metadata
+    carries it): a model built for cp 2 refuses a plan of cp 4 rather than costing it with cp 2's constant, and a
+    model built for the cp 4 plan (Candidates, as the search does, from the graphs lowered for cp 2) costs it
+    exactly as compiling its own file does."""
+    import dataclasses
+    from compiler.candidates import Candidates
+    from compiler.cost import CostModel
+    text = (SAMPLES / "gpt_tp.scale").read_text().replace("axis tp = 2", "axis cp = 2").replace(
+        "sequence_parallel = false", 'context_parallel = "all_gather"')
+    base = compile_spec(check_text(text, "gpt_tp.scale"))
+    theirs = compile_spec(check_text(_variant(text, ("axis cp = 2", "axis cp = 4"),
+                                              ("devices_per_node = 2", "devices_per_node = 4")), "gpt_tp.scale"))
+    assert base.plan.size("cp") == 2 and theirs.plan.size("cp") == 4
+    cand = dataclasses.replace(base.spec.plan, axes=(("cp", 4),), devices_per_node=4)
+    cands = Candidates(base.spec, base.unsharded)
+    assert cands.estimate(cands.decide(base.spec.plan)) == base.costs
+    with pytest.raises(ValueError, match="cp degree"):
+        CostModel(base.spec, base.traced, base.plan).estimate(cands.decide(cand))
+    got = cands.estimate(cands.decide(cand))  # a model of its own, built for cp 4
+    assert got == theirs.costs
+    # on the same lowered graphs: they keep cp a symbol (no moe capacity divides by it), only the models bind it
+    assert cands.sharded(cand) is cands.sharded(base.spec.plan)
+    assert cands.cost_model(cand) is not cands.cost_model(base.spec.plan)
+    assert got.peak_bytes != base.costs.peak_bytes  # the constant matters: cp 4 keeps less per rank than cp 2

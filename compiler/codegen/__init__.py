@@ -21,6 +21,7 @@ from compiler import __version__
 from compiler import cost as C
 from compiler.cost.memory import predicted_peak_bytes
 from compiler.hf_header import stack as hf_stack
+from compiler.layout import placements as PL
 from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
@@ -263,8 +264,7 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
 def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
     and, when the plan has a step-time prediction (compiler.cost.step_time), that time."""
-    from compiler.cost import step_time
-    step_s = step_time.Simulator(spec.mesh.device).predict(C.CostModel(spec, traced, plan), plan, costs).step_time_s
+    step_s = costs.step.step_time_s  # the estimate's prediction (cost.Estimate.step): made once per compile
     return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
             "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 
@@ -381,25 +381,13 @@ def batch_script(spec: S.Spec, plan) -> str:
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
     """plan.json: the Plan itself (every setting and decision), then what it costs and places, and the run's
     contract."""
-    # zero2 is FSDP2 that keeps each unit gathered from forward to backward: at rest its weights are sharded as fsdp's.
-    # zero1's weights are whole on every dp rank (only AdamW's state is partitioned, by whole parameters).
-    dp_placement = ("Shard(0)" if plan.data_parallel in ("fsdp", "zero2") and plan.size("dp") > 1
-                    else "Replicate()")
-    params = []
-    for prefix, gm in [("", traced.top)] + [(f"{name}.*.", gm) for name, gm in traced.blocks.items()]:
-        shards = gm.meta.get(T.TP_SHARDS, {})
-        for pname, shape in gm.meta[T.PARAM_SHAPES].items():
-            placement = {"dp": dp_placement}
-            if pname in gm.meta.get(T.EP_SHARDS, {}):
-                placement = {"dp": "Replicate()", "ep": f"Shard({gm.meta[T.EP_SHARDS][pname][0]})"}
-            elif plan.size("ep") > 1:
-                placement["ep"] = "Replicate()"
-            if plan.size("tp") > 1:
-                placement["tp"] = f"Shard({shards[pname][0]})" if pname in shards else (
-                    "Replicate(), gradient Partial(sum)" if pname in gm.meta.get(T.TP_PARTIAL_GRADS, ())
-                    else "Replicate()")
-            params.append({"name": prefix + pname, "local_shape": [str(d) for d in shape],
-                           "local_numel": spec.value(sympy.Mul(*shape), plan), "placement": placement})
+    # Where each parameter lies over each group (compiler/layout/placements.py: Replicate(), Shard(dim), a Partial(sum)
+    # gradient), as plan.json has always written it: dp, ep and tp (cp, which shards a weight only inside FSDP2's
+    # folded group, is the placements' but not this file's).
+    params = [{"name": pl.name, "local_shape": [str(d) for d in pl.local_shape],
+               "local_numel": spec.value(sympy.Mul(*pl.local_shape), plan),
+               "placement": {a: str(p) for a, p in pl.groups if a != "cp"}}
+              for pl in PL.placements(traced, plan)]
     doc = {
         "generator": f"scalec {__version__}",
         "source": source_name(spec),

@@ -11,7 +11,8 @@
 `CostModel(spec, traced, plan)` reads the graphs after the passes once (they are symbolic in dp, tp, ep, pp and the
 micro-batch size µb) and compiles each formula to a function of those (`CostModel.formulas`, formulas.py);
 `.estimate(plan)` evaluates them for one
-`compiler.plan.Plan` with the same pass structure (which axes are > 1, sequence parallelism, what tp shards):
+`compiler.plan.Plan` with the same structure (`structure`: which axes are > 1, sequence parallelism, what tp shards,
+the cp degree and variant, the residual stream's precision):
 axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
 is the same path, so what `compile` prints is what a search ranks.
 
@@ -71,6 +72,10 @@ class Estimate:
     ledger_of: object = field(default=None, compare=False, repr=False)
     """() -> Ledger: the collectives of one step on the rank (`ledger`, built on first read: a search reads the
     ledgers of only the plans it times). Two estimates are equal when their fields and their ledgers are."""
+    step_of: object = field(default=None, compare=False, repr=False)
+    """(this estimate) -> step_time.Prediction: one optimizer step's predicted time (`step`, made on first read).
+    A compiled plan's estimate has it (compiler/pipeline.py: step_time.step_of); a search's candidates have none
+    (it times the plans it ranks with its own Simulator, bound first)."""
 
     def __eq__(self, other):
         if other.__class__ is not self.__class__:
@@ -90,6 +95,19 @@ class Estimate:
         return got
 
     @property
+    def step(self):
+        """The step-time model's prediction of the plan (compiler/cost/step_time.py: time, throughput, MFU, where
+        the time goes), made once, when first read: what `plan` prints, plan.json's and the program's figures."""
+        got = self.__dict__.get("_step")
+        if got is None:
+            if self.step_of is None:
+                raise ValueError("this estimate carries no step time: a compiled plan's does "
+                                 "(compiler.pipeline.compile_spec); time a candidate with step_time.Simulator")
+            got = self.step_of(self)
+            object.__setattr__(self, "_step", got)  # a frozen value's cache, as the ledger's
+        return got
+
+    @property
     def peak_bytes(self) -> float:
         return MEM.peak_bytes(self.memory)
 
@@ -105,16 +123,18 @@ class CostModel:
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
     def __init__(self, spec: S.Spec, traced: T.Traced, plan):
-        """`plan`: the Plan `traced` was lowered for; only its pass structure is read (structure_of), which every
-        plan this model estimates must share."""
+        """`plan`: the Plan `traced` was lowered for; only the decisions the formulas bind are read (`structure`:
+        its pass structure, cp degree and variant, residual precision), which every plan this model estimates must
+        share."""
         self.spec, self.traced = spec, traced
-        self.structure = structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers)
+        self.structure = structure(plan)
+        """Every decision of the Plan that the graphs and the formulas bind (`structure`): every plan this model
+        estimates has the same."""
         from compiler.cost import activations as A
-        self.fp32_residual = plan.fp32_residual
         self.precision = A.precision_key(spec, plan)
         """The activations' precision key (activations.precision_key): the train section's, with the plan's fp32
-        residual stream; every plan this model estimates has the same."""
-        self.formulas = Formulas.build(spec, traced, self.precision)
+        residual stream."""
+        self.formulas = Formulas.build(spec, traced, self.precision, plan.size("cp"))
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
         self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
@@ -145,12 +165,8 @@ class CostModel:
                          "(compiler.candidates.Candidates.decide, or compile)")
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
-        if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != self.structure:
-            raise ValueError(f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, "
-                             "sequence parallelism, tp layers): trace and run the passes for it")
-        if plan.fp32_residual != self.fp32_residual:
-            raise ValueError(f"plan {plan.describe()} keeps the residual stream in another precision than the one "
-                             "this cost model's activation formulas were derived for: build a CostModel for it")
+        if structure(plan) != self.structure:
+            raise ValueError(_other_structure(plan, self.structure))
         spec = self.spec
         dp, tp, ep, pp = (plan.size(a) for a in AXES)
         m, mb = plan.micro_batches, plan.micro_batch_size
@@ -730,6 +746,30 @@ def structure_of(axes, sp: bool, tp_layers) -> tuple:
     stage, gradient reduction and batch split are the cost model's, from the plan's numbers), so plans with and
     without dp share their graphs (a search lowers and compiles each structure once: issue 37)."""
     return (tuple((a, n > 1) for a, n in axes if a != "dp"), bool(sp), tuple(tp_layers))
+
+
+def structure(plan) -> tuple:
+    """Every decision of `plan` that a CostModel binds when it is built, so the key under which one model costs
+    many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`, three
+    fields), then under cp its attention variant (the context-parallel pass rewrites the graphs per variant),
+    whether the residual stream is fp32 (the widths of the activation formulas, activations.precision_key), and
+    last the cp degree (the graphs keep it as the symbol `cp`; the formulas bind it as a constant: formulas.py
+    `_sub`)."""
+    cp = plan.size("cp")
+    return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
+        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp)
+
+
+def _other_structure(plan, built: tuple) -> str:
+    """Why a CostModel built for the structure `built` refuses `plan`: which of its decisions differs."""
+    if structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) != built[:3]:
+        return (f"plan {plan.describe()} has another pass structure than the traced one (axes > 1, sequence "
+                "parallelism, tp layers): trace and run the passes for it")
+    if bool(plan.fp32_residual) != built[4]:
+        return (f"plan {plan.describe()} keeps the residual stream in another precision than the one this cost "
+                "model's activation formulas were derived for: build a CostModel for it")
+    return (f"plan {plan.describe()} has another cp degree or attention variant than the one this cost model's "
+            "graphs and formulas were built for (cp is bound as a constant): build a CostModel for it")
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:

@@ -1,10 +1,10 @@
 """The cost formulas of one pass structure, as one typed object: what `CostModel` (estimate, memory, ledger) and the
 step-time model (step_time.py) read.
 
-`Formulas.build(spec, traced, precision)` reads the graphs after the passes once. Every formula that depends on the plan is
-symbolic in the axis sizes and the micro-batch size, and is compiled (`Formula`) to exact arithmetic over
+`Formulas.build(spec, traced, precision, cp)` reads the graphs after the passes once. Every formula that depends on
+the plan is symbolic in the axis sizes and the micro-batch size, and is compiled (`Formula`) to exact arithmetic over
 `env = (dp, tp, ep, pp, µb)`: µb is the sequences per micro-batch on one rank (plan.micro_batch_size). The spec's own
-sizes (hidden, layers, ...) are bound at build time. What does not depend on the plan (the model's parameters and
+sizes (hidden, layers, ...) and the plan's cp degree are bound at build time. What does not depend on the plan (the model's parameters and
 FLOPs per step) stays a sympy expression of the spec's sizes, as the user reads it.
 
 Under pp (`piped`) the trace is cut into segments: a prologue (the layers before the first block: stage 0's), one
@@ -350,17 +350,16 @@ class Formulas:
         return sum(k * per_repeat[i](env) for i, k in self.held(lo, hi))
 
     @classmethod
-    def build(cls, spec, traced, precision: str) -> "Formulas":
+    def build(cls, spec, traced, precision: str, cp: int) -> "Formulas":
         """Read the graphs `traced` (after the passes) of `spec` once and compile every formula; `precision`: the
-        activations' precision key (activations.precision_key: the train section's and the plan's fp32 residual)."""
-        return _build(spec, traced, precision)
+        activations' precision key (activations.precision_key: the train section's and the plan's fp32 residual);
+        `cp`: the plan's cp degree, which the graphs' shapes divide the sequence by (the symbol `cp`, bound here
+        as a spec size is: the cost model's structure key holds it, compiler.cost.structure)."""
+        return _build(spec, traced, precision, cp)
 
 
-def _build(spec, traced, precision: str) -> Formulas:
+def _build(spec, traced, precision: str, cp: int) -> Formulas:
     from compiler.cost import activations as A
-    # the cp degree the context-parallel pass divided the sequence by (compiler/passes/context_parallel.py): bound
-    # here, as a spec size is, since a search keeps cp as the file has it
-    cp = traced.top.meta.get(T.CP_SIZE, 1)
     sub = _sub(spec, cp)
 
     def fn(expr) -> Formula:

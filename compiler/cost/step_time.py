@@ -814,10 +814,18 @@ def _order(schedule: str, p: int, m: int, v: int):
     return got
 
 
+def step_of(cm, plan):
+    """The maker of a compiled plan's step time (cost.Estimate.step_of): its prediction on the spec's device, from
+    its estimate of pp rank 0 (what compiler/pipeline.py attaches to the Estimate it compiles)."""
+    return lambda est: Simulator(cm.spec.mesh.device).predict(cm, plan, est)
+
+
 def predict(compiled, attention: str = "fused") -> Prediction | None:
-    """The step time of a compiled program (compiler.pipeline.Compiled)."""
+    """The step time of a compiled program (compiler.pipeline.Compiled): its estimate's (`Estimate.step`, made
+    once), or with `attention` "materialised" (only to compare with published figures) its cost model's under that
+    assumption."""
     if compiled.plan is None:
         return None
-    from compiler import cost as C
-    cm = getattr(compiled, "model", None) or C.CostModel(compiled.spec, compiled.traced, compiled.plan)
-    return Simulator(compiled.spec.mesh.device, attention).predict(cm, compiled.plan, compiled.costs)
+    if attention == "fused":
+        return compiled.costs.step
+    return Simulator(compiled.spec.mesh.device, attention).predict(compiled.model, compiled.plan, compiled.costs)

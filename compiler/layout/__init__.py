@@ -1,10 +1,12 @@
 """The Layout: how a plan sits on the machines (docs/internals.md).
 
-    groups.py    every process group the program uses, by name: its axes, ranks (a stride pattern, expanded on
-                 demand) and the link tier it crosses; read by the cost model (step_time.links, the ZeRO group),
-                 the Plan's batch counts and codegen, which writes them into the runtime contract.
-    cluster.py   the machines: nodes, devices per node, the device's figures and the link tiers.
-    devices.py   every device kind's figures, with their sources; the checker resolves a mesh's device here.
+    groups.py      every process group the program uses, by name: its axes, ranks (a stride pattern, expanded on
+                   demand) and the link tier it crosses; read by the cost model (step_time.links, the ZeRO group),
+                   the Plan's batch counts and codegen, which writes them into the runtime contract.
+    cluster.py     the machines: nodes, devices per node, the device's figures and the link tiers.
+    devices.py     every device kind's figures, with their sources; the checker resolves a mesh's device here.
+    placements.py  each parameter's placement per group (Replicate, Shard(dim), Partial), behind plan.json and
+                   reshard.
 
 Torch-free: the front end and the search read it, and it imports nothing of compiler.cost.
 """

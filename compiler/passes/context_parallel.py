@@ -31,7 +31,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from compiler import graph_meta as K
 from compiler import spec as S
 from compiler import trace as T
 from compiler.passes.tensor_parallel import Collective
@@ -181,6 +180,5 @@ def context_parallel_pass(traced: T.Traced, plan) -> T.Traced:
         gm.meta[T.INPUTS] = {k: (v[0], v[1] / size(AXIS), *v[2:]) for k, v in gm.meta[T.INPUTS].items()}
         gm.graph.lint()
         gm.recompile()
-    traced.top.meta[K.CP_SIZE] = cp
     traced.annotate()
     return traced

@@ -81,8 +81,7 @@ def _values(compiled) -> dict:
 
 def _step_time_text(compiled) -> list[str]:
     """The step-time model's prediction (compiler/cost/step_time.py): time, throughput, MFU, where the time goes."""
-    from compiler.cost import step_time as SIM
-    pred = SIM.predict(compiled)
+    pred = _prediction(compiled)
     if pred is None:
         return []
     dev = compiled.spec.mesh.device
@@ -187,14 +186,19 @@ def _memory_text(compiled) -> list[str]:
     return lines
 
 
-def _fixes(compiled) -> list:
+def _fixes(compiled) -> tuple:
+    """What would make the plan fit (compiler.fit.advice: lowered and costed there, once per compiled plan)."""
     from compiler import fit
-    return fit.fixes(compiled, compiled.spec.mesh.device.memory_gb * 1e9)
+    return fit.advice(compiled)
+
+
+def _prediction(compiled):
+    """The step-time prediction the compiled plan's estimate carries (cost.Estimate.step), or None without a plan."""
+    return compiled.costs.step if compiled.plan is not None else None
 
 
 def _predicted_json(compiled) -> dict | None:
-    from compiler.cost import step_time as SIM
-    pred = SIM.predict(compiled)
+    pred = _prediction(compiled)
     return pred.as_json() if pred is not None else None
 
 
@@ -360,12 +364,11 @@ def _memory_diagnostics(compiled) -> list:
 
 def _pipeline_text(compiled) -> list[str]:
     from compiler import schedule as SCH
-    from compiler.cost import step_time as SIM
     costs, plan = compiled.costs, compiled.plan
     if not costs.stages:
         return []
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
-    pred = SIM.predict(compiled)
+    pred = costs.step
     lines = ["", f"pipeline    {plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
              f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble {pred.bubble_fraction:.1%} "
              f"(simulated: the slowest rank's idle share of the step; the published (p-1)/(v·m+p-1) "
