@@ -168,7 +168,7 @@ class Checkpoint:
     as_written: str = ""
     """`checkpoint_dir` as the .scale file spells it, when relative. Programs compiled before it was read from the
     .scale file's directory read it from the current one: a run that finds checkpoints only there stops with one
-    line (runtime.train._legacy_checkpoints) rather than starting again at step 1 beside them."""
+    line (runtime.startup.legacy_checkpoints) rather than starting again at step 1 beside them."""
     every: int = 0
     """Save every this many steps (and always at the last step of a run and on SIGTERM); 0: only then."""
     asynchronous: bool = False
@@ -178,8 +178,9 @@ class Checkpoint:
 
 @dataclass(frozen=True, kw_only=True)
 class Eval:
-    """Evaluation on held-out data (`train { eval_every, eval_batches, eval_split }`; runtime.train.evaluate): the
-    model's forward only, the token-mean cross entropy (no MoE auxiliary loss) over the same batches each time."""
+    """Evaluation on held-out data (`train { eval_every, eval_batches, eval_split }`;
+    runtime.trainer.Trainer.evaluate): the model's forward only, the token-mean cross entropy (no MoE auxiliary
+    loss) over the same batches each time."""
 
     every: int = 0
     """Evaluate after every this many steps and after the last; 0: never."""

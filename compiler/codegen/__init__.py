@@ -209,7 +209,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                     if t.data.document_separator is not None else {}),
                  **({"format": t.data.format} if t.data.format != "raw" else {})},  # a .npy: read by its header
         "checkpoint": {"dir": relative_path(spec, t.checkpoint_dir, out_dir),
-                       # as written, when relative: runtime.train._legacy_checkpoints looks for it from the cwd too
+                       # as written, when relative: runtime.startup.legacy_checkpoints looks for it from the cwd too
                        **({"as_written": t.checkpoint_dir}
                           if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
                        "every": t.checkpoint_every,
