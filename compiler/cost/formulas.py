@@ -358,6 +358,35 @@ class Formulas:
         return _build(spec, traced, precision, cp)
 
 
+def _recompute_step(traced, gb) -> dict:
+    """Recomputation's extra forward, per step: full re-runs each block's forward, selective its attention cores
+    (its other recomputed ops, norms and elementwise, are not matmuls: 0 by the FLOPs convention)."""
+    out = {"none": sympy.Integer(0)}
+    for mode in ("selective", "full"):
+        per = sum((c * F.recomputed_forward(g, mode) for c, g in
+                   ((gm.meta[T.REPEAT].count, gm) for gm in traced.blocks.values())), sympy.Integer(0))
+        # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones (cp's too: a cp
+        # rank's S/cp queries against its keys are at cp = 1 the whole sequence's, as flops_step counts them)
+        out[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, size("cp"): 1, **{size(a): 1 for a in AXES}}))
+    return out
+
+
+def _compiled(segs: Segments, fn) -> Segments:
+    """Each segment's expression as a Formula (`fn`)."""
+    return Segments(whole=None if segs.whole is None else fn(segs.whole),
+                    block=None if segs.block is None else tuple(fn(v) for v in segs.block),
+                    prologue=None if segs.prologue is None else fn(segs.prologue),
+                    epilogue=None if segs.epilogue is None else fn(segs.epilogue))
+
+
+def _moments(segs: Segments, fn) -> Segments:
+    """Each segment's working sets (a list of expressions, one per moment), deduplicated, as Formulas."""
+    def of(v):
+        return None if v is None else tuple(fn(e) for e in set(v))
+    return Segments(whole=of(segs.whole), block=None if segs.block is None else tuple(of(v) for v in segs.block),
+                    prologue=of(segs.prologue), epilogue=of(segs.epilogue))
+
+
 def _build(spec, traced, precision: str, cp: int) -> Formulas:
     from compiler.cost import activations as A
     sub = _sub(spec, cp)
@@ -372,16 +401,7 @@ def _build(spec, traced, precision: str, cp: int) -> Formulas:
     bwd = traced.model_flops_bwd if traced.model_flops_bwd != 0 else F.graph_backward(top, traced.repeats())
     gb = spec.train.global_batch
     flops_step = sympy.expand((flops_fwd + bwd).xreplace({MICRO_BATCH: gb}))
-    # Recomputation's extra forward, per step: full re-runs each block's forward, selective its attention
-    # cores (its other recomputed ops, norms and elementwise, are not matmuls: 0 by the FLOPs convention).
-    recompute_step = {"none": sympy.Integer(0)}
-    for mode in ("selective", "full"):
-        per = sum((c * F.recomputed_forward(g, mode) for c, g in
-                   ((gm.meta[T.REPEAT].count, gm) for gm in traced.blocks.values())), sympy.Integer(0))
-        # the whole model's: the sharded graphs' shapes at axis sizes 1 are the unsharded ones (cp's too: a cp
-        # rank's S/cp queries against its keys are at cp = 1 the whole sequence's, as flops_step counts them)
-        recompute_step[mode] = sympy.expand(per.xreplace({MICRO_BATCH: gb, size("cp"): 1,
-                                                          **{size(a): 1 for a in AXES}}))
+    recompute_step = _recompute_step(traced, gb)
     sites = tuple(SiteFormula(site, fn(site.elements)) for site in L.sites(traced))
     partial = tuple(PartialFormula(k, fn(v)) for k, v in L.partial_grads(traced).items())
     counts = {name: Count(gm.meta[T.REPEAT].count, int(spec.value(gm.meta[T.REPEAT].count)))
@@ -462,18 +482,6 @@ def _build(spec, traced, precision: str, cp: int) -> Formulas:
                      for mode in RECOMPUTE}  # every block
         edges = ()
 
-    def compiled(segs: Segments) -> Segments:
-        return Segments(whole=None if segs.whole is None else fn(segs.whole),
-                        block=None if segs.block is None else tuple(fn(v) for v in segs.block),
-                        prologue=None if segs.prologue is None else fn(segs.prologue),
-                        epilogue=None if segs.epilogue is None else fn(segs.epilogue))
-
-    def moments(segs: Segments) -> Segments:
-        def of(v):
-            return None if v is None else tuple(fn(e) for e in set(v))
-        return Segments(whole=of(segs.whole), block=None if segs.block is None else tuple(of(v) for v in segs.block),
-                        prologue=of(segs.prologue), epilogue=of(segs.epilogue))
-
     return Formulas(
         piped=piped, sub=sub, counts=MappingProxyType(counts), edges=edges,
         model_params=model_params, model_params_n=spec.value(model_params), flops_fwd=flops_fwd,
@@ -481,9 +489,9 @@ def _build(spec, traced, precision: str, cp: int) -> Formulas:
         # the experts' empty slots (trace_model): hardware FLOPs, not model FLOPs
         padding_step=sympy.expand(traced.padding_flops.xreplace({MICRO_BATCH: gb})),
         recompute_step=MappingProxyType(recompute_step), tokens_step=spec.value(gb * spec.train.seq_len),
-        params=compiled(seg_params), experts=compiled(seg_experts),
+        params=_compiled(seg_params, fn), experts=_compiled(seg_experts, fn),
         flops=flops, recompute=MappingProxyType(recompute), saved=saved, units=units,
         send=fn(send_expr) if piped else None, send_expr=send_expr, frees_sent=frees_sent,
-        loss=tuple(fn(e) for e in A.loss_working_set(loss_graph, prec)), backward=moments(backward_ws),
+        loss=tuple(fn(e) for e in A.loss_working_set(loss_graph, prec)), backward=_moments(backward_ws, fn),
         sites=sites, partial=partial, param_shapes=ParamShapes(traced, sub, spec.value))
 
