@@ -554,7 +554,7 @@ class CostModel:
                 parts.append((f.expr, self.formulas.counts[where[1]].expr if where[0] == "block" and nb is None
                               else k))
         if partial_n:
-            fsdp = plan.data_parallel in ("fsdp", "zero2") and dp > 1
+            fsdp = plan.shards_grads
             if fsdp:
                 partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
@@ -617,7 +617,7 @@ class CostModel:
             entries.append(Collective(op=op, axis=axis, dtype_bytes=width, span=span, reason=reason, times=times,
                                       bytes=int(n_elements * width * times), measured=False,
                                       element_formula=formula))
-        if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
+        if plan.shards_grads:
             # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
             # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
             # under cp the whole model shards over dp × cp (runtime.mesh's dense_mesh: torchtitan's folding)
@@ -630,13 +630,13 @@ class CostModel:
                        params),))
             # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
             # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
-            gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
+            gathers = (plan.micro_batches * 2 if plan.shards_params
                        else 1 if pp > 1 else plan.micro_batches)
             each = plan.syncs_each_micro_batch
             for axis, at, whose, whose_g, n, formula in parts:
                 add("all_gather", axis, n, gathers, at,
                     f"FSDP: gather {whose}weights for forward and again for backward, every micro-batch"
-                    if plan.data_parallel == "fsdp" else
+                    if plan.shards_params else
                     f"ZeRO-2 (FSDP2, kept gathered to backward): gather {whose}weights once per micro-batch",
                     formula, width=w)
                 # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
@@ -668,7 +668,7 @@ class CostModel:
             # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
             add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
                 params)
-        if plan.data_parallel == "zero1" and dp > 1:
+        if plan.zero_stage == 1:
             # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep; under
             # cp over dp × cp, the batch group
             add("broadcast", "dp×cp" if plan.size("cp") > 1 else "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic
+from runtime import choices  # torch-free: what each data-parallel mode means (ZERO_STAGE)
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,15 @@ def state_per_param(precision: str, data_parallel: str, dp: int, grad_reduce: st
     ZeRO (Rajbhandari et al. 2020) counts 2 + 2 + 12 for ddp, 2 + 2 + 12/Nd, 2 + (2 + 12)/Nd, 16/Nd: zero2 here
     holds 2/Nd more (the fp32 gradient shard), tests/test_memory.py itemises it."""
     nd = max(1, dp)
-    mode = data_parallel if nd > 1 else "ddp"
+    stage = choices.zero_stage(data_parallel, nd)
     if precision != "bf16":
-        sh = shard_of(mode, nd)
+        sh = shard_of(data_parallel, nd)
         return ModelState(params=4 / sh["weights"], grads=4 / sh["grads"], optimizer=8 / sh["optimizer"])
     g = grad_bytes(precision, grad_reduce)
-    if mode in ("ddp", "zero1"):
-        return ModelState(params=2, grads=g, optimizer=12 / (nd if mode == "zero1" else 1))
+    if stage < 2:
+        return ModelState(params=2, grads=g, optimizer=12 / (nd if stage == 1 else 1))
     # FSDP2: the sharded fp32 parameter is the weight and the master; zero2 keeps the bf16 units gathered to backward
-    return ModelState(params=(2 if mode == "zero2" else 0) + 4 / nd, grads=4 / nd, optimizer=8 / nd)
+    return ModelState(params=(2 if stage == 2 else 0) + 4 / nd, grads=4 / nd, optimizer=8 / nd)
 
 
 def model_state(psi: float, precision: str, data_parallel: str, dp: int,
@@ -85,7 +86,7 @@ def model_state(psi: float, precision: str, data_parallel: str, dp: int,
 def optimizer_label(precision: str, data_parallel: str, dp: int) -> str:
     """What the optimizer column holds: AdamW's moments; with them the fp32 master weights under bf16 when the
     optimizer keeps it (ddp, zero1; FSDP2's master is the sharded parameter itself, with the weights)."""
-    fsdp2 = data_parallel in ("zero2", "fsdp") and dp > 1
+    fsdp2 = choices.zero_stage(data_parallel, dp) >= 2
     return "fp32 master + AdamW moments" if precision == "bf16" and not fsdp2 else "AdamW moments"
 
 
@@ -295,8 +296,8 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
     - `progress`: three int64 scalars.
     Device: the gathered pieces above (nothing else: the other entries are views of what the rank holds)."""
     nd = max(1, dp)
-    mode = data_parallel if nd > 1 else "ddp"
-    if mode in ("zero2", "fsdp"):
+    stage = choices.zero_stage(data_parallel, nd)
+    if stage >= 2:
         host = device = 0
         for _, e, rows, _, sharded in tensors:
             if sharded:
@@ -306,7 +307,7 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
                 chunk = -(-rows // nd) * (e // rows) if rows else 0
                 host += 4 * chunk + 8 * chunk + STEP_BYTES
         return host + PROGRESS_BYTES, device
-    if mode != "zero1":
+    if stage != 1:
         return sum(12 * e + STEP_BYTES for _, e, *_ in tensors) + PROGRESS_BYTES, 0
     totals, host = [0] * nd, [0] * nd
     if precision == "bf16":
@@ -327,7 +328,7 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
 def shard_of(data_parallel: str, dp: int) -> dict:
     """Over how many ranks each kind of model state is split, by ZeRO stage (dp ranks holding the same layers)."""
     n = max(1, dp)
-    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}.get(data_parallel, 0)
+    stage = choices.ZERO_STAGE.get(data_parallel, 0)
     return {"weights": n if stage >= 3 else 1, "grads": n if stage >= 2 else 1, "optimizer": n if stage >= 1 else 1,
             "stage": stage}
 
