@@ -132,3 +132,21 @@ def test_state_is_torch_free():
     code = ("import sys; import compiler.layout.state; "
             "assert 'torch' not in sys.modules and not any(m.startswith('compiler.cost') for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_terms_sum_each_column_by_group():
+    """Rows.terms, what the memory model reads: bf16 zero1's fp32 master and moments one optimizer term of 12 bytes
+    an element over dp; without gradients yet (a first micro-batch) no gradient term; under FSDP2 with ep a term
+    carries both groups' sizes (dense over dp × ep, experts over dp)."""
+    rows = ST.rows(_plan("zero1"), "bf16")
+    step = dict(rows.terms(ST.STEP_PEAK))
+    assert step[("optimizer", 4, 4, "elements")] == 12
+    assert step[("weights", 1, 1, "elements")] == 2 and step[("grads", 1, 1, "elements")] == 4
+    assert not any(column == "grads" for (column, *_), _ in rows.terms(ST.BACKWARD_PEAK, grads=False))
+    fsdp = dict(ST.rows(_plan("fsdp", ep=2), "bf16").terms(ST.STEP_PEAK))
+    assert fsdp == {("weights", 8, 4, "elements"): 4, ("grads", 8, 4, "elements"): 4,
+                    ("optimizer", 8, 4, "elements"): 8}
+    # fsdp without pp: the gathered bf16 units are a working set, not a term
+    back = dict(ST.rows(_plan("fsdp"), "bf16").terms(ST.BACKWARD_PEAK))
+    assert back == {("weights", 4, 4, "elements"): 4, ("grads", 1, 1, "elements"): 4,
+                    ("optimizer", 4, 4, "elements"): 8}

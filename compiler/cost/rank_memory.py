@@ -79,34 +79,25 @@ class Peaks:
 
     # -- the rows ----------------------------------------------------------------------------------------------------
 
-    def shard(self, rows, r: Rank) -> float:
-        """Over how many ranks a kind's rows (one per parameter class) split the rank's parameters: their group's
-        size, or, where the dense and the expert rows lie over different groups (FSDP2 with ep), the rank's
-        parameters over its share of them."""
-        sizes = {row.params: row.size for row in rows}
-        dense, expert = sizes.get(ST.DENSE, 1), sizes.get(ST.EXPERT, 1)
+    @staticmethod
+    def shard(dense: int, expert: int, r: Rank) -> float:
+        """Over how many ranks a kind's rows split the rank's parameters: their group's size, or, where the dense
+        and the expert rows lie over different groups (FSDP2 with ep), the rank's parameters over its share of
+        them."""
         if dense == expert or not r.params:
             return expert
         return r.params / (r.dense / dense + (r.params - r.dense) / expert)
 
     def state(self, r: Rank, instant: str) -> dict:
-        """Bytes of each column (weights, grads, optimizer) of the rows alive at `instant`, on the device. The
-        kinds of one column over the same group are one term, of their bytes per element together; the
-        optimizer's (and the step's gradients) under bf16 are bytes per element × elements, as
-        memory.state_per_param gives them to the plan's model state, so the two agree to the byte."""
-        kinds: dict = {}
-        for row in self.rows:
-            if row.location == ST.DEVICE and row.alive_at(instant) and row.alive != ST.GATHER:
-                if instant == ST.BACKWARD_PEAK and row.column == "grads" and not r.grads_at_peak:
-                    continue  # none yet on a first micro-batch (set to None by the last step)
-                kinds.setdefault(row.kind, []).append(row)
-        terms: dict = {}  # (column, shard, partition) -> bytes per element, in the order the rows give them
-        for rows in kinds.values():
-            key = (rows[0].column, self.shard(rows, r), rows[0].partition)
-            terms[key] = terms.get(key, 0) + rows[0].dtype_bytes
+        """Bytes of each column (weights, grads, optimizer) of the rows alive at `instant`, on the device
+        (state.Rows.terms: the kinds of one column over the same groups are one term). The optimizer's (and the
+        step's gradients) under bf16 are bytes per element × elements, as memory.state_per_param gives them to
+        the plan's model state, so the two agree to the byte."""
         out = {"weights": 0, "grads": 0, "optimizer": 0}
         n, bf16 = r.params, self.prec == "bf16"
-        for (column, z, partition), k in terms.items():
+        grads = instant != ST.BACKWARD_PEAK or r.grads_at_peak
+        for (column, dense, expert, partition), k in self.rows.terms(instant, grads):
+            z = self.shard(dense, expert, r)
             if partition == "tensors" and z > 1:
                 b = k * self.zero1_largest(r.shapes)
             elif bf16 and (column == "optimizer" or column == "grads" and instant == ST.STEP_PEAK):

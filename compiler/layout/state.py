@@ -88,6 +88,33 @@ class Row:
         return self.alive in ALIVE_AT[instant]
 
 
+class Rows(tuple):
+    """A rank's rows (a tuple of Row), with what is alive at each instant summed up once: the same rows serve the
+    thousands of plans of one shape a search costs."""
+
+    def terms(self, instant: str, grads: bool = True) -> tuple:
+        """The rows alive at `instant` on the device, but FSDP's gathered units (a working set) and, without
+        `grads`, the gradients (none yet on a first micro-batch): per kind in row order, the kinds of one column
+        with the same groups and partition together, as ((column, dense group size, expert group size,
+        partition), bytes per element)."""
+        memo = self.__dict__.setdefault("_terms", {})
+        key = (instant, grads)
+        if key not in memo:
+            kinds: dict = {}
+            for row in self:
+                if (row.location == DEVICE and row.alive_at(instant) and row.alive != GATHER
+                        and (grads or row.column != "grads")):
+                    kinds.setdefault(row.kind, {})[row.params] = row
+            out: dict = {}
+            for by_class in kinds.values():
+                first = next(iter(by_class.values()))
+                sizes = tuple(by_class[c].size if c in by_class else 1 for c in (DENSE, EXPERT))
+                at = (first.column, *sizes, first.partition)
+                out[at] = out.get(at, 0) + first.dtype_bytes
+            memo[key] = tuple(out.items())
+        return memo[key]
+
+
 def groups(plan) -> dict:
     """(name, size) of the group each class's sharded state lies over: dp, or dp × cp under context parallelism
     (cp shards no weight, so torchtitan folds it into FSDP's mesh); under FSDP2 with ep the dense weights over
@@ -107,7 +134,7 @@ def classes(plan, tied: bool = False) -> tuple:
     return (DENSE, EXPERT) + ((TIED,) if tied and plan.size("pp") > 1 else ())
 
 
-def rows(plan, precision: str, tied: bool = False) -> tuple:
+def rows(plan, precision: str, tied: bool = False) -> Rows:
     """Every row of a rank's model state under `plan` and `precision`, in the order the memory model sums them
     (compute copy before the master, as the peak's weights column reads)."""
     return _rows(plan.zero_stage, precision == "bf16", grad_bytes(precision, plan.grad_reduce),
@@ -115,7 +142,7 @@ def rows(plan, precision: str, tied: bool = False) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _rows(stage: int, bf16: bool, g: int, piped: bool, where: tuple, sync_each: bool, held: tuple) -> tuple:
+def _rows(stage: int, bf16: bool, g: int, piped: bool, where: tuple, sync_each: bool, held: tuple) -> Rows:
     """`rows` of what it reads of a plan (a search costs thousands of plans of a few such shapes)."""
     where = dict(where)
     out = []
@@ -153,7 +180,7 @@ def _rows(stage: int, bf16: bool, g: int, piped: bool, where: tuple, sync_each: 
         if bf16 and stage < 2:
             row(MASTER, 4, WHOLE_STEP, sharded=stage == 1)
         row(MOMENTS, 8, WHOLE_STEP, sharded=stage >= 1, partition=tensors)
-    return tuple(out)
+    return Rows(out)
 
 
 def describe(rows_: tuple) -> list[str]:
