@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic
+# G, the bytes of an accumulated gradient element, and the default `grad_reduce`: the model state rows' own
+from compiler.layout.state import GRAD_REDUCE, grad_bytes  # noqa: F401
 from runtime import choices  # torch-free: what each data-parallel mode means (ZERO_STAGE)
 
 
@@ -34,14 +36,6 @@ def zero_model_state(psi: float, nd: int, stage: int, *, param_bytes: int = 2, g
                       optimizer=k * psi / (nd if stage >= 1 else 1))
 
 
-GRAD_REDUCE = "fp32"  # `grad_reduce` when a plan has none: gradients accumulated and reduced in fp32 (Megatron's)
-
-
-
-def grad_bytes(precision: str, grad_reduce: str = GRAD_REDUCE) -> int:
-    """G: bytes of one accumulated, reduced gradient element. fp32 programs: 4. bf16 (Megatron's policy): 4 with
-    `grad_reduce = fp32` (Megatron's main_grad; FSDP2's reduce_dtype), 2 with `grad_reduce = bf16`."""
-    return 4 if precision != "bf16" or grad_reduce != "bf16" else 2
 
 
 def state_per_param(precision: str, data_parallel: str, dp: int, grad_reduce: str = GRAD_REDUCE) -> ModelState:

@@ -61,7 +61,7 @@ class Peaks:
         fo = model.formulas
         self.prec = model.spec.train.precision
         self.rows = ST.rows(plan, self.prec, tied=model.spec.model.head.tied)
-        self.zero = ST.groups(plan)[ST.EXPERT][1]  # dp, or dp × cp: the group every non-FSDP2-ep row lies over
+        self.zero = ST.groups(plan)[ST.EXPERT][1]  # the ZeRO stages' group: dp, or dp × cp (1: nothing sharded)
         self.g = ST.grad_bytes(self.prec, plan.grad_reduce)
         self.loss = max(f(env) for f in fo.loss) if fo.loss else 0
         self.root, self.block = fo.units.root(env), fo.units.block(env)

@@ -129,8 +129,8 @@ def groups(plan) -> dict:
 
 
 def classes(plan, tied: bool = False) -> tuple:
-    """The parameter classes a plan holds: dense always, experts under a mixture of experts' ep (or with any
-    expert: their rows are the dense ones' where the groups agree), the tied copy under pp with a tied head."""
+    """The parameter classes of a rank's rows: dense and expert (a model without experts has no expert elements:
+    its expert rows count nothing), and the tied embedding's copy under pp with a tied head."""
     return (DENSE, EXPERT) + ((TIED,) if tied and plan.size("pp") > 1 else ())
 
 
