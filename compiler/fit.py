@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compiler import plan as P
+from runtime import choices  # torch-free
 from compiler.diagnostics import Diagnostic
 
 
@@ -44,13 +45,13 @@ def variants(plan: P.Plan) -> list:
         if mb % k == 0:
             out.append((f"micro_batches = {m * k} ({mb // k} sequence{'s' if mb // k != 1 else ''} each)",
                         replace(plan, micro_batches=m * k, stages=())))
-    if plan.data_parallel in ("zero2", "fsdp") and m > 1 and not plan.syncs_each_micro_batch:
+    if plan.shards_grads and m > 1 and not plan.syncs_each_micro_batch:
         # FSDP2's gradients reduce-scattered every micro-batch: sharded, not accumulated whole
         synced = replace(plan, fsdp_grad_sync="micro_batch")
         if synced.syncs_each_micro_batch:
             out.append(("fsdp_grad_sync = micro_batch", synced))
     if plan.size("dp") > 1:
-        for kind in ("zero1", "zero2", "fsdp"):
+        for kind in choices.SHARDED:
             if kind != plan.data_parallel:
                 out.append((f"data_parallel = {kind}", replace(plan, data_parallel=kind)))
     for axis in ("tp", "pp"):

@@ -168,8 +168,8 @@ class Plan(choices.DataParallelMode):
     def syncs_each_micro_batch(self) -> bool:
         """Whether FSDP2 reduce-scatters every micro-batch's gradients: `fsdp_grad_sync = micro_batch` where it has
         an effect (fsdp or zero2 over dp > 1, several micro-batches, no pp; elsewhere the check warns, W0306)."""
-        return (self.fsdp_grad_sync == "micro_batch" and self.data_parallel in ("fsdp", "zero2")
-                and self.size("dp") > 1 and self.micro_batches > 1 and self.size("pp") == 1)
+        return (self.fsdp_grad_sync == "micro_batch" and self.shards_grads
+                and self.micro_batches > 1 and self.size("pp") == 1)
 
     def span(self, key: str) -> Span | None:
         """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""

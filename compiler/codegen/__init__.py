@@ -254,7 +254,7 @@ def _dp_tuning(spec: S.Spec, plan) -> dict:
     schedule) and FSDP2's prefetch depth
     (fsdp, zero2 over dp > 1). Both are the Plan's (ddp_bucket_bytes, fsdp_prefetch): the bucket and the prefetch
     its step-time and memory models assumed."""
-    if plan.data_parallel in ("fsdp", "zero2") and plan.size("dp") > 1:
+    if plan.shards_grads:
         return {"fsdp_prefetch": plan.fsdp_prefetch}
     if plan.batch_ranks > 1:
         return {"ddp_bucket_mb": plan.ddp_bucket_bytes / 2 ** 20}

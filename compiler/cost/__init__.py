@@ -21,20 +21,20 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import sympy
 
 from compiler import spec as S
 from compiler import trace as T
 from compiler.cost import memory as MEM
+from compiler.cost import rank_memory
 from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.symbols import MICRO_BATCH, size
 
 BYTES = {"fp32": 4, "bf16": 2}
-TIED = "embed.weight"  # a tied lm_head's weight: the embedding's (compiler.model; runtime.pipeline.TIED)
 
 
 def _partial_reason(spec, plan) -> str:
@@ -303,217 +303,10 @@ class CostModel:
         return tuple(out)
 
     def _memory(self, plan, env, layout, stages, params_rank, experts_rank) -> tuple:
-        """The predicted peak of each kind of rank (MEM.RankMemory): every rank alike without pp, else each pp
-        rank with all the stages it holds. Two moments compete: the start of the backward of the last
-        micro-batch (every activation in flight kept, the loss's logits and their gradients alive) and the
-        optimizer step (every gradient and moment alive, AdamW's temporaries)."""
-        dp = zero_ranks(plan)  # the ranks the ZeRO stages shard over: dp, or dp × cp
-        sh = MEM.shard_of(plan.data_parallel, dp)
-        batch_ranks = plan.size("dp") * plan.size("ep")
-        m = plan.micro_batches
-        fo = self.formulas
-        loss = max(f(env) for f in fo.loss) if fo.loss else 0
-        root, block = fo.units.root(env), fo.units.block(env)
-        # AdamW is fused on CUDA (runtime/train.py): it updates in place, no temporaries; on CPU a loop per tensor.
-        adam_temp = lambda n: 0  # noqa: E731
-        recomputed = fo.saved.recomputed(env) if _recompute(plan) != "none" else 0
-        opt_what = MEM.optimizer_label(self.spec.train.precision, plan.data_parallel, dp)
-
-        fsdp2 = sh["stage"] >= 2 and dp > 1  # zero2 and fsdp are FSDP2 (reshard_after_forward False / True)
-        # Precision (memory.state_per_param): fp32 programs hold fp32 weights, gradients and moments; bf16 ones
-        # (Megatron's policy) bf16 weights in compute, gradients of G bytes, the fp32 master with the moments in
-        # the optimizer (FSDP2: the fp32 sharded parameter is the master, with the weights).
-        prec = self.spec.train.precision
-        bf16 = prec == "bf16"
-        g_bytes = MEM.grad_bytes(prec, plan.grad_reduce)
-        per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
-        w_bytes = 2 if bf16 else 4
-        # fsdp_grad_sync = micro_batch (whole model, m > 1): each micro-batch's gradients reduce-scattered, so they
-        # stay sharded (fp32, 4/dp) between micro-batches instead of accumulating whole (G per parameter)
-        sync_each = plan.syncs_each_micro_batch
-
-        # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
-        def largest(moments):
-            return max((f(env) for f in moments), default=None)
-        seg_ws = ([largest(seg) for seg in (fo.backward.prologue, fo.backward.epilogue)] if layout else ())
-        block_ws = [largest(seg) for seg in fo.backward.block] if layout else ()
-
-        def bwd_ws(pp_rank):
-            """The largest gradients one backward step holds, over the segments the rank runs."""
-            if pp_rank is None:
-                return max((f(env) for f in fo.backward.whole), default=0)
-            n_st = len(layout)
-            mine = range(pp_rank, n_st, plan.size("pp"))
-            repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
-            ws = [block_ws[i] for i in sorted(repeats)] + [w for w, on in zip(seg_ws, (0 in mine, n_st - 1 in mine))
-                                                           if on]
-            return max((w for w in ws if w is not None), default=0)
-
-        ep = plan.size("ep")
-        # the experts of the largest block (the FSDP unit `block` is the largest of any repeat's)
-        expert_unit = max((f(env) for f in fo.experts.block), default=0) if fo.experts.block is not None else 0
-
-        def one(who, pp_rank, params, dense, acts, last, grads_at_peak, flight, ddp_buckets, flat_sync, shapes,
-                kept=0, recv=0, pending_w=0):
-            gathered, what = 0, []
-            # FSDP2 with ep (runtime.train._shard_experts): the dense weights shard over dp × ep, the experts (E/ep
-            # of them here) over dp (× cp both, under cp); `dp` below is then the rank's parameters over its shard
-            # of them
-            dp = (params / (dense / (zero_ranks(plan) * ep) + (params - dense) / zero_ranks(plan))
-                  if fsdp2 and ep > 1 and params else zero_ranks(plan))
-            per = MEM.state_per_param(prec, plan.data_parallel, dp, plan.grad_reduce)
-            sh = MEM.shard_of(plan.data_parallel, dp)
-            if fsdp2 and (pp_rank is not None or sh["stage"] == 2):
-                # zero2 keeps every unit gathered from forward to backward; under pp torch's pipelining keeps
-                # units gathered after every backward but the last (fsdp too): the stage's whole weights (bf16:
-                # the all-gathers' bf16 outputs beside the fp32 shards, the master)
-                weights_fb = w_bytes * params + (4 * params / dp if bf16 else 0)
-            elif fsdp2:  # fsdp: the root stays gathered; a block and the next ones (plan.fsdp_prefetch)
-                # bf16: the all-gather output is a bf16 buffer of the whole unit beside the fp32 shard
-                units = root + (1 + plan.fsdp_prefetch) * block
-                # experts gathered over dp alone, the dense units over dp × ep; under cp both also over cp
-                d, e = zero_ranks(plan), (1 + plan.fsdp_prefetch) * expert_unit
-                gathered = (2 * units if bf16 else
-                            4 * ((units - e) * (d * ep - 1) / (d * ep) + e * (d - 1) / d))
-                weights_fb = 4 * params / dp + gathered
-                what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
-            else:
-                weights_fb = w_bytes * params
-            if fsdp2:
-                what.append("a unit's whole gradient before its reduce-scatter")
-            buckets = g_bytes * dense if ddp_buckets else 0
-            if buckets:
-                what.append("DDP's gradient buckets")
-            grads_ws = bwd_ws(pp_rank)
-            work = buckets + max(loss if last else 0, grads_ws) + (g_bytes * block if fsdp2 else 0)
-            if last and loss and loss >= grads_ws:
-                what.insert(0, "the logits and their gradients (fp32)")
-            elif grads_ws:
-                what.insert(0, "the backward's gradients in flight")
-            if recomputed:
-                work += recomputed
-                what.append("the block being recomputed")
-            if kept:
-                work += kept
-                what.append("the schedule's kept outputs (the logits of the last stage's micro-batches in flight, "
-                            "the others' sent outputs until their backward)")
-            if recv:
-                work += recv
-                what.append("the receive buffers of the micro-batches in flight")
-            if pending_w:
-                work += pending_w
-                what.append("the output gradients pending weight halves keep")
-            # Gradients at the backward peak: none yet on a first micro-batch (set to None by the last step);
-            # FSDP2 accumulates them whole, unsharded, until the last micro-batch's reduce-scatter (in the reduce
-            # dtype: _fsdp_param.to_accumulated_grad_if_needed), or, reduce-scattered every micro-batch, sharded
-            # fp32 (the reduce-scatter's output cast to the parameter's dtype, accumulated in the shard's .grad).
-            if not grads_at_peak:
-                grads_fb = 0
-            elif sync_each:
-                grads_fb = 4 * params / dp
-            elif fsdp2:
-                grads_fb = g_bytes * params
-            else:
-                grads_fb = g_bytes * params / (1 if bf16 else sh["grads"])
-            if bf16:  # moments (and the fp32 master, but under FSDP2) sharded evenly (zero1: Megatron's flat shards)
-                optimizer = per.optimizer * params
-            else:
-                optimizer = 8 * (zero1_largest(shapes) if sh["stage"] == 1 and dp > 1 else params / sh["optimizer"])
-            backward = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=weights_fb, grads=grads_fb,
-                                      optimizer=optimizer, activations=acts, working=work,
-                                      moment="the start of the last micro-batch's backward" if pp_rank is None
-                                      else "the schedule's fullest moment (most activations in flight)",
-                                      working_what=", ".join(what), in_flight=flight, optimizer_what=opt_what,
-                                      forward_bytes=acts + kept)
-            # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
-            # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
-            flat_sync = min(plan.ddp_bucket_bytes, g_bytes * dense) if flat_sync and not bf16 else 0
-            # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
-            step_work = buckets + adam_temp(optimizer / 8 * sh["optimizer"]) + flat_sync
-            step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
-                                                  ("a bucket of the gradient all-reduce", flat_sync),
-                                                  ("AdamW's foreach temporaries", adam_temp(params))) if on)
-            # At the step FSDP2 has resharded (bf16: no gathered unit is left; the fp32 shards are the master)
-            step_weights = (4 * params / dp if fsdp2 else 2 * params) if bf16 else 4 * params / sh["weights"]
-            step_grads = per.grads * params if bf16 else 4 * params / sh["grads"]
-            step = MEM.RankMemory(who=who, pp_rank=pp_rank, weights=step_weights, grads=step_grads,
-                                  optimizer=optimizer, activations=0, working=step_work, moment="the optimizer step",
-                                  working_what=step_what, optimizer_what=opt_what, forward_bytes=acts + kept)
-            # whichever moment is the peak, forward_bytes is the forwards' fullest moment (RankMemory)
-            return max((backward, step), key=lambda r: r.peak)
-
-        def zero1_largest(shapes) -> int:
-            """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by
-            group (decayed matrices, then vectors), largest first, each to the dp rank with the least so far; the
-            fullest rank's parameter count (at least the largest tensor, so not Ψ/dp)."""
-            totals = [0] * dp
-            for group in (sorted((n for n, nd in shapes if nd >= 2), reverse=True),
-                          sorted((n for n, nd in shapes if nd < 2), reverse=True)):
-                for n in group:
-                    k = totals.index(min(totals))
-                    totals[k] += n
-            return max(totals)
-
-        def staging(r, tensors):
-            """checkpoint_async: the rank's staging copy (memory.checkpoint_staging), beside its device peak."""
-            if not self.spec.train.checkpoint_async:
-                return r
-            host, device = MEM.checkpoint_staging(tensors, prec, plan.data_parallel, dp)
-            return replace(r, checkpoint_host=host, checkpoint_device=device)
-
-        if not layout:
-            ddp = plan.data_parallel in ("ddp", "zero1") and batch_ranks > 1
-            shapes = self._shapes(env, "whole") if sh["stage"] == 1 else ()
-            return (staging(one("every rank", None, params_rank, params_rank - experts_rank,
-                                fo.saved.whole[_saved_mode(plan)](env), True, m > 1, "", ddp, False, shapes),
-                            fo.param_shapes.staged("whole", env) if self.spec.train.checkpoint_async else ()),)
-        p, v = plan.size("pp"), plan.virtual_stages
-        n = len(layout)
-        peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
-        out = []
-        expert_first = fo.experts.prologue(env)
-        sent, logits = fo.saved.sent(env), fo.saved.logits(env)
-        for r in range(p):
-            mine = [st for st in stages if st.rank == r]
-            params = sum(st.params for st in mine)
-            experts = sum(fo.within(fo.experts.block, *st.blocks, env)
-                          + (expert_first if st.stage == 0 else 0) for st in mine)
-            acts = sum(st.activations for st in mine)
-            kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
-            # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
-            # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
-            kept = sum(_logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * logits
-                       if st.stage == n - 1 else self._sent_kept(peaks[r].get(st.stage, 0)) * sent
-                       for st in mine)
-            # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
-            # backward): a stage after the first holds the input of each micro-batch in flight, a stage before
-            # the last the gradient its running backward consumes
-            recv = sum(sent * (peaks[r].get(st.stage, 0) * (st.stage > 0) + (st.stage < n - 1)) for st in mine)
-            flight = ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}" for st in mine)  # by blocks
-            flight = f"micro-batches in flight: {flight}"
-            who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(st.stage) for st in mine)})"
-            flat = batch_ranks > 1 and sh["stage"] < 2
-            shapes = ()
-            if sh["stage"] == 1:
-                for st in mine:
-                    for i, c in fo.held(*st.blocks):
-                        shapes += self._shapes(env, ("block", i)) * c
-                    shapes += self._shapes(env, "prologue") if st.stage == 0 else ()
-                    shapes += self._shapes(env, "epilogue") if st.stage == n - 1 else ()
-            tensors = ()
-            if self.spec.train.checkpoint_async:
-                # the last stage's copy of a tied embedding is written by the first stage's rank (skip_on_save)
-                tied = self.spec.model.head.tied and 0 not in [st.stage for st in mine]
-                for st in mine:
-                    for i, c in fo.held(*st.blocks):
-                        tensors += fo.param_shapes.staged(("block", i), env) * c
-                    tensors += fo.param_shapes.staged("prologue", env) if st.stage == 0 else ()
-                    tensors += tuple(t for t in fo.param_shapes.staged("epilogue", env)
-                                     if not (tied and t[0] == TIED)) if st.stage == n - 1 else ()
-            out.append(staging(one(who, r, params, params - experts, acts, (n - 1) in [st.stage for st in mine],
-                                   plan.schedule != "gpipe", flight, False, flat, shapes, kept, recv, kept_w),
-                               tensors))
-        return tuple(out)
+        """The predicted peak of each kind of rank (MEM.RankMemory), from the model state's rows
+        (compiler/layout/state.py) and the step's working sets: compiler/cost/rank_memory.py."""
+        kept = self.formulas.saved.whole[_saved_mode(plan)](env) if not layout else 0  # a micro-batch's, unpiped
+        return rank_memory.memory(self, plan, env, layout, stages, params_rank, experts_rank, kept)
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
         """The collectives of one optimizer step on one rank: those the passes inserted, the pipeline's sends, then
@@ -568,7 +361,7 @@ class CostModel:
                 parts.append((f.expr, self.formulas.counts[where[1]].expr if where[0] == "block" and nb is None
                               else k))
         if partial_n:
-            fsdp = plan.data_parallel in ("fsdp", "zero2") and dp > 1
+            fsdp = plan.shards_grads
             if fsdp:
                 partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
             def partial_formula(parts=tuple(parts), fsdp=fsdp):
@@ -631,7 +424,7 @@ class CostModel:
             entries.append(Collective(op=op, axis=axis, dtype_bytes=width, span=span, reason=reason, times=times,
                                       bytes=int(n_elements * width * times), measured=False,
                                       element_formula=formula))
-        if plan.data_parallel in ("fsdp", "zero2") and dp > 1:
+        if plan.shards_grads:
             # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
             # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
             # under cp the whole model shards over dp × cp (runtime.mesh's dense_mesh: torchtitan's folding)
@@ -644,13 +437,13 @@ class CostModel:
                        params),))
             # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
             # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
-            gathers = (plan.micro_batches * 2 if plan.data_parallel == "fsdp"
+            gathers = (plan.micro_batches * 2 if plan.shards_params
                        else 1 if pp > 1 else plan.micro_batches)
             each = plan.syncs_each_micro_batch
             for axis, at, whose, whose_g, n, formula in parts:
                 add("all_gather", axis, n, gathers, at,
                     f"FSDP: gather {whose}weights for forward and again for backward, every micro-batch"
-                    if plan.data_parallel == "fsdp" else
+                    if plan.shards_params else
                     f"ZeRO-2 (FSDP2, kept gathered to backward): gather {whose}weights once per micro-batch",
                     formula, width=w)
                 # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
@@ -682,7 +475,7 @@ class CostModel:
             # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
             add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
                 params)
-        if plan.data_parallel == "zero1" and dp > 1:
+        if plan.zero_stage == 1:
             # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep; under
             # cp over dp × cp, the batch group
             add("broadcast", "dp×cp" if plan.size("cp") > 1 else "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
@@ -707,18 +500,6 @@ def _saved_mode(plan) -> str:
     """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
     mode = _recompute(plan)
     return "selective/compiled" if mode == "selective" and getattr(plan, "compiles", False) else mode
-
-
-def _logits_alive(schedule: str, alive: int) -> int:
-    """How many micro-batches' logits the last stage holds at its rank's peak, with `alive` micro-batches of it in
-    flight there (memory.rank_peaks). torch keeps a stage output from its forward to its backward (fwd_cache; the
-    runtime asks for no outputs back). GPipe runs every forward first: all alive. In 1F1B and interleaved 1F1B the
-    last stage's backward of a micro-batch is the action right after its forward (runtime/schedule.py), so at most
-    one is alive. Under zero-bubble the peak is read after an input-gradient half (I), which frees them; what stays
-    alive there waits for its weight half (W) only."""
-    if schedule == "gpipe":
-        return alive
-    return 0 if schedule == "zero-bubble" else min(alive, 1)
 
 
 def reruns(plan, site) -> int:

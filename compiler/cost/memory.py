@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic
+# G, the bytes of an accumulated gradient element, and the default `grad_reduce`: the model state rows' own
+from compiler.layout.state import GRAD_REDUCE, grad_bytes  # noqa: F401
+from runtime import choices  # torch-free: what each data-parallel mode means (ZERO_STAGE)
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,6 @@ def zero_model_state(psi: float, nd: int, stage: int, *, param_bytes: int = 2, g
                       optimizer=k * psi / (nd if stage >= 1 else 1))
 
 
-GRAD_REDUCE = "fp32"  # `grad_reduce` when a plan has none: gradients accumulated and reduced in fp32 (Megatron's)
-
-
-
-def grad_bytes(precision: str, grad_reduce: str = GRAD_REDUCE) -> int:
-    """G: bytes of one accumulated, reduced gradient element. fp32 programs: 4. bf16 (Megatron's policy): 4 with
-    `grad_reduce = fp32` (Megatron's main_grad; FSDP2's reduce_dtype), 2 with `grad_reduce = bf16`."""
-    return 4 if precision != "bf16" or grad_reduce != "bf16" else 2
 
 
 def state_per_param(precision: str, data_parallel: str, dp: int, grad_reduce: str = GRAD_REDUCE) -> ModelState:
@@ -63,15 +58,15 @@ def state_per_param(precision: str, data_parallel: str, dp: int, grad_reduce: st
     ZeRO (Rajbhandari et al. 2020) counts 2 + 2 + 12 for ddp, 2 + 2 + 12/Nd, 2 + (2 + 12)/Nd, 16/Nd: zero2 here
     holds 2/Nd more (the fp32 gradient shard), tests/test_memory.py itemises it."""
     nd = max(1, dp)
-    mode = data_parallel if nd > 1 else "ddp"
+    stage = choices.zero_stage(data_parallel, nd)
     if precision != "bf16":
-        sh = shard_of(mode, nd)
+        sh = shard_of(data_parallel, nd)
         return ModelState(params=4 / sh["weights"], grads=4 / sh["grads"], optimizer=8 / sh["optimizer"])
     g = grad_bytes(precision, grad_reduce)
-    if mode in ("ddp", "zero1"):
-        return ModelState(params=2, grads=g, optimizer=12 / (nd if mode == "zero1" else 1))
+    if stage < 2:
+        return ModelState(params=2, grads=g, optimizer=12 / (nd if stage == 1 else 1))
     # FSDP2: the sharded fp32 parameter is the weight and the master; zero2 keeps the bf16 units gathered to backward
-    return ModelState(params=(2 if mode == "zero2" else 0) + 4 / nd, grads=4 / nd, optimizer=8 / nd)
+    return ModelState(params=(2 if stage == 2 else 0) + 4 / nd, grads=4 / nd, optimizer=8 / nd)
 
 
 def model_state(psi: float, precision: str, data_parallel: str, dp: int,
@@ -85,7 +80,7 @@ def model_state(psi: float, precision: str, data_parallel: str, dp: int,
 def optimizer_label(precision: str, data_parallel: str, dp: int) -> str:
     """What the optimizer column holds: AdamW's moments; with them the fp32 master weights under bf16 when the
     optimizer keeps it (ddp, zero1; FSDP2's master is the sharded parameter itself, with the weights)."""
-    fsdp2 = data_parallel in ("zero2", "fsdp") and dp > 1
+    fsdp2 = choices.zero_stage(data_parallel, dp) >= 2
     return "fp32 master + AdamW moments" if precision == "bf16" and not fsdp2 else "AdamW moments"
 
 
@@ -295,8 +290,8 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
     - `progress`: three int64 scalars.
     Device: the gathered pieces above (nothing else: the other entries are views of what the rank holds)."""
     nd = max(1, dp)
-    mode = data_parallel if nd > 1 else "ddp"
-    if mode in ("zero2", "fsdp"):
+    stage = choices.zero_stage(data_parallel, nd)
+    if stage >= 2:
         host = device = 0
         for _, e, rows, _, sharded in tensors:
             if sharded:
@@ -306,7 +301,7 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
                 chunk = -(-rows // nd) * (e // rows) if rows else 0
                 host += 4 * chunk + 8 * chunk + STEP_BYTES
         return host + PROGRESS_BYTES, device
-    if mode != "zero1":
+    if stage != 1:
         return sum(12 * e + STEP_BYTES for _, e, *_ in tensors) + PROGRESS_BYTES, 0
     totals, host = [0] * nd, [0] * nd
     if precision == "bf16":
@@ -327,7 +322,7 @@ def checkpoint_staging(tensors, precision: str, data_parallel: str, dp: int) -> 
 def shard_of(data_parallel: str, dp: int) -> dict:
     """Over how many ranks each kind of model state is split, by ZeRO stage (dp ranks holding the same layers)."""
     n = max(1, dp)
-    stage = {"ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}.get(data_parallel, 0)
+    stage = choices.ZERO_STAGE.get(data_parallel, 0)
     return {"weights": n if stage >= 3 else 1, "grads": n if stage >= 2 else 1, "optimizer": n if stage >= 1 else 1,
             "stage": stage}
 

@@ -624,8 +624,8 @@ class Simulator:
         # data parallelism's traffic and the optimizer, per rank kind
         step_entries = [c for c in est.ledger.entries if c.direction == "step"]
         params0 = max(est.params_rank, 1)
-        shard = dp if plan.data_parallel in ("zero1", "zero2", "fsdp") and dp > 1 else 1
-        if plan.data_parallel in ("zero2", "fsdp") and dp > 1 and ep > 1:
+        shard = dp if plan.shards_optimizer else 1
+        if plan.shards_grads and ep > 1:
             # FSDP with ep: the dense weights' state sharded over dp × ep, the experts' over dp (the memory model's)
             dense = params0 - est.expert_params_rank
             shard = params0 / (dense / (dp * ep) + est.expert_params_rank / dp)

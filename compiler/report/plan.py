@@ -111,25 +111,25 @@ def _step_time_text(compiled) -> list[str]:
 
 
 def _memory_how(spec, plan) -> str:
-    dp, kind = plan.size("dp"), plan.data_parallel
-    if dp == 1 or kind == "ddp":
+    dp, stage = plan.size("dp"), plan.zero_stage
+    if stage == 0:
         return "replicated on every dp rank (DDP)"
     # the group the ZeRO stages shard over (runtime.mesh's dense_mesh, runtime.train's _zero1_group): dp × cp under
     # context parallelism; under ep FSDP2 shards the dense weights over dp × ep and the experts over dp (both also
     # over cp under cp)
     cp, ep = plan.size("cp"), plan.size("ep")
     over = f"dp × cp = {dp * cp}" if cp > 1 else f"dp={dp}"
-    if ep > 1 and kind in ("zero2", "fsdp"):
+    if ep > 1 and plan.shards_grads:
         over = (f"dp × cp × ep = {dp * cp * ep} (the dense weights; the experts over dp × cp = {dp * cp})" if cp > 1
                 else f"dp × ep = {dp * ep} (the dense weights; the experts over dp={dp})")
     if spec.train.precision == "bf16":  # memory.state_per_param: the fp32 master is sharded with the moments
-        return {"zero1": f"fp32 master and AdamW moments sharded over {over} (ZeRO-1, distributed optimizer)",
-                "zero2": f"fp32 master, gradients and AdamW moments sharded over {over}, bf16 weights gathered "
-                         "through the step (ZeRO-2, FSDP2)",
-                "fsdp": f"sharded over {over} (FSDP2, ZeRO-3)"}.get(kind, kind)
-    return {"zero1": f"AdamW moments sharded over {over} (ZeRO-1)",
-            "zero2": f"gradients and AdamW moments sharded over {over} (ZeRO-2)",
-            "fsdp": f"sharded over {over} (FSDP2, ZeRO-3)"}.get(kind, kind)
+        return {1: f"fp32 master and AdamW moments sharded over {over} (ZeRO-1, distributed optimizer)",
+                2: f"fp32 master, gradients and AdamW moments sharded over {over}, bf16 weights gathered "
+                   "through the step (ZeRO-2, FSDP2)",
+                3: f"sharded over {over} (FSDP2, ZeRO-3)"}[stage]
+    return {1: f"AdamW moments sharded over {over} (ZeRO-1)",
+            2: f"gradients and AdamW moments sharded over {over} (ZeRO-2)",
+            3: f"sharded over {over} (FSDP2, ZeRO-3)"}[stage]
 
 
 def _memory_text(compiled) -> list[str]:

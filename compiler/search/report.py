@@ -99,7 +99,7 @@ def reasons(s, d, est, pred, best_t) -> list:
                 and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
         if less:
             out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
-    if d.data_parallel != "ddp":
+    if d.shards_optimizer:
         ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
         if ddp:
             p, t, b = ddp[0]
@@ -109,7 +109,7 @@ def reasons(s, d, est, pred, best_t) -> list:
                 out.append(f"{d.data_parallel}: ddp {t / pred.step_time_s:.2f}× its step time")
             elif b is not None:
                 out.append(f"{d.data_parallel}: ddp at least {b / pred.step_time_s:.2f}× its step time")
-    if d.data_parallel in ("zero2", "fsdp") and d.size("dp") > 1 and d.micro_batches > 1 and d.size("pp") == 1:
+    if d.shards_grads and d.micro_batches > 1 and d.size("pp") == 1:
         # fsdp_grad_sync: the other choice of when the reduce-scatters run, as costed
         mine = variant_of(d)
         other = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == mine[0] and mode != mine

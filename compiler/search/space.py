@@ -204,7 +204,7 @@ class Space:
         out = []
         for kind in kinds:
             syncs = [f.get("fsdp_grad_sync", "step")]
-            if "fsdp_grad_sync" not in f and kind in ("zero2", "fsdp") and dp > 1 and m > 1 and pp == 1:
+            if "fsdp_grad_sync" not in f and choices.zero_stage(kind, dp) >= 2 and m > 1 and pp == 1:
                 syncs = list(GRAD_SYNCS)
             out += [(kind, s) for s in syncs]
         return out

@@ -1,0 +1,280 @@
+"""The predicted peak of each kind of rank (memory.RankMemory), read from the model state's rows
+(compiler/layout/state.py) and the working sets of a step: every rank alike without pp, else each pp rank with all
+the stages it holds.
+
+Two instants compete (state.BACKWARD_PEAK, state.STEP_PEAK): the start of the backward of the last micro-batch
+(every activation in flight kept, the loss's logits and their gradients alive; under pp, the schedule's fullest
+moment) and the optimizer step (every gradient and moment alive). At each, the rows alive then (their bytes
+in the weights, gradients and optimizer columns) plus the activations and the working sets of that instant: FSDP's
+gathered units (the rows alive during a gather), each unit's whole gradient before its reduce-scatter, DDP's
+buckets, the logits, the block being recomputed, a pipeline's kept outputs and receive buffers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from compiler.cost import memory as MEM
+from compiler.cost.memory import rank_peaks
+from compiler.layout import state as ST
+from runtime import choices
+
+TIED = "embed.weight"  # a tied lm_head's weight: the embedding's (compiler.model; runtime.pipeline.TIED)
+
+
+def logits_alive(schedule: str, alive: int) -> int:
+    """How many micro-batches' logits the last stage holds at its rank's peak, with `alive` micro-batches of it in
+    flight there (memory.rank_peaks). torch keeps a stage output from its forward to its backward (fwd_cache; the
+    runtime asks for no outputs back). GPipe runs every forward first: all alive. In 1F1B and interleaved 1F1B the
+    last stage's backward of a micro-batch is the action right after its forward (runtime/schedule.py), so at most
+    one is alive. Under zero-bubble the peak is read after an input-gradient half (I), which frees them; what stays
+    alive there waits for its weight half (W) only."""
+    if schedule == "gpipe":
+        return alive
+    return 0 if schedule == "zero-bubble" else min(alive, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """What the rows and the working sets of one kind of rank read: its parameters (all, and the dense ones of
+    them) and what its backward holds besides."""
+
+    who: str
+    pp_rank: int | None
+    params: float
+    dense: float
+    acts: float              # what its forwards keep for their backward at its fullest moment
+    last: bool               # it runs the loss (its logits and their gradients are a working set)
+    grads_at_peak: bool      # gradients already accumulate at its backward instant (not a first micro-batch's)
+    flight: str
+    ddp_buckets: bool
+    flat_sync: bool          # a pipeline's gradient all-reduce after the schedule
+    shapes: tuple            # (elements, dims) of its parameters, for ZeroRedundancyOptimizer's partition
+    kept: float = 0
+    recv: float = 0
+    pending_w: float = 0
+
+
+class Peaks:
+    """The peaks of one plan's ranks under one CostModel (`model`) at sizes `env`."""
+
+    def __init__(self, model, plan, env, layout):
+        self.model, self.plan, self.env, self.layout = model, plan, env, layout
+        fo = model.formulas
+        self.prec = model.spec.train.precision
+        self.rows = ST.rows(plan, self.prec, tied=model.spec.model.head.tied)
+        self.zero = ST.groups(plan)[ST.EXPERT][1]  # the ZeRO stages' group: dp, or dp × cp (1: nothing sharded)
+        self.g = ST.grad_bytes(self.prec, plan.grad_reduce)
+        self.loss = max(f(env) for f in fo.loss) if fo.loss else 0
+        self.root, self.block = fo.units.root(env), fo.units.block(env)
+        self.recomputed = fo.saved.recomputed(env) if getattr(plan, "recompute", "none") != "none" else 0
+        self.opt_what = MEM.optimizer_label(self.prec, plan.data_parallel, self.zero)
+        # the experts of the largest block (the FSDP unit `block` is the largest of any repeat's)
+        self.expert_unit = (max((f(env) for f in fo.experts.block), default=0) if fo.experts.block is not None
+                            else 0)
+        # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
+        largest = lambda moments: max((f(env) for f in moments), default=None)  # noqa: E731
+        self.seg_ws = [largest(seg) for seg in (fo.backward.prologue, fo.backward.epilogue)] if layout else ()
+        self.block_ws = [largest(seg) for seg in fo.backward.block] if layout else ()
+        self.gathers = any(row.alive == ST.GATHER for row in self.rows)
+        self.gathered = self._gathered() if self.gathers else 0
+
+    # -- the rows ----------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def shard(dense: int, expert: int, r: Rank) -> float:
+        """Over how many ranks a kind's rows split the rank's parameters: their group's size, or, where the dense
+        and the expert rows lie over different groups (FSDP2 with ep), the rank's parameters over its share of
+        them."""
+        if dense == expert or not r.params:
+            return expert
+        return r.params / (r.dense / dense + (r.params - r.dense) / expert)
+
+    def state(self, r: Rank, instant: str) -> dict:
+        """Bytes of each column (weights, grads, optimizer) of the rows alive at `instant`, on the device
+        (state.Rows.terms: the kinds of one column over the same groups are one term). The optimizer's (and the
+        step's gradients) under bf16 are bytes per element × elements, as memory.state_per_param gives them to
+        the plan's model state, so the two agree to the byte."""
+        out = {"weights": 0, "grads": 0, "optimizer": 0}
+        n, bf16 = r.params, self.prec == "bf16"
+        grads = instant != ST.BACKWARD_PEAK or r.grads_at_peak
+        for (column, dense, expert, partition), k in self.rows.terms(instant, grads):
+            z = self.shard(dense, expert, r)
+            if partition == "tensors" and z > 1:
+                b = k * self.zero1_largest(r.shapes)
+            elif bf16 and (column == "optimizer" or column == "grads" and instant == ST.STEP_PEAK):
+                b = k / z * n
+            elif column == "optimizer":
+                b = k * (n / z)
+            else:
+                b = k * n / z
+            out[column] += b
+        return out
+
+    def _gathered(self) -> float:
+        """FSDP's gathered units while a unit computes (fsdp without pp): the root and a block with the next
+        ones (plan.fsdp_prefetch), whole, from the rows alive during a gather: bf16 a whole bf16 buffer beside the
+        fp32 shard; fp32 the other ranks' pieces (experts over their group, the dense units over theirs)."""
+        rows = [row for row in self.rows if row.alive == ST.GATHER]
+        units = self.root + (1 + self.plan.fsdp_prefetch) * self.block
+        if rows[0].dtype_bytes == 2:
+            return 2 * units
+        sizes = ST.groups(self.plan)
+        dn, en = sizes[ST.DENSE][1], sizes[ST.EXPERT][1]
+        e = (1 + self.plan.fsdp_prefetch) * self.expert_unit
+        return 4 * ((units - e) * (dn - 1) / dn + e * (en - 1) / en)
+
+    def zero1_largest(self, shapes) -> int:
+        """ZeroRedundancyOptimizer's partition (torch 2.13 _partition_parameters): whole parameters, group by
+        group (decayed matrices, then vectors), largest first, each to the dp rank with the least so far; the
+        fullest rank's parameter count (at least the largest tensor, so not Ψ/dp)."""
+        totals = [0] * self.zero
+        for group in (sorted((n for n, nd in shapes if nd >= 2), reverse=True),
+                      sorted((n for n, nd in shapes if nd < 2), reverse=True)):
+            for n in group:
+                k = totals.index(min(totals))
+                totals[k] += n
+        return max(totals)
+
+    # -- the working sets and the two instants --------------------------------------------------------------------
+
+    def bwd_ws(self, pp_rank) -> float:
+        """The largest gradients one backward step holds, over the segments the rank runs."""
+        fo, layout = self.model.formulas, self.layout
+        if pp_rank is None:
+            return max((f(self.env) for f in fo.backward.whole), default=0)
+        n_st = len(layout)
+        mine = range(pp_rank, n_st, self.plan.size("pp"))
+        repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
+        ws = ([self.block_ws[i] for i in sorted(repeats)]
+              + [w for w, on in zip(self.seg_ws, (0 in mine, n_st - 1 in mine)) if on])
+        return max((w for w in ws if w is not None), default=0)
+
+    def backward_work(self, r: Rank, buckets: float) -> tuple:
+        """(bytes, what) of the backward instant's working sets besides the rows."""
+        plan, fsdp2 = self.plan, self.plan.shards_grads
+        what = []
+        if self.gathers:
+            what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
+        if fsdp2:
+            what.append("a unit's whole gradient before its reduce-scatter")
+        if buckets:
+            what.append("DDP's gradient buckets")
+        grads_ws = self.bwd_ws(r.pp_rank)
+        work = buckets + max(self.loss if r.last else 0, grads_ws) + (self.g * self.block if fsdp2 else 0)
+        if r.last and self.loss and self.loss >= grads_ws:
+            what.insert(0, "the logits and their gradients (fp32)")
+        elif grads_ws:
+            what.insert(0, "the backward's gradients in flight")
+        for n, said in ((self.recomputed, "the block being recomputed"),
+                        (r.kept, "the schedule's kept outputs (the logits of the last stage's micro-batches in "
+                                 "flight, the others' sent outputs until their backward)"),
+                        (r.recv, "the receive buffers of the micro-batches in flight"),
+                        (r.pending_w, "the output gradients pending weight halves keep")):
+            if n:
+                work += n
+                what.append(said)
+        return work, ", ".join(what)
+
+    def peak(self, r: Rank) -> MEM.RankMemory:
+        """The larger of the rank's two instants."""
+        plan, bf16 = self.plan, self.prec == "bf16"
+        buckets = self.g * r.dense if r.ddp_buckets else 0
+        at = self.state(r, ST.BACKWARD_PEAK)
+        work, what = self.backward_work(r, buckets)
+        backward = MEM.RankMemory(who=r.who, pp_rank=r.pp_rank, weights=at["weights"] + self.gathered,
+                                  grads=at["grads"], optimizer=at["optimizer"], activations=r.acts, working=work,
+                                  moment="the start of the last micro-batch's backward" if r.pp_rank is None
+                                  else "the schedule's fullest moment (most activations in flight)",
+                                  working_what=what, in_flight=r.flight, optimizer_what=self.opt_what,
+                                  forward_bytes=r.acts + r.kept)
+        # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
+        # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
+        # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
+        flat = min(plan.ddp_bucket_bytes, self.g * r.dense) if r.flat_sync and not bf16 else 0
+        # AdamW is fused on CUDA (runtime/train.py): it updates in place, no temporaries
+        step_what = ", ".join(w for w, on in (("DDP's gradient buckets", buckets),
+                                              ("a bucket of the gradient all-reduce", flat)) if on)
+        at = self.state(r, ST.STEP_PEAK)
+        step = MEM.RankMemory(who=r.who, pp_rank=r.pp_rank, weights=at["weights"], grads=at["grads"],
+                              optimizer=at["optimizer"], activations=0, working=buckets + flat,
+                              moment="the optimizer step", working_what=step_what, optimizer_what=self.opt_what,
+                              forward_bytes=r.acts + r.kept)
+        # whichever moment is the peak, forward_bytes is the forwards' fullest moment (RankMemory)
+        return max((backward, step), key=lambda m: m.peak)
+
+    def staged(self, peak: MEM.RankMemory, tensors) -> MEM.RankMemory:
+        """checkpoint_async: the rank's staging copy (memory.checkpoint_staging), beside its device peak."""
+        if not self.model.spec.train.checkpoint_async:
+            return peak
+        host, device = MEM.checkpoint_staging(tensors, self.prec, self.plan.data_parallel, self.zero)
+        return replace(peak, checkpoint_host=host, checkpoint_device=device)
+
+
+def memory(model, plan, env, layout, stages, params_rank, experts_rank, kept_whole=0) -> tuple:
+    """The predicted peak of each kind of rank (memory.RankMemory): every rank alike without pp (`kept_whole`: what
+    one micro-batch's forward keeps for its backward), else each pp rank with all the stages it holds (`stages`:
+    CostModel._stages)."""
+    rm = Peaks(model, plan, env, layout)
+    fo, staging = model.formulas, model.spec.train.checkpoint_async
+    batch_ranks = plan.size("dp") * plan.size("ep")
+    # DDP's buckets (or a pipeline's flattened all-reduce) unless the mode is FSDP2's by name: with dp = 1 and
+    # ep > 1, zero2 and fsdp run DDP over the batch ranks (runtime.train._dp_kind) with no bucket counted here
+    ddp = choices.ZERO_STAGE[plan.data_parallel] < 2 and batch_ranks > 1
+    tensors_rows = any(row.partition == "tensors" for row in rm.rows)
+    if not layout:
+        shapes = model._shapes(env, "whole") if tensors_rows else ()
+        r = Rank("every rank", None, params_rank, params_rank - experts_rank, kept_whole, True,
+                 plan.micro_batches > 1, "", ddp, False, shapes)
+        return (rm.staged(rm.peak(r), fo.param_shapes.staged("whole", env) if staging else ()),)
+    return tuple(_pipelined(model, rm, plan, env, layout, stages, ddp, tensors_rows))
+
+
+def _pipelined(model, rm, plan, env, layout, stages, flat, tensors_rows):
+    """Each pp rank's peak, with every stage it holds."""
+    fo = model.formulas
+    p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
+    n = len(layout)
+    peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
+    expert_first = fo.experts.prologue(env)
+    sent, logits = fo.saved.sent(env), fo.saved.logits(env)
+    for r in range(p):
+        mine = [st for st in stages if st.rank == r]
+        held = [st.stage for st in mine]
+        params = sum(st.params for st in mine)
+        experts = sum(fo.within(fo.experts.block, *st.blocks, env) + (expert_first if st.stage == 0 else 0)
+                      for st in mine)
+        acts = sum(st.activations for st in mine)
+        kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
+        # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
+        # (torch's fwd_cache; runtime.pipeline.InFlight waits on their sends there, not at the step's end)
+        kept = sum(logits_alive(plan.schedule, peaks[r].get(st.stage, 0)) * logits
+                   if st.stage == n - 1 else model._sent_kept(peaks[r].get(st.stage, 0)) * sent for st in mine)
+        # receive buffers (runtime.pipeline.InFlight: allocated by each recv, dropped after that micro-batch's
+        # backward): a stage after the first holds the input of each micro-batch in flight, a stage before
+        # the last the gradient its running backward consumes
+        recv = sum(sent * (peaks[r].get(st.stage, 0) * (st.stage > 0) + (st.stage < n - 1)) for st in mine)
+        flight = "micro-batches in flight: " + ", ".join(f"{peaks[r].get(st.stage, 0)} of stage {st.stage}"
+                                                         for st in mine)
+        who = f"pp rank {r} (stage{'s' if len(mine) > 1 else ''} {', '.join(str(k) for k in held)})"
+        shapes = _segments(mine, n, lambda seg: model._shapes(env, seg), fo) if tensors_rows else ()
+        tensors = ()
+        if model.spec.train.checkpoint_async:
+            # the last stage's copy of a tied embedding is written by the first stage's rank (skip_on_save)
+            tied = model.spec.model.head.tied and 0 not in held
+            tensors = _segments(mine, n, lambda seg: tuple(t for t in fo.param_shapes.staged(seg, env)
+                                                           if not (tied and seg == "epilogue" and t[0] == TIED)),
+                                fo)
+        rank = Rank(who, r, params, params - experts, acts, (n - 1) in held, plan.schedule != "gpipe", flight,
+                    False, flat, shapes, kept, recv, kept_w)
+        yield rm.staged(rm.peak(rank), tensors)
+
+
+def _segments(mine, n, of, fo) -> tuple:
+    """`of(segment)` concatenated over the segments of the stages `mine`: each stage's blocks (as many times as it
+    holds each), the prologue on the first stage, the epilogue on the last."""
+    out = ()
+    for st in mine:
+        for i, c in fo.held(*st.blocks):
+            out += of(("block", i)) * c
+        out += of("prologue") if st.stage == 0 else ()
+        out += of("epilogue") if st.stage == n - 1 else ()
+    return out
