@@ -95,7 +95,7 @@ def test_the_cluster_prices_a_group_at_the_tier_it_crosses():
     the figure as given; the step-time model's links read them per group."""
     from types import SimpleNamespace
 
-    from compiler.cost.step_time import links
+    from compiler.cost.links import links
     from compiler.layout import cluster
     from compiler.layout.devices import DEVICES
     a100 = DEVICES["a100"]

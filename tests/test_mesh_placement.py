@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from compiler.check import check_text
-from compiler.cost.step_time import links
+from compiler.cost.links import links
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = (ROOT / "tests" / "mistakes" / "mesh_tp_outside_dp_across_nodes.scale").read_text()

@@ -12,6 +12,8 @@ import pytest
 
 from compiler import pipeline as D
 from compiler import schedule as SCH
+from compiler.cost import links as LK
+from compiler.cost import op_times as OT
 from compiler.cost import step_time as SIM
 from compiler.check import check_text
 
@@ -126,20 +128,20 @@ def test_h100_compiled_model_within_10_percent():
 
 
 def test_collective_formulas():
-    intra = SIM.Link("tp", 8, False, 300.0, 3.0)
+    intra = LK.Link("tp", 8, False, 300.0, 3.0)
     nbytes = 1e9
     ring = 2 * 7 * 3e-6 + 2 * 7 / 8 * nbytes / 300e9
-    assert SIM.collective_s("all_reduce", nbytes, intra) == pytest.approx(ring)
-    assert SIM.collective_s("all_gather", nbytes, intra) == pytest.approx(7 * 3e-6 + 7 / 8 * nbytes / 300e9)
-    assert SIM.collective_s("reduce_scatter", nbytes, intra) == SIM.collective_s("all_gather", nbytes, intra)
-    assert SIM.collective_s("send_recv", nbytes, intra) == pytest.approx(3e-6 + nbytes / 300e9)
-    assert SIM.collective_s("all_reduce", nbytes, SIM.Link("tp", 1, False, 300.0, 3.0)) == 0
+    assert LK.collective_s("all_reduce", nbytes, intra) == pytest.approx(ring)
+    assert LK.collective_s("all_gather", nbytes, intra) == pytest.approx(7 * 3e-6 + 7 / 8 * nbytes / 300e9)
+    assert LK.collective_s("reduce_scatter", nbytes, intra) == LK.collective_s("all_gather", nbytes, intra)
+    assert LK.collective_s("send_recv", nbytes, intra) == pytest.approx(3e-6 + nbytes / 300e9)
+    assert LK.collective_s("all_reduce", nbytes, LK.Link("tp", 1, False, 300.0, 3.0)) == 0
     # across nodes a small all-reduce over many ranks takes the tree: 2·log2(n) latencies, not 2(n-1)
-    wide = SIM.Link("dp", 1024, True, 25.0, 8.0)
-    small = SIM.collective_s("all_reduce", 1e3, wide)
+    wide = LK.Link("dp", 1024, True, 25.0, 8.0)
+    small = LK.collective_s("all_reduce", 1e3, wide)
     assert small == pytest.approx(2 * 10 * 8e-6 + 2 * 1e3 / 25e9)
     with pytest.raises(ValueError):
-        SIM.collective_s("gossip", 1.0, intra)
+        LK.collective_s("gossip", 1.0, intra)
 
 
 def test_links_place_the_mesh_innermost_axis_first():
@@ -163,10 +165,10 @@ def test_a_group_that_straddles_nodes_crosses_them():
     dev = spec.mesh.device
     plan = spec.plan
     six = rep(plan, axes=(("dp", 256), ("tp", 6)))
-    assert SIM.links(six, dev)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
+    assert LK.links(six, dev)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
     four = rep(plan, axes=(("dp", 384), ("tp", 4)))
-    assert not SIM.links(four, dev)["tp"].crosses_nodes
-    assert SIM.links(four, dev)["dp"].crosses_nodes
+    assert not LK.links(four, dev)["tp"].crosses_nodes
+    assert LK.links(four, dev)["dp"].crosses_nodes
 
 
 def test_mesh_figures_override_the_device():
@@ -336,7 +338,7 @@ def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_b
     sim = SIM.Simulator(c.spec.mesh.device)
     plan = c.plan
     env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
-    lk = SIM.links(plan, sim.device)
+    lk = LK.links(plan, sim.device)
     cp, link = plan.size("cp"), lk["cp"]
     mdl = sim.model(c.model)
     key = next(k for k in mdl.segments if isinstance(k, tuple))
@@ -345,15 +347,15 @@ def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_b
     sites = {s.direction: f for s, f in mdl.sites if s.op == "send_recv" and s.axis == "cp"}
     block = sites["forward"](env) * mdl.act / (2 * (cp - 1))
     assert sites["backward"](env) * mdl.act / (4 * cp - 2) == pytest.approx(block)
-    steps = SIM.ring_steps(cp, block, ot.ring_forward, ot.ring_backward, link)
-    msg = SIM.collective_s("send_recv", 2 * block, link)
+    steps = OT.ring_steps(cp, block, ot.ring_forward, ot.ring_backward, link)
+    msg = LK.collective_s("send_recv", 2 * block, link)
     assert [t for t, _ in steps["forward"]] == [msg] * (cp - 1)
     assert sum(t for t, _ in steps["backward"]) == pytest.approx(msg * (2 * cp - 1))  # 4·cp − 2 blocks, 2 a message
     # the compute of the blocks: the own one 2/(cp + 1) of the ring's, each other rank's 1/(cp + 1)
     assert sum(c_ for _, c_ in steps["forward"]) + ot.ring_forward / (cp + 1) == pytest.approx(ot.ring_forward)
     assert sum(c_ for _, c_ in steps["backward"]) == pytest.approx(ot.ring_backward)
     exposed = {d: sum(max(0.0, t - c_) for t, c_ in steps[d]) for d in steps}
-    assert SIM.ring_exposed(steps["forward"]) == pytest.approx(exposed["forward"])
+    assert OT.ring_exposed(steps["forward"]) == pytest.approx(exposed["forward"])
     piece = sim.pieces(mdl.cm, plan, env, lk)[key]
     others = piece.comm.get("cp", 0.0) - exposed["forward"] - exposed["backward"]
     assert others == pytest.approx(0.0, abs=1e-12)  # the ring's sends are the block's only traffic over cp
@@ -364,13 +366,13 @@ def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_b
 
 
 def test_ring_steps_expose_only_what_the_transfer_exceeds_the_compute_by():
-    link = SIM.Link("cp", 4, True, 50.0, 0.0)  # no latency: a message of 2·block bytes takes 2·block / 50e9 s
+    link = LK.Link("cp", 4, True, 50.0, 0.0)  # no latency: a message of 2·block bytes takes 2·block / 50e9 s
     block = 25e9 * 1e-3                          # a message takes 1 ms
-    steps = SIM.ring_steps(4, block, 5e-3, 10e-3, link)
+    steps = OT.ring_steps(4, block, 5e-3, 10e-3, link)
     assert steps["forward"] == [pytest.approx((1e-3, 2e-3)), pytest.approx((1e-3, 1e-3)), pytest.approx((1e-3, 1e-3))]
     assert steps["backward"] == [pytest.approx((1e-3, 4e-3)), pytest.approx((2e-3, 2e-3)), pytest.approx((2e-3, 2e-3)),
                                  pytest.approx((1e-3, 2e-3)), pytest.approx((1e-3, 0.0))]
-    assert SIM.ring_exposed(steps["forward"]) == 0.0
-    assert SIM.ring_exposed(steps["backward"]) == pytest.approx(1e-3)  # the gradients' hop home
-    slow = SIM.ring_steps(4, block, 0.5e-3, 1e-3, link)  # compute shorter than the transfers: the excess shows
-    assert SIM.ring_exposed(slow["forward"]) == pytest.approx((1e-3 - 0.2e-3) + 2 * (1e-3 - 0.1e-3))
+    assert OT.ring_exposed(steps["forward"]) == 0.0
+    assert OT.ring_exposed(steps["backward"]) == pytest.approx(1e-3)  # the gradients' hop home
+    slow = OT.ring_steps(4, block, 0.5e-3, 1e-3, link)  # compute shorter than the transfers: the excess shows
+    assert OT.ring_exposed(slow["forward"]) == pytest.approx((1e-3 - 0.2e-3) + 2 * (1e-3 - 0.1e-3))

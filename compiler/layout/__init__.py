@@ -2,7 +2,7 @@
 the cost model, codegen, the search and the runtime's contract.
 
     groups.py      every process group the program uses, by name: its axes, ranks (a stride pattern, expanded on
-                   demand) and the link tier it crosses; read by the cost model (step_time.links, the ZeRO group),
+                   demand) and the link tier it crosses; read by the cost model (cost/links.py, the ZeRO group),
                    the Plan's batch counts and codegen, which writes them into the runtime contract.
     cluster.py     the machines: nodes, devices per node, the device's figures and the link tiers.
     devices.py     every device kind's figures, with their sources; the checker resolves a mesh's device here.

@@ -234,7 +234,7 @@ class Search:
         each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
         pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
         which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
-        from compiler.cost.step_time import links
+        from compiler.cost.links import links
         cm = self.cands.cost_model(decided)
         sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = sizes + (decided.micro_batch_size,)

@@ -63,7 +63,7 @@ def reasons(s, d, est, pred, best_t) -> list:
     """The short lines under a winner: how far from the best, where each axis's traffic runs and what it exposes,
     what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
     `s` is the run (compiler/search/prune.py's Search), as for `rejected`."""
-    from compiler.cost.step_time import links
+    from compiler.cost.links import links
     lk = links(d, s.device)
     out = []
     if best_t is not None and pred.step_time_s > best_t:
@@ -154,7 +154,7 @@ def _tokens(seq: int) -> str:
 def rejected(s, winners, best_t) -> list:
     """One line per axis value, and per schedule, that is not among the winners, with what refused it, what it
     would need in memory, or how much slower it is (exactly, when simulated; as a lower bound, when pruned)."""
-    from compiler.cost.step_time import links
+    from compiler.cost.links import links
     won = set()
     for w in winners:
         for a in ("tp", "pp", "ep", "cp"):

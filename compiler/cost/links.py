@@ -1,0 +1,78 @@
+"""Each process group's link, and what a collective costs on it: the step-time model's communication part.
+
+A group's link is the tier the Layout says it crosses (compiler/layout/groups.py: inside a node at the device's
+figure × its intra-node efficiency, across nodes at the inter-node figure); a collective on it is costed with an
+alpha-beta model of its algorithm (`collective_s`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from compiler.layout import cluster as CL
+from compiler.layout import groups as G
+
+
+# -- the device and its links -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """How the group of one mesh axis sits on the hardware."""
+
+    axis: str
+    size: int
+    crosses_nodes: bool
+    gbps: float          # per-device bandwidth, one direction
+    latency_us: float    # per algorithm step
+
+    def describe(self) -> str:
+        where = "crosses nodes" if self.crosses_nodes else "inside a node"
+        return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
+
+
+def links(plan, device) -> dict:
+    """The link each of the plan's process groups uses, by the group's name (compiler/layout/groups.py: every axis
+    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
+    Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
+    `intra_node_efficiency`, between nodes the figure as given)."""
+    key = (tuple(plan.axes), plan.devices_per_node)
+    try:
+        return dict(_links(*key, device))
+    except TypeError:  # a device that cannot be hashed (a test's namespace of figures): not cached
+        return dict(_links.__wrapped__(*key, device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _links(axes: tuple, devices_per_node: int, device) -> dict:
+    """`links`, once per mesh, nodes and device (a search asks for the same few many times); callers get a copy."""
+    tiers = CL.tiers(device)
+    return {g.name: Link(g.name, g.size, g.crosses_nodes, tiers[g.tier].gbps, tiers[g.tier].latency_us)
+            for g in G.groups(axes, devices_per_node)}
+
+
+def collective_s(op: str, nbytes: float, link: Link) -> float:
+    """Seconds one collective of `nbytes` (the full tensor, as the ledger counts it) takes on `link`.
+
+    Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce is a reduce-scatter then an all-gather,
+    2(n-1) steps moving 2(n-1)/n of the tensor; all-gather, reduce-scatter and all-to-all (n-1) steps moving
+    (n-1)/n; across nodes NCCL switches to a tree for latency, 2·log2(n) steps moving about 2× the tensor: the
+    faster of the two is taken. A broadcast is pipelined down a chain (the tensor once plus log2(n) latencies);
+    a point-to-point send is one step."""
+    n = link.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    beta = 1.0 / (link.gbps * 1e9)
+    alpha = link.latency_us * 1e-6
+    if op == "all_reduce":
+        ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
+        tree = 2 * math.log2(n) * alpha + 2 * nbytes * beta
+        return min(ring, tree) if link.crosses_nodes else ring
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) * alpha + (n - 1) / n * nbytes * beta
+    if op == "broadcast":
+        return math.log2(n) * alpha + nbytes * beta
+    if op == "send_recv":
+        return alpha + nbytes * beta
+    raise ValueError(f"no cost rule for collective {op}")
