@@ -89,7 +89,7 @@ def _step_time_text(compiled) -> list[str]:
           f" ({pred.hardware_tflops_per_device:.4g} hardware: with recomputation and padding)")
     how = "compiled" if compiled.plan.compiles else "eager"
     lines = ["", f"step time   {_seconds(pred.step_time_s)} per step predicted on {dev.kind}, {how} "
-                 f"({dev.peak_tflops:g} TFLOP/s peak; figures and sources: compiler/cost/devices.py)",
+                 f"({dev.peak_tflops:g} TFLOP/s peak; figures and sources: compiler/layout/devices.py)",
              f"            {pred.tokens_per_s:,.0f} tokens/s; {pred.model_tflops_per_device:.4g} model TFLOP/s per "
              f"device{hw}; MFU {pred.mfu:.1%}"]
     exposed = ", ".join(f"{a} {_seconds(t)}" for a, t in pred.exposed_comm_s.items() if t > 0) or "none"
