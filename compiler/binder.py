@@ -445,7 +445,3 @@ def divisors_near(n: int, near: int) -> str:
     divs = divisors(n)
     divs.sort(key=lambda d: (abs(d - near), d))
     return ", ".join(str(d) for d in sorted(divs[:4]))
-
-
-# The name tests/test_diagnostics.py imports (a test that holds the diagnostics' goldens and stays as it is).
-_Checker = Checker

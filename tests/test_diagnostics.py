@@ -135,10 +135,10 @@ def test_a_failed_conversion_without_an_error_is_an_internal_error():
     """A converter returning None without reporting anything would drop its layer silently (`shared_ffn = none` once
     made the whole moe layer vanish): bind refuses it, and a converter meaning "absent" returns binder.NONE."""
     from compiler import ast
-    from compiler.binder import NONE, Param, _Checker, _Unreported
+    from compiler.binder import NONE, Checker, Param, _Unreported
     from compiler.diagnostics import Span
     span = Span("t.scale", 1, 1, 1, 5)
-    c = _Checker(None, "")
+    c = Checker(None, "")
     silent = {"x": Param(lambda c, e, w: None, 1, "a converter that fails without saying why")}
     with pytest.raises(_Unreported, match="without reporting an error"):
         c.bind((ast.Arg(None, _none_at(span), span),), silent, "`layer`", span)
@@ -154,7 +154,7 @@ def test_every_argument_that_accepts_none_means_its_default():
     """Every argument and setting of the vocabulary, given `none`: either an error is reported, or its value is the
     argument's default (None: absent) — never a silent failure."""
     from compiler import check
-    from compiler.binder import NONE, _Checker
+    from compiler.binder import NONE, Checker
     from compiler.diagnostics import Span
     from compiler.layers import SCHEMAS
     span = Span("t.scale", 1, 1, 1, 5)
@@ -163,7 +163,7 @@ def test_every_argument_that_accepts_none_means_its_default():
     accepting = []
     for what, table in tables.items():
         for key, p in table.items():
-            c = _Checker(None, "")
+            c = Checker(None, "")
             v = p.convert(c, _none_at(span), f"`{key}`")
             if v is None:
                 assert c.errors(), f"{what}: `{key} = none` failed without an error"

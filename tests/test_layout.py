@@ -103,7 +103,7 @@ def test_the_cluster_prices_a_group_at_the_tier_it_crosses():
     assert c.world_size == 16
     assert c.tier(False).gbps == a100.intra_node_gbps * a100.intra_node_efficiency
     assert c.tier(True) == cluster.Tier("inter_node", a100.inter_node_gbps, a100.inter_node_latency_us)
-    plan = SimpleNamespace(axes=(("dp", 2), ("tp", 8)), devices_per_node=8)
+    plan = SimpleNamespace(axes=(("dp", 2), ("tp", 8)), nodes=2, devices_per_node=8)
     lk = links(plan, a100)
     assert lk["tp"].gbps == c.tier(False).gbps and not lk["tp"].crosses_nodes
     assert lk["dp"].gbps == a100.inter_node_gbps and lk["dp"].crosses_nodes and lk["dp"].size == 2

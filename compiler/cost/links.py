@@ -37,7 +37,7 @@ def links(plan, device) -> dict:
     and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
     Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
     `intra_node_efficiency`, between nodes the figure as given)."""
-    key = (tuple(plan.axes), plan.devices_per_node)
+    key = (tuple(plan.axes), plan.nodes, plan.devices_per_node)
     try:
         return dict(_links(*key, device))
     except TypeError:  # a device that cannot be hashed (a test's namespace of figures): not cached
@@ -45,11 +45,15 @@ def links(plan, device) -> dict:
 
 
 @functools.lru_cache(maxsize=4096)
-def _links(axes: tuple, devices_per_node: int, device) -> dict:
-    """`links`, once per mesh, nodes and device (a search asks for the same few many times); callers get a copy."""
-    tiers = CL.tiers(device)
-    return {g.name: Link(g.name, g.size, g.crosses_nodes, tiers[g.tier].gbps, tiers[g.tier].latency_us)
-            for g in G.groups(axes, devices_per_node)}
+def _links(axes: tuple, nodes: int, devices_per_node: int, device) -> dict:
+    """`links`, once per mesh, cluster and device (a search asks for the same few many times); callers get a
+    copy."""
+    cluster = CL.Cluster(nodes, devices_per_node, device)
+    out = {}
+    for g in G.groups(axes, devices_per_node):
+        tier = cluster.tier(g.crosses_nodes)
+        out[g.name] = Link(g.name, g.size, g.crosses_nodes, tier.gbps, tier.latency_us)
+    return out
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:

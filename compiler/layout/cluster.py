@@ -7,8 +7,8 @@ training step's collectives reach there (`intra_node_efficiency`, fitted where d
 nodes, at `inter_node_gbps` as given; each with its per-step latency (the alpha of the step-time model's
 alpha-beta collectives, compiler/cost/step_time.py).
 
-Torch-free. The nodes and devices per node are still the Plan's (written in the mesh section); a Cluster takes
-them from it (`of`).
+Torch-free. The nodes and devices per node are still the Plan's (written in the mesh section): the step-time
+model's links build the Cluster from them and the Spec's device (compiler/cost/links.py).
 """
 from __future__ import annotations
 
@@ -53,8 +53,3 @@ class Cluster:
     def tier(self, crosses_nodes: bool) -> Tier:
         """The tier a group's collectives run at: between nodes when some group of it spans two."""
         return self.tiers["inter_node" if crosses_nodes else "intra_node"]
-
-
-def of(spec, plan) -> Cluster:
-    """The cluster a plan of `spec` is laid out on: the Plan's nodes and devices per node, the Spec's device."""
-    return Cluster(plan.nodes, plan.devices_per_node, spec.mesh.device)

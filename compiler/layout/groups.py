@@ -171,11 +171,6 @@ def groups(axes: tuple, devices_per_node: int) -> Groups:
     return Groups(tuple(axes), devices_per_node, out)
 
 
-def of(plan) -> Groups:
-    """The groups of a compiler.plan.Plan on its nodes."""
-    return groups(tuple(plan.axes), plan.devices_per_node)
-
-
 def expand(pattern: tuple, world: int) -> tuple:
     """The rows of a stride pattern over `world` ranks (Group.rows without a name)."""
     return Group("", (), tuple(pattern), world, False).rows()

@@ -121,11 +121,14 @@ def groups(plan) -> dict:
     dp × ep (× cp). Whole ("", 1) where the mode shards nothing (dp = 1: every mode is ddp)."""
     if not plan.shards_optimizer:
         return {DENSE: ("", 1), EXPERT: ("", 1), TIED: ("", 1)}
-    cp, ep = plan.size("cp"), plan.size("ep")
-    z = plan.size("dp") * cp
-    name = "dp×cp" if cp > 1 else "dp"
-    dense = (f"{name}×ep", z * ep) if plan.shards_grads and ep > 1 else (name, z)
-    return {DENSE: dense, EXPERT: (name, z), TIED: dense}
+    layout = plan.groups  # compiler/layout/groups.py: the names and sizes of the folded groups
+    name = "dp×cp" if plan.size("cp") > 1 else "dp"
+    expert = (name, layout[name].size)
+    dense = expert
+    if plan.shards_grads and plan.size("ep") > 1:
+        folded = f"{name}×ep"
+        dense = (folded, layout[folded].size)
+    return {DENSE: dense, EXPERT: expert, TIED: dense}
 
 
 def classes(plan, tied: bool = False) -> tuple:
@@ -182,8 +185,3 @@ def _rows(stage: int, bf16: bool, g: int, piped: bool, where: tuple, sync_each: 
         row(MOMENTS, 8, WHOLE_STEP, sharded=stage >= 1, partition=tensors)
     return Rows(out)
 
-
-def describe(rows_: tuple) -> list[str]:
-    """One line per row, for reports and debugging: `dense moments: 8 B over dp=4, whole step, device`."""
-    return [f"{r.params} {r.kind}: {r.dtype_bytes} B " + (f"over {r.group}={r.size}" if r.size > 1 else "whole")
-            + f", {r.alive}, {r.location}" for r in rows_]
