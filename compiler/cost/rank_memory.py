@@ -10,6 +10,7 @@ gathered units (the rows alive during a gather), each unit's whole gradient befo
 buckets, the logits, the block being recomputed, a pipeline's kept outputs and receive buffers."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from compiler.cost import memory as MEM
@@ -58,35 +59,18 @@ class Peaks:
 
     def __init__(self, model, plan, env, layout):
         self.model, self.plan, self.env, self.layout = model, plan, env, layout
-        fo = model.formulas
         self.prec = model.spec.train.precision
         self.rows = ST.rows(plan, self.prec, tied=model.spec.model.head.tied)
         self.zero = ST.groups(plan)[ST.EXPERT][1]  # the ZeRO stages' group: dp, or dp × cp (1: nothing sharded)
         self.g = ST.grad_bytes(self.prec, plan.grad_reduce)
-        self.loss = max(f(env) for f in fo.loss) if fo.loss else 0
-        self.root, self.block = fo.units.root(env), fo.units.block(env)
-        self.recomputed = fo.saved.recomputed(env) if getattr(plan, "recompute", "none") != "none" else 0
+        recompute = getattr(plan, "recompute", "none") != "none"
+        (self.loss, self.root, self.block, self.recomputed, self.expert_unit, self.seg_ws,
+         self.block_ws) = _sizes(model, env, recompute, bool(layout))
         self.opt_what = MEM.optimizer_label(self.prec, plan.data_parallel, self.zero)
-        # the experts of the largest block (the FSDP unit `block` is the largest of any repeat's)
-        self.expert_unit = (max((f(env) for f in fo.experts.block), default=0) if fo.experts.block is not None
-                            else 0)
-        # each pipeline segment's largest backward moment (None: it has none), evaluated once for every rank
-        largest = lambda moments: max((f(env) for f in moments), default=None)  # noqa: E731
-        self.seg_ws = [largest(seg) for seg in (fo.backward.prologue, fo.backward.epilogue)] if layout else ()
-        self.block_ws = [largest(seg) for seg in fo.backward.block] if layout else ()
         self.gathers = any(row.alive == ST.GATHER for row in self.rows)
         self.gathered = self._gathered() if self.gathers else 0
 
     # -- the rows ----------------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def shard(dense: int, expert: int, r: Rank) -> float:
-        """Over how many ranks a kind's rows split the rank's parameters: their group's size, or, where the dense
-        and the expert rows lie over different groups (FSDP2 with ep), the rank's parameters over its share of
-        them."""
-        if dense == expert or not r.params:
-            return expert
-        return r.params / (r.dense / dense + (r.params - r.dense) / expert)
 
     def state(self, r: Rank, instant: str) -> dict:
         """Bytes of each column (weights, grads, optimizer) of the rows alive at `instant`, on the device
@@ -94,15 +78,17 @@ class Peaks:
         step's gradients) under bf16 are bytes per element × elements, as memory.state_per_param gives them to
         the plan's model state, so the two agree to the byte."""
         out = {"weights": 0, "grads": 0, "optimizer": 0}
-        n, bf16 = r.params, self.prec == "bf16"
+        n = r.params
         grads = instant != ST.BACKWARD_PEAK or r.grads_at_peak
-        for (column, dense, expert, partition), k in self.rows.terms(instant, grads):
-            z = self.shard(dense, expert, r)
-            if partition == "tensors" and z > 1:
+        for column, dense, expert, how, k in _terms(self.rows, instant, grads, self.prec == "bf16"):
+            # over how many ranks the term splits the rank's parameters: its group's size, or, where the dense and
+            # the expert rows lie over different groups (FSDP2 with ep), the rank's parameters over its share
+            z = expert if dense == expert or not n else n / (r.dense / dense + (n - r.dense) / expert)
+            if how == _TENSORS and z > 1:
                 b = k * self.zero1_largest(r.shapes)
-            elif bf16 and (column == "optimizer" or column == "grads" and instant == ST.STEP_PEAK):
+            elif how == _PER_ELEMENT:
                 b = k / z * n
-            elif column == "optimizer":
+            elif how == _OPTIMIZER:
                 b = k * (n / z)
             else:
                 b = k * n / z
@@ -141,38 +127,29 @@ class Peaks:
         fo, layout = self.model.formulas, self.layout
         if pp_rank is None:
             return max((f(self.env) for f in fo.backward.whole), default=0)
-        n_st = len(layout)
-        mine = range(pp_rank, n_st, self.plan.size("pp"))
-        repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
-        ws = ([self.block_ws[i] for i in sorted(repeats)]
-              + [w for w, on in zip(self.seg_ws, (0 in mine, n_st - 1 in mine)) if on])
-        return max((w for w in ws if w is not None), default=0)
+        key = ("bwd_ws", self.env, layout, pp_rank, self.plan.size("pp"))
+        got = self.model._rank_parts.get(key)
+        if got is None:
+            n_st = len(layout)
+            mine = range(pp_rank, n_st, self.plan.size("pp"))
+            repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
+            ws = ([self.block_ws[i] for i in sorted(repeats)]
+                  + [w for w, on in zip(self.seg_ws, (0 in mine, n_st - 1 in mine)) if on])
+            got = self.model._rank_parts[key] = max((w for w in ws if w is not None), default=0)
+        return got
 
     def backward_work(self, r: Rank, buckets: float) -> tuple:
         """(bytes, what) of the backward instant's working sets besides the rows."""
-        plan, fsdp2 = self.plan, self.plan.shards_grads
-        what = []
-        if self.gathers:
-            what.append(f"FSDP's gathered units (root + {1 + plan.fsdp_prefetch} blocks)")
-        if fsdp2:
-            what.append("a unit's whole gradient before its reduce-scatter")
-        if buckets:
-            what.append("DDP's gradient buckets")
+        fsdp2 = self.plan.shards_grads
         grads_ws = self.bwd_ws(r.pp_rank)
         work = buckets + max(self.loss if r.last else 0, grads_ws) + (self.g * self.block if fsdp2 else 0)
-        if r.last and self.loss and self.loss >= grads_ws:
-            what.insert(0, "the logits and their gradients (fp32)")
-        elif grads_ws:
-            what.insert(0, "the backward's gradients in flight")
-        for n, said in ((self.recomputed, "the block being recomputed"),
-                        (r.kept, "the schedule's kept outputs (the logits of the last stage's micro-batches in "
-                                 "flight, the others' sent outputs until their backward)"),
-                        (r.recv, "the receive buffers of the micro-batches in flight"),
-                        (r.pending_w, "the output gradients pending weight halves keep")):
+        logits = bool(r.last and self.loss and self.loss >= grads_ws)
+        for n in (self.recomputed, r.kept, r.recv, r.pending_w):
             if n:
                 work += n
-                what.append(said)
-        return work, ", ".join(what)
+        return work, _working_what(logits, bool(grads_ws), self.gathers and 1 + self.plan.fsdp_prefetch, fsdp2,
+                                   bool(buckets), bool(self.recomputed), bool(r.kept), bool(r.recv),
+                                   bool(r.pending_w))
 
     def peak(self, r: Rank) -> MEM.RankMemory:
         """The larger of the rank's two instants."""
@@ -236,12 +213,17 @@ def _pipelined(model, rm, plan, env, layout, stages, flat, tensors_rows):
     peaks = rank_peaks(plan.schedule, p, m, v, tuple(layout))
     expert_first = fo.experts.prologue(env)
     sent, logits = fo.saved.sent(env), fo.saved.logits(env)
-    for r in range(p):
-        mine = [st for st in stages if st.rank == r]
+    by_rank = [[] for _ in range(p)]
+    for st in stages:
+        by_rank[st.rank].append(st)
+    for r, mine in enumerate(by_rank):
         held = [st.stage for st in mine]
         params = sum(st.params for st in mine)
-        experts = sum(fo.within(fo.experts.block, *st.blocks, env) + (expert_first if st.stage == 0 else 0)
-                      for st in mine)
+        key = ("experts", env, tuple(layout), r, p, plan.schedule)
+        experts = model._rank_parts.get(key)
+        if experts is None:
+            experts = model._rank_parts[key] = sum(fo.within(fo.experts.block, *st.blocks, env)
+                                                   + (expert_first if st.stage == 0 else 0) for st in mine)
         acts = sum(st.activations for st in mine)
         kept_w = sum(st.pending_w for st in mine)  # zero-bubble: gradients its pending weight halves keep
         # the last stage's logits of the micro-batches in flight; the others' outputs, until their backward
@@ -278,3 +260,74 @@ def _segments(mine, n, of, fo) -> tuple:
         out += of("prologue") if st.stage == 0 else ()
         out += of("epilogue") if st.stage == n - 1 else ()
     return out
+
+
+# how Peaks.state counts a term's bytes (state.Rows.terms' partition and the column at the instant)
+_TENSORS, _PER_ELEMENT, _OPTIMIZER, _ELEMENTS = range(4)
+
+
+def _terms(rows, instant: str, grads: bool, bf16: bool) -> tuple:
+    """rows.terms(instant, grads) as (column, dense group size, expert group size, how, bytes per element): which
+    of Peaks.state's formulas counts each, decided once per shape of rows (kept on the Rows, which state.rows
+    shares between the plans of one shape), not once per rank."""
+    memo = rows.__dict__.setdefault("_peak_terms", {})
+    key = (instant, grads, bf16)
+    got = memo.get(key)
+    if got is None:
+        out = []
+        for (column, dense, expert, partition), k in rows.terms(instant, grads):
+            if partition == "tensors":
+                how = _TENSORS
+            elif bf16 and (column == "optimizer" or column == "grads" and instant == ST.STEP_PEAK):
+                how = _PER_ELEMENT
+            else:
+                how = _OPTIMIZER if column == "optimizer" else _ELEMENTS
+            out.append((column, dense, expert, how, k))
+        got = memo[key] = tuple(out)
+    return got
+
+
+def _sizes(model, env, recompute: bool, piped: bool) -> tuple:
+    """What Peaks reads of the formulas at sizes `env`, the same for every plan of those sizes (a search costs
+    thousands): the loss's working set, FSDP's root and largest block, the block being recomputed, the experts of
+    the largest block, and each pipeline segment's largest backward moment (None: it has none)."""
+    key = ("peak sizes", env, recompute, piped)
+    got = model._rank_parts.get(key)
+    if got is None:
+        fo = model.formulas
+        largest = lambda moments: max((f(env) for f in moments), default=None)  # noqa: E731
+        got = model._rank_parts[key] = (
+            max(f(env) for f in fo.loss) if fo.loss else 0,
+            fo.units.root(env), fo.units.block(env),
+            fo.saved.recomputed(env) if recompute else 0,
+            # the experts of the largest block (the FSDP unit `block` is the largest of any repeat's)
+            max((f(env) for f in fo.experts.block), default=0) if fo.experts.block is not None else 0,
+            [largest(seg) for seg in (fo.backward.prologue, fo.backward.epilogue)] if piped else (),
+            [largest(seg) for seg in fo.backward.block] if piped else ())
+    return got
+
+
+@functools.lru_cache(maxsize=256)
+def _working_what(logits: bool, grads: bool, gathered: int, fsdp2: bool, buckets: bool, recomputed: bool,
+                  kept: bool, recv: bool, pending_w: bool) -> str:
+    """What the backward instant's working sets are, in words (`gathered`: the FSDP units gathered at once, 0 if
+    none)."""
+    what = []
+    if logits:
+        what.append("the logits and their gradients (fp32)")
+    elif grads:
+        what.append("the backward's gradients in flight")
+    if gathered:
+        what.append(f"FSDP's gathered units (root + {gathered} blocks)")
+    if fsdp2:
+        what.append("a unit's whole gradient before its reduce-scatter")
+    if buckets:
+        what.append("DDP's gradient buckets")
+    for on, said in ((recomputed, "the block being recomputed"),
+                     (kept, "the schedule's kept outputs (the logits of the last stage's micro-batches in "
+                            "flight, the others' sent outputs until their backward)"),
+                     (recv, "the receive buffers of the micro-batches in flight"),
+                     (pending_w, "the output gradients pending weight halves keep")):
+        if on:
+            what.append(said)
+    return ", ".join(what)
