@@ -155,6 +155,10 @@ class Segment:
                 exprs.append(moved)
         self._times: dict = {}  # `times` per argument; dev by id: a Segment lives in one Simulator's model
         exprs = tuple(sympy.sympify(e).xreplace(sub) for e in exprs)
+        # which of `args` the times read (a search shares one segment's times between the plans that differ only
+        # in the others: dp and pp, usually)
+        free = set().union(*(e.free_symbols for e in exprs)) if exprs else set()
+        self.reads = frozenset(i for i, a in enumerate(args) if a in free)
         key = (tuple(args), exprs)
         self._fn = _COMPILED.get(key)
         if self._fn is None:  # a search's pass structures share most segments: each compiled once (issue 37)

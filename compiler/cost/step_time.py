@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sympy
+
 from compiler import trace as T
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
@@ -78,6 +80,11 @@ class _Model:
                 self.segments[("block", name)] = seg(gm)
         # the collectives the passes inserted, per segment: (site, its elements' function)
         self.sites = cm.formulas.sites
+        # what the pieces read of env (ARGS' positions) and which axes' links: Simulator.pieces' key
+        free = set().union(*(sympy.sympify(f.expr).xreplace(sub).free_symbols for _, f in self.sites))
+        self.reads = tuple(sorted(set().union(*(s.reads for s in self.segments.values()))
+                                  | {i for i, a in enumerate(ARGS) if a in free}))
+        self.axes = tuple(sorted({site.axis for site, _ in self.sites}))
 
     def where_key(self, site):
         kind, name = site.where
@@ -184,11 +191,12 @@ class Simulator:
         `plan` (a search's bound and its exact prediction ask for the same); the dict returned is not to be
         changed."""
         from compiler.cost import recompute_passes
-        key = (id(cm), plan.axes, plan.devices_per_node, env, getattr(plan, "recompute", "none"),
-               recompute_passes(plan), getattr(plan, "compiles", False))
+        mdl = self.model(cm)  # held, so that cm's id is not reused while the entry lives
+        # the plans of one structure that differ only in what no piece reads (dp and pp, usually) share them
+        key = (id(cm), tuple(env[i] for i in mdl.reads), tuple(lk.get(a) for a in mdl.axes),
+               getattr(plan, "recompute", "none"), recompute_passes(plan), getattr(plan, "compiles", False))
         got = self._pieces.get(key)
         if got is None:
-            self.model(cm)  # holds cm, so that its id is not reused while the entry lives
             got = self._pieces[key] = self._pieces_of(cm, plan, env, lk)
         return got
 

@@ -85,7 +85,6 @@ class Search:
         self.cands = cands or Candidates(spec)
         self.sim = Simulator(self.device)
         self.counts = Counts()
-        self._pieces: dict = {}
         self._stage_times: dict = {}  # (pieces key, stage layout) -> per pp rank (one micro-batch's forward and
                                       # backward, the earlier stages' forwards, their backwards); pieces key -> the
                                       # whole model's one micro-batch, without pp
@@ -238,14 +237,14 @@ class Search:
         cm = self.cands.cost_model(decided)
         sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = sizes + (decided.micro_batch_size,)
-        key = (id(cm), env, decided.recompute, decided.schedule == "zero-bubble")
-        pieces = self._pieces.get(key)
-        if pieces is None:
-            pieces = self._pieces[key] = self.sim.pieces(cm, decided, env, links(decided, self.device))
+        # the simulator keeps the pieces per what they read (plans that differ in dp or pp share them), and so
+        # the times below per pieces: their id is the key
+        pieces = self.sim.pieces(cm, decided, env, links(decided, self.device))
+        key = id(pieces)
         m = decided.micro_batches
         if cm.piped:
             pp = decided.size("pp")
-            at = (key, cm.stages_for(decided, env))  # families of a shape share their stages' times
+            at = (key, pp, cm.stages_for(decided, env))  # families of a shape share their stages' times
             got = self._stage_times.get(at)
             if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
                 fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
