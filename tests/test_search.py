@@ -122,7 +122,7 @@ def test_cli_json_and_output(tmp_path, capsys):
 
 def test_the_family_bound_is_the_simulators(tmp_path):
     """The bound families are ranked by: the busiest rank's compute time `predict(exact=False)` reports, and with
-    the pipeline's fill and drain, still below the exact step time."""
+    the pipeline's fill and drain, still below the exact step time; the cheap bound that stands for it below it."""
     spec = check_path("samples/gpt_3d.scale")
     s = SE.Search(spec, 5, {})
     seen = 0
@@ -138,6 +138,8 @@ def test_the_family_bound_is_the_simulators(tmp_path):
                 exact = s.sim.predict(s.cands.cost_model(d), d, est, exact=True)
                 assert s.busy(d) == pytest.approx(max(r.compute_s for r in bound.ranks), rel=1e-12)
                 assert s.busy(d) <= s.busy(d, fill=True) <= exact.step_time_s * (1 + 1e-12)
+                # the bound that stands for it until its family is visited: never above it, and not nothing
+                assert 0 < s.cheap_bound(plan2) <= s.busy(d, fill=True)
                 seen += 1
     assert seen > 20
 

@@ -37,14 +37,18 @@ def links(plan, device) -> dict:
     and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
     Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
     `intra_node_efficiency`, between nodes the figure as given)."""
-    key = (tuple(plan.axes), plan.nodes, plan.devices_per_node)
-    try:
-        return dict(_links(*key, device))
-    except TypeError:  # a device that cannot be hashed (a test's namespace of figures): not cached
-        return dict(_links.__wrapped__(*key, device))
+    key = (tuple(plan.axes), plan.nodes, plan.devices_per_node, id(device))
+    got = _LINKS.get(key)
+    if got is None or got[0] is not device:
+        got = _LINKS[key] = (device, _links(*key[:3], device))  # the device kept: its id is not reused
+    return dict(got[1])
 
 
-@functools.lru_cache(maxsize=4096)
+_LINKS: dict = {}
+"""(axes, nodes, devices per node, id(device)) -> (device, its links): a search asks for the same few meshes'
+links tens of thousands of times, and a device's figures are too many to hash on each call."""
+
+
 def _links(axes: tuple, nodes: int, devices_per_node: int, device) -> dict:
     """`links`, once per mesh, cluster and device (a search asks for the same few many times); callers get a
     copy."""

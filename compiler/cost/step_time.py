@@ -165,6 +165,11 @@ def bubble_fraction(ranks) -> float:
     return r.idle_s / r.end_s if r.end_s > 0 else 0.0
 
 
+def _figures(link) -> tuple | None:
+    """What a Link is, as a tuple (cheaper to hash than the dataclass, which hashes its fields each time)."""
+    return None if link is None else (link.size, link.crosses_nodes, link.gbps, link.latency_us)
+
+
 class Simulator:
     """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
 
@@ -193,7 +198,7 @@ class Simulator:
         from compiler.cost import recompute_passes
         mdl = self.model(cm)  # held, so that cm's id is not reused while the entry lives
         # the plans of one structure that differ only in what no piece reads (dp and pp, usually) share them
-        key = (id(cm), tuple(env[i] for i in mdl.reads), tuple(lk.get(a) for a in mdl.axes),
+        key = (id(cm), tuple(env[i] for i in mdl.reads), tuple(_figures(lk.get(a)) for a in mdl.axes),
                getattr(plan, "recompute", "none"), recompute_passes(plan), getattr(plan, "compiles", False))
         got = self._pieces.get(key)
         if got is None:

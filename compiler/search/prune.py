@@ -21,7 +21,10 @@ Pruning, in order, each with why it is safe or what it may miss:
    micro-batch, and after its backward of the last micro-batch the earlier stages still run
    theirs (not counted under zero-bubble, whose weight halves may come last). None of it depends on the dp
    sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
-   bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster.
+   bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs
+   the family's stage layout; until a family is next in line a cheaper one stands for it (`cheap_bound`: under pp,
+   its share of the whole model's time over the pp ranks, never above the bound), so only the families visited, and
+   those the report's bound per key needs, are laid out.
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
@@ -263,6 +266,47 @@ class Search:
             one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
         return m * one
 
+    def _bound_left(self, left: list, exact: dict) -> None:
+        """The report's lower bound of each family key whose families were none of them simulated: the least bound
+        of its families left unvisited (`best_bound`), found by deciding those families' layouts in the order of
+        their cheap bounds until the next cheap bound is no lower than the least found."""
+        by_key: dict = {}
+        for entry in left:
+            for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
+                if st["best_exact"] is None:
+                    by_key.setdefault(k, (st, []))[1].append(entry)
+        for st, entries in by_key.values():
+            entries.sort(key=lambda e: (e[0], e[1]))
+            best = st["best_bound"]
+            for lb, i, plan, known in entries:
+                if best is not None and lb >= best:
+                    break
+                if not known and i not in exact:
+                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
+                lb = exact[i] if not known else lb
+                best = lb if best is None else min(best, lb)
+            st["best_bound"] = best
+
+    def cheap_bound(self, plan) -> float:
+        """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
+        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
+        without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
+        search bounds every family with them and decides the stage layout only of those it visits."""
+        from compiler.cost.links import links
+        cm = self.cands.cost_model(plan)
+        env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+        pieces = self.sim.pieces(cm, plan, env, links(plan, self.device))
+        if not cm.piped:
+            return self.busy(plan)
+        total = self._stage_times.get(("whole", id(pieces)))
+        if total is None:
+            total = sum(c * (pieces[("block", name)].forward + pieces[("block", name)].backward)
+                        for name, (_, c) in cm.counts.items())
+            total += sum(pieces[k].forward + pieces[k].backward for k in ("prologue", "epilogue", "loss"))
+            # below the exact sums by more than their rounding, so never above the bound it stands for
+            total = self._stage_times[("whole", id(pieces))] = total * (1 - 1e-9)
+        return plan.micro_batches * total / plan.size("pp")
+
     # -- ranking -------------------------------------------------------------------------------------------------
 
     def _key(self, plan):
@@ -437,26 +481,32 @@ class Search:
                     twin = P.evolve(plan, sequence_parallel=True)
                     if not self._family_legal(twin, memo)[1]:
                         continue
-                decided = self.cands.decide(plan)
-                seen_structures.add(structure(decided))
-                lb = self.busy(decided, fill=True)
+                seen_structures.add(structure(plan))
                 self.group_rep.setdefault(group_of(plan), plan)  # ms: most micro-batches first
                 self.counts.bounded_families += 1
-                bounded.append((lb, len(bounded), plan))
+                bounded.append((self.cheap_bound(plan), len(bounded), plan, False))
         self.counts.structures = len(seen_structures)
         timing["rules_and_family_bounds"] = time.perf_counter() - t1
-        # 2. best first
+        # 2. best first, by the families' bounds (rule 4): each family's cheap bound stands for its bound until it
+        # is the smallest, when its stage layout is decided and its bound computed (`busy`) and it goes back
+        # in; a family whose own bound is the smallest is expanded. The order is the order of the bounds (a cheap
+        # one is never above its family's bound), index breaking ties, as a sort of every bound would give.
         t2 = time.perf_counter()
-        bounded.sort(key=lambda x: (x[0], x[1]))
+        heapq.heapify(bounded)
+        exact: dict = {}  # index -> the family's bound
         log: list = []
-        for lb, _, plan in bounded:
-            if lb >= self.threshold():
-                for st in self._stat(plan):
-                    if st["best_bound"] is None or lb < st["best_bound"]:
-                        st["best_bound"] = lb
+        while bounded:
+            lb, i, plan, known = bounded[0]
+            if not known:
+                exact[i] = self.busy(self.cands.decide(plan), fill=True)
+                heapq.heapreplace(bounded, (exact[i], i, plan, True))
                 continue
+            if lb >= self.threshold():
+                break  # every family left is bounded at least as high: none is visited
+            heapq.heappop(bounded)
             self.counts.expanded += 1
             self.expand(plan, lb, log)
+        self._bound_left(bounded, exact)
         timing["best_first"] = time.perf_counter() - t2
         ranked = sorted(((t, w) for t, w in self.by_key.values()), key=lambda x: x[0])
         best_t = ranked[0][0] if ranked else None
