@@ -31,9 +31,8 @@ WRAPPER_TUNING = ("ddp_bucket_bytes", "fsdp_prefetch")
 class Plan(choices.DataParallelMode):
     # -- the mesh ----------------------------------------------------------------------------------------------------
     axes: tuple
-    """((axis, size), ...) outermost first, as the mesh declares them."""
-    nodes: int
-    devices_per_node: int
+    """((axis, size), ...) outermost first, as the mesh declares them. They multiply to the world size of the
+    machines the plan is for (compiler/layout/cluster.py `Cluster`, the Spec's: the Plan holds no machine)."""
     # -- the settings of the plan section ----------------------------------------------------------------------------
     data_parallel: str
     """`ddp` (replicated state, gradients all-reduced), `zero1` (AdamW state sharded over dp), `zero2` (and the
@@ -122,12 +121,14 @@ class Plan(choices.DataParallelMode):
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
+        """The ranks of the mesh: the product of its axes."""
+        return math.prod(n for _, n in self.axes)
 
     @property
     def groups(self) -> layout_groups.Groups:
-        """Every process group of this plan's mesh on its nodes (compiler/layout/groups.py)."""
-        return layout_groups.groups(self.axes, self.devices_per_node)
+        """Every process group of this plan's mesh (compiler/layout/groups.py); which tier each crosses is the
+        Cluster's to say (compiler/layout/cluster.py `Cluster.tier`)."""
+        return layout_groups.groups(self.axes)
 
     @property
     def batch_ranks(self) -> int:
@@ -194,10 +195,12 @@ class Plan(choices.DataParallelMode):
             extra.append("compiled")
         return f"{mesh} ({', '.join(extra)})"
 
-    def to_json(self) -> dict:
+    def to_json(self, cluster=None) -> dict:
         """The plan as plan.json records it: every setting and decision, no spans, and not the data-parallel
         wrappers' tuning (`ddp_bucket_bytes`, `fsdp_prefetch`: program.py's Parallel records the values the run
-        uses, and plan.json's keys stay those of the language's settings and the policies' decisions)."""
+        uses, and plan.json's keys stay those of the language's settings and the policies' decisions). With
+        `cluster` (compiler/layout/cluster.py, the machines the plan is for), its `nodes` and `devices_per_node`
+        follow `axes`, as the mesh section writes them (plan.json's keys as they were when the Plan held them)."""
         def plain(x):
             if dataclasses.is_dataclass(x):
                 return {k: plain(v) for k, v in dataclasses.asdict(x).items()}
@@ -210,15 +213,13 @@ class Plan(choices.DataParallelMode):
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
                and (f.name != "context_parallel" or self.size("cp") > 1)}  # plan.json without cp: as before
         out["axes"] = {a: n for a, n in self.axes}
+        if cluster is not None:
+            rest = {k: out.pop(k) for k in list(out) if k != "axes"}
+            out.update(nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, **rest)
         out["micro_batch_size"] = self.micro_batch_size
         out["tp"] = {seg: plain(d) for seg, d in self.tp}
         out["ep"] = {seg: plain(list(ps)) for seg, ps in self.ep}
         return out
-
-    def check_shape(self) -> None:
-        """Invariants of the value itself (not of the user's input, which the rules check)."""
-        if math.prod(n for _, n in self.axes) != self.world_size:
-            raise ValueError(f"plan axes {self.axes} do not multiply to the world size {self.world_size}")
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Plan))

@@ -125,7 +125,7 @@ class Space:
     def __init__(self, spec: S.Spec, fixed: dict):
         self.fixed = dict(fixed)
         self.base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=())
-        self.world = self.base.world_size
+        self.world = spec.cluster.world_size
         self.moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
         reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
         self.blocks = int(spec.value(reps[0].count)) if len(reps) == 1 else 1
