@@ -1,11 +1,14 @@
 """The Plan: every decision the compiler makes, as one frozen value.
 
-A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh, the settings of
-the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the unsharded
-trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. The checker builds
-the Plan as written (`Spec.plan`); the Spec mirrors none of its fields (its mesh is the machines only, its values
-bind no axis). Everything downstream reads the Plan it is given, never `Spec.plan`: the rules (`requires(spec, plan)` of each pass module and of the driver), the passes
-(`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and `plan.json`.
+A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh's axes, the
+settings of the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the
+unsharded trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. The checker
+builds the Plan as written (`Spec.plan`); the Spec mirrors none of its fields (its values bind no axis). The Plan
+holds no machine: its axes multiply to the world size of the Spec's Cluster (compiler/layout/cluster.py: nodes,
+devices per node, the device), which says which link tier each of the Plan's groups crosses. Everything downstream
+reads the Plan it is given, never `Spec.plan`: the rules (`requires(spec, plan)` of each pass module and of the
+driver), the passes (`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and
+`plan.json`.
 
 A candidate plan is `dataclasses.replace(plan, axes=..., micro_batches=...)` on the same trace; it carries no spans
 (`spans` is empty), so a rule that rejects it describes the setting in words instead of pointing at a line.
