@@ -313,7 +313,8 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
-    mesh = _MeshWritten(S.Mesh(span=sec.span), Cluster(s["nodes"], s["devices_per_node"], device), tuple(axes), spans)
+    cluster = Cluster(s["nodes"], s["devices_per_node"], device)
+    mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans)
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
         return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={})
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
@@ -328,8 +329,7 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
         c.error("E0301", f"the mesh axes hold {product} devices but the machines have {mesh.world_size}", target,
                 label=f"{shown} = {product}",
                 help=f"nodes × devices_per_node = {mesh.cluster.nodes} × {mesh.cluster.devices_per_node} = "
-                     f"{mesh.world_size}; "
-                     f"make the product of the axes equal it{folded}")
+                     f"{mesh.world_size}; make the product of the axes equal it{folded}")
         return None
     lints.tp_placement(c, mesh)
     return mesh

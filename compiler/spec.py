@@ -204,7 +204,7 @@ class Spec:
     """The machines the plan runs on (compiler/layout/cluster.py): the mesh section's nodes, devices_per_node and
     device (its figures, the mesh's overrides applied). The one place they are held: the Plan has none of them."""
     plan: "compiler.plan.Plan"
-    """The plan as written: the mesh's axes and machines and the plan section's settings, every default resolved
+    """The plan as written: the mesh's axes and the plan section's settings, every default resolved
     (compiler.plan.Plan, the one carrier of decisions). What the compiler runs is a Plan derived from it (its
     policies' decisions added, or a search's candidate): code after the check reads that Plan, never this one."""
     train: Train
