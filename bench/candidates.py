@@ -80,7 +80,7 @@ def run(path: str) -> dict:
     med = statistics.median(times)
     return {"sample": path, "trace_s": traced_s, "warmup_s": warm, "candidates": len(plans),
             "costed": len(estimates), "rejected": dict(rejected), "median_s": med,
-            "per_second": len(plans) / med, "estimates": estimates, "memory_gb": spec.mesh.device.memory_gb}
+            "per_second": len(plans) / med, "estimates": estimates, "memory_gb": spec.cluster.device.memory_gb}
 
 
 def main(argv: list[str]) -> int:

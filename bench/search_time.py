@@ -124,7 +124,7 @@ def one(name: str, spec, top: int, profile: int, target: float = 5.0) -> float:
           f"simulated exactly; {c.structures} pass structures")
     if result.winners:
         w = result.winners[0]
-        device = spec.mesh.device.memory_gb * 1e9
+        device = spec.cluster.device.memory_gb * 1e9
         print(f"  best: {w.plan.describe()}: {seconds(w.prediction.step_time_s)} per step, "
               f"MFU {w.prediction.mfu:.1%}, peak {nbytes(w.peak_bytes, gigabytes=True)} "
               f"({1 - w.peak_bytes / device:.1%} of {nbytes(device, gigabytes=True)} free)")

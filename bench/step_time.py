@@ -158,8 +158,9 @@ def _ratios(rows: list, **figures) -> list[float]:
     for row, got in rows:
         tried = []
         for b, compiled, cm in got:
-            dev = dataclasses.replace(compiled.spec.mesh.device, **figures)
-            pred = SIM.Simulator(dev, "materialised").predict(cm, compiled.plan, compiled.costs)
+            cl = compiled.spec.cluster
+            cl = dataclasses.replace(cl, device=dataclasses.replace(cl.device, **figures))
+            pred = SIM.Simulator(cl, "materialised").predict(cm, compiled.plan, compiled.costs)
             tried.append((pred.hardware_tflops_per_device, compiled.costs.peak_bytes <= 80e9))
         fits = [x for x in tried if x[1]]
         out.append((max(fits)[0] if fits else tried[0][0]) / row["tflops_per_gpu"])

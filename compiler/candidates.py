@@ -52,10 +52,12 @@ class _Structure:
 
 class Candidates:
     """Plans of `spec`'s model: `decide(plan)` fills the policies' decisions, `requires(plan)` lists what a rule
-    rejects, `sharded(plan)` is the graphs the program would run."""
+    rejects, `sharded(plan)` is the graphs the program would run. With `cluster` (compiler/layout/cluster.py), the
+    plans are costed on those machines instead of the Spec's (`Spec.on`); `unsharded` (the trace) is the same on
+    any cluster."""
 
-    def __init__(self, spec: S.Spec, unsharded=None):
-        self.spec = spec
+    def __init__(self, spec: S.Spec, unsharded=None, cluster=None):
+        self.spec = spec if cluster is None else spec.on(cluster)
         self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
         self._lowered: dict = {}  # _graphs_key -> (sharded, split, blocks): the graphs cp sizes share

@@ -22,6 +22,7 @@ from compiler import spec as S
 from compiler.binder import Checker, bind_settings, end_span, span_of, spans_of
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.file_checks import file_checks
+from compiler.layout.cluster import Cluster
 from compiler.language import (CAPACITY, DEVICES, KNOWN_AXES, LAYERS, MAX_REPEAT, MAX_SEED, MESH_SETTINGS,
                                OVERRIDABLE, PLAN_SETTINGS, SECTIONS, TRAIN_SETTINGS, TRAIN_SIZE_NAMES, placement)
 from compiler.parse import parse
@@ -90,7 +91,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     if model and mesh and plan and train:
         lints.bind_capacities(c, model, train)
         lints.windows_cover_the_sequence(c, model, train)
-        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh.machines,
+        spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh.machines, cluster=mesh.cluster,
                       plan=_written_plan(c, mesh, plan, train), train=train, values=dict(c.values))
         own = spec.plan
         if cluster_only:  # one device, the plan's defaults: what is left refuses every plan
@@ -269,16 +270,15 @@ def _model_structure(c: Checker, sec: ast.Section, layers: list) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _MeshWritten:
-    """The mesh section, checked: the machines (the Spec's) and the axes and node counts (the Plan's)."""
+    """The mesh section, checked: where it is written and the machines (the Spec's) and its axes (the Plan's)."""
     machines: S.Mesh
+    cluster: Cluster
     axes: tuple
-    nodes: int
-    devices_per_node: int
     axis_spans: dict
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
+        return self.cluster.world_size
 
 
 def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWritten | None:
@@ -313,7 +313,8 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
-    mesh = _MeshWritten(S.Mesh(device=device, span=sec.span), tuple(axes), s["nodes"], s["devices_per_node"], spans)
+    cluster = Cluster(s["nodes"], s["devices_per_node"], device)
+    mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans)
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
         return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={})
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
@@ -327,8 +328,8 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
                   "experts; to fold ep out of existing dp ranks, divide dp by ep)") if "ep" in spans else ""
         c.error("E0301", f"the mesh axes hold {product} devices but the machines have {mesh.world_size}", target,
                 label=f"{shown} = {product}",
-                help=f"nodes × devices_per_node = {mesh.nodes} × {mesh.devices_per_node} = {mesh.world_size}; "
-                     f"make the product of the axes equal it{folded}")
+                help=f"nodes × devices_per_node = {mesh.cluster.nodes} × {mesh.cluster.devices_per_node} = "
+                     f"{mesh.world_size}; make the product of the axes equal it{folded}")
         return None
     lints.tp_placement(c, mesh)
     return mesh
@@ -357,8 +358,8 @@ def _written_plan(c: Checker, mesh: _MeshWritten, settings: dict, train: S.Train
     fields = {k: v for k, v in settings.items() if k != "spans"}
     fields["layout"] = tuple((a, b) for a, b, *_ in fields["layout"])
     fields["tp_layers"] = tuple(fields["tp_layers"])
-    fields["compile"] = compiles(fields["compile"], mesh.machines.device.kind)
-    return Plan(axes=mesh.axes, nodes=mesh.nodes, devices_per_node=mesh.devices_per_node,
+    fields["compile"] = compiles(fields["compile"], mesh.cluster.device.kind)
+    return Plan(axes=mesh.axes,
                 global_batch=int(c.number(train.global_batch)), seq_len=int(c.number(train.seq_len)),
                 spans=tuple(spans), **fields)
 

@@ -312,7 +312,7 @@ def cmd_run(args) -> int:
     compiled = _load(args.file, budget=not args.force)
     _forced(args, compiled)
     out = _build_dir(compiled, args.output)
-    m = compiled.plan
+    m = compiled.spec.cluster
     try:
         cmd, env = launch_command(args, m.nodes, out, os.environ)
     except UsageError as err:

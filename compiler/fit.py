@@ -85,7 +85,7 @@ def advice(compiled) -> tuple[Fix, ...]:
     E0501 and every form of the `plan` report (text, JSON, HTML) read this one list; none lowers or costs again."""
     got = compiled.advice
     if got is None:
-        got = compiled.advice = tuple(fixes(compiled, compiled.spec.mesh.device.memory_gb * 1e9))
+        got = compiled.advice = tuple(fixes(compiled, compiled.spec.cluster.device.memory_gb * 1e9))
     return got
 
 

@@ -6,13 +6,13 @@ sections they read are resolved.
 """
 from __future__ import annotations
 
-import math
 
 from runtime import choices  # torch-free: the names the language shares with the runtime
 
 from compiler import ast
 from compiler import spec as S
 from compiler.binder import Checker, span_of
+from compiler.layout import groups as layout_groups
 from compiler.language import (FIGURE_RANGES, MAX_COUNT, MAX_EVAL_SPLIT, MAX_TIMEOUT, MIN_TIMEOUT, PLAN_SETTINGS,
                                SUSPICIOUS_LR, TP_LAYERS)
 from compiler.symbols import capacity
@@ -33,19 +33,20 @@ def positions_twice(c: Checker, layers: list) -> None:
 
 def tp_placement(c: Checker, mesh) -> None:
     """W0413: tp's groups cross nodes though tp fits in one. The axes are listed outermost first and the last
-    varies fastest over the ranks (runtime/mesh.py builds the DeviceMesh so; compiler/cost/step_time.py `links` reads
-    the same order), so tp's group is tp ranks `stride` apart, stride the product of the axes listed after it: it
-    stays in a node when tp × stride divides devices_per_node. tp's all-reduces sit on every layer's critical path,
-    and between nodes they run at the network's bandwidth, a tenth of NVLink's. `mesh`: the mesh section as
-    compiler/check.py resolved it (its axes, nodes, devices_per_node and axis_spans)."""
+    varies fastest over the ranks (runtime/mesh.py builds the DeviceMesh so; compiler/layout/groups.py reads the
+    same order), so tp's group is tp ranks `stride` apart, stride the product of the axes listed after it; whether
+    it stays in a node is the Cluster's to say (compiler/layout/cluster.py `crosses`: when tp × stride divides
+    devices_per_node). tp's all-reduces sit on every layer's critical path, and between nodes they run at the
+    network's bandwidth, a tenth of NVLink's. `mesh`: the mesh section as compiler/check.py resolved it (its axes,
+    its cluster and axis_spans)."""
     names = [a for a, _ in mesh.axes]
-    if "tp" not in names or mesh.nodes < 2:
+    cluster = mesh.cluster
+    if "tp" not in names or cluster.nodes < 2:
         return
     i = names.index("tp")
-    n, per_node = mesh.axes[i][1], mesh.devices_per_node
-    stride = math.prod(k for _, k in mesh.axes[i + 1:])
-    block = n * stride
-    if n < 2 or (block <= per_node and per_node % block == 0) or n > per_node or per_node % n:
+    tp = layout_groups.groups(mesh.axes)["tp"]
+    (stride, n), per_node = tp.pattern[0], cluster.devices_per_node
+    if n < 2 or not cluster.crosses(tp) or n > per_node or per_node % n:
         return  # inside a node already, or too large for one whatever the order
     inner = ", ".join(f"{a} = {k}" for a, k in mesh.axes[i + 1:] if k > 1)
     c.warn("W0413", f"tp = {n} is listed before {inner}, so each tp group takes ranks {stride} apart and crosses "

@@ -1,11 +1,14 @@
 """The Plan: every decision the compiler makes, as one frozen value.
 
-A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh, the settings of
-the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the unsharded
-trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. The checker builds
-the Plan as written (`Spec.plan`); the Spec mirrors none of its fields (its mesh is the machines only, its values
-bind no axis). Everything downstream reads the Plan it is given, never `Spec.plan`: the rules (`requires(spec, plan)` of each pass module and of the driver), the passes
-(`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and `plan.json`.
+A `Spec` is what the user wrote, resolved. A `Plan` is what the compiler will do with it: the mesh's axes, the
+settings of the plan section (the user's, or a search's), the micro-batch size, and, once the policies have read the
+unsharded trace, the stage layout and the tensor- and expert-parallel decisions of every traced segment. The checker
+builds the Plan as written (`Spec.plan`); the Spec mirrors none of its fields (its values bind no axis). The Plan
+holds no machine: its axes multiply to the world size of the Spec's Cluster (compiler/layout/cluster.py: nodes,
+devices per node, the device), which says which link tier each of the Plan's groups crosses. Everything downstream
+reads the Plan it is given, never `Spec.plan`: the rules (`requires(spec, plan)` of each pass module and of the
+driver), the passes (`(graph, plan) -> graph`), the cost package (`estimate(...)`), the code generator and
+`plan.json`.
 
 A candidate plan is `dataclasses.replace(plan, axes=..., micro_batches=...)` on the same trace; it carries no spans
 (`spans` is empty), so a rule that rejects it describes the setting in words instead of pointing at a line.
@@ -31,9 +34,8 @@ WRAPPER_TUNING = ("ddp_bucket_bytes", "fsdp_prefetch")
 class Plan(choices.DataParallelMode):
     # -- the mesh ----------------------------------------------------------------------------------------------------
     axes: tuple
-    """((axis, size), ...) outermost first, as the mesh declares them."""
-    nodes: int
-    devices_per_node: int
+    """((axis, size), ...) outermost first, as the mesh declares them. They multiply to the world size of the
+    machines the plan is for (compiler/layout/cluster.py `Cluster`, the Spec's: the Plan holds no machine)."""
     # -- the settings of the plan section ----------------------------------------------------------------------------
     data_parallel: str
     """`ddp` (replicated state, gradients all-reduced), `zero1` (AdamW state sharded over dp), `zero2` (and the
@@ -122,12 +124,14 @@ class Plan(choices.DataParallelMode):
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.devices_per_node
+        """The ranks of the mesh: the product of its axes."""
+        return math.prod(n for _, n in self.axes)
 
     @property
     def groups(self) -> layout_groups.Groups:
-        """Every process group of this plan's mesh on its nodes (compiler/layout/groups.py)."""
-        return layout_groups.groups(self.axes, self.devices_per_node)
+        """Every process group of this plan's mesh (compiler/layout/groups.py); which tier each crosses is the
+        Cluster's to say (compiler/layout/cluster.py `Cluster.tier`)."""
+        return layout_groups.groups(self.axes)
 
     @property
     def batch_ranks(self) -> int:
@@ -194,10 +198,12 @@ class Plan(choices.DataParallelMode):
             extra.append("compiled")
         return f"{mesh} ({', '.join(extra)})"
 
-    def to_json(self) -> dict:
+    def to_json(self, cluster=None) -> dict:
         """The plan as plan.json records it: every setting and decision, no spans, and not the data-parallel
         wrappers' tuning (`ddp_bucket_bytes`, `fsdp_prefetch`: program.py's Parallel records the values the run
-        uses, and plan.json's keys stay those of the language's settings and the policies' decisions)."""
+        uses, and plan.json's keys stay those of the language's settings and the policies' decisions). With
+        `cluster` (compiler/layout/cluster.py, the machines the plan is for), its `nodes` and `devices_per_node`
+        follow `axes`, as the mesh section writes them (plan.json's keys as they were when the Plan held them)."""
         def plain(x):
             if dataclasses.is_dataclass(x):
                 return {k: plain(v) for k, v in dataclasses.asdict(x).items()}
@@ -210,15 +216,13 @@ class Plan(choices.DataParallelMode):
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
                and (f.name != "context_parallel" or self.size("cp") > 1)}  # plan.json without cp: as before
         out["axes"] = {a: n for a, n in self.axes}
+        if cluster is not None:
+            rest = {k: out.pop(k) for k in list(out) if k != "axes"}
+            out.update(nodes=cluster.nodes, devices_per_node=cluster.devices_per_node, **rest)
         out["micro_batch_size"] = self.micro_batch_size
         out["tp"] = {seg: plain(d) for seg, d in self.tp}
         out["ep"] = {seg: plain(list(ps)) for seg, ps in self.ep}
         return out
-
-    def check_shape(self) -> None:
-        """Invariants of the value itself (not of the user's input, which the rules check)."""
-        if math.prod(n for _, n in self.axes) != self.world_size:
-            raise ValueError(f"plan axes {self.axes} do not multiply to the world size {self.world_size}")
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Plan))

@@ -5,9 +5,11 @@ cost model can print formulas; everything else is a plain Python value. All clas
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Span
+from compiler.layout.cluster import Cluster
 from compiler.layers.attention import Attention
 from compiler.layers.cross_entropy import CrossEntropy
 from compiler.layers.embedding import Embedding
@@ -125,9 +127,9 @@ class Device:
 
 @dataclass(frozen=True, kw_only=True)
 class Mesh:
-    """The machines behind the mesh: the device and its figures. The axes, nodes and devices per node are decisions
-    the search may change: they are the Plan's (compiler/plan.py), as written in `Spec.plan`."""
-    device: Device
+    """Where the mesh section is written (diagnostics about the machines point at it). The machines it names
+    (nodes, devices per node, the device and its figures) are `Spec.cluster`; its axes are the Plan's
+    (compiler/plan.py), as written in `Spec.plan`."""
     span: Span
 
 
@@ -198,8 +200,11 @@ class Spec:
     source: str
     model: Model
     mesh: Mesh
+    cluster: Cluster
+    """The machines the plan runs on (compiler/layout/cluster.py): the mesh section's nodes, devices_per_node and
+    device (its figures, the mesh's overrides applied). The one place they are held: the Plan has none of them."""
     plan: "compiler.plan.Plan"
-    """The plan as written: the mesh's axes and machines and the plan section's settings, every default resolved
+    """The plan as written: the mesh's axes and the plan section's settings, every default resolved
     (compiler.plan.Plan, the one carrier of decisions). What the compiler runs is a Plan derived from it (its
     policies' decisions added, or a search's candidate): code after the check reads that Plan, never this one."""
     train: Train
@@ -208,6 +213,17 @@ class Spec:
     Plan's (`value(expr, plan)` binds them)."""
     warnings: tuple = field(default=(), compare=False)
     """Diagnostics of severity "warning" the check found (settings with no effect, ...); the commands print them."""
+
+    def on(self, cluster: Cluster) -> "Spec":
+        """The same model, training and plan settings planned on other machines (a search or an elastic re-plan on
+        `cluster`). The written plan keeps its axes where they multiply to the new world size, else it becomes
+        `dp` over every device (as `check(cluster_only=True)` reads a mesh whose axes are the search's to choose);
+        its other settings are as written (compile's default was resolved for this Spec's device)."""
+        plan = self.plan
+        if plan.world_size != cluster.world_size:
+            plan = dataclasses.replace(plan, axes=(("dp", cluster.world_size),),
+                                       spans=tuple((k, sp) for k, sp in plan.spans if not k.startswith("axis ")))
+        return dataclasses.replace(self, cluster=cluster, plan=plan)
 
     def value(self, expr, plan=None) -> int | float:
         """The number `expr` takes: its named sizes from `values`, the axis sizes (`tp`, `dp`, ...) from `plan`."""

@@ -248,7 +248,7 @@ def test_megatron_row_percent_of_peak(megatron_row):
     # The throughput columns themselves are not a check of our FLOP count (achieved TFLOP/s were derived from the
     # same formula), but our a100 peak must be the one the percentages were taken against.
     row, compiled = megatron_row
-    peak = compiled.spec.mesh.device.peak_tflops
+    peak = compiled.spec.cluster.device.peak_tflops
     assert peak == SETUP["a100_peak_tflops_bf16"]
     assert round(100 * row["tflops_per_gpu"] / peak) == row["percent_peak"]
 
@@ -290,7 +290,7 @@ def test_a_plan_over_memory_is_refused_with_what_would_fit():
     from compiler.fit import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "moe_1t.scale").read_text()
     fits = compile_spec(check_text(text, "moe_1t.scale"))
-    limit = fits.spec.mesh.device.memory_gb * 1e9
+    limit = fits.spec.cluster.device.memory_gb * 1e9
     assert fits.costs.peak_bytes <= limit and budget(fits) == []
     plain = compile_spec(check_text(text.replace("recompute = selective", "recompute = none")
                                     .replace("micro_batches = 64", "micro_batches = 32"), "moe_1t.scale"))
@@ -324,7 +324,7 @@ def test_megatron_175b_layout_needs_recomputation():
     from compiler.fit import budget
     text = (Path(__file__).resolve().parents[1] / "samples" / "gpt3_175b.scale").read_text()
     sample = compile_spec(check_text(text, "gpt3_175b.scale"))
-    limit = sample.spec.mesh.device.memory_gb * 1e9
+    limit = sample.spec.cluster.device.memory_gb * 1e9
     assert sample.costs.peak_bytes <= limit and budget(sample) == []
     assert "fits: 65% of the 80 GB of one a100" in plan_text(sample)  # AdamW fused: no temporaries; bf16: 18 B/param
     text = text.replace("recompute = full", "recompute = none").replace("sequence_parallel = true",
@@ -492,10 +492,12 @@ def test_a_candidate_plan_costs_what_compiling_it_costs(edits):
     base = compile_spec(check_text(text, "gpt_3d.scale"))
     other = compile_spec(check_text(_variant(text, *edits), "gpt_3d.scale"))
     want = other.spec.plan
-    cand = dataclasses.replace(base.spec.plan, axes=want.axes, devices_per_node=want.devices_per_node,
-                               micro_batches=want.micro_batches, schedule=want.schedule,
-                               virtual_stages=want.virtual_stages)
-    got = CostModel(base.spec, base.traced, base.plan).estimate(Candidates(base.spec, base.unsharded).decide(cand))
+    cand = dataclasses.replace(base.spec.plan, axes=want.axes, micro_batches=want.micro_batches,
+                               schedule=want.schedule, virtual_stages=want.virtual_stages)
+    cluster = other.spec.cluster  # the same Spec planned on the variant's machines
+    assert cluster != base.spec.cluster
+    decided = Candidates(base.spec, base.unsharded, cluster=cluster).decide(cand)
+    got = CostModel(base.spec.on(cluster), base.traced, base.plan).estimate(decided)
     theirs = other.costs
     for f in ("params_n", "params_rank", "flops_step_n", "flops_rank_step_n", "model_state", "stages",
               "micro_batch_size", "tokens_step"):
@@ -694,7 +696,7 @@ def test_a_plan_of_another_cp_degree_is_refused_by_a_model_built_for_cp_2():
     theirs = compile_spec(check_text(_variant(text, ("axis cp = 2", "axis cp = 4"),
                                               ("devices_per_node = 2", "devices_per_node = 4")), "gpt_tp.scale"))
     assert base.plan.size("cp") == 2 and theirs.plan.size("cp") == 4
-    cand = dataclasses.replace(base.spec.plan, axes=(("cp", 4),), devices_per_node=4)
+    cand = dataclasses.replace(base.spec.plan, axes=(("cp", 4),))
     cands = Candidates(base.spec, base.unsharded)
     assert cands.estimate(cands.decide(base.spec.plan)) == base.costs
     with pytest.raises(ValueError, match="cp degree"):

@@ -10,14 +10,14 @@ import pytest
 from compiler import plan as P
 from compiler.check import check_text
 from tests.e2e.cases import ALL_CASES, CASES, MORE, MORE_IDS, Case
-from tests.e2e.runner import case_text, single_device
+from tests.e2e.runner import CLUSTER_FIELDS, case_text, single_device
 
 
 @pytest.mark.parametrize("case", [c for c in ALL_CASES if c.plan], ids=[c.id for c in ALL_CASES if c.plan])
 def test_case_file_holds_its_plan_fields(case):
-    plan = check_text(case_text(case), f"{case.id}.scale").plan
-    assert {k: getattr(plan, k) for k, _ in case.plan} == dict(case.plan)
-    assert plan.world_size == case.nproc
+    spec = check_text(case_text(case), f"{case.id}.scale")
+    assert {k: getattr(spec.cluster if k in CLUSTER_FIELDS else spec.plan, k) for k, _ in case.plan} == dict(case.plan)
+    assert spec.plan.world_size == spec.cluster.world_size == case.nproc
 
 
 def test_references_depend_on_the_model_not_the_plan():
@@ -28,10 +28,12 @@ def test_references_depend_on_the_model_not_the_plan():
         text = single_device(case_text(case))
         key = (case.sample, case.edits, dict(case.plan).get("fp32_residual", False))
         assert refs.setdefault(key, text) == text, f"case {case.id}: another reference than its model's other cases"
-        plan = check_text(text, "reference.scale").plan
-        default = P.Plan(axes=(("dp", 1),), nodes=1, devices_per_node=1, data_parallel="ddp", micro_batches=1,
+        spec = check_text(text, "reference.scale")
+        plan = spec.plan
+        default = P.Plan(axes=(("dp", 1),), data_parallel="ddp", micro_batches=1,
                          global_batch=plan.global_batch, seq_len=plan.seq_len, fp32_residual=key[2])
         assert dataclasses.replace(plan, spans=()) == default, case.id
+        assert (spec.cluster.nodes, spec.cluster.devices_per_node) == (1, 1), case.id
     assert len(refs) < len(CASES)
 
 

@@ -198,7 +198,7 @@ def test_a_world_of_the_wrong_size_ends_without_a_restart(monkeypatch, capsys, r
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(SystemExit) as info:
-        mesh.setup((("dp", 2),), 60.0, groups((("dp", 2),), 2).contract())
+        mesh.setup((("dp", 2),), 60.0, groups((("dp", 2),)).contract())
     assert info.value.code == EXIT_CODE
     err = capsys.readouterr().err
     assert ("needs 2 processes (dp=2), but torchrun started 3" in err) == (rank == "0") and err.count("\n") <= 1

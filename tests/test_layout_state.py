@@ -17,7 +17,7 @@ from runtime import choices
 
 def _plan(mode="ddp", dp=4, pp=1, ep=1, cp=1, m=4, **kw):
     axes = tuple((a, n) for a, n in (("dp", dp), ("pp", pp), ("ep", ep), ("cp", cp)) if n > 1) or (("dp", 1),)
-    return P.Plan(axes=axes, nodes=1, devices_per_node=dp * pp * ep * cp, data_parallel=mode, micro_batches=m,
+    return P.Plan(axes=axes, data_parallel=mode, micro_batches=m,
                   global_batch=8 * dp * ep, seq_len=128, **kw)
 
 

@@ -279,7 +279,7 @@ def _zero_states(psi_target: float, grad_reduce: str):
     out = {}
     for nd in ZERO_TABLE1:
         for mode in ("ddp",) + tuple(ZERO_STAGES.values()):
-            plan = replace(base, axes=(("dp", nd),), devices_per_node=nd, data_parallel=mode,
+            plan = replace(base, axes=(("dp", nd),), data_parallel=mode,
                            grad_reduce=grad_reduce)
             est = cands.estimate(cands.decide(plan))
             out[(nd, mode)] = (est.params_n, est.model_state)

@@ -45,7 +45,7 @@ def _worker(rank: int, port: int, axes: tuple) -> None:
 
 def _check(rank: int, axes: tuple) -> None:
     from runtime import mesh
-    layout = groups(axes, 4)  # two nodes of four
+    layout = groups(axes)
     listed = layout.contract()
     ctx = mesh.setup(axes, 60.0, groups=listed)
     world = dist.distributed_c10d._world

@@ -39,7 +39,7 @@ def test_the_warning_says_what_the_links_say(axes, nodes, per_node):
     warned = [w for w in spec.warnings if w.code == "W0413"]
     tp = dict(axes)["tp"]
     fits = tp <= per_node and per_node % tp == 0
-    crosses = links(spec.plan, spec.mesh.device)["tp"].crosses_nodes
+    crosses = links(spec.plan, spec.cluster)["tp"].crosses_nodes
     assert bool(warned) == (crosses and fits), (axes, nodes, per_node, crosses, warned)
     if warned:
         assert warned[0].span.line == 1 + MODEL.count("\n") + [a for a, _ in axes].index("tp") + 1
@@ -51,4 +51,4 @@ def test_the_order_the_warning_advises_keeps_tp_inside_a_node():
     assert "list `axis tp = 2` last" in w.help
     fixed = _spec((("dp", 4), ("tp", 2)), 2, 4)
     assert not [w for w in fixed.warnings if w.code == "W0413"]
-    assert not links(fixed.plan, fixed.mesh.device)["tp"].crosses_nodes
+    assert not links(fixed.plan, fixed.cluster)["tp"].crosses_nodes

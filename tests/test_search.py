@@ -44,7 +44,7 @@ def test_winners_are_legal_fit_and_ranked(path, small_results, tmp_path):
     spec, result = small_results[path]
     assert result.winners, f"{path}: no winner"
     cands = Candidates(spec)
-    limit = spec.mesh.device.memory_gb * 1e9
+    limit = spec.cluster.device.memory_gb * 1e9
     times = [w.prediction.step_time_s for w in result.winners]
     assert times == sorted(times)
     layouts = [w.plan.axes for w in result.winners]
@@ -83,7 +83,7 @@ def test_device_overrides_in_the_mesh_are_kept(tmp_path):
     result = SE.search(spec, top=1)
     written = SE.scale_text(spec, result.winners[0])
     assert "memory_gb = 2" in written and "device = cpu" in written
-    assert check_text(written, "best.scale").mesh.device.memory_gb == 2
+    assert check_text(written, "best.scale").cluster.device.memory_gb == 2
 
 
 def test_fix_is_respected(tmp_path):
@@ -311,7 +311,7 @@ def test_search_costs_both_fsdp_grad_syncs_and_shows_its_choice():
     assert "fsdp_grad_sync" not in SE.scale_text(wide, w)
 
 
-SETTINGS = ("axes", "nodes", "devices_per_node", "data_parallel", "micro_batches", "schedule", "virtual_stages",
+SETTINGS = ("axes", "data_parallel", "micro_batches", "schedule", "virtual_stages",
             "layout", "sequence_parallel", "tp_layers", "pad_vocab", "recompute", "compiles", "grad_reduce",
             "fp32_residual", "syncs_each_micro_batch")
 
@@ -335,11 +335,13 @@ def test_the_printed_file_reads_back_as_the_plan(device):
                                  fsdp_grad_sync="micro_batch", micro_batches=2, compile=device == "cpu"),
              dataclasses.replace(base, axes=(("pp", 2), ("dp", 4)), schedule="zero-bubble", compile=True)]
     for plan in plans:
-        written = scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)
-        again = check_text(written, "best.scale", cluster_only=True).plan
+        written = scale.scale_file(plan, spec.cluster, spec.source, parse(spec.source, "in.scale"))
+        back = check_text(written, "best.scale", cluster_only=True)
+        again = back.plan
         assert [getattr(again, k) for k in SETTINGS] == [getattr(plan, k) for k in SETTINGS], written
+        assert back.cluster == spec.cluster, written
         assert ("compile =" in written) == (plan.compile != (device != "cpu") and plan.compiles == plan.compile)
-        assert written == scale.scale_file(plan, spec.source, parse(spec.source, "in.scale"), device)
+        assert written == scale.scale_file(plan, spec.cluster, spec.source, parse(spec.source, "in.scale"))
 
 
 def test_search_costs_pipelines_over_two_repeats(tmp_path, capsys):
@@ -405,7 +407,7 @@ def test_search_tries_cp_on_a_long_sequence(tmp_path):
     spec = check_path(str(path))
     no_cp = Candidates(spec)
     decided = no_cp.decide(spec.plan)
-    assert no_cp.estimate(decided).peak_bytes > spec.mesh.device.memory_gb * 1e9  # without cp it does not fit
+    assert no_cp.estimate(decided).peak_bytes > spec.cluster.device.memory_gb * 1e9  # without cp it does not fit
     res = SE.search(spec, top=3)
     best = res.winners[0]
     assert best.plan.size("cp") > 1
@@ -413,7 +415,7 @@ def test_search_tries_cp_on_a_long_sequence(tmp_path):
     assert any("inside a node" in r or "crosses nodes" in r for r in best.reasons if r.startswith("cp "))
     for w in res.winners:  # every winner is legal, fits and is costed at its own cp size
         assert Candidates(spec).requires(w.plan) == []
-        assert w.peak_bytes <= spec.mesh.device.memory_gb * 1e9
+        assert w.peak_bytes <= spec.cluster.device.memory_gb * 1e9
         if w.plan.size("cp") > 1:
             out = tmp_path / f"cp{w.plan.size('cp')}.scale"
             out.write_text(SE.scale_text(spec, w))
@@ -435,7 +437,7 @@ def test_winners_keep_the_headroom_and_say_so(tmp_path):
     from compiler.cost.memory import MARGIN
     text = open("tests/mistakes/search_winner_within_the_margin.scale").read()
     spec = check_text(text, "tight.scale", cluster_only=True)
-    device = spec.mesh.device.memory_gb * 1e9
+    device = spec.cluster.device.memory_gb * 1e9
     kept = SE.search(spec, top=3)
     assert kept.headroom == MARGIN and kept.winners
     assert all(w.peak_bytes <= device * (1 - MARGIN) for w in kept.winners)

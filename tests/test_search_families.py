@@ -48,8 +48,8 @@ def searched(request):
 
 def test_search_finds_plans_that_fit_with_reasons(searched):
     name, spec, result = searched
-    assert spec.mesh.device.kind == "h100" and spec.mesh.device.memory_gb * 1e9 == H100_BYTES
-    assert spec.plan.world_size == 8 and spec.plan.nodes == 1
+    assert spec.cluster.device.kind == "h100" and spec.cluster.device.memory_gb * 1e9 == H100_BYTES
+    assert spec.plan.world_size == spec.cluster.world_size == 8 and spec.cluster.nodes == 1
     assert result.winners, f"{name}: no plan fits"
     best = result.winners[0]
     assert best.peak_bytes < H100_BYTES

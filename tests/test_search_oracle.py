@@ -90,8 +90,8 @@ def cost_all(spec: S.Spec) -> tuple[dict, int]:
     """Every candidate of the space that the rules accept and that fits the device, costed: {candidate as the
     space gives it: (decided plan, exact step time)}, and the size of the space."""
     cands = Candidates(spec)
-    sim = Simulator(spec.mesh.device)
-    limit = spec.mesh.device.memory_gb * 1e9
+    sim = Simulator(spec.cluster)
+    limit = spec.cluster.device.memory_gb * 1e9
     out: dict = {}
     n = 0
     for plan in space(spec):

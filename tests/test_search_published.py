@@ -31,7 +31,7 @@ def test_released_mixtures_find_plans_within_the_margin(name):
     spec, result = _search(name)
     moes = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE)]
     assert moes and all(m.dispatch == "grouped" for m in moes)
-    device = spec.mesh.device.memory_gb * 1e9
+    device = spec.cluster.device.memory_gb * 1e9
     assert result.winners, result.rejected
     for w in result.winners:
         assert w.peak_bytes <= device * (1 - MARGIN), (w.plan.describe(), w.peak_bytes / device)
@@ -45,5 +45,5 @@ def test_deepseek_v3_on_512_h100s_finds_a_plan_with_ep():
     with_ep = [w for w in result.winners if w.plan.size("ep") > 1]
     assert with_ep, [w.plan.describe() for w in result.winners]
     best = with_ep[0]
-    assert best.peak_bytes <= spec.mesh.device.memory_gb * 1e9 * (1 - MARGIN)
+    assert best.peak_bytes <= spec.cluster.device.memory_gb * 1e9 * (1 - MARGIN)
     assert any("all-to-alls" in r for r in best.reasons), best.reasons

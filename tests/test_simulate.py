@@ -162,13 +162,13 @@ def test_a_group_that_straddles_nodes_crosses_them():
     from dataclasses import replace as rep
 
     spec = check_text(GPT3, "g.scale")
-    dev = spec.mesh.device
+    cl = spec.cluster
     plan = spec.plan
     six = rep(plan, axes=(("dp", 256), ("tp", 6)))
-    assert LK.links(six, dev)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
+    assert LK.links(six, cl)["tp"].crosses_nodes          # ranks 6-11 are on two nodes of 8
     four = rep(plan, axes=(("dp", 384), ("tp", 4)))
-    assert not LK.links(four, dev)["tp"].crosses_nodes
-    assert LK.links(four, dev)["dp"].crosses_nodes
+    assert not LK.links(four, cl)["tp"].crosses_nodes
+    assert LK.links(four, cl)["dp"].crosses_nodes
 
 
 def test_mesh_figures_override_the_device():
@@ -201,7 +201,7 @@ def test_pipeline_schedules_are_simulated():
     assert inter.bubble_fraction < one.bubble_fraction
     assert zb.step_time_s < one.step_time_s
     # the lower bound a search ranks by never exceeds the exact figure
-    bound = SIM.Simulator(c.spec.mesh.device).predict(c.model, c.plan, c.costs, exact=False)
+    bound = SIM.Simulator(c.spec.cluster).predict(c.model, c.plan, c.costs, exact=False)
     assert bound.step_time_s <= one.step_time_s
 
 
@@ -319,7 +319,7 @@ def test_the_ddp_bucket_is_the_plans():
     spec = check_text(text, "llama3_8b.scale")
     compiled = D.compile_spec(spec)
     assert compiled.plan.data_parallel == "ddp" and compiled.plan.size("pp") == 1
-    cm, sim = CostModel(spec, compiled.traced, compiled.plan), SIM.Simulator(spec.mesh.device)
+    cm, sim = CostModel(spec, compiled.traced, compiled.plan), SIM.Simulator(spec.cluster)
 
     def exposed(bucket):
         plan = dataclasses.replace(compiled.plan, ddp_bucket_bytes=bucket)
@@ -335,10 +335,10 @@ def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_b
     model's own transfer and block times; the steps carry the ledger's blocks, 2·(cp − 1) forward, 4·cp − 2 backward."""
     text = (ROOT / "samples" / "llama3_8b_128k.scale").read_text()
     c, pred = predict(text)
-    sim = SIM.Simulator(c.spec.mesh.device)
+    sim = SIM.Simulator(c.spec.cluster)
     plan = c.plan
     env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
-    lk = LK.links(plan, sim.device)
+    lk = LK.links(plan, sim.cluster)
     cp, link = plan.size("cp"), lk["cp"]
     mdl = sim.model(c.model)
     key = next(k for k in mdl.segments if isinstance(k, tuple))

@@ -265,14 +265,14 @@ def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     """runtime.config.Speed: the model FLOPs of one step (compiler.cost), the peak of one device of the mesh's kind
     and, when the plan has a step-time prediction (compiler.cost.step_time), that time."""
     step_s = costs.step.step_time_s  # the estimate's prediction (cost.Estimate.step): made once per compile
-    return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.mesh.device.peak_tflops) * 1e12,
-            "device": spec.mesh.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
+    return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.cluster.device.peak_tflops) * 1e12,
+            "device": spec.cluster.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
 
 
 def memory_values(spec: S.Spec, costs) -> dict:
     """runtime.config.Memory: the largest rank's predicted peak and one device's bytes."""
     return {"predicted_peak_bytes": int(predicted_peak_bytes(costs)),
-            "device_bytes": int(spec.mesh.device.memory_gb * 1e9)}
+            "device_bytes": int(spec.cluster.device.memory_gb * 1e9)}
 
 
 # The nested groups of runtime.config.Config, in the order the program writes them.
@@ -301,9 +301,11 @@ def _json_value(v):
 
 
 def mesh_text(spec: S.Spec, plan) -> str:
+    """The plan's axes on the Spec's cluster, in words: `dp=2 × tp=4 (1 node × 8 h100)`."""
     axes = " × ".join(f"{a}={n}" for a, n in plan.axes) or "one device"
-    n = plan.nodes
-    return f"{axes} ({n} node{'s' if n != 1 else ''} × {plan.devices_per_node} {spec.mesh.device.kind})"
+    cl = spec.cluster
+    n = cl.nodes
+    return f"{axes} ({n} node{'s' if n != 1 else ''} × {cl.devices_per_node} {cl.device.kind})"
 
 
 def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
@@ -365,7 +367,7 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str =
 def launch_script(spec: S.Spec, plan) -> str:
     return _env().get_template("launch.sh.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, world=plan.world_size,
-        nodes=plan.nodes, devices_per_node=plan.devices_per_node, mesh_text=mesh_text(spec, plan),
+        nodes=spec.cluster.nodes, devices_per_node=spec.cluster.devices_per_node, mesh_text=mesh_text(spec, plan),
         restarts=int(spec.train.restarts))
 
 
@@ -374,8 +376,8 @@ def batch_script(spec: S.Spec, plan) -> str:
     allocation's first node under the job's id. GPUs are asked for per node unless the mesh's device is the cpu."""
     return _env().get_template("launch.sbatch.j2").render(
         version=__version__, source=source_name(spec), job_name=E.job_name(spec.model.name), world=plan.world_size,
-        nodes=plan.nodes, devices_per_node=plan.devices_per_node, mesh_text=mesh_text(spec, plan),
-        restarts=int(spec.train.restarts), gpus=spec.mesh.device.kind != "cpu")
+        nodes=spec.cluster.nodes, devices_per_node=spec.cluster.devices_per_node, mesh_text=mesh_text(spec, plan),
+        restarts=int(spec.train.restarts), gpus=spec.cluster.device.kind != "cpu")
 
 
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
@@ -392,10 +394,10 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
         "generator": f"scalec {__version__}",
         "source": source_name(spec),
         "name": spec.model.name,
-        "mesh": {"axes": [{"name": a, "size": n} for a, n in plan.axes], "nodes": plan.nodes,
-                 "devices_per_node": plan.devices_per_node, "world_size": plan.world_size,
-                 "device": spec.mesh.device.kind},
-        "plan": plan.to_json(),
+        "mesh": {"axes": [{"name": a, "size": n} for a, n in plan.axes], "nodes": spec.cluster.nodes,
+                 "devices_per_node": spec.cluster.devices_per_node, "world_size": plan.world_size,
+                 "device": spec.cluster.device.kind},
+        "plan": plan.to_json(spec.cluster),
         "sizes": {k: str(v) for k, v in spec.model.sizes.items()},
         "values": _values(spec, plan),
         "cost": {"parameters": costs.params_n, "parameters_formula": str(costs.params),

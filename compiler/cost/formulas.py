@@ -408,7 +408,7 @@ def _build(spec, traced, precision: str, cp: int) -> Formulas:
               for name, gm in traced.blocks.items()}
 
     prec = precision
-    device = "cpu" if spec.mesh.device.kind == "cpu" else "cuda"
+    device = "cpu" if spec.cluster.device.kind == "cpu" else "cuda"
     blocks = list(traced.blocks.values())
     # Recomputation's working set: the block whose backward runs, rematerialised (one at a time).
     recomputed = (sympy.Max(*[A.saved_bytes(g, prec, device) for g in blocks]) if blocks else sympy.Integer(0))

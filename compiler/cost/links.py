@@ -1,12 +1,11 @@
 """Each process group's link, and what a collective costs on it: the step-time model's communication part.
 
-A group's link is the tier the Layout says it crosses (compiler/layout/groups.py: inside a node at the device's
-figure × its intra-node efficiency, across nodes at the inter-node figure); a collective on it is costed with an
-alpha-beta model of its algorithm (`collective_s`).
+A group's link is the tier the Cluster says it crosses (compiler/layout/cluster.py `Cluster.tier` of a group of
+compiler/layout/groups.py: inside a node at the device's figure × its intra-node efficiency, across nodes at the
+inter-node figure); a collective on it is costed with an alpha-beta model of its algorithm (`collective_s`).
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -32,31 +31,34 @@ class Link:
         return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
 
 
-def links(plan, device) -> dict:
-    """The link each of the plan's process groups uses, by the group's name (compiler/layout/groups.py: every axis
-    and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...), at the bandwidth and latency of the tier the
-    Layout says it crosses (compiler/layout/cluster.py `tiers`: inside a node the device's figure × its
-    `intra_node_efficiency`, between nodes the figure as given)."""
-    key = (tuple(plan.axes), plan.nodes, plan.devices_per_node, id(device))
+def links(plan, cluster) -> dict:
+    """The link each of the plan's process groups uses on `cluster` (compiler/layout/cluster.py), by the group's
+    name (compiler/layout/groups.py: every axis and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...),
+    at the bandwidth and latency of the tier the Cluster says it crosses (`Cluster.tier`: inside a node the
+    device's figure × its `intra_node_efficiency`, between nodes the figure as given). A plan whose axes do not
+    multiply to the cluster's devices is refused (ValueError)."""
+    key = (tuple(plan.axes), id(cluster))
     got = _LINKS.get(key)
-    if got is None or got[0] is not device:
-        got = _LINKS[key] = (device, _links(*key[:3], device))  # the device kept: its id is not reused
+    if got is None or got[0] is not cluster:
+        got = _LINKS[key] = (cluster, _links(key[0], cluster))  # the cluster kept: its id is not reused
     return dict(got[1])
 
 
 _LINKS: dict = {}
-"""(axes, nodes, devices per node, id(device)) -> (device, its links): a search asks for the same few meshes'
-links tens of thousands of times, and a device's figures are too many to hash on each call."""
+"""(axes, id(cluster)) -> (cluster, its links): a search asks for the same few meshes' links tens of thousands of
+times, and a cluster's device figures are too many to hash on each call."""
 
 
-def _links(axes: tuple, nodes: int, devices_per_node: int, device) -> dict:
-    """`links`, once per mesh, cluster and device (a search asks for the same few many times); callers get a
-    copy."""
-    cluster = CL.Cluster(nodes, devices_per_node, device)
+def _links(axes: tuple, cluster: CL.Cluster) -> dict:
+    """`links`, once per mesh and cluster."""
+    world = math.prod(n for _, n in axes)
+    if world != cluster.world_size:
+        raise ValueError(f"plan axes {axes} hold {world} devices, the cluster {cluster.world_size} "
+                         f"({cluster.nodes} × {cluster.devices_per_node})")
     out = {}
-    for g in G.groups(axes, devices_per_node):
-        tier = cluster.tier(g.crosses_nodes)
-        out[g.name] = Link(g.name, g.size, g.crosses_nodes, tier.gbps, tier.latency_us)
+    for g in G.groups(axes):
+        crosses, tier = cluster.crosses(g), cluster.tier(g)
+        out[g.name] = Link(g.name, g.size, crosses, tier.gbps, tier.latency_us)
     return out
 
 

@@ -207,7 +207,7 @@ def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
         return []
     from compiler.report.units import nbytes
     worst = max(memory, key=lambda r: (r.peak, -(r.pp_rank or 0)))
-    dev = spec.mesh.device
+    dev = spec.cluster.device
     limit = dev.memory_gb * 1e9
     if worst.peak <= limit * (1 - MARGIN):
         return []

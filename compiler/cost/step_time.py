@@ -173,12 +173,14 @@ def _figures(link) -> tuple | None:
 class Simulator:
     """Step times of plans of one model: one compiled `_Model` per cost model (pass structure)."""
 
-    def __init__(self, device, attention: str = "fused"):
-        """`attention`: "fused" (SDPA, what our programs run) or "materialised" (scores written to memory, as
+    def __init__(self, cluster, attention: str = "fused"):
+        """`cluster`: the machines (compiler/layout/cluster.py Cluster: the device's figures, the links' tiers).
+        `attention`: "fused" (SDPA, what our programs run) or "materialised" (scores written to memory, as
         Megatron-LM 2021 ran it: only to compare with published figures)."""
         if attention not in ("fused", "materialised"):
             raise ValueError(f"attention must be fused or materialised, not {attention!r}")
-        self.device = device
+        self.cluster = cluster
+        self.device = cluster.device
         self.materialised = attention == "materialised"
         self._models: dict = {}
         self._pieces: dict = {}  # `pieces` per what it reads
@@ -192,7 +194,7 @@ class Simulator:
     # -- pieces ------------------------------------------------------------------------------------------------
 
     def pieces(self, cm, plan, env, lk: dict) -> dict:
-        """Piece per segment key for one micro-batch (`lk`: links(plan, self.device)). Kept per what it reads of
+        """Piece per segment key for one micro-batch (`lk`: links(plan, self.cluster)). Kept per what it reads of
         `plan` (a search's bound and its exact prediction ask for the same); the dict returned is not to be
         changed."""
         from compiler.cost import recompute_passes
@@ -264,7 +266,7 @@ class Simulator:
         dev = self.device
         dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = (dp, tp, ep, pp, plan.micro_batch_size)
-        lk = links(plan, dev)
+        lk = links(plan, self.cluster)
         pieces = self.pieces(cm, plan, env, lk)
         m = plan.micro_batches
         mdl = self.model(cm)
@@ -495,7 +497,7 @@ def _order(schedule: str, p: int, m: int, v: int):
 def step_of(cm, plan):
     """The maker of a compiled plan's step time (cost.Estimate.step_of): its prediction on the spec's device, from
     its estimate of pp rank 0 (what compiler/pipeline.py attaches to the Estimate it compiles)."""
-    return lambda est: Simulator(cm.spec.mesh.device).predict(cm, plan, est)
+    return lambda est: Simulator(cm.spec.cluster).predict(cm, plan, est)
 
 
 def predict(compiled, attention: str = "fused") -> Prediction | None:
@@ -506,4 +508,4 @@ def predict(compiled, attention: str = "fused") -> Prediction | None:
         return None
     if attention == "fused":
         return compiled.costs.step
-    return Simulator(compiled.spec.mesh.device, attention).predict(compiled.model, compiled.plan, compiled.costs)
+    return Simulator(compiled.spec.cluster, attention).predict(compiled.model, compiled.plan, compiled.costs)

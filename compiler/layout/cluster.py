@@ -1,17 +1,23 @@
 """The machines a plan runs on: nodes, devices per node, the device's figures and the link tiers between devices.
 
 A device's figures and their sources are in compiler/layout/devices.py (a mesh may override any of them: the
-checker resolves them into `compiler.spec.Device`). The tiers are what a process group's collectives cross
-(compiler/layout/groups.py says which): inside a node, at the device's `intra_node_gbps` times the fraction a
-training step's collectives reach there (`intra_node_efficiency`, fitted where devices.py says so), or between
-nodes, at `inter_node_gbps` as given; each with its per-step latency (the alpha of the step-time model's
-alpha-beta collectives, compiler/cost/step_time.py).
+checker resolves them into `compiler.spec.Device`). The checker resolves the mesh section's `nodes`,
+`devices_per_node` and `device` into one Cluster (`Spec.cluster`); the Plan holds none of it (its axes multiply to
+the cluster's world size), so the same Spec can be planned on another Cluster (`Spec.on`: a search or an elastic
+re-plan on other machines).
 
-Torch-free. The nodes and devices per node are still the Plan's (written in the mesh section): the step-time
-model's links build the Cluster from them and the Spec's device (compiler/cost/links.py).
+The tiers are what a process group's collectives cross: inside a node, at the device's `intra_node_gbps` times the
+fraction a training step's collectives reach there (`intra_node_efficiency`, fitted where devices.py says so), or
+between nodes, at `inter_node_gbps` as given; each with its per-step latency (the alpha of the step-time model's
+alpha-beta collectives, compiler/cost/step_time.py). A group (compiler/layout/groups.py: its stride pattern, from
+the axes alone) is asked of the Cluster which tier it crosses (`crosses`, `tier`): the rank → device placement is
+the Cluster's (today rank r on node r // devices_per_node).
+
+Torch-free.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,7 +27,7 @@ class Tier:
     algorithm step."""
 
     name: str
-    """`intra_node` or `inter_node` (compiler/layout/groups.py Group.tier)."""
+    """`intra_node` or `inter_node` (Cluster.tier)."""
     gbps: float
     latency_us: float
 
@@ -33,6 +39,19 @@ def tiers(device) -> dict:
             "inter_node": Tier("inter_node", device.inter_node_gbps, device.inter_node_latency_us)}
 
 
+def crosses(pattern: tuple, per_node: int) -> bool:
+    """Whether some group of the stride `pattern` ((stride, size), ...; compiler/layout/groups.py) spans two nodes
+    of `per_node` consecutive ranks. Each group lies in an aligned block of `span` = max(stride × size) consecutive
+    ranks (its outermost axis's extent); unless a block fits a node a whole number of times, some block straddles a
+    node boundary (tp 6 on nodes of 8: ranks 6-11), and the ranks either side of that boundary that differ along
+    the group's outermost axis are in one group. The slowest group sets a collective's pace. A group of one rank
+    crosses nothing."""
+    if math.prod(n for _, n in pattern) <= 1:
+        return False
+    span = max(stride * n for stride, n in pattern)
+    return span > per_node or per_node % span != 0
+
+
 @dataclass(frozen=True)
 class Cluster:
     """`nodes` nodes of `devices_per_node` devices of one kind (`device`: its figures, the mesh's overrides
@@ -41,6 +60,7 @@ class Cluster:
     nodes: int
     devices_per_node: int
     device: object
+    """compiler.spec.Device (or any object with its figures' names: a test's namespace)."""
 
     @property
     def world_size(self) -> int:
@@ -50,6 +70,14 @@ class Cluster:
     def tiers(self) -> dict:
         return tiers(self.device)
 
-    def tier(self, crosses_nodes: bool) -> Tier:
-        """The tier a group's collectives run at: between nodes when some group of it spans two."""
-        return self.tiers["inter_node" if crosses_nodes else "intra_node"]
+    def crosses(self, group) -> bool:
+        """Whether some group of `group`'s pattern (compiler/layout/groups.py Group) has ranks on two nodes."""
+        return crosses(group.pattern, self.devices_per_node)
+
+    def tier(self, group) -> Tier:
+        """The tier `group`'s collectives run at: between nodes when some group of its pattern spans two."""
+        return self.tiers["inter_node" if self.crosses(group) else "intra_node"]
+
+    def with_nodes(self, nodes: int) -> "Cluster":
+        """The same machines, `nodes` of them."""
+        return Cluster(nodes, self.devices_per_node, self.device)

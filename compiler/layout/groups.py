@@ -1,4 +1,4 @@
-"""Every process group a program uses, by name: its axes, its ranks and the link tier it crosses.
+"""Every process group a program uses, by name: its axes, its size and its ranks (a stride pattern).
 
 The mesh's axes are listed outermost first and the innermost varies fastest over the ranks (rank = the row-major
 index of its coordinates; runtime/mesh.py's DeviceMesh has the same shape), so the ranks that differ from a rank
@@ -22,9 +22,11 @@ The groups, by name:
                          cp rank, so they shard over all of them)
     experts              the ranks that hold the same experts when cp splits the batch beside dp under ep: dp and
                          cp of size > 1 (runtime.mesh's expert_mesh and expert_group)
-The cost model reads the axes and the three after them (their sizes and tiers: compiler/cost/step_time.py
-`links`), the Plan the data and batch groups' sizes (batch_ranks, grad_ranks); the runtime builds the axes and the
-last three, exactly as listed (`contract`, written into runtime.config.Parallel.groups as stride patterns).
+The groups are the axes' alone: which link tier a group's collectives cross is asked of the machines
+(compiler/layout/cluster.py `Cluster.tier(group)`). The cost model reads the axes and the three after them (their
+sizes, and their tiers on the Cluster: compiler/cost/links.py `links`), the Plan the data and batch groups' sizes
+(batch_ranks, grad_ranks); the runtime builds the axes and the last three, exactly as listed (`contract`,
+written into runtime.config.Parallel.groups as stride patterns).
 
 Torch-free; a search costs hundreds of thousands of candidate plans, so a mesh's groups are computed once
 (`groups` is cached) and the ranks only when asked for (`Group.rows`).
@@ -41,7 +43,7 @@ FOLDED = (("dp×ep", ("dp", "ep"), ("dp", "ep")),
           ("dp×cp", ("dp", "cp"), ("dp", "cp")),
           ("dp×cp×ep", ("dp", "cp", "ep"), ("cp", "ep")))
 """(name, the axes it folds, the axes the mesh must have for it to exist): each folds those of its axes the mesh
-has (of any size, so an axis of size 1 still widens its span: `crosses`), in mesh order. A mesh without dp has no
+has (of any size, so an axis of size 1 still widens its span: cluster.crosses), in mesh order. A mesh without dp has no
 "dp×ep": the cost model then costs no collective over it (moe_1t's dense all-reduce over ep is uncosted today)."""
 RUNTIME = choices.GROUPS
 """The folded groups the runtime builds beside the axes (runtime.mesh.Context's batch_group, dense_mesh,
@@ -58,17 +60,10 @@ class Group:
     pattern: tuple
     """((stride, size), ...) per axis of `axes`: a member's ranks are base + Σ i·stride, 0 ≤ i < size."""
     world: int
-    crosses_nodes: bool
-    """Whether some group of this pattern has ranks on two nodes (`crosses`)."""
 
     @property
     def size(self) -> int:
         return math.prod(n for _, n in self.pattern)
-
-    @property
-    def tier(self) -> str:
-        """The link tier its collectives cross: `inter_node` or `intra_node`."""
-        return "inter_node" if self.crosses_nodes else "intra_node"
 
     def offsets(self) -> tuple:
         """The ranks of the group holding rank 0, ordered along the axes (the first outermost)."""
@@ -97,25 +92,12 @@ def _covered(rank: int, pattern: tuple) -> bool:
     return any((rank // stride) % n for stride, n in pattern)
 
 
-def crosses(pattern: tuple, per_node: int) -> bool:
-    """Whether some group of `pattern` spans two nodes of `per_node` devices. Each group lies in an aligned block
-    of `span` = max(stride × size) consecutive ranks (its outermost axis's extent); unless a block fits a node a
-    whole number of times, some block straddles a node boundary (tp 6 on nodes of 8: ranks 6-11), and the ranks
-    either side of that boundary that differ along the group's outermost axis are in one group. The slowest group
-    sets a collective's pace. A group of one rank crosses nothing."""
-    if math.prod(n for _, n in pattern) <= 1:
-        return False
-    span = max(stride * n for stride, n in pattern)
-    return span > per_node or per_node % span != 0
-
-
 @dataclass(frozen=True)
 class Groups:
-    """The groups of one mesh on nodes of `devices_per_node` devices, by name."""
+    """The groups of one mesh, by name."""
 
     axes: tuple
     """((axis, size), ...) outermost first."""
-    devices_per_node: int
     by_name: dict
 
     def __getitem__(self, name: str) -> Group:
@@ -142,8 +124,8 @@ class Groups:
 
 
 @functools.lru_cache(maxsize=4096)
-def groups(axes: tuple, devices_per_node: int) -> Groups:
-    """Every group of the mesh `axes` ((axis, size), ... outermost first) on nodes of `devices_per_node`."""
+def groups(axes: tuple) -> Groups:
+    """Every group of the mesh `axes` ((axis, size), ... outermost first)."""
     strides, inner = {}, 1
     for axis, n in reversed(axes):
         strides[axis] = inner
@@ -155,7 +137,7 @@ def groups(axes: tuple, devices_per_node: int) -> Groups:
     def group(name, folded):
         ax = tuple(a for a in order if a in folded)
         pattern = tuple((strides[a], sizes[a]) for a in ax)
-        return Group(name, ax, pattern, world, crosses(pattern, devices_per_node))
+        return Group(name, ax, pattern, world)
 
     out = {a: group(a, (a,)) for a in order}
     for name, folded, needs in FOLDED:
@@ -168,10 +150,10 @@ def groups(axes: tuple, devices_per_node: int) -> Groups:
         out["dense"] = group("dense", over)
     if sizes.get("ep", 1) > 1 and sizes.get("cp", 1) > 1:
         out["experts"] = group("experts", tuple(a for a in ("dp", "cp") if sizes.get(a, 1) > 1))
-    return Groups(tuple(axes), devices_per_node, out)
+    return Groups(tuple(axes), out)
 
 
 def expand(pattern: tuple, world: int) -> tuple:
     """The rows of a stride pattern over `world` ranks (Group.rows without a name)."""
-    return Group("", (), tuple(pattern), world, False).rows()
+    return Group("", (), tuple(pattern), world).rows()
 

@@ -22,14 +22,15 @@ def _seconds(t: float) -> str:
 def plan_text(compiled) -> str:
     """What `scalec plan FILE` prints: each figure with the formula it came from, so a reader can check it."""
     spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
-    m, t, dev = plan, spec.train, spec.mesh.device
+    m, t, cl = plan, spec.train, spec.cluster
+    dev = cl.device
     values = _values(compiled)
     dp = m.size("dp")
     gb, seq = spec.value(t.global_batch), spec.value(t.seq_len)
     lines = [f"plan for `{spec.model.name}` ({spec.path})", ""]
     axes = "  ".join(f"{a}={n}" for a, n in m.axes) or "(none)"
-    lines += [f"mesh        {axes}   world {m.world_size} = {m.nodes} node{'s' if m.nodes != 1 else ''} × "
-              f"{m.devices_per_node} {dev.kind} ({dev.peak_tflops:g} TFLOP/s peak, "
+    lines += [f"mesh        {axes}   world {m.world_size} = {cl.nodes} node{'s' if cl.nodes != 1 else ''} × "
+              f"{cl.devices_per_node} {dev.kind} ({dev.peak_tflops:g} TFLOP/s peak, "
               f"{dev.memory_gb:g} GB each)"]
     lines += [f"parameters  {costs.params_n:,} ({count(costs.params_n)})",
               f"            = {C.formula(costs.params, values)}"]
@@ -84,7 +85,7 @@ def _step_time_text(compiled) -> list[str]:
     pred = _prediction(compiled)
     if pred is None:
         return []
-    dev = compiled.spec.mesh.device
+    dev = compiled.spec.cluster.device
     hw = ("" if abs(pred.hardware_tflops_per_device - pred.model_tflops_per_device) < 1e-9 else
           f" ({pred.hardware_tflops_per_device:.4g} hardware: with recomputation and padding)")
     how = "compiled" if compiled.plan.compiles else "eager"
@@ -137,7 +138,7 @@ def _memory_text(compiled) -> list[str]:
     not what would."""
     from compiler.cost import memory as MEM
     spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
-    dev = spec.mesh.device
+    dev = spec.cluster.device
     limit = dev.memory_gb * 1e9
     st = costs.model_state
     opt = MEM.optimizer_label(spec.train.precision, plan.data_parallel, plan.size("dp"))
@@ -205,15 +206,16 @@ def _predicted_json(compiled) -> dict | None:
 def plan_json(compiled) -> dict:
     """Everything `plan` prints, for tools (described in docs/planning.md)."""
     spec, costs, plan = compiled.spec, compiled.costs, compiled.plan
-    m, dev = plan, spec.mesh.device
+    m, cl = plan, spec.cluster
+    dev = cl.device
     limit = dev.memory_gb * 1e9
     peak = costs.peak_bytes
     out = {
         "model": spec.model.name, "file": spec.path,
-        "mesh": {"axes": dict(m.axes), "world_size": m.world_size, "nodes": m.nodes,
-                 "devices_per_node": m.devices_per_node, "device": dev.kind,
+        "mesh": {"axes": dict(m.axes), "world_size": m.world_size, "nodes": cl.nodes,
+                 "devices_per_node": cl.devices_per_node, "device": dev.kind,
                  "device_memory_bytes": int(limit), "peak_tflops": dev.peak_tflops},
-        "plan": plan.to_json(),
+        "plan": plan.to_json(spec.cluster),
         "parameters": int(costs.params_n), "parameters_formula": str(costs.params),
         "tokens_per_step": int(costs.tokens_step), "micro_batch_size": int(costs.micro_batch_size),
         "flops_per_step": int(costs.flops_step_n), "flops_per_step_formula": str(costs.flops_step),

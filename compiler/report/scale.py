@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from compiler import ast as A
 
-CLUSTER = ("nodes", "devices_per_node")  # the mesh settings the Plan carries; the mesh's others are the device's
+CLUSTER = ("nodes", "devices_per_node")  # the mesh settings printed from the Cluster; the mesh's others are the
+                                         # device's, copied as written
 
 
-def mesh_section(plan, device: list | tuple = ()) -> str:
-    """`mesh { ... }`: the axes outermost first, the nodes and devices per node, then `device`, the device's
-    statements as written, one a line."""
+def mesh_section(plan, cluster, device: list | tuple = ()) -> str:
+    """`mesh { ... }`: the plan's axes outermost first, the cluster's nodes and devices per node
+    (compiler/layout/cluster.py), then `device`, the device's statements as written, one a line."""
     lines = [f"axis {a} = {n}" for a, n in plan.axes]
-    lines += [f"nodes = {plan.nodes}", f"devices_per_node = {plan.devices_per_node}", *device]
+    lines += [f"nodes = {cluster.nodes}", f"devices_per_node = {cluster.devices_per_node}", *device]
     return "mesh {\n" + "".join(f"  {line}\n" for line in lines) + "}"
 
 
@@ -64,10 +65,12 @@ def plan_section(plan, device_kind: str) -> str:
     return "plan {\n" + "".join(f"  {s}\n" for s in plan_settings(plan, device_kind)) + "}"
 
 
-def scale_file(plan, source: str, tree: A.File, device_kind: str, header: str = "") -> str:
+def scale_file(plan, cluster, source: str, tree: A.File, header: str = "") -> str:
     """`header`, then `source` (parsed as `tree`; a checked file, so it has a mesh section) section by section: the
-    mesh and plan sections printed from `plan`, every other section and the text between sections as written.
+    mesh and plan sections printed from `plan` on `cluster` (compiler/layout/cluster.py: its nodes, devices per
+    node and device kind), every other section and the text between sections as written.
     Without a plan section in the source, the plan's comes after the mesh, a blank line between."""
+    device_kind = cluster.device.kind
     at = _Offsets(source)
     has_plan = any(sec.kind.id == "plan" for sec in tree.sections)
     out, pos = [header], 0
@@ -77,7 +80,7 @@ def scale_file(plan, source: str, tree: A.File, device_kind: str, header: str = 
         if sec.kind.id == "mesh":
             device = [source[slice(*at.span(st.span))] for st in sec.body
                       if isinstance(st, A.Assign) and st.key.id not in CLUSTER]
-            out.append(mesh_section(plan, device))
+            out.append(mesh_section(plan, cluster, device))
             if not has_plan:
                 out.append("\n\n" + plan_section(plan, device_kind))
         elif sec.kind.id == "plan":

@@ -79,14 +79,14 @@ class Search:
         self.space = Space(spec, fixed)
         self.fixed, self.base, self.world = self.space.fixed, self.space.base, self.space.world
         self.moe, self.blocks = self.space.moe, self.space.blocks
-        self.device = spec.mesh.device
+        self.cluster, self.device = spec.cluster, spec.cluster.device
         self.device_bytes = self.device.memory_gb * 1e9
         # what a plan may use: the device less the headroom, W0502's margin unless `--headroom` says otherwise, so
         # that no winner is one `plan` warns of (the same expression as cost.memory.over_memory's)
         self.headroom = MEM.MARGIN if headroom is None else headroom
         self.limit = self.device_bytes * (1 - self.headroom)
         self.cands = cands or Candidates(spec)
-        self.sim = Simulator(self.device)
+        self.sim = Simulator(self.cluster)
         self.counts = Counts()
         self._stage_times: dict = {}  # (pieces key, stage layout) -> per pp rank (one micro-batch's forward and
                                       # backward, the earlier stages' forwards, their backwards); pieces key -> the
@@ -242,7 +242,7 @@ class Search:
         env = sizes + (decided.micro_batch_size,)
         # the simulator keeps the pieces per what they read (plans that differ in dp or pp share them), and so
         # the times below per pieces: their id is the key
-        pieces = self.sim.pieces(cm, decided, env, links(decided, self.device))
+        pieces = self.sim.pieces(cm, decided, env, links(decided, self.cluster))
         key = id(pieces)
         m = decided.micro_batches
         if cm.piped:
@@ -295,7 +295,7 @@ class Search:
         from compiler.cost.links import links
         cm = self.cands.cost_model(plan)
         env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
-        pieces = self.sim.pieces(cm, plan, env, links(plan, self.device))
+        pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
         if not cm.piped:
             return self.busy(plan)
         total = self._stage_times.get(("whole", id(pieces)))
@@ -515,19 +515,26 @@ class Search:
         winners = [Winner(d, pred, est, tuple(R.reasons(self, d, est, pred, best_t))) for _, (d, est, pred) in ranked]
         self._count_refusals()
         rejected = (R.rejected(self, winners, best_t) if self.counts.families
-                    else R.unsatisfiable(self.space, self.spec.plan))
+                    else R.unsatisfiable(self.space, self.spec.cluster))
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing,
                       self.headroom)
 
 
-def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None) -> Result:
+def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None,
+           cluster=None) -> Result:
     """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring) whose predicted peak
-    leaves `headroom` of each device free (default cost.memory.MARGIN, the margin W0502 warns within).
+    leaves `headroom` of each device free (default cost.memory.MARGIN, the margin W0502 warns within). With
+    `cluster` (compiler/layout/cluster.py), on those machines instead (`Spec.on`: the same model and training on
+    another cluster; `cands`, if given, must be Candidates of that cluster).
 
     MoE dispatch is an implementation choice like the others where it changes no result: a dropless `moe` written
     with padded dispatch (the default) is also searched with `dispatch = grouped` (the same routing and outputs,
     the rows sorted by expert instead of a slot per token for every expert), unless `--fix dispatch=...` says
     which; the winners of both are ranked together, each saying which dispatch it takes and what the other costs."""
+    if cluster is not None:
+        spec = spec.on(cluster)
+    if cands is not None and cands.spec.cluster != spec.cluster:
+        raise ValueError("search: the candidates were made for another cluster than the one searched")
     fixed = dict(fixed or {})
     dispatch = fixed.pop("dispatch", None)
     grouped = grouped_dispatch(spec) if dispatch != "padded" else None

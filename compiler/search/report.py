@@ -31,7 +31,7 @@ def unsatisfiable(space, cluster) -> list:
     f, out = space.fixed, []
     axes = {a: f[a] for a in ORDER if a in f}
     prod = math.prod(axes.values())
-    m = cluster  # the Plan as written: its nodes and devices per node
+    m = cluster  # compiler/layout/cluster.py Cluster: the machines searched
     if space.world % prod:
         shown = " × ".join(f"{a}={n}" for a, n in axes.items()) + (f" = {prod}" if len(axes) > 1 else "")
         out.append(f"{shown} does not divide the {space.world} devices ({m.nodes} node{'s' if m.nodes != 1 else ''}"
@@ -64,7 +64,7 @@ def reasons(s, d, est, pred, best_t) -> list:
     what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
     `s` is the run (compiler/search/prune.py's Search), as for `rejected`."""
     from compiler.cost.links import links
-    lk = links(d, s.device)
+    lk = links(d, s.cluster)
     out = []
     if best_t is not None and pred.step_time_s > best_t:
         out.append(f"{pred.step_time_s / best_t:.2f}× the best step time")
@@ -187,7 +187,7 @@ def rejected(s, winners, best_t) -> list:
         why = ""
         if a in ("tp", "cp") and n > 1:
             probe = replace(s.base, axes=(("dp", s.world // n), (a, n)))
-            why = " crosses nodes:" if links(probe, s.device)[a].crosses_nodes else ""
+            why = " crosses nodes:" if links(probe, s.cluster)[a].crosses_nodes else ""
         if st["best_exact"] is not None and best_t:
             t, fastest = st["best_exact"]
             what = fastest.describe()
@@ -221,7 +221,8 @@ def _exposed(pred) -> str:
 def text(result: Result) -> str:
     """The table `scalec search` prints: the winners with their reasons, the rejected families, the counts."""
     spec = result.spec
-    m, dev = spec.plan, spec.mesh.device  # the cluster: the written plan's nodes and devices per node
+    m = spec.cluster
+    dev = m.device
     room = (f"; {result.headroom:.0%} headroom: plans up to {nbytes(dev.memory_gb * 1e9 * (1 - result.headroom))}"
             if result.headroom else "; no headroom")
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
@@ -255,11 +256,12 @@ def to_json(result: Result) -> dict:
     spec = result.spec
     return {
         "model": spec.model.name, "file": spec.path, "fixed": dict(result.fixed),
-        "cluster": {"nodes": spec.plan.nodes, "devices_per_node": spec.plan.devices_per_node,
-                    "device": spec.mesh.device.kind, "device_memory_bytes": int(spec.mesh.device.memory_gb * 1e9),
+        "cluster": {"nodes": spec.cluster.nodes, "devices_per_node": spec.cluster.devices_per_node,
+                    "device": spec.cluster.device.kind,
+                    "device_memory_bytes": int(spec.cluster.device.memory_gb * 1e9),
                     "headroom": result.headroom,  # the share of each device no plan may use
-                    "memory_limit_bytes": int(spec.mesh.device.memory_gb * 1e9 * (1 - result.headroom))},
-        "winners": [{"rank": i, "plan": w.plan.to_json(), "describe": w.plan.describe(),
+                    "memory_limit_bytes": int(spec.cluster.device.memory_gb * 1e9 * (1 - result.headroom))},
+        "winners": [{"rank": i, "plan": w.plan.to_json(spec.cluster), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
                      "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons),
                      "dispatch": w.dispatch}
@@ -280,13 +282,13 @@ def scale_text(spec: S.Spec, winner: Winner) -> str:
               f"plan found,\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
               f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
               f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
-              f"(of {spec.mesh.device.memory_gb:g}).\n")
+              f"(of {spec.cluster.device.memory_gb:g}).\n")
     source = spec.source
     if winner.dispatch == "grouped":
         source = grouped_source(spec)
         header += ("# Its dropless `moe` layers dispatched grouped (`dispatch = grouped`: the rows sorted by expert), "
                    "where the file's were padded.\n")
-    return scale_printer.scale_file(winner.plan, source, parse(source, spec.path), spec.mesh.device.kind, header)
+    return scale_printer.scale_file(winner.plan, spec.cluster, source, parse(source, spec.path), header)
 
 
 def grouped_source(spec: S.Spec) -> str:

@@ -2,7 +2,8 @@
 variants) it enumerates. compiler/search/prune.py walks it; nothing here costs or checks a plan.
 
 What is fixed and what is free. The model and the `train` section (global batch, sequence length, precision) are
-fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures. Everything else
+fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures (`Spec.cluster`, or
+the one `search(spec, cluster=...)` is given). Everything else
 is free: the axis sizes dp, tp, pp, cp (with its attention variant, `context_parallel`) and (for a model with
 `moe` layers) ep, the pipeline schedule and its virtual
 stages, the micro-batch size and count, sequence parallelism, recomputation and the dp sharding (ddp, zero1, zero2,
@@ -125,7 +126,7 @@ class Space:
     def __init__(self, spec: S.Spec, fixed: dict):
         self.fixed = dict(fixed)
         self.base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=())
-        self.world = self.base.world_size
+        self.world = spec.cluster.world_size
         self.moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
         reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
         self.blocks = int(spec.value(reps[0].count)) if len(reps) == 1 else 1

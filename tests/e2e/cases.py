@@ -10,10 +10,11 @@ from compiler.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PLAN_FIELDS = frozenset(f.name for f in dataclasses.fields(Plan)) - {"global_batch", "seq_len", "stages", "tp", "ep",
-                                                                    "spans"}
-"""The Plan fields a case may replace: the mesh and the plan section's settings (the batch and sequence are the
-train section's; the stages and tp/ep decisions are the policies', made from the plan)."""
+PLAN_FIELDS = (frozenset(f.name for f in dataclasses.fields(Plan)) - {"global_batch", "seq_len", "stages", "tp", "ep",
+                                                                     "spans"}) | {"nodes", "devices_per_node"}
+"""The fields a case may replace: the mesh's axes and the plan section's settings of the Plan (the batch and
+sequence are the train section's; the stages and tp/ep decisions are the policies', made from the plan), and the
+nodes and devices per node of the Cluster (tests/e2e/runner.with_plan)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,9 +29,9 @@ class Case:
     """(old, new) text replacements applied to the sample: what the Plan does not carry, the user's model and train
     text (GQA, `layers`, precision, grad_clip, capacity_factor, ...)."""
     plan: tuple = ()
-    """Plan fields replaced in the sample's Plan (a dict, or (field, value) pairs): the plan under test, stated as the
-    compiler's value rather than as the sample's wording; the mesh and plan sections are printed from it
-    (tests/e2e/runner.with_plan), after the `edits`."""
+    """Plan fields replaced in the sample's Plan, `nodes` and `devices_per_node` in its Cluster (a dict, or (field,
+    value) pairs): the plan under test, stated as the compiler's value rather than as the sample's wording; the mesh
+    and plan sections are printed from it (tests/e2e/runner.with_plan), after the `edits`."""
     steps: int = 3
     """Training steps: the first compares gradients, every one the loss, the last is the memory-measured step."""
     timeout: int = 240

@@ -39,27 +39,41 @@ class Run:
     costs: object = None  # the compiler's cost.Estimate of the plan (its memory model's prediction per rank)
 
 
+CLUSTER_FIELDS = ("nodes", "devices_per_node")
+"""The keywords of `with_plan` and `on_plan` that are the Cluster's (compiler/layout/cluster.py), not the Plan's."""
+
+
+def _split(cluster, fields: dict) -> tuple:
+    """(the cluster with `fields`' nodes and devices_per_node, the other fields: the Plan's)."""
+    machines = {k: fields.pop(k) for k in CLUSTER_FIELDS if k in fields}
+    return dataclasses.replace(cluster, **machines), fields
+
+
 def with_plan(text: str, path: str = "case.scale", **fields) -> str:
     """`text` with its mesh and plan sections printed from its Plan with `fields` replaced
-    (`dataclasses.replace(plan, **fields)`) by compiler/report/scale.py, the printer `scalec search -o` writes its
-    winner with; the model and train sections as written. A case states the plan it tests as the value the compiler
-    decides on, rather than as edits of the sample's wording; the file is then compiled like any other. `path`:
-    where the text's relative paths (a tokens file, an `init = from(...)` checkpoint) are found from."""
+    (`dataclasses.replace(plan, **fields)`; `nodes` and `devices_per_node` replace its Cluster's) by
+    compiler/report/scale.py, the printer `scalec search -o` writes its winner with; the model and train sections
+    as written. A case states the plan it tests as the value the compiler decides on, rather than as edits of the
+    sample's wording; the file is then compiled like any other. `path`: where the text's relative paths (a tokens
+    file, an `init = from(...)` checkpoint) are found from."""
     spec = check_text(text, path)
+    cluster, fields = _split(spec.cluster, dict(fields))
     plan = dataclasses.replace(spec.plan, **fields)
-    return scale_file(plan, text, parse(text, path), spec.mesh.device.kind)
+    return scale_file(plan, cluster, text, parse(text, path))
 
 
 def on_plan(text: str, path: str = "case.scale", **fields) -> str:
     """The same model and training on another mesh and plan: `text` with its mesh and plan sections printed from a
     Plan of `fields` alone, every setting not named at its default (one node, ddp, one micro-batch, ...), none kept
-    from the text's own plan (`with_plan` keeps them). `path`: as `with_plan`'s."""
+    from the text's own plan (`with_plan` keeps them); `nodes` and `devices_per_node` are the Cluster's, the
+    device the text's. `path`: as `with_plan`'s."""
     spec = check_text(text, path)
     plan = spec.plan
-    fresh = P.Plan(**{"nodes": 1, "data_parallel": "ddp", "micro_batches": 1,
-                      "compile": P.compiles(None, spec.mesh.device.kind), **fields},
+    cluster, fields = _split(spec.cluster, {"nodes": 1, **fields})
+    fresh = P.Plan(**{"data_parallel": "ddp", "micro_batches": 1,
+                      "compile": P.compiles(None, spec.cluster.device.kind), **fields},
                    global_batch=plan.global_batch, seq_len=plan.seq_len)
-    return scale_file(fresh, text, parse(text, path), spec.mesh.device.kind)
+    return scale_file(fresh, cluster, text, parse(text, path))
 
 
 def single_device(text: str, path: str = "reference.scale") -> str:
