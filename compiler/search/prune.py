@@ -59,6 +59,7 @@ from compiler import spec as S
 from compiler.rules import per_shape
 from compiler.rules.tensor_parallel import VOCAB
 from compiler.search import report as R
+from compiler.search.bounds import Bounds
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, variant_of
 
@@ -88,9 +89,7 @@ class Search:
         self.cands = cands or Candidates(spec)
         self.sim = Simulator(self.cluster)
         self.counts = Counts()
-        self._stage_times: dict = {}  # (pieces key, stage layout) -> per pp rank (one micro-batch's forward and
-                                      # backward, the earlier stages' forwards, their backwards); pieces key -> the
-                                      # whole model's one micro-batch, without pp
+        self.bounds = Bounds(self.cands, self.sim, self.cluster)
         self.group_rep: dict = {}     # group -> its legal family of the most micro-batches (the smallest)
         self.group_fits: dict = {}    # group -> whether that family's most frugal variant fits
         self.group_fails: dict = {}   # group -> the smallest micro-batch size whose most frugal variant did not fit
@@ -231,40 +230,12 @@ class Search:
     # -- the lower bound of a family -------------------------------------------------------------------------
 
     def busy(self, decided, fill: bool = False) -> float:
-        """The busiest rank's compute time of `decided` (collectives on its critical path included), before any
-        schedule idle time, data-parallel traffic and optimizer: what compiler/cost/step_time.py's `predict` counts as
-        each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
-        pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
-        which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
-        from compiler.cost.links import links
-        cm = self.cands.cost_model(decided)
-        sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
-        env = sizes + (decided.micro_batch_size,)
-        # the simulator keeps the pieces per what they read (plans that differ in dp or pp share them), and so
-        # the times below per pieces: their id is the key
-        pieces = self.sim.pieces(cm, decided, env, links(decided, self.cluster))
-        key = id(pieces)
-        m = decided.micro_batches
-        if cm.piped:
-            pp = decided.size("pp")
-            at = (key, pp, cm.stages_for(decided, env))  # families of a shape share their stages' times
-            got = self._stage_times.get(at)
-            if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
-                fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
-                got = self._stage_times[at] = tuple((sum(fwd[r::pp]) + sum(bwd[r::pp]), sum(fwd[:r]), sum(bwd[:r]))
-                                                    for r in range(pp))
-            if not fill:
-                return max(m * one for one, _, _ in got)
-            # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
-            # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
-            # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
-            drain = decided.schedule != "zero-bubble"
-            return max(m * one + before_f + (before_b if drain else 0.0) for one, before_f, before_b in got)
-        one = self._stage_times.get(key)
-        if one is None:
-            counts = {("block", name): c for name, (_, c) in cm.counts.items()}
-            one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
-        return m * one
+        """compiler/search/bounds.py `Bounds.busy`: the family's bound (rule 4)."""
+        return self.bounds.busy(decided, fill)
+
+    def cheap_bound(self, plan) -> float:
+        """compiler/search/bounds.py `Bounds.cheap`: what stands for the bound until the family is next in line."""
+        return self.bounds.cheap(plan)
 
     def _bound_left(self, left: list, exact: dict) -> None:
         """The report's lower bound of each family key whose families were none of them simulated: the least bound
@@ -286,26 +257,6 @@ class Search:
                 lb = exact[i] if not known else lb
                 best = lb if best is None else min(best, lb)
             st["best_bound"] = best
-
-    def cheap_bound(self, plan) -> float:
-        """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
-        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
-        without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
-        search bounds every family with them and decides the stage layout only of those it visits."""
-        from compiler.cost.links import links
-        cm = self.cands.cost_model(plan)
-        env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
-        pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
-        if not cm.piped:
-            return self.busy(plan)
-        total = self._stage_times.get(("whole", id(pieces)))
-        if total is None:
-            total = sum(c * (pieces[("block", name)].forward + pieces[("block", name)].backward)
-                        for name, (_, c) in cm.counts.items())
-            total += sum(pieces[k].forward + pieces[k].backward for k in ("prologue", "epilogue", "loss"))
-            # below the exact sums by more than their rounding, so never above the bound it stands for
-            total = self._stage_times[("whole", id(pieces))] = total * (1 - 1e-9)
-        return plan.micro_batches * total / plan.size("pp")
 
     # -- ranking -------------------------------------------------------------------------------------------------
 

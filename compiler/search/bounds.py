@@ -1,0 +1,72 @@
+"""The lower bounds the search visits families by (compiler/search/prune.py, rule 4): a family's busiest rank's
+compute time with the pipeline's fill and drain (`busy`), and, until the family is next in line, a cheaper bound
+that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler/cost/step_time.py), kept per what
+they read, and keep the per-rank sums they make of them."""
+from __future__ import annotations
+
+from compiler.cost.links import links
+
+
+class Bounds:
+    """The bounds of one search's families: its candidates (cost models, layouts), simulator and cluster."""
+
+    def __init__(self, cands, sim, cluster):
+        self.cands, self.sim, self.cluster = cands, sim, cluster
+        # (id of the pieces, pp, stage layout) -> per pp rank (one micro-batch's forward and backward, the earlier
+        # stages' forwards, their backwards); id of the pieces -> the whole model's one micro-batch, without pp;
+        # ("whole", id of the pieces) -> cheap's sum
+        self._stage_times: dict = {}
+
+    def busy(self, decided, fill: bool = False) -> float:
+        """The busiest rank's compute time of `decided` (collectives on its critical path included), before any
+        schedule idle time, data-parallel traffic and optimizer: what compiler/cost/step_time.py's `predict` counts as
+        each rank's `compute_s` with `exact=False` (tests/test_search.py holds the two equal). With `fill`, under
+        pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
+        which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
+        cm = self.cands.cost_model(decided)
+        sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
+        env = sizes + (decided.micro_batch_size,)
+        # the simulator keeps the pieces per what they read (plans that differ in dp or pp share them), and so
+        # the times below per pieces: their id is the key
+        pieces = self.sim.pieces(cm, decided, env, links(decided, self.cluster))
+        key = id(pieces)
+        m = decided.micro_batches
+        if cm.piped:
+            pp = decided.size("pp")
+            at = (key, pp, cm.stages_for(decided, env))  # families of a shape share their stages' times
+            got = self._stage_times.get(at)
+            if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
+                fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
+                got = self._stage_times[at] = tuple((sum(fwd[r::pp]) + sum(bwd[r::pp]), sum(fwd[:r]), sum(bwd[:r]))
+                                                    for r in range(pp))
+            if not fill:
+                return max(m * one for one, _, _ in got)
+            # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
+            # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
+            # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
+            drain = decided.schedule != "zero-bubble"
+            return max(m * one + before_f + (before_b if drain else 0.0) for one, before_f, before_b in got)
+        one = self._stage_times.get(key)
+        if one is None:
+            counts = {("block", name): c for name, (_, c) in cm.counts.items()}
+            one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
+        return m * one
+
+    def cheap(self, plan) -> float:
+        """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
+        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
+        without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
+        search bounds every family with them and decides the stage layout only of those it visits."""
+        cm = self.cands.cost_model(plan)
+        env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+        pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
+        if not cm.piped:
+            return self.busy(plan)
+        total = self._stage_times.get(("whole", id(pieces)))
+        if total is None:
+            total = sum(c * (pieces[("block", name)].forward + pieces[("block", name)].backward)
+                        for name, (_, c) in cm.counts.items())
+            total += sum(pieces[k].forward + pieces[k].backward for k in ("prologue", "epilogue", "loss"))
+            # below the exact sums by more than their rounding, so never above the bound it stands for
+            total = self._stage_times[("whole", id(pieces))] = total * (1 - 1e-9)
+        return plan.micro_batches * total / plan.size("pp")
