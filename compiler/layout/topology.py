@@ -326,7 +326,7 @@ class Torus(Topology):
         apart, and with an even dimension the last one hop from the first (a Hamiltonian ring on the torus)."""
         out = [tuple(range(nodes))]
         for perm in itertools.permutations(range(3)):
-            order = tuple(self._node(c, perm) for c in _snake([self.dims[d] for d in perm]))
+            order = tuple(self._node(c, perm) for c in snake([self.dims[d] for d in perm]))
             if order not in out:
                 out.append(order)
         return tuple(out)
@@ -338,11 +338,13 @@ class Torus(Topology):
         return xyz[0] + self.x * (xyz[1] + self.y * xyz[2])
 
 
-def _snake(sizes: list) -> list:
-    """Coordinates of a box, the first dimension fastest, each pass over a dimension reversing the last one's."""
+def snake(sizes: list) -> list:
+    """Coordinates of a box in boustrophedon order (a reflected mixed-radix Gray code): the first dimension
+    fastest, each step of a dimension reversing the order of those inside it, so consecutive coordinates differ
+    by one along one dimension."""
     if len(sizes) == 1:
         return [(i,) for i in range(sizes[0])]
-    inner = _snake(sizes[:-1])
+    inner = snake(sizes[:-1])
     out = []
     for k in range(sizes[-1]):
         out += [(*c, k) for c in (inner if k % 2 == 0 else inner[::-1])]

@@ -1,0 +1,500 @@
+"""Placement: which rank each coordinate of the mesh gets, and the bytes a step moves over each tier under it.
+
+The mesh's axes are listed outermost first (compiler/layout/groups.py); by default the innermost varies fastest,
+so the coordinate whose row-major index is i runs on rank i. A `Placement` is any permutation instead:
+`ranks[i]` is the rank of the coordinate with row-major index i. Groups keep their meaning (the ranks that differ
+only along some axes, ordered along them: groups.py's rows of row-major indices), only their ranks change, so
+`Placement.apply(group.rows())` gives each group's rank lists under the placement, and `Placement.mesh()` the
+rank tensor a DeviceMesh is built from as it is (never re-sorted).
+
+Two ways to get one:
+    order(axes, names)   the user's `placement = order(tp, pp, dp)`: `names` innermost first, the first varying
+                         fastest over the ranks, the last slowest (`order_problems` says what is wrong with one).
+    auto(...)            the placement with the fewest bytes over the slowest tier, then the next, and so on
+                         down, so the heaviest traffic lands on the fastest tier.
+
+Traffic (`tier_bytes`): each group's collectives are priced as rings over the group's ranks in order (NCCL's ring
+algorithm; a tree or NVLS moves no more bytes across the cut between two halves of a group), so each rank sends
+its group's per-rank bytes to the next rank of the ring; the traffic between consecutive ranks crosses the level
+the topology gives (compiler/layout/topology.py). The input is a dict from an axis (or a tuple of axes, a folded
+group such as ("dp", "cp")) to the bytes each rank sends per step; the ledger will provide it.
+
+auto's algorithm (after Meta's Llama 3 training: the parallelism order [TP, CP, PP, DP] put on the network so that
+the least latency-sensitive, DP, crosses the zones, and a topology-aware scheduler placing a job's ranks to keep
+traffic off the oversubscribed aggregation layer; "The Llama 3 Herd of Models" §3.3):
+ 1. every order of the axes larger than one (innermost first) lays the coordinates on ranks; consecutive blocks of
+    devices_per_node ranks are the "virtual nodes", and the bytes between them form a weighted communication graph;
+ 2. the virtual nodes are assigned to physical nodes. On a tree (fat-tree, rails under PXN, dragonfly, a Slurm
+    switch tree; a scale-up domain over several nodes below its leaves) top-down: the graph is cut into the top
+    level's children (pods) with the fewest bytes across (a balanced k-way minimum cut: exact by branch and bound
+    when the canonical assignments number at most `exhaustive`, else greedy graph growing and contiguous blocks,
+    each refined by Kernighan-Lin swaps), then each part into the next level's children, down to the nodes.
+    Elsewhere (a torus) over node orders: exhaustively when nodes! ≤ `exhaustive`, else from the topology's
+    starting orders (a torus's snakes) refined by pairwise swaps;
+ 3. the order and assignment with the lexicographically least bytes per level, slowest level first, wins; ties
+    keep the earlier order, the mesh's own order first.
+Torch-free; imports nothing of compiler.cost.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from compiler.layout.topology import Problem, locate, snake
+
+KL_LIMIT = 256
+"""Kernighan-Lin refinement and pairwise-swap searches run up to this many nodes (each pass is quadratic)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The rank of every mesh coordinate: `ranks[i]` for the coordinate whose row-major index is i."""
+
+    axes: tuple
+    """((axis, size), ...) outermost first."""
+    ranks: tuple
+
+    @classmethod
+    def identity(cls, axes: tuple) -> "Placement":
+        return cls(tuple(axes), tuple(range(math.prod(n for _, n in axes))))
+
+    @property
+    def world(self) -> int:
+        return len(self.ranks)
+
+    def index(self, coord: tuple) -> int:
+        """The row-major index of a coordinate (one entry per axis, outermost first)."""
+        i = 0
+        for c, (_, n) in zip(coord, self.axes):
+            i = i * n + c
+        return i
+
+    def rank(self, coord: tuple) -> int:
+        return self.ranks[self.index(coord)]
+
+    def coord(self, rank: int) -> tuple:
+        i = self.ranks.index(rank)
+        out = []
+        for _, n in reversed(self.axes):
+            i, c = divmod(i, n)
+            out.append(c)
+        return tuple(reversed(out))
+
+    def apply(self, rows) -> tuple:
+        """Rows of row-major indices (groups.py's `Group.rows()`) as rows of ranks under this placement."""
+        return tuple(tuple(self.ranks[i] for i in row) for row in rows)
+
+    def rows(self, names) -> tuple:
+        """The ranks of every group folding the axes `names` (an axis or a tuple of them), each ordered along its
+        axes in mesh order (the innermost fastest), the groups ordered by their first coordinate."""
+        return self.apply(_rows(self.axes, (names,) if isinstance(names, str) else tuple(names)))
+
+    def mesh(self):
+        """The rank tensor, nested lists shaped like the axes (outermost first): DeviceMesh's `mesh` argument."""
+        def nest(flat, sizes):
+            if not sizes:
+                return flat[0]
+            step = len(flat) // sizes[0]
+            return [nest(flat[k * step:(k + 1) * step], sizes[1:]) for k in range(sizes[0])]
+        return nest(list(self.ranks), [n for _, n in self.axes])
+
+    def relocate(self, nodes: tuple, devices_per_node: int) -> "Placement":
+        """The same placement with node v's devices moved to node `nodes[v]`, each keeping its local index."""
+        return Placement(self.axes, tuple(nodes[r // devices_per_node] * devices_per_node + r % devices_per_node
+                                          for r in self.ranks))
+
+
+def _rows(axes: tuple, names: tuple) -> tuple:
+    """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`."""
+    strides, inner = {}, 1
+    for axis, n in reversed(axes):
+        strides[axis] = inner
+        inner *= n
+    sizes = dict(axes)
+    inside = [(strides[a], sizes[a]) for a, _ in axes if a in names]
+    offsets = [0]
+    for stride, n in inside:
+        offsets = [o + k * stride for o in offsets for k in range(n)]
+    bases = [i for i in range(inner) if not any((i // s) % n for s, n in inside)]
+    return tuple(tuple(b + o for o in offsets) for b in bases)
+
+
+def order_problems(axes: tuple, names) -> tuple:
+    """What is wrong with `order(names)` on a mesh of `axes`: an axis named twice, one missing, one unknown."""
+    known = [a for a, _ in axes]
+    out = [Problem("placement", f"axis {n} is named {names.count(n)} times", f"name {n} once")
+           for n in dict.fromkeys(names) if names.count(n) > 1]
+    out += [Problem("placement", f"the mesh has no axis {n}", f"name the mesh's axes: {', '.join(known)}")
+            for n in dict.fromkeys(names) if n not in known]
+    missing = [a for a in known if a not in names]
+    if missing:
+        out.append(Problem("placement", f"order(...) leaves out {', '.join(missing)}",
+                           "name every axis of the mesh, innermost first"))
+    return tuple(out)
+
+
+def order(axes: tuple, names) -> Placement:
+    """The placement `order(names...)`: names innermost first, so `names[0]` varies fastest over the ranks.
+    order(axes, reversed mesh order) is the identity. Raises ValueError on a bad order (order_problems)."""
+    names = tuple(names)
+    problems = order_problems(tuple(axes), names)
+    if problems:
+        raise ValueError("; ".join(p.message for p in problems))
+    sizes, stride, strides = dict(axes), 1, {}
+    for n in names:
+        strides[n] = stride
+        stride *= sizes[n]
+    ranks = []
+    for coord in itertools.product(*(range(n) for _, n in axes)):
+        ranks.append(sum(c * strides[a] for c, (a, _) in zip(coord, axes)))
+    return Placement(tuple(axes), tuple(ranks))
+
+
+def snake_order(axes: tuple, names) -> Placement:
+    """Like `order`, but each step of an axis reverses the order of the axes inside it (boustrophedon), so that
+    consecutive ranks always differ along one axis by one: a block of consecutive ranks is then a compact region
+    of the mesh even where it does not hold whole rings (a staircase cut). Raises ValueError like `order`."""
+    names = tuple(names)
+    problems = order_problems(tuple(axes), names)
+    if problems:
+        raise ValueError("; ".join(p.message for p in problems))
+    sizes = dict(axes)
+    at = {c: r for r, c in enumerate(snake([sizes[n] for n in names]))}
+    position = [names.index(a) for a, _ in axes]
+    ranks = [at[tuple(coord[position.index(k)] for k in range(len(names)))]
+             for coord in itertools.product(*(range(n) for _, n in axes))]
+    return Placement(tuple(axes), tuple(ranks))
+
+
+@dataclass(frozen=True)
+class TierBytes:
+    """The bytes one step moves over each level (names fastest first), in all and per group of `traffic`."""
+
+    levels: tuple
+    total: tuple
+    by_group: tuple
+    """((group, bytes per level), ...) in the order of the traffic dict."""
+
+    def __getitem__(self, level: str) -> float:
+        return self.total[self.levels.index(level)]
+
+    def key(self) -> tuple:
+        """The order auto minimises: the slowest level's bytes first."""
+        return tuple(reversed(self.total))
+
+    def slowest(self, group) -> str:
+        """The slowest level a group's traffic crosses ('' when it moves nothing)."""
+        per = dict(self.by_group)[group]
+        return next((self.levels[i] for i in reversed(range(len(per))) if per[i]), "")
+
+
+def ring_edges(rows: tuple):
+    """(sender, receiver) of each step of a ring over each row: every rank to the next, the last to the first."""
+    for row in rows:
+        if len(row) > 1:
+            yield from zip(row, row[1:] + row[:1])
+
+
+def tier_bytes(placement: Placement, topology, devices_per_node: int, traffic: dict, locate=locate) -> TierBytes:
+    """The bytes over each level of `topology` for one step: each group of `traffic` (axis or tuple of axes ->
+    bytes each rank sends per step) as rings over its rows under `placement`."""
+    levels = topology.levels(devices_per_node)
+    total, by_group = [0] * len(levels), []
+    for group, per_rank in traffic.items():
+        per = [0] * len(levels)
+        for a, b in ring_edges(placement.rows(group)):
+            per[topology.level(locate(a, devices_per_node), locate(b, devices_per_node), devices_per_node)] += \
+                per_rank
+        by_group.append((group, tuple(per)))
+        total = [t + p for t, p in zip(total, per)]
+    return TierBytes(levels, tuple(total), tuple(by_group))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What auto chose: the placement, the axis order it started from (innermost first) and how it was laid out,
+    the physical node of each virtual node, and the bytes per level."""
+
+    placement: Placement
+    order: tuple
+    snake: bool
+    """Whether the order was laid out as a snake (snake_order) rather than plainly (order)."""
+    nodes: tuple
+    bytes: TierBytes
+
+
+def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int,
+         exhaustive: int = 20000) -> Choice:
+    """The placement of the mesh `axes` with the least bytes over the slowest level, then the next (the
+    module's docstring gives the algorithm). `exhaustive` bounds the assignments an exact search may enumerate
+    (0: the heuristics alone)."""
+    axes = tuple(axes)
+    if math.prod(n for _, n in axes) != nodes * devices_per_node:
+        raise ValueError(f"the mesh's {math.prod(n for _, n in axes)} ranks are not {nodes} nodes of "
+                         f"{devices_per_node}")
+    big = [a for a, n in reversed(axes) if n > 1]
+    ones = tuple(a for a, n in reversed(axes) if n == 1)
+    best = None
+    for perm in itertools.permutations(big):
+        names = (*perm, *ones)
+        for layout in (order, snake_order):
+            start = layout(axes, names)
+            graph = _graph(start, traffic, devices_per_node)
+            node_map = _assign(graph, topology, nodes, devices_per_node, exhaustive)
+            placed = start.relocate(node_map, devices_per_node)
+            result = tier_bytes(placed, topology, devices_per_node, traffic)
+            if best is None or result.key() < best.bytes.key():
+                best = Choice(placed, names, layout is snake_order, node_map, result)
+    refined = _refine(best.placement, traffic, topology, nodes, devices_per_node, exhaustive)
+    if refined is not None:
+        result = tier_bytes(refined, topology, devices_per_node, traffic)
+        if result.key() < best.bytes.key():
+            best = Choice(refined, best.order, best.snake, None, result)
+    return best
+
+
+def _refine(placement: Placement, traffic: dict, topology, nodes: int, per_node: int, exhaustive: int):
+    """The placement's ranks re-cut top-down at the level of single ranks, where a node may hold any set of
+    coordinates (a staircase no axis order makes): at each level of the tree, the coordinates of a domain are
+    partitioned among its children starting from where `placement` put them (exact when small, else Kernighan-Lin
+    from there). None where the network is not a tree or the world exceeds KL_LIMIT ranks."""
+    tree = _hierarchy(topology, nodes, per_node)
+    world = placement.world
+    if tree is None or world > KL_LIMIT:
+        return None
+    su = topology.scale_up_devices(per_node)
+    levels = [tuple(level[r // per_node] for r in range(world)) for level in tree]
+    levels.append(tuple(r // per_node for r in range(world)))
+    if su < per_node:
+        levels.append(tuple(r // su for r in range(world)))
+    adj: dict = {c: {} for c in range(world)}
+    identity = Placement.identity(placement.axes)
+    for group, per_rank in traffic.items():
+        for u, v in ring_edges(identity.rows(group)):
+            adj[u][v] = adj[u].get(v, 0) + per_rank
+            adj[v][u] = adj[v].get(u, 0) + per_rank
+    current, out = placement.ranks, [0] * world
+
+    def split(coords: list, ranks: list, depth: int) -> None:
+        if depth == len(levels):
+            for c, r in zip(sorted(coords, key=lambda c: current[c]), sorted(ranks)):
+                out[c] = r
+            return
+        children: dict = {}
+        for r in sorted(ranks):
+            children.setdefault(levels[depth][r], []).append(r)
+        sizes = [len(g) for g in children.values()]
+        parts = partition(coords, sizes, adj, exhaustive, _start(coords, children, levels[depth], current))
+        for part, group in zip(parts, children.values()):
+            split(part, group, depth + 1)
+
+    split(list(range(world)), list(range(world)), 0)
+    return Placement(placement.axes, tuple(out))
+
+
+def _graph(placement: Placement, traffic: dict, per_node: int) -> dict:
+    """((node, local), (node, local)) -> bytes between devices of different virtual nodes, both directions."""
+    out: dict = {}
+    for group, per_rank in traffic.items():
+        for a, b in ring_edges(placement.rows(group)):
+            if a // per_node != b // per_node and per_rank:
+                key = (divmod(a, per_node), divmod(b, per_node))
+                out[key] = out.get(key, 0) + per_rank
+    return out
+
+
+def _assign(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
+    """The physical node of each virtual node."""
+    tree = _hierarchy(topology, nodes, per_node)
+    if tree is None:
+        return _search_orders(graph, topology, nodes, per_node, exhaustive)
+    adj: dict = {v: {} for v in range(nodes)}
+    for ((u, _), (v, _)), w in graph.items():
+        adj[u][v] = adj[u].get(v, 0) + w
+        adj[v][u] = adj[v].get(u, 0) + w
+    out = [0] * nodes
+    _split(list(range(nodes)), list(range(nodes)), tree, adj, exhaustive, out)
+    return tuple(out)
+
+
+def _start(coords: list, children: dict, domain: tuple, current: tuple) -> list:
+    """The coordinates of a domain split among its children as the current placement has them; those a re-cut
+    above moved in from elsewhere (or past a child's size) fill the children with room, in order."""
+    keys = list(children)
+    parts, spill = [[] for _ in keys], []
+    for c in coords:
+        k = keys.index(domain[current[c]]) if domain[current[c]] in children else -1
+        (parts[k] if k >= 0 and len(parts[k]) < len(children[keys[k]]) else spill).append(c)
+    for part, key in zip(parts, keys):
+        while len(part) < len(children[key]):
+            part.append(spill.pop(0))
+    return parts
+
+
+def _hierarchy(topology, nodes: int, per_node: int):
+    """The nested domains coarsest first (below the top), or None where the levels are not a tree of nodes."""
+    domains = topology.domains(nodes)
+    if domains is None:
+        return None
+    su = topology.scale_up_devices(per_node)
+    levels = [*((tuple(n // (su // per_node) for n in range(nodes)),) if su > per_node else ()), *domains]
+    for fine, coarse in zip(levels, levels[1:]):
+        if len(set(zip(fine, coarse))) != len(set(fine)):
+            return None  # a fine domain straddles two coarse ones
+    return tuple(reversed(levels))
+
+
+def _split(vnodes: list, phys: list, tree: tuple, adj: dict, exhaustive: int, out: list) -> None:
+    """Cut `vnodes` into the children of the domain holding `phys` (tree[0] gives each node's child), recurse."""
+    if not tree:
+        for v, p in zip(vnodes, sorted(phys)):
+            out[v] = p
+        return
+    children: dict = {}
+    for p in sorted(phys):
+        children.setdefault(tree[0][p], []).append(p)
+    groups = list(children.values())
+    parts = partition(vnodes, [len(g) for g in groups], adj, exhaustive)
+    for part, group in zip(parts, groups):
+        _split(part, group, tree[1:], adj, exhaustive, out)
+
+
+def cut(parts: list, adj: dict) -> float:
+    """The weight of the edges between different parts."""
+    where = {v: k for k, part in enumerate(parts) for v in part}
+    return sum(w for u in where for v, w in adj[u].items() if v in where and where[v] != where[u]) / 2
+
+
+def canonical_count(sizes: list) -> int:
+    """How many ways to cut sum(sizes) items into parts of `sizes`, parts of equal size interchangeable."""
+    n, count = sum(sizes), 1
+    for s in sizes:
+        count *= math.comb(n, s)
+        n -= s
+    for m in _multiplicities(sizes):
+        count //= math.factorial(m)
+    return count
+
+
+def _multiplicities(sizes: list) -> list:
+    return [sizes.count(s) for s in set(sizes)]
+
+
+def partition(vnodes: list, sizes: list, adj: dict, exhaustive: int, start: list | None = None) -> list:
+    """`vnodes` cut into parts of `sizes` with the least weight between parts: exact (branch and bound) when the
+    canonical assignments number at most `exhaustive`, else the best of `start` (parts of `sizes`, kept on a
+    tie), contiguous blocks and greedy graph growing, each refined by Kernighan-Lin swaps."""
+    if len(sizes) == 1:
+        return [list(vnodes)]
+    starts = [start] if start is not None else []
+    if canonical_count(sizes) <= exhaustive:
+        starts.append(_exact(vnodes, sizes, adj))
+    else:
+        starts += [_blocks(vnodes, sizes), _grow(vnodes, sizes, adj)]
+        if len(vnodes) <= KL_LIMIT:
+            starts = [_kernighan_lin(s, adj) for s in starts]
+    return min(starts, key=lambda parts: cut(parts, adj))
+
+
+def _blocks(vnodes: list, sizes: list) -> list:
+    out, i = [], 0
+    for s in sizes:
+        out.append(list(vnodes[i:i + s]))
+        i += s
+    return out
+
+
+def _grow(vnodes: list, sizes: list, adj: dict) -> list:
+    """Greedy graph growing: each part from the first free node, then the free node most connected to it."""
+    free, out = list(vnodes), []
+    for s in sizes:
+        part = [free.pop(0)]
+        while len(part) < s:
+            pick = max(free, key=lambda v: (sum(adj[v].get(u, 0) for u in part), -free.index(v)))
+            free.remove(pick)
+            part.append(pick)
+        out.append(part)
+    return out
+
+
+def _kernighan_lin(parts: list, adj: dict) -> list:
+    """Swap the pair of nodes in different parts that lowers the cut most, until no swap lowers it."""
+    parts = [list(p) for p in parts]
+    where = {v: k for k, p in enumerate(parts) for v in p}
+    while True:
+        link = {v: [0] * len(parts) for v in where}
+        for u in where:
+            for v, w in adj[u].items():
+                if v in where:
+                    link[u][where[v]] += w
+        best, swap = 0, None
+        for u, v in itertools.combinations(sorted(where), 2):
+            a, b = where[u], where[v]
+            if a == b:
+                continue
+            gain = link[u][b] - link[u][a] + link[v][a] - link[v][b] - 2 * adj[u].get(v, 0)
+            if gain > best:
+                best, swap = gain, (u, v)
+        if swap is None:
+            return [sorted(p) for p in parts]
+        u, v = swap
+        a, b = where[u], where[v]
+        parts[a][parts[a].index(u)], parts[b][parts[b].index(v)] = v, u
+        where[u], where[v] = b, a
+
+
+def _exact(vnodes: list, sizes: list, adj: dict) -> list:
+    """The least cut by depth-first branch and bound; an empty part is tried once per size (equal parts are
+    interchangeable); the first assignment found of the least cut is kept."""
+    k, where = len(sizes), {}
+    fill, best = [0] * k, [math.inf, None]
+
+    def go(i: int, cost: float) -> None:
+        if cost >= best[0]:
+            return
+        if i == len(vnodes):
+            best[0], best[1] = cost, dict(where)
+            return
+        u, tried = vnodes[i], set()
+        for j in range(k):
+            if fill[j] == sizes[j] or (fill[j] == 0 and sizes[j] in tried):
+                continue
+            if fill[j] == 0:
+                tried.add(sizes[j])
+            add = sum(w for v, w in adj[u].items() if v in where and where[v] != j)
+            where[u] = j
+            fill[j] += 1
+            go(i + 1, cost + add)
+            fill[j] -= 1
+            del where[u]
+
+    go(0, 0)
+    return [[v for v in vnodes if best[1][v] == j] for j in range(k)]
+
+
+def _search_orders(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
+    """Node maps for a network that is not a tree: every permutation when nodes! ≤ exhaustive, else the
+    topology's starting orders refined by pairwise swaps, by the lexicographic bytes per level."""
+    def key(node_map):
+        levels = [0] * len(topology.levels(per_node))
+        for ((u, lu), (v, lv)), w in graph.items():
+            levels[topology.level((node_map[u], lu), (node_map[v], lv), per_node)] += w
+        return tuple(reversed(levels))
+
+    if math.factorial(nodes) <= exhaustive:
+        return min(itertools.permutations(range(nodes)), key=key)
+    best = min(topology.node_orders(nodes), key=key)
+    if nodes > KL_LIMIT:
+        return tuple(best)
+    best, score, improved = list(best), key(best), True
+    while improved:
+        improved = False
+        for i, j in itertools.combinations(range(nodes), 2):
+            best[i], best[j] = best[j], best[i]
+            s = key(best)
+            if s < score:
+                score, improved = s, True
+            else:
+                best[i], best[j] = best[j], best[i]
+    return tuple(best)
