@@ -43,8 +43,11 @@ from dataclasses import dataclass
 
 from compiler.layout.topology import Problem, locate, snake
 
-KL_LIMIT = 256
-"""Kernighan-Lin refinement and pairwise-swap searches run up to this many nodes (each pass is quadratic)."""
+KL_LIMIT = 128
+"""Kernighan-Lin refinement and pairwise-swap searches run on up to this many items (each swap costs a quadratic
+scan); larger graphs keep their best start (a 16,384-rank mesh: the grid's boxes)."""
+REFINE_LIMIT = 256
+"""The rank-level re-cut runs on meshes of up to this many ranks."""
 
 
 @dataclass(frozen=True)
@@ -241,11 +244,15 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
         for layout in (order, snake_order):
             start = layout(axes, names)
             graph = _graph(start, traffic, devices_per_node)
-            node_map = _assign(graph, topology, nodes, devices_per_node, exhaustive)
-            placed = start.relocate(node_map, devices_per_node)
-            result = tier_bytes(placed, topology, devices_per_node, traffic)
-            if best is None or result.key() < best.bytes.key():
-                best = Choice(placed, names, layout is snake_order, node_map, result)
+            maps = [_assign(graph, topology, nodes, devices_per_node, exhaustive)]
+            if layout is order:
+                maps.append(_box_map(_extents(axes, names, devices_per_node), graph, topology, nodes,
+                                     devices_per_node))
+            for node_map in filter(None, maps):
+                placed = start.relocate(node_map, devices_per_node)
+                result = tier_bytes(placed, topology, devices_per_node, traffic)
+                if best is None or result.key() < best.bytes.key():
+                    best = Choice(placed, names, layout is snake_order, node_map, result)
     refined = _refine(best.placement, traffic, topology, nodes, devices_per_node, exhaustive)
     if refined is not None:
         result = tier_bytes(refined, topology, devices_per_node, traffic)
@@ -258,10 +265,10 @@ def _refine(placement: Placement, traffic: dict, topology, nodes: int, per_node:
     """The placement's ranks re-cut top-down at the level of single ranks, where a node may hold any set of
     coordinates (a staircase no axis order makes): at each level of the tree, the coordinates of a domain are
     partitioned among its children starting from where `placement` put them (exact when small, else Kernighan-Lin
-    from there). None where the network is not a tree or the world exceeds KL_LIMIT ranks."""
+    from there). None where the network is not a tree or the world exceeds REFINE_LIMIT ranks."""
     tree = _hierarchy(topology, nodes, per_node)
     world = placement.world
-    if tree is None or world > KL_LIMIT:
+    if tree is None or world > REFINE_LIMIT:
         return None
     su = topology.scale_up_devices(per_node)
     levels = [tuple(level[r // per_node] for r in range(world)) for level in tree]
@@ -316,6 +323,70 @@ def _assign(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -
     out = [0] * nodes
     _split(list(range(nodes)), list(range(nodes)), tree, adj, exhaustive, out)
     return tuple(out)
+
+
+def _extents(axes: tuple, names: tuple, per_node: int):
+    """The virtual nodes of `order(axes, names)` as a grid, first extent fastest: a node holds the innermost axes
+    whole and a divisor f of the next, so the grid is (that axis / f, the axes outside it). None when a node's
+    devices are not such a block."""
+    sizes, inside = dict(axes), 1
+    for i, name in enumerate(names):
+        n = sizes[name]
+        if per_node % inside == 0 and n % (per_node // inside) == 0 and per_node // inside <= n:
+            rest = [n // (per_node // inside)] + [sizes[m] for m in names[i + 1:]]
+            return tuple(e for e in rest if e > 1) or (1,)
+        inside *= n
+    return None
+
+
+def _box_map(extents, graph: dict, topology, nodes: int, per_node: int):
+    """The node map cutting the grid of virtual nodes into equal boxes at each level of a uniform tree (k children
+    of a box: k = Π k_d, k_d dividing the box's extent d, the factorisation with the least bytes between the
+    sub-boxes), the sub-boxes in grid order onto the children in node order: what splitting each axis into
+    factors and ordering the factors would lay out (JAX's mesh_utils does the like on TPU slices). None where the
+    nodes are not a grid or the tree not uniform."""
+    tree = _hierarchy(topology, nodes, per_node)
+    if extents is None or tree is None or math.prod(extents) != nodes:
+        return None
+    adj: dict = {v: {} for v in range(nodes)}
+    for ((u, _), (v, _)), w in graph.items():
+        adj[u][v] = adj[u].get(v, 0) + w
+        adj[v][u] = adj[v].get(u, 0) + w
+    out = [0] * nodes
+
+    def members(box: tuple) -> list:
+        return sorted(sum(c * math.prod(extents[:d]) for d, c in enumerate(coord))
+                      for coord in itertools.product(*(range(a, a + e) for a, e in box)))
+
+    def split(box: tuple, phys: list, depth: int) -> bool:
+        if depth == len(tree):
+            for v, p in zip(members(box), sorted(phys)):
+                out[v] = p
+            return True
+        children: dict = {}
+        for p in sorted(phys):
+            children.setdefault(tree[depth][p], []).append(p)
+        if len({len(c) for c in children.values()}) != 1:
+            return False
+        best = None
+        for ks in _factorizations(len(children), [e for _, e in box]):
+            subs = [tuple((a + i * (e // k), e // k) for (a, e), k, i in zip(box, ks, idx))
+                    for idx in (tuple(reversed(t)) for t in itertools.product(*(range(k) for k in reversed(ks))))]
+            c = cut([members(b) for b in subs], adj)
+            if best is None or c < best[0]:
+                best = (c, subs)
+        return best is not None and all(split(b, child, depth + 1)
+                                        for b, child in zip(best[1], children.values()))
+
+    return tuple(out) if split(tuple((0, e) for e in extents), list(range(nodes)), 0) else None
+
+
+def _factorizations(k: int, extents: list) -> list:
+    """Every (k_0, k_1, ...) with product k and k_d dividing extents[d]."""
+    if not extents:
+        return [()] if k == 1 else []
+    return [(d, *rest) for d in range(1, k + 1) if k % d == 0 and extents[0] % d == 0
+            for rest in _factorizations(k // d, extents[1:])]
 
 
 def _start(coords: list, children: dict, domain: tuple, current: tuple) -> list:
@@ -407,12 +478,17 @@ def _blocks(vnodes: list, sizes: list) -> list:
 
 def _grow(vnodes: list, sizes: list, adj: dict) -> list:
     """Greedy graph growing: each part from the first free node, then the free node most connected to it."""
-    free, out = list(vnodes), []
+    free, out = dict.fromkeys(vnodes), []
     for s in sizes:
-        part = [free.pop(0)]
+        part = [next(iter(free))]
+        del free[part[0]]
+        link = dict.fromkeys(free, 0)
         while len(part) < s:
-            pick = max(free, key=lambda v: (sum(adj[v].get(u, 0) for u in part), -free.index(v)))
-            free.remove(pick)
+            for v, w in adj[part[-1]].items():
+                if v in link:
+                    link[v] += w
+            pick = max(link, key=link.get)  # the first of the most connected, in the nodes' order
+            del link[pick], free[pick]
             part.append(pick)
         out.append(part)
     return out
