@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from compiler.layout.groups import expand
-from compiler.layout.placement import (Placement, auto, order, order_problems, ring_edges, snake_order,
+from compiler.layout.placement import (RankMap, auto, order, order_problems, ring_edges, snake_order,
                                        tier_bytes)
 from compiler.layout.topology import FatTree, Torus
 
@@ -31,7 +31,7 @@ AXES = (("dp", 2), ("pp", 3), ("tp", 4))
 
 
 def test_order_is_innermost_first():
-    assert order(AXES, ("tp", "pp", "dp")) == Placement.identity(AXES)
+    assert order(AXES, ("tp", "pp", "dp")) == RankMap.identity(AXES)
     p = order(AXES, ("dp", "tp", "pp"))  # dp fastest, then tp, pp slowest
     for d, q, t in itertools.product(range(2), range(3), range(4)):
         assert p.rank((d, q, t)) == d + 2 * t + 8 * q
@@ -51,12 +51,12 @@ def test_order_problems():
 
 @pytest.mark.parametrize("names", [("tp",), ("pp",), ("dp", "tp"), ("dp", "pp", "tp")])
 def test_rows_are_groups_rows_under_the_placement(names):
-    """Placement.rows is groups.py's stride pattern expanded, then renumbered by the placement."""
+    """RankMap.rows is groups.py's stride pattern expanded, then renumbered by the placement."""
     strides = {"dp": 12, "pp": 4, "tp": 1}
     pattern = tuple((strides[a], dict(AXES)[a]) for a, _ in AXES if a in names)
     p = order(AXES, ("pp", "dp", "tp"))
     assert p.rows(names) == p.apply(expand(pattern, 24))
-    assert Placement.identity(AXES).rows(names) == expand(pattern, 24)
+    assert RankMap.identity(AXES).rows(names) == expand(pattern, 24)
 
 
 @pytest.mark.parametrize("axes", [AXES, (("a", 6), ("b", 2)), (("a", 2), ("b", 2), ("c", 2), ("d", 3))])
@@ -73,7 +73,7 @@ def test_tier_bytes_by_hand():
     """dp 2 × tp 4 on 2 nodes of 4, one leaf each: tp's rings stay in the nodes, dp's pairs cross the top."""
     axes, t = (("dp", 2), ("tp", 4)), FatTree(nodes_per_leaf=1, oversubscription=4)
     traffic = {"dp": 10, "tp": 100}
-    plain = tier_bytes(Placement.identity(axes), t, 4, traffic)
+    plain = tier_bytes(RankMap.identity(axes), t, 4, traffic)
     assert plain.levels == ("scale_up", "leaf", "top")
     assert plain.total == (8 * 100, 0, 4 * 2 * 10)  # 2 rings of 4 steps; 4 rings of 2 steps, both ways
     assert plain.slowest("tp") == "scale_up" and plain.slowest("dp") == "top"
@@ -84,7 +84,7 @@ def test_tier_bytes_by_hand():
 
 
 def test_relocate_moves_whole_nodes():
-    p = Placement.identity((("dp", 4), ("tp", 2))).relocate((2, 0, 3, 1), 2)
+    p = RankMap.identity((("dp", 4), ("tp", 2))).relocate((2, 0, 3, 1), 2)
     assert p.ranks == (4, 5, 0, 1, 6, 7, 2, 3)
 
 
@@ -116,7 +116,7 @@ def _cut(labels: np.ndarray, steps: list) -> np.ndarray:
 
 
 def _brute_every_placement(axes, traffic, pods) -> float:
-    ident = Placement.identity(axes)
+    ident = RankMap.identity(axes)
     steps = [(u, v, w) for g, w in traffic.items() for u, v in ring_edges(ident.rows(g))]
     return _cut(_labelings(ident.world, pods), steps).min()
 
@@ -171,8 +171,8 @@ def test_auto_reaches_the_minimum_over_every_placement(case):
     best = _brute_every_placement(axes, traffic, pods)
     for exhaustive in (0, 20000):
         chosen = auto(axes, traffic, t, world // per_node, per_node, exhaustive=exhaustive)
-        assert sorted(chosen.placement.ranks) == list(range(world))
-        assert chosen.bytes == tier_bytes(chosen.placement, t, per_node, traffic)
+        assert sorted(chosen.rank_map.ranks) == list(range(world))
+        assert chosen.bytes == tier_bytes(chosen.rank_map, t, per_node, traffic)
         assert chosen.bytes["top"] == best, (exhaustive, chosen.order)
 
 
@@ -181,7 +181,7 @@ def test_auto_reaches_the_minimum_over_orders_and_node_assignments(case):
     axes, traffic, per_node, pods, t = case
     world = math.prod(n for _, n in axes)
     chosen = auto(axes, traffic, t, world // per_node, per_node, exhaustive=0)
-    assert sorted(chosen.placement.ranks) == list(range(world))
+    assert sorted(chosen.rank_map.ranks) == list(range(world))
     assert chosen.bytes["top"] <= _brute_orders_and_nodes(axes, traffic, per_node, pods)
 
 
@@ -191,7 +191,7 @@ def test_auto_keeps_the_heaviest_axis_on_the_fastest_tier():
     axes, t = (("dp", 4), ("pp", 2), ("tp", 8)), FatTree(nodes_per_leaf=2, nodes_per_pod=4, oversubscription=7)
     traffic = {"dp": 100, "pp": 10, "tp": 1000}
     chosen = auto(axes, traffic, t, 8, 8)
-    plain = tier_bytes(Placement.identity(axes), t, 8, traffic)
+    plain = tier_bytes(RankMap.identity(axes), t, 8, traffic)
     assert chosen.bytes.slowest("tp") == "scale_up"
     assert chosen.bytes.key() < plain.key() and chosen.bytes["top"] < plain["top"]
 
@@ -232,7 +232,7 @@ def test_tpu_v3_tray_ring_is_jax_s():
     t = Torus(2, 2, 1)
     for exhaustive in (0, 20000):
         chosen = auto((("ring", 8),), {"ring": 1}, t, 4, 2, exhaustive=exhaustive)
-        assert chosen.placement.ranks in orbit
+        assert chosen.rank_map.ranks in orbit
         assert chosen.bytes.total == (4, 4, 0)  # four steps inside a chip, four of one hop, none of two
     assert tuple(range(8)) not in orbit  # the row-major order takes a two-hop diagonal
 
@@ -242,5 +242,5 @@ def test_tpu_v5p_cube_ring_is_jax_s():
     a ring of single hops; auto's is the same up to the cube's symmetries."""
     orbit = _ring_orbit((0, 1, 3, 2, 6, 7, 5, 4), _torus_symmetries((2, 2, 2)))
     chosen = auto((("ring", 8),), {"ring": 1}, Torus(2, 2, 2), 8, 1)
-    assert chosen.placement.ranks in orbit
+    assert chosen.rank_map.ranks in orbit
     assert chosen.bytes["1 hop"] == 8

@@ -1,39 +1,48 @@
-"""Placement: which rank each coordinate of the mesh gets, and the bytes a step moves over each tier under it.
+"""The `.scale` file's `placement`: which rank each coordinate of the mesh gets, and the bytes a step moves over
+each tier under it.
 
 The mesh's axes are listed outermost first (compiler/layout/groups.py); by default the innermost varies fastest,
-so the coordinate whose row-major index is i runs on rank i. A `Placement` is any permutation instead:
-`ranks[i]` is the rank of the coordinate with row-major index i. Groups keep their meaning (the ranks that differ
-only along some axes, ordered along them: groups.py's rows of row-major indices), only their ranks change, so
-`Placement.apply(group.rows())` gives each group's rank lists under the placement, and `Placement.mesh()` the
-rank tensor a DeviceMesh is built from as it is (never re-sorted).
+so the coordinate whose row-major index is i runs on rank i. A `RankMap` is any permutation instead: `ranks[i]`
+is the rank of the coordinate with row-major index i. (It is not called Placement: in the vocabulary that word is
+DTensor's Replicate / Shard / Partial, compiler/layout/placements.py.) Groups keep their meaning (the ranks that
+differ only along some axes, ordered along them: groups.py's rows of row-major indices); only their ranks change,
+so `RankMap.apply(group.rows())` gives each group's rank lists, and `RankMap.mesh()` the rank tensor to build a
+DeviceMesh from as it is (never re-sorted).
 
-Two ways to get one:
-    order(axes, names)   the user's `placement = order(tp, pp, dp)`: `names` innermost first, the first varying
-                         fastest over the ranks, the last slowest (`order_problems` says what is wrong with one).
-    auto(...)            the placement with the fewest bytes over the slowest tier, then the next, and so on
-                         down, so the heaviest traffic lands on the fastest tier.
+Three ways to get one:
+    order(axes, names)        the user's `placement = order(tp, pp, dp)`: `names` innermost first, the first
+                              varying fastest over the ranks (`order_problems` says what is wrong with one).
+    snake_order(axes, names)  the same order as a boustrophedon: consecutive ranks always neighbours in the mesh.
+    auto(...)                 the least bytes over the slowest tier, then the next, and so on down, so that the
+                              heaviest traffic lands on the fastest tier.
 
 Traffic (`tier_bytes`): each group's collectives are priced as rings over the group's ranks in order (NCCL's ring
-algorithm; a tree or NVLS moves no more bytes across the cut between two halves of a group), so each rank sends
-its group's per-rank bytes to the next rank of the ring; the traffic between consecutive ranks crosses the level
-the topology gives (compiler/layout/topology.py). The input is a dict from an axis (or a tuple of axes, a folded
-group such as ("dp", "cp")) to the bytes each rank sends per step; the ledger will provide it.
+algorithm), each rank sending its group's per-rank bytes to the next rank of the ring, and the traffic between
+consecutive ranks crosses the level the topology gives (compiler/layout/topology.py). The input is a dict from
+an axis (or a tuple of axes: a folded group such as ("dp", "cp")) to the bytes each rank sends per step; the
+ledger will provide it. Rings are the model: a tree or NVLS moves its bytes on other pairs, not modelled here.
 
-auto's algorithm (after Meta's Llama 3 training: the parallelism order [TP, CP, PP, DP] put on the network so that
-the least latency-sensitive, DP, crosses the zones, and a topology-aware scheduler placing a job's ranks to keep
-traffic off the oversubscribed aggregation layer; "The Llama 3 Herd of Models" §3.3):
- 1. every order of the axes larger than one (innermost first) lays the coordinates on ranks; consecutive blocks of
-    devices_per_node ranks are the "virtual nodes", and the bytes between them form a weighted communication graph;
+auto's algorithm (after Meta's Llama 3 training, "The Llama 3 Herd of Models" §3.3: the parallelism order
+[TP, CP, PP, DP] chosen for the network, and a topology-aware scheduler keeping a job's traffic off the
+oversubscribed aggregation layer by a minimum cut of its communication graph):
+ 1. every order of the axes larger than one (innermost first), laid out plainly and as a snake, puts the
+    coordinates on ranks; consecutive blocks of devices_per_node ranks are "virtual nodes", and the bytes between
+    them a weighted communication graph;
  2. the virtual nodes are assigned to physical nodes. On a tree (fat-tree, rails under PXN, dragonfly, a Slurm
-    switch tree; a scale-up domain over several nodes below its leaves) top-down: the graph is cut into the top
-    level's children (pods) with the fewest bytes across (a balanced k-way minimum cut: exact by branch and bound
-    when the canonical assignments number at most `exhaustive`, else greedy graph growing and contiguous blocks,
-    each refined by Kernighan-Lin swaps), then each part into the next level's children, down to the nodes.
-    Elsewhere (a torus) over node orders: exhaustively when nodes! ≤ `exhaustive`, else from the topology's
-    starting orders (a torus's snakes) refined by pairwise swaps;
- 3. the order and assignment with the lexicographically least bytes per level, slowest level first, wins; ties
-    keep the earlier order, the mesh's own order first.
-Torch-free; imports nothing of compiler.cost.
+    switch tree; a scale-up domain over several nodes below its leaves), top-down: the graph is cut into the top
+    level's children (pods) with the fewest bytes across, a balanced k-way minimum cut (exact by branch and bound
+    when the canonical assignments number at most `exhaustive`, else contiguous blocks and greedy graph growing,
+    each refined by Kernighan-Lin swaps), then each part into the next level's children, down to the nodes; beside
+    it, the virtual nodes as a grid cut into equal boxes at each level (the factorisation with the least bytes
+    between boxes). Elsewhere (a torus): every node order when nodes! <= `exhaustive`, else the topology's
+    starting orders (a torus's snakes, rings of single hops) refined by pairwise swaps;
+ 3. on a tree of at most REFINE_LIMIT ranks, the best of these is re-cut top-down rank by rank (the same k-way
+    cut over coordinates, starting from where it put them), which reaches staircases no axis order makes;
+ 4. the lexicographically least bytes per level, slowest level first, wins; ties keep the earlier candidate, the
+    mesh's own order first.
+tests/test_placement.py holds auto to brute force: every placement of meshes up to 16 ranks, and every axis order
+× node-to-pod assignment up to 64. At 16,384 ranks (Llama 3 405B's mesh) auto takes seconds: cache it per mesh,
+traffic and topology. Torch-free; imports nothing of compiler.cost.
 """
 from __future__ import annotations
 
@@ -41,17 +50,15 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from compiler.layout.partition import KL_LIMIT, cut, partition
 from compiler.layout.topology import Problem, locate, snake
 
-KL_LIMIT = 128
-"""Kernighan-Lin refinement and pairwise-swap searches run on up to this many items (each swap costs a quadratic
-scan); larger graphs keep their best start (a 16,384-rank mesh: the grid's boxes)."""
 REFINE_LIMIT = 256
 """The rank-level re-cut runs on meshes of up to this many ranks."""
 
 
 @dataclass(frozen=True)
-class Placement:
+class RankMap:
     """The rank of every mesh coordinate: `ranks[i]` for the coordinate whose row-major index is i."""
 
     axes: tuple
@@ -59,7 +66,7 @@ class Placement:
     ranks: tuple
 
     @classmethod
-    def identity(cls, axes: tuple) -> "Placement":
+    def identity(cls, axes: tuple) -> "RankMap":
         return cls(tuple(axes), tuple(range(math.prod(n for _, n in axes))))
 
     @property
@@ -102,9 +109,9 @@ class Placement:
             return [nest(flat[k * step:(k + 1) * step], sizes[1:]) for k in range(sizes[0])]
         return nest(list(self.ranks), [n for _, n in self.axes])
 
-    def relocate(self, nodes: tuple, devices_per_node: int) -> "Placement":
+    def relocate(self, nodes: tuple, devices_per_node: int) -> "RankMap":
         """The same placement with node v's devices moved to node `nodes[v]`, each keeping its local index."""
-        return Placement(self.axes, tuple(nodes[r // devices_per_node] * devices_per_node + r % devices_per_node
+        return RankMap(self.axes, tuple(nodes[r // devices_per_node] * devices_per_node + r % devices_per_node
                                           for r in self.ranks))
 
 
@@ -137,7 +144,7 @@ def order_problems(axes: tuple, names) -> tuple:
     return tuple(out)
 
 
-def order(axes: tuple, names) -> Placement:
+def order(axes: tuple, names) -> RankMap:
     """The placement `order(names...)`: names innermost first, so `names[0]` varies fastest over the ranks.
     order(axes, reversed mesh order) is the identity. Raises ValueError on a bad order (order_problems)."""
     names = tuple(names)
@@ -151,10 +158,10 @@ def order(axes: tuple, names) -> Placement:
     ranks = []
     for coord in itertools.product(*(range(n) for _, n in axes)):
         ranks.append(sum(c * strides[a] for c, (a, _) in zip(coord, axes)))
-    return Placement(tuple(axes), tuple(ranks))
+    return RankMap(tuple(axes), tuple(ranks))
 
 
-def snake_order(axes: tuple, names) -> Placement:
+def snake_order(axes: tuple, names) -> RankMap:
     """Like `order`, but each step of an axis reverses the order of the axes inside it (boustrophedon), so that
     consecutive ranks always differ along one axis by one: a block of consecutive ranks is then a compact region
     of the mesh even where it does not hold whole rings (a staircase cut). Raises ValueError like `order`."""
@@ -167,7 +174,7 @@ def snake_order(axes: tuple, names) -> Placement:
     position = [names.index(a) for a, _ in axes]
     ranks = [at[tuple(coord[position.index(k)] for k in range(len(names)))]
              for coord in itertools.product(*(range(n) for _, n in axes))]
-    return Placement(tuple(axes), tuple(ranks))
+    return RankMap(tuple(axes), tuple(ranks))
 
 
 @dataclass(frozen=True)
@@ -199,14 +206,14 @@ def ring_edges(rows: tuple):
             yield from zip(row, row[1:] + row[:1])
 
 
-def tier_bytes(placement: Placement, topology, devices_per_node: int, traffic: dict, locate=locate) -> TierBytes:
+def tier_bytes(rank_map: RankMap, topology, devices_per_node: int, traffic: dict, locate=locate) -> TierBytes:
     """The bytes over each level of `topology` for one step: each group of `traffic` (axis or tuple of axes ->
-    bytes each rank sends per step) as rings over its rows under `placement`."""
+    bytes each rank sends per step) as rings over its rows under `rank_map`."""
     levels = topology.levels(devices_per_node)
     total, by_group = [0] * len(levels), []
     for group, per_rank in traffic.items():
         per = [0] * len(levels)
-        for a, b in ring_edges(placement.rows(group)):
+        for a, b in ring_edges(rank_map.rows(group)):
             per[topology.level(locate(a, devices_per_node), locate(b, devices_per_node), devices_per_node)] += \
                 per_rank
         by_group.append((group, tuple(per)))
@@ -216,10 +223,10 @@ def tier_bytes(placement: Placement, topology, devices_per_node: int, traffic: d
 
 @dataclass(frozen=True)
 class Choice:
-    """What auto chose: the placement, the axis order it started from (innermost first) and how it was laid out,
+    """What auto chose: the rank map, the axis order it started from (innermost first) and how it was laid out,
     the physical node of each virtual node, and the bytes per level."""
 
-    placement: Placement
+    rank_map: RankMap
     order: tuple
     snake: bool
     """Whether the order was laid out as a snake (snake_order) rather than plainly (order)."""
@@ -253,7 +260,7 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
                 result = tier_bytes(placed, topology, devices_per_node, traffic)
                 if best is None or result.key() < best.bytes.key():
                     best = Choice(placed, names, layout is snake_order, node_map, result)
-    refined = _refine(best.placement, traffic, topology, nodes, devices_per_node, exhaustive)
+    refined = _refine(best.rank_map, traffic, topology, nodes, devices_per_node, exhaustive)
     if refined is not None:
         result = tier_bytes(refined, topology, devices_per_node, traffic)
         if result.key() < best.bytes.key():
@@ -261,13 +268,13 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
     return best
 
 
-def _refine(placement: Placement, traffic: dict, topology, nodes: int, per_node: int, exhaustive: int):
+def _refine(rank_map: RankMap, traffic: dict, topology, nodes: int, per_node: int, exhaustive: int):
     """The placement's ranks re-cut top-down at the level of single ranks, where a node may hold any set of
     coordinates (a staircase no axis order makes): at each level of the tree, the coordinates of a domain are
-    partitioned among its children starting from where `placement` put them (exact when small, else Kernighan-Lin
+    partitioned among its children starting from where `rank_map` put them (exact when small, else Kernighan-Lin
     from there). None where the network is not a tree or the world exceeds REFINE_LIMIT ranks."""
     tree = _hierarchy(topology, nodes, per_node)
-    world = placement.world
+    world = rank_map.world
     if tree is None or world > REFINE_LIMIT:
         return None
     su = topology.scale_up_devices(per_node)
@@ -276,12 +283,12 @@ def _refine(placement: Placement, traffic: dict, topology, nodes: int, per_node:
     if su < per_node:
         levels.append(tuple(r // su for r in range(world)))
     adj: dict = {c: {} for c in range(world)}
-    identity = Placement.identity(placement.axes)
+    identity = RankMap.identity(rank_map.axes)
     for group, per_rank in traffic.items():
         for u, v in ring_edges(identity.rows(group)):
             adj[u][v] = adj[u].get(v, 0) + per_rank
             adj[v][u] = adj[v].get(u, 0) + per_rank
-    current, out = placement.ranks, [0] * world
+    current, out = rank_map.ranks, [0] * world
 
     def split(coords: list, ranks: list, depth: int) -> None:
         if depth == len(levels):
@@ -297,14 +304,14 @@ def _refine(placement: Placement, traffic: dict, topology, nodes: int, per_node:
             split(part, group, depth + 1)
 
     split(list(range(world)), list(range(world)), 0)
-    return Placement(placement.axes, tuple(out))
+    return RankMap(rank_map.axes, tuple(out))
 
 
-def _graph(placement: Placement, traffic: dict, per_node: int) -> dict:
+def _graph(rank_map: RankMap, traffic: dict, per_node: int) -> dict:
     """((node, local), (node, local)) -> bytes between devices of different virtual nodes, both directions."""
     out: dict = {}
     for group, per_rank in traffic.items():
-        for a, b in ring_edges(placement.rows(group)):
+        for a, b in ring_edges(rank_map.rows(group)):
             if a // per_node != b // per_node and per_rank:
                 key = (divmod(a, per_node), divmod(b, per_node))
                 out[key] = out.get(key, 0) + per_rank
@@ -429,124 +436,6 @@ def _split(vnodes: list, phys: list, tree: tuple, adj: dict, exhaustive: int, ou
     parts = partition(vnodes, [len(g) for g in groups], adj, exhaustive)
     for part, group in zip(parts, groups):
         _split(part, group, tree[1:], adj, exhaustive, out)
-
-
-def cut(parts: list, adj: dict) -> float:
-    """The weight of the edges between different parts."""
-    where = {v: k for k, part in enumerate(parts) for v in part}
-    return sum(w for u in where for v, w in adj[u].items() if v in where and where[v] != where[u]) / 2
-
-
-def canonical_count(sizes: list) -> int:
-    """How many ways to cut sum(sizes) items into parts of `sizes`, parts of equal size interchangeable."""
-    n, count = sum(sizes), 1
-    for s in sizes:
-        count *= math.comb(n, s)
-        n -= s
-    for m in _multiplicities(sizes):
-        count //= math.factorial(m)
-    return count
-
-
-def _multiplicities(sizes: list) -> list:
-    return [sizes.count(s) for s in set(sizes)]
-
-
-def partition(vnodes: list, sizes: list, adj: dict, exhaustive: int, start: list | None = None) -> list:
-    """`vnodes` cut into parts of `sizes` with the least weight between parts: exact (branch and bound) when the
-    canonical assignments number at most `exhaustive`, else the best of `start` (parts of `sizes`, kept on a
-    tie), contiguous blocks and greedy graph growing, each refined by Kernighan-Lin swaps."""
-    if len(sizes) == 1:
-        return [list(vnodes)]
-    starts = [start] if start is not None else []
-    if canonical_count(sizes) <= exhaustive:
-        starts.append(_exact(vnodes, sizes, adj))
-    else:
-        starts += [_blocks(vnodes, sizes), _grow(vnodes, sizes, adj)]
-        if len(vnodes) <= KL_LIMIT:
-            starts = [_kernighan_lin(s, adj) for s in starts]
-    return min(starts, key=lambda parts: cut(parts, adj))
-
-
-def _blocks(vnodes: list, sizes: list) -> list:
-    out, i = [], 0
-    for s in sizes:
-        out.append(list(vnodes[i:i + s]))
-        i += s
-    return out
-
-
-def _grow(vnodes: list, sizes: list, adj: dict) -> list:
-    """Greedy graph growing: each part from the first free node, then the free node most connected to it."""
-    free, out = dict.fromkeys(vnodes), []
-    for s in sizes:
-        part = [next(iter(free))]
-        del free[part[0]]
-        link = dict.fromkeys(free, 0)
-        while len(part) < s:
-            for v, w in adj[part[-1]].items():
-                if v in link:
-                    link[v] += w
-            pick = max(link, key=link.get)  # the first of the most connected, in the nodes' order
-            del link[pick], free[pick]
-            part.append(pick)
-        out.append(part)
-    return out
-
-
-def _kernighan_lin(parts: list, adj: dict) -> list:
-    """Swap the pair of nodes in different parts that lowers the cut most, until no swap lowers it."""
-    parts = [list(p) for p in parts]
-    where = {v: k for k, p in enumerate(parts) for v in p}
-    while True:
-        link = {v: [0] * len(parts) for v in where}
-        for u in where:
-            for v, w in adj[u].items():
-                if v in where:
-                    link[u][where[v]] += w
-        best, swap = 0, None
-        for u, v in itertools.combinations(sorted(where), 2):
-            a, b = where[u], where[v]
-            if a == b:
-                continue
-            gain = link[u][b] - link[u][a] + link[v][a] - link[v][b] - 2 * adj[u].get(v, 0)
-            if gain > best:
-                best, swap = gain, (u, v)
-        if swap is None:
-            return [sorted(p) for p in parts]
-        u, v = swap
-        a, b = where[u], where[v]
-        parts[a][parts[a].index(u)], parts[b][parts[b].index(v)] = v, u
-        where[u], where[v] = b, a
-
-
-def _exact(vnodes: list, sizes: list, adj: dict) -> list:
-    """The least cut by depth-first branch and bound; an empty part is tried once per size (equal parts are
-    interchangeable); the first assignment found of the least cut is kept."""
-    k, where = len(sizes), {}
-    fill, best = [0] * k, [math.inf, None]
-
-    def go(i: int, cost: float) -> None:
-        if cost >= best[0]:
-            return
-        if i == len(vnodes):
-            best[0], best[1] = cost, dict(where)
-            return
-        u, tried = vnodes[i], set()
-        for j in range(k):
-            if fill[j] == sizes[j] or (fill[j] == 0 and sizes[j] in tried):
-                continue
-            if fill[j] == 0:
-                tried.add(sizes[j])
-            add = sum(w for v, w in adj[u].items() if v in where and where[v] != j)
-            where[u] = j
-            fill[j] += 1
-            go(i + 1, cost + add)
-            fill[j] -= 1
-            del where[u]
-
-    go(0, 0)
-    return [[v for v in vnodes if best[1][v] == j] for j in range(k)]
 
 
 def _search_orders(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
