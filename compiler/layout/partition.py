@@ -15,6 +15,8 @@ import math
 KL_LIMIT = 128
 """Kernighan-Lin refinement and pairwise-swap searches run on up to this many items (each swap costs a quadratic
 scan); larger graphs keep their best start (a 16,384-rank mesh: the grid's boxes)."""
+GROW_LIMIT = 4 * KL_LIMIT
+"""Greedy graph growing (a linear scan per item placed) runs on up to this many items."""
 
 
 def cut(parts: list, adj: dict) -> float:
@@ -48,7 +50,7 @@ def partition(vnodes: list, sizes: list, adj: dict, exhaustive: int, start: list
     if canonical_count(sizes) <= exhaustive:
         starts.append(_exact(vnodes, sizes, adj))
     else:
-        starts += [_blocks(vnodes, sizes), _grow(vnodes, sizes, adj)]
+        starts += [_blocks(vnodes, sizes), *([_grow(vnodes, sizes, adj)] if len(vnodes) <= GROW_LIMIT else [])]
         if len(vnodes) <= KL_LIMIT:
             starts = [_kernighan_lin(s, adj) for s in starts]
     return min(starts, key=lambda parts: cut(parts, adj))

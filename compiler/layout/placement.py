@@ -116,17 +116,18 @@ class RankMap:
 
 
 def _rows(axes: tuple, names: tuple) -> tuple:
-    """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`."""
+    """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`,
+    each row ordered along them (the innermost fastest), the rows by their first index."""
     strides, inner = {}, 1
     for axis, n in reversed(axes):
         strides[axis] = inner
         inner *= n
-    sizes = dict(axes)
-    inside = [(strides[a], sizes[a]) for a, _ in axes if a in names]
-    offsets = [0]
-    for stride, n in inside:
-        offsets = [o + k * stride for o in offsets for k in range(n)]
-    bases = [i for i in range(inner) if not any((i // s) % n for s, n in inside)]
+    offsets, bases = [0], [0]
+    for axis, n in axes:
+        if axis in names:
+            offsets = [o + k * strides[axis] for o in offsets for k in range(n)]
+        else:
+            bases = [b + k * strides[axis] for b in bases for k in range(n)]
     return tuple(tuple(b + o for o in offsets) for b in bases)
 
 
@@ -245,21 +246,23 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
                          f"{devices_per_node}")
     big = [a for a, n in reversed(axes) if n > 1]
     ones = tuple(a for a, n in reversed(axes) if n == 1)
-    best = None
+    best, best_key = None, None
     for perm in itertools.permutations(big):
         names = (*perm, *ones)
         for layout in (order, snake_order):
             start = layout(axes, names)
-            graph = _graph(start, traffic, devices_per_node)
+            graph, inside = _graph(start, traffic, topology, devices_per_node)
             maps = [_assign(graph, topology, nodes, devices_per_node, exhaustive)]
             if layout is order:
                 maps.append(_box_map(_extents(axes, names, devices_per_node), graph, topology, nodes,
                                      devices_per_node))
             for node_map in filter(None, maps):
-                placed = start.relocate(node_map, devices_per_node)
-                result = tier_bytes(placed, topology, devices_per_node, traffic)
-                if best is None or result.key() < best.bytes.key():
-                    best = Choice(placed, names, layout is snake_order, node_map, result)
+                key = _key(graph, inside, node_map, topology, devices_per_node)
+                if best_key is None or key < best_key:
+                    best_key, best = key, (start, names, layout is snake_order, node_map)
+    start, names, snaked, node_map = best
+    placed = start.relocate(node_map, devices_per_node)
+    best = Choice(placed, names, snaked, node_map, tier_bytes(placed, topology, devices_per_node, traffic))
     refined = _refine(best.rank_map, traffic, topology, nodes, devices_per_node, exhaustive)
     if refined is not None:
         result = tier_bytes(refined, topology, devices_per_node, traffic)
@@ -307,15 +310,28 @@ def _refine(rank_map: RankMap, traffic: dict, topology, nodes: int, per_node: in
     return RankMap(rank_map.axes, tuple(out))
 
 
-def _graph(rank_map: RankMap, traffic: dict, per_node: int) -> dict:
-    """((node, local), (node, local)) -> bytes between devices of different virtual nodes, both directions."""
+def _graph(rank_map: RankMap, traffic: dict, topology, per_node: int) -> tuple:
+    """The ring steps between different virtual nodes, ((node, local), (node, local)) -> bytes, and the bytes per
+    level of the steps inside a node (which no node map moves)."""
     out: dict = {}
+    inside = [0] * len(topology.levels(per_node))
     for group, per_rank in traffic.items():
         for a, b in ring_edges(rank_map.rows(group)):
-            if a // per_node != b // per_node and per_rank:
+            if a // per_node == b // per_node:
+                inside[topology.level((0, a % per_node), (0, b % per_node), per_node)] += per_rank
+            elif per_rank:
                 key = (divmod(a, per_node), divmod(b, per_node))
                 out[key] = out.get(key, 0) + per_rank
-    return out
+    return out, tuple(inside)
+
+
+def _key(graph: dict, inside: tuple, node_map, topology, per_node: int) -> tuple:
+    """The bytes per level, slowest first (TierBytes.key), of the steps in `graph` with the virtual nodes on
+    `node_map`, plus those inside the nodes."""
+    levels = list(inside)
+    for ((u, lu), (v, lv)), w in graph.items():
+        levels[topology.level((node_map[u], lu), (node_map[v], lv), per_node)] += w
+    return tuple(reversed(levels))
 
 
 def _assign(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
@@ -441,11 +457,10 @@ def _split(vnodes: list, phys: list, tree: tuple, adj: dict, exhaustive: int, ou
 def _search_orders(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
     """Node maps for a network that is not a tree: every permutation when nodes! ≤ exhaustive, else the
     topology's starting orders refined by pairwise swaps, by the lexicographic bytes per level."""
+    nothing = (0,) * len(topology.levels(per_node))
+
     def key(node_map):
-        levels = [0] * len(topology.levels(per_node))
-        for ((u, lu), (v, lv)), w in graph.items():
-            levels[topology.level((node_map[u], lu), (node_map[v], lv), per_node)] += w
-        return tuple(reversed(levels))
+        return _key(graph, nothing, node_map, topology, per_node)
 
     if math.factorial(nodes) <= exhaustive:
         return min(itertools.permutations(range(nodes)), key=key)
