@@ -25,7 +25,7 @@ import pytest
 from compiler.layout.groups import expand
 from compiler.layout.placement import (RankMap, auto, order, order_problems, ring_edges, snake_order,
                                        tier_bytes)
-from compiler.layout.topology import FatTree, Torus
+from compiler.layout.topology import Dragonfly, FatTree, RailOptimized, Torus
 
 AXES = (("dp", 2), ("pp", 3), ("tp", 4))
 
@@ -244,3 +244,28 @@ def test_tpu_v5p_cube_ring_is_jax_s():
     chosen = auto((("ring", 8),), {"ring": 1}, Torus(2, 2, 2), 8, 1)
     assert chosen.rank_map.ranks in orbit
     assert chosen.bytes["1 hop"] == 8
+
+
+@pytest.mark.parametrize("axes,traffic", [((("a", 2), ("b", 8)), {"a": 1, "b": 1}),
+                                          ((("a", 2), ("b", 8)), {"a": 1, "b": 5}),
+                                          ((("a", 16),), {"a": 1})])
+def test_auto_on_a_torus_keeps_every_ring_step_to_one_hop(axes, traffic):
+    """A 4 × 4 torus of single-device nodes (16! node orders: the swap search from the snakes): the mesh's own
+    order takes two-hop steps (b's ring of 8 over two rows of x); auto finds an embedding of single hops."""
+    t = Torus(4, 4, 1)
+    assert tier_bytes(RankMap.identity(axes), t, 1, traffic)["2 hops"] > 0
+    chosen = auto(axes, traffic, t, 16, 1)
+    assert chosen.bytes["1 hop"] == sum(traffic.values()) * 16 and chosen.bytes.total[2:] == (0, 0, 0)
+
+
+def test_auto_on_other_trees():
+    """Rails without PXN (a search over node orders: the level depends on the local device) and a dragonfly (a
+    tree of groups), tp listed outermost so that the mesh's own order spreads it over the nodes: auto puts tp
+    inside the nodes and crosses the top level only on dp's two steps per ring."""
+    axes, traffic = (("tp", 4), ("dp", 4)), {"dp": 1, "tp": 4}
+    for t, top in ((RailOptimized(nodes_per_group=2, pxn=False), "spine"),
+                   (Dragonfly(groups=2, nodes_per_group=2), "global")):
+        assert tier_bytes(RankMap.identity(axes), t, 4, traffic).slowest("tp") == top
+        chosen = auto(axes, traffic, t, 4, 4)
+        assert chosen.bytes.slowest("tp") == "scale_up"
+        assert chosen.bytes[top] == 4 * 2  # 4 dp rings over 2 groups of 2 nodes: 2 steps each cross
