@@ -83,6 +83,15 @@ def test_tier_bytes_by_hand():
     assert list(ring_edges(((0, 2, 4, 6),))) == [(0, 2), (2, 4), (4, 6), (6, 0)]
 
 
+def test_a_rank_map_is_a_permutation():
+    with pytest.raises(ValueError):
+        RankMap((("dp", 2), ("tp", 2)), (0, 1, 1, 3))
+    with pytest.raises(ValueError):
+        RankMap((("dp", 2), ("tp", 2)), (0, 1, 2))
+    with pytest.raises(ValueError):
+        RankMap.identity(AXES).rows("ep")
+
+
 def test_relocate_moves_whole_nodes():
     p = RankMap.identity((("dp", 4), ("tp", 2))).relocate((2, 0, 3, 1), 2)
     assert p.ranks == (4, 5, 0, 1, 6, 7, 2, 3)

@@ -65,6 +65,12 @@ class RankMap:
     """((axis, size), ...) outermost first."""
     ranks: tuple
 
+    def __post_init__(self):
+        world = math.prod(n for _, n in self.axes)
+        if len(self.ranks) != world or sorted(self.ranks) != list(range(world)):
+            raise ValueError(f"a rank map of a {world}-rank mesh must hold each rank 0..{world - 1} once, "
+                             f"not {len(self.ranks)} ranks")
+
     @classmethod
     def identity(cls, axes: tuple) -> "RankMap":
         return cls(tuple(axes), tuple(range(math.prod(n for _, n in axes))))
@@ -118,6 +124,9 @@ class RankMap:
 def _rows(axes: tuple, names: tuple) -> tuple:
     """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`,
     each row ordered along them (the innermost fastest), the rows by their first index."""
+    unknown = [n for n in names if n not in dict(axes)]
+    if unknown:
+        raise ValueError(f"the mesh has no axis {', '.join(unknown)}")
     strides, inner = {}, 1
     for axis, n in reversed(axes):
         strides[axis] = inner
