@@ -278,3 +278,13 @@ def test_auto_on_other_trees():
         chosen = auto(axes, traffic, t, 4, 4)
         assert chosen.bytes.slowest("tp") == "scale_up"
         assert chosen.bytes[top] == 4 * 2  # 4 dp rings over 2 groups of 2 nodes: 2 steps each cross
+
+
+@pytest.mark.parametrize("t,nodes,per_node,axes", [
+    (FatTree(nodes_per_leaf=2, nodes_per_pod=4, oversubscription=7), 8, 3, (("dp", 8), ("tp", 3))),
+    (Torus(2, 2, 2), 8, 3, (("dp", 8), ("tp", 3))),
+    (Torus(4, 4, 1), 16, 2, (("dp", 4), ("tp", 8)))])
+def test_without_traffic_auto_keeps_the_mesh_s_own_order(t, nodes, per_node, axes):
+    """Ties keep the first candidate, the mesh's own order on the nodes in order: no traffic, no change."""
+    chosen = auto(axes, {"dp": 0, "tp": 0}, t, nodes, per_node)
+    assert chosen.rank_map == RankMap.identity(axes)

@@ -240,7 +240,8 @@ class Choice:
     order: tuple
     snake: bool
     """Whether the order was laid out as a snake (snake_order) rather than plainly (order)."""
-    nodes: tuple
+    nodes: tuple | None
+    """The physical node of each virtual node of the order; None when the rank-level re-cut moved single ranks."""
     bytes: TierBytes
 
 
