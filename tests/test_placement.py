@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from compiler.layout.groups import expand
-from compiler.layout.placement import (RankMap, auto, order, order_problems, ring_edges, snake_order,
-                                       tier_bytes)
+from compiler.layout.placement import (RankMap, auto, group_crossing, order, order_problems, ring_edges,
+                                       snake_order, tier_bytes)
 from compiler.layout.topology import Dragonfly, FatTree, RailOptimized, Torus
 
 AXES = (("dp", 2), ("pp", 3), ("tp", 4))
@@ -81,6 +81,15 @@ def test_tier_bytes_by_hand():
     # each tp ring (0, 2, 4, 6) steps inside a node at 0 -> 2 and 4 -> 6, between the nodes at 2 -> 4 and 6 -> 0
     assert swapped.total == (4 * 2 * 10 + 2 * 2 * 100, 0, 2 * 2 * 100)
     assert list(ring_edges(((0, 2, 4, 6),))) == [(0, 2), (2, 4), (4, 6), (6, 0)]
+
+
+def test_the_crossing_that_sets_a_group_s_pace():
+    axes, t = (("dp", 2), ("tp", 4)), FatTree(nodes_per_leaf=1, oversubscription=4)
+    plain, swapped = RankMap.identity(axes), order(axes, ("dp", "tp"))
+    assert group_crossing(plain, "tp", t, 4).name == "scale_up"
+    assert (group_crossing(swapped, "tp", t, 4).name, group_crossing(swapped, "tp", t, 4).share) == ("top", 0.25)
+    assert group_crossing(plain, ("dp", "tp"), t, 4).name == "top"
+    assert group_crossing(RankMap.identity((("dp", 1), ("tp", 4))), "dp", t, 4) is None
 
 
 def test_a_rank_map_is_a_permutation():

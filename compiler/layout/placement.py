@@ -231,6 +231,17 @@ def tier_bytes(rank_map: RankMap, topology, devices_per_node: int, traffic: dict
     return TierBytes(levels, tuple(total), tuple(by_group))
 
 
+def group_crossing(rank_map: RankMap, names, topology, devices_per_node: int, locate=locate):
+    """The slowest crossing of any ring step of the groups folding `names` under `rank_map` (the step that sets
+    the ring's pace, the least share among the slowest); None when the groups hold one rank each."""
+    worst = None
+    for a, b in ring_edges(rank_map.rows(names)):
+        c = topology.crossing(a, b, devices_per_node, locate)
+        if worst is None or (c.level, -c.share) > (worst.level, -worst.share):
+            worst = c
+    return worst
+
+
 @dataclass(frozen=True)
 class Choice:
     """What auto chose: the rank map, the axis order it started from (innermost first) and how it was laid out,
