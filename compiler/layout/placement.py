@@ -22,9 +22,10 @@ consecutive ranks crosses the level the topology gives (compiler/layout/topology
 an axis (or a tuple of axes: a folded group such as ("dp", "cp")) to the bytes each rank sends per step; the
 ledger will provide it. Rings are the model: a tree or NVLS moves its bytes on other pairs, not modelled here.
 
-auto's algorithm (after Meta's Llama 3 training, "The Llama 3 Herd of Models" §3.3: the parallelism order
-[TP, CP, PP, DP] chosen for the network, and a topology-aware scheduler keeping a job's traffic off the
-oversubscribed aggregation layer by a minimum cut of its communication graph):
+auto's algorithm. Meta's Llama 3 training ("The Llama 3 Herd of Models" §3.3) orders its parallelism [TP, CP,
+PP, DP] for the network and has its scheduler keep a job's traffic within pods, off the 1:7 aggregation layer;
+auto does that for any mesh and tree, as a minimum cut of the mesh's communication graph per level (our
+formulation):
  1. every order of the axes larger than one (innermost first), laid out plainly and as a snake, puts the
     coordinates on ranks; consecutive blocks of devices_per_node ranks are "virtual nodes", and the bytes between
     them a weighted communication graph;

@@ -18,7 +18,7 @@ the base is the scale-up bandwidth for `scale_up` and the per-device network (NI
 (compiler/layout/devices.py's intra_node_gbps and inter_node_gbps). In a fat-tree each uplink level oversubscribed
 o:1 divides it by o, so a 1:7 top tier above non-blocking leaves gives 1/7 of the leaf's per-device bandwidth
 (Leiserson, "Fat-trees", IEEE Trans. Computers 1985; Meta's Llama 3 fabric, "The Llama 3 Herd of Models" §3.3.1:
-an aggregation layer joining AI zones, oversubscribed 1:7 by design).
+pods of full bisection bandwidth joined by an aggregation layer oversubscribed 1:7).
 
 `problems(nodes, devices_per_node)` lists what cannot be built, each a `Problem(field, message, hint)` that the
 checker turns into a located diagnostic. `parse_slurm` reads a Slurm `topology.conf` (tree plugin) into a
@@ -184,8 +184,9 @@ class FatTree(Topology):
     (0: one pod, a two-level tree) and, with pods, an aggregation (top) tier joining the pods. `oversubscription`
     holds down:up ratios per uplink level (leaf -> spine, spine -> top); a single number is the top uplink's.
 
-    FatTree(nodes_per_leaf=16, nodes_per_pod=256, oversubscription=7): Llama 3's AI zones under a 1:7 aggregation
-    layer (the paper gives 3,072 GPUs per zone; the figures here are overridable, not a claim about Meta's leaves).
+    FatTree(nodes_per_leaf=2, nodes_per_pod=384, oversubscription=7) on nodes of 8: Llama 3's RoCE cluster as
+    §3.3.1 of its paper gives it (racks of two servers, 16 GPUs, under one ToR switch; 192 racks, 3,072 GPUs, a
+    pod of full bisection bandwidth; eight pods under an aggregation layer at 1:7).
     """
 
     nodes_per_leaf: int
