@@ -253,6 +253,9 @@ def test_tpu_v3_tray_ring_is_jax_s():
         assert chosen.rank_map.ranks in orbit
         assert chosen.bytes.total == (4, 4, 0)  # four steps inside a chip, four of one hop, none of two
     assert tuple(range(8)) not in orbit  # the row-major order takes a two-hop diagonal
+    # read as a torus of eight single-core nodes the same order takes two-hop steps (1 -> 2 changes core and x):
+    # the third 2 of the tray is the two cores of a chip, not a torus dimension
+    assert tier_bytes(RankMap((("ring", 8),), jax), Torus(2, 2, 2), 1, {"ring": 1})["2 hops"] == 4
 
 
 def test_tpu_v5p_cube_ring_is_jax_s():

@@ -190,9 +190,13 @@ class FatTree(Topology):
     """
 
     nodes_per_leaf: int
+    """Nodes under one leaf (top-of-rack) switch."""
     nodes_per_pod: int = 0
+    """Nodes under one pod's spines; 0: no pods, the spines are the top."""
     oversubscription: object = 1.0
+    """Down:up bandwidth per uplink level, leaf first (≥ 1); a number is the top uplink's, the others 1."""
     scale_up: int = 0
+    """Devices in one NVLink domain; 0: a node's."""
 
     def __post_init__(self):
         object.__setattr__(self, "oversubscription",
@@ -233,10 +237,15 @@ class RailOptimized(Topology):
     spines. `oversubscription`: down:up per uplink level (rail -> spine, spine -> top)."""
 
     nodes_per_group: int
+    """Nodes of one rail group (scalable unit), device i of each on rail leaf i."""
     nodes_per_pod: int = 0
+    """Nodes under one pod's spines; 0: no pods."""
     oversubscription: object = 1.0
+    """Down:up bandwidth per uplink level, rail first (≥ 1); a number is the top uplink's, the others 1."""
     pxn: bool = True
+    """Whether NCCL's PXN moves cross-rail traffic over NVLink to the right rail first."""
     scale_up: int = 0
+    """Devices in one NVLink domain; 0: a node's."""
 
     def __post_init__(self):
         object.__setattr__(self, "oversubscription",
@@ -282,7 +291,9 @@ class Torus(Topology):
     y: int = 1
     z: int = 1
     wrap: bool = True
+    """Wrap-around links in every dimension (a torus); False: a mesh."""
     scale_up: int = 0
+    """Devices in one scale-up domain; 0: a node's."""
 
     @property
     def dims(self) -> tuple:
@@ -364,8 +375,11 @@ class Dragonfly(Topology):
     groups: int
     nodes_per_group: int
     nodes_per_switch: int = 0
+    """Nodes on one switch of a group; 0: the group's switches not modelled apart."""
     global_oversubscription: float = 1.0
+    """A group's injection bandwidth over its global links' (≥ 1)."""
     scale_up: int = 0
+    """Devices in one NVLink domain; 0: a node's."""
 
     def network_levels(self) -> tuple:
         return ("switch", "group", "global") if self.nodes_per_switch else ("group", "global")
