@@ -284,8 +284,8 @@ class Torus(Topology):
     z = n // (x·y) (x fastest, as TPU device ids run). The levels are hop counts 1 .. diameter. Under dimension-
     order routing, when every node sends to the node displaced by the same (dx, dy, dz), each link of dimension d
     carries |d| flows, so a flow gets 1/max(dx, dy, dz) of a link (Dally & Towles, "Principles and Practices of
-    Interconnection Networks", ch. 3, channel load): `crossing` gives that per pair, `share(level)` the worst case
-    of a level (all its hops in one dimension)."""
+    Interconnection Networks": channel load, ch. 3; tori, ch. 5): `crossing` gives that per pair, `share(level)`
+    the worst case of a level (all its hops in one dimension)."""
 
     x: int
     y: int = 1
