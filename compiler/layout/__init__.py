@@ -11,6 +11,10 @@ the cost model, codegen, the search and the runtime's contract.
                    (cost/rank_memory.py's peak per rank).
     placements.py  each parameter's placement per group (Replicate, Shard(dim), Partial), behind plan.json and
                    reshard.
+    topology.py    the network's shape: which level two ranks' traffic crosses (fat-tree, rails, torus,
+                   dragonfly, a Slurm switch tree, a scale-up domain over nodes), the share there, impossible shapes.
+    placement.py   the `.scale` placement: which rank each mesh coordinate gets (order, auto), the groups' rank
+                   lists under it and the bytes each level carries; partition.py, the minimum cuts auto uses.
 
 Torch-free: the front end and the search read it, and it imports nothing of compiler.cost.
 """
