@@ -5,6 +5,8 @@
   scalec plan FILE               parameters, FLOPs, memory per rank, mesh and collectives (--html OUT: as a page)
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
   scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons (--html OUT too)
+  scalec network FILE            what one collective reaches on FILE's cluster, per NCCL algorithm (--op, --size,
+                                 --ranks N or --group dp, --json)
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
   scalec import CONFIG [-o FILE] the .scale model section of a Hugging Face config.json (Llama, Mistral, Qwen 2,
@@ -302,6 +304,27 @@ def _forced(args, compiled) -> None:
                 sys.stderr.write(f"warning (--force): {d.message}\n")
 
 
+def cmd_network(args) -> int:
+    from compiler.cost import network as N
+    from compiler.report.network import network_text
+    spec = check.check_path(args.file)
+    sys.stderr.write(R.warnings_text(spec))
+    cluster = spec.cluster
+    try:
+        rows, where = N.rows_of(spec.plan.axes, cluster.world_size, args.ranks, args.group)
+        price = N.price_on(cluster, args.op, N.parse_size(args.size), rows)
+        fabric = getattr(cluster, "fabric", None)
+        efficiency = N.fabric_efficiency(fabric)
+    except ValueError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    if args.json:
+        sys.stdout.write(R.json_text(price.json()))
+    else:
+        sys.stdout.write(network_text(price, where, N.fabric_name(fabric), efficiency))
+    return 0
+
+
 def cmd_run(args) -> int:
     from compiler import codegen
     try:
@@ -344,6 +367,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"scalec {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _compile_commands(sub)
+    _network_command(sub)
     _run_commands(sub)
     return p
 
@@ -399,6 +423,30 @@ def _compile_commands(sub) -> None:
                         "does not set (token ids, ...) are kept, its generation config and tokenizer copied "
                         "(default: the directory of the train section's `init = from(...)`, if it holds one)")
     c.set_defaults(func=cmd_export)
+
+
+def _network_command(sub) -> None:
+    """`scalec network`: what one collective reaches on the file's cluster."""
+    from compiler.cost.network import OPS
+    c = sub.add_parser("network", help="what one collective reaches on the cluster, per NCCL algorithm",
+                       description="Price one collective on FILE's cluster (nodes, devices_per_node, device; its "
+                                   "fabric and topology when written) per NCCL algorithm (ring; tree for all_reduce "
+                                   "across nodes; NVLS inside an NVLink domain of an H100, H200, B200 or GB200) and "
+                                   "name the one NCCL would pick, in nccl-tests' terms: time, algbw and busbw. "
+                                   "Large messages are modelled well, small ones roughly (docs/planning.md, "
+                                   "The network).")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
+    c.add_argument("--size", default="1GB", metavar="BYTES",
+                   help="the buffer, nccl-tests' size: 1GB (10^9), 1GiB or 1G (2^30), 256MB, 4096 (default 1GB)")
+    who = c.add_mutually_exclusive_group()
+    who.add_argument("--ranks", type=_positive_int, metavar="N", help="the first N ranks (default: every rank)")
+    who.add_argument("--group", metavar="NAME", help="the mesh's groups of that name (dp, tp, dp×cp, ...): the "
+                     "slowest of them")
+    c.add_argument("--json", action="store_true", help='one object: {"op", "ranks", "bytes", "algorithms": [{"name", '
+                   '"seconds", "algbw_gbps", "busbw_gbps", "tier"}, ...], "chosen"}')
+    c.set_defaults(func=cmd_network)
+
 
 
 def _run_commands(sub) -> None:

@@ -21,7 +21,7 @@ INFO = {"scale", "scale fragment", "sh", "python", "text", "json"}
 
 # `scalec` subcommands of the sh blocks: run in-process when cheap (a sample checked, planned, compiled, a code
 # explained), or left to the tests that run them, for the reason given.
-RUN = {"check", "plan", "explain", "compile"}
+RUN = {"check", "plan", "explain", "compile", "network"}
 SKIP = {
     "run": "trains under torchrun: tests/e2e/ trains every sample's plan, tests/test_run_command.py the command",
     "search": "tens of seconds a cluster: tests/test_search*.py run the search",

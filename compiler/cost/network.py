@@ -1,0 +1,277 @@
+"""What one collective costs on the network as it is: per NCCL algorithm, and the one NCCL would pick, in nccl-tests'
+terms (seconds, algorithm bandwidth, bus bandwidth).
+
+`price(op, nbytes, group, device, fabric)` prices one collective of `nbytes` (nccl-tests' size S: the whole buffer,
+as `-b`/`-e` give it) over a `GroupSpan` (its ranks, how many share a scale-up domain, the level its traffic crosses
+and the per-device share there). `span(cluster, ranks)` builds the GroupSpan of a rank list from the Cluster: from
+its `topology` (compiler/layout/topology.py: the slowest level a ring over the ranks crosses, oversubscription
+included) when the Cluster has one, else from the two tiers of compiler/layout/cluster.py (inside a node, between
+nodes). compiler/cost/links.py's `collective_s` (the step-time model's pricing) is not changed by this module.
+
+Bus bandwidth (nccl-tests, doc/PERFORMANCE.md, "Summary"): busbw = algbw × factor, algbw = S / t, with factor
+all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, all_to_all (n-1)/n, broadcast and reduce 1; send/recv
+is point-to-point, factor 1 (nccl-tests src/sendrecv.cu). The all_reduce factor is kept for NVLS too, as
+nccl-tests does (nccl-tests#366: NVLS busbw is the ring bandwidth that would give the same time).
+
+The algorithms (NCCL 2.17 or later; NVLS, NVLink SHARP, came with NCCL 2.17 for Hopper and NVSwitch 3):
+    ring       every op. Inside one scale-up domain a rank sends factor·S at the domain's bandwidth. Across domains
+               of k of the group's ranks each, the domain's traffic leaves it once per ring over k NICs (k rings
+               side by side, one NIC each, as NCCL lays its channels), and each rank still sends (k-1)/k of its
+               bytes over the scale-up links: busbw = min(k · NIC · share, scale-up · k/(k-1)). On 8 H100 and
+               8 × 400G NDR NICs per node that is 8 × 47 = 376 GB/s, the figure NVIDIA gives for two nodes
+               (nccl-tests#290, #309).
+    tree       all_reduce across domains: NCCL's double binary tree between domains, a chain inside each. Each
+               byte goes up and down the chain (a rank sends 2·S over scale-up: algbw ≤ scale-up / 2); between
+               domains a domain sends S over its k NICs on two domains (each is the root of one tree, the leaf of
+               the other) and 2·S on more (an interior node sends half the data up and to two children). So a
+               2-node tree beats the NICs' bound and loses to the ring at scale, as NVIDIA says (nccl#812,
+               nccl-tests#196).
+    nvls       all_reduce inside one NVLink domain of a device with NVLink SHARP (h100, h200, h800, b200, gb200):
+               the switch reduces; a rank moves S·(1 + 1/n) (multimem load-reduce of its slice, store to all), at
+               the NVLS fraction of the NVLink figure (below): algbw = NVLink · eff / (1 + 1/n).
+The chosen algorithm is the fastest of those listed (NCCL's tuner picks by its own time model: the choice here is
+ours, made the same way). Not modelled: NCCL's protocols (LL, LL128, Simple) and channel counts, which set the
+latency regime (a per-step latency from the device's figures stands for them: small messages are priced roughly,
+large ones, where bandwidth rules, well); NVLSTree across nodes (NCCL 2.18), CollNet / IB SHARP and PAT (NCCL
+2.23, one rank per node) are not offered; a group priced alone (other groups' traffic on the same level is in its
+share only when the topology's share says so: every rank crossing at once).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+# Fraction of a device's NVLink figure (compiler/layout/devices.py intra_node_gbps, one direction) that NCCL's
+# ring reaches (busbw of ring algorithms, any op), and NVLS's (the S·(1 + 1/n) a rank moves per all_reduce).
+# - H100/H200/H800 ring: "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an effective
+#   NVLink bandwidth of 370GB/s" (sjeaugey, NVIDIA, nccl-tests#212; again nccl#1442): 370 / 450 = 0.822.
+# - H100 NVLS: 8 GPUs reach busbw ~480, algbw ~275 (nccl-tests#212, nccl#2140): 275 × (1 + 1/8) / 450 = 0.6875.
+#   The (1 + 1/n) form then gives algbw 258, 265, 270, 275 on 5-8 GPUs, the figures measured in nccl#1455; on 2-4
+#   the ring is faster, as measured there.
+# - B200/GB200 (NVLink 5, 900 GB/s one way): B300's 8-GPU figures in nccl#2140 (ring busbw 695, NVLS algbw 483):
+#   695 / 900 = 0.772, 483 × 9/8 / 900 = 0.604. B200 shares B300's NVLink; not measured on B200 itself.
+# - A100: ~230 GB/s busbw on a DGX A100 (compiler/layout/devices.py's note; nccl-tests#175: 232.5): 230/300 = 0.77.
+# - other kinds (cpu, a device given by its figures): 1.0, the figure taken as reached.
+NVLINK = {"a100": (0.77, 0.0), "h100": (0.822, 0.6875), "h200": (0.822, 0.6875), "h800": (0.822, 0.6875),
+          "b200": (0.772, 0.604), "gb200": (0.772, 0.604)}
+
+# Fraction of the NIC's line rate (devices.py inter_node_gbps) NCCL reaches per NIC.
+# - ib: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (AddyLaddy, NVIDIA, nccl-tests#290): 47 / 50 = 0.94;
+#   NVIDIA's older figures agree (24 GB/s per 200G HDR NIC, 12 per 100G: sjeaugey, nccl-tests#119 and #29).
+# - roce: no NVIDIA figure separates it; the ib figure times the ratio of the wire's payload share, RoCEv2 against
+#   InfiniBand at a 4096-byte MTU: per packet IB adds LRH 8 + BTH 12 + ICRC 4 + VCRC 2 = 26 bytes; RoCEv2 adds
+#   Ethernet 14 + FCS 4 + preamble and gap 20 + IPv4 20 + UDP 8 + BTH 12 + ICRC 4 = 82 bytes (IBTA, InfiniBand
+#   Architecture Specification vol. 1 and its RoCEv2 annex A17): (4096/4178) / (4096/4122) = 0.9866, so 0.927.
+#   Congestion control's cost under load is not in it. Fit a measured figure with `scalec network --measured`.
+FABRICS = {"ib": 0.94, "roce": 0.927}
+NVLS_DEVICES = ("h100", "h200", "h800", "b200", "gb200")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for `op` on `n` ranks (doc/PERFORMANCE.md; send/recv: src/sendrecv.cu)."""
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "send_recv":
+        return 1.0
+    raise ValueError(f"no bus bandwidth convention for {op}")
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """How one group's ranks sit on the machines."""
+
+    ranks: int
+    per_domain: int
+    """The group's ranks in one scale-up domain (NVLink: a node, or `scale_up` devices)."""
+    tier: str
+    """The slowest level a ring over the ranks crosses: a topology level (`scale_up`, `leaf`, `top`, ...) or, with no
+    topology, `intra_node` / `inter_node`."""
+    share: float = 1.0
+    """The per-device share of the NIC's bandwidth on that level when every rank crosses it at once."""
+
+    @property
+    def domains(self) -> int:
+        return self.ranks // self.per_domain
+
+    @property
+    def crosses(self) -> bool:
+        return self.domains > 1
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    seconds: float
+    algbw_gbps: float
+    busbw_gbps: float
+    tier: str
+
+
+@dataclass(frozen=True)
+class Price:
+    """Every algorithm NCCL could use for one collective, and the one it would pick (the fastest)."""
+
+    op: str
+    ranks: int
+    bytes: int
+    algorithms: tuple
+    chosen: str
+    group: GroupSpan
+
+    def json(self) -> dict:
+        return {"op": self.op, "ranks": self.ranks, "bytes": self.bytes,
+                "algorithms": [{"name": a.name, "seconds": a.seconds, "algbw_gbps": a.algbw_gbps,
+                                "busbw_gbps": a.busbw_gbps, "tier": a.tier} for a in self.algorithms],
+                "chosen": self.chosen}
+
+
+def fabric_efficiency(fabric) -> float:
+    """The NIC efficiency of `fabric`: None (no fabric written: ib's), `ib` or `roce`, or an object with a `kind`
+    (or `name`) and, optionally, its own `efficiency` (a measured figure written in the file)."""
+    if fabric is None:
+        return FABRICS["ib"]
+    own = getattr(fabric, "efficiency", None)
+    if own is not None:
+        return float(own)
+    kind = fabric if isinstance(fabric, str) else getattr(fabric, "kind", None) or getattr(fabric, "name", None)
+    if kind not in FABRICS:
+        raise ValueError(f"unknown fabric {kind!r}: known {', '.join(FABRICS)}")
+    return FABRICS[kind]
+
+
+def span(cluster, ranks: tuple) -> GroupSpan:
+    """The GroupSpan of `ranks` (a ring in that order) on `cluster`: its topology's slowest crossing when it has one
+    (`getattr(cluster, "topology", None)`), else the Cluster's two tiers."""
+    per_node = cluster.devices_per_node
+    topology = getattr(cluster, "topology", None)
+    if topology is None:
+        nodes = {r // per_node for r in ranks}
+        per = max(sum(1 for r in ranks if r // per_node == v) for v in nodes)
+        return GroupSpan(len(ranks), per, "inter_node" if len(nodes) > 1 else "intra_node")
+    su = topology.scale_up_devices(per_node)
+    domains = {r // su for r in ranks}
+    per = max(sum(1 for r in ranks if r // su == d) for d in domains)
+    worst = None
+    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+        if a != b:
+            c = topology.crossing(a, b, per_node)
+            worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
+    if worst is None:
+        return GroupSpan(len(ranks), per, "scale_up")
+    return GroupSpan(len(ranks), per, worst.name, worst.share)
+
+
+def price(op: str, nbytes: int, group: GroupSpan, device, fabric=None) -> Price:
+    """Every algorithm for `op` of `nbytes` over `group` on `device` (compiler.spec.Device: its NVLink and NIC
+    figures, latencies and kind), NICs at `fabric`'s efficiency (fabric_efficiency), and the fastest."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}: one of {', '.join(OPS)}")
+    n = group.ranks
+    ring_eff, nvls_eff = NVLINK.get(device.kind, (1.0, 0.0))
+    up = device.intra_node_gbps * ring_eff * 1e9
+    net = device.inter_node_gbps * fabric_efficiency(fabric) * group.share * 1e9
+    a_up, a_net = device.intra_node_latency_us * 1e-6, device.inter_node_latency_us * 1e-6
+    alpha = a_net if group.crosses else a_up
+    k = group.per_domain
+    algos = []
+
+    def add(name: str, seconds: float) -> None:
+        algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+        algos.append(Algorithm(name, seconds, algbw, algbw * bus_factor(op, n), group.tier))
+
+    if n <= 1 or nbytes <= 0:
+        add("ring", 0.0)
+        return Price(op, n, nbytes, tuple(algos), "ring", group)
+    if op == "send_recv":  # each rank sends S to the next: the slowest pair sets the pace
+        add("p2p", alpha + nbytes / (net if group.crosses else up))
+    elif op == "all_to_all":  # each rank sends S/n to every other: (k-1)/n of S inside its domain, (n-k)/n out
+        inside = nbytes * (k - 1) / n / up
+        outside = nbytes * (n - k) / n / net if group.crosses else 0.0
+        add("p2p", (n - 1) * alpha + max(inside, outside))
+    else:
+        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        busbw = up if not group.crosses else min(k * net, up * k / (k - 1) if k > 1 else math.inf)
+        add("ring", steps * alpha + bus_factor(op, n) * nbytes / busbw)
+        if op == "all_reduce" and group.crosses:
+            m = group.domains
+            algbw = min(k * net / (1 if m == 2 else 2), up / 2 if k > 1 else math.inf)
+            add("tree", 2 * math.ceil(math.log2(m)) * a_net + 2 * (k - 1) * a_up + nbytes / algbw)
+        if op == "all_reduce" and not group.crosses and device.kind in NVLS_DEVICES and nvls_eff:
+            add("nvls", 2 * a_up + nbytes * (1 + 1 / n) / (device.intra_node_gbps * nvls_eff * 1e9))
+    chosen = min(algos, key=lambda a: a.seconds).name
+    return Price(op, n, nbytes, tuple(algos), chosen, group)
+
+
+# -- sizes --------------------------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
+          "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40,
+          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of `text`: a number and a unit, `1GB` (10^9), `1GiB` or nccl-tests' `1G` (2^30), `256MB`, `4096`."""
+    t = text.strip().lower()
+    i = len(t)
+    while i and t[i - 1].isalpha():
+        i -= 1
+    number, unit = t[:i], t[i:]
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {text[i:]!r} in size {text!r}: B, KB, MB, GB, TB (powers of 10), "
+                         "KiB, MiB, GiB, TiB or nccl-tests' K, M, G, T (powers of 2)")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"size {text!r} is not a number and a unit (e.g. 1GB, 256MiB, 4096)") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"size {text!r} must be a positive number of bytes")
+    return max(1, int(round(value * _UNITS[unit])))
+
+
+# -- a file's cluster ---------------------------------------------------------------------------------------------
+
+
+def rows_of(axes: tuple, world: int, ranks: int | None = None, group: str | None = None) -> tuple:
+    """(rank rows, what they are) for `scalec network`: the first `ranks` ranks, every group named `group` of the
+    mesh `axes` (compiler/layout/groups.py: an axis, or a folded group such as `dp×cp`; ranks in mesh order, the
+    placement being the identity), or, with neither, all `world` ranks."""
+    from compiler.layout import groups as G
+    if group is not None:
+        found = {g.name: g for g in G.groups(axes)}
+        alias = group.replace("x", "×").replace("*", "×")
+        g = found.get(group) or found.get(alias)
+        if g is None:
+            raise ValueError(f"no group `{group}` in the mesh {' × '.join(f'{a} {n}' for a, n in axes)}: "
+                             f"its groups are {', '.join(found)}")
+        return g.rows(), f"each {g.name} group"
+    if ranks is not None:
+        if ranks > world:
+            raise ValueError(f"--ranks {ranks} is more than the cluster's {world} devices")
+        return (tuple(range(ranks)),), f"ranks 0-{ranks - 1}" if ranks > 1 else "rank 0"
+    return (tuple(range(world)),), "every rank"
+
+
+def price_on(cluster, op: str, nbytes: int, rows: tuple) -> Price:
+    """The slowest of the groups `rows` (each a rank list) for `op` of `nbytes` on `cluster` (its device, its
+    `fabric` and `topology` when it has them): the pace all of them keep when they run at once."""
+    fabric = getattr(cluster, "fabric", None)
+    worst, seen = None, {}
+    for row in rows:
+        g = span(cluster, tuple(row))
+        if g in seen:
+            continue
+        seen[g] = p = price(op, nbytes, g, cluster.device, fabric)
+        best = min(a.seconds for a in p.algorithms)
+        if worst is None or best > min(a.seconds for a in worst.algorithms):
+            worst = p
+    return worst
+
+
+def fabric_name(fabric) -> str:
+    if fabric is None:
+        return "ib (none written: InfiniBand assumed)"
+    return fabric if isinstance(fabric, str) else str(getattr(fabric, "kind", None) or getattr(fabric, "name", fabric))
