@@ -305,25 +305,15 @@ def _forced(args, compiled) -> None:
 
 
 def cmd_network(args) -> int:
-    from compiler.cost import network as N
-    from compiler.report.network import network_text
+    from compiler.report.network import network_output
     spec = check.check_path(args.file)
     sys.stderr.write(R.warnings_text(spec))
-    cluster = spec.cluster
     try:
-        rows, where = N.rows_of(spec.plan.axes, cluster.world_size, args.ranks, args.group)
-        price = N.price_on(cluster, args.op, N.parse_size(args.size), rows)
-        fabric = getattr(cluster, "fabric", None)
-        efficiency = N.fabric_efficiency(fabric)
+        sys.stdout.write(network_output(spec, args))
     except ValueError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
-    if args.json:
-        sys.stdout.write(R.json_text(price.json()))
-    else:
-        sys.stdout.write(network_text(price, where, N.fabric_name(fabric), efficiency))
     return 0
-
 
 def cmd_run(args) -> int:
     from compiler import codegen
@@ -445,6 +435,8 @@ def _network_command(sub) -> None:
                      "slowest of them")
     c.add_argument("--json", action="store_true", help='one object: {"op", "ranks", "bytes", "algorithms": [{"name", '
                    '"seconds", "algbw_gbps", "busbw_gbps", "tier"}, ...], "chosen"}')
+    c.add_argument("--measured", metavar="OUTPUT", help="nccl-tests' output of --op over these ranks: fit the "
+                   "fabric's NIC efficiency to its largest sizes and print the figure to put in the file")
     c.set_defaults(func=cmd_network)
 
 

@@ -259,3 +259,79 @@ def test_fabrics_ib_roce_and_a_measured_figure():
     assert busbw["measured"] / busbw["ib"] == pytest.approx(0.8 / N.FABRICS["ib"], rel=0.01)
     with pytest.raises(ValueError, match="unknown fabric"):
         N.fabric_efficiency("ethernet over carrier pigeon")
+
+
+# -- --measured: nccl-tests' output fitted ------------------------------------------------------------------------
+
+def _nccl_tests_output(rows, ranks: int = 16) -> str:
+    """all_reduce_perf's output as nccl-tests 2.x prints it: the ranks, the table header, a row per size."""
+    head = ["# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20",
+            "#", "# Using devices"]
+    head += [f"#  Rank {r:2d} Group  0 Pid {100 + r} on node{r // 8} device {r % 8} [0x18] NVIDIA H100 80GB HBM3"
+             for r in range(ranks)]
+    head += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+             "algbw   busbw #wrong", "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)"
+             "            (us)  (GB/s)  (GB/s)"]
+    body = [f"{size:12d} {size // 4:13d}     float     sum      -1 {t * 1e6:8.1f} {size / t / 1e9:7.2f} "
+            f"{size / t / 1e9 * 2 * (ranks - 1) / ranks:7.2f}      0 {t * 1e6:8.1f} {size / t / 1e9:7.2f} "
+            f"{size / t / 1e9 * 2 * (ranks - 1) / ranks:7.2f}      0" for size, t in rows]
+    return "\n".join(head + body + ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 300.0", ""])
+
+
+def _model_times(cluster, efficiency: float, sizes) -> list:
+    on = N.with_efficiency(cluster, efficiency)
+    rows = N.rows_of((("dp", 16),), 16)[0]
+    return [(s, N.price_on(on, "all_reduce", s, rows).algorithms[0].seconds) for s in sizes]  # the ring
+
+
+def test_measured_output_is_read_from_the_end_of_each_row():
+    ranks, rows = N.parse_nccl_tests(_nccl_tests_output([(2 ** 30, 0.005), (2 ** 31, 0.0099)]))
+    assert ranks == 16 and [r.bytes for r in rows] == [2 ** 30, 2 ** 31]
+    assert rows[0].seconds == pytest.approx(0.005) and rows[1].busbw_gbps == pytest.approx(
+        2 ** 31 / 0.0099 / 1e9 * 30 / 16, abs=0.01)
+    with pytest.raises(ValueError, match="no nccl-tests table"):
+        N.parse_nccl_tests("# nThread 1\nhello\n")
+
+
+def test_measured_fits_the_efficiency_a_run_reached(tmp_path, capsys):
+    """A ring run (NCCL_ALGO=Ring) at 0.85 of the NICs' line rate (the model's own ring times at 0.85, printed as
+    nccl-tests prints them) is fitted back to 0.85, the figure printed to put in the file."""
+    path = _cluster_file(tmp_path, 2)
+    spec = check.check_path(str(path))
+    sizes = [2 ** k for k in range(24, 34)]  # 16 MiB .. 8 GiB: the fit reads the largest (>= 1 GiB)
+    out = tmp_path / "all_reduce_perf.txt"
+    out.write_text(_nccl_tests_output(_model_times(spec.cluster, 0.85, sizes)))
+    code, text, err = _run(capsys, path, "--measured", out)
+    assert code == 0, err
+    assert "The figure to put in the file, as the fabric's efficiency in the mesh section: 0.850" in text
+    got = _json(capsys, path, "--measured", out)
+    assert got["fabric_efficiency"] == pytest.approx(0.85, abs=2e-3) and got["ranks"] == 16
+    assert [r["bytes"] for r in got["rows"]] == sizes[-4:]
+    for r in got["rows"]:
+        assert r["model_busbw_gbps"] == pytest.approx(r["measured_busbw_gbps"], rel=0.01)
+
+
+def test_measured_refusals(tmp_path, capsys):
+    path = _cluster_file(tmp_path, 2)
+    spec = check.check_path(str(path))
+    fast = tmp_path / "tree.txt"  # twice what a ring on the NICs could carry: NVLSTree on two nodes
+    fast.write_text(_nccl_tests_output([(s, t / 2) for s, t in _model_times(spec.cluster, 1.0, [2 ** 33])]))
+    code, out, err = _run(capsys, path, "--measured", fast)
+    assert code == 2 and "NCCL_ALGO=Ring" in err
+    code, out, err = _run(capsys, path, "--measured", fast, "--ranks", "8")
+    assert code == 2 and "lists 16 ranks" in err
+    one_node = tmp_path / "one_node.txt"
+    one_node.write_text(_nccl_tests_output([(2 ** 30, 0.004)], ranks=8))
+    code, out, err = _run(capsys, SAMPLE, "--measured", one_node)
+    assert code == 2 and "inside one scale-up domain" in err
+    code, out, err = _run(capsys, SAMPLE, "--measured", tmp_path / "absent.txt")
+    assert code == 1 and "cannot read" in err
+
+
+def test_a_group_of_one_rank_is_refused(tmp_path, capsys):
+    code, out, err = _run(capsys, SAMPLE, "--ranks", "1")
+    assert code == 2 and "--ranks 1: a collective over one rank moves nothing" in err
+    path = tmp_path / "pp1.scale"
+    path.write_text(SAMPLE.read_text().replace("  axis dp = 8\n", "  axis pp = 1\n  axis dp = 8\n"))
+    code, out, err = _run(capsys, path, "--group", "pp")
+    assert code == 2 and "the pp groups hold one rank each" in err, err

@@ -247,12 +247,20 @@ def rows_of(axes: tuple, world: int, ranks: int | None = None, group: str | None
         if g is None:
             raise ValueError(f"no group `{group}` in the mesh {' × '.join(f'{a} {n}' for a, n in axes)}: "
                              f"its groups are {', '.join(found)}")
+        _at_least_two(g.rows(), f"the {g.name} groups hold one rank each")
         return g.rows(), f"each {g.name} group"
     if ranks is not None:
         if ranks > world:
             raise ValueError(f"--ranks {ranks} is more than the cluster's {world} devices")
-        return (tuple(range(ranks)),), f"ranks 0-{ranks - 1}" if ranks > 1 else "rank 0"
+        _at_least_two(((0,) * ranks,), f"--ranks {ranks}")
+        return (tuple(range(ranks)),), f"ranks 0-{ranks - 1}"
+    _at_least_two(((0,) * world,), "the cluster has one device")
     return (tuple(range(world)),), "every rank"
+
+
+def _at_least_two(rows: tuple, where: str) -> None:
+    if len(rows[0]) < 2:
+        raise ValueError(f"{where}: a collective over one rank moves nothing")
 
 
 def price_on(cluster, op: str, nbytes: int, rows: tuple) -> Price:
@@ -275,3 +283,97 @@ def fabric_name(fabric) -> str:
     if fabric is None:
         return "ib (none written: InfiniBand assumed)"
     return fabric if isinstance(fabric, str) else str(getattr(fabric, "kind", None) or getattr(fabric, "name", fabric))
+
+
+# -- a measurement: nccl-tests' output --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A fabric with its own NIC efficiency (a measured figure)."""
+
+    kind: str
+    efficiency: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One row of nccl-tests' table: the size S (bytes), its out-of-place time (s), algbw and busbw (GB/s)."""
+
+    bytes: int
+    seconds: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+def parse_nccl_tests(text: str) -> tuple:
+    """(ranks, rows) of an nccl-tests run's output (all_reduce_perf and its siblings): the ranks its `#  Rank  N`
+    lines list (0 when it prints none), and each row of its table, read from the end of the line (time, algbw,
+    busbw, #wrong out of place, then the same in place), so that the columns before (count, type, redop, root)
+    may be absent. A file with no such row is refused (ValueError)."""
+    ranks, rows = 0, []
+    for line in text.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "#":
+            ranks += len(words) > 2 and words[1] == "Rank" and words[2].isdigit()
+            continue
+        if not words[0].isdigit() or len(words) < 9:
+            continue
+        try:
+            time_us, algbw, busbw = float(words[-8]), float(words[-7]), float(words[-6])
+        except ValueError:
+            continue
+        if time_us > 0 and int(words[0]) > 0:
+            rows.append(Measured(int(words[0]), time_us * 1e-6, algbw, busbw))
+    if not rows:
+        raise ValueError("no nccl-tests table found (rows of size, count, type, ..., time, algbw, busbw, #wrong, "
+                         "twice): give the output of all_reduce_perf or a sibling")
+    return ranks, tuple(rows)
+
+
+def fit_efficiency(cluster, op: str, rows: tuple, group_rows: tuple) -> tuple:
+    """(efficiency, rows used): the fabric's NIC efficiency at which the model's ring (the one algorithm of
+    all_to_all and send/recv) takes the measured time for the largest measured sizes (those of at least an eighth of
+    the largest: the bandwidth regime), the mean log ratio zero, found by bisection on (0, 1] (the ring's time falls
+    as the efficiency grows). The ring, because it is what the NICs pace: NVIDIA benchmarks a fabric with
+    NCCL_ALGO=Ring (nccl-tests#290, #309; nccl#812), a tree on two nodes being paced by NVLink as much as by the
+    NICs. Refused (ValueError) where the NICs do not set the pace (ranks inside one scale-up domain) or where no
+    efficiency up to 1 is fast enough (NCCL ran a tree or NVLSTree: measure with NCCL_ALGO=Ring)."""
+    largest = max(r.bytes for r in rows)
+    used = tuple(r for r in rows if r.bytes * 8 >= largest)
+
+    def error(e: float) -> float:
+        on = with_efficiency(cluster, e)
+        return sum(math.log(price_on(on, op, r.bytes, group_rows).algorithms[0].seconds / r.seconds)
+                   for r in used) / len(used)
+
+    if abs(error(0.5) - error(1.0)) < 1e-9:
+        raise ValueError("these ranks stay inside one scale-up domain: their times say nothing of the fabric's NICs "
+                         "(measure across nodes)")
+    if error(1.0) > 0:
+        raise ValueError("the measurement is faster than the model's ring at any NIC efficiency up to 1: NCCL ran a "
+                         "tree or NVLSTree (on two nodes it does); measure with NCCL_ALGO=Ring")
+    lo, hi = 1e-3, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if error(mid) > 0 else (lo, mid)
+    return (lo + hi) / 2, used
+
+
+class _WithFabric:
+    """A Cluster seen with another fabric (the Cluster's own class may not have the field yet)."""
+
+    def __init__(self, cluster, fabric):
+        self._cluster, self.fabric = cluster, fabric
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+
+def with_efficiency(cluster, efficiency: float):
+    """`cluster` with its fabric's NIC efficiency replaced by `efficiency` (a measured figure), its kind kept."""
+    kind = fabric_name(getattr(cluster, "fabric", None)).split()[0]
+    return _WithFabric(cluster, Fabric(kind, efficiency))

@@ -38,3 +38,50 @@ def network_text(price, where: str, fabric: str, efficiency: float) -> str:
                      f"{a.tier}")
     lines += ["", f"NCCL would pick: {price.chosen} (the fastest of those it could use)", LIMITS]
     return "\n".join(lines) + "\n"
+
+
+def network_output(spec, args) -> str:
+    """What `scalec network` prints for `spec` (its Cluster and the mesh's axes) and the command's `args` (op, size,
+    ranks, group, json, measured). A bad value is a ValueError, its message for the user."""
+    import json
+
+    from compiler.cost import network as N
+    cluster = spec.cluster
+    fabric = getattr(cluster, "fabric", None)
+    if args.measured:
+        with open(args.measured, encoding="utf-8") as f:
+            listed, rows = N.parse_nccl_tests(f.read())
+        ranks = args.ranks if args.ranks or args.group else listed or None
+        group_rows, where = N.rows_of(spec.plan.axes, cluster.world_size, ranks, args.group)
+        n = len(group_rows[0])
+        if listed and listed != n:
+            raise ValueError(f"the measurement lists {listed} ranks, {where} hold {n}: give --ranks {listed}")
+        efficiency, used = N.fit_efficiency(cluster, args.op, rows, group_rows)
+        fitted = N.with_efficiency(cluster, efficiency)
+        model = [N.price_on(fitted, args.op, r.bytes, group_rows) for r in used]
+        if args.json:
+            return json.dumps({"op": args.op, "ranks": n, "fabric_efficiency": round(efficiency, 4),
+                               "stored_efficiency": N.fabric_efficiency(fabric),
+                               "rows": [{"bytes": r.bytes, "measured_busbw_gbps": r.busbw_gbps,
+                                         "model_busbw_gbps": p.algorithms[0].busbw_gbps}
+                                        for r, p in zip(used, model)]}, indent=1) + "\n"
+        return measured_text(args.op, n, where, used, model, efficiency, N.fabric_name(fabric),
+                             N.fabric_efficiency(fabric))
+    rows, where = N.rows_of(spec.plan.axes, cluster.world_size, args.ranks, args.group)
+    price = N.price_on(cluster, args.op, N.parse_size(args.size), rows)
+    if args.json:
+        return json.dumps(price.json(), indent=1) + "\n"
+    return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric))
+
+
+def measured_text(op: str, n: int, where: str, used: tuple, model: list, efficiency: float, fabric: str,
+                  stored: float) -> str:
+    """`scalec network --measured`: the fitted NIC efficiency, and the rows it was fitted to against the model."""
+    lines = [f"{op} measured over {n} ranks ({where}): the {len(used)} largest sizes (the bandwidth regime) fitted",
+             "", f"  {'size':>10} {'measured busbw':>15} {'model busbw':>12}  algorithm"]
+    for r, p in zip(used, model):
+        fitted = p.algorithms[0]
+        lines.append(f"  {_size(r.bytes):>10} {r.busbw_gbps:>15.1f} {fitted.busbw_gbps:>12.1f}  {fitted.name}")
+    lines += ["", f"The fabric's NICs reach {efficiency:.3f} of their line rate (stored for {fabric.split()[0]}: {stored:.3g}).",
+              f"The figure to put in the file, as the fabric's efficiency in the mesh section: {efficiency:.3f}"]
+    return "\n".join(lines) + "\n"
