@@ -335,3 +335,16 @@ def test_a_group_of_one_rank_is_refused(tmp_path, capsys):
     path.write_text(SAMPLE.read_text().replace("  axis dp = 8\n", "  axis pp = 1\n  axis dp = 8\n"))
     code, out, err = _run(capsys, path, "--group", "pp")
     assert code == 2 and "the pp groups hold one rank each" in err, err
+
+
+def test_an_nvlink_domain_wider_than_a_node():
+    """GB200 NVL72 (NVIDIA's datasheet: 72 GPUs in one NVLink domain, trays of 4): 72 ranks over 18 nodes stay on
+    NVLink and all-reduce with NVLS; 144 cross the network between two domains."""
+    spec = check.check_path(str(SAMPLE))
+    gb200 = dataclasses.replace(spec.cluster.device, kind="gb200", intra_node_gbps=900.0)
+    cluster = _Cluster(36, 4, gb200, FatTree(nodes_per_leaf=36, oversubscription=1, scale_up=72))
+    inside = N.price_on(cluster, "all_reduce", 2 ** 33, (tuple(range(72)),))
+    assert inside.group.tier == "scale_up" and inside.group.per_domain == 72 and inside.chosen == "nvls"
+    across = N.price_on(cluster, "all_reduce", 2 ** 33, (tuple(range(144)),))
+    assert across.group.tier == "leaf" and across.group.domains == 2 and "nvls" not in {
+        a.name for a in across.algorithms}
