@@ -348,3 +348,13 @@ def test_an_nvlink_domain_wider_than_a_node():
     across = N.price_on(cluster, "all_reduce", 2 ** 33, (tuple(range(144)),))
     assert across.group.tier == "leaf" and across.group.domains == 2 and "nvls" not in {
         a.name for a in across.algorithms}
+
+
+def test_ranks_spread_unevenly_over_nodes(tmp_path, capsys):
+    """12 ranks on nodes of 8: 8 on one, 4 on the other. They cross nodes, and the node holding 4 has 4 NICs for
+    what a ring sends out of it: busbw 4 × 47."""
+    got = _json(capsys, _cluster_file(tmp_path, 2), "--ranks", "12", "--size", "8G")
+    ring = _algo(got, "ring")
+    assert ring["tier"] == "inter_node" and 180 <= ring["busbw_gbps"] <= 188
+    code, out, _ = _run(capsys, _cluster_file(tmp_path, 2), "--ranks", "12")
+    assert "4-8 per scale-up domain" in out

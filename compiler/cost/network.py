@@ -86,16 +86,17 @@ class GroupSpan:
 
     ranks: int
     per_domain: int
-    """The group's ranks in one scale-up domain (NVLink: a node, or `scale_up` devices)."""
+    """The group's ranks in a scale-up domain (NVLink: a node, or `scale_up` devices); the fewest in any, where the
+    ranks are spread unevenly: that domain's NICs carry as much as any other's."""
     tier: str
     """The slowest level a ring over the ranks crosses: a topology level (`scale_up`, `leaf`, `top`, ...) or, with no
     topology, `intra_node` / `inter_node`."""
     share: float = 1.0
     """The per-device share of the NIC's bandwidth on that level when every rank crosses it at once."""
-
-    @property
-    def domains(self) -> int:
-        return self.ranks // self.per_domain
+    domains: int = 1
+    """The scale-up domains the ranks are in."""
+    most: int = 0
+    """The most of the group's ranks in one domain (0: `per_domain`, an even spread)."""
 
     @property
     def crosses(self) -> bool:
@@ -148,21 +149,22 @@ def span(cluster, ranks: tuple) -> GroupSpan:
     (`getattr(cluster, "topology", None)`), else the Cluster's two tiers."""
     per_node = cluster.devices_per_node
     topology = getattr(cluster, "topology", None)
+    su = per_node if topology is None else topology.scale_up_devices(per_node)
+    counts = {}
+    for r in ranks:
+        counts[r // su] = counts.get(r // su, 0) + 1
+    fewest, most = min(counts.values()), max(counts.values())
+    spread = dict(per_domain=fewest, domains=len(counts), most=most if most != fewest else 0)
     if topology is None:
-        nodes = {r // per_node for r in ranks}
-        per = max(sum(1 for r in ranks if r // per_node == v) for v in nodes)
-        return GroupSpan(len(ranks), per, "inter_node" if len(nodes) > 1 else "intra_node")
-    su = topology.scale_up_devices(per_node)
-    domains = {r // su for r in ranks}
-    per = max(sum(1 for r in ranks if r // su == d) for d in domains)
+        return GroupSpan(len(ranks), tier="inter_node" if len(counts) > 1 else "intra_node", **spread)
     worst = None
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         if a != b:
             c = topology.crossing(a, b, per_node)
             worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
     if worst is None:
-        return GroupSpan(len(ranks), per, "scale_up")
-    return GroupSpan(len(ranks), per, worst.name, worst.share)
+        return GroupSpan(len(ranks), tier="scale_up", **spread)
+    return GroupSpan(len(ranks), tier=worst.name, share=worst.share, **spread)
 
 
 def price(op: str, nbytes: int, group: GroupSpan, device, fabric=None) -> Price:
@@ -176,7 +178,7 @@ def price(op: str, nbytes: int, group: GroupSpan, device, fabric=None) -> Price:
     net = device.inter_node_gbps * fabric_efficiency(fabric) * group.share * 1e9
     a_up, a_net = device.intra_node_latency_us * 1e-6, device.inter_node_latency_us * 1e-6
     alpha = a_net if group.crosses else a_up
-    k = group.per_domain
+    k, most = group.per_domain, group.most or group.per_domain
     algos = []
 
     def add(name: str, seconds: float) -> None:
@@ -189,17 +191,17 @@ def price(op: str, nbytes: int, group: GroupSpan, device, fabric=None) -> Price:
     if op == "send_recv":  # each rank sends S to the next: the slowest pair sets the pace
         add("p2p", alpha + nbytes / (net if group.crosses else up))
     elif op == "all_to_all":  # each rank sends S/n to every other: (k-1)/n of S inside its domain, (n-k)/n out
-        inside = nbytes * (k - 1) / n / up
+        inside = nbytes * (most - 1) / n / up
         outside = nbytes * (n - k) / n / net if group.crosses else 0.0
         add("p2p", (n - 1) * alpha + max(inside, outside))
     else:
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        busbw = up if not group.crosses else min(k * net, up * k / (k - 1) if k > 1 else math.inf)
+        busbw = up if not group.crosses else min(k * net, up * most / (most - 1) if most > 1 else math.inf)
         add("ring", steps * alpha + bus_factor(op, n) * nbytes / busbw)
         if op == "all_reduce" and group.crosses:
             m = group.domains
-            algbw = min(k * net / (1 if m == 2 else 2), up / 2 if k > 1 else math.inf)
-            add("tree", 2 * math.ceil(math.log2(m)) * a_net + 2 * (k - 1) * a_up + nbytes / algbw)
+            algbw = min(k * net / (1 if m == 2 else 2), up / 2 if most > 1 else math.inf)
+            add("tree", 2 * math.ceil(math.log2(m)) * a_net + 2 * (most - 1) * a_up + nbytes / algbw)
         if op == "all_reduce" and not group.crosses and device.kind in NVLS_DEVICES and nvls_eff:
             add("nvls", 2 * a_up + nbytes * (1 + 1 / n) / (device.intra_node_gbps * nvls_eff * 1e9))
     chosen = min(algos, key=lambda a: a.seconds).name

@@ -28,7 +28,7 @@ def network_text(price, where: str, fabric: str, efficiency: float) -> str:
     g = price.group
     share = f", {g.share:.3g} of the NIC's bandwidth per device there" if g.share != 1 else ""
     lines = [f"{price.op} of {_size(price.bytes)} ({price.bytes} bytes) over {price.ranks} ranks ({where}): "
-             f"{g.per_domain} per scale-up domain, crossing {g.tier}{share}",
+             f"{g.per_domain}{f'-{g.most}' if g.most else ''} per scale-up domain, crossing {g.tier}{share}",
              f"fabric {fabric}: NICs at {efficiency:.3g} of their line rate",
              "",
              f"  {'algorithm':<10} {'time':>12} {'algbw GB/s':>11} {'busbw GB/s':>11}  tier"]
