@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.layout.placement import ring_edges
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 # Fraction of a device's NVLink figure (compiler/layout/devices.py intra_node_gbps, one direction) that NCCL's
@@ -157,11 +159,10 @@ def span(cluster, ranks: tuple) -> GroupSpan:
     spread = dict(per_domain=fewest, domains=len(counts), most=most if most != fewest else 0)
     if topology is None:
         return GroupSpan(len(ranks), tier="inter_node" if len(counts) > 1 else "intra_node", **spread)
-    worst = None
-    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
-        if a != b:
-            c = topology.crossing(a, b, per_node)
-            worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
+    worst = None  # as compiler/layout/placement.py's group_crossing: the ring's slowest step, least share first
+    for a, b in ring_edges((tuple(ranks),)):
+        c = topology.crossing(a, b, per_node)
+        worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
     if worst is None:
         return GroupSpan(len(ranks), tier="scale_up", **spread)
     return GroupSpan(len(ranks), tier=worst.name, share=worst.share, **spread)
