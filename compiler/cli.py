@@ -6,7 +6,7 @@
   scalec compile FILE [-o DIR]   write DIR (default build/<model name>): program.py, plan.json, launch.sh
   scalec search FILE [-o BEST]   the fastest plans for FILE's model on its cluster, with reasons (--html OUT too)
   scalec network FILE            what one collective reaches on FILE's cluster, per NCCL algorithm (--op, --size,
-                                 --ranks N or --group dp, --json)
+                                 --ranks N or --group dp, --json; --measured OUTPUT fits nccl-tests' output)
   scalec reshard OLD NEW         before resuming OLD's checkpoint on NEW's plan: each tensor's pieces under both
                                  plans and the bytes each rank of NEW reads; refused when the models differ
   scalec import CONFIG [-o FILE] the .scale model section of a Hugging Face config.json (Llama, Mistral, Qwen 2,
@@ -315,6 +315,7 @@ def cmd_network(args) -> int:
         return 2
     return 0
 
+
 def cmd_run(args) -> int:
     from compiler import codegen
     try:
@@ -427,7 +428,7 @@ def _network_command(sub) -> None:
                                    "The network).")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
-    c.add_argument("--size", default="1GB", metavar="BYTES",
+    c.add_argument("--size", metavar="BYTES",
                    help="the buffer, nccl-tests' size: 1GB (10^9), 1GiB or 1G (2^30), 256MB, 4096 (default 1GB)")
     who = c.add_mutually_exclusive_group()
     who.add_argument("--ranks", type=_positive_int, metavar="N", help="the first N ranks (default: every rank)")
@@ -438,7 +439,6 @@ def _network_command(sub) -> None:
     c.add_argument("--measured", metavar="OUTPUT", help="nccl-tests' output of --op over these ranks: fit the "
                    "fabric's NIC efficiency to its largest sizes and print the figure to put in the file")
     c.set_defaults(func=cmd_network)
-
 
 
 def _run_commands(sub) -> None:

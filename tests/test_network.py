@@ -324,6 +324,8 @@ def test_measured_refusals(tmp_path, capsys):
     one_node.write_text(_nccl_tests_output([(2 ** 30, 0.004)], ranks=8))
     code, out, err = _run(capsys, SAMPLE, "--measured", one_node)
     assert code == 2 and "inside one scale-up domain" in err
+    code, out, err = _run(capsys, path, "--measured", fast, "--size", "1GB")
+    assert code == 2 and "--size with --measured" in err
     code, out, err = _run(capsys, SAMPLE, "--measured", tmp_path / "absent.txt")
     assert code == 1 and "cannot read" in err
 

@@ -48,6 +48,8 @@ def network_output(spec, args) -> str:
     from compiler.cost import network as N
     cluster = spec.cluster
     fabric = getattr(cluster, "fabric", None)
+    if args.measured and args.size:
+        raise ValueError("--size with --measured: the sizes are the measurement's (drop --size)")
     if args.measured:
         with open(args.measured, encoding="utf-8") as f:
             listed, rows = N.parse_nccl_tests(f.read())
@@ -68,7 +70,7 @@ def network_output(spec, args) -> str:
         return measured_text(args.op, n, where, used, model, efficiency, N.fabric_name(fabric),
                              N.fabric_efficiency(fabric))
     rows, where = N.rows_of(spec.plan.axes, cluster.world_size, args.ranks, args.group)
-    price = N.price_on(cluster, args.op, N.parse_size(args.size), rows)
+    price = N.price_on(cluster, args.op, N.parse_size(args.size or "1GB"), rows)
     if args.json:
         return json.dumps(price.json(), indent=1) + "\n"
     return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric))
