@@ -360,3 +360,12 @@ def test_ranks_spread_unevenly_over_nodes(tmp_path, capsys):
     assert ring["tier"] == "inter_node" and 180 <= ring["busbw_gbps"] <= 188
     code, out, _ = _run(capsys, _cluster_file(tmp_path, 2), "--ranks", "12")
     assert "4-8 per scale-up domain" in out
+
+
+def test_h800_and_cpu(capsys):
+    """H800: devices.py's 160 GB/s NVLink is DeepSeek-V3's planned (reached) figure, so the ring reaches it; on CPU
+    the output says the program runs gloo."""
+    got = _json(capsys, ROOT / "samples" / "deepseek_v3.scale", "--ranks", "8", "--size", "8G")
+    assert _algo(got, "ring")["busbw_gbps"] == pytest.approx(160, rel=0.01) and got["chosen"] == "nvls"
+    code, out, _ = _run(capsys, ROOT / "samples" / "gpt_dp.scale")
+    assert code == 0 and "gloo, not NCCL" in out

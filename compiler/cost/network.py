@@ -52,11 +52,13 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 # - H100 NVLS: 8 GPUs reach busbw ~480, algbw ~275 (nccl-tests#212, nccl#2140): 275 × (1 + 1/8) / 450 = 0.6875.
 #   The (1 + 1/n) form then gives algbw 258, 265, 270, 275 on 5-8 GPUs, the figures measured in nccl#1455; on 2-4
 #   the ring is faster, as measured there.
+# - H800: devices.py's 160 GB/s is what DeepSeek-V3's report plans with (§3.2.1), already a reached figure: ring
+#   1.0. NVLS: 8 H800 reached busbw 215 GB/s (a user's run, nccl#1374): algbw 122.9 × 9/8 / 160 = 0.864.
 # - B200/GB200 (NVLink 5, 900 GB/s one way): B300's 8-GPU figures in nccl#2140 (ring busbw 695, NVLS algbw 483):
 #   695 / 900 = 0.772, 483 × 9/8 / 900 = 0.604. B200 shares B300's NVLink; not measured on B200 itself.
 # - A100: ~230 GB/s busbw on a DGX A100 (compiler/layout/devices.py's note; nccl-tests#175: 232.5): 230/300 = 0.77.
 # - other kinds (cpu, a device given by its figures): 1.0, the figure taken as reached.
-NVLINK = {"a100": (0.77, 0.0), "h100": (0.822, 0.6875), "h200": (0.822, 0.6875), "h800": (0.822, 0.6875),
+NVLINK = {"a100": (0.77, 0.0), "h100": (0.822, 0.6875), "h200": (0.822, 0.6875), "h800": (1.0, 0.864),
           "b200": (0.772, 0.604), "gb200": (0.772, 0.604)}
 
 # Fraction of the NIC's line rate (devices.py inter_node_gbps) NCCL reaches per NIC.

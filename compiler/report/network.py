@@ -22,9 +22,9 @@ def _seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
-def network_text(price, where: str, fabric: str, efficiency: float) -> str:
+def network_text(price, where: str, fabric: str, efficiency: float, device: str = "") -> str:
     """The table of `price` (compiler.cost.network.Price); `where` says which ranks (a group, the first N), `fabric`
-    and `efficiency` the NIC figure used."""
+    and `efficiency` the NIC figure used, `device` the device's kind."""
     g = price.group
     share = f", {g.share:.3g} of the NIC's bandwidth per device there" if g.share != 1 else ""
     lines = [f"{price.op} of {_size(price.bytes)} ({price.bytes} bytes) over {price.ranks} ranks ({where}): "
@@ -37,6 +37,8 @@ def network_text(price, where: str, fabric: str, efficiency: float) -> str:
         lines.append(f"{mark} {a.name:<10} {_seconds(a.seconds):>12} {a.algbw_gbps:>11.1f} {a.busbw_gbps:>11.1f}  "
                      f"{a.tier}")
     lines += ["", f"NCCL would pick: {price.chosen} (the fastest of those it could use)", LIMITS]
+    if device == "cpu":
+        lines.append("On CPU the program runs gloo, not NCCL: its ring at the device's measured figures.")
     return "\n".join(lines) + "\n"
 
 
@@ -73,7 +75,7 @@ def network_output(spec, args) -> str:
     price = N.price_on(cluster, args.op, N.parse_size(args.size or "1GB"), rows)
     if args.json:
         return json.dumps(price.json(), indent=1) + "\n"
-    return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric))
+    return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric), cluster.device.kind)
 
 
 def measured_text(op: str, n: int, where: str, used: tuple, model: list, efficiency: float, fabric: str,
