@@ -3,11 +3,16 @@
 A group's link is the tier the Cluster says it crosses (compiler/layout/cluster.py `Cluster.tier` of a group of
 compiler/layout/groups.py: inside a node at the device's figure × its intra-node efficiency, across nodes at the
 inter-node figure); a collective on it is costed with an alpha-beta model of its algorithm (`collective_s`).
+
+Where the mesh section describes the network (a `topology` or a `fabric`), each link carries its group's span
+instead (compiler/cost/network.py `GroupSpan`: the slowest level its rings cross, oversubscription included, on
+the mesh's own rank order) and a collective is priced as NCCL's fastest algorithm there (`network.price`: ring,
+tree, NVLS); a file that describes neither is priced as before.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compiler.layout import cluster as CL
 from compiler.layout import groups as G
@@ -25,6 +30,10 @@ class Link:
     crosses_nodes: bool
     gbps: float          # per-device bandwidth, one direction
     latency_us: float    # per algorithm step
+    network: tuple | None = field(default=None, compare=False)
+    """(GroupSpan, device, fabric) where the cluster describes its network: collective_s prices by network.price."""
+    tier: str = ""
+    """The level the group's traffic crosses, where the cluster describes its network (GroupSpan.tier)."""
 
     def describe(self) -> str:
         where = "crosses nodes" if self.crosses_nodes else "inside a node"
@@ -55,11 +64,33 @@ def _links(axes: tuple, cluster: CL.Cluster) -> dict:
     if world != cluster.world_size:
         raise ValueError(f"plan axes {axes} hold {world} devices, the cluster {cluster.world_size} "
                          f"({cluster.nodes} × {cluster.devices_per_node})")
-    out = {}
-    for g in G.groups(axes):
+    out, groups = {}, G.groups(axes)
+    for g in groups:
         crosses, tier = cluster.crosses(g), cluster.tier(g)
         out[g.name] = Link(g.name, g.size, crosses, tier.gbps, tier.latency_us)
+    if getattr(cluster, "topology", None) is not None or getattr(cluster, "fabric", None) is not None:
+        out = {name: _on_network(link, G.expand(groups[name].pattern, world), cluster)
+               for name, link in out.items()}
     return out
+
+
+def _on_network(link: Link, rows: list, cluster) -> Link:
+    """`link` priced on the described network: the span of its slowest group (network.price_on's choice, by the
+    time of a reference collective), its tier and its effective bandwidth for the plan's words."""
+    from compiler.cost import network as NET
+    if link.size <= 1:
+        return link
+    fabric = getattr(cluster, "fabric", None)
+    spans = {NET.span(cluster, tuple(row)) for row in rows}
+    ref = 2 ** 30  # a 1 GiB all-reduce: the large-message regime the step's big collectives are in
+    worst = max(spans, key=lambda sp: min(a.seconds for a in
+                                          NET.price("all_reduce", ref, sp, cluster.device, fabric).algorithms))
+    best = min(NET.price("all_reduce", ref, worst, cluster.device, fabric).algorithms, key=lambda a: a.seconds)
+    return Link(link.axis, link.size, worst.crosses, best.busbw_gbps, link.latency_us,
+                network=(worst, cluster.device, fabric), tier=worst.tier)
+
+
+_NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")  # network.OPS
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:
@@ -73,6 +104,10 @@ def collective_s(op: str, nbytes: float, link: Link) -> float:
     n = link.size
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if link.network is not None and op in _NETWORK_OPS:
+        from compiler.cost import network as NET
+        span, device, fabric = link.network
+        return min(a.seconds for a in NET.price(op, nbytes, span, device, fabric).algorithms)
     beta = 1.0 / (link.gbps * 1e9)
     alpha = link.latency_us * 1e-6
     if op == "all_reduce":

@@ -167,7 +167,11 @@ def bubble_fraction(ranks) -> float:
 
 def _figures(link) -> tuple | None:
     """What a Link is, as a tuple (cheaper to hash than the dataclass, which hashes its fields each time)."""
-    return None if link is None else (link.size, link.crosses_nodes, link.gbps, link.latency_us)
+    if link is None:
+        return None
+    net = link.network
+    return (link.size, link.crosses_nodes, link.gbps, link.latency_us,
+            None if net is None else (net[0], id(net[1]), str(net[2])))
 
 
 class Simulator:
