@@ -155,7 +155,7 @@ def _ratio_problems(values: tuple, count: int, name: str = "oversubscription") -
                            f"give one ratio per level above the first ({count})"))
     for i, o in enumerate(values):
         if not o >= 1:
-            out.append(Problem(name, f"ratio {o} at level {i + 1} is below 1 (1 is non-blocking, 7 is 1:7)",
+            out.append(Problem(name, f"ratio {o:g} at level {i + 1} is below 1 (1 is non-blocking, 7 is 1:7)",
                                "write oversubscription as down:up bandwidth, at least 1"))
     return out
 
