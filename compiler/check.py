@@ -317,15 +317,15 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
-    topology = network_checks.network(c, s, s["nodes"], s["devices_per_node"])
-    if topology is False:
-        return None
-    cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"], topology=topology)
+    topology = network_checks.network(c, s, s["nodes"], s["devices_per_node"])  # False: refused, reported
+    cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"], topology=topology or None)
     written = s["_spans"].get("placement")
     mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans, s["placement"], span_of(written))
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
         # an order(...) names the axes written, which the search replaces: only `auto` carries over
         network_checks.no_effect(c, s, cluster, (), None)
+        if topology is False:
+            return None
         return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={},
                                    placement="auto" if s["placement"] == "auto" else None)
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
@@ -342,7 +342,7 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
                 help=f"nodes × devices_per_node = {mesh.cluster.nodes} × {mesh.cluster.devices_per_node} = "
                      f"{mesh.world_size}; make the product of the axes equal it{folded}")
         return None
-    if not network_checks.placement_checks(c, written, s["placement"], mesh.axes):
+    if not network_checks.placement_checks(c, written, s["placement"], mesh.axes) or topology is False:
         return None
     network_checks.no_effect(c, s, cluster, mesh.axes, s["placement"])
     lints.tp_placement(c, mesh)

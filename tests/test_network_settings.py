@@ -198,3 +198,11 @@ def test_blackwell_devices_and_their_overrides(kind):
                       "a.scale").cluster.device
     assert (over.peak_tflops, over.memory_gb) == (2000.0, 192.0)
     assert dataclasses.replace(over, peak_tflops=device.peak_tflops, memory_gb=device.memory_gb) == device
+
+
+def test_a_refused_topology_does_not_hide_the_other_mesh_errors_nor_enumerate_a_huge_cluster():
+    """Collect, then report: a pod that does not divide 10^12 + 39 nodes (a prime: its hint is found from the
+    divisors up to a bound, not by counting to it) and axes that do not hold the machines, both in one run."""
+    errors = _errors("  axis dp = 8  nodes = 1000000000039  devices_per_node = 8\n"
+                     "  topology = fat_tree(nodes_per_leaf = 1, nodes_per_pod = 1000)")
+    assert [c for c, *_ in errors] == ["E0320", "E0301"]

@@ -167,8 +167,13 @@ def _divides(field: str, part: int, whole: int, what: str, whole_name: str) -> l
     return []
 
 
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+def _divisors(n: int, scan: int = 10**5) -> list:
+    """n's divisors in order, found from those up to min(√n, scan) and their complements: every divisor of an n up
+    to scan², and a hint's worth of a larger one (a mesh section's `nodes = 1e12` is checked, not enumerated)."""
+    if n < 1:
+        return []
+    small = [d for d in range(1, min(math.isqrt(n), scan) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 def _ratios(value, count: int) -> tuple:
