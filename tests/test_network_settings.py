@@ -120,6 +120,11 @@ def test_a_topology_conf_that_is_no_tree_is_refused_at_the_call_naming_its_lines
      [("E0320", "0.14", "ratio 0.14 at level 1 is below 1 (1 is non-blocking, 7 is 1:7)")]),
     ("nodes = 6  topology = fat_tree(nodes_per_leaf = 2, oversubscription = (1, 7))",
      [("E0320", "(1, 7)", "2 ratios given for 1 uplink levels")]),
+    ("nodes = 6  topology = dragonfly(groups = 2, nodes_per_group = 3, nodes_per_switch = 2)",
+     [("E0320", "2)", "a switch of 2 nodes does not divide the 3 nodes of a group")]),
+    ("nodes = 6  topology = rail_optimized(nodes_per_group = 3, nodes_per_pod = 4)",
+     [("E0320", "3,", "a rail group of 3 nodes does not divide the 4 nodes of a pod"),
+      ("E0320", "4)", "a pod of 4 nodes does not divide the 6 nodes")]),
     # an NVL72 domain over single-device nodes spans 72 of them: at scale_up
     ("nodes = 6  scale_up = 72", [("E0320", "72", "a scale-up domain spans 72 nodes, which does not divide the "
                                                   "6 nodes")]),
@@ -206,3 +211,13 @@ def test_a_refused_topology_does_not_hide_the_other_mesh_errors_nor_enumerate_a_
     errors = _errors("  axis dp = 8  nodes = 1000000000039  devices_per_node = 8\n"
                      "  topology = fat_tree(nodes_per_leaf = 1, nodes_per_pod = 1000)")
     assert [c for c, *_ in errors] == ["E0320", "E0301"]
+
+
+def test_a_topology_conf_of_other_nodes_is_refused_at_the_call(tmp_path):
+    """A valid tree of 4 nodes for a cluster of 6, and two trees with no switch joining them."""
+    (tmp_path / "topology.conf").write_text("SwitchName=a Nodes=n[1-2]\nSwitchName=b Nodes=n[3-4]\n")
+    line = '  topology = from("topology.conf")'
+    errors = _errors("  axis dp = 6  nodes = 6  devices_per_node = 1\n" + line, str(tmp_path / "a.scale"))
+    assert [(c, ln, col) for c, ln, col, _ in errors] == [("E0320", 13, line.index("from") + 1)] * 2
+    assert [m for *_, m in errors] == ["the switch tree holds 4 nodes, the cluster 6",
+                                       "the switches form 2 trees (a, b) with no switch joining them"]
