@@ -353,6 +353,12 @@ def to_placement(c: Checker, e: ast.Expr, w: str):
         c.error("E0112", f"{w} must be `auto` or `order(...)`", span_of(e),
                 help="e.g. `placement = order(tp, pp, dp)`: tp varies fastest over the ranks")
         return None
+    if e.func.id == "auto":  # `auto()`, as a call with no arguments is a bare name elsewhere (`optimizer = adamw`)
+        if e.args:
+            c.error("E0113", "`auto` takes no arguments", e.args[0].span, label="not expected here",
+                    help="`placement = auto` chooses the order from the traffic and the topology")
+            return None
+        return "auto"
     if e.func.id != "order":
         c.error("E0111", f"unknown placement `{e.func.id}`", e.func.span, label="not a placement",
                 help=did_you_mean(e.func.id, ("auto", "order")))

@@ -150,6 +150,9 @@ def test_a_scale_up_domain_that_neither_divides_nor_spans_nodes():
     ("random", [("E0111", 13, 15, "unknown placement `random`")]),
     ("order(tp = 1)", [("E0112", 13, 21, "`order(...)` takes the mesh's axis names, innermost first")]),
     ("4", [("E0112", 13, 15, "`placement` must be `auto` or `order(...)`")]),
+    ("auto(tp)", [("E0113", 13, 20, "`auto` takes no arguments")]),
+    ("orde(tp, pp, dp)", [("E0111", 13, 15, "unknown placement `orde`")]),
+    ("order()", [("E0112", 13, 15, "`order(...)` takes the mesh's axis names, innermost first")]),
 ])
 def test_a_placement_that_is_no_order_of_the_axes_is_refused(placement, want):
     assert _errors(f"  axis dp = 2  axis pp = 2  axis tp = 2  nodes = 2  devices_per_node = 4\n"
@@ -163,6 +166,7 @@ def test_an_order_reaches_the_plan_and_the_search_keeps_only_auto():
     assert "placement order(tp, dp, pp)" in spec.plan.describe()
     assert Space(spec, {}).base.placement is None  # the candidates' axes are not the file's
     assert Space(_seventy("  placement = auto\n"), {}).base.placement == "auto"
+    assert _seventy("  placement = auto()\n").plan.placement == "auto"  # as `optimizer = adamw` is adamw()
 
 
 @pytest.mark.parametrize("mesh, code, line", [
