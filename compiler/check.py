@@ -4,7 +4,8 @@ The grammar only knows structure; this module resolves the model, the mesh, the 
 against the language's tables (compiler/language.py: which sections, settings, layer kinds and arguments exist and
 what type each takes; the binder, compiler/binder.py, turns expressions into those types). Once they exist it runs
 the rules of the plan, one module per pass they protect (compiler/rules/), the cross-setting lints
-(compiler/lints.py) and the checks of the files the settings name (compiler/file_checks.py). Each problem becomes
+(compiler/lints.py), the checks of the files the settings name (compiler/file_checks.py) and of the mesh's network
+(compiler/network_checks.py: its topology, a Slurm topology.conf, the placement). Each problem becomes
 a Diagnostic pointing at the offending text, with a remedy.
 """
 from __future__ import annotations
@@ -318,7 +319,8 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
     topology = network_checks.network(c, s, s["nodes"], s["devices_per_node"])  # False: refused, reported
-    cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"], topology=topology or None)
+    cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"],
+                      topology=None if topology is False else topology)
     written = s["_spans"].get("placement")
     mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans, s["placement"], span_of(written))
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
