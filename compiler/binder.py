@@ -327,6 +327,50 @@ def to_duration(c, e, w):
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
+def to_ratio(c: Checker, e: ast.Expr, w: str):
+    """A finite number; whether it is at least 1 is the topology's to say (`problems`), at its text."""
+    return c.as_float(e, w)
+
+
+def to_ratios(c: Checker, e: ast.Expr, w: str):
+    """A ratio, or a tuple of them, one per uplink level (lowest first)."""
+    if not isinstance(e, ast.Tuple):
+        return c.as_float(e, w)
+    values = [c.as_float(i, w) for i in e.items]
+    return None if None in values else tuple(values)
+
+
+def to_placement(c: Checker, e: ast.Expr, w: str):
+    """`auto`, or `order(tp, pp, dp)` as the tuple of its axis names (innermost first); whether they are the mesh's
+    axes is checked with the mesh (compiler/network_checks.py)."""
+    if isinstance(e, ast.Name):
+        if e.id == "auto":
+            return "auto"
+        c.error("E0111", f"unknown placement `{e.id}`", e.span, label="not a placement",
+                help="write `placement = auto` or `placement = order(tp, pp, dp)` (innermost axis first)")
+        return None
+    if not isinstance(e, ast.Call):
+        c.error("E0112", f"{w} must be `auto` or `order(...)`", span_of(e),
+                help="e.g. `placement = order(tp, pp, dp)`: tp varies fastest over the ranks")
+        return None
+    if e.func.id == "auto":  # `auto()`, as a call with no arguments is a bare name elsewhere (`optimizer = adamw`)
+        if e.args:
+            c.error("E0113", "`auto` takes no arguments", e.args[0].span, label="not expected here",
+                    help="`placement = auto` chooses the order from the traffic and the topology")
+            return None
+        return "auto"
+    if e.func.id != "order":
+        c.error("E0111", f"unknown placement `{e.func.id}`", e.func.span, label="not a placement",
+                help=did_you_mean(e.func.id, ("auto", "order")))
+        return None
+    bad = next((a for a in e.args if a.name is not None or not isinstance(a.value, ast.Name)), None)
+    if bad is not None or not e.args:
+        c.error("E0112", "`order(...)` takes the mesh's axis names, innermost first", span_of(bad) or e.span,
+                help="e.g. `order(tp, pp, dp)`")
+        return None
+    return tuple(a.value.id for a in e.args)
+
+
 def one_of(*choices):
     return lambda c, e, w: c.as_choice(e, w.strip("`"), choices)
 

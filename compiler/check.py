@@ -4,7 +4,8 @@ The grammar only knows structure; this module resolves the model, the mesh, the 
 against the language's tables (compiler/language.py: which sections, settings, layer kinds and arguments exist and
 what type each takes; the binder, compiler/binder.py, turns expressions into those types). Once they exist it runs
 the rules of the plan, one module per pass they protect (compiler/rules/), the cross-setting lints
-(compiler/lints.py) and the checks of the files the settings name (compiler/file_checks.py). Each problem becomes
+(compiler/lints.py), the checks of the files the settings name (compiler/file_checks.py) and of the mesh's network
+(compiler/network_checks.py: its topology, a Slurm topology.conf, the placement). Each problem becomes
 a Diagnostic pointing at the offending text, with a remedy.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from compiler import ast
 from compiler import layers as L
 from compiler import lints
+from compiler import network_checks
 from compiler import spec as S
 from compiler.binder import Checker, bind_settings, end_span, span_of, spans_of
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
@@ -33,7 +35,7 @@ from compiler.symbols import size as size_symbol
 # The language's tables, read as `check.X` by the tests that enumerate the language (tests/fuzz.py,
 # tests/test_settings_reach_output.py, tests/test_plan.py): their home is compiler/language.py.
 from compiler.binder import MISSING, Param  # noqa: E402,F401
-from compiler.language import DATASETS, INITS, OPTIMIZERS, SCHEDULES, TP_LAYERS  # noqa: E402,F401
+from compiler.language import DATASETS, FABRICS, INITS, OPTIMIZERS, SCHEDULES, TOPOLOGIES, TP_LAYERS  # noqa: E402,F401
 
 
 def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
@@ -275,6 +277,9 @@ class _MeshWritten:
     cluster: Cluster
     axes: tuple
     axis_spans: dict
+    placement: object = None
+    """The Plan's `placement` as written (compiler/network_checks.py), None when not."""
+    placement_span: Span | None = None
 
     @property
     def world_size(self) -> int:
@@ -313,10 +318,18 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
-    cluster = Cluster(s["nodes"], s["devices_per_node"], device)
-    mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans)
+    topology = network_checks.network(c, s, s["nodes"], s["devices_per_node"])  # False: refused, reported
+    cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"],
+                      topology=None if topology is False else topology)
+    written = s["_spans"].get("placement")
+    mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans, s["placement"], span_of(written))
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
-        return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={})
+        # an order(...) names the axes written, which the search replaces: only `auto` carries over
+        network_checks.no_effect(c, s, cluster, (), None)
+        if topology is False:
+            return None
+        return dataclasses.replace(mesh, axes=(("dp", mesh.world_size),), axis_spans={},
+                                   placement="auto" if s["placement"] == "auto" else None)
     if not axes and not any(isinstance(st, ast.Axis) for st in sec.body):
         c.error("E0113", "the mesh declares no axis", sec.kind.span, help="declare at least one, e.g. `axis dp = 1`")
         return None
@@ -331,6 +344,9 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
                 help=f"nodes × devices_per_node = {mesh.cluster.nodes} × {mesh.cluster.devices_per_node} = "
                      f"{mesh.world_size}; make the product of the axes equal it{folded}")
         return None
+    if not network_checks.placement_checks(c, written, s["placement"], mesh.axes) or topology is False:
+        return None
+    network_checks.no_effect(c, s, cluster, mesh.axes, s["placement"])
     lints.tp_placement(c, mesh)
     return mesh
 
@@ -354,12 +370,13 @@ def _written_plan(c: Checker, mesh: _MeshWritten, settings: dict, train: S.Train
     """The Plan as the file writes it: the mesh's axes and machines, the plan section's settings (compile's
     default resolved by the device), the train section's batch and sequence, and where each was written."""
     spans = [(f"axis {a}", sp) for a, sp in mesh.axis_spans.items()] + [("mesh", mesh.machines.span)]
+    spans += [("placement", mesh.placement_span)] if mesh.placement_span is not None else []
     spans += list(settings["spans"]) + list(train.spans)
     fields = {k: v for k, v in settings.items() if k != "spans"}
     fields["layout"] = tuple((a, b) for a, b, *_ in fields["layout"])
     fields["tp_layers"] = tuple(fields["tp_layers"])
     fields["compile"] = compiles(fields["compile"], mesh.cluster.device.kind)
-    return Plan(axes=mesh.axes,
+    return Plan(axes=mesh.axes, placement=mesh.placement,
                 global_batch=int(c.number(train.global_batch)), seq_len=int(c.number(train.seq_len)),
                 spans=tuple(spans), **fields)
 

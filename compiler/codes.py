@@ -190,6 +190,28 @@ CODES: dict[str, Code] = {
     "W0310": Code("context_parallel without cp", "A warning: `context_parallel` chooses how attention runs over a "
                   "sequence sharded over the `cp` axis, and the mesh has none (or cp = 1), so it does nothing. Add "
                   "`axis cp = 2` (or more), or remove the setting."),
+    "E0320": Code("a network shape these machines cannot have", "The mesh's `topology` (or `scale_up`) describes "
+                  "a network the cluster's nodes do not fill: a leaf, rail group, pod or switch that does not divide "
+                  "the nodes above it, a torus whose x × y × z is not the node count, dragonfly groups × "
+                  "nodes_per_group that are not the nodes, an oversubscription below 1 or with another count of "
+                  "ratios than uplink levels, a scale-up domain that neither divides a node nor spans whole nodes "
+                  "dividing the cluster, a Slurm switch tree of other nodes. The error sits at the argument at "
+                  "fault; the help gives what would fit."),
+    "E0321": Code("unusable topology file", "`topology = from(\"topology.conf\")` reads a Slurm topology.conf "
+                  "(the topology/tree plugin's `SwitchName=... Nodes=...` and `Switches=...` lines), relative to "
+                  "the .scale file. The file is missing or unreadable, or it does not describe one tree: a line "
+                  "without SwitchName, a switch described twice or with two parents, a node under two switches, a "
+                  "switch listed but never described, a loop, no node at all. Each problem names the file's line."),
+    "E0322": Code("placement that is not an order of the mesh's axes", "`placement = order(tp, pp, dp)` lists the "
+                  "mesh's axes innermost first (the first varies fastest over the ranks): each axis once, every "
+                  "axis of the mesh, none it lacks. `placement = auto` chooses the order (and the nodes) itself."),
+    "W0320": Code("network setting with no effect", "A warning: `fabric` and `topology` describe the links "
+                  "between nodes; on a single node no traffic crosses them. `scale_up` equal to devices_per_node "
+                  "is a node's own NVLink domain, the default. Remove the setting, or describe the cluster's nodes."),
+    "W0321": Code("placement with no effect", "A warning: `placement` says which rank each mesh coordinate gets. "
+                  "With at most one axis larger than 1 every order puts the ranks alike (`auto` still orders the "
+                  "nodes of a torus), and on one node that is one NVLink domain every pair of ranks crosses the "
+                  "same link. Remove it."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

@@ -10,8 +10,8 @@ from runtime import choices  # torch-free: the names the language shares with th
 
 from compiler import files as F
 from compiler import layers as L
-from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_duration, to_float, to_int, to_pos_int,
-                             to_size, to_string)
+from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_duration, to_float, to_int, to_placement,
+                             to_pos_int, to_ratio, to_ratios, to_size, to_string)
 from compiler.layout.devices import DEVICES, OVERRIDABLE
 from compiler.plan import AXES
 
@@ -52,6 +52,31 @@ CAPACITY = L.moe.CAPACITY
 
 LAYERS = L.SCHEMAS
 
+# -- the network: the mesh's `fabric` and `topology` (compiler/layout/topology.py's constructors, by their keyword
+# names; compiler/network_checks.py builds and checks them) ----------------------------------------------------------
+
+FABRICS = ("ib", "roce")
+TOPOLOGIES = {
+    "fat_tree": {"nodes_per_leaf": Param(to_pos_int, doc="nodes under one leaf (top-of-rack) switch"),
+                 "nodes_per_pod": Param(to_int, 0, "nodes under one pod's spines; 0: no pods"),
+                 "oversubscription": Param(to_ratios, 1.0, "down:up bandwidth per uplink level, leaf first (a "
+                                                           "number: the top uplink's)")},
+    "rail_optimized": {"nodes_per_group": Param(to_pos_int, doc="nodes of one rail group (scalable unit)"),
+                       "nodes_per_pod": Param(to_int, 0, "nodes under one pod's spines; 0: no pods"),
+                       "oversubscription": Param(to_ratios, 1.0, "down:up bandwidth per uplink level, rail first"),
+                       "pxn": Param(to_bool, True, "NCCL's PXN: cross-rail traffic over NVLink to the right rail")},
+    "torus": {"x": Param(to_pos_int, doc="nodes along x"), "y": Param(to_pos_int, 1, "nodes along y"),
+              "z": Param(to_pos_int, 1, "nodes along z"),
+              "wrap": Param(to_bool, True, "wrap-around links (a torus); false: a mesh")},
+    "dragonfly": {"groups": Param(to_pos_int, doc="groups"),
+                  "nodes_per_group": Param(to_pos_int, doc="nodes of one group"),
+                  "nodes_per_switch": Param(to_int, 0, "nodes on one switch of a group; 0: not modelled apart"),
+                  "global_oversubscription": Param(to_ratio, 1.0, "a group's injection over its global bandwidth")},
+    "from": {"path": Param(to_string, doc="a Slurm topology.conf (topology/tree), relative to the .scale file"),
+             "oversubscription": Param(to_ratios, 1.0, "down:up bandwidth per uplink level (Slurm's file says "
+                                                       "nothing of bandwidth)")},
+}
+
 # -- section settings ---------------------------------------------------------------------------------------------
 
 MESH_SETTINGS: dict[str, Param] = {
@@ -68,6 +93,13 @@ MESH_SETTINGS: dict[str, Param] = {
     "intra_node_latency_us": Param(to_float, None, "latency of one collective step inside a node, µs"),
     "inter_node_latency_us": Param(to_float, None, "latency of one collective step between nodes, µs"),
     "op_overhead_us": Param(to_float, None, "the least time one eager op takes, µs"),
+    "fabric": Param(one_of(*FABRICS), None, "the network's link layer: ib (InfiniBand) or roce (RoCE v2)"),
+    "topology": Param(call_of(TOPOLOGIES, "topology"), None,
+                      "the network's shape: fat_tree(...), rail_optimized(...), torus(x, y, z), dragonfly(...) or "
+                      "from(\"topology.conf\") (a Slurm tree)"),
+    "scale_up": Param(to_pos_int, None, "devices in one NVLink domain, when it is not a node's (GB200 NVL72: 72)"),
+    "placement": Param(to_placement, None, "which rank each mesh coordinate gets: auto, or order(tp, pp, dp) "
+                                           "(innermost first); default: the axes as listed, the last fastest"),
 }
 
 PLAN_SETTINGS: dict[str, Param] = {

@@ -264,6 +264,8 @@ def _syntax_diagnostic(exc: lark.UnexpectedInput, text: str, path: str) -> Diagn
         label, hint = "not part of the language", "names are letters, digits and `_`; numbers are decimal"
         if ch == "'":
             hint = "strings use double quotes"
+        elif ch in "[]":  # a list, as other languages write one (`oversubscription = [1, 7]`)
+            hint = "a list of values is a tuple in parentheses: `(1, 7)`"
         elif not ch.isascii() and ch.isdecimal():  # `６４`: lark's `\d` would have read it as a number
             line_text = lines[line - 1]
             lo, hi = col - 1, col

@@ -36,6 +36,12 @@ class Plan(choices.DataParallelMode):
     axes: tuple
     """((axis, size), ...) outermost first, as the mesh declares them. They multiply to the world size of the
     machines the plan is for (compiler/layout/cluster.py `Cluster`, the Spec's: the Plan holds no machine)."""
+    placement: str | tuple | None = None
+    """Which rank each coordinate of the mesh gets, as the mesh section's `placement` writes it: None (not written)
+    the mesh's own order, the last axis fastest over the ranks; `"auto"`; or a tuple of axis names innermost first
+    (`order(tp, pp, dp)`), checked against `axes` (compiler/layout/placement.py `order`, `auto` turn it into a
+    RankMap). Held and reported (`describe`, plan.json); the groups, their pricing and the program do not read it
+    yet."""
     # -- the settings of the plan section ----------------------------------------------------------------------------
     data_parallel: str
     """`ddp` (replicated state, gradients all-reduced), `zero1` (AdamW state sharded over dp), `zero2` (and the
@@ -196,6 +202,9 @@ class Plan(choices.DataParallelMode):
             extra.append("reduce-scatter every micro-batch")
         if self.compiles:
             extra.append("compiled")
+        if self.placement is not None:
+            extra.append("placement " + (self.placement if isinstance(self.placement, str) else
+                                         f"order({', '.join(self.placement)})"))
         return f"{mesh} ({', '.join(extra)})"
 
     def to_json(self, cluster=None) -> dict:
@@ -214,7 +223,8 @@ class Plan(choices.DataParallelMode):
             return x
         out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
-               and (f.name != "context_parallel" or self.size("cp") > 1)}  # plan.json without cp: as before
+               and (f.name != "context_parallel" or self.size("cp") > 1)  # plan.json without cp: as before
+               and (f.name != "placement" or self.placement is not None)}  # and without a placement written
         out["axes"] = {a: n for a, n in self.axes}
         if cluster is not None:
             rest = {k: out.pop(k) for k in list(out) if k != "axes"}

@@ -44,7 +44,8 @@ _CHOICES = ("gelu", "swiglu", "residual", "identity", "true", "false", "ddp", "z
 def vocabulary() -> tuple[str, ...]:
     """Every word of the language (from compiler/language.py's tables, so it follows them) and a few strangers."""
     words = set(_CHOICES) | set(CHECK.SECTIONS) | set(CHECK.KNOWN_AXES) | set(CHECK.DEVICES) | set(CHECK.TP_LAYERS)
-    for table in (CHECK.LAYERS, CHECK.OPTIMIZERS, CHECK.SCHEDULES, CHECK.DATASETS):
+    words |= set(CHECK.FABRICS) | {"auto", "order"}  # the mesh's network: fabric = ib, placement = order(tp, dp)
+    for table in (CHECK.LAYERS, CHECK.OPTIMIZERS, CHECK.SCHEDULES, CHECK.DATASETS, CHECK.TOPOLOGIES):
         for name, params in table.items():
             words.add(name)
             words.update(params)

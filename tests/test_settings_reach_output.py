@@ -58,6 +58,18 @@ COST_MODEL_ONLY = {
     "mesh.intra_node_latency_us": "cost model: a collective step's latency inside a node",
     "mesh.inter_node_latency_us": "cost model: a collective step's latency between nodes",
     "mesh.op_overhead_us": "cost model: the least time of one eager op",
+    # The network (issue 40): the Cluster holds it for the collectives' pricing on the topology's levels; the
+    # runtime's NCCL finds the fabric itself. Each shape is refused where impossible (E0320, E0321) and warned
+    # where it does nothing (W0320, tests/test_network_settings.py).
+    "mesh.fabric": "cost model: the fabric's efficiency (ib or roce)",
+    "mesh.topology": "cost model: the levels a group's traffic crosses and their oversubscription",
+    **{f"mesh.topology.{kind}.{arg}": "cost model: the topology's shape"
+       for kind, args in K.TOPOLOGIES.items() for arg in args},
+    "mesh.scale_up": "cost model: the NVLink domain a group may stay in over several nodes",
+    # Not in the program yet: the Plan holds it and plan.json reports it; issue 40's codegen part writes the rank
+    # lists it gives into the contract. Refused where it is no order of the axes (E0322), warned where every
+    # order is alike (W0321).
+    "mesh.placement": "the Plan's rank order: plan.json and `plan` today, the program's groups later",
 }
 
 # Settings that only permit what the compiler does whenever it is needed: their effect is that the file is
@@ -569,6 +581,8 @@ NO_EFFECT = (
     ("W0612", "dp", (), "plan.schedule", "gpipe"),
     ("W0613", "dp", INTERLEAVE, "plan.virtual_stages", "2"),
     ("W0614", "dp", (), "plan.layout", "((0, 1), (1, 2))"),
+    ("W0320", "one device", (), "mesh.fabric", "ib"),
+    ("W0321", "dp", (), "mesh.placement", "auto"),
     ("W0301", "one device", (), "plan.data_parallel", "fsdp"),
     ("W0302", "one device", (), "plan.grad_reduce", "bf16"),
     ("W0303", "one device", (), "plan.fp32_residual", "true"),

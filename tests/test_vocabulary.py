@@ -27,7 +27,14 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps", "hbm_gbps",
                                           "matmul_efficiency", "attention_efficiency", "intra_node_latency_us", "inter_node_latency_us",
-                                          "op_overhead_us")
+                                          "op_overhead_us", "fabric", "topology", "scale_up", "placement")
+    assert check.FABRICS == ("ib", "roce")
+    assert {k: tuple(v) for k, v in check.TOPOLOGIES.items()} == {
+        "fat_tree": ("nodes_per_leaf", "nodes_per_pod", "oversubscription"),
+        "rail_optimized": ("nodes_per_group", "nodes_per_pod", "oversubscription", "pxn"),
+        "torus": ("x", "y", "z", "wrap"),
+        "dragonfly": ("groups", "nodes_per_group", "nodes_per_switch", "global_oversubscription"),
+        "from": ("path", "oversubscription")}
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile", "grad_reduce", "fp32_residual",

@@ -6,6 +6,9 @@ checker resolves them into `compiler.spec.Device`). The checker resolves the mes
 the cluster's world size), so the same Spec can be planned on another Cluster (`Spec.on`: a search or an elastic
 re-plan on other machines).
 
+The mesh's `fabric` (ib | roce) and `topology` (with `scale_up` folded in) are held here too, as written and
+checked; the tiers below do not read them yet (the collectives' pricing on the topology's levels will).
+
 The tiers are what a process group's collectives cross: inside a node, at the device's `intra_node_gbps` times the
 fraction a training step's collectives reach there (`intra_node_efficiency`, fitted where devices.py says so), or
 between nodes, at `inter_node_gbps` as given; each with its per-step latency (the alpha of the step-time model's
@@ -17,6 +20,7 @@ Torch-free.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -61,6 +65,14 @@ class Cluster:
     devices_per_node: int
     device: object
     """compiler.spec.Device (or any object with its figures' names: a test's namespace)."""
+    fabric: str | None = None
+    """The network's link layer as the mesh writes it, `ib` (InfiniBand) or `roce` (RoCE v2); None: not said."""
+    topology: object | None = None
+    """The network's shape (a compiler/layout/topology.py value: FatTree, RailOptimized, Torus, Dragonfly, or the
+    SwitchTree of a Slurm topology.conf), the mesh's `scale_up` folded in as that module takes it; a `scale_up`
+    written alone is a flat non-blocking network under it (one leaf over every node, what the two tiers assume).
+    None: not said, the two tiers above. The checker has refused every shape whose `problems(nodes,
+    devices_per_node)` is not empty."""
 
     @property
     def world_size(self) -> int:
@@ -79,5 +91,6 @@ class Cluster:
         return self.tiers["inter_node" if self.crosses(group) else "intra_node"]
 
     def with_nodes(self, nodes: int) -> "Cluster":
-        """The same machines, `nodes` of them."""
-        return Cluster(nodes, self.devices_per_node, self.device)
+        """The same machines, `nodes` of them, on the same fabric and topology (whose `problems(nodes, ...)` say
+        whether it still describes that many)."""
+        return dataclasses.replace(self, nodes=nodes)

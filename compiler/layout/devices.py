@@ -62,6 +62,16 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures)
 # - H800 (the export H100, DeepSeek-V3's cluster): an H100 SXM's compute, memory and HBM with a narrower NVLink;
 #   DeepSeek-V3's technical report (2024, section 3.2.1) gives the bandwidths it plans with: NVLink 160 GB/s inside
 #   a node, InfiniBand 50 GB/s between nodes. Its efficiencies are the H100's, not measured.
+# - B200 (HGX/DGX B200) and GB200 (GB200 NVL72), NVIDIA's datasheets, whose tensor figures are with 2:4 sparsity
+#   (halved here for dense): DGX B200 (8 GPUs: 1,440 GB, 64 TB/s HBM3e; NVSwitch 14.4 TB/s aggregate) and HGX B200
+#   (FP16/BF16 36 PFLOP/s sparse for 8): 2,250 TFLOP/s dense, 180 GB, 8,000 GB/s, NVLink 5 1.8 TB/s both directions
+#   = 900 one way; between nodes 8 single-port ConnectX-7 at 400 Gb/s (DGX B200 user guide) = 50 GB/s per GPU.
+#   GB200 NVL72 (72 GPUs: FP16/BF16 360 PFLOP/s sparse, up to 13.4 TB HBM3e at 576 TB/s, NVLink 130 TB/s): 2,500
+#   TFLOP/s dense (the GB200's GPU runs at 1,200 W, the HGX B200's at 1,000 W), 186 GB, 8,000 GB/s, NVLink 5 900 GB/s
+#   one way to every GPU of the rack (a 72-GPU domain: `scale_up = 72` over compute trays of 4, devices_per_node = 4);
+#   between racks one 400 Gb/s ConnectX-7 per GPU as DGX GB200 deploys it (72 OSFP ports per rack) = 50 GB/s.
+#   Both: 148 SMs (what CUDA reports of a B200; not a datasheet figure); the efficiencies, latencies and overheads
+#   are the H100's, not measured on Blackwell (as the H800's). Each is overridable in the mesh like any figure.
 # - matmul efficiency: H100/H200: an 8192³ bf16 matmul measured 798 TFLOP/s of 989 = 0.81
 #   (../shared/reference/gpu-measured.json). A100: 0.775, fitted with the A100's intra_node_efficiency (below) by
 #   `python -m bench.step_time fit` to the three calibration rows of Megatron-LM's Table 1 (Narayanan et al. 2021:
@@ -106,6 +116,12 @@ DEVICES = {
     "h200": Figures(peak_tflops=989.0, memory_gb=141.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=4800.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
                     op_overhead_us=6.0, units=132, tile=128),
+    "b200": Figures(peak_tflops=2250.0, memory_gb=180.0, intra_node_gbps=900.0, inter_node_gbps=50.0,
+                    hbm_gbps=8000.0, matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0,
+                    inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128),
+    "gb200": Figures(peak_tflops=2500.0, memory_gb=186.0, intra_node_gbps=900.0, inter_node_gbps=50.0,
+                     hbm_gbps=8000.0, matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0,
+                     inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128),
 }
 
 

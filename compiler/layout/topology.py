@@ -155,7 +155,7 @@ def _ratio_problems(values: tuple, count: int, name: str = "oversubscription") -
                            f"give one ratio per level above the first ({count})"))
     for i, o in enumerate(values):
         if not o >= 1:
-            out.append(Problem(name, f"ratio {o} at level {i + 1} is below 1 (1 is non-blocking, 7 is 1:7)",
+            out.append(Problem(name, f"ratio {o:g} at level {i + 1} is below 1 (1 is non-blocking, 7 is 1:7)",
                                "write oversubscription as down:up bandwidth, at least 1"))
     return out
 
@@ -167,8 +167,13 @@ def _divides(field: str, part: int, whole: int, what: str, whole_name: str) -> l
     return []
 
 
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0] if n > 0 else []
+def _divisors(n: int, scan: int = 10**5) -> list:
+    """n's divisors in order, found from those up to min(√n, scan) and their complements: every divisor of an n up
+    to scan², and a hint's worth of a larger one (a mesh section's `nodes = 1e12` is checked, not enumerated)."""
+    if n < 1:
+        return []
+    small = [d for d in range(1, min(math.isqrt(n), scan) + 1) if n % d == 0]
+    return sorted(set(small) | {n // d for d in small})
 
 
 def _ratios(value, count: int) -> tuple:

@@ -125,7 +125,9 @@ class Space:
 
     def __init__(self, spec: S.Spec, fixed: dict):
         self.fixed = dict(fixed)
-        self.base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=())
+        # a written order(...) names the file's axes, which the candidates replace: only `auto` applies to them all
+        self.base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=(),
+                            placement="auto" if spec.plan.placement == "auto" else None)
         self.world = spec.cluster.world_size
         self.moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
         reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
