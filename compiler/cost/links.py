@@ -4,10 +4,11 @@ A group's link is the tier the Cluster says it crosses (compiler/layout/cluster.
 compiler/layout/groups.py: inside a node at the device's figure × its intra-node efficiency, across nodes at the
 inter-node figure); a collective on it is costed with an alpha-beta model of its algorithm (`collective_s`).
 
-Where the mesh section describes the network (a `topology` or a `fabric`), each link carries its group's span
-instead (compiler/cost/network.py `GroupSpan`: the slowest level its rings cross, oversubscription included, on
-the mesh's own rank order) and a collective is priced as NCCL's fastest algorithm there (`network.price`: ring,
-tree, NVLS); a file that describes neither is priced as before.
+Where the mesh section describes the network (a `topology` or a `fabric`), each link of a group that leaves its node
+carries its group's span instead (compiler/cost/network.py `GroupSpan`: the slowest level its rings cross,
+oversubscription included, on the mesh's own rank order) and a collective is priced as NCCL's fastest algorithm
+there (`network.price`: ring, tree, NVLS); a group inside a node, and a file that describes neither, are priced as
+before.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class Link:
     """The level the group's traffic crosses, where the cluster describes its network (GroupSpan.tier)."""
 
     def describe(self) -> str:
+        if self.network is not None:  # priced on the described network: the level its rings cross, NCCL's busbw
+            return f"{self.axis} {self.size}: crosses the {self.tier} level ({self.gbps:.3g} GB/s bus bandwidth)"
         where = "crosses nodes" if self.crosses_nodes else "inside a node"
         return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
 
@@ -76,9 +79,12 @@ def _links(axes: tuple, cluster: CL.Cluster) -> dict:
 
 def _on_network(link: Link, rows: list, cluster) -> Link:
     """`link` priced on the described network: the span of its slowest group (network.price_on's choice, by the
-    time of a reference collective), its tier and its effective bandwidth for the plan's words."""
+    time of a reference collective), its tier and its effective bandwidth for the plan's words. A group inside one
+    node keeps the two tiers' link: inside a node the step-time model's figures are fitted to published step times
+    (devices.py `intra_node_efficiency`), which network.py's nccl-tests fractions are not; a group that leaves its
+    node, over the network or over NVLink to another node of a scale-up domain, is priced on the network."""
     from compiler.cost import network as NET
-    if link.size <= 1:
+    if link.size <= 1 or not link.crosses_nodes:
         return link
     fabric = getattr(cluster, "fabric", None)
     spans = {NET.span(cluster, tuple(row)) for row in rows}
