@@ -136,7 +136,7 @@ def device_figures(device: str, peak_tflops: float | None) -> tuple[str, str, fl
         return "this machine's CPU", "cpu", (peak_tflops or DEVICES["cpu"].peak_tflops) * 1e12
     import torch
     name = torch.cuda.get_device_name(0)
-    kind = next((k for k in ("h200", "h100", "a100") if k in name.lower()), None)
+    kind = next((k for k in ("gb200", "b200", "h200", "h100", "a100") if k in name.lower()), None)
     if kind is None and peak_tflops is None:
         raise SystemExit(f"bench/gpu.py: no figures for {name!r} in compiler/layout/devices.py: give --peak-tflops")
     return name, kind or "h100", (peak_tflops or DEVICES[kind].peak_tflops) * 1e12
