@@ -416,9 +416,13 @@ def _compile_commands(sub) -> None:
     c.set_defaults(func=cmd_export)
 
 
+NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""compiler/cost/network.py's OPS (tests/test_network.py holds them equal): written here so that building the
+parser, which `scalec --help` and `check` do, imports nothing of compiler/cost/ (and so no torch)."""
+
+
 def _network_command(sub) -> None:
     """`scalec network`: what one collective reaches on the file's cluster."""
-    from compiler.cost.network import OPS
     c = sub.add_parser("network", help="what one collective reaches on the cluster, per NCCL algorithm",
                        description="Price one collective on FILE's cluster (nodes, devices_per_node, device; its "
                                    "fabric and topology when written) per NCCL algorithm (ring; tree for all_reduce "
@@ -427,7 +431,7 @@ def _network_command(sub) -> None:
                                    "Large messages are modelled well, small ones roughly (docs/planning.md, "
                                    "The network).")
     c.add_argument("file", metavar="FILE")
-    c.add_argument("--op", choices=OPS, default="all_reduce", help="the collective (default all_reduce)")
+    c.add_argument("--op", choices=NETWORK_OPS, default="all_reduce", help="the collective (default all_reduce)")
     c.add_argument("--size", metavar="BYTES",
                    help="the buffer, nccl-tests' size: 1GB (10^9), 1GiB or 1G (2^30), 256MB, 4096 (default 1GB)")
     who = c.add_mutually_exclusive_group()

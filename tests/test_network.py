@@ -369,3 +369,8 @@ def test_h800_and_cpu(capsys):
     assert _algo(got, "ring")["busbw_gbps"] == pytest.approx(160, rel=0.01) and got["chosen"] == "nvls"
     code, out, _ = _run(capsys, ROOT / "samples" / "gpt_dp.scale")
     assert code == 0 and "gloo, not NCCL" in out
+
+
+def test_the_command_offers_every_collective_the_model_prices():
+    from compiler import cli
+    assert cli.NETWORK_OPS == N.OPS
