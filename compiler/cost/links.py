@@ -69,24 +69,34 @@ def described(cluster) -> bool:
 
 
 def rank_map(plan, cluster, ledger=None):
-    """The RankMap the plan's groups are priced on: its written placement resolved (rank_order.resolve) where the
-    mesh describes its network, else None (the mesh's own order). A placement that names axes the plan's mesh
-    lacks (a searched mesh) is priced on the mesh's own order."""
+    """The RankMap the plan's groups are priced on: its written placement resolved (`resolved`) where the mesh
+    describes its network, else None (the mesh's own order). A placement that names axes the plan's mesh lacks (a
+    searched mesh) is priced on the mesh's own order."""
     written = getattr(plan, "placement", None)
     if written is None or not described(cluster):
         return None
     if written != "auto" and P.order_problems(tuple(plan.axes), tuple(written)):
         return None
-    flows = traffic(plan, ledger()) if ledger is not None and written == "auto" else {}
+    return resolved(plan, cluster, ledger() if ledger is not None else None).rank_map
+
+
+def resolved(plan, cluster, ledger=None):
+    """The plan's written placement resolved (compiler/layout/rank_order.py `Resolved`), whatever the network
+    says: what codegen writes into Parallel.ranks and the plan output shows; None where none is written. auto reads
+    `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
+    written = getattr(plan, "placement", None)
+    if written is None:
+        return None
+    flows = traffic(plan, ledger) if ledger is not None and written == "auto" else {}
     key = (tuple(plan.axes), written, id(cluster), tuple(sorted(flows.items(), key=str)))
     got = _PLACED.get(key)
     if got is None or got[0] is not cluster:  # auto takes seconds on a large mesh: once per mesh and traffic
-        got = _PLACED[key] = (cluster, RO.resolve(written, tuple(plan.axes), cluster, lambda: flows).rank_map)
+        got = _PLACED[key] = (cluster, RO.resolve(written, tuple(plan.axes), cluster, lambda: flows))
     return got[1]
 
 
 _PLACED: dict = {}
-"""(axes, placement, id(cluster), traffic) -> (cluster, its rank map)."""
+"""(axes, placement, id(cluster), traffic) -> (cluster, its rank_order.Resolved)."""
 
 
 def traffic(plan, ledger) -> dict:

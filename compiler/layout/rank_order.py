@@ -67,7 +67,8 @@ def resolve(placement, axes: tuple, cluster, traffic=None) -> Resolved | None:
     choice = P.auto(axes, flows, topology, nodes, per_node)
     if in_order(choice.rank_map):
         plain = not choice.snake and choice.rank_map == P.order(axes, choice.order)
-        return Resolved(choice.rank_map, choice.order if plain else None, "auto")
+        return Resolved(choice.rank_map, choice.order if plain else None,
+                        "auto's choice, the least bytes over the slowest level")
     best, best_key = None, None
     for perm in itertools.permutations(_mesh_order(axes)):
         placed = P.order(axes, perm)
