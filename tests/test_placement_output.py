@@ -72,3 +72,19 @@ def test_auto_refuses_a_rank_map_torch_cannot_hold():
     assert RO.in_order(P.order(axes, ("dp", "tp")))
     with pytest.raises(ValueError):
         Parallel(axes=axes, ranks=(0, 1, 2))
+
+
+def test_a_printed_file_carries_the_plans_placement():
+    """compiler/report/scale.py (`search -o`, the e2e cases): the mesh's `placement` is the Plan's, printed from it;
+    a plan without one (a searched mesh, whose axes the file's order may not name) prints none."""
+    import dataclasses
+
+    from compiler.parse import parse
+    from compiler.report.scale import scale_file
+    text = LLAMA.replace("  device = h100\n", "  device = h100\n  placement = order(tp, dp, pp)\n")
+    spec = check_text(text, "x.scale")
+    kept = scale_file(spec.plan, spec.cluster, text, parse(text, "x.scale"))
+    assert kept.count("placement") == 1 and "  placement = order(tp, dp, pp)\n" in kept
+    assert check_text(kept, "x.scale").plan.placement == ("tp", "dp", "pp")
+    searched = dataclasses.replace(spec.plan, axes=(("dp", 64),), placement=None)
+    assert "placement" not in scale_file(searched, spec.cluster, text, parse(text, "x.scale"))
