@@ -88,3 +88,18 @@ def test_a_printed_file_carries_the_plans_placement():
     assert check_text(kept, "x.scale").plan.placement == ("tp", "dp", "pp")
     searched = dataclasses.replace(spec.plan, axes=(("dp", 64),), placement=None)
     assert "placement" not in scale_file(searched, spec.cluster, text, parse(text, "x.scale"))
+
+
+def test_an_auto_choice_out_of_rank_order_falls_back_to_the_best_axis_order():
+    """On a 4 × 4 torus of single-device nodes auto embeds dp's ring of 16 as single hops, a snake whose rank
+    order runs backwards along some rows; torch's process groups would hold those ranks sorted, so resolve takes
+    the best axis order instead (one axis: the mesh's own) and says why."""
+    from types import SimpleNamespace
+
+    from compiler.layout.topology import Torus
+    axes, traffic, torus = (("dp", 16),), {"dp": 1.0}, Torus(4, 4, 1)
+    assert not RO.in_order(P.auto(axes, traffic, torus, 16, 1).rank_map)
+    cluster = SimpleNamespace(topology=torus, nodes=16, devices_per_node=1)
+    got = RO.resolve("auto", axes, cluster, lambda: traffic)
+    assert got.rank_map == P.RankMap.identity(axes) and got.order == ("dp",)
+    assert "cannot hold" in got.note
