@@ -27,6 +27,11 @@ class Parallel(choices.DataParallelMode):
     cp). A group's ranks are base + Σ i·stride over the mesh's row-major ranks (runtime.mesh.expand);
     runtime.mesh.setup builds exactly these, in this order (empty: a program compiled before the field, which
     setup refuses)."""
+    ranks: tuple = ()
+    """The global rank of each mesh coordinate, in row-major order (the innermost axis fastest), as the mesh's
+    `placement` put them (compiler/layout/placement.py RankMap.ranks); empty: coordinate i runs on rank i. The
+    DeviceMesh is built from this rank tensor as it is, and every group's rows are mapped through it
+    (runtime.mesh.planned)."""
     data_parallel: str = "ddp"
     """How dp holds model state (ZeRO's stages, each from torch's own pieces):
     - `ddp`: replicated; DDP all-reduces the gradients (pipeline stages: one coalesced all-reduce).
@@ -101,6 +106,11 @@ class Parallel(choices.DataParallelMode):
         if unknown:
             raise ValueError(f"Parallel.axes: unknown axis {', '.join(unknown)}; the axes are "
                              f"{', '.join(choices.AXES)}")
+        world = 1
+        for _, n in self.axes:
+            world *= n
+        if self.ranks and sorted(self.ranks) != list(range(world)):
+            raise ValueError(f"Parallel.ranks: {len(self.ranks)} ranks, not each of 0..{world - 1} once")
         known = {name for name, _ in self.axes} | set(choices.GROUPS)
         strange = [name for name, _ in self.groups if name not in known]
         if strange:

@@ -55,14 +55,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple) -> Context:
+def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, ranks: tuple = ()) -> Context:
     """Start the process group and build the mesh `axes` ((name, size), outermost first) and the process groups
     `groups` (runtime.config.Parallel.groups: the compiler's list, compiler/layout/groups.py), exactly as listed:
     each axis's groups are the DeviceMesh's (checked against the list), the folded ones (batch, dense, experts)
     new groups over the listed ranks, every rank creating every group in the list's order: the runtime folds no axis
     itself. Each torchrun attempt meets under its own store prefix
     (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin for the watchdog to speak first,
-    every collective."""
+    every collective. `ranks` (runtime.config.Parallel.ranks): the global rank of each mesh coordinate, row-major
+    (empty: rank i holds coordinate i); the mesh and every group are built over the mapped ranks (`planned`)."""
     if "RANK" not in os.environ:  # plain `python program.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -81,7 +82,7 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple) -> C
             print("scalec: this program lists no process groups (Parallel.groups): it was compiled by an older "
                   "scalec; compile its .scale file again", file=sys.stderr, flush=True)
         raise SystemExit(errors.EXIT_CODE)
-    listed = {name: expand(pattern, world) for name, pattern in groups}
+    listed = planned(groups, tuple(a for a, _ in axes), ranks, world)
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -99,11 +100,16 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple) -> C
         dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=limit)
     names = tuple(a for a, _ in axes)
     with faults.op("building the device mesh (new process groups)", faults.scale()):
-        mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
+        if ranks:  # the rank tensor as the compiler placed it, never re-sorted
+            shape = tuple(n for _, n in axes)
+            mesh = DeviceMesh(device_type, torch.tensor(ranks, dtype=torch.int).reshape(shape), mesh_dim_names=names)
+        else:
+            mesh = init_device_mesh(device_type, tuple(n for _, n in axes), mesh_dim_names=names)
     for a in names:
         if listed.get(a) != rows(mesh, (a,)):
             raise ValueError(f"Parallel.groups: axis {a}'s groups are {listed.get(a)}, but the mesh "
                              f"{' × '.join(f'{x}={n}' for x, n in axes)} groups its ranks as {rows(mesh, (a,))}")
+        _same(a, mesh[a].get_group(), next(r for r in listed[a] if rank in r), rank)
         collectives.register(a, mesh[a].get_group())
     coords = {a: mesh.get_local_rank(a) for a in names}
     sizes = dict(axes)
@@ -141,9 +147,48 @@ def _build_folded(mesh: DeviceMesh, listed: dict, names: tuple, rank: int, devic
                     group = dist.new_group(row)
                     if rank in row:
                         mine = (group, row)
+                        _same(name, group, row, rank)
             made[key] = DeviceMesh.from_group(mine[0], device_type, mesh=mine[1], mesh_dim_names=(name,))
         out[name] = made[key]
     return out
+
+
+def planned(groups: tuple, names: tuple, ranks: tuple, world: int) -> dict:
+    """Every listed group's rows as global ranks, by name: the stride pattern's rows of row-major mesh indices
+    (`expand`) mapped through `ranks` (the rank of each coordinate; empty: the identity).
+
+    A process group orders its members by global rank, whatever order it is given: torch 2.13's
+    distributed_c10d.py `new_group` (`group_ranks = sorted(ranks)`, line 5919), `_new_group_with_tag`
+    (`ranks = sorted(ranks)` under its default sort_ranks=True, line 5998) and `split_group` (`split_group =
+    sorted(split_group)`, line 5682), which DeviceMesh's `_init_one_process_group` calls with each row of the mesh
+    tensor (device_mesh.py lines 531-590). A collective over an axis's group then assembles its shards in
+    global-rank order while the DeviceMesh (and DTensor, the pipeline's neighbours, tensor parallelism) reads a
+    rank's coordinate from its place in the mesh tensor: the two agree only where each axis's row is increasing.
+    An axis order (compiler/layout/placement.py `order`: rank = Σ coordinate × stride, strides positive) keeps every
+    axis row increasing; a snake or a rank-level re-cut need not, and the compiler does not write one (compiler/
+    layout/rank_order.py); a row out of order is refused here. The folded groups (batch, dense, experts) fold axes
+    whose members are interchangeable (the gradients' mean, FSDP's shards, which it numbers by group rank itself):
+    their rows are listed in the process group's own order, sorted; under the identity they are sorted already."""
+    out = {}
+    for name, pattern in groups:
+        rows_ = expand(pattern, world)
+        if ranks:
+            rows_ = [[ranks[i] for i in row] for row in rows_]
+            if name not in names:
+                rows_ = sorted(sorted(row) for row in rows_)
+            elif any(row != sorted(row) for row in rows_):
+                raise ValueError(f"Parallel.ranks: axis {name}'s groups {rows_} are not each in increasing rank "
+                                 "order; a process group orders its ranks by number (torch.distributed.new_group), so "
+                                 "its collectives would assemble the shards out of the mesh's order")
+        out[name] = rows_
+    return out
+
+
+def _same(name: str, group, row: list, rank: int) -> None:
+    """The process group holds exactly the planned ranks, in the planned order (its own: by global rank)."""
+    made = dist.get_process_group_ranks(group)
+    if made != list(row):
+        raise ValueError(f"rank {rank}: the {name} process group holds ranks {made}, but the plan lists {list(row)}")
 
 
 def expand(pattern, world: int) -> list[list[int]]:

@@ -110,7 +110,7 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
                   init=replace(cfg.init, path=data.resolve(cfg.init.path, program)),
                   checkpoint=replace(cfg.checkpoint, dir=data.resolve(cfg.checkpoint.dir, program)))
     faults.set_sources(cfg.sources)  # the .scale lines the watchdog names, from the start-up's rendezvous on
-    ctx = mesh.setup(cfg.parallel.axes, cfg.timeout, cfg.parallel.groups)
+    ctx = mesh.setup(cfg.parallel.axes, cfg.timeout, cfg.parallel.groups, cfg.parallel.ranks)
     code = 0
     try:
         run(model_cls, cfg, ctx, args, loss_fn, program=program)

@@ -5,7 +5,9 @@ rank then reads every process group it is a member of from torch.distributed and
 of groups is the listed groups' rows holding this rank (no group the list does not name, none missing), each with
 its ranks in the listed order, and the Context's batch_group, dense_mesh and expert_group are the batch, dense and
 experts rows. Two meshes cover the folded groups: dp × cp × ep (the batch and dense groups over all three, the
-experts' dp × cp), and ep, tp, dp (dp × ep folded around tp: strided, not a block of consecutive ranks).
+experts' dp × cp), and ep, tp, dp (dp × ep folded around tp: strided, not a block of consecutive ranks). A third
+runs dp × cp × ep under `placement = order(dp, ep, cp)` (Parallel.ranks): each axis's group is the RankMap's row,
+in coordinate order, and each folded group its ranks in the process group's own (sorted) order.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from compiler.layout import placement
 from compiler.layout.groups import groups
 from tests.multirank import free_port
 
@@ -26,13 +29,13 @@ pytestmark = pytest.mark.e2e  # gloo ranks: not the fast part
 WORLD = 8
 
 
-def _worker(rank: int, port: int, axes: tuple) -> None:
+def _worker(rank: int, port: int, axes: tuple, order: tuple = ()) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     code = 0
     try:
-        _check(rank, axes)
+        _check(rank, axes, order)
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -43,32 +46,54 @@ def _worker(rank: int, port: int, axes: tuple) -> None:
     os._exit(code)
 
 
-def _check(rank: int, axes: tuple) -> None:
+def _check(rank: int, axes: tuple, order: tuple) -> None:
     from runtime import mesh
     layout = groups(axes)
     listed = layout.contract()
-    ctx = mesh.setup(axes, 60.0, groups=listed)
+    placed = placement.order(axes, order) if order else placement.RankMap.identity(axes)
+    ctx = mesh.setup(axes, 60.0, groups=listed, ranks=placed.ranks if order else ())
+    names = [a for a, _ in axes]
+
+    def row_of(name):  # the planned ranks of this rank's group: an axis's in coordinate order, a fold's sorted
+        row = next(r for r in placed.apply(layout[name].rows()) if rank in r)
+        return list(row) if name in names else sorted(row)
     world = dist.distributed_c10d._world
     made = [dist.get_process_group_ranks(pg) for pg in world.pg_group_ranks if pg is not dist.group.WORLD]
     made = [ranks for ranks in made if rank in ranks]  # torch records the groups of other ranks' rows too
-    expected = {layout[name].row_of(rank) for name, _ in listed if layout[name].size > 1}
+    expected = {tuple(row_of(name)) for name, _ in listed if layout[name].size > 1}
     assert sorted(made) == sorted(list(r) for r in expected), (rank, made, expected)
     for name, pattern in listed:
         assert [list(r) for r in layout[name].rows()] == mesh.expand(pattern, WORLD)
+    assert ctx.mesh.mesh.flatten().tolist() == list(placed.ranks)
     for a, _ in axes:
-        assert dist.get_process_group_ranks(ctx.mesh[a].get_group()) == list(layout[a].row_of(rank))
-    assert dist.get_process_group_ranks(ctx.batch_group) == list(layout["batch"].row_of(rank))
-    assert dist.get_process_group_ranks(ctx.dense_mesh.get_group()) == list(layout["dense"].row_of(rank))
-    assert ctx.dense_mesh.mesh.tolist() == list(layout["dense"].row_of(rank))
+        assert dist.get_process_group_ranks(ctx.mesh[a].get_group()) == row_of(a)
+        assert ctx.coords[a] == placed.coord(rank)[names.index(a)]
+    assert dist.get_process_group_ranks(ctx.batch_group) == row_of("batch")
+    assert dist.get_process_group_ranks(ctx.dense_mesh.get_group()) == row_of("dense")
+    assert ctx.dense_mesh.mesh.tolist() == row_of("dense")
     if "experts" in layout:
-        assert dist.get_process_group_ranks(ctx.expert_group) == list(layout["experts"].row_of(rank))
-        assert ctx.expert_mesh.mesh.tolist() == list(layout["experts"].row_of(rank))
+        assert dist.get_process_group_ranks(ctx.expert_group) == row_of("experts")
+        assert ctx.expert_mesh.mesh.tolist() == row_of("experts")
     else:
         assert ctx.expert_group is None
     dist.barrier(group=ctx.batch_group)  # the groups work, not only exist
 
 
-@pytest.mark.parametrize("axes", [(("dp", 2), ("cp", 2), ("ep", 2)), (("ep", 2), ("tp", 2), ("dp", 2))],
-                         ids=["dp-cp-ep", "ep-tp-dp"])
-def test_every_process_group_is_the_layouts(axes):
-    mp.spawn(_worker, args=(free_port(), axes), nprocs=WORLD, join=True)
+@pytest.mark.parametrize("axes,order", [((("dp", 2), ("cp", 2), ("ep", 2)), ()),
+                                        ((("ep", 2), ("tp", 2), ("dp", 2)), ()),
+                                        ((("dp", 2), ("cp", 2), ("ep", 2)), ("dp", "ep", "cp"))],
+                         ids=["dp-cp-ep", "ep-tp-dp", "dp-cp-ep-placed"])
+def test_every_process_group_is_the_layouts(axes, order):
+    mp.spawn(_worker, args=(free_port(), axes, order), nprocs=WORLD, join=True)
+
+
+def test_an_axis_row_out_of_rank_order_is_refused():
+    """A rank map that puts an axis's row out of increasing order (a snake) would have its collectives assemble
+    the shards in the process group's (sorted) order, not the mesh's: setup refuses it before any group exists."""
+    from runtime import mesh
+    axes = (("dp", 2), ("tp", 4))
+    snake = placement.snake_order(axes, ("tp", "dp"))  # tp's second row runs 7, 6, 5, 4
+    assert any(list(r) != sorted(r) for r in snake.rows("tp"))
+    with pytest.raises(ValueError, match="not each in increasing rank order"):
+        mesh.planned(groups(axes).contract(), ("dp", "tp"), snake.ranks, WORLD)
+    assert mesh.planned(groups(axes).contract(), ("dp", "tp"), (), WORLD)["tp"] == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -19,6 +19,7 @@ from torch import fx, nn
 
 from compiler import __version__
 from compiler import cost as C
+from compiler.cost import links as LK
 from compiler.cost.memory import predicted_peak_bytes
 from compiler.hf_header import stack as hf_stack
 from compiler.layout import placements as PL
@@ -26,6 +27,7 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
 from compiler.model import residual_out
+from compiler.report import plan as RP
 from compiler.report.units import count
 from runtime.layers import Bias, Repeat, ZeroCenteredRMSNorm
 
@@ -169,18 +171,22 @@ def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
     (micro_batch_size, batch_ranks) are `plan`'s (compile's: the file's plan with the policies' decisions).
     With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
-    it measures."""
+    it measures. Where the mesh writes a `placement`, "ranks" too: the rank of each mesh coordinate (compiler/cost/
+    links.py `resolved`; auto reads the ledger: `costs`' or `ledger`)."""
     t = spec.train
     v = spec.value
+    placed = LK.resolved(plan, spec.cluster, costs.ledger if costs is not None else ledger)
 
     moe = traced.model.has_moe()
     parallel = {
-        "axes": plan.axes, "groups": plan.groups.contract(), "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
+        "axes": plan.axes, "groups": plan.groups.contract(),
+        **({"ranks": placed.rank_map.ranks} if placed is not None else {}),  # written only with a placement
+        "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
         "micro_batch_size": plan.micro_batch_size, "batch_ranks": plan.batch_ranks,
         "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,
         "sequence_parallel": bool(plan.sequence_parallel),
@@ -396,7 +402,7 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
         "name": spec.model.name,
         "mesh": {"axes": [{"name": a, "size": n} for a, n in plan.axes], "nodes": spec.cluster.nodes,
                  "devices_per_node": spec.cluster.devices_per_node, "world_size": plan.world_size,
-                 "device": spec.cluster.device.kind},
+                 "device": spec.cluster.device.kind, **RP.placement_json(spec, plan, costs.ledger)},
         "plan": plan.to_json(spec.cluster),
         "sizes": {k: str(v) for k, v in spec.model.sizes.items()},
         "values": _values(spec, plan),
@@ -412,7 +418,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
                     **({} if c.worst_bytes is None else {"worst_bytes_per_step": c.worst_bytes})}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir).items()
+        "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir,
+                                                              ledger=costs.ledger).items()
                   if k not in ("name", "source")},
     }
     return E.json_text(doc)

@@ -8,7 +8,9 @@ Where the mesh section describes the network (a `topology` or a `fabric`), each 
 carries its group's span instead (compiler/cost/network.py `GroupSpan`: the slowest level its rings cross,
 oversubscription included, on the mesh's own rank order) and a collective is priced as NCCL's fastest algorithm
 there (`network.price`: ring, tree, NVLS); a group inside a node, and a file that describes neither, are priced as
-before.
+before. Where the mesh also writes a `placement`, each group's rows are mapped through its rank map first
+(compiler/layout/rank_order.py `resolve`; auto reads the step's bytes per group, `traffic`), so a group is priced
+on the ranks it runs on; without a described network a placement changes no price (the two tiers see only nodes).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 
 from compiler.layout import cluster as CL
 from compiler.layout import groups as G
+from compiler.layout import placement as P
+from compiler.layout import rank_order as RO
 
 
 # -- the device and its links -------------------------------------------------------------------------------------
@@ -43,17 +47,74 @@ class Link:
         return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
 
 
-def links(plan, cluster) -> dict:
+def links(plan, cluster, ledger=None) -> dict:
     """The link each of the plan's process groups uses on `cluster` (compiler/layout/cluster.py), by the group's
     name (compiler/layout/groups.py: every axis and the folded groups "dp×ep", "dp×cp", "dp×cp×ep", "batch", ...),
     at the bandwidth and latency of the tier the Cluster says it crosses (`Cluster.tier`: inside a node the
     device's figure × its `intra_node_efficiency`, between nodes the figure as given). A plan whose axes do not
-    multiply to the cluster's devices is refused (ValueError)."""
-    key = (tuple(plan.axes), id(cluster))
+    multiply to the cluster's devices is refused (ValueError). `ledger` (() -> cost.Ledger): the step's
+    collectives, which `placement = auto` places by on a described topology (without it, auto keeps the mesh's
+    order)."""
+    placed = rank_map(plan, cluster, ledger)
+    key = (tuple(plan.axes), placed.ranks if placed is not None else None, id(cluster))
     got = _LINKS.get(key)
     if got is None or got[0] is not cluster:
-        got = _LINKS[key] = (cluster, _links(key[0], cluster))  # the cluster kept: its id is not reused
+        got = _LINKS[key] = (cluster, _links(key[0], cluster, placed))  # the cluster kept: its id is not reused
     return dict(got[1])
+
+
+def described(cluster) -> bool:
+    """Whether the mesh describes its network (a topology or a fabric)."""
+    return getattr(cluster, "topology", None) is not None or getattr(cluster, "fabric", None) is not None
+
+
+def rank_map(plan, cluster, ledger=None):
+    """The RankMap the plan's groups are priced on: its written placement resolved (`resolved`) where the mesh
+    describes its network, else None (the mesh's own order). A placement that names axes the plan's mesh lacks (a
+    searched mesh) is priced on the mesh's own order."""
+    written = getattr(plan, "placement", None)
+    if written is None or not described(cluster):
+        return None
+    if written != "auto" and P.order_problems(tuple(plan.axes), tuple(written)):
+        return None
+    return resolved(plan, cluster, ledger() if ledger is not None else None).rank_map
+
+
+def resolved(plan, cluster, ledger=None):
+    """The plan's written placement resolved (compiler/layout/rank_order.py `Resolved`), whatever the network
+    says: what codegen writes into Parallel.ranks and the plan output shows; None where none is written. auto reads
+    `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
+    written = getattr(plan, "placement", None)
+    if written is None:
+        return None
+    flows = traffic(plan, ledger) if ledger is not None and written == "auto" else {}
+    key = (tuple(plan.axes), written, id(cluster), tuple(sorted(flows.items(), key=str)))
+    got = _PLACED.get(key)
+    if got is None or got[0] is not cluster:  # auto takes seconds on a large mesh: once per mesh and traffic
+        got = _PLACED[key] = (cluster, RO.resolve(written, tuple(plan.axes), cluster, lambda: flows))
+    return got[1]
+
+
+_PLACED: dict = {}
+"""(axes, placement, id(cluster), traffic) -> (cluster, its rank_order.Resolved)."""
+
+
+def traffic(plan, ledger) -> dict:
+    """The bytes each rank sends per step over each group (axis, or tuple of axes for a folded group): the ledger's
+    collectives as rings (an all-reduce sends 2(n-1)/n of its tensor, the others (n-1)/n, a send its tensor)."""
+    layout = G.groups(tuple(plan.axes))
+    out: dict = {}
+    for c in ledger.entries:
+        if c.axis not in layout:
+            continue
+        g = layout[c.axis]
+        n = g.size
+        if n <= 1:
+            continue
+        factor = 1.0 if c.op == "send_recv" else (2 * (n - 1) / n if c.op == "all_reduce" else (n - 1) / n)
+        key = g.axes[0] if len(g.axes) == 1 else g.axes
+        out[key] = out.get(key, 0.0) + float(c.bytes) * factor
+    return out
 
 
 _LINKS: dict = {}
@@ -61,19 +122,24 @@ _LINKS: dict = {}
 times, and a cluster's device figures are too many to hash on each call."""
 
 
-def _links(axes: tuple, cluster: CL.Cluster) -> dict:
-    """`links`, once per mesh and cluster."""
+def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
+    """`links`, once per mesh, placement and cluster."""
     world = math.prod(n for _, n in axes)
     if world != cluster.world_size:
         raise ValueError(f"plan axes {axes} hold {world} devices, the cluster {cluster.world_size} "
                          f"({cluster.nodes} × {cluster.devices_per_node})")
     out, groups = {}, G.groups(axes)
+    rows = {g.name: (G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
+    per_node = cluster.devices_per_node
     for g in groups:
-        crosses, tier = cluster.crosses(g), cluster.tier(g)
+        if placed is None:
+            crosses, tier = cluster.crosses(g), cluster.tier(g)
+        else:  # a group crosses nodes where some row of its placed ranks does
+            crosses = g.size > 1 and any(len({r // per_node for r in row}) > 1 for row in rows[g.name])
+            tier = cluster.tiers["inter_node" if crosses else "intra_node"]
         out[g.name] = Link(g.name, g.size, crosses, tier.gbps, tier.latency_us)
-    if getattr(cluster, "topology", None) is not None or getattr(cluster, "fabric", None) is not None:
-        out = {name: _on_network(link, G.expand(groups[name].pattern, world), cluster)
-               for name, link in out.items()}
+    if described(cluster):
+        out = {name: _on_network(link, rows[name], cluster) for name, link in out.items()}
     return out
 
 

@@ -270,7 +270,7 @@ class Simulator:
         dev = self.device
         dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
         env = (dp, tp, ep, pp, plan.micro_batch_size)
-        lk = links(plan, self.cluster)
+        lk = links(plan, self.cluster, (lambda: est.ledger) if plan.placement == "auto" else None)
         pieces = self.pieces(cm, plan, env, lk)
         m = plan.micro_batches
         mdl = self.model(cm)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from compiler import cost as C
+from compiler.cost import links as LK
 from compiler import spec as S
 from compiler.report.units import count, flops, nbytes, seconds
 
@@ -32,6 +33,10 @@ def plan_text(compiled) -> str:
     lines += [f"mesh        {axes}   world {m.world_size} = {cl.nodes} node{'s' if cl.nodes != 1 else ''} × "
               f"{cl.devices_per_node} {dev.kind} ({dev.peak_tflops:g} TFLOP/s peak, "
               f"{dev.memory_gb:g} GB each)"]
+    placed = LK.resolved(plan, cl, costs.ledger)
+    if placed is not None:  # only where the mesh writes a placement
+        lines += [f"placement   {placed.describe()}; ranks by mesh coordinate (row-major): "
+                  + (" ".join(map(str, placed.rank_map.ranks)) if m.world_size <= 64 else f"{m.world_size} ranks")]
     lines += [f"parameters  {costs.params_n:,} ({count(costs.params_n)})",
               f"            = {C.formula(costs.params, values)}"]
     ranks = f"dp {dp} × ep {m.size('ep')}" if m.size("ep") > 1 else f"dp {dp}"
@@ -214,7 +219,8 @@ def plan_json(compiled) -> dict:
         "model": spec.model.name, "file": spec.path,
         "mesh": {"axes": dict(m.axes), "world_size": m.world_size, "nodes": cl.nodes,
                  "devices_per_node": cl.devices_per_node, "device": dev.kind,
-                 "device_memory_bytes": int(limit), "peak_tflops": dev.peak_tflops},
+                 "device_memory_bytes": int(limit), "peak_tflops": dev.peak_tflops,
+                 **placement_json(spec, plan, costs.ledger)},
         "plan": plan.to_json(spec.cluster),
         "parameters": int(costs.params_n), "parameters_formula": str(costs.params),
         "tokens_per_step": int(costs.tokens_step), "micro_batch_size": int(costs.micro_batch_size),
@@ -244,6 +250,17 @@ def plan_json(compiled) -> dict:
                                        "parameters": st.params, "model_state_bytes": st.state,
                                        "activation_bytes_in_flight": st.activations} for st in costs.stages]}
     return out
+
+
+def placement_json(spec, plan, ledger) -> dict:
+    """plan.json's mesh "placement", only where one is written: as resolved, its order (innermost first; null
+    where it is no axis order), what the compiler says of it, and the rank of each mesh coordinate (row-major)."""
+    placed = LK.resolved(plan, spec.cluster, ledger)
+    if placed is None:
+        return {}
+    return {"placement": {"written": plan.placement if isinstance(plan.placement, str) else list(plan.placement),
+                          "order": list(placed.order) if placed.order is not None else None,
+                          "note": placed.note, "ranks": list(placed.rank_map.ranks)}}
 
 
 def ledger_json(spec, plan, ledger) -> list:

@@ -15,14 +15,18 @@ from __future__ import annotations
 from compiler import ast as A
 
 CLUSTER = ("nodes", "devices_per_node")  # the mesh settings printed from the Cluster; the mesh's others are the
-                                         # device's, copied as written
+                                         # device's and the network's, copied as written, but `placement`, the Plan's
 
 
 def mesh_section(plan, cluster, device: list | tuple = ()) -> str:
     """`mesh { ... }`: the plan's axes outermost first, the cluster's nodes and devices per node
-    (compiler/layout/cluster.py), then `device`, the device's statements as written, one a line."""
+    (compiler/layout/cluster.py), then `device`, the device's statements as written, one a line, then the plan's
+    `placement` where it has one (a searched mesh's plan has none: the file's order names the file's axes)."""
     lines = [f"axis {a} = {n}" for a, n in plan.axes]
     lines += [f"nodes = {cluster.nodes}", f"devices_per_node = {cluster.devices_per_node}", *device]
+    placement = getattr(plan, "placement", None)
+    if placement is not None:
+        lines.append("placement = " + (placement if isinstance(placement, str) else f"order({', '.join(placement)})"))
     return "mesh {\n" + "".join(f"  {line}\n" for line in lines) + "}"
 
 
@@ -79,7 +83,7 @@ def scale_file(plan, cluster, source: str, tree: A.File, header: str = "") -> st
         out.append(source[pos:start])
         if sec.kind.id == "mesh":
             device = [source[slice(*at.span(st.span))] for st in sec.body
-                      if isinstance(st, A.Assign) and st.key.id not in CLUSTER]
+                      if isinstance(st, A.Assign) and st.key.id not in (*CLUSTER, "placement")]
             out.append(mesh_section(plan, cluster, device))
             if not has_plan:
                 out.append("\n\n" + plan_section(plan, device_kind))

@@ -190,6 +190,13 @@ CASES = (
          description="interleaved 1F1B, 8 stages on 4 ranks"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
+    # The mesh's placement (Parallel.ranks): dp varies fastest over the ranks, then tp, then pp, so the mesh's
+    # coordinates are not the ranks' (coordinate (dp, pp, tp) on rank dp + 2 tp + 4 pp); the run's groups are checked
+    # against the plan's by runtime.mesh.setup, and test_mesh_groups holds every group's ranks to it
+    Case(id="dp2_pp2_tp2_placed", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
+         plan=dict(placement=("dp", "tp", "pp"), nodes=2, devices_per_node=4),
+         description="the 3-D mesh placed by `placement = order(dp, tp, pp)` on 2 nodes of 4: each tp pair 2 ranks "
+                     "apart, each pipeline's stages on the two nodes"),
     Case(id="pp2_tp2_sp_bf16", sample="samples/gpt_3d.scale", nproc=4,
          edits=BF16, plan=PP2_TP2,
          description="bf16 through 1F1B over pp × tensor + sequence parallelism over tp: tp collectives and "
