@@ -275,7 +275,8 @@ CODES: dict[str, Code] = {
     "E0605": Code("the model cannot be cut into these stages", "A pipeline cuts the blocks of the model's `repeat`s, "
                   "concatenated in order, into stages: the repeats must follow one another (a layer between two "
                   "`repeat`s is refused; layers before the first and after the last are the first and last stages'), "
-                  "and interleaving needs the blocks to divide into pp × virtual_stages equal stages."),
+                  "and the search proposes interleavings only where the blocks divide into pp × virtual_stages "
+                  "equal stages (a written plan may interleave uneven ones: the cost-balanced cut or its `layout`)."),
     "E0607": Code("invalid stage layout", "A manual `layout` gives one (first, end) range of blocks per stage: as "
                   "many ranges as stages, each non-empty, in order, covering every block once."),
     "E0615": Code("pipeline schedule too long", "`compile` builds the schedule's per-rank action lists and proves "

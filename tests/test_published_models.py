@@ -19,7 +19,9 @@ from compiler.pipeline import compile_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PUBLISHED = {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496, "mixtral_8x7b": 46_702_792_704}
+# llama3_405b: transformers' count of meta-llama/Llama-3.1-405B's config.json (its safetensors index: 405.85B)
+PUBLISHED = {"llama3_8b": 8_030_261_248, "llama3_70b": 70_553_706_496, "mixtral_8x7b": 46_702_792_704,
+             "llama3_405b": 405_853_388_800}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -79,7 +79,10 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, at, "E0601", f"{stages} pipeline stages but only {blocks} blocks: a stage would "
                               "be empty", label=f"pp = {pp}" + (f" × virtual_stages = {v}" if v > 1 else ""),
                               help=f"use at most {blocks} stages ({where})", axis=AXIS, rule="pipeline_split.blocks"))
-    elif plan.schedule == "interleaved-1f1b" and blocks % stages:
+    elif plan.schedule == "interleaved-1f1b" and blocks % stages and plan.span("schedule") is None:
+        # A written plan may interleave stages of unequal block counts (the cost-balanced cut, or its `layout`), as
+        # Megatron-LM's --decoder-first/last-pipeline-num-layers and --pipeline-model-parallel-layout do; the search
+        # proposes only equal ones (Megatron's default), so that its space and rankings stay those of equal stages.
         out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
                               "equal stages", help=f"choose pp × virtual_stages dividing {blocks}",
                               axis=AXIS, rule="pipeline_split.interleaving"))

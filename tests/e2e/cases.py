@@ -188,6 +188,11 @@ CASES = (
     Case(id="pp4_interleaved", sample="samples/gpt_pp.scale", nproc=4,
          edits=(("layers = 4", "layers = 8"),), plan=dict(PP4, **INTERLEAVED),
          description="interleaved 1F1B, 8 stages on 4 ranks"),
+    Case(id="pp2_interleaved_uneven", sample="samples/gpt_pp.scale", nproc=2, steps=2,
+         edits=(("layers = 4", "layers = 6"),), plan=INTERLEAVED,
+         description="interleaved 1F1B over uneven stages: 6 blocks do not divide into pp 2 × 2 stages, the "
+                     "cost-balanced cut gives the first and last stage one block fewer (1, 2, 2, 1), as Llama 3 "
+                     "405B's 126 layers over 16 × v stages"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
     # The mesh's placement (Parallel.ranks): dp varies fastest over the ranks, then tp, then pp, so the mesh's
