@@ -129,7 +129,10 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
         raise ValueError(f"plan axes {axes} hold {world} devices, the cluster {cluster.world_size} "
                          f"({cluster.nodes} × {cluster.devices_per_node})")
     out, groups = {}, G.groups(axes)
-    rows = {g.name: (G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
+    # every group's rank lists, only where they are read (a search asks for the links of hundreds of meshes of
+    # thousands of ranks: listing them all was a third of its time)
+    rows = ({g.name: (G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
+            if placed is not None or described(cluster) else None)
     per_node = cluster.devices_per_node
     for g in groups:
         if placed is None:
