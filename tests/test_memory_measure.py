@@ -249,6 +249,10 @@ def _collective_rank(rank: int, collectives) -> None:
     assert m.activations.peak == 0, f"a forward that keeps nothing measured {m.activations.peak:,} bytes kept"
 
 
+# Slow tier until its race is understood: in the full suite on a quiet 2-core machine it measured 65,536 and 98,304
+# bytes kept (the all-gather's output, and its output with its input copy) in the last two runs of 2026-11-28,
+# passing alone every time: Tracker.settle does not always see gloo's work let go (docs/testing.md, "Known flaky")
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_a_forward_that_keeps_nothing_measures_nothing_kept_after_collectives():
     """gloo's worker thread lets go of an all-gather's input and output after it wakes the waiter: when the forward
