@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from compiler.cost import network as NET
 from compiler.layout import cluster as CL
 from compiler.layout import groups as G
 from compiler.layout import placement as P
@@ -147,25 +148,18 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
 
 
 def _on_network(link: Link, rows: list, cluster) -> Link:
-    """`link` priced on the described network: the span of its slowest group (network.price_on's choice, by the
-    time of a reference collective), its tier and its effective bandwidth for the plan's words. A group inside one
-    node keeps the two tiers' link: inside a node the step-time model's figures are fitted to published step times
-    (devices.py `intra_node_efficiency`), which network.py's nccl-tests fractions are not; a group that leaves its
-    node, over the network or over NVLink to another node of a scale-up domain, is priced on the network."""
-    from compiler.cost import network as NET
+    """`link` priced on the described network: the span of its slowest group (network.price_on), its tier and its
+    effective bandwidth for the plan's words. A group inside one node keeps the two tiers' link: inside a node the
+    step-time model's figures are fitted to published step times (devices.py `intra_node_efficiency`), which
+    network.py's nccl-tests fractions are not; a group that leaves its node, over the network or over NVLink to
+    another node of a scale-up domain, is priced on the network."""
     if link.size <= 1 or not link.crosses_nodes:
         return link
-    fabric = getattr(cluster, "fabric", None)
-    spans = {NET.span(cluster, tuple(row)) for row in rows}
-    ref = 2 ** 30  # a 1 GiB all-reduce: the large-message regime the step's big collectives are in
-    worst = max(spans, key=lambda sp: min(a.seconds for a in
-                                          NET.price("all_reduce", ref, sp, cluster.device, fabric).algorithms))
-    best = min(NET.price("all_reduce", ref, worst, cluster.device, fabric).algorithms, key=lambda a: a.seconds)
-    return Link(link.axis, link.size, worst.crosses, best.busbw_gbps, link.latency_us,
-                network=(worst, cluster.device, fabric), tier=worst.tier)
-
-
-_NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")  # network.OPS
+    # the slowest of its groups at a 1 GiB all-reduce: the large-message regime the step's big collectives are in
+    worst = NET.price_on(cluster, "all_reduce", 2 ** 30, rows)
+    best = min(worst.algorithms, key=lambda a: a.seconds)
+    return Link(link.axis, link.size, worst.group.crosses, best.busbw_gbps, link.latency_us,
+                network=(worst.group, cluster.device, getattr(cluster, "fabric", None)), tier=worst.group.tier)
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:
@@ -179,8 +173,7 @@ def collective_s(op: str, nbytes: float, link: Link) -> float:
     n = link.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    if link.network is not None and op in _NETWORK_OPS:
-        from compiler.cost import network as NET
+    if link.network is not None and op in NET.OPS:
         span, device, fabric = link.network
         return min(a.seconds for a in NET.price(op, nbytes, span, device, fabric).algorithms)
     beta = 1.0 / (link.gbps * 1e9)
