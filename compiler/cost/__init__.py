@@ -138,8 +138,8 @@ class CostModel:
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
         self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
-        self._rank_parts: dict = {}   # what no dp sharding or recomputation changes, by tagged key: estimate's per pp rank
-                                      # parts, and rank_memory's sizes, experts per rank and backward working sets
+        self._rank_parts: dict = {}   # what no dp sharding or recomputation changes, by tagged key: estimate's per pp
+                                      # rank parts, and rank_memory's sizes, experts per rank and backward working sets
 
     # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
     @property
