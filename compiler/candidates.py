@@ -20,12 +20,12 @@ from compiler import spec as S
 from compiler.symbols import size
 
 
-def structure(plan: P.Plan) -> tuple:
+def structure(plan: P.Plan, cp_bound: bool = False) -> tuple:
     """The plan's structure, as the cost model keys it (compiler.cost.structure: the pass structure, under cp its
-    attention variant, the residual stream's precision, the cp degree): one CostModel each, and one lowering each
-    but for the cp degree (`Candidates._graphs_key`)."""
+    attention variant, the residual stream's precision, the cp degree where `cp_bound`): one lowering and one
+    CostModel each."""
     from compiler.cost import structure as of
-    return of(plan)
+    return of(plan, cp_bound)
 
 
 _SPLIT: dict = {}
@@ -60,37 +60,30 @@ class Candidates:
         self.spec = spec if cluster is None else spec.on(cluster)
         self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
-        self._lowered: dict = {}  # _graphs_key -> (sharded, split, blocks): the graphs cp sizes share
-        self._moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+        from compiler.cost import binds_cp
+        self._cp_bound = binds_cp(spec)  # a `moe` layer's capacity binds the cp degree in the graphs
         self._rules = None  # rules.Checker of this spec, made on first use
 
-    def _graphs_key(self, key: tuple) -> tuple:
-        """The part of a structure key the lowered graphs depend on: all of it but the cp degree, which the graphs
-        keep as the symbol `cp` (only the cost model binds it) unless a `moe` layer's capacity is divided by it
-        (compiler/passes/context_parallel.py `_capacity`): cp sizes of one variant share one lowering."""
-        return key if self._moe else key[:-1]  # compiler.cost.structure: the cp degree last
-
     def _structure(self, plan: P.Plan) -> _Structure:
-        key = structure(plan)
+        key = structure(plan, self._cp_bound)
         got = self._structures.get(key)
         if got is None:
             from compiler import cost as C
             decided = L.decide_parallel(self.unsharded, plan)
-            gkey = self._graphs_key(key)
-            lowered = self._lowered.get(gkey)
-            if lowered is None:
-                sharded = L.lower(self.unsharded, decided)  # the cut is the same for every layout: the Plan says
-                split, blocks = (), 0                        # which blocks each stage holds
-                if plan.size("pp") > 1:
-                    blocks = L.blocks_of(sharded, self.spec.value)
-                    fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
-                    split = tuple(_lambdify(sympy.sympify(f).xreplace(fixed)) for f in L.split_costs(sharded))
-                lowered = self._lowered[gkey] = (sharded, split, blocks)
-            sharded, split, blocks = lowered
-            # the cost model binds this plan's cp degree (compiler.cost.structure): one per structure key
+            sharded = L.lower(self.unsharded, decided)  # the cut is the same for every layout: the Plan says
+            split, blocks = (), 0                        # which blocks each stage holds
+            if plan.size("pp") > 1:
+                blocks = L.blocks_of(sharded, self.spec.value)
+                fixed = {k: sympy.Integer(v) for k, v in self.spec.values.items()}  # the Spec binds no axis
+                split = tuple(_lambdify(sympy.sympify(f).xreplace(fixed)) for f in L.split_costs(sharded))
             got = _Structure(decided, sharded, split, blocks, C.CostModel(self.spec, sharded, decided))
             self._structures[key] = got
         return got
+
+    @property
+    def structures_built(self) -> int:
+        """Pass structures lowered and compiled so far (one CostModel each)."""
+        return len(self._structures)
 
     def decide(self, plan: P.Plan) -> P.Plan:
         """`plan` with its tp/ep decisions (shared by every plan of its structure) and its stage layout."""

@@ -192,7 +192,7 @@ def test_stages_over_two_repeats_hold_and_keep_their_own_blocks(tmp_path, layout
         assert got == pytest.approx(kept[-1], rel=1e-3, abs=8), (k, got, kept[-1])
     # the dense block and a MoE block differ: the stages are not costed as equal blocks
     fo = model.formulas
-    env = (1, 1, 1, 2, b)
+    env = (1, 1, 1, 2, b, 1)
     dense, moe = (f(env) for f in fo.params.block)
     assert dense != moe and compiled.costs.stages[0].params - fo.params.prologue(env) == \
         fo.within(fo.params.block, *layout[0], env) == dense + (layout[0][1] - 1) * moe

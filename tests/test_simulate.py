@@ -13,6 +13,7 @@ import pytest
 from compiler import pipeline as D
 from compiler import schedule as SCH
 from compiler.cost import links as LK
+from compiler.cost.formulas import env_of
 from compiler.cost import op_times as OT
 from compiler.cost import step_time as SIM
 from compiler.check import check_text
@@ -337,7 +338,7 @@ def test_ring_attention_prices_each_step_as_the_longer_of_its_transfer_and_its_b
     c, pred = predict(text)
     sim = SIM.Simulator(c.spec.cluster)
     plan = c.plan
-    env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+    env = env_of(plan)
     lk = LK.links(plan, sim.cluster)
     cp, link = plan.size("cp"), lk["cp"]
     mdl = sim.model(c.model)

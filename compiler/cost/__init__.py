@@ -12,8 +12,8 @@
 micro-batch size µb) and compiles each formula to a function of those (`CostModel.formulas`, formulas.py);
 `.estimate(plan)` evaluates them for one
 `compiler.plan.Plan` with the same structure (`structure`: which axes are > 1, sequence parallelism, what tp shards,
-the cp degree and variant, the residual stream's precision):
-axis sizes, micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
+the cp variant, the residual stream's precision): axis sizes (cp's too, but where a `moe` layer binds it),
+micro-batches, schedule, virtual stages and the stage layout may differ. `estimate(spec, plan, traced)`
 is the same path, so what `compile` prints is what a search ranks.
 
 Every formula is derived from what the plan stores and sends, node by node or tensor by tensor; the published
@@ -29,7 +29,7 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.cost import memory as MEM
 from compiler.cost import rank_memory
-from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas  # noqa: F401
+from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas, env_of  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.symbols import MICRO_BATCH, size
@@ -124,17 +124,18 @@ class CostModel:
 
     def __init__(self, spec: S.Spec, traced: T.Traced, plan):
         """`plan`: the Plan `traced` was lowered for; only the decisions the formulas bind are read (`structure`:
-        its pass structure, cp degree and variant, residual precision), which every plan this model estimates must
-        share."""
+        its pass structure, cp variant (and degree, where a `moe` layer binds it), residual precision), which every
+        plan this model estimates must share."""
         self.spec, self.traced = spec, traced
-        self.structure = structure(plan)
+        self.cp_bound = binds_cp(spec)
+        self.structure = structure(plan, self.cp_bound)
         """Every decision of the Plan that the graphs and the formulas bind (`structure`): every plan this model
         estimates has the same."""
         from compiler.cost import activations as A
         self.precision = A.precision_key(spec, plan)
         """The activations' precision key (activations.precision_key): the train section's, with the plan's fp32
         residual stream."""
-        self.formulas = Formulas.build(spec, traced, self.precision, plan.size("cp"))
+        self.formulas = Formulas.build(spec, traced, self.precision)
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
         self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
@@ -166,12 +167,12 @@ class CostModel:
                          "(compiler.candidates.Candidates.decide, or compile)")
 
     def estimate(self, plan, pp_rank: int = 0) -> Estimate:
-        if structure(plan) != self.structure:
+        if structure(plan, self.cp_bound) != self.structure:
             raise ValueError(_other_structure(plan, self.structure))
         spec = self.spec
-        dp, tp, ep, pp = (plan.size(a) for a in AXES)
-        m, mb = plan.micro_batches, plan.micro_batch_size
-        env = (dp, tp, ep, pp, mb)
+        env = env_of(plan)
+        dp, tp, ep, pp, mb = env[:5]
+        m = plan.micro_batches
         fo = self.formulas
         if fo.piped:
             layout = self.stages_for(plan, env)
@@ -247,7 +248,7 @@ class CostModel:
     def kept_per_micro_batch(self, plan, stage: int | None = None) -> float:
         """Bytes one micro-batch's forward keeps for its backward on one rank: the whole model's, or pipeline
         stage `stage`'s (its layout decided); what tests/test_memory.py counts with saved_tensors_hooks."""
-        env = tuple(plan.size(a) for a in AXES) + (plan.micro_batch_size,)
+        env = env_of(plan)
         if stage is None:
             return self.formulas.saved.whole[_saved_mode(plan)](env)
         layout = self.stages_for(plan, env)
@@ -530,16 +531,23 @@ def structure_of(axes, sp: bool, tp_layers) -> tuple:
     return (tuple((a, n > 1) for a, n in axes if a != "dp"), bool(sp), tuple(tp_layers))
 
 
-def structure(plan) -> tuple:
+def binds_cp(spec: S.Spec) -> bool:
+    """Whether the lowered graphs bind the cp degree as a number: a `moe` layer's capacity is divided by it
+    (compiler/passes/context_parallel.py `_capacity`); every other shape keeps it as the symbol `cp`, an argument
+    of the formulas (formulas.env_of)."""
+    return any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
+
+
+def structure(plan, cp_bound: bool = False) -> tuple:
     """Every decision of `plan` that a CostModel binds when it is built, so the key under which one model costs
     many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`, three
     fields), then under cp its attention variant (the context-parallel pass rewrites the graphs per variant),
     whether the residual stream is fp32 (the widths of the activation formulas, activations.precision_key), and
-    last the cp degree (the graphs keep it as the symbol `cp`; the formulas bind it as a constant: formulas.py
-    `_sub`)."""
+    last the cp degree where the graphs bind it (`cp_bound`: `binds_cp` of the spec), else None: the formulas take
+    it as an argument, so the plans of every cp degree share one model."""
     cp = plan.size("cp")
     return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
-        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp)
+        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp if cp_bound else None)
 
 
 def _other_structure(plan, built: tuple) -> str:
@@ -551,7 +559,7 @@ def _other_structure(plan, built: tuple) -> str:
         return (f"plan {plan.describe()} keeps the residual stream in another precision than the one this cost "
                 "model's activation formulas were derived for: build a CostModel for it")
     return (f"plan {plan.describe()} has another cp degree or attention variant than the one this cost model's "
-            "graphs and formulas were built for (cp is bound as a constant): build a CostModel for it")
+            "graphs were built for (a `moe` layer's capacity binds the cp degree): build a CostModel for it")
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:

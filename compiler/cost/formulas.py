@@ -1,11 +1,13 @@
 """The cost formulas of one pass structure, as one typed object: what `CostModel` (estimate, memory, ledger) and the
 step-time model (step_time.py) read.
 
-`Formulas.build(spec, traced, precision, cp)` reads the graphs after the passes once. Every formula that depends on
+`Formulas.build(spec, traced, precision)` reads the graphs after the passes once. Every formula that depends on
 the plan is symbolic in the axis sizes and the micro-batch size, and is compiled (`Formula`) to exact arithmetic over
-`env = (dp, tp, ep, pp, µb)`: µb is the sequences per micro-batch on one rank (plan.micro_batch_size). The spec's own
-sizes (hidden, layers, ...) and the plan's cp degree are bound at build time. What does not depend on the plan (the model's parameters and
-FLOPs per step) stays a sympy expression of the spec's sizes, as the user reads it.
+`env = (dp, tp, ep, pp, µb, cp)` (`env_of(plan)`): µb is the sequences per micro-batch on one rank
+(plan.micro_batch_size), cp the context-parallel degree, which the graphs' shapes divide the sequence by. The spec's
+own sizes (hidden, layers, ...) are bound at build time, so the plans of one structure at every cp degree share one
+build. What does not depend on the plan (the model's parameters and FLOPs per step) stays a sympy expression of the
+spec's sizes, as the user reads it.
 
 Under pp (`piped`) the trace is cut into segments: a prologue (the layers before the first block: stage 0's), one
 block per `repeat` (a stage holding k blocks of a repeat runs its block k times; `Formulas.held` says which a stage
@@ -30,8 +32,14 @@ from compiler.symbols import MICRO_BATCH, integer_polynomial, size
 from runtime import choices
 
 AXES = ("dp", "tp", "ep", "pp")
-ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH,)
-"""The symbols of `env`, in its order: the axis sizes dp, tp, ep, pp, then µb."""
+ARGS = tuple(size(a) for a in AXES) + (MICRO_BATCH, size("cp"))
+"""The symbols of `env`, in its order: the axis sizes dp, tp, ep, pp, then µb, then the cp degree."""
+
+
+def env_of(plan) -> tuple:
+    """A plan's `env`: the values of ARGS, in their order (what every compiled formula takes)."""
+    return (plan.size("dp"), plan.size("tp"), plan.size("ep"), plan.size("pp"), plan.micro_batch_size,
+            plan.size("cp"))
 RECOMPUTE = choices.RECOMPUTE
 SAVED_MODES = RECOMPUTE + ("selective/compiled",)
 """What a block keeps under each recomputation mode; compiled selective recomputation keeps less (activations)."""
@@ -42,7 +50,7 @@ Segment = Literal["whole", "block", "prologue", "epilogue"]
 
 
 class Formula:
-    """A formula compiled to exact integer arithmetic over env = (dp, tp, ep, pp, µb): numerator and denominator
+    """A formula compiled to exact integer arithmetic over env = (dp, tp, ep, pp, µb, cp): numerator and denominator
     polynomials with integer coefficients, so a value is exact however large (an int where it divides, else a
     float). `expr` is the formula in the user's sizes (hidden, layers, ...), for printing (ledger formulas).
     Values are kept per env (a tuple): a search costs many plans of the same axis sizes and micro-batch size."""
@@ -81,20 +89,20 @@ class Formula:
 _COMPILED: dict = {}
 _SEEN: dict = {}
 """(formula, id of its substitution) -> (the substitution, _COMPILED's entry): a structure's formulas are mostly
-those of the structures before it, with the same sizes bound (`_sub`: one substitution per spec and cp)."""
+those of the structures before it, with the same sizes bound (`_sub`: one substitution per spec)."""
 _SUBS: dict = {}
-"""(id of a spec, cp) -> (the spec, its substitution): `_sub`'s, so that equal substitutions are one object."""
+"""id of a spec -> (the spec, its substitution): `_sub`'s, so that equal substitutions are one object."""
 
 
-def _sub(spec, cp: int) -> Mapping:
-    """The sizes a structure's formulas bind: the spec's (not the axes and µb) and the cp degree."""
-    got = _SUBS.get((id(spec), cp))
+def _sub(spec) -> Mapping:
+    """The sizes a structure's formulas bind: the spec's (not the axes, µb and cp: ARGS)."""
+    got = _SUBS.get(id(spec))
     if got is None or got[0] is not spec:
         if len(_SUBS) > 64:  # a process checking many files (the tests): keep the recent ones
             _SUBS.clear()
             _SEEN.clear()
-        got = _SUBS[(id(spec), cp)] = (spec, MappingProxyType(
-            {**{k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}, size("cp"): sympy.Integer(cp)}))
+        got = _SUBS[id(spec)] = (spec, MappingProxyType(
+            {k: sympy.Integer(v) for k, v in spec.values.items() if k not in ARGS}))
     return got[1]
 """A bound formula (its spec's sizes substituted) -> (constant or None, numerator, denominator, values per env): what
 `Formula` compiles, kept for every Formula of the same expression (they are pure functions of env)."""
@@ -350,12 +358,11 @@ class Formulas:
         return sum(k * per_repeat[i](env) for i, k in self.held(lo, hi))
 
     @classmethod
-    def build(cls, spec, traced, precision: str, cp: int) -> "Formulas":
+    def build(cls, spec, traced, precision: str) -> "Formulas":
         """Read the graphs `traced` (after the passes) of `spec` once and compile every formula; `precision`: the
-        activations' precision key (activations.precision_key: the train section's and the plan's fp32 residual);
-        `cp`: the plan's cp degree, which the graphs' shapes divide the sequence by (the symbol `cp`, bound here
-        as a spec size is: the cost model's structure key holds it, compiler.cost.structure)."""
-        return _build(spec, traced, precision, cp)
+        activations' precision key (activations.precision_key: the train section's and the plan's fp32 residual).
+        The graphs keep the cp degree as the symbol `cp`: an argument of every formula (env's last)."""
+        return _build(spec, traced, precision)
 
 
 def _recompute_step(traced, gb) -> dict:
@@ -387,9 +394,9 @@ def _moments(segs: Segments, fn) -> Segments:
                     prologue=of(segs.prologue), epilogue=of(segs.epilogue))
 
 
-def _build(spec, traced, precision: str, cp: int) -> Formulas:
+def _build(spec, traced, precision: str) -> Formulas:
     from compiler.cost import activations as A
-    sub = _sub(spec, cp)
+    sub = _sub(spec)
 
     def fn(expr) -> Formula:
         return Formula(expr, sub)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from compiler import trace as T
+from compiler.cost.formulas import env_of
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
 
@@ -268,8 +269,8 @@ class Simulator:
         bound can still win). `detail=False` leaves out the pipeline's exposed send time (a second simulation with
         instant sends); the step time is the same."""
         dev = self.device
-        dp, tp, ep, pp = (plan.size(a) for a in ("dp", "tp", "ep", "pp"))
-        env = (dp, tp, ep, pp, plan.micro_batch_size)
+        env = env_of(plan)
+        dp, tp, ep, pp = env[:4]
         lk = links(plan, self.cluster, (lambda: est.ledger) if plan.placement == "auto" else None)
         pieces = self.pieces(cm, plan, env, lk)
         m = plan.micro_batches

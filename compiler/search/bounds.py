@@ -4,6 +4,7 @@ that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler
 they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
+from compiler.cost.formulas import env_of
 from compiler.cost.links import links
 
 
@@ -24,8 +25,7 @@ class Bounds:
         pp, each rank's busy time plus the pipeline's fill before its first action and drain after its last,
         which no schedule avoids (the data dependencies alone): still a lower bound of the exact step time."""
         cm = self.cands.cost_model(decided)
-        sizes = tuple(decided.size(a) for a in ("dp", "tp", "ep", "pp"))
-        env = sizes + (decided.micro_batch_size,)
+        env = env_of(decided)
         # the simulator keeps the pieces per what they read (plans that differ in dp or pp share them), and so
         # the times below per pieces: their id is the key
         pieces = self.sim.pieces(cm, decided, env, links(decided, self.cluster))
@@ -58,7 +58,7 @@ class Bounds:
         without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
         search bounds every family with them and decides the stage layout only of those it visits."""
         cm = self.cands.cost_model(plan)
-        env = tuple(plan.size(a) for a in ("dp", "tp", "ep", "pp")) + (plan.micro_batch_size,)
+        env = env_of(plan)
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
         if not cm.piped:
             return self.busy(plan)

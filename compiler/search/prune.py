@@ -49,6 +49,7 @@ count), and so is every micro-batch size.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
 from collections import Counter
@@ -318,6 +319,19 @@ class Search:
         cache[(mode, rc)] = (decided, est)
         return cache[(mode, rc)]
 
+    def peak_of(self, plan, mode, rc):
+        """The predicted peak of `plan`'s family at dp sharding `mode` and recomputation `rc`, for the report: from
+        the family's log where the run costed it, else costed now (outside the run's counts); None where a rule
+        refuses it."""
+        for m, r, p, _, _ in self.family_log.get(family_of(plan), []):
+            if m == mode and r == rc:
+                return p
+        got = self.peaks.get(family_of(plan), {}).get((mode, rc))
+        if got is not None:
+            return got
+        variant, problems = self._legal(P.evolve(plan, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc))
+        return None if problems else self.cands.estimate(self.cands.decide(variant)).peak_bytes
+
     def expand(self, plan0, lb, log):
         """Cost the variants of one family under rules 5 to 8 (the module's docstring), offering each fitting one
         that its bound does not prune; the family's log of what was tried, for the reasons."""
@@ -353,18 +367,24 @@ class Search:
                 self.group_fits[g] = False
             return tried
         rc_bound = {}
+
+        def in_reach(rc) -> bool:  # recomputation's own lower bound (the family's, with its extra forward)
+            if rc not in rc_bound:
+                rc_bound[rc] = self.busy(self.cands.decide(P.evolve(plan0, recompute=rc)), fill=True)
+            return rc_bound[rc] < self.threshold(key)
+
         for mode in modes:
-            # rule 7 again, per dp sharding: with its most recomputation it must fit
-            most = next((got for rc in reversed(rcs) if (got := self._cost(plan0, mode, rc, cache)) is not None),
+            # rule 7 again, per dp sharding: with its most recomputation the bound leaves in reach (rule 6: a
+            # recomputation whose bound reaches the threshold is never offered, nor any with more) it must fit
+            reach = list(itertools.takewhile(in_reach, rcs))
+            most = next((got for rc in reversed(reach) if (got := self._cost(plan0, mode, rc, cache)) is not None),
                         None)
             if not fits(most):
                 continue
             for rc in rcs:
                 if lb >= self.threshold(key):
                     return tried
-                if rc not in rc_bound:  # recomputation's own lower bound (the family's, with its extra forward)
-                    rc_bound[rc] = self.busy(self.cands.decide(P.evolve(plan0, recompute=rc)), fill=True)
-                if rc_bound[rc] >= self.threshold(key):
+                if not in_reach(rc):
                     break  # more recomputation is only slower
                 got = self._cost(plan0, mode, rc, cache)
                 if got is None:
@@ -398,6 +418,7 @@ class Search:
     def run(self) -> Result:
         t0 = time.perf_counter()
         timing = {}
+        built = self.cands.structures_built
         groups, families, space = [], 0, 0
         for sizes in self.shapes():
             gs = list(self.groups(sizes))
@@ -412,8 +433,6 @@ class Search:
         # 1. rules and a lower bound per family
         t1 = time.perf_counter()
         bounded = []
-        seen_structures = set()
-        from compiler.candidates import structure
         memo: dict = {}
         for make, ms in groups:
             first, problems = self._family_legal(make(ms[0]), memo)
@@ -432,11 +451,9 @@ class Search:
                     twin = P.evolve(plan, sequence_parallel=True)
                     if not self._family_legal(twin, memo)[1]:
                         continue
-                seen_structures.add(structure(plan))
                 self.group_rep.setdefault(group_of(plan), plan)  # ms: most micro-batches first
                 self.counts.bounded_families += 1
                 bounded.append((self.cheap_bound(plan), len(bounded), plan, False))
-        self.counts.structures = len(seen_structures)
         timing["rules_and_family_bounds"] = time.perf_counter() - t1
         # 2. best first, by the families' bounds (rule 4): each family's cheap bound stands for its bound until it
         # is the smallest, when its stage layout is decided and its bound computed (`busy`) and it goes back
@@ -459,6 +476,7 @@ class Search:
             self.expand(plan, lb, log)
         self._bound_left(bounded, exact)
         timing["best_first"] = time.perf_counter() - t2
+        self.counts.structures = self.cands.structures_built - built
         ranked = sorted(((t, w) for t, w in self.by_key.values()), key=lambda x: x[0])
         best_t = ranked[0][0] if ranked else None
         # the winners again with every detail (the pipeline's exposed send time): the same step times

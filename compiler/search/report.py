@@ -101,6 +101,11 @@ def reasons(s, d, est, pred, best_t) -> list:
             out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
     if d.shards_optimizer:
         ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
+        plain = next((m for m in s.modes(d) if m[0] == "ddp"), None)
+        if not ddp and plain is not None:  # ddp not costed at this recomputation: the run knew from one with more
+            # recomputation (pruning rule 7) that it would not fit
+            p = s.peak_of(d, plain, d.recompute)
+            ddp = [(p, None, None)] if p is not None and p > s.limit else []
         if ddp:
             p, t, b = ddp[0]
             if p > s.limit:

@@ -16,7 +16,7 @@ change is an error); `--fix KEY=VALUE` says what is fixed (`fixed` here).
 
 Candidates. The mesh is laid out pp, dp, cp, ep, tp, outermost first (Megatron's order: tp on neighbouring devices
 of a node, cp next to it, pp outermost); an axis of size 1 is left out, except dp. cp's families carry their
-attention variant (all_gather, ring, all_to_all: each its own graphs, so its own pass structure per cp size). A *family* is a mesh shape with its sequence
+attention variant (all_gather, ring, all_to_all: each its own graphs, so its own pass structure; its cp sizes share it). A *family* is a mesh shape with its sequence
 parallelism, micro-batch size and schedule (with its virtual stages); its *variants* are its dp shardings and
 recomputations. Every candidate is checked by the rules (compiler/rules/, through `Candidates.requires`: the one
 copy of every divisibility and legality rule; nothing here restates one), costed by the memory model
