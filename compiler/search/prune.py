@@ -32,7 +32,8 @@ Pruning, in order, each with why it is safe or what it may miss:
    the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
 7. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
    allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
-   its most recomputation). May miss: a variant the memory model puts below that one (ZeRO-3 and full
+   its most recomputation whose bound is still below the threshold: rule 6 never offers one beyond it). May miss:
+   a variant the memory model puts below that one (ZeRO-3 and full
    recomputation keep the least of every kind of state; their working sets, a gathered unit or the block being
    recomputed, are small beside what they save).
 8. Memory grows with the micro-batch size. Within a group (a family without its micro-batch size), the family of
