@@ -163,29 +163,73 @@ def _on_network(link: Link, rows: list, cluster) -> Link:
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:
-    """Seconds one collective of `nbytes` (the full tensor, as the ledger counts it) takes on `link`.
+    """Seconds one collective of `nbytes` (the full tensor, as the ledger counts it) takes on `link`: `collective`'s
+    time."""
+    return collective(op, nbytes, link)[0]
 
-    Ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce is a reduce-scatter then an all-gather,
-    2(n-1) steps moving 2(n-1)/n of the tensor; all-gather, reduce-scatter and all-to-all (n-1) steps moving
-    (n-1)/n; across nodes NCCL switches to a tree for latency, 2·log2(n) steps moving about 2× the tensor: the
-    faster of the two is taken. A broadcast is pipelined down a chain (the tensor once plus log2(n) latencies);
-    a point-to-point send is one step."""
+
+def collective(op: str, nbytes: float, link: Link) -> tuple:
+    """(seconds, algorithm) of one collective of `nbytes` (the full tensor, as the ledger counts it) on `link`.
+
+    On a described network (`link.network`), NCCL's fastest algorithm there (network.price: ring, tree, nvls, p2p).
+    Otherwise ring algorithms (Patarasuk & Yuan 2009; NCCL): an all-reduce is a reduce-scatter then an all-gather,
+    2(n-1) steps moving 2(n-1)/n of the tensor; all-gather and reduce-scatter (n-1) steps moving (n-1)/n; across
+    nodes NCCL switches to a tree for latency, 2·log2(n) steps moving about 2× the tensor: the faster of the two is
+    taken. An all-to-all is point-to-point ("p2p": each rank sends (n-1)/n of its tensor in n-1 steps). A broadcast
+    is pipelined down a chain (the tensor once plus log2(n) latencies); a point-to-point send is one step."""
     n = link.size
     if n <= 1 or nbytes <= 0:
-        return 0.0
+        return 0.0, "none"
     if link.network is not None and op in NET.OPS:
         span, device, fabric = link.network
-        return min(a.seconds for a in NET.price(op, nbytes, span, device, fabric).algorithms)
+        p = NET.price(op, nbytes, span, device, fabric)
+        return min(a.seconds for a in p.algorithms), p.chosen
     beta = 1.0 / (link.gbps * 1e9)
     alpha = link.latency_us * 1e-6
     if op == "all_reduce":
         ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * beta
         tree = 2 * math.log2(n) * alpha + 2 * nbytes * beta
-        return min(ring, tree) if link.crosses_nodes else ring
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) * alpha + (n - 1) / n * nbytes * beta
+        return (tree, "tree") if link.crosses_nodes and tree < ring else (ring, "ring")
+    if op in ("all_gather", "reduce_scatter"):
+        return (n - 1) * alpha + (n - 1) / n * nbytes * beta, "ring"
+    if op == "all_to_all":
+        return (n - 1) * alpha + (n - 1) / n * nbytes * beta, "p2p"
     if op == "broadcast":
-        return math.log2(n) * alpha + nbytes * beta
+        return math.log2(n) * alpha + nbytes * beta, "chain"
     if op == "send_recv":
-        return alpha + nbytes * beta
+        return alpha + nbytes * beta, "p2p"
     raise ValueError(f"no cost rule for collective {op}")
+
+
+# -- one ledger collective on its link -----------------------------------------------------------------------------
+
+
+def tier_name(link: Link) -> str:
+    """The tier a group's traffic crosses: on a described network the slowest level its rings cross (a topology's
+    `scale_up`, `leaf`, `spine`, `top`, ..., or `inter_node` with a fabric and no topology), otherwise, and for a
+    group inside one node, `intra_node` or `inter_node` (the Cluster's two tiers)."""
+    if link.network is not None:
+        return link.tier
+    return "inter_node" if link.crosses_nodes else "intra_node"
+
+
+@dataclass(frozen=True)
+class Priced:
+    """One ledger collective (all its calls in one step) on its group's link, as the step-time model charges it."""
+
+    tier: str            # tier_name of the link
+    algorithm: str       # `collective`'s: ring, tree, nvls, p2p, chain
+    seconds: float       # its calls' time together: times × one call's
+    busbw_gbps: float    # nccl-tests' bus bandwidth of one call: algbw (its bytes / its time) × the op's factor
+
+
+def priced(c, link: Link) -> Priced:
+    """What the ledger's collective `c` (cost.Collective: `bytes` per step over `times` calls) costs on `link`:
+    each call `collective`'s time for its share of the bytes, as step_time.py charges it (a call inside a piece per
+    micro-batch; the once-a-step collectives the same, `_data_parallel_exposed`). Ring attention's sends over cp
+    are charged there only for what its compute does not hide (op_times.ring_exposed): here, their transfer time."""
+    calls = max(c.times, 1)
+    one, algorithm = collective(c.op, c.bytes / calls, link)
+    factor = 1.0 if c.op == "broadcast" or link.size <= 1 else NET.bus_factor(c.op, link.size)
+    busbw = c.bytes / calls / one * factor / 1e9 if one > 0 else 0.0
+    return Priced(tier_name(link), algorithm, one * calls, busbw)

@@ -57,7 +57,7 @@ def search_html(result) -> str:
     best = None
     if result.winners:
         w = result.winners[0]
-        best = {"ledger": RP.ledger_json(result.spec, w.plan, w.estimate.ledger),
+        best = {"ledger": RP.ledger_json(result.spec, w.plan, w.estimate.ledger, priced=True),
                 "timeline_svg": RP.plan_schedule_svg(result.spec.model.name, w.plan)}
     return search_page(SE.to_json(result), best)
 
@@ -256,13 +256,18 @@ def _exposed(comm: dict) -> str:
 
 
 def _ledger_view(ledger: list) -> list:
-    """Every collective of one step: where the .scale file caused it, the axis it runs over, how often, the bytes
-    of one call and of the step (per rank), the formula and the reason."""
+    """Every collective of one step: where the .scale file caused it, the axis it runs over, how often, the tier
+    its group crosses, the algorithm, seconds and bus bandwidth the step-time model prices it at (plan --json's
+    "tier", "algorithm", "seconds", "busbw_gbps"), the bytes of one call and of the step (per rank), the formula
+    and the reason."""
     direction = {"forward": "fwd", "backward": "bwd", "step": "step"}
     return [{"op": c["op"], "axis": c["axis"], "direction": direction.get(c["direction"], c["direction"]),
              "times": c["times"], "per_call": nbytes(c["bytes"] / c["times"]) if c["times"] else "-",
              "bytes": nbytes(c["bytes"]), "formula": c["formula"], "at": c["at"] or "-", "reason": c["reason"],
-             "measured": "yes" if c["measured"] else "no"} for c in ledger]
+             "measured": "yes" if c["measured"] else "no", "tier": c.get("tier") or "-",
+             "algorithm": c.get("algorithm") or "-",
+             "seconds": seconds(c["seconds"]) if c.get("seconds") is not None else "-",
+             "busbw": f"{c['busbw_gbps']:.4g}" if c.get("busbw_gbps") is not None else "-"} for c in ledger]
 
 
 def _stage_rows(pipeline: dict | None) -> list:

@@ -12,6 +12,7 @@ import os
 from compiler import cost as C
 from compiler.cost import links as LK
 from compiler import spec as S
+from compiler.report import traffic as TR
 from compiler.report.units import count, flops, nbytes, seconds
 
 
@@ -65,16 +66,47 @@ def plan_text(compiled) -> str:
     lines += ["", "collectives per step" + (f" ({_pp_rank0(plan)}):" if m.size("pp") > 1 else ":")]
     if not costs.ledger.entries:
         lines += ["  none (one replica, no sharding)"]
-    for c in costs.ledger.entries:
+    wide = max([4] + [len(c.axis) for c in costs.ledger.entries])  # a folded group's name: dp×cp×ep
+    if costs.ledger.entries:
+        lines += [f"  {'op':<15} {'axis':<{wide}} {'pass':<4} {'calls':<5} {'tier':<10} {'algorithm':<9} "
+                  f"{'seconds':>9} {'busbw GB/s':>10} {'bytes':>10}"]
+    for c, p in zip(costs.ledger.entries, TR.priced(spec, plan, costs.ledger)):
         b = spec.value(c.bytes_per_step(), plan)
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
         times = spec.value(c.per_step, plan)
-        lines += [f"  {c.op:<15} {c.axis:<3} {_DIRECTION[c.direction]:<4} ×{times:<4} {nbytes(b):>10} = "
+        where = (f"{p.tier:<10} {p.algorithm:<9} {_seconds(p.seconds):>9} {p.busbw_gbps:>10.4g}" if p is not None
+                 else f"{'-':<10} {'-':<9} {'-':>9} {'-':>10}")
+        lines += [f"  {c.op:<15} {c.axis:<{wide}} {_DIRECTION[c.direction]:<4} ×{times:<4} {where} {nbytes(b):>10} = "
                   f"{C.formula(c.bytes_per_step(), values)} bytes  [{src}] {c.reason}"
                   + (f"; at most {nbytes(c.worst_bytes)}" if c.worst_bytes is not None else "")]
-    lines += ["  (bytes: the full tensor each call moves, per rank and step; DDP/FSDP traffic is theirs to schedule)"
+    lines += ["  (bytes: the full tensor each call moves, per rank and step; DDP/FSDP traffic is theirs to schedule;"
+              " seconds: all its calls on its group's link, as the step-time model prices them, whether or not"
+              " compute hides them; busbw: one call's, in nccl-tests' terms)"
               if costs.ledger.entries else ""]
+    lines += _traffic_text(compiled)
     return "\n".join(lines) + "\n"
+
+
+def _traffic_text(compiled) -> list[str]:
+    """The step's bytes per tier, and where the mesh describes its network what the placement saves over the
+    mesh's own order (compiler/report/traffic.py)."""
+    tiers = TR.by_tier(compiled)
+    if not tiers:
+        return []
+    plan = compiled.plan
+    lines = ["traffic per step, by the tier each group crosses"
+             + (f" ({_pp_rank0(plan)}):" if plan.size("pp") > 1 else " (every rank):")]
+    wide = max(len(", ".join(t.axes)) for t in tiers)
+    lines += [f"  {t.tier:<10} {nbytes(t.bytes):>10}  {', '.join(t.axes):<{wide}}  exposed {_seconds(t.exposed_s)}"
+              for t in tiers]
+    naive = TR.naive_placement(compiled)
+    if naive is not None:
+        order = ", ".join(naive.order)
+        lines += [f"naive placement (mesh order, innermost first: {order}): {_seconds(naive.step_s)} per step, "
+                  f"{naive.ratio:.2f}x the plan's"
+                  + (" (no placement is written: the plan is on the mesh's order)" if naive.same else
+                     f" {_seconds(compiled.costs.step.step_time_s)}")]
+    return lines
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd", "step": "step"}
@@ -237,7 +269,9 @@ def plan_json(compiled) -> dict:
                    "ranks": [r.as_json() for r in costs.memory],
                    "fixes": ([{"change": f.change, "peak_bytes": int(f.peak), "fits": f.fits}
                               for f in _fixes(compiled)] if peak > limit else [])},
-        "ledger": ledger_json(spec, plan, costs.ledger),
+        "ledger": ledger_json(spec, plan, costs.ledger, priced=True),
+        "traffic": [t.as_json() for t in TR.by_tier(compiled)],
+        "naive_placement": (lambda n: n.as_json() if n is not None else None)(TR.naive_placement(compiled)),
         "diagnostics": [{"code": d.code, "severity": d.severity, "message": d.message}
                         for d in _memory_diagnostics(compiled)],
     }
@@ -263,14 +297,21 @@ def placement_json(spec, plan, ledger) -> dict:
                           "note": placed.note, "ranks": list(placed.rank_map.ranks)}}
 
 
-def ledger_json(spec, plan, ledger) -> list:
+def ledger_json(spec, plan, ledger, priced: bool = False) -> list:
     """`--json`'s `ledger`: each collective of one step under `plan` (bytes: per rank and step, all its calls), as
-    `plan --json` and the HTML pages of `plan` and of `search`'s best plan show it."""
-    return [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step, plan)),
-             "bytes": int(spec.value(c.bytes_per_step(), plan)), "formula": str(c.bytes_per_step()),
-             "measured": c.measured, "reason": c.reason,
-             "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
-            for c in ledger.entries]
+    `plan --json` and the HTML pages of `plan` and of `search`'s best plan show it. With `priced`, also where it
+    goes (compiler/report/traffic.py `priced`): "tier", "algorithm", "seconds" (all its calls) and "busbw_gbps"
+    (one call's), null where its group has no link."""
+    out = [{"op": c.op, "axis": c.axis, "direction": c.direction, "times": int(spec.value(c.per_step, plan)),
+            "bytes": int(spec.value(c.bytes_per_step(), plan)), "formula": str(c.bytes_per_step()),
+            "measured": c.measured, "reason": c.reason,
+            "at": f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else None}
+           for c in ledger.entries]
+    if priced:
+        for row, p in zip(out, TR.priced(spec, plan, ledger)):
+            row.update({"tier": p.tier, "algorithm": p.algorithm, "seconds": p.seconds, "busbw_gbps": p.busbw_gbps}
+                       if p is not None else dict.fromkeys(("tier", "algorithm", "seconds", "busbw_gbps")))
+    return out
 
 
 def _pp_rank0(plan) -> str:
