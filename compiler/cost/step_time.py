@@ -189,6 +189,7 @@ class Simulator:
         self.materialised = attention == "materialised"
         self._models: dict = {}
         self._pieces: dict = {}  # `pieces` per what it reads
+        self._stages: dict = {}  # id of pieces -> stage_times' sums per (blocks, first stage, last stage)
 
     def model(self, cm) -> _Model:
         got = self._models.get(id(cm))
@@ -398,34 +399,38 @@ class Simulator:
                       + params.epilogue(env) * (n - 1 in mine))
         return out
 
-    @staticmethod
-    def stage_times(cm, plan, env, pieces) -> tuple:
+    def stage_times(self, cm, plan, env, pieces) -> tuple:
         """Per pipeline stage of `plan`'s layout, one micro-batch's (forward, backward, weight-gradient part of the
         backward, {axis: seconds of its collectives}) as lists indexed by stage: its blocks, plus the first
-        layers on stage 0 and the last layers and loss on the last stage."""
+        layers on stage 0 and the last layers and loss on the last stage. Each stage's sums are kept per pieces
+        and blocks (a search's layouts share most of their stages); the lists and dicts are not to be changed."""
         layout = cm.stages_for(plan, env)
         n = len(layout)
         fo = cm.formulas
-        blocks = [pieces[("block", name)] for name, _, _ in fo.edges]
-        pro, epi, loss = (pieces[k] for k in ("prologue", "epilogue", "loss"))
+        known = self._stages.setdefault(id(pieces), {})  # id: the pieces live as long as self._pieces holds them
         f, b, w, comm = [], [], [], []
         for s, (lo, hi) in enumerate(layout):
-            fs = bs = ws = 0.0
-            cs: dict = {}
-            for i, nb in fo.held(lo, hi):
-                blk = blocks[i]
-                fs, bs, ws = fs + nb * blk.forward, bs + nb * blk.backward, ws + nb * blk.weight
-                for a, t in blk.comm.items():
-                    cs[a] = cs.get(a, 0.0) + nb * t
-            extra = ([pro] if s == 0 else []) + ([epi, loss] if s == n - 1 else [])
-            for pc in extra:
-                fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight
-                for a, t in pc.comm.items():
-                    cs[a] = cs.get(a, 0.0) + t
-            f.append(fs)
-            b.append(bs)
-            w.append(ws)
-            comm.append(cs)
+            at = (lo, hi, s == 0, s == n - 1)
+            got = known.get(at)
+            if got is None:
+                fs = bs = ws = 0.0
+                cs: dict = {}
+                for i, nb in fo.held(lo, hi):
+                    blk = pieces[("block", fo.edges[i][0])]
+                    fs, bs, ws = fs + nb * blk.forward, bs + nb * blk.backward, ws + nb * blk.weight
+                    for a, t in blk.comm.items():
+                        cs[a] = cs.get(a, 0.0) + nb * t
+                extra = (["prologue"] if s == 0 else []) + (["epilogue", "loss"] if s == n - 1 else [])
+                for k in extra:
+                    pc = pieces[k]
+                    fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight
+                    for a, t in pc.comm.items():
+                        cs[a] = cs.get(a, 0.0) + t
+                got = known[at] = (fs, bs, ws, cs)
+            f.append(got[0])
+            b.append(got[1])
+            w.append(got[2])
+            comm.append(got[3])
         return f, b, w, comm
 
     def _pipeline(self, cm, plan, env, pieces, lk, exact=True, detail=True):
