@@ -4,6 +4,7 @@ that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler
 they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
+from compiler.cost import recompute_passes
 from compiler.cost.formulas import env_of
 from compiler.cost.links import links
 
@@ -57,6 +58,18 @@ class Bounds:
         does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
         without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
         search bounds every family with them and decides the stage layout only of those it visits."""
+        # what it reads of the plan: the structure (compiler.cost.structure), env, the links (axes, placement), what
+        # the pieces read besides (recomputation, its passes, compile) and the micro-batches; the schedules of a
+        # mesh shape (a family each) share it
+        at = ("cheap", plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
+              plan.placement, plan.micro_batch_size, plan.micro_batches, plan.recompute, recompute_passes(plan),
+              plan.compiles)
+        got = self._stage_times.get(at)
+        if got is None:
+            got = self._stage_times[at] = self._cheap(plan)
+        return got
+
+    def _cheap(self, plan) -> float:
         cm = self.cands.cost_model(plan)
         env = env_of(plan)
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
