@@ -55,13 +55,12 @@ def requires(spec: S.Spec, plan) -> list:
                               help='use `compile = false` (the default under zero-bubble), or another schedule',
                               axis=AXIS, rule="pipeline_split.zero_bubble_compile"))
     at = "axis pp"
-    repeats = list(spec.model.blocks)
+    repeats, between, blocks = _model_shape(spec)
     if not repeats:
         out.append(plan_error(plan, at, "E0605", "a pipeline cuts the blocks of `repeat`s into stages; this model "
                               "has none", help="write the model's transformer layers as a `repeat`",
                               axis=AXIS, rule="pipeline_split.repeats"))
         return out
-    between = _between(spec)
     if between is not None:
         layer, before, after = between
         kind = getattr(layer, "kind", None) or type(layer).__name__.lower()  # layernorm, rmsnorm, residual, mlp
@@ -71,7 +70,6 @@ def requires(spec: S.Spec, plan) -> list:
                               help="move the layer into a `repeat` (or a `repeat 1` of its own), or before the first "
                                    "`repeat` or after the last", axis=AXIS, rule="pipeline_split.repeats"))
         return out
-    blocks = sum(int(spec.value(r.count)) for r in repeats)
     stages = pp * v
     if stages > blocks:
         where = (f"the `repeat` at {repeats[0].span} has {blocks} blocks" if len(repeats) == 1 else
@@ -107,6 +105,22 @@ def requires(spec: S.Spec, plan) -> list:
                               "is not a multiple", help=f"use a multiple of {pp} micro-batches",
                               axis=AXIS, rule="pipeline_split.interleaved_groups"))
     return out
+
+
+_SHAPES: dict = {}
+"""id of a spec -> (the spec, `_model_shape`'s value): the search checks tens of thousands of candidates of one."""
+
+
+def _model_shape(spec: S.Spec) -> tuple:
+    """(the model's `repeat`s, `_between`'s layer or None, their blocks in all), read once per spec."""
+    got = _SHAPES.get(id(spec))
+    if got is None or got[0] is not spec:
+        if len(_SHAPES) > 64:  # a process checking many files (the tests): keep the recent ones
+            _SHAPES.clear()
+        repeats = list(spec.model.blocks)
+        got = _SHAPES[id(spec)] = (spec, (repeats, _between(spec) if repeats else None,
+                                          sum(int(spec.value(r.count)) for r in repeats)))
+    return got[1]
 
 
 def _between(spec: S.Spec):
