@@ -43,6 +43,11 @@ Pruning, in order, each with why it is safe or what it may miss:
    of the micro-batches in flight).
    Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
    its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
+9. Placement last. Where the cluster's network is described (a `topology` or `fabric`), each variant simulated exactly is
+   simulated under the other placement too (the mesh's own order, or `placement = auto`) and the faster kept; the
+   bounds before it read the family's own placement (auto where the file writes it, else the mesh order). May
+   miss: a family whose bound under that placement reaches the threshold but that the other would make fast
+   enough.
 Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
 count), and so is every micro-batch size.
 
@@ -104,6 +109,10 @@ class Search:
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
         self.by_key: dict = {}        # layout key -> (time, Winner)
         self.all_axes_fixed = all(a in fixed for a in ORDER if a != "ep" or self.moe)
+        # rule 9: placement varied where the network is described (a placement changes no price on the two tiers)
+        from compiler.cost.links import described
+        self.vary_placement = described(self.cluster)
+        self.placed: dict = {}        # _placement_key -> (the other placement, its exact step time)
 
     # -- the space (compiler/search/space.py), as the run and the tests walk it ---------------------------------
 
@@ -320,6 +329,20 @@ class Search:
         cache[(mode, rc)] = (decided, est)
         return cache[(mode, rc)]
 
+    def _placed(self, cm, decided, est, pred) -> tuple:
+        """Rule 9: on a cluster whose network is described, the variant under the other placement too (the mesh's
+        own order, or `placement = auto`), the faster kept; the other's step time kept for the reasons
+        (`placed`)."""
+        if not self.vary_placement:
+            return decided, pred
+        other = P.evolve(decided, placement=None if decided.placement == "auto" else "auto")
+        alt = self.sim.predict(cm, other, est, exact=True, detail=False)
+        self.counts.exact += 1
+        won, lost = ((other, alt), (decided, pred)) if alt.step_time_s < pred.step_time_s else \
+            ((decided, pred), (other, alt))
+        self.placed[_placement_key(won[0])] = (lost[0].placement, lost[1].step_time_s)
+        return won
+
     def peak_of(self, plan, mode, rc):
         """The predicted peak of `plan`'s family at dp sharding `mode` and recomputation `rc`, for the report: from
         the family's log where the run costed it, else costed now (outside the run's counts); None where a rule
@@ -406,6 +429,7 @@ class Search:
                     tried.append((mode, rc, peak, None, bound.step_time_s))
                     break  # more recomputation is only slower
                 pred = self.sim.predict(cm, decided, est, exact=True, detail=False)
+                decided, pred = self._placed(cm, decided, est, pred)
                 self.counts.exact += 1
                 tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
                 for st in stats:
@@ -488,6 +512,11 @@ class Search:
                     else R.unsatisfiable(self.space, self.spec.cluster))
         return Result(self.spec, winners, rejected, self.counts, time.perf_counter() - t0, self.fixed, timing,
                       self.headroom)
+
+
+def _placement_key(plan) -> tuple:
+    """A simulated variant, whatever its placement: its family, dp variant and recomputation."""
+    return family_of(plan) + (variant_of(plan), plan.recompute)
 
 
 def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None,

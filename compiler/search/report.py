@@ -59,12 +59,32 @@ def unsatisfiable(space, cluster) -> list:
     return out
 
 
+def _placement_name(placement) -> str:
+    if placement is None:
+        return "the mesh's order"
+    return "auto" if placement == "auto" else f"order({', '.join(placement)})"
+
+
+def _placement_reason(s, d, pred, lk) -> list:
+    """Where the network is described (pruning rule 9): the placement the winner takes, the tier each axis's
+    traffic crosses under it, and the other placement's step time."""
+    from compiler.cost.links import tier_name
+    from compiler.search.prune import _placement_key
+    alt = s.placed.get(_placement_key(d)) if s.vary_placement else None
+    if alt is None:
+        return []
+    other, t = alt
+    where = ", ".join(f"{a} {n} on {tier_name(lk[a])}" for a, n in d.axes if n > 1 and a in lk)
+    return [f"placement {_placement_name(d.placement)} ({where}); {_placement_name(other)}: "
+            f"{t / pred.step_time_s:.2f}× its step time"]
+
+
 def reasons(s, d, est, pred, best_t) -> list:
     """The short lines under a winner: how far from the best, where each axis's traffic runs and what it exposes,
     what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
     `s` is the run (compiler/search/prune.py's Search), as for `rejected`."""
     from compiler.cost.links import links
-    lk = links(d, s.cluster)
+    lk = links(d, s.cluster, (lambda: est.ledger) if d.placement == "auto" else None)
     out = []
     if best_t is not None and pred.step_time_s > best_t:
         out.append(f"{pred.step_time_s / best_t:.2f}× the best step time")
@@ -92,6 +112,7 @@ def reasons(s, d, est, pred, best_t) -> list:
     if dpn > 1:
         dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep", "dp×cp"))
         out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
+    out += _placement_reason(s, d, pred, lk)
     tried = s.family_log.get(family_of(d), [])
     peak = est.peak_bytes
     if d.recompute != "none":
