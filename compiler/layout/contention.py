@@ -94,17 +94,17 @@ def contention(topology, rows, nodes: int, devices_per_node: int) -> tuple | Non
                 entry[1].add(g)
                 mine.add(key)
         crossed.append(mine)
+    def fair(key: tuple) -> tuple:
+        """(NICs per flow, then the higher uplink first among ties, ..., the uplink's capacity in NICs)."""
+        depth, d = key
+        capacity = devices[depth][d] * topology.network_share(depth + 1)
+        return capacity / load[key][0], -depth, d, capacity
+
     out = []
     for mine in crossed:
         if not mine:
             out.append(ALONE)
             continue
-
-        def fair(key):
-            depth, d = key
-            capacity = devices[depth][d] * topology.network_share(depth + 1)
-            return capacity / load[key][0], -depth, d, capacity
-
         key = min(mine, key=fair)
         per_flow, _, _, capacity = fair(key)
         out.append(Contention(min(1.0, per_flow), len(load[key][1]), load[key][0], capacity, levels[key[0] + 1]))
