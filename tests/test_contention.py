@@ -21,7 +21,7 @@ from compiler.cost import network as N
 from compiler.layout.cluster import Cluster
 from compiler.layout.contention import contention
 from compiler.layout.groups import expand, groups
-from compiler.layout.topology import FatTree, Torus
+from compiler.layout.topology import Dragonfly, FatTree, Torus
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = check_path(str(ROOT / "samples" / "llama3_8b.scale")).cluster.device
@@ -99,6 +99,16 @@ def test_every_rank_crossing_gives_the_topologys_own_share():
     rows = groups(axes)["pp"].rows()
     assert {round(c.share, 12) for c in contention(cluster.topology, rows, 8, 8)} == {round(1 / 7, 12)}
     assert {round(N.span(cluster, r).share, 12) for r in rows} == {round(1 / 7, 12)}
+
+
+def test_a_dragonflys_global_links_are_shared_the_same_way():
+    """Two dragonfly groups of 2 nodes, global links 1:8: a group's global uplink carries 16 devices / 8 = 2 NICs.
+    Three rings from group 0 to group 1 (ranks 0, 1, 2 on node 0 to ranks 16, 17, 18 on node 2) put 3 flows on it:
+    2/3 of a NIC each; two get a whole NIC each."""
+    topology = Dragonfly(groups=2, nodes_per_group=2, global_oversubscription=8)
+    three = contention(topology, ((0, 16), (1, 17), (2, 18)), 4, 8)
+    assert {(round(c.share, 12), c.sharing, c.level) for c in three} == {(round(2 / 3, 12), 3, "global")}
+    assert {c.share for c in contention(topology, ((0, 16), (1, 17)), 4, 8)} == {1.0}
 
 
 def test_a_torus_keeps_the_share_of_every_rank_crossing():
