@@ -142,7 +142,7 @@ def test_two_a100_nodes_tree_beats_the_nics(tmp_path, capsys):
 
 def test_json_is_one_object_with_the_keys_as_named(capsys):
     got = _json(capsys, SAMPLE, "--op", "all_gather", "--size", "256MB", "--ranks", "4")
-    assert list(got) == ["op", "ranks", "bytes", "algorithms", "chosen"]
+    assert list(got) == ["op", "ranks", "bytes", "algorithms", "chosen", "sharing"] and got["sharing"] == 1
     assert (got["op"], got["ranks"], got["bytes"]) == ("all_gather", 4, 256 * 10 ** 6)
     assert all(list(a) == ["name", "seconds", "algbw_gbps", "busbw_gbps", "tier"] for a in got["algorithms"])
     assert got["chosen"] in {a["name"] for a in got["algorithms"]}
@@ -225,16 +225,18 @@ def _fat_tree_cluster(oversubscription, fabric=None) -> _Cluster:
                                                         oversubscription=oversubscription), fabric)
 
 
-def test_an_oversubscribed_top_tier_slows_dp_by_its_share():
-    """dp 8 × tp 8 on 8 nodes in two pods of 4: each dp ring crosses the aggregation (top) tier. At 1:7 the top gives
-    each device 1/7 of its NIC (compiler/layout/topology.py), so busbw falls by 7 for large messages."""
+def test_an_oversubscribed_top_tier_slows_dp_by_the_flows_that_share_it():
+    """dp 8 × tp 8 on 8 nodes in two pods of 4: each dp ring (one rank per node, nodes 0-7 in order) leaves each pod
+    once, so the 8 dp groups put 8 flows on a pod's uplink, which carries 32 devices' NICs / 7 = 32/7 NICs' worth:
+    4/7 of a NIC each (compiler/layout/contention.py), where a 1:1 top gives each its NIC. busbw falls by 7/4."""
     axes = (("dp", 8), ("tp", 8))
     rows = N.rows_of(axes, 64, group="dp")[0]
     flat = N.price_on(_fat_tree_cluster(1), "all_reduce", 8 * 2 ** 30, rows)
     slow = N.price_on(_fat_tree_cluster(7), "all_reduce", 8 * 2 ** 30, rows)
-    assert flat.group.tier == slow.group.tier == "top" and slow.group.share == pytest.approx(1 / 7)
+    assert flat.group.tier == slow.group.tier == "top" and slow.group.share == pytest.approx(4 / 7)
+    assert flat.group.share == 1.0 and slow.group.sharing == flat.group.sharing == 8
     ring = {p: next(a for a in p.algorithms if a.name == "ring") for p in (flat, slow)}
-    assert ring[flat].busbw_gbps / ring[slow].busbw_gbps == pytest.approx(7, rel=0.01)
+    assert ring[flat].busbw_gbps / ring[slow].busbw_gbps == pytest.approx(7 / 4, rel=0.01)
     assert {a.tier for a in slow.algorithms} == {"top"}
     # tp stays inside a node: the fabric does not touch it
     tp = N.price_on(_fat_tree_cluster(7), "all_reduce", 2 ** 30, N.rows_of(axes, 64, group="tp")[0])

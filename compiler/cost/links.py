@@ -8,7 +8,12 @@ Where the mesh section describes the network (a `topology` or a `fabric`), each 
 carries its group's span instead (compiler/cost/network.py `GroupSpan`: the slowest level its rings cross,
 oversubscription included, on the mesh's own rank order) and a collective is priced as NCCL's fastest algorithm
 there (`network.price`: ring, tree, NVLS); a group inside a node, and a file that describes neither, are priced as
-before. Where the mesh also writes a `placement`, each group's rows are mapped through its rank map first
+before. Every group of one name runs its collective at the same moment (every dp group's gradients, every pp
+boundary's sends), so they are priced together: each at the share of its NIC the others' flows leave it on the
+uplinks they cross (compiler/layout/contention.py says what is taken to overlap), once per mesh, rank map and
+cluster (`_LINKS`), never per candidate.
+
+Where the mesh also writes a `placement`, each group's rows are mapped through its rank map first
 (compiler/layout/rank_order.py `resolve`; auto reads the step's bytes per group, `traffic`), so a group is priced
 on the ranks it runs on; without a described network a placement changes no price (the two tiers see only nodes).
 """
@@ -43,7 +48,10 @@ class Link:
 
     def describe(self) -> str:
         if self.network is not None:  # priced on the described network: the level its rings cross, NCCL's busbw
-            return f"{self.axis} {self.size}: crosses the {self.tier} level ({self.gbps:.3g} GB/s bus bandwidth)"
+            span = self.network[0]
+            shared = f"; its slowest uplink shared by {span.sharing} groups" if span.sharing > 1 else ""
+            return (f"{self.axis} {self.size}: crosses the {self.tier} level ({self.gbps:.3g} GB/s bus "
+                    f"bandwidth{shared})")
         where = "crosses nodes" if self.crosses_nodes else "inside a node"
         return f"{self.axis} {self.size}: {where} ({self.gbps:g} GB/s per device)"
 
@@ -132,8 +140,11 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
     out, groups = {}, G.groups(axes)
     # every group's rank lists, only where they are read (a search asks for the links of hundreds of meshes of
     # thousands of ranks: listing them all was a third of its time)
-    rows = ({g.name: (G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
-            if placed is not None or described(cluster) else None)
+    rows = None
+    if placed is not None or described(cluster):
+        listed: dict = {}  # by pattern: dp, data, batch and dense are often the same ranks
+        rows = {g.name: listed[g.pattern] if g.pattern in listed else listed.setdefault(
+            g.pattern, G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
     per_node = cluster.devices_per_node
     for g in groups:
         if placed is None:
@@ -143,11 +154,13 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
             tier = cluster.tiers["inter_node" if crosses else "intra_node"]
         out[g.name] = Link(g.name, g.size, crosses, tier.gbps, tier.latency_us)
     if described(cluster):
-        out = {name: _on_network(link, rows[name], cluster) for name, link in out.items()}
+        priced: dict = {}  # by pattern: the same groups priced once (their contention too)
+        out = {name: _on_network(link, rows[name], cluster, priced, groups[name].pattern)
+               for name, link in out.items()}
     return out
 
 
-def _on_network(link: Link, rows: list, cluster) -> Link:
+def _on_network(link: Link, rows: list, cluster, priced: dict, pattern: tuple) -> Link:
     """`link` priced on the described network: the span of its slowest group (network.price_on), its tier and its
     effective bandwidth for the plan's words. A group inside one node keeps the two tiers' link: inside a node the
     step-time model's figures are fitted to published step times (devices.py `intra_node_efficiency`), which
@@ -156,7 +169,9 @@ def _on_network(link: Link, rows: list, cluster) -> Link:
     if link.size <= 1 or not link.crosses_nodes:
         return link
     # the slowest of its groups at a 1 GiB all-reduce: the large-message regime the step's big collectives are in
-    worst = NET.price_on(cluster, "all_reduce", 2 ** 30, rows)
+    worst = priced.get(pattern)
+    if worst is None:
+        worst = priced[pattern] = NET.price_on(cluster, "all_reduce", 2 ** 30, rows)
     best = min(worst.algorithms, key=lambda a: a.seconds)
     return Link(link.axis, link.size, worst.group.crosses, best.busbw_gbps, link.latency_us,
                 network=(worst.group, cluster.device, getattr(cluster, "fabric", None)), tier=worst.group.tier)

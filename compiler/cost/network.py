@@ -3,10 +3,12 @@ terms (seconds, algorithm bandwidth, bus bandwidth).
 
 `price(op, nbytes, group, device, fabric)` prices one collective of `nbytes` (nccl-tests' size S: the whole buffer,
 as `-b`/`-e` give it) over a `GroupSpan` (its ranks, how many share a scale-up domain, the level its traffic crosses
-and the per-device share there). `span(cluster, ranks)` builds the GroupSpan of a rank list from the Cluster: from
-its `topology` (compiler/layout/topology.py: the slowest level a ring over the ranks crosses, oversubscription
-included) when the Cluster has one, else from the two tiers of compiler/layout/cluster.py (inside a node, between
-nodes). compiler/cost/links.py's `collective_s` (the step-time model's pricing) is not changed by this module.
+and the share of its NIC it gets there). `span(cluster, ranks)` builds the GroupSpan of a rank list from the
+Cluster: from its `topology` (compiler/layout/topology.py: the slowest level a ring over the ranks crosses) when the
+Cluster has one, else from the two tiers of compiler/layout/cluster.py (inside a node, between nodes).
+`price_on(cluster, op, nbytes, rows)` prices groups that run at the same moment (every group of one axis), each
+at the share of its NIC left to it by the others' flows on the uplinks it crosses (compiler/layout/contention.py;
+on a topology whose switches do not nest, a torus, the topology's share for every rank crossing at once).
 
 Bus bandwidth (nccl-tests, doc/PERFORMANCE.md, "Summary"): busbw = algbw × factor, algbw = S / t, with factor
 all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n, all_to_all (n-1)/n, broadcast and reduce 1; send/recv
@@ -33,14 +35,15 @@ The chosen algorithm is the fastest of those listed (NCCL's tuner picks by its o
 ours, made the same way). Not modelled: NCCL's protocols (LL, LL128, Simple) and channel counts, which set the
 latency regime (a per-step latency from the device's figures stands for them: small messages are priced roughly,
 large ones, where bandwidth rules, well); NVLSTree across nodes (NCCL 2.18), CollNet / IB SHARP and PAT (NCCL
-2.23, one rank per node) are not offered; a group priced alone (other groups' traffic on the same level is in its
-share only when the topology's share says so: every rank crossing at once).
+2.23, one rank per node) are not offered; contention counts only the groups priced together (`price_on`'s rows:
+one axis's groups), not other collectives that overlap them in time.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from compiler.layout.contention import contention
 from compiler.layout.placement import ring_edges
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -96,11 +99,15 @@ class GroupSpan:
     """The slowest level a ring over the ranks crosses: a topology level (`scale_up`, `leaf`, `top`, ...) or, with no
     topology, `intra_node` / `inter_node`."""
     share: float = 1.0
-    """The per-device share of the NIC's bandwidth on that level when every rank crosses it at once."""
+    """The fraction of its NIC's bandwidth each of the group's flows gets at its slowest uplink, with the groups
+    priced beside it (compiler/layout/contention.py); on a torus, the topology's share when every rank crosses."""
     domains: int = 1
     """The scale-up domains the ranks are in."""
     most: int = 0
     """The most of the group's ranks in one domain (0: `per_domain`, an even spread)."""
+    sharing: int = 1
+    """The groups whose flows leave by the uplink that sets `share`, this one included (1: alone, or no uplink
+    crossed, or no topology written: a flat network); on a torus, every group priced with it."""
 
     @property
     def crosses(self) -> bool:
@@ -131,7 +138,7 @@ class Price:
         return {"op": self.op, "ranks": self.ranks, "bytes": self.bytes,
                 "algorithms": [{"name": a.name, "seconds": a.seconds, "algbw_gbps": a.algbw_gbps,
                                 "busbw_gbps": a.busbw_gbps, "tier": a.tier} for a in self.algorithms],
-                "chosen": self.chosen}
+                "chosen": self.chosen, "sharing": self.group.sharing}
 
 
 def fabric_efficiency(fabric) -> float:
@@ -148,9 +155,11 @@ def fabric_efficiency(fabric) -> float:
     return FABRICS[kind]
 
 
-def span(cluster, ranks: tuple) -> GroupSpan:
+def span(cluster, ranks: tuple, contended=None, sharing: int = 1) -> GroupSpan:
     """The GroupSpan of `ranks` (a ring in that order) on `cluster`: its topology's slowest crossing when it has one
-    (`getattr(cluster, "topology", None)`), else the Cluster's two tiers."""
+    (`getattr(cluster, "topology", None)`), else the Cluster's two tiers. `contended`: the group's
+    compiler/layout/contention.py Contention among the groups that run with it (`price_on` gives it); None: the
+    topology's share for every rank crossing at once, said to be shared by `sharing` groups."""
     per_node = cluster.devices_per_node
     topology = getattr(cluster, "topology", None)
     su = per_node if topology is None else topology.scale_up_devices(per_node)
@@ -167,7 +176,17 @@ def span(cluster, ranks: tuple) -> GroupSpan:
         worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
     if worst is None:
         return GroupSpan(len(ranks), tier="scale_up", **spread)
-    return GroupSpan(len(ranks), tier=worst.name, share=worst.share, **spread)
+    share, sharing = (worst.share, sharing) if contended is None else (contended.share, contended.sharing)
+    return GroupSpan(len(ranks), tier=worst.name, share=share, sharing=sharing, **spread)
+
+
+def contended(cluster, rows: tuple) -> tuple:
+    """Each row's Contention among all of `rows` run at once (compiler/layout/contention.py), or None for each
+    where the cluster has no topology (a flat network: nothing shared) or its switches do not nest (a torus: the
+    topology's own share, every rank crossing at once)."""
+    topology = getattr(cluster, "topology", None)
+    got = None if topology is None else contention(topology, rows, cluster.nodes, cluster.devices_per_node)
+    return got if got is not None else (None,) * len(rows)
 
 
 def price(op: str, nbytes: int, group: GroupSpan, device, fabric=None) -> Price:
@@ -270,11 +289,15 @@ def _at_least_two(rows: tuple, where: str) -> None:
 
 def price_on(cluster, op: str, nbytes: int, rows: tuple) -> Price:
     """The slowest of the groups `rows` (each a rank list) for `op` of `nbytes` on `cluster` (its device, its
-    `fabric` and `topology` when it has them): the pace all of them keep when they run at once."""
+    `fabric` and `topology` when it has them), all of them running at once: each at the share of its NIC the
+    others' flows leave it on the uplinks it crosses (`contended`). A torus's share is its own (every rank
+    crossing), said to be shared by every row."""
     fabric = getattr(cluster, "fabric", None)
+    among = contended(cluster, rows)
+    alone = len(rows) if getattr(cluster, "topology", None) is not None else 1
     worst, seen = None, {}
-    for row in rows:
-        g = span(cluster, tuple(row))
+    for row, c in zip(rows, among):
+        g = span(cluster, tuple(row), c, alone)
         if g in seen:
             continue
         seen[g] = p = price(op, nbytes, g, cluster.device, fabric)

@@ -22,14 +22,30 @@ def _seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
-def network_text(price, where: str, fabric: str, efficiency: float, device: str = "") -> str:
+def sharing_text(group, groups: int, cluster) -> str:
+    """The contention assumed for `group` (a compiler.cost.network.GroupSpan), one of `groups` run at once on
+    `cluster`'s topology (compiler/layout/contention.py)."""
+    if not group.crosses:
+        return f"contention: none, {'its' if groups == 1 else 'each group'} inside one scale-up domain"
+    if cluster.topology.domains(cluster.nodes) is None:  # a torus, rails without PXN: switches that do not nest
+        return (f"contention: the topology's share, every rank crossing at once ({groups} group"
+                f"{'s' if groups != 1 else ''} at once)")
+    at_once = "alone" if groups == 1 else f"one of {groups} groups run at once"
+    who = "it alone uses" if group.sharing == 1 else f"{group.sharing} groups share"
+    amount = f"{group.share:.3g} of a NIC" if group.share < 1 else "a whole NIC"
+    return f"contention: {at_once}; {who} the uplink that limits it, {amount} per flow"
+
+
+def network_text(price, where: str, fabric: str, efficiency: float, device: str = "", sharing: str = "") -> str:
     """The table of `price` (compiler.cost.network.Price); `where` says which ranks (a group, the first N), `fabric`
-    and `efficiency` the NIC figure used, `device` the device's kind."""
+    and `efficiency` the NIC figure used, `device` the device's kind, `sharing` the contention assumed
+    (`sharing_text`; '' where no topology is written)."""
     g = price.group
-    share = f", {g.share:.3g} of the NIC's bandwidth per device there" if g.share != 1 else ""
+    share = f", {g.share:.3g} of each NIC's bandwidth there" if g.share != 1 else ""
     lines = [f"{price.op} of {_size(price.bytes)} ({price.bytes} bytes) over {price.ranks} ranks ({where}): "
              f"{g.per_domain}{f'-{g.most}' if g.most else ''} per scale-up domain, crossing {g.tier}{share}",
              f"fabric {fabric}: NICs at {efficiency:.3g} of their line rate",
+             *([sharing] if sharing else []),
              "",
              f"  {'algorithm':<10} {'time':>12} {'algbw GB/s':>11} {'busbw GB/s':>11}  tier"]
     for a in price.algorithms:
@@ -75,7 +91,10 @@ def network_output(spec, args) -> str:
     price = N.price_on(cluster, args.op, N.parse_size(args.size or "1GB"), rows)
     if args.json:
         return json.dumps(price.json(), indent=1) + "\n"
-    return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric), cluster.device.kind)
+    topology = getattr(cluster, "topology", None)
+    sharing = sharing_text(price.group, len(rows), cluster) if topology is not None else ""
+    return network_text(price, where, N.fabric_name(fabric), N.fabric_efficiency(fabric), cluster.device.kind,
+                        sharing)
 
 
 def measured_text(op: str, n: int, where: str, used: tuple, model: list, efficiency: float, fabric: str,

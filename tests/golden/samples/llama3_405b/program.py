@@ -191,7 +191,7 @@ CONFIG = train.Config(
         flops_per_step=4.404731541800878e+19,
         peak_flops=989000000000000.0,
         device='h100',
-        predicted_step_s=10.05,
+        predicted_step_s=7.653,
     ),
 )
 
