@@ -191,3 +191,41 @@ def test_auto_reaches_the_brute_force_minimum_over_the_top_tier(case):
     assert RO.in_order(placed.rank_map)
     top = P.tier_bytes(placed.rank_map, spec.cluster.topology, per_node, traffic).total[-1]
     assert top <= _brute(axes, traffic, per_node, pods) + 1e-6, placed.describe()
+
+
+@pytest.mark.parametrize("case", CASES[::10], ids=lambda c: c[0] + "".join(f"-{a}{n}" for a, n in c[1]))
+def test_ties_over_the_top_go_to_the_faster_collectives(case):
+    """Among placements with the least bytes over the top tier, auto takes the one whose collectives the step-time
+    model prices fastest: no axis order tied with it over the top is priced faster (every axis order is one of its
+    candidates)."""
+    model, axes, cluster = case
+    spec = check_text(_text(model, axes, cluster), "case.scale")
+    ledger = _ledger(model, spec)
+    placed = LK.resolved(spec.plan, spec.cluster, ledger)
+    traffic = {k: v for k, v in LK.traffic(spec.plan, ledger).items() if v}
+    calls = tuple(sorted((c.op, c.axis, c.times, c.bytes) for c in ledger.entries if c.bytes))
+    per_node, topology = cluster[0], spec.cluster.topology
+    top = P.tier_bytes(placed.rank_map, topology, per_node, traffic).total[-1]
+    mine = LK.collectives_s(axes, spec.cluster, placed.rank_map, calls)
+    for names in itertools.permutations([a for a, _ in axes]):
+        other = P.order(axes, names)
+        if P.tier_bytes(other, topology, per_node, traffic).total[-1] == top:
+            assert mine <= LK.collectives_s(axes, spec.cluster, other, calls) * (1 + 1e-12), names
+
+
+def test_the_tie_break_reads_the_given_time():
+    """placement.auto's `seconds`: among candidates tied over the top, the least time wins, whatever it measures."""
+    from compiler.layout.topology import FatTree
+    axes, traffic = (("dp", 2), ("pp", 2), ("tp", 4)), {"dp": 4.0, "pp": 4.0, "tp": 4.0}
+    t = FatTree(nodes_per_leaf=1, nodes_per_pod=2, oversubscription=4)
+
+    def odd(rank_map):  # any deterministic measure: here, how late coordinate 1 comes
+        return rank_map.ranks[1]
+
+    plain = P.auto(axes, traffic, t, 4, 4, keep=RO.in_order)
+    timed = P.auto(axes, traffic, t, 4, 4, keep=RO.in_order, seconds=odd)
+    assert timed.bytes.total[-1] == plain.bytes.total[-1] and timed.seconds == odd(timed.rank_map)
+    tied = [P.order(axes, n) for n in itertools.permutations(["tp", "pp", "dp"])]
+    tied = [m for m in tied if P.tier_bytes(m, t, 4, traffic).total[-1] == plain.bytes.total[-1]]
+    assert len(tied) > 1 and timed.seconds <= min(odd(m) for m in [plain.rank_map, *tied])
+    assert timed.seconds < odd(plain.rank_map)  # the time moved the choice

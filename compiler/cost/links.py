@@ -88,16 +88,28 @@ def resolved(plan, cluster, ledger=None):
     written = getattr(plan, "placement", None)
     if written is None:
         return None
+    axes = tuple(plan.axes)
     flows = traffic(plan, ledger) if ledger is not None and written == "auto" else {}
-    key = (tuple(plan.axes), written, id(cluster), tuple(sorted(flows.items(), key=str)))
+    calls = tuple(sorted((c.op, c.axis, c.times, c.bytes) for c in ledger.entries if c.bytes)) if flows else ()
+    key = (axes, written, id(cluster), calls)
     got = _PLACED.get(key)
     if got is None or got[0] is not cluster:  # auto takes seconds on a large mesh: once per mesh and traffic
-        got = _PLACED[key] = (cluster, RO.resolve(written, tuple(plan.axes), cluster, lambda: flows))
+        got = _PLACED[key] = (cluster, RO.resolve(written, axes, cluster, lambda: flows,
+                                                  lambda placed: collectives_s(axes, cluster, placed, calls)))
     return got[1]
 
 
+def collectives_s(axes: tuple, cluster, placed, calls) -> float:
+    """The time of one step's collectives `calls` ((op, group, times, bytes per step), the ledger's) on `cluster`
+    with the mesh's coordinates on the ranks of `placed` (a RankMap; None: the mesh's own order), each priced on its
+    group's link (`collective_s`), one after another: what auto breaks ties by."""
+    on = _links(axes, cluster, placed)
+    return sum(times * collective_s(op, nbytes / times, on[group]) for op, group, times, nbytes in calls
+               if group in on)
+
+
 _PLACED: dict = {}
-"""(axes, placement, id(cluster), traffic) -> (cluster, its rank_order.Resolved)."""
+"""(axes, placement, id(cluster), the ledger's collectives) -> (cluster, its rank_order.Resolved)."""
 
 
 def traffic(plan, ledger) -> dict:

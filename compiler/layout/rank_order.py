@@ -13,12 +13,11 @@ while the DeviceMesh reads a rank's coordinate from its place in the rank tensor
 increasing order, its collectives would assemble the shards out of the mesh's order (runtime/mesh.py `planned`
 gives the source lines). An axis order always keeps its rows increasing (rank = Σ coordinate × stride, strides
 positive); auto's snakes, its node relocations and its rank-level re-cuts need not, so where auto's best breaks
-the rule, the best axis order by the same measure (the bytes over the slowest level first) is taken instead and
-the resolution says so. Torch-free; imports nothing of compiler.cost.
+the rule, the best placement that keeps it by the same measure is taken instead (every axis order laid out plainly is
+one of auto's candidates) and the resolution says so. Torch-free; imports nothing of compiler.cost.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 from compiler.layout import placement as P
@@ -47,10 +46,12 @@ def _mesh_order(axes: tuple) -> tuple:
     return tuple(a for a, _ in reversed(axes))
 
 
-def resolve(placement, axes: tuple, cluster, traffic=None) -> Resolved | None:
+def resolve(placement, axes: tuple, cluster, traffic=None, seconds=None) -> Resolved | None:
     """The rank map of `placement` (Plan.placement: None, "auto" or a tuple of axis names) on the mesh `axes` and
     `cluster` (compiler/layout/cluster.py); `traffic`: () -> {axis or tuple of axes: bytes each rank sends per
-    step}, read only by auto on a described topology. None where no placement is written."""
+    step}, read only by auto on a described topology; `seconds`: RankMap -> the time of the groups' collectives
+    under it (the step-time model's, compiler/cost/links.py), auto's tie-break among placements with the same bytes
+    over the slowest level. None where no placement is written."""
     axes = tuple(axes)
     if placement is None:
         return None
@@ -63,17 +64,10 @@ def resolve(placement, axes: tuple, cluster, traffic=None) -> Resolved | None:
     flows = {k: v for k, v in (traffic() if traffic is not None else {}).items() if v}
     if not flows:
         return Resolved(P.RankMap.identity(axes), _mesh_order(axes), "auto keeps the mesh's order: no traffic")
-    nodes, per_node = cluster.nodes, cluster.devices_per_node
-    choice = P.auto(axes, flows, topology, nodes, per_node)
-    if in_order(choice.rank_map):
-        plain = not choice.snake and choice.rank_map == P.order(axes, choice.order)
-        return Resolved(choice.rank_map, choice.order if plain else None,
-                        "auto's choice, the least bytes over the slowest level")
-    best, best_key = None, None
-    for perm in itertools.permutations(_mesh_order(axes)):
-        placed = P.order(axes, perm)
-        key = P.tier_bytes(placed, topology, per_node, flows).key()
-        if best_key is None or key < best_key:
-            best, best_key = (placed, perm), key
-    return Resolved(best[0], best[1], "auto, as the best axis order: its best placement puts an axis's ranks out of "
-                                      "increasing order, which torch's process groups cannot hold")
+    choice = P.auto(axes, flows, topology, cluster.nodes, cluster.devices_per_node, seconds=seconds, keep=in_order)
+    plain = not choice.snake and choice.rank_map == P.order(axes, choice.order)
+    note = "auto's choice, the least bytes over the slowest level"
+    if choice.refused:
+        note += (" that torch's process groups can hold: one with fewer bytes puts an axis's ranks out of "
+                 "increasing order, which they cannot hold")
+    return Resolved(choice.rank_map, choice.order if plain else None, note)
