@@ -83,8 +83,8 @@ def rank_map(plan, cluster, ledger=None):
 
 def resolved(plan, cluster, ledger=None):
     """The plan's written placement resolved (compiler/layout/rank_order.py `Resolved`), whatever the network
-    says: what codegen writes into Parallel.ranks and the plan output shows; None where none is written. auto reads
-    `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
+    says: what codegen writes into Parallel.placement and the plan output shows; None where none is written. auto
+    reads `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
     written = getattr(plan, "placement", None)
     if written is None:
         return None
