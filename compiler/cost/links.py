@@ -56,12 +56,16 @@ def links(plan, cluster, ledger=None) -> dict:
     multiply to the cluster's devices is refused (ValueError). `ledger` (() -> cost.Ledger): the step's
     collectives, which `placement = auto` places by on a described topology (without it, auto keeps the mesh's
     order)."""
-    placed = rank_map(plan, cluster, ledger)
-    key = (tuple(plan.axes), placed.ranks if placed is not None else None, id(cluster))
+    return dict(_kept_links(tuple(plan.axes), cluster, rank_map(plan, cluster, ledger)))
+
+
+def _kept_links(axes: tuple, cluster, placed) -> dict:
+    """`_links`, kept per mesh, placement and cluster (not to be changed: `links` hands out copies)."""
+    key = (axes, placed.ranks if placed is not None else None, id(cluster))
     got = _LINKS.get(key)
     if got is None or got[0] is not cluster:
-        got = _LINKS[key] = (cluster, _links(key[0], cluster, placed))  # the cluster kept: its id is not reused
-    return dict(got[1])
+        got = _LINKS[key] = (cluster, _links(axes, cluster, placed))  # the cluster kept: its id is not reused
+    return got[1]
 
 
 def described(cluster) -> bool:
@@ -103,7 +107,7 @@ def collectives_s(axes: tuple, cluster, placed, calls) -> float:
     """The time of one step's collectives `calls` ((op, group, times, bytes per step), the ledger's) on `cluster`
     with the mesh's coordinates on the ranks of `placed` (a RankMap; None: the mesh's own order), each priced on its
     group's link (`collective_s`), one after another: what auto breaks ties by."""
-    on = _links(axes, cluster, placed)
+    on = _kept_links(axes, cluster, placed)
     return sum(times * collective_s(op, nbytes / times, on[group]) for op, group, times, nbytes in calls
                if group in on)
 

@@ -50,6 +50,7 @@ traffic and topology. Torch-free; imports nothing of compiler.cost.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, replace
@@ -371,22 +372,57 @@ def _graph(rank_map: RankMap, traffic: dict, topology, per_node: int) -> tuple:
     out: dict = {}
     inside = [0] * len(topology.levels(per_node))
     for group, per_rank in traffic.items():
-        for a, b in ring_edges(rank_map.rows(group)):
-            if a // per_node == b // per_node:
-                inside[topology.level((0, a % per_node), (0, b % per_node), per_node)] += per_rank
-            elif per_rank:
-                key = (divmod(a, per_node), divmod(b, per_node))
-                out[key] = out.get(key, 0) + per_rank
+        if not per_rank:
+            continue
+        across, within = _steps(rank_map, group, topology, per_node)
+        for key, count in across:
+            out[key] = out.get(key, 0) + per_rank * count
+        inside = [t + per_rank * n for t, n in zip(inside, within)]
     return out, tuple(inside)
+
+
+@functools.lru_cache(maxsize=512)
+def _steps(rank_map: RankMap, group, topology, per_node: int) -> tuple:
+    """The ring steps of the groups folding `group` under `rank_map`, whatever their bytes: those between virtual
+    nodes, (((node, local), (node, local)), count), and the count per level of those inside a node. Kept: a search
+    asks auto about the same few meshes under hundreds of plans' traffic."""
+    across: dict = {}
+    within = [0] * len(topology.levels(per_node))
+    for a, b in ring_edges(rank_map.rows(group)):
+        if a // per_node == b // per_node:
+            within[topology.level((0, a % per_node), (0, b % per_node), per_node)] += 1
+        else:
+            key = (divmod(a, per_node), divmod(b, per_node))
+            across[key] = across.get(key, 0) + 1
+    return tuple(across.items()), tuple(within)
 
 
 def _key(graph: dict, inside: tuple, node_map, topology, per_node: int) -> tuple:
     """The bytes per level, slowest first (TierBytes.key), of the steps in `graph` with the virtual nodes on
     `node_map`, plus those inside the nodes."""
     levels = list(inside)
+    table = _level_table(topology, per_node) if len(node_map) * per_node <= TABLE_LIMIT else None
     for ((u, lu), (v, lv)), w in graph.items():
-        levels[topology.level((node_map[u], lu), (node_map[v], lv), per_node)] += w
+        a, b = (node_map[u], lu), (node_map[v], lv)
+        if table is None:
+            levels[topology.level(a, b, per_node)] += w
+            continue
+        level = table.get((a, b))
+        if level is None:
+            level = table[a, b] = topology.level(a, b, per_node)
+        levels[level] += w
     return tuple(reversed(levels))
+
+
+TABLE_LIMIT = 4096
+"""Meshes of up to this many ranks keep the level of each pair of (node, local) they meet (`_level_table`): a
+search asks auto about the same few clusters hundreds of times."""
+
+
+@functools.lru_cache(maxsize=64)
+def _level_table(topology, per_node: int) -> dict:
+    """The levels met so far between (node, local) pairs on `topology`, filled by `_key`."""
+    return {}
 
 
 def _assign(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:
