@@ -10,10 +10,14 @@ not the network); the clusters vary the nodes' size, the pods, the leaves and th
 The brute force, independent of auto's code (numpy over enumerated labelings, as tests/test_placement.py's):
 a ring step crosses the top tier exactly when its two coordinates sit in different pods, so the top tier's bytes
 depend only on the coordinate -> pod labeling.
-  - where they number at most LABELINGS_LIMIT: every balanced labeling of the coordinates (pods interchangeable), which is every placement's;
-  - above: every order of the axes (laid out plainly) times every assignment of its nodes to pods, the placements
-    whose nodes each hold consecutive ranks of an axis order, in any node order; rank permutations within a node or
-    a pod, and pods' order, move no byte over the top.
+  - where they number at most LABELINGS_LIMIT (12 or 16 ranks: 30 cases): every balanced labeling of the
+    coordinates (pods interchangeable), which is every placement's: auto must reach that minimum;
+  - above (16 ranks in 4 pods, 24 to 64 ranks: 28 cases): every order of the axes (laid out plainly) times every
+    assignment of its nodes to pods, the placements whose nodes each hold consecutive ranks of an axis order, in any
+    node order (rank permutations within a node or a pod, and pods' order, move no byte over the top): auto must
+    reach that minimum or beat it.
+The placement held is the one the program is built on: every axis's ranks in increasing order and written as a sum
+of strides (rank_order.buildable), so auto reaches these minima within what torch's process groups can hold.
 """
 from __future__ import annotations
 

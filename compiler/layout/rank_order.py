@@ -13,9 +13,11 @@ members by global rank whatever order it is given (torch 2.13 distributed_c10d.p
 while the DeviceMesh reads a rank's coordinate from its place in the rank tensor: where an axis row runs out of
 increasing order, its collectives would assemble the shards out of the mesh's order (runtime/mesh.py `planned`
 gives the source lines). An axis order always keeps its rows increasing (rank = Σ coordinate × stride, strides
-positive); auto's snakes, its node relocations and its rank-level re-cuts need not, so where auto's best breaks
-the rule, the best placement that keeps it by the same measure is taken instead (every axis order laid out plainly is
-one of auto's candidates) and the resolution says so. Torch-free; imports nothing of compiler.cost.
+positive); auto's snakes, its node relocations and its rank-level re-cuts need not. Nor is every placement
+written as its generator, the contract's form (`generator`: per axis, factors and their strides; the program does
+not list 16,384 ranks). So auto chooses among the placements that are both (`buildable`; every axis order laid out
+plainly is one of its candidates), and the resolution says so where its best was not. Torch-free; imports nothing
+of compiler.cost.
 """
 from __future__ import annotations
 
