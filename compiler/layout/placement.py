@@ -126,6 +126,7 @@ class RankMap:
                                           for r in self.ranks))
 
 
+@functools.lru_cache(maxsize=256)
 def _rows(axes: tuple, names: tuple) -> tuple:
     """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`,
     each row ordered along them (the innermost fastest), the rows by their first index."""
@@ -283,7 +284,7 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
     for perm in itertools.permutations(big):
         names = (*perm, *ones)
         for layout in (order, snake_order):
-            start = layout(axes, names)
+            start = _laid(layout is snake_order, axes, names)
             graph, inside = _graph(start, traffic, topology, devices_per_node)
             maps = [_assign(graph, topology, nodes, devices_per_node, exhaustive)]
             if layout is order:
@@ -306,6 +307,12 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
     if seconds is not None:
         best = _by_time(best, found, seconds, keep, topology, devices_per_node, traffic)
     return replace(best, refused=found[0][0] < best.bytes.key())
+
+
+@functools.lru_cache(maxsize=256)
+def _laid(snaked: bool, axes: tuple, names: tuple) -> RankMap:
+    """`order` or `snake_order`, kept: auto lays out every order of the same few meshes again on each call."""
+    return (snake_order if snaked else order)(axes, names)
 
 
 def _by_time(best: Choice, found: list, seconds, keep, topology, per_node: int, traffic: dict) -> Choice:
