@@ -126,7 +126,7 @@ class RankMap:
                                           for r in self.ranks))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def _rows(axes: tuple, names: tuple) -> tuple:
     """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`,
     each row ordered along them (the innermost fastest), the rows by their first index."""
@@ -381,18 +381,19 @@ def _graph(rank_map: RankMap, traffic: dict, topology, per_node: int) -> tuple:
     for group, per_rank in traffic.items():
         if not per_rank:
             continue
-        across, within = _steps(rank_map, group, topology, per_node)
+        steps = _kept_steps if rank_map.world <= TABLE_LIMIT else _steps
+        across, within = steps(rank_map, group, topology, per_node)
         for key, count in across:
             out[key] = out.get(key, 0) + per_rank * count
         inside = [t + per_rank * n for t, n in zip(inside, within)]
     return out, tuple(inside)
 
 
-@functools.lru_cache(maxsize=512)
 def _steps(rank_map: RankMap, group, topology, per_node: int) -> tuple:
     """The ring steps of the groups folding `group` under `rank_map`, whatever their bytes: those between virtual
-    nodes, (((node, local), (node, local)), count), and the count per level of those inside a node. Kept: a search
-    asks auto about the same few meshes under hundreds of plans' traffic."""
+    nodes, (((node, local), (node, local)), count), and the count per level of those inside a node. Kept on meshes
+    of up to TABLE_LIMIT ranks (`_kept_steps`): a search asks auto about the same few meshes under hundreds of
+    plans' traffic."""
     across: dict = {}
     within = [0] * len(topology.levels(per_node))
     for a, b in ring_edges(rank_map.rows(group)):
@@ -422,8 +423,9 @@ def _key(graph: dict, inside: tuple, node_map, topology, per_node: int) -> tuple
 
 
 TABLE_LIMIT = 4096
-"""Meshes of up to this many ranks keep the level of each pair of (node, local) they meet (`_level_table`): a
-search asks auto about the same few clusters hundreds of times."""
+"""Meshes of up to this many ranks keep the level of each pair of (node, local) they meet (`_level_table`) and
+their groups' ring steps (`_kept_steps`): a search asks auto about the same few clusters hundreds of times."""
+_kept_steps = functools.lru_cache(maxsize=512)(_steps)
 
 
 @functools.lru_cache(maxsize=64)
