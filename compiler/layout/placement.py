@@ -304,9 +304,10 @@ def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int
         result = tier_bytes(refined, topology, devices_per_node, traffic)
         if result.key() < best.bytes.key():
             best = Choice(refined, best.order, best.snake, None, result)
+    refused = found[0][0] < best.bytes.key()  # before the tie-break, which may trade the lower levels' bytes
     if seconds is not None:
         best = _by_time(best, found, seconds, keep, topology, devices_per_node, traffic)
-    return replace(best, refused=found[0][0] < best.bytes.key())
+    return replace(best, refused=refused)
 
 
 @functools.lru_cache(maxsize=256)
