@@ -208,6 +208,14 @@ CODES: dict[str, Code] = {
     "W0320": Code("network setting with no effect", "A warning: `fabric` and `topology` describe the links "
                   "between nodes; on a single node no traffic crosses them. `scale_up` equal to devices_per_node "
                   "is a node's own NVLink domain, the default. Remove the setting, or describe the cluster's nodes."),
+    "W0323": Code("auto placement predicted slower than the mesh's order", "A warning: `placement = auto` puts the "
+                  "fewest bytes over the most oversubscribed level of the described network first, then, among "
+                  "placements tied there, the least time of the step's collectives. The step-time model prices each "
+                  "ring at its slowest link, which a byte count does not weigh: moving a small axis (pp) onto the "
+                  "oversubscribed tier to take a larger one's (dp) crossings off it can save bytes there and still "
+                  "predict a slower step. `plan` names both times. Write the mesh's order (`placement = "
+                  "order(...)`, innermost first, or no placement) to keep the faster prediction, or keep auto for "
+                  "the fewer bytes over the oversubscribed tier."),
     "W0321": Code("placement with no effect", "A warning: `placement` says which rank each mesh coordinate gets. "
                   "With at most one axis larger than 1 every order puts the ranks alike (`auto` still orders the "
                   "nodes of a torus), and on one node that is one NVLink domain every pair of ranks crosses the "

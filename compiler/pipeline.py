@@ -27,6 +27,7 @@ from compiler import fit
 from compiler import plan as P
 from compiler import spec as S
 from compiler.check import check_path
+from compiler.cost import links as LK
 from compiler.cost import step_time as ST
 from compiler.diagnostics import Diagnostic, ScaleError
 from compiler.lower import decide_parallel, decide_stages, lower, trace, verify
@@ -87,6 +88,9 @@ def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
     (compile, run without --force), refuse a plan whose predicted peak does not fit, and add W0502 (a peak within
     the margin of the device) to the spec's warnings, which those commands print as `plan` prints it."""
     compiled = compile_spec(check_path(path), show=show)
+    slower = placement_slower(compiled)
+    if slower:
+        compiled.spec = replace(compiled.spec, warnings=compiled.spec.warnings + slower)
     problems = []
     if memory:
         found = fit.budget(compiled)
@@ -97,6 +101,33 @@ def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
     if problems:
         raise ScaleError(problems, {compiled.spec.path: compiled.spec.source})
     return compiled
+
+
+def placement_slower(compiled: Compiled) -> tuple:
+    """W0323: `placement = auto` on a described network whose step the mesh's own order is predicted to run faster
+    (auto minimises the bytes over the most oversubscribed level first, then the time of the collectives; the
+    step-time model prices each ring at its slowest link, which a byte count does not weigh), with both times."""
+    plan = compiled.plan
+    if plan is None or plan.placement != "auto" or not LK.described(compiled.spec.cluster):
+        return ()
+    auto = compiled.costs.step
+    naive = ST.Simulator(compiled.spec.cluster).predict(compiled.model, replace(plan, placement=None), compiled.costs)
+    if auto is None or naive is None or naive.step_time_s >= auto.step_time_s:
+        return ()
+    placed = LK.resolved(plan, compiled.spec.cluster, compiled.costs.ledger)
+    said = f"order({', '.join(placed.order)})" if placed.order is not None else "a rank map"
+    mesh = ", ".join(a for a, _ in reversed(plan.axes))
+    return (Diagnostic("W0323", f"placement = auto is predicted slower than the mesh's own order: "
+                                f"{_seconds(auto.step_time_s)} against {_seconds(naive.step_time_s)} per step",
+                       plan.span("placement"), severity="warning",
+                       label=f"auto: {said}, the least bytes over the most oversubscribed level",
+                       help=f"auto minimises those bytes first, then the collectives' time; the step-time model "
+                            f"prices each ring at its slowest link, which a byte count does not weigh. Write "
+                            f"`placement = order({mesh})` (or no placement) for the faster prediction"),)
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.1f} s" if t >= 1 else f"{t * 1e3:.3g} ms"
 
 
 def compile_path(path: str, check_between: bool = False) -> Compiled:

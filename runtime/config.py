@@ -27,11 +27,13 @@ class Parallel(choices.DataParallelMode):
     cp). A group's ranks are base + Σ i·stride over the mesh's row-major ranks (runtime.mesh.expand);
     runtime.mesh.setup builds exactly these, in this order (empty: a program compiled before the field, which
     setup refuses)."""
-    ranks: tuple = ()
-    """The global rank of each mesh coordinate, in row-major order (the innermost axis fastest), as the mesh's
-    `placement` put them (compiler/layout/placement.py RankMap.ranks); empty: coordinate i runs on rank i. The
-    DeviceMesh is built from this rank tensor as it is, and every group's rows are mapped through it
-    (runtime.mesh.planned)."""
+    placement: tuple = ()
+    """Where the mesh's `placement` put each mesh coordinate, as its generator: ((axis, ((size, stride), ...)),
+    ...) for every axis of `axes` in their order, each axis's coordinate cut into factors of those sizes (outermost
+    first, mixed radix) and a coordinate's rank the sum over every axis of each factor's digit × its stride
+    (`placed_ranks`; compiler/layout/rank_order.py `generator` writes it). An axis order is one factor per axis,
+    `order(tp, pp, dp)` strides 1, tp, tp·pp. Empty: coordinate i runs on rank i. It grows with the axes, not the
+    world: 16,384 ranks are 3 pairs or a few more."""
     data_parallel: str = "ddp"
     """How dp holds model state (ZeRO's stages, each from torch's own pieces):
     - `ddp`: replicated; DDP all-reduces the gradients (pipeline stages: one coalesced all-reduce).
@@ -109,13 +111,22 @@ class Parallel(choices.DataParallelMode):
         world = 1
         for _, n in self.axes:
             world *= n
-        if self.ranks and sorted(self.ranks) != list(range(world)):
-            raise ValueError(f"Parallel.ranks: {len(self.ranks)} ranks, not each of 0..{world - 1} once")
+        if self.placement:
+            ranks = placed_ranks(self.axes, self.placement)  # ValueError where it does not fit the axes
+            if sorted(ranks) != list(range(world)):
+                raise ValueError(f"Parallel.placement: its {len(ranks)} ranks are not each of 0..{world - 1} once")
         known = {name for name, _ in self.axes} | set(choices.GROUPS)
         strange = [name for name, _ in self.groups if name not in known]
         if strange:
             raise ValueError(f"Parallel.groups: unknown group {', '.join(strange)}; the groups are the axes "
                              f"and {', '.join(choices.GROUPS)}")
+
+    @property
+    def ranks(self) -> tuple:
+        """The global rank of each mesh coordinate, row-major (the innermost axis fastest), from `placement`; empty
+        without one. The DeviceMesh is built from this rank tensor as it is, and every group's rows are mapped
+        through it (runtime.mesh.planned)."""
+        return placed_ranks(self.axes, self.placement) if self.placement else ()
 
     @property
     def _zero_dp(self) -> int:
@@ -290,3 +301,27 @@ class Config:
 GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("eval", Eval),
           ("init", Init), ("memory", Memory), ("speed", Speed))
 """The nested groups of `Config`: (field name, class)."""
+
+
+def placed_ranks(axes: tuple, placement: tuple) -> tuple:
+    """The rank of each coordinate of the mesh `axes` ((name, size), ... outermost first), row-major, from
+    Parallel.placement's generator: per axis, factors (size, stride) outermost first; the coordinate c of an axis is
+    written in those sizes' mixed radix, and a coordinate's rank is Σ digit × stride over every factor of every
+    axis. Pure: the compiler's rank map and this expansion are held equal by tests/test_placement_contract.py."""
+    given = dict(placement)
+    if [a for a, _ in axes] != [a for a, _ in placement]:
+        raise ValueError(f"Parallel.placement names the axes {[a for a, _ in placement]}, the mesh "
+                         f"{[a for a, _ in axes]}")
+    ranks = [0]
+    for axis, n in axes:
+        factors = given[axis]
+        size = 1
+        for k, _ in factors:
+            size *= k
+        if size != n:
+            raise ValueError(f"Parallel.placement: axis {axis}'s factors multiply to {size}, not its size {n}")
+        offsets = [0]
+        for k, stride in factors:  # outermost factor first: each next factor varies faster
+            offsets = [o + d * stride for o in offsets for d in range(k)]
+        ranks = [r + o for r in ranks for o in offsets]
+    return tuple(ranks)

@@ -62,8 +62,8 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
     new groups over the listed ranks, every rank creating every group in the list's order: the runtime folds no axis
     itself. Each torchrun attempt meets under its own store prefix
     (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin for the watchdog to speak first,
-    every collective. `ranks` (runtime.config.Parallel.ranks): the global rank of each mesh coordinate, row-major
-    (empty: rank i holds coordinate i); the mesh and every group are built over the mapped ranks (`planned`)."""
+    every collective. `ranks` (runtime.config.Parallel.ranks, expanded from its `placement`): the global rank of
+    each mesh coordinate, row-major (empty: rank i holds coordinate i); the mesh and every group are built over the mapped ranks (`planned`)."""
     if "RANK" not in os.environ:  # plain `python program.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))

@@ -1,6 +1,6 @@
-"""The mesh's `placement` reaches the program and the plan output: codegen writes Parallel.ranks (the rank of each
-mesh coordinate) where a placement is written, and nothing where none is; `plan` and plan.json say the order it
-resolved to (compiler/layout/rank_order.py)."""
+"""The mesh's `placement` reaches the program and the plan output: codegen writes Parallel.placement (the generator
+of the rank of each mesh coordinate) where a placement is written, and nothing where none is; `plan` and plan.json
+say the order it resolved to (compiler/layout/rank_order.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +28,8 @@ def _compiled(text: str, extra: str, device: str):
 
 def test_no_placement_writes_no_ranks():
     spec, c = _compiled(GPT3D, "", "cpu")
-    assert "ranks" not in codegen.config_values(spec, c.traced, c.plan, costs=c.costs)["parallel"]
+    parallel = codegen.config_values(spec, c.traced, c.plan, costs=c.costs)["parallel"]
+    assert "placement" not in parallel and "ranks" not in parallel
     assert "placement" not in plan_json(c)["mesh"]
     assert not any(line.startswith("placement") for line in plan_text(c).splitlines())
 
@@ -36,15 +37,17 @@ def test_no_placement_writes_no_ranks():
 def test_an_order_is_written_as_its_rank_map():
     two_nodes = GPT3D.replace("  nodes = 1\n  devices_per_node = 8\n", "  nodes = 2\n  devices_per_node = 4\n")
     spec, c = _compiled(two_nodes, "  placement = order(dp, tp, pp)\n", "cpu")
-    ranks = codegen.config_values(spec, c.traced, c.plan, costs=c.costs)["parallel"]["ranks"]
-    # coordinate (dp, pp, tp), row-major, on rank dp + 2·tp + 4·pp
-    assert ranks == (0, 2, 4, 6, 1, 3, 5, 7)
-    assert Parallel(axes=c.plan.axes, groups=c.plan.groups.contract(), ranks=ranks).ranks == ranks
+    written = codegen.config_values(spec, c.traced, c.plan, costs=c.costs)["parallel"]["placement"]
+    # coordinate (dp, pp, tp), row-major, on rank dp + 2·tp + 4·pp: the generator, not the ranks
+    assert written == (("dp", ((2, 1),)), ("pp", ((2, 4),)), ("tp", ((2, 2),)))
+    parallel = Parallel(axes=c.plan.axes, groups=c.plan.groups.contract(), placement=written)
+    assert parallel.ranks == (0, 2, 4, 6, 1, 3, 5, 7)
     placed = plan_json(c)["mesh"]["placement"]
     assert placed == {"written": ["dp", "tp", "pp"], "order": ["dp", "tp", "pp"], "note": "",
                       "ranks": [0, 2, 4, 6, 1, 3, 5, 7]}
     assert "placement   order(dp, tp, pp); ranks by mesh coordinate (row-major): 0 2 4 6 1 3 5 7" in plan_text(c)
-    assert "ranks=(0, 2, 4, 6, 1, 3, 5, 7)" in codegen.program(spec, c.traced, c.costs, c.plan)
+    assert "placement=(('dp', ((2, 1),)), ('pp', ((2, 4),)), ('tp', ((2, 2),)))" in codegen.program(
+        spec, c.traced, c.costs, c.plan)
 
 
 def test_auto_without_a_topology_keeps_the_mesh_order_and_says_so():
@@ -70,8 +73,10 @@ def test_auto_refuses_a_rank_map_torch_cannot_hold():
     axes = (("dp", 2), ("tp", 4))
     assert not RO.in_order(P.snake_order(axes, ("tp", "dp")))
     assert RO.in_order(P.order(axes, ("dp", "tp")))
-    with pytest.raises(ValueError):
-        Parallel(axes=axes, ranks=(0, 1, 2))
+    with pytest.raises(ValueError):  # two axes onto the same ranks
+        Parallel(axes=axes, placement=(("dp", ((2, 1),)), ("tp", ((4, 1),))))
+    with pytest.raises(ValueError):  # factors that are not the axis's size
+        Parallel(axes=axes, placement=(("dp", ((2, 4),)), ("tp", ((2, 1),))))
 
 
 def test_a_printed_file_carries_the_plans_placement():

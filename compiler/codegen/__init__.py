@@ -23,6 +23,7 @@ from compiler.cost import links as LK
 from compiler.cost.memory import predicted_peak_bytes
 from compiler.hf_header import stack as hf_stack
 from compiler.layout import placements as PL
+from compiler.layout import rank_order as RO
 from compiler import spec as S
 from compiler import trace as T
 from compiler.codegen import escape as E
@@ -176,8 +177,9 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
     (micro_batch_size, batch_ranks) are `plan`'s (compile's: the file's plan with the policies' decisions).
     With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
-    it measures. Where the mesh writes a `placement`, "ranks" too: the rank of each mesh coordinate (compiler/cost/
-    links.py `resolved`; auto reads the ledger: `costs`' or `ledger`)."""
+    it measures. Where the mesh writes a `placement`, "placement" too: the generator of the rank of each mesh
+    coordinate (compiler/layout/rank_order.py `generator` of compiler/cost/links.py `resolved`; auto reads the
+    ledger: `costs`' or `ledger`), which runtime.config.placed_ranks expands."""
     t = spec.train
     v = spec.value
     placed = LK.resolved(plan, spec.cluster, costs.ledger if costs is not None else ledger)
@@ -185,7 +187,8 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
     moe = traced.model.has_moe()
     parallel = {
         "axes": plan.axes, "groups": plan.groups.contract(),
-        **({"ranks": placed.rank_map.ranks} if placed is not None else {}),  # written only with a placement
+        # written only with a placement: its generator (axes' factors and strides), not every rank
+        **({"placement": RO.generator(placed.rank_map)} if placed is not None else {}),
         "data_parallel": plan.data_parallel, "micro_batches": plan.micro_batches,
         "micro_batch_size": plan.micro_batch_size, "batch_ranks": plan.batch_ranks,
         "schedule": plan.schedule, "virtual_stages": plan.virtual_stages,

@@ -64,12 +64,16 @@ def links(plan, cluster, ledger=None) -> dict:
     multiply to the cluster's devices is refused (ValueError). `ledger` (() -> cost.Ledger): the step's
     collectives, which `placement = auto` places by on a described topology (without it, auto keeps the mesh's
     order)."""
-    placed = rank_map(plan, cluster, ledger)
-    key = (tuple(plan.axes), placed.ranks if placed is not None else None, id(cluster))
+    return dict(_kept_links(tuple(plan.axes), cluster, rank_map(plan, cluster, ledger)))
+
+
+def _kept_links(axes: tuple, cluster, placed) -> dict:
+    """`_links`, kept per mesh, placement and cluster (not to be changed: `links` hands out copies)."""
+    key = (axes, placed.ranks if placed is not None else None, id(cluster))
     got = _LINKS.get(key)
     if got is None or got[0] is not cluster:
-        got = _LINKS[key] = (cluster, _links(key[0], cluster, placed))  # the cluster kept: its id is not reused
-    return dict(got[1])
+        got = _LINKS[key] = (cluster, _links(axes, cluster, placed))  # the cluster kept: its id is not reused
+    return got[1]
 
 
 def described(cluster) -> bool:
@@ -91,21 +95,33 @@ def rank_map(plan, cluster, ledger=None):
 
 def resolved(plan, cluster, ledger=None):
     """The plan's written placement resolved (compiler/layout/rank_order.py `Resolved`), whatever the network
-    says: what codegen writes into Parallel.ranks and the plan output shows; None where none is written. auto reads
-    `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
+    says: what codegen writes into Parallel.placement and the plan output shows; None where none is written. auto
+    reads `ledger` (cost.Ledger: the step's collectives; without it, auto keeps the mesh's order)."""
     written = getattr(plan, "placement", None)
     if written is None:
         return None
+    axes = tuple(plan.axes)
     flows = traffic(plan, ledger) if ledger is not None and written == "auto" else {}
-    key = (tuple(plan.axes), written, id(cluster), tuple(sorted(flows.items(), key=str)))
+    calls = tuple(sorted((c.op, c.axis, c.times, c.bytes) for c in ledger.entries if c.bytes)) if flows else ()
+    key = (axes, written, id(cluster), calls)
     got = _PLACED.get(key)
     if got is None or got[0] is not cluster:  # auto takes seconds on a large mesh: once per mesh and traffic
-        got = _PLACED[key] = (cluster, RO.resolve(written, tuple(plan.axes), cluster, lambda: flows))
+        got = _PLACED[key] = (cluster, RO.resolve(written, axes, cluster, lambda: flows,
+                                                  lambda placed: collectives_s(axes, cluster, placed, calls)))
     return got[1]
 
 
+def collectives_s(axes: tuple, cluster, placed, calls) -> float:
+    """The time of one step's collectives `calls` ((op, group, times, bytes per step), the ledger's) on `cluster`
+    with the mesh's coordinates on the ranks of `placed` (a RankMap; None: the mesh's own order), each priced on its
+    group's link (`collective_s`), one after another: what auto breaks ties by."""
+    on = _kept_links(axes, cluster, placed)
+    return sum(times * collective_s(op, nbytes / times, on[group]) for op, group, times, nbytes in calls
+               if group in on)
+
+
 _PLACED: dict = {}
-"""(axes, placement, id(cluster), traffic) -> (cluster, its rank_order.Resolved)."""
+"""(axes, placement, id(cluster), the ledger's collectives) -> (cluster, its rank_order.Resolved)."""
 
 
 def traffic(plan, ledger) -> dict:

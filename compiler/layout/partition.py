@@ -121,12 +121,17 @@ def _exact(vnodes: list, sizes: list, adj: dict) -> list:
             best[0], best[1] = cost, dict(where)
             return
         u, tried = vnodes[i], set()
+        link, placed = [0] * k, 0  # u's weight to each part's items so far, and to all of them
+        for v, w in adj[u].items():
+            if v in where:
+                link[where[v]] += w
+                placed += w
         for j in range(k):
             if fill[j] == sizes[j] or (fill[j] == 0 and sizes[j] in tried):
                 continue
             if fill[j] == 0:
                 tried.add(sizes[j])
-            add = sum(w for v, w in adj[u].items() if v in where and where[v] != j)
+            add = placed - link[j]
             where[u] = j
             fill[j] += 1
             go(i + 1, cost + add)

@@ -39,17 +39,21 @@ formulation):
     starting orders (a torus's snakes, rings of single hops) refined by pairwise swaps;
  3. on a tree of at most REFINE_LIMIT ranks, the best of these is re-cut top-down rank by rank (the same k-way
     cut over coordinates, starting from where it put them), which reaches staircases no axis order makes;
- 4. the lexicographically least bytes per level, slowest level first, wins; ties keep the earlier candidate, the
-    mesh's own order first.
+ 4. the least bytes over the slowest level wins (the most oversubscribed links: the issue's objective); among the
+    candidates tied there, the least time of the step's collectives (`seconds`, the step-time model's pricing on
+    the described network, given by compiler/cost/links.py), then the least bytes over the next levels down;
+    ties keep the earlier candidate, the mesh's own order (every axis order is also a candidate as laid out, on
+    the nodes as numbered) first. `keep` passes over candidates the program cannot build (rank_order.py).
 tests/test_placement.py holds auto to brute force: every placement of meshes up to 16 ranks, and every axis order
 × node-to-pod assignment up to 64. At 16,384 ranks (Llama 3 405B's mesh) auto takes seconds: cache it per mesh,
 traffic and topology. Torch-free; imports nothing of compiler.cost.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.layout.partition import KL_LIMIT, cut, partition
 from compiler.layout.topology import Problem, locate, snake
@@ -122,6 +126,7 @@ class RankMap:
                                           for r in self.ranks))
 
 
+@functools.lru_cache(maxsize=64)
 def _rows(axes: tuple, names: tuple) -> tuple:
     """groups.py's stride patterns expanded: row-major indices of the coordinates that differ only along `names`,
     each row ordered along them (the innermost fastest), the rows by their first index."""
@@ -255,42 +260,79 @@ class Choice:
     nodes: tuple | None
     """The physical node of each virtual node of the order; None when the rank-level re-cut moved single ranks."""
     bytes: TierBytes
+    refused: bool = False
+    """Whether a placement with fewer bytes (by TierBytes.key) failed auto's `keep` and was passed over."""
+    seconds: float | None = None
+    """The time of the groups' collectives under this placement, where `seconds` broke a tie over it."""
 
 
 def auto(axes: tuple, traffic: dict, topology, nodes: int, devices_per_node: int,
-         exhaustive: int = 20000) -> Choice:
-    """The placement of the mesh `axes` with the least bytes over the slowest level, then the next (the
-    module's docstring gives the algorithm). `exhaustive` bounds the assignments an exact search may enumerate
-    (0: the heuristics alone)."""
+         exhaustive: int = 20000, seconds=None, keep=None) -> Choice:
+    """The placement of the mesh `axes` with the least bytes over the slowest level (the module's docstring gives
+    the algorithm); among placements with the same bytes there, the least `seconds(rank_map)` (the step-time
+    model's time of the groups' collectives on the described network), then the least bytes over the next levels.
+    `keep(rank_map)`: whether a placement may be chosen (the resolution's: torch's process groups must hold it);
+    every axis order laid out plainly is a candidate, so with `keep` = rank_order.in_order one always is.
+    `exhaustive` bounds the assignments an exact search may enumerate (0: the heuristics alone)."""
     axes = tuple(axes)
     if math.prod(n for _, n in axes) != nodes * devices_per_node:
         raise ValueError(f"the mesh's {math.prod(n for _, n in axes)} ranks are not {nodes} nodes of "
                          f"{devices_per_node}")
     big = [a for a, n in reversed(axes) if n > 1]
     ones = tuple(a for a, n in reversed(axes) if n == 1)
-    best, best_key = None, None
+    found = []  # (key, order of discovery, start, names, snaked, node_map): the mesh's own order first
     for perm in itertools.permutations(big):
         names = (*perm, *ones)
         for layout in (order, snake_order):
-            start = layout(axes, names)
+            start = _laid(layout is snake_order, axes, names)
             graph, inside = _graph(start, traffic, topology, devices_per_node)
             maps = [_assign(graph, topology, nodes, devices_per_node, exhaustive)]
             if layout is order:
+                maps[:0] = [tuple(range(nodes))]  # the order itself, on the nodes as they are numbered
                 maps.append(_box_map(_extents(axes, names, devices_per_node), graph, topology, nodes,
                                      devices_per_node))
             for node_map in filter(None, maps):
                 key = _key(graph, inside, node_map, topology, devices_per_node)
-                if best_key is None or key < best_key:
-                    best_key, best = key, (start, names, layout is snake_order, node_map)
-    start, names, snaked, node_map = best
-    placed = start.relocate(node_map, devices_per_node)
-    best = Choice(placed, names, snaked, node_map, tier_bytes(placed, topology, devices_per_node, traffic))
+                found.append((key, len(found), start, names, layout is snake_order, node_map))
+    found.sort(key=lambda f: f[:2])
+    choices = (Choice(start.relocate(node_map, devices_per_node), names, snaked, node_map, None)
+               for _, _, start, names, snaked, node_map in found)
+    best = next(c for c in choices if keep is None or keep(c.rank_map))
+    best = replace(best, bytes=tier_bytes(best.rank_map, topology, devices_per_node, traffic))
     refined = _refine(best.rank_map, traffic, topology, nodes, devices_per_node, exhaustive)
-    if refined is not None:
+    if refined is not None and (keep is None or keep(refined)):
         result = tier_bytes(refined, topology, devices_per_node, traffic)
         if result.key() < best.bytes.key():
             best = Choice(refined, best.order, best.snake, None, result)
-    return best
+    refused = found[0][0] < best.bytes.key()  # before the tie-break, which may trade the lower levels' bytes
+    if seconds is not None:
+        best = _by_time(best, found, seconds, keep, topology, devices_per_node, traffic)
+    return replace(best, refused=refused)
+
+
+@functools.lru_cache(maxsize=256)
+def _laid(snaked: bool, axes: tuple, names: tuple) -> RankMap:
+    """`order` or `snake_order`, kept: auto lays out every order of the same few meshes again on each call."""
+    return (snake_order if snaked else order)(axes, names)
+
+
+def _by_time(best: Choice, found: list, seconds, keep, topology, per_node: int, traffic: dict) -> Choice:
+    """Among the placements with `best`'s bytes over the slowest level (kept by `keep`), the one whose collectives
+    take least time (`seconds`), then the least bytes over the next levels; `best` where it ties."""
+    top = best.bytes.key()[0]
+    tied, seen = [(seconds(best.rank_map), best.bytes.key(), -1, best)], {best.rank_map.ranks}
+    for key, k, start, names, snaked, node_map in found:
+        if key[0] != top:
+            continue
+        placed = start.relocate(node_map, per_node)
+        if placed.ranks in seen or (keep is not None and not keep(placed)):
+            continue
+        seen.add(placed.ranks)
+        tied.append((seconds(placed), key, k, Choice(placed, names, snaked, node_map, None)))
+    time, _, _, chosen = min(tied, key=lambda t: t[:3])
+    if chosen is not best:
+        chosen = replace(chosen, bytes=tier_bytes(chosen.rank_map, topology, per_node, traffic))
+    return replace(chosen, seconds=time)
 
 
 def _refine(rank_map: RankMap, traffic: dict, topology, nodes: int, per_node: int, exhaustive: int):
@@ -338,22 +380,59 @@ def _graph(rank_map: RankMap, traffic: dict, topology, per_node: int) -> tuple:
     out: dict = {}
     inside = [0] * len(topology.levels(per_node))
     for group, per_rank in traffic.items():
-        for a, b in ring_edges(rank_map.rows(group)):
-            if a // per_node == b // per_node:
-                inside[topology.level((0, a % per_node), (0, b % per_node), per_node)] += per_rank
-            elif per_rank:
-                key = (divmod(a, per_node), divmod(b, per_node))
-                out[key] = out.get(key, 0) + per_rank
+        if not per_rank:
+            continue
+        steps = _kept_steps if rank_map.world <= TABLE_LIMIT else _steps
+        across, within = steps(rank_map, group, topology, per_node)
+        for key, count in across:
+            out[key] = out.get(key, 0) + per_rank * count
+        inside = [t + per_rank * n for t, n in zip(inside, within)]
     return out, tuple(inside)
+
+
+def _steps(rank_map: RankMap, group, topology, per_node: int) -> tuple:
+    """The ring steps of the groups folding `group` under `rank_map`, whatever their bytes: those between virtual
+    nodes, (((node, local), (node, local)), count), and the count per level of those inside a node. Kept on meshes
+    of up to TABLE_LIMIT ranks (`_kept_steps`): a search asks auto about the same few meshes under hundreds of
+    plans' traffic."""
+    across: dict = {}
+    within = [0] * len(topology.levels(per_node))
+    for a, b in ring_edges(rank_map.rows(group)):
+        if a // per_node == b // per_node:
+            within[topology.level((0, a % per_node), (0, b % per_node), per_node)] += 1
+        else:
+            key = (divmod(a, per_node), divmod(b, per_node))
+            across[key] = across.get(key, 0) + 1
+    return tuple(across.items()), tuple(within)
 
 
 def _key(graph: dict, inside: tuple, node_map, topology, per_node: int) -> tuple:
     """The bytes per level, slowest first (TierBytes.key), of the steps in `graph` with the virtual nodes on
     `node_map`, plus those inside the nodes."""
     levels = list(inside)
+    table = _level_table(topology, per_node) if len(node_map) * per_node <= TABLE_LIMIT else None
     for ((u, lu), (v, lv)), w in graph.items():
-        levels[topology.level((node_map[u], lu), (node_map[v], lv), per_node)] += w
+        a, b = (node_map[u], lu), (node_map[v], lv)
+        if table is None:
+            levels[topology.level(a, b, per_node)] += w
+            continue
+        level = table.get((a, b))
+        if level is None:
+            level = table[a, b] = topology.level(a, b, per_node)
+        levels[level] += w
     return tuple(reversed(levels))
+
+
+TABLE_LIMIT = 4096
+"""Meshes of up to this many ranks keep the level of each pair of (node, local) they meet (`_level_table`) and
+their groups' ring steps (`_kept_steps`): a search asks auto about the same few clusters hundreds of times."""
+_kept_steps = functools.lru_cache(maxsize=512)(_steps)
+
+
+@functools.lru_cache(maxsize=64)
+def _level_table(topology, per_node: int) -> dict:
+    """The levels met so far between (node, local) pairs on `topology`, filled by `_key`."""
+    return {}
 
 
 def _assign(graph: dict, topology, nodes: int, per_node: int, exhaustive: int) -> tuple:

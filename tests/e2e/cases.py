@@ -195,7 +195,7 @@ CASES = (
                      "405B's 126 layers over 16 × v stages"),
     Case(id="dp2_pp2_tp2", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
          description="the 3-D mesh: DDP over dp × 1F1B over pp × tensor + sequence parallelism over tp, 8 ranks"),
-    # The mesh's placement (Parallel.ranks): dp varies fastest over the ranks, then tp, then pp, so the mesh's
+    # The mesh's placement (Parallel.placement): dp varies fastest over the ranks, then tp, then pp, so the mesh's
     # coordinates are not the ranks' (coordinate (dp, pp, tp) on rank dp + 2 tp + 4 pp); the run's groups are checked
     # against the plan's by runtime.mesh.setup, and test_mesh_groups holds every group's ranks to it
     Case(id="dp2_pp2_tp2_placed", sample="samples/gpt_3d.scale", nproc=8, timeout=400,
@@ -546,7 +546,7 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     # fp32 zero1 (ZeroRedundancyOptimizer over dp): moe_dp2_ep2_zero1 runs it over a folded batch group; bf16 zero1's
     # partition: dp2_zero1_bf16
     "dp2_zero1",
-    # a placed mesh (Parallel.ranks, order(dp, tp, pp) on 2 nodes of 4): its groups are held to the plan, rank by rank,
+    # a placed mesh (Parallel.placement, order(dp, tp, pp) on 2 nodes of 4): its groups are held to the plan, rank by rank,
     # by tests/test_mesh_groups.py's placed case (8 gloo ranks), and the same plan unplaced trains in dp2_pp2_tp2
     "dp2_pp2_tp2_placed",
 })
