@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from compiler.report import scale as scale_printer
 from compiler.report.units import nbytes, seconds
-from compiler.search.space import ORDER, RECOMPUTE, divisors_of, family_of, variant_of
+from compiler.search.space import ORDER, RECOMPUTE, divisors_of, family_of, placement_key, variant_of
 
 if TYPE_CHECKING:
     from compiler import spec as S
@@ -69,8 +69,7 @@ def _placement_reason(s, d, pred, lk) -> list:
     """Where the network is described (pruning rule 9): the placement the winner takes, the tier each axis's
     traffic crosses under it, and the other placement's step time."""
     from compiler.cost.links import tier_name
-    from compiler.search.prune import _placement_key
-    alt = s.placed.get(_placement_key(d)) if s.vary_placement else None
+    alt = s.placed.get(placement_key(d)) if s.vary_placement else None
     if alt is None:
         return []
     other, t = alt
@@ -319,7 +318,7 @@ def scale_text(spec: S.Spec, winner: Winner) -> str:
 
 def grouped_source(spec: S.Spec) -> str:
     """`spec`'s source with `dispatch = grouped` in each dropless `moe` call of padded dispatch (the argument
-    added before its closing parenthesis, or a written `dispatch = padded` replaced): what prune.grouped_dispatch
+    added before its closing parenthesis, or a written `dispatch = padded` replaced): what dispatch.grouped_dispatch
     searched, as text."""
     import re
 

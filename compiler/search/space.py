@@ -104,6 +104,12 @@ def family_of(plan) -> tuple:
             plan.context_parallel)
 
 
+def placement_key(plan) -> tuple:
+    """A variant, whatever its placement (pruning rule 9 varies it last): its family, dp variant and
+    recomputation."""
+    return family_of(plan) + (variant_of(plan), plan.recompute)
+
+
 def _axes(sizes: dict) -> tuple:
     return tuple((a, sizes[a]) for a in ORDER if sizes.get(a, 1) > 1 or a == "dp")
 
