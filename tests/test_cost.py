@@ -682,11 +682,11 @@ def test_the_formulas_cover_exactly_the_segments_of_their_structure(sample):
     assert want == compiled.costs.params_rank > 0
 
 
-def test_a_plan_of_another_cp_degree_is_refused_by_a_model_built_for_cp_2():
-    """The cp degree is the Plan's, bound as a constant when a CostModel's formulas are built (no graph metadata
-    carries it): a model built for cp 2 refuses a plan of cp 4 rather than costing it with cp 2's constant, and a
-    model built for the cp 4 plan (Candidates, as the search does, from the graphs lowered for cp 2) costs it
-    exactly as compiling its own file does."""
+def test_one_cost_model_costs_every_cp_degree_unless_a_moe_capacity_binds_it():
+    """The cp degree is the Plan's, an argument of every compiled formula (formulas.env_of: no graph metadata carries
+    it): a model built for cp 2 costs a plan of cp 4 exactly as compiling its own file does, and the search's
+    candidates share one model and one lowering between them. A `moe` layer's capacity is divided by cp in the
+    graphs themselves (passes/context_parallel.py `_capacity`): there a model built for cp 2 refuses cp 4."""
     import dataclasses
     from compiler.candidates import Candidates
     from compiler.cost import CostModel
@@ -699,11 +699,15 @@ def test_a_plan_of_another_cp_degree_is_refused_by_a_model_built_for_cp_2():
     cand = dataclasses.replace(base.spec.plan, axes=(("cp", 4),))
     cands = Candidates(base.spec, base.unsharded)
     assert cands.estimate(cands.decide(base.spec.plan)) == base.costs
-    with pytest.raises(ValueError, match="cp degree"):
-        CostModel(base.spec, base.traced, base.plan).estimate(cands.decide(cand))
-    got = cands.estimate(cands.decide(cand))  # a model of its own, built for cp 4
-    assert got == theirs.costs
-    # on the same lowered graphs: they keep cp a symbol (no moe capacity divides by it), only the models bind it
+    got = CostModel(base.spec, base.traced, base.plan).estimate(cands.decide(cand))
+    assert got == theirs.costs == cands.estimate(cands.decide(cand))
+    assert cands.cost_model(cand) is cands.cost_model(base.spec.plan)
     assert cands.sharded(cand) is cands.sharded(base.spec.plan)
-    assert cands.cost_model(cand) is not cands.cost_model(base.spec.plan)
-    assert got.peak_bytes != base.costs.peak_bytes  # the constant matters: cp 4 keeps less per rank than cp 2
+    assert got.peak_bytes != base.costs.peak_bytes  # cp 4 keeps less per rank than cp 2
+    moe = _variant((SAMPLES / "moe_gpt.scale").read_text(), ("axis ep = 2", "axis cp = 2"),
+                   ("micro_batches = 2", 'micro_batches = 2\n  context_parallel = "all_gather"'),
+                   ("capacity_factor = 1.25", "capacity_factor = none"), (", dropped = residual", ""))
+    compiled = compile_spec(check_text(moe, "moe_gpt.scale"))
+    other = dataclasses.replace(compiled.spec.plan, axes=(("dp", 1), ("cp", 4)))
+    with pytest.raises(ValueError, match="cp degree"):
+        CostModel(compiled.spec, compiled.traced, compiled.plan).estimate(Candidates(compiled.spec).decide(other))

@@ -63,9 +63,10 @@ PLACES = {
     "compiler/cost/__init__.py": ({"attention"}, "attention's FLOPs by its head width"),
     "compiler/cost/memory.py": ({"moe"}, "the experts' weights apart from the dense ones"),
     "compiler/report/plan.py": ({"moe"}, "prints the experts' capacity and empty slots"),
-    "compiler/candidates.py": ({"moe"}, "a moe's capacity divides by cp in the lowered graph: its cp sizes cannot "
-                                        "share one lowering as a dense model's do"),
-    "compiler/search/prune.py": ({"moe", "residual"}, "prunes ep and cp candidates by the experts"),
+    "compiler/cost/structures.py": ({"moe"}, "a moe's capacity divides by cp in the lowered graph: its cp sizes "
+                                              "cannot share one lowering and cost model as a dense model's do"),
+    "compiler/search/dispatch.py": ({"moe", "residual"}, "searches a dropless moe's dispatch both ways (walking the "
+                                                         "residual blocks that hold it)"),
     "compiler/search/report.py": ({"moe"}, "explains ep choices"),
     "compiler/search/space.py": ({"moe"}, "ep's degrees from the experts"),
 }

@@ -230,6 +230,9 @@ def test_runtime_reads_every_config_field():
         aliases = {group} | set(re.findall(rf"\b(\w+) = (?:self\.)?cfg\.{group}\b", source))
         # a property the group mixes in reads its fields as `self.<field>` (choices.DataParallelMode: data_parallel)
         mixed = "".join(inspect.getsource(base) for base in cls.__mro__[1:] if base.__module__.startswith("runtime."))
+        # and a property of the group's own that the runtime reads reads its fields (Parallel.ranks: placement)
+        mixed += "".join(inspect.getsource(v.fget) for k, v in vars(cls).items() if isinstance(v, property)
+                         and any(re.search(rf"\b{a}\.{k}\b", source) for a in aliases))
         unread += [f"{group}.{f.name}" for f in dataclasses.fields(cls)
                    if not any(re.search(rf"\b{a}\.{f.name}\b", source) for a in aliases)
                    and not re.search(rf"\bself\.{f.name}\b", mixed)]
