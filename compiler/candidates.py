@@ -112,9 +112,10 @@ class Candidates:
             self._rules = R.Checker(self.spec)
         return self._rules(plan)
 
-    def estimate(self, plan: P.Plan, pp_rank: int = 0):
-        """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model."""
-        return self._structure(plan).cost.estimate(plan, pp_rank)
+    def estimate(self, plan: P.Plan, pp_rank: int = 0, memory: bool = True):
+        """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model (`memory=False`:
+        without the memory model, CostModel.estimate)."""
+        return self._structure(plan).cost.estimate(plan, pp_rank, memory)
 
     def cost_model(self, plan: P.Plan):
         """The cost.CostModel of `plan`'s structure (what compiler/cost/step_time.py costs step times from)."""

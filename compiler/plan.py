@@ -183,7 +183,10 @@ class Plan(choices.DataParallelMode):
 
     def span(self, key: str) -> Span | None:
         """Where `key` was written (`axis tp`, `micro_batches`, ...), or None for a generated candidate."""
-        return dict(self.spans).get(key)
+        for k, span in reversed(self.spans):  # the last written, as a dict of them; a candidate has none
+            if k == key:
+                return span
+        return None
 
     def describe(self) -> str:
         """One line naming the plan, for diagnostics about a candidate that has no source."""

@@ -711,3 +711,18 @@ def test_one_cost_model_costs_every_cp_degree_unless_a_moe_capacity_binds_it():
     other = dataclasses.replace(compiled.spec.plan, axes=(("dp", 1), ("cp", 4)))
     with pytest.raises(ValueError, match="cp degree"):
         CostModel(compiled.spec, compiled.traced, compiled.plan).estimate(Candidates(compiled.spec).decide(other))
+
+
+@pytest.mark.parametrize("sample", ["gpt_3d", "moe_gpt"])
+def test_the_search_bounds_a_variant_from_an_estimate_without_memory_to_the_same_figure(sample):
+    """compiler/search/prune.py rule 6 bounds a variant before its memory is costed, from CostModel.estimate's
+    memory=False estimate: the step-time model reads nothing of the memory model, so the bound and the exact
+    prediction are those of the whole estimate; that estimate carries no stages and no memory."""
+    from compiler.cost.step_time import Simulator
+    compiled = compile_spec(check_text((SAMPLES / f"{sample}.scale").read_text(), f"{sample}.scale"))
+    sim = Simulator(compiled.spec.cluster)
+    cm, plan = compiled.model, compiled.plan
+    lean = cm.estimate(plan, memory=False)
+    assert lean.memory == () and lean.stages == () and compiled.costs.memory
+    for exact in (False, True):
+        assert sim.predict(cm, plan, lean, exact=exact) == sim.predict(cm, plan, compiled.costs, exact=exact)

@@ -167,7 +167,10 @@ class CostModel:
         raise ValueError(f"plan {plan.describe()} has pp = {plan.size('pp')} but no stage layout: decide it first "
                          "(compiler.candidates.Candidates.decide, or compile)")
 
-    def estimate(self, plan, pp_rank: int = 0) -> Estimate:
+    def estimate(self, plan, pp_rank: int = 0, memory: bool = True) -> Estimate:
+        """What `plan` costs on pp rank `pp_rank`. With `memory=False` the memory model is left out (no `stages`, no
+        `memory`: not a plan to print or fit, only what the step-time model reads: the ledger, the parameters and
+        FLOPs), for the search's time bound before a variant's memory is costed."""
         if structure(plan, self.cp_bound) != self.structure:
             raise ValueError(other_structure(plan, self.structure))
         spec = self.spec
@@ -212,8 +215,8 @@ class CostModel:
             rank_hw = rank_flops + fo.recompute[_recompute(plan)](env)
         hw, hw_n = self._hardware_flops(_recompute(plan), recompute_passes(plan))
         state = MEM.model_state(params_rank, spec.train.precision, plan.data_parallel, dp, plan.grad_reduce)
-        stages = self._stages(plan, env, layout) if layout else ()
-        memory = self._memory(plan, env, layout, stages, params_rank, experts_rank)
+        stages = self._stages(plan, env, layout) if layout and memory else ()
+        memory = self._memory(plan, env, layout, stages, params_rank, experts_rank) if memory else ()
         led = lambda: self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)  # noqa: E731
         return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,

@@ -28,8 +28,13 @@ Pruning, in order, each with why it is safe or what it may miss:
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
-6. Bound, then exact. A fitting variant's `predict(exact=False)` (a lower bound of its step time) is compared with
-   the K-th best (or its layout's own entry) before the schedule is simulated exactly. Safe.
+6. Bound, then memory, then exact. A variant's `predict(exact=False)` (a lower bound of its step time, from an
+   estimate without the memory model: the step-time model reads none of it) is compared with the K-th best (or
+   its layout's own entry) before its memory is costed and before the schedule is simulated exactly; per dp
+   sharding the least recomputation in reach first (rule 5: the fastest), so a sharding, or a whole family, whose
+   bound reaches the threshold has no memory costed. Safe. The family's most frugal variant (rule 7) is still
+   costed while one of its keys has no fitting variant, so that the report says a key does not fit only when
+   none of its families' frugal variants fits.
 7. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
    allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
    its most recomputation whose bound is still below the threshold: rule 6 never offers one beyond it). May miss:
@@ -43,11 +48,11 @@ Pruning, in order, each with why it is safe or what it may miss:
    of the micro-batches in flight).
    Without pp, a step of one micro-batch holds no accumulated gradient at its peak: that family is a group of
    its own. May miss: a layout where the memory model's in-flight count falls faster than the micro-batch grows.
-9. Placement last. Where the cluster's network is described (a `topology` or `fabric`), each variant simulated exactly is
-   simulated under the other placement too (the mesh's own order, or `placement = auto`) and the faster kept; the
-   bounds before it read the family's own placement (auto where the file writes it, else the mesh order). May
-   miss: a family whose bound under that placement reaches the threshold but that the other would make fast
-   enough.
+9. Placement last. Where the cluster's network is described (a `topology` or `fabric`), each variant simulated
+   exactly is simulated under the other placement too (the mesh's own order, or `placement = auto`) and the faster
+   kept; the bounds before it read the family's own placement (auto where the file writes it, else the mesh
+   order). May miss: a family whose bound under that placement reaches the threshold but that the other would
+   make fast enough.
 Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
 count), and so is every micro-batch size.
 
@@ -58,7 +63,6 @@ import heapq
 import itertools
 import math
 import time
-from collections import Counter
 from dataclasses import replace
 
 from compiler import plan as P
@@ -70,13 +74,9 @@ from compiler.search.bounds import Bounds
 from compiler.search.dispatch import every_axis_fixed, grouped_dispatch, merge
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
+from compiler.search.tally import Tally
 
-# The report's family keys -> the axis (Diagnostic.axis) whose refusals are that key's own: a refusal by a rule of
-# another of these axes is another key's; one of no axis (the whole mesh's rules) is every key's.
-OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
-
-
-class Search:
+class Search(Tally):
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
@@ -128,84 +128,6 @@ class Search:
 
     def modes(self, plan) -> list:
         return self.space.modes(plan)
-
-    # -- bookkeeping of families for the report ------------------------------------------------------------------
-
-    def _stat_keys(self, plan) -> tuple:
-        return self._stat_keys_of(plan.axes, plan.schedule, plan.context_parallel)
-
-    def _stat_keys_of(self, axes: tuple, schedule: str, context_parallel: str) -> tuple:
-        at = (axes, schedule, context_parallel)
-        keys = self._stat_key_cache.get(at)
-        if keys is None:
-            sizes = dict(axes)
-            keys = [(a, sizes.get(a, 1)) for a in ("tp", "pp", "ep", "cp") if a != "ep" or self.moe]
-            if sizes.get("pp", 1) > 1:
-                keys.append(("schedule", schedule))
-            if sizes.get("cp", 1) > 1:
-                keys.append(("context_parallel", context_parallel))
-            keys = self._stat_key_cache[at] = tuple(keys)
-        return keys
-
-    def _cp_shape_refused(self, sizes: dict, groups: list) -> tuple:
-        """Under cp, the refusals that hold for every group of a mesh shape with one attention variant
-        (compiler/rules/context_parallel.py SHAPE_RULES: they read cp's size, seq_len, the model's layers, compile
-        and the variant, none of what tells those groups apart), checked on one plan per variant: those groups'
-        families counted as refused by them at once (the bulk of a long-context search's space is cp shapes a
-        short-sequence model or a compiled plan cannot take). Returns (the groups left, the candidates refused)."""
-        from compiler.rules.context_parallel import SHAPE_RULES
-        by_variant: dict = {}
-        for g in groups:
-            by_variant.setdefault(g.context_parallel, []).append(g)
-        left, held = [], 0
-        for variant, gs in by_variant.items():
-            make, ms = gs[0]
-            probe = make(ms[0])
-            shape = [d for d in self.cands.requires(probe) if d.rule in SHAPE_RULES]
-            if not shape:
-                left += gs
-                continue
-            for g in gs:
-                self._pending_add(self._stat_keys_of(probe.axes, g.schedule, variant), shape, len(g[1]))
-                self.counts.family_rules += len(g[1])
-            held += self.space.size_of(sizes, gs)
-        return left, held
-
-    def _stat(self, plan):
-        return self._stats_of(self._stat_keys(plan))
-
-    def _stats_of(self, keys) -> list:
-        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
-                                          "min_peak": None, "best_exact": None, "best_bound": None})
-                for k in keys]
-
-    def _refused(self, plan, problems, times: int = 1):
-        """Count each refusal against the family it belongs to (its axis, Diagnostic.axis): a tensor-parallel rule's
-        against the tp value, a pipeline rule's against pp and the schedule, an expert rule's against ep, a context
-        rule's against cp and its variant, any other against all. Deferred
-        (`_count_refusals`): a search refuses hundreds of thousands of families with a few shared lists of problems
-        (the rules' memo), so each distinct (family keys, problems) is counted once, `times` summed."""
-        self._pending_add(self._stat_keys(plan), problems, times)
-
-    def _pending_add(self, keys: tuple, problems, times: int) -> None:
-        got = self._pending.get((keys, id(problems)))
-        if got is None:
-            self._pending[(keys, id(problems))] = [problems, times]
-        else:
-            got[1] += times
-
-    def _count_refusals(self) -> None:
-        for (keys, _), (problems, times) in self._pending.items():
-            self._count_refused(keys, problems, times)
-        self._pending.clear()
-
-    def _count_refused(self, keys, problems, times: int):
-        owned = set(OWN.values())
-        stats = self._stats_of(keys)
-        for (a, _), st in zip(keys, stats):
-            mine = [d for d in problems if d.axis == OWN[a] or d.axis not in owned]
-            for d in mine[:1] or problems[:1]:
-                st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
 
     # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
 
@@ -299,13 +221,22 @@ class Search:
 
     # -- one family ----------------------------------------------------------------------------------------------
 
-    def _cost(self, plan0, mode, rc, cache):
+    def _variant(self, plan0, mode, rc, legal: dict | None) -> tuple:
+        """(the variant, what the rules say of it), memoised in `legal` (a family's, shared by its bound and its
+        costing)."""
+        got = legal.get((mode, rc)) if legal is not None else None
+        if got is None:
+            got = self._legal(P.evolve(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc))
+            if legal is not None:
+                legal[(mode, rc)] = got
+        return got
+
+    def _cost(self, plan0, mode, rc, cache, legal: dict | None = None):
         """(decided, estimate) of one variant, or None when a rule refuses it; memoised per family."""
         if (mode, rc) in cache:
             return cache[(mode, rc)]
-        plan = P.evolve(plan0, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
         self.counts.checked += 1
-        plan, problems = self._legal(plan)
+        plan, problems = self._variant(plan0, mode, rc, legal)
         if problems:
             self._refused(plan, problems)
             cache[(mode, rc)] = None
@@ -330,6 +261,31 @@ class Search:
         cache[(mode, rc)] = (decided, est)
         return cache[(mode, rc)]
 
+    def _time_bound(self, plan0, mode, rc, times: dict, legal: dict):
+        """Rule 6's bound of one variant, `predict(exact=False)` (its step time without the schedule's idle time),
+        from an estimate without the memory model (the step-time model reads none of it), or None where a rule
+        refuses the variant (`_cost` counts that)."""
+        if (mode, rc) not in times:
+            plan, problems = self._variant(plan0, mode, rc, legal)
+            bound = None
+            if not problems:
+                decided = self.cands.decide(plan)
+                est = self.cands.estimate(decided, memory=False)
+                bound = self.sim.predict(self.cands.cost_model(decided), decided, est, exact=False).step_time_s
+                self.counts.bounded += 1
+            times[(mode, rc)] = (bound, plan)
+        return times[(mode, rc)][0]
+
+    def _best_bound(self, plan, bound: float, fits: bool = False) -> None:
+        """A variant's bound as its keys' `best_bound`: one that `fits`, or one pruned by its bound before its
+        memory was costed (whether or not it fits, every fitting variant of its keys in the family is at least as
+        slow as the least of these), counted as `unsized`: its keys cannot be said not to fit."""
+        for st in self._stat(plan):
+            if st["best_bound"] is None or bound < st["best_bound"]:
+                st["best_bound"] = bound
+            if not fits:
+                st["unsized"] += 1
+
     def _placed(self, cm, decided, est, pred) -> tuple:
         """Rule 9: on a cluster whose network is described, the variant under the other placement too (the mesh's
         own order, or `placement = auto`), the faster kept; the other's step time kept for the reasons
@@ -349,7 +305,7 @@ class Search:
         the family's log where the run costed it, else costed now (outside the run's counts); None where a rule
         refuses it."""
         for m, r, p, _, _ in self.family_log.get(family_of(plan), []):
-            if m == mode and r == rc:
+            if m == mode and r == rc and p is not None:
                 return p
         got = self.peaks.get(family_of(plan), {}).get((mode, rc))
         if got is not None:
@@ -382,28 +338,59 @@ class Search:
                 self.group_fits[g] = fits(got)
         if not self.group_fits.get(g, True):
             return tried
-        # rule 7: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
-        # first; when it does not fit, no variant does
-        frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
-                       if (got := self._cost(plan0, mode, rc, cache)) is not None), None)
-        if frugal is None or not fits(frugal):
-            self.group_fails[g] = min(self.group_fails.get(g, math.inf), plan0.micro_batch_size)
-            if self.group_rep.get(g) is plan0:
-                self.group_fits[g] = False
-            return tried
-        rc_bound = {}
+        rc_bound: dict = {}
+        times: dict = {}
+        legal: dict = {}
 
         def in_reach(rc) -> bool:  # recomputation's own lower bound (the family's, with its extra forward)
             if rc not in rc_bound:
                 rc_bound[rc] = self.busy(self.cands.decide(P.evolve(plan0, recompute=rc)), fill=True)
             return rc_bound[rc] < self.threshold(key)
 
+        def first(mode):  # the dp sharding's least recomputation in reach and its bound, or None
+            return next(((rc, b) for rc in itertools.takewhile(in_reach, rcs)
+                         if (b := self._time_bound(plan0, mode, rc, times, legal)) is not None), None)
+
+        # rule 6 before memory: each dp sharding's bound at its least recomputation in reach (rule 5: the least
+        # is the fastest), from a time-only estimate; a sharding whose bound reaches the threshold is never costed,
+        # and a family none of whose shardings is left is not costed at all
+        # (its memory is still costed, rule 7's frugal variant, while one of its keys has no fitting variant yet:
+        # the report says a key does not fit only when none of its families' frugal variants fits)
+        pruned = all((f := first(mode)) is None or f[1] >= self.threshold(key) for mode in modes)
+
+        def bounded(fits: bool):
+            for mode in modes:
+                if (f := first(mode)) is not None:
+                    tried.append((mode, f[0], None, None, f[1]))
+                    self._best_bound(times[(mode, f[0])][1], f[1], fits)
+            return tried
+
+        if pruned and all(st["fit"] for st in self._stat(plan0)):
+            return bounded(False)
+        # rule 7: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
+        # first; when it does not fit, no variant does
+        frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
+                       if (got := self._cost(plan0, mode, rc, cache, legal)) is not None), None)
+        if frugal is None or not fits(frugal):
+            self.group_fails[g] = min(self.group_fails.get(g, math.inf), plan0.micro_batch_size)
+            if self.group_rep.get(g) is plan0:
+                self.group_fits[g] = False
+            return tried
+        if pruned:
+            return bounded(True)
         for mode in modes:
+            least = first(mode)  # rule 6 before memory, as above
+            if least is None:
+                continue
+            if least[1] >= self.threshold(key):
+                tried.append((mode, least[0], None, None, least[1]))
+                self._best_bound(times[(mode, least[0])][1], least[1])
+                continue
+            reach = list(itertools.takewhile(in_reach, rcs))
             # rule 7 again, per dp sharding: with its most recomputation the bound leaves in reach (rule 6: a
             # recomputation whose bound reaches the threshold is never offered, nor any with more) it must fit
-            reach = list(itertools.takewhile(in_reach, rcs))
-            most = next((got for rc in reversed(reach) if (got := self._cost(plan0, mode, rc, cache)) is not None),
-                        None)
+            most = next((got for rc in reversed(reach)
+                         if (got := self._cost(plan0, mode, rc, cache, legal)) is not None), None)
             if not fits(most):
                 continue
             for rc in rcs:
@@ -411,7 +398,14 @@ class Search:
                     return tried
                 if not in_reach(rc):
                     break  # more recomputation is only slower
-                got = self._cost(plan0, mode, rc, cache)
+                bound = self._time_bound(plan0, mode, rc, times, legal)
+                if bound is None:
+                    continue
+                if bound >= self.threshold(key):
+                    tried.append((mode, rc, None, None, bound))
+                    self._best_bound(times[(mode, rc)][1], bound)
+                    break  # more recomputation is only slower
+                got = self._cost(plan0, mode, rc, cache, legal)
                 if got is None:
                     continue
                 decided, est = got
@@ -420,19 +414,12 @@ class Search:
                     tried.append((mode, rc, peak, None, None))
                     continue  # more recomputation may fit
                 stats = self._stat(decided)
+                self._best_bound(decided, bound, fits=True)
                 cm = self.cands.cost_model(decided)
-                bound = self.sim.predict(cm, decided, est, exact=False)
-                self.counts.bounded += 1
-                for st in stats:
-                    if st["best_bound"] is None or bound.step_time_s < st["best_bound"]:
-                        st["best_bound"] = bound.step_time_s
-                if bound.step_time_s >= self.threshold(key):
-                    tried.append((mode, rc, peak, None, bound.step_time_s))
-                    break  # more recomputation is only slower
                 pred = self.sim.predict(cm, decided, est, exact=True, detail=False)
                 decided, pred = self._placed(cm, decided, est, pred)
                 self.counts.exact += 1
-                tried.append((mode, rc, peak, pred.step_time_s, bound.step_time_s))
+                tried.append((mode, rc, peak, pred.step_time_s, bound))
                 for st in stats:
                     if st["best_exact"] is None or pred.step_time_s < st["best_exact"][0]:
                         st["best_exact"] = (pred.step_time_s, decided)

@@ -115,7 +115,7 @@ def reasons(s, d, est, pred, best_t) -> list:
     tried = s.family_log.get(family_of(d), [])
     peak = est.peak_bytes
     if d.recompute != "none":
-        less = [p for mode, rc, p, _, _ in tried if mode == variant_of(d) and rc != d.recompute
+        less = [p for mode, rc, p, _, _ in tried if mode == variant_of(d) and rc != d.recompute and p is not None
                 and RECOMPUTE.index(rc) < RECOMPUTE.index(d.recompute)]
         if less:
             out.append(f"{d.recompute} recompute: with less, {nbytes(min(less))} of {_allowed(s)}")
@@ -128,7 +128,7 @@ def reasons(s, d, est, pred, best_t) -> list:
             ddp = [(p, None, None)] if p is not None and p > s.limit else []
         if ddp:
             p, t, b = ddp[0]
-            if p > s.limit:
+            if p is not None and p > s.limit:
                 out.append(f"{d.data_parallel}: ddp would need {nbytes(p)} ({d.recompute} recompute)")
             elif t is not None:
                 out.append(f"{d.data_parallel}: ddp {t / pred.step_time_s:.2f}× its step time")
@@ -148,7 +148,7 @@ def reasons(s, d, est, pred, best_t) -> list:
         if other:
             p, t, b = other[0]
             alt = "once per step" if mine[1] == "micro_batch" else "every micro-batch"
-            if p > s.limit:
+            if p is not None and p > s.limit:
                 out.append(f"{what}: {alt} would need {nbytes(p)}")
             elif t is not None:
                 out.append(f"{what}: {alt} {nbytes(p)} at {t / pred.step_time_s:.2f}× its step time")
@@ -201,7 +201,7 @@ def rejected(s, winners, best_t) -> list:
                 out.append(None)
             got[1].append(name)
             continue
-        if st["costed"] and not st["fit"]:
+        if st["costed"] and not st["fit"] and not st["unsized"]:  # unsized: pruned by its bound, memory unknown
             peak, who, least = st["min_peak"]
             what = least.describe()
             margin = f" less {s.headroom:.0%} headroom" if s.headroom else ""

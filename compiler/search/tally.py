@@ -1,0 +1,91 @@
+"""The bookkeeping of a search's families for its report (compiler/search/report.py): per family key (an axis value,
+a schedule, a context-parallel variant) what happened to its candidates, and the refusals, counted once per
+distinct list of problems. A mixin of compiler/search/prune.py's Search, which sets `stats`, `_stat_key_cache`,
+`_pending`, `counts`, `cands`, `space` and `moe`."""
+from __future__ import annotations
+
+from collections import Counter
+
+# The report's family keys -> the axis (Diagnostic.axis) whose refusals are that key's own: a refusal by a rule of
+# another of these axes is another key's; one of no axis (the whole mesh's rules) is every key's.
+OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
+
+
+class Tally:
+    """What Search keeps per family key for the report (see the module's docstring)."""
+
+    def _stat_keys(self, plan) -> tuple:
+        return self._stat_keys_of(plan.axes, plan.schedule, plan.context_parallel)
+
+    def _stat_keys_of(self, axes: tuple, schedule: str, context_parallel: str) -> tuple:
+        at = (axes, schedule, context_parallel)
+        keys = self._stat_key_cache.get(at)
+        if keys is None:
+            sizes = dict(axes)
+            keys = [(a, sizes.get(a, 1)) for a in ("tp", "pp", "ep", "cp") if a != "ep" or self.moe]
+            if sizes.get("pp", 1) > 1:
+                keys.append(("schedule", schedule))
+            if sizes.get("cp", 1) > 1:
+                keys.append(("context_parallel", context_parallel))
+            keys = self._stat_key_cache[at] = tuple(keys)
+        return keys
+
+    def _cp_shape_refused(self, sizes: dict, groups: list) -> tuple:
+        """Under cp, the refusals that hold for every group of a mesh shape with one attention variant
+        (compiler/rules/context_parallel.py SHAPE_RULES: they read cp's size, seq_len, the model's layers, compile
+        and the variant, none of what tells those groups apart), checked on one plan per variant: those groups'
+        families counted as refused by them at once (the bulk of a long-context search's space is cp shapes a
+        short-sequence model or a compiled plan cannot take). Returns (the groups left, the candidates refused)."""
+        from compiler.rules.context_parallel import SHAPE_RULES
+        by_variant: dict = {}
+        for g in groups:
+            by_variant.setdefault(g.context_parallel, []).append(g)
+        left, held = [], 0
+        for variant, gs in by_variant.items():
+            make, ms = gs[0]
+            probe = make(ms[0])
+            shape = [d for d in self.cands.requires(probe) if d.rule in SHAPE_RULES]
+            if not shape:
+                left += gs
+                continue
+            for g in gs:
+                self._pending_add(self._stat_keys_of(probe.axes, g.schedule, variant), shape, len(g[1]))
+                self.counts.family_rules += len(g[1])
+            held += self.space.size_of(sizes, gs)
+        return left, held
+
+    def _stat(self, plan):
+        return self._stats_of(self._stat_keys(plan))
+
+    def _stats_of(self, keys) -> list:
+        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0, "unsized": 0,
+                                          "min_peak": None, "best_exact": None, "best_bound": None})
+                for k in keys]
+
+    def _refused(self, plan, problems, times: int = 1):
+        """Count each refusal against the family it belongs to (its axis, Diagnostic.axis): a tensor-parallel rule's
+        against the tp value, a pipeline rule's against pp and the schedule, an expert rule's against ep, a context
+        rule's against cp and its variant, any other against all. Deferred
+        (`_count_refusals`): a search refuses hundreds of thousands of families with a few shared lists of problems
+        (the rules' memo), so each distinct (family keys, problems) is counted once, `times` summed."""
+        self._pending_add(self._stat_keys(plan), problems, times)
+
+    def _pending_add(self, keys: tuple, problems, times: int) -> None:
+        got = self._pending.get((keys, id(problems)))
+        if got is None:
+            self._pending[(keys, id(problems))] = [problems, times]
+        else:
+            got[1] += times
+
+    def _count_refusals(self) -> None:
+        for (keys, _), (problems, times) in self._pending.items():
+            self._count_refused(keys, problems, times)
+        self._pending.clear()
+
+    def _count_refused(self, keys, problems, times: int):
+        owned = set(OWN.values())
+        stats = self._stats_of(keys)
+        for (a, _), st in zip(keys, stats):
+            mine = [d for d in problems if d.axis == OWN[a] or d.axis not in owned]
+            for d in mine[:1] or problems[:1]:
+                st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
