@@ -203,10 +203,14 @@ class CostModel:
             nb, on_rank = dict(nb), dict(on_rank)  # the ledger's own copies
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
-            rec = fo.recompute[_recompute(plan)]
-            rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
-            rank_flops = max(sum(per_stage[r::pp]) for r in range(pp))
-            rank_hw = max(sum(per_stage[r::pp]) + sum(rec_stage[r::pp]) for r in range(pp))
+            at = ("busiest", key, _recompute(plan), recompute_passes(plan))  # every dp sharding's the same
+            flops = self._rank_parts.get(at)
+            if flops is None:
+                rec = fo.recompute[_recompute(plan)]
+                rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
+                flops = self._rank_parts[at] = (max(sum(per_stage[r::pp]) for r in range(pp)),
+                                                max(sum(per_stage[r::pp]) + sum(rec_stage[r::pp]) for r in range(pp)))
+            rank_flops, rank_hw = flops
         else:
             layout, nb, on_rank = (), None, {"all": True}
             params_rank = fo.params.whole(env)

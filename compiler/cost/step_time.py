@@ -190,6 +190,7 @@ class Simulator:
         self._models: dict = {}
         self._pieces: dict = {}  # `pieces` per what it reads
         self._stages: dict = {}  # id of pieces -> stage_times' sums per (blocks, first stage, last stage)
+        self._params: dict = {}  # (id of a cost model, env, layout) -> _stage_params
 
     def model(self, cm) -> _Model:
         got = self._models.get(id(cm))
@@ -388,7 +389,15 @@ class Simulator:
         return out
 
     def _stage_params(self, cm, plan, env) -> dict:
+        """Each pp rank's parameters (its stages'), kept per model, sizes and layout; not to be changed."""
         layout = cm.stages_for(plan, env)
+        key = (id(cm), env, tuple(layout))  # cm held by self._models: its id is not reused
+        got = self._params.get(key)
+        if got is None:
+            got = self._params[key] = self._stage_params_of(cm, plan, env, layout)
+        return got
+
+    def _stage_params_of(self, cm, plan, env, layout) -> dict:
         pp, n = plan.size("pp"), len(layout)
         params = cm.formulas.params
         out = {}
