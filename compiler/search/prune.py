@@ -28,13 +28,11 @@ Pruning, in order, each with why it is safe or what it may miss:
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
-6. Bound, then memory, then exact. A variant's `predict(exact=False)` (a lower bound of its step time, from an
-   estimate without the memory model: the step-time model reads none of it) is compared with the K-th best (or
-   its layout's own entry) before its memory is costed and before the schedule is simulated exactly; per dp
-   sharding the least recomputation in reach first (rule 5: the fastest), so a sharding, or a whole family, whose
-   bound reaches the threshold has no memory costed. Safe. The family's most frugal variant (rule 7) is still
-   costed while one of its keys has no fitting variant, so that the report says a key does not fit only when
-   none of its families' frugal variants fits.
+6. Bound, then memory, then exact. Once the family's most frugal variant fits (rule 7), a variant's
+   `predict(exact=False)` (a lower bound of its step time, from an estimate without the memory model: the
+   step-time model reads none of it) is compared with the K-th best (or its layout's own entry) before its memory
+   is costed and before the schedule is simulated exactly; per dp sharding the least recomputation in reach first
+   (rule 5: the fastest), so a sharding whose bound reaches the threshold has no more of its memory costed. Safe.
 7. The most frugal variant first. A family's variant with the most dp sharding and the most recomputation a rule
    allows is costed first; when it does not fit, the family is dropped (and, per dp sharding, the sharding with
    its most recomputation whose bound is still below the threshold: rule 6 never offers one beyond it). May miss:
@@ -276,15 +274,13 @@ class Search(Tally):
             times[(mode, rc)] = (bound, plan)
         return times[(mode, rc)][0]
 
-    def _best_bound(self, plan, bound: float, fits: bool = False) -> None:
-        """A variant's bound as its keys' `best_bound`: one that `fits`, or one pruned by its bound before its
-        memory was costed (whether or not it fits, every fitting variant of its keys in the family is at least as
-        slow as the least of these), counted as `unsized`: its keys cannot be said not to fit."""
+    def _best_bound(self, plan, bound: float) -> None:
+        """A variant's bound as its keys' `best_bound`: one that fits, or one pruned by its bound before its
+        memory was costed (of a family whose frugal variant fits: every fitting variant of its keys in the family
+        is at least as slow as the least of these)."""
         for st in self._stat(plan):
             if st["best_bound"] is None or bound < st["best_bound"]:
                 st["best_bound"] = bound
-            if not fits:
-                st["unsized"] += 1
 
     def _placed(self, cm, decided, est, pred) -> tuple:
         """Rule 9: on a cluster whose network is described, the variant under the other placement too (the mesh's
@@ -351,22 +347,6 @@ class Search(Tally):
             return next(((rc, b) for rc in itertools.takewhile(in_reach, rcs)
                          if (b := self._time_bound(plan0, mode, rc, times, legal)) is not None), None)
 
-        # rule 6 before memory: each dp sharding's bound at its least recomputation in reach (rule 5: the least
-        # is the fastest), from a time-only estimate; a sharding whose bound reaches the threshold is never costed,
-        # and a family none of whose shardings is left is not costed at all
-        # (its memory is still costed, rule 7's frugal variant, while one of its keys has no fitting variant yet:
-        # the report says a key does not fit only when none of its families' frugal variants fits)
-        pruned = all((f := first(mode)) is None or f[1] >= self.threshold(key) for mode in modes)
-
-        def bounded(fits: bool):
-            for mode in modes:
-                if (f := first(mode)) is not None:
-                    tried.append((mode, f[0], None, None, f[1]))
-                    self._best_bound(times[(mode, f[0])][1], f[1], fits)
-            return tried
-
-        if pruned and all(st["fit"] for st in self._stat(plan0)):
-            return bounded(False)
         # rule 7: the family's most frugal variant (the last dp sharding, the most recomputation a rule allows)
         # first; when it does not fit, no variant does
         frugal = next((got for mode in reversed(modes) for rc in reversed(rcs)
@@ -376,10 +356,11 @@ class Search(Tally):
             if self.group_rep.get(g) is plan0:
                 self.group_fits[g] = False
             return tried
-        if pruned:
-            return bounded(True)
+        # rule 6 before memory: each dp sharding's bound at its least recomputation in reach (rule 5: the least
+        # is the fastest), from a time-only estimate; a sharding whose bound reaches the threshold has no more of
+        # its memory costed
         for mode in modes:
-            least = first(mode)  # rule 6 before memory, as above
+            least = first(mode)
             if least is None:
                 continue
             if least[1] >= self.threshold(key):
@@ -414,7 +395,7 @@ class Search(Tally):
                     tried.append((mode, rc, peak, None, None))
                     continue  # more recomputation may fit
                 stats = self._stat(decided)
-                self._best_bound(decided, bound, fits=True)
+                self._best_bound(decided, bound)
                 cm = self.cands.cost_model(decided)
                 pred = self.sim.predict(cm, decided, est, exact=True, detail=False)
                 decided, pred = self._placed(cm, decided, est, pred)

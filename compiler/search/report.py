@@ -201,7 +201,7 @@ def rejected(s, winners, best_t) -> list:
                 out.append(None)
             got[1].append(name)
             continue
-        if st["costed"] and not st["fit"] and not st["unsized"]:  # unsized: pruned by its bound, memory unknown
+        if st["costed"] and not st["fit"]:
             peak, who, least = st["min_peak"]
             what = least.describe()
             margin = f" less {s.headroom:.0%} headroom" if s.headroom else ""

@@ -58,7 +58,7 @@ class Tally:
         return self._stats_of(self._stat_keys(plan))
 
     def _stats_of(self, keys) -> list:
-        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0, "unsized": 0,
+        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
                                           "min_peak": None, "best_exact": None, "best_bound": None})
                 for k in keys]
 
