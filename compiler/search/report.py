@@ -122,10 +122,11 @@ def reasons(s, d, est, pred, best_t) -> list:
     if d.shards_optimizer:
         ddp = [(p, t, b) for mode, rc, p, t, b in tried if mode[0] == "ddp" and rc == d.recompute]
         plain = next((m for m in s.modes(d) if m[0] == "ddp"), None)
-        if not ddp and plain is not None:  # ddp not costed at this recomputation: the run knew from one with more
-            # recomputation (pruning rule 7) that it would not fit
+        if plain is not None and (not ddp or ddp[0][0] is None):  # its memory not costed at this recomputation:
+            # the run knew it would not fit from one with more recomputation (rule 7), or pruned it by its bound
+            # first (rule 6); where it would not fit, that is the reason to say
             p = s.peak_of(d, plain, d.recompute)
-            ddp = [(p, None, None)] if p is not None and p > s.limit else []
+            ddp = [(p, None, None)] if p is not None and p > s.limit else ddp
         if ddp:
             p, t, b = ddp[0]
             if p is not None and p > s.limit:
@@ -145,6 +146,10 @@ def reasons(s, d, est, pred, best_t) -> list:
         if not other and any(m0 == mine[0] and m1 != mine[1] and rc == d.recompute for (m0, m1), rc in costed):
             other = [(p, None, None) for ((m0, m1), rc), p in costed.items()
                      if m0 == mine[0] and m1 != mine[1] and rc == d.recompute]
+        alt_mode = next((m for m in s.modes(d) if m[0] == mine[0] and m != mine), None)
+        if alt_mode is not None and (not other or other[0][0] is None):  # its memory not costed here (rule 6)
+            p = s.peak_of(d, alt_mode, d.recompute)
+            other = [(p, None, None)] if p is not None and p > s.limit else other
         if other:
             p, t, b = other[0]
             alt = "once per step" if mine[1] == "micro_batch" else "every micro-batch"
