@@ -111,11 +111,10 @@ def placement_slower(compiled: Compiled) -> tuple:
     if plan is None or plan.placement != "auto" or not LK.described(compiled.spec.cluster):
         return ()
     auto = compiled.costs.step
-    naive = ST.Simulator(compiled.spec.cluster).predict(compiled.model, replace(plan, placement=None), compiled.costs)
+    naive = ST.unplaced(compiled)
     if auto is None or naive is None or naive.step_time_s >= auto.step_time_s:
         return ()
-    placed = LK.resolved(plan, compiled.spec.cluster, compiled.costs.ledger)
-    said = f"order({', '.join(placed.order)})" if placed.order is not None else "a rank map"
+    said = LK.resolved(plan, compiled.spec.cluster, compiled.costs.ledger).named()
     mesh = ", ".join(a for a, _ in reversed(plan.axes))
     return (Diagnostic("W0323", f"placement = auto is predicted slower than the mesh's own order: "
                                 f"{_seconds(auto.step_time_s)} against {_seconds(naive.step_time_s)} per step",

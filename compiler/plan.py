@@ -206,8 +206,7 @@ class Plan(choices.DataParallelMode):
         if self.compiles:
             extra.append("compiled")
         if self.placement is not None:
-            extra.append("placement " + (self.placement if isinstance(self.placement, str) else
-                                         f"order({', '.join(self.placement)})"))
+            extra.append("placement " + placement_text(self.placement))
         return f"{mesh} ({', '.join(extra)})"
 
     def to_json(self, cluster=None) -> dict:
@@ -239,6 +238,11 @@ class Plan(choices.DataParallelMode):
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Plan))
+
+
+def placement_text(placement: str | tuple) -> str:
+    """A written placement as the mesh section writes it: `auto`, or `order(tp, pp, dp)`."""
+    return placement if isinstance(placement, str) else f"order({', '.join(placement)})"
 
 
 def evolve(plan: Plan, **changes) -> Plan:

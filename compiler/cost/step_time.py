@@ -59,7 +59,7 @@ class _Model:
 
     def __init__(self, cm):
         from compiler.cost import ARGS
-        spec, traced = cm.spec, cm.traced
+        traced = cm.traced
         prec = cm.precision
         self.cm = cm
         self.act = 2 if prec.startswith("bf16") else 4
@@ -517,6 +517,14 @@ def step_of(cm, plan):
     """The maker of a compiled plan's step time (cost.Estimate.step_of): its prediction on the spec's device, from
     its estimate of pp rank 0 (what compiler/pipeline.py attaches to the Estimate it compiles)."""
     return lambda est: Simulator(cm.spec.cluster).predict(cm, plan, est)
+
+
+def unplaced(compiled) -> Prediction:
+    """The compiled plan's step time with no placement (the mesh's own order): its cost model's prediction with
+    only the links changed, what `plan`'s naive-placement line and W0323 compare the plan with."""
+    from compiler import plan as PL
+    return Simulator(compiled.spec.cluster).predict(compiled.model, PL.evolve(compiled.plan, placement=None),
+                                                    compiled.costs)
 
 
 def predict(compiled, attention: str = "fused") -> Prediction | None:

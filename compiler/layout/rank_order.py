@@ -35,9 +35,12 @@ class Resolved:
     order: tuple | None
     note: str
 
+    def named(self) -> str:
+        """`order(...)` where the map is an axis order laid out plainly, else `a rank map`."""
+        return f"order({', '.join(self.order)})" if self.order is not None else "a rank map"
+
     def describe(self) -> str:
-        said = f"order({', '.join(self.order)})" if self.order is not None else "a rank map"
-        return f"{said}{': ' + self.note if self.note else ''}"
+        return f"{self.named()}{': ' + self.note if self.note else ''}"
 
 
 def in_order(rank_map: P.RankMap) -> bool:

@@ -13,6 +13,7 @@ a reader looks for first (data_parallel, micro_batches, recompute), which are al
 from __future__ import annotations
 
 from compiler import ast as A
+from compiler.plan import placement_text
 
 CLUSTER = ("nodes", "devices_per_node")  # the mesh settings printed from the Cluster; the mesh's others are the
                                          # device's and the network's, copied as written, but `placement`, the Plan's
@@ -26,7 +27,7 @@ def mesh_section(plan, cluster, device: list | tuple = ()) -> str:
     lines += [f"nodes = {cluster.nodes}", f"devices_per_node = {cluster.devices_per_node}", *device]
     placement = getattr(plan, "placement", None)
     if placement is not None:
-        lines.append("placement = " + (placement if isinstance(placement, str) else f"order({', '.join(placement)})"))
+        lines.append("placement = " + placement_text(placement))
     return "mesh {\n" + "".join(f"  {line}\n" for line in lines) + "}"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler import plan as PL
 from compiler.cost import links as LK
 
 
@@ -89,7 +88,7 @@ def naive_placement(compiled) -> Naive | None:
     mesh's written axis order, the last axis fastest), costed as `plan` costs the plan itself: the compiled cost
     model's prediction (step_time.Simulator.predict) with only the links changed. None elsewhere (a placement
     changes no price there) and without a prediction."""
-    from compiler.cost.step_time import Simulator
+    from compiler.cost.step_time import unplaced
     spec, plan, costs = compiled.spec, compiled.plan, compiled.costs
     pred = costs.step if plan is not None else None
     if pred is None or not LK.described(spec.cluster):
@@ -97,5 +96,5 @@ def naive_placement(compiled) -> Naive | None:
     order = tuple(a for a, _ in reversed(plan.axes))
     if plan.placement is None:
         return Naive(pred.step_time_s, 1.0, order, True)
-    naive = Simulator(spec.cluster).predict(compiled.model, PL.evolve(plan, placement=None), costs)
+    naive = unplaced(compiled)
     return Naive(naive.step_time_s, naive.step_time_s / pred.step_time_s, order, False)

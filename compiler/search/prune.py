@@ -306,7 +306,7 @@ class Search(Tally):
         got = self.peaks.get(family_of(plan), {}).get((mode, rc))
         if got is not None:
             return got
-        variant, problems = self._legal(P.evolve(plan, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc))
+        variant, problems = self._variant(plan, mode, rc, None)
         return None if problems else self.cands.estimate(self.cands.decide(variant)).peak_bytes
 
     def expand(self, plan0, lb, log):

@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from compiler.plan import placement_text
 from compiler.report import scale as scale_printer
 from compiler.report.units import nbytes, seconds
 from compiler.search.space import ORDER, RECOMPUTE, divisors_of, family_of, placement_key, variant_of
@@ -60,9 +61,7 @@ def unsatisfiable(space, cluster) -> list:
 
 
 def _placement_name(placement) -> str:
-    if placement is None:
-        return "the mesh's order"
-    return "auto" if placement == "auto" else f"order({', '.join(placement)})"
+    return "the mesh's order" if placement is None else placement_text(placement)
 
 
 def _placement_reason(s, d, pred, lk) -> list:
