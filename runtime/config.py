@@ -264,6 +264,28 @@ class Speed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Resilience:
+    """What the run does about slow and failing hardware (the `resilience` section; runtime.stragglers).
+
+    Each rank times its step's sections (data, forward, backward, the waits in each collective kind, optimizer,
+    checkpoint); every `window` steps rank 0 gathers them and scores each rank as NVIDIA's resiliency extension does:
+    relative (the fastest rank doing the same work over this rank, per section) and individual (this rank's own best
+    over its current); 1.0 is as fast as the reference, and a rank scoring below `threshold` is named a straggler."""
+
+    detect: bool = True
+    """Time the sections and score the ranks (cheap enough to stay on); False: neither."""
+    threshold: float = 0.7
+    """A rank whose relative or individual score falls below this is named (NVRx's default, 0.7)."""
+    window: int = 20
+    """Steps between gathers (and scores) on rank 0."""
+    on_straggler: str = "report"
+    """`report` (name it in the log and the metrics), `restart` (end the attempt cleanly and rejoin without the
+    named straggler's `exclude` unit) or `replan` (search again on the machines left and resume on the new plan)."""
+    exclude: str = "node"
+    """What `restart` leaves out: the straggler's `node`."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """Everything the compiler decided that the runtime needs; written out literally in the generated program."""
 
@@ -296,10 +318,11 @@ class Config:
     init: Init = field(default_factory=Init)
     memory: Memory = field(default_factory=Memory)
     speed: Speed = field(default_factory=Speed)
+    resilience: Resilience = field(default_factory=Resilience)
 
 
 GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("eval", Eval),
-          ("init", Init), ("memory", Memory), ("speed", Speed))
+          ("init", Init), ("memory", Memory), ("speed", Speed), ("resilience", Resilience))
 """The nested groups of `Config`: (field name, class)."""
 
 

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from runtime import data, faults, mesh, resume, tracking
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
-from runtime.config import Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Speed  # noqa: F401
+from runtime.config import (Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Resilience,  # noqa: F401
+                            Speed)
 from runtime.errors import EXIT_CODE, FatalError, announce
 from runtime.trainer import Trainer
 

@@ -286,7 +286,7 @@ def memory_values(spec: S.Spec, costs) -> dict:
 
 # The nested groups of runtime.config.Config, in the order the program writes them.
 CONFIG_GROUPS = {"parallel": "Parallel", "optim": "Optim", "data": "Data", "checkpoint": "Checkpoint", "eval": "Eval",
-                 "init": "Init", "memory": "Memory", "speed": "Speed"}
+                 "init": "Init", "memory": "Memory", "speed": "Speed", "resilience": "Resilience"}
 
 
 def _config_code(values: dict) -> list:
