@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -33,6 +34,8 @@ from compiler import __version__
 from compiler.diagnostics import ScaleError
 from compiler.lazy import lazy
 from compiler.report import commands as R
+from compiler import run_command
+from compiler.run_command import UsageError, launch_command  # noqa: F401 (the run command's, used here and by tests)
 
 # The driver, read on first use: `--help` and `explain` load no .scale file and skip the parser and the rules.
 pipeline = lazy("compiler.pipeline")
@@ -190,6 +193,10 @@ def cmd_search(args) -> int:
         return 2
     spec = check.check_path(args.file, cluster_only=True)  # the axes and the plan are the search's to choose
     sys.stderr.write(R.warnings_text(spec))
+    if args.nodes is not None and args.nodes == spec.cluster.nodes:
+        sys.stderr.write(f"warning: --nodes {args.nodes} is the mesh's own node count: it changes nothing\n")
+    elif args.nodes is not None:
+        spec = spec.on(dataclasses.replace(spec.cluster, nodes=args.nodes))
     result = SE.search(spec, top=args.top, fixed=fixed, headroom=args.headroom)
     sys.stdout.write(R.search_output(result, args.json))
     if not result.winners:  # the reasons are printed above, under `rejected`
@@ -259,43 +266,6 @@ def _html_elsewhere(argv: list[str]) -> str | None:
     return None
 
 
-class UsageError(Exception):
-    """A command line that cannot run: printed as one line, exit status 2."""
-
-
-def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str], dict]:
-    """The launch.sh command and environment of `scalec run`: program flags (`--steps`, `--metrics`, everything
-    after `--`) as arguments, each kept whole; `--torchrun-args` split as a shell would into TORCHRUN_ARGS; on a
-    mesh of several nodes, this node's share (NODE_RANK, MASTER_ADDR from the environment) or, with
-    `--local-nodes`, every node here."""
-    env = dict(environ)
-    # The program imports the same runtime this compiler came with.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    try:
-        torchrun = shlex.split(args.torchrun_string or "")
-    except ValueError as err:
-        raise UsageError(f"--torchrun-args: {err} in {args.torchrun_string!r}") from None
-    env["TORCHRUN_ARGS"] = shlex.join(torchrun)
-    env.pop("LOCAL_NODES", None)
-    if nodes > 1 and args.local_nodes:
-        env["LOCAL_NODES"] = "1"
-    elif nodes > 1 and not (environ.get("NODE_RANK") and environ.get("MASTER_ADDR")):
-        raise UsageError(f"this mesh spans {nodes} nodes: run `scalec run` on each with NODE_RANK=<0..{nodes - 1}> "
-                         "and MASTER_ADDR=<address of node 0> set, or pass --local-nodes to start every node on "
-                         "this machine")
-    program_args = []
-    if args.steps is not None:
-        program_args += ["--steps", str(args.steps)]
-    if args.metrics:
-        program_args += ["--metrics", args.metrics]
-    if args.resume_changed:
-        program_args += ["--resume-changed", args.resume_changed]
-    if args.resume_schedule:
-        program_args += ["--resume-schedule", args.resume_schedule]
-    return ["bash", os.path.join(out, "launch.sh"), *program_args, *args.program_args], env
-
-
 def _forced(args, compiled) -> None:
     """--force: the memory error becomes a warning the user still sees."""
     if args.force:
@@ -333,10 +303,21 @@ def cmd_run(args) -> int:
         sys.stderr.write(f"error: {err}\n")
         return 2
     codegen.emit(compiled, out)
-    here = m.world_size if env.get("LOCAL_NODES") or m.nodes == 1 else m.devices_per_node
-    sys.stdout.write(R.launching(cmd, here, env["TORCHRUN_ARGS"]))
-    sys.stdout.flush()
-    return subprocess.call(cmd, env=env)
+
+    def launch(cmd, env) -> int:
+        nodes, per = compiled_now[0].spec.cluster.nodes, compiled_now[0].spec.cluster.devices_per_node
+        here = nodes * per if env.get("LOCAL_NODES") or nodes == 1 else per
+        sys.stdout.write(R.launching(cmd, here, env["TORCHRUN_ARGS"]))
+        sys.stdout.flush()
+        return subprocess.call(cmd, env=env)
+
+    def load(path):  # a re-planned file, compiled as the first was
+        compiled_now[0] = _load(path, budget=not args.force)
+        return compiled_now[0]
+
+    compiled_now = [compiled]
+    status = launch(cmd, env)
+    return run_command.replanning(args, compiled, out, status, launch, load, codegen.emit, os.environ)
 
 
 def _undecodable_as_bytes(err: UnicodeError):
@@ -458,6 +439,9 @@ def _run_commands(sub) -> None:
                                    "absent): --fix says what is fixed. Exit status 1 when no plan fits.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
+    c.add_argument("--nodes", type=_positive_int, metavar="N",
+                   help="search on N nodes instead of the mesh's (the same devices per node and device): planning "
+                        "for a smaller or larger allocation, or re-planning on the nodes left")
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable; one value per key): dp, tp, pp, ep, cp, virtual_stages, "
                         "micro_batches, micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, "

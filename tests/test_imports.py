@@ -35,6 +35,8 @@ ALLOWED = {
                          "(torch-free, as `scalec check` requires)",
     "compiler/hf_header.py": "checks an init checkpoint's headers under the names the program reads it by "
                              "(runtime.hf_names, torch-free, as `scalec check` requires)",
+    "compiler/run_command.py": "reads the exit status the program's workers end with to ask for a re-plan "
+                                "(runtime.errors.REPLAN_CODE): one constant, both sides",
     "compiler/codegen/": "writes the imports of runtime modules into program.py and recognises their leaves",
 }
 
