@@ -19,7 +19,7 @@ EXIT_CODE = 78
 """The worker's exit status for "fatal, do not restart": EX_CONFIG of sysexits.h ("something was found in an
 unconfigured or misconfigured state"), a code neither Python (1, 2), a signal (128 + n) nor torchrun uses."""
 
-REPLAN_CODE = 79
+REPLAN_CODE = 81
 """The workers' exit status for "ended on purpose, re-plan on the nodes left": the run named a node to leave out
 (`resilience { on_straggler = replan }`), saved a checkpoint and wrote its request (compiler/run_command.py
 `REQUEST`); the launcher does not restart it, and `scalec run` re-plans and launches the new plan."""
