@@ -45,7 +45,8 @@ import torch.distributed.launcher.api as launcher_api  # noqa: E402
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState  # noqa: E402
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: E402
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError  # noqa: E402
+from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
+    RendezvousClosedError, RendezvousInfo, RendezvousStoreInfo)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
 from torch.distributed.run import parse_args, run  # noqa: E402
 
@@ -80,6 +81,35 @@ def can_go_on(nodes: int, spares: int, min_nodes: int | None) -> bool:
     return min_nodes is not None and nodes - 1 + spares >= min_nodes
 
 
+def one_store(handler) -> None:
+    """Make every agent of a rendezvous round give its workers the same store (MASTER_ADDR, MASTER_PORT).
+
+    torch 2.13's dynamic rendezvous shares its agents' TCPStore with the workers: the agent of group rank 0 starts
+    a server and publishes its address in the round's store, but only in an agent's first round or when it becomes
+    rank 0 without a server of its own (dynamic_rendezvous.py, `next_rendezvous`). A node that joins a later round
+    (a spare taking the place of a node left out) then waits for an address nobody publishes, and an agent that was
+    not rank 0 keeps the address of its first round's. Here rank 0 publishes its own every round, and every other
+    agent reads it; a handler that does not share its store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) is left alone."""
+    original = handler.next_rendezvous
+
+    def next_rendezvous() -> RendezvousInfo:
+        info = original()
+        boot = info.bootstrap_store_info
+        if not getattr(handler, "use_agent_store", False) or boot is None:
+            return info
+        addr_key, port_key = RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY
+        if info.rank == 0:
+            info.store.set(addr_key, boot.master_addr.encode())
+            info.store.set(port_key, str(boot.master_port).encode())
+            return info
+        addr, port = info.store.get(addr_key).decode(), int(info.store.get(port_key).decode())
+        if (addr, port) == (boot.master_addr, boot.master_port):
+            return info
+        return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(addr, port))
+
+    handler.next_rendezvous = next_rendezvous
+
+
 class _LeftOut(Exception):
     """This node is the one left out and the job goes on without it: the agent leaves (Agent.run)."""
 
@@ -90,6 +120,10 @@ class Agent(LocalElasticAgent):
     torch's loop (`SimpleElasticAgent._invoke_run`) restarts a FAILED worker group while `_remaining_restarts > 0`;
     the monitor it calls each interval is the one place that sees the exit codes before that decision, so this
     agent's monitor sets the restarts left to 0 when the failure is fatal, here or (through the store) elsewhere."""
+
+    def __init__(self, spec, *args, **kwargs):
+        super().__init__(spec, *args, **kwargs)
+        one_store(spec.rdzv_handler)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
