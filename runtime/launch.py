@@ -46,7 +46,7 @@ from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, 
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: E402
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
 from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
-    RendezvousClosedError, RendezvousInfo, RendezvousStoreInfo)
+    RendezvousClosedError, RendezvousConnectionError, RendezvousInfo, RendezvousStoreInfo)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
 from torch.distributed.run import parse_args, run  # noqa: E402
 
@@ -121,9 +121,15 @@ class Agent(LocalElasticAgent):
     the monitor it calls each interval is the one place that sees the exit codes before that decision, so this
     agent's monitor sets the restarts left to 0 when the failure is fatal, here or (through the store) elsewhere."""
 
+    started = False  # whether this agent ever started workers (a spare never needed did not)
+
     def __init__(self, spec, *args, **kwargs):
         super().__init__(spec, *args, **kwargs)
         one_store(spec.rdzv_handler)
+
+    def _start_workers(self, worker_group: WorkerGroup):
+        Agent.started = True
+        return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
@@ -148,6 +154,9 @@ class Agent(LocalElasticAgent):
             if how == "leave":
                 raise _LeftOut()
             self._remaining_restarts += 1  # torch's loop takes one back: this restart is not counted
+            print(f"scalec: a node was left out (restart(exclude = node)): node {_node()} restarts its workers "
+                  "with the nodes left and a spare where one waits (not counted among --max-restarts)",
+                  file=sys.stderr, flush=True)
             os.environ[LEFT_OUT_ENV] = str(int(os.environ.get(LEFT_OUT_ENV, "0")) + 1)
         else:
             self._remaining_restarts = 0
@@ -293,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return EXIT_CODE if any(f.exitcode == EXIT_CODE for f in exc.failures.values()) else 1
+    except RendezvousConnectionError:
+        if Agent.started:
+            raise
+        # a spare never needed: the agent hosting the rendezvous store ended with the job before this one saw it close
+        print("scalec: the job has ended (its rendezvous store is gone) without needing this spare node",
+              file=sys.stderr, flush=True)
+        return 0
     except RendezvousClosedError:  # another node's agent ended the job (it failed for good) while this one restarted
         print("scalec: the job has ended on another node (its rendezvous is closed); see that node's report",
               file=sys.stderr, flush=True)

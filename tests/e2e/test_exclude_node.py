@@ -10,9 +10,10 @@ names a node left out, it runs the program to step 4. What each case shows:
 - no spare, a smaller minimum (2 agents, --nnodes 1:2): the job re-forms on one node, and the program refuses the
   world (the plan needs 2) with the line saying a `replan` is needed, never starting a wrong mesh;
 - no spare at the minimum (2 agents, --nnodes 2): every agent ends the job with EXIT_EXCLUDE, the node left out's
-  host in SCALEC_EXCLUDED_HOSTS' file (what launch.sbatch submits again without).
+  host in SCALEC_EXCLUDED_HOSTS' file (what launch.sbatch submits again without);
+- and a spare never needed (launch.sh's SPARE_NODES=1) leaves with the job, status 0.
 
-Slow tier (about 2.5 minutes here): test_node_record.py's `test_the_launcher_s_decisions` and test_sbatch.py's
+Slow tier (about 3 minutes here): test_node_record.py's `test_the_launcher_s_decisions` and test_sbatch.py's
 exclusion cases hold the decisions and the batch job's resubmission in CI; this drills torch's rendezvous itself.
 """
 from __future__ import annotations
@@ -117,6 +118,8 @@ def test_a_spare_takes_the_place_of_the_node_left_out(tmp_path):
     gone = r["left"][0]
     assert all(rc == 0 for rc, _ in r["out"].values()), _say(r)
     assert f"scalec: node {gone} is left out" in r["out"][gone][1], _say(r)
+    rejoined = [n for n, (_, text) in r["out"].items() if "restarts its workers with the nodes left" in text]
+    assert len(rejoined) == 1 and rejoined[0] in r["ran"] and rejoined[0] != gone, _say(r)  # the spare never ran
     assert sorted(r["ran"]) == sorted(n for n in r["out"] if n != gone), _say(r)  # the spare and the one left
     assert r["hosts"] == [socket.gethostname()]
     logs = "".join(text for _, text in r["out"].values())
@@ -129,6 +132,19 @@ def test_a_spare_takes_the_place_of_the_node_left_out(tmp_path):
                           env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert r["losses"] == _losses(ref) and sorted(r["losses"]) == [1, 2, 3, 4], (r["losses"], _losses(ref))
+
+
+def test_a_spare_never_needed_ends_with_the_job(tmp_path):
+    """launch.sh's SPARE_NODES: the third agent waits in torch's redundancy list; when the job ends it leaves with
+    status 0 (torch 2.13's agent returns None there, which its launcher would fail on: runtime.launch.Agent.run)."""
+    build = tmp_path / "build"
+    codegen.emit(compile_spec(check_text(PLAN, "drill.scale")), str(build))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", SPARE_NODES="1", MASTER_PORT=str(_free_port()),
+               OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(build / "launch.sh"), "--steps", "1"], cwd=build, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_no_spare_and_a_smaller_minimum_refuses_the_world_saying_replan(tmp_path):
