@@ -198,5 +198,12 @@ class Monitor:
         """Read the device and return the reasons it is unhealthy now (`verdict` against the last window)."""
         if self.nvml is None:
             return []
-        self.previous, self.reading = self.reading, read(self.index, self.nvml)
+        try:
+            reading = read(self.index, self.nvml)
+        except self.nvml.NVMLError as exc:  # the device itself is gone from NVML: say so once, read no more
+            self.missing = f"health: NVML cannot read device {self.index} ({exc}) — GPU health not read"
+            self.nvml = None
+            self.tell()
+            return []
+        self.previous, self.reading = self.reading, reading
         return verdict(self.reading, self.previous)

@@ -42,7 +42,8 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 
 import torch.distributed.launcher.api as launcher_api  # noqa: E402
-from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState  # noqa: E402
+from torch.distributed.elastic.agent.server.api import (  # noqa: E402
+    DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: E402
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
 from torch.distributed.elastic.rendezvous.api import (  # noqa: E402

@@ -115,6 +115,18 @@ class NodeRecord:
         return [node for node, events in self.load().items() if any(e.get("kind") == "excluded" for e in events)]
 
 
+def gather_names() -> list[str]:
+    """Every rank's node (`node_name()`), by global rank, from the default process group (all_gather_object, once
+    at start-up: the straggler detector names a rank's node with it, and `leave_out` compares against it); this
+    process's alone without one."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return [node_name()]
+    names = [None] * dist.get_world_size()
+    dist.all_gather_object(names, node_name())
+    return names
+
+
 def _attempts(numbers: list) -> str:
     nums = sorted(set(numbers))
     if len(nums) == 1:

@@ -130,3 +130,17 @@ def test_monitor_reads_each_window_against_the_last(monkeypatch):
     assert nvml.calls[0] == "init" and mon.index == 2
     assert [mon.check() for _ in range(4)] == [[], [], ["1 uncorrected ECC error since the last window"], []]
     mon.tell()  # nothing missing: nothing said
+
+
+def test_a_device_nvml_cannot_open_is_said_once_and_never_read_again(monkeypatch):
+    said = []
+    nvml = _fake(HEALTHY)
+
+    def gone(i):
+        raise _NVMLError("GPU is lost")
+    nvml.nvmlDeviceGetHandleByIndex = gone
+    monkeypatch.setattr(health, "nvml_index", lambda nvml, i: i)
+    mon = health.Monitor(types.SimpleNamespace(type="cuda", index=1), nvml=nvml, say=said.append)
+    assert [mon.check() for _ in range(3)] == [[], [], []]
+    mon.tell()
+    assert said == ["health: NVML cannot read device 1 (GPU is lost) — GPU health not read"]
