@@ -103,7 +103,7 @@ def read(index: int, nvml=None) -> dict:
     out["power_limit_w"] = None if limit is None else limit / 1000.0
     for key, cause in (("retired_pages_sbe", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
                        ("retired_pages_dbe", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR")):
-        pages = _guarded(nvml, "nvmlDeviceGetRetiredPages", h, getattr(nvml, cause, None))
+        pages = _guarded(nvml, "nvmlDeviceGetRetiredPages", h, getattr(nvml, cause)) if hasattr(nvml, cause) else None
         out[key] = None if pages is None else len(pages)
     pending = _guarded(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", h)
     out["retired_pages_pending"] = None if pending is None else bool(pending)

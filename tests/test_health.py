@@ -144,3 +144,20 @@ def test_a_device_nvml_cannot_open_is_said_once_and_never_read_again(monkeypatch
     assert [mon.check() for _ in range(3)] == [[], [], []]
     mon.tell()
     assert said == ["health: NVML cannot read device 1 (GPU is lost) — GPU health not read"]
+
+
+def test_the_names_and_bits_are_nvml_s_own():
+    """Where nvidia-ml-py is installed (the `gpu` extra): every function and constant read here exists in it, and the
+    reasons' bits are its nvmlClocksEventReason* values."""
+    pynvml = pytest.importorskip("pynvml")
+    import inspect
+    import re
+    src = inspect.getsource(health)
+    names = set(re.findall(r'"(nvml\w+|NVML_\w+)"', src)) | set(re.findall(r"nvml\.(nvml\w+|NVML_\w+)", src))
+    assert names and not [n for n in names if not hasattr(pynvml, n)]
+    ours = dict((name, bit) for bit, name in health.REASONS)
+    theirs = {"idle": "GpuIdle", "applications clocks": "ApplicationsClocksSetting", "power cap": "SwPowerCap",
+              "HW slowdown": "HwSlowdown", "sync boost": "SyncBoost", "SW thermal slowdown": "SwThermalSlowdown",
+              "HW thermal slowdown": "HwThermalSlowdown", "HW power brake": "HwPowerBrakeSlowdown",
+              "display clocks": "DisplayClockSetting"}
+    assert {n: getattr(pynvml, "nvmlClocksEventReason" + t) for n, t in theirs.items()} == ours
