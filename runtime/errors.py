@@ -19,6 +19,16 @@ EXIT_CODE = 78
 """The worker's exit status for "fatal, do not restart": EX_CONFIG of sysexits.h ("something was found in an
 unconfigured or misconfigured state"), a code neither Python (1, 2), a signal (128 + n) nor torchrun uses."""
 
+EXIT_EXCLUDE = 79
+"""The worker's exit status for "this attempt ended on purpose to leave out a node, and it is this worker's node"
+(`restart(exclude = node)`; runtime.node_record.leave_out): its agent leaves the rendezvous (runtime.launch), and
+where no spare takes its place and too few nodes are left, the job ends with this status, which launch.sbatch reads
+as "submit again without the hosts left out". Past sysexits.h's range (64-78), below the signals' (128 + n)."""
+
+EXIT_REJOIN = 80
+"""The worker's exit status for "this attempt ended on purpose to leave out another node": its agent restarts the
+workers on the nodes left (not counted as one of `restarts`), after the node left out has gone."""
+
 REPLAN_CODE = 81
 """The workers' exit status for "ended on purpose, re-plan on the nodes left": the run named a node to leave out
 (`resilience { on_straggler = replan }`), saved a checkpoint and wrote its request (compiler/run_command.py

@@ -14,6 +14,18 @@ agent does not restart the job and ends it at once. With several agents (nodes),
 in the rendezvous store, and another agent whose workers failed for any reason in that round does not restart
 either (its workers failed because the job is ending).
 
+Leaving out a node (`restart(exclude = node)`, runtime.node_record.leave_out): the workers end the attempt on
+purpose, those on the node to leave out with `runtime.errors.EXIT_EXCLUDE`, the others with `EXIT_REJOIN`. The first
+agent to see either decides, once per rendezvous round (in its store), whether the job can go on: it can when the
+nodes left plus the spares waiting in the rendezvous (torchrun's redundancy and wait lists: agents started beyond
+`--nnodes`' maximum) reach `--nnodes`' minimum. Then the agent of the node left out leaves the rendezvous (torch's
+own exit operation, without closing it) and waits, its workers stopped, until the job ends, then exits 0; the
+others restart their workers at once, which is not counted among `--max-restarts`, and the next round forms
+without it (a spare takes its place: the same world, the plan resumes from its last checkpoint; no spare and a
+smaller minimum: a smaller world, which the program refuses at start-up saying a `replan` is needed). Otherwise every
+agent ends the job with EXIT_EXCLUDE, and the node left out writes its host name to the file SCALEC_EXCLUDED_HOSTS
+names, where set: launch.sbatch submits the job again without those hosts (`sbatch --exclude`).
+
 The job's start is exported to the workers as SCALEC_LAUNCH_TIME (seconds since the epoch; runtime.progress.LAUNCH_TIME),
 unless already set (a multi-node job may set one time for all nodes): the log's elapsed time and `done in` count
 from it, start-up and restarts included.
@@ -30,22 +42,78 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 
 import torch.distributed.launcher.api as launcher_api  # noqa: E402
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup  # noqa: E402
+from torch.distributed.elastic.agent.server.api import (  # noqa: E402
+    DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent  # noqa: E402
 from torch.distributed.elastic.multiprocessing.api import SignalException  # noqa: E402
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError  # noqa: E402
+from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
+    RendezvousClosedError, RendezvousConnectionError, RendezvousInfo, RendezvousStoreInfo)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
 from torch.distributed.run import parse_args, run  # noqa: E402
 
-from runtime.errors import EXIT_CODE  # noqa: E402
+from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_REJOIN, REPLAN_CODE  # noqa: E402
 from runtime.faults import TERM_GRACE  # noqa: E402
+from runtime.node_record import LEFT_OUT_ENV  # noqa: E402
 
 _FATAL_KEY = "scalec/fatal"  # in the rendezvous store of the round: some worker of the job exited with EXIT_CODE
+_EXCLUDE_KEY = "scalec/exclude"  # in the rendezvous store of the round: "go on" or "end", the first agent's decision
+EXCLUDED_HOSTS_ENV = "SCALEC_EXCLUDED_HOSTS"  # a file the agent of a node left out appends its host name to
 
 
 def fatal(result: RunResult) -> bool:
-    """Whether a worker of `result` exited with EXIT_CODE (a failure no restart can fix)."""
-    return result.is_failed() and any(f.exitcode == EXIT_CODE for f in result.failures.values())
+    """Whether a worker of `result` exited with EXIT_CODE (a failure no restart can fix) or REPLAN_CODE (the run
+    ended to be re-planned: `scalec run` does that, not a restart of the same plan)."""
+    return result.is_failed() and any(f.exitcode in (EXIT_CODE, REPLAN_CODE) for f in result.failures.values())
+
+
+def exclusion(result: RunResult) -> str | None:
+    """'leave' where a worker of `result` exited with EXIT_EXCLUDE (this node is the one left out), 'rejoin' where
+    every failure is EXIT_REJOIN (another node is), None for any other failure."""
+    if not result.is_failed():
+        return None
+    codes = {f.exitcode for f in result.failures.values()}
+    if EXIT_EXCLUDE in codes and codes <= {EXIT_EXCLUDE, EXIT_REJOIN}:
+        return "leave"
+    return "rejoin" if codes == {EXIT_REJOIN} else None
+
+
+def can_go_on(nodes: int, spares: int, min_nodes: int | None) -> bool:
+    """Whether a job of `nodes` nodes can go on without one of them: the nodes left and the `spares` waiting reach
+    torchrun's minimum (`--nnodes MIN:MAX`; None: unknown, it cannot)."""
+    return min_nodes is not None and nodes - 1 + spares >= min_nodes
+
+
+def one_store(handler) -> None:
+    """Make every agent of a rendezvous round give its workers the same store (MASTER_ADDR, MASTER_PORT).
+
+    torch 2.13's dynamic rendezvous shares its agents' TCPStore with the workers: the agent of group rank 0 starts
+    a server and publishes its address in the round's store, but only in an agent's first round or when it becomes
+    rank 0 without a server of its own (dynamic_rendezvous.py, `next_rendezvous`). A node that joins a later round
+    (a spare taking the place of a node left out) then waits for an address nobody publishes, and an agent that was
+    not rank 0 keeps the address of its first round's. Here rank 0 publishes its own every round, and every other
+    agent reads it; a handler that does not share its store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) is left alone."""
+    original = handler.next_rendezvous
+
+    def next_rendezvous() -> RendezvousInfo:
+        info = original()
+        boot = info.bootstrap_store_info
+        if not getattr(handler, "use_agent_store", False) or boot is None:
+            return info
+        addr_key, port_key = RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY
+        if info.rank == 0:
+            info.store.set(addr_key, boot.master_addr.encode())
+            info.store.set(port_key, str(boot.master_port).encode())
+            return info
+        addr, port = info.store.get(addr_key).decode(), int(info.store.get(port_key).decode())
+        if (addr, port) == (boot.master_addr, boot.master_port):
+            return info
+        return RendezvousInfo(info.store, info.rank, info.world_size, RendezvousStoreInfo(addr, port))
+
+    handler.next_rendezvous = next_rendezvous
+
+
+class _LeftOut(Exception):
+    """This node is the one left out and the job goes on without it: the agent leaves (Agent.run)."""
 
 
 class Agent(LocalElasticAgent):
@@ -55,6 +123,16 @@ class Agent(LocalElasticAgent):
     the monitor it calls each interval is the one place that sees the exit codes before that decision, so this
     agent's monitor sets the restarts left to 0 when the failure is fatal, here or (through the store) elsewhere."""
 
+    started = False  # whether this agent ever started workers (a spare never needed did not)
+
+    def __init__(self, spec, *args, **kwargs):
+        super().__init__(spec, *args, **kwargs)
+        one_store(spec.rdzv_handler)
+
+    def _start_workers(self, worker_group: WorkerGroup):
+        Agent.started = True
+        return super()._start_workers(worker_group)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
         if not result.is_failed():
@@ -62,9 +140,87 @@ class Agent(LocalElasticAgent):
         if fatal(result):
             self._remaining_restarts = 0
             self._mark(worker_group)
-        elif self._remaining_restarts > 0 and self._marked(worker_group):
+            return result
+        how = exclusion(result)
+        if how is not None:
+            return self._exclude(worker_group, result, how)
+        if self._remaining_restarts > 0 and self._marked(worker_group):
             self._remaining_restarts = 0
         return result
+
+    def _exclude(self, worker_group: WorkerGroup, result: RunResult, how: str) -> RunResult:
+        """The attempt ended to leave out a node (module docstring): leave, restart without counting, or end."""
+        if how == "leave":
+            _note_host()
+        if self._decide(worker_group) == "go on":
+            if how == "leave":
+                raise _LeftOut()
+            self._remaining_restarts += 1  # torch's loop takes one back: this restart is not counted
+            print(f"scalec: a node was left out (restart(exclude = node)): node {_node()} restarts its workers "
+                  "with the nodes left and a spare where one waits (not counted among --max-restarts)",
+                  file=sys.stderr, flush=True)
+            os.environ[LEFT_OUT_ENV] = str(int(os.environ.get(LEFT_OUT_ENV, "0")) + 1)
+        else:
+            self._remaining_restarts = 0
+        return result
+
+    def _decide(self, worker_group: WorkerGroup) -> str:
+        """'go on' or 'end', decided once per round by the first agent to ask, from the rendezvous as it was before
+        any agent moved (a later agent could count a node restarting early as a spare)."""
+        mine = "go on" if can_go_on(worker_group.group_world_size, *self._room()) else "end"
+        try:
+            return worker_group.store.compare_set(_EXCLUDE_KEY, "", mine).decode()
+        except Exception:  # noqa: BLE001 (the store's host is gone: no round can form again)
+            return "end"
+
+    def _room(self) -> tuple:
+        """(spares waiting in the rendezvous, its minimum of nodes); (0, None) where the handler is not torch's
+        dynamic rendezvous (its private state: torch 2.13's dynamic_rendezvous.py)."""
+        handler = self._worker_group.spec.rdzv_handler
+        try:
+            handler._state_holder.sync()
+            state = handler._state_holder.state
+            return len(state.redundancy_list) + len(state.wait_list), handler._settings.min_nodes
+        except AttributeError:
+            return 0, None
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        try:
+            result = super().run(role)
+        except _LeftOut:
+            self._leave()
+            return RunResult(state=WorkerState.SUCCEEDED)
+        # torch's run returns None when the rendezvous closed on a spare never needed (RendezvousGracefulExitError)
+        return result if result is not None else RunResult(state=WorkerState.SUCCEEDED)
+
+    def _leave(self) -> None:
+        """Leave the rendezvous without closing it (torch's exit operation, as next_rendezvous starts with), then
+        wait until the job ends: the rendezvous closed by the last agents, or no agent left alive in it for the
+        join timeout. Waiting, not exiting, keeps the rendezvous store up where this agent hosts it."""
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+        handler = self._worker_group.spec.rdzv_handler
+        print(f"scalec: node {_node()} is left out (restart(exclude = node)): its workers are stopped, and the job "
+              "goes on without it", file=sys.stderr, flush=True)
+        try:
+            handler._stop_heartbeats()
+            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 60)
+            limit = handler._settings.timeout.join.total_seconds()
+        except Exception:  # noqa: BLE001 (no such handler, or the store is gone: the others drop us by heartbeat)
+            return
+        seen = time.monotonic()
+        while True:
+            time.sleep(1.0)
+            try:
+                handler._state_holder.sync()
+                state = handler._state_holder.state
+            except Exception:  # noqa: BLE001 (the store's host is gone: the job is over)
+                return
+            if state.closed:
+                return
+            if state.last_heartbeats:
+                seen = time.monotonic()
+            elif time.monotonic() - seen > limit:
+                return
 
     def _mark(self, worker_group: WorkerGroup) -> None:
         try:
@@ -79,6 +235,18 @@ class Agent(LocalElasticAgent):
             return False
 
 
+def _node() -> str:
+    return os.environ.get("SCALEC_NODE") or socket.gethostname()
+
+
+def _note_host() -> None:
+    """Append this host's name to the file EXCLUDED_HOSTS_ENV names (launch.sbatch: the hosts to --exclude)."""
+    path = os.environ.get(EXCLUDED_HOSTS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(socket.gethostname() + "\n")
+
+
 launcher_api.LocalElasticAgent = Agent  # what torch.distributed.run's launch_agent builds
 
 
@@ -88,6 +256,10 @@ def how(failure: ProcessFailure) -> str:
         return f"killed by {failure.signal_name()}"
     if failure.exitcode == EXIT_CODE:
         return f"exit code {EXIT_CODE} (a failure no restart can fix: not restarted)"
+    if failure.exitcode in (EXIT_EXCLUDE, EXIT_REJOIN):
+        return f"exit code {failure.exitcode} (ended on purpose to leave out a node)"
+    if failure.exitcode == REPLAN_CODE:
+        return f"exit code {REPLAN_CODE} (ended on purpose to be re-planned: not restarted)"
     return f"exit code {failure.exitcode}"
 
 
@@ -116,16 +288,35 @@ def stopped(name: str) -> str:
             "step: nothing was saved since the last checkpoint")
 
 
+ENDED = ("scalec: the job ended to leave out a node (restart(exclude = node)): without it, the nodes left and the "
+         "spares waiting are fewer than torchrun's --nnodes minimum; submit the job again without that node "
+         "(launch.sbatch does so itself, with sbatch --exclude), start it with a spare node, or replan")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args.training_script_args
     try:
         run(args)
     except ChildFailedError as exc:
+        if {f.exitcode for f in exc.failures.values()} <= {EXIT_EXCLUDE, EXIT_REJOIN}:
+            print(ENDED, file=sys.stderr, flush=True)
+            return EXIT_EXCLUDE
+        if {f.exitcode for f in exc.failures.values()} == {REPLAN_CODE}:
+            print(f"scalec: the run ended to be re-planned on the nodes left (exit {REPLAN_CODE}): `scalec run` "
+                  "re-plans and launches the new plan; rank 0's lines above say why", file=sys.stderr, flush=True)
+            return REPLAN_CODE
         print(report(exc), file=sys.stderr, flush=True)
         if debug:
             raise
         return EXIT_CODE if any(f.exitcode == EXIT_CODE for f in exc.failures.values()) else 1
+    except RendezvousConnectionError:
+        if Agent.started:
+            raise
+        # a spare never needed: the agent hosting the rendezvous store ended with the job before this one saw it close
+        print("scalec: the job has ended (its rendezvous store is gone) without needing this spare node",
+              file=sys.stderr, flush=True)
+        return 0
     except RendezvousClosedError:  # another node's agent ended the job (it failed for good) while this one restarted
         print("scalec: the job has ended on another node (its rendezvous is closed); see that node's report",
               file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from runtime import collectives, errors, faults
+from runtime import collectives, errors, faults, node_record
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,10 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
     for _, n in axes:
         expected *= n
     if world != expected:  # the same on every attempt: printed once (no process group yet to elect a rank)
-        if rank == 0:
+        note = node_record.world_note()  # after a node was left out: each node's first rank says why
+        if rank == 0 or (note and local_rank == 0):
             print(f"scalec: this program needs {expected} processes ({' × '.join(f'{a}={n}' for a, n in axes)}), "
-                  f"but torchrun started {world}", file=sys.stderr, flush=True)
+                  f"but torchrun started {world}{note}", file=sys.stderr, flush=True)
         raise SystemExit(errors.EXIT_CODE)
     if not groups:  # a program written before the contract listed its groups
         if rank == 0:

@@ -50,13 +50,16 @@ def test_the_directives_name_the_mesh_s_cluster(tmp_path):
         assert os.access(script, os.X_OK)
 
 
-def _slurm(tmp_path: Path, nodes: str) -> dict:
+def _slurm(tmp_path: Path, nodes: str, srun_then: str = "") -> dict:
     """A stand-in SLURM on PATH: `scontrol show hostnames` prints two hosts, `srun` records its arguments (one per
-    line) in srun.args instead of starting anything."""
+    line) in srun.args instead of starting anything, then runs `srun_then`; `sbatch` records its arguments, its
+    directory and SCALEC_RESUBMITS in sbatch.args."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     (bin_ / "scontrol").write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && printf "gpu-a17\\ngpu-a18\\n"\n')
-    (bin_ / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {tmp_path / "srun.args"}\n')
+    (bin_ / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {tmp_path / "srun.args"}\n{srun_then}\n')
+    (bin_ / "sbatch").write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$PWD" "$SCALEC_RESUBMITS" "$@" > '
+                                 f'{tmp_path / "sbatch.args"}\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
     return dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", SLURM_JOB_NODELIST="gpu-a[17-18]",
@@ -89,12 +92,55 @@ def test_a_dry_run_starts_launch_sh_s_torchrun_on_each_node(tmp_path):
 def test_a_job_that_cannot_run_the_plan_says_why(tmp_path, case):
     build = tmp_path / "build"
     script = _emit(_two_nodes(), build)
-    env = _slurm(tmp_path, "3" if case == "wrong node count" else "2")
+    env = _slurm(tmp_path, "1" if case == "wrong node count" else "2")
     env["SLURM_SUBMIT_DIR"] = str(tmp_path if case == "no program" else build)
     if case == "no slurm":
         del env["SLURM_JOB_NODELIST"]
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and not (tmp_path / "srun.args").exists()
-    assert {"wrong node count": "has 3 node(s) but the plan's mesh needs 2",
+    assert {"wrong node count": "has 1 node(s) but the plan's mesh needs 2",
             "no slurm": "without SLURM use launch.sh",
             "no program": "no program.py in"}[case] in proc.stderr
+
+
+def _submit(tmp_path: Path, nodes: str, srun_then: str, env_extra: dict = ()) -> tuple:
+    """Run launch.sbatch (two-node plan) under the stand-in SLURM: (its process, srun's args, sbatch's record)."""
+    build = tmp_path / "build"
+    script = _emit(_two_nodes(), build)
+    env = dict(_slurm(tmp_path, nodes, srun_then), SLURM_SUBMIT_DIR=str(build), SLURM_JOB_PARTITION="gpu",
+               **dict(env_extra))
+    proc = subprocess.run(["bash", str(script), "--steps", "3"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    srun = (tmp_path / "srun.args").read_text().splitlines()
+    again = (tmp_path / "sbatch.args").read_text().splitlines() if (tmp_path / "sbatch.args").exists() else None
+    return proc, srun, again, build
+
+
+def test_more_nodes_than_the_mesh_s_wait_as_spares(tmp_path):
+    proc, srun, again, _ = _submit(tmp_path, "3", "exit 0")
+    assert proc.returncode == 0 and again is None, proc.stderr
+    assert srun[srun.index("--nnodes") + 1] == "2"  # torchrun takes 2; the third waits in its rendezvous
+
+
+LEAVE = 'echo gpu-a18 >> "$SCALEC_EXCLUDED_HOSTS"; exit '  # the agent of the node left out, then the job's status
+
+
+@pytest.mark.parametrize("status", ["79", "137"])
+def test_a_job_that_left_a_node_out_submits_itself_again_without_it(tmp_path, status):
+    proc, _, again, build = _submit(tmp_path, "2", LEAVE + status)
+    assert proc.returncode == int(status), proc.stderr
+    assert "gpu-a18 left out (restart(exclude = node)): submitting this job again without it" in proc.stderr
+    assert again == [str(build), "1", "--exclude=gpu-a18", "--nodes=2", "--dependency=afterany:4242",
+                     "--partition=gpu", "launch.sbatch", "--steps", "3"]
+    assert (build / "excluded_hosts").read_text() == "gpu-a18\n"
+
+
+@pytest.mark.parametrize("case", ["went on with a spare", "fatal", "no node left out", "resubmitted enough"])
+def test_no_resubmission_where_none_is_due(tmp_path, case):
+    srun_then, extra = {"went on with a spare": (LEAVE + "0", {}), "fatal": (LEAVE + "78", {}),
+                        "no node left out": ("exit 79", {}),
+                        "resubmitted enough": (LEAVE + "79", {"SCALEC_RESUBMITS": "3"})}[case]
+    proc, _, again, build = _submit(tmp_path, "2", srun_then, extra)
+    assert again is None, proc.stderr
+    if case == "resubmitted enough":
+        assert "submitted again 3 time(s) already (SCALEC_MAX_RESUBMITS): not again" in proc.stderr

@@ -4,8 +4,9 @@
 #
 #   on each of the 2048 machines:
 #       NODE_RANK=<0..2047> MASTER_ADDR=<address of node 0> [MASTER_PORT=29500] ./launch.sh [program flags]
-#   one machine standing in for all 2048 (one torchrun agent per node, on loopback):
-#       LOCAL_NODES=1 ./launch.sh [program flags]
+#   one machine standing in for all 2048 (one torchrun agent per node, on loopback, each named node0, node1, ...
+#   in SCALEC_NODE; SPARE_NODES=N starts N more, which wait as spares for a node left out):
+#       LOCAL_NODES=1 [SPARE_NODES=1] ./launch.sh [program flags]
 #
 # Program flags: --steps N, --metrics FILE, --dump-grads FILE, --seed N, --checkpoint-dir DIR (see --help).
 # Extra torchrun flags: TORCHRUN_ARGS="--redirects 3 --log-dir logs" ./launch.sh
@@ -25,8 +26,8 @@ torchrun=(python3 -m runtime.launch)
 if [ "${LOCAL_NODES:-0}" = 1 ]; then
   port="${MASTER_PORT:-29500}"
   pids=()
-  for ((node = 0; node < 2048; node++)); do
-    "${torchrun[@]}" --nnodes 2048 --node-rank "$node" --nproc-per-node 8 \
+  for ((node = 0; node < 2048 + ${SPARE_NODES:-0}; node++)); do
+    SCALEC_NODE="node$node" "${torchrun[@]}" --nnodes 2048 --node-rank "$node" --nproc-per-node 8 \
       --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-llama3_405b" \
       "${extra[@]}" "$here/program.py" "$@" &
     pids+=($!)

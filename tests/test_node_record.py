@@ -1,0 +1,119 @@
+"""runtime.node_record: what earlier attempts saw of each node, kept in the checkpoint directory across restarts;
+and the launcher's pure decisions about a node left out (runtime.launch)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from runtime import errors, node_record
+from runtime.node_record import NodeRecord
+
+
+def test_round_trip_and_the_start_up_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALEC_NODE", "n1")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    rec = NodeRecord(tmp_path / "ckpt" / node_record.FILE)
+    assert rec.load() == {} and node_record.startup_line(rec) is None
+    rec.mark("n1", "slow", {"rank": 5, "section": "backward", "score": 0.62, "step": 140}, attempt=0)
+    rec.mark("n1", "slow", {"rank": 5, "section": "backward", "score": 0.55, "step": 60}, attempt=1)
+    rec.mark("n2", "unhealthy", {"rank": 2, "reasons": ["clocks held down: HW slowdown"]}, attempt=1, group_rank=0,
+             host="gpu-a18")
+    again = NodeRecord(rec.path)  # another attempt reads what this one wrote
+    nodes = again.load()
+    assert nodes["n1"][0] == {"kind": "slow", "attempt": 0, "group_rank": 1, "host": os.uname().nodename,
+                              "detail": {"rank": 5, "section": "backward", "score": 0.62, "step": 140}}
+    assert list(again.flagged(min_count=2)) == ["n1"] and set(again.flagged()) == {"n1", "n2"}
+    assert again.excluded() == []
+    assert node_record.startup_line(again) == (
+        "scalec: node n1 (group rank 1, host " + os.uname().nodename + ") was slow in attempts 0 and 1 (rank 5 "
+        "backward score 0.55 step 60); node n2 (group rank 0, host gpu-a18) was unhealthy in attempt 1 (clocks "
+        "held down: HW slowdown)")
+    again.mark("n2", "excluded", {"by": "restart(exclude = node)"}, attempt=1)
+    assert NodeRecord(rec.path).excluded() == ["n2"]
+    with pytest.raises(ValueError, match="kind 'fast'"):
+        rec.mark("n1", "fast", {}, attempt=0)
+    assert not [p for p in os.listdir(tmp_path / "ckpt") if p != node_record.FILE]  # no temporary file left
+
+
+def _writer(path: str, who: int, n: int) -> None:
+    rec = NodeRecord(path)
+    for i in range(n):
+        rec._write({"version": 1, "nodes": {f"n{who}": [{"kind": "slow", "attempt": i, "detail": "x" * 4000}]}})
+
+
+def test_a_reader_never_sees_a_half_written_record(tmp_path):
+    path = str(tmp_path / node_record.FILE)
+    NodeRecord(path)._write({"version": 1, "nodes": {}})
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(path, w, 150)) for w in range(2)]
+    for p in procs:
+        p.start()
+    reads, damaged = 0, []
+    rec = NodeRecord(path, warn=damaged.append)
+    while any(p.is_alive() for p in procs):
+        rec.load()
+        reads += 1
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    assert reads > 0 and damaged == []
+    assert json.loads(open(path).read())["nodes"]  # the last whole write won
+    assert os.listdir(tmp_path) == [node_record.FILE]
+
+
+@pytest.mark.parametrize("text", ["{\"nodes\": [1, 2", "[]", "{\"nodes\": {\"n1\": 3}}", "\xff\xfe"])
+def test_a_damaged_record_warns_once_and_reads_as_empty(tmp_path, text):
+    path = tmp_path / node_record.FILE
+    path.write_bytes(text.encode("latin-1"))
+    said = []
+    rec = NodeRecord(path, warn=said.append)
+    assert rec.load() == {} and rec.flagged() == {} and node_record.startup_line(rec) is None
+    assert len(said) == 1 and "is damaged" in said[0] and str(path) in said[0]
+    rec.mark("n1", "unhealthy", {"reasons": ["a row remapping failed"]}, attempt=2)  # written afresh
+    assert list(NodeRecord(path).load()) == ["n1"] and len(said) == 1
+
+
+def test_the_exit_codes_of_an_attempt_that_leaves_out_a_node(monkeypatch):
+    monkeypatch.setenv("SCALEC_NODE", "n2")
+    assert node_record.leave_out("n2") == errors.EXIT_EXCLUDE
+    assert node_record.leave_out("n3") == errors.EXIT_REJOIN
+    assert len({errors.EXIT_CODE, errors.EXIT_EXCLUDE, errors.EXIT_REJOIN}) == 3
+    assert all(64 <= c < 128 for c in (errors.EXIT_EXCLUDE, errors.EXIT_REJOIN))  # no signal's, no Python's
+    monkeypatch.delenv(node_record.LEFT_OUT_ENV, raising=False)
+    assert node_record.world_note() == ""
+    monkeypatch.setenv(node_record.LEFT_OUT_ENV, "1")
+    assert "1 node was left out" in node_record.world_note() and "`replan` is needed" in node_record.world_note()
+
+
+def test_the_launcher_s_decisions():
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from runtime import launch
+
+    def failed(*codes):
+        return RunResult(state=WorkerState.FAILED, failures={
+            r: ProcessFailure(local_rank=r, pid=100 + r, exitcode=c, error_file="/nonexistent")
+            for r, c in enumerate(codes)})
+    assert launch.exclusion(failed(errors.EXIT_EXCLUDE, errors.EXIT_EXCLUDE)) == "leave"
+    assert launch.exclusion(failed(errors.EXIT_REJOIN)) == "rejoin"
+    assert launch.exclusion(failed(errors.EXIT_REJOIN, 1)) is None  # a worker failed otherwise: a plain failure
+    assert launch.exclusion(failed(errors.EXIT_EXCLUDE, -9)) is None
+    assert launch.exclusion(RunResult(state=WorkerState.SUCCEEDED)) is None
+    # 3 nodes of --nnodes 3 (min 3): one spare waiting lets the job go on; none, it ends; --nnodes 2:3 goes on
+    assert launch.can_go_on(3, 1, 3) and not launch.can_go_on(3, 0, 3) and launch.can_go_on(3, 0, 2)
+    assert not launch.can_go_on(3, 5, None)
+
+
+def test_gather_names_without_and_with_a_process_group(monkeypatch, tmp_path):
+    import torch.distributed as dist
+    monkeypatch.setenv("SCALEC_NODE", "n7")
+    assert node_record.gather_names() == ["n7"]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert node_record.gather_names() == ["n7"]
+    finally:
+        dist.destroy_process_group()
