@@ -19,6 +19,7 @@ from torch import fx, nn
 
 from compiler import __version__
 from compiler import cost as C
+from compiler.cost import goodput
 from compiler.cost import links as LK
 from compiler.cost.memory import predicted_peak_bytes
 from compiler.hf_header import stack as hf_stack
@@ -221,7 +222,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                        # as written, when relative: runtime.startup.legacy_checkpoints looks for it from the cwd too
                        **({"as_written": t.checkpoint_dir}
                           if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
-                       "every": t.checkpoint_every,
+                       "every": checkpoint_every(spec, plan, costs),
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
@@ -231,7 +232,23 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
+        **({"resilience": resilience_values(spec.resilience)} if spec.resilience.written else {}),
     }
+
+
+def checkpoint_every(spec: S.Spec, plan, costs) -> int:
+    """runtime.config.Checkpoint.every: as written, or `auto`'s Young–Daly interval in steps (compiler/cost/goodput.py),
+    which needs the plan's predicted step time (`costs`)."""
+    if spec.train.checkpoint_every == "auto" and costs is None:
+        raise ValueError("checkpoint_every = auto is resolved from the plan's predicted step time: pass `costs`")
+    return goodput.checkpoint_steps(spec, plan, costs)
+
+
+def resilience_values(r: S.Resilience) -> dict:
+    """runtime.config.Resilience: straggler detection and what to do about one, as the resilience section writes
+    them (only where it is written: the runtime's defaults are the section's)."""
+    return {"detect": r.detect, "threshold": r.threshold, "window": r.window, "on_straggler": r.on_straggler,
+            "exclude": r.exclude}
 
 
 def eval_values(t: S.Train) -> dict:
