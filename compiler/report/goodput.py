@@ -39,6 +39,10 @@ def goodput_text(compiled) -> list[str]:
                 f"again at step 0 ({_steps(g.steps)}, {duration(g.run_s)} of work)")
         lines += [head, f"            with checkpoints every {_steps(g.best_steps)} ({duration(g.best_interval_s)}) "
                         f"it would be {g.ettr_best:.1%}: add `checkpoint_dir` and `checkpoint_every = auto`"]
+    elif interval is None and g.auto:
+        lines += [f"goodput     ETTR {g.ettr:.1%} predicted: checkpoint_every = auto is {_steps(g.every)} "
+                  f"(τ / step time = {duration(g.best_interval_s)} / {duration(g.step_s)}), not shorter than the run "
+                  f"({_steps(g.steps)}): only the last step is saved"]
     elif interval is None:
         lines += [f"goodput     ETTR {g.ettr:.1%} predicted: checkpoint_every = {g.every} saves only the last step, "
                   "so every interruption starts the run again at step 0",
