@@ -444,15 +444,13 @@ def _resilience(c: Checker, sec: ast.Section) -> S.Resilience | None:
                 help="a rank scoring below it is named: 1.0 is as fast as the fastest rank, 0.7 NVIDIA's default "
                      "(30% slower)")
         ok = False
-    positive = [(k, s[k]) for k in ("storage_write_gbps", "storage_read_gbps") if s[k] is not None]
-    positive += [(f"interruptions {k}", v) for k, v in failures.items()]
-    for key, v in positive:
+    written = [(k, s[k], at.get(k)) for k in ("storage_write_gbps", "storage_read_gbps") if s[k] is not None]
+    # an interruption count, days, devices or rate; a default is positive, so a bad one is written: at its argument
+    written += [(k, v, lints.arg_of(at.get("interruptions"), k, i)) for i, (k, v) in enumerate(failures.items())]
+    for key, v, where in written:
         if v <= 0:
-            where = at.get(key) or lints.arg_of(at["interruptions"], key.split()[-1],
-                                                list(INTERRUPTIONS[kind]).index(key.split()[-1]))
-            c.error("E0120", f"`{key.split()[-1]}` must be positive, not {v:g}", span_of(where),
-                    label="not positive", help="a failure rate, a duration or a bandwidth of 0 says nothing: leave "
-                                               "the setting out for the default")
+            c.error("E0120", f"`{key}` must be positive, not {v:g}", span_of(where), label="not positive",
+                    help="a failure rate or a bandwidth of 0 says nothing: leave the setting out for the default")
             ok = False
     if not ok:
         return None
