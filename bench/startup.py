@@ -5,7 +5,8 @@ process groups and the model, run one step and exit. The failure model's restart
     python -m bench.startup [--repeat 3] [--sample samples/gpt_dp.scale] [--nproc 2]
 
 Prints each trial's wall seconds and the median. Measured 2026-11-29 on this machine (2 cores, gpt_dp on 2 CPU
-ranks): 4.16, 4.32, 4.10 s, median 4.2 s (one step of 24 ms of it).
+ranks), the cores otherwise idle: 4.16, 4.32, 4.10 s, median 4.2 s (one step of 24 ms of it); with the cores shared
+by other jobs (load average 8-9) 7-21 s a trial, median 13 s: what start-up waits for, not what it costs.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={a.nproc}", str(Path(tmp) / "program.py"), "--steps", "1"],
-                           check=True, capture_output=True, cwd=tmp, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                           check=True, capture_output=True, cwd=tmp,
+                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
             times.append(time.perf_counter() - t0)
             print(f"trial {i + 1}: {times[-1]:.2f} s")
     print(f"start-up to one step and exit: median {statistics.median(times):.2f} s over {len(times)}")

@@ -237,8 +237,8 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
 
 
 def checkpoint_every(spec: S.Spec, plan, costs) -> int:
-    """runtime.config.Checkpoint.every: as written, or `auto`'s Young–Daly interval in steps (compiler/cost/goodput.py),
-    which needs the plan's predicted step time (`costs`)."""
+    """runtime.config.Checkpoint.every: as written, or `auto`'s Young–Daly interval in steps
+    (compiler/cost/goodput.py), which needs the plan's predicted step time (`costs`)."""
     if spec.train.checkpoint_every == "auto" and costs is None:
         raise ValueError("checkpoint_every = auto is resolved from the plan's predicted step time: pass `costs`")
     return goodput.checkpoint_steps(spec, plan, costs)

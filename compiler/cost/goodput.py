@@ -105,7 +105,8 @@ def young_interval(save_s: float, mtbf_s: float) -> float:
 
 
 def ettr(work_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
-    """Daly's ratio of `work_s` to the expected wall time of doing it and saving once, M·e^(R/M)·(e^((τ+C)/M) − 1)."""
+    """Daly's ratio of `work_s` to the expected wall time of doing it and saving once:
+    M·e^(R/M)·(e^((τ+C)/M) − 1)."""
     if work_s <= 0:
         return 0.0
     x = (work_s + save_s) / mtbf_s

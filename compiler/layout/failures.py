@@ -22,9 +22,9 @@ written). The copies reach less than the datasheet; not measured here.
 
 Restart. Start-up (processes, rendezvous, process groups, the model built and placed) measured on this machine for
 `cpu`: 4.2 s (`python -m bench.startup`: torchrun of gpt_dp's program on 2 CPU ranks, one step and exit, median of 3,
-2026-11-29); on GPU clusters no figure is measured here: 60 s is an assumption of the order a thousands-of-ranks
-job's rendezvous, NCCL communicators and model build take, to override with `restart = ...` once measured. Compile (`compile =
-true`): our programs' first step on an H200 compiled in 13-14 s (GPT-2 124M, Llama 1.1B: docs/gpu.md,
+2026-11-29, the cores otherwise idle; 13 s with them shared by other jobs); on GPU clusters no figure is measured here: 60 s is an assumption of the order a thousands-of-ranks
+job's rendezvous, NCCL communicators and model build take, to override with `restart = ...` once measured.
+Compile (`compile = true`): our programs' first step on an H200 compiled in 13-14 s (GPT-2 124M, Llama 1.1B: docs/gpu.md,
 bench.gpu_check 2026-11-28), on this CPU in 17-23 s; a larger model compiles its one repeated block once as well.
 """
 from __future__ import annotations

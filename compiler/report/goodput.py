@@ -28,11 +28,11 @@ def goodput_text(compiled) -> list[str]:
     if g is None:
         return []
     lines = [""]
-    best = (f"τ = √(2·C·M) = √(2 × {duration(g.save_s)} × {duration(g.mtbf_s)}) = {duration(g.best_interval_s)} "
-            f"(Young 1974)")
-    if g.best_interval_s > GP.young_interval(g.save_s, g.mtbf_s) * (1 + 1e-9):
-        best += (f", raised to {'the files’ write' if g.staging_s is not None and g.write_s > g.step_s else 'one step'}"
-                 f": {duration(g.best_interval_s)}")
+    young = GP.young_interval(g.save_s, g.mtbf_s)
+    best = f"τ = √(2·C·M) = √(2 × {duration(g.save_s)} × {duration(g.mtbf_s)}) = {duration(young)} (Young 1974)"
+    if g.best_interval_s > young * (1 + 1e-9):
+        floor = "the files' write" if g.best_interval_s == g.write_s and g.staging_s is not None else "one step"
+        best += f", raised to {floor}: {duration(g.best_interval_s)}"
     interval = g.interval_s
     if not g.checkpoints:
         head = (f"goodput     ETTR {g.ettr:.1%} predicted: no checkpoint_dir, so every interruption starts the run "
@@ -65,8 +65,8 @@ def goodput_text(compiled) -> list[str]:
     if g.staging_s is None:
         lines += [f"            save C = {duration(g.save_s)}: {written[0]}", f"              {written[1]}"]
     else:
-        lines += [f"            save C = {duration(g.save_s)}: the staging copy that blocks the step (checkpoint_async), "
-                  f"{nbytes(g.staging_bytes)} per rank at {g.host_gbps:g} GB/s device to host",
+        lines += [f"            save C = {duration(g.save_s)}: the staging copy that blocks the step "
+                  f"(checkpoint_async), {nbytes(g.staging_bytes)} per rank at {g.host_gbps:g} GB/s device to host",
                   f"              the files, written meanwhile: {written[0]} {written[1]}"]
     if g.restart_written:
         lines += [f"            restart R = {duration(g.restart_s)} as written (`restart`)"]
