@@ -2,6 +2,7 @@
 hand, `checkpoint_every = auto` resolved into the program, and what `plan` prints and plan.json carries."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -83,6 +84,10 @@ def test_auto_writes_the_interval_into_the_program(compiled, tmp_path):
     assert 1 < g.best_steps < 100  # a handful of steps: the assertion below is not a default's
     program = codegen.program(compiled.spec, compiled.traced, compiled.costs, compiled.plan, str(tmp_path))
     assert f"every={g.best_steps}," in program
+    # and plan.json's copy of the contract (written without the costs' memory and speed groups)
+    written = json.loads(codegen.plan_json(compiled.spec, compiled.traced, compiled.costs, compiled.plan,
+                                           str(tmp_path)))
+    assert written["train"]["checkpoint"]["every"] == g.best_steps
     # the resilience section reaches the contract the straggler detector reads
     assert "train.Resilience(\n        detect=True,\n        threshold=0.8,\n        window=10,\n" in program
     assert "on_straggler='restart',\n        exclude='node'," in program

@@ -173,14 +173,16 @@ def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None,
+                  every: int | None = None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
     (micro_batch_size, batch_ranks) are `plan`'s (compile's: the file's plan with the policies' decisions).
     With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
     it measures. Where the mesh writes a `placement`, "placement" too: the generator of the rank of each mesh
     coordinate (compiler/layout/rank_order.py `generator` of compiler/cost/links.py `resolved`; auto reads the
-    ledger: `costs`' or `ledger`), which runtime.config.placed_ranks expands."""
+    ledger: `costs`' or `ledger`), which runtime.config.placed_ranks expands. `every`: the steps between
+    checkpoints where `costs` is not given and the file writes `checkpoint_every = auto` (plan.json's)."""
     t = spec.train
     v = spec.value
     placed = LK.resolved(plan, spec.cluster, costs.ledger if costs is not None else ledger)
@@ -222,7 +224,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                        # as written, when relative: runtime.startup.legacy_checkpoints looks for it from the cwd too
                        **({"as_written": t.checkpoint_dir}
                           if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
-                       "every": checkpoint_every(spec, plan, costs),
+                       "every": every if every is not None else checkpoint_every(spec, plan, costs),
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
@@ -438,8 +440,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
                     **({} if c.worst_bytes is None else {"worst_bytes_per_step": c.worst_bytes})}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir,
-                                                              ledger=costs.ledger).items()
+        "train": {k: _json_value(v) for k, v in config_values(
+            spec, traced, plan, out_dir, ledger=costs.ledger, every=goodput.checkpoint_steps(spec, plan, costs)).items()
                   if k not in ("name", "source")},
     }
     return E.json_text(doc)
