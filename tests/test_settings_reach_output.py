@@ -165,7 +165,8 @@ CHANGES = {
                                       setup=(RESILIENCE, *TWO_NODES)),
     "resilience.interruptions.per_gpu_hour.rate": Change((("per_gpu_hour(1000)", "per_gpu_hour(20)"),), sample=DP,
                                                          setup=(CKPT, RESILIENCE, *AUTO)),
-    "resilience.storage_write_gbps": Change((("per_gpu_hour(1000)", "per_gpu_hour(1000)  storage_write_gbps = 0.01"),),
+    "resilience.storage_write_gbps": Change((("per_gpu_hour(1000)",
+                                              "per_gpu_hour(1000)  storage_write_gbps = 0.01"),),
                                             sample=DP, setup=(CKPT, RESILIENCE, *AUTO)),
     "train.eval_batches": Change((("eval_every = 5", "eval_every = 5  eval_batches = 2"),), setup=(EVAL,)),
     # a.bin holds 2048 uint16 ids: 63 windows of 33, of which 0.3 holds out 18 and 0.5 holds out 31
