@@ -307,6 +307,17 @@ def to_pos_int(c, e, w):
     return c.as_int(e, w, 1)
 
 
+def to_count_or_auto(c, e, w):
+    """A count ≥ 0, or `auto` (the string "auto": resolved when the plan is costed)."""
+    if isinstance(e, ast.Name) and e.id == "auto":
+        return "auto"
+    if isinstance(e, ast.Name):
+        c.error("E0111", f"unknown value `{e.id}` of {w}", e.span, label="not a count",
+                help="a number of steps, or `auto` (the interval that loses the least time to saves and failures)")
+        return None
+    return c.as_int(e, w, 0)
+
+
 def to_string(c, e, w):
     return c.as_string(e, w)
 

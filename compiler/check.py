@@ -26,7 +26,9 @@ from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.file_checks import file_checks
 from compiler.layout.cluster import Cluster
 from compiler.language import (CAPACITY, DEVICES, KNOWN_AXES, LAYERS, MAX_REPEAT, MAX_SEED, MESH_SETTINGS,
-                               OVERRIDABLE, PLAN_SETTINGS, SECTIONS, TRAIN_SETTINGS, TRAIN_SIZE_NAMES, placement)
+                               OVERRIDABLE, PLAN_SETTINGS, RESILIENCE_SETTINGS, SECTIONS, TRAIN_SETTINGS,
+                               TRAIN_SIZE_NAMES, placement)
+from compiler.layout import failures as FAIL
 from compiler.parse import parse
 from compiler.plan import Plan, compiles
 from compiler.rules import check_plan
@@ -35,7 +37,8 @@ from compiler.symbols import size as size_symbol
 # The language's tables, read as `check.X` by the tests that enumerate the language (tests/fuzz.py,
 # tests/test_settings_reach_output.py, tests/test_plan.py): their home is compiler/language.py.
 from compiler.binder import MISSING, Param  # noqa: E402,F401
-from compiler.language import DATASETS, FABRICS, INITS, OPTIMIZERS, SCHEDULES, TOPOLOGIES, TP_LAYERS  # noqa: E402,F401
+from compiler.language import (DATASETS, FABRICS, INITS, INTERRUPTIONS, ON_STRAGGLER, OPTIMIZERS,  # noqa: E402,F401
+                               SCHEDULES, STRAGGLERS, TOPOLOGIES, TP_LAYERS)
 
 
 def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
@@ -89,12 +92,14 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
     train, train_values = _train(c, sections["train"]) if "train" in sections else (None, {})
     if train is not None:
         lints.train_checks(c, train, train_values)
+    resilience = _resilience(c, sections["resilience"]) if "resilience" in sections else S.Resilience()
     spec = None
-    if model and mesh and plan and train:
+    if model and mesh and plan and train and resilience:
         lints.bind_capacities(c, model, train)
         lints.windows_cover_the_sequence(c, model, train)
         spec = S.Spec(path=file.path, source=source, model=model, mesh=mesh.machines, cluster=mesh.cluster,
-                      plan=_written_plan(c, mesh, plan, train), train=train, values=dict(c.values))
+                      plan=_written_plan(c, mesh, plan, train), train=train, values=dict(c.values),
+                      resilience=resilience)
         own = spec.plan
         if cluster_only:  # one device, the plan's defaults: what is left refuses every plan
             own = dataclasses.replace(own, axes=(("dp", 1),), micro_batches=1,
@@ -106,6 +111,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
             data = dataclasses.replace(train.data, dtype=reading.dtype, format=reading.format, reading=reading)
             spec = dataclasses.replace(spec, train=dataclasses.replace(train, data=data))
         lints.no_effect_checks(c, spec, bool(mesh.axis_spans))
+        lints.resilience_checks(c, spec)
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
     if c.diags:
@@ -421,6 +427,44 @@ def _train(c: Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
         eval_every=s["eval_every"], eval_batches=s["eval_batches"], eval_split=s["eval_split"],
         spans=spans_of(s)), s["_spans"]
+
+
+def _resilience(c: Checker, sec: ast.Section) -> S.Resilience | None:
+    """The resilience section: straggler detection and action (runtime.config.Resilience) and the failure model's
+    figures, each in range (a threshold is a fraction of the fastest rank's speed; a rate, a bandwidth, positive)."""
+    s = bind_settings(c, sec, RESILIENCE_SETTINGS, "resilience")
+    if s is None:
+        return None
+    at = s["_spans"]
+    (detect, found), (action, args), (kind, failures) = s["stragglers"], s["on_straggler"], s["interruptions"]
+    ok = True
+    if detect == "detect" and not 0 < found["threshold"] < 1:
+        c.error("E0120", f"a straggler threshold of {found['threshold']:g} is not a fraction between 0 and 1",
+                span_of(lints.arg_of(at["stragglers"], "threshold", 0)), label="not in (0, 1)",
+                help="a rank scoring below it is named: 1.0 is as fast as the fastest rank, 0.7 NVIDIA's default "
+                     "(30% slower)")
+        ok = False
+    written = [(k, s[k], at.get(k)) for k in ("storage_write_gbps", "storage_read_gbps") if s[k] is not None]
+    # an interruption count, days, devices or rate; a default is positive, so a bad one is written: at its argument
+    written += [(k, v, lints.arg_of(at.get("interruptions"), k, i)) for i, (k, v) in enumerate(failures.items())]
+    for key, v, where in written:
+        if v <= 0:
+            c.error("E0120", f"`{key}` must be positive, not {v:g}", span_of(where), label="not positive",
+                    help="a failure rate or a bandwidth of 0 says nothing: leave the setting out for the default")
+            ok = False
+    if not ok:
+        return None
+    if kind == "observed":
+        rate = FAIL.rate_per_gpu_hour(failures["count"], failures["days"], failures["gpus"])
+        source = (FAIL.LLAMA3_SOURCE if "interruptions" not in at else
+                  f"{failures['count']:g} in {failures['days']:g} days on {failures['gpus']:,} devices, as written")
+    else:
+        rate, source = failures["rate"], "as written"
+    return S.Resilience(detect=detect == "detect", threshold=found.get("threshold", 0.7),
+                        window=found.get("window", 20), on_straggler=action, exclude=args.get("exclude", "node"),
+                        rate_per_gpu_hour=rate, rate_source=source, restart_s=s["restart"],
+                        storage_write_gbps=s["storage_write_gbps"], storage_read_gbps=s["storage_read_gbps"],
+                        written=True, spans=spans_of(s))
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------

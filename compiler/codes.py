@@ -109,6 +109,23 @@ CODES: dict[str, Code] = {
                   "is trained on whole (nothing held out). `eval_split` with synthetic data does nothing either: "
                   "synthetic held-out batches are a seed stream of their own. Add `eval_every = N`, or remove the "
                   "setting."),
+    # -- the resilience section -----------------------------------------------------------------------------------
+    "W0150": Code("straggler action without detection", "A warning: `on_straggler` says what the run does about a "
+                  "rank named slow, and `stragglers = off` names none: the action never runs. Write `stragglers = "
+                  "detect(...)` (the default), or remove `on_straggler`."),
+    "E0151": Code("excluding the only node", "`on_straggler = restart(exclude = node)` ends the attempt and rejoins "
+                  "without the straggler's node, and `replan` searches again on the nodes left: on a one-node mesh "
+                  "none would be left to run on. Use `on_straggler = report` there, or a mesh of several nodes."),
+    "E0152": Code("re-plan without checkpoints", "`on_straggler = replan` reshards the last checkpoint onto the plan "
+                  "searched for the nodes left and resumes from it; without `checkpoint_dir` there is no checkpoint. "
+                  "Add `checkpoint_dir = \"...\"` to the train section, or use `report` or `restart(...)`."),
+    "W0151": Code("restart without checkpoints", "A warning: `on_straggler = restart(...)` ends the attempt and "
+                  "rejoins without the straggler's node, resuming from the last checkpoint; without "
+                  "`checkpoint_dir` the new attempt begins again at step 0, repeating the work done. Add "
+                  "`checkpoint_dir`."),
+    "W0152": Code("straggler window longer than the run", "A warning: rank 0 gathers the ranks' timings and scores "
+                  "them every `window` steps; a window longer than `steps` scores no rank in the run, so detection "
+                  "does nothing. Use a shorter window (20 is the default), or `stragglers = off`."),
     # -- the model ------------------------------------------------------------------------------------------------
     "E0201": Code("heads do not divide the width", "An attention's heads must divide its hidden size: each head "
                   "gets hidden / heads features. The help lists head counts near the one written that divide it. "

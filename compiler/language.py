@@ -10,8 +10,9 @@ from runtime import choices  # torch-free: the names the language shares with th
 
 from compiler import files as F
 from compiler import layers as L
-from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_duration, to_float, to_int, to_placement,
-                             to_pos_int, to_ratio, to_ratios, to_size, to_string)
+from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_count_or_auto, to_duration, to_float,
+                             to_int, to_placement, to_pos_int, to_ratio, to_ratios, to_size, to_string)
+from compiler.layout import failures as FAIL
 from compiler.layout.devices import DEVICES, OVERRIDABLE
 from compiler.plan import AXES
 
@@ -162,7 +163,8 @@ TRAIN_SETTINGS: dict[str, Param] = {
     "init": Param(call_of(INITS, "initialisation"), ("normal", {}), "the starting weights: normal (GPT-2's "
                   "initialisation, by name) or from(\"DIR or FILE.safetensors\") (a Hugging Face checkpoint)"),
     "checkpoint_dir": Param(to_string, "", "where checkpoints go; empty for none"),
-    "checkpoint_every": Param(to_int, 0, "steps between checkpoints; 0 for only the last"),
+    "checkpoint_every": Param(to_count_or_auto, 0, "steps between checkpoints; 0 for only the last; auto: the "
+                              "Young–Daly interval of the failure model (the `resilience` section)"),
     "checkpoint_async": Param(to_bool, False, "write each checkpoint but the last in the background (DCP's "
                               "async_save): the next steps run while its files are written"),
     "restarts": Param(to_int, None, "times torchrun restarts a failed job (from the last checkpoint); default 3 "
@@ -176,11 +178,43 @@ TRAIN_SETTINGS: dict[str, Param] = {
                                       "windows, never trained on"),
 }
 
+# -- the resilience section: stragglers, what to do about one, and the failure model goodput is priced with -------
+
+STRAGGLERS = {"detect": {"threshold": Param(to_float, 0.7, "a rank scoring below this (relative to the fastest rank "
+                                                         "doing the same work, or to its own best) is named"),
+                         "window": Param(to_pos_int, 20, "steps between gathers and scores on rank 0")},
+              "off": {}}
+ON_STRAGGLER = {"report": {}, "restart": {"exclude": Param(one_of("node"), "node", "what the restart leaves out")},
+                "replan": {}}
+INTERRUPTIONS = {"observed": {"count": Param(to_float, doc="interruptions seen"),
+                              "days": Param(to_float, doc="over this many days"),
+                              "gpus": Param(to_pos_int, doc="on this many GPUs (devices)")},
+                 "per_gpu_hour": {"rate": Param(to_float, doc="interruptions per device-hour")}}
+
+RESILIENCE_SETTINGS: dict[str, Param] = {
+    "stragglers": Param(call_of(STRAGGLERS, "straggler detection"), ("detect", {"threshold": 0.7, "window": 20}),
+                        "detect(threshold, window): time each rank's step sections and name the slow ones; off"),
+    "on_straggler": Param(call_of(ON_STRAGGLER, "straggler action"), ("report", {}),
+                          "report (the log and metrics name it), restart(exclude = node) (end the attempt and rejoin "
+                          "without its node) or replan (search again on the machines left and resume)"),
+    "interruptions": Param(call_of(INTERRUPTIONS, "failure rate"),
+                           ("observed", {"count": float(FAIL.LLAMA3_INTERRUPTIONS), "days": float(FAIL.LLAMA3_DAYS),
+                                         "gpus": FAIL.LLAMA3_GPUS}),
+                           "how often a device fails the job: observed(count, days, gpus) or per_gpu_hour(rate); "
+                           "default Llama 3's 419 in 54 days on 16,384 GPUs"),
+    "restart": Param(to_duration, None, "seconds one restart costs (start-up, checkpoint load, compile); default "
+                                        "predicted"),
+    "storage_write_gbps": Param(to_float, None, "GB/s one node writes a checkpoint at; default "
+                                                f"{FAIL.STORAGE_GBPS_PER_NODE:.3g} ({FAIL.STORAGE_SOURCE})"),
+    "storage_read_gbps": Param(to_float, None, "GB/s one node reads a checkpoint at (a restart); default as "
+                                               "storage_write_gbps"),
+}
+
 # The largest share of a token file `eval_split` holds out: more is a slip (the fraction trained on, written for
 # the one held out), and training on half a file is already an experiment, not a run.
 MAX_EVAL_SPLIT = 0.5
 
-SECTIONS = ("model", "mesh", "plan", "train")
+SECTIONS = ("model", "mesh", "plan", "train", "resilience")
 
 # Names other tools give a setting (Hugging Face's Trainer, Megatron, nanoGPT) -> the setting here.
 ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "train_batch_size": "global_batch",
@@ -194,7 +228,8 @@ ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "t
            "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
            "logging_steps": "log_every", "max_restarts": "restarts", "eval_interval": "eval_every",
            "eval_steps": "eval_every", "eval_iters": "eval_batches"}
-CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"))
+CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"),
+                  ("stragglers", "STRAGGLERS"), ("on_straggler", "ON_STRAGGLER"), ("interruptions", "INTERRUPTIONS"))
 
 
 # What a device's figures can be, with room for devices to come (today's largest: about 2,500 TFLOP/s, 192 GB,
@@ -216,7 +251,7 @@ def placement(key: str, section: str) -> tuple[str, str | None]:
     setting another tool calls `key` (`batch_size`, `epochs`); ("", None) when it is none of these. The second item
     is the setting of `section` meant, if any (then not reported again as missing)."""
     name = ALIASES.get(key, key)
-    tables = {"mesh": MESH_SETTINGS, "plan": PLAN_SETTINGS, "train": TRAIN_SETTINGS}
+    tables = {"mesh": MESH_SETTINGS, "plan": PLAN_SETTINGS, "train": TRAIN_SETTINGS, "resilience": RESILIENCE_SETTINGS}
     said = f"`{key}` is called `{name}` here; " if name != key else ""
     if name in tables.get(section, {}):
         why = ", not epochs" if key in ("epochs", "num_train_epochs") else ""

@@ -71,7 +71,7 @@ def device_figures(c: Checker, sec: ast.Section) -> None:
 
 
 
-def _arg_of(call, name: str, index: int):
+def arg_of(call, name: str, index: int):
     """The value expression of argument `name` (or the `index`-th positional one) of a call, or None."""
     for i, arg in enumerate(getattr(call, "args", ())):
         if (arg.name is not None and arg.name.id == name) or (arg.name is None and i == index):
@@ -99,30 +99,30 @@ def train_checks(c: Checker, train: S.Train, written: dict) -> None:
     before = c.errors()
     counts = [(k, getattr(train, k), at.get(k)) for k in ("steps", "log_every", "checkpoint_every", "restarts",
                                                           "eval_every", "eval_batches")]
-    counts.append(("warmup", sched.warmup, span_of(_arg_of(written.get("lr_schedule"), "warmup", 0))))
+    counts.append(("warmup", sched.warmup, span_of(arg_of(written.get("lr_schedule"), "warmup", 0))))
     for key, n, where in counts:
-        if n > MAX_COUNT and where is not None:
+        if isinstance(n, int) and n > MAX_COUNT and where is not None:  # checkpoint_every may be `auto`
             c.error("E0120", f"`{key}` = {n} is more than a run counts", where, label="too large",
                     help=f"at most {MAX_COUNT}")
     if c.errors() > before:
         return  # the checks below compare these numbers
     call = written.get("optimizer")
-    if opt.eps <= 0 and (e := _arg_of(call, "eps", 3)) is not None:
+    if opt.eps <= 0 and (e := arg_of(call, "eps", 3)) is not None:
         c.error("E0120", "Adam's eps must be positive", span_of(e), label="divides by the root of the second moment",
                 help="the usual value is `eps = 1e-8`")
     if opt.lr > SUSPICIOUS_LR:
-        c.warn("W0131", f"a learning rate of {opt.lr:g} is far above any AdamW rate", span_of(_arg_of(call, "lr", 0))
+        c.warn("W0131", f"a learning rate of {opt.lr:g} is far above any AdamW rate", span_of(arg_of(call, "lr", 0))
                or at.get("optimizer"), label="the first step would blow the weights up",
                help="AdamW's peak rates are 1e-6 .. 1e-2: was `3e-3` meant?")
     call = written.get("lr_schedule")
     if sched.kind == "cosine" and sched.min_lr > opt.lr:
         c.error("E0131", f"the schedule's floor min_lr = {sched.min_lr:g} is above the peak lr = {opt.lr:g}",
-                span_of(_arg_of(call, "min_lr", 1)) or at.get("lr_schedule"), label="above `lr`",
+                span_of(arg_of(call, "min_lr", 1)) or at.get("lr_schedule"), label="above `lr`",
                 help="cosine decays from `lr` down to `min_lr`: make min_lr smaller than lr (e.g. lr / 10), or use "
                      "`constant(...)`")
     if sched.warmup >= steps and sched.warmup > 0:
         c.warn("W0130", f"a warm-up of {sched.warmup} steps is not over in a run of {steps}",
-               span_of(_arg_of(call, "warmup", 0)) or at.get("lr_schedule"), label=f"warmup ≥ steps = {steps}",
+               span_of(arg_of(call, "warmup", 0)) or at.get("lr_schedule"), label=f"warmup ≥ steps = {steps}",
                help=f"the learning rate never reaches lr = {opt.lr:g}; use a warm-up shorter than `steps` (a few "
                     "percent of it)")
     if "checkpoint_every" in written and train.checkpoint_every:
@@ -130,14 +130,14 @@ def train_checks(c: Checker, train: S.Train, written: dict) -> None:
             c.warn("W0132", "`checkpoint_every` without `checkpoint_dir`: no checkpoint is written",
                    at["checkpoint_every"], label="has no effect",
                    help='add `checkpoint_dir = "ckpt"` to write checkpoints, or remove `checkpoint_every`')
-        elif train.checkpoint_every >= steps:
+        elif train.checkpoint_every != "auto" and train.checkpoint_every >= steps:
             c.warn("W0133", f"checkpoint_every = {train.checkpoint_every} is not shorter than the run ({steps} steps):"
                    " only the last step is checkpointed", at["checkpoint_every"], label="has no effect",
                    help="the last step is always checkpointed; use fewer steps between checkpoints, or remove it")
     if "checkpoint_async" in written and train.checkpoint_async:
         why = ("no `checkpoint_dir`: no checkpoint is written" if not train.checkpoint_dir else
                "only the last step is checkpointed, and a run waits for its last checkpoint"
-               if not 0 < train.checkpoint_every < steps else "")
+               if train.checkpoint_every != "auto" and not 0 < train.checkpoint_every < steps else "")
         if why:
             c.warn("W0142", f"checkpoint_async has nothing to overlap: {why}", at["checkpoint_async"],
                    label="has no effect", help="asynchronous saves overlap the steps after a checkpoint that is not "
@@ -288,3 +288,37 @@ def bind_capacities(c: Checker, model: S.Model, train: S.Train) -> None:
                    help="capacity_factor is a multiple of a balanced share (top_k · seq_len / experts slots per "
                         "expert): 1.0 keeps every choice of a balanced load, 1.25 leaves room for imbalance (GShard, "
                         "Switch), `none` drops nothing")
+
+
+def resilience_checks(c: Checker, spec: S.Spec) -> None:
+    """The resilience section's settings where they cannot act: an action on stragglers nobody detects, a window no
+    run reaches, a node excluded from a one-node mesh, a re-plan or restart with no checkpoint to resume from."""
+    r, train = spec.resilience, spec.train
+    at = dict(r.spans)
+    if not r.written:
+        return
+    if not r.detect and "on_straggler" in at:
+        c.warn("W0150", f"on_straggler = {r.on_straggler} with `stragglers = off`: no straggler is ever named",
+               at["on_straggler"], label="has no effect",
+               help="the action follows a named straggler; write `stragglers = detect(...)`, or remove it")
+    if r.detect and "stragglers" in at and r.window > train.steps:
+        c.warn("W0152", f"a straggler window of {r.window} steps is longer than the run ({train.steps} steps): no "
+               "rank is ever scored", at["stragglers"], label="has no effect",
+               help="ranks are scored every `window` steps; use a shorter window, or `stragglers = off`")
+    if r.on_straggler == "report" or not r.detect:
+        return
+    where = at["on_straggler"]
+    if spec.cluster.nodes == 1:
+        c.error("E0151", f"on_straggler = {r.on_straggler} on a one-node mesh: excluding the straggler's node leaves "
+                "none to run on", where, label="the only node",
+                help="excluding a node needs another to run on: write `on_straggler = report`, or a mesh of several "
+                     "nodes")
+    elif not train.checkpoint_dir:
+        if r.on_straggler == "replan":
+            c.error("E0152", "on_straggler = replan without `checkpoint_dir`: there is no checkpoint to reshard onto "
+                    "the new plan", where, label="nothing to resume from",
+                    help='add `checkpoint_dir = "ckpt"` to the train section, or write `on_straggler = report`')
+        else:
+            c.warn("W0151", "on_straggler = restart without `checkpoint_dir`: the restart without the node begins "
+                   "again at step 0", where, label="nothing to resume from",
+                   help='add `checkpoint_dir = "ckpt"` so that the restart resumes from the last checkpoint')

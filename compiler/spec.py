@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Span
+from compiler.layout import failures as FAIL
 from compiler.layout.cluster import Cluster
 from compiler.layers.attention import Attention
 from compiler.layers.cross_entropy import CrossEntropy
@@ -175,7 +176,9 @@ class Train:
     data: Data
     log_every: int
     checkpoint_dir: str
-    checkpoint_every: int
+    checkpoint_every: int | str
+    """Steps between checkpoints (0: only the last), or "auto": the Young–Daly interval of the failure model, which
+    compiler/cost/goodput.py resolves to steps once the plan's step time is predicted (`checkpoint_steps`)."""
     checkpoint_async: bool = False
     """Write each checkpoint but the last in the background (runtime.checkpoint.begin with a group of its own)."""
     restarts: int = 0
@@ -195,6 +198,35 @@ class Train:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Resilience:
+    """The `resilience` section as written and checked, every default filled in (compiler/language.py
+    RESILIENCE_SETTINGS): straggler detection and what to do about one (runtime.config.Resilience), and the failure
+    model goodput is priced with (compiler/cost/goodput.py)."""
+
+    detect: bool = True
+    threshold: float = 0.7
+    window: int = 20
+    on_straggler: str = "report"
+    """report | restart | replan."""
+    exclude: str = "node"
+    """What `restart` leaves out."""
+    rate_per_gpu_hour: float = FAIL.DEFAULT_RATE
+    """Interruptions per device-hour."""
+    rate_source: str = FAIL.LLAMA3_SOURCE
+    """Where the rate comes from, in words (the default's citation, or the setting as written)."""
+    restart_s: float | None = None
+    """One restart's seconds as written; None: predicted (start-up + checkpoint load + compile)."""
+    storage_write_gbps: float | None = None
+    """GB/s per node a checkpoint is written at; None: failures.STORAGE_GBPS_PER_NODE."""
+    storage_read_gbps: float | None = None
+    """GB/s per node it is read at; None: the write figure."""
+    written: bool = False
+    """Whether the file has a `resilience` section (codegen writes runtime.config.Resilience only then)."""
+    spans: tuple = field(default=(), compare=False)
+    """((setting, Span), ...) of the settings written."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Spec:
     path: str
     source: str
@@ -211,6 +243,8 @@ class Spec:
     values: dict
     """sympy Symbol -> int, for every named size of the model and train sections; not the mesh axes, which are the
     Plan's (`value(expr, plan)` binds them)."""
+    resilience: Resilience = field(default_factory=Resilience)
+    """The `resilience` section (its defaults where none is written)."""
     warnings: tuple = field(default=(), compare=False)
     """Diagnostics of severity "warning" the check found (settings with no effect, ...); the commands print them."""
 

@@ -45,11 +45,12 @@ def vocabulary() -> tuple[str, ...]:
     """Every word of the language (from compiler/language.py's tables, so it follows them) and a few strangers."""
     words = set(_CHOICES) | set(CHECK.SECTIONS) | set(CHECK.KNOWN_AXES) | set(CHECK.DEVICES) | set(CHECK.TP_LAYERS)
     words |= set(CHECK.FABRICS) | {"auto", "order"}  # the mesh's network: fabric = ib, placement = order(tp, dp)
-    for table in (CHECK.LAYERS, CHECK.OPTIMIZERS, CHECK.SCHEDULES, CHECK.DATASETS, CHECK.TOPOLOGIES):
+    for table in (CHECK.LAYERS, CHECK.OPTIMIZERS, CHECK.SCHEDULES, CHECK.DATASETS, CHECK.TOPOLOGIES, CHECK.STRAGGLERS,
+                  CHECK.ON_STRAGGLER, CHECK.INTERRUPTIONS):
         for name, params in table.items():
             words.add(name)
             words.update(params)
-    for table in (CHECK.MESH_SETTINGS, CHECK.PLAN_SETTINGS, CHECK.TRAIN_SETTINGS):
+    for table in (CHECK.MESH_SETTINGS, CHECK.PLAN_SETTINGS, CHECK.TRAIN_SETTINGS, CHECK.RESILIENCE_SETTINGS):
         words.update(table)
     return tuple(sorted(words))
 

@@ -32,6 +32,12 @@ CONSTANT = ("cosine(warmup = 5, min_lr = 3e-4)", "constant(warmup = 5)")
 CKPT = ("data         = synthetic", 'data         = synthetic\n  checkpoint_dir = "ckpt"')
 BF16 = ("precision    = fp32", "precision    = bf16")
 EVAL = ("log_every    = 10", "log_every    = 10  eval_every = 5")
+# a resilience section (written before the train section), and two nodes of one device for gpt_dp (a node to exclude)
+RESILIENCE = ("\ntrain {", "\nresilience {\n  stragglers = detect(threshold = 0.7, window = 20)\n}\n\ntrain {")
+TWO_NODES = (("nodes = 1", "nodes = 2"), ("devices_per_node = 2", "devices_per_node = 1"))
+# checkpoints every `auto` steps, with failures frequent enough that the tiny model's interval is a few steps
+AUTO = (('"ckpt"', '"ckpt"  checkpoint_every = auto'),
+        ("window = 20)", "window = 20)\n  interruptions = per_gpu_hour(1000)"))
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,18 @@ COST_MODEL_ONLY = {
     # lists it gives into the contract. Refused where it is no order of the axes (E0322), warned where every
     # order is alike (W0321).
     "mesh.placement": "the Plan's rank order: plan.json and `plan` today, the program's groups later",
+    # The failure model (issue 41): `plan`'s goodput block and plan.json's "goodput"; the program sees the
+    # interruption rate and the write bandwidth only through `checkpoint_every = auto`'s interval (CHANGES below)
+    "resilience.interruptions": "cost model: the failure rate of plan's goodput (and auto's checkpoint interval)",
+    **{f"resilience.interruptions.{kind}.{arg}": "cost model: the failure rate"
+       for kind, args in K.INTERRUPTIONS.items() for arg in args},
+    "resilience.restart": "cost model: a restart's seconds in plan's ETTR (Young's interval does not depend on it)",
+    "resilience.storage_write_gbps": "cost model: a save's seconds (and auto's checkpoint interval)",
+    "resilience.storage_read_gbps": "cost model: a restart's checkpoint load in plan's ETTR",
 }
+
+# Arguments with one value today: written, the program holds what it holds without them.
+SINGLE_VALUED = {"resilience.on_straggler.restart.exclude": "`node` is the one unit a restart leaves out today"}
 
 # Settings that only permit what the compiler does whenever it is needed: their effect is that the file is
 # accepted at all. Each is shown refused with its default and accepted with the change.
@@ -138,6 +155,19 @@ CHANGES = {
     "train.restarts": Change((("log_every    = 10", "log_every    = 10  restarts = 2"),)),
     "train.timeout": Change((("log_every    = 10", 'log_every    = 10  timeout = "30 s"'),)),
     "train.eval_every": Change((EVAL,)),
+    "train.checkpoint_every auto": Change((('"ckpt"', '"ckpt"  checkpoint_every = auto'),), sample=DP,
+                                          setup=(CKPT, RESILIENCE, AUTO[1])),
+    "resilience.stragglers": Change((("detect(threshold = 0.7, window = 20)", "off"),), sample=DP, setup=(RESILIENCE,)),
+    "resilience.stragglers.detect.threshold": Change((("threshold = 0.7", "threshold = 0.8"),), sample=DP,
+                                                     setup=(RESILIENCE,)),
+    "resilience.stragglers.detect.window": Change((("window = 20", "window = 10"),), sample=DP, setup=(RESILIENCE,)),
+    "resilience.on_straggler": Change((("window = 20)", "window = 20)\n  on_straggler = restart"),), sample=DP,
+                                      setup=(RESILIENCE, *TWO_NODES)),
+    "resilience.interruptions.per_gpu_hour.rate": Change((("per_gpu_hour(1000)", "per_gpu_hour(20)"),), sample=DP,
+                                                         setup=(CKPT, RESILIENCE, *AUTO)),
+    "resilience.storage_write_gbps": Change((("per_gpu_hour(1000)",
+                                              "per_gpu_hour(1000)  storage_write_gbps = 0.01"),),
+                                            sample=DP, setup=(CKPT, RESILIENCE, *AUTO)),
     "train.eval_batches": Change((("eval_every = 5", "eval_every = 5  eval_batches = 2"),), setup=(EVAL,)),
     # a.bin holds 2048 uint16 ids: 63 windows of 33, of which 0.3 holds out 18 and 0.5 holds out 31
     "train.eval_split": Change((("eval_split = 0.3", "eval_split = 0.5"),),
@@ -155,7 +185,8 @@ def _call_tables(param: K.Param) -> list[dict]:
 
 def settings() -> list[str]:
     names = []
-    for section, table in (("mesh", K.MESH_SETTINGS), ("plan", K.PLAN_SETTINGS), ("train", K.TRAIN_SETTINGS)):
+    for section, table in (("mesh", K.MESH_SETTINGS), ("plan", K.PLAN_SETTINGS), ("train", K.TRAIN_SETTINGS),
+                           ("resilience", K.RESILIENCE_SETTINGS)):
         for key, param in table.items():
             names.append(f"{section}.{key}")
             for kinds in _call_tables(param):
@@ -166,7 +197,7 @@ def settings() -> list[str]:
 def test_every_setting_is_covered():
     names = settings()
     assert "train.optimizer.adamw.lr" in names and "train.data.tokens.path" in names  # the tables are found
-    covered = CHANGES.keys() | COST_MODEL_ONLY.keys() | PERMISSIONS.keys()
+    covered = {k.split()[0] for k in CHANGES} | COST_MODEL_ONLY.keys() | PERMISSIONS.keys() | SINGLE_VALUED.keys()
     assert not set(names) - covered, (f"settings the checker reads with no change here: "
                                       f"{sorted(set(names) - covered)}; give each a Change in CHANGES")
     assert not covered - set(names), f"settings here the checker no longer reads: {sorted(covered - set(names))}"
@@ -326,8 +357,18 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.init.from.path": (Probe(('from("w2")',), base='from("files_llama")', shapes=("llama",)),),
     "train.log_every": (Probe(("3", "1000"), shapes=TRAIN_SHAPES),),
     "train.checkpoint_dir": (Probe(('"ckpt"',), shapes=TRAIN_SHAPES),),
-    "train.checkpoint_every": (Probe(("3", "1000"), shapes=TRAIN_SHAPES),
-                               Probe(("3", "1000"), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),))),
+    "train.checkpoint_every": (Probe(("3", "1000", "auto"), shapes=TRAIN_SHAPES),
+                               Probe(("3", "1000", "auto"), shapes=TRAIN_SHAPES,
+                                     setup=(("train.checkpoint_dir", '"c"'),))),
+    # the section written at all writes runtime.config.Resilience; off names no one (W0150 for an action then)
+    "resilience.stragglers": (Probe(("off", "detect(threshold = 0.8)"), shapes=TRAIN_SHAPES),),
+    "resilience.stragglers.detect.threshold": (Probe(("detect(threshold = 0.8)", "detect(threshold = 1.5)"),
+                                                     base="detect", shapes=TRAIN_SHAPES),),
+    "resilience.stragglers.detect.window": (Probe(("detect(window = 5)", "detect(window = 100000)"), base="detect",
+                                                  shapes=TRAIN_SHAPES),),  # longer than the run: W0152
+    # one node: nothing to exclude (E0151); stragglers off: W0150
+    "resilience.on_straggler": (Probe(("restart", "replan"), shapes=TRAIN_SHAPES),
+                                Probe(("restart",), shapes=TRAIN_SHAPES, setup=(("resilience.stragglers", "off"),))),
     "train.checkpoint_async": (Probe(("true",), shapes=TRAIN_SHAPES),
                                Probe(("true",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),)),
                                Probe(("true",), shapes=TRAIN_SHAPES, setup=(("train.checkpoint_dir", '"c"'),
@@ -444,7 +485,7 @@ def _layer_arguments() -> list[str]:
 def test_every_setting_and_argument_is_probed():
     names = set(settings()) | set(_layer_arguments())
     assert "layer.moe.dropped" in names and "layer.attention.rope_scaling.llama3.factor" in names
-    covered = PROBES.keys() | COST_MODEL_ONLY.keys() | STRUCTURAL.keys()
+    covered = PROBES.keys() | COST_MODEL_ONLY.keys() | STRUCTURAL.keys() | SINGLE_VALUED.keys()
     assert not names - covered, (f"settings or layer arguments with no probe: {sorted(names - covered)}; give each a "
                                  "Probe in PROBES: values that change the program, or that the check names")
     assert not covered - names, f"probes of settings the checker no longer reads: {sorted(covered - names)}"
@@ -464,8 +505,8 @@ def _section(text: str, section: str) -> tuple[int, int]:
 def _set(text: str, name: str, value: str) -> str:
     """`text` with setting `section.key` set to `value`: its value replaced where written, else a line added."""
     section, key = name.split(".")[:2]
-    if section == "plan" and not re.search(r"^plan\b", text, re.MULTILINE):
-        text = text.replace("\ntrain {", "\nplan {\n}\n\ntrain {")
+    if section in ("plan", "resilience") and not re.search(rf"^{section}\b", text, re.MULTILINE):
+        text = text.replace("\ntrain {", f"\n{section} {{\n}}\n\ntrain {{")
     a, b = _section(text, section)
     body = text[a:b]
     m = re.search(rf"(?<![\w.])({key}\s*=\s*)([^#\n]*?)(\s*(#[^\n]*)?)$", body, re.MULTILINE)
@@ -596,6 +637,9 @@ NO_EFFECT = (
     ("W0142", "one device", (), "train.checkpoint_async", "true"),
     ("W0141", "one device", (), "train.eval_batches", "2"),
     ("W0141", "one device", (("train.eval_every", "5"),), "train.eval_split", "0.1"),
+    ("W0150", "one device", (("resilience.stragglers", "off"),), "resilience.on_straggler", "restart"),
+    ("W0152", "one device", (("resilience.stragglers", "detect"),), "resilience.stragglers",
+     "detect(window = 100000)"),
     ("W0137", "one device", (), "layer.attention.qkv_bias", {"qkv_bias": "true"}),
     ("W0143", "one device", (), "layer.attention.qk_norm_eps", {"qk_norm_eps": "1e-5"}),
     ("W0207", "one device", (), "layer.attention.window", {"window": "4096"}),

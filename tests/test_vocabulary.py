@@ -9,7 +9,7 @@ from compiler.cli import main
 
 
 def test_language_vocabulary_is_pinned():
-    assert check.SECTIONS == ("model", "mesh", "plan", "train")
+    assert check.SECTIONS == ("model", "mesh", "plan", "train", "resilience")
     assert {k: tuple(v) for k, v in check.LAYERS.items()} == {
         "embedding": ("vocab", "hidden", "scaled"), "positional": ("positions", "hidden"), "layernorm": ("hidden", "eps"),
         "rmsnorm": ("hidden", "eps", "zero_centered"), "attention": ("hidden", "heads", "kv_heads", "bias", "qkv_bias",
@@ -43,6 +43,13 @@ def test_language_vocabulary_is_pinned():
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "checkpoint_async", "restarts", "timeout",
                                            "eval_every", "eval_batches", "eval_split")
+    assert tuple(check.RESILIENCE_SETTINGS) == ("stragglers", "on_straggler", "interruptions", "restart",
+                                                "storage_write_gbps", "storage_read_gbps")
+    assert {k: tuple(v) for k, v in check.STRAGGLERS.items()} == {"detect": ("threshold", "window"), "off": ()}
+    assert {k: tuple(v) for k, v in check.ON_STRAGGLER.items()} == {"report": (), "restart": ("exclude",),
+                                                                    "replan": ()}
+    assert {k: tuple(v) for k, v in check.INTERRUPTIONS.items()} == {"observed": ("count", "days", "gpus"),
+                                                                     "per_gpu_hour": ("rate",)}
     assert {k: tuple(v) for k, v in check.OPTIMIZERS.items()} == {"adamw": ("lr", "betas", "weight_decay", "eps")}
     assert {k: tuple(v) for k, v in check.SCHEDULES.items()} == {"cosine": ("warmup", "min_lr"),
                                                                  "constant": ("warmup",)}

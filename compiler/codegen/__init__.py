@@ -19,6 +19,7 @@ from torch import fx, nn
 
 from compiler import __version__
 from compiler import cost as C
+from compiler.cost import goodput
 from compiler.cost import links as LK
 from compiler.cost.memory import predicted_peak_bytes
 from compiler.hf_header import stack as hf_stack
@@ -172,14 +173,16 @@ def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
-def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None) -> dict:
+def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None,
+                  every: int | None = None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
     "data": {...}, "checkpoint": {...}, "init": {...}}. The mesh, the plan settings and the batch split
     (micro_batch_size, batch_ranks) are `plan`'s (compile's: the file's plan with the policies' decisions).
     With `costs` (compiler.cost.Costs), the "memory" group too: the predicted peak the program prints against what
     it measures. Where the mesh writes a `placement`, "placement" too: the generator of the rank of each mesh
     coordinate (compiler/layout/rank_order.py `generator` of compiler/cost/links.py `resolved`; auto reads the
-    ledger: `costs`' or `ledger`), which runtime.config.placed_ranks expands."""
+    ledger: `costs`' or `ledger`), which runtime.config.placed_ranks expands. `every`: the steps between
+    checkpoints where `costs` is not given and the file writes `checkpoint_every = auto` (plan.json's)."""
     t = spec.train
     v = spec.value
     placed = LK.resolved(plan, spec.cluster, costs.ledger if costs is not None else ledger)
@@ -221,7 +224,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                        # as written, when relative: runtime.startup.legacy_checkpoints looks for it from the cwd too
                        **({"as_written": t.checkpoint_dir}
                           if t.checkpoint_dir and not os.path.isabs(t.checkpoint_dir) else {}),
-                       "every": t.checkpoint_every,
+                       "every": every if every is not None else checkpoint_every(spec, plan, costs),
                        **({"asynchronous": True} if t.checkpoint_async else {})},
         **({"eval": eval_values(t)} if t.eval_every else {}),  # written only when the file evaluates
         "init": {**({"path": relative_path(spec, t.init_from, out_dir)} if t.init_from else {}),
@@ -231,7 +234,23 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
+        **({"resilience": resilience_values(spec.resilience)} if spec.resilience.written else {}),
     }
+
+
+def checkpoint_every(spec: S.Spec, plan, costs) -> int:
+    """runtime.config.Checkpoint.every: as written, or `auto`'s Young–Daly interval in steps
+    (compiler/cost/goodput.py), which needs the plan's predicted step time (`costs`)."""
+    if spec.train.checkpoint_every == "auto" and costs is None:
+        raise ValueError("checkpoint_every = auto is resolved from the plan's predicted step time: pass `costs`")
+    return goodput.checkpoint_steps(spec, plan, costs)
+
+
+def resilience_values(r: S.Resilience) -> dict:
+    """runtime.config.Resilience: straggler detection and what to do about one, as the resilience section writes
+    them (only where it is written: the runtime's defaults are the section's)."""
+    return {"detect": r.detect, "threshold": r.threshold, "window": r.window, "on_straggler": r.on_straggler,
+            "exclude": r.exclude}
 
 
 def eval_values(t: S.Train) -> dict:
@@ -421,8 +440,8 @@ def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str
                     **({} if c.worst_bytes is None else {"worst_bytes_per_step": c.worst_bytes})}
                    for c in costs.ledger.entries],
         "parameters": params,
-        "train": {k: _json_value(v) for k, v in config_values(spec, traced, plan, out_dir,
-                                                              ledger=costs.ledger).items()
+        "train": {k: _json_value(v) for k, v in config_values(
+            spec, traced, plan, out_dir, ledger=costs.ledger, every=goodput.checkpoint_steps(spec, plan, costs)).items()
                   if k not in ("name", "source")},
     }
     return E.json_text(doc)

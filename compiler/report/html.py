@@ -20,6 +20,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from compiler.report.goodput import duration
 from compiler.report.units import count, flops, nbytes, seconds
 
 # What marks the page rendered: the browser test reads `data-rendered` from the DOM chromium dumps. An inline script
@@ -84,11 +85,29 @@ def plan_page(data: dict, timeline_svg: str) -> str:
         "time": _time_view(pred) if pred else None,
         "timeline_svg": timeline_svg, "piped": data["plan"]["axes"].get("pp", 1) > 1,
         "ledger": _ledger_view(data["ledger"]),
+        "goodput": _goodput_view(data.get("goodput")),
     }
     fixes = [{"change": f["change"], "peak": nbytes(f["peak_bytes"]), "fits": f["fits"]} for f in mem["fixes"]]
     return _render("plan", title=f"plan for {data['model']}", model=data["model"], file=data["file"], facts=facts,
                    headline=headline, details=sections, diagnostics=data["diagnostics"], fixes=fixes,
                    pipeline_rows=_stage_rows(data.get("pipeline")))
+
+
+def _goodput_view(g: dict | None) -> list | None:
+    """plan.json's "goodput" as (what, figure) rows (compiler/cost/goodput.py)."""
+    if g is None:
+        return None
+    interval = g["checkpoint_interval_s"]
+    every = g["checkpoint_every"]
+    return [("ETTR, predicted", f"{g['ettr']:.1%}"),
+            ("checkpoint interval", "none before the last step" if interval is None else
+             f"{duration(interval)} ({every:,} steps{', auto' if g['auto'] else ''})"),
+            ("best interval τ = √(2·C·M)", f"{duration(g['best_interval_s'])}: ETTR {g['ettr_at_best']:.1%}"),
+            ("MTBF of the job, M", f"{duration(g['mtbf_hours'] * 3600)} ({g['rate_per_gpu_hour']:.3g} per device-hour "
+                                   f"× {g['devices']:,} devices)"),
+            ("save, C", duration(g["save_s"]) + ("" if g["staging_s"] is None else
+                                                 f" (staging; files written in {duration(g['write_s'])})")),
+            ("restart, R", duration(g["restart_s"]))]
 
 
 def search_page(data: dict, best: dict | None) -> str:
