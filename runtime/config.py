@@ -274,10 +274,14 @@ class Resilience:
 
     detect: bool = True
     """Time the sections and score the ranks (cheap enough to stay on); False: neither."""
-    threshold: float = 0.7
-    """A rank whose relative or individual score falls below this is named (NVRx's default, 0.7)."""
-    window: int = 20
-    """Steps between gathers (and scores) on rank 0."""
+    threshold: float = 0.8
+    """A rank whose relative or individual score falls below this is named. Not NVRx's 0.7: a rank 30% slower
+    scores 1/1.3 = 0.77, which 0.7 never names; at 0.8 the onset drill (bench/straggler_drill.py) names it, and
+    clean ranks score above 0.8 in most windows even on a 2-core machine running 8 ranks."""
+    window: int = 10
+    """Steps between gathers (and scores) on rank 0: 10, so that a slowdown from a window's first step is named at
+    its end, 10 steps later (the scores compare each rank's fastest step of the window, which a slowdown that
+    began mid-window has not yet moved)."""
     on_straggler: str = "report"
     """`report` (name it in the log and the metrics), `restart` (end the attempt cleanly and rejoin without the
     named straggler's `exclude` unit) or `replan` (search again on the machines left and resume on the new plan)."""

@@ -166,9 +166,12 @@ def modelled_step(stats: list[dict], pipeline=None) -> float:
 
 def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None) -> tuple[float, float, float]:
     """(measured step, predicted step without the `slow` ranks, seconds lost per step): the loss is the model's
-    step with the measured times less its step with the slow ranks' compute replaced by their peers' median."""
+    step with the measured times less its step with the slow ranks' compute replaced by their peers' median. Each
+    rank's compute is its fastest step's, as the scores compare (a busy host's noise on the others' medians would
+    make the slowest of them seem slower, and the loss smaller, than their hardware is)."""
     measured = statistics.median(s["step"] for s in stats)
-    lost = max(0.0, modelled_step(stats, pipeline) - modelled_step(_replaced(stats, groups, slow), pipeline))
+    speed = [dict(s, **s["best"]) for s in stats]
+    lost = max(0.0, modelled_step(speed, pipeline) - modelled_step(_replaced(speed, groups, slow), pipeline))
     return measured, measured - lost, lost
 
 
