@@ -8,11 +8,11 @@ Scores (NVRx's meaning; 1.0 is as fast as the reference, 0.5 twice as slow):
 - individual: this rank's own best window over its current one, per section likewise.
 A rank whose relative score of its step's compute (forward + backward + optimizer; its data section too where that
 takes at least SIGNIFICANT of the step) falls below `threshold` is named, and the compute section it scores lowest
-in is quoted as the slow one. The times compared are each rank's fastest step of the window (relative_scores). The individual score names a rank only where nothing is relative to it (a group
-of one rank: pp without dp) and the job as a whole is not slower than its best (the median rank's individual
-score stays above the threshold): a busier machine slows everyone, a straggler slows one. Waits never name: at a
-synchronising collective every peer waits for the slow rank, so their waits grow while its compute grows; the waits
-are only quoted, to explain what the straggler costs the others.
+in is quoted as the slow one. The times compared are each rank's fastest step of the window (relative_scores).
+The individual score names a rank only where nothing is relative to it (a group of one rank: pp without dp), and
+not while the other ranks' median individual score is below the threshold too: a busier machine slows everyone, a
+straggler slows one. Waits never name: at a synchronising collective every peer waits for the slow rank, so their
+waits grow while its compute grows; the waits are only quoted, to explain what the straggler costs the others.
 
 The what-if replays the window's median step with the straggler's compute replaced by the median of its peers':
 without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus that
@@ -108,12 +108,12 @@ def stragglers(stats: list[dict], groups: list[int], relative: list[dict], indiv
     "individual"}, by the rules of the module's docstring."""
     named = []
     size = {g: groups.count(g) for g in groups}
-    whole_job = statistics.median(s["compute"] for s in individual)
     for r in range(len(stats)):
         keys = _significant(stats, groups, r)
         kind, scores = "relative", relative[r]
         if size[groups[r]] == 1:
-            if whole_job < threshold:
+            others = [s["compute"] for q, s in enumerate(individual) if q != r]
+            if others and statistics.median(others) < threshold:  # the others slower too: the job, not this rank
                 continue
             kind, scores = "individual", individual[r]
         score = naming_score(scores, keys)
@@ -127,13 +127,15 @@ def stragglers(stats: list[dict], groups: list[int], relative: list[dict], indiv
 # -- the what-if --------------------------------------------------------------------------------------------------
 
 
-def _replaced(stats: list[dict], groups: list[int], slow: set) -> list[dict]:
-    """`stats` with each slow rank's compute sections the median of its group's other ranks' (itself when alone)."""
+def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None = None) -> list[dict]:
+    """`stats` with each slow rank's compute sections the median of its group's other ranks'; a rank alone in its
+    group gets its own best window's (`best`, individual_scores' table), or keeps its own without one."""
     out = [dict(s) for s in stats]
     for r in slow:
-        peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q not in slow] or [r]
+        peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q not in slow]
         for k in COMPUTE:
-            out[r][k] = statistics.median(stats[q][k] for q in peers)
+            out[r][k] = (statistics.median(stats[q][k] for q in peers) if peers
+                         else best[r][k] if best else stats[r][k])
         out[r]["compute"] = sum(out[r][k] for k in STEP_COMPUTE)
     return out
 
@@ -164,14 +166,15 @@ def modelled_step(stats: list[dict], pipeline=None) -> float:
     return longest + outside
 
 
-def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None) -> tuple[float, float, float]:
+def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None,
+            best: list | None = None) -> tuple[float, float, float]:
     """(measured step, predicted step without the `slow` ranks, seconds lost per step): the loss is the model's
     step with the measured times less its step with the slow ranks' compute replaced by their peers' median. Each
     rank's compute is its fastest step's, as the scores compare (a busy host's noise on the others' medians would
     make the slowest of them seem slower, and the loss smaller, than their hardware is)."""
     measured = statistics.median(s["step"] for s in stats)
     speed = [dict(s, **s["best"]) for s in stats]
-    lost = max(0.0, modelled_step(speed, pipeline) - modelled_step(_replaced(speed, groups, slow), pipeline))
+    lost = max(0.0, modelled_step(speed, pipeline) - modelled_step(_replaced(speed, groups, slow, best), pipeline))
     return measured, measured - lost, lost
 
 
@@ -271,7 +274,7 @@ class Detector:
         if not named:
             return
         slow = {n["rank"] for n in named}
-        measured, without, lost = what_if(stats, self.groups, slow, self.pipeline)
+        measured, without, lost = what_if(stats, self.groups, slow, self.pipeline, self.best)
         self.pending.update(step_time_measured=measured, step_time_without=without)
         for n in named:
             print(describe(n, self.world, stats, self.groups, self.threshold, first, last), flush=True)

@@ -121,6 +121,12 @@ def test_what_if_with_pp_times_the_schedule():
     assert stragglers.modelled_step(stats, pipe) == pytest.approx(16 * MS)
     _, _, lost = stragglers.what_if(stats, [0, 1, 0, 1], {3}, pipe)
     assert lost == pytest.approx(6 * MS)
+    # pp alone (dp 1): rank 1 has no peer; its own best window (the fast figures) is the reference
+    pipe = stragglers.pipeline_model(SimpleNamespace(**dict(vars(par), axes=(("pp", 2),))), world[:2])
+    best: list = []
+    stragglers.individual_scores(stragglers.window_stats(table([fast, fast])), best)  # an earlier, fast window
+    _, _, lost = stragglers.what_if(stragglers.window_stats(table([fast, slow])), [0, 1], {1}, pipe, best)
+    assert lost == pytest.approx(6 * MS)
 
 
 def test_the_compiler_times_schedules_with_the_runtime_model():
