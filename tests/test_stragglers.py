@@ -184,6 +184,58 @@ def test_a_mark_before_an_inner_region_does_not_split():
     assert got[INDEX["backward"]] == 2.0 and got[INDEX["grad_reduce"]] == 0.0
 
 
+class FakeEvent:
+    """torch.cuda.Event on the fake clock: `record` takes the time (the stream's position), `elapsed_time` is in
+    milliseconds as CUDA's; `synchronize` is counted (one per window, none in a step)."""
+    clock, syncs = Clock(), []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = FakeEvent.clock.t
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+    def synchronize(self):
+        FakeEvent.syncs.append(self.at)
+
+
+def test_cuda_timeline_resolves_events_once_per_window(monkeypatch):
+    """The CUDA path's bookkeeping on fake events: the same sections as on CPU, events reused from a pool, the
+    gradient mark one event re-recorded, one synchronisation when the rows are read and none before."""
+    monkeypatch.setattr(sections.torch.cuda, "Event", FakeEvent)
+    clock, FakeEvent.syncs = FakeEvent.clock, []
+    tl = sections.Timeline(torch.device("cuda"))
+    for step in range(2):
+        clock.t = 100.0 * step
+        tl.begin()
+        clock.t += 1
+        tl.enter("forward")
+        clock.t += 2
+        tl.exit()
+        tl.enter(sections.BACKWARD_SYNC)
+        clock.t += 3
+        tl.mark()
+        clock.t += 1
+        tl.mark()  # the last gradient: the same event, re-recorded
+        clock.t += 4
+        tl.exit()
+        tl.end()
+    assert FakeEvent.syncs == []
+    rows = tl.rows()
+    assert len(FakeEvent.syncs) == 1 and len(rows) == 2
+    for got in rows:
+        assert got[INDEX["other"]] == 1.0 and got[INDEX["forward"]] == 2.0
+        assert got[INDEX["backward"]] == 4.0 and got[INDEX["grad_reduce"]] == 4.0
+    pooled = len(tl._pool)
+    tl.begin()
+    tl.end()
+    assert len(tl._pool) == pooled - 2  # the next step's events came from the pool
+
+
 def test_drill_setting_and_ramp():
     assert sections.slow_setting("5:50:0.3") == (5, 50, 0.3, 0)
     setting = sections.slow_setting("5:50:0.3:300")
