@@ -21,6 +21,7 @@ compiler's model) with each stage's measured forward and backward per micro-batc
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import socket
@@ -44,20 +45,27 @@ SCORED = COMPUTE + ("compute",)
 # -- scores (pure functions of the gathered tables) --------------------------------------------------------------
 
 
-def window_stats(table: list) -> list[dict]:
-    """Per rank (`table[rank][step][column]`, columns in SECTIONS' order): each section's median seconds per step
-    over the window, `compute` (forward + backward + optimizer), `waits` (every wait) and `step` (every section),
-    the medians the what-if replays; and under "best" each scored section's fastest step of the window, which the
-    scores compare (below)."""
+def window_stats(table) -> list[dict]:
+    """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
+    section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
+    wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's
+    fastest step of the window, which the scores compare (below). One tensor operation per figure over all ranks:
+    rank 0 reads thousands of ranks' windows."""
+    t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
+
+    def median(x):  # the mean of the middle two of an even count, as statistics.median
+        return torch.quantile(x, 0.5, dim=1).tolist()
+    columns = median(t)
+    compute_steps = t[:, :, [INDEX[s] for s in STEP_COMPUTE]].sum(-1)
+    waits, steps = median(t[:, :, [INDEX[s] for s in WAITS]].sum(-1)), median(t.sum(-1))
+    fastest = t[:, :, [INDEX[s] for s in COMPUTE]].min(dim=1).values.tolist()
+    fastest_compute = compute_steps.min(dim=1).values.tolist()
     out = []
-    for rows in table:
-        stats = {name: statistics.median(r[i] for r in rows) for name, i in INDEX.items()}
+    for r in range(t.shape[0]):
+        stats = dict(zip(SECTIONS, columns[r]))
         stats["compute"] = sum(stats[s] for s in STEP_COMPUTE)
-        stats["waits"] = statistics.median(sum(r[INDEX[s]] for s in WAITS) for r in rows)
-        stats["step"] = statistics.median(sum(r) for r in rows)
-        best = {k: min(r[INDEX[k]] for r in rows) for k in COMPUTE}
-        best["compute"] = min(sum(r[INDEX[s]] for s in STEP_COMPUTE) for r in rows)
-        stats["best"] = best
+        stats["waits"], stats["step"] = waits[r], steps[r]
+        stats["best"] = dict(zip(COMPUTE, fastest[r]), compute=fastest_compute[r])
         out.append(stats)
     return out
 
@@ -88,11 +96,16 @@ def individual_scores(stats: list[dict], best: list[dict]) -> list[dict]:
     return [{k: _ratio(best[r][k], stats[r]["best"][k]) for k in SCORED} for r in range(len(stats))]
 
 
-def _significant(stats: list[dict], groups: list[int], r: int) -> list[str]:
-    """The compute sections of rank `r`'s group that take at least SIGNIFICANT of its step."""
-    peers = [q for q in range(len(stats)) if groups[q] == groups[r]]
-    step = statistics.median(stats[q]["step"] for q in peers)
-    return [k for k in COMPUTE if statistics.median(stats[q][k] for q in peers) >= SIGNIFICANT * step]
+def significant(stats: list[dict], groups: list[int]) -> dict:
+    """Per group: the compute sections that take at least SIGNIFICANT of its ranks' median step."""
+    members: dict = {}
+    for r, g in enumerate(groups):
+        members.setdefault(g, []).append(stats[r])
+    out = {}
+    for g, ss in members.items():
+        step = statistics.median(s["step"] for s in ss)
+        out[g] = [k for k in COMPUTE if statistics.median(s[k] for s in ss) >= SIGNIFICANT * step]
+    return out
 
 
 def naming_score(scores: dict, significant: list[str]) -> float:
@@ -108,12 +121,15 @@ def stragglers(stats: list[dict], groups: list[int], relative: list[dict], indiv
     "individual"}, by the rules of the module's docstring."""
     named = []
     size = {g: groups.count(g) for g in groups}
+    sig = significant(stats, groups)
+    others_median = None
     for r in range(len(stats)):
-        keys = _significant(stats, groups, r)
+        keys = sig[groups[r]]
         kind, scores = "relative", relative[r]
         if size[groups[r]] == 1:
-            others = [s["compute"] for q, s in enumerate(individual) if q != r]
-            if others and statistics.median(others) < threshold:  # the others slower too: the job, not this rank
+            if others_median is None:
+                others_median = _others_median([s["compute"] for s in individual])
+            if others_median[r] is not None and others_median[r] < threshold:  # the others too: the job, not it
                 continue
             kind, scores = "individual", individual[r]
         score = naming_score(scores, keys)
@@ -122,6 +138,22 @@ def stragglers(stats: list[dict], groups: list[int], relative: list[dict], indiv
             named.append({"rank": r, "score": score, "kind": kind, "section": low, "section_score": scores[low],
                           "relative": relative[r]["compute"], "individual": individual[r]["compute"]})
     return named
+
+
+def _others_median(values: list[float]) -> list:
+    """For each index, the median of the values at the other indices (None with no other): one sort."""
+    n = len(values)
+    if n == 1:
+        return [None]
+    order, m = sorted(values), n - 1
+    out = []
+    for v in values:
+        i = bisect.bisect_left(order, v)  # the remaining list: order without position i
+
+        def at(j):
+            return order[j] if j < i else order[j + 1]
+        out.append(at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2)
+    return out
 
 
 # -- the what-if --------------------------------------------------------------------------------------------------
@@ -250,21 +282,21 @@ class Detector:
         else:
             gathered = [mine]
         if self.ctx.is_logger:
-            self.score([g.cpu().tolist() for g in gathered], step + 1 - len(rows) + 1, step + 1)
+            self.score(torch.stack(gathered).cpu(), step + 2 - len(rows), step + 1)
 
-    def score(self, table: list, first: int, last: int) -> None:
+    def score(self, table: torch.Tensor, first: int, last: int) -> None:
         """Rank 0: the window's scores, the log line for each straggler, the metrics and trackers' figures."""
         dump = os.environ.get("SCALEC_TEST_SECTIONS")  # test-only: the drill's record of every gathered table
         if dump:
             with open(dump, "a") as f:
-                f.write(json.dumps({"first": first, "last": last, "table": table}) + "\n")
+                f.write(json.dumps({"first": first, "last": last, "table": table.tolist()}) + "\n")
         stats = window_stats(table)
         relative = relative_scores(stats, self.groups)
         individual = individual_scores(stats, self.best)
         named = stragglers(stats, self.groups, relative, individual, self.threshold)
-        keys = [_significant(stats, self.groups, r) for r in range(len(stats))]
-        rel = [naming_score(relative[r], keys[r]) for r in range(len(stats))]
-        ind = [naming_score(individual[r], keys[r]) for r in range(len(stats))]
+        sig = significant(stats, self.groups)
+        rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
+        ind = [naming_score(individual[r], sig[self.groups[r]]) for r in range(len(stats))]
         self.pending = {"straggler_window": [first, last], "relative_score": [round(x, 4) for x in rel],
                         "individual_score": [round(x, 4) for x in ind],
                         "stragglers": [n["rank"] for n in named]}

@@ -5,6 +5,7 @@ reduction, and the drill hook's ramp. The drills themselves run in bench/straggl
 from __future__ import annotations
 
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,15 @@ def test_individual_names_only_a_rank_alone_in_its_group_and_not_a_whole_slow_jo
     stats, _, _, _ = scores([slow, slow])  # everyone slower than its best: the machine, not a straggler
     ind = stragglers.individual_scores(stats, [dict(b) for b in best])
     assert stragglers.stragglers(stats, groups, stragglers.relative_scores(stats, groups), ind, 0.7) == []
+
+
+def test_the_median_of_the_others():
+    rng = random.Random(3)
+    assert stragglers._others_median([0.5]) == [None]
+    for n in (2, 3, 8, 9, 100):
+        values = [rng.choice((0.5, 0.7, 0.9, 1.0)) for _ in range(n)]
+        want = [statistics.median(values[:i] + values[i + 1:]) for i in range(n)]
+        assert stragglers._others_median(values) == pytest.approx(want)
 
 
 def test_what_if_without_pp():
