@@ -277,7 +277,6 @@ def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
     import json
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
     from compiler import codegen
