@@ -33,6 +33,7 @@ from compiler.parse import parse
 from compiler.plan import Plan, compiles
 from compiler.rules import check_plan
 from compiler.symbols import size as size_symbol
+from runtime import choices  # torch-free: the defaults the language shares with the runtime
 
 # The language's tables, read as `check.X` by the tests that enumerate the language (tests/fuzz.py,
 # tests/test_settings_reach_output.py, tests/test_plan.py): their home is compiler/language.py.
@@ -460,8 +461,9 @@ def _resilience(c: Checker, sec: ast.Section) -> S.Resilience | None:
                   f"{failures['count']:g} in {failures['days']:g} days on {failures['gpus']:,} devices, as written")
     else:
         rate, source = failures["rate"], "as written"
-    return S.Resilience(detect=detect == "detect", threshold=found.get("threshold", 0.7),
-                        window=found.get("window", 20), on_straggler=action, exclude=args.get("exclude", "node"),
+    return S.Resilience(detect=detect == "detect",
+                        threshold=found.get("threshold", choices.STRAGGLER_THRESHOLD),
+                        window=found.get("window", choices.STRAGGLER_WINDOW), on_straggler=action, exclude=args.get("exclude", "node"),
                         rate_per_gpu_hour=rate, rate_source=source, restart_s=s["restart"],
                         storage_write_gbps=s["storage_write_gbps"], storage_read_gbps=s["storage_read_gbps"],
                         written=True, spans=spans_of(s))

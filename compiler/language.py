@@ -180,9 +180,11 @@ TRAIN_SETTINGS: dict[str, Param] = {
 
 # -- the resilience section: stragglers, what to do about one, and the failure model goodput is priced with -------
 
-STRAGGLERS = {"detect": {"threshold": Param(to_float, 0.7, "a rank scoring below this (relative to the fastest rank "
-                                                         "doing the same work, or to its own best) is named"),
-                         "window": Param(to_pos_int, 20, "steps between gathers and scores on rank 0")},
+STRAGGLERS = {"detect": {"threshold": Param(to_float, choices.STRAGGLER_THRESHOLD,
+                                             "a rank scoring below this (relative to the fastest rank doing the same "
+                                             "work, or to its own best) is named"),
+                         "window": Param(to_pos_int, choices.STRAGGLER_WINDOW,
+                                         "steps between gathers and scores on rank 0")},
               "off": {}}
 ON_STRAGGLER = {"report": {}, "restart": {"exclude": Param(one_of("node"), "node", "what the restart leaves out")},
                 "replan": {}}
@@ -192,7 +194,8 @@ INTERRUPTIONS = {"observed": {"count": Param(to_float, doc="interruptions seen")
                  "per_gpu_hour": {"rate": Param(to_float, doc="interruptions per device-hour")}}
 
 RESILIENCE_SETTINGS: dict[str, Param] = {
-    "stragglers": Param(call_of(STRAGGLERS, "straggler detection"), ("detect", {"threshold": 0.7, "window": 20}),
+    "stragglers": Param(call_of(STRAGGLERS, "straggler detection"),
+                        ("detect", {"threshold": choices.STRAGGLER_THRESHOLD, "window": choices.STRAGGLER_WINDOW}),
                         "detect(threshold, window): time each rank's step sections and name the slow ones; off"),
     "on_straggler": Param(call_of(ON_STRAGGLER, "straggler action"), ("report", {}),
                           "report (the log and metrics name it), restart(exclude = node) (end the attempt and rejoin "

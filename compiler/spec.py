@@ -22,6 +22,7 @@ from compiler.layers.norm import Norm
 from compiler.layers.positional import Positional
 from compiler.layers.residual import Residual
 from compiler.symbols import Size, evaluate, size
+from runtime import choices  # torch-free: the defaults the language shares with the runtime
 
 __all__ = ("Attention", "CrossEntropy", "Embedding", "LMHead", "MLA", "MLP", "MoE", "Norm", "Positional", "Residual",
            "Repeat", "Size", "Model", "Device", "Mesh", "Optimizer", "LRSchedule", "Data", "Train", "Spec", "walk",
@@ -204,8 +205,8 @@ class Resilience:
     model goodput is priced with (compiler/cost/goodput.py)."""
 
     detect: bool = True
-    threshold: float = 0.7
-    window: int = 20
+    threshold: float = choices.STRAGGLER_THRESHOLD
+    window: int = choices.STRAGGLER_WINDOW
     on_straggler: str = "report"
     """report | restart | replan."""
     exclude: str = "node"

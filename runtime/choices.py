@@ -67,3 +67,12 @@ CONTEXT_PARALLEL = ("all_gather", "ring", "all_to_all")
 """How attention runs over a sequence sharded over `cp` (runtime/context_parallel.py): `all_gather` (the keys and
 values gathered once per layer), `ring` (passed around the group), `all_to_all` (Ulysses: heads scattered, the heads
 and key/value heads dividing by cp: compiler/rules/context_parallel.py)."""
+
+STRAGGLER_THRESHOLD = 0.8
+"""A rank whose straggler score falls below this is named (runtime.config.Resilience, the language's default). Not
+NVRx's 0.7: a rank 30% slower scores 1/1.3 = 0.77, which 0.7 never names; at 0.8 the onset drill
+(bench/straggler_drill.py) names it, and clean ranks score above 0.8 in most windows."""
+
+STRAGGLER_WINDOW = 10
+"""Steps between the ranks' gathers and scores on rank 0: a slowdown from a window's first step is named at its end,
+10 steps later."""

@@ -77,7 +77,7 @@ _F = torch.ops._c10d_functional
 
 def _all_reduce(x: torch.Tensor, axis: str, site=None, when: str = "forward") -> torch.Tensor:
     _count("all_reduce", axis, x)
-    with faults.op(f"all_reduce over {axis} ({when})", faults.axis_site(site, axis)):
+    with faults.op(f"all_reduce over {axis} ({when})", faults.axis_site(site, axis), "all_reduce"):
         return _F.wait_tensor(_F.all_reduce(x.contiguous(), "sum", _name(axis)))
 
 
@@ -85,7 +85,7 @@ def _all_gather(x: torch.Tensor, axis: str, dim: int, site=None, when: str = "fo
     n = axis_size(axis)
     x = x.movedim(dim, 0).contiguous()
     _count("all_gather", axis, x, n)
-    with faults.op(f"all_gather over {axis} ({when})", faults.axis_site(site, axis)):
+    with faults.op(f"all_gather over {axis} ({when})", faults.axis_site(site, axis), "all_gather"):
         out = _F.wait_tensor(_F.all_gather_into_tensor(x, n, _name(axis)))
     return out.movedim(0, dim).contiguous()  # downstream: matmuls, and pipeline sends that need contiguity
 
@@ -96,7 +96,8 @@ def _reduce_scatter(x: torch.Tensor, axis: str, dim: int, site=None, when: str =
         raise ValueError(f"reduce-scatter over {axis}: dim {dim} of size {x.shape[dim]} does not divide by {n}")
     _count("reduce_scatter", axis, x)
     x = x.movedim(dim, 0).contiguous()
-    with faults.op(f"reduce_scatter over {axis} ({when})", faults.axis_site(site, axis)):
+    with faults.op(f"reduce_scatter over {axis} ({when})", faults.axis_site(site, axis),
+                   "reduce_scatter"):
         out = _F.wait_tensor(_F.reduce_scatter_tensor(x, "sum", n, _name(axis)))
     return out.movedim(0, dim).contiguous()
 
@@ -238,7 +239,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         peak = logits.max(dim=-1).values
         _count("all_reduce", axis, peak)
         site = faults.caller_site()
-        with faults.op(f"all_reduce (MAX) over {axis} (forward)", faults.axis_site(site, axis)):
+        with faults.op(f"all_reduce (MAX) over {axis} (forward)", faults.axis_site(site, axis), "all_reduce"):
             peak = _F.wait_tensor(_F.all_reduce(peak, "max", _name(axis)))
         shifted = logits - peak.unsqueeze(-1)
         mine = (targets >= lo) & (targets < lo + n_local)

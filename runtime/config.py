@@ -274,10 +274,12 @@ class Resilience:
 
     detect: bool = True
     """Time the sections and score the ranks (cheap enough to stay on); False: neither."""
-    threshold: float = 0.7
-    """A rank whose relative or individual score falls below this is named (NVRx's default, 0.7)."""
-    window: int = 20
-    """Steps between gathers (and scores) on rank 0."""
+    threshold: float = choices.STRAGGLER_THRESHOLD
+    """A rank whose relative or individual score falls below this is named (runtime.choices says why 0.8, not NVRx's
+    0.7)."""
+    window: int = choices.STRAGGLER_WINDOW
+    """Steps between gathers (and scores) on rank 0 (the scores compare each rank's fastest step of the window,
+    which a slowdown that began mid-window has not yet moved)."""
     on_straggler: str = "report"
     """`report` (name it in the log and the metrics), `restart` (end the attempt cleanly and rejoin without the
     named straggler's `exclude` unit) or `replan` (search again on the machines left and resume on the new plan)."""

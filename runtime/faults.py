@@ -120,13 +120,25 @@ def set_step(step: int) -> None:
     _STEP = step
 
 
+_SECTIONS = None  # runtime.sections.Timeline of this step while straggler detection times it (set_sections)
+
+
+def set_sections(timeline) -> None:
+    """Every marked region from now on also opens its `kind` in `timeline` (runtime.sections): the straggler
+    detector's per-rank timing reuses these marks; None stops it."""
+    global _SECTIONS
+    _SECTIONS = timeline
+
+
 class op:
     """`with op("what", site):` marks a blocking region (the innermost one is reported); `site` is the generated
-    program's call (file, line), or the `.scale` lines of an operation the runtime opens (`scale(...)`)."""
-    __slots__ = ("what", "site", "outer")
+    program's call (file, line), or the `.scale` lines of an operation the runtime opens (`scale(...)`). `kind` is
+    the timing section the region's time goes to (runtime.sections.SECTIONS: `all_reduce`, `grad_reduce`,
+    `forward`, ...; `wait` for the other collectives)."""
+    __slots__ = ("what", "site", "outer", "kind")
 
-    def __init__(self, what: str, site=None):
-        self.what, self.site = what, site
+    def __init__(self, what: str, site=None, kind: str = "wait"):
+        self.what, self.site, self.kind = what, site, kind
 
     def __enter__(self):
         global _CURRENT, _LAST
@@ -135,6 +147,8 @@ class op:
         self.outer = _CURRENT
         _CURRENT = (self.what, self.site, time.monotonic())
         _LAST = (self.what, self.site)
+        if _SECTIONS is not None:
+            _SECTIONS.enter(self.kind)
 
     def __exit__(self, *exc):
         global _CURRENT
@@ -144,6 +158,8 @@ class op:
             _CURRENT = (self.outer[0], self.outer[1], time.monotonic())
         else:
             _CURRENT = None
+        if _SECTIONS is not None:
+            _SECTIONS.exit()
         return False
 
 

@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from runtime import context_parallel, data, faults, mesh, packed, parallelize, precision
+from runtime import context_parallel, data, faults, mesh, packed, parallelize, precision, sections
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 
@@ -108,16 +108,19 @@ class WholeModel(ModelParts):
             if sync and self.mains is not None:  # bf16 without DDP: the last backward launches the buckets
                 self.mains.start_sync()
             with no_sync, _documents(docs):
-                with faults.op(f"the forward{self.gathers if ddp or self.fsdp else ''}", self.site):
+                with faults.op(f"the forward{self.gathers if ddp or self.fsdp else ''}", self.site, "forward"):
+                    sections.slow_work("forward")  # the straggler drill's extra work (SCALEC_TEST_SLOW), if any
                     loss = model(tokens, targets) / m
                 synced = sync and (self.fsdp or self.replicated)
+                # timed as backward, the reduction DDP waits for at its end split off (runtime.sections)
                 with faults.op(f"the backward ({parallelize.sync_phrase(synced, self.fsdp, self.mains is not None)})",
-                               self.site):
+                               self.site, sections.BACKWARD_SYNC if synced else "backward"):
+                    sections.slow_work("backward")
                     loss.backward()
             total += loss.detach()
         if self.mains is not None:
             with faults.op("the bucketed gradient all-reduces over the batch ranks (main gradients)",
-                           parallelize.site(False)):
+                           parallelize.site(False), "grad_reduce"):
                 self.mains.wait()
             self.mains.finish()
         return total
@@ -127,7 +130,7 @@ class WholeModel(ModelParts):
         # DDP's own forward would synchronise buffers over the batch ranks: its module is the same model.
         model = self.model.module if isinstance(self.model, DDP) else self.model
         total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        with faults.op(f"the evaluation forward{self.gathers if self.fsdp else ''}", self.site):
+        with faults.op(f"the evaluation forward{self.gathers if self.fsdp else ''}", self.site, "eval"):
             for tokens, targets, *docs in batches:  # each micro-batch's loss is the mean over its tokens
                 with _documents(docs):
                     total += model(tokens, targets).double() * targets.numel()
@@ -162,12 +165,13 @@ class PipelineStages(ModelParts):
         if self.measure is not None:  # the stages' forwards and the loss, recorded over the schedule
             self.pipe.watch(self.measure)
         ((tokens, targets, *docs),) = batches
+        # timed as pp_p2p: the stages' forwards and backwards inside it are timed as theirs (runtime.pipeline)
         with faults.op("the pipeline schedule (sends and receives between stages over pp)",
-                       faults.scale("axis pp", "schedule")):
+                       faults.scale("axis pp", "schedule"), "pp_p2p"):
             total = self.pipe.step(tokens, targets, *docs)
         if not self.cfg.parallel.shards_grads:
             with faults.op("the gradient all-reduce over the batch ranks (data parallelism of stages)",
-                           parallelize.site(False)):
+                           parallelize.site(False), "grad_reduce"):
                 if self.pipe.mains is not None:  # bf16: the main gradients' buckets, in place
                     self.pipe.mains.reduce_now()
                 else:
@@ -178,7 +182,7 @@ class PipelineStages(ModelParts):
     def eval_loss(self, batches: list) -> torch.Tensor:
         ((tokens, targets, *docs),) = batches
         with faults.op("the evaluation's forward sends and receives between stages over pp",
-                       faults.scale("axis pp", "schedule")):
+                       faults.scale("axis pp", "schedule"), "eval"):
             return self.pipe.evaluate(tokens, targets, *docs)
 
 

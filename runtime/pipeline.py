@@ -21,7 +21,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import collectives, mesh, moe, packed, schedule
+from runtime import collectives, mesh, moe, packed, schedule, sections
 
 TIED = "embed.weight"
 
@@ -181,22 +181,34 @@ class InFlight:
 
         backward = stage.backward_one_chunk
         forward = stage.forward_one_chunk
+        weight = stage.backward_weight_one_chunk
         local_bwd = stage.set_local_bwd_input
 
+        # each computation timed as the stage's forward or backward (runtime.sections); the schedule's rest is pp_p2p
         @functools.wraps(forward)
         def forward_one_chunk(*args, **kwargs):
             self._reap()
-            return forward(*args, **kwargs)
+            with sections.section("forward"):
+                sections.slow_work("forward")  # the straggler drill's extra work (SCALEC_TEST_SLOW), if any
+                return forward(*args, **kwargs)
 
         @functools.wraps(backward)
         def backward_one_chunk(mb, *args, **kwargs):
             key = (stage.stage_index, mb)
             if key in self.fwd_sends:  # complete: this stage has received the gradient of micro-batch k (the class)
                 self._sent(key)
-            backward(mb, *args, **kwargs)
+            with sections.section("backward"):
+                sections.slow_work("backward")
+                backward(mb, *args, **kwargs)
             release(stage.args_recv_info.get(mb, ()))
             release(stage.grad_recv_info.get(mb, ()))
             self._reap()
+
+        @functools.wraps(weight)
+        def backward_weight_one_chunk(*args, **kwargs):
+            with sections.section("backward"):
+                sections.slow_work("backward")
+                return weight(*args, **kwargs)
 
         @functools.wraps(local_bwd)
         def set_local_bwd_input(grads, mb):  # a None gradient zeroes the buffer in place: give it one first
@@ -211,6 +223,7 @@ class InFlight:
         stage.get_bwd_send_ops = tagged(stage.get_bwd_send_ops, "B")
         stage.forward_one_chunk = forward_one_chunk
         stage.backward_one_chunk = backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
         stage.set_local_bwd_input = set_local_bwd_input
 
     def _sent(self, key) -> None:

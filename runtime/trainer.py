@@ -8,7 +8,6 @@ host queues work ahead of the device, so the time a logged line shows is the mea
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
@@ -17,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, data, faults, hf, memory, mesh, moe, optimizer, parallelize,
-                     precision, progress, startup, tracking)
+                     precision, progress, sections, startup, stragglers, tracking)
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import init_parameters
@@ -152,6 +151,9 @@ class Trainer:
         self.vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
         # zero1's step broadcasts: timed (the others' is no collective: not marked)
         self.zero1 = optimizer.zero1_group(cfg, ctx) is not None
+        # each rank's step timed by section, scored on rank 0 every window (runtime.stragglers); None: detect = false
+        self.stragglers = (stragglers.Detector(cfg, ctx, self.params, self.track) if cfg.resilience.detect
+                           else None)
 
     def _announce(self) -> None:
         """Rank 0's start-up lines: the model, the mesh, the steps; where the weights came from; the MFU's basis."""
@@ -176,6 +178,8 @@ class Trainer:
         `finish`. Returns the losses read."""
         cfg, ctx = self.cfg, self.ctx
         for step in range(self.start, self.stop):
+            if self.stragglers:
+                self.stragglers.begin(step)
             log_now = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps or step == self.start
             read_now = log_now or bool(self.args.metrics)  # the steps whose figures are read (a host-device sync)
             total, norm, peak = self.step(step, read_now)
@@ -191,6 +195,8 @@ class Trainer:
                     self.track.log(step + 1, progress.train_scalars(evaluated))
             preempted = self.vote.result()
             self.save(step, preempted)
+            if self.stragglers:  # every window: the ranks' sections gathered, scored and named on rank 0
+                self.stragglers.end(step)
             if preempted:
                 if ctx.is_logger:
                     print(f"scalec: stopped by {faults.stop_signal()} after step {step + 1}"
@@ -218,9 +224,11 @@ class Trainer:
             measure.begin(self.params, [p.grad for _, p in self.named if p.grad is not None],
                           memory.optimizer_tensors(self.opt))
             parts.measure = measure
-        total = parts.step(self.loader.get(step))
+        with sections.section("data"):
+            batches = self.loader.get(step)
+        total = parts.step(batches)
         with faults.op("the expert and partial-gradient all-reduces over dp and tp",
-                       faults.scale("axis ep", "axis tp")):
+                       faults.scale("axis ep", "axis tp"), "grad_reduce"):
             if self.cfg.parallel.ep_shards and not self.fsdp:  # under FSDP the experts' own units reduce them
                 moe.sync_expert_grads(self.named, self.shards.expert, self.clip.expert_group, ctx.batch_size)
             tp.sync_partial_grads(self.partial, self.shards)
@@ -228,10 +236,11 @@ class Trainer:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == self.start:
             _dump_grads(self.named, args.dump_grads, ctx, self.shards)
-        with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip")):
+        with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip"), "all_reduce"):
             norm = self.clip(self.named_once, self.named)
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
-                        faults.scale("data_parallel", "axis dp")) if self.zero1 else contextlib.nullcontext()):
+                        faults.scale("data_parallel", "axis dp"), "optimizer") if self.zero1
+              else sections.section("optimizer")):
             self.opt.step()  # zero1: each rank broadcasts the partition it updated
         if self.biases:  # moved against the step's load summed over the batch ranks
             with faults.op("the expert-load all-reduce (auxiliary-loss-free balancing)", faults.scale("axis ep")):
@@ -267,7 +276,8 @@ class Trainer:
         if self.cuda:
             torch.cuda.synchronize(self.ctx.device)
         began = time.perf_counter()
-        evaluated = progress.eval_record(step + 1, self.evaluate())
+        with sections.section("eval"):
+            evaluated = progress.eval_record(step + 1, self.evaluate())
         self.clock.skip(time.perf_counter() - began)
         return evaluated
 
@@ -305,7 +315,8 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         faults.test_hooks(ctx.rank, step + 1, "loss")
         if ctx.batch_size > 1:  # the logged loss is the mean over the global batch
-            with faults.op("the loss all-reduce over the batch ranks", faults.scale("axis dp", "axis ep")):
+            with faults.op("the loss all-reduce over the batch ranks", faults.scale("axis dp", "axis ep"),
+                           "loss_reduce"):
                 dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.batch_group)
             total /= ctx.batch_size
         with faults.device_wait("reading the step's loss"):
@@ -325,6 +336,8 @@ class Trainer:
             record.update(peak_memory_bytes=peak[0], peak_memory_rank=peak[1])
         if evaluated:  # the step's record gains eval_loss and eval_ppl
             record.update({k: v for k, v in evaluated.items() if k != "step"})
+        if self.stragglers:  # the scores of the window that ended before this record, once
+            record.update(self.stragglers.record())
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()
@@ -341,7 +354,7 @@ class Trainer:
         ckpt, ctx = self.cfg.checkpoint, self.ctx
         if not (ckpt.dir and ((ckpt.every and (step + 1) % ckpt.every == 0) or step + 1 == self.stop or preempted)):
             return
-        with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every")):
+        with faults.op("saving the checkpoint", faults.scale("checkpoint_dir", "checkpoint_every"), "checkpoint"):
             if self.saving is not None:  # one in flight at a time: the previous one finishes first
                 self.saving.finish()
             # a run ends only once its last checkpoint is on disk: the last save (the loop's last step, or
@@ -359,6 +372,8 @@ class Trainer:
         memory and --memory-report, the closing line, the metrics file and the trackers closed."""
         cfg, ctx = self.cfg, self.ctx
         self.loader.close()
+        if self.stragglers:
+            self.stragglers.close()
         faults.save_weights_if_asked(lambda: self.parts.named_parameters(counted_once=True), ctx)
         measured = {}  # what the trackers' summary gets beside what they saw logged
         if self.run_peak is not None:  # measured on every rank or on none

@@ -361,8 +361,8 @@ PROBES: dict[str, tuple[Probe, ...]] = {
                                Probe(("3", "1000", "auto"), shapes=TRAIN_SHAPES,
                                      setup=(("train.checkpoint_dir", '"c"'),))),
     # the section written at all writes runtime.config.Resilience; off names no one (W0150 for an action then)
-    "resilience.stragglers": (Probe(("off", "detect(threshold = 0.8)"), shapes=TRAIN_SHAPES),),
-    "resilience.stragglers.detect.threshold": (Probe(("detect(threshold = 0.8)", "detect(threshold = 1.5)"),
+    "resilience.stragglers": (Probe(("off", "detect(threshold = 0.9)"), shapes=TRAIN_SHAPES),),
+    "resilience.stragglers.detect.threshold": (Probe(("detect(threshold = 0.9)", "detect(threshold = 1.5)"),
                                                      base="detect", shapes=TRAIN_SHAPES),),
     "resilience.stragglers.detect.window": (Probe(("detect(window = 5)", "detect(window = 100000)"), base="detect",
                                                   shapes=TRAIN_SHAPES),),  # longer than the run: W0152

@@ -1,0 +1,363 @@
+"""Naming the straggler: per-rank section times (runtime.sections) gathered to rank 0 every `window` steps, scored as
+NVIDIA's resiliency extension scores them, and a what-if from the schedule's own timing model.
+
+Scores (NVRx's meaning; 1.0 is as fast as the reference, 0.5 twice as slow):
+- relative: the fastest rank doing the same work over this rank. "The same work" is the ranks of the same pipeline
+  stage (every rank without pp): they run the same layers on batches of the same shape. Scored per compute section
+  (data, forward, backward, optimizer) and over the step's compute (`compute`).
+- individual: this rank's own best window over its current one, per section likewise.
+A rank whose relative score of its step's compute (forward + backward + optimizer; its data section too where that
+takes at least SIGNIFICANT of the step) falls below `threshold` is named, and the compute section it scores lowest
+in is quoted as the slow one. The times compared are each rank's fastest step of the window (relative_scores).
+The individual score names a rank only where nothing is relative to it (a group of one rank: pp without dp), and
+not while the other ranks' median individual score is below the threshold too: a busier machine slows everyone, a
+straggler slows one. Waits never name: at a synchronising collective every peer waits for the slow rank, so their
+waits grow while its compute grows; the waits are only quoted, to explain what the straggler costs the others.
+
+The what-if replays the window's median step with the straggler's compute replaced by the median of its peers':
+without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus that
+rank's own waits, which are the transfers); with pp, runtime.schedule_time times the schedule's action lists (the
+compiler's model) with each stage's measured forward and backward per micro-batch.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import socket
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from runtime import faults, sections
+from runtime.sections import COMPUTE, INDEX, SECTIONS, WAITS
+
+SIGNIFICANT = 0.10
+"""A compute section is quoted as the slow one, and the data section names a rank on its own, only where it takes
+at least this share of the step (the group's median): a section of a fraction of a millisecond is mostly the
+clock's noise."""
+STEP_COMPUTE = ("forward", "backward", "optimizer")
+"""The step's compute: the sum that names a rank (`compute`)."""
+SCORED = COMPUTE + ("compute",)
+
+
+# -- scores (pure functions of the gathered tables) --------------------------------------------------------------
+
+
+def window_stats(table) -> list[dict]:
+    """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
+    section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
+    wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's
+    fastest step of the window, which the scores compare (below). One tensor operation per figure over all ranks:
+    rank 0 reads thousands of ranks' windows."""
+    t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
+
+    def median(x):  # the mean of the middle two of an even count, as statistics.median
+        return torch.quantile(x, 0.5, dim=1).tolist()
+    columns = median(t)
+    compute_steps = t[:, :, [INDEX[s] for s in STEP_COMPUTE]].sum(-1)
+    waits, steps = median(t[:, :, [INDEX[s] for s in WAITS]].sum(-1)), median(t.sum(-1))
+    fastest = t[:, :, [INDEX[s] for s in COMPUTE]].min(dim=1).values.tolist()
+    fastest_compute = compute_steps.min(dim=1).values.tolist()
+    out = []
+    for r in range(t.shape[0]):
+        stats = dict(zip(SECTIONS, columns[r]))
+        stats["compute"] = sum(stats[s] for s in STEP_COMPUTE)
+        stats["waits"], stats["step"] = waits[r], steps[r]
+        stats["best"] = dict(zip(COMPUTE, fastest[r]), compute=fastest_compute[r])
+        out.append(stats)
+    return out
+
+
+def _ratio(best: float, mine: float) -> float:
+    return min(1.0, best / mine) if mine > 0 else 1.0
+
+
+def relative_scores(stats: list[dict], groups: list[int]) -> list[dict]:
+    """Per rank and scored section: the fastest of its group (`groups[rank]`: ranks of equal value do the same
+    work) over its own time. The times compared are each rank's fastest step of the window: other processes on a
+    host only ever add time to some steps, while a slow device is slow in every step, its fastest too (on this
+    2-core machine the window's median moves ±15% between ranks with nothing slowed; the fastest step, ±10%)."""
+    fastest = {}
+    for r, g in enumerate(groups):
+        for k in SCORED:
+            fastest[g, k] = min(fastest.get((g, k), float("inf")), stats[r]["best"][k])
+    return [{k: _ratio(fastest[groups[r], k], stats[r]["best"][k]) for k in SCORED} for r in range(len(stats))]
+
+
+def individual_scores(stats: list[dict], best: list[dict]) -> list[dict]:
+    """Per rank and scored section: its best window so far (`best`, updated in place with this one) over this."""
+    for r, s in enumerate(stats):
+        if r >= len(best):
+            best.append({})
+        for k in SCORED:
+            best[r][k] = min(best[r].get(k, float("inf")), s["best"][k])
+    return [{k: _ratio(best[r][k], stats[r]["best"][k]) for k in SCORED} for r in range(len(stats))]
+
+
+def significant(stats: list[dict], groups: list[int]) -> dict:
+    """Per group: the compute sections that take at least SIGNIFICANT of its ranks' median step."""
+    members: dict = {}
+    for r, g in enumerate(groups):
+        members.setdefault(g, []).append(stats[r])
+    out = {}
+    for g, ss in members.items():
+        step = statistics.median(s["step"] for s in ss)
+        out[g] = [k for k in COMPUTE if statistics.median(s[k] for s in ss) >= SIGNIFICANT * step]
+    return out
+
+
+def naming_score(scores: dict, significant: list[str]) -> float:
+    """The score that names a rank: its step's compute, or its data section where that is significant (a slow
+    loader is no part of the compute)."""
+    return min([scores["compute"]] + ([scores["data"]] if "data" in significant else []))
+
+
+def stragglers(stats: list[dict], groups: list[int], relative: list[dict], individual: list[dict],
+               threshold: float) -> list[dict]:
+    """The named ranks, each {"rank", "score" (its naming score), "kind" (relative or individual), "section" (the
+    significant compute section it scores lowest in, the one quoted as slow), "section_score", "relative",
+    "individual"}, by the rules of the module's docstring."""
+    named = []
+    size = {g: groups.count(g) for g in groups}
+    sig = significant(stats, groups)
+    others_median = None
+    for r in range(len(stats)):
+        keys = sig[groups[r]]
+        kind, scores = "relative", relative[r]
+        if size[groups[r]] == 1:
+            if others_median is None:
+                others_median = _others_median([s["compute"] for s in individual])
+            if others_median[r] is not None and others_median[r] < threshold:  # the others too: the job, not it
+                continue
+            kind, scores = "individual", individual[r]
+        score = naming_score(scores, keys)
+        if score < threshold:
+            low = min(keys or ["compute"], key=lambda k: scores[k])
+            named.append({"rank": r, "score": score, "kind": kind, "section": low, "section_score": scores[low],
+                          "relative": relative[r]["compute"], "individual": individual[r]["compute"]})
+    return named
+
+
+def _others_median(values: list[float]) -> list:
+    """For each index, the median of the values at the other indices (None with no other): one sort."""
+    n = len(values)
+    if n == 1:
+        return [None]
+    order, m = sorted(values), n - 1
+    out = []
+    for v in values:
+        i = bisect.bisect_left(order, v)  # the remaining list: order without position i
+
+        def at(j):
+            return order[j] if j < i else order[j + 1]
+        out.append(at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2)
+    return out
+
+
+# -- the what-if --------------------------------------------------------------------------------------------------
+
+
+def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None = None) -> list[dict]:
+    """`stats` with each slow rank's compute sections the median of its group's other ranks'; a rank alone in its
+    group gets its own best window's (`best`, individual_scores' table), or keeps its own without one."""
+    out = [dict(s) for s in stats]
+    for r in slow:
+        peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q not in slow]
+        for k in COMPUTE:
+            out[r][k] = (statistics.median(stats[q][k] for q in peers) if peers
+                         else best[r][k] if best else stats[r][k])
+        out[r]["compute"] = sum(out[r][k] for k in STEP_COMPUTE)
+    return out
+
+
+def modelled_step(stats: list[dict], pipeline=None) -> float:
+    """The step the model gives for these per-rank times. No pp: the slowest rank's compute (the sum of its compute
+    sections) plus its own waits, the collectives' transfer (it waits for nobody). With pp (`pipeline`: (order,
+    layout, pipes, actions) where `pipes` lists each pipeline's ranks by pp coordinate and `actions[rank]` its
+    counts of F, B, W actions): each pipeline's schedule timed by runtime.schedule_time with each stage's forward
+    and backward per micro-batch, plus the slowest rank's compute outside the schedule (data, optimizer)."""
+    if pipeline is None:
+        slowest = max(range(len(stats)), key=lambda r: sum(stats[r][k] for k in COMPUTE))
+        return sum(stats[slowest][k] for k in COMPUTE) + stats[slowest]["waits"]
+    from runtime import schedule_time
+    order, lay, pipes, actions = pipeline
+    steps = schedule_time.steps(order, lay)
+    longest = 0.0
+    for ranks in pipes:
+        cost = {"F": [0.0] * lay.stages, "B": [0.0] * lay.stages, "I": [0.0] * lay.stages, "W": [0.0] * lay.stages}
+        for st in range(lay.stages):
+            r = ranks[lay.rank_of(st)]
+            n_f, n_b, n_w = actions[lay.rank_of(st)]
+            cost["F"][st] = stats[r]["forward"] / max(1, n_f)
+            per_b = stats[r]["backward"] / max(1, n_b + n_w)  # a split backward: its halves alike
+            cost["B"][st] = cost["I"][st] = cost["W"][st] = per_b
+        longest = max(longest, max(schedule_time.timed(steps, lay, cost).values()))
+    outside = max(stats[r]["data"] + stats[r]["optimizer"] for r in range(len(stats)))
+    return longest + outside
+
+
+def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None,
+            best: list | None = None) -> tuple[float, float, float]:
+    """(measured step, predicted step without the `slow` ranks, seconds lost per step): the loss is the model's
+    step with the measured times less its step with the slow ranks' compute replaced by their peers' median. Each
+    rank's compute is its fastest step's, as the scores compare (a busy host's noise on the others' medians would
+    make the slowest of them seem slower, and the loss smaller, than their hardware is)."""
+    measured = statistics.median(s["step"] for s in stats)
+    speed = [dict(s, **s["best"]) for s in stats]
+    lost = max(0.0, modelled_step(speed, pipeline) - modelled_step(_replaced(speed, groups, slow, best), pipeline))
+    return measured, measured - lost, lost
+
+
+def pipeline_model(parallel, world: list[dict]):
+    """`modelled_step`'s pipeline argument for a plan with pp (`world`: each rank's coordinates), else None."""
+    from runtime import schedule
+    pp = next((k for a, k in parallel.axes if a == "pp"), 1)
+    if pp <= 1:
+        return None
+    lay = schedule.Layout(pp, parallel.virtual_stages, parallel.micro_batches)
+    order = schedule.compute_order(parallel.schedule, lay)
+    rows: dict = {}
+    for r, coords in enumerate(world):
+        key = tuple(sorted((a, i) for a, i in coords.items() if a != "pp"))
+        rows.setdefault(key, [None] * pp)[coords.get("pp", 0)] = r
+    actions = {p: (sum(a.kind == "F" for a in order[p]), sum(a.kind in "BI" for a in order[p]),
+                   sum(a.kind == "W" for a in order[p])) for p in range(pp)}
+    return order, lay, list(rows.values()), actions
+
+
+# -- the detector the trainer runs -------------------------------------------------------------------------------
+
+
+class Detector:
+    """This rank's timeline and, every `window` steps, the gather to rank 0, its scores, its log line, its
+    metrics; `act` on a named straggler as `on_straggler` says."""
+
+    def __init__(self, cfg, ctx, params, track):
+        res = cfg.resilience
+        self.cfg, self.ctx, self.track = cfg, ctx, track
+        self.threshold, self.window, self.on_straggler = res.threshold, res.window, res.on_straggler
+        self.exclude = res.exclude
+        self.timeline = sections.Timeline(ctx.device)
+        self.slow = sections.start_slow(ctx.rank, ctx.device)
+        self.best: list = []
+        self.pending: dict = {}  # the last window's figures, for the next metrics record
+        self.hooks = [p.register_post_accumulate_grad_hook(self.timeline.mark) for p in params if p.requires_grad]
+        me = {"node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
+              "device": str(ctx.device), "coords": dict(ctx.coords)}
+        world = [None] * ctx.world_size
+        if ctx.world_size > 1:
+            with faults.op("the straggler detector's start-up (each rank's node and device)", faults.scale()):
+                dist.all_gather_object(world, me)
+        else:
+            world = [me]
+        self.world = world
+        self.groups = [w["coords"].get("pp", 0) for w in world]
+        self.pipeline = pipeline_model(cfg.parallel, [w["coords"] for w in world])
+        sections.set_timeline(self.timeline)
+        faults.set_sections(self.timeline)
+
+    def begin(self, step: int) -> None:
+        """Step `step` (0-based) starts."""
+        if self.slow is not None:
+            self.slow.begin_step(step + 1)
+        self.timeline.begin()
+
+    def end(self, step: int) -> None:
+        """Step `step` ended; after a window's last step every rank sends its rows to rank 0, which scores them."""
+        self.timeline.end()
+        if (step + 1) % self.window:
+            return
+        rows = self.timeline.rows()
+        if self.slow is not None:
+            self.slow.seen(rows)
+        if not rows:
+            return
+        mine = torch.tensor(rows, dtype=torch.float64, device=self.ctx.device)
+        if self.ctx.world_size > 1:
+            gathered = [torch.empty_like(mine) for _ in range(self.ctx.world_size)] if self.ctx.is_logger else None
+            with faults.op("the straggler detector's gather of section times (to rank 0)", faults.scale()):
+                dist.gather(mine, gathered, dst=0)
+        else:
+            gathered = [mine]
+        if self.ctx.is_logger:
+            self.score(torch.stack(gathered).cpu(), step + 2 - len(rows), step + 1)
+
+    def score(self, table: torch.Tensor, first: int, last: int) -> None:
+        """Rank 0: the window's scores, the log line for each straggler, the metrics and trackers' figures."""
+        dump = os.environ.get("SCALEC_TEST_SECTIONS")  # test-only: the drill's record of every gathered table
+        if dump:
+            with open(dump, "a") as f:
+                f.write(json.dumps({"first": first, "last": last, "table": table.tolist()}) + "\n")
+        stats = window_stats(table)
+        relative = relative_scores(stats, self.groups)
+        individual = individual_scores(stats, self.best)
+        named = stragglers(stats, self.groups, relative, individual, self.threshold)
+        sig = significant(stats, self.groups)
+        rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
+        ind = [naming_score(individual[r], sig[self.groups[r]]) for r in range(len(stats))]
+        self.pending = {"straggler_window": [first, last], "relative_score": [round(x, 4) for x in rel],
+                        "individual_score": [round(x, 4) for x in ind],
+                        "stragglers": [n["rank"] for n in named]}
+        scalars = {f"stragglers/rank{r}_relative": rel[r] for r in range(len(rel))}
+        scalars.update({f"stragglers/rank{r}_individual": ind[r] for r in range(len(ind))})
+        self.track.log(last, scalars)
+        if not named:
+            return
+        slow = {n["rank"] for n in named}
+        measured, without, lost = what_if(stats, self.groups, slow, self.pipeline, self.best)
+        self.pending.update(step_time_measured=measured, step_time_without=without)
+        for n in named:
+            print(describe(n, self.world, stats, self.groups, self.threshold, first, last), flush=True)
+        print(f"scalec: what-if (steps {first}-{last}): without {_ranks(slow)} a step would take "
+              f"{without * 1e3:,.1f} ms instead of {measured * 1e3:,.1f}: {lost * 1e3:,.1f} ms/step "
+              f"({lost / measured:.1%}) lost to {'it' if len(slow) == 1 else 'them'} "
+              f"({'the pipeline schedule timed' if self.pipeline else 'the slowest rank reaching the collective'})",
+              flush=True)
+        act({"ranks": sorted(slow), "named": named, "lost_s": lost, "on_straggler": self.on_straggler,
+             "exclude": self.exclude, "nodes": sorted({self.world[r]["node"] for r in slow})})
+
+    def record(self) -> dict:
+        """The last window's figures for the next metrics record (once), else {}."""
+        out, self.pending = self.pending, {}
+        return out
+
+    def close(self) -> None:
+        sections.set_timeline(None)
+        faults.set_sections(None)
+        for h in self.hooks:
+            h.remove()
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def describe(n: dict, world: list, stats: list, groups: list, threshold: float, first: int, last: int) -> str:
+    """The log line naming straggler `n`: rank, node, device, the slow section and its score, and the waits its
+    peers spent on it."""
+    r, who = n["rank"], world[n["rank"]]
+    peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q != r]
+    ref = ("the fastest rank doing the same work" if n["kind"] == "relative" else "its own best window")
+    section = ("its compute" if n["section"] == "compute" else n["section"]) + f" (score {n['section_score']:.2f})"
+    line = (f"scalec: straggler at steps {first}-{last}: rank {r} (node {who['node']}, {who['host']}, "
+            f"{who['device']}) is slow in {section}: {n['kind']} score {n['score']:.2f} ({ref} ÷ its time; "
+            f"threshold {threshold:g}); its compute's relative score {n['relative']:.2f}, individual "
+            f"{n['individual']:.2f}")
+    if peers:
+        waited = statistics.median(stats[q]["waits"] for q in peers) - stats[r]["waits"]
+        if waited > 0:
+            line += f"; its peers waited {waited * 1e3:,.1f} ms/step more than it in collectives"
+    return line
+
+
+def act(verdict: dict) -> None:
+    """What `on_straggler` does with a named straggler: `report` is the log line and the metrics (done by the
+    caller); `restart` and `replan` are not built yet, and the log says so."""
+    if verdict["on_straggler"] == "report":
+        return
+    print(f"scalec: on_straggler = {verdict['on_straggler']} (exclude = {verdict['exclude']}: node(s) "
+          f"{', '.join(map(str, verdict['nodes']))}) is not built yet: {_ranks(verdict['ranks'])} only reported",
+          flush=True)

@@ -1,0 +1,302 @@
+"""runtime/stragglers.py and runtime/sections.py as pure functions: the scores on synthetic section tables, the
+rank they name (never a peer that only waits for it), no alarm on noise, the what-if against hand-computed figures
+(with and without pp), the timeline's exclusive sections and its split of a backward that ends in the gradient
+reduction, and the drill hook's ramp. The drills themselves run in bench/straggler_drill.py."""
+from __future__ import annotations
+
+import random
+import statistics
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from runtime import schedule_time, sections, stragglers
+from runtime.sections import INDEX, SECTIONS
+
+MS = 1e-3
+
+
+def row(**secs) -> list[float]:
+    out = [0.0] * len(SECTIONS)
+    for k, v in secs.items():
+        out[INDEX[k]] = v * MS
+    return out
+
+
+def table(per_rank: list[dict], steps: int = 10, noise: float = 0.0, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    return [[row(**{k: v * (1 + rng.uniform(-noise, noise)) for k, v in secs.items()}) for _ in range(steps)]
+            for secs in per_rank]
+
+
+def scores(per_rank, groups=None, best=None, **kw):
+    stats = stragglers.window_stats(table(per_rank, **kw))
+    groups = groups or [0] * len(per_rank)
+    rel = stragglers.relative_scores(stats, groups)
+    ind = stragglers.individual_scores(stats, [] if best is None else best)
+    return stats, groups, rel, ind
+
+
+NORMAL = {"forward": 10, "backward": 20, "optimizer": 2, "grad_reduce": 3}
+
+
+def test_relative_and_individual_scores():
+    slow = dict(NORMAL, forward=20, backward=40)  # twice as slow in its compute
+    stats, groups, rel, ind = scores([NORMAL, NORMAL, slow])
+    assert rel[0]["forward"] == 1.0 and rel[2]["forward"] == pytest.approx(0.5)
+    assert rel[2]["compute"] == pytest.approx(32 / 62)
+    best: list = []
+    stragglers.individual_scores(stragglers.window_stats(table([NORMAL] * 3)), best)  # a first, fast window
+    _, _, _, ind = scores([NORMAL, NORMAL, slow], best=best)
+    assert ind[0]["compute"] == 1.0 and ind[2]["forward"] == pytest.approx(0.5)
+
+
+def test_the_slow_rank_is_named_not_its_peers_that_wait():
+    """Rank 2 computes 30% longer; at the gradient reduction the others wait for it (their waits grow by what it
+    is late, its own wait shrinks): only rank 2 is named, in a compute section, and the waits explain it."""
+    peer = dict(NORMAL, grad_reduce=3 + 9)
+    slow = dict(NORMAL, forward=13, backward=26, grad_reduce=3)
+    stats, groups, rel, ind = scores([peer, peer, slow, peer], noise=0.02)
+    named = stragglers.stragglers(stats, groups, rel, ind, threshold=0.8)
+    assert [n["rank"] for n in named] == [2]
+    assert named[0]["section"] in ("forward", "backward") and named[0]["section_score"] == pytest.approx(
+        1 / 1.3, abs=0.03)
+    assert named[0]["score"] == pytest.approx(32 / 41, abs=0.03)  # its compute: forward + backward + optimizer
+    world = [{"node": r // 2, "host": "h", "device": "cpu", "coords": {"dp": r}} for r in range(4)]
+    line = stragglers.describe(named[0], world, stats, groups, 0.8, 11, 20)
+    assert "rank 2 (node 1, h, cpu)" in line and "its peers waited 9.0 ms/step more" in line
+
+
+def test_no_alarm_on_uniform_noise():
+    for seed in range(20):
+        stats, groups, rel, ind = scores([NORMAL] * 8, noise=0.05, seed=seed)
+        assert stragglers.stragglers(stats, groups, rel, ind, threshold=0.7) == []
+
+
+def test_a_tiny_section_does_not_name():
+    """A data section of 0.1 ms against 0.05 on the others (score 0.5) is noise: below SIGNIFICANT of the step."""
+    stats, groups, rel, ind = scores([dict(NORMAL, data=0.05)] * 3 + [dict(NORMAL, data=0.1)])
+    assert rel[3]["data"] == pytest.approx(0.5)
+    assert stragglers.stragglers(stats, groups, rel, ind, threshold=0.7) == []
+
+
+def test_individual_names_only_a_rank_alone_in_its_group_and_not_a_whole_slow_job():
+    best: list = []
+    stragglers.individual_scores(stragglers.window_stats(table([NORMAL] * 2)), best)
+    slow = dict(NORMAL, forward=20, backward=40)
+    stats, _, _, _ = scores([NORMAL, slow])
+    groups = [0, 1]  # two pipeline stages, one rank each: nothing relative to either
+    rel = stragglers.relative_scores(stats, groups)
+    ind = stragglers.individual_scores(stats, [dict(b) for b in best])
+    named = stragglers.stragglers(stats, groups, rel, ind, threshold=0.7)
+    assert [(n["rank"], n["kind"]) for n in named] == [(1, "individual")]
+    stats, _, _, _ = scores([slow, slow])  # everyone slower than its best: the machine, not a straggler
+    ind = stragglers.individual_scores(stats, [dict(b) for b in best])
+    assert stragglers.stragglers(stats, groups, stragglers.relative_scores(stats, groups), ind, 0.7) == []
+
+
+def test_the_median_of_the_others():
+    rng = random.Random(3)
+    assert stragglers._others_median([0.5]) == [None]
+    for n in (2, 3, 8, 9, 100):
+        values = [rng.choice((0.5, 0.7, 0.9, 1.0)) for _ in range(n)]
+        want = [statistics.median(values[:i] + values[i + 1:]) for i in range(n)]
+        assert stragglers._others_median(values) == pytest.approx(want)
+
+
+def test_what_if_without_pp():
+    """The step ends when the slowest rank reaches the collective: its compute (forward + backward + optimizer)
+    plus its own wait. Ranks 0, 1: 32 ms of compute; rank 2: 47 ms, waiting 1 ms: modelled 48. Rank 2 at its
+    peers' median (32 ms) makes rank 0 the slowest (32 + its wait 5): 37. Lost: 11 ms/step."""
+    per_rank = [dict(NORMAL, grad_reduce=5), dict(NORMAL, grad_reduce=6),
+                {"forward": 15, "backward": 30, "optimizer": 2, "grad_reduce": 1}]
+    stats = stragglers.window_stats(table(per_rank))
+    measured, without, lost = stragglers.what_if(stats, [0, 0, 0], {2})
+    assert lost == pytest.approx(11 * MS)
+    assert measured == pytest.approx(38 * MS) and without == pytest.approx(27 * MS)  # steps 37, 38, 48: median 38
+
+
+def test_what_if_with_pp_times_the_schedule():
+    """dp 2 × pp 2, gpipe, 2 micro-batches. F and B per micro-batch: 1 and 2 ms on every rank but rank 3 (stage 1
+    of the second pipeline), 2 and 4. First pipeline: 0F0 [0,1] 0F1 [1,2]; 1F0 [1,2] 1F1 [2,3] 1B0 [3,5]
+    1B1 [5,7]; 0B0 [5,7] 0B1 [7,9]: 9 ms. Second: 1F0 [1,3] 1F1 [3,5] 1B0 [5,9] 1B1 [9,13]; 0B0 [9,11]
+    0B1 [13,15]: 15 ms. Rank 3 at stage 1's other rank (rank 1): 9 ms. Lost 6 ms/step (data and optimizer equal)."""
+    par = SimpleNamespace(axes=(("dp", 2), ("pp", 2)), virtual_stages=1, micro_batches=2, schedule="gpipe")
+    world = [{"dp": r // 2, "pp": r % 2} for r in range(4)]
+    pipe = stragglers.pipeline_model(par, world)
+    assert pipe[2] == [[0, 1], [2, 3]]
+    fast, slow = {"forward": 2, "backward": 4, "optimizer": 1}, {"forward": 4, "backward": 8, "optimizer": 1}
+    stats = stragglers.window_stats(table([fast, fast, fast, slow]))
+    assert stragglers.modelled_step(stats, pipe) == pytest.approx(16 * MS)
+    _, _, lost = stragglers.what_if(stats, [0, 1, 0, 1], {3}, pipe)
+    assert lost == pytest.approx(6 * MS)
+    # pp alone (dp 1): rank 1 has no peer; its own best window (the fast figures) is the reference
+    pipe = stragglers.pipeline_model(SimpleNamespace(**dict(vars(par), axes=(("pp", 2),))), world[:2])
+    best: list = []
+    stragglers.individual_scores(stragglers.window_stats(table([fast, fast])), best)  # an earlier, fast window
+    _, _, lost = stragglers.what_if(stragglers.window_stats(table([fast, slow])), [0, 1], {1}, pipe, best)
+    assert lost == pytest.approx(6 * MS)
+
+
+def test_the_compiler_times_schedules_with_the_runtime_model():
+    from compiler import schedule
+    assert schedule.timed is schedule_time.timed and schedule.finish_times is schedule_time.finish_times
+    assert schedule.ScheduleError is schedule_time.ScheduleError
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_timeline_sections_are_exclusive_and_the_synced_backward_is_split():
+    clock = Clock()
+    tl = sections.Timeline(torch.device("cpu"), clock)
+    tl.begin()
+    clock.t = 1.0
+    tl.enter("forward")
+    clock.t = 3.0
+    tl.enter("all_reduce")          # a tp all-reduce inside the forward: its own section
+    clock.t = 3.5
+    tl.exit()
+    clock.t = 5.0
+    tl.exit()
+    tl.enter(sections.BACKWARD_SYNC)
+    clock.t = 9.0
+    tl.mark()                       # the last gradient accumulated: DDP's wait follows
+    clock.t = 12.0
+    tl.exit()
+    clock.t = 12.5
+    tl.end()
+    (got,) = tl.rows()
+    assert got[INDEX["other"]] == 1.5 and got[INDEX["forward"]] == 3.5 and got[INDEX["all_reduce"]] == 0.5
+    assert got[INDEX["backward"]] == 4.0 and got[INDEX["grad_reduce"]] == 3.0 and sum(got) == 12.5
+
+
+def test_a_mark_before_an_inner_region_does_not_split():
+    clock = Clock()
+    tl = sections.Timeline(torch.device("cpu"), clock)
+    tl.begin()
+    tl.enter(sections.BACKWARD_SYNC)
+    clock.t = 1.0
+    tl.mark()
+    tl.enter("all_reduce")
+    clock.t = 2.0
+    tl.exit()
+    clock.t = 3.0
+    tl.exit()
+    tl.end()
+    (got,) = tl.rows()
+    assert got[INDEX["backward"]] == 2.0 and got[INDEX["grad_reduce"]] == 0.0
+
+
+class FakeEvent:
+    """torch.cuda.Event on the fake clock: `record` takes the time (the stream's position), `elapsed_time` is in
+    milliseconds as CUDA's; `synchronize` is counted (one per window, none in a step)."""
+    clock, syncs = Clock(), []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = FakeEvent.clock.t
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+    def synchronize(self):
+        FakeEvent.syncs.append(self.at)
+
+
+def test_cuda_timeline_resolves_events_once_per_window(monkeypatch):
+    """The CUDA path's bookkeeping on fake events: the same sections as on CPU, events reused from a pool, the
+    gradient mark one event re-recorded, one synchronisation when the rows are read and none before."""
+    monkeypatch.setattr(sections.torch.cuda, "Event", FakeEvent)
+    clock, FakeEvent.syncs = FakeEvent.clock, []
+    tl = sections.Timeline(torch.device("cuda"))
+    for step in range(2):
+        clock.t = 100.0 * step
+        tl.begin()
+        clock.t += 1
+        tl.enter("forward")
+        clock.t += 2
+        tl.exit()
+        tl.enter(sections.BACKWARD_SYNC)
+        clock.t += 3
+        tl.mark()
+        clock.t += 1
+        tl.mark()  # the last gradient: the same event, re-recorded
+        clock.t += 4
+        tl.exit()
+        tl.end()
+    assert FakeEvent.syncs == []
+    rows = tl.rows()
+    assert len(FakeEvent.syncs) == 1 and len(rows) == 2
+    for got in rows:
+        assert got[INDEX["other"]] == 1.0 and got[INDEX["forward"]] == 2.0
+        assert got[INDEX["backward"]] == 4.0 and got[INDEX["grad_reduce"]] == 4.0
+    pooled = len(tl._pool)
+    tl.begin()
+    tl.end()
+    assert len(tl._pool) == pooled - 2  # the next step's events came from the pool
+
+
+def test_drill_setting_and_ramp():
+    assert sections.slow_setting("5:50:0.3") == (5, 50, 0.3, 0)
+    setting = sections.slow_setting("5:50:0.3:300")
+    assert sections.slow_fraction(setting, 49) == 0.0
+    assert sections.slow_fraction(setting, 50) == pytest.approx(0.001)
+    assert sections.slow_fraction(setting, 199) == pytest.approx(0.15)
+    assert sections.slow_fraction(setting, 400) == pytest.approx(0.3)
+    with pytest.raises(SystemExit):
+        sections.slow_setting("5:50")
+
+
+def test_restart_and_replan_say_they_are_not_built(capsys):
+    verdict = {"ranks": [5], "on_straggler": "restart", "exclude": "node", "nodes": [2], "named": [], "lost_s": 0.1}
+    stragglers.act(verdict)
+    assert "on_straggler = restart (exclude = node: node(s) 2) is not built yet: rank 5 only reported" in \
+        capsys.readouterr().out
+    stragglers.act(dict(verdict, on_straggler="report"))
+    assert capsys.readouterr().out == ""
+
+
+# slow tier: 8-25 s of two CPU processes here; the scores, the naming and the timeline it relies on are this file's
+# unit tests above, and the 8-rank drills are bench/straggler_drill.py
+@pytest.mark.slow
+def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
+    """gpt_dp (dp = 2, DDP on gloo) under torchrun with rank 1 doing twice its forward and backward from step 11:
+    the window of steps 11-20 names rank 1, its node and a compute section; the window before names nobody. The
+    sections are timed by the training thread's CPU time (SCALEC_TEST_CPU_CLOCK=thread): two ranks on a shared
+    2-core machine. The 8-rank drills are bench/straggler_drill.py."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from compiler import codegen
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "samples" / "gpt_dp.scale").read_text().replace("log_every    = 5", "log_every    = 100")
+    codegen.emit(compile_spec(check_text(text, "drill.scale")), str(tmp_path / "build"))
+    program = tmp_path / "build" / "program.py"
+    program.write_text(program.read_text().replace(
+        "CONFIG = train.Config(", "CONFIG = train.Config(\n    resilience=train.Resilience(threshold=0.8, window=10),", 1))
+    metrics = tmp_path / "m.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", SCALEC_TEST_SLOW="1:11:1.0",
+               SCALEC_TEST_CPU_CLOCK="thread")
+    out = subprocess.run(["bash", str(tmp_path / "build" / "launch.sh"), "--steps", "21", "--metrics", str(metrics)],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "scalec: straggler at steps 11-20: rank 1 (node 0, " in out.stdout, out.stdout
+    assert "is slow in forward" in out.stdout or "is slow in backward" in out.stdout
+    assert "straggler at steps 1-10" not in out.stdout and "scalec: what-if (steps 11-20): without rank 1" in out.stdout
+    records = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines())}
+    assert records[21]["stragglers"] == [1] and records[21]["straggler_window"] == [11, 20]
+    assert len(records[21]["relative_score"]) == 2 and records[11]["stragglers"] == []
