@@ -279,6 +279,7 @@ def nccl_flight_recorder_env() -> None:
 # -- preemption ---------------------------------------------------------------------------------------------------
 
 _TERM = False
+_LEAVE = 0.0      # a leave asked on this rank (runtime.leaving.encode): voted with the preemption flag
 
 
 _TERM_AT = 0.0
@@ -301,6 +302,18 @@ def stop_signal() -> str:
     return _TERM_SIGNAL if _TERM else "a SIGTERM or SIGINT to another rank"
 
 
+def leave_asked() -> bool:
+    """Whether this rank asked to leave a node out (ask_leave) already."""
+    return _LEAVE > 0
+
+
+def ask_leave(value: float) -> None:
+    """Rank 0 asks every rank to stop after the next voted step and leave a node out (runtime.leaving.encode's
+    number): it rides on the preemption vote."""
+    global _LEAVE
+    _LEAVE = max(_LEAVE, float(value))
+
+
 class StopVote:
     """Whether any rank was asked to stop (SIGTERM), agreed by all ranks after the same step, without a host-device
     synchronisation of its own. `start()` at the beginning of each step puts this rank's flag into an all-reduce MAX
@@ -317,11 +330,12 @@ class StopVote:
         self.flag = torch.zeros((), device=device)
         self.host = torch.zeros((), pin_memory=True) if (self.cuda and self.voting) else None
         self.work = self.event = None
+        self.value = 0.0
 
     def start(self) -> None:
         if not self.voting:
             return
-        self.flag.fill_(1.0 if _TERM else 0.0)  # a fill from a host scalar: queued, no copy to wait for
+        self.flag.fill_(max(1.0 if _TERM else 0.0, _LEAVE))  # a fill from a host scalar: queued, no copy to wait for
         with op("the preemption check (all-reduce MAX of one flag over all ranks)", scale()):
             self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
         if self.cuda:
@@ -331,14 +345,19 @@ class StopVote:
             self.event.record()
 
     def result(self) -> bool:
+        """Whether every rank stops after this step; the voted number stays in `value` (runtime.leaving.decode:
+        a leave asked by rank 0 rides on the same vote)."""
         if not self.voting:
-            return _TERM
+            self.value = max(1.0 if _TERM else 0.0, _LEAVE)
+            return bool(self.value)
         with device_wait("the preemption check"):
             if self.cuda:
                 self.event.synchronize()
-                return bool(self.host.item())
-            self.work.wait()
-            return bool(self.flag.item())
+                self.value = float(self.host.item())
+            else:
+                self.work.wait()
+                self.value = float(self.flag.item())
+        return bool(self.value)
 
 
 # -- test-only hooks ----------------------------------------------------------------------------------------------

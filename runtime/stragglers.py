@@ -30,7 +30,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from runtime import faults, sections
+from runtime import faults, leaving, node_record, sections
 from runtime.sections import COMPUTE, INDEX, SECTIONS, WAITS
 
 SIGNIFICANT = 0.10
@@ -243,9 +243,10 @@ class Detector:
         self.slow = sections.start_slow(ctx.rank, ctx.device)
         self.best: list = []
         self.pending: dict = {}  # the last window's figures, for the next metrics record
+        self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked
         self.hooks = [p.register_post_accumulate_grad_hook(self.timeline.mark) for p in params if p.requires_grad]
         me = {"node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
-              "device": str(ctx.device), "coords": dict(ctx.coords)}
+              "name": node_record.node_name(), "device": str(ctx.device), "coords": dict(ctx.coords)}
         world = [None] * ctx.world_size
         if ctx.world_size > 1:
             with faults.op("the straggler detector's start-up (each rank's node and device)", faults.scale()):
@@ -315,8 +316,22 @@ class Detector:
               f"({lost / measured:.1%}) lost to {'it' if len(slow) == 1 else 'them'} "
               f"({'the pipeline schedule timed' if self.pipeline else 'the slowest rank reaching the collective'})",
               flush=True)
-        act({"ranks": sorted(slow), "named": named, "lost_s": lost, "on_straggler": self.on_straggler,
-             "exclude": self.exclude, "nodes": sorted({self.world[r]["node"] for r in slow})})
+        self._remember(named, last)
+        self.verdict = act({"ranks": sorted(slow), "named": named, "lost_s": lost, "on_straggler": self.on_straggler,
+                            "exclude": self.exclude, "nodes": sorted({self.world[r]["node"] for r in slow}),
+                            "world": self.world}) or self.verdict
+
+    def _remember(self, named: list, step: int) -> None:
+        """Rank 0: each straggler's node marked `slow` in the node record (runtime.node_record), so that later
+        attempts name it at start-up."""
+        if not self.cfg.checkpoint.dir:
+            return
+        record = node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
+        for n in named:
+            who = self.world[n["rank"]]
+            record.mark(who["name"], "slow", {"rank": n["rank"], "section": n["section"],
+                                              "score": round(n["score"], 3), "step": step}, faults.attempt(),
+                        group_rank=who["node"], host=who["host"])
 
     def record(self) -> dict:
         """The last window's figures for the next metrics record (once), else {}."""
@@ -353,11 +368,19 @@ def describe(n: dict, world: list, stats: list, groups: list, threshold: float, 
     return line
 
 
-def act(verdict: dict) -> None:
-    """What `on_straggler` does with a named straggler: `report` is the log line and the metrics (done by the
-    caller); `restart` and `replan` are not built yet, and the log says so."""
-    if verdict["on_straggler"] == "report":
-        return
-    print(f"scalec: on_straggler = {verdict['on_straggler']} (exclude = {verdict['exclude']}: node(s) "
-          f"{', '.join(map(str, verdict['nodes']))}) is not built yet: {_ranks(verdict['ranks'])} only reported",
-          flush=True)
+def act(verdict: dict) -> str:
+    """What `on_straggler` does with the named stragglers (rank 0): `report` is the log line and the metrics (done
+    by the caller); `restart` and `replan` ask every rank, through the preemption vote, to stop after the next step
+    and leave out the node of the lowest-scoring straggler (runtime.leaving: saved, then restarted without it or
+    re-planned on the nodes left). Returns why, in words, where it asked; else ""."""
+    action = verdict["on_straggler"]
+    if action == "report" or faults.leave_asked():
+        return ""
+    worst = min(verdict["named"], key=lambda n: n["score"])
+    who = verdict["world"][worst["rank"]]
+    why = (f"rank {worst['rank']} on it is a straggler, slow in {worst['section']} (score {worst['score']:.2f}); "
+           f"{verdict['lost_s'] * 1e3:,.1f} ms/step lost to it")
+    faults.ask_leave(leaving.encode(worst["rank"], action))
+    print(f"scalec: on_straggler = {action}: node {who['node']} ({who['name']}) is left out after the next step: "
+          f"{why}", flush=True)
+    return why

@@ -9,14 +9,15 @@ host queues work ahead of the device, so the time a logged line shows is the mea
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import (checkpoint, collectives, data, faults, hf, memory, mesh, moe, optimizer, parallelize,
-                     precision, progress, sections, startup, stragglers, tracking)
+from runtime import (checkpoint, collectives, data, faults, hf, leaving, memory, mesh, moe, node_record, optimizer,
+                     parallelize, precision, progress, sections, startup, stragglers, tracking)
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import init_parameters
@@ -165,6 +166,11 @@ class Trainer:
               "tokens", flush=True)
         for got in self.loaded:  # where the weights came from (`init = from(...)`), or nothing: initialised
             print(f"scalec: {got.describe()}", flush=True)
+        if cfg.checkpoint.dir:  # the nodes earlier attempts found slow, unhealthy or left out
+            seen = node_record.startup_line(node_record.NodeRecord(os.path.join(cfg.checkpoint.dir,
+                                                                                node_record.FILE)))
+            if seen:
+                print(seen, flush=True)
         if speed.flops_per_step and speed.peak_flops:
             predicted = f"; predicted {speed.predicted_step_s * 1e3:,.1f} ms/step" if speed.predicted_step_s else ""
             print(f"scalec: {speed.flops_per_step:.3e} model FLOP per step; MFU against the plan's device "
@@ -197,6 +203,11 @@ class Trainer:
             self.save(step, preempted)
             if self.stragglers:  # every window: the ranks' sections gathered, scored and named on rank 0
                 self.stragglers.end(step)
+            leave = leaving.decode(self.vote.value) if preempted else None
+            if leave is not None:  # a node left out (on_straggler = restart | replan): saved above, every rank
+                self.finish()
+                raise SystemExit(leaving.finish(leave, self.stragglers.world, ctx.rank, cfg.checkpoint.dir,
+                                                step + 1, faults.attempt(), self.stragglers.verdict))
             if preempted:
                 if ctx.is_logger:
                     print(f"scalec: stopped by {faults.stop_signal()} after step {step + 1}"

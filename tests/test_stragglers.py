@@ -257,13 +257,41 @@ def test_drill_setting_and_ramp():
         sections.slow_setting("5:50")
 
 
-def test_restart_and_replan_say_they_are_not_built(capsys):
-    verdict = {"ranks": [5], "on_straggler": "restart", "exclude": "node", "nodes": [2], "named": [], "lost_s": 0.1}
-    stragglers.act(verdict)
-    assert "on_straggler = restart (exclude = node: node(s) 2) is not built yet: rank 5 only reported" in \
-        capsys.readouterr().out
-    stragglers.act(dict(verdict, on_straggler="report"))
+def test_restart_and_replan_ask_every_rank_to_leave_the_worst_straggler_s_node(capsys, monkeypatch):
+    from runtime import faults, leaving
+    monkeypatch.setattr(faults, "_LEAVE", 0.0)
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h"} for r in range(8)]
+    named = [{"rank": 5, "score": 0.7, "section": "backward"}, {"rank": 2, "score": 0.78, "section": "forward"}]
+    verdict = {"ranks": [2, 5], "on_straggler": "report", "exclude": "node", "nodes": [1, 2], "named": named,
+               "lost_s": 0.1, "world": world}
+    assert stragglers.act(verdict) == "" and not faults.leave_asked()  # report: the caller's lines only
     assert capsys.readouterr().out == ""
+    why = stragglers.act(dict(verdict, on_straggler="replan"))
+    assert "rank 5 on it is a straggler, slow in backward (score 0.70)" in why
+    assert "node 2 (node2) is left out after the next step" in capsys.readouterr().out
+    assert leaving.decode(faults._LEAVE) == (5, "replan")
+    assert stragglers.act(dict(verdict, on_straggler="restart")) == ""  # asked once; the vote carries it
+    assert leaving.decode(1.0) is None and leaving.decode(0.0) is None  # a signal, nothing
+    assert leaving.decode(leaving.encode(16383, "restart")) == (16383, "restart")
+
+
+def test_leaving_finish_writes_the_request_and_gives_each_rank_its_status(tmp_path, capsys):
+    import json
+
+    from runtime import leaving, node_record
+    from runtime.errors import EXIT_EXCLUDE, EXIT_REJOIN, REPLAN_CODE
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h"} for r in range(8)]
+    assert leaving.finish((5, "replan"), world, 0, str(tmp_path), 40, 0, "slow") == REPLAN_CODE
+    got = json.loads((tmp_path / leaving.REQUEST).read_text())
+    assert got == {"nodes": 4, "exclude": [2], "hosts": ["node2"], "why": "slow", "step": 40}
+    assert "leaving out node 2 (node2) after step 40 to re-plan" in capsys.readouterr().out
+    record = node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()
+    assert record["node2"][-1]["kind"] == "excluded" and record["node2"][-1]["group_rank"] == 2
+    assert leaving.finish((5, "replan"), world, 3, str(tmp_path), 40, 0, "") == REPLAN_CODE  # not rank 0: no file
+    assert leaving.finish((5, "restart"), world, 4, "", 40, 0, "") == EXIT_EXCLUDE  # rank 4 shares node 2
+    assert leaving.finish((5, "restart"), world, 1, "", 40, 0, "") == EXIT_REJOIN
+    from compiler import run_command
+    assert leaving.REQUEST == run_command.REQUEST  # one file name, both sides
 
 
 # slow tier: 8-25 s of two CPU processes here; the scores, the naming and the timeline it relies on are this file's

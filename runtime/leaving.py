@@ -1,0 +1,80 @@
+"""Ending an attempt on purpose to leave a node out: `on_straggler = restart(exclude = node)` or `replan`.
+
+Rank 0 names a straggler at the end of a window (runtime.stragglers) and asks to leave its node out (`ask`). The ask
+travels in the preemption vote every rank already takes each step (runtime.faults.StopVote: an all-reduce MAX of one
+number), so every rank stops after the same step, saves the checkpoint the next attempt resumes from, and reads
+the same verdict (`decode`). Then (`finish`):
+
+- `restart`: rank 0 marks the node `excluded` in the node record (runtime.node_record); the workers on that node end
+  with runtime.errors.EXIT_EXCLUDE and the others with EXIT_REJOIN, which runtime.launch's agents read (a spare takes
+  the node's place, or the job ends for launch.sbatch to submit again without it).
+- `replan`: rank 0 writes the request `scalec run` reads (compiler/run_command.py, `REQUEST` in the checkpoint
+  directory: the nodes of this attempt, the node to leave out by group rank and by name, why, the step); every
+  worker ends with runtime.errors.REPLAN_CODE, which the launcher does not restart; `scalec run` searches the same
+  file on the nodes left, writes the plan beside it and launches it, resuming from that checkpoint.
+
+The vote's number: 0 go on, 1 a signal (SIGTERM, SIGINT), 2 + 2 × rank + (1 for replan) leave out the node of
+`rank`. The largest wins, so a leave outranks a signal (both stop after the same step and save). No torch at import.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from runtime import node_record
+from runtime.errors import REPLAN_CODE
+
+REQUEST = "replan.json"  # compiler/run_command.py REQUEST: the one file name both sides read
+
+
+def encode(rank: int, action: str) -> float:
+    """The vote's number for leaving out the node of `rank` by `action` (restart or replan)."""
+    return 2.0 + 2 * rank + (1 if action == "replan" else 0)
+
+
+def decode(value: float) -> tuple[int, str] | None:
+    """(the straggler's rank, restart | replan) from a vote's number, or None (go on, or a signal)."""
+    if value < 2:
+        return None
+    v = int(value) - 2
+    return v // 2, "replan" if v % 2 else "restart"
+
+
+def request(directory: str, world: list, rank: int, step: int, why: str) -> str:
+    """Rank 0: the re-plan request in the checkpoint `directory`, written whole (a temporary file renamed over it);
+    `world` is each rank's {"node" (torchrun's group rank), "name" (runtime.node_record.node_name)}. Its path."""
+    nodes = sorted({w["node"] for w in world})
+    body = {"nodes": len(nodes), "exclude": [world[rank]["node"]], "hosts": [world[rank]["name"]], "why": why,
+            "step": step}
+    path = os.path.join(directory, REQUEST)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(body, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def finish(verdict: tuple[int, str], world: list, me: int, checkpoint_dir: str, step: int, attempt: int,
+           why: str) -> int:
+    """After the checkpoint of `step` (1-based) is saved, on every rank: rank 0's records and line, and this rank's
+    exit status (module docstring). `world` as `request`'s."""
+    rank, action = verdict
+    out = world[rank]
+    if me == 0:
+        where = f"node {out['node']} ({out['name']})"
+        if checkpoint_dir:
+            record = node_record.NodeRecord(os.path.join(checkpoint_dir, node_record.FILE))
+            record.mark(out["name"], "excluded", {"rank": rank, "step": step, "action": action}, attempt,
+                        group_rank=out["node"])
+        if action == "replan":
+            path = request(checkpoint_dir, world, rank, step, why)
+            print(f"scalec: leaving out {where} after step {step} to re-plan on the nodes left ({why}); the "
+                  f"checkpoint is saved and {path} asks `scalec run` for the new plan", flush=True)
+        else:
+            print(f"scalec: leaving out {where} after step {step} ({why}); the checkpoint is saved and the job "
+                  "restarts without it", flush=True)
+    if action == "replan":
+        return REPLAN_CODE
+    return node_record.leave_out(out["name"], world[me]["name"])
