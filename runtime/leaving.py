@@ -67,7 +67,7 @@ def finish(verdict: tuple[int, str], world: list, me: int, checkpoint_dir: str, 
         if checkpoint_dir:
             record = node_record.NodeRecord(os.path.join(checkpoint_dir, node_record.FILE))
             record.mark(out["name"], "excluded", {"rank": rank, "step": step, "action": action}, attempt,
-                        group_rank=out["node"])
+                        group_rank=out["node"], host=out.get("host"))
         if action == "replan":
             path = request(checkpoint_dir, world, rank, step, why)
             print(f"scalec: leaving out {where} after step {step} to re-plan on the nodes left ({why}); the "

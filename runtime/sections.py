@@ -271,10 +271,12 @@ class Slow:
 _SLOW: Slow | None = None
 
 
-def start_slow(rank: int, device: torch.device) -> Slow | None:
-    """The drill's Slow when SCALEC_TEST_SLOW names this rank, else None."""
+def start_slow(rank: int, device: torch.device, world: int = 0) -> Slow | None:
+    """The drill's Slow when SCALEC_TEST_SLOW names this rank (and, with `@WORLD` after it, only in a world of
+    that many ranks: a re-planned run on the nodes left is not slowed again), else None."""
     global _SLOW
-    setting = slow_setting(os.environ.get("SCALEC_TEST_SLOW"))
+    value, _, only = (os.environ.get("SCALEC_TEST_SLOW") or "").partition("@")
+    setting = slow_setting(value) if not only or int(only) == world else None
     _SLOW = Slow(setting, device) if setting and setting[0] == rank else None
     return _SLOW
 

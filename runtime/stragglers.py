@@ -240,7 +240,7 @@ class Detector:
         self.threshold, self.window, self.on_straggler = res.threshold, res.window, res.on_straggler
         self.exclude = res.exclude
         self.timeline = sections.Timeline(ctx.device)
-        self.slow = sections.start_slow(ctx.rank, ctx.device)
+        self.slow = sections.start_slow(ctx.rank, ctx.device, ctx.world_size)
         self.best: list = []
         self.pending: dict = {}  # the last window's figures, for the next metrics record
         self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked

@@ -1,0 +1,22 @@
+"""Issue 41's route-around drill, one trial (`python -m bench.route_around_drill -n 10` runs ten): a node made slow in
+an 8-rank run with `on_straggler = replan` is left out, `scalec run` re-plans on the 6 ranks left, the run resumes
+from its checkpoint on the new plan, and its losses equal a reference started on that plan from the same checkpoint."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench import route_around_drill as D
+
+
+# slow tier: about a minute of eight CPU processes and two relaunches here; CI holds its pieces: the re-plan and the
+# run loop that launches it (tests/test_replan.py), the ask on the vote and each rank's status
+# (tests/test_stragglers.py), the launcher's statuses (tests/test_node_record.py)
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_slow_node_is_left_out_and_the_run_resumes_on_the_re_planned_mesh():
+    args = SimpleNamespace(rank=5, onset=15, fraction=1.0, steps=30, tolerance=1e-6, timeout=600)
+    ok, line = D.trial(args, 0, keep=False)
+    assert ok, line
+    assert "bitwise equal to the reference" in line, line
