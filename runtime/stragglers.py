@@ -30,7 +30,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from runtime import faults, leaving, node_record, sections
+from runtime import faults, health, leaving, node_record, sections
 from runtime.sections import COMPUTE, INDEX, SECTIONS, WAITS
 
 SIGNIFICANT = 0.10
@@ -258,6 +258,10 @@ class Detector:
         self.pipeline = pipeline_model(cfg.parallel, [w["coords"] for w in world])
         sections.set_timeline(self.timeline)
         faults.set_sections(self.timeline)
+        # on CUDA each rank's device health (NVML) read every window beside the sections; on CPU nothing to read
+        self.health = health.Monitor(ctx.device) if ctx.device.type == "cuda" else None
+        if self.health is not None and ctx.is_logger:
+            self.health.tell()
 
     def begin(self, step: int) -> None:
         """Step `step` (0-based) starts."""
@@ -284,6 +288,31 @@ class Detector:
             gathered = [mine]
         if self.ctx.is_logger:
             self.score(torch.stack(gathered).cpu(), step + 2 - len(rows), step + 1)
+        if self.health is not None:
+            self._health(step + 1)
+
+    def _health(self, step: int) -> None:
+        """Every rank's device health this window, gathered to rank 0 (one small object each): rank 0 names each
+        unhealthy device and marks its node `unhealthy` in the node record."""
+        reasons = self.health.check()
+        every = [None] * self.ctx.world_size if self.ctx.is_logger else None
+        if self.ctx.world_size > 1:
+            with faults.op("the health check's gather (to rank 0)", faults.scale()):
+                dist.gather_object(reasons, every, dst=0)
+        else:
+            every = [reasons]
+        if not self.ctx.is_logger:
+            return
+        record = (node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
+                  if self.cfg.checkpoint.dir else None)
+        for r, got in enumerate(every):
+            if got:
+                who = self.world[r]
+                print(f"scalec: rank {r} (node {who['node']}, {who['host']}, {who['device']}) is unhealthy at step "
+                      f"{step}: {'; '.join(got)}", flush=True)
+                if record is not None:
+                    record.mark(who["name"], "unhealthy", {"rank": r, "reasons": got, "step": step},
+                                faults.attempt(), group_rank=who["node"], host=who["host"])
 
     def score(self, table: torch.Tensor, first: int, last: int) -> None:
         """Rank 0: the window's scores, the log line for each straggler, the metrics and trackers' figures."""

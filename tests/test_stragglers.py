@@ -328,3 +328,24 @@ def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
     records = {r["step"]: r for r in map(json.loads, metrics.read_text().splitlines())}
     assert records[21]["stragglers"] == [1] and records[21]["straggler_window"] == [11, 20]
     assert len(records[21]["relative_score"]) == 2 and records[11]["stragglers"] == []
+
+
+def test_an_unhealthy_device_is_named_and_its_node_marked(tmp_path, capsys):
+    """The window's health check (runtime.health.Monitor's reasons, here given): rank 0 names the device and marks
+    its node `unhealthy` in the node record; a healthy window says nothing."""
+    from types import SimpleNamespace
+
+    from runtime import node_record
+    reasons = [["clocks held down: hw_slowdown"]]
+    fake = SimpleNamespace(health=SimpleNamespace(check=lambda: reasons[0]),
+                           ctx=SimpleNamespace(world_size=1, is_logger=True),
+                           world=[{"node": 0, "host": "h0", "device": "cuda:0", "name": "node0"}],
+                           cfg=SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path))))
+    stragglers.Detector._health(fake, 20)
+    assert "rank 0 (node 0, h0, cuda:0) is unhealthy at step 20: clocks held down: hw_slowdown" in \
+        capsys.readouterr().out
+    events = node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()["node0"]
+    assert [e["kind"] for e in events] == ["unhealthy"] and events[0]["detail"]["step"] == 20
+    reasons[0] = []
+    stragglers.Detector._health(fake, 30)
+    assert capsys.readouterr().out == ""
