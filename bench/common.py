@@ -5,6 +5,9 @@ import importlib.util
 import json
 import os
 import re
+import signal
+import socket
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -77,3 +80,25 @@ def set_plan(text: str, key: str, value: str, who: str) -> str:
     if not re.search(r"^plan\s*\{", text, re.M):
         raise SystemExit(f"{who}: the .scale file has no plan section to set `{key}` in")
     return re.sub(r"^(plan\s*\{)", rf"\1\n  {key} = {value}", text, count=1, flags=re.M)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (a drill's MASTER_PORT: each run its own, so none waits on the last one's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_session(cmd: list, env: dict, timeout: float, cwd=None) -> tuple:
+    """(exit status or "timeout", stdout and stderr together) of `cmd` in a session of its own: a run that hangs is
+    ended whole (launch.sh, the torchrun agents and their workers), not just its shell, which would leave the agents
+    and workers running into the next trial."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return "timeout", out

@@ -16,9 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port, run_session  # noqa: E402
 
 PLAN = (ROOT / "samples" / "gpt_dp.scale").read_text().replace(
     "log_every    = 5", "log_every    = 1\n  restarts = 1  checkpoint_every = 2")
@@ -47,12 +46,6 @@ def kills(kill_at: str, kill_ranks: str | None, n: int) -> list[str]:
     return [f"{ranks[i % len(ranks)]}:{step}" for i in range(n)]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build(work: Path, nodes: int = 1) -> Path:
     from compiler import codegen
     from compiler.check import check_text
@@ -67,22 +60,12 @@ def launch(build_dir: Path, work: Path, name: str, steps: int, env_extra: dict, 
     ckpt, metrics = work / f"{name}.ckpt", work / f"{name}.jsonl"
     shutil.rmtree(ckpt, ignore_errors=True)
     weights = work / f"{name}.weights.pt"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_port()), OMP_NUM_THREADS="1",
-               SCALEC_TEST_SAVE_WEIGHTS=str(weights), **env_extra)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS="1", SCALEC_TEST_SAVE_WEIGHTS=str(weights), **env_extra)
     cmd = ["bash", str(build_dir / "launch.sh"), "--steps", str(steps), "--metrics", str(metrics),
            "--checkpoint-dir", str(ckpt)]
     t0 = time.perf_counter()
-    # A session of its own: a trial that hangs is ended whole (launch.sh, the torchrun agents and their workers),
-    # not just its shell, which would leave the agents and workers running into the next trials.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc = "timeout"
+    rc, out = run_session(cmd, env, timeout)
     dt = time.perf_counter() - t0
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     return rc, out, dt, records, ckpt, weights

@@ -28,9 +28,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port, run_session  # noqa: E402
 
 MODEL = """model drill {
   vocab = 128  hidden = 64  heads = 4  layers = 2  seq = 32
@@ -63,26 +62,12 @@ train {
 REPLANNED = re.compile(r"scalec: re-planned on (\d+) of (\d+) nodes \((.*)\): (.*) → (.*); predicted step")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def scalec_run(work: Path, scale: str, out: str, extra_env: dict, program_args: list, timeout: int):
     """`scalec run SCALE --local-nodes -o OUT -- PROGRAM_ARGS` in `work`: (status, output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(_port()), OMP_NUM_THREADS="1",
-               SCALEC_TEST_CPU_CLOCK="thread", **extra_env)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS="1", SCALEC_TEST_CPU_CLOCK="thread", **extra_env)
     cmd = [sys.executable, "-m", "compiler.cli", "run", scale, "--local-nodes", "-o", out, "--", *program_args]
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, output
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return "timeout", output
+    return run_session(cmd, env, timeout, cwd=work)
 
 
 def losses(path: Path) -> dict:

@@ -28,10 +28,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port, run_session  # noqa: E402
 
 PLAN = (ROOT / "samples" / "gpt_dp.scale").read_text().replace("axis dp = 2", "axis dp = 8").replace(
     "nodes = 1", "nodes = 4").replace("log_every    = 5", "log_every    = 1000").replace(
@@ -69,28 +68,14 @@ def build(work: Path, threshold: float | None = None, window: int | None = None,
 CLOCK = ["thread"]  # SCALEC_TEST_CPU_CLOCK of the runs (--clock)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(build_dir: Path, work: Path, name: str, steps: int, seed: int, env_extra: dict, timeout: int):
     """One run of the four agents; (exit status, output, metrics records)."""
     metrics = work / f"{name}.jsonl"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_port()), OMP_NUM_THREADS="1",
-               SCALEC_TEST_CPU_CLOCK=CLOCK[0], **env_extra)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS="1", SCALEC_TEST_CPU_CLOCK=CLOCK[0], **env_extra)
     cmd = ["bash", str(build_dir / "launch.sh"), "--steps", str(steps), "--seed", str(seed), "--metrics",
            str(metrics)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        rc = "timeout"
+    rc, out = run_session(cmd, env, timeout)
     records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     return rc, out, records
 
@@ -207,8 +192,9 @@ def ramp_once(args, work: Path, build_dir: Path, seed: int) -> int:
     last = args.fraction * min(1.0, (at - args.onset + 1) / args.ramp_steps)
     mid = args.fraction * min(1.0, (at - args.window / 2 - args.onset + 1) / args.ramp_steps)
     ok = 0.10 < last < 0.15
-    print(f"ramp (seed {seed}): rank {args.rank} named at step {at} (node {hits[0]['node']}, {hits[0]['section']}, score "
-          f"{hits[0]['score']:.2f}), slowdown {last:.1%} at that step ({mid:.1%} at its window's middle); "
+    first = hits[0]
+    print(f"ramp (seed {seed}): rank {args.rank} named at step {at} (node {first['node']}, {first['section']}, "
+          f"score {first['score']:.2f}), slowdown {last:.1%} at that step ({mid:.1%} at its window's middle); "
           f"other namings {len(false)}: {'pass' if ok else 'FAIL'} (target: above 10%, before 15%)")
     return 0 if ok else 1
 

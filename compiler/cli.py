@@ -25,7 +25,6 @@ import argparse
 import codecs
 import dataclasses
 import os
-import shlex
 import subprocess
 import sys
 import traceback
