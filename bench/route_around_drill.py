@@ -4,6 +4,7 @@ its last checkpoint on the new plan; its losses must equal a reference started o
 checkpoint.
 
     python3 -m bench.route_around_drill [-n 10] [--rank 5] [--onset 15] [--fraction 1.0] [--steps 40]
+    python3 -m bench.route_around_drill --remembered [-n 10]
 
 Each trial, in a fresh directory:
 1. `scalec run drill.scale --local-nodes` (four torchrun agents on loopback, launch.sh's LOCAL_NODES) with rank 5 (on
@@ -16,6 +17,10 @@ Each trial, in a fresh directory:
 3. Pass: the re-plan happened on 3 of 4 nodes leaving out node 2, the re-planned run started from the step it was
    asked at, and every loss from there to the end is equal to the reference's (bitwise; `--tolerance` relative
    otherwise, 1e-6 is the issue's bound where the reduction order is unchanged).
+
+`--remembered`: a node that keeps failing. Nobody is slowed; instead the checkpoint directory starts with a node
+record (runtime/node_record.py) in which node 2 was slow in two earlier attempts: rank 0 leaves it out after the
+first step, and the rest is as above.
 
 Prints one line per trial and, last, `route-around N/N passed` (exit 1 if any failed). Sections are timed by the
 training thread's CPU time (SCALEC_TEST_CPU_CLOCK=thread): 8 processes on 2 cores make wall-clock sections the
@@ -85,6 +90,14 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
     try:
         (work / "drill.scale").write_text(MODEL.replace("STEPS", str(args.steps)).replace("SEED", str(1000 + i)))
         slow = {"SCALEC_TEST_SLOW": f"{args.rank}:{args.onset}:{args.fraction}@8"}
+        if args.remembered:  # no slow rank: node 2's history says it keeps failing
+            from runtime import node_record
+            slow = {}
+            record = node_record.NodeRecord(str(work / "ckpt" / node_record.FILE))
+            (work / "ckpt").mkdir()
+            for attempt in (0, 1):
+                record.mark("node2", "slow", {"rank": args.rank, "section": "backward", "score": 0.5, "step": 20},
+                            attempt, group_rank=2, host="earlier")
         t = time.perf_counter()
         rc, out = scalec_run(work, "drill.scale", "build", slow, ["--metrics", str(work / "run.jsonl")],
                              args.timeout)
@@ -95,7 +108,8 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
             return False, f"no re-plan (status {rc}): " + " | ".join(out.strip().splitlines()[-6:])
         request = json.loads(requests[0].read_text())
         at = request["step"]
-        if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2]:
+        if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2] or (
+                args.remembered and at != 1):
             return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
         # the reference: the new plan from the checkpoint the re-planned run resumed from, alone
         src = work / "ckpt" / f"step_{at:08d}"
@@ -131,6 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=1e-6, help="largest relative loss difference (default 1e-6)")
     p.add_argument("--timeout", type=int, default=600, help="seconds one `scalec run` may take")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    p.add_argument("--remembered", action="store_true",
+                   help="no slow rank: node 2 was slow in two earlier attempts (the node record), left out at once")
     args = p.parse_args(argv)
     passed = 0
     for i in range(args.n):

@@ -22,6 +22,9 @@ import sys
 
 REQUEST = "replan.json"
 MAX_REPLANS = 3
+LOCAL_NAMES = "SCALEC_LOCAL_NODE_NAMES"
+"""With `--local-nodes`, the names launch.sh gives its agents (runtime.node_record.node_name): after a re-plan the
+nodes left keep theirs, and the one left out is not started again under its name."""
 
 
 class UsageError(Exception):
@@ -141,6 +144,10 @@ def replanning(args, compiled, out: str, status: int, launch, load, emit, enviro
         env = dict(environ)
         if node_rank is not None:
             env["NODE_RANK"] = node_rank
+        elif args.local_nodes:  # every node here: the agents keep the names of the nodes left (launch.sh)
+            names = environ.get(LOCAL_NAMES, "").split() or [f"node{i}" for i in range(request["nodes"])]
+            environ = {**environ, LOCAL_NAMES: " ".join(n for n in names if n not in request.get("hosts", ()))}
+            env[LOCAL_NAMES] = environ[LOCAL_NAMES]
         cmd, env = launch_command(args, compiled.spec.cluster.nodes, out, env)
         emit(compiled, out)
         status = launch(cmd, env)

@@ -227,6 +227,10 @@ def pipeline_model(parallel, world: list[dict]):
     return order, lay, list(rows.values()), actions
 
 
+REMEMBERED = 2
+"""Earlier attempts in which the node record found a node slow or unhealthy for it to be left out at start-up."""
+
+
 # -- the detector the trainer runs -------------------------------------------------------------------------------
 
 
@@ -262,6 +266,25 @@ class Detector:
         self.health = health.Monitor(ctx.device) if ctx.device.type == "cuda" else None
         if self.health is not None and ctx.is_logger:
             self.health.tell()
+        if ctx.is_logger:
+            self._leave_remembered()
+
+    def _leave_remembered(self) -> None:
+        """Rank 0, at start-up: a node of this job the node record found slow or unhealthy in `REMEMBERED` or more
+        earlier attempts keeps failing; with `on_straggler = restart | replan` it is left out after the first step
+        (the same ask as a straggler's, on the preemption vote), before it costs the run again."""
+        if self.on_straggler == "report" or not self.cfg.checkpoint.dir:
+            return
+        record = node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
+        flagged = record.flagged(min_count=REMEMBERED)
+        rank = next((r for r, w in enumerate(self.world) if w["name"] in flagged), None)
+        if rank is None:
+            return
+        who = self.world[rank]
+        self.verdict = f"it keeps failing: {node_record.describe(who['name'], flagged[who['name']])}"
+        faults.ask_leave(leaving.encode(rank, self.on_straggler))
+        print(f"scalec: on_straggler = {self.on_straggler}: node {who['node']} ({who['name']}) is left out after the "
+              f"first step: {self.verdict}", flush=True)
 
     def begin(self, step: int) -> None:
         """Step `step` (0-based) starts."""

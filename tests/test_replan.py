@@ -62,7 +62,7 @@ def test_run_replans_on_request_and_launches_the_new_plan(tmp_path, capsys):
     path = _file(tmp_path, nodes=2, per=1)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "replan.json").write_text(json.dumps(
-        {"nodes": 2, "exclude": [1], "why": "node 1 slow in backward", "step": 4}))
+        {"nodes": 2, "exclude": [1], "hosts": ["node1"], "why": "node 1 slow in backward", "step": 4}))
     launched, emitted = [], []
 
     def launch(cmd, env):
@@ -78,6 +78,7 @@ def test_run_replans_on_request_and_launches_the_new_plan(tmp_path, capsys):
     assert status == 0
     assert emitted == [(1, str(tmp_path / "build.nodes1"))]
     assert launched[0][0][:2] == ["bash", str(tmp_path / "build.nodes1" / "launch.sh")]
+    assert launched[0][1]["SCALEC_LOCAL_NODE_NAMES"] == "node0"  # node1, left out, is not started again
     assert "re-planned on 1 of 2 nodes (node 1 slow in backward)" in capsys.readouterr().out
     # the request is consumed: kept under its step, not read again
     assert not (tmp_path / "ckpt" / "replan.json").exists()

@@ -349,3 +349,29 @@ def test_an_unhealthy_device_is_named_and_its_node_marked(tmp_path, capsys):
     reasons[0] = []
     stragglers.Detector._health(fake, 30)
     assert capsys.readouterr().out == ""
+
+
+def test_a_node_that_keeps_failing_is_left_out_at_start_up(tmp_path, capsys, monkeypatch):
+    """The node record found node2 slow in two earlier attempts: with on_straggler = replan rank 0 asks to leave it
+    out after the first step; with `report`, or found once, nobody is."""
+    from types import SimpleNamespace
+
+    from runtime import faults, leaving, node_record
+    record = node_record.NodeRecord(str(tmp_path / node_record.FILE))
+    for attempt in (0, 1):
+        record.mark("node2", "slow", {"rank": 5, "section": "backward", "score": 0.6, "step": 20}, attempt)
+    record.mark("node1", "slow", {"rank": 3, "section": "forward", "score": 0.7, "step": 20}, 1)
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h"} for r in range(8)]
+
+    def detector(action):
+        return SimpleNamespace(on_straggler=action, world=world, verdict="",
+                               cfg=SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path))))
+    monkeypatch.setattr(faults, "_LEAVE", 0.0)
+    d = detector("report")
+    stragglers.Detector._leave_remembered(d)
+    assert not faults.leave_asked() and d.verdict == ""
+    d = detector("replan")
+    stragglers.Detector._leave_remembered(d)
+    assert leaving.decode(faults._LEAVE) == (4, "replan")  # node2's first rank
+    assert "it keeps failing: node node2" in d.verdict and "slow in attempts 0 and 1" in d.verdict
+    assert "node 2 (node2) is left out after the first step" in capsys.readouterr().out

