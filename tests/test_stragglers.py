@@ -315,7 +315,8 @@ def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
     codegen.emit(compile_spec(check_text(text, "drill.scale")), str(tmp_path / "build"))
     program = tmp_path / "build" / "program.py"
     program.write_text(program.read_text().replace(
-        "CONFIG = train.Config(", "CONFIG = train.Config(\n    resilience=train.Resilience(threshold=0.8, window=10),", 1))
+        "CONFIG = train.Config(",
+        "CONFIG = train.Config(\n    resilience=train.Resilience(threshold=0.8, window=10),", 1))
     metrics = tmp_path / "m.jsonl"
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1", SCALEC_TEST_SLOW="1:11:1.0",
                SCALEC_TEST_CPU_CLOCK="thread")

@@ -1,6 +1,7 @@
 """Issue 41's route-around drill, one trial (`python -m bench.route_around_drill -n 10` runs ten): a node made slow in
 an 8-rank run with `on_straggler = replan` is left out, `scalec run` re-plans on the 6 ranks left, the run resumes
-from its checkpoint on the new plan, and its losses equal a reference started on that plan from the same checkpoint (1e-6)."""
+from its checkpoint on the new plan, and its losses equal (1e-6) a reference started on that plan from the same
+checkpoint."""
 from __future__ import annotations
 
 from types import SimpleNamespace
