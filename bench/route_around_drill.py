@@ -3,13 +3,14 @@
 its last checkpoint on the new plan; its losses must equal a reference started on the new plan from the same
 checkpoint.
 
-    python3 -m bench.route_around_drill [-n 10] [--rank 5] [--onset 15] [--fraction 1.0] [--steps 40]
+    python3 -m bench.route_around_drill [-n 10] [--rank 5] [--onset 21] [--fraction 1.0] [--steps 50]
     python3 -m bench.route_around_drill --remembered [-n 10]
 
 Each trial, in a fresh directory:
 1. `scalec run drill.scale --local-nodes` (four torchrun agents on loopback, launch.sh's LOCAL_NODES) with rank 5 (on
    node 2) doing `--fraction` more work from step `--onset` in the 8-rank world only (SCALEC_TEST_SLOW=...@8: on the
-   nodes left nobody is slowed again). The detector names it, the ranks stop after the next step, save, and end with
+   nodes left nobody is slowed again). The detector names it in two windows in a row (an action waits for the
+   second), the ranks stop after the next step, save, and end with
    REPLAN_CODE after rank 0 wrote `ckpt/replan.json`; `scalec run` re-plans (`drill.nodes3.scale`), compiles and
    launches it; the run resumes from that checkpoint and finishes.
 2. The checkpoint the re-planned run resumed from is copied alone into a new directory, and `scalec run
@@ -54,7 +55,7 @@ MODEL = """model drill {
 }
 mesh { axis dp = 8  nodes = 4  devices_per_node = 2  device = cpu }
 resilience {
-  stragglers = detect(threshold = 0.8, window = 5)
+  stragglers = detect(threshold = 0.8, window = 10)
   on_straggler = replan
 }
 train {
@@ -139,9 +140,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=10, help="trials (default 10)")
     p.add_argument("--rank", type=int, default=5, help="the slowed rank (default 5, on node 2)")
-    p.add_argument("--onset", type=int, default=15, help="the step its slowdown starts (default 15)")
+    p.add_argument("--onset", type=int, default=21, help="the step its slowdown starts (default 21)")
     p.add_argument("--fraction", type=float, default=1.0, help="how much more work it does (default 1.0)")
-    p.add_argument("--steps", type=int, default=40, help="the run's steps (default 40)")
+    p.add_argument("--steps", type=int, default=50, help="the run's steps (default 50)")
     p.add_argument("--tolerance", type=float, default=1e-6, help="largest relative loss difference (default 1e-6)")
     p.add_argument("--timeout", type=int, default=600, help="seconds one `scalec run` may take")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory")

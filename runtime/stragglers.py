@@ -248,6 +248,7 @@ class Detector:
         self.best: list = []
         self.pending: dict = {}  # the last window's figures, for the next metrics record
         self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked
+        self.named_before: set = set()  # rank 0: the ranks the last window named
         self.hooks = [p.register_post_accumulate_grad_hook(self.timeline.mark) for p in params if p.requires_grad]
         me = {"node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
               "name": node_record.node_name(), "device": str(ctx.device), "coords": dict(ctx.coords)}
@@ -347,6 +348,7 @@ class Detector:
         relative = relative_scores(stats, self.groups)
         individual = individual_scores(stats, self.best)
         named = stragglers(stats, self.groups, relative, individual, self.threshold)
+        before, self.named_before = self.named_before, {n["rank"] for n in named}
         sig = significant(stats, self.groups)
         rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
         ind = [naming_score(individual[r], sig[self.groups[r]]) for r in range(len(stats))]
@@ -369,8 +371,15 @@ class Detector:
               f"({'the pipeline schedule timed' if self.pipeline else 'the slowest rank reaching the collective'})",
               flush=True)
         self._remember(named, last)
-        self.verdict = act({"ranks": sorted(slow), "named": named, "lost_s": lost, "on_straggler": self.on_straggler,
-                            "exclude": self.exclude, "nodes": sorted({self.world[r]["node"] for r in slow}),
+        # an action that takes a node away waits for a second window: the same rank named in two in a row
+        confirmed = [n for n in named if n["rank"] in before]
+        if self.on_straggler != "report" and not confirmed and not faults.leave_asked():
+            print(f"scalec: on_straggler = {self.on_straggler}: {_ranks(slow)} named in one window; acted on if "
+                  "named again in the next", flush=True)
+            return
+        self.verdict = act({"ranks": sorted(slow), "named": confirmed or named, "lost_s": lost,
+                            "on_straggler": self.on_straggler, "exclude": self.exclude,
+                            "nodes": sorted({self.world[r]["node"] for r in slow}),
                             "world": self.world}) or self.verdict
 
     def _remember(self, named: list, step: int) -> None:

@@ -376,3 +376,24 @@ def test_a_node_that_keeps_failing_is_left_out_at_start_up(tmp_path, capsys, mon
     assert leaving.decode(faults._LEAVE) == (4, "replan")  # node2's first rank
     assert "it keeps failing: node node2" in d.verdict and "slow in attempts 0 and 1" in d.verdict
     assert "node 2 (node2) is left out after the first step" in capsys.readouterr().out
+
+
+def test_an_action_waits_for_the_same_rank_named_in_two_windows_in_a_row(tmp_path, capsys, monkeypatch):
+    """on_straggler = replan takes a node away: a rank named in one window is only reported (a noisy window on a
+    shared host names someone now and then); named again in the next, its node is left out."""
+    from runtime import faults, leaving
+    monkeypatch.setattr(faults, "_LEAVE", 0.0)
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h", "device": "cpu",
+              "coords": {"dp": r}} for r in range(4)]
+    fake = SimpleNamespace(threshold=0.8, groups=[0] * 4, best=[], world=world, pipeline=None,
+                           on_straggler="replan", exclude="node", named_before=set(), verdict="", pending={},
+                           track=SimpleNamespace(log=lambda *a: None), _remember=lambda *a: None)
+    slow = dict(NORMAL, forward=20, backward=40)
+    tables = [torch.tensor(table([NORMAL, NORMAL, NORMAL, slow])) for _ in range(2)]
+    stragglers.Detector.score(fake, tables[0], 1, 10)
+    out = capsys.readouterr().out
+    assert "rank 3 (node 1" in out and "named in one window; acted on if named again" in out
+    assert not faults.leave_asked()
+    stragglers.Detector.score(fake, tables[1], 11, 20)
+    assert leaving.decode(faults._LEAVE) == (3, "replan")
+    assert "node 1 (node1) is left out after the next step" in capsys.readouterr().out
