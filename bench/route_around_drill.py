@@ -5,6 +5,7 @@ checkpoint.
 
     python3 -m bench.route_around_drill [-n 10] [--rank 5] [--onset 21] [--fraction 1.0] [--steps 50]
     python3 -m bench.route_around_drill --remembered [-n 10]
+    python3 -m bench.route_around_drill --restart [-n 10]
 
 Each trial, in a fresh directory:
 1. `scalec run drill.scale --local-nodes` (four torchrun agents on loopback, launch.sh's LOCAL_NODES) with rank 5 (on
@@ -22,6 +23,10 @@ Each trial, in a fresh directory:
 `--remembered`: a node that keeps failing. Nobody is slowed; instead the checkpoint directory starts with a node
 record (runtime/node_record.py) in which node 2 was slow in two earlier attempts: rank 0 leaves it out after the
 first step, and the rest is as above.
+
+`--restart`: `on_straggler = restart(exclude = node)` with a spare agent waiting (launch.sh's SPARE_NODES=1): the
+slow node is left out, the spare takes its place, the run resumes on the same plan, and its losses must equal the
+same plan's from that checkpoint.
 
 Prints one line per trial and, last, `route-around N/N passed` (exit 1 if any failed). Sections are timed by the
 training thread's CPU time (SCALEC_TEST_CPU_CLOCK=thread): 8 processes on 2 cores make wall-clock sections the
@@ -86,11 +91,21 @@ def losses(path: Path) -> dict:
     return out
 
 
+LEFT_OUT = re.compile(r"scalec: leaving out node (\d+) \((\S+)\) after step (\d+) \((.*)\); the checkpoint is "
+                      r"saved and the job restarts without it")
+
+
 def trial(args, i: int, keep: bool) -> tuple[bool, str]:
     work = Path(tempfile.mkdtemp(prefix=f"route_around{i}_"))
     try:
-        (work / "drill.scale").write_text(MODEL.replace("STEPS", str(args.steps)).replace("SEED", str(1000 + i)))
+        text = MODEL.replace("STEPS", str(args.steps)).replace("SEED", str(1000 + i))
+        if args.restart:
+            text = text.replace("on_straggler = replan", "on_straggler = restart(exclude = node)")
+        (work / "drill.scale").write_text(text)
         slow = {"SCALEC_TEST_SLOW": f"{args.rank}:{args.onset}:{args.fraction}@8"}
+        if args.restart:  # a spare agent waits; the slow node is node2 by name (the spare that replaces it is not)
+            slow = {"SCALEC_TEST_SLOW": f"{args.rank}:{args.onset}:{args.fraction}@node{args.rank // 2}",
+                    "SPARE_NODES": "1"}
         if args.remembered:  # no slow rank: node 2's history says it keeps failing
             from runtime import node_record
             slow = {}
@@ -103,37 +118,50 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
         rc, out = scalec_run(work, "drill.scale", "build", slow, ["--metrics", str(work / "run.jsonl")],
                              args.timeout)
         (work / "run.log").write_text(out)
-        m = REPLANNED.search(out)
-        requests = sorted((work / "ckpt").glob("replan.step*.json"))
-        if rc != 0 or m is None or not requests:
-            return False, f"no re-plan (status {rc}): " + " | ".join(out.strip().splitlines()[-6:])
-        request = json.loads(requests[0].read_text())
-        at = request["step"]
-        if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2] or (
-                args.remembered and at != 1):
-            return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
-        # the reference: the new plan from the checkpoint the re-planned run resumed from, alone
-        src = work / "ckpt" / f"step_{at:08d}"
-        if not src.is_dir():
-            return False, f"no checkpoint {src.name} to resume from"
-        shutil.copytree(src, work / "ref_ckpt" / src.name)
-        rc2, out2 = scalec_run(work, "drill.nodes3.scale", "build_ref", {},
-                               ["--checkpoint-dir", str(work / "ref_ckpt"), "--metrics", str(work / "ref.jsonl")],
-                               args.timeout)
-        if rc2 != 0:
-            return False, f"reference failed (status {rc2}): " + " | ".join(out2.strip().splitlines()[-4:])
-        got, ref = losses(work / "run.jsonl"), losses(work / "ref.jsonl")
-        steps = [s for s in sorted(ref) if s > at]
-        if not steps or steps[-1] != args.steps or any(s not in got for s in steps):
-            return False, f"steps after {at}: run {sorted(s for s in got if s > at)}, reference {steps}"
-        worst = max(abs(got[s] - ref[s]) / max(abs(ref[s]), 1e-30) for s in steps)
-        ok = worst <= args.tolerance
-        return ok, (f"node 2 left out after step {at} ({m[3][:60]}...); {m[4]} → {m[5]}; steps {steps[0]}-"
-                    f"{steps[-1]} {'bitwise equal' if worst == 0 else f'max relative difference {worst:.2e}'} "
-                    f"to the reference; {time.perf_counter() - t:.0f} s")
+        if args.restart:
+            m = LEFT_OUT.search(out)
+            if rc != 0 or m is None:
+                return False, f"no node left out (status {rc}): " + " | ".join(out.strip().splitlines()[-6:])
+            at, what, ref_scale = int(m[3]), f"{m[4][:60]}...; the spare took its place", "drill.scale"
+            if int(m[1]) != args.rank // 2:
+                return False, f"left out node {m[1]}, not {args.rank // 2}"
+        else:
+            m = REPLANNED.search(out)
+            requests = sorted((work / "ckpt").glob("replan.step*.json"))
+            if rc != 0 or m is None or not requests:
+                return False, f"no re-plan (status {rc}): " + " | ".join(out.strip().splitlines()[-6:])
+            request = json.loads(requests[0].read_text())
+            at, what, ref_scale = request["step"], f"{m[3][:60]}...; {m[4]} → {m[5]}", "drill.nodes3.scale"
+            if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2] or (
+                    args.remembered and at != 1):
+                return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
+        ok, line = against_reference(args, work, at, ref_scale)
+        return ok, f"node 2 left out after step {at} ({what}); {line}; {time.perf_counter() - t:.0f} s"
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def against_reference(args, work: Path, at: int, scale: str) -> tuple[bool, str]:
+    """`scale` (the plan the run went on with) trained from the checkpoint of step `at` alone, to the same last step;
+    the run's losses after `at` against it."""
+    src = work / "ckpt" / f"step_{at:08d}"
+    if not src.is_dir():
+        return False, f"no checkpoint {src.name} to resume from"
+    shutil.copytree(src, work / "ref_ckpt" / src.name)
+    rc, out = scalec_run(work, scale, "build_ref", {},
+                         ["--checkpoint-dir", str(work / "ref_ckpt"), "--metrics", str(work / "ref.jsonl")],
+                         args.timeout)
+    if rc != 0:
+        return False, f"reference failed (status {rc}): " + " | ".join(out.strip().splitlines()[-4:])
+    got, ref = losses(work / "run.jsonl"), losses(work / "ref.jsonl")
+    steps = [s for s in sorted(ref) if s > at]
+    if not steps or steps[-1] != args.steps or any(s not in got for s in steps):
+        return False, f"steps after {at}: run {sorted(s for s in got if s > at)}, reference {steps}"
+    worst = max(abs(got[s] - ref[s]) / max(abs(ref[s]), 1e-30) for s in steps)
+    return worst <= args.tolerance, (f"steps {steps[0]}-{steps[-1]} "
+                                     f"{'bitwise equal' if worst == 0 else f'max relative difference {worst:.2e}'} "
+                                     "to the reference")
 
 
 def main(argv=None) -> int:
@@ -146,6 +174,8 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=1e-6, help="largest relative loss difference (default 1e-6)")
     p.add_argument("--timeout", type=int, default=600, help="seconds one `scalec run` may take")
     p.add_argument("--keep", action="store_true", help="keep each trial's directory")
+    p.add_argument("--restart", action="store_true",
+                   help="on_straggler = restart(exclude = node) with a spare agent: the spare takes node 2's place")
     p.add_argument("--remembered", action="store_true",
                    help="no slow rank: node 2 was slow in two earlier attempts (the node record), left out at once")
     args = p.parse_args(argv)

@@ -272,11 +272,14 @@ _SLOW: Slow | None = None
 
 
 def start_slow(rank: int, device: torch.device, world: int = 0) -> Slow | None:
-    """The drill's Slow when SCALEC_TEST_SLOW names this rank (and, with `@WORLD` after it, only in a world of
-    that many ranks: a re-planned run on the nodes left is not slowed again), else None."""
+    """The drill's Slow when SCALEC_TEST_SLOW names this rank, else None. After it, `@WORLD` slows it only in a
+    world of that many ranks (a re-planned run on the nodes left is not slowed again) and `@NAME` only on the node of
+    that name (runtime.node_record.node_name: a spare that takes the node's place is not slowed)."""
     global _SLOW
+    from runtime.node_record import node_name
     value, _, only = (os.environ.get("SCALEC_TEST_SLOW") or "").partition("@")
-    setting = slow_setting(value) if not only or int(only) == world else None
+    here = not only or (int(only) == world if only.isdigit() else only == node_name())
+    setting = slow_setting(value) if here else None
     _SLOW = Slow(setting, device) if setting and setting[0] == rank else None
     return _SLOW
 

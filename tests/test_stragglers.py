@@ -397,3 +397,19 @@ def test_an_action_waits_for_the_same_rank_named_in_two_windows_in_a_row(tmp_pat
     stragglers.Detector.score(fake, tables[1], 11, 20)
     assert leaving.decode(faults._LEAVE) == (3, "replan")
     assert "node 1 (node1) is left out after the next step" in capsys.readouterr().out
+
+
+def test_the_drill_hook_can_be_held_to_one_world_or_one_node(monkeypatch):
+    """SCALEC_TEST_SLOW's `@WORLD` (a re-planned run on the nodes left is not slowed again) and `@NAME` (the spare
+    that takes a node's place is not slowed)."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("SCALEC_TEST_SLOW", "5:21:1.0@8")
+    assert sections.start_slow(5, cpu, 8) is not None and sections.start_slow(5, cpu, 6) is None
+    assert sections.start_slow(4, cpu, 8) is None  # another rank
+    monkeypatch.setenv("SCALEC_TEST_SLOW", "5:21:1.0@node2")
+    monkeypatch.setenv("SCALEC_NODE", "node2")
+    assert sections.start_slow(5, cpu, 8) is not None
+    monkeypatch.setenv("SCALEC_NODE", "node4")
+    assert sections.start_slow(5, cpu, 8) is None
+    monkeypatch.delenv("SCALEC_TEST_SLOW")
+    sections.start_slow(5, cpu, 8)  # leaves no slow rank behind for the other tests
