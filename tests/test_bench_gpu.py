@@ -120,6 +120,9 @@ def _check_smoke(res: dict, printed: str, columns, steps: int, warmup: int) -> N
         assert m["flops_per_step"] == 6 * n * m["tokens_per_step"] + attention
 
 
+# slow tier: 14 s here; tests/test_gpu_check.py's dry run (CI) runs both eager columns of bench/gpu.py the same way
+# and holds every row a measurement
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_cpu_smoke_eager_columns(tmp_path, capsys):
     """The Llama-style tiny model, both eager columns, two alternating rounds of a few steps (~10 s; the compiled
