@@ -189,7 +189,8 @@ def slow_setting(value: str | None) -> tuple | None:
     parts = value.split(":")
     if len(parts) not in (3, 4):
         raise SystemExit(f"scalec: SCALEC_TEST_SLOW={value}: expected RANK:STEP:FRACTION[:RAMP_STEPS]")
-    return int(parts[0]), int(parts[1]), float(parts[2]), int(parts[3]) if len(parts) == 4 else 0
+    rank = None if parts[0] == "*" else int(parts[0])  # *: every rank (with @NAME: every rank of that node)
+    return rank, int(parts[1]), float(parts[2]), int(parts[3]) if len(parts) == 4 else 0
 
 
 def slow_fraction(setting: tuple, step: int) -> float:
@@ -240,7 +241,8 @@ class Slow:
                 return
             self.base = {kind: statistics.median(r[INDEX[kind]] for r in self.recent)
                          for kind in ("forward", "backward")}
-            print(f"scalec: SCALEC_TEST_SLOW: rank {self.setting[0]} forward {self.base['forward'] * 1e3:.3f} ms + "
+            who = self.setting[0] if self.setting[0] is not None else "(every rank here)"
+            print(f"scalec: SCALEC_TEST_SLOW: rank {who} forward {self.base['forward'] * 1e3:.3f} ms + "
                   f"backward {self.base['backward'] * 1e3:.3f} ms per step before step {self.setting[1]}; "
                   f"{self.setting[2]:.0%} more from there", flush=True)
 
@@ -272,15 +274,19 @@ _SLOW: Slow | None = None
 
 
 def start_slow(rank: int, device: torch.device, world: int = 0) -> Slow | None:
-    """The drill's Slow when SCALEC_TEST_SLOW names this rank, else None. After it, `@WORLD` slows it only in a
-    world of that many ranks (a re-planned run on the nodes left is not slowed again) and `@NAME` only on the node of
-    that name (runtime.node_record.node_name: a spare that takes the node's place is not slowed)."""
+    """The drill's Slow when SCALEC_TEST_SLOW names this rank (`*`: every rank), else None. After it, `@WORLD`
+    slows it only in a world of that many ranks (a re-planned run on the nodes left is not slowed again), `@NAME`
+    only on the node of that name (runtime.node_record.node_name), `@fresh` only in an attempt no node has been left
+    out of (the spare that takes the node's place, and whatever rank it gets, is not slowed)."""
     global _SLOW
-    from runtime.node_record import node_name
+    from runtime.node_record import LEFT_OUT_ENV, node_name
     value, _, only = (os.environ.get("SCALEC_TEST_SLOW") or "").partition("@")
-    here = not only or (int(only) == world if only.isdigit() else only == node_name())
+    if only == "fresh":  # only in an attempt no node has been left out of yet (runtime.launch sets LEFT_OUT_ENV)
+        here = not os.environ.get(LEFT_OUT_ENV, "").strip("0")
+    else:
+        here = not only or (int(only) == world if only.isdigit() else only == node_name())
     setting = slow_setting(value) if here else None
-    _SLOW = Slow(setting, device) if setting and setting[0] == rank else None
+    _SLOW = Slow(setting, device) if setting and setting[0] in (None, rank) else None
     return _SLOW
 
 

@@ -411,5 +411,9 @@ def test_the_drill_hook_can_be_held_to_one_world_or_one_node(monkeypatch):
     assert sections.start_slow(5, cpu, 8) is not None
     monkeypatch.setenv("SCALEC_NODE", "node4")
     assert sections.start_slow(5, cpu, 8) is None
+    monkeypatch.setenv("SCALEC_TEST_SLOW", "*:21:1.0@fresh")
+    assert sections.start_slow(3, cpu, 8) is not None  # every rank, no node left out yet
+    monkeypatch.setenv("SCALEC_LEFT_OUT", "1")
+    assert sections.start_slow(3, cpu, 8) is None
     monkeypatch.delenv("SCALEC_TEST_SLOW")
     sections.start_slow(5, cpu, 8)  # leaves no slow rank behind for the other tests
