@@ -162,6 +162,10 @@ def test_bf16_moves_what_the_ledger_predicts(tmp_path):
     assert run.losses[-1] < run.losses[0]
 
 
+# slow tier: 25 s here; CI resumes a same-plan checkpoint bitwise (tests/e2e/test_checkpoint_sharded.py
+# test_bf16_zero1_resumes_bitwise_and_its_masters_load_into_fp32), FSDP2's sharded state through DCP
+# (test_fsdp_tp_resumes_on_one_device), and refuses a resume past the run's steps (tests/test_resume_contract.py)
+@pytest.mark.slow
 def test_checkpoint_resume_continues_exactly(references, tmp_path):
     """Interrupted after 3 of 5 steps (checkpoint), resumed: the resumed steps equal the uninterrupted run's, past
     the warm-up, on the cosine part of the schedule; resuming with fewer steps than the checkpoint's is refused (a
