@@ -51,10 +51,12 @@ def replanned_path(path: str, nodes: int) -> str:
     return os.path.join(os.path.dirname(path), f"{base}.nodes{nodes}.scale")
 
 
-def replan(path: str, nodes_left: int, headroom: float | None = None, out: str | None = None) -> Replanned:
+def replan(path: str, nodes_left: int, headroom: float | None = None, out: str | None = None,
+           old_step_s: float | None = None) -> Replanned:
     """Search `path`'s model on `nodes_left` of its cluster's nodes (the devices per node and the device as
-    written) and write the fastest plan beside it (`replanned_path`, or `out`). ReplanError where no node is left
-    or no plan fits; the file's own diagnostics (it was compiled before) propagate as ScaleError."""
+    written) and write the fastest plan beside it (`replanned_path`, or `out`). `old_step_s`: the file's own
+    predicted step time where the caller compiled it (`scalec run` did), else it is compiled here. ReplanError where
+    no node is left or no plan fits; the file's own diagnostics (it was compiled before) propagate as ScaleError."""
     from compiler import search as SE
     from compiler.check import check_path
 
@@ -64,7 +66,7 @@ def replan(path: str, nodes_left: int, headroom: float | None = None, out: str |
         raise ReplanError(f"no node is left of {before}: nothing to re-plan on")
     if nodes_left > before:
         raise ReplanError(f"{nodes_left} nodes left of {before}: a re-plan only takes nodes away")
-    old_step = _predicted(path)
+    old_step = _predicted(path) if old_step_s is None else old_step_s
     searched = check_path(path, cluster_only=True)
     smaller = searched.on(dataclasses.replace(searched.cluster, nodes=nodes_left))
     result = SE.search(smaller, top=1, headroom=headroom)

@@ -20,7 +20,8 @@ import os
 import shlex
 import sys
 
-REQUEST = "replan.json"
+from runtime.leaving import REQUEST  # torch-free: the file name the program writes, read here
+
 MAX_REPLANS = 3
 LOCAL_NAMES = "SCALEC_LOCAL_NODE_NAMES"
 """With `--local-nodes`, the names launch.sh gives its agents (runtime.node_record.node_name): after a re-plan the
@@ -134,7 +135,8 @@ def replanning(args, compiled, out: str, status: int, launch, load, emit, enviro
             print(end, flush=True)
             return 0 if "left out of" in end else status
         try:
-            planned = replan(compiled.spec.path, left)
+            step = compiled.costs.step  # the plan running now, as `scalec run` compiled it
+            planned = replan(compiled.spec.path, left, old_step_s=step.step_time_s if step else None)
         except ReplanError as err:
             sys.stderr.write(f"scalec: cannot re-plan: {err}\n")
             return status

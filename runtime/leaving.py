@@ -64,8 +64,8 @@ def finish(verdict: tuple[int, str], world: list, me: int, checkpoint_dir: str, 
     out = world[rank]
     if me == 0:
         where = f"node {out['node']} ({out['name']})"
-        if checkpoint_dir:
-            record = node_record.NodeRecord(os.path.join(checkpoint_dir, node_record.FILE))
+        record = node_record.NodeRecord.at(checkpoint_dir)
+        if record is not None:
             record.mark(out["name"], "excluded", {"rank": rank, "step": step, "action": action}, attempt,
                         group_rank=out["node"], host=out.get("host"))
         if action == "replan":

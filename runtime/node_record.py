@@ -43,6 +43,11 @@ class NodeRecord:
     """The record at `path` (`<checkpoint_dir>/nodes.json`): {"version": 1, "nodes": {name: [event, ...]}}, each
     event {"kind", "attempt", "group_rank", "host", "detail"}."""
 
+    @classmethod
+    def at(cls, directory: str | None) -> "NodeRecord | None":
+        """The record of the checkpoint `directory` (`FILE` in it), or None without a directory."""
+        return cls(os.path.join(directory, FILE)) if directory else None
+
     def __init__(self, path: str, warn=_warn):
         self.path = str(path)
         self._warn = warn
@@ -113,18 +118,6 @@ class NodeRecord:
     def excluded(self) -> list[str]:
         """The nodes left out by `restart(exclude = node)`, in the order first left out."""
         return [node for node, events in self.load().items() if any(e.get("kind") == "excluded" for e in events)]
-
-
-def gather_names() -> list[str]:
-    """Every rank's node (`node_name()`), by global rank, from the default process group (all_gather_object, once
-    at start-up: the straggler detector names a rank's node with it, and `leave_out` compares against it); this
-    process's alone without one."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        return [node_name()]
-    names = [None] * dist.get_world_size()
-    dist.all_gather_object(names, node_name())
-    return names
 
 
 def _attempts(numbers: list) -> str:

@@ -115,13 +115,14 @@ def naming_score(scores: dict, significant: list[str]) -> float:
 
 
 def stragglers(stats: list[dict], groups: list[int], relative: list[dict], individual: list[dict],
-               threshold: float) -> list[dict]:
+               threshold: float, sig: dict | None = None) -> list[dict]:
     """The named ranks, each {"rank", "score" (its naming score), "kind" (relative or individual), "section" (the
     significant compute section it scores lowest in, the one quoted as slow), "section_score", "relative",
-    "individual"}, by the rules of the module's docstring."""
+    "individual"}, by the rules of the module's docstring. `sig`: `significant(stats, groups)`, where the caller has
+    it."""
     named = []
     size = {g: groups.count(g) for g in groups}
-    sig = significant(stats, groups)
+    sig = significant(stats, groups) if sig is None else sig
     others_median = None
     for r in range(len(stats)):
         keys = sig[groups[r]]
@@ -274,9 +275,9 @@ class Detector:
         """Rank 0, at start-up: a node of this job the node record found slow or unhealthy in `REMEMBERED` or more
         earlier attempts keeps failing; with `on_straggler = restart | replan` it is left out after the first step
         (the same ask as a straggler's, on the preemption vote), before it costs the run again."""
-        if self.on_straggler == "report" or not self.cfg.checkpoint.dir:
+        record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
+        if self.on_straggler == "report" or record is None:
             return
-        record = node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
         flagged = record.flagged(min_count=REMEMBERED)
         rank = next((r for r, w in enumerate(self.world) if w["name"] in flagged), None)
         if rank is None:
@@ -327,8 +328,7 @@ class Detector:
             every = [reasons]
         if not self.ctx.is_logger:
             return
-        record = (node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
-                  if self.cfg.checkpoint.dir else None)
+        record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
         for r, got in enumerate(every):
             if got:
                 who = self.world[r]
@@ -347,9 +347,9 @@ class Detector:
         stats = window_stats(table)
         relative = relative_scores(stats, self.groups)
         individual = individual_scores(stats, self.best)
-        named = stragglers(stats, self.groups, relative, individual, self.threshold)
-        before, self.named_before = self.named_before, {n["rank"] for n in named}
         sig = significant(stats, self.groups)
+        named = stragglers(stats, self.groups, relative, individual, self.threshold, sig)
+        before, self.named_before = self.named_before, {n["rank"] for n in named}
         rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
         ind = [naming_score(individual[r], sig[self.groups[r]]) for r in range(len(stats))]
         self.pending = {"straggler_window": [first, last], "relative_score": [round(x, 4) for x in rel],
@@ -377,17 +377,15 @@ class Detector:
             print(f"scalec: on_straggler = {self.on_straggler}: {_ranks(slow)} named in one window; acted on if "
                   "named again in the next", flush=True)
             return
-        self.verdict = act({"ranks": sorted(slow), "named": confirmed or named, "lost_s": lost,
-                            "on_straggler": self.on_straggler, "exclude": self.exclude,
-                            "nodes": sorted({self.world[r]["node"] for r in slow}),
-                            "world": self.world}) or self.verdict
+        self.verdict = act({"named": confirmed or named, "lost_s": lost, "on_straggler": self.on_straggler,
+                            "exclude": self.exclude, "world": self.world}) or self.verdict
 
     def _remember(self, named: list, step: int) -> None:
         """Rank 0: each straggler's node marked `slow` in the node record (runtime.node_record), so that later
         attempts name it at start-up."""
-        if not self.cfg.checkpoint.dir:
+        record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
+        if record is None:
             return
-        record = node_record.NodeRecord(os.path.join(self.cfg.checkpoint.dir, node_record.FILE))
         for n in named:
             who = self.world[n["rank"]]
             record.mark(who["name"], "slow", {"rank": n["rank"], "section": n["section"],
@@ -442,6 +440,6 @@ def act(verdict: dict) -> str:
     why = (f"rank {worst['rank']} on it is a straggler, slow in {worst['section']} (score {worst['score']:.2f}); "
            f"{verdict['lost_s'] * 1e3:,.1f} ms/step lost to it")
     faults.ask_leave(leaving.encode(worst["rank"], action))
-    print(f"scalec: on_straggler = {action}: node {who['node']} ({who['name']}) is left out after the next step: "
-          f"{why}", flush=True)
+    print(f"scalec: on_straggler = {action}: {verdict['exclude']} {who['node']} ({who['name']}) is left out after the "
+          f"next step: {why}", flush=True)
     return why

@@ -9,7 +9,6 @@ host queues work ahead of the device, so the time a logged line shows is the mea
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -166,11 +165,10 @@ class Trainer:
               "tokens", flush=True)
         for got in self.loaded:  # where the weights came from (`init = from(...)`), or nothing: initialised
             print(f"scalec: {got.describe()}", flush=True)
-        if cfg.checkpoint.dir:  # the nodes earlier attempts found slow, unhealthy or left out
-            seen = node_record.startup_line(node_record.NodeRecord(os.path.join(cfg.checkpoint.dir,
-                                                                                node_record.FILE)))
-            if seen:
-                print(seen, flush=True)
+        record = node_record.NodeRecord.at(cfg.checkpoint.dir)
+        seen = record and node_record.startup_line(record)  # the nodes earlier attempts found slow, unhealthy, left out
+        if seen:
+            print(seen, flush=True)
         if speed.flops_per_step and speed.peak_flops:
             predicted = f"; predicted {speed.predicted_step_s * 1e3:,.1f} ms/step" if speed.predicted_step_s else ""
             print(f"scalec: {speed.flops_per_step:.3e} model FLOP per step; MFU against the plan's device "

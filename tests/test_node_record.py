@@ -106,14 +106,3 @@ def test_the_launcher_s_decisions():
     # 3 nodes of --nnodes 3 (min 3): one spare waiting lets the job go on; none, it ends; --nnodes 2:3 goes on
     assert launch.can_go_on(3, 1, 3) and not launch.can_go_on(3, 0, 3) and launch.can_go_on(3, 0, 2)
     assert not launch.can_go_on(3, 5, None)
-
-
-def test_gather_names_without_and_with_a_process_group(monkeypatch, tmp_path):
-    import torch.distributed as dist
-    monkeypatch.setenv("SCALEC_NODE", "n7")
-    assert node_record.gather_names() == ["n7"]
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        assert node_record.gather_names() == ["n7"]
-    finally:
-        dist.destroy_process_group()

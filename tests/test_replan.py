@@ -19,7 +19,8 @@ DP = (ROOT / "samples" / "gpt_dp.scale").read_text()
 
 
 def _file(tmp_path, nodes=2, per=1, ckpt=True) -> str:
-    text = DP.replace("axis dp = 2", f"axis dp = {nodes * per}").replace("nodes = 1", f"nodes = {nodes}").replace("devices_per_node = 2", f"devices_per_node = {per}")
+    text = DP.replace("axis dp = 2", f"axis dp = {nodes * per}").replace("nodes = 1", f"nodes = {nodes}").replace(
+        "devices_per_node = 2", f"devices_per_node = {per}")
     if ckpt:
         text = text.replace("  log_every    = 5", '  log_every    = 5\n  checkpoint_dir = "ckpt"')
     path = tmp_path / "gpt_dp.scale"
@@ -70,16 +71,18 @@ def test_run_replans_on_request_and_launches_the_new_plan(tmp_path, capsys):
         return 0
 
     def load(p):
-        return SimpleNamespace(spec=check_path(p))
+        return SimpleNamespace(spec=check_path(p), costs=SimpleNamespace(step=None))
 
-    compiled = SimpleNamespace(spec=check_path(path))
+    compiled = SimpleNamespace(spec=check_path(path), costs=SimpleNamespace(step=SimpleNamespace(step_time_s=0.0123)))
     status = run_command.replanning(_args(), compiled, str(tmp_path / "build"), REPLAN_CODE, launch, load,
                                     lambda c, out: emitted.append((c.spec.cluster.nodes, out)), {})
     assert status == 0
     assert emitted == [(1, str(tmp_path / "build.nodes1"))]
     assert launched[0][0][:2] == ["bash", str(tmp_path / "build.nodes1" / "launch.sh")]
     assert launched[0][1]["SCALEC_LOCAL_NODE_NAMES"] == "node0"  # node1, left out, is not started again
-    assert "re-planned on 1 of 2 nodes (node 1 slow in backward)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "re-planned on 1 of 2 nodes (node 1 slow in backward)" in out
+    assert "predicted step 0.0123 s →" in out  # the running plan's own prediction, not compiled again
     # the request is consumed: kept under its step, not read again
     assert not (tmp_path / "ckpt" / "replan.json").exists()
     assert json.loads((tmp_path / "ckpt" / "replan.step4.json").read_text())["exclude"] == [1]
