@@ -250,6 +250,7 @@ class Detector:
         self.pending: dict = {}  # the last window's figures, for the next metrics record
         self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked
         self.named_before: set = set()  # rank 0: the ranks the last window named
+        self.marked: set = set()  # rank 0: (node, kind) already in the node record this attempt: marked once
         self.hooks = [p.register_post_accumulate_grad_hook(self.timeline.mark) for p in params if p.requires_grad]
         me = {"node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
               "name": node_record.node_name(), "device": str(ctx.device), "coords": dict(ctx.coords)}
@@ -334,7 +335,8 @@ class Detector:
                 who = self.world[r]
                 print(f"scalec: rank {r} (node {who['node']}, {who['host']}, {who['device']}) is unhealthy at step "
                       f"{step}: {'; '.join(got)}", flush=True)
-                if record is not None:
+                if record is not None and (who["name"], "unhealthy") not in self.marked:
+                    self.marked.add((who["name"], "unhealthy"))
                     record.mark(who["name"], "unhealthy", {"rank": r, "reasons": got, "step": step},
                                 faults.attempt(), group_rank=who["node"], host=who["host"])
 
@@ -382,12 +384,16 @@ class Detector:
 
     def _remember(self, named: list, step: int) -> None:
         """Rank 0: each straggler's node marked `slow` in the node record (runtime.node_record), so that later
-        attempts name it at start-up."""
+        attempts name it at start-up: once an attempt (the first window that names it; a rank slow for the whole run
+        would otherwise rewrite a growing file every window)."""
         record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
         if record is None:
             return
         for n in named:
             who = self.world[n["rank"]]
+            if (who["name"], "slow") in self.marked:
+                continue
+            self.marked.add((who["name"], "slow"))
             record.mark(who["name"], "slow", {"rank": n["rank"], "section": n["section"],
                                               "score": round(n["score"], 3), "step": step}, faults.attempt(),
                         group_rank=who["node"], host=who["host"])

@@ -338,7 +338,7 @@ def test_an_unhealthy_device_is_named_and_its_node_marked(tmp_path, capsys):
 
     from runtime import node_record
     reasons = [["clocks held down: hw_slowdown"]]
-    fake = SimpleNamespace(health=SimpleNamespace(check=lambda: reasons[0]),
+    fake = SimpleNamespace(health=SimpleNamespace(check=lambda: reasons[0]), marked=set(),
                            ctx=SimpleNamespace(world_size=1, is_logger=True),
                            world=[{"node": 0, "host": "h0", "device": "cuda:0", "name": "node0"}],
                            cfg=SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path))))
@@ -347,6 +347,9 @@ def test_an_unhealthy_device_is_named_and_its_node_marked(tmp_path, capsys):
         capsys.readouterr().out
     events = node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()["node0"]
     assert [e["kind"] for e in events] == ["unhealthy"] and events[0]["detail"]["step"] == 20
+    stragglers.Detector._health(fake, 25)  # unhealthy again: named again, but marked once an attempt
+    assert "unhealthy at step 25" in capsys.readouterr().out
+    assert len(node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()["node0"]) == 1
     reasons[0] = []
     stragglers.Detector._health(fake, 30)
     assert capsys.readouterr().out == ""
@@ -417,3 +420,15 @@ def test_the_drill_hook_can_be_held_to_one_world_or_one_node(monkeypatch):
     assert sections.start_slow(3, cpu, 8) is None
     monkeypatch.delenv("SCALEC_TEST_SLOW")
     sections.start_slow(5, cpu, 8)  # leaves no slow rank behind for the other tests
+
+
+def test_a_straggler_s_node_is_marked_slow_once_an_attempt(tmp_path):
+    """Named in every window, its node is marked `slow` in the node record once (the first window) this attempt."""
+    from runtime import node_record
+    fake = SimpleNamespace(marked=set(), world=[{"node": 1, "name": "node1", "host": "h"}],
+                           cfg=SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path))))
+    named = [{"rank": 0, "section": "backward", "score": 0.5}]
+    for last in (10, 20, 30):
+        stragglers.Detector._remember(fake, named, last)
+    events = node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()["node1"]
+    assert [(e["kind"], e["detail"]["step"]) for e in events] == [("slow", 10)]
