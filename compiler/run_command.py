@@ -20,8 +20,6 @@ import os
 import shlex
 import sys
 
-from runtime.leaving import REQUEST  # torch-free: the file name the program writes, read here
-
 MAX_REPLANS = 3
 LOCAL_NAMES = "SCALEC_LOCAL_NODE_NAMES"
 """With `--local-nodes`, the names launch.sh gives its agents (runtime.node_record.node_name): after a re-plan the
@@ -86,6 +84,9 @@ def read_request(directory: str | None) -> dict | None:
     (a line on stderr says which)."""
     if not directory:
         return None
+    # read here, not at import: `scalec check` and `--help` load this module and import nothing of runtime/ beyond
+    # the light names (tests/test_front_door.py)
+    from runtime.leaving import REQUEST
     path = os.path.join(directory, REQUEST)
     try:
         with open(path, encoding="utf-8") as f:

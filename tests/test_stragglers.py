@@ -291,7 +291,10 @@ def test_leaving_finish_writes_the_request_and_gives_each_rank_its_status(tmp_pa
     assert leaving.finish((5, "restart"), world, 4, "", 40, 0, "") == EXIT_EXCLUDE  # rank 4 shares node 2
     assert leaving.finish((5, "restart"), world, 1, "", 40, 0, "") == EXIT_REJOIN
     from compiler import run_command
-    assert leaving.REQUEST == run_command.REQUEST  # one file name, both sides
+    assert leaving.finish((5, "replan"), world, 0, str(tmp_path), 40, 0, "slow") == REPLAN_CODE
+    asked = run_command.read_request(str(tmp_path))  # what the program wrote is what `scalec run` reads, once
+    assert asked is not None and asked["nodes"] == 4 and asked["exclude"] == [2]
+    assert run_command.read_request(str(tmp_path)) is None
 
 
 # slow tier: 8-25 s of two CPU processes here; the scores, the naming and the timeline it relies on are this file's
