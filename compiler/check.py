@@ -25,7 +25,8 @@ from compiler.binder import Checker, bind_settings, end_span, span_of, spans_of
 from compiler.diagnostics import Diagnostic, ScaleError, Span, did_you_mean
 from compiler.file_checks import file_checks
 from compiler.layout.cluster import Cluster
-from compiler.language import (CAPACITY, DEVICES, KNOWN_AXES, LAYERS, MAX_REPEAT, MAX_SEED, MESH_SETTINGS,
+from compiler.layout import power as POWER
+from compiler.language import (CAPACITY, DEVICES, KNOWN_AXES, LAYERS, MAX_COUNT, MAX_REPEAT, MAX_SEED, MESH_SETTINGS,
                                OVERRIDABLE, PLAN_SETTINGS, RESILIENCE_SETTINGS, SECTIONS, TRAIN_SETTINGS,
                                TRAIN_SIZE_NAMES, placement)
 from compiler.layout import failures as FAIL
@@ -325,9 +326,12 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
             return None
     device = S.Device(kind=kind, **{f.name: getattr(figures, f.name) if s.get(f.name) is None else s[f.name]
                                     for f in dataclasses.fields(figures)})
+    power = _power(c, s, kind)
+    if power is None:
+        return None
     topology = network_checks.network(c, s, s["nodes"], s["devices_per_node"])  # False: refused, reported
     cluster = Cluster(s["nodes"], s["devices_per_node"], device, fabric=s["fabric"],
-                      topology=None if topology is False else topology)
+                      topology=None if topology is False else topology, power=power)
     written = s["_spans"].get("placement")
     mesh = _MeshWritten(S.Mesh(span=sec.span), cluster, tuple(axes), spans, s["placement"], span_of(written))
     if cluster_only and (not axes or math.prod(n for _, n in axes) != mesh.world_size):  # the search's to choose
@@ -357,6 +361,41 @@ def _mesh(c: Checker, sec: ast.Section, cluster_only: bool = False) -> _MeshWrit
     lints.tp_placement(c, mesh)
     return mesh
 
+
+
+def _power(c: Checker, s: dict, kind: str):
+    """The mesh's power, price and carbon figures over the device's defaults (compiler/layout/power.py), each in
+    range: every figure positive, a PUE of at least 1, a device that draws no more waiting than working."""
+    at = s["_spans"]
+    for key in POWER.FIELDS:
+        if s[key] is not None and (s[key] < 0 if key == "network_w" else s[key] <= 0):
+            what = "a price" if key == "usd_per_gpu_hour" else "a power"
+            c.error("E0120", f"`{key}` must be positive: {what} of {s[key]:g} prices the run at nothing",
+                    span_of(at[key]),
+                    help=f"or leave it out to use the figure of `{kind}` (compiler/layout/power.py, with its source)")
+            return None
+    if s["pue"] is not None and s["pue"] < 1:
+        c.error("E0120", f"`pue = {s['pue']:g}`: a PUE is the facility's power over its IT equipment's, at least 1",
+                span_of(at["pue"]), help="1.1 for a hyperscale data center, about 1.6 on average (Uptime 2023); "
+                                         "leave it out for 1.1")
+        return None
+    grid = None
+    if s["grid"] is not None:
+        how, args = s["grid"]
+        grid = ("region", args["name"]) if how == "region" else ("intensity", args["g_per_kwh"], args["region"])
+        if how == "intensity" and not args["region"].strip():
+            c.error("E0120", "a grid intensity needs the region it holds for", span_of(at["grid"]),
+                    help='`grid = intensity(g_per_kwh = 120, region = "Quebec, 2024")`, or `grid = region("us")`')
+            return None
+    power = POWER.resolve(kind, {k: s[k] for k in POWER.FIELDS + ("pue",)}, grid)
+    if not power.idle_w <= power.communicating_w <= power.active_w:
+        key = next((k for k in ("idle_w", "communicating_w", "active_w") if s[k] is not None), "idle_w")
+        c.error("E0120", f"the device draws {power.idle_w:g} W idle, {power.communicating_w:g} W communicating and "
+                         f"{power.active_w:g} W computing: waiting cannot draw more than working",
+                span_of(at[key]) if key in at else None,
+                help="idle_w ≤ communicating_w ≤ active_w; write the three together")
+        return None
+    return power
 
 
 def _plan(c: Checker, sec: ast.Section | None, cluster_only: bool = False) -> dict | None:
@@ -412,12 +451,15 @@ def _train(c: Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         if not s[key].free_symbols:
             c.values[size_symbol(key)] = int(s[key])
             s[key] = size_symbol(key)
+    steps, tokens = _length(c, s, sec)
+    if steps is None:
+        return None, {}
     sched_kind, sched = s["lr_schedule"]
     data_kind, data = s["data"]
     init_kind, init = s["init"]
     return S.Train(
         init_from=init["path"] if init_kind == "from" else "",
-        global_batch=s["global_batch"], seq_len=s["seq_len"], steps=s["steps"], seed=s["seed"],
+        global_batch=s["global_batch"], seq_len=s["seq_len"], steps=steps, tokens=tokens, seed=s["seed"],
         precision=s["precision"],
         optimizer=S.Optimizer(kind=opt_kind, lr=opt["lr"], betas=tuple(opt["betas"]),
                               weight_decay=opt["weight_decay"], eps=opt["eps"]),
@@ -428,6 +470,36 @@ def _train(c: Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
         restarts=(3 if s["checkpoint_dir"] else 0) if s["restarts"] is None else s["restarts"], timeout=s["timeout"],
         eval_every=s["eval_every"], eval_batches=s["eval_batches"], eval_split=s["eval_split"],
         spans=spans_of(s)), s["_spans"]
+
+
+def _length(c: Checker, s: dict, sec: ast.Section) -> tuple:
+    """(steps, tokens as written or None) of the train section: `steps`, or `tokens` over a step's tokens rounded
+    up; (None, None) where neither or both are written, or the tokens are not a whole step."""
+    at = s["_spans"]
+    if s["steps"] is None and s["tokens"] is None:
+        c.error("E0113", "`train` needs the setting `steps` (or `tokens`)", sec.kind.span, label="`steps` missing",
+                help="optimizer steps, `steps = 1000`; or the tokens to train on, `tokens = 15T`")
+        return None, None
+    if s["steps"] is not None and s["tokens"] is not None:
+        c.error("E0120", "`steps` and `tokens` both say how long the run is", span_of(at["tokens"]),
+                label="the second length", help=f"keep one: `steps` is at {span_of(at['steps'])}")
+        return None, None
+    if s["tokens"] is None:
+        return s["steps"], None
+    per = c.number(s["global_batch"] * s["seq_len"])
+    if per.free_symbols or not per.is_positive:
+        c.error("E0120", "`tokens` needs a batch of known size", span_of(at["tokens"]),
+                help="write `global_batch` and `seq_len` as numbers or the model's sizes")
+        return None, None
+    tokens, per = int(s["tokens"]), int(per)
+    steps = -(-tokens // per)
+    if tokens < per or steps > MAX_COUNT:
+        c.error("E0120", f"`tokens = {tokens:,}` is {'less than one step' if tokens < per else 'too many steps'} "
+                         f"({per:,} tokens a step)", span_of(at["tokens"]),
+                help=f"at most {MAX_COUNT:,} steps of {per:,} tokens" if tokens >= per else
+                     f"one step is global_batch × seq_len = {per:,} tokens")
+        return None, None
+    return steps, tokens
 
 
 def _resilience(c: Checker, sec: ast.Section) -> S.Resilience | None:

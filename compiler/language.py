@@ -13,6 +13,7 @@ from compiler import layers as L
 from compiler.binder import (MISSING, Param, call_of, one_of, to_bool, to_count_or_auto, to_duration, to_float,
                              to_int, to_placement, to_pos_int, to_ratio, to_ratios, to_size, to_string)
 from compiler.layout import failures as FAIL
+from compiler.layout import power as POWER
 from compiler.layout.devices import DEVICES, OVERRIDABLE
 from compiler.plan import AXES
 
@@ -78,6 +79,13 @@ TOPOLOGIES = {
                                                        "nothing of bandwidth)")},
 }
 
+# -- the grid a cluster draws from: a region of compiler/layout/power.py's table, or a figure with where it holds --
+
+GRIDS = {"region": {"name": Param(one_of(*POWER.GRIDS), doc="a region of Ember's 2023 yearly data")},
+         "intensity": {"g_per_kwh": Param(to_float, doc="g CO2e per kWh"),
+                       "region": Param(to_string, doc="where and when the figure holds (it cannot be checked "
+                                                      "without)")}}
+
 # -- section settings ---------------------------------------------------------------------------------------------
 
 MESH_SETTINGS: dict[str, Param] = {
@@ -101,6 +109,16 @@ MESH_SETTINGS: dict[str, Param] = {
     "scale_up": Param(to_pos_int, None, "devices in one NVLink domain, when it is not a node's (GB200 NVL72: 72)"),
     "placement": Param(to_placement, None, "which rank each mesh coordinate gets: auto, or order(tp, pp, dp) "
                                            "(innermost first); default: the axes as listed, the last fastest"),
+    # what the machines draw and cost (compiler/layout/power.py: every default with its source)
+    "active_w": Param(to_float, None, "one device's power while it computes, W"),
+    "communicating_w": Param(to_float, None, "one device's power in an exposed collective, W"),
+    "idle_w": Param(to_float, None, "one device's power while it waits (bubbles, the slowest rank), W"),
+    "host_w": Param(to_float, None, "one node's power besides its devices (CPUs, memory, NICs, fans), W"),
+    "network_w": Param(to_float, None, "one node's share of the network's switches, W"),
+    "usd_per_gpu_hour": Param(to_float, None, "what one device costs an hour, US dollars"),
+    "pue": Param(to_float, None, "the facility's power over its IT equipment's (power usage effectiveness), ≥ 1"),
+    "grid": Param(call_of(GRIDS, "grid"), None, "the electricity's carbon intensity: region(\"us\") (Ember 2023) "
+                                              "or intensity(g_per_kwh = 120, region = \"where\")"),
 }
 
 PLAN_SETTINGS: dict[str, Param] = {
@@ -152,7 +170,9 @@ DATASETS = {"synthetic": {},
 TRAIN_SETTINGS: dict[str, Param] = {
     "global_batch": Param(to_size, doc="sequences per optimizer step, over all dp ranks"),
     "seq_len": Param(to_size, doc="tokens per sequence"),
-    "steps": Param(to_pos_int, doc="optimizer steps"),
+    "steps": Param(to_pos_int, None, "optimizer steps (or `tokens`)"),
+    "tokens": Param(to_float, None, "tokens to train on (`15.6T`): the steps are tokens / (global_batch × "
+                                    "seq_len), rounded up; instead of `steps`"),
     "seed": Param(to_int, 1234, "seed of initialisation and data"),
     "precision": Param(one_of("fp32", "bf16"), "fp32", "compute precision"),
     "optimizer": Param(call_of(OPTIMIZERS, "optimizer"), ("adamw", None), "the optimizer"),

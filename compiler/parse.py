@@ -5,6 +5,7 @@ this boundary into diagnostics that name the expected tokens in words.
 """
 from __future__ import annotations
 
+import decimal
 import functools
 import math
 import re
@@ -166,8 +167,22 @@ class _Build(Transformer):
         return ast.Call(self._name(func), args, self._span(meta))
 
 
+SUFFIXES = {"K": 3, "M": 6, "B": 9, "G": 9, "T": 12}
+"""A number's decimal suffix (grammar/scale.lark): the power of ten it multiplies by (`15.6T` = 15.6e12)."""
+
+
 def _number_value(text: str) -> int | float | None:
-    """The value of a NUMBER token (ASCII digits, grammar/scale.lark), or None when a double cannot hold it."""
+    """The value of a NUMBER token (ASCII digits, grammar/scale.lark), or None when a double cannot hold it. With a
+    suffix (`16M`, `15.6T`) the value is exact: an integer where the product is whole."""
+    if text and text[-1] in SUFFIXES:
+        base = _number_value(text[:-1])
+        if base is None:
+            return None
+        exact = decimal.Decimal(text[:-1]).scaleb(SUFFIXES[text[-1]])
+        if exact == exact.to_integral_value() and abs(exact) < 10 ** MAX_NUMBER_DIGITS:
+            return int(exact)
+        value = float(exact)
+        return value if math.isfinite(value) else None
     if text.isdigit():
         digits = text.lstrip("0")
         return int(digits or "0") if len(digits) <= MAX_NUMBER_DIGITS else None
@@ -179,7 +194,7 @@ def _number_value(text: str) -> int | float | None:
 
 def _underflows(text: str) -> bool:
     """A literal with a non-zero digit that a double rounds to 0 (`1e-400`)."""
-    mantissa = text.lower().split("e")[0]
+    mantissa = text.rstrip("".join(SUFFIXES)).lower().split("e")[0]
     return float(text) == 0 and any(ch in "123456789" for ch in mantissa)
 
 

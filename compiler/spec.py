@@ -194,6 +194,8 @@ class Train:
     """The share of a token file's windows held out for evaluation (runtime.split); None: not written."""
     init_from: str = ""
     """A Hugging Face checkpoint (directory or .safetensors file) the run starts from; empty: initialised."""
+    tokens: int | None = None
+    """`tokens` as written, which set `steps` (tokens / (global_batch × seq_len), rounded up); None: `steps` was."""
     spans: tuple = field(default=(), compare=False)
     """((setting, Span), ...) of the settings written, for the rules' diagnostics."""
 

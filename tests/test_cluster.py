@@ -35,7 +35,7 @@ def two_and_one():
 
 def test_the_cluster_is_the_specs_and_the_plan_holds_no_machine(two_and_one):
     two, one = two_and_one
-    assert two.cluster == Cluster(2, 8, one.cluster.device) and one.cluster.world_size == 8
+    assert two.cluster == Cluster(2, 8, one.cluster.device, power=one.cluster.power) and one.cluster.world_size == 8
     assert two.plan.world_size == 16 and two.plan.axes == (("dp", 16),)  # cluster_only: dp over every device
     assert not {"nodes", "devices_per_node"} & {f.name for f in dataclasses.fields(Plan)}
     half = two.cluster.with_nodes(1)

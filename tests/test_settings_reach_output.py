@@ -72,6 +72,13 @@ COST_MODEL_ONLY = {
     **{f"mesh.topology.{kind}.{arg}": "cost model: the topology's shape"
        for kind, args in K.TOPOLOGIES.items() for arg in args},
     "mesh.scale_up": "cost model: the NVLink domain a group may stay in over several nodes",
+    # What the machines draw and cost (issue 42): plan's power, energy, cost and run blocks and plan.json's "step",
+    # "run" and "power"; the program measures what it draws (runtime/energy.py) whatever these say. A price or a
+    # power of 0, a PUE below 1, a grid figure without its region are refused (tests/mistakes/front_cost_*).
+    **{f"mesh.{k}": "cost model: energy and dollars" for k in ("active_w", "communicating_w", "idle_w", "host_w",
+                                                               "network_w", "usd_per_gpu_hour", "pue")},
+    "mesh.grid": "cost model: carbon", "mesh.grid.region.name": "cost model: carbon",
+    "mesh.grid.intensity.g_per_kwh": "cost model: carbon", "mesh.grid.intensity.region": "cost model: carbon",
     # Not in the program yet: the Plan holds it and plan.json reports it; issue 40's codegen part writes the rank
     # lists it gives into the contract. Refused where it is no order of the axes (E0322), warned where every
     # order is alike (W0321).
@@ -126,6 +133,9 @@ CHANGES = {
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),
     "train.steps": Change((("steps        = 60", "steps        = 61"),)),
+    # the steps as tokens over a step's (16 sequences of 32): 30,720 tokens are 60 steps, 31K rounds up to 61
+    "train.tokens": Change((("tokens       = 30720", "tokens       = 31K"),),
+                           setup=(("steps        = 60", "tokens       = 30720"),)),
     "train.seed": Change((("seed         = 1234", "seed         = 1235"),)),
     "train.precision": Change((("precision    = fp32", "precision    = bf16"),)),
     "train.optimizer": Change((("adamw(lr = 3e-3, betas = (0.9, 0.95), weight_decay = 0.1)",
@@ -328,6 +338,7 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
     "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),
+    "train.tokens": (Probe(("1M", "20000.5"), shapes=TRAIN_SHAPES),),
     "train.seed": (Probe(("7",), shapes=TRAIN_SHAPES),),
     "train.precision": (Probe(("bf16",), shapes=TRAIN_SHAPES),),
     "train.optimizer": (Probe(("adamw(lr = 1e-3)",), shapes=TRAIN_SHAPES),),

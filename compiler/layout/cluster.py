@@ -73,6 +73,10 @@ class Cluster:
     written alone is a flat non-blocking network under it (one leaf over every node, what the two tiers assume).
     None: not said, the two tiers above. The checker has refused every shape whose `problems(nodes,
     devices_per_node)` is not empty."""
+    power: object | None = None
+    """What the machines draw and cost (compiler/layout/power.py Power: device power per state, host and network
+    per node, PUE, grid, price per device-hour), the mesh's overrides applied; None: the device's defaults
+    (`power.of(cluster)`)."""
 
     @property
     def world_size(self) -> int:
