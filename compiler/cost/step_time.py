@@ -117,6 +117,8 @@ class RankTime:
     idle_s: float          # waiting in the pipeline schedule
     exposed_comm_s: dict   # axis -> seconds of communication on this rank's critical path
     end_s: float           # when its step ends
+    sync_s: float = 0.0    # of exposed_comm_s, the once-per-step collectives after the pipeline (dp's, sp's)
+    tail_s: float = 0.0    # the optimizer and the runtime's own cost per step, after those
 
     def as_json(self) -> dict:
         return {"who": self.who, "compute_s": self.compute_s, "idle_s": self.idle_s,
@@ -328,7 +330,8 @@ class Simulator:
             opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
                    / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
             end = ranks_end[r] + sync + opt + runtime
-            rt = RankTime(f"pp rank {r}" if fo.piped else "every rank", busy[r], makespan - busy[r], exposed, end)
+            rt = RankTime(f"pp rank {r}" if fo.piped else "every rank", busy[r], makespan - busy[r], exposed, end,
+                          sync, opt + runtime)
             ranks.append(rt)
             if worst is None or end > worst[0]:
                 worst = (end, rt, opt)

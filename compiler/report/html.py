@@ -86,6 +86,7 @@ def plan_page(data: dict, timeline_svg: str) -> str:
         "timeline_svg": timeline_svg, "piped": data["plan"]["axes"].get("pp", 1) > 1,
         "ledger": _ledger_view(data["ledger"]),
         "goodput": _goodput_view(data.get("goodput")),
+        "cost": _cost_view(data.get("step"), data.get("run"), data.get("power")),
     }
     fixes = [{"change": f["change"], "peak": nbytes(f["peak_bytes"]), "fits": f["fits"]} for f in mem["fixes"]]
     return _render("plan", title=f"plan for {data['model']}", model=data["model"], file=data["file"], facts=facts,
@@ -108,6 +109,24 @@ def _goodput_view(g: dict | None) -> list | None:
             ("save, C", duration(g["save_s"]) + ("" if g["staging_s"] is None else
                                                  f" (staging; files written in {duration(g['write_s'])})")),
             ("restart, R", duration(g["restart_s"]))]
+
+
+def _cost_view(step: dict | None, run: dict | None, power: dict | None) -> list | None:
+    """plan.json's "step", "run" and "power" as (what, figure) rows (compiler/cost/energy.py)."""
+    from compiler.report.cost import dollars, joules
+    if step is None or run is None:
+        return None
+    return [("per step", f"{duration(step['seconds'])}, {joules(step['joules'], kwh=False)}, "
+                         f"{dollars(step['usd'])}"),
+            ("of which the pipeline bubble", joules(step["bubble_joules"], kwh=False)),
+            ("a straggler at the threshold", f"+{duration(step['straggler_seconds'])}, "
+                                             f"+{joules(step['straggler_joules'], kwh=False)} a step"),
+            ("the run", f"{run['steps']:,} steps in {duration(run['wall_s'])} (ETTR {run['ettr']:.1%})"),
+            ("GPU-hours", f"{run['gpu_hours']:,.0f}"),
+            ("energy", f"{joules(run['kwh'] * 3.6e6)} at PUE {power['pue']:g}"),
+            ("dollars", f"{dollars(run['usd'])} at ${power['usd_per_gpu_hour']:g} per device-hour"),
+            ("carbon", f"{run['tco2e']:,.4g} tCO2e at {power['grid_g_per_kwh']:g} g/kWh ({power['grid_region']})"),
+            ("tokens per joule", f"{run['tokens_per_joule']:.4g}")]
 
 
 def search_page(data: dict, best: dict | None) -> str:

@@ -12,6 +12,7 @@ import os
 from compiler import cost as C
 from compiler.cost import links as LK
 from compiler import spec as S
+from compiler.report import cost as CR
 from compiler.report import goodput as GPR
 from compiler.report import traffic as TR
 from compiler.report.units import count, flops, nbytes, seconds
@@ -62,6 +63,7 @@ def plan_text(compiled) -> str:
     lines += _step_time_text(compiled)
     lines += _memory_text(compiled)
     lines += GPR.goodput_text(compiled)
+    lines += CR.cost_text(compiled)
     lines += _moe_text(compiled)
     lines += _context_text(compiled)
     lines += _pipeline_text(compiled)
@@ -265,6 +267,7 @@ def plan_json(compiled) -> dict:
         "hardware_flops_per_rank_step": int(costs.flops_rank_step_hw_n),
         "predicted": _predicted_json(compiled),
         "goodput": GPR.goodput_json(compiled),
+        **CR.cost_json(compiled),
         "memory": {"peak_bytes": int(peak), "device_bytes": int(limit), "fits": peak <= limit,
                    "model_state_bytes_per_rank": {"weights": costs.model_state.params,
                                                   "gradients": costs.model_state.grads,

@@ -194,7 +194,7 @@ def loss_fn(logits, targets):
 CONFIG = train.Config(
     name='deepseek_v3',
     source='deepseek_v3.scale',
-    steps=1000,
+    steps=235240,
     seed=1234,
     precision='bf16',
     log_every=1,
@@ -205,9 +205,9 @@ CONFIG = train.Config(
         ('axis pp', 'deepseek_v3.scale:54', 'axis pp = 16'),
         ('axis dp', 'deepseek_v3.scale:55', 'axis dp = 2'),
         ('axis ep', 'deepseek_v3.scale:56', 'axis ep = 64'),
-        ('data_parallel', 'deepseek_v3.scale:63', 'data_parallel = zero1'),
-        ('schedule', 'deepseek_v3.scale:65', 'schedule = "1f1b"'),
-        ('grad_clip', 'deepseek_v3.scale:76', 'grad_clip = 1.0'),
+        ('data_parallel', 'deepseek_v3.scale:64', 'data_parallel = zero1'),
+        ('schedule', 'deepseek_v3.scale:66', 'schedule = "1f1b"'),
+        ('grad_clip', 'deepseek_v3.scale:77', 'grad_clip = 1.0'),
     ),
     parallel=train.Parallel(
         axes=(('pp', 16), ('dp', 2), ('ep', 64)),

@@ -13,25 +13,25 @@ from runtime.layers import Repeat
 
 
 class Block(nn.Module):
-    """One block of the `repeat` at llama3_405b.scale:34: the residual stream in and out."""
+    """One block of the `repeat` at llama3_405b.scale:39: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:35  rmsnorm(hidden, eps = 1e-5)
-        self.attn_q = nn.Linear(16384, 2048, bias=False)  # llama3_405b.scale:35  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
-        self.attn_k = nn.Linear(16384, 128, bias=False)  # llama3_405b.scale:35  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
-        self.attn_v = nn.Linear(16384, 128, bias=False)  # llama3_405b.scale:35  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
-        self.attn_o = nn.Linear(2048, 16384, bias=False)  # llama3_405b.scale:35  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
-        self.norm_2 = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:36  rmsnorm(hidden, eps = 1e-5)
-        self.mlp_gate = nn.Linear(16384, 6656, bias=False)  # llama3_405b.scale:36  mlp(hidden, ffn, act = swiglu, bias = false)
-        self.mlp_up = nn.Linear(16384, 6656, bias=False)  # llama3_405b.scale:36  mlp(hidden, ffn, act = swiglu, bias = false)
-        self.mlp_down = nn.Linear(6656, 16384, bias=False)  # llama3_405b.scale:36  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.norm_1 = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:40  rmsnorm(hidden, eps = 1e-5)
+        self.attn_q = nn.Linear(16384, 2048, bias=False)  # llama3_405b.scale:40  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
+        self.attn_k = nn.Linear(16384, 128, bias=False)  # llama3_405b.scale:40  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
+        self.attn_v = nn.Linear(16384, 128, bias=False)  # llama3_405b.scale:40  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
+        self.attn_o = nn.Linear(2048, 16384, bias=False)  # llama3_405b.scale:40  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
+        self.norm_2 = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:41  rmsnorm(hidden, eps = 1e-5)
+        self.mlp_gate = nn.Linear(16384, 6656, bias=False)  # llama3_405b.scale:41  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.mlp_up = nn.Linear(16384, 6656, bias=False)  # llama3_405b.scale:41  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.mlp_down = nn.Linear(6656, 16384, bias=False)  # llama3_405b.scale:41  mlp(hidden, ffn, act = swiglu, bias = false)
 
     def forward(self, x):
-        # llama3_405b.scale:35  rmsnorm(hidden, eps = 1e-5)
+        # llama3_405b.scale:40  rmsnorm(hidden, eps = 1e-5)
         norm_1 = self.norm_1(x)
-        # llama3_405b.scale:35  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
-        norm_1_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_1, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of attention (attn_q, attn_k, attn_v → attn_o) (llama3_405b.scale:35)
+        # llama3_405b.scale:40  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000)
+        norm_1_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_1, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of attention (attn_q, attn_k, attn_v → attn_o) (llama3_405b.scale:40)
         attn_q = self.attn_q(norm_1_gathered)
         unflatten = attn_q.unflatten(-1, (-1, 128))
         transpose = unflatten.transpose(1, 2)
@@ -49,21 +49,21 @@ class Block(nn.Module):
         flatten = transpose_3.flatten(2)
         attn_o_weight = self.attn_o.weight
         attn_o_partial = F.linear(flatten, attn_o_weight)
-        attn_o_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(attn_o_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of attention (attn_q, attn_k, attn_v → attn_o) (llama3_405b.scale:35)
-        # llama3_405b.scale:35  residual { rmsnorm(hidden, eps = 1e-5)  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000) }
+        attn_o_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(attn_o_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of attention (attn_q, attn_k, attn_v → attn_o) (llama3_405b.scale:40)
+        # llama3_405b.scale:40  residual { rmsnorm(hidden, eps = 1e-5)  attention(hidden, heads, kv_heads = kv, bias = false, rope_theta = 500000) }
         add = x + attn_o_partial_scattered
-        # llama3_405b.scale:36  rmsnorm(hidden, eps = 1e-5)
+        # llama3_405b.scale:41  rmsnorm(hidden, eps = 1e-5)
         norm_2 = self.norm_2(add)
-        # llama3_405b.scale:36  mlp(hidden, ffn, act = swiglu, bias = false)
-        norm_2_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_2, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of mlp (mlp_gate, mlp_up → mlp_down) (llama3_405b.scale:36)
+        # llama3_405b.scale:41  mlp(hidden, ffn, act = swiglu, bias = false)
+        norm_2_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm_2, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of mlp (mlp_gate, mlp_up → mlp_down) (llama3_405b.scale:41)
         mlp_gate = self.mlp_gate(norm_2_gathered)
         silu = F.silu(mlp_gate, inplace = False)
         mlp_up = self.mlp_up(norm_2_gathered)
         mul = silu * mlp_up
         mlp_down_weight = self.mlp_down.weight
         mlp_down_partial = F.linear(mul, mlp_down_weight)
-        mlp_down_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(mlp_down_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of mlp (mlp_gate, mlp_up → mlp_down) (llama3_405b.scale:36)
-        # llama3_405b.scale:36  residual { rmsnorm(hidden, eps = 1e-5)  mlp(hidden, ffn, act = swiglu, bias = false) }
+        mlp_down_partial_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(mlp_down_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; sequence-parallel output of mlp (mlp_gate, mlp_up → mlp_down) (llama3_405b.scale:41)
+        # llama3_405b.scale:41  residual { rmsnorm(hidden, eps = 1e-5)  mlp(hidden, ffn, act = swiglu, bias = false) }
         add_1 = add + mlp_down_partial_scattered
         return add_1
 
@@ -81,10 +81,10 @@ class Stage(nn.Module):
         first_block, end_block = STAGES[stage]
         self.is_first, self.is_last = stage == 0, stage == len(STAGES) - 1
         if self.is_first:
-            self.embed = nn.Embedding(16032, 16384)  # llama3_405b.scale:33  embedding(vocab, hidden)
+            self.embed = nn.Embedding(16032, 16384)  # llama3_405b.scale:38  embedding(vocab, hidden)
         if self.is_last:
-            self.norm = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:38  rmsnorm(hidden, eps = 1e-5)
-            self.lm_head = nn.Linear(16384, 16032, bias=False)  # llama3_405b.scale:39  lm_head(vocab, hidden, tied = false)
+            self.norm = nn.RMSNorm(16384, eps=1e-05)  # llama3_405b.scale:43  rmsnorm(hidden, eps = 1e-5)
+            self.lm_head = nn.Linear(16384, 16032, bias=False)  # llama3_405b.scale:44  lm_head(vocab, hidden, tied = false)
         self.blocks = Repeat((Block() for _ in range(first_block, end_block)), first=first_block)
 
     def forward(self, x):
@@ -96,19 +96,19 @@ class Stage(nn.Module):
         return x
 
     def prologue(self, tokens):
-        # llama3_405b.scale:33  embedding(vocab, hidden)
+        # llama3_405b.scale:38  embedding(vocab, hidden)
         embed_weight = self.embed.weight
         embed_partial = collectives.vocab_parallel_lookup(tokens, embed_weight, 'tp')
-        embed_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(embed_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (llama3_405b.scale:33)
+        embed_scattered = collectives.reduce_scatter_fwd_all_gather_bwd(embed_partial, 'tp', 1)  # tp: forward reduce-scatter, backward all-gather; the vocabulary-parallel embedding: each rank looked up only the tokens of its vocabulary slice (llama3_405b.scale:38)
         return embed_scattered
 
     def epilogue(self, x):
-        # llama3_405b.scale:38  rmsnorm(hidden, eps = 1e-5)
+        # llama3_405b.scale:43  rmsnorm(hidden, eps = 1e-5)
         norm = self.norm(x)
-        # llama3_405b.scale:39  lm_head(vocab, hidden, tied = false)
-        norm_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of the vocabulary-parallel LM head (llama3_405b.scale:39)
+        # llama3_405b.scale:44  lm_head(vocab, hidden, tied = false)
+        norm_gathered = collectives.all_gather_fwd_reduce_scatter_bwd(norm, 'tp', 1)  # tp: forward all-gather, backward reduce-scatter; sequence-parallel input of the vocabulary-parallel LM head (llama3_405b.scale:44)
         lm_head = self.lm_head(norm_gathered)
-        # llama3_405b.scale:40  cross_entropy
+        # llama3_405b.scale:45  cross_entropy
         flatten = lm_head.flatten(0, 1)
         float_1 = flatten.float()
         return float_1
@@ -116,28 +116,28 @@ class Stage(nn.Module):
 
 def loss_fn(logits, targets):
     """The loss of one micro-batch on the last stage, from its logits."""
-    # llama3_405b.scale:40  cross_entropy
+    # llama3_405b.scale:45  cross_entropy
     flatten_1 = targets.flatten()
-    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 128256)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (llama3_405b.scale:40)
+    loss = collectives.vocab_parallel_cross_entropy(logits, flatten_1, 'tp', 128256)  # tp: forward all-reduce, backward identity; vocabulary-parallel cross-entropy: max, sum of exponentials and target logit of each token (the logits are never gathered) (llama3_405b.scale:45)
     return loss
 
 
 CONFIG = train.Config(
     name='llama3_405b',
     source='llama3_405b.scale',
-    steps=1200000,
+    steps=929833,
     seed=1234,
     precision='bf16',
     log_every=1,
     timeout=600.0,
     sources=(
-        ('mesh', 'llama3_405b.scale:43', 'the mesh section'),
-        ('axis dp', 'llama3_405b.scale:44', 'axis dp = 128'),
-        ('axis pp', 'llama3_405b.scale:45', 'axis pp = 16'),
-        ('axis tp', 'llama3_405b.scale:46', 'axis tp = 8'),
-        ('data_parallel', 'llama3_405b.scale:55', 'data_parallel = zero2'),
-        ('schedule', 'llama3_405b.scale:57', 'schedule = "interleaved-1f1b"'),
-        ('grad_clip', 'llama3_405b.scale:74', 'grad_clip = 1.0'),
+        ('mesh', 'llama3_405b.scale:48', 'the mesh section'),
+        ('axis dp', 'llama3_405b.scale:49', 'axis dp = 128'),
+        ('axis pp', 'llama3_405b.scale:50', 'axis pp = 16'),
+        ('axis tp', 'llama3_405b.scale:51', 'axis tp = 8'),
+        ('data_parallel', 'llama3_405b.scale:61', 'data_parallel = zero2'),
+        ('schedule', 'llama3_405b.scale:63', 'schedule = "interleaved-1f1b"'),
+        ('grad_clip', 'llama3_405b.scale:81', 'grad_clip = 1.0'),
     ),
     parallel=train.Parallel(
         axes=(('dp', 128), ('pp', 16), ('tp', 8)),
