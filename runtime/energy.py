@@ -271,7 +271,8 @@ def startup_line(world: list[dict]) -> str:
             why.setdefault(w["missing"], []).append(r)
     if not measured:
         if len(why) == 1:
-            return f"scalec: energy: not measured: {next(iter(why))}" + (" (every rank)" if len(world) > 1 else "")
+            on = f" on any of the {len(world)} ranks" if len(world) > 1 else ""
+            return f"scalec: energy: not measured{on}: {next(iter(why))}"
         return "scalec: energy: not measured: " + "; ".join(f"{_ranks(rs)}: {reason}" for reason, rs in why.items())
     missing = "; ".join(f"{_ranks(rs)} ({reason})" for reason, rs in why.items())
     sources = {world[r]["source"] for r in measured}

@@ -251,7 +251,7 @@ def test_the_not_measured_line_names_each_reason():
              for why in ("no NVML", "no NVML", "no NVML", "GPU 3's energy counter: not supported")]
     assert energy.startup_line(world) == ("scalec: energy: not measured: ranks 0-2: no NVML; rank 3: GPU 3's "
                                           "energy counter: not supported")
-    assert energy.startup_line(world[:2]) == "scalec: energy: not measured: no NVML (every rank)"
+    assert energy.startup_line(world[:2]) == "scalec: energy: not measured on any of the 2 ranks: no NVML"
 
 
 # -- the runtime contract and a real run -------------------------------------------------------------------------
@@ -276,6 +276,37 @@ def test_the_prediction_is_read_from_the_contract(tmp_path):
     assert said[1:] == ["scalec: energy steps 1-4: 10.0 J/step on 1 host's CPU packages (RAPL: whole sockets, shared "
                         "by the job's 1 rank there); predicted 5.0 J/step for the job's 1 device (2.00×: the "
                         "packages' whole draw against the plan's devices)"]
+
+
+def _two_ranks(root: str, rank: int, _collectives) -> None:
+    """Rank 0 reads a powercap tree, rank 1 none: rank 0's start-up line names rank 1's reason, and its interval
+    figures are its own alone (rank 1 sends no number, not a zero)."""
+    said = []
+    import torch
+    ctx = types.SimpleNamespace(rank=rank, world_size=2, device=torch.device("cpu"), coords={"dp": rank},
+                                is_logger=rank == 0)
+    e = energy.Energy(_cfg(), ctx, 0, powercap=root if rank == 0 else root + "-absent", say=said.append)
+    assert e.on  # both ranks gather: one of them measures
+    if rank == 0:
+        _set(Path(root), 0, 20_000_000)  # 20 J over 2 steps
+    fields = e.lap(2)
+    e.say()
+    if rank == 1:
+        assert fields == {} and said == []
+        return
+    assert fields == {"energy_window": [1, 2], "energy_j_per_step": 10.0, "energy_j_per_step_sum": 10.0}
+    assert said[0].endswith(f"; not measured on rank 1 (no RAPL powercap on this host (no {root}-absent))")
+    assert said[1].startswith("scalec: energy steps 1-2: 10.0 J/step on 1 host's CPU packages")
+    assert "shared by the job's 2 ranks there" in said[1]  # both ranks are on this host, rank 1 reads nothing
+
+
+@pytest.mark.e2e
+def test_two_ranks_gather_what_each_measured(tmp_path):
+    import functools
+
+    from tests import multirank
+    root = _powercap(tmp_path / "powercap", {0: 0})
+    multirank.spawn(functools.partial(_two_ranks, str(root)), world=2, axes=(), timeout=60)
 
 
 @pytest.mark.e2e
