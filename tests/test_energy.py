@@ -254,6 +254,25 @@ def test_the_not_measured_line_names_each_reason():
     assert energy.startup_line(world[:2]) == "scalec: energy: not measured on any of the 2 ranks: no NVML"
 
 
+def test_the_trackers_get_the_figures_only_where_measured():
+    from runtime import progress
+    record = {"step": 10, "loss": 2.0, "energy_window": [1, 10], "energy_j_per_step": 300.0,
+              "energy_j_per_step_sum": 1130.0, "energy_measured_over_predicted": 1.1}
+    got = progress.train_scalars(record)
+    assert {k: got[k] for k in got if "energy" in k} == {"train/energy_j_per_step": 300.0,
+                                                         "train/energy_j_per_step_sum": 1130.0,
+                                                         "train/energy_measured_over_predicted": 1.1}
+    assert not [k for k in progress.train_scalars({"step": 10, "loss": 2.0}) if "energy" in k]
+
+
+def test_the_names_are_nvml_s_own():
+    """Where nvidia-ml-py is installed (the `gpu` extra): the function read here and the two error codes named."""
+    pynvml = pytest.importorskip("pynvml")
+    assert callable(pynvml.nvmlDeviceGetTotalEnergyConsumption)
+    assert (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION) == (
+        energy.NVML_ERROR_NOT_SUPPORTED, energy.NVML_ERROR_NO_PERMISSION)
+
+
 # -- the runtime contract and a real run -------------------------------------------------------------------------
 
 
