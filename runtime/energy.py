@@ -139,8 +139,10 @@ def _read_int(path: str) -> int:
         return int(f.read().strip())
 
 
-def open_rapl(root: str = POWERCAP) -> tuple[Counter | None, str | None]:
-    """(RAPL's package counters of this host, None), or (None, why they cannot be read)."""
+def open_rapl(root: str | None = None) -> tuple[Counter | None, str | None]:
+    """(RAPL's package counters of this host under `root` (default POWERCAP), None), or (None, why they cannot be
+    read)."""
+    root = root or POWERCAP
     if not os.path.isdir(root):
         return None, f"no RAPL powercap on this host (no {root})"
     zones = _package_zones(root)
@@ -166,7 +168,7 @@ def open_rapl(root: str = POWERCAP) -> tuple[Counter | None, str | None]:
                    (OSError, ValueError)), None
 
 
-def open_counter(device, nvml=None, powercap: str = POWERCAP) -> tuple[Counter | None, str | None]:
+def open_counter(device, nvml=None, powercap: str | None = None) -> tuple[Counter | None, str | None]:
     """This rank's counter: NVML's on CUDA, RAPL's on CPU; or None and why not."""
     if getattr(device, "type", device) == "cuda":
         return open_nvml(getattr(device, "index", None) or 0, nvml)
@@ -351,7 +353,7 @@ class Energy:
     (below the step's line and its evaluation's). Every rank calls each method at the same steps (the log's
     condition is the same everywhere)."""
 
-    def __init__(self, cfg, ctx, start: int, nvml=None, powercap: str = POWERCAP, say=None):
+    def __init__(self, cfg, ctx, start: int, nvml=None, powercap: str | None = None, say=None):
         self.ctx, self._say, self.line = ctx, say or _say, None
         counter, missing = open_counter(ctx.device, nvml, powercap)
         self.meter = Meter(counter, ctx.rank, self._say)

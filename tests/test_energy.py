@@ -348,3 +348,53 @@ def test_a_cpu_run_says_energy_is_not_measured(tmp_path):
     assert said == [f"scalec: energy: not measured: no RAPL powercap on this host (no {energy.POWERCAP})"]
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert len(records) == 2 and not [k for r in records for k in r if k.startswith("energy")]
+
+
+_TEN_WATTS = r"""
+import os, runpy, sys, time
+from runtime import energy
+energy.POWERCAP = os.environ["FAKE_POWERCAP"]
+real = energy._read_int
+def read(path):  # a package that draws 10 W: 10 J a second, in microjoules
+    return int(time.perf_counter() * 10e6) if path.endswith("energy_uj") else real(path)
+energy._read_int = read
+sys.argv = [sys.argv[1]] + sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.e2e
+def test_a_run_measures_its_logged_intervals_without_its_evaluations(tmp_path):
+    """The tiny sample for 6 steps, logged at 1, 3 and 6 and evaluated after 3 and 6, on a stand-in package that
+    draws 10 W: each logged record's joules per step is 10 W × the mean step time of its window (both leave the
+    evaluations out), and the line under each logged step (and its evaluation's) says so."""
+    from compiler import codegen
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from tests import multirank
+    text = (ROOT / "samples" / "tiny_gpt.scale").read_text()
+    text = text.replace("log_every    = 5", "log_every    = 3  eval_every = 3  eval_batches = 4")
+    codegen.emit(compile_spec(check_text(text, "tiny_gpt.scale")), str(tmp_path))
+    root = _powercap(tmp_path / "powercap", {0: 0}, subzones=False)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(multirank.free_port()), OMP_NUM_THREADS="1",
+               FAKE_POWERCAP=str(root))
+    proc = subprocess.run([sys.executable, "-c", _TEN_WATTS, str(tmp_path / "program.py"), "--steps", "6",
+                           "--metrics", str(tmp_path / "m.jsonl")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    measured = {r["step"]: r for r in records if "energy_j_per_step" in r}
+    assert sorted(measured) == [1, 3, 6] and [measured[s]["energy_window"] for s in (1, 3, 6)] == [[1, 1], [2, 3],
+                                                                                                   [4, 6]]
+    by_step = {r["step"]: r for r in records}
+    for r in measured.values():  # with --metrics the clock laps every step: its mean over the window
+        first, last = r["energy_window"]
+        seconds = sum(by_step[s]["step_time"] for s in range(first, last + 1)) / (last - first + 1)
+        # the clock and the counter are read a moment apart: 5% covers that, an evaluation counted in would not
+        assert r["energy_j_per_step"] == pytest.approx(10 * seconds, rel=0.05), (r, seconds)
+        assert r["energy_j_per_step_sum"] == r["energy_j_per_step"]
+    lines = proc.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("step     3/6"))
+    assert lines[at + 1].startswith("eval     3/6") and lines[at + 2].startswith("scalec: energy steps 2-3: ")
+    assert "J/step on 1 host's CPU packages (RAPL: whole sockets, shared by the job's 1 rank there)" in lines[at + 2]
