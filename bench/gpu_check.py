@@ -17,7 +17,11 @@ recorded as skipped, never silently missing):
 3. programs, eager: per model (GPT-2 124M and 350M, a ~1.1B Llama; bench/gpu.py's catalogue), the generated
    program (`plan { compile = false }`) and the hand-written nanoGPT-style loop (bench/handwritten.py) side by side:
    median ms/step, MFU, the measured peak (CUDA's max_memory_allocated over the steady steps) against `plan`'s
-   predicted peak, and the measured step time against `plan`'s predicted step time.
+   predicted peak, and the measured step time against `plan`'s predicted step time;
+   and the joules per step the generated program measured itself (runtime/energy.py: NVML's energy counter on
+   CUDA, RAPL on CPU; its metrics records' figure over the steady logged intervals) beside the compiler's
+   prediction (`Config.predicted_joules_per_step`, empty until the compiler writes one), or why nothing was
+   measured: no GPU time of its own, the programs' runs already read the counter.
 4. programs, compiled: the same with `compile = true` and the hand-written loop under torch.compile, GPT-2 124M
    first, then the 1.1B Llama, then GPT-2 350M.
 
@@ -283,6 +287,7 @@ def program_rows(device: str, dev: tuple, steps: int, warmup: int, budget: Budge
                 s.pop("step_times_ms", None)
                 r = {"model": name, "parameters": plan["cost"]["parameters"], "tokens_per_step": tokens, **s}
                 if col == ours:
+                    r.update(energy_figures(run["records"], warmup, device, cfg.predicted_joules_per_step))
                     r["predicted_peak_bytes"] = cfg.memory.predicted_peak_bytes
                     r["predicted_step_ms"] = cfg.speed.predicted_step_s * 1e3
                     if r.get("peak_memory_bytes"):
@@ -290,6 +295,31 @@ def program_rows(device: str, dev: tuple, steps: int, warmup: int, budget: Budge
                     if r.get("median_ms"):
                         r["step_measured_over_predicted"] = r["median_ms"] / r["predicted_step_ms"]
                 out.append(r)
+    return out
+
+
+def energy_figures(records: list, warmup: int, device: str, predicted: tuple) -> dict:
+    """What a generated program measured of its energy (its metrics records' `energy_j_per_step`, each over the
+    logged interval `energy_window`: runtime/energy.py): joules per step over the intervals after the warm-up,
+    weighted by their steps, beside the compiler's prediction for pp rank 0 (a world of one). Where no steady
+    interval carries a figure, why, in words (this host's counter as runtime.energy opens it): never a zero."""
+    out: dict = {"predicted_joules_per_step": [list(p) for p in predicted]}
+    steady = [x for x in records if "energy_j_per_step" in x and x["energy_window"][0] > warmup]
+    if steady:
+        steps = [x["energy_window"][1] - x["energy_window"][0] + 1 for x in steady]
+        joules = sum(x["energy_j_per_step"] * n for x, n in zip(steady, steps)) / sum(steps)
+        out.update(energy_j_per_step=joules, energy_counter="NVML" if device == "cuda" else "RAPL",
+                   energy_steps=[steady[0]["energy_window"][0], steady[-1]["energy_window"][1]])
+        mine = dict(predicted).get(0)
+        if mine:
+            out["energy_measured_over_predicted"] = joules / mine
+        return out
+    import torch
+
+    from runtime import energy
+    _, why = energy.open_counter(torch.device(device, 0) if device == "cuda" else torch.device(device))
+    out["energy"] = "not measured: " + (why or "each logged interval that carries a figure includes warm-up steps "
+                                               "(the program's log_every against --steps and --warmup)")
     return out
 
 
@@ -411,6 +441,20 @@ def table(result: dict) -> str:
             if got.get(pair[0]) and got.get(pair[1]):
                 lines.append(f"  {name}: {gpu.TITLES[pair[0]]} / {gpu.TITLES[pair[1]]} = "
                              f"{got[pair[0]] / got[pair[1]]:.3f}")
+    ours = [r for r in result["programs"] if "energy" in r or "energy_j_per_step" in r]
+    if ours:
+        lines += ["", "energy (the generated program's own counter, runtime/energy.py: J/step over the steady logged "
+                      "intervals; the prediction: Config.predicted_joules_per_step)"]
+    for r in ours:
+        title = f"  {r['model']:<12}{gpu.TITLES[r['column']]:<28}"
+        if "energy_j_per_step" not in r:
+            lines.append(title + r["energy"])
+            continue
+        pred = dict(map(tuple, r["predicted_joules_per_step"])).get(0)
+        lines.append(title + f"{r['energy_j_per_step']:,.1f} J/step ({r['energy_counter']}, steps "
+                     f"{r['energy_steps'][0]}-{r['energy_steps'][1]}); predicted "
+                     + (f"{pred:,.1f} J/step: measured/predicted {r['energy_measured_over_predicted']:.2f}" if pred
+                        else "nothing yet (the compiler writes no prediction)"))
     if result.get("resume"):
         lines += ["", "checkpoint and resume (a generated program, then a longer run from its checkpoint)"]
         for r in result["resume"]:

@@ -304,6 +304,10 @@ class Config:
     gradients (`Parallel.grad_reduce`), fp32 master weights and moments in the optimizer."""
     log_every: int = 1
     """Print a line every this many steps (and at the first and last)."""
+    predicted_joules_per_step: tuple = ()
+    """The compiler's energy model's prediction: ((pp rank, joules per device per step), ...), one pair per pipeline
+    stage (pp rank 0 alone without pp); the log's energy line puts each rank's measurement beside its pp rank's
+    (runtime.energy). Empty: no prediction, the measurement alone."""
     timeout: float = 600.0
     """Seconds a collective may take before the watchdog ends the job naming it (runtime.faults); 0: no watchdog."""
     moe: bool = False

@@ -108,7 +108,8 @@ def log_line(record: dict, steps: int) -> str:
 
 # The scalars of a metrics record the trackers get (runtime.tracking: TensorBoard, W&B, MLflow), as `train/<name>`.
 BOARD_SCALARS = ("loss", "grad_norm", "lr", "tokens_per_s", "step_time", "tflops", "mfu", "peak_memory_bytes",
-                 "elapsed_s", "eta_s")
+                 "elapsed_s", "eta_s", "energy_j_per_step", "energy_j_per_step_sum", "energy_measured_over_predicted")
+# (the energy figures only on the logged steps where some rank measured: runtime.energy; never a zero in their place)
 
 
 def tensorboard(logdir: str):

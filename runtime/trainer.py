@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import (checkpoint, collectives, data, faults, hf, leaving, memory, mesh, moe, node_record, optimizer,
-                     parallelize, precision, progress, sections, startup, stragglers, tracking)
+from runtime import (checkpoint, collectives, data, energy, faults, hf, leaving, memory, mesh, moe, node_record,
+                     optimizer, parallelize, precision, progress, sections, startup, stragglers, tracking)
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import init_parameters
@@ -147,6 +147,8 @@ class Trainer:
         self.losses = []
         self.job_start = progress.launch_time()
         self.clock, self.finished = progress.Clock(self.start), self.start
+        # each rank's energy counter (NVML on CUDA, RAPL on CPU) read at the logged steps, from here as the clock
+        self.energy = energy.Energy(cfg, ctx, self.start)
         self.loader = data.Prefetcher(lambda t: parts.batches(self.source, t), ctx.device, self.stop)
         self.vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
         # zero1's step broadcasts: timed (the others' is no collective: not marked)
@@ -197,6 +199,7 @@ class Trainer:
                     print(progress.eval_line(evaluated, cfg.steps), flush=True)
                 if not read_now:  # else its scalars went with the step's record
                     self.track.log(step + 1, progress.train_scalars(evaluated))
+            self.energy.say()  # a logged step's energy line (rank 0), below its line and its evaluation's
             preempted = self.vote.result()
             self.save(step, preempted)
             if self.stragglers:  # every window: the ranks' sections gathered, scored and named on rank 0
@@ -285,8 +288,10 @@ class Trainer:
         if self.cuda:
             torch.cuda.synchronize(self.ctx.device)
         began = time.perf_counter()
+        self.energy.pause()  # the evaluation's energy left out, as its time is
         with sections.section("eval"):
-            evaluated = progress.eval_record(step + 1, self.evaluate())
+            evaluated = progress.eval_record(step + 1, self.evaluate())  # read: the device is done with it
+        self.energy.resume()
         self.clock.skip(time.perf_counter() - began)
         return evaluated
 
@@ -332,6 +337,8 @@ class Trainer:
             loss_value, norm_value = total.item(), float(norm)
         self.losses.append(loss_value)
         dt = self.clock.lap(step + 1)  # mean seconds per step since the last read
+        # joules per step since the last logged step, every rank's gathered to rank 0 (where any rank measures)
+        joules = self.energy.lap(step + 1) if log_now else {}
         # Every rank joins the (small) reduction of the MoE counters; each layer counted once (tp ranks repeat it).
         with faults.op("the MoE statistics all-reduces over all ranks", faults.scale("axis ep")):
             experts = moe.stats_read(ctx.device, duplicates=ctx.axis_size("tp")) if cfg.moe else None
@@ -347,6 +354,7 @@ class Trainer:
             record.update({k: v for k, v in evaluated.items() if k != "step"})
         if self.stragglers:  # the scores of the window that ended before this record, once
             record.update(self.stragglers.record())
+        record.update(joules)  # only what was measured: no energy field where nothing was
         if self.metrics:
             self.metrics.write(json.dumps(record) + "\n")
             self.metrics.flush()

@@ -39,6 +39,14 @@ def test_dry_run_measures_every_section(dry_run):
     ours = columns["ours_eager"]
     assert ours["predicted_step_ms"] > 0 and ours["predicted_step_ms_calibrated"] > 0
     assert ours["predicted_peak_bytes"] > 0
+    # the program's own energy reading beside the prediction field, or why there is none: never a zero
+    assert ours["predicted_joules_per_step"] == [] or all(j > 0 for _, j in ours["predicted_joules_per_step"])
+    if "energy_j_per_step" in ours:
+        assert ours["energy_j_per_step"] > 0 and ours["energy_counter"] == "RAPL"
+    else:
+        assert ours["energy"].startswith("not measured: ") and "energy (the generated program's own" in printed
+        assert ours["energy"] in printed
+    assert "energy" not in columns["hand_eager"] and "energy_j_per_step" not in columns["hand_eager"]
     assert "programs (median" in printed and "calibration:" in printed
     train, extend = record["resume"]  # a checkpoint saved, then a longer run resumed from it
     assert train["ok"] and not train["resumed"] and extend["ok"] and extend["resumed"], record["resume"]
@@ -74,3 +82,17 @@ def test_h200_record():
     assert 0.7 < figures["matmul_efficiency"] <= DEVICES["h200"].matmul_efficiency * 1.05
     eager = [r for r in record["programs"] if r["column"] == "ours_eager"]
     assert len(eager) == 3 and all(abs(r["peak_measured_over_predicted"] - 1) < 0.01 for r in eager)
+
+
+def test_energy_figures_weigh_the_steady_intervals_by_their_steps():
+    from bench.gpu_check import energy_figures
+    records = [{"step": 1, "energy_window": [1, 1], "energy_j_per_step": 900.0},  # the first step: warm-up
+               {"step": 2}, {"step": 10, "energy_window": [2, 10], "energy_j_per_step": 500.0},  # warm-up in it
+               {"step": 20, "energy_window": [11, 20], "energy_j_per_step": 300.0},
+               {"step": 25, "energy_window": [21, 25], "energy_j_per_step": 330.0}]
+    got = energy_figures(records, 10, "cuda", ((0, 250.0),))
+    # (300 J × 10 steps + 330 J × 5 steps) / 15 steps = 310 J/step, against 250 predicted
+    assert got == {"predicted_joules_per_step": [[0, 250.0]], "energy_j_per_step": pytest.approx(310.0),
+                   "energy_counter": "NVML", "energy_steps": [11, 25],
+                   "energy_measured_over_predicted": pytest.approx(1.24)}
+    assert "energy_measured_over_predicted" not in energy_figures(records, 10, "cuda", ())
