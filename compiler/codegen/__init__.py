@@ -234,6 +234,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
                  "layers": sum(v(x.count) for x in spec.model.layers if isinstance(x, S.Repeat)) or 1},
         **({"memory": memory_values(spec, costs)} if costs is not None else {}),
         **({"speed": speed_values(spec, traced, costs, plan)} if costs is not None else {}),
+        **({"predicted_joules_per_step": joules_values(spec, costs)} if costs is not None else {}),
         **({"resilience": resilience_values(spec.resilience)} if spec.resilience.written else {}),
     }
 
@@ -295,6 +296,16 @@ def speed_values(spec: S.Spec, traced: T.Traced, costs, plan) -> dict:
     step_s = costs.step.step_time_s  # the estimate's prediction (cost.Estimate.step): made once per compile
     return {"flops_per_step": float(costs.flops_step_n), "peak_flops": float(spec.cluster.device.peak_tflops) * 1e12,
             "device": spec.cluster.device.kind, "predicted_step_s": float(f"{step_s:.4g}")}
+
+
+def joules_values(spec: S.Spec, costs) -> tuple:
+    """runtime.config.Config.predicted_joules_per_step: ((pp rank, joules one device draws in a step), ...) from the
+    energy model (compiler/cost/energy.py; the device's own power, what NVML's counter measures: no host, network or
+    PUE), to 4 significant digits, beside which runtime/energy.py logs what it measures."""
+    from compiler.cost import energy
+    got = energy.step(costs.step, spec.cluster, costs)
+    return tuple((int(k.who.rsplit(" ", 1)[-1]) if k.who.startswith("pp rank") else 0, float(f"{k.joules:.4g}"))
+                 for k in got.ranks)
 
 
 def memory_values(spec: S.Spec, costs) -> dict:

@@ -200,6 +200,7 @@ CONFIG = train.Config(
     log_every=1,
     timeout=600.0,
     moe=True,
+    predicted_joules_per_step=((0, 18850.0), (1, 22990.0), (2, 22990.0), (3, 22990.0), (4, 22990.0), (5, 22990.0), (6, 22990.0), (7, 22990.0), (8, 22990.0), (9, 22990.0), (10, 22990.0), (11, 22990.0), (12, 22990.0), (13, 22990.0), (14, 18330.0), (15, 16470.0)),
     sources=(
         ('mesh', 'deepseek_v3.scale:53', 'the mesh section'),
         ('axis pp', 'deepseek_v3.scale:54', 'axis pp = 16'),

@@ -168,6 +168,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 3066.0),),
     sources=(
         ('mesh', 'gemma2_9b.scale:51', 'the mesh section'),
         ('axis dp', 'gemma2_9b.scale:52', 'axis dp = 2'),

@@ -138,6 +138,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 6028.0), (1, 6007.0), (2, 6007.0), (3, 6007.0), (4, 6007.0), (5, 6007.0), (6, 6007.0), (7, 6121.0)),
     sources=(
         ('mesh', 'gpt3_175b.scale:28', 'the mesh section'),
         ('axis dp', 'gpt3_175b.scale:29', 'axis dp = 24'),

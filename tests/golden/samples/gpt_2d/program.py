@@ -113,6 +113,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.05005),),
     sources=(
         ('mesh', 'gpt_2d.scale:24', 'the mesh section'),
         ('axis dp', 'gpt_2d.scale:25', 'axis dp = 2'),

@@ -138,6 +138,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=10,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.1732), (1, 0.1782)),
     sources=(
         ('mesh', 'gpt_3d.scale:24', 'the mesh section'),
         ('axis dp', 'gpt_3d.scale:25', 'axis dp = 2'),

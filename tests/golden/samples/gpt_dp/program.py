@@ -99,6 +99,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.03726),),
     sources=(
         ('mesh', 'gpt_dp.scale:23', 'the mesh section'),
         ('axis dp', 'gpt_dp.scale:24', 'axis dp = 2'),

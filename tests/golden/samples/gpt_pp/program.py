@@ -124,6 +124,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.1244), (1, 0.1284)),
     sources=(
         ('mesh', 'gpt_pp.scale:23', 'the mesh section'),
         ('axis pp', 'gpt_pp.scale:24', 'axis pp = 2'),

@@ -112,6 +112,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.05126),),
     sources=(
         ('mesh', 'gpt_tp.scale:24', 'the mesh section'),
         ('axis tp', 'gpt_tp.scale:25', 'axis tp = 2'),

@@ -130,6 +130,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 3136.0), (1, 3480.0), (2, 3480.0), (3, 3480.0), (4, 3480.0), (5, 3480.0), (6, 3480.0), (7, 3480.0), (8, 3480.0), (9, 3480.0), (10, 3480.0), (11, 3480.0), (12, 3480.0), (13, 3480.0), (14, 3480.0), (15, 3319.0)),
     sources=(
         ('mesh', 'llama3_405b.scale:48', 'the mesh section'),
         ('axis dp', 'llama3_405b.scale:49', 'axis dp = 128'),

@@ -130,6 +130,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 13800.0), (1, 13200.0), (2, 13200.0), (3, 13070.0)),
     sources=(
         ('mesh', 'llama3_70b.scale:28', 'the mesh section'),
         ('axis pp', 'llama3_70b.scale:29', 'axis pp = 4'),

@@ -97,6 +97,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 36320.0),),
     sources=(
         ('mesh', 'llama3_8b_128k.scale:28', 'the mesh section'),
         ('axis dp', 'llama3_8b_128k.scale:29', 'axis dp = 2'),

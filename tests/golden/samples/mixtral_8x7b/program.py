@@ -125,6 +125,7 @@ CONFIG = train.Config(
     log_every=1,
     timeout=600.0,
     moe=True,
+    predicted_joules_per_step=((0, 5997.0), (1, 5993.0), (2, 5993.0), (3, 6058.0)),
     sources=(
         ('mesh', 'mixtral_8x7b.scale:32', 'the mesh section'),
         ('axis pp', 'mixtral_8x7b.scale:33', 'axis pp = 4'),

@@ -128,6 +128,7 @@ CONFIG = train.Config(
     log_every=1,
     timeout=600.0,
     moe=True,
+    predicted_joules_per_step=((0, 3156.0), (1, 3136.0), (2, 3136.0), (3, 3136.0), (4, 3136.0), (5, 3136.0), (6, 3136.0), (7, 3136.0), (8, 3136.0), (9, 3136.0), (10, 3136.0), (11, 3136.0), (12, 3136.0), (13, 3136.0), (14, 3136.0), (15, 3343.0)),
     sources=(
         ('mesh', 'moe_1t.scale:26', 'the mesh section'),
         ('axis pp', 'moe_1t.scale:27', 'axis pp = 16'),

@@ -140,6 +140,7 @@ CONFIG = train.Config(
     log_every=10,
     timeout=600.0,
     moe=True,
+    predicted_joules_per_step=((0, 0.1457),),
     sources=(
         ('mesh', 'moe_gpt.scale:30', 'the mesh section'),
         ('axis dp', 'moe_gpt.scale:31', 'axis dp = 1'),

@@ -101,6 +101,7 @@ CONFIG = train.Config(
     precision='bf16',
     log_every=1,
     timeout=600.0,
+    predicted_joules_per_step=((0, 2086.0),),
     sources=(
         ('mesh', 'qwen3_8b.scale:40', 'the mesh section'),
         ('axis dp', 'qwen3_8b.scale:41', 'axis dp = 8'),

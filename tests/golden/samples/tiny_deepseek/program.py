@@ -176,6 +176,7 @@ CONFIG = train.Config(
     log_every=10,
     timeout=600.0,
     moe=True,
+    predicted_joules_per_step=((0, 0.2068),),
     sources=(
         ('mesh', 'tiny_deepseek.scale:35', 'the mesh section'),
         ('axis ep', 'tiny_deepseek.scale:36', 'axis ep = 2'),

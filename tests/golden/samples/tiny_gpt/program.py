@@ -99,6 +99,7 @@ CONFIG = train.Config(
     precision='fp32',
     log_every=5,
     timeout=600.0,
+    predicted_joules_per_step=((0, 0.04187),),
     sources=(
         ('mesh', 'tiny_gpt.scale:22', 'the mesh section'),
         ('axis dp', 'tiny_gpt.scale:23', 'axis dp = 1'),
