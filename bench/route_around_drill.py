@@ -6,6 +6,7 @@ checkpoint.
     python3 -m bench.route_around_drill [-n 10] [--rank 5] [--onset 21] [--fraction 1.0] [--steps 50]
     python3 -m bench.route_around_drill --remembered [-n 10]
     python3 -m bench.route_around_drill --restart [-n 10]
+    python3 -m bench.route_around_drill --dead [-n 10]
 
 Each trial, in a fresh directory:
 1. `scalec run drill.scale --local-nodes` (four torchrun agents on loopback, launch.sh's LOCAL_NODES) with rank 5 (on
@@ -23,6 +24,12 @@ Each trial, in a fresh directory:
 `--remembered`: a node that keeps failing. Nobody is slowed; instead the checkpoint directory starts with a node
 record (runtime/node_record.py) in which node 2 was slow in two earlier attempts: rank 0 leaves it out after the
 first step, and the rest is as above.
+
+`--dead`: a node that dies. Nobody is slowed; at step `--onset` node 2's two workers SIGKILL their torchrun agent and
+themselves (SCALEC_TEST_NODE_DIES=node2:STEP, first attempt only). The other ranks' collectives fail and their agents
+restart them; launch.sh lets the rendezvous form with 3 of the 4 nodes (`--nnodes 3:4` under `replan`), the program
+finds node 2 missing against the node record's last members (runtime.leaving.shrunk), rank 0 writes the request, and
+the rest is as above: the re-plan on 3 nodes resumes from the last checkpoint before the death.
 
 `--restart`: `on_straggler = restart(exclude = node)` with a spare agent waiting (launch.sh's SPARE_NODES=1): the
 slow node is left out, the spare takes its place, the run resumes on the same plan, and its losses must equal the
@@ -115,6 +122,8 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
             for attempt in (0, 1):
                 record.mark("node2", "slow", {"rank": args.rank, "section": "backward", "score": 0.5, "step": 20},
                             attempt, group_rank=2, host="earlier")
+        if args.dead:  # no slow rank: node 2 dies at the onset step
+            slow = {"SCALEC_TEST_NODE_DIES": f"node{args.rank // 2}:{args.onset}"}
         t = time.perf_counter()
         rc, out = scalec_run(work, "drill.scale", "build", slow, ["--metrics", str(work / "run.jsonl")],
                              args.timeout)
@@ -133,8 +142,9 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
                 return False, f"no re-plan (status {rc}): " + " | ".join(out.strip().splitlines()[-6:])
             request = json.loads(requests[0].read_text())
             at, what, ref_scale = request["step"], f"{m[3][:60]}...; {m[4]} → {m[5]}", "drill.nodes3.scale"
+            last = (args.onset - 1) // 5 * 5  # the checkpoint before the death (checkpoint_every = 5)
             if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2] or (
-                    args.remembered and at != 1):
+                    args.remembered and at != 1) or (args.dead and at != last):
                 return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
         ok, line = against_reference(args, work, at, ref_scale)
         where = f"node {m[1]} ({m[2]})" if args.restart else "node 2"
@@ -178,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep each trial's directory")
     p.add_argument("--restart", action="store_true",
                    help="on_straggler = restart(exclude = node) with a spare agent: the spare takes node 2's place")
+    p.add_argument("--dead", action="store_true",
+                   help="no slow rank: node 2 dies at --onset (its agent and workers killed); re-planned on 3 nodes")
     p.add_argument("--remembered", action="store_true",
                    help="no slow rank: node 2 was slow in two earlier attempts (the node record), left out at once")
     args = p.parse_args(argv)

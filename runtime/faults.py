@@ -17,7 +17,9 @@
   `.scale` line, and the ranks that never joined; then the job ends (exit 1).
 - Test-only hooks, read only when set: SCALEC_TEST_KILL_AT=RANK:STEP (SIGKILL that rank at the start of that step on
   the first attempt), SCALEC_TEST_HANG_AT=RANK:STEP[:loss] (that rank sleeps forever there, or before that step's
-  loss all-reduce), SCALEC_TEST_TERM_AT=RANK:STEP (that rank sends itself SIGTERM there, as a preemption would).
+  loss all-reduce), SCALEC_TEST_TERM_AT=RANK:STEP (that rank sends itself SIGTERM there, as a preemption would),
+  SCALEC_TEST_NODE_DIES=NAME:STEP (the node named NAME dies there on the first attempt: its workers SIGKILL their
+  torchrun agent and themselves).
 """
 from __future__ import annotations
 
@@ -380,10 +382,25 @@ def test_hooks(rank: int, step: int, where: str = "step") -> None:
     global _HOOKS
     if _HOOKS is None:
         _HOOKS = {k: _hook(f"SCALEC_TEST_{k}_AT") for k in ("KILL", "HANG", "TERM")}
+        dies = os.environ.get("SCALEC_TEST_NODE_DIES")
+        if dies:  # NAME:STEP: the node named NAME (runtime.node_record.node_name) dies at that step
+            name, at = dies.rsplit(":", 1)
+            _HOOKS["DIES"] = (name, int(at), os.getppid())  # the parent: this node's torchrun agent
         if not any(_HOOKS.values()):
             _HOOKS = {}
     if not _HOOKS:
         return
+    if "DIES" in _HOOKS and where == "step" and attempt() == 0:
+        name, at, agent = _HOOKS["DIES"]
+        from runtime.node_record import node_name
+        if step == at and node_name() == name:  # the agent first (nothing restarts this node), then this worker
+            sys.stdout.flush()
+            if agent > 1:
+                try:
+                    os.kill(agent, signal.SIGKILL)
+                except ProcessLookupError:  # the node's other worker killed it first
+                    pass
+            os.kill(os.getpid(), signal.SIGKILL)
     here = (rank, step, where)
     if _HOOKS.get("KILL") == here and attempt() == 0:
         sys.stdout.flush()

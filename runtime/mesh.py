@@ -55,7 +55,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, ranks: tuple = ()) -> Context:
+def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, ranks: tuple = (),
+          shrunk=None) -> Context:
     """Start the process group and build the mesh `axes` ((name, size), outermost first) and the process groups
     `groups` (runtime.config.Parallel.groups: the compiler's list, compiler/layout/groups.py), exactly as listed:
     each axis's groups are the DeviceMesh's (checked against the list), the folded ones (batch, dense, experts)
@@ -63,7 +64,9 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
     itself. Each torchrun attempt meets under its own store prefix
     (faults.attempt_store); `timeout` (seconds) bounds the start and, with a margin for the watchdog to speak first,
     every collective. `ranks` (runtime.config.Parallel.ranks, expanded from its `placement`): the global rank of
-    each mesh coordinate, row-major (empty: rank i holds coordinate i); the mesh and every group are built over the mapped ranks (`planned`)."""
+    each mesh coordinate, row-major (empty: rank i holds coordinate i); the mesh and every group are built over the mapped ranks (`planned`).
+    `shrunk(world, expected, store_of)`: where torchrun started another number of processes than the axes need, an
+    exit status to end with (runtime.leaving.shrunk: a node gone, re-planned), or None to refuse the world.""" 
     if "RANK" not in os.environ:  # plain `python program.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
@@ -72,6 +75,11 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
     expected = 1
     for _, n in axes:
         expected *= n
+    if world != expected and shrunk is not None:  # fewer: a node gone, re-planned where the run asks for it
+        code = shrunk(world, expected, lambda: faults.attempt_store(
+            timedelta(seconds=timeout) if timeout > 0 else timedelta(hours=24)))
+        if code is not None:
+            raise SystemExit(code)
     if world != expected:  # the same on every attempt: printed once (no process group yet to elect a rank)
         note = node_record.world_note()  # after a node was left out: each node's first rank says why
         if rank == 0 or (note and local_rank == 0):

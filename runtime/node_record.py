@@ -53,16 +53,26 @@ class NodeRecord:
         self._warn = warn
         self._warned = False
 
-    def load(self) -> dict:
-        """{node name: [event, ...]}; empty where there is no file yet, or (with one warning) a damaged one."""
+    def _data(self) -> dict | None:
+        """The file as read: a dict, {} where there is none, None where it is damaged (warned once)."""
         try:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return self._damaged(f"{type(exc).__name__}: {exc}")
-        nodes = data.get("nodes") if isinstance(data, dict) else None
+            self._damaged(f"{type(exc).__name__}: {exc}")
+            return None
+        return data if isinstance(data, dict) else None
+
+    def load(self) -> dict:
+        """{node name: [event, ...]}; empty where there is no file yet, or (with one warning) a damaged one."""
+        data = self._data()
+        if data is None:
+            return self._damaged("not a node record")
+        if not data:
+            return {}
+        nodes = data.get("nodes")
         if not isinstance(nodes, dict) or not all(isinstance(v, list) and all(isinstance(e, dict) for e in v)
                                                   for v in nodes.values()):
             return self._damaged("not a node record")
@@ -87,7 +97,28 @@ class NodeRecord:
         nodes.setdefault(node, []).append({"kind": kind, "attempt": int(attempt), "group_rank": group_rank,
                                            "host": host or (socket.gethostname() if node == node_name() else None),
                                            "detail": detail})
-        self._write({"version": VERSION, "nodes": nodes})
+        self._write({**self._kept(), "version": VERSION, "nodes": nodes})
+
+    def _kept(self) -> dict:
+        """What a write keeps of the file besides its nodes: the last attempt's members."""
+        data = self._data() or {}
+        members = data.get("members")
+        return {"members": members} if isinstance(members, dict) else {}
+
+    def set_members(self, names: list, attempt: int) -> None:
+        """Rank 0, at an attempt's start: the node names of the attempt by torchrun's group rank, what a later
+        attempt that starts with fewer nodes compares its own with (`members`) to name the nodes gone."""
+        data = self._data() or {}
+        if data.get("members") == {"attempt": int(attempt), "names": list(names)}:
+            return
+        self._write({"version": VERSION, "nodes": self.load(), "members": {"attempt": int(attempt),
+                                                                          "names": list(names)}})
+
+    def members(self) -> list | None:
+        """The node names of the last attempt that started whole (`set_members`), by group rank; None: unknown."""
+        got = (self._data() or {}).get("members")
+        names = got.get("names") if isinstance(got, dict) else None
+        return list(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
 
     def _write(self, data: dict) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))

@@ -270,7 +270,17 @@ class Detector:
         if self.health is not None and ctx.is_logger:
             self.health.tell()
         if ctx.is_logger:
+            self._remember_members()
             self._leave_remembered()
+
+    def _remember_members(self) -> None:
+        """Rank 0, at start-up: this attempt's nodes by group rank in the node record, which an attempt that starts
+        with fewer (a node gone: runtime.leaving.shrunk) reads to name the ones missing."""
+        record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
+        if record is None or self.on_straggler != "replan":
+            return
+        names = {w["node"]: w["name"] for w in self.world}
+        record.set_members([names[n] for n in sorted(names)], faults.attempt())
 
     def _leave_remembered(self) -> None:
         """Rank 0, at start-up: a node of this job the node record found slow or unhealthy in `REMEMBERED` or more

@@ -20,7 +20,7 @@ import traceback
 import os
 from dataclasses import replace
 
-from runtime import data, faults, mesh, resume, tracking
+from runtime import data, faults, leaving, mesh, resume, tracking
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import (Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Resilience,  # noqa: F401
                             Speed)
@@ -111,7 +111,9 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
                   init=replace(cfg.init, path=data.resolve(cfg.init.path, program)),
                   checkpoint=replace(cfg.checkpoint, dir=data.resolve(cfg.checkpoint.dir, program)))
     faults.set_sources(cfg.sources)  # the .scale lines the watchdog names, from the start-up's rendezvous on
-    ctx = mesh.setup(cfg.parallel.axes, cfg.timeout, cfg.parallel.groups, cfg.parallel.ranks)
+    ctx = mesh.setup(cfg.parallel.axes, cfg.timeout, cfg.parallel.groups, cfg.parallel.ranks,
+                     shrunk=lambda world, expected, store_of: leaving.shrunk(
+                         cfg.resilience, cfg.checkpoint.dir, world, expected, store_of))
     code = 0
     try:
         run(model_cls, cfg, ctx, args, loss_fn, program=program)

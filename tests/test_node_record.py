@@ -106,3 +106,53 @@ def test_the_launcher_s_decisions():
     # 3 nodes of --nnodes 3 (min 3): one spare waiting lets the job go on; none, it ends; --nnodes 2:3 goes on
     assert launch.can_go_on(3, 1, 3) and not launch.can_go_on(3, 0, 3) and launch.can_go_on(3, 0, 2)
     assert not launch.can_go_on(3, 5, None)
+
+
+class _Store:
+    """A dict standing in for torchrun's store: set, and a get that must find the key (every node's first rank set
+    its name before rank 0 reads: the test calls them in that order)."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def set(self, key, value):
+        self.keys[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.keys[key]
+
+
+def test_members_survive_marks_and_name_a_node_gone(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from runtime import leaving
+    from runtime.errors import REPLAN_CODE
+    record = node_record.NodeRecord.at(str(tmp_path))
+    assert record.members() is None
+    record.set_members(["node0", "node1", "node2", "node3"], 0)
+    record.mark("node1", "slow", {"step": 3}, 0)  # a mark keeps the members
+    assert record.members() == ["node0", "node1", "node2", "node3"] and "node1" in record.load()
+    (tmp_path / "step_00000010").mkdir()
+    (tmp_path / "step_00000010" / ".metadata").write_text("")
+    replan = SimpleNamespace(on_straggler="replan")
+    store = _Store()
+    # the next attempt: 3 nodes of 2 processes joined, node2 did not; each node's first rank says its name
+    for group, name in ((0, "node0"), (1, "node1"), (2, "node3")):
+        monkeypatch.setenv("SCALEC_NODE", name)
+        monkeypatch.setenv("GROUP_RANK", str(group))
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", str(2 * group + (group != 0)))  # rank 0 last: it reads what the others set
+        if group:
+            store.set(f"shrunk/node{group}", name)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("GROUP_RANK", "0")
+    monkeypatch.setenv("SCALEC_NODE", "node0")
+    assert leaving.shrunk(replan, str(tmp_path), 6, 8, lambda: store) == REPLAN_CODE
+    got = json.loads((tmp_path / leaving.REQUEST).read_text())
+    assert got["nodes"] == 4 and got["exclude"] == [2] and got["hosts"] == ["node2"] and got["step"] == 10
+    assert record.load()["node2"][-1]["kind"] == "excluded"
+    # not a re-plan, no members, or no checkpoint directory: the start-up refuses the world as before
+    assert leaving.shrunk(SimpleNamespace(on_straggler="report"), str(tmp_path), 6, 8, lambda: store) is None
+    assert leaving.shrunk(replan, "", 6, 8, lambda: store) is None
+    assert leaving.shrunk(replan, str(tmp_path / "elsewhere"), 6, 8, lambda: store) is None

@@ -27,7 +27,11 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
                                           "intra_node_gbps", "inter_node_gbps", "hbm_gbps",
                                           "matmul_efficiency", "attention_efficiency", "intra_node_latency_us", "inter_node_latency_us",
-                                          "op_overhead_us", "fabric", "topology", "scale_up", "placement")
+                                          "op_overhead_us", "fabric", "topology", "scale_up", "placement",
+                                          "active_w", "communicating_w", "idle_w", "host_w", "network_w",
+                                          "usd_per_gpu_hour", "pue", "grid")
+    from compiler.language import GRIDS
+    assert {k: tuple(v) for k, v in GRIDS.items()} == {"region": ("name",), "intensity": ("g_per_kwh", "region")}
     assert check.FABRICS == ("ib", "roce")
     assert {k: tuple(v) for k, v in check.TOPOLOGIES.items()} == {
         "fat_tree": ("nodes_per_leaf", "nodes_per_pod", "oversubscription"),
@@ -39,7 +43,7 @@ def test_language_vocabulary_is_pinned():
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile", "grad_reduce", "fp32_residual",
                                           "fsdp_grad_sync", "context_parallel")
-    assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "seed", "precision", "optimizer",
+    assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "tokens", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "checkpoint_async", "restarts", "timeout",
                                            "eval_every", "eval_batches", "eval_split")

@@ -27,6 +27,7 @@ from compiler.layout import placements as PL
 from compiler.layout import rank_order as RO
 from compiler import spec as S
 from compiler import trace as T
+from runtime.errors import REPLAN_CODE  # torch-free: the status launch.sh keeps
 from compiler.codegen import escape as E
 from compiler.model import residual_out
 from compiler.report import plan as RP
@@ -403,11 +404,19 @@ def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str =
         config=_config_code(config_values(spec, traced, plan, out_dir, costs)))
 
 
+def min_nodes(spec: S.Spec) -> int:
+    """torchrun's `--nnodes` minimum: every node, or one fewer under `on_straggler = replan`, so that the attempt
+    after a node is gone still forms (with one node fewer, after torchrun's last-call wait) and asks for a re-plan
+    (runtime.leaving.shrunk) instead of waiting for the node until the rendezvous times out."""
+    n = spec.cluster.nodes
+    return n - 1 if n > 1 and spec.resilience.written and spec.resilience.on_straggler == "replan" else n
+
+
 def launch_script(spec: S.Spec, plan) -> str:
     return _env().get_template("launch.sh.j2").render(
         version=__version__, source=source_name(spec), name=spec.model.name, world=plan.world_size,
-        nodes=spec.cluster.nodes, devices_per_node=spec.cluster.devices_per_node, mesh_text=mesh_text(spec, plan),
-        restarts=int(spec.train.restarts))
+        nodes=spec.cluster.nodes, min_nodes=min_nodes(spec), devices_per_node=spec.cluster.devices_per_node,
+        mesh_text=mesh_text(spec, plan), restarts=int(spec.train.restarts), replan_code=REPLAN_CODE)
 
 
 def batch_script(spec: S.Spec, plan) -> str:
