@@ -162,6 +162,14 @@ def test_json_keys(gpt_1b, capsys):
     assert got["cluster"]["nodes"] == chosen["nodes"]
 
 
+def test_the_page_takes_the_chosen_counts_search(gpt_1b, tmp_path, capsys):
+    page = tmp_path / "cheap.html"
+    assert main(["search", gpt_1b, "--top", "1", "--minimize", "cost", "--max-devices", "16", "--html",
+                 str(page)]) == 0
+    assert "1 node (8 a100)" in capsys.readouterr().out.split("\n")[2]  # chosen: one node, the cheaper
+    assert "<html" in page.read_text() and "dp=8" in page.read_text()
+
+
 def test_time_with_a_budget_drops_winners_and_says_which(gpt_1b, capsys):
     # the 8-node winners cost about $114 (GPU-hours at $1.5): a budget of $110 drops them all
     assert main(["search", gpt_1b, "--top", "2", "--budget", "$110"]) == 1
@@ -169,6 +177,11 @@ def test_time_with_a_budget_drops_winners_and_says_which(gpt_1b, capsys):
     assert "dropped #1: misses the $110 budget by" in got.out
     assert got.err.startswith("error: no plan meets budget $110: the closest, 8 nodes (64 a100)")
     assert "misses the $110 budget by" in got.err and len(got.err.strip().splitlines()) == 1
+    assert "`--minimize cost` or `--max-devices` searches fewer nodes too" in got.err
+    # a budget every winner meets drops none and says so; the table is the search's, as before
+    assert main(["search", gpt_1b, "--top", "2", "--budget", "1k$"]) == 0
+    out = capsys.readouterr().out
+    assert "minimize time; budget $1k\n  every winner meets it\n" in out and "dropped" not in out
 
 
 def test_a_deadline_no_plan_meets_exits_1_naming_the_closest(gpt_1b, tmp_path, capsys):

@@ -404,6 +404,8 @@ def text(out: Outcome) -> str:
         dropped = [i for i in range(len(out.options)) if out.constraints.misses(out.options[i])]
         for i in dropped:
             lines.append(f"  dropped #{out.options[i].rank}: {'; '.join(out.constraints.misses(out.options[i]))}")
+        if not dropped and out.options:
+            lines.append(f"  every winner meets {'it' if cons.count(',') == 0 else 'them'}")
         if c is not None and out.options[c].rank != 1:
             lines.append(f"  chosen: #{out.options[c].rank}, the fastest that meets the constraints")
     if c is not None and out.swept:
@@ -447,8 +449,9 @@ def no_plan_line(out: Outcome) -> str:
     if i is None:
         return "no plan fits the devices"
     o = out.options[i]
+    more = "" if out.swept else " (`--minimize cost` or `--max-devices` searches fewer nodes too)"
     return (f"no plan meets {out.constraints.words()}: the closest, {_where(o)}, {o.winner.plan.describe()}, "
-            f"{' and '.join(out.constraints.misses(o))}")
+            f"{' and '.join(out.constraints.misses(o))}{more}")
 
 
 def to_json(out: Outcome, base: dict) -> dict:
