@@ -184,6 +184,18 @@ def test_time_with_a_budget_drops_winners_and_says_which(gpt_1b, capsys):
     assert "minimize time; budget $1k\n  every winner meets it\n" in out and "dropped" not in out
 
 
+def test_time_over_allocations_under_a_budget_stops_at_the_first_that_meets_it(gpt_1b, capsys):
+    """Minimising time with --max-devices, the descent stops at the first count with a plan under the budget (fewer
+    nodes are taken to be no faster), and the line under the choice says what the fastest misses."""
+    assert main(["search", gpt_1b, "--top", "2", "--max-devices", "64", "--budget", "$110", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    chosen, fastest = got["options"][got["chosen"]], got["options"][got["fastest"]]
+    assert fastest["nodes"] == 8 and fastest["run"]["usd"] > 110 >= chosen["run"]["usd"]
+    assert got["sweep"]["nodes"][-1] == chosen["nodes"] < 8
+    assert got["sweep"]["stopped"].startswith("minimising time, a plan here meets the constraints")
+    assert chosen["run"]["days"] == min(o["run"]["days"] for o in got["options"] if o["run"]["usd"] <= 110)
+
+
 def test_a_deadline_no_plan_meets_exits_1_naming_the_closest(gpt_1b, tmp_path, capsys):
     out = tmp_path / "never.scale"
     assert main(["search", gpt_1b, "--top", "1", "--minimize", "cost", "--deadline", "30min", "-o", str(out)]) == 1

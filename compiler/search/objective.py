@@ -7,8 +7,9 @@ The sweep. Where the objective is cost or energy, or `--max-devices` is given, t
 n ≤ M, M the file's nodes (`--nodes` where given) or `--max-devices` // devices per node: M, then M/2^k and
 3M/2^(k+2) for k = 0, 1, ... rounded half up to whole nodes (at least one), each count once, largest first
 (`node_counts`). Each count keeps the search's `top` winners, priced over the train section's steps. The descent
-stops at the first count where no plan fits (fewer devices hold no more), and, with a deadline, at the first count
-whose fastest plan misses it: this assumes that a smaller allocation of the same machines is not faster, which
+stops at the first count where no plan fits (fewer devices hold no more); with a deadline, at the first count
+whose fastest plan misses it; minimising time, at the first count with a plan that meets the constraints. The last
+two assume that a smaller allocation of the same machines is not faster, which
 holds while the step is compute-bound (the same work over fewer devices) and can fail where a larger allocation's
 communication dominates; the report says where the sweep stopped and why.
 
@@ -303,6 +304,10 @@ def sweep(spec, minimize: str, constraints: Constraints, top: int = 5, fixed: di
                                "no more")
             break
         fastest = min(options, key=lambda o: o.wall_s)
+        if minimize == "time" and any(not constraints.misses(o) for o in options):
+            if not last:
+                out.stopped = "minimising time, a plan here meets the constraints: fewer nodes are taken to be no faster"
+            break
         if constraints.deadline_s is not None and fastest.wall_s > constraints.deadline_s:
             if not last:
                 out.stopped = (f"its fastest plan takes {duration(fastest.wall_s)}, past the "
