@@ -295,7 +295,8 @@ def sweep(spec, minimize: str, constraints: Constraints, top: int = 5, fixed: di
         elapsed = time.perf_counter() - start
         if progress is not None and elapsed >= PROGRESS_AFTER_S:
             best = min(options, key=lambda o: o.wall_s, default=None)
-            what = (f"fastest {duration(best.wall_s)}, {dollars(best.usd)}" if best else "no plan fits")
+            what = (f"fastest {duration(best.wall_s)}, {dollars(best.usd)}, {joules(best.run.joules)}" if best
+                    else "no plan fits")
             progress(f"search --minimize {minimize}: {n} nodes × {dpn} {kind}: {what} ({elapsed:.0f} s so far)")
         last = n == 1
         if not options:
@@ -306,7 +307,8 @@ def sweep(spec, minimize: str, constraints: Constraints, top: int = 5, fixed: di
         fastest = min(options, key=lambda o: o.wall_s)
         if minimize == "time" and any(not constraints.misses(o) for o in options):
             if not last:
-                out.stopped = "minimising time, a plan here meets the constraints: fewer nodes are taken to be no faster"
+                out.stopped = ("minimising time, a plan here meets the constraints: fewer nodes are taken to be no "
+                               "faster")
             break
         if constraints.deadline_s is not None and fastest.wall_s > constraints.deadline_s:
             if not last:
