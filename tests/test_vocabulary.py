@@ -91,7 +91,8 @@ def test_cli_flags_are_pinned(monkeypatch):
                 "--local-nodes", "--force", "--resume-changed", "--resume-schedule"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
-        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html", "--headroom", "--nodes"},
+        "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html", "--headroom", "--nodes",
+                   "--minimize", "--deadline", "--budget", "--max-devices"},
         "network": {"-h", "--help", "--op", "--size", "--ranks", "--group", "--json", "--measured"},
         "data": {"-h", "--help", "--tokenizer", "-o", "--output", "--text-key", "--separator", "--quiet"}}
 

@@ -301,14 +301,15 @@ def to_json(result: Result) -> dict:
     }
 
 
-def scale_text(spec: S.Spec, winner: Winner) -> str:
+def scale_text(spec: S.Spec, winner: Winner, chosen: str | None = None) -> str:
     """The winner as a complete .scale file (`-o BEST.scale`): a comment header with its predicted figures, then the
-    file printed by compiler/report/scale.py (its mesh and plan sections from the winner's plan, the rest of `spec`'s
-    source as written, the mesh's device and its figures included)."""
+    file printed by compiler/report/scale.py (its mesh and plan sections from the winner's plan on `spec`'s cluster,
+    its node count included, the rest of `spec`'s source as written, the mesh's device and its figures included).
+    `chosen` says how the plan was chosen where it is not the fastest found (`search --minimize`)."""
     from compiler.parse import parse
     p = winner.prediction
-    header = (f"# Written by `scalec search` from {spec.path}: its mesh and plan sections replaced by the fastest "
-              f"plan found,\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
+    header = (f"# Written by `scalec search` from {spec.path}: its mesh and plan sections replaced by "
+              f"{chosen or 'the fastest plan found'},\n# {winner.plan.describe()}:\n# predicted {seconds(p.step_time_s)} per step, "
               f"{p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%}, "
               f"peak {nbytes(winner.peak_bytes, gigabytes=True)} per rank "
               f"(of {spec.cluster.device.memory_gb:g}).\n")
