@@ -212,15 +212,20 @@ def ettr_of(g) -> tuple:
     return g.ettr_best, "the best checkpoint interval's: the program saves none during the run"
 
 
-def of(compiled) -> Run | None:
-    """The compiled plan's run: its predicted step on its cluster, its train section's length, its goodput's ETTR;
-    None without a decided plan."""
+def priced(spec, plan, est, prediction) -> Run:
+    """The run of `plan` (decided) on `spec`'s cluster: its `prediction`'s step (est: its cost.Estimate) at the
+    straggler detection's threshold (0.8 where detection is off), `train`'s steps, the goodput model's ETTR. What
+    `plan` prints (`of`) and what `search --minimize` ranks (compiler/search/objective.py)."""
     from compiler.cost import goodput as GP
-    if compiled.plan is None:
-        return None
-    spec = compiled.spec
     r = spec.resilience
     threshold = r.threshold if getattr(r, "detect", True) else 0.8
-    s = step(compiled.costs.step, spec.cluster, compiled.costs, threshold)
-    ettr, note = ettr_of(GP.of(compiled))
+    s = step(prediction, spec.cluster, est, threshold)
+    ettr, note = ettr_of(GP.goodput(spec, plan, est, prediction.step_time_s))
     return run(s, spec.train.steps, ettr, spec.train.tokens, note)
+
+
+def of(compiled) -> Run | None:
+    """The compiled plan's run (`priced`); None without a decided plan."""
+    if compiled.plan is None:
+        return None
+    return priced(compiled.spec, compiled.plan, compiled.costs, compiled.costs.step)

@@ -249,14 +249,8 @@ def node_counts(most: int) -> list:
 
 
 def price(spec, winner) -> E.Run:
-    """`winner`'s run on `spec`'s cluster, as `plan` prices a compiled plan (compiler/cost/energy.py `of`): its
-    step's energy at the straggler detection's threshold, `train`'s steps, the goodput model's ETTR."""
-    from compiler.cost import goodput as GP
-    r = spec.resilience
-    threshold = r.threshold if getattr(r, "detect", True) else 0.8  # energy.of's
-    step = E.step(winner.prediction, spec.cluster, winner.estimate, threshold)
-    ettr, note = E.ettr_of(GP.goodput(spec, winner.plan, winner.estimate, winner.prediction.step_time_s))
-    return E.run(step, spec.train.steps, ettr, spec.train.tokens, note)
+    """`winner`'s run on `spec`'s cluster, as `plan` prices a compiled plan (compiler/cost/energy.py `priced`)."""
+    return E.priced(spec, winner.plan, winner.estimate, winner.prediction)
 
 
 def priced(spec, result) -> list:
