@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 
 
 def _plural(n: int, word: str) -> str:
@@ -89,3 +90,18 @@ def data_written(got) -> str:
             f"train on it with `data = tokens(path = \"{os.path.basename(got.prefix)}.bin\""
             f"{'' if got.dtype == 'uint16' else ', dtype = ' + got.dtype})` and a model of "
             f"vocab = {got.vocab_size}\n")
+
+
+def html_with_json(args) -> int | None:
+    """`--html` with `--json`: one asks for a page, the other for stdout to hold only JSON; refused (exit 2)."""
+    if args.html and args.json:
+        sys.stderr.write(f"error: --html and --json: choose one (the page is drawn from the same figures as "
+                         f"`scalec {args.command} --json`)\n")
+        return 2
+    return None
+
+
+def write_html(path: str, page: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    print(f"wrote {path}")
