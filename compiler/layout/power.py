@@ -72,6 +72,12 @@ class Power:
             return "as written"
         if self.kind == "cpu" and name in FIELDS:
             return "assumed for one core's share of a server, not measured"
+        hopper = self.kind in ("h100", "h800", "h200")
+        if name == "idle_w":
+            return "an H200's measured idle" if hopper else "an H200's measured idle, scaled by maximum"
+        if name == "host_w":
+            return ("a measured 8-GPU H100 node's peak less its GPUs" if hopper
+                    else "the node's rating less its GPUs, at a measured H100 node's share of its rating")
         if name == "usd_per_gpu_hour" and self.kind in ("h800", "h100"):
             return "DeepSeek-V3's assumed H800 rental"
         if name == "grid" and self.grid_region != WORLD:

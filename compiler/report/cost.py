@@ -34,6 +34,21 @@ def _watts(w: float) -> str:
     return count(w, "W")
 
 
+def _power_lines(p, dev: str) -> list[str]:
+    """The power block's two lines: each figure with its source, or, where one source holds for every figure of a
+    line, that source once at its end."""
+    def line(items):
+        sources = {p.source(k) for _, k in items}
+        if len(sources) == 1:
+            return ", ".join(t for t, _ in items) + f" ({sources.pop()})"
+        return ", ".join(f"{t} ({p.source(k)})" for t, k in items)
+    device = [(f"{p.active_w:g} W computing", "active_w"), (f"{p.communicating_w:g} W communicating",
+                                                          "communicating_w"), (f"{p.idle_w:g} W idle", "idle_w")]
+    node = [(f"{_watts(p.host_w)} host", "host_w"), (f"{_watts(p.network_w)} network", "network_w")]
+    return [f"power       {dev}: {line(device)}",
+            f"            per node {line(node)}; PUE {p.pue:g} ({p.source('pue')})"]
+
+
 def cost_text(compiled) -> list[str]:
     r = E.of(compiled)
     if r is None:
@@ -41,10 +56,7 @@ def cost_text(compiled) -> list[str]:
     s, p = r.step, r.step.power
     dev = compiled.spec.cluster.device.kind
     slow = max(s.ranks, key=lambda k: k.joules)
-    lines = ["", f"power       {dev}: {p.active_w:g} W computing ({p.source('active_w')}), {p.communicating_w:g} W "
-                 f"communicating ({p.source('communicating_w')}), {p.idle_w:g} W idle ({p.source('idle_w')})",
-             f"            per node {_watts(p.host_w)} host ({p.source('host_w')}) + {_watts(p.network_w)} network "
-             f"({p.source('network_w')}); PUE {p.pue:g} ({p.source('pue')})",
+    lines = [""] + _power_lines(p, dev) + [
              f"energy      {joules(s.joules, kwh=False)} per step, {_watts(s.watts)} at the facility = PUE {p.pue:g} × "
              f"(devices {joules(s.devices_j, kwh=False)} + hosts {joules(s.hosts_j, kwh=False)} + network "
              f"{joules(s.network_j, kwh=False)})",
