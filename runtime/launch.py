@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         if {f.exitcode for f in exc.failures.values()} <= {EXIT_EXCLUDE, EXIT_REJOIN}:
             print(ENDED, file=sys.stderr, flush=True)
             return EXIT_EXCLUDE
-        if {f.exitcode for f in exc.failures.values()} == {REPLAN_CODE}:
+        codes = {f.exitcode for f in exc.failures.values()}
+        # every worker ends on purpose after rank 0 asked; the agent stops the node's others when the first ends,
+        # so some may be signalled before their own exit (a negative exit code: the signal)
+        if REPLAN_CODE in codes and all(c == REPLAN_CODE or c < 0 for c in codes):
             print(f"scalec: the run ended to be re-planned on the nodes left (exit {REPLAN_CODE}): `scalec run` "
                   "re-plans and launches the new plan; rank 0's lines above say why", file=sys.stderr, flush=True)
             return REPLAN_CODE

@@ -71,6 +71,28 @@ def test_the_launcher_keeps_torchruns_report_under_debug(monkeypatch, capsys):
         launch.main(["--nproc-per-node", "1", "program.py", "--debug"])
 
 
+def test_a_re_plan_with_workers_the_agent_stopped_is_still_a_re_plan(monkeypatch, capsys):
+    """Every worker ends with REPLAN_CODE after rank 0 asked, but the agent stops a node's others (SIGTERM) when the
+    first ends: the job still ends asking for the re-plan; a re-plan beside another failure does not."""
+    import signal as S
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from runtime import launch
+    from runtime.errors import REPLAN_CODE
+
+    def ends(*codes):
+        def fail(args):
+            raise ChildFailedError("program.py", {i: ProcessFailure(local_rank=i, pid=1, exitcode=c, error_file="")
+                                                  for i, c in enumerate(codes)})
+        monkeypatch.setattr(launch, "run", fail)
+        return launch.main(["--nproc-per-node", str(len(codes)), "program.py"])
+    assert ends(REPLAN_CODE, -int(S.SIGTERM)) == REPLAN_CODE
+    assert ends(REPLAN_CODE, REPLAN_CODE) == REPLAN_CODE
+    assert ends(REPLAN_CODE, 1) == 1
+    assert ends(-int(S.SIGTERM)) == 1
+
+
 def test_the_agent_does_not_restart_after_a_fatal_exit_code(monkeypatch):
     """runtime.launch's agent: a worker that exited with runtime.errors.EXIT_CODE leaves no restarts (torchrun's
     loop then ends the job) and marks the store for other agents, whose failing workers are not restarted either;
