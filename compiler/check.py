@@ -368,7 +368,7 @@ def _power(c: Checker, s: dict, kind: str):
     range: every figure positive, a PUE of at least 1, a device that draws no more waiting than working."""
     at = s["_spans"]
     for key in POWER.FIELDS:
-        if s[key] is not None and (s[key] < 0 if key == "network_w" else s[key] <= 0):
+        if s[key] == 0 and key != "network_w":  # to_float refuses a negative figure; a network of 0 W may be
             what = "a price" if key == "usd_per_gpu_hour" else "a power"
             c.error("E0120", f"`{key}` must be positive: {what} of {s[key]:g} prices the run at nothing",
                     span_of(at[key]),

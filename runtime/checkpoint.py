@@ -110,6 +110,12 @@ def newest_intact(directory: str) -> tuple[str | None, list[str]]:
     return None, skipped
 
 
+def newest_step(directory: str) -> int:
+    """The step of the newest `step_N` of `directory` renamed into place, 0 without one."""
+    found = _complete(directory)
+    return found[-1][0] if found else 0
+
+
 def newest_complete(directory: str) -> str | None:
     """The newest `step_N` of `directory` that was renamed into place (its files not yet checked), or None."""
     found = _complete(directory)

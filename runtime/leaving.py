@@ -89,14 +89,6 @@ def finish(verdict: tuple[int, str], world: list, me: int, checkpoint_dir: str, 
     return node_record.leave_out(out["name"], world[me]["name"])
 
 
-def _last_step(directory: str) -> int:
-    """The step of the newest checkpoint renamed into place in `directory` (`step_N`), 0 without one."""
-    import re
-    steps = [int(m.group(1)) for e in (os.listdir(directory) if os.path.isdir(directory) else ())
-             if (m := re.fullmatch(r"step_(\d+)", e)) and os.path.exists(os.path.join(directory, e, ".metadata"))]
-    return max(steps, default=0)
-
-
 def shrunk(resilience, checkpoint_dir: str, world: int, expected: int, store_of) -> int | None:
     """At start-up, where torchrun started `world` processes and the plan needs `expected` (more): with
     `on_straggler = replan` and the last whole attempt's nodes in the node record, every rank's exit status
@@ -120,7 +112,8 @@ def shrunk(resilience, checkpoint_dir: str, world: int, expected: int, store_of)
         present = [store.get(f"shrunk/node{g}").decode() for g in range(world // local)]
         gone = [n for n in members if n not in present]
         if gone and len(members) - len(gone) == world // local:
-            step = _last_step(checkpoint_dir)
+            from runtime.checkpoint import newest_step  # torch: loaded in a worker already
+            step = newest_step(checkpoint_dir)
             why = (f"{', '.join(gone)} did not join: {world // local} of the last attempt's {len(members)} nodes "
                    "started")
             for name in gone:

@@ -108,8 +108,6 @@ GRIDS = {"world": 481.0, "china": 582.0, "us": 369.0, "india": 713.0, "germany":
 DEFAULT_SOURCES = {
     "active_w": "the datasheet's maximum board power",
     "communicating_w": "assumed: idle + 30% of (maximum - idle)",
-    "idle_w": "an H200's measured idle, scaled by maximum",
-    "host_w": "a measured H100 node's peak less its GPUs, scaled",
     "network_w": "assumed: 3 switch ports per NIC at 25 W",
     "pue": "Google's fleet, 2021",
     "grid": "Ember 2023, the world's average",

@@ -26,7 +26,8 @@ def dollars(usd: float) -> str:
     return f"${usd:.4g}" if usd >= 1 else f"${usd:.3g}"
 
 
-def _tonnes(t: float) -> str:
+def tonnes(t: float) -> str:
+    """Tonnes of CO2e: whole tonnes from 100 up, 3 significant digits below."""
     return f"{t:,.0f}" if t >= 100 else f"{t:.3g}"
 
 
@@ -75,7 +76,7 @@ def cost_text(compiled) -> list[str]:
               else f"{r.tokens:,} tokens")
     lines += [f"run         {r.steps:,} steps ({length}) in {duration(r.wall_s)} at ETTR {r.ettr:.1%}, {r.ettr_note}",
               f"            {count(r.gpu_hours)} GPU-hours, {joules(r.joules)}, {dollars(r.usd)}, "
-              f"{_tonnes(r.tco2e)} tCO2e at {p.grid_g_per_kwh:g} g/kWh ({p.source('grid')})",
+              f"{tonnes(r.tco2e)} tCO2e at {p.grid_g_per_kwh:g} g/kWh ({p.source('grid')})",
               f"            {r.tokens_per_joule:.4g} tokens per joule, {count(r.flops_per_joule, 'FLOP')} (model) per "
               f"joule; figures and sources: compiler/layout/power.py"]
     return lines

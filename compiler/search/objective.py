@@ -30,14 +30,15 @@ import time
 from dataclasses import dataclass, field
 
 from compiler.cost import energy as E
-from compiler.report.cost import dollars, joules
+from compiler.parse import SUFFIXES
+from compiler.report.cost import dollars, joules, tonnes
 from compiler.report.goodput import duration
 from compiler.report.units import count, nbytes, seconds
 
 OBJECTIVES = ("time", "cost", "energy")
 FIGURE = {"time": "dollars", "cost": "dollars", "energy": "energy"}  # the Pareto table's second axis
 UNITS_S = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-SCALES = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+SCALES = {"": 1.0, "k": 1e3, **{k: 10.0 ** p for k, p in SUFFIXES.items()}}  # the .scale numbers' and k
 PROGRESS_AFTER_S = 10.0  # per-count lines on stderr once the sweep has run this long
 
 
@@ -344,11 +345,7 @@ def _where(o: Option) -> str:
 def _run_words(o: Option) -> str:
     r = o.run
     return (f"{duration(r.wall_s)}, {count(r.gpu_hours)} GPU-hours, {joules(r.joules)}, {dollars(r.usd)}, "
-            f"{_tonnes(r.tco2e)} tCO2e")
-
-
-def _tonnes(t: float) -> str:
-    return f"{t:,.0f}" if t >= 100 else f"{t:.3g}"
+            f"{tonnes(r.tco2e)} tCO2e")
 
 
 def why(out: Outcome) -> str | None:
@@ -434,7 +431,7 @@ def text(out: Outcome) -> str:
             mark = "*" if i == c else " "
             lines += [f"  {mark} {o.devices:>8,}  {seconds(o.step_s):>9}  {duration(r.wall_s):>10}  "
                       f"{count(r.gpu_hours):>10}  {joules(r.joules):>10}  {dollars(r.usd):>9}  "
-                      f"{_tonnes(r.tco2e):>7}",
+                      f"{tonnes(r.tco2e):>7}",
                       f"      {o.nodes} node{'s' if o.nodes != 1 else ''}, #{o.rank}: {o.winner.plan.describe()}",
                       f"      {_row_reason(out, i)}"]
     if out.swept:

@@ -11,25 +11,16 @@ import pytest
 from bench import route_around_drill as D
 
 
-# slow tier: about a minute of eight CPU processes and two relaunches here; CI holds its pieces: the re-plan and the
-# run loop that launches it (tests/test_replan.py), the ask on the vote and each rank's status
-# (tests/test_stragglers.py), the launcher's statuses (tests/test_node_record.py)
+# slow tier: a minute (a slow node) or two (a dead node: the rendezvous waits out its keep-alive and its last call)
+# of eight CPU processes and two relaunches here; CI holds the pieces: the re-plan and the run loop that launches it
+# (tests/test_replan.py), the ask on the vote and each rank's status (tests/test_stragglers.py), the launcher's
+# statuses (tests/test_node_record.py, tests/test_faults_unit.py), the members and the request of a smaller world
+# (tests/test_node_record.py)
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_slow_node_is_left_out_and_the_run_resumes_on_the_re_planned_mesh():
+@pytest.mark.parametrize("dead", [False, True], ids=["slow_node", "dead_node"])
+def test_a_node_is_left_out_and_the_run_resumes_on_the_re_planned_mesh(dead):
     args = SimpleNamespace(rank=5, onset=21, fraction=1.0, steps=45, tolerance=1e-6, timeout=600, remembered=False,
-                           restart=False, dead=False)
+                           restart=False, dead=dead)
     ok, line = D.trial(args, 0, keep=False)
     assert ok, line  # within 1e-6 of the reference (bitwise in most trials: the note's figures)
-
-
-# slow tier: about two minutes (the rendezvous waits out the dead node's keep-alive and its last call); CI holds
-# its pieces: the members and the request of a smaller world (tests/test_node_record.py), the launcher's re-plan
-# status with workers it stopped (tests/test_faults_unit.py), the re-plan loop (tests/test_replan.py)
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_a_dead_node_is_left_out_and_the_run_resumes_on_the_re_planned_mesh():
-    args = SimpleNamespace(rank=5, onset=21, fraction=1.0, steps=45, tolerance=1e-6, timeout=600, remembered=False,
-                           restart=False, dead=True)
-    ok, line = D.trial(args, 0, keep=False)
-    assert ok, line
