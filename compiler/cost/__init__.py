@@ -73,6 +73,8 @@ class Estimate:
     ledger_of: object = field(default=None, compare=False, repr=False)
     """() -> Ledger: the collectives of one step on the rank (`ledger`, built on first read: a search reads the
     ledgers of only the plans it times). Two estimates are equal when their fields and their ledgers are."""
+    step_entries_of: object = field(default=None, compare=False, repr=False)
+    """() -> tuple: the ledger's once-per-step entries alone (`step_entries`, where the ledger is not built)."""
     step_of: object = field(default=None, compare=False, repr=False)
     """(this estimate) -> step_time.Prediction: one optimizer step's predicted time (`step`, made on first read).
     A compiled plan's estimate has it (compiler/pipeline.py: step_time.step_of); a search's candidates have none
@@ -93,6 +95,21 @@ class Estimate:
         if got is None:
             got = self.ledger_of()
             object.__setattr__(self, "_ledger", got)  # a frozen value's cache: the same ledger every read
+        return got
+
+    @property
+    def step_entries(self) -> tuple:
+        """The ledger's entries of direction "step" (data parallelism's, tp's partial gradients), in its order:
+        all the step-time model reads of the ledger where placement is not auto. Taken from the ledger where it
+        is built; otherwise built alone (a search's time bounds read only these, and the whole ledger, every site
+        of the graphs, was two fifths of a bound)."""
+        got = self.__dict__.get("_ledger")
+        if got is not None or self.step_entries_of is None:
+            return tuple(c for c in self.ledger.entries if c.direction == "step")
+        got = self.__dict__.get("_step_entries")
+        if got is None:
+            got = self.step_entries_of()
+            object.__setattr__(self, "_step_entries", got)  # a frozen value's cache, as the ledger's
         return got
 
     @property
@@ -222,11 +239,12 @@ class CostModel:
         stages = self._stages(plan, env, layout) if layout and memory else ()
         memory = self._memory(plan, env, layout, stages, params_rank, experts_rank) if memory else ()
         led = lambda: self._ledger(plan, env, pp_rank, nb, on_rank, params_rank, experts_rank)  # noqa: E731
+        steps = lambda: self._step_entries(plan, env, nb, on_rank, params_rank, experts_rank)  # noqa: E731
         return Estimate(params=fo.model_params, params_n=fo.model_params_n, params_rank=int(params_rank),
                         expert_params_rank=int(experts_rank), flops_fwd=fo.flops_fwd, flops_step=fo.flops_step,
                         flops_step_n=fo.flops_step_n, flops_rank_step_n=int(m * rank_flops), model_state=state,
                         flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
-                        stages=stages, ledger_of=led, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
+                        stages=stages, ledger_of=led, step_entries_of=steps, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
 
     def _hardware_flops(self, recompute: str, passes: int) -> tuple:
@@ -332,17 +350,8 @@ class CostModel:
         b_sym = spec.train.global_batch / (ranks_sym * m)
         entries = []
 
-        def times_of(where):
-            kind, name = where
-            if kind == "block":
-                if nb is not None:
-                    return m * nb[name], None
-                count_sym, count = self.formulas.counts[name]
-                return m * count, (lambda: m * count_sym)
-            return (m, None) if on_rank.get(name, False) else (0, None)
-
         for site, f in self.formulas.sites:
-            times, per_step = times_of(site.where)
+            times, per_step = self._times_of(plan, site.where, nb, on_rank)
             if not times:
                 continue
             dtype = site.dtype_bytes or (4 if site.fp32 else res_bytes if site.residual else act_bytes)
@@ -362,9 +371,39 @@ class CostModel:
                                           times=times * again, bytes=int(f(env) * dtype * times * again),
                                           element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
                                           per_step_formula=per_step))
+        entries += self._partial(plan, env, nb, on_rank)
+        if nb is not None:
+            self._transfers(plan, env, pp_rank, entries, b_sym)
+        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        return Ledger(tuple(entries))
+
+    def _step_entries(self, plan, env, nb, on_rank, params_rank, experts_rank) -> tuple:
+        """The ledger's once-per-step entries (`_ledger`'s of direction "step"), in its order, without the rest."""
+        entries = self._partial(plan, env, nb, on_rank)
+        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        return tuple(c for c in entries if c.direction == "step")
+
+    def _times_of(self, plan, where, nb, on_rank) -> tuple:
+        """(times per step, a formula of it or None) of what sits at `where` (a block of a repeat, or a top-level
+        segment) on the rank: `nb` its blocks per repeat under pp (None: every block), `on_rank` the segments."""
+        m = plan.micro_batches
+        kind, name = where
+        if kind == "block":
+            if nb is not None:
+                return m * nb[name], None
+            count_sym, count = self.formulas.counts[name]
+            return m * count, (lambda: m * count_sym)
+        return (m, None) if on_rank.get(name, False) else (0, None)
+
+    def _partial(self, plan, env, nb, on_rank) -> list:
+        """tp's partial gradients' all-reduce, once per step (a list of it, or empty)."""
+        spec = self.spec
+        dp = env[0]
+        m = plan.micro_batches
+        entries: list = []
         partial_n, parts = 0, []
         for where, f in self.formulas.partial:
-            times, _ = times_of(where)
+            times, _ = self._times_of(plan, where, nb, on_rank)
             if times:
                 k = times // m
                 partial_n += k * f(env)
@@ -382,10 +421,7 @@ class CostModel:
             entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=plan.span("axis tp"),
                                       reason=_partial_reason(spec, plan), direction="step", times=1,
                                       bytes=int(partial_n * g), element_formula=partial_formula))
-        if nb is not None:
-            self._transfers(plan, env, pp_rank, entries, b_sym)
-        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
-        return Ledger(tuple(entries))
+        return entries
 
     def _transfers(self, plan, env, pp_rank, entries, b_sym) -> None:
         """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under

@@ -311,7 +311,7 @@ class Simulator:
             last_backward = bwd
             ops = m * (sum(pieces[k].ops for k in tops) + sum(counts[k] * pieces[k].ops for k in blocks))
         # data parallelism's traffic and the optimizer, per rank kind
-        step_entries = [c for c in est.ledger.entries if c.direction == "step"]
+        step_entries = est.step_entries
         params0 = max(est.params_rank, 1)
         shard = dp if plan.shards_optimizer else 1
         if plan.shards_grads and ep > 1:

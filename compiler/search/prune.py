@@ -105,6 +105,7 @@ class Search(Tally):
         self.stats: dict = {}
         self._stat_key_cache: dict = {}  # (axes, schedule, context_parallel) -> _stat_keys
         self._pending: dict = {}      # (stat keys, id(problems)) -> [problems, times]: refusals not yet counted
+        self._cp_shape_memo: dict = {}  # (cp, variant) -> cp's shape-wide refusals (Tally._cp_shape_refused)
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
         self.by_key: dict = {}        # layout key -> (time, Winner)
         self.all_axes_fixed = all(a in fixed for a in ORDER if a != "ep" or self.moe)
@@ -137,22 +138,39 @@ class Search(Tally):
                 return padded, []
         return plan, problems
 
-    def _family_legal(self, plan, memo):
-        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads
-        (rules.per_shape, by the refusal's axis): a tensor-parallel rule's (tp, sequence parallelism, tp_layers,
-        pad_vocab, seq_len), a pipeline rule's that does not read the micro-batches (pipeline_split.PER_SHAPE: pp,
-        schedule, virtual stages), an expert rule's (ep, dp, sequence parallelism, data_parallel). The rules
-        themselves are only ever called."""
-        keys = {"tp": (plan.size("tp"), plan.sequence_parallel, plan.pad_vocab),
-                "pp": (plan.size("pp"), plan.schedule, plan.virtual_stages),
-                "ep": (plan.size("ep"), plan.size("dp") > 1, plan.sequence_parallel, plan.data_parallel),
-                # cp's rules (and packed documents'): cp, its variant and the settings they say cp is not built with
-                "cp": (plan.size("cp"), plan.context_parallel, plan.size("tp"), plan.size("pp"), plan.size("ep"),
-                       plan.size("dp") > 1, plan.data_parallel, plan.recompute, plan.compile)}
+    def _memo_keys(self, sizes: dict, schedule: str, virtual_stages: int, sequence_parallel: bool,
+                   context_parallel: str, data_parallel: str, recompute: str) -> dict:
+        """What `_family_legal` remembers a refusal under, per the refusing rule's axis: a tensor-parallel rule's
+        (tp, sequence parallelism, pad_vocab; tp_layers and seq_len are the search's own), a pipeline rule's that
+        does not read the micro-batches (pipeline_split.PER_SHAPE: pp, schedule, virtual stages), an expert rule's
+        (ep, dp, sequence parallelism, data_parallel), cp's (and packed documents'): cp, its variant and the
+        settings they say cp is not built with. From the settings alone: a group's are known before any plan of
+        it is made."""
+        tp, pp, ep, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("ep", 1), sizes.get("dp", 1)
+        return {"tp": (tp, sequence_parallel, self.base.pad_vocab),
+                "pp": (pp, schedule, virtual_stages),
+                "ep": (ep, dp > 1, sequence_parallel, data_parallel),
+                "cp": (sizes.get("cp", 1), context_parallel, tp, pp, ep, dp > 1, data_parallel, recompute,
+                       self.base.compile)}
+
+    def _remembered(self, keys: dict, memo: dict):
+        """The refusals `memo` holds for any of `keys` (`_memo_keys`), or None."""
         for axis, k in keys.items():
             got = memo.get((axis, k))
             if got is not None:
-                return plan, got
+                return got
+        return None
+
+    def _family_legal(self, plan, memo, keys: dict | None = None):
+        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads
+        (rules.per_shape, by the refusal's axis; `_memo_keys`, given as `keys` where the caller has them). The
+        rules themselves are only ever called."""
+        if keys is None:
+            keys = self._memo_keys(dict(plan.axes), plan.schedule, plan.virtual_stages, plan.sequence_parallel,
+                                   plan.context_parallel, plan.data_parallel, plan.recompute)
+        got = self._remembered(keys, memo)
+        if got is not None:
+            return plan, got
         plan, problems = self._legal(plan)
         for d in problems:
             if per_shape(d):
@@ -428,14 +446,39 @@ class Search(Tally):
         t1 = time.perf_counter()
         bounded = []
         memo: dict = {}
-        for make, ms in groups:
-            first, problems = self._family_legal(make(ms[0]), memo)
+        dp_mode, rc = self.fixed.get("data_parallel", "ddp"), self.fixed.get("recompute", "none")
+        m_memo: dict = {}  # (a group's settings, its batch ranks, m) -> what the rules refuse
+        for g in groups:
+            make, ms = g
+            keys = self._memo_keys(g.sizes, g.schedule, g.virtual_stages, g.sequence_parallel, g.context_parallel,
+                                   dp_mode, rc)
+            problems = self._remembered(keys, memo)
+            if problems is not None:  # refused by what the group's settings alone decide: no plan of it made
+                self.counts.family_rules += len(ms)
+                self._pending_add(self._stat_keys_of(g.axes, g.schedule, g.context_parallel), problems, len(ms))
+                continue
+            first, problems = self._family_legal(make(ms[0]), memo, keys)
             if problems and any(per_shape(d) for d in problems):  # refusals the micro-batch count does not change
                 self.counts.family_rules += len(ms)
                 self._refused(first, problems, len(ms))
                 continue
+            # the group's other families differ from its first in the micro-batch count alone: what every rule
+            # reads of them (rules.READS) is the group's settings (its memo keys), m and the batch ranks, so a
+            # refusal of one is remembered under those (a tenth of the 175B search refused the same few
+            # micro-batch counts again and again)
+            at = (tuple(keys.values()), g.sizes["dp"] * g.sizes["ep"])
             for m in ms:
-                plan, problems = self._family_legal(make(m), memo) if m != ms[0] else (first, problems)
+                if m == ms[0]:
+                    plan = first
+                else:
+                    problems = m_memo.get((at, m))
+                    if problems is not None:
+                        self.counts.family_rules += 1
+                        self._pending_add(self._stat_keys_of(g.axes, g.schedule, g.context_parallel), problems, 1)
+                        continue
+                    plan, problems = self._legal(make(m))
+                    if problems:
+                        m_memo[(at, m)] = problems
                 if problems:
                     self.counts.family_rules += 1
                     self._refused(plan, problems)

@@ -115,12 +115,15 @@ def _axes(sizes: dict) -> tuple:
 
 
 class Group(tuple):
-    """One group of families (`Space.groups`): iterates as (a plan maker, the micro-batch counts); `schedule` and
-    `context_parallel` say which of the shape's groups it is without making a plan."""
+    """One group of families (`Space.groups`): iterates as (a plan maker, the micro-batch counts); `sizes` (the mesh
+    shape), `axes`, `schedule`, `virtual_stages`, `sequence_parallel` and `context_parallel` say which group it is
+    without making a plan (the search refuses most groups by what these alone decide)."""
 
-    def __new__(cls, make, ms, schedule: str, context_parallel: str):
+    def __new__(cls, make, ms, sizes: dict, axes: tuple, schedule: str, virtual_stages: int,
+                sequence_parallel: bool, context_parallel: str):
         group = super().__new__(cls, (make, ms))
-        group.schedule, group.context_parallel = schedule, context_parallel
+        group.sizes, group.axes, group.schedule, group.virtual_stages = sizes, axes, schedule, virtual_stages
+        group.sequence_parallel, group.context_parallel = sequence_parallel, context_parallel
         return group
 
 
@@ -192,7 +195,7 @@ class Space:
                                     data_parallel=f.get("data_parallel", "ddp"),
                                     fsdp_grad_sync=f.get("fsdp_grad_sync", "step"))
                 if ms:
-                    yield Group(make, ms, sched, cpv)
+                    yield Group(make, ms, sizes, axes, sched, v, sp, cpv)
 
     def families(self, sizes: dict) -> list:
         """Every family of one mesh shape (plans with recompute none and ddp, or the fixed ones)."""
@@ -226,11 +229,10 @@ class Space:
         """How many candidates `groups` (of `groups()`) describe: families × dp variants × recomputations. Counted
         from each group's mesh shape (a family's dp variants read only dp, pp and its micro-batches): building each
         of the tens of thousands of families' plans just to count them took a second of the 175B search; one plan
-        per group gives the shape."""
+        per group gave the shape, and the group's own `sizes` now."""
         total, known = 0, {}
-        for make, ms in groups:
-            one = make(ms[0])  # the group's mesh shape
-            total += self._variants(one.size("dp"), one.size("pp"), ms, known)
+        for g in groups:
+            total += self._variants(g.sizes["dp"], g.sizes["pp"], g[1], known)
         return total * len(self.recomputes())
 
     def size_of(self, sizes: dict, groups) -> int:

@@ -1,7 +1,7 @@
 """The bookkeeping of a search's families for its report (compiler/search/report.py): per family key (an axis value,
 a schedule, a context-parallel variant) what happened to its candidates, and the refusals, counted once per
 distinct list of problems. A mixin of compiler/search/prune.py's Search, which sets `stats`, `_stat_key_cache`,
-`_pending`, `counts`, `cands`, `space` and `moe`."""
+`_cp_shape_memo`, `_pending`, `counts`, `cands`, `space` and `moe`."""
 from __future__ import annotations
 
 from collections import Counter
@@ -42,14 +42,20 @@ class Tally:
             by_variant.setdefault(g.context_parallel, []).append(g)
         left, held = [], 0
         for variant, gs in by_variant.items():
-            make, ms = gs[0]
-            probe = make(ms[0])
-            shape = [d for d in self.cands.requires(probe) if d.rule in SHAPE_RULES]
+            # what SHAPE_RULES read of a candidate is cp's size and the variant (seq_len, the layers and compile are
+            # the search's own): one probe per pair, its refusals shared by every shape with it (a probe per shape
+            # and variant was a twentieth of the 175B search)
+            at = (sizes["cp"], variant)
+            shape = self._cp_shape_memo.get(at)
+            if shape is None:
+                make, ms = gs[0]
+                shape = self._cp_shape_memo[at] = [d for d in self.cands.requires(make(ms[0]))
+                                                   if d.rule in SHAPE_RULES]
             if not shape:
                 left += gs
                 continue
             for g in gs:
-                self._pending_add(self._stat_keys_of(probe.axes, g.schedule, variant), shape, len(g[1]))
+                self._pending_add(self._stat_keys_of(g.axes, g.schedule, variant), shape, len(g[1]))
                 self.counts.family_rules += len(g[1])
             held += self.space.size_of(sizes, gs)
         return left, held
