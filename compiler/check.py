@@ -39,8 +39,8 @@ from runtime import choices  # torch-free: the defaults the language shares with
 # The language's tables, read as `check.X` by the tests that enumerate the language (tests/fuzz.py,
 # tests/test_settings_reach_output.py, tests/test_plan.py): their home is compiler/language.py.
 from compiler.binder import MISSING, Param  # noqa: E402,F401
-from compiler.language import (DATASETS, FABRICS, INITS, INTERRUPTIONS, ON_STRAGGLER, OPTIMIZERS,  # noqa: E402,F401
-                               SCHEDULES, STRAGGLERS, TOPOLOGIES, TP_LAYERS)
+from compiler.language import (DATASETS, FABRICS, INITS, INTERRUPTIONS, OFFLOADS, ON_STRAGGLER,  # noqa: E402,F401
+                               OPTIMIZERS, SCHEDULES, STRAGGLERS, TOPOLOGIES, TP_LAYERS)
 
 
 def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
