@@ -87,9 +87,9 @@ def _partition(params: list, n: int) -> list[int]:
 
 class HostAdamW(torch.optim.Optimizer):
     """AdamW with `fraction` of this rank's state on the host (module docstring). `state[p]` holds `exp_avg`,
-    `exp_avg_sq` and `step`, and `master` where the optimizer keeps a copy of the parameter's value: on the host
-    for an offloaded parameter (its fp32 value), beside a bf16 parameter on the device (`masters`, bf16 plans, as
-    runtime.precision.MasterAdamW). A parameter without `master` is stepped in place. Under zero1 (`shard_group`)
+    `exp_avg_sq`, `step` and `master`, what AdamW steps: a copy of the parameter's fp32 value on the host for an
+    offloaded parameter; beside a bf16 parameter on the device its fp32 master (`masters`, bf16 plans, as
+    runtime.precision.MasterAdamW); else the parameter's own storage, stepped in place. Under zero1 (`shard_group`)
     each rank holds the state of its partition (runtime.precision.partition) and broadcasts the parameters it
     updated; checkpoints (runtime.checkpoint) read `state` and `owner` as MasterAdamW's."""
 
@@ -120,11 +120,12 @@ class HostAdamW(torch.optim.Optimizer):
                 if p.dtype != value.dtype:
                     self.send_buffer[p] = torch.empty(p.shape, dtype=p.dtype, pin_memory=self.pin)
             else:
-                value = master if master is not None else p.detach()
+                # fp32: the parameter's own storage is its master (stepped in place; checkpoints read `master` as
+                # the parameter's value for every parameter this rank owns, runtime.checkpoint)
+                value = master if master is not None else p.data
                 # `step` where torch.optim.AdamW keeps it: on the device for its fused kernel, else on the CPU
-                st = {"step": torch.zeros((), dtype=torch.float32, device=p.device if self.fused else "cpu")}
-                if master is not None:
-                    st["master"] = master
+                st = {"step": torch.zeros((), dtype=torch.float32, device=p.device if self.fused else "cpu"),
+                      "master": value}
             st["exp_avg"] = torch.zeros_like(value)
             st["exp_avg_sq"] = torch.zeros_like(value)
             self.state[p] = st
@@ -169,13 +170,13 @@ class HostAdamW(torch.optim.Optimizer):
 
     def _adamw(self, adamw, group, params, grads, **kernel):
         st = [self.state[p] for p in params]
-        targets = [s["master"] if "master" in s else p.data for p, s in zip(params, st)]
+        targets = [s["master"] for s in st]
         beta1, beta2 = group["betas"]
         adamw(targets, [g.float() if g.dtype != t.dtype else g for g, t in zip(grads, targets)],
               [s["exp_avg"] for s in st], [s["exp_avg_sq"] for s in st], [], [s["step"] for s in st],
               amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
               eps=group["eps"], maximize=False, **kernel)
-        on_device = [(p, s["master"]) for p, s in zip(params, st) if "master" in s and p not in self.host]
+        on_device = [(p, s["master"]) for p, s in zip(params, st) if p not in self.host and not _aliases(p, s)]
         if on_device:  # bf16's masters on the device: the weights recast from them
             torch._foreach_copy_([p for p, _ in on_device], [m for _, m in on_device])
 
@@ -195,7 +196,7 @@ class HostAdamW(torch.optim.Optimizer):
     def load_masters(self) -> None:
         """After a checkpoint was read into the masters: the parameters recast from them (and shared, zero1)."""
         for p, st in self.state.items():
-            if "master" in st:
+            if not _aliases(p, st):
                 p.data.copy_(st["master"])
         self.publish()
 
@@ -205,6 +206,11 @@ class HostAdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if hasattr(p, "main_grad"):
                     p.main_grad = None
+
+
+def _aliases(p, st: dict) -> bool:
+    """Whether a parameter's master is its own storage (fp32 on the device)."""
+    return st["master"].data_ptr() == p.data_ptr() and st["master"].device == p.device
 
 
 # -- activations -----------------------------------------------------------------------------------------------------

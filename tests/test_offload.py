@@ -196,3 +196,24 @@ def test_the_contract_refuses_what_the_runtime_does_not_know():
         Parallel(axes=(("dp", 1),), offload="nvme")
     with pytest.raises(ValueError):
         Parallel(axes=(("dp", 1),), offload="optimizer", offload_fraction=2.0)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_a_checkpoint_holds_every_parameter_and_its_state(fraction):
+    """runtime.checkpoint stores a parameter's `master` as its value and the rest as AdamW's state, for every
+    parameter the optimizer owns: on the host or on the device, each is there once, with its current value (a
+    parameter left out would be saved by no rank and refused on resume)."""
+    from types import SimpleNamespace
+
+    from runtime import checkpoint
+    from runtime import tensor_parallel as tp
+    model = _model()
+    params = list(model.parameters())
+    opt = offload.HostAdamW(precision.decay_groups(params, OPT.weight_decay), lr=OPT.lr, betas=OPT.betas,
+                            eps=OPT.eps, fraction=fraction)
+    _train(model, opt, steps=1)
+    ctx = SimpleNamespace(axis_size=lambda axis: 1, coords={})
+    model_sd, optim_sd = checkpoint._Entries([model], tp.Shards((), ()), ctx).state(opt, saving=True)
+    assert model_sd.keys() == optim_sd["state"].keys() == dict(model.named_parameters()).keys()
+    for name, p in model.named_parameters():
+        assert torch.equal(model_sd[name], p) and set(optim_sd["state"][name]) == {"step", "exp_avg", "exp_avg_sq"}
