@@ -48,6 +48,21 @@ mlp `mlp`), by the kind `offload_modules` names."""
 assert set(KIND_PREFIX) == set(choices.OFFLOAD_MODULES)
 
 
+_PAUSED = False
+
+
+@contextlib.contextmanager
+def paused():
+    """Nothing offloaded inside: a forward that is no training step (a pipeline stage's shape inference on
+    micro-batch 0, runtime.pipeline), whose saved tensors no backward reads."""
+    global _PAUSED
+    outer, _PAUSED = _PAUSED, True
+    try:
+        yield
+    finally:
+        _PAUSED = outer
+
+
 def reset() -> None:
     COPIED.clear()
 
@@ -242,7 +257,7 @@ class ActivationOffload:
         self.current = chosen
 
     def _pack(self, t: torch.Tensor):
-        if (self.prefixes and not self.current) or _is_parameter(t):
+        if _PAUSED or (self.prefixes and not self.current) or _is_parameter(t):
             return t
         host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=self.pin and t.is_cuda)
         host.copy_(t, non_blocking=host.is_pinned())

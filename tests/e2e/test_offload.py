@@ -90,7 +90,6 @@ def test_activations_on_the_host_under_pp2_tp2(reference, tmp_path):
     assert_same_training(run, reference)
     assert "saved activations of attention, mlp in the blocks of 1 repeat(s)" in run.output
     down, back = ([r[f"offload_{k}_bytes"] for r in run.records] for k in ("d2h", "h2d"))
-    assert down[1:] == back[1:] == [back[0]] * (STEPS - 1) and back[0] > 0, (down, back)
-    # the first step's shape inference (runtime.pipeline) runs stage 0's forward on micro-batch 0 once more, with no
-    # backward: its saved tensors go down and never come back, a quarter of the step's 4 micro-batches
-    assert down[0] - back[0] == back[0] // 4
+    # every step alike: the first step's shape inference (runtime.pipeline), a forward no backward reads, copies
+    # nothing (offload.paused)
+    assert down == back == [back[0]] * STEPS and back[0] > 0, (down, back)
