@@ -39,8 +39,8 @@ from runtime import choices  # torch-free: the defaults the language shares with
 # The language's tables, read as `check.X` by the tests that enumerate the language (tests/fuzz.py,
 # tests/test_settings_reach_output.py, tests/test_plan.py): their home is compiler/language.py.
 from compiler.binder import MISSING, Param  # noqa: E402,F401
-from compiler.language import (DATASETS, FABRICS, INITS, INTERRUPTIONS, ON_STRAGGLER, OPTIMIZERS,  # noqa: E402,F401
-                               SCHEDULES, STRAGGLERS, TOPOLOGIES, TP_LAYERS)
+from compiler.language import (DATASETS, FABRICS, INITS, INTERRUPTIONS, OFFLOADS, ON_STRAGGLER,  # noqa: E402,F401
+                               OPTIMIZERS, SCHEDULES, STRAGGLERS, TOPOLOGIES, TP_LAYERS)
 
 
 def check_text(text: str, path: str, cluster_only: bool = False) -> S.Spec:
@@ -408,8 +408,18 @@ def _plan(c: Checker, sec: ast.Section | None, cluster_only: bool = False) -> di
                 span_of(s["_spans"]["virtual_stages"]),
                 help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')
         return None
+    kind, args = s["offload"]
+    fraction = args.get("fraction", 1.0)
+    if kind == "optimizer" and not 0 <= fraction <= 1:
+        c.error("E0120", f"an offload fraction of {fraction:g} is not a share between 0 and 1",
+                span_of(lints.arg_of(s["_spans"]["offload"], "fraction", 0)), label="not in [0, 1]",
+                help="the share of the optimizer's state kept on the host: 0.5 for half (not 50), 1 for all")
+        return None
     spans = spans_of(s) + tuple((f"layout {i}", sp) for i, (_, _, sp) in enumerate(s["layout"]))
-    return {**{k: s[k] for k in PLAN_SETTINGS}, "spans": spans}  # a new setting: its PLAN_SETTINGS row, its field
+    # a new setting: its PLAN_SETTINGS row, its field; `offload`'s call is three fields (compiler.plan.Plan)
+    settings = {k: s[k] for k in PLAN_SETTINGS if k != "offload"}
+    return {**settings, "offload": kind, "offload_fraction": float(fraction),
+            "offload_modules": tuple(args.get("modules", ())), "spans": spans}
 
 
 def _written_plan(c: Checker, mesh: _MeshWritten, settings: dict, train: S.Train) -> Plan:

@@ -237,6 +237,25 @@ CODES: dict[str, Code] = {
                   "With at most one axis larger than 1 every order puts the ranks alike (`auto` still orders the "
                   "nodes of a torus), and on one node that is one NVLink domain every pair of ranks crosses the "
                   "same link. Remove it."),
+    "E0330": Code("parameter offload without FSDP2", "`offload = params` is FSDP2's CPUOffloadPolicy: each unit's "
+                  "parameter shards, their gradients and the optimizer's state live on the host, copied to the device "
+                  "for the unit's all-gather. It needs FSDP2: `data_parallel = fsdp` (or zero2) over dp > 1. Under ddp "
+                  "or zero1, `offload = optimizer(fraction = ...)` moves the optimizer's state instead."),
+    "E0331": Code("optimizer offload under FSDP2", "`offload = optimizer` steps a share of the optimizer's state on "
+                  "the host beside DDP's or zero1's optimizer. Under fsdp and zero2 (FSDP2) that state belongs to the "
+                  "parameter shards, and FSDP2's own CPUOffloadPolicy (`offload = params`) puts shards, gradients "
+                  "and state on the host together (all of them: it has no fraction)."),
+    "E0332": Code("activation offload under recomputation", "`offload = activations` sends the tensors each block "
+                  "saves for its backward to the host. Under `recompute = full` a block saves only its input, and "
+                  "under `selective` the matmul outputs torch's checkpoint keeps itself: the offload would move "
+                  "nothing. Choose one: `recompute = none` with the offload, or recomputation without it."),
+    "E0333": Code("activation offload in a compiled program", "The hooks that choose which module's saved tensors "
+                  "go to the host (attention's, the MLP's) run per call only in an eager block: a plan with "
+                  "`offload = activations` is not compiled, and a written `compile = true` is refused. Leave "
+                  "`compile` out or write `compile = false`."),
+    "W0330": Code("offload with no effect", "A warning: the `offload` written moves nothing: "
+                  "`optimizer(fraction = 0)` keeps the whole optimizer on the device, and `activations(modules = "
+                  "...)` names modules no block of the model holds (or the model has no `repeat`)."),
     "E0302": Code("global batch does not divide", "The global batch is split over dp × ep ranks and then into "
                   "micro_batches on each; it must divide evenly. The help gives the next multiple that does. A "
                   "generated candidate plan is named in words instead of pointed at."),

@@ -121,6 +121,18 @@ MESH_SETTINGS: dict[str, Param] = {
                                               "or intensity(g_per_kwh = 120, region = \"where\")"),
 }
 
+# -- offload: what leaves the device for the host (runtime/offload.py; compiler/rules/offload.py refuses what cannot
+# run) -------------------------------------------------------------------------------------------------------------
+
+OFFLOADS = {"none": {},
+            "optimizer": {"fraction": Param(to_float, 1.0, "the share of the optimizer's state (fp32 masters where "
+                                                          "kept, AdamW's moments), by parameter count, kept and "
+                                                          "stepped on the host: 0 to 1")},
+            "params": {},
+            "activations": {"modules": Param(lambda c, e, w: c.as_names(e, w, choices.OFFLOAD_MODULES), (),
+                                             "which block modules' saved activations go to the host: "
+                                             "(attention, mlp); none or left out: every one of the block")}}
+
 PLAN_SETTINGS: dict[str, Param] = {
     "data_parallel": Param(one_of(*choices.DATA_PARALLEL), "ddp", "how dp holds model state"),
     "micro_batches": Param(to_pos_int, 1, "gradient-accumulation micro-batches per step"),
@@ -148,6 +160,10 @@ PLAN_SETTINGS: dict[str, Param] = {
                               "how attention runs over a sequence sharded over cp: all_gather (keys and values "
                               "gathered once per layer), ring (passed around the cp group) or all_to_all (Ulysses: heads "
                               "scattered, the sequence gathered)"),
+    "offload": Param(call_of(OFFLOADS, "kind of offload"), ("none", {}),
+                     "what leaves the device for the host: none, optimizer(fraction = 0.5) (that share of the "
+                     "optimizer's state, stepped on the host), params (FSDP2's CPUOffloadPolicy, fsdp and zero2) or "
+                     "activations(modules = (attention, mlp)) (the blocks' saved activations)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(to_float, doc="peak learning rate"),
@@ -251,7 +267,8 @@ ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "t
            "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
            "logging_steps": "log_every", "max_restarts": "restarts", "eval_interval": "eval_every",
            "eval_steps": "eval_every", "eval_iters": "eval_batches"}
-CALL_ARGUMENTS = (("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"),
+CALL_ARGUMENTS = (("offload", "OFFLOADS"), ("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"),
+                  ("data", "DATASETS"),
                   ("stragglers", "STRAGGLERS"), ("on_straggler", "ON_STRAGGLER"), ("interruptions", "INTERRUPTIONS"))
 
 

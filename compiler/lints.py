@@ -199,6 +199,7 @@ def no_effect_checks(c: Checker, spec: S.Spec, axes_written: bool) -> None:
                    at["fp32_residual"], label="has no effect",
                    help="fp32_residual keeps a bf16 program's residual stream in fp32; set `precision = bf16`, or "
                         "remove it")
+    _offload_effect(c, spec, at)
     if not axes_written:
         return  # axes not written (a search chooses them): no setting can be said to lack an axis
     tp, pp, dp = plan.size("tp"), plan.size("pp"), plan.size("dp")
@@ -259,6 +260,34 @@ def no_effect_checks(c: Checker, spec: S.Spec, axes_written: bool) -> None:
     if plan.recompute != "none" and not any(isinstance(x, S.Repeat) for x in spec.model.layers):
         warn("W0136", "recompute", "recompute, but the model has no `repeat` of blocks to recompute",
              "recomputation applies to each block of the model's `repeat`; write the blocks as `repeat n { ... }`")
+
+
+# The layer classes whose saved activations `offload = activations(modules = ...)` names (runtime/offload.py tells
+# them apart by their leaves' prefix: attn_ for attention and mla, mlp_ for mlp)
+OFFLOAD_KINDS = {"attention": (S.Attention, S.MLA), "mlp": (S.MLP,)}
+
+
+def _offload_effect(c: Checker, spec: S.Spec, at: dict) -> None:
+    """`offload` written where it moves nothing: no share of the optimizer (fraction 0), or activations of modules
+    no block of the model holds (W0330)."""
+    plan = spec.plan
+    if "offload" not in at:
+        return
+    if plan.offload == "optimizer" and plan.offload_fraction == 0:
+        c.warn("W0330", "`offload = optimizer(fraction = 0)` keeps the whole optimizer on the device", at["offload"],
+               label="has no effect", help="a fraction above 0 moves that share of the optimizer's state to the host; "
+                                           "or write `offload = none`")
+    if plan.offload == "activations":
+        in_blocks = [x for r in spec.model.layers if isinstance(r, S.Repeat) for x in S.walk(r.body)]
+        kinds = plan.offload_modules or tuple(OFFLOAD_KINDS)
+        if not in_blocks:
+            c.warn("W0330", "activation offload, but the model has no `repeat` of blocks", at["offload"],
+                   label="has no effect", help="activations are offloaded from each block of the model's `repeat`; "
+                                               "write the blocks as `repeat n { ... }`")
+        elif plan.offload_modules and not any(isinstance(x, OFFLOAD_KINDS[k]) for x in in_blocks for k in kinds):
+            c.warn("W0330", f"activation offload of {', '.join(kinds)}, and the model's blocks have none",
+                   at["offload"], label="has no effect",
+                   help="name modules the blocks hold (attention, mlp), or leave `modules` out for every one")
 
 
 def windows_cover_the_sequence(c: Checker, model: S.Model, train: S.Train) -> None:

@@ -76,3 +76,11 @@ NVRx's 0.7: a rank 30% slower scores 1/1.3 = 0.77, which 0.7 never names; at 0.8
 STRAGGLER_WINDOW = 10
 """Steps between the ranks' gathers and scores on rank 0: a slowdown from a window's first step is named at its end,
 10 steps later."""
+
+OFFLOAD = ("none", "optimizer", "params", "activations")
+"""What leaves the device for the host (`plan { offload }`; runtime/offload.py): nothing, the optimizer's state (a
+fraction of it), the parameters (FSDP2's CPUOffloadPolicy) or the saved activations of the blocks."""
+
+OFFLOAD_MODULES = ("attention", "mlp")
+"""The block modules whose saved activations `offload = activations(modules = ...)` can send to the host, by the
+prefix of their leaves' names in a generated program (runtime/offload.py `KIND_PREFIX`)."""

@@ -95,15 +95,28 @@ class Parallel(choices.DataParallelMode):
     fp32_residual: bool = False
     """Under `precision = bf16`: keep the residual stream fp32 (Megatron's `--fp32-residual-connection`); the
     blocks still compute in bf16 (runtime.precision)."""
+    offload: str = "none"
+    """What leaves the device for the host (runtime.offload): `none`; `optimizer` (`offload_fraction` of the
+    optimizer's state kept and stepped on the host: ddp, zero1); `params` (FSDP2's CPUOffloadPolicy: fsdp, zero2);
+    `activations` (the blocks' saved tensors of `offload_modules`)."""
+    offload_fraction: float = 1.0
+    """offload = optimizer: the share of this rank's optimizer state, by parameter count, on the host (0 to 1;
+    runtime.offload.host_share says which parameters)."""
+    offload_modules: tuple = ()
+    """offload = activations: the block modules whose saved tensors go to the host, of runtime.choices.
+    OFFLOAD_MODULES; empty: every saved tensor of a block."""
 
     def __post_init__(self):
         """A Config names only what the runtime knows (runtime/choices.py, the sets the compiler checked the file
         against): a hand-edited program fails here, before any process group starts, not deep in a step."""
         for field_name, allowed in (("data_parallel", choices.DATA_PARALLEL), ("schedule", choices.SCHEDULES),
-                                    ("recompute", choices.RECOMPUTE)):
+                                    ("recompute", choices.RECOMPUTE), ("offload", choices.OFFLOAD)):
             value = getattr(self, field_name)
             if value not in allowed:
                 raise ValueError(f"Parallel.{field_name} = {value!r}: not one of {', '.join(allowed)}")
+        if not 0 <= self.offload_fraction <= 1 or not set(self.offload_modules) <= set(choices.OFFLOAD_MODULES):
+            raise ValueError(f"Parallel.offload_fraction = {self.offload_fraction!r} (0 to 1), offload_modules = "
+                             f"{self.offload_modules!r} (of {', '.join(choices.OFFLOAD_MODULES)})")
         unknown = [name for name, _ in self.axes if name not in choices.AXES]
         if unknown:
             raise ValueError(f"Parallel.axes: unknown axis {', '.join(unknown)}; the axes are "

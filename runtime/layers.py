@@ -1,6 +1,7 @@
 """Module containers and deterministic initialisation shared by every generated program."""
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 
@@ -23,6 +24,8 @@ class Repeat(nn.ModuleDict):
     """Each block (with its recomputation) is one torch.compile region (runtime.compile); set by the runtime."""
     fp32_residual = False
     """The residual stream is cast to fp32 on entry (bf16 plans with `fp32_residual`, runtime.precision)."""
+    offload = None
+    """runtime.offload.ActivationOffload whose hooks each block runs under (`offload = activations`), or None."""
 
     def __init__(self, blocks, first: int = 0):
         super().__init__({str(first + i): b for i, b in enumerate(blocks)})
@@ -44,7 +47,8 @@ class Repeat(nn.ModuleDict):
         if self.fp32_residual:
             x_BSH = x_BSH.float()
         for block in self.values():
-            x_BSH = recompute.run_block(block, x_BSH, self.recompute, self.compiled)
+            with self.offload.around() if self.offload is not None else contextlib.nullcontext():
+                x_BSH = recompute.run_block(block, x_BSH, self.recompute, self.compiled)
         return x_BSH
 
 

@@ -73,7 +73,11 @@ def distinct_bytes(tensors) -> int:
 
 
 def optimizer_tensors(opt: torch.optim.Optimizer) -> list:
-    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    """The optimizer's state on its parameters' device: not what `offload = optimizer` keeps on the host (a CPU run's
+    host is its device: counted there), nor a master that is the parameter's own storage (runtime.offload)."""
+    return [v for p, state in opt.state.items() for k, v in state.items() if isinstance(v, torch.Tensor)
+            and not (k == "master" and v.data_ptr() == p.data_ptr())
+            and (v.device.type == p.device.type or v.ndim == 0)]
 
 
 class Region:

@@ -1,13 +1,14 @@
 """The optimizer of a run, its learning-rate schedule and gradient clipping (torchtitan's `build_optimizers`,
 `build_lr_schedulers`): AdamW; under zero1 torch's ZeroRedundancyOptimizer over the ZeRO group; under bf16
-without FSDP runtime.precision's MasterAdamW beside the main gradients. Which of them a plan takes reads the
+without FSDP runtime.precision's MasterAdamW beside the main gradients; under `offload = optimizer`
+runtime.offload's HostAdamW (its share of the state on the host) in place of the last two. Which of them a plan takes reads the
 data-parallel mode's properties (runtime.config.Parallel: `zero_stage`, `shards_grads`), never its name.
 """
 from __future__ import annotations
 
 import torch
 
-from runtime import mesh, precision, resume
+from runtime import mesh, offload, precision, resume
 from runtime import tensor_parallel as tp
 from runtime.config import Config, Optim
 
@@ -59,15 +60,32 @@ def build(parts, cfg: Config, ctx: mesh.Context, shards: tp.Shards, mixed: bool)
     from the last backward's hooks, as DDP would; pipeline stages' after the schedule)."""
     every = [p for _, p in parts.named_parameters()]
     zero_group = zero1_group(cfg, ctx)
+    host = cfg.parallel.offload == "optimizer"  # a share of the state on the host (runtime.offload.HostAdamW)
     if mixed:
         reduce = None
         if ctx.batch_size > 1 and not cfg.parallel.shards_grads:
             reduce = (ctx.batch_group, ctx.batch_size,
                       {p for name, p in parts.named_parameters() if shards.expert(name)})
-        opt, mains = precision.mixed_adamw(every, parts.modules, cfg, zero_group, reduce)
+        if host:  # precision.mixed_adamw's main gradients and masters, the masters stepped by HostAdamW
+            masters = precision.to_compute(parts.modules)
+            mains = precision.MainGrads(every, precision.grad_dtype(cfg.parallel.grad_reduce), reduce=reduce,
+                                        bucket_bytes=cfg.parallel.ddp_bucket_mb * 2**20)
+            opt = host_adamw(every, cfg, zero_group, masters)
+        else:
+            opt, mains = precision.mixed_adamw(every, parts.modules, cfg, zero_group, reduce)
     else:
-        opt, mains = adamw(every, cfg.optim, zero_group), None
+        opt = host_adamw(every, cfg, zero_group) if host else adamw(every, cfg.optim, zero_group)
+        mains = None
     return opt, mains, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+
+
+def host_adamw(params: list, cfg: Config, zero_group=None, masters=None) -> offload.HostAdamW:
+    """`offload = optimizer(fraction)`: AdamW with that share of this rank's state on the host (runtime.offload),
+    its own ZeRO partition under zero1 (`zero_group`), over bf16's fp32 `masters` where given."""
+    opt = cfg.optim
+    return offload.HostAdamW(precision.decay_groups(params, opt.weight_decay), lr=opt.lr, betas=opt.betas,
+                             eps=opt.eps, fraction=cfg.parallel.offload_fraction, masters=masters,
+                             shard_group=zero_group)
 
 
 class Clipping:

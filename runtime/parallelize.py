@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import compile, faults, mesh, moe, precision, recompute
+from runtime import compile, faults, mesh, moe, offload, precision, recompute
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import Repeat
@@ -42,6 +42,8 @@ def apply(module: nn.Module, cfg: Config, ctx: mesh.Context, shards: tp.Shards, 
         compile.apply(module)
     if cfg.precision == "bf16":  # the fp32 residual, if asked (before wrapping)
         precision.apply_policy(module, par.fp32_residual)
+    if par.offload == "activations":  # each block's saved tensors to the host (runtime.offload)
+        offload.install(module, par.offload_modules)
     if par.shards_grads:
         module = wrap_data_parallel(module, ctx, cfg, shards)
     return module
@@ -94,6 +96,9 @@ def _fully_shard(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Sh
     # bf16: FSDP2 gathers bf16 weights from the fp32 shards (the masters) and reduces in grad_reduce's dtype
     mp = ({"mp_policy": precision.fsdp_policy(cfg.parallel.grad_reduce, cfg.parallel.fp32_residual)}
           if cfg.precision == "bf16" else {})
+    if cfg.parallel.offload == "params":  # shards, gradients and AdamW's state on the host (pinned on CUDA)
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        mp["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
     _shard_experts(model, ctx, shards, reshard, mp)
     for block in blocks:
         fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard, **mp)

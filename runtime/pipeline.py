@@ -21,7 +21,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
 
-from runtime import collectives, mesh, moe, packed, schedule, sections
+from runtime import collectives, mesh, moe, offload, packed, schedule, sections
 
 TIED = "embed.weight"
 
@@ -36,7 +36,7 @@ def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
 
 def _quietly(fn):
     def run(*args, **kwargs):
-        with moe.not_recording():
+        with moe.not_recording(), offload.paused():
             return fn(*args, **kwargs)
     return run
 

@@ -77,6 +77,9 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
     but scaled on both stages."""
     named = [(n, p) for n, p in named_params if p.grad is not None]
     device = named[0][1].grad.device if named else torch.device("cpu")
+    if device.type == "cpu" and dist.is_initialized() and dist.get_backend() == "nccl":
+        # gradients on the host (FSDP2's CPUOffloadPolicy, `offload = params`): the norms are reduced on the device
+        device = torch.device("cuda", torch.cuda.current_device())
     sums = {axis: torch.zeros((), device=device, dtype=torch.float64) for axis in ("tp", "ep", None)}
     dp_sharded = any(hasattr(p.grad, "to_local") for _, p in named)
     by_axis: dict = {}
@@ -85,7 +88,7 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
         by_axis.setdefault(s[2] if s is not None else None, []).append(_local(p.grad))
     for axis, grads in by_axis.items():  # each tensor's norm (one multi-tensor kernel, as torch's clip_grad_norm_),
         # then the squares summed in fp64; fp64 norms would first copy every gradient to fp64
-        sums[axis] = torch.stack(torch._foreach_norm(grads, 2)).double().pow(2).sum()
+        sums[axis] = torch.stack(torch._foreach_norm(grads, 2)).double().pow(2).sum().to(device)
     for axis in ("tp", "ep"):
         if collectives.axis_size(axis) > 1:
             dist.all_reduce(sums[axis], group=collectives._group(axis))
@@ -110,8 +113,8 @@ def clip_grad_norm(named_params, max_norm: float, shards: Shards, dp_group, pp_g
             if p.grad is not None:
                 g = _local(p.grad)
                 grouped.setdefault((g.device, g.dtype), []).append(g)
-        for (_, dtype), grads in grouped.items():
-            torch._foreach_mul_(grads, coef.to(dtype))
+        for (where, dtype), grads in grouped.items():
+            torch._foreach_mul_(grads, coef.to(where, dtype))
     return norm.float()
 
 

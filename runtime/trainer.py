@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, data, energy, faults, hf, leaving, memory, mesh, moe, node_record,
-                     optimizer, parallelize, precision, progress, sections, startup, stragglers, tracking)
+                     offload, optimizer, parallelize, precision, progress, sections, startup, stragglers, tracking)
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import init_parameters
@@ -165,6 +165,9 @@ class Trainer:
               f"{' × '.join(f'{a}={k}' for a, k in par.axes)}{' (sequence parallel)' if par.sequence_parallel else ''}"
               f" on {ctx.world_size} {ctx.device.type} process(es), {cfg.steps} steps of {self.tokens_per_step:,} "
               "tokens", flush=True)
+        said = offload.describe(par, self.opt, parts.modules)
+        if said:
+            print(f"scalec: {said}", flush=True)
         for got in self.loaded:  # where the weights came from (`init = from(...)`), or nothing: initialised
             print(f"scalec: {got.describe()}", flush=True)
         record = node_record.NodeRecord.at(cfg.checkpoint.dir)
@@ -227,6 +230,7 @@ class Trainer:
         faults.test_hooks(ctx.rank, step + 1)
         self.vote.start()  # this step's preemption vote, read at its end
         moe.stats_reset()
+        offload.reset()  # the step's host <-> device copies (runtime.offload), reported with its record
         last = step == self.stop - 1
         if args.count_bytes and last:
             collectives.count_bytes(True)
@@ -254,6 +258,8 @@ class Trainer:
                         faults.scale("data_parallel", "axis dp"), "optimizer") if self.zero1
               else sections.section("optimizer")):
             self.opt.step()  # zero1: each rank broadcasts the partition it updated
+        if args.count_bytes and last and any(offload.COPIED.values()):
+            _add_offload_counts(args.count_bytes, ctx)
         if self.biases:  # moved against the step's load summed over the batch ranks
             with faults.op("the expert-load all-reduce (auxiliary-loss-free balancing)", faults.scale("axis ep")):
                 moe.update_expert_bias(self.biases, ctx.batch_group)
@@ -348,6 +354,8 @@ class Trainer:
                   "elapsed_s": time.time() - self.job_start, "eta_s": dt * (self.stop - step - 1)}
         if experts:
             record.update({f"moe_{k}": v for k, v in experts.items()})
+        if cfg.parallel.offload in ("optimizer", "activations"):  # this rank's copies in this step (runtime.offload)
+            record.update({f"offload_{k}_bytes": n for k, n in offload.counts().items()})
         if peak:
             record.update(peak_memory_bytes=peak[0], peak_memory_rank=peak[1])
         if evaluated:  # the step's record gains eval_loss and eval_ppl
@@ -422,6 +430,18 @@ def _dump_grads(named_params, path: str, ctx: mesh.Context, shards: tp.Shards) -
             torch.save(grads, f"{path}.pp{ctx.coords['pp']}")
     elif ctx.is_logger:
         torch.save(grads, path)
+
+
+def _add_offload_counts(path: str, ctx: mesh.Context) -> None:
+    """`--count-bytes`: the last step's host <-> device copies (runtime.offload) beside the collectives' counts, as
+    `d2h/host` and `h2d/host` (rank 0's, as the collectives')."""
+    if not ctx.is_logger:
+        return
+    with open(path) as f:
+        counts = json.load(f)
+    counts.update({f"{k}/host": n for k, n in offload.counts().items() if n})
+    with open(path, "w") as f:
+        json.dump(counts, f, indent=2, sort_keys=True)
 
 
 def _write_counts(path: str, ctx: mesh.Context) -> None:

@@ -26,7 +26,7 @@ def test_a_files_plan_passes_every_rule():
     spec = _spec("tiny_gpt.scale")
     assert check_plan(spec, spec.plan) == []
     assert [name for name, _ in RULES] == ["tensor_parallel", "pipeline_split", "expert_parallel", "context_parallel",
-                                          "packed", "mesh"]
+                                          "packed", "offload", "mesh"]
 
 
 def test_a_candidate_breaking_a_rule_gets_a_readable_spanless_diagnostic():

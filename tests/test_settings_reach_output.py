@@ -130,6 +130,13 @@ CHANGES = {
     "plan.fsdp_grad_sync": Change((("micro_batches = 2", "micro_batches = 2  fsdp_grad_sync = micro_batch"),),
                                   sample=DP, setup=(("data_parallel = ddp", "data_parallel = fsdp"),
                                                     ("micro_batches = 1", "micro_batches = 2"))),
+    # offload (runtime/offload.py): the kind, the optimizer's fraction and the activations' modules reach Parallel
+    "plan.offload": Change(((INTERLEAVED[0], INTERLEAVED[0] + "  offload = optimizer(fraction = 0.5)"),)),
+    "plan.offload.optimizer.fraction": Change((("fraction = 0.5", "fraction = 0.25"),),
+                                              setup=((INTERLEAVED[0], INTERLEAVED[0] + "  offload = optimizer("
+                                                                                       "fraction = 0.5)"),)),
+    "plan.offload.activations.modules": Change((("offload = activations", "offload = activations(modules = mlp)"),),
+                                               setup=((INTERLEAVED[0], INTERLEAVED[0] + "  offload = activations"),)),
     "train.global_batch": Change((("global_batch = 16", "global_batch = 32"),)),
     "train.seq_len": Change((("seq_len      = seq", "seq_len      = 16"),)),
     "train.steps": Change((("steps        = 60", "steps        = 61"),)),
@@ -335,6 +342,13 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
     "plan.context_parallel": (Probe(("ring", "all_to_all")),),  # without cp: W0310
     "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
+    # params without FSDP2: E0330; fraction 0 and modules no block holds (moe_gpt's mlp): W0330
+    "plan.offload": (Probe(("optimizer(fraction = 0.5)", "params", "activations")),
+                     Probe(("params",), setup=(("plan.data_parallel", "fsdp"),))),
+    "plan.offload.optimizer.fraction": (Probe(("optimizer(fraction = 0.25)", "optimizer(fraction = 0)"),
+                                              base="optimizer(fraction = 0.5)"),),
+    "plan.offload.activations.modules": (Probe(("activations(modules = mlp)", "activations(modules = attention)"),
+                                               base="activations"),),
     "train.global_batch": (Probe(("32",), shapes=TRAIN_SHAPES),),
     "train.seq_len": (Probe(("16",), shapes=TRAIN_SHAPES),),
     "train.steps": (Probe(("7", "3"), shapes=TRAIN_SHAPES),),

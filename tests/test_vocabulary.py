@@ -42,7 +42,9 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile", "grad_reduce", "fp32_residual",
-                                          "fsdp_grad_sync", "context_parallel")
+                                          "fsdp_grad_sync", "context_parallel", "offload")
+    assert {k: tuple(v) for k, v in check.OFFLOADS.items()} == {"none": (), "optimizer": ("fraction",), "params": (),
+                                                                "activations": ("modules",)}
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "tokens", "seed", "precision", "optimizer",
                                            "lr_schedule", "grad_clip", "data", "log_every", "init", "checkpoint_dir",
                                            "checkpoint_every", "checkpoint_async", "restarts", "timeout",

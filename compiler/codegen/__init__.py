@@ -174,6 +174,18 @@ def relative_path(spec: S.Spec, path: str, out_dir: str) -> str:
     return os.path.relpath(os.path.join(os.path.dirname(spec.path), path), out_dir)
 
 
+def offload_values(plan) -> dict:
+    """runtime.config.Parallel's offload fields, written only where the plan offloads: the kind, and the fraction
+    (optimizer) or the modules (activations) it reads."""
+    if plan.offload == "none":
+        return {}
+    if plan.offload == "optimizer":
+        return {"offload": "optimizer", "offload_fraction": plan.offload_fraction}
+    if plan.offload == "activations" and plan.offload_modules:
+        return {"offload": "activations", "offload_modules": tuple(plan.offload_modules)}
+    return {"offload": plan.offload}
+
+
 def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", costs=None, ledger=None,
                   every: int | None = None) -> dict:
     """The runtime contract (runtime/config.py) as nested dicts: {"name": ..., "parallel": {...}, "optim": {...},
@@ -202,6 +214,7 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
         **({"grad_reduce": plan.grad_reduce} if plan.grad_reduce != "fp32" else {}),  # written only when set
         **({"fp32_residual": True} if plan.fp32_residual else {}),
         **({"fsdp_grad_sync": plan.fsdp_grad_sync} if plan.fsdp_grad_sync != "step" else {}),  # only when set
+        **offload_values(plan),  # only when set
         "tp_shards": traced.shard_patterns(T.TP_SHARDS), "tp_partial_grads": traced.partial_grads(),
         **({"ep_shards": traced.shard_patterns(T.EP_SHARDS)} if moe else {}),  # only MoE programs carry these
         "tied_embedding": bool(spec.model.head.tied),

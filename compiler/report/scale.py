@@ -54,6 +54,8 @@ def plan_settings(plan, device_kind: str) -> list:
     if plan.pad_vocab:
         out.append("pad_vocab = true")
     out.append(f"recompute = {plan.recompute}")
+    if plan.offload != "none":
+        out.append(f"offload = {offload_setting(plan)}")
     if plan.compile != compiles(None, device_kind) and plan.compiles == plan.compile:
         out.append(f"compile = {_bool(plan.compile)}")
     if plan.grad_reduce != "fp32":
@@ -111,3 +113,13 @@ class _Offsets:
 
     def span(self, span) -> tuple:
         return (self.starts[span.line - 1] + span.col - 1, self.starts[span.end_line - 1] + span.end_col - 1)
+
+
+def offload_setting(plan) -> str:
+    """`offload`'s value as the plan section writes it: `optimizer(fraction = 0.5)`, `params`, `activations` or
+    `activations(modules = (attention, mlp))`."""
+    if plan.offload == "optimizer":
+        return f"optimizer(fraction = {plan.offload_fraction!r})"
+    if plan.offload == "activations" and plan.offload_modules:
+        return f"activations(modules = ({', '.join(plan.offload_modules)}))"
+    return plan.offload

@@ -2,7 +2,7 @@
 
 Each pass states what its plans need in a module of this package named after it: `requires(spec, plan) ->
 list[Diagnostic]` in compiler/rules/tensor_parallel.py, pipeline_split.py, expert_parallel.py and
-context_parallel.py, and packed.py for packed documents. This module adds the
+context_parallel.py, packed.py for packed documents and offload.py for `offload`. This module adds the
 mesh-wide rules (the global batch over the batch ranks, the sequence over the learned positions) and runs them all.
 The package imports no torch, by position: the passes themselves (compiler/passes/) import torch at the top, and
 nothing here imports them (tests/test_imports.py holds it), so `scalec check` runs every rule without torch.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from compiler import spec as S
 from compiler.diagnostics import Diagnostic, plan_error
-from compiler.rules import context_parallel, expert_parallel, packed, pipeline_split, tensor_parallel
+from compiler.rules import context_parallel, expert_parallel, offload, packed, pipeline_split, tensor_parallel
 
 
 def mesh_requires(spec: S.Spec, plan) -> list[Diagnostic]:
@@ -45,6 +45,7 @@ RULES = (
     ("expert_parallel", expert_parallel.requires),
     ("context_parallel", context_parallel.requires),
     ("packed", packed.requires),
+    ("offload", offload.requires),
     ("mesh", mesh_requires),
 )
 
@@ -82,6 +83,7 @@ READS = {
                                    p.span("compile") is not None),
     "packed": lambda p: (p.size("ep"), p.size("cp"), p.context_parallel, p.compile,
                          p.span("compile") is not None),
+    "offload": offload.reads,
     "mesh": lambda p: (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len),
 }
 
