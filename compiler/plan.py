@@ -80,6 +80,20 @@ class Plan(choices.DataParallelMode):
     their gradient reduce-scattered), `ring` (passed around the cp group, cp − 1 steps) or `all_to_all` (Ulysses:
     heads scattered over cp, the sequence gathered). Each cp rank holds chunks i and
     2·cp − 1 − i of every sequence (load-balanced for the causal mask)."""
+    offload: str = "none"
+    """Where model state or activations leave the device for the host: `none`, `optimizer` (Megatron's fractional
+    optimizer offload: `offload_fraction` of the optimizer's state kept and stepped on the host, its gradients
+    copied device -> host each step and its updated parameters back), `params` (FSDP2's CPUOffloadPolicy, fsdp
+    only: parameters, gradients and optimizer state sharded on the host, each unit's shard copied to the device
+    before its all-gather, gradients to the host after the reduce-scatter, the optimizer step on the host) or
+    `activations` (the saved activations of `offload_modules` copied to the host in forward and back in
+    backward)."""
+    offload_fraction: float = 1.0
+    """offload = optimizer: the share of the optimizer's state (the fp32 master where the optimizer keeps one, and
+    AdamW's moments), by parameter count, kept and stepped on the host; 0..1."""
+    offload_modules: tuple = ()
+    """offload = activations: which block module kinds' saved activations go to the host ("attention", "mlp");
+    empty: every block module."""
     # -- the data-parallel wrappers' tuning: the compiler's, not the user's ------------------------------------------
     ddp_bucket_bytes: int = 25 * 2 ** 20
     """The gradient all-reduce's bucket, bytes: DDP's `bucket_cap_mb`, bf16's main-gradient buckets and pipeline
@@ -201,6 +215,8 @@ class Plan(choices.DataParallelMode):
             extra.append(f"context parallel {self.context_parallel}")
         if self.recompute != "none":
             extra.append(f"{self.recompute} recompute")
+        if self.offload != "none":
+            extra.append(offload_text(self))
         if self.syncs_each_micro_batch:
             extra.append("reduce-scatter every micro-batch")
         if self.compiles:
@@ -226,6 +242,7 @@ class Plan(choices.DataParallelMode):
         out = {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
                and (f.name != "context_parallel" or self.size("cp") > 1)  # plan.json without cp: as before
+               and (not f.name.startswith("offload") or self.offload != "none")  # and without offload
                and (f.name != "placement" or self.placement is not None)}  # and without a placement written
         out["axes"] = {a: n for a, n in self.axes}
         if cluster is not None:
@@ -243,6 +260,15 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(Plan))
 def placement_text(placement: str | tuple) -> str:
     """A written placement as the mesh section writes it: `auto`, or `order(tp, pp, dp)`."""
     return placement if isinstance(placement, str) else f"order({', '.join(placement)})"
+
+
+def offload_text(plan) -> str:
+    """The plan's offload in words: `optimizer offload 50%`, `parameter offload`, `activation offload (mlp)`."""
+    if plan.offload == "optimizer":
+        return f"optimizer offload {plan.offload_fraction:.0%}"
+    if plan.offload == "activations":
+        return "activation offload" + (f" ({', '.join(plan.offload_modules)})" if plan.offload_modules else "")
+    return "parameter offload" if plan.offload == "params" else "no offload"
 
 
 def evolve(plan: Plan, **changes) -> Plan:

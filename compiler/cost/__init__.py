@@ -385,6 +385,9 @@ class CostModel:
         if nb is not None:
             self._transfers(plan, env, pp_rank, entries, b_sym)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        if getattr(plan, "offload", "none") != "none":  # host<->device copies (compiler/cost/offload.py)
+            from compiler.cost import offload
+            entries += offload.ledger_copies(self, plan, env, nb, params_rank, experts_rank, b_sym)
         return Ledger(tuple(entries))
 
     def _transfers(self, plan, env, pp_rank, entries, b_sym) -> None:
