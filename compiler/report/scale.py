@@ -54,6 +54,8 @@ def plan_settings(plan, device_kind: str) -> list:
     if plan.pad_vocab:
         out.append("pad_vocab = true")
     out.append(f"recompute = {plan.recompute}")
+    if plan.offload != "none":
+        out.append(f"offload = {offload_setting(plan)}")
     if plan.compile != compiles(None, device_kind) and plan.compiles == plan.compile:
         out.append(f"compile = {_bool(plan.compile)}")
     if plan.grad_reduce != "fp32":
@@ -63,6 +65,16 @@ def plan_settings(plan, device_kind: str) -> list:
     if plan.syncs_each_micro_batch:
         out.append("fsdp_grad_sync = micro_batch")
     return out
+
+
+def offload_setting(plan) -> str:
+    """A plan's offload as the plan section writes it: `optimizer(fraction = 0.5)`, `params`,
+    `activations(modules = [attention, mlp])`."""
+    if plan.offload == "optimizer":
+        return f"optimizer(fraction = {plan.offload_fraction:g})"
+    if plan.offload == "activations" and plan.offload_modules:
+        return f"activations(modules = [{', '.join(plan.offload_modules)}])"
+    return plan.offload
 
 
 def plan_section(plan, device_kind: str) -> str:
