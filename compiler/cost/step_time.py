@@ -341,8 +341,10 @@ class Simulator:
             host = copies = 0.0
             if plan.offload != "none":  # the host's step and the copies (compiler/cost/offload.py)
                 from compiler.cost import offload as OFF
-                units = (sum(c.n for c in fo.counts.values()) + 1 if plan.offload == "params"
-                         else max(sum(c.n for c in fo.counts.values()), 1))
+                # the units a copy is cut into: FSDP's (each block and the root), or the rank's blocks
+                blocks = (sum(k for s in range(r, len(layout), pp) for _, k in fo.held(*layout[s])) if fo.piped
+                          else sum(c.n for c in fo.counts.values()))
+                units = blocks + 1 if plan.offload == "params" else max(blocks, 1)
                 opt, host, copies = OFF.step_part(plan, dev, est.ledger.entries, scale, stage_params[r] / shard,
                                                   opt, busy[r], units)
                 if copies:
