@@ -22,15 +22,23 @@ def key(plan) -> tuple:
 
 def run(search_class, spec, top, fixed, cands, headroom):
     """One search, and where no plan fits and offload is neither fixed nor refused (`--fix offload=none`), the same
-    search again with offload tried (rule 10): a cluster that fits the model pays nothing for it."""
+    search again with offload tried (rule 10): a cluster that fits the model pays nothing for it. Where offload
+    does not help either, the first run's result says so in one line more: the least peak offload reached."""
     result = search_class(spec, top, fixed, cands, headroom).run()
-    if result.winners or "offload" in fixed:
+    if result.winners or "offload" in fixed or not result.counts.families:
         return result
-    again = search_class(spec, top, fixed, cands, headroom, offload=True).run()
-    if not again.winners and again.counts.families:  # neither helps: say so beside what each family needed
-        again.rejected.append("no plan fits without offload, nor with it (optimizer offload up to 100%, FSDP2's "
-                              "parameter offload, activation offload: each family's least is above)")
-    return again
+    again = search_class(spec, top, fixed, cands, headroom, offload=True)
+    found = again.run()
+    if found.winners:
+        return found
+    least = min((st["min_peak"] for st in again.stats.values() if st["min_peak"] is not None),
+                key=lambda x: x[0], default=None)
+    if least is not None:
+        from compiler.report.units import nbytes
+        peak, who, plan = least
+        result.rejected.append(f"offload does not make it fit either: its least is {nbytes(peak)} on {who} "
+                               f"({plan.describe()})")
+    return result
 
 
 def _offloaded(plan, mode, rc, offload):
