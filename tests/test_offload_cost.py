@@ -262,3 +262,18 @@ def test_fix_offload_is_read():
     assert parse_fixes(["offload=params"]) == {"offload": "params"}
     with pytest.raises(FixError):
         parse_fixes(["offload=nvme"])
+
+
+def test_energy_counts_exposed_copies_as_communicating(gpt):
+    """Parameter offload's exposed copies come after the compute (step_time.py): the device waits in them, at its
+    communicating power, and its active time is its compute and tail alone."""
+    from compiler.cost import energy
+    spec, base, with_ = gpt
+    got = with_(data_parallel="fsdp", offload="params")
+    rank = got.costs.step.ranks[0]
+    host = rank.exposed_comm_s["host"]
+    assert host > 0
+    active, communicating, bubble, waiting = energy.phases(rank, got.costs.step.step_time_s)
+    inside = sum(t for a, t in rank.exposed_comm_s.items() if a != "host") - rank.sync_s
+    assert active == pytest.approx(rank.compute_s - inside + rank.tail_s)
+    assert communicating == pytest.approx(inside + rank.sync_s + host)
