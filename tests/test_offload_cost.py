@@ -277,3 +277,14 @@ def test_energy_counts_exposed_copies_as_communicating(gpt):
     inside = sum(t for a, t in rank.exposed_comm_s.items() if a != "host") - rank.sync_s
     assert active == pytest.approx(rank.compute_s - inside + rank.tail_s)
     assert communicating == pytest.approx(inside + rank.sync_s + host)
+
+
+def test_host_step_bench_measures_both_figures(capsys):
+    """bench/host_step.py: its last line is the JSON record devices.py's figures come from."""
+    import json
+
+    from bench import host_step
+    record = host_step.main(["--params", str(1 << 20), "--repeats", "1"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == record
+    assert last["host_adam_params_per_s"] > 0 and last["copy_gbps"] > 0 and last["adamw"] in ("foreach", "fused")

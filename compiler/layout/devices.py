@@ -112,10 +112,11 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures)
 #   NVLink-C2C for the GB200 (the Grace Blackwell superchip's, 900 GB/s both directions = 450 one way; GH200
 #   datasheet's figure, which GB200 NVL72's datasheet repeats; the two GPUs of a superchip share their Grace). Not
 #   measured on these machines. cpu: this machine's host copy, `python -m bench.host_step` on 2026-11-29: 19.9 GB/s
-#   of a 256 MiB copy (the bytes once).
+#   of a 256 MiB copy (the bytes once), quiet; 6-8 GB/s under a load of 5 on its 2 cores
+#   (bench/results/host_step_cpu_2026-11-29.json).
 # - host AdamW (host_adam_params_per_s): `python -m bench.host_step` (torch 2.13, 16M fp32 parameters in 1M tensors)
 #   measured torch's fused CPU AdamW at 1,449 M parameters/s on one thread (2,363 M on both), foreach at 230 M (351
-#   M): the fused step moves ~28 bytes a parameter (parameter, gradient and both moments read, three written),
+#   M), quiet (0.74-1.47e9 on one thread under load): the fused step moves ~28 bytes a parameter (parameter, gradient and both moments read, three written),
 #   1.45e9 × 28 = 41 GB/s of traffic, what this machine's copy moves (2 × 19.9 GB/s read and written): it streams
 #   memory, so a host's rate is its memory bandwidth per GPU over 28 bytes. DGX A100 (2 AMD EPYC 7742, 8 channels
 #   of DDR4-3200 each: 409.6 GB/s for 8 GPUs, 51.2 each): 1.83e9. DGX H100 and H200 (2 Xeon Platinum 8480C, 8 of
