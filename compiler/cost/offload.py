@@ -135,7 +135,6 @@ def _block_share(gm, precision: str, device: str, modules: tuple):
     """(bytes the named modules' ops save, all the block saves) of one block without recomputation, each saved
     storage counted for the op that first keeps it (what a pack hook around that module sees)."""
     from compiler.cost import activations as A
-    from runtime.layers import Repeat  # noqa: F401  (A._Graph's rules read it)
     from compiler import ops as O
     g = A._Graph(gm, precision, device)
     ours = sympy.Integer(0)

@@ -219,7 +219,8 @@ def _memory_text(compiled) -> list[str]:
     opt = MEM.optimizer_label(spec.train.precision, plan.data_parallel, plan.size("dp"))
     lines = [f"memory      model state per rank: weights {nbytes(st.params)} + gradients {nbytes(st.grads)}"
              f" + {opt} {nbytes(st.optimizer)} = {nbytes(st.total)}, {_memory_how(spec, plan)}"
-             + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")]
+             + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")
+             + ("; with what offload keeps on the host (the table's host column)" if plan.offload != "none" else "")]
     rows = list(costs.memory)
     if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
         worst = max(rows, key=lambda r: r.peak)
