@@ -288,3 +288,16 @@ def test_host_step_bench_measures_both_figures(capsys):
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == record
     assert last["host_adam_params_per_s"] > 0 and last["copy_gbps"] > 0 and last["adamw"] in ("foreach", "fused")
+
+
+def test_plan_says_offload_would_fit(llama70):
+    """`plan` on the 70B sample without its offload: E0501, and among what would fit, optimizer offload (after the
+    changes that add no host work), at the peak the evolved plan has."""
+    from compiler import fit
+    spec, base, got = llama70
+    found = {f.change: f for f in fit.advice(base)}
+    half = found["offload = optimizer(fraction = 0.5)"]
+    assert half.fits and half.peak == got.costs.peak_bytes
+    fits = [f.change for f in fit.advice(base) if f.fits]
+    assert fits.index("offload = optimizer(fraction = 0.5)") >= len([c for c in fits if not c.startswith("offload")])
+    assert "would fit: offload = optimizer(fraction = 0.5)" in plan_text(base)

@@ -219,8 +219,8 @@ def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
     found = fixes() if fixes else []
     fit = [f for f in found if f.fits]
     hint = ("; it would fit with " + ", or ".join(f"`{f.change}` ({nbytes(f.peak)})" for f in fit[:4])
-            if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp) makes it "
-            "fit" if fixes else "")
+            if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp, offload) "
+            "makes it fit" if fixes else "")
     return [Diagnostic("E0501", f"the predicted peak of {worst.who}, {nbytes(worst.peak)}, does not fit in the "
                        f"{dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span, label="this mesh",
                        help=what + hint + "; or set `memory_gb` if the device has more (--force runs it anyway)")]
