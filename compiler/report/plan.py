@@ -170,8 +170,9 @@ def _offload_step_text(compiled, pred) -> list[str]:
         return []
     copies = [c for c in compiled.costs.ledger.entries if c.axis == OFF.HOST]
     moved = sum(c.bytes for c in copies)
-    link = (f"host link {dev.host_gbps:g} GB/s a direction, host AdamW {dev.host_adam_params_per_s / 1e9:.3g}e9 "
-            "parameters/s (compiler/layout/devices.py)")
+    link = (f"host link {dev.host_gbps:g} GB/s a direction"
+            + (f", host AdamW {dev.host_adam_params_per_s / 1e9:.3g}e9 parameters/s" if plan.offload != "activations"
+               else "") + " (compiler/layout/devices.py)")
     if plan.offload == "optimizer":
         down = sum(OFF.copy_s(dev, c.bytes) for c in copies)
         how = (f"the host's AdamW {_seconds(pred.host_step_s)} after its copies {_seconds(down)} "
@@ -220,7 +221,8 @@ def _memory_text(compiled) -> list[str]:
     lines = [f"memory      model state per rank: weights {nbytes(st.params)} + gradients {nbytes(st.grads)}"
              f" + {opt} {nbytes(st.optimizer)} = {nbytes(st.total)}, {_memory_how(spec, plan)}"
              + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")
-             + ("; with what offload keeps on the host (the table's host column)" if plan.offload != "none" else "")]
+             + ("; with what offload keeps on the host (the table's host column)"
+                if plan.offload in ("optimizer", "params") else "")]
     rows = list(costs.memory)
     if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
         worst = max(rows, key=lambda r: r.peak)
