@@ -69,7 +69,7 @@ def _shard_formula(plan, params, experts):
 # -- the ledger's copies ----------------------------------------------------------------------------------------
 
 
-def copies(model, plan, env, params_rank, experts_rank, params, experts, activations=None) -> list:
+def copies(model, plan, params_rank, experts_rank, params, experts, activations=None) -> list:
     """The host<->device copies of one step on the rank, as ledger entries (op d2h or h2d, group "host"; per rank
     and step, bytes of all the calls). `params`, `experts`: the rank's parameters as formulas (the ledger's);
     `activations`: (bytes per micro-batch, its formula's maker) of what the rank's blocks offload."""
@@ -113,7 +113,7 @@ def copies(model, plan, env, params_rank, experts_rank, params, experts, activat
         return out
     if activations is None:
         return out
-    per_mb, expr = activations
+    per_mb, formula_of = activations
     m = plan.micro_batches
     if per_mb <= 0:
         return out
@@ -124,7 +124,7 @@ def copies(model, plan, env, params_rank, experts_rank, params, experts, activat
                               reason=f"activation offload: the saved activations of "
                                      f"{', '.join(plan.offload_modules) or 'every block module'} {what}, "
                                      "per micro-batch",
-                              times=m, bytes=int(per_mb * m), measured=False, element_formula=expr))
+                              times=m, bytes=int(per_mb * m), measured=False, element_formula=formula_of))
     return out
 
 
@@ -216,7 +216,7 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
         per = block_bytes(model, plan, _saved_mode(plan))
         total = sum(c * per[i](env) for i, c in held)
         acts = (total, lambda: sympy.expand(sum(c * per[i].expr for i, c in counted).xreplace({MICRO_BATCH: b_sym})))
-    return copies(model, plan, env, params_rank, experts_rank, params, experts, acts)
+    return copies(model, plan, params_rank, experts_rank, params, experts, acts)
 
 
 def activation_bytes(model, plan, env, held) -> tuple:
