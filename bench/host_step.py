@@ -7,8 +7,10 @@ GPU the host link, not this, bounds a device<->host copy).
 
 The last line is a JSON record: `host_adam_params_per_s` (the best AdamW implementation, every thread),
 `host_adam_params_per_s_per_thread`, `copy_gbps`, with the torch version, the threads and the implementation.
-compiler/layout/devices.py's `host_adam_params_per_s` for the GPU kinds scales the per-thread figure by the
-cores a DGX gives each GPU (its comment says which run)."""
+compiler/layout/devices.py takes the cpu kind's figures from it (one thread a rank) and, for the GPU kinds, what it
+shows of the fused step: ~28 bytes a parameter streamed (the one-thread rate × 28 is about the copy's traffic, read
+and written), so a host's rate is its memory bandwidth per GPU over 28 (its comment says which runs;
+bench/results/host_step_cpu_2026-11-29.json holds them)."""
 from __future__ import annotations
 
 import argparse
