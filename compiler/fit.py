@@ -2,8 +2,9 @@
 
 `budget` is the memory advice `compile`, `plan` and `run` give (E0501 over a device, W0502 within 10% of one);
 `fixes` is what it suggests: the same plan with one thing changed (recomputation, smaller micro-batches, a ZeRO
-stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp), each checked by the rules every plan
-meets and costed by the same memory model, from the one trace the compiler already has (compiler/candidates.py)."""
+stage, FSDP's reduce-scatter every micro-batch, more tp or pp taken from dp, and last offload), each checked by the
+rules every plan meets and costed by the same memory model, from the one trace the compiler already has
+(compiler/candidates.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -60,6 +61,25 @@ def variants(plan: P.Plan) -> list:
             if bigger is not None:
                 out.append((f"{axis} = {bigger.size(axis)} ({source} = {bigger.size(source)})", bigger))
                 break
+    return out + offloads(plan)
+
+
+OFFLOADS = (("optimizer", 0.5), ("optimizer", 1.0), ("params", 1.0), ("activations", 1.0))
+"""The offloads `fixes` tries, after every other change (compiler/cost/offload.py prices them; parameter offload
+only where the plan is fsdp)."""
+
+
+def offloads(plan: P.Plan) -> list:
+    """(change, plan) for each offload worth trying on a plan without one, as the plan section writes it."""
+    from compiler.report.scale import offload_setting
+    if getattr(plan, "offload", "none") != "none":
+        return []
+    out = []
+    for kind, f in OFFLOADS:
+        if kind == "params" and plan.zero_stage != 3:
+            continue
+        moved = P.evolve(plan, offload=kind, offload_fraction=f)
+        out.append((f"offload = {offload_setting(moved)}", moved))
     return out
 
 
@@ -76,7 +96,8 @@ def fixes(compiled, limit: float) -> list[Fix]:
             continue
         peak = cands.estimate(cands.decide(plan)).peak_bytes  # every pp rank's peak: the fullest
         found.append(Fix(change, peak, peak <= limit))
-    return sorted(found, key=lambda f: (not f.fits, f.peak))
+    # offload after the others that fit: it adds copies and host work to the step (compiler/cost/offload.py)
+    return sorted(found, key=lambda f: (not f.fits, f.fits and f.change.startswith("offload"), f.peak))
 
 
 def advice(compiled) -> tuple[Fix, ...]:

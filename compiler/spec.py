@@ -125,6 +125,10 @@ class Device:
     """Multiprocessors a matmul's tiles spread over."""
     tile: int = 1
     """Side of a matmul's output tile."""
+    host_gbps: float = 0.0
+    """The device's link to its host memory, one direction, GB/s (offload's copies)."""
+    host_adam_params_per_s: float = 0.0
+    """Parameters per second the device's share of its host steps with AdamW (offload's host step)."""
 
 
 @dataclass(frozen=True, kw_only=True)

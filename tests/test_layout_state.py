@@ -116,8 +116,8 @@ def test_when_alive_follows_the_wrapper():
         assert any(alive in at for at in ST.ALIVE_AT.values())
 
 
-def test_every_row_is_on_the_device_today():
-    """The offload field exists and is `device` everywhere (offload will move rows to the host)."""
+def test_every_row_is_on_the_device_without_offload():
+    """Without a plan's offload every row is on the device (tests/test_offload_cost.py: the rows it moves)."""
     seen = 0
     for mode, precision, pp, ep in itertools.product(MODES, PRECISIONS, (1, 2), (1, 2)):
         for r in ST.rows(_plan(mode, pp=pp, ep=ep), precision, tied=True):

@@ -375,12 +375,26 @@ class CostModel:
         if nb is not None:
             self._transfers(plan, env, pp_rank, entries, b_sym)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, b_sym)
         return Ledger(tuple(entries))
+
+    def _offload_copies(self, plan, env, nb, params_rank, experts_rank, b_sym) -> list:
+        """Offload's host<->device copies (compiler/cost/offload.py), or none."""
+        if plan.offload == "none":
+            return []
+        from compiler.cost import offload
+        return offload.ledger_copies(self, plan, env, nb, params_rank, experts_rank, b_sym)
 
     def _step_entries(self, plan, env, nb, on_rank, params_rank, experts_rank) -> tuple:
         """The ledger's once-per-step entries (`_ledger`'s of direction "step"), in its order, without the rest."""
         entries = self._partial(plan, env, nb, on_rank)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        if plan.offload != "none":
+            spec = self.spec
+            m = plan.micro_batches
+            ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in dict(plan.axes)])
+            entries += self._offload_copies(plan, env, nb, params_rank, experts_rank,
+                                            spec.train.global_batch / (ranks_sym * m))
         return tuple(c for c in entries if c.direction == "step")
 
     def _times_of(self, plan, where, nb, on_rank) -> tuple:

@@ -6,7 +6,8 @@ of each kind), its step of `T` seconds (the slowest rank's end, the step time) c
 - active: computing, `compute_s` less the collectives on its critical path, plus the optimizer and the runtime's
   own per-step work (`tail_s`);
 - communicating: the collectives the rank waits in: tensor, expert and context parallelism's inside its compute,
-  the pipeline sends the schedule exposes, and data parallelism's exposed synchronisation after the pipeline;
+  the pipeline sends the schedule exposes, data parallelism's exposed synchronisation after the pipeline, and
+  offload's host<->device copies the step waits for (exposed "host": compiler/cost/offload.py);
 - bubble: waiting in the pipeline schedule for another stage (`idle_s` less the exposed sends);
 - waiting: the rest of the step, after its own end, for the slowest rank (the next step's first collective).
 A device draws `active_w`, `communicating_w` or `idle_w` in each (compiler/layout/power.py); every node draws
@@ -162,9 +163,10 @@ def phases(rank, step_s: float) -> tuple:
     `step_s`: see the module's docstring. Every phase is at least 0 and they sum to `step_s`."""
     exposed = rank.exposed_comm_s
     sends = exposed.get("pp", 0.0)
-    inside = max(sum(exposed.values()) - rank.sync_s - sends, 0.0)  # tp, ep, cp: on the compute's critical path
+    host = exposed.get("host", 0.0)  # offload's copies the step waits for, after the compute (step_time.py)
+    inside = max(sum(exposed.values()) - rank.sync_s - sends - host, 0.0)  # tp, ep, cp: on the compute's path
     active = max(rank.compute_s - inside, 0.0) + rank.tail_s
-    communicating = inside + sends + rank.sync_s
+    communicating = inside + sends + rank.sync_s + host
     bubble = max(rank.idle_s - sends, 0.0)
     waiting = max(step_s - active - communicating - bubble, 0.0)
     return active, communicating, bubble, waiting

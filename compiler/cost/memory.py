@@ -219,8 +219,8 @@ def over_memory(spec: S.Spec, memory: tuple, fixes=None) -> list[Diagnostic]:
     found = fixes() if fixes else []
     fit = [f for f in found if f.fits]
     hint = ("; it would fit with " + ", or ".join(f"`{f.change}` ({nbytes(f.peak)})" for f in fit[:4])
-            if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp) makes it "
-            "fit" if fixes else "")
+            if fit else "; no single change tried (recompute, micro-batches, ZeRO stage, more tp or pp, offload) "
+            "makes it fit" if fixes else "")
     return [Diagnostic("E0501", f"the predicted peak of {worst.who}, {nbytes(worst.peak)}, does not fit in the "
                        f"{dev.memory_gb:g} GB of one {dev.kind}", spec.mesh.span, label="this mesh",
                        help=what + hint + "; or set `memory_gb` if the device has more (--force runs it anyway)")]
@@ -248,6 +248,8 @@ class RankMemory:
                                           # until its files are written (checkpoint_staging); not in `peak`
     checkpoint_device: float = 0.0  # checkpoint_async only: device bytes the save gathers while it copies (FSDP
                                     # with tp: full_tensor over dp); transient, after the step, not in `peak`
+    host: float | None = None  # offload only: the rank's host bytes (its rows located on the host: offloaded state
+                               # and pinned buffers, and the activations staged there); not in `peak`
 
     @property
     def peak(self) -> float:
@@ -260,7 +262,8 @@ class RankMemory:
                 "working_what": self.working_what, "in_flight": self.in_flight,
                 "forward_bytes": int(self.forward_bytes),
                 **({"checkpoint_host": int(self.checkpoint_host), "checkpoint_device": int(self.checkpoint_device)}
-                   if self.checkpoint_host is not None else {})}
+                   if self.checkpoint_host is not None else {}),
+                **({"host_peak_bytes": int(self.host)} if self.host is not None else {})}
 
 
 PROGRESS_BYTES = 3 * 8  # runtime.checkpoint's `progress`: step, scheduler epoch, total steps (int64 scalars)

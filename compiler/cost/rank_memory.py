@@ -52,6 +52,7 @@ class Rank:
     kept: float = 0
     recv: float = 0
     pending_w: float = 0
+    staged: float = 0        # activation offload: what the host holds of its activations (acts: the device's)
 
 
 class Peaks:
@@ -72,15 +73,16 @@ class Peaks:
 
     # -- the rows ----------------------------------------------------------------------------------------------------
 
-    def state(self, r: Rank, instant: str) -> dict:
+    def state(self, r: Rank, instant: str | None, location: str = ST.DEVICE) -> dict:
         """Bytes of each column (weights, grads, optimizer) of the rows alive at `instant`, on the device
-        (state.Rows.terms: the kinds of one column over the same groups are one term). The optimizer's (and the
+        (state.Rows.terms: the kinds of one column over the same groups are one term; at `location` ST.HOST with
+        instant None, every row the host holds). The optimizer's (and the
         step's gradients) under bf16 are bytes per element × elements, as memory.state_per_param gives them to
         the plan's model state, so the two agree to the byte."""
         out = {"weights": 0, "grads": 0, "optimizer": 0}
         n = r.params
         grads = instant != ST.BACKWARD_PEAK or r.grads_at_peak
-        for column, dense, expert, how, k in _terms(self.rows, instant, grads, self.prec == "bf16"):
+        for column, dense, expert, how, k in _terms(self.rows, instant, grads, self.prec == "bf16", location):
             # over how many ranks the term splits the rank's parameters: its group's size, or, where the dense and
             # the expert rows lie over different groups (FSDP2 with ep), the rank's parameters over its share
             z = expert if dense == expert or not n else n / (r.dense / dense + (n - r.dense) / expert)
@@ -155,6 +157,7 @@ class Peaks:
         """The larger of the rank's two instants."""
         plan, bf16 = self.plan, self.prec == "bf16"
         buckets = self.g * r.dense if r.ddp_buckets else 0
+        host = self.host(r)
         at = self.state(r, ST.BACKWARD_PEAK)
         work, what = self.backward_work(r, buckets)
         backward = MEM.RankMemory(who=r.who, pp_rank=r.pp_rank, weights=at["weights"] + self.gathered,
@@ -162,7 +165,7 @@ class Peaks:
                                   moment="the start of the last micro-batch's backward" if r.pp_rank is None
                                   else "the schedule's fullest moment (most activations in flight)",
                                   working_what=what, in_flight=r.flight, optimizer_what=self.opt_what,
-                                  forward_bytes=r.acts + r.kept)
+                                  forward_bytes=r.acts + r.kept, host=host)
         # pipeline stages' gradient all-reduce after the schedule: fp32 flattens one DDP-sized bucket at a time
         # (runtime.train._average_dense_grads); bf16 reduces the main gradients' own buckets in place
         # (no receive buffer is left after the backwards: runtime.pipeline.InFlight drops each after its own)
@@ -174,9 +177,17 @@ class Peaks:
         step = MEM.RankMemory(who=r.who, pp_rank=r.pp_rank, weights=at["weights"], grads=at["grads"],
                               optimizer=at["optimizer"], activations=0, working=buckets + flat,
                               moment="the optimizer step", working_what=step_what, optimizer_what=self.opt_what,
-                              forward_bytes=r.acts + r.kept)
+                              forward_bytes=r.acts + r.kept, host=host)
         # whichever moment is the peak, forward_bytes is the forwards' fullest moment (RankMemory)
         return max((backward, step), key=lambda m: m.peak)
+
+    def host(self, r: Rank) -> float | None:
+        """The rank's host bytes under offload (None without: the plan has no host side): every row located
+        there (state.offloaded: the offloaded state and its pinned buffers) and the activations staged there at
+        its fullest moment (`r.staged`)."""
+        if getattr(self.plan, "offload", "none") == "none":
+            return None
+        return sum(self.state(r, None, ST.HOST).values()) + r.staged
 
     def staged(self, peak: MEM.RankMemory, tensors) -> MEM.RankMemory:
         """checkpoint_async: the rank's staging copy (memory.checkpoint_staging), beside its device peak."""
@@ -199,8 +210,9 @@ def memory(model, plan, env, layout, stages, params_rank, experts_rank, kept_who
     tensors_rows = any(row.partition == "tensors" for row in rm.rows)
     if not layout:
         shapes = model._shapes(env, "whole") if tensors_rows else ()
-        r = Rank("every rank", None, params_rank, params_rank - experts_rank, kept_whole, True,
-                 plan.micro_batches > 1, "", ddp, False, shapes)
+        acts, staged = _offload_acts(model, plan, env, (), kept_whole, 1)
+        r = Rank("every rank", None, params_rank, params_rank - experts_rank, acts, True,
+                 plan.micro_batches > 1, "", ddp, False, shapes, staged=staged)
         return (rm.staged(rm.peak(r), fo.param_shapes.staged("whole", env) if staging else ()),)
     return tuple(_pipelined(model, rm, plan, env, layout, stages, ddp, tensors_rows))
 
@@ -245,9 +257,27 @@ def _pipelined(model, rm, plan, env, layout, stages, flat, tensors_rows):
             tensors = _segments(mine, n, lambda seg: tuple(t for t in fo.param_shapes.staged(seg, env)
                                                            if not (tied and seg == "epilogue" and t[0] == TIED)),
                                 fo)
+        staged = 0
+        if plan.offload == "activations":
+            acts, staged = 0, 0
+            for st in mine:
+                alive = peaks[r].get(st.stage, 0)
+                a, s_ = _offload_acts(model, plan, env, (st.blocks,), st.activations, alive)
+                acts, staged = acts + a, staged + s_
         rank = Rank(who, r, params, params - experts, acts, (n - 1) in held, plan.schedule != "gpipe", flight,
-                    False, flat, shapes, kept, recv, kept_w)
+                    False, flat, shapes, kept, recv, kept_w, staged)
         yield rm.staged(rm.peak(rank), tensors)
+
+
+def _offload_acts(model, plan, env, stages, acts: float, alive: int) -> tuple:
+    """(device, host) bytes of activations `acts` (`alive` micro-batches' of the blocks of `stages`, or of the whole
+    model) under activation offload (compiler/cost/offload.py); (acts, 0) without it."""
+    if getattr(plan, "offload", "none") != "activations" or not acts:
+        return acts, 0
+    from compiler.cost import offload as OFF
+    per, largest = OFF.activation_bytes(model, plan, env, OFF.blocks_held(model, plan, env, stages))
+    moved = min(acts, alive * per)
+    return OFF.device_kept(acts, moved, largest), moved
 
 
 def _segments(mine, n, of, fo) -> tuple:
@@ -266,16 +296,16 @@ def _segments(mine, n, of, fo) -> tuple:
 _TENSORS, _PER_ELEMENT, _OPTIMIZER, _ELEMENTS = range(4)
 
 
-def _terms(rows, instant: str, grads: bool, bf16: bool) -> tuple:
+def _terms(rows, instant: str | None, grads: bool, bf16: bool, location: str = ST.DEVICE) -> tuple:
     """rows.terms(instant, grads) as (column, dense group size, expert group size, how, bytes per element): which
     of Peaks.state's formulas counts each, decided once per shape of rows (kept on the Rows, which state.rows
     shares between the plans of one shape), not once per rank."""
     memo = rows.__dict__.setdefault("_peak_terms", {})
-    key = (instant, grads, bf16)
+    key = (instant, grads, bf16, location)
     got = memo.get(key)
     if got is None:
         out = []
-        for (column, dense, expert, partition), k in rows.terms(instant, grads):
+        for (column, dense, expert, partition), k in rows.terms(instant, grads, location):
             if partition == "tensors":
                 how = _TENSORS
             elif bf16 and (column == "optimizer" or column == "grads" and instant == ST.STEP_PEAK):

@@ -20,7 +20,10 @@
                    the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
                    interleaving and zero-bubble are costed as they run, not by a bubble formula.
     the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
-                   the runtime's own cost per step (measured where a device's figures say so).
+                   the runtime's own cost per step (measured where a device's figures say so). Under offload
+                   (compiler/cost/offload.py) AdamW's part is the host's (parameters), or the slower of the device's
+                   share and the host's chain of copies and step (optimizer); parameter and activation copies run
+                   under the compute up to the host link, what it cannot hold exposed ("host").
 
 Every device figure lives in compiler/layout/devices.py with its source; the constants of this module (and of the
 compute and communication parts, compiler/cost/op_times.py and compiler/cost/links.py) each with its reason.
@@ -141,6 +144,10 @@ class Prediction:
     pieces: dict = field(default_factory=dict, compare=False)
     ops_per_step: int = 0         # ops the slowest rank runs per step (what the per-op overhead multiplies)
     runtime_s: float = 0.0        # the runtime's own cost per step (devices.py `step_overhead_ms`)
+    offload: str = "none"         # the plan's offload (compiler/cost/offload.py): what the next two price
+    host_step_s: float = 0.0      # of optimizer_s, the host's AdamW (optimizer or parameter offload)
+    host_copy_s: float = 0.0      # host<->device copies the slowest rank waits for outside optimizer_s (exposed_comm_s
+                                  # "host"): parameter and activation offload's
 
     def as_json(self) -> dict:
         return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
@@ -149,7 +156,9 @@ class Prediction:
                 "bubble_fraction": self.bubble_fraction, "exposed_comm_s": dict(self.exposed_comm_s),
                 "optimizer_s": self.optimizer_s, "ranks": [r.as_json() for r in self.ranks],
                 "links": [{"axis": k.axis, "size": k.size, "crosses_nodes": k.crosses_nodes, "gbps": k.gbps,
-                           "latency_us": k.latency_us} for k in self.links]}
+                           "latency_us": k.latency_us} for k in self.links],
+                **({"offload": self.offload, "host_step_s": self.host_step_s, "host_copy_s": self.host_copy_s}
+                   if self.offload != "none" else {})}
 
 
 def slowest_rank(ranks) -> RankTime:
@@ -329,13 +338,24 @@ class Simulator:
                 sync += hidden
             opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
                    / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
-            end = ranks_end[r] + sync + opt + runtime
+            host = copies = 0.0
+            if plan.offload != "none":  # the host's step and the copies (compiler/cost/offload.py)
+                from compiler.cost import offload as OFF
+                # the units a copy is cut into: FSDP's (each block and the root), or the rank's blocks
+                blocks = (sum(k for s in range(r, len(layout), pp) for _, k in fo.held(*layout[s])) if fo.piped
+                          else sum(c.n for c in fo.counts.values()))
+                units = blocks + 1 if plan.offload == "params" else max(blocks, 1)
+                opt, host, copies = OFF.step_part(plan, dev, est.ledger.entries, scale, stage_params[r] / shard,
+                                                  opt, busy[r], units)
+                if copies:
+                    exposed["host"] = copies
+            end = ranks_end[r] + sync + opt + runtime + copies
             rt = RankTime(f"pp rank {r}" if fo.piped else "every rank", busy[r], makespan - busy[r], exposed, end,
                           sync, opt + runtime)
             ranks.append(rt)
             if worst is None or end > worst[0]:
-                worst = (end, rt, opt)
-        step, slowest, opt = worst
+                worst = (end, rt, opt, host, copies)
+        step, slowest, opt, host, copies = worst
         world = plan.world_size
         return Prediction(step_time_s=step, tokens_per_s=est.tokens_step / step,
                           model_tflops_per_device=est.flops_step_n / world / step / 1e12,
@@ -344,7 +364,8 @@ class Simulator:
                           bubble_fraction=bubble_fraction(ranks), exposed_comm_s=dict(slowest.exposed_comm_s),
                           optimizer_s=opt,
                           ranks=tuple(ranks), links=tuple(lk[a] for a, _ in plan.axes), device=dev.kind,
-                          pieces=pieces, ops_per_step=int(ops), runtime_s=runtime)
+                          pieces=pieces, ops_per_step=int(ops), runtime_s=runtime, offload=plan.offload,
+                          host_step_s=host, host_copy_s=copies)
 
     @staticmethod
     def _data_parallel_exposed(cm, plan, entries, lk, scale, per, last_backward) -> list:

@@ -49,10 +49,16 @@ class Figures:
     """Multiprocessors a matmul's tiles are spread over (waves)."""
     tile: int = 1
     """Side of a matmul's output tile, elements."""
+    host_gbps: float = 0.0
+    """Bandwidth of the device's link to its host memory, one direction, GB/s (offload's copies:
+    compiler/cost/offload.py)."""
+    host_adam_params_per_s: float = 0.0
+    """Parameters per second the device's share of its host steps with AdamW (offload's host step)."""
 
 
 OVERRIDABLE = tuple(f.name for f in fields(Figures)
-                    if f.name not in ("units", "tile", "step_overhead_ms", "intra_node_efficiency"))
+                    if f.name not in ("units", "tile", "step_overhead_ms", "intra_node_efficiency", "host_gbps",
+                                      "host_adam_params_per_s"))
 
 # Sources:
 # - peak, memory, NVLink and HBM: NVIDIA's A100 80GB SXM (312 TFLOP/s bf16, 2,039 GB/s, NVLink 3 600 GB/s both
@@ -100,28 +106,55 @@ OVERRIDABLE = tuple(f.name for f in fields(Figures)
 #   120 µs). `python -m bench.step_time overheads`: our programs cost 85 µs per graph op (eager dispatch, autograd,
 #   the views and the optimizer's per-tensor work that grow with the ops) and no measurable fixed cost per step
 #   (the fit gave -1.8 ms). Neither is measured on GPUs (step_overhead_ms 0 there: issue 13 measures the runtime).
+# - host link (host_gbps): PCIe Gen4 x16 for the A100 SXM (32 GB/s a direction raw; ~25 GB/s effective after the
+#   128b/130b encoding and the TLP headers of 256-byte payloads), PCIe Gen5 x16 for the H100, H200, H800 and B200
+#   (64 GB/s raw, ~50 effective; NVIDIA's H100 and HGX B200 datasheets: "PCIe Gen5: 128 GB/s" both directions) and
+#   NVLink-C2C for the GB200 (the Grace Blackwell superchip's, 900 GB/s both directions = 450 one way; GH200
+#   datasheet's figure, which GB200 NVL72's datasheet repeats; the two GPUs of a superchip share their Grace). Not
+#   measured on these machines. cpu: this machine's host copy, `python -m bench.host_step` on 2026-11-29: 19.9 GB/s
+#   of a 256 MiB copy (the bytes once), quiet; 6-8 GB/s under a load of 5 on its 2 cores
+#   (bench/results/host_step_cpu_2026-11-29.json).
+# - host AdamW (host_adam_params_per_s): `python -m bench.host_step` (torch 2.13, 16M fp32 parameters in 1M tensors)
+#   measured torch's fused CPU AdamW at 1,449 M parameters/s on one thread (2,363 M on both), foreach at 230 M (351
+#   M), quiet (0.74-1.47e9 on one thread under load): the fused step moves ~28 bytes a parameter (parameter, gradient and both moments read, three written),
+#   1.45e9 × 28 = 41 GB/s of traffic, what this machine's copy moves (2 × 19.9 GB/s read and written): it streams
+#   memory, so a host's rate is its memory bandwidth per GPU over 28 bytes. DGX A100 (2 AMD EPYC 7742, 8 channels
+#   of DDR4-3200 each: 409.6 GB/s for 8 GPUs, 51.2 each): 1.83e9. DGX H100 and H200 (2 Xeon Platinum 8480C, 8 of
+#   DDR5-4800: 614.4 GB/s, 76.8 each; the H800's HGX the same): 2.74e9. DGX B200 (2 Xeon Platinum 8570, DDR5-5600:
+#   716.8 GB/s, 89.6 each): 3.2e9. GB200 (a Grace's LPDDR5X, up to 512 GB/s, for two GPUs): 9.1e9. The datasheets'
+#   peak bandwidths: what a STREAM run reaches is lower, so these rates are an upper bound (the step a lower
+#   bound); DeepSpeed's CPU-Adam (Ren et al. 2021, ZeRO-Offload) reports several times the speed of torch's CPU
+#   Adam of its time, the gap torch's fused CPU AdamW closes here (6.3x its foreach on one thread). cpu: the one-thread figure, 1.45e9 (a rank
+#   is one thread). Our runtime's host step is torch's fused AdamW on CPU.
 DEVICES = {
     "cpu": Figures(peak_tflops=0.1, memory_gb=16.0, intra_node_gbps=0.7, inter_node_gbps=0.7, hbm_gbps=30.0,
                    matmul_efficiency=0.8, attention_efficiency=0.8, intra_node_latency_us=120.0,
-                   inter_node_latency_us=120.0, op_overhead_us=85.0, step_overhead_ms=0.0),
+                   inter_node_latency_us=120.0, op_overhead_us=85.0, step_overhead_ms=0.0,
+                   host_gbps=19.9, host_adam_params_per_s=1.45e9),
     "a100": Figures(peak_tflops=312.0, memory_gb=80.0, intra_node_gbps=300.0, inter_node_gbps=25.0, hbm_gbps=2039.0,
                     matmul_efficiency=0.775, attention_efficiency=0.55, intra_node_latency_us=3.0,
-                    inter_node_latency_us=8.0, op_overhead_us=6.0, intra_node_efficiency=0.56, units=108, tile=128),
+                    inter_node_latency_us=8.0, op_overhead_us=6.0, intra_node_efficiency=0.56, units=108, tile=128,
+                    host_gbps=25.0, host_adam_params_per_s=1.83e9),
     "h100": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
-                    op_overhead_us=6.0, units=132, tile=128),
+                    op_overhead_us=6.0, units=132, tile=128,
+                    host_gbps=50.0, host_adam_params_per_s=2.74e9),
     "h800": Figures(peak_tflops=989.0, memory_gb=80.0, intra_node_gbps=160.0, inter_node_gbps=50.0, hbm_gbps=3350.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
-                    op_overhead_us=6.0, units=132, tile=128),
+                    op_overhead_us=6.0, units=132, tile=128,
+                    host_gbps=50.0, host_adam_params_per_s=2.74e9),
     "h200": Figures(peak_tflops=989.0, memory_gb=141.0, intra_node_gbps=450.0, inter_node_gbps=50.0, hbm_gbps=4800.0,
                     matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0, inter_node_latency_us=8.0,
-                    op_overhead_us=6.0, units=132, tile=128),
+                    op_overhead_us=6.0, units=132, tile=128,
+                    host_gbps=50.0, host_adam_params_per_s=2.74e9),
     "b200": Figures(peak_tflops=2250.0, memory_gb=180.0, intra_node_gbps=900.0, inter_node_gbps=50.0,
                     hbm_gbps=8000.0, matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0,
-                    inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128),
+                    inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128,
+                    host_gbps=50.0, host_adam_params_per_s=3.2e9),
     "gb200": Figures(peak_tflops=2500.0, memory_gb=186.0, intra_node_gbps=900.0, inter_node_gbps=50.0,
                      hbm_gbps=8000.0, matmul_efficiency=0.81, attention_efficiency=0.33, intra_node_latency_us=3.0,
-                     inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128),
+                     inter_node_latency_us=8.0, op_overhead_us=6.0, units=148, tile=128,
+                     host_gbps=450.0, host_adam_params_per_s=9.1e9),
 }
 
 

@@ -29,7 +29,9 @@ GRADS = "gradients"                # accumulated over micro-batches, in G bytes,
 MAIN_GRADS = "main gradients"      # the fp32 gradient shard FSDP2's reduce-scatter leaves for the step
 MASTER = "master weights"          # the fp32 master an optimizer keeps beside bf16 weights (ddp, zero1)
 MOMENTS = "moments"                # AdamW's two fp32 moments
-KINDS = (WEIGHTS, COMPUTE, GRADS, MAIN_GRADS, MASTER, MOMENTS)
+HOST_GRADS = "host gradients"      # optimizer offload: the pinned fp32 buffer the offloaded gradients are copied to
+HOST_PARAMS = "host parameters"    # optimizer offload without a master (fp32, FSDP2): the fp32 parameters it steps
+KINDS = (WEIGHTS, COMPUTE, GRADS, MAIN_GRADS, MASTER, MOMENTS, HOST_GRADS, HOST_PARAMS)
 
 # classes of parameter
 DENSE, EXPERT, TIED = "dense", "expert", "tied"
@@ -38,7 +40,7 @@ DENSE, EXPERT, TIED = "dense", "expert", "tied"
 
 # where a row lies
 DEVICE, HOST = "device", "host"
-"""Every row is on the device today; offload will put some on the host (their bytes then leave the device peak)."""
+"""A plan's `offload` puts rows on the host (`offloaded`): their bytes leave the device peak and make the host's."""
 
 # when a row is alive: the vocabulary of moments
 WHOLE_STEP = "whole step"
@@ -56,7 +58,7 @@ ALIVE_AT = {BACKWARD_PEAK: (WHOLE_STEP, UNIT, ACCUMULATING, TO_STEP, GATHER),
 
 # RankMemory's columns (compiler/cost/memory.py) a row is counted in
 COLUMN = {WEIGHTS: "weights", COMPUTE: "weights", GRADS: "grads", MAIN_GRADS: "grads", MASTER: "optimizer",
-          MOMENTS: "optimizer"}
+          MOMENTS: "optimizer", HOST_GRADS: "grads", HOST_PARAMS: "weights"}
 
 GRAD_REDUCE = "fp32"  # `grad_reduce` when a plan has none: gradients accumulated and reduced in fp32 (Megatron's)
 
@@ -79,6 +81,7 @@ class Row:
     alive: str            # MOMENTS_OF_STEP
     location: str = DEVICE
     partition: str = "elements"  # "tensors": whole tensors to a rank (ZeroRedundancyOptimizer), the fullest rank's
+    share: float = 1.0    # of the class's elements on the rank (over `size`), this row's: optimizer offload splits
 
     @property
     def column(self) -> str:
@@ -92,17 +95,18 @@ class Rows(tuple):
     """A rank's rows (a tuple of Row), with what is alive at each instant summed up once: the same rows serve the
     thousands of plans of one shape a search costs."""
 
-    def terms(self, instant: str, grads: bool = True) -> tuple:
-        """The rows alive at `instant` on the device, but FSDP's gathered units (a working set) and, without
+    def terms(self, instant: str | None, grads: bool = True, location: str = DEVICE) -> tuple:
+        """The rows alive at `instant` on the device (or at `location`; instant None: every row there, as the
+        host holds its rows, pinned, through the run), but FSDP's gathered units (a working set) and, without
         `grads`, the gradients (none yet on a first micro-batch): per kind in row order, the kinds of one column
         with the same groups and partition together, as ((column, dense group size, expert group size,
-        partition), bytes per element)."""
+        partition), bytes per element of the class's elements: dtype bytes × share)."""
         memo = self.__dict__.setdefault("_terms", {})
-        key = (instant, grads)
+        key = (instant, grads, location)
         if key not in memo:
             kinds: dict = {}
             for row in self:
-                if (row.location == DEVICE and row.alive_at(instant) and row.alive != GATHER
+                if (row.location == location and (instant is None or row.alive_at(instant)) and row.alive != GATHER
                         and (grads or row.column != "grads")):
                     kinds.setdefault(row.kind, {})[row.params] = row
             out: dict = {}
@@ -110,7 +114,7 @@ class Rows(tuple):
                 first = next(iter(by_class.values()))
                 sizes = tuple(by_class[c].size if c in by_class else 1 for c in (DENSE, EXPERT))
                 at = (first.column, *sizes, first.partition)
-                out[at] = out.get(at, 0) + first.dtype_bytes
+                out[at] = out.get(at, 0) + first.dtype_bytes * first.share
             memo[key] = tuple(out.items())
         return memo[key]
 
@@ -140,8 +144,49 @@ def classes(plan, tied: bool = False) -> tuple:
 def rows(plan, precision: str, tied: bool = False) -> Rows:
     """Every row of a rank's model state under `plan` and `precision`, in the order the memory model sums them
     (compute copy before the master, as the peak's weights column reads)."""
-    return _rows(plan.zero_stage, precision == "bf16", grad_bytes(precision, plan.grad_reduce),
-                 plan.size("pp") > 1, tuple(groups(plan).items()), plan.syncs_each_micro_batch, classes(plan, tied))
+    got = _rows(plan.zero_stage, precision == "bf16", grad_bytes(precision, plan.grad_reduce),
+                plan.size("pp") > 1, tuple(groups(plan).items()), plan.syncs_each_micro_batch, classes(plan, tied))
+    offload = getattr(plan, "offload", "none")
+    if offload in ("optimizer", "params"):
+        got = offloaded(got, offload, float(plan.offload_fraction) if offload == "optimizer" else 1.0)
+    return got
+
+
+@functools.lru_cache(maxsize=256)
+def offloaded(rows: Rows, offload: str, fraction: float) -> Rows:
+    """`rows` under a plan's `offload` (compiler/cost/offload.py prices the copies):
+
+    - `optimizer`, fraction f: of the optimizer's rows (the fp32 master where the optimizer keeps one, the
+      moments), f of the elements on the host and 1 - f on the device; beside them on the host two pinned fp32
+      buffers of f: the gradients copied down, and where the optimizer keeps no master (fp32, FSDP2's sharded
+      parameter is it) the parameters the host steps.
+    - `params` (FSDP2's CPUOffloadPolicy, fsdp): the sharded parameter, its sharded gradient and the moments on the
+      host (pinned there by the policy); the gathered units and the unit gradients before their reduce-scatter
+      stay on the device."""
+    out = []
+    for row in rows:
+        if offload == "params":
+            moved = row.kind in (MOMENTS, MAIN_GRADS) or (row.kind == WEIGHTS and row.size > 1)
+            out.append(_located(row, HOST) if moved else row)
+            continue
+        if row.kind not in (MASTER, MOMENTS) or fraction <= 0:
+            out.append(row)
+            continue
+        if fraction < 1:
+            out.append(_located(row, DEVICE, row.share * (1 - fraction)))
+        out.append(_located(row, HOST, row.share * fraction))
+        if row.kind == MOMENTS:
+            masters = any(r.kind == MASTER and r.params == row.params for r in rows)
+            out.append(_located(row, HOST, row.share * fraction, HOST_GRADS, 4))
+            if not masters:
+                out.append(_located(row, HOST, row.share * fraction, HOST_PARAMS, 4))
+    return Rows(out)
+
+
+def _located(row: Row, location: str, share: float | None = None, kind: str | None = None,
+             dtype_bytes: int | None = None) -> Row:
+    return Row(kind or row.kind, row.params, dtype_bytes or row.dtype_bytes, row.group, row.size, row.alive,
+               location, row.partition, row.share if share is None else share)
 
 
 @functools.lru_cache(maxsize=1024)

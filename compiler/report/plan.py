@@ -79,7 +79,7 @@ def plan_text(compiled) -> str:
         src = f"{os.path.basename(c.span.file)}:{c.span.line}" if c.span else "-"
         times = spec.value(c.per_step, plan)
         where = (f"{p.tier:<10} {p.algorithm:<9} {_seconds(p.seconds):>9} {p.busbw_gbps:>10.4g}" if p is not None
-                 else f"{'-':<10} {'-':<9} {'-':>9} {'-':>10}")
+                 else _host_where(dev, c) if c.axis == "host" else f"{'-':<10} {'-':<9} {'-':>9} {'-':>10}")
         lines += [f"  {c.op:<15} {c.axis:<{wide}} {_DIRECTION[c.direction]:<4} ×{times:<4} {where} {nbytes(b):>10} = "
                   f"{C.formula(c.bytes_per_step(), values)} bytes  [{src}] {c.reason}"
                   + (f"; at most {nbytes(c.worst_bytes)}" if c.worst_bytes is not None else "")]
@@ -89,6 +89,14 @@ def plan_text(compiled) -> str:
               if costs.ledger.entries else ""]
     lines += _traffic_text(compiled)
     return "\n".join(lines) + "\n"
+
+
+def _host_where(dev, c) -> str:
+    """A host<->device copy's columns in the collectives table: the host link (devices.py `host_gbps`), a copy,
+    its calls' seconds on that link (compiler/cost/offload.py `copy_s`: how much of it the step hides is the step
+    time's to say), the link's bandwidth."""
+    from compiler.cost import offload as OFF
+    return f"{'host link':<10} {'copy':<9} {_seconds(OFF.copy_s(dev, c.bytes)):>9} {dev.host_gbps:>10.4g}"
 
 
 def _traffic_text(compiled) -> list[str]:
@@ -138,6 +146,7 @@ def _step_time_text(compiled) -> list[str]:
     lines += [f"            pipeline bubble {pred.bubble_fraction:.1%} (the slowest rank idle in the schedule); "
               f"exposed communication: {exposed}; "
               f"AdamW {_seconds(pred.optimizer_s)}"]
+    lines += _offload_step_text(compiled, pred)
     lines += ["            links: " + "; ".join(k.describe() for k in pred.links)]
     ranks = list(pred.ranks)
     if len(ranks) > 1:
@@ -150,6 +159,32 @@ def _step_time_text(compiled) -> list[str]:
             lines += [f"            {r.who}: computes {_seconds(r.compute_s)}, waits {_seconds(r.idle_s)}, "
                       f"ends at {_seconds(r.end_s)}"]
     return lines
+
+
+def _offload_step_text(compiled, pred) -> list[str]:
+    """Under offload, what the host costs the step (compiler/cost/offload.py), with the host link's figures."""
+    from compiler.cost import offload as OFF
+    from compiler.plan import offload_text
+    plan, dev = compiled.plan, compiled.spec.cluster.device
+    if plan.offload == "none":
+        return []
+    copies = [c for c in compiled.costs.ledger.entries if c.axis == OFF.HOST]
+    moved = sum(c.bytes for c in copies)
+    link = (f"host link {dev.host_gbps:g} GB/s a direction"
+            + (f", host AdamW {dev.host_adam_params_per_s / 1e9:.3g}e9 parameters/s" if plan.offload != "activations"
+               else "") + " (compiler/layout/devices.py)")
+    if plan.offload == "optimizer":
+        down = sum(OFF.copy_s(dev, c.bytes) for c in copies)
+        how = (f"the host's AdamW {_seconds(pred.host_step_s)} after its copies {_seconds(down)} "
+               f"({nbytes(moved)}), beside the device's AdamW of the other {1 - plan.offload_fraction:.0%}: the "
+               f"step's AdamW is the slower, {_seconds(pred.optimizer_s)}")
+    elif plan.offload == "params":
+        how = (f"the host's AdamW over every parameter {_seconds(pred.host_step_s)}; the shards' copies "
+               f"({nbytes(moved)}) under the compute, {_seconds(pred.host_copy_s)} of them exposed")
+    else:
+        how = (f"the activations' copies ({nbytes(moved)}) under the compute, {_seconds(pred.host_copy_s)} of "
+               "them exposed")
+    return [f"            {offload_text(plan)}: {how}; {link}"]
 
 
 def _memory_how(spec, plan) -> str:
@@ -185,7 +220,9 @@ def _memory_text(compiled) -> list[str]:
     opt = MEM.optimizer_label(spec.train.precision, plan.data_parallel, plan.size("dp"))
     lines = [f"memory      model state per rank: weights {nbytes(st.params)} + gradients {nbytes(st.grads)}"
              f" + {opt} {nbytes(st.optimizer)} = {nbytes(st.total)}, {_memory_how(spec, plan)}"
-             + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")]
+             + (f" ({_pp_rank0(plan)})" if plan.size("pp") > 1 else "")
+             + ("; with what offload keeps on the host (the table's host column)"
+                if plan.offload in ("optimizer", "params") else "")]
     rows = list(costs.memory)
     if len(rows) > 8:  # many pp ranks: the first, the fullest, the last
         worst = max(rows, key=lambda r: r.peak)
@@ -193,12 +230,13 @@ def _memory_text(compiled) -> list[str]:
                       key=lambda r: r.pp_rank)
     lines += [f"            peak per rank, predicted (what the program allocates; {spec.train.precision}, "
               f"recompute {plan.recompute}):"]
+    host = plan.offload != "none"  # the host's bytes beside the device's (compiler/cost/offload.py)
     head = f"  {'rank':<32} {'weights':>10} {'grads':>10} {'AdamW':>10} {'activations':>12} {'working':>10} {'peak':>10}"
-    lines += [head]
+    lines += [head + (f" {'host':>10}" if host else "")]
     for r in rows:
         lines += [f"  {r.who:<32} {nbytes(r.weights):>10} {nbytes(r.grads):>10} "
                   f"{nbytes(r.optimizer):>10} {nbytes(r.activations):>12} {nbytes(r.working):>10} "
-                  f"{nbytes(r.peak):>10}"]
+                  f"{nbytes(r.peak):>10}" + (f" {nbytes(r.host or 0):>10}" if host else "")]
     if len(rows) < len(costs.memory):
         lines += [f"  ({len(costs.memory) - len(rows)} more pp ranks between; `scalec plan --json` lists all)"]
     staged = [r for r in costs.memory if r.checkpoint_host is not None]
@@ -209,6 +247,12 @@ def _memory_text(compiled) -> list[str]:
                   f"host memory on {fullest.who} until its files are written"
                   + (f", and {nbytes(device)} of device memory while it gathers FSDP's tp pieces" if device else "")
                   + " (not in the peak)"]
+    if host:
+        from compiler.plan import offload_text
+        fullest = max(costs.memory, key=lambda r: r.host or 0)
+        lines += [f"            {offload_text(plan)}: the device columns are what stays on the device; host is what "
+                  f"each rank holds in host memory ({_host_what(plan)}), at most {nbytes(fullest.host or 0)} "
+                  f"on {fullest.who}"]
     worst = max(costs.memory, key=lambda r: r.peak)
     lines += [f"            the peak of {worst.who}: at {worst.moment}"
               + (f", {worst.in_flight}" if worst.in_flight else "")
@@ -226,6 +270,15 @@ def _memory_text(compiled) -> list[str]:
         lines += [f"            {'would fit' if f.fits else 'still too big'}: {f.change} → {nbytes(f.peak)}"
                   for f in _fixes(compiled)[:6]]
     return lines
+
+
+def _host_what(plan) -> str:
+    if plan.offload == "optimizer":
+        return (f"{plan.offload_fraction:.0%} of the optimizer's state, pinned buffers of as many fp32 gradients and, "
+                "without an fp32 master, parameters")
+    if plan.offload == "params":
+        return "the sharded parameters, gradients and AdamW moments, pinned"
+    return "the offloaded activations of the micro-batches in flight"
 
 
 def _fixes(compiled) -> tuple:
@@ -269,6 +322,8 @@ def plan_json(compiled) -> dict:
         "goodput": GPR.goodput_json(compiled),
         **CR.cost_json(compiled),
         "memory": {"peak_bytes": int(peak), "device_bytes": int(limit), "fits": peak <= limit,
+                   **({"host_peak_bytes": int(max(r.host or 0 for r in costs.memory))}
+                      if plan.offload != "none" else {}),
                    "model_state_bytes_per_rank": {"weights": costs.model_state.params,
                                                   "gradients": costs.model_state.grads,
                                                   "optimizer": costs.model_state.optimizer},

@@ -67,6 +67,16 @@ def plan_settings(plan, device_kind: str) -> list:
     return out
 
 
+def offload_setting(plan) -> str:
+    """A plan's offload as the plan section writes it: `optimizer(fraction = 0.5)`, `params`,
+    `activations(modules = [attention, mlp])`."""
+    if plan.offload == "optimizer":
+        return f"optimizer(fraction = {plan.offload_fraction:g})"
+    if plan.offload == "activations" and plan.offload_modules:
+        return f"activations(modules = [{', '.join(plan.offload_modules)}])"
+    return plan.offload
+
+
 def plan_section(plan, device_kind: str) -> str:
     """`plan { ... }`: `plan_settings`, one a line."""
     return "plan {\n" + "".join(f"  {s}\n" for s in plan_settings(plan, device_kind)) + "}"

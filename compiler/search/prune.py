@@ -51,6 +51,13 @@ Pruning, in order, each with why it is safe or what it may miss:
    kept; the bounds before it read the family's own placement (auto where the file writes it, else the mesh
    order). May miss: a family whose bound under that placement reaches the threshold but that the other would
    make fast enough.
+10. Offload last. Where a family's variants fit no other way (rules 7 and 8 drop it), its dp shardings are tried
+   with offload (compiler/search/space.py `offloads`: optimizer offload at a growing fraction, FSDP2's parameter
+   offload under fsdp, activations), the least offload and then the least recomputation that fits kept per
+   sharding (`offloaded.py`). Only where `--fix offload=...` names a kind, or when no plan fits without offload
+   (`search` then runs again with it): a cluster that fits the model pays nothing for it. May miss: a plan whose
+   offload makes it faster than every plan that fits without (the host's step only adds time: none under these
+   models but a larger micro-batch that fits only with it).
 Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
 count), and so is every micro-batch size.
 
@@ -78,7 +85,8 @@ class Search(Tally):
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
-    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None, headroom: float | None = None):
+    def __init__(self, spec: S.Spec, top: int, fixed: dict, cands=None, headroom: float | None = None,
+                 offload: bool = False):
         from compiler.candidates import Candidates
         from compiler.cost import memory as MEM
         from compiler.cost.step_time import Simulator
@@ -113,6 +121,9 @@ class Search(Tally):
         from compiler.cost.links import described
         self.vary_placement = described(self.cluster)
         self.placed: dict = {}        # _placement_key -> (the other placement, its exact step time)
+        # rule 10: offload tried where nothing else fits (`offload`, or a kind fixed); what it saved, per winner
+        self.offload = offload or fixed.get("offload", "none") != "none"
+        self.offloaded: dict = {}     # offloaded.key -> (the variant's peak and step time without offload)
 
     # -- the space (compiler/search/space.py), as the run and the tests walk it ---------------------------------
 
@@ -340,7 +351,7 @@ class Search(Tally):
         # micro-batch size of the group does
         g = group_of(plan0)
         if plan0.micro_batch_size >= self.group_fails.get(g, math.inf):
-            return tried  # rule 8: a smaller micro-batch of the group did not fit
+            return self._no_fit(plan0, key, log, tried)  # rule 8: a smaller micro-batch of the group did not fit
         if g not in self.group_fits:
             rep = self.group_rep[g]
             if rep is plan0:
@@ -351,7 +362,7 @@ class Search(Tally):
                             if (x := self._cost(rep, mode, r, rc)) is not None), None)
                 self.group_fits[g] = fits(got)
         if not self.group_fits.get(g, True):
-            return tried
+            return self._no_fit(plan0, key, log, tried)
         rc_bound: dict = {}
         times: dict = {}
         legal: dict = {}
@@ -373,7 +384,7 @@ class Search(Tally):
             self.group_fails[g] = min(self.group_fails.get(g, math.inf), plan0.micro_batch_size)
             if self.group_rep.get(g) is plan0:
                 self.group_fits[g] = False
-            return tried
+            return self._no_fit(plan0, key, log, tried)
         # rule 6 before memory: each dp sharding's bound at its least recomputation in reach (rule 5: the least
         # is the fastest), from a time-only estimate; a sharding whose bound reaches the threshold has no more of
         # its memory costed
@@ -425,6 +436,13 @@ class Search(Tally):
                 log.append((decided, est, pred, plan0))
                 self._offer(pred.step_time_s, key, (decided, est, pred))
                 break  # the least recomputation that fits is the fastest
+        return tried
+
+    def _no_fit(self, plan0, key, log, tried):
+        """A family none of whose variants fits: rule 10 tries it with offload where the run may (`offload`)."""
+        if self.offload:
+            from compiler.search.offloaded import expand_offloaded
+            expand_offloaded(self, plan0, key, log)
         return tried
 
     def run(self) -> Result:
@@ -544,14 +562,15 @@ def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, he
     fixed = dict(fixed or {})
     dispatch = fixed.pop("dispatch", None)
     grouped = grouped_dispatch(spec) if dispatch != "padded" else None
+    from compiler.search.offloaded import run
     if grouped is None:
-        result = Search(spec, top, fixed, cands, headroom).run()
+        result = run(Search, spec, top, fixed, cands, headroom)
     elif dispatch == "grouped":
-        result = Search(grouped, top, fixed, None, headroom).run()
+        result = run(Search, grouped, top, fixed, None, headroom)
         result.winners = [replace(w, dispatch="grouped") for w in result.winners]
     else:
-        result = merge(Search(spec, top, fixed, cands, headroom).run(),
-                        Search(grouped, top, fixed, None, headroom).run(), top, every_axis_fixed(fixed, spec))
+        result = merge(run(Search, spec, top, fixed, cands, headroom),
+                       run(Search, grouped, top, fixed, None, headroom), top, every_axis_fixed(fixed, spec))
     if dispatch is not None:
         result.fixed = {**result.fixed, "dispatch": dispatch}
     return result

@@ -111,6 +111,8 @@ def reasons(s, d, est, pred, best_t) -> list:
         dp_s = sum(t for a, t in pred.exposed_comm_s.items() if a in ("dp", "dp×ep", "dp×cp"))
         out.append(f"dp {dpn} ({d.data_parallel}): {seconds(dp_s)} of its traffic exposed")
     out += _placement_reason(s, d, pred, lk)
+    from compiler.search.offloaded import reason as offload_reason
+    out += offload_reason(s, d, est, pred)  # rule 10: what offload fits, at what cost
     tried = s.family_log.get(family_of(d), [])
     peak = est.peak_bytes
     if d.recompute != "none":

@@ -33,7 +33,10 @@ from runtime import choices  # torch-free
 
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
 FIX_KEYS = ("dp", "tp", "pp", "ep", "cp", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
-            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel", "dispatch")
+            "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel", "dispatch",
+            "offload")
+OFFLOADS = ("none", "optimizer", "params", "activations")  # --fix offload=...: which offload the search may try
+OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer offload's fractions, least first (the first that fits wins)
 DISPATCH = ("padded", "grouped")  # a dropless `moe`'s dispatch: the search tries both unless fixed (prune.search)
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 DP_MODES = choices.DATA_PARALLEL
@@ -70,7 +73,8 @@ def parse_fixes(items) -> dict:
             out[key] = value == "true"
         else:
             choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
-                       "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL, "dispatch": DISPATCH}[key]
+                       "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL, "dispatch": DISPATCH,
+                       "offload": OFFLOADS}[key]
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
@@ -136,7 +140,8 @@ class Space:
         self.fixed = dict(fixed)
         # a written order(...) names the file's axes, which the candidates replace: only `auto` applies to them all
         self.base = replace(spec.plan, layout=(), stages=(), tp=(), ep=(), spans=(),
-                            placement="auto" if spec.plan.placement == "auto" else None)
+                            placement="auto" if spec.plan.placement == "auto" else None,
+                            offload="none", offload_fraction=1.0, offload_modules=())  # offload: `offloads`
         self.world = spec.cluster.world_size
         self.moe = any(isinstance(x, S.MoE) for x in S.walk(spec.model.layers))
         reps = [x for x in spec.model.layers if isinstance(x, S.Repeat)]
@@ -220,6 +225,18 @@ class Space:
                 syncs = list(GRAD_SYNCS)
             out += [(kind, s) for s in syncs]
         return out
+
+    def offloads(self, data_parallel: str, dp: int) -> list:
+        """The offloads a variant whose dp sharding is `data_parallel` may take when it fits no other way (pruning
+        rule 10), least first, as (offload, fraction): optimizer offload at each of OFFLOAD_FRACTIONS, FSDP2's
+        parameter offload (fsdp only), every block module's activations; only the fixed kind under `--fix
+        offload=...`, none under `--fix offload=none`."""
+        kind = self.fixed.get("offload")
+        out = [("optimizer", f) for f in OFFLOAD_FRACTIONS]
+        if choices.zero_stage(data_parallel, dp) == 3:
+            out.append(("params", 1.0))
+        out.append(("activations", 1.0))
+        return [o for o in out if kind is None or o[0] == kind]
 
     def recomputes(self) -> list:
         """The recomputation modes a variant may take, least first (pruning rule 5 escalates in this order)."""
