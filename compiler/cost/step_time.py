@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from compiler import trace as T
+from compiler.cost import fp8 as FP8
 from compiler.cost.formulas import env_of
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
@@ -260,7 +261,9 @@ class Simulator:
                 for a, t in c[d].items():
                     axes[a] = axes.get(a, 0.0) + t
             ops = ot.ops + (sum(1 for op in segment.ops) if extra else 0)
-            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes, ops)
+            # precision = fp8: the chosen linears' faster matmuls and their casts (compiler/cost/fp8.py)
+            df, db = FP8.piece_seconds(cm, key[1], env, dev) if is_block and isinstance(key, tuple) else (0.0, 0.0)
+            out[key] = Piece(ot.forward + cf + df, ot.backward + cb + extra + db, ot.weight, axes, ops)
         return out
 
     # -- one plan ------------------------------------------------------------------------------------------------
