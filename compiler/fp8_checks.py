@@ -43,8 +43,8 @@ def spec_checks(c, spec: S.Spec) -> None:
     if kind not in FP8_DEVICES:
         c.error("E0392", f"{kind} has no FP8 matmuls: `precision = fp8(...)` cannot run there", at,
                 label=f"on {kind}",
-                help=f"FP8 tensor cores start with compute capability 8.9 (Ada, Hopper; torch._scaled_mm needs it): use "
-                     f"`precision = bf16` on {kind}, or a device among {', '.join(FP8_DEVICES[1:])}")
+                help=f"FP8 tensor cores start with compute capability 8.9 (Ada, Hopper; torch._scaled_mm needs "
+                     f"it): use `precision = bf16` on {kind}, or a device among {', '.join(FP8_DEVICES[1:])}")
 
 
 @functools.cache

@@ -95,6 +95,14 @@ def convert(module: nn.Module, recipe: str, filter: str, fsdp_all_gather: bool,
     return sorted(names)
 
 
+def summary(recipe: str, filter: str, names: list, gathered: bool) -> str:
+    """The log's line: how many linears compute in FP8 (a few named), and how FSDP gathers them."""
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return (f"scalec: fp8 ({recipe}, filter = {filter}): {len(names)} linear(s) compute in FP8"
+            + (f" ({shown})" if names else ": every matmul stays bf16")
+            + ("; FSDP gathers their weights in FP8" if gathered else ""))
+
+
 def gathers_fp8(recipe: str, fsdp: bool) -> bool:
     """Whether the chosen linears' weights are all-gathered in FP8: under FSDP2 (dp > 1), with tensorwise scales."""
     return fsdp and recipe == "tensorwise"

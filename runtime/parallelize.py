@@ -38,8 +38,10 @@ def apply(module: nn.Module, cfg: Config, ctx: mesh.Context, shards: tp.Shards, 
     anything is materialised: no rank ever holds more than its share of the weights)."""
     par = cfg.parallel
     if cfg.fp8:  # torchao's Float8Linears in place of the chosen linears, before anything wraps them
-        fp8.convert(module, cfg.fp8, cfg.fp8_filter, gathers_fp8(cfg, ctx),
-                    row_parallel=lambda n: _row_parallel(shards, n))
+        names = fp8.convert(module, cfg.fp8, cfg.fp8_filter, gathers_fp8(cfg, ctx),
+                            row_parallel=lambda n: _row_parallel(shards, n))
+        if ctx.is_logger:
+            print(fp8.summary(cfg.fp8, cfg.fp8_filter, names, gathers_fp8(cfg, ctx)), flush=True)
     apply_recompute(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
     if compiled:
         compile.apply(module)

@@ -87,6 +87,15 @@ def gathers_fp8(fp8, plan) -> bool:
     return fp8 is not None and fp8.recipe == "tensorwise" and plan.shards_grads and plan.batch_ranks > 1
 
 
+def gathered_saving(cm, plan) -> int:
+    """Bytes one gathered block holds less when its chosen weights are gathered in FP8 (1 byte instead of bf16's
+    2): the fewest of any repeat's block, so that the gathered units' peak is never under-counted."""
+    if not gathers_fp8(cm.spec.train.fp8, plan):
+        return 0
+    per = weight_elements(cm.traced, cm.spec.train.fp8)
+    return min(per.values(), default=0) * (2 - FP8_BYTES)
+
+
 def block_seconds(xs, m_values, device) -> tuple[float, float]:
     """(forward, backward) seconds FP8 adds to one micro-batch of one block, negative where it saves: `xs` its
     chosen linears, `m_values` their M at the plan's sizes, `device` its Figures (a kind in FP8_SPEEDUP or not)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
 from compiler.cost.memory import rank_peaks
 from compiler.layout import state as ST
@@ -101,8 +102,8 @@ class Peaks:
         fp32 shard; fp32 the other ranks' pieces (experts over their group, the dense units over theirs)."""
         rows = [row for row in self.rows if row.alive == ST.GATHER]
         units = self.root + (1 + self.plan.fsdp_prefetch) * self.block
-        if rows[0].dtype_bytes == 2:
-            return 2 * units
+        if rows[0].dtype_bytes == 2:  # precision = fp8: the chosen weights gathered in 1 byte (compiler/cost/fp8.py)
+            return 2 * units - (1 + self.plan.fsdp_prefetch) * FP8.gathered_saving(self.model, self.plan)
         sizes = ST.groups(self.plan)
         dn, en = sizes[ST.DENSE][1], sizes[ST.EXPERT][1]
         e = (1 + self.plan.fsdp_prefetch) * self.expert_unit
