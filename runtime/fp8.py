@@ -120,7 +120,7 @@ class ByteAllGather:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, async_op: bool = False):
-        collectives._count("all_gather", self.axis, input_tensor, dist.get_world_size(group))
+        collectives.count_moved("all_gather", self.axis, input_tensor, dist.get_world_size(group))
         if input_tensor.dtype.itemsize == 1 and input_tensor.dtype not in (torch.uint8, torch.int8, torch.bool):
             output_tensor, input_tensor = output_tensor.view(torch.uint8), input_tensor.view(torch.uint8)
         return dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
