@@ -73,7 +73,9 @@ def test_fp8_loss_curve_tracks_bf16(tmp_path):
     assert fp8.losses[-1] < 0.5 * fp8.losses[0]  # and it trains
 
 
-# slow tier: 12 s here for one step (torchrun's start-up of two ranks); the suite's budget is spent
+# slow tier: 12 s here for one step (torchrun's start-up of two ranks); the suite's budget is spent. CI holds its
+# parts: tests/test_fp8.py's test_ledger_gathers_the_chosen_weights_in_fp8 and
+# test_byte_all_gather_moves_float8_over_gloo
 @pytest.mark.slow
 def test_fp8_fsdp_gathers_what_the_ledger_says(tmp_path):
     run = launch(_text("fp8(filter = all)", dp=2, layers=2, plan="plan { data_parallel = fsdp }"), "fsdp",
