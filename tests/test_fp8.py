@@ -67,6 +67,7 @@ def test_tp_keeps_row_parallel_linears_in_bf16():
     got = FP8.linears(compiled.traced, compiled.spec.train.fp8)["blocks"]
     assert [(x.name, x.n, x.k) for x in got] == [("attn_q", 32, 64), ("attn_k", 32, 64), ("attn_v", 32, 64),
                                                   ("mlp_up", 128, 64)]
+    assert "8 of the blocks' 12 linears in FP8 (no FP8 rate on cpu" in FP8.describe(compiled)[0]  # `plan`'s line
 
 
 class _Block(nn.Module):

@@ -96,6 +96,42 @@ def gathered_saving(cm, plan) -> int:
     return min(per.values(), default=0) * (2 - FP8_BYTES)
 
 
+def parts_seconds(xs, m_values, device) -> tuple[float, float]:
+    """(seconds the chosen linears' matmuls save, seconds their casts cost) in one micro-batch's forward and
+    backward of one block (`block_seconds` is the second less the first, split by pass)."""
+    speedup = FP8_SPEEDUP.get(device.kind, 1.0)
+    rate = device.peak_tflops * 1e12 * device.matmul_efficiency
+    hbm = device.hbm_gbps * 1e9
+    saved = sum(3 * 2 * m * x.n * x.k / rate * (1 - 1 / speedup) for x, m in zip(xs, m_values))
+    casts = sum(2 * (m * x.k + x.n * x.k + m * x.n) * CAST_BYTES / hbm for x, m in zip(xs, m_values))
+    return saved, casts
+
+
+def describe(compiled) -> list[str]:
+    """`plan`'s lines on fp8: the linears chosen of the blocks', and what they save and cost per block."""
+    from compiler.cost.formulas import Formula, env_of
+    fp8 = compiled.spec.train.fp8
+    if fp8 is None:
+        return []
+    traced, cm, dev = compiled.traced, compiled.model, compiled.spec.cluster.device
+    counts = {name: c.n for name, c in cm.formulas.counts.items()}
+    # every linear of the blocks, the row-parallel ones under tp too (their matmuls run as F.linear, in bf16)
+    total = sum(counts[name] * sum(1 for m in gm.modules() if type(m) is nn.Linear)
+                for name, gm in traced.blocks.items())
+    per = linears(traced, fp8)
+    chosen_n = sum(counts[name] * len(xs) for name, xs in per.items())
+    env = env_of(compiled.plan)
+    name, xs = max(per.items(), key=lambda kv: len(kv[1]))
+    saved, casts = parts_seconds(xs, [float(Formula(x.m, cm.formulas.sub)(env)) for x in xs], dev)
+    rate = (f"{FP8_SPEEDUP[dev.kind]:g}× bf16's matmul rate on {dev.kind}" if dev.kind in FP8_SPEEDUP else
+            f"no FP8 rate on {dev.kind}: the casts alone")
+    gathered = "; FSDP gathers their weights in FP8" if gathers_fp8(fp8, compiled.plan) else ""
+    return [f"fp8         {fp8.recipe}, filter = {fp8.filter}: {chosen_n} of the blocks' {total} linears in FP8 "
+            f"({rate}){gathered}",
+            f"            a block's micro-batch: matmuls {saved * 1e3:.3g} ms faster, casts {casts * 1e3:.3g} ms "
+            "(compiler/cost/fp8.py)"]
+
+
 def block_seconds(xs, m_values, device) -> tuple[float, float]:
     """(forward, backward) seconds FP8 adds to one micro-batch of one block, negative where it saves: `xs` its
     chosen linears, `m_values` their M at the plan's sizes, `device` its Figures (a kind in FP8_SPEEDUP or not)."""
