@@ -132,6 +132,18 @@ def describe(compiled) -> list[str]:
             "(compiler/cost/fp8.py)"]
 
 
+def cast_bytes(cm, env: tuple) -> float:
+    """The FP8 copies one chosen linear's backward holds at once, the largest of any block's: the output's gradient
+    in both layouts (2·M·N), the weight (N·K) and the input (M·K), 1 byte each (the scales: one fp32 per tensor or
+    per row, not counted). The memory model adds it to the backward's working set (compiler/cost/rank_memory.py)."""
+    from compiler.cost.formulas import Formula
+    fp8 = cm.spec.train.fp8
+    if fp8 is None:
+        return 0
+    sizes = [(float(Formula(x.m, cm.formulas.sub)(env)), x) for xs in linears(cm.traced, fp8).values() for x in xs]
+    return max((FP8_BYTES * (2 * m * x.n + x.n * x.k + m * x.k) for m, x in sizes), default=0)
+
+
 def block_seconds(xs, m_values, device) -> tuple[float, float]:
     """(forward, backward) seconds FP8 adds to one micro-batch of one block, negative where it saves: `xs` its
     chosen linears, `m_values` their M at the plan's sizes, `device` its Figures (a kind in FP8_SPEEDUP or not)."""

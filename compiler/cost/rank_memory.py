@@ -142,7 +142,7 @@ class Peaks:
     def backward_work(self, r: Rank, buckets: float) -> tuple:
         """(bytes, what) of the backward instant's working sets besides the rows."""
         fsdp2 = self.plan.shards_grads
-        grads_ws = self.bwd_ws(r.pp_rank)
+        grads_ws = self.bwd_ws(r.pp_rank) + FP8.cast_bytes(self.model, self.env)  # precision = fp8's casts
         work = buckets + max(self.loss if r.last else 0, grads_ws) + (self.g * self.block if fsdp2 else 0)
         logits = bool(r.last and self.loss and self.loss >= grads_ws)
         for n in (self.recomputed, r.kept, r.recv, r.pending_w):
