@@ -184,6 +184,11 @@ CODES: dict[str, Code] = {
                   "its H100 benchmarks; the casts cost more than a small matmul saves), with both dims multiples of "
                   "16. When none does, the program trains in plain bf16. `filter = all` converts every linear "
                   "whose dims FP8 kernels take (slower where they are small); or write `precision = bf16`."),
+    "W0391": Code("fp8 predicted slower than bf16", "A warning: on a device with FP8 matmuls, the linears "
+                  "`precision = fp8(...)` converts are predicted to spend more on their casts (each operand read "
+                  "twice and written once more, compiler/cost/fp8.py) than their faster matmuls save: FP8 makes "
+                  "the step slower, as it did small models in torchtitan#1207. `filter = auto` keeps the small "
+                  "linears in bf16; or write `precision = bf16`."),
     "E0310": Code("sequence does not cut into 2·cp chunks", "Context parallelism (`axis cp`) gives each cp rank "
                   "chunks i and 2·cp − 1 − i of every sequence, so that under the causal mask every rank has as "
                   "much work: seq_len must divide into 2·cp equal chunks. Choose a cp that fits, or a seq_len that "

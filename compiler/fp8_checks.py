@@ -5,6 +5,8 @@ the `precision` setting:
 - E0392 (check): the mesh's device has no FP8 matmuls (A100: torch._scaled_mm needs compute capability 8.9;
   compiler/cost/fp8.py FP8_SPEEDUP lists the devices that have them, and cpu runs torch's CPU kernel).
 - E0391 (compile, cpu): this torch's CPU _scaled_mm does not run (CPU kernels since torch 2.13): probed once.
+- W0391 (compile): on a device with an FP8 rate, the chosen linears' casts are predicted to cost more than their
+  faster matmuls save (compiler/cost/fp8.py): FP8 makes this model slower.
 - W0390 (compile): the filter chooses no linear of the model (`auto` on a small model: every matmul under
   torchao's thresholds): the program trains in plain bf16.
 """
@@ -74,6 +76,20 @@ def compiled_checks(compiled) -> tuple[list, list]:
                                  label="needs torch._scaled_mm on CPU",
                                  help="torch runs float8 matmuls on CPU from 2.13: install it, or train in "
                                       "`precision = bf16`"))
+    kind = spec.cluster.device.kind
+    if kind in FP8.FP8_SPEEDUP and not FP8.no_linear(compiled.traced, fp8):
+        counts = {name: c.n for name, c in compiled.model.formulas.counts.items()}
+        parts = FP8.per_block(compiled)
+        saved = sum(counts[name] * s for name, (s, _) in parts.items())
+        casts = sum(counts[name] * c for name, (_, c) in parts.items())
+        if casts >= saved:
+            warnings.append(Diagnostic("W0391", f"fp8 is predicted slower than bf16 on {kind}: its casts cost "
+                                                f"{casts * 1e3:.3g} ms a micro-batch, its matmuls save "
+                                                f"{saved * 1e3:.3g} ms", at, severity="warning",
+                                       label="the matmuls are too small to gain",
+                                       help="FP8 pays on large matmuls only (torchtitan#1207: small models ran "
+                                            "slower); `filter = auto` keeps the small linears in bf16, or train in "
+                                            "`precision = bf16`"))
     if FP8.no_linear(compiled.traced, fp8):
         rule = ("torchao's thresholds (tensorwise: K > 4096 or N > 1024)" if fp8.recipe == "tensorwise" else
                 "torchao's thresholds (rowwise: N > 2048, K > 1024, and not both N ≤ 4096 and K ≤ 2048)")

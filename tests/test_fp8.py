@@ -110,6 +110,10 @@ def test_fp8_matmuls_save_on_h100_and_cost_on_cpu():
     assert bwd < 0 and fwd < 0
     fwd, bwd = FP8.block_seconds((x,), (m,), _device("cpu"))  # no FP8 rate: the casts alone
     assert fwd > 0 and bwd > 0
+    tiny = FP8.Linear("q", 32, 32, 0)  # eager, a small cast costs its ops' overhead, not its bytes
+    fwd, bwd = FP8.block_seconds((tiny,), (64,), h100, compiled=False)
+    floor = FP8.CAST_OPS * h100.op_overhead_us * 1e-6
+    assert math.isclose(fwd + bwd, 6 * floor, rel_tol=1e-3)  # 2 casts forward, 4 backward; the matmuls ~free
 
 
 def _fsdp(precision: str):

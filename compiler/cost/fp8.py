@@ -13,7 +13,8 @@ Per chosen linear and micro-batch, M tokens (rows of its input), K = in_features
   the scaled cast; rowwise: the same per row): forward the input (M·K) and the weight (N·K); backward the output's
   gradient twice (M·N, once per operand layout) and the weight and the input again, transposed (N·K, M·K): 2·(MK +
   NK + MN) elements, each read twice (the amax, then the cast) in bf16 and written once in FP8: `CAST_BYTES` = 5
-  bytes per element at the memory bandwidth, as every memory-bound op here (compiler/cost/op_times.py).
+  bytes per element at the memory bandwidth, as every memory-bound op here (compiler/cost/op_times.py), and no
+  faster than the device's op overhead for each of its ops (`CAST_OPS` eager, one kernel compiled).
 - **FSDP.** With the tensorwise recipe under FSDP2 (dp > 1) the chosen weights are gathered in FP8: 1 byte per
   element instead of bf16's 2, and one fp32 amax all-reduce per chosen weight per gather (torchao's
   WeightWithDynamicFloat8CastTensor reduces the shard's amax over the mesh before casting).
@@ -36,6 +37,11 @@ cpu has no FP8 rate (torch 2.13's CPU _scaled_mm dequantizes and multiplies in f
 
 CAST_BYTES = 5
 """Bytes moved per element cast to FP8: the amax's bf16 read (2), the cast's bf16 read (2) and FP8 write (1)."""
+
+CAST_OPS = 6
+"""Eager ops of one dynamic cast (torchao's float8_utils / float8_scaling_utils: the absolute value, its max, the
+scale, the multiply, the clamp to the format's range, the conversion); compiled, inductor fuses them into one
+kernel, which is why torchao's README asks for torch.compile."""
 
 FP8_BYTES = 1
 """float8_e4m3fn's bytes per element: what an FP8 all-gather moves per weight element."""
@@ -96,20 +102,55 @@ def gathered_saving(cm, plan) -> int:
     return min(per.values(), default=0) * (2 - FP8_BYTES)
 
 
-def parts_seconds(xs, m_values, device) -> tuple[float, float]:
-    """(seconds the chosen linears' matmuls save, seconds their casts cost) in one micro-batch's forward and
-    backward of one block (`block_seconds` is the second less the first, split by pass)."""
+def _pass_seconds(xs, m_values, device, compiled: bool) -> tuple:
+    """((forward saved, forward casts), (backward saved, backward casts)) in seconds, one micro-batch of one block:
+    each chosen linear's matmuls (one forward, two backward) `FP8_SPEEDUP` × faster, and its casts (two forward:
+    input, weight; four backward: the output's gradient in two layouts, the weight, the input), each at least the
+    device's op overhead per op it takes (`CAST_OPS`)."""
     speedup = FP8_SPEEDUP.get(device.kind, 1.0)
     rate = device.peak_tflops * 1e12 * device.matmul_efficiency
     hbm = device.hbm_gbps * 1e9
-    saved = sum(3 * 2 * m * x.n * x.k / rate * (1 - 1 / speedup) for x, m in zip(xs, m_values))
-    casts = sum(2 * (m * x.k + x.n * x.k + m * x.n) * CAST_BYTES / hbm for x, m in zip(xs, m_values))
-    return saved, casts
+    least = device.op_overhead_us * 1e-6 * (1 if compiled else CAST_OPS)
+
+    def cast(elements):
+        return max(elements * CAST_BYTES / hbm, least)
+    fs = fc = bs = bc = 0.0
+    for x, m in zip(xs, m_values):
+        saved = 2 * m * x.n * x.k / rate * (1 - 1 / speedup)  # one matmul's
+        fs += saved
+        fc += cast(m * x.k) + cast(x.n * x.k)
+        bs += 2 * saved
+        bc += 2 * cast(m * x.n) + cast(x.n * x.k) + cast(m * x.k)
+    return (fs, fc), (bs, bc)
+
+
+def parts_seconds(xs, m_values, device, compiled: bool = True) -> tuple[float, float]:
+    """(seconds the chosen linears' matmuls save, seconds their casts cost) in one micro-batch's forward and
+    backward of one block."""
+    (fs, fc), (bs, bc) = _pass_seconds(xs, m_values, device, compiled)
+    return fs + bs, fc + bc
+
+
+def block_seconds(xs, m_values, device, compiled: bool = True) -> tuple[float, float]:
+    """(forward, backward) seconds FP8 adds to one micro-batch of one block, negative where it saves: `xs` its
+    chosen linears, `m_values` their M at the plan's sizes, `device` a spec.Device (a kind in FP8_SPEEDUP or not),
+    `compiled`: torch.compile fuses each cast's ops into one kernel."""
+    (fs, fc), (bs, bc) = _pass_seconds(xs, m_values, device, compiled)
+    return fc - fs, bc - bs
+
+
+def per_block(compiled) -> dict:
+    """Per repeat name: (seconds its chosen linears' matmuls save, seconds their casts cost) for one micro-batch of
+    one block at the plan's sizes (`parts_seconds`)."""
+    from compiler.cost.formulas import Formula, env_of
+    cm, env, dev = compiled.model, env_of(compiled.plan), compiled.spec.cluster.device
+    return {name: parts_seconds(xs, [float(Formula(x.m, cm.formulas.sub)(env)) for x in xs], dev,
+                                compiled.plan.compiles)
+            for name, xs in linears(compiled.traced, compiled.spec.train.fp8).items()}
 
 
 def describe(compiled) -> list[str]:
     """`plan`'s lines on fp8: the linears chosen of the blocks', and what they save and cost per block."""
-    from compiler.cost.formulas import Formula, env_of
     fp8 = compiled.spec.train.fp8
     if fp8 is None:
         return []
@@ -120,9 +161,8 @@ def describe(compiled) -> list[str]:
                 for name, gm in traced.blocks.items())
     per = linears(traced, fp8)
     chosen_n = sum(counts[name] * len(xs) for name, xs in per.items())
-    env = env_of(compiled.plan)
-    name, xs = max(per.items(), key=lambda kv: len(kv[1]))
-    saved, casts = parts_seconds(xs, [float(Formula(x.m, cm.formulas.sub)(env)) for x in xs], dev)
+    name = max(per, key=lambda k: len(per[k]))
+    saved, casts = per_block(compiled)[name]
     rate = (f"{FP8_SPEEDUP[dev.kind]:g}× bf16's matmul rate on {dev.kind}" if dev.kind in FP8_SPEEDUP else
             f"no FP8 rate on {dev.kind}: the casts alone")
     gathered = "; FSDP gathers their weights in FP8" if gathers_fp8(fp8, compiled.plan) else ""
@@ -144,21 +184,7 @@ def cast_bytes(cm, env: tuple) -> float:
     return max((FP8_BYTES * (2 * m * x.n + x.n * x.k + m * x.k) for m, x in sizes), default=0)
 
 
-def block_seconds(xs, m_values, device) -> tuple[float, float]:
-    """(forward, backward) seconds FP8 adds to one micro-batch of one block, negative where it saves: `xs` its
-    chosen linears, `m_values` their M at the plan's sizes, `device` its Figures (a kind in FP8_SPEEDUP or not)."""
-    speedup = FP8_SPEEDUP.get(device.kind, 1.0)
-    rate = device.peak_tflops * 1e12 * device.matmul_efficiency
-    hbm = device.hbm_gbps * 1e9
-    fwd = bwd = 0.0
-    for x, m in zip(xs, m_values):
-        saved = 2 * m * x.n * x.k / rate * (1 - 1 / speedup)  # one matmul's
-        fwd += (m * x.k + x.n * x.k) * CAST_BYTES / hbm - saved
-        bwd += (2 * m * x.n + x.n * x.k + m * x.k) * CAST_BYTES / hbm - 2 * saved
-    return fwd, bwd
-
-
-def piece_seconds(cm, name: str, env: tuple, device) -> tuple[float, float]:
+def piece_seconds(cm, name: str, env: tuple, device, compiled: bool) -> tuple[float, float]:
     """(forward, backward) seconds FP8 adds to one micro-batch of a block of repeat `name` under cost model `cm`'s
     structure at `env` (compiler/cost/step_time.py adds them to the block's piece); (0, 0) without fp8."""
     from compiler.cost.formulas import Formula
@@ -166,7 +192,7 @@ def piece_seconds(cm, name: str, env: tuple, device) -> tuple[float, float]:
     if fp8 is None:
         return 0.0, 0.0
     xs = chosen(cm.traced.blocks[name], fp8)
-    return block_seconds(xs, [float(Formula(x.m, cm.formulas.sub)(env)) for x in xs], device)
+    return block_seconds(xs, [float(Formula(x.m, cm.formulas.sub)(env)) for x in xs], device, compiled)
 
 
 def no_linear(traced, fp8) -> bool:

@@ -253,7 +253,7 @@ class Simulator:
             is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")
             extra = 0.0
             # precision = fp8: the chosen linears' faster matmuls and their casts (compiler/cost/fp8.py)
-            df, db = FP8.piece_seconds(cm, key[1], env, dev) if is_block and isinstance(key, tuple) else (0.0, 0.0)
+            df, db = FP8.piece_seconds(cm, key[1], env, dev, getattr(plan, "compiles", False)) if is_block and isinstance(key, tuple) else (0.0, 0.0)
             if is_block and recompute == "full":  # its collectives before the last saving op are in cb already
                 extra = (ot.forward + df) * passes
             elif is_block and recompute == "selective":
