@@ -174,7 +174,7 @@ CODES: dict[str, Code] = {
                   "file is checked. Install it (`pip install 'scalec[fp8]'`, torchao >= 0.18), or train in "
                   "`precision = bf16`."),
     "E0391": Code("fp8 matmuls do not run on this CPU", "A `device = cpu` plan under `precision = fp8(...)` runs "
-                  "torch's CPU float8 matmul (torch._scaled_mm), which torch has from 2.13; the torch installed "
+                  "torch's CPU float8 matmul (torch._scaled_mm), which torch 2.13 runs; the torch installed "
                   "failed a 16 × 16 product. Install torch 2.13, or train in `precision = bf16`."),
     "E0392": Code("fp8 on a device without FP8 matmuls", "FP8 tensor cores start with compute capability 8.9 (Ada, "
                   "Hopper, Blackwell); an A100 has none, and torch._scaled_mm refuses to run there. Train in "

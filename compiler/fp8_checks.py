@@ -4,7 +4,7 @@ the `precision` setting:
 - E0390 (check): torchao does not import here: the program could not convert a linear.
 - E0392 (check): the mesh's device has no FP8 matmuls (A100: torch._scaled_mm needs compute capability 8.9;
   compiler/cost/fp8.py FP8_SPEEDUP lists the devices that have them, and cpu runs torch's CPU kernel).
-- E0391 (compile, cpu): this torch's CPU _scaled_mm does not run (CPU kernels since torch 2.13): probed once.
+- E0391 (compile, cpu): this torch's CPU _scaled_mm does not run (torch 2.13's does): probed once.
 - W0391 (compile): on a device with an FP8 rate, the chosen linears' casts are predicted to cost more than their
   faster matmuls save (compiler/cost/fp8.py): FP8 makes this model slower.
 - W0390 (compile): the filter chooses no linear of the model (`auto` on a small model: every matmul under
@@ -74,7 +74,7 @@ def compiled_checks(compiled) -> tuple[list, list]:
     if spec.cluster.device.kind == "cpu" and (why := cpu_scaled_mm()):
         errors.append(Diagnostic("E0391", f"FP8 matmuls do not run on this CPU: {why}", at,
                                  label="needs torch._scaled_mm on CPU",
-                                 help="torch runs float8 matmuls on CPU from 2.13: install it, or train in "
+                                 help="torch 2.13 runs float8 matmuls on CPU: install it, or train in "
                                       "`precision = bf16`"))
     kind = spec.cluster.device.kind
     if kind in FP8.FP8_SPEEDUP and not FP8.no_linear(compiled.traced, fp8):

@@ -2,7 +2,7 @@
 by the shape rule (runtime.choices.fp8_chosen) compute their three matmuls (output, input gradient, weight
 gradient) in FP8, by torchao's float8 training (torchao 0.18: `convert_to_float8_training`, each chosen nn.Linear
 becoming a Float8Linear that casts its operands to float8_e4m3fn with dynamic scales and calls torch._scaled_mm;
-CPU kernels since torch 2.13).
+torch 2.13 runs it on CPU too).
 
 - **Which linears.** Those inside the `repeat` blocks (runtime.layers.Repeat) whose local shape the rule takes;
   the embedding, the head and MoE experts stay bf16. Under tp, a row-parallel linear's module is not called (the
