@@ -50,15 +50,6 @@ def _float8():
     return float8
 
 
-def available() -> bool:
-    """Whether torchao's float8 training imports here."""
-    try:
-        _float8()
-    except FatalError:
-        return False
-    return True
-
-
 def chosen(module: nn.Module, recipe: str, filter: str, row_parallel=lambda fqn: False) -> list[str]:
     """The names (in `module`) of the linears `precision = fp8(recipe, filter)` computes in FP8: inside a
     runtime.layers.Repeat, not row-parallel (`row_parallel(name of its weight)`), of a local shape the rule

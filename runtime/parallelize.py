@@ -115,8 +115,9 @@ def _fully_shard(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Sh
         fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard, **mp)
     fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard, **mp)
     if gathers_fp8(cfg, ctx):  # gloo has no float8 dtypes: the FP8 gathers move bytes
-        fp8.on_gloo([m for m in model.modules() if hasattr(m, "set_custom_all_gather")],
-                    "×".join(group_mesh.mesh_dim_names or ("dp",)))
+        # counted under the ledger's name of the dense group: dp, dp×cp, dp×ep or dp×cp×ep (compiler/cost)
+        fp8.on_gloo(blocks + [model],  # the dense units (the experts' hold no FP8 weight)
+                    "×".join(a for a in ("dp", "cp", "ep") if ctx.axis_size(a) > 1) or "dp")
     fsdp_prefetch(blocks, cfg.parallel.fsdp_prefetch)
     return model
 
