@@ -88,3 +88,18 @@ def test_fp8_fsdp_gathers_what_the_ledger_says(tmp_path):
     # 2 blocks × (4 attention 32×32 + 2 mlp 32×128 weights) = 24,576 elements, gathered for forward and backward
     assert fp8[0]["bytes_per_step"] == 2 * 24_576
     assert run.measured["all_gather/dp"] == sum(c["bytes_per_step"] for c in gathers)
+
+
+# slow tier: 15 s here (two runs, one of two ranks). CI holds its parts: tests/test_fp8.py's
+# test_tp_keeps_row_parallel_linears_in_bf16 (which linears under tp) and test_fp8_loss_curve_tracks_bf16 above
+@pytest.mark.slow
+def test_fp8_under_tp_tracks_bf16(tmp_path):
+    """Under tp 2 the column-parallel linears compute in FP8 with their shard's scales, the row-parallel ones in
+    bf16: 100 steps against the single device's bf16, to the same 20 dB."""
+    tp = _text("fp8(filter = all)", dp=2, layers=2).replace("axis dp = 2", "axis tp = 2")
+    fp8 = launch(tp, "tp", tmp_path, steps=100, timeout=180, nproc=2, dump_grads=False, count_bytes=False)
+    bf16 = launch(_text("bf16", layers=2), "bf16", tmp_path, steps=100, timeout=120, dump_grads=False,
+                  count_bytes=False)
+    assert "8 linear(s) compute in FP8" in fp8.output  # 2 blocks × (q, k, v, mlp_up)
+    assert fp8.losses != bf16.losses
+    assert sqnr_db(bf16.losses, fp8.losses) >= TOLERANCE_DB
