@@ -18,7 +18,7 @@ from typing import Any
 
 from compiler import ast
 from compiler import layers as L
-from compiler import lints
+from compiler import fp8_checks, lints
 from compiler import network_checks
 from compiler import spec as S
 from compiler.binder import Checker, bind_settings, end_span, span_of, spans_of
@@ -113,6 +113,7 @@ def check_file(file: ast.File, source: str, cluster_only: bool = False) -> S.Spe
             data = dataclasses.replace(train.data, dtype=reading.dtype, format=reading.format, reading=reading)
             spec = dataclasses.replace(spec, train=dataclasses.replace(train, data=data))
         lints.no_effect_checks(c, spec, bool(mesh.axis_spans))
+        fp8_checks.spec_checks(c, spec)  # precision = fp8: torchao, a device with FP8 matmuls
         lints.resilience_checks(c, spec)
     if any(d.severity == "error" for d in c.diags):
         raise ScaleError(c.diags, {file.path: source})  # warnings too: they may explain the errors
@@ -467,10 +468,12 @@ def _train(c: Checker, sec: ast.Section) -> tuple[S.Train | None, dict]:
     sched_kind, sched = s["lr_schedule"]
     data_kind, data = s["data"]
     init_kind, init = s["init"]
+    prec_kind, prec = s["precision"]  # fp8 computes in bf16: every bf16 rule holds for it (S.FP8)
     return S.Train(
         init_from=init["path"] if init_kind == "from" else "",
         global_batch=s["global_batch"], seq_len=s["seq_len"], steps=steps, tokens=tokens, seed=s["seed"],
-        precision=s["precision"],
+        precision="bf16" if prec_kind == "fp8" else prec_kind,
+        fp8=S.FP8(**prec) if prec_kind == "fp8" else None,
         optimizer=S.Optimizer(kind=opt_kind, lr=opt["lr"], betas=tuple(opt["betas"]),
                               weight_decay=opt["weight_decay"], eps=opt["eps"]),
         schedule=S.LRSchedule(kind=sched_kind, warmup=sched["warmup"], min_lr=sched.get("min_lr", 0.0)),

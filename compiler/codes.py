@@ -169,6 +169,26 @@ CODES: dict[str, Code] = {
                   "backward, the ones before accumulating whole gradients; `micro_batch`: in each, the gradients "
                   "staying sharded). It acts only with `data_parallel = fsdp` or `zero2`, dp > 1, micro_batches > 1 "
                   "and no pp (the pipeline schedule reduce-scatters once, after its last micro-batch)."),
+    "E0390": Code("fp8 without torchao", "`precision = fp8(...)` trains with torchao's float8 training "
+                  "(runtime/fp8.py: each chosen linear becomes a Float8Linear), and torchao does not import where the "
+                  "file is checked. Install it (`pip install 'scalec[fp8]'`, torchao >= 0.18), or train in "
+                  "`precision = bf16`."),
+    "E0391": Code("fp8 matmuls do not run on this CPU", "A `device = cpu` plan under `precision = fp8(...)` runs "
+                  "torch's CPU float8 matmul (torch._scaled_mm), which torch 2.13 runs; the torch installed "
+                  "failed a 16 × 16 product. Install torch 2.13, or train in `precision = bf16`."),
+    "E0392": Code("fp8 on a device without FP8 matmuls", "FP8 tensor cores start with compute capability 8.9 (Ada, "
+                  "Hopper, Blackwell); an A100 has none, and torch._scaled_mm refuses to run there. Train in "
+                  "`precision = bf16` on it, or plan for a device that has them (h100, h200, b200, gb200)."),
+    "W0390": Code("fp8 chooses no linear", "A warning: `precision = fp8(filter = auto)` converts only the blocks' "
+                  "linears whose local shape gains from FP8 (runtime.choices.fp8_pays: torchao's thresholds from "
+                  "its H100 benchmarks; the casts cost more than a small matmul saves), with both dims multiples of "
+                  "16. When none does, the program trains in plain bf16. `filter = all` converts every linear "
+                  "whose dims FP8 kernels take (slower where they are small); or write `precision = bf16`."),
+    "W0391": Code("fp8 predicted slower than bf16", "A warning: on a device with FP8 matmuls, the linears "
+                  "`precision = fp8(...)` converts are predicted to spend more on their casts (each operand read "
+                  "twice and written once more, compiler/cost/fp8.py) than their faster matmuls save: FP8 makes "
+                  "the step slower, as it did small models in torchtitan#1207. `filter = auto` keeps the small "
+                  "linears in bf16; or write `precision = bf16`."),
     "E0310": Code("sequence does not cut into 2·cp chunks", "Context parallelism (`axis cp`) gives each cp rank "
                   "chunks i and 2·cp − 1 − i of every sequence, so that under the causal mask every rank has as "
                   "much work: seq_len must divide into 2·cp equal chunks. Choose a cp that fits, or a seq_len that "

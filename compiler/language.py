@@ -183,6 +183,14 @@ DATASETS = {"synthetic": {},
                                                                "each attending only to itself")}}
 
 
+# `precision`: fp32, bf16 (Megatron's mixed precision: runtime/precision.py) or fp8(...): bf16 with the blocks'
+# linears chosen by `filter` computing in FP8 (torchao's float8 training: runtime/fp8.py)
+PRECISIONS = {"fp32": {}, "bf16": {},
+              "fp8": {"recipe": Param(one_of(*choices.FP8_RECIPES), "tensorwise",
+                                      "tensorwise (one scale per tensor) or rowwise (one per row)"),
+                      "filter": Param(one_of(*choices.FP8_FILTERS), "auto",
+                                      "which linears: auto (where FP8 pays, by shape) or all")}}
+
 TRAIN_SETTINGS: dict[str, Param] = {
     "global_batch": Param(to_size, doc="sequences per optimizer step, over all dp ranks"),
     "seq_len": Param(to_size, doc="tokens per sequence"),
@@ -190,7 +198,8 @@ TRAIN_SETTINGS: dict[str, Param] = {
     "tokens": Param(to_float, None, "tokens to train on (`15.6T`): the steps are tokens / (global_batch × "
                                     "seq_len), rounded up; instead of `steps`"),
     "seed": Param(to_int, 1234, "seed of initialisation and data"),
-    "precision": Param(one_of("fp32", "bf16"), "fp32", "compute precision"),
+    "precision": Param(call_of(PRECISIONS, "precision"), ("fp32", {}),
+                       "compute precision: fp32, bf16 or fp8(recipe = tensorwise, filter = auto)"),
     "optimizer": Param(call_of(OPTIMIZERS, "optimizer"), ("adamw", None), "the optimizer"),
     "lr_schedule": Param(call_of(SCHEDULES, "schedule"), ("constant", {"warmup": 0}), "learning-rate schedule"),
     "grad_clip": Param(to_float, 1.0, "global gradient-norm clip; 0 turns it off"),
@@ -267,8 +276,8 @@ ALIASES = {"batch_size": "global_batch", "global_batch_size": "global_batch", "t
            "save_every": "checkpoint_every", "save_steps": "checkpoint_every", "log_interval": "log_every",
            "logging_steps": "log_every", "max_restarts": "restarts", "eval_interval": "eval_every",
            "eval_steps": "eval_every", "eval_iters": "eval_batches"}
-CALL_ARGUMENTS = (("offload", "OFFLOADS"), ("optimizer", "OPTIMIZERS"), ("lr_schedule", "SCHEDULES"),
-                  ("data", "DATASETS"),
+CALL_ARGUMENTS = (("precision", "PRECISIONS"), ("offload", "OFFLOADS"), ("optimizer", "OPTIMIZERS"),
+                  ("lr_schedule", "SCHEDULES"), ("data", "DATASETS"),
                   ("stragglers", "STRAGGLERS"), ("on_straggler", "ON_STRAGGLER"), ("interruptions", "INTERRUPTIONS"))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compiler import cost as C
-from compiler import fit
+from compiler import fit, fp8_checks
 from compiler import plan as P
 from compiler import spec as S
 from compiler.check import check_path
@@ -88,10 +88,10 @@ def compile_checked(path: str, memory: bool = True, show=None) -> Compiled:
     (compile, run without --force), refuse a plan whose predicted peak does not fit, and add W0502 (a peak within
     the margin of the device) to the spec's warnings, which those commands print as `plan` prints it."""
     compiled = compile_spec(check_path(path), show=show)
-    slower = placement_slower(compiled)
+    problems, fp8_warnings = fp8_checks.compiled_checks(compiled)  # precision = fp8: the kernel, the filter
+    slower = placement_slower(compiled) + tuple(fp8_warnings)
     if slower:
         compiled.spec = replace(compiled.spec, warnings=compiled.spec.warnings + slower)
-    problems = []
     if memory:
         found = fit.budget(compiled)
         problems += [d for d in found if d.severity == "error"]

@@ -169,6 +169,14 @@ class Data:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FP8:
+    """`precision = fp8(recipe, filter)`: bf16 training (Train.precision is "bf16") whose blocks' linears chosen by
+    `filter` compute their matmuls in FP8 (runtime.fp8; runtime.choices.fp8_chosen is the rule)."""
+    recipe: str = "tensorwise"
+    filter: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Train:
     global_batch: Size
     seq_len: Size
@@ -198,6 +206,9 @@ class Train:
     """The share of a token file's windows held out for evaluation (runtime.split); None: not written."""
     init_from: str = ""
     """A Hugging Face checkpoint (directory or .safetensors file) the run starts from; empty: initialised."""
+    fp8: FP8 | None = None
+    """`precision = fp8(...)`: its recipe and filter (then `precision` is "bf16", which it computes in); None: no
+    FP8."""
     tokens: int | None = None
     """`tokens` as written, which set `steps` (tokens / (global_batch × seq_len), rounded up); None: `steps` was."""
     spans: tuple = field(default=(), compare=False)

@@ -84,3 +84,45 @@ fraction of it), the parameters (FSDP2's CPUOffloadPolicy) or the saved activati
 OFFLOAD_MODULES = ("attention", "mlp")
 """The block modules whose saved activations `offload = activations(modules = ...)` can send to the host, by the
 prefix of their leaves' names in a generated program (runtime/offload.py `KIND_PREFIX`)."""
+
+FP8_RECIPES = ("tensorwise", "rowwise")
+"""`precision = fp8(recipe = ...)`: torchao's float8 training recipes (torchao.float8.Float8LinearRecipeName):
+one scale per tensor (its amax, dynamic), or one per row of each matmul operand (finer, slower kernels)."""
+
+FP8_FILTERS = ("auto", "all")
+"""`precision = fp8(filter = ...)`: which of the blocks' linears compute in FP8: `auto`, those the shape rule
+(`fp8_pays`) says gain; `all`, every one whose dims FP8 kernels take (multiples of 16; small models, tests)."""
+
+
+def fp8_takes(out_features: int, in_features: int) -> bool:
+    """Whether an FP8 matmul can run a linear of this (local) shape at all: torch._scaled_mm's kernels need both
+    dims multiples of 16 (torchao's float8_linear_utils._auto_filter_for_tensorwise, "hardware requirement")."""
+    return out_features % 16 == 0 and in_features % 16 == 0
+
+
+def fp8_pays(recipe: str, out_features: int, in_features: int) -> bool:
+    """The shape rule of `filter = auto`: whether a linear of this local shape (N = out_features, K =
+    in_features; under tp the shard's) is faster in FP8 than in bf16, casts included. The thresholds are
+    torchao 0.18's, from its H100 microbenchmarks of a linear's forward and backward (torchao/float8/README.md,
+    "Performance"; float8_linear_utils._auto_filter_for_tensorwise / _for_rowwise): tensorwise loses where
+    K <= 4096 and N <= 1024; rowwise, whose casts cost more, where N <= 2048, K <= 1024, or N <= 4096 and
+    K <= 2048. Small matmuls lose because the casts read and write the operands once more while the matmul's
+    time shrinks with its FLOPs (torchtitan#1207: FP8 made small models slower)."""
+    if not fp8_takes(out_features, in_features):
+        return False
+    n, k = out_features, in_features
+    if recipe == "tensorwise":
+        return not (k <= 4096 and n <= 1024)
+    if recipe == "rowwise":
+        return not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+    raise ValueError(f"FP8 recipe must be one of {', '.join(FP8_RECIPES)}, not {recipe!r}")
+
+
+def fp8_chosen(recipe: str, filter: str, out_features: int, in_features: int) -> bool:
+    """Whether `precision = fp8(recipe, filter)` computes a block's linear of this local shape in FP8: the one
+    rule the runtime converts by (runtime.fp8) and the compiler's models price (compiler/cost/fp8.py)."""
+    if filter == "all":
+        return fp8_takes(out_features, in_features)
+    if filter == "auto":
+        return fp8_pays(recipe, out_features, in_features)
+    raise ValueError(f"FP8 filter must be one of {', '.join(FP8_FILTERS)}, not {filter!r}")

@@ -61,6 +61,12 @@ def _count(op: str, axis: str, t: torch.Tensor, times: int = 1) -> None:
         BYTES[(op, axis)] += times * t.numel() * t.element_size()
 
 
+def count_moved(op: str, axis: str, t: torch.Tensor, times: int = 1) -> None:
+    """Count a collective issued outside this module, as its own are (`_count`): FSDP2's FP8 gathers on gloo
+    (runtime.fp8.ByteAllGather)."""
+    _count(op, axis, t, times)
+
+
 def _name(axis: str) -> str:
     g = _group(axis)
     return (g if g is not None else dist.group.WORLD).group_name

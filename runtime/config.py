@@ -315,6 +315,11 @@ class Config:
     precision: str = "fp32"
     """`fp32` or `bf16`: Megatron's mixed precision (runtime.precision): bf16 weights and activations, fp32 main
     gradients (`Parallel.grad_reduce`), fp32 master weights and moments in the optimizer."""
+    fp8: str = ""
+    """Under `precision = bf16`: the FP8 recipe (runtime.choices.FP8_RECIPES) the blocks' linears chosen by
+    `fp8_filter` train with (runtime.fp8, torchao's float8 training); empty: none."""
+    fp8_filter: str = "auto"
+    """Which linears `fp8` converts (runtime.choices.FP8_FILTERS, the shape rule `choices.fp8_chosen`)."""
     log_every: int = 1
     """Print a line every this many steps (and at the first and last)."""
     predicted_joules_per_step: tuple = ()
@@ -338,6 +343,14 @@ class Config:
     memory: Memory = field(default_factory=Memory)
     speed: Speed = field(default_factory=Speed)
     resilience: Resilience = field(default_factory=Resilience)
+
+
+    def __post_init__(self):
+        if self.fp8 and (self.fp8 not in choices.FP8_RECIPES or self.fp8_filter not in choices.FP8_FILTERS
+                         or self.precision != "bf16"):
+            raise ValueError(f"Config.fp8 = {self.fp8!r}, fp8_filter = {self.fp8_filter!r} under precision "
+                             f"{self.precision!r}: recipes {', '.join(choices.FP8_RECIPES)}, filters "
+                             f"{', '.join(choices.FP8_FILTERS)}, under bf16")
 
 
 GROUPS = (("parallel", Parallel), ("optim", Optim), ("data", Data), ("checkpoint", Checkpoint), ("eval", Eval),

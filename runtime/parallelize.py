@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import compile, faults, mesh, moe, offload, precision, recompute
+from runtime import compile, faults, fp8, mesh, moe, offload, precision, recompute
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import Repeat
@@ -37,6 +37,11 @@ def apply(module: nn.Module, cfg: Config, ctx: mesh.Context, shards: tp.Shards, 
     compilation of its regions, bf16's fp32 residual, and FSDP2 when the plan shards gradients (sharded before
     anything is materialised: no rank ever holds more than its share of the weights)."""
     par = cfg.parallel
+    if cfg.fp8:  # torchao's Float8Linears in place of the chosen linears, before anything wraps them
+        names = fp8.convert(module, cfg.fp8, cfg.fp8_filter, gathers_fp8(cfg, ctx),
+                            row_parallel=lambda n: _row_parallel(shards, n))
+        if ctx.is_logger:
+            print(fp8.summary(cfg.fp8, cfg.fp8_filter, names, gathers_fp8(cfg, ctx)), flush=True)
     apply_recompute(module, par.recompute)  # each block of a repeat, whole model or pipeline stage
     if compiled:
         compile.apply(module)
@@ -47,6 +52,17 @@ def apply(module: nn.Module, cfg: Config, ctx: mesh.Context, shards: tp.Shards, 
     if par.shards_grads:
         module = wrap_data_parallel(module, ctx, cfg, shards)
     return module
+
+
+def gathers_fp8(cfg: Config, ctx: mesh.Context) -> bool:
+    """Whether FSDP2 all-gathers the FP8 linears' weights in FP8 (runtime.fp8.gathers_fp8) on this run."""
+    return bool(cfg.fp8) and fp8.gathers_fp8(cfg.fp8, cfg.parallel.shards_grads and ctx.batch_size > 1)
+
+
+def _row_parallel(shards: tp.Shards, name: str) -> bool:
+    """Whether parameter `name` is a row-parallel weight: sharded over tp along its input dim."""
+    s = shards.of(name)
+    return s is not None and s[2] == "tp" and s[0] == 1
 
 
 def wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Shards) -> nn.Module:
@@ -103,6 +119,10 @@ def _fully_shard(model: nn.Module, ctx: mesh.Context, cfg: Config, shards: tp.Sh
     for block in blocks:
         fully_shard(block, mesh=group_mesh, reshard_after_forward=reshard, **mp)
     fully_shard(model, mesh=group_mesh, reshard_after_forward=reshard, **mp)
+    if gathers_fp8(cfg, ctx):  # gloo has no float8 dtypes: the FP8 gathers move bytes
+        # counted under the ledger's name of the dense group: dp, dp×cp, dp×ep or dp×cp×ep (compiler/cost)
+        fp8.on_gloo(blocks + [model],  # the dense units (the experts' hold no FP8 weight)
+                    "×".join(a for a in ("dp", "cp", "ep") if ctx.axis_size(a) > 1) or "dp")
     fsdp_prefetch(blocks, cfg.parallel.fsdp_prefetch)
     return model
 

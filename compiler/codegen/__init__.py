@@ -222,7 +222,9 @@ def config_values(spec: S.Spec, traced: T.Traced, plan, out_dir: str = ".", cost
     }
     return {
         "name": spec.model.name, "source": source_name(spec),
-        "steps": t.steps, "seed": t.seed, "precision": t.precision, "log_every": t.log_every, "timeout": t.timeout,
+        "steps": t.steps, "seed": t.seed, "precision": t.precision,
+        **({"fp8": t.fp8.recipe, "fp8_filter": t.fp8.filter} if t.fp8 else {}),  # written only when set
+        "log_every": t.log_every, "timeout": t.timeout,
         **({"moe": True} if moe else {}),
         "sources": sources(spec, plan),
         "parallel": parallel,

@@ -27,6 +27,7 @@ import sympy
 
 from compiler import spec as S
 from compiler import trace as T
+from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
 from compiler.cost import rank_memory
 from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas, env_of  # noqa: F401
@@ -461,6 +462,21 @@ class CostModel:
                                               direction=direction, times=m, bytes=int(elements * width * m),
                                               element_formula=lambda: expr.xreplace({MICRO_BATCH: b_sym})))
 
+    def _fp8_gathered(self, plan, nb):
+        """(elements, their formula, weights) of the weights FSDP2 gathers in FP8 on one rank (compiler/cost/fp8.py),
+        `nb`: the blocks held per repeat under pp (None: every block); None where nothing is gathered in FP8."""
+        fp8 = self.spec.train.fp8
+        if not FP8.gathers_fp8(fp8, plan):
+            return None
+        per = FP8.linears(self.traced, fp8)
+        held = ({name: (c.n, c.expr) for name, c in self.formulas.counts.items()} if nb is None
+                else {name: (nb[name], nb[name]) for name in per})
+        n8 = sum(held[name][0] * sum(x.n * x.k for x in xs) for name, xs in per.items())
+        if not n8:
+            return None
+        expr = sympy.expand(sum(held[name][1] * sum(x.n * x.k for x in xs) for name, xs in per.items()))
+        return n8, (lambda: expr), sum(held[name][0] * len(xs) for name, xs in per.items())
+
     def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
         spec = self.spec
         dp, ep, pp = plan.size("dp"), plan.size("ep"), plan.size("pp")
@@ -500,12 +516,24 @@ class CostModel:
             gathers = (plan.micro_batches * 2 if plan.shards_params
                        else 1 if pp > 1 else plan.micro_batches)
             each = plan.syncs_each_micro_batch
+            fp8 = self._fp8_gathered(plan, nb)  # precision = fp8: the chosen weights gathered in FP8
             for axis, at, whose, whose_g, n, formula in parts:
-                add("all_gather", axis, n, gathers, at,
+                gathered, gathered_formula = n, formula
+                if fp8 is not None and whose != "the experts' ":
+                    n8, f8, count = fp8
+                    gathered = n - n8
+                    gathered_formula = lambda f=formula, f8=f8: sympy.expand(f() - f8())  # noqa: E731
+                    add("all_gather", axis, n8, gathers, plan.span("precision"),
+                        "FSDP, precision = fp8: gather the FP8 linears' weights in float8 (1 byte each)", f8,
+                        width=FP8.FP8_BYTES)
+                    add("all_reduce", axis, count, gathers, plan.span("precision"),
+                        "FSDP, precision = fp8: each FP8 weight's amax before its cast, one fp32 per weight",
+                        lambda c=count: sympy.Integer(c), width=4)
+                add("all_gather", axis, gathered, gathers, at,
                     f"FSDP: gather {whose}weights for forward and again for backward, every micro-batch"
                     if plan.shards_params else
                     f"ZeRO-2 (FSDP2, kept gathered to backward): gather {whose}weights once per micro-batch",
-                    formula, width=w)
+                    gathered_formula, width=w)
                 # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
                 add("reduce_scatter", axis, n, plan.micro_batches if each else 1,
                     (plan.span("fsdp_grad_sync") or at) if each else at,

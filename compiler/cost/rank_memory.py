@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
 from compiler.cost.memory import rank_peaks
 from compiler.layout import state as ST
@@ -103,8 +104,8 @@ class Peaks:
         fp32 shard; fp32 the other ranks' pieces (experts over their group, the dense units over theirs)."""
         rows = [row for row in self.rows if row.alive == ST.GATHER]
         units = self.root + (1 + self.plan.fsdp_prefetch) * self.block
-        if rows[0].dtype_bytes == 2:
-            return 2 * units
+        if rows[0].dtype_bytes == 2:  # precision = fp8: the chosen weights gathered in 1 byte (compiler/cost/fp8.py)
+            return 2 * units - (1 + self.plan.fsdp_prefetch) * FP8.gathered_saving(self.model, self.plan)
         sizes = ST.groups(self.plan)
         dn, en = sizes[ST.DENSE][1], sizes[ST.EXPERT][1]
         e = (1 + self.plan.fsdp_prefetch) * self.expert_unit
@@ -143,7 +144,7 @@ class Peaks:
     def backward_work(self, r: Rank, buckets: float) -> tuple:
         """(bytes, what) of the backward instant's working sets besides the rows."""
         fsdp2 = self.plan.shards_grads
-        grads_ws = self.bwd_ws(r.pp_rank)
+        grads_ws = self.bwd_ws(r.pp_rank) + FP8.cast_bytes(self.model, self.env)  # precision = fp8's casts
         work = buckets + max(self.loss if r.last else 0, grads_ws) + (self.g * self.block if fsdp2 else 0)
         logits = bool(r.last and self.loss and self.loss >= grads_ws)
         for n in (self.recomputed, r.kept, r.recv, r.pending_w):

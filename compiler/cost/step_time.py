@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from compiler import trace as T
+from compiler.cost import fp8 as FP8
 from compiler.cost.formulas import env_of
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
@@ -260,8 +261,10 @@ class Simulator:
             cf, cb = sum(c["forward"].values()), sum(c["backward"].values())
             is_block = key == "block" or (isinstance(key, tuple) and key[0] == "block")
             extra = 0.0
+            # precision = fp8: the chosen linears' faster matmuls and their casts (compiler/cost/fp8.py)
+            df, db = FP8.piece_seconds(cm, key[1], env, dev, getattr(plan, "compiles", False)) if is_block and isinstance(key, tuple) else (0.0, 0.0)
             if is_block and recompute == "full":  # its collectives before the last saving op are in cb already
-                extra = ot.forward * passes
+                extra = (ot.forward + df) * passes
             elif is_block and recompute == "selective":
                 extra = ot.selective
             axes = {}
@@ -269,7 +272,7 @@ class Simulator:
                 for a, t in c[d].items():
                     axes[a] = axes.get(a, 0.0) + t
             ops = ot.ops + (sum(1 for op in segment.ops) if extra else 0)
-            out[key] = Piece(ot.forward + cf, ot.backward + cb + extra, ot.weight, axes, ops)
+            out[key] = Piece(ot.forward + cf + df, ot.backward + cb + extra + db, ot.weight, axes, ops)
         return out
 
     # -- one plan ------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from compiler import cost as C
+from compiler.cost import fp8 as FP8
 from compiler.cost import links as LK
 from compiler import spec as S
 from compiler.report import cost as CR
@@ -148,6 +149,7 @@ def _step_time_text(compiled) -> list[str]:
               f"AdamW {_seconds(pred.optimizer_s)}"]
     lines += _offload_step_text(compiled, pred)
     lines += ["            links: " + "; ".join(k.describe() for k in pred.links)]
+    lines += FP8.describe(compiled)  # precision = fp8: what it converts, saves and costs
     ranks = list(pred.ranks)
     if len(ranks) > 1:
         shown = ranks if len(ranks) <= 4 else [ranks[0], ranks[-1], max(ranks, key=lambda r: r.end_s)]
