@@ -3,8 +3,8 @@ the host, each rank's device and host bytes, the host<->device copies in the led
 link and the host's AdamW, `plan`'s output, the 70B sample and the search choosing offload where nothing else fits.
 Every expected figure is derived here from the bytes each setting moves, not read from the model's output.
 
-The plans are the files' own, evolved with the offload settings (the language's `offload = ...` is its own
-branch's: samples/pending/llama3_70b_offload.scale is read without its offload line and evolved the same way)."""
+The plans are the files' own, evolved with the offload settings; samples/llama3_70b_offload.scale writes its own,
+and is compared with itself without it."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +25,7 @@ from compiler.pipeline import compile_spec
 from compiler.report.plan import plan_json, plan_text
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "samples" / "pending" / "llama3_70b_offload.scale"
-WRITTEN = re.compile(r"\n  offload = optimizer\(fraction = ([0-9.]+)\)")
+SAMPLE = ROOT / "samples" / "llama3_70b_offload.scale"
 
 
 def _plan(mode="ddp", dp=4, **kw):
@@ -171,13 +170,11 @@ def test_plan_output_under_offload(gpt):
 
 @pytest.fixture(scope="module")
 def llama70():
-    text = SAMPLE.read_text()
-    written = WRITTEN.search(text)
-    assert written, "the sample writes its offload"
-    spec = check_text(text.replace(written.group(0), ""), "samples/llama3_70b_offload.scale")
-    base = compile_spec(spec)
-    got = compile_spec(spec, plan=P.evolve(spec.plan, offload="optimizer",
-                                           offload_fraction=float(written.group(1))), unsharded=base.unsharded)
+    spec = check_path(str(SAMPLE))
+    assert spec.plan.offload == "optimizer", "the sample writes its offload"
+    got = compile_spec(spec)
+    base = compile_spec(spec, plan=P.evolve(spec.plan, offload="none", offload_fraction=1.0),
+                        unsharded=got.unsharded)
     return spec, base, got
 
 

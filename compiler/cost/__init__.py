@@ -4,6 +4,7 @@
     flops.py    forward FLOPs from the trace, backward from a rule per node
     formulas.py every formula of one pass structure, compiled once, as a typed object (`Formulas`)
     ledger.py   the collectives the passes inserted (read once), pipeline sends, data parallelism's
+    ledger_parts.py  CostModel's ledger of one plan and rank, entry by entry (a mixin of CostModel)
     memory.py   model state, activations in flight per schedule, per-stage rows, the "does not fit" checks
     step_time.py  the step-time model: one optimizer step's time per rank, from a CostModel and a Plan (it reads
                 the CostModel's `formulas`, `stages_for`, `spec` and `traced` only)
@@ -32,22 +33,13 @@ from compiler.cost import memory as MEM
 from compiler.cost import rank_memory
 from compiler.cost.formulas import ARGS, AXES, RECOMPUTE, SAVED_MODES, Formula, Formulas, env_of  # noqa: F401
 from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's types, re-exported)
+from compiler.cost.formulas import recompute_mode as _recompute, recompute_passes, reruns  # noqa: F401
+from compiler.cost.formulas import saved_mode as _saved_mode
+from compiler.cost.ledger_parts import BYTES, LedgerParts  # noqa: F401  (BYTES re-exported)
 from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.cost.structures import other_structure, binds_cp, structure, structure_of  # noqa: F401
 from compiler.symbols import MICRO_BATCH, size
 
-BYTES = {"fp32": 4, "bf16": 2}
-
-
-def _partial_reason(spec, plan) -> str:
-    """Why tp leaves gradients partial: sequence parallelism's chunks (norms, row biases), per-head q/k norms'
-    heads (each rank normalises only its own heads with the shared scale), or both."""
-    qk = any(isinstance(x, S.Attention) and x.qk_norm != "none" for x in S.walk(spec.model.layers))
-    sp = "sequence parallelism: each rank's norm and row-bias gradients cover only its sequence chunk"
-    heads = "each rank's q/k norm gradients cover only its heads"
-    if plan.sequence_parallel:
-        return sp + ("; " + heads if qk else "")
-    return "tensor parallelism: " + heads
 
 
 @dataclass(frozen=True)
@@ -138,7 +130,7 @@ class Estimate:
 Costs = Estimate  # the name codegen's annotations use
 
 
-class CostModel:
+class CostModel(LedgerParts):
     """The cost of every plan with the pass structure of `traced` (see the module's docstring)."""
 
     def __init__(self, spec: S.Spec, traced: T.Traced, plan):
@@ -337,241 +329,6 @@ class CostModel:
         kept = self.formulas.saved.whole[_saved_mode(plan)](env) if not layout else 0  # a micro-batch's, unpiped
         return rank_memory.memory(self, plan, env, layout, stages, params_rank, experts_rank, kept)
 
-    def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
-        """The collectives of one optimizer step on one rank: those the passes inserted, the pipeline's sends, then
-        data parallelism's."""
-        spec = self.spec
-        dp, tp, ep, pp = env[:4]
-        m = plan.micro_batches
-        from compiler.cost import activations as A
-        widths = A.widths(self.precision)
-        act_bytes, res_bytes = widths["act"], widths["res"]
-        axes = dict(plan.axes)
-        ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in axes])
-        b_sym = spec.train.global_batch / (ranks_sym * m)
-        entries = []
-
-        for site, f in self.formulas.sites:
-            times, per_step = self._times_of(plan, site.where, nb, on_rank)
-            if not times:
-                continue
-            dtype = site.dtype_bytes or (4 if site.fp32 else res_bytes if site.residual else act_bytes)
-            worst = None if site.worst is None else int(f(env) * dtype * times * site.worst.xreplace(
-                {size(a): n for a, n in zip(AXES, env)}))
-            entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
-                                      reason=site.reason, direction=site.direction, times=times,
-                                      bytes=int(f(env) * dtype * times), worst_bytes=worst,
-                                      element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
-                                      per_step_formula=per_step))
-            again = reruns(plan, site)
-            if again:
-                why = ("full recomputation re-runs the block's forward" if _recompute(plan) == "full" else
-                       "selective recomputation gathers the sequence-parallel input again rather than keep it whole")
-                entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
-                                          reason=f"{site.reason}; again in backward: {why}", direction="backward",
-                                          times=times * again, bytes=int(f(env) * dtype * times * again),
-                                          element_formula=lambda e=site.elements: e.xreplace({MICRO_BATCH: b_sym}),
-                                          per_step_formula=per_step))
-        entries += self._partial(plan, env, nb, on_rank)
-        if nb is not None:
-            self._transfers(plan, env, pp_rank, entries, b_sym)
-        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
-        entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, b_sym)
-        return Ledger(tuple(entries))
-
-    def _offload_copies(self, plan, env, nb, params_rank, experts_rank, b_sym) -> list:
-        """Offload's host<->device copies (compiler/cost/offload.py), or none."""
-        if plan.offload == "none":
-            return []
-        from compiler.cost import offload
-        return offload.ledger_copies(self, plan, env, nb, params_rank, experts_rank, b_sym)
-
-    def _step_entries(self, plan, env, nb, on_rank, params_rank, experts_rank) -> tuple:
-        """The ledger's once-per-step entries (`_ledger`'s of direction "step"), in its order, without the rest."""
-        entries = self._partial(plan, env, nb, on_rank)
-        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
-        if plan.offload != "none":
-            spec = self.spec
-            m = plan.micro_batches
-            ranks_sym = sympy.Mul(*[size(a) for a in ("dp", "ep") if a in dict(plan.axes)])
-            entries += self._offload_copies(plan, env, nb, params_rank, experts_rank,
-                                            spec.train.global_batch / (ranks_sym * m))
-        return tuple(c for c in entries if c.direction == "step")
-
-    def _times_of(self, plan, where, nb, on_rank) -> tuple:
-        """(times per step, a formula of it or None) of what sits at `where` (a block of a repeat, or a top-level
-        segment) on the rank: `nb` its blocks per repeat under pp (None: every block), `on_rank` the segments."""
-        m = plan.micro_batches
-        kind, name = where
-        if kind == "block":
-            if nb is not None:
-                return m * nb[name], None
-            count_sym, count = self.formulas.counts[name]
-            return m * count, (lambda: m * count_sym)
-        return (m, None) if on_rank.get(name, False) else (0, None)
-
-    def _partial(self, plan, env, nb, on_rank) -> list:
-        """tp's partial gradients' all-reduce, once per step (a list of it, or empty)."""
-        spec = self.spec
-        dp = env[0]
-        m = plan.micro_batches
-        entries: list = []
-        partial_n, parts = 0, []
-        for where, f in self.formulas.partial:
-            times, _ = self._times_of(plan, where, nb, on_rank)
-            if times:
-                k = times // m
-                partial_n += k * f(env)
-                parts.append((f.expr, self.formulas.counts[where[1]].expr if where[0] == "block" and nb is None
-                              else k))
-        if partial_n:
-            fsdp = plan.shards_grads
-            if fsdp:
-                partial_n = partial_n / dp  # FSDP holds 1/dp of each gradient: only that shard is summed over tp
-            def partial_formula(parts=tuple(parts), fsdp=fsdp):
-                total = sum((e * k for e, k in parts), sympy.Integer(0))
-                return total / size("dp") if fsdp else total
-            # FSDP2 casts its reduced shards back to the fp32 parameters
-            g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, plan.grad_reduce)
-            entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=plan.span("axis tp"),
-                                      reason=_partial_reason(spec, plan), direction="step", times=1,
-                                      bytes=int(partial_n * g), element_formula=partial_formula))
-        return entries
-
-    def _transfers(self, plan, env, pp_rank, entries, b_sym) -> None:
-        """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
-        interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h
-        elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the
-        runtime counts. The boundary sends the residual stream in its dtype: bf16 under bf16, fp32 with
-        fp32_residual (runtime/precision.py)."""
-        n = plan.size("pp") * plan.virtual_stages
-        m = plan.micro_batches
-        elements = self.formulas.send(env)
-        from compiler.cost import activations as A
-        width = A.widths(self.precision)["res"]
-        span = plan.span("axis pp")
-        expr = self.formulas.send_expr
-        for stage in range(pp_rank, n, plan.size("pp")):
-            for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
-                                          ("forward", "activations from the previous stage", stage > 0),
-                                          ("backward", "gradients to the previous stage", stage > 0),
-                                          ("backward", "gradients from the next stage", stage < n - 1)):
-                if cond:
-                    entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=width, span=span,
-                                              reason=f"pipeline stage {stage}: {what}, per micro-batch",
-                                              direction=direction, times=m, bytes=int(elements * width * m),
-                                              element_formula=lambda: expr.xreplace({MICRO_BATCH: b_sym})))
-
-    def _fp8_gathered(self, plan, nb):
-        """(elements, their formula, weights) of the weights FSDP2 gathers in FP8 on one rank (compiler/cost/fp8.py),
-        `nb`: the blocks held per repeat under pp (None: every block); None where nothing is gathered in FP8."""
-        fp8 = self.spec.train.fp8
-        if not FP8.gathers_fp8(fp8, plan):
-            return None
-        per = FP8.linears(self.traced, fp8)
-        held = ({name: (c.n, c.expr) for name, c in self.formulas.counts.items()} if nb is None
-                else {name: (nb[name], nb[name]) for name in per})
-        n8 = sum(held[name][0] * sum(x.n * x.k for x in xs) for name, xs in per.items())
-        if not n8:
-            return None
-        expr = sympy.expand(sum(held[name][1] * sum(x.n * x.k for x in xs) for name, xs in per.items()))
-        return n8, (lambda: expr), sum(held[name][0] * len(xs) for name, xs in per.items())
-
-    def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
-        spec = self.spec
-        dp, ep, pp = plan.size("dp"), plan.size("ep"), plan.size("pp")
-        pa, ex = self.formulas.params, self.formulas.experts
-        if nb is None:
-            params = lambda: pa.whole.expr  # noqa: E731
-            experts = lambda: ex.whole.expr  # noqa: E731
-        else:
-            held = [nb[name] for name, _, _ in self.formulas.edges]
-            params = lambda: sympy.expand(pa.prologue.expr + sum(k * f.expr for k, f in zip(held, pa.block)))  # noqa: E731
-            experts = lambda: sympy.expand(ex.prologue.expr + sum(k * f.expr for k, f in zip(held, ex.block)))  # noqa: E731
-        span = plan.span("axis dp")
-        # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.
-        how = "one coalesced all-reduce after the pipeline step" if pp > 1 else "DDP, bucketed"
-        # Gradients move in grad_reduce's dtype (fp32 main gradients unless bf16), weights in the compute precision
-        # (zero1's broadcasts, FSDP2's gathers under its MixedPrecisionPolicy): runtime/precision.py.
-        g, w = MEM.grad_bytes(spec.train.precision, plan.grad_reduce), BYTES[spec.train.precision]
-
-        def add(op, axis, n_elements, times, span, reason, formula, width=None):
-            width = width or g
-            entries.append(Collective(op=op, axis=axis, dtype_bytes=width, span=span, reason=reason, times=times,
-                                      bytes=int(n_elements * width * times), measured=False,
-                                      element_formula=formula))
-        if plan.shards_grads:
-            # FSDP2 (runtime.train._wrap_data_parallel); with ep, the dense weights shard over dp × ep and the
-            # experts over dp alone (_shard_experts): one unit each, gathered and reduced over its own ranks
-            # under cp the whole model shards over dp × cp (runtime.mesh's dense_mesh: torchtitan's folding)
-            cp = plan.size("cp")  # under cp and ep: the dense weights over dp × cp × ep, the experts over dp × cp
-            parts = ((("dp×cp×ep" if cp > 1 else "dp×ep", plan.span("axis ep"), "the dense ", "the dense ",
-                       params_rank - experts_rank, lambda: sympy.expand(params() - experts())),
-                      ("dp×cp" if cp > 1 else "dp", span, "the experts' ", "the experts' ", experts_rank, experts))
-                     if ep > 1 else
-                     (("dp×cp" if plan.size("cp") > 1 else "dp", span, "each block's ", "the ", params_rank,
-                       params),))
-            # zero2: once per micro-batch without pp (FSDP2 reshards after each backward), once per step under
-            # pp (torch's pipelining keeps units gathered until the last backward); fsdp: forward and backward
-            gathers = (plan.micro_batches * 2 if plan.shards_params
-                       else 1 if pp > 1 else plan.micro_batches)
-            each = plan.syncs_each_micro_batch
-            fp8 = self._fp8_gathered(plan, nb)  # precision = fp8: the chosen weights gathered in FP8
-            for axis, at, whose, whose_g, n, formula in parts:
-                gathered, gathered_formula = n, formula
-                if fp8 is not None and whose != "the experts' ":
-                    n8, f8, count = fp8
-                    gathered = n - n8
-                    gathered_formula = lambda f=formula, f8=f8: sympy.expand(f() - f8())  # noqa: E731
-                    add("all_gather", axis, n8, gathers, plan.span("precision"),
-                        "FSDP, precision = fp8: gather the FP8 linears' weights in float8 (1 byte each)", f8,
-                        width=FP8.FP8_BYTES)
-                    add("all_reduce", axis, count, gathers, plan.span("precision"),
-                        "FSDP, precision = fp8: each FP8 weight's amax before its cast, one fp32 per weight",
-                        lambda c=count: sympy.Integer(c), width=4)
-                add("all_gather", axis, gathered, gathers, at,
-                    f"FSDP: gather {whose}weights for forward and again for backward, every micro-batch"
-                    if plan.shards_params else
-                    f"ZeRO-2 (FSDP2, kept gathered to backward): gather {whose}weights once per micro-batch",
-                    gathered_formula, width=w)
-                # once per step (the last micro-batch's backward), or every micro-batch (fsdp_grad_sync)
-                add("reduce_scatter", axis, n, plan.micro_batches if each else 1,
-                    (plan.span("fsdp_grad_sync") or at) if each else at,
-                    f"FSDP: reduce and shard each micro-batch's {whose_g.removeprefix('the ')}gradients "
-                    "(fsdp_grad_sync = micro_batch)"
-                    if each else f"FSDP: reduce and shard {whose_g}gradients", formula)
-            return
-        if ep > 1:
-            # under cp too, the batch group is dp × cp × ep and the experts' replicas dp × cp (runtime.mesh's
-            # batch_group and expert_group; the rules keep zero1, zero2 and fsdp out of it)
-            cp = plan.size("cp")
-            add("all_reduce", "dp×cp×ep" if cp > 1 else "dp×ep", params_rank - experts_rank, 1, plan.span("axis ep"),
-                f"average the dense gradients over every batch shard, dp × {'cp × ' if cp > 1 else ''}ep ({how})",
-                lambda: sympy.expand(params() - experts()))
-            if dp > 1 or cp > 1:
-                who = "dp×cp" if dp > 1 and cp > 1 else "cp" if cp > 1 else "dp"
-                add("all_reduce", who, experts_rank, 1, span or plan.span("axis cp"),
-                    f"sum the expert gradients over the {who.replace('×', ' × ')} ranks holding the same experts",
-                    experts)
-        elif plan.size("cp") > 1:
-            # context parallelism shards no weight: each cp rank's gradients cover its tokens of every sequence, and
-            # DDP averages them over the batch group, dp × cp (runtime.mesh; the rules keep ep and zero out of it)
-            axis = "dp×cp" if dp > 1 else "cp"
-            add("all_reduce", axis, params_rank, 1, span or plan.span("axis cp"),
-                f"average the gradients over every token shard, {'dp × cp' if dp > 1 else 'cp'} ({how})", params)
-        elif dp > 1:
-            # measured on gloo by counting torch.distributed's calls (ZeroRedundancyOptimizer and FSDP2 call them)
-            add("all_reduce", "dp", params_rank, 1, span, f"average the gradients of the dp replicas ({how})",
-                params)
-        if plan.zero_stage == 1:
-            # with ep too, over dp alone (runtime.train._zero1_group): the dense state is replicated over ep; under
-            # cp over dp × cp, the batch group
-            add("broadcast", "dp×cp" if plan.size("cp") > 1 else "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
-                "updated (one bucket per rank)", params, width=w)
-
-def _recompute(plan) -> str:
-    return getattr(plan, "recompute", "none")
-
 
 def zero_ranks(plan) -> int:
     """The ranks zero1, zero2 and fsdp shard a rank's model state over (runtime.mesh's dense_mesh, runtime.train's
@@ -582,31 +339,6 @@ def zero_ranks(plan) -> int:
         return 1
     groups = plan.groups
     return groups["dp×cp" if "dp×cp" in groups else "dp"].size
-
-
-def _saved_mode(plan) -> str:
-    """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
-    mode = _recompute(plan)
-    return "selective/compiled" if mode == "selective" and getattr(plan, "compiles", False) else mode
-
-
-def reruns(plan, site) -> int:
-    """How many times a forward collective `site` of a block runs again in its backward per micro-batch: every one
-    before the block's last saving op under full recomputation (the block's forward re-run), the all-gathers under
-    selective recomputation (runtime.recompute.RECOMPUTE: a sequence-parallel input gathered again, not kept)."""
-    if site.direction != "forward" or site.where[0] != "block":
-        return 0
-    mode = _recompute(plan)
-    if mode == "full" and site.rerun:
-        return recompute_passes(plan)
-    return 1 if mode == "selective" and site.op == "all_gather" else 0
-
-
-def recompute_passes(plan) -> int:
-    """How many times a recomputed block's forward runs again per micro-batch: twice under zero-bubble's split
-    backward with full recomputation (measured by counting the block's forward calls), else once. Public: the
-    FLOPs, the ledger (`reruns`) and the step-time model (step_time.py) count the same re-runs."""
-    return 2 if plan.schedule == "zero-bubble" and plan.size("pp") > 1 and _recompute(plan) == "full" else 1
 
 
 def estimate(spec: S.Spec, plan, traced: T.Traced, pp_rank: int = 0) -> Estimate:

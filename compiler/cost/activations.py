@@ -130,6 +130,23 @@ def attention_saved_bytes(gm, precision: str, device: str = "cuda") -> tuple:
     return sympy.expand(sum(g.saved.values(), sympy.Integer(0))), calls
 
 
+def saved_by_prefix(gm, precision: str, device: str, prefixes: tuple) -> tuple:
+    """(bytes the ops whose names start with one of `prefixes` save, all the block saves) of one block `gm` without
+    recomputation, each saved storage counted for the op that first keeps it (what a saved-tensor hook around
+    those ops' module sees): offload's share of a block's activations (compiler/cost/offload.py)."""
+    from compiler import ops as O
+    g = _Graph(gm, precision, device)
+    ours = sympy.Integer(0)
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        before = set(g.saved)
+        O.of(node, gm).saved(g, node, list(node.args))
+        if str(node.name).startswith(prefixes):
+            ours += sum((g.saved[k] for k in set(g.saved) - before), sympy.Integer(0))
+    return sympy.expand(ours), sympy.expand(sum(g.saved.values(), sympy.Integer(0)))
+
+
 def last_saving_node(gm):
     """The last node of `gm` whose operation keeps a tensor for backward."""
     g = _Graph(gm, "bf16", "cuda")

@@ -502,3 +502,35 @@ def _build(spec, traced, precision: str) -> Formulas:
         loss=tuple(fn(e) for e in A.loss_working_set(loss_graph, prec)), backward=_moments(backward_ws, fn),
         sites=sites, partial=partial, param_shapes=ParamShapes(traced, sub, spec.value))
 
+
+# -- recomputation: what a plan re-runs (the FLOPs, the ledger, the memory and step-time models read these) ----------
+
+
+def recompute_mode(plan) -> str:
+    """A plan's `recompute` (none where it has no such setting)."""
+    return getattr(plan, "recompute", "none")
+
+
+def saved_mode(plan) -> str:
+    """The key of what a block keeps (SAVED_MODES): the recomputation, and for selective whether it is compiled."""
+    mode = recompute_mode(plan)
+    return "selective/compiled" if mode == "selective" and getattr(plan, "compiles", False) else mode
+
+
+def reruns(plan, site) -> int:
+    """How many times a forward collective `site` of a block runs again in its backward per micro-batch: every one
+    before the block's last saving op under full recomputation (the block's forward re-run), the all-gathers under
+    selective recomputation (runtime.recompute.RECOMPUTE: a sequence-parallel input gathered again, not kept)."""
+    if site.direction != "forward" or site.where[0] != "block":
+        return 0
+    mode = recompute_mode(plan)
+    if mode == "full" and site.rerun:
+        return recompute_passes(plan)
+    return 1 if mode == "selective" and site.op == "all_gather" else 0
+
+
+def recompute_passes(plan) -> int:
+    """How many times a recomputed block's forward runs again per micro-batch: twice under zero-bubble's split
+    backward with full recomputation (measured by counting the block's forward calls), else once. Public: the
+    FLOPs, the ledger (`reruns`) and the step-time model (step_time.py) count the same re-runs."""
+    return 2 if plan.schedule == "zero-bubble" and plan.size("pp") > 1 and recompute_mode(plan) == "full" else 1

@@ -135,18 +135,7 @@ def _block_share(gm, precision: str, device: str, modules: tuple):
     """(bytes the named modules' ops save, all the block saves) of one block without recomputation, each saved
     storage counted for the op that first keeps it (what a pack hook around that module sees)."""
     from compiler.cost import activations as A
-    from compiler import ops as O
-    g = A._Graph(gm, precision, device)
-    ours = sympy.Integer(0)
-    prefixes = tuple(p for k in modules for p in PREFIXES[k])
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output"):
-            continue
-        before = set(g.saved)
-        O.of(node, gm).saved(g, node, list(node.args))
-        if str(node.name).startswith(prefixes):
-            ours += sum((g.saved[k] for k in set(g.saved) - before), sympy.Integer(0))
-    return sympy.expand(ours), sympy.expand(sum(g.saved.values(), sympy.Integer(0)))
+    return A.saved_by_prefix(gm, precision, device, tuple(p for k in modules for p in PREFIXES[k]))
 
 
 def block_bytes(model, plan, mode: str) -> tuple:
@@ -212,8 +201,8 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
         held = counted = tuple((i, nb[name]) for i, name in enumerate(names) if nb.get(name))
     acts = None
     if plan.offload == "activations":
-        from compiler.cost import _saved_mode
-        per = block_bytes(model, plan, _saved_mode(plan))
+        from compiler.cost.formulas import saved_mode
+        per = block_bytes(model, plan, saved_mode(plan))
         total = sum(c * per[i](env) for i, c in held)
         acts = (total, lambda: sympy.expand(sum(c * per[i].expr for i, c in counted).xreplace({MICRO_BATCH: b_sym})))
     return copies(model, plan, params_rank, experts_rank, params, experts, acts)
@@ -221,8 +210,8 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
 
 def activation_bytes(model, plan, env, held) -> tuple:
     """(bytes one micro-batch's forward offloads on the rank, one block's largest: the window's unit), at env."""
-    from compiler.cost import _saved_mode
-    per = block_bytes(model, plan, _saved_mode(plan))
+    from compiler.cost.formulas import saved_mode
+    per = block_bytes(model, plan, saved_mode(plan))
     total = sum(k * per[i](env) for i, k in held)
     largest = max((per[i](env) for i, _ in held), default=0)
     return total, largest
