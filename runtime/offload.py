@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import choices
+from runtime import choices, precision
 
 COPIED: collections.Counter = collections.Counter()
 """(direction, kind) -> bytes copied since the last `reset`: direction "d2h" (device to host) or "h2d"; kind
@@ -198,14 +198,7 @@ class HostAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def publish(self) -> None:
         """zero1: every rank's parameters from their owners, one flat broadcast per owner over dp."""
-        if self.shard_group is None or len(self.by_rank) == 1:
-            return
-        for r, params in enumerate(self.by_rank):
-            if not params:
-                continue
-            flat = torch._utils._flatten_dense_tensors([p.data for p in params])
-            dist.broadcast(flat, src=self.src[r], group=self.shard_group)
-            torch._foreach_copy_(params, torch._utils._unflatten_dense_tensors(flat, params))
+        precision.broadcast_owned(self.by_rank, self.src, self.shard_group)
 
     @torch.no_grad()
     def load_masters(self) -> None:

@@ -103,6 +103,20 @@ def to_compute(modules: list) -> dict:
     return masters
 
 
+
+@torch.no_grad()
+def broadcast_owned(by_rank: list, src: list, group) -> None:
+    """zero1's publish: each owner's parameters (`by_rank[r]`, owned by global rank `src[r]`) to every rank of
+    `group`, one flat broadcast per owner (nothing with no group or one owner)."""
+    if group is None or len(by_rank) == 1:
+        return
+    for r, params in enumerate(by_rank):
+        if not params:
+            continue
+        flat = torch._utils._flatten_dense_tensors([p.data for p in params])
+        dist.broadcast(flat, src=src[r], group=group)
+        torch._foreach_copy_(params, torch._utils._unflatten_dense_tensors(flat, params))
+
 class _MainGradOf:
     """A parameter as the training loop's gradient code reads it (clipping, the reductions, --dump-grads):
     `.grad` is its main gradient."""
@@ -289,14 +303,7 @@ class MasterAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def publish(self) -> None:
         """zero1: every rank's bf16 weights from their owners, one flat broadcast per owner over dp."""
-        if self.shard_group is None or len(self.by_rank) == 1:
-            return
-        for r, params in enumerate(self.by_rank):
-            if not params:
-                continue
-            flat = torch._utils._flatten_dense_tensors([p.data for p in params])
-            dist.broadcast(flat, src=self.src[r], group=self.shard_group)
-            torch._foreach_copy_(params, torch._utils._unflatten_dense_tensors(flat, params))
+        broadcast_owned(self.by_rank, self.src, self.shard_group)
 
     @torch.no_grad()
     def load_masters(self) -> None:
