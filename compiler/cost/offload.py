@@ -124,7 +124,7 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
                               reason=f"activation offload: the saved activations of "
                                      f"{', '.join(plan.offload_modules) or 'every block module'} {what}, "
                                      "per micro-batch",
-                              times=m, bytes=int(per_mb * m), measured=False, element_formula=formula_of))
+                              times=m, bytes=int(per_mb * m), measured=True, element_formula=formula_of))
     return out
 
 
@@ -132,21 +132,23 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
 
 
 def _block_share(gm, precision: str, device: str, modules: tuple):
-    """(bytes the named modules' ops save, all the block saves) of one block without recomputation, each saved
-    storage counted for the op that first keeps it (what a pack hook around that module sees)."""
+    """(copied, moved, every) of one block without recomputation (activations.saved_by_prefix): `modules` empty,
+    every op's saves."""
     from compiler.cost import activations as A
     return A.saved_by_prefix(gm, precision, device, tuple(p for k in modules for p in PREFIXES[k]))
 
 
-def block_bytes(model, plan, mode: str) -> tuple:
-    """Per repeat (in the formulas' order), the Formula of the bytes one block offloads per micro-batch under
-    `activations(modules)` with recomputation `mode` (a SAVED_MODES key): every module (`modules` empty or naming
-    every kind): all the block keeps; a subset: what its modules' ops keep (under selective recomputation that
-    share of what the block keeps; under full recomputation the block keeps only its input, which no module
-    holds: nothing)."""
+def block_parts(model, plan, mode: str) -> tuple:
+    """Per repeat (in the formulas' order), (copied, moved): Formulas of the bytes one block's hooks copy to the host
+    per micro-batch under `activations(modules)` with recomputation `mode` (a SAVED_MODES key), and of those that
+    leave the device. Without recomputation, from each save the named modules' ops make (`_block_share`: a tensor
+    two of them save is copied twice, and leaves the device once); `modules` empty, every op's. Under selective
+    recomputation, that share of what the block keeps; under full recomputation the block keeps only its input,
+    which no module holds: all of it with `modules` empty, else nothing. (The runtime's copies are measured
+    without recomputation: tests/e2e/test_offload.py.)"""
     from compiler.cost import activations as A
     from compiler.cost.formulas import Formula
-    modules = tuple(sorted(set(plan.offload_modules) or set(KINDS)))
+    modules = tuple(sorted(set(plan.offload_modules)))
     key = ("offloaded", modules, mode)
     got = model._rank_parts.get(key)
     if got is None:
@@ -155,16 +157,21 @@ def block_bytes(model, plan, mode: str) -> tuple:
         out = []
         for gm in model.traced.blocks.values():
             whole = A.block_saved_bytes(gm, prec, device, mode)
-            if modules == KINDS:
-                expr = whole
-            elif mode == "full":
-                expr = sympy.Integer(0)
+            if mode == "full":
+                copied = moved = whole if not modules else sympy.Integer(0)
             else:
-                ours, every = _block_share(gm, prec, device, modules)
-                expr = ours if mode == "none" else sympy.expand(whole * ours / every) if every != 0 else 0
-            out.append(Formula(sympy.sympify(expr), model.formulas.sub))
+                copied, moved, every = _block_share(gm, prec, device, modules)
+                if mode != "none":
+                    share = moved / every if every != 0 else 0
+                    copied = moved = sympy.expand(whole * share)
+            out.append(tuple(Formula(sympy.sympify(e), model.formulas.sub) for e in (copied, moved)))
         got = model._rank_parts[key] = tuple(out)
     return got
+
+
+def block_bytes(model, plan, mode: str) -> tuple:
+    """Per repeat, the Formula of the bytes one block copies to the host per micro-batch (`block_parts`)."""
+    return tuple(c for c, _ in block_parts(model, plan, mode))
 
 
 def blocks_held(model, plan, env, stages) -> tuple:
@@ -209,12 +216,14 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
 
 
 def activation_bytes(model, plan, env, held) -> tuple:
-    """(bytes one micro-batch's forward offloads on the rank, one block's largest: the window's unit), at env."""
+    """(bytes one micro-batch's forward copies to the host on the rank, those of them that leave the device, one
+    block's largest of those: the window's unit), at env."""
     from compiler.cost.formulas import saved_mode
-    per = block_bytes(model, plan, saved_mode(plan))
-    total = sum(k * per[i](env) for i, k in held)
-    largest = max((per[i](env) for i, _ in held), default=0)
-    return total, largest
+    per = block_parts(model, plan, saved_mode(plan))
+    copied = sum(k * per[i][0](env) for i, k in held)
+    moved = sum(k * per[i][1](env) for i, k in held)
+    largest = max((per[i][1](env) for i, _ in held), default=0)
+    return copied, moved, largest
 
 
 def device_kept(acts: float, moved: float, largest: float) -> float:
