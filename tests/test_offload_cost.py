@@ -23,6 +23,7 @@ from compiler.cost.step_time import ADAMW_BYTES_PER_PARAM, CLIP_BYTES_PER_PARAM
 from compiler.layout import state as ST
 from compiler.pipeline import compile_spec
 from compiler.report.plan import plan_json, plan_text
+from tests.e2e.runner import with_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "llama3_70b_offload.scale"
@@ -108,6 +109,60 @@ def test_optimizer_offload_fp32(gpt, f):
     assert pred.step_time_s - pred0.step_time_s == pytest.approx(pred.optimizer_s - pred0.optimizer_s)
 
 
+OPTIMIZER_CASES = {
+    # name: (sample, plan fields, the module the ledger's rank holds: the whole Model, or pp rank 0's Stage(0))
+    "dp2_ddp": ("gpt_dp.scale", {}, None),
+    "dp2_zero1": ("gpt_dp.scale", {"data_parallel": "zero1"}, None),
+    "pp2_tp2": ("gpt_3d.scale", {"axes": (("dp", 1), ("pp", 2), ("tp", 2))}, 0),
+    "dp2_zero1_pp2": ("gpt_3d.scale", {"axes": (("dp", 2), ("pp", 2), ("tp", 1)), "data_parallel": "zero1"}, 0),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+def test_optimizer_offload_copies_the_runtimes_whole_tensors(tmp_path, case, f, precision):
+    """The ledger's optimizer copies are the parameters runtime.offload.HostAdamW puts on the host, whole tensors
+    (not f of the shard): on the generated program's own module (the ledger's rank: the model, or pp rank 0's
+    stage, tp-sharded as built), HostAdamW over the runtime's param groups without zero1 (one process, no group:
+    every parameter is the rank's), and under zero1 the runtime's partition of the same list (dp rank 0's, as
+    HostAdamW computes it) and its prefix. Bytes: fp32 gradients down (bf16: its fp32 main gradients) and the
+    parameters back in their dtype; an fp32 step measured through runtime.offload's counts."""
+    import torch
+
+    from runtime import offload, precision as PR
+    sample, fields, stage = OPTIMIZER_CASES[case]
+    text = (ROOT / "samples" / sample).read_text().replace("precision    = fp32", f"precision    = {precision}")
+    world = {"gpt_dp.scale": 2, "gpt_3d.scale": 4}[sample]
+    text = with_plan(text, sample, devices_per_node=world, offload="optimizer", offload_fraction=f, **fields)
+    spec = check_text(text, sample)
+    got = compile_spec(spec)
+    host = _host(got.costs)
+    assert host["d2h"].measured and host["h2d"].measured
+    prog = _program(tmp_path, got)
+    torch.manual_seed(0)
+    module = prog.Model() if stage is None else prog.Stage(stage)
+    groups = PR.decay_groups([p for _, p in module.named_parameters()], 0.1)
+    params = [p for g in groups for p in g["params"]]
+    if got.plan.data_parallel == "zero1":
+        owner = PR.partition(params, got.plan.size("dp"))
+        chosen = offload.host_share([p for p, r in zip(params, owner) if r == 0], f)
+    else:
+        chosen = offload.HostAdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fraction=f).host
+    elements = sum(p.numel() for p in chosen)
+    assert 0 < elements and (f == 1.0 or elements < sum(p.numel() for p in params))
+    w = 2 if precision == "bf16" else 4
+    assert (host["d2h"].bytes, host["h2d"].bytes) == (4 * elements, w * elements)
+    assert int(spec.value(host["d2h"].bytes_per_step(), got.plan)) == host["d2h"].bytes  # plan.json's figure
+    if precision == "fp32" and got.plan.data_parallel != "zero1":
+        opt = offload.HostAdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fraction=f)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        offload.reset()
+        opt.step()
+        assert offload.counts() == {"d2h": host["d2h"].bytes, "h2d": host["h2d"].bytes}
+
+
 def test_parameter_offload_fsdp(gpt):
     spec, base, with_ = gpt
     fsdp = with_(data_parallel="fsdp")
@@ -130,20 +185,26 @@ def test_parameter_offload_fsdp(gpt):
     assert pred.host_copy_s == pytest.approx(total / (calls * 7))
 
 
-def _hooked_bytes(tmp_path, compiled, modules: tuple) -> int:
-    """The bytes runtime.offload's hooks copy to the host in one forward and backward of `compiled`'s generated
-    Model at its micro-batch size (every save of a chosen op, a tensor two ops save twice), measured on CPU."""
+def _program(tmp_path, compiled):
+    """`compiled`'s generated program, imported."""
     import importlib.util
 
-    import torch
-
     from compiler import codegen
-    from runtime import offload
     out = tmp_path / "build"
     codegen.emit(compiled, str(out))
     spec = importlib.util.spec_from_file_location(f"prog_{abs(hash(str(out)))}", out / "program.py")
     prog = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prog)
+    return prog
+
+
+def _hooked_bytes(tmp_path, compiled, modules: tuple) -> int:
+    """The bytes runtime.offload's hooks copy to the host in one forward and backward of `compiled`'s generated
+    Model at its micro-batch size (every save of a chosen op, a tensor two ops save twice), measured on CPU."""
+    import torch
+
+    from runtime import offload
+    prog = _program(tmp_path, compiled)
     torch.manual_seed(0)
     model = prog.Model()
     offload.install(model, modules)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sympy
 
+from compiler import trace as T
 from compiler.layout import state as ST
 
 KINDS = ("attention", "mlp")  # the block module kinds `offload_modules` names
@@ -66,13 +67,73 @@ def _shard_formula(plan, params, experts):
     return sympy.expand((params() - experts()) / sym(where[ST.DENSE][0]) + experts() / sym(where[ST.EXPERT][0]))
 
 
+# -- the optimizer's host share ------------------------------------------------------------------------------
+
+
+def _top_params(traced) -> list:
+    """The top graph's parameter names and its repeats' names, in the order the generated Model registers them
+    (the order of their first use: the embedding, the repeats, the final norm; a tied head's weight is the
+    embedding's)."""
+    from runtime.layers import Repeat
+    gm = traced.top
+    names, out = list(gm.meta[T.PARAM_SHAPES]), []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), Repeat):
+            out.append(("repeat", node.target))
+        elif node.op in ("call_module", "get_attr"):
+            out += [n for n in names if n not in out and (n == node.target or n.rsplit(".", 1)[0] == node.target)]
+    return out + [n for n in names if n not in out]
+
+
+def rank_params(model, nb) -> list:
+    """(elements Formula, dims) of each parameter the ledger's rank holds, in runtime.optimizer's order (the
+    module's, the ≥2-D ones first: precision.decay_groups): the whole model without pp (`nb` None), else pp rank
+    0's prologue and the blocks of each repeat it holds (`nb`, the ledger's)."""
+    from compiler.cost.formulas import Formula
+    fo, traced = model.formulas, model.traced
+    names = list(traced.blocks)
+    block = {name: [(p.elements, p.dims) for p in fo.param_shapes.of(("block", i))] for i, name in enumerate(names)}
+    out = []
+    if nb is None:
+        shapes = traced.top.meta[T.PARAM_SHAPES]
+        for item in _top_params(traced):
+            if isinstance(item, tuple):
+                out += block[item[1]] * fo.counts[item[1]].n
+            else:
+                shape = shapes[item]
+                out.append((Formula(sympy.Mul(*shape) if shape else sympy.Integer(1), fo.sub), len(shape)))
+    else:
+        out += [(p.elements, p.dims) for p in fo.param_shapes.of("prologue")]
+        for name in names:
+            out += block[name] * nb.get(name, 0)
+    return [x for x in out if x[1] >= 2] + [x for x in out if x[1] < 2]
+
+
+def host_elements(model, plan, env, nb) -> tuple:
+    """(elements, their formula's maker) of the parameters whose optimizer state the ledger's rank steps on the
+    host: runtime.offload.HostAdamW's choice, computed with its own functions on the rank's parameters
+    (`rank_params`): under zero1 dp rank 0's partition (runtime.precision.partition_sizes), of it the shortest
+    prefix holding `fraction` of its elements, whole tensors (runtime.offload.host_prefix)."""
+    from runtime.offload import host_prefix
+    from runtime.precision import partition_sizes
+    params = rank_params(model, nb)
+    sizes = [int(f(env)) for f, _ in params]
+    z = ST.groups(plan)[ST.DENSE][1] if plan.data_parallel == "zero1" else 1
+    owner = partition_sizes(sizes, z) if z > 1 else [0] * len(sizes)
+    mine = [i for i, r in enumerate(owner) if r == 0]
+    chosen = mine[:host_prefix([sizes[i] for i in mine], fraction(plan))]
+    return (sum(sizes[i] for i in chosen),
+            lambda: sympy.expand(sum((params[i][0].expr for i in chosen), sympy.Integer(0))))
+
+
 # -- the ledger's copies ----------------------------------------------------------------------------------------
 
 
-def copies(model, plan, params_rank, experts_rank, params, experts, activations=None) -> list:
+def copies(model, plan, params_rank, experts_rank, params, experts, activations=None, host=None) -> list:
     """The host<->device copies of one step on the rank, as ledger entries (op d2h or h2d, group "host"; per rank
     and step, bytes of all the calls). `params`, `experts`: the rank's parameters as formulas (the ledger's);
-    `activations`: (bytes per micro-batch, its formula's maker) of what the rank's blocks offload."""
+    `activations`: (bytes per micro-batch, its formula's maker) of what the rank's blocks offload; `host`:
+    (elements, their formula's maker) of the parameters the host steps (`host_elements`; f of the shard without)."""
     from compiler.cost.ledger import Collective
     if plan.offload == "none":
         return []
@@ -103,13 +164,14 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
                                   reason="parameter offload: each unit's reduce-scattered gradient shard to the host",
                                   times=syncs, bytes=int(4 * n * syncs), measured=False, element_formula=formula))
             return out
-        part = lambda: sympy.expand(share * formula())  # noqa: E731
+        # the whole tensors HostAdamW takes (`host_elements`): what runtime.offload counts, so measured
+        moved, part = host if host is not None else (f * n, lambda: sympy.expand(share * formula()))
         out.append(Collective(op="d2h", axis=HOST, dtype_bytes=g, span=span, direction="step",
                               reason=f"optimizer offload {f:.0%}: the host's share of the gradients, to its AdamW",
-                              times=1, bytes=int(g * f * n), measured=False, element_formula=part))
+                              times=1, bytes=int(g * moved), measured=host is not None, element_formula=part))
         out.append(Collective(op="h2d", axis=HOST, dtype_bytes=w, span=span, direction="step",
                               reason=f"optimizer offload {f:.0%}: the parameters the host updated, back",
-                              times=1, bytes=int(w * f * n), measured=False, element_formula=part))
+                              times=1, bytes=int(w * moved), measured=host is not None, element_formula=part))
         return out
     if activations is None:
         return out
@@ -212,7 +274,8 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
         per = block_bytes(model, plan, saved_mode(plan))
         total = sum(c * per[i](env) for i, c in held)
         acts = (total, lambda: sympy.expand(sum(c * per[i].expr for i, c in counted).xreplace({MICRO_BATCH: b_sym})))
-    return copies(model, plan, params_rank, experts_rank, params, experts, acts)
+    host = host_elements(model, plan, env, nb) if plan.offload == "optimizer" and fraction(plan) > 0 else None
+    return copies(model, plan, params_rank, experts_rank, params, experts, acts, host)
 
 
 def activation_bytes(model, plan, env, held) -> tuple:

@@ -39,8 +39,8 @@ ZERO1 = dict(axes=(("dp", 2),), data_parallel="zero1")
 
 @pytest.fixture(scope="module")
 def half_zero1(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("half"), "optimizer_half_zero1", 2, **ZERO1, offload="optimizer",
-                offload_fraction=0.5)
+    return _run(tmp_path_factory.mktemp("half"), "optimizer_half_zero1", 2, count_bytes=True, **ZERO1,
+                offload="optimizer", offload_fraction=0.5)
 
 
 # slow tier with the two below (about 10 s each here): the CI suite keeps the pp 2 × tp 2 run, HostAdamW's steps are
@@ -58,6 +58,10 @@ def test_half_the_optimizer_on_the_host_under_zero1(reference, half_zero1):
     host, mine = (int(line.group(i).replace(",", "")) for i in (3, 4))
     assert 0.5 * mine <= host < mine
     assert all(r["offload_d2h_bytes"] == r["offload_h2d_bytes"] == 4 * host for r in run.records)
+    # the ledger's copies are those whole tensors (compiler/cost/offload.host_elements: dp rank 0's partition and
+    # prefix, computed with the runtime's functions), measured under --count-bytes with the zero1 broadcasts
+    assert {c.op: c.bytes for c in run.costs.ledger.entries if c.axis == "host"} == {"d2h": 4 * host, "h2d": 4 * host}
+    assert run.measured == run.predicted and run.measured["h2d/host"] == 4 * host, (run.measured, run.predicted)
 
 
 @pytest.mark.slow
