@@ -98,10 +98,13 @@ def test_optimizer_offload_fp32(gpt, f):
     assert r.peak == pytest.approx(r0.peak - 8 * f * n)
     assert r.host == pytest.approx(16 * f * n)  # moments 8 + pinned gradients 4 + the host's fp32 parameters 4
     copies = _host(got.costs)
-    assert copies["d2h"].bytes == int(4 * f * n) and copies["h2d"].bytes == int(4 * f * n)  # fp32 both ways
+    # fp32 both ways, of the whole tensors HostAdamW takes: at least f of the shard, all of it at f = 1 (which
+    # tensors: test_optimizer_offload_copies_the_runtimes_whole_tensors)
+    moved = copies["d2h"].bytes / 4
+    assert copies["h2d"].bytes == copies["d2h"].bytes and f * n <= moved <= n and (f < 1 or moved == n)
     dev = spec.cluster.device
     device_adam = n * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY)
-    chain = 8 * f * n / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
+    chain = 8 * moved / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
     pred, pred0 = got.costs.step, base.costs.step
     assert pred0.optimizer_s == pytest.approx(device_adam)
     assert pred.optimizer_s == pytest.approx(max((1 - f) * device_adam, chain))
@@ -286,10 +289,12 @@ def test_the_70b_sample_fits_16_h100_only_with_optimizer_offload(llama70):
         assert r.host == pytest.approx(16 * f * n)  # master 4 + moments 8 + pinned fp32 gradients 4
     n = got.costs.params_rank
     copies = _host(got.costs)
-    assert copies["d2h"].bytes == int(4 * f * n)  # fp32 main gradients down
-    assert copies["h2d"].bytes == int(2 * f * n)  # the bf16 weights the host updated, up
+    # fp32 main gradients down, the bf16 weights the host updated up: of the whole tensors HostAdamW takes, the
+    # ≥2-D ones first (the embedding, then each block's seven matrices) until half the rank's elements
+    moved = copies["d2h"].bytes / 4
+    assert copies["h2d"].bytes == 2 * moved and f * n <= moved < f * n + 8192 * 28672 / 8  # an MLP matrix at most
     dev = spec.cluster.device
-    chain = 6 * f * n / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
+    chain = 6 * moved / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
     device_adam = n * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY)
     rank0 = got.costs.step.ranks[0]
     assert rank0.tail_s == pytest.approx(max((1 - f) * device_adam, chain))
