@@ -8,14 +8,18 @@ What each setting moves, per rank (n: the parameters of the rank's optimizer sha
   --optimizer-offload-fraction`): f·n of the optimizer's state (the fp32 master where the optimizer keeps one, and
   AdamW's two moments) lies on the host, beside two pinned fp32 buffers of the same f·n elements: the gradients
   copied down and, where the optimizer keeps no master (fp32 programs, FSDP2's sharded fp32 parameter), the
-  parameters the host steps. Each step: f·n gradients device -> host (G bytes, or 4 for FSDP2's main gradient),
-  the host's AdamW over them, f·n updated parameters host -> device (in the device parameter's dtype: the bf16
-  compute copy under ddp and zero1, the fp32 sharded parameter under FSDP2 and fp32).
+  parameters the host steps. Each step: the gradients of the host's share device -> host (G bytes, or 4 for FSDP2's
+  main gradient), the host's AdamW over them, the updated parameters host -> device (in the device parameter's
+  dtype: the bf16 compute copy under ddp and zero1, the fp32 sharded parameter under FSDP2 and fp32). The copies
+  are of the whole tensors runtime.offload.HostAdamW takes (`host_elements`: at least f·n), so the runtime's
+  counts equal the ledger's (measured); the rows and the host's AdamW are priced at f·n.
 - `params`, FSDP2's CPUOffloadPolicy (fsdp only): the sharded parameters, gradients and optimizer state on the host;
   each unit's shard copied to the device before each of its all-gathers (the ledger's gathers: forward and backward
   of every micro-batch), its gradient shard copied back after each reduce-scatter, the optimizer step on the host.
 - `activations(modules = [...])`: what the named block modules save for their backward goes to the host in forward
   (a pack hook) and comes back in backward; the device keeps the blocks in flight of a copy (`WINDOW_BLOCKS`).
+  The copies are per save, as the hook packs (a tensor two ops save crosses twice; measured), the device relieved
+  of each storage once (`block_parts`).
 
 How the step overlaps them (`host_tail`, `activation_exposed`):
 - optimizer: the host's chain (gradients down, AdamW on the host, parameters up) runs while the device steps the
