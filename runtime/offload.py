@@ -85,14 +85,18 @@ def _count(direction: str, kind: str, t: torch.Tensor) -> None:
 def host_share(params: list, fraction: float) -> set:
     """The parameters whose optimizer state goes to the host: the shortest prefix of `params` holding at least
     `fraction` of their elements (whole tensors). Every rank holding the same list computes the same."""
-    total = sum(p.numel() for p in params)
-    want, held, out = fraction * total, 0, set()
-    for p in params:
+    return set(params[:host_prefix([p.numel() for p in params], fraction)])
+
+
+def host_prefix(sizes: list, fraction: float) -> int:
+    """How many of the parameters of element counts `sizes` (in order) `host_share` takes (the compiler's ledger
+    computes the same: compiler/cost/offload.py `host_elements`)."""
+    want, held, k = fraction * sum(sizes), 0, 0
+    for n in sizes:
         if held >= want:
             break
-        out.add(p)
-        held += p.numel()
-    return out
+        held, k = held + n, k + 1
+    return k
 
 
 def _partition(params: list, n: int) -> list[int]:

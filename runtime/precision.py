@@ -250,10 +250,16 @@ class MainGrads:
 def partition(params: list, n: int) -> list[int]:
     """ZeRO's partition by whole parameters: each parameter, largest first, to the least loaded of `n` ranks (ties
     to the lower rank); the owner of each parameter, in `params`' order. Every rank computes the same."""
-    load, owner = [0] * n, [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: (-params[i].numel(), i)):
+    return partition_sizes([p.numel() for p in params], n)
+
+
+def partition_sizes(sizes: list, n: int) -> list[int]:
+    """`partition` over the parameters' element counts (the compiler's ledger computes the same split:
+    compiler/cost/offload.py `host_elements`)."""
+    load, owner = [0] * n, [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(n), key=lambda r: (load[r], r))
-        owner[i], load[r] = r, load[r] + params[i].numel()
+        owner[i], load[r] = r, load[r] + sizes[i]
     return owner
 
 

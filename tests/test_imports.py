@@ -28,6 +28,9 @@ ALLOWED = {
                        "(collectives, MoE, rotary) themselves",
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",
+    "compiler/cost/offload.py": "prices the optimizer's host share as runtime.offload.HostAdamW takes it, with its "
+                                "own functions (runtime.precision.partition_sizes, runtime.offload.host_prefix), and "
+                                "finds the runtime's Repeat in the traced graph (the parameters' order)",
     "compiler/export.py": "writes a checkpoint under the names runtime.hf reads back (one mapping, both ways)",
     "compiler/datasets.py": "`scalec data` writes its datasets with runtime.indexed, the reader the runtime uses "
                             "(one format, both ways)",

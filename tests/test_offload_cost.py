@@ -23,6 +23,7 @@ from compiler.cost.step_time import ADAMW_BYTES_PER_PARAM, CLIP_BYTES_PER_PARAM
 from compiler.layout import state as ST
 from compiler.pipeline import compile_spec
 from compiler.report.plan import plan_json, plan_text
+from tests.e2e.runner import with_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "llama3_70b_offload.scale"
@@ -97,15 +98,72 @@ def test_optimizer_offload_fp32(gpt, f):
     assert r.peak == pytest.approx(r0.peak - 8 * f * n)
     assert r.host == pytest.approx(16 * f * n)  # moments 8 + pinned gradients 4 + the host's fp32 parameters 4
     copies = _host(got.costs)
-    assert copies["d2h"].bytes == int(4 * f * n) and copies["h2d"].bytes == int(4 * f * n)  # fp32 both ways
+    # fp32 both ways, of the whole tensors HostAdamW takes: at least f of the shard, all of it at f = 1 (which
+    # tensors: test_optimizer_offload_copies_the_runtimes_whole_tensors)
+    moved = copies["d2h"].bytes / 4
+    assert copies["h2d"].bytes == copies["d2h"].bytes and f * n <= moved <= n and (f < 1 or moved == n)
     dev = spec.cluster.device
     device_adam = n * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY)
-    chain = 8 * f * n / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
+    chain = 8 * moved / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
     pred, pred0 = got.costs.step, base.costs.step
     assert pred0.optimizer_s == pytest.approx(device_adam)
     assert pred.optimizer_s == pytest.approx(max((1 - f) * device_adam, chain))
     assert pred.host_step_s == pytest.approx(f * n / dev.host_adam_params_per_s)
     assert pred.step_time_s - pred0.step_time_s == pytest.approx(pred.optimizer_s - pred0.optimizer_s)
+
+
+OPTIMIZER_CASES = {
+    # name: (sample, plan fields, the module the ledger's rank holds: the whole Model, or pp rank 0's Stage(0))
+    "dp2_ddp": ("gpt_dp.scale", {}, None),
+    "dp2_zero1": ("gpt_dp.scale", {"data_parallel": "zero1"}, None),
+    "pp2_tp2": ("gpt_3d.scale", {"axes": (("dp", 1), ("pp", 2), ("tp", 2))}, 0),
+    "dp2_zero1_pp2": ("gpt_3d.scale", {"axes": (("dp", 2), ("pp", 2), ("tp", 1)), "data_parallel": "zero1"}, 0),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("f", [0.3, 0.5, 1.0])
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+def test_optimizer_offload_copies_the_runtimes_whole_tensors(tmp_path, case, f, precision):
+    """The ledger's optimizer copies are the parameters runtime.offload.HostAdamW puts on the host, whole tensors
+    (not f of the shard): on the generated program's own module (the ledger's rank: the model, or pp rank 0's
+    stage, tp-sharded as built), HostAdamW over the runtime's param groups without zero1 (one process, no group:
+    every parameter is the rank's), and under zero1 the runtime's partition of the same list (dp rank 0's, as
+    HostAdamW computes it) and its prefix. Bytes: fp32 gradients down (bf16: its fp32 main gradients) and the
+    parameters back in their dtype; an fp32 step measured through runtime.offload's counts."""
+    import torch
+
+    from runtime import offload, precision as PR
+    sample, fields, stage = OPTIMIZER_CASES[case]
+    text = (ROOT / "samples" / sample).read_text().replace("precision    = fp32", f"precision    = {precision}")
+    world = {"gpt_dp.scale": 2, "gpt_3d.scale": 4}[sample]
+    text = with_plan(text, sample, devices_per_node=world, offload="optimizer", offload_fraction=f, **fields)
+    spec = check_text(text, sample)
+    got = compile_spec(spec)
+    host = _host(got.costs)
+    assert host["d2h"].measured and host["h2d"].measured
+    prog = _program(tmp_path, got)
+    torch.manual_seed(0)
+    module = prog.Model() if stage is None else prog.Stage(stage)
+    groups = PR.decay_groups([p for _, p in module.named_parameters()], 0.1)
+    params = [p for g in groups for p in g["params"]]
+    if got.plan.data_parallel == "zero1":
+        owner = PR.partition(params, got.plan.size("dp"))
+        chosen = offload.host_share([p for p, r in zip(params, owner) if r == 0], f)
+    else:
+        chosen = offload.HostAdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fraction=f).host
+    elements = sum(p.numel() for p in chosen)
+    assert 0 < elements and (f == 1.0 or elements < sum(p.numel() for p in params))
+    w = 2 if precision == "bf16" else 4
+    assert (host["d2h"].bytes, host["h2d"].bytes) == (4 * elements, w * elements)
+    assert int(spec.value(host["d2h"].bytes_per_step(), got.plan)) == host["d2h"].bytes  # plan.json's figure
+    if precision == "fp32" and got.plan.data_parallel != "zero1":
+        opt = offload.HostAdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fraction=f)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        offload.reset()
+        opt.step()
+        assert offload.counts() == {"d2h": host["d2h"].bytes, "h2d": host["h2d"].bytes}
 
 
 def test_parameter_offload_fsdp(gpt):
@@ -130,23 +188,64 @@ def test_parameter_offload_fsdp(gpt):
     assert pred.host_copy_s == pytest.approx(total / (calls * 7))
 
 
-def test_activation_offload(gpt):
+def _program(tmp_path, compiled):
+    """`compiled`'s generated program, imported."""
+    import importlib.util
+
+    from compiler import codegen
+    out = tmp_path / "build"
+    codegen.emit(compiled, str(out))
+    spec = importlib.util.spec_from_file_location(f"prog_{abs(hash(str(out)))}", out / "program.py")
+    prog = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prog)
+    return prog
+
+
+def _hooked_bytes(tmp_path, compiled, modules: tuple) -> int:
+    """The bytes runtime.offload's hooks copy to the host in one forward and backward of `compiled`'s generated
+    Model at its micro-batch size (every save of a chosen op, a tensor two ops save twice), measured on CPU."""
+    import torch
+
+    from runtime import offload
+    prog = _program(tmp_path, compiled)
+    torch.manual_seed(0)
+    model = prog.Model()
+    offload.install(model, modules)
+    b, cfg = compiled.plan.micro_batch_size, prog.CONFIG
+    tokens, targets = (torch.randint(0, cfg.data.vocab, (b, cfg.data.seq_len)) for _ in range(2))
+    offload.reset()
+    model(tokens, targets).backward()
+    got = offload.counts()
+    assert got["d2h"] == got["h2d"] > 0
+    return got["d2h"]
+
+
+def test_activation_offload(gpt, tmp_path):
+    """Every module: the ledger's copies are what the hooks copy, measured (each save, so a norm's output the
+    three attention projections save crosses three times); the device is relieved of each storage once (the
+    block's saved bytes, the memory model's formula, tests/test_memory.py) and the host holds the copies."""
     spec, base, with_ = gpt
     got = with_(offload="activations")
     block = next(iter(base.traced.blocks.values()))
     env = env_of(got.plan)
     per = Formula(A.block_saved_bytes(block, "fp32", "cpu"), base.model.formulas.sub)(env)
     layers, m = 6, got.plan.micro_batches
+    hooked = _hooked_bytes(tmp_path, got, ())
+    assert hooked > layers * per  # the projections' shared input, copied once per save
     copies = _host(got.costs)
-    assert copies["d2h"].bytes == copies["h2d"].bytes == int(layers * per * m)
+    assert copies["d2h"].bytes == copies["h2d"].bytes == hooked * m
+    assert copies["d2h"].measured and copies["h2d"].measured
     r0, r = base.costs.memory[0], got.costs.memory[0]
-    assert r.host == pytest.approx(layers * per)  # one micro-batch in flight
+    assert r.host == pytest.approx(hooked)  # one micro-batch in flight
     assert r.activations == pytest.approx(r0.activations - layers * per + 2 * per)  # two blocks in flight of a copy
-    # a subset: its modules' share of a block, less than the whole (the norms and the residual adds stay)
+    # a subset: its modules' share of a block, less than the whole (the norms and the residual adds stay); both
+    # named, still less (the norms' saves stay), and what the hooks copy
+    both = with_(offload="activations", offload_modules=("attention", "mlp"))
+    assert _host(both.costs)["d2h"].bytes == _hooked_bytes(tmp_path / "both", both, ("attention", "mlp")) * m
     mlp = _host(with_(offload="activations", offload_modules=("mlp",)).costs)["d2h"].bytes
     attention = _host(with_(offload="activations", offload_modules=("attention",)).costs)["d2h"].bytes
     assert 0 < mlp < copies["d2h"].bytes and 0 < attention < copies["d2h"].bytes
-    assert mlp + attention < copies["d2h"].bytes
+    assert mlp + attention == _host(both.costs)["d2h"].bytes < copies["d2h"].bytes
 
 
 def test_plan_output_under_offload(gpt):
@@ -190,10 +289,12 @@ def test_the_70b_sample_fits_16_h100_only_with_optimizer_offload(llama70):
         assert r.host == pytest.approx(16 * f * n)  # master 4 + moments 8 + pinned fp32 gradients 4
     n = got.costs.params_rank
     copies = _host(got.costs)
-    assert copies["d2h"].bytes == int(4 * f * n)  # fp32 main gradients down
-    assert copies["h2d"].bytes == int(2 * f * n)  # the bf16 weights the host updated, up
+    # fp32 main gradients down, the bf16 weights the host updated up: of the whole tensors HostAdamW takes, the
+    # ≥2-D ones first (the embedding, then each block's seven matrices) until half the rank's elements
+    moved = copies["d2h"].bytes / 4
+    assert copies["h2d"].bytes == 2 * moved and f * n <= moved < f * n + 8192 * 28672 / 8  # an MLP matrix at most
     dev = spec.cluster.device
-    chain = 6 * f * n / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
+    chain = 6 * moved / (dev.host_gbps * 1e9) + f * n / dev.host_adam_params_per_s
     device_adam = n * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM) / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY)
     rank0 = got.costs.step.ranks[0]
     assert rank0.tail_s == pytest.approx(max((1 - f) * device_adam, chain))

@@ -130,21 +130,63 @@ def attention_saved_bytes(gm, precision: str, device: str = "cuda") -> tuple:
     return sympy.expand(sum(g.saved.values(), sympy.Integer(0))), calls
 
 
+class _Saves(dict):
+    """A `_Graph`'s saved tensors that also lists every save, (key, bytes) per call: a tensor two operations keep
+    is listed twice (each is one pack of a saved-tensor hook: runtime.offload copies it twice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list = []
+
+    def __setitem__(self, key, value):
+        self.calls.append((key, value))
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, value):
+        self.calls.append((key, value))
+        return super().setdefault(key, value)
+
+
+class _Packs(_Graph):
+    """`_Graph` with every save listed (`_Saves`), a view kept counted at its own size (a piece of a split is
+    packed as the piece, not its base's storage)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.saved = _Saves()
+
+    def keep(self, node) -> None:
+        at = len(self.saved.calls)
+        super().keep(node)
+        shape = node.meta.get(T.SHAPE)
+        if isinstance(shape, tuple) and all(not isinstance(x, tuple) for x in shape):
+            self.saved.calls[at] = (self.saved.calls[at][0], self.bytes_of(node))
+
+
 def saved_by_prefix(gm, precision: str, device: str, prefixes: tuple) -> tuple:
-    """(bytes the ops whose names start with one of `prefixes` save, all the block saves) of one block `gm` without
-    recomputation, each saved storage counted for the op that first keeps it (what a saved-tensor hook around
-    those ops' module sees): offload's share of a block's activations (compiler/cost/offload.py)."""
+    """(copied, moved, every) of one block `gm` without recomputation, for a saved-tensor hook that takes what is
+    saved while a leaf whose name starts with one of `prefixes` last started (every op with `prefixes` empty;
+    runtime.offload.ActivationOffload: an op between leaves belongs to the leaf before it, the attention core to
+    the value projection, the activation function to the up projection): `copied`, the bytes of each save those
+    ops make, a tensor saved by two of them twice (the hook packs, and copies, each save); `moved`, the storages
+    only those ops keep (what leaves the device: one another op keeps stays); `every`, all the block keeps, each
+    storage once. offload's share of a block's activations (compiler/cost/offload.py)."""
     from compiler import ops as O
-    g = _Graph(gm, precision, device)
-    ours = sympy.Integer(0)
+    g = _Packs(gm, precision, device)
+    chosen, current = {}, not prefixes
+    copied = sympy.Integer(0)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
             continue
-        before = set(g.saved)
+        if node.op == "call_module" and prefixes:
+            current = str(node.target).startswith(prefixes)
+        at = len(g.saved.calls)
         O.of(node, gm).saved(g, node, list(node.args))
-        if str(node.name).startswith(prefixes):
-            ours += sum((g.saved[k] for k in set(g.saved) - before), sympy.Integer(0))
-    return sympy.expand(ours), sympy.expand(sum(g.saved.values(), sympy.Integer(0)))
+        for key, nbytes in g.saved.calls[at:]:
+            chosen[key] = chosen.get(key, True) and current
+            copied += nbytes if current else 0
+    moved = sum((b for k, b in g.saved.items() if chosen[k]), sympy.Integer(0))
+    return sympy.expand(copied), sympy.expand(moved), sympy.expand(sum(g.saved.values(), sympy.Integer(0)))
 
 
 def last_saving_node(gm):

@@ -8,14 +8,18 @@ What each setting moves, per rank (n: the parameters of the rank's optimizer sha
   --optimizer-offload-fraction`): f·n of the optimizer's state (the fp32 master where the optimizer keeps one, and
   AdamW's two moments) lies on the host, beside two pinned fp32 buffers of the same f·n elements: the gradients
   copied down and, where the optimizer keeps no master (fp32 programs, FSDP2's sharded fp32 parameter), the
-  parameters the host steps. Each step: f·n gradients device -> host (G bytes, or 4 for FSDP2's main gradient),
-  the host's AdamW over them, f·n updated parameters host -> device (in the device parameter's dtype: the bf16
-  compute copy under ddp and zero1, the fp32 sharded parameter under FSDP2 and fp32).
+  parameters the host steps. Each step: the gradients of the host's share device -> host (G bytes, or 4 for FSDP2's
+  main gradient), the host's AdamW over them, the updated parameters host -> device (in the device parameter's
+  dtype: the bf16 compute copy under ddp and zero1, the fp32 sharded parameter under FSDP2 and fp32). The copies
+  are of the whole tensors runtime.offload.HostAdamW takes (`host_elements`: at least f·n), so the runtime's
+  counts equal the ledger's (measured); the rows and the host's AdamW are priced at f·n.
 - `params`, FSDP2's CPUOffloadPolicy (fsdp only): the sharded parameters, gradients and optimizer state on the host;
   each unit's shard copied to the device before each of its all-gathers (the ledger's gathers: forward and backward
   of every micro-batch), its gradient shard copied back after each reduce-scatter, the optimizer step on the host.
 - `activations(modules = [...])`: what the named block modules save for their backward goes to the host in forward
   (a pack hook) and comes back in backward; the device keeps the blocks in flight of a copy (`WINDOW_BLOCKS`).
+  The copies are per save, as the hook packs (a tensor two ops save crosses twice; measured), the device relieved
+  of each storage once (`block_parts`).
 
 How the step overlaps them (`host_tail`, `activation_exposed`):
 - optimizer: the host's chain (gradients down, AdamW on the host, parameters up) runs while the device steps the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import sympy
 
+from compiler import trace as T
 from compiler.layout import state as ST
 
 KINDS = ("attention", "mlp")  # the block module kinds `offload_modules` names
@@ -66,13 +71,73 @@ def _shard_formula(plan, params, experts):
     return sympy.expand((params() - experts()) / sym(where[ST.DENSE][0]) + experts() / sym(where[ST.EXPERT][0]))
 
 
+# -- the optimizer's host share ------------------------------------------------------------------------------
+
+
+def _top_params(traced) -> list:
+    """The top graph's parameter names and its repeats' names, in the order the generated Model registers them
+    (the order of their first use: the embedding, the repeats, the final norm; a tied head's weight is the
+    embedding's)."""
+    from runtime.layers import Repeat
+    gm = traced.top
+    names, out = list(gm.meta[T.PARAM_SHAPES]), []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), Repeat):
+            out.append(("repeat", node.target))
+        elif node.op in ("call_module", "get_attr"):
+            out += [n for n in names if n not in out and (n == node.target or n.rsplit(".", 1)[0] == node.target)]
+    return out + [n for n in names if n not in out]
+
+
+def rank_params(model, nb) -> list:
+    """(elements Formula, dims) of each parameter the ledger's rank holds, in runtime.optimizer's order (the
+    module's, the ≥2-D ones first: precision.decay_groups): the whole model without pp (`nb` None), else pp rank
+    0's prologue and the blocks of each repeat it holds (`nb`, the ledger's)."""
+    from compiler.cost.formulas import Formula
+    fo, traced = model.formulas, model.traced
+    names = list(traced.blocks)
+    block = {name: [(p.elements, p.dims) for p in fo.param_shapes.of(("block", i))] for i, name in enumerate(names)}
+    out = []
+    if nb is None:
+        shapes = traced.top.meta[T.PARAM_SHAPES]
+        for item in _top_params(traced):
+            if isinstance(item, tuple):
+                out += block[item[1]] * fo.counts[item[1]].n
+            else:
+                shape = shapes[item]
+                out.append((Formula(sympy.Mul(*shape) if shape else sympy.Integer(1), fo.sub), len(shape)))
+    else:
+        out += [(p.elements, p.dims) for p in fo.param_shapes.of("prologue")]
+        for name in names:
+            out += block[name] * nb.get(name, 0)
+    return [x for x in out if x[1] >= 2] + [x for x in out if x[1] < 2]
+
+
+def host_elements(model, plan, env, nb) -> tuple:
+    """(elements, their formula's maker) of the parameters whose optimizer state the ledger's rank steps on the
+    host: runtime.offload.HostAdamW's choice, computed with its own functions on the rank's parameters
+    (`rank_params`): under zero1 dp rank 0's partition (runtime.precision.partition_sizes), of it the shortest
+    prefix holding `fraction` of its elements, whole tensors (runtime.offload.host_prefix)."""
+    from runtime.offload import host_prefix
+    from runtime.precision import partition_sizes
+    params = rank_params(model, nb)
+    sizes = [int(f(env)) for f, _ in params]
+    z = ST.groups(plan)[ST.DENSE][1] if plan.data_parallel == "zero1" else 1
+    owner = partition_sizes(sizes, z) if z > 1 else [0] * len(sizes)
+    mine = [i for i, r in enumerate(owner) if r == 0]
+    chosen = mine[:host_prefix([sizes[i] for i in mine], fraction(plan))]
+    return (sum(sizes[i] for i in chosen),
+            lambda: sympy.expand(sum((params[i][0].expr for i in chosen), sympy.Integer(0))))
+
+
 # -- the ledger's copies ----------------------------------------------------------------------------------------
 
 
-def copies(model, plan, params_rank, experts_rank, params, experts, activations=None) -> list:
+def copies(model, plan, params_rank, experts_rank, params, experts, activations=None, host=None) -> list:
     """The host<->device copies of one step on the rank, as ledger entries (op d2h or h2d, group "host"; per rank
     and step, bytes of all the calls). `params`, `experts`: the rank's parameters as formulas (the ledger's);
-    `activations`: (bytes per micro-batch, its formula's maker) of what the rank's blocks offload."""
+    `activations`: (bytes per micro-batch, its formula's maker) of what the rank's blocks offload; `host`:
+    (elements, their formula's maker) of the parameters the host steps (`host_elements`; f of the shard without)."""
     from compiler.cost.ledger import Collective
     if plan.offload == "none":
         return []
@@ -103,13 +168,14 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
                                   reason="parameter offload: each unit's reduce-scattered gradient shard to the host",
                                   times=syncs, bytes=int(4 * n * syncs), measured=False, element_formula=formula))
             return out
-        part = lambda: sympy.expand(share * formula())  # noqa: E731
+        # the whole tensors HostAdamW takes (`host_elements`): what runtime.offload counts, so measured
+        moved, part = host if host is not None else (f * n, lambda: sympy.expand(share * formula()))
         out.append(Collective(op="d2h", axis=HOST, dtype_bytes=g, span=span, direction="step",
                               reason=f"optimizer offload {f:.0%}: the host's share of the gradients, to its AdamW",
-                              times=1, bytes=int(g * f * n), measured=False, element_formula=part))
+                              times=1, bytes=int(g * moved), measured=host is not None, element_formula=part))
         out.append(Collective(op="h2d", axis=HOST, dtype_bytes=w, span=span, direction="step",
                               reason=f"optimizer offload {f:.0%}: the parameters the host updated, back",
-                              times=1, bytes=int(w * f * n), measured=False, element_formula=part))
+                              times=1, bytes=int(w * moved), measured=host is not None, element_formula=part))
         return out
     if activations is None:
         return out
@@ -124,7 +190,7 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
                               reason=f"activation offload: the saved activations of "
                                      f"{', '.join(plan.offload_modules) or 'every block module'} {what}, "
                                      "per micro-batch",
-                              times=m, bytes=int(per_mb * m), measured=False, element_formula=formula_of))
+                              times=m, bytes=int(per_mb * m), measured=True, element_formula=formula_of))
     return out
 
 
@@ -132,21 +198,23 @@ def copies(model, plan, params_rank, experts_rank, params, experts, activations=
 
 
 def _block_share(gm, precision: str, device: str, modules: tuple):
-    """(bytes the named modules' ops save, all the block saves) of one block without recomputation, each saved
-    storage counted for the op that first keeps it (what a pack hook around that module sees)."""
+    """(copied, moved, every) of one block without recomputation (activations.saved_by_prefix): `modules` empty,
+    every op's saves."""
     from compiler.cost import activations as A
     return A.saved_by_prefix(gm, precision, device, tuple(p for k in modules for p in PREFIXES[k]))
 
 
-def block_bytes(model, plan, mode: str) -> tuple:
-    """Per repeat (in the formulas' order), the Formula of the bytes one block offloads per micro-batch under
-    `activations(modules)` with recomputation `mode` (a SAVED_MODES key): every module (`modules` empty or naming
-    every kind): all the block keeps; a subset: what its modules' ops keep (under selective recomputation that
-    share of what the block keeps; under full recomputation the block keeps only its input, which no module
-    holds: nothing)."""
+def block_parts(model, plan, mode: str) -> tuple:
+    """Per repeat (in the formulas' order), (copied, moved): Formulas of the bytes one block's hooks copy to the host
+    per micro-batch under `activations(modules)` with recomputation `mode` (a SAVED_MODES key), and of those that
+    leave the device. Without recomputation, from each save the named modules' ops make (`_block_share`: a tensor
+    two of them save is copied twice, and leaves the device once); `modules` empty, every op's. Under selective
+    recomputation, that share of what the block keeps; under full recomputation the block keeps only its input,
+    which no module holds: all of it with `modules` empty, else nothing. (The runtime's copies are measured
+    without recomputation: tests/e2e/test_offload.py.)"""
     from compiler.cost import activations as A
     from compiler.cost.formulas import Formula
-    modules = tuple(sorted(set(plan.offload_modules) or set(KINDS)))
+    modules = tuple(sorted(set(plan.offload_modules)))
     key = ("offloaded", modules, mode)
     got = model._rank_parts.get(key)
     if got is None:
@@ -155,16 +223,21 @@ def block_bytes(model, plan, mode: str) -> tuple:
         out = []
         for gm in model.traced.blocks.values():
             whole = A.block_saved_bytes(gm, prec, device, mode)
-            if modules == KINDS:
-                expr = whole
-            elif mode == "full":
-                expr = sympy.Integer(0)
+            if mode == "full":
+                copied = moved = whole if not modules else sympy.Integer(0)
             else:
-                ours, every = _block_share(gm, prec, device, modules)
-                expr = ours if mode == "none" else sympy.expand(whole * ours / every) if every != 0 else 0
-            out.append(Formula(sympy.sympify(expr), model.formulas.sub))
+                copied, moved, every = _block_share(gm, prec, device, modules)
+                if mode != "none":
+                    share = moved / every if every != 0 else 0
+                    copied = moved = sympy.expand(whole * share)
+            out.append(tuple(Formula(sympy.sympify(e), model.formulas.sub) for e in (copied, moved)))
         got = model._rank_parts[key] = tuple(out)
     return got
+
+
+def block_bytes(model, plan, mode: str) -> tuple:
+    """Per repeat, the Formula of the bytes one block copies to the host per micro-batch (`block_parts`)."""
+    return tuple(c for c, _ in block_parts(model, plan, mode))
 
 
 def blocks_held(model, plan, env, stages) -> tuple:
@@ -205,16 +278,19 @@ def ledger_copies(model, plan, env, nb, params_rank, experts_rank, b_sym) -> lis
         per = block_bytes(model, plan, saved_mode(plan))
         total = sum(c * per[i](env) for i, c in held)
         acts = (total, lambda: sympy.expand(sum(c * per[i].expr for i, c in counted).xreplace({MICRO_BATCH: b_sym})))
-    return copies(model, plan, params_rank, experts_rank, params, experts, acts)
+    host = host_elements(model, plan, env, nb) if plan.offload == "optimizer" and fraction(plan) > 0 else None
+    return copies(model, plan, params_rank, experts_rank, params, experts, acts, host)
 
 
 def activation_bytes(model, plan, env, held) -> tuple:
-    """(bytes one micro-batch's forward offloads on the rank, one block's largest: the window's unit), at env."""
+    """(bytes one micro-batch's forward copies to the host on the rank, those of them that leave the device, one
+    block's largest of those: the window's unit), at env."""
     from compiler.cost.formulas import saved_mode
-    per = block_bytes(model, plan, saved_mode(plan))
-    total = sum(k * per[i](env) for i, k in held)
-    largest = max((per[i](env) for i, _ in held), default=0)
-    return total, largest
+    per = block_parts(model, plan, saved_mode(plan))
+    copied = sum(k * per[i][0](env) for i, k in held)
+    moved = sum(k * per[i][1](env) for i, k in held)
+    largest = max((per[i][1](env) for i, _ in held), default=0)
+    return copied, moved, largest
 
 
 def device_kept(acts: float, moved: float, largest: float) -> float:

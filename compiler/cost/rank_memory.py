@@ -276,9 +276,11 @@ def _offload_acts(model, plan, env, stages, acts: float, alive: int) -> tuple:
     if getattr(plan, "offload", "none") != "activations" or not acts:
         return acts, 0
     from compiler.cost import offload as OFF
-    per, largest = OFF.activation_bytes(model, plan, env, OFF.blocks_held(model, plan, env, stages))
+    copied, per, largest = OFF.activation_bytes(model, plan, env, OFF.blocks_held(model, plan, env, stages))
     moved = min(acts, alive * per)
-    return OFF.device_kept(acts, moved, largest), moved
+    # the host holds a copy of each save (a tensor two ops save, twice: the ledger's bytes), the device is relieved
+    # of each storage once
+    return OFF.device_kept(acts, moved, largest), moved * copied / per if per else 0
 
 
 def _segments(mine, n, of, fo) -> tuple:

@@ -26,10 +26,10 @@ def reference(tmp_path_factory):
                   nproc=1)
 
 
-def _run(tmp_path, name: str, nproc: int, **plan):
+def _run(tmp_path, name: str, nproc: int, count_bytes: bool = False, **plan):
     text = with_plan(TEXT, f"{name}.scale", devices_per_node=nproc, **plan)
     weights = tmp_path / f"{name}.weights.pt"  # the final weights, whole (runtime.faults, test-only)
-    run = launch(text, name, tmp_path, steps=STEPS, timeout=240, nproc=nproc, count_bytes=False,
+    run = launch(text, name, tmp_path, steps=STEPS, timeout=240, nproc=nproc, count_bytes=count_bytes,
                  env={"SCALEC_TEST_SAVE_WEIGHTS": str(weights)})
     return run, torch.load(weights)
 
@@ -39,8 +39,8 @@ ZERO1 = dict(axes=(("dp", 2),), data_parallel="zero1")
 
 @pytest.fixture(scope="module")
 def half_zero1(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("half"), "optimizer_half_zero1", 2, **ZERO1, offload="optimizer",
-                offload_fraction=0.5)
+    return _run(tmp_path_factory.mktemp("half"), "optimizer_half_zero1", 2, count_bytes=True, **ZERO1,
+                offload="optimizer", offload_fraction=0.5)
 
 
 # slow tier with the two below (about 10 s each here): the CI suite keeps the pp 2 × tp 2 run, HostAdamW's steps are
@@ -58,6 +58,10 @@ def test_half_the_optimizer_on_the_host_under_zero1(reference, half_zero1):
     host, mine = (int(line.group(i).replace(",", "")) for i in (3, 4))
     assert 0.5 * mine <= host < mine
     assert all(r["offload_d2h_bytes"] == r["offload_h2d_bytes"] == 4 * host for r in run.records)
+    # the ledger's copies are those whole tensors (compiler/cost/offload.host_elements: dp rank 0's partition and
+    # prefix, computed with the runtime's functions), measured under --count-bytes with the zero1 broadcasts
+    assert {c.op: c.bytes for c in run.costs.ledger.entries if c.axis == "host"} == {"d2h": 4 * host, "h2d": 4 * host}
+    assert run.measured == run.predicted and run.measured["h2d/host"] == 4 * host, (run.measured, run.predicted)
 
 
 @pytest.mark.slow
@@ -85,11 +89,17 @@ def test_parameters_on_the_host_under_fsdp(reference, tmp_path):
 def test_activations_on_the_host_under_pp2_tp2(reference, tmp_path):
     """1F1B over pp 2 × tensor + sequence parallelism over tp 2, attention's and the MLP's saved tensors copied to
     the host in each forward and back in each backward: as many bytes back as down (rank 0's, stage 0)."""
-    run, _ = _run(tmp_path, "activations_pp2_tp2", 4, axes=(("dp", 1), ("pp", 2), ("tp", 2)), offload="activations",
-               offload_modules=("attention", "mlp"))
+    run, _ = _run(tmp_path, "activations_pp2_tp2", 4, count_bytes=True, axes=(("dp", 1), ("pp", 2), ("tp", 2)),
+                  offload="activations", offload_modules=("attention", "mlp"))
     assert_same_training(run, reference)
     assert "saved activations of attention, mlp in the blocks of 1 repeat(s)" in run.output
     down, back = ([r[f"offload_{k}_bytes"] for r in run.records] for k in ("d2h", "h2d"))
     # every step alike: the first step's shape inference (runtime.pipeline), a forward no backward reads, copies
     # nothing (offload.paused)
     assert down == back == [back[0]] * STEPS and back[0] > 0, (down, back)
+    # the ledger's copies are the hooks' (compiler/cost/activations.saved_by_prefix: each save of the named
+    # modules' ops, a tensor two of them save twice; the norms' saves stay): 2,760,704 bytes each way on pp rank 0
+    # (2 blocks × 4 micro-batches), the compiled estimate being pp rank 0's (tests/e2e/runner.py)
+    assert {c.op: c.bytes for c in run.costs.ledger.entries if c.axis == "host"} == {"d2h": down[0], "h2d": back[0]}
+    # and under --count-bytes (the first step's, with every collective's): d2h/host, h2d/host as the ledger
+    assert run.measured == run.predicted and run.measured["d2h/host"] == down[0], (run.measured, run.predicted)
