@@ -64,15 +64,31 @@ def test_half_the_optimizer_on_the_host_under_zero1(reference, half_zero1):
     assert run.measured == run.predicted and run.measured["h2d/host"] == 4 * host, (run.measured, run.predicted)
 
 
+@pytest.fixture(scope="module")
+def plain_zero1(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("plain"), "zero1", 2, **ZERO1)
+
+
 @pytest.mark.slow
-def test_half_on_the_host_is_zero1_bit_for_bit(half_zero1, tmp_path):
+def test_half_on_the_host_is_zero1_bit_for_bit(half_zero1, plain_zero1):
     """The same run without offload (torch's ZeroRedundancyOptimizer): the same losses and final weights, bit for
     bit (another owner of a parameter runs the same AdamW on the same gradient)."""
-    run, weights = half_zero1
-    plain, plain_weights = _run(tmp_path, "zero1", 2, **ZERO1)
-    assert run.losses == plain.losses
-    assert weights.keys() == plain_weights.keys()
-    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+    _same_bits(half_zero1, plain_zero1)
+
+
+@pytest.mark.slow
+def test_all_on_the_host_is_zero1_bit_for_bit(plain_zero1, tmp_path):
+    """fraction = 1: every parameter of each rank's partition stepped on the host, still torch's ZeRO bit for bit
+    (fraction 0 offloads nothing: W0330 says so, tests/mistakes/offload_optimizer_fraction_zero.scale)."""
+    _same_bits(_run(tmp_path, "optimizer_all_zero1", 2, **ZERO1, offload="optimizer", offload_fraction=1.0),
+               plain_zero1)
+
+
+def _same_bits(got, plain):
+    (run, weights), (ref, ref_weights) = got, plain
+    assert run.losses == ref.losses
+    assert weights.keys() == ref_weights.keys()
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in weights)
 
 
 # slow tier: 9 s here; the policy is FSDP2's own (torch's tests), the plan's refusals and contract are
