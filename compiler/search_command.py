@@ -73,8 +73,10 @@ def cmd_search(args) -> int:
     elif args.nodes is not None:
         spec = spec.on(dataclasses.replace(spec.cluster, nodes=args.nodes))
     from compiler.search import precision as PR
-    if fixed.get("precision") == "fp8" and spec.train.fp8 is None and (why := PR.refusal(spec)):
-        sys.stderr.write(f"error: --fix precision=fp8: {why}\n")
+    try:
+        PR.variants(spec, fixed.get("precision"))  # a precision the search cannot give this file
+    except SE.FixError as err:
+        sys.stderr.write(f"error: {err}\n")
         return 2
     per = spec.cluster.devices_per_node
     if max_devices is not None and max_devices < per:

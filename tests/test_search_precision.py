@@ -102,6 +102,8 @@ def test_a_file_that_cannot_gain_is_searched_once(monkeypatch):
     assert len(made) == 1 and w.fp8 is None
     assert w.reasons[-1].startswith("precision fp32, as written; fp8 not searched: the file trains in fp32; fp8 "
                                     "computes in bf16, another numerics class")
+    with pytest.raises(SE.FixError, match="trains in fp32, which the search does not change"):
+        SE.search(fp32, top=1, fixed={**FSDP8, "precision": "bf16"})
 
 
 def test_a_written_fp8_is_kept_unless_fixed_to_bf16(monkeypatch):

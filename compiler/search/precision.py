@@ -38,6 +38,9 @@ def variants(spec: S.Spec, fixed: str | None) -> tuple:
     """(the spec searched, the fp8 spec searched beside it or None, whether the first changes the file's
     precision) under `--fix precision=fixed` (None: not fixed). FixError where fp8 is fixed and cannot be had."""
     written = spec.train.fp8
+    if fixed is not None and spec.train.precision != "bf16":
+        raise FixError(f"--fix precision={fixed}: the file trains in {spec.train.precision}, which the search does "
+                       f"not change (another numerics class): write `precision = {fixed}` in the file instead")
     if fixed == "bf16":
         return (with_fp8(spec, None), None, True) if written is not None else (spec, None, False)
     if written is not None:
