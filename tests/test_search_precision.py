@@ -115,3 +115,22 @@ def test_a_written_fp8_is_kept_unless_fixed_to_bf16(monkeypatch):
     (w,) = SE.search(spec, top=1, fixed={**FSDP8, "precision": "bf16"}).winners
     assert w.fp8 is None and w.precision_changed
     assert "precision    = bf16" in SE.scale_text(spec, w)
+
+
+def test_fp8_winners_cost_as_their_own_plan_does():
+    """FP8's linears are read from the sharded modules, whose features are tp's shard: a search shares one pass
+    structure between tp degrees, so under fp8 each degree has its own (candidates.py), and every winner's step
+    time is the one a fresh cost model gives its plan (`plan` on its file). Without that, tp 8 was costed with tp
+    2's matmuls: llama3_70b's search put a 19.3 s plan at 9.41 s."""
+    from compiler.candidates import Candidates
+    from compiler.cost.step_time import Simulator
+    spec = _llama8b()
+    s8 = PR.with_fp8(spec, PR.SEARCHED)
+    result = SE.search(spec, top=4, fixed={"pp": 1, "cp": 1, "data_parallel": "fsdp", "recompute": "full",
+                                            "micro_batches": 8, "precision": "fp8"})
+    assert len({w.plan.size("tp") for w in result.winners}) > 2
+    for w in result.winners:
+        c = Candidates(s8)
+        d = c.decide(w.plan)
+        fresh = Simulator(s8.cluster).predict(c.cost_model(d), d, c.estimate(d)).step_time_s
+        assert w.prediction.step_time_s == pytest.approx(fresh, rel=1e-9), w.plan.describe()
