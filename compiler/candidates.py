@@ -66,6 +66,10 @@ class Candidates:
 
     def _structure(self, plan: P.Plan) -> _Structure:
         key = structure(plan, self._cp_bound)
+        if self.spec.train.fp8 is not None:
+            # FP8's linears are read from the sharded modules, whose features are the lowering plan's tp shard
+            # (compiler/cost/fp8.py `chosen`: the filter and the matmul sizes): one structure per tp degree
+            key += (plan.size("tp"),)
         got = self._structures.get(key)
         if got is None:
             from compiler import cost as C

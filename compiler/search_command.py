@@ -32,7 +32,7 @@ def add(sub, positive_int) -> None:
     c.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                    help="fix a setting (repeatable; one value per key): dp, tp, pp, ep, cp, virtual_stages, "
                         "micro_batches, micro_batch_size, schedule, sequence_parallel, recompute, data_parallel, "
-                        "fsdp_grad_sync, context_parallel, dispatch")
+                        "fsdp_grad_sync, context_parallel, dispatch, offload, precision (bf16 or fp8)")
     c.add_argument("-o", "--output", metavar="BEST.scale",
                    help="write the fastest plan as a complete .scale file (FILE's other sections kept as written)")
     c.add_argument("--headroom", type=_headroom, default=None, metavar="SHARE",
@@ -72,6 +72,12 @@ def cmd_search(args) -> int:
         sys.stderr.write(f"warning: --nodes {args.nodes} is the mesh's own node count: it changes nothing\n")
     elif args.nodes is not None:
         spec = spec.on(dataclasses.replace(spec.cluster, nodes=args.nodes))
+    from compiler.search import precision as PR
+    try:
+        PR.variants(spec, fixed.get("precision"))  # a precision the search cannot give this file
+    except SE.FixError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     per = spec.cluster.devices_per_node
     if max_devices is not None and max_devices < per:
         sys.stderr.write(f"error: --max-devices {max_devices} is less than one node ({per} devices per node, "

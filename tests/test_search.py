@@ -286,7 +286,9 @@ def _llama8b_text(*edits) -> str:
     return text
 
 
-FSDP8 = {"dp": 8, "tp": 1, "pp": 1, "data_parallel": "fsdp", "micro_batches": 8, "recompute": "full"}
+# bf16 fixed: the figures below are bf16's (on h100 the search tries fp8 too: tests/test_search_precision.py)
+FSDP8 = {"dp": 8, "tp": 1, "pp": 1, "data_parallel": "fsdp", "micro_batches": 8, "recompute": "full",
+         "precision": "bf16"}
 
 
 def test_search_costs_both_fsdp_grad_syncs_and_shows_its_choice():

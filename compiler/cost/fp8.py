@@ -150,18 +150,22 @@ def per_block(compiled) -> dict:
             for name, xs in linears(compiled.traced, compiled.spec.train.fp8).items()}
 
 
+def chosen_count(traced, counts: dict, fp8) -> tuple[int, int]:
+    """(linears `fp8` chooses, every linear of the blocks) over the whole model: `counts` is each repeat's block
+    count. Every linear counts, the row-parallel ones under tp too (their matmuls run as F.linear, in bf16)."""
+    total = sum(counts[name] * sum(1 for m in gm.modules() if type(m) is nn.Linear)
+                for name, gm in traced.blocks.items())
+    return sum(counts[name] * len(xs) for name, xs in linears(traced, fp8).items()), total
+
+
 def describe(compiled) -> list[str]:
     """`plan`'s lines on fp8: the linears chosen of the blocks', and what they save and cost per block."""
     fp8 = compiled.spec.train.fp8
     if fp8 is None:
         return []
     traced, cm, dev = compiled.traced, compiled.model, compiled.spec.cluster.device
-    counts = {name: c.n for name, c in cm.formulas.counts.items()}
-    # every linear of the blocks, the row-parallel ones under tp too (their matmuls run as F.linear, in bf16)
-    total = sum(counts[name] * sum(1 for m in gm.modules() if type(m) is nn.Linear)
-                for name, gm in traced.blocks.items())
+    chosen_n, total = chosen_count(traced, {name: c.n for name, c in cm.formulas.counts.items()}, fp8)
     per = linears(traced, fp8)
-    chosen_n = sum(counts[name] * len(xs) for name, xs in per.items())
     name = max(per, key=lambda k: len(per[k]))
     saved, casts = per_block(compiled)[name]
     rate = (f"{FP8_SPEEDUP[dev.kind]:g}× bf16's matmul rate on {dev.kind}" if dev.kind in FP8_SPEEDUP else

@@ -58,3 +58,19 @@ def merge(padded: Result, grouped: Result, top: int, one_shape: bool) -> Result:
                   padded.headroom)
 
 
+
+
+def dispatched(search_class, spec: S.Spec, top: int, fixed: dict, dispatch: str | None, cands, headroom) -> Result:
+    """One search of `spec` (prune.search runs one per precision): where it has a dropless `moe` of padded dispatch
+    that `--fix dispatch` leaves free, grouped dispatch's too, merged; only grouped's under `--fix
+    dispatch=grouped`."""
+    from compiler.search.offloaded import run
+    grouped = grouped_dispatch(spec) if dispatch != "padded" else None
+    if grouped is None:
+        return run(search_class, spec, top, fixed, cands, headroom)
+    if dispatch == "grouped":
+        result = run(search_class, grouped, top, fixed, None, headroom)
+        result.winners = [replace(w, dispatch="grouped") for w in result.winners]
+        return result
+    return merge(run(search_class, spec, top, fixed, cands, headroom),
+                 run(search_class, grouped, top, fixed, None, headroom), top, every_axis_fixed(fixed, spec))

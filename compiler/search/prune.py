@@ -74,9 +74,10 @@ from compiler import plan as P
 from compiler import spec as S
 from compiler.rules import per_shape
 from compiler.rules.tensor_parallel import VOCAB
+from compiler.search import precision as PR
 from compiler.search import report as R
 from compiler.search.bounds import Bounds
-from compiler.search.dispatch import every_axis_fixed, grouped_dispatch, merge
+from compiler.search.dispatch import dispatched, every_axis_fixed
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
 from compiler.search.tally import Tally
@@ -554,23 +555,36 @@ def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, he
     MoE dispatch is an implementation choice like the others where it changes no result: a dropless `moe` written
     with padded dispatch (the default) is also searched with `dispatch = grouped` (the same routing and outputs,
     the rows sorted by expert instead of a slot per token for every expert), unless `--fix dispatch=...` says
-    which; the winners of both are ranked together, each saying which dispatch it takes and what the other costs."""
+    which; the winners of both are ranked together, each saying which dispatch it takes and what the other costs.
+    So is FP8 (compiler/search/precision.py): a bf16 file on a device with FP8 matmuls is also searched with
+    `precision = fp8(recipe = tensorwise, filter = auto)` on the same trace, unless `--fix precision=...`; a file's
+    own fp8 is kept unless `--fix precision=bf16`."""
     if cluster is not None:
         spec = spec.on(cluster)
     if cands is not None and cands.spec.cluster != spec.cluster:
         raise ValueError("search: the candidates were made for another cluster than the one searched")
     fixed = dict(fixed or {})
+    fix_precision = fixed.pop("precision", None)
+    first, fp8, changed = PR.variants(spec, fix_precision)  # FixError where --fix precision=fp8 cannot be had
     dispatch = fixed.pop("dispatch", None)
-    grouped = grouped_dispatch(spec) if dispatch != "padded" else None
-    from compiler.search.offloaded import run
-    if grouped is None:
-        result = run(Search, spec, top, fixed, cands, headroom)
-    elif dispatch == "grouped":
-        result = run(Search, grouped, top, fixed, None, headroom)
-        result.winners = [replace(w, dispatch="grouped") for w in result.winners]
+    if first is not spec and cands is not None:  # another precision: the same trace, other costs
+        from compiler.candidates import Candidates
+        cands = Candidates(first, unsharded=cands.unsharded)
+    if fp8 is None:
+        result = PR.mark(dispatched(Search, first, top, fixed, dispatch, cands, headroom), first.train.fp8, changed)
+        note = PR.note(spec)
+        if note:
+            result.winners = [replace(w, reasons=tuple(w.reasons) + (note,)) for w in result.winners]
     else:
-        result = merge(run(Search, spec, top, fixed, cands, headroom),
-                       run(Search, grouped, top, fixed, None, headroom), top, every_axis_fixed(fixed, spec))
+        from compiler.candidates import Candidates
+        cands = cands or Candidates(spec)
+        cands8 = Candidates(fp8, unsharded=cands.unsharded)  # the same trace: fp8 changes no graph, only costs
+        result = PR.merge(dispatched(Search, spec, top, fixed, dispatch, cands, headroom),
+                          dispatched(Search, fp8, top, fixed, dispatch, cands8, headroom), top,
+                          every_axis_fixed(fixed, spec), cands8)
     if dispatch is not None:
         result.fixed = {**result.fixed, "dispatch": dispatch}
+    if fix_precision is not None:
+        result.fixed = {**result.fixed, "precision": fix_precision}
     return result
+

@@ -295,7 +295,8 @@ def to_json(result: Result) -> dict:
         "winners": [{"rank": i, "plan": w.plan.to_json(spec.cluster), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
                      "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons),
-                     "dispatch": w.dispatch}
+                     "dispatch": w.dispatch,
+                     "fp8": None if w.fp8 is None else {"recipe": w.fp8.recipe, "filter": w.fp8.filter}}
                     for i, w in enumerate(result.winners, 1)],
         "rejected": list(result.rejected),
         "counts": result.counts.as_json(),
@@ -320,6 +321,10 @@ def scale_text(spec: S.Spec, winner: Winner, chosen: str | None = None) -> str:
         source = grouped_source(spec)
         header += ("# Its dropless `moe` layers dispatched grouped (`dispatch = grouped`: the rows sorted by expert), "
                    "where the file's were padded.\n")
+    if winner.precision_changed:  # the search's precision (compiler/search/precision.py), not the file's
+        from compiler.search import precision as PR
+        source = PR.source(source, spec, winner.fp8)
+        header += f"# Its precision {PR.text(winner.fp8)}, where the file's was {PR.text(spec.train.fp8)}.\n"
     return scale_printer.scale_file(winner.plan, spec.cluster, source, parse(source, spec.path), header)
 
 

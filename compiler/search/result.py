@@ -15,6 +15,8 @@ class Winner:
     estimate: object        # cost.Estimate (pp rank 0; `.memory` every rank kind)
     reasons: tuple          # one short line each, from the figures
     dispatch: str | None = None  # "grouped" where the search changed the file's dropless padded `moe` layers
+    fp8: S.FP8 | None = None     # the `precision = fp8(...)` it trains with (None: bf16 or fp32 alone)
+    precision_changed: bool = False  # whether that is the search's choice (search/precision.py), not the file's
 
     @property
     def peak_bytes(self) -> float:

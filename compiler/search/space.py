@@ -2,7 +2,8 @@
 variants) it enumerates. compiler/search/prune.py walks it; nothing here costs or checks a plan.
 
 What is fixed and what is free. The model and the `train` section (global batch, sequence length, precision) are
-fixed; so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures (`Spec.cluster`, or
+fixed, but for FP8 (a bf16 file on a device with FP8 matmuls is searched with `precision = fp8(...)` too:
+compiler/search/precision.py); so is the cluster: the mesh block's `nodes`, `devices_per_node`, `device` and its figures (`Spec.cluster`, or
 the one `search(spec, cluster=...)` is given). Everything else
 is free: the axis sizes dp, tp, pp, cp (with its attention variant, `context_parallel`) and (for a model with
 `moe` layers) ep, the pipeline schedule and its virtual
@@ -34,9 +35,10 @@ from runtime import choices  # torch-free
 # Keys `--fix` accepts, with their type; the values a choice takes come from the checker's own tables.
 FIX_KEYS = ("dp", "tp", "pp", "ep", "cp", "virtual_stages", "micro_batches", "micro_batch_size", "schedule",
             "sequence_parallel", "recompute", "data_parallel", "fsdp_grad_sync", "context_parallel", "dispatch",
-            "offload")
+            "offload", "precision")
 OFFLOADS = ("none", "optimizer", "params", "activations")  # --fix offload=...: which offload the search may try
 OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer offload's fractions, least first (the first that fits wins)
+PRECISIONS = ("bf16", "fp8")  # --fix precision=...: bf16 alone, or fp8 (the file's, or search/precision.py's)
 DISPATCH = ("padded", "grouped")  # a dropless `moe`'s dispatch: the search tries both unless fixed (prune.search)
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
 DP_MODES = choices.DATA_PARALLEL
@@ -74,7 +76,7 @@ def parse_fixes(items) -> dict:
         else:
             choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "data_parallel": DP_MODES,
                        "fsdp_grad_sync": GRAD_SYNCS, "context_parallel": CONTEXT_PARALLEL, "dispatch": DISPATCH,
-                       "offload": OFFLOADS}[key]
+                       "offload": OFFLOADS, "precision": PRECISIONS}[key]
             if value not in choices:
                 raise FixError(f"--fix {item!r}: {key} takes one of {', '.join(choices)}")
             out[key] = value
