@@ -31,9 +31,9 @@ PLACES = {
     "compiler/layers/__init__.py": (EVERY, "the vocabulary: KINDS lists every kind's module"),
     "compiler/spec.py": (EVERY, "imports each kind's resolved class for the Spec's readers (Model's roles, walk)"),
     "compiler/check.py": (EVERY - {"norm", "mla"}, "the model section's structure (roles in order, once each)"),
-    "compiler/lints.py": ({"attention", "embedding", "mla", "moe", "positional"},
+    "compiler/lints.py": ({"attention", "embedding", "mla", "mlp", "moe", "positional"},
                           "the lints across layers and settings (a window longer than the sequence, a dropped choice "
-                          "outside a residual, tp placement by kind)"),
+                          "outside a residual, tp placement by kind, offload's modules by kind)"),
     "compiler/file_checks.py": ({"attention", "mla"}, "packed documents refuse mla, windowed and soft-capped "
                                                       "attention"),
     "compiler/language.py": ({"moe"}, "the names of the size symbols bound for each moe (its capacity per sequence)"),
@@ -60,7 +60,8 @@ PLACES = {
     "compiler/rules/expert_parallel.py": ({"moe"}, "ep must divide the experts"),
     "compiler/passes/pipeline_split.py": ({"cross_entropy"}, "the loss ends the last stage"),
     "compiler/rules/__init__.py": ({"positional"}, "learned positions bound the sequence length"),
-    "compiler/cost/__init__.py": ({"attention"}, "attention's FLOPs by its head width"),
+    "compiler/cost/ledger_parts.py": ({"attention"}, "why tp leaves gradients partial: attention's per-head q/k "
+                                                     "norms"),
     "compiler/cost/memory.py": ({"moe"}, "the experts' weights apart from the dense ones"),
     "compiler/report/plan.py": ({"moe"}, "prints the experts' capacity and empty slots"),
     "compiler/cost/structures.py": ({"moe"}, "a moe's capacity divides by cp in the lowered graph: its cp sizes "
