@@ -34,6 +34,8 @@ MAY_NAME_OPS = {
     "compiler/passes/": "the passes' policies recognise what they shard, and the passes insert the collectives they "
                         "name",
     "compiler/codegen/": "writes the import of runtime.layers.Bias where the program uses it",
+    "compiler/cost/fp8.py": "torchao converts a block's nn.Linear modules by their type (runtime/fp8.py): the model "
+                            "counts the same modules",
 }
 # FX's tuple indexing: how a graph takes the parts of a tuple result (naming them), not an op of the model.
 STRUCTURE = {"operator.getitem"}
