@@ -33,7 +33,6 @@ import collections
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from runtime import choices, precision
@@ -99,11 +98,6 @@ def host_prefix(sizes: list, fraction: float) -> int:
     return k
 
 
-def _partition(params: list, n: int) -> list[int]:
-    from runtime.precision import partition  # ZeRO's partition by whole parameters (bf16 zero1's)
-    return partition(params, n)
-
-
 class HostAdamW(torch.optim.Optimizer):
     """AdamW with `fraction` of this rank's state on the host (module docstring). `state[p]` holds `exp_avg`,
     `exp_avg_sq`, `step` and `master`, what AdamW steps: a copy of the parameter's fp32 value on the host for an
@@ -117,11 +111,7 @@ class HostAdamW(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
         params = [p for g in self.param_groups for p in g["params"]]
         self.shard_group = shard_group
-        n = dist.get_world_size(shard_group) if shard_group is not None else 1
-        me = dist.get_rank(shard_group) if shard_group is not None else 0
-        self.owner = dict(zip(params, _partition(params, n))) if n > 1 else {p: 0 for p in params}
-        self.by_rank = [[p for p in params if self.owner[p] == r] for r in range(n)]
-        self.src = [dist.get_global_rank(shard_group, r) for r in range(n)] if n > 1 else [0]
+        self.owner, self.by_rank, self.src, me = precision.owners(params, shard_group)
         mine = self.by_rank[me]
         self.host = host_share(mine, fraction)
         device = params[0].device if params else torch.device("cpu")

@@ -104,6 +104,17 @@ def to_compute(modules: list) -> dict:
 
 
 
+def owners(params: list, shard_group) -> tuple:
+    """zero1's ownership of `params` over `shard_group` (None: this rank owns them all): (parameter -> owning
+    rank of the group, each rank's parameters, each rank's global rank, this rank's index), by `partition`."""
+    n = dist.get_world_size(shard_group) if shard_group is not None else 1
+    me = dist.get_rank(shard_group) if shard_group is not None else 0
+    owner = dict(zip(params, partition(params, n))) if n > 1 else {p: 0 for p in params}
+    by_rank = [[p for p in params if owner[p] == r] for r in range(n)]
+    src = [dist.get_global_rank(shard_group, r) for r in range(n)] if n > 1 else [0]
+    return owner, by_rank, src, me
+
+
 @torch.no_grad()
 def broadcast_owned(by_rank: list, src: list, group) -> None:
     """zero1's publish: each owner's parameters (`by_rank[r]`, owned by global rank `src[r]`) to every rank of
@@ -276,11 +287,7 @@ class MasterAdamW(torch.optim.Optimizer):
         super().__init__(groups, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0))
         params = [p for g in self.param_groups for p in g["params"]]
         self.shard_group = shard_group
-        n = dist.get_world_size(shard_group) if shard_group is not None else 1
-        me = dist.get_rank(shard_group) if shard_group is not None else 0
-        self.owner = dict(zip(params, partition(params, n))) if n > 1 else {p: 0 for p in params}
-        self.by_rank = [[p for p in params if self.owner[p] == r] for r in range(n)]
-        self.src = [dist.get_global_rank(shard_group, r) for r in range(n)] if n > 1 else [0]
+        self.owner, self.by_rank, self.src, me = owners(params, shard_group)
         for p in self.by_rank[me]:  # eager, so checkpoints have a state to load into before any step
             # `step` on the master's device, as torch.optim.AdamW makes it for its fused kernel (which refuses a
             # CPU step beside CUDA tensors); on CPU that is where the unfused loop keeps it anyway.

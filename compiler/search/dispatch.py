@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler import spec as S
-from compiler.search.result import Counts, Result
+from compiler.search.result import Result, ranked_together
 from compiler.search.space import ORDER
 
 
@@ -31,33 +31,14 @@ def every_axis_fixed(fixed: dict, spec: S.Spec) -> bool:
 
 
 def merge(padded: Result, grouped: Result, top: int, one_shape: bool) -> Result:
-    """The winners of the file's padded dispatch and of grouped dispatch ranked together (distinct layouts, the
-    faster dispatch of each, unless every axis is fixed), each with a reason naming its dispatch and the other's
-    best; the rejected lines of the side that won; the counts and times of both runs."""
-    best = {d: min((w.prediction.step_time_s for w in r.winners), default=None)
-            for d, r in (("padded", padded), ("grouped", grouped))}
-    ranked = sorted([(w.prediction.step_time_s, 0, i, w, "padded") for i, w in enumerate(padded.winners)]
-                    + [(w.prediction.step_time_s, 1, i, w, "grouped") for i, w in enumerate(grouped.winners)],
-                    key=lambda x: x[:3])
-    winners, seen = [], set()
-    for t, _, _, w, d in ranked:
-        if not one_shape and w.plan.axes in seen:
-            continue
-        seen.add(w.plan.axes)
-        other = best["grouped" if d == "padded" else "padded"]
+    """The winners of the file's padded dispatch and of grouped dispatch ranked together (result.ranked_together),
+    each with a reason naming its dispatch and the other's best."""
+    def winner_of(w, t, other, is_grouped):
         vs = (f"{other / t:.2f}× this step time at best" if other is not None else "no plan fits with it")
         why = ("dispatch = grouped, not the file's padded (its dropless `moe`: the same result, no padded slot per "
-               f"token); padded: {vs}" if d == "grouped" else f"dispatch padded, as written; grouped: {vs}")
-        winners.append(replace(w, reasons=tuple(w.reasons) + (why,), dispatch="grouped" if d == "grouped" else None))
-        if len(winners) == top:
-            break
-    won = grouped if winners and winners[0].dispatch == "grouped" else padded
-    counts = Counts(**{k: getattr(padded.counts, k) + getattr(grouped.counts, k) for k in padded.counts.__dict__})
-    timing = {k: padded.timing.get(k, 0.0) + grouped.timing.get(k, 0.0) for k in {**padded.timing, **grouped.timing}}
-    return Result(padded.spec, winners, won.rejected, counts, padded.seconds + grouped.seconds, padded.fixed, timing,
-                  padded.headroom)
-
-
+               f"token); padded: {vs}" if is_grouped else f"dispatch padded, as written; grouped: {vs}")
+        return replace(w, reasons=tuple(w.reasons) + (why,), dispatch="grouped" if is_grouped else None)
+    return ranked_together(padded, grouped, top, one_shape, winner_of)
 
 
 def dispatched(search_class, spec: S.Spec, top: int, fixed: dict, dispatch: str | None, cands, headroom) -> Result:

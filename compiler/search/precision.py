@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from compiler import spec as S
-from compiler.search.result import Counts, Result
+from compiler.search.result import Result, ranked_together
 from compiler.search.space import FixError
 
 SEARCHED = S.FP8(recipe="tensorwise", filter="auto")
@@ -88,43 +88,25 @@ def mark(result: Result, fp8, changed: bool) -> Result:
 
 
 def merge(plain: Result, fp8: Result, top: int, one_shape: bool, cands8) -> Result:
-    """The winners of the file's bf16 and of fp8 (SEARCHED) ranked together (distinct layouts, the faster
-    precision of each, unless every axis is fixed), each with a reason naming its precision and the other's best;
-    the rejected lines of the side that won; the counts and times of both runs. `cands8`: the fp8 run's
-    candidates (which linears its winners compute in FP8)."""
+    """The winners of the file's bf16 and of fp8 (SEARCHED) ranked together (result.ranked_together), each with a
+    reason naming its precision and the other's best. `cands8`: the fp8 run's candidates (which linears its
+    winners compute in FP8)."""
     from compiler.report.units import seconds
-    best = {k: min((w.prediction.step_time_s for w in r.winners), default=None)
-            for k, r in (("bf16", plain), ("fp8", fp8))}
-    ranked = sorted([(w.prediction.step_time_s, 0, i, w, "bf16") for i, w in enumerate(plain.winners)]
-                    + [(w.prediction.step_time_s, 1, i, w, "fp8") for i, w in enumerate(fp8.winners)],
-                    key=lambda x: x[:3])
-    winners, seen = [], set()
-    for t, _, _, w, k in ranked:
-        if not one_shape and w.plan.axes in seen:
-            continue
-        seen.add(w.plan.axes)
-        other = best["bf16" if k == "fp8" else "fp8"]
-        if k == "fp8":
+
+    def winner_of(w, t, other, is_fp8):
+        if is_fp8:
             chosen, total = linears(cands8, w.plan, SEARCHED)
             vs = ("no plan fits in bf16" if other is None else
                   f"{other / t:.2f}× faster than bf16 at best ({seconds(other)} → {seconds(t)})" if other > t else
                   f"bf16's best is {t / other:.2f}× faster ({seconds(other)})")
             why = f"fp8 ({SEARCHED.recipe}, {chosen} of {total} linears), not the file's bf16: {vs}"
-            winner = replace(w, reasons=tuple(w.reasons) + (why,), fp8=SEARCHED, precision_changed=True)
-        else:
-            vs = ("no plan fits with it" if other is None else
-                  f"{t / other:.2f}× faster at best ({seconds(other)})" if other < t else
-                  f"{other / t:.2f}× this step time at best ({seconds(other)})")
-            why = f"precision bf16, as written; fp8 ({SEARCHED.recipe}, filter = {SEARCHED.filter}): {vs}"
-            winner = replace(w, reasons=tuple(w.reasons) + (why,), fp8=None, precision_changed=False)
-        winners.append(winner)
-        if len(winners) == top:
-            break
-    won = fp8 if winners and winners[0].fp8 is not None else plain
-    counts = Counts(**{k: getattr(plain.counts, k) + getattr(fp8.counts, k) for k in plain.counts.__dict__})
-    timing = {k: plain.timing.get(k, 0.0) + fp8.timing.get(k, 0.0) for k in {**plain.timing, **fp8.timing}}
-    return Result(plain.spec, winners, won.rejected, counts, plain.seconds + fp8.seconds, plain.fixed, timing,
-                  plain.headroom)
+            return replace(w, reasons=tuple(w.reasons) + (why,), fp8=SEARCHED, precision_changed=True)
+        vs = ("no plan fits with it" if other is None else
+              f"{t / other:.2f}× faster at best ({seconds(other)})" if other < t else
+              f"{other / t:.2f}× this step time at best ({seconds(other)})")
+        why = f"precision bf16, as written; fp8 ({SEARCHED.recipe}, filter = {SEARCHED.filter}): {vs}"
+        return replace(w, reasons=tuple(w.reasons) + (why,), fp8=None, precision_changed=False)
+    return ranked_together(plain, fp8, top, one_shape, winner_of)
 
 
 def source(text_: str, spec: S.Spec, fp8) -> str:

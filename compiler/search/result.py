@@ -52,3 +52,29 @@ class Result:
     fixed: dict
     timing: dict = field(default_factory=dict)   # phase -> seconds
     headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
+
+
+def ranked_together(first: Result, second: Result, top: int, one_shape: bool, winner_of) -> Result:
+    """The winners of two runs of one search (the file's setting and a variant of it: MoE dispatch, precision)
+    ranked together: distinct layouts, the faster run's of each, unless every axis is fixed (`one_shape`); each
+    winner as `winner_of(winner, its step time, the other run's best step time or None, whether it is the second
+    run's)` makes it (its reason naming its run and the other's best). The rejected lines of the run whose winner
+    is first; the counts and times of both."""
+    best = [min((w.prediction.step_time_s for w in r.winners), default=None) for r in (first, second)]
+    ranked = sorted([(w.prediction.step_time_s, 0, i, w) for i, w in enumerate(first.winners)]
+                    + [(w.prediction.step_time_s, 1, i, w) for i, w in enumerate(second.winners)],
+                    key=lambda x: x[:3])
+    winners, seen, sides = [], set(), []
+    for t, side, _, w in ranked:
+        if not one_shape and w.plan.axes in seen:
+            continue
+        seen.add(w.plan.axes)
+        winners.append(winner_of(w, t, best[1 - side], side == 1))
+        sides.append(side)
+        if len(winners) == top:
+            break
+    won = second if sides and sides[0] == 1 else first
+    counts = Counts(**{k: getattr(first.counts, k) + getattr(second.counts, k) for k in first.counts.__dict__})
+    timing = {k: first.timing.get(k, 0.0) + second.timing.get(k, 0.0) for k in {**first.timing, **second.timing}}
+    return Result(first.spec, winners, won.rejected, counts, first.seconds + second.seconds, first.fixed, timing,
+                  first.headroom)
