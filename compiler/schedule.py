@@ -48,9 +48,14 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     (stage, micro-batch) tables once: the published 530B (p 35 × v 3, 280 micro-batches) and 1T (p 64, 512)
     configurations verify in a fraction of a second (bench/schedule_check.py).
 
+    The stages live where `lay` puts them (`Layout.rank_of`: looped or V-shaped); an overlapped pair
+    (`OVERLAP_F_B`) runs as its sub-actions in order, as on a CPU (on a GPU they share the time: the timing here is
+    then an upper bound); a list may mix full backwards (B) with split ones (I, then W), as dualpipev's does.
+
     Raises ScheduleError naming the rank and action on a deadlock, an unmatched send or receive, a missing,
     repeated or misplaced computation, or an action that runs before what it depends on."""
     cost = cost or COST
+    order = {r: [x for a in acts for x in a.parts] for r, acts in order.items()}
     n_stages, m, last = lay.stages, lay.m, lay.stages - 1
     _check_each_computation_once(order, lay)
 
@@ -77,7 +82,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     dur = [list(x) if isinstance(x, (list, tuple)) else [x] * n_stages
            for x in (cost.get(k, 0) for k in ("F", "B", "I", "W"))]
     coded = {r: [(_CODE_OF[a.kind], a.stage, a.mb) for a in acts] for r, acts in order.items()}
-    p = lay.p
+    home = [lay.rank_of(st) for st in range(n_stages)]
     ev_f, ev_b, ev_sf, ev_sb = events
     recv_f, recv_b = received
     work = 0
@@ -99,7 +104,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
                 need = (SENT_B, st + 1, k)
             elif c == 0:                                     # F
                 if st > 0:
-                    if (st - 1) % p == r:
+                    if home[st - 1] == r:
                         need = (FWD, st - 1, k)
                     elif not recv_f[st - 1][k]:
                         raise ScheduleError(f"rank {r}: {acts[i]} runs before its input is received "
@@ -108,7 +113,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
                 if ev_f[st][k] is None:
                     raise ScheduleError(f"rank {r}: {acts[i]} runs before {st}F{k}")
                 if st < last:
-                    if (st + 1) % p == r:
+                    if home[st + 1] == r:
                         need = (BWD, st + 1, k)
                     elif not recv_b[st + 1][k]:
                         raise ScheduleError(f"rank {r}: {acts[i]} runs before its output gradient is received "
@@ -159,10 +164,11 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
 
 def _check_each_computation_once(order: dict, lay: Layout) -> None:
     """Every computation on the rank its stage lives on, each (stage, micro-batch) forward and backward exactly
-    once."""
+    once, and a weight half (W) exactly for each input half (I), none for a full backward (B)."""
     n_stages, m = lay.stages, lay.m
     count_f = [[0] * m for _ in range(n_stages)]
     count_b = [[0] * m for _ in range(n_stages)]
+    split = [[0] * m for _ in range(n_stages)]  # +1 per I, -1 per W: 0 at the end
     for r, acts in order.items():
         for a in acts:
             if a.kind in COST and lay.rank_of(a.stage) != r:
@@ -173,6 +179,14 @@ def _check_each_computation_once(order: dict, lay: Layout) -> None:
                 table[a.stage][a.mb] += 1
                 if table[a.stage][a.mb] > 1:
                     raise ScheduleError(f"rank {r}: {a} is computed twice")
+            if a.kind in ("I", "W"):
+                split[a.stage][a.mb] += 1 if a.kind == "I" else -1
+                if split[a.stage][a.mb] < 0:
+                    raise ScheduleError(f"rank {r}: {a} has no input half {a.stage}I{a.mb} (or runs twice)")
+    for st in range(n_stages):
+        for k in range(m):
+            if split[st][k]:
+                raise ScheduleError(f"rank {lay.rank_of(st)}: {st}I{k} has no weight half {st}W{k}")
     for table, what in ((count_f, "forward"), (count_b, "backward")):
         for st in range(n_stages):
             for k in range(m):

@@ -57,8 +57,12 @@ class DataParallelMode:
         """Weights sharded over dp and gathered for each unit's forward and again for its backward: fsdp (ZeRO-3)."""
         return self.zero_stage >= 3
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipev")
 """Pipeline schedules (runtime/schedule.py builds each one's action lists)."""
+
+V_SHAPED = ("dualpipev",)
+"""The schedules whose stages fold in a V over the pp ranks (runtime.schedule.Layout's style "v"), two per rank:
+rank r holds stages r and 2·pp-1-r. The others loop: stage s on rank s mod pp."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation of each block (runtime/recompute.py)."""

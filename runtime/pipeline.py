@@ -29,7 +29,7 @@ TIED = "embed.weight"
 def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
     """Our compute order for every rank (runtime/schedule.py, the lists the compiler checked) in torch's action
     type; torch's runtime adds the sends and receives by the same rule the check assumes."""
-    lay = schedule.Layout(pp, virtual, micro_batches)
+    lay = schedule.Layout.of(name, pp, virtual, micro_batches)
     return {r: [_Action.from_str(str(a)) for a in acts]
             for r, acts in schedule.compute_order(name, lay).items()}
 
