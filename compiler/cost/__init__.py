@@ -36,7 +36,7 @@ from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's
 from compiler.cost.formulas import recompute_mode as _recompute, recompute_passes, reruns  # noqa: F401
 from compiler.cost.formulas import saved_mode as _saved_mode
 from compiler.cost.ledger_parts import BYTES, LedgerParts  # noqa: F401  (BYTES re-exported)
-from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
+from compiler.cost.memory import SPLIT_BACKWARD, ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.cost.structures import other_structure, binds_cp, structure, structure_of  # noqa: F401
 from compiler.symbols import MICRO_BATCH, size
 
@@ -191,11 +191,12 @@ class CostModel(LedgerParts):
         if fo.piped:
             layout = self.stages_for(plan, env)
             # what the rank's stages hold and compute, the same for every dp sharding and recomputation of a family
-            key = (env, tuple(layout), pp_rank)
+            lay = plan.stage_layout
+            key = (env, tuple(layout), pp_rank, lay.style)
             got = self._rank_parts.get(key)
             if got is None:
                 n = len(layout)
-                mine = range(pp_rank, n, pp)
+                mine = lay.stages_of(pp_rank)
                 # blocks of each repeat (by name) the rank's stages hold
                 nb = {name: 0 for name, _, _ in fo.edges}
                 for k in mine:
@@ -218,8 +219,9 @@ class CostModel(LedgerParts):
             if flops is None:
                 rec = fo.recompute[_recompute(plan)]
                 rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
-                flops = self._rank_parts[at] = (max(sum(per_stage[r::pp]) for r in range(pp)),
-                                                max(sum(per_stage[r::pp]) + sum(rec_stage[r::pp]) for r in range(pp)))
+                flops = self._rank_parts[at] = (max(sum(per_stage[s] for s in lay.stages_of(r)) for r in range(pp)),
+                                                max(sum(per_stage[s] + rec_stage[s] for s in lay.stages_of(r))
+                                                    for r in range(pp)))
             rank_flops, rank_hw = flops
         else:
             layout, nb, on_rank = (), None, {"all": True}
@@ -302,7 +304,7 @@ class CostModel(LedgerParts):
         if got is None:
             parts = self._saved_parts(env, _saved_mode(plan))
             kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
-            if plan.schedule == "zero-bubble":
+            if plan.schedule in SPLIT_BACKWARD:
                 wg = fo.saved.wgrad
                 parts = (wg.block, wg.prologue(env), wg.epilogue(env))
                 wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]
@@ -315,9 +317,10 @@ class CostModel(LedgerParts):
             got = self._stage_parts[key] = (kept, wgrad, peaks, params)
         kept, wgrad, peaks, params = got
         out = []
+        lay = plan.stage_layout
         for k, (lo, hi) in enumerate(layout):
             n = params[k]
-            r = k % p
+            r = lay.rank_of(k)
             alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
                              activations=kept[k] * alive.get(k, 0), pending_w=wgrad[k] * pending.get(k, 0)))

@@ -130,7 +130,7 @@ class LedgerParts:
 
     def _transfers(self, plan, env, pp_rank, entries, b_sym) -> None:
         """Stage boundaries of the stages a rank holds (pp rank r holds stages r, r + pp, ...: several under
-        interleaving): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h
+        interleaving; r and 2·pp-1-r under dualpipev): the residual stream of each micro-batch goes forward, its gradient backward (b·s·h
         elements; sequence-sharded under SP), carried by torch.distributed.pipelining's send/recv, which the
         runtime counts. The boundary sends the residual stream in its dtype: bf16 under bf16, fp32 with
         fp32_residual (runtime/precision.py)."""
@@ -141,11 +141,15 @@ class LedgerParts:
         width = A.widths(self.precision)["res"]
         span = plan.span("axis pp")
         expr = self.formulas.send_expr
-        for stage in range(pp_rank, n, plan.size("pp")):
-            for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
-                                          ("forward", "activations from the previous stage", stage > 0),
-                                          ("backward", "gradients to the previous stage", stage > 0),
-                                          ("backward", "gradients from the next stage", stage < n - 1)):
+        lay = plan.stage_layout
+        for stage in lay.stages_of(pp_rank):
+            # a neighbour on the same rank (dualpipev's two stages at the V's bottom) is no transfer
+            after = stage < n - 1 and lay.rank_of(stage + 1) != pp_rank
+            before = stage > 0 and lay.rank_of(stage - 1) != pp_rank
+            for direction, what, cond in (("forward", "activations to the next stage", after),
+                                          ("forward", "activations from the previous stage", before),
+                                          ("backward", "gradients to the previous stage", before),
+                                          ("backward", "gradients from the next stage", after)):
                 if cond:
                     entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=width, span=span,
                                               reason=f"pipeline stage {stage}: {what}, per micro-batch",

@@ -105,16 +105,23 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tu
     outputs. `weights` gives each stage's (kept bytes per micro-batch, bytes its pending W holds besides); without
     it stages weigh by their blocks. The peak is the moment the rank holds the most. For 1F1B this is p - rank
     micro-batches of the stage, for GPipe all m; interleaved, what the interleaving really keeps (for 175B on
-    8 × 3 chunks of 4 layers and 64 micro-batches, 31 chunks on rank 0: 1.29·L). Returns per rank the dict of
+    8 × 3 chunks of 4 layers and 64 micro-batches, 31 chunks on rank 0: 1.29·L); dualpipev, 2p + 1 half-size stages'
+    on rank 0 (DeepSeek's PP + 1 in a whole rank's share, PP = p: 2p of its first stage and one of its last,
+    tests/test_dualpipev_plan.py); an overlapped pair's forward is counted before its backward frees (the
+    two run side by side). Returns per rank the dict of
     micro-batches alive per stage; with `weights`, (alive, pending W) dicts."""
     kept = [w[0] for w in weights] if weights else [hi - lo for lo, hi in layout]
     extra = [w[1] for w in weights] if weights else [0] * len(layout)
     import numpy as np
+
+    from runtime.schedule import Layout
+    lay = Layout.of(schedule, p, v, m)
     out = []
     for r, (states, counts) in enumerate(_moments(schedule, p, _steady(schedule, p, m), v)):
-        # each state's load: micro-batches alive (and pending W) per stage of the rank (r, r + p, ...), weighed;
-        # the first state at the most
-        weigh = np.array(kept[r::p] + extra[r::p], dtype=np.float64)
+        # each state's load: micro-batches alive (and pending W) per stage of the rank (lay.stages_of: r, r + p,
+        # ... looped; r, 2p-1-r in a V), weighed; the first state at the most
+        mine = lay.stages_of(r)
+        weigh = np.array([kept[s] for s in mine] + [extra[s] for s in mine], dtype=np.float64)
         at = states[int(np.argmax(counts @ weigh))] if states else ((), ())
         out.append((dict(at[0]), dict(at[1])) if weights else dict(at[0]))
     return tuple(out)
@@ -123,7 +130,10 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tu
 def _steady(schedule: str, p: int, m: int) -> int:
     """The micro-batch count whose states stand for `m`'s: after a warm-up of fewer than 2p micro-batches, 1F1B,
     interleaved 1F1B and zero-bubble repeat one steady state, so every m >= 2p has the states (in the same order) of
-    m = 2p (tests/test_memory.py checks this over a grid); GPipe keeps all m and is walked whole."""
+    m = 2p (tests/test_memory.py checks this over a grid); dualpipev, which needs m >= 2p, those of m = 3p
+    (tests/test_dualpipev_plan.py); GPipe keeps all m and is walked whole."""
+    if schedule == "dualpipev":
+        return min(m, 3 * p)
     return m if schedule == "gpipe" or m <= 2 * p else 2 * p
 
 
@@ -136,16 +146,18 @@ def _moments(schedule: str, p: int, m: int, v: int) -> tuple:
     import numpy as np
 
     from compiler.schedule import Layout, compute_order
-    order = compute_order(schedule, Layout(p, v, m))
-    n_stages = p * v
+    lay = Layout.of(schedule, p, v, m)
+    order = compute_order(schedule, lay)
     out = []
     for r in range(p):
-        # the rank's stages are r, r + p, ...: counts by local index (stage // p), the state a tuple of them
+        # the rank's stages (lay.stages_of): counts by local index (stage // p in both styles), a state a tuple
+        # of them; an overlapped pair's forward, then its backward
+        mine = lay.stages_of(r)
         alive = [0] * v
         pending = [0] * v
         seen: dict = {}
         rising = False  # an F or I since the last B or W: the state before the next B or W is a local maximum
-        for a in order[r]:
+        for a in (x for act in order[r] for x in act.parts):
             kind = a.kind
             if kind == "F":
                 alive[a.stage // p] += 1
@@ -164,8 +176,8 @@ def _moments(schedule: str, p: int, m: int, v: int) -> tuple:
             seen.setdefault((tuple(alive), tuple(pending)), None)
         states, rows = [], []
         for al, pe in seen:
-            states.append((tuple((i * p + r, n) for i, n in enumerate(al) if n),
-                           tuple((i * p + r, n) for i, n in enumerate(pe) if n)))
+            states.append((tuple((mine[i], n) for i, n in enumerate(al) if n),
+                           tuple((mine[i], n) for i, n in enumerate(pe) if n)))
             rows.append(al + pe)
         out.append((tuple(states), np.array(rows, dtype=np.float64).reshape(len(rows), 2 * v)))
     return tuple(out)
@@ -265,6 +277,10 @@ class RankMemory:
                    if self.checkpoint_host is not None else {}),
                 **({"host_peak_bytes": int(self.host)} if self.host is not None else {})}
 
+
+SPLIT_BACKWARD = ("zero-bubble", "dualpipev")
+"""The schedules whose lists split backwards into an input half (I) and a weight half (W) run later (all of
+zero-bubble's; dualpipev's outside its overlapped pairs): a pending W keeps its output gradients (`pending_w`)."""
 
 PROGRESS_BYTES = 3 * 8  # runtime.checkpoint's `progress`: step, scheduler epoch, total steps (int64 scalars)
 STEP_BYTES = 4  # AdamW's `step` per parameter tensor: an fp32 scalar (torch's _get_scalar_dtype; MasterAdamW's too)

@@ -130,11 +130,12 @@ class Peaks:
         fo, layout = self.model.formulas, self.layout
         if pp_rank is None:
             return max((f(self.env) for f in fo.backward.whole), default=0)
-        key = ("bwd_ws", self.env, layout, pp_rank, self.plan.size("pp"))
+        lay = self.plan.stage_layout
+        key = ("bwd_ws", self.env, layout, pp_rank, self.plan.size("pp"), lay.style)
         got = self.model._rank_parts.get(key)
         if got is None:
             n_st = len(layout)
-            mine = range(pp_rank, n_st, self.plan.size("pp"))
+            mine = lay.stages_of(pp_rank)
             repeats = {i for k in mine for i, _ in fo.held(*layout[k])}
             ws = ([self.block_ws[i] for i in sorted(repeats)]
                   + [w for w, on in zip(self.seg_ws, (0 in mine, n_st - 1 in mine)) if on])

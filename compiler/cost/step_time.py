@@ -18,7 +18,12 @@
                    blocks' compute step by step: each step costs max(transfer, compute) (`ring_steps`).
     the pipeline   each stage's forward, backward (and under zero-bubble input- and weight-gradient) time goes into
                    the compiler's own schedule simulation (compiler/schedule.py `verify`, the lists the runtime runs):
-                   interleaving and zero-bubble are costed as they run, not by a bubble formula.
+                   interleaving and zero-bubble are costed as they run, not by a bubble formula. Under dualpipev
+                   (DeepSeek's DualPipeV: two stages per rank in a V) a forward and a backward of two micro-batches
+                   run as one overlapped pair, each side's ep and tp collectives hidden behind the other side's
+                   compute, not its own (which waits for them): a pair costs both computes plus, per side,
+                   max(0, its communication - the other side's compute) (runtime/schedule_time.py
+                   `pair_seconds`); what the pairs hide leaves the rank's busy time and its exposed ep and tp.
     the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
                    the runtime's own cost per step (measured where a device's figures say so). Under offload
                    (compiler/cost/offload.py) AdamW's part is the host's (parameters), or the slower of the device's
@@ -49,6 +54,11 @@ from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, rin
 ADAMW_BYTES_PER_PARAM = 28
 ADAMW_FOREACH_BYTES_PER_PARAM = 56  # what the runtime's AdamW moved before it was fused (reference measurements)
 CLIP_BYTES_PER_PARAM = 4
+# The collectives an overlapped pair (dualpipev's OVERLAP_F_B: one micro-batch's forward beside another's
+# backward, on two streams) hides behind its partner's compute: the experts' all-to-alls above all (DeepSeek-V3
+# report §3.2.1, what DualPipe was built for) and tensor parallelism's collectives. Not pp's sends (priced as the
+# schedule's transfers), nor ring attention's (overlapped with its own blocks already), nor dp's (after the pipeline).
+OVERLAPPED = ("ep", "tp")
 # DDP's bucket and FSDP2's prefetch depth are the Plan's (plan.ddp_bucket_bytes, plan.fsdp_prefetch): the last
 # bucket's all-reduce starts when backward ends; with a prefetch of at least one unit only the first unit's gather
 # is exposed, the others running under the previous unit's compute. Codegen writes the same two figures into the
@@ -107,6 +117,8 @@ class Piece:
     weight: float          # of which the weight gradients (zero-bubble's W)
     comm: dict             # axis -> seconds of collectives inside forward + backward
     ops: int = 0           # ops run (forward, backward, recomputation), each at least the device's op overhead
+    hideable: tuple = (0.0, 0.0)  # of forward and of backward, the seconds of collectives an overlapped partner's
+                                  # compute can hide (OVERLAPPED axes; dualpipev's pairs, `pair_seconds`)
 
 
 # -- the prediction --------------------------------------------------------------------------------------------
@@ -123,6 +135,7 @@ class RankTime:
     end_s: float           # when its step ends
     sync_s: float = 0.0    # of exposed_comm_s, the once-per-step collectives after the pipeline (dp's, sp's)
     tail_s: float = 0.0    # the optimizer and the runtime's own cost per step, after those
+    hidden_comm_s: dict = field(default_factory=dict)  # axis -> seconds its overlapped pairs hid (dualpipev)
 
     def as_json(self) -> dict:
         return {"who": self.who, "compute_s": self.compute_s, "idle_s": self.idle_s,
@@ -272,7 +285,8 @@ class Simulator:
                 for a, t in c[d].items():
                     axes[a] = axes.get(a, 0.0) + t
             ops = ot.ops + (sum(1 for op in segment.ops) if extra else 0)
-            out[key] = Piece(ot.forward + cf + df, ot.backward + cb + extra + db, ot.weight, axes, ops)
+            hide = tuple(sum(t for a, t in c[d].items() if a in OVERLAPPED) for d in ("forward", "backward"))
+            out[key] = Piece(ot.forward + cf + df, ot.backward + cb + extra + db, ot.weight, axes, ops, hide)
         return out
 
     # -- one plan ------------------------------------------------------------------------------------------------
@@ -293,7 +307,7 @@ class Simulator:
         mdl = self.model(cm)
         fo = cm.formulas
         if fo.piped:
-            ends, busy, stage_comm = self._pipeline(cm, plan, env, pieces, lk, exact, detail)
+            ends, busy, stage_comm, hid = self._pipeline(cm, plan, env, pieces, lk, exact, detail)
             ranks_end = dict(busy) if ends is None else ends
             makespan = max(ranks_end.values())
             stage_params = self._stage_params(cm, plan, env)
@@ -303,7 +317,8 @@ class Simulator:
             stage_ops = [sum(c * blocks[i].ops for i, c in fo.held(lo, hi)) + (pieces["prologue"].ops if k == 0 else 0)
                          + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
                          for k, (lo, hi) in enumerate(layout)]
-            ops = m * max(sum(stage_ops[r::pp]) for r in range(pp))
+            lay = plan.stage_layout
+            ops = m * max(sum(stage_ops[s] for s in lay.stages_of(r)) for r in range(pp))
         else:
             tops = [k for k in mdl.segments if not isinstance(k, tuple)]
             blocks = [k for k in mdl.segments if isinstance(k, tuple)]
@@ -319,6 +334,7 @@ class Simulator:
             busy = dict(ranks_end)
             makespan = ranks_end[0]
             stage_comm = {0: {a: m * t for a, t in comm.items()}}
+            hid = {}
             stage_params = {0: est.params_rank}
             last_backward = bwd
             ops = m * (sum(pieces[k].ops for k in tops) + sum(counts[k] * pieces[k].ops for k in blocks))
@@ -345,7 +361,7 @@ class Simulator:
             if plan.offload != "none":  # the host's step and the copies (compiler/cost/offload.py)
                 from compiler.cost import offload as OFF
                 # the units a copy is cut into: FSDP's (each block and the root), or the rank's blocks
-                blocks = (sum(k for s in range(r, len(layout), pp) for _, k in fo.held(*layout[s])) if fo.piped
+                blocks = (sum(k for s in lay.stages_of(r) for _, k in fo.held(*layout[s])) if fo.piped
                           else sum(c.n for c in fo.counts.values()))
                 units = blocks + 1 if plan.offload == "params" else max(blocks, 1)
                 opt, host, copies = OFF.step_part(plan, dev, est.ledger.entries, scale, stage_params[r] / shard,
@@ -354,7 +370,7 @@ class Simulator:
                     exposed["host"] = copies
             end = ranks_end[r] + sync + opt + runtime + copies
             rt = RankTime(f"pp rank {r}" if fo.piped else "every rank", busy[r], makespan - busy[r], exposed, end,
-                          sync, opt + runtime)
+                          sync, opt + runtime, hid.get(r, {}))
             ranks.append(rt)
             if worst is None or end > worst[0]:
                 worst = (end, rt, opt, host, copies)
@@ -418,18 +434,19 @@ class Simulator:
     def _stage_params(self, cm, plan, env) -> dict:
         """Each pp rank's parameters (its stages'), kept per model, sizes and layout; not to be changed."""
         layout = cm.stages_for(plan, env)
-        key = (id(cm), env, tuple(layout))  # cm held by self._models: its id is not reused
+        lay = plan.stage_layout
+        key = (id(cm), env, tuple(layout), lay.style)  # cm held by self._models: its id is not reused
         got = self._params.get(key)
         if got is None:
-            got = self._params[key] = self._stage_params_of(cm, plan, env, layout)
+            got = self._params[key] = self._stage_params_of(cm, plan, env, layout, lay)
         return got
 
-    def _stage_params_of(self, cm, plan, env, layout) -> dict:
+    def _stage_params_of(self, cm, plan, env, layout, lay) -> dict:
         pp, n = plan.size("pp"), len(layout)
         params = cm.formulas.params
         out = {}
         for r in range(pp):
-            mine = range(r, n, pp)
+            mine = lay.stages_of(r)
             fo = cm.formulas
             out[r] = (params.prologue(env) * (0 in mine) + sum(fo.within(params.block, *layout[k], env) for k in mine)
                       + params.epilogue(env) * (n - 1 in mine))
@@ -440,58 +457,98 @@ class Simulator:
         backward, {axis: seconds of its collectives}) as lists indexed by stage: its blocks, plus the first
         layers on stage 0 and the last layers and loss on the last stage. Each stage's sums are kept per pieces
         and blocks (a search's layouts share most of their stages); the lists and dicts are not to be changed."""
+        sums = self._stage_sums(cm, plan, env, pieces)
+        return [x[0] for x in sums], [x[1] for x in sums], [x[2] for x in sums], [x[3] for x in sums]
+
+    def stage_hideable(self, cm, plan, env, pieces) -> tuple:
+        """Per pipeline stage, one micro-batch's seconds of collectives inside its forward and inside its backward
+        that an overlapped partner's compute can hide (`Piece.hideable`), as two lists indexed by stage."""
+        sums = self._stage_sums(cm, plan, env, pieces)
+        return [x[4] for x in sums], [x[5] for x in sums]
+
+    def _stage_sums(self, cm, plan, env, pieces) -> list:
+        """Per stage, (forward, backward, weight part, {axis: seconds}, hideable forward, hideable backward)."""
         layout = cm.stages_for(plan, env)
         n = len(layout)
         fo = cm.formulas
         known = self._stages.setdefault(id(pieces), {})  # id: the pieces live as long as self._pieces holds them
-        f, b, w, comm = [], [], [], []
+        out = []
         for s, (lo, hi) in enumerate(layout):
             at = (lo, hi, s == 0, s == n - 1)
             got = known.get(at)
             if got is None:
-                fs = bs = ws = 0.0
+                fs = bs = ws = hf = hb = 0.0
                 cs: dict = {}
                 for i, nb in fo.held(lo, hi):
                     blk = pieces[("block", fo.edges[i][0])]
                     fs, bs, ws = fs + nb * blk.forward, bs + nb * blk.backward, ws + nb * blk.weight
+                    hf, hb = hf + nb * blk.hideable[0], hb + nb * blk.hideable[1]
                     for a, t in blk.comm.items():
                         cs[a] = cs.get(a, 0.0) + nb * t
                 extra = (["prologue"] if s == 0 else []) + (["epilogue", "loss"] if s == n - 1 else [])
                 for k in extra:
                     pc = pieces[k]
                     fs, bs, ws = fs + pc.forward, bs + pc.backward, ws + pc.weight
+                    hf, hb = hf + pc.hideable[0], hb + pc.hideable[1]
                     for a, t in pc.comm.items():
                         cs[a] = cs.get(a, 0.0) + t
-                got = known[at] = (fs, bs, ws, cs)
-            f.append(got[0])
-            b.append(got[1])
-            w.append(got[2])
-            comm.append(got[3])
-        return f, b, w, comm
+                got = known[at] = (fs, bs, ws, cs, hf, hb)
+            out.append(got)
+        return out
+
+    def _pipeline_cost(self, cm, plan, env, pieces) -> dict:
+        """The per-stage durations the schedule is timed with (runtime/schedule_time.py `timed`'s `cost`)."""
+        f, b, w, _ = self.stage_times(cm, plan, env, pieces)
+        cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
+        if plan.schedule in PAIRED:
+            cost["F_comm"], cost["B_comm"] = self.stage_hideable(cm, plan, env, pieces)
+        return cost
+
+    def hidden(self, cm, plan, env, pieces) -> dict:
+        """Per pp rank, the seconds of collectives its overlapped pairs hide in a step (`pipeline_hidden`); 0
+        under a schedule without pairs. What the rank's busy time leaves out, here and in the search's bound
+        (compiler/search/bounds.py)."""
+        pp = plan.size("pp")
+        if plan.schedule not in PAIRED:
+            return dict.fromkeys(range(pp), 0.0)
+        return pipeline_hidden(plan.schedule, pp, plan.micro_batches, plan.virtual_stages,
+                               self._pipeline_cost(cm, plan, env, pieces))
 
     def _pipeline(self, cm, plan, env, pieces, lk, exact=True, detail=True):
-        n, pp = len(cm.stages_for(plan, env)), plan.size("pp")
+        pp, m = plan.size("pp"), plan.micro_batches
+        lay = plan.stage_layout
         f, b, w, comm = self.stage_times(cm, plan, env, pieces)
-        m = plan.micro_batches
         ends = None
-        busy = {r: m * sum(f[s] + b[s] for s in range(r, n, pp)) for r in range(pp)}
+        cost = self._pipeline_cost(cm, plan, env, pieces)
+        hidden = self.hidden(cm, plan, env, pieces)  # what the overlapped pairs hide, off each rank's busy time
+        busy = {r: m * sum(f[s] + b[s] for s in lay.stages_of(r)) - hidden[r] for r in range(pp)}
         if exact:
             send = collective_s("send_recv", cm.formulas.send(env) * 4, lk["pp"])
-            cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
             ends = pipeline_ends(plan.schedule, pp, m, plan.virtual_stages, cost, send)
             # what the sends cost the step: the same schedule with instant sends
             pp_exposed = (max(ends.values()) - max(pipeline_ends(plan.schedule, pp, m, plan.virtual_stages, cost,
                                                                  0.0).values())) if send > 0 and detail else 0.0
-        stage_comm = {}
+        stage_comm, hid = {}, {}
         for r in range(pp):
             acc: dict = {}
-            for s in range(r, n, pp):
+            for s in lay.stages_of(r):
                 for a, t in comm[s].items():
                     acc[a] = acc.get(a, 0.0) + m * t
+            if hidden[r] > 0:  # the hidden seconds leave the overlapped axes' exposed time, each by its share
+                over = sum(t for a, t in acc.items() if a in OVERLAPPED)
+                hid[r] = {a: hidden[r] * acc[a] / over for a in OVERLAPPED if a in acc}
+                for a, t in hid[r].items():
+                    acc[a] -= t
             if ends is not None and detail:
                 acc["pp"] = pp_exposed
             stage_comm[r] = acc
-        return ends, busy, stage_comm
+        return ends, busy, stage_comm, hid
+
+
+PAIRED = ("dualpipev",)
+"""The schedules whose lists overlap a forward with a backward (runtime/schedule.py's OVERLAP_F_B): their pairs
+take `pair_seconds` (runtime/schedule_time.py), the OVERLAPPED axes' collectives of each side hidden behind the
+other side's compute."""
 
 
 _ORDERS: dict = {}
@@ -513,7 +570,7 @@ def pipeline_ends(schedule: str, p: int, m: int, v: int, cost: dict, transfer: f
         return dict(got)
     m1 = STEADY * p * v
     if m <= m1 + p:
-        got = SCH.timed(_order(schedule, p, m, v), SCH.Layout(p, v, m), cost, transfer)
+        got = SCH.timed(_order(schedule, p, m, v), SCH.Layout.of(schedule, p, v, m), cost, transfer)
     else:
         one = pipeline_ends(schedule, p, m1, v, cost, transfer)
         two = pipeline_ends(schedule, p, m1 + p, v, cost, transfer)
@@ -535,9 +592,42 @@ def _order(schedule: str, p: int, m: int, v: int):
     key = (schedule, p, m, v)
     got = _ORDERS.get(key)
     if got is None:
-        lay = SCH.Layout(p, v, m)
+        lay = SCH.Layout.of(schedule, p, v, m)
         got = _ORDERS[key] = SCH.steps(SCH.compute_order(schedule, lay), lay)
     return got
+
+
+def pipeline_hidden(schedule: str, p: int, m: int, v: int, cost: dict) -> dict:
+    """Per pp rank, the seconds its overlapped pairs save over running their two sides one after the other: the
+    collectives hidden behind the partner's compute (`pair_seconds`), summed over the rank's pairs. Linear in m
+    past the warm-up (each further micro-batch adds the same pairs), extended like `pipeline_ends`."""
+    from runtime.schedule_time import pair_seconds
+    key = ("hidden", schedule, p, m, v, tuple((k, tuple(x) if isinstance(x, list) else x)
+                                              for k, x in sorted(cost.items())))
+    got = _ENDS.get(key)
+    if got is not None:
+        return got
+    m1 = STEADY * p * v
+    if m > m1 + p:
+        one, two = pipeline_hidden(schedule, p, m1, v, cost), pipeline_hidden(schedule, p, m1 + p, v, cost)
+        k = (m - m1) / p
+        got = {r: one[r] + k * (two[r] - one[r]) for r in one}
+    else:
+        got = _hidden_of(_order(schedule, p, m, v), p * v, cost, pair_seconds)
+    if len(_ENDS) >= 4096:
+        _ENDS.clear()
+    _ENDS[key] = got
+    return got
+
+
+def _hidden_of(st, n: int, cost: dict, pair_seconds) -> dict:
+    """`pipeline_hidden` of the timed order `st` (runtime.schedule_time.steps) with `n` stages."""
+    def per_stage(x):
+        return list(x) if isinstance(x, (list, tuple)) else [x] * n
+    f, fc, bc = per_stage(cost["F"]), per_stage(cost.get("F_comm", 0)), per_stage(cost.get("B_comm", 0))
+    back = {1: per_stage(cost["B"]), 2: per_stage(cost.get("I", cost["B"]))}
+    saved = [f[sf] + back[c][sb] - pair_seconds(f[sf], back[c][sb], fc[sf], bc[sb]) for sf, sb, c in st.pairs]
+    return {r: sum(k * saved[j] for j, k in mine.items()) for r, mine in enumerate(st.pair_counts)}
 
 
 def step_of(cm, plan):

@@ -5,6 +5,8 @@ they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
 from compiler.cost import recompute_passes
+from compiler.cost.memory import SPLIT_BACKWARD
+from compiler.cost.step_time import PAIRED
 from compiler.cost.formulas import env_of
 from compiler.cost.links import links
 
@@ -34,19 +36,24 @@ class Bounds:
         m = decided.micro_batches
         if cm.piped:
             pp = decided.size("pp")
-            at = (key, pp, cm.stages_for(decided, env))  # families of a shape share their stages' times
+            lay = decided.stage_layout
+            at = (key, pp, cm.stages_for(decided, env), lay.style)  # families of a shape share their stages' times
             got = self._stage_times.get(at)
             if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
                 fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
-                got = self._stage_times[at] = tuple((sum(fwd[r::pp]) + sum(bwd[r::pp]), sum(fwd[:r]), sum(bwd[:r]))
-                                                    for r in range(pp))
+                got = self._stage_times[at] = tuple((sum(fwd[s] + bwd[s] for s in lay.stages_of(r)), sum(fwd[:r]),
+                                                     sum(bwd[:r])) for r in range(pp))
+            # dualpipev: what its overlapped pairs hide leaves each rank's busy time (as in `predict`)
+            hidden = self.sim.hidden(cm, decided, env, pieces)
             if not fill:
-                return max(m * one for one, _, _ in got)
+                return max(m * one - hidden[r] for r, (one, _, _) in enumerate(got))
             # Rank r starts with stage r's forward of the first micro-batch, which needs every earlier stage's
             # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
-            # earlier stage still runs its own (not under zero-bubble, whose weight halves may come last).
-            drain = decided.schedule != "zero-bubble"
-            return max(m * one + before_f + (before_b if drain else 0.0) for one, before_f, before_b in got)
+            # earlier stage still runs its own (not under zero-bubble and dualpipev, whose weight halves may come
+            # last).
+            drain = decided.schedule not in SPLIT_BACKWARD
+            return max(m * one - hidden[r] + before_f + (before_b if drain else 0.0)
+                       for r, (one, before_f, before_b) in enumerate(got))
         one = self._stage_times.get(key)
         if one is None:
             counts = {("block", name): c for name, (_, c) in cm.counts.items()}
@@ -63,7 +70,7 @@ class Bounds:
         # mesh shape (a family each) share it
         at = ("cheap", plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
               plan.placement, plan.micro_batch_size, plan.micro_batches, plan.recompute, recompute_passes(plan),
-              plan.compiles)
+              plan.compiles, plan.schedule in PAIRED)
         got = self._stage_times.get(at)
         if got is None:
             got = self._stage_times[at] = self._cheap(plan)
@@ -75,11 +82,17 @@ class Bounds:
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
         if not cm.piped:
             return self.busy(plan)
-        total = self._stage_times.get(("whole", id(pieces)))
+        paired = plan.schedule in PAIRED
+        total = self._stage_times.get(("whole", id(pieces), paired))
         if total is None:
-            total = sum(c * (pieces[("block", name)].forward + pieces[("block", name)].backward)
-                        for name, (_, c) in cm.counts.items())
-            total += sum(pieces[k].forward + pieces[k].backward for k in ("prologue", "epilogue", "loss"))
+            parts = [(c, pieces[("block", name)]) for name, (_, c) in cm.counts.items()]
+            parts += [(1, pieces[k]) for k in ("prologue", "epilogue", "loss")]
+            total = sum(c * (p.forward + p.backward) for c, p in parts)
+            if paired:
+                # an overlapped pair hides at most the lesser of its communication and its compute (`pair_seconds`),
+                # so a step's pairs hide at most the lesser of the whole model's hideable communication and the rest
+                hide = sum(c * sum(p.hideable) for c, p in parts)
+                total -= min(hide, total - hide)
             # below the exact sums by more than their rounding, so never above the bound it stands for
-            total = self._stage_times[("whole", id(pieces))] = total * (1 - 1e-9)
+            total = self._stage_times[("whole", id(pieces), paired)] = total * (1 - 1e-9)
         return plan.micro_batches * total / plan.size("pp")

@@ -19,11 +19,14 @@ Pruning, in order, each with why it is safe or what it may miss:
    `predict(exact=False)` counts before any schedule idle time, data-parallel traffic and optimizer, plus the
    pipeline's fill and drain around it: rank r cannot start before the earlier stages' forwards of the first
    micro-batch, and after its backward of the last micro-batch the earlier stages still run
-   theirs (not counted under zero-bubble, whose weight halves may come last). None of it depends on the dp
+   theirs (not counted under zero-bubble and dualpipev, whose weight halves may come last); under dualpipev less
+   what its overlapped pairs hide (the same as `predict`'s). None of it depends on the dp
    sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
    bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs
    the family's stage layout; until a family is next in line a cheaper one stands for it (`cheap_bound`: under pp,
-   its share of the whole model's time over the pp ranks, never above the bound), so only the families visited, and
+   its share of the whole model's time over the pp ranks, never above the bound; under dualpipev less the most its
+   pairs could hide, the lesser of the model's ep and tp collectives and its other time), so only the families
+   visited, and
    those the report's bound per key needs, are laid out.
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
@@ -59,7 +62,7 @@ Pruning, in order, each with why it is safe or what it may miss:
    offload makes it faster than every plan that fits without (the host's step only adds time: none under these
    models but a larger micro-batch that fits only with it).
 Not pruned: every schedule is a family of its own (GPipe, 1F1B, zero-bubble, interleaved at each virtual-stage
-count), and so is every micro-batch size.
+count, DualPipeV), and so is every micro-batch size.
 
 """
 from __future__ import annotations

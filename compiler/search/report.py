@@ -77,6 +77,12 @@ def _placement_reason(s, d, pred, lk) -> list:
             f"{t / pred.step_time_s:.2f}× its step time"]
 
 
+def _slowest_hidden(pred) -> dict:
+    """The seconds per axis the slowest rank's overlapped pairs hid (dualpipev; compiler/cost/step_time.py)."""
+    from compiler.cost.step_time import slowest_rank
+    return slowest_rank(pred.ranks).hidden_comm_s if pred.ranks else {}
+
+
 def reasons(s, d, est, pred, best_t) -> list:
     """The short lines under a winner: how far from the best, where each axis's traffic runs and what it exposes,
     what less recomputation or another dp sharding would have cost (from the run's log of its family), its peak.
@@ -98,7 +104,9 @@ def reasons(s, d, est, pred, best_t) -> list:
     ep = d.size("ep")
     if ep > 1:
         where = "cross nodes" if lk["ep"].crosses_nodes else "stay inside a node"
-        out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed")
+        hid = _slowest_hidden(pred).get("ep", 0.0)
+        hidden = f" ({seconds(hid)} hidden in {d.schedule}'s overlapped pairs)" if hid > 0 else ""
+        out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed{hidden}")
     cp = d.size("cp")
     if cp > 1:
         seq = d.seq_len

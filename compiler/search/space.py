@@ -40,7 +40,7 @@ OFFLOADS = ("none", "optimizer", "params", "activations")  # --fix offload=...: 
 OFFLOAD_FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # optimizer offload's fractions, least first (the first that fits wins)
 PRECISIONS = ("bf16", "fp8")  # --fix precision=...: bf16 alone, or fp8 (the file's, or search/precision.py's)
 DISPATCH = ("padded", "grouped")  # a dropless `moe`'s dispatch: the search tries both unless fixed (prune.search)
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "gpipe", "dualpipev")
 DP_MODES = choices.DATA_PARALLEL
 GRAD_SYNCS = ("step", "micro_batch")  # fsdp_grad_sync: when FSDP2 (zero2, fsdp) reduce-scatters, without pp
 RECOMPUTE = choices.RECOMPUTE
@@ -184,6 +184,9 @@ class Space:
             scheds = [("1f1b", 1), ("zero-bubble", 1)]
             scheds += [("interleaved-1f1b", v) for v in range(2, self.blocks // pp + 1)]
             scheds += [("gpipe", 1)]
+            # DualPipeV: two stages per rank in a V, at least 2·pp micro-batches (compiler/rules/pipeline_split.py
+            # refuses the rest, and too few blocks for 2·pp stages)
+            scheds += [("dualpipev", 2)]
         axes = _axes(sizes)
         if sizes.get("cp", 1) > 1:  # each attention variant is its own graphs: a group of its own
             cpvs = [f["context_parallel"]] if "context_parallel" in f else list(CONTEXT_PARALLEL)
