@@ -1,10 +1,14 @@
 """Pipeline parallelism over `pp` with torch.distributed.pipelining: this rank's stages and their schedule.
 
-Stage s runs on pp rank s % pp (v stages per rank for interleaved schedules). Each stage module is built on the
-meta device, sharded or initialised by name like the single-device model, and handed to a PipelineStage; the
-schedule runs the micro-batches in the order of runtime/schedule.py (the order the compiler checked) and scales
-gradients by 1/micro-batches (the loss is a per-micro-batch mean).
-A tied embedding lives on the first and the last stage; their gradients are summed after each step.
+Stage s runs on the pp rank the schedule's runtime.schedule.Layout puts it: s % pp (v stages per rank for
+interleaved schedules), or folded in a V under dualpipev (rank r runs stages r and 2·pp-1-r). Each stage module is
+built on the meta device, sharded or initialised by name like the single-device model, and handed to a
+PipelineStage told that mapping; the schedule runs the micro-batches in the order of runtime/schedule.py (the order
+the compiler checked) and scales gradients by 1/micro-batches (the loss is a per-micro-batch mean). dualpipev's
+overlapped pairs (OVERLAP_F_B) run their forward and backward one after the other (exact; on CPU), or on CUDA side
+by side on two streams (`Overlap`).
+A tied embedding lives on the first and the last stage; their gradients are summed after each step: over a group of
+the two ranks, or on rank 0 itself when the V puts both stages there.
 Packed documents (runtime/packed.py): every pp rank reads the batch, so each computes the document ids of the
 micro-batches itself (nothing moves between stages for them); each stage's forward, backward (whose recomputation
 re-runs the forward) and weight backward of micro-batch k runs inside `packed.batch` of micro-batch k's ids
@@ -19,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
-from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+from torch.distributed.pipelining.schedules import OVERLAP_F_B, _Action, _PipelineScheduleRuntime
 
 from runtime import collectives, mesh, moe, offload, packed, schedule, sections
 
@@ -289,6 +293,93 @@ class InFlight:
         self.fwd_sends, self.bwd_sends = {}, []
 
 
+class Overlap:
+    """dualpipev's overlapped pair `(aFi;bBj)OVERLAP_F_B` run as the schedule's custom function for that action
+    (`register_custom_function`): the forward of one micro-batch on one stream beside the backward of another, so
+    that the communication of one (the experts' all-to-alls) hides behind the other's compute. Registered on CUDA
+    only; on a CPU torch's runtime runs the two sub-actions one after the other (the same results, nothing to
+    overlap). `side` None runs them here one after the other on the current stream (how the tests check this
+    function's bookkeeping on CPU, against torch's own sequence).
+
+    Streams. Autograd runs each op's backward on the stream its forward ran on, so the backward of micro-batch j on
+    stage b runs where that forward ran (recorded in `stream_of` when an overlap ran it; otherwise the current
+    stream). The forward takes the other of the two streams, the current one or `side`. Around the pair:
+    - the receives of both sub-actions are waited on first, on the current stream (as torch's runtime does);
+    - `side` waits for the current stream before the pair: the received and locally handed tensors, the weights'
+      last update, and whatever the current stream freed that `side` may now reuse;
+    - tensors made on the current stream and read on `side` (the forward's inputs) are `record_stream`-ed on it,
+      and the forward's outputs, made on `side` and read later on the current stream (sends, the next stage's
+      input, the loss), on the current stream, so the caching allocator does not hand their memory out while the
+      other stream may still read it;
+    - the current stream waits for `side` after the pair: what follows (sends, the next action) sees both done.
+    The backward call itself is ordered with the current stream by autograd (its engine syncs the calling stream
+    with the streams it ran on), so the gradients it hands to the previous stage are ready there."""
+
+    def __init__(self, side=None, save_outputs: bool = False):
+        self.side = side
+        self.save_outputs = save_outputs  # Pipeline.step's return_outputs: no output chunks kept
+        self.stream_of: dict = {}  # (stage, micro-batch) -> the stream an overlapped forward ran on
+
+    def __call__(self, action, ctx) -> None:
+        sched = ctx.schedule_ref
+        f, b = action.sub_actions
+        stages = {stage.stage_index: stage for stage in sched._stages}
+        fs, bs = stages[f.stage_index], stages[b.stage_index]
+        fk, bk = f.microbatch_index, b.microbatch_index
+        # the receives, as torch's runtime waits for them (none from a stage on this rank: the V's bottom)
+        if not fs.is_first and f.stage_index - 1 not in stages:
+            schedules._wait_batch_p2p(sched.fwd_recv_ops.pop((f.stage_index, fk)))
+        if not bs.is_last and b.stage_index + 1 not in stages:
+            schedules._wait_batch_p2p(sched.bwd_recv_ops.pop((b.stage_index, bk)))
+        here = torch.cuda.current_stream(fs.device) if self.side is not None else None
+        stream = None
+        if here is not None:
+            ran = self.stream_of.pop((b.stage_index, bk), here)
+            stream = self.side if ran == here else here
+            self.side.wait_stream(here)
+            if stream is self.side:
+                for t in self._inputs(fs, fk, ctx):
+                    t.record_stream(self.side)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            sched._assert_unsharded(fs)
+            out = fs.forward_one_chunk(fk, ctx.arg_mbs[fk], ctx.kwarg_mbs[fk], save_forward_output=self.save_outputs)
+            sched._maybe_compute_loss(fs, out, ctx.target_mbs, fk)
+            if f.stage_index + 1 in stages:
+                stages[f.stage_index + 1].set_local_fwd_input(out, fk)
+        if stream is not None:
+            self.stream_of[(f.stage_index, fk)] = stream
+        sched._assert_unsharded(bs)
+        sched.backward_counter[b.stage_index] += 1
+        bs.backward_one_chunk(bk, loss=sched._maybe_get_loss(bs, bk), full_backward=True,
+                              last_backward=sched.backward_counter[b.stage_index] == sched._n_microbatches)
+        if b.stage_index - 1 in stages:
+            stages[b.stage_index - 1].set_local_bwd_input(bs.get_local_bwd_output(bk), bk)
+        if here is not None:
+            if stream is self.side:
+                for t in _tensors(out):
+                    t.record_stream(here)
+            here.wait_stream(self.side)
+
+    @staticmethod
+    def _inputs(stage, mb: int, ctx) -> list:
+        """The tensors a stage's forward of micro-batch `mb` reads besides its weights: the batch's on the first
+        stage, else the receive buffers of that micro-batch."""
+        if stage.is_first:
+            return _tensors((ctx.arg_mbs[mb], ctx.kwarg_mbs[mb]))
+        return [info.buffer for info in stage.args_recv_info.get(mb, ()) if isinstance(info.buffer, torch.Tensor)]
+
+
+def _tensors(value) -> list:
+    """The tensors in a (nested) tuple, list or dict."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
 class Documents:
     """The document ids of this step's micro-batches (packed documents), entered around each stage's work on
     micro-batch k: torch's schedule calls the stages' forward_one_chunk(k, ...), backward_one_chunk(k, ...) and
@@ -331,10 +422,6 @@ class Documents:
             self.docs = None
 
 
-def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
-    return [c * pp + pp_rank for c in range(virtual)]
-
-
 def tie_group(ctx):
     """The group of the two ranks holding the first and the last stage with this rank's other coordinates (every
     rank creates every such group, in the same order, as new_group requires); None off those two ranks."""
@@ -358,8 +445,9 @@ class Pipeline:
         self.ctx, self.cfg, self.loss_fn = ctx, cfg, loss_fn
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
         par = cfg.parallel
-        n_stages = pp * par.virtual_stages
-        self.ids = stage_ids(pp, r, par.virtual_stages)
+        self.layout = schedule.Layout.of(par.schedule, pp, par.virtual_stages, par.micro_batches)
+        n_stages = self.layout.stages
+        self.ids = self.layout.stages_of(r)
         self.modules = []
         for s in self.ids:
             with torch.device("meta"):
@@ -368,6 +456,10 @@ class Pipeline:
             self.modules.append(prepare(module))
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
+        # each stage's peers by the layout (torch's stages assume s % pp; its V schedules set this mapping too)
+        placed = {s: self.layout.rank_of(s) for s in range(n_stages)}
+        for stage in self.stages:
+            stage.stage_index_to_group_rank = placed
         for stage in self.stages:  # its first forward infers shapes on uninitialised tensors: not a training step
             infer = getattr(stage, "_forward_metadata_inference", None)
             if infer is not None:
@@ -381,11 +473,20 @@ class Pipeline:
                                                  loss_fn=loss_fn, scale_grads=not main_grads)
         self.schedule._prepare_schedule_with_comms(torch_order(par.schedule, pp, par.micro_batches,
                                                                par.virtual_stages))
+        self.overlap = None
+        if ctx.device.type == "cuda" and par.schedule in schedule.V_SHAPED:  # CPU: torch runs the pair in order
+            self.overlap = Overlap(torch.cuda.Stream(ctx.device))
+            self.schedule.register_custom_function(OVERLAP_F_B, self.overlap)
         self.holds_last = (n_stages - 1) in self.ids
         self.holds_first = 0 in self.ids
-        self.tie = tie_group(ctx) if par.tied_embedding and pp > 1 else None
+        tied = par.tied_embedding and pp > 1
+        # The two copies of a tied embedding on one rank (the V's rank 0: its gradients summed here), or on two
+        # ranks (summed over the group of the two, which every rank makes).
+        self.tied_here = tied and self.layout.rank_of(0) == self.layout.rank_of(n_stages - 1)
+        self.tie = tie_group(ctx) if tied and not self.tied_here else None
         # The last stage's copy of a tied embedding when the first stage is elsewhere: the same parameter, counted
-        # (norm, parameter count) and saved once, by the rank holding the first stage.
+        # (norm, parameter count) and saved once, by the rank holding the first stage. Two copies on one rank are
+        # counted once by name (runtime.model_parts).
         self.tied_elsewhere = (TIED,) if self.tie is not None and not self.holds_first else ()
 
     def named_parameters(self):
@@ -424,17 +525,25 @@ class Pipeline:
         # logits only until that micro-batch's backward (torch's fwd_cache; with 1F1B-style schedules the next
         # action), as Megatron's last stage does. The default would also collect every micro-batch's logits in
         # output_chunks for the whole step and concatenate them at its end: m × the logits, that nothing reads.
+        if self.overlap is not None:
+            self.overlap.stream_of.clear()  # this step's forwards' streams only
         with self.in_flight.sending(), self.documents.step(docs, self.cfg.parallel.micro_batches):
             self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
         if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
             self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
-        if self.tie is not None:
+        if self.tie is not None or self.tied_here:
+            copies = []
             for module in self.modules:
                 for name, p in module.named_parameters():
                     grad = p.main_grad if self.mains is not None else p.grad
                     if name.removeprefix("module.") == TIED and grad is not None:
-                        g = grad.to_local() if hasattr(grad, "to_local") else grad
-                        dist.all_reduce(g, group=self.tie)
+                        copies.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+            if self.tie is not None:
+                for g in copies:
+                    dist.all_reduce(g, group=self.tie)
+            elif len(copies) == 2:  # both copies here (the V): each gets their sum, as the group's all-reduce gives
+                copies[0].add_(copies[1])
+                copies[1].copy_(copies[0])
         total = (torch.stack([l.detach().float() for l in losses]).mean() if self.holds_last and losses
                  else torch.zeros((), device=self.ctx.device))
         dist.all_reduce(total, group=self.ctx.mesh["pp"].get_group())
@@ -449,8 +558,8 @@ class Pipeline:
         sequence parallelism and mixed precision without them), and every rank visits (micro-batch, stage) in the
         same order, so the blocking receives meet their sends."""
         ctx = self.ctx
-        pp, m = ctx.axis_size("pp"), self.cfg.parallel.micro_batches
-        n_stages = pp * self.cfg.parallel.virtual_stages
+        m = self.cfg.parallel.micro_batches
+        n_stages = self.layout.stages
         group = ctx.mesh["pp"].get_group()
         local = dict(zip(self.ids, self.modules))
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -462,13 +571,13 @@ class Pipeline:
                 if s not in local:
                     continue
                 if s > 0 and s - 1 not in local:
-                    x = _receive(dist.get_global_rank(group, (s - 1) % pp), group, ctx.device)
+                    x = _receive(dist.get_global_rank(group, self.layout.rank_of(s - 1)), group, ctx.device)
                 with packed.batch(docs_mb) if docs_mb is not None else contextlib.nullcontext():
                     x = local[s](tokens_mb if s == 0 else x)
                 if s == n_stages - 1:
                     total += self.loss_fn(x, targets_mb).double() * targets_mb.numel()
                 elif s + 1 not in local:
-                    sends += _send(x, dist.get_global_rank(group, (s + 1) % pp), group)
+                    sends += _send(x, dist.get_global_rank(group, self.layout.rank_of(s + 1)), group)
         for work, _ in sends:
             work.wait()
         dist.all_reduce(total, group=group)  # the last stage's sum to every pp rank
