@@ -195,11 +195,11 @@ class Plan(choices.DataParallelMode):
 
     @property
     def compiles(self) -> bool:
-        """Whether the program is compiled: `compile`, except under a zero-bubble pipeline, whose split backward
-        would run each compiled region's backward (one autograd node) twice; written there, it is an error
+        """Whether the program is compiled: `compile`, except under a zero-bubble or dualpipev pipeline, whose split
+        backward would run each compiled region's backward (one autograd node) twice; written there, it is an error
         (E0611); and under activation offload, whose hooks choosing the modules would not run inside a compiled
         block (written there: E0333)."""
-        return (self.compile and not (self.schedule == "zero-bubble" and self.size("pp") > 1)
+        return (self.compile and not (self.schedule in choices.SPLIT_BACKWARD and self.size("pp") > 1)
                 and self.offload != "activations")
 
     @property

@@ -390,7 +390,8 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple, style: str = "loop"
                for name, a, b in repeat_edges(traced, spec.value)]
     placed = ("stage s runs on pp rank s % pp" if style == "loop" else
               "pp rank r runs stages r and 2·pp-1-r (dualpipev's V: the first and the last on rank 0)")
-    return {"stages": E.py_literal(stages), "placed": placed, "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
+    return {"stages": E.py_literal(stages), "placed": placed,
+            "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
             "repeats": repeats,
             "prologue": E.code(forward_code(pro, spec).replace("def forward(", "def prologue(", 1)),
             "epilogue": E.code(forward_code(epi, spec).replace("def forward(", "def epilogue(", 1)),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from compiler import spec as S
 from compiler.diagnostics import plan_error
-from runtime.choices import V_SHAPED
+from runtime.choices import SPLIT_BACKWARD, V_SHAPED
 
 AXIS = "pp"
 # The rules (Diagnostic.rule) whose verdict reads no micro-batch count, only pp, the schedule, the virtual stages and
@@ -55,15 +55,15 @@ def requires(spec: S.Spec, plan) -> list:
                               axis=AXIS, rule="pipeline_split.virtual_stages"))
     if pp == 1:
         return out
-    if plan.recompute == "selective" and plan.schedule == "zero-bubble":
-        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the zero-bubble "
-                              "schedule", label="its backward passes each block twice",
+    if plan.recompute == "selective" and plan.schedule in SPLIT_BACKWARD:
+        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the "
+                              f"{plan.schedule} schedule", label="its backward passes each block twice",
                               help='use `recompute = full` (it recomputes the block for each pass), or another '
                                    'schedule', axis=AXIS, rule="pipeline_split.zero_bubble_recompute"))
-    if plan.compile and plan.schedule == "zero-bubble" and plan.span("compile") is not None:
-        out.append(plan_error(plan, "compile", "E0611", "a compiled program cannot run the zero-bubble schedule",
+    if plan.compile and plan.schedule in SPLIT_BACKWARD and plan.span("compile") is not None:
+        out.append(plan_error(plan, "compile", "E0611", f"a compiled program cannot run the {plan.schedule} schedule",
                               label="each block's backward would run twice",
-                              help='use `compile = false` (the default under zero-bubble), or another schedule',
+                              help=f'use `compile = false` (the default under {plan.schedule}), or another schedule',
                               axis=AXIS, rule="pipeline_split.zero_bubble_compile"))
     at = "axis pp"
     repeats, between, blocks = _model_shape(spec)
