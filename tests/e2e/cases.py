@@ -269,11 +269,13 @@ CASES = (
     Case(id="moe_pp2_ep2_zero_bubble", sample=MOE, nproc=4,
          edits=CLIP, plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="zero-bubble"),
          description="zero-bubble: the backward split into input and weight gradients through the all-to-alls"),
-    Case(id="moe_pp2_ep2_dualpipev", sample=MOE, nproc=4, bytes_checked=False,
+    Case(id="moe_pp2_ep2_dualpipev", sample=MOE, nproc=4, bytes_checked=False, steps=2,
          edits=DENSE_FIRST + CLIP,
          plan=dict(axes=(("pp", 2), ("ep", 2)), devices_per_node=4, schedule="dualpipev", micro_batches=4),
          description="DualPipeV × ep 2 over DeepSeek-V3's shape (a dense block, then three MoE blocks: one per "
-                     "stage): each overlapped pair's forward and backward all-to-alls in order on CPU"),
+                     "stage): stages 0 and 3 on pp rank 0 (the tied embedding's two copies there, summed in place), "
+                     "handed over locally at the V's bottom; each overlapped pair's forward and backward "
+                     "all-to-alls in order on CPU"),
     Case(id="moe_pp4_ep2_dualpipev", sample=MOE, nproc=8, bytes_checked=False, timeout=360,
          edits=(("layers  = 4", "layers  = 16"),) + CLIP,
          plan=dict(axes=(("pp", 4), ("ep", 2)), devices_per_node=8, schedule="dualpipev", micro_batches=8),
@@ -542,8 +544,9 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     "pp2_mla",
     # four stages: pp4_interleaved (two per rank on four ranks)
     "pp4_1f1b",
-    # DualPipeV: pp2_dualpipev and moe_pp2_ep2_dualpipev in CI; four ranks of it, and with ep (8 ranks)
-    "pp4_dualpipev", "moe_pp4_ep2_dualpipev",
+    # DualPipeV: moe_pp2_ep2_dualpipev in CI runs all that pp2_dualpipev does (the V, its tied embedding, the local
+    # hand-over) and ep; four ranks of it, and with ep (8 ranks)
+    "pp2_dualpipev", "pp4_dualpipev", "moe_pp4_ep2_dualpipev",
     # routers and shared experts: deepseek_ep4 (sigmoid, groups, shared expert, bias, scale), moe_tp2_sp_ep2 (sigmoid
     # gate, bias); grouped dispatch: deepseek_ep4; a dense first block: deepseek_ep4; pp × ep: moe_pp2_ep2_zero_bubble;
     # evaluation through stages: pp2_tp2_sp_interleaved
