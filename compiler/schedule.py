@@ -48,17 +48,12 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     (stage, micro-batch) tables once: the published 530B (p 35 × v 3, 280 micro-batches) and 1T (p 64, 512)
     configurations verify in a fraction of a second (bench/schedule_check.py).
 
-    The stages live where `lay` puts them (`Layout.rank_of`: looped or V-shaped); an overlapped pair
-    (`OVERLAP_F_B`) runs as its sub-actions in order, as on a CPU (on a GPU they share the time: the timing here is
-    then an upper bound); a list may mix full backwards (B) with split ones (I, then W), as dualpipev's does.
-
-    Raises ScheduleError naming the rank and action on a deadlock, an unmatched send or receive, a missing,
-    repeated or misplaced computation, or an action that runs before what it depends on."""
+    Stages live where `lay` puts them (looped or a V); an overlap runs as its sub-actions in order (on a GPU they
+    share the time: an upper bound); B, I and W may mix. Raises ScheduleError naming the rank and action on a
+    deadlock, an unmatched send or receive, a missing, repeated or misplaced computation, or an early action."""
     cost = cost or COST
-    order = {r: [x for a in acts for x in a.parts] for r, acts in order.items()}
+    order = _check_each_computation_once({r: [x for a in acts for x in a.parts] for r, acts in order.items()}, lay)
     n_stages, m, last = lay.stages, lay.m, lay.stages - 1
-    _check_each_computation_once(order, lay)
-
     # Event tables: 0 forward done, 1 backward (input) done, 2 activation sent, 3 gradient sent.
     events = [[[None] * m for _ in range(n_stages)] for _ in range(4)]
     received = [[[False] * m for _ in range(n_stages)] for _ in range(2)]  # 0 activation, 1 gradient
@@ -162,9 +157,9 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     return Timeline(spans, makespan, work)
 
 
-def _check_each_computation_once(order: dict, lay: Layout) -> None:
+def _check_each_computation_once(order: dict, lay: Layout) -> dict:
     """Every computation on the rank its stage lives on, each (stage, micro-batch) forward and backward exactly
-    once, and a weight half (W) exactly for each input half (I), none for a full backward (B)."""
+    once, and a weight half (W) exactly for each input half (I), none for a full backward (B). Returns `order`."""
     n_stages, m = lay.stages, lay.m
     count_f = [[0] * m for _ in range(n_stages)]
     count_b = [[0] * m for _ in range(n_stages)]
@@ -192,6 +187,7 @@ def _check_each_computation_once(order: dict, lay: Layout) -> None:
             for k in range(m):
                 if not table[st][k]:
                     raise ScheduleError(f"rank {lay.rank_of(st)}: {what} of micro-batch {k} on stage {st} never runs")
+    return order
 
 
 _CODE_OF = {"F": 0, "B": 1, "I": 2, "W": 3, "SEND_F": 4, "SEND_B": 5, "RECV_F": 6, "RECV_B": 7}
