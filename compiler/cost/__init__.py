@@ -36,9 +36,10 @@ from compiler.cost.ledger import Collective, Ledger  # noqa: F401  (the ledger's
 from compiler.cost.formulas import recompute_mode as _recompute, recompute_passes, reruns  # noqa: F401
 from compiler.cost.formulas import saved_mode as _saved_mode
 from compiler.cost.ledger_parts import BYTES, LedgerParts  # noqa: F401  (BYTES re-exported)
-from compiler.cost.memory import SPLIT_BACKWARD, ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
+from compiler.cost.memory import ModelState, Stage, moe_held_elements, rank_peaks, zero_model_state  # noqa: F401
 from compiler.cost.structures import other_structure, binds_cp, structure, structure_of  # noqa: F401
 from compiler.symbols import MICRO_BATCH, size
+from runtime import choices  # torch-free: the schedules whose backwards split (SPLIT_BACKWARD)
 
 
 
@@ -203,7 +204,8 @@ class CostModel(LedgerParts):
                     for i, c in fo.held(*layout[k]):
                         nb[fo.edges[i][0]] += c
                 on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
-                params_rank = fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
+                params_rank = (fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
+                               + (fo.params.epilogue(env) if n - 1 in mine else 0))  # the V's last stage on rank 0
                 experts_rank = (fo.experts.prologue(env)
                                 + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine))
                 per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
@@ -304,7 +306,7 @@ class CostModel(LedgerParts):
         if got is None:
             parts = self._saved_parts(env, _saved_mode(plan))
             kept = [max(0, self._stage_bytes(parts, k, layout, env) - (recv if k else 0)) for k in range(n_st)]
-            if plan.schedule in SPLIT_BACKWARD:
+            if plan.schedule in choices.SPLIT_BACKWARD:  # a pending weight half keeps its output gradients
                 wg = fo.saved.wgrad
                 parts = (wg.block, wg.prologue(env), wg.epilogue(env))
                 wgrad = [self._stage_bytes(parts, k, layout, env) for k in range(n_st)]

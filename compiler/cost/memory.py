@@ -278,10 +278,6 @@ class RankMemory:
                 **({"host_peak_bytes": int(self.host)} if self.host is not None else {})}
 
 
-SPLIT_BACKWARD = ("zero-bubble", "dualpipev")
-"""The schedules whose lists split backwards into an input half (I) and a weight half (W) run later (all of
-zero-bubble's; dualpipev's outside its overlapped pairs): a pending W keeps its output gradients (`pending_w`)."""
-
 PROGRESS_BYTES = 3 * 8  # runtime.checkpoint's `progress`: step, scheduler epoch, total steps (int64 scalars)
 STEP_BYTES = 4  # AdamW's `step` per parameter tensor: an fp32 scalar (torch's _get_scalar_dtype; MasterAdamW's too)
 

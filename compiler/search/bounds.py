@@ -5,10 +5,10 @@ they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
 from compiler.cost import recompute_passes
-from compiler.cost.memory import SPLIT_BACKWARD
 from compiler.cost.step_time import PAIRED
 from compiler.cost.formulas import env_of
 from compiler.cost.links import links
+from runtime import choices  # torch-free
 
 
 class Bounds:
@@ -51,7 +51,7 @@ class Bounds:
             # forward of it first; it ends with stage r's backward of the last micro-batch, after which every
             # earlier stage still runs its own (not under zero-bubble and dualpipev, whose weight halves may come
             # last).
-            drain = decided.schedule not in SPLIT_BACKWARD
+            drain = decided.schedule not in choices.SPLIT_BACKWARD
             return max(m * one - hidden[r] + before_f + (before_b if drain else 0.0)
                        for r, (one, before_f, before_b) in enumerate(got))
         one = self._stage_times.get(key)
