@@ -64,7 +64,7 @@ class LedgerParts:
         entries += self._partial(plan, env, nb, on_rank)
         if nb is not None:
             self._transfers(plan, env, pp_rank, entries, b_sym)
-        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries, on_rank)
         entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, b_sym)
         return Ledger(tuple(entries))
 
@@ -78,7 +78,7 @@ class LedgerParts:
     def _step_entries(self, plan, env, nb, on_rank, params_rank, experts_rank) -> tuple:
         """The ledger's once-per-step entries (`_ledger`'s of direction "step"), in its order, without the rest."""
         entries = self._partial(plan, env, nb, on_rank)
-        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries)
+        self._data_parallel(plan, env, nb, params_rank, experts_rank, entries, on_rank)
         entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, self._micro_batch_sym(plan))
         return tuple(c for c in entries if c.direction == "step")
 
@@ -171,7 +171,7 @@ class LedgerParts:
         expr = sympy.expand(sum(held[name][1] * sum(x.n * x.k for x in xs) for name, xs in per.items()))
         return n8, (lambda: expr), sum(held[name][0] * len(xs) for name, xs in per.items())
 
-    def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries) -> None:
+    def _data_parallel(self, plan, env, nb, params_rank, experts_rank, entries, on_rank=None) -> None:
         spec = self.spec
         dp, ep, pp = plan.size("dp"), plan.size("ep"), plan.size("pp")
         pa, ex = self.formulas.params, self.formulas.experts
@@ -180,7 +180,9 @@ class LedgerParts:
             experts = lambda: ex.whole.expr  # noqa: E731
         else:
             held = [nb[name] for name, _, _ in self.formulas.edges]
-            params = lambda: sympy.expand(pa.prologue.expr + sum(k * f.expr for k, f in zip(held, pa.block)))  # noqa: E731
+            # the last stage's layers where the rank holds them (dualpipev's V puts them on rank 0, beside the first)
+            last = pa.epilogue.expr if (on_rank or {}).get("epilogue") else 0
+            params = lambda: sympy.expand(pa.prologue.expr + sum(k * f.expr for k, f in zip(held, pa.block)) + last)  # noqa: E731
             experts = lambda: sympy.expand(ex.prologue.expr + sum(k * f.expr for k, f in zip(held, ex.block)))  # noqa: E731
         span = plan.span("axis dp")
         # Pipeline stages are not wrapped in DDP: one coalesced all-reduce follows the pipeline step.

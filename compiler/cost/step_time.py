@@ -46,6 +46,8 @@ from compiler.cost import fp8 as FP8
 from compiler.cost.formulas import env_of
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
+# the schedule's timing with per-stage durations (re-exported: tests and bench read them here)
+from compiler.cost.pipeline_time import OVERLAPPED, PAIRED, STEADY, pipeline_ends, pipeline_hidden  # noqa: F401
 
 # AdamW moves, per parameter it updates, fp32 reads of the parameter, gradient and both moments and writes of the
 # parameter and moments: 28 bytes, what the fused kernel the runtime uses on CUDA moves (one pass; torch's foreach
@@ -54,11 +56,6 @@ from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, rin
 ADAMW_BYTES_PER_PARAM = 28
 ADAMW_FOREACH_BYTES_PER_PARAM = 56  # what the runtime's AdamW moved before it was fused (reference measurements)
 CLIP_BYTES_PER_PARAM = 4
-# The collectives an overlapped pair (dualpipev's OVERLAP_F_B: one micro-batch's forward beside another's
-# backward, on two streams) hides behind its partner's compute: the experts' all-to-alls above all (DeepSeek-V3
-# report §3.2.1, what DualPipe was built for) and tensor parallelism's collectives. Not pp's sends (priced as the
-# schedule's transfers), nor ring attention's (overlapped with its own blocks already), nor dp's (after the pipeline).
-OVERLAPPED = ("ep", "tp")
 # DDP's bucket and FSDP2's prefetch depth are the Plan's (plan.ddp_bucket_bytes, plan.fsdp_prefetch): the last
 # bucket's all-reduce starts when backward ends; with a prefetch of at least one unit only the first unit's gather
 # is exposed, the others running under the previous unit's compute. Codegen writes the same two figures into the
@@ -543,91 +540,6 @@ class Simulator:
                 acc["pp"] = pp_exposed
             stage_comm[r] = acc
         return ends, busy, stage_comm, hid
-
-
-PAIRED = ("dualpipev",)
-"""The schedules whose lists overlap a forward with a backward (runtime/schedule.py's OVERLAP_F_B): their pairs
-take `pair_seconds` (runtime/schedule_time.py), the OVERLAPPED axes' collectives of each side hidden behind the
-other side's compute."""
-
-
-_ORDERS: dict = {}
-# Past a warm-up, every schedule repeats one steady state per p micro-batches, so a rank's end of the pipeline grows
-# by the same amount for each further p: simulated at STEADY·p·v and STEADY·p·v + p micro-batches and extended along
-# that line beyond. tests/test_simulate.py holds the line to the full simulation: to rounding for stages within ±25%
-# of each other, every schedule; for stages up to 4× apart interleaving's steady state settles later (within 1%).
-STEADY = 3
-
-
-def pipeline_ends(schedule: str, p: int, m: int, v: int, cost: dict, transfer: float) -> dict:
-    """Each pp rank's end of the pipeline phase: the schedule's action lists (runtime/schedule.py) timed by
-    compiler/schedule.py `finish_times` (as `verify` runs them) with these per-stage durations and send time."""
-    from compiler import schedule as SCH
-    key = (schedule, p, m, v, tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in sorted(cost.items())),
-           transfer)
-    got = _ENDS.get(key)  # a family's dp shardings share their stages' times, and the winners are timed again
-    if got is not None:
-        return dict(got)
-    m1 = STEADY * p * v
-    if m <= m1 + p:
-        got = SCH.timed(_order(schedule, p, m, v), SCH.Layout.of(schedule, p, v, m), cost, transfer)
-    else:
-        one = pipeline_ends(schedule, p, m1, v, cost, transfer)
-        two = pipeline_ends(schedule, p, m1 + p, v, cost, transfer)
-        k = (m - m1) / p
-        got = {r: one[r] + k * (two[r] - one[r]) for r in one}
-    if len(_ENDS) >= 4096:  # a long-lived process (the tests, bench/) times many shapes: keep the memo small
-        _ENDS.clear()
-    _ENDS[key] = got
-    return dict(got)
-
-
-_ENDS: dict = {}  # pipeline_ends by its arguments
-
-
-def _order(schedule: str, p: int, m: int, v: int):
-    """The schedule's compute order (runtime/schedule.py's action lists) as compiler/schedule.py `timed` walks it,
-    made once per shape."""
-    from compiler import schedule as SCH
-    key = (schedule, p, m, v)
-    got = _ORDERS.get(key)
-    if got is None:
-        lay = SCH.Layout.of(schedule, p, v, m)
-        got = _ORDERS[key] = SCH.steps(SCH.compute_order(schedule, lay), lay)
-    return got
-
-
-def pipeline_hidden(schedule: str, p: int, m: int, v: int, cost: dict) -> dict:
-    """Per pp rank, the seconds its overlapped pairs save over running their two sides one after the other: the
-    collectives hidden behind the partner's compute (`pair_seconds`), summed over the rank's pairs. Linear in m
-    past the warm-up (each further micro-batch adds the same pairs), extended like `pipeline_ends`."""
-    from runtime.schedule_time import pair_seconds
-    key = ("hidden", schedule, p, m, v, tuple((k, tuple(x) if isinstance(x, list) else x)
-                                              for k, x in sorted(cost.items())))
-    got = _ENDS.get(key)
-    if got is not None:
-        return got
-    m1 = STEADY * p * v
-    if m > m1 + p:
-        one, two = pipeline_hidden(schedule, p, m1, v, cost), pipeline_hidden(schedule, p, m1 + p, v, cost)
-        k = (m - m1) / p
-        got = {r: one[r] + k * (two[r] - one[r]) for r in one}
-    else:
-        got = _hidden_of(_order(schedule, p, m, v), p * v, cost, pair_seconds)
-    if len(_ENDS) >= 4096:
-        _ENDS.clear()
-    _ENDS[key] = got
-    return got
-
-
-def _hidden_of(st, n: int, cost: dict, pair_seconds) -> dict:
-    """`pipeline_hidden` of the timed order `st` (runtime.schedule_time.steps) with `n` stages."""
-    def per_stage(x):
-        return list(x) if isinstance(x, (list, tuple)) else [x] * n
-    f, fc, bc = per_stage(cost["F"]), per_stage(cost.get("F_comm", 0)), per_stage(cost.get("B_comm", 0))
-    back = {1: per_stage(cost["B"]), 2: per_stage(cost.get("I", cost["B"]))}
-    saved = [f[sf] + back[c][sb] - pair_seconds(f[sf], back[c][sb], fc[sf], bc[sb]) for sf, sb, c in st.pairs]
-    return {r: sum(k * saved[j] for j, k in mine.items()) for r, mine in enumerate(st.pair_counts)}
 
 
 def step_of(cm, plan):
