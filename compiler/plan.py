@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from compiler.diagnostics import Span
 from compiler.layout import groups as layout_groups
 from runtime import choices  # torch-free: the names the language shares with the runtime
-from runtime import schedule as runtime_schedule  # torch-free: the stage layout the program runs
 
 AXES = choices.AXES
 WRAPPER_TUNING = ("ddp_bucket_bytes", "fsdp_prefetch")
@@ -177,10 +176,11 @@ class Plan(choices.DataParallelMode):
         return self.size("pp") * self.virtual_stages
 
     @property
-    def stage_layout(self) -> "runtime_schedule.Layout":
+    def stage_layout(self):
         """Where the pipeline's stages live and how many micro-batches pass them (runtime.schedule.Layout): stage s
         on pp rank s mod pp, or folded in a V under dualpipev. What the schedule, its proof, the program's stages,
-        checkpoints and the reports by stage read."""
+        checkpoints and the reports by stage read. (Imported here: `scalec check` reads no schedule module.)"""
+        from runtime import schedule as runtime_schedule
         return runtime_schedule.Layout.of(self.schedule, self.size("pp"), self.virtual_stages, self.micro_batches)
 
     def stages_of(self, pp_rank: int) -> tuple:

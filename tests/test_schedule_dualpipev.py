@@ -89,3 +89,9 @@ def test_the_checker_rejects_a_weight_half_after_a_full_backward():
     order[1].append(S.Action(full.stage, "W", full.mb))
     with pytest.raises(S.ScheduleError, match=f"{full.stage}W{full.mb} has no input half"):
         S.verify(order, lay)
+
+
+def test_grid_p4_m8(golden):
+    """The grid `scalec plan` prints (an overlap's forward and backward in two cells: verify runs them in order)."""
+    lay = _lay(4, 8)
+    golden.check("schedules/dualpipev_p4_m8.txt", S.grid(S.actions("dualpipev", 4, 8, 2), lay))

@@ -17,16 +17,17 @@ from torch import fx
 from compiler import spec as S
 from compiler import trace as T
 from compiler.symbols import MICRO_BATCH
+from runtime.schedule import Layout
 
 
 def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra: int = 0,
                    last_extra: int = 0, style: str = "loop") -> tuple[tuple[int, int], ...]:
     """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the blocks of the model's
     `repeat`s, concatenated: global indices),
-    stage k on pp rank k mod p (`style` "loop"; "v": folded in a V, runtime.schedule.Layout's, so that rank 0 holds
-    the first and the last stage under dualpipev), each stage at least one block; minimising the slowest rank's
-    compute: the sum over its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the
-    last (rank p - 1, or 0 in a V) also `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
+    each stage on the pp rank the stage layout of `style` gives (runtime.schedule.Layout: "loop", stage k on rank
+    k mod p; "v", dualpipev's), each stage at least one block; minimising the slowest rank's compute: the sum over
+    its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the last (rank p - 1
+    looped, rank 0 in a V) also `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
 
     A rank's compute depends only on how many blocks it holds (B_r ≥ v), so the optimum is exact: the smallest bound
     T with B_r ≤ (T - extra_r) / per_block holding the n blocks (a binary search), then, among layouts meeting it,
@@ -36,7 +37,6 @@ def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra:
     stages = p * v
     if p < 1 or v < 1 or stages > blocks:
         raise ValueError(f"cannot cut {blocks} blocks into {stages} non-empty stages")
-    from runtime.schedule import Layout
     lay = Layout(p, v, 1, style)
     extra = [0] * p
     extra[0] += first_extra
@@ -82,9 +82,7 @@ def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra:
 
 def rank_costs(layout, per_block: int, p: int, first_extra: int = 0, last_extra: int = 0,
                style: str = "loop") -> list[int]:
-    """Each pp rank's compute under `layout`: the sum over its stages (stage k on rank k mod p; `style` as in
-    `balance_stages`)."""
-    from runtime.schedule import Layout
+    """Each pp rank's compute under `layout`: the sum over its stages (placed by the stage layout of `style`)."""
     lay = Layout(p, len(layout) // p, 1, style)
     out = [0] * p
     for k, cost in enumerate(stage_costs(layout, [per_block] * layout[-1][1], first_extra, last_extra)):
@@ -179,7 +177,8 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
         return ()
     if plan.layout:  # the user's, checked complete and disjoint by the rules
         return tuple(plan.layout)
-    return balance_stages(blocks, per_block, plan.size("pp"), plan.virtual_stages, first, last, plan.stage_layout.style)
+    return balance_stages(blocks, per_block, plan.size("pp"), plan.virtual_stages, first, last,
+                          plan.stage_layout.style)
 
 
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:
