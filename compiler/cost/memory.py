@@ -130,10 +130,10 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tu
 def _steady(schedule: str, p: int, m: int) -> int:
     """The micro-batch count whose states stand for `m`'s: after a warm-up of fewer than 2p micro-batches, 1F1B,
     interleaved 1F1B and zero-bubble repeat one steady state, so every m >= 2p has the states (in the same order) of
-    m = 2p (tests/test_memory.py checks this over a grid); dualpipev, which needs m >= 2p, those of m = 3p
-    (tests/test_dualpipev_plan.py); GPipe keeps all m and is walked whole."""
+    m = 2p (tests/test_memory.py checks this over a grid); dualpipev, which needs m >= 2p, has those of m = 2p
+    for every m (tests/test_dualpipev_plan.py); GPipe keeps all m and is walked whole."""
     if schedule == "dualpipev":
-        return min(m, 3 * p)
+        return 2 * p
     return m if schedule == "gpipe" or m <= 2 * p else 2 * p
 
 

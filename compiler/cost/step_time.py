@@ -454,21 +454,28 @@ class Simulator:
         backward, {axis: seconds of its collectives}) as lists indexed by stage: its blocks, plus the first
         layers on stage 0 and the last layers and loss on the last stage. Each stage's sums are kept per pieces
         and blocks (a search's layouts share most of their stages); the lists and dicts are not to be changed."""
-        sums = self._stage_sums(cm, plan, env, pieces)
-        return [x[0] for x in sums], [x[1] for x in sums], [x[2] for x in sums], [x[3] for x in sums]
+        return self._stage_columns(cm, plan, env, pieces)[:4]
 
     def stage_hideable(self, cm, plan, env, pieces) -> tuple:
         """Per pipeline stage, one micro-batch's seconds of collectives inside its forward and inside its backward
-        that an overlapped partner's compute can hide (`Piece.hideable`), as two lists indexed by stage."""
-        sums = self._stage_sums(cm, plan, env, pieces)
-        return [x[4] for x in sums], [x[5] for x in sums]
+        that an overlapped partner's compute can hide (`Piece.hideable`), as two lists indexed by stage; not to be
+        changed."""
+        return self._stage_columns(cm, plan, env, pieces)[4:]
 
-    def _stage_sums(self, cm, plan, env, pieces) -> list:
-        """Per stage, (forward, backward, weight part, {axis: seconds}, hideable forward, hideable backward)."""
-        layout = cm.stages_for(plan, env)
+    def _stage_columns(self, cm, plan, env, pieces) -> tuple:
+        """`_stage_sums` as six lists indexed by stage, kept per pieces and layout."""
+        layout = tuple(cm.stages_for(plan, env))
+        known = self._stages.setdefault(id(pieces), {})
+        got = known.get(layout)
+        if got is None:
+            got = known[layout] = tuple(list(col) for col in zip(*self._stage_sums(cm, layout, pieces, known)))
+        return got
+
+    def _stage_sums(self, cm, layout, pieces, known) -> list:
+        """Per stage, (forward, backward, weight part, {axis: seconds}, hideable forward, hideable backward), each
+        kept in `known` (the pieces' own) per its blocks and whether it is first or last."""
         n = len(layout)
         fo = cm.formulas
-        known = self._stages.setdefault(id(pieces), {})  # id: the pieces live as long as self._pieces holds them
         out = []
         for s, (lo, hi) in enumerate(layout):
             at = (lo, hi, s == 0, s == n - 1)
