@@ -24,6 +24,8 @@
                    compute, not its own (which waits for them): a pair costs both computes plus, per side,
                    max(0, its communication - the other side's compute) (runtime/schedule_time.py
                    `pair_seconds`); what the pairs hide leaves the rank's busy time and its exposed ep and tp.
+                   Not charged: the compute the communication kernels take meanwhile (DeepSeek-V3 gives its
+                   all-to-alls 20 of 132 SMs): optimistic in that, until a GPU measures a pair.
     the step       the last rank's end of the pipeline, plus its exposed data-parallel traffic, plus AdamW, plus
                    the runtime's own cost per step (measured where a device's figures say so). Under offload
                    (compiler/cost/offload.py) AdamW's part is the host's (parameters), or the slower of the device's
