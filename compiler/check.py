@@ -404,7 +404,15 @@ def _plan(c: Checker, sec: ast.Section | None, cluster_only: bool = False) -> di
     s = bind_settings(c, sec, PLAN_SETTINGS, "plan")
     if s is None:
         return None
-    if not cluster_only and s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
+    if not cluster_only and s["schedule"] in choices.V_SHAPED:
+        # two stages per rank, folded in a V: the schedule's own shape (written otherwise, E0616)
+        if "virtual_stages" in s["_spans"] and s["virtual_stages"] != 2:
+            c.error("E0616", f"dualpipev runs two stages per pp rank, not virtual_stages = {s['virtual_stages']}",
+                    span_of(s["_spans"]["virtual_stages"]), label="the V holds stages r and 2·pp-1-r on rank r",
+                    help="leave `virtual_stages` out (2 under dualpipev), or choose another schedule")
+            return None
+        s["virtual_stages"] = 2
+    elif not cluster_only and s["virtual_stages"] > 1 and s["schedule"] != "interleaved-1f1b":
         c.error("E0604", f"virtual_stages = {s['virtual_stages']} needs the interleaved-1f1b schedule",
                 span_of(s["_spans"]["virtual_stages"]),
                 help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`')

@@ -355,6 +355,11 @@ CODES: dict[str, Code] = {
                   "split backward (input gradients, then weight gradients) would run each block's whole backward in "
                   "both halves. Under zero-bubble `compile` defaults to false; written true, it is this error. Use "
                   "another schedule (1f1b, interleaved-1f1b) to compile."),
+    "E0616": Code("dualpipev needs two stages per rank and 2·pp micro-batches", "DualPipeV (DeepSeek-V3's "
+                  "DualPipe in its V-shaped form) folds the model over the pp ranks in a V: each rank holds two "
+                  "stages, r and 2·pp-1-r, so `virtual_stages` is 2 (its default under this schedule; leave it out), "
+                  "and the schedule's warm-up runs 2·pp micro-batches before its first backward, so micro_batches "
+                  "must be at least 2·pp (as torch's ScheduleDualPipeV requires)."),
     "W0612": Code("pipeline schedule without pp", "A warning: `schedule` orders the micro-batches over pipeline "
                   "stages; without a pp axis (or with pp = 1) there are no stages and it does nothing."),
     "W0613": Code("virtual stages without pp", "A warning: `virtual_stages` gives each pp rank several interleaved "

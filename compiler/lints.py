@@ -237,7 +237,7 @@ def no_effect_checks(c: Checker, spec: S.Spec, axes_written: bool) -> None:
         if plan.schedule != PLAN_SETTINGS["schedule"].default:
             warn("W0612", "schedule", f"a pipeline schedule without pipeline parallelism: {no_pp}",
                  "the schedule orders the micro-batches of pipeline stages; add `axis pp = 2` (or more), or remove it")
-        if plan.virtual_stages > 1:
+        if plan.virtual_stages > 1 and (plan.span("virtual_stages") or plan.schedule not in choices.V_SHAPED):
             warn("W0613", "virtual_stages", f"virtual stages without pipeline parallelism: {no_pp}",
                  "virtual stages interleave the blocks of several stages on each pp rank; add `axis pp = ...`, or "
                  "remove it")

@@ -54,7 +54,7 @@ def schedule_problems(plan: P.Plan) -> list[Diagnostic]:
     if p == 1:
         return []
     try:
-        SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m))
+        SCH.verify(SCH.actions(plan.schedule, p, m, v), plan.stage_layout)
     except SCH.ScheduleError as exc:
         return [Diagnostic("E0609", "the pipeline schedule fails verification" + ("" if plan.span("axis pp") else
                            f" for {plan.describe()}"), plan.span("axis pp"),

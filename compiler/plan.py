@@ -58,9 +58,10 @@ class Plan(choices.DataParallelMode):
     pad_vocab: bool = False
     """Pad the vocabulary to a multiple of `tp`; the padded logits are masked out of the loss."""
     schedule: str = "1f1b"
-    """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b or zero-bubble (ZB-H1)."""
+    """Pipeline schedule over `pp`: gpipe, 1f1b, interleaved-1f1b, zero-bubble (ZB-H1) or dualpipev (DeepSeek's
+    DualPipeV, two stages per rank in a V)."""
     virtual_stages: int = 1
-    """Stages per pp rank (interleaved-1f1b only)."""
+    """Stages per pp rank: interleaved-1f1b's choice; 2 under dualpipev; 1 otherwise."""
     layout: tuple = ()
     """The manual stage layout as written, ((first block, end block), ...); empty: cost-balanced."""
     recompute: str = "none"
@@ -112,7 +113,8 @@ class Plan(choices.DataParallelMode):
     it. At least 1: 0 (FSDP2's own order, which the runtime accepts) is not what either model costs."""
     # -- what the policies decided from the unsharded trace (empty until `decide`) ----------------------------------
     stages: tuple = ()
-    """((first block, end block), ...) per pipeline stage; stage s runs on pp rank s % pp. Empty without pp."""
+    """((first block, end block), ...) per pipeline stage, on the pp rank `stage_layout` puts it. Empty without
+    pp."""
     tp: tuple = ()
     """((segment name, passes.tensor_parallel.Decision), ...): regions, vocabulary nodes."""
     ep: tuple = ()
@@ -173,9 +175,19 @@ class Plan(choices.DataParallelMode):
     def pipeline_stages(self) -> int:
         return self.size("pp") * self.virtual_stages
 
+    @property
+    def stage_layout(self):
+        """Where the pipeline's stages live and how many micro-batches pass them (runtime.schedule.Layout): stage s
+        on pp rank s mod pp, or folded in a V under dualpipev. What the schedule, its proof, the program's stages,
+        checkpoints and the reports by stage read. (Imported here: `scalec check` reads no schedule module.)"""
+        from runtime import schedule as runtime_schedule
+        return runtime_schedule.Layout.of(self.schedule, self.size("pp"), self.virtual_stages, self.micro_batches)
+
     def stages_of(self, pp_rank: int) -> tuple:
-        """The stage indices pp rank `pp_rank` runs: r, r + pp, ... (several under interleaving)."""
-        return tuple(range(pp_rank, len(self.stages), self.size("pp")))
+        """The stage indices pp rank `pp_rank` runs (several under interleaving and dualpipev), in chunk order."""
+        if not self.stages:
+            return ()
+        return tuple(self.stage_layout.stages_of(pp_rank))
 
     def decision(self, field_name: str, segment: str):
         """The tp or ep decision of one traced segment, or None."""
@@ -183,11 +195,11 @@ class Plan(choices.DataParallelMode):
 
     @property
     def compiles(self) -> bool:
-        """Whether the program is compiled: `compile`, except under a zero-bubble pipeline, whose split backward
-        would run each compiled region's backward (one autograd node) twice; written there, it is an error
+        """Whether the program is compiled: `compile`, except under a zero-bubble or dualpipev pipeline, whose split
+        backward would run each compiled region's backward (one autograd node) twice; written there, it is an error
         (E0611); and under activation offload, whose hooks choosing the modules would not run inside a compiled
         block (written there: E0333)."""
-        return (self.compile and not (self.schedule == "zero-bubble" and self.size("pp") > 1)
+        return (self.compile and not (self.schedule in choices.SPLIT_BACKWARD and self.size("pp") > 1)
                 and self.offload != "activations")
 
     @property

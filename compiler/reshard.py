@@ -57,6 +57,7 @@ class Layout:
         table = {pl.name: pl for pl in PL.placements(traced, plan)}
         top = traced.top
         stages = compiled.plan.stages  # the Plan's layout: () without pp
+        self.rank_of = compiled.plan.stage_layout.rank_of  # the pp rank each stage lives on
         from compiler.trace import repeat_edges
         offset = {name: a for name, a, _ in repeat_edges(traced, compiled.spec.value)}  # blocks across the repeats
         first = {n for n, _ in top.meta[T.PROLOGUE].named_children()} if stages else set()
@@ -101,10 +102,9 @@ class Layout:
 
     def reads(self, coords: dict) -> tuple[int, int]:
         """(tensors, bytes) a rank at `coords` reads: its piece of each parameter it holds and of its moments."""
-        pp = self.size.get("pp", 1)
         tensors = total = 0
         for pl in self.params.values():
-            if pl.stages and not any(s % pp == coords.get("pp", 0) for s in pl.stages):
+            if pl.stages and not any(self.rank_of(s) == coords.get("pp", 0) for s in pl.stages):
                 continue
             shape = list(pl.shape)
             for piece in pl.pieces:

@@ -48,12 +48,12 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     (stage, micro-batch) tables once: the published 530B (p 35 × v 3, 280 micro-batches) and 1T (p 64, 512)
     configurations verify in a fraction of a second (bench/schedule_check.py).
 
-    Raises ScheduleError naming the rank and action on a deadlock, an unmatched send or receive, a missing,
-    repeated or misplaced computation, or an action that runs before what it depends on."""
+    Stages live where `lay` puts them (looped or a V); an overlap runs as its sub-actions in order (on a GPU they
+    share the time: an upper bound); B, I and W may mix. Raises ScheduleError naming the rank and action on a
+    deadlock, an unmatched send or receive, a missing, repeated or misplaced computation, or an early action."""
     cost = cost or COST
+    order = _check_each_computation_once({r: [x for a in acts for x in a.parts] for r, acts in order.items()}, lay)
     n_stages, m, last = lay.stages, lay.m, lay.stages - 1
-    _check_each_computation_once(order, lay)
-
     # Event tables: 0 forward done, 1 backward (input) done, 2 activation sent, 3 gradient sent.
     events = [[[None] * m for _ in range(n_stages)] for _ in range(4)]
     received = [[[False] * m for _ in range(n_stages)] for _ in range(2)]  # 0 activation, 1 gradient
@@ -77,7 +77,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     dur = [list(x) if isinstance(x, (list, tuple)) else [x] * n_stages
            for x in (cost.get(k, 0) for k in ("F", "B", "I", "W"))]
     coded = {r: [(_CODE_OF[a.kind], a.stage, a.mb) for a in acts] for r, acts in order.items()}
-    p = lay.p
+    home = [lay.rank_of(st) for st in range(n_stages)]
     ev_f, ev_b, ev_sf, ev_sb = events
     recv_f, recv_b = received
     work = 0
@@ -99,7 +99,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
                 need = (SENT_B, st + 1, k)
             elif c == 0:                                     # F
                 if st > 0:
-                    if (st - 1) % p == r:
+                    if home[st - 1] == r:
                         need = (FWD, st - 1, k)
                     elif not recv_f[st - 1][k]:
                         raise ScheduleError(f"rank {r}: {acts[i]} runs before its input is received "
@@ -108,7 +108,7 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
                 if ev_f[st][k] is None:
                     raise ScheduleError(f"rank {r}: {acts[i]} runs before {st}F{k}")
                 if st < last:
-                    if (st + 1) % p == r:
+                    if home[st + 1] == r:
                         need = (BWD, st + 1, k)
                     elif not recv_b[st + 1][k]:
                         raise ScheduleError(f"rank {r}: {acts[i]} runs before its output gradient is received "
@@ -157,12 +157,13 @@ def verify(order: dict[int, list[Action]], lay: Layout, cost: dict | None = None
     return Timeline(spans, makespan, work)
 
 
-def _check_each_computation_once(order: dict, lay: Layout) -> None:
+def _check_each_computation_once(order: dict, lay: Layout) -> dict:
     """Every computation on the rank its stage lives on, each (stage, micro-batch) forward and backward exactly
-    once."""
+    once, and a weight half (W) exactly for each input half (I), none for a full backward (B). Returns `order`."""
     n_stages, m = lay.stages, lay.m
     count_f = [[0] * m for _ in range(n_stages)]
     count_b = [[0] * m for _ in range(n_stages)]
+    split = [[0] * m for _ in range(n_stages)]  # +1 per I, -1 per W: 0 at the end
     for r, acts in order.items():
         for a in acts:
             if a.kind in COST and lay.rank_of(a.stage) != r:
@@ -173,11 +174,20 @@ def _check_each_computation_once(order: dict, lay: Layout) -> None:
                 table[a.stage][a.mb] += 1
                 if table[a.stage][a.mb] > 1:
                     raise ScheduleError(f"rank {r}: {a} is computed twice")
+            if a.kind in ("I", "W"):
+                split[a.stage][a.mb] += 1 if a.kind == "I" else -1
+                if split[a.stage][a.mb] < 0:
+                    raise ScheduleError(f"rank {r}: {a} has no input half {a.stage}I{a.mb} (or runs twice)")
+    for st in range(n_stages):
+        for k in range(m):
+            if split[st][k]:
+                raise ScheduleError(f"rank {lay.rank_of(st)}: {st}I{k} has no weight half {st}W{k}")
     for table, what in ((count_f, "forward"), (count_b, "backward")):
         for st in range(n_stages):
             for k in range(m):
                 if not table[st][k]:
                     raise ScheduleError(f"rank {lay.rank_of(st)}: {what} of micro-batch {k} on stage {st} never runs")
+    return order
 
 
 _CODE_OF = {"F": 0, "B": 1, "I": 2, "W": 3, "SEND_F": 4, "SEND_B": 5, "RECV_F": 6, "RECV_B": 7}

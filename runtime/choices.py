@@ -57,8 +57,17 @@ class DataParallelMode:
         """Weights sharded over dp and gathered for each unit's forward and again for its backward: fsdp (ZeRO-3)."""
         return self.zero_stage >= 3
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipev")
 """Pipeline schedules (runtime/schedule.py builds each one's action lists)."""
+
+SPLIT_BACKWARD = ("zero-bubble", "dualpipev")
+"""The schedules that split backwards into their input and weight halves (I, then W: zero-bubble's every one,
+dualpipev's some), each half a pass over the stage's graph: no compiled regions (one autograd node each) and no
+selective recomputation under them (compiler/rules/pipeline_split.py, E0610, E0611)."""
+
+V_SHAPED = ("dualpipev",)
+"""The schedules whose stages fold in a V over the pp ranks (runtime.schedule.Layout's style "v"), two per rank:
+rank r holds stages r and 2·pp-1-r. The others loop: stage s on rank s mod pp."""
 
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation of each block (runtime/recompute.py)."""

@@ -54,9 +54,9 @@ class Parallel(choices.DataParallelMode):
     batch_ranks: int = 1
     """Ranks the global batch is split over: dp × ep (ep is folded out of data parallelism) (Plan)."""
     schedule: str = "1f1b"
-    """Pipeline schedule over pp: gpipe, 1f1b, interleaved-1f1b, zero-bubble."""
+    """Pipeline schedule over pp: gpipe, 1f1b, interleaved-1f1b, zero-bubble, dualpipev."""
     virtual_stages: int = 1
-    """Pipeline stages per pp rank (more than one: interleaved)."""
+    """Pipeline stages per pp rank (more than one: interleaved; two, folded in a V: dualpipev)."""
     sequence_parallel: bool = False
     """Activations outside attention and MLP are split over tp along the sequence; the replicated parameters they
     meet get partial gradients (`tp_partial_grads`)."""

@@ -35,11 +35,16 @@ class ModelParts:
     """runtime.memory.Measure of the step being measured (its forwards record activations), or None."""
 
     def named_parameters(self, counted_once: bool = False):
-        """(name, parameter) over every module; `counted_once`: without the `tied_elsewhere` copies."""
+        """(name, parameter) over every module; `counted_once`: without the `tied_elsewhere` copies, nor a second
+        copy of a name held here (dualpipev's rank 0 holds the first and the last stage, a tied embedding's two
+        copies, equal after every step)."""
+        seen = set()
         for module in self.modules:
             for name, p in module.named_parameters():
-                if counted_once and name.removeprefix("module.") in self.tied_elsewhere:
+                bare = name.removeprefix("module.")
+                if counted_once and (bare in self.tied_elsewhere or bare in seen):
                     continue
+                seen.add(bare)
                 yield name, p
 
     def batches(self, source, step: int, held_out: bool = False) -> list:

@@ -1,10 +1,14 @@
 """Pipeline parallelism over `pp` with torch.distributed.pipelining: this rank's stages and their schedule.
 
-Stage s runs on pp rank s % pp (v stages per rank for interleaved schedules). Each stage module is built on the
-meta device, sharded or initialised by name like the single-device model, and handed to a PipelineStage; the
-schedule runs the micro-batches in the order of runtime/schedule.py (the order the compiler checked) and scales
-gradients by 1/micro-batches (the loss is a per-micro-batch mean).
-A tied embedding lives on the first and the last stage; their gradients are summed after each step.
+Stage s runs on the pp rank the schedule's runtime.schedule.Layout puts it: s % pp (v stages per rank for
+interleaved schedules), or folded in a V under dualpipev (rank r runs stages r and 2·pp-1-r). Each stage module is
+built on the meta device, sharded or initialised by name like the single-device model, and handed to a
+PipelineStage told that mapping; the schedule runs the micro-batches in the order of runtime/schedule.py (the order
+the compiler checked) and scales gradients by 1/micro-batches (the loss is a per-micro-batch mean). dualpipev's
+overlapped pairs (OVERLAP_F_B) run their forward and backward one after the other (exact; on CPU), or on CUDA side
+by side on two streams (`Overlap`).
+A tied embedding lives on the first and the last stage; their gradients are summed after each step: over a group of
+the two ranks, or on rank 0 itself when the V puts both stages there.
 Packed documents (runtime/packed.py): every pp rank reads the batch, so each computes the document ids of the
 micro-batches itself (nothing moves between stages for them); each stage's forward, backward (whose recomputation
 re-runs the forward) and weight backward of micro-batch k runs inside `packed.batch` of micro-batch k's ids
@@ -19,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, schedules
 from torch.distributed.pipelining._utils import _make_tensor_from_meta
-from torch.distributed.pipelining.schedules import _Action, _PipelineScheduleRuntime
+from torch.distributed.pipelining.schedules import OVERLAP_F_B, _Action, _PipelineScheduleRuntime
 
 from runtime import collectives, mesh, moe, offload, packed, schedule, sections
+from runtime.overlap import Overlap
 
 TIED = "embed.weight"
 
@@ -29,7 +34,7 @@ TIED = "embed.weight"
 def torch_order(name: str, pp: int, micro_batches: int, virtual: int) -> dict:
     """Our compute order for every rank (runtime/schedule.py, the lists the compiler checked) in torch's action
     type; torch's runtime adds the sends and receives by the same rule the check assumes."""
-    lay = schedule.Layout(pp, virtual, micro_batches)
+    lay = schedule.Layout.of(name, pp, virtual, micro_batches)
     return {r: [_Action.from_str(str(a)) for a in acts]
             for r, acts in schedule.compute_order(name, lay).items()}
 
@@ -331,10 +336,6 @@ class Documents:
             self.docs = None
 
 
-def stage_ids(pp: int, pp_rank: int, virtual: int) -> list[int]:
-    return [c * pp + pp_rank for c in range(virtual)]
-
-
 def tie_group(ctx):
     """The group of the two ranks holding the first and the last stage with this rank's other coordinates (every
     rank creates every such group, in the same order, as new_group requires); None off those two ranks."""
@@ -358,8 +359,9 @@ class Pipeline:
         self.ctx, self.cfg, self.loss_fn = ctx, cfg, loss_fn
         pp, r = ctx.axis_size("pp"), ctx.coords["pp"]
         par = cfg.parallel
-        n_stages = pp * par.virtual_stages
-        self.ids = stage_ids(pp, r, par.virtual_stages)
+        self.layout = schedule.Layout.of(par.schedule, pp, par.virtual_stages, par.micro_batches)
+        n_stages = self.layout.stages
+        self.ids = self.layout.stages_of(r)
         self.modules = []
         for s in self.ids:
             with torch.device("meta"):
@@ -368,6 +370,10 @@ class Pipeline:
             self.modules.append(prepare(module))
         group = ctx.mesh["pp"].get_group()
         self.stages = [PipelineStage(m, s, n_stages, ctx.device, group=group) for m, s in zip(self.modules, self.ids)]
+        # each stage's peers by the layout (torch's stages assume s % pp; its V schedules set this mapping too)
+        placed = {s: self.layout.rank_of(s) for s in range(n_stages)}
+        for stage in self.stages:
+            stage.stage_index_to_group_rank = placed
         for stage in self.stages:  # its first forward infers shapes on uninitialised tensors: not a training step
             infer = getattr(stage, "_forward_metadata_inference", None)
             if infer is not None:
@@ -381,11 +387,20 @@ class Pipeline:
                                                  loss_fn=loss_fn, scale_grads=not main_grads)
         self.schedule._prepare_schedule_with_comms(torch_order(par.schedule, pp, par.micro_batches,
                                                                par.virtual_stages))
+        self.overlap = None
+        if ctx.device.type == "cuda" and par.schedule in schedule.V_SHAPED:  # CPU: torch runs the pair in order
+            self.overlap = Overlap(torch.cuda.Stream(ctx.device))
+            self.schedule.register_custom_function(OVERLAP_F_B, self.overlap)
         self.holds_last = (n_stages - 1) in self.ids
         self.holds_first = 0 in self.ids
-        self.tie = tie_group(ctx) if par.tied_embedding and pp > 1 else None
+        tied = par.tied_embedding and pp > 1
+        # The two copies of a tied embedding on one rank (the V's rank 0: its gradients summed here), or on two
+        # ranks (summed over the group of the two, which every rank makes).
+        self.tied_here = tied and self.layout.rank_of(0) == self.layout.rank_of(n_stages - 1)
+        self.tie = tie_group(ctx) if tied and not self.tied_here else None
         # The last stage's copy of a tied embedding when the first stage is elsewhere: the same parameter, counted
-        # (norm, parameter count) and saved once, by the rank holding the first stage.
+        # (norm, parameter count) and saved once, by the rank holding the first stage. Two copies on one rank are
+        # counted once by name (runtime.model_parts).
         self.tied_elsewhere = (TIED,) if self.tie is not None and not self.holds_first else ()
 
     def named_parameters(self):
@@ -424,17 +439,25 @@ class Pipeline:
         # logits only until that micro-batch's backward (torch's fwd_cache; with 1F1B-style schedules the next
         # action), as Megatron's last stage does. The default would also collect every micro-batch's logits in
         # output_chunks for the whole step and concatenate them at its end: m × the logits, that nothing reads.
+        if self.overlap is not None:
+            self.overlap.stream_of.clear()  # this step's forwards' streams only
         with self.in_flight.sending(), self.documents.step(docs, self.cfg.parallel.micro_batches):
             self.schedule.step(tokens, target=targets, losses=losses, return_outputs=False)
         if self.mains is not None:  # the mean over micro-batches, as the schedule's scale_grads would
             self.mains.finish(1.0 / self.cfg.parallel.micro_batches)
-        if self.tie is not None:
+        if self.tie is not None or self.tied_here:
+            copies = []
             for module in self.modules:
                 for name, p in module.named_parameters():
                     grad = p.main_grad if self.mains is not None else p.grad
                     if name.removeprefix("module.") == TIED and grad is not None:
-                        g = grad.to_local() if hasattr(grad, "to_local") else grad
-                        dist.all_reduce(g, group=self.tie)
+                        copies.append(grad.to_local() if hasattr(grad, "to_local") else grad)
+            if self.tie is not None:
+                for g in copies:
+                    dist.all_reduce(g, group=self.tie)
+            elif len(copies) == 2:  # both copies here (the V): each gets their sum, as the group's all-reduce gives
+                copies[0].add_(copies[1])
+                copies[1].copy_(copies[0])
         total = (torch.stack([l.detach().float() for l in losses]).mean() if self.holds_last and losses
                  else torch.zeros((), device=self.ctx.device))
         dist.all_reduce(total, group=self.ctx.mesh["pp"].get_group())
@@ -449,8 +472,8 @@ class Pipeline:
         sequence parallelism and mixed precision without them), and every rank visits (micro-batch, stage) in the
         same order, so the blocking receives meet their sends."""
         ctx = self.ctx
-        pp, m = ctx.axis_size("pp"), self.cfg.parallel.micro_batches
-        n_stages = pp * self.cfg.parallel.virtual_stages
+        m = self.cfg.parallel.micro_batches
+        n_stages = self.layout.stages
         group = ctx.mesh["pp"].get_group()
         local = dict(zip(self.ids, self.modules))
         total = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -462,13 +485,13 @@ class Pipeline:
                 if s not in local:
                     continue
                 if s > 0 and s - 1 not in local:
-                    x = _receive(dist.get_global_rank(group, (s - 1) % pp), group, ctx.device)
+                    x = _receive(dist.get_global_rank(group, self.layout.rank_of(s - 1)), group, ctx.device)
                 with packed.batch(docs_mb) if docs_mb is not None else contextlib.nullcontext():
                     x = local[s](tokens_mb if s == 0 else x)
                 if s == n_stages - 1:
                     total += self.loss_fn(x, targets_mb).double() * targets_mb.numel()
                 elif s + 1 not in local:
-                    sends += _send(x, dist.get_global_rank(group, (s + 1) % pp), group)
+                    sends += _send(x, dist.get_global_rank(group, self.layout.rank_of(s + 1)), group)
         for work, _ in sends:
             work.wait()
         dist.all_reduce(total, group=group)  # the last stage's sum to every pp rank

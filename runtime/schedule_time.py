@@ -32,9 +32,10 @@ def steps(order: dict[int, list[Action]], lay: Layout) -> tuple:
     and waits for nothing; durations are one flat list, F, B, I, W, each per stage."""
     n, m, p = lay.stages, lay.m, lay.p
     out = []
+    home = [lay.rank_of(st) for st in range(n)]
     for r in range(p):
         acts = []
-        for a in order[r]:
+        for a in (x for act in order[r] for x in act.parts):  # an overlap: its sub-actions in order
             c = _KIND.get(a.kind)
             if c is None:
                 continue
@@ -43,10 +44,10 @@ def steps(order: dict[int, list[Action]], lay: Layout) -> tuple:
                 acts.append((3 * n + st, -1, -1, False))
             elif c == 0:
                 dep = (st - 1) * m + k if st > 0 else -1
-                acts.append((st, st * m + k, dep, st > 0 and (st - 1) % p != r))
+                acts.append((st, st * m + k, dep, st > 0 and home[st - 1] != r))
             else:
                 dep = n * m + (st + 1) * m + k if st < n - 1 else -1
-                acts.append((c * n + st, n * m + st * m + k, dep, st < n - 1 and (st + 1) % p != r))
+                acts.append((c * n + st, n * m + st * m + k, dep, st < n - 1 and home[st + 1] != r))
         out.append(acts)
     return tuple(out)
 

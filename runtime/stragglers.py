@@ -217,14 +217,14 @@ def pipeline_model(parallel, world: list[dict]):
     pp = next((k for a, k in parallel.axes if a == "pp"), 1)
     if pp <= 1:
         return None
-    lay = schedule.Layout(pp, parallel.virtual_stages, parallel.micro_batches)
+    lay = schedule.Layout.of(parallel.schedule, pp, parallel.virtual_stages, parallel.micro_batches)
     order = schedule.compute_order(parallel.schedule, lay)
     rows: dict = {}
     for r, coords in enumerate(world):
         key = tuple(sorted((a, i) for a, i in coords.items() if a != "pp"))
         rows.setdefault(key, [None] * pp)[coords.get("pp", 0)] = r
-    actions = {p: (sum(a.kind == "F" for a in order[p]), sum(a.kind in "BI" for a in order[p]),
-                   sum(a.kind == "W" for a in order[p])) for p in range(pp)}
+    kinds = {p: [x.kind for a in order[p] for x in a.parts] for p in range(pp)}  # an overlap: its two
+    actions = {p: (k.count("F"), k.count("B") + k.count("I"), k.count("W")) for p, k in kinds.items()}
     return order, lay, list(rows.values()), actions
 
 

@@ -17,9 +17,9 @@ def _compositions(n: int, k: int):
         yield tuple(zip(edges, edges[1:]))
 
 
-def _best(n, c, p, v, first, last) -> int:
+def _best(n, c, p, v, first, last, style="loop") -> int:
     """The exhaustive optimum: the least slowest-rank compute over every layout of p × v stages."""
-    return min(max(rank_costs(layout, c, p, first, last)) for layout in _compositions(n, p * v))
+    return min(max(rank_costs(layout, c, p, first, last, style)) for layout in _compositions(n, p * v))
 
 
 def test_uniform_blocks_split_evenly():
@@ -62,6 +62,19 @@ def test_optimal_and_complete_against_exhaustive_search(seed):
     assert len(layout) == p * v and all(b > a for a, b in layout)
     assert [i for a, b in layout for i in range(a, b)] == list(range(n))  # every block exactly once, in order
     assert max(rank_costs(layout, c, p, first, last)) == _best(n, c, p, v, first, last)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_v_layout_optimal_against_exhaustive_search(seed):
+    """dualpipev's V (rank r holds stages r and 2p-1-r): the first and the last stage, with the embedding and the
+    head, both on rank 0, which the cut gives fewer blocks."""
+    rng = random.Random(seed)
+    p = rng.randint(1, 3)
+    n = rng.randint(2 * p, min(2 * p + 5, 10))
+    c, first, last = rng.randint(1, 20), rng.randint(0, 60), rng.randint(0, 60)
+    layout = balance_stages(n, c, p, 2, first, last, "v")
+    assert [i for a, b in layout for i in range(a, b)] == list(range(n))
+    assert max(rank_costs(layout, c, p, first, last, "v")) == _best(n, c, p, 2, first, last, "v")
 
 
 def test_more_stages_than_blocks_is_refused():

@@ -363,9 +363,9 @@ def mesh_text(spec: S.Spec, plan) -> str:
     return f"{axes} ({n} node{'s' if n != 1 else ''} × {cl.devices_per_node} {cl.device.kind})"
 
 
-def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
+def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple, style: str = "loop") -> dict | None:
     """What the template needs for a Stage class, when the plan has pipeline stages (`stages`: the Plan's layout;
-    the top level cut into its pieces by passes.pipeline_split)."""
+    the top level cut into its pieces by passes.pipeline_split; `style`: its stage layout's, where each runs)."""
     top = traced.top
     if T.PROLOGUE not in top.meta:
         return None
@@ -388,7 +388,10 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
     from compiler.trace import repeat_edges
     repeats = [{"name": name, "cls": T.class_name(name), "first": a, "end": b}
                for name, a, b in repeat_edges(traced, spec.value)]
-    return {"stages": E.py_literal(stages), "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
+    placed = ("stage s runs on pp rank s % pp" if style == "loop" else
+              "pp rank r runs stages r and 2·pp-1-r (dualpipev's V: the first and the last on rank 0)")
+    return {"stages": E.py_literal(stages), "placed": placed,
+            "leaf_groups": [(E.code(c), ls) for c, ls in groups if ls],
             "repeats": repeats,
             "prologue": E.code(forward_code(pro, spec).replace("def forward(", "def prologue(", 1)),
             "epilogue": E.code(forward_code(epi, spec).replace("def forward(", "def epilogue(", 1)),
@@ -397,7 +400,7 @@ def _pipeline(spec: S.Spec, traced: T.Traced, stages: tuple) -> dict | None:
 
 def program(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:
     segs = [_segment(cls, gm, spec) for cls, gm in traced.segments()]
-    pipeline = _pipeline(spec, traced, plan.stages)
+    pipeline = _pipeline(spec, traced, plan.stages, plan.stage_layout.style)
     if pipeline:  # the Stage class replaces Model
         segs = [sg for sg in segs if sg.cls != "Model"]
     imports = sorted(({"Repeat"} if traced.blocks else set())

@@ -17,15 +17,17 @@ from torch import fx
 from compiler import spec as S
 from compiler import trace as T
 from compiler.symbols import MICRO_BATCH
+from runtime.schedule import Layout
 
 
 def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra: int = 0,
-                   last_extra: int = 0) -> tuple[tuple[int, int], ...]:
+                   last_extra: int = 0, style: str = "loop") -> tuple[tuple[int, int], ...]:
     """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the blocks of the model's
     `repeat`s, concatenated: global indices),
-    stage k on pp rank k mod p, each stage at least one block; minimising the slowest rank's compute: the sum over
-    its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the last (rank p - 1) also
-    `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
+    each stage on the pp rank the stage layout of `style` gives (runtime.schedule.Layout: "loop", stage k on rank
+    k mod p; "v", dualpipev's), each stage at least one block; minimising the slowest rank's compute: the sum over
+    its v stages, the first stage (rank 0) also paying `first_extra` (the embedding) and the last (rank p - 1
+    looped, rank 0 in a V) also `last_extra` (the head and loss). Costs are integers (FLOPs of one sequence).
 
     A rank's compute depends only on how many blocks it holds (B_r ≥ v), so the optimum is exact: the smallest bound
     T with B_r ≤ (T - extra_r) / per_block holding the n blocks (a binary search), then, among layouts meeting it,
@@ -35,9 +37,10 @@ def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra:
     stages = p * v
     if p < 1 or v < 1 or stages > blocks:
         raise ValueError(f"cannot cut {blocks} blocks into {stages} non-empty stages")
+    lay = Layout(p, v, 1, style)
     extra = [0] * p
     extra[0] += first_extra
-    extra[(stages - 1) % p] += last_extra
+    extra[lay.rank_of(stages - 1)] += last_extra
     c = max(per_block, 0)
     if c == 0:  # blocks cost nothing: only the counts matter, spread them evenly
         held = [blocks // p + (r < blocks % p) for r in range(p)]
@@ -62,7 +65,7 @@ def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra:
                 heapq.heappush(heavy, (-(c * held[-r] + extra[-r]), r))
     sizes = [0] * stages
     for r in range(p):
-        mine = list(range(r, stages, p))
+        mine = lay.stages_of(r)
         own = {k: (first_extra if k == 0 else 0) + (last_extra if k == stages - 1 else 0) for k in mine}
         for k in mine:
             sizes[k] = 1
@@ -77,11 +80,13 @@ def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra:
     return layout
 
 
-def rank_costs(layout, per_block: int, p: int, first_extra: int = 0, last_extra: int = 0) -> list[int]:
-    """Each pp rank's compute under `layout`: the sum over its stages (stage k on rank k mod p)."""
+def rank_costs(layout, per_block: int, p: int, first_extra: int = 0, last_extra: int = 0,
+               style: str = "loop") -> list[int]:
+    """Each pp rank's compute under `layout`: the sum over its stages (placed by the stage layout of `style`)."""
+    lay = Layout(p, len(layout) // p, 1, style)
     out = [0] * p
     for k, cost in enumerate(stage_costs(layout, [per_block] * layout[-1][1], first_extra, last_extra)):
-        out[k % p] += cost
+        out[lay.rank_of(k)] += cost
     return out
 
 
@@ -172,7 +177,8 @@ def stage_policy(plan, blocks: int, per_block: int, first: int, last: int) -> tu
         return ()
     if plan.layout:  # the user's, checked complete and disjoint by the rules
         return tuple(plan.layout)
-    return balance_stages(blocks, per_block, plan.size("pp"), plan.virtual_stages, first, last)
+    return balance_stages(blocks, per_block, plan.size("pp"), plan.virtual_stages, first, last,
+                          plan.stage_layout.style)
 
 
 def pipeline_split_pass(traced: T.Traced, plan) -> T.Traced:

@@ -379,10 +379,9 @@ def ledger_json(spec, plan, ledger, priced: bool = False) -> list:
 
 def _pp_rank0(plan) -> str:
     """Which rank the per-rank numbers describe under pp: pp rank 0, with every stage it holds."""
-    p, v = plan.size("pp"), plan.virtual_stages
-    if v == 1:
+    if plan.virtual_stages == 1:
         return "a rank of the first pipeline stage"
-    return f"pp rank 0, stages {', '.join(str(k) for k in range(0, p * v, p))}"
+    return f"pp rank 0, stages {', '.join(map(str, plan.stage_layout.stages_of(0)))}"
 
 
 def _context_text(compiled) -> list[str]:
@@ -503,7 +502,7 @@ def _pipeline_text(compiled) -> list[str]:
         lines += [f"  {st.stage:>5}  {st.rank:>4}  {lo:>3}..{hi - 1:<4} {st.params:>21,}   {nbytes(st.state):>10}   "
                   f"{nbytes(st.activations):>10}"]
     order = SCH.actions(plan.schedule, p, m, v)  # proved by the driver while compiling (E0609 otherwise)
-    lay = SCH.Layout(p, v, m)
+    lay = plan.stage_layout
     lines += [f"schedule    every send has its receive and no rank waits forever "
               f"({sum(len(x) for x in order.values()):,} actions checked)"]
     if p <= 8 and m * v <= 16:
@@ -522,7 +521,7 @@ def plan_schedule_svg(model: str, plan) -> str:
     from compiler import schedule as SCH
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
     title = f"{model}: {plan.schedule}, pp = {p}, v = {v}, m = {m}"
-    return SCH.svg(SCH.verify(SCH.actions(plan.schedule, p, m, v), SCH.Layout(p, v, m)), title)
+    return SCH.svg(SCH.verify(SCH.actions(plan.schedule, p, m, v), plan.stage_layout), title)
 
 
 def schedule_svg_note(compiled, path: str) -> str | None:

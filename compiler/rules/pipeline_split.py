@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from compiler import spec as S
 from compiler.diagnostics import plan_error
+from runtime.choices import SPLIT_BACKWARD, V_SHAPED
 
 AXIS = "pp"
 # The rules (Diagnostic.rule) whose verdict reads no micro-batch count, only pp, the schedule, the virtual stages and
@@ -29,6 +30,12 @@ def schedule_actions(schedule: str, pp: int, v: int, m: int) -> int:
     and a backward (zero-bubble: its input and weight halves), and per stage boundary and micro-batch the four
     sends and receives (stage s lives on rank s mod pp, so with pp > 1 neighbouring stages are on different ranks)."""
     stages = pp * v
+    if schedule == "dualpipev":
+        # a forward and a backward (B or I) per stage and micro-batch, a W for each I: rank r splits 2pp-1-r
+        # backwards (runtime/schedule.py `_dualpipev`: phases 3, 6 and 7), (3pp²-pp)/2 in all; sends and receives
+        # at the 2pp-2 boundaries between ranks (stages pp-1 and pp, the V's bottom, are both on rank pp-1).
+        # An overlapped pair counts as its two computations.
+        return m * (2 * stages + 4 * (stages - 2)) + (3 * pp * pp - pp) // 2
     per = 3 if schedule == "zero-bubble" else 2
     return m * (stages * per + (4 * (stages - 1) if pp > 1 else 0))
 
@@ -38,21 +45,25 @@ def requires(spec: S.Spec, plan) -> list:
     layout. Reads the settings from `plan` (a compiler.plan.Plan: the file's, or a generated candidate)."""
     out: list = []
     pp, v, m = plan.size(AXIS), plan.virtual_stages, plan.micro_batches
-    if v > 1 and plan.schedule != "interleaved-1f1b":  # a file's plan is refused earlier, where it is read
+    if plan.schedule in V_SHAPED and v != 2:  # a file's plan is refused earlier, where it is read
+        out.append(plan_error(plan, "virtual_stages", "E0616", f"dualpipev runs two stages per pp rank, not "
+                              f"virtual_stages = {v}", help="virtual_stages = 2 (leave it out), or another schedule",
+                              axis=AXIS, rule="pipeline_split.virtual_stages"))
+    elif v > 1 and plan.schedule not in ("interleaved-1f1b",) + V_SHAPED:  # likewise
         out.append(plan_error(plan, "virtual_stages", "E0604", f"virtual_stages = {v} needs the interleaved-1f1b "
                               "schedule", help='set `schedule = "interleaved-1f1b"`, or `virtual_stages = 1`',
                               axis=AXIS, rule="pipeline_split.virtual_stages"))
     if pp == 1:
         return out
-    if plan.recompute == "selective" and plan.schedule == "zero-bubble":
-        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the zero-bubble "
-                              "schedule", label="its backward passes each block twice",
+    if plan.recompute == "selective" and plan.schedule in SPLIT_BACKWARD:
+        out.append(plan_error(plan, "recompute", "E0610", "selective recomputation cannot run under the "
+                              f"{plan.schedule} schedule", label="its backward passes each block twice",
                               help='use `recompute = full` (it recomputes the block for each pass), or another '
                                    'schedule', axis=AXIS, rule="pipeline_split.zero_bubble_recompute"))
-    if plan.compile and plan.schedule == "zero-bubble" and plan.span("compile") is not None:
-        out.append(plan_error(plan, "compile", "E0611", "a compiled program cannot run the zero-bubble schedule",
+    if plan.compile and plan.schedule in SPLIT_BACKWARD and plan.span("compile") is not None:
+        out.append(plan_error(plan, "compile", "E0611", f"a compiled program cannot run the {plan.schedule} schedule",
                               label="each block's backward would run twice",
-                              help='use `compile = false` (the default under zero-bubble), or another schedule',
+                              help=f'use `compile = false` (the default under {plan.schedule}), or another schedule',
                               axis=AXIS, rule="pipeline_split.zero_bubble_compile"))
     at = "axis pp"
     repeats, between, blocks = _model_shape(spec)
@@ -84,7 +95,13 @@ def requires(spec: S.Spec, plan) -> list:
         out.append(plan_error(plan, at, "E0605", f"interleaving needs the {blocks} blocks to divide into {stages} "
                               "equal stages", help=f"choose pp × virtual_stages dividing {blocks}",
                               axis=AXIS, rule="pipeline_split.interleaving"))
-    if plan.schedule != "gpipe" and m < pp:
+    if plan.schedule in V_SHAPED and m < 2 * pp:
+        out.append(plan_error(plan, "micro_batches" if plan.span("micro_batches") else at, "E0616",
+                              f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a {pp}-rank dualpipev pipeline: "
+                              f"its warm-up runs 2·pp = {2 * pp} before the first backward",
+                              help=f"set `micro_batches` to at least {2 * pp}", axis=AXIS,
+                              rule="pipeline_split.micro_batches"))
+    elif plan.schedule != "gpipe" and m < pp:
         out.append(plan_error(plan, at, "E0602", f"{m} micro-batch{'es' if m != 1 else ''} cannot fill a "
                               f"{pp}-stage {plan.schedule} pipeline", help=f"set `micro_batches` to at least {pp} "
                               f"(more shrinks the bubble: (pp-1)/(micro_batches+pp-1))",

@@ -83,10 +83,12 @@ def test_3d_resumes_on_pp4(reference, tmp_path):
 @pytest.mark.slow  # the slow tier (121 s of a loaded full run): stages resume on another layout in CI by
 # test_3d_resumes_on_pp4 (two stages merged, read back as four)
 @pytest.mark.parametrize("schedule", [dict(schedule="interleaved-1f1b", virtual_stages=2),
-                                      dict(schedule="zero-bubble")], ids=["interleaved", "zero_bubble"])
+                                      dict(schedule="zero-bubble"), dict(schedule="dualpipev")],
+                         ids=["interleaved", "zero_bubble", "dualpipev"])
 def test_pp2_resumes_on_tp2(schedule, reference, tmp_path):
-    """Two stages per rank (interleaved) and the split backward (zero-bubble); GPipe and 1F1B hold their stages as
-    zero-bubble does (one per rank), and a 1F1B checkpoint is resumed by test_3d_resumes_on_pp4."""
+    """Two stages per rank (interleaved), the split backward (zero-bubble), and dualpipev's V (stages 0 and 3 on pp
+    rank 0, a tied embedding's two copies there, written once); GPipe and 1F1B hold their stages as zero-bubble does
+    (one per rank), and a 1F1B checkpoint is resumed by test_3d_resumes_on_pp4."""
     text = _sample("gpt_pp", **schedule)
     first, ckpt = _interrupt(text, "pp2", tmp_path)
     second = _resume(on_plan(text, **TP2), "pp2_to_tp2", tmp_path, ckpt, nproc=2)

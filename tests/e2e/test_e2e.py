@@ -61,7 +61,7 @@ def check_case(case: Case, references, tmp_path) -> None:
         assert_same_evaluation(run, ref)
     if case.bytes_checked:
         assert_bytes_as_ledgered(run)
-    if not compiled:
+    if not compiled and case.memory_checked:
         assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
         assert [r["moe_dropped"] for r in run.records] == [r["moe_dropped"] for r in ref.records]
