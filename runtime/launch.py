@@ -14,6 +14,9 @@ agent does not restart the job and ends it at once. With several agents (nodes),
 in the rendezvous store, and another agent whose workers failed for any reason in that round does not restart
 either (its workers failed because the job is ending).
 
+A node whose workers crash (a failure of theirs, not a peer's failure reaching them: runtime.errors.EXIT_PEER):
+its agent passes how to the workers it starts next (runtime.node_record.CRASHED_ENV), and their rank 0 records it.
+
 Leaving out a node (`restart(exclude = node)`, runtime.node_record.leave_out): the workers end the attempt on
 purpose, those on the node to leave out with `runtime.errors.EXIT_EXCLUDE`, the others with `EXIT_REJOIN`. The first
 agent to see either decides, once per rendezvous round (in its store), whether the job can go on: it can when the
@@ -38,6 +41,7 @@ import time
 # Before torch's import (a second or more): runtime.progress.LAUNCH_TIME, inherited by every worker.
 os.environ.setdefault("SCALEC_LAUNCH_TIME", repr(time.time()))
 
+import json  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 
@@ -51,9 +55,9 @@ from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
 from torch.distributed.run import parse_args, run  # noqa: E402
 
-from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_REJOIN, REPLAN_CODE  # noqa: E402
+from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_PEER, EXIT_REJOIN, REPLAN_CODE  # noqa: E402
 from runtime.faults import TERM_GRACE  # noqa: E402
-from runtime.node_record import LEFT_OUT_ENV  # noqa: E402
+from runtime.node_record import CRASHED_ENV, LEFT_OUT_ENV, crash  # noqa: E402
 
 _FATAL_KEY = "scalec/fatal"  # in the rendezvous store of the round: some worker of the job exited with EXIT_CODE
 _EXCLUDE_KEY = "scalec/exclude"  # in the rendezvous store of the round: "go on" or "end", the first agent's decision
@@ -131,7 +135,10 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup):
         Agent.started = True
-        return super()._start_workers(worker_group)
+        try:
+            return super()._start_workers(worker_group)
+        finally:  # the workers started have it in their environment; a later start does not
+            os.environ.pop(CRASHED_ENV, None)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
@@ -144,6 +151,7 @@ class Agent(LocalElasticAgent):
         how = exclusion(result)
         if how is not None:
             return self._exclude(worker_group, result, how)
+        _note_crash(result)
         if self._remaining_restarts > 0 and self._marked(worker_group):
             self._remaining_restarts = 0
         return result
@@ -239,6 +247,19 @@ def _node() -> str:
     return os.environ.get("SCALEC_NODE") or socket.gethostname()
 
 
+def _note_crash(result: RunResult) -> None:
+    """This node's workers failed (not fatally, not to leave a node out): where that is a crash of theirs, not
+    another rank's failure reaching them, tell the workers started next (runtime.node_record.CRASHED_ENV), whose
+    rank 0 marks it in the node record."""
+    seen = crash({rank: (f.exitcode, how(f)) for rank, f in result.failures.items()})
+    if seen is None:
+        os.environ.pop(CRASHED_ENV, None)
+        return
+    os.environ[CRASHED_ENV] = json.dumps(seen)
+    print(f"scalec: node {_node()}'s workers crashed (rank {seen['rank']}, {seen['how']}); the next attempt's "
+          "rank 0 records it in the node record", file=sys.stderr, flush=True)
+
+
 def _note_host() -> None:
     """Append this host's name to the file EXCLUDED_HOSTS_ENV names (launch.sbatch: the hosts to --exclude)."""
     path = os.environ.get(EXCLUDED_HOSTS_ENV)
@@ -260,6 +281,8 @@ def how(failure: ProcessFailure) -> str:
         return f"exit code {failure.exitcode} (ended on purpose to leave out a node)"
     if failure.exitcode == REPLAN_CODE:
         return f"exit code {REPLAN_CODE} (ended on purpose to be re-planned: not restarted)"
+    if failure.exitcode == EXIT_PEER:
+        return f"exit code {EXIT_PEER} (lost a peer: another rank failed first)"
     return f"exit code {failure.exitcode}"
 
 
