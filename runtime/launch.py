@@ -62,6 +62,7 @@ from runtime.node_record import CRASHED_ENV, LEFT_OUT_ENV, crash  # noqa: E402
 _FATAL_KEY = "scalec/fatal"  # in the rendezvous store of the round: some worker of the job exited with EXIT_CODE
 _EXCLUDE_KEY = "scalec/exclude"  # in the rendezvous store of the round: "go on" or "end", the first agent's decision
 EXCLUDED_HOSTS_ENV = "SCALEC_EXCLUDED_HOSTS"  # a file the agent of a node left out appends its host name to
+REPLAN_HOSTS_ENV = "SCALEC_REPLAN_HOSTS"  # a file each agent whose job ends to be re-planned appends its host name to
 
 
 def fatal(result: RunResult) -> bool:
@@ -260,12 +261,13 @@ def _note_crash(result: RunResult) -> None:
           "rank 0 records it in the node record", file=sys.stderr, flush=True)
 
 
-def _note_host() -> None:
-    """Append this host's name to the file EXCLUDED_HOSTS_ENV names (launch.sbatch: the hosts to --exclude)."""
-    path = os.environ.get(EXCLUDED_HOSTS_ENV)
+def _note_host(env: str = EXCLUDED_HOSTS_ENV) -> None:
+    """Append this host's name to the file `env` names: EXCLUDED_HOSTS_ENV (launch.sbatch: the hosts to --exclude)
+    or REPLAN_HOSTS_ENV (launch.sbatch: the nodes left asked for a re-plan)."""
+    path = os.environ.get(env)
     if path:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(socket.gethostname() + "\n")
+        with open(path, "a", encoding="utf-8") as f:  # SLURM's name of the node where srun started this agent
+            f.write((os.environ.get("SLURMD_NODENAME") or socket.gethostname()) + "\n")
 
 
 launcher_api.LocalElasticAgent = Agent  # what torch.distributed.run's launch_agent builds
@@ -331,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if REPLAN_CODE in codes and all(c == REPLAN_CODE or c < 0 for c in codes):
             print(f"scalec: the run ended to be re-planned on the nodes left (exit {REPLAN_CODE}): `scalec run` "
                   "re-plans and launches the new plan; rank 0's lines above say why", file=sys.stderr, flush=True)
+            _note_host(REPLAN_HOSTS_ENV)
             return REPLAN_CODE
         print(report(exc), file=sys.stderr, flush=True)
         if debug:

@@ -1,6 +1,6 @@
 """What earlier attempts saw of each node, remembered across restarts: `<checkpoint_dir>/nodes.json`.
 
-A node is named by its host (`socket.gethostname()`), or by SCALEC_NODE where set (several torchrun agents on one
+A node is named by its host (`socket.gethostname()`; under SLURM its SLURMD_NODENAME), or by SCALEC_NODE where set (several torchrun agents on one
 machine, as the drills run them, each set its own); torchrun's GROUP_RANK, the node's place in this attempt's
 rendezvous round, changes between rounds and is kept beside each event, not used as the name. Each event says what
 was seen (`slow`: the straggler detector's rank, section, score and step; `unhealthy`: runtime.health's reasons;
@@ -37,8 +37,9 @@ VERSION = 1
 
 
 def node_name() -> str:
-    """This process's node: SCALEC_NODE where set, else the host's name."""
-    return os.environ.get("SCALEC_NODE") or socket.gethostname()
+    """This process's node: SCALEC_NODE where set, else SLURM's name of the node (SLURMD_NODENAME, which srun sets
+    in each task: the name `sbatch --exclude` and `srun --exclude` take), else the host's name."""
+    return os.environ.get("SCALEC_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _warn(line: str) -> None:
