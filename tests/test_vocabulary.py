@@ -90,7 +90,7 @@ def test_cli_flags_are_pinned(monkeypatch):
         "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json", "--html"},
         "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
-                "--local-nodes", "--force", "--resume-changed", "--resume-schedule"},
+                "--local-nodes", "--slurm", "--force", "--resume-changed", "--resume-schedule"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html", "--headroom", "--nodes",
