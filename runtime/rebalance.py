@@ -1,0 +1,391 @@
+"""Expert re-placement during training (`moe(..., rebalance = replicate(every = N, extra = R))`, issue 44).
+
+Each ep rank holds S = (E + R) / ep expert *slots* (the first dim of its Experts weights); global slot g = r·S + i is
+slot i of ep rank r, and a layer's `slot_expert` (P = E + R entries, the same on every rank) names the expert each
+slot holds, -1 for an empty one. A run starts, and every checkpoint is written, in the canonical placement: rank r's
+first E/ep slots hold experts [r·E/ep, (r+1)·E/ep), as without re-placement, its other slots empty; a checkpoint
+thus holds the experts in their canonical order and resumes on any plan (runtime.checkpoint stores the first E/ep
+slots of each rank).
+
+Every N steps (`Rebalancer.after_step`) the choices each expert took since the last re-placement, counted by
+`to_slots` on every micro-batch and summed over the batch ranks (dp × ep), give a new placement (`place`), the same on
+every rank since it is computed from the same sums. Where an expert's slot changes, its weights and AdamW state
+move with it (`move`, one all-to-all per tensor over ep). The algorithm is DeepSeek's EPLB
+(github.com/deepseek-ai/EPLB, `rebalance_experts`), written anew here:
+  1. replication: R times, the expert with the largest load per copy gets one more copy (at most one per rank);
+  2. balanced packing: the copies, heaviest first (load / copies), each to the rank with the least load that has a
+     free slot and no copy of that expert yet;
+  3. hierarchical when ep spans several nodes (and the experts and replicas divide over them): the experts first
+     packed onto nodes by balanced packing (E / nodes each), then steps 1 and 2 within each node, so that a token's
+     expert traffic stays on its node as far as the load allows.
+
+Same math: a token's routing never depends on the placement. `to_slots` splits the rows a rank sends to a replicated
+expert between its copies (contiguous chunks, the remainder rotated by the rank), every copy holds the same weights,
+and `Rebalancer.sync_grads` sums the copies' gradients over ep before the optimizer step, so that every copy takes the
+same update; the gradient norm counts each expert once (`Rebalancer.counted`).
+
+Shapes: T rows (B·S·K choices) sorted by expert, H model width, E experts, P = E + R slots.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime import collectives, moe, recompute
+
+
+# -- the placement: a pure function of the load -------------------------------------------------------------------
+
+
+def canonical(experts: int, ranks: int, slots: int) -> list[int]:
+    """The starting (and checkpointed) placement: rank r's first E/ep slots hold experts [r·E/ep, (r+1)·E/ep) in
+    order, its other slots are empty (-1)."""
+    own = experts // ranks
+    return [r * own + i if i < own else -1 for r in range(ranks) for i in range(slots)]
+
+
+def _replicate(load: list[float], extra: int, most: int) -> list[int]:
+    """EPLB's replication: `extra` times, one more copy for the expert with the largest load per copy (the lowest
+    index among equals), each expert at most `most` copies. Copies per expert."""
+    copies = [1] * len(load)
+    for _ in range(extra):
+        e = max((e for e in range(len(load)) if copies[e] < most), key=lambda e: (load[e] / copies[e], -e))
+        copies[e] += 1
+    return copies
+
+
+def _pack(items: list[tuple[float, int]], bins: int, room: int) -> list[list[int]]:
+    """EPLB's balanced packing: the items (weight, expert), heaviest first (the lowest expert among equals), each to
+    the bin with the least weight among those with room left that do not hold its expert yet (if every bin with room
+    holds it, the least loaded with room). The experts of each bin."""
+    held: list[list[int]] = [[] for _ in range(bins)]
+    weight = [0.0] * bins
+    for w, e in sorted(items, key=lambda it: (-it[0], it[1])):
+        open_ = [b for b in range(bins) if len(held[b]) < room]
+        fresh = [b for b in open_ if e not in held[b]] or open_
+        b = min(fresh, key=lambda b: (weight[b], b))
+        held[b].append(e)
+        weight[b] += w
+    return held
+
+
+def place(load: list[float], ranks: int, slots: int, nodes: int = 1) -> list[int]:
+    """The placement (global slot -> expert) for `load` (choices per expert) over `ranks` ep ranks of `slots` slots
+    each, in `nodes` nodes (ranks in node order): hierarchical when several nodes share the experts and replicas
+    evenly, else flat. Each rank's experts in increasing order, its empty slots (none when every slot is used) last."""
+    experts = len(load)
+    extra = ranks * slots - experts
+    if nodes > 1 and ranks % nodes == 0 and experts % nodes == 0 and extra % nodes == 0:
+        per_node = ranks // nodes
+        groups = _pack([(load[e], e) for e in range(experts)], nodes, experts // nodes)
+        out: list[int] = []
+        for group in groups:
+            sub = sorted(group)
+            out += [sub[e] if e >= 0 else -1 for e in place([load[e] for e in sub], per_node, slots)]
+        return out
+    copies = _replicate(load, extra, ranks)
+    items = [(load[e] / copies[e], e) for e in range(experts) for _ in range(copies[e])]
+    held = _pack(items, ranks, slots)
+    return [e for bin_ in held for e in sorted(bin_) + [-1] * (slots - len(bin_))]
+
+
+def rank_loads(slot_load: list[float], ranks: int) -> list[float]:
+    slots = len(slot_load) // ranks
+    return [sum(slot_load[r * slots:(r + 1) * slots]) for r in range(ranks)]
+
+
+def spread(loads: list[float]) -> float:
+    """max / mean of the ranks' loads: 1 when balanced."""
+    mean = sum(loads) / len(loads)
+    return max(loads) / mean if mean else 1.0
+
+
+def predicted_slot_load(load: list[float], placement: list[int]) -> list[float]:
+    """Each slot's share of `load` under `placement`: an expert's load divided evenly between its copies."""
+    copies = [placement.count(e) for e in range(len(load))]
+    return [load[e] / copies[e] if e >= 0 else 0.0 for e in placement]
+
+
+# -- the rows to their slots and back (traced calls of the generated program) --------------------------------------
+
+
+class Slots(nn.Module):
+    """The placement of one re-placed MoE layer, re-placed every `every` steps, beside its Experts leaf
+    (`{experts}_slots`): `slot_expert`, the
+    expert each of the P = E + R global slots holds (-1: empty), and the choices counted since the last re-placement,
+    `load` per expert and `slot_load` per slot. Not model state: a checkpoint holds the experts in canonical order.
+    Called with no input, it hands the three to `to_slots` (a call the generated program shows)."""
+
+    def __init__(self, experts: int, slots: int, every: int):
+        super().__init__()
+        self.experts, self.total, self.every = experts, slots, every
+        self.register_buffer("slot_expert", torch.zeros(slots, dtype=torch.int64), persistent=False)
+        self.register_buffer("load", torch.zeros(experts, dtype=torch.float64), persistent=False)
+        self.register_buffer("slot_load", torch.zeros(slots, dtype=torch.float64), persistent=False)
+
+    def forward(self):
+        return self.slot_expert, self.load, self.slot_load
+
+    def extra_repr(self) -> str:
+        return f"{self.experts}, {self.total}, every={self.every}"
+
+
+
+def _slot_order(counts_E: torch.Tensor, slot_expert_P: torch.Tensor):
+    """(index_T, counts_P): the rows in slot order as indices into the rows in expert order, and the rows of each
+    slot. A rank's rows of an expert with c copies go to its copies in slot order, as c contiguous chunks of
+    ⌊n/c⌋ rows, the n mod c larger by one starting at the copy of index (rank mod c)."""
+    rank = collectives.axis_rank("ep")
+    counts, slots = counts_E.tolist(), slot_expert_P.tolist()
+    first = [0] * len(counts)
+    for e in range(1, len(counts)):
+        first[e] = first[e - 1] + counts[e - 1]
+    copies = [0] * len(counts)
+    for e in slots:
+        if e >= 0:
+            copies[e] += 1
+    seen, taken = [0] * len(counts), [0] * len(counts)
+    sizes, starts = [], []
+    for e in slots:
+        if e < 0:
+            sizes.append(0)
+            starts.append(0)
+            continue
+        n, c, j = counts[e], copies[e], seen[e]
+        q = n // c + (1 if (j - rank) % c < n % c else 0)
+        sizes.append(q)
+        starts.append(first[e] + taken[e])
+        seen[e] += 1
+        taken[e] += q
+    dev = counts_E.device
+    size_P = torch.tensor(sizes, dtype=torch.int64, device=dev)
+    start_P = torch.tensor(starts, dtype=torch.int64, device=dev)
+    total = int(sum(sizes))
+    begin_P = size_P.cumsum(0) - size_P
+    slot_T = torch.repeat_interleave(torch.arange(len(slots), device=dev), size_P, output_size=total)
+    index_T = start_P[slot_T] + torch.arange(total, device=dev) - begin_P[slot_T]
+    return index_T, size_P
+
+
+def to_slots(rows_TH: torch.Tensor, counts_E: torch.Tensor, slot_expert_P: torch.Tensor, load_E: torch.Tensor,
+             slot_load_P: torch.Tensor):
+    """The rows in expert order -> (rows in slot order, rows per slot (P,)), for the grouped all-to-all over ep to
+    the slots' ranks. Counts this forward's choices into the layer's `load_E` and `slot_load_P` (a training forward
+    only: not while recomputing, nor in evaluation)."""
+    index_T, counts_P = _slot_order(counts_E, slot_expert_P)
+    if moe._RECORDING and torch.is_grad_enabled() and not recompute.recomputing():
+        with torch.no_grad():
+            load_E.add_(counts_E.to(load_E.dtype))
+            slot_load_P.add_(counts_P.to(slot_load_P.dtype))
+    return rows_TH[index_T], counts_P
+
+
+def from_slots(y_TH: torch.Tensor, counts_E: torch.Tensor, slot_expert_P: torch.Tensor) -> torch.Tensor:
+    """The experts' output rows in slot order -> in expert order (to_slots' inverse)."""
+    index_T, _ = _slot_order(counts_E, slot_expert_P)
+    back_T = torch.empty_like(index_T).scatter_(0, index_T, torch.arange(index_T.numel(), device=index_T.device))
+    return y_TH[back_T]
+
+
+# -- training: gradients, norms, moves -----------------------------------------------------------------------------
+
+
+class _Counted:
+    """A parameter as the gradient norm sees it (runtime.tensor_parallel.clip_grad_norm reads `.grad`): each expert
+    counted once, its first copy's rows only (replicas and empty slots zero)."""
+
+    def __init__(self, grad: torch.Tensor):
+        self.grad = grad
+
+
+def _move_rows(t: torch.Tensor, sends: list, recvs: list, local: list, group) -> int:
+    """Rows of `t` (dim 0) moved between ep ranks in place: `sends[d]` my rows to rank d, `recvs[s]` the rows they
+    become here from rank s, `local` (from, to) rows within this rank. One all-to-all; returns the bytes sent."""
+    me = dist.get_rank(group)
+    flat = t.reshape(t.shape[0], -1)
+    old = flat.clone()
+    send = [old[idx] if d != me and idx else old.new_zeros(0, flat.shape[1]) for d, idx in enumerate(sends)]
+    got = old.new_empty(sum(len(idx) for s, idx in enumerate(recvs) if s != me), flat.shape[1])
+    buf = torch.cat(send) if send else old.new_zeros(0, flat.shape[1])
+    collectives._count("all_to_all", "ep", buf)
+    dist.all_to_all_single(got, buf, [len(idx) if s != me else 0 for s, idx in enumerate(recvs)],
+                           [len(idx) if d != me else 0 for d, idx in enumerate(sends)], group=group)
+    at = 0
+    for s, idx in enumerate(recvs):
+        if s != me and idx:
+            flat[idx] = got[at:at + len(idx)]
+            at += len(idx)
+    for src, dst in local:
+        flat[dst] = old[src]
+    return buf.numel() * buf.element_size()
+
+
+def plan_moves(old: list[int], new: list[int], ranks: int):
+    """For each rank: (sends[d], recvs[s], local pairs) that turn placement `old` into `new`. A slot whose expert
+    stays is left; another takes its expert from a copy on its own rank if there is one, else from the first slot
+    holding it. Slots that become empty are left as they are (nothing reads them)."""
+    slots = len(old) // ranks
+    plan = [([[] for _ in range(ranks)], [[] for _ in range(ranks)], []) for _ in range(ranks)]
+    for g, e in enumerate(new):
+        if e < 0 or old[g] == e:
+            continue
+        d, i = divmod(g, slots)
+        holders = [h for h, x in enumerate(old) if x == e]
+        if not holders:
+            raise AssertionError(f"expert {e} held by no slot before the move")
+        src = next((h for h in holders if h // slots == d), holders[0])
+        s, j = divmod(src, slots)
+        if s == d:
+            plan[d][2].append((j, i))
+        else:
+            plan[s][0][d].append(j)
+            plan[d][1][s].append(i)
+    return plan
+
+
+class Rebalancer:
+    """The re-placement of every rebalanced MoE layer of this rank's `modules` (each Experts leaf `X` with its Slots
+    `X_slots`), each every `Slots.every` steps; `opt`'s AdamW state moves with the weights. `nodes`: the nodes the
+    ep group spans (hierarchical placement when more than one)."""
+
+    def __init__(self, modules, opt, ctx, nodes: int = 1, log=print):
+        self.layers = []  # (name, Slots, Experts)
+        for module in modules:
+            named = dict(module.named_modules())
+            for name, s in named.items():
+                if isinstance(s, Slots):
+                    self.layers.append((name.removesuffix("_slots"), s, named[name.removesuffix("_slots")]))
+        self.opt, self.ctx, self.nodes, self.log = opt, ctx, nodes, log
+        self.group = collectives._group("ep")
+        self.ranks = collectives.axis_size("ep")
+        self.me = collectives.axis_rank("ep")
+        self.moved = 0  # bytes this rank sent in moves, over the run
+
+    def _local(self, s: Slots, x) -> list[int]:
+        n = x.w_up.shape[0]
+        return s.slot_expert.tolist()[self.me * n:(self.me + 1) * n]
+
+    # the gradients
+
+    @torch.no_grad()
+    def sync_grads(self) -> None:
+        """Each replicated expert's gradient summed over its copies (one all-reduce over ep per weight, of R rows: the
+        replicated experts' in increasing order, zero where this rank holds no copy), written back into every copy."""
+        for _, s, x in self.layers:
+            extra = s.total - s.experts
+            if extra == 0:
+                continue
+            slots = s.slot_expert.tolist()
+            rows = sorted({e for e in slots if e >= 0 and slots.count(e) > 1})
+            at = [(i, rows.index(e)) for i, e in enumerate(self._local(s, x)) if e in rows]
+            for p in x.parameters():
+                if p.grad is None:
+                    continue
+                buf = p.grad.new_zeros((extra,) + tuple(p.grad.shape[1:]))
+                for i, k in at:
+                    buf[k] += p.grad[i]
+                collectives._count("all_reduce", "ep", buf)
+                dist.all_reduce(buf, group=self.group)
+                for i, k in at:
+                    p.grad[i] = buf[k]
+
+    def counted(self, named: list) -> list:
+        """`named` (name, parameter) as the gradient norm should count them: a rebalanced layer's weights with only
+        each expert's first copy (runtime.tensor_parallel.clip_grad_norm sums the squares over ep)."""
+        if not self.layers:
+            return named
+        mask = {}
+        for _, s, x in self.layers:
+            slots, n = s.slot_expert.tolist(), x.w_up.shape[0]
+            keep = [e >= 0 and slots.index(e) == self.me * n + i for i, e in enumerate(self._local(s, x))]
+            for p in x.parameters():
+                mask[id(p)] = torch.tensor(keep, device=p.device)
+        out = []
+        for name, p in named:
+            k = mask.get(id(p))
+            if k is None or p.grad is None:
+                out.append((name, p))
+            else:
+                out.append((name, _Counted(p.grad * k.reshape((-1,) + (1,) * (p.grad.ndim - 1)).to(p.grad.dtype))))
+        return out
+
+    # the moves
+
+    def _tensors(self, p) -> list:
+        """The parameter and its AdamW state shaped like it (exp_avg, exp_avg_sq): what moves with an expert."""
+        st = self.opt.state.get(p, {})
+        return [p.data] + [v for _, v in sorted(st.items()) if torch.is_tensor(v) and v.shape == p.shape]
+
+    @torch.no_grad()
+    def apply(self, s: Slots, x, new: list[int]) -> int:
+        """Move a layer's experts to placement `new`; returns the bytes this rank sent."""
+        old = s.slot_expert.tolist()
+        if old == new:
+            return 0
+        sends, recvs, local = plan_moves(old, new, self.ranks)[self.me]
+        sent = 0
+        for p in x.parameters():
+            for t in self._tensors(p):
+                sent += _move_rows(t, sends, recvs, local, self.group)
+        s.slot_expert.copy_(torch.tensor(new, dtype=s.slot_expert.dtype))
+        return sent
+
+    @torch.no_grad()
+    def after_step(self, step: int) -> None:
+        """After optimizer step `step` (from 0): every `Slots.every` steps, the loads since the last re-placement summed over
+        the batch ranks, each layer re-placed, the spread logged (measured before, predicted after)."""
+        for name, s, x in self.layers:
+            if (step + 1) % s.every:
+                continue
+            counts = torch.cat([s.load.double(), s.slot_load.double()])
+            if self.ctx.batch_group is not None and dist.get_world_size(self.ctx.batch_group) > 1:
+                dist.all_reduce(counts, group=self.ctx.batch_group)
+            load, slot_load = counts[:s.experts].tolist(), counts[s.experts:].tolist()
+            new = place(load, self.ranks, x.w_up.shape[0], self.nodes)
+            before = spread(rank_loads(slot_load, self.ranks))
+            after = spread(rank_loads(predicted_slot_load(load, new), self.ranks))
+            sent = self.apply(s, x, new)
+            self.moved += sent
+            s.load.zero_()
+            s.slot_load.zero_()
+            if self.ctx.is_logger:
+                self.log(f"scalec: rebalance after step {step + 1}: {name}: per-rank expert load max/mean "
+                         f"{before:.2f} (measured) -> {after:.2f} (placed), {sent:,} bytes moved from this rank",
+                         flush=True)
+
+    @contextlib.contextmanager
+    def canonical(self):
+        """Every layer in its canonical placement inside (a checkpoint's canonical expert order), back after."""
+        was = [s.slot_expert.tolist() for _, s, _ in self.layers]
+        for _, s, x in self.layers:
+            self.apply(s, x, canonical(s.experts, self.ranks, x.w_up.shape[0]))
+        try:
+            yield
+        finally:
+            for (_, s, x), placement in zip(self.layers, was):
+                self.apply(s, x, placement)
+
+
+def ep_nodes() -> int:
+    """The nodes this rank's ep group spans (ranks grouped by LOCAL_WORLD_SIZE, torchrun's ranks per node)."""
+    group = collectives._group("ep")
+    if group is None:
+        return 1
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size()
+    return len({r // per_node for r in dist.get_process_group_ranks(group)})
+
+
+@torch.no_grad()
+def reset(module) -> None:
+    """Every Slots of `module` in the canonical placement, its loads zero (buffers come out of to_empty
+    uninitialised)."""
+    for s in module.modules():
+        if isinstance(s, Slots):
+            ranks = collectives.axis_size("ep")
+            s.slot_expert.copy_(torch.tensor(canonical(s.experts, ranks, s.total // ranks)))
+            s.load.zero_()
+            s.slot_load.zero_()
