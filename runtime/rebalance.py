@@ -10,14 +10,8 @@ slots of each rank).
 Every N steps (`Rebalancer.after_step`) the choices each expert took since the last re-placement, counted by
 `to_slots` on every micro-batch and summed over the batch ranks (dp × ep), give a new placement (`place`), the same on
 every rank since it is computed from the same sums. Where an expert's slot changes, its weights and AdamW state
-move with it (`move`, one all-to-all per tensor over ep). The algorithm is DeepSeek's EPLB
-(github.com/deepseek-ai/EPLB, `rebalance_experts`), written anew here:
-  1. replication: R times, the expert with the largest load per copy gets one more copy (at most one per rank);
-  2. balanced packing: the copies, heaviest first (load / copies), each to the rank with the least load that has a
-     free slot and no copy of that expert yet;
-  3. hierarchical when ep spans several nodes (and the experts and replicas divide over them): the experts first
-     packed onto nodes by balanced packing (E / nodes each), then steps 1 and 2 within each node, so that a token's
-     expert traffic stays on its node as far as the load allows.
+move with it (`Rebalancer.apply`, one all-to-all per tensor over ep). The placement is DeepSeek's EPLB, in
+runtime/eplb.py (torch-free: the compiler's cost model prices the same placement).
 
 Same math: a token's routing never depends on the placement. `to_slots` splits the rows a rank sends to a replicated
 expert between its copies (contiguous chunks, the remainder rotated by the rank), every copy holds the same weights,
@@ -36,78 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import collectives, moe, recompute
-
-
-# -- the placement: a pure function of the load -------------------------------------------------------------------
-
-
-def canonical(experts: int, ranks: int, slots: int) -> list[int]:
-    """The starting (and checkpointed) placement: rank r's first E/ep slots hold experts [r·E/ep, (r+1)·E/ep) in
-    order, its other slots are empty (-1)."""
-    own = experts // ranks
-    return [r * own + i if i < own else -1 for r in range(ranks) for i in range(slots)]
-
-
-def _replicate(load: list[float], extra: int, most: int) -> list[int]:
-    """EPLB's replication: `extra` times, one more copy for the expert with the largest load per copy (the lowest
-    index among equals), each expert at most `most` copies. Copies per expert."""
-    copies = [1] * len(load)
-    for _ in range(extra):
-        e = max((e for e in range(len(load)) if copies[e] < most), key=lambda e: (load[e] / copies[e], -e))
-        copies[e] += 1
-    return copies
-
-
-def _pack(items: list[tuple[float, int]], bins: int, room: int) -> list[list[int]]:
-    """EPLB's balanced packing: the items (weight, expert), heaviest first (the lowest expert among equals), each to
-    the bin with the least weight among those with room left that do not hold its expert yet (if every bin with room
-    holds it, the least loaded with room). The experts of each bin."""
-    held: list[list[int]] = [[] for _ in range(bins)]
-    weight = [0.0] * bins
-    for w, e in sorted(items, key=lambda it: (-it[0], it[1])):
-        open_ = [b for b in range(bins) if len(held[b]) < room]
-        fresh = [b for b in open_ if e not in held[b]] or open_
-        b = min(fresh, key=lambda b: (weight[b], b))
-        held[b].append(e)
-        weight[b] += w
-    return held
-
-
-def place(load: list[float], ranks: int, slots: int, nodes: int = 1) -> list[int]:
-    """The placement (global slot -> expert) for `load` (choices per expert) over `ranks` ep ranks of `slots` slots
-    each, in `nodes` nodes (ranks in node order): hierarchical when several nodes share the experts and replicas
-    evenly, else flat. Each rank's experts in increasing order, its empty slots (none when every slot is used) last."""
-    experts = len(load)
-    extra = ranks * slots - experts
-    if nodes > 1 and ranks % nodes == 0 and experts % nodes == 0 and extra % nodes == 0:
-        per_node = ranks // nodes
-        groups = _pack([(load[e], e) for e in range(experts)], nodes, experts // nodes)
-        out: list[int] = []
-        for group in groups:
-            sub = sorted(group)
-            out += [sub[e] if e >= 0 else -1 for e in place([load[e] for e in sub], per_node, slots)]
-        return out
-    copies = _replicate(load, extra, ranks)
-    items = [(load[e] / copies[e], e) for e in range(experts) for _ in range(copies[e])]
-    held = _pack(items, ranks, slots)
-    return [e for bin_ in held for e in sorted(bin_) + [-1] * (slots - len(bin_))]
-
-
-def rank_loads(slot_load: list[float], ranks: int) -> list[float]:
-    slots = len(slot_load) // ranks
-    return [sum(slot_load[r * slots:(r + 1) * slots]) for r in range(ranks)]
-
-
-def spread(loads: list[float]) -> float:
-    """max / mean of the ranks' loads: 1 when balanced."""
-    mean = sum(loads) / len(loads)
-    return max(loads) / mean if mean else 1.0
-
-
-def predicted_slot_load(load: list[float], placement: list[int]) -> list[float]:
-    """Each slot's share of `load` under `placement`: an expert's load divided evenly between its copies."""
-    copies = [placement.count(e) for e in range(len(load))]
-    return [load[e] / copies[e] if e >= 0 else 0.0 for e in placement]
+from runtime.eplb import canonical, place, plan_moves, predicted_slot_load, rank_loads, spread
 
 
 # -- the rows to their slots and back (traced calls of the generated program) --------------------------------------
@@ -204,7 +127,8 @@ class _Counted:
 
 def _move_rows(t: torch.Tensor, sends: list, recvs: list, local: list, group) -> int:
     """Rows of `t` (dim 0) moved between ep ranks in place: `sends[d]` my rows to rank d, `recvs[s]` the rows they
-    become here from rank s, `local` (from, to) rows within this rank. One all-to-all; returns the bytes sent."""
+    become here from rank s, `local` (from, to) rows within this rank. One all-to-all; returns the bytes received
+    (at most the rank's slots: each slot takes at most one expert; a replicated expert's source may send to several)."""
     me = dist.get_rank(group)
     flat = t.reshape(t.shape[0], -1)
     old = flat.clone()
@@ -221,30 +145,12 @@ def _move_rows(t: torch.Tensor, sends: list, recvs: list, local: list, group) ->
             at += len(idx)
     for src, dst in local:
         flat[dst] = old[src]
-    return buf.numel() * buf.element_size()
+    return got.numel() * got.element_size()
 
 
-def plan_moves(old: list[int], new: list[int], ranks: int):
-    """For each rank: (sends[d], recvs[s], local pairs) that turn placement `old` into `new`. A slot whose expert
-    stays is left; another takes its expert from a copy on its own rank if there is one, else from the first slot
-    holding it. Slots that become empty are left as they are (nothing reads them)."""
-    slots = len(old) // ranks
-    plan = [([[] for _ in range(ranks)], [[] for _ in range(ranks)], []) for _ in range(ranks)]
-    for g, e in enumerate(new):
-        if e < 0 or old[g] == e:
-            continue
-        d, i = divmod(g, slots)
-        holders = [h for h, x in enumerate(old) if x == e]
-        if not holders:
-            raise AssertionError(f"expert {e} held by no slot before the move")
-        src = next((h for h in holders if h // slots == d), holders[0])
-        s, j = divmod(src, slots)
-        if s == d:
-            plan[d][2].append((j, i))
-        else:
-            plan[s][0][d].append(j)
-            plan[d][1][s].append(i)
-    return plan
+# A new placement replaces the current one only where it leaves a per-rank load spread (max/mean) lower by more than
+# this factor on the same measured load: a load that drifts by a few rows does not move experts back and forth.
+KEEP = 1.01
 
 
 class Rebalancer:
@@ -258,12 +164,12 @@ class Rebalancer:
             named = dict(module.named_modules())
             for name, s in named.items():
                 if isinstance(s, Slots):
-                    self.layers.append((name.removesuffix("_slots"), s, named[name.removesuffix("_slots")]))
+                    self.layers.append((name.removesuffix("_slots").removeprefix("module."), s, named[name.removesuffix("_slots")]))
         self.opt, self.ctx, self.nodes, self.log = opt, ctx, nodes, log
         self.group = collectives._group("ep")
         self.ranks = collectives.axis_size("ep")
         self.me = collectives.axis_rank("ep")
-        self.moved = 0  # bytes this rank sent in moves, over the run
+        self.moved = 0  # bytes this rank received in moves, over the run
 
     def _local(self, s: Slots, x) -> list[int]:
         n = x.w_up.shape[0]
@@ -322,7 +228,7 @@ class Rebalancer:
 
     @torch.no_grad()
     def apply(self, s: Slots, x, new: list[int]) -> int:
-        """Move a layer's experts to placement `new`; returns the bytes this rank sent."""
+        """Move a layer's experts to placement `new`; returns the bytes this rank received."""
         old = s.slot_expert.tolist()
         if old == new:
             return 0
@@ -348,13 +254,17 @@ class Rebalancer:
             new = place(load, self.ranks, x.w_up.shape[0], self.nodes)
             before = spread(rank_loads(slot_load, self.ranks))
             after = spread(rank_loads(predicted_slot_load(load, new), self.ranks))
+            current = s.slot_expert.tolist()
+            kept = spread(rank_loads(predicted_slot_load(load, current), self.ranks))
+            if kept <= after * KEEP:  # not worth the moves: the current placement is as even, near enough
+                new, after = current, kept
             sent = self.apply(s, x, new)
             self.moved += sent
             s.load.zero_()
             s.slot_load.zero_()
             if self.ctx.is_logger:
                 self.log(f"scalec: rebalance after step {step + 1}: {name}: per-rank expert load max/mean "
-                         f"{before:.2f} (measured) -> {after:.2f} (placed), {sent:,} bytes moved from this rank",
+                         f"{before:.2f} (measured) -> {after:.2f} (placed), {sent:,} bytes moved into this rank",
                          flush=True)
 
     @contextlib.contextmanager
