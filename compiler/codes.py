@@ -420,9 +420,9 @@ CODES: dict[str, Code] = {
                   "can have more copies than there are ep ranks (R ≤ experts × (ep - 1))."),
     "E0723": Code("rebalance on a plan the runtime does not re-place", "Re-placement moves each expert's weights "
                   "and AdamW state whole between ep ranks and sums its replicas' gradients. It is served for fp32 "
-                  "training under ddp, without pipeline or context parallelism and without optimizer offload; the "
-                  "other plans (ZeRO and FSDP shards, bf16's main gradients and masters, pipeline stages) are not "
-                  "moved yet."),
+                  "training under ddp, without pipeline or context parallelism, optimizer offload or a Hugging Face "
+                  "`init`; the other plans (ZeRO and FSDP shards, bf16's main gradients and masters, pipeline "
+                  "stages) are not moved yet."),
     "W0718": Code("a capacity that drops most choices", "A warning: `capacity_factor` gives each expert "
                   "capacity_factor × top_k × seq_len / experts slots per sequence (rounded up, at least 1), and "
                   "every choice past an expert's slots is dropped. Here all the experts' slots together hold less "

@@ -37,7 +37,6 @@ class Placement:
     experts: str      # call_module node of the Experts leaf
     count: int        # experts of the layer
     per_rank: int     # experts each ep rank holds (slots, with `rebalance`: (experts + extra) / ep)
-    extra: int = 0    # replicas of `rebalance = replicate(extra = ...)` (runtime/rebalance.py)
 
 
 def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
@@ -49,7 +48,7 @@ def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
                 raise AssertionError(f"{n} experts of {node.target} do not divide over ep = {ep}")
             layer = node.meta.get(T.LAYER)
             extra = layer.rebalance[1] if isinstance(layer, S.MoE) and layer.rebalance is not None else 0
-            out.append(Placement(node.name, n, (n + extra) // ep, extra))
+            out.append(Placement(node.name, n, (n + extra) // ep))
     return tuple(out)
 
 
@@ -58,18 +57,18 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     node = next(n for n in gm.graph.nodes if n.name == p.experts)
     old = gm.get_submodule(node.target)
     _, hidden, ffn = old.w_up.shape
+    layer = node.meta.get(T.LAYER)
+    placed = isinstance(layer, S.MoE) and layer.rebalance is not None
+    extra = layer.rebalance[1] if placed else 0  # replicas' slots (runtime/rebalance.py)
     with torch.device("meta"):  # built there: on the CPU first, a large MoE would allocate every expert
-        layer = node.meta.get(T.LAYER)
-        placed = isinstance(layer, S.MoE) and layer.rebalance is not None
         setattr(gm, node.target, moe.Experts(p.per_rank, hidden, ffn, old.act))
         if placed:  # its placement and measured load, beside it (runtime/rebalance.py)
-            setattr(gm, f"{node.target}_slots", rebalance.Slots(p.count, p.count + p.extra, layer.rebalance[0]))
+            setattr(gm, f"{node.target}_slots", rebalance.Slots(p.count, p.count + extra, layer.rebalance[0]))
     shapes = gm.meta[T.PARAM_SHAPES]
     for pname, _ in old.named_parameters():
         key = f"{node.target}.{pname}"
-        shapes[key] = ((shapes[key][0] + p.extra) / size(AXIS),) + tuple(shapes[key][1:])
+        shapes[key] = ((shapes[key][0] + extra) / size(AXIS),) + tuple(shapes[key][1:])
         meta[key] = (0, p.count)
-    layer = node.meta.get(T.LAYER)
     what = f"`moe` with {p.count} experts, {p.per_rank} per ep rank"
     if isinstance(layer, S.MoE):
         what += f", top-{layer.top_k}, `{layer.capacity}` slots per expert per sequence"

@@ -34,11 +34,11 @@ def requires(spec: S.Spec, plan) -> list:
                                        "sizes that divide " + f"{n}: " + ", ".join(map(str, ok[-6:])),
                                   axis=AXIS, rule="expert_parallel.experts"))
         if m.rebalance is not None:
-            out += _rebalance(plan, m, n, ep, spec.train.precision)
+            out += _rebalance(plan, m, n, ep, spec.train)
     return out
 
 
-def _rebalance(plan, m: S.MoE, n: int, ep: int, precision: str) -> list:
+def _rebalance(plan, m: S.MoE, n: int, ep: int, train: S.Train) -> list:
     """`rebalance = replicate(every, extra)` on this plan: the E + extra copies fill whole slots on each ep rank,
     no expert has more copies than there are ranks, and the plan is one the runtime re-places (runtime/rebalance.py:
     fp32 under ddp, each expert's gradient and AdamW state whole on its rank)."""
@@ -57,7 +57,9 @@ def _rebalance(plan, m: S.MoE, n: int, ep: int, precision: str) -> list:
         (plan.data_parallel != "ddp", f"data_parallel = {plan.data_parallel} (only ddp keeps each expert's "
                                       "gradient and optimizer state whole on its rank)"),
         (plan.offload != "none", "optimizer offload"),
-        (precision != "fp32", f"precision = {precision} (its main gradients and fp32 masters are not moved yet)"))
+        (train.precision != "fp32", f"precision = {train.precision} (its main gradients and fp32 masters are not "
+                                    "moved yet)"),
+        (bool(train.init_from), "`init = from(...)` (its reader fills E/ep experts per rank, not the slots)"))
         if cond]
     if unserved:
         out.append(plan_error(plan, "axis ep", "E0723", "rebalance is not yet served with " + "; ".join(unserved),
