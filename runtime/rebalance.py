@@ -164,7 +164,8 @@ class Rebalancer:
             named = dict(module.named_modules())
             for name, s in named.items():
                 if isinstance(s, Slots):
-                    self.layers.append((name.removesuffix("_slots").removeprefix("module."), s, named[name.removesuffix("_slots")]))
+                    experts = name.removesuffix("_slots")
+                    self.layers.append((experts.removeprefix("module."), s, named[experts]))
         self.opt, self.ctx, self.nodes, self.log = opt, ctx, nodes, log
         self.group = collectives._group("ep")
         self.ranks = collectives.axis_size("ep")
@@ -242,8 +243,8 @@ class Rebalancer:
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
-        """After optimizer step `step` (from 0): every `Slots.every` steps, the loads since the last re-placement summed over
-        the batch ranks, each layer re-placed, the spread logged (measured before, predicted after)."""
+        """After optimizer step `step` (from 0): every `Slots.every` steps, the loads since the last re-placement
+        summed over the batch ranks, each layer re-placed, the spread logged (measured before, predicted after)."""
         for name, s, x in self.layers:
             if (step + 1) % s.every:
                 continue

@@ -100,3 +100,31 @@ def test_the_plans_figure_is_the_runtimes_placement():
     assert balanced_skew(1.0, 8, 4, 0) == pytest.approx(1.0)
     assert balanced_skew(3.0, 8, 4, 0) > 1.5
     assert balanced_skew(3.0, 8, 4, 8) == pytest.approx(1.0)
+
+
+def test_plan_prices_replicas_and_states_the_gain_at_a_skew():
+    """moe_gpt dropless and grouped on ep 2 with 2 replicas: the replicas are in the experts' weights (5 slots of
+    3·64·128 weights per layer), the ledger holds their gradient all-reduce (2 experts' rows, fp32, both layers) and
+    the moves; at skew 1 the what-if is the predicted step, at skew 2 without re-placement it is longer and with it
+    the balanced step again (2 replicas even a rank holding everything), and `plan` prints it."""
+    from compiler.check import check_text
+    from compiler.pipeline import compile_spec
+    from compiler.cost import rebalance as REB
+    from compiler.report.plan import plan_text
+    from tests.e2e.runner import ROOT, with_plan
+    text = (ROOT / "samples/moe_gpt.scale").read_text().replace(
+        "capacity_factor = 1.25", "capacity_factor = none, dispatch = grouped").replace(
+        "dropped = residual)", "dropped = residual, rebalance = replicate(every = 10, extra = 2))")
+    compiled = compile_spec(check_text(with_plan(text, "r.scale", axes=(("ep", 2),), devices_per_node=2), "r.scale"))
+    costs, spec, plan = compiled.costs, compiled.spec, compiled.plan
+    per_expert = 3 * 64 * 128
+    assert costs.expert_params_rank == 2 * 5 * per_expert  # two moe layers, 5 slots each
+    grads = next(c for c in costs.ledger.entries if c.op == "all_reduce" and c.axis == "ep" and c.measured)
+    assert grads.bytes == 2 * 2 * per_expert * 4
+    moves = next(c for c in costs.ledger.entries if c.op == "all_to_all" and not c.measured)
+    assert moves.bytes == 2 * 5 * per_expert * 3 * 4 // 10
+    same = REB.step_at_skew(costs, spec, plan, 1.0)
+    assert same[0] == pytest.approx(costs.step.step_time_s) and same[1] == pytest.approx(same[0])
+    before, after, left = REB.step_at_skew(costs, spec, plan, 2.0)
+    assert before > costs.step.step_time_s and left == pytest.approx(1.0) and after == pytest.approx(same[0])
+    assert "expected step at a per-rank expert load skew" in plan_text(compiled)

@@ -119,17 +119,18 @@ def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
         with gm.graph.inserting_after(counts):
             held = gm.graph.create_node("call_module", f"{node.target}_slots", (), {}, name=f"{node.name}_slots")
         attrs, at = [], held
-        for i in range(3):
+        for i, what in enumerate(("slot_expert", "load", "slot_load")):
             with gm.graph.inserting_after(at):
-                at = gm.graph.call_function(operator.getitem, (held, i))
+                at = gm.graph.create_node("call_function", operator.getitem, (held, i), {}, name=f"{node.name}_{what}")
             attrs.append(at)
         for n in (held, *attrs):
             n.meta.update({k: node.meta[k] for k in (T.SPAN, T.LAYER) if k in node.meta})
         slotted = insert_call(gm, at, rebalance.to_slots, (rows, counts, *attrs), node, None, f"{node.name}_placed")
         with gm.graph.inserting_after(slotted):
-            rows = gm.graph.call_function(operator.getitem, (slotted, 0))
+            rows = gm.graph.create_node("call_function", operator.getitem, (slotted, 0), {}, name=f"{node.name}_rows")
         with gm.graph.inserting_after(rows):
-            counts = gm.graph.call_function(operator.getitem, (slotted, 1))
+            counts = gm.graph.create_node("call_function", operator.getitem, (slotted, 1), {},
+                                          name=f"{node.name}_slot_rows")
         for n in (rows, counts):
             n.meta.update({k: node.meta[k] for k in (T.SPAN, T.LAYER) if k in node.meta})
     layout = insert_call(gm, counts, moe.exchange_counts, (counts, AXIS), node, counts_note, f"{node.name}_counts")

@@ -71,7 +71,7 @@ def test_rebalanced_ep2_trains_as_without_and_spreads_the_load(tmp_path):
     _check(2, 2, tmp_path, first_at_least=1.9, reference="one")
 
 
-# The slow tier (docs/testing.md): CI re-places over ep 2 above, and the placement for 4 ranks is tests/test_rebalance.py's
+# The slow tier (docs/testing.md): CI re-places over ep 2 above; the placement for 4 ranks is tests/test_rebalance.py's
 @pytest.mark.slow
 def test_rebalanced_ep4_trains_as_without_and_spreads_the_load(tmp_path):
     """ep 4, 8 experts + 8 replicas (4 slots per rank): from about 3.9× to ≤ 1.3×."""
