@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import collectives, moe, recompute
-from runtime.eplb import canonical, place, plan_moves, predicted_slot_load, rank_loads, spread
+from runtime.eplb import align, canonical, place, plan_moves, predicted_slot_load, rank_loads, spread
 
 
 # -- the rows to their slots and back (traced calls of the generated program) --------------------------------------
@@ -252,10 +252,10 @@ class Rebalancer:
             if self.ctx.batch_group is not None and dist.get_world_size(self.ctx.batch_group) > 1:
                 dist.all_reduce(counts, group=self.ctx.batch_group)
             load, slot_load = counts[:s.experts].tolist(), counts[s.experts:].tolist()
-            new = place(load, self.ranks, x.w_up.shape[0], self.nodes)
+            current = s.slot_expert.tolist()
+            new = align(place(load, self.ranks, x.w_up.shape[0], self.nodes), current, self.ranks, self.nodes)
             before = spread(rank_loads(slot_load, self.ranks))
             after = spread(rank_loads(predicted_slot_load(load, new), self.ranks))
-            current = s.slot_expert.tolist()
             kept = spread(rank_loads(predicted_slot_load(load, current), self.ranks))
             if kept <= after * KEEP:  # not worth the moves: the current placement is as even, near enough
                 new, after = current, kept

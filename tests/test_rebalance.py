@@ -55,6 +55,26 @@ def test_hierarchical_placement_keeps_each_node_whole():
     assert _spread(load, placed, 4) < _spread(load, eplb.canonical(16, 4, 6), 4)
 
 
+def test_aligned_placements_move_no_rank_whose_experts_only_changed_rank():
+    """A placement whose ranks' contents are the current ones in another rank order moves nothing once aligned;
+    alignment keeps each rank's set (the spread) and stays within a node."""
+    old = [0, 1, 2, 3, 4, 5, 6, 7]
+    new = [4, 5, 0, 1, 6, 7, 2, 3]
+    assert eplb.align(new, old, 4) == old
+    moved = eplb.align([2, 3, 0, 1, 6, 7, 4, 5], old, 4, nodes=2)
+    assert moved == old
+    across = eplb.align([2, 3, 0, 1, 6, 7, 4, 5], [4, 5, 6, 7, 0, 1, 2, 3], 4, nodes=2)
+    assert set(across[:4]) == {0, 1, 2, 3}  # no overlap within node 0: its contents stay on node 0
+    rng = random.Random(1)
+    for _ in range(5):
+        load = [rng.expovariate(1.0) for _ in range(8)]
+        new = eplb.place(load, 4, 3)
+        aligned = eplb.align(new, eplb.canonical(8, 4, 3), 4)
+        assert sorted(map(tuple, (sorted(aligned[r * 3:(r + 1) * 3]) for r in range(4)))) == \
+            sorted(map(tuple, (sorted(new[r * 3:(r + 1) * 3]) for r in range(4))))
+        assert _spread(load, aligned, 4) == pytest.approx(_spread(load, new, 4))
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_moves_turn_one_placement_into_the_next(seed):
     """Simulated on every rank at once: the rows each rank sends and receives make the new placement."""
