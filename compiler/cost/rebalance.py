@@ -106,7 +106,8 @@ def step_at_skew(costs, spec: S.Spec, plan, skew: float) -> tuple[float, float, 
     """(step time without re-placement, with it, the skew it leaves) in seconds, at a per-rank expert load skew
     `skew` (max / mean). The plan's predicted step is at balanced load; the experts' part of it, their FLOP share
     of the slowest rank's compute plus the exposed ep all-to-alls, grows with the most loaded rank's rows: × skew
-    without re-placement, × the skew EPLB leaves with it (`balanced_skew`), the rest unchanged."""
+    without re-placement, × the skew EPLB leaves with it (`balanced_skew`, with the first rebalanced layer's
+    replicas), the rest unchanged. Both include the re-placement's own traffic, which the predicted step holds."""
     step = costs.step
     rank = max(step.ranks, key=lambda r: r.end_s)
     share = expert_flops_step(spec) / max(1, costs.flops_step_n)
