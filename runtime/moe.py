@@ -80,6 +80,11 @@ def not_recording():
         _RECORDING = before
 
 
+def recording() -> bool:
+    """Whether this forward trains (counted in the statistics and the loads), outside `not_recording`."""
+    return _RECORDING
+
+
 def stats_reset() -> None:
     global _SUMS, _MAX_LOAD
     _SUMS = _MAX_LOAD = None

@@ -100,7 +100,7 @@ def to_slots(rows_TH: torch.Tensor, counts_E: torch.Tensor, slot_expert_P: torch
     the slots' ranks. Counts this forward's choices into the layer's `load_E` and `slot_load_P` (a training forward
     only: not while recomputing, nor in evaluation)."""
     index_T, counts_P = _slot_order(counts_E, slot_expert_P)
-    if moe._RECORDING and torch.is_grad_enabled() and not recompute.recomputing():
+    if moe.recording() and torch.is_grad_enabled() and not recompute.recomputing():
         with torch.no_grad():
             load_E.add_(counts_E.to(load_E.dtype))
             slot_load_P.add_(counts_P.to(slot_load_P.dtype))
@@ -135,7 +135,7 @@ def _move_rows(t: torch.Tensor, sends: list, recvs: list, local: list, group) ->
     send = [old[idx] if d != me and idx else old.new_zeros(0, flat.shape[1]) for d, idx in enumerate(sends)]
     got = old.new_empty(sum(len(idx) for s, idx in enumerate(recvs) if s != me), flat.shape[1])
     buf = torch.cat(send) if send else old.new_zeros(0, flat.shape[1])
-    collectives._count("all_to_all", "ep", buf)
+    collectives.count_moved("all_to_all", "ep", buf)
     dist.all_to_all_single(got, buf, [len(idx) if s != me else 0 for s, idx in enumerate(recvs)],
                            [len(idx) if d != me else 0 for d, idx in enumerate(sends)], group=group)
     at = 0
@@ -167,7 +167,7 @@ class Rebalancer:
                     experts = name.removesuffix("_slots")
                     self.layers.append((experts.removeprefix("module."), s, named[experts]))
         self.opt, self.ctx, self.nodes, self.log = opt, ctx, nodes, log
-        self.group = collectives._group("ep")
+        self.group = ctx.mesh["ep"].get_group() if ctx.axis_size("ep") > 1 else None
         self.ranks = collectives.axis_size("ep")
         self.me = collectives.axis_rank("ep")
         self.moved = 0  # bytes this rank received in moves, over the run
@@ -195,7 +195,7 @@ class Rebalancer:
                 buf = p.grad.new_zeros((extra,) + tuple(p.grad.shape[1:]))
                 for i, k in at:
                     buf[k] += p.grad[i]
-                collectives._count("all_reduce", "ep", buf)
+                collectives.count_moved("all_reduce", "ep", buf)
                 dist.all_reduce(buf, group=self.group)
                 for i, k in at:
                     p.grad[i] = buf[k]
@@ -281,11 +281,11 @@ class Rebalancer:
                 self.apply(s, x, placement)
 
 
-def ep_nodes() -> int:
+def ep_nodes(ctx) -> int:
     """The nodes this rank's ep group spans (ranks grouped by LOCAL_WORLD_SIZE, torchrun's ranks per node)."""
-    group = collectives._group("ep")
-    if group is None:
+    if ctx.axis_size("ep") == 1:
         return 1
+    group = ctx.mesh["ep"].get_group()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or dist.get_world_size()
     return len({r // per_node for r in dist.get_process_group_ranks(group)})
 

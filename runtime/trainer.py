@@ -121,7 +121,7 @@ class Trainer:
         self.biases = [m for module in parts.modules for m in module.modules() if isinstance(m, moe.ExpertBias)]
         self.clip = optimizer.Clipping(self.cfg, self.ctx, self.shards, pp_group=parts.pp_group)
         # re-placed experts (`moe(..., rebalance = ...)`): their replicas' gradients, norm and moves
-        self.rebalance = rebalance.Rebalancer(parts.modules, self.opt, self.ctx, nodes=rebalance.ep_nodes())
+        self.rebalance = rebalance.Rebalancer(parts.modules, self.opt, self.ctx, nodes=rebalance.ep_nodes(self.ctx))
         moe.set_aux_loss_scale(parts.aux_loss_scale)
 
     def _open(self) -> None:
