@@ -423,6 +423,10 @@ CODES: dict[str, Code] = {
                   "training under ddp, without pipeline or context parallelism, optimizer offload or a Hugging Face "
                   "`init`; the other plans (ZeRO and FSDP shards, bf16's main gradients and masters, pipeline "
                   "stages) are not moved yet."),
+    "W0724": Code("rebalance no sooner than the run ends", "A warning: `rebalance = replicate(every = N)` "
+                  "re-places the experts after every N steps from the load those steps measured; with N at least "
+                  "the run's steps no step runs on a re-placed layout. Use an `every` shorter than the run, or remove "
+                  "`rebalance`."),
     "W0718": Code("a capacity that drops most choices", "A warning: `capacity_factor` gives each expert "
                   "capacity_factor × top_k × seq_len / experts slots per sequence (rounded up, at least 1), and "
                   "every choice past an expert's slots is dropped. Here all the experts' slots together hold less "
