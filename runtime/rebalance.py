@@ -171,10 +171,21 @@ class Rebalancer:
         self.ranks = collectives.axis_size("ep")
         self.me = collectives.axis_rank("ep")
         self.moved = 0  # bytes this rank received in moves, over the run
+        self._held: dict = {}  # id(Slots) -> what the step reads of its placement (`_of`), until it moves
 
-    def _local(self, s: Slots, x) -> list[int]:
-        n = x.w_up.shape[0]
-        return s.slot_expert.tolist()[self.me * n:(self.me + 1) * n]
+    def _of(self, s: Slots, x) -> tuple:
+        """(placement, [(local slot, row of the replicas' buffer)], first-copy mask of the local slots), read from
+        the device once per placement, not every step."""
+        got = self._held.get(id(s))
+        if got is None:
+            slots, n = s.slot_expert.tolist(), x.w_up.shape[0]
+            local = slots[self.me * n:(self.me + 1) * n]
+            rows = sorted({e for e in slots if e >= 0 and slots.count(e) > 1})
+            at = [(i, rows.index(e)) for i, e in enumerate(local) if e in rows]
+            keep = torch.tensor([e >= 0 and slots.index(e) == self.me * n + i for i, e in enumerate(local)],
+                                device=s.slot_expert.device)
+            got = self._held[id(s)] = (slots, at, keep)
+        return got
 
     # the gradients
 
@@ -186,9 +197,7 @@ class Rebalancer:
             extra = s.total - s.experts
             if extra == 0:
                 continue
-            slots = s.slot_expert.tolist()
-            rows = sorted({e for e in slots if e >= 0 and slots.count(e) > 1})
-            at = [(i, rows.index(e)) for i, e in enumerate(self._local(s, x)) if e in rows]
+            _, at, _ = self._of(s, x)
             for p in x.parameters():
                 if p.grad is None:
                     continue
@@ -205,12 +214,7 @@ class Rebalancer:
         each expert's first copy (runtime.tensor_parallel.clip_grad_norm sums the squares over ep)."""
         if not self.layers:
             return named
-        mask = {}
-        for _, s, x in self.layers:
-            slots, n = s.slot_expert.tolist(), x.w_up.shape[0]
-            keep = [e >= 0 and slots.index(e) == self.me * n + i for i, e in enumerate(self._local(s, x))]
-            for p in x.parameters():
-                mask[id(p)] = torch.tensor(keep, device=p.device)
+        mask = {id(p): self._of(s, x)[2] for _, s, x in self.layers for p in x.parameters()}
         out = []
         for name, p in named:
             k = mask.get(id(p))
@@ -230,7 +234,7 @@ class Rebalancer:
     @torch.no_grad()
     def apply(self, s: Slots, x, new: list[int]) -> int:
         """Move a layer's experts to placement `new`; returns the bytes this rank received."""
-        old = s.slot_expert.tolist()
+        old = self._of(s, x)[0]
         if old == new:
             return 0
         sends, recvs, local = plan_moves(old, new, self.ranks)[self.me]
@@ -239,6 +243,7 @@ class Rebalancer:
             for t in self._tensors(p):
                 sent += _move_rows(t, sends, recvs, local, self.group)
         s.slot_expert.copy_(torch.tensor(new, dtype=s.slot_expert.dtype))
+        self._held.pop(id(s))
         return sent
 
     @torch.no_grad()
@@ -252,7 +257,7 @@ class Rebalancer:
             if self.ctx.batch_group is not None and dist.get_world_size(self.ctx.batch_group) > 1:
                 dist.all_reduce(counts, group=self.ctx.batch_group)
             load, slot_load = counts[:s.experts].tolist(), counts[s.experts:].tolist()
-            current = s.slot_expert.tolist()
+            current = self._of(s, x)[0]
             new = align(place(load, self.ranks, x.w_up.shape[0], self.nodes), current, self.ranks, self.nodes)
             before = spread(rank_loads(slot_load, self.ranks))
             after = spread(rank_loads(predicted_slot_load(load, new), self.ranks))
@@ -271,7 +276,7 @@ class Rebalancer:
     @contextlib.contextmanager
     def canonical(self):
         """Every layer in its canonical placement inside (a checkpoint's canonical expert order), back after."""
-        was = [s.slot_expert.tolist() for _, s, _ in self.layers]
+        was = [self._of(s, x)[0] for _, s, x in self.layers]
         for _, s, x in self.layers:
             self.apply(s, x, canonical(s.experts, self.ranks, x.w_up.shape[0]))
         try:
