@@ -28,6 +28,8 @@ ALLOWED = {
                        "(collectives, MoE, rotary) themselves",
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",
+    "compiler/cost/rebalance.py": "prices expert re-placement with the placement runtime.eplb makes (its own "
+                                  "functions, torch-free): the plan's what-if is the runtime's placement",
     "compiler/cost/offload.py": "prices the optimizer's host share as runtime.offload.HostAdamW takes it, with its "
                                 "own functions (runtime.precision.partition_sizes, runtime.offload.host_prefix), and "
                                 "finds the runtime's Repeat in the traced graph (the parameters' order)",

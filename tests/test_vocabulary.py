@@ -21,7 +21,7 @@ def test_language_vocabulary_is_pinned():
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
                 "renormalize", "shared_ffn", "shared_gate", "scoring", "groups", "topk_groups", "routed_scale",
-                "bias_update", "dispatch"),
+                "bias_update", "dispatch", "rebalance"),
         "residual": (),
         "lm_head": ("vocab", "hidden", "tied", "bias", "softcap"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",

@@ -38,7 +38,7 @@ INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
 RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
-                   "runtime.packed", "runtime.rotary")
+                   "runtime.packed", "runtime.rebalance", "runtime.rotary")
 
 
 @dataclass(frozen=True)
