@@ -10,7 +10,8 @@ recorded as skipped, never silently missing):
    (compiler/layout/devices.py): a device-to-device copy (`hbm_gbps`); bf16 matmuls at 8192³ and at the shapes of
    the programs below (`peak_tflops × matmul_efficiency`); SDPA's fused (flash) attention forward and forward +
    backward, causal, at seq 1K-32K (`peak_tflops × attention_efficiency`); FlexAttention with a block mask (causal
-   documents) beside SDPA at one length; F.grouped_mm at an MoE layer's shapes; FP8: the tensorwise-scaled cast of
+   documents) beside SDPA at one length; F.grouped_mm at an MoE layer's shapes, and beside a copy of its all-to-all's
+   payload on a second stream (DualPipe's overlap, `overlap_rows`); FP8: the tensorwise-scaled cast of
    a bf16 activation (GB/s) and torch._scaled_mm at 8192³ where the device has it.
 2. checkpoint and resume: a tiny generated program saves a checkpoint and a longer run extends it, in the
    device's precision (bf16 on CUDA: the fused AdamW's state and step go through DCP and back).
@@ -226,6 +227,7 @@ def kernel_rows(device: str, figures, sz: dict, budget: Budget) -> list:
         row("matmul", f"grouped_mm E{experts} {tokens}×{hidden}·{hidden}×{ffn}",
             timer(torch, device, lambda: grouped(x, w, offs=offs), reps, warm), flops=2 * tokens * hidden * ffn,
             assumed=matmul_assumed)
+        rows.extend(overlap_rows(torch, device, lambda: grouped(x, w, offs=offs), tokens * hidden * 2, reps, warm))
     except Exception as exc:  # noqa: BLE001
         refused("matmul", "grouped_mm", exc)
 
@@ -252,6 +254,50 @@ def kernel_rows(device: str, figures, sz: dict, budget: Budget) -> list:
     except Exception as exc:  # noqa: BLE001
         refused("fp8", "fp8", exc)
     return rows
+
+
+def overlap_rows(torch, device: str, compute, nbytes: int, reps: int, warm: int) -> list:
+    """DualPipe's premise on one GPU (issue 44): an MoE layer's grouped GEMM on the current stream and, beside it on
+    a second stream, a copy of its all-to-all's payload (`nbytes`: the routed rows, bf16), which stands in for the
+    other micro-batch's dispatch. Two copies: device to device (an SM- and HBM-bound copy, as NCCL's kernels move
+    data inside a node) and device to pinned host (a copy engine and the host link, as a transfer between nodes
+    leaves through the NIC). Each is timed alone and both together (both streams waited for); `hidden` is the share
+    of the shorter one that disappeared: (alone_a + alone_b − together) / min(alone_a, alone_b), 1 when it hid
+    completely, 0 when they ran back to back; the row's rate is (alone_a + alone_b) / together. The step-time model's DualPipeV pricing hides the all-to-all behind
+    the other micro-batch's compute; this row says how much of that a device gives. On CPU there are no streams:
+    the row times them one after the other (hidden ≈ 0), so the dry run still exercises the code."""
+    cuda = device == "cuda"
+    n = nbytes // 2
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    targets = [("device copy", torch.empty_like(src))]
+    if cuda:
+        targets.append(("pinned host copy", torch.empty(n, dtype=torch.bfloat16, pin_memory=True)))
+    side = torch.cuda.Stream() if cuda else None
+    out = []
+    t_compute = timer(torch, device, compute, reps, warm)
+    for what, dst in targets:
+        def copy():
+            dst.copy_(src, non_blocking=cuda)
+
+        def both():
+            if not cuda:
+                compute()
+                copy()
+                return
+            side.wait_stream(torch.cuda.current_stream())  # the inputs are ready before the side stream reads them
+            with torch.cuda.stream(side):
+                copy()
+            compute()
+            torch.cuda.current_stream().wait_stream(side)  # the timing's end event waits for both
+        t_copy = timer(torch, device, copy, reps, warm)
+        t_both = timer(torch, device, both, reps, warm)
+        hidden = (t_compute + t_copy - t_both) / min(t_compute, t_copy)
+        out.append({"kind": "overlap", "what": f"grouped_mm beside a {what} of {nbytes / 2**20:.3g} MiB",
+                    "ms": t_both * 1e3, "rate": (t_compute + t_copy) / t_both, "unit": "× alone",
+                    "note": f"alone: grouped_mm {t_compute * 1e3:.3f} ms, copy {t_copy * 1e3:.3f} ms"
+                            + ("" if cuda else "; CPU: no streams, run in turn"),
+                    "compute_ms": t_compute * 1e3, "copy_ms": t_copy * 1e3, "hidden": hidden})
+    return out
 
 
 # -- programs --------------------------------------------------------------------------------------------------------
@@ -421,6 +467,9 @@ def table(result: dict) -> str:
         assumed = f"{r['assumed']:.4g}" if r.get("assumed") else "-"
         ratio = f"{r['measured_over_assumed']:.2f}" if r.get("measured_over_assumed") else "-"
         lines.append(f"  {r['what'][:55]:<56}{r['ms']:>9.3f}{r['rate']:>10.4g} {r['unit']:<6}{assumed:>9}{ratio:>7}")
+        if r["kind"] == "overlap":
+            lines.append(f"    alone {r['compute_ms']:.3f} + {r['copy_ms']:.3f} ms, together {r['ms']:.3f} ms: "
+                         f"{r['hidden']:.0%} of the shorter hidden")
     lines += ["", "programs (median over the steady steps; peak: measured / plan's prediction, GB)",
               f"  {'model':<12}{'column':<28}{'ms/step':>9}{'pred ms':>9}{'cal ms':>8}{'MFU':>7}{'peak':>8}"
               f"{'pred':>8}{'meas/pred':>10}{'1st step':>10}"]

@@ -7,6 +7,7 @@ checkpoint.
     python3 -m bench.route_around_drill --remembered [-n 10]
     python3 -m bench.route_around_drill --restart [-n 10]
     python3 -m bench.route_around_drill --dead [-n 10]
+    python3 -m bench.route_around_drill --crashing [-n 10] [--onset 8]
 
 Each trial, in a fresh directory:
 1. `scalec run drill.scale --local-nodes` (four torchrun agents on loopback, launch.sh's LOCAL_NODES) with rank 5 (on
@@ -30,6 +31,12 @@ themselves (SCALEC_TEST_NODE_DIES=node2:STEP, first attempt only). The other ran
 restart them; launch.sh lets the rendezvous form with 3 of the 4 nodes (`--nnodes 3:4` under `replan`), the program
 finds node 2 missing against the node record's last members (runtime.leaving.shrunk), rank 0 writes the request, and
 the rest is as above: the re-plan on 3 nodes resumes from the last checkpoint before the death.
+
+`--crashing`: a node that crash-loops. Nobody is slowed; node 2's first worker SIGKILLs itself at step `--onset` in
+each of the first two attempts (SCALEC_TEST_NODE_CRASHES=node2:STEP:2; its agent lives and torchrun restarts the
+job from the last checkpoint). Its agent passes the crash to the next attempt, whose rank 0 marks node 2 `crashed`
+in the node record; once it has crashed in two attempts in a row, the third attempt's rank 0 leaves it out after
+its first step, and the rest is as above.
 
 `--restart`: `on_straggler = restart(exclude = node)` with a spare agent waiting (launch.sh's SPARE_NODES=1): the
 slow node is left out, the spare takes its place, the run resumes on the same plan, and its losses must equal the
@@ -124,6 +131,8 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
                             attempt, group_rank=2, host="earlier")
         if args.dead:  # no slow rank: node 2 dies at the onset step
             slow = {"SCALEC_TEST_NODE_DIES": f"node{args.rank // 2}:{args.onset}"}
+        if getattr(args, "crashing", False):  # no slow rank: node 2's first worker crashes at the onset step, twice
+            slow = {"SCALEC_TEST_NODE_CRASHES": f"node{args.rank // 2}:{args.onset}:2"}
         t = time.perf_counter()
         rc, out = scalec_run(work, "drill.scale", "build", slow, ["--metrics", str(work / "run.jsonl")],
                              args.timeout)
@@ -143,8 +152,11 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
             request = json.loads(requests[0].read_text())
             at, what, ref_scale = request["step"], f"{m[3][:60]}...; {m[4]} → {m[5]}", "drill.nodes3.scale"
             last = (args.onset - 1) // 5 * 5  # the checkpoint before the death (checkpoint_every = 5)
+            crashed = getattr(args, "crashing", False)
+            if crashed and out.count("'s workers crashed in the last attempt") != 2:
+                return False, "node 2's two crashes were not both recorded"
             if (int(m[1]), int(m[2])) != (3, 4) or request["exclude"] != [args.rank // 2] or (
-                    args.remembered and at != 1) or (args.dead and at != last):
+                    args.remembered and at != 1) or (args.dead and at != last) or (crashed and at != last + 1):
                 return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
         ok, line = against_reference(args, work, at, ref_scale)
         where = f"node {m[1]} ({m[2]})" if args.restart else "node 2"
@@ -190,6 +202,8 @@ def main(argv=None) -> int:
                    help="on_straggler = restart(exclude = node) with a spare agent: the spare takes node 2's place")
     p.add_argument("--dead", action="store_true",
                    help="no slow rank: node 2 dies at --onset (its agent and workers killed); re-planned on 3 nodes")
+    p.add_argument("--crashing", action="store_true",
+                   help="no slow rank: node 2's worker crashes at --onset in two attempts; left out in the third")
     p.add_argument("--remembered", action="store_true",
                    help="no slow rank: node 2 was slow in two earlier attempts (the node record), left out at once")
     args = p.parse_args(argv)

@@ -246,7 +246,7 @@ def cmd_run(args) -> int:
 
     def launch(cmd, env) -> int:
         nodes, per = compiled_now[0].spec.cluster.nodes, compiled_now[0].spec.cluster.devices_per_node
-        here = nodes * per if env.get("LOCAL_NODES") or nodes == 1 else per
+        here = nodes * per if env.get("LOCAL_NODES") or nodes == 1 or args.slurm else per
         sys.stdout.write(R.launching(cmd, here, env["TORCHRUN_ARGS"]))
         sys.stdout.flush()
         return subprocess.call(cmd, env=env)
@@ -419,6 +419,9 @@ def _run_commands(sub) -> None:
                    help="torchrun's own flags, in one string (e.g. \"--redirects 3 --log-dir logs\")")
     c.add_argument("--local-nodes", action="store_true",
                    help="on a mesh of several nodes, start every node's processes on this machine (testing)")
+    c.add_argument("--slurm", action="store_true",
+                   help="inside a SLURM allocation: launch launch.sbatch (srun, one torchrun agent per node); a "
+                        "re-plan runs the new plan in the same allocation without the hosts left out")
     c.add_argument("--force", action="store_true", help="run even if the predicted peak memory does not fit")
     c.set_defaults(func=cmd_run)
 

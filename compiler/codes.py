@@ -409,6 +409,29 @@ CODES: dict[str, Code] = {
                   "runs the experts on exactly the rows they received: it is dropless, and a capacity factor would "
                   "say how many choices to drop. Write `capacity_factor = none` with it, or remove `dispatch` to "
                   "keep the capacity (padded buffers, choices over capacity dropped)."),
+    "E0719": Code("rebalance settings out of range", "`rebalance = replicate(every = N, extra = R)` re-places the "
+                  "experts every N steps, giving the hottest R replicas: N is a number of steps, at least 1 (0 would "
+                  "never re-place), and R a number of replicas, at least 0."),
+    "E0720": Code("rebalance with padded dispatch", "Re-placement evens out the rows each ep rank's experts compute. "
+                  "Under padded dispatch every expert computes its whole buffer of capacity slots whatever its load, "
+                  "and the all-to-alls move the whole buffers: there is nothing to even out. Use `dispatch = "
+                  "grouped` with `capacity_factor = none` (rows sorted by expert, variable splits), or remove "
+                  "`rebalance`."),
+    "W0721": Code("rebalance without expert parallelism", "A warning: re-placement moves experts and their replicas "
+                  "between the ep ranks; with ep = 1 one rank holds every expert and nothing moves. Add an `ep` "
+                  "axis, or remove `rebalance`."),
+    "E0722": Code("rebalance replicas that do not fit", "Under `rebalance = replicate(extra = R)` each ep rank holds "
+                  "(experts + R) / ep slots, each one expert's copy: experts + R must divide over ep, and no expert "
+                  "can have more copies than there are ep ranks (R ≤ experts × (ep - 1))."),
+    "E0723": Code("rebalance on a plan the runtime does not re-place", "Re-placement moves each expert's weights "
+                  "and AdamW state whole between ep ranks and sums its replicas' gradients. It is served for fp32 "
+                  "training under ddp, without pipeline or context parallelism, optimizer offload or a Hugging Face "
+                  "`init`; the other plans (ZeRO and FSDP shards, bf16's main gradients and masters, pipeline "
+                  "stages) are not moved yet."),
+    "W0724": Code("rebalance no sooner than the run ends", "A warning: `rebalance = replicate(every = N)` "
+                  "re-places the experts after every N steps from the load those steps measured; with N at least "
+                  "the run's steps no step runs on a re-placed layout. Use an `every` shorter than the run, or remove "
+                  "`rebalance`."),
     "W0718": Code("a capacity that drops most choices", "A warning: `capacity_factor` gives each expert "
                   "capacity_factor × top_k × seq_len / experts slots per sequence (rounded up, at least 1), and "
                   "every choice past an expert's slots is dropped. Here all the experts' slots together hold less "

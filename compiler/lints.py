@@ -208,6 +208,18 @@ def no_effect_checks(c: Checker, spec: S.Spec, axes_written: bool) -> None:
         if key in at:
             c.warn(code, message, at[key], label="has no effect", help=help)
 
+    steps = int(spec.value(spec.train.steps))
+    for m in (x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and x.rebalance is not None):
+        if plan.size("ep") > 1 and m.rebalance[0] >= steps > 0:
+            c.warn("W0724", f"rebalance every {m.rebalance[0]} steps in a run of {steps}: no step runs on a "
+                   "re-placed layout", m.rebalance_span, label="has no effect",
+                   help="the experts are re-placed after every N steps, from the load those steps measured; use an "
+                        f"`every` shorter than the run (e.g. every = {max(1, steps // 10)}), or remove `rebalance`")
+        if plan.size("ep") == 1:
+            c.warn("W0721", "rebalance without expert parallelism: the mesh has no `ep` axis (or ep = 1)",
+                   m.rebalance_span, label="has no effect",
+                   help="re-placement moves experts between ep ranks, and one rank holds them all; add `axis ep = 2` "
+                        "(or more), or remove `rebalance`")
     if plan.size("cp") == 1 and "context_parallel" in at:
         warn("W0310", "context_parallel", "context_parallel without context parallelism: the mesh has no `cp` axis "
              "(or cp = 1)", "context_parallel says how attention runs over a sequence sharded over cp; add "

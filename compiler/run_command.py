@@ -12,6 +12,11 @@ On a job of several machines (NODE_RANK set), each machine's `scalec run` re-pla
 deterministic) from the request it reads in the shared checkpoint directory; a machine left out ends with one line,
 the others take their new NODE_RANK (their rank among the nodes left). Node 0 holds the rendezvous (MASTER_ADDR):
 where it is the one left out, the job stops with one line saying to start again with another MASTER_ADDR.
+
+On SLURM (`--slurm`, run inside the allocation: `sbatch --nodes=N --wrap "scalec run FILE --slurm -- FLAGS"`), the
+launch is the build's launch.sbatch (srun, one torchrun agent per node); under `replan` a node that fails does not
+end the allocation, the nodes left ask for the re-plan, and the new plan's launch.sbatch runs in the same allocation
+without the hosts left out (SLURM_EXCLUDE: `srun --exclude`).
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ import shlex
 import sys
 
 MAX_REPLANS = 3
+SLURM_EXCLUDE = "SCALEC_SLURM_EXCLUDE"
+"""With `--slurm`, the hosts of the allocation the re-plans left out (comma-separated), which launch.sbatch's srun
+excludes."""
 LOCAL_NAMES = "SCALEC_LOCAL_NODE_NAMES"
 """With `--local-nodes`, the names launch.sh gives its agents (runtime.node_record.node_name): after a re-plan the
 nodes left keep theirs, and the one left out is not started again under its name."""
@@ -45,7 +53,14 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
         raise UsageError(f"--torchrun-args: {err} in {args.torchrun_string!r}") from None
     env["TORCHRUN_ARGS"] = shlex.join(torchrun)
     env.pop("LOCAL_NODES", None)
-    if nodes > 1 and args.local_nodes:
+    if getattr(args, "slurm", False):
+        if args.local_nodes:
+            raise UsageError("--slurm and --local-nodes: choose one (SLURM starts each node's share on its host)")
+        if not environ.get("SLURM_JOB_NODELIST"):
+            raise UsageError("--slurm runs inside a SLURM allocation (SLURM_JOB_NODELIST is not set): submit it, "
+                             "e.g. sbatch --nodes=N --wrap \"scalec run FILE --slurm -- FLAGS\"")
+        env["SCALEC_BUILD_DIR"] = os.path.abspath(out)
+    elif nodes > 1 and args.local_nodes:
         env["LOCAL_NODES"] = "1"
     elif nodes > 1 and not (environ.get("NODE_RANK") and environ.get("MASTER_ADDR")):
         raise UsageError(f"this mesh spans {nodes} nodes: run `scalec run` on each with NODE_RANK=<0..{nodes - 1}> "
@@ -60,7 +75,8 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
         program_args += ["--resume-changed", args.resume_changed]
     if args.resume_schedule:
         program_args += ["--resume-schedule", args.resume_schedule]
-    return ["bash", os.path.join(out, "launch.sh"), *program_args, *args.program_args], env
+    script = "launch.sbatch" if getattr(args, "slurm", False) else "launch.sh"
+    return ["bash", os.path.join(out, script), *program_args, *args.program_args], env
 
 
 def checkpoint_dir(spec, program_args: list[str]) -> str | None:
@@ -147,6 +163,10 @@ def replanning(args, compiled, out: str, status: int, launch, load, emit, enviro
         env = dict(environ)
         if node_rank is not None:
             env["NODE_RANK"] = node_rank
+        elif getattr(args, "slurm", False):  # the same allocation, without the hosts left out
+            gone = [h for h in environ.get(SLURM_EXCLUDE, "").split(",") if h] + list(request.get("hosts", ()))
+            environ = {**environ, SLURM_EXCLUDE: ",".join(dict.fromkeys(gone))}
+            env[SLURM_EXCLUDE] = environ[SLURM_EXCLUDE]
         elif args.local_nodes:  # every node here: the agents keep the names of the nodes left (launch.sh)
             names = environ.get(LOCAL_NAMES, "").split() or [f"node{i}" for i in range(request["nodes"])]
             environ = {**environ, LOCAL_NAMES: " ".join(n for n in names if n not in request.get("hosts", ()))}

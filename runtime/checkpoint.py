@@ -199,6 +199,8 @@ class _Entries:
             return t
         dim, full, axis = s
         local, r = t.shape[dim], self.ctx.coords[axis]
+        if axis == "ep":  # re-placed experts (runtime.rebalance) hold replica slots after their canonical E/ep
+            local = min(local, full // self.ctx.axis_size(axis))
         real = max(0, min(full - r * local, local))  # padding rows (pad_vocab) are not part of the model
         shape = list(t.shape)
         shape[dim] = full

@@ -34,6 +34,11 @@ REPLAN_CODE = 81
 (`resilience { on_straggler = replan }`), saved a checkpoint and wrote its request (compiler/run_command.py
 `REQUEST`); the launcher does not restart it, and `scalec run` re-plans and launches the new plan."""
 
+EXIT_PEER = 82
+"""The worker's exit status for "a peer rank is gone" (a collective failed on a closed or reset connection): this
+worker failed because another failed first. runtime.launch's agent does not count it as its node crashing (a crash is
+any other failure: runtime.node_record.crash)."""
+
 
 class FatalError(SystemExit):
     """A start-up failure that every restart would meet again: end the job at once, with one message.

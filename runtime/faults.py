@@ -378,7 +378,9 @@ _HOOKS = None
 
 def test_hooks(rank: int, step: int, where: str = "step") -> None:
     """Drills: act on SCALEC_TEST_{KILL,HANG,TERM}_AT=RANK:STEP[:WHERE] (1-based step about to run; WHERE: `step`,
-    its start, or `loss`, before its loss all-reduce)."""
+    its start, or `loss`, before its loss all-reduce); SCALEC_TEST_NODE_DIES=NAME:STEP (the node's agent and
+    workers killed, first attempt only); SCALEC_TEST_NODE_CRASHES=NAME:STEP:N (the node's first worker SIGKILLed at
+    STEP in each of the first N attempts: a node that crash-loops, its agent alive)."""
     global _HOOKS
     if _HOOKS is None:
         _HOOKS = {k: _hook(f"SCALEC_TEST_{k}_AT") for k in ("KILL", "HANG", "TERM")}
@@ -386,6 +388,10 @@ def test_hooks(rank: int, step: int, where: str = "step") -> None:
         if dies:  # NAME:STEP: the node named NAME (runtime.node_record.node_name) dies at that step
             name, at = dies.rsplit(":", 1)
             _HOOKS["DIES"] = (name, int(at), os.getppid())  # the parent: this node's torchrun agent
+        crashes = os.environ.get("SCALEC_TEST_NODE_CRASHES")
+        if crashes:  # NAME:STEP:ATTEMPTS: the node's first worker crashes at that step in its first ATTEMPTS attempts
+            name, at, times = crashes.rsplit(":", 2)
+            _HOOKS["CRASHES"] = (name, int(at), int(times))
         if not any(_HOOKS.values()):
             _HOOKS = {}
     if not _HOOKS:
@@ -400,6 +406,12 @@ def test_hooks(rank: int, step: int, where: str = "step") -> None:
                     os.kill(agent, signal.SIGKILL)
                 except ProcessLookupError:  # the node's other worker killed it first
                     pass
+            os.kill(os.getpid(), signal.SIGKILL)
+    if "CRASHES" in _HOOKS and where == "step" and os.environ.get("LOCAL_RANK", "0") == "0":
+        name, at, times = _HOOKS["CRASHES"]
+        from runtime.node_record import node_name
+        if step == at and attempt() < times and node_name() == name:  # the worker only: its agent restarts the job
+            sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
     here = (rank, step, where)
     if _HOOKS.get("KILL") == here and attempt() == 0:
@@ -511,6 +523,11 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
               "NCCL communicator was aborted", "remote process exited")
 
 
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because a peer rank is gone (its connection closed or reset)."""
+    return any(s in str(exc) for s in _PEER_LOST)
+
+
 def failure_line(exc: BaseException) -> str:
     """One line: this rank, where it was, and the cause; a lost peer is said as such, naming the peers that did not
     answer when the survivors compared notes in the store."""
@@ -518,7 +535,7 @@ def failure_line(exc: BaseException) -> str:
     where = f" in {cur[0]}{_site_text(cur[1])}" if cur else ""
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     msg = msg.split(". This is typically caused")[0]
-    if any(s in str(exc) for s in _PEER_LOST):
+    if lost_peer(exc):
         lost = _lost_peers()
         who = (f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} did not answer (likely the first to "
                "fail: see its log)") if lost else "a peer rank is gone"

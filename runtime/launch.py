@@ -14,6 +14,9 @@ agent does not restart the job and ends it at once. With several agents (nodes),
 in the rendezvous store, and another agent whose workers failed for any reason in that round does not restart
 either (its workers failed because the job is ending).
 
+A node whose workers crash (a failure of theirs, not a peer's failure reaching them: runtime.errors.EXIT_PEER):
+its agent passes how to the workers it starts next (runtime.node_record.CRASHED_ENV), and their rank 0 records it.
+
 Leaving out a node (`restart(exclude = node)`, runtime.node_record.leave_out): the workers end the attempt on
 purpose, those on the node to leave out with `runtime.errors.EXIT_EXCLUDE`, the others with `EXIT_REJOIN`. The first
 agent to see either decides, once per rendezvous round (in its store), whether the job can go on: it can when the
@@ -38,6 +41,7 @@ import time
 # Before torch's import (a second or more): runtime.progress.LAUNCH_TIME, inherited by every worker.
 os.environ.setdefault("SCALEC_LAUNCH_TIME", repr(time.time()))
 
+import json  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 
@@ -51,13 +55,14 @@ from torch.distributed.elastic.rendezvous.api import (  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure  # noqa: E402
 from torch.distributed.run import parse_args, run  # noqa: E402
 
-from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_REJOIN, REPLAN_CODE  # noqa: E402
+from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_PEER, EXIT_REJOIN, REPLAN_CODE  # noqa: E402
 from runtime.faults import TERM_GRACE  # noqa: E402
-from runtime.node_record import LEFT_OUT_ENV  # noqa: E402
+from runtime.node_record import CRASHED_ENV, LEFT_OUT_ENV, crash  # noqa: E402
 
 _FATAL_KEY = "scalec/fatal"  # in the rendezvous store of the round: some worker of the job exited with EXIT_CODE
 _EXCLUDE_KEY = "scalec/exclude"  # in the rendezvous store of the round: "go on" or "end", the first agent's decision
 EXCLUDED_HOSTS_ENV = "SCALEC_EXCLUDED_HOSTS"  # a file the agent of a node left out appends its host name to
+REPLAN_HOSTS_ENV = "SCALEC_REPLAN_HOSTS"  # a file each agent whose job ends to be re-planned appends its host name to
 
 
 def fatal(result: RunResult) -> bool:
@@ -131,7 +136,10 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup):
         Agent.started = True
-        return super()._start_workers(worker_group)
+        try:
+            return super()._start_workers(worker_group)
+        finally:  # the workers started have it in their environment; a later start does not
+            os.environ.pop(CRASHED_ENV, None)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
@@ -144,6 +152,7 @@ class Agent(LocalElasticAgent):
         how = exclusion(result)
         if how is not None:
             return self._exclude(worker_group, result, how)
+        _note_crash(result)
         if self._remaining_restarts > 0 and self._marked(worker_group):
             self._remaining_restarts = 0
         return result
@@ -239,12 +248,26 @@ def _node() -> str:
     return os.environ.get("SCALEC_NODE") or socket.gethostname()
 
 
-def _note_host() -> None:
-    """Append this host's name to the file EXCLUDED_HOSTS_ENV names (launch.sbatch: the hosts to --exclude)."""
-    path = os.environ.get(EXCLUDED_HOSTS_ENV)
+def _note_crash(result: RunResult) -> None:
+    """This node's workers failed (not fatally, not to leave a node out): where that is a crash of theirs, not
+    another rank's failure reaching them, tell the workers started next (runtime.node_record.CRASHED_ENV), whose
+    rank 0 marks it in the node record."""
+    seen = crash({rank: (f.exitcode, how(f)) for rank, f in result.failures.items()})
+    if seen is None:
+        os.environ.pop(CRASHED_ENV, None)
+        return
+    os.environ[CRASHED_ENV] = json.dumps(seen)
+    print(f"scalec: node {_node()}'s workers crashed (rank {seen['rank']}, {seen['how']}); the next attempt's "
+          "rank 0 records it in the node record", file=sys.stderr, flush=True)
+
+
+def _note_host(env: str = EXCLUDED_HOSTS_ENV) -> None:
+    """Append this host's name to the file `env` names: EXCLUDED_HOSTS_ENV (launch.sbatch: the hosts to --exclude)
+    or REPLAN_HOSTS_ENV (launch.sbatch: the nodes left asked for a re-plan)."""
+    path = os.environ.get(env)
     if path:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(socket.gethostname() + "\n")
+        with open(path, "a", encoding="utf-8") as f:  # SLURM's name of the node where srun started this agent
+            f.write((os.environ.get("SLURMD_NODENAME") or socket.gethostname()) + "\n")
 
 
 launcher_api.LocalElasticAgent = Agent  # what torch.distributed.run's launch_agent builds
@@ -260,6 +283,8 @@ def how(failure: ProcessFailure) -> str:
         return f"exit code {failure.exitcode} (ended on purpose to leave out a node)"
     if failure.exitcode == REPLAN_CODE:
         return f"exit code {REPLAN_CODE} (ended on purpose to be re-planned: not restarted)"
+    if failure.exitcode == EXIT_PEER:
+        return f"exit code {EXIT_PEER} (lost a peer: another rank failed first)"
     return f"exit code {failure.exitcode}"
 
 
@@ -308,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         if REPLAN_CODE in codes and all(c == REPLAN_CODE or c < 0 for c in codes):
             print(f"scalec: the run ended to be re-planned on the nodes left (exit {REPLAN_CODE}): `scalec run` "
                   "re-plans and launches the new plan; rank 0's lines above say why", file=sys.stderr, flush=True)
+            _note_host(REPLAN_HOSTS_ENV)
             return REPLAN_CODE
         print(report(exc), file=sys.stderr, flush=True)
         if debug:

@@ -8,7 +8,7 @@ import zlib
 import torch
 from torch import nn
 
-from runtime import recompute
+from runtime import collectives, recompute
 
 
 class Repeat(nn.ModuleDict):
@@ -119,7 +119,12 @@ def init_parameters(model: nn.Module, *, seed: int, std: float, residual_out: tu
             elif getattr(module, "init_per_expert", False):
                 experts = torch.arange(shape[0])
                 if shard is not None:  # this rank's experts only: a 1T model's tensors are never drawn whole
-                    experts, shard = local_slice(experts, shard[0], p.shape[shard[0]], shard[2]), None
+                    # re-placed experts (runtime.rebalance) start in the canonical placement: this rank's E/ep
+                    # experts, then its replica slots (copies of its first ones: no row reaches them before an
+                    # expert moves in)
+                    own = min(p.shape[shard[0]], shard[1] // collectives.axis_size(shard[2]))
+                    experts = local_slice(experts, shard[0], own, shard[2])
+                    experts, shard = experts[torch.arange(p.shape[shard[0]]) % own], None
                 sigma = scaled if pname in module.residual_out else std
                 value = torch.stack([torch.empty(shape[1:]).normal_(
                     0.0, sigma, generator=parameter_generator(seed, f"{name}.{int(e)}")) for e in experts])

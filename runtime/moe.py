@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -79,6 +80,11 @@ def not_recording():
         _RECORDING = before
 
 
+def recording() -> bool:
+    """Whether this forward trains (counted in the statistics and the loads), outside `not_recording`."""
+    return _RECORDING
+
+
 def stats_reset() -> None:
     global _SUMS, _MAX_LOAD
     _SUMS = _MAX_LOAD = None
@@ -117,6 +123,10 @@ def stats_read(device, group=None, duplicates: int = 1) -> dict:
 
 
 # -- routing, dispatch, combine -----------------------------------------------------------------------------------
+
+# Test-only hook, read once when set (as runtime.faults' SCALEC_TEST_* hooks): SCALEC_TEST_SKEW=X adds X·(1 - e/(E-1))
+# to every router's logit of expert e, so that the low experts take most choices (expert re-placement's tests).
+_TEST_SKEW = float(os.environ.get("SCALEC_TEST_SKEW", "0") or 0)
 
 
 def capacity(seq: int, experts: int, top_k: int, factor) -> int:
@@ -234,6 +244,8 @@ def route(logits_BSE: torch.Tensor, top_k: int, capacity: int, aux_weight: float
     rank's gradient of its share is exact for its tokens. Its weight is multiplied by tokens / S (= cp), since
     the gradients are averaged over cp."""
     b, s, e = logits_BSE.shape
+    if _TEST_SKEW:  # test-only: every layout routes alike, towards the low experts (runtime/rebalance.py's tests)
+        logits_BSE = logits_BSE + _TEST_SKEW * torch.linspace(1.0, 0.0, e, device=logits_BSE.device)
     scores_BSE, probs_BSE, expert_BSK, gate_BSK = _scores(logits_BSE, top_k, scoring, groups, topk_groups, bias)
     if top_k > 1 if renormalize is None else renormalize:
         gate_BSK = gate_BSK / (gate_BSK.sum(-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0.0))

@@ -1,10 +1,16 @@
 """What earlier attempts saw of each node, remembered across restarts: `<checkpoint_dir>/nodes.json`.
 
-A node is named by its host (`socket.gethostname()`), or by SCALEC_NODE where set (several torchrun agents on one
+A node is named by its host (`socket.gethostname()`; under SLURM its SLURMD_NODENAME), or by SCALEC_NODE where set (several torchrun agents on one
 machine, as the drills run them, each set its own); torchrun's GROUP_RANK, the node's place in this attempt's
 rendezvous round, changes between rounds and is kept beside each event, not used as the name. Each event says what
 was seen (`slow`: the straggler detector's rank, section, score and step; `unhealthy`: runtime.health's reasons;
-`excluded`: the node left out by `restart(exclude = node)`) and in which attempt (runtime.faults.attempt()).
+`excluded`: the node left out by `restart(exclude = node)`; `crashed`: its workers failed on their own, not as
+victims of another rank's failure nor on purpose, with how: `crash`) and in which attempt (runtime.faults.attempt()).
+
+A crash is seen by the node's torchrun agent (runtime.launch), which passes it to the workers it starts next
+(CRASHED_ENV); the next attempt's rank 0 gathers each node's (runtime.stragglers) and marks the nodes that crashed,
+where some but not every node did (every node failing is the job's failure, not a node's). A node that crashed in
+`n` attempts in a row is `crash_looping`, and is left out as a node flagged slow or unhealthy is.
 
 Written by rank 0 only, atomically: the whole file is written to a temporary file beside it and renamed over it
 (`os.replace`), so a reader (another attempt, a person, launch.sbatch) sees the old file or the new one, never a
@@ -23,16 +29,17 @@ import socket
 import sys
 import tempfile
 
-from runtime.errors import EXIT_EXCLUDE, EXIT_REJOIN
+from runtime.errors import EXIT_CODE, EXIT_EXCLUDE, EXIT_PEER, EXIT_REJOIN, REPLAN_CODE
 
 FILE = "nodes.json"
-KINDS = ("slow", "unhealthy", "excluded")
+KINDS = ("slow", "unhealthy", "excluded", "crashed")
 VERSION = 1
 
 
 def node_name() -> str:
-    """This process's node: SCALEC_NODE where set, else the host's name."""
-    return os.environ.get("SCALEC_NODE") or socket.gethostname()
+    """This process's node: SCALEC_NODE where set, else SLURM's name of the node (SLURMD_NODENAME, which srun sets
+    in each task: the name `sbatch --exclude` and `srun --exclude` take), else the host's name."""
+    return os.environ.get("SCALEC_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _warn(line: str) -> None:
@@ -146,6 +153,17 @@ class NodeRecord:
                 out[node] = seen
         return out
 
+    def crash_looping(self, min_count: int) -> dict:
+        """{node: its `crashed` events} of the nodes that crashed in `min_count` attempts in a row (attempts n, n + 1,
+        ...): a node that crashes again each time the job restarts, where one crash may be bad luck."""
+        out = {}
+        for node, events in self.load().items():
+            seen = [e for e in events if e.get("kind") == "crashed" and isinstance(e.get("attempt"), int)]
+            attempts = {e["attempt"] for e in seen}
+            if min_count >= 1 and any(all(a + i in attempts for i in range(min_count)) for a in attempts):
+                out[node] = seen
+        return out
+
     def excluded(self) -> list[str]:
         """The nodes left out by `restart(exclude = node)`, in the order first left out."""
         return [node for node, events in self.load().items() if any(e.get("kind") == "excluded" for e in events)]
@@ -169,6 +187,8 @@ def _detail(event: dict) -> str:
         return " ".join(p for p in parts if p)
     if "reasons" in d:
         return "; ".join(str(r) for r in d["reasons"])
+    if event.get("kind") == "crashed":
+        return " ".join(p for p in (f"rank {d['rank']}" if "rank" in d else "", str(d.get("how", ""))) if p)
     return ", ".join(f"{k} {v}" for k, v in sorted(d.items()))
 
 
@@ -182,7 +202,7 @@ def describe(node: str, events: list) -> str:
     for kind in KINDS:
         seen = [e for e in events if e.get("kind") == kind]
         if seen:
-            words = {"slow": "slow", "unhealthy": "unhealthy", "excluded": "left out"}[kind]
+            words = {"slow": "slow", "unhealthy": "unhealthy", "excluded": "left out", "crashed": "crashing"}[kind]
             parts.append(f"{words} in {_attempts([e.get('attempt', 0) for e in seen])} ({_detail(seen[-1])})")
     return f"node {node}{f' ({where})' if where else ''} was {', '.join(parts)}"
 
@@ -200,6 +220,49 @@ def leave_out(node: str, this: str | None = None) -> int:
     `excluded` and the checkpoint to resume from is saved): EXIT_EXCLUDE on `node` itself (its agent leaves),
     EXIT_REJOIN elsewhere (its agent restarts without it, not counting a restart). runtime.launch reads them."""
     return EXIT_EXCLUDE if node == (this or node_name()) else EXIT_REJOIN
+
+
+CRASHED_ENV = "SCALEC_CRASHED"
+"""Set by runtime.launch's agent for the workers it starts next after its own workers crashed: `crash`'s dict as
+JSON. Only the next start carries it."""
+BENIGN = (EXIT_CODE, EXIT_EXCLUDE, EXIT_REJOIN, REPLAN_CODE, EXIT_PEER)
+"""Exit statuses that are not a crash of the node: a failure no restart fixes (the job's, not the node's), a node
+left out or re-planned on purpose, a victim of another rank's failure."""
+STOPPED = (15, 2)
+"""SIGTERM and SIGINT: a worker stopped (its exit status 128 + n, or -n), a preemption, not a crash."""
+
+
+def crash(failures: dict) -> dict | None:
+    """What a node's agent saw when its workers failed: {global rank: (exit code, how in words)}, exit codes as
+    torchrun gives them (negative: the signal). The first rank (lowest) whose status is a crash, as
+    {"rank", "exit", "how"}; None where no failure is (every one BENIGN or a stop)."""
+    for rank in sorted(failures):
+        code, how = failures[rank]
+        if code in BENIGN or code in tuple(-n for n in STOPPED) or code in tuple(128 + n for n in STOPPED):
+            continue
+        return {"rank": int(rank), "exit": int(code), "how": str(how)}
+    return None
+
+
+def crash_report() -> dict | None:
+    """This worker's node's crash in the attempt before this one, as its agent passed it (CRASHED_ENV), or None."""
+    text = os.environ.get(CRASHED_ENV)
+    if not text:
+        return None
+    try:
+        got = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return got if isinstance(got, dict) else None
+
+
+def crashed_nodes(world: list) -> dict:
+    """Rank 0, at start-up: {node name: crash} of the nodes whose workers report their agent saw them crash (`world`:
+    each rank's {"name", "crashed"}), where some but not every node did: every node crashing is the job's failure
+    (a bug, a bad input), which no node is to blame for. {} otherwise."""
+    names = {w["name"] for w in world}
+    crashed = {w["name"]: w["crashed"] for w in world if w.get("crashed")}
+    return crashed if crashed and len(crashed) < len(names) else {}
 
 
 LEFT_OUT_ENV = "SCALEC_LEFT_OUT"

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import compile, faults, fp8, mesh, moe, offload, precision, recompute
+from runtime import compile, faults, fp8, mesh, moe, offload, precision, rebalance, recompute
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import Repeat
@@ -80,6 +80,9 @@ def wrap_data_parallel(model: nn.Module, ctx: mesh.Context, cfg: Config, shards:
     # move alike on every rank (moe.update_expert_bias); DDP's broadcast of rank 0's buffers would overwrite both
     experts += [f"{where}.{b}" for where, m in model.named_modules() if isinstance(m, moe.ExpertBias)
                 for b in ("bias", "load")]
+    # re-placed experts' placement and loads (runtime.rebalance.Slots): each rank counts its own, summed when used
+    experts += [f"{where}.{b}" for where, m in model.named_modules() if isinstance(m, rebalance.Slots)
+                for b in ("slot_expert", "load", "slot_load")]
     if experts:
         DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
     with faults.op("DDP's start-up (the parameters broadcast from rank 0 over the batch ranks)", site(False)):

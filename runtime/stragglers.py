@@ -229,7 +229,8 @@ def pipeline_model(parallel, world: list[dict]):
 
 
 REMEMBERED = 2
-"""Earlier attempts in which the node record found a node slow or unhealthy for it to be left out at start-up."""
+"""Earlier attempts in which the node record found a node slow or unhealthy (or, in a row, crashing) for it to be
+left out at start-up."""
 
 
 # -- the detector the trainer runs -------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ class Detector:
         self.marked: set = set()  # rank 0: (node, kind) already in the node record this attempt: marked once
         self.hooks = [p.register_post_accumulate_grad_hook(self.timeline.mark) for p in params if p.requires_grad]
         me = {"node": int(os.environ.get("GROUP_RANK", "0")), "host": socket.gethostname(),
-              "name": node_record.node_name(), "device": str(ctx.device), "coords": dict(ctx.coords)}
+              "name": node_record.node_name(), "device": str(ctx.device), "coords": dict(ctx.coords),
+              "crashed": node_record.crash_report()}
         world = [None] * ctx.world_size
         if ctx.world_size > 1:
             with faults.op("the straggler detector's start-up (each rank's node and device)", faults.scale()):
@@ -271,6 +273,7 @@ class Detector:
             self.health.tell()
         if ctx.is_logger:
             self._remember_members()
+            self._remember_crashes()
             self._leave_remembered()
 
     def _remember_members(self) -> None:
@@ -282,14 +285,29 @@ class Detector:
         names = {w["node"]: w["name"] for w in self.world}
         record.set_members([names[n] for n in sorted(names)], faults.attempt())
 
+    def _remember_crashes(self) -> None:
+        """Rank 0, at start-up: the nodes whose workers crashed in the attempt before this one (their agents said so:
+        runtime.node_record.crashed_nodes), marked `crashed` in the node record."""
+        record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
+        crashed = node_record.crashed_nodes(self.world) if record is not None else {}
+        for name, seen in crashed.items():
+            who = next(w for w in self.world if w["name"] == name)
+            record.mark(name, "crashed", seen, max(0, faults.attempt() - 1), group_rank=who["node"],
+                        host=who["host"])
+            print(f"scalec: node {who['node']} ({name})'s workers crashed in the last attempt (rank {seen['rank']}, "
+                  f"{seen['how']}); recorded in {record.path}", flush=True)
+
     def _leave_remembered(self) -> None:
         """Rank 0, at start-up: a node of this job the node record found slow or unhealthy in `REMEMBERED` or more
-        earlier attempts keeps failing; with `on_straggler = restart | replan` it is left out after the first step
-        (the same ask as a straggler's, on the preemption vote), before it costs the run again."""
+        earlier attempts, or crashing in `REMEMBERED` attempts in a row, keeps failing; with `on_straggler = restart
+        | replan` it is left out after the first step (the same ask as a straggler's, on the preemption vote),
+        before it costs the run again."""
         record = node_record.NodeRecord.at(self.cfg.checkpoint.dir)
         if self.on_straggler == "report" or record is None:
             return
         flagged = record.flagged(min_count=REMEMBERED)
+        for name, events in record.crash_looping(REMEMBERED).items():
+            flagged[name] = flagged.get(name, []) + events
         rank = next((r for r, w in enumerate(self.world) if w["name"] in flagged), None)
         if rank is None:
             return

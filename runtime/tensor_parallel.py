@@ -132,6 +132,8 @@ def full_grads(named_params, shards: Shards) -> dict:
             dim, full, axis = s
             parts = [torch.empty_like(g) for _ in range(collectives.axis_size(axis))]
             dist.all_gather(parts, g.contiguous(), group=collectives._group(axis))
+            if axis == "ep":  # re-placed experts (runtime.rebalance), canonical: each rank's first E/ep slots
+                parts = [t.narrow(dim, 0, min(t.shape[dim], full // len(parts))) for t in parts]
             g = torch.cat(parts, dim).narrow(dim, 0, full)
         out[name] = g.detach().cpu().clone()
     return out

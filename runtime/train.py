@@ -24,7 +24,7 @@ from runtime import data, faults, leaving, mesh, resume, tracking
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import (Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Resilience,  # noqa: F401
                             Speed)
-from runtime.errors import EXIT_CODE, FatalError, announce
+from runtime.errors import EXIT_CODE, EXIT_PEER, FatalError, announce
 from runtime.trainer import Trainer
 
 
@@ -125,7 +125,7 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
         if not isinstance(exc.code, int):
             print(f"[rank {ctx.rank}] {exc.code}", file=sys.stderr)
     except BaseException as exc:  # shutdown() leaves with os._exit, so print now or it is lost
-        code = 1
+        code = EXIT_PEER if faults.lost_peer(exc) else 1  # a victim of another rank's failure says so (launch.py)
         print(faults.failure_line(exc), file=sys.stderr, flush=True)  # the cause in one line; --debug: the trace
         if args.debug:
             traceback.print_exc()

@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime import (checkpoint, collectives, data, energy, faults, hf, leaving, memory, mesh, moe, node_record,
-                     offload, optimizer, parallelize, precision, progress, sections, startup, stragglers, tracking)
+                     offload, optimizer, parallelize, precision, progress, rebalance, sections, startup, stragglers,
+                     tracking)
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import init_parameters
@@ -74,6 +75,7 @@ class Trainer:
         module = parallelize.apply(module, cfg, ctx, shards, compiled=compiled)
         module.to_empty(device=ctx.device)
         moe.reset_expert_bias(module)  # buffers come out of to_empty uninitialised: the expert biases start at 0
+        rebalance.reset(module)  # re-placed experts start in the canonical placement (runtime/rebalance.py)
         if cfg.init.path and not self.skip_init:  # a Hugging Face checkpoint: each rank reads its part of each tensor
             self.loaded.append(hf.load(module, cfg.init.path, shard_of=shards.of, axis_rank=collectives.axis_rank,
                                        stack=cfg.init.stack))
@@ -118,6 +120,8 @@ class Trainer:
         # DeepSeek-V3's expert biases (moe.ExpertBias), moved after each optimizer step: listed once, as the parameters
         self.biases = [m for module in parts.modules for m in module.modules() if isinstance(m, moe.ExpertBias)]
         self.clip = optimizer.Clipping(self.cfg, self.ctx, self.shards, pp_group=parts.pp_group)
+        # re-placed experts (`moe(..., rebalance = ...)`): their replicas' gradients, norm and moves
+        self.rebalance = rebalance.Rebalancer(parts.modules, self.opt, self.ctx, nodes=rebalance.ep_nodes(self.ctx))
         moe.set_aux_loss_scale(parts.aux_loss_scale)
 
     def _open(self) -> None:
@@ -248,12 +252,13 @@ class Trainer:
             if self.cfg.parallel.ep_shards and not self.fsdp:  # under FSDP the experts' own units reduce them
                 moe.sync_expert_grads(self.named, self.shards.expert, self.clip.expert_group, ctx.batch_size)
             tp.sync_partial_grads(self.partial, self.shards)
+            self.rebalance.sync_grads()  # every copy of a replicated expert the sum of the copies' gradients
         if args.count_bytes and last:
             _write_counts(args.count_bytes, ctx)
         if args.dump_grads and step == self.start:
             _dump_grads(self.named, args.dump_grads, ctx, self.shards)
         with faults.op("the gradient-norm all-reduce (clipping)", faults.scale("grad_clip"), "all_reduce"):
-            norm = self.clip(self.named_once, self.named)
+            norm = self.clip(self.rebalance.counted(self.named_once), self.named)
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp"), "optimizer") if self.zero1
               else sections.section("optimizer")):
@@ -265,6 +270,9 @@ class Trainer:
                 moe.update_expert_bias(self.biases, ctx.batch_group)
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.rebalance.layers:
+            with faults.op("the re-placement of the experts (load all-reduce, moves over ep)", faults.scale("axis ep")):
+                self.rebalance.after_step(step)
         self.finished = step + 1
         return total, norm, self._measured(measure, report_now, read_now)
 
@@ -385,9 +393,10 @@ class Trainer:
             # a run ends only once its last checkpoint is on disk: the last save (the loop's last step, or
             # SIGTERM's, which breaks out) is finished here, so none is left in flight after the loop
             last = step + 1 == self.stop or preempted
-            self.saving = checkpoint.begin(ckpt.dir, step + 1, self.parts.modules, self.opt, self.sched, ctx,
-                                           self.cfg.steps, self.shards, skip_on_save=self.parts.tied_elsewhere,
-                                           group=None if last else self.save_group, run=self.contract.record)
+            with self.rebalance.canonical():  # re-placed experts saved in their canonical order
+                self.saving = checkpoint.begin(ckpt.dir, step + 1, self.parts.modules, self.opt, self.sched, ctx,
+                                               self.cfg.steps, self.shards, skip_on_save=self.parts.tied_elsewhere,
+                                               group=None if last else self.save_group, run=self.contract.record)
             if last or self.save_group is None:
                 self.saving.finish()
                 self.saving = None

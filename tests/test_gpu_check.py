@@ -29,7 +29,8 @@ def dry_run(tmp_path_factory):
 def test_dry_run_measures_every_section(dry_run):
     record, printed = dry_run
     kinds = {r["kind"] for r in record["kernels"] if "rate" in r}
-    assert {"memory", "matmul", "attention", "fp8"} <= kinds
+    assert {"memory", "matmul", "attention", "fp8", "overlap"} <= kinds
+    assert "of the shorter hidden" in printed  # the grouped GEMM beside a copy (issue 44's one-GPU overlap)
     for r in record["kernels"]:  # a measurement (finite, positive) or a named refusal, never a silent gap
         assert ("rate" in r and math.isfinite(r["rate"]) and r["rate"] > 0 and r["ms"] > 0) or r.get("error"), r
     columns = {r["column"]: r for r in record["programs"]}

@@ -28,6 +28,8 @@ ALLOWED = {
                        "(collectives, MoE, rotary) themselves",
     "compiler/cost/activations.py": "recognises the runtime's Repeat in the traced graph: a block's saved tensors "
                                     "are its own graph's, under its recomputation",
+    "compiler/cost/rebalance.py": "prices expert re-placement with the placement runtime.eplb makes (its own "
+                                  "functions, torch-free): the plan's what-if is the runtime's placement",
     "compiler/cost/offload.py": "prices the optimizer's host share as runtime.offload.HostAdamW takes it, with its "
                                 "own functions (runtime.precision.partition_sizes, runtime.offload.host_prefix), and "
                                 "finds the runtime's Repeat in the traced graph (the parameters' order)",
@@ -46,8 +48,10 @@ ALLOWED = {
 
 # What the language shares with the runtime, importing nothing, so that any compiler module, the checker included,
 # may read it: runtime/choices.py, the names (axes, data parallelism, schedules, recomputation), and runtime/split.py,
-# the held-out split of a token file (the checker sizes it as the program cuts it).
-SHARED = ("runtime.choices", "runtime.split")
+# the held-out split of a token file (the checker sizes it as the program cuts it), and runtime/schedule.py, the
+# pipeline schedules' action lists and stage layout (which pp rank holds which stage: dualpipev's V puts the first and
+# the last on one rank), which the plan, the stage cut and the proof read as the program places its stages.
+SHARED = ("runtime.choices", "runtime.split", "runtime.schedule")
 
 
 def _imports_runtime(path: Path) -> bool:
@@ -117,11 +121,11 @@ def test_the_runtime_never_imports_the_compiler():
 
 @pytest.mark.parametrize("module", SHARED)
 def test_the_shared_names_import_nothing(module):
-    """runtime/choices.py and runtime/split.py are read by `scalec check` (no torch) and by the runtime (no
-    compiler): they import nothing but __future__ and dataclasses."""
+    """runtime/choices.py, runtime/split.py and runtime/schedule.py are read by `scalec check` (no torch) and by the
+    runtime (no compiler): they import nothing but __future__, dataclasses, typing and each other."""
     tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
-    assert {getattr(n, "module", None) for n in imports} <= {"__future__", "dataclasses"}
+    assert {getattr(n, "module", None) for n in imports} <= {"__future__", "dataclasses", "typing", *SHARED}
 
 
 def _compiler_imports(path: Path) -> set[str]:

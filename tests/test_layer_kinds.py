@@ -63,6 +63,8 @@ PLACES = {
     "compiler/cost/ledger_parts.py": ({"attention"}, "why tp leaves gradients partial: attention's per-head q/k "
                                                      "norms"),
     "compiler/cost/memory.py": ({"moe"}, "the experts' weights apart from the dense ones"),
+    "compiler/cost/rebalance.py": ({"moe", "residual"}, "expert re-placement's ledger rows and what-if: the rebalanced "
+                                  "moe layers and how many times the model holds each (repeats inside residuals)"),
     "compiler/report/plan.py": ({"moe"}, "prints the experts' capacity and empty slots"),
     "compiler/cost/structures.py": ({"moe"}, "a moe's capacity divides by cp in the lowered graph: its cp sizes "
                                               "cannot share one lowering and cost model as a dense model's do"),

@@ -156,3 +156,55 @@ def test_members_survive_marks_and_name_a_node_gone(tmp_path, monkeypatch):
     assert leaving.shrunk(SimpleNamespace(on_straggler="report"), str(tmp_path), 6, 8, lambda: store) is None
     assert leaving.shrunk(replan, "", 6, 8, lambda: store) is None
     assert leaving.shrunk(replan, str(tmp_path / "elsewhere"), 6, 8, lambda: store) is None
+
+
+def test_a_crash_is_a_node_s_own_failure_not_a_victim_s_nor_a_stop():
+    kill = -9
+    assert node_record.crash({4: (kill, "killed by SIGKILL"), 5: (errors.EXIT_PEER, "lost a peer")}) == {
+        "rank": 4, "exit": kill, "how": "killed by SIGKILL"}
+    assert node_record.crash({3: (1, "exit code 1"), 2: (139, "exit code 139")})["rank"] == 2  # the lowest rank
+    for benign in (errors.EXIT_PEER, errors.EXIT_CODE, errors.EXIT_EXCLUDE, errors.EXIT_REJOIN, errors.REPLAN_CODE,
+                   -15, 143, -2, 130):
+        assert node_record.crash({0: (benign, "")}) is None, benign
+    assert errors.EXIT_PEER not in (errors.EXIT_CODE, errors.EXIT_EXCLUDE, errors.EXIT_REJOIN, errors.REPLAN_CODE)
+
+
+def test_crashes_are_marked_where_some_nodes_crashed_and_a_crash_loop_is_two_attempts_in_a_row(tmp_path):
+    seen = {"rank": 4, "exit": -9, "how": "killed by SIGKILL"}
+    world = [{"name": f"node{r // 2}", "crashed": seen if r // 2 == 2 else None} for r in range(8)]
+    assert node_record.crashed_nodes(world) == {"node2": seen}
+    assert node_record.crashed_nodes([dict(w, crashed=seen) for w in world]) == {}  # every node: the job's failure
+    assert node_record.crashed_nodes([dict(w, crashed=None) for w in world]) == {}
+    rec = NodeRecord(tmp_path / node_record.FILE)
+    rec.mark("node2", "crashed", seen, attempt=0, group_rank=2, host="h")
+    rec.mark("node1", "crashed", seen, attempt=0)
+    rec.mark("node1", "crashed", seen, attempt=2)  # not in a row: bad luck twice, not a loop
+    assert rec.crash_looping(2) == {} and set(rec.crash_looping(1)) == {"node1", "node2"}
+    assert rec.flagged() == {}  # slow and unhealthy only
+    rec.mark("node2", "crashed", seen, attempt=1, group_rank=2, host="h")
+    assert list(rec.crash_looping(2)) == ["node2"]
+    assert node_record.describe("node2", rec.load()["node2"]) == (
+        "node node2 (group rank 2, host h) was crashing in attempts 0 and 1 (rank 4 killed by SIGKILL)")
+
+
+def test_the_agent_passes_its_node_s_crash_to_the_workers_it_starts_next(monkeypatch, capsys):
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from runtime import faults, launch
+
+    def failed(*codes):
+        return RunResult(state=WorkerState.FAILED, failures={
+            4 + r: ProcessFailure(local_rank=r, pid=100 + r, exitcode=c, error_file="/nonexistent")
+            for r, c in enumerate(codes)})
+    monkeypatch.setenv("SCALEC_NODE", "node2")
+    monkeypatch.delenv(node_record.CRASHED_ENV, raising=False)
+    launch._note_crash(failed(-9, errors.EXIT_PEER))
+    assert node_record.crash_report() == {"rank": 4, "exit": -9, "how": "killed by SIGKILL"}
+    assert "node node2's workers crashed (rank 4, killed by SIGKILL)" in capsys.readouterr().err
+    launch._note_crash(failed(errors.EXIT_PEER, errors.EXIT_PEER))  # a victim this time: nothing to pass on
+    assert node_record.crash_report() is None
+    assert "exit code 82 (lost a peer" in launch.how(failed(errors.EXIT_PEER).failures[4])
+    # a worker's failure in a collective whose peer is gone is a victim's (runtime.train exits EXIT_PEER)
+    assert faults.lost_peer(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:4"))
+    assert not faults.lost_peer(ValueError("bad shape"))

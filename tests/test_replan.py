@@ -124,3 +124,29 @@ def test_a_damaged_request_is_named_not_followed(tmp_path, capsys):
 def test_search_on_other_nodes(tmp_path, capsys):
     assert main(["search", _file(tmp_path, nodes=2, per=1), "--nodes", "1", "--top", "1"]) == 0
     assert "on 1 cpu = 1 node × 1" in capsys.readouterr().out
+
+
+def test_on_slurm_the_new_plan_runs_in_the_same_allocation_without_the_hosts_left_out(tmp_path, capsys):
+    """`scalec run --slurm`: the re-planned build's launch.sbatch, told the hosts to leave out (srun --exclude)."""
+    path = _file(tmp_path, nodes=2, per=1)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "replan.json").write_text(json.dumps(
+        {"nodes": 2, "exclude": [1], "hosts": ["gpu-a18"], "why": "gpu-a18 did not join", "step": 5}))
+    launched = []
+
+    def launch(cmd, env):
+        launched.append((cmd, env))
+        return 0
+
+    def load(p):
+        return SimpleNamespace(spec=check_path(p), costs=SimpleNamespace(step=None))
+    args = SimpleNamespace(**{**vars(_args()), "local_nodes": False, "slurm": True})
+    compiled = SimpleNamespace(spec=check_path(path), costs=SimpleNamespace(step=None))
+    environ = {"SLURM_JOB_NODELIST": "gpu-a[17-19]", run_command.SLURM_EXCLUDE: "gpu-a19"}
+    status = run_command.replanning(args, compiled, str(tmp_path / "build"), REPLAN_CODE, launch, load,
+                                    lambda c, out: None, environ)
+    assert status == 0
+    cmd, env = launched[0]
+    assert cmd[:2] == ["bash", str(tmp_path / "build.nodes1" / "launch.sbatch")]
+    assert env[run_command.SLURM_EXCLUDE] == "gpu-a19,gpu-a18"  # an earlier re-plan's host, then this one's
+    assert env["SCALEC_BUILD_DIR"] == str(tmp_path / "build.nodes1")

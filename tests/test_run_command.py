@@ -104,3 +104,15 @@ def test_the_program_refuses_no_steps_once_and_without_a_restart(tmp_path, flag)
     quiet = subprocess.run([sys.executable, str(tmp_path / "program.py"), *flag], capture_output=True, text=True,
                            env={**env, "RANK": "1"}, timeout=300)
     assert quiet.returncode == EXIT_CODE and quiet.stderr == ""
+
+
+def test_slurm_runs_launch_sbatch_inside_an_allocation_only(monkeypatch):
+    args = _args(["f.scale", "--slurm", "--steps", "3"], monkeypatch)
+    cmd, env = launch_command(args, 4, "out", {"SLURM_JOB_NODELIST": "gpu-a[1-4]"})
+    assert cmd == ["bash", os.path.join("out", "launch.sbatch"), "--steps", "3"]
+    assert env["SCALEC_BUILD_DIR"] == os.path.abspath("out") and "LOCAL_NODES" not in env
+    with pytest.raises(UsageError, match="inside a SLURM allocation"):
+        launch_command(args, 4, "out", {})
+    with pytest.raises(UsageError, match="--slurm and --local-nodes"):
+        launch_command(_args(["f.scale", "--slurm", "--local-nodes"], monkeypatch), 4, "out",
+                       {"SLURM_JOB_NODELIST": "gpu-a[1-4]"})

@@ -103,10 +103,11 @@ def test_a_job_that_cannot_run_the_plan_says_why(tmp_path, case):
             "no program": "no program.py in"}[case] in proc.stderr
 
 
-def _submit(tmp_path: Path, nodes: str, srun_then: str, env_extra: dict = ()) -> tuple:
-    """Run launch.sbatch (two-node plan) under the stand-in SLURM: (its process, srun's args, sbatch's record)."""
+def _submit(tmp_path: Path, nodes: str, srun_then: str, env_extra: dict = (), text: str | None = None) -> tuple:
+    """Run launch.sbatch (two-node plan, or `text`) under the stand-in SLURM: (its process, srun's args, sbatch's
+    record)."""
     build = tmp_path / "build"
-    script = _emit(_two_nodes(), build)
+    script = _emit(text or _two_nodes(), build)
     env = dict(_slurm(tmp_path, nodes, srun_then), SLURM_SUBMIT_DIR=str(build), SLURM_JOB_PARTITION="gpu",
                **dict(env_extra))
     proc = subprocess.run(["bash", str(script), "--steps", "3"], cwd=tmp_path, env=env, capture_output=True,
@@ -144,3 +145,44 @@ def test_no_resubmission_where_none_is_due(tmp_path, case):
     assert again is None, proc.stderr
     if case == "resubmitted enough":
         assert "submitted again 3 time(s) already (SCALEC_MAX_RESUBMITS): not again" in proc.stderr
+
+
+def _replan() -> str:
+    """The two-node plan with `on_straggler = replan` (and the checkpoint directory it needs)."""
+    text = _two_nodes().replace("  log_every    = 5", '  log_every    = 5\n  checkpoint_dir = "ckpt"')
+    return text + "\nresilience {\n  on_straggler = replan\n}\n"
+
+
+def test_under_replan_a_node_that_fails_does_not_end_the_job(tmp_path):
+    """sbatch and srun --no-kill keep the allocation and the step when a node fails, --kill-on-bad-exit=0 keeps the
+    other tasks, and torchrun forms with one node fewer (launch.sh's --nnodes 1:2)."""
+    script = _emit(_replan(), tmp_path / "plan")
+    assert "--no-kill" in _directives(script)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    proc, srun, again, build = _submit(tmp_path, "2", "exit 0", text=_replan())
+    assert proc.returncode == 0 and again is None, proc.stderr
+    assert srun[:3] == ["--ntasks-per-node=1", "--no-kill", "--kill-on-bad-exit=0"]
+    assert srun[srun.index("--nnodes") + 1] == "1:2"
+    assert "re-planned" not in proc.stderr
+
+
+def test_the_nodes_left_asking_for_a_re_plan_make_it_the_job_s_status(tmp_path):
+    """The nodes left end with 81 and say so (SCALEC_REPLAN_HOSTS); srun's own status is the highest of its tasks',
+    here a node gone's (137): the job ends with 81, which `scalec run --slurm` reads to re-plan."""
+    then = 'echo gpu-a17 >> "$SCALEC_REPLAN_HOSTS"; exit 137'
+    proc, _, again, build = _submit(tmp_path, "2", then, text=_replan())
+    assert proc.returncode == 81 and again is None, proc.stderr
+    assert "ended to be re-planned on the nodes left (status 81)" in proc.stderr
+
+
+def test_hosts_left_out_earlier_in_the_allocation_get_no_task(tmp_path):
+    """SCALEC_SLURM_EXCLUDE (set by `scalec run --slurm` after a re-plan): srun excludes those hosts and runs on the
+    others; the allocation's nodes less those must still hold the plan's."""
+    proc, srun, _, _ = _submit(tmp_path, "3", "exit 0", {"SCALEC_SLURM_EXCLUDE": "gpu-a19"})
+    assert proc.returncode == 0, proc.stderr
+    assert srun[:3] == ["--exclude=gpu-a19", "--nodes=2", "--ntasks-per-node=1"]
+    build = tmp_path / "again"
+    script = _emit(_two_nodes(), build)
+    env = dict(_slurm(tmp_path / "again", "2"), SLURM_SUBMIT_DIR=str(build), SCALEC_SLURM_EXCLUDE="gpu-a18")
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "has 1 node(s) but the plan's mesh needs 2" in proc.stderr

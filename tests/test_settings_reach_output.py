@@ -330,6 +330,8 @@ YARN_VALUES = (("factor", ("factor = 4", "factor = 8")), ("original_seq", ("orig
                ("beta_fast", "16"), ("beta_slow", "2"), ("mscale", "0.707"), ("mscale_all_dim", "1.0"),
                ("attention_factor", "1.2"), ("truncate", "false"))
 
+GROUPED = {"capacity_factor": "none", "dispatch": "grouped"}  # dropless without padding (moe's `dispatch`)
+
 PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.data_parallel": (Probe(("fsdp", "zero1", "zero2")),),
     "plan.micro_batches": (Probe(("2", "8")),),
@@ -477,6 +479,15 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "layer.moe.dispatch": (Probe(({"capacity_factor": "none", "dispatch": "grouped"},),
                                  base={"capacity_factor": "none"}, shapes=("ep",)),
                            Probe(({"dispatch": "grouped"},), shapes=("ep",))),
+    # expert re-placement (dropless grouped only, else E0720): the program holds each layer's Slots, its experts
+    # (experts + extra) / ep slots (with ep = 1, W0721: tests/mistakes/front_moe_rebalance_without_ep.scale)
+    "layer.moe.rebalance": (Probe(({"rebalance": "replicate(every = 10, extra = 2)"},), base=GROUPED, shapes=("ep",)),),
+    "layer.moe.rebalance.replicate.every": (Probe(({"rebalance": "replicate(every = 5)"},),
+                                                  base={**GROUPED, "rebalance": "replicate(every = 10)"},
+                                                  shapes=("ep",)),),
+    "layer.moe.rebalance.replicate.extra": (Probe(({"rebalance": "replicate(extra = 2)"},),
+                                                  base={**GROUPED, "rebalance": "replicate(extra = 0)"},
+                                                  shapes=("ep",)),),
     "layer.moe.shared_gate": (Probe(({"shared_gate": "sigmoid"},), shapes=("ep",)),
                               Probe(({"shared_ffn": "ffn", "shared_gate": "sigmoid"},), base={"shared_ffn": "ffn"},
                                     shapes=("ep",))),

@@ -435,3 +435,27 @@ def test_a_straggler_s_node_is_marked_slow_once_an_attempt(tmp_path):
         stragglers.Detector._remember(fake, named, last)
     events = node_record.NodeRecord(str(tmp_path / node_record.FILE)).load()["node1"]
     assert [(e["kind"], e["detail"]["step"]) for e in events] == [("slow", 10)]
+
+
+def test_a_node_that_crashes_in_two_attempts_in_a_row_is_recorded_and_left_out(tmp_path, capsys, monkeypatch):
+    """node2's agent saw its workers crash in attempts 0 and 1: rank 0 of attempts 1 and 2 marks it, and attempt 2
+    leaves it out after the first step (on_straggler = replan), saying why."""
+    from types import SimpleNamespace
+
+    from runtime import faults, leaving
+    seen = {"rank": 4, "exit": -9, "how": "killed by SIGKILL"}
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h", "crashed": seen if r // 2 == 2 else None}
+             for r in range(8)]
+    d = SimpleNamespace(on_straggler="replan", world=world, verdict="",
+                        cfg=SimpleNamespace(checkpoint=SimpleNamespace(dir=str(tmp_path))))
+    monkeypatch.setattr(faults, "_LEAVE", 0.0)
+    for attempt in (1, 2):
+        monkeypatch.setattr(faults, "_ATTEMPT", attempt)
+        stragglers.Detector._remember_crashes(d)
+        stragglers.Detector._leave_remembered(d)
+        assert faults.leave_asked() == (attempt == 2)
+    out = capsys.readouterr().out
+    assert "node 2 (node2)'s workers crashed in the last attempt (rank 4, killed by SIGKILL)" in out
+    assert leaving.decode(faults._LEAVE) == (4, "replan")
+    assert "node 2 (node2) is left out after the first step: it keeps failing: node node2" in out
+    assert "crashing in attempts 0 and 1 (rank 4 killed by SIGKILL)" in d.verdict

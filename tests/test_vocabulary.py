@@ -21,7 +21,7 @@ def test_language_vocabulary_is_pinned():
         "mlp": ("hidden", "ffn", "act", "bias"),
         "moe": ("hidden", "ffn", "experts", "top_k", "capacity_factor", "act", "aux_loss", "dropped",
                 "renormalize", "shared_ffn", "shared_gate", "scoring", "groups", "topk_groups", "routed_scale",
-                "bias_update", "dispatch"),
+                "bias_update", "dispatch", "rebalance"),
         "residual": (),
         "lm_head": ("vocab", "hidden", "tied", "bias", "softcap"), "cross_entropy": ()}
     assert tuple(check.MESH_SETTINGS) == ("nodes", "devices_per_node", "device", "peak_tflops", "memory_gb",
@@ -90,7 +90,7 @@ def test_cli_flags_are_pinned(monkeypatch):
         "check": {"-h", "--help"}, "explain": {"-h", "--help"}, "plan": {"-h", "--help", "--svg", "--json", "--html"},
         "compile": {"-h", "--help", "-o", "--output", "--show-graphs", "--force"},
         "run": {"-h", "--help", "-o", "--output", "--metrics", "--steps", "--torchrun-args",
-                "--local-nodes", "--force", "--resume-changed", "--resume-schedule"},
+                "--local-nodes", "--slurm", "--force", "--resume-changed", "--resume-schedule"},
         "reshard": {"-h", "--help"}, "import": {"-h", "--help", "-o", "--output"},
         "export": {"-h", "--help", "-o", "--output", "--config"},
         "search": {"-h", "--help", "--top", "--fix", "-o", "--output", "--json", "--html", "--headroom", "--nodes",

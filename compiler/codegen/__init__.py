@@ -38,7 +38,7 @@ INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
 RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
-                   "runtime.packed", "runtime.rotary")
+                   "runtime.packed", "runtime.rebalance", "runtime.rotary")
 
 
 @dataclass(frozen=True)
@@ -443,7 +443,8 @@ def batch_script(spec: S.Spec, plan) -> str:
     return _env().get_template("launch.sbatch.j2").render(
         version=__version__, source=source_name(spec), job_name=E.job_name(spec.model.name), world=plan.world_size,
         nodes=spec.cluster.nodes, devices_per_node=spec.cluster.devices_per_node, mesh_text=mesh_text(spec, plan),
-        restarts=int(spec.train.restarts), gpus=spec.cluster.device.kind != "cpu")
+        restarts=int(spec.train.restarts), gpus=spec.cluster.device.kind != "cpu", min_nodes=min_nodes(spec),
+        replan_code=REPLAN_CODE)
 
 
 def plan_json(spec: S.Spec, traced: T.Traced, costs: C.Costs, plan, out_dir: str = ".") -> str:

@@ -10,6 +10,7 @@ import sympy
 from compiler import spec as S
 from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
+from compiler.cost import rebalance as REB
 from compiler.cost.formulas import AXES, recompute_mode, reruns
 from compiler.cost.ledger import Collective, Ledger
 from compiler.symbols import MICRO_BATCH, size
@@ -66,6 +67,7 @@ class LedgerParts:
             self._transfers(plan, env, pp_rank, entries, b_sym)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries, on_rank)
         entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, b_sym)
+        entries += REB.ledger_rows(self.spec, plan)  # expert re-placement: replicas' gradients, moves, loads
         return Ledger(tuple(entries))
 
     def _offload_copies(self, plan, env, nb, params_rank, experts_rank, b_sym) -> list:
@@ -80,6 +82,7 @@ class LedgerParts:
         entries = self._partial(plan, env, nb, on_rank)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries, on_rank)
         entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, self._micro_batch_sym(plan))
+        entries += REB.ledger_rows(self.spec, plan)
         return tuple(c for c in entries if c.direction == "step")
 
     def _micro_batch_sym(self, plan):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from compiler import ast
-from compiler.binder import Param, arg_span, to_bool, one_of, to_float, or_none, to_pos_int, to_size
+from compiler.binder import (Param, arg_span, call_of, to_bool, one_of, to_float, or_none, to_int, to_pos_int,
+                             to_size)
 from compiler.diagnostics import Span
 from compiler.symbols import Size
 from compiler.symbols import size as size_symbol
@@ -57,9 +58,19 @@ class MoE:
     dispatch: str = "padded"
     """Dropless routing's way to the experts: `padded`, every expert a buffer of `capacity` (= seq) slots per
     sequence; `grouped`, the tokens sorted by expert, variable all-to-alls over ep, grouped matmuls (issue 25)."""
+    rebalance: tuple | None = None
+    """Expert re-placement during training (`rebalance = replicate(every = N, extra = R)`, issue 44): (N, R), every
+    N steps the experts re-placed from their measured load, the R hottest given replicas (runtime/rebalance.py);
+    None: the experts stay where expert parallelism first put them."""
+    rebalance_span: Span | None = field(default=None, compare=False)
+    """Where `rebalance` is written: what its diagnostics point at."""
 
 
 SPEC = MoE
+# `rebalance = replicate(...)`: the one kind of expert re-placement (runtime/rebalance.py)
+REBALANCES = {"replicate": {"every": Param(to_int, 100, "steps between two re-placements"),
+                            "extra": Param(to_int, 0, "replicas of the hottest experts, beyond one copy each: "
+                                                      "(experts + extra) / ep slots per ep rank")}}
 LEAF = "moe"  # its leaves' prefix: moe_router, moe_experts, moe_shared_up, ...
 SCHEMA = {"moe": {"hidden": Param(to_size, doc="model width"), "ffn": Param(to_size, doc="inner width of each expert"),
                   "experts": Param(to_size, doc="number of experts"),
@@ -98,7 +109,11 @@ SCHEMA = {"moe": {"hidden": Param(to_size, doc="model width"), "ffn": Param(to_s
                                     "how dropless routing reaches the experts: buffers padded to the worst case "
                                     "(padded), or the tokens sorted by expert, variable all-to-alls over ep and "
                                     "grouped matmuls (grouped: hardware FLOPs equal to the model's); grouped needs "
-                                    "capacity_factor = none")}}
+                                    "capacity_factor = none"),
+                  "rebalance": Param(call_of(REBALANCES, "re-placement", none_is_absent=True), None,
+                                     "expert re-placement during training: `replicate(every = N, extra = R)` "
+                                     "re-places the experts over the ep ranks every N steps from their measured "
+                                     "load, the R hottest with a replica each (DeepSeek's EPLB); none: never")}}
 # The routed experts and the router are replicated over tp (the experts shard over ep). A shared expert is an MLP:
 # column-parallel up and gate, row-parallel down, as `mlp` shards (`moe_shared_up`, `moe_shared_gate`,
 # `moe_shared_down`); its sigmoid gate (`moe_shared_sigmoid`) is replicated.
@@ -132,6 +147,22 @@ def resolve(c, st, a: dict, kind: str):
                 help="write `capacity_factor = none` with `dispatch = grouped`, or remove `dispatch` to keep the "
                      "capacity and drop the choices over it")
         ok = False
+    rebalance = a["rebalance"][1] if a["rebalance"] is not None else None
+    if rebalance is not None:
+        at = arg_span(st, 17, "rebalance")
+        if rebalance["every"] < 1 or rebalance["extra"] < 0:
+            said = (f"every = {rebalance['every']}: the experts would never be re-placed" if rebalance["every"] < 1
+                    else f"extra = {rebalance['extra']} replicas")
+            c.error("E0719", f"rebalance {said}", at, label="out of range",
+                    help="every is a number of steps, at least 1, and extra a number of replicas, at least 0 "
+                         "(e.g. `rebalance = replicate(every = 100, extra = 8)`)")
+            ok = False
+        if a["dispatch"] != "grouped":
+            c.error("E0720", "rebalance with padded dispatch: every expert computes its whole buffer whatever its "
+                    "load", at, label="nothing to even out",
+                    help="re-placement evens the rows each ep rank computes, which only `dispatch = grouped` (with "
+                         "`capacity_factor = none`) makes follow the load; add them, or remove `rebalance`")
+            ok = False
     groups, chosen = a["groups"], a["topk_groups"]
     if experts % groups or experts // groups < 2 <= groups:
         c.error("E0713", f"{groups} expert groups do not split the {experts} experts into groups of two or more",
@@ -190,6 +221,8 @@ def resolve(c, st, a: dict, kind: str):
                capacity=size_symbol(name), span=st.span, scoring=a["scoring"], groups=groups,
                topk_groups=chosen, routed_scale=a["routed_scale"], bias_update=a["bias_update"] or 0.0,
                dispatch=a["dispatch"],
+               rebalance=(rebalance["every"], rebalance["extra"]) if rebalance is not None else None,
+               rebalance_span=arg_span(st, 17, "rebalance") if rebalance is not None else None,
                capacity_span=arg_span(st, 4, "capacity_factor") if "capacity_factor" in written else None)
 
 

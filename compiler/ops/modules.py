@@ -7,7 +7,7 @@ from torch import nn
 
 from compiler import graph_meta as K
 from compiler.ops.record import Op, ZERO, dtype_act, keeps_input, keeps_matmul_input, numel, output_grad, promote
-from runtime import moe
+from runtime import moe, rebalance
 from runtime.layers import Bias, ZeroCenteredRMSNorm
 
 
@@ -155,6 +155,12 @@ def _render_experts(mod):
     return f"moe.Experts({e}, {h}, {f}, act={mod.act!r})"
 
 
+def _slots_shape(node, args, kwargs, gm):
+    """The expert of each of the P slots, the load of each of the E experts, the rows of each slot."""
+    m = gm.get_submodule(node.target)
+    return ((m.total,), (m.experts,), (m.total,)), ZERO
+
+
 MODULES = {
     nn.Linear: Op("linear", _linear_shape, dtype_act, keeps_matmul_input, _module_backward, selective=True,
                   dims=_module_linear_dims, wgrad=output_grad, render=_render_linear),
@@ -171,6 +177,10 @@ MODULES = {
     moe.ExpertBias: Op("expert_bias", _expert_bias_shape, lambda node, gm, args: ("fp32", "fp32"), free=True,
                        outputs=("bias", "load"),
                        render=lambda m: f"moe.ExpertBias({m.bias.shape[0]}, rate={m.rate!r})"),
+    # re-placed experts' placement and measured load (runtime/rebalance.py): buffers handed to to_slots
+    rebalance.Slots: Op("slots", _slots_shape, lambda node, gm, args: ("int", "fp32", "fp32"), free=True,
+                        outputs=("slot_expert", "load", "slot_load"),
+                        render=lambda m: f"rebalance.Slots({m.experts}, {m.total}, every={m.every})"),
     moe.Experts: Op("experts", _experts_shape, dtype_act, _experts_saved, _experts_backward, selective=True,
                     dims=_experts_dims, wgrad=_experts_wgrad, render=_render_experts, padding=_experts_padding,
                     kept=_experts_kept),

@@ -6,7 +6,7 @@ from compiler import graph_meta as K
 from compiler.graph_meta import INT_BYTES
 from compiler.ops.record import Op, ZERO, dtype_act, promote
 from compiler.symbols import size
-from runtime import moe
+from runtime import moe, rebalance
 
 
 def _route_shape(node, args, kwargs, gm):
@@ -101,7 +101,21 @@ def _unsort_saved(g, node, args):
 def _counts_shape(node, args, kwargs, gm):
     layer = node.meta[K.LAYER]
     n = size(args[1])
-    return (n, layer.experts / n), ZERO
+    return (n, _slots(layer) / n), ZERO
+
+
+def _slots(layer):
+    """The experts' slots over ep: the experts, plus `rebalance`'s replicas (runtime/rebalance.py)."""
+    return layer.experts + (layer.rebalance[1] if getattr(layer, "rebalance", None) else 0)
+
+
+def _to_slots_shape(node, args, kwargs, gm):
+    return (args[0], (_slots(node.meta[K.LAYER]),)), ZERO
+
+
+def _slots_saved(g, node, args):
+    """The rows reordered by an index, which the backward keeps: one int64 per row."""
+    g.new(node, "index", (args[0].meta[K.SHAPE][0],), INT_BYTES)
 
 
 def _a2a_shape(scale):
@@ -129,6 +143,10 @@ FUNCTIONS = {
                             computes=False),
     moe.all_to_all_dispatch_grouped: Op("all_to_all_dispatch_grouped", saved=_rows_index_saved, selective=True,
                                         computes=False),
+    # re-placed experts (`rebalance`): the rows to their slots and back, an index each way
+    rebalance.to_slots: Op("to_slots", _to_slots_shape, lambda node, gm, args: ("act", "int"), _slots_saved,
+                           outputs=("rows", "counts"), wrapped=True),
+    rebalance.from_slots: Op("from_slots", dtype=dtype_act, saved=_slots_saved, wrapped=True),
     moe.all_to_all_combine_grouped: Op("all_to_all_combine_grouped", saved=_rows_index_saved, selective=True,
                                        computes=False),
 }

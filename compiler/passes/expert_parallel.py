@@ -15,6 +15,7 @@ hold the same experts), by the runtime.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import sympy
@@ -26,7 +27,7 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.passes.tensor_parallel import Collective, insert_call
 from compiler.symbols import size
-from runtime import moe
+from runtime import moe, rebalance
 
 AXIS = "ep"
 
@@ -35,7 +36,7 @@ AXIS = "ep"
 class Placement:
     experts: str      # call_module node of the Experts leaf
     count: int        # experts of the layer
-    per_rank: int     # experts each ep rank holds
+    per_rank: int     # experts each ep rank holds (slots, with `rebalance`: (experts + extra) / ep)
 
 
 def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
@@ -45,7 +46,9 @@ def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
             n = gm.get_submodule(node.target).w_up.shape[0]
             if n % ep:  # the checker reports this (E0701) before any pass runs
                 raise AssertionError(f"{n} experts of {node.target} do not divide over ep = {ep}")
-            out.append(Placement(node.name, n, n // ep))
+            layer = node.meta.get(T.LAYER)
+            extra = layer.rebalance[1] if isinstance(layer, S.MoE) and layer.rebalance is not None else 0
+            out.append(Placement(node.name, n, (n + extra) // ep))
     return tuple(out)
 
 
@@ -54,14 +57,18 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
     node = next(n for n in gm.graph.nodes if n.name == p.experts)
     old = gm.get_submodule(node.target)
     _, hidden, ffn = old.w_up.shape
+    layer = node.meta.get(T.LAYER)
+    placed = isinstance(layer, S.MoE) and layer.rebalance is not None
+    extra = layer.rebalance[1] if placed else 0  # replicas' slots (runtime/rebalance.py)
     with torch.device("meta"):  # built there: on the CPU first, a large MoE would allocate every expert
         setattr(gm, node.target, moe.Experts(p.per_rank, hidden, ffn, old.act))
+        if placed:  # its placement and measured load, beside it (runtime/rebalance.py)
+            setattr(gm, f"{node.target}_slots", rebalance.Slots(p.count, p.count + extra, layer.rebalance[0]))
     shapes = gm.meta[T.PARAM_SHAPES]
     for pname, _ in old.named_parameters():
         key = f"{node.target}.{pname}"
-        shapes[key] = (shapes[key][0] / size(AXIS),) + tuple(shapes[key][1:])
+        shapes[key] = ((shapes[key][0] + extra) / size(AXIS),) + tuple(shapes[key][1:])
         meta[key] = (0, p.count)
-    layer = node.meta.get(T.LAYER)
     what = f"`moe` with {p.count} experts, {p.per_rank} per ep rank"
     if isinstance(layer, S.MoE):
         what += f", top-{layer.top_k}, `{layer.capacity}` slots per expert per sequence"
@@ -106,6 +113,26 @@ def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
                       "their tokens' ranks, variable splits (forward: expected under balanced routing)",
                       payload="output", worst=(("forward", most),))
     rows, counts = node.args
+    logical = counts
+    placed = isinstance(layer, S.MoE) and layer.rebalance is not None
+    if placed:  # re-placed experts: the rows to their slots first, back to expert order after (runtime/rebalance.py)
+        with gm.graph.inserting_after(counts):
+            held = gm.graph.create_node("call_module", f"{node.target}_slots", (), {}, name=f"{node.name}_slots")
+        attrs, at = [], held
+        for i, what in enumerate(("slot_expert", "load", "slot_load")):
+            with gm.graph.inserting_after(at):
+                at = gm.graph.create_node("call_function", operator.getitem, (held, i), {}, name=f"{node.name}_{what}")
+            attrs.append(at)
+        for n in (held, *attrs):
+            n.meta.update({k: node.meta[k] for k in (T.SPAN, T.LAYER) if k in node.meta})
+        slotted = insert_call(gm, at, rebalance.to_slots, (rows, counts, *attrs), node, None, f"{node.name}_placed")
+        with gm.graph.inserting_after(slotted):
+            rows = gm.graph.create_node("call_function", operator.getitem, (slotted, 0), {}, name=f"{node.name}_rows")
+        with gm.graph.inserting_after(rows):
+            counts = gm.graph.create_node("call_function", operator.getitem, (slotted, 1), {},
+                                          name=f"{node.name}_slot_rows")
+        for n in (rows, counts):
+            n.meta.update({k: node.meta[k] for k in (T.SPAN, T.LAYER) if k in node.meta})
     layout = insert_call(gm, counts, moe.exchange_counts, (counts, AXIS), node, counts_note, f"{node.name}_counts")
     sent = insert_call(gm, layout, moe.all_to_all_dispatch_grouped, (rows, counts, layout, AXIS), node, to,
                    f"{node.name}_in")
@@ -113,6 +140,8 @@ def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
     users = list(node.users)
     got = insert_call(gm, node, moe.all_to_all_combine_grouped, (node, counts, layout, AXIS), node, back,
                   f"{node.name}_out")
+    if placed:
+        got = insert_call(gm, got, rebalance.from_slots, (got, logical, attrs[0]), node, None, f"{node.name}_unslot")
     for u in users:
         u.replace_input_with(node, got)
 

@@ -11,6 +11,7 @@ import os
 
 from compiler import cost as C
 from compiler.cost import fp8 as FP8
+from compiler.cost import rebalance as REB
 from compiler.cost import links as LK
 from compiler import spec as S
 from compiler.report import cost as CR
@@ -473,9 +474,36 @@ def _moe_text(compiled) -> list[str]:
             lines += ["            router: " + ("sigmoid scores" if x.scoring == "sigmoid" else "softmax scores")
                       + (f", each token's top {x.top_k} within its best {x.topk_groups} of {x.groups} expert groups"
                          if x.groups > 1 else "") + (f", gates × {x.routed_scale:g}" if x.routed_scale != 1.0 else "")]
+    if ep > 1 and REB.rebalanced(spec):
+        lines += _rebalance_text(compiled)
     if ep > 1:
         lines += [f"            expert weights per rank {costs.expert_params_rank:,} of {costs.params_rank:,}"
                   + (f" ({_pp_rank0(mesh)})" if mesh.size("pp") > 1 else "")]
+    return lines
+
+
+def _rebalance_text(compiled) -> list[str]:
+    """`rebalance`: the slots, and the step at a few load skews without and with re-placement (what-ifs: no skew is
+    measured before a run; the run logs its own, `per-rank expert load max/mean`)."""
+    spec, plan, v = compiled.spec, compiled.plan, compiled.spec.value
+    ep = plan.size("ep")
+    lines = []
+    for m, _ in REB.rebalanced(spec):
+        every, extra = m.rebalance
+        e = int(v(m.experts))
+        lines += [f"rebalance   moe at {os.path.basename(m.span.file)}:{m.span.line}: re-placed every {every} steps "
+                  f"from the measured load (DeepSeek's EPLB, runtime/eplb.py): {(e + extra) // ep} slots per ep rank "
+                  f"({e // ep} experts + {extra} replicas over {ep} ranks), the replicas' weights, gradients and AdamW "
+                  "state in the memory above"]
+    said = []
+    for skew in (1.5, 2.0, 3.0):
+        if skew > ep:
+            continue
+        before, after, left = REB.step_at_skew(compiled.costs, spec, plan, skew)
+        said.append(f"{skew:g}× → {left:.2f}×: {before * 1e3:.3g} → {after * 1e3:.3g} ms "
+                    f"({before / after - 1:+.0%})")
+    lines += ["            expected step at a per-rank expert load skew (max/mean; assumed, not measured: the run logs "
+              "its own), without → with re-placement: " + "; ".join(said)]
     return lines
 
 
