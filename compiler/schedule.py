@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from runtime.schedule import SCHEDULES, Action, Layout, actions, compute_order, with_communication  # noqa: F401
 # the timing model lives in the runtime, which replays measured steps with it (runtime.stragglers)
-from runtime.schedule_time import ScheduleError, finish_times, steps, timed  # noqa: F401
+from runtime.schedule_time import ScheduleError, finish_times, pair_seconds, steps, timed  # noqa: F401
 
 # -- the static check ---------------------------------------------------------------------------------------------
 

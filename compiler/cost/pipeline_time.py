@@ -71,7 +71,7 @@ def pipeline_hidden(schedule: str, p: int, m: int, v: int, cost: dict) -> dict:
     pairs to every rank (dualpipev: one (F0, B1) and one (F1, B0) in its steady phase), so the sum is linear in m
     from the least m the schedule runs (p·v): counted on the lists of p·v and p·v + 1 micro-batches and extended
     exactly (tests/test_dualpipev_plan.py counts it on the full lists). Not to be changed."""
-    from runtime.schedule_time import pair_seconds
+    from compiler.schedule import pair_seconds  # the runtime's timing model, as compiler/schedule.py re-exports it
     key = ("hidden", schedule, p, m, v, tuple((k, tuple(x) if isinstance(x, list) else x)
                                               for k, x in sorted(cost.items())))
     got = _ENDS.get(key)
