@@ -315,9 +315,10 @@ class CostModel(LedgerParts):
             got = self._stage_parts[key] = (kept, wgrad, peaks, params)
         kept, wgrad, peaks, params = got
         out = []
+        placed = plan.stage_layout  # stage k on rank k mod p, or in dualpipev's V
         for k, (lo, hi) in enumerate(layout):
             n = params[k]
-            r = k % p
+            r = placed.rank_of(k)
             alive, pending = peaks[r]
             out.append(Stage(stage=k, rank=r, blocks=(lo, hi), params=int(n), state=n * per_param,
                              activations=kept[k] * alive.get(k, 0), pending_w=wgrad[k] * pending.get(k, 0)))

@@ -111,10 +111,13 @@ def rank_peaks(schedule: str, p: int, m: int, v: int, layout: tuple, weights: tu
     extra = [w[1] for w in weights] if weights else [0] * len(layout)
     import numpy as np
     out = []
+    from compiler.schedule import Layout
+    lay = Layout.of(schedule, p, v, m)
     for r, (states, counts) in enumerate(_moments(schedule, p, _steady(schedule, p, m), v)):
-        # each state's load: micro-batches alive (and pending W) per stage of the rank (r, r + p, ...), weighed;
-        # the first state at the most
-        weigh = np.array(kept[r::p] + extra[r::p], dtype=np.float64)
+        # each state's load: micro-batches alive (and pending W) per stage of the rank (its Layout's: r, r + p, ...,
+        # or r and 2p-1-r in dualpipev's V), weighed; the first state at the most
+        mine = lay.stages_of(r)
+        weigh = np.array([kept[s] for s in mine] + [extra[s] for s in mine], dtype=np.float64)
         at = states[int(np.argmax(counts @ weigh))] if states else ((), ())
         out.append((dict(at[0]), dict(at[1])) if weights else dict(at[0]))
     return tuple(out)
@@ -136,36 +139,39 @@ def _moments(schedule: str, p: int, m: int, v: int) -> tuple:
     import numpy as np
 
     from compiler.schedule import Layout, compute_order
-    order = compute_order(schedule, Layout(p, v, m))
-    n_stages = p * v
+    lay = Layout.of(schedule, p, v, m)
+    order = compute_order(schedule, lay)
     out = []
     for r in range(p):
-        # the rank's stages are r, r + p, ...: counts by local index (stage // p), the state a tuple of them
+        # the rank's stages (its Layout's, in chunk order): counts by local index, the state a tuple of them; an
+        # overlapped pair (dualpipev's OVERLAP_F_B) counted as its two computations, in the order they run
+        mine = lay.stages_of(r)
+        local = {s: i for i, s in enumerate(mine)}
         alive = [0] * v
         pending = [0] * v
         seen: dict = {}
         rising = False  # an F or I since the last B or W: the state before the next B or W is a local maximum
-        for a in order[r]:
+        for a in (x for act in order[r] for x in act.parts):
             kind = a.kind
             if kind == "F":
-                alive[a.stage // p] += 1
+                alive[local[a.stage]] += 1
                 rising = True
             elif kind == "I":
-                pending[a.stage // p] += 1
+                pending[local[a.stage]] += 1
                 rising = True
             elif kind in ("W", "B"):
                 if rising:
                     seen.setdefault((tuple(alive), tuple(pending)), None)
                     rising = False
-                alive[a.stage // p] -= 1
+                alive[local[a.stage]] -= 1
                 if kind == "W":
-                    pending[a.stage // p] -= 1
+                    pending[local[a.stage]] -= 1
         if rising:
             seen.setdefault((tuple(alive), tuple(pending)), None)
         states, rows = [], []
         for al, pe in seen:
-            states.append((tuple((i * p + r, n) for i, n in enumerate(al) if n),
-                           tuple((i * p + r, n) for i, n in enumerate(pe) if n)))
+            states.append((tuple((mine[i], n) for i, n in enumerate(al) if n),
+                           tuple((mine[i], n) for i, n in enumerate(pe) if n)))
             rows.append(al + pe)
         out.append((tuple(states), np.array(rows, dtype=np.float64).reshape(len(rows), 2 * v)))
     return tuple(out)
