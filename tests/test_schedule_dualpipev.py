@@ -114,3 +114,21 @@ def test_memory_model_counts_the_v_stages_and_the_overlaps():
         got = rank_peaks("dualpipev", p, m, 2, tuple((k, k + 1) for k in range(2 * p)))
         assert list(got) == want, (p, m)
         assert set(got[0]) == {0, 2 * p - 1}
+
+
+def test_step_model_times_each_rank_on_its_v_stages():
+    """compiler/cost/step_time.py on dualpipev: the timed steps carry the V's placement (the sends' crossings), and
+    each pp rank's compute is that of the stages it holds: on gpt_pp (4 stages of one block) rank 0 holds stages 0
+    and 3 (the embedding, the head and the loss beside its two blocks), more than rank 1's two blocks."""
+    from pathlib import Path
+
+    from compiler.check import check_text
+    from compiler.cost.step_time import _order
+    from compiler.pipeline import compile_spec
+    for p, m in ((2, 4), (4, 8)):
+        assert _order("dualpipev", p, m, 2) == S.steps(S.compute_order("dualpipev", _lay(p, m)), _lay(p, m))
+    text = (Path(__file__).parents[1] / "samples" / "gpt_pp.scale").read_text()
+    compiled = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "dualpipev"'), "v.scale"))
+    assert compiled.plan.stage_layout.stages_of(0) == [0, 3]
+    first, second = compiled.costs.step.ranks
+    assert first.compute_s > second.compute_s

@@ -470,11 +470,12 @@ class Simulator:
         return f, b, w, comm
 
     def _pipeline(self, cm, plan, env, pieces, lk, exact=True, detail=True):
-        n, pp = len(cm.stages_for(plan, env)), plan.size("pp")
+        pp = plan.size("pp")
         f, b, w, comm = self.stage_times(cm, plan, env, pieces)
         m = plan.micro_batches
         ends = None
-        busy = {r: m * sum(f[s] + b[s] for s in range(r, n, pp)) for r in range(pp)}
+        held = {r: plan.stage_layout.stages_of(r) for r in range(pp)}  # r, r + pp, ...; or r, 2·pp-1-r (the V)
+        busy = {r: m * sum(f[s] + b[s] for s in held[r]) for r in range(pp)}
         if exact:
             send = collective_s("send_recv", cm.formulas.send(env) * 4, lk["pp"])
             cost = {"F": f, "B": b, "I": [x - y for x, y in zip(b, w)], "W": w}
@@ -485,7 +486,7 @@ class Simulator:
         stage_comm = {}
         for r in range(pp):
             acc: dict = {}
-            for s in range(r, n, pp):
+            for s in held[r]:
                 for a, t in comm[s].items():
                     acc[a] = acc.get(a, 0.0) + m * t
             if ends is not None and detail:
@@ -535,7 +536,7 @@ def _order(schedule: str, p: int, m: int, v: int):
     key = (schedule, p, m, v)
     got = _ORDERS.get(key)
     if got is None:
-        lay = SCH.Layout(p, v, m)
+        lay = SCH.Layout.of(schedule, p, v, m)  # the schedule's own stage placement (dualpipev's V)
         got = _ORDERS[key] = SCH.steps(SCH.compute_order(schedule, lay), lay)
     return got
 
