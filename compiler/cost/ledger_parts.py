@@ -144,11 +144,14 @@ class LedgerParts:
         width = A.widths(self.precision)["res"]
         span = plan.span("axis pp")
         expr = self.formulas.send_expr
-        for stage in range(pp_rank, n, plan.size("pp")):
-            for direction, what, cond in (("forward", "activations to the next stage", stage < n - 1),
-                                          ("forward", "activations from the previous stage", stage > 0),
-                                          ("backward", "gradients to the previous stage", stage > 0),
-                                          ("backward", "gradients from the next stage", stage < n - 1)):
+        lay = plan.stage_layout  # a neighbour on this rank (dualpipev's V: its bottom) is handed over, not sent
+        for stage in lay.stages_of(pp_rank):
+            after = stage < n - 1 and lay.rank_of(stage + 1) != pp_rank
+            before = stage > 0 and lay.rank_of(stage - 1) != pp_rank
+            for direction, what, cond in (("forward", "activations to the next stage", after),
+                                          ("forward", "activations from the previous stage", before),
+                                          ("backward", "gradients to the previous stage", before),
+                                          ("backward", "gradients from the next stage", after)):
                 if cond:
                     entries.append(Collective(op="send_recv", axis="pp", dtype_bytes=width, span=span,
                                               reason=f"pipeline stage {stage}: {what}, per micro-batch",
