@@ -13,7 +13,8 @@ deterministic) from the request it reads in the shared checkpoint directory; a m
 the others take their new NODE_RANK (their rank among the nodes left). Node 0 holds the rendezvous (MASTER_ADDR):
 where it is the one left out, the job stops with one line saying to start again with another MASTER_ADDR.
 
-On SLURM (`--slurm`, run inside the allocation: `sbatch --nodes=N --wrap "scalec run FILE --slurm -- FLAGS"`), the
+On SLURM (`--slurm`, run inside the allocation: `sbatch --no-kill --nodes=N --wrap "scalec run FILE --slurm --
+FLAGS"`; without --no-kill Slurm revokes the allocation when a node fails, and nothing is left to re-plan in), the
 launch is the build's launch.sbatch (srun, one torchrun agent per node); under `replan` a node that fails does not
 end the allocation, the nodes left ask for the re-plan, and the new plan's launch.sbatch runs in the same allocation
 without the hosts left out (SLURM_EXCLUDE: `srun --exclude`).
@@ -58,7 +59,8 @@ def launch_command(args, nodes: int, out: str, environ: dict) -> tuple[list[str]
             raise UsageError("--slurm and --local-nodes: choose one (SLURM starts each node's share on its host)")
         if not environ.get("SLURM_JOB_NODELIST"):
             raise UsageError("--slurm runs inside a SLURM allocation (SLURM_JOB_NODELIST is not set): submit it, "
-                             "e.g. sbatch --nodes=N --wrap \"scalec run FILE --slurm -- FLAGS\"")
+                             "e.g. sbatch --no-kill --nodes=N --wrap \"scalec run FILE --slurm -- FLAGS\" "
+                             "(--no-kill: a node that fails does not end the allocation the re-plan runs in)")
         env["SCALEC_BUILD_DIR"] = os.path.abspath(out)
     elif nodes > 1 and args.local_nodes:
         env["LOCAL_NODES"] = "1"

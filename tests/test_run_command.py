@@ -111,8 +111,11 @@ def test_slurm_runs_launch_sbatch_inside_an_allocation_only(monkeypatch):
     cmd, env = launch_command(args, 4, "out", {"SLURM_JOB_NODELIST": "gpu-a[1-4]"})
     assert cmd == ["bash", os.path.join("out", "launch.sbatch"), "--steps", "3"]
     assert env["SCALEC_BUILD_DIR"] == os.path.abspath("out") and "LOCAL_NODES" not in env
-    with pytest.raises(UsageError, match="inside a SLURM allocation"):
+    with pytest.raises(UsageError, match="inside a SLURM allocation") as refused:
         launch_command(args, 4, "out", {})
+    # the allocation the re-plan runs in must outlive a node: launch.sbatch's own `#SBATCH --no-kill` does not act
+    # when `scalec run --slurm` runs it with bash inside the job
+    assert "sbatch --no-kill" in str(refused.value)
     with pytest.raises(UsageError, match="--slurm and --local-nodes"):
         launch_command(_args(["f.scale", "--slurm", "--local-nodes"], monkeypatch), 4, "out",
                        {"SLURM_JOB_NODELIST": "gpu-a[1-4]"})

@@ -186,3 +186,12 @@ def test_hosts_left_out_earlier_in_the_allocation_get_no_task(tmp_path):
     env = dict(_slurm(tmp_path / "again", "2"), SLURM_SUBMIT_DIR=str(build), SCALEC_SLURM_EXCLUDE="gpu-a18")
     proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "has 1 node(s) but the plan's mesh needs 2" in proc.stderr
+
+
+def test_the_rendezvous_is_on_a_host_not_left_out(tmp_path):
+    """A re-plan that left out the allocation's first host (a straggler on it, say): the new plan's agents meet on
+    the first host srun still starts one on, not on the host excluded, where no agent would hold the store."""
+    proc, srun, _, _ = _submit(tmp_path, "3", "exit 0", {"SCALEC_SLURM_EXCLUDE": "gpu-a17"})
+    assert proc.returncode == 0, proc.stderr
+    assert srun[:2] == ["--exclude=gpu-a17", "--nodes=2"]
+    assert srun[srun.index("--rdzv-endpoint") + 1] == "gpu-a18:29500"

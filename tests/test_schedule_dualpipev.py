@@ -95,3 +95,40 @@ def test_grid_p4_m8(golden):
     """The grid `scalec plan` prints (an overlap's forward and backward in two cells: verify runs them in order)."""
     lay = _lay(4, 8)
     golden.check("schedules/dualpipev_p4_m8.txt", S.grid(S.actions("dualpipev", 4, 8, 2), lay))
+
+
+def test_memory_model_counts_the_v_stages_and_the_overlaps():
+    """compiler.cost.memory.rank_peaks on dualpipev: each rank's micro-batches alive at its peak, per stage of its
+    V (r and 2p-1-r, not r + p), counting the forwards and backwards inside overlapped pairs, equal to a walk of the
+    runtime's own action lists; rank 0 holds the last stage (the head) beside the first."""
+    from compiler.cost.memory import rank_peaks
+    for p, m in ((2, 4), (2, 9), (3, 6), (4, 8), (4, 13)):
+        want = []
+        for r, acts in S.compute_order("dualpipev", _lay(p, m)).items():
+            alive, best, most = {}, {}, -1
+            for x in (x for a in acts for x in a.parts):
+                alive[x.stage] = alive.get(x.stage, 0) + (x.kind == "F") - (x.kind in ("B", "W"))
+                if sum(alive.values()) > most:
+                    most, best = sum(alive.values()), {s: n for s, n in alive.items() if n}
+            want.append(best)
+        got = rank_peaks("dualpipev", p, m, 2, tuple((k, k + 1) for k in range(2 * p)))
+        assert list(got) == want, (p, m)
+        assert set(got[0]) == {0, 2 * p - 1}
+
+
+def test_step_model_times_each_rank_on_its_v_stages():
+    """compiler/cost/step_time.py on dualpipev: the timed steps carry the V's placement (the sends' crossings), and
+    each pp rank's compute is that of the stages it holds: on gpt_pp (4 stages of one block) rank 0 holds stages 0
+    and 3 (the embedding, the head and the loss beside its two blocks), more than rank 1's two blocks."""
+    from pathlib import Path
+
+    from compiler.check import check_text
+    from compiler.cost.step_time import _order
+    from compiler.pipeline import compile_spec
+    for p, m in ((2, 4), (4, 8)):
+        assert _order("dualpipev", p, m, 2) == S.steps(S.compute_order("dualpipev", _lay(p, m)), _lay(p, m))
+    text = (Path(__file__).parents[1] / "samples" / "gpt_pp.scale").read_text()
+    compiled = compile_spec(check_text(text.replace('schedule = "1f1b"', 'schedule = "dualpipev"'), "v.scale"))
+    assert compiled.plan.stage_layout.stages_of(0) == [0, 3]
+    first, second = compiled.costs.step.ranks
+    assert first.compute_s > second.compute_s
