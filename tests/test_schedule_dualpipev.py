@@ -123,7 +123,7 @@ def test_step_model_times_each_rank_on_its_v_stages():
     from pathlib import Path
 
     from compiler.check import check_text
-    from compiler.cost.step_time import _order
+    from compiler.cost.pipeline_time import _order
     from compiler.pipeline import compile_spec
     for p, m in ((2, 4), (4, 8)):
         assert _order("dualpipev", p, m, 2) == S.steps(S.compute_order("dualpipev", _lay(p, m)), _lay(p, m))

@@ -62,7 +62,8 @@ def check_case(case: Case, references, tmp_path) -> None:
     if case.bytes_checked:
         assert_bytes_as_ledgered(run)
     if not compiled and case.memory_checked:
-        assert_memory_predicted(run, zero_bubble='schedule = "zero-bubble"' in text)
+        assert_memory_predicted(run, split_backward=next((k for k in ("zero-bubble", "dualpipev")
+                                                          if f'schedule = "{k}"' in text), None))
     if "moe_dropped" in ref.records[0]:  # the same choices dropped, step by step, and some are
         assert [r["moe_dropped"] for r in run.records] == [r["moe_dropped"] for r in ref.records]
         assert [r["moe_routed"] for r in run.records] == [r["moe_routed"] for r in ref.records]
@@ -99,23 +100,28 @@ def assert_same_evaluation(run, ref, rtol: float = 1e-5) -> None:
             assert f"eval {r['step']:>5}/" in run.output
 
 
-def assert_memory_predicted(run, zero_bubble: bool = False) -> None:
+def assert_memory_predicted(run, split_backward: str | None = None) -> None:
     """What every rank allocated in the last step (runtime/memory.py's tracker on CPU, `--memory-report`) against
     the compiler's memory model, per pp coordinate: what the forwards made and still held at their fullest (kept
     for backward, and the outputs a pipeline schedule keeps) within 5% on the best-matching rank and 10% on every
     rank (when a buffer behind an asynchronous send is freed depends on timing: two ranks of one stage can differ
     by a few of them); the peak within 20% (these models are tiny: the working set of a step, gradients in flight
     and communication copies, weighs more than on the GPU programs of tests/test_memory.py, predicted within 1%).
-    Known gap: under zero-bubble the last stage holds more than the schedule's order says (measured 1.38× on
-    pp2_zero_bubble): its activations are not checked. The log and the metrics carry the measured peak."""
+    Known gap: under the split-backward schedules (`split_backward`) the rank holding the last stage is not checked
+    for activations, only for its peak: under zero-bubble it holds more than the schedule's order says (measured
+    1.38× on pp2_zero_bubble); under dualpipev (pp rank 0 holds the last stage) the model's peak moment is the one
+    where a pending weight half's output gradients are held beside one micro-batch fewer of stage 0's activations,
+    so its activations at that moment are below the most the forwards hold at any moment, which the tracker
+    measures (moe_pp2_ep2_dualpipev: 1,427,520 predicted + 305,152 pending + 49,152 received = 1,781,824 B held;
+    1,788,280 measured). The log and the metrics carry the measured peak."""
     predicted = {(r.pp_rank or 0): r for r in run.costs.memory}
-    last = max(predicted)
+    last = {"zero-bubble": max(predicted), "dualpipev": 0}.get(split_backward)
     report = run.memory
     errors: dict = {}
     for rank in report["ranks"]:
         pp = rank["coords"].get("pp", 0)
         want = predicted[pp]
-        if not (zero_bubble and pp == last):
+        if pp != last:
             errors.setdefault(pp, []).append(abs(rank["activation_bytes"] / want.forward_bytes - 1))
             assert rank["activation_bytes"] == pytest.approx(want.forward_bytes, rel=0.10), \
                 f"rank {rank['rank']}: activations measured {rank['activation_bytes']:,}, predicted " \
