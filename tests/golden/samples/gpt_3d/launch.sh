@@ -20,4 +20,4 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default, set here t
 torchrun=(python3 -m runtime.launch)
 
 exec "${torchrun[@]}" --standalone --nnodes 1 --nproc-per-node 8 \
-  --max-restarts 0 "${extra[@]}" "$here/program.py" "$@"
+  --max-restarts 0 ${extra[@]+"${extra[@]}"} "$here/program.py" "$@"

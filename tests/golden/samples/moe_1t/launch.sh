@@ -31,7 +31,7 @@ if [ "${LOCAL_NODES:-0}" = 1 ]; then
   for ((node = 0; node < 256 + ${SPARE_NODES:-0}; node++)); do
     SCALEC_NODE="${names[$node]:-node$node}" "${torchrun[@]}" --nnodes 256 --node-rank "$node" --nproc-per-node 8 \
       --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "scalec-moe_1t" \
-      "${extra[@]}" "$here/program.py" "$@" &
+      ${extra[@]+"${extra[@]}"} "$here/program.py" "$@" &
     pids+=($!)
   done
   status=0
@@ -42,4 +42,4 @@ fi
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of node 0}"
 exec "${torchrun[@]}" --nnodes 256 --node-rank "$NODE_RANK" --nproc-per-node 8 \
   --max-restarts 0 --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv-id "scalec-moe_1t" \
-  "${extra[@]}" "$here/program.py" "$@"
+  ${extra[@]+"${extra[@]}"} "$here/program.py" "$@"
