@@ -46,8 +46,9 @@ def test_the_cluster_is_the_specs_and_the_plan_holds_no_machine(two_and_one):
 
 def test_the_same_spec_searched_on_half_the_nodes_is_the_spec_written_with_them(two_and_one):
     two, one = two_and_one
-    got = SE.search(two, top=3, cluster=two.cluster.with_nodes(1))
-    want = SE.search(one, top=3)
+    # in the files' bf16 (an FP8 device's second run in fp8 doubles the time and adds nothing to the question)
+    got = SE.search(two, top=3, cluster=two.cluster.with_nodes(1), fixed={"precision": "bf16"})
+    want = SE.search(one, top=3, fixed={"precision": "bf16"})
     assert got.winners and got.spec.cluster == one.cluster
     for g, w in zip(got.winners, want.winners, strict=True):
         assert g.plan.world_size == 8 and g.plan.to_json(got.spec.cluster) == w.plan.to_json(one.cluster)
@@ -55,7 +56,7 @@ def test_the_same_spec_searched_on_half_the_nodes_is_the_spec_written_with_them(
         assert g.reasons == w.reasons
     assert got.rejected == want.rejected
     # on the file's own two nodes the plans are of 16 devices, and the best is another plan
-    whole = SE.search(two, top=1)
+    whole = SE.search(two, top=1, fixed={"precision": "bf16"})
     assert whole.winners[0].plan.world_size == 16 and whole.winners[0].plan.to_json() != got.winners[0].plan.to_json()
 
 

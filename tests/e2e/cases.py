@@ -553,10 +553,13 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     # hand-over) and ep; four ranks of it, and with ep (8 ranks)
     "pp2_dualpipev", "pp4_dualpipev", "moe_pp4_ep2_dualpipev",
     # routers and shared experts: deepseek_ep4 (sigmoid, groups, shared expert, bias, scale), moe_tp2_sp_ep2 (sigmoid
-    # gate, bias); grouped dispatch: deepseek_ep4; a dense first block: deepseek_ep4; pp × ep: moe_pp2_ep2_zero_bubble;
+    # gate, bias); grouped dispatch: deepseek_ep4; a dense first block: deepseek_ep4; pp × ep: moe_pp2_ep2_dualpipev;
     # evaluation through stages: pp2_tp2_sp_interleaved
     "moe_ep2_shared_grouped", "moe_ep4_qwen2_router", "moe_dropless_grouped_ep2_tp2", "moe_pp2_dense_first",
     "moe_pp2_ep2_interleaved",
+    # pp × ep with the backward split into input and weight halves through the all-to-alls: moe_pp2_ep2_dualpipev
+    # (the V's second half of backwards is split: I then W); zero-bubble's own order: pp2_zero_bubble
+    "moe_pp2_ep2_zero_bubble",
     # cp over 4 ranks: cp4_ring; cp × interleaved: cp2_pp2 and pp4_interleaved; dp × cp: dp2_cp2_fsdp and
     # test_context_parallel_logged_loss_is_the_single_devices[dp2_cp2]; zero1 over a folded batch group:
     # moe_dp2_ep2_zero1
