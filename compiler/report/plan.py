@@ -519,11 +519,15 @@ def _pipeline_text(compiled) -> list[str]:
         return []
     p, v, m = plan.size("pp"), plan.virtual_stages, plan.micro_batches
     pred = costs.step
+    if plan.schedule == "dualpipev":  # DeepSeek's bubble is a time, not a share: (PP/2-1)(F&B+B-3W), PP = 2p
+        published = ("DeepSeek's (PP/2-1)(F&B+B-3W) over PP = 2p half stages is a time, which the simulation "
+                     "reproduces for equal stages")
+    else:
+        says = "before ZB-H1" if plan.schedule == "zero-bubble" else "would say"
+        published = f"the published (p-1)/(v·m+p-1) {says} {SCH.bubble_fraction(p, m, v):.1%}"
     lines = ["", f"pipeline    {plan.schedule}, pp = {p} × {v} stage{'s' if v > 1 else ''} per rank, "
              f"{m} micro-batches of {costs.micro_batch_size:g} sequences; bubble {pred.bubble_fraction:.1%} "
-             f"(simulated: the slowest rank's idle share of the step; the published (p-1)/(v·m+p-1) "
-             f"{'before ZB-H1' if plan.schedule == 'zero-bubble' else 'would say'} "
-             f"{SCH.bubble_fraction(p, m, v):.1%})"]
+             f"(simulated: the slowest rank's idle share of the step; {published})"]
     lines += ["  stage  rank  blocks     parameters per rank   model state   activations in flight"]
     for st in costs.stages:
         lo, hi = st.blocks
