@@ -69,6 +69,10 @@ V_SHAPED = ("dualpipev",)
 """The schedules whose stages fold in a V over the pp ranks (runtime.schedule.Layout's style "v"), two per rank:
 rank r holds stages r and 2·pp-1-r. The others loop: stage s on rank s mod pp."""
 
+PAIRED = ("dualpipev",)
+"""The schedules whose lists overlap a forward with a backward (runtime/schedule.py's OVERLAP_F_B pairs, which
+runtime/overlap.py runs on two CUDA streams and the compiler's timing prices with `pair_seconds`)."""
+
 RECOMPUTE = ("none", "selective", "full")
 """Activation recomputation of each block (runtime/recompute.py)."""
 

@@ -4,6 +4,8 @@ what dualpipev's overlapped pairs hide. compiler/cost/step_time.py's `Simulator`
 """
 from __future__ import annotations
 
+from runtime import choices  # torch-free: the schedules that pair a forward with a backward (PAIRED)
+
 # The collectives an overlapped pair (dualpipev's OVERLAP_F_B: one micro-batch's forward beside another's
 # backward, on two streams) hides behind its partner's compute: the experts' all-to-alls above all (DeepSeek-V3
 # report §3.2.1, what DualPipe was built for) and tensor parallelism's collectives. Not pp's sends (priced as the
@@ -11,10 +13,10 @@ from __future__ import annotations
 OVERLAPPED = ("ep", "tp")
 
 
-PAIRED = ("dualpipev",)
-"""The schedules whose lists overlap a forward with a backward (runtime/schedule.py's OVERLAP_F_B): their pairs
-take `pair_seconds` (runtime/schedule_time.py), the OVERLAPPED axes' collectives of each side hidden behind the
-other side's compute."""
+# The schedules whose lists pair a forward with a backward (runtime.choices.PAIRED, shared with the runtime): their
+# pairs take `pair_seconds` (runtime/schedule_time.py), the OVERLAPPED axes' collectives of each side hidden behind
+# the other side's compute.
+PAIRED = choices.PAIRED
 
 
 _ORDERS: dict = {}
