@@ -88,7 +88,9 @@ def test_restarts_default_to_three_with_checkpoints_and_timeout_takes_units():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("flag", [["--steps", "0"], ["--steps", "-3"], ["--stop-after", "0"]])
+# `--steps -3` is the slow tier: the same check as `--steps 0` (a count that is not positive)
+@pytest.mark.parametrize("flag", [["--steps", "0"], pytest.param(["--steps", "-3"], marks=pytest.mark.slow),
+                                  ["--stop-after", "0"]])
 def test_the_program_refuses_no_steps_once_and_without_a_restart(tmp_path, flag):
     """`program.py --steps 0` trained nothing and exited 0; now it is refused with FatalError's exit code (78), which
     runtime.launch does not restart on, and the message is printed by rank 0 only."""
