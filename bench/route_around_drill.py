@@ -42,9 +42,9 @@ its first step, and the rest is as above.
 slow node is left out, the spare takes its place, the run resumes on the same plan, and its losses must equal the
 same plan's from that checkpoint.
 
-Prints one line per trial and, last, `route-around N/N passed` (exit 1 if any failed). Sections are timed by the
-training thread's CPU time (SCALEC_TEST_CPU_CLOCK=thread): 8 processes on 2 cores make wall-clock sections the
-scheduler's noise (bench/straggler_drill.py's note).
+Prints one line per trial and, last, `route-around N/N passed` (exit 1 if any failed). Compute sections are
+timed, as the runtime does on CPU, by the process's CPU time (runtime/sections.py): 8 processes on 2 cores make
+wall-clock sections the scheduler's noise.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ REPLANNED = re.compile(r"scalec: re-planned on (\d+) of (\d+) nodes \((.*)\): (.
 def scalec_run(work: Path, scale: str, out: str, extra_env: dict, program_args: list, timeout: int):
     """`scalec run SCALE --local-nodes -o OUT -- PROGRAM_ARGS` in `work`: (status, output)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_PORT=str(free_port()),
-               OMP_NUM_THREADS="1", SCALEC_TEST_CPU_CLOCK="thread", **extra_env)
+               OMP_NUM_THREADS="1", **extra_env)
     cmd = [sys.executable, "-m", "compiler.cli", "run", scale, "--local-nodes", "-o", out, "--", *program_args]
     return run_session(cmd, env, timeout, cwd=work)
 

@@ -6,9 +6,17 @@ marks for its watchdog (`faults.op(..., kind=...)`: every collective and every c
 few compute-only regions marked here (`section`: data, the optimizer, a pipeline stage's forward and backward). Time
 is exclusive: a region inside another (a tp all-reduce inside the forward) takes its time out of the outer one.
 
-On CPU the cuts are `time.perf_counter()`; on CUDA they are events recorded on the current stream (the device's
-time, not the host's, which runs ahead), resolved only when the window's rows are read (`Timeline.rows`, once per
-window, where the detector gathers them anyway): no host-device synchronisation inside a step.
+On CUDA the cuts are events recorded on the current stream (the device's time, not the host's, which runs ahead),
+resolved only when the window's rows are read (`Timeline.rows`, once per window, where the detector gathers them
+anyway): no host-device synchronisation inside a step. On CPU each cut reads two clocks: the compute sections
+(`COMPUTE`) take the process's CPU time (`time.process_time`: every thread's, the intra-op pool's too), the others
+the wall time (`time.perf_counter`). The CPU time is the CPU's counterpart of the device time the events measure:
+the work the rank did, not the moments it spent waiting for a core. A host running more processes than cores (this
+project's 2-core CI running 8 ranks) deschedules each rank for slices as long as a step, and a wall-clock compute
+section is then mostly the scheduler's noise: the straggler detector would name whichever rank waited longest for
+a core. The cost: a CPU rank slowed only because other processes take its cores is not named (it computes no
+longer); a slower CPU, a busier rank or one doing more work is. SCALEC_TEST_CPU_CLOCK=wall times every section on
+the wall clock, =thread on the training thread's CPU time (tests and the drill's comparisons).
 
 A backward that ends with the gradient reduction (DDP's bucketed all-reduce, which DDP waits for inside
 `loss.backward()`) is split where the last parameter's gradient was accumulated (a post-accumulate-grad hook marks
@@ -38,6 +46,7 @@ COMPUTE = ("data", "forward", "backward", "optimizer")
 WAITS = ("grad_reduce", "loss_reduce", "pp_p2p", "all_reduce", "all_gather", "reduce_scatter", "wait")
 """The waits in collectives: where the peers of a slow rank wait for it (they explain, they never name)."""
 INDEX = {name: i for i, name in enumerate(SECTIONS)}
+_COMPUTE_COLUMNS = frozenset(INDEX[name] for name in COMPUTE)
 _OTHER, _BACKWARD, _GRAD, _EVAL = INDEX["other"], INDEX["backward"], INDEX["grad_reduce"], INDEX["eval"]
 BACKWARD_SYNC = "backward_sync"
 """A region's kind for a backward that ends in the gradient reduction: split at the last gradient's accumulation."""
@@ -47,9 +56,12 @@ class Timeline:
     """This rank's sections, one row of seconds per step: `begin` a step, regions `enter`/`exit` (nested), `end`
     it; `rows()` resolves the rows kept since the last call (CUDA: waits for the last event recorded)."""
 
-    def __init__(self, device: torch.device, clock=None):
+    def __init__(self, device: torch.device, clock=None, compute_clock=None):
         self.cuda = device.type == "cuda"
-        self.clock = clock or cpu_clock()
+        # CPU: (wall clock, compute sections' clock); one clock given (tests) is both
+        wall, compute = cpu_clocks()
+        self.clock = clock or wall
+        self.compute_clock = compute_clock or clock or compute
         self.stack: list[int] = []
         self.count = 0          # cuts made in this step (a split mark is used only if none came after it)
         self.mark_at = None     # (count, time or event) of the last gradient accumulated
@@ -63,7 +75,7 @@ class Timeline:
 
     def _now(self):
         if not self.cuda:
-            return self.clock()
+            return self.clock(), self.compute_clock()
         ev = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
@@ -74,7 +86,8 @@ class Timeline:
         if self.cuda:
             self.row.append((column, now))
         else:
-            self.row[column] += now - self.last
+            which = 1 if column in _COMPUTE_COLUMNS else 0
+            self.row[column] += now[which] - self.last[which]
         self.last = now
         self.count += 1
 
@@ -146,11 +159,16 @@ class Timeline:
         return out
 
 
-def cpu_clock():
-    """The clock of CPU sections: time.perf_counter (wall time), or, under SCALEC_TEST_CPU_CLOCK=thread (the drill
-    on a host with more processes than cores), time.thread_time: the CPU time of the training thread, which a
-    process waiting for a core does not accumulate."""
-    return time.thread_time if os.environ.get("SCALEC_TEST_CPU_CLOCK") == "thread" else time.perf_counter
+def cpu_clocks():
+    """The clocks of CPU sections, (the waits' and the others', the compute sections'): by default
+    (time.perf_counter, time.process_time), see the module's docstring; SCALEC_TEST_CPU_CLOCK=wall: perf_counter
+    for both, =thread: time.thread_time (the training thread's CPU time) for both."""
+    which = os.environ.get("SCALEC_TEST_CPU_CLOCK")
+    if which == "wall":
+        return time.perf_counter, time.perf_counter
+    if which == "thread":
+        return time.thread_time, time.thread_time
+    return time.perf_counter, time.process_time
 
 
 _TIMELINE: Timeline | None = None
@@ -264,7 +282,7 @@ class Slow:
             for _ in range(round(seconds / self.unit)):
                 torch.mm(self.a, self.b)
             return
-        clock = cpu_clock()  # as much computing as the sections' clock counts
+        clock = cpu_clocks()[1]  # as much computing as the compute sections' clock counts
         deadline = clock() + seconds
         while clock() < deadline:
             torch.mm(self.a, self.b)

@@ -7,7 +7,7 @@ Scores (NVRx's meaning; 1.0 is as fast as the reference, 0.5 twice as slow):
   (data, forward, backward, optimizer) and over the step's compute (`compute`).
 - individual: this rank's own best window over its current one, per section likewise.
 A rank whose relative score of its step's compute (forward + backward + optimizer; its data section too where that
-takes at least SIGNIFICANT of the step) falls below `threshold` is named, and the compute section it scores lowest
+takes at least SIGNIFICANT of the compute) falls below `threshold` is named, and the compute section it scores lowest
 in is quoted as the slow one. The times compared are each rank's fastest step of the window (relative_scores).
 The individual score names a rank only where nothing is relative to it (a group of one rank: pp without dp), and
 not while the other ranks' median individual score is below the threshold too: a busier machine slows everyone, a
@@ -15,8 +15,8 @@ straggler slows one. Waits never name: at a synchronising collective every peer 
 waits grow while its compute grows; the waits are only quoted, to explain what the straggler costs the others.
 
 The what-if replays the window's median step with the straggler's compute replaced by the median of its peers':
-without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus that
-rank's own waits, which are the transfers); with pp, runtime.schedule_time times the schedule's action lists (the
+without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus the
+transfers: the least any rank waits, since the last rank to arrive waits for nobody); with pp, runtime.schedule_time times the schedule's action lists (the
 compiler's model) with each stage's measured forward and backward per micro-batch.
 """
 from __future__ import annotations
@@ -97,14 +97,16 @@ def individual_scores(stats: list[dict], best: list[dict]) -> list[dict]:
 
 
 def significant(stats: list[dict], groups: list[int]) -> dict:
-    """Per group: the compute sections that take at least SIGNIFICANT of its ranks' median step."""
+    """Per group: the compute sections that take at least SIGNIFICANT of its ranks' median compute (data, forward,
+    backward, optimizer). The share is of the compute, not of the step: the waits are another clock's on CPU
+    (runtime.sections), and on a busy host they are most of a step."""
     members: dict = {}
     for r, g in enumerate(groups):
         members.setdefault(g, []).append(stats[r])
     out = {}
     for g, ss in members.items():
-        step = statistics.median(s["step"] for s in ss)
-        out[g] = [k for k in COMPUTE if statistics.median(s[k] for s in ss) >= SIGNIFICANT * step]
+        compute = statistics.median(sum(s[k] for k in COMPUTE) for s in ss)
+        out[g] = [k for k in COMPUTE if statistics.median(s[k] for s in ss) >= SIGNIFICANT * compute]
     return out
 
 
@@ -175,13 +177,13 @@ def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None
 
 def modelled_step(stats: list[dict], pipeline=None) -> float:
     """The step the model gives for these per-rank times. No pp: the slowest rank's compute (the sum of its compute
-    sections) plus its own waits, the collectives' transfer (it waits for nobody). With pp (`pipeline`: (order,
+    sections) plus the collectives' transfer, the least any rank waits (the last to arrive waits for nobody; the
+    others' waits hold their wait for it, and on a busy host the scheduler's noise). With pp (`pipeline`: (order,
     layout, pipes, actions) where `pipes` lists each pipeline's ranks by pp coordinate and `actions[rank]` its
     counts of F, B, W actions): each pipeline's schedule timed by runtime.schedule_time with each stage's forward
     and backward per micro-batch, plus the slowest rank's compute outside the schedule (data, optimizer)."""
     if pipeline is None:
-        slowest = max(range(len(stats)), key=lambda r: sum(stats[r][k] for k in COMPUTE))
-        return sum(stats[slowest][k] for k in COMPUTE) + stats[slowest]["waits"]
+        return max(sum(s[k] for k in COMPUTE) for s in stats) + min(s["waits"] for s in stats)
     from runtime import schedule_time
     order, lay, pipes, actions = pipeline
     steps = schedule_time.steps(order, lay)
