@@ -43,7 +43,7 @@ slow node is left out, the spare takes its place, the run resumes on the same pl
 same plan's from that checkpoint.
 
 Prints one line per trial and, last, `route-around N/N passed` (exit 1 if any failed). Compute sections are
-timed, as the runtime does on CPU, by the process's CPU time (runtime/sections.py): 8 processes on 2 cores make
+timed, as the runtime does on CPU, by the training thread's CPU time (runtime/sections.py): 8 processes on 2 cores make
 wall-clock sections the scheduler's noise.
 """
 from __future__ import annotations

@@ -9,13 +9,16 @@ is exclusive: a region inside another (a tp all-reduce inside the forward) takes
 On CUDA the cuts are events recorded on the current stream (the device's time, not the host's, which runs ahead),
 resolved only when the window's rows are read (`Timeline.rows`, once per window, where the detector gathers them
 anyway): no host-device synchronisation inside a step. On CPU each cut reads two clocks: the compute sections
-(`COMPUTE`) take the process's CPU time (`time.process_time`: every thread's, the intra-op pool's too), the others
-the wall time (`time.perf_counter`). The CPU time is the CPU's counterpart of the device time the events measure:
-the work the rank did, not the moments it spent waiting for a core. A host running more processes than cores (this
+(`COMPUTE`) take the training thread's CPU time (`time.thread_time`), the others the wall time
+(`time.perf_counter`). The CPU time is the CPU's counterpart of the device time the events measure: the work the
+rank did, not the moments it spent waiting for a core. The thread's, not the process's: the process's time counts
+the collectives' own threads too (gloo's, busy during DDP's overlapped reductions), and 8 ranks on this 2-core
+machine then named 11 ranks falsely in 1,000 clean steps against none on the thread's clock. A host running more processes than cores (this
 project's 2-core CI running 8 ranks) deschedules each rank for slices as long as a step, and a wall-clock compute
 section is then mostly the scheduler's noise: the straggler detector would name whichever rank waited longest for
 a core. The cost: a CPU rank slowed only because other processes take its cores is not named (it computes no
-longer); a slower CPU, a busier rank or one doing more work is. SCALEC_TEST_CPU_CLOCK=wall times every section on
+longer), nor the intra-op pool's share of a multi-threaded operation beyond the training thread's own; a slower
+CPU, a busier rank or one doing more work is. SCALEC_TEST_CPU_CLOCK=wall times every section on
 the wall clock, =thread on the training thread's CPU time (tests and the drill's comparisons).
 
 A backward that ends with the gradient reduction (DDP's bucketed all-reduce, which DDP waits for inside
@@ -161,14 +164,14 @@ class Timeline:
 
 def cpu_clocks():
     """The clocks of CPU sections, (the waits' and the others', the compute sections'): by default
-    (time.perf_counter, time.process_time), see the module's docstring; SCALEC_TEST_CPU_CLOCK=wall: perf_counter
+    (time.perf_counter, time.thread_time), see the module's docstring; SCALEC_TEST_CPU_CLOCK=wall: perf_counter
     for both, =thread: time.thread_time (the training thread's CPU time) for both."""
     which = os.environ.get("SCALEC_TEST_CPU_CLOCK")
     if which == "wall":
         return time.perf_counter, time.perf_counter
     if which == "thread":
         return time.thread_time, time.thread_time
-    return time.perf_counter, time.process_time
+    return time.perf_counter, time.thread_time
 
 
 _TIMELINE: Timeline | None = None

@@ -181,7 +181,7 @@ def test_timeline_sections_are_exclusive_and_the_synced_backward_is_split():
 
 def test_cpu_compute_sections_take_the_cpu_clock_and_waits_the_wall_clock(monkeypatch):
     """On CPU a rank descheduled for a core is not slower hardware: its forward and backward take the compute
-    clock (the process's CPU time by default), its waits and `other` the wall clock."""
+    clock (the training thread's CPU time by default), its waits and `other` the wall clock."""
     wall, cpu = Clock(), Clock()
     tl = sections.Timeline(torch.device("cpu"), wall, cpu)
     tl.begin()
@@ -198,7 +198,7 @@ def test_cpu_compute_sections_take_the_cpu_clock_and_waits_the_wall_clock(monkey
     assert got[INDEX["other"]] == 2.0 and got[INDEX["all_reduce"]] == 1.0
     assert got[INDEX["forward"]] == pytest.approx(3.9)  # 3.0 before the all-reduce, 0.9 after
     monkeypatch.delenv("SCALEC_TEST_CPU_CLOCK", raising=False)
-    assert sections.cpu_clocks() == (time.perf_counter, time.process_time)
+    assert sections.cpu_clocks() == (time.perf_counter, time.thread_time)
     monkeypatch.setenv("SCALEC_TEST_CPU_CLOCK", "wall")
     assert sections.cpu_clocks() == (time.perf_counter, time.perf_counter)
 
@@ -329,7 +329,7 @@ def test_leaving_finish_writes_the_request_and_gives_each_rank_its_status(tmp_pa
 def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
     """gpt_dp (dp = 2, DDP on gloo) under torchrun with rank 1 doing twice its forward and backward from step 11:
     the window of steps 11-20 names rank 1, its node and a compute section; the window before names nobody. The
-    compute sections are timed by the process's CPU time, the runtime's CPU default: two ranks on a shared 2-core
+    compute sections are timed by the training thread's CPU time, the runtime's CPU default: two ranks on a shared 2-core
     machine. The 8-rank drills are bench/straggler_drill.py."""
     import json
     import os
