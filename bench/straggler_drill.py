@@ -313,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, help="resilience window (default: runtime.config's)")
     p.add_argument("--clock", choices=("default", "wall", "thread"), default="default",
                    help="the CPU sections' clock: default (the runtime's: compute sections on the training "
-                        "thread's CPU time, waits on the wall clock), wall (every section; 8 processes share 2 cores here: wall "
-                        "time is mostly the scheduler's) or the training thread's CPU time")
+                        "thread's CPU time, waits on the wall clock), wall (every section; 8 processes share 2 "
+                        "cores here: wall time is mostly the scheduler's) or thread (every section on the training "
+                        "thread's CPU time)")
     p.add_argument("--timeout", type=int, default=300)
     args = p.parse_args(argv)
     CLOCK[0] = args.clock
