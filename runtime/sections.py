@@ -13,13 +13,13 @@ anyway): no host-device synchronisation inside a step. On CPU each cut reads two
 (`time.perf_counter`). The CPU time is the CPU's counterpart of the device time the events measure: the work the
 rank did, not the moments it spent waiting for a core. The thread's, not the process's: the process's time counts
 the collectives' own threads too (gloo's, busy during DDP's overlapped reductions), and 8 ranks on this 2-core
-machine then named 11 ranks falsely in 1,000 clean steps against none on the thread's clock. A host running more processes than cores (this
-project's 2-core CI running 8 ranks) deschedules each rank for slices as long as a step, and a wall-clock compute
-section is then mostly the scheduler's noise: the straggler detector would name whichever rank waited longest for
-a core. The cost: a CPU rank slowed only because other processes take its cores is not named (it computes no
-longer), nor the intra-op pool's share of a multi-threaded operation beyond the training thread's own; a slower
-CPU, a busier rank or one doing more work is. SCALEC_TEST_CPU_CLOCK=wall times every section on
-the wall clock, =thread on the training thread's CPU time (tests and the drill's comparisons).
+machine then named 11 ranks falsely in 1,000 clean steps against none on the thread's clock. A host running more
+processes than cores (this project's 2-core CI running 8 ranks) deschedules each rank for slices as long as a step,
+and a wall-clock compute section is then mostly the scheduler's noise: the straggler detector would name whichever
+rank waited longest for a core. The cost: a CPU rank slowed only because other processes take its cores is not named
+(it computes no longer), nor the intra-op pool's share of a multi-threaded operation beyond the training thread's
+own; a slower CPU, a busier rank or one doing more work is. SCALEC_TEST_CPU_CLOCK=wall times every section on the
+wall clock, =thread on the training thread's CPU time (tests and the drill's comparisons).
 
 A backward that ends with the gradient reduction (DDP's bucketed all-reduce, which DDP waits for inside
 `loss.backward()`) is split where the last parameter's gradient was accumulated (a post-accumulate-grad hook marks

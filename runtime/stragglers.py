@@ -16,8 +16,9 @@ waits grow while its compute grows; the waits are only quoted, to explain what t
 
 The what-if replays the window's median step with the straggler's compute replaced by the median of its peers':
 without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus the
-transfers: the least any rank waits, since the last rank to arrive waits for nobody); with pp, runtime.schedule_time times the schedule's action lists (the
-compiler's model) with each stage's measured forward and backward per micro-batch.
+transfers: the least any rank waits, since the last rank to arrive waits for nobody); with pp, runtime.schedule_time
+times the schedule's action lists (the compiler's model) with each stage's measured forward and backward per
+micro-batch.
 """
 from __future__ import annotations
 

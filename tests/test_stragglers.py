@@ -327,9 +327,9 @@ def test_leaving_finish_writes_the_request_and_gives_each_rank_its_status(tmp_pa
 # unit tests above, and the 8-rank drills are bench/straggler_drill.py
 @pytest.mark.slow
 def test_a_slowed_rank_is_named_in_a_two_rank_run(tmp_path):
-    """gpt_dp (dp = 2, DDP on gloo) under torchrun with rank 1 doing twice its forward and backward from step 11:
-    the window of steps 11-20 names rank 1, its node and a compute section; the window before names nobody. The
-    compute sections are timed by the training thread's CPU time, the runtime's CPU default: two ranks on a shared 2-core
+    """gpt_dp (dp = 2, DDP on gloo) under torchrun with rank 1 doing twice its forward and backward from step 11: the
+    window of steps 11-20 names rank 1, its node and a compute section; the window before names nobody. The compute
+    sections are timed by the training thread's CPU time, the runtime's CPU default: two ranks on a shared 2-core
     machine. The 8-rank drills are bench/straggler_drill.py."""
     import json
     import os
