@@ -1,0 +1,95 @@
+"""The node-deduplicated expert dispatch (runtime/moe_nodes.py, `plan { ep_dispatch = "nodes" }`): on 4 gloo ranks
+simulating 2 nodes of 2, each token crosses to a node once, fans out there, and the layer computes what one process
+computes with every expert (outputs and gradients, float64); the bytes counted over the rail and the node are the
+rows the routes say."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from runtime import moe, moe_nodes
+from tests import multirank
+
+F64 = torch.float64
+E, H, FFN, B, S, K, GROUPS, TOPK_GROUPS = 8, 6, 5, 2, 5, 3, 4, 2
+WORLD, LOCAL = 4, 2  # 2 nodes of 2 ranks: ep rank = node · 2 + local index
+
+
+def _weights():
+    g = torch.Generator().manual_seed(3)
+    return {"router": torch.randn(H, E, generator=g, dtype=F64),
+            "w_up": torch.randn(E, H, FFN, generator=g, dtype=F64) * 0.5,
+            "w_gate": torch.randn(E, H, FFN, generator=g, dtype=F64) * 0.5,
+            "w_down": torch.randn(E, FFN, H, generator=g, dtype=F64) * 0.5}
+
+
+def _experts(w, lo, hi):
+    mod = moe.Experts(hi - lo, H, FFN, "swiglu").to(F64)
+    with torch.no_grad():
+        for name, p in mod.named_parameters():
+            p.copy_(w[name][lo:hi])
+    return mod
+
+
+def _route(x, router):
+    """DeepSeek-V3's router at toy size: sigmoid scores, top 3 within the best 2 of 4 groups, gates × 2.5."""
+    return moe.route(x @ router, K, S, 0.01, scoring="sigmoid", groups=GROUPS, topk_groups=TOPK_GROUPS, scale=2.5)
+
+
+def _body(rank, C):
+    node, local = divmod(rank, LOCAL)
+    rails = [dist.new_group([i, i + LOCAL]) for i in range(LOCAL)]      # every rank creates every group, in order
+    nodes = [dist.new_group([2 * n, 2 * n + 1]) for n in range(WORLD // LOCAL)]
+    C.register(moe_nodes.RAIL, rails[local])
+    C.register(moe_nodes.NODE, nodes[node])
+    w = _weights()
+    g = torch.Generator().manual_seed(100 + rank)
+    x0, probe = torch.randn(B, S, H, generator=g, dtype=F64), torch.randn(B, S, H, generator=g, dtype=F64)
+    # the reference: this rank's tokens through every expert in one process (sort_tokens, unsort_combine)
+    x1, r1 = x0.clone().requires_grad_(), w["router"].clone().requires_grad_()
+    full = _experts(w, 0, E)
+    slot, gate = _route(x1, r1)
+    rows, counts = moe.sort_tokens(x1, slot, E, S)
+    out1 = moe.unsort_combine(full(rows, counts), slot, gate, S)
+    (out1 * probe).sum().backward()
+    # the node dispatch: this rank's 2 experts
+    per = E // WORLD
+    x2, r2 = x0.clone().requires_grad_(), w["router"].clone().requires_grad_()
+    mine = _experts(w, rank * per, (rank + 1) * per)
+    C.count_bytes(True)
+    slot2, gate2 = _route(x2, r2)
+    routes = moe_nodes.node_routes(slot2, S, E)
+    sent, got = moe_nodes.node_dispatch(x2, gate2, routes)
+    out2 = moe_nodes.node_combine(mine(sent, routes.layout), got, routes)
+    forward = dict(C.BYTES)
+    (out2 * probe).sum().backward()
+    backward = {k: v - forward.get(k, 0) for k, v in C.BYTES.items()}
+    C.count_bytes(False)
+    close = dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out2, out1, **close)
+    torch.testing.assert_close(x2.grad, x1.grad, **close)
+    torch.testing.assert_close(r2.grad, r1.grad, **close)
+    for name, p in mine.named_parameters():
+        total = dict(full.named_parameters())[name].grad.clone()
+        dist.all_reduce(total)
+        torch.testing.assert_close(p.grad, total[rank * per:(rank + 1) * per], **close, msg=lambda m: f"{name}: {m}")
+    # rows over the rail: one per (token, node it visits), with its choices within the node (int64) and gates
+    # (fp32), K each; the counts: one int64 per node over the rail, one per expert of the node over the node
+    expert_TK = (slot // S).reshape(B * S, K)
+    p = sum(len(set((expert_TK[t] // (E // 2)).tolist())) for t in range(B * S))
+    assert p < B * S * K  # a token with two choices on one node: fewer rows cross than there are choices
+    assert len(routes.token_P) == p
+    u, q, r = sum(routes.recv1), len(routes.row_Q), int(routes.layout.sum())
+    assert forward[("all_to_all", moe_nodes.RAIL)] == 2 * 8 + p * K * 8 + p * H * 8 + p * K * 4 + u * H * 8
+    assert forward[("all_to_all", moe_nodes.NODE)] == 4 * 8 + (q + r) * H * 8
+    assert backward[("all_to_all", moe_nodes.RAIL)] == p * H * 8 + u * H * 8 + u * K * 4
+    assert backward[("all_to_all", moe_nodes.NODE)] == (q + r) * H * 8
+    assert ("all_to_all", "ep") not in C.BYTES
+
+
+@pytest.mark.e2e
+def test_node_dispatch_matches_single_process():
+    """Four gloo ranks as 2 nodes of 2: the node dispatch and combine equal one process's grouped layer, outputs
+    and every gradient (router, tokens, experts), and move the rows the routes say."""
+    multirank.spawn(_body, WORLD, axes=("ep",), timeout=120)
