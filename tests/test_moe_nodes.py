@@ -4,10 +4,15 @@ computes with every expert (outputs and gradients, float64); the bytes counted o
 rows the routes say."""
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+from itertools import combinations
+
 import pytest
 import torch
 import torch.distributed as dist
 
+from compiler.cost.ledger_parts import expected_nodes
 from runtime import moe, moe_nodes
 from tests import multirank
 
@@ -93,3 +98,33 @@ def test_node_dispatch_matches_single_process():
     """Four gloo ranks as 2 nodes of 2: the node dispatch and combine equal one process's grouped layer, outputs
     and every gradient (router, tokens, experts), and move the rows the routes say."""
     multirank.spawn(_body, WORLD, axes=("ep",), timeout=120)
+
+
+def _brute_nodes(experts, top_k, groups, topk_groups, nodes) -> Fraction:
+    """Every set of `topk_groups` groups, then every set of `top_k` of their experts, equally likely: the mean count
+    of distinct nodes (E/nodes consecutive experts each) the chosen experts lie on."""
+    per_group, per_node = experts // groups, experts // nodes
+    total, count = Fraction(0), 0
+    for chosen in combinations(range(groups), topk_groups):
+        pool = [e for g in chosen for e in range(g * per_group, (g + 1) * per_group)]
+        for picks in combinations(pool, top_k):
+            total += len({e // per_node for e in picks})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("shape", [(8, 3, 4, 2, 2), (16, 4, 8, 4, 4), (16, 4, 4, 2, 8), (12, 3, 3, 2, 4),
+                                   (12, 4, 1, 1, 3), (16, 2, 2, 1, 4), (8, 8, 1, 1, 8)])
+def test_expected_nodes_is_the_brute_force_count(shape):
+    """The ledger's rows per token across nodes (groups aligned with nodes, several groups a node, several nodes a
+    group, groups straddling nodes (12 experts, 3 groups, 4 nodes), no groups) equal the exhaustive mean."""
+    got = expected_nodes(*shape)
+    want = _brute_nodes(*shape)
+    assert (got.p, got.q) == (want.numerator, want.denominator), (shape, got, want)
+
+
+def test_expected_nodes_deepseek_v3():
+    """DeepSeek-V3 (256 experts, 8 groups, top 8 within the best 4, ep 64 over 8 nodes): at most 4 nodes, 3.63 on
+    average, where the direct dispatch sends all 8 choices."""
+    got = float(expected_nodes(256, 8, 8, 4, 8))
+    assert 3.6 < got < 4 and got == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
