@@ -13,8 +13,8 @@ compiler/passes/expert_parallel.py places them.
   node_routes(slot_BSK, capacity, experts)      forward only: which (token, node) pairs cross, the routing they
                                                 carry (each choice's expert within the node), the counts exchanged
   node_dispatch(x_BSH, gate_BSK, routes)        -> rows_RH in this rank's expert order, gate_UK (the gates of the
-                                                U rows this rank received over RAIL)
-  Experts(rows_RH, routes.layout)
+                                                U rows this rank received over RAIL), layout (L, El)
+  Experts(rows_RH, layout)
   node_combine(y_RH, gate_UK, routes)           -> out_BSH: on the node, Σ gate × output per received row (one
                                                 row per token and node), that row back over RAIL, summed per token
 
@@ -30,10 +30,19 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime import collectives
-from runtime.moe import _by_expert, _exchange_v
+from runtime import choices, collectives
+from runtime.moe import _by_expert
+from runtime.moe import _exchange_v as _exchange_rows
 
-RAIL, NODE = "ep_rail", "ep_node"
+RAIL, NODE = choices.EP_NODE_GROUPS
+
+
+def _exchange_v(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Tensor:
+    """runtime.moe's variable all-to-all over `axis`; over a group of one rank (one ep rank per node: no NODE
+    group is built) the rows stay."""
+    if collectives.axis_size(axis) == 1:
+        return x
+    return _exchange_rows(x, send, recv, axis)
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,8 @@ def _counts(send: torch.Tensor, axis: str) -> torch.Tensor:
     """Forward only: all-to-all of equal int64 chunks, one per rank of `axis` (as runtime.moe.exchange_counts)."""
     n = collectives.axis_size(axis)
     send = send.reshape(n, -1).contiguous()
+    if n == 1:
+        return send
     collectives._count("all_to_all", axis, send)
     return collectives._F.wait_tensor(collectives._F.all_to_all_single(send, [1] * n, [1] * n,
                                                                        collectives._name(axis)))
@@ -126,10 +137,11 @@ class _NodeDispatch(torch.autograd.Function):
         rows_UH = _exchange_v(x_TH[r.token_P], r.send1, r.recv1, RAIL)
         gate_UK = _exchange_v(gate_PK, r.send1, r.recv1, RAIL)
         rows_RH = _exchange_v(rows_UH[r.row_Q], r.send2, r.recv2, NODE)[r.at_R]
-        return rows_RH, gate_UK
+        ctx.mark_non_differentiable(r.layout)
+        return rows_RH, gate_UK, r.layout
 
     @staticmethod
-    def backward(ctx, grad_RH, grad_UK):
+    def backward(ctx, grad_RH, grad_UK, _layout):
         r = ctx.routes
         h = grad_RH.shape[-1]
         grad_QH = _exchange_v(grad_RH[r.back_R], r.recv2, r.send2, NODE)
@@ -176,7 +188,8 @@ class _NodeCombine(torch.autograd.Function):
 
 def node_dispatch(x_BSH: torch.Tensor, gate_BSK: torch.Tensor, routes: Routes):
     """Forward: the tokens to this rank's experts, each crossing to a node once (RAIL) and fanned out there (NODE):
-    (rows_RH in expert order, gate_UK). Under autocast the rows travel in its dtype, as runtime.moe.sort_tokens
+    (rows_RH in expert order, gate_UK, the layout: the rows each rank of the node sent to each of this rank's
+    experts, which runtime.moe.Experts reads as its counts). Under autocast the rows travel in its dtype, as runtime.moe.sort_tokens
     sends them. Backward: the reverse (see _NodeDispatch)."""
     if torch.is_autocast_enabled(x_BSH.device.type):
         x_BSH = x_BSH.to(torch.get_autocast_dtype(x_BSH.device.type))

@@ -65,8 +65,8 @@ def _body(rank, C):
     C.count_bytes(True)
     slot2, gate2 = _route(x2, r2)
     routes = moe_nodes.node_routes(slot2, S, E)
-    sent, got = moe_nodes.node_dispatch(x2, gate2, routes)
-    out2 = moe_nodes.node_combine(mine(sent, routes.layout), got, routes)
+    sent, got, layout = moe_nodes.node_dispatch(x2, gate2, routes)
+    out2 = moe_nodes.node_combine(mine(sent, layout), got, routes)
     forward = dict(C.BYTES)
     (out2 * probe).sum().backward()
     backward = {k: v - forward.get(k, 0) for k, v in C.BYTES.items()}

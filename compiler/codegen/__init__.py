@@ -38,7 +38,7 @@ INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
 RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
-                   "runtime.packed", "runtime.rebalance", "runtime.rotary")
+                   "runtime.moe_nodes", "runtime.packed", "runtime.rebalance", "runtime.rotary")
 
 
 @dataclass(frozen=True)
@@ -131,14 +131,17 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
 
 def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
     """`  # tp: forward all-reduce, backward identity; <reason> (<file>:<line>)` on a call that moves data."""
-    note = node.meta.get(T.COLLECTIVE)
-    if note is None:
+    notes = node.meta.get(T.COLLECTIVE)
+    if notes is None:
         return ""
-    fwd = (note.forward or "identity").replace("_", "-")
-    bwd = (note.backward or "identity").replace("_", "-")
     span = node.meta.get(T.SPAN)
     src = f" ({where(spec, span)})" if span else ""
-    return "  # " + E.comment(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}{src}")
+    said = []
+    for note in notes if isinstance(notes, tuple) else (notes,):  # a call that moves several things says each
+        fwd = (note.forward or "identity").replace("_", "-")
+        bwd = (note.backward or "identity").replace("_", "-")
+        said.append(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}")
+    return "  # " + E.comment(" | ".join(said) + src)
 
 
 def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:

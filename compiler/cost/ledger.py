@@ -104,8 +104,8 @@ def sites(traced: T.Traced) -> list[Site]:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         last = order[last_saving_node(gm)] if name else -1
         for node in gm.graph.nodes:
-            note = node.meta.get(T.COLLECTIVE)
-            if note is None:
+            notes = node.meta.get(T.COLLECTIVE)
+            if notes is None:
                 continue
             if name:
                 where = ("block", name)
@@ -115,23 +115,33 @@ def sites(traced: T.Traced) -> list[Site]:
                 where = ("top", owner[node.name])
             else:
                 continue
-            # "keys": the second argument (context parallelism's ring sends its keys' blocks)
-            tensor = {"input": node.args[0], "output": node, "targets": node.args[1],
-                      "keys": node.args[1]}[note.payload]
-            numel = sympy.Mul(*tensor.meta[T.SHAPE])
-            counts = dict(getattr(note, "counts", ()))
-            # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
-            # residual stream its own dtype (trace.DTYPE).
-            fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
-            residual = tensor.meta.get(T.DTYPE) == "res"
-            worst = dict(getattr(note, "worst", ()))
-            for direction, op in (("forward", note.forward), ("backward", note.backward)):
-                if op:
-                    elements = sympy.expand(counts.get(direction, note.count) * numel)
-                    out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
-                                    where, rerun=order[node] < last, residual=residual,
-                                    dtype_bytes=8 if note.dtype == "int64" else None,
-                                    worst=worst.get(direction)))
+            for note in notes if isinstance(notes, tuple) else (notes,):  # a call may move several things
+                out += _sites_of(node, note, where, rerun=order[node] < last)
+    return out
+
+
+def _sites_of(node, note, where: tuple, rerun: bool) -> list:
+    """The forward and backward Sites of one note (passes.tensor_parallel.Collective) of an inserted call."""
+    if note.elements is not None:  # moves a number of its own (the node dispatch's rows), in the note's dtype
+        numel, fp32, residual = note.elements, note.dtype == "fp32", False
+    else:
+        # "keys": the second argument (context parallelism's ring sends its keys' blocks)
+        tensor = {"input": node.args[0], "output": node, "targets": node.args[1],
+                  "keys": node.args[1]}[note.payload]
+        numel = sympy.Mul(*tensor.meta[T.SHAPE])
+        # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
+        # residual stream its own dtype (trace.DTYPE).
+        fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
+        residual = tensor.meta.get(T.DTYPE) == "res"
+    counts = dict(getattr(note, "counts", ()))
+    worst = dict(getattr(note, "worst", ()))
+    out = []
+    for direction, op in (("forward", note.forward), ("backward", note.backward)):
+        if op:
+            elements = sympy.expand(counts.get(direction, note.count) * numel)
+            out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction, where,
+                            rerun=rerun, residual=residual, dtype_bytes=8 if note.dtype == "int64" else None,
+                            worst=worst.get(direction)))
     return out
 
 

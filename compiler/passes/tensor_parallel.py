@@ -230,6 +230,9 @@ class Collective:
                           # expectation, at most factor × that (expert_parallel's grouped dispatch)
     counts: tuple = ()    # (direction, count): where a direction moves another number of tensors than `count`
                           # (context parallelism's ring: its backward sends the gradients too)
+    elements: object = None  # the elements one call moves (sympy), where that is not a tensor's size: the node
+                             # dispatch's rows across nodes (expert_parallel._by_node). A call moving several things
+                             # carries a tuple of notes (node.meta[T.COLLECTIVE])
 
 
 def _names(gm: fx.GraphModule) -> dict:

@@ -254,6 +254,12 @@ CASES = (
                      "block then MoE blocks, fine-grained experts with a shared one, the sigmoid router choosing "
                      "within its best 2 of 4 groups, gates × 2.5, the expert bias moved after each step by the load "
                      "summed over the 4 ranks, dropless grouped dispatch (counts exchanged, variable all-to-alls)"),
+    Case(id="deepseek_ep4_nodes", sample="samples/tiny_deepseek.scale", nproc=4,
+         plan=dict(axes=(("ep", 4),), nodes=2, devices_per_node=2),
+         description="DeepSeek-V3's shape over ep = 4 on 2 simulated nodes of 2 (ep_dispatch = nodes, the default): "
+                     "each token crosses to a node once over the rail (ranks 0-2, 1-3) with the gates and its "
+                     "choices there, fans out over the node (0-1, 2-3), the combine summed on the node first; the "
+                     "group-limited router (best 2 of 4 groups, a node holding 2 groups) and the expert bias"),
     Case(id="moe_ep4_qwen2_router", sample=MOE, nproc=4, edits=CLIP + (
             ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
              "                                      shared_gate = sigmoid)"),),
