@@ -265,7 +265,8 @@ class Plan(choices.DataParallelMode):
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
                and (f.name != "context_parallel" or self.size("cp") > 1)  # plan.json without cp: as before
                and (not f.name.startswith("offload") or self.offload != "none")  # and without offload
-               and (f.name != "placement" or self.placement is not None)}  # and without a placement written
+               and (f.name != "placement" or self.placement is not None)  # and without a placement written
+               and (not f.name.startswith("ep_") or self.ep_nodes or self.ep_dispatch != "nodes")}  # ep by node
         out["axes"] = {a: n for a, n in self.axes}
         if cluster is not None:
             rest = {k: out.pop(k) for k in list(out) if k != "axes"}
@@ -293,19 +294,30 @@ def offload_text(plan) -> str:
     return "parameter offload" if plan.offload == "params" else "no offload"
 
 
-def ep_nodes_of(plan: Plan, cluster) -> tuple:
-    """`Plan.ep_nodes` of `plan` on `cluster`: the ep split by node (compiler/layout/groups.py `ep_split`) where the
-    plan dispatches by node and its mesh keeps its own rank order (a written `placement` moves ranks between nodes:
-    direct there); else ()."""
-    if plan.ep_dispatch != "nodes" or plan.placement is not None or cluster is None:
+def node_dispatched(spec) -> bool:
+    """Whether some `moe` of `spec` dispatches grouped without `rebalance`: the layers the node dispatch runs."""
+    from compiler import spec as S
+    return any(isinstance(x, S.MoE) and x.dispatch == "grouped" and x.rebalance is None
+               for x in S.walk(spec.model.layers))
+
+
+def ep_nodes_of(plan: Plan, spec, grouped: bool | None = None) -> tuple:
+    """`Plan.ep_nodes` of `plan` for `spec` (its model and Cluster): the ep split by node (compiler/layout/groups.py
+    `ep_split`) where the plan dispatches by node, its mesh keeps its own rank order (a written `placement` moves
+    ranks between nodes: direct there) and some `moe` dispatches grouped without `rebalance` (the only layers the
+    node dispatch runs: a padded or re-placed one is sent directly, and a plan without one builds no ep halves);
+    else (). `grouped`: `node_dispatched(spec)` where the caller holds it (a search asks once per candidate)."""
+    if plan.ep_dispatch != "nodes" or plan.placement is not None or spec.cluster is None:
         return ()
-    return layout_groups.ep_split(tuple(plan.axes), cluster.devices_per_node)
+    if not (node_dispatched(spec) if grouped is None else grouped):
+        return ()
+    return layout_groups.ep_split(tuple(plan.axes), spec.cluster.devices_per_node)
 
 
-def with_ep_nodes(plan: Plan, cluster) -> Plan:
-    """`plan` with its `ep_nodes` on `cluster` (the decided fields' kind: compile and the search's candidates set it
+def with_ep_nodes(plan: Plan, spec, grouped: bool | None = None) -> Plan:
+    """`plan` with its `ep_nodes` for `spec` (the decided fields' kind: compile and the search's candidates set it
     before lowering, since the expert-parallel pass reads it)."""
-    nodes = ep_nodes_of(plan, cluster)
+    nodes = ep_nodes_of(plan, spec, grouped)
     return plan if nodes == plan.ep_nodes else evolve(plan, ep_nodes=nodes)
 
 
