@@ -175,6 +175,7 @@ def _by_node(gm: fx.GraphModule, node: fx.Node, p: Placement, layer, ep_nodes: t
     b, s, h = x.meta[T.SHAPE]
     nu = expected_nodes(e, k, layer.groups, layer.topk_groups, nodes)
     tokens, rails = b * s, size(AXIS) / local  # T, and the nodes (ep / local: the ranks of one index)
+    crossing = sympy.ceiling(tokens * nu)  # the rows expected over the rail, a whole number (the ledger's bytes)
     what = f"`moe` with {e} experts, {p.per_rank} per ep rank, top-{k}, dropless, grouped, by node ({nodes} nodes " \
            f"of {local} ep ranks; {float(nu):.2f} nodes per token expected)"
     rail, own = moe_nodes.RAIL, moe_nodes.NODE
@@ -187,18 +188,18 @@ def _by_node(gm: fx.GraphModule, node: fx.Node, p: Placement, layer, ep_nodes: t
                           worst=worst)
     routed = [note(rail, "counts (int64, one per node), before the rows,", sympy.Integer(nodes), "int64",
                    backward=None),
-              note(rail, "each crossing row's choices within its node (int64, K per row)", tokens * nu * k, "int64",
+              note(rail, "each crossing row's choices within its node (int64, K per row)", crossing * k, "int64",
                    (("forward", sent_most),), backward=None)]
     if local > 1:
         routed.append(note(own, "counts (int64, one per expert of the node), before the rows,",
                            sympy.Integer(e // nodes), "int64", backward=None))
     moved = [note(rail, "dispatch: each token once to each node its choices lie on, to the rank of its local index "
-                  "(backward: the rows' gradients summed per token)", tokens * nu * h,
+                  "(backward: the rows' gradients summed per token)", crossing * h,
                   worst=(("forward", sent_most), ("backward", got_most))),
              note(rail, "dispatch: the crossing rows' gates (fp32, K per row; backward: their gradients)",
-                  tokens * nu * k, "fp32", (("forward", sent_most), ("backward", got_most)))]
+                  crossing * k, "fp32", (("forward", sent_most), ("backward", got_most)))]
     back = [note(rail, "combine: each node's sum of gate × output per row back to its token's rank (backward: "
-                 "the tokens' gradients to the nodes they visited)", tokens * nu * h,
+                 "the tokens' gradients to the nodes they visited)", crossing * h,
                  worst=(("forward", got_most), ("backward", sent_most)))]
     if local > 1:
         moved.append(note(own, "dispatch: each choice's row from the rank it reached to its expert's rank on the "
