@@ -36,6 +36,38 @@ from runtime.moe import _exchange_v as _exchange_rows
 
 RAIL, NODE = choices.EP_NODE_GROUPS
 
+FP8_BLOCK = 128
+"""Elements of a row that share one fp32 scale when the dispatch sends FP8 (DeepSeek-V3's 1 × 128 activation tiles,
+technical report §3.3.1); a row's last block may be shorter."""
+_FP8 = False
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def set_fp8(on: bool) -> None:
+    """Under `precision = fp8` (runtime/parallelize.py): the dispatch's rows cross the rail and the node in float8
+    e4m3 with an fp32 scale per FP8_BLOCK elements, as DeepSeek-V3 dispatches (report §3.3; its combine stays
+    bf16, and so do the gradients here)."""
+    global _FP8
+    _FP8 = on
+
+
+def _quantize(x_PH: torch.Tensor):
+    """(the rows in float8 e4m3, as bytes: uint8, since gloo has no float8 dtype; the fp32 scale of each block of
+    FP8_BLOCK elements), each block scaled so its largest magnitude is E4M3_MAX."""
+    p, h = x_PH.shape
+    n = -(-h // FP8_BLOCK)
+    blocks = torch.nn.functional.pad(x_PH.float(), (0, n * FP8_BLOCK - h)).reshape(p, n, FP8_BLOCK)
+    scale_PN = blocks.abs().amax(-1).clamp_min(1e-12) / E4M3_MAX
+    q = (blocks / scale_PN.unsqueeze(-1)).to(torch.float8_e4m3fn).reshape(p, n * FP8_BLOCK)[:, :h]
+    return q.contiguous().view(torch.uint8), scale_PN
+
+
+def _dequantize(q_PH: torch.Tensor, scale_PN: torch.Tensor, dtype) -> torch.Tensor:
+    p, h = q_PH.shape
+    n = scale_PN.shape[1]
+    x = torch.nn.functional.pad(q_PH.view(torch.float8_e4m3fn).float(), (0, n * FP8_BLOCK - h))
+    return (x.reshape(p, n, FP8_BLOCK) * scale_PN.unsqueeze(-1)).reshape(p, n * FP8_BLOCK)[:, :h].to(dtype)
+
 
 def _exchange_v(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Tensor:
     """runtime.moe's variable all-to-all over `axis`; over a group of one rank (one ep rank per node: no NODE
@@ -125,8 +157,9 @@ def node_routes(slot_BSK: torch.Tensor, capacity: int, experts: int) -> Routes:
 
 class _NodeDispatch(torch.autograd.Function):
     """Forward: each (token, node) row and its gates over RAIL, then each choice's row over NODE to its expert's
-    rank. Backward: the rows' gradients back over NODE, summed per received row, back over RAIL with the gates'
-    gradients, summed per token."""
+    rank (in FP8 under `set_fp8`). Backward: the rows' gradients back over NODE, summed per received row, back over
+    RAIL with the gates' gradients, summed per token (in the compute dtype: the FP8 rounding is passed through, as
+    a quantised linear's input is)."""
 
     @staticmethod
     def forward(ctx, x_BSH, gate_BSK, routes: Routes):
@@ -134,9 +167,16 @@ class _NodeDispatch(torch.autograd.Function):
         r = routes
         x_TH = x_BSH.reshape(r.tokens, -1)
         gate_PK = torch.where(r.mine_PK, gate_BSK.reshape(r.tokens, r.choices)[r.token_P], 0.0)
-        rows_UH = _exchange_v(x_TH[r.token_P], r.send1, r.recv1, RAIL)
-        gate_UK = _exchange_v(gate_PK, r.send1, r.recv1, RAIL)
-        rows_RH = _exchange_v(rows_UH[r.row_Q], r.send2, r.recv2, NODE)[r.at_R]
+        if _FP8 and x_TH.is_floating_point():  # the rows in FP8 with their scales, over both stages
+            q_PH, scale_PN = _quantize(x_TH[r.token_P])
+            q_UH, scale_UN = (_exchange_v(t, r.send1, r.recv1, RAIL) for t in (q_PH, scale_PN))
+            gate_UK = _exchange_v(gate_PK, r.send1, r.recv1, RAIL)
+            q_RH, scale_RN = (_exchange_v(t[r.row_Q], r.send2, r.recv2, NODE)[r.at_R] for t in (q_UH, scale_UN))
+            rows_RH = _dequantize(q_RH, scale_RN, x_TH.dtype)
+        else:
+            rows_UH = _exchange_v(x_TH[r.token_P], r.send1, r.recv1, RAIL)
+            gate_UK = _exchange_v(gate_PK, r.send1, r.recv1, RAIL)
+            rows_RH = _exchange_v(rows_UH[r.row_Q], r.send2, r.recv2, NODE)[r.at_R]
         ctx.mark_non_differentiable(r.layout)
         return rows_RH, gate_UK, r.layout
 

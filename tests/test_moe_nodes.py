@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from compiler.check import check_text
 from compiler.cost.ledger_parts import expected_nodes
+from compiler.pipeline import compile_spec
 from runtime import moe, moe_nodes
 from tests import multirank
 
@@ -91,6 +94,67 @@ def _body(rank, C):
     assert backward[("all_to_all", moe_nodes.RAIL)] == p * H * 8 + u * H * 8 + u * K * 4
     assert backward[("all_to_all", moe_nodes.NODE)] == (q + r) * H * 8
     assert ("all_to_all", "ep") not in C.BYTES
+    _fp8_body(rank, C, w, x0, probe, mine, per)
+
+
+def _fp8_body(rank, C, w, x0, probe, mine, per):
+    """Under precision = fp8 (set_fp8): the rows cross both stages as float8 bytes with a scale per 128 elements;
+    the layer equals one process's on the rows rounded so (each token's row is rounded alike wherever it goes),
+    the gradients passed through the rounding; the rail and the node move 1 byte per element and 4 per scale."""
+    x1, r1 = x0.clone().requires_grad_(), w["router"].clone().requires_grad_()
+    full = _experts(w, 0, E)
+    slot, gate = _route(x1, r1)
+    q, scale = moe_nodes._quantize(x1.detach().reshape(B * S, H))
+    rounded = moe_nodes._dequantize(q, scale, F64).reshape(B, S, H)
+    x1q = x1 + (rounded - x1).detach()  # the rounding, its gradient passed through
+    rows, counts = moe.sort_tokens(x1q, slot, E, S)
+    out1 = moe.unsort_combine(full(rows, counts), slot, gate, S)
+    (out1 * probe).sum().backward()
+    x2, r2 = x0.clone().requires_grad_(), w["router"].clone().requires_grad_()
+    for p in mine.parameters():
+        p.grad = None
+    moe_nodes.set_fp8(True)
+    try:
+        C.count_bytes(True)
+        slot2, gate2 = _route(x2, r2)
+        routes = moe_nodes.node_routes(slot2, S, E)
+        sent, got, layout = moe_nodes.node_dispatch(x2, gate2, routes)
+        out2 = moe_nodes.node_combine(mine(sent, layout), got, routes)
+        forward = dict(C.BYTES)
+        (out2 * probe).sum().backward()
+        C.count_bytes(False)
+    finally:
+        moe_nodes.set_fp8(False)
+    assert not torch.equal(rounded, x0)  # the rounding changes the rows
+    close = dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out2, out1, **close)
+    torch.testing.assert_close(x2.grad, x1.grad, **close)
+    torch.testing.assert_close(r2.grad, r1.grad, **close)
+    for name, p in mine.named_parameters():
+        total = dict(full.named_parameters())[name].grad.clone()
+        dist.all_reduce(total)
+        torch.testing.assert_close(p.grad, total[rank * per:(rank + 1) * per], **close, msg=lambda m: f"{name}: {m}")
+    p_, u = len(routes.token_P), sum(routes.recv1)
+    q_, r_ = len(routes.row_Q), int(routes.layout.sum())
+    blocks = -(-H // moe_nodes.FP8_BLOCK)
+    assert forward[("all_to_all", moe_nodes.RAIL)] == 2 * 8 + p_ * K * 8 + p_ * (H + 4 * blocks) + p_ * K * 4 + \
+        u * H * 8
+    assert forward[("all_to_all", moe_nodes.NODE)] == 4 * 8 + q_ * (H + 4 * blocks) + r_ * H * 8
+
+
+def test_fp8_rows_round_trip_within_e4m3s_precision():
+    """The FP8 dispatch's rounding: blocks of 128 elements (the last shorter) scaled to e4m3's largest value, each
+    element back within its 3-bit mantissa's half step (2^-4 relative) or the block's subnormal floor, zeros kept;
+    bytes: one per element, one fp32 scale per block."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 300, generator=g) * torch.logspace(-3, 3, 300)
+    x[2] = 0.0
+    q, scale = moe_nodes._quantize(x)
+    assert q.dtype == torch.uint8 and q.shape == (5, 300) and scale.shape == (5, 3) and scale.dtype == torch.float32
+    back = moe_nodes._dequantize(q, scale, torch.float32)
+    floor = scale.repeat_interleave(moe_nodes.FP8_BLOCK, dim=1)[:, :300] * 2.0 ** -9  # e4m3's least subnormal step
+    assert ((back - x).abs() <= x.abs() * 2.0 ** -4 + floor).all()
+    assert (back[2] == 0).all()
 
 
 @pytest.mark.e2e
@@ -131,3 +195,27 @@ def test_expected_nodes_deepseek_v3():
     average, where the direct dispatch sends all 8 choices."""
     got = float(expected_nodes(256, 8, 8, 4, 8))
     assert 3.6 < got < 4 and got == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+
+
+def _ledger(precision: str):
+    """samples/tiny_deepseek.scale with ep 2 over two nodes of one h100 (dispatched by node, rail only)."""
+    text = (Path(__file__).resolve().parents[1] / "samples" / "tiny_deepseek.scale").read_text()
+    text = text.replace("  nodes = 1\n  devices_per_node = 2\n  device = cpu", "  nodes = 2\n  devices_per_node = 1\n"
+                        "  device = h100").replace("precision    = fp32", f"precision    = {precision}")
+    return compile_spec(check_text(text, "tiny_deepseek.scale")).costs.ledger.entries
+
+
+def test_the_ledger_sends_fp8_rows_and_their_scales_under_fp8():
+    """Under precision = fp8 the dispatch's rows over the rail are 1 byte an element, with an fp32 scale per 128
+    (ceil(64 / 128) = 1 a row), where bf16 sends 2 bytes and no scale; its backward and the combine stay bf16."""
+    got = {p: [c for c in _ledger(p) if c.axis == "ep_rail"] for p in ("bf16", "fp8")}
+    rows = {p: [c for c in cs if "each token once to each node" in c.reason] for p, cs in got.items()}
+    assert rows["bf16"] and all(c.dtype_bytes == 2 for c in rows["bf16"])
+    assert [c.bytes * 2 for c in rows["fp8"]] == [c.bytes for c in rows["bf16"]]
+    assert all(c.dtype_bytes == 1 and c.direction == "forward" for c in rows["fp8"])
+    assert not [c for c in got["bf16"] if "scales" in c.reason]
+    scales = [c for c in got["fp8"] if "scales" in c.reason]
+    hidden = 64  # tiny_deepseek's
+    assert scales and [c.bytes * hidden for c in scales] == [r.bytes * 4 for r in rows["fp8"]]
+    back = [c for c in got["fp8"] if "backward: the rows' gradients" in c.reason]
+    assert back and all(c.dtype_bytes == 2 for c in back)

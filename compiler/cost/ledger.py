@@ -79,6 +79,7 @@ class Site:
     residual: bool = False  # moves the residual stream: fp32 under bf16 with the plan's fp32_residual
     dtype_bytes: int | None = None  # bytes per element whatever the precision (the int64 counts of a grouped MoE)
     worst: sympy.Expr | None = None  # variable splits: `elements` is an expectation, at most `worst` × it
+    fp8: str = ""           # precision = fp8 only: "rows" in float8 (1 byte each), "scales" moved (passes' Collective)
 
 
 def pieces(traced: T.Traced) -> dict | None:
@@ -141,8 +142,19 @@ def _sites_of(node, note, where: tuple, rerun: bool) -> list:
             elements = sympy.expand(counts.get(direction, note.count) * numel)
             out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction, where,
                             rerun=rerun, residual=residual, dtype_bytes=8 if note.dtype == "int64" else None,
-                            worst=worst.get(direction)))
+                            worst=worst.get(direction), fp8=note.fp8))
     return out
+
+
+def site_width(site: Site, act: int, res: int, fp8: bool) -> int | None:
+    """Bytes per element a site moves at a compute width `act` (the residual stream's `res`), or None where it moves
+    nothing under this precision: a count's 8, an fp32 tensor's 4, under `fp8` (precision = fp8) the node
+    dispatch's float8 rows' 1 (runtime/moe_nodes.py), their scales only then."""
+    if site.fp8 == "scales" and not fp8:
+        return None
+    if site.fp8 == "rows" and fp8:
+        return 1
+    return site.dtype_bytes or (4 if site.fp32 else res if site.residual else act)
 
 
 def partial_grads(traced: T.Traced) -> dict:

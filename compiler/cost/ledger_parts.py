@@ -12,7 +12,7 @@ from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
 from compiler.cost import rebalance as REB
 from compiler.cost.formulas import AXES, recompute_mode, reruns
-from compiler.cost.ledger import Collective, Ledger
+from compiler.cost.ledger import Collective, Ledger, site_width
 from compiler.symbols import MICRO_BATCH, size
 
 BYTES = {"fp32": 4, "bf16": 2}
@@ -45,7 +45,9 @@ class LedgerParts:
             times, per_step = self._times_of(plan, site.where, nb, on_rank)
             if not times:
                 continue
-            dtype = site.dtype_bytes or (4 if site.fp32 else res_bytes if site.residual else act_bytes)
+            dtype = site_width(site, act_bytes, res_bytes, self.spec.train.fp8 is not None)
+            if dtype is None:
+                continue
             worst = None if site.worst is None else int(f(env) * dtype * times * site.worst.xreplace(
                 {size(a): n for a, n in zip(AXES, env)}))
             entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,

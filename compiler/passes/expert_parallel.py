@@ -183,9 +183,10 @@ def _by_node(gm: fx.GraphModule, node: fx.Node, p: Placement, layer, ep_nodes: t
     fwd_most = rails * sympy.Min(k, sympy.Integer(e // nodes)) / k                # an intermediate's choices
     exp_most = size(AXIS) * sympy.Min(k, sympy.Integer(p.per_rank)) / k           # an expert rank's rows
 
-    def note(axis, why, elements, dtype="act", worst=(), backward="all_to_all"):
-        return Collective("all_to_all", backward, axis, f"{why} of {what}", dtype=dtype, elements=elements,
-                          worst=worst)
+    def note(axis, why, elements, dtype="act", worst=(), backward="all_to_all", forward="all_to_all", fp8=""):
+        return Collective(forward, backward, axis, f"{why} of {what}", dtype=dtype, elements=elements, worst=worst,
+                          fp8=fp8)
+    blocks = sympy.ceiling(h / moe_nodes.FP8_BLOCK)  # the scales of a row sent in FP8
     routed = [note(rail, "counts (int64, one per node), before the rows,", sympy.Integer(nodes), "int64",
                    backward=None),
               note(rail, "each crossing row's choices within its node (int64, K per row)", crossing * k, "int64",
@@ -194,16 +195,25 @@ def _by_node(gm: fx.GraphModule, node: fx.Node, p: Placement, layer, ep_nodes: t
         routed.append(note(own, "counts (int64, one per expert of the node), before the rows,",
                            sympy.Integer(e // nodes), "int64", backward=None))
     moved = [note(rail, "dispatch: each token once to each node its choices lie on, to the rank of its local index "
-                  "(backward: the rows' gradients summed per token)", crossing * h,
-                  worst=(("forward", sent_most), ("backward", got_most))),
+                  "(float8 under precision = fp8)", crossing * h, worst=(("forward", sent_most),), backward=None,
+                  fp8="rows"),
+             note(rail, "dispatch's backward: the rows' gradients back, summed per token", crossing * h,
+                  worst=(("backward", got_most),), forward=None),
+             note(rail, "dispatch: the crossing rows' fp32 scales, one per 128 elements (precision = fp8)",
+                  crossing * blocks, "fp32", (("forward", sent_most),), backward=None, fp8="scales"),
              note(rail, "dispatch: the crossing rows' gates (fp32, K per row; backward: their gradients)",
                   crossing * k, "fp32", (("forward", sent_most), ("backward", got_most)))]
     back = [note(rail, "combine: each node's sum of gate × output per row back to its token's rank (backward: "
                  "the tokens' gradients to the nodes they visited)", crossing * h,
                  worst=(("forward", got_most), ("backward", sent_most)))]
     if local > 1:
-        moved.append(note(own, "dispatch: each choice's row from the rank it reached to its expert's rank on the "
-                          "node", tokens * k * h, worst=(("forward", fwd_most), ("backward", exp_most))))
+        moved += [note(own, "dispatch: each choice's row from the rank it reached to its expert's rank on the node "
+                       "(float8 under precision = fp8)", tokens * k * h, worst=(("forward", fwd_most),),
+                       backward=None, fp8="rows"),
+                  note(own, "dispatch's backward: the rows' gradients back to the ranks they came through",
+                       tokens * k * h, worst=(("backward", exp_most),), forward=None),
+                  note(own, "dispatch: the rows' fp32 scales, one per 128 elements (precision = fp8)",
+                       tokens * k * blocks, "fp32", (("forward", fwd_most),), backward=None, fp8="scales")]
         back.insert(0, note(own, "combine: the experts' output rows back to the ranks their rows reached",
                             tokens * k * h, worst=(("forward", exp_most), ("backward", fwd_most))))
     routes = insert_call(gm, sort, moe_nodes.node_routes, (slot, capacity, e), node, None, f"{node.name}_routes")
