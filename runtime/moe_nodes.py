@@ -229,8 +229,8 @@ class _NodeCombine(torch.autograd.Function):
 def node_dispatch(x_BSH: torch.Tensor, gate_BSK: torch.Tensor, routes: Routes):
     """Forward: the tokens to this rank's experts, each crossing to a node once (RAIL) and fanned out there (NODE):
     (rows_RH in expert order, gate_UK, the layout: the rows each rank of the node sent to each of this rank's
-    experts, which runtime.moe.Experts reads as its counts). Under autocast the rows travel in its dtype, as runtime.moe.sort_tokens
-    sends them. Backward: the reverse (see _NodeDispatch)."""
+    experts, which runtime.moe.Experts reads as its counts). Under autocast the rows travel in its dtype, as
+    runtime.moe.sort_tokens sends them. Backward: the reverse (see _NodeDispatch)."""
     if torch.is_autocast_enabled(x_BSH.device.type):
         x_BSH = x_BSH.to(torch.get_autocast_dtype(x_BSH.device.type))
     return _NodeDispatch.apply(x_BSH, gate_BSK, routes)

@@ -125,23 +125,30 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
         if span is not None and span != last:
             out.append(f"        # {E.comment(where(spec, span))}  {source_text(spec, span)}")
         last = span if span is not None else last
+        notes = node.meta.get(T.COLLECTIVE)
+        if isinstance(notes, tuple):  # a call that moves several things (the node dispatch): a line for each, above it
+            out += [f"        # {_note_text(note)}" for note in notes]
         out.append("    " + _DELETE.sub("", line.rstrip()) + _collective_comment(node, spec))
     return E.code("\n".join(out))
 
 
 def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
     """`  # tp: forward all-reduce, backward identity; <reason> (<file>:<line>)` on a call that moves data."""
-    notes = node.meta.get(T.COLLECTIVE)
-    if notes is None:
+    note = node.meta.get(T.COLLECTIVE)
+    if note is None:
         return ""
     span = node.meta.get(T.SPAN)
     src = f" ({where(spec, span)})" if span else ""
-    said = []
-    for note in notes if isinstance(notes, tuple) else (notes,):  # a call that moves several things says each
-        fwd = (note.forward or "identity").replace("_", "-")
-        bwd = (note.backward or "identity").replace("_", "-")
-        said.append(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}")
-    return "  # " + E.comment(" | ".join(said) + src)
+    if isinstance(note, tuple):  # each said on its own line above the call (forward_code)
+        return "  # " + E.comment(f"the {len(note)} collectives above{src}")
+    return "  # " + E.comment(_note_text(note) + src)
+
+
+def _note_text(note) -> str:
+    """`tp: forward all-reduce, backward identity; <reason>`: what one collective note says, escaped."""
+    fwd = (note.forward or "identity").replace("_", "-")
+    bwd = (note.backward or "identity").replace("_", "-")
+    return E.comment(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}")
 
 
 def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:

@@ -117,10 +117,11 @@ class Groups:
         return g.size if g is not None else 1
 
     def contract(self) -> tuple:
-        """What the runtime builds (runtime.config.Parallel.groups): ((name, pattern), ...), the axes' groups in
-        mesh order (every axis, as the DeviceMesh has them), then batch, dense, experts, ep_rail and ep_node
-        where they hold more than one rank (ep_rail also where it is ep's own, as batch may be dp's). Stride patterns, not rank lists: a program does not grow with the world size (a 1,536-rank
-        mesh would list 7,680 ranks); runtime.mesh.expand gives the same rows as `Group.rows`."""
+        """What the runtime builds (runtime.config.Parallel.groups): ((name, pattern), ...), the axes' groups in mesh
+        order (every axis, as the DeviceMesh has them), then batch, dense, experts, ep_rail and ep_node where they
+        hold more than one rank (ep_rail also where it is ep's own, as batch may be dp's). Stride patterns, not rank
+        lists: a program does not grow with the world size (a 1,536-rank mesh would list 7,680 ranks);
+        runtime.mesh.expand gives the same rows as `Group.rows`."""
         folded = tuple(n for n in RUNTIME if n in self.by_name and (self.by_name[n].size > 1 or
                                                                     n == choices.EP_NODE_GROUPS[0]))
         return tuple((n, self.by_name[n].pattern) for n in (*(a for a, _ in self.axes), *folded))
