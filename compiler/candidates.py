@@ -63,8 +63,10 @@ class Candidates:
         from compiler.cost import binds_cp
         self._cp_bound = binds_cp(spec)  # a `moe` layer's capacity binds the cp degree in the graphs
         self._rules = None  # rules.Checker of this spec, made on first use
+        self._grouped = P.node_dispatched(self.spec)  # whether a plan's ep split by node lowers anything
 
     def _structure(self, plan: P.Plan) -> _Structure:
+        plan = P.with_ep_nodes(plan, self.spec, self._grouped)  # the pass reads it: part of the structure
         key = structure(plan, self._cp_bound)
         if self.spec.train.fp8 is not None:
             # FP8's linears are read from the sharded modules, whose features are the lowering plan's tp shard
@@ -91,6 +93,7 @@ class Candidates:
 
     def decide(self, plan: P.Plan) -> P.Plan:
         """`plan` with its tp/ep decisions (shared by every plan of its structure) and its stage layout."""
+        plan = P.with_ep_nodes(plan, self.spec, self._grouped)
         st = self._structure(plan)
         ep = plan.size("ep")  # placements are per layer and count; how many experts a rank holds is this plan's
         eps = st.per_rank.get(ep)

@@ -428,6 +428,12 @@ CODES: dict[str, Code] = {
                   "training under ddp, without pipeline or context parallelism, optimizer offload or a Hugging Face "
                   "`init`; the other plans (ZeRO and FSDP shards, bf16's main gradients and masters, pipeline "
                   "stages) are not moved yet."),
+    "W0725": Code("ep_dispatch with no effect", "A warning: `ep_dispatch` chooses how a `moe` with `dispatch = "
+                  "grouped` sends tokens to experts on other nodes (`nodes`: each token once to each node its choices "
+                  "lie on, then over the node to its experts' ranks; `direct`: each choice to its expert's rank). It "
+                  "acts only where the ep group spans nodes in whole nodes' worth of consecutive ranks, on a mesh "
+                  "without a written `placement`, for a grouped `moe` without `rebalance` (whose re-placed experts "
+                  "are sent directly)."),
     "W0724": Code("rebalance no sooner than the run ends", "A warning: `rebalance = replicate(every = N)` "
                   "re-places the experts after every N steps from the load those steps measured; with N at least "
                   "the run's steps no step runs on a re-placed layout. Use an `every` shorter than the run, or remove "

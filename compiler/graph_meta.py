@@ -36,7 +36,8 @@ EP_SHARDS = "ep_shards"        # parameter name -> (dim sharded over ep, full si
 # Which blocks each stage holds is not here: the Plan carries the stage layout (plan.stages).
 PROLOGUE, EPILOGUE, LOSS = "pp_prologue", "pp_epilogue", "pp_loss"
 
-# node.meta key of a call inserted by a pass that moves data: a passes.tensor_parallel.Collective.
+# node.meta key of a call inserted by a pass that moves data: a passes.tensor_parallel.Collective, or a tuple of them
+# where one call moves several things (the node dispatch: runtime/moe_nodes.py).
 COLLECTIVE = "collective"
 
 INT_BYTES = 8

@@ -164,6 +164,10 @@ PLAN_SETTINGS: dict[str, Param] = {
                      "what leaves the device for the host: none, optimizer(fraction = 0.5) (that share of the "
                      "optimizer's state, stepped on the host), params (FSDP2's CPUOffloadPolicy, fsdp and zero2) or "
                      "activations(modules = (attention, mlp)) (the blocks' saved activations)"),
+    "ep_dispatch": Param(one_of(*choices.EP_DISPATCH), "nodes",
+                         "how a grouped moe's tokens reach experts on other nodes: nodes (each token crosses to a node "
+                         "once, then fans out inside it; the combine sums on the node first) or direct (each choice "
+                         "to its expert's rank)"),
 }
 
 OPTIMIZERS = {"adamw": {"lr": Param(to_float, doc="peak learning rate"),

@@ -208,6 +208,21 @@ def no_effect_checks(c: Checker, spec: S.Spec, axes_written: bool) -> None:
         if key in at:
             c.warn(code, message, at[key], label="has no effect", help=help)
 
+    if "ep_dispatch" in at:
+        grouped = [x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and x.dispatch == "grouped"]
+        why = ("ep = 1: no expert is on another rank" if plan.size("ep") == 1 else
+               "no `moe` has `dispatch = grouped`" if not grouped else
+               "every grouped `moe` has `rebalance`, whose re-placed experts are sent directly"
+               if all(m.rebalance is not None for m in grouped) else
+               "the mesh writes a `placement`, which may move ranks between nodes" if plan.placement is not None else
+               f"each ep group of {plan.size('ep')} ranks lies inside one node of {spec.cluster.devices_per_node}, "
+               "or does not cut into whole nodes" if not layout_groups.ep_split(tuple(plan.axes),
+                                                                               spec.cluster.devices_per_node)
+               else "")
+        if why:
+            warn("W0725", "ep_dispatch", f"ep_dispatch = {plan.ep_dispatch} has no effect: {why}",
+                 "it chooses how a grouped moe's tokens cross nodes to their experts; remove it, or use it where the "
+                 "ep group spans nodes")
     steps = int(spec.value(spec.train.steps))
     for m in (x for x in S.walk(spec.model.layers) if isinstance(x, S.MoE) and x.rebalance is not None):
         if plan.size("ep") > 1 and m.rebalance[0] >= steps > 0:

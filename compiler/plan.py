@@ -95,6 +95,11 @@ class Plan(choices.DataParallelMode):
     offload_modules: tuple = ()
     """offload = activations: which block module kinds' saved activations go to the host ("attention", "mlp");
     empty: every block module."""
+    ep_dispatch: str = "nodes"
+    """How a grouped MoE (`dispatch = grouped`) sends tokens to experts on other nodes: `nodes` (each token crosses
+    to a node once, to the rank of its own local index there, and fans out inside the node; the combine sums on the
+    node first: runtime/moe_nodes.py, DeepSeek-V3's node-limited routing) or `direct` (each choice to its expert's
+    rank). Takes effect where the ep group spans nodes (`ep_nodes`)."""
     # -- the data-parallel wrappers' tuning: the compiler's, not the user's ------------------------------------------
     ddp_bucket_bytes: int = 25 * 2 ** 20
     """The gradient all-reduce's bucket, bytes: DDP's `bucket_cap_mb`, bf16's main-gradient buckets and pipeline
@@ -119,6 +124,9 @@ class Plan(choices.DataParallelMode):
     """((segment name, passes.tensor_parallel.Decision), ...): regions, vocabulary nodes."""
     ep: tuple = ()
     """((segment name, (passes.expert_parallel.Placement, ...)), ...)."""
+    ep_nodes: tuple = ()
+    """(nodes, local): the nodes each ep group spans and its ranks on each, where `ep_dispatch = nodes` takes effect
+    on the Cluster (`with_ep_nodes`: compiler/layout/groups.py `ep_split`); empty: direct dispatch."""
     # -- where each setting came from ------------------------------------------------------------------------------
     spans: tuple = field(default=(), compare=False)
     """((key, Span), ...): `axis tp`, `micro_batches`, `global_batch`, ... as written; empty for a candidate."""
@@ -153,7 +161,7 @@ class Plan(choices.DataParallelMode):
     def groups(self) -> layout_groups.Groups:
         """Every process group of this plan's mesh (compiler/layout/groups.py); which tier each crosses is the
         Cluster's to say (compiler/layout/cluster.py `Cluster.tier`)."""
-        return layout_groups.groups(self.axes)
+        return layout_groups.groups(self.axes, self.ep_nodes)
 
     @property
     def batch_ranks(self) -> int:
@@ -257,7 +265,8 @@ class Plan(choices.DataParallelMode):
                if f.name not in ("spans", "tp", "ep", *WRAPPER_TUNING)
                and (f.name != "context_parallel" or self.size("cp") > 1)  # plan.json without cp: as before
                and (not f.name.startswith("offload") or self.offload != "none")  # and without offload
-               and (f.name != "placement" or self.placement is not None)}  # and without a placement written
+               and (f.name != "placement" or self.placement is not None)  # and without a placement written
+               and (not f.name.startswith("ep_") or self.ep_nodes or self.ep_dispatch != "nodes")}  # ep by node
         out["axes"] = {a: n for a, n in self.axes}
         if cluster is not None:
             rest = {k: out.pop(k) for k in list(out) if k != "axes"}
@@ -283,6 +292,33 @@ def offload_text(plan) -> str:
     if plan.offload == "activations":
         return "activation offload" + (f" ({', '.join(plan.offload_modules)})" if plan.offload_modules else "")
     return "parameter offload" if plan.offload == "params" else "no offload"
+
+
+def node_dispatched(spec) -> bool:
+    """Whether some `moe` of `spec` dispatches grouped without `rebalance`: the layers the node dispatch runs."""
+    from compiler import spec as S
+    return any(isinstance(x, S.MoE) and x.dispatch == "grouped" and x.rebalance is None
+               for x in S.walk(spec.model.layers))
+
+
+def ep_nodes_of(plan: Plan, spec, grouped: bool | None = None) -> tuple:
+    """`Plan.ep_nodes` of `plan` for `spec` (its model and Cluster): the ep split by node (compiler/layout/groups.py
+    `ep_split`) where the plan dispatches by node, its mesh keeps its own rank order (a written `placement` moves
+    ranks between nodes: direct there) and some `moe` dispatches grouped without `rebalance` (the only layers the
+    node dispatch runs: a padded or re-placed one is sent directly, and a plan without one builds no ep halves);
+    else (). `grouped`: `node_dispatched(spec)` where the caller holds it (a search asks once per candidate)."""
+    if plan.ep_dispatch != "nodes" or plan.placement is not None or spec.cluster is None:
+        return ()
+    if not (node_dispatched(spec) if grouped is None else grouped):
+        return ()
+    return layout_groups.ep_split(tuple(plan.axes), spec.cluster.devices_per_node)
+
+
+def with_ep_nodes(plan: Plan, spec, grouped: bool | None = None) -> Plan:
+    """`plan` with its `ep_nodes` for `spec` (the decided fields' kind: compile and the search's candidates set it
+    before lowering, since the expert-parallel pass reads it)."""
+    nodes = ep_nodes_of(plan, spec, grouped)
+    return plan if nodes == plan.ep_nodes else evolve(plan, ep_nodes=nodes)
 
 
 def evolve(plan: Plan, **changes) -> Plan:

@@ -11,9 +11,20 @@ from __future__ import annotations
 AXES = ("dp", "pp", "tp", "ep", "cp")
 """Mesh axes, in the order plans list them (`cp`, context parallelism, last: added after the others)."""
 
-GROUPS = ("batch", "dense", "experts")
-"""The process groups over several axes a program builds beside each axis's (runtime/config.py's Parallel.groups,
-runtime.mesh.Context's batch_group, dense_mesh and expert_mesh; compiler/layout/groups.py lists them)."""
+EP_NODE_GROUPS = ("ep_rail", "ep_node")
+"""The two halves of an ep group that spans nodes, where experts are dispatched by node (`plan { ep_dispatch =
+"nodes" }`, runtime/moe_nodes.py): the ep ranks of one local index, one per node (the rail), and the ep ranks of one
+node."""
+
+GROUPS = ("batch", "dense", "experts") + EP_NODE_GROUPS
+"""The process groups beside each axis's a program builds (runtime/config.py's Parallel.groups, runtime.mesh.Context's
+batch_group, dense_mesh and expert_mesh, runtime.collectives' ep_rail and ep_node; compiler/layout/groups.py lists
+them)."""
+
+EP_DISPATCH = ("nodes", "direct")
+"""How a grouped MoE's tokens reach experts on other nodes (`plan { ep_dispatch = ... }`): `nodes` (each token
+crosses to a node once, then fans out inside it: runtime/moe_nodes.py) or `direct` (each choice to its expert's rank:
+runtime.moe's grouped all-to-alls)."""
 
 DATA_PARALLEL = ("ddp", "zero1", "zero2", "fsdp")
 """How dp holds model state: replicated, then ZeRO's stages 1-3 (runtime/config.py's Parallel.data_parallel)."""

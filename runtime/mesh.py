@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from runtime import collectives, errors, faults, node_record
+from runtime import choices, collectives, errors, faults, node_record
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,9 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
     coords = {a: mesh.get_local_rank(a) for a in names}
     sizes = dict(axes)
     folded = _build_folded(mesh, listed, names, rank, device_type)
+    for name in choices.EP_NODE_GROUPS:  # ep's halves where experts are dispatched by node (runtime/moe_nodes.py)
+        if name in folded:
+            collectives.register(name, folded[name].get_group())
     dp, ep, cp = sizes.get("dp", 1), sizes.get("ep", 1), sizes.get("cp", 1)
     batch = folded.get("batch")
     expert_mesh = folded.get("experts")

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime import compile, faults, fp8, mesh, moe, offload, precision, rebalance, recompute
+from runtime import compile, faults, fp8, mesh, moe, moe_nodes, offload, precision, rebalance, recompute
 from runtime import tensor_parallel as tp
 from runtime.config import Config
 from runtime.layers import Repeat
@@ -37,6 +37,7 @@ def apply(module: nn.Module, cfg: Config, ctx: mesh.Context, shards: tp.Shards, 
     compilation of its regions, bf16's fp32 residual, and FSDP2 when the plan shards gradients (sharded before
     anything is materialised: no rank ever holds more than its share of the weights)."""
     par = cfg.parallel
+    moe_nodes.set_fp8(bool(cfg.fp8))  # the node dispatch's rows in FP8 under precision = fp8
     if cfg.fp8:  # torchao's Float8Linears in place of the chosen linears, before anything wraps them
         names = fp8.convert(module, cfg.fp8, cfg.fp8_filter, gathers_fp8(cfg, ctx),
                             row_parallel=lambda n: _row_parallel(shards, n))

@@ -82,6 +82,9 @@ def tiny():
             for s, v in (("1f1b", 1), ("dualpipev", 2))}
 
 
+EP = ("ep", "ep_rail", "ep_node")  # ep's collectives: direct, or dispatched by node (runtime/moe_nodes.py)
+
+
 def test_the_expert_all_to_all_hides_in_the_pairs(tiny):
     """The step-time model on an MoE pipeline: under dualpipev each rank's ep all-to-alls are its stages' (m per
     stage, as under 1F1B) less what its overlapped pairs hid, the hidden part off its busy time too; the pairs are
@@ -99,9 +102,10 @@ def test_the_expert_all_to_all_hides_in_the_pairs(tiny):
     assert lay.stages_of(0) == [0, 3] and lay.stages_of(1) == [1, 2]
     hidden = sim.hidden(cm, plan, env, pieces)
     for r, rank in enumerate(pred.ranks):
-        ep = m * sum(comm[s].get("ep", 0.0) for s in lay.stages_of(r))
-        assert rank.hidden_comm_s["ep"] == pytest.approx(hidden[r]) and 0 < hidden[r] < ep
-        assert rank.exposed_comm_s["ep"] == pytest.approx(ep - hidden[r])
+        # ep 2 over two nodes of one: dispatched by node, its all-to-alls over the rail (ep_rail; no ep_node)
+        ep = m * sum(comm[s].get(a, 0.0) for s in lay.stages_of(r) for a in EP)
+        assert sum(rank.hidden_comm_s.get(a, 0.0) for a in EP) == pytest.approx(hidden[r]) and 0 < hidden[r] < ep
+        assert sum(rank.exposed_comm_s.get(a, 0.0) for a in EP) == pytest.approx(ep - hidden[r])
         assert rank.compute_s == pytest.approx(m * sum(f[s] + b[s] for s in lay.stages_of(r)) - hidden[r])
     # each rank's pairs, counted from its list: (F0, B1) and (F1, B0) per steady micro-batch (m - 2p + r + 1 of
     # them; the last rank's first F0 and B1 apart), then p - 1 - r (F1, B0) in the drain

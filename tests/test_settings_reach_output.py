@@ -130,6 +130,9 @@ CHANGES = {
     "plan.fsdp_grad_sync": Change((("micro_batches = 2", "micro_batches = 2  fsdp_grad_sync = micro_batch"),),
                                   sample=DP, setup=(("data_parallel = ddp", "data_parallel = fsdp"),
                                                     ("micro_batches = 1", "micro_batches = 2"))),
+    # ep 2 over two nodes of one, a grouped moe: the node dispatch (runtime/moe_nodes.py, the default) or direct
+    "plan.ep_dispatch": Change((("micro_batches = 2", "micro_batches = 2  ep_dispatch = direct"),),
+                               sample="samples/tiny_deepseek.scale", setup=TWO_NODES),
     # offload (runtime/offload.py): the kind, the optimizer's fraction and the activations' modules reach Parallel
     "plan.offload": Change(((INTERLEAVED[0], INTERLEAVED[0] + "  offload = optimizer(fraction = 0.5)"),)),
     "plan.offload.optimizer.fraction": Change((("fraction = 0.5", "fraction = 0.25"),),
@@ -348,6 +351,8 @@ PROBES: dict[str, tuple[Probe, ...]] = {
     "plan.fp32_residual": (Probe(("true",)), Probe(("true",), setup=(("train.precision", "bf16"),))),
     "plan.context_parallel": (Probe(("ring", "all_to_all")),),  # without cp: W0310
     "plan.fsdp_grad_sync": (Probe(("micro_batch",)), Probe(("micro_batch",), setup=(("plan.data_parallel", "zero2"),))),
+    # ep inside a node, or no grouped moe: W0725 (both values); across nodes: tests/test_settings_reach_output's change
+    "plan.ep_dispatch": (Probe(("direct", "nodes")),),
     # params without FSDP2: E0330; fraction 0 and modules no block holds (moe_gpt's mlp): W0330
     "plan.offload": (Probe(("optimizer(fraction = 0.5)", "params", "activations")),
                      Probe(("params",), setup=(("plan.data_parallel", "fsdp"),))),

@@ -42,7 +42,7 @@ def test_language_vocabulary_is_pinned():
     assert tuple(check.PLAN_SETTINGS) == ("data_parallel", "micro_batches", "tp_layers", "sequence_parallel",
                                           "pad_vocab", "schedule", "virtual_stages", "layout", "recompute",
                                           "compile", "grad_reduce", "fp32_residual",
-                                          "fsdp_grad_sync", "context_parallel", "offload")
+                                          "fsdp_grad_sync", "context_parallel", "offload", "ep_dispatch")
     assert {k: tuple(v) for k, v in check.OFFLOADS.items()} == {"none": (), "optimizer": ("fraction",), "params": (),
                                                                 "activations": ("modules",)}
     assert tuple(check.TRAIN_SETTINGS) == ("global_batch", "seq_len", "steps", "tokens", "seed", "precision", "optimizer",

@@ -38,7 +38,7 @@ INIT_STD = 0.02
 
 # Runtime modules whose functions the passes and the model call by name in emitted code.
 RUNTIME_MODULES = ("runtime.attention", "runtime.collectives", "runtime.context_parallel", "runtime.moe",
-                   "runtime.packed", "runtime.rebalance", "runtime.rotary")
+                   "runtime.moe_nodes", "runtime.packed", "runtime.rebalance", "runtime.rotary")
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,9 @@ def forward_code(gm: fx.GraphModule, spec: S.Spec) -> str:
         if span is not None and span != last:
             out.append(f"        # {E.comment(where(spec, span))}  {source_text(spec, span)}")
         last = span if span is not None else last
+        notes = node.meta.get(T.COLLECTIVE)
+        if isinstance(notes, tuple):  # a call that moves several things (the node dispatch): a line for each, above it
+            out += [f"        # {_note_text(note)}" for note in notes]
         out.append("    " + _DELETE.sub("", line.rstrip()) + _collective_comment(node, spec))
     return E.code("\n".join(out))
 
@@ -134,11 +137,18 @@ def _collective_comment(node: fx.Node, spec: S.Spec) -> str:
     note = node.meta.get(T.COLLECTIVE)
     if note is None:
         return ""
-    fwd = (note.forward or "identity").replace("_", "-")
-    bwd = (note.backward or "identity").replace("_", "-")
     span = node.meta.get(T.SPAN)
     src = f" ({where(spec, span)})" if span else ""
-    return "  # " + E.comment(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}{src}")
+    if isinstance(note, tuple):  # each said on its own line above the call (forward_code)
+        return "  # " + E.comment(f"the {len(note)} collectives above{src}")
+    return "  # " + E.comment(_note_text(note) + src)
+
+
+def _note_text(note) -> str:
+    """`tp: forward all-reduce, backward identity; <reason>`: what one collective note says, escaped."""
+    fwd = (note.forward or "identity").replace("_", "-")
+    bwd = (note.backward or "identity").replace("_", "-")
+    return E.comment(f"{note.axis}: forward {fwd}, backward {bwd}; {note.reason}")
 
 
 def _segment(cls: str, gm: fx.GraphModule, spec: S.Spec) -> SegmentCode:

@@ -79,6 +79,7 @@ class Site:
     residual: bool = False  # moves the residual stream: fp32 under bf16 with the plan's fp32_residual
     dtype_bytes: int | None = None  # bytes per element whatever the precision (the int64 counts of a grouped MoE)
     worst: sympy.Expr | None = None  # variable splits: `elements` is an expectation, at most `worst` × it
+    fp8: str = ""           # precision = fp8 only: "rows" in float8 (1 byte each), "scales" moved (passes' Collective)
 
 
 def pieces(traced: T.Traced) -> dict | None:
@@ -104,8 +105,8 @@ def sites(traced: T.Traced) -> list[Site]:
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         last = order[last_saving_node(gm)] if name else -1
         for node in gm.graph.nodes:
-            note = node.meta.get(T.COLLECTIVE)
-            if note is None:
+            notes = node.meta.get(T.COLLECTIVE)
+            if notes is None:
                 continue
             if name:
                 where = ("block", name)
@@ -115,24 +116,45 @@ def sites(traced: T.Traced) -> list[Site]:
                 where = ("top", owner[node.name])
             else:
                 continue
-            # "keys": the second argument (context parallelism's ring sends its keys' blocks)
-            tensor = {"input": node.args[0], "output": node, "targets": node.args[1],
-                      "keys": node.args[1]}[note.payload]
-            numel = sympy.Mul(*tensor.meta[T.SHAPE])
-            counts = dict(getattr(note, "counts", ()))
-            # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
-            # residual stream its own dtype (trace.DTYPE).
-            fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
-            residual = tensor.meta.get(T.DTYPE) == "res"
-            worst = dict(getattr(note, "worst", ()))
-            for direction, op in (("forward", note.forward), ("backward", note.backward)):
-                if op:
-                    elements = sympy.expand(counts.get(direction, note.count) * numel)
-                    out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction,
-                                    where, rerun=order[node] < last, residual=residual,
-                                    dtype_bytes=8 if note.dtype == "int64" else None,
-                                    worst=worst.get(direction)))
+            for note in notes if isinstance(notes, tuple) else (notes,):  # a call may move several things
+                out += _sites_of(node, note, where, rerun=order[node] < last)
     return out
+
+
+def _sites_of(node, note, where: tuple, rerun: bool) -> list:
+    """The forward and backward Sites of one note (passes.tensor_parallel.Collective) of an inserted call."""
+    if note.elements is not None:  # moves a number of its own (the node dispatch's rows), in the note's dtype
+        numel, fp32, residual = note.elements, note.dtype == "fp32", False
+    else:
+        # "keys": the second argument (context parallelism's ring sends its keys' blocks)
+        tensor = {"input": node.args[0], "output": node, "targets": node.args[1],
+                  "keys": node.args[1]}[note.payload]
+        numel = sympy.Mul(*tensor.meta[T.SHAPE])
+        # A gradient has its tensor's dtype: an fp32 tensor moves 4 bytes per element also under bf16, the
+        # residual stream its own dtype (trace.DTYPE).
+        fp32 = note.dtype == "fp32" or tensor.meta.get(T.DTYPE) == "fp32"
+        residual = tensor.meta.get(T.DTYPE) == "res"
+    counts = dict(getattr(note, "counts", ()))
+    worst = dict(getattr(note, "worst", ()))
+    out = []
+    for direction, op in (("forward", note.forward), ("backward", note.backward)):
+        if op:
+            elements = sympy.expand(counts.get(direction, note.count) * numel)
+            out.append(Site(op, note.axis, elements, fp32, node.meta.get(T.SPAN), note.reason, direction, where,
+                            rerun=rerun, residual=residual, dtype_bytes=8 if note.dtype == "int64" else None,
+                            worst=worst.get(direction), fp8=note.fp8))
+    return out
+
+
+def site_width(site: Site, act: int, res: int, fp8: bool) -> int | None:
+    """Bytes per element a site moves at a compute width `act` (the residual stream's `res`), or None where it moves
+    nothing under this precision: a count's 8, an fp32 tensor's 4, under `fp8` (precision = fp8) the node
+    dispatch's float8 rows' 1 (runtime/moe_nodes.py), their scales only then."""
+    if site.fp8 == "scales" and not fp8:
+        return None
+    if site.fp8 == "rows" and fp8:
+        return 1
+    return site.dtype_bytes or (4 if site.fp32 else res if site.residual else act)
 
 
 def partial_grads(traced: T.Traced) -> dict:

@@ -12,7 +12,7 @@ from compiler.cost import fp8 as FP8
 from compiler.cost import memory as MEM
 from compiler.cost import rebalance as REB
 from compiler.cost.formulas import AXES, recompute_mode, reruns
-from compiler.cost.ledger import Collective, Ledger
+from compiler.cost.ledger import Collective, Ledger, site_width
 from compiler.symbols import MICRO_BATCH, size
 
 BYTES = {"fp32": 4, "bf16": 2}
@@ -45,7 +45,9 @@ class LedgerParts:
             times, per_step = self._times_of(plan, site.where, nb, on_rank)
             if not times:
                 continue
-            dtype = site.dtype_bytes or (4 if site.fp32 else res_bytes if site.residual else act_bytes)
+            dtype = site_width(site, act_bytes, res_bytes, self.spec.train.fp8 is not None)
+            if dtype is None:
+                continue
             worst = None if site.worst is None else int(f(env) * dtype * times * site.worst.xreplace(
                 {size(a): n for a, n in zip(AXES, env)}))
             entries.append(Collective(op=site.op, axis=site.axis, dtype_bytes=dtype, span=site.span,
@@ -267,3 +269,37 @@ class LedgerParts:
             # cp over dp × cp, the batch group
             add("broadcast", "dp×cp" if plan.size("cp") > 1 else "dp", params_rank, 1, span, "ZeRO-1: each rank broadcasts the parameters it "
                 "updated (one bucket per rank)", params, width=w)
+
+
+def expected_nodes(experts: int, top_k: int, groups: int, topk_groups: int, nodes: int) -> sympy.Rational:
+    """The expected number of distinct nodes a token's `top_k` choices land on (the rows the node dispatch sends
+    across nodes per token: runtime/moe_nodes.py), exactly, as a fraction. The experts are spread evenly over
+    `nodes` in order (node d holds experts [d·E/nodes, (d+1)·E/nodes): compiler/passes/expert_parallel.py's
+    placement) and cut into `groups` groups of consecutive experts; a token chooses among the experts of its
+    `topk_groups` best groups (runtime.moe._choose; one group: all experts). Balanced routing: every set of
+    `topk_groups` groups equally likely, then every set of `top_k` of their experts. A node is visited unless every
+    choice misses it: P(d) = 1 - C(M - a_d, K) / C(M, K), M the chosen groups' experts, a_d how many of them d holds;
+    a_d depends on which of the groups overlapping d are chosen, weighted hypergeometrically. DeepSeek-V3 (256
+    experts, 8 groups, top 8 within the best 4, 8 nodes of one group each): 4·(1 - C(96, 8)/C(128, 8)) ≈ 3.64 nodes
+    where the direct dispatch sends 8 rows (technical report §3.2.2: "at most 4 nodes")."""
+    from fractions import Fraction
+    from itertools import combinations
+    from math import comb
+    per_group, per_node = experts // groups, experts // nodes
+    pool = topk_groups * per_group
+    total = Fraction(0)
+    for d in range(nodes):
+        lo, hi = d * per_node, (d + 1) * per_node
+        overlap = [max(0, min(hi, (j + 1) * per_group) - max(lo, j * per_group)) for j in range(groups)]
+        touched = [o for o in overlap if o]
+        others = groups - len(touched)
+        if len(set(touched)) == 1:  # every group it touches holds as many of its experts: count them, not sets
+            chosen = ((i, touched[0] * i, comb(len(touched), i)) for i in range(len(touched) + 1))
+        else:
+            chosen = ((len(s), sum(s), 1) for i in range(len(touched) + 1) for s in combinations(touched, i))
+        for i, held, ways in chosen:
+            if i > topk_groups or topk_groups - i > others:
+                continue
+            weight = Fraction(ways * comb(others, topk_groups - i), comb(groups, topk_groups))
+            total += weight * (1 - Fraction(comb(pool - held, top_k), comb(pool, top_k)))
+    return sympy.Rational(total.numerator, total.denominator)

@@ -64,15 +64,17 @@ def links(plan, cluster, ledger=None) -> dict:
     multiply to the cluster's devices is refused (ValueError). `ledger` (() -> cost.Ledger): the step's
     collectives, which `placement = auto` places by on a described topology (without it, auto keeps the mesh's
     order)."""
-    return dict(_kept_links(tuple(plan.axes), cluster, rank_map(plan, cluster, ledger)))
+    return dict(_kept_links(tuple(plan.axes), cluster, rank_map(plan, cluster, ledger),
+                            tuple(getattr(plan, "ep_nodes", ()))))
 
 
-def _kept_links(axes: tuple, cluster, placed) -> dict:
-    """`_links`, kept per mesh, placement and cluster (not to be changed: `links` hands out copies)."""
-    key = (axes, placed.ranks if placed is not None else None, id(cluster))
+def _kept_links(axes: tuple, cluster, placed, ep_nodes: tuple = ()) -> dict:
+    """`_links`, kept per mesh, placement, ep split by node and cluster (not to be changed: `links` hands out
+    copies)."""
+    key = (axes, placed.ranks if placed is not None else None, id(cluster), ep_nodes)
     got = _LINKS.get(key)
-    if got is None or got[0] is not cluster:
-        got = _LINKS[key] = (cluster, _links(axes, cluster, placed))  # the cluster kept: its id is not reused
+    if got is None or got[0] is not cluster:  # the cluster kept: its id is not reused
+        got = _LINKS[key] = (cluster, _links(axes, cluster, placed, ep_nodes))
     return got[1]
 
 
@@ -147,13 +149,14 @@ _LINKS: dict = {}
 times, and a cluster's device figures are too many to hash on each call."""
 
 
-def _links(axes: tuple, cluster: CL.Cluster, placed=None) -> dict:
-    """`links`, once per mesh, placement and cluster."""
+def _links(axes: tuple, cluster: CL.Cluster, placed=None, ep_nodes: tuple = ()) -> dict:
+    """`links`, once per mesh, placement and cluster; with `ep_nodes` (Plan.ep_nodes) the ep_rail and ep_node
+    groups too (compiler/layout/groups.py), the rail across nodes, the node's inside one."""
     world = math.prod(n for _, n in axes)
     if world != cluster.world_size:
         raise ValueError(f"plan axes {axes} hold {world} devices, the cluster {cluster.world_size} "
                          f"({cluster.nodes} × {cluster.devices_per_node})")
-    out, groups = {}, G.groups(axes)
+    out, groups = {}, G.groups(axes, ep_nodes)
     # every group's rank lists, only where they are read (a search asks for the links of hundreds of meshes of
     # thousands of ranks: listing them all was a third of its time)
     rows = None

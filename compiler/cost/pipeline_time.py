@@ -10,7 +10,8 @@ from runtime import choices  # torch-free: the schedules that pair a forward wit
 # backward, on two streams) hides behind its partner's compute: the experts' all-to-alls above all (DeepSeek-V3
 # report §3.2.1, what DualPipe was built for) and tensor parallelism's collectives. Not pp's sends (priced as the
 # schedule's transfers), nor ring attention's (overlapped with its own blocks already), nor dp's (after the pipeline).
-OVERLAPPED = ("ep", "tp")
+# The experts' all-to-alls dispatched by node run over ep's two halves (runtime/moe_nodes.py): hidden alike.
+OVERLAPPED = ("ep", "tp", "ep_rail", "ep_node")
 
 
 # The schedules whose lists pair a forward with a backward (runtime.choices.PAIRED, shared with the runtime): their

@@ -46,6 +46,7 @@ import sympy
 from compiler import trace as T
 from compiler.cost import fp8 as FP8
 from compiler.cost.formulas import env_of
+from compiler.cost.ledger import site_width
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
 # the schedule's timing with per-stage durations (re-exported: tests and bench read them here)
@@ -250,6 +251,10 @@ class Simulator:
         for site, f in mdl.sites:
             key = mdl.where_key(site)
             dtype = 4 if site.fp32 else mdl.act
+            if site.fp8:  # the node dispatch's FP8 rows and scales (compiler/cost/ledger.py site_width)
+                dtype = site_width(site, mdl.act, mdl.act, cm.spec.train.fp8 is not None)
+                if dtype is None:
+                    continue
             link = lk.get(site.axis)
             if link is None:
                 continue

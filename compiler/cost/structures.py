@@ -25,11 +25,13 @@ def structure(plan, cp_bound: bool = False) -> tuple:
     many plans (compiler/candidates.py keys its lowered graphs by it too): the pass structure (`structure_of`, three
     fields), then under cp its attention variant (the context-parallel pass rewrites the graphs per variant),
     whether the residual stream is fp32 (the widths of the activation formulas, activations.precision_key), and
-    last the cp degree where the graphs bind it (`cp_bound`: `binds_cp` of the spec), else None: the formulas take
-    it as an argument, so the plans of every cp degree share one model."""
+    the cp degree where the graphs bind it (`cp_bound`: `binds_cp` of the spec), else None: the formulas take
+    it as an argument, so the plans of every cp degree share one model; last the ep split by node (Plan.ep_nodes:
+    the expert-parallel pass dispatches by node, and the rows that cross are a number of those nodes)."""
     cp = plan.size("cp")
     return structure_of(plan.axes, plan.sequence_parallel, plan.tp_layers) + (
-        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp if cp_bound else None)
+        plan.context_parallel if cp > 1 else None, bool(plan.fp32_residual), cp if cp_bound else None,
+        plan.ep_nodes)
 
 
 def other_structure(plan, built: tuple) -> str:
@@ -40,5 +42,8 @@ def other_structure(plan, built: tuple) -> str:
     if bool(plan.fp32_residual) != built[4]:
         return (f"plan {plan.describe()} keeps the residual stream in another precision than the one this cost "
                 "model's activation formulas were derived for: build a CostModel for it")
+    if tuple(plan.ep_nodes) != built[6]:
+        return (f"plan {plan.describe()} dispatches its experts over another split by node than this cost model's "
+                "graphs: build a CostModel for it")
     return (f"plan {plan.describe()} has another cp degree or attention variant than the one this cost model's "
             "graphs were built for (a `moe` layer's capacity binds the cp degree): build a CostModel for it")

@@ -22,6 +22,8 @@ The groups, by name:
                          cp rank, so they shard over all of them)
     experts              the ranks that hold the same experts when cp splits the batch beside dp under ep: dp and
                          cp of size > 1 (runtime.mesh's expert_mesh and expert_group)
+    ep_rail, ep_node     where experts are dispatched by node (Plan.ep_nodes, `ep_split`): the ep ranks of one
+                         local index, one per node, and the ep ranks of one node (runtime/moe_nodes.py)
 The groups are the axes' alone: which link tier a group's collectives cross is asked of the machines
 (compiler/layout/cluster.py `Cluster.tier(group)`). The cost model reads the axes and the three after them (their
 sizes, and their tiers on the Cluster: compiler/cost/links.py `links`), the Plan the data and batch groups' sizes
@@ -115,17 +117,41 @@ class Groups:
         return g.size if g is not None else 1
 
     def contract(self) -> tuple:
-        """What the runtime builds (runtime.config.Parallel.groups): ((name, pattern), ...), the axes' groups in
-        mesh order (every axis, as the DeviceMesh has them), then batch, dense and experts where they hold more
-        than one rank. Stride patterns, not rank lists: a program does not grow with the world size (a 1,536-rank
-        mesh would list 7,680 ranks); runtime.mesh.expand gives the same rows as `Group.rows`."""
-        folded = tuple(n for n in RUNTIME if n in self.by_name and self.by_name[n].size > 1)
+        """What the runtime builds (runtime.config.Parallel.groups): ((name, pattern), ...), the axes' groups in mesh
+        order (every axis, as the DeviceMesh has them), then batch, dense, experts, ep_rail and ep_node where they
+        hold more than one rank (ep_rail also where it is ep's own, as batch may be dp's). Stride patterns, not rank
+        lists: a program does not grow with the world size (a 1,536-rank mesh would list 7,680 ranks);
+        runtime.mesh.expand gives the same rows as `Group.rows`."""
+        folded = tuple(n for n in RUNTIME if n in self.by_name and (self.by_name[n].size > 1 or
+                                                                    n == choices.EP_NODE_GROUPS[0]))
         return tuple((n, self.by_name[n].pattern) for n in (*(a for a, _ in self.axes), *folded))
 
 
+def ep_split(axes: tuple, per_node: int) -> tuple:
+    """(nodes, local) where each ep group of the mesh `axes` spans `nodes` nodes of `per_node` consecutive ranks with
+    `local` ranks on each, its ranks on one node consecutive along ep (ep rank = node · local + local index), so that
+    a token can cross to each node once (runtime/moe_nodes.py); () where ep has one rank, lies inside one node, or
+    its ranks do not cut into whole nodes that way. With ep's stride s (the ranks inside it): s ≥ per_node puts each
+    ep rank on its own node (local 1, when per_node divides s); otherwise per_node / s of them share one."""
+    sizes = dict(axes)
+    n = sizes.get("ep", 1)
+    if n <= 1:
+        return ()
+    stride = math.prod(m for a, m in axes[[a for a, _ in axes].index("ep") + 1:])
+    if stride >= per_node:
+        return (n, 1) if stride % per_node == 0 else ()
+    if per_node % stride:
+        return ()
+    local = per_node // stride
+    if n <= local or n % local:
+        return ()
+    return (n // local, local)
+
+
 @functools.lru_cache(maxsize=4096)
-def groups(axes: tuple) -> Groups:
-    """Every group of the mesh `axes` ((axis, size), ... outermost first)."""
+def groups(axes: tuple, ep_nodes: tuple = ()) -> Groups:
+    """Every group of the mesh `axes` ((axis, size), ... outermost first); with `ep_nodes` ((nodes, local): `ep_split`,
+    where the plan dispatches experts by node) ep_rail and ep_node too."""
     strides, inner = {}, 1
     for axis, n in reversed(axes):
         strides[axis] = inner
@@ -150,6 +176,12 @@ def groups(axes: tuple) -> Groups:
         out["dense"] = group("dense", over)
     if sizes.get("ep", 1) > 1 and sizes.get("cp", 1) > 1:
         out["experts"] = group("experts", tuple(a for a in ("dp", "cp") if sizes.get(a, 1) > 1))
+    if ep_nodes:
+        nodes, local = ep_nodes
+        s, _ = out["ep"].pattern[0]
+        rail, node = choices.EP_NODE_GROUPS
+        out[rail] = Group(rail, ("ep",), ((s * local, nodes),), world)
+        out[node] = Group(node, ("ep",), ((s, local),), world)
     return Groups(tuple(axes), out)
 
 

@@ -6,7 +6,7 @@ from compiler import graph_meta as K
 from compiler.graph_meta import INT_BYTES
 from compiler.ops.record import Op, ZERO, dtype_act, promote
 from compiler.symbols import size
-from runtime import moe, rebalance
+from runtime import moe, moe_nodes, rebalance
 
 
 def _route_shape(node, args, kwargs, gm):
@@ -125,6 +125,71 @@ def _a2a_shape(scale):
         return ((e / k, n * k, h) if scale else (e * k, n / k, h)), ZERO
     return shape
 
+# the node dispatch (runtime/moe_nodes.py; compiler/passes/expert_parallel.py `_by_node`): shapes as the trace carries
+# them, expectations under balanced routing. T = b·S tokens, K choices; a rank's experts receive R = T·K rows on
+# average, T·ν rows cross the rail each way (ν: expected distinct nodes of a token, from the pass's notes).
+
+
+def _layer_shape(node):
+    """(tokens T, choices K, the rows that cross the rail T·ν) of a node-dispatch call, from its routes' slots and
+    the rail notes the pass gave its routes call."""
+    routes = node if node.target is moe_nodes.node_routes else node.args[2]
+    b, s, k = routes.args[0].meta[K.SHAPE]
+    crossing = routes.meta[K.COLLECTIVE][1].elements / k  # the routing note: T·ν·K int64
+    return b * s, k, crossing
+
+
+def _routes_shape(node, args, kwargs, gm):
+    layer = node.meta[K.LAYER]
+    n = size("ep")
+    return (n, layer.experts / n), ZERO  # what the trace sees of it: its layout's shape (as exchange_counts')
+
+
+def _node_dispatch_shape(node, args, kwargs, gm):
+    tokens, k, crossing = _layer_shape(node)
+    h = args[0][2]
+    n = size("ep")
+    return ((tokens * k, h), (crossing, k), (n, node.meta[K.LAYER].experts / n)), ZERO
+
+
+def _node_dispatch_saved(g, node, args):
+    """What its backward holds of the routes: the token of each crossing row and which of its choices it carries
+    (int64, bool), each forwarded choice's row and choice, each received row's place (int64)."""
+    tokens, k, crossing = _layer_shape(node)
+    g.new(node, "token", (crossing,), INT_BYTES)
+    g.new(node, "mine", (crossing, k), 1)
+    g.new(node, "row_choice", (2 * tokens * k,), INT_BYTES)
+    g.new(node, "index", (tokens * k,), INT_BYTES)
+
+
+def _node_dispatch_kept(node, gm, needed, act):
+    """Under selective recomputation the outputs of its collectives are kept (runtime.recompute reads them back):
+    the rows and gates that crossed the rail, the rows that crossed the node."""
+    tokens, k, crossing = _layer_shape(node)
+    h = node.args[0].meta[K.SHAPE][2]
+    return crossing * h * act + crossing * k * 4 + tokens * k * h * act
+
+
+def _node_combine_kept(node, gm, needed, act):
+    """Likewise: the rows back over the node, and the rows back over the rail."""
+    tokens, k, crossing = _layer_shape(node)
+    h = node.meta[K.SHAPE][2]
+    return tokens * k * h * act + crossing * h * act
+
+
+def _node_combine_shape(node, args, kwargs, gm):
+    b, s, _ = node.args[2].args[0].meta[K.SHAPE]
+    return (b, s, args[0][1]), ZERO
+
+
+def _node_combine_saved(g, node, args):
+    """The experts' outputs as they came back to the rows' ranks, and their gates in the compute dtype."""
+    tokens, k, _ = _layer_shape(node)
+    h = args[0].meta[K.SHAPE][1]
+    g.new(node, "outputs", (tokens * k, h), g.act)
+    g.new(node, "weights", (tokens * k,), g.act)
+
+
 FUNCTIONS = {
     # Context parallelism's MoE (compiler/passes/context_parallel.py): each sequence's choice counts, summed over
     # cp before the router's aux loss (int64, no gradient)
@@ -149,4 +214,10 @@ FUNCTIONS = {
     rebalance.from_slots: Op("from_slots", dtype=dtype_act, saved=_slots_saved, wrapped=True),
     moe.all_to_all_combine_grouped: Op("all_to_all_combine_grouped", saved=_rows_index_saved, selective=True,
                                        computes=False),
+    moe_nodes.node_routes: Op("node_routes", _routes_shape, lambda node, gm, args: "int", free=True, computes=False),
+    moe_nodes.node_dispatch: Op("node_dispatch", _node_dispatch_shape, lambda node, gm, args: ("act", "fp32", "int"),
+                                _node_dispatch_saved, outputs=("rows", "gates", "layout"), selective=True,
+                                computes=False, kept=_node_dispatch_kept),
+    moe_nodes.node_combine: Op("node_combine", _node_combine_shape, dtype_act, _node_combine_saved, selective=True,
+                               computes=False, kept=_node_combine_kept),
 }

@@ -12,6 +12,9 @@ explicit all-to-alls of runtime/moe.py:
 Each moves E·(b·C)·d elements per micro-batch and direction (b sequences, C slots per expert per sequence).
 Expert weights are recorded in gm.meta[EP_SHARDS]; their gradients are synchronised over dp only (the ranks that
 hold the same experts), by the runtime.
+Where the plan dispatches by node (Plan.ep_nodes: its ep groups span nodes, `ep_dispatch = nodes`), a grouped layer
+without `rebalance` runs runtime/moe_nodes.py instead (`_by_node`): each token crosses to a node once over the rail
+(ep_rail) and fans out over the node (ep_node); the combine sums on the node first.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from compiler import spec as S
 from compiler import trace as T
 from compiler.passes.tensor_parallel import Collective, insert_call
 from compiler.symbols import size
-from runtime import moe, rebalance
+from compiler.cost.ledger_parts import expected_nodes
+from runtime import moe, moe_nodes, rebalance
 
 AXIS = "ep"
 
@@ -52,7 +56,7 @@ def ep_policy(gm: fx.GraphModule, ep: int) -> tuple:
     return tuple(out)
 
 
-def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
+def _shard(gm: fx.GraphModule, p: Placement, meta: dict, ep_nodes: tuple = ()) -> None:
 
     node = next(n for n in gm.graph.nodes if n.name == p.experts)
     old = gm.get_submodule(node.target)
@@ -75,7 +79,10 @@ def _shard(gm: fx.GraphModule, p: Placement, meta: dict) -> None:
         if layer.capacity_factor == "none":
             what += " (dropless: buffers sized for the worst case, every token of a sequence to one expert)"
     if node.args and len(node.args) == 2:  # dispatch = grouped: the rows sorted by expert, and their counts
-        _grouped(gm, node, p, layer)
+        if ep_nodes and not placed:
+            _by_node(gm, node, p, layer, ep_nodes)
+        else:
+            _grouped(gm, node, p, layer)
         return
     to = Collective("all_to_all", "all_to_all", AXIS, f"dispatch of {what}: each rank sends every expert's slots to "
                     "the rank holding that expert")
@@ -146,6 +153,92 @@ def _grouped(gm: fx.GraphModule, node: fx.Node, p: Placement, layer) -> None:
         u.replace_input_with(node, got)
 
 
+def _by_node(gm: fx.GraphModule, node: fx.Node, p: Placement, layer, ep_nodes: tuple) -> None:
+    """`dispatch = grouped` by node (runtime/moe_nodes.py): sort_tokens, the experts and unsort_combine become
+    node_routes (the counts and each crossing row's choices within its node, forward only), node_dispatch (each
+    (token, node) row and its gates over the rail, each choice's row over the node), the experts on their rows, and
+    node_combine (back over the node, weighted and summed per row, back over the rail, summed per token).
+
+    Rows per micro-batch on a rank of T = b·S tokens, ν the expected distinct nodes of a token's K choices
+    (ledger_parts.expected_nodes: balanced routing within the router's groups): T·ν over the rail each way (its
+    routing, K int64 each, and gates, K fp32 each, with it), T·K over the node each way. The worst cases bound
+    the measured bytes: a rank sends at most T·min(K, nodes) rows over the rail and receives at most T from each
+    node; over the node an intermediate forwards at most min(K, E/nodes) choices of each row it received, an expert
+    rank receives at most min(K, E/ep) of each row of its node's."""
+    nodes, local = ep_nodes
+    rows, _ = node.args
+    sort = rows.args[0]
+    x, slot, _, capacity = sort.args
+    unsort = next(u for u in node.users if u.target is moe.unsort_combine)
+    gate = unsort.args[2]
+    e, k = p.count, layer.top_k
+    b, s, h = x.meta[T.SHAPE]
+    nu = expected_nodes(e, k, layer.groups, layer.topk_groups, nodes)
+    tokens, rails = b * s, size(AXIS) / local  # T, and the nodes (ep / local: the ranks of one index)
+    crossing = sympy.ceiling(tokens * nu)  # the rows expected over the rail, a whole number (the ledger's bytes)
+    what = f"`moe` with {e} experts, {p.per_rank} per ep rank, top-{k}, dropless, grouped, by node ({nodes} nodes " \
+           f"of {local} ep ranks; {float(nu):.2f} nodes per token expected)"
+    rail, own = moe_nodes.RAIL, moe_nodes.NODE
+    sent_most, got_most = sympy.Min(k, rails) / nu, rails / nu                    # rows over the rail, /expected
+    fwd_most = rails * sympy.Min(k, sympy.Integer(e // nodes)) / k                # an intermediate's choices
+    exp_most = size(AXIS) * sympy.Min(k, sympy.Integer(p.per_rank)) / k           # an expert rank's rows
+
+    def note(axis, why, elements, dtype="act", worst=(), backward="all_to_all", forward="all_to_all", fp8=""):
+        return Collective(forward, backward, axis, f"{why} of {what}", dtype=dtype, elements=elements, worst=worst,
+                          fp8=fp8)
+    blocks = sympy.ceiling(h / moe_nodes.FP8_BLOCK)  # the scales of a row sent in FP8
+    routed = [note(rail, "counts (int64, one per node), before the rows,", sympy.Integer(nodes), "int64",
+                   backward=None),
+              note(rail, "each crossing row's choices within its node (int64, K per row)", crossing * k, "int64",
+                   (("forward", sent_most),), backward=None)]
+    if local > 1:
+        routed.append(note(own, "counts (int64, one per expert of the node), before the rows,",
+                           sympy.Integer(e // nodes), "int64", backward=None))
+    moved = [note(rail, "dispatch: each token once to each node its choices lie on, to the rank of its local index "
+                  "(float8 under precision = fp8)", crossing * h, worst=(("forward", sent_most),), backward=None,
+                  fp8="rows"),
+             note(rail, "dispatch's backward: the rows' gradients back, summed per token", crossing * h,
+                  worst=(("backward", got_most),), forward=None),
+             note(rail, "dispatch: the crossing rows' fp32 scales, one per 128 elements (precision = fp8)",
+                  crossing * blocks, "fp32", (("forward", sent_most),), backward=None, fp8="scales"),
+             note(rail, "dispatch: the crossing rows' gates (fp32, K per row; backward: their gradients)",
+                  crossing * k, "fp32", (("forward", sent_most), ("backward", got_most)))]
+    back = [note(rail, "combine: each node's sum of gate × output per row back to its token's rank (backward: "
+                 "the tokens' gradients to the nodes they visited)", crossing * h,
+                 worst=(("forward", got_most), ("backward", sent_most)))]
+    if local > 1:
+        moved += [note(own, "dispatch: each choice's row from the rank it reached to its expert's rank on the node "
+                       "(float8 under precision = fp8)", tokens * k * h, worst=(("forward", fwd_most),),
+                       backward=None, fp8="rows"),
+                  note(own, "dispatch's backward: the rows' gradients back to the ranks they came through",
+                       tokens * k * h, worst=(("backward", exp_most),), forward=None),
+                  note(own, "dispatch: the rows' fp32 scales, one per 128 elements (precision = fp8)",
+                       tokens * k * blocks, "fp32", (("forward", fwd_most),), backward=None, fp8="scales")]
+        back.insert(0, note(own, "combine: the experts' output rows back to the ranks their rows reached",
+                            tokens * k * h, worst=(("forward", exp_most), ("backward", fwd_most))))
+    routes = insert_call(gm, sort, moe_nodes.node_routes, (slot, capacity, e), node, None, f"{node.name}_routes")
+    routes.meta[T.COLLECTIVE] = tuple(routed)
+    sent = insert_call(gm, routes, moe_nodes.node_dispatch, (x, gate, routes), node, None, f"{node.name}_in")
+    sent.meta[T.COLLECTIVE] = tuple(moved)
+    parts = []
+    at = sent
+    for i, name in enumerate(("rows", "gates", "layout")):
+        with gm.graph.inserting_after(at):
+            at = gm.graph.create_node("call_function", operator.getitem, (sent, i), {}, name=f"{node.name}_{name}")
+        at.meta.update({key: node.meta[key] for key in (T.SPAN, T.LAYER) if key in node.meta})
+        parts.append(at)
+    node.args = (parts[0], parts[2])
+    got = insert_call(gm, node, moe_nodes.node_combine, (node, parts[1], routes), node, None, f"{node.name}_out")
+    got.meta[T.COLLECTIVE] = tuple(back)
+    unsort.replace_all_uses_with(got)
+    gm.graph.erase_node(unsort)
+    for n in list(sort.users):
+        if not n.users:
+            gm.graph.erase_node(n)
+    if not sort.users:
+        gm.graph.erase_node(sort)
+
+
 def expert_parallel_pass(traced: T.Traced, plan) -> T.Traced:
     """Carry out `plan.ep`, the policy's placement of each segment's experts (compiler/pipeline.decide)."""
     if plan.size(AXIS) == 1:
@@ -153,7 +246,7 @@ def expert_parallel_pass(traced: T.Traced, plan) -> T.Traced:
     for cls, gm in traced.segments():
         meta: dict = {}
         for placement in plan.decision("ep", cls):
-            _shard(gm, placement, meta)
+            _shard(gm, placement, meta, plan.ep_nodes)
         gm.meta[T.EP_SHARDS] = meta
         gm.graph.lint()
         gm.recompile()

@@ -230,6 +230,11 @@ class Collective:
                           # expectation, at most factor × that (expert_parallel's grouped dispatch)
     counts: tuple = ()    # (direction, count): where a direction moves another number of tensors than `count`
                           # (context parallelism's ring: its backward sends the gradients too)
+    elements: object = None  # the elements one call moves (sympy), where that is not a tensor's size: the node
+                             # dispatch's rows across nodes (expert_parallel._by_node). A call moving several things
+                             # carries a tuple of notes (node.meta[T.COLLECTIVE])
+    fp8: str = ""         # under precision = fp8 (runtime/moe_nodes.py set_fp8): "rows" move 1 byte per element
+                          # (float8), "scales" are moved only then (fp32); "": whatever the precision
 
 
 def _names(gm: fx.GraphModule) -> dict:

@@ -104,9 +104,13 @@ def reasons(s, d, est, pred, best_t) -> list:
     ep = d.size("ep")
     if ep > 1:
         where = "cross nodes" if lk["ep"].crosses_nodes else "stay inside a node"
-        hid = _slowest_hidden(pred).get("ep", 0.0)
+        if getattr(d, "ep_nodes", ()):  # dispatched by node: ep's two halves (runtime/moe_nodes.py)
+            where = f"cross {d.ep_nodes[0]} nodes once per token and node, then inside the node"
+        names = ("ep", "ep_rail", "ep_node")
+        hid = sum(_slowest_hidden(pred).get(a, 0.0) for a in names)
         hidden = f" ({seconds(hid)} hidden in {d.schedule}'s overlapped pairs)" if hid > 0 else ""
-        out.append(f"ep {ep} all-to-alls {where}: {seconds(pred.exposed_comm_s.get('ep', 0.0))} exposed{hidden}")
+        exposed = sum(pred.exposed_comm_s.get(a, 0.0) for a in names)
+        out.append(f"ep {ep} all-to-alls {where}: {seconds(exposed)} exposed{hidden}")
     cp = d.size("cp")
     if cp > 1:
         seq = d.seq_len

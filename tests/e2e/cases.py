@@ -254,6 +254,17 @@ CASES = (
                      "block then MoE blocks, fine-grained experts with a shared one, the sigmoid router choosing "
                      "within its best 2 of 4 groups, gates × 2.5, the expert bias moved after each step by the load "
                      "summed over the 4 ranks, dropless grouped dispatch (counts exchanged, variable all-to-alls)"),
+    Case(id="deepseek_ep4_nodes", sample="samples/tiny_deepseek.scale", nproc=4,
+         plan=dict(axes=(("ep", 4),), nodes=2, devices_per_node=2),
+         description="DeepSeek-V3's shape over ep = 4 on 2 simulated nodes of 2 (ep_dispatch = nodes, the default): "
+                     "each token crosses to a node once over the rail (ranks 0-2, 1-3) with the gates and its "
+                     "choices there, fans out over the node (0-1, 2-3), the combine summed on the node first; the "
+                     "group-limited router (best 2 of 4 groups, a node holding 2 groups) and the expert bias"),
+    Case(id="deepseek_pp2_ep2_nodes_dualpipev", sample="samples/tiny_deepseek.scale", nproc=4, steps=2,
+         plan=dict(axes=(("pp", 2), ("ep", 2)), nodes=4, devices_per_node=1, schedule="dualpipev", virtual_stages=2,
+                   micro_batches=4),
+         description="DualPipeV × ep 2 over 2 nodes of one rank each (the node dispatch with its rail alone): each "
+                     "overlapped pair's forward and backward node all-to-alls in order on CPU"),
     Case(id="moe_ep4_qwen2_router", sample=MOE, nproc=4, edits=CLIP + (
             ("dropped = residual)", "dropped = residual, renormalize = false, shared_ffn = ffn / 2,\n"
              "                                      shared_gate = sigmoid)"),),
@@ -560,6 +571,9 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
     # pp × ep with the backward split into input and weight halves through the all-to-alls: moe_pp2_ep2_dualpipev
     # (the V's second half of backwards is split: I then W); zero-bubble's own order: pp2_zero_bubble
     "moe_pp2_ep2_zero_bubble",
+    # the node dispatch under dualpipev (its rail alone, 4 ranks): deepseek_ep4_nodes runs both stages of it in CI,
+    # and moe_pp2_ep2_dualpipev the pairs' all-to-alls
+    "deepseek_pp2_ep2_nodes_dualpipev",
     # cp over 4 ranks: cp4_ring; cp × interleaved: cp2_pp2 and pp4_interleaved; dp × cp: dp2_cp2_fsdp and
     # test_context_parallel_logged_loss_is_the_single_devices[dp2_cp2]; zero1 over a folded batch group:
     # moe_dp2_ep2_zero1
