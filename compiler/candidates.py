@@ -63,7 +63,7 @@ class Candidates:
         from compiler.cost import binds_cp
         self._cp_bound = binds_cp(spec)  # a `moe` layer's capacity binds the cp degree in the graphs
         self._rules = None  # rules.Checker of this spec, made on first use
-        self._grouped = P.node_dispatched(self.spec)  # whether a plan's ep split by node lowers anything
+        self._grouped = S.node_dispatched(self.spec)  # whether a plan's ep split by node lowers anything
 
     def _structure(self, plan: P.Plan) -> _Structure:
         plan = P.with_ep_nodes(plan, self.spec, self._grouped)  # the pass reads it: part of the structure

@@ -68,7 +68,7 @@ def compile_spec(spec: S.Spec, check_between: bool = False, show=None, plan: P.P
                  unsharded=None) -> Compiled:
     """Compile the file's plan, or a candidate `plan` of the same model (from the same unsharded trace if given)."""
     plan = spec.plan if plan is None else replace(plan, stages=(), tp=(), ep=())
-    plan = P.with_ep_nodes(plan, spec)  # the expert-parallel pass reads the ep split by node
+    plan = P.with_ep_nodes(plan, spec, S.node_dispatched(spec))  # the expert-parallel pass reads the ep split by node
     unsharded = unsharded or trace(spec)
     if check_between:
         verify(unsharded, "trace")

@@ -294,27 +294,21 @@ def offload_text(plan) -> str:
     return "parameter offload" if plan.offload == "params" else "no offload"
 
 
-def node_dispatched(spec) -> bool:
-    """Whether some `moe` of `spec` dispatches grouped without `rebalance`: the layers the node dispatch runs."""
-    from compiler import spec as S
-    return any(isinstance(x, S.MoE) and x.dispatch == "grouped" and x.rebalance is None
-               for x in S.walk(spec.model.layers))
-
-
-def ep_nodes_of(plan: Plan, spec, grouped: bool | None = None) -> tuple:
+def ep_nodes_of(plan: Plan, spec, grouped: bool) -> tuple:
     """`Plan.ep_nodes` of `plan` for `spec` (its model and Cluster): the ep split by node (compiler/layout/groups.py
     `ep_split`) where the plan dispatches by node, its mesh keeps its own rank order (a written `placement` moves
     ranks between nodes: direct there) and some `moe` dispatches grouped without `rebalance` (the only layers the
     node dispatch runs: a padded or re-placed one is sent directly, and a plan without one builds no ep halves);
-    else (). `grouped`: `node_dispatched(spec)` where the caller holds it (a search asks once per candidate)."""
+    else (). `grouped`: `spec.node_dispatched(spec)`, which the caller holds (a search asks once, not per
+    candidate; and this module imports no spec)."""
     if plan.ep_dispatch != "nodes" or plan.placement is not None or spec.cluster is None:
         return ()
-    if not (node_dispatched(spec) if grouped is None else grouped):
+    if not grouped:
         return ()
     return layout_groups.ep_split(tuple(plan.axes), spec.cluster.devices_per_node)
 
 
-def with_ep_nodes(plan: Plan, spec, grouped: bool | None = None) -> Plan:
+def with_ep_nodes(plan: Plan, spec, grouped: bool) -> Plan:
     """`plan` with its `ep_nodes` for `spec` (the decided fields' kind: compile and the search's candidates set it
     before lowering, since the expert-parallel pass reads it)."""
     nodes = ep_nodes_of(plan, spec, grouped)

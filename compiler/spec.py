@@ -53,6 +53,12 @@ def walk(layers):
             yield x
 
 
+def node_dispatched(spec) -> bool:
+    """Whether some `moe` of `spec` dispatches grouped without `rebalance`: the layers the node dispatch
+    (runtime/moe_nodes.py) runs."""
+    return any(isinstance(x, MoE) and x.dispatch == "grouped" and x.rebalance is None for x in walk(spec.model.layers))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -36,6 +36,11 @@ def _group(axis: str):
     return _GROUPS.get(axis)
 
 
+def registered(axis: str) -> bool:
+    """Whether this program registered a process group for `axis` (a group of one rank is not registered)."""
+    return axis in _GROUPS
+
+
 def axis_size(axis: str) -> int:
     g = _GROUPS.get(axis)
     return 1 if g is None else dist.get_world_size(g)

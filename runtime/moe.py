@@ -502,7 +502,7 @@ def exchange_counts(counts_E: torch.Tensor, axis: str) -> torch.Tensor:
                                                                            collectives._name(axis)))
 
 
-def _exchange_v(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Tensor:
+def exchange_rows(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Tensor:
     """all_to_all_single with variable splits along dim 0: `send[j]` rows to rank j, `recv[j]` rows from it. The
     bytes counted are the whole tensor this rank sends (its own rows included, as `_exchange` counts)."""
     x = x.contiguous()
@@ -518,15 +518,15 @@ class _ExchangeV(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, send, recv, axis):
         ctx.splits, ctx.axis = (send, recv), axis
-        return _exchange_v(x, send, recv, axis)
+        return exchange_rows(x, send, recv, axis)
 
     @staticmethod
     def backward(ctx, grad):
         send, recv = ctx.splits
-        return _exchange_v(grad, recv, send, ctx.axis), None, None, None
+        return exchange_rows(grad, recv, send, ctx.axis), None, None, None
 
 
-def _by_expert(layout_NL: torch.Tensor) -> torch.Tensor:
+def by_expert(layout_NL: torch.Tensor) -> torch.Tensor:
     """The received rows (source-major: for each source rank its rows of each local expert) reordered
     expert-major (for each local expert its rows from each source): indices into the received rows."""
     n, el = layout_NL.shape
@@ -549,7 +549,7 @@ def all_to_all_dispatch_grouped(x_TH: torch.Tensor, counts_E: torch.Tensor, layo
         return x_TH
     send = counts_E.reshape(n, -1).sum(1).tolist()
     recv = layout_NL.sum(1).tolist()
-    return _ExchangeV.apply(x_TH, send, recv, axis)[_by_expert(layout_NL)]
+    return _ExchangeV.apply(x_TH, send, recv, axis)[by_expert(layout_NL)]
 
 
 def all_to_all_combine_grouped(y_RH: torch.Tensor, counts_E: torch.Tensor, layout_NL: torch.Tensor,
@@ -559,7 +559,7 @@ def all_to_all_combine_grouped(y_RH: torch.Tensor, counts_E: torch.Tensor, layou
     n = collectives.axis_size(axis)
     if n == 1:
         return y_RH
-    at = _by_expert(layout_NL)
+    at = by_expert(layout_NL)
     back = torch.empty_like(at).scatter_(0, at, torch.arange(at.numel(), device=at.device))
     send = layout_NL.sum(1).tolist()
     recv = counts_E.reshape(n, -1).sum(1).tolist()

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime import choices, collectives
-from runtime.moe import _by_expert
-from runtime.moe import _exchange_v as _exchange_rows
+from runtime.moe import by_expert, exchange_counts, exchange_rows
 
 RAIL, NODE = choices.EP_NODE_GROUPS
 
@@ -74,7 +73,7 @@ def _exchange_v(x: torch.Tensor, send: list, recv: list, axis: str) -> torch.Ten
     group is built) the rows stay."""
     if collectives.axis_size(axis) == 1:
         return x
-    return _exchange_rows(x, send, recv, axis)
+    return exchange_rows(x, send, recv, axis)
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class Routes:
     choice_Q: torch.Tensor    # and which of its K choices
     send2: list               # choices to each rank of the node
     recv2: list               # rows from each rank of the node
-    at_R: torch.Tensor        # the received rows (source-major) in expert-major order: runtime.moe._by_expert
+    at_R: torch.Tensor        # the received rows (source-major) in expert-major order: runtime.moe.by_expert
     layout: torch.Tensor      # (L, El) rows each rank of the node sent to each of this rank's experts
     batch: tuple              # (B, S)
     choices: int
@@ -110,18 +109,12 @@ class Routes:
 def spans_nodes() -> bool:
     """Whether this program's ep group has its node sub-groups (runtime/mesh.py registers them where the plan asks
     for the node dispatch)."""
-    return collectives._group(RAIL) is not None
+    return collectives.registered(RAIL)
 
 
 def _counts(send: torch.Tensor, axis: str) -> torch.Tensor:
-    """Forward only: all-to-all of equal int64 chunks, one per rank of `axis` (as runtime.moe.exchange_counts)."""
-    n = collectives.axis_size(axis)
-    send = send.reshape(n, -1).contiguous()
-    if n == 1:
-        return send
-    collectives._count("all_to_all", axis, send)
-    return collectives._F.wait_tensor(collectives._F.all_to_all_single(send, [1] * n, [1] * n,
-                                                                       collectives._name(axis)))
+    """Forward only: all-to-all of equal int64 chunks, one per rank of `axis`: runtime.moe.exchange_counts."""
+    return exchange_counts(send.reshape(-1), axis)
 
 
 @torch.no_grad()
@@ -152,7 +145,7 @@ def node_routes(slot_BSK: torch.Tensor, capacity: int, experts: int) -> Routes:
     layout = _counts(per_expert, NODE).reshape(local, per_rank)
     return Routes(token_P=token_P, mine_PK=mine_PK, send1=send1, recv1=recv1, row_Q=row_Q, choice_Q=choice_Q,
                   send2=per_expert.reshape(local, per_rank).sum(1).tolist(), recv2=layout.sum(1).tolist(),
-                  at_R=_by_expert(layout), layout=layout, batch=(b, s), choices=k)
+                  at_R=by_expert(layout), layout=layout, batch=(b, s), choices=k)
 
 
 class _NodeDispatch(torch.autograd.Function):
