@@ -77,9 +77,12 @@ class Tally:
         self._pending_add(self._stat_keys(plan), problems, times)
 
     def _pending_add(self, keys: tuple, problems, times: int) -> None:
-        got = self._pending.get((keys, id(problems)))
+        # by the diagnostics themselves (kept alive in the entry, so their ids stay theirs): a rule's refusal given
+        # again (rules.REUSABLE) is one entry, whichever list holds it
+        at = (keys, tuple(map(id, problems)))
+        got = self._pending.get(at)
         if got is None:
-            self._pending[(keys, id(problems))] = [problems, times]
+            self._pending[at] = [problems, times]
         else:
             got[1] += times
 
