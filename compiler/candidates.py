@@ -60,6 +60,7 @@ class Candidates:
         self.spec = spec if cluster is None else spec.on(cluster)
         self.unsharded = unsharded or L.trace(spec)
         self._structures: dict = {}
+        self._keys: dict = {}  # what `structure` reads of a plan -> the structure's key (`_structure`)
         from compiler.cost import binds_cp
         self._cp_bound = binds_cp(spec)  # a `moe` layer's capacity binds the cp degree in the graphs
         self._rules = None  # rules.Checker of this spec, made on first use
@@ -67,11 +68,17 @@ class Candidates:
 
     def _structure(self, plan: P.Plan) -> _Structure:
         plan = P.with_ep_nodes(plan, self.spec, self._grouped)  # the pass reads it: part of the structure
-        key = structure(plan, self._cp_bound)
-        if self.spec.train.fp8 is not None:
-            # FP8's linears are read from the sharded modules, whose features are the lowering plan's tp shard
-            # (compiler/cost/fp8.py `chosen`: the filter and the matmul sizes): one structure per tp degree
-            key += (plan.size("tp"),)
+        # what `structure` reads of a plan -> its key: a search asks ~80,000 times for a few dozen structures
+        at = (plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
+              plan.ep_nodes)
+        key = self._keys.get(at)
+        if key is None:
+            key = structure(plan, self._cp_bound)
+            if self.spec.train.fp8 is not None:
+                # FP8's linears are read from the sharded modules, whose features are the lowering plan's tp shard
+                # (compiler/cost/fp8.py `chosen`: the filter and the matmul sizes): one structure per tp degree
+                key += (plan.size("tp"),)
+            self._keys[at] = key
         got = self._structures.get(key)
         if got is None:
             from compiler import cost as C
@@ -111,13 +118,14 @@ class Candidates:
                                                    first, last)
         return P.evolve(plan, tp=st.plan.tp, ep=eps, stages=stages)
 
-    def requires(self, plan: P.Plan) -> list:
+    def requires(self, plan: P.Plan, reuse: bool = False) -> list:
         """What every rule says of `plan` (compiler/rules/: each pass's `requires`, the mesh's), the same as
-        `check_plan` (rules.Checker remembers which rule passed which settings)."""
+        `check_plan` (rules.Checker remembers which rule passed which settings); with `reuse`, a refusal's message
+        may name another plan of the same settings (rules.REUSABLE: for a search, which prints none)."""
         if self._rules is None:
             from compiler import rules as R
             self._rules = R.Checker(self.spec)
-        return self._rules(plan)
+        return self._rules(plan, reuse)
 
     def estimate(self, plan: P.Plan, pp_rank: int = 0, memory: bool = True):
         """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model (`memory=False`:

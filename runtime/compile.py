@@ -23,7 +23,7 @@ import logging
 import torch
 from torch import nn
 
-from runtime import recompute
+from runtime import context_parallel, recompute
 from runtime.layers import Repeat
 
 
@@ -43,6 +43,7 @@ logging.getLogger("torch._higher_order_ops.wrap").addFilter(_NoInPlaceNotice())
 def apply(module: nn.Module) -> nn.Module:
     """Compile `module`'s regions in place, before data parallelism wraps it; parameter names and the module tree
     are unchanged. The recomputation mode of each Repeat (runtime.parallelize.apply_recompute) must be set already."""
+    context_parallel.mark_compiled_constants()  # before any region is traced
     for m in module.modules():
         if isinstance(m, Repeat):
             m.compiled = True

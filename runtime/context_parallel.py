@@ -99,13 +99,21 @@ def _make_mask(local: int, n: int, rank: int, device: torch.device, dtype: torch
 _mask = functools.lru_cache(maxsize=16)(_make_mask)
 
 
-@torch._dynamo.assume_constant_result
 def _shared_mask(local: int, n: int, rank: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`_mask`, inside a compiled region (runtime.compile): dynamo calls this once when it traces and takes the
     tensor as a constant of the region, so every layer reads and keeps for backward the one cached mask, as the
     eager program does (made in the graph, the partitioner kept a copy per layer without recomputation: measured,
-    tests/test_memory_compiled.py)."""
+    tests/test_memory_compiled.py). Marked so by `mark_compiled_constants`, before anything is compiled."""
     return _mask(local, n, rank, device, dtype)
+
+
+def mark_compiled_constants() -> None:
+    """Tell dynamo that `_shared_mask`'s result is a constant of each compiled region (`assume_constant_result`).
+    runtime.compile calls it before it compiles anything. Not a decorator at import: `torch._dynamo` is imported
+    on first access, and that import was 0.7 s of CPU on every import of this module, the compiler's among them
+    (compiler/ops/attention.py keys its op records by this module's functions: `scalec search` and `plan` paid it
+    without compiling anything)."""
+    torch._dynamo.assume_constant_result(_shared_mask)
 
 
 def causal_mask(local: int, device: torch.device, dtype: torch.dtype, axis: str = AXIS) -> torch.Tensor:

@@ -333,3 +333,16 @@ def test_the_private_scan_sees_each_way_of_reading_a_name():
     got = _private_reads(ROOT / "compiler" / "m.py", modules, text)
     assert {(m, n) for _, m, n in got} == {("compiler.binder", "_x"), ("compiler.binder", "_z"),
                                            ("compiler.spec", "_w"), ("compiler.parse", "_v")}
+
+
+def test_the_search_path_imports_no_dynamo():
+    """`scalec search` and `plan` trace with torch.fx and compile nothing: importing the search (and through it the
+    op records, which key runtime.context_parallel's functions) loads no torch._dynamo, whose import was 0.7 s of
+    CPU of every such command (runtime.context_parallel.mark_compiled_constants: marked when compiling)."""
+    import subprocess
+    import sys
+    code = "import sys, compiler.search, runtime.compile\nprint('torch._dynamo' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

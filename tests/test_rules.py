@@ -85,7 +85,7 @@ def test_the_checker_agrees_with_check_plan_over_a_search_space():
     kinds left out of tp, in the search's order and in reverse, it must say exactly what check_plan says. A rule
     that starts reading a setting READS does not name fails here."""
     from compiler import search as SE
-    from compiler.rules import Checker
+    from compiler.rules import READS, RULES, Checker, reads_all
     moe8 = (SAMPLES / "moe_gpt.scale").read_text(encoding="utf-8").replace("devices_per_node = 2",
                                                                            "devices_per_node = 8")
     assert "devices_per_node = 8" in moe8  # ep and dp > 1 together
@@ -100,11 +100,18 @@ def test_the_checker_agrees_with_check_plan_over_a_search_space():
                  for rc in space.recomputes() for pad in (False, True)
                  for layers in (family.tp_layers, ("attention", "mlp"), ("mlp", "vocab"))]
         wants = [check_plan(spec, plan) for plan in plans]
+        for plan in plans[::7]:  # the Checker's keys, all at once, are READS'
+            assert reads_all(plan) == tuple((name, READS[name](plan)) for name, _ in RULES), plan.describe()
         assert any(wants) and not all(wants)  # both verdicts met
         for order in (list(zip(plans, wants)), list(zip(plans, wants))[::-1]):
             checker = Checker(spec)
             for plan, want in order:
                 assert checker(plan) == want, plan.describe()
+        # a refusal given again (rules.REUSABLE, for a search) differs from check_plan's in its message alone
+        fields = lambda ds: [(d.code, d.brief, d.key, d.help, d.span, d.axis, d.rule) for d in ds]  # noqa: E731
+        checker = Checker(spec)
+        for plan, want in zip(plans, wants):
+            assert fields(checker(plan, reuse=True)) == fields(want), plan.describe()
 
 
 # What each rule module says its refusals are about (Diagnostic.axis): the search charges a refusal to the family

@@ -317,12 +317,8 @@ class Simulator:
             stage_params = self._stage_params(cm, plan, env)
             per, last_backward = None, 0.0
             layout = cm.stages_for(plan, env)
-            blocks = [pieces[("block", name)] for name, _, _ in fo.edges]
-            stage_ops = [sum(c * blocks[i].ops for i, c in fo.held(lo, hi)) + (pieces["prologue"].ops if k == 0 else 0)
-                         + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
-                         for k, (lo, hi) in enumerate(layout)]
             lay = plan.stage_layout
-            ops = m * max(sum(stage_ops[s] for s in lay.stages_of(r)) for r in range(pp))
+            ops = m * self._rank_ops(fo, pieces, tuple(layout), lay, pp)
         else:
             tops = [k for k in mdl.segments if not isinstance(k, tuple)]
             blocks = [k for k in mdl.segments if isinstance(k, tuple)]
@@ -352,11 +348,16 @@ class Simulator:
             shard = params0 / (dense / (dp * ep) + est.expert_params_rank / dp)
         ranks, worst = [], None
         runtime = dev.step_overhead_ms * 1e-3
+        dp_exposed: dict = {}  # scale -> `_data_parallel_exposed`: the pp ranks of equal parameters share it
         for r in sorted(ranks_end):
             scale = stage_params[r] / params0
             sync = 0.0
             exposed = dict(stage_comm.get(r, {}))
-            for axis, hidden in self._data_parallel_exposed(cm, plan, step_entries, lk, scale, per, last_backward):
+            at_scale = dp_exposed.get(scale)
+            if at_scale is None:
+                at_scale = dp_exposed[scale] = self._data_parallel_exposed(cm, plan, step_entries, lk, scale, per,
+                                                                          last_backward)
+            for axis, hidden in at_scale:
                 exposed[axis] = exposed.get(axis, 0.0) + hidden
                 sync += hidden
             opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
@@ -434,6 +435,20 @@ class Simulator:
             total = max(overlapped - window, last - last_backward, 0.0) + tail
             out += [(c.axis, total * t / overlapped) for c, t, k in timed if k != "exposed"]
         return out
+
+    def _rank_ops(self, fo, pieces, layout: tuple, lay, pp: int) -> int:
+        """The most ops one micro-batch runs on a pp rank (its stages' blocks, the first layers on stage 0, the last
+        layers and loss on the last), kept per pieces and layout: what the per-op overhead multiplies."""
+        known = self._stages.setdefault(id(pieces), {})
+        at = ("ops", layout, lay.style, pp)
+        got = known.get(at)
+        if got is None:
+            blocks = [pieces[("block", name)] for name, _, _ in fo.edges]
+            stage_ops = [sum(c * blocks[i].ops for i, c in fo.held(lo, hi)) + (pieces["prologue"].ops if k == 0 else 0)
+                         + (pieces["epilogue"].ops + pieces["loss"].ops if k == len(layout) - 1 else 0)
+                         for k, (lo, hi) in enumerate(layout)]
+            got = known[at] = max(sum(stage_ops[s] for s in lay.stages_of(r)) for r in range(pp))
+        return got
 
     def _stage_params(self, cm, plan, env) -> dict:
         """Each pp rank's parameters (its stages'), kept per model, sizes and layout; not to be changed."""

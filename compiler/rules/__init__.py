@@ -88,23 +88,72 @@ READS = {
 }
 
 
+def reads_all(p) -> tuple:
+    """`READS[name](p)` of every rule, in RULES' order, computed at once: the axis sizes and the compile span read
+    once, not once per rule (a search checks about a hundred thousand candidates, and the seven keys, each reading
+    the sizes again, were a tenth of the 175B search). tests/test_rules.py holds it equal to READS."""
+    tp = pp = ep = cp = dp = 1
+    for a, n in p.axes:
+        if a == "tp":
+            tp = n
+        elif a == "pp":
+            pp = n
+        elif a == "ep":
+            ep = n
+        elif a == "cp":
+            cp = n
+        elif a == "dp":
+            dp = n
+    written = p.span("compile") is not None
+    sharded, compiled, sp, variant = dp > 1, p.compile, p.sequence_parallel, p.context_parallel
+    return (("tensor_parallel", (tp, p.tp_layers, p.pad_vocab, sp, p.seq_len, cp)),
+            ("pipeline_split", (pp, p.virtual_stages, p.schedule, p.recompute, compiled, written, p.micro_batches,
+                                p.layout)),
+            ("expert_parallel", (ep, tp, sharded, sp, p.data_parallel)),
+            ("context_parallel", (cp, p.seq_len, variant, pp, tp, p.tp_layers, ep, p.data_parallel, sharded,
+                                  compiled, written)),
+            ("packed", (ep, cp, variant, compiled, written)),
+            ("offload", (p.offload, p.data_parallel, sharded, p.recompute, compiled, written)),
+            ("mesh", (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len)))
+
+
+# The rules whose diagnostics read no more of a plan than READS and its spans, but for the message's words naming
+# the plan (a candidate's `plan.describe()`): code, brief, key, label and help, axis and rule are the same for every
+# plan that agrees on those (pipeline_split: pp, the virtual stages, the schedule, the micro-batches, the layout and
+# the model's blocks). A search, which groups refusals by their brief and prints no message, is given a refusal of
+# theirs again (`Checker(plan, reuse=True)`); tests/test_rules.py holds the fields equal over a search's space.
+REUSABLE = frozenset({"pipeline_split"})
+
+
 class Checker:
     """`check_plan` over one spec's model for many plans, remembering which rule passed which settings (`READS`):
     a search checks tens of thousands of candidates that differ in a few settings, and each rule runs again only
-    for settings it has not passed. A refusal is always recomputed, so its diagnostics (which describe the plan)
-    are exactly `check_plan`'s."""
+    for settings it has not passed. A refusal is recomputed, so its diagnostics (which describe the plan) are
+    exactly `check_plan`'s, unless the caller asks for `reuse`: then a REUSABLE rule's refusal is the one it gave a
+    plan of the same settings and spans, whose message may name that other plan (a search refused the same few
+    micro-batch counts of each pipeline depth tens of thousands of times, describing each plan in words)."""
 
     def __init__(self, spec: S.Spec):
         self.spec = spec
         self._passed: set = set()
+        self._refusals: dict = {}  # (REUSABLE rule's key, id of the plan's spans) -> (those spans, its diagnostics)
 
-    def __call__(self, plan) -> list[Diagnostic]:
+    def __call__(self, plan, reuse: bool = False) -> list[Diagnostic]:
         out: list[Diagnostic] = []
-        for name, rule in RULES:
-            key = (name, READS[name](plan))
+        for (name, rule), key in zip(RULES, reads_all(plan)):
             if key in self._passed:
                 continue
-            got = rule(self.spec, plan)
+            if reuse and name in REUSABLE:
+                at = (key, id(plan.spans))
+                got = self._refusals.get(at)
+                if got is not None and got[0] is plan.spans:
+                    out += got[1]
+                    continue
+                got = rule(self.spec, plan)
+                if got:
+                    self._refusals[at] = (plan.spans, got)
+            else:
+                got = rule(self.spec, plan)
             if not got:
                 self._passed.add(key)
             out += got

@@ -116,7 +116,7 @@ class Search(Tally):
         # per family key (axis, value) -> what happened to its candidates
         self.stats: dict = {}
         self._stat_key_cache: dict = {}  # (axes, schedule, context_parallel) -> _stat_keys
-        self._pending: dict = {}      # (stat keys, id(problems)) -> [problems, times]: refusals not yet counted
+        self._pending: dict = {}      # (stat keys, ids of the problems) -> [problems, times]: refusals not yet counted
         self._cp_shape_memo: dict = {}  # (cp, variant) -> cp's shape-wide refusals (Tally._cp_shape_refused)
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
         self.by_key: dict = {}        # layout key -> (time, Winner)
@@ -146,10 +146,12 @@ class Search(Tally):
     # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
 
     def _legal(self, plan):
-        problems = self.cands.requires(plan)
+        # the refusals' messages may name another plan of the same settings (rules.REUSABLE): the search groups
+        # them by their brief (Tally) and prints none
+        problems = self.cands.requires(plan, reuse=True)
         if problems and not plan.pad_vocab and all(d.rule == VOCAB for d in problems):
             padded = P.evolve(plan, pad_vocab=True)
-            if not self.cands.requires(padded):
+            if not self.cands.requires(padded, reuse=True):
                 return padded, []
         return plan, problems
 
@@ -367,7 +369,7 @@ class Search(Tally):
                 self.group_fits[g] = fits(got)
         if not self.group_fits.get(g, True):
             return self._no_fit(plan0, key, log, tried)
-        rc_bound: dict = {}
+        rc_bound: dict = {plan0.recompute: lb}  # the family's own bound is its recomputation's (`run` made it)
         times: dict = {}
         legal: dict = {}
 

@@ -9,6 +9,7 @@ from collections import Counter
 # The report's family keys -> the axis (Diagnostic.axis) whose refusals are that key's own: a refusal by a rule of
 # another of these axes is another key's; one of no axis (the whole mesh's rules) is every key's.
 OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
+OWNED = frozenset(OWN.values())
 
 
 class Tally:
@@ -64,9 +65,14 @@ class Tally:
         return self._stats_of(self._stat_keys(plan))
 
     def _stats_of(self, keys) -> list:
-        return [self.stats.setdefault(k, {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0,
-                                          "min_peak": None, "best_exact": None, "best_bound": None})
-                for k in keys]
+        stats, out = self.stats, []
+        for k in keys:
+            st = stats.get(k)
+            if st is None:  # made only when new: a search asks some 70,000 times for a few dozen keys
+                st = stats[k] = {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0, "min_peak": None,
+                                 "best_exact": None, "best_bound": None}
+            out.append(st)
+        return out
 
     def _refused(self, plan, problems, times: int = 1):
         """Count each refusal against the family it belongs to (its axis, Diagnostic.axis): a tensor-parallel rule's
@@ -77,9 +83,12 @@ class Tally:
         self._pending_add(self._stat_keys(plan), problems, times)
 
     def _pending_add(self, keys: tuple, problems, times: int) -> None:
-        got = self._pending.get((keys, id(problems)))
+        # by the diagnostics themselves (kept alive in the entry, so their ids stay theirs): a rule's refusal given
+        # again (rules.REUSABLE) is one entry, whichever list holds it
+        at = (keys, tuple(map(id, problems)))
+        got = self._pending.get(at)
         if got is None:
-            self._pending[(keys, id(problems))] = [problems, times]
+            self._pending[at] = [problems, times]
         else:
             got[1] += times
 
@@ -89,9 +98,8 @@ class Tally:
         self._pending.clear()
 
     def _count_refused(self, keys, problems, times: int):
-        owned = set(OWN.values())
         stats = self._stats_of(keys)
         for (a, _), st in zip(keys, stats):
-            mine = [d for d in problems if d.axis == OWN[a] or d.axis not in owned]
+            mine = [d for d in problems if d.axis == OWN[a] or d.axis not in OWNED]
             for d in mine[:1] or problems[:1]:
                 st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
