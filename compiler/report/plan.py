@@ -145,8 +145,9 @@ def _step_time_text(compiled) -> list[str]:
              f"            {pred.tokens_per_s:,.0f} tokens/s; {pred.model_tflops_per_device:.4g} model TFLOP/s per "
              f"device{hw}; MFU {pred.mfu:.1%}"]
     exposed = ", ".join(f"{a} {_seconds(t)}" for a, t in pred.exposed_comm_s.items() if t > 0) or "none"
-    lines += [f"            pipeline bubble {pred.bubble_fraction:.1%} (the slowest rank idle in the schedule); "
-              f"exposed communication: {exposed}; "
+    busiest = _busiest_idle(pred)
+    lines += [f"            pipeline bubble {pred.bubble_fraction:.1%} (the slowest rank idle in the schedule"
+              f"{busiest}); exposed communication: {exposed}; "
               f"AdamW {_seconds(pred.optimizer_s)}"]
     lines += _offload_step_text(compiled, pred)
     lines += ["            links: " + "; ".join(k.describe() for k in pred.links)]
@@ -162,6 +163,20 @@ def _step_time_text(compiled) -> list[str]:
             lines += [f"            {r.who}: computes {_seconds(r.compute_s)}, waits {_seconds(r.idle_s)}, "
                       f"ends at {_seconds(r.end_s)}"]
     return lines
+
+
+def _busiest_idle(pred) -> str:
+    """Where the rank that computes most is not the slowest one: its idle share, the bubble on the step's critical
+    path (stages of unequal work leave the light ranks waiting for the heavy ones: under dualpipev, pp rank 0,
+    holding the first and the last stage, ends last and waits most)."""
+    ranks = list(pred.ranks)
+    if len(ranks) < 2 or pred.bubble_fraction == 0:
+        return ""
+    slowest = max(ranks, key=lambda r: r.end_s)
+    busiest = max(ranks, key=lambda r: r.compute_s)
+    if busiest is slowest or busiest.end_s <= 0:
+        return ""
+    return f"; the busiest, {busiest.who}, {busiest.idle_s / busiest.end_s:.1%}"
 
 
 def _offload_step_text(compiled, pred) -> list[str]:
