@@ -62,37 +62,57 @@ class Bounds:
 
     def cheap(self, plan) -> float:
         """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
-        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
-        without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
-        search bounds every family with them and decides the stage layout only of those it visits."""
+        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks),
+        and under a schedule of one stage per rank that drains (1f1b, gpipe) at least `_chained`'s; without pp it is
+        `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a search bounds every
+        family with them and decides the stage layout only of those it visits."""
         # what it reads of the plan: the structure (compiler.cost.structure), env, the links (axes, placement), what
         # the pieces read besides (recomputation, its passes, compile) and the micro-batches; the schedules of a
         # mesh shape (a family each) share it
         at = ("cheap", plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
               plan.placement, plan.micro_batch_size, plan.micro_batches, plan.recompute, recompute_passes(plan),
-              plan.compiles, plan.schedule in PAIRED)
+              plan.compiles)
         got = self._stage_times.get(at)
         if got is None:
             got = self._stage_times[at] = self._cheap(plan)
-        return got
+        if not isinstance(got, tuple):
+            return got  # without pp: `busy` itself
+        total, paired_total = got
+        m, pp = plan.micro_batches, plan.size("pp")
+        if plan.schedule in PAIRED:
+            return m * paired_total / pp
+        if plan.virtual_stages == 1 and plan.schedule not in choices.SPLIT_BACKWARD:
+            return max(m * total / pp, _chained(total, m, pp))
+        return m * total / pp
 
-    def _cheap(self, plan) -> float:
+    def _cheap(self, plan):
+        """`busy` itself without pp; under pp, the whole model's one micro-batch (forward and backward) without
+        and with what overlapped pairs could hide (dualpipev's), each a little below the exact sums."""
         cm = self.cands.cost_model(plan)
         env = env_of(plan)
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
         if not cm.piped:
             return self.busy(plan)
-        paired = plan.schedule in PAIRED
-        total = self._stage_times.get(("whole", id(pieces), paired))
-        if total is None:
+        got = self._stage_times.get(("whole", id(pieces)))
+        if got is None:
             parts = [(c, pieces[("block", name)]) for name, (_, c) in cm.counts.items()]
             parts += [(1, pieces[k]) for k in ("prologue", "epilogue", "loss")]
             total = sum(c * (p.forward + p.backward) for c, p in parts)
-            if paired:
-                # an overlapped pair hides at most the lesser of its communication and its compute (`pair_seconds`),
-                # so a step's pairs hide at most the lesser of the whole model's hideable communication and the rest
-                hide = sum(c * sum(p.hideable) for c, p in parts)
-                total -= min(hide, total - hide)
+            # an overlapped pair hides at most the lesser of its communication and its compute (`pair_seconds`),
+            # so a step's pairs hide at most the lesser of the whole model's hideable communication and the rest
+            hide = sum(c * sum(p.hideable) for c, p in parts)
+            paired = total - min(hide, total - hide)
             # below the exact sums by more than their rounding, so never above the bound it stands for
-            total = self._stage_times[("whole", id(pieces), paired)] = total * (1 - 1e-9)
-        return plan.micro_batches * total / plan.size("pp")
+            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9))
+        return got
+
+
+def _chained(total: float, m: int, pp: int) -> float:
+    """The least busiest rank, fill and drain included, of a pipeline of one stage per rank that drains (1f1b,
+    gpipe) whose stages' one micro-batch forward and backward sum to `total`: rank r's is m·a_r plus the earlier
+    stages' a_q (`busy`: their forwards of the first micro-batch before it, their backwards of the last after it).
+    Were every rank's below X, each a_r < (X - S_r)/m with S_r the earlier stages' sum, so S_{r+1} < S_r·(1 - 1/m)
+    + X/m and, by induction from S_0 = 0, total = S_pp < X·(1 - (1 - 1/m)^pp): the busiest rank is at least
+    total / (1 - (1 - 1/m)^pp), whatever the layout (at least m·total/pp, Bernoulli's inequality). `total` is a
+    little below the exact sums already (`_cheap`), more than this expression's rounding."""
+    return total / (1 - (1 - 1 / m) ** pp)
