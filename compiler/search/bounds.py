@@ -63,8 +63,8 @@ class Bounds:
     def cheap(self, plan) -> float:
         """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
         does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks),
-        and under a schedule of one stage per rank that drains (1f1b, gpipe) at least `_chained`'s; without pp it is
-        `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a search bounds every
+        and under a schedule of one stage per rank at least `_chained`'s (its fill and drain: 1f1b, gpipe; its fill
+        alone: zero-bubble, whose weight halves may come last); without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a search bounds every
         family with them and decides the stage layout only of those it visits."""
         # what it reads of the plan: the structure (compiler.cost.structure), env, the links (axes, placement), what
         # the pieces read besides (recomputation, its passes, compile) and the micro-batches; the schedules of a
@@ -77,17 +77,19 @@ class Bounds:
             got = self._stage_times[at] = self._cheap(plan)
         if not isinstance(got, tuple):
             return got  # without pp: `busy` itself
-        total, paired_total = got
+        total, paired_total, forward = got
         m, pp = plan.micro_batches, plan.size("pp")
         if plan.schedule in PAIRED:
             return m * paired_total / pp
-        if plan.virtual_stages == 1 and plan.schedule not in choices.SPLIT_BACKWARD:
-            return max(m * total / pp, _chained(total, m, pp))
+        if plan.virtual_stages == 1:  # drained: the earlier stages' backwards after the last too (`busy`)
+            drained = plan.schedule not in choices.SPLIT_BACKWARD
+            return max(m * total / pp, _chained(total, m, pp, 1.0 if drained else forward))
         return m * total / pp
 
     def _cheap(self, plan):
         """`busy` itself without pp; under pp, the whole model's one micro-batch (forward and backward) without
-        and with what overlapped pairs could hide (dualpipev's), each a little below the exact sums."""
+        and with what overlapped pairs could hide (dualpipev's), each a little below the exact sums, and the least
+        share of the forward in any piece's forward and backward (so in any stage's: `_chained`)."""
         cm = self.cands.cost_model(plan)
         env = env_of(plan)
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
@@ -103,16 +105,22 @@ class Bounds:
             hide = sum(c * sum(p.hideable) for c, p in parts)
             paired = total - min(hide, total - hide)
             # below the exact sums by more than their rounding, so never above the bound it stands for
-            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9))
+            forward = min((p.forward / (p.forward + p.backward) for _, p in parts if p.forward + p.backward > 0),
+                          default=0.0)
+            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9), forward)
         return got
 
 
-def _chained(total: float, m: int, pp: int) -> float:
-    """The least busiest rank, fill and drain included, of a pipeline of one stage per rank that drains (1f1b,
-    gpipe) whose stages' one micro-batch forward and backward sum to `total`: rank r's is m·a_r plus the earlier
-    stages' a_q (`busy`: their forwards of the first micro-batch before it, their backwards of the last after it).
-    Were every rank's below X, each a_r < (X - S_r)/m with S_r the earlier stages' sum, so S_{r+1} < S_r·(1 - 1/m)
-    + X/m and, by induction from S_0 = 0, total = S_pp < X·(1 - (1 - 1/m)^pp): the busiest rank is at least
-    total / (1 - (1 - 1/m)^pp), whatever the layout (at least m·total/pp, Bernoulli's inequality). `total` is a
-    little below the exact sums already (`_cheap`), more than this expression's rounding."""
-    return total / (1 - (1 - 1 / m) ** pp)
+def _chained(total: float, m: int, pp: int, share: float = 1.0) -> float:
+    """The least busiest rank, fill (and drain) included, of a pipeline of one stage per rank whose stages' one
+    micro-batch forward and backward a_q sum to `total`: rank r's is m·a_r plus what of the earlier stages it waits
+    for (`busy`): their forwards of the first micro-batch, and where it drains (1f1b, gpipe) their backwards of the
+    last, at least `share`·a_q each (`share` 1 where it drains; else the least share of the forward in a stage,
+    which `_cheap` finds over the pieces, since a stage's sums are theirs). Were every rank's below X, each
+    a_r < (X - share·S_r)/m with S_r the earlier stages' sum, so S_{r+1} < S_r·(1 - share/m) + X/m and, by
+    induction from S_0 = 0, total = S_pp < X/share·(1 - (1 - share/m)^pp): the busiest rank is at least
+    share·total / (1 - (1 - share/m)^pp), whatever the layout. `total` is a little below the exact sums already
+    (`_cheap`), more than this expression's rounding; with no share (0) only the per-rank share is left."""
+    if share <= 0:
+        return m * total / pp
+    return share * total / (1 - (1 - share / m) ** pp)
