@@ -144,6 +144,32 @@ def test_the_family_bound_is_the_simulators(tmp_path):
     assert seen > 20
 
 
+def test_the_cheap_bound_of_a_drained_pipeline_counts_its_fill_and_drain():
+    """Under 1f1b and gpipe (one stage per rank, drained) the cheap bound is the least busiest rank any layout
+    allows with the fill and drain (bounds._chained), above the model's share per rank where there are few
+    micro-batches per rank, and still never above the family's bound, for every pipelined family of a shape."""
+    from compiler.search.bounds import _chained
+    spec = check_path("samples/gpt_3d.scale")
+    s = SE.Search(spec, 5, {})
+    tighter = seen = 0
+    for sizes in s.shapes():
+        if sizes["pp"] == 1:
+            continue
+        for plan in s.families(sizes):
+            if s.cands.requires(plan):
+                continue
+            cheap = s.cheap_bound(plan)
+            assert 0 < cheap <= s.busy(s.cands.decide(plan), fill=True)
+            seen += 1
+            if plan.schedule in ("1f1b", "gpipe"):
+                share = s.bounds.cheap(dataclasses.replace(plan, schedule="interleaved-1f1b", virtual_stages=2))
+                tighter += cheap > share * (1 + 1e-9)
+    assert seen > 20 and tighter > 5
+    # the fill and drain of m micro-batches over pp ranks: one micro-batch is the whole model, many tend to the share
+    assert _chained(1.0, 1, 4) == 1.0 and _chained(1.0, 4, 4) > 1.0 and _chained(1.0, 10**6, 4) == pytest.approx(
+        10**6 / 4, rel=1e-5)
+
+
 def test_recompute_never_speeds_a_plan_up(tmp_path):
     """Pruning rule 5 (the least recomputation that fits is the fastest) rests on this."""
     spec = check_path("samples/gpt_3d.scale")

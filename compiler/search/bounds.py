@@ -62,37 +62,65 @@ class Bounds:
 
     def cheap(self, plan) -> float:
         """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
-        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks);
-        without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a
-        search bounds every family with them and decides the stage layout only of those it visits."""
+        does at least its share of the whole model's forward and backward (m micro-batches of it over pp ranks),
+        and under a schedule of one stage per rank at least `_chained`'s (its fill and drain: 1f1b, gpipe; its fill
+        alone: zero-bubble, whose weight halves may come last); without pp it is `busy` itself. The pieces are the ones `busy` reads (kept per what they read), so a search bounds every
+        family with them and decides the stage layout only of those it visits."""
         # what it reads of the plan: the structure (compiler.cost.structure), env, the links (axes, placement), what
         # the pieces read besides (recomputation, its passes, compile) and the micro-batches; the schedules of a
         # mesh shape (a family each) share it
         at = ("cheap", plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
               plan.placement, plan.micro_batch_size, plan.micro_batches, plan.recompute, recompute_passes(plan),
-              plan.compiles, plan.schedule in PAIRED)
+              plan.compiles)
         got = self._stage_times.get(at)
         if got is None:
             got = self._stage_times[at] = self._cheap(plan)
-        return got
+        if not isinstance(got, tuple):
+            return got  # without pp: `busy` itself
+        total, paired_total, forward = got
+        m, pp = plan.micro_batches, plan.size("pp")
+        if plan.schedule in PAIRED:
+            return m * paired_total / pp
+        if plan.virtual_stages == 1:  # drained: the earlier stages' backwards after the last too (`busy`)
+            drained = plan.schedule not in choices.SPLIT_BACKWARD
+            return max(m * total / pp, _chained(total, m, pp, 1.0 if drained else forward))
+        return m * total / pp
 
-    def _cheap(self, plan) -> float:
+    def _cheap(self, plan):
+        """`busy` itself without pp; under pp, the whole model's one micro-batch (forward and backward) without
+        and with what overlapped pairs could hide (dualpipev's), each a little below the exact sums, and the least
+        share of the forward in any piece's forward and backward (so in any stage's: `_chained`)."""
         cm = self.cands.cost_model(plan)
         env = env_of(plan)
         pieces = self.sim.pieces(cm, plan, env, links(plan, self.cluster))
         if not cm.piped:
             return self.busy(plan)
-        paired = plan.schedule in PAIRED
-        total = self._stage_times.get(("whole", id(pieces), paired))
-        if total is None:
+        got = self._stage_times.get(("whole", id(pieces)))
+        if got is None:
             parts = [(c, pieces[("block", name)]) for name, (_, c) in cm.counts.items()]
             parts += [(1, pieces[k]) for k in ("prologue", "epilogue", "loss")]
             total = sum(c * (p.forward + p.backward) for c, p in parts)
-            if paired:
-                # an overlapped pair hides at most the lesser of its communication and its compute (`pair_seconds`),
-                # so a step's pairs hide at most the lesser of the whole model's hideable communication and the rest
-                hide = sum(c * sum(p.hideable) for c, p in parts)
-                total -= min(hide, total - hide)
+            # an overlapped pair hides at most the lesser of its communication and its compute (`pair_seconds`),
+            # so a step's pairs hide at most the lesser of the whole model's hideable communication and the rest
+            hide = sum(c * sum(p.hideable) for c, p in parts)
+            paired = total - min(hide, total - hide)
             # below the exact sums by more than their rounding, so never above the bound it stands for
-            total = self._stage_times[("whole", id(pieces), paired)] = total * (1 - 1e-9)
-        return plan.micro_batches * total / plan.size("pp")
+            forward = min((p.forward / (p.forward + p.backward) for _, p in parts if p.forward + p.backward > 0),
+                          default=0.0)
+            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9), forward)
+        return got
+
+
+def _chained(total: float, m: int, pp: int, share: float = 1.0) -> float:
+    """The least busiest rank, fill (and drain) included, of a pipeline of one stage per rank whose stages' one
+    micro-batch forward and backward a_q sum to `total`: rank r's is m·a_r plus what of the earlier stages it waits
+    for (`busy`): their forwards of the first micro-batch, and where it drains (1f1b, gpipe) their backwards of the
+    last, at least `share`·a_q each (`share` 1 where it drains; else the least share of the forward in a stage,
+    which `_cheap` finds over the pieces, since a stage's sums are theirs). Were every rank's below X, each
+    a_r < (X - share·S_r)/m with S_r the earlier stages' sum, so S_{r+1} < S_r·(1 - share/m) + X/m and, by
+    induction from S_0 = 0, total = S_pp < X/share·(1 - (1 - share/m)^pp): the busiest rank is at least
+    share·total / (1 - (1 - share/m)^pp), whatever the layout. `total` is a little below the exact sums already
+    (`_cheap`), more than this expression's rounding; with no share (0) only the per-rank share is left."""
+    if share <= 0:
+        return m * total / pp
+    return share * total / (1 - (1 - share / m) ** pp)

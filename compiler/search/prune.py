@@ -80,6 +80,7 @@ from compiler.rules.tensor_parallel import VOCAB
 from compiler.search import precision as PR
 from compiler.search import report as R
 from compiler.search.bounds import Bounds
+from compiler.search.collector import young_collections
 from compiler.search.dispatch import dispatched, every_axis_fixed
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
@@ -550,6 +551,7 @@ class Search(Tally):
                       self.headroom)
 
 
+@young_collections()
 def search(spec: S.Spec, top: int = 5, fixed: dict | None = None, cands=None, headroom: float | None = None,
            cluster=None) -> Result:
     """The `top` fastest plans of `spec`'s model on its cluster (see the module's docstring) whose predicted peak
