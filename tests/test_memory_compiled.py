@@ -63,6 +63,9 @@ def _tp_sp_selective(path: str, predicted: float, rank: int, C, cp: int = 1) -> 
     assert got == pytest.approx(predicted, rel=0.03), f"rank {rank}: kept {got:,}, predicted {predicted:,.0f}"
 
 
+# The slow tier (21 s of a quiet full run): the e2e table's tp2_sp_recompute_selective_compile runs the same compiled
+# plan (gpt_tp, tp 2, sp, selective) against the single device with its memory checked against the same prediction
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_compiled_sequence_parallel_selective_keeps_the_gathered_inputs_sharded(tmp_path):
     """tp = 2 with sequence parallelism under selective recomputation, compiled: the partitioner gathers each
