@@ -239,5 +239,6 @@ def test_the_work_bound_does_not_read_the_clock(monkeypatch):
     monkeypatch.setattr(CHECK, "check_file", slowed)
     slow = fuzz.run(TINY, "x.scale", check_only=True)
     assert warm.kind == quick.kind == slow.kind == "ok"
-    assert slow.seconds > quick.seconds + 0.9
+    assert slow.seconds >= 1.0  # the stall is in its time (not quick's + 0.9: a full suite run had quick take
+    # 0.49 s under load and the stalled check's own work 0.01 s)
     assert abs(slow.calls - quick.calls) <= 2, (quick.calls, slow.calls)  # the wrapper and the sleep
