@@ -54,9 +54,6 @@ import zlib
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from runtime.errors import FatalError
 
@@ -65,6 +62,13 @@ _TMP = re.compile(r"^step_(\d{8})\.tmp$")
 _TEST_KILL = "SCALEC_TEST_KILL_IN_SAVE"  # "RANK:STEP": that rank SIGKILLs itself after writing its files (drills)
 MANIFEST = "scalec.json"
 _CHUNK = 1 << 22  # bytes read at a time for a checksum
+
+
+def _dcp():
+    """torch.distributed.checkpoint, imported at the first save or load: it imports DTensor's ops (0.8 s a rank on
+    a CPU), which a run that never checkpoints does not need."""
+    import torch.distributed.checkpoint as dcp
+    return dcp
 
 
 def _complete(directory: str) -> list[tuple[int, str]]:
@@ -83,7 +87,7 @@ def _problem(path: str) -> str | None:
     reads and every file it names is there and long enough for what is stored in it."""
     meta_file = os.path.join(path, ".metadata")
     try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
+        metadata = _dcp().FileSystemReader(path).read_metadata()
     except Exception as exc:  # noqa: BLE001 (any failure to read it makes the checkpoint unusable)
         return f"{meta_file} is unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     need: dict[str, int] = {}
@@ -258,9 +262,9 @@ def begin(directory: str, step: int, modules, optimizer, scheduler, ctx, total_s
                           "total_steps": torch.tensor(total_steps)}}
     shapes = {name: t.shape for name, t in model_sd.items()}  # what the manifest names; no tensor is kept
     if group is None:
-        return Saving(tmp, final, step, shapes, ctx, metadata=dcp.save(state, checkpoint_id=tmp), run=run)
+        return Saving(tmp, final, step, shapes, ctx, metadata=_dcp().save(state, checkpoint_id=tmp), run=run)
     _report_staging(staging_bytes(state), entries.gathered, ctx)
-    return Saving(tmp, final, step, shapes, ctx, future=dcp.async_save(state, checkpoint_id=tmp,
+    return Saving(tmp, final, step, shapes, ctx, future=_dcp().async_save(state, checkpoint_id=tmp,
                                                                          process_group=group), run=run)
 
 
@@ -459,7 +463,7 @@ def _damaged(path: str, manifest: dict, ctx) -> str | None:
 def _mismatch(path: str, model_sd: dict) -> str | None:
     """A parameter this model has that the checkpoint lacks or holds with another shape, in one line (checkpoints
     written before the manifest: the names and shapes in DCP's `.metadata`)."""
-    metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    metadata = _dcp().FileSystemReader(path).read_metadata().state_dict_metadata
     for name, t in model_sd.items():
         stored = metadata.get(f"model.{name}")
         if stored is None:
@@ -474,7 +478,7 @@ def _mismatch(path: str, model_sd: dict) -> str | None:
 _BUGS = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError)
 
 
-def _causes(exc: CheckpointException) -> list[BaseException]:
+def _causes(exc) -> list[BaseException]:
     """The per-rank exceptions DCP gathered (a CheckpointException's failures: rank -> (exception, traceback))."""
     return [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
 
@@ -491,6 +495,7 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
     n = _broadcast(len(candidates), ctx)
     if n == 0:
         return 0
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
     _init_optim_state(optimizer)  # AdamW's state exists only after a step: make it, to load into
     entries = _Entries(modules, shards, ctx)
     last_problem = None
@@ -524,8 +529,8 @@ def load_latest(directory: str, modules, optimizer, scheduler, ctx, total_steps:
                      "progress": {"step": torch.tensor(0), "scheduler_epoch": torch.tensor(0),
                                   "total_steps": torch.tensor(0)}}
             try:
-                dcp.load(state, checkpoint_id=path)  # DCP raises on every rank if any rank failed
-            except CheckpointException as exc:
+                _dcp().load(state, checkpoint_id=path)  # DCP raises on every rank if any rank failed
+            except _dcp().api.CheckpointException as exc:
                 if any(isinstance(e, _BUGS) for e in _causes(exc)):
                     raise  # a defect of ours, not a damaged file: falling back would hide it and lose progress
                 lines = str(exc).strip().splitlines()

@@ -40,9 +40,16 @@ class _NoInPlaceNotice(logging.Filter):
 logging.getLogger("torch._higher_order_ops.wrap").addFilter(_NoInPlaceNotice())
 
 
-def apply(module: nn.Module) -> nn.Module:
+BACKEND = "inductor"
+"""torch.compile's backend for a program's regions. A test of what the regions keep for backward may pass
+"aot_eager_decomp_partition": AOTAutograd with inductor's decompositions and its min-cut partitioner, which decides
+what is saved, without inductor's code generation (tests/test_memory_compiled.py holds both equal)."""
+
+
+def apply(module: nn.Module, backend: str = BACKEND) -> nn.Module:
     """Compile `module`'s regions in place, before data parallelism wraps it; parameter names and the module tree
-    are unchanged. The recomputation mode of each Repeat (runtime.parallelize.apply_recompute) must be set already."""
+    are unchanged. The recomputation mode of each Repeat (runtime.parallelize.apply_recompute) must be set already.
+    `backend`: torch.compile's (BACKEND)."""
     context_parallel.mark_compiled_constants()  # before any region is traced
     for m in module.modules():
         if isinstance(m, Repeat):
@@ -50,6 +57,6 @@ def apply(module: nn.Module) -> nn.Module:
             # The enclosing forward's trace stops at the repeat: its blocks are regions of their own.
             m.forward = torch._dynamo.disable(m.forward)
             for block in m.values():
-                block.forward = functools.partial(recompute.compiled_forward, block, m.recompute)
-    module.forward = torch.compile(module.forward)
+                block.forward = functools.partial(recompute.compiled_forward, block, m.recompute, backend=backend)
+    module.forward = torch.compile(module.forward, backend=backend)
     return module

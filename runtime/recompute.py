@@ -105,17 +105,17 @@ def _region(block, x: torch.Tensor, mode: str) -> torch.Tensor:
     return checkpoint(body, block, x, use_reentrant=False, **kwargs)
 
 
-_COMPILED_REGION = None
+_COMPILED_REGIONS: dict = {}  # torch.compile's backend -> the compiled region
 
 
-def compiled_forward(block, mode: str, x: torch.Tensor) -> torch.Tensor:
+def compiled_forward(block, mode: str, x: torch.Tensor, backend: str = "inductor") -> torch.Tensor:
     """A block's forward as a compiled region (runtime.compile sets it as the block's `forward`, so the module's
     hooks, FSDP's gathers among them, run eagerly around it). One compiled function serves every block: a block
     is an input of the region, its parameters are graph inputs, so blocks of one class share one compilation."""
-    global _COMPILED_REGION
-    if _COMPILED_REGION is None:
-        _COMPILED_REGION = torch.compile(_region)
-    return _COMPILED_REGION(block, x, mode)
+    region = _COMPILED_REGIONS.get(backend)
+    if region is None:
+        region = _COMPILED_REGIONS[backend] = torch.compile(_region, backend=backend)
+    return region(block, x, mode)
 
 
 def run_block(block, x: torch.Tensor, mode: str, compiled: bool = False) -> torch.Tensor:
