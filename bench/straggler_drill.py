@@ -265,6 +265,40 @@ def timing_cost(program, ctx, work: Path, steps: int) -> tuple[float, float, dic
     return (time.perf_counter() - t0) / reps, spent[0] / steps, per_step
 
 
+def mark_cost(reps: int = 20, steps: int = 2000) -> float:
+    """What the synced backward's mark costs a step where a backward reduces (more than one batch rank, or FSDP2;
+    elsewhere none is set): `sections.mark_backward_end` (a hook on the loss, which queues autograd's callback of
+    `mark`) on a backward of one multiplication, against the same backward without it, alternated `reps` times of
+    `steps` each; seconds per backward. The timeline's own loop above calls `mark` directly, which leaves out
+    autograd's calls; a backward this small leaves the difference above the machine's noise."""
+    import torch
+
+    from runtime import sections
+    x = torch.ones(4, requires_grad=True)
+    tl = sections.Timeline(torch.device("cpu"))
+
+    def run(marked: bool) -> float:
+        t0 = time.perf_counter()
+        with sections.timed(tl):
+            for _ in range(steps):
+                tl.begin()
+                tl.enter(sections.BACKWARD_SYNC)
+                loss = (x * 2).sum()
+                if marked:
+                    sections.mark_backward_end(loss)
+                loss.backward()
+                tl.exit()
+                tl.end()
+        tl.rows()
+        return (time.perf_counter() - t0) / steps
+    run(True)
+    spent = {True: [], False: []}
+    for i in range(reps):
+        for marked in (True, False) if i % 2 == 0 else (False, True):
+            spent[marked].append(run(marked))
+    return statistics.median(spent[True]) - statistics.median(spent[False])
+
+
 def overhead(args, work: Path) -> int:
     """Detect on against off, side by side: the one-rank tiny_gpt program (the shortest step, so the largest share
     the timing can take) in this process, alternated `-n` times, `--steps` each; the medians of the steps after the
@@ -295,6 +329,9 @@ def overhead(args, work: Path) -> int:
     print(f"measured directly: the timeline {timeline * 1e6:.1f} µs per step ({per_step['enter']:.0f} regions, "
           f"{per_step['mark']:.0f} gradient marks), the window's rows and scores {window_work * 1e6:.1f} µs per step: "
           f"{(timeline + window_work) / w_off:.2%} of the {w_off * 1e3:.3f} ms step without detection")
+    mark = mark_cost()
+    print(f"where a backward reduces (more than one batch rank, or FSDP2), its mark adds {mark * 1e6:.1f} µs per step "
+          f"(a hook and autograd's callback): {(timeline + window_work + mark) / w_off:.2%} of the step in all")
     return 0
 
 

@@ -116,11 +116,13 @@ class WholeModel(ModelParts):
                 with faults.op(f"the forward{self.gathers if ddp or self.fsdp else ''}", self.site, "forward"):
                     sections.slow_work("forward")  # the straggler drill's extra work (SCALEC_TEST_SLOW), if any
                     loss = model(tokens, targets) / m
-                synced = sync and (self.fsdp or self.replicated)
+                synced = sync and parallelize.reduces_in_backward(self.cfg.parallel, ctx)
                 # timed as backward, the reduction DDP waits for at its end split off (runtime.sections)
                 with faults.op(f"the backward ({parallelize.sync_phrase(synced, self.fsdp, self.mains is not None)})",
                                self.site, sections.BACKWARD_SYNC if synced else "backward"):
                     sections.slow_work("backward")
+                    if synced:
+                        sections.mark_backward_end(loss)
                     loss.backward()
             total += loss.detach()
         if self.mains is not None:

@@ -207,6 +207,12 @@ def site(sharded: bool) -> str | None:
     return faults.scale("axis dp", "axis ep", "data_parallel")
 
 
+def reduces_in_backward(par, ctx) -> bool:
+    """Whether a backward can end in the gradient reduction over the batch ranks (FSDP2's reduce-scatter, or DDP's
+    or the main gradients' all-reduce: more than one batch rank): its last micro-batch's, runtime.model_parts."""
+    return par.shards_grads or ctx.batch_size > 1
+
+
 def sync_phrase(sync: bool, sharded: bool, buckets: bool = False) -> str:
     """What a backward's gradient sync over the batch ranks is, in the watchdog's words: none (`sync` false: a
     micro-batch before the last, or one batch rank), FSDP's reduce-scatter (`sharded`), the main gradients'

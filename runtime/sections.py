@@ -131,8 +131,8 @@ class Timeline:
             self._cut(top, self._now())
 
     def mark(self, *_) -> None:
-        """A parameter's gradient was accumulated (post-accumulate-grad hook): the compute of the backward has
-        reached here."""
+        """The backward's own work ended (`mark_backward_end`'s callback): what follows in a synced backward is the
+        gradient reduction's wait."""
         if not (self.open and self.stack and self.stack[-1] == -1):
             return
         if self.cuda and self.mark_at is not None and self.mark_at[0] == self.count:
@@ -181,6 +181,22 @@ def set_timeline(timeline: Timeline | None) -> None:
     """The timeline `section` regions go to (the one runtime.faults' marks go to too), or None."""
     global _TIMELINE
     _TIMELINE = timeline
+
+
+def mark_backward_end(loss: torch.Tensor) -> None:
+    """Before `loss.backward()` whose backward ends in the gradient reduction (BACKWARD_SYNC): the timeline's mark
+    at the end of the backward's own work, where the reduction's wait begins. A hook on `loss` runs first in its
+    backward and queues a callback, which autograd runs once the backward's graph is done, before the callbacks
+    that DDP (once its last bucket is ready) and FSDP2 (from its hooks on the model's output, which `loss` divides)
+    queue later to wait for their reductions. One call a backward: a hook per parameter cost autograd 2.7 µs each
+    (bench/straggler_drill.py `hook_cost`)."""
+    timeline = _TIMELINE
+    if timeline is None or not loss.requires_grad:
+        return
+
+    def queue(_grad):
+        torch.autograd.Variable._execution_engine.queue_callback(timeline.mark)
+    loss.register_hook(queue)
 
 
 class section:

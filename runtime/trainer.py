@@ -158,7 +158,7 @@ class Trainer:
         # zero1's step broadcasts: timed (the others' is no collective: not marked)
         self.zero1 = optimizer.zero1_group(cfg, ctx) is not None
         # each rank's step timed by section, scored on rank 0 every window (runtime.stragglers); None: detect = false
-        self.stragglers = (stragglers.Detector(cfg, ctx, self.params, self.track) if cfg.resilience.detect
+        self.stragglers = (stragglers.Detector(cfg, ctx, self.track) if cfg.resilience.detect
                            else None)
 
     def _announce(self) -> None:

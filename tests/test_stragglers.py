@@ -203,6 +203,36 @@ def test_cpu_compute_sections_take_the_cpu_clock_and_waits_the_wall_clock(monkey
     assert sections.cpu_clocks() == (time.perf_counter, time.perf_counter)
 
 
+@pytest.mark.parametrize("queued_by", ["ddp", "fsdp"])
+def test_the_backward_is_split_where_its_own_work_ends_before_the_reduction_waits(queued_by):
+    """`mark_backward_end`: the mark is autograd's callback once the backward's graph is done, ahead of the one a
+    data-parallel wrapper queues to wait for its reduction (stood in for here by a 60 ms sleep): DDP queues its once
+    the last bucket is ready (a gradient's accumulation), FSDP2 from its hook on the model's output, at the start of
+    the backward. The wait is the reduction's (wall clock), the backward's compute is not (its CPU clock)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 1))
+    engine = torch.autograd.Variable._execution_engine
+
+    def wait(*_):
+        engine.queue_callback(lambda: time.sleep(0.06))
+    if queued_by == "ddp":
+        model[0].weight.register_post_accumulate_grad_hook(wait)  # the last gradient's: the last bucket
+    out = model(torch.randn(4, 16)).sum()
+    if queued_by == "fsdp":
+        out.register_hook(wait)  # on the model's output, which the loss below divides
+    loss = out / 2
+    tl = sections.Timeline(torch.device("cpu"))
+    with sections.timed(tl):
+        tl.begin()
+        tl.enter(sections.BACKWARD_SYNC)
+        sections.mark_backward_end(loss)
+        loss.backward()
+        tl.exit()
+        tl.end()
+    (got,) = tl.rows()
+    assert got[INDEX["grad_reduce"]] >= 0.055 and got[INDEX["backward"]] < 0.03, got
+
+
 def test_a_mark_before_an_inner_region_does_not_split():
     clock = Clock()
     tl = sections.Timeline(torch.device("cpu"), clock)
