@@ -41,6 +41,18 @@ clock's noise."""
 STEP_COMPUTE = ("forward", "backward", "optimizer")
 """The step's compute: the sum that names a rank (`compute`)."""
 SCORED = COMPUTE + ("compute",)
+SUSTAINED = 6
+"""Windows over which a slowdown too small for one window's noise is averaged: a rank whose relative naming score
+averages below `sustained_threshold` over the last SUSTAINED windows is named too (a slow rank's degradation that
+grows, the ramp drill's, is named at half the slowdown one window needs). Measured on this 2-core machine's 8-rank
+drills (bench/straggler_drill.py): one window's relative score of a clean rank falls to 0.81, the mean of six to
+0.94."""
+
+
+def sustained_threshold(threshold: float) -> float:
+    """The mean relative score over SUSTAINED windows below which a rank is named: halfway from `threshold` to 1
+    (0.9 for the default 0.8)."""
+    return (1.0 + threshold) / 2
 _STEP_COMPUTE = [INDEX[s] for s in STEP_COMPUTE]
 _WAITS = [INDEX[s] for s in WAITS]
 
@@ -121,15 +133,18 @@ def naming_score(scores: dict, significant: list[str]) -> float:
 
 
 def stragglers(stats: list[dict], groups: list[int], relative: list[dict], individual: list[dict],
-               threshold: float, sig: dict | None = None) -> list[dict]:
-    """The named ranks, each {"rank", "score" (its naming score), "kind" (relative or individual), "section" (the
-    significant compute section it scores lowest in, the one quoted as slow), "section_score", "relative",
-    "individual"}, by the rules of the module's docstring. `sig`: `significant(stats, groups)`, where the caller has
-    it."""
+               threshold: float, sig: dict | None = None, history: list | None = None) -> list[dict]:
+    """The named ranks, each {"rank", "score" (its naming score), "kind" (relative, sustained or individual),
+    "section" (the significant compute section it scores lowest in, the one quoted as slow), "section_score",
+    "relative", "individual"}, by the rules of the module's docstring. `sig`: `significant(stats, groups)`, where the
+    caller has it. `history`: the relative naming scores of the last windows, this one's last (one list of ranks'
+    each); with SUSTAINED of them, a rank of a group of more than one whose mean is below
+    `sustained_threshold(threshold)` is named ("sustained", its score that mean)."""
     named = []
     size = {g: groups.count(g) for g in groups}
     sig = significant(stats, groups) if sig is None else sig
     others_median = None
+    lasting = history is not None and len(history) >= SUSTAINED
     for r in range(len(stats)):
         keys = sig[groups[r]]
         kind, scores = "relative", relative[r]
@@ -140,7 +155,11 @@ def stragglers(stats: list[dict], groups: list[int], relative: list[dict], indiv
                 continue
             kind, scores = "individual", individual[r]
         score = naming_score(scores, keys)
-        if score < threshold:
+        if score >= threshold and kind == "relative" and lasting:
+            mean = statistics.fmean(h[r] for h in history[-SUSTAINED:])
+            if mean < sustained_threshold(threshold):
+                kind, score = "sustained", mean
+        if score < threshold or kind == "sustained":
             low = min(keys or ["compute"], key=lambda k: scores[k])
             named.append({"rank": r, "score": score, "kind": kind, "section": low, "section_score": scores[low],
                           "relative": relative[r]["compute"], "individual": individual[r]["compute"]})
@@ -254,6 +273,7 @@ class Detector:
         self.timeline = sections.Timeline(ctx.device)
         self.slow = sections.start_slow(ctx.rank, ctx.device, ctx.world_size)
         self.best: list = []
+        self.history: list = []  # rank 0: the last SUSTAINED windows' relative naming scores (`stragglers`)
         self.pending: dict = {}  # the last window's figures, for the next metrics record
         self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked
         self.named_before: set = set()  # rank 0: the ranks the last window named
@@ -383,9 +403,10 @@ class Detector:
         relative = relative_scores(stats, self.groups)
         individual = individual_scores(stats, self.best)
         sig = significant(stats, self.groups)
-        named = stragglers(stats, self.groups, relative, individual, self.threshold, sig)
-        before, self.named_before = self.named_before, {n["rank"] for n in named}
         rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
+        self.history = (self.history + [rel])[-SUSTAINED:]
+        named = stragglers(stats, self.groups, relative, individual, self.threshold, sig, self.history)
+        before, self.named_before = self.named_before, {n["rank"] for n in named}
         ind = [naming_score(individual[r], sig[self.groups[r]]) for r in range(len(stats))]
         self.pending = {"straggler_window": [first, last], "relative_score": [round(x, 4) for x in rel],
                         "individual_score": [round(x, 4) for x in ind],
@@ -451,7 +472,11 @@ def describe(n: dict, world: list, stats: list, groups: list, threshold: float, 
     peers spent on it."""
     r, who = n["rank"], world[n["rank"]]
     peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q != r]
-    ref = ("the fastest rank doing the same work" if n["kind"] == "relative" else "its own best window")
+    ref = {"relative": "the fastest rank doing the same work",
+           "sustained": f"the mean over the last {SUSTAINED} windows of the fastest rank doing the same work",
+           "individual": "its own best window"}[n["kind"]]
+    if n["kind"] == "sustained":
+        threshold = sustained_threshold(threshold)
     section = ("its compute" if n["section"] == "compute" else n["section"]) + f" (score {n['section_score']:.2f})"
     line = (f"scalec: straggler at steps {first}-{last}: rank {r} (node {who['node']}, {who['host']}, "
             f"{who['device']}) is slow in {section}: {n['kind']} score {n['score']:.2f} ({ref} ÷ its time; "

@@ -69,6 +69,28 @@ def test_the_slow_rank_is_named_not_its_peers_that_wait():
     assert "rank 2 (node 1, h, cpu)" in line and "its peers waited 9.0 ms/step more" in line
 
 
+def test_a_slowdown_too_small_for_one_window_is_named_once_sustained():
+    """Rank 3 computes 15% longer: its relative score, 0.87, is above the threshold (0.8), so no one window names it;
+    averaged over SUSTAINED windows it is below halfway to 1 (0.9), and it is named then, as `sustained`, and its
+    peers are not. A rank as slow in only some of the windows (mean above 0.9) is not."""
+    slow = dict(NORMAL, forward=11.5, backward=23)
+    history = []
+    for w in range(stragglers.SUSTAINED):
+        stats, groups, rel, ind = scores([NORMAL, NORMAL, NORMAL, slow], noise=0.01, seed=w)
+        sig = stragglers.significant(stats, groups)
+        history.append([stragglers.naming_score(rel[r], sig[0]) for r in range(4)])
+        named = stragglers.stragglers(stats, groups, rel, ind, 0.8, sig, history)
+        if w < stragglers.SUSTAINED - 1:
+            assert named == [] and 0.84 < history[-1][3] < 0.9
+    assert [(n["rank"], n["kind"]) for n in named] == [(3, "sustained")]
+    assert named[0]["score"] == pytest.approx(statistics.fmean(h[3] for h in history))
+    world = [{"node": r // 2, "host": "h", "device": "cpu", "coords": {"dp": r}} for r in range(4)]
+    line = stragglers.describe(named[0], world, stats, groups, 0.8, 51, 60)
+    assert "sustained score 0.8" in line and "over the last 6 windows" in line and "threshold 0.9)" in line
+    mixed = [[1.0, 1.0, 1.0, 0.87 if w % 2 else 0.97] for w in range(stragglers.SUSTAINED)]
+    assert stragglers.stragglers(stats, groups, rel, ind, 0.8, sig, mixed) == []
+
+
 def test_no_alarm_on_uniform_noise():
     for seed in range(20):
         stats, groups, rel, ind = scores([NORMAL] * 8, noise=0.05, seed=seed)
@@ -447,7 +469,7 @@ def test_an_action_waits_for_the_same_rank_named_in_two_windows_in_a_row(tmp_pat
     monkeypatch.setattr(faults, "_LEAVE", 0.0)
     world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h", "device": "cpu",
               "coords": {"dp": r}} for r in range(4)]
-    fake = SimpleNamespace(threshold=0.8, groups=[0] * 4, best=[], world=world, pipeline=None,
+    fake = SimpleNamespace(threshold=0.8, groups=[0] * 4, best=[], history=[], world=world, pipeline=None,
                            on_straggler="replan", exclude="node", named_before=set(), verdict="", pending={},
                            track=SimpleNamespace(log=lambda *a: None), _remember=lambda *a: None)
     slow = dict(NORMAL, forward=20, backward=40)
