@@ -483,6 +483,26 @@ def test_an_action_waits_for_the_same_rank_named_in_two_windows_in_a_row(tmp_pat
     assert "node 1 (node1) is left out after the next step" in capsys.readouterr().out
 
 
+def test_a_sustained_naming_is_reported_and_not_acted_on(tmp_path, capsys, monkeypatch):
+    """A rank named only as `sustained`, in window after window, is logged and in the metrics, and on_straggler =
+    replan does not take its node away (nor does the node record hold it against the node)."""
+    from runtime import faults
+    monkeypatch.setattr(faults, "_LEAVE", 0.0)
+    world = [{"node": r // 2, "name": f"node{r // 2}", "host": "h", "device": "cpu",
+              "coords": {"dp": r}} for r in range(4)]
+    remembered = []
+    fake = SimpleNamespace(threshold=0.8, groups=[0] * 4, best=[], history=[], world=world, pipeline=None,
+                           on_straggler="replan", exclude="node", named_before=set(), verdict="", pending={},
+                           track=SimpleNamespace(log=lambda *a: None), _remember=lambda *a: remembered.append(a))
+    slow = dict(NORMAL, forward=11.5, backward=23)  # 0.87: never below 0.8 in one window
+    for w in range(stragglers.SUSTAINED + 2):
+        stragglers.Detector.score(fake, torch.tensor(table([NORMAL, NORMAL, NORMAL, slow])), 10 * w + 1, 10 * w + 10)
+    out = capsys.readouterr().out
+    assert out.count("rank 3 (node 1") == 3 and "sustained score" in out
+    assert fake.pending["stragglers"] == [3]
+    assert not faults.leave_asked() and "left out" not in out and remembered == []
+
+
 def test_the_drill_hook_can_be_held_to_one_world_or_one_node(monkeypatch):
     """SCALEC_TEST_SLOW's `@WORLD` (a re-planned run on the nodes left is not slowed again) and `@NAME` (the spare
     that takes a node's place is not slowed)."""
