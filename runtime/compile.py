@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import torch
 from torch import nn
@@ -46,10 +47,14 @@ BACKEND = "inductor"
 what is saved, without inductor's code generation (tests/test_memory_compiled.py holds both equal)."""
 
 
-def apply(module: nn.Module, backend: str = BACKEND) -> nn.Module:
+_TEST_BACKEND = "SCALEC_TEST_COMPILE_BACKEND"  # test-only: another backend for a whole program (the e2e table)
+
+
+def apply(module: nn.Module, backend: str | None = None) -> nn.Module:
     """Compile `module`'s regions in place, before data parallelism wraps it; parameter names and the module tree
     are unchanged. The recomputation mode of each Repeat (runtime.parallelize.apply_recompute) must be set already.
-    `backend`: torch.compile's (BACKEND)."""
+    `backend`: torch.compile's (BACKEND, unless the test hook SCALEC_TEST_COMPILE_BACKEND names another)."""
+    backend = backend or os.environ.get(_TEST_BACKEND) or BACKEND
     context_parallel.mark_compiled_constants()  # before any region is traced
     for m in module.modules():
         if isinstance(m, Repeat):

@@ -38,6 +38,9 @@ class Case:
     bytes_checked: bool = True
     """The bytes runtime collectives move equal the ledger's prediction (False only where the ledger does not yet
     count a collective the case runs, or the run is compiled; the case's comment says which)."""
+    backend: str | None = None
+    """torch.compile's backend for a compiled case (the test hook SCALEC_TEST_COMPILE_BACKEND): None is the
+    program's own, inductor."""
     memory_checked: bool = True
     """The measured activations and peak are the memory model's prediction (tests/e2e/test_e2e.py; False only
     where the model does not yet price the plan's schedule: the case's comment says which)."""
@@ -351,6 +354,12 @@ CASES = (
          plan=dict(SP, recompute="selective", compile=True),
          description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss; "
                      "selective recomputation, the partitioner gathering the sequence-parallel inputs again"),
+    Case(id="tp2_sp_recompute_selective_partitioned", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
+         plan=dict(SP, recompute="selective", compile=True), backend="aot_eager_decomp_partition",
+         description="compiled as tp2_sp_recompute_selective_compile, through dynamo, AOTAutograd with inductor's "
+                     "decompositions and its min-cut partitioner, without inductor's C++ code generation (90 s of "
+                     "a cold cache's kernels in the suite): the regions, the traced collectives, the selective "
+                     "partition"),
     Case(id="pp2_recompute_selective_compile", sample="samples/gpt_pp.scale", nproc=2, bytes_checked=False,
          plan=dict(recompute="selective", compile=True),
          description="compiled: 1F1B over two stages, selective recomputation traced into each block's region"),
@@ -548,9 +557,14 @@ MORE_IDS = frozenset({"cp2_tp2_sp_ring", "cp2_tp2_sp_all_to_all", "pp2_cp2_tp2_s
                       "cp2_compile", "cp2_all_to_all_compile"} | {
     # Moved for the suite's 15-minute budget (the CI table took 45 min of the two workers' 122 on a loaded machine),
     # each with where CI still proves what it runs. Compiled: one compiled case stays (tp2_sp_recompute_selective_
-    # compile: collectives traced into the regions, sp, the selective partition); each other costs an Inductor
+    # compile: collectives traced into the regions, sp, the selective partition; now through the partitioner
+    # alone, below); each other costs an Inductor
     # compilation per rank (105-170 s each).
     "dp2_fsdp_recompute_full_compile", "pp2_recompute_selective_compile", "moe_ep2_compile",
+    # inductor's own code for the one kept: 90 s of the suite on CI's cold cache (17 s warm); CI compiles the same
+    # plan through the partitioner inductor uses (tp2_sp_recompute_selective_partitioned), inductor in the slow tier
+    # and in bench/gpu_check's compiled columns
+    "tp2_sp_recompute_selective_compile",
     # bf16 zero2 (FSDP2's MixedPrecisionPolicy: dp2_fsdp_bf16; zero2: dp2_zero2)
     "dp2_zero2_bf16",
     # GQA, rotary, SwiGLU and the untied head under tp: tp2_head_dim_qk_norm_gqa runs them all (its model edits are
@@ -613,7 +627,8 @@ def _reference_key(case: Case) -> tuple:
 
 def _cost(case: Case) -> float:
     """A rough weight of a case's run (seconds on a quiet 2-core machine): the launch of its ranks, compiling."""
-    return 8 + 4 * case.nproc + (40 if dict(case.plan).get("compile") else 0)
+    compiled = dict(case.plan).get("compile")
+    return 8 + 4 * case.nproc + (0 if not compiled else 40 if case.backend is None else 8)
 
 
 def halves(cases: tuple, first_extra: float = 0.0) -> tuple:

@@ -50,7 +50,8 @@ def check_case(case: Case, references, tmp_path) -> None:
     # program; what compiled regions keep is held against the model by tests/test_memory_compiled.py
     compiled = "compile = true" in text
     run = launch(text, case.id, tmp_path, steps=case.steps, timeout=case.timeout, nproc=case.nproc,
-                 memory_report=not compiled, count_bytes=case.bytes_checked)
+                 memory_report=not compiled, count_bytes=case.bytes_checked,
+                 env={"SCALEC_TEST_COMPILE_BACKEND": case.backend} if case.backend else None)
     ref = references(text, case.steps)
     if "precision    = bf16" in text:
         _assert_bf16_training(run, ref, text)
