@@ -42,9 +42,11 @@ logging.getLogger("torch._higher_order_ops.wrap").addFilter(_NoInPlaceNotice())
 
 
 BACKEND = "inductor"
-"""torch.compile's backend for a program's regions. A test of what the regions keep for backward may pass
-"aot_eager_decomp_partition": AOTAutograd with inductor's decompositions and its min-cut partitioner, which decides
-what is saved, without inductor's code generation (tests/test_memory_compiled.py holds both equal)."""
+"""torch.compile's backend for a program's regions."""
+PARTITIONER = "aot_eager_decomp_partition"
+"""The backend tests pass where what matters is what the regions keep for backward: AOTAutograd with inductor's
+decompositions and its min-cut partitioner, which decides what is saved, without inductor's C++ code generation
+(tests/test_memory_compiled.py holds both equal)."""
 
 
 _TEST_BACKEND = "SCALEC_TEST_COMPILE_BACKEND"  # test-only: another backend for a whole program (the e2e table)

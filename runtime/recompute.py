@@ -108,10 +108,11 @@ def _region(block, x: torch.Tensor, mode: str) -> torch.Tensor:
 _COMPILED_REGIONS: dict = {}  # torch.compile's backend -> the compiled region
 
 
-def compiled_forward(block, mode: str, x: torch.Tensor, backend: str = "inductor") -> torch.Tensor:
+def compiled_forward(block, mode: str, x: torch.Tensor, *, backend: str) -> torch.Tensor:
     """A block's forward as a compiled region (runtime.compile sets it as the block's `forward`, so the module's
     hooks, FSDP's gathers among them, run eagerly around it). One compiled function serves every block: a block
-    is an input of the region, its parameters are graph inputs, so blocks of one class share one compilation."""
+    is an input of the region, its parameters are graph inputs, so blocks of one class share one compilation.
+    `backend`: torch.compile's, as runtime.compile.apply was given it."""
     region = _COMPILED_REGIONS.get(backend)
     if region is None:
         region = _COMPILED_REGIONS[backend] = torch.compile(_region, backend=backend)

@@ -136,7 +136,7 @@ class Timeline:
         if not (self.open and self.stack and self.stack[-1] == -1):
             return
         if self.cuda and self.mark_at is not None and self.mark_at[0] == self.count:
-            self.mark_at[1].record()  # one event re-recorded per backward, not one per parameter
+            self.mark_at[1].record()  # marked again before another cut: its event re-recorded
         else:
             self.mark_at = (self.count, self._now())
 
@@ -189,7 +189,7 @@ def mark_backward_end(loss: torch.Tensor) -> None:
     backward and queues a callback, which autograd runs once the backward's graph is done, before the callbacks
     that DDP (once its last bucket is ready) and FSDP2 (from its hooks on the model's output, which `loss` divides)
     queue later to wait for their reductions. One call a backward: a hook per parameter cost autograd 2.7 µs each
-    (bench/straggler_drill.py `hook_cost`)."""
+    (bench/straggler_drill.py `mark_cost` measures this one's)."""
     timeline = _TIMELINE
     if timeline is None or not loss.requires_grad:
         return

@@ -41,6 +41,8 @@ clock's noise."""
 STEP_COMPUTE = ("forward", "backward", "optimizer")
 """The step's compute: the sum that names a rank (`compute`)."""
 SCORED = COMPUTE + ("compute",)
+_STEP_COMPUTE = [INDEX[s] for s in STEP_COMPUTE]
+_WAITS = [INDEX[s] for s in WAITS]
 SUSTAINED = 6
 """Windows over which a slowdown too small for one window's noise is averaged: a rank whose relative naming score
 averages below `sustained_threshold` over the last SUSTAINED windows is named too (a slow rank's degradation that
@@ -54,8 +56,6 @@ def sustained_threshold(threshold: float) -> float:
     """The mean relative score over SUSTAINED windows below which a rank is named: halfway from `threshold` to 1
     (0.9 for the default 0.8)."""
     return (1.0 + threshold) / 2
-_STEP_COMPUTE = [INDEX[s] for s in STEP_COMPUTE]
-_WAITS = [INDEX[s] for s in WAITS]
 
 
 # -- scores (pure functions of the gathered tables) --------------------------------------------------------------
@@ -65,8 +65,8 @@ def window_stats(table) -> list[dict]:
     """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
     section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
     wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's
-    fastest step of the window, which the scores compare (below). One tensor operation per figure over all ranks:
-    rank 0 reads thousands of ranks' windows."""
+    fastest step of the window, which the scores compare (below). One sort over all ranks, steps and figures at
+    once: rank 0 reads thousands of ranks' windows."""
     t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
     n, width = t.shape[1], t.shape[2]
     # the window's sums per step beside its sections, sorted along the steps once: each median is the mean of the

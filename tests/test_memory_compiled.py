@@ -14,14 +14,13 @@ import sys
 import pytest
 import torch
 
+from runtime.compile import PARTITIONER
 from tests.test_memory import ROOT, _program, count_saved
 
-
-PARTITIONER = "aot_eager_decomp_partition"
-"""What decides a compiled region's saved tensors is AOTAutograd's min-cut partitioner over inductor's
-decompositions; this backend runs that and not inductor's code generation, whose C++ kernels take 40 s to build on
-a cold cache here. Measured on torch 2.13: the three modes below keep the same bytes under both backends (4,768,260,
-2,910,596 and 813,444); the slow tier holds inductor's own to the same figures."""
+# PARTITIONER: what decides a compiled region's saved tensors is AOTAutograd's min-cut partitioner over inductor's
+# decompositions; this backend runs that and not inductor's code generation, whose C++ kernels take 40 s to build on
+# a cold cache here. Measured on torch 2.13: the three modes below keep the same bytes under both backends (4,768,260,
+# 2,910,596 and 813,444); the slow tier holds inductor's own to the same figures.
 
 
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])

@@ -191,7 +191,7 @@ def test_timeline_sections_are_exclusive_and_the_synced_backward_is_split():
     tl.exit()
     tl.enter(sections.BACKWARD_SYNC)
     clock.t = 9.0
-    tl.mark()                       # the last gradient accumulated: DDP's wait follows
+    tl.mark()                       # the backward's own work done: DDP's wait follows
     clock.t = 12.0
     tl.exit()
     clock.t = 12.5
@@ -308,7 +308,7 @@ def test_cuda_timeline_resolves_events_once_per_window(monkeypatch):
         clock.t += 3
         tl.mark()
         clock.t += 1
-        tl.mark()  # the last gradient: the same event, re-recorded
+        tl.mark()  # marked again before another cut: the same event, re-recorded
         clock.t += 4
         tl.exit()
         tl.end()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.plan import Plan
+from runtime.compile import PARTITIONER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -355,7 +356,7 @@ CASES = (
          description="compiled: tensor + sequence parallelism, vocabulary-parallel embedding, head and loss; "
                      "selective recomputation, the partitioner gathering the sequence-parallel inputs again"),
     Case(id="tp2_sp_recompute_selective_partitioned", sample="samples/gpt_tp.scale", nproc=2, bytes_checked=False,
-         plan=dict(SP, recompute="selective", compile=True), backend="aot_eager_decomp_partition",
+         plan=dict(SP, recompute="selective", compile=True), backend=PARTITIONER,
          description="compiled as tp2_sp_recompute_selective_compile, through dynamo, AOTAutograd with inductor's "
                      "decompositions and its min-cut partitioner, without inductor's C++ code generation (90 s of "
                      "a cold cache's kernels in the suite): the regions, the traced collectives, the selective "
