@@ -8,6 +8,8 @@ import os
 import re
 import socket
 import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from compiler.check import check_text
 from compiler.parse import parse
 from compiler.pipeline import compile_spec
 from compiler.report.scale import scale_file
+from tests.e2e import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,6 +98,20 @@ def case_text(case) -> str:
     return with_plan(text, f"{case.id}.scale", **dict(case.plan)) if case.plan else text
 
 
+_SERVERS: list = []  # this test process's zygote server, once started
+
+
+def _server(env: dict):
+    """The zygote server (tests/e2e/zygote.py) that can serve a launch with `env`, started at the first such
+    launch; None where it cannot (a variable read at import differs: the launch starts its own processes)."""
+    if _SERVERS and not _SERVERS[0].alive():
+        _SERVERS.clear()
+    if not _SERVERS:
+        _SERVERS.append(zygote.Server(env))
+    server = _SERVERS[0]
+    return server if zygote.served(env, server.env) else None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -103,15 +120,19 @@ def _free_port() -> int:
 
 def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, nproc: int | None = None,
            extra: tuple = (), dump_grads: bool = True, env: dict | None = None, check: bool = True,
-           memory_report: bool = False, count_bytes: bool = True, torchrun: bool | None = None) -> Run:
+           memory_report: bool = False, count_bytes: bool = True, torchrun: bool | None = None,
+           forked: bool | None = None) -> Run:
     """`env`: added to the environment; `check=False`: a run that fails is returned (with `returncode`) too;
     `memory_report`: the program measures every rank's memory in the last step (`--memory-report`), read back into
     `Run.memory` (compared with the compiler's prediction in plan.json).
     `torchrun`: start the program through launch.sh's torchrun; by default only a world of more than one, or one
     that restarts: a single process without restarts runs as `python program.py` (runtime.mesh makes it a world of
-    one), the same program without the agent's interpreter beside it (a second or two of CPU per run, and the
-    single-device references are the suite's most frequent runs). Every case of more than one process goes
-    through launch.sh."""
+    one).
+    `forked`: fork the program's processes from tests/e2e/zygote.py's server, which imported torch once for this
+    test process, instead of starting interpreters that each import it (most of a toy case's CPU: five imports for
+    a case of four ranks). By default every launch that tests the program, not the launching: `check`ed, without
+    restarts, `torchrun` not named, one node or a fixed number of them, and an environment the server can serve
+    (zygote.served). SCALEC_TEST_ZYGOTE=0 starts every launch as its own processes (launch.sh or python)."""
     out = workdir / name
     compiled = compile_spec(check_text(text, f"{name}.scale"))
     if nproc is not None:
@@ -119,6 +140,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     codegen.emit(compiled, str(out))
     metrics, grads, counts = out / "metrics.jsonl", out / "grads.pt", out / "bytes.json"
     report = out / "memory.json"
+    explicit = torchrun is not None
     if torchrun is None:
         torchrun = compiled.plan.world_size > 1 or int(compiled.spec.train.restarts) > 0
     start = ["bash", str(out / "launch.sh")] if torchrun else ["python3", str(out / "program.py")]
@@ -133,20 +155,40 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     # assert_no_warnings sees every deprecated call a run makes.
     env = dict(os.environ, PYTHONPATH=str(ROOT), LOCAL_NODES="1", MASTER_PORT=str(_free_port()),
                OMP_NUM_THREADS="1", PYTHONWARNINGS="default", **(env or {}))
-    try:
-        proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        tail = "\n".join(((exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
-                         .splitlines()[-50:])
-        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0 and not check:
+    if forked is None:
+        forked = (check and not explicit and int(compiled.spec.train.restarts) == 0
+                  and codegen.min_nodes(compiled.spec) == compiled.spec.cluster.nodes
+                  and os.environ.get("SCALEC_TEST_ZYGOTE", "1") != "0")
+    server = _server(env) if forked else None
+    if server is not None:  # tests/conftest.py's guard sees subprocesses; a forked launch is checked here
+        guard = sys.modules.get("tests.conftest")
+        if guard is not None:
+            guard._refuse_unmarked("program.py, forked by tests/e2e/zygote.py")
+    if server is not None:
+        log = out / "output.txt"
+        returncode = server.run(str(out / "program.py"), cmd[2:], cwd=out, env=dict(env, SCALEC_LAUNCH_TIME=repr(
+            time.time())), nproc=compiled.plan.world_size, nodes=compiled.spec.cluster.nodes, out=log,
+            timeout=timeout)
+        output = log.read_text(errors="replace") if log.exists() else ""
+        if returncode is None:
+            tail = "\n".join(output.splitlines()[-50:])
+            pytest.fail(f"timed out after {timeout}s (forked by tests/e2e/zygote.py): {' '.join(cmd)}\n{tail}",
+                        pytrace=False)
+    else:
+        try:
+            proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            tail = "\n".join(((exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
+                             .splitlines()[-50:])
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
+        output, returncode = proc.stdout + proc.stderr, proc.returncode
+    if returncode != 0 and not check:
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
         return Run(losses=[r["loss"] for r in records], grads={}, output=output, measured={}, predicted={},
-                   records=records, returncode=proc.returncode)
-    if proc.returncode != 0:
+                   records=records, returncode=returncode)
+    if returncode != 0:
         tail = "\n".join(output.splitlines()[-50:])
-        pytest.fail(f"exit {proc.returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
+        pytest.fail(f"exit {returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
     assert_no_warnings(output, cmd)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     losses = [r["loss"] for r in records]
