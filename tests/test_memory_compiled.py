@@ -30,8 +30,8 @@ def test_compiled_program_keeps_what_the_formula_says(tmp_path, mode):
 
 
 # The slow tier (40 s on a cold inductor cache, as CI's always is): the same under inductor itself; inductor's
-# programs against the single device: the e2e table's compiled cases, in the slow tier too (CI: the partitioner's,
-# tp2_sp_recompute_selective_partitioned)
+# programs against the single device: the e2e table's compiled cases (CI: tp2_sp_recompute_selective_compile; the
+# other three in the slow tier)
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_inductor_keeps_what_the_partitioner_keeps(tmp_path, mode):
@@ -84,7 +84,7 @@ def _tp_sp_selective(path: str, predicted: float, rank: int, C, cp: int = 1) -> 
     assert got == pytest.approx(predicted, rel=0.03), f"rank {rank}: kept {got:,}, predicted {predicted:,.0f}"
 
 
-# The slow tier (21 s of a quiet full run): the e2e table's tp2_sp_recompute_selective_partitioned runs the same compiled
+# The slow tier (21 s of a quiet full run): the e2e table's tp2_sp_recompute_selective_compile runs the same compiled
 # plan (gpt_tp, tp 2, sp, selective) against the single device with its memory checked against the same prediction
 @pytest.mark.slow
 @pytest.mark.e2e

@@ -143,7 +143,7 @@ def test_a_sent_output_whose_backward_reads_it_is_kept(tmp_path):
 
 # The slow tier (`pytest --slow -m slow`, docs/testing.md): two processes compiling with Inductor, 203 s of the
 # suite's time in a quiet full run; with the compiled pipeline's training (e2e pp2_recompute_selective_compile, also
-# slow). Compiled regions in CI: e2e tp2_sp_recompute_selective_partitioned and tests/test_memory_compiled.py.
+# slow). Compiled regions in CI: e2e tp2_sp_recompute_selective_compile and tests/test_memory_compiled.py.
 @pytest.mark.slow
 @pytest.mark.parametrize("end, kept", [("compiled-add", 0), ("compiled-exp", 8)])
 def test_a_compiled_stage_output_is_freed_unless_its_backward_stashed_it(end, kept, tmp_path):
