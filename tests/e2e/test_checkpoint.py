@@ -73,10 +73,8 @@ def test_padded_vocab_resumes_on_one_device(reference, tmp_path):
     _same(first.losses + second.losses, reference(text))
 
 
-# Slow tier (the suite's 15-minute budget): resuming on another plan is proved in CI by the cp2 → one device,
-# padded vocabulary → one device (above), fsdp × tp → one device and ep2 → ep4 × tp (test_checkpoint_sharded) runs,
-# and a 3-D plan's pieces on pp 4 by tests/test_reshard.py
-@pytest.mark.slow
+# In CI again (9 s with the forked launches of tests/e2e/zygote.py; it was in the slow tier for the suite's
+# budget): the other resumes across stages and tp in the slow tier name it as CI's
 def test_3d_resumes_on_pp4(reference, tmp_path):
     """dp × pp × tp (+ sp), 8 ranks: replicas over dp written once, stages merged, the tied embedding written by
     the first stage only; read back as four stages of one block."""

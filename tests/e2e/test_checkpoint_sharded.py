@@ -12,9 +12,9 @@ from tests.e2e.runner import launch, on_plan
 pytestmark = pytest.mark.e2e
 
 
-# slow tier: 27 s of 8 CPU processes here; CI resumes the experts' DTensors and their AdamW state on another plan in
-# test_moe_fsdp_ep_resumes_on_one_device below, and tp's shards in test_fsdp_tp_resumes_on_one_device
-@pytest.mark.slow
+# In CI again (8 s with the forked launches of tests/e2e/zygote.py; it was in the slow tier for the suite's budget,
+# while test_moe_fsdp_ep_resumes_on_one_device, also slow, named it as CI's): CI's one resume of the experts'
+# DTensors and their AdamW state on another plan
 def test_moe_ep2_resumes_on_ep4_with_tp(reference, tmp_path):
     """Experts as DTensors over ep (with their AdamW state), dense weights over tp: ep = 2 to tp = 2 × ep = 4."""
     text = _sample("moe_gpt")
