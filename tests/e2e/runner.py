@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,20 +97,6 @@ def case_text(case) -> str:
     return with_plan(text, f"{case.id}.scale", **dict(case.plan)) if case.plan else text
 
 
-_SERVERS: list = []  # this test process's zygote server, once started
-
-
-def _server(env: dict):
-    """The zygote server (tests/e2e/zygote.py) that can serve a launch with `env`, started at the first such
-    launch; None where it cannot (a variable read at import differs: the launch starts its own processes)."""
-    if _SERVERS and not _SERVERS[0].alive():
-        _SERVERS.clear()
-    if not _SERVERS:
-        _SERVERS.append(zygote.Server(env))
-    server = _SERVERS[0]
-    return server if zygote.served(env, server.env) else None
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,13 +142,10 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
                OMP_NUM_THREADS="1", PYTHONWARNINGS="default", **(env or {}))
     if forked is None:
         forked = (check and not explicit and int(compiled.spec.train.restarts) == 0
-                  and codegen.min_nodes(compiled.spec) == compiled.spec.cluster.nodes
-                  and os.environ.get("SCALEC_TEST_ZYGOTE", "1") != "0")
-    server = _server(env) if forked else None
-    if server is not None:  # tests/conftest.py's guard sees subprocesses; a forked launch is checked here
-        guard = sys.modules.get("tests.conftest")
-        if guard is not None:
-            guard._refuse_unmarked("program.py, forked by tests/e2e/zygote.py")
+                  and codegen.min_nodes(compiled.spec) == compiled.spec.cluster.nodes)
+    server = zygote.server(env) if forked else None
+    if server is not None:
+        zygote.guard("program.py, forked by tests/e2e/zygote.py")
     if server is not None:
         log = out / "output.txt"
         returncode = server.run(str(out / "program.py"), cmd[2:], cwd=out, env=dict(env, SCALEC_LAUNCH_TIME=repr(

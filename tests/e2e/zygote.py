@@ -264,5 +264,28 @@ class Server:
         return done["rc"]
 
 
+_SERVERS: list = []  # this process's server, once started
+
+
+def server(env: dict) -> Server | None:
+    """This test process's server (started by the first launch that asks), if it can serve a launch with `env`
+    (`served`); None where it cannot or SCALEC_TEST_ZYGOTE=0: the caller starts its own processes."""
+    if os.environ.get("SCALEC_TEST_ZYGOTE", "1") == "0":
+        return None
+    if _SERVERS and not _SERVERS[0].alive():
+        _SERVERS.clear()
+    if not _SERVERS:
+        _SERVERS.append(Server(env))
+    return _SERVERS[0] if served(env, _SERVERS[0].env) else None
+
+
+def guard(what: str) -> None:
+    """tests/conftest.py's check that a test which launches processes is marked e2e: it sees subprocesses and
+    torch.multiprocessing; a forked launch is checked here."""
+    conftest = sys.modules.get("tests.conftest")
+    if conftest is not None:
+        conftest._refuse_unmarked(what)
+
+
 if __name__ == "__main__":
     serve()
