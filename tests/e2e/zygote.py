@@ -121,13 +121,17 @@ def _agent(program: str, args: list, nproc: int, nodes: int) -> int:
     ranks = {}
     for r in range(nproc):
         pid = os.fork()
-        if pid == 0:
-            node = r // per_node
-            os.environ.update(base, RANK=str(r), LOCAL_RANK=str(r % per_node), ROLE_RANK=str(r),
-                              GROUP_RANK=str(node))
-            if nodes > 1:
-                os.environ["SCALEC_NODE"] = f"node{node}"
-            os._exit(_run_program(program, args))
+        if pid == 0:  # a rank: never back into this loop, whatever happens
+            code = 1
+            try:
+                node = r // per_node
+                os.environ.update(base, RANK=str(r), LOCAL_RANK=str(r % per_node), ROLE_RANK=str(r),
+                                  GROUP_RANK=str(node))
+                if nodes > 1:
+                    os.environ["SCALEC_NODE"] = f"node{node}"
+                code = _run_program(program, args)
+            finally:
+                os._exit(code)
         ranks[pid] = r
     failed = None
     deadline = None
