@@ -146,7 +146,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
     server = zygote.server(env) if forked else None
     if server is not None:
         zygote.guard("program.py, forked by tests/e2e/zygote.py")
-    if server is not None:
+        cmd = ["(forked by tests/e2e/zygote.py)", str(out / "program.py"), *cmd[2:]]  # what a failure names
         log = out / "output.txt"
         returncode = server.run(str(out / "program.py"), cmd[2:], cwd=out, env=dict(env, SCALEC_LAUNCH_TIME=repr(
             time.time())), nproc=compiled.plan.world_size, nodes=compiled.spec.cluster.nodes, out=log,
@@ -154,8 +154,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
         output = log.read_text(errors="replace") if log.exists() else ""
         if returncode is None:
             tail = "\n".join(output.splitlines()[-50:])
-            pytest.fail(f"timed out after {timeout}s (forked by tests/e2e/zygote.py): {' '.join(cmd)}\n{tail}",
-                        pytrace=False)
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
     else:
         try:
             proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
