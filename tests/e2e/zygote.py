@@ -229,7 +229,7 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=self.env, cwd=os.path.dirname(__file__))
         self.pending = b""
-        self._read(120)  # {"ready": pid}
+        self._answer(120)  # {"ready": pid}
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -249,6 +249,13 @@ class Server:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
+    def _answer(self, timeout: float) -> dict:
+        """The server's next answer, which must come within `timeout` seconds."""
+        got = self._read(timeout)
+        if got is None:
+            raise RuntimeError(f"the zygote server did not answer within {timeout:g} s")
+        return got
+
     def run(self, program: str, args: list, *, cwd: str, env: dict, nproc: int, nodes: int, out: str,
             timeout: float) -> int | None:
         """The job's exit status, or None when it ran past `timeout` seconds (it is killed, all its ranks)."""
@@ -256,14 +263,14 @@ class Server:
                    "nproc": nproc, "nodes": nodes, "out": str(out)}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
-        job = self._read(60)["pid"]
+        job = self._answer(60)["pid"]
         done = self._read(timeout)
         if done is None:
             try:
                 os.killpg(job, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self._read(60)
+            self._answer(60)  # its {"rc"}, once the server reaped it
             return None
         return done["rc"]
 
