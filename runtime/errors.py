@@ -14,6 +14,7 @@ No torch at import: `runtime.launch` reads `EXIT_CODE` before anything else.
 from __future__ import annotations
 
 import sys
+import time
 
 EXIT_CODE = 78
 """The worker's exit status for "fatal, do not restart": EX_CONFIG of sysexits.h ("something was found in an
@@ -64,19 +65,61 @@ def announce(exc: FatalError, rank: int) -> bool:
     if exc.message is None or not _first_to_report():
         return False
     print(f"[rank {rank}] {exc.message}", file=sys.stderr, flush=True)
+    store = _store()
+    if store is not None:
+        try:
+            store.set(_PRINTED, "1")  # the silent ranks may leave now (leave_after_reporter)
+        except Exception:  # noqa: BLE001 -- the store already gone: nobody is waiting on it
+            pass
     return True
 
 
+FOLLOWER_GRACE_S = 2.0
+"""The longest a rank that prints nothing waits before it exits with a fatal error another rank reports. The
+launcher stops every rank of its node at the first one's exit (torchrun's agent, with SIGTERM): were a silent rank
+first, the reporting rank could be killed before its message was written, and the job would end on "exit code 78"
+and nothing else. With a process group the silent ranks wait until the reporter says it has printed (milliseconds);
+before one exists (a bad flag) the ranks of rank 0's node wait this long, and rank 0's exit ends the job first. The
+other nodes' ranks do not wait: their agents must see their own ranks' exit code, not the store's end."""
+
+
+def leave_after_reporter() -> None:
+    """Called by a rank that holds no message for the fatal error it leaves with (see FOLLOWER_GRACE_S)."""
+    import os
+    sys.stderr.flush()
+    store = _store()
+    if store is not None:
+        from datetime import timedelta
+        try:
+            store.wait([_PRINTED], timedelta(seconds=FOLLOWER_GRACE_S))
+        except Exception:  # noqa: BLE001 -- no reporter, or the store already gone: leave now
+            pass
+    elif os.environ.get("GROUP_RANK", "0") == "0":
+        time.sleep(FOLLOWER_GRACE_S)
+
+
 _KEY = "scalec/fatal_reported"
+_PRINTED = "scalec/fatal_printed"
+
+
+def _store():
+    """The default process group's store, or None (no process group, or no store)."""
+    try:
+        import torch.distributed as dist
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError, ValueError):
+        return None
 
 
 def _first_to_report() -> bool:
     """Whether no other rank has reported a fatal error yet: an atomic add on the default process group's store.
     Without a process group (or its store), every rank reports: a message twice beats a message lost."""
+    store = _store()
+    if store is None:
+        return True
     try:
-        import torch.distributed as dist
-        if not dist.is_available() or not dist.is_initialized():
-            return True
-        return dist.distributed_c10d._get_default_store().add(_KEY, 1) == 1
-    except (RuntimeError, AttributeError, ValueError):
+        return store.add(_KEY, 1) == 1
+    except (RuntimeError, ValueError):
         return True

@@ -85,11 +85,15 @@ def setup(axes: tuple[tuple[str, int], ...], timeout: float, groups: tuple, rank
         if rank == 0 or (note and local_rank == 0):
             print(f"scalec: this program needs {expected} processes ({' × '.join(f'{a}={n}' for a, n in axes)}), "
                   f"but torchrun started {world}{note}", file=sys.stderr, flush=True)
+        else:
+            errors.leave_after_reporter()  # rank 0's exit, with its message, ends the job first
         raise SystemExit(errors.EXIT_CODE)
     if not groups:  # a program written before the contract listed its groups
         if rank == 0:
             print("scalec: this program lists no process groups (Parallel.groups): it was compiled by an older "
                   "scalec; compile its .scale file again", file=sys.stderr, flush=True)
+        else:
+            errors.leave_after_reporter()
         raise SystemExit(errors.EXIT_CODE)
     listed = planned(groups, tuple(a for a, _ in axes), ranks, world)
     if torch.cuda.is_available():

@@ -24,7 +24,7 @@ from runtime import data, faults, leaving, mesh, resume, tracking
 # The contract's classes: generated programs build them as train.Config, train.Parallel, ...
 from runtime.config import (Checkpoint, Config, Data, Eval, Init, Memory, Optim, Parallel, Resilience,  # noqa: F401
                             Speed)
-from runtime.errors import EXIT_CODE, EXIT_PEER, FatalError, announce
+from runtime.errors import EXIT_CODE, EXIT_PEER, FatalError, announce, leave_after_reporter
 from runtime.trainer import Trainer
 
 
@@ -36,6 +36,8 @@ class _Arguments(argparse.ArgumentParser):
         if os.environ.get("RANK", "0") == "0":
             self.print_usage(sys.stderr)
             print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
+        else:  # rank 0 reports it: its exit, not this one, ends the job
+            leave_after_reporter()
         raise SystemExit(EXIT_CODE)
 
 
@@ -119,7 +121,8 @@ def main(model_cls, cfg: Config, loss_fn=None, program: str | None = None) -> No
         run(model_cls, cfg, ctx, args, loss_fn, program=program)
     except FatalError as exc:  # a restart cannot fix it: one message for the job, and the launcher does not restart
         code = exc.code
-        announce(exc, ctx.rank)
+        if not announce(exc, ctx.rank):
+            leave_after_reporter()  # the rank that reports it exits first, so the job ends with its message
     except SystemExit as exc:  # a message of ours: print it, not a traceback
         code = exc.code if isinstance(exc.code, int) else 1
         if not isinstance(exc.code, int):

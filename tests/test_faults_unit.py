@@ -214,9 +214,11 @@ def test_the_programs_train_main_line_is_not_a_collectives_site(tmp_path):
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_world_of_the_wrong_size_ends_without_a_restart(monkeypatch, capsys, rank):
     """torchrun started 3 processes for a dp = 2 program: the same on every attempt, so the exit code is the one the
-    launcher does not restart on (runtime.errors), and only rank 0 says why."""
-    from runtime import mesh
+    launcher does not restart on (runtime.errors), and only rank 0 says why; the others leave after it."""
+    from runtime import errors, mesh
     from runtime.errors import EXIT_CODE
+    slept = []
+    monkeypatch.setattr(errors.time, "sleep", slept.append)
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(SystemExit) as info:
@@ -224,3 +226,4 @@ def test_a_world_of_the_wrong_size_ends_without_a_restart(monkeypatch, capsys, r
     assert info.value.code == EXIT_CODE
     err = capsys.readouterr().err
     assert ("needs 2 processes (dp=2), but torchrun started 3" in err) == (rank == "0") and err.count("\n") <= 1
+    assert slept == ([] if rank == "0" else [errors.FOLLOWER_GRACE_S])
