@@ -127,6 +127,11 @@ class Candidates:
             self._rules = R.Checker(self.spec)
         return self._rules(plan, reuse)
 
+    def passes_in_micro_batches(self, plan: P.Plan) -> bool:
+        """rules.Checker.passes_in_micro_batches: `plan` is legal, known without running a rule, where a plan that
+        differs from it in the micro-batch count alone passed every rule (`requires` returned nothing)."""
+        return self._rules is not None and self._rules.passes_in_micro_batches(plan)
+
     def estimate(self, plan: P.Plan, pp_rank: int = 0, memory: bool = True):
         """The cost.Estimate of a decided plan (`decide` first), from its structure's cost model (`memory=False`:
         without the memory model, CostModel.estimate)."""

@@ -107,6 +107,22 @@ def test_the_checker_agrees_with_check_plan_over_a_search_space():
             checker = Checker(spec)
             for plan, want in order:
                 assert checker(plan) == want, plan.describe()
+        # a plan that differs from one every rule passed in its micro-batch count alone is legal wherever
+        # passes_in_micro_batches says so (it reads only what rules.MICRO_BATCH_READERS read), and a refused one
+        # never is (`checker`: the last order's, which has checked every plan)
+        counts = sorted({p.micro_batches for p in plans})
+        said = refused = 0
+        for plan, want in list(zip(plans, wants))[::23]:
+            if want:
+                continue
+            for m in counts:
+                twin = dataclasses.replace(plan, micro_batches=m)
+                legal = not check_plan(spec, twin)
+                refused += not legal
+                if checker.passes_in_micro_batches(twin):
+                    said += 1
+                    assert legal, twin.describe()
+        assert said and refused
         # a refusal given again (rules.REUSABLE, for a search) differs from check_plan's in its message alone
         fields = lambda ds: [(d.code, d.brief, d.key, d.help, d.span, d.axis, d.rule) for d in ds]  # noqa: E731
         checker = Checker(spec)

@@ -107,14 +107,27 @@ def reads_all(p) -> tuple:
     written = p.span("compile") is not None
     sharded, compiled, sp, variant = dp > 1, p.compile, p.sequence_parallel, p.context_parallel
     return (("tensor_parallel", (tp, p.tp_layers, p.pad_vocab, sp, p.seq_len, cp)),
-            ("pipeline_split", (pp, p.virtual_stages, p.schedule, p.recompute, compiled, written, p.micro_batches,
-                                p.layout)),
+            _pipeline_key(p, pp, written),
             ("expert_parallel", (ep, tp, sharded, sp, p.data_parallel)),
             ("context_parallel", (cp, p.seq_len, variant, pp, tp, p.tp_layers, ep, p.data_parallel, sharded,
                                   compiled, written)),
             ("packed", (ep, cp, variant, compiled, written)),
             ("offload", (p.offload, p.data_parallel, sharded, p.recompute, compiled, written)),
-            ("mesh", (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len)))
+            _mesh_key(p))
+
+
+MICRO_BATCH_READERS = ("pipeline_split", "mesh")
+"""The rules whose verdict reads the micro-batch count (READS): of two plans that differ in it alone, what every
+other rule says of one it says of the other (`Checker.passes_in_micro_batches`)."""
+
+
+def _pipeline_key(p, pp: int, written: bool) -> tuple:
+    return ("pipeline_split", (pp, p.virtual_stages, p.schedule, p.recompute, p.compile, written, p.micro_batches,
+                               p.layout))
+
+
+def _mesh_key(p) -> tuple:
+    return ("mesh", (p.batch_ranks * p.micro_batches, p.global_batch, p.seq_len))
 
 
 # The rules whose diagnostics read no more of a plan than READS and its spans, but for the message's words naming
@@ -158,3 +171,11 @@ class Checker:
                 self._passed.add(key)
             out += got
         return out
+
+    def passes_in_micro_batches(self, plan) -> bool:
+        """Whether `plan` is legal, given that a plan differing from it in the micro-batch count alone passed every
+        rule: where the rules that read that count (MICRO_BATCH_READERS) have each passed `plan`'s settings before,
+        without running any (a search asks this of every micro-batch count of a group: tens of thousands). False
+        means only "not known": call the Checker."""
+        return (_pipeline_key(plan, plan.size("pp"), plan.span("compile") is not None) in self._passed
+                and _mesh_key(plan) in self._passed)

@@ -492,6 +492,9 @@ class Search(Tally):
             # refusal of one is remembered under those (a tenth of the 175B search refused the same few
             # micro-batch counts again and again)
             at = (tuple(keys.values()), g.sizes["dp"] * g.sizes["ep"])
+            # the first passed every rule as made (not padded): another m is legal where the rules that read m
+            # passed its settings before (rules.MICRO_BATCH_READERS), no rule run
+            as_made = not problems and first.pad_vocab == self.base.pad_vocab
             for m in ms:
                 if m == ms[0]:
                     plan = first
@@ -501,7 +504,9 @@ class Search(Tally):
                         self.counts.family_rules += 1
                         self._pending_add(self._stat_keys_of(g.axes, g.schedule, g.context_parallel), problems, 1)
                         continue
-                    plan, problems = self._legal(make(m))
+                    plan = make(m)
+                    if not (as_made and self.cands.passes_in_micro_batches(plan)):
+                        plan, problems = self._legal(plan)
                     if problems:
                         m_memo[(at, m)] = problems
                 if problems:
