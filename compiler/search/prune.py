@@ -76,7 +76,6 @@ from dataclasses import replace
 from compiler import plan as P
 from compiler import spec as S
 from compiler.rules import per_shape
-from compiler.rules.tensor_parallel import VOCAB
 from compiler.search import precision as PR
 from compiler.search import report as R
 from compiler.search.bounds import Bounds
@@ -84,9 +83,10 @@ from compiler.search.collector import young_collections
 from compiler.search.dispatch import dispatched, every_axis_fixed
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
+from compiler.search.legality import Legality
 from compiler.search.tally import Tally
 
-class Search(Tally):
+class Search(Tally, Legality):
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
     and the bookkeeping compiler/search/report.py words (`stats`, `family_log`, `peaks`)."""
 
@@ -143,57 +143,6 @@ class Search(Tally):
 
     def modes(self, plan) -> list:
         return self.space.modes(plan)
-
-    # -- rules, with the vocabulary padded where that alone is what a rule wants -------------------------------
-
-    def _legal(self, plan):
-        # the refusals' messages may name another plan of the same settings (rules.REUSABLE): the search groups
-        # them by their brief (Tally) and prints none
-        problems = self.cands.requires(plan, reuse=True)
-        if problems and not plan.pad_vocab and all(d.rule == VOCAB for d in problems):
-            padded = P.evolve(plan, pad_vocab=True)
-            if not self.cands.requires(padded, reuse=True):
-                return padded, []
-        return plan, problems
-
-    def _memo_keys(self, sizes: dict, schedule: str, virtual_stages: int, sequence_parallel: bool,
-                   context_parallel: str, data_parallel: str, recompute: str) -> dict:
-        """What `_family_legal` remembers a refusal under, per the refusing rule's axis: a tensor-parallel rule's
-        (tp, sequence parallelism, pad_vocab; tp_layers and seq_len are the search's own), a pipeline rule's that
-        does not read the micro-batches (pipeline_split.PER_SHAPE: pp, schedule, virtual stages), an expert rule's
-        (ep, dp, sequence parallelism, data_parallel), cp's (and packed documents'): cp, its variant and the
-        settings they say cp is not built with. From the settings alone: a group's are known before any plan of
-        it is made."""
-        tp, pp, ep, dp = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("ep", 1), sizes.get("dp", 1)
-        return {"tp": (tp, sequence_parallel, self.base.pad_vocab),
-                "pp": (pp, schedule, virtual_stages),
-                "ep": (ep, dp > 1, sequence_parallel, data_parallel),
-                "cp": (sizes.get("cp", 1), context_parallel, tp, pp, ep, dp > 1, data_parallel, recompute,
-                       self.base.compile)}
-
-    def _remembered(self, keys: dict, memo: dict):
-        """The refusals `memo` holds for any of `keys` (`_memo_keys`), or None."""
-        for axis, k in keys.items():
-            got = memo.get((axis, k))
-            if got is not None:
-                return got
-        return None
-
-    def _family_legal(self, plan, memo, keys: dict | None = None):
-        """`_legal`, remembering refusals that hold for every family sharing what the refusing rule reads
-        (rules.per_shape, by the refusal's axis; `_memo_keys`, given as `keys` where the caller has them). The
-        rules themselves are only ever called."""
-        if keys is None:
-            keys = self._memo_keys(dict(plan.axes), plan.schedule, plan.virtual_stages, plan.sequence_parallel,
-                                   plan.context_parallel, plan.data_parallel, plan.recompute)
-        got = self._remembered(keys, memo)
-        if got is not None:
-            return plan, got
-        plan, problems = self._legal(plan)
-        for d in problems:
-            if per_shape(d):
-                memo.setdefault((d.axis, keys[d.axis]), []).append(d)
-        return plan, problems
 
     # -- the lower bound of a family -------------------------------------------------------------------------
 
