@@ -13,8 +13,10 @@ No torch at import: `runtime.launch` reads `EXIT_CODE` before anything else.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+from datetime import timedelta
 
 EXIT_CODE = 78
 """The worker's exit status for "fatal, do not restart": EX_CONFIG of sysexits.h ("something was found in an
@@ -85,11 +87,9 @@ other nodes' ranks do not wait: their agents must see their own ranks' exit code
 
 def leave_after_reporter() -> None:
     """Called by a rank that holds no message for the fatal error it leaves with (see FOLLOWER_GRACE_S)."""
-    import os
     sys.stderr.flush()
     store = _store()
     if store is not None:
-        from datetime import timedelta
         try:
             store.wait([_PRINTED], timedelta(seconds=FOLLOWER_GRACE_S))
         except Exception:  # noqa: BLE001 -- no reporter, or the store already gone: leave now

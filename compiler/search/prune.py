@@ -81,9 +81,9 @@ from compiler.search import report as R
 from compiler.search.bounds import Bounds
 from compiler.search.collector import young_collections
 from compiler.search.dispatch import dispatched, every_axis_fixed
+from compiler.search.legality import Legality
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
-from compiler.search.legality import Legality
 from compiler.search.tally import Tally
 
 class Search(Tally, Legality):
