@@ -27,9 +27,10 @@ it): before is the backward's compute, after is the wait in the gradient reducti
 rank's peers would show its delay in their backward, not in a wait.
 
 Test-only drill hook, read only when set (as runtime.faults' SCALEC_TEST_* hooks): SCALEC_TEST_SLOW=RANK:STEP:
-FRACTION[:RAMP_STEPS] makes that rank do extra matrix products at the start of each forward and backward from step
-STEP (1-based) on, so that its forward and backward take FRACTION longer than this rank's own (the medians of the
-last window before STEP), rising linearly over RAMP_STEPS steps when given: slow, computing, not hung.
+FRACTION[:RAMP_STEPS] makes that rank do extra matrix products at the start of each forward, backward and optimizer
+step from step STEP (1-based) on, so that its compute takes FRACTION longer than this rank's own (the medians of the
+last window before STEP), rising linearly over RAMP_STEPS steps when given: slow, computing, not hung, as a slow
+device is slow in all its work.
 """
 from __future__ import annotations
 
@@ -219,6 +220,10 @@ class section:
 # -- the drill: SCALEC_TEST_SLOW ---------------------------------------------------------------------------------
 
 
+SLOWED = ("forward", "backward", "optimizer")
+"""The regions the drill's hook slows: a rank's whole compute but its data loading (a slow device)."""
+
+
 def slow_setting(value: str | None) -> tuple | None:
     """SCALEC_TEST_SLOW's RANK:STEP:FRACTION[:RAMP_STEPS] as (rank, step, fraction, ramp), or None."""
     if not value:
@@ -231,7 +236,7 @@ def slow_setting(value: str | None) -> tuple | None:
 
 
 def slow_fraction(setting: tuple, step: int) -> float:
-    """How much longer this rank's forward and backward take at `step` (1-based): 0 before the onset, FRACTION
+    """How much longer this rank's compute takes at `step` (1-based): 0 before the onset, FRACTION
     after it, rising linearly over RAMP_STEPS steps (reaching FRACTION at onset + RAMP_STEPS - 1)."""
     _, onset, fraction, ramp = setting
     if step < onset:
@@ -240,11 +245,11 @@ def slow_fraction(setting: tuple, step: int) -> float:
 
 
 class Slow:
-    """The drill's extra work on one rank: at the start of each forward and backward region from the onset on,
-    matrix products for `slow_fraction` × this rank's own median time of that region (per step, over the last
-    window read before the onset). On CPU the products run until that much time has passed (as much computing as
-    the time asks, whatever the other processes on the cores do); on CUDA their number comes from one timed
-    calibration (the only synchronisation, once, in a test-only path)."""
+    """The drill's extra work on one rank: at the start of each SLOWED region (forward, backward, optimizer) from
+    the onset on, matrix products for `slow_fraction` × this rank's own median time of that region (per step, over
+    the last window read before the onset). On CPU the products run until that much time has passed (as much
+    computing as the time asks, whatever the other processes on the cores do); on CUDA their number comes from one
+    timed calibration (the only synchronisation, once, in a test-only path)."""
 
     def __init__(self, setting: tuple, device: torch.device):
         self.setting, self.device = setting, device
@@ -252,7 +257,7 @@ class Slow:
         n = 512 if self.cuda else 64
         self.a = torch.randn(n, n, device=device)
         self.b = torch.randn(n, n, device=device)
-        self.base: dict | None = None  # seconds per step of forward and backward before the onset
+        self.base: dict | None = None  # seconds per step of each SLOWED region before the onset
         self.recent: list = []         # rows of the last window read
         self.unit = None               # CUDA: seconds per product
         self.fraction = 0.0
@@ -277,14 +282,15 @@ class Slow:
                 self.fraction = 0.0
                 return
             self.base = {kind: statistics.median(r[INDEX[kind]] for r in self.recent)
-                         for kind in ("forward", "backward")}
+                         for kind in SLOWED}
             who = self.setting[0] if self.setting[0] is not None else "(every rank here)"
             print(f"scalec: SCALEC_TEST_SLOW: rank {who} forward {self.base['forward'] * 1e3:.3f} ms + "
-                  f"backward {self.base['backward'] * 1e3:.3f} ms per step before step {self.setting[1]}; "
+                  f"backward {self.base['backward'] * 1e3:.3f} ms + optimizer {self.base['optimizer'] * 1e3:.3f} ms "
+                  f"per step before step {self.setting[1]}; "
                   f"{self.setting[2]:.0%} more from there", flush=True)
 
     def work(self, kind: str) -> None:
-        """At the start of a forward or backward region: this call's share of the step's extra work."""
+        """At the start of a SLOWED region: this call's share of the step's extra work."""
         self.step_calls[kind] = self.step_calls.get(kind, 0) + 1
         if not self.fraction:
             return
@@ -328,7 +334,7 @@ def start_slow(rank: int, device: torch.device, world: int = 0) -> Slow | None:
 
 
 def slow_work(kind: str) -> None:
-    """A forward or backward region begins: the drill's extra work, when this rank is the slowed one."""
+    """A forward, backward or optimizer region begins: the drill's extra work, when this rank is the slowed one."""
     if _SLOW is not None and not (_TIMELINE and _TIMELINE.stack and _TIMELINE.stack[-1] == _EVAL):
         _SLOW.work(kind)
 

@@ -8,13 +8,15 @@ Scores (NVRx's meaning; 1.0 is as fast as the reference, 0.5 twice as slow):
 - individual: this rank's own best window over its current one, per section likewise.
 A rank whose relative score of its step's compute (forward + backward + optimizer; its data section too where that
 takes at least SIGNIFICANT of the compute) falls below `threshold` is named, and the compute section it scores lowest
-in is quoted as the slow one. The times compared are each rank's fastest step of the window (relative_scores).
+in is quoted as the slow one. The times compared are the mean of each rank's FASTEST fastest steps of the window
+(relative_scores).
 The individual score names a rank only where nothing is relative to it (a group of one rank: pp without dp), and
 not while the other ranks' median individual score is below the threshold too: a busier machine slows everyone, a
 straggler slows one. Waits never name: at a synchronising collective every peer waits for the slow rank, so their
 waits grow while its compute grows; the waits are only quoted, to explain what the straggler costs the others.
 
-The what-if replays the window's median step with the straggler's compute replaced by the median of its peers':
+The what-if replays the median step of the episode (the windows in a row that named the same ranks) with the
+straggler's compute replaced by the median of its peers', the other ranks at their group's typical speed (_typical):
 without pp, the step ends when the slowest rank reaches the synchronising collective (the longest compute plus the
 transfers: the least any rank waits, since the last rank to arrive waits for nobody); with pp, runtime.schedule_time
 times the schedule's action lists (the compiler's model) with each stage's measured forward and backward per
@@ -61,21 +63,30 @@ def sustained_threshold(threshold: float) -> float:
 # -- scores (pure functions of the gathered tables) --------------------------------------------------------------
 
 
+FASTEST = 3
+"""The steps of a window whose mean the scores compare (`best`): its fastest few. Other processes on a host only
+ever add time to some steps, while a slow device is slow in every step, so the fastest steps are the steadiest
+measure of a rank's speed; the mean of a few is steadier than the single fastest, a minimum of noisy draws.
+Measured on the ramp drill's 400 windows before its onset (8 ranks on this 2-core machine): a rank's compute over
+its peers' median varied by 2.4% (standard deviation) with the fastest step, 1.8% with the mean of the fastest 3,
+and its largest excursion fell from 9.2% to 6.1%."""
+
+
 def window_stats(table) -> list[dict]:
     """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
     section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
-    wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's
-    fastest step of the window, which the scores compare (below). One sort over all ranks, steps and figures at
-    once: rank 0 reads thousands of ranks' windows."""
+    wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's mean
+    over the window's FASTEST fastest steps, which the scores compare (below). One sort over all ranks, steps and
+    figures at once: rank 0 reads thousands of ranks' windows."""
     t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
     n, width = t.shape[1], t.shape[2]
     # the window's sums per step beside its sections, sorted along the steps once: each median is the mean of the
-    # middle two of an even count (as statistics.median), each fastest step the first (torch.quantile sorted again
+    # middle two of an even count (as statistics.median), the fastest steps the first (torch.quantile sorted again
     # per figure: 0.8 ms a window of one rank, most of the detector's time)
     sums = torch.stack([t[:, :, _STEP_COMPUTE].sum(-1), t[:, :, _WAITS].sum(-1), t.sum(-1)], dim=2)
     ordered = torch.cat([t, sums], dim=2).sort(dim=1).values
     medians = ((ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2).tolist()
-    fastest = ordered[:, 0].tolist()
+    fastest = ordered[:, :FASTEST].mean(dim=1).tolist()
     out = []
     for r in range(t.shape[0]):
         stats = dict(zip(SECTIONS, medians[r][:width]))
@@ -93,9 +104,10 @@ def _ratio(best: float, mine: float) -> float:
 
 def relative_scores(stats: list[dict], groups: list[int]) -> list[dict]:
     """Per rank and scored section: the fastest of its group (`groups[rank]`: ranks of equal value do the same
-    work) over its own time. The times compared are each rank's fastest step of the window: other processes on a
-    host only ever add time to some steps, while a slow device is slow in every step, its fastest too (on this
-    2-core machine the window's median moves ±15% between ranks with nothing slowed; the fastest step, ±10%)."""
+    work) over its own time. The times compared are each rank's fastest steps of the window (`best`, FASTEST):
+    other processes on a host only ever add time to some steps, while a slow device is slow in every step, its
+    fastest too (on this 2-core machine the window's median moves ±15% between ranks with nothing slowed; the
+    fastest step, ±10%)."""
     fastest = {}
     for r, g in enumerate(groups):
         for k in SCORED:
@@ -186,9 +198,29 @@ def _others_median(values: list[float]) -> list:
 # -- the what-if --------------------------------------------------------------------------------------------------
 
 
+def _typical(stats: list[dict], groups: list[int], slow: set) -> list[dict]:
+    """`stats` with every rank not in `slow` at its group's median over the ranks not in `slow`, in each compute
+    section. Ranks doing the same work on the same kind of device differ within a window mostly by noise, not by
+    speed (the ramp drill's windows before its onset, 8 ranks on this 2-core machine: a rank's compute over its
+    peers' median varies by 1.6% from window to window and by 0.6% from rank to rank), so the what-if takes them at
+    their typical speed: as the slowest of them, the step would read the noise as time the straggler did not
+    cost."""
+    members: dict = {}
+    for r, g in enumerate(groups):
+        if r not in slow:
+            members.setdefault(g, []).append(r)
+    median = {(g, k): statistics.median(stats[q][k] for q in rs) for g, rs in members.items() for k in COMPUTE}
+    out = [dict(s) for s in stats]
+    for r, g in enumerate(groups):
+        if r not in slow:
+            out[r].update({k: median[g, k] for k in COMPUTE})
+            out[r]["compute"] = sum(out[r][k] for k in STEP_COMPUTE)
+    return out
+
+
 def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None = None) -> list[dict]:
     """`stats` with each slow rank's compute sections the median of its group's other ranks'; a rank alone in its
-    group gets its own best window's (`best`, individual_scores' table), or keeps its own without one."""
+    group gets its own best window's (`best`: best_windows' table), or keeps its own without one."""
     out = [dict(s) for s in stats]
     for r in slow:
         peers = [q for q in range(len(stats)) if groups[q] == groups[r] and q not in slow]
@@ -197,6 +229,17 @@ def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None
                          else best[r][k] if best else stats[r][k])
         out[r]["compute"] = sum(out[r][k] for k in STEP_COMPUTE)
     return out
+
+
+def best_windows(stats: list[dict], best: list) -> list:
+    """Per rank and compute section, the least of its windows' medians so far (`best`, updated in place with this
+    window's and returned): a rank alone in its group is replaced in the what-if by its own best window."""
+    for r, s in enumerate(stats):
+        if r >= len(best):
+            best.append({})
+        for k in COMPUTE:
+            best[r][k] = min(best[r].get(k, float("inf")), s[k])
+    return best
 
 
 def modelled_step(stats: list[dict], pipeline=None) -> float:
@@ -227,14 +270,40 @@ def modelled_step(stats: list[dict], pipeline=None) -> float:
 
 def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None,
             best: list | None = None) -> tuple[float, float, float]:
-    """(measured step, predicted step without the `slow` ranks, seconds lost per step): the loss is the model's
-    step with the measured times less its step with the slow ranks' compute replaced by their peers' median. Each
-    rank's compute is its fastest step's, as the scores compare (a busy host's noise on the others' medians would
-    make the slowest of them seem slower, and the loss smaller, than their hardware is)."""
+    """(measured step, predicted step without the `slow` ranks, seconds lost per step): the model's step with the
+    window's median times (each other rank at its group's typical speed: _typical) less its step with the slow
+    ranks' compute replaced by their peers' median (`best`: best_windows' table, for a rank alone in its group)."""
     measured = statistics.median(s["step"] for s in stats)
-    speed = [dict(s, **s["best"]) for s in stats]
-    lost = max(0.0, modelled_step(speed, pipeline) - modelled_step(_replaced(speed, groups, slow, best), pipeline))
+    typical = _typical(stats, groups, slow)
+    lost = max(0.0, modelled_step(typical, pipeline) - modelled_step(_replaced(typical, groups, slow, best), pipeline))
     return measured, measured - lost, lost
+
+
+class Episode:
+    """The windows in a row that named the same ranks: their figures summed per rank, so that the what-if can read
+    their mean (`mean`) at the cost of one window's figures whatever the episode's length. The what-if of one
+    window of 10 steps moves by a tenth from window to window on this machine; over the episode it settles."""
+
+    def __init__(self, slow: set, first: int):
+        self.slow, self.first, self.n = frozenset(slow), first, 0
+        self.total: list[dict] = []
+
+    def add(self, stats: list[dict]) -> None:
+        if not self.total:
+            self.total = [{k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()} for s in stats]
+        else:
+            for tot, s in zip(self.total, stats):
+                for k, v in s.items():
+                    if isinstance(v, dict):
+                        for kk, vv in v.items():
+                            tot[k][kk] += vv
+                    else:
+                        tot[k] += v
+        self.n += 1
+
+    def mean(self) -> list[dict]:
+        return [{k: ({kk: vv / self.n for kk, vv in v.items()} if isinstance(v, dict) else v / self.n)
+                 for k, v in tot.items()} for tot in self.total]
 
 
 def pipeline_model(parallel, world: list[dict]):
@@ -273,7 +342,9 @@ class Detector:
         self.exclude = res.exclude
         self.timeline = sections.Timeline(ctx.device)
         self.slow = sections.start_slow(ctx.rank, ctx.device, ctx.world_size)
-        self.best: list = []
+        self.best: list = []     # rank 0: each rank's best window (individual_scores)
+        self.best_medians: list = []  # rank 0: each rank's least window medians (best_windows: the what-if's)
+        self.episode: Episode | None = None  # rank 0: the windows in a row that named the same ranks
         self.history: list = []  # rank 0: the last SUSTAINED windows' relative naming scores (`stragglers`)
         self.pending: dict = {}  # the last window's figures, for the next metrics record
         self.verdict: str = ""   # rank 0: why a node is being left out (runtime.leaving), once asked
@@ -403,6 +474,7 @@ class Detector:
         stats = window_stats(table)
         relative = relative_scores(stats, self.groups)
         individual = individual_scores(stats, self.best)
+        best_windows(stats, self.best_medians)
         sig = significant(stats, self.groups)
         rel = [naming_score(relative[r], sig[self.groups[r]]) for r in range(len(stats))]
         self.history = (self.history + [rel])[-SUSTAINED:]
@@ -416,13 +488,18 @@ class Detector:
         scalars.update({f"stragglers/rank{r}_individual": ind[r] for r in range(len(ind))})
         self.track.log(last, scalars)
         if not named:
+            self.episode = None
             return
         slow = {n["rank"] for n in named}
-        measured, without, lost = what_if(stats, self.groups, slow, self.pipeline, self.best)
+        if self.episode is None or self.episode.slow != slow:
+            self.episode = Episode(slow, first)
+        self.episode.add(stats)
+        # the what-if over the episode: the windows in a row that named these ranks, this one the last
+        measured, without, lost = what_if(self.episode.mean(), self.groups, slow, self.pipeline, self.best_medians)
         self.pending.update(step_time_measured=measured, step_time_without=without)
         for n in named:
             print(describe(n, self.world, stats, self.groups, self.threshold, first, last), flush=True)
-        print(f"scalec: what-if (steps {first}-{last}): without {_ranks(slow)} a step would take "
+        print(f"scalec: what-if (steps {self.episode.first}-{last}): without {_ranks(slow)} a step would take "
               f"{without * 1e3:,.1f} ms instead of {measured * 1e3:,.1f}: {lost * 1e3:,.1f} ms/step "
               f"({lost / measured:.1%}) lost to {'it' if len(slow) == 1 else 'them'} "
               f"({'the pipeline schedule timed' if self.pipeline else 'the slowest rank reaching the collective'})",

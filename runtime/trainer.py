@@ -262,6 +262,7 @@ class Trainer:
         with (faults.op("the optimizer step (zero1's parameter broadcasts over dp)",
                         faults.scale("data_parallel", "axis dp"), "optimizer") if self.zero1
               else sections.section("optimizer")):
+            sections.slow_work("optimizer")  # the straggler drill's extra work (SCALEC_TEST_SLOW), if any
             self.opt.step()  # zero1: each rank broadcasts the partition it updated
         if args.count_bytes and last and any(offload.COPIED.values()):
             _add_offload_counts(args.count_bytes, ctx)
