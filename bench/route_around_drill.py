@@ -21,6 +21,8 @@ Each trial, in a fresh directory:
 3. Pass: the re-plan happened on 3 of 4 nodes leaving out node 2, the re-planned run started from the step it was
    asked at, and every loss from there to the end is equal to the reference's (bitwise; `--tolerance` relative
    otherwise, 1e-6 is the issue's bound where the reduction order is unchanged).
+   The trial's line also gives the what-if against the cost the drill injected (rank 5's compute before the onset ×
+   `--fraction`), and the summary how many were within 10%.
 
 `--remembered`: a node that keeps failing. Nobody is slowed; instead the checkpoint directory starts with a node
 record (runtime/node_record.py) in which node 2 was slow in two earlier attempts: rank 0 leaves it out after the
@@ -62,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import free_port, run_session  # noqa: E402
+from bench.straggler_drill import WHAT_IF, slow_base  # noqa: E402
 
 MODEL = """model drill {
   vocab = 128  hidden = 64  heads = 4  layers = 2  seq = 32
@@ -160,10 +163,28 @@ def trial(args, i: int, keep: bool) -> tuple[bool, str]:
                 return False, f"re-planned on {m[1]} of {m[2]} nodes leaving out {request['exclude']}"
         ok, line = against_reference(args, work, at, ref_scale)
         where = f"node {m[1]} ({m[2]})" if args.restart else "node 2"
-        return ok, f"{where} left out after step {at} ({what}); {line}; {time.perf_counter() - t:.0f} s"
+        return ok, (f"{where} left out after step {at} ({what}); {line}{what_if_line(args, out)}; "
+                    f"{time.perf_counter() - t:.0f} s")
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+WHAT_IF_ERRORS: list = []  # each slowed trial's what-if against the injected cost (relative error)
+
+
+def what_if_line(args, out: str) -> str:
+    """The last what-if before the node was left out (its episode: the windows that named rank 5 in a row)
+    against the cost the drill injected (bench.straggler_drill's reading of the hook's line); "" where no rank was
+    slowed (or the line is missing), and the error kept for the summary."""
+    lines = list(WHAT_IF.finditer(out))
+    base = slow_base(out)
+    if not lines or base is None:
+        return ""
+    lost, injected = float(lines[-1][4].replace(",", "")), base * args.fraction
+    WHAT_IF_ERRORS.append((lost - injected) / injected)
+    return (f"; what-if (steps {lines[-1][1]}-{lines[-1][2]}) {lost:.1f} ms/step lost against {injected:.1f} "
+            f"injected ({WHAT_IF_ERRORS[-1]:+.0%})")
 
 
 def against_reference(args, work: Path, at: int, scale: str) -> tuple[bool, str]:
@@ -212,6 +233,10 @@ def main(argv=None) -> int:
         ok, line = trial(args, i, args.keep)
         passed += ok
         print(f"trial {i + 1}: {'pass' if ok else 'FAIL'}: {line}", flush=True)
+    if WHAT_IF_ERRORS:
+        e = WHAT_IF_ERRORS
+        print(f"what-if against the injected cost: within 10% in {sum(abs(x) <= 0.10 for x in e)}/{len(e)} trials, "
+              f"mean error {sum(e) / len(e):+.1%}, largest {max(e, key=abs):+.1%}")
     print(f"route-around {passed}/{args.n} passed")
     return 0 if passed == args.n else 1
 

@@ -137,7 +137,7 @@ def onset_trials(args, work: Path, build_dir: Path) -> tuple[int, int, int, list
         ok = (rc == 0 and first is not None and first["rank"] == args.rank and first["last"] - args.onset <= 10
               and first["node"] == node_of and first["section"] in SLOWED)
         named += bool(ok)
-        base = _base(out)
+        base = slow_base(out)
         wi = what_ifs(out).get(first["first"]) if first else None
         err = ""
         if wi and base:
@@ -160,7 +160,7 @@ BASE = re.compile(r"scalec: SCALEC_TEST_SLOW: rank \d+ forward ([\d.]+) ms \+ ba
                   r"optimizer ([\d.]+) ms per step")
 
 
-def _base(out: str) -> float | None:
+def slow_base(out: str) -> float | None:
     """The slowed rank's forward + backward + optimizer ms/step before the onset, as its drill hook printed it."""
     m = BASE.search(out)
     return float(m[1]) + float(m[2]) + float(m[3]) if m else None
