@@ -150,9 +150,11 @@ class Trainer:
         self.run_peak, self.report = None, None  # this rank's largest measured peak; the --memory-report record
         self.losses = []
         self.job_start = progress.launch_time()
-        self.clock, self.finished = progress.Clock(self.start), self.start
-        # each rank's energy counter (NVML on CUDA, RAPL on CPU) read at the logged steps, from here as the clock
+        # each rank's energy counter (NVML on CUDA, RAPL on CPU) read at the logged steps, from the moment the clock
+        # starts: the meters' start-up (a gather, its line) before both, or step 1's time would hold it and not its
+        # energy (3 ms of a 25 ms step in a loaded suite run)
         self.energy = energy.Energy(cfg, ctx, self.start)
+        self.clock, self.finished = progress.Clock(self.start), self.start
         self.loader = data.Prefetcher(lambda t: parts.batches(self.source, t), ctx.device, self.stop)
         self.vote = faults.StopVote(ctx.device)  # SIGTERM on any rank: all stop after the same step
         # zero1's step broadcasts: timed (the others' is no collective: not marked)
