@@ -373,6 +373,27 @@ def test_drill_setting_and_ramp():
         sections.slow_setting("5:50")
 
 
+def test_the_drill_hook_slows_the_whole_compute(monkeypatch, capsys):
+    """From its onset the hook adds FRACTION of each slowed region's median before it (forward, backward and the
+    optimizer step: a slow device is slow in all its work), split over the region's calls per step, and prints the
+    three medians the drill counts the injected cost from."""
+    slow = sections.Slow((0, 3, 0.5, 0), torch.device("cpu"))
+    monkeypatch.setattr(slow, "a", torch.zeros(1, 1))
+    monkeypatch.setattr(slow, "b", torch.zeros(1, 1))
+    for step in (1, 2):  # before the onset: the regions' calls per step are learned, nothing is added
+        slow.begin_step(step)
+        for kind in ("forward", "forward", "backward", "optimizer"):
+            slow.work(kind)
+    slow.seen([row(forward=4, backward=6, optimizer=2)] * 10)
+    assert slow.done == 0.0
+    slow.begin_step(3)
+    assert slow.base == pytest.approx({"forward": 4 * MS, "backward": 6 * MS, "optimizer": 2 * MS})
+    assert "forward 4.000 ms + backward 6.000 ms + optimizer 2.000 ms per step" in capsys.readouterr().out
+    for kind in ("forward", "forward", "backward", "optimizer"):
+        slow.work(kind)
+    assert slow.done == pytest.approx(0.5 * 12 * MS)  # each forward call half of the forward's share
+
+
 def test_restart_and_replan_ask_every_rank_to_leave_the_worst_straggler_s_node(capsys, monkeypatch):
     from runtime import faults, leaving
     monkeypatch.setattr(faults, "_LEAVE", 0.0)
