@@ -8,8 +8,8 @@ Scores (NVRx's meaning; 1.0 is as fast as the reference, 0.5 twice as slow):
 - individual: this rank's own best window over its current one, per section likewise.
 A rank whose relative score of its step's compute (forward + backward + optimizer; its data section too where that
 takes at least SIGNIFICANT of the compute) falls below `threshold` is named, and the compute section it scores lowest
-in is quoted as the slow one. The times compared are the mean of each rank's FASTEST fastest steps of the window
-(relative_scores).
+in is quoted as the slow one. The times compared are the mean of the faster half of each rank's steps of the window
+(relative_scores, fastest_steps).
 The individual score names a rank only where nothing is relative to it (a group of one rank: pp without dp), and
 not while the other ranks' median individual score is below the threshold too: a busier machine slows everyone, a
 straggler slows one. Waits never name: at a synchronising collective every peer waits for the slow rank, so their
@@ -63,20 +63,24 @@ def sustained_threshold(threshold: float) -> float:
 # -- scores (pure functions of the gathered tables) --------------------------------------------------------------
 
 
-FASTEST = 3
-"""The steps of a window whose mean the scores compare (`best`): its fastest few. Other processes on a host only
-ever add time to some steps, while a slow device is slow in every step, so the fastest steps are the steadiest
-measure of a rank's speed; the mean of a few is steadier than the single fastest, a minimum of noisy draws.
-Measured on the ramp drill's 400 windows before its onset (8 ranks on this 2-core machine): a rank's compute over
-its peers' median varied by 2.4% (standard deviation) with the fastest step, 1.8% with the mean of the fastest 3,
-and its largest excursion fell from 9.2% to 6.1%."""
+def fastest_steps(n: int) -> int:
+    """How many of a window's `n` steps the scores compare (`best`): the faster half. Other processes on a host
+    only ever add time to some steps, while a slow device is slow in every step, so the faster steps are the
+    steadiest measure of a rank's speed; the mean of the faster half is steadier than the single fastest step (a
+    minimum of noisy draws) and, unlike the mean of all, leaves out up to half the steps slowed by something else.
+    Measured on the ramp drill's 400 windows before its onset (8 ranks on this 2-core machine): a rank's compute
+    over its peers' median varied by 2.7% (standard deviation) with the fastest step, 1.9% with the mean of the
+    fastest 3 and 1.6% with the faster half's, and its largest excursion fell from 9.1% to 5.2%; replayed through
+    the detector, 20 recorded ramps were named inside the drill's band in 13 with the fastest step, 19 with the
+    fastest 3 and 20 with the faster half."""
+    return max(1, (n + 1) // 2)
 
 
 def window_stats(table) -> list[dict]:
     """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
     section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
     wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's mean
-    over the window's FASTEST fastest steps, which the scores compare (below). One sort over all ranks, steps and
+    over the window's faster half of its steps (fastest_steps), which the scores compare (below). One sort over all ranks, steps and
     figures at once: rank 0 reads thousands of ranks' windows."""
     t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
     n, width = t.shape[1], t.shape[2]
@@ -86,7 +90,7 @@ def window_stats(table) -> list[dict]:
     sums = torch.stack([t[:, :, _STEP_COMPUTE].sum(-1), t[:, :, _WAITS].sum(-1), t.sum(-1)], dim=2)
     ordered = torch.cat([t, sums], dim=2).sort(dim=1).values
     medians = ((ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2).tolist()
-    fastest = ordered[:, :FASTEST].mean(dim=1).tolist()
+    fastest = ordered[:, :fastest_steps(n)].mean(dim=1).tolist()
     out = []
     for r in range(t.shape[0]):
         stats = dict(zip(SECTIONS, medians[r][:width]))
@@ -104,7 +108,7 @@ def _ratio(best: float, mine: float) -> float:
 
 def relative_scores(stats: list[dict], groups: list[int]) -> list[dict]:
     """Per rank and scored section: the fastest of its group (`groups[rank]`: ranks of equal value do the same
-    work) over its own time. The times compared are each rank's fastest steps of the window (`best`, FASTEST):
+    work) over its own time. The times compared are each rank's faster steps of the window (`best`, fastest_steps):
     other processes on a host only ever add time to some steps, while a slow device is slow in every step, its
     fastest too (on this 2-core machine the window's median moves ±15% between ranks with nothing slowed; the
     fastest step, ±10%)."""
