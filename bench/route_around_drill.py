@@ -21,8 +21,8 @@ Each trial, in a fresh directory:
 3. Pass: the re-plan happened on 3 of 4 nodes leaving out node 2, the re-planned run started from the step it was
    asked at, and every loss from there to the end is equal to the reference's (bitwise; `--tolerance` relative
    otherwise, 1e-6 is the issue's bound where the reduction order is unchanged).
-   The trial's line also gives the what-if against the cost the drill injected (rank 5's compute before the onset ×
-   `--fraction`), and the summary how many were within 10%.
+   The trial's line also gives the what-if against the cost the drill injected (the hook's own count of its extra
+   work over the what-if's steps), and the summary how many were within 10%.
 
 `--remembered`: a node that keeps failing. Nobody is slowed; instead the checkpoint directory starts with a node
 record (runtime/node_record.py) in which node 2 was slow in two earlier attempts: rank 0 leaves it out after the
@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import free_port, run_session  # noqa: E402
-from bench.straggler_drill import WHAT_IF, slow_base  # noqa: E402
+from bench.straggler_drill import WHAT_IF, injected  # noqa: E402
 
 MODEL = """model drill {
   vocab = 128  hidden = 64  heads = 4  layers = 2  seq = 32
@@ -178,12 +178,12 @@ def what_if_line(args, out: str) -> str:
     against the cost the drill injected (bench.straggler_drill's reading of the hook's line); "" where no rank was
     slowed (or the line is missing), and the error kept for the summary."""
     lines = list(WHAT_IF.finditer(out))
-    base = slow_base(out)
-    if not lines or base is None:
+    cost = injected(out, int(lines[-1][1]), int(lines[-1][2]), args.fraction) if lines else None
+    if not cost:
         return ""
-    lost, injected = float(lines[-1][4].replace(",", "")), base * args.fraction
-    WHAT_IF_ERRORS.append((lost - injected) / injected)
-    return (f"; what-if (steps {lines[-1][1]}-{lines[-1][2]}) {lost:.1f} ms/step lost against {injected:.1f} "
+    lost = float(lines[-1][4].replace(",", ""))
+    WHAT_IF_ERRORS.append((lost - cost) / cost)
+    return (f"; what-if (steps {lines[-1][1]}-{lines[-1][2]}) {lost:.1f} ms/step lost against {cost:.1f} "
             f"injected ({WHAT_IF_ERRORS[-1]:+.0%})")
 
 

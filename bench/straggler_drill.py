@@ -16,8 +16,8 @@ Ramp: the slowdown grows linearly from 0 to `--fraction` over `--ramp-steps` ste
 rank was first named (the target: once above 10%, before 15%).
 
 The what-if: the predicted loss (ms/step) against the injected cost, the extra seconds per step the slowed rank
-computed (its forward, backward and optimizer medians before the onset × the fraction, SCALEC_TEST_SLOW's own
-bookkeeping), printed per trial. Each trial runs EPISODE windows past the onset; the what-if compared is the last
+computed over the same steps (SCALEC_TEST_SLOW's own count, one line a window: what it did, on the compute
+sections' clock), printed per trial. Each trial runs EPISODE windows past the onset; the what-if compared is the last
 one of the episode that first named the rank (its mean over the windows that named it in a row).
 
 Overhead: `resilience.detect` on against off, alternated (`overhead`: the one-rank tiny_gpt program, whose short
@@ -103,8 +103,23 @@ def namings(out: str) -> list[dict]:
 
 
 def what_ifs(out: str) -> dict:
-    """The episode's first step -> (measured ms/step, predicted loss ms/step) of its last what-if line."""
-    return {int(m[1]): (float(m[3].replace(",", "")), float(m[4].replace(",", ""))) for m in WHAT_IF.finditer(out)}
+    """The episode's first step -> (its last step, measured ms/step, predicted loss ms/step) of its last what-if
+    line."""
+    return {int(m[1]): (int(m[2]), float(m[3].replace(",", "")), float(m[4].replace(",", "")))
+            for m in WHAT_IF.finditer(out)}
+
+
+DONE = re.compile(r"scalec: SCALEC_TEST_SLOW: rank \S+ steps (\d+)-(\d+): ([\d.]+) ms of extra work per step")
+
+
+def injected(out: str, first: int, last: int, fraction: float) -> float | None:
+    """The extra work the hook did, ms per step, over the windows of steps `first`-`last` (its own count, each
+    window's line); without those lines, its forward + backward + optimizer before the onset × `fraction`."""
+    done = [float(m[3]) for m in DONE.finditer(out) if int(m[1]) >= first and int(m[2]) <= last]
+    if done:
+        return sum(done) / len(done)
+    base = slow_base(out)
+    return base * fraction if base is not None else None
 
 
 def clean_windows(records: list, onset: int | None) -> tuple[int, int]:
@@ -137,13 +152,12 @@ def onset_trials(args, work: Path, build_dir: Path) -> tuple[int, int, int, list
         ok = (rc == 0 and first is not None and first["rank"] == args.rank and first["last"] - args.onset <= 10
               and first["node"] == node_of and first["section"] in SLOWED)
         named += bool(ok)
-        base = slow_base(out)
         wi = what_ifs(out).get(first["first"]) if first else None
+        cost = injected(out, first["first"], wi[0], args.fraction) if wi else None
         err = ""
-        if wi and base:
-            cost = base * args.fraction
-            errors.append((wi[1] - cost) / cost)
-            err = f"; what-if {wi[1]:.1f} ms/step lost against {cost:.1f} injected ({errors[-1]:+.0%})"
+        if wi and cost:
+            errors.append((wi[2] - cost) / cost)
+            err = f"; what-if {wi[2]:.2f} ms/step lost against {cost:.2f} injected ({errors[-1]:+.0%})"
         where = (f"rank {first['rank']} node {first['node']} {first['device']} in {first['section']} "
                  f"(score {first['score']:.2f}) at step {first['last']}" if first else "not named")
         print(f"trial {i + 1:>2}: {'pass' if ok else 'FAIL'}: {where}{err}; clean windows: {s} steps, {a} alarm(s); "

@@ -264,10 +264,19 @@ class Slow:
         self.step_calls: dict = {}     # region kind -> regions entered this step (each gets its share)
         self.calls: dict = {}          # region kind -> regions per step (learned before the onset)
         self.done = 0.0                # seconds of extra work done (the drill compares the what-if with it)
+        self.reported = 0.0            # `done` when the last window's was printed
 
-    def seen(self, rows: list) -> None:
+    def seen(self, rows: list, first: int = 0, last: int = 0) -> None:
+        """A window's rows were read (steps `first`-`last`): before the onset kept for the base; after it, the
+        extra work done since the last window printed per step (the cost the drills hold the what-if to)."""
         if rows and self.base is None:
             self.recent = rows
+        elif self.base is not None and last >= first > 0:
+            who = self.setting[0] if self.setting[0] is not None else "(every rank here)"
+            print(f"scalec: SCALEC_TEST_SLOW: rank {who} steps {first}-{last}: "
+                  f"{(self.done - self.reported) / (last - first + 1) * 1e3:.3f} ms of extra work per step",
+                  flush=True)
+            self.reported = self.done
 
     def begin_step(self, step: int) -> None:
         for kind, n in self.step_calls.items():
@@ -295,8 +304,8 @@ class Slow:
         if not self.fraction:
             return
         seconds = self.fraction * self.base[kind] / max(1, self.calls.get(kind, 1))
-        self.done += seconds
         if self.cuda:
+            self.done += seconds  # as many products as that takes (calibrated once): no clock read per call
             if self.unit is None:
                 torch.cuda.synchronize(self.device)
                 t = time.perf_counter()
@@ -308,9 +317,11 @@ class Slow:
                 torch.mm(self.a, self.b)
             return
         clock = cpu_clocks()[1]  # as much computing as the compute sections' clock counts
-        deadline = clock() + seconds
+        began = clock()
+        deadline = began + seconds
         while clock() < deadline:
             torch.mm(self.a, self.b)
+        self.done += clock() - began  # what it did: the last product's overshoot too
 
 
 _SLOW: Slow | None = None

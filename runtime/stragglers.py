@@ -431,7 +431,7 @@ class Detector:
             return
         rows = self.timeline.rows()
         if self.slow is not None:
-            self.slow.seen(rows)
+            self.slow.seen(rows, step + 2 - len(rows), step + 1)
         if not rows:
             return
         mine = torch.tensor(rows, dtype=torch.float64, device=self.ctx.device)
