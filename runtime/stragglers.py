@@ -80,8 +80,8 @@ def window_stats(table) -> list[dict]:
     """Per rank (`table[rank][step][column]`, columns in SECTIONS' order; a nested list or a tensor): each
     section's median seconds per step over the window, `compute` (forward + backward + optimizer), `waits` (every
     wait) and `step` (every section), the medians the what-if replays; and under "best" each scored section's mean
-    over the window's faster half of its steps (fastest_steps), which the scores compare (below). One sort over all ranks, steps and
-    figures at once: rank 0 reads thousands of ranks' windows."""
+    over the faster half of the window's steps (fastest_steps), which the scores compare (below). One sort over all
+    ranks, steps and figures at once: rank 0 reads thousands of ranks' windows."""
     t = torch.as_tensor(table, dtype=torch.float64)  # rank × step × section
     n, width = t.shape[1], t.shape[2]
     # the window's sums per step beside its sections, sorted along the steps once: each median is the mean of the
