@@ -119,13 +119,19 @@ def relative_scores(stats: list[dict], groups: list[int]) -> list[dict]:
     return [{k: _ratio(fastest[groups[r], k], stats[r]["best"][k]) for k in SCORED} for r in range(len(stats))]
 
 
+def _keep_least(least: list, figures: list[dict], keys) -> list:
+    """Per rank, each of `keys`' least value so far (`least`, updated in place with this window's `figures`)."""
+    for r, f in enumerate(figures):
+        if r >= len(least):
+            least.append({})
+        for k in keys:
+            least[r][k] = min(least[r].get(k, float("inf")), f[k])
+    return least
+
+
 def individual_scores(stats: list[dict], best: list[dict]) -> list[dict]:
     """Per rank and scored section: its best window so far (`best`, updated in place with this one) over this."""
-    for r, s in enumerate(stats):
-        if r >= len(best):
-            best.append({})
-        for k in SCORED:
-            best[r][k] = min(best[r].get(k, float("inf")), s["best"][k])
+    _keep_least(best, [s["best"] for s in stats], SCORED)
     return [{k: _ratio(best[r][k], stats[r]["best"][k]) for k in SCORED} for r in range(len(stats))]
 
 
@@ -238,12 +244,7 @@ def _replaced(stats: list[dict], groups: list[int], slow: set, best: list | None
 def best_windows(stats: list[dict], best: list) -> list:
     """Per rank and compute section, the least of its windows' medians so far (`best`, updated in place with this
     window's and returned): a rank alone in its group is replaced in the what-if by its own best window."""
-    for r, s in enumerate(stats):
-        if r >= len(best):
-            best.append({})
-        for k in COMPUTE:
-            best[r][k] = min(best[r].get(k, float("inf")), s[k])
-    return best
+    return _keep_least(best, stats, COMPUTE)
 
 
 def modelled_step(stats: list[dict], pipeline=None) -> float:
@@ -284,30 +285,27 @@ def what_if(stats: list[dict], groups: list[int], slow: set, pipeline=None,
 
 
 class Episode:
-    """The windows in a row that named the same ranks: their figures summed per rank, so that the what-if can read
-    their mean (`mean`) at the cost of one window's figures whatever the episode's length. The what-if of one
-    window of 10 steps moves by a tenth from window to window on this machine; over the episode it settles."""
+    """The windows in a row that named the same ranks: each rank's figures (the medians the what-if replays; not
+    `best`, which only the scores read) summed, so that the what-if can read their mean (`mean`) at the cost of one
+    window's figures whatever the episode's length. The what-if of one window of 10 steps moves by a tenth from
+    window to window on this machine; over the episode it settles."""
 
     def __init__(self, slow: set, first: int):
         self.slow, self.first, self.n = frozenset(slow), first, 0
         self.total: list[dict] = []
 
     def add(self, stats: list[dict]) -> None:
-        if not self.total:
-            self.total = [{k: (dict(v) if isinstance(v, dict) else v) for k, v in s.items()} for s in stats]
+        figures = [{k: v for k, v in s.items() if k != "best"} for s in stats]
+        if self.total:
+            for tot, f in zip(self.total, figures):
+                for k, v in f.items():
+                    tot[k] += v
         else:
-            for tot, s in zip(self.total, stats):
-                for k, v in s.items():
-                    if isinstance(v, dict):
-                        for kk, vv in v.items():
-                            tot[k][kk] += vv
-                    else:
-                        tot[k] += v
+            self.total = figures
         self.n += 1
 
     def mean(self) -> list[dict]:
-        return [{k: ({kk: vv / self.n for kk, vv in v.items()} if isinstance(v, dict) else v / self.n)
-                 for k, v in tot.items()} for tot in self.total]
+        return [{k: v / self.n for k, v in tot.items()} for tot in self.total]
 
 
 def pipeline_model(parallel, world: list[dict]):
