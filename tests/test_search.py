@@ -144,6 +144,35 @@ def test_the_family_bound_is_the_simulators(tmp_path):
     assert seen > 20
 
 
+@pytest.mark.parametrize("sample", ["samples/gpt_3d.scale", "samples/mixtral_8x7b.scale", "samples/gpt3_175b.scale"])
+def test_the_family_bound_with_what_follows_the_pipeline_is_below_every_variants_step(sample):
+    """`Search.bound`, a family's bound with `after` (the least over its ranks and dp shardings of the
+    once-per-step collectives, the optimizer and the runtime's cost after the pipeline), is below the exact step
+    time of every variant of the family a rule allows (each dp sharding, each recomputation), and above `busy`
+    alone under pp: ZeRO, FSDP2 and ep and cp's groups, tensor parallelism's partial gradients."""
+    spec = check_path(sample)
+    s = SE.Search(spec, 5, {})
+    seen = raised = 0
+    for sizes in list(s.shapes())[::7]:
+        for plan in s.families(sizes)[:2]:
+            if s.cands.requires(plan):
+                continue
+            d = s.cands.decide(plan)
+            bound = s.bound(d)
+            raised += bound > s.busy(d, fill=True)
+            for mode in s.modes(plan):
+                for rc in SE.RECOMPUTE:
+                    v = dataclasses.replace(plan, data_parallel=mode[0], fsdp_grad_sync=mode[1], recompute=rc)
+                    if s.cands.requires(v):
+                        continue
+                    dv = s.cands.decide(v)
+                    est = s.cands.estimate(dv)
+                    exact = s.sim.predict(s.cands.cost_model(dv), dv, est, exact=True).step_time_s
+                    assert bound <= exact, (v.describe(), bound, exact)
+                    seen += 1
+    assert seen > 30 and raised > 2
+
+
 def test_the_cheap_bound_of_a_drained_pipeline_counts_its_fill_and_drain():
     """Under 1f1b and gpipe (one stage per rank, drained) the cheap bound is the least busiest rank any layout
     allows with the fill and drain (bounds._chained), above the model's share per rank where there are few

@@ -41,9 +41,9 @@ def _printed_rows(text: str) -> list:
 @pytest.mark.parametrize("extra", ["", TREE + "  placement = order(tp, pp, dp)\n"], ids=["two_tiers", "fat_tree"])
 def test_each_collectives_seconds_are_the_step_time_models(extra):
     """Under pp the step-time model puts every tp collective on pp rank 0's critical path and every once-a-step
-    collective after the pipeline (step_time.py: pieces and _data_parallel_exposed, both through links.collective_s):
-    the seconds `plan` prints per collective, summed per group, are what it charges that rank. Each row of the text
-    prints the tier, algorithm and seconds of its --json entry."""
+    collective after the pipeline (step_time.py's pieces and step_tail.py's data_parallel_exposed, both through
+    links.collective_s): the seconds `plan` prints per collective, summed per group, are what it charges that
+    rank. Each row of the text prints the tier, algorithm and seconds of its --json entry."""
     c = _compiled(extra)
     data = plan_json(c)
     rank0 = c.costs.step.ranks[0]

@@ -260,8 +260,9 @@ class Priced:
 def priced(c, link: Link) -> Priced:
     """What the ledger's collective `c` (cost.Collective: `bytes` per step over `times` calls) costs on `link`:
     each call `collective`'s time for its share of the bytes, as step_time.py charges it (a call inside a piece per
-    micro-batch; the once-a-step collectives the same, `_data_parallel_exposed`). Ring attention's sends over cp
-    are charged there only for what its compute does not hide (op_times.ring_exposed): here, their transfer time."""
+    micro-batch; the once-a-step collectives the same, step_tail.py `data_parallel_exposed`). Ring attention's
+    sends over cp are charged there only for what its compute does not hide (op_times.ring_exposed): here, their
+    transfer time."""
     calls = max(c.times, 1)
     one, algorithm = collective(c.op, c.bytes / calls, link)
     factor = 1.0 if c.op == "broadcast" or link.size <= 1 else NET.bus_factor(c.op, link.size)

@@ -49,6 +49,7 @@ from compiler.cost.formulas import env_of
 from compiler.cost.ledger import site_width
 from compiler.cost.links import collective_s, links
 from compiler.cost.op_times import MEMORY_EFFICIENCY, Segment, ring_exposed, ring_steps
+from compiler.cost.step_tail import data_parallel_exposed
 # the schedule's timing with per-stage durations (re-exported: tests and bench read them here)
 from compiler.cost.pipeline_time import OVERLAPPED, PAIRED, STEADY, pipeline_ends, pipeline_hidden  # noqa: F401
 
@@ -341,11 +342,7 @@ class Simulator:
         # data parallelism's traffic and the optimizer, per rank kind
         step_entries = est.step_entries
         params0 = max(est.params_rank, 1)
-        shard = dp if plan.shards_optimizer else 1
-        if plan.shards_grads and ep > 1:
-            # FSDP with ep: the dense weights' state sharded over dp × ep, the experts' over dp (the memory model's)
-            dense = params0 - est.expert_params_rank
-            shard = params0 / (dense / (dp * ep) + est.expert_params_rank / dp)
+        shard = _optimizer_shard(plan, est)
         ranks, worst = [], None
         runtime = dev.step_overhead_ms * 1e-3
         dp_exposed: dict = {}  # scale -> `_data_parallel_exposed`: the pp ranks of equal parameters share it
@@ -355,13 +352,12 @@ class Simulator:
             exposed = dict(stage_comm.get(r, {}))
             at_scale = dp_exposed.get(scale)
             if at_scale is None:
-                at_scale = dp_exposed[scale] = self._data_parallel_exposed(cm, plan, step_entries, lk, scale, per,
-                                                                          last_backward)
+                at_scale = dp_exposed[scale] = data_parallel_exposed(cm, plan, step_entries, lk, scale, per,
+                                                                     last_backward)
             for axis, hidden in at_scale:
                 exposed[axis] = exposed.get(axis, 0.0) + hidden
                 sync += hidden
-            opt = (stage_params[r] / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
-                   / (dev.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
+            opt = self._optimizer_s(stage_params[r], shard)
             host = copies = 0.0
             if plan.offload != "none":  # the host's step and the copies (compiler/cost/offload.py)
                 from compiler.cost import offload as OFF
@@ -391,50 +387,27 @@ class Simulator:
                           pieces=pieces, ops_per_step=int(ops), runtime_s=runtime, offload=plan.offload,
                           host_step_s=host, host_copy_s=copies)
 
-    @staticmethod
-    def _data_parallel_exposed(cm, plan, entries, lk, scale, per, last_backward) -> list:
-        """(axis, exposed seconds) of the once-per-step collectives: data parallelism's and sequence parallelism's
-        partial gradients, for a rank holding `scale` × the described rank's parameters.
+    def _optimizer_s(self, params: float, shard: float) -> float:
+        """AdamW's step and the clipping's read on a rank updating `params` parameters, its state `shard`-ways
+        sharded: memory-bound (ADAMW_BYTES_PER_PARAM and CLIP_BYTES_PER_PARAM per parameter at the HBM's speed)."""
+        return (params / shard * (ADAMW_BYTES_PER_PARAM + CLIP_BYTES_PER_PARAM)
+                / (self.device.hbm_gbps * 1e9 * MEMORY_EFFICIENCY))
 
-        One device's link carries them all, one after another. Under pp they follow the pipeline step (the runtime
-        all-reduces the stages' gradients in one coalesced call): all exposed. Otherwise FSDP's gathers run ahead
-        of the compute of every micro-batch (prefetch), DDP's all-reduce and FSDP's reduce-scatter during the last
-        micro-batch's backward (FSDP's reduce-scatter in every micro-batch's under fsdp_grad_sync = micro_batch);
-        what the windows cannot hold is exposed: max(gathers + syncs - all compute, the syncs of the last backward -
-        last backward), plus the first unit's gather and the last bucket (or unit) that waits for backward to
-        end (the bucket: plan.ddp_bucket_bytes; FSDP2's prefetch, plan.fsdp_prefetch, at least one unit). A
-        broadcast (ZeRO-1's updated parameters) follows the optimizer: exposed."""
-        m = plan.micro_batches
-        units = max(sum(c.n for c in cm.formulas.counts.values()), 1) + 1  # FSDP units: each block and the root
-        timed = []
-        for c in entries:
-            link = lk.get(c.axis)
-            if link is None:
-                continue
-            t = collective_s(c.op, c.bytes / max(c.times, 1) * scale, link) * c.times
-            if cm.formulas.piped or c.axis == "tp" or c.op == "broadcast":
-                kind = "exposed"
-            elif c.op == "all_gather":
-                kind = "gather"
-            else:
-                kind = "sync"
-            timed.append((c, t, kind))
-        gathers = sum(t for _, t, k in timed if k == "gather")
-        syncs = sum(t for _, t, k in timed if k == "sync")
-        # what the last micro-batch's backward must hold: a sync issued in every micro-batch's backward (FSDP's
-        # reduce-scatter under fsdp_grad_sync = micro_batch) holds one micro-batch's share there, the others having
-        # run under the earlier backwards (the whole-window bound still counts all of them)
-        last = sum(t / max(c.times, 1) for c, t, k in timed if k == "sync")
-        overlapped = gathers + syncs
-        out = [(c.axis, t) for c, t, k in timed if k == "exposed"]
-        if overlapped > 0:
-            window = m * (per.forward + per.backward)
-            tail = sum(t / (max(c.times, 1) * units) for c, t, k in timed if k == "gather")
-            tail += sum(t * min(1.0, plan.ddp_bucket_bytes / max(c.bytes, 1)) if c.op == "all_reduce"
-                        else t / (max(c.times, 1) * units) for c, t, k in timed if k == "sync")
-            total = max(overlapped - window, last - last_backward, 0.0) + tail
-            out += [(c.axis, total * t / overlapped) for c, t, k in timed if k != "exposed"]
-        return out
+    def after_pipeline(self, cm, plan, est) -> float:
+        """For a pipelined plan without offload, the least over its pp ranks of what `predict` adds to a rank's
+        pipeline end: the once-per-step collectives (all exposed under pp), the optimizer's step and the runtime's
+        own cost. Every rank ends at least that long after its pipeline phase, so the step time is at least the
+        pipeline's makespan plus this (the search's family bound, compiler/search/bounds.py)."""
+        if not cm.formulas.piped or plan.offload != "none":
+            raise ValueError("after_pipeline: a pipelined plan without offload only")
+        env = env_of(plan)
+        lk = links(plan, self.cluster, (lambda: est.ledger) if plan.placement == "auto" else None)
+        params0 = max(est.params_rank, 1)
+        shard = _optimizer_shard(plan, est)
+        entries = est.step_entries
+        return min(sum(t for _, t in data_parallel_exposed(cm, plan, entries, lk, p / params0, None, 0.0))
+                   + self._optimizer_s(p, shard) for p in set(self._stage_params(cm, plan, env).values())) \
+            + self.device.step_overhead_ms * 1e-3
 
     def _rank_ops(self, fo, pieces, layout: tuple, lay, pp: int) -> int:
         """The most ops one micro-batch runs on a pp rank (its stages' blocks, the first layers on stage 0, the last
@@ -594,3 +567,15 @@ def predict(compiled, attention: str = "fused") -> Prediction | None:
     if attention == "fused":
         return compiled.costs.step
     return Simulator(compiled.spec.cluster, attention).predict(compiled.model, compiled.plan, compiled.costs)
+
+
+def _optimizer_shard(plan, est) -> float:
+    """How many ways a rank's optimizer state is sharded (`predict`'s optimizer step): dp under ZeRO and FSDP2;
+    FSDP2 with ep shards the dense weights' state over dp × ep and the experts' over dp (the memory model's)."""
+    dp, ep = plan.size("dp"), plan.size("ep")
+    params0 = max(est.params_rank, 1)
+    shard = dp if plan.shards_optimizer else 1
+    if plan.shards_grads and ep > 1:
+        dense = params0 - est.expert_params_rank
+        shard = params0 / (dense / (dp * ep) + est.expert_params_rank / dp)
+    return shard

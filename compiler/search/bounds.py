@@ -4,6 +4,7 @@ that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler
 they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
+from compiler import plan as P
 from compiler.cost import recompute_passes
 from compiler.cost.step_time import PAIRED
 from compiler.cost.formulas import env_of
@@ -59,6 +60,30 @@ class Bounds:
             counts = {("block", name): c for name, (_, c) in cm.counts.items()}
             one = self._stage_times[key] = sum((p.forward + p.backward) * counts.get(k, 1) for k, p in pieces.items())
         return m * one
+
+    def after_pipeline(self, decided, modes) -> float:
+        """Under pp, the least over the dp shardings `modes` ((data_parallel, fsdp_grad_sync), the family's) of
+        what follows every rank's pipeline phase (compiler/cost/step_time.py `after_pipeline`: the once-per-step
+        collectives, the optimizer, the runtime's cost), a little below it: the family's bound adds it to `busy`'s.
+        Kept per what it reads: the structure, the mesh, the stage layout and its style, the placement, the
+        padded vocabulary, the gradients' dtype and, under FSDP2's gathers per micro-batch, the micro-batches."""
+        cm = self.cands.cost_model(decided)
+        stages = cm.stages_for(decided)
+        plans = [P.evolve(decided, data_parallel=data_parallel, fsdp_grad_sync=sync) for data_parallel, sync in modes]
+        if any(p.shards_grads and not p.shards_params for p in plans):
+            # FSDP2 sharding the parameters too moves what ZeRO-2's does and gathers them 2m times instead of once
+            # (compiler/cost/ledger_parts.py `_data_parallel`): its part is the larger, and the less often kept
+            plans = [p for p in plans if not p.shards_params]
+        least = None
+        for plan in plans:
+            at = ("after", id(cm), plan.axes, stages, plan.stage_layout.style, plan.placement, plan.pad_vocab,
+                  plan.grad_reduce, plan.data_parallel, plan.fsdp_grad_sync,
+                  plan.micro_batches if plan.shards_params else None)
+            got = self._stage_times.get(at)
+            if got is None:
+                got = self._stage_times[at] = self.sim.after_pipeline(cm, plan, self.cands.estimate(plan, memory=False))
+            least = got if least is None else min(least, got)
+        return 0.0 if least is None else least * (1 - 1e-9)
 
     def cheap(self, plan) -> float:
         """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank

@@ -20,9 +20,14 @@ Pruning, in order, each with why it is safe or what it may miss:
    pipeline's fill and drain around it: rank r cannot start before the earlier stages' forwards of the first
    micro-batch, and after its backward of the last micro-batch the earlier stages still run
    theirs (not counted under zero-bubble and dualpipev, whose weight halves may come last); under dualpipev less
-   what its overlapped pairs hide (the same as `predict`'s). None of it depends on the dp
-   sharding, and recomputation only adds to it. Families are visited by increasing bound; the search stops when the next
-   bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs
+   what its overlapped pairs hide (the same as `predict`'s). None of it depends on the dp sharding, and
+   recomputation only adds to it. Under pp, where the run tries no offload, each rank's pipeline end is followed
+   by its once-per-step collectives (all exposed after the pipeline step), the optimizer's step and the runtime's
+   cost (`predict`'s), so the bound adds the least of those over the ranks and the family's dp shardings
+   (`Bounds.after_pipeline`; FSDP2 sharding the parameters left out where ZeRO-2 is tried: it moves the same
+   and gathers 2m times more), added only when the family is next in line without it (the 175B sample's search
+   expands 105 families with it, 1,943 without). Families are visited by increasing bound; the search stops when the
+   next bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs
    the family's stage layout; until a family is next in line a cheaper one stands for it (`cheap_bound`: under pp,
    its share of the whole model's time over the pp ranks, never above the bound; under dualpipev less the most its
    pairs could hide, the lesser of the model's ep and tp collectives and its other time), so only the families
@@ -85,6 +90,10 @@ from compiler.search.legality import Legality
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
 from compiler.search.tally import Tally
+
+AFTER = "busy"
+"""A family's entry in the run's heap whose bound is `busy`'s alone so far (`after` is added when it is next)."""
+
 
 class Search(Tally, Legality):
     """One run: the space, the rules and the cost model (compiler/candidates.py), the simulator, the K best so far,
@@ -150,30 +159,64 @@ class Search(Tally, Legality):
         """compiler/search/bounds.py `Bounds.busy`: the family's bound (rule 4)."""
         return self.bounds.busy(decided, fill)
 
+    def bound(self, decided) -> float:
+        """A family's bound (rule 4): `busy` with the pipeline's fill and drain, plus `after`."""
+        return self.busy(decided, fill=True) + self.after(decided)
+
+    def after(self, decided) -> float:
+        """Under pp, where the run tries no offload, what follows every rank's pipeline phase whatever the family's
+        dp sharding (`Bounds.after_pipeline`); else 0."""
+        if not self.adds_after(decided):
+            return 0.0
+        return self.bounds.after_pipeline(decided, self.modes(decided))
+
+    def adds_after(self, decided) -> bool:
+        """Whether `after` adds anything: not without pp, nor where offload may put the optimizer's step on the
+        host (it may take less there than on the device)."""
+        return decided.size("pp") > 1 and not self.offload
+
     def cheap_bound(self, plan) -> float:
         """compiler/search/bounds.py `Bounds.cheap`: what stands for the bound until the family is next in line."""
         return self.bounds.cheap(plan)
 
     def _bound_left(self, left: list, exact: dict) -> None:
-        """The report's lower bound of each family key whose families were none of them simulated: the least bound
-        of its families left unvisited (`best_bound`), found by deciding those families' layouts in the order of
-        their cheap bounds until the next cheap bound is no lower than the least found."""
+        """The report's lower bound of each family key whose families were none of them simulated (`best_bound`)
+        and, of each simulated key, of what it left unsimulated (`left`): see below. `left`: the run's heap when it
+        stopped, (standing bound, index, plan, known); `exact`: index -> `busy` of each family laid out."""
         by_key: dict = {}
         for entry in left:
             for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
-                if st["best_exact"] is None:
-                    by_key.setdefault(k, (st, []))[1].append(entry)
+                by_key.setdefault(k, (st, []))[1].append(entry)
+        for st in self.stats.values():  # a key not simulated: what its visited families left counts too
+            if st["best_exact"] is None and st["left"] is not None:
+                st["best_bound"] = min(st["left"], st["best_bound"] or math.inf)
+        whole: dict = {}  # index -> the family's bound (`bound`)
         for st, entries in by_key.values():
             entries.sort(key=lambda e: (e[0], e[1]))
+            if st["best_exact"] is not None:
+                # whether a family unvisited could be faster than the key's best simulated (`left`): the least of
+                # their standing bounds, none below the run's last threshold
+                if st["left"] is None or entries[0][0] < st["left"]:
+                    st["left"] = entries[0][0]
+                continue
+            # a key not simulated: the least bound of what it left and of its families unvisited, their bounds
+            # computed in the order of their standing ones until the next is no lower than the least found
+            # (`after` only where `busy` alone is lower: it only adds)
             best = st["best_bound"]
             for lb, i, plan, known in entries:
                 if best is not None and lb >= best:
                     break
-                if not known and i not in exact:
-                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
-                lb = exact[i] if not known else lb
-                best = lb if best is None else min(best, lb)
-            st["best_bound"] = best
+                if known is not True:
+                    lb = whole.get(i)
+                    if lb is None:
+                        decided = self.cands.decide(plan)
+                        if known is False and i not in exact:
+                            exact[i] = self.busy(decided, fill=True)
+                        if best is not None and exact[i] >= best:
+                            continue
+                        lb = whole[i] = exact[i] + self.after(decided)
+                if best is None or lb < best:
+                    best = st["best_bound"] = lb
 
     # -- ranking -------------------------------------------------------------------------------------------------
 
@@ -259,13 +302,25 @@ class Search(Tally, Legality):
             times[(mode, rc)] = (bound, plan)
         return times[(mode, rc)][0]
 
-    def _best_bound(self, plan, bound: float) -> None:
+    def _best_bound(self, plan, bound: float, left: bool = False) -> None:
         """A variant's bound as its keys' `best_bound`: one that fits, or one pruned by its bound before its
         memory was costed (of a family whose frugal variant fits: every fitting variant of its keys in the family
-        is at least as slow as the least of these)."""
+        is at least as slow as the least of these); with `left`, the latter (`_left`)."""
         for st in self._stat(plan):
             if st["best_bound"] is None or bound < st["best_bound"]:
                 st["best_bound"] = bound
+        if left:
+            self._left(plan, bound)
+
+    def _left(self, plan, bound: float | None) -> None:
+        """A bound of variants of `plan`'s family left unsimulated (rules 4 and 6: it reached the threshold) as its
+        keys' `left`, the least: where it is below a key's best simulated step time, the report cannot call that
+        its best."""
+        if bound is None:
+            return
+        for st in self._stat(plan):
+            if st["left"] is None or bound < st["left"]:
+                st["left"] = bound
 
     def _placed(self, cm, decided, est, pred) -> tuple:
         """Rule 9: on a cluster whose network is described, the variant under the other placement too (the mesh's
@@ -325,8 +380,11 @@ class Search(Tally, Legality):
 
         def in_reach(rc) -> bool:  # recomputation's own lower bound (the family's, with its extra forward)
             if rc not in rc_bound:
-                rc_bound[rc] = self.busy(self.cands.decide(P.evolve(plan0, recompute=rc)), fill=True)
+                rc_bound[rc] = self.bound(self.cands.decide(P.evolve(plan0, recompute=rc)))
             return rc_bound[rc] < self.threshold(key)
+
+        def beyond(j):  # the bound of the recomputations from the j-th on that are out of reach (rule 6), or None
+            return next((rc_bound[rc] for rc in rcs[j:] if not in_reach(rc)), None)
 
         def first(mode):  # the dp sharding's least recomputation in reach and its bound, or None
             return next(((rc, b) for rc in itertools.takewhile(in_reach, rcs)
@@ -347,10 +405,11 @@ class Search(Tally, Legality):
         for mode in modes:
             least = first(mode)
             if least is None:
+                self._left(plan0, beyond(0))
                 continue
             if least[1] >= self.threshold(key):
                 tried.append((mode, least[0], None, None, least[1]))
-                self._best_bound(times[(mode, least[0])][1], least[1])
+                self._best_bound(times[(mode, least[0])][1], least[1], left=True)
                 continue
             reach = list(itertools.takewhile(in_reach, rcs))
             # rule 7 again, per dp sharding: with its most recomputation the bound leaves in reach (rule 6: a
@@ -358,18 +417,21 @@ class Search(Tally, Legality):
             most = next((got for rc in reversed(reach)
                          if (got := self._cost(plan0, mode, rc, cache, legal)) is not None), None)
             if not fits(most):
+                self._left(plan0, beyond(len(reach)))
                 continue
-            for rc in rcs:
+            for j, rc in enumerate(rcs):
                 if lb >= self.threshold(key):
+                    self._left(plan0, lb)
                     return tried
                 if not in_reach(rc):
+                    self._left(plan0, rc_bound[rc])
                     break  # more recomputation is only slower
                 bound = self._time_bound(plan0, mode, rc, times, legal)
                 if bound is None:
                     continue
                 if bound >= self.threshold(key):
                     tried.append((mode, rc, None, None, bound))
-                    self._best_bound(times[(mode, rc)][1], bound)
+                    self._best_bound(times[(mode, rc)][1], bound, left=True)
                     break  # more recomputation is only slower
                 got = self._cost(plan0, mode, rc, cache, legal)
                 if got is None:
@@ -481,9 +543,15 @@ class Search(Tally, Legality):
         log: list = []
         while bounded:
             lb, i, plan, known = bounded[0]
-            if not known:
-                exact[i] = self.busy(self.cands.decide(plan), fill=True)
-                heapq.heapreplace(bounded, (exact[i], i, plan, True))
+            if known is not True:  # its bound in two steps, the second only if the first leaves it next in line
+                decided = self.cands.decide(plan)
+                if known is False:
+                    exact[i] = self.busy(decided, fill=True)
+                    known = AFTER if self.adds_after(decided) else True
+                else:
+                    exact[i] = lb + self.after(decided)
+                    known = True
+                heapq.heapreplace(bounded, (exact[i], i, plan, known))
                 continue
             if lb >= self.threshold():
                 break  # every family left is bounded at least as high: none is visited

@@ -70,7 +70,7 @@ class Tally:
             st = stats.get(k)
             if st is None:  # made only when new: a search asks some 70,000 times for a few dozen keys
                 st = stats[k] = {"refused": Counter(), "passed": 0, "costed": 0, "fit": 0, "min_peak": None,
-                                 "best_exact": None, "best_bound": None}
+                                 "best_exact": None, "best_bound": None, "left": None}
             out.append(st)
         return out
 
