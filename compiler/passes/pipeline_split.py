@@ -9,6 +9,7 @@ candidates alike; the layout it returns is carried by the Plan, where the cost m
 """
 from __future__ import annotations
 
+import functools
 import heapq
 
 import sympy
@@ -20,6 +21,7 @@ from compiler.symbols import MICRO_BATCH
 from runtime.schedule import Layout
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of integers: a search asks for a few hundred, each ~4 times
 def balance_stages(blocks: int, per_block: int, p: int, v: int = 1, first_extra: int = 0,
                    last_extra: int = 0, style: str = "loop") -> tuple[tuple[int, int], ...]:
     """[(first block, end block), ...] for p × v contiguous stages of `blocks` equal blocks (the blocks of the model's

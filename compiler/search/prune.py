@@ -199,24 +199,28 @@ class Search(Tally, Legality):
                 if st["left"] is None or entries[0][0] < st["left"]:
                     st["left"] = entries[0][0]
                 continue
-            # a key not simulated: the least bound of what it left and of its families unvisited, their bounds
-            # computed in the order of their standing ones until the next is no lower than the least found
-            # (`after` only where `busy` alone is lower: it only adds)
-            best = st["best_bound"]
-            for lb, i, plan, known in entries:
-                if best is not None and lb >= best:
+            # a key not simulated: the least bound of what it left and of its families unvisited, best first as
+            # the run goes (a family's `busy`, then `after`, each only when its standing bound is the least), until
+            # the least standing is a whole bound or no lower than what it left
+            best, heap = st["best_bound"], list(entries)  # sorted: a heap already
+            while heap and (best is None or heap[0][0] < best):
+                lb, i, plan, known = heap[0]
+                if known is True:
+                    best = lb
                     break
-                if known is not True:
-                    lb = whole.get(i)
-                    if lb is None:
-                        decided = self.cands.decide(plan)
-                        if known is False and i not in exact:
-                            exact[i] = self.busy(decided, fill=True)
-                        if best is not None and exact[i] >= best:
-                            continue
-                        lb = whole[i] = exact[i] + self.after(decided)
-                if best is None or lb < best:
-                    best = st["best_bound"] = lb
+                if known is False and i in exact:  # laid out for another key
+                    known = AFTER if i not in whole else True
+                    lb = exact[i] if known is AFTER else whole[i]
+                elif known is False:
+                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
+                    lb, known = exact[i], AFTER
+                else:
+                    got = whole.get(i)
+                    if got is None:
+                        got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
+                    lb, known = got, True
+                heapq.heapreplace(heap, (lb, i, plan, known))
+            st["best_bound"] = best
 
     # -- ranking -------------------------------------------------------------------------------------------------
 
