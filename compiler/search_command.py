@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import sys
 
-from compiler.lazy import lazy
+from compiler.lazy import imports_frozen, lazy
 from compiler.report import commands as R
 
 check = lazy("compiler.check")
@@ -53,8 +53,10 @@ def add(sub, positive_int) -> None:
 
 
 def cmd_search(args) -> int:
-    from compiler import search as SE
-    from compiler.search import objective as OBJ
+    with imports_frozen():
+        from compiler import check as _  # noqa: F401  (the parser's and the Spec's modules)
+        from compiler import search as SE
+        from compiler.search import objective as OBJ
     refused = R.html_with_json(args)
     if refused is not None:
         return refused
