@@ -538,3 +538,25 @@ def test_search_varies_the_dispatch_of_a_dropless_moe(tmp_path, capsys):
     assert main(["search", str(path), "--top", "1", "--fix", "dispatch=grouped", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["winners"][0]["dispatch"] == "grouped" and got["fixed"] == {"dispatch": "grouped"}
+
+
+def test_the_search_commands_start_up_imports_are_frozen_only_in_a_fresh_process():
+    """`compiler.lazy.imports_frozen` (the search command's start-up imports): in a process without torch the
+    imports are made with the collector off and what they made is frozen (gc.freeze), the collector back on after;
+    in a process that holds torch already (this one) nothing is frozen."""
+    import gc
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from compiler.lazy import imports_frozen
+    before = gc.get_freeze_count()
+    with imports_frozen():
+        import json  # noqa: F401
+    assert gc.get_freeze_count() == before and gc.isenabled()
+    code = ("import gc, sys\nfrom compiler.lazy import imports_frozen\n"
+            "with imports_frozen():\n    off = not gc.isenabled()\n    import sympy\n"
+            "print(off, gc.isenabled(), gc.get_freeze_count() > 10000, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parent.parent).stdout.split()
+    assert out == ["True", "True", "True", "False"]
