@@ -89,10 +89,7 @@ from compiler.search.dispatch import dispatched, every_axis_fixed
 from compiler.search.legality import Legality
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
-from compiler.search.tally import Tally
-
-AFTER = "busy"
-"""A family's entry in the run's heap whose bound is `busy`'s alone so far (`after` is added when it is next)."""
+from compiler.search.tally import AFTER, Tally
 
 
 class Search(Tally, Legality):
@@ -179,49 +176,6 @@ class Search(Tally, Legality):
         """compiler/search/bounds.py `Bounds.cheap`: what stands for the bound until the family is next in line."""
         return self.bounds.cheap(plan)
 
-    def _bound_left(self, left: list, exact: dict) -> None:
-        """The report's lower bound of each family key whose families were none of them simulated (`best_bound`)
-        and, of each simulated key, of what it left unsimulated (`left`): see below. `left`: the run's heap when it
-        stopped, (standing bound, index, plan, known); `exact`: index -> `busy` of each family laid out."""
-        by_key: dict = {}
-        for entry in left:
-            for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
-                by_key.setdefault(k, (st, []))[1].append(entry)
-        for st in self.stats.values():  # a key not simulated: what its visited families left counts too
-            if st["best_exact"] is None and st["left"] is not None:
-                st["best_bound"] = min(st["left"], st["best_bound"] or math.inf)
-        whole: dict = {}  # index -> the family's bound (`bound`)
-        for st, entries in by_key.values():
-            entries.sort(key=lambda e: (e[0], e[1]))
-            if st["best_exact"] is not None:
-                # whether a family unvisited could be faster than the key's best simulated (`left`): the least of
-                # their standing bounds, none below the run's last threshold
-                if st["left"] is None or entries[0][0] < st["left"]:
-                    st["left"] = entries[0][0]
-                continue
-            # a key not simulated: the least bound of what it left and of its families unvisited, best first as
-            # the run goes (a family's `busy`, then `after`, each only when its standing bound is the least), until
-            # the least standing is a whole bound or no lower than what it left
-            best, heap = st["best_bound"], list(entries)  # sorted: a heap already
-            while heap and (best is None or heap[0][0] < best):
-                lb, i, plan, known = heap[0]
-                if known is True:
-                    best = lb
-                    break
-                if known is False and i in exact:  # laid out for another key
-                    known = AFTER if i not in whole else True
-                    lb = exact[i] if known is AFTER else whole[i]
-                elif known is False:
-                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
-                    lb, known = exact[i], AFTER
-                else:
-                    got = whole.get(i)
-                    if got is None:
-                        got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
-                    lb, known = got, True
-                heapq.heapreplace(heap, (lb, i, plan, known))
-            st["best_bound"] = best
-
     # -- ranking -------------------------------------------------------------------------------------------------
 
     def _key(self, plan):
@@ -305,26 +259,6 @@ class Search(Tally, Legality):
                 self.counts.bounded += 1
             times[(mode, rc)] = (bound, plan)
         return times[(mode, rc)][0]
-
-    def _best_bound(self, plan, bound: float, left: bool = False) -> None:
-        """A variant's bound as its keys' `best_bound`: one that fits, or one pruned by its bound before its
-        memory was costed (of a family whose frugal variant fits: every fitting variant of its keys in the family
-        is at least as slow as the least of these); with `left`, the latter (`_left`)."""
-        for st in self._stat(plan):
-            if st["best_bound"] is None or bound < st["best_bound"]:
-                st["best_bound"] = bound
-        if left:
-            self._left(plan, bound)
-
-    def _left(self, plan, bound: float | None) -> None:
-        """A bound of variants of `plan`'s family left unsimulated (rules 4 and 6: it reached the threshold) as its
-        keys' `left`, the least: where it is below a key's best simulated step time, the report cannot call that
-        its best."""
-        if bound is None:
-            return
-        for st in self._stat(plan):
-            if st["left"] is None or bound < st["left"]:
-                st["left"] = bound
 
     def _placed(self, cm, decided, est, pred) -> tuple:
         """Rule 9: on a cluster whose network is described, the variant under the other placement too (the mesh's

@@ -1,15 +1,21 @@
 """The bookkeeping of a search's families for its report (compiler/search/report.py): per family key (an axis value,
-a schedule, a context-parallel variant) what happened to its candidates, and the refusals, counted once per
-distinct list of problems. A mixin of compiler/search/prune.py's Search, which sets `stats`, `_stat_key_cache`,
-`_cp_shape_memo`, `_pending`, `counts`, `cands`, `space` and `moe`."""
+a schedule, a context-parallel variant) what happened to its candidates, the refusals, counted once per distinct
+list of problems, and the lower bounds of what the run left unsimulated (`best_bound`, `left`). A mixin of
+compiler/search/prune.py's Search, which sets `stats`, `_stat_key_cache`, `_cp_shape_memo`, `_pending`, `counts`,
+`cands`, `space` and `moe`, and bounds families (`busy`, `after`)."""
 from __future__ import annotations
 
+import heapq
+import math
 from collections import Counter
 
 # The report's family keys -> the axis (Diagnostic.axis) whose refusals are that key's own: a refusal by a rule of
 # another of these axes is another key's; one of no axis (the whole mesh's rules) is every key's.
 OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
 OWNED = frozenset(OWN.values())
+
+AFTER = "busy"
+"""A family's entry in the run's heap whose bound is `busy`'s alone so far (`after` is added when it is next)."""
 
 
 class Tally:
@@ -113,3 +119,66 @@ class Tally:
             mine = [d for d in problems if d.axis == OWN[a] or d.axis not in OWNED]
             for d in mine[:1] or problems[:1]:
                 st["refused"][(d.code, d.brief or d.message, bool(mine))] += times
+
+    def _best_bound(self, plan, bound: float, left: bool = False) -> None:
+        """A variant's bound as its keys' `best_bound`: one that fits, or one pruned by its bound before its
+        memory was costed (of a family whose frugal variant fits: every fitting variant of its keys in the family
+        is at least as slow as the least of these); with `left`, the latter (`_left`)."""
+        for st in self._stat(plan):
+            if st["best_bound"] is None or bound < st["best_bound"]:
+                st["best_bound"] = bound
+        if left:
+            self._left(plan, bound)
+
+    def _left(self, plan, bound: float | None) -> None:
+        """A bound of variants of `plan`'s family left unsimulated (rules 4 and 6: it reached the threshold) as its
+        keys' `left`, the least: where it is below a key's best simulated step time, the report cannot call that
+        its best."""
+        if bound is None:
+            return
+        for st in self._stat(plan):
+            if st["left"] is None or bound < st["left"]:
+                st["left"] = bound
+
+    def _bound_left(self, left: list, exact: dict) -> None:
+        """The report's lower bound of each family key whose families were none of them simulated (`best_bound`)
+        and, of each simulated key, of what it left unsimulated (`left`): see below. `left`: the run's heap when it
+        stopped, (standing bound, index, plan, known); `exact`: index -> `busy` of each family laid out."""
+        by_key: dict = {}
+        for entry in left:
+            for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
+                by_key.setdefault(k, (st, []))[1].append(entry)
+        for st in self.stats.values():  # a key not simulated: what its visited families left counts too
+            if st["best_exact"] is None and st["left"] is not None:
+                st["best_bound"] = min(st["left"], st["best_bound"] or math.inf)
+        whole: dict = {}  # index -> the family's bound (`bound`)
+        for st, entries in by_key.values():
+            entries.sort(key=lambda e: (e[0], e[1]))
+            if st["best_exact"] is not None:
+                # whether a family unvisited could be faster than the key's best simulated (`left`): the least of
+                # their standing bounds, none below the run's last threshold
+                if st["left"] is None or entries[0][0] < st["left"]:
+                    st["left"] = entries[0][0]
+                continue
+            # a key not simulated: the least bound of what it left and of its families unvisited, best first as
+            # the run goes (a family's `busy`, then `after`, each only when its standing bound is the least), until
+            # the least standing is a whole bound or no lower than what it left
+            best, heap = st["best_bound"], list(entries)  # sorted: a heap already
+            while heap and (best is None or heap[0][0] < best):
+                lb, i, plan, known = heap[0]
+                if known is True:
+                    best = lb
+                    break
+                if known is False and i in exact:  # laid out for another key
+                    known = AFTER if i not in whole else True
+                    lb = exact[i] if known is AFTER else whole[i]
+                elif known is False:
+                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
+                    lb, known = exact[i], AFTER
+                else:
+                    got = whole.get(i)
+                    if got is None:
+                        got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
+                    lb, known = got, True
+                heapq.heapreplace(heap, (lb, i, plan, known))
+            st["best_bound"] = best
