@@ -147,23 +147,22 @@ class Tally:
         by_key: dict = {}
         for entry in left:
             for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
-                by_key.setdefault(k, (st, []))[1].append(entry)
+                if st["best_exact"] is None:
+                    by_key.setdefault(k, (st, []))[1].append(entry)
+                elif st["left"] is None or entry[0] < st["left"]:
+                    # whether a family unvisited could be faster than the key's best simulated (`left`): the least
+                    # of their standing bounds, none below the run's last threshold
+                    st["left"] = entry[0]
         for st in self.stats.values():  # a key not simulated: what its visited families left counts too
             if st["best_exact"] is None and st["left"] is not None:
                 st["best_bound"] = min(st["left"], st["best_bound"] or math.inf)
         whole: dict = {}  # index -> the family's bound (`bound`)
         for st, entries in by_key.values():
-            entries.sort(key=lambda e: (e[0], e[1]))
-            if st["best_exact"] is not None:
-                # whether a family unvisited could be faster than the key's best simulated (`left`): the least of
-                # their standing bounds, none below the run's last threshold
-                if st["left"] is None or entries[0][0] < st["left"]:
-                    st["left"] = entries[0][0]
-                continue
             # a key not simulated: the least bound of what it left and of its families unvisited, best first as
             # the run goes (a family's `busy`, then `after`, each only when its standing bound is the least), until
             # the least standing is a whole bound or no lower than what it left
-            best, heap = st["best_bound"], list(entries)  # sorted: a heap already
+            best, heap = st["best_bound"], entries  # (standing bound, index, ...): the index breaks ties
+            heapq.heapify(heap)
             while heap and (best is None or heap[0][0] < best):
                 lb, i, plan, known = heap[0]
                 if known is True:
