@@ -170,7 +170,7 @@ class Search(Tally, Legality):
     def adds_after(self, decided) -> bool:
         """Whether `after` adds anything: not without pp, nor where offload may put the optimizer's step on the
         host (it may take less there than on the device)."""
-        return decided.size("pp") > 1 and not self.offload
+        return decided.size("pp") > 1 and not self.offload and decided.offload == "none"
 
     def cheap_bound(self, plan) -> float:
         """compiler/search/bounds.py `Bounds.cheap`: what stands for the bound until the family is next in line."""
