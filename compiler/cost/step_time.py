@@ -305,7 +305,7 @@ class Simulator:
         instant sends); the step time is the same."""
         dev = self.device
         env = env_of(plan)
-        dp, tp, ep, pp = env[:4]
+        pp = env[3]
         lk = links(plan, self.cluster, (lambda: est.ledger) if plan.placement == "auto" else None)
         pieces = self.pieces(cm, plan, env, lk)
         m = plan.micro_batches
@@ -345,7 +345,7 @@ class Simulator:
         shard = _optimizer_shard(plan, est)
         ranks, worst = [], None
         runtime = dev.step_overhead_ms * 1e-3
-        dp_exposed: dict = {}  # scale -> `_data_parallel_exposed`: the pp ranks of equal parameters share it
+        dp_exposed: dict = {}  # scale -> `data_parallel_exposed`: the pp ranks of equal parameters share it
         for r in sorted(ranks_end):
             scale = stage_params[r] / params0
             sync = 0.0

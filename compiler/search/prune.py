@@ -89,7 +89,7 @@ from compiler.search.dispatch import dispatched, every_axis_fixed
 from compiler.search.legality import Legality
 from compiler.search.result import Counts, Result, Winner
 from compiler.search.space import ORDER, Space, family_of, group_of, placement_key, variant_of
-from compiler.search.tally import AFTER, Tally
+from compiler.search.tally import Tally
 
 
 class Search(Tally, Legality):
@@ -167,10 +167,10 @@ class Search(Tally, Legality):
             return 0.0
         return self.bounds.after_pipeline(decided, self.modes(decided))
 
-    def adds_after(self, decided) -> bool:
-        """Whether `after` adds anything: not without pp, nor where offload may put the optimizer's step on the
-        host (it may take less there than on the device)."""
-        return decided.size("pp") > 1 and not self.offload and decided.offload == "none"
+    def adds_after(self, plan) -> bool:
+        """Whether `after` adds anything to `plan`'s family (decided or not: it reads the mesh and the offload): not
+        without pp, nor where offload may put the optimizer's step on the host (it may take less there)."""
+        return plan.size("pp") > 1 and not self.offload and plan.offload == "none"
 
     def cheap_bound(self, plan) -> float:
         """compiler/search/bounds.py `Bounds.cheap`: what stands for the bound until the family is next in line."""
@@ -477,26 +477,21 @@ class Search(Tally, Legality):
         # one is never above its family's bound), index breaking ties, as a sort of every bound would give.
         t2 = time.perf_counter()
         heapq.heapify(bounded)
-        exact: dict = {}  # index -> the family's bound
+        exact: dict = {}  # index -> the family's `busy` (fill)
+        whole: dict = {}  # index -> the family's bound (`bound`)
         log: list = []
         while bounded:
             lb, i, plan, known = bounded[0]
             if known is not True:  # its bound in two steps, the second only if the first leaves it next in line
-                decided = self.cands.decide(plan)
-                if known is False:
-                    exact[i] = self.busy(decided, fill=True)
-                    known = AFTER if self.adds_after(decided) else True
-                else:
-                    exact[i] = lb + self.after(decided)
-                    known = True
-                heapq.heapreplace(bounded, (exact[i], i, plan, known))
+                lb, known = self._advance(i, plan, known, exact, whole)
+                heapq.heapreplace(bounded, (lb, i, plan, known))
                 continue
             if lb >= self.threshold():
                 break  # every family left is bounded at least as high: none is visited
             heapq.heappop(bounded)
             self.counts.expanded += 1
             self.expand(plan, lb, log)
-        self._bound_left(bounded, exact)
+        self._bound_left(bounded, exact, whole)
         timing["best_first"] = time.perf_counter() - t2
         self.counts.structures = self.cands.structures_built - built
         ranked = sorted(((t, w) for t, w in self.by_key.values()), key=lambda x: x[0])

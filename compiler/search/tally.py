@@ -2,7 +2,7 @@
 a schedule, a context-parallel variant) what happened to its candidates, the refusals, counted once per distinct
 list of problems, and the lower bounds of what the run left unsimulated (`best_bound`, `left`). A mixin of
 compiler/search/prune.py's Search, which sets `stats`, `_stat_key_cache`, `_cp_shape_memo`, `_pending`, `counts`,
-`cands`, `space` and `moe`, and bounds families (`busy`, `after`)."""
+`cands`, `space` and `moe`, and bounds families (`busy`, `after`, `adds_after`)."""
 from __future__ import annotations
 
 import heapq
@@ -140,10 +140,25 @@ class Tally:
             if st["left"] is None or bound < st["left"]:
                 st["left"] = bound
 
-    def _bound_left(self, left: list, exact: dict) -> None:
+    def _advance(self, i: int, plan, known, exact: dict, whole: dict) -> tuple:
+        """A family's next bound in a heap of standing bounds, (bound, known): after its cheap one (`known` False)
+        its `busy` with the pipeline's fill, then (AFTER) with `after` too (True: the family's bound). `exact` and
+        `whole` keep each family's `busy` and bound by its index, for the run and the report alike."""
+        if known is False:
+            if i not in exact:
+                exact[i] = self.busy(self.cands.decide(plan), fill=True)
+            if not self.adds_after(plan):
+                return exact[i], True
+            return (whole[i], True) if i in whole else (exact[i], AFTER)
+        got = whole.get(i)
+        if got is None:
+            got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
+        return got, True
+
+    def _bound_left(self, left: list, exact: dict, whole: dict) -> None:
         """The report's lower bound of each family key whose families were none of them simulated (`best_bound`)
         and, of each simulated key, of what it left unsimulated (`left`): see below. `left`: the run's heap when it
-        stopped, (standing bound, index, plan, known); `exact`: index -> `busy` of each family laid out."""
+        stopped, (standing bound, index, plan, known); `exact`, `whole`: `_advance`'s."""
         by_key: dict = {}
         for entry in left:
             for k, st in zip(self._stat_keys(entry[2]), self._stat(entry[2])):
@@ -156,11 +171,10 @@ class Tally:
         for st in self.stats.values():  # a key not simulated: what its visited families left counts too
             if st["best_exact"] is None and st["left"] is not None:
                 st["best_bound"] = min(st["left"], st["best_bound"] or math.inf)
-        whole: dict = {}  # index -> the family's bound (`bound`)
         for st, entries in by_key.values():
             # a key not simulated: the least bound of what it left and of its families unvisited, best first as
-            # the run goes (a family's `busy`, then `after`, each only when its standing bound is the least), until
-            # the least standing is a whole bound or no lower than what it left
+            # the run goes (`_advance`: a family's `busy`, then `after`, each only when its standing bound is the
+            # least), until the least standing is a whole bound or no lower than what it left
             best, heap = st["best_bound"], entries  # (standing bound, index, ...): the index breaks ties
             heapq.heapify(heap)
             while heap and (best is None or heap[0][0] < best):
@@ -168,16 +182,6 @@ class Tally:
                 if known is True:
                     best = lb
                     break
-                if known is False and i in exact:  # laid out for another key
-                    known = AFTER if i not in whole else True
-                    lb = exact[i] if known is AFTER else whole[i]
-                elif known is False:
-                    exact[i] = self.busy(self.cands.decide(plan), fill=True)
-                    lb, known = exact[i], AFTER
-                else:
-                    got = whole.get(i)
-                    if got is None:
-                        got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
-                    lb, known = got, True
+                lb, known = self._advance(i, plan, known, exact, whole)
                 heapq.heapreplace(heap, (lb, i, plan, known))
             st["best_bound"] = best
