@@ -9,7 +9,7 @@ import pytest
 
 from compiler.layout.cluster import Cluster, crosses
 from compiler.layout.devices import DEVICES
-from compiler.layout.groups import groups
+from compiler.layout.groups import canonical, expand, groups
 
 
 def _meshes(sizes=(1, 2, 3, 4), most=16):
@@ -33,6 +33,22 @@ def test_each_group_partitions_the_ranks_and_varies_only_along_its_axes():
                 fixed = {a: v for a, v in coords[row[0]].items() if a not in g.axes}
                 assert all({a: coords[r][a] for a in fixed} == fixed for r in row)
                 assert len(row) == g.size
+
+
+def test_a_groups_canonical_pattern_has_its_rows_in_their_order():
+    """groups.canonical (what links.py keeps a group's network price by, across meshes): the same rows, each in the
+    same order, and the same pattern for the same rows of two meshes of different shapes."""
+    shorter = 0
+    for axes in _meshes(sizes=(1, 2, 3), most=12):
+        for g in groups(axes):
+            c = canonical(g.pattern)
+            assert expand(c, g.world) == g.rows()
+            assert all(n > 1 for _, n in c)
+            shorter += len(c) < len(g.pattern)
+    assert shorter > 100
+    one = groups((("dp", 4), ("cp", 4), ("tp", 2)))["dp×cp"]
+    other = groups((("dp", 16), ("tp", 2)))["dp"]
+    assert one.pattern != other.pattern and canonical(one.pattern) == canonical(other.pattern) == ((2, 16),)
 
 
 def test_the_folded_groups_are_named_as_the_cost_model_and_the_runtime_read_them():

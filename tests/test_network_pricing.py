@@ -48,3 +48,20 @@ def test_roce_is_slower_than_infiniband_between_nodes():
     _, roce, _ = _step(_with("  fabric = roce\n"))
     assert roce["dp"].network is not None and roce["dp"].gbps < ib["dp"].gbps
     assert roce["tp"] == ib["tp"]
+
+
+def test_a_groups_network_price_is_kept_across_meshes_by_its_rows():
+    """links.py prices a group's rows on the network once per cluster (`_worst`): a mesh of another shape whose
+    group has the same rows (dp 4 × tp 8 beside pp 2 × dp 2 × tp 8 on 8 nodes: tp the same) reads the same price,
+    and every link equals the one priced afresh."""
+    spec = check_text(_with("  topology = fat_tree(nodes_per_leaf = 2, oversubscription = 7)\n"), "llama3_70b.scale")
+    meshes = [(("pp", 4), ("dp", 2), ("tp", 8)), (("pp", 2), ("dp", 4), ("tp", 8)), (("dp", 8), ("tp", 8)),
+              (("pp", 8), ("dp", 8)), (("dp", 16), ("cp", 2), ("tp", 2))]
+    LK._WORST.clear()
+    kept = [LK._links(axes, spec.cluster) for axes in meshes]
+    assert len(LK._WORST) < sum(1 for links in kept for link in links.values() if link.network is not None)
+    for axes, links in zip(meshes, kept):
+        LK._WORST.clear()
+        assert LK._links(axes, spec.cluster) == links
+        assert [link.network for link in LK._links(axes, spec.cluster).values()] == \
+            [link.network for link in links.values()]

@@ -158,12 +158,13 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None, ep_nodes: tuple = ()) 
                          f"({cluster.nodes} × {cluster.devices_per_node})")
     out, groups = {}, G.groups(axes, ep_nodes)
     # every group's rank lists, only where they are read (a search asks for the links of hundreds of meshes of
-    # thousands of ranks: listing them all was a third of its time)
+    # thousands of ranks: listing them all was a third of its time): placed, each group's; on the mesh's own order,
+    # only those priced on the network, and only where no mesh before had the same rows (`_worst`)
     rows = None
-    if placed is not None or described(cluster):
+    if placed is not None:
         listed: dict = {}  # by pattern: dp, data, batch and dense are often the same ranks
         rows = {g.name: listed[g.pattern] if g.pattern in listed else listed.setdefault(
-            g.pattern, G.expand(g.pattern, world) if placed is None else placed.apply(g.rows())) for g in groups}
+            g.pattern, placed.apply(g.rows())) for g in groups}
     per_node = cluster.devices_per_node
     for g in groups:
         if placed is None:
@@ -173,13 +174,13 @@ def _links(axes: tuple, cluster: CL.Cluster, placed=None, ep_nodes: tuple = ()) 
             tier = cluster.tiers["inter_node" if crosses else "intra_node"]
         out[g.name] = Link(g.name, g.size, crosses, tier.gbps, tier.latency_us)
     if described(cluster):
-        priced: dict = {}  # by pattern: the same groups priced once (their contention too)
-        out = {name: _on_network(link, rows[name], cluster, priced, groups[name].pattern)
+        priced: dict = {}  # placed: by pattern, the same groups priced once (their contention too)
+        out = {name: _on_network(link, groups[name], cluster, priced, None if rows is None else rows[name])
                for name, link in out.items()}
     return out
 
 
-def _on_network(link: Link, rows: list, cluster, priced: dict, pattern: tuple) -> Link:
+def _on_network(link: Link, group, cluster, priced: dict, rows) -> Link:
     """`link` priced on the described network: the span of its slowest group (network.price_on), its tier and its
     effective bandwidth for the plan's words. A group inside one node keeps the two tiers' link: inside a node the
     step-time model's figures are fitted to published step times (devices.py `intra_node_efficiency`), which
@@ -188,12 +189,33 @@ def _on_network(link: Link, rows: list, cluster, priced: dict, pattern: tuple) -
     if link.size <= 1 or not link.crosses_nodes:
         return link
     # the slowest of its groups at a 1 GiB all-reduce: the large-message regime the step's big collectives are in
-    worst = priced.get(pattern)
-    if worst is None:
-        worst = priced[pattern] = NET.price_on(cluster, "all_reduce", 2 ** 30, rows)
+    if rows is None:  # the mesh's own order: kept across meshes, by the rows' canonical pattern
+        worst = _worst(cluster, group.pattern, group.world)
+    else:
+        worst = priced.get(group.pattern)
+        if worst is None:
+            worst = priced[group.pattern] = NET.price_on(cluster, "all_reduce", 2 ** 30, rows)
     best = min(worst.algorithms, key=lambda a: a.seconds)
     return Link(link.axis, link.size, worst.group.crosses, best.busbw_gbps, link.latency_us,
                 network=(worst.group, cluster.device, getattr(cluster, "fabric", None)), tier=worst.group.tier)
+
+
+_WORST: dict = {}
+"""(id(cluster), world, canonical pattern) -> (cluster, network.price_on of the pattern's rows): the groups of one
+pattern priced together once per cluster, whichever mesh they are a group of (Llama 3 405B's search prices some
+3,000 meshes of 16,384 ranks, most of whose groups' rows an earlier mesh had)."""
+
+
+def _worst(cluster, pattern: tuple, world: int):
+    """network.price_on of every group of the stride `pattern` over `world` ranks on the mesh's own order (all of
+    them at once), kept in `_WORST`."""
+    key = (id(cluster), world, G.canonical(pattern))
+    got = _WORST.get(key)
+    if got is None or got[0] is not cluster:  # the cluster kept: its id is not reused
+        if len(_WORST) > 4096:  # a process planning many clusters (the tests): keep the recent ones
+            _WORST.clear()
+        got = _WORST[key] = (cluster, NET.price_on(cluster, "all_reduce", 2 ** 30, G.expand(key[2], world)))
+    return got[1]
 
 
 def collective_s(op: str, nbytes: float, link: Link) -> float:

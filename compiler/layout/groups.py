@@ -185,6 +185,22 @@ def groups(axes: tuple, ep_nodes: tuple = ()) -> Groups:
     return Groups(tuple(axes), out)
 
 
+def canonical(pattern: tuple) -> tuple:
+    """The shortest stride pattern with the same rows, in the same order (`expand`): axes of one rank dropped, and
+    an axis whose stride is the extent of the axis inside it merged with it (((s·n, m), (s, n)) is ((s, m·n)): i·s·n
+    + j·s = (i·n + j)·s). Meshes of different shapes share many groups' ranks this way (dp 1,024 over cp 8 and over
+    cp 4 × tp 2: the same dp rows), so what is priced of a group's rows is kept per this."""
+    out: list = []
+    for stride, n in reversed(pattern):
+        if n <= 1:
+            continue
+        if out and out[-1][0] * out[-1][1] == stride:
+            out[-1] = (out[-1][0], out[-1][1] * n)
+        else:
+            out.append((stride, n))
+    return tuple(reversed(out))
+
+
 def expand(pattern: tuple, world: int) -> tuple:
     """The rows of a stride pattern over `world` ranks (Group.rows without a name)."""
     return Group("", (), tuple(pattern), world).rows()
