@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Generic, Literal, Mapping, NamedTuple, TypeVar
+from typing import Callable, Generic, Literal, Mapping, NamedTuple, TypeVar
 
 import sympy
 
@@ -318,8 +318,6 @@ class Formulas:
     recompute: Mapping[str, Formula]
     """Per recomputation mode (RECOMPUTE): recomputation's extra forward FLOPs per micro-batch on one rank, for one
     block of each `repeat` under pp (a tuple: Formulas.within sums a stage's), for every block without."""
-    saved: Saved
-    """Bytes kept for backward per micro-batch on one rank (see Saved)."""
     units: Units
     """FSDP's units (elements per rank)."""
     send: Formula | None
@@ -330,12 +328,35 @@ class Formulas:
     frees_sent: bool
     """Whether the runtime frees a sent stage output once its send completed (runtime.pipeline._freeable: the
     block ends with a residual add, whose backward reads no data), so a stage keeps only the one under way."""
-    loss: tuple[Formula, ...]
-    """Bytes of each moment of the loss's working set (the logits and their gradients), per micro-batch, on the
-    rank that runs the loss: the largest is the loss's peak."""
-    backward: Segments[tuple[Formula, ...]]
-    """Bytes of each moment of a segment's backward working set (the gradients in flight), per micro-batch, per
-    rank: the largest over the segments a rank runs is its backward's peak."""
+    memory_of: Callable[[], tuple] = field(compare=False, repr=False)
+    """() -> (saved, loss, backward): the memory model's own formulas, compiled on first use (the properties of
+    those names). A search bounds and times the plans of every pass structure and asks the memory of few: the 175B
+    search's tp 3 and wide cp structures are never costed for memory, and a structure without pp compiles its
+    activations over the whole model, four recomputation modes of it."""
+    _memory: list = field(default_factory=list, compare=False, repr=False)
+
+    def _memory_formulas(self) -> tuple:
+        if not self._memory:
+            self._memory.append(self.memory_of())
+        return self._memory[0]
+
+    @property
+    def saved(self) -> "Saved":
+        """Bytes kept for backward per micro-batch on one rank (see Saved)."""
+        return self._memory_formulas()[0]
+
+    @property
+    def loss(self) -> tuple:
+        """Bytes of each moment of the loss's working set (the logits and their gradients), per micro-batch, on the
+        rank that runs the loss: the largest is the loss's peak (Formulas of env)."""
+        return self._memory_formulas()[1]
+
+    @property
+    def backward(self) -> "Segments":
+        """Bytes of each moment of a segment's backward working set (the gradients in flight), per micro-batch, per
+        rank: the largest over the segments a rank runs is its backward's peak (a tuple of Formulas per segment)."""
+        return self._memory_formulas()[2]
+
     sites: tuple[SiteFormula, ...]
     """Every collective the passes inserted, in graph order, with its elements per occurrence."""
     partial: tuple[PartialFormula, ...]
@@ -417,8 +438,9 @@ def _build(spec, traced, precision: str) -> Formulas:
     prec = precision
     device = "cpu" if spec.cluster.device.kind == "cpu" else "cuda"
     blocks = list(traced.blocks.values())
-    # Recomputation's working set: the block whose backward runs, rematerialised (one at a time).
-    recomputed = (sympy.Max(*[A.saved_bytes(g, prec, device) for g in blocks]) if blocks else sympy.Integer(0))
+
+    def recomputed():  # recomputation's working set: the block whose backward runs, rematerialised (one at a time)
+        return fn(sympy.Max(*[A.saved_bytes(g, prec, device) for g in blocks]) if blocks else sympy.Integer(0))
     if piped:
         gm = blocks[0]
         pro, epi, loss = top.meta[T.PROLOGUE], top.meta[T.EPILOGUE], top.meta[T.LOSS]
@@ -445,18 +467,23 @@ def _build(spec, traced, precision: str) -> Formulas:
             op = O.find(last, g) if getattr(last, "op", None) == "call_function" else None
             return op is not None and op.freed_when_sent
         frees_sent = all(freed(g) for g in blocks)
-        saved = Saved(block=MappingProxyType({mode: tuple(fn(A.block_saved_bytes(g, prec, device, mode))
-                                                          for g in blocks) for mode in SAVED_MODES}),
-                      prologue=fn(A.saved_bytes(pro, prec, device)), epilogue=fn(A.saved_bytes(epi, prec, device)),
-                      loss=fn(A.saved_bytes(loss, prec, device)),
-                      logits=fn(A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)),
-                      sent=fn(send_expr * A.widths(prec)["res"]), recomputed=fn(recomputed),
-                      # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
-                      wgrad=Segments(block=tuple(fn(A.weight_output_grads(g, prec)) for g in blocks),
-                                     prologue=fn(A.weight_output_grads(pro, prec)),
-                                     epilogue=fn(A.weight_output_grads(epi, prec))))
-        backward_ws = Segments(block=tuple(A.backward_working_set(g, prec) for g in blocks),
-                               prologue=A.backward_working_set(pro, prec), epilogue=A.backward_working_set(epi, prec))
+
+        def saved():
+            return Saved(
+                block=MappingProxyType({mode: tuple(fn(A.block_saved_bytes(g, prec, device, mode)) for g in blocks)
+                                        for mode in SAVED_MODES}),
+                prologue=fn(A.saved_bytes(pro, prec, device)), epilogue=fn(A.saved_bytes(epi, prec, device)),
+                loss=fn(A.saved_bytes(loss, prec, device)),
+                logits=fn(A._numel(out.meta[T.SHAPE]) * A.width_of(out, prec)),
+                sent=fn(send_expr * A.widths(prec)["res"]), recomputed=recomputed(),
+                # zero-bubble: what a micro-batch's pending weight half keeps besides its activations
+                wgrad=Segments(block=tuple(fn(A.weight_output_grads(g, prec)) for g in blocks),
+                               prologue=fn(A.weight_output_grads(pro, prec)),
+                               epilogue=fn(A.weight_output_grads(epi, prec))))
+
+        def backward_ws():
+            return Segments(block=tuple(A.backward_working_set(g, prec) for g in blocks),
+                            prologue=A.backward_working_set(pro, prec), epilogue=A.backward_working_set(epi, prec))
         block_params = seg_params.block
         units = Units(root=fn(seg_params.prologue + seg_params.epilogue),
                       block=fn(block_params[0] if len(block_params) == 1 else sympy.Max(*block_params)))
@@ -475,10 +502,14 @@ def _build(spec, traced, precision: str) -> Formulas:
                                block=tuple(PA.segment_expert_params(g) for g in blocks))
         flops = Segments(whole=fn(F.graph_forward(top) + F.graph_backward(top, traced.repeats())))
         send_expr, frees_sent = None, False
-        saved = Saved(whole=MappingProxyType({mode: fn(A.saved_bytes(top, prec, device, traced.repeats(), mode))
-                                              for mode in SAVED_MODES}), recomputed=fn(recomputed))
-        backward_ws = Segments(whole=A.backward_working_set(top, prec)
-                               + [e for g in blocks for e in A.backward_working_set(g, prec)])
+
+        def saved():
+            return Saved(whole=MappingProxyType({mode: fn(A.saved_bytes(top, prec, device, traced.repeats(), mode))
+                                                 for mode in SAVED_MODES}), recomputed=recomputed())
+
+        def backward_ws():
+            return Segments(whole=A.backward_working_set(top, prec)
+                            + [e for g in blocks for e in A.backward_working_set(g, prec)])
         block_params = [PA.segment_params(g) for g in blocks]
         units = Units(root=fn(PA.segment_params(top)),
                       block=fn(block_params[0] if len(block_params) == 1 else sympy.Max(*block_params)
@@ -497,9 +528,10 @@ def _build(spec, traced, precision: str) -> Formulas:
         padding_step=sympy.expand(traced.padding_flops.xreplace({MICRO_BATCH: gb})),
         recompute_step=MappingProxyType(recompute_step), tokens_step=spec.value(gb * spec.train.seq_len),
         params=_compiled(seg_params, fn), experts=_compiled(seg_experts, fn),
-        flops=flops, recompute=MappingProxyType(recompute), saved=saved, units=units,
+        flops=flops, recompute=MappingProxyType(recompute), units=units,
         send=fn(send_expr) if piped else None, send_expr=send_expr, frees_sent=frees_sent,
-        loss=tuple(fn(e) for e in A.loss_working_set(loss_graph, prec)), backward=_moments(backward_ws, fn),
+        memory_of=lambda: (saved(), tuple(fn(e) for e in A.loss_working_set(loss_graph, prec)),
+                           _moments(backward_ws(), fn)),
         sites=sites, partial=partial, param_shapes=ParamShapes(traced, sub, spec.value))
 
 
