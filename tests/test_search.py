@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 
 import pytest
@@ -197,6 +198,51 @@ def test_the_cheap_bound_of_a_drained_pipeline_counts_its_fill_and_drain():
     # the fill and drain of m micro-batches over pp ranks: one micro-batch is the whole model, many tend to the share
     assert _chained(1.0, 1, 4) == 1.0 and _chained(1.0, 4, 4) > 1.0 and _chained(1.0, 10**6, 4) == pytest.approx(
         10**6 / 4, rel=1e-5)
+
+
+def test_the_partition_bound_is_the_least_largest_stage_of_any_cut():
+    """bounds._partition: never above the least largest stage of a cut of B blocks into S stages (the first also
+    holding the first layers, the last the last layers and the loss), brute force over every cut of small cases,
+    and within a relative 1e-8 of it."""
+    import itertools
+    import random
+    from compiler.search.bounds import _partition
+    rng = random.Random(5)
+    for _ in range(1500):
+        blocks, stages = rng.randint(1, 8), rng.randint(2, 5)
+        units = (rng.choice([0.0, rng.uniform(0, 3)]), rng.uniform(0.01, 1), rng.uniform(0, 4), blocks)
+        p, b, e, _ = units
+        least = math.inf
+        for cuts in itertools.combinations_with_replacement(range(blocks + 1), stages - 1):
+            c = (0, *cuts, blocks)
+            loads = [(c[i + 1] - c[i]) * b for i in range(stages)]
+            loads[0] += p
+            loads[-1] += e
+            least = min(least, max(loads))
+        got = _partition(units, stages)
+        assert least * (1 - 1e-8) <= got <= least, (units, stages, got, least)
+    assert _partition(None, 4) == 0.0 and _partition((1.0, 1.0, 1.0, 4), 1) == 0.0
+
+
+def test_the_cheap_bound_counts_whole_blocks_per_stage():
+    """GPT-3 175B at pp 96 (a block per stage, the logits and the loss on the last): the cheap bound of each
+    pipelined family is at least its busiest stage's any cut allows (`_partition`), well above the model's share
+    per rank, and never above the family's bound."""
+    spec = check_path("samples/gpt3_175b.scale")
+    s = SE.Search(spec, 5, {"tp": 8, "cp": 1, "sequence_parallel": True})
+    seen = 0
+    for sizes in s.shapes():
+        if sizes["pp"] != 96:
+            continue
+        for plan in s.families(sizes)[:40]:
+            if s.cands.requires(plan) or plan.schedule not in ("1f1b", "gpipe", "zero-bubble"):
+                continue
+            total = s.bounds._cheap(plan)[0]
+            cheap = s.cheap_bound(plan)
+            assert cheap > 1.2 * plan.micro_batches * total / 96
+            assert cheap <= s.busy(s.cands.decide(plan), fill=True)
+            seen += 1
+    assert seen >= 3
 
 
 def test_recompute_never_speeds_a_plan_up(tmp_path):

@@ -4,6 +4,8 @@ that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler
 they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
+import math
+
 from compiler import plan as P
 from compiler.cost import recompute_passes
 from compiler.cost.step_time import PAIRED
@@ -102,14 +104,19 @@ class Bounds:
             got = self._stage_times[at] = self._cheap(plan)
         if not isinstance(got, tuple):
             return got  # without pp: `busy` itself
-        total, paired_total, forward = got
+        total, paired_total, forward, units = got
         m, pp = plan.micro_batches, plan.size("pp")
         if plan.schedule in PAIRED:
             return m * paired_total / pp
+        # a rank does at least its largest stage's share, whatever the layout (`_partition`)
+        at = ("partition", units, pp * plan.virtual_stages)
+        most = self._stage_times.get(at)
+        if most is None:
+            most = self._stage_times[at] = _partition(units, pp * plan.virtual_stages)
         if plan.virtual_stages == 1:  # drained: the earlier stages' backwards after the last too (`busy`)
             drained = plan.schedule not in choices.SPLIT_BACKWARD
-            return max(m * total / pp, _chained(total, m, pp, 1.0 if drained else forward))
-        return m * total / pp
+            return max(m * total / pp, m * most, _chained(total, m, pp, 1.0 if drained else forward))
+        return max(m * total / pp, m * most)
 
     def _cheap(self, plan):
         """`busy` itself without pp; under pp, the whole model's one micro-batch (forward and backward) without
@@ -132,8 +139,49 @@ class Bounds:
             # below the exact sums by more than their rounding, so never above the bound it stands for
             forward = min((p.forward / (p.forward + p.backward) for _, p in parts if p.forward + p.backward > 0),
                           default=0.0)
-            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9), forward)
+            # one repeat's blocks between the first layers and the last (with the loss): what a stage can hold
+            units = None
+            if len(parts) == 4:
+                (count, block), (_, first), (_, last), (_, loss) = parts
+                units = (first.forward + first.backward, block.forward + block.backward,
+                         last.forward + last.backward + loss.forward + loss.backward, count)
+            got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9), forward, units)
         return got
+
+
+def _partition(units: tuple | None, stages: int) -> float:
+    """A lower bound, a little below it, of the largest stage of any cut of one repeat's blocks into `stages`
+    pipeline stages (`units`: one micro-batch's forward and backward of the first layers p, of a block b, and of
+    the last layers with the loss e, and the B blocks; the first stage holds p and its blocks, the last its blocks
+    and e, each other stage blocks alone). The least largest stage P* is the least X at which the stages can hold
+    every block: ⌊(X − p)/b⌋ + ⌊(X − e)/b⌋ + (stages − 2)·⌊X/b⌋ ≥ B. Bisection keeps `lo` below P*: an X that test
+    says cannot hold them is below P*, and the test rounds each quotient up by a relative 1e-9, so it says
+    "cannot" only where that is true. 0 where the model has more than one repeat or a block costs nothing. Under
+    one stage per rank the busiest rank's micro-batch is at least P* (`Bounds.busy`: the sum of a rank's stages);
+    with several, at least its largest stage's. GPT-3 175B at pp 96 puts a block and the logits on the last
+    stage: the whole model's share per rank is a quarter below P* there."""
+    if units is None or stages < 2:
+        return 0.0
+    p, b, e, blocks = units
+    if b <= 0:
+        return 0.0
+    up = 1 + 1e-9
+
+    def holds(x: float) -> bool:
+        if p > x * up or e > x * up:
+            return False
+        return (math.floor((x - p) / b * up) + math.floor((x - e) / b * up)
+                + (stages - 2) * math.floor(x / b * up)) >= blocks
+
+    lo = max(p, e, b, (p + e + blocks * b) / stages) * (1 - 1e-9)  # below P* (no stage holds less than a unit)
+    hi = max(p, e) + blocks * b  # every block on one stage: holds
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo * (1 - 1e-9)  # the stages' sums are added in another order
 
 
 def _chained(total: float, m: int, pp: int, share: float = 1.0) -> float:
