@@ -63,8 +63,8 @@ class Group:
     """((stride, size), ...) per axis of `axes`: a member's ranks are base + Σ i·stride, 0 ≤ i < size."""
     world: int
 
-    @property
-    def size(self) -> int:
+    @functools.cached_property
+    def size(self) -> int:  # kept: a search asks a mesh's groups' sizes some 150,000 times (Plan.batch_ranks)
         return math.prod(n for _, n in self.pattern)
 
     def offsets(self) -> tuple:
