@@ -4,6 +4,7 @@ that needs no stage layout (`cheap`). Both read the simulator's pieces (compiler
 they read, and keep the per-rank sums they make of them."""
 from __future__ import annotations
 
+import itertools
 import math
 
 from compiler import plan as P
@@ -44,8 +45,10 @@ class Bounds:
             got = self._stage_times.get(at)
             if got is None:  # per rank: one micro-batch's forward and backward, the earlier stages' of each
                 fwd, bwd = self.sim.stage_times(cm, decided, env, pieces)[:2]
-                got = self._stage_times[at] = tuple((sum(fwd[s] + bwd[s] for s in lay.stages_of(r)), sum(fwd[:r]),
-                                                     sum(bwd[:r])) for r in range(pp))
+                # the earlier stages' sums as sum(fwd[:r]) adds them, left to right from 0 (the same floats)
+                before_f, before_b = itertools.accumulate(fwd, initial=0), itertools.accumulate(bwd, initial=0)
+                got = self._stage_times[at] = tuple((sum(fwd[s] + bwd[s] for s in lay.stages_of(r)), f, b)
+                                                    for r, f, b in zip(range(pp), before_f, before_b))
             # dualpipev: what its overlapped pairs hide leaves each rank's busy time (as in `predict`)
             hidden = self.sim.hidden(cm, decided, env, pieces)
             if not fill:
