@@ -245,6 +245,22 @@ def test_the_cheap_bound_counts_whole_blocks_per_stage():
     assert seen >= 3
 
 
+def test_the_space_counts_every_familys_variants():
+    """Space.size (the report's candidate count, kept O(1) per group): the same as listing each family's dp variants
+    and recomputations, with and without what --fix narrows."""
+    import itertools
+    from compiler.search.space import Space
+    for sample in ("samples/gpt3_175b.scale", "samples/mixtral_8x7b.scale"):
+        spec = check_path(sample, cluster_only=True)
+        for fixed in ({}, {"micro_batches": 1}, {"data_parallel": "zero2"}, {"fsdp_grad_sync": "step"},
+                      {"recompute": "full"}):
+            space = Space(spec, fixed)
+            for sizes in itertools.islice(space.shapes(), 0, None, 11):
+                groups = list(space.groups(sizes))
+                listed = sum(len(space.modes(make(m))) for make, ms in groups for m in ms) * len(space.recomputes())
+                assert space.size(groups) == space.size_of(sizes, groups) == listed, (sample, fixed, sizes)
+
+
 def test_recompute_never_speeds_a_plan_up(tmp_path):
     """Pruning rule 5 (the least recomputation that fits is the fastest) rests on this."""
     spec = check_path("samples/gpt_3d.scale")

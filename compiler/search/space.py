@@ -263,13 +263,15 @@ class Space:
         return sum(self._variants(sizes["dp"], sizes["pp"], ms, known) for _, ms in groups) * len(self.recomputes())
 
     def _variants(self, dp: int, pp: int, ms, known: dict) -> int:
-        total = 0
-        for m in ms:
-            key = (dp, pp, m > 1)  # all `_modes` reads of m
+        """The dp variants of a group's families (micro-batch counts `ms`, distinct): `_modes` reads of m only
+        whether it is above 1, so every count but 1 has as many (a search counts a million families)."""
+        def count(many: bool) -> int:
+            key = (dp, pp, many)
             if key not in known:
-                known[key] = len(self._modes(dp, m, pp))
-            total += known[key]
-        return total
+                known[key] = len(self._modes(dp, 2 if many else 1, pp))
+            return known[key]
+        one = 1 in ms
+        return (len(ms) - one) * count(True) + (count(False) if one else 0)
 
     def families_with(self, fixed: dict) -> int:
         """How many families the enumeration gives with only `fixed` fixed (why `--fix` leaves none)."""
