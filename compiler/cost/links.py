@@ -202,8 +202,8 @@ def _on_network(link: Link, group, cluster, priced: dict, rows) -> Link:
 
 _WORST: dict = {}
 """(id(cluster), world, canonical pattern) -> (cluster, network.price_on of the pattern's rows): the groups of one
-pattern priced together once per cluster, whichever mesh they are a group of (Llama 3 405B's search prices some
-3,000 meshes of 16,384 ranks, most of whose groups' rows an earlier mesh had)."""
+pattern priced together once per cluster, whichever mesh they are a group of (Llama 3 405B's search prices 281
+meshes of 16,384 ranks, most of whose groups' rows an earlier mesh had)."""
 
 
 def _worst(cluster, pattern: tuple, world: int):
