@@ -333,7 +333,7 @@ class Formulas:
     those names). A search bounds and times the plans of every pass structure and asks the memory of few: the 175B
     search's tp 3 and wide cp structures are never costed for memory, and a structure without pp compiles its
     activations over the whole model, four recomputation modes of it."""
-    _memory: list = field(default_factory=list, compare=False, repr=False)
+    _memory: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     def _memory_formulas(self) -> tuple:
         if not self._memory:
