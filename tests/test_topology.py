@@ -82,6 +82,40 @@ def test_dragonfly_levels():
     assert t.problems(32, 4) == ()
 
 
+def test_the_level_is_the_scale_up_domains_then_the_node_then_the_network():
+    """Topology.level compares the scale-up domains inline (placing 16,384 ranks asks it millions of times): the
+    same level as the definition (the domains' ids: a domain of at least a node counts ranks node·per_node + local
+    in blocks of its size, a smaller one a node's locals) for every pair of ranks of small clusters of each kind."""
+    import random
+
+    def domain(loc, su, per_node):
+        node, local = loc
+        return ((node * per_node + local) // su, 0) if su >= per_node else (node, local // su)
+
+    def defined(t, a, b, per_node):
+        su = t.scale_up_devices(per_node)
+        if domain(a, su, per_node) == domain(b, su, per_node):
+            return 0
+        if a[0] == b[0]:
+            return 1
+        return 1 + (1 if su < per_node else 0) + t.network_level(a, b)
+
+    cases = [(FatTree(nodes_per_leaf=2, nodes_per_pod=4, oversubscription=7), 16, 8),
+             (FatTree(nodes_per_leaf=36, scale_up=72), 36, 4), (FatTree(nodes_per_leaf=2, scale_up=4), 8, 8),
+             (FatTree(nodes_per_leaf=2, scale_up=2), 8, 8),
+             (RailOptimized(nodes_per_group=4, nodes_per_pod=8, pxn=False), 16, 8),
+             (RailOptimized(nodes_per_group=4, scale_up=4), 8, 8), (Torus(2, 2, 2), 8, 4),
+             (Dragonfly(groups=4, nodes_per_group=8, nodes_per_switch=2), 32, 4)]
+    rng = random.Random(3)
+    for t, nodes, per_node in cases:
+        world = nodes * per_node
+        pairs = [(rng.randrange(world), rng.randrange(world)) for _ in range(3000)]
+        pairs += [(r, r + d) for r in range(0, world - 9, 7) for d in (1, per_node - 1, per_node, per_node + 1)]
+        for x, y in pairs:
+            a, b = divmod(x, per_node), divmod(y, per_node)
+            assert t.level(a, b, per_node) == defined(t, a, b, per_node), (t, a, b)
+
+
 @pytest.mark.parametrize("topology,nodes,per_node,fields", [
     (FatTree(nodes_per_leaf=5, nodes_per_pod=12), 32, 8, ["nodes_per_leaf", "nodes_per_pod"]),
     (FatTree(nodes_per_leaf=4, nodes_per_pod=8, oversubscription=(1, 0.5)), 32, 8, ["oversubscription"]),
