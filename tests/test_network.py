@@ -376,3 +376,33 @@ def test_h800_and_cpu(capsys):
 def test_the_command_offers_every_collective_the_model_prices():
     from compiler import cli
     assert cli.NETWORK_OPS == N.OPS
+
+
+def test_a_groups_span_is_its_rings_slowest_step():
+    """network.span takes the ring's highest level where a level's share is the level's own (every topology but
+    the torus, whose crossing counts hops): the same span as the slowest crossing, least share first, over every
+    step of the ring, for random rings on clusters of each kind."""
+    import random
+    from types import SimpleNamespace
+
+    from compiler.layout.topology import Dragonfly, RailOptimized, Torus
+
+    def slowest(t, ranks, per_node):
+        worst = None
+        for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+            c = t.crossing(a, b, per_node)
+            worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
+        return worst
+
+    rng = random.Random(7)
+    cases = [(FatTree(nodes_per_leaf=2, nodes_per_pod=4, oversubscription=7), 16, 8),
+             (FatTree(nodes_per_leaf=2, scale_up=4, oversubscription=(2, 4)), 8, 8),
+             (RailOptimized(nodes_per_group=4, nodes_per_pod=8, pxn=False, oversubscription=3), 16, 8),
+             (Dragonfly(groups=4, nodes_per_group=8, nodes_per_switch=2, global_oversubscription=2), 32, 4),
+             (Torus(2, 2, 2), 8, 4)]
+    for t, nodes, per_node in cases:
+        cluster = SimpleNamespace(topology=t, devices_per_node=per_node, nodes=nodes)
+        for _ in range(300):
+            ranks = tuple(rng.sample(range(nodes * per_node), rng.randint(2, 12)))
+            got, worst = N.span(cluster, ranks), slowest(t, ranks, per_node)
+            assert (got.tier, got.share) == (worst.name, worst.share), (t, ranks)
