@@ -102,7 +102,7 @@ class Topology:
         """The level between (node, local) `a` and `b`: an index into `levels`. Placing 16,384 ranks asks it
         millions of times, so the scale-up domains are compared inline: one of at least a node holds ranks
         node·devices_per_node + local in blocks of its size; a smaller one, a node's locals in blocks of its size."""
-        su = self.scale_up or devices_per_node  # scale_up_devices
+        su = self.scale_up_devices(devices_per_node)
         (na, la), (nb, lb) = a, b
         if su >= devices_per_node:
             if (na * devices_per_node + la) // su == (nb * devices_per_node + lb) // su:

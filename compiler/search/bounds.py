@@ -144,8 +144,8 @@ class Bounds:
                           default=0.0)
             # one repeat's blocks between the first layers and the last (with the loss): what a stage can hold
             units = None
-            if len(parts) == 4:
-                (count, block), (_, first), (_, last), (_, loss) = parts
+            if len(cm.counts) == 1:
+                (count, block), first, last, loss = parts[0], pieces["prologue"], pieces["epilogue"], pieces["loss"]
                 units = (first.forward + first.backward, block.forward + block.backward,
                          last.forward + last.backward + loss.forward + loss.backward, count)
             got = self._stage_times[("whole", id(pieces))] = (total * (1 - 1e-9), paired * (1 - 1e-9), forward, units)
