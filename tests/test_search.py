@@ -245,6 +245,35 @@ def test_the_cheap_bound_counts_whole_blocks_per_stage():
     assert seen >= 3
 
 
+@pytest.mark.parametrize("sample, fixed", [("samples/llama3_70b.scale", {}),
+                                           ("samples/mixtral_8x7b.scale", {"data_parallel": "fsdp"})])
+def test_families_that_share_what_follows_the_pipeline_share_its_seconds(sample, fixed):
+    """Tally._after_of_family: `after` is kept per Bounds.after_key, so the families of a mesh shape (other
+    micro-batch counts, other schedules of one layout style) take the first one's. Each must be the float a search
+    of its own computes for it, from its own decided plan (under FSDP2's gathers per micro-batch, too)."""
+    spec = check_path(sample)
+    shared = SE.Search(spec, 5, fixed)
+    checked = 0
+    for sizes in shared.shapes():
+        if sizes["pp"] == 1:
+            continue
+        per_layout: dict = {}  # a few micro-batch counts of each schedule and virtual stages
+        for plan in shared.families(sizes):
+            seen = per_layout.setdefault((plan.schedule, plan.virtual_stages), [])
+            if len(seen) >= 3 or shared.cands.requires(plan) or not shared.adds_after(plan):
+                continue
+            seen.append(plan)
+            alone = SE.Search(spec, 5, fixed, cands=shared.cands)  # nothing kept but the structures
+            assert shared._after_of_family(plan) == alone.after(alone.cands.decide(plan)), plan.describe()
+            checked += 1
+        if checked >= 300:
+            break
+    kept = list(shared._after_of)
+    assert checked > len(kept) >= 3  # some were another family's
+    per_micro_batch = [key for key in kept if key[-1] is not None]
+    assert bool(per_micro_batch) == (fixed.get("data_parallel") == "fsdp")
+
+
 def test_the_space_counts_every_familys_variants():
     """Space.size (the report's candidate count, kept O(1) per group): the same as listing each family's dp variants
     and recomputations, with and without what --fix narrows."""

@@ -74,13 +74,8 @@ class Bounds:
         padded vocabulary, the gradients' dtype and, under FSDP2's gathers per micro-batch, the micro-batches."""
         cm = self.cands.cost_model(decided)
         stages = cm.stages_for(decided)
-        plans = [P.evolve(decided, data_parallel=data_parallel, fsdp_grad_sync=sync) for data_parallel, sync in modes]
-        if any(p.shards_grads and not p.shards_params for p in plans):
-            # FSDP2 sharding the parameters too moves what ZeRO-2's does and gathers them 2m times instead of once
-            # (compiler/cost/ledger_parts.py `_data_parallel`): its part is the larger, and the less often kept
-            plans = [p for p in plans if not p.shards_params]
         least = None
-        for plan in plans:
+        for plan in self._after_plans(decided, modes):
             at = ("after", id(cm), plan.axes, stages, plan.stage_layout.style, plan.placement, plan.pad_vocab,
                   plan.grad_reduce, plan.data_parallel, plan.fsdp_grad_sync,
                   plan.micro_batches if plan.shards_params else None)
@@ -89,6 +84,30 @@ class Bounds:
                 got = self._stage_times[at] = self.sim.after_pipeline(cm, plan, self.cands.estimate(plan, memory=False))
             least = got if least is None else min(least, got)
         return 0.0 if least is None else least * (1 - 1e-9)
+
+    @staticmethod
+    def after_key(plan, m) -> tuple:
+        """What `after_pipeline` reads of a family's plan before its stage layout is decided (the layout is the
+        mesh's, the pipeline's stages' and the user's layout's: compiler/candidates.py `decide`), with `m` its
+        micro-batches where it reads them (`after_reads_micro_batches`), else None: the families of a mesh
+        shape whose schedules lay their stages out alike share it."""
+        return (plan.axes, plan.sequence_parallel, plan.tp_layers, plan.context_parallel, plan.fp32_residual,
+                plan.pipeline_stages, plan.layout, plan.schedule in choices.V_SHAPED, plan.placement, plan.pad_vocab,
+                plan.grad_reduce, m)
+
+    def after_reads_micro_batches(self, decided, modes) -> bool:
+        """Whether `after_pipeline` reads the micro-batch count: where a dp sharding it takes gathers the
+        parameters per micro-batch (FSDP2 sharding them); else it is the same for every family of a group."""
+        return any(p.shards_params for p in self._after_plans(decided, modes))
+
+    @staticmethod
+    def _after_plans(decided, modes) -> list:
+        plans = [P.evolve(decided, data_parallel=data_parallel, fsdp_grad_sync=sync) for data_parallel, sync in modes]
+        if any(p.shards_grads and not p.shards_params for p in plans):
+            # FSDP2 sharding the parameters too moves what ZeRO-2's does and gathers them 2m times instead of once
+            # (compiler/cost/ledger_parts.py `_data_parallel`): its part is the larger, and the less often kept
+            plans = [p for p in plans if not p.shards_params]
+        return plans
 
     def cheap(self, plan) -> float:
         """A lower bound of `busy(decide(plan), fill=True)` that needs no stage layout: under pp the busiest rank
@@ -157,34 +176,41 @@ def _partition(units: tuple | None, stages: int) -> float:
     pipeline stages (`units`: one micro-batch's forward and backward of the first layers p, of a block b, and of
     the last layers with the loss e, and the B blocks; the first stage holds p and its blocks, the last its blocks
     and e, each other stage blocks alone). The least largest stage P* is the least X at which the stages can hold
-    every block: ⌊(X − p)/b⌋ + ⌊(X − e)/b⌋ + (stages − 2)·⌊X/b⌋ ≥ B. Bisection keeps `lo` below P*: an X that test
-    says cannot hold them is below P*, and the test rounds each quotient up by a relative 1e-9, so it says
-    "cannot" only where that is true. 0 where the model has more than one repeat or a block costs nothing. Under
-    one stage per rank the busiest rank's micro-batch is at least P* (`Bounds.busy`: the sum of a rank's stages);
-    with several, at least its largest stage's. GPT-3 175B at pp 96 puts a block and the logits on the last
-    stage: the whole model's share per rank is a quarter below P* there."""
+    every block: ⌊(X − p)/b⌋ + ⌊(X − e)/b⌋ + (stages − 2)·⌊X/b⌋ ≥ B (`holds`, which rounds each quotient up by a
+    relative 1e-9). That count only steps up at a stage's possible sum, p + i·b, e + j·b or k·b, so P* is one of
+    them: the least of each sequence that holds, by bisection over its index (the test is monotone), and the
+    least of the three. 0 where the model has more than one repeat or a block costs nothing. Under one stage per
+    rank the busiest rank's micro-batch is at least P* (`Bounds.busy`: the sum of a rank's stages); with several,
+    at least its largest stage's. GPT-3 175B at pp 96 puts a block and the logits on the last stage: the whole
+    model's share per rank is a quarter below P* there."""
     if units is None or stages < 2:
         return 0.0
     p, b, e, blocks = units
     if b <= 0:
         return 0.0
     up = 1 + 1e-9
+    mid_stages = stages - 2
 
     def holds(x: float) -> bool:
         if p > x * up or e > x * up:
             return False
         return (math.floor((x - p) / b * up) + math.floor((x - e) / b * up)
-                + (stages - 2) * math.floor(x / b * up)) >= blocks
+                + mid_stages * math.floor(x / b * up)) >= blocks
 
-    lo = max(p, e, b, (p + e + blocks * b) / stages) * (1 - 1e-9)  # below P* (no stage holds less than a unit)
-    hi = max(p, e) + blocks * b  # every block on one stage: holds
-    for _ in range(48):
-        mid = (lo + hi) / 2
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid
-    return lo * (1 - 1e-9)  # the stages' sums are added in another order
+    top = max(p, e) + blocks * b  # every block on one stage: holds
+    best = top
+    for start in (p, e, 0.0):
+        lo, hi = 0, math.ceil((top - start) / b)  # the sequence start + i·b below `best`, by its index
+        while lo < hi:
+            mid = (lo + hi) // 2
+            x = start + mid * b
+            if x >= best:
+                hi = mid
+            elif holds(x):
+                best, hi = x, mid
+            else:
+                lo = mid + 1
+    return best * (1 - 1e-9)  # the stages' sums are added in another order
 
 
 def _chained(total: float, m: int, pp: int, share: float = 1.0) -> float:

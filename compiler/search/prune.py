@@ -125,6 +125,7 @@ class Search(Tally, Legality):
         self._stat_key_cache: dict = {}  # (axes, schedule, context_parallel) -> _stat_keys
         self._pending: dict = {}      # (stat keys, ids of the problems) -> [problems, times]: refusals not yet counted
         self._cp_shape_memo: dict = {}  # (cp, variant) -> cp's shape-wide refusals (Tally._cp_shape_refused)
+        self._after_of: dict = {}     # Bounds.after_key -> its families' `after` (Tally._advance)
         self.best: list = []          # heap of (-time, key, Winner): the K best distinct layouts
         self.by_key: dict = {}        # layout key -> (time, Winner)
         self.all_axes_fixed = all(a in fixed for a in ORDER if a != "ep" or self.moe)
@@ -483,7 +484,7 @@ class Search(Tally, Legality):
         while bounded:
             lb, i, plan, known = bounded[0]
             if known is not True:  # its bound in two steps, the second only if the first leaves it next in line
-                lb, known = self._advance(i, plan, known, exact, whole)
+                lb, known = self._advance(i, plan, known, exact, whole, lb)
                 heapq.heapreplace(bounded, (lb, i, plan, known))
                 continue
             if lb >= self.threshold():

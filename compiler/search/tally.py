@@ -14,8 +14,8 @@ from collections import Counter
 OWN = {"tp": "tp", "pp": "pp", "schedule": "pp", "ep": "ep", "cp": "cp", "context_parallel": "cp"}
 OWNED = frozenset(OWN.values())
 
-AFTER = "busy"
-"""A family's entry in the run's heap whose bound is `busy`'s alone so far (`after` is added when it is next)."""
+AFTER = "cheap+after"
+"""A family's entry in the run's heap whose bound is its cheap one plus `after` (`_advance`); its `busy` is next."""
 
 
 class Tally:
@@ -140,20 +140,39 @@ class Tally:
             if st["left"] is None or bound < st["left"]:
                 st["left"] = bound
 
-    def _advance(self, i: int, plan, known, exact: dict, whole: dict) -> tuple:
-        """A family's next bound in a heap of standing bounds, (bound, known): after its cheap one (`known` False)
-        its `busy` with the pipeline's fill, then (AFTER) with `after` too (True: the family's bound). `exact` and
-        `whole` keep each family's `busy` and bound by its index, for the run and the report alike."""
-        if known is False:
-            if i not in exact:
-                exact[i] = self.busy(self.cands.decide(plan), fill=True)
-            if not self.adds_after(plan):
-                return exact[i], True
-            return (whole[i], True) if i in whole else (exact[i], AFTER)
+    def _advance(self, i: int, plan, known, exact: dict, whole: dict, standing: float = 0.0) -> tuple:
+        """A family's next bound in a heap of standing bounds, (bound, known). After its cheap one (`known` False,
+        the bound `standing`), under pp, that plus `after` (AFTER), which the families of a mesh shape share
+        (`_after_of_family`: one computation for all of them); then its `busy` with the pipeline's fill, plus
+        `after` (True: the family's bound). So a family costs its own `busy` only where the first two leave it
+        next in line. `exact` and `whole` keep each family's `busy` and bound by its index, for the run and the
+        report alike."""
+        if known is False and self.adds_after(plan):
+            # cheap <= busy, and rounding is monotone: cheap + after <= busy + after, the family's bound
+            return standing + self._after_of_family(plan), AFTER
+        if i not in exact:
+            exact[i] = self.busy(self.cands.decide(plan), fill=True)
+        if known is not AFTER:
+            return exact[i], True
         got = whole.get(i)
         if got is None:
-            got = whole[i] = exact[i] + self.after(self.cands.decide(plan))
+            got = whole[i] = exact[i] + self._after_of_family(plan)
         return got, True
+
+    def _after_of_family(self, plan) -> float:
+        """`after` of `plan`'s family, kept per what it reads (`Bounds.after_key`: the mesh, its stage layout,
+        which neither the micro-batches nor the schedules of one layout style change, and the dp shardings, which
+        read the micro-batches only where FSDP2 gathers per micro-batch). The same float for each family that
+        shares it: Bounds keeps it per the same."""
+        got = self._after_of.get(self.bounds.after_key(plan, None))
+        if got is None:
+            got = self._after_of.get(self.bounds.after_key(plan, plan.micro_batches))
+        if got is None:
+            decided = self.cands.decide(plan)
+            got = self.after(decided)
+            m = plan.micro_batches if self.bounds.after_reads_micro_batches(decided, self.modes(decided)) else None
+            self._after_of[self.bounds.after_key(plan, m)] = got
+        return got
 
     def _bound_left(self, left: list, exact: dict, whole: dict) -> None:
         """The report's lower bound of each family key whose families were none of them simulated (`best_bound`)
@@ -182,6 +201,6 @@ class Tally:
                 if known is True:
                     best = lb
                     break
-                lb, known = self._advance(i, plan, known, exact, whole)
+                lb, known = self._advance(i, plan, known, exact, whole, lb)
                 heapq.heapreplace(heap, (lb, i, plan, known))
             st["best_bound"] = best
