@@ -44,6 +44,20 @@ from runtime import choices  # torch-free: the schedules whose backwards split (
 
 
 @dataclass(frozen=True)
+class StepInputs:
+    """What follows a rank's pipeline phase reads of its estimate (CostModel.step_inputs): the same names."""
+
+    params_rank: int
+    expert_params_rank: int
+    step_entries: tuple
+    ledger_of: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.ledger_of()
+
+
+@dataclass(frozen=True)
 class Estimate:
     """What one plan costs, for one rank (under pp: pp rank `pp_rank`, every stage it holds)."""
 
@@ -151,8 +165,9 @@ class CostModel(LedgerParts):
         """Every formula of this pass structure (formulas.py): what estimate, memory, ledger and step time read."""
         self._hw: dict = {}
         self._stage_parts: dict = {}  # _stages' parts that no dp sharding changes, per sizes, stages and schedule
-        self._rank_parts: dict = {}   # what no dp sharding or recomputation changes, by tagged key: estimate's per pp
-                                      # rank parts, and rank_memory's sizes, experts per rank and backward working sets
+        self._rank_parts: dict = {}   # what no dp sharding or recomputation changes, by tagged key: what a pp rank
+                                      # holds (`_rank_holds`), its FLOPs, and rank_memory's sizes, experts per rank
+                                      # and backward working sets
 
     # The search's pruning (compiler/search/prune.py) reads these two of the formulas through the model.
     @property
@@ -191,34 +206,17 @@ class CostModel(LedgerParts):
         fo = self.formulas
         if fo.piped:
             layout = self.stages_for(plan, env)
-            # what the rank's stages hold and compute, the same for every dp sharding and recomputation of a family
             lay = plan.stage_layout
-            key = (env, tuple(layout), pp_rank, lay.style)
-            got = self._rank_parts.get(key)
-            if got is None:
-                n = len(layout)
-                mine = lay.stages_of(pp_rank)
-                # blocks of each repeat (by name) the rank's stages hold
-                nb = {name: 0 for name, _, _ in fo.edges}
-                for k in mine:
-                    for i, c in fo.held(*layout[k]):
-                        nb[fo.edges[i][0]] += c
-                on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
-                params_rank = (fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
-                               + (fo.params.epilogue(env) if n - 1 in mine else 0))  # the V's last stage on rank 0
-                experts_rank = (fo.experts.prologue(env)
-                                + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine))
-                per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
-                per_stage[0] += fo.flops.prologue(env)
-                per_stage[-1] += fo.flops.epilogue(env)
-                got = self._rank_parts[key] = (nb, on_rank, params_rank, experts_rank, per_stage)
-            nb, on_rank, params_rank, experts_rank, per_stage = got
+            key, (nb, on_rank, params_rank, experts_rank) = self._rank_holds(plan, env, layout, pp_rank)
             nb, on_rank = dict(nb), dict(on_rank)  # the ledger's own copies
             # zero-bubble's split backward (input gradients, then weight gradients) recomputes a checkpointed
             # block once for each half: two extra forwards under full recomputation
             at = ("busiest", key, _recompute(plan), recompute_passes(plan))  # every dp sharding's the same
             flops = self._rank_parts.get(at)
             if flops is None:
+                per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
+                per_stage[0] += fo.flops.prologue(env)
+                per_stage[-1] += fo.flops.epilogue(env)
                 rec = fo.recompute[_recompute(plan)]
                 rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
                 flops = self._rank_parts[at] = (max(sum(per_stage[s] for s in lay.stages_of(r)) for r in range(pp)),
@@ -243,6 +241,43 @@ class CostModel(LedgerParts):
                         flops_step_hw=hw, flops_step_hw_n=hw_n, flops_rank_step_hw_n=int(m * rank_hw),
                         stages=stages, ledger_of=led, step_entries_of=steps, tokens_step=fo.tokens_step, micro_batch_size=mb, pp_rank=pp_rank,
                         memory=memory)
+
+    def _rank_holds(self, plan, env, layout, pp_rank: int) -> tuple:
+        """(key, (blocks of each repeat, segments, parameters, expert parameters)) that pipelined `plan`'s pp rank
+        `pp_rank` holds in `layout`, the same for every dp sharding and recomputation of a family: kept per key,
+        not to be changed."""
+        fo = self.formulas
+        lay = plan.stage_layout
+        key = (env, tuple(layout), pp_rank, lay.style)
+        got = self._rank_parts.get(key)
+        if got is None:
+            n = len(layout)
+            mine = lay.stages_of(pp_rank)
+            nb = {name: 0 for name, _, _ in fo.edges}  # blocks of each repeat (by name) the rank's stages hold
+            for k in mine:
+                for i, c in fo.held(*layout[k]):
+                    nb[fo.edges[i][0]] += c
+            on_rank = {"prologue": 0 in mine, "epilogue": n - 1 in mine, "loss": n - 1 in mine}
+            params_rank = (fo.params.prologue(env) + sum(fo.within(fo.params.block, *layout[k], env) for k in mine)
+                           + (fo.params.epilogue(env) if n - 1 in mine else 0))  # the V's last stage on rank 0
+            experts_rank = fo.experts.prologue(env) + sum(fo.within(fo.experts.block, *layout[k], env) for k in mine)
+            got = self._rank_parts[key] = (nb, on_rank, params_rank, experts_rank)
+        return key, got
+
+    def step_inputs(self, plan, pp_rank: int = 0) -> "StepInputs":
+        """What compiler/cost/step_time.py's `after_pipeline` reads of pipelined `plan`'s estimate on pp rank
+        `pp_rank` (its parameters, its once-per-step collectives, the ledger where placement is auto), without
+        the rest of `estimate` (the FLOPs, the model state): the same figures, for the search's bounds."""
+        if structure(plan, self.cp_bound) != self.structure:
+            raise ValueError(other_structure(plan, self.structure))
+        if not self.formulas.piped:
+            raise ValueError("step_inputs: a pipelined plan only")
+        env = env_of(plan)
+        _, (nb, on_rank, params_rank, experts_rank) = self._rank_holds(plan, env, self.stages_for(plan, env), pp_rank)
+        entries = self._step_entries(plan, env, dict(nb), dict(on_rank), params_rank, experts_rank)
+        return StepInputs(params_rank=int(params_rank), expert_params_rank=int(experts_rank), step_entries=entries,
+                          ledger_of=lambda: self._ledger(plan, env, pp_rank, dict(nb), dict(on_rank), params_rank,
+                                                         experts_rank))
 
     def _hardware_flops(self, recompute: str, passes: int) -> tuple:
         """Hardware FLOPs per step (the model's, the experts' padding, recomputation's forward `passes` times) as a

@@ -5,6 +5,8 @@ of compiler/cost/__init__.py's CostModel, which gives it `spec`, `formulas` and 
 ledger's once-per-step entries alone, what a search's time bound reads."""
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from compiler import spec as S
@@ -19,10 +21,9 @@ BYTES = {"fp32": 4, "bf16": 2}
 """Bytes of one element of a compute precision."""
 
 
-def _partial_reason(spec, plan) -> str:
+def _partial_reason(spec, plan, qk: bool) -> str:
     """Why tp leaves gradients partial: sequence parallelism's chunks (norms, row biases), per-head q/k norms'
-    heads (each rank normalises only its own heads with the shared scale), or both."""
-    qk = any(isinstance(x, S.Attention) and x.qk_norm != "none" for x in S.walk(spec.model.layers))
+    heads (each rank normalises only its own heads with the shared scale; `qk`: the model has them), or both."""
     sp = "sequence parallelism: each rank's norm and row-bias gradients cover only its sequence chunk"
     heads = "each rank's q/k norm gradients cover only its heads"
     if plan.sequence_parallel:
@@ -32,6 +33,11 @@ def _partial_reason(spec, plan) -> str:
 
 class LedgerParts:
     """The ledger of a plan on a rank, for CostModel (`_ledger`, `_step_entries`)."""
+
+    @functools.cached_property
+    def _qk_norms(self) -> bool:
+        """Whether an attention layer of the model normalises its queries and keys per head."""
+        return any(isinstance(x, S.Attention) and x.qk_norm != "none" for x in S.walk(self.spec.model.layers))
 
     def _ledger(self, plan, env, pp_rank, nb, on_rank, params_rank, experts_rank) -> Ledger:
         """The collectives of one optimizer step on one rank: those the passes inserted, the pipeline's sends, then
@@ -83,7 +89,8 @@ class LedgerParts:
         """The ledger's once-per-step entries (`_ledger`'s of direction "step"), in its order, without the rest."""
         entries = self._partial(plan, env, nb, on_rank)
         self._data_parallel(plan, env, nb, params_rank, experts_rank, entries, on_rank)
-        entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, self._micro_batch_sym(plan))
+        if plan.offload != "none":  # the micro-batch's formula only where offload's copies read it
+            entries += self._offload_copies(plan, env, nb, params_rank, experts_rank, self._micro_batch_sym(plan))
         entries += REB.ledger_rows(self.spec, plan)
         return tuple(c for c in entries if c.direction == "step")
 
@@ -129,7 +136,7 @@ class LedgerParts:
             # FSDP2 casts its reduced shards back to the fp32 parameters
             g = 4 if fsdp else MEM.grad_bytes(spec.train.precision, plan.grad_reduce)
             entries.append(Collective(op="all_reduce", axis="tp", dtype_bytes=g, span=plan.span("axis tp"),
-                                      reason=_partial_reason(spec, plan), direction="step", times=1,
+                                      reason=_partial_reason(spec, plan, self._qk_norms), direction="step", times=1,
                                       bytes=int(partial_n * g), element_formula=partial_formula))
         return entries
 

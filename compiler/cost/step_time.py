@@ -397,7 +397,8 @@ class Simulator:
         """For a pipelined plan without offload, the least over its pp ranks of what `predict` adds to a rank's
         pipeline end: the once-per-step collectives (all exposed under pp), the optimizer's step and the runtime's
         own cost. Every rank ends at least that long after its pipeline phase, so the step time is at least the
-        pipeline's makespan plus this (the search's family bound, compiler/search/bounds.py)."""
+        pipeline's makespan plus this (the search's family bound, compiler/search/bounds.py). `est`: pp rank 0's
+        estimate, or what this reads of it (cost.CostModel.step_inputs)."""
         if not cm.formulas.piped or plan.offload != "none":
             raise ValueError("after_pipeline: a pipelined plan without offload only")
         env = env_of(plan)

@@ -81,7 +81,7 @@ class Bounds:
                   plan.micro_batches if plan.shards_params else None)
             got = self._stage_times.get(at)
             if got is None:
-                got = self._stage_times[at] = self.sim.after_pipeline(cm, plan, self.cands.estimate(plan, memory=False))
+                got = self._stage_times[at] = self.sim.after_pipeline(cm, plan, cm.step_inputs(plan))
             least = got if least is None else min(least, got)
         return 0.0 if least is None else least * (1 - 1e-9)
 
