@@ -365,6 +365,8 @@ class Formulas:
     """Every parameter one rank holds per segment (ZeRO-1's partition), compiled on first use."""
     _held: dict = field(default_factory=dict, compare=False, repr=False)
     """(lo, hi) -> `held(lo, hi)`: a search asks for the same stages' blocks a million times."""
+    _at: dict = field(default_factory=dict, compare=False, repr=False)
+    """(id of a per-repeat tuple, env) -> its values there (`within`)."""
 
     def held(self, lo: int, hi: int) -> tuple:
         """(repeat index, blocks) of each repeat with blocks in the global range [lo, hi) (a stage's), pp."""
@@ -375,8 +377,14 @@ class Formulas:
         return got
 
     def within(self, per_repeat: tuple, lo: int, hi: int, env: tuple):
-        """The sum over the blocks [lo, hi) of a per-block quantity (one Formula per repeat), at env, pp."""
-        return sum(k * per_repeat[i](env) for i, k in self.held(lo, hi))
+        """The sum over the blocks [lo, hi) of a per-block quantity (one Formula per repeat), at env, pp. Each
+        repeat's value at env is kept (`_at`): a layout's stages ask for the same ones again and again."""
+        at = (id(per_repeat), env)
+        got = self._at.get(at)
+        if got is None:
+            got = self._at[at] = (tuple(f(env) for f in per_repeat), per_repeat)  # held: its id is not reused
+        values = got[0]
+        return sum(k * values[i] for i, k in self.held(lo, hi))
 
     @classmethod
     def build(cls, spec, traced, precision: str) -> "Formulas":
