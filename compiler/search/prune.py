@@ -25,14 +25,16 @@ Pruning, in order, each with why it is safe or what it may miss:
    by its once-per-step collectives (all exposed after the pipeline step), the optimizer's step and the runtime's
    cost (`predict`'s), so the bound adds the least of those over the ranks and the family's dp shardings
    (`Bounds.after_pipeline`; FSDP2 sharding the parameters left out where ZeRO-2 is tried: it moves the same
-   and gathers 2m times more), added only when the family is next in line without it (the 175B sample's search
-   expands 105 families with it, 1,943 without). Families are visited by increasing bound; the search stops when the
-   next bound reaches the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs
-   the family's stage layout; until a family is next in line a cheaper one stands for it (`cheap_bound`: under pp,
+   and gathers 2m times more; the 175B sample's search expands 105 families with it, 1,943 without). That part
+   reads the mesh, its stage layout and the dp shardings, not the micro-batches (but where FSDP2 gathers per
+   micro-batch) nor which schedule of one layout style: computed once for the families that share it
+   (`Bounds.after_key`). Families are visited by increasing bound; the search stops when the next bound reaches
+   the K-th best exact step time. Safe: no candidate of a skipped family can be faster. The bound needs the
+   family's stage layout; until a family is next in line a cheaper one stands for it (`cheap_bound`: under pp,
    its share of the whole model's time over the pp ranks, never above the bound; under dualpipev less the most its
-   pairs could hide, the lesser of the model's ep and tp collectives and its other time), so only the families
-   visited, and
-   those the report's bound per key needs, are laid out.
+   pairs could hide, the lesser of the model's ep and tp collectives and its other time), then, under pp, that
+   plus what follows the pipeline, and only then the bound, so only the families visited, and those the report's
+   bound per key needs, have their own `busy` computed.
 5. Recomputation escalates: none, then selective, then full, keeping the first that fits. Safe: each adds work
    (compiler/cost/step_time.py adds recomputation's forward, selective a part of it), so the first that fits is the
    fastest of the three. Each dp sharding is tried (ZeRO's stages change the optimizer's and dp's time both ways).
@@ -473,9 +475,10 @@ class Search(Tally, Legality):
                 bounded.append((self.cheap_bound(plan), len(bounded), plan, False))
         timing["rules_and_family_bounds"] = time.perf_counter() - t1
         # 2. best first, by the families' bounds (rule 4): each family's cheap bound stands for its bound until it
-        # is the smallest, when its stage layout is decided and its bound computed (`busy`) and it goes back
-        # in; a family whose own bound is the smallest is expanded. The order is the order of the bounds (a cheap
-        # one is never above its family's bound), index breaking ties, as a sort of every bound would give.
+        # is the smallest, when (under pp) what follows its pipeline is added, and when that is the smallest its
+        # own bound computed (`busy`, `Tally._advance`); each time it goes back in. A family whose own bound is the
+        # smallest is expanded. The order is the order of the bounds (each standing one is never above its
+        # family's bound), index breaking ties, as a sort of every bound would give.
         t2 = time.perf_counter()
         heapq.heapify(bounded)
         exact: dict = {}  # index -> the family's `busy` (fill)
