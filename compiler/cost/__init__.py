@@ -214,9 +214,12 @@ class CostModel(LedgerParts):
             at = ("busiest", key, _recompute(plan), recompute_passes(plan))  # every dp sharding's the same
             flops = self._rank_parts.get(at)
             if flops is None:
-                per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
-                per_stage[0] += fo.flops.prologue(env)
-                per_stage[-1] += fo.flops.epilogue(env)
+                per_stage = self._rank_parts.get(("flops", env, tuple(layout)))  # every recomputation's the same
+                if per_stage is None:
+                    per_stage = [fo.within(fo.flops.block, lo, hi, env) for lo, hi in layout]
+                    per_stage[0] += fo.flops.prologue(env)
+                    per_stage[-1] += fo.flops.epilogue(env)
+                    self._rank_parts[("flops", env, tuple(layout))] = per_stage
                 rec = fo.recompute[_recompute(plan)]
                 rec_stage = [fo.within(rec, lo, hi, env) * recompute_passes(plan) for lo, hi in layout]
                 flops = self._rank_parts[at] = (max(sum(per_stage[s] for s in lay.stages_of(r)) for r in range(pp)),
