@@ -54,7 +54,12 @@ class StepInputs:
 
     @property
     def ledger(self) -> Ledger:
-        return self.ledger_of()
+        """The rank's ledger, built once, when first read (as `Estimate.ledger`)."""
+        got = self.__dict__.get("_ledger")
+        if got is None:
+            got = self.ledger_of()
+            object.__setattr__(self, "_ledger", got)
+        return got
 
 
 @dataclass(frozen=True)
