@@ -379,9 +379,9 @@ def test_the_command_offers_every_collective_the_model_prices():
 
 
 def test_a_groups_span_is_its_rings_slowest_step():
-    """network.span takes the ring's highest level where a level's share is the level's own (every topology but
-    the torus, whose crossing counts hops): the same span as the slowest crossing, least share first, over every
-    step of the ring, for random rings on clusters of each kind."""
+    """network.span takes Topology.slowest_crossing, the ring's highest level where a level's share is the level's
+    own (every topology but the torus, whose crossing counts hops): the same span as the slowest crossing, least
+    share first, over every step of the ring, for random rings on clusters of each kind."""
     import random
     from types import SimpleNamespace
 

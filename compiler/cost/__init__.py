@@ -22,6 +22,7 @@ formulas in ../shared/reference/ are what the tests check these against, not wha
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 
 import sympy
@@ -52,14 +53,10 @@ class StepInputs:
     step_entries: tuple
     ledger_of: object = field(default=None, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def ledger(self) -> Ledger:
         """The rank's ledger, built once, when first read (as `Estimate.ledger`)."""
-        got = self.__dict__.get("_ledger")
-        if got is None:
-            got = self.ledger_of()
-            object.__setattr__(self, "_ledger", got)
-        return got
+        return self.ledger_of()
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ docstring says its unit, per what (micro-batch, rank, step) and whether it takes
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Generic, Literal, Mapping, NamedTuple, TypeVar
@@ -333,29 +334,27 @@ class Formulas:
     those names). A search bounds and times the plans of every pass structure and asks the memory of few: the 175B
     search's tp 3 and wide cp structures are never costed for memory, and a structure without pp compiles its
     activations over the whole model, four recomputation modes of it."""
-    _memory: list = field(default_factory=list, init=False, compare=False, repr=False)
 
+    @functools.cached_property
     def _memory_formulas(self) -> tuple:
-        if not self._memory:
-            self._memory.append(self.memory_of())
-        return self._memory[0]
+        return self.memory_of()
 
     @property
     def saved(self) -> "Saved":
         """Bytes kept for backward per micro-batch on one rank (see Saved)."""
-        return self._memory_formulas()[0]
+        return self._memory_formulas[0]
 
     @property
     def loss(self) -> tuple:
         """Bytes of each moment of the loss's working set (the logits and their gradients), per micro-batch, on the
         rank that runs the loss: the largest is the loss's peak (Formulas of env)."""
-        return self._memory_formulas()[1]
+        return self._memory_formulas[1]
 
     @property
     def backward(self) -> "Segments":
         """Bytes of each moment of a segment's backward working set (the gradients in flight), per micro-batch, per
         rank: the largest over the segments a rank runs is its backward's peak (a tuple of Formulas per segment)."""
-        return self._memory_formulas()[2]
+        return self._memory_formulas[2]
 
     sites: tuple[SiteFormula, ...]
     """Every collective the passes inserted, in graph order, with its elements per occurrence."""

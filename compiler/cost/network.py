@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 from compiler.layout.contention import contention
 from compiler.layout.placement import ring_edges
-from compiler.layout.topology import Crossing, Topology
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -171,16 +170,7 @@ def span(cluster, ranks: tuple, contended=None, sharing: int = 1) -> GroupSpan:
     spread = dict(per_domain=fewest, domains=len(counts), most=most if most != fewest else 0)
     if topology is None:
         return GroupSpan(len(ranks), tier="inter_node" if len(counts) > 1 else "intra_node", **spread)
-    worst = None  # as compiler/layout/placement.py's group_crossing: the ring's slowest step, least share first
-    if type(topology).crossing is Topology.crossing:  # a level's share is the level's own: the highest step is it
-        top = max((topology.level(divmod(a, per_node), divmod(b, per_node), per_node)
-                   for a, b in ring_edges((tuple(ranks),))), default=None)
-        if top is not None:
-            worst = Crossing(top, topology.levels(per_node)[top], topology.share(top, per_node))
-    else:  # a torus: the share is the hops'
-        for a, b in ring_edges((tuple(ranks),)):
-            c = topology.crossing(a, b, per_node)
-            worst = c if worst is None or (c.level, -c.share) > (worst.level, -worst.share) else worst
+    worst = topology.slowest_crossing(ring_edges((tuple(ranks),)), per_node)  # the step that sets the ring's pace
     if worst is None:
         return GroupSpan(len(ranks), tier="scale_up", **spread)
     share, sharing = (worst.share, sharing) if contended is None else (contended.share, contended.sharing)

@@ -240,12 +240,7 @@ def tier_bytes(rank_map: RankMap, topology, devices_per_node: int, traffic: dict
 def group_crossing(rank_map: RankMap, names, topology, devices_per_node: int, locate=locate):
     """The slowest crossing of any ring step of the groups folding `names` under `rank_map` (the step that sets
     the ring's pace, the least share among the slowest); None when the groups hold one rank each."""
-    worst = None
-    for a, b in ring_edges(rank_map.rows(names)):
-        c = topology.crossing(a, b, devices_per_node, locate)
-        if worst is None or (c.level, -c.share) > (worst.level, -worst.share):
-            worst = c
-    return worst
+    return topology.slowest_crossing(ring_edges(rank_map.rows(names)), devices_per_node, locate)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,17 @@ class Topology:
         lv = self.level(a, b, devices_per_node)
         return Crossing(lv, self.levels(devices_per_node)[lv], self.share(lv, devices_per_node))
 
+    def slowest_crossing(self, steps, devices_per_node: int, locate=locate) -> Crossing | None:
+        """The slowest crossing of the (rank, rank) `steps` of a ring (the one that sets its pace, the least share
+        among the slowest levels); None when there are none. Here a level's share is the level's own (`crossing`),
+        so it is the highest level's: one level per step, not a Crossing each (a 16,384-rank group has as many
+        steps). A subclass whose crossing's share is not its level's (Torus: the hops') compares the crossings."""
+        top = max((self.level(locate(a, devices_per_node), locate(b, devices_per_node), devices_per_node)
+                   for a, b in steps), default=None)
+        if top is None:
+            return None
+        return Crossing(top, self.levels(devices_per_node)[top], self.share(top, devices_per_node))
+
     def problems(self, nodes: int, devices_per_node: int) -> tuple:
         """Every reason this topology cannot describe `nodes` nodes of `devices_per_node` devices."""
         out = []
@@ -330,6 +341,14 @@ class Torus(Topology):
         a, b = locate(rank_a, devices_per_node)[0], locate(rank_b, devices_per_node)[0]
         h = self.hops(a, b)
         return Crossing(c.level, c.name, c.share if a == b else 1.0 / max(h), h)
+
+    def slowest_crossing(self, steps, devices_per_node: int, locate=locate) -> Crossing | None:
+        worst = None  # the share is the hops': every step's crossing compared
+        for a, b in steps:
+            c = self.crossing(a, b, devices_per_node, locate)
+            if worst is None or (c.level, -c.share) > (worst.level, -worst.share):
+                worst = c
+        return worst
 
     def shape_problems(self, nodes: int) -> list:
         out = [Problem(name, f"a torus dimension of {n}", "every dimension has at least one node")
