@@ -26,6 +26,25 @@ from tests.e2e import zygote
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# what a failed launch's message leaves out: C++ stack frames, which each rank that lost a peer prints by the dozen
+_NOISE = re.compile(r"^(frame #\d+: |<omitting python frames>|Exception raised from )")
+# the first failure, as the launcher saw it: the zygote's line, or torchrun's
+_FIRST = re.compile(r"^(zygote: rank \d+ exited|.*Root Cause \(first observed failure\))")
+
+
+def excerpt(output: str, before: int = 30, tail: int = 30) -> str:
+    """What a failed launch's message quotes of its output: the lines up to the launcher's word on the first rank
+    to fail (its cause is printed before the others lose their peer), then the last lines, without the C++ stack
+    frames of the ranks that lost a peer (which pushed the first rank's cause out of a plain tail)."""
+    lines = [line for line in output.splitlines() if not _NOISE.match(line)]
+    first = next((i for i, line in enumerate(lines) if _FIRST.match(line)), None)
+    if first is None or first + 1 >= len(lines) - tail:
+        return "--- the output's last lines ---\n" + "\n".join(lines[-(before + tail):])
+    head = lines[max(0, first - before):first + 1]
+    return ("--- up to the first rank's failure ---\n" + "\n".join(head)
+            + "\n--- the output's last lines ---\n" + "\n".join(lines[-tail:]))
+
+
 @dataclass
 class Run:
     losses: list
@@ -153,8 +172,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
             timeout=timeout)
         output = log.read_text(errors="replace") if log.exists() else ""
         if returncode is None:
-            tail = "\n".join(output.splitlines()[-50:])
-            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{excerpt(output)}", pytrace=False)
     else:
         try:
             proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
@@ -168,8 +186,7 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
         return Run(losses=[r["loss"] for r in records], grads={}, output=output, measured={}, predicted={},
                    records=records, returncode=returncode)
     if returncode != 0:
-        tail = "\n".join(output.splitlines()[-50:])
-        pytest.fail(f"exit {returncode}: {' '.join(cmd)}\n--- last 50 lines ---\n{tail}", pytrace=False)
+        pytest.fail(f"exit {returncode}: {' '.join(cmd)}\n{excerpt(output)}", pytrace=False)
     assert_no_warnings(output, cmd)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     losses = [r["loss"] for r in records]
