@@ -114,7 +114,8 @@ def test_cli_json_and_output(tmp_path, capsys):
     out = tmp_path / "best.scale"
     assert main(["search", "samples/gpt_tp.scale", "--top", "2", "--json", "-o", str(out)]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert set(got) == {"model", "file", "fixed", "cluster", "winners", "rejected", "counts", "seconds"}
+    assert set(got) == {"model", "file", "fixed", "cluster", "winners", "file_plan", "rejected", "counts", "seconds"}
+    assert got["file_plan"]["step_time_s"] > 0  # the file's own plan, costed (tests/test_search_written.py)
     w = got["winners"][0]
     assert {"rank", "plan", "describe", "predicted", "peak_bytes", "memory", "reasons"} <= set(w)
     assert w["predicted"]["step_time_s"] > 0 and w["reasons"]

@@ -8,6 +8,7 @@ One module per job:
                or what it may miss (its docstring)
     report.py  the reasons under each winner, the rejected-families lines, `text`, `to_json` and `scale_text`
                (the winner as a .scale file, printed by compiler/report/scale.py)
+    written.py the file's own plan beside the ranking: costed as `plan` costs it, and what separates it from the best
 
 `from compiler import search as SE` gives every name the command line, the tests and bench/ use.
 """

@@ -270,7 +270,7 @@ def text(result: Result) -> str:
     spec = result.spec
     m = spec.cluster
     dev = m.device
-    room = (f"; {result.headroom:.0%} headroom: plans up to {nbytes(dev.memory_gb * 1e9 * (1 - result.headroom))}"
+    room = (f"; {result.headroom:.0%} headroom: plans up to {nbytes(result.limit_bytes)}"
             if result.headroom else "; no headroom")
     lines = [f"search for `{spec.model.name}` ({spec.path}) on {m.world_size} {dev.kind} = {m.nodes} node"
              f"{'s' if m.nodes != 1 else ''} × {m.devices_per_node} ({dev.memory_gb:g} GB each{room})"
@@ -287,6 +287,9 @@ def text(result: Result) -> str:
                   f"{nbytes(w.peak_bytes):>9}  {p.bubble_fraction:>6.1%}  {_exposed(p)}",
                   f"      {w.plan.describe()}"]
         lines += [f"        - {r}" for r in w.reasons]
+    if result.written is not None:
+        from compiler.search.written import lines as written_lines
+        lines += [""] + written_lines(result.written, result.winners, spec, result.limit_bytes)
     if result.rejected:
         lines += ["", "rejected:"] + [f"  {r}" for r in result.rejected]
     c = result.counts
@@ -307,13 +310,14 @@ def to_json(result: Result) -> dict:
                     "device": spec.cluster.device.kind,
                     "device_memory_bytes": int(spec.cluster.device.memory_gb * 1e9),
                     "headroom": result.headroom,  # the share of each device no plan may use
-                    "memory_limit_bytes": int(spec.cluster.device.memory_gb * 1e9 * (1 - result.headroom))},
+                    "memory_limit_bytes": int(result.limit_bytes)},
         "winners": [{"rank": i, "plan": w.plan.to_json(spec.cluster), "describe": w.plan.describe(),
                      "predicted": w.prediction.as_json(), "peak_bytes": int(w.peak_bytes),
                      "memory": [r.as_json() for r in w.estimate.memory], "reasons": list(w.reasons),
                      "dispatch": w.dispatch,
                      "fp8": None if w.fp8 is None else {"recipe": w.fp8.recipe, "filter": w.fp8.filter}}
                     for i, w in enumerate(result.winners, 1)],
+        "file_plan": None if result.written is None else result.written.as_json(),
         "rejected": list(result.rejected),
         "counts": result.counts.as_json(),
         "seconds": result.seconds,

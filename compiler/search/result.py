@@ -52,6 +52,12 @@ class Result:
     fixed: dict
     timing: dict = field(default_factory=dict)   # phase -> seconds
     headroom: float = 0.0   # the share of each device no plan may use (`--headroom`; W0502's margin by default)
+    written: object = None  # search/written.py Written: the file's own plan, costed, where the file writes one
+
+    @property
+    def limit_bytes(self) -> float:
+        """What a plan may hold per rank: the device's memory less the headroom."""
+        return self.spec.cluster.device.memory_gb * 1e9 * (1 - self.headroom)
 
 
 def ranked_together(first: Result, second: Result, top: int, one_shape: bool, winner_of) -> Result:
