@@ -60,3 +60,11 @@ def test_a_file_without_axes_has_no_plan_to_compare_and_a_refused_one_says_why(t
     assert WR.lines(got, [], None, 1e12)[0].startswith("the file's plan is refused by the rules: E0")
     assert main(["search", str(bare), "--top", "1"]) == 0
     assert "the file's plan" not in capsys.readouterr().out
+
+
+def test_the_html_page_shows_the_file_plan_as_the_table_does(tmp_path, capsys):
+    out = tmp_path / "search.html"
+    assert main(["search", "samples/gpt_dp.scale", "--top", "2", "--html", str(out)]) == 0
+    page = out.read_text()
+    assert "<h3>The file's plan</h3>" in page and "dp=2 (1 micro-batch, ddp), fp32: " in page
+    assert "its mesh ranks " in page

@@ -60,7 +60,12 @@ def search_html(result) -> str:
         w = result.winners[0]
         best = {"ledger": RP.ledger_json(result.spec, w.plan, w.estimate.ledger, priced=True),
                 "timeline_svg": RP.plan_schedule_svg(result.spec.model.name, w.plan)}
-    return search_page(SE.to_json(result), best)
+    written = ()
+    if result.written is not None:  # the file's own plan beside the ranking, as the table prints it
+        from compiler.search.written import lines
+        written = [line.strip().removeprefix("- ") for line in
+                   lines(result.written, result.winners, result.spec, result.limit_bytes)]
+    return search_page(SE.to_json(result), best, written)
 
 
 def plan_page(data: dict, timeline_svg: str) -> str:
@@ -129,9 +134,9 @@ def _cost_view(step: dict | None, run: dict | None, power: dict | None) -> list 
             ("tokens per joule", f"{run['tokens_per_joule']:.4g}")]
 
 
-def search_page(data: dict, best: dict | None) -> str:
+def search_page(data: dict, best: dict | None, written=()) -> str:
     """`data` is `search --json`'s object; `best`, when a plan won, the best plan's `ledger` (as `plan --json`
-    lists it) and `timeline_svg`."""
+    lists it) and `timeline_svg`; `written`, the lines on the file's own plan (compiler/search/written.py)."""
     cl = data["cluster"]
     limit = cl["device_memory_bytes"]
     rows = []
@@ -161,7 +166,7 @@ def search_page(data: dict, best: dict | None) -> str:
         headline = _headline(w["predicted"], w["peak_bytes"], limit)
     return _render("search", title=f"search for {data['model']}", model=data["model"], file=data["file"],
                    facts=facts, headline=headline, winners=rows, rejected=data["rejected"], counts=counts,
-                   details=details, pipeline_rows=[])
+                   details=details, pipeline_rows=[], written=list(written))
 
 
 # -- views: the figures as the template shows them -------------------------------------------------------------
