@@ -61,17 +61,17 @@ def written(path: str, spec: S.Spec, limit_bytes: float) -> Written | None:
     """The file at `path`'s own plan, costed on `spec`'s cluster (what the search ran on), or None where the file
     writes no whole plan (no mesh axes: a missing setting) or is searched on another node count."""
     from compiler.check import check_path
+    from compiler.pipeline import compile_spec
     try:
         own = check_path(path)
+        if own.cluster.nodes != spec.cluster.nodes:
+            return None
+        compiled = compile_spec(own)  # the schedule proved too (E0609), as `plan` proves it
     except ScaleError as err:
         first = err.diagnostics[0]
         if any(d.code == "E0113" for d in err.diagnostics):  # no axes or another setting missing: nothing to compare
             return None
         return Written(refused=f"{first.code}: {first.message}")
-    if own.cluster.nodes != spec.cluster.nodes:
-        return None
-    from compiler.pipeline import compile_spec
-    compiled = compile_spec(own)
     est, pred = compiled.costs, compiled.costs.step
     return Written(describe=compiled.plan.describe(), step_time_s=pred.step_time_s, peak_bytes=est.peak_bytes,
                    fits=est.peak_bytes <= limit_bytes, precision=precision_word(own.train, own.train.fp8),
