@@ -88,9 +88,8 @@ def cmd_search(args) -> int:
     cons = OBJ.Constraints(deadline_s=deadline, budget_usd=budget, max_devices=max_devices)
     if args.minimize == "time" and max_devices is None:
         result = SE.search(spec, top=args.top, fixed=fixed, headroom=args.headroom)
-        if args.nodes is None:  # the file's own plan beside the ranking (compiler/search/written.py)
-            from compiler.search.written import written
-            result.written = written(args.file, spec, result.limit_bytes)
+        from compiler.search.written import written  # the file's own plan beside the ranking
+        result.written = written(args.file, spec, result.limit_bytes)  # None on another node count (--nodes)
         if deadline is None and budget is None:  # the search as it always was
             return _search_written(args, spec, result, result.winners[0] if result.winners else None, None)
         out = OBJ.single(spec, result, "time", cons, top=args.top)

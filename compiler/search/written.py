@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from compiler import spec as S
 from compiler.diagnostics import ScaleError
 from compiler.report.units import nbytes, seconds
+from compiler.search import precision as PR
 
 WAITING, COMPUTE, TAIL = "waiting in the schedule", "compute", "optimizer and runtime"
 
 
 @dataclass(frozen=True)
 class Written:
-    """The file's plan as written, costed; or, where the rules refuse it, the first refusal (`refused`)."""
+    """The file's plan as written, costed; or, where it does not compile (a rule, the schedule's proof), the first
+    diagnostic (`refused`)."""
     describe: str = ""
     step_time_s: float = 0.0
     peak_bytes: float = 0.0
@@ -27,7 +29,8 @@ class Written:
     precision: str = ""
     parts: tuple = ()           # (part, seconds) on its busiest rank, summing to that rank's end
     axes: tuple = ()            # its mesh (Plan.axes), to find the search's best of the same shape
-    refused: str | None = None  # "E0610: the message" where the file's plan does not pass the rules
+    plan: object = None         # the decided Plan, whose settings the ranked plan of its mesh is compared with
+    refused: str | None = None  # "E0610: the message" where the file's plan does not compile
 
     def as_json(self) -> dict:
         if self.refused is not None:
@@ -38,20 +41,36 @@ class Written:
 
 
 def busiest(pred):
-    """The rank that computes and communicates longest (its step less its waiting): the critical path of a pipeline,
-    which the other ranks wait for (the slowest rank, whose end is the step time, is often a light one waiting for
-    it: DeepSeek-V3's pp rank 0, which holds the embedding's and the head's stages). Without pp, every rank."""
-    return max(pred.ranks, key=lambda r: (r.end_s - r.idle_s, r.end_s))
+    """The rank that computes and communicates longest (its end less its waiting in the schedule): the critical
+    path of a pipeline, which the other ranks wait for (the slowest rank, whose end is the step time, is often a light
+    one waiting for it: DeepSeek-V3's pp rank 0, which holds the embedding's and the head's stages). Without pp,
+    every rank."""
+    return max(pred.ranks, key=lambda r: (r.end_s - _waiting(r), r.end_s))
+
+
+def _waiting(r) -> float:
+    """A rank's waiting in the schedule: its pipeline phase (its end less what follows the pipeline: the
+    once-per-step collectives, offload's copies, the optimizer and the runtime) less its busy time and its sends.
+    Its own end, not the step's: a rank that ends before the slowest does not wait for it inside its step."""
+    exposed = r.exposed_comm_s
+    host, sends = exposed.get("host", 0.0), exposed.get("pp", 0.0)
+    return max(r.end_s - r.sync_s - host - r.tail_s - r.compute_s - sends, 0.0)
 
 
 def step_parts(pred) -> tuple:
-    """The parts of `pred`'s step on its busiest rank (`busiest`), which sum to that rank's end: the compute (its
-    busy time less the communication exposed in it), the waiting in the pipeline schedule, each axis's exposed
-    communication (inside the pipeline and after it), the optimizer and the runtime's own cost."""
+    """The parts of `pred`'s step on its busiest rank (`busiest`), which sum to that rank's end
+    (step_time.RankTime: `compute_s` its busy time, tp's, ep's and cp's exposed collectives on its path included;
+    its pipeline end, then the once-per-step collectives `sync_s`, offload's copies ("host"), and `tail_s`):
+    - compute: its busy time less the communication exposed on its compute's path;
+    - each axis's exposed communication: on the compute's path, the pipeline's sends ("pp"), the once-per-step
+      collectives after the pipeline, offload's copies ("host");
+    - waiting in the schedule (`_waiting`);
+    - the optimizer and the runtime's own cost."""
     r = busiest(pred)
     exposed = {a: t for a, t in r.exposed_comm_s.items() if t > 0}
-    inside = sum(exposed.values()) - r.sync_s  # the exposed communication counted in compute_s
-    parts = [(COMPUTE, r.compute_s - inside), (WAITING, r.idle_s)]
+    sends, host = exposed.get("pp", 0.0), exposed.get("host", 0.0)
+    inside = sum(exposed.values()) - r.sync_s - sends - host  # on the compute's path, inside compute_s
+    parts = [(COMPUTE, r.compute_s - inside), (WAITING, _waiting(r))]
     parts += sorted(exposed.items(), key=lambda kv: -kv[1])
     parts.append((TAIL, r.tail_s))
     return tuple(parts)
@@ -59,10 +78,14 @@ def step_parts(pred) -> tuple:
 
 def written(path: str, spec: S.Spec, limit_bytes: float) -> Written | None:
     """The file at `path`'s own plan, costed on `spec`'s cluster (what the search ran on), or None where the file
-    writes no whole plan (no mesh axes: a missing setting) or is searched on another node count."""
+    writes no plan to compare (no plan section, or no mesh axes: a missing setting) or is searched on another node
+    count."""
     from compiler.check import check_path
+    from compiler.parse import parse
     from compiler.pipeline import compile_spec
     try:
+        if not any(sec.kind.id == "plan" for sec in parse(spec.source, path).sections):
+            return None  # the mesh with the plan's defaults is not a plan the user wrote
         own = check_path(path)
         if own.cluster.nodes != spec.cluster.nodes:
             return None
@@ -74,29 +97,36 @@ def written(path: str, spec: S.Spec, limit_bytes: float) -> Written | None:
         return Written(refused=f"{first.code}: {first.message}")
     est, pred = compiled.costs, compiled.costs.step
     return Written(describe=compiled.plan.describe(), step_time_s=pred.step_time_s, peak_bytes=est.peak_bytes,
-                   fits=est.peak_bytes <= limit_bytes, precision=precision_word(own.train, own.train.fp8),
-                   parts=step_parts(pred), axes=compiled.plan.axes)
+                   fits=est.peak_bytes <= limit_bytes, precision=PR.text(own.train.fp8) if own.train.fp8 is not None
+                   else own.train.precision, parts=step_parts(pred), axes=compiled.plan.axes, plan=compiled.plan)
 
 
-def precision_word(train, fp8) -> str:
-    return "fp8" if fp8 is not None else train.precision
+def _precision(spec: S.Spec, fp8) -> str:
+    """A plan's precision as the file writes it: the fp8 call with its recipe, or bf16 / fp32."""
+    return PR.text(fp8) if fp8 is not None else spec.train.precision
+
+
+def _mesh(axes) -> dict:
+    """The sizes of a mesh's axes above 1, whatever their order (the search lays its axes out in its own)."""
+    return {a: n for a, n in axes if n > 1}
 
 
 def lines(w: Written, winners: list, spec: S.Spec, limit_bytes: float) -> list:
     """What `scalec search` prints of the file's plan: its step against the best's, its mesh's rank among the
     winners, and the parts of the step that differ most."""
     if w.refused is not None:
-        return [f"the file's plan is refused by the rules: {w.refused} (`scalec plan` shows where)"]
+        return [f"the file's plan does not compile: {w.refused} (`scalec plan` shows where)"]
     head = f"the file's plan: {w.describe}, {w.precision}: {seconds(w.step_time_s)} a step"
     if not w.fits:
-        head += f", needing {nbytes(w.peak_bytes)} a rank of {nbytes(limit_bytes)} (it does not fit)"
+        head += (f", needing {nbytes(w.peak_bytes)} a rank, over the search's limit of {nbytes(limit_bytes)} (the "
+                 "device less the headroom)")
     if not winners:
         return [head]
     best = winners[0]
     bt = best.prediction.step_time_s
     head += f", {w.step_time_s / bt:.2f}× the best" if abs(w.step_time_s / bt - 1) >= 0.005 else ", as the best"
     out = [head]
-    same = next((i for i, x in enumerate(winners, 1) if x.plan.axes == w.axes), None)
+    same = next((i for i, x in enumerate(winners, 1) if _mesh(x.plan.axes) == _mesh(w.axes)), None)
     if same is not None:
         x = winners[same - 1]
         settings = _differs(w, x, spec)
@@ -118,18 +148,47 @@ def lines(w: Written, winners: list, spec: S.Spec, limit_bytes: float) -> list:
 
 
 def _differs(w: Written, x, spec: S.Spec) -> str:
-    """The ranked plan's settings where they are not the file's: its description's words, and its precision."""
-    mine = set(_words(w.describe))
-    words = [t for t in _words(x.plan.describe()) if t not in mine]
-    prec = precision_word(spec.train, x.fp8)
+    """What the ranked plan of the file's mesh changes of the file's: each setting that differs ("gpipe instead of
+    1f1b", "no sequence parallel"), its axes' order where that differs, and its precision."""
+    mine, theirs = _settings(w.plan), _settings(x.plan)
+    words = []
+    for key in dict.fromkeys([*theirs, *mine]):
+        a, b = mine.get(key), theirs.get(key)
+        if a == b:
+            continue
+        words.append(f"{b} instead of {a}" if a and b else b if b else _DROPPED.get(key, f"no {a}"))
+    if tuple(a for a, n in x.plan.axes if n > 1) != tuple(a for a, n in w.axes if n > 1):
+        words.append("its axes laid out " + " × ".join(a for a, n in x.plan.axes if n > 1))
+    prec = _precision(spec, x.fp8)
     if prec != w.precision:
-        words.append(prec)
+        words.append(f"{prec} instead of {w.precision}")
     return ", ".join(words)
 
 
-def _words(describe: str) -> list:
-    inside = describe[describe.find("(") + 1:describe.rfind(")")] if "(" in describe else ""
-    return [t.strip() for t in inside.split(",") if t.strip()]
+_DROPPED = {"compiled": "eager", "placement": "the mesh's own order", "schedule": "no pipeline"}
+
+
+def _settings(plan) -> dict:
+    """A plan's settings as `Plan.describe` words them, by what they set (a setting off is absent)."""
+    from compiler.plan import offload_text, placement_text
+    m = plan.micro_batches
+    out = {"micro_batches": f"{m} micro-batch{'es' if m != 1 else ''}", "data_parallel": plan.data_parallel,
+           "recompute": f"{plan.recompute} recompute" if plan.recompute != "none" else "no recompute"}
+    if plan.size("pp") > 1:
+        out["schedule"] = plan.schedule + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
+    if plan.sequence_parallel:
+        out["sequence_parallel"] = "sequence parallel"
+    if plan.size("cp") > 1:
+        out["context_parallel"] = f"context parallel {plan.context_parallel}"
+    if plan.offload != "none":
+        out["offload"] = offload_text(plan)
+    if plan.syncs_each_micro_batch:
+        out["grad_sync"] = "reduce-scatter every micro-batch"
+    if plan.compiles:
+        out["compiled"] = "compiled"
+    if plan.placement is not None:
+        out["placement"] = "placement " + placement_text(plan.placement)
+    return out
 
 
 def _ordinal(n: int) -> str:

@@ -28,21 +28,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # what a failed launch's message leaves out: C++ stack frames, which each rank that lost a peer prints by the dozen
 _NOISE = re.compile(r"^(frame #\d+: |<omitting python frames>|Exception raised from )")
-# the first failure, as the launcher saw it: the zygote's line, or torchrun's
-_FIRST = re.compile(r"^(zygote: rank \d+ exited|.*Root Cause \(first observed failure\))")
+# the lines that say why a launch failed: a rank's own cause (runtime/faults.py failure_line: "failed at step", a
+# hang's "waits in"), the launcher's word on the first failure (tests/e2e/zygote.py's "exited with", runtime/launch.py's
+# "the job failed"), a Python traceback's head and its exception line, argparse's "error:"; not the survivors' "lost
+# a peer"
+_CAUSE = re.compile(r"^(scalec: .*(failed at step|waits in|the job failed)|zygote: rank \d+ exited|Traceback "
+                    r"|\[rank ?\d+\].*Error|[A-Za-z_.]*(Error|Exception|Interrupt)\b|\S+: error: )")
 
 
-def excerpt(output: str, before: int = 30, tail: int = 30) -> str:
-    """What a failed launch's message quotes of its output: the lines up to the launcher's word on the first rank
-    to fail (its cause is printed before the others lose their peer), then the last lines, without the C++ stack
-    frames of the ranks that lost a peer (which pushed the first rank's cause out of a plain tail)."""
+def excerpt(output: str, causes: int = 40, tail: int = 30) -> str:
+    """What a failed launch's message quotes of its output: every line that says why (`_CAUSE`: each rank's own
+    cause and the launcher's word, wherever they fell among the other ranks' output), then the last lines; both
+    without the C++ stack frames the ranks that lost a peer print (50 lines of tail once held only theirs)."""
     lines = [line for line in output.splitlines() if not _NOISE.match(line)]
-    first = next((i for i, line in enumerate(lines) if _FIRST.match(line)), None)
-    if first is None or first + 1 >= len(lines) - tail:
-        return "--- the output's last lines ---\n" + "\n".join(lines[-(before + tail):])
-    head = lines[max(0, first - before):first + 1]
-    return ("--- up to the first rank's failure ---\n" + "\n".join(head)
-            + "\n--- the output's last lines ---\n" + "\n".join(lines[-tail:]))
+    said = list(dict.fromkeys(line for line in lines if _CAUSE.match(line)))[:causes]
+    out = "--- the output's last lines ---\n" + "\n".join(lines[-tail:])
+    return ("--- the lines that say why, in order ---\n" + "\n".join(said) + "\n" + out) if said else out
 
 
 @dataclass
@@ -177,9 +178,8 @@ def launch(text: str, name: str, workdir: Path, *, steps: int, timeout: int, npr
         try:
             proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            tail = "\n".join(((exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""))
-                             .splitlines()[-50:])
-            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{tail}", pytrace=False)
+            got = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{excerpt(got)}", pytrace=False)
         output, returncode = proc.stdout + proc.stderr, proc.returncode
     if returncode != 0 and not check:
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []

@@ -31,18 +31,23 @@ def test_only_an_environment_equal_at_import_is_served():
     assert not zygote.served({k: v for k, v in base.items() if k != "PYTHONPATH"}, base)
 
 
-def test_a_failed_launchs_message_quotes_the_first_rank_to_fail_not_only_the_last_lines():
+def test_a_failed_launchs_message_quotes_each_ranks_cause_not_only_the_last_lines():
     """The survivors of a lost peer print a C++ stack each (26 frames): in CI (stop 58) 50 lines of tail held only
-    theirs, not the first rank's cause. The message quotes the lines up to the launcher's word on the first failure,
-    then the tail, without the frames."""
+    theirs, not the first rank's cause. The message quotes every line that says why, wherever it fell (here a
+    survivor's lines come between the cause and the launcher's word, as when the failing rank tears its process
+    group down before it exits), then the tail, without the frames."""
     frames = [f"frame #{i}: c10::Error::Error(...) + 0x9d (0x7f in libc10.so)" for i in range(26)]
-    output = "\n".join(["scalec: step 1 loss 4.1", "scalec: rank 0 (tp=0, ep=0) failed at step 3: RuntimeError: the cause",
-                        "zygote: rank 0 exited with 1; stopping the other ranks"]
-                       + [line for r in (1, 2, 3) for line in
-                          [*frames, f"scalec: rank {r} lost a peer at step 3: a peer rank is gone"]])
+    survivors = [line for r in (1, 2, 3) for line in
+                 [*frames, f"scalec: rank {r} (tp=0, ep=1) lost a peer at step 3: a peer rank is gone"]]
+    output = "\n".join(["scalec: step 1 loss 4.1", "Traceback (most recent call last):", '  File "x.py", line 1',
+                        "RuntimeError: the cause",
+                        "scalec: rank 0 (tp=0, ep=0) failed at step 3: RuntimeError: the cause", *survivors[:30],
+                        "zygote: rank 1 exited with 3; stopping the other ranks", *survivors[30:]])
     from tests.e2e.runner import excerpt
     got = excerpt(output, tail=5)
-    assert "RuntimeError: the cause" in got and "zygote: rank 0 exited" in got
-    assert "scalec: rank 3 lost a peer" in got and "frame #" not in got
-    plain = "\n".join(f"line {i}" for i in range(100))  # no launcher's word: the last lines
-    assert excerpt(plain, before=10, tail=5).splitlines()[1:] == [f"line {i}" for i in range(85, 100)]
+    why = got.split("--- the output's last lines ---")[0]
+    assert "rank 0 (tp=0, ep=0) failed at step 3: RuntimeError: the cause" in why
+    assert "Traceback" in why and "zygote: rank 1 exited" in why and "lost a peer" not in why
+    assert "scalec: rank 3 (tp=0, ep=1) lost a peer" in got and "frame #" not in got
+    plain = "\n".join(f"line {i}" for i in range(100))  # nothing says why: the last lines alone
+    assert excerpt(plain, tail=5).splitlines()[1:] == [f"line {i}" for i in range(95, 100)]

@@ -13,27 +13,27 @@ from runtime.layers import Repeat
 
 
 class Block(nn.Module):
-    """One block of the `repeat` at deepseek_v3.scale:40: the residual stream in and out."""
+    """One block of the `repeat` at deepseek_v3.scale:39: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:41  rmsnorm(hidden, eps = 1e-6)
-        self.attn_qa = nn.Linear(7168, 1536, bias=False)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_qa_norm = nn.RMSNorm(1536, eps=1e-06)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_qb = nn.Linear(1536, 24576, bias=False)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kva = nn.Linear(7168, 576, bias=False)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kva_norm = nn.RMSNorm(512, eps=1e-06)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kvb = nn.Linear(512, 32768, bias=False)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_o = nn.Linear(16384, 7168, bias=False)  # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.norm_2 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:44  rmsnorm(hidden, eps = 1e-6)
-        self.mlp_gate = nn.Linear(7168, 18432, bias=False)  # deepseek_v3.scale:44  mlp(hidden, ffn, act = swiglu, bias = false)
-        self.mlp_up = nn.Linear(7168, 18432, bias=False)  # deepseek_v3.scale:44  mlp(hidden, ffn, act = swiglu, bias = false)
-        self.mlp_down = nn.Linear(18432, 7168, bias=False)  # deepseek_v3.scale:44  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.norm_1 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:40  rmsnorm(hidden, eps = 1e-6)
+        self.attn_qa = nn.Linear(7168, 1536, bias=False)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_qa_norm = nn.RMSNorm(1536, eps=1e-06)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_qb = nn.Linear(1536, 24576, bias=False)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kva = nn.Linear(7168, 576, bias=False)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kva_norm = nn.RMSNorm(512, eps=1e-06)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kvb = nn.Linear(512, 32768, bias=False)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_o = nn.Linear(16384, 7168, bias=False)  # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.norm_2 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:43  rmsnorm(hidden, eps = 1e-6)
+        self.mlp_gate = nn.Linear(7168, 18432, bias=False)  # deepseek_v3.scale:43  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.mlp_up = nn.Linear(7168, 18432, bias=False)  # deepseek_v3.scale:43  mlp(hidden, ffn, act = swiglu, bias = false)
+        self.mlp_down = nn.Linear(18432, 7168, bias=False)  # deepseek_v3.scale:43  mlp(hidden, ffn, act = swiglu, bias = false)
 
     def forward(self, x):
-        # deepseek_v3.scale:41  rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:40  rmsnorm(hidden, eps = 1e-6)
         norm_1 = self.norm_1(x)
-        # deepseek_v3.scale:42  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        # deepseek_v3.scale:41  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
         attn_qa = self.attn_qa(norm_1)
         attn_qa_norm = self.attn_qa_norm(attn_qa)
         attn_qb = self.attn_qb(attn_qa_norm)
@@ -51,46 +51,46 @@ class Block(nn.Module):
         transpose_2 = latent.transpose(1, 2)
         flatten = transpose_2.flatten(2)
         attn_o = self.attn_o(flatten)
-        # deepseek_v3.scale:41  residual { rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:40  residual { rmsnorm(hidden, eps = 1e-6)
         add = x + attn_o
-        # deepseek_v3.scale:44  rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:43  rmsnorm(hidden, eps = 1e-6)
         norm_2 = self.norm_2(add)
-        # deepseek_v3.scale:44  mlp(hidden, ffn, act = swiglu, bias = false)
+        # deepseek_v3.scale:43  mlp(hidden, ffn, act = swiglu, bias = false)
         mlp_gate = self.mlp_gate(norm_2)
         silu = F.silu(mlp_gate, inplace = False)
         mlp_up = self.mlp_up(norm_2)
         mul = silu * mlp_up
         mlp_down = self.mlp_down(mul)
-        # deepseek_v3.scale:44  residual { rmsnorm(hidden, eps = 1e-6)  mlp(hidden, ffn, act = swiglu, bias = false) }
+        # deepseek_v3.scale:43  residual { rmsnorm(hidden, eps = 1e-6)  mlp(hidden, ffn, act = swiglu, bias = false) }
         add_1 = add + mlp_down
         return add_1
 
 
 class Block2(nn.Module):
-    """One block of the `repeat` at deepseek_v3.scale:46: the residual stream in and out."""
+    """One block of the `repeat` at deepseek_v3.scale:45: the residual stream in and out."""
 
     def __init__(self):
         super().__init__()
-        self.norm_1 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:47  rmsnorm(hidden, eps = 1e-6)
-        self.attn_qa = nn.Linear(7168, 1536, bias=False)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_qa_norm = nn.RMSNorm(1536, eps=1e-06)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_qb = nn.Linear(1536, 24576, bias=False)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kva = nn.Linear(7168, 576, bias=False)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kva_norm = nn.RMSNorm(512, eps=1e-06)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_kvb = nn.Linear(512, 32768, bias=False)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.attn_o = nn.Linear(16384, 7168, bias=False)  # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
-        self.norm_2 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:50  rmsnorm(hidden, eps = 1e-6)
-        self.moe_bias = moe.ExpertBias(256, rate=0.001)  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
-        self.moe_router = nn.Linear(7168, 256, bias=False)  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
-        self.moe_experts = moe.Experts(4, 7168, 2048, act='swiglu')  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
-        self.moe_shared_up = nn.Linear(7168, 2048, bias=False)  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
-        self.moe_shared_gate = nn.Linear(7168, 2048, bias=False)  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
-        self.moe_shared_down = nn.Linear(2048, 7168, bias=False)  # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.norm_1 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:46  rmsnorm(hidden, eps = 1e-6)
+        self.attn_qa = nn.Linear(7168, 1536, bias=False)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_qa_norm = nn.RMSNorm(1536, eps=1e-06)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_qb = nn.Linear(1536, 24576, bias=False)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kva = nn.Linear(7168, 576, bias=False)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kva_norm = nn.RMSNorm(512, eps=1e-06)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_kvb = nn.Linear(512, 32768, bias=False)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.attn_o = nn.Linear(16384, 7168, bias=False)  # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        self.norm_2 = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:49  rmsnorm(hidden, eps = 1e-6)
+        self.moe_bias = moe.ExpertBias(256, rate=0.001)  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.moe_router = nn.Linear(7168, 256, bias=False)  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.moe_experts = moe.Experts(4, 7168, 2048, act='swiglu')  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.moe_shared_up = nn.Linear(7168, 2048, bias=False)  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.moe_shared_gate = nn.Linear(7168, 2048, bias=False)  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        self.moe_shared_down = nn.Linear(2048, 7168, bias=False)  # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
 
     def forward(self, x):
-        # deepseek_v3.scale:47  rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:46  rmsnorm(hidden, eps = 1e-6)
         norm_1 = self.norm_1(x)
-        # deepseek_v3.scale:48  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
+        # deepseek_v3.scale:47  mla(hidden, heads, q_lora_rank = 1536, kv_lora_rank = 512, qk_nope_head_dim = 128,
         attn_qa = self.attn_qa(norm_1)
         attn_qa_norm = self.attn_qa_norm(attn_qa)
         attn_qb = self.attn_qb(attn_qa_norm)
@@ -108,11 +108,11 @@ class Block2(nn.Module):
         transpose_2 = latent.transpose(1, 2)
         flatten = transpose_2.flatten(2)
         attn_o = self.attn_o(flatten)
-        # deepseek_v3.scale:47  residual { rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:46  residual { rmsnorm(hidden, eps = 1e-6)
         add = x + attn_o
-        # deepseek_v3.scale:50  rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:49  rmsnorm(hidden, eps = 1e-6)
         norm_2 = self.norm_2(add)
-        # deepseek_v3.scale:51  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
+        # deepseek_v3.scale:50  moe(hidden, moe_ffn, experts, top_k = 8, capacity_factor = none, dispatch = grouped, act = swiglu,
         moe_bias = self.moe_bias()
         moe_router = self.moe_router(norm_2)
         route = moe.route(moe_router, 8, 4096, 0.0, scoring = 'sigmoid', groups = 8, topk_groups = 4, scale = 2.5, bias = moe_bias)
@@ -121,7 +121,7 @@ class Block2(nn.Module):
         # ep_rail: forward all-to-all, backward identity; counts (int64, one per node), before the rows, of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_rail: forward all-to-all, backward identity; each crossing row's choices within its node (int64, K per row) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_node: forward all-to-all, backward identity; counts (int64, one per expert of the node), before the rows, of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
-        moe_experts_routes = moe_nodes.node_routes(slot, 4096, 256)  # the 3 collectives above (deepseek_v3.scale:51)
+        moe_experts_routes = moe_nodes.node_routes(slot, 4096, 256)  # the 3 collectives above (deepseek_v3.scale:50)
         # ep_rail: forward all-to-all, backward identity; dispatch: each token once to each node its choices lie on, to the rank of its local index (float8 under precision = fp8) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_rail: forward identity, backward all-to-all; dispatch's backward: the rows' gradients back, summed per token of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_rail: forward all-to-all, backward identity; dispatch: the crossing rows' fp32 scales, one per 128 elements (precision = fp8) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
@@ -129,21 +129,21 @@ class Block2(nn.Module):
         # ep_node: forward all-to-all, backward identity; dispatch: each choice's row from the rank it reached to its expert's rank on the node (float8 under precision = fp8) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_node: forward identity, backward all-to-all; dispatch's backward: the rows' gradients back to the ranks they came through of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_node: forward all-to-all, backward identity; dispatch: the rows' fp32 scales, one per 128 elements (precision = fp8) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
-        moe_experts_in = moe_nodes.node_dispatch(norm_2, gate, moe_experts_routes)  # the 7 collectives above (deepseek_v3.scale:51)
+        moe_experts_in = moe_nodes.node_dispatch(norm_2, gate, moe_experts_routes)  # the 7 collectives above (deepseek_v3.scale:50)
         moe_experts_rows = moe_experts_in[0]
         moe_experts_gates = moe_experts_in[1]
         moe_experts_layout = moe_experts_in[2]
         moe_experts = self.moe_experts(moe_experts_rows, moe_experts_layout)
         # ep_node: forward all-to-all, backward all-to-all; combine: the experts' output rows back to the ranks their rows reached of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
         # ep_rail: forward all-to-all, backward all-to-all; combine: each node's sum of gate × output per row back to its token's rank (backward: the tokens' gradients to the nodes they visited) of `moe` with 256 experts, 4 per ep rank, top-8, dropless, grouped, by node (8 nodes of 8 ep ranks; 3.63 nodes per token expected)
-        moe_experts_out = moe_nodes.node_combine(moe_experts, moe_experts_gates, moe_experts_routes)  # the 2 collectives above (deepseek_v3.scale:51)
+        moe_experts_out = moe_nodes.node_combine(moe_experts, moe_experts_gates, moe_experts_routes)  # the 2 collectives above (deepseek_v3.scale:50)
         moe_shared_up = self.moe_shared_up(norm_2)
         moe_shared_gate = self.moe_shared_gate(norm_2)
         silu = F.silu(moe_shared_gate, inplace = False)
         mul = silu * moe_shared_up
         moe_shared_down = self.moe_shared_down(mul)
         add_1 = moe_experts_out + moe_shared_down
-        # deepseek_v3.scale:50  residual { rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:49  residual { rmsnorm(hidden, eps = 1e-6)
         add_2 = add + add_1
         return add_2
 
@@ -161,10 +161,10 @@ class Stage(nn.Module):
         first_block, end_block = STAGES[stage]
         self.is_first, self.is_last = stage == 0, stage == len(STAGES) - 1
         if self.is_first:
-            self.embed = nn.Embedding(129280, 7168)  # deepseek_v3.scale:39  embedding(vocab, hidden)
+            self.embed = nn.Embedding(129280, 7168)  # deepseek_v3.scale:38  embedding(vocab, hidden)
         if self.is_last:
-            self.norm = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:55  rmsnorm(hidden, eps = 1e-6)
-            self.lm_head = nn.Linear(7168, 129280, bias=False)  # deepseek_v3.scale:56  lm_head(vocab, hidden, tied = false)
+            self.norm = nn.RMSNorm(7168, eps=1e-06)  # deepseek_v3.scale:54  rmsnorm(hidden, eps = 1e-6)
+            self.lm_head = nn.Linear(7168, 129280, bias=False)  # deepseek_v3.scale:55  lm_head(vocab, hidden, tied = false)
         # Blocks are numbered across the repeats; each repeat holds its own part, named by its index within it.
         self.blocks = Repeat.part(Block, first_block, end_block, start=0, end=3)
         self.blocks_2 = Repeat.part(Block2, first_block, end_block, start=3, end=61)
@@ -179,16 +179,16 @@ class Stage(nn.Module):
         return x
 
     def prologue(self, tokens):
-        # deepseek_v3.scale:39  embedding(vocab, hidden)
+        # deepseek_v3.scale:38  embedding(vocab, hidden)
         embed = self.embed(tokens)
         return embed
 
     def epilogue(self, x):
-        # deepseek_v3.scale:55  rmsnorm(hidden, eps = 1e-6)
+        # deepseek_v3.scale:54  rmsnorm(hidden, eps = 1e-6)
         norm = self.norm(x)
-        # deepseek_v3.scale:56  lm_head(vocab, hidden, tied = false)
+        # deepseek_v3.scale:55  lm_head(vocab, hidden, tied = false)
         lm_head = self.lm_head(norm)
-        # deepseek_v3.scale:57  cross_entropy
+        # deepseek_v3.scale:56  cross_entropy
         flatten = lm_head.flatten(0, 1)
         float_1 = flatten.float()
         return float_1
@@ -196,7 +196,7 @@ class Stage(nn.Module):
 
 def loss_fn(logits, targets):
     """The loss of one micro-batch on the last stage, from its logits."""
-    # deepseek_v3.scale:57  cross_entropy
+    # deepseek_v3.scale:56  cross_entropy
     flatten_1 = targets.flatten()
     cross_entropy = F.cross_entropy(logits, flatten_1)
     return cross_entropy
@@ -213,13 +213,13 @@ CONFIG = train.Config(
     moe=True,
     predicted_joules_per_step=((0, 12580.0), (1, 16500.0), (2, 17310.0), (3, 17300.0), (4, 17300.0), (5, 17290.0), (6, 17280.0), (7, 17270.0), (8, 17260.0), (9, 17250.0), (10, 17240.0), (11, 17230.0), (12, 17230.0), (13, 17220.0), (14, 17210.0), (15, 13560.0)),
     sources=(
-        ('mesh', 'deepseek_v3.scale:60', 'the mesh section'),
-        ('axis pp', 'deepseek_v3.scale:61', 'axis pp = 16'),
-        ('axis dp', 'deepseek_v3.scale:62', 'axis dp = 2'),
-        ('axis ep', 'deepseek_v3.scale:63', 'axis ep = 64'),
-        ('data_parallel', 'deepseek_v3.scale:71', 'data_parallel = zero1'),
-        ('schedule', 'deepseek_v3.scale:73', 'schedule = "dualpipev"'),
-        ('grad_clip', 'deepseek_v3.scale:84', 'grad_clip = 1.0'),
+        ('mesh', 'deepseek_v3.scale:59', 'the mesh section'),
+        ('axis pp', 'deepseek_v3.scale:60', 'axis pp = 16'),
+        ('axis dp', 'deepseek_v3.scale:61', 'axis dp = 2'),
+        ('axis ep', 'deepseek_v3.scale:62', 'axis ep = 64'),
+        ('data_parallel', 'deepseek_v3.scale:70', 'data_parallel = zero1'),
+        ('schedule', 'deepseek_v3.scale:72', 'schedule = "dualpipev"'),
+        ('grad_clip', 'deepseek_v3.scale:83', 'grad_clip = 1.0'),
     ),
     parallel=train.Parallel(
         axes=(('pp', 16), ('dp', 2), ('ep', 64)),
