@@ -23,7 +23,10 @@ def add(sub, positive_int) -> None:
                                    "micro-batch size and count, schedule, sequence parallelism, recompute, "
                                    "data_parallel. The file's own axes and plan settings are not constraints (the "
                                    "mesh may give only nodes, devices_per_node and device; the plan section may be "
-                                   "absent): --fix says what is fixed. Exit status 1 when no plan fits.")
+                                   "absent): --fix says what is fixed. Where the file writes a plan, it is costed as "
+                                   "`plan` costs it and printed under the ranking: its step against the best's, its "
+                                   "mesh's rank, and the parts of the step that differ most. Exit status 1 when no "
+                                   "plan fits.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--top", type=positive_int, default=5, metavar="K", help="how many plans to print (default 5)")
     c.add_argument("--nodes", type=positive_int, metavar="N",
