@@ -15,6 +15,7 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.skipif(os.environ.get("SCALEC_TEST_ZYGOTE") == "0", reason="the zygote server is off")
 def test_a_failing_forked_rank_ends_the_launch_with_the_programs_message(tmp_path):
     text = (ROOT / "samples" / "gpt_dp.scale").read_text()  # two ranks
+    zygote.stop()  # a server an earlier test of this process started with another environment would not serve it
     with pytest.raises(pytest.fail.Exception) as failed:
         launch(text, "bad_flag", tmp_path, steps=1, timeout=120, extra=("--no-such-flag",))
     message = str(failed.value)

@@ -290,6 +290,21 @@ def server(env: dict) -> Server | None:
     return _SERVERS[0] if served(env, _SERVERS[0].env) else None
 
 
+def stop() -> None:
+    """End this test process's server: the next launch that asks starts one with its own environment. For a test
+    that must launch forked whatever launched before it in this process (a server started with another import-time
+    environment serves none of the default launches: `served`)."""
+    for srv in _SERVERS:
+        if srv.alive():
+            srv.proc.stdin.close()
+            try:
+                srv.proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - it did not end on its stdin's close
+                srv.proc.kill()
+                srv.proc.wait()
+    _SERVERS.clear()
+
+
 def guard(what: str) -> None:
     """tests/conftest.py's check that a test which launches processes is marked e2e: it sees subprocesses and
     torch.multiprocessing; a forked launch is checked here."""
