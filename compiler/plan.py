@@ -227,25 +227,30 @@ class Plan(choices.DataParallelMode):
     def describe(self) -> str:
         """One line naming the plan, for diagnostics about a candidate that has no source."""
         mesh = " × ".join(f"{a}={n}" for a, n in self.axes)
+        return f"{mesh} ({', '.join(self.settings_words().values())})"
+
+    def settings_words(self) -> dict:
+        """The plan's settings as `describe` words them, by the setting (one that is off is absent): what
+        compiler/search/written.py compares, setting by setting, between two plans of one mesh."""
         m = self.micro_batches
-        extra = [f"{m} micro-batch{'es' if m != 1 else ''}", self.data_parallel]
+        out = {"micro_batches": f"{m} micro-batch{'es' if m != 1 else ''}", "data_parallel": self.data_parallel}
         if self.size("pp") > 1:
-            extra.append(self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""))
+            out["schedule"] = self.schedule + (f" v={self.virtual_stages}" if self.virtual_stages > 1 else "")
         if self.sequence_parallel:
-            extra.append("sequence parallel")
+            out["sequence_parallel"] = "sequence parallel"
         if self.size("cp") > 1:
-            extra.append(f"context parallel {self.context_parallel}")
+            out["context_parallel"] = f"context parallel {self.context_parallel}"
         if self.recompute != "none":
-            extra.append(f"{self.recompute} recompute")
+            out["recompute"] = f"{self.recompute} recompute"
         if self.offload != "none":
-            extra.append(offload_text(self))
+            out["offload"] = offload_text(self)
         if self.syncs_each_micro_batch:
-            extra.append("reduce-scatter every micro-batch")
+            out["grad_sync"] = "reduce-scatter every micro-batch"
         if self.compiles:
-            extra.append("compiled")
+            out["compiled"] = "compiled"
         if self.placement is not None:
-            extra.append("placement " + placement_text(self.placement))
-        return f"{mesh} ({', '.join(extra)})"
+            out["placement"] = "placement " + placement_text(self.placement)
+        return out
 
     def to_json(self, cluster=None) -> dict:
         """The plan as plan.json records it: every setting and decision, no spans, and not the data-parallel

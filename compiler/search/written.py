@@ -28,8 +28,7 @@ class Written:
     fits: bool = True
     precision: str = ""
     parts: tuple = ()           # (part, seconds) on its busiest rank, summing to that rank's end
-    axes: tuple = ()            # its mesh (Plan.axes), to find the search's best of the same shape
-    plan: object = None         # the decided Plan, whose settings the ranked plan of its mesh is compared with
+    plan: object = None         # the decided Plan: its mesh and settings, compared with the ranked plan of its mesh
     refused: str | None = None  # "E0610: the message" where the file's plan does not compile
 
     def as_json(self) -> dict:
@@ -80,13 +79,14 @@ def written(path: str, spec: S.Spec, limit_bytes: float) -> Written | None:
     """The file at `path`'s own plan, costed on `spec`'s cluster (what the search ran on), or None where the file
     writes no plan to compare (no plan section, or no mesh axes: a missing setting) or is searched on another node
     count."""
-    from compiler.check import check_path
+    from compiler.check import check_file
     from compiler.parse import parse
     from compiler.pipeline import compile_spec
     try:
-        if not any(sec.kind.id == "plan" for sec in parse(spec.source, path).sections):
+        tree = parse(spec.source, path)  # the text the search read, parsed once
+        if not any(sec.kind.id == "plan" for sec in tree.sections):
             return None  # the mesh with the plan's defaults is not a plan the user wrote
-        own = check_path(path)
+        own = check_file(tree, spec.source)
         if own.cluster.nodes != spec.cluster.nodes:
             return None
         compiled = compile_spec(own)  # the schedule proved too (E0609), as `plan` proves it
@@ -97,8 +97,8 @@ def written(path: str, spec: S.Spec, limit_bytes: float) -> Written | None:
         return Written(refused=f"{first.code}: {first.message}")
     est, pred = compiled.costs, compiled.costs.step
     return Written(describe=compiled.plan.describe(), step_time_s=pred.step_time_s, peak_bytes=est.peak_bytes,
-                   fits=est.peak_bytes <= limit_bytes, precision=PR.text(own.train.fp8) if own.train.fp8 is not None
-                   else own.train.precision, parts=step_parts(pred), axes=compiled.plan.axes, plan=compiled.plan)
+                   fits=est.peak_bytes <= limit_bytes, precision=_precision(own, own.train.fp8), parts=step_parts(pred),
+                   plan=compiled.plan)
 
 
 def _precision(spec: S.Spec, fp8) -> str:
@@ -126,7 +126,7 @@ def lines(w: Written, winners: list, spec: S.Spec, limit_bytes: float) -> list:
     bt = best.prediction.step_time_s
     head += f", {w.step_time_s / bt:.2f}× the best" if abs(w.step_time_s / bt - 1) >= 0.005 else ", as the best"
     out = [head]
-    same = next((i for i, x in enumerate(winners, 1) if _mesh(x.plan.axes) == _mesh(w.axes)), None)
+    same = next((i for i, x in enumerate(winners, 1) if _mesh(x.plan.axes) == _mesh(w.plan.axes)), None)
     if same is not None:
         x = winners[same - 1]
         settings = _differs(w, x, spec)
@@ -150,14 +150,14 @@ def lines(w: Written, winners: list, spec: S.Spec, limit_bytes: float) -> list:
 def _differs(w: Written, x, spec: S.Spec) -> str:
     """What the ranked plan of the file's mesh changes of the file's: each setting that differs ("gpipe instead of
     1f1b", "no sequence parallel"), its axes' order where that differs, and its precision."""
-    mine, theirs = _settings(w.plan), _settings(x.plan)
+    mine, theirs = w.plan.settings_words(), x.plan.settings_words()
     words = []
     for key in dict.fromkeys([*theirs, *mine]):
         a, b = mine.get(key), theirs.get(key)
         if a == b:
             continue
         words.append(f"{b} instead of {a}" if a and b else b if b else _DROPPED.get(key, f"no {a}"))
-    if tuple(a for a, n in x.plan.axes if n > 1) != tuple(a for a, n in w.axes if n > 1):
+    if tuple(a for a, n in x.plan.axes if n > 1) != tuple(a for a, n in w.plan.axes if n > 1):
         words.append("its axes laid out " + " × ".join(a for a, n in x.plan.axes if n > 1))
     prec = _precision(spec, x.fp8)
     if prec != w.precision:
@@ -165,30 +165,9 @@ def _differs(w: Written, x, spec: S.Spec) -> str:
     return ", ".join(words)
 
 
-_DROPPED = {"compiled": "eager", "placement": "the mesh's own order", "schedule": "no pipeline"}
-
-
-def _settings(plan) -> dict:
-    """A plan's settings as `Plan.describe` words them, by what they set (a setting off is absent)."""
-    from compiler.plan import offload_text, placement_text
-    m = plan.micro_batches
-    out = {"micro_batches": f"{m} micro-batch{'es' if m != 1 else ''}", "data_parallel": plan.data_parallel,
-           "recompute": f"{plan.recompute} recompute" if plan.recompute != "none" else "no recompute"}
-    if plan.size("pp") > 1:
-        out["schedule"] = plan.schedule + (f" v={plan.virtual_stages}" if plan.virtual_stages > 1 else "")
-    if plan.sequence_parallel:
-        out["sequence_parallel"] = "sequence parallel"
-    if plan.size("cp") > 1:
-        out["context_parallel"] = f"context parallel {plan.context_parallel}"
-    if plan.offload != "none":
-        out["offload"] = offload_text(plan)
-    if plan.syncs_each_micro_batch:
-        out["grad_sync"] = "reduce-scatter every micro-batch"
-    if plan.compiles:
-        out["compiled"] = "compiled"
-    if plan.placement is not None:
-        out["placement"] = "placement " + placement_text(plan.placement)
-    return out
+_DROPPED = {"compiled": "eager", "placement": "the mesh's own order", "schedule": "no pipeline",
+            "recompute": "no recompute"}
+"""How a setting the ranked plan turns off is said (otherwise "no " and the file's words)."""
 
 
 def _ordinal(n: int) -> str:
